@@ -1,0 +1,252 @@
+"""The directory actor: orgs, users and tokens, bots and grants, channels, chats.
+
+Held in memory, stored in `directory.duckdb`. Admin routes change it; every request reads it
+(through the gateway's short cache) to learn who is asking and what they may use.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from engine.directory import (
+    MAX_CHANNEL_BOTS,
+    Bot,
+    BotRules,
+    Channel,
+    Chat,
+    Org,
+    OrgSettings,
+    Permission,
+    Principal,
+    User,
+    check_id,
+    require_use,
+)
+from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
+from storage.database import Database
+from storage.directory_store import MIGRATIONS, DirectoryStore, hash_token
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(8)
+
+
+class DirectoryService:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        clock: Callable[[], int] = _now_ms,
+        db_path: str | None = None,
+    ) -> None:
+        self.store = DirectoryStore(
+            Database(db_path or Path(data_dir) / "directory.duckdb", MIGRATIONS)
+        )
+        records, self._tokens = self.store.load()
+        self.orgs: dict[str, Org] = records["orgs"]
+        self.users: dict[str, User] = records["users"]
+        self.bots: dict[str, Bot] = records["bots"]
+        self.channels: dict[str, Channel] = records["channels"]
+        self.chats: dict[str, Chat] = records["chats"]
+        self.clock = clock
+
+    def _fresh_id(self, table: dict, given: str | None, prefix: str, what: str) -> str:
+        if given is None:
+            return _new_id(prefix)
+        check_id(given, what)
+        if given in table:
+            raise Conflict(f"{what} {given!r} already exists", code="exists")
+        return given
+
+    def _get(self, table: dict, key: str, what: str):
+        record = table.get(key)
+        if record is None:
+            raise NotFound(f"no {what} {key!r}", code=f"{what}_not_found")
+        return record
+
+    # --- admin ---
+
+    async def create_org(
+        self, name: str, id: str | None = None, settings: OrgSettings | None = None
+    ) -> Org:
+        org = Org(
+            id=self._fresh_id(self.orgs, id, "o_", "org"),
+            name=name,
+            settings=settings or OrgSettings(),
+        )
+        await self.store.put("orgs", org)
+        self.orgs[org.id] = org
+        return org
+
+    async def patch_org(self, org_id: str, settings: dict) -> Org:
+        org = self._get(self.orgs, org_id, "org")
+        merged = msgspec.structs.asdict(org.settings) | settings
+        try:
+            new_settings = msgspec.convert(merged, OrgSettings)
+        except msgspec.ValidationError as e:
+            raise InvalidInput(f"settings: {e}", code="invalid_settings") from e
+        org = msgspec.structs.replace(org, settings=new_settings)
+        await self.store.put("orgs", org)
+        self.orgs[org.id] = org
+        return org
+
+    async def create_user(
+        self, name: str, orgs: list[str], id: str | None = None
+    ) -> tuple[User, str]:
+        for o in orgs:
+            self._get(self.orgs, o, "org")
+        user = User(id=self._fresh_id(self.users, id, "u_", "user"), name=name, orgs=tuple(orgs))
+        token = "obt_" + secrets.token_urlsafe(32)
+        await self.store.put("users", user, token=(hash_token(token), user.id, self.clock()))
+        self.users[user.id] = user
+        self._tokens[hash_token(token)] = user.id
+        return user, token
+
+    async def create_bot(
+        self,
+        *,
+        name: str,
+        org: str,
+        owner: str,
+        id: str | None = None,
+        kind: str = "persistent",
+        linked: bool = False,
+        model: str | None = None,
+        rules: BotRules | None = None,
+    ) -> Bot:
+        self._get(self.orgs, org, "org")
+        self._get(self.users, owner, "user")
+        if kind not in ("persistent", "temporary"):
+            raise InvalidInput("kind must be persistent or temporary", code="invalid_kind")
+        bot = Bot(
+            id=self._fresh_id(self.bots, id, "b_", "bot"),
+            name=name,
+            org=org,
+            owner=owner,
+            kind=kind,
+            linked=linked,
+            model=model,
+            rules=rules or BotRules(name=name),
+        )
+        await self.store.put("bots", bot)
+        self.bots[bot.id] = bot
+        return bot
+
+    async def grant(self, bot_id: str, user_id: str, permission: Permission) -> Bot:
+        bot = self._get(self.bots, bot_id, "bot")
+        self._get(self.users, user_id, "user")
+        bot = msgspec.structs.replace(bot, grants={**bot.grants, user_id: permission})
+        await self.store.put("bots", bot)
+        self.bots[bot.id] = bot
+        return bot
+
+    async def create_channel(
+        self,
+        *,
+        org: str,
+        people: list[str],
+        bots: list[str],
+        id: str | None = None,
+        name: str = "",
+        mode: str = "discussion",
+        leader: str | None = None,
+    ) -> Channel:
+        self._get(self.orgs, org, "org")
+        for u in people:
+            self._get(self.users, u, "user")
+        for b in bots:
+            self._get(self.bots, b, "bot")
+        if len(set(bots)) > MAX_CHANNEL_BOTS:
+            raise InvalidInput(
+                f"a channel has at most {MAX_CHANNEL_BOTS} bots", code="too_many_bots"
+            )
+        if mode not in ("discussion", "delivery"):
+            raise InvalidInput("mode must be discussion or delivery", code="invalid_mode")
+        if mode == "delivery" and (leader is None or leader not in bots):
+            raise InvalidInput("a delivery channel needs a leader among its bots", code="no_leader")
+        channel = Channel(
+            id=self._fresh_id(self.channels, id, "c_", "channel"),
+            org=org,
+            name=name,
+            people=tuple(dict.fromkeys(people)),
+            bots=tuple(dict.fromkeys(bots)),
+            mode=mode,
+            leader=leader,
+        )
+        await self.store.put("channels", channel)
+        self.channels[channel.id] = channel
+        return channel
+
+    async def create_chat(
+        self,
+        user_id: str,
+        org: str,
+        *,
+        bot: str | None = None,
+        channel: str | None = None,
+        project: str | None = None,
+        kind: str | None = None,
+    ) -> Chat:
+        if (bot is None) == (channel is None):
+            raise InvalidInput("a chat needs exactly one of bot or channel", code="invalid_chat")
+        if bot is not None:
+            require_use(self._get(self.bots, bot, "bot"), user_id)
+            chat_kind = "review" if kind == "review" else "direct"
+        else:
+            ch = self._get(self.channels, channel, "channel")
+            if user_id not in ch.people:
+                raise Forbidden("you are not a member of this channel", code="not_member")
+            org = ch.org
+            chat_kind = "group"
+        if kind not in (None, "review", chat_kind):
+            raise InvalidInput("kind may only be review", code="invalid_chat")
+        chat = Chat(
+            id=_new_id("chat_"),
+            kind=chat_kind,
+            owner=user_id,
+            org=org,
+            bot=bot,
+            channel=channel,
+            project=project,
+            created_at=self.clock(),
+        )
+        await self.store.put("chats", chat)
+        self.chats[chat.id] = chat
+        return chat
+
+    # --- lookups ---
+
+    async def authenticate(self, token_hash: str) -> Principal | None:
+        user_id = self._tokens.get(token_hash)
+        if user_id is None:
+            return None
+        user = self.users[user_id]
+        channels = frozenset(c.id for c in self.channels.values() if user_id in c.people)
+        return Principal(user=user, channels=channels)
+
+    async def get_bot(self, bot_id: str) -> Bot:
+        return self._get(self.bots, bot_id, "bot")
+
+    async def get_org(self, org_id: str) -> Org:
+        return self._get(self.orgs, org_id, "org")
+
+    async def get_chat(self, chat_id: str) -> Chat:
+        return self._get(self.chats, chat_id, "chat")
+
+    async def get_user(self, user_id: str) -> User:
+        return self._get(self.users, user_id, "user")
+
+    async def get_channel(self, channel_id: str) -> Channel:
+        return self._get(self.channels, channel_id, "channel")
+
+    async def ping(self) -> str:
+        return "directory"

@@ -1,0 +1,82 @@
+"""A memory pool held by a shard actor: its stored state, its lock and an audience index.
+
+The index maps each `for:` tag to the entries carrying it, so a read checks only the entries
+that could possibly admit the reader instead of the whole pool (a side table, in memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from actors.rwlock import RWLock
+from engine import tags as tagmod
+from engine.commands import Outcome
+from engine.memory import EntryMeta, Reader
+from storage.memory_store import StoredPool, log_without
+
+
+class Pool:
+    def __init__(self, stored: StoredPool) -> None:
+        self.stored = stored
+        self.lock = RWLock()
+        self.pending: asyncio.Future[None] | None = None
+        self._by_grant: dict[str, set[str]] = {}
+        for meta in stored.entries.values():
+            self._index(meta)
+
+    @property
+    def id(self) -> str:
+        return self.stored.pool
+
+    @property
+    def entries(self) -> dict[str, EntryMeta]:
+        return self.stored.entries
+
+    @property
+    def version(self) -> int:
+        return self.stored.version
+
+    def _index(self, meta: EntryMeta) -> None:
+        for grant in tagmod.grants_of(meta.tags):
+            self._by_grant.setdefault(grant, set()).add(meta.id)
+
+    def _unindex(self, meta: EntryMeta) -> None:
+        for grant in tagmod.grants_of(meta.tags):
+            ids = self._by_grant.get(grant)
+            if ids is not None:
+                ids.discard(meta.id)
+                if not ids:
+                    del self._by_grant[grant]
+
+    def candidates(self, reader: Reader) -> set[str]:
+        """Entries whose audience could admit the reader; visibility still decides."""
+        keys = [tagmod.person(reader.user)]
+        keys += [tagmod.channel_grant(c) for c in reader.channels]
+        if reader.uses_bot:
+            keys.append(tagmod.FOR_BOT)
+        out: set[str] = set()
+        for key in keys:
+            out |= self._by_grant.get(key, set())
+        return out
+
+    def apply(self, outcome: Outcome, sealed: dict[str, bytes] | None = None) -> None:
+        """Make an outcome the pool's in-memory state (after its writes were queued)."""
+        stored = self.stored
+        for meta in outcome.upserts:
+            old = stored.entries.get(meta.id)
+            if old is not None:
+                self._unindex(old)
+            stored.entries[meta.id] = meta
+            self._index(meta)
+            if sealed and meta.id in sealed:
+                stored.sealed[meta.id] = sealed[meta.id]
+        if outcome.deletes:
+            for entry_id in outcome.deletes:
+                old = stored.entries.pop(entry_id, None)
+                if old is not None:
+                    self._unindex(old)
+                stored.sealed.pop(entry_id, None)
+            stored.log = log_without(stored.log, outcome.deletes)
+        stored.log.extend(outcome.log)
+        stored.version = outcome.version
+        stored.persisted = True

@@ -1,0 +1,116 @@
+"""The one place that starts or joins Ray and creates the engine's actors.
+
+On one machine Ray is started small and quiet and bound to loopback (see STACK-NOTES): no
+dashboard, auth off for the embedded instance, logs under the data directory, every actor with
+`num_cpus=0` so that actors never wait for a CPU. With an address, it joins an existing cluster.
+
+All other code talks to actors through `Engine`, which names them and routes accounts to shards.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from actors.directory import DirectoryService
+from actors.shard import ShardService
+from engine.errors import OpenBotError, Unavailable
+
+NAMESPACE = "openbot"
+DirectoryActor = ray.remote(num_cpus=0, max_restarts=-1)(DirectoryService)
+ShardActor = ray.remote(num_cpus=0, max_restarts=-1)(ShardService)
+
+
+def start_ray(address: str | None = None, *, tmp_dir: str | None = None) -> None:
+    """Start a local Ray (address None) or join `address`; a no-op if already connected."""
+    if ray.is_initialized():
+        return
+    if address is None:
+        # The embedded instance stays on loopback and needs no token (a real cluster keeps its own).
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        tmp = tmp_dir or os.environ.get("RAY_TMPDIR") or tempfile.mkdtemp(prefix="openbot-ray-")
+        # Ray's socket paths must stay short (AF_UNIX limit); keep the temp dir near the root.
+        os.environ.setdefault("RAY_TMPDIR", tmp)
+        ray.init(
+            namespace=NAMESPACE,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            _temp_dir=tmp,
+            object_store_memory=128 * 1024 * 1024,
+            log_to_driver=False,
+            logging_level="WARNING",
+            configure_logging=True,
+        )
+    else:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING")
+
+
+def shard_of(account_id: str, shards: int) -> int:
+    """Stable across processes and restarts (Python's `hash` is salted per process)."""
+    return zlib.crc32(account_id.encode()) % shards
+
+
+class Engine:
+    """Handles to the directory and shard actors, created or found by name."""
+
+    def __init__(self, directory: Any, shards: list[Any]) -> None:
+        self.directory = directory
+        self.shards = shards
+
+    def shard_for(self, account_id: str) -> Any:
+        return self.shards[shard_of(account_id, len(self.shards))]
+
+    @classmethod
+    def start(
+        cls,
+        data_dir: str | Path,
+        *,
+        shards: int = 2,
+        group_commit: bool = True,
+        prefix: str = "openbot",
+    ) -> Engine:
+        data_dir = str(Path(data_dir).resolve())
+        Path(data_dir).mkdir(parents=True, exist_ok=True)
+        from storage.crypto import load_master_key
+
+        load_master_key(Path(data_dir))  # created once here, before actors race for it
+        directory = DirectoryActor.options(name=f"{prefix}-directory", get_if_exists=True).remote(
+            data_dir
+        )
+        handles = [
+            ShardActor.options(name=f"{prefix}-shard-{k}", get_if_exists=True).remote(
+                data_dir, k, group_commit=group_commit
+            )
+            for k in range(shards)
+        ]
+        ray.get([directory.ping.remote(), *[h.ping.remote() for h in handles]])
+        return cls(directory, handles)
+
+    def stop(self) -> None:
+        """Close the stores cleanly and end the actors."""
+        try:
+            ray.get([h.close.remote() for h in self.shards], timeout=30)
+        finally:
+            for h in [*self.shards, self.directory]:
+                ray.kill(h, no_restart=True)
+
+
+async def call(method: Any, *args: Any, **kwargs: Any) -> Any:
+    """Await an actor method; the engine's own errors come back as themselves, Ray's failures
+    as `Unavailable`. Every gateway call to an actor goes through here."""
+    try:
+        return await method.remote(*args, **kwargs)
+    except ray.exceptions.RayTaskError as e:
+        cause = e.cause
+        if isinstance(cause, OpenBotError):
+            raise cause from None
+        raise Unavailable("the engine failed to handle the request", code="engine_error") from e
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+        raise Unavailable("the engine is restarting; try again", code="engine_unavailable") from e

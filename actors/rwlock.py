@@ -1,0 +1,71 @@
+"""An asyncio shared/exclusive lock (ACL-9), one per memory pool.
+
+Readers share it; a writer holds it alone. Writers are preferred: once a writer waits, new readers
+queue behind it, so a stream of reads cannot starve a change. Uncontended acquisition does not
+await at all, which keeps reads of a quiet pool cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+
+class RWLock:
+    def __init__(self) -> None:
+        self._readers = 0
+        self._writer = False
+        self._waiting_writers = 0
+        self._waiting = 0
+        self._cond = asyncio.Condition()
+
+    @property
+    def readers(self) -> int:
+        return self._readers
+
+    @property
+    def writing(self) -> bool:
+        return self._writer
+
+    @asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        if self._writer or self._waiting_writers:
+            self._waiting += 1
+            try:
+                async with self._cond:
+                    await self._cond.wait_for(
+                        lambda: not self._writer and not self._waiting_writers
+                    )
+            finally:
+                self._waiting -= 1
+        self._readers += 1
+        try:
+            yield
+        finally:
+            self._readers -= 1
+            if self._readers == 0 and self._waiting:
+                async with self._cond:
+                    self._cond.notify_all()
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        if self._writer or self._readers or self._waiting_writers:
+            self._waiting += 1
+            self._waiting_writers += 1
+            try:
+                async with self._cond:
+                    await self._cond.wait_for(lambda: not self._writer and not self._readers)
+                    self._writer = True
+            finally:
+                self._waiting -= 1
+                self._waiting_writers -= 1
+        else:
+            self._writer = True
+        try:
+            yield
+        finally:
+            self._writer = False
+            if self._waiting:
+                async with self._cond:
+                    self._cond.notify_all()

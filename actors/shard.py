@@ -1,0 +1,306 @@
+"""The shard actor: owns one DuckDB file and hosts the memory pools of its accounts.
+
+A thin shell. It keeps loaded pools in memory with their locks, asks engine/ what a change
+means, queues the rows with group commit and answers once they are durable. Changes hold the
+pool's lock exclusively only while deciding and queueing; reads hold it shared while checking
+visibility and decrypting, so a read never mixes old permissions with new content (ACL-9). No
+reply carries state that is not yet on disk: a read that saw a queued change waits for its commit.
+
+`ShardService` is a plain class (tests drive it without Ray); `ShardActor` wraps it for Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import msgspec
+
+from actors.pool import Pool
+from engine import commands
+from engine.commands import Outcome
+from engine.errors import InvalidInput, NotFound
+from engine.memory import (
+    Change,
+    Context,
+    EntryMeta,
+    LogPage,
+    LogRow,
+    MemoryPage,
+    Reader,
+    Status,
+    Who,
+    view,
+)
+from engine.memory_bot import MemoryBotSettings, SettingsPatch, apply_patch
+from engine.order import in_memory_order
+from engine.visibility import Visibility
+from storage.crypto import Keyring, load_master_key
+from storage.database import Database
+from storage.group_commit import GroupCommitter
+from storage.memory_store import MemoryStore
+from storage.shard_schema import MIGRATIONS, TABLES
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _new_entry_id() -> str:
+    return "mem_" + secrets.token_hex(12)
+
+
+class ShardService:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        index: int,
+        *,
+        group_commit: bool = True,
+        clock: Callable[[], int] = _now_ms,
+        new_id: Callable[[], str] = _new_entry_id,
+        db_path: str | None = None,
+    ) -> None:
+        self.index = index
+        self.db = Database(db_path or Path(data_dir) / f"shard-{index}.duckdb", MIGRATIONS)
+        self.committer = GroupCommitter(self.db, TABLES, enabled=group_commit)
+        self.store = MemoryStore(self.db, Keyring(load_master_key(Path(data_dir))))
+        self.clock = clock
+        self.new_id = new_id
+        self._pools: dict[str, Pool] = {}
+        self._loading: dict[str, asyncio.Future[Pool]] = {}
+
+    # --- pools ---
+
+    async def _pool(self, pool_id: str) -> Pool:
+        pool = self._pools.get(pool_id)
+        if pool is not None:
+            return pool
+        loading = self._loading.get(pool_id)
+        if loading is None:
+            loading = asyncio.get_running_loop().create_future()
+            self._loading[pool_id] = loading
+            try:
+                pool = Pool(await self.store.load(pool_id))
+            except BaseException as e:
+                loading.set_exception(e)
+                loading.exception()  # retrieved: later waiters re-raise it
+                raise
+            finally:
+                del self._loading[pool_id]
+            self._pools[pool_id] = pool
+            loading.set_result(pool)
+            return pool
+        return await asyncio.shield(loading)
+
+    async def _settle(self, pool: Pool, fut: asyncio.Future[None] | None) -> None:
+        """Wait until `fut` (a commit this reply depends on) is durable. If it failed, the pool's
+        memory is ahead of the disk: drop it so the next call reloads what was stored."""
+        if fut is None:
+            return
+        try:
+            await asyncio.shield(fut)
+        except BaseException:
+            if self._pools.get(pool.id) is pool:
+                del self._pools[pool.id]
+            raise
+
+    def _queue(self, pool: Pool, outcome: Outcome, sealed: dict[str, bytes] | None = None):
+        writes = self.store.outcome_writes(pool.stored, outcome, sealed)
+        pool.apply(outcome, sealed)
+        if writes:
+            pool.pending = self.committer.submit(writes)
+        return pool.pending
+
+    # --- seed-000 memory API -------------------------------------------------------------------
+
+    async def read_memory(
+        self, pool_id: str, reader: Reader, tags: Sequence[str] = ()
+    ) -> MemoryPage:
+        """Every entry the reader may see (history included), in memory order (API-1)."""
+        pool = await self._pool(pool_id)
+        want = set(tags)
+        async with pool.lock.shared():
+            vis = Visibility(reader, pool.entries)
+            metas = [
+                pool.entries[i]
+                for i in pool.candidates(reader)
+                if vis.visible(i) and want.issubset(pool.entries[i].tags)
+            ]
+            views = tuple(
+                view(m, self.store.open_content(pool.stored, m.id)) for m in in_memory_order(metas)
+            )
+            version, pending = pool.version, pool.pending
+        await self._settle(pool, pending)
+        return MemoryPage(entries=views, version=version)
+
+    async def remember(
+        self, pool_id: str, reader: Reader, content: str, topics: Sequence[str] = ()
+    ) -> msgspec.Struct:
+        commands.validate_content(content)
+        pool = await self._pool(pool_id)
+        entry_id = self.new_id()
+        async with pool.lock.exclusive():
+            outcome = commands.remember(
+                pool=pool_id,
+                entry_id=entry_id,
+                reader=reader,
+                topics=topics,
+                now=self.clock(),
+                version=pool.version,
+            )
+            sealed = {entry_id: self.store.seal_content(pool.stored, entry_id, content)}
+            pending = self._queue(pool, outcome, sealed)
+        await self._settle(pool, pending)
+        return view(outcome.upserts[0], content)
+
+    async def forget(self, pool_id: str, reader: Reader, entry_id: str) -> msgspec.Struct:
+        pool = await self._pool(pool_id)
+        async with pool.lock.exclusive():
+            outcome = commands.forget(
+                entries=pool.entries,
+                entry_id=entry_id,
+                reader=reader,
+                now=self.clock(),
+                version=pool.version,
+            )
+            pending = self._queue(pool, outcome)
+            meta = pool.entries[entry_id]
+            content = self.store.open_content(pool.stored, entry_id)
+        await self._settle(pool, pending)
+        return view(meta, content)
+
+    async def purge(self, pool_id: str, tag: str) -> int:
+        pool = await self._pool(pool_id)
+        async with pool.lock.exclusive():
+            outcome = commands.purge(entries=pool.entries, tag=tag, version=pool.version)
+            pending = self._queue(pool, outcome)
+        await self._settle(pool, pending)
+        return len(outcome.deletes)
+
+    async def memory_log(self, pool_id: str, reader: Reader) -> LogPage:
+        pool = await self._pool(pool_id)
+        async with pool.lock.shared():
+            rows = commands.visible_log(pool.stored.log, pool.entries, reader)
+            version, pending = pool.version, pool.pending
+        await self._settle(pool, pending)
+        return LogPage(changes=tuple(rows), version=version)
+
+    async def context(self, pool_id: str, reader: Reader, limit: int) -> Context:
+        """Visible valid entries in memory order until the first that does not fit (ENR-5)."""
+        if limit < 0:
+            raise InvalidInput("limit must be >= 0")
+        pool = await self._pool(pool_id)
+        async with pool.lock.shared():
+            vis = Visibility(reader, pool.entries)
+            usable = in_memory_order(
+                pool.entries[i] for i in pool.candidates(reader) if vis.usable(i)
+            )
+            parts: list[str] = []
+            used: list[str] = []
+            size = 0
+            for meta in usable:
+                text = self.store.open_content(pool.stored, meta.id)
+                extra = len(text) + (1 if parts else 0)
+                if size + extra > limit:
+                    break
+                parts.append(text)
+                used.append(meta.id)
+                size += extra
+            pending = pool.pending
+        await self._settle(pool, pending)
+        return Context(text="\n".join(parts), entries=tuple(used), hasEntries=bool(usable))
+
+    # --- memory-bot settings (MB-2) ------------------------------------------------------------
+
+    async def memory_bot_settings(self, pool_id: str) -> MemoryBotSettings:
+        pool = await self._pool(pool_id)
+        async with pool.lock.shared():
+            settings, pending = pool.stored.settings, pool.pending
+        await self._settle(pool, pending)
+        return settings
+
+    async def patch_memory_bot_settings(
+        self, pool_id: str, patch: SettingsPatch
+    ) -> MemoryBotSettings:
+        pool = await self._pool(pool_id)
+        async with pool.lock.exclusive():
+            settings = apply_patch(pool.stored.settings, patch)
+            pool.stored.settings = settings
+            row = self.store.pool_row(pool.stored, pool.version, settings)
+            pool.stored.persisted = True
+            pool.pending = self.committer.submit([row])
+            pending = pool.pending
+        await self._settle(pool, pending)
+        return settings
+
+    # --- entries written by the memory bot (facts, observations) ---------------------------------
+
+    async def add_entries(
+        self, pool_id: str, entries: Iterable[tuple[EntryMeta, str]], who: Who = Who.MEMORY_BOT
+    ) -> int:
+        """Store entries the memory bot learned (validated by its caller); returns the version."""
+        pool = await self._pool(pool_id)
+        async with pool.lock.exclusive():
+            now = self.clock()
+            version = pool.version + 1
+            metas: list[EntryMeta] = []
+            sealed: dict[str, bytes] = {}
+            for meta, content in entries:
+                if meta.pool != pool_id or meta.id in pool.entries:
+                    raise InvalidInput(f"entry {meta.id} does not fit pool {pool_id}")
+                metas.append(meta)
+                sealed[meta.id] = self.store.seal_content(pool.stored, meta.id, content)
+            log = tuple(
+                LogRow(version=version, at=now, who=who, entry=m.id, change=Change.CREATED)
+                for m in metas
+            )
+            outcome = Outcome(version=version, upserts=tuple(metas), log=log)
+            pending = self._queue(pool, outcome, sealed)
+        await self._settle(pool, pending)
+        return version
+
+    async def set_status(self, pool_id: str, entry_id: str, status: Status) -> int:
+        """Invalidate (or otherwise re-status) an entry as the memory bot: tags and ciphertext are
+        untouched (LRN-8)."""
+        pool = await self._pool(pool_id)
+        async with pool.lock.exclusive():
+            meta = pool.entries.get(entry_id)
+            if meta is None:
+                raise NotFound(f"no entry {entry_id}")
+            now = self.clock()
+            changed = msgspec.structs.replace(
+                meta,
+                status=status,
+                updated_at=now,
+                invalidated_at=now if status == Status.INVALIDATED else meta.invalidated_at,
+                revision=meta.revision + 1,
+            )
+            version = pool.version + 1
+            change = Change.INVALIDATED if status == Status.INVALIDATED else Change.UPDATED
+            row = LogRow(version=version, at=now, who=Who.MEMORY_BOT, entry=entry_id, change=change)
+            pending = self._queue(pool, Outcome(version=version, upserts=(changed,), log=(row,)))
+        await self._settle(pool, pending)
+        return version
+
+    # --- lifecycle ---
+
+    async def ping(self) -> int:
+        return self.index
+
+    async def stats(self) -> dict[str, int]:
+        return {
+            "pools": len(self._pools),
+            "transactions": self.committer.transactions,
+            "batches": self.committer.batches,
+        }
+
+    async def flush(self) -> None:
+        await self.committer.drain()
+
+    async def close(self) -> None:
+        await self.committer.close()
+        self.db.close()

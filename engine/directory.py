@@ -1,0 +1,135 @@
+"""Directory records (DESIGN §4) and the access policy over them (DESIGN §9 "Who may do what").
+
+These are the stored shapes as well as the wire shapes of the admin routes; new fields get
+defaults so stored rows stay readable.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+import msgspec
+
+from engine.errors import Forbidden, InvalidInput
+
+ID_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+
+
+class Permission(enum.StrEnum):
+    READ = "read"
+    WRITE = "write"
+
+
+class OrgSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    botMemory: bool = True
+    botMemoryModel: str | None = None
+    autoRecord: bool = False
+
+
+class Org(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    settings: OrgSettings = OrgSettings()
+
+
+class User(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    orgs: tuple[str, ...]
+
+
+class BotRules(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str = ""
+    description: str = ""
+    prompt: str = ""
+    duties: str = ""
+    boundaries: str = ""
+    tone: str = ""
+    preferences: str = ""
+
+
+class Bot(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    org: str
+    owner: str
+    kind: str = "persistent"
+    linked: bool = False
+    model: str | None = None
+    rules: BotRules = BotRules()
+    revision: int = 1
+    grants: dict[str, Permission] = {}
+
+
+class Channel(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    org: str
+    name: str = ""
+    people: tuple[str, ...] = ()
+    bots: tuple[str, ...] = ()
+    mode: str = "discussion"
+    leader: str | None = None
+
+
+class Chat(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    kind: str
+    owner: str
+    org: str
+    bot: str | None = None
+    channel: str | None = None
+    project: str | None = None
+    created_at: int = 0
+
+
+class Principal(msgspec.Struct, frozen=True, kw_only=True):
+    """Who a request acts for: the admin, or a user with their orgs and channel memberships."""
+
+    admin: bool = False
+    user: User | None = None
+    channels: frozenset[str] = frozenset()
+
+
+MAX_CHANNEL_BOTS = 8
+
+
+def check_id(value: str, what: str) -> str:
+    if not isinstance(value, str) or not ID_RE.match(value):
+        raise InvalidInput(f"{what} must be 1-128 characters of [A-Za-z0-9_.-]", code="invalid_id")
+    return value
+
+
+def permission(bot: Bot, user_id: str) -> Permission | None:
+    if bot.owner == user_id:
+        return Permission.WRITE
+    return bot.grants.get(user_id)
+
+
+def require_use(bot: Bot, user_id: str) -> None:
+    """Using a bot (turns, Remember, Forget, reading one's own memory) needs read or write."""
+    if permission(bot, user_id) is None:
+        raise Forbidden("you have no access to this bot", code="no_access")
+
+
+def require_write(bot: Bot, user_id: str) -> None:
+    """Purge and memory-bot settings need write on a bot that is not a linked bot."""
+    if bot.linked:
+        raise Forbidden("a linked bot's memory is managed where it is linked from", code="linked")
+    if permission(bot, user_id) != Permission.WRITE:
+        raise Forbidden("you need write on this bot", code="no_write")
+
+
+def resolve_org(user: User, requested: str | None) -> str:
+    """The org a user acts in: the requested one if it is theirs, else their first."""
+    if requested:
+        if requested not in user.orgs:
+            raise Forbidden(f"you are not a member of org {requested!r}", code="not_in_org")
+        return requested
+    if not user.orgs:
+        raise Forbidden("you belong to no org", code="not_in_org")
+    return user.orgs[0]
+
+
+def bot_pool(bot_id: str) -> str:
+    return f"bot:{bot_id}"

@@ -1,0 +1,57 @@
+"""Settings of a bot's memory bot (MB-2) and how a PATCH changes them."""
+
+from __future__ import annotations
+
+import msgspec
+
+from engine.errors import Conflict, InvalidInput
+
+MAX_INSTRUCTIONS_CHARS = 8_000
+
+
+class Budget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    period: str
+    limitMicros: int
+
+
+class MemoryBotSettings(msgspec.Struct, frozen=True, kw_only=True):
+    version: int = 0
+    instructions: str = ""
+    concurrency: int | None = None
+    budget: Budget | None = None
+
+
+_UNSET = msgspec.UNSET
+
+
+class SettingsPatch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    expected: int
+    instructions: str | msgspec.UnsetType = _UNSET
+    concurrency: int | msgspec.UnsetType | None = _UNSET
+    budget: Budget | msgspec.UnsetType | None = _UNSET
+
+
+def apply_patch(current: MemoryBotSettings, patch: SettingsPatch) -> MemoryBotSettings:
+    """The new settings, version + 1; a stale `expected` is a conflict (nothing changes)."""
+    if patch.expected != current.version:
+        raise Conflict(
+            f"settings are at version {current.version}, not {patch.expected}",
+            code="version_mismatch",
+        )
+    changes: dict[str, object] = {"version": current.version + 1}
+    if patch.instructions is not _UNSET:
+        if len(patch.instructions) > MAX_INSTRUCTIONS_CHARS:
+            raise InvalidInput("instructions are too long", code="invalid_settings")
+        changes["instructions"] = patch.instructions
+    if patch.concurrency is not _UNSET:
+        if patch.concurrency is not None and not 1 <= patch.concurrency <= 1024:
+            raise InvalidInput("concurrency must be 1-1024 or null", code="invalid_settings")
+        changes["concurrency"] = patch.concurrency
+    if patch.budget is not _UNSET:
+        budget = patch.budget
+        if budget is not None and (budget.period not in ("day", "month") or budget.limitMicros < 0):
+            raise InvalidInput(
+                "budget needs period day|month and limitMicros >= 0", code="invalid_settings"
+            )
+        changes["budget"] = budget
+    return msgspec.structs.replace(current, **changes)

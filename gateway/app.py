@@ -1,0 +1,226 @@
+"""The Starlette application: directory (admin) routes, the seed-000 memory routes, capabilities
+and the OpenAPI document (DESIGN §9)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from actors.runtime import Engine, call
+from engine import tags as tagmod
+from engine.directory import Principal, bot_pool, require_use, require_write, resolve_org
+from engine.errors import InvalidInput, TooLarge
+from engine.memory import Reader
+from engine.memory_bot import SettingsPatch
+from gateway import wire
+from gateway.auth import Auth
+from gateway.errors import HANDLERS
+from gateway.openapi import openapi_document
+
+CAPABILITIES = ("bot-memory-v1",)
+# ND-1's capabilities, announced by the issues that build them; never claimed before.
+PLANNED = ("bot-collaboration-v1", "bot-discussion-v1", "bot-file-memory-v1", "bot-projects-v1")
+
+_enc = msgspec.json.Encoder()
+
+
+def json(obj: Any, status: int = 200) -> Response:
+    return Response(_enc.encode(obj), status_code=status, media_type="application/json")
+
+
+async def read_body(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > wire.MAX_BODY:
+        raise TooLarge(f"request body over {wire.MAX_BODY} bytes", code="body_too_large")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > wire.MAX_BODY:
+            raise TooLarge(f"request body over {wire.MAX_BODY} bytes", code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class Api:
+    def __init__(self, engine: Engine, auth: Auth) -> None:
+        self.engine = engine
+        self.auth = auth
+
+    # --- admin: the directory ---
+
+    async def create_org(self, request: Request) -> Response:
+        await self.auth.admin(request)
+        body = wire.decode(await read_body(request), wire.CreateOrg)
+        org = await call(self.engine.directory.create_org, body.name, body.id, body.settings)
+        return json(org, 201)
+
+    async def patch_org(self, request: Request) -> Response:
+        await self.auth.admin(request)
+        body = wire.decode(await read_body(request), wire.PatchOrg)
+        org = await call(self.engine.directory.patch_org, request.path_params["id"], body.settings)
+        return json(org)
+
+    async def create_user(self, request: Request) -> Response:
+        await self.auth.admin(request)
+        body = wire.decode(await read_body(request), wire.CreateUser)
+        user, token = await call(self.engine.directory.create_user, body.name, body.orgs, body.id)
+        return json(wire.UserCreated(id=user.id, name=user.name, orgs=user.orgs, token=token), 201)
+
+    async def create_bot(self, request: Request) -> Response:
+        await self.auth.admin(request)
+        body = wire.decode(await read_body(request), wire.CreateBot)
+        bot = await call(
+            self.engine.directory.create_bot,
+            name=body.name,
+            org=body.org,
+            owner=body.owner,
+            id=body.id,
+            kind=body.kind,
+            linked=body.linked,
+            model=body.model,
+            rules=body.rules,
+        )
+        return json(bot, 201)
+
+    async def create_grant(self, request: Request) -> Response:
+        await self.auth.admin(request)
+        body = wire.decode(await read_body(request), wire.CreateGrant)
+        await call(self.engine.directory.grant, body.bot, body.user, body.permission)
+        self.auth.directory_changed(body.bot)
+        return json({"bot": body.bot, "user": body.user, "permission": body.permission}, 201)
+
+    async def create_channel(self, request: Request) -> Response:
+        await self.auth.admin(request)
+        body = wire.decode(await read_body(request), wire.CreateChannel)
+        channel = await call(
+            self.engine.directory.create_channel,
+            org=body.org,
+            people=body.people,
+            bots=body.bots,
+            id=body.id,
+            name=body.name,
+            mode=body.mode,
+            leader=body.leader,
+        )
+        self.auth.directory_changed()
+        return json(channel, 201)
+
+    # --- chats ---
+
+    async def create_chat(self, request: Request) -> Response:
+        principal = await self.auth.user(request)
+        body = wire.decode(await read_body(request), wire.CreateChat)
+        assert principal.user is not None
+        org = resolve_org(principal.user, request.headers.get("openbot-org"))
+        chat = await call(
+            self.engine.directory.create_chat,
+            principal.user.id,
+            org,
+            bot=body.bot,
+            channel=body.channel,
+            project=body.project,
+            kind=body.kind,
+        )
+        return json(chat, 201)
+
+    # --- seed-000 memory ---
+
+    async def _memory_call(self, request: Request, *, write: bool = False):
+        """Caller, bot, the bot's shard and the caller's reader for a memory route."""
+        principal = await self.auth.user(request)
+        assert principal.user is not None
+        bot = await self.auth.bot(request.path_params["bot"])
+        (require_write if write else require_use)(bot, principal.user.id)
+        reader = _reader(principal, request, bot.id)
+        return bot, self.engine.shard_for(bot.owner), reader
+
+    async def get_memory(self, request: Request) -> Response:
+        bot, shard, reader = await self._memory_call(request)
+        raw = request.query_params.get("tags")
+        wanted = tuple(t.strip() for t in raw.split(",") if t.strip()) if raw else ()
+        page = await call(shard.read_memory, bot_pool(bot.id), reader, wanted)
+        return json(page)
+
+    async def post_memory(self, request: Request) -> Response:
+        bot, shard, reader = await self._memory_call(request)
+        body = wire.decode(await read_body(request), wire.MemoryCommand)
+        command = body.command
+        if isinstance(command, wire.Remember):
+            entry = await call(
+                shard.remember, bot_pool(bot.id), reader, command.content, tuple(command.tags)
+            )
+            return json(entry, 201)
+        entry = await call(shard.forget, bot_pool(bot.id), reader, command.id)
+        return json(entry)
+
+    async def memory_log(self, request: Request) -> Response:
+        bot, shard, reader = await self._memory_call(request)
+        return json(await call(shard.memory_log, bot_pool(bot.id), reader))
+
+    async def purge(self, request: Request) -> Response:
+        bot, shard, _ = await self._memory_call(request, write=True)
+        body = wire.decode(await read_body(request), wire.Purge)
+        tagmod.validate_purge_tag(body.tag)
+        count = await call(shard.purge, bot_pool(bot.id), body.tag)
+        return json({"count": count})
+
+    async def get_memory_bot(self, request: Request) -> Response:
+        bot, shard, _ = await self._memory_call(request)
+        return json(await call(shard.memory_bot_settings, bot_pool(bot.id)))
+
+    async def patch_memory_bot(self, request: Request) -> Response:
+        bot, shard, _ = await self._memory_call(request, write=True)
+        patch = wire.decode(await read_body(request), SettingsPatch)
+        return json(await call(shard.patch_memory_bot_settings, bot_pool(bot.id), patch))
+
+    # --- discovery ---
+
+    async def capabilities(self, request: Request) -> Response:
+        return json({"capabilities": list(CAPABILITIES), "unavailable": list(PLANNED)})
+
+    async def openapi(self, request: Request) -> Response:
+        return json(openapi_document())
+
+    async def health(self, request: Request) -> Response:
+        return json({"ok": True})
+
+
+def _reader(principal: Principal, request: Request, bot_id: str) -> Reader:
+    assert principal.user is not None
+    org = resolve_org(principal.user, request.headers.get("openbot-org"))
+    return Reader(user=principal.user.id, org=org, channels=principal.channels, uses_bot=True)
+
+
+def create_app(engine: Engine, admin_token: str, *, cache_ttl: float = 2.0) -> Starlette:
+    if not admin_token:
+        raise InvalidInput("an admin token is required")
+    api = Api(engine, Auth(engine, admin_token, ttl=cache_ttl))
+    r: Callable[..., Route] = Route
+    routes = [
+        r("/v1/admin/orgs", api.create_org, methods=["POST"]),
+        r("/v1/admin/orgs/{id}", api.patch_org, methods=["PATCH"]),
+        r("/v1/admin/users", api.create_user, methods=["POST"]),
+        r("/v1/admin/bots", api.create_bot, methods=["POST"]),
+        r("/v1/admin/grants", api.create_grant, methods=["POST"]),
+        r("/v1/admin/channels", api.create_channel, methods=["POST"]),
+        r("/v1/chats", api.create_chat, methods=["POST"]),
+        r("/v1/bots/{bot}/memory", api.get_memory, methods=["GET"]),
+        r("/v1/bots/{bot}/memory", api.post_memory, methods=["POST"]),
+        r("/v1/bots/{bot}/memory/log", api.memory_log, methods=["GET"]),
+        r("/v1/bots/{bot}/memory/purge", api.purge, methods=["POST"]),
+        r("/v1/bots/{bot}/memory/bot", api.get_memory_bot, methods=["GET"]),
+        r("/v1/bots/{bot}/memory/bot", api.patch_memory_bot, methods=["PATCH"]),
+        r("/v1/capabilities", api.capabilities, methods=["GET"]),
+        r("/openapi.json", api.openapi, methods=["GET"]),
+        r("/healthz", api.health, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers=HANDLERS)
+    app.state.api = api
+    return app

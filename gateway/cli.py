@@ -1,0 +1,160 @@
+"""`openbot`: the command line (DESIGN §10).
+
+openbot serve [--config FILE] [--data-dir DIR] [--host H] [--port P]
+openbot admin org create --name N [--id ID] | org set ID KEY=VALUE…
+openbot admin user create --name N --org ORG… [--id ID]
+openbot admin bot create --name N --org ORG --owner USER [--id ID] [--linked]
+openbot admin grant --bot B --user U --permission read|write
+openbot admin channel create --org ORG --person U… --bot B… [--id ID]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from engine.errors import OpenBotError
+
+
+def _admin_client(args: argparse.Namespace):
+    import httpx
+
+    from gateway.server import ADMIN_TOKEN_FILE
+
+    token = args.token or os.environ.get("OPENBOT_ADMIN_TOKEN")
+    if not token:
+        path = (
+            Path(args.data_dir or os.environ.get("OPENBOT_DATA_DIR") or "./data") / ADMIN_TOKEN_FILE
+        )
+        if not path.exists():
+            raise SystemExit(
+                f"openbot: no admin token (set OPENBOT_ADMIN_TOKEN or --token; {path} is absent)"
+            )
+        token = path.read_text().strip()
+    return httpx.Client(base_url=args.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+def _parse_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _admin(args: argparse.Namespace) -> int:
+    what = (args.what, getattr(args, "action", None))
+    if what == ("org", "create"):
+        method, path, body = "POST", "/v1/admin/orgs", {"name": args.name, "id": args.id}
+    elif what == ("org", "set"):
+        settings = {}
+        for pair in args.pairs:
+            key, _, value = pair.partition("=")
+            settings[key] = _parse_value(value)
+        method, path, body = "PATCH", f"/v1/admin/orgs/{args.org_id}", {"settings": settings}
+    elif what == ("user", "create"):
+        method, path, body = (
+            "POST",
+            "/v1/admin/users",
+            {"name": args.name, "orgs": args.org, "id": args.id},
+        )
+    elif what == ("bot", "create"):
+        body = {
+            "name": args.name,
+            "org": args.org,
+            "owner": args.owner,
+            "id": args.id,
+            "linked": args.linked,
+        }
+        method, path = "POST", "/v1/admin/bots"
+    elif args.what == "grant":
+        method, path = "POST", "/v1/admin/grants"
+        body = {"bot": args.bot, "user": args.user, "permission": args.permission}
+    elif what == ("channel", "create"):
+        method, path = "POST", "/v1/admin/channels"
+        body = {"org": args.org, "people": args.person, "bots": args.bot, "id": args.id}
+    else:
+        raise SystemExit("openbot admin: unknown command")
+    body = {k: v for k, v in body.items() if v is not None}
+    with _admin_client(args) as client:
+        resp = client.request(method, path, json=body)
+    print(json.dumps(resp.json(), indent=2))
+    return 0 if resp.is_success else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="openbot", description="OpenBot Engine")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the server (embedded default: ./data, local Ray)")
+    s.add_argument("--config")
+    s.add_argument("--data-dir")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.add_argument("--shards", type=int)
+    s.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
+
+    a = sub.add_parser("admin", help="directory calls against a running server")
+    a.add_argument("--url", default=os.environ.get("OPENBOT_URL", "http://127.0.0.1:8765"))
+    a.add_argument("--token")
+    a.add_argument("--data-dir")
+    asub = a.add_subparsers(dest="what", required=True)
+    org = asub.add_parser("org").add_subparsers(dest="action", required=True)
+    oc = org.add_parser("create")
+    oc.add_argument("--name", required=True)
+    oc.add_argument("--id")
+    os_ = org.add_parser("set")
+    os_.add_argument("org_id")
+    os_.add_argument("pairs", nargs="+", metavar="KEY=VALUE")
+    user = asub.add_parser("user").add_subparsers(dest="action", required=True)
+    uc = user.add_parser("create")
+    uc.add_argument("--name", required=True)
+    uc.add_argument("--org", action="append", required=True)
+    uc.add_argument("--id")
+    bot = asub.add_parser("bot").add_subparsers(dest="action", required=True)
+    bc = bot.add_parser("create")
+    bc.add_argument("--name", required=True)
+    bc.add_argument("--org", required=True)
+    bc.add_argument("--owner", required=True)
+    bc.add_argument("--id")
+    bc.add_argument("--linked", action="store_true", default=None)
+    g = asub.add_parser("grant")
+    g.add_argument("--bot", required=True)
+    g.add_argument("--user", required=True)
+    g.add_argument("--permission", choices=["read", "write"], required=True)
+    ch = asub.add_parser("channel").add_subparsers(dest="action", required=True)
+    cc = ch.add_parser("create")
+    cc.add_argument("--org", required=True)
+    cc.add_argument("--person", action="append", default=[])
+    cc.add_argument("--bot", action="append", default=[])
+    cc.add_argument("--id")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            from gateway.server import load_settings, serve
+
+            serve(
+                load_settings(
+                    config=args.config,
+                    data_dir=args.data_dir,
+                    host=args.host,
+                    port=args.port,
+                    shards=args.shards,
+                    ray_address=args.ray_address,
+                )
+            )
+            return 0
+        return _admin(args)
+    except OpenBotError as e:
+        print(f"openbot: {e.message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The OpenAPI 3.1 document served at `/openapi.json`, built from the wire Structs themselves so
+that it cannot drift from what the server decodes and encodes."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import msgspec
+
+from engine.directory import Bot, Channel, Chat, Org
+from engine.memory import EntryView, LogPage, MemoryPage
+from engine.memory_bot import MemoryBotSettings, SettingsPatch
+from gateway import wire
+
+# (method, path, summary, request body type, response type, success status)
+ROUTES: list[tuple[str, str, str, Any, Any, int]] = [
+    ("post", "/v1/admin/orgs", "Create an org (admin)", wire.CreateOrg, Org, 201),
+    ("patch", "/v1/admin/orgs/{id}", "Change org settings (admin)", wire.PatchOrg, Org, 200),
+    (
+        "post",
+        "/v1/admin/users",
+        "Create a user and its token (admin)",
+        wire.CreateUser,
+        wire.UserCreated,
+        201,
+    ),
+    ("post", "/v1/admin/bots", "Create a bot (admin)", wire.CreateBot, Bot, 201),
+    (
+        "post",
+        "/v1/admin/grants",
+        "Grant read or write on a bot (admin)",
+        wire.CreateGrant,
+        None,
+        201,
+    ),
+    (
+        "post",
+        "/v1/admin/channels",
+        "Create a channel group (admin)",
+        wire.CreateChannel,
+        Channel,
+        201,
+    ),
+    ("post", "/v1/chats", "Start a direct or group chat", wire.CreateChat, Chat, 201),
+    (
+        "get",
+        "/v1/bots/{bot}/memory",
+        "The caller's entries of this bot's memory (?tags=a,b)",
+        None,
+        MemoryPage,
+        200,
+    ),
+    ("post", "/v1/bots/{bot}/memory", "Remember or Forget", wire.MemoryCommand, EntryView, 200),
+    (
+        "get",
+        "/v1/bots/{bot}/memory/log",
+        "Changes to entries the caller can see",
+        None,
+        LogPage,
+        200,
+    ),
+    (
+        "post",
+        "/v1/bots/{bot}/memory/purge",
+        "Delete entries by one system tag",
+        wire.Purge,
+        None,
+        200,
+    ),
+    ("get", "/v1/bots/{bot}/memory/bot", "Memory-bot settings", None, MemoryBotSettings, 200),
+    (
+        "patch",
+        "/v1/bots/{bot}/memory/bot",
+        "Change memory-bot settings",
+        SettingsPatch,
+        MemoryBotSettings,
+        200,
+    ),
+    ("get", "/v1/capabilities", "Features this server offers", None, None, 200),
+]
+
+_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+            "required": ["code", "message"],
+        }
+    },
+    "required": ["error"],
+}
+
+
+@functools.cache
+def openapi_document() -> dict[str, Any]:
+    types = [t for _, _, _, req, resp, _ in ROUTES for t in (req, resp) if t is not None]
+    schemas, components = msgspec.json.schema_components(
+        types, ref_template="#/components/schemas/{name}"
+    )
+    by_type = dict(zip(types, schemas, strict=True))
+    paths: dict[str, dict[str, Any]] = {}
+    for method, path, summary, req, resp, status in ROUTES:
+        op: dict[str, Any] = {
+            "summary": summary,
+            "security": [{"bearer": []}],
+            "responses": {
+                str(status): {
+                    "description": "success",
+                    "content": {"application/json": {"schema": by_type.get(resp, {})}},
+                },
+                "default": {
+                    "description": "error",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    },
+                },
+            },
+        }
+        params = [p.strip("{}") for p in path.split("/") if p.startswith("{")]
+        if params:
+            op["parameters"] = [
+                {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+                for p in params
+            ]
+        if req is not None:
+            op["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": by_type[req]}},
+            }
+        paths.setdefault(path, {})[method] = op
+    components["Error"] = _ERROR
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "OpenBot Engine", "version": "0.1.0"},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }

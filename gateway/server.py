@@ -1,0 +1,98 @@
+"""Running the server: settings from flags, environment and config file, the admin token, Ray,
+the actors and uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import InvalidInput
+
+ADMIN_TOKEN_FILE = "admin.token"
+log = logging.getLogger("openbot")
+
+
+@dataclass
+class ServeSettings:
+    data_dir: Path = Path("./data")
+    host: str = "127.0.0.1"
+    port: int = 8765
+    shards: int = 2
+    ray_address: str | None = None
+    group_commit: bool = True
+
+
+def load_settings(
+    *,
+    config: str | None = None,
+    data_dir: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    shards: int | None = None,
+    ray_address: str | None = None,
+) -> ServeSettings:
+    """Flags win over environment, which wins over the config file's [server] table."""
+    file: dict = {}
+    path = config or os.environ.get("OPENBOT_CONFIG")
+    if path:
+        try:
+            with open(path, "rb") as f:
+                file = tomllib.load(f).get("server", {})
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise InvalidInput(f"cannot read config {path}: {e}") from e
+    env = os.environ
+    s = ServeSettings()
+    s.data_dir = Path(data_dir or env.get("OPENBOT_DATA_DIR") or file.get("data_dir") or s.data_dir)
+    s.host = host or env.get("OPENBOT_HOST") or file.get("host") or s.host
+    s.port = int(port or env.get("OPENBOT_PORT") or file.get("port") or s.port)
+    s.shards = int(shards or file.get("shards") or s.shards)
+    s.ray_address = ray_address or env.get("OPENBOT_RAY_ADDRESS") or file.get("ray_address")
+    s.group_commit = bool(file.get("group_commit", True))
+    return s
+
+
+def admin_token(data_dir: Path) -> tuple[str, Path | None]:
+    """`OPENBOT_ADMIN_TOKEN`, else the token in the data directory (created 0600 once)."""
+    env = os.environ.get("OPENBOT_ADMIN_TOKEN")
+    if env:
+        return env, None
+    path = data_dir / ADMIN_TOKEN_FILE
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write("oba_" + secrets.token_urlsafe(32))
+    return path.read_text().strip(), path
+
+
+def serve(settings: ServeSettings) -> None:
+    import ray
+    import uvicorn
+
+    from actors.runtime import Engine, start_ray
+    from gateway.app import create_app
+
+    data_dir = settings.data_dir.resolve()
+    token, token_path = admin_token(data_dir)
+    start_ray(settings.ray_address, tmp_dir=os.environ.get("RAY_TMPDIR"))
+    engine = Engine.start(data_dir, shards=settings.shards, group_commit=settings.group_commit)
+    app = create_app(engine, token)
+    where = f"in {token_path}" if token_path else "from OPENBOT_ADMIN_TOKEN"
+    print(
+        f"openbot: serving http://{settings.host}:{settings.port} "
+        f"(data {data_dir}; admin token {where})",
+        flush=True,
+    )
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    finally:
+        engine.stop()
+        ray.shutdown()

@@ -1,0 +1,95 @@
+"""Envelope encryption (DESIGN §7, SEC-1).
+
+A master key wraps one data key per pool; content is AES-GCM-256 under the pool's data key with
+`pool` and the record id as associated data, so a ciphertext moved to another row or pool does not
+decrypt. The master key comes from `OPENBOT_MASTER_KEY` (urlsafe base64 of 32 bytes) or from
+`master.key` in the data directory, created with mode 0600 on first start.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from engine.errors import InvalidInput, StorageError
+
+KEY_FILE = "master.key"
+_NONCE = 12
+
+
+def _decode_key(text: str) -> bytes:
+    try:
+        key = base64.urlsafe_b64decode(text.strip().encode())
+    except ValueError as e:
+        raise InvalidInput("OPENBOT_MASTER_KEY is not base64", code="bad_master_key") from e
+    if len(key) != 32:
+        raise InvalidInput("the master key must be 32 bytes", code="bad_master_key")
+    return key
+
+
+def load_master_key(data_dir: Path) -> bytes:
+    """The master key from the environment, else from the data directory (created if absent)."""
+    env = os.environ.get("OPENBOT_MASTER_KEY")
+    if env:
+        return _decode_key(env)
+    path = Path(data_dir) / KEY_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        key = AESGCM.generate_key(bit_length=256)
+        # O_EXCL: when two processes race on first start, one creates and both read the winner.
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(base64.urlsafe_b64encode(key).decode())
+    return _decode_key(path.read_text())
+
+
+class Cipher:
+    """AES-GCM with associated data; errors become StorageError."""
+
+    def __init__(self, key: bytes) -> None:
+        self._aead = AESGCM(key)
+
+    def seal(self, plaintext: bytes, aad: bytes) -> bytes:
+        nonce = os.urandom(_NONCE)
+        return nonce + self._aead.encrypt(nonce, plaintext, aad)
+
+    def open(self, blob: bytes, aad: bytes) -> bytes:
+        try:
+            return self._aead.decrypt(blob[:_NONCE], blob[_NONCE:], aad)
+        except InvalidTag as e:
+            raise StorageError("a stored record failed its integrity check") from e
+
+
+class Keyring:
+    """The master key and the per-pool data keys it wraps."""
+
+    def __init__(self, master_key: bytes) -> None:
+        self._master = Cipher(master_key)
+        self._pools: dict[str, Cipher] = {}
+
+    def new_pool_key(self, pool: str) -> tuple[Cipher, bytes]:
+        """A fresh data key for `pool` and its wrapped form to store."""
+        key = AESGCM.generate_key(bit_length=256)
+        wrapped = self._master.seal(key, b"pool-key\x00" + pool.encode())
+        cipher = Cipher(key)
+        self._pools[pool] = cipher
+        return cipher, wrapped
+
+    def unwrap_pool_key(self, pool: str, wrapped: bytes) -> Cipher:
+        cipher = self._pools.get(pool)
+        if cipher is None:
+            cipher = Cipher(self._master.open(wrapped, b"pool-key\x00" + pool.encode()))
+            self._pools[pool] = cipher
+        return cipher
+
+
+def aad(pool: str, record: str) -> bytes:
+    return f"{pool}\x00{record}".encode()

@@ -1,0 +1,96 @@
+"""One DuckDB file, owned by one thread, with versioned migrations.
+
+DuckDB allows one read-write process per file and a connection is not shareable across threads,
+so every statement of a store runs on the store's single worker thread (`run`). Async callers
+never block their event loop on the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import duckdb
+
+from engine.errors import StorageError
+
+T = TypeVar("T")
+
+
+def _convert(e: duckdb.Error, what: str) -> StorageError:
+    return StorageError(f"{what}: {type(e).__name__}: {e}")
+
+
+class Database:
+    """A DuckDB file (or `:memory:`) opened by this process, its migrations applied."""
+
+    def __init__(self, path: str | Path, migrations: Sequence[str]) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="duckdb")
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self.call(self._open, migrations)
+
+    def _open(self, migrations: Sequence[str]) -> None:
+        try:
+            self._con = duckdb.connect(self.path)
+        except duckdb.Error as e:
+            raise _convert(e, f"cannot open {self.path}") from e
+        con = self._con
+        con.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER, applied_at BIGINT)"
+        )
+        done = {r[0] for r in con.execute("SELECT version FROM schema_migrations").fetchall()}
+        for number, sql in enumerate(migrations, start=1):
+            if number in done:
+                continue
+            try:
+                con.begin()
+                con.execute(sql)
+                con.execute(
+                    "INSERT INTO schema_migrations VALUES (?, ?)",
+                    [number, int(time.time() * 1000)],
+                )
+                con.commit()
+            except duckdb.Error as e:
+                con.rollback()
+                raise _convert(e, f"migration {number} failed") from e
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(*args)` on the database thread and wait (for start-up and tools)."""
+        return self._executor.submit(fn, *args).result()
+
+    async def run(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        """Run `fn(connection)` on the database thread; duckdb errors become StorageError."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._guarded, fn)
+
+    def run_sync(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        return self._executor.submit(self._guarded, fn).result()
+
+    def _guarded(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        assert self._con is not None
+        try:
+            return fn(self._con)
+        except duckdb.Error as e:
+            raise _convert(e, "database error") from e
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        """A read, synchronously (start-up, loading a pool)."""
+        return self.run_sync(lambda con: con.execute(sql, list(params)).fetchall())
+
+    def close(self) -> None:
+        def _close() -> None:
+            if self._con is not None:
+                self._con.close()
+                self._con = None
+
+        try:
+            self.call(_close)
+        finally:
+            self._executor.shutdown(wait=True)

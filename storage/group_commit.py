@@ -1,0 +1,197 @@
+"""Group commit: many small writes, one short transaction.
+
+Callers `submit` a batch of row changes and await its future. While one transaction runs on the
+database thread, new batches queue up; the next transaction takes all of them at once. Order is
+kept: batches commit in the order they were submitted, so a caller that submits under a lock
+gets the lock's order on disk. With `enabled=False` every batch is its own transaction (the
+baseline the memory benchmark compares against).
+
+If a merged transaction fails, each of its batches is retried alone so one bad batch fails only
+its own caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import duckdb
+
+from engine.errors import OpenBotError, StorageError
+from storage.database import Database
+
+
+class Table(NamedTuple):
+    """A table written by row: its columns and their DuckDB types; the first column is the key."""
+
+    name: str
+    columns: tuple[tuple[str, str], ...]
+
+    def index(self, column: str) -> int:
+        return [c for c, _ in self.columns].index(column)
+
+
+class Put(NamedTuple):
+    """Store `row` (all columns, key first), replacing any row with the same key."""
+
+    table: str
+    row: tuple
+
+
+class Delete(NamedTuple):
+    table: str
+    key: str
+
+
+class DeleteWhere(NamedTuple):
+    """Delete every row of `table` whose `column` is one of `values`."""
+
+    table: str
+    column: str
+    values: tuple
+
+
+Write = Put | Delete | DeleteWhere
+
+
+class _Merged:
+    def __init__(self, tables: Mapping[str, Table]) -> None:
+        self.tables = tables
+        self.rows: dict[str, dict[object, tuple | None]] = {}
+        self.wheres: list[DeleteWhere] = []
+
+    def add(self, writes: Sequence[Write]) -> None:
+        for w in writes:
+            if isinstance(w, Put):
+                self.rows.setdefault(w.table, {})[w.row[0]] = w.row
+            elif isinstance(w, Delete):
+                self.rows.setdefault(w.table, {})[w.key] = None
+            else:
+                self.wheres.append(w)
+                col = self.tables[w.table].index(w.column)
+                values = set(w.values)
+                pending = self.rows.get(w.table, {})
+                for key, row in pending.items():
+                    if row is not None and row[col] in values:
+                        pending[key] = None
+
+    def apply(self, con: duckdb.DuckDBPyConnection) -> None:
+        # Deletes by column first: rows put later in this group survive them (see `add`).
+        for w in self.wheres:
+            if w.values:
+                ctype = dict(self.tables[w.table].columns)[w.column]
+                con.execute(
+                    f"DELETE FROM {w.table} WHERE {w.column} IN (SELECT unnest($1::{ctype}[]))",
+                    [list(w.values)],
+                )
+        for name, rows in self.rows.items():
+            table = self.tables[name]
+            key_col, key_type = table.columns[0]
+            con.execute(
+                f"DELETE FROM {name} WHERE {key_col} IN (SELECT unnest($1::{key_type}[]))",
+                [list(rows)],
+            )
+            live = [r for r in rows.values() if r is not None]
+            if not live:
+                continue
+            cols = ", ".join(c for c, _ in table.columns)
+            unnests = ", ".join(
+                f"unnest(${i + 1}::{t}[])" for i, (_, t) in enumerate(table.columns)
+            )
+            con.execute(
+                f"INSERT INTO {name} ({cols}) SELECT {unnests}",
+                [list(col) for col in zip(*live, strict=True)],
+            )
+
+
+class GroupCommitter:
+    def __init__(
+        self, db: Database, tables: Sequence[Table], *, enabled: bool = True, max_batches: int = 256
+    ) -> None:
+        self.db = db
+        self.tables = {t.name: t for t in tables}
+        self.enabled = enabled
+        self.max_batches = max_batches if enabled else 1
+        self._queue: list[tuple[Sequence[Write], asyncio.Future[None]]] = []
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._last: asyncio.Future[None] | None = None
+        self.transactions = 0  # counters for benchmarks and tests
+        self.batches = 0
+
+    def submit(self, writes: Sequence[Write]) -> asyncio.Future[None]:
+        """Queue a batch; the future resolves once it is durable (or fails with StorageError)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        if not writes:
+            fut.set_result(None)
+            return fut
+        self._queue.append((writes, fut))
+        self._last = fut
+        if self._task is None or self._task.done():
+            self._wakeup = asyncio.Event()
+            self._task = loop.create_task(self._flush_loop())
+        assert self._wakeup is not None
+        self._wakeup.set()
+        return fut
+
+    async def _flush_loop(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            group = self._queue[: self.max_batches]
+            del self._queue[: len(group)]
+            try:
+                await self.db.run(lambda con, g=group: self._commit([w for w, _ in g], con))
+            except Exception:  # a bad row is a bug, but must not stop the writer
+                if len(group) == 1:
+                    self._settle(group, StorageError("the write could not be stored"))
+                    continue
+                for one in group:
+                    try:
+                        await self.db.run(lambda con, o=one: self._commit([o[0]], con))
+                    except Exception as e:
+                        err = e if isinstance(e, OpenBotError) else StorageError(repr(e))
+                        self._settle([one], err)
+                    else:
+                        self._settle([one], None)
+                continue
+            self._settle(group, None)
+
+    @staticmethod
+    def _settle(group, error: BaseException | None) -> None:
+        for _, fut in group:
+            if fut.done():
+                continue
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(error)
+
+    def _commit(self, batches: Sequence[Sequence[Write]], con: duckdb.DuckDBPyConnection) -> None:
+        merged = _Merged(self.tables)
+        for writes in batches:
+            merged.add(writes)
+        con.begin()
+        try:
+            merged.apply(con)
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+        self.transactions += 1
+        self.batches += len(batches)
+
+    async def drain(self) -> None:
+        """Wait until everything submitted so far is settled (batches settle in order)."""
+        last = self._last
+        if last is not None and not last.done():
+            await asyncio.wait([last])
+
+    async def close(self) -> None:
+        await self.drain()
+        if self._task is not None:
+            self._task.cancel()

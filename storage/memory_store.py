@@ -1,0 +1,142 @@
+"""Memory pools on a shard's DuckDB file: loading a pool, and the row writes of a change.
+
+Entry metadata (tags, sources, proofs, status) is stored in the clear so that visibility and
+purge never need a key; content, change-log details and memory-bot settings are sealed with the
+pool's data key (SEC-1). Changing tags or status rewrites only the metadata column and carries the
+stored ciphertext over untouched (LRN-8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import msgspec
+
+from engine.commands import Outcome
+from engine.memory import EntryMeta, LogRow
+from engine.memory_bot import MemoryBotSettings
+from storage.crypto import Cipher, Keyring, aad
+from storage.database import Database
+from storage.group_commit import DeleteWhere, Put, Write
+from storage.shard_schema import MEMORY_ENTRIES, MEMORY_LOG, POOLS
+
+_meta_enc = msgspec.json.Encoder()
+_meta_dec = msgspec.json.Decoder(EntryMeta)
+_settings_dec = msgspec.json.Decoder(MemoryBotSettings)
+
+
+class _LogPayload(msgspec.Struct, frozen=True, array_like=True):
+    who: str
+    change: str
+
+
+_log_dec = msgspec.json.Decoder(_LogPayload)
+
+
+@dataclass
+class StoredPool:
+    """A pool as loaded: metadata and sealed content per entry, the log, settings, version."""
+
+    pool: str
+    cipher: Cipher
+    wrapped_key: bytes
+    version: int = 0
+    entries: dict[str, EntryMeta] = field(default_factory=dict)
+    sealed: dict[str, bytes] = field(default_factory=dict)
+    log: list[LogRow] = field(default_factory=list)
+    settings: MemoryBotSettings = field(default_factory=MemoryBotSettings)
+    persisted: bool = False
+
+
+class MemoryStore:
+    def __init__(self, db: Database, keyring: Keyring) -> None:
+        self.db = db
+        self.keyring = keyring
+
+    async def load(self, pool: str) -> StoredPool:
+        def read(con):
+            head = con.execute(
+                "SELECT version, wrapped_key, settings FROM pools WHERE pool = ?", [pool]
+            ).fetchall()
+            entries = con.execute(
+                "SELECT id, meta, content FROM memory_entries WHERE pool = ?", [pool]
+            ).fetchall()
+            log = con.execute(
+                "SELECT version, at_ms, entry, payload FROM memory_log WHERE pool = ? "
+                "ORDER BY version, entry",
+                [pool],
+            ).fetchall()
+            return head, entries, log
+
+        head, entry_rows, log_rows = await self.db.run(read)
+        if not head:
+            cipher, wrapped = self.keyring.new_pool_key(pool)
+            return StoredPool(pool=pool, cipher=cipher, wrapped_key=wrapped)
+        version, wrapped, settings_blob = head[0]
+        cipher = self.keyring.unwrap_pool_key(pool, wrapped)
+        stored = StoredPool(
+            pool=pool, cipher=cipher, wrapped_key=wrapped, version=version, persisted=True
+        )
+        if settings_blob is not None:
+            stored.settings = _settings_dec.decode(
+                cipher.open(settings_blob, aad(pool, "settings"))
+            )
+        for entry_id, meta, content in entry_rows:
+            stored.entries[entry_id] = _meta_dec.decode(meta)
+            stored.sealed[entry_id] = content
+        for v, at, entry_id, payload in log_rows:
+            p = _log_dec.decode(cipher.open(payload, aad(pool, f"log\x00{v}\x00{entry_id}")))
+            stored.log.append(LogRow(version=v, at=at, who=p.who, entry=entry_id, change=p.change))
+        return stored
+
+    # --- writes ---
+
+    def seal_content(self, stored: StoredPool, entry_id: str, content: str) -> bytes:
+        return stored.cipher.seal(content.encode(), aad(stored.pool, entry_id))
+
+    def open_content(self, stored: StoredPool, entry_id: str) -> str:
+        return stored.cipher.open(stored.sealed[entry_id], aad(stored.pool, entry_id)).decode()
+
+    def pool_row(self, stored: StoredPool, version: int, settings: MemoryBotSettings) -> Put:
+        blob = stored.cipher.seal(_meta_enc.encode(settings), aad(stored.pool, "settings"))
+        return Put(POOLS.name, (stored.pool, version, stored.wrapped_key, blob))
+
+    def outcome_writes(
+        self,
+        stored: StoredPool,
+        outcome: Outcome,
+        new_content: Mapping[str, bytes] | None = None,
+    ) -> list[Write]:
+        """Rows for an outcome: entries (new sealed content where given, else the stored
+        ciphertext), deletes with their log rows, new log rows, and the pool's version."""
+        new_content = new_content or {}
+        pool = stored.pool
+        writes: list[Write] = []
+        for meta in outcome.upserts:
+            sealed = new_content.get(meta.id)
+            if sealed is None:
+                sealed = stored.sealed[meta.id]
+            writes.append(
+                Put(MEMORY_ENTRIES.name, (meta.id, pool, _meta_enc.encode(meta).decode(), sealed))
+            )
+        if outcome.deletes:
+            writes.append(DeleteWhere(MEMORY_ENTRIES.name, "id", outcome.deletes))
+            writes.append(DeleteWhere(MEMORY_LOG.name, "entry", outcome.deletes))
+        for row in outcome.log:
+            payload = stored.cipher.seal(
+                msgspec.json.encode(_LogPayload(who=row.who, change=row.change)),
+                aad(pool, f"log\x00{row.version}\x00{row.entry}"),
+            )
+            key = f"{pool}\x00{row.version}\x00{row.entry}"
+            writes.append(
+                Put(MEMORY_LOG.name, (key, pool, row.version, row.at, row.entry, payload))
+            )
+        if outcome.version != stored.version or not stored.persisted:
+            writes.append(self.pool_row(stored, outcome.version, stored.settings))
+        return writes
+
+
+def log_without(log: Iterable[LogRow], deleted: Iterable[str]) -> list[LogRow]:
+    gone = set(deleted)
+    return [r for r in log if r.entry not in gone]

@@ -1,0 +1,71 @@
+"""The schema of a shard's DuckDB file: versioned migrations, append only.
+
+Never edit a migration that has shipped; add a new one. Tables have no primary-key constraints:
+each shard has exactly one writer (its actor), which keys rows itself, and group commit replaces
+rows by deleting and inserting in one transaction (see storage/group_commit.py).
+"""
+
+from __future__ import annotations
+
+from storage.group_commit import Table
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: memory pools, entries, change log, idempotency receipts, chats' items and turns.
+    """
+    CREATE TABLE pools (
+        pool VARCHAR, version BIGINT, wrapped_key BLOB, settings BLOB
+    );
+    CREATE TABLE memory_entries (
+        id VARCHAR, pool VARCHAR, meta VARCHAR, content BLOB
+    );
+    CREATE INDEX memory_entries_pool ON memory_entries (pool);
+    CREATE TABLE memory_log (
+        key VARCHAR, pool VARCHAR, version BIGINT, at_ms BIGINT, entry VARCHAR, payload BLOB
+    );
+    CREATE INDEX memory_log_pool ON memory_log (pool);
+    CREATE TABLE receipts (
+        key VARCHAR, scope VARCHAR, request_id VARCHAR, fingerprint VARCHAR,
+        response BLOB, at_ms BIGINT
+    );
+    CREATE TABLE chat_items (
+        key VARCHAR, chat VARCHAR, seq BIGINT, turn VARCHAR, kind VARCHAR, author VARCHAR,
+        payload BLOB, at_ms BIGINT
+    );
+    CREATE INDEX chat_items_chat ON chat_items (chat);
+    CREATE TABLE turns (
+        id VARCHAR, chat VARCHAR, operator VARCHAR, status VARCHAR, meta VARCHAR, at_ms BIGINT
+    );
+    """,
+)
+
+POOLS = Table(
+    "pools",
+    (("pool", "VARCHAR"), ("version", "BIGINT"), ("wrapped_key", "BLOB"), ("settings", "BLOB")),
+)
+MEMORY_ENTRIES = Table(
+    "memory_entries",
+    (("id", "VARCHAR"), ("pool", "VARCHAR"), ("meta", "VARCHAR"), ("content", "BLOB")),
+)
+MEMORY_LOG = Table(
+    "memory_log",
+    (
+        ("key", "VARCHAR"),
+        ("pool", "VARCHAR"),
+        ("version", "BIGINT"),
+        ("at_ms", "BIGINT"),
+        ("entry", "VARCHAR"),
+        ("payload", "BLOB"),
+    ),
+)
+RECEIPTS = Table(
+    "receipts",
+    (
+        ("key", "VARCHAR"),
+        ("scope", "VARCHAR"),
+        ("request_id", "VARCHAR"),
+        ("fingerprint", "VARCHAR"),
+        ("response", "BLOB"),
+        ("at_ms", "BIGINT"),
+    ),
+)
+TABLES = (POOLS, MEMORY_ENTRIES, MEMORY_LOG, RECEIPTS)

@@ -1,0 +1,140 @@
+"""Shared fixtures: one local Ray per test run, one engine on real DuckDB files, and a real
+uvicorn server on loopback serving the real app."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shutil
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ADMIN = "test-admin-" + secrets.token_hex(8)
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    import ray
+
+    from actors.runtime import start_ray
+
+    # Ray's unix socket paths must stay short, so not under pytest's long tmp paths.
+    tmp = tempfile.mkdtemp(prefix="obr", dir="/tmp")
+    start_ray(tmp_dir=tmp)
+    yield
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="session")
+def engine(ray_session, data_dir):
+    from actors.runtime import Engine
+
+    eng = Engine.start(data_dir, shards=2, prefix="test")
+    yield eng
+    eng.stop()
+
+
+class LiveServer:
+    """uvicorn serving an app on 127.0.0.1 in a thread of this process (the Ray driver)."""
+
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._sock = sock
+        config = uvicorn.Config(app, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            self.thread.join(0.01)
+
+    def _run(self) -> None:
+        asyncio.run(self.server.serve(sockets=[self._sock]))
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def server(engine) -> Iterator[LiveServer]:
+    from gateway.app import create_app
+
+    live = LiveServer(create_app(engine, ADMIN, cache_ttl=0.0))
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def admin(server) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30
+    ) as c:
+        yield c
+
+
+def user_client(server: LiveServer, token: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+
+
+class World:
+    """A fresh org with people and a bot, created through the admin API."""
+
+    def __init__(self, admin: httpx.Client, server: LiveServer) -> None:
+        tag = secrets.token_hex(4)
+        self.org = _ok(admin.post("/v1/admin/orgs", json={"name": f"org {tag}"}))["id"]
+        self.tokens: dict[str, str] = {}
+        self.users: dict[str, str] = {}
+        for name in ("alice", "bob", "carol"):
+            u = _ok(admin.post("/v1/admin/users", json={"name": name, "orgs": [self.org]}))
+            self.users[name] = u["id"]
+            self.tokens[name] = u["token"]
+        self.bot = _ok(
+            admin.post(
+                "/v1/admin/bots",
+                json={"name": f"bot {tag}", "org": self.org, "owner": self.users["alice"]},
+            )
+        )["id"]
+        self.server = server
+        self.admin = admin
+
+    def client(self, name: str) -> httpx.Client:
+        return user_client(self.server, self.tokens[name])
+
+    def grant(self, name: str, permission: str) -> None:
+        _ok(
+            self.admin.post(
+                "/v1/admin/grants",
+                json={"bot": self.bot, "user": self.users[name], "permission": permission},
+            )
+        )
+
+
+def _ok(resp: httpx.Response) -> dict:
+    assert resp.is_success, (resp.status_code, resp.text)
+    return resp.json()
+
+
+@pytest.fixture
+def world(admin, server) -> World:
+    return World(admin, server)

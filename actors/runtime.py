@@ -31,10 +31,6 @@ def start_ray(address: str | None = None, *, tmp_dir: str | None = None) -> None
     if ray.is_initialized():
         return
     if address is None:
-        # The embedded instance stays on loopback and needs no token (a real cluster keeps its own).
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         tmp = tmp_dir or os.environ.get("RAY_TMPDIR") or tempfile.mkdtemp(prefix="openbot-ray-")
         # Ray's socket paths must stay short (AF_UNIX limit); keep the temp dir near the root.
         os.environ.setdefault("RAY_TMPDIR", tmp)

@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "serve":
+            if args.ray_address:  # before Ray is imported: see actors/ray_env.py
+                os.environ["OPENBOT_RAY_ADDRESS"] = args.ray_address
             from gateway.server import load_settings, serve
 
             serve(

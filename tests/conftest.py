@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+import actors.runtime  # noqa: F401  (sets Ray's environment before anything imports ray)
+
 ADMIN = "test-admin-" + secrets.token_hex(8)
 
 

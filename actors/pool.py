@@ -20,6 +20,8 @@ class Pool:
         self.stored = stored
         self.lock = RWLock()
         self.pending: asyncio.Future[None] | None = None
+        # Receipts written since load (the table has older ones): requestId key → (print, answer).
+        self.receipts: dict[str, tuple[str, bytes]] = {}
         self._by_grant: dict[str, set[str]] = {}
         for meta in stored.entries.values():
             self._index(meta)

@@ -22,11 +22,12 @@ import msgspec
 from actors.pool import Pool
 from engine import commands
 from engine.commands import Outcome
-from engine.errors import InvalidInput, NotFound
+from engine.errors import Conflict, InvalidInput, NotFound
 from engine.memory import (
     Change,
     Context,
     EntryMeta,
+    EntryView,
     LogPage,
     LogRow,
     MemoryPage,
@@ -40,9 +41,12 @@ from engine.order import in_memory_order
 from engine.visibility import Visibility
 from storage.crypto import Keyring, load_master_key
 from storage.database import Database
-from storage.group_commit import GroupCommitter
+from storage.group_commit import GroupCommitter, Put
 from storage.memory_store import MemoryStore
+from storage.receipts import Receipts, fingerprint, receipt_key
 from storage.shard_schema import MIGRATIONS, TABLES
+
+_view_dec = msgspec.json.Decoder(EntryView)
 
 
 def _now_ms() -> int:
@@ -68,6 +72,7 @@ class ShardService:
         self.db = Database(db_path or Path(data_dir) / f"shard-{index}.duckdb", MIGRATIONS)
         self.committer = GroupCommitter(self.db, TABLES, enabled=group_commit)
         self.store = MemoryStore(self.db, Keyring(load_master_key(Path(data_dir))))
+        self.receipts = Receipts(self.db)
         self.clock = clock
         self.new_id = new_id
         self._pools: dict[str, Pool] = {}
@@ -108,8 +113,14 @@ class ShardService:
                 del self._pools[pool.id]
             raise
 
-    def _queue(self, pool: Pool, outcome: Outcome, sealed: dict[str, bytes] | None = None):
-        writes = self.store.outcome_writes(pool.stored, outcome, sealed)
+    def _queue(
+        self,
+        pool: Pool,
+        outcome: Outcome,
+        sealed: dict[str, bytes] | None = None,
+        extra: Sequence[Put] = (),
+    ):
+        writes = [*self.store.outcome_writes(pool.stored, outcome, sealed), *extra]
         pool.apply(outcome, sealed)
         if writes:
             pool.pending = self.committer.submit(writes)
@@ -137,41 +148,87 @@ class ShardService:
         await self._settle(pool, pending)
         return MemoryPage(entries=views, version=version)
 
+    async def _receipt(self, pool: Pool, key: str | None, print_: str) -> EntryView | None:
+        """The answer already given to this request, if any (call under the exclusive lock)."""
+        if key is None:
+            return None
+        answer = pool.receipts.get(key)
+        if answer is not None:
+            if answer[0] != print_:
+                raise Conflict(
+                    "this requestId was already used for a different request",
+                    code="request_id_reused",
+                )
+            return _view_dec.decode(answer[1])
+        raw = await self.receipts.find(key, print_, pool.stored.cipher, pool.id)
+        return None if raw is None else _view_dec.decode(raw)
+
+    def _receipt_rows(self, pool: Pool, key: str | None, print_: str, answer: EntryView):
+        if key is None:
+            return ()
+        raw = msgspec.json.encode(answer)
+        pool.receipts[key] = (print_, raw)
+        return (Receipts.row(key, print_, raw, pool.stored.cipher, pool.id, self.clock()),)
+
     async def remember(
-        self, pool_id: str, reader: Reader, content: str, topics: Sequence[str] = ()
-    ) -> msgspec.Struct:
+        self,
+        pool_id: str,
+        reader: Reader,
+        content: str,
+        topics: Sequence[str] = (),
+        request_id: str | None = None,
+    ) -> EntryView:
+        """Add a pinned entry (API-2). With a `request_id` a retry returns the first answer."""
         commands.validate_content(content)
+        key = None if request_id is None else receipt_key(pool_id, reader.user, request_id)
+        print_ = fingerprint(("remember", reader.org, content, tuple(topics)))
         pool = await self._pool(pool_id)
         entry_id = self.new_id()
         async with pool.lock.exclusive():
-            outcome = commands.remember(
-                pool=pool_id,
-                entry_id=entry_id,
-                reader=reader,
-                topics=topics,
-                now=self.clock(),
-                version=pool.version,
-            )
-            sealed = {entry_id: self.store.seal_content(pool.stored, entry_id, content)}
-            pending = self._queue(pool, outcome, sealed)
+            done = await self._receipt(pool, key, print_)
+            if done is not None:
+                pending = pool.pending
+            else:
+                outcome = commands.remember(
+                    pool=pool_id,
+                    entry_id=entry_id,
+                    reader=reader,
+                    topics=topics,
+                    now=self.clock(),
+                    version=pool.version,
+                )
+                sealed = {entry_id: self.store.seal_content(pool.stored, entry_id, content)}
+                done = view(outcome.upserts[0], content)
+                extra = self._receipt_rows(pool, key, print_, done)
+                pending = self._queue(pool, outcome, sealed, extra)
         await self._settle(pool, pending)
-        return view(outcome.upserts[0], content)
+        return done
 
-    async def forget(self, pool_id: str, reader: Reader, entry_id: str) -> msgspec.Struct:
+    async def forget(
+        self, pool_id: str, reader: Reader, entry_id: str, request_id: str | None = None
+    ) -> EntryView:
+        key = None if request_id is None else receipt_key(pool_id, reader.user, request_id)
+        print_ = fingerprint(("forget", reader.org, entry_id))
         pool = await self._pool(pool_id)
         async with pool.lock.exclusive():
-            outcome = commands.forget(
-                entries=pool.entries,
-                entry_id=entry_id,
-                reader=reader,
-                now=self.clock(),
-                version=pool.version,
-            )
-            pending = self._queue(pool, outcome)
-            meta = pool.entries[entry_id]
-            content = self.store.open_content(pool.stored, entry_id)
+            done = await self._receipt(pool, key, print_)
+            if done is not None:
+                pending = pool.pending
+            else:
+                outcome = commands.forget(
+                    entries=pool.entries,
+                    entry_id=entry_id,
+                    reader=reader,
+                    now=self.clock(),
+                    version=pool.version,
+                )
+                content = self.store.open_content(pool.stored, entry_id)
+                meta = outcome.upserts[0] if outcome.upserts else pool.entries[entry_id]
+                done = view(meta, content)
+                extra = self._receipt_rows(pool, key, print_, done)
+                pending = self._queue(pool, outcome, None, extra)
         await self._settle(pool, pending)
-        return view(meta, content)
+        return done
 
     async def purge(self, pool_id: str, tag: str) -> int:
         pool = await self._pool(pool_id)

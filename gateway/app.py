@@ -154,10 +154,15 @@ class Api:
         command = body.command
         if isinstance(command, wire.Remember):
             entry = await call(
-                shard.remember, bot_pool(bot.id), reader, command.content, tuple(command.tags)
+                shard.remember,
+                bot_pool(bot.id),
+                reader,
+                command.content,
+                tuple(command.tags),
+                body.requestId,
             )
             return json(entry, 201)
-        entry = await call(shard.forget, bot_pool(bot.id), reader, command.id)
+        entry = await call(shard.forget, bot_pool(bot.id), reader, command.id, body.requestId)
         return json(entry)
 
     async def memory_log(self, request: Request) -> Response:

@@ -95,6 +95,7 @@ class Forget(
 
 class MemoryCommand(_Body):
     command: Remember | Forget
+    requestId: str | None = None  # optional: a retry with the same id is answered, not redone
 
 
 class Purge(_Body):

@@ -216,3 +216,49 @@ def test_memory_bot_settings_versioned_patch(world):
         cleared = alice.patch(url, json={"expected": 1, "budget": None, "concurrency": None})
         want = {k: v for k, v in body.items() if k != "expected"}
         assert cleared.json() == {**want, "version": 2, "concurrency": None, "budget": None}
+
+
+def test_remember_with_request_id_is_done_once(world):
+    url = f"/v1/bots/{world.bot}/memory"
+    cmd = {"_tag": "Remember", "content": "once only", "tags": ["x"]}
+    with world.client("alice") as alice:
+        first = alice.post(url, json={"command": cmd, "requestId": "req-1"})
+        again = alice.post(url, json={"command": cmd, "requestId": "req-1"})
+        assert first.status_code == again.status_code == 201
+        assert first.json() == again.json()
+        page = alice.get(url).json()
+        assert page["version"] == 1 and len(page["entries"]) == 1
+        other = {**cmd, "content": "something else"}
+        r = alice.post(url, json={"command": other, "requestId": "req-1"})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "request_id_reused"
+        assert alice.get(url).json()["version"] == 1
+        forget = {"_tag": "Forget", "id": first.json()["id"]}
+        a = alice.post(url, json={"command": forget, "requestId": "req-2"})
+        b = alice.post(url, json={"command": forget, "requestId": "req-2"})
+        assert a.json() == b.json() and a.json()["status"] == "retracted"
+        assert alice.get(url).json()["version"] == 2
+
+
+def test_admin_cli_against_a_running_server(server, world):
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ADMIN
+
+    def cli(*args: str) -> dict:
+        cmd = [sys.executable, "-m", "gateway.cli", "admin", "--url", server.url]
+        out = subprocess.run(
+            [*cmd, "--token", ADMIN, *args], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout)
+
+    org = cli("org", "create", "--name", "CLI org")["id"]
+    assert cli("org", "set", org, "botMemory=false")["settings"]["botMemory"] is False
+    user = cli("user", "create", "--name", "Cli", "--org", org)
+    assert user["token"].startswith("obt_")
+    bot = cli("bot", "create", "--name", "cb", "--org", org, "--owner", user["id"])["id"]
+    assert cli("grant", "--bot", bot, "--user", world.users["bob"], "--permission", "read")
+    channel = cli("channel", "create", "--org", org, "--person", user["id"], "--bot", bot)
+    assert channel["bots"] == [bot] and channel["people"] == [user["id"]]

@@ -1,0 +1,59 @@
+"""Idempotency receipts: a write that carries a `requestId` is done once.
+
+A receipt stores a fingerprint of the request and the (sealed) answer. The same request again
+gets the stored answer; a different request under the same id is a conflict. Receipts are written
+in the same group-commit batch as the change they answer for, so a crash leaves either both or
+neither.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+
+from engine.errors import Conflict, InvalidInput
+from storage.crypto import Cipher, aad
+from storage.database import Database
+from storage.group_commit import Put
+from storage.shard_schema import RECEIPTS
+
+MAX_REQUEST_ID = 128
+
+
+def receipt_key(scope: str, actor: str, request_id: str) -> str:
+    if not isinstance(request_id, str) or not 1 <= len(request_id) <= MAX_REQUEST_ID:
+        raise InvalidInput(f"requestId must be 1-{MAX_REQUEST_ID} characters", code="invalid_id")
+    return f"{scope}\x00{actor}\x00{request_id}"
+
+
+def fingerprint(request: object) -> str:
+    return hashlib.sha256(msgspec.json.encode(request)).hexdigest()
+
+
+class Receipts:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def find(self, key: str, print_: str, cipher: Cipher, scope: str) -> bytes | None:
+        """The stored answer for `key`, None if there is none; a different request → Conflict."""
+        rows = await self.db.run(
+            lambda con: con.execute(
+                "SELECT fingerprint, response FROM receipts WHERE key = ?", [key]
+            ).fetchall()
+        )
+        if not rows:
+            return None
+        stored_print, sealed = rows[0]
+        if stored_print != print_:
+            raise Conflict(
+                "this requestId was already used for a different request", code="request_id_reused"
+            )
+        return cipher.open(sealed, aad(scope, "receipt\x00" + key))
+
+    @staticmethod
+    def row(key: str, print_: str, answer: bytes, cipher: Cipher, scope: str, now: int) -> Put:
+        scope_id, _, rest = key.partition("\x00")
+        request_id = rest.partition("\x00")[2]
+        sealed = cipher.seal(answer, aad(scope, "receipt\x00" + key))
+        return Put(RECEIPTS.name, (key, scope_id, request_id, print_, sealed, now))

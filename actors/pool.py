@@ -79,6 +79,7 @@ class Pool:
                     self._unindex(old)
                 stored.sealed.pop(entry_id, None)
             stored.log = log_without(stored.log, outcome.deletes)
-        stored.log.extend(outcome.log)
+        # The same order as a reload gives (storage sorts by version, then entry id).
+        stored.log.extend(sorted(outcome.log, key=lambda r: (r.version, r.entry)))
         stored.version = outcome.version
         stored.persisted = True

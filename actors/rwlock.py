@@ -19,6 +19,7 @@ class RWLock:
         self._waiting_writers = 0
         self._waiting = 0
         self._cond = asyncio.Condition()
+        self._wakers: set[asyncio.Task[None]] = set()
 
     @property
     def readers(self) -> int:
@@ -27,6 +28,10 @@ class RWLock:
     @property
     def writing(self) -> bool:
         return self._writer
+
+    async def _wake(self) -> None:
+        async with self._cond:
+            self._cond.notify_all()
 
     @asynccontextmanager
     async def shared(self) -> AsyncIterator[None]:
@@ -53,13 +58,19 @@ class RWLock:
         if self._writer or self._readers or self._waiting_writers:
             self._waiting += 1
             self._waiting_writers += 1
+            acquired = False
             try:
                 async with self._cond:
                     await self._cond.wait_for(lambda: not self._writer and not self._readers)
-                    self._writer = True
+                    self._writer = acquired = True
             finally:
                 self._waiting -= 1
                 self._waiting_writers -= 1
+                if not acquired and not self._waiting_writers and self._waiting:
+                    # Cancelled while waiting: readers queued behind us may go now.
+                    task = asyncio.get_running_loop().create_task(self._wake())
+                    self._wakers.add(task)  # a reference, so the task is not collected early
+                    task.add_done_callback(self._wakers.discard)
         else:
             self._writer = True
         try:

@@ -307,7 +307,7 @@ class ShardService:
             metas: list[EntryMeta] = []
             sealed: dict[str, bytes] = {}
             for meta, content in entries:
-                if meta.pool != pool_id or meta.id in pool.entries:
+                if meta.pool != pool_id or meta.id in pool.entries or meta.id in sealed:
                     raise InvalidInput(f"entry {meta.id} does not fit pool {pool_id}")
                 metas.append(meta)
                 sealed[meta.id] = self.store.seal_content(pool.stored, meta.id, content)

@@ -64,7 +64,7 @@ class Cipher:
     def open(self, blob: bytes, aad: bytes) -> bytes:
         try:
             return self._aead.decrypt(blob[:_NONCE], blob[_NONCE:], aad)
-        except InvalidTag as e:
+        except (InvalidTag, ValueError) as e:  # ValueError: too short to hold a nonce
             raise StorageError("a stored record failed its integrity check") from e
 
 

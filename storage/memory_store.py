@@ -117,24 +117,30 @@ class MemoryStore:
             sealed = new_content.get(meta.id)
             if sealed is None:
                 sealed = stored.sealed[meta.id]
-            writes.append(
-                Put(MEMORY_ENTRIES.name, (meta.id, pool, _meta_enc.encode(meta).decode(), sealed))
-            )
+            row = (entry_key(pool, meta.id), pool, meta.id, _meta_enc.encode(meta).decode(), sealed)
+            writes.append(Put(MEMORY_ENTRIES.name, row))
         if outcome.deletes:
-            writes.append(DeleteWhere(MEMORY_ENTRIES.name, "id", outcome.deletes))
-            writes.append(DeleteWhere(MEMORY_LOG.name, "entry", outcome.deletes))
+            keys = tuple(entry_key(pool, i) for i in outcome.deletes)
+            writes.append(DeleteWhere(MEMORY_ENTRIES.name, "key", keys))
+            writes.append(DeleteWhere(MEMORY_LOG.name, "entry_key", keys))
         for row in outcome.log:
             payload = stored.cipher.seal(
                 msgspec.json.encode(_LogPayload(who=row.who, change=row.change)),
                 aad(pool, f"log\x00{row.version}\x00{row.entry}"),
             )
             key = f"{pool}\x00{row.version}\x00{row.entry}"
+            ek = entry_key(pool, row.entry)
             writes.append(
-                Put(MEMORY_LOG.name, (key, pool, row.version, row.at, row.entry, payload))
+                Put(MEMORY_LOG.name, (key, pool, row.version, row.at, ek, row.entry, payload))
             )
         if outcome.version != stored.version or not stored.persisted:
             writes.append(self.pool_row(stored, outcome.version, stored.settings))
         return writes
+
+
+def entry_key(pool: str, entry_id: str) -> str:
+    """Rows are keyed by pool and id: ids are unique only inside their pool."""
+    return f"{pool}\x00{entry_id}"
 
 
 def log_without(log: Iterable[LogRow], deleted: Iterable[str]) -> list[LogRow]:

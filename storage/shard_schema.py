@@ -16,11 +16,12 @@ MIGRATIONS: tuple[str, ...] = (
         pool VARCHAR, version BIGINT, wrapped_key BLOB, settings BLOB
     );
     CREATE TABLE memory_entries (
-        id VARCHAR, pool VARCHAR, meta VARCHAR, content BLOB
+        key VARCHAR, pool VARCHAR, id VARCHAR, meta VARCHAR, content BLOB
     );
     CREATE INDEX memory_entries_pool ON memory_entries (pool);
     CREATE TABLE memory_log (
-        key VARCHAR, pool VARCHAR, version BIGINT, at_ms BIGINT, entry VARCHAR, payload BLOB
+        key VARCHAR, pool VARCHAR, version BIGINT, at_ms BIGINT, entry_key VARCHAR,
+        entry VARCHAR, payload BLOB
     );
     CREATE INDEX memory_log_pool ON memory_log (pool);
     CREATE TABLE receipts (
@@ -44,7 +45,13 @@ POOLS = Table(
 )
 MEMORY_ENTRIES = Table(
     "memory_entries",
-    (("id", "VARCHAR"), ("pool", "VARCHAR"), ("meta", "VARCHAR"), ("content", "BLOB")),
+    (
+        ("key", "VARCHAR"),
+        ("pool", "VARCHAR"),
+        ("id", "VARCHAR"),
+        ("meta", "VARCHAR"),
+        ("content", "BLOB"),
+    ),
 )
 MEMORY_LOG = Table(
     "memory_log",
@@ -53,6 +60,7 @@ MEMORY_LOG = Table(
         ("pool", "VARCHAR"),
         ("version", "BIGINT"),
         ("at_ms", "BIGINT"),
+        ("entry_key", "VARCHAR"),
         ("entry", "VARCHAR"),
         ("payload", "BLOB"),
     ),

@@ -1,0 +1,306 @@
+"""storage/: the DuckDB wrapper and its migrations, group commit, envelope encryption, and the
+directory file's token hashing (DESIGN §7, SEC-1). Real DuckDB files under tmp_path, no Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from actors.directory import DirectoryService
+from engine.errors import InvalidInput, OpenBotError, StorageError
+from storage.crypto import KEY_FILE, Cipher, Keyring, aad, load_master_key
+from storage.database import Database
+from storage.directory_store import hash_token
+from storage.group_commit import Delete, DeleteWhere, GroupCommitter, Put, Table
+
+KV = Table("kv", (("k", "VARCHAR"), ("grp", "VARCHAR"), ("n", "BIGINT")))
+KV_SQL = "CREATE TABLE kv (k VARCHAR, grp VARCHAR, n BIGINT)"
+
+
+def _rows(db: Database) -> dict[str, tuple[str, int]]:
+    return {k: (g, n) for k, g, n in db.query("SELECT k, grp, n FROM kv")}
+
+
+# --------------------------------------------------------------------------- Database
+
+
+def test_migrations_run_once_and_are_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "a.duckdb"  # parent directory is created
+    m1, m2 = KV_SQL, "CREATE TABLE other (x INTEGER); INSERT INTO other VALUES (1)"
+    db = Database(path, [m1, m2])
+    assert [r[0] for r in db.query("SELECT version FROM schema_migrations ORDER BY 1")] == [1, 2]
+    db.close()
+
+    # Reopening does not re-run them (a second CREATE TABLE would fail, a second INSERT would
+    # duplicate the row); a new migration appended later runs alone.
+    db = Database(path, [m1, m2, "INSERT INTO other VALUES (3)"])
+    assert [r[0] for r in db.query("SELECT version FROM schema_migrations ORDER BY 1")] == [
+        1,
+        2,
+        3,
+    ]
+    assert db.query("SELECT x FROM other ORDER BY x") == [(1,), (3,)]
+    db.close()
+    db = Database(path, [m1, m2, "INSERT INTO other VALUES (3)"])
+    assert db.query("SELECT count(*) FROM schema_migrations") == [(3,)]
+    assert db.query("SELECT count(*) FROM other") == [(2,)]
+    db.close()
+
+
+def test_failed_migration_is_rolled_back_and_reported(tmp_path: Path) -> None:
+    path = tmp_path / "b.duckdb"
+    with pytest.raises(StorageError, match="migration 1 failed"):
+        Database(path, ["CREATE TABLE t (x INTEGER); SELECT * FROM no_such_table"])
+    db = Database(path, ["CREATE TABLE t (x INTEGER)"])
+    assert db.query("SELECT version FROM schema_migrations") == [(1,)]
+    assert db.query("SELECT count(*) FROM t") == [(0,)]
+    db.close()
+
+
+def test_duckdb_errors_become_storage_errors(tmp_path: Path) -> None:
+    db = Database(tmp_path / "c.duckdb", [KV_SQL])
+    with pytest.raises(StorageError) as info:
+        db.query("SELECT * FROM missing_table")
+    assert isinstance(info.value, OpenBotError) and info.value.code == "storage_error"
+    with pytest.raises(StorageError):
+        db.query("INSERT INTO kv VALUES (?, ?, ?)", ["k", "g", "not a number"])
+
+    async def main() -> None:
+        with pytest.raises(StorageError):
+            await db.run(lambda con: con.execute("SELEC nonsense"))
+        assert await db.run(lambda con: con.execute("SELECT 41 + 1").fetchall()) == [(42,)]
+
+    asyncio.run(main())
+    db.close()
+
+
+# --------------------------------------------------------------------------- group commit
+
+
+def test_group_commit_merges_batches_into_few_transactions(tmp_path: Path) -> None:
+    path = tmp_path / "g.duckdb"
+
+    async def main() -> GroupCommitter:
+        db = Database(path, [KV_SQL])
+        gc = GroupCommitter(db, [KV], enabled=True)
+        futs = [gc.submit([Put("kv", (f"k{i}", "g", i))]) for i in range(200)]
+        await asyncio.gather(*futs)
+        await gc.close()
+        db.close()
+        return gc
+
+    gc = asyncio.run(main())
+    assert gc.batches == 200
+    assert gc.transactions < gc.batches
+    assert gc.transactions <= 2  # all 200 were queued before the writer first ran
+    db = Database(path, [KV_SQL])
+    rows = _rows(db)
+    db.close()
+    assert rows == {f"k{i}": ("g", i) for i in range(200)}
+
+
+def test_group_commit_disabled_is_one_transaction_per_batch(tmp_path: Path) -> None:
+    async def main() -> GroupCommitter:
+        db = Database(tmp_path / "h.duckdb", [KV_SQL])
+        gc = GroupCommitter(db, [KV], enabled=False)
+        await asyncio.gather(*(gc.submit([Put("kv", (f"k{i}", "g", i))]) for i in range(30)))
+        assert len(_rows(db)) == 30
+        await gc.close()
+        db.close()
+        return gc
+
+    gc = asyncio.run(main())
+    assert gc.transactions == gc.batches == 30
+
+
+def test_put_replaces_by_key_and_delete_removes(tmp_path: Path) -> None:
+    async def main() -> None:
+        db = Database(tmp_path / "p.duckdb", [KV_SQL])
+        gc = GroupCommitter(db, [KV])
+        await gc.submit([Put("kv", ("a", "g", 1)), Put("kv", ("b", "g", 1))])
+        await gc.submit([Put("kv", ("a", "h", 2))])  # a later transaction
+        assert _rows(db) == {"a": ("h", 2), "b": ("g", 1)}
+        # Within one group: the last Put of a key wins, a Delete after a Put removes it.
+        t = gc.transactions
+        f1 = gc.submit([Put("kv", ("a", "x", 3))])
+        f2 = gc.submit([Put("kv", ("a", "y", 4)), Put("kv", ("c", "y", 4))])
+        f3 = gc.submit([Delete("kv", "b")])
+        await asyncio.gather(f1, f2, f3)
+        assert gc.transactions == t + 1
+        assert _rows(db) == {"a": ("y", 4), "c": ("y", 4)}
+        assert await gc.submit([]) is None  # an empty batch resolves at once
+        await gc.close()
+        db.close()
+
+    asyncio.run(main())
+
+
+def test_delete_where_then_put_in_one_group_keeps_the_later_row(tmp_path: Path) -> None:
+    async def main() -> None:
+        db = Database(tmp_path / "w.duckdb", [KV_SQL])
+        gc = GroupCommitter(db, [KV])
+        await gc.submit([Put("kv", (k, "doomed", 0)) for k in ("a", "b", "c")])
+        t = gc.transactions
+        futs = [
+            gc.submit([Put("kv", ("early", "doomed", 1))]),  # before the delete: goes with it
+            gc.submit([DeleteWhere("kv", "grp", ("doomed",))]),
+            gc.submit([Put("kv", ("a", "doomed", 2)), Put("kv", ("late", "doomed", 3))]),
+        ]
+        await asyncio.gather(*futs)
+        assert gc.transactions == t + 1  # one group
+        assert _rows(db) == {"a": ("doomed", 2), "late": ("doomed", 3)}
+        # An empty DeleteWhere deletes nothing.
+        await gc.submit([DeleteWhere("kv", "grp", ())])
+        assert len(_rows(db)) == 2
+        await gc.close()
+        db.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        Put("kv", ("bad-arity", "g")),  # too few columns
+        Put("kv", ("bad-type", "g", "not a number")),  # duckdb conversion error
+        DeleteWhere("kv", "no_such_column", ("x",)),
+    ],
+    ids=["arity", "type", "column"],
+)
+def test_a_bad_batch_fails_only_its_own_future(tmp_path: Path, bad) -> None:
+    async def main() -> None:
+        db = Database(tmp_path / "bad.duckdb", [KV_SQL])
+        gc = GroupCommitter(db, [KV])
+        futs = [gc.submit([Put("kv", (f"k{i}", "g", i))]) for i in range(3)]
+        futs.append(gc.submit([bad, Put("kv", ("with-bad", "g", 9))]))
+        futs += [gc.submit([Put("kv", (f"k{i}", "g", i))]) for i in range(3, 6)]
+        results = await asyncio.gather(*futs, return_exceptions=True)
+        assert all(r is None for i, r in enumerate(results) if i != 3), results
+        assert isinstance(results[3], StorageError), results[3]
+        assert _rows(db) == {f"k{i}": ("g", i) for i in range(6)}  # nothing of the bad batch
+        assert gc.batches == 6  # only committed batches count
+        # The writer keeps working afterwards, also for a lone bad batch.
+        with pytest.raises(StorageError):
+            await gc.submit([bad])
+        await gc.submit([Put("kv", ("after", "g", 7))])
+        assert "after" in _rows(db)
+        await gc.close()
+        db.close()
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- crypto
+
+
+def test_keyring_round_trip_and_binding() -> None:
+    master = os.urandom(32)
+    cipher, wrapped = Keyring(master).new_pool_key("bot:b1")
+    blob = cipher.seal(b"secret text", aad("bot:b1", "mem_1"))
+    assert b"secret text" not in blob and b"secret text" not in wrapped
+
+    # A fresh keyring with the same master key unwraps the stored data key.
+    again = Keyring(master).unwrap_pool_key("bot:b1", wrapped)
+    assert again.open(blob, aad("bot:b1", "mem_1")) == b"secret text"
+    # The wrapped key is bound to its pool, and to the master key.
+    with pytest.raises(StorageError):
+        Keyring(master).unwrap_pool_key("bot:b2", wrapped)
+    with pytest.raises(StorageError):
+        Keyring(os.urandom(32)).unwrap_pool_key("bot:b1", wrapped)
+    # Two seals of the same text differ (fresh nonce).
+    assert cipher.seal(b"x", b"a") != cipher.seal(b"x", b"a")
+
+
+def test_cipher_rejects_wrong_aad_and_tampering() -> None:
+    c = Cipher(os.urandom(32))
+    blob = c.seal(b"hello", aad("bot:b1", "mem_1"))
+    with pytest.raises(StorageError):
+        c.open(blob, aad("bot:b1", "mem_2"))  # moved to another row
+    with pytest.raises(StorageError):
+        c.open(blob, aad("bot:b2", "mem_1"))  # moved to another pool
+    for i in (0, 12, len(blob) - 1):  # nonce, ciphertext, tag
+        flipped = bytearray(blob)
+        flipped[i] ^= 0x01
+        with pytest.raises(StorageError):
+            c.open(bytes(flipped), aad("bot:b1", "mem_1"))
+    with pytest.raises(StorageError):
+        c.open(blob[:20], aad("bot:b1", "mem_1"))  # truncated
+    with pytest.raises(StorageError):
+        Cipher(os.urandom(32)).open(blob, aad("bot:b1", "mem_1"))  # another key
+
+
+@pytest.mark.parametrize("blob", [b"", b"abc"])
+def test_cipher_rejects_a_too_short_blob_as_storage_error(blob: bytes) -> None:
+    with pytest.raises(StorageError):
+        Cipher(os.urandom(32)).open(blob, b"aad")
+
+
+def test_master_key_file_is_created_0600_and_reused(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
+    data = tmp_path / "data"
+    key = load_master_key(data)
+    assert len(key) == 32
+    path = data / KEY_FILE
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    text = path.read_text()
+    assert load_master_key(data) == key
+    assert path.read_text() == text
+    path.write_text("garbage")
+    with pytest.raises(InvalidInput):
+        load_master_key(data)
+
+
+def test_master_key_from_env_takes_precedence(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
+    file_key = load_master_key(tmp_path)
+    env_key = os.urandom(32)
+    monkeypatch.setenv("OPENBOT_MASTER_KEY", base64.urlsafe_b64encode(env_key).decode())
+    assert load_master_key(tmp_path) == env_key != file_key
+    fresh = tmp_path / "fresh"
+    assert load_master_key(fresh) == env_key
+    assert not (fresh / KEY_FILE).exists()  # no key file is written when the env has one
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["abc", base64.urlsafe_b64encode(b"short key").decode(), base64.b64encode(b"x" * 33).decode()],
+)
+def test_malformed_env_master_key_is_invalid_input(tmp_path, monkeypatch, value) -> None:
+    monkeypatch.setenv("OPENBOT_MASTER_KEY", value)
+    with pytest.raises(InvalidInput) as info:
+        load_master_key(tmp_path)
+    assert info.value.code == "bad_master_key"
+
+
+# --------------------------------------------------------------------------- directory store
+
+
+def test_directory_stores_token_hashes_only(tmp_path: Path) -> None:
+    async def main() -> tuple[str, str]:
+        svc = DirectoryService(tmp_path)
+        org = await svc.create_org("Acme", id="o_acme")
+        user, token = await svc.create_user("Zed Directoryname", [org.id])
+        svc.store.db.close()
+        return user.id, token
+
+    user_id, token = asyncio.run(main())
+    raw = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    assert token.encode() not in raw
+    assert token.split("_", 1)[1].encode() not in raw  # not even without its prefix
+    # Positive controls: what *is* stored in the clear can be found by this scan.
+    assert hash_token(token).encode() in raw
+    assert b"Zed Directoryname" in raw
+
+    async def reopen() -> None:
+        svc = DirectoryService(tmp_path)
+        principal = await svc.authenticate(hash_token(token))
+        assert principal is not None and principal.user.id == user_id
+        assert await svc.authenticate(token) is None  # the raw token is not a key
+        svc.store.db.close()
+
+    asyncio.run(reopen())

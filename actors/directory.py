@@ -25,6 +25,7 @@ from engine.directory import (
     Principal,
     User,
     check_id,
+    permission,
     require_use,
 )
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -231,7 +232,8 @@ class DirectoryService:
             return None
         user = self.users[user_id]
         channels = frozenset(c.id for c in self.channels.values() if user_id in c.people)
-        return Principal(user=user, channels=channels)
+        bots = frozenset(b.id for b in self.bots.values() if permission(b, user_id) is not None)
+        return Principal(user=user, channels=channels, bots=bots)
 
     async def get_bot(self, bot_id: str) -> Bot:
         return self._get(self.bots, bot_id, "bot")

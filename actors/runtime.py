@@ -71,6 +71,7 @@ class Engine:
         shards: int = 2,
         group_commit: bool = True,
         prefix: str = "openbot",
+        event_retain: int = 100_000,
     ) -> Engine:
         data_dir = str(Path(data_dir).resolve())
         Path(data_dir).mkdir(parents=True, exist_ok=True)
@@ -82,7 +83,7 @@ class Engine:
         )
         handles = [
             ShardActor.options(name=f"{prefix}-shard-{k}", get_if_exists=True).remote(
-                data_dir, k, group_commit=group_commit
+                data_dir, k, group_commit=group_commit, event_retain=event_retain
             )
             for k in range(shards)
         ]

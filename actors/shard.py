@@ -23,6 +23,16 @@ from actors.pool import Pool
 from engine import commands
 from engine.commands import Outcome
 from engine.errors import Conflict, InvalidInput, NotFound
+from engine.events import (
+    NOBODY,
+    Audience,
+    Event,
+    MemoryChanged,
+    Payload,
+    ShardHead,
+    entry_audience,
+    union,
+)
 from engine.memory import (
     Change,
     Context,
@@ -41,6 +51,7 @@ from engine.order import in_memory_order
 from engine.visibility import Visibility
 from storage.crypto import Keyring, load_master_key
 from storage.database import Database
+from storage.event_log import EventLog
 from storage.group_commit import GroupCommitter, Put
 from storage.memory_store import MemoryStore
 from storage.receipts import Receipts, fingerprint, receipt_key
@@ -67,12 +78,14 @@ class ShardService:
         clock: Callable[[], int] = _now_ms,
         new_id: Callable[[], str] = _new_entry_id,
         db_path: str | None = None,
+        event_retain: int = 100_000,
     ) -> None:
         self.index = index
         self.db = Database(db_path or Path(data_dir) / f"shard-{index}.duckdb", MIGRATIONS)
         self.committer = GroupCommitter(self.db, TABLES, enabled=group_commit)
         self.store = MemoryStore(self.db, Keyring(load_master_key(Path(data_dir))))
         self.receipts = Receipts(self.db)
+        self.events = EventLog(self.db, retain=event_retain)
         self.clock = clock
         self.new_id = new_id
         self._pools: dict[str, Pool] = {}
@@ -120,11 +133,71 @@ class ShardService:
         sealed: dict[str, bytes] | None = None,
         extra: Sequence[Put] = (),
     ):
+        """Apply an outcome to the pool and queue its rows with one `memory.changed` per entry
+        changed; the events are published once the transaction commits."""
         writes = [*self.store.outcome_writes(pool.stored, outcome, sealed), *extra]
+        bot = pool.id[4:] if pool.id.startswith("bot:") else None
+        before = {
+            i: entry_audience(bot, i, pool.entries)
+            for i in [*(m.id for m in outcome.upserts), *outcome.deletes]
+            if i in pool.entries
+        }
         pool.apply(outcome, sealed)
-        if writes:
-            pool.pending = self.committer.submit(writes)
-        return pool.pending
+        changes = {row.entry: row.change for row in outcome.log}
+        items: list[tuple[Payload, Audience]] = []
+        for meta in outcome.upserts:
+            audience = union(
+                [before.get(meta.id, NOBODY), entry_audience(bot, meta.id, pool.entries)]
+            )
+            change = changes.get(meta.id, "updated")
+            items.append(
+                (
+                    MemoryChanged(
+                        pool=pool.id, bot=bot, entry=meta.id, version=outcome.version, change=change
+                    ),
+                    audience,
+                )
+            )
+        for entry_id in outcome.deletes:
+            data = MemoryChanged(
+                pool=pool.id, bot=bot, entry=entry_id, version=outcome.version, change="purged"
+            )
+            items.append((data, before.get(entry_id, NOBODY)))
+        return self._submit(pool, writes, items)
+
+    def _submit(
+        self, pool: Pool | None, writes: list, items: Sequence[tuple[Payload, Audience]] = ()
+    ):
+        events, event_rows = self.events.stage(items, self.clock())
+        writes = [*writes, *event_rows]
+        if not writes:
+            return pool.pending if pool is not None else None
+        fut = self.committer.submit(writes)
+        if events:
+            fut.add_done_callback(
+                lambda f: f.cancelled() or f.exception() or self.events.publish(events)
+            )
+        if pool is not None:
+            pool.pending = fut
+        return fut
+
+    async def emit(self, items: Sequence[tuple[Payload, Audience]]) -> int:
+        """Write events that go with no memory change (for other parts of the engine); returns
+        the last seq once they are durable and published."""
+        fut = self._submit(None, [], items)
+        if fut is not None:
+            await fut
+        return self.events.published
+
+    async def event_head(self) -> ShardHead:
+        return self.events.head()
+
+    async def events_after(
+        self, seq: int, limit: int = 1000, wait: float = 0.0
+    ) -> tuple[ShardHead, list[Event]]:
+        """Published events after `seq` (long-polls up to `wait` s when there are none yet)."""
+        events = await self.events.after(seq, limit=limit, wait=wait)
+        return self.events.head(), events
 
     # --- seed-000 memory API -------------------------------------------------------------------
 
@@ -289,8 +362,7 @@ class ShardService:
             pool.stored.settings = settings
             row = self.store.pool_row(pool.stored, pool.version, settings)
             pool.stored.persisted = True
-            pool.pending = self.committer.submit([row])
-            pending = pool.pending
+            pending = self._submit(pool, [row])
         await self._settle(pool, pending)
         return settings
 

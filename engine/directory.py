@@ -89,6 +89,7 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
     admin: bool = False
     user: User | None = None
     channels: frozenset[str] = frozenset()
+    bots: frozenset[str] = frozenset()  # bots the user may use (owner, read or write grant)
 
 
 MAX_CHANNEL_BOTS = 8

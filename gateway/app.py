@@ -3,6 +3,7 @@ and the OpenAPI document (DESIGN §9)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -10,7 +11,7 @@ import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from actors.runtime import Engine, call
 from engine import tags as tagmod
@@ -21,6 +22,7 @@ from engine.memory_bot import SettingsPatch
 from gateway import wire
 from gateway.auth import Auth
 from gateway.errors import HANDLERS
+from gateway.events import EventsEndpoint, Hub
 from gateway.openapi import openapi_document
 
 CAPABILITIES = ("bot-memory-v1",)
@@ -206,7 +208,9 @@ def _reader(principal: Principal, request: Request, bot_id: str) -> Reader:
 def create_app(engine: Engine, admin_token: str, *, cache_ttl: float = 2.0) -> Starlette:
     if not admin_token:
         raise InvalidInput("an admin token is required")
-    api = Api(engine, Auth(engine, admin_token, ttl=cache_ttl))
+    auth = Auth(engine, admin_token, ttl=cache_ttl)
+    api = Api(engine, auth)
+    hub = Hub(engine)
     r: Callable[..., Route] = Route
     routes = [
         r("/v1/admin/orgs", api.create_org, methods=["POST"]),
@@ -225,7 +229,15 @@ def create_app(engine: Engine, admin_token: str, *, cache_ttl: float = 2.0) -> S
         r("/v1/capabilities", api.capabilities, methods=["GET"]),
         r("/openapi.json", api.openapi, methods=["GET"]),
         r("/healthz", api.health, methods=["GET"]),
+        WebSocketRoute("/v1/events", EventsEndpoint(hub, auth).handle),
     ]
-    app = Starlette(routes=routes, exception_handlers=HANDLERS)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        yield
+        await hub.stop()
+
+    app = Starlette(routes=routes, exception_handlers=HANDLERS, lifespan=lifespan)
     app.state.api = api
+    app.state.hub = hub
     return app

@@ -52,14 +52,22 @@ class DeleteWhere(NamedTuple):
     values: tuple
 
 
-Write = Put | Delete | DeleteWhere
+class DeleteBelow(NamedTuple):
+    """Delete every row of `table` whose `column` is below `value` (log retention)."""
+
+    table: str
+    column: str
+    value: int
+
+
+Write = Put | Delete | DeleteWhere | DeleteBelow
 
 
 class _Merged:
     def __init__(self, tables: Mapping[str, Table]) -> None:
         self.tables = tables
         self.rows: dict[str, dict[object, tuple | None]] = {}
-        self.wheres: list[DeleteWhere] = []
+        self.wheres: list[DeleteWhere | DeleteBelow] = []
 
     def add(self, writes: Sequence[Write]) -> None:
         for w in writes:
@@ -70,16 +78,22 @@ class _Merged:
             else:
                 self.wheres.append(w)
                 col = self.tables[w.table].index(w.column)
-                values = set(w.values)
+                if isinstance(w, DeleteWhere):
+                    values = set(w.values)
+                    hit = lambda v, values=values: v in values  # noqa: E731
+                else:
+                    hit = lambda v, below=w.value: v < below  # noqa: E731
                 pending = self.rows.get(w.table, {})
                 for key, row in pending.items():
-                    if row is not None and row[col] in values:
+                    if row is not None and hit(row[col]):
                         pending[key] = None
 
     def apply(self, con: duckdb.DuckDBPyConnection) -> None:
         # Deletes by column first: rows put later in this group survive them (see `add`).
         for w in self.wheres:
-            if w.values:
+            if isinstance(w, DeleteBelow):
+                con.execute(f"DELETE FROM {w.table} WHERE {w.column} < ?", [w.value])
+            elif w.values:
                 ctype = dict(self.tables[w.table].columns)[w.column]
                 con.execute(
                     f"DELETE FROM {w.table} WHERE {w.column} IN (SELECT unnest($1::{ctype}[]))",

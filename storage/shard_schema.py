@@ -37,6 +37,11 @@ MIGRATIONS: tuple[str, ...] = (
         id VARCHAR, chat VARCHAR, operator VARCHAR, status VARCHAR, meta VARCHAR, at_ms BIGINT
     );
     """,
+    # 2: the durable event log and the shard's epoch.
+    """
+    CREATE TABLE events (seq BIGINT, at_ms BIGINT, type VARCHAR, doc VARCHAR);
+    CREATE TABLE shard_meta (key VARCHAR, value VARCHAR);
+    """,
 )
 
 POOLS = Table(
@@ -76,4 +81,8 @@ RECEIPTS = Table(
         ("at_ms", "BIGINT"),
     ),
 )
-TABLES = (POOLS, MEMORY_ENTRIES, MEMORY_LOG, RECEIPTS)
+EVENTS = Table(
+    "events",
+    (("seq", "BIGINT"), ("at_ms", "BIGINT"), ("type", "VARCHAR"), ("doc", "VARCHAR")),
+)
+TABLES = (POOLS, MEMORY_ENTRIES, MEMORY_LOG, RECEIPTS, EVENTS)

@@ -1,0 +1,191 @@
+"""Events (DESIGN §8, contract): what changed, never the content, and who may hear of it.
+
+An event is stored with an `Audience` computed when it is written, from the same rules that
+decide visibility; the gateway checks each client against it, on live delivery and again on
+replay. Cursors are opaque to clients: one position per shard plus each shard's epoch.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Mapping, Sequence
+
+import msgspec
+
+from engine import tags as tagmod
+from engine.errors import InvalidInput
+from engine.memory import EntryMeta, Reader
+from engine.visibility import Visibility
+
+# --- payloads (the `data` of a frame); new fields get defaults, types never change ---------------
+
+
+class MemoryChanged(msgspec.Struct, frozen=True, kw_only=True, tag="memory.changed"):
+    pool: str
+    entry: str
+    version: int
+    change: str
+    bot: str | None = None
+
+
+class MemoryJobChanged(msgspec.Struct, frozen=True, kw_only=True, tag="memory.job.changed"):
+    bot: str
+    job: str
+    status: str
+    attempts: int = 0
+
+
+class ProjectChanged(msgspec.Struct, frozen=True, kw_only=True, tag="project.changed"):
+    project: str
+    revision: int
+    change: str
+
+
+class CollaborationChanged(msgspec.Struct, frozen=True, kw_only=True, tag="collaboration.changed"):
+    collaboration: str
+    status: str
+    chat: str | None = None
+
+
+class ChatItemCreated(msgspec.Struct, frozen=True, kw_only=True, tag="chat.item.created"):
+    chat: str
+    item: str
+    kind: str
+    turn: str | None = None
+
+
+Payload = MemoryChanged | MemoryJobChanged | ProjectChanged | CollaborationChanged | ChatItemCreated
+EVENT_TYPES = tuple(t.__struct_config__.tag for t in Payload.__args__)  # type: ignore[attr-defined]
+
+
+class Audience(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Who may receive an event: any listed user, any member of a listed channel, or anyone who
+    uses `bot` — always within `org` when one is set."""
+
+    org: str | None = None
+    users: tuple[str, ...] = ()
+    channels: tuple[str, ...] = ()
+    bot: str | None = None
+
+
+NOBODY = Audience(org="\x00none")  # no org is named like this: admits no one
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    """An event as stored in a shard's log."""
+
+    seq: int
+    at: int
+    data: Payload
+    audience: Audience
+
+
+class Listener(msgspec.Struct, frozen=True, kw_only=True):
+    """A connected client as the audience check sees it."""
+
+    user: str
+    orgs: frozenset[str]
+    channels: frozenset[str] = frozenset()
+    bots: frozenset[str] = frozenset()  # bots the user may use (read or write)
+
+
+def admits(audience: Audience, listener: Listener) -> bool:
+    if audience.org is not None and audience.org not in listener.orgs:
+        return False
+    if listener.user in audience.users:
+        return True
+    if audience.bot is not None and audience.bot in listener.bots:
+        return True
+    return any(c in listener.channels for c in audience.channels)
+
+
+def entry_audience(
+    bot_id: str | None, entry_id: str, entries: Mapping[str, EntryMeta]
+) -> Audience:
+    """Everyone the visibility rules let see entry `entry_id` in the pool state `entries`.
+
+    Each grant is checked on its own with a reader holding only that grant, so someone who could
+    see the entry only by combining grants is not told about it (fails closed: they still see it
+    when they read).
+    """
+    entry = entries.get(entry_id)
+    orgs = set() if entry is None else tagmod.orgs_of(entry.tags)
+    if entry is None or len(orgs) != 1:
+        return NOBODY
+    (org,) = orgs
+    pool = entries
+    users: list[str] = []
+    channels: list[str] = []
+    bot = None
+    for grant in tagmod.grants_of(entry.tags):
+        if grant.startswith("for:person:"):
+            user = grant[len("for:person:") :]
+            if Visibility(Reader(user=user, org=org), pool).visible(entry.id):
+                users.append(user)
+        elif grant.startswith("for:channel:"):
+            channel = grant[len("for:channel:") :]
+            reader = Reader(user="\x00", org=org, channels=frozenset({channel}))
+            if Visibility(reader, pool).visible(entry.id):
+                channels.append(channel)
+        elif grant == tagmod.FOR_BOT:
+            reader = Reader(user="\x00", org=org, uses_bot=True)
+            if bot_id is not None and Visibility(reader, pool).visible(entry.id):
+                bot = bot_id
+    return Audience(org=org, users=tuple(users), channels=tuple(channels), bot=bot)
+
+
+def union(audiences: Iterable[Audience]) -> Audience:
+    """Those admitted by any of `audiences` (all must share one org, or the result is empty)."""
+    items = [a for a in audiences if a != NOBODY]
+    orgs = {a.org for a in items}
+    if len(orgs) != 1:
+        return NOBODY
+    return Audience(
+        org=orgs.pop(),
+        users=tuple(dict.fromkeys(u for a in items for u in a.users)),
+        channels=tuple(dict.fromkeys(c for a in items for c in a.channels)),
+        bot=next((a.bot for a in items if a.bot is not None), None),
+    )
+
+
+# --- cursors ---------------------------------------------------------------------------------------
+
+
+class Position(msgspec.Struct, frozen=True, array_like=True):
+    epoch: str
+    seq: int
+
+
+def encode_cursor(positions: Sequence[Position]) -> str:
+    raw = msgspec.json.encode(list(positions))
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> list[Position]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        positions = msgspec.json.decode(raw, type=list[Position])
+    except (binascii.Error, ValueError, msgspec.DecodeError) as e:
+        raise InvalidInput("malformed cursor", code="bad_cursor") from e
+    return positions
+
+
+class ShardHead(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a shard's event log stands: its epoch, the first seq it still keeps, the last seq
+    it published."""
+
+    epoch: str
+    oldest: int
+    head: int
+
+
+def needs_reset(positions: Sequence[Position], heads: Sequence[ShardHead]) -> bool:
+    """A cursor from another epoch or shard layout, older than what a shard still keeps, or
+    ahead of what it published (a restored copy) cannot be resumed without a gap."""
+    if len(positions) != len(heads):
+        return True
+    for pos, h in zip(positions, heads, strict=True):
+        if pos.epoch != h.epoch or pos.seq < h.oldest - 1 or pos.seq > h.head:
+            return True
+    return False

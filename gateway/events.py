@@ -1,0 +1,329 @@
+"""`GET /v1/events`: the live, resumable event stream (DESIGN §8, contract).
+
+Per gateway process one `Hub` long-polls every shard for published events and hands them to the
+connected clients it may tell about them. A client that connects with a cursor first replays
+what it missed from the shards' durable logs, then goes live; the switch happens without an
+await between "caught up" and "live", so nothing is skipped or sent twice. Each client has a
+bounded queue: one that falls behind is closed and resumes by cursor.
+
+Close codes: 4400 bad frame, unknown message type or bad cursor · 4401 missing or bad token ·
+4408 no auth message in time · 4429 too slow (resume with your last cursor) · 1009 frame too
+large · 1011 server error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+import msgspec
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from actors.runtime import Engine, call
+from engine.errors import InvalidInput, OpenBotError, Unauthenticated
+from engine.events import (
+    Event,
+    Listener,
+    Position,
+    ShardHead,
+    admits,
+    decode_cursor,
+    encode_cursor,
+    needs_reset,
+)
+from gateway.auth import Auth, bearer_token
+
+log = logging.getLogger("openbot.events")
+
+MAX_CLIENT_FRAME = 64 * 1024
+AUTH_TIMEOUT = 10.0
+QUEUE_LIMIT = 2048
+POLL_WAIT = 10.0
+LISTENER_REFRESH = 30.0
+
+
+class Frame(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    type: str
+    cursor: str
+    at: int
+    data: dict | None = None
+
+
+class ClientMessage(msgspec.Struct, frozen=True, kw_only=True):
+    type: str
+    token: str | None = None
+
+
+_enc = msgspec.json.Encoder()
+_client_dec = msgspec.json.Decoder(ClientMessage)
+
+
+class Closed(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _data(event: Event) -> dict:
+    data = msgspec.to_builtins(event.data)
+    data.pop("type", None)
+    return data
+
+
+class Subscriber:
+    """One connected client: its positions per shard, its audience view and its queue."""
+
+    def __init__(self, listener: Listener, positions: list[Position]) -> None:
+        self.listener = listener
+        self.positions = positions
+        self.live = [False] * len(positions)
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_LIMIT)
+        self.overflowed = asyncio.Event()
+
+    def cursor(self) -> str:
+        return encode_cursor(self.positions)
+
+    def offer(self, shard: int, event: Event) -> None:
+        pos = self.positions[shard]
+        if event.seq <= pos.seq:
+            return
+        self.positions[shard] = Position(pos.epoch, event.seq)
+        if not admits(event.audience, self.listener):
+            return
+        frame = Frame(
+            type=event.data.__struct_config__.tag,
+            cursor=self.cursor(),
+            at=event.at,
+            data=_data(event),
+        )
+        self.push(_enc.encode(frame))
+
+    def push(self, raw: bytes) -> None:
+        try:
+            self.queue.put_nowait(raw)
+        except asyncio.QueueFull:
+            self.overflowed.set()
+
+
+class Hub:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.heads: list[ShardHead | None] = [None] * len(engine.shards)
+        self.subscribers: set[Subscriber] = set()
+        self._pumps: list[asyncio.Task[None]] = []
+        self._ready: asyncio.Future[None] | None = None
+
+    async def start(self) -> None:
+        if self._ready is None:
+            self._ready = asyncio.get_running_loop().create_future()
+            try:
+                heads = [await call(s.event_head) for s in self.engine.shards]
+            except BaseException as e:
+                self._ready.set_exception(e)
+                self._ready.exception()
+                self._ready = None
+                raise
+            self.heads = list(heads)
+            self._pumps = [asyncio.create_task(self._pump(k)) for k in range(len(heads))]
+            self._ready.set_result(None)
+        await self._ready
+
+    async def stop(self) -> None:
+        for task in self._pumps:
+            task.cancel()
+        for task in self._pumps:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _pump(self, k: int) -> None:
+        shard = self.engine.shards[k]
+        delay = 0.05
+        while True:
+            head = self.heads[k]
+            assert head is not None
+            try:
+                new_head, events = await call(shard.events_after, head.head, 1000, POLL_WAIT)
+            except OpenBotError:
+                log.warning("event pump for shard %d failed; retrying", k, exc_info=True)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            delay = 0.05
+            if new_head.epoch != head.epoch:
+                # The shard's data were replaced: every client must refetch.
+                self.heads[k] = new_head
+                for sub in list(self.subscribers):
+                    sub.overflowed.set()
+                continue
+            for event in events:
+                for sub in self.subscribers:
+                    if sub.live[k]:
+                        sub.offer(k, event)
+            last = events[-1].seq if events else head.head
+            self.heads[k] = ShardHead(epoch=new_head.epoch, oldest=new_head.oldest, head=last)
+
+    async def subscribe(self, listener: Listener, cursor: str | None) -> tuple[Subscriber, bool]:
+        """A subscriber positioned at `cursor` (or at the present); True if it had to be reset."""
+        await self.start()
+        heads = [await call(s.event_head) for s in self.engine.shards]
+        here = [Position(h.epoch, h.head) for h in heads]
+        reset = False
+        if cursor is None:
+            positions = here
+        else:
+            positions = decode_cursor(cursor)
+            if needs_reset(positions, heads):
+                positions, reset = here, True
+        sub = Subscriber(listener, list(positions))
+        self.subscribers.add(sub)
+        return sub, reset
+
+    async def catch_up(self, sub: Subscriber) -> None:
+        """Replay from the shards until each is level with this hub's pump, then go live."""
+        for k, shard in enumerate(self.engine.shards):
+            while True:
+                pumped = self.heads[k]
+                assert pumped is not None
+                if sub.positions[k].seq >= pumped.head:
+                    sub.live[k] = True  # no await since the check: no gap, no duplicate
+                    break
+                _, events = await call(shard.events_after, sub.positions[k].seq, 1000, 0.0)
+                if not events:
+                    # Nothing is published between here and the pump: level with it.
+                    pos = sub.positions[k]
+                    sub.positions[k] = Position(pos.epoch, max(pos.seq, pumped.head))
+                    continue
+                for event in events:
+                    sub.offer(k, event)
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+
+
+@dataclass
+class EventsEndpoint:
+    hub: Hub
+    auth: Auth
+
+    async def handle(self, websocket: WebSocket) -> None:
+        await websocket.accept()
+        sub: Subscriber | None = None
+        try:
+            principal = await self._authenticate(websocket)
+            listener = _listener(principal)
+            try:
+                sub, reset = await self.hub.subscribe(
+                    listener, websocket.query_params.get("cursor")
+                )
+            except InvalidInput as e:
+                raise Closed(4400, e.message) from e
+            kind = "reset" if reset else "hello"
+            await websocket.send_bytes(
+                _enc.encode(Frame(type=kind, cursor=sub.cursor(), at=_now()))
+            )
+            await self._run(websocket, sub)
+        except Closed as c:
+            await _close(websocket, c.code, c.reason)
+        except WebSocketDisconnect:
+            pass
+        except OpenBotError as e:
+            await _close(websocket, 1011, e.message[:120])
+        finally:
+            if sub is not None:
+                self.hub.unsubscribe(sub)
+
+    async def _authenticate(self, websocket: WebSocket):
+        try:
+            if websocket.headers.get("authorization"):
+                token = bearer_token(websocket)
+            else:
+                try:
+                    raw = await asyncio.wait_for(websocket.receive_text(), AUTH_TIMEOUT)
+                except TimeoutError as e:
+                    raise Closed(4408, 'send {"type":"auth","token":…} first') from e
+                msg = _parse(raw)
+                if msg.type != "auth" or not msg.token:
+                    raise Closed(4401, 'the first message must be {"type":"auth","token":…}')
+                token = msg.token
+            principal = await self.auth.principal_for(token)
+        except Unauthenticated as e:
+            raise Closed(4401, e.message) from e
+        if principal.user is None:
+            raise Closed(4401, "events are per user; use a user token")
+        return principal
+
+    async def _run(self, websocket: WebSocket, sub: Subscriber) -> None:
+        catch_up = asyncio.create_task(self.hub.catch_up(sub))
+        reader = asyncio.create_task(_read_client(websocket))
+        overflow = asyncio.create_task(sub.overflowed.wait())
+        sender = asyncio.create_task(_send(websocket, sub))
+        tasks = {catch_up, reader, overflow, sender}
+        try:
+            while True:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                if overflow in done:
+                    raise Closed(4429, "too slow: reconnect with your last cursor")
+                for task in done & {reader, sender}:
+                    task.result()  # raises Closed or WebSocketDisconnect
+                if catch_up in done:
+                    catch_up.result()
+                    tasks.discard(catch_up)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+def _listener(principal) -> Listener:
+    user = principal.user
+    return Listener(
+        user=user.id, orgs=frozenset(user.orgs), channels=principal.channels, bots=principal.bots
+    )
+
+
+def _parse(raw: str) -> ClientMessage:
+    if len(raw) > MAX_CLIENT_FRAME:
+        raise Closed(1009, "frame too large")
+    try:
+        return _client_dec.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise Closed(4400, "malformed frame: expected a JSON object with a type") from e
+
+
+async def _read_client(websocket: WebSocket) -> None:
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message.get("code", 1000))
+        raw = message.get("text")
+        if raw is None:
+            data = message.get("bytes") or b""
+            if len(data) > MAX_CLIENT_FRAME:
+                raise Closed(1009, "frame too large")
+            try:
+                raw = data.decode()
+            except UnicodeDecodeError as e:
+                raise Closed(4400, "malformed frame") from e
+        msg = _parse(raw)
+        if msg.type == "ping":
+            continue
+        raise Closed(4400, f"unknown message type {msg.type!r}")
+
+
+async def _send(websocket: WebSocket, sub: Subscriber) -> None:
+    while True:
+        raw = await sub.queue.get()
+        await websocket.send_text(raw.decode())
+
+
+async def _close(websocket: WebSocket, code: int, reason: str) -> None:
+    if websocket.application_state == WebSocketState.CONNECTED:
+        with contextlib.suppress(Exception):
+            await websocket.close(code=code, reason=reason)

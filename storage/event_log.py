@@ -1,0 +1,113 @@
+"""A shard's durable event log (DESIGN §8).
+
+Events get shard-wide sequence numbers when they are queued and are written in the same group
+commit transaction as the change they describe; they are *published* (handed to listeners) only
+once that transaction committed, in seq order. The newest events stay in memory for live
+delivery and short resumes; older ones are read back from the file. The log keeps the last
+`retain` events; a cursor older than that gets `reset`.
+
+The epoch is a random id stored in the file when it is created. It survives restarts, so cursors
+stay valid across them; a restored or replaced data directory must get a new one (`new_epoch`),
+and cursors from the old epoch are then reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import secrets
+from collections.abc import Sequence
+
+import msgspec
+
+from engine.events import Audience, Event, Payload, ShardHead
+from storage.database import Database
+from storage.group_commit import DeleteBelow, Put, Write
+from storage.shard_schema import EVENTS
+
+_enc = msgspec.json.Encoder()
+_dec = msgspec.json.Decoder(Event)
+RING = 10_000
+
+
+def new_epoch(db: Database) -> str:
+    """Give the file a new epoch (after a restore or import): old cursors will be reset."""
+    epoch = secrets.token_hex(8)
+
+    def write(con):
+        con.execute("DELETE FROM shard_meta WHERE key = 'epoch'")
+        con.execute("INSERT INTO shard_meta VALUES ('epoch', ?)", [epoch])
+
+    db.run_sync(write)
+    return epoch
+
+
+class EventLog:
+    def __init__(self, db: Database, *, retain: int = 100_000) -> None:
+        self.db = db
+        self.retain = retain
+        rows = db.query("SELECT value FROM shard_meta WHERE key = 'epoch'")
+        self.epoch = rows[0][0] if rows else new_epoch(db)
+        first, last = db.query("SELECT min(seq), max(seq) FROM events")[0]
+        self.published = last or 0
+        self.oldest = first or self.published + 1
+        self._next = self.published + 1
+        recent = db.query(
+            "SELECT doc FROM events WHERE seq > ? ORDER BY seq", [self.published - RING]
+        )
+        # Newest events, in seq order (seqs may have gaps where a transaction failed).
+        self._ring: list[Event] = [_dec.decode(doc) for (doc,) in recent]
+        self._new = asyncio.Event()
+
+    def head(self) -> ShardHead:
+        return ShardHead(epoch=self.epoch, oldest=self.oldest, head=self.published)
+
+    def stage(
+        self, items: Sequence[tuple[Payload, Audience]], at: int
+    ) -> tuple[list[Event], list[Write]]:
+        """Number new events and the rows that store them (to go in the change's batch)."""
+        events: list[Event] = []
+        writes: list[Write] = []
+        for data, audience in items:
+            event = Event(seq=self._next, at=at, data=data, audience=audience)
+            self._next += 1
+            events.append(event)
+            kind = data.__struct_config__.tag
+            writes.append(Put(EVENTS.name, (event.seq, at, kind, _enc.encode(event).decode())))
+        if events and events[-1].seq % 1000 == 0 and events[-1].seq > self.retain:
+            writes.append(DeleteBelow(EVENTS.name, "seq", events[-1].seq - self.retain + 1))
+        return events, writes
+
+    def publish(self, events: Sequence[Event]) -> None:
+        """Called once the events' transaction committed (in commit order)."""
+        if not events:
+            return
+        self._ring.extend(events)
+        if len(self._ring) > 2 * RING:
+            del self._ring[:-RING]
+        self.published = events[-1].seq
+        floor = self.published - self.retain + 1
+        if floor > self.oldest:
+            self.oldest = floor
+        self._new.set()
+        self._new = asyncio.Event()
+
+    async def after(self, seq: int, *, limit: int = 1000, wait: float = 0.0) -> list[Event]:
+        """Published events with seq > `seq`, oldest first; waits up to `wait` s for new ones."""
+        if seq >= self.published and wait > 0:
+            try:
+                await asyncio.wait_for(self._new.wait(), wait)
+            except TimeoutError:
+                return []
+        ring = self._ring
+        if ring and seq + 1 >= ring[0].seq:
+            start = bisect.bisect_right(ring, seq, key=lambda e: e.seq)
+            return ring[start : start + limit]
+        published = self.published
+        rows = await self.db.run(
+            lambda con: con.execute(
+                "SELECT doc FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+                [seq, published, limit],
+            ).fetchall()
+        )
+        return [_dec.decode(doc) for (doc,) in rows]

@@ -149,7 +149,7 @@ def union(audiences: Iterable[Audience]) -> Audience:
     )
 
 
-# --- cursors ---------------------------------------------------------------------------------------
+# --- cursors ---
 
 
 class Position(msgspec.Struct, frozen=True, array_like=True):

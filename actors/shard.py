@@ -52,12 +52,13 @@ from engine.visibility import Visibility
 from storage.crypto import Keyring, load_master_key
 from storage.database import Database
 from storage.event_log import EventLog
-from storage.group_commit import GroupCommitter, Put
+from storage.group_commit import GroupCommitter, Write
 from storage.memory_store import MemoryStore
 from storage.receipts import Receipts, fingerprint, receipt_key
 from storage.shard_schema import MIGRATIONS, TABLES
 
 _view_dec = msgspec.json.Decoder(EntryView)
+_json = msgspec.json.Encoder()
 
 
 def _now_ms() -> int:
@@ -131,7 +132,7 @@ class ShardService:
         pool: Pool,
         outcome: Outcome,
         sealed: dict[str, bytes] | None = None,
-        extra: Sequence[Put] = (),
+        extra: Sequence[Write] = (),
     ):
         """Apply an outcome to the pool and queue its rows with one `memory.changed` per entry
         changed; the events are published once the transaction commits."""
@@ -242,6 +243,16 @@ class ShardService:
         raw = msgspec.json.encode(answer)
         pool.receipts[key] = (print_, raw)
         return (Receipts.row(key, print_, raw, pool.stored.cipher, pool.id, self.clock()),)
+
+    async def read_memory_json(
+        self, pool_id: str, reader: Reader, tags: Sequence[str] = ()
+    ) -> bytes:
+        """`read_memory` encoded as the HTTP body: one bytes object crosses Ray instead of a
+        hundred pickled Structs that the gateway would encode again (measured: half the cost)."""
+        return _json.encode(await self.read_memory(pool_id, reader, tags))
+
+    async def memory_log_json(self, pool_id: str, reader: Reader) -> bytes:
+        return _json.encode(await self.memory_log(pool_id, reader))
 
     async def remember(
         self,

@@ -100,9 +100,7 @@ def admits(audience: Audience, listener: Listener) -> bool:
     return any(c in listener.channels for c in audience.channels)
 
 
-def entry_audience(
-    bot_id: str | None, entry_id: str, entries: Mapping[str, EntryMeta]
-) -> Audience:
+def entry_audience(bot_id: str | None, entry_id: str, entries: Mapping[str, EntryMeta]) -> Audience:
     """Everyone the visibility rules let see entry `entry_id` in the pool state `entries`.
 
     Each grant is checked on its own with a reader holding only that grant, so someone who could

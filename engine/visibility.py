@@ -39,12 +39,17 @@ def grant_admits(reader: Reader, grant: str) -> bool:
 
 def directly_visible(reader: Reader, entry: EntryMeta) -> bool:
     """Rules 1 and 2: org scoping and audience, ignoring provenance."""
-    orgs = tagmod.orgs_of(entry.tags)
-    if orgs != {reader.org}:
-        return False
-    if reader.user in entry.forgotten_by:
-        return False
-    return any(grant_admits(reader, g) for g in tagmod.grants_of(entry.tags))
+    # One pass over the tags: this runs for every candidate entry of every read.
+    org_ok = False
+    admitted = False
+    for tag in entry.tags:
+        if tag.startswith("org:"):
+            if tag[4:] != reader.org:
+                return False
+            org_ok = True
+        elif not admitted and tag.startswith("for:"):
+            admitted = grant_admits(reader, tag)
+    return org_ok and admitted and reader.user not in entry.forgotten_by
 
 
 def _fact_proven(reader: Reader, entry: EntryMeta) -> bool:
@@ -77,7 +82,11 @@ class Visibility:
         """Whether the reader may see this entry (including as history)."""
         memo = self._memo.get(entry_id)
         if memo is None:
-            memo = self._resolve(entry_id)
+            entry = self.entries.get(entry_id)
+            local = None if entry is None else self._local(entry)
+            # Pinned entries and facts need no recursion; only observations walk their sources.
+            memo = self._resolve(entry_id) if local is None else local
+            self._memo[entry_id] = memo
         return memo
 
     def usable(self, entry_id: str) -> bool:

@@ -147,8 +147,8 @@ class Api:
         bot, shard, reader = await self._memory_call(request)
         raw = request.query_params.get("tags")
         wanted = tuple(t.strip() for t in raw.split(",") if t.strip()) if raw else ()
-        page = await call(shard.read_memory, bot_pool(bot.id), reader, wanted)
-        return json(page)
+        body = await call(shard.read_memory_json, bot_pool(bot.id), reader, wanted)
+        return Response(body, media_type="application/json")
 
     async def post_memory(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
@@ -169,7 +169,8 @@ class Api:
 
     async def memory_log(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
-        return json(await call(shard.memory_log, bot_pool(bot.id), reader))
+        body = await call(shard.memory_log_json, bot_pool(bot.id), reader)
+        return Response(body, media_type="application/json")
 
     async def purge(self, request: Request) -> Response:
         bot, shard, _ = await self._memory_call(request, write=True)

@@ -22,7 +22,7 @@ import msgspec
 
 from engine.events import Audience, Event, Payload, ShardHead
 from storage.database import Database
-from storage.group_commit import DeleteBelow, Put, Write
+from storage.group_commit import DeleteBelow, Insert, Write
 from storage.shard_schema import EVENTS
 
 _enc = msgspec.json.Encoder()
@@ -73,7 +73,7 @@ class EventLog:
             self._next += 1
             events.append(event)
             kind = data.__struct_config__.tag
-            writes.append(Put(EVENTS.name, (event.seq, at, kind, _enc.encode(event).decode())))
+            writes.append(Insert(EVENTS.name, (event.seq, at, kind, _enc.encode(event).decode())))
         if events and events[-1].seq % 1000 == 0 and events[-1].seq > self.retain:
             writes.append(DeleteBelow(EVENTS.name, "seq", events[-1].seq - self.retain + 1))
         return events, writes

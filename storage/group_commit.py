@@ -39,6 +39,14 @@ class Put(NamedTuple):
     row: tuple
 
 
+class Insert(NamedTuple):
+    """Store `row` under a key that is new to the table (log rows, fresh entries): no delete
+    is needed first, which saves a statement per table and transaction."""
+
+    table: str
+    row: tuple
+
+
 class Delete(NamedTuple):
     table: str
     key: str
@@ -60,19 +68,25 @@ class DeleteBelow(NamedTuple):
     value: int
 
 
-Write = Put | Delete | DeleteWhere | DeleteBelow
+Write = Put | Insert | Delete | DeleteWhere | DeleteBelow
 
 
 class _Merged:
     def __init__(self, tables: Mapping[str, Table]) -> None:
         self.tables = tables
         self.rows: dict[str, dict[object, tuple | None]] = {}
+        self.fresh: dict[str, set[object]] = {}  # keys no stored row can have
         self.wheres: list[DeleteWhere | DeleteBelow] = []
 
     def add(self, writes: Sequence[Write]) -> None:
         for w in writes:
             if isinstance(w, Put):
                 self.rows.setdefault(w.table, {})[w.row[0]] = w.row
+            elif isinstance(w, Insert):
+                rows = self.rows.setdefault(w.table, {})
+                if w.row[0] not in rows:
+                    self.fresh.setdefault(w.table, set()).add(w.row[0])
+                rows[w.row[0]] = w.row
             elif isinstance(w, Delete):
                 self.rows.setdefault(w.table, {})[w.key] = None
             else:
@@ -102,10 +116,13 @@ class _Merged:
         for name, rows in self.rows.items():
             table = self.tables[name]
             key_col, key_type = table.columns[0]
-            con.execute(
-                f"DELETE FROM {name} WHERE {key_col} IN (SELECT unnest($1::{key_type}[]))",
-                [list(rows)],
-            )
+            fresh = self.fresh.get(name, set())
+            stale = [k for k in rows if k not in fresh]
+            if stale:
+                con.execute(
+                    f"DELETE FROM {name} WHERE {key_col} IN (SELECT unnest($1::{key_type}[]))",
+                    [stale],
+                )
             live = [r for r in rows.values() if r is not None]
             if not live:
                 continue

@@ -18,7 +18,7 @@ from engine.memory import EntryMeta, LogRow
 from engine.memory_bot import MemoryBotSettings
 from storage.crypto import Cipher, Keyring, aad
 from storage.database import Database
-from storage.group_commit import DeleteWhere, Put, Write
+from storage.group_commit import DeleteWhere, Insert, Put, Write
 from storage.shard_schema import MEMORY_ENTRIES, MEMORY_LOG, POOLS
 
 _meta_enc = msgspec.json.Encoder()
@@ -118,7 +118,8 @@ class MemoryStore:
             if sealed is None:
                 sealed = stored.sealed[meta.id]
             row = (entry_key(pool, meta.id), pool, meta.id, _meta_enc.encode(meta).decode(), sealed)
-            writes.append(Put(MEMORY_ENTRIES.name, row))
+            op = Put if meta.id in stored.sealed else Insert
+            writes.append(op(MEMORY_ENTRIES.name, row))
         if outcome.deletes:
             keys = tuple(entry_key(pool, i) for i in outcome.deletes)
             writes.append(DeleteWhere(MEMORY_ENTRIES.name, "key", keys))
@@ -131,7 +132,7 @@ class MemoryStore:
             key = f"{pool}\x00{row.version}\x00{row.entry}"
             ek = entry_key(pool, row.entry)
             writes.append(
-                Put(MEMORY_LOG.name, (key, pool, row.version, row.at, ek, row.entry, payload))
+                Insert(MEMORY_LOG.name, (key, pool, row.version, row.at, ek, row.entry, payload))
             )
         if outcome.version != stored.version or not stored.persisted:
             writes.append(self.pool_row(stored, outcome.version, stored.settings))

@@ -15,7 +15,7 @@ import msgspec
 from engine.errors import Conflict, InvalidInput
 from storage.crypto import Cipher, aad
 from storage.database import Database
-from storage.group_commit import Put
+from storage.group_commit import Insert
 from storage.shard_schema import RECEIPTS
 
 MAX_REQUEST_ID = 128
@@ -52,8 +52,8 @@ class Receipts:
         return cipher.open(sealed, aad(scope, "receipt\x00" + key))
 
     @staticmethod
-    def row(key: str, print_: str, answer: bytes, cipher: Cipher, scope: str, now: int) -> Put:
+    def row(key: str, print_: str, answer: bytes, cipher: Cipher, scope: str, now: int) -> Insert:
         scope_id, _, rest = key.partition("\x00")
         request_id = rest.partition("\x00")[2]
         sealed = cipher.seal(answer, aad(scope, "receipt\x00" + key))
-        return Put(RECEIPTS.name, (key, scope_id, request_id, print_, sealed, now))
+        return Insert(RECEIPTS.name, (key, scope_id, request_id, print_, sealed, now))

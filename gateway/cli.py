@@ -6,15 +6,19 @@ openbot admin user create --name N --org ORG… [--id ID]
 openbot admin bot create --name N --org ORG --owner USER [--id ID] [--linked]
 openbot admin grant --bot B --user U --permission read|write
 openbot admin channel create --org ORG --person U… --bot B… [--id ID]
+openbot events [--url URL] [--token T] [--cursor C] [--count N]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
 from pathlib import Path
+
+import msgspec
 
 from engine.errors import OpenBotError
 
@@ -35,6 +39,25 @@ def _admin_client(args: argparse.Namespace):
             )
         token = path.read_text().strip()
     return httpx.Client(base_url=args.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+async def _events(args: argparse.Namespace) -> int:
+    from gateway.client import EventClient, EventStreamClosed
+
+    if not args.token:
+        raise SystemExit("openbot events: give --token or set OPENBOT_TOKEN")
+    seen = 0
+    try:
+        async with EventClient(args.url, args.token, cursor=args.cursor) as client:
+            async for frame in client:
+                print(msgspec.json.encode(frame).decode(), flush=True)
+                seen += 1
+                if args.count is not None and seen >= args.count:
+                    return 0
+    except EventStreamClosed as e:
+        print(f"openbot events: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _parse_value(text: str):
@@ -96,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shards", type=int)
     s.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
 
+    e = sub.add_parser("events", help="tail the event stream (JSON lines)")
+    e.add_argument("--url", default=os.environ.get("OPENBOT_URL", "http://127.0.0.1:8765"))
+    e.add_argument("--token", default=os.environ.get("OPENBOT_TOKEN"), help="a user token")
+    e.add_argument("--cursor", help="resume after this cursor")
+    e.add_argument("--count", type=int, help="stop after this many frames")
+
     a = sub.add_parser("admin", help="directory calls against a running server")
     a.add_argument("--url", default=os.environ.get("OPENBOT_URL", "http://127.0.0.1:8765"))
     a.add_argument("--token")
@@ -152,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             return 0
+        if args.command == "events":
+            return asyncio.run(_events(args))
         return _admin(args)
     except OpenBotError as e:
         print(f"openbot: {e.message}", file=sys.stderr)

@@ -24,6 +24,7 @@ class ServeSettings:
     shards: int = 2
     ray_address: str | None = None
     group_commit: bool = True
+    actor_prefix: str = "openbot"
 
 
 def load_settings(
@@ -52,6 +53,7 @@ def load_settings(
     s.shards = int(shards or file.get("shards") or s.shards)
     s.ray_address = ray_address or env.get("OPENBOT_RAY_ADDRESS") or file.get("ray_address")
     s.group_commit = bool(file.get("group_commit", True))
+    s.actor_prefix = env.get("OPENBOT_ACTOR_PREFIX") or file.get("actor_prefix") or s.actor_prefix
     return s
 
 
@@ -83,7 +85,12 @@ def serve(settings: ServeSettings) -> None:
     data_dir = settings.data_dir.resolve()
     token, token_path = admin_token(data_dir)
     start_ray(settings.ray_address, tmp_dir=os.environ.get("RAY_TMPDIR"))
-    engine = Engine.start(data_dir, shards=settings.shards, group_commit=settings.group_commit)
+    engine = Engine.start(
+        data_dir,
+        shards=settings.shards,
+        group_commit=settings.group_commit,
+        prefix=settings.actor_prefix,
+    )
     app = create_app(engine, token)
     where = f"in {token_path}" if token_path else "from OPENBOT_ADMIN_TOKEN"
     print(
@@ -92,7 +99,17 @@ def serve(settings: ServeSettings) -> None:
         flush=True,
     )
     try:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+        # Protocol-level pings notice dead websocket peers (DESIGN §8 heartbeats).
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            ws_ping_interval=15.0,
+            ws_ping_timeout=15.0,
+        )
     finally:
-        engine.stop()
+        # A gateway that joined a cluster leaves the shared actors to the other gateways.
+        if settings.ray_address is None:
+            engine.stop()
         ray.shutdown()

@@ -18,12 +18,12 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE memory_entries (
         key VARCHAR, pool VARCHAR, id VARCHAR, meta VARCHAR, content BLOB
     );
-    CREATE INDEX memory_entries_pool ON memory_entries (pool);
+    -- (no index on pool: ART maintenance at commit cost more than the load-time scan saves)
     CREATE TABLE memory_log (
         key VARCHAR, pool VARCHAR, version BIGINT, at_ms BIGINT, entry_key VARCHAR,
         entry VARCHAR, payload BLOB
     );
-    CREATE INDEX memory_log_pool ON memory_log (pool);
+
     CREATE TABLE receipts (
         key VARCHAR, scope VARCHAR, request_id VARCHAR, fingerprint VARCHAR,
         response BLOB, at_ms BIGINT

@@ -60,8 +60,11 @@ class Engine:
         self.directory = directory
         self.shards = shards
 
+    def shard_index(self, account_id: str) -> int:
+        return shard_of(account_id, len(self.shards))
+
     def shard_for(self, account_id: str) -> Any:
-        return self.shards[shard_of(account_id, len(self.shards))]
+        return self.shards[self.shard_index(account_id)]
 
     @classmethod
     def start(

@@ -206,6 +206,12 @@ class ShardService:
         self, pool_id: str, reader: Reader, tags: Sequence[str] = ()
     ) -> MemoryPage:
         """Every entry the reader may see (history included), in memory order (API-1)."""
+        return (await self._read(pool_id, reader, tags))[0]
+
+    async def _read(
+        self, pool_id: str, reader: Reader, tags: Sequence[str]
+    ) -> tuple[MemoryPage, int]:
+        """The page, and the last event seq its state reflects (for the gateway's cache)."""
         pool = await self._pool(pool_id)
         want = set(tags)
         async with pool.lock.shared():
@@ -219,8 +225,9 @@ class ShardService:
                 view(m, self.store.open_content(pool.stored, m.id)) for m in in_memory_order(metas)
             )
             version, pending = pool.version, pool.pending
+            staged = self.events.staged
         await self._settle(pool, pending)
-        return MemoryPage(entries=views, version=version)
+        return MemoryPage(entries=views, version=version), staged
 
     async def _receipt(self, pool: Pool, key: str | None, print_: str) -> EntryView | None:
         """The answer already given to this request, if any (call under the exclusive lock)."""
@@ -246,10 +253,13 @@ class ShardService:
 
     async def read_memory_json(
         self, pool_id: str, reader: Reader, tags: Sequence[str] = ()
-    ) -> bytes:
+    ) -> tuple[str, int, bytes]:
         """`read_memory` encoded as the HTTP body: one bytes object crosses Ray instead of a
-        hundred pickled Structs that the gateway would encode again (measured: half the cost)."""
-        return _json.encode(await self.read_memory(pool_id, reader, tags))
+        hundred pickled Structs that the gateway would encode again (measured: half the cost).
+        With the shard's epoch and the last event seq the page reflects, so the gateway can keep
+        it until a later `memory.changed` for this pool reaches it."""
+        page, staged = await self._read(pool_id, reader, tags)
+        return self.events.epoch, staged, _json.encode(page)
 
     async def memory_log_json(self, pool_id: str, reader: Reader) -> bytes:
         return _json.encode(await self.memory_log(pool_id, reader))

@@ -24,6 +24,7 @@ from gateway.auth import Auth
 from gateway.errors import HANDLERS
 from gateway.events import EventsEndpoint, Hub
 from gateway.openapi import openapi_document
+from gateway.read_cache import ReadCache
 
 CAPABILITIES = ("bot-memory-v1",)
 # ND-1's capabilities, announced by the issues that build them; never claimed before.
@@ -51,9 +52,11 @@ async def read_body(request: Request) -> bytes:
 
 
 class Api:
-    def __init__(self, engine: Engine, auth: Auth) -> None:
+    def __init__(self, engine: Engine, auth: Auth, hub: Hub) -> None:
         self.engine = engine
         self.auth = auth
+        self.hub = hub
+        self.cache = ReadCache(hub)
 
     # --- admin: the directory ---
 
@@ -146,26 +149,46 @@ class Api:
     async def get_memory(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
         raw = request.query_params.get("tags")
-        wanted = tuple(t.strip() for t in raw.split(",") if t.strip()) if raw else ()
-        body = await call(shard.read_memory_json, bot_pool(bot.id), reader, wanted)
+        wanted = tuple(sorted({t.strip() for t in raw.split(",") if t.strip()})) if raw else ()
+        pool = bot_pool(bot.id)
+        key = ReadCache.key(pool, reader, wanted)
+        body = self.cache.get(key)
+        if body is None:
+            generation = self.cache.generation(pool)
+            await self.hub.start()
+            epoch, fill, body = await call(shard.read_memory_json, pool, reader, wanted)
+            shard_index = self.engine.shard_index(bot.owner)
+            self.cache.put(key, shard_index, epoch, fill, body, generation)
         return Response(body, media_type="application/json")
+
+    @contextlib.asynccontextmanager
+    async def _writing(self, pool: str):
+        """Around a write: this gateway's cached pages of the pool go, before and after, so its
+        clients read their own writes even before the change's event arrives."""
+        self.cache.forget_pool(pool)
+        try:
+            yield
+        finally:
+            self.cache.forget_pool(pool)
 
     async def post_memory(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
         body = wire.decode(await read_body(request), wire.MemoryCommand)
         command = body.command
-        if isinstance(command, wire.Remember):
-            entry = await call(
-                shard.remember,
-                bot_pool(bot.id),
-                reader,
-                command.content,
-                tuple(command.tags),
-                body.requestId,
-            )
-            return json(entry, 201)
-        entry = await call(shard.forget, bot_pool(bot.id), reader, command.id, body.requestId)
-        return json(entry)
+        pool = bot_pool(bot.id)
+        async with self._writing(pool):
+            if isinstance(command, wire.Remember):
+                entry = await call(
+                    shard.remember,
+                    pool,
+                    reader,
+                    command.content,
+                    tuple(command.tags),
+                    body.requestId,
+                )
+                return json(entry, 201)
+            entry = await call(shard.forget, pool, reader, command.id, body.requestId)
+            return json(entry)
 
     async def memory_log(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
@@ -176,7 +199,8 @@ class Api:
         bot, shard, _ = await self._memory_call(request, write=True)
         body = wire.decode(await read_body(request), wire.Purge)
         tagmod.validate_purge_tag(body.tag)
-        count = await call(shard.purge, bot_pool(bot.id), body.tag)
+        async with self._writing(bot_pool(bot.id)):
+            count = await call(shard.purge, bot_pool(bot.id), body.tag)
         return json({"count": count})
 
     async def get_memory_bot(self, request: Request) -> Response:
@@ -210,8 +234,8 @@ def create_app(engine: Engine, admin_token: str, *, cache_ttl: float = 2.0) -> S
     if not admin_token:
         raise InvalidInput("an admin token is required")
     auth = Auth(engine, admin_token, ttl=cache_ttl)
-    api = Api(engine, auth)
     hub = Hub(engine)
+    api = Api(engine, auth, hub)
     r: Callable[..., Route] = Route
     routes = [
         r("/v1/admin/orgs", api.create_org, methods=["POST"]),

@@ -27,6 +27,7 @@ from engine.errors import InvalidInput, OpenBotError, Unauthenticated
 from engine.events import (
     Event,
     Listener,
+    MemoryChanged,
     Position,
     ShardHead,
     admits,
@@ -120,6 +121,20 @@ class Hub:
         self.subscribers: set[Subscriber] = set()
         self._pumps: list[asyncio.Task[None]] = []
         self._ready: asyncio.Future[None] | None = None
+        self._pump_ok = [False] * len(engine.shards)
+        self.pool_changed: dict[str, int] = {}  # pool → seq of its last memory.changed
+
+    def fresh(self, shard: int, epoch: str, pool: str, fill: int) -> bool:
+        """Whether a page that reflects `pool` up to event `fill` is still current, as far as
+        this hub has seen (the read cache's test)."""
+        head = self.heads[shard]
+        return (
+            self._pump_ok[shard]
+            and head is not None
+            and head.epoch == epoch
+            and head.head >= fill
+            and self.pool_changed.get(pool, 0) <= fill
+        )
 
     async def start(self) -> None:
         if self._ready is None:
@@ -152,11 +167,13 @@ class Hub:
             try:
                 new_head, events = await call(shard.events_after, head.head, 1000, POLL_WAIT)
             except OpenBotError:
+                self._pump_ok[k] = False
                 log.warning("event pump for shard %d failed; retrying", k, exc_info=True)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
             delay = 0.05
+            self._pump_ok[k] = True
             if new_head.epoch != head.epoch:
                 # The shard's data were replaced: every client must refetch.
                 self.heads[k] = new_head
@@ -164,6 +181,8 @@ class Hub:
                     sub.overflowed.set()
                 continue
             for event in events:
+                if isinstance(event.data, MemoryChanged):
+                    self.pool_changed[event.data.pool] = event.seq
                 for sub in self.subscribers:
                     if sub.live[k]:
                         sub.offer(k, event)

@@ -59,6 +59,11 @@ class EventLog:
         self._ring: list[Event] = [_dec.decode(doc) for (doc,) in recent]
         self._new = asyncio.Event()
 
+    @property
+    def staged(self) -> int:
+        """The last seq handed out: every change made so far is described by events <= this."""
+        return self._next - 1
+
     def head(self) -> ShardHead:
         return ShardHead(epoch=self.epoch, oldest=self.oldest, head=self.published)
 

@@ -250,5 +250,10 @@ class DirectoryService:
     async def get_channel(self, channel_id: str) -> Channel:
         return self._get(self.channels, channel_id, "channel")
 
+    async def backup(self, dest_dir: str) -> str:
+        dest = Path(dest_dir) / "directory.duckdb"
+        await self.store.db.snapshot(dest)
+        return str(dest)
+
     async def ping(self) -> str:
         return "directory"

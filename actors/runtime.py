@@ -19,7 +19,7 @@ import ray
 
 from actors.directory import DirectoryService
 from actors.shard import ShardService
-from engine.errors import OpenBotError, Unavailable
+from engine.errors import InvalidInput, OpenBotError, Unavailable
 
 NAMESPACE = "openbot"
 DirectoryActor = ray.remote(num_cpus=0, max_restarts=-1)(DirectoryService)
@@ -56,9 +56,10 @@ def shard_of(account_id: str, shards: int) -> int:
 class Engine:
     """Handles to the directory and shard actors, created or found by name."""
 
-    def __init__(self, directory: Any, shards: list[Any]) -> None:
+    def __init__(self, directory: Any, shards: list[Any], data_dir: Path | None = None) -> None:
         self.directory = directory
         self.shards = shards
+        self.data_dir = data_dir
 
     def shard_index(self, account_id: str) -> int:
         return shard_of(account_id, len(self.shards))
@@ -91,7 +92,28 @@ class Engine:
             for k in range(shards)
         ]
         ray.get([directory.ping.remote(), *[h.ping.remote() for h in handles]])
-        return cls(directory, handles)
+        return cls(directory, handles, Path(data_dir))
+
+    async def backup(self, dest_dir: str | Path) -> list[str]:
+        """A consistent snapshot of every store into `dest_dir` (which must not exist yet),
+        plus the master key file, so that the copy is a data directory `openbot serve` can run
+        on. Events get a new epoch there. Each store is copied in one transaction of its own."""
+        import shutil
+
+        from storage.crypto import KEY_FILE
+
+        dest = Path(dest_dir).resolve()
+        try:
+            dest.mkdir(parents=True)
+        except FileExistsError as e:
+            raise InvalidInput(f"{dest} already exists", code="backup_exists") from e
+        files = [await call(self.directory.backup, str(dest))]
+        files += [await call(s.backup, str(dest)) for s in self.shards]
+        key = Path(self.data_dir or ".") / KEY_FILE
+        if self.data_dir is not None and key.exists():
+            shutil.copy2(key, dest / KEY_FILE)
+            files.append(str(dest / KEY_FILE))
+        return files
 
     def stop(self) -> None:
         """Close the stores cleanly and end the actors."""

@@ -51,7 +51,7 @@ from engine.order import in_memory_order
 from engine.visibility import Visibility
 from storage.crypto import Keyring, load_master_key
 from storage.database import Database
-from storage.event_log import EventLog
+from storage.event_log import MARK_RESTORED, EventLog
 from storage.group_commit import GroupCommitter, Write
 from storage.memory_store import MemoryStore
 from storage.receipts import Receipts, fingerprint, receipt_key
@@ -447,6 +447,13 @@ class ShardService:
             "transactions": self.committer.transactions,
             "batches": self.committer.batches,
         }
+
+    async def backup(self, dest_dir: str) -> str:
+        """A consistent copy of this shard's file in `dest_dir` (everything committed so far)."""
+        await self.committer.drain()
+        dest = Path(dest_dir) / f"shard-{self.index}.duckdb"
+        await self.db.snapshot(dest, [MARK_RESTORED])
+        return str(dest)
 
     async def flush(self) -> None:
         await self.committer.drain()

@@ -117,6 +117,12 @@ class Api:
         self.auth.directory_changed()
         return json(channel, 201)
 
+    async def backup(self, request: Request) -> Response:
+        await self.auth.admin(request)
+        body = wire.decode(await read_body(request), wire.Backup)
+        files = await self.engine.backup(body.dir)
+        return json({"dir": body.dir, "files": files}, 201)
+
     # --- chats ---
 
     async def create_chat(self, request: Request) -> Response:
@@ -244,6 +250,7 @@ def create_app(engine: Engine, admin_token: str, *, cache_ttl: float = 2.0) -> S
         r("/v1/admin/bots", api.create_bot, methods=["POST"]),
         r("/v1/admin/grants", api.create_grant, methods=["POST"]),
         r("/v1/admin/channels", api.create_channel, methods=["POST"]),
+        r("/v1/admin/backup", api.backup, methods=["POST"]),
         r("/v1/chats", api.create_chat, methods=["POST"]),
         r("/v1/bots/{bot}/memory", api.get_memory, methods=["GET"]),
         r("/v1/bots/{bot}/memory", api.post_memory, methods=["POST"]),

@@ -7,6 +7,7 @@ openbot admin bot create --name N --org ORG --owner USER [--id ID] [--linked]
 openbot admin grant --bot B --user U --permission read|write
 openbot admin channel create --org ORG --person U… --bot B… [--id ID]
 openbot events [--url URL] [--token T] [--cursor C] [--count N]
+openbot backup DIR (--url URL [--token T] | --data-dir DIR)
 """
 
 from __future__ import annotations
@@ -57,6 +58,21 @@ async def _events(args: argparse.Namespace) -> int:
     except EventStreamClosed as e:
         print(f"openbot events: {e}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _backup(args: argparse.Namespace) -> int:
+    if args.url:
+        with _admin_client(args) as client:
+            resp = client.post("/v1/admin/backup", json={"dir": str(Path(args.dir).resolve())})
+        print(json.dumps(resp.json(), indent=2))
+        return 0 if resp.is_success else 1
+    if not args.data_dir:
+        raise SystemExit("openbot backup: give --url (running server) or --data-dir (stopped)")
+    from storage.event_log import backup_offline
+
+    files = backup_offline(Path(args.data_dir), Path(args.dir))
+    print(json.dumps({"dir": args.dir, "files": files}, indent=2))
     return 0
 
 
@@ -125,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--cursor", help="resume after this cursor")
     e.add_argument("--count", type=int, help="stop after this many frames")
 
+    b = sub.add_parser("backup", help="consistent snapshot into DIR (a new data directory)")
+    b.add_argument("dir")
+    b.add_argument("--url", help="a running server (needs the admin token)")
+    b.add_argument("--token")
+    b.add_argument("--data-dir", help="a stopped server's data directory, copied directly")
+
     a = sub.add_parser("admin", help="directory calls against a running server")
     a.add_argument("--url", default=os.environ.get("OPENBOT_URL", "http://127.0.0.1:8765"))
     a.add_argument("--token")
@@ -181,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             return 0
+        if args.command == "backup":
+            return _backup(args)
         if args.command == "events":
             return asyncio.run(_events(args))
         return _admin(args)

@@ -102,6 +102,10 @@ class Purge(_Body):
     tag: str
 
 
+class Backup(_Body):
+    dir: str
+
+
 class UserCreated(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     name: str

@@ -84,6 +84,26 @@ class Database:
         """A read, synchronously (start-up, loading a pool)."""
         return self.run_sync(lambda con: con.execute(sql, list(params)).fetchall())
 
+    async def snapshot(self, dest: str | Path, then: Sequence[str] = ()) -> None:
+        """Copy the whole database, as of one transaction, to a new file at `dest`, then run
+        `then` against the copy (its tables are named `snap.<table>`). Safe while serving: the
+        copy runs on the database thread between writes (FS-4)."""
+        dest = str(dest)
+        if Path(dest).exists():
+            raise StorageError(f"{dest} already exists")
+
+        def copy(con: duckdb.DuckDBPyConnection) -> None:
+            (name,) = con.execute("SELECT current_database()").fetchall()[0]
+            con.execute("ATTACH ? AS snap", [dest])
+            try:
+                con.execute(f'COPY FROM DATABASE "{name}" TO snap')
+                for sql in then:
+                    con.execute(sql)
+            finally:
+                con.execute("DETACH snap")
+
+        await self.run(copy)
+
     def close(self) -> None:
         def _close() -> None:
             if self._con is not None:

@@ -17,6 +17,7 @@ import asyncio
 import bisect
 import secrets
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 
@@ -25,9 +26,38 @@ from storage.database import Database
 from storage.group_commit import DeleteBelow, Insert, Write
 from storage.shard_schema import EVENTS
 
+# A snapshot carries this instead of an epoch: whoever opens it next gives it a new one, so
+# cursors handed out before the backup cannot silently resume against restored data.
+RESTORED = "restored"
+MARK_RESTORED = "UPDATE snap.shard_meta SET value = 'restored' WHERE key = 'epoch'"
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder(Event)
 RING = 10_000
+
+
+def backup_offline(data_dir: Path, dest_dir: Path) -> list[str]:
+    """Snapshot a stopped server's data directory (no process may hold its files)."""
+    import shutil
+
+    from storage.crypto import KEY_FILE
+    from storage.directory_store import MIGRATIONS as DIRECTORY_MIGRATIONS
+    from storage.shard_schema import MIGRATIONS as SHARD_MIGRATIONS
+
+    dest_dir.mkdir(parents=True)
+    files = []
+    for path in sorted(data_dir.glob("*.duckdb")):
+        shard = path.name.startswith("shard-")
+        db = Database(path, SHARD_MIGRATIONS if shard else DIRECTORY_MIGRATIONS)
+        try:
+            db.run_sync(lambda con: None)
+            asyncio.run(db.snapshot(dest_dir / path.name, [MARK_RESTORED] if shard else []))
+        finally:
+            db.close()
+        files.append(str(dest_dir / path.name))
+    if (data_dir / KEY_FILE).exists():
+        shutil.copy2(data_dir / KEY_FILE, dest_dir / KEY_FILE)
+        files.append(str(dest_dir / KEY_FILE))
+    return files
 
 
 def new_epoch(db: Database) -> str:
@@ -47,7 +77,7 @@ class EventLog:
         self.db = db
         self.retain = retain
         rows = db.query("SELECT value FROM shard_meta WHERE key = 'epoch'")
-        self.epoch = rows[0][0] if rows else new_epoch(db)
+        self.epoch = rows[0][0] if rows and rows[0][0] != RESTORED else new_epoch(db)
         first, last = db.query("SELECT min(seq), max(seq) FROM events")[0]
         self.published = last or 0
         self.oldest = first or self.published + 1

@@ -1,0 +1,78 @@
+"""Backups (FS-4): a consistent copy that runs as a data directory, with a new event epoch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from engine.memory import Reader
+from storage.event_log import backup_offline
+from tests.conftest import ADMIN, LiveServer
+
+
+def test_backup_while_serving_restores_data_and_resets_old_cursors(world, admin, tmp_path):
+    from websockets.asyncio.client import connect
+
+    from actors.runtime import Engine
+    from gateway.app import create_app
+
+    url = f"/v1/bots/{world.bot}/memory"
+    with world.client("alice") as alice:
+        for n in range(3):
+            alice.post(url, json={"command": {"_tag": "Remember", "content": f"keep {n}"}})
+        before = alice.get(url).json()
+
+    async def first_frame(server_url, cursor=None):
+        ws_url = f"{server_url.replace('http', 'ws')}/v1/events"
+        if cursor:
+            ws_url += f"?cursor={cursor}"
+        headers = {"Authorization": f"Bearer {world.tokens['alice']}"}
+        async with connect(ws_url, additional_headers=headers) as ws:
+            return json.loads(await ws.recv())
+
+    cursor = asyncio.run(first_frame(world.server.url))["cursor"]
+    dest = tmp_path / "backup"
+    r = admin.post("/v1/admin/backup", json={"dir": str(dest)})
+    assert r.status_code == 201, r.text
+    names = {p.name for p in dest.iterdir()}
+    assert {"directory.duckdb", "shard-0.duckdb", "shard-1.duckdb", "master.key"} <= names
+    assert admin.post("/v1/admin/backup", json={"dir": str(dest)}).status_code == 400
+
+    restored = Engine.start(dest, shards=2, prefix="restored")
+    server = LiveServer(create_app(restored, ADMIN, cache_ttl=0.0))
+    try:
+        world.server = server
+        with world.client("alice") as alice:
+            assert alice.get(url).json() == before
+        assert asyncio.run(first_frame(server.url, cursor))["type"] == "reset"
+    finally:
+        server.stop()
+        restored.stop()
+
+
+def test_offline_backup_of_a_stopped_data_directory(tmp_path):
+    from actors.shard import ShardService
+
+    reader = Reader(user="u1", org="o1", uses_bot=True)
+
+    async def write():
+        svc = ShardService(tmp_path / "data", 0)
+        await svc.remember("bot:b", reader, "offline copy")
+        epoch = svc.events.epoch
+        await svc.close()
+        return epoch
+
+    epoch = asyncio.run(write())
+    files = backup_offline(tmp_path / "data", tmp_path / "copy")
+    assert {f.rsplit("/", 1)[1] for f in files} == {"shard-0.duckdb", "master.key"}
+
+    async def read():
+        svc = ShardService(tmp_path / "copy", 0)
+        page = await svc.read_memory("bot:b", reader)
+        new_epoch = svc.events.epoch
+        await svc.close()
+        return page, new_epoch
+
+    page, new_epoch = asyncio.run(read())
+    assert [e.content for e in page.entries] == ["offline copy"]
+    assert new_epoch != epoch

@@ -67,8 +67,7 @@ def remember(
 
 
 def _audience_is_only(entry: EntryMeta, user: str) -> bool:
-    grants = tagmod.grants_of(entry.tags)
-    return grants == (tagmod.person(user),)
+    return set(tagmod.grants_of(entry.tags)) == {tagmod.person(user)}
 
 
 def forget(

@@ -10,7 +10,8 @@ The rules, in the order they are applied:
 3. Provenance (ACL-3, ACL-5, ACL-6, ACL-10, ACL-11):
    - `pinned` entries keep their own rule: steps 1-2 are all.
    - a `fact` needs at least one source, every source a chat item, and for every item a stored
-     access proof that admits the reader in the reader's org. A missing proof hides the fact.
+     access proof that admits the reader in the reader's org (if several proofs were stored for
+     one item, all of them). A missing proof hides the fact.
    - an `observation` needs at least one source, every source an entry of the same pool that is
      itself visible to the reader *and* still active, checked recursively. A missing source, a
      source that is an item, or a cycle anywhere below hides the observation.
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from engine import tags as tagmod
-from engine.memory import EntryMeta, Layer, Reader, Status
+from engine.memory import AccessProof, EntryMeta, Layer, Reader, Status
 
 
 def grant_admits(reader: Reader, grant: str) -> bool:
@@ -55,15 +56,19 @@ def directly_visible(reader: Reader, entry: EntryMeta) -> bool:
 def _fact_proven(reader: Reader, entry: EntryMeta) -> bool:
     if not entry.sources:
         return False
-    proofs = {(p.chat, p.item): p for p in entry.proofs}
+    proofs: dict[tuple[str | None, str | None], list[AccessProof]] = {}
+    for p in entry.proofs:
+        proofs.setdefault((p.chat, p.item), []).append(p)
     for source in entry.sources:
         if not source.is_item:
             return False
-        proof = proofs.get((source.chat, source.item))
-        if proof is None or proof.org != reader.org:
+        # Every proof stored for the item must admit the reader: conflicting proofs fail closed.
+        found = proofs.get((source.chat, source.item))
+        if not found:
             return False
-        if not any(grant_admits(reader, g) for g in proof.audience):
-            return False
+        for proof in found:
+            if proof.org != reader.org or not any(grant_admits(reader, g) for g in proof.audience):
+                return False
     return True
 
 
@@ -129,7 +134,7 @@ class Visibility:
                 # The source just resolved decides whether we go on.
                 prev = entry.sources[next_source - 1].entry
                 assert prev is not None
-                if not self._source_ok(prev):
+                if not self._source_ok(prev, entry.pool):
                     memo[entry_id] = False
                     on_path.discard(entry_id)
                     stack.pop()
@@ -149,10 +154,11 @@ class Visibility:
                 stack.append((source_id, 0))
         return memo[root]
 
-    def _source_ok(self, source_id: str) -> bool:
+    def _source_ok(self, source_id: str, pool: str) -> bool:
         source = self.entries.get(source_id)
         return (
             source is not None
+            and source.pool == pool
             and self._memo.get(source_id, False)
             and source.status == Status.ACTIVE
         )

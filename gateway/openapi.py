@@ -42,8 +42,14 @@ ROUTES: list[tuple[str, str, str, Any, Any, int]] = [
         Channel,
         201,
     ),
-    ("post", "/v1/admin/backup", "Consistent snapshot of the data directory (admin)", wire.Backup,
-     None, 201),
+    (
+        "post",
+        "/v1/admin/backup",
+        "Consistent snapshot of the data directory (admin)",
+        wire.Backup,
+        None,
+        201,
+    ),
     ("post", "/v1/chats", "Start a direct or group chat", wire.CreateChat, Chat, 201),
     (
         "get",

@@ -1,0 +1,249 @@
+"""Learning input and the server's checks on what the memory bot proposes (engine/learning.py)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+from engine.learning import (
+    Audience,
+    ContextEntry,
+    EvidenceItem,
+    build_request,
+    context_selection,
+    decide,
+)
+from engine.memory import AccessProof, EntryMeta, Layer, Reader, Source, Status
+from engine.visibility import visible_ids
+
+AUD_A = Audience(chat="chat_1", org="o1", grant="for:person:a")
+AUD_B = Audience(chat="chat_2", org="o1", grant="for:person:b")
+EVIDENCE = {
+    ("chat_1", "i-1"): EvidenceItem(
+        chat="chat_1", item="i-1", kind="person", author="a", text="I moved to Oslo"
+    ),
+    ("chat_1", "i-2"): EvidenceItem(
+        chat="chat_1", item="i-2", kind="bot", author="b_1", text="Noted"
+    ),
+    ("chat_1", "i-3"): EvidenceItem(
+        chat="chat_1", item="i-3", kind="notification", author="system", text="x"
+    ),
+    ("chat_2", "i-1"): EvidenceItem(
+        chat="chat_2", item="i-1", kind="person", author="b", text="I like tea"
+    ),
+}
+
+
+def _ids():
+    return (f"mem_{n}" for n in itertools.count())
+
+
+def _call(name, **args):
+    return (name, json.dumps(args).encode())
+
+
+def _decide(calls, entries=None, audience=AUD_A, ids=None):
+    return decide(
+        calls,
+        pool="bot:b_1",
+        entries=entries or {},
+        evidence=EVIDENCE,
+        audience=audience,
+        now=100,
+        new_ids=ids or _ids(),
+    )
+
+
+def test_fact_tags_and_proofs_come_from_the_turn_not_the_model():
+    d = _decide(
+        [
+            _call(
+                "learn_fact",
+                content="Lives in Oslo",
+                items=[{"chat": "chat_1", "item": "i-1"}],
+                topics=["home"],
+            )
+        ]
+    )
+    assert d.rejected == []
+    ((meta, content),) = d.new
+    assert content == "Lives in Oslo" and meta.layer == Layer.FACT
+    assert meta.tags == ("from:a", "for:person:a", "org:o1", "chat:chat_1", "home")
+    assert meta.sources == (Source(chat="chat_1", item="i-1"),)
+    assert meta.proofs == (
+        AccessProof(chat="chat_1", item="i-1", org="o1", audience=("for:person:a",)),
+    )
+    assert visible_ids(Reader(user="a", org="o1"), {meta.id: meta}) == {meta.id}
+    assert visible_ids(Reader(user="b", org="o1"), {meta.id: meta}) == set()
+
+
+def test_group_fact_belongs_to_the_channel():
+    aud = Audience(chat="chat_1", org="o1", grant="for:channel:c1", channel="c1")
+    ((meta, _),) = _decide(
+        [_call("learn_fact", content="x", items=[{"chat": "chat_1", "item": "i-1"}])], audience=aud
+    ).new
+    assert (
+        "for:channel:c1" in meta.tags
+        and "channel:c1" in meta.tags
+        and "for:person:a" not in meta.tags
+    )
+
+
+def test_bad_calls_are_rejected_and_the_valid_rest_applies():
+    calls = [
+        _call("learn_fact", content="bot said it", items=[{"chat": "chat_1", "item": "i-2"}]),
+        _call("learn_fact", content="a notice", items=[{"chat": "chat_1", "item": "i-3"}]),
+        _call("learn_fact", content="made up", items=[{"chat": "chat_1", "item": "i-99"}]),
+        _call(
+            "learn_fact",
+            content="sneaky",
+            items=[{"chat": "chat_1", "item": "i-1"}],
+            topics=["for:bot"],
+        ),
+        _call(
+            "learn_fact",
+            content="bad topic",
+            items=[{"chat": "chat_1", "item": "i-1"}],
+            topics=["Bad Topic"],
+        ),
+        ("learn_fact", b"{not json"),
+        _call("learn_fact", content="extra", items=[], tags=["x"]),
+        _call("delete_everything"),
+        _call("learn_fact", content="Lives in Oslo", items=[{"chat": "chat_1", "item": "i-1"}]),
+    ]
+    d = _decide(calls)
+    assert [m.tags for m, _ in d.new] == [("from:a", "for:person:a", "org:o1", "chat:chat_1")]
+    assert len(d.rejected) == 8
+    assert all(r.reason for r in d.rejected)
+
+
+def test_observation_over_two_peoples_facts_is_visible_to_neither_alone():
+    ids = _ids()
+    fa = _decide(
+        [_call("learn_fact", content="a", items=[{"chat": "chat_1", "item": "i-1"}])], ids=ids
+    ).new[0][0]
+    fb = _decide(
+        [_call("learn_fact", content="b", items=[{"chat": "chat_2", "item": "i-1"}])],
+        audience=AUD_B,
+        ids=ids,
+    ).new[0][0]
+    pool = {fa.id: fa, fb.id: fb}
+    d = _decide(
+        [_call("learn_observation", content="both", entries=[fa.id, fb.id], confidence=0.7)],
+        entries=pool,
+        ids=ids,
+    )
+    ((obs, _),) = d.new
+    pool[obs.id] = obs
+    assert {"from:a", "from:b", "chat:chat_1", "chat:chat_2"} <= set(obs.tags)
+    for user in ("a", "b"):
+        assert obs.id not in visible_ids(Reader(user=user, org="o1"), pool)
+    bad = _decide(
+        [_call("learn_observation", content="x", entries=["mem_missing"], confidence=0.5)],
+        entries=pool,
+    )
+    assert bad.new == [] and "missing" in bad.rejected[0].reason
+    worse = _decide(
+        [_call("learn_observation", content="x", entries=[fa.id], confidence=1.5)], entries=pool
+    )
+    assert worse.new == [] and worse.rejected
+
+
+def test_invalidate_and_rename_change_tags_or_status_only():
+    fact = EntryMeta(
+        id="f1",
+        pool="bot:b_1",
+        layer=Layer.FACT,
+        tags=("for:person:a", "org:o1", "trips"),
+        sources=(Source(chat="chat_1", item="i-1"),),
+        proofs=(AccessProof(chat="chat_1", item="i-1", org="o1", audience=("for:person:a",)),),
+        created_at=1,
+        updated_at=1,
+    )
+    pinned = EntryMeta(
+        id="p1",
+        pool="bot:b_1",
+        layer=Layer.PINNED,
+        tags=("for:person:a", "org:o1", "trips"),
+        created_at=1,
+        updated_at=1,
+    )
+    d = _decide(
+        [
+            _call("rename_topic", **{"from": "trips", "to": "travel"}),
+            _call("invalidate", entry="f1"),
+            _call("invalidate", entry="p1"),
+        ],
+        entries={"f1": fact, "p1": pinned},
+    )
+    changed = {m.id: m for m in d.changed}
+    assert changed["f1"].status == Status.INVALIDATED and changed["f1"].invalidated_at == 100
+    assert "travel" in changed["f1"].tags and "trips" not in changed["f1"].tags
+    assert (
+        changed["p1"].tags == ("for:person:a", "org:o1", "travel")
+        and changed["p1"].status == Status.ACTIVE
+    )
+    assert [r.tool for r in d.rejected] == ["invalidate"]  # pinned entries are a person's
+
+
+def test_context_takes_300_valid_entries_and_counts_topics_over_all():
+    entries = {
+        f"p{n:03d}": EntryMeta(
+            id=f"p{n:03d}",
+            pool="bot:b",
+            layer=Layer.PINNED,
+            tags=("for:person:a", "org:o1", "t"),
+            created_at=n,
+            updated_at=n,
+        )
+        for n in range(350)
+    }
+    entries["bad"] = EntryMeta(
+        id="bad",
+        pool="bot:b",
+        layer=Layer.FACT,
+        tags=("for:person:a", "org:o1", "t"),
+        sources=(Source(chat="c", item="i"),),
+        created_at=999,
+        updated_at=999,
+    )
+    entries["dep"] = EntryMeta(
+        id="dep",
+        pool="bot:b",
+        layer=Layer.OBSERVATION,
+        tags=("for:person:a", "org:o1", "t"),
+        sources=(Source(entry="bad"),),
+        created_at=999,
+        updated_at=999,
+    )
+    chosen, topics = context_selection(entries)
+    assert len(chosen) == 300 and chosen[0].id == "p349"
+    assert topics == {"t": 350}  # the unprovable fact and its dependent are left out
+
+
+def test_request_stays_under_the_limit_whole_and_keeps_person_words_first():
+    items = [
+        EvidenceItem(
+            chat="c", item=f"i-{n}", kind="person" if n % 2 else "bot", author="a", text="w" * 500
+        )
+        for n in range(40)
+    ]
+    entries = [
+        ContextEntry(
+            id=f"e{n}",
+            layer="fact",
+            tier="log",
+            scope="bot",
+            content="z" * 300,
+            topics=(),
+            status="active",
+        )
+        for n in range(100)
+    ]
+    text, kept = build_request(items, entries, {"t": 1}, limit=12_000)
+    assert len(text) <= 12_000
+    parsed = json.loads(text)  # whole JSON, nothing cut mid-string
+    assert all(len(i["text"]) == 500 for i in parsed["evidence"])
+    assert sum(i.kind == "person" for i in kept) == 20  # every person item made it
+    assert len(kept) < 40 and parsed["entries"] == []  # the rest had to give way
+    assert [i.item for i in kept] == sorted((i.item for i in kept), key=lambda s: int(s[2:]))

@@ -61,7 +61,9 @@ class LiveServer:
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._sock = sock
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()

@@ -1,0 +1,268 @@
+"""Model clients: the `openai` kind (any OpenAI-compatible Chat Completions server, over httpx)
+and the `scripted` kind (deterministic answers from a TOML file, for demos and tests).
+
+Configured by name in the server config (DESIGN §6):
+
+    [models.local]
+    kind = "openai"
+    base_url = "http://127.0.0.1:8000/v1"
+    model = "qwen3-8b"
+    api_key_env = "OPENAI_API_KEY"
+    input_micros_per_mtok = 150000
+    output_micros_per_mtok = 600000
+
+    [models.demo]
+    kind = "scripted"
+    script = "examples/demo-script.toml"
+
+Errors become `ModelError` (an `Unavailable`): the caller decides on the calm answer or a retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+import msgspec
+
+from engine.errors import InvalidInput, Unavailable
+from engine.models import Completion, Message, Price, ToolCall, ToolSpec, Usage
+
+
+class ModelError(Unavailable):
+    code = "model_error"
+
+
+class Model(Protocol):
+    name: str
+    price: Price
+
+    async def complete(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *, timeout: float = 60.0
+    ) -> Completion: ...
+
+
+# --- openai --------------------------------------------------------------------------------------
+
+
+class _Function(msgspec.Struct, frozen=True):
+    name: str
+    arguments: str = "{}"
+
+
+class _WireToolCall(msgspec.Struct, frozen=True):
+    function: _Function
+    id: str = ""
+    type: str = "function"
+
+
+class _WireMessage(msgspec.Struct, frozen=True):
+    content: str | None = None
+    tool_calls: list[_WireToolCall] | None = None
+
+
+class _Choice(msgspec.Struct, frozen=True):
+    message: _WireMessage
+
+
+class _WireUsage(msgspec.Struct, frozen=True):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class _Response(msgspec.Struct, frozen=True):
+    choices: list[_Choice]
+    usage: _WireUsage | None = None
+    model: str = ""
+
+
+_response_dec = msgspec.json.Decoder(_Response)
+RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+def _wire_message(m: Message) -> dict:
+    out: dict = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+class OpenAIModel:
+    def __init__(
+        self,
+        name: str,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        price: Price | None = None,
+        retries: int = 2,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.price = price or Price()
+        self.retries = retries
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = client or httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers)
+
+    async def complete(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *, timeout: float = 60.0
+    ) -> Completion:
+        body: dict = {"model": self.model, "messages": [_wire_message(m) for m in messages]}
+        if tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    },
+                }
+                for t in tools
+            ]
+        delay = 0.2
+        for attempt in range(self.retries + 1):
+            try:
+                resp = await self._client.post("/chat/completions", json=body, timeout=timeout)
+            except httpx.TimeoutException as e:
+                raise ModelError(f"model {self.name} timed out", code="model_timeout") from e
+            except httpx.TransportError as e:
+                if attempt == self.retries:
+                    raise ModelError(f"model {self.name} unreachable: {e}") from e
+            else:
+                if resp.status_code < 300:
+                    return self._parse(resp.content)
+                if resp.status_code not in RETRY_STATUS or attempt == self.retries:
+                    raise ModelError(f"model {self.name} answered HTTP {resp.status_code}")
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    def _parse(self, raw: bytes) -> Completion:
+        try:
+            data = _response_dec.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise ModelError(
+                f"model {self.name} sent an unreadable answer: {e}", code="model_garbage"
+            ) from e
+        if not data.choices:
+            raise ModelError(f"model {self.name} sent no choices", code="model_garbage")
+        msg = data.choices[0].message
+        calls = tuple(
+            ToolCall(id=c.id or f"call_{k}", name=c.function.name, arguments=c.function.arguments)
+            for k, c in enumerate(msg.tool_calls or ())
+        )
+        usage = (
+            Usage(input_tokens=data.usage.prompt_tokens, output_tokens=data.usage.completion_tokens)
+            if data.usage is not None
+            else None
+        )
+        return Completion(text=msg.content, tool_calls=calls, usage=usage, model=data.model)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+# --- scripted ------------------------------------------------------------------------------------
+
+
+class _Rule(msgspec.Struct, frozen=True, kw_only=True):
+    match: str = ""  # a regular expression searched in the last user message
+    text: str | None = None
+    tool_calls: list[dict] = []
+
+
+class _Script(msgspec.Struct, frozen=True, kw_only=True):
+    rules: list[_Rule] = []
+    default: str = "OK."
+
+
+class ScriptedModel:
+    """First rule whose `match` is found in the last user message wins; its tool calls carry
+    `arguments` as a table (encoded to JSON) or a string (passed as is, for invalid-JSON tests)."""
+
+    def __init__(self, name: str, script: _Script) -> None:
+        self.name = name
+        self.price = Price()
+        self.script = script
+        self._patterns = [re.compile(r.match) for r in script.rules]
+        self.calls = 0
+
+    @classmethod
+    def from_file(cls, name: str, path: str | Path) -> ScriptedModel:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+            return cls(name, msgspec.convert(data, _Script))
+        except (OSError, tomllib.TOMLDecodeError, msgspec.ValidationError) as e:
+            raise InvalidInput(f"script for model {name}: {e}", code="bad_config") from e
+
+    async def complete(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *, timeout: float = 60.0
+    ) -> Completion:
+        self.calls += 1
+        last = next((m.content or "" for m in reversed(messages) if m.role == "user"), "")
+        for rule, pattern in zip(self.script.rules, self._patterns, strict=True):
+            if pattern.search(last):
+                calls = tuple(
+                    ToolCall(
+                        id=f"call_{k}",
+                        name=c["name"],
+                        arguments=c["arguments"]
+                        if isinstance(c.get("arguments"), str)
+                        else msgspec.json.encode(c.get("arguments", {})).decode(),
+                    )
+                    for k, c in enumerate(rule.tool_calls)
+                )
+                return Completion(
+                    text=rule.text,
+                    tool_calls=calls,
+                    usage=Usage(input_tokens=0, output_tokens=0),
+                    model=self.name,
+                )
+        return Completion(
+            text=self.script.default, usage=Usage(input_tokens=0, output_tokens=0), model=self.name
+        )
+
+
+# --- configuration -------------------------------------------------------------------------------
+
+
+def load_models(config: Mapping[str, Mapping], *, base_dir: Path = Path(".")) -> dict[str, Model]:
+    """Models from a config's `[models.*]` tables, by name."""
+    models: dict[str, Model] = {}
+    for name, spec in config.items():
+        kind = spec.get("kind")
+        if kind == "openai":
+            if "base_url" not in spec or "model" not in spec:
+                raise InvalidInput(
+                    f"model {name}: openai needs base_url and model", code="bad_config"
+                )
+            key_env = spec.get("api_key_env")
+            models[name] = OpenAIModel(
+                name,
+                base_url=spec["base_url"],
+                model=spec["model"],
+                api_key=os.environ.get(key_env) if key_env else None,
+                price=Price(
+                    input_micros_per_mtok=int(spec.get("input_micros_per_mtok", 0)),
+                    output_micros_per_mtok=int(spec.get("output_micros_per_mtok", 0)),
+                ),
+            )
+        elif kind == "scripted":
+            models[name] = ScriptedModel.from_file(name, base_dir / spec["script"])
+        else:
+            raise InvalidInput(f"model {name}: unknown kind {kind!r}", code="bad_config")
+    return models

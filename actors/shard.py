@@ -14,11 +14,15 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
 
+from actors.conversations import Conversations, TurnResult, TurnStart
+from actors.learning_runs import LearningRunner
+from actors.memory_bot import MemoryBotRuntime
+from actors.models import Model, load_models
 from actors.pool import Pool
 from engine import commands
 from engine.commands import Outcome
@@ -49,6 +53,7 @@ from engine.memory import (
 from engine.memory_bot import MemoryBotSettings, SettingsPatch, apply_patch
 from engine.order import in_memory_order
 from engine.visibility import Visibility
+from storage.chat_store import ChatStore, Confession, Enrichment, ItemView, LearningJob, Turn
 from storage.crypto import Keyring, load_master_key
 from storage.database import Database
 from storage.event_log import MARK_RESTORED, EventLog
@@ -80,6 +85,10 @@ class ShardService:
         new_id: Callable[[], str] = _new_entry_id,
         db_path: str | None = None,
         event_retain: int = 100_000,
+        models: Mapping[str, Model] | None = None,
+        models_config: Mapping[str, Mapping] | None = None,
+        config_dir: str | None = None,
+        answer_wait: float = 15.0,
     ) -> None:
         self.index = index
         self.db = Database(db_path or Path(data_dir) / f"shard-{index}.duckdb", MIGRATIONS)
@@ -91,10 +100,27 @@ class ShardService:
         self.new_id = new_id
         self._pools: dict[str, Pool] = {}
         self._loading: dict[str, asyncio.Future[Pool]] = {}
+        if models is None:
+            base = Path(config_dir) if config_dir else Path(".")
+            models = load_models(models_config or {}, base_dir=base)
+        chats = ChatStore(self.store)
+        self.memory_bot = MemoryBotRuntime(
+            models, chats, self.committer, self.clock, answer_wait=answer_wait
+        )
+        self.learning = LearningRunner(self, chats, self.memory_bot)
+        self.conversations = Conversations(self, chats, self.memory_bot, self.learning)
+        self.learning.conversations = self.conversations
+        self._started: asyncio.Task[int] | None = None
+
+    def _ensure_started(self) -> None:
+        """Resume open learning jobs once, on the first call after (re)start (LRN-4)."""
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_task(self.learning.recover())
 
     # --- pools ---
 
     async def _pool(self, pool_id: str) -> Pool:
+        self._ensure_started()
         pool = self._pools.get(pool_id)
         if pool is not None:
             return pool
@@ -133,9 +159,10 @@ class ShardService:
         outcome: Outcome,
         sealed: dict[str, bytes] | None = None,
         extra: Sequence[Write] = (),
+        more_events: Sequence[tuple[Payload, Audience]] = (),
     ):
         """Apply an outcome to the pool and queue its rows with one `memory.changed` per entry
-        changed; the events are published once the transaction commits."""
+        changed (plus `more_events`); events are published once the transaction commits."""
         writes = [*self.store.outcome_writes(pool.stored, outcome, sealed), *extra]
         bot = pool.id[4:] if pool.id.startswith("bot:") else None
         before = {
@@ -164,7 +191,7 @@ class ShardService:
                 pool=pool.id, bot=bot, entry=entry_id, version=outcome.version, change="purged"
             )
             items.append((data, before.get(entry_id, NOBODY)))
-        return self._submit(pool, writes, items)
+        return self._submit(pool, writes, [*items, *more_events])
 
     def _submit(
         self, pool: Pool | None, writes: list, items: Sequence[tuple[Payload, Audience]] = ()
@@ -192,6 +219,38 @@ class ShardService:
 
     async def event_head(self) -> ShardHead:
         return self.events.head()
+
+    # --- chats and the memory bot (seed 000 §3-§5) ---
+
+    async def start_turn(self, start: TurnStart) -> Turn:
+        self._ensure_started()
+        return await self.conversations.start_turn(start)
+
+    async def wait_turn(self, chat: str, turn: str, timeout: float = 180.0) -> TurnResult:
+        return await self.conversations.wait_turn(chat, turn, timeout)
+
+    async def chat_items(self, chat: str) -> list[ItemView]:
+        return await self.conversations.items(chat)
+
+    async def delete_chat_items(self, chat: str) -> int:
+        return await self.conversations.delete_items(chat)
+
+    async def confessions(self, chat: str) -> list[Confession]:
+        return await self.conversations.confessions(chat)
+
+    async def enrichments(self, chat: str) -> list[Enrichment]:
+        return await self.conversations.enrichments(chat)
+
+    async def learning_jobs(self, pool_id: str) -> list[LearningJob]:
+        return await self.learning.store.jobs(pool_id)
+
+    async def learning_idle(self) -> int:
+        """Wait until no learning job runs; returns how many model steps were made so far."""
+        self._ensure_started()
+        if self._started is not None:
+            await self._started
+        await self.learning.idle()
+        return self.learning.model_steps
 
     async def events_after(
         self, seq: int, limit: int = 1000, wait: float = 0.0
@@ -342,6 +401,16 @@ class ShardService:
 
     async def context(self, pool_id: str, reader: Reader, limit: int) -> Context:
         """Visible valid entries in memory order until the first that does not fit (ENR-5)."""
+        parts, has = await self.context_parts(pool_id, reader, limit)
+        return Context(
+            text="\n".join(t for _, t in parts), entries=tuple(i for i, _ in parts), hasEntries=has
+        )
+
+    async def context_parts(
+        self, pool_id: str, reader: Reader, limit: int
+    ) -> tuple[list[tuple[str, str]], bool]:
+        """(id, text) of the entries `context` uses, and `hasEntries` (ENR-7). Stops at the first
+        entry that does not fit, without decrypting any later one (ENR-5)."""
         if limit < 0:
             raise InvalidInput("limit must be >= 0")
         pool = await self._pool(pool_id)
@@ -350,20 +419,36 @@ class ShardService:
             usable = in_memory_order(
                 pool.entries[i] for i in pool.candidates(reader) if vis.usable(i)
             )
-            parts: list[str] = []
-            used: list[str] = []
+            parts: list[tuple[str, str]] = []
             size = 0
             for meta in usable:
                 text = self.store.open_content(pool.stored, meta.id)
                 extra = len(text) + (1 if parts else 0)
                 if size + extra > limit:
                     break
-                parts.append(text)
-                used.append(meta.id)
+                parts.append((meta.id, text))
                 size += extra
             pending = pool.pending
         await self._settle(pool, pending)
-        return Context(text="\n".join(parts), entries=tuple(used), hasEntries=bool(usable))
+        return parts, bool(usable)
+
+    async def has_entries(self, pool_id: str, reader: Reader) -> bool:
+        """Whether the reader has visible valid entries, fitting a limit or not (ENR-7)."""
+        pool = await self._pool(pool_id)
+        async with pool.lock.shared():
+            vis = Visibility(reader, pool.entries)
+            return any(vis.usable(i) for i in pool.candidates(reader))
+
+    async def validate_references(
+        self, pool_id: str, reader: Reader, entry_ids: Sequence[str]
+    ) -> bool:
+        """Whether a stored answer's entry references are all still allowed for the reader,
+        from tags and sources only (ENR-8): entries pushed out of a text limit still count,
+        lost access does not."""
+        pool = await self._pool(pool_id)
+        async with pool.lock.shared():
+            vis = Visibility(reader, pool.entries)
+            return all(vis.usable(i) for i in entry_ids)
 
     # --- memory-bot settings (MB-2) ------------------------------------------------------------
 
@@ -439,6 +524,7 @@ class ShardService:
     # --- lifecycle ---
 
     async def ping(self) -> int:
+        self._ensure_started()
         return self.index
 
     async def stats(self) -> dict[str, int]:

@@ -102,6 +102,14 @@ class MemoryStore:
         blob = stored.cipher.seal(_meta_enc.encode(settings), aad(stored.pool, "settings"))
         return Put(POOLS.name, (stored.pool, version, stored.wrapped_key, blob))
 
+    def key_rows(self, stored: StoredPool) -> list[Write]:
+        """The pool's row (its wrapped key) if it was never stored: needed before anything sealed
+        with the pool's key may be written, or a restart could not open it again."""
+        if stored.persisted:
+            return []
+        stored.persisted = True
+        return [self.pool_row(stored, stored.version, stored.settings)]
+
     def outcome_writes(
         self,
         stored: StoredPool,

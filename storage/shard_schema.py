@@ -42,6 +42,17 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE events (seq BIGINT, at_ms BIGINT, type VARCHAR, doc VARCHAR);
     CREATE TABLE shard_meta (key VARCHAR, value VARCHAR);
     """,
+    # 3: the memory bot: confessions, enrichments, learning jobs, read positions, the encrypted
+    # model call log and confirmed spend. (chat_items and turns come from migration 1.)
+    """
+    CREATE TABLE confessions (key VARCHAR, chat VARCHAR, turn VARCHAR, at_ms BIGINT, payload BLOB);
+    CREATE TABLE enrichments (key VARCHAR, chat VARCHAR, turn VARCHAR, at_ms BIGINT, payload BLOB);
+    CREATE TABLE learning_jobs (id VARCHAR, pool VARCHAR, chat VARCHAR, doc VARCHAR);
+    CREATE TABLE learn_positions (key VARCHAR, pool VARCHAR, chat VARCHAR, seq BIGINT);
+    CREATE TABLE model_calls (key VARCHAR, job VARCHAR, at_ms BIGINT, payload BLOB);
+    CREATE TABLE model_spend (key VARCHAR, pool VARCHAR, period VARCHAR, micros BIGINT,
+                              unknown BIGINT);
+    """,
 )
 
 POOLS = Table(
@@ -85,4 +96,73 @@ EVENTS = Table(
     "events",
     (("seq", "BIGINT"), ("at_ms", "BIGINT"), ("type", "VARCHAR"), ("doc", "VARCHAR")),
 )
-TABLES = (POOLS, MEMORY_ENTRIES, MEMORY_LOG, RECEIPTS, EVENTS)
+CHAT_ITEMS = Table(
+    "chat_items",
+    (
+        ("key", "VARCHAR"),
+        ("chat", "VARCHAR"),
+        ("seq", "BIGINT"),
+        ("turn", "VARCHAR"),
+        ("kind", "VARCHAR"),
+        ("author", "VARCHAR"),
+        ("payload", "BLOB"),
+        ("at_ms", "BIGINT"),
+    ),
+)
+TURNS = Table(
+    "turns",
+    (
+        ("id", "VARCHAR"),
+        ("chat", "VARCHAR"),
+        ("operator", "VARCHAR"),
+        ("status", "VARCHAR"),
+        ("meta", "VARCHAR"),
+        ("at_ms", "BIGINT"),
+    ),
+)
+_RECORD = (
+    ("key", "VARCHAR"),
+    ("chat", "VARCHAR"),
+    ("turn", "VARCHAR"),
+    ("at_ms", "BIGINT"),
+    ("payload", "BLOB"),
+)
+CONFESSIONS = Table("confessions", _RECORD)
+ENRICHMENTS = Table("enrichments", _RECORD)
+LEARNING_JOBS = Table(
+    "learning_jobs",
+    (("id", "VARCHAR"), ("pool", "VARCHAR"), ("chat", "VARCHAR"), ("doc", "VARCHAR")),
+)
+LEARN_POSITIONS = Table(
+    "learn_positions",
+    (("key", "VARCHAR"), ("pool", "VARCHAR"), ("chat", "VARCHAR"), ("seq", "BIGINT")),
+)
+MODEL_CALLS = Table(
+    "model_calls",
+    (("key", "VARCHAR"), ("job", "VARCHAR"), ("at_ms", "BIGINT"), ("payload", "BLOB")),
+)
+MODEL_SPEND = Table(
+    "model_spend",
+    (
+        ("key", "VARCHAR"),
+        ("pool", "VARCHAR"),
+        ("period", "VARCHAR"),
+        ("micros", "BIGINT"),
+        ("unknown", "BIGINT"),
+    ),
+)
+TABLES = (
+    POOLS,
+    MEMORY_ENTRIES,
+    MEMORY_LOG,
+    RECEIPTS,
+    EVENTS,
+    CHAT_ITEMS,
+    TURNS,
+    CONFESSIONS,
+    ENRICHMENTS,
+    LEARNING_JOBS,
+    LEARN_POSITIONS,
+    MODEL_CALLS,
+    MODEL_SPEND,
+)

@@ -1,0 +1,261 @@
+"""Durable learning executions (LRN-3 … LRN-10, MB-5, CO-3).
+
+A job is stored before it runs and is driven from the database: at start every open job runs
+again. Its one model step is recorded (request, result, cost) in the encrypted call log *before*
+anything is applied, so a restart reuses the recorded result instead of calling the model again.
+The memory changes, the chat's read position and the end of the job commit in one transaction
+(LRN-5). Jobs of one pool and chat run one at a time and re-check the read position under the
+pool's write lock, so the same evidence is never applied twice. A step over two minutes ends
+the job with a safe error and leaves the read position where it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from actors.memory_bot import BudgetSpent, MemoryBotRuntime
+from engine.commands import Outcome
+from engine.errors import OpenBotError
+from engine.events import Audience as EventAudience
+from engine.events import MemoryJobChanged
+from engine.learning import (
+    Audience,
+    EvidenceItem,
+    build_request,
+    context_entry,
+    context_selection,
+    decide,
+)
+from engine.memory import Change, LogRow, Who
+from engine.models import Completion, Message
+from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS
+from storage.chat_store import ChatStore, LearningJob, ModelCall
+
+if TYPE_CHECKING:
+    from actors.conversations import Conversations
+    from actors.shard import ShardService
+
+LEARNING_SYSTEM = (
+    "You keep a bot's memory. From the evidence, record what is durable and useful: facts from "
+    "what people said (cite their items), observations from entries (cite them), invalidate "
+    "what stopped being true, keep topics tidy. The bot's own words only point where to look. "
+    "Answer only with tool calls."
+)
+log = logging.getLogger("openbot.learning")
+_completion_enc = msgspec.json.Encoder()
+_completion_dec = msgspec.json.Decoder(Completion)
+
+
+class LearningRunner:
+    def __init__(self, shard: ShardService, store: ChatStore, runtime: MemoryBotRuntime) -> None:
+        self.shard = shard
+        self.store = store
+        self.runtime = runtime
+        self.conversations: Conversations | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._chains: dict[tuple[str, str], asyncio.Lock] = {}
+        self._positions: dict[tuple[str, str], int] = {}
+        self.model_steps = 0  # model calls actually made (tests and benchmarks read it)
+        self.step_limit = LEARNING_STEP_LIMIT
+
+    async def schedule(self, job: LearningJob) -> None:
+        await self._save(job)
+        self._spawn(job)
+
+    async def recover(self) -> int:
+        """Run every job that was open when the shard stopped."""
+        jobs = await self.store.open_jobs()
+        for job in jobs:
+            self._spawn(job)
+        return len(jobs)
+
+    async def wait(self, job_id: str) -> None:
+        task = self._tasks.get(job_id)
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def idle(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
+
+    def _spawn(self, job: LearningJob) -> None:
+        if job.id in self._tasks:
+            return
+        task = asyncio.create_task(self._run(job))
+        self._tasks[job.id] = task
+        task.add_done_callback(lambda _t, k=job.id: self._tasks.pop(k, None))
+
+    def _event(self, job: LearningJob):
+        operator = job.grant.removeprefix("for:person:")
+        users = (operator,) if job.grant.startswith("for:person:") else ()
+        channels = (job.channel,) if job.channel else ()
+        data = MemoryJobChanged(
+            bot=job.pool.removeprefix("bot:"), job=job.id, status=job.status, attempts=job.attempts
+        )
+        return data, EventAudience(org=job.org, users=users, channels=channels)
+
+    async def _save(self, job: LearningJob) -> None:
+        await self.shard._submit(None, [self.store.job_row(job)], [self._event(job)])
+
+    async def _position(self, pool: str, chat: str) -> int:
+        key = (pool, chat)
+        if key not in self._positions:
+            self._positions[key] = await self.store.position(pool, chat)
+        return self._positions[key]
+
+    async def _run(self, job: LearningJob) -> None:
+        lock = self._chains.setdefault((job.pool, job.chat), asyncio.Lock())
+        async with lock:
+            job = msgspec.structs.replace(
+                job, status="running", attempts=job.attempts + 1, updated_at=self.shard.clock()
+            )
+            await self._save(job)
+            try:
+                await asyncio.wait_for(self._execute(job), self.step_limit)
+            except TimeoutError:
+                await self._end(job, "failed", "the learning step took longer than 2 minutes")
+            except BudgetSpent:
+                await self._end(job, "waiting", "the memory bot's budget is spent for now")
+            except OpenBotError as e:
+                log.warning("learning job %s failed: %s", job.id, e.message)
+                await self._end(job, "failed", f"the learning step failed: {e.code}")
+            except Exception as e:  # never leave a job running
+                log.exception("learning job %s crashed", job.id)
+                await self._end(job, "failed", f"internal error: {type(e).__name__}")
+
+    async def _end(self, job: LearningJob, status: str, error: str | None) -> None:
+        await self._save(
+            msgspec.structs.replace(job, status=status, error=error, updated_at=self.shard.clock())
+        )
+
+    async def _execute(self, job: LearningJob) -> None:
+        assert self.conversations is not None
+        start = await self._position(job.pool, job.chat)
+        if start >= job.upto:
+            await self._end(job, "done", None)  # another execution learned from this already
+            return
+        log = await self.conversations.log(job.chat)
+        evidence = [
+            EvidenceItem(
+                chat=job.chat,
+                item=i.id,
+                kind=i.kind,
+                author=i.author,
+                text=self.store.text(log, i.seq),
+            )
+            for i in log.items
+            if start < i.seq <= job.upto
+        ]
+        model = self.runtime.model(job.model)
+        if model is None or not any(e.kind == "person" for e in evidence):
+            # MB-1: no memory model learns nothing; nothing a person said: nothing to learn.
+            await self._end(job, "done", None if model else "no memory model is set")
+            return
+        pool = await self.shard._pool(job.pool)
+        settings = pool.stored.settings
+        recorded = await self.store.model_call(pool.stored, job.id, 1)
+        if recorded is not None and recorded.response is not None:
+            completion = _completion_dec.decode(recorded.response)  # LRN-4: reuse, never re-call
+        else:
+            async with pool.lock.shared():
+                chosen, topics = context_selection(pool.entries)
+                entries = [
+                    context_entry(m, self.shard.store.open_content(pool.stored, m.id))
+                    for m in chosen
+                ]
+            request, _ = build_request(evidence, entries, topics, overhead=len(LEARNING_SYSTEM))
+            messages = [
+                Message(role="system", content=LEARNING_SYSTEM),
+                Message(role="user", content=request),
+            ]
+            self.model_steps += 1
+            completion = await self.runtime.call(
+                job.pool, settings, model, messages, LEARNING_TOOLS, timeout=self.step_limit
+            )
+            call = ModelCall(
+                step=1,
+                attempt=job.attempts,
+                request=request,
+                response=_completion_enc.encode(completion).decode(),
+            )
+            await self.shard.committer.submit(
+                [
+                    *self.shard.store.key_rows(pool.stored),
+                    self.store.model_call_row(pool.stored, job.id, call, self.shard.clock()),
+                ]
+            )
+        await self._apply(job, pool, completion, {(e.chat, e.item): e for e in evidence})
+
+    async def _apply(self, job: LearningJob, pool, completion: Completion, evidence) -> None:
+        calls = [(c.name, c.arguments.encode()) for c in completion.tool_calls]
+        async with pool.lock.exclusive():
+            if await self._position(job.pool, job.chat) >= job.upto:
+                pending = pool.pending  # LRN-5: applied meanwhile; never twice
+                done = msgspec.structs.replace(job, status="done", updated_at=self.shard.clock())
+                writes = [self.store.job_row(done)]
+                pending = self.shard._submit(pool, writes, [self._event(done)])
+            else:
+                now = self.shard.clock()
+                decision = decide(
+                    calls,
+                    pool=job.pool,
+                    entries=pool.entries,  # the latest state, under the write lock (LRN-8)
+                    evidence=evidence,
+                    audience=Audience(
+                        chat=job.chat, org=job.org, grant=job.grant, channel=job.channel
+                    ),
+                    now=now,
+                    new_ids=(f"mem_{secrets.token_hex(12)}" for _ in iter(int, 1)),
+                )
+                version = pool.version + 1
+                log_rows = [
+                    LogRow(
+                        version=version,
+                        at=now,
+                        who=Who.MEMORY_BOT,
+                        entry=m.id,
+                        change=Change.CREATED,
+                    )
+                    for m, _ in decision.new
+                ] + [
+                    LogRow(
+                        version=version,
+                        at=now,
+                        who=Who.MEMORY_BOT,
+                        entry=m.id,
+                        change=Change.INVALIDATED if m.status == "invalidated" else Change.UPDATED,
+                    )
+                    for m in decision.changed
+                ]
+                sealed = {
+                    m.id: self.shard.store.seal_content(pool.stored, m.id, text)
+                    for m, text in decision.new
+                }
+                outcome = Outcome(
+                    version=version if log_rows else pool.version,
+                    upserts=tuple([m for m, _ in decision.new] + decision.changed),
+                    log=tuple(log_rows),
+                )
+                rejected = len(decision.rejected)
+                done = msgspec.structs.replace(
+                    job,
+                    status="done",
+                    error=f"{rejected} proposed change(s) rejected" if rejected else None,
+                    updated_at=now,
+                )
+                self._positions[(job.pool, job.chat)] = job.upto
+                extra = [
+                    self.store.position_row(job.pool, job.chat, job.upto),
+                    self.store.job_row(done),
+                ]
+                pending = self.shard._queue(pool, outcome, sealed, extra, [self._event(done)])
+        try:
+            await self.shard._settle(pool, pending)
+        except BaseException:
+            self._positions.pop((job.pool, job.chat), None)  # reload what was really stored
+            raise

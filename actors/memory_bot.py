@@ -1,0 +1,159 @@
+"""The memory bot's runtime on a shard: which model, how many tasks at once, how much it may
+spend (MB-1 … MB-6), and the two quick answers it gives inside a turn — the confessor's reply to
+`confide` and the input rewrite — each bounded by 15 s including the wait for a slot (MB-4).
+
+Only usage the provider confirmed is charged; an answer without usage is counted apart as
+unknown (MB-6). Model calls never happen under a pool lock (ACL-9).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+
+from actors.models import Model, ModelError
+from engine.errors import OpenBotError
+from engine.memory_bot import MemoryBotSettings
+from engine.models import Completion, Message, ToolSpec, cost_micros
+from engine.turns import ANSWER_WAIT, CALM_ANSWER, REWRITE, confessor_messages
+from storage.chat_store import ChatStore
+from storage.group_commit import GroupCommitter
+
+
+class BudgetSpent(OpenBotError):
+    code = "budget_spent"
+
+
+def period_key(period: str, now_ms: int) -> str:
+    day = datetime.datetime.fromtimestamp(now_ms / 1000, datetime.UTC)
+    return f"day:{day:%Y-%m-%d}" if period == "day" else f"month:{day:%Y-%m}"
+
+
+class MemoryBotRuntime:
+    def __init__(
+        self,
+        models: Mapping[str, Model],
+        chats: ChatStore,
+        committer: GroupCommitter,
+        clock: Callable[[], int],
+        *,
+        answer_wait: float = ANSWER_WAIT,
+    ) -> None:
+        self.answer_wait = answer_wait
+        self.models = models
+        self.chats = chats
+        self.committer = committer
+        self.clock = clock
+        self._slots: dict[str, tuple[int, asyncio.Semaphore]] = {}
+        self._spent: dict[tuple[str, str], tuple[int, int]] = {}
+
+    def model(self, name: str | None) -> Model | None:
+        return self.models.get(name) if name else None
+
+    @asynccontextmanager
+    async def slot(self, pool: str, settings: MemoryBotSettings):
+        """A concurrency slot of this pool's memory bot on this server (null: no limit)."""
+        if settings.concurrency is None:
+            yield
+            return
+        size, sem = self._slots.get(pool, (0, None))  # type: ignore[assignment]
+        if sem is None or size != settings.concurrency:
+            sem = asyncio.Semaphore(settings.concurrency)
+            self._slots[pool] = (settings.concurrency, sem)
+        async with sem:
+            yield
+
+    async def _spend(self, pool: str, period: str) -> tuple[int, int]:
+        key = (pool, period)
+        if key not in self._spent:
+            self._spent[key] = await self.chats.spend(pool, period)
+        return self._spent[key]
+
+    async def check_budget(self, pool: str, settings: MemoryBotSettings) -> None:
+        if settings.budget is None:
+            return
+        period = period_key(settings.budget.period, self.clock())
+        micros, _ = await self._spend(pool, period)
+        if micros >= settings.budget.limitMicros:
+            raise BudgetSpent("the memory bot's budget for this period is spent")
+
+    async def charge(
+        self, pool: str, settings: MemoryBotSettings, model: Model, done: Completion
+    ) -> int | None:
+        """Record the cost of a call in every period a budget may ask about."""
+        cost = cost_micros(done.usage, model.price)
+        rows = []
+        for period in ("day", "month"):
+            key = period_key(period, self.clock())
+            micros, unknown = await self._spend(pool, key)
+            micros, unknown = (
+                (micros + cost, unknown) if cost is not None else (micros, unknown + 1)
+            )
+            self._spent[(pool, key)] = (micros, unknown)
+            rows.append(self.chats.spend_row(pool, key, micros, unknown))
+        await self.committer.submit(rows)
+        return cost
+
+    async def call(
+        self,
+        pool: str,
+        settings: MemoryBotSettings,
+        model: Model,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] = (),
+        *,
+        timeout: float,
+    ) -> Completion:
+        """One budgeted model call in a slot; `timeout` covers the wait for the slot too."""
+        await self.check_budget(pool, settings)
+
+        async def run() -> Completion:
+            async with self.slot(pool, settings):
+                return await model.complete(messages, tools, timeout=timeout)
+
+        try:
+            done = await asyncio.wait_for(run(), timeout)
+        except TimeoutError as e:
+            raise ModelError("the memory bot did not answer in time", code="model_timeout") from e
+        await self.charge(pool, settings, model, done)
+        return done
+
+    async def confessor_answer(
+        self, pool: str, settings: MemoryBotSettings, model_name: str | None, text: str
+    ) -> tuple[str, bool]:
+        """The answer to `confide` and whether it is the fixed calm answer (LRN-2, MB-1/3/4)."""
+        model = self.model(model_name)
+        if model is None:
+            return CALM_ANSWER, True
+        try:
+            done = await self.call(
+                pool,
+                settings,
+                model,
+                confessor_messages(text, settings.instructions),
+                timeout=self.answer_wait,
+            )
+        except OpenBotError:
+            return CALM_ANSWER, True
+        answer = (done.text or "").strip()
+        return (answer, False) if answer else (CALM_ANSWER, True)
+
+    async def rewrite(
+        self,
+        pool: str,
+        settings: MemoryBotSettings,
+        model_name: str | None,
+        messages: Sequence[Message],
+    ) -> Completion | None:
+        """The enrichment call; None (input unchanged) on any failure or timeout (ENR, MB-4)."""
+        model = self.model(model_name)
+        if model is None:
+            return None
+        try:
+            return await self.call(
+                pool, settings, model, messages, (REWRITE,), timeout=self.answer_wait
+            )
+        except OpenBotError:
+            return None

@@ -1,0 +1,276 @@
+"""Chats' items and turns, confessions, enrichments, learning jobs and the model call log on a
+shard's file.
+
+Item texts, confessions, enrichment records and model calls are sealed (SEC-1): items,
+confessions and enrichments with the chat's data key (kept in `pools` under `chat:<id>`), model
+calls with the memory pool's key. Jobs and read positions hold ids and numbers only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from storage.crypto import Cipher, aad
+from storage.group_commit import DeleteWhere, Insert, Put, Write
+from storage.memory_store import MemoryStore, StoredPool
+from storage.shard_schema import (
+    CHAT_ITEMS,
+    CONFESSIONS,
+    ENRICHMENTS,
+    LEARN_POSITIONS,
+    LEARNING_JOBS,
+    MODEL_CALLS,
+    MODEL_SPEND,
+    TURNS,
+)
+
+
+class Item(msgspec.Struct, frozen=True, kw_only=True):
+    """A chat item without its text. `id` is `i-<seq>`."""
+
+    chat: str
+    seq: int
+    turn: str | None
+    kind: str  # person | bot | notification | tool_result | delivery
+    author: str
+    at: int
+
+    @property
+    def id(self) -> str:
+        return f"i-{self.seq}"
+
+
+class ItemView(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    kind: str
+    author: str
+    text: str
+    at: int
+    turn: str | None = None
+
+
+class Turn(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    chat: str
+    operator: str  # the person the turn acts for (LRN-6): never parsed from an author field
+    status: str  # running | done | failed
+    at: int
+    rounds: int = 1
+    error: str | None = None
+
+
+class Confession(msgspec.Struct, frozen=True, kw_only=True):
+    turn: str
+    text: str
+    answer: str
+    calm: bool
+    at: int
+
+
+class Enrichment(msgspec.Struct, frozen=True, kw_only=True):
+    turn: str
+    text: str
+    original: str
+    entries: list[str]
+    at: int
+
+
+class LearningJob(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    pool: str
+    chat: str
+    turn: str
+    upto: int  # learn from items with seq <= upto
+    org: str
+    grant: str  # the audience of the turn: for:person:<operator> | for:channel:<c>
+    channel: str | None = None
+    model: str | None = None
+    status: str = "pending"  # pending | running | done | failed | waiting
+    attempts: int = 0
+    error: str | None = None
+    created_at: int = 0
+    updated_at: int = 0
+
+
+class ModelCall(msgspec.Struct, frozen=True, kw_only=True):
+    """One recorded model step: what was asked and what came back (or the error)."""
+
+    step: int
+    attempt: int
+    request: str
+    response: str | None = None
+    cost_micros: int | None = None
+    error: str | None = None
+
+
+_enc = msgspec.json.Encoder()
+_job_dec = msgspec.json.Decoder(LearningJob)
+_turn_dec = msgspec.json.Decoder(Turn)
+_conf_dec = msgspec.json.Decoder(Confession)
+_enr_dec = msgspec.json.Decoder(Enrichment)
+_call_dec = msgspec.json.Decoder(ModelCall)
+
+
+@dataclass
+class ChatLog:
+    """A chat as its shard holds it: sealed item texts, in order."""
+
+    chat: str
+    key: StoredPool
+    items: list[Item] = field(default_factory=list)
+    sealed: dict[int, bytes] = field(default_factory=dict)
+    turns: dict[str, Turn] = field(default_factory=dict)
+
+    @property
+    def cipher(self) -> Cipher:
+        return self.key.cipher
+
+    @property
+    def next_seq(self) -> int:
+        return self.items[-1].seq + 1 if self.items else self._floor + 1
+
+    _floor: int = 0  # the last seq ever used (items may have been deleted)
+
+
+class ChatStore:
+    def __init__(self, memory: MemoryStore) -> None:
+        self.memory = memory
+        self.db = memory.db
+
+    async def load(self, chat: str) -> ChatLog:
+        key = await self.memory.load(f"chat:{chat}")
+
+        def read(con):
+            items = con.execute(
+                "SELECT seq, turn, kind, author, payload, at_ms FROM chat_items WHERE chat = ? "
+                "ORDER BY seq",
+                [chat],
+            ).fetchall()
+            turns = con.execute("SELECT meta FROM turns WHERE chat = ?", [chat]).fetchall()
+            return items, turns
+
+        items, turns = await self.db.run(read)
+        log = ChatLog(chat=chat, key=key)
+        log._floor = key.version  # the chat key row's version counts items ever written
+        for seq, turn, kind, author, payload, at in items:
+            log.items.append(Item(chat=chat, seq=seq, turn=turn, kind=kind, author=author, at=at))
+            log.sealed[seq] = payload
+        for (meta,) in turns:
+            t = _turn_dec.decode(meta)
+            log.turns[t.id] = t
+        return log
+
+    def text(self, log: ChatLog, seq: int) -> str:
+        return log.cipher.open(log.sealed[seq], aad(f"chat:{log.chat}", f"i-{seq}")).decode()
+
+    def add_items(self, log: ChatLog, new: list[tuple[Item, str]]) -> list[Write]:
+        writes: list[Write] = []
+        for item, text in new:
+            sealed = log.cipher.seal(text.encode(), aad(f"chat:{log.chat}", item.id))
+            log.items.append(item)
+            log.sealed[item.seq] = sealed
+            key = f"{log.chat}\x00{item.seq}"
+            row = (key, log.chat, item.seq, item.turn, item.kind, item.author, sealed, item.at)
+            writes.append(Insert(CHAT_ITEMS.name, row))
+        if new:
+            log._floor = max(log._floor, new[-1][0].seq)
+            log.key.persisted = True
+            writes.append(self.memory.pool_row(log.key, log._floor, log.key.settings))
+        return writes
+
+    def delete_items(self, log: ChatLog) -> list[Write]:
+        """Delete the history (API-5: what was learned from it stays)."""
+        log.items.clear()
+        log.sealed.clear()
+        return [DeleteWhere(CHAT_ITEMS.name, "chat", (log.chat,))]
+
+    def put_turn(self, log: ChatLog, turn: Turn) -> Put:
+        log.turns[turn.id] = turn
+        row = (turn.id, turn.chat, turn.operator, turn.status, _enc.encode(turn).decode(), turn.at)
+        return Put(TURNS.name, row)
+
+    def _record(self, table, log: ChatLog, turn: str, at: int, record, n: int) -> Insert:
+        key = f"{log.chat}\x00{turn}\x00{n}"
+        sealed = log.cipher.seal(_enc.encode(record), aad(f"chat:{log.chat}", f"{table}\x00{key}"))
+        return Insert(table, (key, log.chat, turn, at, sealed))
+
+    def confession_row(self, log: ChatLog, c: Confession, n: int) -> Insert:
+        return self._record(CONFESSIONS.name, log, c.turn, c.at, c, n)
+
+    def enrichment_row(self, log: ChatLog, e: Enrichment) -> Insert:
+        return self._record(ENRICHMENTS.name, log, e.turn, e.at, e, 0)
+
+    async def records(self, table: str, log: ChatLog) -> list:
+        dec = _conf_dec if table == CONFESSIONS.name else _enr_dec
+        rows = await self.db.run(
+            lambda con: con.execute(
+                f"SELECT key, payload FROM {table} WHERE chat = ? ORDER BY at_ms, key", [log.chat]
+            ).fetchall()
+        )
+        return [
+            dec.decode(log.cipher.open(p, aad(f"chat:{log.chat}", f"{table}\x00{k}")))
+            for k, p in rows
+        ]
+
+    # --- learning jobs, positions, model calls, spend ---
+
+    def job_row(self, job: LearningJob) -> Put:
+        return Put(LEARNING_JOBS.name, (job.id, job.pool, job.chat, _enc.encode(job).decode()))
+
+    async def open_jobs(self) -> list[LearningJob]:
+        rows = await self.db.run(
+            lambda con: con.execute("SELECT doc FROM learning_jobs").fetchall()
+        )
+        jobs = [_job_dec.decode(doc) for (doc,) in rows]
+        return [j for j in jobs if j.status in ("pending", "running", "waiting")]
+
+    async def jobs(self, pool: str) -> list[LearningJob]:
+        rows = await self.db.run(
+            lambda con: con.execute(
+                "SELECT doc FROM learning_jobs WHERE pool = ?", [pool]
+            ).fetchall()
+        )
+        return sorted((_job_dec.decode(d) for (d,) in rows), key=lambda j: (j.created_at, j.id))
+
+    async def position(self, pool: str, chat: str) -> int:
+        rows = await self.db.run(
+            lambda con: con.execute(
+                "SELECT seq FROM learn_positions WHERE key = ?", [f"{pool}\x00{chat}"]
+            ).fetchall()
+        )
+        return rows[0][0] if rows else 0
+
+    @staticmethod
+    def position_row(pool: str, chat: str, seq: int) -> Put:
+        return Put(LEARN_POSITIONS.name, (f"{pool}\x00{chat}", pool, chat, seq))
+
+    async def model_call(self, stored: StoredPool, job: str, step: int) -> ModelCall | None:
+        key = f"{job}\x00{step}"
+        rows = await self.db.run(
+            lambda con: con.execute(
+                "SELECT payload FROM model_calls WHERE key = ?", [key]
+            ).fetchall()
+        )
+        if not rows:
+            return None
+        return _call_dec.decode(stored.cipher.open(rows[0][0], aad(stored.pool, f"call\x00{key}")))
+
+    @staticmethod
+    def model_call_row(stored: StoredPool, job: str, call: ModelCall, at: int) -> Put:
+        key = f"{job}\x00{call.step}"
+        sealed = stored.cipher.seal(_enc.encode(call), aad(stored.pool, f"call\x00{key}"))
+        return Put(MODEL_CALLS.name, (key, job, at, sealed))
+
+    async def spend(self, pool: str, period: str) -> tuple[int, int]:
+        rows = await self.db.run(
+            lambda con: con.execute(
+                "SELECT micros, unknown FROM model_spend WHERE key = ?", [f"{pool}\x00{period}"]
+            ).fetchall()
+        )
+        return (rows[0][0], rows[0][1]) if rows else (0, 0)
+
+    @staticmethod
+    def spend_row(pool: str, period: str, micros: int, unknown: int) -> Put:
+        return Put(MODEL_SPEND.name, (f"{pool}\x00{period}", pool, period, micros, unknown))

@@ -1,0 +1,267 @@
+"""The memory bot end to end on a shard (no Ray), with real HTTP to a loopback OpenAI-compatible
+server: confide, learning, enrichment, calm answers, budgets, recovery, purge."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from actors.models import OpenAIModel
+from actors.shard import ShardService, TurnStart
+from engine.directory import Bot, Chat, Org, OrgSettings
+from engine.memory import Reader
+from engine.memory_bot import Budget, SettingsPatch
+from engine.turns import CALM_ANSWER
+from tests.conftest import LiveServer
+from tests.openai_stub import OpenAIStub, completion
+
+ORG = Org(id="o1", name="o", settings=OrgSettings(botMemory=True, botMemoryModel="mem"))
+BOT = Bot(id="b1", name="Helper", org="o1", owner="u_owner", model="bot")
+CHAT = Chat(id="chat_1", kind="direct", owner="u_ann", org="o1", bot="b1")
+ANN = Reader(user="u_ann", org="o1", uses_bot=True)
+POOL = "bot:b1"
+
+
+@pytest.fixture(scope="module")
+def stubs():
+    bot, mem = OpenAIStub(), OpenAIStub()
+    servers = [LiveServer(bot.app), LiveServer(mem.app)]
+    bot.url, mem.url = servers[0].url + "/v1", servers[1].url + "/v1"
+    yield bot, mem
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def fresh(stubs):
+    bot, mem = stubs
+    for s in stubs:
+        s.queue.clear()
+        s.requests.clear()
+    return bot, mem
+
+
+def _service(path, stubs, **kw):
+    bot, mem = stubs
+    models = {
+        "bot": OpenAIModel("bot", base_url=bot.url, model="bot-model"),
+        "mem": OpenAIModel("mem", base_url=mem.url, model="mem-model"),
+    }
+    return ShardService(path, 0, models=models, answer_wait=kw.pop("answer_wait", 2.0), **kw)
+
+
+async def _turn(svc, text, chat=CHAT, org=ORG):
+    turn = await svc.start_turn(
+        TurnStart(chat=chat, bot=BOT, org=org, operator=chat.owner, text=text)
+    )
+    result = await svc.wait_turn(chat.id, turn.id)
+    await svc.learning_idle()
+    return result
+
+
+CONFIDE = ("confide", {"text": "Ann told me she moved to Oslo; I hope I got it right"})
+
+
+def test_confide_then_learn_a_fact_from_the_persons_item(tmp_path, fresh):
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted, Ann."))
+    learn = {
+        "content": "Ann lives in Oslo",
+        "items": [{"chat": "chat_1", "item": "i-1"}],
+        "topics": ["home"],
+    }
+    bad = {"content": "the bot said so", "items": [{"chat": "chat_1", "item": "i-2"}]}
+    mem.answer(
+        completion("Thank you for saying it. Tell Ann directly if unsure."),
+        completion(
+            None, tool_calls=[("learn_fact", learn), ("learn_fact", bad), ("learn_fact", "{broken")]
+        ),
+    )
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        result = await _turn(svc, "I moved to Oslo last week")
+        assert [(i.kind, i.text) for i in result.items] == [
+            ("person", "I moved to Oslo last week"),
+            ("bot", "Noted, Ann."),
+        ]
+        page = await svc.read_memory(POOL, ANN)
+        confessions = await svc.confessions("chat_1")
+        jobs = await svc.learning_jobs(POOL)
+        other = await svc.read_memory(POOL, Reader(user="u_bob", org="o1", uses_bot=True))
+        await svc.close()
+        return page, confessions, jobs, other
+
+    page, confessions, jobs, other = asyncio.run(go())
+    (fact,) = page.entries
+    assert fact.layer == "fact" and fact.content == "Ann lives in Oslo"
+    assert [s.chat for s in fact.sources] == ["chat_1"] and fact.sources[0].item == "i-1"
+    assert set(fact.tags) == {"from:u_ann", "for:person:u_ann", "org:o1", "chat:chat_1", "home"}
+    assert other.entries == ()
+    assert confessions[0].text == CONFIDE[1]["text"] and not confessions[0].calm
+    assert jobs[0].status == "done" and jobs[0].error == "2 proposed change(s) rejected"
+    # The bot was offered confide, described without a word about memory (LRN-1).
+    confide = next(t for t in bot.requests[0]["tools"] if t["function"]["name"] == "confide")
+    assert "memor" not in confide["function"]["description"].lower()
+    # The learning request is the contract shape, and the bot's words are only evidence.
+    request = json.loads(mem.requests[1]["messages"][-1]["content"])
+    assert set(request) == {"evidence", "entries", "topics"}
+    assert [e["kind"] for e in request["evidence"]] == ["person", "bot"]
+
+
+def test_a_bot_that_never_confides_learns_nothing(tmp_path, fresh):
+    bot, mem = fresh
+    bot.answer(completion("Hello!"))
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        await _turn(svc, "I moved to Oslo")
+        steps = await svc.learning_idle()
+        page = await svc.read_memory(POOL, ANN)
+        await svc.close()
+        return steps, page
+
+    steps, page = asyncio.run(go())
+    assert steps == 0 and page.entries == () and mem.requests == []
+
+
+@pytest.mark.parametrize("case", ["no_model", "budget", "hang"])
+def test_calm_answer_without_model_budget_or_in_time(tmp_path, fresh, case):
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("OK."))
+    org = ORG
+    if case == "no_model":
+        org = Org(id="o1", name="o", settings=OrgSettings(botMemory=True, botMemoryModel=None))
+    if case == "hang":
+        mem.answer(OpenAIStub.HANG)
+
+    async def go():
+        svc = _service(tmp_path, fresh, answer_wait=1.0)
+        if case == "budget":
+            patch = SettingsPatch(expected=0, budget=Budget(period="day", limitMicros=0))
+            await svc.patch_memory_bot_settings(POOL, patch)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await _turn(svc, "hi", org=org)
+        elapsed = loop.time() - t0
+        confessions = await svc.confessions("chat_1")
+        await svc.close()
+        return confessions, elapsed
+
+    confessions, elapsed = asyncio.run(go())
+    assert confessions[0].answer == CALM_ANSWER and confessions[0].calm
+    assert elapsed < 5
+    if case != "hang":
+        assert mem.requests == []
+
+
+def test_enrichment_uses_only_the_readers_entries_and_history_keeps_the_original(tmp_path, fresh):
+    bot, mem = fresh
+    bot.answer(completion("Sure."))
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        mine = await svc.remember(POOL, ANN, "Ann prefers trains to planes")
+        rewrite = {
+            "text": "Plan my trip to Oslo (I prefer trains)",
+            "entries": [mine.id, "mem_not_hers"],
+        }
+        mem.answer(completion(None, tool_calls=[("rewrite", rewrite)]))
+        result = await _turn(svc, "Plan my trip to Oslo")
+        enrichments = await svc.enrichments("chat_1")
+        await svc.close()
+        return mine, result, enrichments
+
+    mine, result, enrichments = asyncio.run(go())
+    assert result.items[0].text == "Plan my trip to Oslo"  # history keeps the original (ENR-3)
+    assert bot.requests[0]["messages"][-1]["content"] == "Plan my trip to Oslo (I prefer trains)"
+    (record,) = enrichments
+    assert record.original == "Plan my trip to Oslo" and record.entries == [mine.id]
+    sent = json.loads(mem.requests[0]["messages"][-1]["content"])
+    assert sent["input"] == "Plan my trip to Oslo" and [e["id"] for e in sent["entries"]] == [
+        mine.id
+    ]
+
+
+def test_restart_mid_execution_reuses_the_recorded_step_and_stores_once(tmp_path, fresh):
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
+    learn = {"content": "Ann lives in Oslo", "items": [{"chat": "chat_1", "item": "i-1"}]}
+    mem.answer(completion("I hear you."), completion(None, tool_calls=[("learn_fact", learn)]))
+
+    async def crash_after_the_model_step():
+        svc = _service(tmp_path, fresh)
+        stuck = asyncio.Event()
+
+        async def never_apply(*args, **kwargs):
+            stuck.set()
+            await asyncio.Event().wait()  # the process dies here, before anything is applied
+
+        svc.learning._apply = never_apply
+        turn = await svc.start_turn(
+            TurnStart(chat=CHAT, bot=BOT, org=ORG, operator="u_ann", text="I moved to Oslo")
+        )
+        await svc.wait_turn("chat_1", turn.id)
+        await stuck.wait()
+        for task in list(svc.learning._tasks.values()):
+            task.cancel()
+        await svc.committer.drain()
+        svc.db.close()
+
+    async def restart():
+        svc = _service(tmp_path, fresh)
+        await svc.ping()  # the first call resumes open jobs
+        steps = await svc.learning_idle()
+        page = await svc.read_memory(POOL, ANN)
+        jobs = await svc.learning_jobs(POOL)
+        await svc.close()
+        return steps, page, jobs
+
+    asyncio.run(crash_after_the_model_step())
+    calls_before = len(mem.requests)
+    steps, page, jobs = asyncio.run(restart())
+    assert len(mem.requests) == calls_before and steps == 0, jobs  # not called again (LRN-4)
+    assert [e.content for e in page.entries] == ["Ann lives in Oslo"], jobs
+    assert jobs[0].status == "done" and jobs[0].attempts == 2
+
+
+def test_purging_the_chat_removes_what_was_learned_deleting_history_does_not(tmp_path, fresh):
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
+    learn = {"content": "Ann lives in Oslo", "items": [{"chat": "chat_1", "item": "i-1"}]}
+    mem.answer(completion("I hear you."), completion(None, tool_calls=[("learn_fact", learn)]))
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        await _turn(svc, "I moved to Oslo")
+        assert await svc.delete_chat_items("chat_1") == 2
+        after_delete = await svc.read_memory(POOL, ANN)
+        items = await svc.chat_items("chat_1")
+        purged = await svc.purge(POOL, "chat:chat_1")
+        after_purge = await svc.read_memory(POOL, ANN)
+        await svc.close()
+        return after_delete, items, purged, after_purge
+
+    after_delete, items, purged, after_purge = asyncio.run(go())
+    assert len(after_delete.entries) == 1 and items == []
+    assert purged == 1 and after_purge.entries == ()
+
+
+def test_garbage_from_the_memory_model_is_a_recorded_safe_error(tmp_path, fresh):
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
+    mem.answer(completion("I hear you."), OpenAIStub.GARBAGE)
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        await _turn(svc, "I moved to Oslo")
+        page = await svc.read_memory(POOL, ANN)
+        jobs = await svc.learning_jobs(POOL)
+        await svc.close()
+        return page, jobs
+
+    page, jobs = asyncio.run(go())
+    assert page.entries == ()
+    assert jobs[0].status == "failed" and jobs[0].error == "the learning step failed: model_garbage"

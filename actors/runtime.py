@@ -76,6 +76,8 @@ class Engine:
         group_commit: bool = True,
         prefix: str = "openbot",
         event_retain: int = 100_000,
+        models_config: dict | None = None,
+        config_dir: str | None = None,
     ) -> Engine:
         data_dir = str(Path(data_dir).resolve())
         Path(data_dir).mkdir(parents=True, exist_ok=True)
@@ -87,7 +89,12 @@ class Engine:
         )
         handles = [
             ShardActor.options(name=f"{prefix}-shard-{k}", get_if_exists=True).remote(
-                data_dir, k, group_commit=group_commit, event_retain=event_retain
+                data_dir,
+                k,
+                group_commit=group_commit,
+                event_retain=event_retain,
+                models_config=models_config or {},
+                config_dir=config_dir,
             )
             for k in range(shards)
         ]

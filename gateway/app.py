@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
+from actors.conversations import TurnStart, require_chat_owner
 from actors.runtime import Engine, call
 from engine import tags as tagmod
 from engine.directory import Principal, bot_pool, require_use, require_write, resolve_org
@@ -141,6 +142,55 @@ class Api:
         )
         return json(chat, 201)
 
+    async def _own_chat(self, request: Request):
+        """The chat, its bot and its shard, for the chat's owner only (API-6)."""
+        principal = await self.auth.user(request)
+        assert principal.user is not None
+        chat = await call(self.engine.directory.get_chat, request.path_params["chat"])
+        require_chat_owner(chat, principal.user.id)
+        if chat.bot is None:
+            raise InvalidInput("group chats are served by a later version", code="unsupported_chat")
+        bot = await self.auth.bot(chat.bot)
+        require_use(bot, principal.user.id)
+        return principal, chat, bot, self.engine.shard_for(bot.owner)
+
+    async def post_turn(self, request: Request) -> Response:
+        principal, chat, bot, shard = await self._own_chat(request)
+        body = wire.decode(await read_body(request), wire.TurnBody)
+        if body.rounds not in (None, 1) or body.mentions:
+            raise InvalidInput(
+                "rounds and mentions apply to group chats", code="unsupported_option"
+            )
+        org = await call(self.engine.directory.get_org, chat.org)
+        assert principal.user is not None
+        start = TurnStart(
+            chat=chat,
+            bot=bot,
+            org=org,
+            operator=principal.user.id,
+            text=body.text,
+            request_id=body.requestId,
+        )
+        turn = await call(shard.start_turn, start)
+        if request.query_params.get("wait") in ("true", "1"):
+            result = await call(shard.wait_turn, chat.id, turn.id)
+            return json(result)
+        return json({"turn": turn}, 202)
+
+    async def chat_items(self, request: Request) -> Response:
+        _, chat, _, shard = await self._own_chat(request)
+        if request.method == "DELETE":
+            return json({"count": await call(shard.delete_chat_items, chat.id)})
+        return json({"items": await call(shard.chat_items, chat.id)})
+
+    async def confessions(self, request: Request) -> Response:
+        _, chat, _, shard = await self._own_chat(request)
+        return json({"confessions": await call(shard.confessions, chat.id)})
+
+    async def enrichments(self, request: Request) -> Response:
+        _, chat, _, shard = await self._own_chat(request)
+        return json({"enrichments": await call(shard.enrichments, chat.id)})
+
     # --- seed-000 memory ---
 
     async def _memory_call(self, request: Request, *, write: bool = False):
@@ -252,6 +302,10 @@ def create_app(engine: Engine, admin_token: str, *, cache_ttl: float = 2.0) -> S
         r("/v1/admin/channels", api.create_channel, methods=["POST"]),
         r("/v1/admin/backup", api.backup, methods=["POST"]),
         r("/v1/chats", api.create_chat, methods=["POST"]),
+        r("/v1/chats/{chat}/turns", api.post_turn, methods=["POST"]),
+        r("/v1/chats/{chat}/items", api.chat_items, methods=["GET", "DELETE"]),
+        r("/v1/chats/{chat}/confessions", api.confessions, methods=["GET"]),
+        r("/v1/chats/{chat}/enrichments", api.enrichments, methods=["GET"]),
         r("/v1/bots/{bot}/memory", api.get_memory, methods=["GET"]),
         r("/v1/bots/{bot}/memory", api.post_memory, methods=["POST"]),
         r("/v1/bots/{bot}/memory/log", api.memory_log, methods=["GET"]),

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from actors.conversations import TurnResult
 from engine.directory import Bot, Channel, Chat, Org
 from engine.memory import EntryView, LogPage, MemoryPage
 from engine.memory_bot import MemoryBotSettings, SettingsPatch
@@ -51,6 +52,39 @@ ROUTES: list[tuple[str, str, str, Any, Any, int]] = [
         201,
     ),
     ("post", "/v1/chats", "Start a direct or group chat", wire.CreateChat, Chat, 201),
+    (
+        "post",
+        "/v1/chats/{chat}/turns",
+        "A turn (202; ?wait=true: 200 once it ended)",
+        wire.TurnBody,
+        TurnResult,
+        202,
+    ),
+    ("get", "/v1/chats/{chat}/items", "The chat's items (owner only)", None, None, 200),
+    (
+        "delete",
+        "/v1/chats/{chat}/items",
+        "Delete the chat's history (what was learned stays)",
+        None,
+        None,
+        200,
+    ),
+    (
+        "get",
+        "/v1/chats/{chat}/confessions",
+        "What the bot confided and the answers",
+        None,
+        None,
+        200,
+    ),
+    (
+        "get",
+        "/v1/chats/{chat}/enrichments",
+        "Input rewrites: text, original, entries used",
+        None,
+        None,
+        200,
+    ),
     (
         "get",
         "/v1/bots/{bot}/memory",

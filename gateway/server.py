@@ -25,6 +25,8 @@ class ServeSettings:
     ray_address: str | None = None
     group_commit: bool = True
     actor_prefix: str = "openbot"
+    models: dict | None = None  # the config's [models.*] tables (DESIGN §6)
+    config_dir: str | None = None
 
 
 def load_settings(
@@ -38,13 +40,16 @@ def load_settings(
 ) -> ServeSettings:
     """Flags win over environment, which wins over the config file's [server] table."""
     file: dict = {}
+    models: dict = {}
     path = config or os.environ.get("OPENBOT_CONFIG")
     if path:
         try:
             with open(path, "rb") as f:
-                file = tomllib.load(f).get("server", {})
+                whole = tomllib.load(f)
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise InvalidInput(f"cannot read config {path}: {e}") from e
+        file = whole.get("server", {})
+        models = whole.get("models", {})
     env = os.environ
     s = ServeSettings()
     s.data_dir = Path(data_dir or env.get("OPENBOT_DATA_DIR") or file.get("data_dir") or s.data_dir)
@@ -54,6 +59,8 @@ def load_settings(
     s.ray_address = ray_address or env.get("OPENBOT_RAY_ADDRESS") or file.get("ray_address")
     s.group_commit = bool(file.get("group_commit", True))
     s.actor_prefix = env.get("OPENBOT_ACTOR_PREFIX") or file.get("actor_prefix") or s.actor_prefix
+    s.models = models
+    s.config_dir = str(Path(path).resolve().parent) if path else None
     return s
 
 
@@ -90,6 +97,8 @@ def serve(settings: ServeSettings) -> None:
         shards=settings.shards,
         group_commit=settings.group_commit,
         prefix=settings.actor_prefix,
+        models_config=settings.models,
+        config_dir=settings.config_dir,
     )
     app = create_app(engine, token)
     where = f"in {token_path}" if token_path else "from OPENBOT_ADMIN_TOKEN"

@@ -102,6 +102,13 @@ class Purge(_Body):
     tag: str
 
 
+class TurnBody(_Body):
+    text: str
+    rounds: int | None = None
+    mentions: list[str] | None = None
+    requestId: str | None = None
+
+
 class Backup(_Body):
     dir: str
 

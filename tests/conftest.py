@@ -40,10 +40,28 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def engine(ray_session, data_dir):
+def model_stubs():
+    """Two OpenAI-compatible servers on loopback: the bots' model and the memory bot's."""
+    from tests.openai_stub import OpenAIStub
+
+    stubs = {"bot": OpenAIStub(), "mem": OpenAIStub()}
+    servers = [LiveServer(s.app) for s in stubs.values()]
+    for stub, live in zip(stubs.values(), servers, strict=True):
+        stub.url = live.url + "/v1"
+    yield stubs
+    for live in servers:
+        live.stop()
+
+
+@pytest.fixture(scope="session")
+def engine(ray_session, data_dir, model_stubs):
     from actors.runtime import Engine
 
-    eng = Engine.start(data_dir, shards=2, prefix="test")
+    models = {
+        name: {"kind": "openai", "base_url": stub.url, "model": f"{name}-model"}
+        for name, stub in model_stubs.items()
+    }
+    eng = Engine.start(data_dir, shards=2, prefix="test", models_config=models)
     yield eng
     eng.stop()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -63,6 +64,14 @@ class TurnStart(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str | None = None
 
 
+@dataclass
+class _Sink:
+    """Rows and events a turn collects until it commits them together."""
+
+    writes: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+
+
 class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
     turn: Turn
     items: list[ItemView]
@@ -94,16 +103,17 @@ class Conversations:
     def _audience(self, chat: Chat) -> Audience:
         return Audience(org=chat.org, users=(chat.owner,))
 
-    async def _append(self, log: ChatLog, chat: Chat, new: list[tuple[Item, str]], extra=()):
-        writes = [*self.store.add_items(log, new), *extra]
-        items = [
+    def _append(self, log: ChatLog, chat: Chat, new: list[tuple[Item, str]], sink: _Sink) -> None:
+        """Add items to the chat and their rows and events to `sink`: a turn's writes after the
+        person's item go to disk in one transaction at its end."""
+        sink.writes.extend(self.store.add_items(log, new))
+        sink.events.extend(
             (
                 ChatItemCreated(chat=chat.id, item=i.id, kind=i.kind, turn=i.turn),
                 self._audience(chat),
             )
             for i, _ in new
-        ]
-        await self.shard._submit(None, writes, items)
+        )
 
     def _item(
         self, log: ChatLog, turn: str | None, kind: str, author: str, offset: int = 0
@@ -147,7 +157,10 @@ class Conversations:
                 at=self.shard.clock(),
             )
             item = self._item(log, turn.id, "person", start.operator)
-            await self._append(log, start.chat, [(item, text)], [self.store.put_turn(log, turn)])
+            # The person's item is durable before the turn is acknowledged.
+            sink = _Sink(writes=[self.store.put_turn(log, turn)])
+            self._append(log, start.chat, [(item, text)], sink)
+            await self.shard._submit(None, sink.writes, sink.events)
         self._tasks[turn.id] = asyncio.create_task(self._run(start, turn, item))
         return turn
 
@@ -163,34 +176,48 @@ class Conversations:
         return TurnResult(turn=turn, items=items)
 
     async def _run(self, start: TurnStart, turn: Turn, person_item: Item) -> None:
-        chat, bot, org = start.chat, start.bot, start.org
+        chat, org = start.chat, start.org
         log = await self.log(chat.id)
         lock = self._locks.setdefault(chat.id, asyncio.Lock())
+        sink = _Sink()
         async with lock:
             try:
-                status, error, confided = await self._steps(start, turn, person_item, log)
+                status, error, confided = await self._steps(start, turn, person_item, log, sink)
             except Exception as e:  # a turn must always end, with a safe message
                 status, error, confided = "failed", f"internal error: {type(e).__name__}", False
             done = msgspec.structs.replace(turn, status=status, error=error)
-            await self.shard._submit(None, [self.store.put_turn(log, done)])
-        if confided and org.settings.botMemory:
-            reply_seq = log.items[-1].seq if log.items else person_item.seq
-            await self.learning.schedule(
-                LearningJob(
-                    id="job_" + secrets.token_hex(8),
-                    pool=bot_pool(bot.id),
-                    chat=chat.id,
-                    turn=turn.id,
-                    upto=reply_seq,
-                    org=chat.org,
-                    grant=f"for:person:{turn.operator}",
-                    model=org.settings.botMemoryModel,
-                    created_at=self.shard.clock(),
-                    updated_at=self.shard.clock(),
-                )
-            )
+            sink.writes.append(self.store.put_turn(log, done))
+            sink.writes.extend(self.runtime.spend_rows())
+            job = None
+            if confided and org.settings.botMemory:
+                job = self._job(start, turn, log, person_item)
+                sink.writes.append(self.store.job_row(job, new=True))
+                sink.events.append(self.learning.event(job))
+            # The turn's end, its items, confessions and the learning job: one transaction.
+            await self.shard._submit(None, sink.writes, sink.events)
+        if job is not None:
+            self.learning.start(job)
 
-    async def _steps(self, start: TurnStart, turn: Turn, person_item: Item, log: ChatLog):
+    def _job(self, start: TurnStart, turn: Turn, log: ChatLog, person_item: Item) -> LearningJob:
+        chat, bot, org = start.chat, start.bot, start.org
+        reply_seq = log.items[-1].seq if log.items else person_item.seq
+        now = self.shard.clock()
+        return LearningJob(
+            id="job_" + secrets.token_hex(8),
+            pool=bot_pool(bot.id),
+            chat=chat.id,
+            turn=turn.id,
+            upto=reply_seq,
+            org=chat.org,
+            grant=f"for:person:{turn.operator}",
+            model=org.settings.botMemoryModel,
+            created_at=now,
+            updated_at=now,
+        )
+
+    async def _steps(
+        self, start: TurnStart, turn: Turn, person_item: Item, log: ChatLog, sink: _Sink
+    ):
         chat, bot, org = start.chat, start.bot, start.org
         pool = bot_pool(bot.id)
         settings = await self.shard.memory_bot_settings(pool)
@@ -218,12 +245,12 @@ class Conversations:
                         entries=rewrite.entries,
                         at=self.shard.clock(),
                     )
-                    await self.shard._submit(None, [self.store.enrichment_row(log, record)])
+                    sink.writes.append(self.store.enrichment_row(log, record))
                     text = rewrite.text
         model = self.runtime.model(bot.model)
         if model is None:
             note = self._item(log, turn.id, "notification", "system")
-            await self._append(log, chat, [(note, "This bot has no model configured.")])
+            self._append(log, chat, [(note, "This bot has no model configured.")], sink)
             return "failed", "the bot has no model", False
         messages = [Message(role="system", content=bot_system_prompt(bot))]
         history = [i for i in log.items if i.seq < person_item.seq][-HISTORY_ITEMS:]
@@ -240,17 +267,17 @@ class Conversations:
                 done = await model.complete(messages, tools)
             except ModelError as e:
                 note = self._item(log, turn.id, "notification", "system")
-                await self._append(log, chat, [(note, "The bot's model did not answer.")])
+                self._append(log, chat, [(note, "The bot's model did not answer.")], sink)
                 return "failed", e.message, confided
             if not done.tool_calls:
                 reply = self._item(log, turn.id, "bot", bot.id)
-                await self._append(log, chat, [(reply, done.text or "")])
+                self._append(log, chat, [(reply, done.text or "")], sink)
                 return "done", None, confided
             messages.append(
                 Message(role="assistant", content=done.text, tool_calls=done.tool_calls)
             )
             for call in done.tool_calls:
-                result = await self._tool(call, start, turn, log, settings, confessions)
+                result = await self._tool(call, start, turn, log, settings, confessions, sink)
                 if call.name == "confide" and result is not None:
                     confided = True
                     confessions += 1
@@ -258,10 +285,12 @@ class Conversations:
                     Message(role="tool", content=result or "not available", tool_call_id=call.id)
                 )
         reply = self._item(log, turn.id, "bot", bot.id)
-        await self._append(log, chat, [(reply, done.text or "")])
+        self._append(log, chat, [(reply, done.text or "")], sink)
         return "done", None, confided
 
-    async def _tool(self, call: ToolCall, start: TurnStart, turn: Turn, log, settings, n: int):
+    async def _tool(
+        self, call: ToolCall, start: TurnStart, turn: Turn, log, settings, n: int, sink: _Sink
+    ):
         if call.name != "confide" or start.chat.kind == "review":
             return None  # workspace tools come with the workspace issues
         try:
@@ -278,7 +307,7 @@ class Conversations:
         record = Confession(
             turn=turn.id, text=text, answer=answer, calm=calm, at=self.shard.clock()
         )
-        await self.shard._submit(None, [self.store.confession_row(log, record, n)])
+        sink.writes.append(self.store.confession_row(log, record, n))
         return answer
 
     # --- reading and deleting ---

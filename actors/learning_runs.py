@@ -62,10 +62,19 @@ class LearningRunner:
         self._positions: dict[tuple[str, str], int] = {}
         self.model_steps = 0  # model calls actually made (tests and benchmarks read it)
         self.step_limit = LEARNING_STEP_LIMIT
+        self._waiting: dict[str, list[LearningJob]] = {}
 
     async def schedule(self, job: LearningJob) -> None:
+        """Store a job and run it (callers that commit the job row themselves use `start`)."""
         await self._save(job)
+        self.start(job)
+
+    def start(self, job: LearningJob) -> None:
+        """Run a job whose row is stored."""
         self._spawn(job)
+        # Jobs of this pool that waited for budget get another chance now (MB-3).
+        for waiting in self._waiting.pop(job.pool, []):
+            self._spawn(waiting)
 
     async def recover(self) -> int:
         """Run every job that was open when the shard stopped."""
@@ -90,7 +99,7 @@ class LearningRunner:
         self._tasks[job.id] = task
         task.add_done_callback(lambda _t, k=job.id: self._tasks.pop(k, None))
 
-    def _event(self, job: LearningJob):
+    def event(self, job: LearningJob):
         operator = job.grant.removeprefix("for:person:")
         users = (operator,) if job.grant.startswith("for:person:") else ()
         channels = (job.channel,) if job.channel else ()
@@ -99,8 +108,14 @@ class LearningRunner:
         )
         return data, EventAudience(org=job.org, users=users, channels=channels)
 
+    def _queue_save(self, job: LearningJob):
+        """Queue the job's row and event; group commit keeps them in order with what follows."""
+        fut = self.shard._submit(None, [self.store.job_row(job)], [self.event(job)])
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return fut
+
     async def _save(self, job: LearningJob) -> None:
-        await self.shard._submit(None, [self.store.job_row(job)], [self._event(job)])
+        await self._queue_save(job)
 
     async def _position(self, pool: str, chat: str) -> int:
         key = (pool, chat)
@@ -111,10 +126,10 @@ class LearningRunner:
     async def _run(self, job: LearningJob) -> None:
         lock = self._chains.setdefault((job.pool, job.chat), asyncio.Lock())
         async with lock:
+            # "running" and the attempt count go to disk with the recorded model step.
             job = msgspec.structs.replace(
                 job, status="running", attempts=job.attempts + 1, updated_at=self.shard.clock()
             )
-            await self._save(job)
             try:
                 await asyncio.wait_for(self._execute(job), self.step_limit)
             except TimeoutError:
@@ -129,9 +144,12 @@ class LearningRunner:
                 await self._end(job, "failed", f"internal error: {type(e).__name__}")
 
     async def _end(self, job: LearningJob, status: str, error: str | None) -> None:
-        await self._save(
-            msgspec.structs.replace(job, status=status, error=error, updated_at=self.shard.clock())
+        job = msgspec.structs.replace(
+            job, status=status, error=error, updated_at=self.shard.clock()
         )
+        await self._save(job)
+        if status == "waiting":
+            self._waiting.setdefault(job.pool, []).append(job)
 
     async def _execute(self, job: LearningJob) -> None:
         assert self.conversations is not None
@@ -163,7 +181,11 @@ class LearningRunner:
             completion = _completion_dec.decode(recorded.response)  # LRN-4: reuse, never re-call
         else:
             async with pool.lock.shared():
-                chosen, topics = context_selection(pool.entries)
+                view = pool.learning_view
+                if view is None or view[0] != pool.version:
+                    view = (pool.version, *context_selection(pool.entries))
+                    pool.learning_view = view
+                _, chosen, topics = view
                 entries = [
                     context_entry(m, self.shard.store.open_content(pool.stored, m.id))
                     for m in chosen
@@ -183,12 +205,19 @@ class LearningRunner:
                 request=request,
                 response=_completion_enc.encode(completion).decode(),
             )
-            await self.shard.committer.submit(
+            # Queued, not awaited: it commits before the changes below (group commit keeps
+            # order), and if the process dies first the step was simply not recorded.
+            recorded_fut = self.shard._submit(
+                None,
                 [
                     *self.shard.store.key_rows(pool.stored),
                     self.store.model_call_row(pool.stored, job.id, call, self.shard.clock()),
-                ]
+                    self.store.job_row(job),
+                    *self.runtime.spend_rows(),
+                ],
+                [self.event(job)],
             )
+            recorded_fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         await self._apply(job, pool, completion, {(e.chat, e.item): e for e in evidence})
 
     async def _apply(self, job: LearningJob, pool, completion: Completion, evidence) -> None:
@@ -198,7 +227,7 @@ class LearningRunner:
                 pending = pool.pending  # LRN-5: applied meanwhile; never twice
                 done = msgspec.structs.replace(job, status="done", updated_at=self.shard.clock())
                 writes = [self.store.job_row(done)]
-                pending = self.shard._submit(pool, writes, [self._event(done)])
+                pending = self.shard._submit(pool, writes, [self.event(done)])
             else:
                 now = self.shard.clock()
                 decision = decide(
@@ -252,8 +281,9 @@ class LearningRunner:
                 extra = [
                     self.store.position_row(job.pool, job.chat, job.upto),
                     self.store.job_row(done),
+                    *self.runtime.spend_rows(),
                 ]
-                pending = self.shard._queue(pool, outcome, sealed, extra, [self._event(done)])
+                pending = self.shard._queue(pool, outcome, sealed, extra, [self.event(done)])
         try:
             await self.shard._settle(pool, pending)
         except BaseException:

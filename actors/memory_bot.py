@@ -48,6 +48,7 @@ class MemoryBotRuntime:
         self.clock = clock
         self._slots: dict[str, tuple[int, asyncio.Semaphore]] = {}
         self._spent: dict[tuple[str, str], tuple[int, int]] = {}
+        self._dirty: set[tuple[str, str]] = set()
 
     def model(self, name: str | None) -> Model | None:
         return self.models.get(name) if name else None
@@ -82,19 +83,25 @@ class MemoryBotRuntime:
     async def charge(
         self, pool: str, settings: MemoryBotSettings, model: Model, done: Completion
     ) -> int | None:
-        """Record the cost of a call in every period a budget may ask about."""
+        """Count the cost of a call in every period a budget may ask about. The totals go to
+        disk with the caller's next write (`spend_rows`), not in a transaction of their own."""
         cost = cost_micros(done.usage, model.price)
-        rows = []
         for period in ("day", "month"):
             key = period_key(period, self.clock())
             micros, unknown = await self._spend(pool, key)
-            micros, unknown = (
-                (micros + cost, unknown) if cost is not None else (micros, unknown + 1)
-            )
+            if cost is None:
+                unknown += 1
+            else:
+                micros += cost
             self._spent[(pool, key)] = (micros, unknown)
-            rows.append(self.chats.spend_row(pool, key, micros, unknown))
-        await self.committer.submit(rows)
+            self._dirty.add((pool, key))
         return cost
+
+    def spend_rows(self) -> list:
+        """Rows for the spend counted since the last call (include them in a batch)."""
+        rows = [self.chats.spend_row(p, k, *self._spent[(p, k)]) for p, k in self._dirty]
+        self._dirty.clear()
+        return rows
 
     async def call(
         self,

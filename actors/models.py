@@ -188,6 +188,10 @@ class _Rule(msgspec.Struct, frozen=True, kw_only=True):
 class _Script(msgspec.Struct, frozen=True, kw_only=True):
     rules: list[_Rule] = []
     default: str = "OK."
+    after_tool: str = "Done."  # the answer once tool results came back (ends a tool loop)
+
+
+_ZERO = Usage(input_tokens=0, output_tokens=0)
 
 
 class ScriptedModel:
@@ -213,6 +217,8 @@ class ScriptedModel:
         self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *, timeout: float = 60.0
     ) -> Completion:
         self.calls += 1
+        if messages and messages[-1].role == "tool":
+            return Completion(text=self.script.after_tool, usage=_ZERO, model=self.name)
         last = next((m.content or "" for m in reversed(messages) if m.role == "user"), "")
         for rule, pattern in zip(self.script.rules, self._patterns, strict=True):
             if pattern.search(last):

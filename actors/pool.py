@@ -22,6 +22,8 @@ class Pool:
         self.pending: asyncio.Future[None] | None = None
         # Receipts written since load (the table has older ones): requestId key → (print, answer).
         self.receipts: dict[str, tuple[str, bytes]] = {}
+        # The learning context (LRN-7) of one pool version: recomputing it walks every entry.
+        self.learning_view: tuple[int, list[EntryMeta], dict[str, int]] | None = None
         self._by_grant: dict[str, set[str]] = {}
         for meta in stored.entries.values():
             self._index(meta)

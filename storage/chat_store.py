@@ -159,6 +159,8 @@ class ChatStore:
             log.sealed[seq] = payload
         for (meta,) in turns:
             t = _turn_dec.decode(meta)
+            if t.status == "running":  # the process ended during this turn
+                t = msgspec.structs.replace(t, status="failed", error="interrupted by a restart")
             log.turns[t.id] = t
         return log
 
@@ -186,10 +188,11 @@ class ChatStore:
         log.sealed.clear()
         return [DeleteWhere(CHAT_ITEMS.name, "chat", (log.chat,))]
 
-    def put_turn(self, log: ChatLog, turn: Turn) -> Put:
+    def put_turn(self, log: ChatLog, turn: Turn) -> Put | Insert:
+        op = Put if turn.id in log.turns else Insert  # a new row needs no delete first
         log.turns[turn.id] = turn
         row = (turn.id, turn.chat, turn.operator, turn.status, _enc.encode(turn).decode(), turn.at)
-        return Put(TURNS.name, row)
+        return op(TURNS.name, row)
 
     def _record(self, table, log: ChatLog, turn: str, at: int, record, n: int) -> Insert:
         key = f"{log.chat}\x00{turn}\x00{n}"
@@ -216,8 +219,9 @@ class ChatStore:
 
     # --- learning jobs, positions, model calls, spend ---
 
-    def job_row(self, job: LearningJob) -> Put:
-        return Put(LEARNING_JOBS.name, (job.id, job.pool, job.chat, _enc.encode(job).decode()))
+    def job_row(self, job: LearningJob, *, new: bool = False) -> Put | Insert:
+        op = Insert if new else Put
+        return op(LEARNING_JOBS.name, (job.id, job.pool, job.chat, _enc.encode(job).decode()))
 
     async def open_jobs(self) -> list[LearningJob]:
         rows = await self.db.run(

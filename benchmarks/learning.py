@@ -1,0 +1,196 @@
+"""The memory bot's own cost: engine time per direct-chat turn (enrichment + bot step + learning)
+and learning executions per second, with a zero-latency model, on pools of 1,000 and 10,000.
+
+    .venv/bin/python -m benchmarks.learning [--quick] [--turns N]
+
+Runs a real shard (DuckDB files, group commit, encryption) in this process without Ray or HTTP,
+so the figures are the engine's time, not the network's. The models answer instantly from
+Python: the bot confides on every turn, the memory bot answers the confession, leaves the input
+unchanged, and learns one fact citing the person's newest item. Target: p50 <= 10 ms per turn.
+Writes benchmarks/results/learning.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from actors.shard import ShardService, TurnStart
+from engine.directory import Bot, Chat, Org, OrgSettings
+from engine.memory import EntryMeta, Layer
+from engine.models import Completion, Message, ToolCall, ToolSpec, Usage
+
+ZERO = Usage(input_tokens=0, output_tokens=0)
+
+
+class InstantModel:
+    """A zero-latency stand-in for both models (not a test double of the HTTP path: the
+    `openai` kind is measured by the tests; this isolates the engine's own time)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        from engine.models import Price
+
+        self.price = Price()
+
+    async def complete(self, messages: list[Message], tools: list[ToolSpec] = (), *, timeout=60):
+        names = {t.name for t in tools}
+        last = messages[-1]
+        if last.role == "tool":
+            return Completion(text="Done.", usage=ZERO)
+        if "confide" in names:
+            args = json.dumps({"text": "I think I understood the person; hope so."})
+            return Completion(
+                text=None,
+                tool_calls=(ToolCall(id="c1", name="confide", arguments=args),),
+                usage=ZERO,
+            )
+        if "learn_fact" in names:
+            request = json.loads(last.content or "{}")
+            person = [e for e in request["evidence"] if e["kind"] == "person"][-1]
+            args = json.dumps(
+                {
+                    "content": f"They said: {person['text'][:80]}",
+                    "items": [{"chat": person["chat"], "item": person["item"]}],
+                    "topics": ["bench"],
+                }
+            )
+            return Completion(
+                text=None,
+                tool_calls=(ToolCall(id="l1", name="learn_fact", arguments=args),),
+                usage=ZERO,
+            )
+        if "rewrite" in names:
+            return Completion(text="nothing to add", usage=ZERO)  # input unchanged
+        return Completion(text="Thank you for telling me.", usage=ZERO)
+
+
+ORG = Org(id="o1", name="bench", settings=OrgSettings(botMemory=True, botMemoryModel="mem"))
+BOT = Bot(id="b1", name="Helper", org="o1", owner="u_owner", model="bot")
+
+
+async def seed(svc: ShardService, entries: int) -> None:
+    batch = []
+    for n in range(entries):
+        user = "u_0" if n % 100 == 0 else f"u_other_{n % 500}"
+        meta = EntryMeta(
+            id=f"mem_seed_{n:06d}",
+            pool="bot:b1",
+            layer=Layer.PINNED,
+            tags=(f"from:{user}", f"for:person:{user}", "org:o1", "seed"),
+            created_at=n,
+            updated_at=n,
+        )
+        batch.append((meta, f"seeded entry {n} with a sentence of ordinary length to read"))
+        if len(batch) == 1000:
+            await svc.add_entries("bot:b1", batch)
+            batch = []
+    if batch:
+        await svc.add_entries("bot:b1", batch)
+
+
+async def run(entries: int, turns: int, concurrency: int, root: Path) -> dict:
+    data = root / f"pool-{entries}"
+    models = {"bot": InstantModel("bot"), "mem": InstantModel("mem")}
+    svc = ShardService(data, 0, models=models)
+    await seed(svc, entries)
+    chats = [
+        Chat(id=f"chat_{k}", kind="direct", owner="u_0", org="o1", bot="b1")
+        for k in range(concurrency)
+    ]
+
+    async def one_turn(chat: Chat, n: int) -> float:
+        t0 = time.perf_counter()
+        turn = await svc.start_turn(
+            TurnStart(
+                chat=chat,
+                bot=BOT,
+                org=ORG,
+                operator="u_0",
+                text=f"Note {n}: I prefer tea in the morning",
+            )
+        )
+        await svc.wait_turn(chat.id, turn.id)
+        while svc.learning._tasks:  # this turn's learning execution
+            await asyncio.gather(*list(svc.learning._tasks.values()), return_exceptions=True)
+        return (time.perf_counter() - t0) * 1000
+
+    for n in range(5):  # warm-up
+        await one_turn(chats[0], -n)
+    cpu0, txn0 = time.process_time(), svc.committer.transactions
+    latencies = [await one_turn(chats[0], n) for n in range(turns)]
+    cpu_ms = (time.process_time() - cpu0) * 1000 / turns  # this process: loop + DB thread
+    txn_per_turn = (svc.committer.transactions - txn0) / turns
+    # Throughput: `concurrency` chats in parallel, each running turns back to back.
+    t0 = time.perf_counter()
+
+    async def chat_loop(chat: Chat) -> int:
+        count = 0
+        for n in range(max(1, turns // concurrency)):
+            await one_turn(chat, 1000 + n)
+            count += 1
+        return count
+
+    counts = await asyncio.gather(*[chat_loop(c) for c in chats])
+    elapsed = time.perf_counter() - t0
+    jobs = await svc.learning_jobs("bot:b1")
+    failed = [j for j in jobs if j.status != "done"]
+    await svc.close()
+    latencies.sort()
+    return {
+        "entries": entries,
+        "turns": turns,
+        "p50_ms": round(statistics.median(latencies), 2),
+        "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 2),
+        "learning_per_s": round(sum(counts) / elapsed, 1),
+        "cpu_ms_per_turn": round(cpu_ms, 2),
+        "txn_per_turn": round(txn_per_turn, 2),
+        "concurrency": concurrency,
+        "jobs": len(jobs),
+        "jobs_not_done": len(failed),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--turns", type=int, default=200)
+    p.add_argument("--concurrency", type=int, default=8)
+    args = p.parse_args()
+    turns = 40 if args.quick else args.turns
+    root = Path(tempfile.mkdtemp(prefix="oblearn"))
+    try:
+        results = [asyncio.run(run(n, turns, args.concurrency, root)) for n in (1_000, 10_000)]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(
+        f"learning: {turns} sequential turns per pool, then {args.concurrency} chats in "
+        f"parallel; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.1f}"
+    )
+    head = ("pool", "p50 ms/turn", "p99 ms/turn", "cpu ms/turn", "txn/turn", "learning/s", "result")
+    line = "{:>8} {:>12} {:>12} {:>12} {:>9} {:>11} {:>7}"
+    print(line.format(*head))
+    for r in results:
+        ok = "PASS" if r["p50_ms"] <= 10 else "MISS"
+        row = (r["entries"], r["p50_ms"], r["p99_ms"], r["cpu_ms_per_turn"], r["txn_per_turn"])
+        print(line.format(*row, r["learning_per_s"], ok))
+        if r["jobs_not_done"]:
+            print(f"  WARNING: {r['jobs_not_done']} of {r['jobs']} jobs did not end done")
+    print("target: p50 <= 10 ms per turn (engine time: enrichment + bot step + learning)")
+    out = Path(__file__).parent / "results" / "learning.json"
+    out.parent.mkdir(exist_ok=True)
+    doc = {"machine": platform.platform(), "load": os.getloadavg(), "results": results}
+    out.write_text(json.dumps(doc, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -265,3 +265,27 @@ def test_garbage_from_the_memory_model_is_a_recorded_safe_error(tmp_path, fresh)
     page, jobs = asyncio.run(go())
     assert page.entries == ()
     assert jobs[0].status == "failed" and jobs[0].error == "the learning step failed: model_garbage"
+
+
+def test_context_api_has_entries_and_validate_references(tmp_path, fresh):
+    async def go():
+        svc = _service(tmp_path, fresh)
+        a = await svc.remember(POOL, ANN, "a" * 50)
+        b = await svc.remember(POOL, ANN, "b" * 50)
+        ctx = await svc.context(POOL, ANN, 60)  # only the newest fits
+        stranger = Reader(user="u_x", org="o1", uses_bot=True)
+        out = (
+            ctx,
+            await svc.has_entries(POOL, ANN),
+            await svc.has_entries(POOL, stranger),
+            await svc.validate_references(POOL, ANN, [a.id, b.id]),  # pushed out still counts
+        )
+        await svc.forget(POOL, ANN, a.id)
+        out += (await svc.validate_references(POOL, ANN, [a.id, b.id]),)  # a was taken back
+        await svc.close()
+        return out
+
+    ctx, has, stranger_has, valid_before, valid_after = asyncio.run(go())
+    assert ctx.entries and len(ctx.entries) == 1 and ctx.hasEntries
+    assert has and not stranger_has
+    assert valid_before and not valid_after

@@ -70,6 +70,7 @@ class _Sink:
 
     writes: list = field(default_factory=list)
     events: list = field(default_factory=list)
+    calls: list = field(default_factory=list)  # the memory bot's model calls (SEC-1 call log)
 
 
 class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -188,6 +189,13 @@ class Conversations:
             done = msgspec.structs.replace(turn, status=status, error=error)
             sink.writes.append(self.store.put_turn(log, done))
             sink.writes.extend(self.runtime.spend_rows())
+            if sink.calls:
+                stored = (await self.shard._pool(bot_pool(start.bot.id))).stored
+                sink.writes.extend(self.shard.store.key_rows(stored))
+                sink.writes.extend(
+                    self.store.model_call_row(stored, turn.id, c, self.shard.clock())
+                    for c in sink.calls
+                )
             job = None
             if confided and org.settings.botMemory:
                 job = self._job(start, turn, log, person_item)
@@ -232,6 +240,7 @@ class Conversations:
                     settings,
                     org.settings.botMemoryModel,
                     enrichment_messages(text, parts, settings.instructions),
+                    sink.calls,
                 )
                 call = next(
                     (c for c in (done.tool_calls if done else ()) if c.name == "rewrite"), None
@@ -302,7 +311,7 @@ class Conversations:
             return None
         pool = bot_pool(start.bot.id)
         answer, calm = await self.runtime.confessor_answer(
-            pool, settings, start.org.settings.botMemoryModel, text
+            pool, settings, start.org.settings.botMemoryModel, text, sink.calls
         )
         record = Confession(
             turn=turn.id, text=text, answer=answer, calm=calm, at=self.shard.clock()

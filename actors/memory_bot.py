@@ -13,13 +13,17 @@ import datetime
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
+import msgspec
+
 from actors.models import Model, ModelError
 from engine.errors import OpenBotError
 from engine.memory_bot import MemoryBotSettings
 from engine.models import Completion, Message, ToolSpec, cost_micros
 from engine.turns import ANSWER_WAIT, CALM_ANSWER, REWRITE, confessor_messages
-from storage.chat_store import ChatStore
+from storage.chat_store import ChatStore, ModelCall
 from storage.group_commit import GroupCommitter
+
+_enc = msgspec.json.Encoder()
 
 
 class BudgetSpent(OpenBotError):
@@ -112,23 +116,45 @@ class MemoryBotRuntime:
         tools: Sequence[ToolSpec] = (),
         *,
         timeout: float,
+        log: list[ModelCall] | None = None,
     ) -> Completion:
-        """One budgeted model call in a slot; `timeout` covers the wait for the slot too."""
+        """One budgeted model call in a slot; `timeout` covers the wait for the slot too. With
+        `log`, the request and its result or error are added to it (the encrypted call log)."""
         await self.check_budget(pool, settings)
+        request = _enc.encode([msgspec.to_builtins(m) for m in messages]).decode()
 
         async def run() -> Completion:
             async with self.slot(pool, settings):
                 return await model.complete(messages, tools, timeout=timeout)
 
+        step = len(log) + 1 if log is not None else 0
         try:
             done = await asyncio.wait_for(run(), timeout)
-        except TimeoutError as e:
-            raise ModelError("the memory bot did not answer in time", code="model_timeout") from e
-        await self.charge(pool, settings, model, done)
+        except (TimeoutError, OpenBotError) as e:
+            if log is not None:
+                log.append(ModelCall(step=step, attempt=1, request=request, error=repr(e)[:200]))
+            if isinstance(e, TimeoutError):
+                raise ModelError(
+                    "the memory bot did not answer in time", code="model_timeout"
+                ) from e
+            raise
+        cost = await self.charge(pool, settings, model, done)
+        if log is not None:
+            response = _enc.encode(done).decode()
+            log.append(
+                ModelCall(
+                    step=step, attempt=1, request=request, response=response, cost_micros=cost
+                )
+            )
         return done
 
     async def confessor_answer(
-        self, pool: str, settings: MemoryBotSettings, model_name: str | None, text: str
+        self,
+        pool: str,
+        settings: MemoryBotSettings,
+        model_name: str | None,
+        text: str,
+        log: list[ModelCall] | None = None,
     ) -> tuple[str, bool]:
         """The answer to `confide` and whether it is the fixed calm answer (LRN-2, MB-1/3/4)."""
         model = self.model(model_name)
@@ -141,6 +167,7 @@ class MemoryBotRuntime:
                 model,
                 confessor_messages(text, settings.instructions),
                 timeout=self.answer_wait,
+                log=log,
             )
         except OpenBotError:
             return CALM_ANSWER, True
@@ -153,6 +180,7 @@ class MemoryBotRuntime:
         settings: MemoryBotSettings,
         model_name: str | None,
         messages: Sequence[Message],
+        log: list[ModelCall] | None = None,
     ) -> Completion | None:
         """The enrichment call; None (input unchanged) on any failure or timeout (ENR, MB-4)."""
         model = self.model(model_name)
@@ -160,7 +188,7 @@ class MemoryBotRuntime:
             return None
         try:
             return await self.call(
-                pool, settings, model, messages, (REWRITE,), timeout=self.answer_wait
+                pool, settings, model, messages, (REWRITE,), timeout=self.answer_wait, log=log
             )
         except OpenBotError:
             return None

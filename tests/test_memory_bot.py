@@ -95,6 +95,12 @@ def test_confide_then_learn_a_fact_from_the_persons_item(tmp_path, fresh):
         return page, confessions, jobs, other
 
     page, confessions, jobs, other = asyncio.run(go())
+    # SEC-1: items, confessions, learned content and the model call log are all sealed.
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            raw = path.read_bytes()
+            for secret in (b"moved to Oslo", b"lives in Oslo", b"hope I got it right"):
+                assert secret not in raw, (path, secret)
     (fact,) = page.entries
     assert fact.layer == "fact" and fact.content == "Ann lives in Oslo"
     assert [s.chat for s in fact.sources] == ["chat_1"] and fact.sources[0].item == "i-1"

@@ -1,0 +1,62 @@
+"""A shard actor killed while a learning execution waits on the model: Ray restarts it, the open
+job runs again from the database, and the fact is stored once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import ray
+
+from tests.openai_stub import OpenAIStub, completion
+
+
+def _after_restart(call, attempts=50):
+    """Calls made while Ray restarts the actor fail as unavailable: try again."""
+    for _ in range(attempts):
+        try:
+            return call()
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
+            continue
+    return call()
+
+
+def test_killed_shard_resumes_learning_and_stores_the_fact_once(engine, world, admin, model_stubs):
+    bot_model, mem = model_stubs["bot"], model_stubs["mem"]
+    admin.patch(f"/v1/admin/orgs/{world.org}", json={"settings": {"botMemoryModel": "mem"}})
+    bot = admin.post(
+        "/v1/admin/bots",
+        json={"name": "Helper", "org": world.org, "owner": world.users["alice"], "model": "bot"},
+    ).json()["id"]
+    with world.client("alice") as alice:
+        chat = alice.post("/v1/chats", json={"bot": bot}).json()
+    bot_model.answer(
+        completion(None, tool_calls=[("confide", {"text": "I hope I understood"})]),
+        completion("Noted."),
+    )
+    learn = {"content": "Alice moved to Oslo", "items": [{"chat": chat["id"], "item": "i-1"}]}
+    # The confessor answers; the learning step hangs until the actor is killed, then succeeds.
+    mem.answer(
+        completion("I hear you."),
+        OpenAIStub.HANG,
+        completion(None, tool_calls=[("learn_fact", learn)]),
+    )
+    requests_before = len(mem.requests)
+    with world.client("alice") as alice:
+        r = alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "I moved to Oslo"})
+        assert r.status_code == 200, r.text
+
+    async def until_the_learning_call_arrived():
+        while len(mem.requests) < requests_before + 2:
+            await asyncio.sleep(0.05)  # another process's HTTP request: nothing to await on
+
+    asyncio.run(asyncio.wait_for(until_the_learning_call_arrived(), 20))
+    shard = engine.shard_for(world.users["alice"])
+    ray.kill(shard, no_restart=False)  # a crash; Ray restarts the actor (max_restarts=-1)
+    steps = _after_restart(lambda: ray.get(shard.learning_idle.remote(), timeout=60))
+    with world.client("alice") as alice:
+        entries = alice.get(f"/v1/bots/{bot}/memory").json()["entries"]
+    assert [e["content"] for e in entries] == ["Alice moved to Oslo"]
+    assert steps == 1  # one model step made by the restarted actor (the first was never recorded)
+    jobs = ray.get(shard.learning_jobs.remote(f"bot:{bot}"))
+    # The killed attempt never reached the disk (its state is stored with the recorded step).
+    assert [(j.status, j.attempts) for j in jobs] == [("done", 1)]

@@ -92,13 +92,28 @@ class Subscriber:
     def cursor(self) -> str:
         return encode_cursor(self.positions)
 
-    def offer(self, shard: int, event: Event) -> None:
+    def offer(self, shard: int, event: Event, heads: list[ShardHead | None] | None = None) -> None:
+        """Queue `event` if the client may hear of it. `heads` (the hub's dispatched positions)
+        bring the cursor's other shards up to date: everything there up to the head was already
+        queued for this client, so its cursor may say so — it would otherwise lag behind on
+        shards it rarely hears from, and fall out of the kept window."""
         pos = self.positions[shard]
         if event.seq <= pos.seq:
             return
         self.positions[shard] = Position(pos.epoch, event.seq)
         if not admits(event.audience, self.listener):
             return
+        if heads is not None:
+            for j, head in enumerate(heads):
+                mine = self.positions[j]
+                if (
+                    j != shard
+                    and self.live[j]
+                    and head is not None
+                    and head.epoch == mine.epoch
+                    and head.head > mine.seq
+                ):
+                    self.positions[j] = Position(mine.epoch, head.head)
         frame = Frame(
             type=event.data.__struct_config__.tag,
             cursor=self.cursor(),
@@ -119,6 +134,10 @@ class Hub:
         self.engine = engine
         self.heads: list[ShardHead | None] = [None] * len(engine.shards)
         self.subscribers: set[Subscriber] = set()
+        # Who may hear of what, so that an event is offered to its audience, not to everyone.
+        self._by_user: dict[str, set[Subscriber]] = {}
+        self._by_channel: dict[str, set[Subscriber]] = {}
+        self._by_bot: dict[str, set[Subscriber]] = {}
         self._pumps: list[asyncio.Task[None]] = []
         self._ready: asyncio.Future[None] | None = None
         self._pump_ok = [False] * len(engine.shards)
@@ -180,29 +199,54 @@ class Hub:
                 for sub in list(self.subscribers):
                     sub.overflowed.set()
                 continue
+            heads = self.heads
             for event in events:
                 if isinstance(event.data, MemoryChanged):
                     self.pool_changed[event.data.pool] = event.seq
-                for sub in self.subscribers:
+                for sub in self._audience(event):
                     if sub.live[k]:
-                        sub.offer(k, event)
+                        sub.offer(k, event, heads)
             last = events[-1].seq if events else head.head
             self.heads[k] = ShardHead(epoch=new_head.epoch, oldest=new_head.oldest, head=last)
 
+    def _audience(self, event: Event) -> set[Subscriber]:
+        a = event.audience
+        out: set[Subscriber] = set()
+        for user in a.users:
+            out |= self._by_user.get(user, set())
+        for channel in a.channels:
+            out |= self._by_channel.get(channel, set())
+        if a.bot is not None:
+            out |= self._by_bot.get(a.bot, set())
+        return out
+
     async def subscribe(self, listener: Listener, cursor: str | None) -> tuple[Subscriber, bool]:
-        """A subscriber positioned at `cursor` (or at the present); True if it had to be reset."""
+        """A subscriber positioned at `cursor` (or at the present); True if it had to be reset.
+
+        Uses the heads this hub already dispatched (no actor call per connection), except for a
+        cursor ahead of them (it came from a faster gateway): then the shards are asked."""
         await self.start()
-        heads = [await call(s.event_head) for s in self.engine.shards]
+        heads = [h for h in self.heads if h is not None]
+        positions = decode_cursor(cursor) if cursor is not None else None
+        if (
+            positions is not None
+            and len(positions) == len(heads)
+            and any(p.seq > h.head for p, h in zip(positions, heads, strict=True))
+        ):
+            heads = [await call(s.event_head) for s in self.engine.shards]
         here = [Position(h.epoch, h.head) for h in heads]
         reset = False
-        if cursor is None:
+        if positions is None:
             positions = here
-        else:
-            positions = decode_cursor(cursor)
-            if needs_reset(positions, heads):
-                positions, reset = here, True
+        elif needs_reset(positions, heads):
+            positions, reset = here, True
         sub = Subscriber(listener, list(positions))
         self.subscribers.add(sub)
+        self._by_user.setdefault(listener.user, set()).add(sub)
+        for channel in listener.channels:
+            self._by_channel.setdefault(channel, set()).add(sub)
+        for bot in listener.bots:
+            self._by_bot.setdefault(bot, set()).add(sub)
         return sub, reset
 
     async def catch_up(self, sub: Subscriber) -> None:
@@ -225,6 +269,18 @@ class Hub:
 
     def unsubscribe(self, sub: Subscriber) -> None:
         self.subscribers.discard(sub)
+        keys = [
+            (self._by_user, [sub.listener.user]),
+            (self._by_channel, sub.listener.channels),
+            (self._by_bot, sub.listener.bots),
+        ]
+        for index, names in keys:
+            for name in names:
+                subs = index.get(name)
+                if subs is not None:
+                    subs.discard(sub)
+                    if not subs:
+                        del index[name]
 
 
 @dataclass

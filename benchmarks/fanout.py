@@ -1,0 +1,941 @@
+"""Live-event fan-out under load: 1,000 websocket clients on loopback, events produced through the
+public API, 10% of the clients dropped at random and resuming; OpenBot against two references.
+
+    cd /work/main && .venv/bin/python -m benchmarks.fanout [--quick] [--seconds N] [--rate R]
+
+Systems, one after the other, each with the same clients, the same producer and the same load:
+  openbot     the real gateway (uvicorn in a thread of this process, the Ray driver, configured as
+              `openbot serve` runs it) on a real engine (2 shards, DuckDB files in a temp dir, one
+              local Ray session). Setup through the admin API: one org, `--users` users, one bot
+              owned by user 0 with a read grant for every other user. Each user has
+              `--clients-per-user` websocket clients on GET /v1/events (`gateway.client.
+              EventClient`). An event is a Remember (POST /v1/bots/{bot}/memory) with the user's
+              token: the entry is visible to its author only, so its `memory.changed` goes to
+              exactly that user's clients (the fan-out ratio is --clients-per-user).
+  websockets  the ceiling: a plain `websockets` server that broadcasts each message to the user's
+              connections (benchmarks/_fanout_refs.py); no log and no resume.
+  socketio    python-socketio (AsyncServer, ASGI, under uvicorn), a room per user, clients are
+              socketio.AsyncClient on the websocket transport; no resume either.
+For the references an event is `POST /publish {"user", "id"}` on the reference server, answered
+once the message is handed to the user's connections: the publish path includes an HTTP request
+as OpenBot's does (but no authentication, no storage and no commit).
+
+Processes: the clients run in `--client-procs` child processes, the producer in another, the
+references' servers in one more (python -m benchmarks._fanout_load / _fanout_refs); none shares a
+GIL with a server. Everything listens on 127.0.0.1.
+
+Phases, per system, after every client is connected and subscribed (so every client must get
+every event of its user):
+  fixed   `--rate` events/s for `--seconds` s, open loop (event i due at i/rate, round-robin over
+          the users, on 32 keep-alive connections); meanwhile every `--drop-every` s a fresh
+          random `--drop-percent`% of the clients is dropped, each at a random moment (OpenBot:
+          `EventClient.drop()`; it must reconnect and resume by cursor on its own).
+  burst   `--burst` events as fast as the system takes them (closed loop, `--burst-concurrency`
+          POSTs in flight), no drops: the delivered rate when the producer is not the limit.
+Each phase ends when every client holds every event of its user, or when all clients are
+connected and nothing arrived for 1.5 s, or after a deadline.
+
+Measures, per phase: delivered events/s = distinct (client, event) deliveries / (last receive -
+first send); latency = receive time at the client - the moment the producer wrote the POST
+(end to end: request, commit, publication, fan-out; `monotonic_ns`, one clock for all processes
+on Linux), and also receive - POST response (negative when the frame beat the response); lost =
+events of the client's user it never got; duplicated = the same event received again; foreign =
+an event of another user (an audience leak). CPU per process role from /proc.
+
+Prints a table with the issue's targets (zero loss and p99 <= 50 ms in the fixed phase;
+delivered/s >= 2x python-socketio's in the burst phase) and writes benchmarks/results/fanout.json
+(with a per-second timeline of each phase: events, drops, p50/p99 of the events sent that second).
+
+Why the burst phase: at a fixed rate that every system sustains, all three deliver the offered
+rate and the ratio to python-socketio is ~1 by construction; the burst shows each one's ceiling
+with this fan-out. Why 25 events/s by default: with 1,000 clients connected OpenBot took
+~60-75 Remembers/s at most on the 2-core machine (the write path, not the fan-out, is the
+limit), and at 50/s the POSTs were already queueing (p50 ~200 ms); 25/s x 20 clients = 500
+deliveries/s is what it sustains with room to spare. The references are given the same load.
+The machine is shared and noisy: compare the CPU per 1,000 deliveries as well as latencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import math
+import os
+import platform
+import queue
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import actors.runtime  # noqa: F401  (sets Ray's environment before anything imports ray)
+from benchmarks._fanout_load import raise_nofile
+from benchmarks._load import percentile
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results" / "fanout.json"
+SYSTEMS = ("openbot", "websockets", "socketio")
+LABELS = {"openbot": "OpenBot", "websockets": "websockets (ceiling)", "socketio": "python-socketio"}
+TARGETS = {
+    "lost": 0,
+    "duplicated": 0,
+    "p99_ms_max": 50.0,
+    "vs_socketio_min": 2.0,
+}
+
+
+# --- child processes ---------------------------------------------------------------------------
+
+
+class Child:
+    """A child process speaking JSON lines on stdin/stdout; stderr goes to a file."""
+
+    def __init__(self, name: str, module: str, args: list[str], logdir: Path) -> None:
+        self.name = name
+        self.log_path = logdir / f"{name}.stderr"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115  (closed in stop())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            bufsize=1,
+        )
+        self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.strip()
+            if line.startswith("{"):
+                self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def send(self, obj: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(obj) + "\n")
+        self.proc.stdin.flush()
+
+    def recv(self, timeout: float) -> dict[str, Any]:
+        try:
+            msg = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise RuntimeError(f"{self.name}: no answer within {timeout:.0f}s") from None
+        if msg is None:
+            raise RuntimeError(f"{self.name} exited ({self.proc.poll()}): {self.stderr_tail()}")
+        return msg
+
+    def stderr_tail(self, n: int = 1500) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 15) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self._log.close()
+
+
+# --- CPU accounting ----------------------------------------------------------------------------
+
+
+def cpu_by_role() -> dict[str, float]:
+    """CPU seconds used so far by this process ("gateway": the gateway's thread and the Ray driver)
+    and by its descendants, by role (from /proc; Linux only)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                rest = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parent[int(name)] = int(rest[1])
+        cpu[int(name)] = (int(rest[11]) + int(rest[12])) / tick
+    me = os.getpid()
+    mine = {me}
+    grew = True
+    while grew:
+        new = {p for p, pp in parent.items() if pp in mine and p not in mine}
+        mine |= new
+        grew = bool(new)
+    out = dict.fromkeys(
+        ("gateway", "shard", "directory", "ray_system", "ref_server", "clients", "producer"), 0.0
+    )
+    for pid in mine:
+        if pid == me:
+            role = "gateway"
+        else:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "_fanout_refs" in cmd:
+                role = "ref_server"
+            elif "_fanout_load clients" in cmd:
+                role = "clients"
+            elif "_fanout_load produce" in cmd:
+                role = "producer"
+            elif "ShardService" in cmd:
+                role = "shard"
+            elif "DirectoryService" in cmd:
+                role = "directory"
+            else:
+                role = "ray_system"
+        out[role] += cpu.get(pid, 0.0)
+    return out
+
+
+SERVER_ROLES = ("gateway", "shard", "directory", "ray_system", "ref_server")
+
+
+# --- the OpenBot gateway -----------------------------------------------------------------------
+
+
+class LiveServer:
+    """uvicorn serving an app on 127.0.0.1 in a thread of this process, as tests/conftest.py does
+    (pre-bound IPPROTO_TCP socket: TCP_NODELAY on accepted connections), with the websocket
+    pings `openbot serve` sets."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self._sock = sock
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="on", ws_ping_interval=15.0, ws_ping_timeout=15.0
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            self.thread.join(0.01)
+
+    def _run(self) -> None:
+        asyncio.run(self.server.serve(sockets=[self._sock]))
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        self._sock.close()
+
+
+class LogCounter(logging.Handler):
+    """Counts warnings and errors of the gateway's loggers (and keeps a few)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.samples: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.counts[f"{record.name}:{record.levelname}"] += 1
+        if len(self.samples) < 8:
+            msg = record.getMessage()
+            if record.exc_info and record.exc_info[1] is not None:
+                msg += f" [{type(record.exc_info[1]).__name__}: {record.exc_info[1]}]"
+            self.samples.append(f"{record.name} {record.levelname}: {msg}"[:400])
+
+
+def openbot_setup(port: int, admin_token: str, users: int) -> tuple[str, list[dict[str, Any]]]:
+    """One org, `users` users, one bot owned by user 0 with a read grant for each other user."""
+    import httpx
+
+    with httpx.Client(
+        base_url=f"http://127.0.0.1:{port}",
+        headers={"Authorization": f"Bearer {admin_token}"},
+        timeout=60,
+    ) as http:
+
+        def post(path: str, body: dict) -> dict:
+            resp = http.post(path, json=body)
+            if not resp.is_success:
+                raise RuntimeError(f"POST {path}: {resp.status_code} {resp.text}")
+            return resp.json()
+
+        tag = secrets.token_hex(3)
+        org = post("/v1/admin/orgs", {"name": f"fanout org {tag}"})["id"]
+        made = [post("/v1/admin/users", {"name": f"user {i}", "orgs": [org]}) for i in range(users)]
+        bot = post(
+            "/v1/admin/bots", {"name": f"fanout bot {tag}", "org": org, "owner": made[0]["id"]}
+        )["id"]
+        for u in made[1:]:
+            post("/v1/admin/grants", {"bot": bot, "user": u["id"], "permission": "read"})
+    return bot, [{"index": i, "id": u["id"], "token": u["token"]} for i, u in enumerate(made)]
+
+
+# --- one system --------------------------------------------------------------------------------
+
+
+def run_load(
+    system: str,
+    url: str,
+    publish_port: int,
+    users: list[dict[str, Any]],
+    bot: str | None,
+    args: argparse.Namespace,
+    work: Path,
+) -> dict[str, Any]:
+    """Connect the clients, run the phases, collect and score the records."""
+    n_users = len(users)
+    per = args.clients_per_user
+    everyone = [
+        {"index": i, "user": i // per, "token": users[i // per].get("token")}
+        for i in range(n_users * per)
+    ]
+    children: list[Child] = []
+    try:
+        clients: list[Child] = []
+        for k in range(args.client_procs):
+            cfg = {
+                "system": system,
+                "url": url,
+                "clients": everyone[k :: args.client_procs],
+                "seed": args.seed * 100 + k,
+                "connect_concurrency": 50,
+                "out": str(work / f"{system}-clients-{k}.json"),
+            }
+            path = work / f"{system}-clients-{k}.cfg.json"
+            path.write_text(json.dumps(cfg))
+            child = Child(
+                f"{system}-clients-{k}", "benchmarks._fanout_load", ["clients", str(path)], work
+            )
+            children.append(child)
+            clients.append(child)
+        pcfg = {
+            "system": system,
+            "host": "127.0.0.1",
+            "port": publish_port,
+            "users": [{"index": u["index"], "token": u.get("token")} for u in users],
+            "bot": bot,
+            "connections": 32,
+            "out": str(work / f"{system}-producer.json"),
+        }
+        ppath = work / f"{system}-producer.cfg.json"
+        ppath.write_text(json.dumps(pcfg))
+        producer = Child(
+            f"{system}-producer", "benchmarks._fanout_load", ["produce", str(ppath)], work
+        )
+        children.append(producer)
+
+        t0 = time.perf_counter()
+        ready = [c.recv(180) for c in clients]
+        connect_s = time.perf_counter() - t0
+        producer.recv(60)
+        n_ready = sum(r["ready"] for r in ready)
+        total = sum(r["clients"] for r in ready)
+        print(
+            f"[{system}] {n_ready}/{total} clients connected and subscribed in {connect_s:.1f}s"
+            + (
+                f" ({sum(r['failed'] for r in ready)} failed: {ready[0]['failures'][:1]})"
+                if n_ready < total
+                else ""
+            ),
+            flush=True,
+        )
+        if n_ready < total:
+            raise RuntimeError(f"only {n_ready} of {total} clients connected")
+
+        phases: dict[str, dict[str, Any]] = {}
+        expected: collections.Counter[int] = collections.Counter()
+        plan = [
+            (
+                "fixed",
+                {"cmd": "fixed", "phase": "fixed", "rate": args.rate, "seconds": args.seconds},
+            ),
+            (
+                "burst",
+                {
+                    "cmd": "burst",
+                    "phase": "burst",
+                    "count": args.burst,
+                    "concurrency": args.burst_concurrency,
+                },
+            ),
+        ]
+        for name, cmd in plan:
+            load = os.getloadavg()[0]
+            cpu0 = cpu_by_role()
+            t_phase = time.perf_counter()
+            if name == "fixed" and args.drop_percent > 0:
+                for c in clients:
+                    c.send(
+                        {
+                            "cmd": "drops",
+                            "seconds": args.seconds,
+                            "percent": args.drop_percent,
+                            "every": args.drop_every,
+                        }
+                    )
+            producer.send(cmd)
+            done = producer.recv(args.seconds + args.burst / 5 + 120)
+            for u, n in done["per_user"].items():
+                expected[int(u)] += n
+            settle_cmd = {
+                "cmd": "settle",
+                "expect": dict(expected),
+                "quiet": 1.5,
+                "deadline": args.deadline,
+            }
+            for c in clients:
+                c.send(settle_cmd)
+            settled = [c.recv(args.deadline + 60) for c in clients]
+            cpu1 = cpu_by_role()
+            phases[name] = {
+                "producer": {k: v for k, v in done.items() if k not in ("event", "per_user")},
+                "settle": settled,
+                "wall_s": round(time.perf_counter() - t_phase, 2),
+                "cpu_s": {k: round(cpu1[k] - cpu0[k], 3) for k in cpu0},
+                "loadavg_1m_at_start": round(load, 2),
+            }
+            reasons = ",".join(sorted({s["reason"] for s in settled}))
+            print(
+                f"[{system}] {name}: produced {done['ok']}/{done['sent']} "
+                f"in {done['send_s']:.1f}s; "
+                f"settled ({reasons}) after {max(s['s'] for s in settled):.1f}s",
+                flush=True,
+            )
+        for c in children:
+            c.send({"cmd": "report"})
+        for c in children:
+            c.recv(60)
+        client_data = []
+        for k in range(args.client_procs):
+            client_data.extend(
+                json.loads((work / f"{system}-clients-{k}.json").read_bytes())["clients"]
+            )
+        records = json.loads((work / f"{system}-producer.json").read_bytes())["records"]
+        out = score(system, client_data, records, phases)
+        out["connect"] = {"clients": total, "seconds": round(connect_s, 2)}
+        errors = {}
+        for c in children:
+            c.stop()
+            tail = c.stderr_tail(3000)
+            if tail.strip():
+                errors[c.name] = tail
+        if errors:
+            out["child_stderr"] = errors
+        return out
+    finally:
+        for c in children:
+            if c.proc.poll() is None:
+                c.proc.kill()
+                c.proc.wait(5)
+
+
+def score(
+    system: str,
+    clients: list[dict[str, Any]],
+    records: list[list[Any]],
+    phases: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """Per phase: deliveries, loss, duplicates, foreign events, latencies, rates."""
+    by_entry: dict[str, tuple[str, int, int, int]] = {}
+    ids: dict[tuple[int, str], set[str]] = collections.defaultdict(set)
+    post_lat: dict[str, list[float]] = collections.defaultdict(list)
+    failed_posts: collections.Counter[str] = collections.Counter()
+    first_send: dict[str, int] = {}
+    for phase, entry, user, t_send, t_resp, _status in records:
+        if entry is None:
+            failed_posts[phase] += 1
+            continue
+        by_entry[entry] = (phase, user, t_send, t_resp)
+        ids[(user, phase)].add(entry)
+        post_lat[phase].append((t_resp - t_send) / 1e6)
+        first_send[phase] = min(first_send.get(phase, t_send), t_send)
+
+    out: dict[str, Any] = {"system": system, "phases": {}}
+    for phase, info in phases.items():
+        lat: list[float] = []
+        lat_resp: list[float] = []
+        lat_at: list[float] = []
+        delivered = dup = foreign = unknown = lost = expected = 0
+        last_recv = 0
+        lost_clients = 0
+        for c in clients:
+            want = ids.get((c["user"], phase), set())
+            expected += len(want)
+            got: set[str] = set()
+            for entry, t, after_at in c["received"]:
+                rec = by_entry.get(entry)
+                if rec is None:
+                    if phase == "fixed":
+                        unknown += 1  # counted once, under the first phase
+                    continue
+                if rec[0] != phase:
+                    continue
+                if rec[1] != c["user"]:
+                    foreign += 1
+                    continue
+                if entry in got:
+                    dup += 1
+                    continue
+                got.add(entry)
+                delivered += 1
+                lat.append((t - rec[2]) / 1e6)
+                lat_resp.append((t - rec[3]) / 1e6)
+                lat_at.append(float(after_at))
+                last_recv = max(last_recv, t)
+            missing = len(want - got)
+            lost += missing
+            lost_clients += missing > 0
+        timeline = _timeline(phase, clients, by_entry, first_send.get(phase))
+        lat.sort()
+        lat_resp.sort()
+        lat_at.sort()
+        posts = sorted(post_lat.get(phase, []))
+        span = (last_recv - first_send[phase]) / 1e9 if phase in first_send and last_recv else 0
+        server_cpu = sum(info["cpu_s"][r] for r in SERVER_ROLES)
+        out["phases"][phase] = {
+            "events": len(posts),
+            "failed_posts": failed_posts.get(phase, 0),
+            "expected_deliveries": expected,
+            "delivered": delivered,
+            "lost": lost,
+            "clients_with_loss": lost_clients,
+            "duplicated": dup,
+            "foreign": foreign,
+            "unknown": unknown,
+            "delivered_per_s": round(delivered / span, 1) if span > 0 else 0.0,
+            "span_s": round(span, 3),
+            "latency_ms": _pcts(lat),
+            "latency_after_response_ms": _pcts(lat_resp),
+            # the frame's `at` (OpenBot: when the shard queued the event, before its commit;
+            # references: when the server built the frame) -> received, wall clock, 1 ms steps
+            "latency_after_at_ms": _pcts(lat_at),
+            "post_ms": _pcts(posts),
+            "server_cpu_ms_per_1k_deliveries": round(server_cpu / delivered * 1e6, 1)
+            if delivered
+            else None,
+            **info,
+            "timeline": timeline,
+        }
+    out["drops"] = sum(c["drops"] for c in clients)
+    out["connects"] = sum(c["connects"] for c in clients)
+    out["reconnects"] = out["connects"] - len(clients)
+    closes: collections.Counter[str] = collections.Counter()
+    for c in clients:
+        closes.update(c["closes"])
+    out["close_codes"] = dict(closes)
+    out["resets"] = sum(c["resets"] for c in clients)
+    errs = [e for c in clients for e in c["errors"]]
+    out["client_errors"] = {"count": len(errs), "samples": errs[:5]}
+    return out
+
+
+def _timeline(
+    phase: str,
+    clients: list[dict[str, Any]],
+    by_entry: dict[str, tuple[str, int, int, int]],
+    start: int | None,
+) -> list[dict[str, Any]]:
+    """Per second of the phase (by the events' send time): events sent, drops, and the latency
+    of the deliveries of those events; shows whether slow deliveries follow drops."""
+    if start is None:
+        return []
+    sent: collections.Counter[int] = collections.Counter()
+    for ph, _user, t_send, _t_resp in by_entry.values():
+        if ph == phase:
+            sent[(t_send - start) // 1_000_000_000] += 1
+    lat: dict[int, list[float]] = collections.defaultdict(list)
+    seen: set[tuple[int, str]] = set()
+    for c in clients:
+        for entry, t, _ in c["received"]:
+            rec = by_entry.get(entry)
+            if rec is None or rec[0] != phase or (c["index"], entry) in seen:
+                continue
+            seen.add((c["index"], entry))
+            lat[(rec[2] - start) // 1_000_000_000].append((t - rec[2]) / 1e6)
+    drops: collections.Counter[int] = collections.Counter()
+    horizon = max(sent, default=-1)
+    for c in clients:
+        for t in c.get("drop_times", []):
+            second = (t - start) // 1_000_000_000
+            if 0 <= second <= horizon:
+                drops[second] += 1
+    out = []
+    for second in range(horizon + 1):
+        values = sorted(lat.get(second, []))
+        out.append(
+            {
+                "second": second,
+                "events": sent.get(second, 0),
+                "drops": drops.get(second, 0),
+                "deliveries": len(values),
+                "p50_ms": round(percentile(values, 0.5), 1) if values else None,
+                "p99_ms": round(percentile(values, 0.99), 1) if values else None,
+            }
+        )
+    return out
+
+
+def _pcts(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": math.nan, "p99": math.nan, "max": math.nan, "n": 0}
+    return {
+        "p50": round(percentile(values, 0.50), 2),
+        "p90": round(percentile(values, 0.90), 2),
+        "p99": round(percentile(values, 0.99), 2),
+        "max": round(values[-1], 2),
+        "n": len(values),
+    }
+
+
+def run_openbot(args: argparse.Namespace, data_dir: Path, work: Path) -> dict[str, Any]:
+    from actors.runtime import Engine
+    from gateway.app import create_app
+
+    admin_token = "bench-admin-" + secrets.token_hex(8)
+    t0 = time.perf_counter()
+    engine = Engine.start(data_dir, shards=2, prefix="bench-fanout")
+    server = LiveServer(create_app(engine, admin_token))  # default cache_ttl, as `openbot serve`
+    logs = LogCounter()
+    for name in ("openbot", "uvicorn", "uvicorn.error", "starlette"):
+        logging.getLogger(name).addHandler(logs)
+    try:
+        bot, users = openbot_setup(server.port, admin_token, args.users)
+        print(
+            f"[openbot] engine and gateway up, {args.users} users and a bot made in "
+            f"{time.perf_counter() - t0:.1f}s",
+            flush=True,
+        )
+        out = run_load(
+            "openbot", f"http://127.0.0.1:{server.port}", server.port, users, bot, args, work
+        )
+        out["server_log"] = {"counts": dict(logs.counts), "samples": logs.samples}
+        return out
+    finally:
+        for name in ("openbot", "uvicorn", "uvicorn.error", "starlette"):
+            logging.getLogger(name).removeHandler(logs)
+        server.stop()
+        engine.stop()
+
+
+def run_reference(system: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    server = Child(f"{system}-server", "benchmarks._fanout_refs", [system], work)
+    try:
+        ports = server.recv(60)
+        users = [{"index": i} for i in range(args.users)]
+        out = run_load(
+            system,
+            f"http://127.0.0.1:{ports['port']}",
+            ports["publish_port"],
+            users,
+            None,
+            args,
+            work,
+        )
+        server.stop()
+        tail = server.stderr_tail(3000)
+        if tail.strip():
+            out["server_stderr"] = tail
+        return out
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait(5)
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def verdicts(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str]]:
+    """(what, target, measured, PASS/MISS/-) for the issue's targets, on OpenBot."""
+    ob = results.get("openbot", {})
+    sio = results.get("socketio", {})
+    rows: list[tuple[str, str, str, str]] = []
+    if "phases" not in ob:
+        return [("OpenBot", "-", "not measured", "ERROR")]
+    fx = ob["phases"]["fixed"]
+    loss = sum(ob["phases"][p]["lost"] for p in ob["phases"])
+    dup = sum(ob["phases"][p]["duplicated"] for p in ob["phases"])
+    foreign = sum(ob["phases"][p]["foreign"] for p in ob["phases"])
+    rows.append(("lost events (all phases)", "0", str(loss), "PASS" if loss == 0 else "MISS"))
+    rows.append(("duplicated events (all phases)", "0", str(dup), "PASS" if dup == 0 else "MISS"))
+    rows.append(
+        ("foreign events (audience)", "0", str(foreign), "PASS" if foreign == 0 else "MISS")
+    )
+    p99 = fx["latency_ms"]["p99"]
+    rows.append(
+        (
+            "p99 publish-to-receive, fixed",
+            f"<= {TARGETS['p99_ms_max']:g} ms",
+            f"{p99:.1f} ms",
+            "PASS" if p99 <= TARGETS["p99_ms_max"] else "MISS",
+        )
+    )
+    for phase in ("burst", "fixed"):
+        if "phases" in sio and phase in sio["phases"]:
+            mine = ob["phases"][phase]["delivered_per_s"]
+            theirs = sio["phases"][phase]["delivered_per_s"]
+            ratio = mine / theirs if theirs else math.nan
+            ok = ratio >= TARGETS["vs_socketio_min"]
+            rows.append(
+                (
+                    f"delivered/s vs python-socketio, {phase}",
+                    f">= {TARGETS['vs_socketio_min']:g}x",
+                    f"{ratio:.2f}x ({mine:.0f} vs {theirs:.0f}/s)",
+                    ("PASS" if ok else "MISS") if phase == "burst" else "(info)",
+                )
+            )
+    return rows
+
+
+def print_table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    n = args.users * args.clients_per_user
+    print()
+    print(
+        f"fanout: {n} websocket clients ({args.users} users x {args.clients_per_user}) in "
+        f"{args.client_procs} processes; fixed: {args.rate:g} events/s x {args.seconds:g}s "
+        f"(= {args.rate * args.clients_per_user:g} deliveries/s), {args.drop_percent:g}% of "
+        f"clients dropped every {args.drop_every:g}s; burst: {args.burst} events, "
+        f"{args.burst_concurrency} in flight; {os.cpu_count()} CPUs"
+    )
+    head = (
+        f"{'system':<21}{'phase':<7}{'events':>7}{'deliv.':>8}{'lost':>6}{'dup':>5}"
+        f"{'deliv/s':>9}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'POST p50/p99 ms':>17}"
+        f"{'drops':>7}{'reconn':>7}{'srv cpu ms/1k':>14}"
+    )
+    print(head)
+    print("-" * len(head))
+    for system, r in results.items():
+        label = LABELS[system]
+        if "phases" not in r:
+            print(f"{label:<21}FAILED: {r.get('failed', '?')[:100]}")
+            continue
+        for phase, p in r["phases"].items():
+            lat, post = p["latency_ms"], p["post_ms"]
+            drops = f"{r['drops']}" if phase == "fixed" else ""
+            reconn = f"{r['reconnects']}" if phase == "fixed" else ""
+            cpu = p["server_cpu_ms_per_1k_deliveries"]
+            print(
+                f"{label:<21}{phase:<7}{p['events']:>7}{p['delivered']:>8}{p['lost']:>6}"
+                f"{p['duplicated']:>5}{p['delivered_per_s']:>9.0f}{lat['p50']:>8.1f}"
+                f"{lat['p99']:>8.1f}{lat['max']:>8.1f}"
+                f"{post['p50']:>8.1f}/{post['p99']:<8.1f}"
+                f"{drops:>7}{reconn:>7}{(f'{cpu:.0f}' if cpu is not None else '-'):>14}"
+            )
+    print(
+        "deliv/s: distinct deliveries / (last receive - first POST sent); latency: POST written "
+        "-> frame received; srv cpu: server-side CPU (OpenBot: gateway + Ray actors and system "
+        "processes) per 1,000 deliveries."
+    )
+    print()
+    print(
+        f"{'latency breakdown, ms (p50/p99)':<29}{'POST->rx':>14}{'POST->resp':>14}"
+        f"{'resp->rx':>14}{'at->rx':>14}   cpu s: server / clients / producer"
+    )
+    for system, r in results.items():
+        for phase, p in r.get("phases", {}).items():
+            cells = [
+                p["latency_ms"],
+                p["post_ms"],
+                p["latency_after_response_ms"],
+                p["latency_after_at_ms"],
+            ]
+            cpu = p["cpu_s"]
+            server = sum(cpu[k] for k in SERVER_ROLES)
+            print(
+                f"{LABELS[system] + ' ' + phase:<29}"
+                + "".join(f"{c['p50']:>7.1f}/{c['p99']:<6.1f}" for c in cells)
+                + f"   {server:.1f} / {cpu['clients']:.1f} / {cpu['producer']:.1f}"
+                + (
+                    f"  (gateway {cpu['gateway']:.1f}, shard {cpu['shard']:.1f}, "
+                    f"directory {cpu['directory']:.1f}, ray {cpu['ray_system']:.1f})"
+                    if system == "openbot"
+                    else ""
+                )
+            )
+    print(
+        "at->rx: from the frame's `at` (OpenBot: the shard queued the event, before its commit; "
+        "references: the server built the frame) to receipt, wall clock, 1 ms steps."
+    )
+    print()
+    for system, r in results.items():
+        if "phases" not in r:
+            continue
+        extra = []
+        if r.get("close_codes"):
+            extra.append(f"close codes {r['close_codes']}")
+        if r.get("resets"):
+            extra.append(f"resets {r['resets']}")
+        fx = r["phases"]["fixed"]
+        if fx["foreign"] or fx["unknown"]:
+            extra.append(f"foreign {fx['foreign']} unknown {fx['unknown']}")
+        failed_posts = sum(p["failed_posts"] for p in r["phases"].values())
+        if failed_posts:
+            extra.append(f"failed POSTs {failed_posts}")
+        if r["client_errors"]["count"]:
+            extra.append(f"client errors {r['client_errors']['count']}")
+        if r.get("server_log", {}).get("counts"):
+            extra.append(f"server log {r['server_log']['counts']}")
+        extra.append(f"connect {r['connect']['clients']} clients {r['connect']['seconds']}s")
+        print(f"  {LABELS[system]}: " + "; ".join(extra))
+        steps = fx.get("timeline", [])
+        if system == "openbot" and steps:
+            cells = " ".join("-" if s["p99_ms"] is None else f"{s['p99_ms']:.0f}" for s in steps)
+            print(f"    fixed phase, p99 ms of the events sent in each second: {cells}")
+    print()
+    print(f"{'target (OpenBot)':<40}{'target':<12}{'measured':<30}result")
+    for what, target, measured, verdict in verdicts(results):
+        print(f"{what:<40}{target:<12}{measured:<30}{verdict}")
+    loads = [
+        p["loadavg_1m_at_start"] for r in results.values() for p in r.get("phases", {}).values()
+    ]
+    if loads and max(loads) > (os.cpu_count() or 1):
+        print(
+            f"WARNING: 1-min load average reached {max(loads):.1f} on {os.cpu_count()} CPUs "
+            "during the run: other processes competed for the CPUs; latencies are inflated."
+        )
+    print()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.fanout",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--quick", action="store_true", help="a smoke run: 100 clients, 5 s")
+    p.add_argument("--users", type=int, default=None, help="users (default 50; quick 5)")
+    p.add_argument("--clients-per-user", type=int, default=20)
+    p.add_argument("--client-procs", type=int, default=2)
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="events/s in the fixed phase (default 25: what the engine sustains here, see below)",
+    )
+    p.add_argument("--seconds", type=float, default=None, help="fixed phase (default 20; quick 5)")
+    p.add_argument("--burst", type=int, default=None, help="events in the burst phase")
+    p.add_argument("--burst-concurrency", type=int, default=16)
+    p.add_argument("--drop-percent", type=float, default=10.0)
+    p.add_argument("--drop-every", type=float, default=None, help="s between drop rounds")
+    p.add_argument("--deadline", type=float, default=None, help="max s to wait for stragglers")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    args = p.parse_args(argv)
+    q = args.quick
+    args.users = args.users or (5 if q else 50)
+    args.rate = args.rate or 25.0
+    args.seconds = args.seconds or (5.0 if q else 20.0)
+    args.burst = args.burst or (200 if q else 1000)
+    args.drop_every = args.drop_every or (2.5 if q else 5.0)
+    args.deadline = args.deadline or (10.0 if q else 20.0)
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if any(s not in SYSTEMS for s in args.systems):
+        p.error(f"--systems: choose from {','.join(SYSTEMS)}")
+    if not 0 < args.seconds <= 120 or not 0 < args.rate <= 5000:
+        p.error("--seconds must be in (0, 120] and --rate in (0, 5000]")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    nofile = raise_nofile()
+    import ray
+
+    from actors.runtime import start_ray
+
+    ray_tmp = tempfile.mkdtemp(prefix="obf", dir="/tmp")  # short: Ray's socket paths
+    work = Path(tempfile.mkdtemp(prefix="openbot-fanout-"))
+    results: dict[str, dict[str, Any]] = {}
+    t0 = time.perf_counter()
+    load_start = os.getloadavg()
+    try:
+        for system in args.systems:
+            try:
+                if system == "openbot":
+                    start_ray(tmp_dir=ray_tmp)
+                    try:
+                        results[system] = run_openbot(args, work / "data", work)
+                    finally:
+                        ray.shutdown()  # the references run without Ray's processes around
+                else:
+                    results[system] = run_reference(system, args, work)
+            except Exception as e:
+                print(f"[{system}] FAILED: {type(e).__name__}: {e}", flush=True)
+                results[system] = {"system": system, "failed": f"{type(e).__name__}: {e}"[:3000]}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    total = time.perf_counter() - t0
+
+    print_table(results, args)
+    rows = verdicts(results)
+    report = {
+        "benchmark": "fanout",
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "ray": ray.__version__,
+            "nofile": nofile,
+            "loadavg_at_start": [round(x, 2) for x in load_start],
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+        },
+        "params": {
+            "clients": args.users * args.clients_per_user,
+            "users": args.users,
+            "clients_per_user": args.clients_per_user,
+            "client_procs": args.client_procs,
+            "rate_events_per_s": args.rate,
+            "deliveries_per_s_offered": args.rate * args.clients_per_user,
+            "seconds": args.seconds,
+            "burst_events": args.burst,
+            "burst_concurrency": args.burst_concurrency,
+            "drop_percent": args.drop_percent,
+            "drop_every_s": args.drop_every,
+            "seed": args.seed,
+            "quick": args.quick,
+            "latency": "POST written by the producer -> frame received by the client",
+        },
+        "targets": TARGETS,
+        "verdicts": [{"what": w, "target": t, "measured": m, "result": v} for w, t, m, v in rows],
+        "systems": results,
+        "total_s": round(total, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out} (total {total:.0f}s)")
+    if any("failed" in r for r in results.values()):
+        return 1
+    if args.check and any(v == "MISS" for *_, v in rows):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,574 @@
+"""Memory operations under load: reads over HTTP, reads as direct actor calls, Remember over HTTP,
+with group commit on and off.
+
+    cd /work/main && .venv/bin/python -m benchmarks.memory_ops [--quick] [--seconds N]
+
+Setup, per group-commit mode (one engine at a time, each with its own data dir and actor names, in
+one local Ray session): a real gateway (uvicorn in a thread of this process, on 127.0.0.1, default
+`cache_ttl` as `openbot serve` uses), an org, the bot's owner and a reader with a read grant, made
+through the admin API; then a pool of `--entries` pinned entries seeded straight into the shard
+actor (`add_entries`, chunks of 1000), of which `--visible` percent carry `for:person:<reader>`
+and the rest are spread over fake users `u_other_<n>`.
+
+Scenarios, each `--concurrency` closed-loop clients for `--seconds` after `--warmup`:
+  http_read      GET /v1/bots/{bot}/memory              (load from a child process, raw HTTP/1.1)
+  actor_read     await shard.read_memory.remote(...)    (from this process, the Ray driver)
+  http_remember  POST /v1/bots/{bot}/memory Remember    (load from a child process)
+The reads run before the writes so they see exactly the seeded pool. Two floors run once, in the
+first mode (`--no-baselines` skips them): GET /healthz (HTTP, no actor call) and shard.ping() (an
+actor call, no work).
+
+Prints a table with each scenario's target and PASS/MISS and CPU per request by process role,
+and writes the figures to benchmarks/results/memory_ops.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import actors.runtime  # noqa: F401  (sets Ray's environment before anything imports ray)
+from benchmarks._load import closed_loop
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results" / "memory_ops.json"
+SEED_CHUNK = 1000
+
+# Targets from the issue (a 2-core machine). None: reported, no target.
+TARGETS: dict[str, dict[str, float] | None] = {
+    "http_health": None,
+    "actor_ping": None,
+    "http_read": {"p50_ms_max": 5.0, "throughput_min": 1000.0},
+    "actor_read": None,
+    "http_remember": {"throughput_min": 800.0},
+}
+LABELS = {
+    "http_health": "baseline: GET /healthz",
+    "actor_ping": "baseline: shard.ping()",
+    "http_read": "GET memory (HTTP)",
+    "actor_read": "read_memory (actor call)",
+    "http_remember": "Remember (HTTP POST)",
+}
+
+
+# --- CPU accounting -----------------------------------------------------------------------------
+
+
+def cpu_by_role() -> dict[str, float]:
+    """CPU seconds used so far by this process ("driver": the gateway's thread, Ray's driver and,
+    for actor calls, the load) and by its descendants, grouped by role (from /proc; Linux only).
+    Other sessions' Ray processes are not descendants and are not counted."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                rest = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        pid = int(name)
+        parent[pid] = int(rest[1])
+        cpu[pid] = (int(rest[11]) + int(rest[12])) / tick
+    me = os.getpid()
+    mine = {me}
+    grew = True
+    while grew:
+        new = {p for p, pp in parent.items() if pp in mine and p not in mine}
+        mine |= new
+        grew = bool(new)
+    out = {"driver": 0.0, "shard": 0.0, "directory": 0.0, "ray_system": 0.0}
+    for pid in mine:
+        if pid == me:
+            role = "driver"
+        else:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "benchmarks._load" in cmd:
+                continue  # the HTTP load generator reports its own CPU
+            if "ShardService" in cmd:
+                role = "shard"
+            elif "DirectoryService" in cmd:
+                role = "directory"
+            else:
+                role = "ray_system"  # gcs, raylet, idle workers, monitors
+        out[role] += cpu.get(pid, 0.0)
+    return out
+
+
+def cpu_per_op(before: dict[str, float], after: dict[str, float], ops: int) -> dict[str, float]:
+    if not ops:
+        return {}
+    return {k: round((after[k] - before[k]) / ops * 1000, 3) for k in before}
+
+
+# --- the server --------------------------------------------------------------------------------
+
+
+class LiveServer:
+    """uvicorn serving an app on 127.0.0.1 in a thread of this process (as tests/conftest.py,
+    but with TCP_NODELAY on the accepted connections; see below)."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        # IPPROTO_TCP, not socket.socket()'s proto 0: asyncio sets TCP_NODELAY on accepted
+        # connections only when the listening socket says IPPROTO_TCP. Without it, uvicorn's
+        # two writes per response (head, body) meet Nagle and the client's delayed ACK: ~40 ms
+        # per request on loopback. (`openbot serve` lets asyncio create the socket: not affected.)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self._sock = sock
+        # As `openbot serve` runs it (gateway/server.py): h11, asyncio loop, warnings only.
+        config = uvicorn.Config(app, log_level="warning", lifespan="auto")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            self.thread.join(0.01)
+
+    def _run(self) -> None:
+        asyncio.run(self.server.serve(sockets=[self._sock]))
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self._sock.close()
+
+
+class Admin:
+    """The few admin and user calls of the setup (not measured), over plain httpx."""
+
+    def __init__(self, port: int, admin_token: str) -> None:
+        import httpx
+
+        self.http = httpx.Client(
+            base_url=f"http://127.0.0.1:{port}",
+            headers={"Authorization": f"Bearer {admin_token}"},
+            timeout=60,
+        )
+
+    def post(self, path: str, body: dict) -> dict:
+        resp = self.http.post(path, json=body)
+        if not resp.is_success:
+            raise RuntimeError(f"POST {path}: {resp.status_code} {resp.text}")
+        return resp.json()
+
+    def get_as(self, token: str, path: str) -> dict:
+        resp = self.http.get(path, headers={"Authorization": f"Bearer {token}"})
+        if not resp.is_success:
+            raise RuntimeError(f"GET {path}: {resp.status_code} {resp.text}")
+        return resp.json()
+
+    def close(self) -> None:
+        self.http.close()
+
+
+# --- seeding -----------------------------------------------------------------------------------
+
+
+def seed_pool(shard: Any, pool: str, org: str, reader: str, entries: int, visible: int) -> float:
+    """Store `entries` pinned entries straight into the shard; `visible` of them for `reader`,
+    spread evenly through the pool. Returns the seconds it took."""
+    import ray
+
+    from engine.memory import EntryMeta, Layer
+
+    step = max(1, entries // visible) if visible else entries + 1
+    others = max(1, entries // 20)  # ~20 entries per fake user
+    base = time.time_ns() // 1_000_000 - entries
+    filler = "; remembered for the load benchmark, roughly one line of prose like a real note"
+    chunk: list[tuple[Any, str]] = []
+    t0 = time.perf_counter()
+    made_visible = 0
+    for i in range(entries):
+        if made_visible < visible and i % step == 0:
+            user = reader
+            made_visible += 1
+        else:
+            user = f"u_other_{i % others}"
+        meta = EntryMeta(
+            id="mem_" + secrets.token_hex(12),
+            pool=pool,
+            layer=Layer.PINNED,
+            tags=(f"from:{user}", f"for:person:{user}", f"org:{org}", "bench"),
+            created_at=base + i,
+            updated_at=base + i,
+        )
+        chunk.append((meta, f"seed note {i} of {user}{filler}"))
+        if len(chunk) == SEED_CHUNK:
+            ray.get(shard.add_entries.remote(pool, chunk))
+            chunk = []
+    if chunk:
+        ray.get(shard.add_entries.remote(pool, chunk))
+    return time.perf_counter() - t0
+
+
+# --- scenarios ---------------------------------------------------------------------------------
+
+
+def http_scenario(
+    port: int, token: str, path: str, *, remember: bool, args: argparse.Namespace
+) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks._load",
+        "http",
+        "--port",
+        str(port),
+        "--path",
+        path,
+        "--concurrency",
+        str(args.concurrency),
+        "--warmup",
+        str(args.warmup),
+        "--seconds",
+        str(args.seconds),
+    ]
+    if remember:
+        cmd += ["--method", "POST", "--remember", "--expect", "201"]
+    env = {**os.environ, "OPENBOT_BENCH_TOKEN": token}
+    proc = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=args.warmup + args.seconds + 60,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"load generator failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def actor_scenario(
+    shard: Any, pool: str, reader: Any, args: argparse.Namespace, *, ping: bool = False
+) -> dict[str, Any]:
+    async def make_op(index: int):
+        async def op(seq: int) -> None:
+            if ping:
+                await shard.ping.remote()
+                return
+            page = await shard.read_memory.remote(pool, reader, ())
+            if not page.entries:
+                raise RuntimeError("empty page")
+
+        async def close() -> None:
+            return None
+
+        return op, close
+
+    return asyncio.run(
+        closed_loop(make_op, concurrency=args.concurrency, warmup=args.warmup, seconds=args.seconds)
+    )
+
+
+def verdict(name: str, r: dict[str, Any]) -> tuple[str, str]:
+    target = TARGETS.get(name)
+    if r.get("failed"):
+        return ("-" if target is None else describe(target), "ERROR")
+    if target is None:
+        return "-", "-"
+    ok = r["errors"] == 0 and r["count"] > 0
+    if "p50_ms_max" in target:
+        ok = ok and r["p50_ms"] <= target["p50_ms_max"]
+    if "throughput_min" in target:
+        ok = ok and r["throughput_per_s"] >= target["throughput_min"]
+    return describe(target), "PASS" if ok else "MISS"
+
+
+def describe(target: dict[str, float]) -> str:
+    parts = []
+    if "p50_ms_max" in target:
+        parts.append(f"p50<={target['p50_ms_max']:g}ms")
+    if "throughput_min" in target:
+        parts.append(f">={target['throughput_min']:g}/s")
+    return " ".join(parts)
+
+
+# --- one engine, one mode ----------------------------------------------------------------------
+
+
+def run_mode(
+    group_commit: bool, data_dir: Path, args: argparse.Namespace, *, baselines: bool
+) -> dict[str, Any]:
+    import ray
+
+    from actors.runtime import Engine
+    from engine.memory import Reader
+    from gateway.app import create_app
+
+    mode = "on" if group_commit else "off"
+    admin_token = "bench-admin-" + secrets.token_hex(8)
+    t0 = time.perf_counter()
+    engine = Engine.start(
+        data_dir, shards=args.shards, group_commit=group_commit, prefix=f"bench-gc-{mode}"
+    )
+    server = LiveServer(create_app(engine, admin_token, cache_ttl=args.cache_ttl))
+    admin = Admin(server.port, admin_token)
+    out: dict[str, Any] = {"group_commit": group_commit, "scenarios": {}}
+    try:
+        started = time.perf_counter() - t0
+        tag = secrets.token_hex(3)
+        org = admin.post("/v1/admin/orgs", {"name": f"bench org {tag}"})["id"]
+        owner = admin.post("/v1/admin/users", {"name": "owner", "orgs": [org]})
+        reader = admin.post("/v1/admin/users", {"name": "reader", "orgs": [org]})
+        bot = admin.post(
+            "/v1/admin/bots", {"name": f"bench bot {tag}", "org": org, "owner": owner["id"]}
+        )["id"]
+        admin.post("/v1/admin/grants", {"bot": bot, "user": reader["id"], "permission": "read"})
+
+        pool = f"bot:{bot}"
+        shard = engine.shard_for(owner["id"])
+        visible = round(args.entries * args.visible / 100)
+        seed_s = seed_pool(shard, pool, org, reader["id"], args.entries, visible)
+        path = f"/v1/bots/{bot}/memory"
+        page = admin.get_as(reader["token"], path)
+        if len(page["entries"]) != visible:
+            raise RuntimeError(f"reader sees {len(page['entries'])} entries, expected {visible}")
+        out["setup"] = {
+            "engine_start_s": round(started, 2),
+            "seed_s": round(seed_s, 2),
+            "entries": args.entries,
+            "visible_to_reader": visible,
+            "response_bytes": len(json.dumps(page, separators=(",", ":"))),
+        }
+        print(
+            f"[gc {mode}] engine up in {started:.1f}s; seeded {args.entries} entries "
+            f"({visible} visible) in {seed_s:.2f}s",
+            flush=True,
+        )
+
+        direct_reader = Reader(user=reader["id"], org=org, channels=frozenset(), uses_bot=True)
+        runs = [
+            ("http_read", lambda: http_scenario(
+                server.port, reader["token"], path, remember=False, args=args)),
+            ("actor_read", lambda: actor_scenario(shard, pool, direct_reader, args)),
+            ("http_remember", lambda: http_scenario(
+                server.port, reader["token"], path, remember=True, args=args)),
+        ]  # fmt: skip
+        if baselines:  # the floors: HTTP without an actor call, an actor call without work
+            runs[:0] = [
+                ("http_health", lambda: http_scenario(
+                    server.port, reader["token"], "/healthz", remember=False, args=args)),
+                ("actor_ping", lambda: actor_scenario(shard, pool, direct_reader, args, ping=True)),
+            ]  # fmt: skip
+        for name, run in runs:
+            before = ray.get(shard.stats.remote())
+            load = os.getloadavg()[0]
+            cpu0 = cpu_by_role()
+            try:
+                result = run()
+            except Exception as e:
+                result = {"failed": f"{type(e).__name__}: {e}"[:2000]}
+            cpu1 = cpu_by_role()
+            after = ray.get(shard.stats.remote())
+            result["loadavg_1m_at_start"] = round(load, 2)
+            if "failed" not in result:
+                # CPU per operation (warm-up included) by process role: ms of CPU each role spent
+                # per request, which contention from other processes inflates far less than
+                # latency.
+                result["cpu_ms_per_op"] = cpu_per_op(cpu0, cpu1, result["ops_incl_warmup"])
+            if name == "http_remember" and "failed" not in result:
+                txns = after["transactions"] - before["transactions"]
+                batches = after["batches"] - before["batches"]
+                result["commit"] = {
+                    "transactions": txns,
+                    "batches": batches,
+                    "batches_per_transaction": round(batches / txns, 2) if txns else None,
+                }
+            result["target"], result["verdict"] = verdict(name, result)
+            out["scenarios"][name] = result
+            print(f"[gc {mode}] {name}: {short(result)}", flush=True)
+        final = admin.get_as(reader["token"], path)
+        out["setup"]["visible_after_remember"] = len(final["entries"])
+    finally:
+        admin.close()
+        server.stop()
+        engine.stop()
+    return out
+
+
+def short(r: dict[str, Any]) -> str:
+    if r.get("failed"):
+        return "FAILED " + r["failed"]
+    return (
+        f"n={r['count']} err={r['errors']} p50={r['p50_ms']:.2f}ms p99={r['p99_ms']:.2f}ms "
+        f"{r['throughput_per_s']:.0f}/s -> {r['verdict']} "
+        f"(shard cpu {r['cpu_ms_per_op'].get('shard', 0):.2f} ms/op, "
+        f"load {r['loadavg_1m_at_start']})"
+    )
+
+
+def print_table(modes: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    head = (
+        f"{'group commit':<13}{'scenario':<27}{'n':>7}{'err':>5}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'ops/s':>9}  {'target':<22}{'result':<8}{'cpu ms/op: shard  driver':>24}"
+    )
+    print()
+    print(
+        f"memory_ops: {args.entries} entries, {args.visible:g}% visible to the reader, "
+        f"{args.concurrency} clients, {args.seconds:g}s after {args.warmup:g}s warm-up, "
+        f"{os.cpu_count()} CPUs"
+    )
+    print(head)
+    print("-" * len(head))
+    for m in modes:
+        gc = "on" if m["group_commit"] else "off"
+        if m.get("failed"):
+            print(f"{gc:<13}{'(setup)':<27}{'FAILED: ' + m['failed'][:80]}")
+        for name, r in m["scenarios"].items():
+            if r.get("failed"):
+                print(f"{gc:<13}{LABELS[name]:<27}{'FAILED: ' + r['failed'][:60]}")
+                continue
+            cpu = r["cpu_ms_per_op"]
+            print(
+                f"{gc:<13}{LABELS[name]:<27}{r['count']:>7}{r['errors']:>5}"
+                f"{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{r['throughput_per_s']:>9.0f}  "
+                f"{r['target']:<22}{r['verdict']:<8}"
+                f"{cpu.get('shard', 0):>17.2f}{cpu.get('driver', 0):>8.2f}"
+            )
+    for m in modes:
+        rem = m["scenarios"].get("http_remember", {})
+        if "commit" in rem:
+            c = rem["commit"]
+            gc = "on" if m["group_commit"] else "off"
+            print(
+                f"group commit {gc}: Remember used {c['transactions']} transactions for "
+                f"{c['batches']} writes ({c['batches_per_transaction']} per transaction)"
+            )
+    print(
+        "cpu ms/op: CPU time per request of the shard actors and of this process (the gateway "
+        "thread and Ray driver; for actor calls also the load)."
+    )
+    loads = [r.get("loadavg_1m_at_start", 0) for m in modes for r in m["scenarios"].values()]
+    if loads and max(loads) > (os.cpu_count() or 1):
+        print(
+            f"WARNING: 1-min load average reached {max(loads):.1f} on {os.cpu_count()} CPUs "
+            "during the run: other processes competed for the CPUs; latencies are inflated."
+        )
+    print()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.memory_ops", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="a short smoke run (1 s per scenario)")
+    p.add_argument("--seconds", type=float, default=None, help="measured seconds per scenario")
+    p.add_argument("--warmup", type=float, default=None, help="warm-up seconds per scenario")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--entries", type=int, default=10_000)
+    p.add_argument("--visible", type=float, default=1.0, help="percent visible to the reader")
+    p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--cache-ttl", type=float, default=2.0, help="gateway directory cache (s)")
+    p.add_argument(
+        "--group-commit", choices=["both", "on", "off"], default="both", help="modes to run"
+    )
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    p.add_argument(
+        "--no-baselines",
+        dest="baselines",
+        action="store_false",
+        help="skip the /healthz and shard.ping() floors",
+    )
+    args = p.parse_args(argv)
+    if args.seconds is None:
+        args.seconds = 1.0 if args.quick else 5.0
+    if args.warmup is None:
+        args.warmup = 0.3 if args.quick else 1.0
+    if not 0 < args.seconds <= 60 or not 0 <= args.warmup <= 10:
+        p.error("--seconds must be in (0, 60] and --warmup in [0, 10]")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import ray
+
+    from actors.runtime import start_ray
+
+    ray_tmp = tempfile.mkdtemp(prefix="obb", dir="/tmp")  # short: Ray's socket paths
+    data_root = Path(tempfile.mkdtemp(prefix="openbot-bench-"))
+    modes = {"both": [True, False], "on": [True], "off": [False]}[args.group_commit]
+    results: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    load_start = os.getloadavg()
+    try:
+        start_ray(tmp_dir=ray_tmp)
+        for gc in modes:
+            data_dir = data_root / f"gc-{'on' if gc else 'off'}"
+            baselines = args.baselines and not results  # once: they do not depend on the mode
+            try:
+                results.append(run_mode(gc, data_dir, args, baselines=baselines))
+            except Exception as e:  # keep the other mode's figures; report this one as failed
+                print(f"[gc {'on' if gc else 'off'}] FAILED: {type(e).__name__}: {e}", flush=True)
+                failed = f"{type(e).__name__}: {e}"[:2000]
+                results.append({"group_commit": gc, "failed": failed, "scenarios": {}})
+    finally:
+        ray.shutdown()
+        shutil.rmtree(data_root, ignore_errors=True)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    total = time.perf_counter() - t0
+
+    print_table(results, args)
+    report = {
+        "benchmark": "memory_ops",
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "ray": ray.__version__,
+            "loadavg_at_start": [round(x, 2) for x in load_start],
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+        },
+        "params": {
+            "entries": args.entries,
+            "visible_percent": args.visible,
+            "concurrency": args.concurrency,
+            "seconds": args.seconds,
+            "warmup": args.warmup,
+            "shards": args.shards,
+            "cache_ttl": args.cache_ttl,
+            "quick": args.quick,
+        },
+        "targets": TARGETS,
+        "modes": {("gc_on" if m["group_commit"] else "gc_off"): m for m in results},
+        "total_s": round(total, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out} (total {total:.0f}s)")
+    verdicts = [r["verdict"] for m in results for r in m["scenarios"].values()]
+    if any(m.get("failed") for m in results):
+        verdicts.append("ERROR")
+    if "ERROR" in verdicts or (args.check and "MISS" in verdicts):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -12,7 +12,7 @@ and the rest are spread over fake users `u_other_<n>`.
 
 Scenarios, each `--concurrency` closed-loop clients for `--seconds` after `--warmup`:
   http_read      GET /v1/bots/{bot}/memory              (load from a child process, raw HTTP/1.1)
-  actor_read     await shard.read_memory.remote(...)    (from this process, the Ray driver)
+  actor_read     await shard.read_memory_json.remote(...)  (this process, the Ray driver; no cache)
   http_remember  POST /v1/bots/{bot}/memory Remember    (load from a child process)
 The reads run before the writes so they see exactly the seeded pool. Two floors run once, in the
 first mode (`--no-baselines` skips them): GET /healthz (HTTP, no actor call) and shard.ping() (an
@@ -272,8 +272,9 @@ def actor_scenario(
             if ping:
                 await shard.ping.remote()
                 return
-            page = await shard.read_memory.remote(pool, reader, ())
-            if not page.entries:
+            # The same read the gateway makes (the page as JSON bytes), minus HTTP and the cache.
+            _, _, body = await shard.read_memory_json.remote(pool, reader, ())
+            if b'"entries":[{' not in body:
                 raise RuntimeError("empty page")
 
         async def close() -> None:

@@ -166,6 +166,8 @@ class Hub:
                 self._ready = None
                 raise
             self.heads = list(heads)
+            # The heads were just read: this hub is current until a poll says otherwise.
+            self._pump_ok = [True] * len(heads)
             self._pumps = [asyncio.create_task(self._pump(k)) for k in range(len(heads))]
             self._ready.set_result(None)
         await self._ready

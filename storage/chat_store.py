@@ -178,8 +178,8 @@ class ChatStore:
             writes.append(Insert(CHAT_ITEMS.name, row))
         if new:
             log._floor = max(log._floor, new[-1][0].seq)
-            log.key.persisted = True
             writes.append(self.memory.pool_row(log.key, log._floor, log.key.settings))
+            log.key.persisted = True
         return writes
 
     def delete_items(self, log: ChatLog) -> list[Write]:

@@ -107,8 +107,9 @@ class MemoryStore:
         with the pool's key may be written, or a restart could not open it again."""
         if stored.persisted:
             return []
+        row = self.pool_row(stored, stored.version, stored.settings)
         stored.persisted = True
-        return [self.pool_row(stored, stored.version, stored.settings)]
+        return [row]
 
     def outcome_writes(
         self,

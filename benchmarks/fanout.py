@@ -58,7 +58,6 @@ The machine is shared and noisy: compare the CPU per 1,000 deliveries as well as
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import contextlib
 import json
@@ -69,7 +68,6 @@ import platform
 import queue
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -81,6 +79,7 @@ from typing import Any
 import actors.runtime  # noqa: F401  (sets Ray's environment before anything imports ray)
 from benchmarks._fanout_load import raise_nofile
 from benchmarks._load import percentile
+from gateway.live_server import LiveServer
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "fanout.json"
@@ -215,38 +214,6 @@ SERVER_ROLES = ("gateway", "shard", "directory", "ray_system", "ref_server")
 
 
 # --- the OpenBot gateway -----------------------------------------------------------------------
-
-
-class LiveServer:
-    """uvicorn serving an app on 127.0.0.1 in a thread of this process, as tests/conftest.py does
-    (pre-bound IPPROTO_TCP socket: TCP_NODELAY on accepted connections), with the websocket
-    pings `openbot serve` sets."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        self._sock = sock
-        config = uvicorn.Config(
-            app, log_level="warning", lifespan="on", ws_ping_interval=15.0, ws_ping_timeout=15.0
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            if not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            self.thread.join(0.01)
-
-    def _run(self) -> None:
-        asyncio.run(self.server.serve(sockets=[self._sock]))
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
-        self._sock.close()
 
 
 class LogCounter(logging.Handler):
@@ -617,7 +584,13 @@ def run_openbot(args: argparse.Namespace, data_dir: Path, work: Path) -> dict[st
     admin_token = "bench-admin-" + secrets.token_hex(8)
     t0 = time.perf_counter()
     engine = Engine.start(data_dir, shards=2, prefix="bench-fanout")
-    server = LiveServer(create_app(engine, admin_token))  # default cache_ttl, as `openbot serve`
+    # Default cache_ttl, as `openbot serve`; lifespan on so the hub stops with the server.
+    server = LiveServer(
+        create_app(engine, admin_token),
+        lifespan="on",
+        ws_ping_interval=15.0,
+        ws_ping_timeout=15.0,
+    )
     logs = LogCounter()
     for name in ("openbot", "uvicorn", "uvicorn.error", "starlette"):
         logging.getLogger(name).addHandler(logs)

@@ -31,17 +31,16 @@ import os
 import platform
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import actors.runtime  # noqa: F401  (sets Ray's environment before anything imports ray)
 from benchmarks._load import closed_loop
+from gateway.live_server import LiveServer
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "memory_ops.json"
@@ -121,40 +120,6 @@ def cpu_per_op(before: dict[str, float], after: dict[str, float], ops: int) -> d
 
 
 # --- the server --------------------------------------------------------------------------------
-
-
-class LiveServer:
-    """uvicorn serving an app on 127.0.0.1 in a thread of this process (as tests/conftest.py,
-    but with TCP_NODELAY on the accepted connections; see below)."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        # IPPROTO_TCP, not socket.socket()'s proto 0: asyncio sets TCP_NODELAY on accepted
-        # connections only when the listening socket says IPPROTO_TCP. Without it, uvicorn's
-        # two writes per response (head, body) meet Nagle and the client's delayed ACK: ~40 ms
-        # per request on loopback. (`openbot serve` lets asyncio create the socket: not affected.)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        self._sock = sock
-        # As `openbot serve` runs it (gateway/server.py): h11, asyncio loop, warnings only.
-        config = uvicorn.Config(app, log_level="warning", lifespan="auto")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            if not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            self.thread.join(0.01)
-
-    def _run(self) -> None:
-        asyncio.run(self.server.serve(sockets=[self._sock]))
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self._sock.close()
 
 
 class Admin:
@@ -328,7 +293,7 @@ def run_mode(
     engine = Engine.start(
         data_dir, shards=args.shards, group_commit=group_commit, prefix=f"bench-gc-{mode}"
     )
-    server = LiveServer(create_app(engine, admin_token, cache_ttl=args.cache_ttl))
+    server = LiveServer(create_app(engine, admin_token, cache_ttl=args.cache_ttl), lifespan="auto")
     admin = Admin(server.port, admin_token)
     out: dict[str, Any] = {"group_commit": group_commit, "scenarios": {}}
     try:

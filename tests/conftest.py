@@ -3,12 +3,9 @@ uvicorn server on loopback serving the real app."""
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import shutil
-import socket
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +13,7 @@ import httpx
 import pytest
 
 import actors.runtime  # noqa: F401  (sets Ray's environment before anything imports ray)
+from gateway.live_server import LiveServer
 
 ADMIN = "test-admin-" + secrets.token_hex(8)
 
@@ -64,38 +62,6 @@ def engine(ray_session, data_dir, model_stubs):
     eng = Engine.start(data_dir, shards=2, prefix="test", models_config=models)
     yield eng
     eng.stop()
-
-
-class LiveServer:
-    """uvicorn serving an app on 127.0.0.1 in a thread of this process (the Ray driver)."""
-
-    def __init__(self, app) -> None:
-        import uvicorn
-
-        # IPPROTO_TCP explicitly: asyncio turns Nagle off only for sockets that say so, and
-        # without it every response waits ~40 ms on delayed ACKs.
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._sock = sock
-        config = uvicorn.Config(
-            app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            if not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            self.thread.join(0.01)
-
-    def _run(self) -> None:
-        asyncio.run(self.server.serve(sockets=[self._sock]))
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,40 @@
+"""uvicorn serving an app from a thread of this process, on a loopback port chosen by the OS.
+
+For tests and benchmarks that need a real HTTP and websocket server next to the Ray driver.
+The socket is made with IPPROTO_TCP explicitly: asyncio turns Nagle's algorithm off only for
+sockets that say so, and without that every response waits ~40 ms on delayed ACKs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from typing import Any
+
+
+class LiveServer:
+    def __init__(self, app: Any, **config: Any) -> None:
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._sock = sock
+        options = {"log_level": "warning", "lifespan": "off", "timeout_graceful_shutdown": 1}
+        self.server = uvicorn.Server(uvicorn.Config(app, **(options | config)))
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            self.thread.join(0.01)
+
+    def _run(self) -> None:
+        asyncio.run(self.server.serve(sockets=[self._sock]))
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        self._sock.close()

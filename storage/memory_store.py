@@ -88,6 +88,8 @@ class MemoryStore:
         for v, at, entry_id, payload in log_rows:
             p = _log_dec.decode(cipher.open(payload, aad(pool, f"log\x00{v}\x00{entry_id}")))
             stored.log.append(LogRow(version=v, at=at, who=p.who, entry=entry_id, change=p.change))
+        if stored.log:  # changes that wrote log rows did not rewrite the pool's row
+            stored.version = max(stored.version, stored.log[-1].version)
         return stored
 
     # --- writes ---
@@ -143,7 +145,13 @@ class MemoryStore:
             writes.append(
                 Insert(MEMORY_LOG.name, (key, pool, row.version, row.at, ek, row.entry, payload))
             )
-        if outcome.version != stored.version or not stored.persisted:
+        # The pool's row holds its wrapped key, settings and version. A change that writes log
+        # rows needs no update of it: on load the version is the newest of the row and the log.
+        # (That is two of five row operations saved on every Remember.)
+        version_only_in_row = outcome.version != stored.version and not any(
+            r.version == outcome.version for r in outcome.log
+        )
+        if not stored.persisted or version_only_in_row or outcome.deletes:
             writes.append(self.pool_row(stored, outcome.version, stored.settings))
         return writes
 

@@ -1,0 +1,101 @@
+"""Packing the three memory scopes into one prompt budget (SC-5).
+
+One budget of 16,000 characters covers everything memory adds to a prompt: the instructions, a
+heading per scope that contributes, and each entry's line with its source marker. Entries go in
+whole or not at all:
+
+1. `profile` entries first, taking one from each scope in turn (bot, user, project) — round
+   robin, newest first inside a scope — so every scope with a profile gets a say early;
+2. then `log` entries, scope by scope, the scope updated most recently first, newest first;
+3. `note` entries are never packed: they are found by `workspace_memory_search`.
+
+An entry that does not fit is left out and the next ones are still tried; what is left out stays
+stored and searchable. Pure: the caller passes entries with their content, already filtered to
+what the reader may see.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+BUDGET = 16_000
+SCOPES = ("bot", "user", "project")
+HEADINGS = {"bot": "## Bot memory", "user": "## What the user told you", "project": "## Project"}
+
+
+class ScopedEntry(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    scope: str  # bot | user | project
+    tier: str  # profile | log | note
+    content: str
+    updated_at: int  # epoch ms
+    source: str = ""  # the source marker, e.g. "bot:b_1" or "project:p_1 · b_2"
+
+
+class Packed(msgspec.Struct, frozen=True, kw_only=True):
+    text: str
+    included: tuple[str, ...]
+    omitted: tuple[str, ...]
+
+
+def line(entry: ScopedEntry) -> str:
+    """`- (YYYY-MM-DD) content [source]`, the memory line of FS-2 plus its source marker."""
+    day = datetime.datetime.fromtimestamp(entry.updated_at / 1000, datetime.UTC).date()
+    marker = f" [{entry.source}]" if entry.source else ""
+    return f"- ({day.isoformat()}) {entry.content}{marker}"
+
+
+def _newest_first(entries: Iterable[ScopedEntry]) -> list[ScopedEntry]:
+    return sorted(entries, key=lambda e: (-e.updated_at, e.id))
+
+
+def candidate_order(entries: Sequence[ScopedEntry]) -> list[ScopedEntry]:
+    """The order in which entries are offered to the budget (rules 1-3)."""
+    profiles = {
+        s: _newest_first(e for e in entries if e.scope == s and e.tier == "profile") for s in SCOPES
+    }
+    order: list[ScopedEntry] = []
+    while any(profiles.values()):
+        for scope in SCOPES:
+            if profiles[scope]:
+                order.append(profiles[scope].pop(0))
+    logs = {
+        s: _newest_first(e for e in entries if e.scope == s and e.tier == "log") for s in SCOPES
+    }
+    latest = {s: max((e.updated_at for e in entries if e.scope == s), default=0) for s in SCOPES}
+    for scope in sorted(SCOPES, key=lambda s: (-latest[s], SCOPES.index(s))):
+        order.extend(logs[scope])
+    return order
+
+
+def pack(entries: Sequence[ScopedEntry], *, instructions: str = "", budget: int = BUDGET) -> Packed:
+    """The memory part of a prompt within `budget` characters, whole entries only."""
+    used = len(instructions)
+    chosen: dict[str, list[ScopedEntry]] = {s: [] for s in SCOPES}
+    included: list[str] = []
+    omitted: list[str] = [e.id for e in entries if e.tier not in ("profile", "log")]
+    for entry in candidate_order(entries):
+        if entry.scope not in chosen:
+            omitted.append(entry.id)
+            continue
+        cost = len(line(entry)) + 1  # the line and its newline
+        if not chosen[entry.scope]:
+            cost += len(HEADINGS[entry.scope]) + 2  # the heading, a blank line before it
+        if used + cost > budget:
+            omitted.append(entry.id)
+            continue
+        used += cost
+        chosen[entry.scope].append(entry)
+        included.append(entry.id)
+    parts = [instructions] if instructions else []
+    for scope in SCOPES:
+        if chosen[scope]:
+            parts.append(
+                "\n" + HEADINGS[scope] + "\n" + "".join(line(e) + "\n" for e in chosen[scope])
+            )
+    text = "".join(parts)
+    assert len(text) <= budget, "packing accounted for every character"
+    return Packed(text=text, included=tuple(included), omitted=tuple(omitted))

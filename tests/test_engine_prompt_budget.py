@@ -1,0 +1,59 @@
+"""SC-5: one 16,000-character budget over three scopes, whole entries, profiles first."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.prompt_budget import BUDGET, ScopedEntry, line, pack
+
+entry_st = st.builds(
+    ScopedEntry,
+    id=st.uuids().map(lambda u: f"mem_{u.hex[:8]}"),
+    scope=st.sampled_from(["bot", "user", "project"]),
+    tier=st.sampled_from(["profile", "log", "note"]),
+    content=st.text(alphabet="abc xyz", min_size=1, max_size=3000),
+    updated_at=st.integers(1_700_000_000_000, 1_800_000_000_000),
+    source=st.sampled_from(["", "bot:b_1", "project:p_1 · b_2"]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(entry_st, max_size=40, unique_by=lambda e: e.id), st.text(max_size=2000))
+def test_never_over_budget_whole_entries_profiles_first(entries, instructions):
+    packed = pack(entries, instructions=instructions)
+    assert len(packed.text) <= BUDGET
+    by_id = {e.id: e for e in entries}
+    for entry_id in packed.included:
+        assert line(by_id[entry_id]) in packed.text  # whole, never cut
+        assert by_id[entry_id].tier != "note"
+    assert set(packed.included) | set(packed.omitted) == set(by_id)
+    # Every scope that has a profile entry that could fit gets one before any log entry goes in.
+    included = [by_id[i] for i in packed.included]
+    first_log = next((k for k, e in enumerate(included) if e.tier == "log"), len(included))
+    profiles_before = {e.scope for e in included[:first_log] if e.tier == "profile"}
+    for scope in ("bot", "user", "project"):
+        if any(e.scope == scope and e.tier == "profile" for e in included):
+            assert scope in profiles_before
+
+
+def test_round_robin_then_logs_by_latest_scope_and_leftovers_stay_out():
+    day = 86_400_000
+    t = 1_790_000_000_000
+    entries = [
+        ScopedEntry(id="bp1", scope="bot", tier="profile", content="b" * 50, updated_at=t),
+        ScopedEntry(id="bp2", scope="bot", tier="profile", content="b" * 50, updated_at=t + 1),
+        ScopedEntry(id="up1", scope="user", tier="profile", content="u" * 50, updated_at=t),
+        ScopedEntry(
+            id="pl1", scope="project", tier="log", content="p" * 50, updated_at=t + 5 * day
+        ),
+        ScopedEntry(id="bl1", scope="bot", tier="log", content="l" * 50, updated_at=t + day),
+        ScopedEntry(id="note", scope="bot", tier="note", content="n", updated_at=t + 9 * day),
+        ScopedEntry(id="huge", scope="user", tier="log", content="h" * 20_000, updated_at=t),
+    ]
+    packed = pack(entries, instructions="Use what helps.")
+    assert packed.included == ("bp2", "up1", "bp1", "pl1", "bl1")
+    assert set(packed.omitted) == {"note", "huge"}
+    assert packed.text.startswith("Use what helps.\n## Bot memory\n- (")
+    tight = pack(entries, budget=len("\n## Bot memory\n") + len(line(entries[1])) + 1)
+    assert tight.included == ("bp2",)

@@ -65,7 +65,10 @@ def candidate_order(entries: Sequence[ScopedEntry]) -> list[ScopedEntry]:
     logs = {
         s: _newest_first(e for e in entries if e.scope == s and e.tier == "log") for s in SCOPES
     }
-    latest = {s: max((e.updated_at for e in entries if e.scope == s), default=0) for s in SCOPES}
+    latest = {  # a scope's latest update among what can be packed (notes never are)
+        s: max((e.updated_at for e in entries if e.scope == s and e.tier != "note"), default=0)
+        for s in SCOPES
+    }
     for scope in sorted(SCOPES, key=lambda s: (-latest[s], SCOPES.index(s))):
         order.extend(logs[scope])
     return order

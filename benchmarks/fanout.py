@@ -80,6 +80,7 @@ import actors.runtime  # noqa: F401  (sets Ray's environment before anything imp
 from benchmarks._fanout_load import raise_nofile
 from benchmarks._load import percentile
 from gateway.live_server import LiveServer
+from gateway.server import tune_gc
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "fanout.json"
@@ -584,7 +585,10 @@ def run_openbot(args: argparse.Namespace, data_dir: Path, work: Path) -> dict[st
     admin_token = "bench-admin-" + secrets.token_hex(8)
     t0 = time.perf_counter()
     engine = Engine.start(data_dir, shards=2, prefix="bench-fanout")
-    # Default cache_ttl, as `openbot serve`; lifespan on so the hub stops with the server.
+    # Default cache_ttl and GC settings, as `openbot serve`; lifespan on so the hub stops with
+    # the server.
+    if not os.environ.get("OPENBOT_BENCH_NO_GC_TUNING"):
+        tune_gc()
     server = LiveServer(
         create_app(engine, admin_token),
         lifespan="on",

@@ -162,7 +162,9 @@ class Conversations:
             sink = _Sink(writes=[self.store.put_turn(log, turn)])
             self._append(log, start.chat, [(item, text)], sink)
             await self.shard._submit(None, sink.writes, sink.events)
-        self._tasks[turn.id] = asyncio.create_task(self._run(start, turn, item))
+        task = asyncio.create_task(self._run(start, turn, item))
+        self._tasks[turn.id] = task
+        task.add_done_callback(lambda _t, k=turn.id: self._tasks.pop(k, None))
         return turn
 
     async def wait_turn(self, chat: str, turn_id: str, timeout: float = TURN_WAIT) -> TurnResult:

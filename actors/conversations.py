@@ -94,6 +94,10 @@ class Conversations:
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
+    def _forget_log(self, chat: str) -> None:
+        """A write of this chat failed: drop what memory holds so the next read reloads it."""
+        self._logs.pop(chat, None)
+
     async def log(self, chat: str) -> ChatLog:
         log = self._logs.get(chat)
         if log is None:
@@ -161,7 +165,9 @@ class Conversations:
             # The person's item is durable before the turn is acknowledged.
             sink = _Sink(writes=[self.store.put_turn(log, turn)])
             self._append(log, start.chat, [(item, text)], sink)
-            await self.shard._submit(None, sink.writes, sink.events)
+            await self.shard._submit(
+                None, sink.writes, sink.events, on_failure=lambda: self._forget_log(start.chat.id)
+            )
         task = asyncio.create_task(self._run(start, turn, item))
         self._tasks[turn.id] = task
         task.add_done_callback(lambda _t, k=turn.id: self._tasks.pop(k, None))
@@ -204,7 +210,9 @@ class Conversations:
                 sink.writes.append(self.store.job_row(job, new=True))
                 sink.events.append(self.learning.event(job))
             # The turn's end, its items, confessions and the learning job: one transaction.
-            await self.shard._submit(None, sink.writes, sink.events)
+            await self.shard._submit(
+                None, sink.writes, sink.events, on_failure=lambda: self._forget_log(chat.id)
+            )
         if job is not None:
             self.learning.start(job)
 

@@ -31,9 +31,10 @@ from engine.learning import (
     context_selection,
     decide,
 )
-from engine.memory import Change, LogRow, Who
+from engine.memory import Change, LogRow, Reader, Who
 from engine.models import Completion, Message
 from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS
+from engine.visibility import Visibility
 from storage.chat_store import ChatStore, LearningJob, ModelCall
 
 if TYPE_CHECKING:
@@ -131,14 +132,17 @@ class LearningRunner:
                 job, status="running", attempts=job.attempts + 1, updated_at=self.shard.clock()
             )
             try:
-                await asyncio.wait_for(self._execute(job), self.step_limit)
-            except TimeoutError:
-                await self._end(job, "failed", "the learning step took longer than 2 minutes")
+                # MB-5: the model step is bounded by `step_limit` (its call's timeout); applying
+                # is not, so a late apply never commits under a job already ended as failed.
+                await self._execute(job)
             except BudgetSpent:
                 await self._end(job, "waiting", "the memory bot's budget is spent for now")
             except OpenBotError as e:
                 log.warning("learning job %s failed: %s", job.id, e.message)
-                await self._end(job, "failed", f"the learning step failed: {e.code}")
+                if e.code == "model_timeout":
+                    await self._end(job, "failed", "the learning step took longer than 2 minutes")
+                else:
+                    await self._end(job, "failed", f"the learning step failed: {e.code}")
             except Exception as e:  # never leave a job running
                 log.exception("learning job %s crashed", job.id)
                 await self._end(job, "failed", f"internal error: {type(e).__name__}")
@@ -180,12 +184,22 @@ class LearningRunner:
         if recorded is not None and recorded.response is not None:
             completion = _completion_dec.decode(recorded.response)  # LRN-4: reuse, never re-call
         else:
+            # The model sees only what the turn's audience may see: whatever it writes is shown
+            # to that audience, so it must not be able to restate anyone else's entries.
+            reader = Reader(
+                user=job.grant.removeprefix("for:person:") if job.channel is None else "\x00",
+                org=job.org,
+                channels=frozenset({job.channel}) if job.channel else frozenset(),
+                uses_bot=True,
+            )
             async with pool.lock.shared():
                 view = pool.learning_view
-                if view is None or view[0] != pool.version:
-                    view = (pool.version, *context_selection(pool.entries))
+                if view is None or view[:2] != (pool.version, reader):
+                    vis = Visibility(reader, pool.entries)
+                    seen = {i: pool.entries[i] for i in pool.candidates(reader) if vis.usable(i)}
+                    view = (pool.version, reader, *context_selection(seen))
                     pool.learning_view = view
-                _, chosen, topics = view
+                _, _, chosen, topics = view
                 entries = [
                     context_entry(m, self.shard.store.open_content(pool.stored, m.id))
                     for m in chosen
@@ -285,7 +299,7 @@ class LearningRunner:
                 ]
                 pending = self.shard._queue(pool, outcome, sealed, extra, [self.event(done)])
         try:
-            await self.shard._settle(pool, pending)
+            await self.shard._settle(pool, pending, reads_state=False)
         except BaseException:
             self._positions.pop((job.pool, job.chat), None)  # reload what was really stored
             raise

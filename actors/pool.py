@@ -20,10 +20,11 @@ class Pool:
         self.stored = stored
         self.lock = RWLock()
         self.pending: asyncio.Future[None] | None = None
+        self.poisoned = False  # a queued change failed: this state is ahead of the disk
         # Receipts written since load (the table has older ones): requestId key → (print, answer).
         self.receipts: dict[str, tuple[str, bytes]] = {}
         # The learning context (LRN-7) of one pool version: recomputing it walks every entry.
-        self.learning_view: tuple[int, list[EntryMeta], dict[str, int]] | None = None
+        self.learning_view: tuple | None = None  # (version, reader, entries, topic counts)
         self._by_grant: dict[str, set[str]] = {}
         for meta in stored.entries.values():
             self._index(meta)
@@ -84,4 +85,3 @@ class Pool:
         # The same order as a reload gives (storage sorts by version, then entry id).
         stored.log.extend(sorted(outcome.log, key=lambda r: (r.version, r.entry)))
         stored.version = outcome.version
-        stored.persisted = True

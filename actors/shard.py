@@ -26,7 +26,7 @@ from actors.models import Model, load_models
 from actors.pool import Pool
 from engine import commands
 from engine.commands import Outcome
-from engine.errors import Conflict, InvalidInput, NotFound
+from engine.errors import Conflict, InvalidInput, NotFound, StorageError
 from engine.events import (
     NOBODY,
     Audience,
@@ -57,10 +57,10 @@ from storage.chat_store import ChatStore, Confession, Enrichment, ItemView, Lear
 from storage.crypto import Keyring, load_master_key
 from storage.database import Database
 from storage.event_log import MARK_RESTORED, EventLog
-from storage.group_commit import GroupCommitter, Write
+from storage.group_commit import DeleteWhere, GroupCommitter, Write
 from storage.memory_store import MemoryStore
 from storage.receipts import Receipts, fingerprint, receipt_key
-from storage.shard_schema import MIGRATIONS, TABLES
+from storage.shard_schema import MIGRATIONS, RECEIPTS, TABLES
 
 _view_dec = msgspec.json.Decoder(EntryView)
 _json = msgspec.json.Encoder()
@@ -141,17 +141,22 @@ class ShardService:
             return pool
         return await asyncio.shield(loading)
 
-    async def _settle(self, pool: Pool, fut: asyncio.Future[None] | None) -> None:
+    async def _settle(
+        self, pool: Pool, fut: asyncio.Future[None] | None, *, reads_state: bool = True
+    ) -> None:
         """Wait until `fut` (a commit this reply depends on) is durable. If it failed, the pool's
-        memory is ahead of the disk: drop it so the next call reloads what was stored."""
+        memory is ahead of the disk: drop it so the next call reloads what was stored. A reply
+        that shows pool state (`reads_state`) also fails when an earlier change it may include
+        failed; a write whose own rows committed is acknowledged."""
         if fut is None:
             return
         try:
             await asyncio.shield(fut)
         except BaseException:
-            if self._pools.get(pool.id) is pool:
-                del self._pools[pool.id]
+            self._poison(pool)
             raise
+        if reads_state and pool.poisoned:  # an earlier change this state includes failed
+            raise StorageError("a change could not be stored; try again")
 
     def _queue(
         self,
@@ -194,20 +199,42 @@ class ShardService:
         return self._submit(pool, writes, [*items, *more_events])
 
     def _submit(
-        self, pool: Pool | None, writes: list, items: Sequence[tuple[Payload, Audience]] = ()
+        self,
+        pool: Pool | None,
+        writes: list,
+        items: Sequence[tuple[Payload, Audience]] = (),
+        on_failure: Callable[[], None] | None = None,
     ):
+        """Queue a batch. On commit its events are published and new pool keys count as stored.
+        If it fails, the memory state that was built on it is dropped (`pool`, `on_failure`), so
+        nothing answers from a change that is not on disk; later reads reload from the file."""
         events, event_rows = self.events.stage(items, self.clock())
         writes = [*writes, *event_rows]
+        keyed = self.store.take_keyed()
         if not writes:
             return pool.pending if pool is not None else None
         fut = self.committer.submit(writes)
-        if events:
-            fut.add_done_callback(
-                lambda f: f.cancelled() or f.exception() or self.events.publish(events)
-            )
+
+        def settled(f: asyncio.Future[None]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                for stored in keyed:
+                    stored.persisted = True
+                self.events.publish(events)
+                return
+            if pool is not None:
+                self._poison(pool)
+            if on_failure is not None:
+                on_failure()
+
+        fut.add_done_callback(settled)
         if pool is not None:
             pool.pending = fut
         return fut
+
+    def _poison(self, pool: Pool) -> None:
+        pool.poisoned = True
+        if self._pools.get(pool.id) is pool:
+            del self._pools[pool.id]
 
     async def emit(self, items: Sequence[tuple[Payload, Audience]]) -> int:
         """Write events that go with no memory change (for other parts of the engine); returns
@@ -354,7 +381,7 @@ class ShardService:
                 done = view(outcome.upserts[0], content)
                 extra = self._receipt_rows(pool, key, print_, done)
                 pending = self._queue(pool, outcome, sealed, extra)
-        await self._settle(pool, pending)
+        await self._settle(pool, pending, reads_state=False)
         return done
 
     async def forget(
@@ -380,15 +407,20 @@ class ShardService:
                 done = view(meta, content)
                 extra = self._receipt_rows(pool, key, print_, done)
                 pending = self._queue(pool, outcome, None, extra)
-        await self._settle(pool, pending)
+        await self._settle(pool, pending, reads_state=False)
         return done
 
     async def purge(self, pool_id: str, tag: str) -> int:
         pool = await self._pool(pool_id)
         async with pool.lock.exclusive():
             outcome = commands.purge(entries=pool.entries, tag=tag, version=pool.version)
-            pending = self._queue(pool, outcome)
-        await self._settle(pool, pending)
+            extra: list[Write] = []
+            if outcome.deletes:
+                # Stored answers may quote what was just deleted: a purge ends their replay.
+                extra.append(DeleteWhere(RECEIPTS.name, "scope", (pool_id,)))
+                pool.receipts.clear()
+            pending = self._queue(pool, outcome, None, extra)
+        await self._settle(pool, pending, reads_state=False)
         return len(outcome.deletes)
 
     async def memory_log(self, pool_id: str, reader: Reader) -> LogPage:
@@ -467,9 +499,8 @@ class ShardService:
             settings = apply_patch(pool.stored.settings, patch)
             pool.stored.settings = settings
             row = self.store.pool_row(pool.stored, pool.version, settings)
-            pool.stored.persisted = True
             pending = self._submit(pool, [row])
-        await self._settle(pool, pending)
+        await self._settle(pool, pending, reads_state=False)
         return settings
 
     # --- entries written by the memory bot (facts, observations) ---------------------------------
@@ -495,7 +526,7 @@ class ShardService:
             )
             outcome = Outcome(version=version, upserts=tuple(metas), log=log)
             pending = self._queue(pool, outcome, sealed)
-        await self._settle(pool, pending)
+        await self._settle(pool, pending, reads_state=False)
         return version
 
     async def set_status(self, pool_id: str, entry_id: str, status: Status) -> int:
@@ -518,7 +549,7 @@ class ShardService:
             change = Change.INVALIDATED if status == Status.INVALIDATED else Change.UPDATED
             row = LogRow(version=version, at=now, who=Who.MEMORY_BOT, entry=entry_id, change=change)
             pending = self._queue(pool, Outcome(version=version, upserts=(changed,), log=(row,)))
-        await self._settle(pool, pending)
+        await self._settle(pool, pending, reads_state=False)
         return version
 
     # --- lifecycle ---

@@ -93,6 +93,7 @@ class Api:
             model=body.model,
             rules=body.rules,
         )
+        self.auth.directory_changed(bot.id)  # the owner's principal now lists this bot
         return json(bot, 201)
 
     async def create_grant(self, request: Request) -> Response:

@@ -187,7 +187,7 @@ class Hub:
             assert head is not None
             try:
                 new_head, events = await call(shard.events_after, head.head, 1000, POLL_WAIT)
-            except OpenBotError:
+            except Exception:  # whatever Ray raises: the pump must live on, and say it lags
                 self._pump_ok[k] = False
                 log.warning("event pump for shard %d failed; retrying", k, exc_info=True)
                 await asyncio.sleep(delay)
@@ -260,7 +260,10 @@ class Hub:
                 if sub.positions[k].seq >= pumped.head:
                     sub.live[k] = True  # no await since the check: no gap, no duplicate
                     break
-                _, events = await call(shard.events_after, sub.positions[k].seq, 1000, 0.0)
+                head, events = await call(shard.events_after, sub.positions[k].seq, 1000, 0.0)
+                if sub.positions[k].seq < head.oldest - 1:
+                    # Pruned while this client caught up: it must come back and be reset.
+                    raise Closed(4409, "cursor fell out of the kept window: reconnect")
                 if not events:
                     # Nothing is published between here and the pump: level with it.
                     pos = sub.positions[k]

@@ -179,7 +179,6 @@ class ChatStore:
         if new:
             log._floor = max(log._floor, new[-1][0].seq)
             writes.append(self.memory.pool_row(log.key, log._floor, log.key.settings))
-            log.key.persisted = True
         return writes
 
     def delete_items(self, log: ChatLog) -> list[Write]:

@@ -53,6 +53,7 @@ class MemoryStore:
     def __init__(self, db: Database, keyring: Keyring) -> None:
         self.db = db
         self.keyring = keyring
+        self._keyed: list[StoredPool] = []
 
     async def load(self, pool: str) -> StoredPool:
         def read(con):
@@ -101,17 +102,25 @@ class MemoryStore:
         return stored.cipher.open(stored.sealed[entry_id], aad(stored.pool, entry_id)).decode()
 
     def pool_row(self, stored: StoredPool, version: int, settings: MemoryBotSettings) -> Put:
+        """The pool's row. Until one has committed, `persisted` stays False and every batch that
+        seals something with the pool's key carries the row again (see `take_keyed`)."""
         blob = stored.cipher.seal(_meta_enc.encode(settings), aad(stored.pool, "settings"))
+        if not stored.persisted:
+            self._keyed.append(stored)
         return Put(POOLS.name, (stored.pool, version, stored.wrapped_key, blob))
 
+    def take_keyed(self) -> list[StoredPool]:
+        """Pools whose rows went into the batch being built: mark them persisted once it commits
+        (never before: a failed commit must not leave a key that was never stored)."""
+        keyed, self._keyed = self._keyed, []
+        return keyed
+
     def key_rows(self, stored: StoredPool) -> list[Write]:
-        """The pool's row (its wrapped key) if it was never stored: needed before anything sealed
-        with the pool's key may be written, or a restart could not open it again."""
+        """The pool's row (its wrapped key) while none has committed: needed with anything sealed
+        with the pool's key, or a restart could not open it again."""
         if stored.persisted:
             return []
-        row = self.pool_row(stored, stored.version, stored.settings)
-        stored.persisted = True
-        return [row]
+        return [self.pool_row(stored, stored.version, stored.settings)]
 
     def outcome_writes(
         self,

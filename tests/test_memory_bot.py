@@ -295,3 +295,22 @@ def test_context_api_has_entries_and_validate_references(tmp_path, fresh):
     assert ctx.entries and len(ctx.entries) == 1 and ctx.hasEntries
     assert has and not stranger_has
     assert valid_before and not valid_after
+
+
+def test_learning_sees_only_what_the_turns_person_may_see(tmp_path, fresh):
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
+    mem.answer(completion("I hear you."), completion("nothing to learn"))
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        await svc.remember(POOL, Reader(user="u_bob", org="o1", uses_bot=True), "Bob's secret plan")
+        mine = await svc.remember(POOL, ANN, "Ann likes tea")
+        await _turn(svc, "I moved to Oslo")
+        await svc.close()
+        return mine
+
+    mine = asyncio.run(go())
+    request = json.loads(mem.requests[-1]["messages"][-1]["content"])
+    assert [e["id"] for e in request["entries"]] == [mine.id]
+    assert "secret" not in mem.requests[-1]["messages"][-1]["content"]

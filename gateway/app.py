@@ -287,7 +287,9 @@ def _reader(principal: Principal, request: Request, bot_id: str) -> Reader:
     return Reader(user=principal.user.id, org=org, channels=principal.channels, uses_bot=True)
 
 
-def create_app(engine: Engine, admin_token: str, *, cache_ttl: float = 2.0) -> Starlette:
+def create_app(
+    engine: Engine, admin_token: str, *, cache_ttl: float = 2.0, listener_refresh: float = 30.0
+) -> Starlette:
     if not admin_token:
         raise InvalidInput("an admin token is required")
     auth = Auth(engine, admin_token, ttl=cache_ttl)
@@ -316,7 +318,7 @@ def create_app(engine: Engine, admin_token: str, *, cache_ttl: float = 2.0) -> S
         r("/v1/capabilities", api.capabilities, methods=["GET"]),
         r("/openapi.json", api.openapi, methods=["GET"]),
         r("/healthz", api.health, methods=["GET"]),
-        WebSocketRoute("/v1/events", EventsEndpoint(hub, auth).handle),
+        WebSocketRoute("/v1/events", EventsEndpoint(hub, auth, listener_refresh).handle),
     ]
 
     @contextlib.asynccontextmanager

@@ -244,12 +244,22 @@ class Hub:
             positions, reset = here, True
         sub = Subscriber(listener, list(positions))
         self.subscribers.add(sub)
+        self._index(sub)
+        return sub, reset
+
+    def _index(self, sub: Subscriber) -> None:
+        listener = sub.listener
         self._by_user.setdefault(listener.user, set()).add(sub)
         for channel in listener.channels:
             self._by_channel.setdefault(channel, set()).add(sub)
         for bot in listener.bots:
             self._by_bot.setdefault(bot, set()).add(sub)
-        return sub, reset
+
+    def relisten(self, sub: Subscriber, listener: Listener) -> None:
+        """The client's grants or channels changed: index it under the new ones."""
+        self._unindex(sub)
+        sub.listener = listener
+        self._index(sub)
 
     async def catch_up(self, sub: Subscriber) -> None:
         """Replay from the shards until each is level with this hub's pump, then go live."""
@@ -274,6 +284,9 @@ class Hub:
 
     def unsubscribe(self, sub: Subscriber) -> None:
         self.subscribers.discard(sub)
+        self._unindex(sub)
+
+    def _unindex(self, sub: Subscriber) -> None:
         keys = [
             (self._by_user, [sub.listener.user]),
             (self._by_channel, sub.listener.channels),
@@ -292,12 +305,13 @@ class Hub:
 class EventsEndpoint:
     hub: Hub
     auth: Auth
+    refresh_every: float = LISTENER_REFRESH
 
     async def handle(self, websocket: WebSocket) -> None:
         await websocket.accept()
         sub: Subscriber | None = None
         try:
-            principal = await self._authenticate(websocket)
+            principal, token = await self._authenticate(websocket)
             listener = _listener(principal)
             try:
                 sub, reset = await self.hub.subscribe(
@@ -309,7 +323,7 @@ class EventsEndpoint:
             await websocket.send_bytes(
                 _enc.encode(Frame(type=kind, cursor=sub.cursor(), at=_now()))
             )
-            await self._run(websocket, sub)
+            await self._run(websocket, sub, token)
         except Closed as c:
             await _close(websocket, c.code, c.reason)
         except WebSocketDisconnect:
@@ -338,20 +352,34 @@ class EventsEndpoint:
             raise Closed(4401, e.message) from e
         if principal.user is None:
             raise Closed(4401, "events are per user; use a user token")
-        return principal
+        return principal, token
 
-    async def _run(self, websocket: WebSocket, sub: Subscriber) -> None:
+    async def _refresh(self, sub: Subscriber, token: str) -> None:
+        """Re-read who the client is now and then: grants and channels added since it connected
+        apply from then on; a token that stopped working ends the stream."""
+        while True:
+            await asyncio.sleep(self.refresh_every)
+            try:
+                principal = await self.auth.principal_for(token)
+            except Unauthenticated as e:
+                raise Closed(4401, e.message) from e
+            listener = _listener(principal)
+            if listener != sub.listener:
+                self.hub.relisten(sub, listener)
+
+    async def _run(self, websocket: WebSocket, sub: Subscriber, token: str) -> None:
         catch_up = asyncio.create_task(self.hub.catch_up(sub))
         reader = asyncio.create_task(_read_client(websocket))
         overflow = asyncio.create_task(sub.overflowed.wait())
         sender = asyncio.create_task(_send(websocket, sub))
-        tasks = {catch_up, reader, overflow, sender}
+        refresh = asyncio.create_task(self._refresh(sub, token))
+        tasks = {catch_up, reader, overflow, sender, refresh}
         try:
             while True:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 if overflow in done:
                     raise Closed(4429, "too slow: reconnect with your last cursor")
-                for task in done & {reader, sender}:
+                for task in done & {reader, sender, refresh}:
                     task.result()  # raises Closed or WebSocketDisconnect
                 if catch_up in done:
                     catch_up.result()

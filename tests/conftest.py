@@ -68,7 +68,7 @@ def engine(ray_session, data_dir, model_stubs):
 def server(engine) -> Iterator[LiveServer]:
     from gateway.app import create_app
 
-    live = LiveServer(create_app(engine, ADMIN, cache_ttl=0.0))
+    live = LiveServer(create_app(engine, ADMIN, cache_ttl=0.0, listener_refresh=0.2))
     yield live
     live.stop()
 

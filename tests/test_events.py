@@ -198,3 +198,36 @@ def test_bad_header_token_is_refused(server):
         assert info.value.code == 4401
 
     asyncio.run(scenario())
+
+
+def test_a_grant_given_while_connected_applies_to_the_open_stream(engine, world):
+    import ray
+
+    from engine.directory import bot_pool
+    from engine.memory import EntryMeta, Layer
+
+    async def scenario():
+        bob = EventClient(world.server.url, world.tokens["bob"])
+        it = aiter(bob)
+        first = asyncio.ensure_future(_next(it, timeout=10))
+        await asyncio.sleep(0.3)  # connected, without access to the bot
+        world.grant("bob", "read")
+        await asyncio.sleep(0.6)  # the stream re-reads its listener every 0.2 s in tests
+        meta = EntryMeta(
+            id=f"mem_forbot_{world.bot}",
+            pool=bot_pool(world.bot),
+            layer=Layer.PINNED,
+            tags=("for:bot", f"org:{world.org}"),
+            created_at=1,
+            updated_at=1,
+        )
+        shard = engine.shard_for(world.users["alice"])
+        await asyncio.to_thread(
+            ray.get, shard.add_entries.remote(bot_pool(world.bot), [(meta, "for everyone")])
+        )
+        frame = await first
+        await bob.close()
+        return frame
+
+    frame = asyncio.run(scenario())
+    assert frame.type == "memory.changed" and frame.data["entry"] == f"mem_forbot_{world.bot}"

@@ -62,7 +62,6 @@ import collections
 import contextlib
 import json
 import logging
-import math
 import os
 import platform
 import queue
@@ -78,20 +77,18 @@ from typing import Any
 
 import actors.runtime  # noqa: F401  (sets Ray's environment before anything imports ray)
 from benchmarks._fanout_load import raise_nofile
-from benchmarks._load import percentile
+from benchmarks._fanout_report import (
+    SYSTEMS,
+    TARGETS,
+    print_table,
+    score,
+    verdicts,
+)
 from gateway.live_server import LiveServer
 from gateway.server import tune_gc
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "fanout.json"
-SYSTEMS = ("openbot", "websockets", "socketio")
-LABELS = {"openbot": "OpenBot", "websockets": "websockets (ceiling)", "socketio": "python-socketio"}
-TARGETS = {
-    "lost": 0,
-    "duplicated": 0,
-    "p99_ms_max": 50.0,
-    "vs_socketio_min": 2.0,
-}
 
 
 # --- child processes ---------------------------------------------------------------------------
@@ -209,9 +206,6 @@ def cpu_by_role() -> dict[str, float]:
                 role = "ray_system"
         out[role] += cpu.get(pid, 0.0)
     return out
-
-
-SERVER_ROLES = ("gateway", "shard", "directory", "ray_system", "ref_server")
 
 
 # --- the OpenBot gateway -----------------------------------------------------------------------
@@ -420,164 +414,6 @@ def run_load(
                 c.proc.wait(5)
 
 
-def score(
-    system: str,
-    clients: list[dict[str, Any]],
-    records: list[list[Any]],
-    phases: dict[str, dict[str, Any]],
-) -> dict[str, Any]:
-    """Per phase: deliveries, loss, duplicates, foreign events, latencies, rates."""
-    by_entry: dict[str, tuple[str, int, int, int]] = {}
-    ids: dict[tuple[int, str], set[str]] = collections.defaultdict(set)
-    post_lat: dict[str, list[float]] = collections.defaultdict(list)
-    failed_posts: collections.Counter[str] = collections.Counter()
-    first_send: dict[str, int] = {}
-    for phase, entry, user, t_send, t_resp, _status in records:
-        if entry is None:
-            failed_posts[phase] += 1
-            continue
-        by_entry[entry] = (phase, user, t_send, t_resp)
-        ids[(user, phase)].add(entry)
-        post_lat[phase].append((t_resp - t_send) / 1e6)
-        first_send[phase] = min(first_send.get(phase, t_send), t_send)
-
-    out: dict[str, Any] = {"system": system, "phases": {}}
-    for phase, info in phases.items():
-        lat: list[float] = []
-        lat_resp: list[float] = []
-        lat_at: list[float] = []
-        delivered = dup = foreign = unknown = lost = expected = 0
-        last_recv = 0
-        lost_clients = 0
-        for c in clients:
-            want = ids.get((c["user"], phase), set())
-            expected += len(want)
-            got: set[str] = set()
-            for entry, t, after_at in c["received"]:
-                rec = by_entry.get(entry)
-                if rec is None:
-                    if phase == "fixed":
-                        unknown += 1  # counted once, under the first phase
-                    continue
-                if rec[0] != phase:
-                    continue
-                if rec[1] != c["user"]:
-                    foreign += 1
-                    continue
-                if entry in got:
-                    dup += 1
-                    continue
-                got.add(entry)
-                delivered += 1
-                lat.append((t - rec[2]) / 1e6)
-                lat_resp.append((t - rec[3]) / 1e6)
-                lat_at.append(float(after_at))
-                last_recv = max(last_recv, t)
-            missing = len(want - got)
-            lost += missing
-            lost_clients += missing > 0
-        timeline = _timeline(phase, clients, by_entry, first_send.get(phase))
-        lat.sort()
-        lat_resp.sort()
-        lat_at.sort()
-        posts = sorted(post_lat.get(phase, []))
-        span = (last_recv - first_send[phase]) / 1e9 if phase in first_send and last_recv else 0
-        server_cpu = sum(info["cpu_s"][r] for r in SERVER_ROLES)
-        out["phases"][phase] = {
-            "events": len(posts),
-            "failed_posts": failed_posts.get(phase, 0),
-            "expected_deliveries": expected,
-            "delivered": delivered,
-            "lost": lost,
-            "clients_with_loss": lost_clients,
-            "duplicated": dup,
-            "foreign": foreign,
-            "unknown": unknown,
-            "delivered_per_s": round(delivered / span, 1) if span > 0 else 0.0,
-            "span_s": round(span, 3),
-            "latency_ms": _pcts(lat),
-            "latency_after_response_ms": _pcts(lat_resp),
-            # the frame's `at` (OpenBot: when the shard queued the event, before its commit;
-            # references: when the server built the frame) -> received, wall clock, 1 ms steps
-            "latency_after_at_ms": _pcts(lat_at),
-            "post_ms": _pcts(posts),
-            "server_cpu_ms_per_1k_deliveries": round(server_cpu / delivered * 1e6, 1)
-            if delivered
-            else None,
-            **info,
-            "timeline": timeline,
-        }
-    out["drops"] = sum(c["drops"] for c in clients)
-    out["connects"] = sum(c["connects"] for c in clients)
-    out["reconnects"] = out["connects"] - len(clients)
-    closes: collections.Counter[str] = collections.Counter()
-    for c in clients:
-        closes.update(c["closes"])
-    out["close_codes"] = dict(closes)
-    out["resets"] = sum(c["resets"] for c in clients)
-    errs = [e for c in clients for e in c["errors"]]
-    out["client_errors"] = {"count": len(errs), "samples": errs[:5]}
-    return out
-
-
-def _timeline(
-    phase: str,
-    clients: list[dict[str, Any]],
-    by_entry: dict[str, tuple[str, int, int, int]],
-    start: int | None,
-) -> list[dict[str, Any]]:
-    """Per second of the phase (by the events' send time): events sent, drops, and the latency
-    of the deliveries of those events; shows whether slow deliveries follow drops."""
-    if start is None:
-        return []
-    sent: collections.Counter[int] = collections.Counter()
-    for ph, _user, t_send, _t_resp in by_entry.values():
-        if ph == phase:
-            sent[(t_send - start) // 1_000_000_000] += 1
-    lat: dict[int, list[float]] = collections.defaultdict(list)
-    seen: set[tuple[int, str]] = set()
-    for c in clients:
-        for entry, t, _ in c["received"]:
-            rec = by_entry.get(entry)
-            if rec is None or rec[0] != phase or (c["index"], entry) in seen:
-                continue
-            seen.add((c["index"], entry))
-            lat[(rec[2] - start) // 1_000_000_000].append((t - rec[2]) / 1e6)
-    drops: collections.Counter[int] = collections.Counter()
-    horizon = max(sent, default=-1)
-    for c in clients:
-        for t in c.get("drop_times", []):
-            second = (t - start) // 1_000_000_000
-            if 0 <= second <= horizon:
-                drops[second] += 1
-    out = []
-    for second in range(horizon + 1):
-        values = sorted(lat.get(second, []))
-        out.append(
-            {
-                "second": second,
-                "events": sent.get(second, 0),
-                "drops": drops.get(second, 0),
-                "deliveries": len(values),
-                "p50_ms": round(percentile(values, 0.5), 1) if values else None,
-                "p99_ms": round(percentile(values, 0.99), 1) if values else None,
-            }
-        )
-    return out
-
-
-def _pcts(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": math.nan, "p99": math.nan, "max": math.nan, "n": 0}
-    return {
-        "p50": round(percentile(values, 0.50), 2),
-        "p90": round(percentile(values, 0.90), 2),
-        "p99": round(percentile(values, 0.99), 2),
-        "max": round(values[-1], 2),
-        "n": len(values),
-    }
-
-
 def run_openbot(args: argparse.Namespace, data_dir: Path, work: Path) -> dict[str, Any]:
     from actors.runtime import Engine
     from gateway.app import create_app
@@ -643,157 +479,6 @@ def run_reference(system: str, args: argparse.Namespace, work: Path) -> dict[str
 
 
 # --- report ------------------------------------------------------------------------------------
-
-
-def verdicts(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str]]:
-    """(what, target, measured, PASS/MISS/-) for the issue's targets, on OpenBot."""
-    ob = results.get("openbot", {})
-    sio = results.get("socketio", {})
-    rows: list[tuple[str, str, str, str]] = []
-    if "phases" not in ob:
-        return [("OpenBot", "-", "not measured", "ERROR")]
-    fx = ob["phases"]["fixed"]
-    loss = sum(ob["phases"][p]["lost"] for p in ob["phases"])
-    dup = sum(ob["phases"][p]["duplicated"] for p in ob["phases"])
-    foreign = sum(ob["phases"][p]["foreign"] for p in ob["phases"])
-    rows.append(("lost events (all phases)", "0", str(loss), "PASS" if loss == 0 else "MISS"))
-    rows.append(("duplicated events (all phases)", "0", str(dup), "PASS" if dup == 0 else "MISS"))
-    rows.append(
-        ("foreign events (audience)", "0", str(foreign), "PASS" if foreign == 0 else "MISS")
-    )
-    p99 = fx["latency_ms"]["p99"]
-    rows.append(
-        (
-            "p99 publish-to-receive, fixed",
-            f"<= {TARGETS['p99_ms_max']:g} ms",
-            f"{p99:.1f} ms",
-            "PASS" if p99 <= TARGETS["p99_ms_max"] else "MISS",
-        )
-    )
-    for phase in ("burst", "fixed"):
-        if "phases" in sio and phase in sio["phases"]:
-            mine = ob["phases"][phase]["delivered_per_s"]
-            theirs = sio["phases"][phase]["delivered_per_s"]
-            ratio = mine / theirs if theirs else math.nan
-            ok = ratio >= TARGETS["vs_socketio_min"]
-            rows.append(
-                (
-                    f"delivered/s vs python-socketio, {phase}",
-                    f">= {TARGETS['vs_socketio_min']:g}x",
-                    f"{ratio:.2f}x ({mine:.0f} vs {theirs:.0f}/s)",
-                    ("PASS" if ok else "MISS") if phase == "burst" else "(info)",
-                )
-            )
-    return rows
-
-
-def print_table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
-    n = args.users * args.clients_per_user
-    print()
-    print(
-        f"fanout: {n} websocket clients ({args.users} users x {args.clients_per_user}) in "
-        f"{args.client_procs} processes; fixed: {args.rate:g} events/s x {args.seconds:g}s "
-        f"(= {args.rate * args.clients_per_user:g} deliveries/s), {args.drop_percent:g}% of "
-        f"clients dropped every {args.drop_every:g}s; burst: {args.burst} events, "
-        f"{args.burst_concurrency} in flight; {os.cpu_count()} CPUs"
-    )
-    head = (
-        f"{'system':<21}{'phase':<7}{'events':>7}{'deliv.':>8}{'lost':>6}{'dup':>5}"
-        f"{'deliv/s':>9}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'POST p50/p99 ms':>17}"
-        f"{'drops':>7}{'reconn':>7}{'srv cpu ms/1k':>14}"
-    )
-    print(head)
-    print("-" * len(head))
-    for system, r in results.items():
-        label = LABELS[system]
-        if "phases" not in r:
-            print(f"{label:<21}FAILED: {r.get('failed', '?')[:100]}")
-            continue
-        for phase, p in r["phases"].items():
-            lat, post = p["latency_ms"], p["post_ms"]
-            drops = f"{r['drops']}" if phase == "fixed" else ""
-            reconn = f"{r['reconnects']}" if phase == "fixed" else ""
-            cpu = p["server_cpu_ms_per_1k_deliveries"]
-            print(
-                f"{label:<21}{phase:<7}{p['events']:>7}{p['delivered']:>8}{p['lost']:>6}"
-                f"{p['duplicated']:>5}{p['delivered_per_s']:>9.0f}{lat['p50']:>8.1f}"
-                f"{lat['p99']:>8.1f}{lat['max']:>8.1f}"
-                f"{post['p50']:>8.1f}/{post['p99']:<8.1f}"
-                f"{drops:>7}{reconn:>7}{(f'{cpu:.0f}' if cpu is not None else '-'):>14}"
-            )
-    print(
-        "deliv/s: distinct deliveries / (last receive - first POST sent); latency: POST written "
-        "-> frame received; srv cpu: server-side CPU (OpenBot: gateway + Ray actors and system "
-        "processes) per 1,000 deliveries."
-    )
-    print()
-    print(
-        f"{'latency breakdown, ms (p50/p99)':<29}{'POST->rx':>14}{'POST->resp':>14}"
-        f"{'resp->rx':>14}{'at->rx':>14}   cpu s: server / clients / producer"
-    )
-    for system, r in results.items():
-        for phase, p in r.get("phases", {}).items():
-            cells = [
-                p["latency_ms"],
-                p["post_ms"],
-                p["latency_after_response_ms"],
-                p["latency_after_at_ms"],
-            ]
-            cpu = p["cpu_s"]
-            server = sum(cpu[k] for k in SERVER_ROLES)
-            print(
-                f"{LABELS[system] + ' ' + phase:<29}"
-                + "".join(f"{c['p50']:>7.1f}/{c['p99']:<6.1f}" for c in cells)
-                + f"   {server:.1f} / {cpu['clients']:.1f} / {cpu['producer']:.1f}"
-                + (
-                    f"  (gateway {cpu['gateway']:.1f}, shard {cpu['shard']:.1f}, "
-                    f"directory {cpu['directory']:.1f}, ray {cpu['ray_system']:.1f})"
-                    if system == "openbot"
-                    else ""
-                )
-            )
-    print(
-        "at->rx: from the frame's `at` (OpenBot: the shard queued the event, before its commit; "
-        "references: the server built the frame) to receipt, wall clock, 1 ms steps."
-    )
-    print()
-    for system, r in results.items():
-        if "phases" not in r:
-            continue
-        extra = []
-        if r.get("close_codes"):
-            extra.append(f"close codes {r['close_codes']}")
-        if r.get("resets"):
-            extra.append(f"resets {r['resets']}")
-        fx = r["phases"]["fixed"]
-        if fx["foreign"] or fx["unknown"]:
-            extra.append(f"foreign {fx['foreign']} unknown {fx['unknown']}")
-        failed_posts = sum(p["failed_posts"] for p in r["phases"].values())
-        if failed_posts:
-            extra.append(f"failed POSTs {failed_posts}")
-        if r["client_errors"]["count"]:
-            extra.append(f"client errors {r['client_errors']['count']}")
-        if r.get("server_log", {}).get("counts"):
-            extra.append(f"server log {r['server_log']['counts']}")
-        extra.append(f"connect {r['connect']['clients']} clients {r['connect']['seconds']}s")
-        print(f"  {LABELS[system]}: " + "; ".join(extra))
-        steps = fx.get("timeline", [])
-        if system == "openbot" and steps:
-            cells = " ".join("-" if s["p99_ms"] is None else f"{s['p99_ms']:.0f}" for s in steps)
-            print(f"    fixed phase, p99 ms of the events sent in each second: {cells}")
-    print()
-    print(f"{'target (OpenBot)':<40}{'target':<12}{'measured':<30}result")
-    for what, target, measured, verdict in verdicts(results):
-        print(f"{what:<40}{target:<12}{measured:<30}{verdict}")
-    loads = [
-        p["loadavg_1m_at_start"] for r in results.values() for p in r.get("phases", {}).values()
-    ]
-    if loads and max(loads) > (os.cpu_count() or 1):
-        print(
-            f"WARNING: 1-min load average reached {max(loads):.1f} on {os.cpu_count()} CPUs "
-            "during the run: other processes competed for the CPUs; latencies are inflated."
-        )
-    print()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -168,6 +168,7 @@ class Conversations:
             await self.shard._submit(
                 None, sink.writes, sink.events, on_failure=lambda: self._forget_log(start.chat.id)
             )
+            log.committed = item.seq
         task = asyncio.create_task(self._run(start, turn, item))
         self._tasks[turn.id] = task
         task.add_done_callback(lambda _t, k=turn.id: self._tasks.pop(k, None))
@@ -213,6 +214,8 @@ class Conversations:
             await self.shard._submit(
                 None, sink.writes, sink.events, on_failure=lambda: self._forget_log(chat.id)
             )
+            if log.items:
+                log.committed = log.items[-1].seq
         if job is not None:
             self.learning.start(job)
 
@@ -342,8 +345,9 @@ class Conversations:
         )
 
     async def items(self, chat: str) -> list[ItemView]:
+        """The chat's stored items (a running turn's items appear once they are on disk)."""
         log = await self.log(chat)
-        return [self._view(log, i) for i in log.items]
+        return [self._view(log, i) for i in log.items if i.seq <= log.committed]
 
     async def delete_items(self, chat: str) -> int:
         log = await self.log(chat)

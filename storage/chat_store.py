@@ -122,6 +122,7 @@ class ChatLog:
     items: list[Item] = field(default_factory=list)
     sealed: dict[int, bytes] = field(default_factory=dict)
     turns: dict[str, Turn] = field(default_factory=dict)
+    committed: int = 0  # items up to this seq are on disk; later ones belong to a running turn
 
     @property
     def cipher(self) -> Cipher:
@@ -157,6 +158,7 @@ class ChatStore:
         for seq, turn, kind, author, payload, at in items:
             log.items.append(Item(chat=chat, seq=seq, turn=turn, kind=kind, author=author, at=at))
             log.sealed[seq] = payload
+        log.committed = log.items[-1].seq if log.items else 0
         for (meta,) in turns:
             t = _turn_dec.decode(meta)
             if t.status == "running":  # the process ended during this turn

@@ -314,3 +314,46 @@ def test_learning_sees_only_what_the_turns_person_may_see(tmp_path, fresh):
     request = json.loads(mem.requests[-1]["messages"][-1]["content"])
     assert [e["id"] for e in request["entries"]] == [mine.id]
     assert "secret" not in mem.requests[-1]["messages"][-1]["content"]
+
+
+def test_items_of_a_running_turn_appear_once_stored(tmp_path, fresh):
+    bot, _ = fresh
+    bot.answer(completion("Here you go."))
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        gate = asyncio.Event()
+        submit = svc.committer.submit
+
+        def slow_end_of_turn(writes):
+            fut = submit(writes)
+            if not any(getattr(w, "table", "") == "turns" and w.row[3] == "done" for w in writes):
+                return fut
+            held = asyncio.get_running_loop().create_future()
+
+            async def release():
+                await gate.wait()
+                await fut
+                held.set_result(None)
+
+            held.task = asyncio.ensure_future(release())
+            return held
+
+        svc.committer.submit = slow_end_of_turn
+        org = Org(id="o1", name="o", settings=OrgSettings(botMemory=False))
+        turn = await svc.start_turn(
+            TurnStart(chat=CHAT, bot=BOT, org=org, operator="u_ann", text="hi")
+        )
+        log = await svc.conversations.log("chat_1")
+        while len(log.items) < 2:  # the reply is in memory, its commit is held back
+            await asyncio.sleep(0.01)
+        during = await svc.chat_items("chat_1")
+        gate.set()
+        await svc.wait_turn("chat_1", turn.id)
+        after = await svc.chat_items("chat_1")
+        await svc.close()
+        return during, after
+
+    during, after = asyncio.run(go())
+    assert [i.kind for i in during] == ["person"]
+    assert [i.kind for i in after] == ["person", "bot"]

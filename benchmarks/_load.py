@@ -272,3 +272,41 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def descendant_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of this process and its descendants (from /proc; Linux only), by pid,
+    with each one's command line ("" for this process). Other sessions' processes are not
+    descendants and are not counted."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                rest = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        pid = int(name)
+        parent[pid] = int(rest[1])
+        cpu[pid] = (int(rest[11]) + int(rest[12])) / tick
+    me = os.getpid()
+    mine = {me}
+    grew = True
+    while grew:
+        new = {p for p, pp in parent.items() if pp in mine and p not in mine}
+        mine |= new
+        grew = bool(new)
+    out: dict[int, tuple[str, float]] = {}
+    for pid in mine:
+        cmd = ""
+        if pid != me:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+        out[pid] = (cmd, cpu.get(pid, 0.0))
+    return out

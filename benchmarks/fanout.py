@@ -84,6 +84,7 @@ from benchmarks._fanout_report import (
     score,
     verdicts,
 )
+from benchmarks._load import descendant_cpu
 from gateway.live_server import LiveServer
 from gateway.server import tune_gc
 
@@ -158,53 +159,27 @@ class Child:
 
 
 def cpu_by_role() -> dict[str, float]:
-    """CPU seconds used so far by this process ("gateway": the gateway's thread and the Ray driver)
-    and by its descendants, by role (from /proc; Linux only)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parent: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                rest = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        parent[int(name)] = int(rest[1])
-        cpu[int(name)] = (int(rest[11]) + int(rest[12])) / tick
-    me = os.getpid()
-    mine = {me}
-    grew = True
-    while grew:
-        new = {p for p, pp in parent.items() if pp in mine and p not in mine}
-        mine |= new
-        grew = bool(new)
+    """CPU seconds so far by role ("gateway": this process, the gateway's thread and the Ray
+    driver; the others: its descendants)."""
     out = dict.fromkeys(
         ("gateway", "shard", "directory", "ray_system", "ref_server", "clients", "producer"), 0.0
     )
-    for pid in mine:
-        if pid == me:
+    for pid, (cmd, cpu) in descendant_cpu().items():
+        if pid == os.getpid():
             role = "gateway"
+        elif "_fanout_refs" in cmd:
+            role = "ref_server"
+        elif "_fanout_load clients" in cmd:
+            role = "clients"
+        elif "_fanout_load produce" in cmd:
+            role = "producer"
+        elif "ShardService" in cmd:
+            role = "shard"
+        elif "DirectoryService" in cmd:
+            role = "directory"
         else:
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if "_fanout_refs" in cmd:
-                role = "ref_server"
-            elif "_fanout_load clients" in cmd:
-                role = "clients"
-            elif "_fanout_load produce" in cmd:
-                role = "producer"
-            elif "ShardService" in cmd:
-                role = "shard"
-            elif "DirectoryService" in cmd:
-                role = "directory"
-            else:
-                role = "ray_system"
-        out[role] += cpu.get(pid, 0.0)
+            role = "ray_system"
+        out[role] += cpu
     return out
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import actors.runtime  # noqa: F401  (sets Ray's environment before anything imports ray)
-from benchmarks._load import closed_loop
+from benchmarks._load import closed_loop, descendant_cpu
 from gateway.live_server import LiveServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,49 +67,21 @@ LABELS = {
 
 
 def cpu_by_role() -> dict[str, float]:
-    """CPU seconds used so far by this process ("driver": the gateway's thread, Ray's driver and,
-    for actor calls, the load) and by its descendants, grouped by role (from /proc; Linux only).
-    Other sessions' Ray processes are not descendants and are not counted."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parent: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                rest = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        pid = int(name)
-        parent[pid] = int(rest[1])
-        cpu[pid] = (int(rest[11]) + int(rest[12])) / tick
-    me = os.getpid()
-    mine = {me}
-    grew = True
-    while grew:
-        new = {p for p, pp in parent.items() if pp in mine and p not in mine}
-        mine |= new
-        grew = bool(new)
+    """CPU seconds so far by role ("driver": this process, the gateway's thread, Ray's driver and,
+    for actor calls, the load; the others: its descendants)."""
     out = {"driver": 0.0, "shard": 0.0, "directory": 0.0, "ray_system": 0.0}
-    for pid in mine:
-        if pid == me:
+    for pid, (cmd, cpu) in descendant_cpu().items():
+        if pid == os.getpid():
             role = "driver"
+        elif "benchmarks._load" in cmd:
+            continue  # the HTTP load generator reports its own CPU
+        elif "ShardService" in cmd:
+            role = "shard"
+        elif "DirectoryService" in cmd:
+            role = "directory"
         else:
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if "benchmarks._load" in cmd:
-                continue  # the HTTP load generator reports its own CPU
-            if "ShardService" in cmd:
-                role = "shard"
-            elif "DirectoryService" in cmd:
-                role = "directory"
-            else:
-                role = "ray_system"  # gcs, raylet, idle workers, monitors
-        out[role] += cpu.get(pid, 0.0)
+            role = "ray_system"  # gcs, raylet, idle workers, monitors
+        out[role] += cpu
     return out
 
 

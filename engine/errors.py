@@ -6,6 +6,7 @@
     ├── Forbidden                the caller is known but may not do this
     ├── NotFound                 the thing named does not exist (or may not be known to the caller)
     ├── Conflict                 the request contradicts current state (stale version, not yours)
+    ├── Unprocessable            well-formed but outside what the engine does (too many rounds)
     ├── TooLarge                 a body or field over its limit
     ├── RateLimited              too many requests or over budget
     └── Unavailable              a dependency is down or overloaded; retrying later may work
@@ -23,18 +24,24 @@ class OpenBotError(Exception):
 
     code = "error"
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, code: str | None = None, details: dict | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
+        # Extra fields of the error body, e.g. a conflict's `currentRevision` (WA-2).
+        self.details = details or {}
         if code is not None:
             self.code = code
 
-    def __reduce__(self):  # keeps `code` across Ray's pickling of exceptions
-        return (_rebuild, (type(self), self.message, self.code))
+    def __reduce__(self):  # keeps `code` and `details` across Ray's pickling of exceptions
+        return (_rebuild, (type(self), self.message, self.code, self.details))
 
 
-def _rebuild(cls: type[OpenBotError], message: str, code: str) -> OpenBotError:
-    return cls(message, code=code)
+def _rebuild(
+    cls: type[OpenBotError], message: str, code: str, details: dict | None = None
+) -> OpenBotError:
+    return cls(message, code=code, details=details)
 
 
 class InvalidInput(OpenBotError):
@@ -55,6 +62,10 @@ class NotFound(OpenBotError):
 
 class Conflict(OpenBotError):
     code = "conflict"
+
+
+class Unprocessable(OpenBotError):
+    code = "unprocessable"
 
 
 class TooLarge(OpenBotError):

@@ -22,6 +22,7 @@ from engine.errors import (
     TooLarge,
     Unauthenticated,
     Unavailable,
+    Unprocessable,
 )
 
 log = logging.getLogger("openbot.gateway")
@@ -32,6 +33,7 @@ STATUS: dict[type[OpenBotError], int] = {
     Forbidden: 403,
     NotFound: 404,
     Conflict: 409,
+    Unprocessable: 422,
     TooLarge: 413,
     RateLimited: 429,
     Unavailable: 503,
@@ -47,15 +49,15 @@ def status_of(error: OpenBotError) -> int:
     return 500
 
 
-def error_response(status: int, code: str, message: str) -> Response:
-    body = msgspec.json.encode({"error": {"code": code, "message": message}})
+def error_response(status: int, code: str, message: str, details: dict | None = None) -> Response:
+    body = msgspec.json.encode({"error": {**(details or {}), "code": code, "message": message}})
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
 async def on_openbot_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, OpenBotError)
-    return error_response(status_of(exc), exc.code, exc.message)
+    return error_response(status_of(exc), exc.code, exc.message, exc.details)
 
 
 async def on_http_exception(request: Request, exc: Exception) -> Response:

@@ -1,12 +1,13 @@
-"""Chats on a shard: a turn end to end (DESIGN §5) for direct chats.
+"""Chats on their home shard: a turn end to end (DESIGN §5).
 
 1. The person's item is stored with the turn, whose operator is the person (LRN-6).
-2. Enrichment (ENR-1 … ENR-4): with `botMemory` on, a memory model, and visible entries, the
-   memory bot rewrites the input within 15 s; the record is kept, the history keeps the original.
-3. The bot's model runs with its tools (DESIGN §6). `confide` gets the confessor's answer (or the
-   calm one); workspace tools answer that they are not available here yet.
-4. The reply is stored; `chat.item.created` goes out for every item.
-5. If the bot confided and `botMemory` is on, a durable learning execution is scheduled.
+2. Each speaking bot takes a step (actors/bot_step.py) on the shard that holds its memory:
+   enrichment, its model with its tools, `confide`. A direct chat has one step; a group turn
+   has rounds of steps in rotating order (actors/group_turns.py).
+3. Replies become items; `chat.item.created` goes out for every item.
+4. If the bot confided and `botMemory` is on, a durable learning execution is scheduled on the
+   bot's shard; in a group, that shard keeps a copy of the person's items to learn from.
+5. Sends to other bots become collaboration chains (actors/chains.py).
 
 No pool lock is held across a model call (ACL-9): context is read under the shared lock and the
 lock is released before the model runs.
@@ -17,22 +18,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
 
+from actors.bot_step import BotStepper, Effect, Sink, StepInput, StepOutcome
 from actors.memory_bot import MemoryBotRuntime
-from actors.models import ModelError
-from engine.directory import Bot, Chat, Org, bot_pool
+from engine.directory import Bot, Channel, Chat, Org, bot_pool
+from engine.discussion import Plan, plan_turn
 from engine.errors import Forbidden, InvalidInput, NotFound
 from engine.events import Audience, ChatItemCreated
-from engine.memory import Reader
-from engine.models import Message, ToolCall
-from engine.turns import accept_rewrite, bot_system_prompt, bot_tools, enrichment_messages
+from engine.models import Message
 from storage.chat_store import (
     ChatLog,
     ChatStore,
+    Communication,
     Confession,
     Enrichment,
     Item,
@@ -48,8 +48,6 @@ if TYPE_CHECKING:
 
 MAX_TEXT = 32_000
 HISTORY_ITEMS = 50
-TOOL_ROUNDS = 4
-ENRICH_CONTEXT = 8_000
 TURN_WAIT = 180.0
 
 
@@ -57,20 +55,26 @@ class TurnStart(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a turn needs from the directory, captured when it starts."""
 
     chat: Chat
-    bot: Bot
+    bot: Bot | None  # direct and review chats
     org: Org
     operator: str
     text: str
     request_id: str | None = None
+    channel: Channel | None = None  # group chats, with their member bots
+    members: tuple[Bot, ...] = ()
+    rounds: int | None = None
+    mentions: tuple[str, ...] | None = None
 
 
-@dataclass
-class _Sink:
-    """Rows and events a turn collects until it commits them together."""
+class Mirrored(msgspec.Struct, frozen=True, kw_only=True):
+    """A chat item a bot's shard keeps so that its learning can read the evidence (LRN-3)."""
 
-    writes: list = field(default_factory=list)
-    events: list = field(default_factory=list)
-    calls: list = field(default_factory=list)  # the memory bot's model calls (SEC-1 call log)
+    seq: int
+    turn: str | None
+    kind: str
+    author: str
+    at: int
+    text: str
 
 
 class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,10 +90,16 @@ class Conversations:
         runtime: MemoryBotRuntime,
         learning: LearningRunner,
     ) -> None:
+        from actors.chains import ChainRunner
+        from actors.group_turns import GroupTurns
+
         self.shard = shard
         self.store = store
         self.runtime = runtime
         self.learning = learning
+        self.stepper = BotStepper(shard)
+        self.groups = GroupTurns(self)
+        self.chains = ChainRunner(self)
         self._logs: dict[str, ChatLog] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -105,71 +115,123 @@ class Conversations:
             self._logs.setdefault(chat, log)
         return self._logs[chat]
 
-    def _audience(self, chat: Chat) -> Audience:
+    def lock(self, chat: str) -> asyncio.Lock:
+        return self._locks.setdefault(chat, asyncio.Lock())
+
+    @staticmethod
+    def audience(chat: Chat) -> Audience:
+        if chat.kind == "group" and chat.channel:
+            return Audience(org=chat.org, channels=(chat.channel,))
         return Audience(org=chat.org, users=(chat.owner,))
 
-    def _append(self, log: ChatLog, chat: Chat, new: list[tuple[Item, str]], sink: _Sink) -> None:
-        """Add items to the chat and their rows and events to `sink`: a turn's writes after the
-        person's item go to disk in one transaction at its end."""
+    def append(self, log: ChatLog, chat: Chat, new: list[tuple[Item, str]], sink: Sink) -> None:
+        """Add items to the chat and their rows and events to `sink`."""
         sink.writes.extend(self.store.add_items(log, new))
         sink.events.extend(
             (
                 ChatItemCreated(chat=chat.id, item=i.id, kind=i.kind, turn=i.turn),
-                self._audience(chat),
+                self.audience(chat),
             )
             for i, _ in new
         )
 
-    def _item(
-        self, log: ChatLog, turn: str | None, kind: str, author: str, offset: int = 0
-    ) -> Item:
+    def item(self, log: ChatLog, turn: str | None, kind: str, author: str) -> Item:
         return Item(
             chat=log.chat,
-            seq=log.next_seq + offset,
+            seq=log.next_seq,
             turn=turn,
             kind=kind,
             author=author,
             at=self.shard.clock(),
         )
 
+    async def commit(self, chat: str, sink: Sink) -> None:
+        """Write a sink's rows and events in one transaction; the chat's items are then listed."""
+        log = await self.log(chat)
+        await self.shard._submit(
+            None, sink.writes, sink.events, on_failure=lambda: self._forget_log(chat)
+        )
+        if log.items:
+            log.committed = max(log.committed, log.items[-1].seq)
+
+    async def say(self, chat: Chat, turn: str | None, kind: str, author: str, text: str) -> Item:
+        """Store one item now (a reply, a delivery, a notification) and announce it."""
+        log = await self.log(chat.id)
+        sink = Sink()
+        item = self.item(log, turn, kind, author)
+        self.append(log, chat, [(item, text)], sink)
+        await self.commit(chat.id, sink)
+        return item
+
+    def history(self, log: ChatLog, before: int, me: str | None = None) -> tuple[Message, ...]:
+        """What a bot sees of the chat before item `before`: its own words as the assistant's,
+        everyone else's as user messages (named in a group, so speakers stay apart)."""
+        out = []
+        for i in [i for i in log.items if i.seq < before][-HISTORY_ITEMS:]:
+            if i.kind not in ("person", "bot", "delivery"):
+                continue
+            text = self.store.text(log, i.seq)
+            if (i.kind == "bot" and i.author == me) or (me is None and i.kind == "bot"):
+                out.append(Message(role="assistant", content=text))
+            elif me is None and i.kind == "person":
+                out.append(Message(role="user", content=text))
+            elif i.kind == "delivery":
+                out.append(Message(role="user", content=f"[delivery from {i.author}] {text}"))
+            else:
+                out.append(Message(role="user", content=f"{i.author}: {text}"))
+        return tuple(out)
+
     # --- turns ---
 
     async def start_turn(self, start: TurnStart) -> Turn:
-        if start.chat.kind not in ("direct", "review"):
-            raise InvalidInput("group chats are not served yet", code="unsupported_chat")
         text = start.text
         if not isinstance(text, str) or not text.strip():
             raise InvalidInput("text must be a non-empty string", code="invalid_text")
         if len(text) > MAX_TEXT:
             raise InvalidInput(f"text over {MAX_TEXT} characters", code="text_too_long")
+        plan: Plan | None = None
+        if start.chat.kind == "group":
+            if start.channel is None:
+                raise InvalidInput("a group turn needs its channel", code="invalid_chat")
+            plan = plan_turn(
+                members=[b.id for b in start.members],
+                names={b.id: b.name for b in start.members},
+                text=text,
+                rounds=start.rounds,
+                mentions=start.mentions,
+            )
+        elif start.chat.kind not in ("direct", "review") or start.bot is None:
+            raise InvalidInput("people post to direct, review and group chats", code="invalid_chat")
+        elif start.rounds not in (None, 1) or start.mentions:
+            raise InvalidInput(
+                "rounds and mentions apply to group chats", code="unsupported_option"
+            )
         log = await self.log(start.chat.id)
-        lock = self._locks.setdefault(start.chat.id, asyncio.Lock())
-        async with lock:
-            if start.request_id is not None:
-                for t in log.turns.values():
-                    if t.id == _turn_id(start.chat.id, start.request_id):
-                        return t  # the same request again: the same turn, not a second one
+        async with self.lock(start.chat.id):
             turn_id = (
                 _turn_id(start.chat.id, start.request_id)
                 if start.request_id
                 else "turn_" + secrets.token_hex(8)
             )
+            if turn_id in log.turns:
+                return log.turns[turn_id]  # the same request again: the same turn, not a second
             turn = Turn(
                 id=turn_id,
                 chat=start.chat.id,
                 operator=start.operator,
                 status="running",
                 at=self.shard.clock(),
+                rounds=plan.rounds if plan else 1,
             )
-            item = self._item(log, turn.id, "person", start.operator)
+            item = self.item(log, turn.id, "person", start.operator)
             # The person's item is durable before the turn is acknowledged.
-            sink = _Sink(writes=[self.store.put_turn(log, turn)])
-            self._append(log, start.chat, [(item, text)], sink)
-            await self.shard._submit(
-                None, sink.writes, sink.events, on_failure=lambda: self._forget_log(start.chat.id)
-            )
-            log.committed = item.seq
-        task = asyncio.create_task(self._run(start, turn, item))
+            sink = Sink(writes=[self.store.put_turn(log, turn)])
+            self.append(log, start.chat, [(item, text)], sink)
+            await self.commit(start.chat.id, sink)
+        if plan is not None:
+            task = asyncio.create_task(self.groups.run(start, turn, item, plan))
+        else:
+            task = asyncio.create_task(self._run(start, turn, item))
         self._tasks[turn.id] = task
         task.add_done_callback(lambda _t, k=turn.id: self._tasks.pop(k, None))
         return turn
@@ -186,162 +248,146 @@ class Conversations:
         return TurnResult(turn=turn, items=items)
 
     async def _run(self, start: TurnStart, turn: Turn, person_item: Item) -> None:
-        chat, org = start.chat, start.org
+        """A direct (or review) turn: one step; its end, items, confessions and learning job
+        commit in one transaction."""
+        chat, org, bot = start.chat, start.org, start.bot
+        assert bot is not None
         log = await self.log(chat.id)
-        lock = self._locks.setdefault(chat.id, asyncio.Lock())
-        sink = _Sink()
-        async with lock:
+        sink = Sink()
+        effects: tuple[Effect, ...] = ()
+        job = None
+        async with self.lock(chat.id):
+            step = StepInput(
+                chat=chat,
+                bot=bot,
+                org=org,
+                operator=turn.operator,
+                turn=turn.id,
+                text=start.text,
+                history=self.history(log, person_item.seq),
+            )
             try:
-                status, error, confided = await self._steps(start, turn, person_item, log, sink)
+                outcome = await self.stepper.run(step, log, sink)
             except Exception as e:  # a turn must always end, with a safe message
-                status, error, confided = "failed", f"internal error: {type(e).__name__}", False
-            done = msgspec.structs.replace(turn, status=status, error=error)
+                outcome = StepOutcome(status="failed", error=f"internal error: {type(e).__name__}")
+            self._record_outcome(log, chat, turn, bot, outcome, sink)
+            effects = outcome.effects
+            done = msgspec.structs.replace(turn, status=outcome.status, error=outcome.error)
             sink.writes.append(self.store.put_turn(log, done))
-            sink.writes.extend(self.runtime.spend_rows())
-            if sink.calls:
-                stored = (await self.shard._pool(bot_pool(start.bot.id))).stored
-                sink.writes.extend(self.shard.store.key_rows(stored))
-                sink.writes.extend(
-                    self.store.model_call_row(stored, turn.id, c, self.shard.clock())
-                    for c in sink.calls
+            await self._own_rows(bot, turn.id, sink)
+            if outcome.confided and org.settings.botMemory:
+                job = self.new_job(
+                    bot, chat, turn, log.items[-1].seq, f"for:person:{turn.operator}", org
                 )
-            job = None
-            if confided and org.settings.botMemory:
-                job = self._job(start, turn, log, person_item)
                 sink.writes.append(self.store.job_row(job, new=True))
                 sink.events.append(self.learning.event(job))
-            # The turn's end, its items, confessions and the learning job: one transaction.
-            await self.shard._submit(
-                None, sink.writes, sink.events, on_failure=lambda: self._forget_log(chat.id)
-            )
-            if log.items:
-                log.committed = log.items[-1].seq
+            await self.commit(chat.id, sink)
         if job is not None:
             self.learning.start(job)
+        if effects:
+            await self.chains.on_effects(chat, org, turn.id, bot, effects, parent=None, chain=None)
 
-    def _job(self, start: TurnStart, turn: Turn, log: ChatLog, person_item: Item) -> LearningJob:
-        chat, bot, org = start.chat, start.bot, start.org
-        reply_seq = log.items[-1].seq if log.items else person_item.seq
+    def _record_outcome(
+        self, log: ChatLog, chat: Chat, turn: Turn, bot: Bot, outcome: StepOutcome, sink: Sink
+    ) -> None:
+        if outcome.note is not None:
+            note = self.item(log, turn.id, "notification", bot.id)
+            self.append(log, chat, [(note, outcome.note)], sink)
+        if outcome.reply is not None:
+            reply = self.item(log, turn.id, "bot", bot.id)
+            self.append(log, chat, [(reply, outcome.reply)], sink)
+
+    async def _own_rows(self, bot: Bot, turn: str, sink: Sink) -> None:
+        """Spend and the memory bot's call log, on the shard of the bot's memory (SEC-1)."""
+        sink.writes.extend(self.runtime.spend_rows())
+        if sink.calls:
+            stored = (await self.shard._pool(bot_pool(bot.id))).stored
+            sink.writes.extend(self.shard.store.key_rows(stored))
+            sink.writes.extend(
+                self.store.model_call_row(stored, turn, c, self.shard.clock()) for c in sink.calls
+            )
+
+    def new_job(
+        self, bot: Bot, chat: Chat, turn: Turn | str, upto: int, grant: str, org: Org
+    ) -> LearningJob:
         now = self.shard.clock()
         return LearningJob(
             id="job_" + secrets.token_hex(8),
             pool=bot_pool(bot.id),
             chat=chat.id,
-            turn=turn.id,
-            upto=reply_seq,
+            turn=turn if isinstance(turn, str) else turn.id,
+            upto=upto,
             org=chat.org,
-            grant=f"for:person:{turn.operator}",
+            grant=grant,
+            channel=chat.channel if grant.startswith("for:channel:") else None,
             model=org.settings.botMemoryModel,
             created_at=now,
             updated_at=now,
         )
 
-    async def _steps(
-        self, start: TurnStart, turn: Turn, person_item: Item, log: ChatLog, sink: _Sink
-    ):
-        chat, bot, org = start.chat, start.bot, start.org
-        pool = bot_pool(bot.id)
-        settings = await self.shard.memory_bot_settings(pool)
-        text = start.text
-        # Enrichment (ENR): a direct chat's reader is its person; the server decides the entries.
-        if org.settings.botMemory and org.settings.botMemoryModel:
-            reader = Reader(user=turn.operator, org=chat.org, uses_bot=True)
-            parts, has = await self.shard.context_parts(pool, reader, ENRICH_CONTEXT)
-            if has and parts:
-                done = await self.runtime.rewrite(
-                    pool,
-                    settings,
-                    org.settings.botMemoryModel,
-                    enrichment_messages(text, parts, settings.instructions),
-                    sink.calls,
-                )
-                call = next(
-                    (c for c in (done.tool_calls if done else ()) if c.name == "rewrite"), None
-                )
-                rewrite = accept_rewrite(call.arguments, {i for i, _ in parts}) if call else None
-                if rewrite is not None:
-                    record = Enrichment(
-                        turn=turn.id,
-                        text=rewrite.text,
-                        original=text,
-                        entries=rewrite.entries,
-                        at=self.shard.clock(),
-                    )
-                    sink.writes.append(self.store.enrichment_row(log, record))
-                    text = rewrite.text
-        model = self.runtime.model(bot.model)
-        if model is None:
-            note = self._item(log, turn.id, "notification", "system")
-            self._append(log, chat, [(note, "This bot has no model configured.")], sink)
-            return "failed", "the bot has no model", False
-        messages = [Message(role="system", content=bot_system_prompt(bot))]
-        history = [i for i in log.items if i.seq < person_item.seq][-HISTORY_ITEMS:]
-        for item in history:
-            role = {"person": "user", "bot": "assistant"}.get(item.kind)
-            if role is not None:
-                messages.append(Message(role=role, content=self.store.text(log, item.seq)))
-        messages.append(Message(role="user", content=text))  # ENR-3: the model sees the rewrite
-        tools = bot_tools(review=chat.kind == "review")
-        confided = False
-        confessions = 0
-        for _ in range(TOOL_ROUNDS):
-            try:
-                done = await model.complete(messages, tools)
-            except ModelError as e:
-                note = self._item(log, turn.id, "notification", "system")
-                self._append(log, chat, [(note, "The bot's model did not answer.")], sink)
-                return "failed", e.message, confided
-            if not done.tool_calls:
-                reply = self._item(log, turn.id, "bot", bot.id)
-                self._append(log, chat, [(reply, done.text or "")], sink)
-                return "done", None, confided
-            messages.append(
-                Message(role="assistant", content=done.text, tool_calls=done.tool_calls)
+    async def run_step(
+        self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0
+    ) -> StepOutcome:
+        """A bot's step for a chat whose home may be another shard (group and agent chats).
+        This shard keeps the person's items it is given, so the bot's learning can read them."""
+        log = await self.log(step.chat.id)
+        sink = Sink()
+        known = {i.seq for i in log.items}
+        new = [
+            (
+                Item(chat=log.chat, seq=m.seq, turn=m.turn, kind=m.kind, author=m.author, at=m.at),
+                m.text,
             )
-            for call in done.tool_calls:
-                result = await self._tool(call, start, turn, log, settings, confessions, sink)
-                if call.name == "confide" and result is not None:
-                    confided = True
-                    confessions += 1
-                messages.append(
-                    Message(role="tool", content=result or "not available", tool_call_id=call.id)
-                )
-        reply = self._item(log, turn.id, "bot", bot.id)
-        self._append(log, chat, [(reply, done.text or "")], sink)
-        return "done", None, confided
-
-    async def _tool(
-        self, call: ToolCall, start: TurnStart, turn: Turn, log, settings, n: int, sink: _Sink
-    ):
-        if call.name != "confide" or start.chat.kind == "review":
-            return None  # workspace tools come with the workspace issues
+            for m in mirror
+            if m.seq not in known
+        ]
+        if new:
+            sink.writes.extend(self.store.add_items(log, new))
         try:
-            args = msgspec.json.decode(call.arguments.encode(), type=dict)
-            text = str(args.get("text", "")).strip()
-        except msgspec.DecodeError:
-            text = ""
-        if not text:
-            return None
-        pool = bot_pool(start.bot.id)
-        answer, calm = await self.runtime.confessor_answer(
-            pool, settings, start.org.settings.botMemoryModel, text, sink.calls
+            outcome = await self.stepper.run(step, log, sink)
+        except Exception as e:  # one member failing never stops the others (WS-5)
+            outcome = StepOutcome(status="failed", error=f"internal error: {type(e).__name__}")
+        await self._own_rows(step.bot, step.turn, sink)
+        job = None
+        if (
+            outcome.confided
+            and step.org.settings.botMemory
+            and step.chat.kind == "group"
+            and step.channel
+            and learn_upto
+        ):
+            job = self.new_job(
+                step.bot, step.chat, step.turn, learn_upto, f"for:channel:{step.channel}", step.org
+            )
+            sink.writes.append(self.store.job_row(job, new=True))
+            sink.events.append(self.learning.event(job))
+        await self.shard._submit(
+            None, sink.writes, sink.events, on_failure=lambda: self._forget_log(step.chat.id)
         )
-        record = Confession(
-            turn=turn.id, text=text, answer=answer, calm=calm, at=self.shard.clock()
-        )
-        sink.writes.append(self.store.confession_row(log, record, n))
-        return answer
+        if new and log.items:
+            log.committed = max(log.committed, new[-1][0].seq)
+        if job is not None:
+            self.learning.start(job)
+        return outcome
 
     # --- reading and deleting ---
 
     def _view(self, log: ChatLog, item: Item) -> ItemView:
+        text = self.store.text(log, item.seq)
+        # Only a delivery the chain runner stored is shown as bot communication (UI-1).
+        communication = (
+            Communication(direction="received", peer=item.author, body=text)
+            if item.kind == "delivery"
+            else None
+        )
         return ItemView(
             id=item.id,
             kind=item.kind,
             author=item.author,
-            text=self.store.text(log, item.seq),
+            text=text,
             at=item.at,
             turn=item.turn,
+            communication=communication,
         )
 
     async def items(self, chat: str) -> list[ItemView]:

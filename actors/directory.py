@@ -28,7 +28,8 @@ from engine.directory import (
     permission,
     require_use,
 )
-from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
+from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unprocessable
+from engine.self_rules import Editor, RulesUpdate, new_member, update_rules
 from storage.database import Database
 from storage.directory_store import MIGRATIONS, DirectoryStore, hash_token
 
@@ -58,6 +59,7 @@ class DirectoryService:
         self.bots: dict[str, Bot] = records["bots"]
         self.channels: dict[str, Channel] = records["channels"]
         self.chats: dict[str, Chat] = records["chats"]
+        self._group_chats = {c.channel: c.id for c in self.chats.values() if c.kind == "group"}
         self.clock = clock
 
     def _fresh_id(self, table: dict, given: str | None, prefix: str, what: str) -> str:
@@ -167,7 +169,7 @@ class DirectoryService:
         for b in bots:
             self._get(self.bots, b, "bot")
         if len(set(bots)) > MAX_CHANNEL_BOTS:
-            raise InvalidInput(
+            raise Unprocessable(
                 f"a channel has at most {MAX_CHANNEL_BOTS} bots", code="too_many_bots"
             )
         if mode not in ("discussion", "delivery"):
@@ -197,17 +199,27 @@ class DirectoryService:
         project: str | None = None,
         kind: str | None = None,
     ) -> Chat:
+        """A direct (or review) chat with a bot, or the group chat of a channel: a channel has
+        one group chat, so every member who opens it gets the same conversation."""
         if (bot is None) == (channel is None):
             raise InvalidInput("a chat needs exactly one of bot or channel", code="invalid_chat")
         if bot is not None:
-            require_use(self._get(self.bots, bot, "bot"), user_id)
+            b = self._get(self.bots, bot, "bot")
+            require_use(b, user_id)
             chat_kind = "review" if kind == "review" else "direct"
+            home = b.owner
         else:
             ch = self._get(self.channels, channel, "channel")
             if user_id not in ch.people:
                 raise Forbidden("you are not a member of this channel", code="not_member")
             org = ch.org
             chat_kind = "group"
+            home = ch.id
+            if kind not in (None, "group"):
+                raise InvalidInput("a channel's chat is a group chat", code="invalid_chat")
+            existing = self._group_chats.get(ch.id)
+            if existing is not None:
+                return self.chats[existing]
         if kind not in (None, "review", chat_kind):
             raise InvalidInput("kind may only be review", code="invalid_chat")
         chat = Chat(
@@ -219,10 +231,63 @@ class DirectoryService:
             channel=channel,
             project=project,
             created_at=self.clock(),
+            home=home,
+        )
+        await self.store.put("chats", chat)
+        self.chats[chat.id] = chat
+        if channel is not None:
+            self._group_chats[channel] = chat.id
+        return chat
+
+    async def agent_chat(self, root: Chat, peer: str, chain: str, link: str) -> Chat:
+        """The `agent` chat in which `peer` works on one delivery of a collaboration chain. It
+        lives with the root chat (same home) and belongs to the root chat's person."""
+        self._get(self.bots, peer, "bot")
+        chat_id = f"chat_agent_{link}"
+        existing = self.chats.get(chat_id)
+        if existing is not None:
+            return existing
+        chat = Chat(
+            id=chat_id,
+            kind="agent",
+            owner=root.owner,
+            org=root.org,
+            bot=peer,
+            project=root.project,
+            created_at=self.clock(),
+            home=root.home,
+            chain=chain,
         )
         await self.store.put("chats", chat)
         self.chats[chat.id] = chat
         return chat
+
+    async def group_chat(self, channel_id: str) -> Chat:
+        """The channel's group chat, created (owned by its first person) when it has none yet."""
+        ch = self._get(self.channels, channel_id, "channel")
+        existing = self._group_chats.get(ch.id)
+        if existing is not None:
+            return self.chats[existing]
+        if not ch.people:
+            raise Unprocessable("the channel has no people", code="empty_channel")
+        return await self.create_chat(ch.people[0], ch.org, channel=ch.id)
+
+    # --- bots' own rules (WS-2, WS-3) ---
+
+    async def update_rules(self, bot_id: str, update: RulesUpdate, editor: Editor) -> Bot:
+        bot = update_rules(self._get(self.bots, bot_id, "bot"), update, editor)
+        await self.store.put("bots", bot)
+        self.bots[bot.id] = bot
+        return bot
+
+    async def create_member(
+        self, creator_id: str, name: str, prompt: str | None, rules: dict | None
+    ) -> Bot:
+        creator = self._get(self.bots, creator_id, "bot")
+        bot = new_member(creator, bot_id=_new_id("b_"), name=name, prompt=prompt, rules=rules)
+        await self.store.put("bots", bot)
+        self.bots[bot.id] = bot
+        return bot
 
     # --- lookups ---
 
@@ -237,6 +302,17 @@ class DirectoryService:
 
     async def get_bot(self, bot_id: str) -> Bot:
         return self._get(self.bots, bot_id, "bot")
+
+    async def find_bot(self, org: str, name_or_id: str) -> Bot:
+        """A bot of `org` by id, or by its name (case-insensitive) when that is unique."""
+        bot = self.bots.get(name_or_id)
+        if bot is not None and bot.org == org:
+            return bot
+        folded = name_or_id.strip().casefold()
+        found = [b for b in self.bots.values() if b.org == org and b.name.casefold() == folded]
+        if len(found) != 1:
+            raise NotFound(f"no bot {name_or_id!r} in this org", code="bot_not_found")
+        return found[0]
 
     async def get_org(self, org_id: str) -> Org:
         return self._get(self.orgs, org_id, "org")

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import os
 import tempfile
-import zlib
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from actors.directory import DirectoryService
+from actors.peers import remote
+from actors.placement import shard_of
 from actors.shard import ShardService
-from engine.errors import InvalidInput, OpenBotError, Unavailable
+from engine.errors import InvalidInput
 
 NAMESPACE = "openbot"
 DirectoryActor = ray.remote(num_cpus=0, max_restarts=-1)(DirectoryService)
@@ -46,11 +47,6 @@ def start_ray(address: str | None = None, *, tmp_dir: str | None = None) -> None
         )
     else:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING")
-
-
-def shard_of(account_id: str, shards: int) -> int:
-    """Stable across processes and restarts (Python's `hash` is salted per process)."""
-    return zlib.crc32(account_id.encode()) % shards
 
 
 class Engine:
@@ -95,6 +91,8 @@ class Engine:
                 event_retain=event_retain,
                 models_config=models_config or {},
                 config_dir=config_dir,
+                prefix=prefix,
+                shard_count=shards,
             )
             for k in range(shards)
         ]
@@ -134,12 +132,4 @@ class Engine:
 async def call(method: Any, *args: Any, **kwargs: Any) -> Any:
     """Await an actor method; the engine's own errors come back as themselves, Ray's failures
     as `Unavailable`. Every gateway call to an actor goes through here."""
-    try:
-        return await method.remote(*args, **kwargs)
-    except ray.exceptions.RayTaskError as e:
-        cause = e.cause
-        if isinstance(cause, OpenBotError):
-            raise cause from None
-        raise Unavailable("the engine failed to handle the request", code="engine_error") from e
-    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
-        raise Unavailable("the engine is restarting; try again", code="engine_unavailable") from e
+    return await remote(method, *args, **kwargs)

@@ -19,13 +19,17 @@ from pathlib import Path
 
 import msgspec
 
-from actors.conversations import Conversations, TurnResult, TurnStart
+from actors.bot_step import StepInput, StepOutcome
+from actors.chains import ChainView
+from actors.conversations import Conversations, Mirrored, TurnResult, TurnStart
 from actors.learning_runs import LearningRunner
 from actors.memory_bot import MemoryBotRuntime
 from actors.models import Model, load_models
+from actors.peers import Peers
 from actors.pool import Pool
 from engine import commands
 from engine.commands import Outcome
+from engine.directory import Chat
 from engine.errors import Conflict, InvalidInput, NotFound, StorageError
 from engine.events import (
     NOBODY,
@@ -89,8 +93,12 @@ class ShardService:
         models_config: Mapping[str, Mapping] | None = None,
         config_dir: str | None = None,
         answer_wait: float = 15.0,
+        prefix: str | None = None,
+        shard_count: int = 1,
+        namespace: str = "openbot",
     ) -> None:
         self.index = index
+        self.peers = Peers(self, prefix=prefix, count=shard_count, namespace=namespace)
         self.db = Database(db_path or Path(data_dir) / f"shard-{index}.duckdb", MIGRATIONS)
         self.committer = GroupCommitter(self.db, TABLES, enabled=group_commit)
         self.store = MemoryStore(self.db, Keyring(load_master_key(Path(data_dir))))
@@ -255,6 +263,35 @@ class ShardService:
 
     async def wait_turn(self, chat: str, turn: str, timeout: float = 180.0) -> TurnResult:
         return await self.conversations.wait_turn(chat, turn, timeout)
+
+    async def run_step(
+        self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0
+    ) -> StepOutcome:
+        """A bot's step for a chat kept on another shard (a group round, a delivery)."""
+        self._ensure_started()
+        return await self.conversations.run_step(step, mirror, learn_upto)
+
+    async def post_item(self, chat: Chat, author: str, text: str) -> ItemView:
+        """A bot's `workspace_post_to_group` message in a group chat homed here."""
+        item = await self.conversations.say(chat, None, "bot", author, text)
+        log = await self.conversations.log(chat.id)
+        return self.conversations._view(log, item)
+
+    async def collaborations(self, user: str, channels: frozenset[str]) -> list[ChainView]:
+        return await self.conversations.chains.listing(user, channels)
+
+    async def stop_collaboration(
+        self, chain_id: str, user: str, channels: frozenset[str]
+    ) -> ChainView | None:
+        """Stop a chain homed here that `user` may see; None when it is not here."""
+        chains = self.conversations.chains
+        chain = await chains.find(chain_id)
+        if chain is None or not chains.may_see(chain, user, channels):
+            return None
+        return await chains.stop(chain_id, user)
+
+    async def chains_idle(self) -> None:
+        await self.conversations.chains.idle()
 
     async def chat_items(self, chat: str) -> list[ItemView]:
         return await self.conversations.items(chat)

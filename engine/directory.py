@@ -60,6 +60,7 @@ class Bot(msgspec.Struct, frozen=True, kw_only=True):
     rules: BotRules = BotRules()
     revision: int = 1
     grants: dict[str, Permission] = {}
+    creator: str | None = None  # the bot that created this one (WS-3: it may not edit its rules)
 
 
 class Channel(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,13 +75,25 @@ class Channel(msgspec.Struct, frozen=True, kw_only=True):
 
 class Chat(msgspec.Struct, frozen=True, kw_only=True):
     id: str
-    kind: str
+    kind: str  # direct | group | review | agent
     owner: str
     org: str
     bot: str | None = None
     channel: str | None = None
     project: str | None = None
     created_at: int = 0
+    # The key whose shard stores the chat: the bot's owner (direct, review), the channel
+    # (group), the root chat's home (agent). Empty in rows written before it existed.
+    home: str = ""
+    chain: str | None = None  # agent chats: the collaboration chain they serve
+
+
+def chat_home(chat: Chat, bot_owner: str | None = None) -> str:
+    if chat.home:
+        return chat.home
+    if bot_owner is None:
+        raise InvalidInput(f"chat {chat.id} has no home", code="invalid_chat")
+    return bot_owner
 
 
 class Principal(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,12 +16,20 @@ from starlette.routing import Route, WebSocketRoute
 from actors.conversations import TurnStart, require_chat_owner
 from actors.runtime import Engine, call
 from engine import tags as tagmod
-from engine.directory import Principal, bot_pool, require_use, require_write, resolve_org
-from engine.errors import InvalidInput, TooLarge
+from engine.directory import (
+    Principal,
+    bot_pool,
+    chat_home,
+    require_use,
+    require_write,
+    resolve_org,
+)
+from engine.errors import Forbidden, InvalidInput, TooLarge
 from engine.memory import Reader
 from engine.memory_bot import SettingsPatch
 from gateway import wire
 from gateway.auth import Auth
+from gateway.chat_access import ChatAccess
 from gateway.errors import HANDLERS
 from gateway.events import EventsEndpoint, Hub
 from gateway.openapi import openapi_document
@@ -143,27 +151,49 @@ class Api:
         )
         return json(chat, 201)
 
-    async def _own_chat(self, request: Request):
-        """The chat, its bot and its shard, for the chat's owner only (API-6)."""
+    async def _chat(self, request: Request, *, owner_only: bool = False) -> ChatAccess:
+        """The chat and where it lives, for who may read it: a direct, review or agent chat's
+        owner (API-6); any person of a group chat's channel (confessions and enrichments stay
+        with the owner)."""
         principal = await self.auth.user(request)
         assert principal.user is not None
+        user = principal.user.id
         chat = await call(self.engine.directory.get_chat, request.path_params["chat"])
-        require_chat_owner(chat, principal.user.id)
+        if chat.kind == "group":
+            if chat.channel not in principal.channels:
+                raise Forbidden("you are not a member of this group", code="not_member")
+            if owner_only:
+                require_chat_owner(chat, user)
+            channel = await call(self.engine.directory.get_channel, chat.channel)
+            home = self.engine.shard_for(chat_home(chat))
+            return ChatAccess(principal, chat, None, channel, home)
+        require_chat_owner(chat, user)
         if chat.bot is None:
-            raise InvalidInput("group chats are served by a later version", code="unsupported_chat")
+            raise InvalidInput("this chat has no bot", code="invalid_chat")
         bot = await self.auth.bot(chat.bot)
-        require_use(bot, principal.user.id)
-        return principal, chat, bot, self.engine.shard_for(bot.owner)
+        if chat.kind != "agent":
+            require_use(bot, user)
+        return ChatAccess(
+            principal, chat, bot, None, self.engine.shard_for(chat_home(chat, bot.owner))
+        )
 
     async def post_turn(self, request: Request) -> Response:
-        principal, chat, bot, shard = await self._own_chat(request)
+        access = await self._chat(request)
+        chat, principal = access.chat, access.principal
         body = wire.decode(await read_body(request), wire.TurnBody)
-        if body.rounds not in (None, 1) or body.mentions:
-            raise InvalidInput(
-                "rounds and mentions apply to group chats", code="unsupported_option"
-            )
+        if chat.kind == "agent":
+            raise InvalidInput("agent chats are for bots", code="invalid_chat")
         org = await call(self.engine.directory.get_org, chat.org)
         assert principal.user is not None
+        # Bots are read fresh: rules a bot changed apply from the next turn (WS-2).
+        directory = self.engine.directory
+        members: tuple = ()
+        bot = None
+        if access.channel is not None:
+            members = tuple([await call(directory.get_bot, b) for b in access.channel.bots])
+        else:
+            assert access.bot is not None
+            bot = await call(directory.get_bot, access.bot.id)
         start = TurnStart(
             chat=chat,
             bot=bot,
@@ -171,26 +201,43 @@ class Api:
             operator=principal.user.id,
             text=body.text,
             request_id=body.requestId,
+            channel=access.channel,
+            members=members,
+            rounds=body.rounds,
+            mentions=None if body.mentions is None else tuple(body.mentions),
         )
-        turn = await call(shard.start_turn, start)
+        turn = await call(access.home.start_turn, start)
         if request.query_params.get("wait") in ("true", "1"):
-            result = await call(shard.wait_turn, chat.id, turn.id)
+            result = await call(access.home.wait_turn, chat.id, turn.id)
             return json(result)
         return json({"turn": turn}, 202)
 
     async def chat_items(self, request: Request) -> Response:
-        _, chat, _, shard = await self._own_chat(request)
+        access = await self._chat(request)
         if request.method == "DELETE":
-            return json({"count": await call(shard.delete_chat_items, chat.id)})
-        return json({"items": await call(shard.chat_items, chat.id)})
+            require_chat_owner(access.chat, access.principal.user.id)  # type: ignore[union-attr]
+            return json({"count": await call(access.home.delete_chat_items, access.chat.id)})
+        return json({"items": await call(access.home.chat_items, access.chat.id)})
+
+    async def _records(self, request: Request, method: str) -> list:
+        """Confessions or enrichments: kept where each bot's memory is, so a group chat's come
+        from every member's shard."""
+        access = await self._chat(request, owner_only=True)
+        shards = {id(access.home): access.home}
+        if access.channel is not None:
+            for b in access.channel.bots:
+                shard = self.engine.shard_for((await self.auth.bot(b)).owner)
+                shards[id(shard)] = shard
+        records = []
+        for shard in shards.values():
+            records.extend(await call(getattr(shard, method), access.chat.id))
+        return sorted(records, key=lambda r: (r.at, r.turn))
 
     async def confessions(self, request: Request) -> Response:
-        _, chat, _, shard = await self._own_chat(request)
-        return json({"confessions": await call(shard.confessions, chat.id)})
+        return json({"confessions": await self._records(request, "confessions")})
 
     async def enrichments(self, request: Request) -> Response:
-        _, chat, _, shard = await self._own_chat(request)
-        return json({"enrichments": await call(shard.enrichments, chat.id)})
+        return json({"enrichments": await self._records(request, "enrichments")})
 
     # --- seed-000 memory ---
 

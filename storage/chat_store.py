@@ -42,6 +42,14 @@ class Item(msgspec.Struct, frozen=True, kw_only=True):
         return f"i-{self.seq}"
 
 
+class Communication(msgspec.Struct, frozen=True, kw_only=True):
+    """UI-1: how a real delivery between bots is shown (never derived from wording)."""
+
+    direction: str  # received | sent
+    peer: str  # the other bot's id
+    body: str
+
+
 class ItemView(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     kind: str
@@ -49,6 +57,7 @@ class ItemView(msgspec.Struct, frozen=True, kw_only=True):
     text: str
     at: int
     turn: str | None = None
+    communication: Communication | None = None
 
 
 class Turn(msgspec.Struct, frozen=True, kw_only=True):

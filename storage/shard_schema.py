@@ -53,6 +53,10 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE model_spend (key VARCHAR, pool VARCHAR, period VARCHAR, micros BIGINT,
                               unknown BIGINT);
     """,
+    # 4: collaboration chains (their structure; request and result texts are sealed).
+    """
+    CREATE TABLE chains (id VARCHAR, org VARCHAR, doc VARCHAR, texts BLOB);
+    """,
 )
 
 POOLS = Table(
@@ -151,6 +155,9 @@ MODEL_SPEND = Table(
         ("unknown", "BIGINT"),
     ),
 )
+CHAINS = Table(
+    "chains", (("id", "VARCHAR"), ("org", "VARCHAR"), ("doc", "VARCHAR"), ("texts", "BLOB"))
+)
 TABLES = (
     POOLS,
     MEMORY_ENTRIES,
@@ -165,4 +172,5 @@ TABLES = (
     LEARN_POSITIONS,
     MODEL_CALLS,
     MODEL_SPEND,
+    CHAINS,
 )

@@ -1,0 +1,288 @@
+"""One bot's step in a chat, on the shard that holds the bot's memory (DESIGN §5 steps 2-4).
+
+Direct chats, each participant of a group round and each peer of a collaboration chain run the
+same step: enrichment of a person's input (ENR), the bot's model with its tools (DESIGN §6),
+`confide` with the memory bot's answer. The step does not add chat items itself: the chat's
+home shard stores the reply. What the step records (confessions, enrichment records, the model
+call log, spend) goes into the caller's sink, so a direct turn still commits in one transaction.
+
+Workspace tools that reach outside the step (sending to another bot, posting to a group) are
+answered at once with a receipt and returned as effects; the home shard carries them out under
+the collaboration chain's rules (WS-4, CO-1).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from actors.models import ModelError
+from engine.directory import Bot, Chat, Org, bot_pool
+from engine.errors import OpenBotError
+from engine.memory import Reader
+from engine.models import Message, ToolCall
+from engine.self_rules import Editor, parse_update, rules_view
+from engine.turns import accept_rewrite, bot_system_prompt, bot_tools, enrichment_messages
+from engine.visibility import Visibility
+from storage.chat_store import ChatLog, Confession, Enrichment
+
+if TYPE_CHECKING:
+    from actors.shard import ShardService
+
+TOOL_ROUNDS = 4
+ENRICH_CONTEXT = 8_000
+SEARCH_HITS = 10
+_enc = msgspec.json.Encoder()
+
+
+class StepInput(msgspec.Struct, frozen=True, kw_only=True):
+    chat: Chat  # where the bot speaks: direct, review, group or agent
+    bot: Bot
+    org: Org
+    operator: str  # the person the turn acts for (LRN-6)
+    turn: str
+    text: str  # what wakes the bot: a person's words, or a delivery
+    wake: str = "person"  # person | delivery
+    history: tuple[Message, ...] = ()
+    after: tuple[Message, ...] = ()  # said after `text` (earlier speakers of a group turn)
+    channel: str | None = None
+
+
+class Effect(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str  # send | post
+    link: str  # the receipt id the bot was given
+    target: str  # a bot id (send) or a channel id (post)
+    message: str
+
+
+class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    status: str  # done | failed
+    error: str | None = None
+    reply: str | None = None  # the bot's final text
+    note: str | None = None  # a system notification instead of a reply
+    effects: tuple[Effect, ...] = ()
+    confided: bool = False
+
+
+@dataclass
+class Sink:
+    """Rows and events a step (or a turn) collects until they commit together."""
+
+    writes: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+    calls: list = field(default_factory=list)  # the memory bot's model calls (SEC-1 call log)
+
+
+def reader_for(step: StepInput) -> Reader | None:
+    """Whose entries may shape this step: the person in a direct chat; in a group only the
+    channel's and `for:bot` entries (ENR-2); nobody's for a delivery between bots."""
+    if step.wake != "person":
+        return None
+    if step.chat.kind == "group" and step.channel:
+        return Reader(
+            user="\x00", org=step.chat.org, channels=frozenset({step.channel}), uses_bot=True
+        )
+    if step.chat.kind in ("direct", "review"):
+        return Reader(user=step.operator, org=step.chat.org, uses_bot=True)
+    return None
+
+
+class BotStepper:
+    def __init__(self, shard: ShardService) -> None:
+        self.shard = shard
+
+    @property
+    def runtime(self):
+        return self.shard.memory_bot
+
+    @property
+    def store(self):
+        return self.shard.conversations.store
+
+    async def run(self, step: StepInput, log: ChatLog, sink: Sink) -> StepOutcome:
+        bot = step.bot
+        pool = bot_pool(bot.id)
+        settings = await self.shard.memory_bot_settings(pool)
+        text = await self._enrich(step, log, sink, settings)
+        model = self.runtime.model(bot.model)
+        if model is None:
+            return StepOutcome(
+                status="failed",
+                error="the bot has no model",
+                note="This bot has no model configured.",
+            )
+        messages = [Message(role="system", content=bot_system_prompt(bot)), *step.history]
+        messages.append(Message(role="user", content=text))  # ENR-3: the model sees the rewrite
+        messages.extend(step.after)
+        tools = bot_tools(review=step.chat.kind == "review")
+        confided = False
+        confessions = 0
+        effects: list[Effect] = []
+        done = None
+        for _ in range(TOOL_ROUNDS):
+            try:
+                done = await model.complete(messages, tools)
+            except ModelError as e:
+                return StepOutcome(
+                    status="failed",
+                    error=e.message,
+                    note="The bot's model did not answer.",
+                    effects=tuple(effects),
+                    confided=confided,
+                )
+            if not done.tool_calls:
+                break
+            messages.append(
+                Message(role="assistant", content=done.text, tool_calls=done.tool_calls)
+            )
+            for call in done.tool_calls:
+                if call.name == "confide":
+                    result = await self._confide(call, step, log, settings, confessions, sink)
+                    if result is not None:
+                        confided = True
+                        confessions += 1
+                else:
+                    result = await self._workspace_tool(call, step, effects)
+                messages.append(
+                    Message(role="tool", content=result or "not available", tool_call_id=call.id)
+                )
+        reply = (done.text if done else "") or ""
+        return StepOutcome(status="done", reply=reply, effects=tuple(effects), confided=confided)
+
+    async def _enrich(self, step: StepInput, log: ChatLog, sink: Sink, settings) -> str:
+        """ENR-1 … ENR-4: the memory bot may rewrite the input from entries this reader may see."""
+        org = step.org
+        reader = reader_for(step)
+        if reader is None or not (org.settings.botMemory and org.settings.botMemoryModel):
+            return step.text
+        pool = bot_pool(step.bot.id)
+        parts, has = await self.shard.context_parts(pool, reader, ENRICH_CONTEXT)
+        if not (has and parts):
+            return step.text
+        done = await self.runtime.rewrite(
+            pool,
+            settings,
+            org.settings.botMemoryModel,
+            enrichment_messages(step.text, parts, settings.instructions),
+            sink.calls,
+        )
+        call = next((c for c in (done.tool_calls if done else ()) if c.name == "rewrite"), None)
+        rewrite = accept_rewrite(call.arguments, {i for i, _ in parts}) if call else None
+        if rewrite is None:
+            return step.text
+        record = Enrichment(
+            turn=step.turn,
+            text=rewrite.text,
+            original=step.text,
+            entries=rewrite.entries,
+            at=self.shard.clock(),
+        )
+        sink.writes.append(self.store.enrichment_row(log, record))
+        return rewrite.text
+
+    async def _confide(
+        self, call: ToolCall, step: StepInput, log: ChatLog, settings, n: int, sink: Sink
+    ) -> str | None:
+        if step.chat.kind == "review":
+            return None  # review chats have no confide
+        text = str(_args(call).get("text", "")).strip()
+        if not text:
+            return None
+        answer, calm = await self.runtime.confessor_answer(
+            bot_pool(step.bot.id), settings, step.org.settings.botMemoryModel, text, sink.calls
+        )
+        record = Confession(
+            turn=step.turn, text=text, answer=answer, calm=calm, at=self.shard.clock()
+        )
+        sink.writes.append(self.store.confession_row(log, record, n))
+        return answer
+
+    async def _workspace_tool(self, call: ToolCall, step: StepInput, effects: list[Effect]):
+        args = _args(call)
+        bot = step.bot
+        try:
+            if call.name == "workspace_get_self_rules":
+                return _enc.encode(rules_view(bot)).decode()
+            if call.name == "workspace_update_self_rules":
+                update = parse_update(args)
+                changed = await self.shard.peers.directory(
+                    "update_rules", bot.id, update, Editor(kind="self", id=bot.id)
+                )
+                return _enc.encode(rules_view(changed)).decode()
+            if call.name == "workspace_create_agent":
+                member = await self.shard.peers.directory(
+                    "create_member",
+                    bot.id,
+                    str(args.get("name", "")),
+                    args.get("prompt"),
+                    args.get("rules"),
+                )
+                return _enc.encode({"id": member.id, "name": member.name}).decode()
+            if call.name == "workspace_memory_search":
+                return await self._search(step, str(args.get("query", "")))
+            if call.name == "workspace_send_to_agent":
+                return await self._send(step, args, effects)
+            if call.name == "workspace_post_to_group":
+                return await self._post(step, args, effects)
+        except msgspec.ValidationError as e:
+            return _enc.encode({"error": "invalid_arguments", "message": str(e)}).decode()
+        except OpenBotError as e:
+            return _enc.encode({**e.details, "error": e.code, "message": e.message}).decode()
+        return None
+
+    async def _send(self, step: StepInput, args: dict, effects: list[Effect]) -> str:
+        agent, message = str(args.get("agent", "")), str(args.get("message", "")).strip()
+        peer = await self.shard.peers.directory("find_bot", step.org.id, agent)
+        if peer.id == step.bot.id:
+            return _enc.encode({"error": "self_send", "message": "that is you"}).decode()
+        if not message:
+            return _enc.encode({"error": "empty_message", "message": "say something"}).decode()
+        link = "dlv_" + secrets.token_hex(8)
+        effects.append(Effect(kind="send", link=link, target=peer.id, message=message))
+        # WS-4: a receipt at once; the peer's reply comes back later as a delivery.
+        return _enc.encode({"receipt": link, "to": peer.id, "status": "queued"}).decode()
+
+    async def _post(self, step: StepInput, args: dict, effects: list[Effect]) -> str:
+        group, message = str(args.get("group", "")), str(args.get("message", "")).strip()
+        channel = await self.shard.peers.directory("get_channel", group)
+        if step.bot.id not in channel.bots or channel.org != step.org.id:
+            return _enc.encode(
+                {"error": "not_a_member", "message": "you can only post to your own groups"}
+            ).decode()
+        if not message:
+            return _enc.encode({"error": "empty_message", "message": "say something"}).decode()
+        link = "pst_" + secrets.token_hex(8)
+        effects.append(Effect(kind="post", link=link, target=channel.id, message=message))
+        return _enc.encode({"receipt": link, "group": channel.id, "status": "posted"}).decode()
+
+    async def _search(self, step: StepInput, query: str) -> str:
+        """Entries of the bot's memory that the step's reader may use and that match the query."""
+        reader = reader_for(step)
+        terms = [t for t in query.casefold().split() if t]
+        if reader is None or not terms:
+            return _enc.encode({"entries": []}).decode()
+        pool = await self.shard._pool(bot_pool(step.bot.id))
+        hits = []
+        async with pool.lock.shared():
+            vis = Visibility(reader, pool.entries)
+            for entry_id in pool.candidates(reader):
+                if not vis.usable(entry_id):
+                    continue
+                content = self.shard.store.open_content(pool.stored, entry_id)
+                folded = content.casefold()
+                if all(t in folded for t in terms):
+                    hits.append({"id": entry_id, "content": content})
+                    if len(hits) >= SEARCH_HITS:
+                        break
+        return _enc.encode({"entries": hits}).decode()
+
+
+def _args(call: ToolCall) -> dict:
+    try:
+        value = msgspec.json.decode(call.arguments.encode())
+    except msgspec.DecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}

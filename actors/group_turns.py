@@ -1,0 +1,115 @@
+"""A person's message in a group chat: rounds of bot steps on the chat's home shard (WS-5).
+
+Every round each participant speaks once, in an order that rotates every round, and sees what
+was said before it. Each bot's step runs on the shard of its memory (its enrichment reads only
+the channel's and `for:bot` entries, ENR-2); that shard also keeps the person's item so a
+confided step can learn from it with `for:channel:` grants. A member whose step fails is
+recorded for that round as a notification and the others go on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from actors.bot_step import Sink, StepInput, StepOutcome
+from engine.discussion import Plan
+from engine.errors import OpenBotError
+from engine.models import Message
+from storage.chat_store import Item, Turn
+
+if TYPE_CHECKING:
+    from actors.conversations import Conversations, TurnStart
+
+
+class GroupTurns:
+    def __init__(self, conversations: Conversations) -> None:
+        self.conv = conversations
+
+    async def run(self, start: TurnStart, turn: Turn, person: Item, plan: Plan) -> None:
+        from actors.conversations import Mirrored
+
+        conv, chat, org = self.conv, start.chat, start.org
+        members = {b.id: b for b in start.members}
+        log = await conv.log(chat.id)
+        mirror = (
+            Mirrored(
+                seq=person.seq,
+                turn=turn.id,
+                kind="person",
+                author=person.author,
+                at=person.at,
+                text=start.text,
+            ),
+        )
+        spoke = failed = 0
+        effects = []
+        async with conv.lock(chat.id):
+            try:
+                for r in range(plan.rounds):
+                    for bot_id in plan.order(r):
+                        bot = members[bot_id]
+                        said = [i for i in log.items if i.turn == turn.id and i.seq > person.seq]
+                        after = tuple(
+                            Message(
+                                role="assistant" if i.author == bot.id else "user",
+                                content=conv.store.text(log, i.seq)
+                                if i.author == bot.id
+                                else f"{i.author}: {conv.store.text(log, i.seq)}",
+                            )
+                            for i in said
+                            if i.kind == "bot"
+                        )
+                        step = StepInput(
+                            chat=chat,
+                            bot=bot,
+                            org=org,
+                            operator=turn.operator,
+                            turn=turn.id,
+                            text=start.text,
+                            wake="person" if r == 0 else "round",
+                            history=conv.history(log, person.seq, me=bot.id),
+                            after=(
+                                *after,
+                                Message(
+                                    role="user",
+                                    content=f"(round {r + 1} of {plan.rounds}: your turn)",
+                                ),
+                            )
+                            if plan.rounds > 1 or after
+                            else (),
+                            channel=chat.channel,
+                        )
+                        outcome = await self._step(bot, step, mirror, person.seq)
+                        sink = Sink()
+                        if outcome.status == "done" and outcome.reply is not None:
+                            spoke += 1
+                            item = conv.item(log, turn.id, "bot", bot.id)
+                            conv.append(log, chat, [(item, outcome.reply)], sink)
+                        else:
+                            failed += 1
+                            note = conv.item(log, turn.id, "notification", bot.id)
+                            why = outcome.error or "no answer"
+                            text = f"{bot.name} failed in round {r + 1}: {why}"
+                            conv.append(log, chat, [(note, text)], sink)
+                        # Each item goes out as soon as it is said: clients watch the rounds.
+                        await conv.commit(chat.id, sink)
+                        effects.extend((bot, e) for e in outcome.effects)
+                status = "done" if spoke else "failed"
+                error = f"{failed} step(s) failed" if failed else None
+            except Exception as e:  # the turn must always end
+                status, error = "failed", f"internal error: {type(e).__name__}"
+            done = msgspec.structs.replace(turn, status=status, error=error)
+            await conv.commit(chat.id, Sink(writes=[conv.store.put_turn(log, done)]))
+        for bot, effect in effects:
+            await conv.chains.on_effects(
+                chat, org, turn.id, bot, (effect,), parent=None, chain=None
+            )
+
+    async def _step(self, bot, step: StepInput, mirror, upto: int) -> StepOutcome:
+        peers = self.conv.shard.peers
+        try:
+            return await peers.shard_call(peers.index_of(bot.owner), "run_step", step, mirror, upto)
+        except OpenBotError as e:  # the bot's shard is down: this member fails this round
+            return StepOutcome(status="failed", error=e.message)

@@ -1,0 +1,72 @@
+"""How a shard reaches the other actors: its sibling shards and the directory.
+
+A group chat's home shard runs the rounds, but each bot's step runs on the shard that holds
+the bot's memory (DESIGN §3: an account's pools live on one shard). Handles are found by name,
+lazily, so an actor restarted by Ray is found again. Calls to this shard itself stay local: an
+actor awaiting its own handle would queue behind itself.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import OpenBotError, Unavailable
+
+if TYPE_CHECKING:
+    from actors.shard import ShardService
+
+
+class Peers:
+    def __init__(
+        self, shard: ShardService, *, prefix: str | None, count: int, namespace: str
+    ) -> None:
+        self.shard = shard
+        self.prefix = prefix
+        self.count = count
+        self.namespace = namespace
+        self._handles: dict[str, Any] = {}
+
+    def index_of(self, key: str) -> int:
+        from actors.placement import shard_of
+
+        return shard_of(key, self.count)
+
+    def _handle(self, name: str) -> Any:
+        handle = self._handles.get(name)
+        if handle is None:
+            import ray
+
+            handle = ray.get_actor(name, namespace=self.namespace)
+            self._handles[name] = handle
+        return handle
+
+    async def shard_call(self, index: int, method: str, *args: Any) -> Any:
+        if index == self.shard.index:
+            return await getattr(self.shard, method)(*args)
+        if self.prefix is None:
+            raise Unavailable(f"shard {index} is not reachable from here", code="no_peers")
+        return await remote(getattr(self._handle(f"{self.prefix}-shard-{index}"), method), *args)
+
+    async def directory(self, method: str, *args: Any) -> Any:
+        if self.prefix is None:
+            local = getattr(self.shard, "directory_service", None)
+            if local is None:
+                raise Unavailable("the directory is not reachable from here", code="no_peers")
+            return await getattr(local, method)(*args)
+        return await remote(getattr(self._handle(f"{self.prefix}-directory"), method), *args)
+
+
+async def remote(method: Any, *args: Any, **kwargs: Any) -> Any:
+    """Await an actor method; the engine's own errors come back as themselves, Ray's failures
+    as `Unavailable`."""
+    import ray
+
+    try:
+        return await method.remote(*args, **kwargs)
+    except ray.exceptions.RayTaskError as e:
+        cause = e.cause
+        if isinstance(cause, OpenBotError):
+            raise cause from None
+        raise Unavailable("the engine failed to handle the request", code="engine_error") from e
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+        raise Unavailable("the engine is restarting; try again", code="engine_unavailable") from e

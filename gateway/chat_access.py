@@ -1,0 +1,15 @@
+"""What a chat route found out about its chat before acting."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from engine.directory import Bot, Channel, Chat, Principal
+
+
+class ChatAccess(NamedTuple):
+    principal: Principal
+    chat: Chat
+    bot: Bot | None  # direct, review and agent chats
+    channel: Channel | None  # group chats
+    home: Any  # the shard actor that stores the chat

@@ -148,9 +148,11 @@ class Conversations:
     async def commit(self, chat: str, sink: Sink) -> None:
         """Write a sink's rows and events in one transaction; the chat's items are then listed."""
         log = await self.log(chat)
-        await self.shard._submit(
+        fut = self.shard._submit(
             None, sink.writes, sink.events, on_failure=lambda: self._forget_log(chat)
         )
+        if fut is not None:
+            await fut
         if log.items:
             log.committed = max(log.committed, log.items[-1].seq)
 
@@ -361,9 +363,11 @@ class Conversations:
             )
             sink.writes.append(self.store.job_row(job, new=True))
             sink.events.append(self.learning.event(job))
-        await self.shard._submit(
+        fut = self.shard._submit(
             None, sink.writes, sink.events, on_failure=lambda: self._forget_log(step.chat.id)
         )
+        if fut is not None:
+            await fut
         if new and log.items:
             log.committed = max(log.committed, new[-1][0].seq)
         if job is not None:

@@ -9,6 +9,7 @@ recorded for that round as a notification and the others go on.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -21,6 +22,8 @@ from storage.chat_store import Item, Turn
 
 if TYPE_CHECKING:
     from actors.conversations import Conversations, TurnStart
+
+log = logging.getLogger("openbot.group")
 
 
 class GroupTurns:
@@ -99,6 +102,7 @@ class GroupTurns:
                 status = "done" if spoke else "failed"
                 error = f"{failed} step(s) failed" if failed else None
             except Exception as e:  # the turn must always end
+                log.exception("group turn %s failed", turn.id)
                 status, error = "failed", f"internal error: {type(e).__name__}"
             done = msgspec.structs.replace(turn, status=status, error=error)
             await conv.commit(chat.id, Sink(writes=[conv.store.put_turn(log, done)]))
@@ -113,3 +117,6 @@ class GroupTurns:
             return await peers.shard_call(peers.index_of(bot.owner), "run_step", step, mirror, upto)
         except OpenBotError as e:  # the bot's shard is down: this member fails this round
             return StepOutcome(status="failed", error=e.message)
+        except Exception as e:
+            log.exception("step of %s failed", bot.id)
+            return StepOutcome(status="failed", error=f"internal error: {type(e).__name__}")

@@ -67,6 +67,9 @@ async def remote(method: Any, *args: Any, **kwargs: Any) -> Any:
         cause = e.cause
         if isinstance(cause, OpenBotError):
             raise cause from None
+        import logging
+
+        logging.getLogger("openbot").error("actor call failed: %s", e)
         raise Unavailable("the engine failed to handle the request", code="engine_error") from e
     except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
         raise Unavailable("the engine is restarting; try again", code="engine_unavailable") from e

@@ -406,16 +406,7 @@ def _propose(entries, proposal, barriers, now, new_id, sources, contents, key) -
         )
         outcome, change = "created", "extracted"
 
-    # A person's record counts as another contribution even under the same bot: the memory bot
-    # must not quietly contradict what someone wrote by hand.
-    rivals = [
-        e
-        for e in pool_entries
-        if e.id != record.id
-        and e.status == WsStatus.ACTIVE
-        and (e.contributor != record.contributor or e.protected)
-        and set(e.topics).intersection(record.topics)
-    ]
+    rivals = [e for e in pool_entries if _rivals(e, record)]
     if rivals:
         record = msgspec.structs.replace(record, review=True)
     rev = Revision(
@@ -600,7 +591,7 @@ def user_edit(
     topics: Iterable[str] | None = None,
     key: bytes = b"",
 ) -> Edit:
-    """A person's revision: the record becomes protected, revision + 1 (SC-2, SC-3).
+    """A person's revision: the record becomes protected and reviewed, revision + 1 (SC-2, SC-3).
 
     When the content changes, the old content's fingerprint and the old evidence become a barrier,
     so the extraction that produced the old wording cannot put it back. A stale
@@ -622,6 +613,7 @@ def user_edit(
         topics=new_topics,
         content_fp=fp,
         protected=True,
+        review=False,  # the person has looked at it; see `settled_reviews` for the rival
         revision=entry.revision + 1,
         updated_at=now,
     )
@@ -661,7 +653,11 @@ def forget(
     if entry.status == WsStatus.FORGOTTEN:
         return Edit(entry=entry)
     record = msgspec.structs.replace(
-        entry, status=WsStatus.FORGOTTEN, revision=entry.revision + 1, updated_at=now
+        entry,
+        status=WsStatus.FORGOTTEN,
+        review=False,  # nothing left to review on it; its rival may settle (`settled_reviews`)
+        revision=entry.revision + 1,
+        updated_at=now,
     )
     barrier = ForgetBarrier(
         pool=entry.pool,
@@ -680,6 +676,30 @@ def forget(
         before=old_content,
     )
     return Edit(entry=record, revision=rev, barrier=barrier)
+
+
+def _rivals(a: WsEntry, b: WsEntry) -> bool:
+    # A person's record counts as another contribution even under the same bot: the memory bot
+    # must not quietly contradict what someone wrote by hand.
+    return (
+        a.id != b.id
+        and a.pool == b.pool
+        and a.status == b.status == WsStatus.ACTIVE
+        and (a.contributor != b.contributor or a.protected or b.protected)
+        and bool(set(a.topics).intersection(b.topics))
+    )
+
+
+def settled_reviews(entries: Mapping[str, WsEntry]) -> list[WsEntry]:
+    """Records flagged `review` that no longer have an active rival (the other one was forgotten,
+    edited onto another topic, or changed hands), with the flag cleared, to store after a change.
+    """
+    active = [e for e in entries.values() if e.status == WsStatus.ACTIVE]
+    return [
+        msgspec.structs.replace(e, review=False)
+        for e in active
+        if e.review and not any(_rivals(e, other) for other in active)
+    ]
 
 
 def source_marker(entry: WsEntry) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import operator
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -101,9 +100,11 @@ def cosine_top_k(
     if k <= 0:
         return []
     items = vectors.items() if isinstance(vectors, Mapping) else vectors
-    q_norm = math.sqrt(math.fsum(x * x for x in query_vec))
+    # Scaled to unit length first: multiplying two tiny norms would underflow to zero.
+    q_norm = math.hypot(*query_vec)
     if q_norm == 0:
         return []
+    unit = [x / q_norm for x in query_vec]
     hits = []
     for vec_id, vec in items:
         if len(vec) != len(query_vec):
@@ -111,10 +112,10 @@ def cosine_top_k(
                 f"vector {vec_id!r} has {len(vec)} dimensions, the query {len(query_vec)}",
                 code="dimension_mismatch",
             )
-        norm = math.sqrt(math.fsum(x * x for x in vec))
+        norm = math.hypot(*vec)
         if norm == 0:
             continue
-        score = math.fsum(map(operator.mul, query_vec, vec)) / (q_norm * norm)
+        score = math.fsum(u * (x / norm) for u, x in zip(unit, vec, strict=True))
         if min_score is None or score >= min_score:
             hits.append(Hit(id=vec_id, score=score, kinds=("semantic",)))
     return heapq.nsmallest(k, hits, key=lambda h: (-h.score, h.id))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
@@ -24,7 +23,7 @@ from engine.directory import (
     require_write,
     resolve_org,
 )
-from engine.errors import Forbidden, InvalidInput, TooLarge
+from engine.errors import Forbidden, InvalidInput
 from engine.memory import Reader
 from engine.memory_bot import SettingsPatch
 from gateway import wire
@@ -32,32 +31,20 @@ from gateway.auth import Auth
 from gateway.chat_access import ChatAccess
 from gateway.errors import HANDLERS
 from gateway.events import EventsEndpoint, Hub
+from gateway.json_response import json, read_body
 from gateway.openapi import openapi_document
 from gateway.read_cache import ReadCache
+from gateway.workspace_routes import WorkspaceApi
 
-CAPABILITIES = ("bot-memory-v1",)
+CAPABILITIES = ("bot-memory-v1", "bot-collaboration-v1", "bot-discussion-v1")
 # ND-1's capabilities, announced by the issues that build them; never claimed before.
-PLANNED = ("bot-collaboration-v1", "bot-discussion-v1", "bot-file-memory-v1", "bot-projects-v1")
+PLANNED = ("bot-file-memory-v1", "bot-projects-v1")
+# ND-2: the built-in worker runs bot steps inside the engine's actors, where each bot's memory
+# is isolated by the server's visibility rules and extraction runs with no tools.
+BUILTIN_NODE = {"id": "builtin", "memory_isolation": True, "memory_extraction": True}
+WS = "/api/app/workspace"
 
 _enc = msgspec.json.Encoder()
-
-
-def json(obj: Any, status: int = 200) -> Response:
-    return Response(_enc.encode(obj), status_code=status, media_type="application/json")
-
-
-async def read_body(request: Request) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > wire.MAX_BODY:
-        raise TooLarge(f"request body over {wire.MAX_BODY} bytes", code="body_too_large")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > wire.MAX_BODY:
-            raise TooLarge(f"request body over {wire.MAX_BODY} bytes", code="body_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 class Api:
@@ -319,7 +306,13 @@ class Api:
     # --- discovery ---
 
     async def capabilities(self, request: Request) -> Response:
-        return json({"capabilities": list(CAPABILITIES), "unavailable": list(PLANNED)})
+        return json(
+            {
+                "capabilities": list(CAPABILITIES),
+                "unavailable": list(PLANNED),
+                "nodes": [BUILTIN_NODE],
+            }
+        )
 
     async def openapi(self, request: Request) -> Response:
         return json(openapi_document())
@@ -342,6 +335,7 @@ def create_app(
     auth = Auth(engine, admin_token, ttl=cache_ttl)
     hub = Hub(engine)
     api = Api(engine, auth, hub)
+    ws = WorkspaceApi(engine, auth)
     r: Callable[..., Route] = Route
     routes = [
         r("/v1/admin/orgs", api.create_org, methods=["POST"]),
@@ -363,6 +357,9 @@ def create_app(
         r("/v1/bots/{bot}/memory/bot", api.get_memory_bot, methods=["GET"]),
         r("/v1/bots/{bot}/memory/bot", api.patch_memory_bot, methods=["PATCH"]),
         r("/v1/capabilities", api.capabilities, methods=["GET"]),
+        r(f"{WS}/collaboration", ws.collaborations, methods=["GET"]),
+        r(f"{WS}/collaboration/{{id}}/stop", ws.stop_collaboration, methods=["POST"]),
+        r(f"{WS}/bots/{{bot}}/rules", ws.bot_rules, methods=["GET", "PATCH"]),
         r("/openapi.json", api.openapi, methods=["GET"]),
         r("/healthz", api.health, methods=["GET"]),
         WebSocketRoute("/v1/events", EventsEndpoint(hub, auth, listener_refresh).handle),

@@ -42,6 +42,8 @@ class OpenAIStub:
 
     def __init__(self) -> None:
         self.queue: deque = deque()
+        # Routed answers come first: fn(request body) -> an answer, or None to fall through.
+        self.routes: list = []
         self.default = completion("OK.")
         self.requests: list[dict] = []
         self.app = Starlette(
@@ -52,8 +54,14 @@ class OpenAIStub:
         self.queue.extend(answers)
 
     async def _complete(self, request: Request) -> Response:
-        self.requests.append(json.loads(await request.body()))
-        answer = self.queue.popleft() if self.queue else self.default
+        body = json.loads(await request.body())
+        self.requests.append(body)
+        answer = next((a for a in (fn(body) for fn in self.routes) if a is not None), None)
+        if answer is None:
+            answer = self.queue.popleft() if self.queue else self.default
+        if isinstance(answer, tuple) and answer[0] == "delay":
+            await asyncio.sleep(answer[1])
+            answer = answer[2]
         if answer == self.HANG:
             await asyncio.sleep(3600)
         if answer == self.GARBAGE:

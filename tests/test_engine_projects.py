@@ -102,7 +102,13 @@ def test_create_with_an_unknown_channel_is_not_found():
 def test_rename_keeps_the_id_and_bumps_the_revision():
     p = make()
     q = change(p, name="Launch v2")
-    assert (q.id, q.name, q.revision, q.updated_at, q.created_at) == ("p_1", "Launch v2", 2, T0 + 1, T0)
+    assert (q.id, q.name, q.revision, q.updated_at, q.created_at) == (
+        "p_1",
+        "Launch v2",
+        2,
+        T0 + 1,
+        T0,
+    )
 
 
 def test_a_stale_revision_changes_nothing():

@@ -30,6 +30,7 @@ from engine.scoped_memory import (
     propose_extraction,
     quote_ok,
     scope_of,
+    settled_reviews,
     source_marker,
     to_scoped,
     user_create,
@@ -45,7 +46,9 @@ PROJ_POOL = "project:p_1"
 SOURCES = {
     s.marker: s
     for s in (
-        SourceItem(chat="chat_1", item="i-1", kind="person", author="u_ann", text="I live in Paris."),
+        SourceItem(
+            chat="chat_1", item="i-1", kind="person", author="u_ann", text="I live in Paris."
+        ),
         SourceItem(
             chat="chat_1",
             item="i-2",
@@ -60,7 +63,9 @@ SOURCES = {
             author="u_ann",
             text="Please  remember:\nI never drink coffee after 6pm.",
         ),
-        SourceItem(chat="chat_2", item="i-1", kind="person", author="u_bob", text="Ann loves jazz."),
+        SourceItem(
+            chat="chat_2", item="i-1", kind="person", author="u_bob", text="Ann loves jazz."
+        ),
         SourceItem(chat="chat_3", item="i-9", kind="person", author="u_ann", text="我不吃辣"),
         SourceItem(chat="chat_4", item="i-1", kind="person", author="u_ann", text="ok"),
         SourceItem(
@@ -115,7 +120,7 @@ def test_fingerprint_ignores_case_spacing_and_punctuation_but_not_rewording():
     assert content_fingerprint("Ann lives in Paris!!") == fp
     assert content_fingerprint("Ann resides in Paris") != fp
     assert content_fingerprint("我不吃辣。") == content_fingerprint("我不吃辣")
-    assert content_fingerprint("ＡＢＣ") == content_fingerprint("abc")  # full-width forms
+    assert content_fingerprint("\uff21\uff22\uff23") == content_fingerprint("abc")  # full-width ABC
     assert content_fingerprint("Ann lives in Paris", key=b"pool-key") != fp
 
 
@@ -257,9 +262,13 @@ def test_user_memory_without_the_users_words_is_refused(content, quote, evidence
 
 def test_a_short_quote_is_fine_when_it_is_the_whole_message():
     assert MIN_QUOTE_CHARS > 2
-    d = propose([], fact(pool=USER_POOL, content='Ann said "ok"', quote="ok", evidence=("chat_4/i-1",)))
+    d = propose(
+        [], fact(pool=USER_POOL, content='Ann said "ok"', quote="ok", evidence=("chat_4/i-1",))
+    )
     assert d.accepted
-    cjk = fact(pool=USER_POOL, content="用户说：我不吃辣", quote="我不吃辣", evidence=("chat_3/i-9",))
+    cjk = fact(
+        pool=USER_POOL, content="用户说\uff1a我不吃辣", quote="我不吃辣", evidence=("chat_3/i-9",)
+    )
     assert propose([], cjk).accepted
 
 
@@ -295,7 +304,9 @@ def test_a_bot_cannot_overwrite_another_contributors_record():
     theirs = record("mem_1", PROJ_POOL, "b_bob", "We ship on Thursdays")
     d = propose(
         [theirs],
-        fact(pool=PROJ_POOL, content="We ship on Fridays", evidence=("chat_5/i-1",), replaces="mem_1"),
+        fact(
+            pool=PROJ_POOL, content="We ship on Fridays", evidence=("chat_5/i-1",), replaces="mem_1"
+        ),
     )
     assert (d.outcome, d.code) == ("refused", "not_yours")
     assert d.entry is None and d.flagged == ()
@@ -319,7 +330,12 @@ def test_a_second_contribution_on_a_topic_is_kept_and_both_are_flagged():
     theirs = record("mem_1", PROJ_POOL, "b_bob", "We ship on Thursdays", topics=("release",))
     d = propose(
         [theirs],
-        fact(pool=PROJ_POOL, content="We ship on Fridays", evidence=("chat_5/i-1",), topics=("release",)),
+        fact(
+            pool=PROJ_POOL,
+            content="We ship on Fridays",
+            evidence=("chat_5/i-1",),
+            topics=("release",),
+        ),
     )
     assert d.outcome == "created" and d.entry is not None and d.entry.review
     assert len(d.flagged) == 1
@@ -333,7 +349,12 @@ def test_the_same_bot_on_its_own_topic_is_not_a_review_case():
     mine = record("mem_1", PROJ_POOL, "b_ada", "We ship on Thursdays", topics=("release",))
     d = propose(
         [mine],
-        fact(pool=PROJ_POOL, content="We ship on Fridays", evidence=("chat_5/i-1",), topics=("release",)),
+        fact(
+            pool=PROJ_POOL,
+            content="We ship on Fridays",
+            evidence=("chat_5/i-1",),
+            topics=("release",),
+        ),
     )
     assert d.accepted and d.entry is not None and not d.entry.review and d.flagged == ()
 
@@ -344,10 +365,31 @@ def test_a_persons_record_on_the_topic_is_flagged_even_under_the_same_bot():
     )
     d = propose(
         [by_hand],
-        fact(pool=PROJ_POOL, content="We ship on Fridays", evidence=("chat_5/i-1",), topics=("release",)),
+        fact(
+            pool=PROJ_POOL,
+            content="We ship on Fridays",
+            evidence=("chat_5/i-1",),
+            topics=("release",),
+        ),
     )
     assert d.entry is not None and d.entry.review
     assert [e.id for e in d.flagged] == ["mem_1"]
+
+
+def test_review_flags_settle_when_the_rival_is_gone_or_the_person_edits():
+    a = record("mem_a", PROJ_POOL, "b_bob", "Ship Thursdays", topics=("release",), review=True)
+    b = record("mem_b", PROJ_POOL, "b_ada", "Ship Fridays", topics=("release",), review=True)
+    c = record("mem_c", PROJ_POOL, "b_zed", "Unrelated", topics=("other",))
+    assert settled_reviews({e.id: e for e in (a, b, c)}) == []
+    gone = forget(a, 1, operator="u_ann", old_content="Ship Thursdays", now=T0).entry
+    assert not gone.review
+    assert settled_reviews({e.id: e for e in (gone, b, c)}) == [
+        msgspec.structs.replace(b, review=False)
+    ]
+    edited = user_edit(
+        b, "Ship on Fridays", 1, operator="u_ann", old_content="Ship Fridays", now=T0
+    )
+    assert not edited.entry.review and edited.entry.protected
 
 
 # --- forgetting and manual revision ---------------------------------------------------------------
@@ -389,7 +431,9 @@ def test_a_forgotten_fact_reworded_from_the_same_turn_is_refused():
     same_words = fact(content="ann lives in paris.", evidence=("chat_5/i-1",))
     assert propose([gone], same_words, [barrier]).code == "forgotten"
     # Something else from another turn is fine, and a barrier holds only in its own pool.
-    assert propose([gone], fact(content="Ships on Fridays", evidence=("chat_5/i-1",)), [barrier]).accepted
+    assert propose(
+        [gone], fact(content="Ships on Fridays", evidence=("chat_5/i-1",)), [barrier]
+    ).accepted
     elsewhere = fact(pool=PROJ_POOL, content="Ann lives in Paris", evidence=("chat_1/i-1",))
     assert propose([gone], elsewhere, [barrier]).accepted
 
@@ -417,7 +461,12 @@ def test_a_manual_revision_protects_the_record_and_bars_the_old_wording():
     assert out.entry.protected and out.entry.revision == 2 and out.entry.updated_at == T0 + 7
     assert out.entry.content_fp == content_fingerprint("Ann lives in Lyon")
     assert out.revision is not None
-    assert (out.revision.before, out.revision.after, out.revision.change, out.revision.revision) == (
+    assert (
+        out.revision.before,
+        out.revision.after,
+        out.revision.change,
+        out.revision.revision,
+    ) == (
         "Ann lives in Paris",
         "Ann lives in Lyon",
         "edited",
@@ -428,9 +477,12 @@ def test_a_manual_revision_protects_the_record_and_bars_the_old_wording():
     # The old job proposes the old fact again, reworded, and to replace the edited record.
     old_job = fact(content="Ann's home is Paris", evidence=("chat_1/i-1",), replaces="mem_1")
     assert propose([out.entry], old_job, [out.barrier]).code == "forgotten"
-    assert propose([out.entry], fact(content="Ann lives in Paris", evidence=("chat_5/i-1",)), [
-        out.barrier
-    ]).code == "forgotten"
+    assert (
+        propose(
+            [out.entry], fact(content="Ann lives in Paris", evidence=("chat_5/i-1",)), [out.barrier]
+        ).code
+        == "forgotten"
+    )
 
 
 def test_a_revision_of_tier_or_topics_only_leaves_no_barrier():
@@ -440,7 +492,9 @@ def test_a_revision_of_tier_or_topics_only_leaves_no_barrier():
     )
     assert out.entry.tier == Tier.PROFILE and out.entry.protected and out.entry.revision == 2
     assert out.barrier is None
-    same = user_edit(e, "Ann lives in Paris", 1, operator="u_ann", old_content="Ann lives in Paris", now=T0)
+    same = user_edit(
+        e, "Ann lives in Paris", 1, operator="u_ann", old_content="Ann lives in Paris", now=T0
+    )
     assert same.entry is e and same.revision is None
 
 
@@ -481,7 +535,12 @@ def test_propose_all_checks_each_call_against_what_the_earlier_ones_left():
     decisions, records, texts = propose_all(
         {"mem_0": theirs},
         [
-            fact(pool=PROJ_POOL, content="We ship on Fridays", evidence=("chat_5/i-1",), topics=("release",)),
+            fact(
+                pool=PROJ_POOL,
+                content="We ship on Fridays",
+                evidence=("chat_5/i-1",),
+                topics=("release",),
+            ),
             fact(pool=PROJ_POOL, content="we ship on fridays!", evidence=("chat_5/i-1",)),
             fact(
                 pool=PROJ_POOL,
@@ -497,7 +556,9 @@ def test_propose_all_checks_each_call_against_what_the_earlier_ones_left():
         sources=SOURCES,
     )
     assert [d.outcome for d in decisions] == ["created", "duplicate", "updated"]
-    assert decisions[2].revision is not None and decisions[2].revision.before == "We ship on Fridays"
+    assert (
+        decisions[2].revision is not None and decisions[2].revision.before == "We ship on Fridays"
+    )
     assert set(records) == {"mem_0", "new_1"} and records["mem_0"].review
     assert records["new_1"].revision == 2 and records["new_1"].review
     assert texts == {"new_1": "We ship on Friday mornings"}
@@ -542,7 +603,9 @@ proposal_st = st.builds(
         ["Ann lives in Paris", "We ship on Fridays", 'Ann said "I never drink coffee after 6pm"']
     ),
     evidence=st.lists(st.sampled_from(sorted(SOURCES)), max_size=2).map(tuple),
-    topics=st.lists(st.sampled_from(["home", "release", "drinks"]), max_size=2, unique=True).map(tuple),
+    topics=st.lists(st.sampled_from(["home", "release", "drinks"]), max_size=2, unique=True).map(
+        tuple
+    ),
     replaces=st.one_of(st.none(), st.sampled_from(["mem_a", "mem_b", "mem_c", "new_1", "new_2"])),
 )
 
@@ -552,7 +615,9 @@ proposal_st = st.builds(
 def test_extractions_only_ever_change_the_contributors_own_unprotected_records(proposals):
     start = {
         "mem_a": record("mem_a", PROJ_POOL, "b_bob", "Ship Thursdays", topics=("release",)),
-        "mem_b": record("mem_b", PROJ_POOL, "b_ada", "Ann edited", topics=("home",), protected=True),
+        "mem_b": record(
+            "mem_b", PROJ_POOL, "b_ada", "Ann edited", topics=("home",), protected=True
+        ),
         "mem_c": record("mem_c", BOT_POOL, "b_ada", "Old fact", evidence=("chat_1/i-3",)),
     }
     barrier = ForgetBarrier(pool=BOT_POOL, fingerprint="fp1:none", evidence=("chat_1/i-1",), at=T0)

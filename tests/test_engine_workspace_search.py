@@ -15,7 +15,7 @@ DOCS = [
     ("m3", "Deploy on Fridays. Deployment needs a green build."),
     ("m1", "We deploy to staging first."),
     ("m2", "The release train leaves on Fridays"),
-    ("m4", "项目决策：周五发布，先部署到预发环境"),
+    ("m4", "项目决策\uff1a周五发布\uff0c先部署到预发环境"),  # CJK colon and comma
     ("m5", "用 Python 写部署脚本"),
     ("m6", "Start the art show"),
 ]
@@ -89,7 +89,13 @@ def test_every_hit_contains_every_term_and_order_is_stable(texts, query, limit):
 
 
 def test_cosine_top_k():
-    vectors = {"a": [1.0, 0.0], "b": [0.6, 0.8], "c": [-1.0, 0.0], "z": [0.0, 0.0], "a2": [2.0, 0.0]}
+    vectors = {
+        "a": [1.0, 0.0],
+        "b": [0.6, 0.8],
+        "c": [-1.0, 0.0],
+        "z": [0.0, 0.0],
+        "a2": [2.0, 0.0],
+    }
     hits = cosine_top_k([1.0, 0.0], vectors, 3)
     assert [h.id for h in hits] == ["a", "a2", "b"]
     assert hits[0].score == pytest.approx(1.0) and hits[2].score == pytest.approx(0.6)
@@ -109,15 +115,23 @@ vec_st = st.lists(st.floats(-10, 10, allow_nan=False), min_size=3, max_size=3)
 
 
 @settings(max_examples=200, deadline=None)
-@given(vec_st, st.dictionaries(st.text(alphabet="abcdef", min_size=1, max_size=3), vec_st), st.integers(0, 8))
+@given(
+    vec_st,
+    st.dictionaries(st.text(alphabet="abcdef", min_size=1, max_size=3), vec_st),
+    st.integers(0, 8),
+)
 def test_cosine_top_k_agrees_with_brute_force(query, vectors, k):
     def cos(u, v):
         nu, nv = math.hypot(*u), math.hypot(*v)
-        return None if nu == 0 or nv == 0 else sum(a * b for a, b in zip(u, v, strict=True)) / (nu * nv)
+        if nu == 0 or nv == 0:
+            return None
+        return sum((a / nu) * (b / nv) for a, b in zip(u, v, strict=True))
 
     hits = cosine_top_k(query, vectors, k)
     scored = {i: cos(query, v) for i, v in vectors.items()}
-    expected = sorted((i for i, s in scored.items() if s is not None), key=lambda i: (-scored[i], i))
+    expected = sorted(
+        (i for i, s in scored.items() if s is not None), key=lambda i: (-scored[i], i)
+    )
     if cos(query, query) is None:
         expected = []
     assert len(hits) == min(k, len(expected))

@@ -1,0 +1,57 @@
+"""Workspace routes for the signed-in account (SPEC §11 WA-1): collaboration chains and bots'
+rules. Chains live on the home shard of their root chat, so listing asks every shard."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from actors.runtime import Engine, call
+from engine.directory import require_use
+from engine.errors import NotFound
+from engine.self_rules import Editor, parse_update, rules_view
+from gateway import wire
+from gateway.auth import Auth
+from gateway.json_response import json, read_body
+
+
+class WorkspaceApi:
+    def __init__(self, engine: Engine, auth: Auth) -> None:
+        self.engine = engine
+        self.auth = auth
+
+    async def collaborations(self, request: Request) -> Response:
+        principal = await self.auth.user(request)
+        assert principal.user is not None
+        chains = []
+        for shard in self.engine.shards:
+            chains.extend(await call(shard.collaborations, principal.user.id, principal.channels))
+        chains.sort(key=lambda c: (c.createdAt, c.id))
+        return json({"collaborations": chains})
+
+    async def stop_collaboration(self, request: Request) -> Response:
+        principal = await self.auth.user(request)
+        assert principal.user is not None
+        chain_id = request.path_params["id"]
+        for shard in self.engine.shards:
+            stopped = await call(
+                shard.stop_collaboration, chain_id, principal.user.id, principal.channels
+            )
+            if stopped is not None:
+                return json(stopped)
+        raise NotFound(f"no collaboration {chain_id}", code="collaboration_not_found")
+
+    async def bot_rules(self, request: Request) -> Response:
+        """GET: a bot's rules for anyone who uses it; PATCH: changed by a person with write
+        (WS-3: users edit rules in the client), checked against `expectedRevision`."""
+        principal = await self.auth.user(request)
+        assert principal.user is not None
+        bot = await call(self.engine.directory.get_bot, request.path_params["bot"])
+        require_use(bot, principal.user.id)
+        if request.method == "GET":
+            return json(rules_view(bot))
+        update = parse_update(wire.decode_any(await read_body(request)))
+        editor = Editor(kind="user", id=principal.user.id)
+        changed = await call(self.engine.directory.update_rules, bot.id, update, editor)
+        self.auth.directory_changed(bot.id)
+        return json(rules_view(changed))

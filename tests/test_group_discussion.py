@@ -139,7 +139,7 @@ def test_mentions_and_text_choose_the_speakers_and_rounds(world, admin, bot_mode
 
 
 def test_bad_group_requests_are_refused_and_change_nothing(world, admin, bot_model):
-    bots, channel = _group(world, admin)
+    _, channel = _group(world, admin)
     with world.client("alice") as alice:
         chat = alice.post("/v1/chats", json={"channel": channel["id"]}).json()
         url = f"/v1/chats/{chat['id']}/turns"

@@ -1,0 +1,303 @@
+"""Collaboration chains and self-rules end to end (WS-2 … WS-4, CO-1, UI-1): real HTTP, the
+bots' model served on loopback, bots of different people (so different shards)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+
+import pytest
+import ray
+
+from engine.errors import Forbidden
+from engine.self_rules import Editor, RulesUpdate
+from gateway.client import EventClient
+from tests.openai_stub import completion
+
+WS = "/api/app/workspace"
+
+
+@pytest.fixture
+def bot_model(model_stubs):
+    stub = model_stubs["bot"]
+    yield stub
+    stub.routes.clear()
+
+
+def _name(body) -> str:
+    m = re.match(r"You are (\S+)\.", body["messages"][0]["content"])
+    return m.group(1) if m else ""
+
+
+def _last(body) -> dict:
+    return body["messages"][-1]
+
+
+def _bots(world, admin, *names):
+    tag = secrets.token_hex(3)
+    owners = list(world.users.values())
+    out = {}
+    for k, n in enumerate(names):
+        out[n] = admin.post(
+            "/v1/admin/bots",
+            json={
+                "name": f"{n}{tag}",
+                "org": world.org,
+                "owner": owners[(k + 1) % len(owners)],
+                "model": "bot",
+            },
+        ).json()
+    for b in out.values():  # alice uses every bot
+        if b["owner"] != world.users["alice"]:
+            admin.post(
+                "/v1/admin/grants",
+                json={"bot": b["id"], "user": world.users["alice"], "permission": "read"},
+            )
+    return out
+
+
+def _chains(client) -> list[dict]:
+    return client.get(f"{WS}/collaboration").json()["collaborations"]
+
+
+def _wait_chain(client, chat_id, until, timeout=30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for c in _chains(client):
+            if c["rootChat"] == chat_id and until(c):
+                return c
+        time.sleep(0.05)
+    raise AssertionError(f"chain of {chat_id} never reached the state: {_chains(client)}")
+
+
+def _wait_items(client, chat_id, n, timeout=20.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        items = client.get(f"/v1/chats/{chat_id}/items").json()["items"]
+        if len(items) >= n:
+            return items
+        time.sleep(0.05)
+    raise AssertionError(f"chat {chat_id} has {items}")
+
+
+def test_a_send_returns_a_receipt_and_the_reply_wakes_the_sender(world, admin, bot_model):
+    bots = _bots(world, admin, "Asker", "Helper")
+    asker, helper = bots["Asker"], bots["Helper"]
+
+    def route(body):
+        name, last = _name(body), _last(body)
+        if name == asker["name"]:
+            if last["role"] == "tool":
+                return completion("I asked my colleague.")
+            if "[delivery from" in str(last["content"]):
+                return completion("My colleague says the build is green.")
+            msg = {"agent": helper["name"], "message": "Is the build green?"}
+            return completion(None, tool_calls=[("workspace_send_to_agent", msg)])
+        if name == helper["name"]:
+            return completion("Yes, the build is green.")
+        return None
+
+    bot_model.routes.append(route)
+
+    async def scenario():
+        events = EventClient(world.server.url, world.tokens["alice"])
+        it = aiter(events)
+        first = asyncio.ensure_future(it.__anext__())
+        await asyncio.sleep(0.3)  # connected and live before the turn
+        with world.client("alice") as alice:
+            chat = alice.post("/v1/chats", json={"bot": asker["id"]}).json()
+            r = await asyncio.to_thread(
+                alice.post, f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "Check CI"}
+            )
+            assert r.status_code == 200, r.text
+            turn_items = r.json()["items"]
+            assert [i["kind"] for i in turn_items] == ["person", "bot"]
+            # The receipt came back at once, in the same step.
+            tool_msgs = [
+                m
+                for b in bot_model.requests
+                if _name(b) == asker["name"]
+                for m in b["messages"]
+                if m["role"] == "tool"
+            ]
+            assert tool_msgs and '"receipt":"dlv_' in tool_msgs[-1]["content"]
+            chain = await asyncio.to_thread(
+                _wait_chain, alice, chat["id"], lambda c: c["status"] == "done"
+            )
+            seen = [await asyncio.wait_for(first, 10)]
+            while not (
+                seen[-1].type == "collaboration.changed" and seen[-1].data["status"] == "done"
+            ):
+                seen.append(await asyncio.wait_for(it.__anext__(), 10))
+            assert seen[-1].data["chat"] == chat["id"]
+            items = await asyncio.to_thread(_wait_items, alice, chat["id"], 4)
+        await events.close()
+        return chat, chain, items
+
+    chat, chain, items = asyncio.run(scenario())
+    assert chain["deliveries"] == 2 and chain["rootBot"] == asker["id"]
+    (link,) = chain["links"]
+    assert link["toBot"] == helper["id"] and link["status"] == "answered"
+    assert link["request"] == "Is the build green?"
+    assert link["result"] == "Yes, the build is green."
+    kinds = [i["kind"] for i in items]
+    assert kinds == ["person", "bot", "delivery", "bot"]
+    delivery = items[2]
+    assert delivery["author"] == helper["id"]
+    assert delivery["communication"] == {
+        "direction": "received",
+        "peer": helper["id"],
+        "body": "Yes, the build is green.",
+    }
+    assert items[3]["text"] == "My colleague says the build is green."
+    # UI-1: ordinary items never carry a communication record, whatever they say.
+    assert all(i["communication"] is None for i in items if i["kind"] != "delivery")
+    # The peer worked in an agent chat that holds only what was sent to it.
+    helper_requests = [b for b in bot_model.requests if _name(b) == helper["name"]]
+    assert "Check CI" not in str(helper_requests[-1]["messages"])
+    # Someone else neither lists nor stops the chain.
+    with world.client("bob") as bob:
+        assert all(c["id"] != chain["id"] for c in _chains(bob))
+        assert bob.post(f"{WS}/collaboration/{chain['id']}/stop").status_code == 404
+
+
+def test_two_bots_delegating_forever_stop_at_the_caps(world, admin, bot_model):
+    bots = _bots(world, admin, "Ping", "Pong")
+    ping, pong = bots["Ping"], bots["Pong"]
+    counter = iter(range(10_000))
+
+    def route(body):
+        name, last = _name(body), _last(body)
+        if name not in (ping["name"], pong["name"]):
+            return None
+        if last["role"] == "tool":
+            return completion("Delegated.")
+        other = pong if name == ping["name"] else ping
+        msg = {"agent": other["name"], "message": f"please handle part {next(counter)}"}
+        return completion(None, tool_calls=[("workspace_send_to_agent", msg)])
+
+    bot_model.routes.append(route)
+    with world.client("alice") as alice:
+        chat = alice.post("/v1/chats", json={"bot": ping["id"]}).json()
+        alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "Go"})
+        chain = _wait_chain(alice, chat["id"], lambda c: c["status"] != "running")
+    assert chain["status"] == "capped"
+    assert "depth" in chain["reason"]
+    delivered = [k for k in chain["links"] if k["status"] in ("sent", "answered")]
+    assert max(k["depth"] for k in delivered) <= 8
+    assert chain["deliveries"] <= 32
+    refused = [k for k in chain["links"] if k["status"] == "refused"]
+    assert refused and refused[-1]["depth"] == 9
+
+
+def test_after_stop_a_late_reply_starts_nothing(world, admin, bot_model):
+    bots = _bots(world, admin, "Boss", "Slow")
+    boss, slow = bots["Boss"], bots["Slow"]
+
+    def route(body):
+        name, last = _name(body), _last(body)
+        if name == boss["name"]:
+            if last["role"] == "tool":
+                return completion("Asked.")
+            if "[delivery from" in str(last["content"]):
+                return completion("WOKEN")
+            msg = {"agent": slow["name"], "message": "Write the report"}
+            return completion(None, tool_calls=[("workspace_send_to_agent", msg)])
+        if name == slow["name"]:
+            return ("delay", 1.5, completion("Here is the report."))
+        return None
+
+    bot_model.routes.append(route)
+    with world.client("alice") as alice:
+        chat = alice.post("/v1/chats", json={"bot": boss["id"]}).json()
+        alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "Report please"})
+        running = _wait_chain(alice, chat["id"], lambda c: c["links"] != [])
+        stopped = alice.post(f"{WS}/collaboration/{running['id']}/stop")
+        assert stopped.status_code == 200, stopped.text
+        assert stopped.json()["status"] == "stopped"
+        late = _wait_chain(
+            alice, chat["id"], lambda c: c["links"] and c["links"][0]["status"] == "answered"
+        )
+        time.sleep(0.5)  # room for a wrong wake-up to show
+        items = alice.get(f"/v1/chats/{chat['id']}/items").json()["items"]
+    assert late["status"] == "stopped" and late["links"][0]["result"] == "Here is the report."
+    assert [i["kind"] for i in items] == ["person", "bot"]
+    woken = [b for b in bot_model.requests if _name(b) == boss["name"]]
+    assert not any("[delivery from" in str(b["messages"][-1]["content"]) for b in woken)
+
+
+def test_self_rules_revisions_and_the_creator_lock(world, admin, bot_model, engine):
+    bots = _bots(world, admin, "Maker")
+    maker = bots["Maker"]
+
+    def route(body):
+        if _name(body) != maker["name"]:
+            return None
+        last = _last(body)
+        if last["role"] == "tool":
+            return completion("Done.")
+        text = str(last["content"])
+        if "stale" in text:
+            update = {"expectedRevision": 99, "tone": "grumpy"}
+            return completion(None, tool_calls=[("workspace_update_self_rules", update)])
+        if "update" in text:
+            update = {"expectedRevision": 1, "tone": "cheerful"}
+            return completion(None, tool_calls=[("workspace_update_self_rules", update)])
+        if "create" in text:
+            args = {"name": "Minion", "prompt": "Fetch things."}
+            return completion(None, tool_calls=[("workspace_create_agent", args)])
+        return completion(None, tool_calls=[("workspace_get_self_rules", {})])
+
+    bot_model.routes.append(route)
+
+    def tool_result() -> str:
+        return bot_model.requests[-1]["messages"][-1]["content"]
+
+    with world.client("alice") as alice:
+        chat = alice.post("/v1/chats", json={"bot": maker["id"]}).json()
+        turn = f"/v1/chats/{chat['id']}/turns?wait=true"
+        alice.post(turn, json={"text": "stale please"})
+        assert (
+            '"error":"stale_revision"' in tool_result() and '"currentRevision":1' in tool_result()
+        )
+        alice.post(turn, json={"text": "update please"})
+        assert '"revision":2' in tool_result() and "cheerful" in tool_result()
+        alice.post(turn, json={"text": "who are you"})
+        assert '"tone":"cheerful"' in tool_result()  # effective from the next turn
+        alice.post(turn, json={"text": "create a helper"})
+        minion = tool_result()
+        assert '"name":"Minion"' in minion
+        minion_id = re.search(r'"id":"(b_[0-9a-f]+)"', minion).group(1)
+        # Over HTTP: a stale revision is a 409 with the current one; nothing changes.
+        owner_name = next(n for n, u in world.users.items() if u == maker["owner"])
+    with world.client(owner_name) as owner:
+        url = f"{WS}/bots/{maker['id']}/rules"
+        stale = owner.patch(url, json={"expectedRevision": 1, "tone": "calm"})
+        assert stale.status_code == 409
+        assert stale.json()["error"]["currentRevision"] == 2
+        assert owner.get(url).json()["rules"]["tone"] == "cheerful"
+        ok = owner.patch(url, json={"expectedRevision": 2, "tone": "calm"})
+        assert ok.status_code == 200 and ok.json()["revision"] == 3
+        bad = owner.patch(url, json={"expectedRevision": 3, "model": "other"})
+        assert bad.status_code == 400
+    with world.client("carol") as carol:
+        if maker["owner"] != world.users["carol"]:
+            r = carol.patch(f"{WS}/bots/{maker['id']}/rules", json={"expectedRevision": 3})
+            assert r.status_code == 403
+    # WS-3: the creator set the member's first rules and may not change them afterwards.
+    member = ray.get(engine.directory.get_bot.remote(minion_id))
+    assert member.creator == maker["id"] and member.rules.prompt == "Fetch things."
+    with pytest.raises(Forbidden) as err:
+        try:
+            ray.get(
+                engine.directory.update_rules.remote(
+                    minion_id,
+                    RulesUpdate(expectedRevision=1, tone="obedient"),
+                    Editor(kind="bot", id=maker["id"]),
+                )
+            )
+        except ray.exceptions.RayTaskError as e:
+            raise e.cause from None
+    assert err.value.code == "creator_locked"

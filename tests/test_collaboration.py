@@ -136,7 +136,7 @@ def test_a_send_returns_a_receipt_and_the_reply_wakes_the_sender(world, admin, b
         await events.close()
         return chat, chain, items
 
-    chat, chain, items = asyncio.run(scenario())
+    _, chain, items = asyncio.run(scenario())
     assert chain["deliveries"] == 2 and chain["rootBot"] == asker["id"]
     (link,) = chain["links"]
     assert link["toBot"] == helper["id"] and link["status"] == "answered"

@@ -172,3 +172,69 @@ def test_bad_group_requests_are_refused_and_change_nothing(world, admin, bot_mod
         assert bob.post("/v1/chats", json={"channel": private["id"]}).status_code == 403
         assert bob.get(f"/v1/chats/{pchat['id']}/items").status_code == 403
         assert bob.post(f"/v1/chats/{pchat['id']}/turns", json={"text": "hi"}).status_code == 403
+
+
+def test_a_confiding_group_bot_learns_a_channel_fact(world, admin, bot_model, model_stubs, engine):
+    import ray
+
+    mem = model_stubs["mem"]
+    admin.patch(f"/v1/admin/orgs/{world.org}", json={"settings": {"botMemoryModel": "mem"}})
+    bots, channel = _group(world, admin, n=2, people=("alice", "bob"))
+    talker = bots[0]
+    for person in ("alice", "carol"):
+        if talker["owner"] != world.users[person]:
+            admin.post(
+                "/v1/admin/grants",
+                json={"bot": talker["id"], "user": world.users[person], "permission": "read"},
+            )
+    chat_box = {}
+
+    def bot_route(body):
+        name = _name_of(body)
+        if name != talker["name"]:
+            return None
+        if body["messages"][-1]["role"] == "tool":
+            return completion("Noted, Fridays it is.")
+        return completion(
+            None, tool_calls=[("confide", {"text": "I want to get their habits right"})]
+        )
+
+    def mem_route(body):
+        if "You keep a bot's memory" in body["messages"][0]["content"]:
+            learn = {
+                "content": "The team deploys on Fridays",
+                "items": [{"chat": chat_box["id"], "item": "i-1"}],
+            }
+            return completion(None, tool_calls=[("learn_fact", learn)])
+        return completion("Thank you for sharing that.")
+
+    bot_model.routes.append(bot_route)
+    _speaking(bot_model)
+    mem.routes.append(mem_route)
+    try:
+        with world.client("bob") as bob:
+            chat = bob.post("/v1/chats", json={"channel": channel["id"]}).json()
+            chat_box["id"] = chat["id"]
+            r = bob.post(
+                f"/v1/chats/{chat['id']}/turns?wait=true",
+                json={"text": "We always deploy on Fridays."},
+            )
+            assert r.json()["turn"]["status"] == "done", r.text
+            shard = engine.shard_for(talker["owner"])
+            ray.get(shard.learning_idle.remote())
+            confessions = bob.get(f"/v1/chats/{chat['id']}/confessions")
+            # Confessions stay with the chat's owner (API-6).
+            if chat["owner"] == world.users["bob"]:
+                assert confessions.json()["confessions"][0]["answer"] == (
+                    "Thank you for sharing that."
+                )
+        with world.client("alice") as alice:
+            (fact,) = alice.get(f"/v1/bots/{talker['id']}/memory").json()["entries"]
+        assert fact["content"] == "The team deploys on Fridays" and fact["layer"] == "fact"
+        assert f"for:channel:{channel['id']}" in fact["tags"]
+        assert f"chat:{chat['id']}" in fact["tags"] and f"from:{world.users['bob']}" in fact["tags"]
+        assert fact["sources"] == [{"chat": chat["id"], "item": "i-1"}]
+        with world.client("carol") as carol:  # not in the channel: sees nothing of it
+            assert carol.get(f"/v1/bots/{talker['id']}/memory").json()["entries"] == []
+    finally:
+        mem.routes.clear()

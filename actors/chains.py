@@ -316,6 +316,13 @@ class ChainRunner:
             await self._save(chain)
         return self.view(chain)
 
+    async def running_for(self, topic: str) -> bool:
+        """Whether a chain started by this turn is still under way."""
+        return any(
+            c.topic == topic and c.status == "running" and rules.open_links(c)
+            for c in (await self._all()).values()
+        )
+
     async def find(self, chain_id: str) -> Chain | None:
         return (await self._all()).get(chain_id)
 

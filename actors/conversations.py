@@ -25,8 +25,8 @@ import msgspec
 from actors.bot_step import BotStepper, Effect, Sink, StepInput, StepOutcome
 from actors.memory_bot import MemoryBotRuntime
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
-from engine.discussion import Plan, plan_turn
-from engine.errors import Forbidden, InvalidInput, NotFound
+from engine.discussion import Plan, plan_goal, plan_turn
+from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
 from engine.events import Audience, ChatItemCreated
 from engine.models import Message
 from storage.chat_store import (
@@ -195,13 +195,21 @@ class Conversations:
         if start.chat.kind == "group":
             if start.channel is None:
                 raise InvalidInput("a group turn needs its channel", code="invalid_chat")
-            plan = plan_turn(
-                members=[b.id for b in start.members],
-                names={b.id: b.name for b in start.members},
-                text=text,
-                rounds=start.rounds,
-                mentions=start.mentions,
-            )
+            if start.channel.mode == "delivery":
+                plan = plan_goal(
+                    members=[b.id for b in start.members],
+                    leader=start.channel.leader,
+                    rounds=start.rounds,
+                    mentions=start.mentions,
+                )
+            else:
+                plan = plan_turn(
+                    members=[b.id for b in start.members],
+                    names={b.id: b.name for b in start.members},
+                    text=text,
+                    rounds=start.rounds,
+                    mentions=start.mentions,
+                )
         elif start.chat.kind not in ("direct", "review") or start.bot is None:
             raise InvalidInput("people post to direct, review and group chats", code="invalid_chat")
         elif start.rounds not in (None, 1) or start.mentions:
@@ -224,6 +232,9 @@ class Conversations:
                 status="running",
                 at=self.shard.clock(),
                 rounds=plan.rounds if plan else 1,
+                goal="delivering"
+                if start.channel is not None and start.channel.mode == "delivery"
+                else None,
             )
             item = self.item(log, turn.id, "person", start.operator)
             # The person's item is durable before the turn is acknowledged.
@@ -326,6 +337,34 @@ class Conversations:
             created_at=now,
             updated_at=now,
         )
+
+    async def verdict(self, chat: str, turn_id: str, user: str, accepted: bool, note: str) -> Turn:
+        """The person accepts or rejects what a delivery group's leader delivered (WS-6): once,
+        after the turn and every collaboration it started have ended."""
+        log = await self.log(chat)
+        async with self.lock(chat):
+            turn = log.turns.get(turn_id)
+            if turn is None:
+                raise NotFound(f"no turn {turn_id}", code="turn_not_found")
+            if turn.goal is None:
+                raise Conflict("this turn has no delivery goal", code="no_goal")
+            if turn.goal != "delivering":
+                raise Conflict(f"the result was already {turn.goal}", code="already_decided")
+            if turn.status == "running" or await self.chains.running_for(turn.id):
+                raise Conflict("the result is still being delivered", code="still_delivering")
+            done = msgspec.structs.replace(
+                turn,
+                goal="accepted" if accepted else "rejected",
+                verdict_by=user,
+                verdict_note=note or None,
+            )
+            sink = Sink(writes=[self.store.put_turn(log, done)])
+            chat_rec = await self.shard.peers.directory("get_chat", chat)
+            text = ("Accepted" if accepted else "Rejected") + (f": {note}" if note else "")
+            note_item = self.item(log, turn.id, "notification", user)
+            self.append(log, chat_rec, [(note_item, text)], sink)
+            await self.commit(chat, sink)
+        return done
 
     async def run_step(
         self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0

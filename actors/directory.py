@@ -262,6 +262,19 @@ class DirectoryService:
         self.chats[chat.id] = chat
         return chat
 
+    async def set_mode(self, channel_id: str, mode: str, leader: str | None) -> Channel:
+        """Switch a group between equal discussion and a delivery goal (WS-6); the caller has
+        checked that the group is idle."""
+        ch = self._get(self.channels, channel_id, "channel")
+        if mode not in ("discussion", "delivery"):
+            raise InvalidInput("mode must be discussion or delivery", code="invalid_mode")
+        if mode == "delivery" and (leader is None or leader not in ch.bots):
+            raise Unprocessable("a delivery group needs a leader among its bots", code="no_leader")
+        ch = msgspec.structs.replace(ch, mode=mode, leader=leader if mode == "delivery" else None)
+        await self.store.put("channels", ch)
+        self.channels[ch.id] = ch
+        return ch
+
     async def group_chat(self, channel_id: str) -> Chat:
         """The channel's group chat, created (owned by its first person) when it has none yet."""
         ch = self._get(self.channels, channel_id, "channel")

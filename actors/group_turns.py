@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from actors.bot_step import Sink, StepInput, StepOutcome
-from engine.discussion import Plan
+from engine.discussion import Plan, leader_brief
 from engine.errors import OpenBotError
 from engine.models import Message
 from storage.chat_store import Item, Turn
@@ -73,15 +73,7 @@ class GroupTurns:
                             text=start.text,
                             wake="person" if r == 0 else "round",
                             history=conv.history(log, person.seq, me=bot.id),
-                            after=(
-                                *after,
-                                Message(
-                                    role="user",
-                                    content=f"(round {r + 1} of {plan.rounds}: your turn)",
-                                ),
-                            )
-                            if plan.rounds > 1 or after
-                            else (),
+                            after=self._after(start, turn, plan, r, bot, after),
                             channel=chat.channel,
                         )
                         outcome = await self._step(bot, step, mirror, person.seq)
@@ -110,6 +102,18 @@ class GroupTurns:
             await conv.chains.on_effects(
                 chat, org, turn.id, bot, (effect,), parent=None, chain=None
             )
+
+    @staticmethod
+    def _after(start: TurnStart, turn: Turn, plan: Plan, r: int, bot, said) -> tuple:
+        """What a speaker sees after the person's words: earlier speakers of this turn, which
+        round it is, and for a delivery group's leader, its brief (WS-6)."""
+        out = list(said)
+        if turn.goal is not None:
+            team = {b.id: b.name for b in start.members}
+            out.append(Message(role="system", content=leader_brief(team, bot.id)))
+        if plan.rounds > 1 or said:
+            out.append(Message(role="user", content=f"(round {r + 1} of {plan.rounds}: your turn)"))
+        return tuple(out)
 
     async def _step(self, bot, step: StepInput, mirror, upto: int) -> StepOutcome:
         peers = self.conv.shard.peers

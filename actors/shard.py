@@ -290,6 +290,21 @@ class ShardService:
             return None
         return await chains.stop(chain_id, user)
 
+    async def verdict(self, chat: str, turn: str, user: str, accepted: bool, note: str) -> Turn:
+        return await self.conversations.verdict(chat, turn, user, accepted, note)
+
+    async def chat_busy(self, chat: str) -> bool:
+        """Whether a turn or a collaboration of this chat is under way (mode switches wait)."""
+        log = await self.conversations.log(chat)
+        if self.conversations.lock(chat).locked():
+            return True
+        if any(t.status == "running" for t in log.turns.values()):
+            return True
+        for turn in log.turns:
+            if await self.conversations.chains.running_for(turn):
+                return True
+        return False
+
     async def chains_idle(self) -> None:
         await self.conversations.chains.idle()
 

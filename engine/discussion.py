@@ -230,3 +230,32 @@ def plan_turn(
         chosen = set(mentioned(text, {m: names.get(m, "") for m in members}))
     participants = tuple(m for m in members if m in chosen) if chosen else members
     return Plan(participants=participants, rounds=count)
+
+
+def plan_goal(
+    *,
+    members: Sequence[str],
+    leader: str | None,
+    rounds: int | None,
+    mentions: Sequence[str] | None,
+) -> Plan:
+    """A delivery-goal group (WS-6): the goal goes to the leader alone, once; the leader hands
+    out work to the members itself. Asking for rounds or naming speakers does not fit it."""
+    if leader is None or leader not in members:
+        raise Unprocessable("a delivery group needs a leader among its bots", code="no_leader")
+    if rounds not in (None, 1) or mentions:
+        raise Unprocessable(
+            "a delivery group works through its leader: no rounds or mentions",
+            code="delivery_mode",
+        )
+    return Plan(participants=(leader,), rounds=1)
+
+
+def leader_brief(team: Mapping[str, str], leader: str) -> str:
+    """What the leader is told besides the goal: who it can hand work to, and how."""
+    names = ", ".join(name for bot_id, name in team.items() if bot_id != leader)
+    return (
+        "You lead this group towards the person's goal. Hand out parts of the work to your "
+        f"team ({names}) with workspace_send_to_agent; their results come back to you here. "
+        "When everything is back, deliver the final result for the person to accept or reject."
+    )

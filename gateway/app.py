@@ -199,6 +199,42 @@ class Api:
             return json(result)
         return json({"turn": turn}, 202)
 
+    async def verdict(self, request: Request) -> Response:
+        """A person of a delivery group accepts or rejects the delivered result (WS-6); a
+        rejection goes back to the leader as the person's next message."""
+        access = await self._chat(request)
+        body = wire.decode(await read_body(request), wire.Verdict)
+        if len(body.note) > 4000:
+            raise InvalidInput("note over 4000 characters", code="note_too_long")
+        user = access.principal.user
+        assert user is not None
+        turn = await call(
+            access.home.verdict,
+            access.chat.id,
+            request.path_params["turn"],
+            user.id,
+            body.accepted,
+            body.note,
+        )
+        answer: dict = {"turn": turn}
+        if not body.accepted and access.channel is not None:
+            org = await call(self.engine.directory.get_org, access.chat.org)
+            members = tuple(
+                [await call(self.engine.directory.get_bot, b) for b in access.channel.bots]
+            )
+            text = "The result was rejected." + (f" {body.note}" if body.note else "")
+            start = TurnStart(
+                chat=access.chat,
+                bot=None,
+                org=org,
+                operator=user.id,
+                text=text,
+                channel=access.channel,
+                members=members,
+            )
+            answer["next"] = await call(access.home.start_turn, start)
+        return json(answer)
+
     async def chat_items(self, request: Request) -> Response:
         access = await self._chat(request)
         if request.method == "DELETE":
@@ -348,6 +384,7 @@ def create_app(
         r("/v1/chats", api.create_chat, methods=["POST"]),
         r("/v1/chats/{chat}/turns", api.post_turn, methods=["POST"]),
         r("/v1/chats/{chat}/items", api.chat_items, methods=["GET", "DELETE"]),
+        r("/v1/chats/{chat}/turns/{turn}/verdict", api.verdict, methods=["POST"]),
         r("/v1/chats/{chat}/confessions", api.confessions, methods=["GET"]),
         r("/v1/chats/{chat}/enrichments", api.enrichments, methods=["GET"]),
         r("/v1/bots/{bot}/memory", api.get_memory, methods=["GET"]),
@@ -360,6 +397,7 @@ def create_app(
         r(f"{WS}/collaboration", ws.collaborations, methods=["GET"]),
         r(f"{WS}/collaboration/{{id}}/stop", ws.stop_collaboration, methods=["POST"]),
         r(f"{WS}/bots/{{bot}}/rules", ws.bot_rules, methods=["GET", "PATCH"]),
+        r(f"{WS}/groups/{{channel}}/mode", ws.group_mode, methods=["POST"]),
         r("/openapi.json", api.openapi, methods=["GET"]),
         r("/healthz", api.health, methods=["GET"]),
         WebSocketRoute("/v1/events", EventsEndpoint(hub, auth, listener_refresh).handle),

@@ -7,6 +7,7 @@ openbot admin bot create --name N --org ORG --owner USER [--id ID] [--linked]
 openbot admin grant --bot B --user U --permission read|write
 openbot admin channel create --org ORG --person U… --bot B… [--id ID]
 openbot events [--url URL] [--token T] [--cursor C] [--count N]
+openbot demo [--url URL [--admin-token T]] [--model NAME] [--config FILE]
 openbot backup DIR (--url URL [--token T] | --data-dir DIR)
 """
 
@@ -24,22 +25,43 @@ import msgspec
 from engine.errors import OpenBotError
 
 
-def _admin_client(args: argparse.Namespace):
-    import httpx
-
+def _admin_token(given: str | None, data_dir: str | None) -> str:
+    """The flag, else `OPENBOT_ADMIN_TOKEN`, else the token file in the data directory."""
     from gateway.server import ADMIN_TOKEN_FILE
 
-    token = args.token or os.environ.get("OPENBOT_ADMIN_TOKEN")
+    token = given or os.environ.get("OPENBOT_ADMIN_TOKEN")
     if not token:
-        path = (
-            Path(args.data_dir or os.environ.get("OPENBOT_DATA_DIR") or "./data") / ADMIN_TOKEN_FILE
-        )
+        path = Path(data_dir or os.environ.get("OPENBOT_DATA_DIR") or "./data") / ADMIN_TOKEN_FILE
         if not path.exists():
             raise SystemExit(
                 f"openbot: no admin token (set OPENBOT_ADMIN_TOKEN or --token; {path} is absent)"
             )
         token = path.read_text().strip()
+    return token
+
+
+def _admin_client(args: argparse.Namespace):
+    import httpx
+
+    token = _admin_token(args.token, args.data_dir)
     return httpx.Client(base_url=args.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gateway.demo import DemoError, embedded_server, run_demo
+
+    try:
+        if args.url:
+            token = _admin_token(args.admin_token, args.data_dir)
+            asyncio.run(run_demo(args.url, token, model=args.model, timeout=args.timeout))
+        else:
+            print("openbot demo: starting an embedded server (local Ray, temporary data)…")
+            with embedded_server(args.config) as (url, token):
+                asyncio.run(run_demo(url, token, model=args.model, timeout=args.timeout))
+    except DemoError as e:
+        print(f"openbot demo: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 async def _events(args: argparse.Namespace) -> int:
@@ -141,6 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--cursor", help="resume after this cursor")
     e.add_argument("--count", type=int, help="stop after this many frames")
 
+    d = sub.add_parser(
+        "demo", help="three scripted bots discuss and collaborate; shows the live events"
+    )
+    d.add_argument("--url", help="join this running server (default: start an embedded one)")
+    d.add_argument("--admin-token", "--token", dest="admin_token", help="with --url")
+    d.add_argument("--data-dir", help="with --url: read admin.token from this data directory")
+    d.add_argument("--model", default="demo-bots", help="the bots' model on the server")
+    d.add_argument("--config", help="the embedded server's config (default: examples/openbot.toml)")
+    d.add_argument("--timeout", type=float, default=120.0, help="seconds for the whole demo")
+
     b = sub.add_parser("backup", help="consistent snapshot into DIR (a new data directory)")
     b.add_argument("dir")
     b.add_argument("--url", help="a running server (needs the admin token)")
@@ -207,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             return _backup(args)
         if args.command == "events":
             return asyncio.run(_events(args))
+        if args.command == "demo":
+            return _demo(args)
         return _admin(args)
     except OpenBotError as e:
         print(f"openbot: {e.message}", file=sys.stderr)

@@ -115,6 +115,23 @@ class LiveView:
                     self.items[(chat, i["id"])] = i
         return self.items.get(key)
 
+    async def links(self, chain_id: str) -> str:
+        """The chain's links as the collaboration route shows them now; names its agent chats."""
+        resp = await self.http.get("/api/app/workspace/collaboration")
+        if not resp.is_success:
+            return "?"
+        chain = next((c for c in resp.json()["collaborations"] if c["id"] == chain_id), None)
+        if chain is None:
+            return "?"
+        shown = []
+        for link in chain["links"]:
+            if link.get("agentChat"):
+                self.chat_labels[link["agentChat"]] = f"agent:{self.name(link['toBot'])}"
+            shown.append(
+                f"{self.name(link['fromBot'])} -> {self.name(link['toBot'])} {link['status']}"
+            )
+        return ", ".join(shown) or "no links"
+
     def name(self, who: str | None) -> str:
         return self.names.get(who or "", who or "?")
 
@@ -131,6 +148,8 @@ class LiveView:
             else:
                 said = _one_line(found["text"])
                 who = self.name(found["author"])
+                if found["kind"] == "delivery":
+                    who = f"from {who}"
             label = self.chat_labels.get(chat, chat)
             kind = data.get("kind", "?")
             line = f"{stamp}  {frame.type:<21} {label:<12} {item:<5} {kind:<12} {who}: {said}"
@@ -138,9 +157,10 @@ class LiveView:
         elif frame.type == "collaboration.changed":
             chat = data.get("chat") or "?"
             label = self.chat_labels.get(chat, chat)
+            links = await self.links(str(data.get("collaboration")))
             line = (
                 f"{stamp}  {frame.type:<21} {label:<12} {data.get('collaboration')} "
-                f"status={data.get('status')}"
+                f"{data.get('status')}: {links}"
             )
         elif frame.type == "reset":
             line = f"{stamp}  reset (the server could not resume; continuing from now)"
@@ -151,15 +171,23 @@ class LiveView:
         self.out(line)
         self.changed.set()
 
-    async def until(self, done: Callable[[], bool], deadline: float, what: str) -> None:
-        """Wait for a condition, re-checked after each event (and at least twice a second)."""
-        while not done():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise DemoError(f"timed out waiting for {what}")
+    async def wait(self, watcher: asyncio.Task, deadline: float, what: str) -> None:
+        """Until the next event, half a second at most; fails once the stream is gone or time
+        is up. Clear `changed` before looking at the state that the event would change."""
+        _alive(watcher)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DemoError(f"timed out waiting for {what}")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), min(0.5, left))
+
+    async def until(self, done: Callable[[], bool], watcher: asyncio.Task, deadline: float) -> None:
+        """Until every wanted event was shown."""
+        while True:
             self.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), min(0.5, left))
+            if done():
+                return
+            await self.wait(watcher, deadline, "the live events")
 
 
 async def _setup(admin: httpx.AsyncClient, model: str) -> tuple[dict, str, dict[str, str], str]:
@@ -212,16 +240,25 @@ async def _chain_of(http: httpx.AsyncClient, chat: str, turn: str) -> dict | Non
 
 
 def _chain_finished(chain: dict, items: list[dict]) -> bool:
-    """Over when it is no longer running and the bot its result woke has answered in the chat."""
+    """Over when it no longer runs and every result it delivered to the group chat is there,
+    with the answer of the bot it woke after it. (A chain is "done" as soon as its last result
+    is recorded, a moment before that result reaches the chat.)"""
     if chain["status"] == "running":
         return False
+    delivered = [
+        link
+        for link in chain["links"]
+        if link["parent"] is None and link["status"] == "answered" and link.get("reason") is None
+    ]
+    if not delivered:
+        return True  # no result woke anybody (suppressed, late after a cap or a stop)
     mine = [i for i in items if i.get("turn") == chain["topic"]]
-    deliveries = [k for k, i in enumerate(mine) if i["kind"] == "delivery"]
-    if not deliveries:
-        return True  # the result woke nobody (suppressed, capped or stopped)
-    after = mine[deliveries[-1] + 1 :]
+    arrived = [k for k, i in enumerate(mine) if i["kind"] == "delivery"]
+    if len(arrived) < len(delivered):
+        return False
     return any(
-        i["kind"] in ("bot", "notification") and i["author"] == chain["rootBot"] for i in after
+        i["kind"] in ("bot", "notification") and i["author"] == chain["rootBot"]
+        for i in mine[arrived[-1] + 1 :]
     )
 
 
@@ -236,11 +273,8 @@ async def run_demo(
     """Run the demo against the server at `url`; every line goes to `out`."""
     began = time.monotonic()
     deadline = began + timeout
-    async with (
-        httpx.AsyncClient(
-            base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=timeout
-        ) as admin,
-    ):
+    admin_auth = {"Authorization": f"Bearer {admin_token}"}
+    async with httpx.AsyncClient(base_url=url, headers=admin_auth, timeout=timeout) as admin:
         person, org, bots, channel = await _setup(admin, model)
     names = {person["id"]: PERSON} | {bot_id: name for name, bot_id in bots.items()}
     auth = {"Authorization": f"Bearer {person['token']}"}
@@ -252,7 +286,8 @@ async def run_demo(
         out(f"openbot demo on {url}")
         out(f"  org {org}, person {PERSON} ({person['id']})")
         out("  bots " + ", ".join(f"{n} ({b})" for n, b in bots.items()) + f", model {model!r}")
-        out(f"  group chat {chat_id} (shown as 'group'); agent chats are bot-to-bot work")
+        out(f"  group chat {chat_id} (shown as 'group'); agent chats are where a bot works")
+        out("  on what another bot sent it")
         async with EventClient(url, person["token"]) as events:
             watcher = asyncio.create_task(live.watch(events))
             try:
@@ -260,44 +295,18 @@ async def run_demo(
                 out("")
                 out(f"{PERSON}: {DISCUSSION}  [{ROUNDS} rounds]")
                 discussion = await _turn(http, chat_id, {"text": DISCUSSION, "rounds": ROUNDS})
-                await _all_shown(live, chat_id, discussion, watcher, deadline)
+                await live.until(_shown(live, chat_id, discussion), watcher, deadline)
 
                 out("")
                 out(f"{PERSON}: {COLLABORATION}  [to {ASKER} only]")
                 kick = await _turn(
                     http, chat_id, {"text": COLLABORATION, "mentions": [bots[ASKER]]}
                 )
-                await _all_shown(live, chat_id, kick, watcher, deadline)
-                chain = await _chain_of(http, chat_id, kick["turn"]["id"])
-                items: list[dict] = []
-                if chain is not None:
-                    state = {"chain": chain}
-
-                    async def check() -> bool:
-                        state["chain"] = await _chain_of(http, chat_id, kick["turn"]["id"])
-                        got = _check(await http.get(f"/v1/chats/{chat_id}/items"), "items")
-                        items[:] = got["items"]
-                        return _chain_finished(state["chain"], items)
-
-                    while not await check():
-                        _alive(watcher)
-                        await live.until(
-                            lambda: live.changed.is_set(), deadline, "the collaboration chain"
-                        )
-                    chain = state["chain"]
-                    wanted = [(chat_id, i["id"]) for i in items] + [
-                        (link["agentChat"], i)
-                        for link in chain["links"]
-                        if link.get("agentChat")
-                        for i in await _item_ids(http, link["agentChat"])
-                    ]
-                    await live.until(
-                        lambda: _alive(watcher) and all(k in live.shown for k in wanted),
-                        deadline,
-                        "the chain's events",
-                    )
-                else:
-                    items = _check(await http.get(f"/v1/chats/{chat_id}/items"), "items")["items"]
+                await live.until(_shown(live, chat_id, kick), watcher, deadline)
+                # The chain (if the bot sent anything) is stored before the turn's wait ends.
+                chain, items = await _follow_chain(
+                    http, live, chat_id, kick["turn"]["id"], watcher, deadline
+                )
             finally:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -321,6 +330,37 @@ async def run_demo(
     return result
 
 
+async def _follow_chain(
+    http: httpx.AsyncClient,
+    live: LiveView,
+    chat: str,
+    turn: str,
+    watcher: asyncio.Task,
+    deadline: float,
+) -> tuple[dict | None, list[dict]]:
+    """Wait until the chain started by `turn` is over and all its items were shown."""
+    while True:
+        live.changed.clear()
+        chain = await _chain_of(http, chat, turn)
+        items = _check(await http.get(f"/v1/chats/{chat}/items"), "items")["items"]
+        if chain is None or _chain_finished(chain, items):
+            break
+        await live.wait(watcher, deadline, "the collaboration chain")
+    if chain is None:
+        return None, items
+    wanted = {(chat, i["id"]) for i in items}
+    for link in chain["links"]:
+        if link.get("agentChat"):
+            wanted.update((link["agentChat"], i) for i in await _item_ids(http, link["agentChat"]))
+    await live.until(lambda: wanted <= live.shown, watcher, deadline)
+    return chain, items
+
+
+def _shown(live: LiveView, chat: str, turn: dict) -> Callable[[], bool]:
+    wanted = {(chat, i["id"]) for i in turn["items"]}
+    return lambda: wanted <= live.shown
+
+
 async def _item_ids(http: httpx.AsyncClient, chat: str) -> list[str]:
     resp = await http.get(f"/v1/chats/{chat}/items")
     return [i["id"] for i in resp.json()["items"]] if resp.is_success else []
@@ -341,15 +381,6 @@ async def _connected(events: EventClient, watcher: asyncio.Task) -> None:
         if time.monotonic() > deadline:
             raise DemoError("could not connect to /v1/events")
         await asyncio.sleep(0.02)
-
-
-async def _all_shown(
-    live: LiveView, chat: str, turn: dict, watcher: asyncio.Task, deadline: float
-) -> None:
-    wanted = [(chat, i["id"]) for i in turn["items"]]
-    await live.until(
-        lambda: _alive(watcher) and all(k in live.shown for k in wanted), deadline, "the events"
-    )
 
 
 def summary(result: DemoResult, names: dict[str, str]) -> list[str]:

@@ -109,6 +109,16 @@ class TurnBody(_Body):
     requestId: str | None = None
 
 
+class Verdict(_Body):
+    accepted: bool
+    note: str = ""
+
+
+class GroupMode(_Body):
+    mode: str
+    leader: str | None = None
+
+
 class Backup(_Body):
     dir: str
 

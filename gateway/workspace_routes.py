@@ -7,8 +7,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.runtime import Engine, call
-from engine.directory import require_use
-from engine.errors import NotFound
+from engine.directory import chat_home, require_use
+from engine.errors import Conflict, Forbidden, NotFound
 from engine.self_rules import Editor, parse_update, rules_view
 from gateway import wire
 from gateway.auth import Auth
@@ -40,6 +40,22 @@ class WorkspaceApi:
             if stopped is not None:
                 return json(stopped)
         raise NotFound(f"no collaboration {chain_id}", code="collaboration_not_found")
+
+    async def group_mode(self, request: Request) -> Response:
+        """Switch a group's mode, only while it is idle (WS-6: else 409)."""
+        principal = await self.auth.user(request)
+        channel_id = request.path_params["channel"]
+        if channel_id not in principal.channels:
+            raise Forbidden("you are not a member of this group", code="not_member")
+        body = wire.decode(await read_body(request), wire.GroupMode)
+        directory = self.engine.directory
+        chat = await call(directory.group_chat, channel_id)
+        home = self.engine.shard_for(chat_home(chat))
+        if await call(home.chat_busy, chat.id):
+            raise Conflict("the group is busy; switch when it is idle", code="group_busy")
+        channel = await call(directory.set_mode, channel_id, body.mode, body.leader)
+        self.auth.directory_changed()
+        return json(channel)
 
     async def bot_rules(self, request: Request) -> Response:
         """GET: a bot's rules for anyone who uses it; PATCH: changed by a person with write

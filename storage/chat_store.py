@@ -68,6 +68,10 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     at: int
     rounds: int = 1
     error: str | None = None
+    # Delivery-goal turns (WS-6): delivering → delivered → accepted | rejected.
+    goal: str | None = None
+    verdict_by: str | None = None
+    verdict_note: str | None = None
 
 
 class Confession(msgspec.Struct, frozen=True, kw_only=True):

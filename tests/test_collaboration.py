@@ -301,3 +301,73 @@ def test_self_rules_revisions_and_the_creator_lock(world, admin, bot_model, engi
         except ray.exceptions.RayTaskError as e:
             raise e.cause from None
     assert err.value.code == "creator_locked"
+
+
+def test_a_delivery_group_runs_through_its_leader_and_the_person_decides(world, admin, bot_model):
+    bots = _bots(world, admin, "Lead", "Crew")
+    lead, crew = bots["Lead"], bots["Crew"]
+    channel = admin.post(
+        "/v1/admin/channels",
+        json={
+            "org": world.org,
+            "people": [world.users["alice"], world.users["bob"]],
+            "bots": [lead["id"], crew["id"]],
+            "mode": "delivery",
+            "leader": lead["id"],
+        },
+    ).json()
+
+    def route(body):
+        name, last = _name(body), _last(body)
+        text = str(last["content"])
+        if name == lead["name"]:
+            if last["role"] == "tool":
+                return completion("The crew is on it.")
+            if "[delivery from" in text:
+                return completion("Final result: the poster is ready.")
+            if "slow" in text:
+                return ("delay", 1.0, completion("Thinking slowly."))
+            assert any("You lead this group" in str(m["content"]) for m in body["messages"])
+            msg = {"agent": crew["name"], "message": "Draw the poster"}
+            return completion(None, tool_calls=[("workspace_send_to_agent", msg)])
+        if name == crew["name"]:
+            return completion("Poster drawn.")
+        return None
+
+    bot_model.routes.append(route)
+    with world.client("alice") as alice:
+        chat = alice.post("/v1/chats", json={"channel": channel["id"]}).json()
+        turns = f"/v1/chats/{chat['id']}/turns"
+        assert alice.post(turns, json={"text": "Make a poster", "rounds": 2}).status_code == 422
+        r = alice.post(f"{turns}?wait=true", json={"text": "Make a poster for Friday"}).json()
+        turn = r["turn"]
+        assert turn["goal"] == "delivering"
+        assert [i["author"] for i in r["items"] if i["kind"] == "bot"] == [lead["id"]]
+        items = _wait_items(alice, chat["id"], 4)
+        assert [i["kind"] for i in items] == ["person", "bot", "delivery", "bot"]
+        assert items[3]["text"] == "Final result: the poster is ready."
+        _wait_chain(alice, chat["id"], lambda c: c["status"] == "done")
+        verdict = f"{turns}/{turn['id']}/verdict"
+    with world.client("bob") as bob:  # any person of the group decides, once
+        ok = bob.post(verdict, json={"accepted": True, "note": "Looks great"})
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["turn"]["goal"] == "accepted"
+        again = bob.post(verdict, json={"accepted": False})
+        assert again.status_code == 409 and again.json()["error"]["code"] == "already_decided"
+    with world.client("carol") as carol:
+        assert carol.post(verdict, json={"accepted": True}).status_code == 403
+    # Switching mode: only when idle.
+    with world.client("alice") as alice:
+        mode = f"{WS}/groups/{channel['id']}/mode"
+        slow = alice.post(turns, json={"text": "slow goal"})
+        assert slow.status_code == 202
+        busy = alice.post(mode, json={"mode": "discussion"})
+        assert busy.status_code == 409 and busy.json()["error"]["code"] == "group_busy"
+        deadline = time.monotonic() + 10
+        while (switched := alice.post(mode, json={"mode": "discussion"})).status_code == 409:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert switched.status_code == 200, switched.text
+        assert switched.json()["mode"] == "discussion" and switched.json()["leader"] is None
+        bad = alice.post(mode, json={"mode": "delivery", "leader": world.bot})
+        assert bad.status_code == 422

@@ -101,6 +101,24 @@ class ChainRunner:
                 self._chains = chains
         return self._chains
 
+    async def recover(self) -> int:
+        """Resume the deliveries that were under way when the shard stopped (nothing is lost;
+        a delivery already answered is not asked again)."""
+        resumed = 0
+        for chain in list((await self._all()).values()):
+            if chain.status != "running":
+                continue
+            open_ = [
+                k for k in rules.open_links(chain) if not any(c.parent == k.id for c in chain.links)
+            ]
+            if not open_:
+                continue
+            org = await self.shard.peers.directory("get_org", chain.org)
+            for link in open_:
+                self._spawn(self._deliver(chain.id, link.id, org))
+                resumed += 1
+        return resumed
+
     def _audience(self, chain: Chain) -> Audience:
         channel = self._channel.get(chain.id)
         return Audience(org=chain.org, users=(chain.owner,), channels=(channel,) if channel else ())
@@ -220,21 +238,34 @@ class ChainRunner:
         request = self._texts[chain_id][link_id]["request"]
         async with conv.lock(agent_chat.id):
             alog = await conv.log(agent_chat.id)
-            asked = await conv.say(agent_chat, chain.topic, "delivery", link.from_bot, request)
-            step = StepInput(
-                chat=agent_chat,
-                bot=peer,
-                org=org,
-                operator=chain.owner,
-                turn=chain.topic,
-                text=f"[delivery from {link.from_bot}, receipt {link.id}] {request}",
-                wake="delivery",
-                history=conv.history(alog, asked.seq, me=peer.id),
+            # After a restart the delivery may be stored already, and even answered: resume
+            # from what the agent chat holds instead of delivering or asking twice.
+            asked = next((i for i in alog.items if i.kind == "delivery"), None)
+            if asked is None:
+                asked = await conv.say(agent_chat, chain.topic, "delivery", link.from_bot, request)
+            answered = next(
+                (i for i in alog.items if i.seq > asked.seq and i.kind in ("bot", "notification")),
+                None,
             )
-            outcome = await self._step(peer, step)
-            reply = await self._store_reply(agent_chat, chain.topic, peer, outcome)
+            effects: tuple = ()
+            if answered is not None:
+                reply = conv.store.text(alog, answered.seq)
+            else:
+                step = StepInput(
+                    chat=agent_chat,
+                    bot=peer,
+                    org=org,
+                    operator=chain.owner,
+                    turn=chain.topic,
+                    text=f"[delivery from {link.from_bot}, receipt {link.id}] {request}",
+                    wake="delivery",
+                    history=conv.history(alog, asked.seq, me=peer.id),
+                )
+                outcome = await self._step(peer, step)
+                reply = await self._store_reply(agent_chat, chain.topic, peer, outcome)
+                effects = outcome.effects
         await self.on_effects(
-            agent_chat, org, chain.topic, peer, outcome.effects, parent=link.id, chain=chain_id
+            agent_chat, org, chain.topic, peer, effects, parent=link.id, chain=chain_id
         )
         await self._maybe_answer(chain_id, link.id, reply, org)
 

@@ -12,6 +12,7 @@ reply carries state that is not yet on disk: a read that saw a queued change wai
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -66,6 +67,7 @@ from storage.memory_store import MemoryStore
 from storage.receipts import Receipts, fingerprint, receipt_key
 from storage.shard_schema import MIGRATIONS, RECEIPTS, TABLES
 
+log = logging.getLogger("openbot.shard")
 _view_dec = msgspec.json.Decoder(EntryView)
 _json = msgspec.json.Encoder()
 
@@ -123,7 +125,15 @@ class ShardService:
     def _ensure_started(self) -> None:
         """Resume open learning jobs once, on the first call after (re)start (LRN-4)."""
         if self._started is None:
-            self._started = asyncio.get_running_loop().create_task(self.learning.recover())
+            self._started = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> int:
+        jobs = await self.learning.recover()
+        try:
+            await self.conversations.chains.recover()
+        except Exception:  # a chain that cannot resume must not stop the shard from serving
+            log.exception("resuming collaboration chains failed")
+        return jobs
 
     # --- pools ---
 

@@ -8,10 +8,12 @@ from typing import Any
 
 import msgspec
 
+from actors.chains import ChainView
 from actors.conversations import TurnResult
 from engine.directory import Bot, Channel, Chat, Org
 from engine.memory import EntryView, LogPage, MemoryPage
 from engine.memory_bot import MemoryBotSettings, SettingsPatch
+from engine.self_rules import RulesUpdate
 from gateway import wire
 
 # (method, path, summary, request body type, response type, success status)
@@ -120,6 +122,47 @@ ROUTES: list[tuple[str, str, str, Any, Any, int]] = [
         200,
     ),
     ("get", "/v1/capabilities", "Features this server offers", None, None, 200),
+    (
+        "post",
+        "/v1/chats/{chat}/turns/{turn}/verdict",
+        "Accept or reject a delivery group's result (once)",
+        wire.Verdict,
+        None,
+        200,
+    ),
+    (
+        "get",
+        "/api/app/workspace/collaboration",
+        "Collaboration chains the caller may see",
+        None,
+        None,
+        200,
+    ),
+    (
+        "post",
+        "/api/app/workspace/collaboration/{id}/stop",
+        "Stop a whole collaboration chain",
+        None,
+        ChainView,
+        200,
+    ),
+    ("get", "/api/app/workspace/bots/{bot}/rules", "A bot's rules and revision", None, None, 200),
+    (
+        "patch",
+        "/api/app/workspace/bots/{bot}/rules",
+        "Change a bot's rules (write; expectedRevision)",
+        RulesUpdate,
+        None,
+        200,
+    ),
+    (
+        "post",
+        "/api/app/workspace/groups/{channel}/mode",
+        "Switch a group between discussion and delivery (when idle)",
+        wire.GroupMode,
+        Channel,
+        200,
+    ),
 ]
 
 _ERROR = {

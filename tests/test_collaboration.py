@@ -371,3 +371,47 @@ def test_a_delivery_group_runs_through_its_leader_and_the_person_decides(world, 
         assert switched.json()["mode"] == "discussion" and switched.json()["leader"] is None
         bad = alice.post(mode, json={"mode": "delivery", "leader": world.bot})
         assert bad.status_code == 422
+
+
+def test_a_chain_resumes_after_its_shard_is_killed_and_delivers_once(
+    world, admin, bot_model, engine
+):
+    from tests.openai_stub import OpenAIStub
+    from tests.test_learning_restart import _after_restart
+
+    bots = _bots(world, admin, "Sender", "Worker")
+    sender, worker = bots["Sender"], bots["Worker"]
+    calls = {"worker": 0}
+
+    def route(body):
+        name, last = _name(body), _last(body)
+        if name == sender["name"]:
+            if last["role"] == "tool":
+                return completion("Sent.")
+            if "[delivery from" in str(last["content"]):
+                return completion("Thanks, got the numbers.")
+            msg = {"agent": worker["name"], "message": "Count the votes"}
+            return completion(None, tool_calls=[("workspace_send_to_agent", msg)])
+        if name == worker["name"]:
+            calls["worker"] += 1
+            return OpenAIStub.HANG if calls["worker"] == 1 else completion("42 votes.")
+        return None
+
+    bot_model.routes.append(route)
+    with world.client("alice") as alice:
+        chat = alice.post("/v1/chats", json={"bot": sender["id"]}).json()
+        alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "Votes?"})
+        deadline = time.monotonic() + 20
+        while calls["worker"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        home = engine.shard_for(sender["owner"])
+        ray.kill(home, no_restart=False)  # a crash mid-delivery; Ray restarts the actor
+        _after_restart(lambda: ray.get(home.ping.remote(), timeout=60))
+        done = _wait_chain(alice, chat["id"], lambda c: c["status"] == "done")
+        items = _wait_items(alice, chat["id"], 4)
+        agent = alice.get(f"/v1/chats/{done['links'][0]['agentChat']}/items").json()["items"]
+    assert [i["kind"] for i in items] == ["person", "bot", "delivery", "bot"]
+    assert items[2]["text"] == "42 votes."
+    assert [i["kind"] for i in agent] == ["delivery", "bot"]  # delivered once, answered once
+    assert done["deliveries"] == 2

@@ -152,11 +152,22 @@ class BotStepper:
         reply = (done.text if done else "") or ""
         return StepOutcome(status="done", reply=reply, effects=tuple(effects), confided=confided)
 
+    async def memory_allowed(self, bot: Bot) -> bool:
+        """ND-2: memory reaches a bot's model only on a node that isolates it (the built-in
+        worker does; an external node must say so)."""
+        model = self.runtime.model(bot.model)
+        isolation = getattr(model, "isolation", None)
+        if isolation is None:
+            return True
+        return (await isolation())[0]
+
     async def _enrich(self, step: StepInput, log: ChatLog, sink: Sink, settings) -> str:
         """ENR-1 … ENR-4: the memory bot may rewrite the input from entries this reader may see."""
         org = step.org
         reader = reader_for(step)
         if reader is None or not (org.settings.botMemory and org.settings.botMemoryModel):
+            return step.text
+        if not await self.memory_allowed(step.bot):
             return step.text
         pool = bot_pool(step.bot.id)
         parts, has = await self.shard.context_parts(pool, reader, ENRICH_CONTEXT)
@@ -262,6 +273,10 @@ class BotStepper:
         """Entries of the bot's memory that the step's reader may use and that match the query."""
         reader = reader_for(step)
         terms = [t for t in query.casefold().split() if t]
+        if not await self.memory_allowed(step.bot):
+            return _enc.encode(
+                {"error": "memory_not_isolated", "message": "memory is off on this node"}
+            ).decode()
         if reader is None or not terms:
             return _enc.encode({"entries": []}).decode()
         pool = await self.shard._pool(bot_pool(step.bot.id))

@@ -174,6 +174,11 @@ class LearningRunner:
             if start < i.seq <= job.upto
         ]
         model = self.runtime.model(job.model)
+        isolation = getattr(model, "isolation", None)
+        if isolation is not None and not (await isolation())[1]:
+            # ND-2: tool-less extraction only on a node that reports memory_extraction.
+            await self._end(job, "failed", "the memory model's node cannot run extraction")
+            return
         if model is None or not any(e.kind == "person" for e in evidence):
             # MB-1: no memory model learns nothing; nothing a person said: nothing to learn.
             await self._end(job, "done", None if model else "no memory model is set")

@@ -15,6 +15,10 @@ Configured by name in the server config (DESIGN §6):
     kind = "scripted"
     script = "examples/demo-script.toml"
 
+    [models.edge]                      # served by an external execution node (actors/node_hub.py)
+    kind = "node"
+    node = "edge-1"
+
 Errors become `ModelError` (an `Unavailable`): the caller decides on the calm answer or a retry.
 """
 
@@ -246,7 +250,9 @@ class ScriptedModel:
 # --- configuration -------------------------------------------------------------------------------
 
 
-def load_models(config: Mapping[str, Mapping], *, base_dir: Path = Path(".")) -> dict[str, Model]:
+def load_models(
+    config: Mapping[str, Mapping], *, base_dir: Path = Path("."), prefix: str = "openbot"
+) -> dict[str, Model]:
     """Models from a config's `[models.*]` tables, by name."""
     models: dict[str, Model] = {}
     for name, spec in config.items():
@@ -269,6 +275,12 @@ def load_models(config: Mapping[str, Mapping], *, base_dir: Path = Path(".")) ->
             )
         elif kind == "scripted":
             models[name] = ScriptedModel.from_file(name, base_dir / spec["script"])
+        elif kind == "node":
+            from actors.node_hub import NodeModel
+
+            if not isinstance(spec.get("node"), str):
+                raise InvalidInput(f"model {name}: node needs a node name", code="bad_config")
+            models[name] = NodeModel(name, spec["node"], prefix)
         else:
             raise InvalidInput(f"model {name}: unknown kind {kind!r}", code="bad_config")
     return models

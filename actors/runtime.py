@@ -52,10 +52,17 @@ def start_ray(address: str | None = None, *, tmp_dir: str | None = None) -> None
 class Engine:
     """Handles to the directory and shard actors, created or found by name."""
 
-    def __init__(self, directory: Any, shards: list[Any], data_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        directory: Any,
+        shards: list[Any],
+        data_dir: Path | None = None,
+        prefix: str = "openbot",
+    ) -> None:
         self.directory = directory
         self.shards = shards
         self.data_dir = data_dir
+        self.prefix = prefix  # names the actors found by name (the node hub, peers)
 
     def shard_index(self, account_id: str) -> int:
         return shard_of(account_id, len(self.shards))
@@ -97,7 +104,7 @@ class Engine:
             for k in range(shards)
         ]
         ray.get([directory.ping.remote(), *[h.ping.remote() for h in handles]])
-        return cls(directory, handles, Path(data_dir))
+        return cls(directory, handles, Path(data_dir), prefix)
 
     async def backup(self, dest_dir: str | Path) -> list[str]:
         """A consistent snapshot of every store into `dest_dir` (which must not exist yet),

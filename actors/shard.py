@@ -26,6 +26,7 @@ from actors.conversations import Conversations, Mirrored, TurnResult, TurnStart
 from actors.learning_runs import LearningRunner
 from actors.memory_bot import MemoryBotRuntime
 from actors.models import Model, load_models
+from actors.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeInfo, NodeModel
 from actors.peers import Peers
 from actors.pool import Pool
 from engine import commands
@@ -112,7 +113,7 @@ class ShardService:
         self._loading: dict[str, asyncio.Future[Pool]] = {}
         if models is None:
             base = Path(config_dir) if config_dir else Path(".")
-            models = load_models(models_config or {}, base_dir=base)
+            models = load_models(models_config or {}, base_dir=base, prefix=prefix or "openbot")
         chats = ChatStore(self.store)
         self.memory_bot = MemoryBotRuntime(
             models, chats, self.committer, self.clock, answer_wait=answer_wait
@@ -314,6 +315,20 @@ class ShardService:
             if await self.conversations.chains.running_for(turn):
                 return True
         return False
+
+    async def bot_node(self, model_name: str | None) -> NodeInfo:
+        """Where a bot's model runs and whether memory reaches it there (ND-2, ND-3)."""
+        model = self.memory_bot.model(model_name)
+        if not isinstance(model, NodeModel):
+            return BUILTIN_NODE
+        info = await model.hub().info.remote(model.node)
+        return info or NodeInfo(
+            id=model.node,
+            memory_isolation=False,
+            memory_extraction=False,
+            connected=False,
+            hint=UPGRADE_HINT,
+        )
 
     async def chains_idle(self) -> None:
         await self.conversations.chains.idle()

@@ -13,6 +13,7 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
 from actors.conversations import TurnStart, require_chat_owner
+from actors.node_hub import hub_handle
 from actors.runtime import Engine, call
 from engine import tags as tagmod
 from engine.directory import (
@@ -32,6 +33,7 @@ from gateway.chat_access import ChatAccess
 from gateway.errors import HANDLERS
 from gateway.events import EventsEndpoint, Hub
 from gateway.json_response import json, read_body
+from gateway.nodes import NodesEndpoint
 from gateway.openapi import openapi_document
 from gateway.read_cache import ReadCache
 from gateway.workspace_routes import WorkspaceApi
@@ -39,9 +41,6 @@ from gateway.workspace_routes import WorkspaceApi
 CAPABILITIES = ("bot-memory-v1", "bot-collaboration-v1", "bot-discussion-v1")
 # ND-1's capabilities, announced by the issues that build them; never claimed before.
 PLANNED = ("bot-file-memory-v1", "bot-projects-v1")
-# ND-2: the built-in worker runs bot steps inside the engine's actors, where each bot's memory
-# is isolated by the server's visibility rules and extraction runs with no tools.
-BUILTIN_NODE = {"id": "builtin", "memory_isolation": True, "memory_extraction": True}
 WS = "/api/app/workspace"
 
 _enc = msgspec.json.Encoder()
@@ -342,11 +341,29 @@ class Api:
     # --- discovery ---
 
     async def capabilities(self, request: Request) -> Response:
+        nodes = await call(hub_handle(self.engine.prefix).nodes)
         return json(
             {
                 "capabilities": list(CAPABILITIES),
                 "unavailable": list(PLANNED),
-                "nodes": [BUILTIN_NODE],
+                "nodes": nodes,
+            }
+        )
+
+    async def bot_node(self, request: Request) -> Response:
+        """Where this bot's model runs; memory is used only where it is isolated (ND-2), and a
+        node that cannot isolate gets an upgrade hint, never a claim (ND-3)."""
+        principal = await self.auth.user(request)
+        assert principal.user is not None
+        bot = await self.auth.bot(request.path_params["bot"])
+        require_use(bot, principal.user.id)
+        info = await call(self.engine.shard_for(bot.owner).bot_node, bot.model)
+        return json(
+            {
+                "bot": bot.id,
+                "node": info,
+                "memoryInjected": info.memory_isolation,
+                "extraction": info.memory_extraction,
             }
         )
 
@@ -394,6 +411,7 @@ def create_app(
         r("/v1/bots/{bot}/memory/bot", api.get_memory_bot, methods=["GET"]),
         r("/v1/bots/{bot}/memory/bot", api.patch_memory_bot, methods=["PATCH"]),
         r("/v1/capabilities", api.capabilities, methods=["GET"]),
+        r("/v1/bots/{bot}/node", api.bot_node, methods=["GET"]),
         r(f"{WS}/collaboration", ws.collaborations, methods=["GET"]),
         r(f"{WS}/collaboration/{{id}}/stop", ws.stop_collaboration, methods=["POST"]),
         r(f"{WS}/bots/{{bot}}/rules", ws.bot_rules, methods=["GET", "PATCH"]),
@@ -401,6 +419,7 @@ def create_app(
         r("/openapi.json", api.openapi, methods=["GET"]),
         r("/healthz", api.health, methods=["GET"]),
         WebSocketRoute("/v1/events", EventsEndpoint(hub, auth, listener_refresh).handle),
+        WebSocketRoute("/v1/nodes", NodesEndpoint(auth, engine.prefix).handle),
     ]
 
     @contextlib.asynccontextmanager

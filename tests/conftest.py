@@ -59,6 +59,7 @@ def engine(ray_session, data_dir, model_stubs):
         name: {"kind": "openai", "base_url": stub.url, "model": f"{name}-model"}
         for name, stub in model_stubs.items()
     }
+    models["edge"] = {"kind": "node", "node": "edge-1"}  # served by a test's execution node
     eng = Engine.start(data_dir, shards=2, prefix="test", models_config=models)
     yield eng
     eng.stop()

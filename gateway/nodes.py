@@ -1,0 +1,132 @@
+"""`/v1/nodes`: external execution nodes connect here (ND-1 … ND-3).
+
+A node authenticates with the admin token (nodes are the operator's infrastructure), says
+hello with its capabilities, then answers model requests for bots of kind `node` models:
+
+    → {"type": "hello", "node": "edge-1",
+       "capabilities": {"memory_isolation": false, "memory_extraction": false}}
+    ← {"type": "welcome", "node": "edge-1", "session": 1}
+    ← {"type": "request", "id": "w1", "messages": [...], "tools": [...]}
+    → {"type": "result", "id": "w1", "text": "...", "tool_calls": [...], "usage": {...}}
+    → {"type": "error", "id": "w1", "message": "..."}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import msgspec
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from actors.node_hub import hub_handle
+from actors.runtime import call
+from engine.errors import OpenBotError
+from engine.models import Completion, ToolCall, Usage
+from gateway.auth import Auth
+
+log = logging.getLogger("openbot.nodes")
+_enc = msgspec.json.Encoder()
+HELLO_WAIT = 10.0
+
+
+class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
+    memory_isolation: bool = False
+    memory_extraction: bool = False
+
+
+class Hello(msgspec.Struct, frozen=True, kw_only=True, tag="hello", tag_field="type"):
+    node: str
+    capabilities: Capabilities = Capabilities()
+
+
+class Result(msgspec.Struct, frozen=True, kw_only=True, tag="result", tag_field="type"):
+    id: str
+    text: str | None = None
+    tool_calls: list[ToolCall] = []
+    usage: Usage | None = None
+
+
+class Failure(msgspec.Struct, frozen=True, kw_only=True, tag="error", tag_field="type"):
+    id: str
+    message: str = "the node failed"
+
+
+_hello_dec = msgspec.json.Decoder(Hello)
+_answer_dec = msgspec.json.Decoder(Result | Failure)
+
+
+class NodesEndpoint:
+    def __init__(self, auth: Auth, prefix: str) -> None:
+        self.auth = auth
+        self.prefix = prefix
+
+    async def handle(self, ws: WebSocket) -> None:
+        await ws.accept()
+        try:
+            await self.auth.admin(ws)
+        except OpenBotError:
+            await ws.close(4401, "nodes connect with the admin token")
+            return
+        try:
+            hello = _hello_dec.decode(await asyncio.wait_for(_receive(ws), HELLO_WAIT))
+        except (TimeoutError, msgspec.DecodeError, msgspec.ValidationError, WebSocketDisconnect):
+            with contextlib.suppress(Exception):
+                await ws.close(4400, "say hello with the node's name and capabilities")
+            return
+        hub = hub_handle(self.prefix)
+        caps = hello.capabilities
+        session = await call(
+            hub.register, hello.node, caps.memory_isolation, caps.memory_extraction
+        )
+        await ws.send_bytes(
+            _enc.encode({"type": "welcome", "node": hello.node, "session": session})
+        )
+        pull = asyncio.create_task(self._pull(ws, hub, hello.node, session))
+        try:
+            while True:
+                raw = await _receive(ws)
+                try:
+                    answer = _answer_dec.decode(raw)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    await ws.close(4400, "answers are result or error frames")
+                    return
+                if isinstance(answer, Result):
+                    done = Completion(
+                        text=answer.text,
+                        tool_calls=tuple(answer.tool_calls),
+                        usage=answer.usage,
+                        model=hello.node,
+                    )
+                    await call(hub.complete, answer.id, done, None)
+                else:
+                    await call(hub.complete, answer.id, None, answer.message)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            pull.cancel()
+            with contextlib.suppress(Exception):
+                await call(hub.unregister, hello.node, session)
+
+    async def _pull(self, ws: WebSocket, hub, node: str, session: int) -> None:
+        try:
+            while True:
+                work = await call(hub.next_work, node, session, 10.0)
+                if work is not None:
+                    frame = {"type": "request", "id": work.id, "messages": work.messages}
+                    frame["tools"] = work.tools
+                    await ws.send_bytes(_enc.encode(frame))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("node %s: pulling work failed", node)
+            with contextlib.suppress(Exception):
+                await ws.close(1011, "the hub failed")
+
+
+async def _receive(ws: WebSocket) -> bytes | str:
+    message = await ws.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    return message.get("bytes") or message.get("text") or b""

@@ -1,0 +1,102 @@
+"""External execution nodes over `/v1/nodes` (ND-1 … ND-3): a node connects with the admin
+token, says what it can do, and answers the model requests of bots whose model is of kind
+`node`. Memory reaches it only when it reports isolation; otherwise the API says so."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from tests.conftest import ADMIN
+
+
+def _ws_url(server) -> str:
+    return server.url.replace("http://", "ws://") + "/v1/nodes"
+
+
+async def _node(server, isolation: bool, answers: list, seen: list, ready: asyncio.Event):
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    async with connect(_ws_url(server), additional_headers=headers) as ws:
+        caps = {"memory_isolation": isolation, "memory_extraction": isolation}
+        await ws.send(json.dumps({"type": "hello", "node": "edge-1", "capabilities": caps}))
+        welcome = json.loads(await ws.recv())
+        assert welcome["type"] == "welcome" and welcome["node"] == "edge-1"
+        ready.set()
+        async for raw in ws:
+            frame = json.loads(raw)
+            assert frame["type"] == "request"
+            seen.append(frame)
+            text = answers.pop(0) if answers else "edge says hi"
+            await ws.send(json.dumps({"type": "result", "id": frame["id"], "text": text}))
+
+
+def test_a_node_without_isolation_chats_without_memory(world, admin, server, model_stubs):
+    mem = model_stubs["mem"]
+    admin.patch(f"/v1/admin/orgs/{world.org}", json={"settings": {"botMemoryModel": "mem"}})
+    bot = admin.post(
+        "/v1/admin/bots",
+        json={"name": "Edgy", "org": world.org, "owner": world.users["alice"], "model": "edge"},
+    ).json()["id"]
+    with world.client("alice") as alice:
+        chat = alice.post("/v1/chats", json={"bot": bot}).json()
+        # Nobody serves the node yet: a clear failure, and an honest status.
+        r = alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "hello?"}).json()
+        assert r["turn"]["status"] == "failed"
+        status = alice.get(f"/v1/bots/{bot}/node").json()
+        assert status["node"]["connected"] is False and status["memoryInjected"] is False
+        assert status["node"]["hint"]
+        secret = "my locker code is 4711"
+        alice.post(
+            f"/v1/bots/{bot}/memory", json={"command": {"_tag": "Remember", "content": secret}}
+        )
+
+    async def scenario():
+        seen: list = []
+        ready = asyncio.Event()
+        node = asyncio.create_task(_node(server, False, ["plain answer"], seen, ready))
+        await asyncio.wait_for(ready.wait(), 10)
+        with world.client("alice") as alice:
+            caps = (await asyncio.to_thread(alice.get, "/v1/capabilities")).json()
+            edge = next(n for n in caps["nodes"] if n["id"] == "edge-1")
+            builtin = next(n for n in caps["nodes"] if n["id"] == "builtin")
+            status = (await asyncio.to_thread(alice.get, f"/v1/bots/{bot}/node")).json()
+            before = len(mem.requests)
+            r = await asyncio.to_thread(
+                alice.post,
+                f"/v1/chats/{chat['id']}/turns?wait=true",
+                json={"text": "what is my locker code?"},
+            )
+        node.cancel()
+        return seen, edge, builtin, status, before, r.json()
+
+    seen, edge, builtin, status, before, result = asyncio.run(scenario())
+    assert builtin["memory_isolation"] and builtin["memory_extraction"]
+    assert edge["memory_isolation"] is False and "Upgrade" in edge["hint"]
+    assert status["node"]["connected"] and status["memoryInjected"] is False
+    assert result["turn"]["status"] == "done"
+    assert [i["text"] for i in result["items"] if i["kind"] == "bot"] == ["plain answer"]
+    # ND-2: no enrichment ran and no memory crossed to the node.
+    assert len(mem.requests) == before
+    assert "4711" not in json.dumps(seen)
+    assert any(t["name"] == "confide" for t in seen[-1]["tools"])
+
+
+def test_nodes_need_the_admin_token_and_a_hello(server, world):
+    async def scenario():
+        user = {"Authorization": f"Bearer {world.tokens['alice']}"}
+        async with connect(_ws_url(server), additional_headers=user) as ws:
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd.code == 4401
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        async with connect(_ws_url(server), additional_headers=admin) as ws:
+            await ws.send("not json")
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd.code == 4400
+
+    asyncio.run(scenario())

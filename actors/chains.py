@@ -76,6 +76,8 @@ class ChainRunner:
         self._channel: dict[str, str | None] = {}
         self._tasks: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
+        self._learn: dict[str, list[tuple[int, str]]] = {}  # turn → jobs waiting for it
+        self._busy: dict[str, int] = {}  # turn → deliveries of it still being worked on
 
     @property
     def shard(self):
@@ -92,6 +94,8 @@ class ChainRunner:
                 chain = msgspec.convert(record["chain"], Chain)
                 chains[chain.id] = chain
                 self._channel[chain.id] = record.get("channel")
+                if record.get("learn"):
+                    self._learn[chain.topic] = [tuple(x) for x in record["learn"]]
                 root = await self.conv.log(chain.root_chat)
                 opened = root.cipher.open(
                     texts, aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}")
@@ -131,7 +135,13 @@ class ChainRunner:
             _enc.encode(self._texts.get(chain.id, {})),
             aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}"),
         )
-        doc = _enc.encode({"chain": chain, "channel": self._channel.get(chain.id)}).decode()
+        doc = _enc.encode(
+            {
+                "chain": chain,
+                "channel": self._channel.get(chain.id),
+                "learn": self._learn.get(chain.topic, []),
+            }
+        ).decode()
         event = CollaborationChanged(
             collaboration=chain.id, status=chain.status, chat=chain.root_chat
         )
@@ -156,6 +166,25 @@ class ChainRunner:
     # --- what bots asked for ---
 
     async def on_effects(
+        self,
+        chat: Chat,
+        org: Org,
+        turn: str,
+        bot: Bot,
+        effects: tuple[Effect, ...],
+        *,
+        parent: str | None,
+        chain: str | None,
+        learn: list[tuple[int, str]] | tuple = (),
+    ) -> None:
+        """Carry out what a bot asked for. `learn`: learning jobs (shard, job id) of this turn
+        that wait until its collaboration is back (CO-2)."""
+        if learn:
+            self._learn.setdefault(turn, []).extend(learn)
+        await self._effects(chat, org, turn, bot, effects, parent=parent, chain=chain)
+        await self._maybe_release(turn)
+
+    async def _effects(
         self,
         chat: Chat,
         org: Org,
@@ -218,10 +247,17 @@ class ChainRunner:
     # --- delivering ---
 
     async def _deliver(self, chain_id: str, link_id: str, org: Org) -> None:
+        topic = (await self._all())[chain_id].topic
+        self._busy[topic] = self._busy.get(topic, 0) + 1
         try:
             await self._deliver_once(chain_id, link_id, org)
         except Exception:
             log.exception("delivery %s of chain %s failed", link_id, chain_id)
+        finally:
+            self._busy[topic] -= 1
+            if not self._busy[topic]:
+                del self._busy[topic]
+        await self._maybe_release(topic)
 
     async def _deliver_once(self, chain_id: str, link_id: str, org: Org) -> None:
         conv, peers = self.conv, self.shard.peers
@@ -345,7 +381,29 @@ class ChainRunner:
                 raise NotFound(f"no collaboration {chain_id}", code="collaboration_not_found")
             chain = rules.stop(chain, by=by, now=self.shard.clock())
             await self._save(chain)
+        await self._maybe_release(chain.topic)
         return self.view(chain)
+
+    async def _maybe_release(self, topic: str) -> None:
+        """Once no collaboration of this turn is under way, its waiting learning jobs run, once,
+        over everything that came back (CO-2)."""
+        waiting = self._learn.get(topic)
+        if not waiting or await self.running_for(topic) or self._busy.get(topic):
+            return
+        self._learn.pop(topic, None)
+        peers = self.shard.peers
+        upto = 0
+        chains = [c for c in (await self._all()).values() if c.topic == topic]
+        if chains:
+            root = await self.conv.log(chains[0].root_chat)
+            upto = root.items[-1].seq if root.items else 0
+        for index, job_id in waiting:
+            try:
+                await peers.shard_call(index, "release_learning", job_id, upto)
+            except OpenBotError as e:
+                log.warning("releasing learning job %s failed: %s", job_id, e.message)
+        for chain in chains:  # the stored record no longer lists them
+            await self._save(chain)
 
     async def running_for(self, topic: str) -> bool:
         """Whether a chain started by this turn is still under way."""

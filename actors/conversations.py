@@ -103,6 +103,7 @@ class Conversations:
         self._logs: dict[str, ChatLog] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._scheduled: set[str] = set()  # learning jobs this process created
 
     def _forget_log(self, chat: str) -> None:
         """A write of this chat failed: drop what memory holds so the next read reloads it."""
@@ -288,17 +289,30 @@ class Conversations:
             done = msgspec.structs.replace(turn, status=outcome.status, error=outcome.error)
             sink.writes.append(self.store.put_turn(log, done))
             await self._own_rows(bot, turn.id, sink)
-            if outcome.confided and org.settings.botMemory:
+            if learns(org, chat, outcome.confided):
+                sends = any(e.kind == "send" for e in effects)
                 job = self.new_job(
-                    bot, chat, turn, log.items[-1].seq, f"for:person:{turn.operator}", org
+                    bot,
+                    chat,
+                    turn,
+                    log.items[-1].seq,
+                    f"for:person:{turn.operator}",
+                    org,
+                    deferred=sends,
                 )
+                self._scheduled.add(job.id)
                 sink.writes.append(self.store.job_row(job, new=True))
                 sink.events.append(self.learning.event(job))
             await self.commit(chat.id, sink)
-        if job is not None:
+        if job is not None and job.status == "pending":
             self.learning.start(job)
         if effects:
-            await self.chains.on_effects(chat, org, turn.id, bot, effects, parent=None, chain=None)
+            waiting = (
+                [(self.shard.index, job.id)] if job is not None and job.status == "deferred" else []
+            )
+            await self.chains.on_effects(
+                chat, org, turn.id, bot, effects, parent=None, chain=None, learn=waiting
+            )
 
     def _record_outcome(
         self, log: ChatLog, chat: Chat, turn: Turn, bot: Bot, outcome: StepOutcome, sink: Sink
@@ -321,11 +335,23 @@ class Conversations:
             )
 
     def new_job(
-        self, bot: Bot, chat: Chat, turn: Turn | str, upto: int, grant: str, org: Org
+        self,
+        bot: Bot,
+        chat: Chat,
+        turn: Turn | str,
+        upto: int,
+        grant: str,
+        org: Org,
+        *,
+        deferred: bool = False,
     ) -> LearningJob:
         now = self.shard.clock()
+        turn_id = turn if isinstance(turn, str) else turn.id
+        # De-duplicated per user turn and bot (CO-2): confide and autoRecord share one job.
+        key = f"{bot.id}\x00{chat.id}\x00{turn_id}".encode()
         return LearningJob(
-            id="job_" + secrets.token_hex(8),
+            id="job_" + hashlib.sha256(key).hexdigest()[:16],
+            status="deferred" if deferred else "pending",
             pool=bot_pool(bot.id),
             chat=chat.id,
             turn=turn if isinstance(turn, str) else turn.id,
@@ -389,19 +415,6 @@ class Conversations:
         except Exception as e:  # one member failing never stops the others (WS-5)
             outcome = StepOutcome(status="failed", error=f"internal error: {type(e).__name__}")
         await self._own_rows(step.bot, step.turn, sink)
-        job = None
-        if (
-            outcome.confided
-            and step.org.settings.botMemory
-            and step.chat.kind == "group"
-            and step.channel
-            and learn_upto
-        ):
-            job = self.new_job(
-                step.bot, step.chat, step.turn, learn_upto, f"for:channel:{step.channel}", step.org
-            )
-            sink.writes.append(self.store.job_row(job, new=True))
-            sink.events.append(self.learning.event(job))
         fut = self.shard._submit(
             None, sink.writes, sink.events, on_failure=lambda: self._forget_log(step.chat.id)
         )
@@ -409,9 +422,21 @@ class Conversations:
             await fut
         if new and log.items:
             log.committed = max(log.committed, new[-1][0].seq)
-        if job is not None:
-            self.learning.start(job)
         return outcome
+
+    async def schedule_learning(
+        self, bot: Bot, chat: Chat, turn: str, upto: int, grant: str, org: Org, deferred: bool
+    ) -> str | None:
+        """One learning execution per turn and bot (CO-2), on this shard (the bot's memory).
+        A deferred one waits until the turn's collaboration is back (`release`)."""
+        job = self.new_job(bot, chat, turn, upto, grant, org, deferred=deferred)
+        if job.id in self._scheduled or any(
+            j.id == job.id for j in await self.store.jobs(job.pool)
+        ):
+            return None
+        self._scheduled.add(job.id)
+        await self.learning.schedule(job)
+        return job.id
 
     # --- reading and deleting ---
 
@@ -457,6 +482,14 @@ def _turn_id(chat: str, request_id: str) -> str:
     if len(request_id) > 128:
         raise InvalidInput("requestId must be at most 128 characters", code="invalid_id")
     return "turn_" + hashlib.sha256(f"{chat}\x00{request_id}".encode()).hexdigest()[:16]
+
+
+def learns(org: Org, chat: Chat, confided: bool) -> bool:
+    """A turn is learned from when the bot confided, or after every person turn with the org's
+    autoRecord (DESIGN "Learning triggers"); never with botMemory off, never in review chats."""
+    if not org.settings.botMemory or chat.kind in ("review", "agent"):
+        return False
+    return confided or org.settings.autoRecord
 
 
 def require_chat_owner(chat: Chat, user: str) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from actors.bot_step import Sink, StepInput, StepOutcome
+from actors.conversations import learns
 from engine.discussion import Plan, leader_brief
 from engine.errors import OpenBotError
 from engine.models import Message
@@ -48,6 +49,7 @@ class GroupTurns:
         )
         spoke = failed = 0
         effects = []
+        confided: set[str] = set()
         async with conv.lock(chat.id):
             try:
                 for r in range(plan.rounds):
@@ -91,6 +93,8 @@ class GroupTurns:
                         # Each item goes out as soon as it is said: clients watch the rounds.
                         await conv.commit(chat.id, sink)
                         effects.extend((bot, e) for e in outcome.effects)
+                        if outcome.confided:
+                            confided.add(bot.id)
                 status = "done" if spoke else "failed"
                 error = f"{failed} step(s) failed" if failed else None
             except Exception as e:  # the turn must always end
@@ -98,10 +102,44 @@ class GroupTurns:
                 status, error = "failed", f"internal error: {type(e).__name__}"
             done = msgspec.structs.replace(turn, status=status, error=error)
             await conv.commit(chat.id, Sink(writes=[conv.store.put_turn(log, done)]))
+        waiting = await self._schedule_learning(start, turn, person, plan, confided, effects)
         for bot, effect in effects:
             await conv.chains.on_effects(
-                chat, org, turn.id, bot, (effect,), parent=None, chain=None
+                chat, org, turn.id, bot, (effect,), parent=None, chain=None, learn=waiting
             )
+            waiting = []
+
+    async def _schedule_learning(self, start, turn, person, plan, confided, effects) -> list:
+        """After the turn, each bot that confided (or every bot with autoRecord) learns once
+        from it, on its own shard; with a collaboration under way, once that is back (CO-2)."""
+        peers = self.conv.shard.peers
+        chat, org = start.chat, start.org
+        members = {b.id: b for b in start.members}
+        sends = any(e.kind == "send" for _, e in effects)
+        waiting = []
+        for bot_id in plan.participants:
+            if not learns(org, chat, bot_id in confided):
+                continue
+            bot = members[bot_id]
+            index = peers.index_of(bot.owner)
+            try:
+                job = await peers.shard_call(
+                    index,
+                    "schedule_learning",
+                    bot,
+                    chat,
+                    turn.id,
+                    person.seq,
+                    f"for:channel:{chat.channel}",
+                    org,
+                    sends,
+                )
+            except OpenBotError as e:
+                log.warning("learning for %s in %s not scheduled: %s", bot_id, turn.id, e.message)
+                continue
+            if job is not None and sends:
+                waiting.append((index, job))
+        return waiting
 
     @staticmethod
     def _after(start: TurnStart, turn: Turn, plan: Plan, r: int, bot, said) -> tuple:

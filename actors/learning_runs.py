@@ -48,6 +48,8 @@ LEARNING_SYSTEM = (
     "Answer only with tool calls."
 )
 log = logging.getLogger("openbot.learning")
+AUTO_RETRIES = 3  # CO-3
+RETRY_DELAY = 2.0  # seconds before the first retry; doubled each time
 _completion_enc = msgspec.json.Encoder()
 _completion_dec = msgspec.json.Decoder(Completion)
 
@@ -63,6 +65,7 @@ class LearningRunner:
         self._positions: dict[tuple[str, str], int] = {}
         self.model_steps = 0  # model calls actually made (tests and benchmarks read it)
         self.step_limit = LEARNING_STEP_LIMIT
+        self.retry_delay = RETRY_DELAY
         self._waiting: dict[str, list[LearningJob]] = {}
 
     async def schedule(self, job: LearningJob) -> None:
@@ -125,6 +128,7 @@ class LearningRunner:
         return self._positions[key]
 
     async def _run(self, job: LearningJob) -> None:
+        retry: LearningJob | None = None
         lock = self._chains.setdefault((job.pool, job.chat), asyncio.Lock())
         async with lock:
             # "running" and the attempt count go to disk with the recorded model step.
@@ -141,19 +145,39 @@ class LearningRunner:
                 log.warning("learning job %s failed: %s", job.id, e.message)
                 if e.code == "model_timeout":
                     await self._end(job, "failed", "the learning step took longer than 2 minutes")
+                elif job.attempts <= AUTO_RETRIES:
+                    # CO-3: a failed step is tried again, at most 3 times, off the chat's path.
+                    retry = await self._end(job, "pending", f"the learning step failed: {e.code}")
                 else:
                     await self._end(job, "failed", f"the learning step failed: {e.code}")
             except Exception as e:  # never leave a job running
                 log.exception("learning job %s crashed", job.id)
                 await self._end(job, "failed", f"internal error: {type(e).__name__}")
+        if retry is not None:
+            await asyncio.sleep(self.retry_delay * 2 ** (retry.attempts - 1))
+            await self._run(retry)
 
-    async def _end(self, job: LearningJob, status: str, error: str | None) -> None:
+    async def release(self, job_id: str, upto: int) -> bool:
+        """Start a job that waited for its turn's collaboration to come back (CO-2), reading up
+        to `upto` so the results in the original topic count."""
+        job = next((j for j in await self.store.open_jobs(deferred=True) if j.id == job_id), None)
+        if job is None or job.status != "deferred":
+            return False
+        job = msgspec.structs.replace(
+            job, status="pending", upto=max(job.upto, upto), updated_at=self.shard.clock()
+        )
+        await self._save(job)
+        self.start(job)
+        return True
+
+    async def _end(self, job: LearningJob, status: str, error: str | None) -> LearningJob:
         job = msgspec.structs.replace(
             job, status=status, error=error, updated_at=self.shard.clock()
         )
         await self._save(job)
         if status == "waiting":
             self._waiting.setdefault(job.pool, []).append(job)
+        return job
 
     async def _execute(self, job: LearningJob) -> None:
         assert self.conversations is not None

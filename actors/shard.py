@@ -29,9 +29,10 @@ from actors.models import Model, load_models
 from actors.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeInfo, NodeModel
 from actors.peers import Peers
 from actors.pool import Pool
+from actors.workspace import RevisionView, Workspace, WsAccess, WsListing, WsQuery
 from engine import commands
 from engine.commands import Outcome
-from engine.directory import Chat
+from engine.directory import Bot, Chat, Org
 from engine.errors import Conflict, InvalidInput, NotFound, StorageError
 from engine.events import (
     NOBODY,
@@ -58,6 +59,14 @@ from engine.memory import (
 )
 from engine.memory_bot import MemoryBotSettings, SettingsPatch, apply_patch
 from engine.order import in_memory_order
+from engine.projects import ProjectChange, ProjectCreate, ProjectView
+from engine.scoped_memory import (
+    ForgetBarrier,
+    WsEntryView,
+    WsForget,
+    WsMemoryChange,
+    WsMemoryCreate,
+)
 from engine.visibility import Visibility
 from storage.chat_store import ChatStore, Confession, Enrichment, ItemView, LearningJob, Turn
 from storage.crypto import Keyring, load_master_key
@@ -122,6 +131,7 @@ class ShardService:
         self.conversations = Conversations(self, chats, self.memory_bot, self.learning)
         self.learning.conversations = self.conversations
         self._started: asyncio.Task[int] | None = None
+        self.workspace = Workspace(self, data_dir)
 
     def _ensure_started(self) -> None:
         """Resume open learning jobs once, on the first call after (re)start (LRN-4)."""
@@ -281,6 +291,18 @@ class ShardService:
         """A bot's step for a chat kept on another shard (a group round, a delivery)."""
         self._ensure_started()
         return await self.conversations.run_step(step, mirror, learn_upto)
+
+    async def schedule_learning(
+        self, bot: Bot, chat: Chat, turn: str, upto: int, grant: str, org: Org, deferred: bool
+    ) -> str | None:
+        """A group turn's learning for one of its bots, on that bot's shard (CO-2: once)."""
+        self._ensure_started()
+        return await self.conversations.schedule_learning(
+            bot, chat, turn, upto, grant, org, deferred
+        )
+
+    async def release_learning(self, job_id: str, upto: int) -> bool:
+        return await self.learning.release(job_id, upto)
 
     async def post_item(self, chat: Chat, author: str, text: str) -> ItemView:
         """A bot's `workspace_post_to_group` message in a group chat homed here."""
@@ -655,3 +677,38 @@ class ShardService:
     async def close(self) -> None:
         await self.committer.close()
         self.db.close()
+
+    # --- workspace (issue 5) ---
+
+    async def ws_projects(self, user: str) -> list[ProjectView]:
+        return await self.workspace.projects_of(user)
+
+    async def ws_save_project(
+        self, actor: str, org: str, request: ProjectCreate | ProjectChange, project_id: str
+    ) -> ProjectView:
+        return await self.workspace.save_project(actor, org, request, project_id)
+
+    async def ws_entries(self, access: WsAccess, query: WsQuery) -> WsListing:
+        return await self.workspace.entries(access, query)
+
+    async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView:
+        return await self.workspace.create_memory(access, body)
+
+    async def ws_change_memory(
+        self, access: WsAccess, body: WsMemoryChange | WsForget
+    ) -> WsEntryView:
+        return await self.workspace.change_memory(access, body)
+
+    async def ws_has_entry(self, entry_id: str) -> bool:
+        return await self.workspace.has_entry(entry_id)
+
+    async def ws_revisions(self, access: WsAccess, entry_id: str) -> list[RevisionView]:
+        return await self.workspace.revisions(access, entry_id)
+
+    async def ws_barriers(self, pool_id: str) -> list[ForgetBarrier]:
+        return await self.workspace.barriers(pool_id)
+
+    async def ws_blocked(
+        self, pool_id: str, content: str, evidence: Sequence[str] = ()
+    ) -> ForgetBarrier | None:
+        return await self.workspace.blocked(pool_id, content, evidence)

@@ -100,7 +100,7 @@ class LearningJob(msgspec.Struct, frozen=True, kw_only=True):
     grant: str  # the audience of the turn: for:person:<operator> | for:channel:<c>
     channel: str | None = None
     model: str | None = None
-    status: str = "pending"  # pending | running | done | failed | waiting
+    status: str = "pending"  # pending | running | done | failed | waiting | deferred
     attempts: int = 0
     error: str | None = None
     created_at: int = 0
@@ -237,12 +237,15 @@ class ChatStore:
         op = Insert if new else Put
         return op(LEARNING_JOBS.name, (job.id, job.pool, job.chat, _enc.encode(job).decode()))
 
-    async def open_jobs(self) -> list[LearningJob]:
+    async def open_jobs(self, *, deferred: bool = False) -> list[LearningJob]:
+        """Jobs to run after a restart; `deferred` ones wait for a collaboration (CO-2) and are
+        released by it, so they are listed only when asked for."""
         rows = await self.db.run(
             lambda con: con.execute("SELECT doc FROM learning_jobs").fetchall()
         )
         jobs = [_job_dec.decode(doc) for (doc,) in rows]
-        return [j for j in jobs if j.status in ("pending", "running", "waiting")]
+        wanted = ("deferred",) if deferred else ("pending", "running", "waiting")
+        return [j for j in jobs if j.status in wanted]
 
     async def jobs(self, pool: str) -> list[LearningJob]:
         rows = await self.db.run(

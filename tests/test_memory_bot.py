@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import msgspec
 import pytest
 
 from actors.models import OpenAIModel
@@ -258,10 +259,11 @@ def test_purging_the_chat_removes_what_was_learned_deleting_history_does_not(tmp
 def test_garbage_from_the_memory_model_is_a_recorded_safe_error(tmp_path, fresh):
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
-    mem.answer(completion("I hear you."), OpenAIStub.GARBAGE)
+    mem.answer(completion("I hear you."), *[OpenAIStub.GARBAGE] * 4)
 
     async def go():
         svc = _service(tmp_path, fresh)
+        svc.learning.retry_delay = 0.0
         await _turn(svc, "I moved to Oslo")
         page = await svc.read_memory(POOL, ANN)
         jobs = await svc.learning_jobs(POOL)
@@ -270,7 +272,56 @@ def test_garbage_from_the_memory_model_is_a_recorded_safe_error(tmp_path, fresh)
 
     page, jobs = asyncio.run(go())
     assert page.entries == ()
-    assert jobs[0].status == "failed" and jobs[0].error == "the learning step failed: model_garbage"
+    # CO-3: tried again three times, then ended with the safe error.
+    assert jobs[0].status == "failed" and jobs[0].attempts == 4
+    assert jobs[0].error == "the learning step failed: model_garbage"
+    assert len(mem.requests) == 5  # the confessor's answer and four learning attempts
+
+
+def test_a_failed_learning_step_is_retried_and_then_succeeds(tmp_path, fresh):
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
+    learn = {"content": "Ann lives in Oslo", "items": [{"chat": CHAT.id, "item": "i-1"}]}
+    mem.answer(
+        completion("I hear you."),
+        OpenAIStub.GARBAGE,
+        completion(None, tool_calls=[("learn_fact", learn)]),
+    )
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        svc.learning.retry_delay = 0.0
+        await _turn(svc, "I moved to Oslo")
+        page = await svc.read_memory(POOL, ANN)
+        jobs = await svc.learning_jobs(POOL)
+        await svc.close()
+        return page, jobs
+
+    page, jobs = asyncio.run(go())
+    assert [e.content for e in page.entries] == ["Ann lives in Oslo"]
+    assert jobs[0].status == "done" and jobs[0].attempts == 2
+
+
+def test_auto_record_learns_after_every_turn_without_confide(tmp_path, fresh):
+    bot, mem = fresh
+    bot.answer(completion("Nice."), completion("Sure."))
+    learn = {"content": "Ann likes tea", "items": [{"chat": CHAT.id, "item": "i-1"}]}
+    mem.answer(completion(None, tool_calls=[("learn_fact", learn)]))
+    auto = msgspec.structs.replace(
+        ORG, settings=msgspec.structs.replace(ORG.settings, autoRecord=True)
+    )
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        await _turn(svc, "I like tea", org=auto)
+        page = await svc.read_memory(POOL, ANN)
+        jobs = await svc.learning_jobs(POOL)
+        await svc.close()
+        return page, jobs
+
+    page, jobs = asyncio.run(go())
+    assert [e.content for e in page.entries] == ["Ann likes tea"]
+    assert len(jobs) == 1 and jobs[0].status == "done"
 
 
 def test_context_api_has_entries_and_validate_references(tmp_path, fresh):

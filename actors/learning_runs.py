@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,7 @@ import msgspec
 
 from actors.memory_bot import BudgetSpent, MemoryBotRuntime
 from engine.commands import Outcome
-from engine.errors import OpenBotError
+from engine.errors import Conflict, OpenBotError
 from engine.events import Audience as EventAudience
 from engine.events import MemoryJobChanged
 from engine.learning import (
@@ -49,7 +50,8 @@ LEARNING_SYSTEM = (
 )
 log = logging.getLogger("openbot.learning")
 AUTO_RETRIES = 3  # CO-3
-RETRY_DELAY = 2.0  # seconds before the first retry; doubled each time
+# Seconds before the first retry, doubled each time (the tests shorten it).
+RETRY_DELAY = float(os.environ.get("OPENBOT_LEARNING_RETRY_DELAY", "2.0"))
 _completion_enc = msgspec.json.Encoder()
 _completion_dec = msgspec.json.Decoder(Completion)
 
@@ -156,6 +158,19 @@ class LearningRunner:
         if retry is not None:
             await asyncio.sleep(self.retry_delay * 2 ** (retry.attempts - 1))
             await self._run(retry)
+
+    async def retry(self, job: LearningJob) -> LearningJob:
+        """A person asks to try a failed job again (`/memory-jobs/:id/retry`)."""
+        if job.status != "failed":
+            raise Conflict(
+                f"only failed jobs are retried; this one is {job.status}", code="not_failed"
+            )
+        job = msgspec.structs.replace(
+            job, status="pending", error=None, updated_at=self.shard.clock()
+        )
+        await self._save(job)
+        self.start(job)
+        return job
 
     async def release(self, job_id: str, upto: int) -> bool:
         """Start a job that waited for its turn's collaboration to come back (CO-2), reading up

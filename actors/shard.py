@@ -90,6 +90,12 @@ def _new_entry_id() -> str:
     return "mem_" + secrets.token_hex(12)
 
 
+def _job_for(job: LearningJob, user: str, channels: frozenset[str]) -> bool:
+    return job.grant == f"for:person:{user}" or (
+        job.channel is not None and job.channel in channels
+    )
+
+
 class ShardService:
     def __init__(
         self,
@@ -300,6 +306,27 @@ class ShardService:
         return await self.conversations.schedule_learning(
             bot, chat, turn, upto, grant, org, deferred
         )
+
+    async def memory_jobs(
+        self, pools: Sequence[str], user: str, channels: frozenset[str]
+    ) -> list[LearningJob]:
+        """Learning jobs of these pools whose turn the user was part of (their own person
+        turns, or their channels')."""
+        out = []
+        for pool in pools:
+            out.extend(
+                j for j in await self.learning.store.jobs(pool) if _job_for(j, user, channels)
+            )
+        return out
+
+    async def retry_memory_job(
+        self, job_id: str, pools: Sequence[str], user: str, channels: frozenset[str]
+    ) -> LearningJob | None:
+        for pool in pools:
+            for job in await self.learning.store.jobs(pool):
+                if job.id == job_id and _job_for(job, user, channels):
+                    return await self.learning.retry(job)
+        return None
 
     async def release_learning(self, job_id: str, upto: int) -> bool:
         return await self.learning.release(job_id, upto)

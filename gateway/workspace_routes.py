@@ -41,6 +41,37 @@ class WorkspaceApi:
                 return json(stopped)
         raise NotFound(f"no collaboration {chain_id}", code="collaboration_not_found")
 
+    async def _used_pools(self, principal) -> dict:
+        """The caller's bots' memory pools by shard: the bots they may use."""
+        by_shard: dict = {}
+        for bot_id in sorted(principal.bots):
+            bot = await self.auth.bot(bot_id)
+            shard = self.engine.shard_for(bot.owner)
+            by_shard.setdefault(id(shard), (shard, []))[1].append(f"bot:{bot.id}")
+        return by_shard
+
+    async def memory_jobs(self, request: Request) -> Response:
+        """Background learning (extraction) jobs of the caller's turns (SC-2, CO-3)."""
+        principal = await self.auth.user(request)
+        assert principal.user is not None
+        jobs = []
+        for shard, pools in (await self._used_pools(principal)).values():
+            jobs.extend(await call(shard.memory_jobs, pools, principal.user.id, principal.channels))
+        jobs.sort(key=lambda j: (j.created_at, j.id))
+        return json({"jobs": jobs})
+
+    async def retry_memory_job(self, request: Request) -> Response:
+        principal = await self.auth.user(request)
+        assert principal.user is not None
+        job_id = request.path_params["id"]
+        for shard, pools in (await self._used_pools(principal)).values():
+            job = await call(
+                shard.retry_memory_job, job_id, pools, principal.user.id, principal.channels
+            )
+            if job is not None:
+                return json(job)
+        raise NotFound(f"no memory job {job_id}", code="job_not_found")
+
     async def group_mode(self, request: Request) -> Response:
         """Switch a group's mode, only while it is idle (WS-6: else 409)."""
         principal = await self.auth.user(request)

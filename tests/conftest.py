@@ -3,6 +3,7 @@ uvicorn server on loopback serving the real app."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import tempfile
@@ -16,6 +17,8 @@ import actors.runtime  # noqa: F401  (sets Ray's environment before anything imp
 from gateway.live_server import LiveServer
 
 ADMIN = "test-admin-" + secrets.token_hex(8)
+# Learning retries (CO-3) wait seconds in production; the actors inherit this at Ray's start.
+os.environ.setdefault("OPENBOT_LEARNING_RETRY_DELAY", "0.05")
 
 
 @pytest.fixture(scope="session")

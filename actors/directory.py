@@ -60,6 +60,7 @@ class DirectoryService:
         self.channels: dict[str, Channel] = records["channels"]
         self.chats: dict[str, Chat] = records["chats"]
         self._group_chats = {c.channel: c.id for c in self.chats.values() if c.kind == "group"}
+        self.project_owners: dict[str, str] = self.store.load_project_owners()
         self.clock = clock
 
     def _fresh_id(self, table: dict, given: str | None, prefix: str, what: str) -> str:
@@ -125,6 +126,7 @@ class DirectoryService:
         linked: bool = False,
         model: str | None = None,
         rules: BotRules | None = None,
+        avatar: str | None = None,
     ) -> Bot:
         self._get(self.orgs, org, "org")
         self._get(self.users, owner, "user")
@@ -139,6 +141,7 @@ class DirectoryService:
             linked=linked,
             model=model,
             rules=rules or BotRules(name=name),
+            avatar=avatar,
         )
         await self.store.put("bots", bot)
         self.bots[bot.id] = bot
@@ -338,6 +341,37 @@ class DirectoryService:
 
     async def get_channel(self, channel_id: str) -> Channel:
         return self._get(self.channels, channel_id, "channel")
+
+    # --- workspace projects (issue 5) ---
+
+    async def register_project(self, project_id: str, owner: str) -> str:
+        """Record that `owner`'s shard holds project `project_id` (a repeat is a no-op); an id
+        another account registered is a conflict. Returns the owner."""
+        check_id(project_id, "project id")
+        known = self.project_owners.get(project_id)
+        if known is not None:
+            if known != owner:
+                raise Conflict(f"project {project_id!r} already exists", code="exists")
+            return known
+        await self.store.put_project_owner(project_id, owner)
+        self.project_owners[project_id] = owner
+        return owner
+
+    async def project_owner(self, project_id: str) -> str | None:
+        return self.project_owners.get(project_id)
+
+    async def workspace_people(
+        self, org: str, users: list[str], channels: list[str]
+    ) -> tuple[list[str], dict[str, tuple[str, ...]]]:
+        """For a project of `org`: the given users who are not people of the org (unknown or of
+        another org), and the people of each given channel that exists in the org."""
+        outsiders = [u for u in users if u not in self.users or org not in self.users[u].orgs]
+        people = {
+            c: self.channels[c].people
+            for c in channels
+            if c in self.channels and self.channels[c].org == org
+        }
+        return outsiders, people
 
     async def backup(self, dest_dir: str) -> str:
         dest = Path(dest_dir) / "directory.duckdb"

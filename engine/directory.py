@@ -61,6 +61,7 @@ class Bot(msgspec.Struct, frozen=True, kw_only=True):
     revision: int = 1
     grants: dict[str, Permission] = {}
     creator: str | None = None  # the bot that created this one (WS-3: it may not edit its rules)
+    avatar: str | None = None  # an image URL clients show next to the bot (UI-1)
 
 
 class Channel(msgspec.Struct, frozen=True, kw_only=True):

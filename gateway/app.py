@@ -24,7 +24,7 @@ from engine.directory import (
     require_write,
     resolve_org,
 )
-from engine.errors import Forbidden, InvalidInput
+from engine.errors import Forbidden, InvalidInput, OpenBotError
 from engine.memory import Reader
 from engine.memory_bot import SettingsPatch
 from gateway import wire
@@ -36,11 +36,12 @@ from gateway.json_response import json, read_body
 from gateway.nodes import NodesEndpoint
 from gateway.openapi import openapi_document
 from gateway.read_cache import ReadCache
+from gateway.workspace_memory_routes import WorkspaceMemoryApi
 from gateway.workspace_routes import WorkspaceApi
 
-CAPABILITIES = ("bot-memory-v1", "bot-collaboration-v1", "bot-discussion-v1")
+CAPABILITIES = ("bot-memory-v1", "bot-collaboration-v1", "bot-discussion-v1", "bot-projects-v1")
 # ND-1's capabilities, announced by the issues that build them; never claimed before.
-PLANNED = ("bot-file-memory-v1", "bot-projects-v1")
+PLANNED = ("bot-file-memory-v1",)
 WS = "/api/app/workspace"
 
 _enc = msgspec.json.Encoder()
@@ -86,6 +87,7 @@ class Api:
             linked=body.linked,
             model=body.model,
             rules=body.rules,
+            avatar=body.avatar,
         )
         self.auth.directory_changed(bot.id)  # the owner's principal now lists this bot
         return json(bot, 201)
@@ -238,22 +240,47 @@ class Api:
         access = await self._chat(request)
         if request.method == "DELETE":
             require_chat_owner(access.chat, access.principal.user.id)  # type: ignore[union-attr]
-            return json({"count": await call(access.home.delete_chat_items, access.chat.id)})
-        return json({"items": await call(access.home.chat_items, access.chat.id)})
+            count = await call(access.home.delete_chat_items, access.chat.id)
+            # The copies the members' shards keep for learning go too (API-5: what was
+            # learned stays; the history does not).
+            for shard in await self._member_shards(access):
+                await call(shard.delete_chat_items, access.chat.id)
+            return json({"count": count})
+        items = await call(access.home.chat_items, access.chat.id)
+        return json({"items": [await self._shown(i) for i in items]})
+
+    async def _shown(self, item):
+        """A delivery's communication record names its peer as clients show it (UI-1)."""
+        c = item.communication
+        if c is None:
+            return item
+        try:
+            peer = await self.auth.bot(c.peer)
+        except OpenBotError:
+            return item
+        shown = msgspec.structs.replace(c, name=peer.name, avatar=peer.avatar)
+        return msgspec.structs.replace(item, communication=shown)
 
     async def _records(self, request: Request, method: str) -> list:
         """Confessions or enrichments: kept where each bot's memory is, so a group chat's come
         from every member's shard."""
         access = await self._chat(request, owner_only=True)
-        shards = {id(access.home): access.home}
+        records = []
+        for shard in [access.home, *await self._member_shards(access)]:
+            records.extend(await call(getattr(shard, method), access.chat.id))
+        return sorted(records, key=lambda r: (r.at, r.turn))
+
+    async def _member_shards(self, access: ChatAccess) -> list:
+        """The shards of a group's bots other than the chat's home."""
+        shards = {id(access.home): None}
+        out = []
         if access.channel is not None:
             for b in access.channel.bots:
                 shard = self.engine.shard_for((await self.auth.bot(b)).owner)
-                shards[id(shard)] = shard
-        records = []
-        for shard in shards.values():
-            records.extend(await call(getattr(shard, method), access.chat.id))
-        return sorted(records, key=lambda r: (r.at, r.turn))
+                if id(shard) not in shards:
+                    shards[id(shard)] = shard
+                    out.append(shard)
+        return out
 
     async def confessions(self, request: Request) -> Response:
         return json({"confessions": await self._records(request, "confessions")})
@@ -389,6 +416,7 @@ def create_app(
     hub = Hub(engine)
     api = Api(engine, auth, hub)
     ws = WorkspaceApi(engine, auth)
+    wm = WorkspaceMemoryApi(engine, auth)
     r: Callable[..., Route] = Route
     routes = [
         r("/v1/admin/orgs", api.create_org, methods=["POST"]),
@@ -416,6 +444,13 @@ def create_app(
         r(f"{WS}/collaboration/{{id}}/stop", ws.stop_collaboration, methods=["POST"]),
         r(f"{WS}/bots/{{bot}}/rules", ws.bot_rules, methods=["GET", "PATCH"]),
         r(f"{WS}/groups/{{channel}}/mode", ws.group_mode, methods=["POST"]),
+        r(f"{WS}/memory-jobs", ws.memory_jobs, methods=["GET"]),
+        r(f"{WS}/memory-jobs/{{id}}/retry", ws.retry_memory_job, methods=["POST"]),
+        r(f"{WS}/projects", wm.projects, methods=["GET", "POST"]),
+        r(f"{WS}/memories", wm.memories, methods=["GET", "POST"]),
+        r(f"{WS}/memories/forget", wm.forget, methods=["POST"]),
+        r(f"{WS}/memories/{{id}}/revisions", wm.revisions, methods=["GET"]),
+        r(f"{WS}/memory-export", wm.export, methods=["GET"]),
         r("/openapi.json", api.openapi, methods=["GET"]),
         r("/healthz", api.health, methods=["GET"]),
         WebSocketRoute("/v1/events", EventsEndpoint(hub, auth, listener_refresh).handle),

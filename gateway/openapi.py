@@ -13,6 +13,8 @@ from actors.conversations import TurnResult
 from engine.directory import Bot, Channel, Chat, Org
 from engine.memory import EntryView, LogPage, MemoryPage
 from engine.memory_bot import MemoryBotSettings, SettingsPatch
+from engine.projects import ProjectCreate, ProjectView
+from engine.scoped_memory import WsEntryView, WsForget, WsMemoryCreate
 from engine.self_rules import RulesUpdate
 from gateway import wire
 
@@ -163,6 +165,52 @@ ROUTES: list[tuple[str, str, str, Any, Any, int]] = [
         Channel,
         200,
     ),
+]
+
+# Workspace projects and memories (issue 5).
+ROUTES += [
+    ("get", "/api/app/workspace/projects", "The caller's projects", None, None, 200),
+    (
+        "post",
+        "/api/app/workspace/projects",
+        "Create a project (201), or change one: {requestId, id, expectedRevision, ...fields}",
+        ProjectCreate,
+        ProjectView,
+        201,
+    ),
+    (
+        "get",
+        "/api/app/workspace/memories",
+        "Memories by ?scope=bot|user|project&bot=&project=&q=&status=",
+        None,
+        None,
+        200,
+    ),
+    (
+        "post",
+        "/api/app/workspace/memories",
+        "Create a memory (201), or change one: {requestId, id, expectedRevision, ...fields}",
+        WsMemoryCreate,
+        WsEntryView,
+        201,
+    ),
+    (
+        "post",
+        "/api/app/workspace/memories/forget",
+        "Forget a memory by expectedRevision",
+        WsForget,
+        WsEntryView,
+        200,
+    ),
+    (
+        "get",
+        "/api/app/workspace/memories/{id}/revisions",
+        "A memory's revisions: operator, time, before and after",
+        None,
+        None,
+        200,
+    ),
+    ("get", "/api/app/workspace/memory-export", "Markdown export (text/markdown)", None, None, 200),
 ]
 
 _ERROR = {

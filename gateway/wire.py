@@ -45,6 +45,7 @@ class CreateBot(_Body):
     linked: bool = False
     model: str | None = None
     rules: BotRules | None = None
+    avatar: str | None = None
 
 
 class CreateGrant(_Body):

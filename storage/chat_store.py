@@ -48,6 +48,8 @@ class Communication(msgspec.Struct, frozen=True, kw_only=True):
     direction: str  # received | sent
     peer: str  # the other bot's id
     body: str
+    name: str | None = None  # the peer's name and avatar, filled in by the gateway
+    avatar: str | None = None
 
 
 class ItemView(msgspec.Struct, frozen=True, kw_only=True):

@@ -24,6 +24,11 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE channels (id VARCHAR, doc VARCHAR);
     CREATE TABLE chats (id VARCHAR, doc VARCHAR);
     """,
+    # 2: workspace projects (issue 5): which account owns a project id, so that the gateway
+    # finds the shard that holds the project and its memory pool.
+    """
+    CREATE TABLE project_owners (id VARCHAR, owner VARCHAR);
+    """,
 )
 
 KINDS: dict[str, type[msgspec.Struct]] = {
@@ -67,6 +72,24 @@ class DirectoryStore:
                 con.execute(f"INSERT INTO {table} VALUES (?, ?)", [record_id, doc])
                 if token is not None:
                     con.execute("INSERT INTO tokens VALUES (?, ?, ?)", list(token))
+                con.commit()
+            except BaseException:
+                con.rollback()
+                raise
+
+        await self.db.run(write)
+
+    # --- project owners (issue 5) ---
+
+    def load_project_owners(self) -> dict[str, str]:
+        return dict(self.db.query("SELECT id, owner FROM project_owners"))
+
+    async def put_project_owner(self, project_id: str, owner: str) -> None:
+        def write(con):
+            con.begin()
+            try:
+                con.execute("DELETE FROM project_owners WHERE id = ?", [project_id])
+                con.execute("INSERT INTO project_owners VALUES (?, ?)", [project_id, owner])
                 con.commit()
             except BaseException:
                 con.rollback()

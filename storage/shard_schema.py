@@ -57,6 +57,17 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE chains (id VARCHAR, org VARCHAR, doc VARCHAR, texts BLOB);
     """,
+    # 5: workspace (issue 5): projects, scoped memory records (content sealed with the pool's
+    # data key), their revisions (before/after sealed) and forget barriers. Receipts as in 1.
+    """
+    CREATE TABLE projects (id VARCHAR, owner VARCHAR, doc VARCHAR);
+    CREATE TABLE ws_entries (key VARCHAR, pool VARCHAR, id VARCHAR, meta VARCHAR, content BLOB);
+    CREATE TABLE ws_revisions (
+        key VARCHAR, pool VARCHAR, entry VARCHAR, revision BIGINT, at_ms BIGINT,
+        operator VARCHAR, change VARCHAR, body BLOB
+    );
+    CREATE TABLE ws_barriers (key VARCHAR, pool VARCHAR, entry VARCHAR, at_ms BIGINT, doc VARCHAR);
+    """,
 )
 
 POOLS = Table(
@@ -174,3 +185,40 @@ TABLES = (
     MODEL_SPEND,
     CHAINS,
 )
+
+# --- workspace (issue 5, migration 5) ---
+PROJECTS = Table("projects", (("id", "VARCHAR"), ("owner", "VARCHAR"), ("doc", "VARCHAR")))
+WS_ENTRIES = Table(
+    "ws_entries",
+    (
+        ("key", "VARCHAR"),
+        ("pool", "VARCHAR"),
+        ("id", "VARCHAR"),
+        ("meta", "VARCHAR"),
+        ("content", "BLOB"),
+    ),
+)
+WS_REVISIONS = Table(
+    "ws_revisions",
+    (
+        ("key", "VARCHAR"),
+        ("pool", "VARCHAR"),
+        ("entry", "VARCHAR"),
+        ("revision", "BIGINT"),
+        ("at_ms", "BIGINT"),
+        ("operator", "VARCHAR"),
+        ("change", "VARCHAR"),
+        ("body", "BLOB"),
+    ),
+)
+WS_BARRIERS = Table(
+    "ws_barriers",
+    (
+        ("key", "VARCHAR"),
+        ("pool", "VARCHAR"),
+        ("entry", "VARCHAR"),
+        ("at_ms", "BIGINT"),
+        ("doc", "VARCHAR"),
+    ),
+)
+TABLES = (*TABLES, PROJECTS, WS_ENTRIES, WS_REVISIONS, WS_BARRIERS)

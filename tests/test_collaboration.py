@@ -155,6 +155,8 @@ def test_a_send_returns_a_receipt_and_the_reply_wakes_the_sender(world, admin, b
         "direction": "received",
         "peer": helper["id"],
         "body": "Yes, the build is green.",
+        "name": helper["name"],
+        "avatar": None,
     }
     assert items[3]["text"] == "My colleague says the build is green."
     # UI-1: ordinary items never carry a communication record, whatever they say.

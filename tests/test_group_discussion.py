@@ -236,5 +236,10 @@ def test_a_confiding_group_bot_learns_a_channel_fact(world, admin, bot_model, mo
         assert fact["sources"] == [{"chat": chat["id"], "item": "i-1"}]
         with world.client("carol") as carol:  # not in the channel: sees nothing of it
             assert carol.get(f"/v1/bots/{talker['id']}/memory").json()["entries"] == []
+        with world.client("bob") as bob:  # the history goes everywhere; what was learned stays
+            assert bob.delete(f"/v1/chats/{chat['id']}/items").status_code == 200
+            assert ray.get(shard.chat_items.remote(chat["id"])) == []
+        with world.client("alice") as alice:
+            assert len(alice.get(f"/v1/bots/{talker['id']}/memory").json()["entries"]) == 1
     finally:
         mem.routes.clear()

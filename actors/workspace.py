@@ -1,0 +1,635 @@
+"""Workspace projects and scoped memory on a shard (issue 5; SPEC WS-7, SC-1..SC-3, WA-1, WA-2).
+
+A `ShardService` owns one `Workspace`. It holds:
+
+- the projects whose owner's account lives on this shard (all of them, loaded once: they are
+  few and small), with their members and linked channels;
+- the workspace memory records of the pools hosted here — `bot:<id>` (the bot's owner's shard),
+  `user:<accountId>` (the account's shard) and `project:<id>` (the project owner's shard) —
+  loaded per pool on first use, content sealed with the pool's data key.
+
+Every write takes a `requestId`: its receipt (the request's fingerprint and the sealed answer)
+goes into the same group-commit batch as the change, so a repeat returns the first answer and
+changes nothing, and the same id with another body is a conflict. Receipts are kept per shard,
+keyed by the account and the requestId; writes queued but not yet committed are remembered in
+memory so that a repeat arriving meanwhile waits for the first instead of doing it again.
+
+Edits carry `expectedRevision` (engine/projects.py, engine/scoped_memory.py decide); nothing is
+written when they refuse. Events (`project.changed`, `memory.changed`) go into the same batch and
+are published after commit, with audiences that admit only who may read: a project's members,
+the account itself for user memory, whoever uses the bot for bot memory.
+
+Access: the gateway passes the caller's account and the bots they use (`WsAccess`); project
+membership is checked here, where the project is. A pool the caller may not read is "not found".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from engine import projects as projmod
+from engine import scoped_memory as sm
+from engine.directory import check_id
+from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, StorageError
+from engine.events import NOBODY, Audience, MemoryChanged, Payload, ProjectChanged
+from engine.memory import Scope
+from engine.projects import Project, ProjectChange, ProjectCreate, ProjectView
+from engine.scoped_memory import (
+    ForgetBarrier,
+    WsEntry,
+    WsEntryView,
+    WsForget,
+    WsMemoryChange,
+    WsMemoryCreate,
+)
+from engine.workspace_search import Hit, keyword_search
+from storage.crypto import load_master_key
+from storage.group_commit import Write
+from storage.memory_store import StoredPool
+from storage.receipts import Receipts, fingerprint, receipt_key
+from storage.workspace_store import StoredWsPool, WorkspaceStore
+
+if TYPE_CHECKING:
+    from actors.shard import ShardService
+
+RECEIPT_SCOPE = "ws"  # receipts of workspace writes: one requestId space per account and shard
+MAX_LIST = 1_000
+_project_view_dec = msgspec.json.Decoder(ProjectView)
+_entry_view_dec = msgspec.json.Decoder(WsEntryView)
+
+
+def new_memory_id() -> str:
+    return "mem_" + secrets.token_hex(12)
+
+
+class WsAccess(msgspec.Struct, frozen=True, kw_only=True):
+    """Who is asking: the signed-in account and the bots it uses (owner or grant)."""
+
+    account: str
+    bots: frozenset[str] = frozenset()
+
+
+class WsQuery(msgspec.Struct, frozen=True, kw_only=True):
+    """What to list on one shard. `pools` are bot and user pools the gateway routed here;
+    `projects` names projects to include, or None for every project here the account is a
+    member of. `contributor` keeps one bot's contributions; `q` searches the bodies."""
+
+    pools: tuple[str, ...] = ()
+    projects: tuple[str, ...] | None = ()
+    contributor: str | None = None
+    q: str | None = None
+    status: str = "active"  # active | forgotten | all
+    limit: int = 200
+
+
+class WsListing(msgspec.Struct, frozen=True, kw_only=True):
+    """Records found on one shard; with a query, `hits` rank them. `names` are display names
+    of the project pools listed (for the export's headings)."""
+
+    entries: list[WsEntryView]
+    hits: list[Hit] = []
+    names: dict[str, str] = {}
+
+
+class RevisionView(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of `GET /memories/:id/revisions`: who (a user or a bot), when, before/after."""
+
+    entry: str
+    revision: int
+    operator: str
+    at: int
+    change: str
+    before: str | None = None
+    after: str | None = None
+
+
+@dataclass
+class WsPool:
+    stored: StoredWsPool
+    keyed: StoredPool  # the seed-000 pool state that holds this pool's data key
+    fp_key: bytes
+    lock: asyncio.Lock
+    pending: asyncio.Future[None] | None = None
+    poisoned: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.stored.pool
+
+
+class Workspace:
+    def __init__(self, shard: ShardService, data_dir: str | Path, *, new_id=new_memory_id) -> None:
+        self.shard = shard
+        self.store = WorkspaceStore(shard.db, load_master_key(Path(data_dir)))
+        self.new_id: Callable[[], str] = new_id
+        self._pools: dict[str, WsPool] = {}
+        self._loading: dict[str, asyncio.Future[WsPool]] = {}
+        self._projects: dict[str, Project] | None = None
+        self._projects_loading: asyncio.Future[dict[str, Project]] | None = None
+        self._projects_lock = asyncio.Lock()
+        self._projects_pending: asyncio.Future[None] | None = None
+        # Receipts queued but not yet committed: key -> (fingerprint, answer, commit).
+        self._inflight: dict[str, tuple[str, bytes, asyncio.Future[None]]] = {}
+        self._request_locks: dict[str, list] = {}
+
+    # --- loading --------------------------------------------------------------------------------
+
+    async def _pool(self, pool_id: str) -> WsPool:
+        pool = self._pools.get(pool_id)
+        if pool is not None:
+            return pool
+        loading = self._loading.get(pool_id)
+        if loading is not None:
+            return await asyncio.shield(loading)
+        loading = asyncio.get_running_loop().create_future()
+        self._loading[pool_id] = loading
+        try:
+            keyed = (await self.shard._pool(pool_id)).stored
+            stored = await self.store.load_pool(pool_id)
+            pool = WsPool(
+                stored=stored,
+                keyed=keyed,
+                fp_key=self.store.fingerprint_key(pool_id),
+                lock=asyncio.Lock(),
+            )
+        except BaseException as e:
+            loading.set_exception(e)
+            loading.exception()  # retrieved: later waiters re-raise it
+            raise
+        finally:
+            del self._loading[pool_id]
+        self._pools[pool_id] = pool
+        loading.set_result(pool)
+        return pool
+
+    async def _load_projects(self) -> dict[str, Project]:
+        if self._projects is not None:
+            return self._projects
+        if self._projects_loading is None:
+            self._projects_loading = asyncio.get_running_loop().create_future()
+            try:
+                projects = await self.store.load_projects()
+            except BaseException as e:
+                self._projects_loading.set_exception(e)
+                self._projects_loading.exception()
+                self._projects_loading = None
+                raise
+            self._projects = projects
+            self._projects_loading.set_result(projects)
+            self._projects_loading = None
+            return projects
+        return await asyncio.shield(self._projects_loading)
+
+    def _drop_pool(self, pool: WsPool) -> None:
+        pool.poisoned = True
+        if self._pools.get(pool.id) is pool:
+            del self._pools[pool.id]
+
+    def _drop_projects(self) -> None:
+        self._projects = None  # reloaded from the file by the next call
+        self._projects_pending = None
+
+    async def _settle(self, fut: asyncio.Future[None] | None) -> None:
+        if fut is not None:
+            await asyncio.shield(fut)
+
+    async def _settle_read(self, pool: WsPool) -> None:
+        """A read waits for the commit of the state it saw; a failed one fails the read."""
+        await self._settle(pool.pending)
+        if pool.poisoned:
+            raise StorageError("a change could not be stored; try again")
+
+    # --- requestId receipts -----------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _request(self, key: str):
+        """Requests with one receipt key run one at a time (whatever pool they touch), so two
+        different bodies under one requestId cannot both pass the receipt check."""
+        slot = self._request_locks.setdefault(key, [asyncio.Lock(), 0])
+        slot[1] += 1
+        try:
+            async with slot[0]:
+                yield
+        finally:
+            slot[1] -= 1
+            if slot[1] == 0:
+                del self._request_locks[key]
+
+    async def _replay(self, key: str, print_: str, keyed: StoredPool) -> bytes | None:
+        """The first answer to this request, or None when it is new (call under `_request`)."""
+        hit = self._inflight.get(key)
+        if hit is not None:
+            if hit[0] != print_:
+                raise Conflict(
+                    "this requestId was already used for a different request",
+                    code="request_id_reused",
+                )
+            await asyncio.shield(hit[2])
+            return hit[1]
+        return await self.shard.receipts.find(key, print_, keyed.cipher, keyed.pool)
+
+    def _commit(
+        self,
+        writes: list[Write],
+        events: Sequence[tuple[Payload, Audience]],
+        receipt: tuple[str, str, bytes, StoredPool],
+        on_failure: Callable[[], None],
+    ) -> asyncio.Future[None]:
+        key, print_, answer, keyed = receipt
+        rows = [
+            *self.shard.store.key_rows(keyed),
+            *writes,
+            Receipts.row(key, print_, answer, keyed.cipher, keyed.pool, self.shard.clock()),
+        ]
+        fut = self.shard._submit(None, rows, events, on_failure=on_failure)
+        assert fut is not None  # the receipt row is always there
+        self._inflight[key] = (print_, answer, fut)
+
+        def done(f: asyncio.Future[None]) -> None:
+            if self._inflight.get(key, (None, None, None))[2] is f:
+                del self._inflight[key]
+
+        fut.add_done_callback(done)
+        return fut
+
+    # --- access ---------------------------------------------------------------------------------
+
+    def _readable(self, pool_id: str, access: WsAccess) -> bool:
+        scope, owner = sm.scope_of(pool_id), sm.pool_owner(pool_id)
+        if scope == Scope.PROJECT:
+            project = (self._projects or {}).get(owner)
+            return project is not None and projmod.can_read(project, access.account)
+        if scope == Scope.USER and self.shard.peers.index_of(owner) != self.shard.index:
+            return False  # not hosted here: the gateway routed it wrong
+        return sm.may_access(pool_id, account=access.account, bots=access.bots, projects=())
+
+    def _require(self, pool_id: str, access: WsAccess) -> None:
+        if not self._readable(pool_id, access):
+            raise NotFound("no such memory", code="memory_not_found")
+
+    def _audience(self, pool_id: str) -> Audience:
+        """Who may hear of a change in `pool_id` (never more than who may read it)."""
+        scope, owner = sm.scope_of(pool_id), sm.pool_owner(pool_id)
+        if scope == Scope.BOT:
+            return Audience(bot=owner)
+        if scope == Scope.USER:
+            return Audience(users=(owner,))
+        project = (self._projects or {}).get(owner)
+        if project is None:
+            return NOBODY
+        return Audience(org=project.org, users=project.members)
+
+    async def _locate(self, entry_id: str) -> str | None:
+        for pool in self._pools.values():
+            if entry_id in pool.stored.entries:
+                return pool.id
+        return await self.store.entry_pool(entry_id)
+
+    async def has_entry(self, entry_id: str) -> bool:
+        """Whether a workspace record with this id is kept on this shard (for routing only)."""
+        return await self._locate(entry_id) is not None
+
+    # --- projects -------------------------------------------------------------------------------
+
+    async def projects_of(self, user: str) -> list[ProjectView]:
+        projects = await self._load_projects()
+        found = [projmod.view(p) for p in projects.values() if projmod.can_read(p, user)]
+        await self._settle(self._projects_pending)
+        return found
+
+    async def project_names(self, user: str) -> dict[str, str]:
+        return {f"project:{p.id}": p.name for p in await self.projects_of(user)}
+
+    async def _people(
+        self, org: str, users: Iterable[str], channels: Iterable[str]
+    ) -> tuple[list[str], dict[str, tuple[str, ...]]]:
+        users, channels = sorted(set(users)), sorted(set(channels))
+        if not users and not channels:
+            return [], {}
+        return await self.shard.peers.directory("workspace_people", org, users, channels)
+
+    async def save_project(
+        self, actor: str, org: str, request: ProjectCreate | ProjectChange, project_id: str
+    ) -> ProjectView:
+        """Create (owner `actor`, in `org`, id `project_id` unless the request names one) or
+        change a project held here."""
+        projmod.check_request_id(request.requestId)
+        key = receipt_key(RECEIPT_SCOPE, actor, request.requestId)
+        if isinstance(request, ProjectCreate):
+            pid = check_id(request.id if request.id is not None else project_id, "project id")
+            print_ = fingerprint(("project.create", org, pid, request))
+        else:
+            pid = request.id
+            print_ = fingerprint(("project.change", request))
+            # Outsiders learn nothing, not even whether the id exists.
+            projmod.require_read((await self._load_projects()).get(pid), actor)
+        keyed = (await self.shard._pool(projmod.pool(pid))).stored
+        await self._load_projects()
+        async with self._request(key), self._projects_lock:
+            raw = await self._replay(key, print_, keyed)
+            if raw is not None:
+                return _project_view_dec.decode(raw)
+            projects = await self._load_projects()
+            if isinstance(request, ProjectCreate):
+                project, change = await self._create(projects, actor, org, request, pid), "created"
+            else:
+                project, change = await self._change(projects, actor, request), "updated"
+            answer = projmod.view(project)
+            raw = msgspec.json.encode(answer)
+            writes: list[Write] = []
+            events: list[tuple[Payload, Audience]] = []
+            if project is not projects.get(pid):
+                writes.append(self.store.project_row(project))
+                events.append(
+                    (
+                        ProjectChanged(project=pid, revision=project.revision, change=change),
+                        Audience(org=project.org, users=project.members),
+                    )
+                )
+                projects[pid] = project
+            fut = self._commit(writes, events, (key, print_, raw, keyed), self._drop_projects)
+            if writes:
+                self._projects_pending = fut
+        await self._settle(fut)
+        return answer
+
+    async def _create(
+        self, projects: dict[str, Project], actor: str, org: str, request: ProjectCreate, pid: str
+    ) -> Project:
+        if self.shard.peers.index_of(actor) != self.shard.index:
+            raise InvalidInput("a project is kept on its owner's shard", code="wrong_shard")
+        if pid in projects:
+            raise Conflict(f"project {pid!r} already exists", code="exists")
+        outsiders, people = await self._people(org, [actor, *request.members], request.channels)
+        people = {c: p for c, p in people.items() if actor in p}  # only your own channels
+        project = projmod.create_project(
+            request,
+            new_id=pid,
+            org=org,
+            owner=actor,
+            channel_people=people,
+            now=self.shard.clock(),
+        )
+        _no_outsiders(outsiders)
+        await self.shard.peers.directory("register_project", pid, actor)
+        return project
+
+    async def _change(
+        self, projects: dict[str, Project], actor: str, request: ProjectChange
+    ) -> Project:
+        project = projmod.require_read(projects.get(request.id), actor)
+        if request.expectedRevision != project.revision:
+            # Before any lookup, so that a stale client learns only that (and keeps its draft).
+            raise Conflict(
+                f"the project is at revision {project.revision}, not {request.expectedRevision}",
+                code="stale_revision",
+                details={"currentRevision": project.revision},
+            )
+        new_members = set(request.members or ()) - set(project.members)
+        newly_linked = set(request.channels or ()) - set(project.channels)
+        keeps = set(project.channels) if request.members is not None else set()
+        outsiders, people = await self._people(project.org, new_members, newly_linked | keeps)
+        # A channel is linked only by one of its people; those already linked stay as they are.
+        people = {c: p for c, p in people.items() if c not in newly_linked or actor in p}
+        changed = projmod.change_project(
+            project, request, actor=actor, channel_people=people, now=self.shard.clock()
+        )
+        _no_outsiders(outsiders)
+        return changed
+
+    # --- memory ---------------------------------------------------------------------------------
+
+    async def create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView:
+        projmod.check_request_id(body.requestId)
+        if body.bot not in access.bots:
+            raise Forbidden("you have no access to this bot", code="no_access")
+        pool_id = sm.pool_of(body.scope, bot=body.bot, account=access.account, project=body.project)
+        await self._load_projects()
+        self._require(pool_id, access)
+        key = receipt_key(RECEIPT_SCOPE, access.account, body.requestId)
+        print_ = fingerprint(("memory.create", body))
+        pool = await self._pool(pool_id)
+        async with self._request(key), pool.lock:
+            raw = await self._replay(key, print_, pool.keyed)
+            if raw is not None:
+                return _entry_view_dec.decode(raw)
+            self._require(pool_id, access)  # membership may have changed while waiting
+            entry_id = self.new_id()
+            if entry_id in pool.stored.entries:
+                raise Conflict(f"new id {entry_id!r} is already taken", code="id_taken")
+            edit = sm.user_create(
+                entry_id=entry_id,
+                pool=pool_id,
+                contributor=body.bot,
+                content=body.content,
+                operator=access.account,
+                now=self.shard.clock(),
+                tier=body.tier,
+                topics=body.topics,
+                key=pool.fp_key,
+            )
+            answer = sm.view(edit.entry, body.content)
+            fut = self._apply(pool, edit, body.content, "created", (key, print_, answer), new=True)
+        await self._settle(fut)
+        return answer
+
+    async def change_memory(self, access: WsAccess, body: WsMemoryChange | WsForget) -> WsEntryView:
+        """A person's edit (content, tier, topics) or forgetting, by `expectedRevision`."""
+        projmod.check_request_id(body.requestId)
+        pool_id = await self._locate(body.id)
+        await self._load_projects()
+        if pool_id is None or not self._readable(pool_id, access):
+            raise NotFound("no such memory", code="memory_not_found")
+        forgetting = isinstance(body, WsForget)
+        key = receipt_key(RECEIPT_SCOPE, access.account, body.requestId)
+        print_ = fingerprint(("memory.forget" if forgetting else "memory.change", body))
+        pool = await self._pool(pool_id)
+        async with self._request(key), pool.lock:
+            raw = await self._replay(key, print_, pool.keyed)
+            if raw is not None:
+                return _entry_view_dec.decode(raw)
+            self._require(pool_id, access)
+            entry = pool.stored.entries.get(body.id)
+            if entry is None:  # its pool was reloaded without it (a failed commit)
+                raise NotFound("no such memory", code="memory_not_found")
+            old = self._open(pool, entry.id)
+            now = self.shard.clock()
+            if isinstance(body, WsForget):
+                edit = sm.forget(
+                    entry, body.expectedRevision, operator=access.account, old_content=old, now=now
+                )
+                content, change = old, "forgotten"
+            else:
+                edit = sm.user_edit(
+                    entry,
+                    body.content,
+                    body.expectedRevision,
+                    operator=access.account,
+                    old_content=old,
+                    now=now,
+                    tier=body.tier,
+                    topics=body.topics,
+                    key=pool.fp_key,
+                )
+                content = old if body.content is None else body.content
+                change = "edited"
+            answer = sm.view(edit.entry, content)
+            fut = self._apply(pool, edit, content, change, (key, print_, answer), new=False)
+        await self._settle(fut)
+        return answer
+
+    def _apply(
+        self,
+        pool: WsPool,
+        edit: sm.Edit,
+        content: str,
+        change: str,
+        receipt: tuple[str, str, WsEntryView],
+        *,
+        new: bool,
+    ) -> asyncio.Future[None]:
+        """Queue one person's change (under the pool's lock) and make it the pool's state."""
+        stored, keyed = pool.stored, pool.keyed
+        entry = edit.entry
+        writes: list[Write] = []
+        events: list[tuple[Payload, Audience]] = []
+        audience = self._audience(pool.id)
+        if edit.revision is not None:  # something changed
+            sealed = (
+                self.store.seal(keyed.cipher, pool.id, entry.id, content)
+                if new or edit.revision.after is not None
+                else stored.sealed[entry.id]
+            )
+            writes.append(self.store.entry_row(entry, sealed, new=new))
+            writes.append(self.store.revision_row(pool.id, edit.revision, keyed.cipher))
+            if edit.barrier is not None:
+                writes.append(self.store.barrier_row(edit.barrier, entry.revision))
+            events.append(
+                (
+                    MemoryChanged(
+                        pool=pool.id,
+                        entry=entry.id,
+                        version=entry.revision,
+                        change=change,
+                        bot=entry.contributor,
+                    ),
+                    audience,
+                )
+            )
+            stored.entries[entry.id] = entry
+            stored.sealed[entry.id] = sealed
+            if edit.barrier is not None:
+                stored.barriers.append(edit.barrier)
+            # Records flagged for review whose rival is gone settle (metadata only).
+            for settled in sm.settled_reviews(stored.entries):
+                writes.append(self.store.entry_row(settled, stored.sealed[settled.id], new=False))
+                stored.entries[settled.id] = settled
+                events.append(
+                    (
+                        MemoryChanged(
+                            pool=pool.id,
+                            entry=settled.id,
+                            version=settled.revision,
+                            change="reviewed",
+                            bot=settled.contributor,
+                        ),
+                        audience,
+                    )
+                )
+        key, print_, answer = receipt
+        raw = msgspec.json.encode(answer)
+        fut = self._commit(writes, events, (key, print_, raw, keyed), lambda: self._drop_pool(pool))
+        if writes:
+            pool.pending = fut
+        return fut
+
+    def _open(self, pool: WsPool, entry_id: str) -> str:
+        return self.store.open(pool.keyed.cipher, pool.id, entry_id, pool.stored.sealed[entry_id])
+
+    async def entries(self, access: WsAccess, query: WsQuery) -> WsListing:
+        """The records of the asked pools that `access` may read (others are skipped; a named
+        project the caller is not a member of is not found)."""
+        if query.status not in ("active", "forgotten", "all"):
+            raise InvalidInput("status must be active, forgotten or all", code="invalid_status")
+        projects = await self._load_projects()
+        pool_ids = [p for p in dict.fromkeys(query.pools) if self._readable(p, access)]
+        if query.projects is None:
+            names = {
+                projmod.pool(p.id): p.name
+                for p in projects.values()
+                if projmod.can_read(p, access.account)
+            }
+        else:
+            names = {}
+            for pid in dict.fromkeys(query.projects):
+                project = projmod.require_read(projects.get(pid), access.account)
+                names[projmod.pool(pid)] = project.name
+        pool_ids += sorted(names)
+        found: list[tuple[WsPool, WsEntry]] = []
+        pools: list[WsPool] = []
+        for pool_id in pool_ids:
+            pool = await self._pool(pool_id)
+            pools.append(pool)
+        for pool in pools:
+            for entry in pool.stored.entries.values():
+                if query.status != "all" and entry.status != query.status:
+                    continue
+                if query.contributor is not None and entry.contributor != query.contributor:
+                    continue
+                found.append((pool, entry))
+        views: dict[str, WsEntryView] = {}
+        hits: list[Hit] = []
+        if query.q:
+            texts = {e.id: (p, e, self._open(p, e.id)) for p, e in found}
+            hits = keyword_search(query.q, ((i, t[2]) for i, t in texts.items()), query.limit)
+            for hit in hits:
+                _, entry, text = texts[hit.id]
+                views[hit.id] = sm.view(entry, text)
+        else:
+            for pool, entry in found:
+                views[entry.id] = sm.view(entry, self._open(pool, entry.id))
+        for pool in pools:
+            await self._settle_read(pool)
+        return WsListing(entries=list(views.values()), hits=hits, names=names)
+
+    async def revisions(self, access: WsAccess, entry_id: str) -> list[RevisionView]:
+        pool_id = await self._locate(entry_id)
+        await self._load_projects()
+        if pool_id is None or not self._readable(pool_id, access):
+            raise NotFound("no such memory", code="memory_not_found")
+        pool = await self._pool(pool_id)
+        await self._settle_read(pool)
+        rows = await self.store.revisions(pool_id, entry_id, pool.keyed.cipher)
+        return [RevisionView(**msgspec.structs.asdict(r)) for r in rows]
+
+    # --- forget barriers (SC-3): what extraction will check ----------------------------------
+
+    async def barriers(self, pool_id: str) -> list[ForgetBarrier]:
+        pool = await self._pool(pool_id)
+        await self._settle_read(pool)
+        return list(pool.stored.barriers)
+
+    async def blocked(
+        self, pool_id: str, content: str, evidence: Sequence[str] = ()
+    ) -> ForgetBarrier | None:
+        """The barrier that keeps `content` (or anything citing `evidence`) out of the pool."""
+        pool = await self._pool(pool_id)
+        fp = sm.content_fingerprint(content, pool.fp_key)
+        return sm.blocked_by(pool_id, fp, evidence, pool.stored.barriers)
+
+
+def _no_outsiders(outsiders: Sequence[str]) -> None:
+    if outsiders:
+        raise NotFound(
+            f"not people of this org: {', '.join(sorted(outsiders))}",
+            code="user_not_found",
+            details={"people": sorted(outsiders)},
+        )

@@ -1,0 +1,261 @@
+"""Workspace projects and memories for the signed-in account (issue 5; SPEC §11 WA-1, WA-2).
+
+    GET|POST /api/app/workspace/projects              list · create · change by expectedRevision
+    GET|POST /api/app/workspace/memories              by scope / search · create · change
+    POST     /api/app/workspace/memories/forget       forget by expectedRevision
+    GET      /api/app/workspace/memories/{id}/revisions
+    GET      /api/app/workspace/memory-export         Markdown, `- (YYYY-MM-DD) content`
+
+Where things are: a project and its memory pool live on the shard of the project's owner (the
+directory keeps project id → owner); a bot's pool on its owner's shard; a user's pool on the
+user's shard. A record is found by asking the shards which one keeps its id. Every shard checks
+access again itself; what the caller may not read is "not found".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from actors.runtime import Engine, call
+from actors.workspace import WsAccess, WsListing, WsQuery
+from engine import projects as projmod
+from engine.directory import Principal, check_id, require_use, resolve_org
+from engine.errors import InvalidInput, NotFound
+from engine.memory import Scope
+from engine.memory_export import render
+from engine.projects import ProjectCreate
+from engine.scoped_memory import WsEntryView, WsForget, WsMemoryChange, WsMemoryCreate
+from engine.workspace_search import merge_hits
+from gateway import wire
+from gateway.auth import Auth
+from gateway.json_response import json, read_body
+
+SCOPES = ("bot", "user", "project")
+STATUSES = ("active", "forgotten", "all")
+DEFAULT_SEARCH_LIMIT = 50
+MAX_SEARCH_LIMIT = 500
+_SCOPE_ORDER = {s: i for i, s in enumerate(SCOPES)}
+_TIER_ORDER = {"profile": 0, "log": 1, "note": 2}
+
+
+def derived_project_id(owner: str, request_id: str) -> str:
+    """The id of a project created without one: the same for a repeated request, so a retry
+    finds the first one's receipt (and directory entry) instead of making another."""
+    digest = hashlib.sha256(f"{owner}\x00{request_id}".encode()).hexdigest()
+    return "p_" + digest[:20]
+
+
+def decode_memory_write(body: bytes) -> WsMemoryCreate | WsMemoryChange:
+    """`POST /memories` takes a create or a change; `expectedRevision` makes it a change."""
+    raw = wire.decode_any(body)
+    if not isinstance(raw, dict):
+        raise InvalidInput("body must be a JSON object", code="invalid_body")
+    kind: type[WsMemoryCreate | WsMemoryChange] = (
+        WsMemoryChange if "expectedRevision" in raw else WsMemoryCreate
+    )
+    try:
+        return msgspec.convert(raw, type=kind)
+    except msgspec.ValidationError as e:
+        raise InvalidInput(str(e), code="invalid_body") from e
+
+
+def _one_line_param(request: Request, name: str) -> str | None:
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return None
+    return value
+
+
+class WorkspaceMemoryApi:
+    def __init__(self, engine: Engine, auth: Auth) -> None:
+        self.engine = engine
+        self.auth = auth
+
+    async def _caller(self, request: Request) -> tuple[Principal, WsAccess]:
+        principal = await self.auth.user(request)
+        assert principal.user is not None
+        return principal, WsAccess(account=principal.user.id, bots=principal.bots)
+
+    async def _project_shard(self, project_id: str):
+        check_id(project_id, "project id")
+        owner = await call(self.engine.directory.project_owner, project_id)
+        if owner is None:
+            raise NotFound("no such project", code="project_not_found")
+        return self.engine.shard_for(owner)
+
+    async def _entry_shard(self, entry_id: str):
+        check_id(entry_id, "memory id")
+        found = await asyncio.gather(*(call(s.ws_has_entry, entry_id) for s in self.engine.shards))
+        for shard, has in zip(self.engine.shards, found, strict=True):
+            if has:
+                return shard
+        raise NotFound("no such memory", code="memory_not_found")
+
+    # --- projects ---
+
+    async def projects(self, request: Request) -> Response:
+        principal, access = await self._caller(request)
+        me = access.account
+        if request.method == "GET":
+            found = await asyncio.gather(*(call(s.ws_projects, me) for s in self.engine.shards))
+            projects = sorted(
+                (p for part in found for p in part), key=lambda p: (p.createdAt, p.id)
+            )
+            return json({"projects": projects})
+        change = projmod.decode_request(await read_body(request))
+        projmod.check_request_id(change.requestId)
+        if isinstance(change, ProjectCreate):
+            assert principal.user is not None
+            org = resolve_org(principal.user, request.headers.get("openbot-org"))
+            pid = change.id if change.id is not None else derived_project_id(me, change.requestId)
+            shard = self.engine.shard_for(me)
+            project = await call(shard.ws_save_project, me, org, change, pid)
+            return json(project, 201)
+        shard = await self._project_shard(change.id)
+        project = await call(shard.ws_save_project, me, "", change, change.id)
+        return json(project)
+
+    # --- memories ---
+
+    async def _collect(
+        self,
+        access: WsAccess,
+        request: Request,
+        *,
+        status: str | None = None,
+        search: bool = True,
+    ) -> tuple[list[WsEntryView], dict[str, str]]:
+        """The records the query names that the caller may read, in listing or hit order, and
+        display names of pools and bots."""
+        params = request.query_params
+        scope = _one_line_param(request, "scope")
+        if scope is not None and scope not in SCOPES:
+            raise InvalidInput("scope must be bot, user or project", code="invalid_scope")
+        bot_id = _one_line_param(request, "bot")
+        project_id = _one_line_param(request, "project")
+        q = _one_line_param(request, "q") if search else None
+        status = status or params.get("status") or "active"
+        if status not in STATUSES:
+            raise InvalidInput("status must be active, forgotten or all", code="invalid_status")
+        try:
+            limit = int(params.get("limit") or DEFAULT_SEARCH_LIMIT)
+        except ValueError as e:
+            raise InvalidInput("limit must be a number", code="invalid_limit") from e
+        if not 1 <= limit <= MAX_SEARCH_LIMIT:
+            raise InvalidInput(f"limit must be 1-{MAX_SEARCH_LIMIT}", code="invalid_limit")
+        if project_id is not None and scope not in (None, "project"):
+            raise InvalidInput("project is for project scope", code="invalid_query")
+        me = access.account
+        names: dict[str, str] = {}
+        if bot_id is not None:
+            bot = await self.auth.bot(bot_id)
+            require_use(bot, me)
+            names[bot.id] = bot.name
+        shards = self.engine.shards
+        pools: dict[int, list[str]] = {}
+        projects: dict[int, tuple[str, ...] | None] = {}
+        if scope in (None, "bot"):
+            for b in [bot_id] if bot_id is not None else sorted(access.bots):
+                bot = await self.auth.bot(b)
+                names[bot.id] = names[f"bot:{bot.id}"] = bot.name
+                pools.setdefault(self.engine.shard_index(bot.owner), []).append(f"bot:{bot.id}")
+        if scope in (None, "user"):
+            pools.setdefault(self.engine.shard_index(me), []).append(f"user:{me}")
+        if scope in (None, "project"):
+            if project_id is not None:
+                shard = await self._project_shard(project_id)
+                projects[shards.index(shard)] = (project_id,)
+            else:
+                projects = dict.fromkeys(range(len(shards)))
+        asks = sorted(set(pools) | set(projects))
+        listings: list[WsListing] = await asyncio.gather(
+            *(
+                call(
+                    shards[k].ws_entries,
+                    access,
+                    WsQuery(
+                        pools=tuple(pools.get(k, ())),
+                        projects=projects.get(k, ()),
+                        contributor=bot_id,
+                        q=q,
+                        status=status,
+                        limit=limit,
+                    ),
+                )
+                for k in asks
+            )
+        )
+        views = {e.id: e for listing in listings for e in listing.entries}
+        for listing in listings:
+            names.update(listing.names)
+        if q is not None:
+            hits = merge_hits(
+                [h for listing in listings for h in listing.hits],
+                [],
+                allowed=lambda i: i in views,
+                limit=limit,
+            )
+            return [views[h.id] for h in hits], names
+        ordered = sorted(
+            views.values(),
+            key=lambda e: (
+                _SCOPE_ORDER[e.scope],
+                e.pool,
+                _TIER_ORDER.get(e.tier, 9),
+                -e.updatedAt,
+                e.id,
+            ),
+        )
+        return ordered, names
+
+    async def memories(self, request: Request) -> Response:
+        _, access = await self._caller(request)
+        if request.method == "GET":
+            entries, _ = await self._collect(access, request)
+            return json({"entries": entries})
+        body = decode_memory_write(await read_body(request))
+        if isinstance(body, WsMemoryChange):
+            shard = await self._entry_shard(body.id)
+            return json(await call(shard.ws_change_memory, access, body))
+        projmod.check_request_id(body.requestId)
+        bot = await self.auth.bot(body.bot)
+        require_use(bot, access.account)
+        if body.scope == Scope.BOT:
+            shard = self.engine.shard_for(bot.owner)
+        elif body.scope == Scope.USER:
+            shard = self.engine.shard_for(access.account)
+        else:
+            if not body.project:
+                raise InvalidInput("project scope needs a project", code="project_required")
+            shard = await self._project_shard(body.project)
+        return json(await call(shard.ws_create_memory, access, body), 201)
+
+    async def forget(self, request: Request) -> Response:
+        _, access = await self._caller(request)
+        body = wire.decode(await read_body(request), WsForget)
+        projmod.check_request_id(body.requestId)
+        shard = await self._entry_shard(body.id)
+        return json(await call(shard.ws_change_memory, access, body))
+
+    async def revisions(self, request: Request) -> Response:
+        _, access = await self._caller(request)
+        entry_id = request.path_params["id"]
+        shard = await self._entry_shard(entry_id)
+        return json({"revisions": await call(shard.ws_revisions, access, entry_id)})
+
+    async def export(self, request: Request) -> Response:
+        _, access = await self._caller(request)
+        entries, names = await self._collect(access, request, status="active", search=False)
+        bot_names = {k: v for k, v in names.items() if ":" not in k}
+        for contributor in {e.contributor for e in entries} - set(bot_names):
+            with contextlib.suppress(NotFound):  # a contributor bot removed since
+                bot_names[contributor] = (await self.auth.bot(contributor)).name
+        pool_names = {k: v for k, v in names.items() if ":" in k}
+        text = render(entries, account=access.account, pool_names=pool_names, bot_names=bot_names)
+        return Response(text, media_type="text/markdown; charset=utf-8")

@@ -1,0 +1,109 @@
+"""Workspace storage across a restart (issue 5; DESIGN §7): ShardService and DirectoryService
+driven directly (no Ray), on real DuckDB files. Projects, records, revisions, barriers, receipts
+and the project → owner index come back; content is sealed at rest."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from actors.directory import DirectoryService
+from actors.shard import ShardService
+from actors.workspace import WsAccess, WsQuery
+from engine.errors import Conflict
+from engine.memory import Scope
+from engine.projects import ProjectChange, ProjectCreate
+from engine.scoped_memory import WsForget, WsMemoryChange, WsMemoryCreate
+
+SECRET = "quokka-marker-5531"
+
+
+@pytest.fixture(autouse=True)
+def _no_env_key(monkeypatch) -> None:
+    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
+
+
+def _open(data: Path) -> ShardService:
+    svc = ShardService(data, 0)
+    svc.directory_service = DirectoryService(data)  # what Peers uses without Ray
+    return svc
+
+
+async def _close(svc: ShardService) -> None:
+    await svc.close()
+    svc.directory_service.store.db.close()
+
+
+def test_workspace_survives_a_restart(tmp_path: Path):
+    async def first():
+        svc = _open(tmp_path)
+        d = svc.directory_service
+        org = await d.create_org("Acme", "o_1")
+        await d.create_user("Ann", [org.id], "u_ann")
+        await d.create_user("Ben", [org.id], "u_ben")
+        ann = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
+        p = await svc.ws_save_project(
+            "u_ann",
+            org.id,
+            ProjectCreate(requestId="p1", name="Launch", members=["u_ben"]),
+            "p_launch",
+        )
+        changed = await svc.ws_save_project(
+            "u_ann",
+            org.id,
+            ProjectChange(requestId="p2", id=p.id, expectedRevision=1, name="Launch v2"),
+            p.id,
+        )
+        assert changed.revision == 2
+        create = WsMemoryCreate(
+            requestId="m1", scope=Scope.PROJECT, bot="b_1", project=p.id, content=SECRET
+        )
+        fact = await svc.ws_create_memory(ann, create)
+        note = await svc.ws_create_memory(
+            ann, WsMemoryCreate(requestId="m2", scope=Scope.USER, bot="b_1", content="Tea.")
+        )
+        await svc.ws_change_memory(
+            ann, WsMemoryChange(requestId="m3", id=note.id, expectedRevision=1, content="Coffee.")
+        )
+        await svc.ws_change_memory(ann, WsForget(requestId="m4", id=note.id, expectedRevision=2))
+        await _close(svc)
+        return fact, create
+
+    fact, create = asyncio.run(first())
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("*.duckdb*"))
+    assert SECRET.encode() not in raw and b"Coffee." not in raw  # sealed at rest
+
+    async def second():
+        svc = _open(tmp_path)
+        ann = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
+        ben = WsAccess(account="u_ben", bots=frozenset())
+        assert await svc.directory_service.project_owner("p_launch") == "u_ann"
+        (project,) = await svc.ws_projects("u_ben")
+        assert (project.name, project.revision) == ("Launch v2", 2)
+        listing = await svc.ws_entries(ben, WsQuery(projects=None))
+        assert [e.content for e in listing.entries] == [SECRET]
+        # The same request again: the first answer, nothing new.
+        assert await svc.ws_create_memory(ann, create) == fact
+        assert len((await svc.ws_entries(ann, WsQuery(projects=None))).entries) == 1
+        with pytest.raises(Conflict):
+            await svc.ws_create_memory(
+                ann,
+                WsMemoryCreate(requestId="m1", scope=Scope.USER, bot="b_1", content="other"),
+            )
+        user = WsQuery(pools=("user:u_ann",), status="all")
+        (note,) = (await svc.ws_entries(ann, user)).entries
+        assert (note.status, note.revision, note.content) == ("forgotten", 3, "Coffee.")
+        revs = await svc.ws_revisions(ann, note.id)
+        assert [(r.change, r.before, r.after) for r in revs] == [
+            ("created", None, "Tea."),
+            ("edited", "Tea.", "Coffee."),
+            ("forgotten", "Coffee.", None),
+        ]
+        barriers = await svc.ws_barriers("user:u_ann")
+        assert [b.reason for b in barriers] == ["revised", "forgotten"]
+        assert (await svc.ws_blocked("user:u_ann", "coffee")).reason == "forgotten"
+        await _close(svc)
+
+    asyncio.run(second())

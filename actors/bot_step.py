@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from actors.models import ModelError
+from actors.workspace import WsAccess, WsQuery
 from engine.directory import Bot, Chat, Org, bot_pool
 from engine.errors import OpenBotError
 from engine.memory import Reader
 from engine.models import Message, ToolCall
+from engine.prompt_budget import ScopedEntry, pack
 from engine.self_rules import Editor, parse_update, rules_view
 from engine.turns import accept_rewrite, bot_system_prompt, bot_tools, enrichment_messages
 from engine.visibility import Visibility
@@ -33,6 +35,10 @@ if TYPE_CHECKING:
     from actors.shard import ShardService
 
 TOOL_ROUNDS = 4
+MEMORY_INSTRUCTIONS = (
+    "What you remember, by scope. Use it when it helps; what is not here may be found with "
+    "workspace_memory_search."
+)
 ENRICH_CONTEXT = 8_000
 SEARCH_HITS = 10
 _enc = msgspec.json.Encoder()
@@ -114,7 +120,8 @@ class BotStepper:
                 error="the bot has no model",
                 note="This bot has no model configured.",
             )
-        messages = [Message(role="system", content=bot_system_prompt(bot)), *step.history]
+        memory = await self._packed_memory(step)
+        messages = [Message(role="system", content=bot_system_prompt(bot, memory)), *step.history]
         messages.append(Message(role="user", content=text))  # ENR-3: the model sees the rewrite
         messages.extend(step.after)
         tools = bot_tools(review=step.chat.kind == "review")
@@ -160,6 +167,54 @@ class BotStepper:
         if isolation is None:
             return True
         return (await isolation())[0]
+
+    async def _scopes(self, step: StepInput, q: str | None = None) -> list[tuple[int, WsQuery]]:
+        """Where the step's workspace memory lives: the bot's scope here; in a person's direct
+        chat also the person's own scope and the chat's project (membership is checked where
+        the project lives)."""
+        peers = self.shard.peers
+        wanted = [(self.shard.index, WsQuery(pools=(f"bot:{step.bot.id}",), projects=(), q=q))]
+        if step.chat.kind in ("direct", "review"):
+            user_pool = WsQuery(pools=(f"user:{step.operator}",), projects=(), q=q)
+            wanted.append((peers.index_of(step.operator), user_pool))
+            if step.chat.project:
+                owner = await peers.directory("project_owner", step.chat.project)
+                if owner is not None:
+                    project = WsQuery(projects=(step.chat.project,), q=q)
+                    wanted.append((peers.index_of(owner), project))
+        return wanted
+
+    async def _packed_memory(self, step: StepInput) -> str:
+        """SC-5: the bot's, the person's and the chat's project memory in one 16,000-character
+        budget. A group or a delivery between bots sees only the bot's own scope: a person's
+        memory is theirs, not the room's. Nothing on a node that does not isolate (ND-2)."""
+        if not await self.memory_allowed(step.bot):
+            return ""
+        access = WsAccess(account=step.operator, bots=frozenset({step.bot.id}))
+        peers = self.shard.peers
+        wanted = await self._scopes(step)
+        scoped: list[ScopedEntry] = []
+        for index, query in wanted:
+            try:
+                listing = await peers.shard_call(index, "ws_entries", access, query)
+            except OpenBotError:  # a scope that cannot be read now is left out, not guessed
+                continue
+            scoped.extend(
+                ScopedEntry(
+                    id=e.id,
+                    scope=str(e.scope),
+                    tier=str(e.tier),
+                    content=e.content,
+                    updated_at=e.updatedAt,
+                    source=e.pool
+                    if e.pool == f"bot:{e.contributor}"
+                    else f"{e.pool} · {e.contributor}",
+                )
+                for e in listing.entries
+            )
+        if not scoped:
+            return ""
+        return pack(scoped, instructions=MEMORY_INSTRUCTIONS).text
 
     async def _enrich(self, step: StepInput, log: ChatLog, sink: Sink, settings) -> str:
         """ENR-1 … ENR-4: the memory bot may rewrite the input from entries this reader may see."""
@@ -292,7 +347,17 @@ class BotStepper:
                     hits.append({"id": entry_id, "content": content})
                     if len(hits) >= SEARCH_HITS:
                         break
-        return _enc.encode({"entries": hits}).decode()
+        # The workspace scopes too: what did not fit the prompt is found here (SC-5).
+        access = WsAccess(account=step.operator, bots=frozenset({step.bot.id}))
+        for index, ws_query in await self._scopes(step, q=query):
+            if len(hits) >= SEARCH_HITS:
+                break
+            try:
+                listing = await self.shard.peers.shard_call(index, "ws_entries", access, ws_query)
+            except OpenBotError:
+                continue
+            hits.extend({"id": e.id, "content": e.content} for e in listing.entries)
+        return _enc.encode({"entries": hits[:SEARCH_HITS]}).decode()
 
 
 def _args(call: ToolCall) -> dict:

@@ -189,10 +189,22 @@ class _Rule(msgspec.Struct, frozen=True, kw_only=True):
     tool_calls: list[dict] = []
 
 
+class _BotScript(msgspec.Struct, frozen=True, kw_only=True):
+    """Rules for one bot, found by the name its system prompt starts with ("You are Ada.")."""
+
+    rules: list[_Rule] = []
+    default: str | None = None
+    after_tool: str | None = None
+
+
 class _Script(msgspec.Struct, frozen=True, kw_only=True):
     rules: list[_Rule] = []
     default: str = "OK."
     after_tool: str = "Done."  # the answer once tool results came back (ends a tool loop)
+    bots: dict[str, _BotScript] = {}
+
+
+_SPEAKER = re.compile(r"You are (.+?)\.(?:\n|$)")
 
 
 _ZERO = Usage(input_tokens=0, output_tokens=0)
@@ -206,7 +218,11 @@ class ScriptedModel:
         self.name = name
         self.price = Price()
         self.script = script
-        self._patterns = [re.compile(r.match) for r in script.rules]
+        # Compiled up front, so a bad expression is a configuration error at start.
+        self._patterns = {
+            r.match: re.compile(r.match)
+            for r in [*script.rules, *(x for b in script.bots.values() for x in b.rules)]
+        }
         self.calls = 0
 
     @classmethod
@@ -214,18 +230,24 @@ class ScriptedModel:
         try:
             data = tomllib.loads(Path(path).read_text())
             return cls(name, msgspec.convert(data, _Script))
-        except (OSError, tomllib.TOMLDecodeError, msgspec.ValidationError) as e:
+        except (OSError, tomllib.TOMLDecodeError, msgspec.ValidationError, re.error) as e:
             raise InvalidInput(f"script for model {name}: {e}", code="bad_config") from e
 
     async def complete(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *, timeout: float = 60.0
     ) -> Completion:
         self.calls += 1
+        speaker = None
+        if messages and messages[0].role == "system":
+            found = _SPEAKER.match(messages[0].content or "")
+            speaker = self.script.bots.get(found.group(1)) if found else None
         if messages and messages[-1].role == "tool":
-            return Completion(text=self.script.after_tool, usage=_ZERO, model=self.name)
+            text = (speaker.after_tool if speaker else None) or self.script.after_tool
+            return Completion(text=text, usage=_ZERO, model=self.name)
         last = next((m.content or "" for m in reversed(messages) if m.role == "user"), "")
-        for rule, pattern in zip(self.script.rules, self._patterns, strict=True):
-            if pattern.search(last):
+        rules = [*(speaker.rules if speaker else ()), *self.script.rules]
+        for rule in rules:
+            if self._pattern(rule.match).search(last):
                 calls = tuple(
                     ToolCall(
                         id=f"call_{k}",
@@ -242,9 +264,14 @@ class ScriptedModel:
                     usage=Usage(input_tokens=0, output_tokens=0),
                     model=self.name,
                 )
-        return Completion(
-            text=self.script.default, usage=Usage(input_tokens=0, output_tokens=0), model=self.name
-        )
+        text = (speaker.default if speaker else None) or self.script.default
+        return Completion(text=text, usage=_ZERO, model=self.name)
+
+    def _pattern(self, source: str) -> re.Pattern[str]:
+        pattern = self._patterns.get(source)
+        if pattern is None:
+            pattern = self._patterns[source] = re.compile(source)
+        return pattern
 
 
 # --- configuration -------------------------------------------------------------------------------

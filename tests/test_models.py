@@ -117,3 +117,39 @@ def test_bad_model_config_is_a_clear_error(tmp_path):
     ):
         with pytest.raises(InvalidInput):
             load_models({"m": spec}, base_dir=tmp_path)
+
+
+def test_scripted_rules_per_bot_come_before_the_shared_ones(tmp_path):
+    import asyncio
+
+    from actors.models import ScriptedModel
+    from engine.models import Message
+
+    script = tmp_path / "s.toml"
+    script.write_text(
+        'default = "shared default"\n'
+        '[[rules]]\nmatch = "hello"\ntext = "shared hello"\n'
+        '[[bots.Ada.rules]]\nmatch = "hello"\ntext = "Ada says hello"\n'
+        '[bots.Bo]\ndefault = "Bo default"\n'
+    )
+    model = ScriptedModel.from_file("s", script)
+
+    def ask(name: str, text: str) -> str | None:
+        messages = [
+            Message(role="system", content=f"You are {name}.\nBe brief."),
+            Message(role="user", content=text),
+        ]
+        return asyncio.run(model.complete(messages)).text
+
+    assert ask("Ada", "hello there") == "Ada says hello"
+    assert ask("Bo", "hello there") == "shared hello"
+    assert ask("Bo", "nothing") == "Bo default"
+    assert ask("Cy", "nothing") == "shared default"
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[bots.Ada.rules]]\nmatch = "("\n')
+    import pytest
+
+    from engine.errors import InvalidInput
+
+    with pytest.raises(InvalidInput):
+        ScriptedModel.from_file("bad", bad)

@@ -69,6 +69,7 @@ class LearningRunner:
         self.step_limit = LEARNING_STEP_LIMIT
         self.retry_delay = RETRY_DELAY
         self._waiting: dict[str, list[LearningJob]] = {}
+        self._recovered: set[str] = set()  # jobs found open at start: their step may be recorded
 
     async def schedule(self, job: LearningJob) -> None:
         """Store a job and run it (callers that commit the job row themselves use `start`)."""
@@ -86,6 +87,7 @@ class LearningRunner:
         """Run every job that was open when the shard stopped."""
         jobs = await self.store.open_jobs()
         for job in jobs:
+            self._recovered.add(job.id)
             self._spawn(job)
         return len(jobs)
 
@@ -224,7 +226,10 @@ class LearningRunner:
             return
         pool = await self.shard._pool(job.pool)
         settings = pool.stored.settings
-        recorded = await self.store.model_call(pool.stored, job.id, 1)
+        # A step is recorded only by an attempt that reached the model; a job's first attempt in
+        # the process that created it has none to find (saves a read per turn).
+        fresh = job.attempts == 1 and job.id not in self._recovered
+        recorded = None if fresh else await self.store.model_call(pool.stored, job.id, 1)
         if recorded is not None and recorded.response is not None:
             completion = _completion_dec.decode(recorded.response)  # LRN-4: reuse, never re-call
         else:

@@ -34,6 +34,9 @@ class Database:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="duckdb")
         self._con: duckdb.DuckDBPyConnection | None = None
+        # Called on the database thread before every read: the group committer's journal is
+        # applied to the tables first, so a read always sees every committed write.
+        self.before_read: Callable[[duckdb.DuckDBPyConnection], None] | None = None
         self.call(self._open, migrations)
 
     def _open(self, migrations: Sequence[str]) -> None:
@@ -73,12 +76,19 @@ class Database:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._guarded, fn)
 
+    async def run_write(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        """`run` for the group committer's own writes (no journal catch-up first)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._guarded, fn, False)
+
     def run_sync(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
         return self._executor.submit(self._guarded, fn).result()
 
-    def _guarded(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+    def _guarded(self, fn: Callable[[duckdb.DuckDBPyConnection], T], read: bool = True) -> T:
         assert self._con is not None
         try:
+            if read and self.before_read is not None:
+                self.before_read(self._con)
             return fn(self._con)
         except duckdb.Error as e:
             raise _convert(e, "database error") from e

@@ -195,6 +195,61 @@ def test_a_bad_batch_fails_only_its_own_future(tmp_path: Path, bad) -> None:
     asyncio.run(main())
 
 
+def test_journaled_writes_are_read_at_once_and_survive_a_crash(tmp_path: Path) -> None:
+    """A commit is one journal row; reads apply the journal first; a crash (the files copied
+    as they are, never closed) loses nothing: the copy applies its journal when opened."""
+    import shutil
+
+    from storage.group_commit import JOURNAL
+
+    path = tmp_path / "j.duckdb"
+
+    async def write() -> GroupCommitter:
+        db = Database(path, [KV_SQL])
+        gc = GroupCommitter(db, [KV], checkpoint_rows=10_000, checkpoint_idle=3600)
+        for i in range(5):
+            await gc.submit([Put("kv", (f"k{i}", "g", i)), Delete("kv", "k0")])
+        await gc.submit([DeleteWhere("kv", "grp", ("nothing",))])
+        assert gc.checkpoints == 0 and gc.transactions == 6
+        for f in tmp_path.iterdir():  # the crash: what is on disk now, the writer still open
+            shutil.copy(f, tmp_path.parent / ("crashed-" + f.name))
+        assert _rows(db) == {f"k{i}": ("g", i) for i in range(1, 5)}  # a read catches up
+        assert gc.checkpoints == 1
+        await gc.close()
+        db.close()
+        return gc
+
+    asyncio.run(write())
+    copy = Database(tmp_path.parent / "crashed-j.duckdb", [KV_SQL])
+    GroupCommitter(copy, [KV])  # opening applies the journal the crash left
+    assert copy.query(f"SELECT count(*) FROM {JOURNAL}") == [(0,)]
+    assert _rows(copy) == {f"k{i}": ("g", i) for i in range(1, 5)}
+    copy.close()
+
+
+def test_the_journal_is_applied_after_enough_rows_and_when_idle(tmp_path: Path) -> None:
+    from storage.group_commit import JOURNAL
+
+    async def main() -> None:
+        db = Database(tmp_path / "k.duckdb", [KV_SQL])
+        gc = GroupCommitter(db, [KV], checkpoint_rows=3, checkpoint_idle=0.05)
+        for i in range(3):
+            await gc.submit([Put("kv", (f"k{i}", "g", i))])
+        assert gc.checkpoints == 1  # the third row reached checkpoint_rows
+        await gc.submit([Put("kv", ("late", "g", 9))])
+        for _ in range(100):
+            if gc.checkpoints == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert gc.checkpoints == 2  # applied once writes went quiet
+        raw = db._con.execute(f"SELECT count(*) FROM {JOURNAL}").fetchall()  # no catch-up
+        assert raw == [(0,)]
+        await gc.close()
+        db.close()
+
+    asyncio.run(main())
+
+
 # --------------------------------------------------------------------------- crypto
 
 

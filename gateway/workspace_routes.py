@@ -8,7 +8,7 @@ from starlette.responses import Response
 
 from actors.runtime import Engine, call
 from engine.directory import chat_home, require_use
-from engine.errors import Conflict, Forbidden, NotFound
+from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unprocessable
 from engine.self_rules import Editor, parse_update, rules_view
 from gateway import wire
 from gateway.auth import Auth
@@ -80,6 +80,11 @@ class WorkspaceApi:
             raise Forbidden("you are not a member of this group", code="not_member")
         body = wire.decode(await read_body(request), wire.GroupMode)
         directory = self.engine.directory
+        channel = await call(directory.get_channel, channel_id)
+        if body.mode not in ("discussion", "delivery"):
+            raise InvalidInput("mode must be discussion or delivery", code="invalid_mode")
+        if body.mode == "delivery" and body.leader not in channel.bots:
+            raise Unprocessable("a delivery group needs a leader among its bots", code="no_leader")
         chat = await call(directory.group_chat, channel_id)
         home = self.engine.shard_for(chat_home(chat))
         if await call(home.chat_busy, chat.id):

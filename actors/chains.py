@@ -117,10 +117,15 @@ class ChainRunner:
             ]
             if not open_:
                 continue
-            org = await self.shard.peers.directory("get_org", chain.org)
+            try:
+                org = await self.shard.peers.directory("get_org", chain.org)
+            except OpenBotError as e:  # one chain that cannot resume does not hold the others
+                log.warning("chain %s not resumed: %s", chain.id, e.message)
+                continue
             for link in open_:
                 self._spawn(self._deliver(chain.id, link.id, org))
                 resumed += 1
+        log.info("resumed %d deliveries", resumed)
         return resumed
 
     def _audience(self, chain: Chain) -> Audience:
@@ -337,9 +342,22 @@ class ChainRunner:
             )
             self._texts.setdefault(chain_id, {}).setdefault(link_id, {})["result"] = text
             await self._save(chain)
-        if decision.action != "deliver":
-            return  # suppressed, or late after a stop: recorded, starts nothing (CO-1)
         link = rules.find_link(chain, link_id)
+        if decision.action != "deliver":
+            # Suppressed, or late after a stop or cap: recorded, starts nothing (CO-1). A peer
+            # that answered while waiting for this one gets its answer recorded the same way.
+            parent = rules.find_link(chain, link.parent) if link.parent else None
+            pending = (
+                self._texts.get(chain_id, {}).get(parent.id, {}).get("pending") if parent else None
+            )
+            if (
+                parent is not None
+                and parent.status == "sent"
+                and pending is not None
+                and not any(c.parent == parent.id and c.status == "sent" for c in chain.links)
+            ):
+                await self._result(chain_id, parent.id, pending, org)
+            return
         parent = rules.find_link(chain, link.parent) if link.parent else None
         target_id = parent.agent_chat if parent else chain.root_chat
         waker = await peers.directory("get_bot", parent.to_bot if parent else chain.root_bot)

@@ -166,23 +166,50 @@ class Conversations:
         await self.commit(chat.id, sink)
         return item
 
-    def history(self, log: ChatLog, before: int, me: str | None = None) -> tuple[Message, ...]:
-        """What a bot sees of the chat before item `before`: its own words as the assistant's,
-        everyone else's as user messages (named in a group, so speakers stay apart)."""
+    def prior(self, log: ChatLog, before: int) -> list[tuple[str, str, str]]:
+        """(kind, author, text) of the conversation before item `before`, decrypted once."""
+        return [
+            (i.kind, i.author, self.store.text(log, i.seq))
+            for i in [i for i in log.items if i.seq < before][-HISTORY_ITEMS:]
+            if i.kind in ("person", "bot", "delivery")
+        ]
+
+    @staticmethod
+    def as_messages(
+        prior: list[tuple[str, str, str]], me: str | None = None
+    ) -> tuple[Message, ...]:
+        """What a bot sees of the chat: its own words as the assistant's, everyone else's as
+        user messages (named in a group, so speakers stay apart)."""
         out = []
-        for i in [i for i in log.items if i.seq < before][-HISTORY_ITEMS:]:
-            if i.kind not in ("person", "bot", "delivery"):
-                continue
-            text = self.store.text(log, i.seq)
-            if (i.kind == "bot" and i.author == me) or (me is None and i.kind == "bot"):
+        for kind, author, text in prior:
+            if (kind == "bot" and author == me) or (me is None and kind == "bot"):
                 out.append(Message(role="assistant", content=text))
-            elif me is None and i.kind == "person":
+            elif me is None and kind == "person":
                 out.append(Message(role="user", content=text))
-            elif i.kind == "delivery":
-                out.append(Message(role="user", content=f"[delivery from {i.author}] {text}"))
+            elif kind == "delivery":
+                out.append(Message(role="user", content=f"[delivery from {author}] {text}"))
             else:
-                out.append(Message(role="user", content=f"{i.author}: {text}"))
+                out.append(Message(role="user", content=f"{author}: {text}"))
         return tuple(out)
+
+    def history(self, log: ChatLog, before: int, me: str | None = None) -> tuple[Message, ...]:
+        return self.as_messages(self.prior(log, before), me)
+
+    def commit_soon(self, chat: str, log: ChatLog, sink: Sink):
+        """Queue a sink without waiting: the next step goes on while it commits (group commit
+        keeps the order); its items are listed once durable. Returns the commit's future."""
+        last = log.items[-1].seq if log.items else 0
+
+        def durable(f) -> None:
+            if not f.cancelled() and f.exception() is None:
+                log.committed = max(log.committed, last)
+
+        fut = self.shard._submit(
+            None, sink.writes, sink.events, on_failure=lambda: self._forget_log(chat)
+        )
+        if fut is not None:
+            fut.add_done_callback(durable)
+        return fut
 
     # --- turns ---
 

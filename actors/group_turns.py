@@ -9,6 +9,7 @@ recorded for that round as a notification and the others go on.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,7 @@ from storage.chat_store import Item, Turn
 if TYPE_CHECKING:
     from actors.conversations import Conversations, TurnStart
 
-log = logging.getLogger("openbot.group")
+logger = logging.getLogger("openbot.group")
 
 
 class GroupTurns:
@@ -50,21 +51,19 @@ class GroupTurns:
         spoke = failed = 0
         effects = []
         confided: set[str] = set()
+        said: list[tuple[str, str]] = []  # this turn's replies so far: (bot, text)
+        pending: list = []  # item commits still on their way to disk
         async with conv.lock(chat.id):
             try:
+                prior = conv.prior(log, person.seq)
                 for r in range(plan.rounds):
                     for bot_id in plan.order(r):
                         bot = members[bot_id]
-                        said = [i for i in log.items if i.turn == turn.id and i.seq > person.seq]
-                        after = tuple(
-                            Message(
-                                role="assistant" if i.author == bot.id else "user",
-                                content=conv.store.text(log, i.seq)
-                                if i.author == bot.id
-                                else f"{i.author}: {conv.store.text(log, i.seq)}",
-                            )
-                            for i in said
-                            if i.kind == "bot"
+                        earlier = tuple(
+                            Message(role="assistant", content=text)
+                            if author == bot.id
+                            else Message(role="user", content=f"{author}: {text}")
+                            for author, text in said
                         )
                         step = StepInput(
                             chat=chat,
@@ -74,8 +73,8 @@ class GroupTurns:
                             turn=turn.id,
                             text=start.text,
                             wake="person" if r == 0 else "round",
-                            history=conv.history(log, person.seq, me=bot.id),
-                            after=self._after(start, turn, plan, r, bot, after),
+                            history=conv.as_messages(prior, me=bot.id),
+                            after=self._after(start, turn, plan, r, bot, earlier),
                             channel=chat.channel,
                         )
                         outcome = await self._step(bot, step, mirror, person.seq)
@@ -84,21 +83,24 @@ class GroupTurns:
                             spoke += 1
                             item = conv.item(log, turn.id, "bot", bot.id)
                             conv.append(log, chat, [(item, outcome.reply)], sink)
+                            said.append((bot.id, outcome.reply))
                         else:
                             failed += 1
                             note = conv.item(log, turn.id, "notification", bot.id)
                             why = outcome.error or "no answer"
                             text = f"{bot.name} failed in round {r + 1}: {why}"
                             conv.append(log, chat, [(note, text)], sink)
-                        # Each item goes out as soon as it is said: clients watch the rounds.
-                        await conv.commit(chat.id, sink)
+                        # Each item goes out as soon as it is on disk: clients watch the rounds.
+                        # The next speaker does not wait for that commit (group commit merges).
+                        pending.append(conv.commit_soon(chat.id, log, sink))
                         effects.extend((bot, e) for e in outcome.effects)
                         if outcome.confided:
                             confided.add(bot.id)
+                await asyncio.gather(*[f for f in pending if f is not None])
                 status = "done" if spoke else "failed"
                 error = f"{failed} step(s) failed" if failed else None
             except Exception as e:  # the turn must always end
-                log.exception("group turn %s failed", turn.id)
+                logger.exception("group turn %s failed", turn.id)
                 status, error = "failed", f"internal error: {type(e).__name__}"
             done = msgspec.structs.replace(turn, status=status, error=error)
             await conv.commit(chat.id, Sink(writes=[conv.store.put_turn(log, done)]))
@@ -135,7 +137,9 @@ class GroupTurns:
                     sends,
                 )
             except OpenBotError as e:
-                log.warning("learning for %s in %s not scheduled: %s", bot_id, turn.id, e.message)
+                logger.warning(
+                    "learning for %s in %s not scheduled: %s", bot_id, turn.id, e.message
+                )
                 continue
             if job is not None and sends:
                 waiting.append((index, job))
@@ -160,5 +164,5 @@ class GroupTurns:
         except OpenBotError as e:  # the bot's shard is down: this member fails this round
             return StepOutcome(status="failed", error=e.message)
         except Exception as e:
-            log.exception("step of %s failed", bot.id)
+            logger.exception("step of %s failed", bot.id)
             return StepOutcome(status="failed", error=f"internal error: {type(e).__name__}")

@@ -5,12 +5,27 @@ dashboard, auth off for the embedded instance, logs under the data directory, ev
 `num_cpus=0` so that actors never wait for a CPU. With an address, it joins an existing cluster.
 
 All other code talks to actors through `Engine`, which names them and routes accounts to shards.
+
+On a cluster (README "Running on a cluster") the actors are detached, so that they outlive the
+gateway that happened to create them, and the shards are placed with Ray's scheduling options:
+`spread` (the default on a cluster) reserves one small bundle per shard in a SPREAD placement
+group, so Ray puts them one per node and, when a node dies, re-creates the lost bundles on the
+nodes that are left (the shard follows if its data directory is reachable there: a shared or
+re-attachable volume); `pinned` asks for a custom resource named like the actor
+(`openbot-shard-0`, ..., `openbot-directory`), so a store only ever runs on a node started with
+it (node-local disks: after a node failure the shard waits for that node to come back). Under
+`spread` the directory runs on the head node (Ray's `node:__internal_head__` resource): the one
+node whose loss stops the cluster anyway, since the GCS runs there. A restarted shard refuses to
+start where its DuckDB file is missing rather than serve an empty shard.
 """
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +35,198 @@ from actors.directory import DirectoryService
 from actors.peers import remote
 from actors.placement import shard_of
 from actors.shard import ShardService
-from engine.errors import InvalidInput
+from engine.errors import InvalidInput, StorageError, Unavailable
 
 NAMESPACE = "openbot"
-DirectoryActor = ray.remote(num_cpus=0, max_restarts=-1)(DirectoryService)
-ShardActor = ray.remote(num_cpus=0, max_restarts=-1)(ShardService)
+PLACEMENTS = ("auto", "spread", "pinned", "local")
+# What a shard reserves in the placement group: bundles cannot be empty, and this is small enough
+# never to matter (the actors themselves take num_cpus=0).
+SHARD_BUNDLE = {"CPU": 0.01}
+HEAD_RESOURCE = "node:__internal_head__"  # every Ray head node offers 1 of it
+LOCK_WAIT = 60.0  # seconds a restarted store waits for a dying process to let go of its file
+_joined = False  # this process joined an existing cluster (start_ray with an address)
 
 
-def start_ray(address: str | None = None, *, tmp_dir: str | None = None) -> None:
-    """Start a local Ray (address None) or join `address`; a no-op if already connected."""
+def _reconstructed() -> bool:
+    return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
+
+def _where() -> dict[str, Any]:
+    ctx = ray.get_runtime_context()
+    return {
+        "node": ctx.get_node_id(),
+        "ip": ray.util.get_node_ip_address(),
+        "pid": os.getpid(),
+        "restarted": _reconstructed(),
+    }
+
+
+def guard_store(
+    data_dir: Path, file: Path, *, restarted: bool, needs_key: bool, lock_wait: float = LOCK_WAIT
+) -> None:
+    """Checks before an actor opens its DuckDB file, so that a store never silently starts over
+    on a node where its data are not: a restarted actor whose file is missing (its data directory
+    is not reachable on this node), or a shard on a node without the master key (it would make a
+    key of its own), fails to start with the reason instead. Waits while another process (the
+    previous incarnation, still dying) holds the file's lock."""
+    from storage.crypto import KEY_FILE
+
+    where = ray.util.get_node_ip_address() if ray.is_initialized() else "this node"
+    if restarted and not file.exists():
+        raise StorageError(
+            f"{file} is missing on {where}: this store was restarted on a node where its data "
+            "directory is not reachable (put it on a volume that follows the actor, or use "
+            "placement 'pinned'); refusing to start empty",
+            code="data_dir_unreachable",
+        )
+    if (
+        needs_key
+        and not os.environ.get("OPENBOT_MASTER_KEY")
+        and not (data_dir / KEY_FILE).exists()
+    ):
+        raise StorageError(
+            f"no master key on {where} ({data_dir / KEY_FILE} is missing and OPENBOT_MASTER_KEY "
+            "is unset): share the data directory or give every node the key",
+            code="data_dir_unreachable",
+        )
+    if not file.exists():
+        return
+    deadline = time.monotonic() + lock_wait
+    while True:
+        # DuckDB holds an fcntl write lock on the whole file while it has it open for writing.
+        fd = os.open(file, os.O_RDWR)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return  # closing the descriptor below drops the probe's lock
+        except OSError:
+            if time.monotonic() > deadline:
+                raise StorageError(
+                    f"{file} is still locked by another process after {lock_wait:.0f} s",
+                    code="store_locked",
+                ) from None
+        finally:
+            os.close(fd)
+        time.sleep(0.2)
+
+
+class PlacedShardService(ShardService):
+    """The shard as Ray runs it: guarded start (see `guard_store`) and `where`."""
+
+    def __init__(self, data_dir: str | Path, index: int, **kwargs: Any) -> None:
+        file = Path(kwargs.get("db_path") or Path(data_dir) / f"shard-{index}.duckdb")
+        guard_store(Path(data_dir), file, restarted=_reconstructed(), needs_key=True)
+        super().__init__(data_dir, index, **kwargs)
+
+    def where(self) -> dict[str, Any]:
+        """The node and process this shard runs in (tests, benchmarks, the serve banner)."""
+        return _where() | {"shard": self.index}
+
+
+class PlacedDirectoryService(DirectoryService):
+    def __init__(self, data_dir: str | Path, **kwargs: Any) -> None:
+        file = Path(kwargs.get("db_path") or Path(data_dir) / "directory.duckdb")
+        guard_store(Path(data_dir), file, restarted=_reconstructed(), needs_key=False)
+        super().__init__(data_dir, **kwargs)
+
+    def where(self) -> dict[str, Any]:
+        return _where()
+
+
+DirectoryActor = ray.remote(num_cpus=0, max_restarts=-1)(PlacedDirectoryService)
+ShardActor = ray.remote(num_cpus=0, max_restarts=-1)(PlacedShardService)
+
+
+class _QuietPlacementWarning(logging.Filter):
+    """Ray warns that a restartable detached actor in a placement group dies with the group;
+    that is the intent here (the group lives as long as the shards)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "restartable detached actor with a placement group" not in record.getMessage()
+
+
+logging.getLogger("ray.actor").addFilter(_QuietPlacementWarning())
+
+
+def resolve_placement(placement: str) -> str:
+    """`auto`: `spread` when this process joined a cluster or Ray has more than one node, else
+    `local` (Ray's default scheduling, as on a laptop)."""
+    if placement not in PLACEMENTS:
+        raise InvalidInput(f"placement must be one of {', '.join(PLACEMENTS)}", code="placement")
+    if placement != "auto":
+        return placement
+    multi = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
+    return "spread" if _joined or multi else "local"
+
+
+def actor_options(placement: str, name: str, group: Any = None, bundle: int = 0) -> dict:
+    """Ray scheduling options for the actor `name` (a shard or the directory) under a placement
+    mode; `group` is the shards' placement group (spread)."""
+    if placement == "pinned":
+        return {"resources": {name: 0.001}}
+    if placement == "head":
+        return {"resources": {HEAD_RESOURCE: 0.001}}
+    if placement == "spread" and group is not None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=bundle
+            )
+        }
+    return {}
+
+
+def _actor_exists(name: str) -> bool:
+    try:
+        ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def _shard_group(prefix: str, shards: int, lifetime: str | None, timeout: float) -> Any:
+    """The shards' SPREAD placement group, found by name or created, and ready."""
+    from ray.util import get_placement_group, placement_group
+
+    name = f"{prefix}-shards"
+    try:
+        group = get_placement_group(name)
+    except ValueError:
+        bundles = [dict(SHARD_BUNDLE) for _ in range(shards)]
+        group = placement_group(bundles, strategy="SPREAD", name=name, lifetime=lifetime)
+    try:
+        ray.get(group.ready(), timeout=timeout)
+    except ray.exceptions.GetTimeoutError as e:
+        raise Unavailable(
+            f"cannot place {shards} shard bundles of {SHARD_BUNDLE} in {timeout:.0f} s: "
+            "the cluster has no node with that much free CPU",
+            code="placement",
+        ) from e
+    return group
+
+
+def _check_shard_files(data_dir: Path, shards: int) -> None:
+    """Accounts map to shards by crc32 mod the shard count, so a data directory keeps the count
+    it was made with: shard files beyond `shards` mean it was made with more."""
+    extra = sorted(
+        p.name
+        for p in data_dir.glob("shard-*.duckdb")
+        if p.stem.removeprefix("shard-").isdigit() and int(p.stem.removeprefix("shard-")) >= shards
+    )
+    if extra:
+        raise InvalidInput(
+            f"{data_dir} holds {', '.join(extra)}: it was made with more than {shards} shards "
+            "(the shard count is fixed for a data directory)",
+            code="shard_count",
+        )
+
+
+def start_ray(
+    address: str | None = None, *, tmp_dir: str | None = None, runtime_env: dict | None = None
+) -> None:
+    """Start a local Ray (address None) or join `address`; a no-op if already connected.
+    `runtime_env` (joining only) applies to every actor this process creates."""
+    global _joined
     if ray.is_initialized():
         return
     if address is None:
@@ -46,7 +244,74 @@ def start_ray(address: str | None = None, *, tmp_dir: str | None = None) -> None
             configure_logging=True,
         )
     else:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING")
+        ray.init(
+            address=address,
+            namespace=NAMESPACE,
+            log_to_driver=False,
+            logging_level="WARNING",
+            runtime_env=runtime_env,
+        )
+        _joined = True
+
+
+def start_local_cluster(
+    nodes: int,
+    *,
+    tmp_dir: str,
+    cpus_per_node: float = 1,
+    object_store_mb: int = 80,
+    node_resources: list[dict[str, float]] | None = None,
+    fast_failure_detection: bool = True,
+) -> Any:
+    """A simulated multi-node Ray cluster on this machine (`ray.cluster_utils.Cluster`), bound to
+    loopback, for tests and benchmarks; `start_ray(cluster.address)` then joins it. The nodes
+    share this machine's cores, memory and filesystem. With `fast_failure_detection` the head
+    declares a silent node dead after ~1.5 s instead of Ray's default ~30 s (health checks every
+    0.5 s, 3 misses): the same knobs a real cluster has (RAY_health_check_* on the head)."""
+    from ray.cluster_utils import Cluster
+
+    # Ray writes the cluster's address under $RAY_TMPDIR/ray; keep it out of the shared /tmp/ray.
+    os.environ["RAY_TMPDIR"] = tmp_dir
+    Path(tmp_dir, "ray").mkdir(parents=True, exist_ok=True)
+    extra = node_resources or [{} for _ in range(nodes)]
+    common = {
+        "num_cpus": cpus_per_node,
+        "object_store_memory": object_store_mb * 1024 * 1024,
+        "node_ip_address": "127.0.0.1",
+    }
+    head = common | {"include_dashboard": False, "temp_dir": tmp_dir, "resources": extra[0]}
+    if fast_failure_detection:
+        head["_system_config"] = {
+            "health_check_initial_delay_ms": 0,
+            "health_check_period_ms": 500,
+            "health_check_timeout_ms": 500,
+            "health_check_failure_threshold": 3,
+        }
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    for k in range(1, nodes):
+        cluster.add_node(**common, resources=extra[k])
+    cluster.wait_for_nodes()
+    return cluster
+
+
+def wait_for_cluster(nodes: int, timeout: float = 60.0) -> None:
+    """Until `nodes` nodes are alive and the scheduler sees all their CPUs free: a node that
+    has just joined is alive before its resources reach the scheduler, and a placement group
+    made in between would leave it out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        cpus = sum(n.get("Resources", {}).get("CPU", 0.0) for n in alive)
+        free = ray.available_resources().get("CPU", 0.0)
+        if len(alive) >= nodes and free >= cpus - 1e-6:
+            return
+        if time.monotonic() > deadline:
+            raise Unavailable(
+                f"{len(alive)} of {nodes} nodes alive, {free} of {cpus} CPUs seen after "
+                f"{timeout:.0f} s",
+                code="cluster_not_ready",
+            )
+        time.sleep(0.1)
 
 
 class Engine:
@@ -81,30 +346,82 @@ class Engine:
         event_retain: int = 100_000,
         models_config: dict | None = None,
         config_dir: str | None = None,
+        search_config: dict | None = None,  # the config's [search] table (SC-7)
+        placement: str = "auto",
+        detached: bool | None = None,
+        placement_timeout: float = 60.0,
     ) -> Engine:
+        """Create the actors, or find them by name when another gateway already did.
+
+        `placement` (see the module's docstring): `auto`, `spread`, `pinned` or `local`.
+        `detached` (default: when this process joined a cluster) lets the actors outlive this
+        process; then only `stop` ends them."""
+        if shards < 1:
+            raise InvalidInput("shards must be at least 1", code="shard_count")
         data_dir = str(Path(data_dir).resolve())
         Path(data_dir).mkdir(parents=True, exist_ok=True)
+        _check_shard_files(Path(data_dir), shards)
         from storage.crypto import load_master_key
 
         load_master_key(Path(data_dir))  # created once here, before actors race for it
-        directory = DirectoryActor.options(name=f"{prefix}-directory", get_if_exists=True).remote(
-            data_dir
-        )
+        mode = resolve_placement(placement)
+        lifetime = "detached" if (_joined if detached is None else detached) else None
+        names = [f"{prefix}-shard-{k}" for k in range(shards)]
+        group = None
+        if mode == "spread" and not all(_actor_exists(n) for n in names):
+            group = _shard_group(prefix, shards, lifetime, placement_timeout)
+        if mode == "pinned":
+            offered = ray.cluster_resources()
+            missing = [n for n in [f"{prefix}-directory", *names] if n not in offered]
+            if missing and not all(_actor_exists(n) for n in missing):
+                raise Unavailable(
+                    f"placement 'pinned' needs nodes started with the resources {missing} "
+                    "(ray start --resources='{\"" + missing[0] + "\": 1}')",
+                    code="placement",
+                )
+        directory_name = f"{prefix}-directory"
+        directory = DirectoryActor.options(
+            name=directory_name,
+            get_if_exists=True,
+            lifetime=lifetime,
+            # On the head under `spread`: its failure is the cluster's anyway (the GCS is there).
+            **actor_options(
+                {"pinned": "pinned", "spread": "head"}.get(mode, "local"), directory_name
+            ),
+        ).remote(data_dir)
         handles = [
-            ShardActor.options(name=f"{prefix}-shard-{k}", get_if_exists=True).remote(
+            ShardActor.options(
+                name=names[k],
+                get_if_exists=True,
+                lifetime=lifetime,
+                **actor_options(mode, names[k], group, k % max(1, _bundles(group))),
+            ).remote(
                 data_dir,
                 k,
                 group_commit=group_commit,
                 event_retain=event_retain,
                 models_config=models_config or {},
                 config_dir=config_dir,
+                search=search_config or {},
                 prefix=prefix,
                 shard_count=shards,
             )
             for k in range(shards)
         ]
         ray.get([directory.ping.remote(), *[h.ping.remote() for h in handles]])
-        return cls(directory, handles, Path(data_dir), prefix)
+        engine = cls(directory, handles, Path(data_dir), prefix)
+        engine.placement = mode
+        engine.placement_group = group
+        return engine
+
+    placement: str = "local"
+    placement_group: Any = None
+
+    def where(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Where the actors run: {"directory": {...}, "shards": [{shard, node, ip, pid, ...}]}."""
+        refs = [self.directory.where.remote(), *[s.where.remote() for s in self.shards]]
+        directory, *shards = ray.get(refs, timeout=timeout)
+        return {"placement": self.placement, "directory": directory, "shards": shards}
 
     async def backup(self, dest_dir: str | Path) -> list[str]:
         """A consistent snapshot of every store into `dest_dir` (which must not exist yet),
@@ -134,6 +451,21 @@ class Engine:
         finally:
             for h in [*self.shards, self.directory]:
                 ray.kill(h, no_restart=True)
+            if self.placement == "spread":  # the group lives as long as the shards
+                from ray.util import get_placement_group, remove_placement_group
+
+                group = self.placement_group
+                if group is None:
+                    try:
+                        group = get_placement_group(f"{self.prefix}-shards")
+                    except ValueError:
+                        group = None
+                if group is not None:
+                    remove_placement_group(group)
+
+
+def _bundles(group: Any) -> int:
+    return len(group.bundle_specs) if group is not None else 1
 
 
 async def call(method: Any, *args: Any, **kwargs: Any) -> Any:

@@ -23,12 +23,14 @@ import msgspec
 from actors.bot_step import StepInput, StepOutcome
 from actors.chains import ChainView
 from actors.conversations import Conversations, Mirrored, TurnResult, TurnStart
+from actors.embeddings import Embedder
 from actors.learning_runs import LearningRunner
 from actors.memory_bot import MemoryBotRuntime
 from actors.models import Model, load_models
 from actors.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeInfo, NodeModel
 from actors.peers import Peers
 from actors.pool import Pool
+from actors.semantic import semantic_search
 from actors.workspace import RevisionView, Workspace, WsAccess, WsListing, WsQuery
 from engine import commands
 from engine.commands import Outcome
@@ -110,6 +112,8 @@ class ShardService:
         models: Mapping[str, Model] | None = None,
         models_config: Mapping[str, Mapping] | None = None,
         config_dir: str | None = None,
+        search: Mapping[str, object] | None = None,  # the config's [search] table (SC-7)
+        embedder: Embedder | None = None,  # instead of search's embedding_model (in-process use)
         answer_wait: float = 15.0,
         prefix: str | None = None,
         shard_count: int = 1,
@@ -138,6 +142,13 @@ class ShardService:
         self.learning.conversations = self.conversations
         self._started: asyncio.Task[int] | None = None
         self.workspace = Workspace(self, data_dir)
+        self.workspace.semantic = semantic_search(
+            self.workspace,
+            search,
+            models_config,
+            base_dir=Path(config_dir or "."),
+            embedder=embedder,
+        )
 
     def _ensure_started(self) -> None:
         """Resume open learning jobs once, on the first call after (re)start (LRN-4)."""
@@ -338,6 +349,7 @@ class ShardService:
         return self.conversations._view(log, item)
 
     async def collaborations(self, user: str, channels: frozenset[str]) -> list[ChainView]:
+        self._ensure_started()
         return await self.conversations.chains.listing(user, channels)
 
     async def stop_collaboration(
@@ -383,6 +395,7 @@ class ShardService:
         await self.conversations.chains.idle()
 
     async def chat_items(self, chat: str) -> list[ItemView]:
+        self._ensure_started()
         return await self.conversations.items(chat)
 
     async def delete_chat_items(self, chat: str) -> int:
@@ -409,6 +422,9 @@ class ShardService:
         self, seq: int, limit: int = 1000, wait: float = 0.0
     ) -> tuple[ShardHead, list[Event]]:
         """Published events after `seq` (long-polls up to `wait` s when there are none yet)."""
+        # Gateways poll this continuously: after Ray restarts this actor, the first poll starts
+        # the recovery of open jobs and chains even if no other call comes.
+        self._ensure_started()
         events = await self.events.after(seq, limit=limit, wait=wait)
         return self.events.head(), events
 
@@ -702,6 +718,8 @@ class ShardService:
         await self.committer.drain()
 
     async def close(self) -> None:
+        if self.workspace.semantic is not None:
+            await self.workspace.semantic.close()
         await self.committer.close()
         self.db.close()
 

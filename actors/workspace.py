@@ -50,7 +50,7 @@ from engine.scoped_memory import (
     WsMemoryChange,
     WsMemoryCreate,
 )
-from engine.workspace_search import Hit, keyword_search
+from engine.workspace_search import Hit, keyword_search, merge_hits
 from storage.crypto import load_master_key
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
@@ -58,6 +58,7 @@ from storage.receipts import Receipts, fingerprint, receipt_key
 from storage.workspace_store import StoredWsPool, WorkspaceStore
 
 if TYPE_CHECKING:
+    from actors.semantic import SemanticSearch
     from actors.shard import ShardService
 
 RECEIPT_SCOPE = "ws"  # receipts of workspace writes: one requestId space per account and shard
@@ -96,6 +97,7 @@ class WsListing(msgspec.Struct, frozen=True, kw_only=True):
 
     entries: list[WsEntryView]
     hits: list[Hit] = []
+    semantic: list[Hit] = []  # with semantic search on (SC-7); `entries` holds both kinds
     names: dict[str, str] = {}
 
 
@@ -139,6 +141,7 @@ class Workspace:
         # Receipts queued but not yet committed: key -> (fingerprint, answer, commit).
         self._inflight: dict[str, tuple[str, bytes, asyncio.Future[None]]] = {}
         self._request_locks: dict[str, list] = {}
+        self.semantic: SemanticSearch | None = None  # set by the shard when configured (SC-7)
 
     # --- loading --------------------------------------------------------------------------------
 
@@ -526,6 +529,8 @@ class Workspace:
             )
             stored.entries[entry.id] = entry
             stored.sealed[entry.id] = sealed
+            if self.semantic is not None:
+                self.semantic.written(pool.id, entry.id)
             if edit.barrier is not None:
                 stored.barriers.append(edit.barrier)
             # Records flagged for review whose rival is gone settle (metadata only).
@@ -587,10 +592,14 @@ class Workspace:
                 found.append((pool, entry))
         views: dict[str, WsEntryView] = {}
         hits: list[Hit] = []
+        semantic: list[Hit] = []
         if query.q:
             texts = {e.id: (p, e, self._open(p, e.id)) for p, e in found}
             hits = keyword_search(query.q, ((i, t[2]) for i, t in texts.items()), query.limit)
-            for hit in hits:
+            if self.semantic is not None:
+                semantic = await self.semantic.search(query.q, found, query.limit)
+            ranked = merge_hits(hits, semantic, lambda i: i in texts, len(hits) + len(semantic))
+            for hit in ranked:
                 _, entry, text = texts[hit.id]
                 views[hit.id] = sm.view(entry, text)
         else:
@@ -598,7 +607,7 @@ class Workspace:
                 views[entry.id] = sm.view(entry, self._open(pool, entry.id))
         for pool in pools:
             await self._settle_read(pool)
-        return WsListing(entries=list(views.values()), hits=hits, names=names)
+        return WsListing(entries=list(views.values()), hits=hits, semantic=semantic, names=names)
 
     async def revisions(self, access: WsAccess, entry_id: str) -> list[RevisionView]:
         pool_id = await self._locate(entry_id)

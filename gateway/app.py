@@ -32,6 +32,7 @@ from gateway.auth import Auth
 from gateway.chat_access import ChatAccess
 from gateway.errors import HANDLERS
 from gateway.events import EventsEndpoint, Hub
+from gateway.file_export_route import FileExportApi
 from gateway.json_response import json, read_body
 from gateway.nodes import NodesEndpoint
 from gateway.openapi import openapi_document
@@ -426,6 +427,7 @@ def create_app(
         r("/v1/admin/grants", api.create_grant, methods=["POST"]),
         r("/v1/admin/channels", api.create_channel, methods=["POST"]),
         r("/v1/admin/backup", api.backup, methods=["POST"]),
+        r("/v1/admin/export", FileExportApi(engine, auth).export, methods=["GET"]),
         r("/v1/chats", api.create_chat, methods=["POST"]),
         r("/v1/chats/{chat}/turns", api.post_turn, methods=["POST"]),
         r("/v1/chats/{chat}/items", api.chat_items, methods=["GET", "DELETE"]),

@@ -1,6 +1,7 @@
 """`openbot`: the command line (DESIGN §10).
 
-openbot serve [--config FILE] [--data-dir DIR] [--host H] [--port P]
+openbot serve [--config FILE] [--data-dir DIR] [--host H] [--port P] [--shards N]
+              [--ray-address ADDR] [--placement auto|spread|pinned|local]
 openbot admin org create --name N [--id ID] | org set ID KEY=VALUE…
 openbot admin user create --name N --org ORG… [--id ID]
 openbot admin bot create --name N --org ORG --owner USER [--id ID] [--linked]
@@ -9,6 +10,8 @@ openbot admin channel create --org ORG --person U… --bot B… [--id ID]
 openbot events [--url URL] [--token T] [--cursor C] [--count N]
 openbot demo [--url URL [--admin-token T]] [--model NAME] [--config FILE]
 openbot backup DIR (--url URL [--token T] | --data-dir DIR)
+openbot export DIR [--url URL [--token T] | --data-dir DIR] [--account ID]
+openbot import DIR [--data-dir DIR] [--shards N]
 """
 
 from __future__ import annotations
@@ -98,6 +101,39 @@ def _backup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_dir(given: str | None) -> Path:
+    return Path(given or os.environ.get("OPENBOT_DATA_DIR") or "./data")
+
+
+def _export(args: argparse.Namespace) -> int:
+    """The seed-002 file tree (FS-1, FS-2) into DIR: from a running server's consistent
+    snapshot (--url), else straight from a stopped server's data directory."""
+    from storage.file_export import render_data_dir, write_tree
+
+    if args.url:
+        params = {"account": args.account} if args.account else None
+        with _admin_client(args) as client:
+            resp = client.get("/v1/admin/export", params=params, timeout=600)
+        if not resp.is_success:
+            print(json.dumps(resp.json(), indent=2), file=sys.stderr)
+            return 1
+        files = {p: t.encode() for p, t in resp.json()["files"].items()}
+    else:
+        files = render_data_dir(_data_dir(args.data_dir), args.account)
+    write_tree(Path(args.dir), files)
+    accounts = sorted({p.split("/")[1] for p in files})
+    print(json.dumps({"dir": args.dir, "accounts": accounts, "files": len(files)}, indent=2))
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from storage.file_export import import_tree
+
+    result = import_tree(Path(args.dir), _data_dir(args.data_dir), shards=args.shards)
+    print(msgspec.json.format(msgspec.json.encode(result), indent=2).decode())
+    return 0
+
+
 def _parse_value(text: str):
     try:
         return json.loads(text)
@@ -155,7 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host")
     s.add_argument("--port", type=int)
     s.add_argument("--shards", type=int)
-    s.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
+    s.add_argument(
+        "--ray-address", help="join this Ray cluster instead of starting one (or RAY_ADDRESS)"
+    )
+    s.add_argument(
+        "--placement",
+        choices=["auto", "spread", "pinned", "local"],
+        help="where shards run on a cluster (default auto: spread when joining one)",
+    )
 
     e = sub.add_parser("events", help="tail the event stream (JSON lines)")
     e.add_argument("--url", default=os.environ.get("OPENBOT_URL", "http://127.0.0.1:8765"))
@@ -178,6 +221,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--url", help="a running server (needs the admin token)")
     b.add_argument("--token")
     b.add_argument("--data-dir", help="a stopped server's data directory, copied directly")
+
+    x = sub.add_parser("export", help="the seed-002 file tree of accounts into DIR (new/empty)")
+    x.add_argument("dir")
+    x.add_argument("--url", help="a running server (needs the admin token)")
+    x.add_argument("--token")
+    x.add_argument("--data-dir", help="a stopped server's data directory (default ./data)")
+    x.add_argument("--account", help="only this account (user id); default every account")
+
+    i = sub.add_parser("import", help="a new data directory from an exported file tree")
+    i.add_argument("dir")
+    i.add_argument("--data-dir", help="the new data directory (default ./data; must be empty)")
+    i.add_argument(
+        "--shards",
+        type=int,
+        default=int(os.environ.get("OPENBOT_SHARDS") or 2),
+        help="the shard count `openbot serve` will use (default 2)",
+    )
 
     a = sub.add_parser("admin", help="directory calls against a running server")
     a.add_argument("--url", default=os.environ.get("OPENBOT_URL", "http://127.0.0.1:8765"))
@@ -232,11 +292,16 @@ def main(argv: list[str] | None = None) -> int:
                     port=args.port,
                     shards=args.shards,
                     ray_address=args.ray_address,
+                    placement=args.placement,
                 )
             )
             return 0
         if args.command == "backup":
             return _backup(args)
+        if args.command == "export":
+            return _export(args)
+        if args.command == "import":
+            return _import(args)
         if args.command == "events":
             return asyncio.run(_events(args))
         if args.command == "demo":

@@ -55,6 +55,14 @@ ROUTES: list[tuple[str, str, str, Any, Any, int]] = [
         None,
         201,
     ),
+    (
+        "get",
+        "/v1/admin/export",
+        "The seed-002 file tree, {files: {path: text}}; ?account=ID for one (admin)",
+        None,
+        None,
+        200,
+    ),
     ("post", "/v1/chats", "Start a direct or group chat", wire.CreateChat, Chat, 201),
     (
         "post",

@@ -24,9 +24,11 @@ class ServeSettings:
     port: int = 8765
     shards: int = 2
     ray_address: str | None = None
+    placement: str = "auto"  # actors/runtime.py: auto, spread, pinned or local
     group_commit: bool = True
     actor_prefix: str = "openbot"
     models: dict | None = None  # the config's [models.*] tables (DESIGN §6)
+    search: dict | None = None  # the config's [search] table: embedding_model, min_score (SC-7)
     config_dir: str | None = None
 
 
@@ -38,10 +40,12 @@ def load_settings(
     port: int | None = None,
     shards: int | None = None,
     ray_address: str | None = None,
+    placement: str | None = None,
 ) -> ServeSettings:
     """Flags win over environment, which wins over the config file's [server] table."""
     file: dict = {}
     models: dict = {}
+    search: dict = {}
     path = config or os.environ.get("OPENBOT_CONFIG")
     if path:
         try:
@@ -51,16 +55,28 @@ def load_settings(
             raise InvalidInput(f"cannot read config {path}: {e}") from e
         file = whole.get("server", {})
         models = whole.get("models", {})
+        search = whole.get("search", {})
     env = os.environ
     s = ServeSettings()
     s.data_dir = Path(data_dir or env.get("OPENBOT_DATA_DIR") or file.get("data_dir") or s.data_dir)
     s.host = host or env.get("OPENBOT_HOST") or file.get("host") or s.host
     s.port = int(port or env.get("OPENBOT_PORT") or file.get("port") or s.port)
-    s.shards = int(shards or file.get("shards") or s.shards)
-    s.ray_address = ray_address or env.get("OPENBOT_RAY_ADDRESS") or file.get("ray_address")
+    s.shards = int(shards or env.get("OPENBOT_SHARDS") or file.get("shards") or s.shards)
+    s.ray_address = (
+        ray_address
+        or env.get("OPENBOT_RAY_ADDRESS")
+        or env.get("RAY_ADDRESS")  # Ray's own variable, as `ray` tools read it
+        or file.get("ray_address")
+    )
+    s.placement = placement or env.get("OPENBOT_PLACEMENT") or file.get("placement") or s.placement
     s.group_commit = bool(file.get("group_commit", True))
     s.actor_prefix = env.get("OPENBOT_ACTOR_PREFIX") or file.get("actor_prefix") or s.actor_prefix
     s.models = models
+    s.search = search
+    if search:
+        from actors.embeddings import search_settings
+
+        search_settings(search, models)  # a bad [search] fails here, before Ray starts
     s.config_dir = str(Path(path).resolve().parent) if path else None
     return s
 
@@ -93,6 +109,24 @@ def tune_gc() -> None:
     gc.set_threshold(max(young, 5_000), middle, 100)
 
 
+def describe_placement(engine) -> str:
+    """One line: where the directory and each shard run (node address and id)."""
+    try:
+        where = engine.where(timeout=10)
+    except Exception as e:  # only a banner: never stop serving for it
+        return f"placement unknown ({type(e).__name__})"
+    nodes = {s["node"] for s in where["shards"]} | {where["directory"]["node"]}
+
+    def at(w: dict) -> str:
+        return f"{w['ip']}/{w['node'][:8]}"
+
+    shards = ", ".join(f"{s['shard']}@{at(s)}" for s in where["shards"])
+    return (
+        f"cluster placement {where['placement']}: directory@{at(where['directory'])}; "
+        f"shards {shards} ({len(nodes)} nodes)"
+    )
+
+
 def serve(settings: ServeSettings) -> None:
     import ray
     import uvicorn
@@ -110,7 +144,11 @@ def serve(settings: ServeSettings) -> None:
         prefix=settings.actor_prefix,
         models_config=settings.models,
         config_dir=settings.config_dir,
+        search_config=settings.search,
+        placement=settings.placement,
     )
+    if settings.ray_address is not None:
+        print(f"openbot: {describe_placement(engine)}", flush=True)
     app = create_app(engine, token)
     tune_gc()
     where = f"in {token_path}" if token_path else "from OPENBOT_ADMIN_TOKEN"

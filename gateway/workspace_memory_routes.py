@@ -197,7 +197,7 @@ class WorkspaceMemoryApi:
         if q is not None:
             hits = merge_hits(
                 [h for listing in listings for h in listing.hits],
-                [],
+                [h for listing in listings for h in listing.semantic],
                 allowed=lambda i: i in views,
                 limit=limit,
             )

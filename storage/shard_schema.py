@@ -68,6 +68,14 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE TABLE ws_barriers (key VARCHAR, pool VARCHAR, entry VARCHAR, at_ms BIGINT, doc VARCHAR);
     """,
+    # 6: semantic search (SC-7): one vector per workspace record, float32 sealed with the pool's
+    # data key (an embedding can be inverted to much of its text), with the embedding model's
+    # ident and the content fingerprint it was computed from (a mismatch means recompute).
+    """
+    CREATE TABLE ws_vectors (
+        key VARCHAR, pool VARCHAR, entry VARCHAR, model VARCHAR, fp VARCHAR, vec BLOB
+    );
+    """,
 )
 
 POOLS = Table(
@@ -222,3 +230,17 @@ WS_BARRIERS = Table(
     ),
 )
 TABLES = (*TABLES, PROJECTS, WS_ENTRIES, WS_REVISIONS, WS_BARRIERS)
+
+# --- semantic search (SC-7, migration 6) ---
+WS_VECTORS = Table(
+    "ws_vectors",
+    (
+        ("key", "VARCHAR"),
+        ("pool", "VARCHAR"),
+        ("entry", "VARCHAR"),
+        ("model", "VARCHAR"),
+        ("fp", "VARCHAR"),
+        ("vec", "BLOB"),
+    ),
+)
+TABLES = (*TABLES, WS_VECTORS)

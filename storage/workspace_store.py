@@ -142,6 +142,15 @@ class WorkspaceStore:
     def open(cipher: Cipher, pool: str, entry_id: str, sealed: bytes) -> str:
         return cipher.open(sealed, _content_aad(pool, entry_id)).decode()
 
+    @staticmethod
+    def open_revision(
+        cipher: Cipher, pool: str, entry_id: str, revision: int, body: bytes
+    ) -> tuple[str | None, str | None]:
+        """A stored revision's (before, after) (for storage/file_export.py, which reads rows
+        itself)."""
+        sides = _sides_dec.decode(cipher.open(body, _revision_aad(pool, entry_id, revision)))
+        return sides.before, sides.after
+
     # --- rows ---
 
     @staticmethod

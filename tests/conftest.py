@@ -42,10 +42,10 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def model_stubs():
-    """Two OpenAI-compatible servers on loopback: the bots' model and the memory bot's."""
+    """OpenAI-compatible servers on loopback: the bots' model, the memory bot's, embeddings."""
     from tests.openai_stub import OpenAIStub
 
-    stubs = {"bot": OpenAIStub(), "mem": OpenAIStub()}
+    stubs = {"bot": OpenAIStub(), "mem": OpenAIStub(), "emb": OpenAIStub()}  # emb: embeddings
     servers = [LiveServer(s.app) for s in stubs.values()]
     for stub, live in zip(stubs.values(), servers, strict=True):
         stub.url = live.url + "/v1"
@@ -63,7 +63,10 @@ def engine(ray_session, data_dir, model_stubs):
         for name, stub in model_stubs.items()
     }
     models["edge"] = {"kind": "node", "node": "edge-1"}  # served by a test's execution node
-    eng = Engine.start(data_dir, shards=2, prefix="test", models_config=models)
+    search = {"embedding_model": "emb"}  # semantic search on (SC-7; tests/openai_stub.py)
+    eng = Engine.start(
+        data_dir, shards=2, prefix="test", models_config=models, search_config=search
+    )
     yield eng
     eng.stop()
 

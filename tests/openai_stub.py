@@ -2,12 +2,20 @@
 
 Queue answers with `stub.answer(...)`; each request takes the next one (or the default). Every
 request body is recorded in `stub.requests`, so tests see exactly what crossed HTTP.
+
+`POST /v1/embeddings` answers deterministic vectors (`embed_text`): a hashed bag of
+words in which the words of a small thesaurus share one direction, so "car" is near "automobile"
+without sharing a letter. Its requests go to `stub.embedding_requests`; queue failures with
+`stub.embedding_faults.append(...)` (an HTTP status, HANG, GARBAGE, SHORT or
+("delay", seconds)).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import re
 from collections import deque
 
 from starlette.applications import Starlette
@@ -36,9 +44,35 @@ def completion(text=None, tool_calls=(), usage=(10, 5)):
     return body
 
 
+EMBED_DIM = 1024
+_STOP = frozenset(
+    re.findall(r"\w+", "a an and are at be by for from in is it of on or the this to with")
+)
+_THESAURUS = {
+    w: concept
+    for concept, words in {
+        "vehicle": "car cars automobile automobiles vehicle vehicles",
+        "drink": "tea coffee beverage beverages drink drinks",
+        "holiday": "holiday holidays vacation vacations leave",
+    }.items()
+    for w in words.split()
+}
+
+
+def embed_text(text: str) -> list[float]:
+    vector = [0.0] * EMBED_DIM
+    for word in re.findall(r"\w+", text.casefold()):
+        if word in _STOP:
+            continue
+        digest = hashlib.sha256(_THESAURUS.get(word, word).encode()).digest()
+        vector[int.from_bytes(digest[:4], "big") % EMBED_DIM] += 1.0
+    return vector
+
+
 class OpenAIStub:
     HANG = "hang"
     GARBAGE = "garbage"
+    SHORT = "short"  # embeddings: one vector fewer than inputs
 
     def __init__(self) -> None:
         self.queue: deque = deque()
@@ -46,8 +80,13 @@ class OpenAIStub:
         self.routes: list = []
         self.default = completion("OK.")
         self.requests: list[dict] = []
+        self.embedding_requests: list[dict] = []
+        self.embedding_faults: deque = deque()
         self.app = Starlette(
-            routes=[Route("/v1/chat/completions", self._complete, methods=["POST"])]
+            routes=[
+                Route("/v1/chat/completions", self._complete, methods=["POST"]),
+                Route("/v1/embeddings", self._embed, methods=["POST"]),
+            ]
         )
 
     def answer(self, *answers) -> None:
@@ -69,3 +108,25 @@ class OpenAIStub:
         if isinstance(answer, int):
             return JSONResponse({"error": {"message": "stub"}}, status_code=answer)
         return JSONResponse(answer)
+
+    async def _embed(self, request: Request) -> Response:
+        body = json.loads(await request.body())
+        self.embedding_requests.append(body)
+        fault = self.embedding_faults.popleft() if self.embedding_faults else None
+        if isinstance(fault, tuple) and fault[0] == "delay":
+            await asyncio.sleep(fault[1])
+            fault = None
+        if fault == self.HANG:
+            await asyncio.sleep(3600)
+        if fault == self.GARBAGE:
+            return Response(b"<html>not json", media_type="text/html")
+        if isinstance(fault, int):
+            return JSONResponse({"error": {"message": "stub"}}, status_code=fault)
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        if fault == self.SHORT:
+            inputs = inputs[:-1]
+        data = [
+            {"object": "embedding", "index": k, "embedding": embed_text(text)}
+            for k, text in reversed(list(enumerate(inputs)))  # out of order, as servers may
+        ]
+        return JSONResponse({"object": "list", "data": data, "model": body.get("model", "")})

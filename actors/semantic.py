@@ -1,0 +1,366 @@
+"""The semantic half of workspace search on a shard (SPEC SC-7, DESIGN §6).
+
+`Workspace.entries` hands this the records it already found readable for the caller (pools the
+caller may not read are never candidates) and gets back the nearest by cosine; keyword hits and
+these are merged by `engine.workspace_search.merge_hits`, so a semantic hit need not contain the
+query text, and both kinds are kept.
+
+Vectors:
+
+- computed when a person's change commits (in the background, batched, never delaying the
+  write), and lazily for whatever a search finds without one (records that were imported,
+  written while the model was down, or embedded by another model): at most `inline_max` inline,
+  the rest queued for the background;
+- kept in the `ws_vectors` table (sealed with the pool's key, see storage/vector_store.py) and in
+  memory per pool as one float32 matrix of unit vectors, loaded on the pool's first search;
+- valid only for the content fingerprint and the model they were made from: an edited record,
+  or another model, means a new vector.
+
+When the embedding model fails, search answers with keyword hits (and semantic hits from the
+vectors it already has, for queries it has seen) and stops calling the model for `retry_after`
+seconds, so a dead endpoint does not add its timeout to every search.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from actors.embeddings import DEFAULT_MIN_SCORE, Embedder, EmbeddingError
+from engine.errors import OpenBotError
+from engine.scoped_memory import WsEntry
+from engine.workspace_search import Hit
+from storage.vector_store import VectorStore
+
+if TYPE_CHECKING:
+    from actors.workspace import Workspace, WsPool
+
+log = logging.getLogger("openbot.semantic")
+INLINE_MAX = 256  # records one search embeds before answering; the rest go to the background
+BACKGROUND_BATCH = 128  # records the background embeds per model call round
+RETRY_AFTER = 30.0  # seconds without model calls after a failure
+QUERY_CACHE = 512
+
+
+class PoolVectors:
+    """One pool's unit vectors: a growable float32 matrix whose rows never move (an edited
+    record's row is overwritten), with each row's record id and content fingerprint."""
+
+    def __init__(self) -> None:
+        self.dim = 0
+        self.n = 0
+        self.mat = np.zeros((0, 0), dtype=np.float32)
+        self.ids: list[str] = []
+        self.fps: list[str] = []
+        self.row: dict[str, int] = {}
+
+    def clear(self) -> None:
+        self.__init__()
+
+    def fp(self, entry_id: str) -> str | None:
+        r = self.row.get(entry_id)
+        return None if r is None else self.fps[r]
+
+    def put(self, entry_id: str, fp: str, vector: Sequence[float]) -> None:
+        v = np.asarray(vector, dtype=np.float32)
+        if v.ndim != 1 or v.size == 0:
+            raise ValueError("a vector must be one non-empty row")
+        if v.size != self.dim:
+            self.clear()  # another vector space: what was kept is worthless
+            self.dim = v.size
+        norm = float(np.linalg.norm(v))
+        unit = v / norm if norm > 0 and np.isfinite(norm) else np.zeros_like(v)
+        r = self.row.get(entry_id)
+        if r is None:
+            if self.n == self.mat.shape[0]:
+                grown = np.zeros((max(16, 2 * self.n), self.dim), dtype=np.float32)
+                if self.n:
+                    grown[: self.n] = self.mat[: self.n]
+                self.mat = grown
+            r = self.n
+            self.n += 1
+            self.row[entry_id] = r
+            self.ids.append(entry_id)
+            self.fps.append(fp)
+        else:
+            self.fps[r] = fp
+        self.mat[r] = unit
+
+    def load(self, items: Sequence[tuple[str, str, np.ndarray]]) -> None:
+        """Fill an empty index with (record, fingerprint, vector) rows in one go."""
+        if self.n or len({v.size for _, _, v in items}) != 1:
+            for entry_id, fp, vector in items:
+                self.put(entry_id, fp, vector)
+            return
+        mat = np.stack([v for _, _, v in items]).astype(np.float32)
+        norms = np.linalg.norm(mat, axis=1, keepdims=True)
+        usable = (norms > 0) & np.isfinite(norms)
+        self.mat = np.where(usable, mat / np.where(usable, norms, 1.0), 0.0).astype(np.float32)
+        self.dim, self.n = mat.shape[1], mat.shape[0]
+        self.ids = [entry_id for entry_id, _, _ in items]
+        self.fps = [fp for _, fp, _ in items]
+        self.row = {entry_id: r for r, entry_id in enumerate(self.ids)}
+
+    def split(self, entries: Iterable[WsEntry]) -> tuple[list[int], list[WsEntry]]:
+        """The rows of the records among `entries` whose vector is current, and the records
+        whose vector is missing or stale (one pass: this runs over every candidate)."""
+        row, fps = self.row, self.fps
+        rows: list[int] = []
+        stale: list[WsEntry] = []
+        for e in entries:
+            r = row.get(e.id)
+            if r is not None and fps[r] == e.content_fp:
+                rows.append(r)
+            else:
+                stale.append(e)
+        return rows, stale
+
+    def top(self, query: np.ndarray, rows: Sequence[int], k: int, min_score: float) -> list[Hit]:
+        """The `k` of `rows` nearest to the unit vector `query`, best first, ties by id; none
+        below `min_score`."""
+        if k <= 0 or not rows or query.size != self.dim:
+            return []
+        picked = np.asarray(rows, dtype=np.int64)
+        if 4 * picked.size >= self.n:
+            scores = (self.mat[: self.n] @ query)[picked]  # most rows: no copy of the matrix
+        else:
+            scores = self.mat[picked] @ query
+        keep = scores >= min_score
+        picked, scores = picked[keep], scores[keep]
+        if picked.size > k:
+            # Everything tied with the k-th best stays in, so that ties are broken by id.
+            kth = np.partition(scores, picked.size - k)[picked.size - k]
+            keep = scores >= kth
+            picked, scores = picked[keep], scores[keep]
+        hits = [
+            Hit(id=self.ids[r], score=float(x), kinds=("semantic",))
+            for r, x in zip(picked.tolist(), scores.tolist(), strict=True)
+        ]
+        hits.sort(key=lambda h: (-h.score, h.id))
+        return hits[:k]
+
+
+def _unit(vector: Sequence[float]) -> np.ndarray:
+    v = np.asarray(vector, dtype=np.float32)
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm > 0 and np.isfinite(norm) else np.zeros_like(v)
+
+
+class SemanticSearch:
+    def __init__(
+        self,
+        workspace: Workspace,
+        embedder: Embedder,
+        *,
+        min_score: float = DEFAULT_MIN_SCORE,
+        inline_max: int = INLINE_MAX,
+        retry_after: float = RETRY_AFTER,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ws = workspace
+        self.embedder = embedder
+        self.min_score = min_score
+        self.inline_max = inline_max
+        self.retry_after = retry_after
+        self.clock = clock
+        self.store = VectorStore(workspace.shard.db)
+        self._pools: dict[str, PoolVectors] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._backlog: dict[str, dict[str, None]] = {}  # pool -> record ids, in arrival order
+        self._task: asyncio.Task[None] | None = None
+        self._down_until = 0.0
+        self.embedded = 0  # records embedded (tests and benchmarks)
+
+    # --- the model, with a circuit breaker ---------------------------------------------------
+
+    def _down(self) -> bool:
+        return self.clock() < self._down_until
+
+    def _trip(self, e: EmbeddingError) -> None:
+        if not self._down():
+            log.warning("semantic search paused for %.0f s: %s", self.retry_after, e)
+        self._down_until = self.clock() + self.retry_after
+
+    async def _query(self, query: str) -> np.ndarray | None:
+        cached = self._queries.get(query)
+        if cached is not None:
+            self._queries.move_to_end(query)
+            return cached
+        if self._down():
+            return None
+        try:
+            (vector,) = await self.embedder.embed([query])
+        except EmbeddingError as e:
+            self._trip(e)
+            return None
+        unit = _unit(vector)
+        self._queries[query] = unit
+        if len(self._queries) > QUERY_CACHE:
+            self._queries.popitem(last=False)
+        return unit
+
+    # --- vectors -------------------------------------------------------------------------------
+
+    async def _vectors(self, pool: WsPool) -> PoolVectors:
+        """The pool's vectors, loaded from the file on first use (call under the pool's lock)."""
+        vectors = self._pools.get(pool.id)
+        if vectors is None:
+            vectors = PoolVectors()
+            vectors.load(await self.store.load(pool.id, self.embedder.ident, pool.keyed.cipher))
+            self._pools[pool.id] = vectors
+        return vectors
+
+    def _lock(self, pool_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(pool_id, asyncio.Lock())
+
+    async def _fill(self, pool: WsPool, vectors: PoolVectors, entries: Iterable[WsEntry]) -> None:
+        """Embed the records among `entries` whose vector is missing or stale (their current
+        content), keep the vectors and queue their rows (call under the pool's lock)."""
+        todo: list[tuple[str, str, str]] = []
+        for e in entries:
+            current = pool.stored.entries.get(e.id)
+            if current is None or vectors.fp(e.id) == current.content_fp:
+                continue
+            todo.append((e.id, current.content_fp, self.ws._open(pool, e.id)))
+        if not todo:
+            return
+        found = await self.embedder.embed([text for _, _, text in todo])
+        cipher, model = pool.keyed.cipher, self.embedder.ident
+        rows = []
+        for (entry_id, fp, _), vector in zip(todo, found, strict=True):
+            vectors.put(entry_id, fp, vector)
+            rows.append(self.store.row(pool.id, entry_id, model, fp, vector, cipher))
+        self.embedded += len(todo)
+        if pool.poisoned:
+            return  # its records are being reloaded from the file: keep nothing of them
+        shard = self.ws.shard
+        # A cache of derived data: nothing waits for the commit, and a failure only means the
+        # vectors are computed again after a restart.
+        fut = shard._submit(None, [*shard.store.key_rows(pool.keyed), *rows])
+        if fut is not None:
+            fut.add_done_callback(_log_failure)
+
+    # --- search --------------------------------------------------------------------------------
+
+    async def search(
+        self, query: str, found: Sequence[tuple[WsPool, WsEntry]], limit: int
+    ) -> list[Hit]:
+        """The `limit` records of `found` (already filtered to what the reader may read) nearest
+        to `query`, best first; [] when the model is unavailable."""
+        if limit <= 0 or not found or not query.strip():
+            return []
+        unit = await self._query(query)
+        if unit is None:
+            return []
+        budget = self.inline_max
+        hits: list[Hit] = []
+        # `found` lists each pool's records together (Workspace.entries goes pool by pool).
+        for _, group in itertools.groupby(found, key=lambda pe: id(pe[0])):
+            items = list(group)
+            pool = items[0][0]
+            try:
+                async with self._lock(pool.id):
+                    vectors = await self._vectors(pool)
+                    if vectors.n and vectors.dim != unit.size:
+                        vectors.clear()  # the model now answers in another space
+                    rows, stale = vectors.split(e for _, e in items)
+                    if stale and not self._down():
+                        now, later = stale[:budget], stale[budget:]
+                        budget -= len(now)
+                        try:
+                            await self._fill(pool, vectors, now)
+                        except EmbeddingError as e:
+                            self._trip(e)
+                        else:
+                            rows += vectors.split(now)[0]
+                            for e in later:
+                                self._queue(pool.id, e.id)
+                    hits.extend(vectors.top(unit, rows, limit, self.min_score))
+            except OpenBotError as e:  # a pool whose vectors cannot be read: keywords only
+                log.warning("semantic search skipped %s: %s", pool.id, e)
+        hits.sort(key=lambda h: (-h.score, h.id))
+        return hits[:limit]
+
+    # --- background ----------------------------------------------------------------------------
+
+    def written(self, pool_id: str, entry_id: str) -> None:
+        """A record's content may have changed: embed it once its change has committed."""
+        self._queue(pool_id, entry_id)
+
+    def _queue(self, pool_id: str, entry_id: str) -> None:
+        self._backlog.setdefault(pool_id, {})[entry_id] = None
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while self._backlog:
+            if self._down():
+                self._backlog.clear()  # later searches catch up on what is missing
+                return
+            pool_id, ids = next(iter(self._backlog.items()))
+            batch = list(ids)[:BACKGROUND_BATCH]
+            for entry_id in batch:
+                del ids[entry_id]
+            if not ids:
+                del self._backlog[pool_id]
+            try:
+                pool = await self.ws._pool(pool_id)
+                await self.ws._settle(pool.pending)  # only what is on disk
+                async with self._lock(pool_id):
+                    if pool.poisoned:
+                        continue
+                    entries = [pool.stored.entries[i] for i in batch if i in pool.stored.entries]
+                    await self._fill(pool, await self._vectors(pool), entries)
+            except EmbeddingError as e:
+                self._trip(e)
+            except OpenBotError as e:
+                log.warning("embedding records of %s skipped: %s", pool_id, e)
+            except Exception:
+                log.exception("embedding records of %s failed", pool_id)
+
+    async def idle(self) -> None:
+        """Wait until the background has embedded what was queued (tests and benchmarks)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.embedder.close()
+
+
+def _log_failure(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.warning("storing vectors failed (they are recomputed later): %s", fut.exception())
+
+
+def semantic_search(
+    workspace: Workspace,
+    search: Mapping[str, object] | None,
+    models: Mapping[str, Mapping] | None,
+    *,
+    base_dir: Path,
+    embedder: Embedder | None = None,
+) -> SemanticSearch | None:
+    """The shard's semantic search from the config's `[search]` and `[models.*]` tables (or a
+    given embedder, for in-process use); None when no embedding model is chosen."""
+    from actors.embeddings import load_embedder, search_settings
+
+    settings = search_settings(search, models)
+    if embedder is None:
+        embedder = load_embedder(settings, models or {}, base_dir=base_dir)
+    if embedder is None:
+        return None
+    return SemanticSearch(workspace, embedder, min_score=settings.min_score)

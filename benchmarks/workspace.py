@@ -1,0 +1,461 @@
+"""Workspace memory (issue 5): prompt packing, keyword and semantic search, export and import.
+
+    .venv/bin/python -m benchmarks.workspace [--quick] [--dim N]
+
+1. **pack** — `engine.prompt_budget.pack` (SC-5) over 10,000 entries in three scopes (bot, user,
+   project; profile, log and note tiers): time per pack, the budget filled.
+2. **search** — 100,000 records of one account (a bot pool, its user pool and a project pool,
+   a third each) on a real shard in this process (DuckDB file, group commit, AES-GCM; no Ray, no
+   HTTP, so the figures are the engine's time): `keyword` is `Workspace.entries` with `q` and
+   semantic search off; `semantic` is `SemanticSearch.search` alone over the same candidates,
+   with a zero-latency in-process embedding function (`--dim` dimensions, 384 by default, like
+   a small sentence-embedding model); `both` is `Workspace.entries` with `q` and semantic search
+   on, which is what one shard does for `GET /memories?q=`. `cold` is the first search after the
+   shard opened (pools and vectors loaded from the file and decrypted). Every query is a new
+   one, so the query-vector cache never answers.
+3. **export / import** — an account with 10,000 records written through `ws_create_memory`
+   (receipts and revisions as in production): the seed-002 file tree of the stopped data
+   directory (storage/file_export.py), written to disk; imported into a new data directory; and
+   exported again (byte-identical is checked). The Markdown memory export (`GET /memory-export`:
+   listing + `engine.memory_export.render`) is timed too.
+
+Writes benchmarks/results/workspace.json and prints a table. `--quick` shrinks the search to
+20,000 records and the sample counts (the export stays at 10,000 records).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import numpy as np
+
+from actors.directory import DirectoryService
+from actors.semantic import SemanticSearch
+from actors.shard import ShardService
+from actors.workspace import WsAccess, WsQuery
+from benchmarks._load import percentile
+from engine import scoped_memory as sm
+from engine.memory import Scope
+from engine.memory_export import render as render_markdown
+from engine.projects import ProjectCreate
+from engine.prompt_budget import BUDGET, ScopedEntry, pack
+from engine.scoped_memory import WsMemoryCreate
+from storage.vector_store import VectorStore
+
+ACCOUNT, BOT, ORG, PROJECT = "u_bench", "b_bench", "o_bench", "p_bench"
+POOLS = (f"bot:{BOT}", f"user:{ACCOUNT}", f"project:{PROJECT}")
+ACCESS = WsAccess(account=ACCOUNT, bots=frozenset({BOT}))
+DAY_MS = 86_400_000
+NOW_MS = 1_760_000_000_000
+# Words for synthetic memories: a few common, most rare, so queries have varied selectivity.
+COMMON = [
+    "customer",
+    "prefers",
+    "deploy",
+    "review",
+    "meeting",
+    "report",
+    "weekly",
+    "team",
+    "project",
+    "release",
+]
+RARE = [f"{a}{b}" for a in ("zan", "kor", "mel", "vit", "sup", "dra") for b in range(40)]
+FILLER = [
+    "the",
+    "a",
+    "with",
+    "and",
+    "before",
+    "after",
+    "during",
+    "every",
+    "some",
+    "our",
+    "their",
+    "on",
+    "in",
+    "for",
+    "of",
+]
+INSTRUCTIONS = (
+    "You have a memory. What follows is what you know; each line says when it was last "
+    "updated and where it comes from. Use it, and say when it may be out of date."
+)
+
+
+def sentence(rnd: random.Random, n: int) -> str:
+    words = [rnd.choice(COMMON) for _ in range(3)] + [rnd.choice(RARE) for _ in range(3)]
+    words += [rnd.choice(FILLER) for _ in range(rnd.randint(4, 14))]
+    rnd.shuffle(words)
+    return f"Note {n}: " + " ".join(words) + "."
+
+
+class InstantEmbedder:
+    """A zero-latency, deterministic stand-in for an embedding model: a signed hashed bag of
+    words in `dim` dimensions (not a test double of the HTTP client, which the tests cover;
+    this isolates the engine's own time)."""
+
+    name = "instant"
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self.ident = f"instant:{dim}"
+        self.calls = 0
+
+    def vector(self, text: str) -> np.ndarray:
+        v = np.zeros(self.dim, dtype=np.float32)
+        for word in re.findall(r"\w+", text.casefold()):
+            h = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "big")
+            v[h % self.dim] += 1.0 if (h >> 32) & 1 else -1.0
+        return v
+
+    async def embed(self, texts):
+        self.calls += 1
+        return [self.vector(t) for t in texts]
+
+    async def close(self) -> None:
+        pass
+
+
+def _summary(samples_s: list[float]) -> dict:
+    lat = sorted(samples_s)
+    return {
+        "n": len(lat),
+        "p50_ms": round(percentile(lat, 0.50) * 1000, 3),
+        "p99_ms": round(percentile(lat, 0.99) * 1000, 3),
+        "mean_ms": round(sum(lat) / len(lat) * 1000, 3),
+        "max_ms": round(lat[-1] * 1000, 3),
+    }
+
+
+async def _timed(runs: int, op: Callable[[int], Awaitable[object]]) -> list[float]:
+    out = []
+    for k in range(runs):
+        t0 = time.perf_counter()
+        await op(k)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+# --- 1. prompt packing ----------------------------------------------------------------------------
+
+
+def bench_pack(entries: int, runs: int) -> dict:
+    rnd = random.Random(5)
+    scopes, tiers = ("bot", "user", "project"), ("profile", "log", "log", "note")
+    items = [
+        ScopedEntry(
+            id=f"mem_{n:06d}",
+            scope=scopes[n % 3],
+            tier=tiers[rnd.randrange(len(tiers))],
+            content=sentence(rnd, n),
+            updated_at=NOW_MS - rnd.randrange(365) * DAY_MS,
+            source=f"{scopes[n % 3]}:x_{n % 7}",
+        )
+        for n in range(entries)
+    ]
+    samples = []
+    packed = None
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        packed = pack(items, instructions=INSTRUCTIONS)
+        samples.append(time.perf_counter() - t0)
+    assert packed is not None and len(packed.text) <= BUDGET
+    return {
+        "entries": entries,
+        **_summary(samples),
+        "chars": len(packed.text),
+        "included": len(packed.included),
+    }
+
+
+# --- shared set-up ----------------------------------------------------------------------------
+
+
+def _open(data: Path, embedder: InstantEmbedder | None) -> ShardService:
+    svc = ShardService(data, 0, embedder=embedder)
+    svc.directory_service = DirectoryService(data)  # what Peers uses without Ray
+    return svc
+
+
+async def _close(svc: ShardService) -> None:
+    await svc.close()
+    svc.directory_service.store.db.close()
+
+
+async def _account(svc: ShardService) -> None:
+    d = svc.directory_service
+    await d.create_org("Bench", ORG)
+    await d.create_user("Bench", [ORG], ACCOUNT)
+    await d.create_bot(name="Helper", org=ORG, owner=ACCOUNT, id=BOT)
+    await svc.ws_save_project(
+        ACCOUNT, ORG, ProjectCreate(requestId="bench-project", name="Bench"), PROJECT
+    )
+
+
+# --- 2. search ------------------------------------------------------------------------------------
+
+
+async def seed_search(data: Path, records: int, embedder: InstantEmbedder) -> None:
+    """`records` records straight into the shard's tables (content sealed, vectors sealed), as
+    the workspace would have written them; far faster than one request each."""
+    svc = _open(data, embedder)
+    await _account(svc)
+    ws, vectors = svc.workspace, VectorStore(svc.db)
+    rnd = random.Random(7)
+    batch: list = []
+    for n in range(records):
+        pool_id = POOLS[n % 3]
+        pool = await ws._pool(pool_id)
+        content = sentence(rnd, n)
+        entry = sm.user_create(
+            entry_id=f"mem_{n:07d}",
+            pool=pool_id,
+            contributor=BOT,
+            content=content,
+            operator=ACCOUNT,
+            now=NOW_MS - rnd.randrange(365) * DAY_MS,
+            tier=("profile", "log", "note")[n % 3],
+            key=pool.fp_key,
+        ).entry
+        cipher = pool.keyed.cipher
+        batch.append(
+            ws.store.entry_row(entry, ws.store.seal(cipher, pool_id, entry.id, content), new=True)
+        )
+        batch.append(
+            vectors.row(
+                pool_id,
+                entry.id,
+                embedder.ident,
+                entry.content_fp,
+                embedder.vector(content),
+                cipher,
+            )
+        )
+        if len(batch) >= 4_000 or n == records - 1:
+            keys = [r for p in POOLS for r in svc.store.key_rows((await ws._pool(p)).keyed)]
+            await svc._submit(None, [*keys, *batch])
+            batch = []
+    await _close(svc)
+
+
+async def bench_search(data: Path, records: int, runs: int, dim: int) -> dict:
+    embedder = InstantEmbedder(dim)
+    t0 = time.perf_counter()
+    await seed_search(data, records, embedder)
+    seed_s = time.perf_counter() - t0
+    svc = _open(data, embedder)
+    semantic = svc.workspace.semantic
+    assert isinstance(semantic, SemanticSearch)
+    semantic.min_score = 0.1  # two query words against ~15: a shared word scores ~0.18
+    rnd = random.Random(11)
+    queries = [f"{rnd.choice(RARE)} {rnd.choice(COMMON)}" for _ in range(3 * runs + 1)]
+
+    def query(q: str) -> WsQuery:
+        return WsQuery(pools=POOLS[:2], projects=None, q=q, limit=50)
+
+    # cold: the first search loads the pools and their vectors from the file.
+    t0 = time.perf_counter()
+    listing = await svc.ws_entries(ACCESS, query(queries[0]))
+    cold_s = time.perf_counter() - t0
+    found_cold = len(listing.entries)
+
+    async def both(k: int):
+        return await svc.ws_entries(ACCESS, query(queries[1 + k]))
+
+    found = [
+        (pool, e)
+        for pool in [await svc.workspace._pool(p) for p in POOLS]
+        for e in pool.stored.entries.values()
+        if e.status == "active"
+    ]
+
+    async def semantic_only(k: int):
+        return await semantic.search(queries[1 + runs + k], found, 50)
+
+    both_s = await _timed(runs, both)
+    semantic_s = await _timed(runs, semantic_only)
+    svc.workspace.semantic = None
+    hits = []
+
+    async def keyword(k: int):
+        hits.append(len((await svc.ws_entries(ACCESS, query(queries[1 + 2 * runs + k]))).hits))
+
+    keyword_s = await _timed(runs, keyword)
+    svc.workspace.semantic = semantic
+    await _close(svc)
+    return {
+        "records": records,
+        "dim": dim,
+        "seed_s": round(seed_s, 1),
+        "cold_ms": round(cold_s * 1000, 1),
+        "cold_found": found_cold,
+        "keyword": _summary(keyword_s) | {"mean_hits": round(sum(hits) / len(hits), 1)},
+        "semantic": _summary(semantic_s),
+        "both": _summary(both_s),
+        "embedded_at_search": semantic.embedded,
+    }
+
+
+# --- 3. export / import ---------------------------------------------------------------------------
+
+
+async def seed_export(data: Path, records: int) -> dict:
+    """`records` records written the way people write them (one request each, 64 at a time),
+    then the Markdown memory export; the shard is closed afterwards (the tree export reads the
+    files)."""
+    svc = _open(data, None)
+    await _account(svc)
+    rnd = random.Random(13)
+    scopes = (Scope.BOT, Scope.USER, Scope.PROJECT)
+    slots = asyncio.Semaphore(64)  # many people writing at once: group commit batches them
+
+    async def write(n: int, content: str, tier: str) -> None:
+        body = WsMemoryCreate(
+            requestId=f"bench-{n}",
+            scope=scopes[n % 3],
+            bot=BOT,
+            project=PROJECT if n % 3 == 2 else None,
+            content=content,
+            tier=tier,
+        )
+        async with slots:
+            await svc.ws_create_memory(ACCESS, body)
+
+    tiers = ("profile", "log", "log", "note")
+    t0 = time.perf_counter()
+    await asyncio.gather(*(write(n, sentence(rnd, n), rnd.choice(tiers)) for n in range(records)))
+    write_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    listing = await svc.ws_entries(ACCESS, WsQuery(pools=POOLS[:2], projects=None, limit=records))
+    text = render_markdown(listing.entries, account=ACCOUNT, pool_names=listing.names)
+    markdown_s = time.perf_counter() - t0
+    await _close(svc)
+    return {
+        "records": records,
+        "write_s": round(write_s, 2),
+        "markdown_export_ms": round(markdown_s * 1000, 1),
+        "markdown_bytes": len(text.encode()),
+        "markdown_lines": text.count("\n- ("),
+    }
+
+
+def bench_tree(data: Path, root: Path) -> dict:
+    try:
+        from storage.file_export import import_tree, render_data_dir, write_tree
+    except ImportError:  # TODO(export): the tree export/import is not in this tree yet
+        return {"tree": "storage/file_export.py not available: Markdown export only"}
+    out, imported, again = root / "tree", root / "imported", root / "tree-again"
+    t0 = time.perf_counter()
+    files = render_data_dir(data, ACCOUNT)
+    write_tree(out, files)
+    export_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    result = import_tree(out, imported, shards=1)
+    import_s = time.perf_counter() - t0
+    again_files = render_data_dir(imported, ACCOUNT)
+    write_tree(again, again_files)
+    same = _tree_bytes(out) == _tree_bytes(again)
+    return {
+        "export_s": round(export_s, 3),
+        "import_s": round(import_s, 3),
+        "files": len(files),
+        "tree_bytes": sum(len(b) for b in files.values()),
+        "imported_records": result.records,
+        "round_trip_identical": same,
+    }
+
+
+def _tree_bytes(base: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(base).as_posix(): p.read_bytes()
+        for p in sorted(base.rglob("*"))
+        if p.is_file()
+    }
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--dim", type=int, default=384, help="embedding dimensions (semantic search)")
+    args = p.parse_args()
+    search_records = 20_000 if args.quick else 100_000
+    runs = 10 if args.quick else 30
+    root = Path(tempfile.mkdtemp(prefix="obws"))
+    os.environ.pop("OPENBOT_MASTER_KEY", None)  # each data directory makes its own key file
+    try:
+        packing = bench_pack(10_000, 20 if args.quick else 100)
+        search = asyncio.run(bench_search(root / "search", search_records, runs, args.dim))
+        export = asyncio.run(seed_export(root / "export", 10_000))
+        export |= bench_tree(root / "export", root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"workspace: {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.1f}; in-process shard")
+    line = "{:<44} {:>10} {:>10} {:>10}"
+    print(line.format("operation", "p50 ms", "p99 ms", "mean ms"))
+    print(
+        line.format(
+            f"pack {packing['entries']:,} entries, 3 scopes",
+            packing["p50_ms"],
+            packing["p99_ms"],
+            packing["mean_ms"],
+        )
+    )
+    n = f"{search['records']:,}"
+    for name, label in (
+        ("keyword", f"keyword search, {n} records"),
+        ("semantic", f"semantic search, {n} x {search['dim']}d"),
+        ("both", "keyword + semantic (one shard's GET ?q=)"),
+    ):
+        r = search[name]
+        print(line.format(label, r["p50_ms"], r["p99_ms"], r["mean_ms"]))
+    print(f"first search after open (loads {n} records and vectors): {search['cold_ms']} ms")
+    print(
+        f"write {export['records']:,} records through ws_create_memory, 64 at a time: "
+        f"{export['write_s']} s"
+    )
+    print(
+        f"export account of {export['records']:,} records: Markdown "
+        f"{export['markdown_export_ms']} ms ({export['markdown_bytes']:,} bytes)"
+    )
+    if "export_s" in export:
+        print(
+            f"  seed-002 tree: export {export['export_s']} s ({export['files']} files, "
+            f"{export['tree_bytes']:,} bytes), import {export['import_s']} s, "
+            f"round trip identical: {export['round_trip_identical']}"
+        )
+    else:
+        print(f"  {export['tree']}")
+    out = Path(__file__).parent / "results" / "workspace.json"
+    out.parent.mkdir(exist_ok=True)
+    doc = {
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load": os.getloadavg(),
+        "quick": args.quick,
+        "pack": packing,
+        "search": search,
+        "export": export,
+    }
+    out.write_text(json.dumps(doc, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

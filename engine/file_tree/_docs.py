@@ -1,0 +1,109 @@
+"""The JSON and Markdown documents of the tree, as msgspec Structs (field names are the
+files' keys)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from engine.directory import Bot, Channel, Org, User
+from engine.file_tree._model import BotProject
+from engine.memory import Scope, Tier
+from engine.scoped_memory import Revision, WsStatus
+
+# --- file documents -------------------------------------------------------------------------------
+
+
+class AccountDoc(msgspec.Struct, frozen=True, kw_only=True):
+    format: str
+    account: User
+    orgs: tuple[Org, ...] = ()
+    users: tuple[User, ...] = ()
+    bots: tuple[Bot, ...] = ()
+    channels: tuple[Channel, ...] = ()
+
+
+class BotProjectsDoc(msgspec.Struct, frozen=True, kw_only=True):
+    bot: str
+    projects: tuple[BotProject, ...] = ()
+
+
+class GroupsDoc(msgspec.Struct, frozen=True, kw_only=True):
+    project: str
+    groups: tuple[dict[str, Any], ...] = ()
+
+
+class RecordDoc(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    scope: Scope
+    contributor: str
+    category: Tier
+    version: int
+    created_at: int = msgspec.field(name="createdAt")
+    updated_at: int = msgspec.field(name="updatedAt")
+    status: WsStatus = WsStatus.ACTIVE
+    topics: tuple[str, ...] = ()
+    source: tuple[str, ...] = ()
+    protected: bool = False
+    review: bool = False
+    fingerprint: str = ""
+    file: str | None = None
+    content: str | None = None
+
+
+class RecordsDoc(msgspec.Struct, frozen=True, kw_only=True):
+    pool: str
+    records: tuple[RecordDoc, ...] = ()
+
+
+class MarkerDoc(msgspec.Struct, frozen=True, kw_only=True):
+    entry: str
+
+
+class TombstoneDoc(msgspec.Struct, frozen=True, kw_only=True):
+    entry: str
+    revision: int
+    reason: str
+    at: int
+    content: str | None = None
+    fingerprint: str = ""
+
+
+class SourcesRow(msgspec.Struct, frozen=True, kw_only=True):
+    entry: str
+    revision: int
+    evidence: tuple[str, ...]
+
+
+class SourcesDoc(msgspec.Struct, frozen=True, kw_only=True):
+    sources: tuple[SourcesRow, ...] = ()
+
+
+class RevisionsDoc(msgspec.Struct, frozen=True, kw_only=True):
+    entry: str
+    revisions: tuple[Revision, ...] = ()
+
+
+class ProjectMeta(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    org: str
+    owner: str
+    members: tuple[str, ...] = ()
+    metadata: dict[str, str] = {}
+    revision: int = 1
+    created_at: int = msgspec.field(default=0, name="createdAt")
+    updated_at: int = msgspec.field(default=0, name="updatedAt")
+
+
+ENC = msgspec.json.Encoder()
+
+
+def to_json(doc: object) -> bytes:
+    return msgspec.json.format(ENC.encode(doc), indent=2) + b"\n"
+
+
+def to_text(lines: Iterable[str]) -> bytes:
+    return "".join(f"{line}\n" for line in lines).encode()

@@ -1,0 +1,262 @@
+"""The snapshot an account's tree is made of, its canonical order, and the names and lines
+of the tree (see the package docstring)."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import re
+import unicodedata
+from typing import Any
+
+import msgspec
+
+from engine.directory import ID_RE, Bot, Channel, Org, User
+from engine.errors import InvalidInput
+from engine.memory import Scope, Tier
+from engine.projects import Project
+from engine.scoped_memory import Origin, Revision, WsStatus
+
+FORMAT = "openbot-file-tree/1"
+ROOT = "bot-workspace"
+OPEN_JOBS = ("pending", "running", "waiting", "deferred")
+IGNORED = frozenset({".DS_Store", "Thumbs.db"})
+
+
+# --- the snapshot ---------------------------------------------------------------------------------
+
+
+class MemoryRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A workspace record with its plaintext content (`WsEntry` without the keyed fingerprint)."""
+
+    id: str
+    scope: Scope
+    pool: str
+    contributor: str
+    tier: Tier
+    content: str
+    created_at: int
+    updated_at: int
+    topics: tuple[str, ...] = ()
+    evidence: tuple[str, ...] = ()
+    protected: bool = False
+    review: bool = False
+    status: WsStatus = WsStatus.ACTIVE
+    origin: Origin = Origin.SYNTHESIZED
+    revision: int = 1
+
+
+class Tombstone(msgspec.Struct, frozen=True, kw_only=True):
+    """A forget barrier (`ForgetBarrier`) with the record revision its change made and the old
+    content. `fingerprint` is kept only when the content is unknown (None)."""
+
+    entry: str
+    revision: int
+    reason: str
+    at: int
+    evidence: tuple[str, ...] = ()
+    content: str | None = None
+    fingerprint: str = ""
+
+
+class MemoryJob(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """A background extraction job of a bot's memory (FS-2 `jobs/`: source turn, attempts,
+    status, error); the fields of the stored job."""
+
+    id: str
+    pool: str
+    chat: str
+    turn: str
+    upto: int
+    org: str
+    grant: str
+    channel: str | None = None
+    model: str | None = None
+    status: str = "pending"
+    attempts: int = 0
+    error: str | None = None
+    created_at: int = 0
+    updated_at: int = 0
+
+
+class PoolSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    pool: str
+    records: tuple[MemoryRecord, ...] = ()
+    revisions: tuple[Revision, ...] = ()
+    tombstones: tuple[Tombstone, ...] = ()
+    jobs: tuple[MemoryJob, ...] = ()
+
+
+class CommandReceipt(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """An idempotency receipt of the account (FS-3 `.commands/`): the request's fingerprint and
+    the first answer (decoded JSON), kept for the pool whose key seals it."""
+
+    request_id: str
+    pool: str
+    fingerprint: str
+    at: int
+    response: Any
+
+
+class BotProject(msgspec.Struct, frozen=True, kw_only=True):
+    """A project a bot takes part in: its linked channels that have the bot."""
+
+    id: str
+    name: str
+    owner: str
+    channels: tuple[str, ...] = ()
+
+
+class AccountSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """What one account's tree holds. Pools are the account's own: its bots' (`bot:<id>`), its
+    user memory (`user:<id>`) and its projects' (`project:<id>`). `users` are the other people
+    its bots, channels and projects name; `channels` those it or its bots are in or its projects
+    link. `bot_projects` is derived (from every project, the account's or not)."""
+
+    account: User
+    orgs: tuple[Org, ...] = ()
+    users: tuple[User, ...] = ()
+    bots: tuple[Bot, ...] = ()
+    channels: tuple[Channel, ...] = ()
+    projects: tuple[Project, ...] = ()
+    bot_projects: dict[str, tuple[BotProject, ...]] = {}
+    pools: tuple[PoolSnapshot, ...] = ()
+    commands: tuple[CommandReceipt, ...] = ()
+
+
+def canonical(snapshot: AccountSnapshot) -> AccountSnapshot:
+    """The snapshot in the one order its files have; empty pools and foreign bots' project
+    lists dropped. `parse(render(s)) == canonical(s)`."""
+
+    def by_id(items):
+        return tuple(sorted(items, key=lambda x: x.id))
+
+    pools = []
+    for p in sorted(snapshot.pools, key=lambda p: p.pool):
+        pool = PoolSnapshot(
+            pool=p.pool,
+            records=by_id(p.records),
+            revisions=tuple(sorted(p.revisions, key=lambda r: (r.entry, r.revision))),
+            tombstones=tuple(
+                sorted(
+                    (
+                        t if t.content is None else msgspec.structs.replace(t, fingerprint="")
+                        for t in p.tombstones
+                    ),
+                    key=lambda t: (t.entry, t.revision),
+                )
+            ),
+            jobs=by_id(p.jobs),
+        )
+        if pool.records or pool.revisions or pool.tombstones or pool.jobs:
+            pools.append(pool)
+    return AccountSnapshot(
+        account=snapshot.account,
+        orgs=by_id(snapshot.orgs),
+        users=by_id(snapshot.users),
+        bots=by_id(snapshot.bots),
+        channels=by_id(snapshot.channels),
+        projects=by_id(snapshot.projects),
+        bot_projects={
+            b.id: by_id(snapshot.bot_projects.get(b.id, ())) for b in by_id(snapshot.bots)
+        },
+        pools=tuple(pools),
+        commands=tuple(sorted(snapshot.commands, key=lambda c: (c.pool, c.request_id))),
+    )
+
+
+# --- lines, dates, names --------------------------------------------------------------------------
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+LINE = re.compile(r"^- \((\d{4}-\d{2}-\d{2})\)(?: (.*))?$")
+_UNESCAPE = re.compile(r"\\(\\|n|r|u[0-9a-fA-F]{4})")
+_EDGE_SPACE = " \t"
+
+
+def _utc(ms: int) -> datetime.datetime:
+    return _EPOCH + datetime.timedelta(milliseconds=ms)
+
+
+def day(ms: int) -> str:
+    """The UTC date of epoch milliseconds, `YYYY-MM-DD`."""
+    return _utc(ms).date().isoformat()
+
+
+def iso(ms: int) -> str:
+    return _utc(ms).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def escape(text: str) -> str:
+    """One line that `unescape` turns back into `text` exactly (see the module docstring)."""
+    out = []
+    for c in text:
+        if c == "\\":
+            out.append("\\\\")
+        elif c == "\n":
+            out.append("\\n")
+        elif c == "\r":
+            out.append("\\r")
+        elif c != "\t" and unicodedata.category(c) in ("Cc", "Zl", "Zp"):
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    body = "".join(out)
+    rest = body.lstrip(_EDGE_SPACE)
+    core = rest.rstrip(_EDGE_SPACE)
+    return _u(body[: len(body) - len(rest)]) + core + _u(rest[len(core) :])
+
+
+def _u(spaces: str) -> str:
+    return "".join(f"\\u{ord(c):04x}" for c in spaces)
+
+
+def unescape(line: str) -> str:
+    def one(m: re.Match[str]) -> str:
+        code = m.group(1)
+        if code == "\\":
+            return "\\"
+        if code == "n":
+            return "\n"
+        if code == "r":
+            return "\r"
+        return chr(int(code[1:], 16))
+
+    return _UNESCAPE.sub(one, line)
+
+
+def memory_line(content: str, updated_at: int) -> str:
+    """`- (YYYY-MM-DD) content` (FS-2), escaped to one line."""
+    return f"- ({day(updated_at)}) {escape(content)}"
+
+
+def segment(value: str, what: str) -> str:
+    """An id used as a path segment: the directory's id rules, and never `.` or `..`."""
+    if not isinstance(value, str) or not ID_RE.match(value) or value in (".", ".."):
+        raise InvalidInput(f"{what} {value!r} cannot name a file", code="invalid_tree")
+    return value
+
+
+def memory_root(pool: str) -> str:
+    """The directory of a pool's memory inside the account's tree."""
+    kind, _, owner = pool.partition(":")
+    if kind == "bot":
+        return f"agents/{segment(owner, 'bot id')}/memory"
+    if kind == "user":
+        return "user-memory"
+    if kind == "project":
+        return f"projects/{segment(owner, 'project id')}/memory"
+    raise InvalidInput(f"{pool!r} is not a workspace pool", code="invalid_tree")
+
+
+def record_file(record: MemoryRecord) -> str:
+    """Where an active record's line goes, relative to its memory root."""
+    month = _utc(record.updated_at).strftime("%Y-%m")
+    name = "profile.md" if record.tier == Tier.PROFILE else f"log/{month}.md"
+    if record.pool.startswith("bot:"):
+        return name
+    return f"agents/{segment(record.contributor, 'contributor')}/{name}"
+
+
+def command_file(receipt: CommandReceipt) -> str:
+    digest = hashlib.sha256(f"{receipt.pool}\x00{receipt.request_id}".encode()).hexdigest()
+    return f".commands/{digest[:32]}.json"

@@ -1,0 +1,596 @@
+"""`openbot export` / `openbot import` on data directories (FS-1..FS-3, DESIGN §7).
+
+Export reads a *stopped* server's data directory (or a consistent copy of a running one: see
+`Engine.backup`) straight from its DuckDB files, opened read-only, decrypts with the master key
+(`OPENBOT_MASTER_KEY` or `master.key` there) and builds each account's `AccountSnapshot`;
+engine/file_tree.py renders it. Import parses a tree back and writes a *new* data directory:
+the directory records, projects, workspace records (content sealed with fresh per-pool keys,
+fingerprints keyed again with this directory's master key), revisions, forget barriers,
+extraction jobs and idempotency receipts.
+
+What an account holds: its user record, the bots it owns (their memory pools), its user memory,
+the projects it owns (their memory pools), its workspace receipts. Chats, their items, the
+seed-000 memory entries and memory-bot settings stay out of the tree (seed 002 keeps bot identity
+and chats in the database); imported pools start with default memory-bot settings. Users get
+new tokens on import (`import-tokens.json`, 0600): the tree never holds a credential.
+
+Files are written through a recovery log (FS-3): `.transactions/<id>.json` lists what is about
+to be written, each file is replaced atomically, then the log goes. A tree whose
+`.transactions/` is not empty was interrupted, and import refuses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import msgspec
+
+from engine import file_tree as ft
+from engine.directory import Bot, Channel, Org, User
+from engine.errors import InvalidInput, NotFound, StorageError
+from engine.memory_bot import MemoryBotSettings
+from engine.projects import Project
+from engine.scoped_memory import ForgetBarrier, Revision, WsEntry, content_fingerprint
+from storage.chat_store import LearningJob
+from storage.crypto import KEY_FILE, Cipher, Keyring, aad, load_master_key
+from storage.database import Database
+from storage.directory_store import MIGRATIONS as DIRECTORY_MIGRATIONS
+from storage.directory_store import hash_token
+from storage.group_commit import Insert, Write
+from storage.memory_store import MemoryStore, StoredPool
+from storage.receipts import Receipts, receipt_key
+from storage.shard_schema import LEARNING_JOBS
+from storage.shard_schema import MIGRATIONS as SHARD_MIGRATIONS
+from storage.workspace_store import WorkspaceStore
+
+DIRECTORY_FILE = "directory.duckdb"
+TOKENS_FILE = "import-tokens.json"
+RECEIPT_SCOPE = "ws"  # the workspace's receipts (actors/workspace.py RECEIPT_SCOPE)
+TRANSACTIONS = ".transactions"
+_enc = msgspec.json.Encoder()
+_dec: dict[type, msgspec.json.Decoder] = {
+    k: msgspec.json.Decoder(k) for k in (Org, User, Bot, Channel, Project, WsEntry, LearningJob)
+}
+_barrier_dec = msgspec.json.Decoder(ForgetBarrier)
+
+
+def shard_of(key: str, shards: int) -> int:
+    """As actors/placement.py (storage cannot import actors): crc32 mod the shard count."""
+    import zlib
+
+    return zlib.crc32(key.encode()) % shards
+
+
+# --- reading a stopped data directory -------------------------------------------------------------
+
+
+def _master_key(data_dir: Path) -> bytes:
+    """The key the data directory was sealed with; never a new one (reading makes nothing)."""
+    if not os.environ.get("OPENBOT_MASTER_KEY") and not (data_dir / KEY_FILE).exists():
+        raise InvalidInput(
+            f"no master key: {data_dir / KEY_FILE} is missing and OPENBOT_MASTER_KEY is unset",
+            code="no_master_key",
+        )
+    return load_master_key(data_dir)
+
+
+@contextlib.contextmanager
+def _read_only(path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error as e:
+        raise StorageError(
+            f"cannot open {path} read-only (a running server holds it? export with --url, or "
+            f"from a backup): {e}",
+            code="store_locked",
+        ) from e
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence = ()) -> list[tuple]:
+    """Rows of a query; none when its table does not exist (a file from before migration 5)."""
+    try:
+        return con.execute(sql, list(params)).fetchall()
+    except duckdb.CatalogException:
+        return []
+    except duckdb.Error as e:
+        raise StorageError(f"cannot read the data directory ({sql}): {e}") from e
+
+
+@dataclass
+class _ShardRows:
+    index: int
+    keys: dict[str, Cipher] = field(default_factory=dict)
+    entries: dict[str, list[tuple[WsEntry, bytes]]] = field(default_factory=dict)
+    revisions: dict[str, list[tuple]] = field(default_factory=dict)
+    barriers: dict[str, list[tuple[int, ForgetBarrier]]] = field(default_factory=dict)
+    jobs: dict[str, list[LearningJob]] = field(default_factory=dict)
+    # account -> (request id, fingerprint, sealed answer, time, receipt key)
+    receipts: dict[str, list[tuple[str, str, bytes, int, str]]] = field(default_factory=dict)
+
+
+class DataDirReader:
+    """Everything an export needs from a data directory, read once (read-only)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = Path(data_dir)
+        directory = self.data_dir / DIRECTORY_FILE
+        if not directory.exists():
+            raise NotFound(f"{directory} does not exist", code="no_data_dir")
+        self.keyring = Keyring(_master_key(self.data_dir))
+        with _read_only(directory) as con:
+
+            def table(name: str, kind: type) -> dict:
+                rows = _rows(con, f"SELECT id, doc FROM {name}")
+                return {i: _dec[kind].decode(doc) for i, doc in sorted(rows)}
+
+            self.orgs: dict[str, Org] = table("orgs", Org)
+            self.users: dict[str, User] = table("users", User)
+            self.bots: dict[str, Bot] = table("bots", Bot)
+            self.channels: dict[str, Channel] = table("channels", Channel)
+        paths = sorted(
+            (int(p.stem.removeprefix("shard-")), p)
+            for p in self.data_dir.glob("shard-*.duckdb")
+            if p.stem.removeprefix("shard-").isdigit()
+        )
+        self.projects: dict[str, Project] = {}
+        self.shards = [self._read_shard(k, p) for k, p in paths]
+
+    def _read_shard(self, index: int, path: Path) -> _ShardRows:
+        out = _ShardRows(index)
+        with _read_only(path) as con:
+            for pool, wrapped in _rows(con, "SELECT pool, wrapped_key FROM pools"):
+                out.keys[pool] = self.keyring.unwrap_pool_key(pool, wrapped)
+            for pool, meta, content in _rows(con, "SELECT pool, meta, content FROM ws_entries"):
+                out.entries.setdefault(pool, []).append((_dec[WsEntry].decode(meta), content))
+            for row in _rows(
+                con,
+                "SELECT pool, entry, revision, at_ms, operator, change, body FROM ws_revisions",
+            ):
+                out.revisions.setdefault(row[0], []).append(row[1:])
+            for key, pool, doc in _rows(con, "SELECT key, pool, doc FROM ws_barriers"):
+                revision = int(key.rsplit("\x00", 1)[1])
+                out.barriers.setdefault(pool, []).append((revision, _barrier_dec.decode(doc)))
+            for (doc,) in _rows(con, "SELECT doc FROM learning_jobs"):
+                job = _dec[LearningJob].decode(doc)
+                out.jobs.setdefault(job.pool, []).append(job)
+            for (doc,) in _rows(con, "SELECT doc FROM projects"):
+                project = _dec[Project].decode(doc)
+                self.projects[project.id] = project
+            for key, print_, sealed, at in _rows(
+                con,
+                "SELECT key, fingerprint, response, at_ms FROM receipts WHERE scope = ?",
+                [RECEIPT_SCOPE],
+            ):
+                _, account, request_id = key.split("\x00", 2)
+                out.receipts.setdefault(account, []).append((request_id, print_, sealed, at, key))
+        return out
+
+    def accounts(self) -> list[str]:
+        """Users with something in a tree: bots, projects, user memory or workspace receipts."""
+        found = {b.owner for b in self.bots.values()}
+        found |= {p.owner for p in self.projects.values()}
+        for shard in self.shards:
+            for pool in (*shard.entries, *shard.barriers):
+                if pool.startswith("user:"):
+                    found.add(pool.removeprefix("user:"))
+            found |= set(shard.receipts)
+        return sorted(u for u in found if u in self.users)
+
+    def snapshot(self, account: str) -> ft.AccountSnapshot:
+        user = self.users.get(account)
+        if user is None:
+            raise NotFound(f"no user {account!r} in {self.data_dir}", code="user_not_found")
+        bots = [b for b in self.bots.values() if b.owner == account]
+        bot_ids = {b.id for b in bots}
+        projects = [p for p in self.projects.values() if p.owner == account]
+        linked = {c for p in projects for c in p.channels}
+        channels = [
+            c
+            for c in self.channels.values()
+            if account in c.people or bot_ids.intersection(c.bots) or c.id in linked
+        ]
+        named = {u for p in projects for u in p.members}
+        named |= {u for c in channels for u in c.people}
+        named |= {u for b in bots for u in b.grants}
+        users = [self.users[u] for u in sorted(named - {account}) if u in self.users]
+        org_ids = {*user.orgs, *(b.org for b in bots), *(c.org for c in channels)}
+        org_ids |= {p.org for p in projects} | {o for u in users for o in u.orgs}
+        pools = [f"bot:{b}" for b in sorted(bot_ids)] + [f"user:{account}"]
+        pools += [f"project:{p.id}" for p in projects]
+        return ft.canonical(
+            ft.AccountSnapshot(
+                account=user,
+                orgs=tuple(self.orgs[o] for o in sorted(org_ids) if o in self.orgs),
+                users=tuple(users),
+                bots=tuple(bots),
+                channels=tuple(channels),
+                projects=tuple(projects),
+                bot_projects={b: self._bot_projects(b) for b in bot_ids},
+                pools=tuple(self._pool(p) for p in pools),
+                commands=tuple(self._commands(account)),
+            )
+        )
+
+    def _bot_projects(self, bot: str) -> tuple[ft.BotProject, ...]:
+        out = []
+        for p in self.projects.values():
+            via = tuple(
+                c for c in p.channels if c in self.channels and bot in self.channels[c].bots
+            )
+            if via:
+                out.append(ft.BotProject(id=p.id, name=p.name, owner=p.owner, channels=via))
+        return tuple(out)
+
+    def _pool(self, pool: str) -> ft.PoolSnapshot:
+        records, revisions, tombstones, jobs = [], [], [], []
+        for shard in self.shards:
+            cipher = shard.keys.get(pool)
+            rows = shard.entries.get(pool, [])
+            revs = shard.revisions.get(pool, [])
+            if (rows or revs) and cipher is None:
+                raise StorageError(f"{pool} has records on shard {shard.index} but no key")
+            for entry, sealed in rows:
+                content = WorkspaceStore.open(cipher, pool, entry.id, sealed)
+                fields = msgspec.structs.asdict(entry)
+                del fields["content_fp"]
+                records.append(ft.MemoryRecord(**fields, content=content))
+            for entry_id, revision, at, operator, change, body in revs:
+                before, after = WorkspaceStore.open_revision(cipher, pool, entry_id, revision, body)
+                revisions.append(
+                    Revision(
+                        entry=entry_id,
+                        revision=revision,
+                        operator=operator,
+                        at=at,
+                        change=change,
+                        before=before,
+                        after=after,
+                    )
+                )
+            for job in shard.jobs.get(pool, []):
+                jobs.append(ft.MemoryJob(**msgspec.structs.asdict(job)))
+        befores = {(r.entry, r.revision): r.before for r in revisions}
+        for shard in self.shards:
+            for revision, b in shard.barriers.get(pool, []):
+                old = befores.get((b.entry, revision))
+                tombstones.append(
+                    ft.Tombstone(
+                        entry=b.entry,
+                        revision=revision,
+                        reason=b.reason,
+                        at=b.at,
+                        evidence=b.evidence,
+                        content=old,
+                        fingerprint=b.fingerprint if old is None else "",
+                    )
+                )
+        return ft.PoolSnapshot(
+            pool=pool,
+            records=tuple(records),
+            revisions=tuple(revisions),
+            tombstones=tuple(tombstones),
+            jobs=tuple(jobs),
+        )
+
+    def _commands(self, account: str) -> Iterator[ft.CommandReceipt]:
+        """The account's workspace receipts. A receipt does not name the pool whose key sealed
+        it, so each is opened with the keys of the pools the account may write on its shard
+        first, then (a project it has left since) with the shard's other keys."""
+        mine = [f"bot:{b.id}" for b in self.bots.values() if b.owner == account]
+        mine += [f"bot:{b.id}" for b in self.bots.values() if account in b.grants]
+        mine.append(f"user:{account}")
+        mine += [f"project:{p.id}" for p in self.projects.values() if account in p.members]
+        for shard in self.shards:
+            rows = shard.receipts.get(account, [])
+            if not rows:
+                continue
+            first = [p for p in mine if p in shard.keys]
+            candidates = [*first, *sorted(set(shard.keys) - set(first))]
+            for request_id, print_, sealed, at, key in rows:
+                for pool in candidates:
+                    try:
+                        answer = shard.keys[pool].open(sealed, aad(pool, "receipt\x00" + key))
+                    except StorageError:
+                        continue
+                    yield ft.CommandReceipt(
+                        request_id=request_id,
+                        pool=pool,
+                        fingerprint=print_,
+                        at=at,
+                        response=msgspec.json.decode(answer),
+                    )
+                    break
+
+
+def render_data_dir(data_dir: Path, account: str | None = None) -> dict[str, bytes]:
+    """The seed-002 tree of one account, or of every account, of a stopped data directory."""
+    reader = DataDirReader(Path(data_dir))
+    files: dict[str, bytes] = {}
+    for a in [account] if account else reader.accounts():
+        files.update(ft.render(reader.snapshot(a)))
+    return files
+
+
+# --- files ----------------------------------------------------------------------------------------
+
+
+def write_tree(out_dir: Path, files: dict[str, bytes]) -> int:
+    """Write the tree into `out_dir` (new or empty), each account through a recovery log."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise InvalidInput(f"{out_dir} is not empty", code="export_exists")
+    by_account: dict[str, list[str]] = {}
+    for path in files:
+        parts = path.split("/")
+        if len(parts) < 3 or parts[0] != ft.ROOT or ".." in parts or "" in parts:
+            raise InvalidInput(f"{path} is not a tree path", code="invalid_tree")
+        by_account.setdefault(parts[1], []).append(path)
+    for account, paths in sorted(by_account.items()):
+        root = out_dir / ft.ROOT / account
+        (root / ".commands").mkdir(parents=True, exist_ok=True)
+        (root / TRANSACTIONS).mkdir(exist_ok=True)
+        log = root / TRANSACTIONS / f"{secrets.token_hex(8)}.json"
+        _atomic(log, _enc.encode({"write": sorted(paths)}), sync=True)
+        for path in sorted(paths):
+            _atomic(out_dir / path, files[path])
+        os.sync()  # every body on disk before the log goes (one sync, not one per file)
+        log.unlink()
+    return len(files)
+
+
+def _atomic(path: Path, data: bytes, *, sync: bool = False) -> None:
+    """Replace `path` with `data` in one step (a reader sees the old file or the new one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_tree(tree_dir: Path) -> dict[str, bytes]:
+    """The files under `tree_dir/bot-workspace`; refuses an interrupted write and symlinks."""
+    base = Path(tree_dir) / ft.ROOT
+    if not base.is_dir():
+        raise NotFound(f"{base} does not exist", code="no_tree")
+    files: dict[str, bytes] = {}
+    for dirpath, dirnames, filenames in os.walk(base):
+        here = Path(dirpath)
+        if here.name == TRANSACTIONS and here.parent.parent == base:
+            if filenames or dirnames:
+                raise InvalidInput(
+                    f"{here} is not empty: writing this tree was interrupted; export again",
+                    code="interrupted_tree",
+                )
+            continue
+        for name in [*dirnames, *filenames]:
+            if (here / name).is_symlink():
+                raise InvalidInput(f"{here / name} is a symbolic link", code="invalid_tree")
+        for name in filenames:
+            rel = (here / name).relative_to(tree_dir).as_posix()
+            files[rel] = (here / name).read_bytes()
+    return files
+
+
+# --- writing a new data directory -----------------------------------------------------------------
+
+
+class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
+    accounts: list[str]
+    records: int
+    projects: int
+    files: list[str]
+    tokens_file: str | None = None
+    skipped_receipts: int = 0
+
+
+def _merge(kind: str, into: dict, items: Iterable) -> None:
+    for item in items:
+        if into.setdefault(item.id, item) != item and kind != "users":
+            raise InvalidInput(f"{kind[:-1]} {item.id} differs between accounts", code="conflict")
+
+
+def import_snapshots(
+    snapshots: Sequence[ft.AccountSnapshot], data_dir: Path, *, shards: int = 2
+) -> ImportResult:
+    """Write the snapshots into `data_dir`, which must hold no store yet, as `shards` shards
+    (the count `openbot serve --shards` will use)."""
+    data_dir = Path(data_dir)
+    if shards < 1:
+        raise InvalidInput("shards must be at least 1", code="shard_count")
+    if data_dir.exists() and any(data_dir.glob("*.duckdb")):
+        raise InvalidInput(f"{data_dir} already holds data; import into a new one", code="exists")
+    orgs: dict[str, Org] = {}
+    users: dict[str, User] = {}
+    bots: dict[str, Bot] = {}
+    channels: dict[str, Channel] = {}
+    projects: dict[str, Project] = {}
+    _merge("users", users, [s.account for s in snapshots])  # an account's own record first
+    for s in snapshots:
+        _merge("orgs", orgs, s.orgs)
+        _merge("users", users, s.users)
+        _merge("channels", channels, s.channels)
+        for bot in s.bots:
+            if bot.id in bots or bot.owner != s.account.id:
+                raise InvalidInput(f"bot {bot.id} twice, or not its owner's", code="conflict")
+            bots[bot.id] = bot
+        for project in s.projects:
+            if project.id in projects or project.owner != s.account.id:
+                raise InvalidInput(
+                    f"project {project.id} twice, or not its owner's", code="conflict"
+                )
+            projects[project.id] = project
+
+    def host(pool: str) -> str | None:
+        kind, _, owner = pool.partition(":")
+        if kind == "bot":
+            return bots[owner].owner if owner in bots else None
+        if kind == "user":
+            return owner if owner in users else None
+        return projects[owner].owner if owner in projects else None
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    master = load_master_key(data_dir)
+    keyring = Keyring(master)
+    memory = MemoryStore(None, keyring)  # type: ignore[arg-type]  (row builders only)
+    ws = WorkspaceStore(None, master)  # type: ignore[arg-type]
+    writes: list[list[Write]] = [[] for _ in range(shards)]
+    keys: dict[str, Cipher] = {}
+
+    def key(pool: str) -> Cipher | None:
+        if pool not in keys:
+            owner = host(pool)
+            if owner is None:
+                return None
+            cipher, wrapped = keyring.new_pool_key(pool)
+            stored = StoredPool(pool=pool, cipher=cipher, wrapped_key=wrapped)
+            writes[shard_of(owner, shards)].append(memory.pool_row(stored, 0, MemoryBotSettings()))
+            keys[pool] = cipher
+        return keys[pool]
+
+    records = skipped = 0
+    for project in projects.values():
+        writes[shard_of(project.owner, shards)].append(ws.project_row(project))
+        key(f"project:{project.id}")
+    for s in snapshots:
+        for pool in s.pools:
+            cipher = key(pool.pool)
+            if cipher is None:
+                raise InvalidInput(f"{pool.pool} has no owner in the tree", code="invalid_tree")
+            owner = host(pool.pool)
+            assert owner is not None
+            records += len(pool.records)
+            writes[shard_of(owner, shards)].extend(_pool_rows(ws, pool, cipher))
+        for receipt in s.commands:
+            cipher = key(receipt.pool)
+            if cipher is None:
+                skipped += 1  # its pool is not in this import: nobody could replay it
+                continue
+            row = Receipts.row(
+                receipt_key(RECEIPT_SCOPE, s.account.id, receipt.request_id),
+                receipt.fingerprint,
+                _enc.encode(receipt.response),
+                cipher,
+                receipt.pool,
+                receipt.at,
+            )
+            owner = host(receipt.pool)
+            assert owner is not None
+            writes[shard_of(owner, shards)].append(row)
+    files = [_write_shard(data_dir / f"shard-{k}.duckdb", writes[k]) for k in range(shards)]
+    tokens = {u: "obt_" + secrets.token_urlsafe(32) for u in sorted(users)}
+    files.append(_write_directory(data_dir, orgs, users, bots, channels, projects, tokens))
+    tokens_file = data_dir / TOKENS_FILE
+    fd = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(tokens, f, indent=2)
+    return ImportResult(
+        accounts=[s.account.id for s in snapshots],
+        records=records,
+        projects=len(projects),
+        files=[*files, str(data_dir / KEY_FILE)],
+        tokens_file=str(tokens_file),
+        skipped_receipts=skipped,
+    )
+
+
+def _pool_rows(ws: WorkspaceStore, pool: ft.PoolSnapshot, cipher: Cipher) -> Iterator[Write]:
+    fp_key = ws.fingerprint_key(pool.pool)
+    for r in pool.records:
+        if r.pool != pool.pool:
+            raise InvalidInput(f"record {r.id} is not of {pool.pool}", code="invalid_tree")
+        fields = msgspec.structs.asdict(r)
+        content = fields.pop("content")
+        entry = WsEntry(**fields, content_fp=content_fingerprint(content, fp_key))
+        yield ws.entry_row(entry, ws.seal(cipher, pool.pool, r.id, content), new=True)
+    for rev in pool.revisions:
+        yield ws.revision_row(pool.pool, rev, cipher)
+    for t in pool.tombstones:
+        barrier = ForgetBarrier(
+            pool=pool.pool,
+            fingerprint=t.fingerprint
+            if t.content is None
+            else content_fingerprint(t.content, fp_key),
+            evidence=t.evidence,
+            at=t.at,
+            entry=t.entry,
+            reason=t.reason,
+        )
+        yield ws.barrier_row(barrier, t.revision)
+    for job in pool.jobs:
+        stored = LearningJob(**msgspec.structs.asdict(job))
+        # The row ChatStore.job_row writes (its builder needs a store instance).
+        doc = _enc.encode(stored).decode()
+        yield Insert(LEARNING_JOBS.name, (stored.id, stored.pool, stored.chat, doc))
+
+
+def _insert_all(db: Database, rows: Sequence[tuple[str, tuple]]) -> None:
+    by_table: dict[str, list[tuple]] = {}
+    for table, row in rows:
+        by_table.setdefault(table, []).append(row)
+
+    def write(con: duckdb.DuckDBPyConnection) -> None:
+        con.begin()
+        try:
+            for table, batch in by_table.items():
+                # The appender, as group commit uses: executemany is ~100x slower.
+                appender = con.appender(table)
+                appender.append_rows(batch)
+                appender.flush()
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+
+    db.run_sync(write)
+
+
+def _write_shard(path: Path, writes: list[Write]) -> str:
+    db = Database(path, SHARD_MIGRATIONS)
+    try:
+        _insert_all(db, [(w.table, w.row) for w in writes])  # type: ignore[union-attr]
+    finally:
+        db.close()
+    return str(path)
+
+
+def _write_directory(
+    data_dir: Path,
+    orgs: dict[str, Org],
+    users: dict[str, User],
+    bots: dict[str, Bot],
+    channels: dict[str, Channel],
+    projects: dict[str, Project],
+    tokens: dict[str, str],
+) -> str:
+    path = data_dir / DIRECTORY_FILE
+    rows: list[tuple[str, tuple]] = []
+    for table, records in (("orgs", orgs), ("users", users), ("bots", bots)):
+        rows += [(table, (i, _enc.encode(r).decode())) for i, r in sorted(records.items())]
+    rows += [("channels", (i, _enc.encode(c).decode())) for i, c in sorted(channels.items())]
+    rows += [("project_owners", (p.id, p.owner)) for p in projects.values()]
+    rows += [("tokens", (hash_token(t), u, 0)) for u, t in tokens.items()]
+    db = Database(path, DIRECTORY_MIGRATIONS)
+    try:
+        _insert_all(db, rows)
+    finally:
+        db.close()
+    return str(path)
+
+
+def import_tree(tree_dir: Path, data_dir: Path, *, shards: int = 2) -> ImportResult:
+    """`openbot import`: parse the tree under `tree_dir` and write a new data directory."""
+    return import_snapshots(ft.parse(read_tree(tree_dir)), data_dir, shards=shards)

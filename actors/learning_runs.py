@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from actors.memory_bot import BudgetSpent, MemoryBotRuntime
+from engine import scoped_memory as sm
+from engine import tags as tagmod
 from engine.commands import Outcome
 from engine.errors import Conflict, OpenBotError
 from engine.events import Audience as EventAudience
@@ -32,7 +34,7 @@ from engine.learning import (
     context_selection,
     decide,
 )
-from engine.memory import Change, LogRow, Reader, Who
+from engine.memory import Change, LogRow, Reader, Scope, Who
 from engine.models import Completion, Message
 from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS
 from engine.visibility import Visibility
@@ -304,6 +306,11 @@ class LearningRunner:
                     now=now,
                     new_ids=(f"mem_{secrets.token_hex(12)}" for _ in iter(int, 1)),
                 )
+                # User and project facts go to the workspace pools (SC-1..SC-3, issue 5).
+                ws_rejected = await self._extract_scoped(job, decision.new, evidence, now)
+                decision = msgspec.structs.replace(
+                    decision, new=[(m, t) for m, t in decision.new if m.scope == Scope.BOT]
+                )
                 version = pool.version + 1
                 log_rows = [
                     LogRow(
@@ -333,7 +340,7 @@ class LearningRunner:
                     upserts=tuple([m for m, _ in decision.new] + decision.changed),
                     log=tuple(log_rows),
                 )
-                rejected = len(decision.rejected)
+                rejected = len(decision.rejected) + ws_rejected
                 done = msgspec.structs.replace(
                     job,
                     status="done",
@@ -352,3 +359,61 @@ class LearningRunner:
         except BaseException:
             self._positions.pop((job.pool, job.chat), None)  # reload what was really stored
             raise
+
+    async def _extract_scoped(self, job: LearningJob, new, evidence, now: int) -> int:
+        """Send the user- and project-scope facts among `new` to the shards holding those
+        workspace pools; the number refused. User scope needs the turn's one person (a direct
+        chat); project scope needs the chat's project."""
+        scoped = [(m, t) for m, t in new if m.scope != Scope.BOT]
+        if not scoped:
+            return 0
+        contributor = job.pool.removeprefix("bot:")
+        user = (
+            job.grant.removeprefix("for:person:") if job.grant.startswith("for:person:") else None
+        )
+        project: str | None = None
+        if any(m.scope == Scope.PROJECT for m, _ in scoped):
+            project = (await self.shard.peers.directory("get_chat", job.chat)).project
+        by_pool: dict[str, list[sm.Extraction]] = {}
+        refused = 0
+        for meta, text in scoped:
+            if meta.scope == Scope.USER and user is None:
+                refused += 1  # a group's turn has no single user to keep it for
+                continue
+            if meta.scope == Scope.PROJECT and not project:
+                refused += 1
+                continue
+            pool_id = sm.pool_of(meta.scope, bot=contributor, account=user or "", project=project)
+            by_pool.setdefault(pool_id, []).append(
+                sm.Extraction(
+                    pool=pool_id,
+                    contributor=contributor,
+                    content=text,
+                    evidence=tuple(sm.marker(s.chat, s.item) for s in meta.sources if s.is_item),
+                    tier=meta.tier,
+                    topics=tagmod.topics_of(meta.tags),
+                )
+            )
+        sources = [
+            sm.SourceItem(chat=e.chat, item=e.item, kind=e.kind, author=e.author, text=e.text)
+            for e in evidence.values()
+        ]
+        for pool_id, proposals in by_pool.items():
+            owner = sm.pool_owner(pool_id)
+            if pool_id.startswith("project:"):
+                owner = await self.shard.peers.directory("project_owner", owner)
+                if owner is None:
+                    refused += len(proposals)
+                    continue
+            decisions = await self.shard.peers.shard_call(
+                self.shard.peers.index_of(owner),
+                "ws_extract",
+                pool_id,
+                contributor,
+                proposals,
+                sources,
+                f"learn:{job.id}:{job.upto}",
+                now,
+            )
+            refused += sum(1 for d in decisions if d.outcome == "refused")
+        return refused

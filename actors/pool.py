@@ -23,6 +23,7 @@ class Pool:
         self.poisoned = False  # a queued change failed: this state is ahead of the disk
         # Receipts written since load (the table has older ones): requestId key → (print, answer).
         self.receipts: dict[str, tuple[str, bytes]] = {}
+        self.stored_receipts: set[str] | None = None  # keys on disk when loaded (None: not read)
         # The learning context (LRN-7) of one pool version: recomputing it walks every entry.
         self.learning_view: tuple | None = None  # (version, reader, entries, topic counts)
         self._by_grant: dict[str, set[str]] = {}

@@ -63,7 +63,10 @@ from engine.memory_bot import MemoryBotSettings, SettingsPatch, apply_patch
 from engine.order import in_memory_order
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
 from engine.scoped_memory import (
+    Decision,
+    Extraction,
     ForgetBarrier,
+    SourceItem,
     WsEntryView,
     WsForget,
     WsMemoryChange,
@@ -469,6 +472,10 @@ class ShardService:
                     code="request_id_reused",
                 )
             return _view_dec.decode(answer[1])
+        if pool.stored_receipts is None:
+            pool.stored_receipts = await self.receipts.keys(pool.id)
+        if key not in pool.stored_receipts:
+            return None  # a new request id: nothing to read
         raw = await self.receipts.find(key, print_, pool.stored.cipher, pool.id)
         return None if raw is None else _view_dec.decode(raw)
 
@@ -561,6 +568,7 @@ class ShardService:
                 # Stored answers may quote what was just deleted: a purge ends their replay.
                 extra.append(DeleteWhere(RECEIPTS.name, "scope", (pool_id,)))
                 pool.receipts.clear()
+                pool.stored_receipts = set()
             pending = self._queue(pool, outcome, None, extra)
         await self._settle(pool, pending, reads_state=False)
         return len(outcome.deletes)
@@ -757,3 +765,16 @@ class ShardService:
         self, pool_id: str, content: str, evidence: Sequence[str] = ()
     ) -> ForgetBarrier | None:
         return await self.workspace.blocked(pool_id, content, evidence)
+
+    async def ws_extract(
+        self,
+        pool_id: str,
+        contributor: str,
+        proposals: Sequence[Extraction],
+        sources: Sequence[SourceItem],
+        request_id: str,
+        now: int | None = None,
+    ) -> list[Decision]:
+        return await self.workspace.extract(
+            pool_id, contributor, proposals, sources, request_id, now
+        )

@@ -65,6 +65,7 @@ RECEIPT_SCOPE = "ws"  # receipts of workspace writes: one requestId space per ac
 MAX_LIST = 1_000
 _project_view_dec = msgspec.json.Decoder(ProjectView)
 _entry_view_dec = msgspec.json.Decoder(WsEntryView)
+_decisions_dec = msgspec.json.Decoder(list[sm.Decision])
 
 
 def new_memory_id() -> str:
@@ -551,6 +552,120 @@ class Workspace:
                 )
         key, print_, answer = receipt
         raw = msgspec.json.encode(answer)
+        fut = self._commit(writes, events, (key, print_, raw, keyed), lambda: self._drop_pool(pool))
+        if writes:
+            pool.pending = fut
+        return fut
+
+    async def extract(
+        self,
+        pool_id: str,
+        contributor: str,
+        proposals: Sequence[sm.Extraction],
+        sources: Sequence[sm.SourceItem],
+        request_id: str,
+        now: int | None = None,
+    ) -> list[sm.Decision]:
+        """Store what the memory bot of bot `contributor` learned for a user or project pool
+        hosted here (SC-1..SC-3): each proposal goes through `propose_extraction` against the
+        pool's latest records and forget barriers, in order, under the pool's lock. Created,
+        updated and review-flagged records are stored as people's writes are (records,
+        revisions, `memory.changed` events to who may read). `request_id` (the learning job's)
+        makes a repeat return the first decisions and store nothing again."""
+        scope = sm.scope_of(pool_id)
+        if scope == Scope.BOT:
+            raise InvalidInput("bot memory is kept in the bot's pool", code="invalid_pool")
+        projects = await self._load_projects()
+        if scope == Scope.PROJECT and sm.pool_owner(pool_id) not in projects:
+            return [
+                sm.Decision(outcome="refused", code="not_found", reason="no such project here")
+                for _ in proposals
+            ]
+        if scope == Scope.USER and self.shard.peers.index_of(sm.pool_owner(pool_id)) != (
+            self.shard.index
+        ):
+            raise InvalidInput("a user pool is kept on the account's shard", code="wrong_shard")
+        proposals = list(proposals)
+        for p in proposals:
+            if p.pool != pool_id or p.contributor != contributor:
+                raise InvalidInput("every proposal must be for this pool and bot", code="invalid")
+        by_marker = {s.marker: s for s in sources}
+        key = receipt_key(RECEIPT_SCOPE, f"bot:{contributor}", request_id)
+        print_ = fingerprint(("memory.extract", pool_id, contributor, proposals, sources))
+        pool = await self._pool(pool_id)
+        async with self._request(key), pool.lock:
+            raw = await self._replay(key, print_, pool.keyed)
+            if raw is not None:
+                return _decisions_dec.decode(raw)
+            stored = pool.stored
+            at = self.shard.clock() if now is None else now
+            contents = {
+                e.id: self._open(pool, e.id)
+                for p in proposals
+                if p.replaces is not None and (e := stored.entries.get(p.replaces)) is not None
+            }
+
+            def new_id() -> str:
+                while (fresh := self.new_id()) in stored.entries:
+                    pass
+                return fresh
+
+            decisions, records, texts = sm.propose_all(
+                stored.entries,
+                proposals,
+                list(stored.barriers),
+                at,
+                new_id,
+                sources=by_marker,
+                contents=contents,
+                key=pool.fp_key,
+            )
+            fut = self._apply_extraction(pool, decisions, records, texts, (key, print_, decisions))
+        await self._settle(fut)
+        return decisions
+
+    def _apply_extraction(
+        self,
+        pool: WsPool,
+        decisions: Sequence[sm.Decision],
+        records: dict[str, WsEntry],
+        texts: dict[str, str],
+        receipt: tuple[str, str, Sequence[sm.Decision]],
+    ) -> asyncio.Future[None]:
+        """Queue what an extraction created, updated or flagged (under the pool's lock)."""
+        stored, keyed = pool.stored, pool.keyed
+        audience = self._audience(pool.id)
+        writes: list[Write] = []
+        events: list[tuple[Payload, Audience]] = []
+        for entry_id, entry in records.items():
+            new = entry_id not in stored.entries
+            if entry_id in texts:
+                sealed = self.store.seal(keyed.cipher, pool.id, entry_id, texts[entry_id])
+            else:  # flagged for review only: the content stays as it is
+                sealed = stored.sealed[entry_id]
+            writes.append(self.store.entry_row(entry, sealed, new=new))
+            change = "reviewed" if entry_id not in texts else ("extracted" if new else "updated")
+            events.append(
+                (
+                    MemoryChanged(
+                        pool=pool.id,
+                        entry=entry_id,
+                        version=entry.revision,
+                        change=change,
+                        bot=entry.contributor,
+                    ),
+                    audience,
+                )
+            )
+            stored.entries[entry_id] = entry
+            stored.sealed[entry_id] = sealed
+            if entry_id in texts and self.semantic is not None:
+                self.semantic.written(pool.id, entry_id)
+        for d in decisions:
+            if d.accepted and d.revision is not None:
+                writes.append(self.store.revision_row(pool.id, d.revision, keyed.cipher))
+        key, print_, answer = receipt
+        raw = msgspec.json.encode(list(answer))
         fut = self._commit(writes, events, (key, print_, raw, keyed), lambda: self._drop_pool(pool))
         if writes:
             pool.pending = fut

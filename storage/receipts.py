@@ -35,6 +35,14 @@ class Receipts:
     def __init__(self, db: Database) -> None:
         self.db = db
 
+    async def keys(self, scope: str) -> set[str]:
+        """The keys of the answers stored for `scope` (read once per pool, so that a new
+        request id needs no database read)."""
+        rows = await self.db.run(
+            lambda con: con.execute("SELECT key FROM receipts WHERE scope = ?", [scope]).fetchall()
+        )
+        return {k for (k,) in rows}
+
     async def find(self, key: str, print_: str, cipher: Cipher, scope: str) -> bytes | None:
         """The stored answer for `key`, None if there is none; a different request → Conflict."""
         rows = await self.db.run(

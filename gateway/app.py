@@ -24,7 +24,7 @@ from engine.directory import (
     require_write,
     resolve_org,
 )
-from engine.errors import Forbidden, InvalidInput, OpenBotError
+from engine.errors import Forbidden, InvalidInput, NotFound, OpenBotError
 from engine.memory import Reader
 from engine.memory_bot import SettingsPatch
 from gateway import wire
@@ -129,6 +129,8 @@ class Api:
         body = wire.decode(await read_body(request), wire.CreateChat)
         assert principal.user is not None
         org = resolve_org(principal.user, request.headers.get("openbot-org"))
+        if body.project is not None:
+            await self._require_project_member(body.project, principal.user.id)
         chat = await call(
             self.engine.directory.create_chat,
             principal.user.id,
@@ -139,6 +141,14 @@ class Api:
             kind=body.kind,
         )
         return json(chat, 201)
+
+    async def _require_project_member(self, project: str, user: str) -> None:
+        """A chat may select only a project its person is a member of (WS-7): its memory is
+        packed into prompts and learned facts are written to it."""
+        owner = await call(self.engine.directory.project_owner, project)
+        mine = [] if owner is None else await call(self.engine.shard_for(owner).ws_projects, user)
+        if not any(p.id == project for p in mine):
+            raise NotFound(f"no project {project}", code="project_not_found")
 
     async def _chat(self, request: Request, *, owner_only: bool = False) -> ChatAccess:
         """The chat and where it lives, for who may read it: a direct, review or agent chat's

@@ -83,3 +83,43 @@ def test_direct_prompts_pack_the_scopes_and_groups_keep_people_private(world, ad
         alice.post(f"/v1/chats/{group['id']}/turns?wait=true", json={"text": "Dinner ideas?"})
         system = seen[-1]["messages"][0]["content"]
         assert "I answer briefly." in system and "vegetarian" not in system
+
+
+def test_a_chat_selects_only_a_project_of_its_person_and_packs_its_memory(world, admin, bot_model):
+    tag = secrets.token_hex(3)
+    name = f"Proj{tag}"
+    bot = admin.post(
+        "/v1/admin/bots",
+        json={"name": name, "org": world.org, "owner": world.users["alice"], "model": "bot"},
+    ).json()["id"]
+    admin.post(
+        "/v1/admin/grants", json={"bot": bot, "user": world.users["bob"], "permission": "read"}
+    )
+    seen: list = []
+
+    def route(body):
+        if body["messages"][0]["content"].startswith(f"You are {name}."):
+            seen.append(body)
+            return completion("Sure.")
+        return None
+
+    bot_model.routes.append(route)
+    with world.client("alice") as alice:
+        project = alice.post(
+            f"{WS}/projects", json={"requestId": secrets.token_hex(6), "name": f"Apollo {tag}"}
+        ).json()
+        _remember(
+            alice,
+            scope="project",
+            bot=bot,
+            project=project["id"],
+            content="We ship on Thursdays.",
+            tier="profile",
+        )
+        chat = alice.post("/v1/chats", json={"bot": bot, "project": project["id"]})
+        assert chat.status_code == 201, chat.text
+        alice.post(f"/v1/chats/{chat.json()['id']}/turns?wait=true", json={"text": "When?"})
+        assert "We ship on Thursdays." in seen[-1]["messages"][0]["content"]
+    with world.client("bob") as bob:  # not a member: cannot select it, so never sees it
+        r = bob.post("/v1/chats", json={"bot": bot, "project": project["id"]})
+        assert r.status_code == 404

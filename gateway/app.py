@@ -40,9 +40,15 @@ from gateway.read_cache import ReadCache
 from gateway.workspace_memory_routes import WorkspaceMemoryApi
 from gateway.workspace_routes import WorkspaceApi
 
-CAPABILITIES = ("bot-memory-v1", "bot-collaboration-v1", "bot-discussion-v1", "bot-projects-v1")
-# ND-1's capabilities, announced by the issues that build them; never claimed before.
-PLANNED = ("bot-file-memory-v1",)
+# ND-1's capabilities, each announced once the issue that builds it landed.
+CAPABILITIES = (
+    "bot-memory-v1",
+    "bot-collaboration-v1",
+    "bot-discussion-v1",
+    "bot-projects-v1",
+    "bot-file-memory-v1",  # the seed-002 file tree: memory export, openbot export/import
+)
+PLANNED: tuple[str, ...] = ()
 WS = "/api/app/workspace"
 
 _enc = msgspec.json.Encoder()

@@ -31,6 +31,7 @@ from actors.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeInfo, NodeModel
 from actors.peers import Peers
 from actors.pool import Pool
 from actors.semantic import semantic_search
+from actors.single_flight import SingleFlight
 from actors.workspace import RevisionView, Workspace, WsAccess, WsListing, WsQuery
 from engine import commands
 from engine.commands import Outcome
@@ -131,8 +132,8 @@ class ShardService:
         self.events = EventLog(self.db, retain=event_retain)
         self.clock = clock
         self.new_id = new_id
-        self._pools: dict[str, Pool] = {}
-        self._loading: dict[str, asyncio.Future[Pool]] = {}
+        self._loader: SingleFlight[Pool] = SingleFlight()
+        self._pools: dict[str, Pool] = self._loader.loaded
         if models is None:
             base = Path(config_dir) if config_dir else Path(".")
             models = load_models(models_config or {}, base_dir=base, prefix=prefix or "openbot")
@@ -170,25 +171,11 @@ class ShardService:
 
     async def _pool(self, pool_id: str) -> Pool:
         self._ensure_started()
-        pool = self._pools.get(pool_id)
-        if pool is not None:
-            return pool
-        loading = self._loading.get(pool_id)
-        if loading is None:
-            loading = asyncio.get_running_loop().create_future()
-            self._loading[pool_id] = loading
-            try:
-                pool = Pool(await self.store.load(pool_id))
-            except BaseException as e:
-                loading.set_exception(e)
-                loading.exception()  # retrieved: later waiters re-raise it
-                raise
-            finally:
-                del self._loading[pool_id]
-            self._pools[pool_id] = pool
-            loading.set_result(pool)
-            return pool
-        return await asyncio.shield(loading)
+
+        async def load() -> Pool:
+            return Pool(await self.store.load(pool_id))
+
+        return await self._loader.get(pool_id, load)
 
     async def _settle(
         self, pool: Pool, fut: asyncio.Future[None] | None, *, reads_state: bool = True

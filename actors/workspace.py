@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from actors.single_flight import SingleFlight
 from engine import projects as projmod
 from engine import scoped_memory as sm
 from engine.directory import check_id
@@ -133,8 +134,8 @@ class Workspace:
         self.shard = shard
         self.store = WorkspaceStore(shard.db, load_master_key(Path(data_dir)))
         self.new_id: Callable[[], str] = new_id
-        self._pools: dict[str, WsPool] = {}
-        self._loading: dict[str, asyncio.Future[WsPool]] = {}
+        self._loader: SingleFlight[WsPool] = SingleFlight()
+        self._pools: dict[str, WsPool] = self._loader.loaded
         self._projects: dict[str, Project] | None = None
         self._projects_loading: asyncio.Future[dict[str, Project]] | None = None
         self._projects_lock = asyncio.Lock()
@@ -147,32 +148,16 @@ class Workspace:
     # --- loading --------------------------------------------------------------------------------
 
     async def _pool(self, pool_id: str) -> WsPool:
-        pool = self._pools.get(pool_id)
-        if pool is not None:
-            return pool
-        loading = self._loading.get(pool_id)
-        if loading is not None:
-            return await asyncio.shield(loading)
-        loading = asyncio.get_running_loop().create_future()
-        self._loading[pool_id] = loading
-        try:
+        async def load() -> WsPool:
             keyed = (await self.shard._pool(pool_id)).stored
-            stored = await self.store.load_pool(pool_id)
-            pool = WsPool(
-                stored=stored,
+            return WsPool(
+                stored=await self.store.load_pool(pool_id),
                 keyed=keyed,
                 fp_key=self.store.fingerprint_key(pool_id),
                 lock=asyncio.Lock(),
             )
-        except BaseException as e:
-            loading.set_exception(e)
-            loading.exception()  # retrieved: later waiters re-raise it
-            raise
-        finally:
-            del self._loading[pool_id]
-        self._pools[pool_id] = pool
-        loading.set_result(pool)
-        return pool
+
+        return await self._loader.get(pool_id, load)
 
     async def _load_projects(self) -> dict[str, Project]:
         if self._projects is not None:

@@ -1,0 +1,37 @@
+"""actors/single_flight.py: one load per key for concurrent callers; failures are not kept."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from actors.single_flight import SingleFlight
+
+
+def test_concurrent_callers_share_one_load_and_a_failure_is_retried() -> None:
+    async def main() -> None:
+        flight: SingleFlight[str] = SingleFlight()
+        calls = 0
+        gate = asyncio.Event()
+
+        async def load() -> str:
+            nonlocal calls
+            calls += 1
+            await gate.wait()
+            if calls == 1:
+                raise RuntimeError("disk hiccup")
+            return "pool"
+
+        first = [asyncio.ensure_future(flight.get("p", load)) for _ in range(5)]
+        await asyncio.sleep(0)
+        gate.set()
+        results = await asyncio.gather(*first, return_exceptions=True)
+        assert calls == 1 and all(isinstance(r, RuntimeError) for r in results)
+        assert await flight.get("p", load) == "pool" and calls == 2  # not cached as failed
+        assert await flight.get("p", load) == "pool" and calls == 2  # cached once loaded
+        assert flight.loaded == {"p": "pool"}
+        with pytest.raises(KeyError):
+            flight.loaded["q"]
+
+    asyncio.run(main())

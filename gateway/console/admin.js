@@ -113,7 +113,7 @@ export class AdminView {
       },
       field("Name", h("input", { name: "name", required: true })),
       field("Org", this.orgSelect("org")),
-      field("Owner", h("select", { name: "owner" }, users.map((u) => h("option", { value: u.id }, `${u.name} (${u.id})`)))),
+      field("Owner", h("select", { name: "owner" }, users.map((u) => h("option", { value: u.id, data: { orgs: (u.orgs || []).join(" ") } }, `${u.name} (${u.id})`)))),
       field("Model", h("input", { name: "model", placeholder: "a model name from the server config" })),
       field("Avatar URL", h("input", { name: "avatar", placeholder: "https://…" })),
       field("Prompt", h("textarea", { name: "prompt", rows: 2 })),
@@ -157,14 +157,37 @@ export class AdminView {
       field("Name", h("input", { name: "name" })),
       field("Org", this.orgSelect("org")),
       h("div", { class: "small" }, "People"),
-      users.map((u) => h("label", { class: "small" }, h("input", { type: "checkbox", name: "people", value: u.id }), ` ${u.name} `)),
+      users.map((u) =>
+        h("label", { class: "small", data: { orgs: (u.orgs || []).join(" ") } }, h("input", { type: "checkbox", name: "people", value: u.id }), ` ${u.name} `),
+      ),
       h("div", { class: "small" }, "Bots (up to 8)"),
-      bots.map((b) => h("label", { class: "small" }, h("input", { type: "checkbox", name: "bots", value: b.id }), ` ${b.name} `)),
+      bots.map((b) =>
+        h("label", { class: "small", data: { orgs: b.org } }, h("input", { type: "checkbox", name: "bots", value: b.id }), ` ${b.name} `),
+      ),
       field("Mode", h("select", { name: "mode" }, h("option", {}, "discussion"), h("option", {}, "delivery"))),
-      field("Leader (delivery)", h("select", { name: "leader" }, bots.map((b) => h("option", { value: b.id }, b.name)))),
+      field("Leader (delivery)", h("select", { name: "leader" }, bots.map((b) => h("option", { value: b.id, data: { orgs: b.org } }, b.name)))),
       h("button", { class: "primary", type: "submit", disabled: !bots.length }, "Create channel"),
     );
 
+    // Owners, people, bots and leaders offered are those of the org chosen in the same form.
+    for (const form of [botForm, channelForm]) {
+      const select = form.querySelector('select[name="org"]');
+      const filter = () => {
+        for (const el of form.querySelectorAll("[data-orgs]")) {
+          const fits = el.dataset.orgs.split(" ").includes(select.value);
+          el.classList.toggle("hidden", !fits);
+          el.hidden = !fits;
+          const box = el.querySelector("input");
+          if (box && !fits) box.checked = false;
+        }
+        for (const sel of form.querySelectorAll('select[name="owner"], select[name="leader"]')) {
+          const first = [...sel.options].find((o) => !o.hidden);
+          if (sel.selectedOptions[0]?.hidden) sel.value = first ? first.value : "";
+        }
+      };
+      select.addEventListener("change", filter);
+      filter();
+    }
     const row = (text, ...more) => h("li", {}, text, ...more);
     clear(this.sections.orgs, orgs.map((o) => row(`${o.name} · ${o.id} · memory model ${pick(o.settings, "botMemoryModel") ?? "none"}`)));
     clear(this.sections.users, users.map((u) => row(`${u.name} · ${u.id} · ${(u.orgs || []).join(", ")}`)));

@@ -2,6 +2,7 @@
 // event stream whose frames each view turns into fetches of what they name.
 //   #/chats/<id>          a chat (group or direct): items, composer, chains, records
 //   #/bots/<id>/memory    a bot's memory panel
+//   #/bots/<id>/chat      opens a direct chat with the bot
 //   #/workspace           workspace memory search, memory jobs, every chain
 //   #/admin               the admin view (admin token)
 
@@ -80,6 +81,8 @@ async function start() {
   });
   state.stream.start();
   window.openbotConsole = { state, drop: () => state.stream?.drop() };
+  // Subscribed first, then read: a slow stream only delays the page by a few seconds.
+  await Promise.race([state.stream.ready, new Promise((r) => setTimeout(r, 5000))]);
   await loadSidebar();
   window.addEventListener("hashchange", route);
   await route();
@@ -198,18 +201,6 @@ function renderSidebar() {
               h("div", {}, b.name),
               h("div", { class: "sub" }, `${b.permission} · ${b.model ?? "no model"}`),
             ),
-            h(
-              "button",
-              {
-                class: "mention",
-                title: "Start a direct chat",
-                onclick: (ev) => {
-                  ev.stopPropagation();
-                  openDirect(b.id);
-                },
-              },
-              "chat",
-            ),
           ),
         )
       : h("li", { class: "empty" }, "No bots"),
@@ -223,8 +214,9 @@ async function openChannel(channelId) {
 }
 
 async function openDirect(botId) {
-  const chat = await post("/v1/chats", { bot: botId });
-  await reloadChats();
+  const had = [...state.chats.values()].find((c) => c.kind === "direct" && c.bot === botId);
+  const chat = had || (await post("/v1/chats", { bot: botId }));
+  if (!had) await reloadChats();
   location.hash = `#/chats/${chat.id}`;
 }
 
@@ -246,6 +238,9 @@ async function route() {
     if (!state.chats.has(id)) await reloadChats();
     layout.classList.remove("wide");
     state.view = new ChatView(layout, main, id);
+  } else if ((m = hash.match(/^#\/bots\/([^/]+)\/chat$/))) {
+    // A direct chat with the bot (the one it has, or a new one), then its address.
+    return openDirect(decodeURIComponent(m[1]));
   } else if ((m = hash.match(/^#\/bots\/([^/]+)\/memory$/))) {
     layout.classList.add("wide");
     state.view = new MemoryPanel(main, decodeURIComponent(m[1]));

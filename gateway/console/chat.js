@@ -253,6 +253,11 @@ export function renderItem(item) {
   return el;
 }
 
+// Reasons name people and bots by id ("stopped by u_…"): show the names the console knows.
+function named(text) {
+  return String(text).replace(/\b[ub]_[A-Za-z0-9_.-]+/g, (id) => nameOf(id));
+}
+
 export function renderChains(list, chains, reload) {
   if (!chains.length) {
     clear(list, h("li", { class: "empty" }, "No collaboration chains"));
@@ -290,8 +295,8 @@ export function renderChains(list, chains, reload) {
           h("span", { class: "small" }, `${c.deliveries ?? 0} deliveries`),
           stop,
         ),
-        c.topic ? h("div", { class: "small" }, c.topic) : null,
-        c.reason ? h("div", { class: "reason", testid: "chain-reason" }, `why: ${c.reason}`) : null,
+        c.topic ? h("div", { class: "small" }, `topic ${c.topic}`) : null,
+        c.reason ? h("div", { class: "reason", testid: "chain-reason" }, `why: ${named(c.reason)}`) : null,
         links.length
           ? h(
               "ul",
@@ -301,7 +306,7 @@ export function renderChains(list, chains, reload) {
                   "li",
                   {},
                   `${nameOf(pick(l, "fromBot"))} → ${nameOf(pick(l, "toBot"))}: ${l.status}`,
-                  l.reason ? ` (${l.reason})` : "",
+                  l.reason ? ` (${named(l.reason)})` : "",
                   l.request ? h("div", { class: "small" }, `asked: ${l.request}`) : null,
                   l.result ? h("div", { class: "small" }, `answer: ${l.result}`) : null,
                   pick(l, "agentChat")

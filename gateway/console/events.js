@@ -17,6 +17,10 @@ export class EventStream {
     this.retry = 0;
     this.timer = null;
     this.seen = new Set(); // cursors already handled: a replay never delivers twice
+    this.subscribed = false;
+    // Resolves once the server has subscribed us: views read their data after that, so nothing
+    // that happens between their read and the subscription can be missed.
+    this.ready = new Promise((resolve) => (this.resolveReady = resolve));
   }
 
   start() {
@@ -79,11 +83,16 @@ export class EventStream {
   handle(frame) {
     if (frame.type === "hello" || frame.type === "reset") {
       this.retry = 0;
-      const first = this.cursor === null;
+      const gap = this.cursor === null; // reconnected without a cursor: events may be missed
       this.setCursor(frame.cursor);
       this.onStatus("live");
-      // A reset (or a first connection) means what is on screen may be behind: read it again.
-      if (frame.type === "reset" || first) this.onReset(frame.type);
+      if (!this.subscribed) {
+        this.subscribed = true;
+        this.resolveReady();
+      } else if (frame.type === "reset" || gap) {
+        // What is on screen may be behind: read it again, then continue from the new cursor.
+        this.onReset(frame.type);
+      }
       return;
     }
     if (frame.cursor) {

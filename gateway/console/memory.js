@@ -45,7 +45,13 @@ export class MemoryPanel {
       h(
         "div",
         { class: "pane", testid: "memory-panel", data: { botId: this.botId } },
-        h("div", { class: "row" }, avatar(name, bot?.avatar, 24), h("h1", {}, `${name}: memory`)),
+        h(
+          "div",
+          { class: "row" },
+          avatar(name, bot?.avatar, 24),
+          h("h1", {}, `${name}: memory`),
+          h("a", { testid: "direct-chat", href: `#/bots/${encodeURIComponent(this.botId)}/chat` }, "Chat with this bot"),
+        ),
         h(
           "form",
           { class: "inline", onsubmit: (ev) => this.remember(ev) },

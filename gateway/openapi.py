@@ -17,8 +17,8 @@ from engine.memory_bot import MemoryBotSettings, SettingsPatch
 from engine.projects import ProjectCreate, ProjectView
 from engine.scoped_memory import WsEntryView, WsForget, WsMemoryCreate
 from engine.self_rules import RulesUpdate
-from storage.chat_store import ItemView
 from gateway import wire
+from storage.chat_store import ItemView
 
 # (method, path, summary, request body type, response type, success status)
 ROUTES: list[tuple[str, str, str, Any, Any, int]] = [

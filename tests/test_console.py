@@ -418,3 +418,77 @@ def test_console_files_are_public_and_locked_down(server):
         assert js.status_code == 200 and "javascript" in js.headers["content-type"]
         assert c.get("/console/nosuch.js").status_code == 404
         assert c.get("/console/../gateway/app.py").status_code == 404
+
+
+@pytest.fixture
+def mem_model(model_stubs):
+    stub = model_stubs["mem"]
+    yield stub
+    stub.routes.clear()
+
+
+def test_records_and_workspace_memory(world: World, admin, server, bot_model, mem_model, page):
+    """A chat's confessions and failed memory job (with its reason), and workspace memory found
+    by search, as a person sees them."""
+    admin.patch(
+        f"/v1/admin/orgs/{world.org}",
+        json={"settings": {"botMemoryModel": "mem", "autoRecord": True}},
+    )
+    name = f"Jobber{secrets.token_hex(3)}"
+    bot = _ok(
+        admin.post(
+            "/v1/admin/bots",
+            json={"name": name, "org": world.org, "owner": world.users["alice"], "model": "bot"},
+        )
+    )
+
+    def speak(body):
+        if _name(body) != name:
+            return None
+        if body["messages"][-1]["role"] == "tool":
+            return completion("Done, and I said how it went.")
+        return completion(None, tool_calls=[("confide", {"text": "I am unsure about the tea."})])
+
+    bot_model.routes.append(speak)
+    # The confessor answers; every learning step gets garbage, so the job fails with a reason.
+    mem_model.routes.append(
+        lambda body: mem_model.GARBAGE if body.get("tools") else completion("Unsure is fine.")
+    )
+    with world.client("alice") as alice:
+        chat = _ok(alice.post("/v1/chats", json={"bot": bot["id"]}))
+        _ok(alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "I like tea"}))
+        memory = {
+            "requestId": secrets.token_hex(8),
+            "scope": "bot",
+            "bot": bot["id"],
+            "content": "The release train leaves on Fridays.",
+            "topics": ["release"],
+        }
+        _ok(alice.post("/api/app/workspace/memories", json=memory))
+        deadline = time.monotonic() + 20
+        while not any(
+            j["chat"] == chat["id"] and j["status"] == "failed"
+            for j in _ok(alice.get("/api/app/workspace/memory-jobs"))["jobs"]
+        ):
+            assert time.monotonic() < deadline, "the learning job never failed"
+            time.sleep(0.1)
+
+    _sign_in(page, server.url, world.tokens["alice"])
+    page.locator(f'[data-testid="chat-entry"][data-chat-id="{chat["id"]}"]').click()
+    page.get_by_test_id("load-records").click()
+    confession = page.get_by_test_id("confession")
+    confession.wait_for()
+    assert "I am unsure about the tea." in confession.inner_text()
+    assert "Unsure is fine." in confession.inner_text()
+    job = page.locator('[data-testid="memory-job"][data-status="failed"]')
+    job.wait_for()
+    assert "why:" in job.inner_text()
+
+    page.goto(f"{server.url}/#/workspace")
+    page.get_by_test_id("workspace").wait_for()
+    page.get_by_test_id("ws-search").fill("release train")
+    page.get_by_test_id("ws-search-button").click()
+    hit = page.get_by_test_id("ws-entry").filter(has_text="The release train leaves on Fridays.")
+    hit.wait_for()
+    assert "release" in hit.inner_text() and name in hit.inner_text()
+    page.locator('[data-testid="memory-job"][data-status="failed"]').first.wait_for()

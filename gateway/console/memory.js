@@ -182,6 +182,20 @@ export function jobCard(j) {
       h("span", { class: "small" }, `${nameOf(String(j.pool || "").replace(/^bot:/, ""))}`),
       h("span", { class: "small" }, `attempts ${j.attempts ?? 0}`),
       h("span", { class: "small" }, time(pick(j, "updatedAt", "createdAt"))),
+      j.status === "failed"
+        ? h(
+            "button",
+            {
+              testid: "job-retry",
+              onclick: async (ev) => {
+                ev.currentTarget.disabled = true;
+                // The job's memory.job.changed event brings the new status.
+                await post(`${WS}/memory-jobs/${encodeURIComponent(j.id)}/retry`, {}).catch(() => {});
+              },
+            },
+            "Retry",
+          )
+        : null,
     ),
     j.error || j.reason ? h("div", { class: "reason" }, `why: ${j.error || j.reason}`) : null,
     Array.isArray(reasons) && reasons.length

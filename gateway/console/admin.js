@@ -42,8 +42,9 @@ export class AdminView {
     this.error.textContent = "";
     try {
       const made = await post(path, body);
-      after?.(made);
+      // Lists and forms are drawn again first, so what `after` shows is never replaced by them.
       await this.reload();
+      after?.(made);
       return made;
     } catch (e) {
       this.error.textContent = e instanceof ApiError ? `${e.code || e.status}: ${e.message}` : e.message;

@@ -175,7 +175,7 @@ function renderSidebar() {
             h(
               "div",
               {},
-              h("div", {}, ch.name || ch.id),
+              h("div", {}, ch.name || (ch.bots || []).map((b) => b.name).join(", ") || ch.id),
               h("div", { class: "sub" }, `${ch.mode} · ${(ch.bots || []).map((b) => b.name).join(", ")}`),
             ),
           ),

@@ -159,3 +159,28 @@ def test_one_item_by_id(world: World, admin, model_stubs):
         assert item["kind"] == "person" and item["text"] == "hello there"
         assert a.get(f"/v1/chats/{chat['id']}/items/i-999").status_code == 404
         assert b.get(f"/v1/chats/{chat['id']}/items/i-1").status_code == 403
+
+
+def test_a_cursor_walk_during_24_concurrent_creations_neither_repeats_nor_skips(
+    world: World, admin
+):
+    """Pages are cut by the last record's key, not by an offset: chats made while a client pages
+    through never make it see one twice or miss one that was there when it started."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with world.client("alice") as a:
+        before = {_ok(a.post("/v1/chats", json={"bot": world.bot}))["id"] for _ in range(10)}
+
+        def create(_):
+            with world.client("alice") as c:
+                return _ok(c.post("/v1/chats", json={"bot": world.bot}))["id"]
+
+        with ThreadPoolExecutor(24) as pool:
+            made = pool.map(create, range(24))
+            walked, _ = _all(a, "/v1/chats", 3)
+            made = set(made)
+        ids = [x["id"] for x in walked]
+        assert len(ids) == len(set(ids))
+        assert before <= set(ids) <= before | made
+        final, _ = _all(a, "/v1/chats", 7)
+        assert {x["id"] for x in final} == before | made

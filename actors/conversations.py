@@ -490,6 +490,12 @@ class Conversations:
         log = await self.log(chat)
         return [self._view(log, i) for i in log.items if i.seq <= log.committed]
 
+    async def one_item(self, chat: str, seq: int) -> ItemView | None:
+        """One stored item, as an event names it: one text read, not the whole chat's."""
+        log = await self.log(chat)
+        found = next((i for i in log.items if i.seq == seq and seq <= log.committed), None)
+        return None if found is None else self._view(log, found)
+
     async def delete_items(self, chat: str) -> int:
         log = await self.log(chat)
         lock = self._locks.setdefault(chat, asyncio.Lock())

@@ -388,6 +388,10 @@ class ShardService:
         self._ensure_started()
         return await self.conversations.items(chat)
 
+    async def chat_item(self, chat: str, seq: int) -> ItemView | None:
+        self._ensure_started()
+        return await self.conversations.one_item(chat, seq)
+
     async def delete_chat_items(self, chat: str) -> int:
         return await self.conversations.delete_items(chat)
 

@@ -273,10 +273,13 @@ class Api:
         about instead of reading the whole chat again)."""
         access = await self._chat(request)
         wanted = request.path_params["item"]
-        for item in await call(access.home.chat_items, access.chat.id):
-            if item.id == wanted:
-                return json(await self._shown(item))
-        raise NotFound(f"no item {wanted} in this chat", code="item_not_found")
+        number = wanted.removeprefix("i-")
+        item = None
+        if wanted.startswith("i-") and number.isdigit() and len(number) < 19:
+            item = await call(access.home.chat_item, access.chat.id, int(number))
+        if item is None:
+            raise NotFound(f"no item {wanted} in this chat", code="item_not_found")
+        return json(await self._shown(item))
 
     async def _shown(self, item):
         """A delivery's communication record names its peer as clients show it (UI-1)."""

@@ -158,6 +158,8 @@ def test_one_item_by_id(world: World, admin, model_stubs):
         item = _ok(a.get(f"/v1/chats/{chat['id']}/items/i-1"))
         assert item["kind"] == "person" and item["text"] == "hello there"
         assert a.get(f"/v1/chats/{chat['id']}/items/i-999").status_code == 404
+        for bad in ("1", "i-", "i-x", "i--1", "i-" + "9" * 30):
+            assert a.get(f"/v1/chats/{chat['id']}/items/{bad}").status_code == 404, bad
         assert b.get(f"/v1/chats/{chat['id']}/items/i-1").status_code == 403
 
 

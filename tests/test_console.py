@@ -33,8 +33,10 @@ ARGS = [
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator:
-    """One browser for the whole module; each test gets its own context (a fresh profile:
-    Playwright launches Chromium on a new temporary user-data-dir)."""
+    """One browser for every browser test (they all live in this module); each test gets its own
+    context, and Chromium runs on a fresh temporary user-data-dir. Not session-scoped: while
+    Playwright's sync API is open it keeps its event loop running in this thread, and the later
+    tests' `asyncio.run` would refuse to start."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `./run test` installs Debian's chromium package")
     from playwright.sync_api import sync_playwright

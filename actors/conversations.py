@@ -157,6 +157,12 @@ class Conversations:
         if log.items:
             log.committed = max(log.committed, log.items[-1].seq)
 
+    async def one_item(self, chat: str, seq: int) -> ItemView | None:
+        """One stored item, as an event names it: one text read, not the whole chat's."""
+        log = await self.log(chat)
+        found = next((i for i in log.items if i.seq == seq and seq <= log.committed), None)
+        return None if found is None else self._view(log, found)
+
     async def say(self, chat: Chat, turn: str | None, kind: str, author: str, text: str) -> Item:
         """Store one item now (a reply, a delivery, a notification) and announce it."""
         log = await self.log(chat.id)
@@ -489,12 +495,6 @@ class Conversations:
         """The chat's stored items (a running turn's items appear once they are on disk)."""
         log = await self.log(chat)
         return [self._view(log, i) for i in log.items if i.seq <= log.committed]
-
-    async def one_item(self, chat: str, seq: int) -> ItemView | None:
-        """One stored item, as an event names it: one text read, not the whole chat's."""
-        log = await self.log(chat)
-        found = next((i for i in log.items if i.seq == seq and seq <= log.committed), None)
-        return None if found is None else self._view(log, found)
 
     async def delete_items(self, chat: str) -> int:
         log = await self.log(chat)

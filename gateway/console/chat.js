@@ -147,6 +147,12 @@ export class ChatView {
     if (!this.items.size) this.list.append(h("div", { class: "empty", id: "no-items" }, "No messages yet"));
   }
 
+  // The chat's history was deleted: what is shown goes too (the chat itself stays).
+  dropItems() {
+    this.items.clear();
+    clear(this.list, h("div", { class: "empty", id: "no-items" }, "History deleted"));
+  }
+
   async fetchItem(id) {
     if (this.items.has(id) || this.pending.has(id)) return;
     this.pending.add(id);
@@ -208,6 +214,7 @@ export class ChatView {
   onEvent(frame) {
     const d = frame.data || {};
     if (frame.type === "chat.item.created" && d.chat === this.chatId) this.fetchItem(d.item);
+    else if (frame.type === "chat.items.deleted" && d.chat === this.chatId) this.dropItems();
     else if (frame.type === "collaboration.changed") this.loadChains().catch(() => {});
     else if (frame.type === "memory.job.changed" && this.records.childElementCount) this.loadRecords().catch(() => {});
   }

@@ -267,7 +267,7 @@ def test_project_changes_naming_one_revision_have_one_winner(world):
                 "name": f"N{k}",
                 # New members are looked up in the directory: an await between the revision
                 # check and the write, which only the project lock keeps others out of.
-                "members": [world.users["bob"]],
+                "members": [world.users["alice"], world.users["bob"]],
             },
         )
         for k in range(N)

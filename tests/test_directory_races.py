@@ -213,6 +213,20 @@ def test_one_explicit_channel_id_has_one_winner(server, world):
     one_winner(_admin_creates(server, "/v1/admin/channels", body), 201, "exists")
 
 
+def test_concurrent_org_patches_are_all_kept(server, admin):
+    """Each patch merges into the current settings: half set one key, half another; both
+    stay."""
+    oid = admin.post("/v1/admin/orgs", json={"name": "patched"}).json()["id"]
+    patches = [
+        ("PATCH", f"/v1/admin/orgs/{oid}", {"settings": {"botMemory": False}}),
+        ("PATCH", f"/v1/admin/orgs/{oid}", {"settings": {"autoRecord": True}}),
+    ] * (N // 2)
+    answers = burst(server.url, ADMIN, patches)
+    assert all(r.status_code == 200 for r in answers)
+    last = admin.patch(f"/v1/admin/orgs/{oid}", json={"settings": {}}).json()
+    assert last["settings"]["botMemory"] is False and last["settings"]["autoRecord"] is True
+
+
 def test_concurrent_grants_to_one_bot_are_all_kept(server, world, admin):
     """Each grant rewrites the bot's record: without compare-and-set, concurrent grants to
     different people lose each other."""

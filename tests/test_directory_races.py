@@ -214,17 +214,18 @@ def test_one_explicit_channel_id_has_one_winner(server, world):
 
 
 def test_concurrent_org_patches_are_all_kept(server, admin):
-    """Each patch merges into the current settings: half set one key, half another; both
-    stay."""
-    oid = admin.post("/v1/admin/orgs", json={"name": "patched"}).json()["id"]
+    """Each patch merges one key into the current settings; three patches of three keys sent at
+    once to each of 24 orgs: every org ends with all three."""
+    orgs = [admin.post("/v1/admin/orgs", json={"name": f"p{k}"}).json()["id"] for k in range(N)]
+    keys = [{"botMemory": False}, {"autoRecord": True}, {"botMemoryModel": "mem"}]
     patches = [
-        ("PATCH", f"/v1/admin/orgs/{oid}", {"settings": {"botMemory": False}}),
-        ("PATCH", f"/v1/admin/orgs/{oid}", {"settings": {"autoRecord": True}}),
-    ] * (N // 2)
+        ("PATCH", f"/v1/admin/orgs/{oid}", {"settings": key}) for oid in orgs for key in keys
+    ]
     answers = burst(server.url, ADMIN, patches)
     assert all(r.status_code == 200 for r in answers)
-    last = admin.patch(f"/v1/admin/orgs/{oid}", json={"settings": {}}).json()
-    assert last["settings"]["botMemory"] is False and last["settings"]["autoRecord"] is True
+    for oid in orgs:
+        now = admin.patch(f"/v1/admin/orgs/{oid}", json={"settings": {}}).json()["settings"]
+        assert now == {"botMemory": False, "autoRecord": True, "botMemoryModel": "mem"}, oid
 
 
 def test_concurrent_grants_to_one_bot_are_all_kept(server, world, admin):

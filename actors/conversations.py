@@ -104,6 +104,8 @@ class Conversations:
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._scheduled: set[str] = set()  # learning jobs this process created
+        # The channel as each group chat's last mode switch here left it (switch_mode).
+        self._switched: dict[str, Channel] = {}
 
     def _forget_log(self, chat: str) -> None:
         """A write of this chat failed: drop what memory holds so the next read reloads it."""
@@ -251,6 +253,12 @@ class Conversations:
             raise InvalidInput(f"text over {MAX_TEXT} characters", code="text_too_long")
         plan = self._plan(start)  # bad input fails here, before anything is stored
         log = await self.log(start.chat.id)
+        if start.channel is not None:
+            # The group's mode as of now (the gateway read it earlier), read before taking the
+            # lock so that no actor is awaited under it; a switch that lands in between is
+            # seen under the lock below.
+            seen = self._switched.get(start.chat.id)
+            fresh = await self._current(start.channel)
         async with self.lock(start.chat.id):
             turn_id = (
                 _turn_id(start.chat.id, start.request_id)
@@ -260,10 +268,11 @@ class Conversations:
             if turn_id in log.turns:
                 return log.turns[turn_id]  # the same request again: the same turn, not a second
             if start.channel is not None:
-                # The group's mode as of now, under the lock mode switches take
-                # (switch_mode): the gateway read it before this call, and a switch may
-                # have happened since. A turn never runs in a mode the group has left.
-                channel = await self._current(start.channel)
+                # Mode switches happen here, under this lock (switch_mode): the latest one,
+                # if it came after the read above, is the mode. A turn never runs in a mode
+                # the group has left.
+                latest = self._switched.get(start.chat.id)
+                channel = latest if latest is not None and latest is not seen else fresh
                 if (channel.mode, channel.leader) != (start.channel.mode, start.channel.leader):
                     start = msgspec.structs.replace(start, channel=channel)
                     plan = self._plan(start)
@@ -326,7 +335,9 @@ class Conversations:
         async with lock:
             if await self._busy_unlocked(chat):
                 raise Conflict("the group is busy; switch when it is idle", code="group_busy")
-            return await self.shard.peers.directory("set_mode", channel, mode, leader)
+            switched = await self.shard.peers.directory("set_mode", channel, mode, leader)
+            self._switched[chat] = switched
+            return switched
 
     async def wait_turn(self, chat: str, turn_id: str, timeout: float = TURN_WAIT) -> TurnResult:
         task = self._tasks.get(turn_id)

@@ -170,6 +170,9 @@ class Api:
         assert principal.user is not None
         user = principal.user.id
         chat = await call(self.engine.directory.get_chat, request.path_params["chat"])
+        if chat.org not in principal.user.orgs:
+            # Another org's chat answers like an id nobody has (issue 12).
+            raise NotFound(f"no chat {chat.id!r}", code="chat_not_found")
         if chat.kind == "group":
             if chat.channel not in principal.channels:
                 raise Forbidden("you are not a member of this group", code="not_member")

@@ -104,6 +104,23 @@ def test_another_orgs_channel_answers_like_a_free_id(world, admin, foreign):
     _same_as_free(taken, missing, theirs, free)
 
 
+def test_another_orgs_chat_answers_like_a_free_id(world, foreign, server):
+    with user_client(server, foreign["dave"]["token"]) as dave:
+        theirs = dave.post("/v1/chats", json={"bot": foreign["bot"]}).json()["id"]
+    free = "chat_" + secrets.token_hex(8)
+    with world.client("alice") as alice:
+        for method, path, body in [
+            ("GET", "/v1/chats/{}/items", None),
+            ("POST", "/v1/chats/{}/turns", {"text": "hi"}),
+            ("GET", "/v1/chats/{}/confessions", None),
+            ("GET", "/v1/chats/{}/enrichments", None),
+        ]:
+            taken = alice.request(method, path.format(theirs), json=body)
+            missing = alice.request(method, path.format(free), json=body)
+            assert _error(taken, 404) == "chat_not_found", path
+            _same_as_free(taken, missing, theirs, free)
+
+
 def test_memory_through_a_bot_is_tagged_with_the_bots_org(admin, world, foreign, server):
     """A person of two orgs (the bot's is not their first) remembers through the bot: the
     entry says `org:<the bot's org>`. Naming their other org is refused."""

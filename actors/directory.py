@@ -239,19 +239,21 @@ class DirectoryService:
         channel: str | None = None,
         project: str | None = None,
         kind: str | None = None,
+        project_org: str | None = None,
     ) -> Chat:
         """A direct (or review) chat with a bot, or the group chat of a channel: a channel has
         one group chat, so every member who opens it gets the same conversation (opening it is
         idempotent: concurrent opens all get the one chat).
 
         A direct chat works in the bot's org; `org`, when given (the `OpenBot-Org` header),
-        must be one of the user's orgs and the bot's."""
+        must be one of the user's orgs and the bot's. A selected project (whose membership the
+        gateway checked) must be of the chat's org: its memory goes into the bot's prompt."""
         if (bot is None) == (channel is None):
             raise InvalidInput("a chat needs exactly one of bot or channel", code="invalid_chat")
         if kind not in (None, "review", "direct", "group"):
             raise InvalidInput("kind may only be review", code="invalid_chat")
         async with self._write:
-            return await self._create_chat(user_id, org, bot, channel, project, kind)
+            return await self._create_chat(user_id, org, bot, channel, project, kind, project_org)
 
     async def _create_chat(
         self,
@@ -261,6 +263,7 @@ class DirectoryService:
         channel: str | None,
         project: str | None,
         kind: str | None,
+        project_org: str | None = None,
     ) -> Chat:
         user = self._get(self.users, user_id, "user")
         if bot is not None:
@@ -286,6 +289,9 @@ class DirectoryService:
             existing = self._group_chats.get(ch.id)
             if existing is not None:
                 return self.chats[existing]
+        if project is not None and project_org is not None and project_org != org:
+            # As for a project you are not a member of: another org's project is not found.
+            raise NotFound(f"no project {project}", code="project_not_found")
         chat = Chat(
             id=_new_id("chat_"),
             kind=chat_kind,

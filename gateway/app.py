@@ -136,8 +136,9 @@ class Api:
         principal = await self.auth.user(request)
         body = wire.decode(await read_body(request), wire.CreateChat)
         assert principal.user is not None
+        project_org = None
         if body.project is not None:
-            await self._require_project_member(body.project, principal.user.id)
+            project_org = await self._require_project_member(body.project, principal.user.id)
         # The directory decides the chat's org (the bot's or the channel's) and checks the
         # header against it.
         requested = request.headers.get("openbot-org") or None
@@ -151,16 +152,19 @@ class Api:
             channel=body.channel,
             project=body.project,
             kind=body.kind,
+            project_org=project_org,
         )
         return json(chat, 201)
 
-    async def _require_project_member(self, project: str, user: str) -> None:
+    async def _require_project_member(self, project: str, user: str) -> str:
         """A chat may select only a project its person is a member of (WS-7): its memory is
-        packed into prompts and learned facts are written to it."""
+        packed into prompts and learned facts are written to it. Returns the project's org."""
         owner = await call(self.engine.directory.project_owner, project)
         mine = [] if owner is None else await call(self.engine.shard_for(owner).ws_projects, user)
-        if not any(p.id == project for p in mine):
-            raise NotFound(f"no project {project}", code="project_not_found")
+        for p in mine:
+            if p.id == project:
+                return p.org
+        raise NotFound(f"no project {project}", code="project_not_found")
 
     async def _chat(self, request: Request, *, owner_only: bool = False) -> ChatAccess:
         """The chat and where it lives, for who may read it: a direct, review or agent chat's

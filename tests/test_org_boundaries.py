@@ -198,3 +198,26 @@ def test_the_org_header_must_be_the_bots_org():
         bot_org(BOT, ann, "o_a")
     with pytest.raises(Forbidden):
         bot_org(BOT, ann, "o_elsewhere")
+
+
+def test_a_chat_selects_only_a_project_of_its_org(admin, world, foreign, server):
+    """A project's memory goes into the bot's prompt: a chat with a bot of one org cannot
+    select a project of another org, even one its person is a member of (404, as for a project
+    they are not in)."""
+    both = admin.post(
+        "/v1/admin/users", json={"name": "fay", "orgs": [world.org, foreign["org"]]}
+    ).json()
+    grant = {"bot": world.bot, "user": both["id"], "permission": "read"}
+    assert admin.post("/v1/admin/grants", json=grant).status_code == 201
+    with user_client(server, both["token"]) as fay:
+        there = fay.post(
+            f"{WS}/projects",
+            json={"requestId": "f1", "name": "There"},
+            headers={"OpenBot-Org": foreign["org"]},
+        ).json()
+        here = fay.post(f"{WS}/projects", json={"requestId": "f2", "name": "Here"}).json()
+        assert (there["org"], here["org"]) == (foreign["org"], world.org)
+        refused = fay.post("/v1/chats", json={"bot": world.bot, "project": there["id"]})
+        assert _error(refused, 404) == "project_not_found"
+        ok = fay.post("/v1/chats", json={"bot": world.bot, "project": here["id"]})
+        assert ok.status_code == 201 and ok.json()["project"] == here["id"]

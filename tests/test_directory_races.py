@@ -317,6 +317,23 @@ def test_memory_changes_naming_one_revision_have_one_winner(world):
     one_winner(burst(world.server.url, world.tokens["alice"], changes), 200, "stale_revision")
 
 
+def test_forgets_naming_one_revision_have_one_winner(world):
+    with world.client("alice") as alice:
+        entry = alice.post(
+            f"{WS}/memories",
+            json={"requestId": "f0", "scope": "bot", "bot": world.bot, "content": "forget me"},
+        ).json()
+    forgets = [
+        (
+            "POST",
+            f"{WS}/memories/forget",
+            {"requestId": f"f{k + 1}", "id": entry["id"], "expectedRevision": entry["revision"]},
+        )
+        for k in range(N)
+    ]
+    one_winner(burst(world.server.url, world.tokens["alice"], forgets), 200, "stale_revision")
+
+
 def test_memory_bot_settings_naming_one_version_have_one_winner(world):
     path = f"/v1/bots/{world.bot}/memory/bot"
     with world.client("alice") as alice:

@@ -195,3 +195,23 @@ def test_a_turn_waits_for_a_switch_under_way(tmp_path):
             d.store.db.close()
 
     asyncio.run(go())
+
+
+def test_one_verdict_per_delivered_result(slow_group):
+    """24 people's verdicts on one delivered result at once: one is recorded, the others get
+    409 `already_decided`."""
+    world, channel, chat, bots = slow_group
+
+    async def go():
+        async with _client(world) as c:
+            await _wait_idle(c, channel, "delivery", bots[0])
+            r = await c.post(f"/v1/chats/{chat}/turns?wait=true", json={"text": "deliver"})
+            assert r.status_code == 200 and r.json()["turn"]["goal"] == "delivering", r.text
+            path = f"/v1/chats/{chat}/turns/{r.json()['turn']['id']}/verdict"
+            return await asyncio.gather(
+                *(c.post(path, json={"accepted": True, "note": f"n{k}"}) for k in range(N))
+            )
+
+    answers = asyncio.run(go())
+    got = sorted((r.status_code, r.json().get("error", {}).get("code")) for r in answers)
+    assert got == [(200, None)] + [(409, "already_decided")] * (N - 1), got

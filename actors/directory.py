@@ -37,6 +37,7 @@ from engine.directory import (
     bot_org,
     check_id,
     may_use,
+    permission,
     require_use,
 )
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unprocessable
@@ -474,7 +475,8 @@ class DirectoryService:
         return Page(items=entries, nextCursor=got.nextCursor)
 
     async def list_user_bots(self, user_id: str, cursor: str | None, limit: int) -> Page:
-        usable = (b for b in self.bots.values() if permission(b, user_id) is not None)
+        user = self._get(self.users, user_id, "user")
+        usable = (b for b in self.bots.values() if may_use(b, user))
         got = page(usable, _id_key, cursor, limit)
         entries = [bot_entry(b, permission(b, user_id)) for b in got.items]  # type: ignore[arg-type]
         return Page(items=entries, nextCursor=got.nextCursor)

@@ -82,6 +82,14 @@ class Member(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     avatar: str | None = None
 
 
+class Me(msgspec.Struct, frozen=True, kw_only=True):
+    """`GET /v1/me`: who a user token is."""
+
+    id: str
+    name: str
+    orgs: list[str]
+
+
 class ChatEntry(msgspec.Struct, frozen=True, kw_only=True):
     """A chat in the caller's list: the record plus the names a client shows for it."""
 

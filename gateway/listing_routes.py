@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from actors.runtime import Engine, call
 from engine.errors import InvalidInput
-from engine.listing import parse_limit
+from engine.listing import Me, parse_limit
 from gateway.auth import Auth
 from gateway.json_response import json
 
@@ -43,7 +43,7 @@ class ListingApi:
         principal = await self.auth.user(request)
         assert principal.user is not None
         u = principal.user
-        return json({"id": u.id, "name": u.name, "orgs": list(u.orgs)})
+        return json(Me(id=u.id, name=u.name, orgs=list(u.orgs)))
 
     async def chats(self, request: Request) -> Response:
         user = await self._user_id(request)

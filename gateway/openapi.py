@@ -11,7 +11,7 @@ import msgspec
 from actors.chains import ChainView
 from actors.conversations import TurnResult
 from engine.directory import Bot, Channel, Chat, Org, User
-from engine.listing import BotEntry, ChannelEntry, ChatEntry, Page
+from engine.listing import BotEntry, ChannelEntry, ChatEntry, Me, Page
 from engine.memory import EntryView, LogPage, MemoryPage
 from engine.memory_bot import MemoryBotSettings, SettingsPatch
 from engine.projects import ProjectCreate, ProjectView
@@ -222,7 +222,7 @@ ROUTES += [
     ),
     ("get", "/api/app/workspace/memory-export", "Markdown export (text/markdown)", None, None, 200),
     # Listings (engine/listing.py): ?cursor=&limit= (1-200, default 50) → {items, nextCursor}.
-    ("get", "/v1/me", "Who the token is", None, None, 200),
+    ("get", "/v1/me", "Who the token is", None, Me, 200),
     ("get", "/v1/chats", "The caller's chats (?kind=)", None, Page[ChatEntry], 200),
     ("get", "/v1/bots", "Bots the caller may use", None, Page[BotEntry], 200),
     ("get", "/v1/channels", "The caller's channel groups", None, Page[ChannelEntry], 200),

@@ -21,6 +21,7 @@ import msgspec
 
 from actors.models import ModelError
 from actors.workspace import WsAccess, WsQuery
+from engine.bot_memory import as_scoped
 from engine.directory import Bot, Chat, Org, bot_pool
 from engine.errors import OpenBotError
 from engine.memory import Reader
@@ -28,7 +29,6 @@ from engine.models import Message, ToolCall
 from engine.prompt_budget import ScopedEntry, pack
 from engine.self_rules import Editor, parse_update, rules_view
 from engine.turns import accept_rewrite, bot_system_prompt, bot_tools, enrichment_messages
-from engine.visibility import Visibility
 from storage.chat_store import ChatLog, Confession, Enrichment
 
 if TYPE_CHECKING:
@@ -80,6 +80,12 @@ class Sink:
     writes: list = field(default_factory=list)
     events: list = field(default_factory=list)
     calls: list = field(default_factory=list)  # the memory bot's model calls (SEC-1 call log)
+
+
+def memory_reader(step: StepInput) -> Reader:
+    """Whose view of the bot's memory its prompt carries: the step's reader; for a delivery
+    between bots, only what is for everyone who uses the bot in the chat's org."""
+    return reader_for(step) or Reader(user="\x00", org=step.chat.org, uses_bot=True)
 
 
 def reader_for(step: StepInput) -> Reader | None:
@@ -169,11 +175,11 @@ class BotStepper:
         return (await isolation())[0]
 
     async def _scopes(self, step: StepInput, q: str | None = None) -> list[tuple[int, WsQuery]]:
-        """Where the step's workspace memory lives: the bot's scope here; in a person's direct
-        chat also the person's own scope and the chat's project (membership is checked where
-        the project lives)."""
+        """Where the step's user and project memory lives: in a person's direct chat the
+        person's own scope and the chat's project (membership is checked where the project
+        lives). The bot's own scope is its one memory, read here (`_bot_scope`)."""
         peers = self.shard.peers
-        wanted = [(self.shard.index, WsQuery(pools=(f"bot:{step.bot.id}",), projects=(), q=q))]
+        wanted: list[tuple[int, WsQuery]] = []
         if step.chat.kind in ("direct", "review"):
             user_pool = WsQuery(pools=(f"user:{step.operator}",), projects=(), q=q)
             wanted.append((peers.index_of(step.operator), user_pool))
@@ -193,7 +199,8 @@ class BotStepper:
         access = WsAccess(account=step.operator, bots=frozenset({step.bot.id}))
         peers = self.shard.peers
         wanted = await self._scopes(step)
-        scoped: list[ScopedEntry] = []
+        async with self.shard.bot_memory.read(bot_pool(step.bot.id), memory_reader(step)) as snap:
+            scoped = [as_scoped(m, snap.open(m.id)) for m in snap.usable()]
         for index, query in wanted:
             try:
                 listing = await peers.shard_call(index, "ws_entries", access, query)
@@ -325,28 +332,18 @@ class BotStepper:
         return _enc.encode({"receipt": link, "group": channel.id, "status": "posted"}).decode()
 
     async def _search(self, step: StepInput, query: str) -> str:
-        """Entries of the bot's memory that the step's reader may use and that match the query."""
+        """Entries of the bot's memory that the step's reader may use and that match the query,
+        through the pool's one visibility-checked search (ENR-5), then the person's and the
+        project's scopes."""
         reader = reader_for(step)
-        terms = [t for t in query.casefold().split() if t]
         if not await self.memory_allowed(step.bot):
             return _enc.encode(
                 {"error": "memory_not_isolated", "message": "memory is off on this node"}
             ).decode()
-        if reader is None or not terms:
+        if reader is None or not query.split():
             return _enc.encode({"entries": []}).decode()
-        pool = await self.shard._pool(bot_pool(step.bot.id))
-        hits = []
-        async with pool.lock.shared():
-            vis = Visibility(reader, pool.entries)
-            for entry_id in pool.candidates(reader):
-                if not vis.usable(entry_id):
-                    continue
-                content = self.shard.store.open_content(pool.stored, entry_id)
-                folded = content.casefold()
-                if all(t in folded for t in terms):
-                    hits.append({"id": entry_id, "content": content})
-                    if len(hits) >= SEARCH_HITS:
-                        break
+        found = await self.shard.search_memory(bot_pool(step.bot.id), reader, query, SEARCH_HITS)
+        hits = [{"id": i, "content": text} for i, text in found]
         # The workspace scopes too: what did not fit the prompt is found here (SC-5).
         access = WsAccess(account=step.operator, bots=frozenset({step.bot.id}))
         for index, ws_query in await self._scopes(step, q=query):

@@ -1,0 +1,221 @@
+"""One memory per bot (issue 15; SPEC MEM-1, SC-1, SC-5, ENR-1, ENR-2, ENR-5, ACL-1, ACL-7).
+
+A bot's learned facts and the records a person wrote for it through the workspace are one
+memory: every reader of the bot's memory sees both, each under its visibility rule, in the
+prompt, the seed-000 view, the workspace listing, search, the export and enrichment; nobody
+sees more than before.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+
+import ray
+
+from tests.conftest import user_client
+from tests.openai_stub import completion
+
+WS = "/api/app/workspace"
+SAID = "My dog is called Biscuit and she is nine"
+FACT = "Alice's dog Biscuit is nine years old"
+
+
+def _ok(r, code=200):
+    assert r.status_code == code, r.text
+    return r.json()
+
+
+def _job_done(client, chat: str) -> dict:
+    deadline = time.monotonic() + 20
+    while True:
+        jobs = [j for j in _ok(client.get(f"{WS}/memory-jobs"))["jobs"] if j["chat"] == chat]
+        if jobs and jobs[0]["status"] in ("done", "failed"):
+            return jobs[0]
+        assert time.monotonic() < deadline, jobs
+        time.sleep(0.05)
+
+
+def _contents(entries) -> list[str]:
+    return [e["content"] for e in entries]
+
+
+def test_mem1_a_learned_bot_fact_is_in_every_view_of_the_bots_one_memory(
+    world, admin, model_stubs, engine
+):
+    """MEM-1/SC-1/SC-5/ENR-5: a fact the memory bot learned into the bot's pool reaches the
+    prompt, `GET /v1/bots/:id/memory`, the workspace listing (scope=bot), its search, the bot's
+    `workspace_memory_search` and the Markdown export of the person it is for, and nobody
+    else's."""
+    mem, bot_model = model_stubs["mem"], model_stubs["bot"]
+    admin.patch(
+        f"/v1/admin/orgs/{world.org}",
+        json={"settings": {"botMemoryModel": "mem", "autoRecord": True}},
+    )
+    alice_id = world.users["alice"]
+    name = f"Keeper{secrets.token_hex(3)}"
+    bot = _ok(
+        admin.post(
+            "/v1/admin/bots",
+            json={"name": name, "org": world.org, "owner": alice_id, "model": "bot"},
+        ),
+        201,
+    )["id"]
+    _ok(
+        admin.post(
+            "/v1/admin/grants", json={"bot": bot, "user": world.users["bob"], "permission": "read"}
+        ),
+        201,
+    )
+    box: dict = {}
+    prompts: list[dict] = []
+
+    def mem_route(body):
+        system = body["messages"][0]["content"]
+        if "You keep a bot's memory" not in system:
+            return None
+        request = json.loads(body["messages"][-1]["content"])
+        mine = [e for e in request["evidence"] if e["chat"] == box.get("chat")]
+        if not any(e["text"] == SAID for e in mine):
+            return completion(None)  # bob's turns: nothing to learn
+        items = [{"chat": box["chat"], "item": e["item"]} for e in mine if e["text"] == SAID]
+        return completion(
+            None, tool_calls=[("learn_fact", {"content": FACT, "items": items, "topics": ["pets"]})]
+        )
+
+    def bot_route(body):
+        if not body["messages"][0]["content"].startswith(f"You are {name}."):
+            return None
+        prompts.append(body)
+        last = body["messages"][-1]
+        if last["role"] == "tool":
+            return completion("Found it.")
+        if "look it up" in str(last["content"]):
+            return completion(None, tool_calls=[("workspace_memory_search", {"query": "biscuit"})])
+        return completion("Nice.")
+
+    mem.routes.append(mem_route)
+    bot_model.routes.append(bot_route)
+    try:
+        with world.client("alice") as alice:
+            chat = _ok(alice.post("/v1/chats", json={"bot": bot}), 201)
+            box["chat"] = chat["id"]
+            _ok(alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": SAID}))
+            ray.get(engine.shard_for(alice_id).learning_idle.remote())
+            assert _job_done(alice, chat["id"])["status"] == "done"
+
+            # The seed-000 view.
+            (entry,) = _ok(alice.get(f"/v1/bots/{bot}/memory"))["entries"]
+            assert entry["content"] == FACT and entry["layer"] == "fact"
+            # The prompt of the next turn (SC-5).
+            _ok(alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "Hi"}))
+            system = prompts[-1]["messages"][0]["content"]
+            assert FACT in system and "## Bot memory" in system
+            # The workspace listing of the bot scope: the same entry, with its provenance.
+            (record,) = _ok(alice.get(f"{WS}/memories", params={"scope": "bot", "bot": bot}))[
+                "entries"
+            ]
+            assert record["id"] == entry["id"] and record["content"] == FACT
+            assert record["pool"] == f"bot:{bot}" and record["contributor"] == bot
+            assert record["layer"] == "fact" and record["origin"] == "synthesized"
+            assert record["evidence"] == [f"{chat['id']}/i-1"]
+            assert f"for:person:{alice_id}" in record["tags"] and "pets" in record["topics"]
+            # Its search, and the bot's own search tool.
+            found = _ok(alice.get(f"{WS}/memories", params={"scope": "bot", "q": "Biscuit"}))
+            assert _contents(found["entries"]) == [FACT]
+            _ok(alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "look it up"}))
+            result = json.loads(prompts[-1]["messages"][-1]["content"])
+            assert _contents(result["entries"]) == [FACT]
+            # The Markdown export.
+            text = alice.get(f"{WS}/memory-export").text
+            assert f") {FACT}" in text
+
+        # Bob uses the same bot: Alice's fact is for her only (ACL-1, ACL-7).
+        with world.client("bob") as bob:
+            assert _ok(bob.get(f"/v1/bots/{bot}/memory"))["entries"] == []
+            assert _ok(bob.get(f"{WS}/memories", params={"scope": "bot"}))["entries"] == []
+            assert FACT not in bob.get(f"{WS}/memory-export").text
+            found = _ok(bob.get(f"{WS}/memories", params={"scope": "bot", "q": "Biscuit"}))
+            assert found["entries"] == []
+            chat = _ok(bob.post("/v1/chats", json={"bot": bot}), 201)
+            _ok(bob.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "look it up"}))
+            assert FACT not in prompts[-2]["messages"][0]["content"]
+            assert json.loads(prompts[-1]["messages"][-1]["content"])["entries"] == []
+    finally:
+        mem.routes.remove(mem_route)
+        bot_model.routes.remove(bot_route)
+
+
+def test_mem1_an_owners_workspace_bot_record_is_used_by_enrichment_and_never_widened(
+    world, admin, model_stubs
+):
+    """MEM-1/ENR-1/ENR-2: a bot-scope record the owner wrote through the workspace carries the
+    system tags `from:<owner>`, `for:bot`, `org:<bot's org>`: it is in the seed-000 view of
+    everyone who uses the bot in that org, its enrichment uses it, and a user of the bot from
+    another org does not see it (before, any user of the bot listed it in every org)."""
+    mem, bot_model = model_stubs["mem"], model_stubs["bot"]
+    admin.patch(f"/v1/admin/orgs/{world.org}", json={"settings": {"botMemoryModel": "mem"}})
+    alice_id = world.users["alice"]
+    name = f"Helper{secrets.token_hex(3)}"
+    bot = _ok(
+        admin.post(
+            "/v1/admin/bots",
+            json={"name": name, "org": world.org, "owner": alice_id, "model": "bot"},
+        ),
+        201,
+    )["id"]
+    other_org = _ok(admin.post("/v1/admin/orgs", json={"name": "elsewhere"}), 201)["id"]
+    dave = _ok(admin.post("/v1/admin/users", json={"name": "dave", "orgs": [other_org]}), 201)
+    for user in (world.users["bob"], dave["id"]):
+        _ok(
+            admin.post("/v1/admin/grants", json={"bot": bot, "user": user, "permission": "read"}),
+            201,
+        )
+    note = "Deploys happen on Thursdays after the standup"
+    sent: list[dict] = []
+
+    def mem_route(body):
+        if not body["messages"][0]["content"].startswith("Rewrite the person's whole input"):
+            return None
+        payload = json.loads(body["messages"][-1]["content"])
+        if payload["input"] != "When do we deploy?":
+            return None
+        sent.append(payload)
+        ids = [e["id"] for e in payload["entries"] if e["content"] == note]
+        rewrite = {"text": "When do we deploy? (Deploys are on Thursdays.)", "entries": ids}
+        return completion(None, tool_calls=[("rewrite", rewrite)])
+
+    def bot_route(body):
+        if body["messages"][0]["content"].startswith(f"You are {name}."):
+            return completion("Thursday.")
+        return None
+
+    mem.routes.append(mem_route)
+    bot_model.routes.append(bot_route)
+    try:
+        with world.client("alice") as alice:
+            body = {"requestId": secrets.token_hex(6), "scope": "bot", "bot": bot, "content": note}
+            record = _ok(alice.post(f"{WS}/memories", json=body), 201)
+            assert record["layer"] == "pinned"
+            assert set(record["tags"]) == {f"from:{alice_id}", "for:bot", f"org:{world.org}"}
+        with world.client("bob") as bob:
+            (entry,) = _ok(bob.get(f"/v1/bots/{bot}/memory"))["entries"]
+            assert entry["id"] == record["id"] and entry["content"] == note
+            assert entry["layer"] == "pinned" and "for:bot" in entry["tags"]
+            chat = _ok(bob.post("/v1/chats", json={"bot": bot}), 201)
+            turn = {"text": "When do we deploy?"}
+            _ok(bob.post(f"/v1/chats/{chat['id']}/turns?wait=true", json=turn))
+            assert [e["id"] for e in sent[-1]["entries"]] == [record["id"]]
+            (enriched,) = _ok(bob.get(f"/v1/chats/{chat['id']}/enrichments"))["enrichments"]
+            assert enriched["entries"] == [record["id"]]
+        with user_client(world.server, dave["token"]) as dave_client:
+            assert _ok(dave_client.get(f"/v1/bots/{bot}/memory"))["entries"] == []
+            listed = _ok(dave_client.get(f"{WS}/memories", params={"scope": "bot", "bot": bot}))
+            assert listed["entries"] == []
+            change = {"requestId": "r-" + secrets.token_hex(4), "id": record["id"]}
+            r = dave_client.post(f"{WS}/memories/forget", json={**change, "expectedRevision": 1})
+            assert r.status_code == 404, r.text
+    finally:
+        mem.routes.remove(mem_route)
+        bot_model.routes.remove(bot_route)

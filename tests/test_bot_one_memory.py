@@ -219,3 +219,101 @@ def test_mem1_an_owners_workspace_bot_record_is_used_by_enrichment_and_never_wid
     finally:
         mem.routes.remove(mem_route)
         bot_model.routes.remove(bot_route)
+
+
+def test_mem1_fs1_learned_entries_are_in_the_owners_file_tree_and_come_back_as_they_were(
+    world, admin, model_stubs, engine, tmp_path
+):
+    """MEM-1/FS-1/FS-2: the seed-002 file tree of a bot's owner carries the bot's learned
+    entries the owner may see (memory lines, records.json with their tags, sources and access
+    proofs); another person's learned fact stays out; an import restores them with the same
+    rule, and exporting again gives the same bytes."""
+    import asyncio
+
+    from actors.directory import DirectoryService
+    from actors.shard import ShardService
+    from engine.memory import Reader
+    from storage import file_export
+
+    mem, bot_model = model_stubs["mem"], model_stubs["bot"]
+    admin.patch(
+        f"/v1/admin/orgs/{world.org}",
+        json={"settings": {"botMemoryModel": "mem", "autoRecord": True}},
+    )
+    alice_id, bob_id = world.users["alice"], world.users["bob"]
+    name = f"Filer{secrets.token_hex(3)}"
+    bot = _ok(
+        admin.post(
+            "/v1/admin/bots",
+            json={"name": name, "org": world.org, "owner": alice_id, "model": "bot"},
+        ),
+        201,
+    )["id"]
+    grant = {"bot": bot, "user": bob_id, "permission": "read"}
+    _ok(admin.post("/v1/admin/grants", json=grant), 201)
+    said = {alice_id: "I live in Lyon", bob_id: "I live in Porto"}
+
+    def mem_route(body):
+        if "You keep a bot's memory" not in body["messages"][0]["content"]:
+            return None
+        request = json.loads(body["messages"][-1]["content"])
+        calls = [
+            ("learn_fact", {"content": f"{e['author']} lives in {e['text'][10:]}", "items": [e]})
+            for e in request["evidence"]
+            if e["kind"] == "person" and said.get(e["author"]) == e["text"]
+        ]
+        if not calls:
+            return None
+        for _, args in calls:
+            args["items"] = [{"chat": e["chat"], "item": e["item"]} for e in args["items"]]
+        return completion(None, tool_calls=calls)
+
+    def bot_route(body):
+        if body["messages"][0]["content"].startswith(f"You are {name}."):
+            return completion("Noted.")
+        return None
+
+    mem.routes.append(mem_route)
+    bot_model.routes.append(bot_route)
+    try:
+        for who in ("alice", "bob"):
+            with world.client(who) as c:
+                chat = _ok(c.post("/v1/chats", json={"bot": bot}), 201)
+                text = said[world.users[who]]
+                _ok(c.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": text}))
+                ray.get(engine.shard_for(alice_id).learning_idle.remote())
+                assert _job_done(c, chat["id"])["status"] == "done"
+    finally:
+        mem.routes.remove(mem_route)
+        bot_model.routes.remove(bot_route)
+    backup = tmp_path / "backup"
+    _ok(admin.post("/v1/admin/backup", json={"dir": str(backup)}), 201)
+    first = file_export.render_data_dir(backup, alice_id)
+    base = f"bot-workspace/{alice_id}/agents/{bot}/memory"
+    lines = "".join(d.decode() for p, d in first.items() if p.startswith(f"{base}/log/"))
+    assert f") {alice_id} lives in Lyon\n" in lines
+    assert not any(b"Porto" in d for d in first.values())  # Bob's fact is not Alice's
+    (record,) = json.loads(first[f"{base}/.dreaming/records.json"])["records"]
+    assert record["memory"]["layer"] == "fact"
+    assert f"for:person:{alice_id}" in record["memory"]["tags"]
+    assert record["memory"]["proofs"][0]["audience"] == [f"for:person:{alice_id}"]
+    assert f"{base}/.dreaming/synthesized/{record['id']}.json" in first
+
+    file_export.write_tree(tmp_path / "tree", first)
+    file_export.import_tree(tmp_path / "tree", tmp_path / "new", shards=1)
+    assert file_export.render_data_dir(tmp_path / "new") == first
+
+    async def serve() -> None:
+        svc = ShardService(tmp_path / "new", 0)
+        svc.directory_service = DirectoryService(tmp_path / "new")
+        try:
+            mine = Reader(user=alice_id, org=world.org, uses_bot=True)
+            page = await svc.read_memory(f"bot:{bot}", mine)
+            assert [e.content for e in page.entries] == [f"{alice_id} lives in Lyon"]
+            theirs = Reader(user=bob_id, org=world.org, uses_bot=True)
+            assert (await svc.read_memory(f"bot:{bot}", theirs)).entries == ()
+        finally:
+            await svc.close()
+            svc.directory_service.store.db.close()
+
+    asyncio.run(serve())

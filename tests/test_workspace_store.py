@@ -107,3 +107,58 @@ def test_workspace_survives_a_restart(tmp_path: Path):
         await _close(svc)
 
     asyncio.run(second())
+
+
+def test_mem1_migration_7_links_old_bot_records_into_the_bots_one_memory(tmp_path: Path):
+    """MEM-1 (issue 15): a workspace bot record stored before migration 7 has no system tags.
+    The migration stamps `from:<its first revision's operator>` and `for:bot`, and loading the
+    pool adds `org:<the bot's org>` from the directory: it is then part of the bot's memory for
+    whoever uses the bot in that org, and for nobody in another org."""
+    import duckdb
+    import msgspec
+
+    from engine.memory import Reader
+
+    async def first() -> str:
+        svc = _open(tmp_path)
+        d = svc.directory_service
+        await d.create_org("Acme", "o_1")
+        await d.create_org("Other", "o_2")
+        await d.create_user("Ann", ["o_1"], "u_ann")
+        await d.create_bot(name="Bo", org="o_1", owner="u_ann", id="b_1")
+        ann = WsAccess(account="u_ann", bots=frozenset({"b_1"}), orgs=("o_1",))
+        body = WsMemoryCreate(requestId="m1", scope=Scope.BOT, bot="b_1", content=SECRET)
+        made = await svc.ws_create_memory(ann, body)
+        await _close(svc)
+        return made.id
+
+    entry_id = asyncio.run(first())
+    # Make the file look as it did before migration 7: records without tags.
+    con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))
+    for key, meta in con.execute("SELECT key, meta FROM ws_entries").fetchall():
+        doc = msgspec.json.decode(meta)
+        doc.pop("tags", None)
+        con.execute(
+            "UPDATE ws_entries SET meta = ? WHERE key = ?", [msgspec.json.encode(doc).decode(), key]
+        )
+    con.execute("DELETE FROM schema_migrations WHERE version = 7")
+    con.close()
+
+    async def second() -> None:
+        svc = _open(tmp_path)
+        (meta,) = svc.db.query("SELECT meta FROM ws_entries")[0]
+        assert msgspec.json.decode(meta)["tags"] == ["from:u_ann", "for:bot"]
+        ann = Reader(user="u_ann", org="o_1", uses_bot=True)
+        page = await svc.read_memory("bot:b_1", ann)
+        assert [(e.id, e.content) for e in page.entries] == [(entry_id, SECRET)]
+        assert set(page.entries[0].tags) == {"from:u_ann", "for:bot", "org:o_1"}
+        elsewhere = Reader(user="u_ann", org="o_2", uses_bot=True)
+        assert (await svc.read_memory("bot:b_1", elsewhere)).entries == ()
+        listing = await svc.ws_entries(
+            WsAccess(account="u_ann", bots=frozenset({"b_1"}), orgs=("o_1",)),
+            WsQuery(pools=("bot:b_1",)),
+        )
+        assert [e.id for e in listing.entries] == [entry_id]
+        await _close(svc)
+
+    asyncio.run(second())

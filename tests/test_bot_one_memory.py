@@ -317,3 +317,87 @@ def test_mem1_fs1_learned_entries_are_in_the_owners_file_tree_and_come_back_as_t
             svc.directory_service.store.db.close()
 
     asyncio.run(serve())
+
+
+def test_enr5_learning_and_search_go_through_the_pools_one_visibility_checked_read(
+    world, admin, model_stubs, engine
+):
+    """ENR-5/LRN-7/ACL-3: the learning step's entries and the bot's `workspace_memory_search`
+    come from the pool's one read. The memory bot sees the owner's workspace record as part of
+    the bot's memory and may build an observation on it (visible to whoever sees every
+    source); a user of the bot from another org finds nothing of it."""
+    mem, bot_model = model_stubs["mem"], model_stubs["bot"]
+    admin.patch(
+        f"/v1/admin/orgs/{world.org}",
+        json={"settings": {"botMemoryModel": "mem", "autoRecord": True}},
+    )
+    alice_id = world.users["alice"]
+    name = f"Reader{secrets.token_hex(3)}"
+    bot = _ok(
+        admin.post(
+            "/v1/admin/bots",
+            json={"name": name, "org": world.org, "owner": alice_id, "model": "bot"},
+        ),
+        201,
+    )["id"]
+    other_org = _ok(admin.post("/v1/admin/orgs", json={"name": "far away"}), 201)["id"]
+    erin = _ok(admin.post("/v1/admin/users", json={"name": "erin", "orgs": [other_org]}), 201)
+    grant = {"bot": bot, "user": erin["id"], "permission": "read"}
+    _ok(admin.post("/v1/admin/grants", json=grant), 201)
+    note = "The staging server is called kestrel"
+    requests: list[dict] = []
+    results: list[dict] = []
+    box: dict = {}
+
+    def mem_route(body):
+        if "You keep a bot's memory" not in body["messages"][0]["content"]:
+            return None
+        request = json.loads(body["messages"][-1]["content"])
+        if not any(e["chat"] == box.get("chat") for e in request["evidence"]):
+            return None
+        requests.append(request)
+        ids = [e["id"] for e in request["entries"] if e["content"] == note]
+        calls = [
+            (
+                "learn_observation",
+                {"content": "Staging is kestrel", "entries": ids, "confidence": 0.9},
+            )
+        ]
+        return completion(None, tool_calls=calls)
+
+    def bot_route(body):
+        if not body["messages"][0]["content"].startswith(f"You are {name}."):
+            return None
+        if body["messages"][-1]["role"] == "tool":
+            results.append(json.loads(body["messages"][-1]["content"]))
+            return completion("Done.")
+        if "find" in str(body["messages"][-1]["content"]):
+            return completion(None, tool_calls=[("workspace_memory_search", {"query": "kestrel"})])
+        return completion("Ok.")
+
+    mem.routes.append(mem_route)
+    bot_model.routes.append(bot_route)
+    try:
+        with world.client("alice") as alice:
+            body = {"requestId": secrets.token_hex(6), "scope": "bot", "bot": bot, "content": note}
+            record = _ok(alice.post(f"{WS}/memories", json=body), 201)
+            chat = _ok(alice.post("/v1/chats", json={"bot": bot}), 201)
+            box["chat"] = chat["id"]
+            _ok(alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "Hello"}))
+            ray.get(engine.shard_for(alice_id).learning_idle.remote())
+            assert _job_done(alice, chat["id"])["status"] == "done"
+            assert [e["id"] for e in requests[-1]["entries"]] == [record["id"]]
+            entries = _ok(alice.get(f"/v1/bots/{bot}/memory"))["entries"]
+            (obs,) = [e for e in entries if e["layer"] == "observation"]
+            assert obs["sources"] == [{"entry": record["id"]}] and "for:bot" in obs["tags"]
+            _ok(alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "find it"}))
+            found = {e["content"] for e in results[-1]["entries"]}
+            assert found == {note, "Staging is kestrel"}
+        with user_client(world.server, erin["token"]) as e:
+            chat = _ok(e.post("/v1/chats", json={"bot": bot}), 201)
+            _ok(e.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "find it"}))
+            assert results[-1]["entries"] == []
+            assert _ok(e.get(f"/v1/bots/{bot}/memory"))["entries"] == []
+    finally:
+        mem.routes.remove(mem_route)
+        bot_model.routes.remove(bot_route)

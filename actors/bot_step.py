@@ -64,6 +64,22 @@ class Effect(msgspec.Struct, frozen=True, kw_only=True):
     message: str
 
 
+class ToolUse(msgspec.Struct, frozen=True, kw_only=True):
+    """One tool call of the bot and its result, stored as a `tool_result` chat item (MEM-3): a
+    source learning may cite beside a person's words (LRN-9), giving the entry `app:<tool>`."""
+
+    tool: str
+    arguments: str
+    result: str
+
+
+# Tools about the bot itself (its rules, its members) and `confide` (kept as confessions) are
+# not app tools: their results are not recorded as chat items.
+UNRECORDED_TOOLS = frozenset(
+    {"confide", "workspace_get_self_rules", "workspace_update_self_rules", "workspace_create_agent"}
+)
+
+
 class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
     status: str  # done | failed
     error: str | None = None
@@ -71,6 +87,7 @@ class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
     note: str | None = None  # a system notification instead of a reply
     effects: tuple[Effect, ...] = ()
     confided: bool = False
+    tools: tuple[ToolUse, ...] = ()  # app tool calls with their results, in order (MEM-3)
 
 
 @dataclass
@@ -131,9 +148,11 @@ class BotStepper:
         messages.append(Message(role="user", content=text))  # ENR-3: the model sees the rewrite
         messages.extend(step.after)
         tools = bot_tools(review=step.chat.kind == "review")
+        offered = {t.name for t in tools}  # a made-up tool name is never recorded
         confided = False
         confessions = 0
         effects: list[Effect] = []
+        used: list[ToolUse] = []
         done = None
         for _ in range(TOOL_ROUNDS):
             try:
@@ -145,6 +164,7 @@ class BotStepper:
                     note="The bot's model did not answer.",
                     effects=tuple(effects),
                     confided=confided,
+                    tools=tuple(used),
                 )
             if not done.tool_calls:
                 break
@@ -159,11 +179,25 @@ class BotStepper:
                         confessions += 1
                 else:
                     result = await self._workspace_tool(call, step, effects)
+                if call.name in offered and call.name not in UNRECORDED_TOOLS:
+                    used.append(
+                        ToolUse(
+                            tool=call.name,
+                            arguments=call.arguments,
+                            result=result or "not available",
+                        )
+                    )
                 messages.append(
                     Message(role="tool", content=result or "not available", tool_call_id=call.id)
                 )
         reply = (done.text if done else "") or ""
-        return StepOutcome(status="done", reply=reply, effects=tuple(effects), confided=confided)
+        return StepOutcome(
+            status="done",
+            reply=reply,
+            effects=tuple(effects),
+            confided=confided,
+            tools=tuple(used),
+        )
 
     async def memory_allowed(self, bot: Bot) -> bool:
         """ND-2: memory reaches a bot's model only on a node that isolates it (the built-in

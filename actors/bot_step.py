@@ -73,10 +73,19 @@ class ToolUse(msgspec.Struct, frozen=True, kw_only=True):
     result: str
 
 
-# Tools about the bot itself (its rules, its members) and `confide` (kept as confessions) are
-# not app tools: their results are not recorded as chat items.
+# Not app tools, so their results are not recorded as chat items: `confide` (kept as
+# confessions), tools about the bot itself (its rules, its members: the owner's prompt is not
+# the chat's to read), and collaboration sends (their receipts become the chain's records and
+# the peer's reply a delivery item).
 UNRECORDED_TOOLS = frozenset(
-    {"confide", "workspace_get_self_rules", "workspace_update_self_rules", "workspace_create_agent"}
+    {
+        "confide",
+        "workspace_get_self_rules",
+        "workspace_update_self_rules",
+        "workspace_create_agent",
+        "workspace_send_to_agent",
+        "workspace_post_to_group",
+    }
 )
 
 

@@ -34,7 +34,7 @@ from actors.pool import Pool
 from actors.semantic import semantic_search
 from actors.single_flight import SingleFlight
 from actors.workspace import RevisionView, Workspace, WsAccess, WsListing, WsQuery
-from engine import commands
+from engine import commands, widening
 from engine.bot_memory import as_entry_view
 from engine.commands import Outcome
 from engine.directory import Bot, Chat, Org
@@ -626,6 +626,33 @@ class ShardService:
     ) -> list[tuple[str, str]]:
         """Usable entries the reader may see whose text has every word of `query` (ENR-5)."""
         return await self.bot_memory.search(pool_id, reader, query, limit)
+
+    async def widen(
+        self, pool_id: str, entry_id: str, grant: str, requester: str
+    ) -> dict[str, object]:
+        """A person's request to widen an entry (ACL-4): passes every source's rule or raises
+        Conflict `widen_refused`, the same for an id that is not in the pool (so a refusal does
+        not tell whether an entry exists). Tags only: the ciphertext is kept (LRN-8)."""
+        widening.check_grant(grant)
+        pool, ws = await self.bot_memory.pools(pool_id)
+        async with pool.lock.exclusive():
+            if entry_id not in pool.entries:
+                raise widening.refused("no such entry in this memory")
+            state = self.bot_memory.learning_state(pool, ws)
+            now = self.clock()
+            changed = widening.widen(state, entry_id, grant, requester=requester, now=now)
+            pending = None
+            version = pool.version
+            if changed is not None:
+                version += 1
+                row = LogRow(
+                    version=version, at=now, who=Who.PERSON, entry=entry_id, change=Change.UPDATED
+                )
+                pending = self._queue(
+                    pool, Outcome(version=version, upserts=(changed,), log=(row,))
+                )
+        await self._settle(pool, pending, reads_state=False)
+        return {"id": entry_id, "to": grant, "widened": changed is not None, "version": version}
 
     # --- memory-bot settings (MB-2) ------------------------------------------------------------
 

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 import msgspec
 
 from engine import tags as tagmod
+from engine import widening
+from engine.errors import Conflict
 from engine.memory import (
     AccessProof,
     EntryMeta,
@@ -184,6 +186,15 @@ class Invalidate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     entry: str
 
 
+class Widen(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Ask to show an entry to the turn's channel (`channel`) or everyone who uses the bot
+    (`bot`); the server picks the grant tag and checks every source's rule (ACL-4)."""
+
+    entry: str
+    to: str
+    reason: str = ""  # read by nobody: a reason never skips the check
+
+
 class RenameTopic(
     msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename={"from_": "from"}
 ):
@@ -196,6 +207,7 @@ PROPOSALS: dict[str, type[msgspec.Struct]] = {
     "learn_observation": LearnObservation,
     "invalidate": Invalidate,
     "rename_topic": RenameTopic,
+    "widen": Widen,
 }
 
 
@@ -385,6 +397,18 @@ def _check(call, pool, state, evidence, audience, now, new_ids, contributor):
             revision=entry.revision + 1,
         )
         return [], [changed]
+    if isinstance(call, Widen):
+        if call.to == "channel" and audience.channel:
+            grant = tagmod.channel_grant(audience.channel)
+        elif call.to == "bot":
+            grant = tagmod.FOR_BOT
+        else:
+            raise _Reject("to must be 'bot', or 'channel' in a group's turn")
+        try:
+            changed = widening.widen(state, call.entry, grant, requester=None, now=now)
+        except Conflict as e:
+            raise _Reject(e.message) from e
+        return [], [] if changed is None else [changed]
     assert isinstance(call, RenameTopic)
     old, new = _topics([call.from_])[0], _topics([call.to])[0]
     changed = []

@@ -524,7 +524,12 @@ class ShardService:
         return done
 
     async def forget(
-        self, pool_id: str, reader: Reader, entry_id: str, request_id: str | None = None
+        self,
+        pool_id: str,
+        reader: Reader,
+        entry_id: str,
+        request_id: str | None = None,
+        expected_revision: int | None = None,
     ) -> EntryView:
         key = None if request_id is None else receipt_key(pool_id, reader.user, request_id)
         print_ = fingerprint(("forget", reader.org, entry_id))
@@ -540,7 +545,15 @@ class ShardService:
                     reader=reader,
                     now=self.clock(),
                     version=pool.version,
-                )
+                )  # raises for an entry the reader may not see
+                current = pool.entries[entry_id].revision
+                if expected_revision is not None and current != expected_revision:
+                    # Under the lock: a concurrent change makes this request stale.
+                    raise Conflict(
+                        f"the entry is at revision {current}, not {expected_revision}",
+                        code="stale_revision",
+                        details={"currentRevision": current},
+                    )
                 content = self.store.open_content(pool.stored, entry_id)
                 meta = outcome.upserts[0] if outcome.upserts else pool.entries[entry_id]
                 done = view(meta, content)

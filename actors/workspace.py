@@ -316,6 +316,9 @@ class Workspace:
         for pool in self._pools.values():
             if entry_id in pool.stored.entries:
                 return pool.id
+        for seed in list(self.shard._pools.values()):  # a bot's learned entries, maybe queued
+            if seed.id.startswith("bot:") and entry_id in seed.entries:
+                return seed.id
         return await self.store.entry_pool(entry_id)
 
     async def has_entry(self, entry_id: str) -> bool:
@@ -483,6 +486,8 @@ class Workspace:
         key = receipt_key(RECEIPT_SCOPE, access.account, body.requestId)
         print_ = fingerprint(("memory.forget" if forgetting else "memory.change", body))
         pool = await self._pool(pool_id)
+        if body.id not in pool.stored.entries and pool_id.startswith("bot:"):
+            return await self._change_learned(pool, access, body)
         async with self._request(key), pool.lock:
             raw = await self._replay(key, print_, pool.keyed)
             if raw is not None:
@@ -517,6 +522,40 @@ class Workspace:
             fut = self._apply(pool, edit, content, change, (key, print_, answer), new=False)
         await self._settle(fut)
         return answer
+
+    async def _change_learned(
+        self, pool: WsPool, access: WsAccess, body: WsMemoryChange | WsForget
+    ) -> WsEntryView:
+        """A learned entry of the bot's one memory, through the workspace routes: forgetting it
+        is the seed-000 Forget (the caller's part: retracted when it is only theirs, API-2) by
+        `expectedRevision`; its words are the memory bot's to change, not an edit's."""
+        reader = self.bot_reader(pool, access)
+        if isinstance(body, WsMemoryChange):
+            seed = await self.shard._pool(pool.id)
+            if body.id in seed.entries and self.shard.bot_memory.snapshot(
+                seed, pool, reader
+            ).visibility.visible(body.id):
+                raise Conflict(
+                    "a learned entry is kept by the memory bot; forget it instead",
+                    code="learned_entry",
+                )
+            raise NotFound("no such memory", code="memory_not_found")
+        try:
+            await self.shard.forget(
+                pool.id,
+                reader,
+                body.id,
+                request_id=f"ws\x00{body.requestId}",
+                expected_revision=body.expectedRevision,
+            )
+        except Conflict as e:
+            if e.code == "not_yours":  # not visible to the caller: not found, as elsewhere
+                raise NotFound("no such memory", code="memory_not_found") from e
+            raise
+        seed = await self.shard._pool(pool.id)
+        meta = seed.entries[body.id]
+        content = self.shard.store.open_content(seed.stored, body.id)
+        return bm.as_record_view(meta, content, sm.pool_owner(pool.id))
 
     def _apply(
         self,

@@ -142,6 +142,25 @@ def test_mem1_a_learned_bot_fact_is_in_every_view_of_the_bots_one_memory(
             _ok(bob.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "look it up"}))
             assert FACT not in prompts[-2]["messages"][0]["content"]
             assert json.loads(prompts[-1]["messages"][-1]["content"])["entries"] == []
+            forget = {"requestId": "r-" + secrets.token_hex(4), "id": record["id"]}
+            r = bob.post(f"{WS}/memories/forget", json={**forget, "expectedRevision": 1})
+            assert r.status_code == 404, r.text  # not his: not found
+
+        # The workspace routes reach the learned entry too: forgetting it is the seed-000
+        # Forget (by revision); its words are the memory bot's, not an edit's.
+        with world.client("alice") as alice:
+            edit = {"requestId": "r-" + secrets.token_hex(4), "id": record["id"]}
+            r = alice.post(f"{WS}/memories", json={**edit, "expectedRevision": 1, "content": "x"})
+            assert r.status_code == 409 and r.json()["error"]["code"] == "learned_entry"
+            forget = {"requestId": "r-" + secrets.token_hex(4), "id": record["id"]}
+            r = alice.post(f"{WS}/memories/forget", json={**forget, "expectedRevision": 7})
+            assert r.status_code == 409 and r.json()["error"]["code"] == "stale_revision"
+            gone = _ok(alice.post(f"{WS}/memories/forget", json={**forget, "expectedRevision": 1}))
+            assert gone["status"] == "forgotten" and gone["revision"] == 2
+            assert _ok(alice.get(f"{WS}/memories", params={"scope": "bot"}))["entries"] == []
+            (old,) = _ok(alice.get(f"/v1/bots/{bot}/memory"))["entries"]
+            assert old["status"] == "retracted"  # history stays visible to her (MEM-4)
+            assert FACT not in alice.get(f"{WS}/memory-export").text
     finally:
         mem.routes.remove(mem_route)
         bot_model.routes.remove(bot_route)

@@ -162,3 +162,54 @@ def test_mem1_migration_7_links_old_bot_records_into_the_bots_one_memory(tmp_pat
         await _close(svc)
 
     asyncio.run(second())
+
+
+def test_acl4_mem1_concurrent_widen_and_forget_by_revision_apply_once(tmp_path: Path):
+    """24 concurrent requests each (ACL-4, MEM-1): a widening adds its grant once (one new
+    version), and forgetting a learned entry through the workspace by `expectedRevision` wins
+    once; the others see the change (not widened again / stale revision)."""
+    from engine.memory import AccessProof, EntryMeta, Layer, Reader, Source
+
+    async def run() -> None:
+        svc = _open(tmp_path)
+        d = svc.directory_service
+        await d.create_org("Acme", "o_1")
+        await d.create_user("Ann", ["o_1"], "u_ann")
+        await d.create_bot(name="Bo", org="o_1", owner="u_ann", id="b_1")
+        ann = Reader(user="u_ann", org="o_1", uses_bot=True)
+        pinned = await svc.remember("bot:b_1", ann, "Standup at 9:30")
+        learned = EntryMeta(
+            id="mem_learned",
+            pool="bot:b_1",
+            layer=Layer.FACT,
+            tags=("from:u_ann", "for:person:u_ann", "org:o_1", "chat:k1"),
+            created_at=1,
+            updated_at=1,
+            sources=(Source(chat="k1", item="i-1"),),
+            proofs=(AccessProof(chat="k1", item="i-1", org="o_1", audience=("for:person:u_ann",)),),
+        )
+        await svc.add_entries("bot:b_1", [(learned, "Ann likes tea")])
+        done = await asyncio.gather(
+            *(svc.widen("bot:b_1", pinned.id, "for:bot", "u_ann") for _ in range(24))
+        )
+        assert sum(1 for x in done if x["widened"]) == 1
+        assert len({x["version"] for x in done}) == 1  # every answer after the one change
+        page = await svc.read_memory("bot:b_1", Reader(user="u_ben", org="o_1", uses_bot=True))
+        assert [e.id for e in page.entries] == [pinned.id]
+
+        access = WsAccess(account="u_ann", bots=frozenset({"b_1"}), orgs=("o_1",))
+        forgets = [
+            svc.ws_change_memory(
+                access, WsForget(requestId=f"f{k}", id="mem_learned", expectedRevision=1)
+            )
+            for k in range(24)
+        ]
+        results = await asyncio.gather(*forgets, return_exceptions=True)
+        ok = [r for r in results if not isinstance(r, BaseException)]
+        assert len(ok) == 1 and ok[0].status == "forgotten"
+        assert all(
+            isinstance(r, Conflict) and r.code == "stale_revision" for r in results if r not in ok
+        )
+        await _close(svc)
+
+    asyncio.run(run())

@@ -533,14 +533,17 @@ class ShardService:
     ) -> EntryView:
         key = None if request_id is None else receipt_key(pool_id, reader.user, request_id)
         print_ = fingerprint(("forget", reader.org, entry_id))
-        pool = await self._pool(pool_id)
+        pool, ws = await self.bot_memory.pools(pool_id)
         async with pool.lock.exclusive():
             done = await self._receipt(pool, key, print_)
             if done is not None:
                 pending = pool.pending
             else:
+                if entry_id not in pool.entries:  # a workspace record: forgotten through its route
+                    raise Conflict("this entry is not yours to forget", code="not_yours")
                 outcome = commands.forget(
-                    entries=pool.entries,
+                    # Visibility over the bot's one memory (an observation may rest on a record).
+                    entries=self.bot_memory.learning_state(pool, ws),
                     entry_id=entry_id,
                     reader=reader,
                     now=self.clock(),

@@ -304,7 +304,10 @@ class Workspace:
         """Who may hear of a change in `pool_id` (never more than who may read it)."""
         scope, owner = sm.scope_of(pool_id), sm.pool_owner(pool_id)
         if scope == Scope.BOT:
-            return Audience(bot=owner)
+            # The records' `org:` tag (engine/bot_memory.py): users of the bot in its org.
+            pool = self._pools.get(pool_id)
+            org = pool.bot_org if pool is not None else None
+            return Audience(bot=owner) if org is None else Audience(org=org, bot=owner)
         if scope == Scope.USER:
             return Audience(users=(owner,))
         project = (self._projects or {}).get(owner)

@@ -23,12 +23,40 @@ from engine import bot_memory as bm
 from engine.learning import ContextEntry, context_entry, context_selection
 from engine.memory import EntryMeta, Reader
 from engine.order import in_memory_order
-from engine.visibility import Visibility
+from engine.scoped_memory import WsEntry, WsStatus
+from engine.visibility import Visibility, directly_visible
 
 if TYPE_CHECKING:
     from actors.pool import Pool
     from actors.shard import ShardService
     from actors.workspace import WsPool
+
+
+class Records(Mapping[str, EntryMeta]):
+    """A bot pool's workspace records as entries (`as_meta`), built on first use and kept on
+    the pool per record state: reads never rebuild thousands of them."""
+
+    def __init__(self, ws: WsPool | None) -> None:
+        self.ws = ws
+
+    def __getitem__(self, entry_id: str) -> EntryMeta:
+        if self.ws is None:
+            raise KeyError(entry_id)
+        record = self.ws.stored.entries[entry_id]
+        cached = self.ws.metas.get(entry_id)
+        if cached is None or cached[0] is not record:
+            cached = (record, bm.as_meta(record))
+            self.ws.metas[entry_id] = cached
+        return cached[1]
+
+    def __iter__(self):
+        return iter(() if self.ws is None else self.ws.stored.entries)
+
+    def __len__(self) -> int:
+        return 0 if self.ws is None else len(self.ws.stored.entries)
+
+    def __contains__(self, entry_id: object) -> bool:
+        return self.ws is not None and entry_id in self.ws.stored.entries
 
 
 @dataclass
@@ -37,20 +65,44 @@ class Snapshot:
 
     pool: Pool
     ws: WsPool | None
+    reader: Reader
     entries: Mapping[str, EntryMeta]  # seed entries and workspace records, by id
+    records: Records
     visibility: Visibility
-    candidates: set[str]
     open: Callable[[str], str]
+
+    def record_visible(self, record: WsEntry, memo: dict) -> bool:
+        # A record is pinned: its system tags alone decide (its topics never do), and a pool's
+        # records share a few tag sets, so each set is checked once per read.
+        seen = memo.get(record.tags)
+        if seen is None:
+            seen = memo[record.tags] = directly_visible(self.reader, self.records[record.id])
+        return seen
+
+    def visible_records(self, *, active: bool = False) -> list[WsEntry]:
+        if self.ws is None:
+            return []
+        memo: dict = {}
+        return [
+            r
+            for r in self.ws.stored.entries.values()
+            if (not active or r.status == WsStatus.ACTIVE) and self.record_visible(r, memo)
+        ]
+
+    def visible_seeds(self, *, active: bool = False) -> list[EntryMeta]:
+        vis, entries = self.visibility, self.pool.entries
+        check = vis.usable if active else vis.visible
+        return [entries[i] for i in self.pool.candidates(self.reader) if check(i)]
 
     def visible(self) -> list[EntryMeta]:
         """Entries the reader may see (history included), in memory order (MEM-5)."""
-        vis = self.visibility
-        return in_memory_order(self.entries[i] for i in self.candidates if vis.visible(i))
+        records = [self.records[r.id] for r in self.visible_records()]
+        return in_memory_order([*self.visible_seeds(), *records])
 
     def usable(self) -> list[EntryMeta]:
         """Visible and active, in memory order: what context, prompts and search use."""
-        vis = self.visibility
-        return in_memory_order(self.entries[i] for i in self.candidates if vis.usable(i))
+        records = [self.records[r.id] for r in self.visible_records(active=True)]
+        return in_memory_order([*self.visible_seeds(active=True), *records])
 
     def is_record(self, entry_id: str) -> bool:
         return self.ws is not None and entry_id in self.ws.stored.entries
@@ -66,19 +118,16 @@ class BotMemory:
         return pool, ws
 
     @staticmethod
-    def metas(ws: WsPool | None) -> dict[str, EntryMeta]:
-        if ws is None:
-            return {}
-        return {i: bm.as_meta(r) for i, r in ws.stored.entries.items()}
+    def union(pool: Pool, ws: WsPool | None) -> Mapping[str, EntryMeta]:
+        """The pool's entries and its records as one mapping (seed entries win an id clash;
+        ids are random 96-bit, so it does not happen)."""
+        if ws is None or not ws.stored.entries:
+            return pool.entries
+        return ChainMap(pool.entries, Records(ws))  # type: ignore[arg-type]
 
     def snapshot(self, pool: Pool, ws: WsPool | None, reader: Reader) -> Snapshot:
         """Call under `pool.lock.shared()` (or exclusive)."""
-        records = self.metas(ws)
-        # Seed entries win an id clash (ids are random 96-bit: it does not happen).
-        entries: Mapping[str, EntryMeta] = (
-            ChainMap(pool.entries, records) if records else (pool.entries)
-        )
-        candidates = pool.candidates(reader) | set(records)
+        entries = self.union(pool, ws)
         store = self.shard.store
         workspace = self.shard.workspace
 
@@ -91,9 +140,10 @@ class BotMemory:
         return Snapshot(
             pool=pool,
             ws=ws,
+            reader=reader,
             entries=entries,
+            records=Records(ws),
             visibility=Visibility(reader, entries),
-            candidates=candidates,
             open=open_,
         )
 
@@ -161,5 +211,4 @@ class BotMemory:
         """What the memory bot's proposals are checked against (under the exclusive lock): the
         whole union, so an observation may rest on a person's record; only seed entries are
         ever changed by it (see engine/bot_memory.py)."""
-        records = self.metas(ws)
-        return ChainMap(pool.entries, records) if records else pool.entries
+        return self.union(pool, ws)

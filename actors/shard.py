@@ -619,7 +619,7 @@ class ShardService:
         pool, ws = await self.bot_memory.pools(pool_id)
         async with pool.lock.shared():
             snap = self.bot_memory.snapshot(pool, ws, reader)
-            return any(snap.visibility.usable(i) for i in snap.candidates)
+            return bool(snap.visible_seeds(active=True) or snap.visible_records(active=True))
 
     async def validate_references(
         self, pool_id: str, reader: Reader, entry_ids: Sequence[str]

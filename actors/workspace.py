@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -140,6 +140,8 @@ class WsPool:
     pending: asyncio.Future[None] | None = None
     poisoned: bool = False
     bot_org: str | None = None  # a bot pool's bot's home org (its records' `org:` tag)
+    # Records as bot-memory entries (actors/bot_memory.py), per record state.
+    metas: dict = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -827,11 +829,8 @@ class Workspace:
         records: list[WsEntry] = []
         seeds: list[WsEntryView] = []
         async with self.shard.bot_memory.read(pool.id, self.bot_reader(pool, access)) as snap:
-            for meta in snap.visible():
-                if snap.ws is not None and meta.id in snap.ws.stored.entries:
-                    records.append(snap.ws.stored.entries[meta.id])
-                else:
-                    seeds.append(bm.as_record_view(meta, snap.open(meta.id), bot))
+            records = snap.visible_records()
+            seeds = [bm.as_record_view(m, snap.open(m.id), bot) for m in snap.visible_seeds()]
         return records, seeds
 
     async def revisions(self, access: WsAccess, entry_id: str) -> list[RevisionView]:

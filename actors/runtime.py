@@ -1,7 +1,7 @@
 """The one place that starts or joins Ray and creates the engine's actors.
 
-On one machine Ray is started small and quiet and bound to loopback (see STACK-NOTES): no
-dashboard, auth off for the embedded instance, logs under the data directory, every actor with
+On one machine Ray is started small and quiet, bound to loopback and with Ray's token auth on
+(actors/ray_env.py, STACK-NOTES): no dashboard, the token in the data directory, every actor with
 `num_cpus=0` so that actors never wait for a CPU. With an address, it joins an existing cluster.
 
 All other code talks to actors through `Engine`, which names them and routes accounts to shards.
@@ -34,6 +34,7 @@ import ray
 from actors.directory import DirectoryService
 from actors.peers import remote
 from actors.placement import shard_of
+from actors.ray_env import TOKEN_FILE, use_token_file
 from actors.shard import ShardService
 from engine.errors import InvalidInput, StorageError, Unavailable
 
@@ -221,18 +222,43 @@ def _check_shard_files(data_dir: Path, shards: int) -> None:
         )
 
 
+def _require_loopback_env() -> None:
+    """The embedded Ray binds to loopback only if `actors.ray_env` ran before `ray` was
+    imported; otherwise Ray swaps 127.0.0.1 for the host's address and listens on every
+    interface. Refuse rather than start an exposed instance."""
+    from ray._private import ray_constants
+
+    if getattr(ray_constants, "ENABLE_RAY_CLUSTER", True) or os.environ.get("RAY_AUTH_MODE") != (
+        "token"
+    ):
+        raise Unavailable(
+            "ray was imported before actors.ray_env: the embedded Ray would listen beyond "
+            "loopback (import actors first)",
+            code="ray_env",
+        )
+
+
 def start_ray(
-    address: str | None = None, *, tmp_dir: str | None = None, runtime_env: dict | None = None
+    address: str | None = None,
+    *,
+    tmp_dir: str | None = None,
+    runtime_env: dict | None = None,
+    token_file: str | Path | None = None,
 ) -> None:
     """Start a local Ray (address None) or join `address`; a no-op if already connected.
-    `runtime_env` (joining only) applies to every actor this process creates."""
+    `runtime_env` (joining only) applies to every actor this process creates. The local Ray
+    listens on 127.0.0.1 only and requires the token in `token_file` (default: one made in its
+    temp dir), see actors/ray_env.py; joining uses the cluster's own settings."""
     global _joined
     if ray.is_initialized():
         return
     if address is None:
+        _require_loopback_env()
         tmp = tmp_dir or os.environ.get("RAY_TMPDIR") or tempfile.mkdtemp(prefix="openbot-ray-")
         # Ray's socket paths must stay short (AF_UNIX limit); keep the temp dir near the root.
         os.environ.setdefault("RAY_TMPDIR", tmp)
+        Path(tmp).mkdir(parents=True, exist_ok=True)
+        use_token_file(token_file or Path(tmp) / TOKEN_FILE)
         ray.init(
             namespace=NAMESPACE,
             include_dashboard=False,
@@ -270,9 +296,13 @@ def start_local_cluster(
     0.5 s, 3 misses): the same knobs a real cluster has (RAY_health_check_* on the head)."""
     from ray.cluster_utils import Cluster
 
+    _require_loopback_env()
     # Ray writes the cluster's address under $RAY_TMPDIR/ray; keep it out of the shared /tmp/ray.
     os.environ["RAY_TMPDIR"] = tmp_dir
     Path(tmp_dir, "ray").mkdir(parents=True, exist_ok=True)
+    # Token auth as for the embedded instance; `start_ray(cluster.address)` in this process
+    # (and any process given this RAY_AUTH_TOKEN_PATH) joins with it.
+    use_token_file(Path(tmp_dir) / TOKEN_FILE)
     extra = node_resources or [{} for _ in range(nodes)]
     common = {
         "num_cpus": cpus_per_node,

@@ -70,7 +70,7 @@ def guard_store(
     is not reachable on this node), or a shard on a node without the master key (it would make a
     key of its own), fails to start with the reason instead. Waits while another process (the
     previous incarnation, still dying) holds the file's lock."""
-    from storage.crypto import KEY_FILE
+    from storage.crypto import has_master_key, key_file
 
     where = ray.util.get_node_ip_address() if ray.is_initialized() else "this node"
     if restarted and not file.exists():
@@ -80,13 +80,9 @@ def guard_store(
             "placement 'pinned'); refusing to start empty",
             code="data_dir_unreachable",
         )
-    if (
-        needs_key
-        and not os.environ.get("OPENBOT_MASTER_KEY")
-        and not (data_dir / KEY_FILE).exists()
-    ):
+    if needs_key and not has_master_key(data_dir):
         raise StorageError(
-            f"no master key on {where} ({data_dir / KEY_FILE} is missing and OPENBOT_MASTER_KEY "
+            f"no master key on {where} ({key_file(data_dir)} is missing and OPENBOT_MASTER_KEY "
             "is unset): share the data directory or give every node the key",
             code="data_dir_unreachable",
         )
@@ -391,8 +387,9 @@ class Engine:
         data_dir = str(Path(data_dir).resolve())
         Path(data_dir).mkdir(parents=True, exist_ok=True)
         _check_shard_files(Path(data_dir), shards)
-        from storage.crypto import load_master_key
+        from storage.crypto import load_master_key, require_key_for_sealed_data
 
+        require_key_for_sealed_data(Path(data_dir))
         load_master_key(Path(data_dir))  # created once here, before actors race for it
         mode = resolve_placement(placement)
         lifetime = "detached" if (_joined if detached is None else detached) else None
@@ -453,13 +450,12 @@ class Engine:
         directory, *shards = ray.get(refs, timeout=timeout)
         return {"placement": self.placement, "directory": directory, "shards": shards}
 
-    async def backup(self, dest_dir: str | Path) -> list[str]:
-        """A consistent snapshot of every store into `dest_dir` (which must not exist yet),
-        plus the master key file, so that the copy is a data directory `openbot serve` can run
-        on. Events get a new epoch there. Each store is copied in one transaction of its own."""
-        import shutil
-
-        from storage.crypto import KEY_FILE
+    async def backup(self, dest_dir: str | Path, *, with_key: bool = False) -> list[str]:
+        """A consistent snapshot of every store into `dest_dir` (which must not exist yet), a
+        data directory `openbot serve` can run on given the master key. The key is left out
+        unless `with_key` (issue 12: a copy of the data is then not a copy of the key). Events
+        get a new epoch there. Each store is copied in one transaction of its own."""
+        from storage.crypto import KEY_FILE, write_key_copy
 
         dest = Path(dest_dir).resolve()
         try:
@@ -468,10 +464,8 @@ class Engine:
             raise InvalidInput(f"{dest} already exists", code="backup_exists") from e
         files = [await call(self.directory.backup, str(dest))]
         files += [await call(s.backup, str(dest)) for s in self.shards]
-        key = Path(self.data_dir or ".") / KEY_FILE
-        if self.data_dir is not None and key.exists():
-            shutil.copy2(key, dest / KEY_FILE)
-            files.append(str(dest / KEY_FILE))
+        if with_key and self.data_dir is not None:
+            files.append(str(write_key_copy(self.data_dir, dest / KEY_FILE)))
         return files
 
     def stop(self) -> None:

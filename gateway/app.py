@@ -126,7 +126,7 @@ class Api:
     async def backup(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.Backup)
-        files = await self.engine.backup(body.dir)
+        files = await self.engine.backup(body.dir, with_key=body.withKey)
         return json({"dir": body.dir, "files": files}, 201)
 
     # --- chats ---

@@ -136,8 +136,10 @@ def serve(settings: ServeSettings) -> None:
     import uvicorn
 
     from gateway.app import create_app
+    from storage.crypto import require_key_for_sealed_data
 
     data_dir = settings.data_dir.resolve()
+    require_key_for_sealed_data(data_dir)  # before Ray starts: fail fast, make no new key
     token, token_path = admin_token(data_dir)
     start_ray(
         settings.ray_address,

@@ -148,6 +148,7 @@ class GroupMode(_Body):
 
 class Backup(_Body):
     dir: str
+    withKey: bool = False  # copy the master key too (left out by default: issue 12)
 
 
 class UserCreated(msgspec.Struct, frozen=True, kw_only=True):

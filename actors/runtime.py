@@ -457,11 +457,13 @@ class Engine:
         get a new epoch there. Each store is copied in one transaction of its own."""
         from storage.crypto import KEY_FILE, write_key_copy
 
-        dest = Path(dest_dir).resolve()
         try:
+            dest = Path(dest_dir).resolve()
             dest.mkdir(parents=True)
         except FileExistsError as e:
-            raise InvalidInput(f"{dest} already exists", code="backup_exists") from e
+            raise InvalidInput(f"{dest_dir} already exists", code="backup_exists") from e
+        except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+            raise InvalidInput(f"cannot create {dest_dir!r}: {e}", code="backup_dir") from e
         files = [await call(self.directory.backup, str(dest))]
         files += [await call(s.backup, str(dest)) for s in self.shards]
         if with_key and self.data_dir is not None:

@@ -31,7 +31,7 @@ from engine.memory_bot import SettingsPatch
 from gateway import wire
 from gateway.auth import Auth, TokenRequired
 from gateway.chat_access import ChatAccess
-from gateway.errors import HANDLERS
+from gateway.errors import HANDLERS, ContainErrors
 from gateway.events import EventsEndpoint, Hub
 from gateway.file_export_route import FileExportApi
 from gateway.json_response import BodyLimits, json, read_body
@@ -487,8 +487,13 @@ def create_app(
         routes=routes,
         exception_handlers=HANDLERS,
         lifespan=lifespan,
-        # Outermost first: no token → 401 before a body is even read; then the body limits.
-        middleware=[Middleware(TokenRequired, auth=auth), Middleware(BodyLimits)],
+        # Outermost first: errors contained (the connection survives them); no token → 401
+        # before a body is even read; then the body limits.
+        middleware=[
+            Middleware(ContainErrors),
+            Middleware(TokenRequired, auth=auth),
+            Middleware(BodyLimits),
+        ],
     )
     app.state.api = api
     app.state.hub = hub

@@ -167,3 +167,45 @@ def test_websocket_messages_have_the_same_limits(server, world):
     asyncio.run(scenario())
     with world.client("alice") as alice:  # and the server is fine
         assert alice.get(f"/v1/bots/{world.bot}/memory").status_code == 200
+
+
+def test_an_unexpected_error_is_a_500_that_keeps_the_connection():
+    """Starlette re-raises after its 500 and uvicorn then drops the connection (the reset of
+    the report); `ContainErrors` stops the error there. A tiny app with the gateway's error
+    handling and a route that fails, on a real uvicorn."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from gateway.errors import HANDLERS, ContainErrors
+    from gateway.live_server import LiveServer
+
+    async def boom(request):
+        await request.body()
+        raise RuntimeError("a bug")
+
+    async def ok(request):
+        return PlainTextResponse("ok")
+
+    routes = [Route("/boom", boom, methods=["POST"]), Route("/ok", ok)]
+    app = Starlette(
+        routes=routes, exception_handlers=HANDLERS, middleware=[Middleware(ContainErrors)]
+    )
+    live = LiveServer(app)
+    try:
+        with httpx.Client(base_url=live.url, timeout=10) as c:
+            port = _local_port(c.get("/ok"))
+            for _ in range(3):
+                r = c.post("/boom", content=b"x" * 100_000)
+                assert r.status_code == 500 and r.json()["error"]["code"] == "internal"
+                after = c.get("/ok")
+                assert after.text == "ok" and _local_port(after) == port
+    finally:
+        live.stop()
+
+
+def test_a_backup_into_an_impossible_directory_is_400(admin):
+    for bad in ("/tmp/nul\u0000byte", "/proc/openbot-backup"):
+        r = admin.post("/v1/admin/backup", json={"dir": bad})
+        assert (r.status_code, r.json()["error"]["code"]) == (400, "backup_dir"), bad

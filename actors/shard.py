@@ -344,6 +344,10 @@ class ShardService:
     async def release_learning(self, job_id: str, upto: int) -> bool:
         return await self.learning.release(job_id, upto)
 
+    async def chat_item(self, chat: str, seq: int) -> ItemView | None:
+        self._ensure_started()
+        return await self.conversations.one_item(chat, seq)
+
     async def post_item(self, chat: Chat, author: str, text: str) -> ItemView:
         """A bot's `workspace_post_to_group` message in a group chat homed here."""
         item = await self.conversations.say(chat, None, "bot", author, text)

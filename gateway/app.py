@@ -34,10 +34,12 @@ from engine.memory_bot import SettingsPatch
 from gateway import wire
 from gateway.auth import Auth, TokenRequired
 from gateway.chat_access import ChatAccess
+from gateway.console_routes import console_routes
 from gateway.errors import HANDLERS, ContainErrors
 from gateway.events import EventsEndpoint, Hub
 from gateway.file_export_route import FileExportApi
 from gateway.json_response import BodyLimits, json, read_body
+from gateway.listing_routes import ListingApi
 from gateway.nodes import NodesEndpoint
 from gateway.openapi import openapi_document
 from gateway.read_cache import ReadCache
@@ -281,6 +283,19 @@ class Api:
         items = await call(access.home.chat_items, access.chat.id)
         return json({"items": [await self._shown(i) for i in items]})
 
+    async def chat_item(self, request: Request) -> Response:
+        """One item, as a `chat.item.created` event names it (clients fetch what they are told
+        about instead of reading the whole chat again)."""
+        access = await self._chat(request)
+        wanted = request.path_params["item"]
+        number = wanted.removeprefix("i-")
+        item = None
+        if wanted.startswith("i-") and number.isdigit() and len(number) < 19:
+            item = await call(access.home.chat_item, access.chat.id, int(number))
+        if item is None:
+            raise NotFound(f"no item {wanted} in this chat", code="item_not_found")
+        return json(await self._shown(item))
+
     async def _shown(self, item):
         """A delivery's communication record names its peer as clients show it (UI-1)."""
         c = item.communication
@@ -463,8 +478,18 @@ def create_app(
     api = Api(engine, auth, hub)
     ws = WorkspaceApi(engine, auth)
     wm = WorkspaceMemoryApi(engine, auth)
+    lists = ListingApi(engine, auth)
     r: Callable[..., Route] = Route
     routes = [
+        r("/v1/admin/orgs", lists.admin_list("orgs"), methods=["GET"]),
+        r("/v1/admin/users", lists.admin_list("users"), methods=["GET"]),
+        r("/v1/admin/bots", lists.admin_list("bots"), methods=["GET"]),
+        r("/v1/admin/channels", lists.admin_list("channels"), methods=["GET"]),
+        r("/v1/me", lists.me, methods=["GET"]),
+        r("/v1/chats", lists.chats, methods=["GET"]),
+        r("/v1/bots", lists.bots, methods=["GET"]),
+        r("/v1/channels", lists.channels, methods=["GET"]),
+        r("/v1/chats/{chat}/items/{item}", api.chat_item, methods=["GET"]),
         r("/v1/admin/orgs", api.create_org, methods=["POST"]),
         r("/v1/admin/orgs/{id}", api.patch_org, methods=["PATCH"]),
         r("/v1/admin/users", api.create_user, methods=["POST"]),
@@ -503,6 +528,7 @@ def create_app(
         r("/healthz", api.health, methods=["GET"]),
         WebSocketRoute("/v1/events", EventsEndpoint(hub, auth, listener_refresh).handle),
         WebSocketRoute("/v1/nodes", NodesEndpoint(auth, engine.prefix).handle),
+        *console_routes(),
     ]
 
     @contextlib.asynccontextmanager

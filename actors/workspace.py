@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,11 +51,13 @@ from engine.scoped_memory import (
     WsMemoryChange,
     WsMemoryCreate,
 )
-from engine.workspace_search import Hit, keyword_search, merge_hits
+from engine.workspace_search import Hit, fusion_depth, merge_hits
 from storage.crypto import load_master_key
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
 from storage.receipts import Receipts, fingerprint, receipt_key
+from storage.search_index import Analyzer, TermIndex
+from storage.term_store import TermStore, terms_key
 from storage.workspace_store import StoredWsPool, WorkspaceStore
 
 if TYPE_CHECKING:
@@ -98,8 +100,9 @@ class WsListing(msgspec.Struct, frozen=True, kw_only=True):
     of the project pools listed (for the export's headings)."""
 
     entries: list[WsEntryView]
-    hits: list[Hit] = []
-    semantic: list[Hit] = []  # with semantic search on (SC-7); `entries` holds both kinds
+    hits: list[Hit] = []  # keyword hits among `fused` (with their BM25 scores)
+    semantic: list[Hit] = []  # semantic hits among `fused` (with their cosines)
+    fused: list[Hit] = []  # the ranking, best first; `entries` are in this order
     names: dict[str, str] = {}
 
 
@@ -123,6 +126,7 @@ class WsPool:
     lock: asyncio.Lock
     pending: asyncio.Future[None] | None = None
     poisoned: bool = False
+    index: TermIndex = field(default_factory=TermIndex)  # keyword search, in memory only
 
     @property
     def id(self) -> str:
@@ -132,7 +136,11 @@ class WsPool:
 class Workspace:
     def __init__(self, shard: ShardService, data_dir: str | Path, *, new_id=new_memory_id) -> None:
         self.shard = shard
-        self.store = WorkspaceStore(shard.db, load_master_key(Path(data_dir)))
+        master = load_master_key(Path(data_dir))
+        self.store = WorkspaceStore(shard.db, master)
+        self.analyzer = Analyzer(terms_key(master))
+        self.terms = TermStore(shard.db)
+        self.weights = (1.0, 1.0)  # keyword, semantic: reciprocal rank fusion (issue 11)
         self.new_id: Callable[[], str] = new_id
         self._loader: SingleFlight[WsPool] = SingleFlight()
         self._pools: dict[str, WsPool] = self._loader.loaded
@@ -150,14 +158,44 @@ class Workspace:
     async def _pool(self, pool_id: str) -> WsPool:
         async def load() -> WsPool:
             keyed = (await self.shard._pool(pool_id)).stored
-            return WsPool(
+            pool = WsPool(
                 stored=await self.store.load_pool(pool_id),
                 keyed=keyed,
                 fp_key=self.store.fingerprint_key(pool_id),
                 lock=asyncio.Lock(),
             )
+            await self._index(pool)
+            return pool
 
         return await self._loader.get(pool_id, load)
+
+    async def _index(self, pool: WsPool) -> None:
+        """Build the pool's keyword index from the stored term keys; records without current
+        ones (written before migration 7, or imported) are tokenized now and their keys
+        stored for next time."""
+        stored = await self.terms.load(pool.id)
+        items = []
+        missing: list[Write] = []
+        for entry_id, entry in pool.stored.entries.items():
+            found = stored.get(entry_id)
+            if found is not None and found[0] == entry.content_fp:
+                items.append((entry_id, found[1]))
+                continue
+            keys = self.analyzer.keys(self._open(pool, entry_id))
+            items.append((entry_id, keys))
+            missing.append(self.terms.row(pool.id, entry_id, entry.content_fp, keys))
+        pool.index.build(items)
+        if missing:
+            # Derived data: nothing waits for it, and a failure only means doing it again.
+            fut = self.shard._submit(None, missing)
+            if fut is not None:
+                fut.add_done_callback(_ignore_failure)
+
+    def _indexed(self, pool: WsPool, entry: WsEntry, content: str) -> Write:
+        """Index a record's new content; the row that stores its term keys."""
+        keys = self.analyzer.keys(content)
+        pool.index.put(entry.id, keys)
+        return self.terms.row(pool.id, entry.id, entry.content_fp, keys)
 
     async def _load_projects(self) -> dict[str, Project]:
         if self._projects is not None:
@@ -498,6 +536,8 @@ class Workspace:
                 else stored.sealed[entry.id]
             )
             writes.append(self.store.entry_row(entry, sealed, new=new))
+            if new or edit.revision.after is not None:
+                writes.append(self._indexed(pool, entry, content))
             writes.append(self.store.revision_row(pool.id, edit.revision, keyed.cipher))
             if edit.barrier is not None:
                 writes.append(self.store.barrier_row(edit.barrier, entry.revision))
@@ -626,6 +666,7 @@ class Workspace:
             new = entry_id not in stored.entries
             if entry_id in texts:
                 sealed = self.store.seal(keyed.cipher, pool.id, entry_id, texts[entry_id])
+                writes.append(self._indexed(pool, entry, texts[entry_id]))
             else:  # flagged for review only: the content stays as it is
                 sealed = stored.sealed[entry_id]
             writes.append(self.store.entry_row(entry, sealed, new=new))
@@ -678,36 +719,80 @@ class Workspace:
                 project = projmod.require_read(projects.get(pid), access.account)
                 names[projmod.pool(pid)] = project.name
         pool_ids += sorted(names)
-        found: list[tuple[WsPool, WsEntry]] = []
         pools: list[WsPool] = []
         for pool_id in pool_ids:
             pool = await self._pool(pool_id)
             pools.append(pool)
-        for pool in pools:
-            for entry in pool.stored.entries.values():
-                if query.status != "all" and entry.status != query.status:
-                    continue
-                if query.contributor is not None and entry.contributor != query.contributor:
-                    continue
-                found.append((pool, entry))
-        views: dict[str, WsEntryView] = {}
-        hits: list[Hit] = []
-        semantic: list[Hit] = []
         if query.q:
-            texts = {e.id: (p, e, self._open(p, e.id)) for p, e in found}
-            hits = keyword_search(query.q, ((i, t[2]) for i, t in texts.items()), query.limit)
-            if self.semantic is not None:
-                semantic = await self.semantic.search(query.q, found, query.limit)
-            ranked = merge_hits(hits, semantic, lambda i: i in texts, len(hits) + len(semantic))
-            for hit in ranked:
-                _, entry, text = texts[hit.id]
-                views[hit.id] = sm.view(entry, text)
+            listing = await self._search(query, pools, names)
         else:
-            for pool, entry in found:
-                views[entry.id] = sm.view(entry, self._open(pool, entry.id))
+            views = [
+                sm.view(entry, self._open(pool, entry.id))
+                for pool in pools
+                for entry in pool.stored.entries.values()
+                if (query.status == "all" or entry.status == query.status)
+                and (query.contributor is None or entry.contributor == query.contributor)
+            ]
+            listing = WsListing(entries=views, names=names)
         for pool in pools:
             await self._settle_read(pool)
-        return WsListing(entries=list(views.values()), hits=hits, semantic=semantic, names=names)
+        return listing
+
+    async def _search(self, query: WsQuery, pools: list[WsPool], names: dict[str, str]):
+        """Ranked search (issue 11): BM25 keyword hits and semantic hits of the pools, each
+        list as deep as fusion needs, fused by weighted reciprocal rank and cut at `limit`."""
+        assert query.q is not None
+        status, contributor = query.status, query.contributor
+
+        def allow(pool: WsPool) -> Callable[[str], bool]:
+            entries = pool.stored.entries
+
+            def ok(entry_id: str) -> bool:
+                e = entries.get(entry_id)
+                return (
+                    e is not None
+                    and (status == "all" or e.status == status)
+                    and (contributor is None or e.contributor == contributor)
+                )
+
+            return ok
+
+        depth = fusion_depth(query.limit, self.weights)
+        keys = self.analyzer.query(query.q)
+        owner: dict[str, WsPool] = {}
+        keyword: list[Hit] = []
+        for pool in pools:
+            for entry_id, score in pool.index.search(keys, depth, allow(pool)):
+                owner[entry_id] = pool
+                keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
+        keyword.sort(key=lambda h: -h.score)
+        keyword = keyword[:depth]
+        semantic: list[Hit] = []
+        if self.semantic is not None:
+            semantic = await self.semantic.search(query.q, [(p, allow(p)) for p in pools], depth)
+            for pool in pools:
+                for h in semantic:
+                    if h.id in pool.stored.entries:
+                        owner.setdefault(h.id, pool)
+        # The semantic search awaited: a record may have changed meanwhile, so check again.
+        fused = merge_hits(
+            keyword,
+            semantic,
+            lambda i: i in owner and allow(owner[i])(i),
+            query.limit,
+            weights=self.weights,
+        )
+        views = [
+            sm.view(owner[h.id].stored.entries[h.id], self._open(owner[h.id], h.id)) for h in fused
+        ]
+        top = {h.id for h in fused}
+        return WsListing(
+            entries=views,
+            hits=[h for h in keyword if h.id in top],
+            semantic=[h for h in semantic if h.id in top],
+            fused=fused,
+            names=names,
+        )
 
     async def revisions(self, access: WsAccess, entry_id: str) -> list[RevisionView]:
         pool_id = await self._locate(entry_id)
@@ -742,3 +827,8 @@ def _no_outsiders(outsiders: Sequence[str]) -> None:
             code="user_not_found",
             details={"people": sorted(outsiders)},
         )
+
+
+def _ignore_failure(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # stored search terms are a cache: they are made again next load

@@ -31,7 +31,7 @@ from engine.memory import Scope
 from engine.memory_export import render
 from engine.projects import ProjectCreate
 from engine.scoped_memory import WsEntryView, WsForget, WsMemoryChange, WsMemoryCreate
-from engine.workspace_search import merge_hits
+from engine.workspace_search import Hit, merge_hits
 from gateway import wire
 from gateway.auth import Auth
 from gateway.json_response import json, read_body
@@ -130,9 +130,9 @@ class WorkspaceMemoryApi:
         *,
         status: str | None = None,
         search: bool = True,
-    ) -> tuple[list[WsEntryView], dict[str, str]]:
-        """The records the query names that the caller may read, in listing or hit order, and
-        display names of pools and bots."""
+    ) -> tuple[list[WsEntryView], dict[str, str], list[Hit] | None]:
+        """The records the query names that the caller may read, in listing or hit order,
+        display names of pools and bots, and with a query the ranking (score, retrievers)."""
         params = request.query_params
         scope = _one_line_param(request, "scope")
         if scope is not None and scope not in SCOPES:
@@ -195,13 +195,16 @@ class WorkspaceMemoryApi:
         for listing in listings:
             names.update(listing.names)
         if q is not None:
-            hits = merge_hits(
-                [h for listing in listings for h in listing.hits],
-                [h for listing in listings for h in listing.semantic],
-                allowed=lambda i: i in views,
-                limit=limit,
-            )
-            return [views[h.id] for h in hits], names
+            if len(listings) == 1:  # one shard ranked everything: its fusion is exact
+                hits = listings[0].fused[:limit]
+            else:  # each shard's best, fused again by their per-retriever scores
+                hits = merge_hits(
+                    [h for listing in listings for h in listing.hits],
+                    [h for listing in listings for h in listing.semantic],
+                    allowed=lambda i: i in views,
+                    limit=limit,
+                )
+            return [views[h.id] for h in hits], names, hits
         ordered = sorted(
             views.values(),
             key=lambda e: (
@@ -212,13 +215,23 @@ class WorkspaceMemoryApi:
                 e.id,
             ),
         )
-        return ordered, names
+        return ordered, names, None
 
     async def memories(self, request: Request) -> Response:
         _, access = await self._caller(request)
         if request.method == "GET":
-            entries, _ = await self._collect(access, request)
-            return json({"entries": entries})
+            entries, _, hits = await self._collect(access, request)
+            if hits is None:
+                return json({"entries": entries})
+            # Search results carry their fused score and the retrievers that found them.
+            return json(
+                {
+                    "entries": [
+                        {**msgspec.structs.asdict(e), "score": h.score, "foundBy": h.kinds}
+                        for e, h in zip(entries, hits, strict=True)
+                    ]
+                }
+            )
         body = decode_memory_write(await read_body(request))
         if isinstance(body, WsMemoryChange):
             shard = await self._entry_shard(body.id)
@@ -251,7 +264,7 @@ class WorkspaceMemoryApi:
 
     async def export(self, request: Request) -> Response:
         _, access = await self._caller(request)
-        entries, names = await self._collect(access, request, status="active", search=False)
+        entries, names, _ = await self._collect(access, request, status="active", search=False)
         bot_names = {k: v for k, v in names.items() if ":" not in k}
         for contributor in {e.contributor for e in entries} - set(bot_names):
             with contextlib.suppress(NotFound):  # a contributor bot removed since

@@ -76,6 +76,12 @@ MIGRATIONS: tuple[str, ...] = (
         key VARCHAR, pool VARCHAR, entry VARCHAR, model VARCHAR, fp VARCHAR, vec BLOB
     );
     """,
+    # 7: keyword search (issue 11): each record's search terms as sorted keyed 64-bit hashes
+    # (no word in the clear, SEC-1), with the content fingerprint they were made from, so a
+    # pool's keyword index loads without decrypting and tokenizing every record.
+    """
+    CREATE TABLE search_terms (key VARCHAR, pool VARCHAR, entry VARCHAR, fp VARCHAR, terms BLOB);
+    """,
 )
 
 POOLS = Table(
@@ -244,3 +250,16 @@ WS_VECTORS = Table(
     ),
 )
 TABLES = (*TABLES, WS_VECTORS)
+
+# --- keyword search (issue 11, migration 7) ---
+SEARCH_TERMS = Table(
+    "search_terms",
+    (
+        ("key", "VARCHAR"),
+        ("pool", "VARCHAR"),
+        ("entry", "VARCHAR"),
+        ("fp", "VARCHAR"),
+        ("terms", "BLOB"),
+    ),
+)
+TABLES = (*TABLES, SEARCH_TERMS)

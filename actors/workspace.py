@@ -51,7 +51,7 @@ from engine.scoped_memory import (
     WsMemoryChange,
     WsMemoryCreate,
 )
-from engine.workspace_search import Hit, fusion_depth, merge_hits
+from engine.workspace_search import FUSION_DEPTH, Hit, fusion_depth, merge_hits
 from storage.crypto import load_master_key
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
@@ -757,7 +757,7 @@ class Workspace:
 
             return ok
 
-        depth = fusion_depth(query.limit, self.weights)
+        depth = fusion_depth(query.limit, self.weights, floor=FUSION_DEPTH)
         keys = self.analyzer.query(query.q)
         owner: dict[str, WsPool] = {}
         keyword: list[Hit] = []

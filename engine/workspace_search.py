@@ -7,8 +7,8 @@ fused by weighted reciprocal rank fusion: a record's score is the sum over the l
 need not contain the query. Only records the reader may see are ranked, and they are filtered
 *before* ranking, so hidden records cannot shift the order of visible ones.
 
-The lists are fused whole (`fusion_depth` tells how deep each must be for the first `limit`
-fused hits to be exact), then cut at `limit`.
+Each list is fused as deep as `fusion_depth` says (1,000 hits by default, far below anything
+the first `limit` could need), then the fusion is cut at `limit`.
 
 Pure: the caller passes hits (and vectors, for the reference cosine ranking).
 """
@@ -23,6 +23,7 @@ import msgspec
 
 from engine.errors import InvalidInput
 
+FUSION_DEPTH = 1_000  # per list and shard; see fusion_depth
 RRF_K = 60  # the usual constant: keeps one list's top hit from swamping the other's
 
 
@@ -35,12 +36,14 @@ class Hit(msgspec.Struct, frozen=True, kw_only=True):
     kinds: tuple[str, ...]
 
 
-def fusion_depth(limit: int, weights: Sequence[float], k: int = RRF_K) -> int:
-    """How many hits of each list fusion needs for its first `limit` results to be those of
-    the whole lists: a record below this rank in every list scores less than the `limit`-th
-    hit of the strongest list alone."""
-    w_min, w_sum = min(weights), sum(weights)
-    return max(limit, math.ceil(w_sum / w_min * (k + limit)) - k + 1)
+def fusion_depth(limit: int, weights: Sequence[float], k: int = RRF_K, floor: int = 0) -> int:
+    """How many hits of each list to fuse for the first `limit` results: at least `floor`, and
+    deep enough that a record below this rank in every list scores less than the `limit`-th
+    hit of the strongest list alone, so it could never be among them. (A record that one list
+    ranks within and the other below gets less than weight/(k + depth) from the second: the
+    only difference from fusing the whole lists.)"""
+    w_max, w_sum = max(weights), sum(weights)
+    return max(limit, floor, math.floor(w_sum / w_max * (k + limit)) - k + 1)
 
 
 def cosine_top_k(

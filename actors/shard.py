@@ -728,6 +728,11 @@ class ShardService:
     ) -> ProjectView:
         return await self.workspace.save_project(actor, org, request, project_id)
 
+    async def search_idle(self) -> None:
+        """Wait until the background has embedded what was written (benchmarks, tests)."""
+        if self.workspace.semantic is not None:
+            await self.workspace.semantic.idle()
+
     async def ws_entries(self, access: WsAccess, query: WsQuery) -> WsListing:
         return await self.workspace.entries(access, query)
 

@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 
 RECEIPT_SCOPE = "ws"  # receipts of workspace writes: one requestId space per account and shard
 MAX_LIST = 1_000
+USING = ("all", "keyword", "semantic")
 _project_view_dec = msgspec.json.Decoder(ProjectView)
 _entry_view_dec = msgspec.json.Decoder(WsEntryView)
 _decisions_dec = msgspec.json.Decoder(list[sm.Decision])
@@ -93,6 +94,7 @@ class WsQuery(msgspec.Struct, frozen=True, kw_only=True):
     q: str | None = None
     status: str = "active"  # active | forgotten | all
     limit: int = 200
+    using: str = "all"  # with q: all (hybrid when semantic search is on) | keyword | semantic
 
 
 class WsListing(msgspec.Struct, frozen=True, kw_only=True):
@@ -705,6 +707,8 @@ class Workspace:
         project the caller is not a member of is not found)."""
         if query.status not in ("active", "forgotten", "all"):
             raise InvalidInput("status must be active, forgotten or all", code="invalid_status")
+        if query.using not in USING:
+            raise InvalidInput("using must be all, keyword or semantic", code="invalid_using")
         projects = await self._load_projects()
         pool_ids = [p for p in dict.fromkeys(query.pools) if self._readable(p, access)]
         if query.projects is None:
@@ -761,14 +765,14 @@ class Workspace:
         keys = self.analyzer.query(query.q)
         owner: dict[str, WsPool] = {}
         keyword: list[Hit] = []
-        for pool in pools:
+        for pool in pools if query.using != "semantic" else ():
             for entry_id, score in pool.index.search(keys, depth, allow(pool)):
                 owner[entry_id] = pool
                 keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
         keyword.sort(key=lambda h: -h.score)
         keyword = keyword[:depth]
         semantic: list[Hit] = []
-        if self.semantic is not None:
+        if self.semantic is not None and query.using != "keyword":
             semantic = await self.semantic.search(query.q, [(p, allow(p)) for p in pools], depth)
             for pool in pools:
                 for h in semantic:

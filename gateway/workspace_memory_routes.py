@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.runtime import Engine, call
-from actors.workspace import WsAccess, WsListing, WsQuery
+from actors.workspace import USING, WsAccess, WsListing, WsQuery
 from engine import projects as projmod
 from engine.directory import Principal, check_id, require_use, resolve_org
 from engine.errors import InvalidInput, NotFound
@@ -140,6 +140,9 @@ class WorkspaceMemoryApi:
         bot_id = _one_line_param(request, "bot")
         project_id = _one_line_param(request, "project")
         q = _one_line_param(request, "q") if search else None
+        using = _one_line_param(request, "using") or "all"
+        if using not in USING:
+            raise InvalidInput("using must be all, keyword or semantic", code="invalid_using")
         status = status or params.get("status") or "active"
         if status not in STATUSES:
             raise InvalidInput("status must be active, forgotten or all", code="invalid_status")
@@ -186,6 +189,7 @@ class WorkspaceMemoryApi:
                         q=q,
                         status=status,
                         limit=limit,
+                        using=using,
                     ),
                 )
                 for k in asks

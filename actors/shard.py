@@ -12,6 +12,7 @@ reply carries state that is not yet on disk: a read that saw a queued change wai
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import secrets
 import time
@@ -56,6 +57,8 @@ from engine.memory import (
     LogRow,
     MemoryPage,
     Reader,
+    SearchHitView,
+    SearchPage,
     Status,
     Who,
     view,
@@ -86,6 +89,12 @@ from storage.shard_schema import MIGRATIONS, RECEIPTS, TABLES
 log = logging.getLogger("openbot.shard")
 _view_dec = msgspec.json.Decoder(EntryView)
 _json = msgspec.json.Encoder()
+
+
+def _sealed_fp(sealed: bytes) -> str:
+    """Which sealing of an entry's content stored terms were made from (a new seal, even of
+    the same text, is a new nonce and so a new fingerprint)."""
+    return hashlib.blake2b(sealed, digest_size=12).hexdigest()
 
 
 def _now_ms() -> int:
@@ -173,9 +182,48 @@ class ShardService:
         self._ensure_started()
 
         async def load() -> Pool:
-            return Pool(await self.store.load(pool_id))
+            pool = Pool(await self.store.load(pool_id))
+            await self._index_pool(pool)
+            return pool
 
         return await self._loader.get(pool_id, load)
+
+    async def _index_pool(self, pool: Pool) -> None:
+        """Fill the pool's keyword index from the stored term keys; entries without current
+        ones are tokenized now and their keys stored for next time."""
+        stored = await self.workspace.terms.load(pool.id)
+        items = []
+        missing: list[Write] = []
+        for entry_id, sealed in pool.stored.sealed.items():
+            fp = _sealed_fp(sealed)
+            found = stored.get(entry_id)
+            if found is not None and found[0] == fp:
+                items.append((entry_id, found[1]))
+                continue
+            keys = self.workspace.analyzer.keys(self.store.open_content(pool.stored, entry_id))
+            items.append((entry_id, keys))
+            missing.append(self.workspace.terms.row(pool.id, entry_id, fp, keys))
+        pool.terms.build(items)
+        if missing:
+            fut = self._submit(None, missing)
+            if fut is not None:  # derived data: a failure only means doing it again
+                fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def _term_rows(self, pool: Pool, outcome: Outcome, sealed: dict[str, bytes] | None):
+        """Keep the keyword index current with an applied outcome: new content indexed,
+        deleted entries gone (in memory at once); the rows that store it."""
+        rows: list[Write] = []
+        terms = self.workspace.terms
+        for entry_id, blob in (sealed or {}).items():
+            if entry_id not in pool.entries:
+                continue
+            keys = self.workspace.analyzer.keys(self.store.open_content(pool.stored, entry_id))
+            pool.terms.put(entry_id, keys)
+            rows.append(terms.row(pool.id, entry_id, _sealed_fp(blob), keys))
+        for entry_id in outcome.deletes:
+            pool.terms.remove(entry_id)
+            rows.append(terms.delete(pool.id, entry_id))
+        return rows
 
     async def _settle(
         self, pool: Pool, fut: asyncio.Future[None] | None, *, reads_state: bool = True
@@ -212,6 +260,7 @@ class ShardService:
             if i in pool.entries
         }
         pool.apply(outcome, sealed)
+        writes += self._term_rows(pool, outcome, sealed)
         changes = {row.entry: row.change for row in outcome.log}
         items: list[tuple[Payload, Audience]] = []
         for meta in outcome.upserts:
@@ -482,6 +531,36 @@ class ShardService:
         it until a later `memory.changed` for this pool reaches it."""
         page, staged = await self._read(pool_id, reader, tags)
         return self.events.epoch, staged, _json.encode(page)
+
+    async def search_memory_json(
+        self, pool_id: str, reader: Reader, q: str, limit: int, *, usable: bool = False
+    ) -> bytes:
+        """`GET /v1/bots/{bot}/memory?q=`: the `limit` best keyword (BM25) hits among the
+        entries the reader may see, best first, as the HTTP body."""
+        return _json.encode(await self.search_memory(pool_id, reader, q, limit, usable=usable))
+
+    async def search_memory(
+        self, pool_id: str, reader: Reader, q: str, limit: int, *, usable: bool = False
+    ) -> SearchPage:
+        if limit < 1:
+            raise InvalidInput("limit must be at least 1", code="invalid_limit")
+        keys = self.workspace.analyzer.query(q)
+        pool = await self._pool(pool_id)
+        async with pool.lock.shared():
+            hits = pool.search(keys, reader, limit, usable=usable)
+            views = tuple(
+                SearchHitView(
+                    **msgspec.structs.asdict(
+                        view(pool.entries[i], self.store.open_content(pool.stored, i))
+                    ),
+                    score=score,
+                    foundBy=("keyword",),
+                )
+                for i, score in hits
+            )
+            version, pending = pool.version, pool.pending
+        await self._settle(pool, pending)
+        return SearchPage(entries=views, version=version)
 
     async def memory_log_json(self, pool_id: str, reader: Reader) -> bytes:
         return _json.encode(await self.memory_log(pool_id, reader))

@@ -304,20 +304,17 @@ def make(conversations: int = 10, turns_per: int = 600, seed: int = 7) -> list[C
                 )
         conv = Conversation()
         told: dict[tuple[int, int], list[str]] = {}  # (fact index, part) -> turn ids
-        n_turn = 0
         for s_no in range(sessions):
             items = plan.get(s_no, [])
             size = turns_per // sessions
             slots_at = sorted(rnd.sample(range(2, max(size - 1, len(items) + 3)), len(items)))
-            t = 0
             speaker = rnd.choice((a, b))
+            prefix = f"c{c}-s{s_no:02d}"
+            first_turn = len(conv.turns)
 
-            def add(who: str, text: str) -> str:
-                nonlocal t, n_turn
-                turn = Turn(id=f"c{c}-s{s_no:02d}-t{t:02d}", speaker=who, text=text)
+            def add(who: str, text: str, conv=conv, prefix=prefix, first=first_turn) -> str:
+                turn = Turn(id=f"{prefix}-t{len(conv.turns) - first:02d}", speaker=who, text=text)
                 conv.turns.append(turn)
-                t += 1
-                n_turn += 1
                 return turn.id
 
             for k in range(size):

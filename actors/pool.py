@@ -7,7 +7,6 @@ that could possibly admit the reader instead of the whole pool (a side table, in
 from __future__ import annotations
 
 import asyncio
-
 from collections.abc import Sequence
 
 from actors.rwlock import RWLock

@@ -93,14 +93,11 @@ class Pool:
         stored.log.extend(sorted(outcome.log, key=lambda r: (r.version, r.entry)))
         stored.version = outcome.version
 
-    def search(
-        self, keys: Sequence[int], reader: Reader, limit: int, *, usable: bool = False
-    ) -> list[tuple[str, float]]:
+    def search(self, keys: Sequence[int], reader: Reader, limit: int) -> list[tuple[str, float]]:
         """The `limit` best keyword hits (`Analyzer.query` keys) among the entries the reader
-        may see (`usable`: and use as context, for a bot's own search), best first. The ranking
-        is walked in order and every id checked, so what the reader may not see is never a hit
-        and never takes a readable hit's place (call under the pool's lock)."""
+        may see that are active (forgotten, invalidated: history, not hits), best first. The
+        ranking is walked in order and every id checked, so what the reader may not see is
+        never a hit and never takes a readable hit's place (call under the pool's lock)."""
         candidates = self.candidates(reader)
         vis = Visibility(reader, self.entries)
-        check = vis.usable if usable else vis.visible
-        return self.terms.search(keys, limit, lambda i: i in candidates and check(i))
+        return self.terms.search(keys, limit, lambda i: i in candidates and vis.usable(i))

@@ -532,22 +532,18 @@ class ShardService:
         page, staged = await self._read(pool_id, reader, tags)
         return self.events.epoch, staged, _json.encode(page)
 
-    async def search_memory_json(
-        self, pool_id: str, reader: Reader, q: str, limit: int, *, usable: bool = False
-    ) -> bytes:
+    async def search_memory_json(self, pool_id: str, reader: Reader, q: str, limit: int) -> bytes:
         """`GET /v1/bots/{bot}/memory?q=`: the `limit` best keyword (BM25) hits among the
-        entries the reader may see, best first, as the HTTP body."""
-        return _json.encode(await self.search_memory(pool_id, reader, q, limit, usable=usable))
+        active entries the reader may see, best first, as the HTTP body."""
+        return _json.encode(await self.search_memory(pool_id, reader, q, limit))
 
-    async def search_memory(
-        self, pool_id: str, reader: Reader, q: str, limit: int, *, usable: bool = False
-    ) -> SearchPage:
+    async def search_memory(self, pool_id: str, reader: Reader, q: str, limit: int) -> SearchPage:
         if limit < 1:
             raise InvalidInput("limit must be at least 1", code="invalid_limit")
         keys = self.workspace.analyzer.query(q)
         pool = await self._pool(pool_id)
         async with pool.lock.shared():
-            hits = pool.search(keys, reader, limit, usable=usable)
+            hits = pool.search(keys, reader, limit)
             views = tuple(
                 SearchHitView(
                     **msgspec.structs.asdict(

@@ -145,7 +145,7 @@ def _pool(entries: dict[str, EntryMeta], texts: dict[str, str]) -> Pool:
 
 @settings(max_examples=200, deadline=None)
 @given(case=cases(), data=st.data())
-def test_search_results_are_exactly_the_matching_entries_the_oracle_lets_the_reader_see(case, data):
+def test_search_results_are_exactly_the_active_matches_the_oracle_lets_the_reader_see(case, data):
     entries, reader = case
     texts = {
         i: data.draw(st.sampled_from(["zebra crossing", "zebras", "no match here", "zebra"]))

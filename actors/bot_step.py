@@ -28,7 +28,6 @@ from engine.models import Message, ToolCall
 from engine.prompt_budget import ScopedEntry, pack
 from engine.self_rules import Editor, parse_update, rules_view
 from engine.turns import accept_rewrite, bot_system_prompt, bot_tools, enrichment_messages
-from engine.visibility import Visibility
 from storage.chat_store import ChatLog, Confession, Enrichment
 
 if TYPE_CHECKING:
@@ -173,14 +172,16 @@ class BotStepper:
         chat also the person's own scope and the chat's project (membership is checked where
         the project lives)."""
         peers = self.shard.peers
-        wanted = [(self.shard.index, WsQuery(pools=(f"bot:{step.bot.id}",), projects=(), q=q))]
+        limit = SEARCH_HITS if q is not None else 200
+        bot_scope = WsQuery(pools=(f"bot:{step.bot.id}",), projects=(), q=q, limit=limit)
+        wanted = [(self.shard.index, bot_scope)]
         if step.chat.kind in ("direct", "review"):
-            user_pool = WsQuery(pools=(f"user:{step.operator}",), projects=(), q=q)
+            user_pool = WsQuery(pools=(f"user:{step.operator}",), projects=(), q=q, limit=limit)
             wanted.append((peers.index_of(step.operator), user_pool))
             if step.chat.project:
                 owner = await peers.directory("project_owner", step.chat.project)
                 if owner is not None:
-                    project = WsQuery(projects=(step.chat.project,), q=q)
+                    project = WsQuery(projects=(step.chat.project,), q=q, limit=limit)
                     wanted.append((peers.index_of(owner), project))
         return wanted
 
@@ -325,38 +326,36 @@ class BotStepper:
         return _enc.encode({"receipt": link, "group": channel.id, "status": "posted"}).decode()
 
     async def _search(self, step: StepInput, query: str) -> str:
-        """Entries of the bot's memory that the step's reader may use and that match the query."""
+        """`workspace_memory_search`: the same ranked search as the memory routes (issue 11),
+        over the bot's memory (entries the step's reader may use) and its workspace scopes;
+        each source's ranking kept, the sources taken in turn."""
         reader = reader_for(step)
-        terms = [t for t in query.casefold().split() if t]
         if not await self.memory_allowed(step.bot):
             return _enc.encode(
                 {"error": "memory_not_isolated", "message": "memory is off on this node"}
             ).decode()
-        if reader is None or not terms:
+        if reader is None or not query.strip():
             return _enc.encode({"entries": []}).decode()
         pool = await self.shard._pool(bot_pool(step.bot.id))
-        hits = []
+        keys = self.shard.workspace.analyzer.query(query)
         async with pool.lock.shared():
-            vis = Visibility(reader, pool.entries)
-            for entry_id in pool.candidates(reader):
-                if not vis.usable(entry_id):
-                    continue
-                content = self.shard.store.open_content(pool.stored, entry_id)
-                folded = content.casefold()
-                if all(t in folded for t in terms):
-                    hits.append({"id": entry_id, "content": content})
-                    if len(hits) >= SEARCH_HITS:
-                        break
+            ranked = [
+                [
+                    {"id": i, "content": self.shard.store.open_content(pool.stored, i)}
+                    for i, _ in pool.search(keys, reader, SEARCH_HITS)
+                ]
+            ]
         # The workspace scopes too: what did not fit the prompt is found here (SC-5).
         access = WsAccess(account=step.operator, bots=frozenset({step.bot.id}))
         for index, ws_query in await self._scopes(step, q=query):
-            if len(hits) >= SEARCH_HITS:
-                break
             try:
                 listing = await self.shard.peers.shard_call(index, "ws_entries", access, ws_query)
             except OpenBotError:
                 continue
-            hits.extend({"id": e.id, "content": e.content} for e in listing.entries)
+            ranked.append([{"id": e.id, "content": e.content} for e in listing.entries])
+        hits: list[dict] = []
+        for rank in range(SEARCH_HITS):
+            hits.extend(source[rank] for source in ranked if rank < len(source))
         return _enc.encode({"entries": hits[:SEARCH_HITS]}).decode()
 
 

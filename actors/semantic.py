@@ -110,6 +110,21 @@ class PoolVectors:
         self.fps = [fp for _, fp, _ in items]
         self.row = {entry_id: r for r, entry_id in enumerate(self.ids)}
 
+    def load_matrix(self, ids: list[str], fps: list[str], mat: np.ndarray) -> None:
+        """Fill an empty index with a whole matrix (rows scaled to unit length here)."""
+        if not ids:
+            return
+        mat = np.array(mat, dtype=np.float32)  # a copy of its own, written in place
+        norms = np.linalg.norm(mat, axis=1, keepdims=True)
+        bad = ~((norms > 0) & np.isfinite(norms))
+        mat[bad[:, 0]] = 0.0
+        norms[bad] = 1.0
+        mat /= norms
+        self.mat = mat
+        self.dim, self.n = mat.shape[1], mat.shape[0]
+        self.ids, self.fps = list(ids), list(fps)
+        self.row = {entry_id: r for r, entry_id in enumerate(self.ids)}
+
     def split(self, entries: Iterable[WsEntry]) -> tuple[list[int], list[WsEntry]]:
         """The rows of the records among `entries` whose vector is current, and the records
         whose vector is missing or stale (one pass: this runs over every candidate)."""
@@ -180,6 +195,7 @@ class SemanticSearch:
         self._task: asyncio.Task[None] | None = None
         self._down_until = 0.0
         self.embedded = 0  # records embedded (tests and benchmarks)
+        self._seq = 0  # the last vector block's sequence number
 
     # --- the model, with a circuit breaker ---------------------------------------------------
 
@@ -216,7 +232,10 @@ class SemanticSearch:
         vectors = self._pools.get(pool.id)
         if vectors is None:
             vectors = PoolVectors()
-            vectors.load(await self.store.load(pool.id, self.embedder.ident, pool.keyed.cipher))
+            ids, fps, mat = await self.store.load_all(
+                pool.id, self.embedder.ident, pool.keyed.cipher
+            )
+            vectors.load_matrix(ids, fps, mat)
             self._pools[pool.id] = vectors
             self._queue_missing(pool, vectors)
         return vectors
@@ -237,10 +256,12 @@ class SemanticSearch:
             return
         found = await self.embedder.embed([text for _, _, text in todo])
         cipher, model = pool.keyed.cipher, self.embedder.ident
-        rows = []
+        items = []
         for (entry_id, fp, _), vector in zip(todo, found, strict=True):
             vectors.put(entry_id, fp, vector)
-            rows.append(self.store.row(pool.id, entry_id, model, fp, vector, cipher))
+            items.append((entry_id, fp, vector))
+        self._seq = max(self._seq + 1, time.time_ns())
+        rows = [self.store.block(pool.id, model, self._seq, items, cipher)]
         self.embedded += len(todo)
         if pool.poisoned:
             return  # its records are being reloaded from the file: keep nothing of them

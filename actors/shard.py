@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
 from actors.bot_step import StepInput, StepOutcome
 from actors.chains import ChainView
@@ -84,11 +85,18 @@ from storage.event_log import MARK_RESTORED, EventLog
 from storage.group_commit import DeleteWhere, GroupCommitter, Write
 from storage.memory_store import MemoryStore
 from storage.receipts import Receipts, fingerprint, receipt_key
+from storage.search_index import pack_keys, unpack_keys
 from storage.shard_schema import MIGRATIONS, RECEIPTS, TABLES
 
 log = logging.getLogger("openbot.shard")
 _view_dec = msgspec.json.Decoder(EntryView)
 _json = msgspec.json.Encoder()
+
+
+def _terms_pool(pool_id: str) -> str:
+    """Where a seed-000 pool's term rows are kept: apart from the workspace pool of the same
+    name (`bot:<id>` is both)."""
+    return f"seed:{pool_id}"
 
 
 def _sealed_fp(sealed: bytes) -> str:
@@ -191,19 +199,27 @@ class ShardService:
     async def _index_pool(self, pool: Pool) -> None:
         """Fill the pool's keyword index from the stored term keys; entries without current
         ones are tokenized now and their keys stored for next time."""
-        stored = await self.workspace.terms.load(pool.id)
-        items = []
+        terms, where = self.workspace.terms, _terms_pool(pool.id)
+        entries, fps, blobs = await terms.load_raw(where)
+        sealed = pool.stored.sealed
+        ids: list[str] = []
+        kept: list[bytes] = []
+        for entry_id, fp, blob in zip(entries, fps, blobs, strict=True):
+            if entry_id in sealed and _sealed_fp(sealed[entry_id]) == fp:
+                ids.append(entry_id)
+                kept.append(blob)
         missing: list[Write] = []
-        for entry_id, sealed in pool.stored.sealed.items():
-            fp = _sealed_fp(sealed)
-            found = stored.get(entry_id)
-            if found is not None and found[0] == fp:
-                items.append((entry_id, found[1]))
-                continue
-            keys = self.workspace.analyzer.keys(self.store.open_content(pool.stored, entry_id))
-            items.append((entry_id, keys))
-            missing.append(self.workspace.terms.row(pool.id, entry_id, fp, keys))
-        pool.terms.build(items)
+        if len(ids) < len(sealed):
+            have = set(ids)
+            for entry_id, blob in sealed.items():
+                if entry_id in have:
+                    continue
+                keys = self.workspace.analyzer.keys(self.store.open_content(pool.stored, entry_id))
+                ids.append(entry_id)
+                kept.append(pack_keys(keys))
+                missing.append(terms.row(where, entry_id, _sealed_fp(blob), keys))
+        lengths = np.fromiter((len(b) // 8 for b in kept), dtype=np.int64, count=len(kept))
+        pool.terms.build_flat(ids, lengths, unpack_keys(b"".join(kept)))
         if missing:
             fut = self._submit(None, missing)
             if fut is not None:  # derived data: a failure only means doing it again
@@ -219,10 +235,10 @@ class ShardService:
                 continue
             keys = self.workspace.analyzer.keys(self.store.open_content(pool.stored, entry_id))
             pool.terms.put(entry_id, keys)
-            rows.append(terms.row(pool.id, entry_id, _sealed_fp(blob), keys))
+            rows.append(terms.row(_terms_pool(pool.id), entry_id, _sealed_fp(blob), keys))
         for entry_id in outcome.deletes:
             pool.terms.remove(entry_id)
-            rows.append(terms.delete(pool.id, entry_id))
+            rows.append(terms.delete(_terms_pool(pool.id), entry_id))
         return rows
 
     async def _settle(

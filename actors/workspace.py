@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
+import numpy as np
 
 from actors.single_flight import SingleFlight
 from engine import projects as projmod
@@ -56,7 +57,7 @@ from storage.crypto import load_master_key
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
 from storage.receipts import Receipts, fingerprint, receipt_key
-from storage.search_index import Analyzer, TermIndex
+from storage.search_index import Analyzer, TermIndex, pack_keys, unpack_keys
 from storage.term_store import TermStore, terms_key
 from storage.workspace_store import StoredWsPool, WorkspaceStore
 
@@ -172,21 +173,30 @@ class Workspace:
         return await self._loader.get(pool_id, load)
 
     async def _index(self, pool: WsPool) -> None:
-        """Build the pool's keyword index from the stored term keys; records without current
-        ones (written before migration 7, or imported) are tokenized now and their keys
-        stored for next time."""
-        stored = await self.terms.load(pool.id)
-        items = []
+        """Build the pool's keyword index from the stored term keys (read in bulk); records
+        without current ones (written before migration 7, or imported) are tokenized now and
+        their keys stored for next time."""
+        entries, fps, blobs = await self.terms.load_raw(pool.id)
+        current = pool.stored.entries
+        ids: list[str] = []
+        kept: list[bytes] = []
+        for entry_id, fp, blob in zip(entries, fps, blobs, strict=True):
+            e = current.get(entry_id)
+            if e is not None and e.content_fp == fp:
+                ids.append(entry_id)
+                kept.append(blob)
         missing: list[Write] = []
-        for entry_id, entry in pool.stored.entries.items():
-            found = stored.get(entry_id)
-            if found is not None and found[0] == entry.content_fp:
-                items.append((entry_id, found[1]))
-                continue
-            keys = self.analyzer.keys(self._open(pool, entry_id))
-            items.append((entry_id, keys))
-            missing.append(self.terms.row(pool.id, entry_id, entry.content_fp, keys))
-        pool.index.build(items)
+        if len(ids) < len(current):
+            have = set(ids)
+            for entry_id, entry in current.items():
+                if entry_id in have:
+                    continue
+                keys = self.analyzer.keys(self._open(pool, entry_id))
+                ids.append(entry_id)
+                kept.append(pack_keys(keys))
+                missing.append(self.terms.row(pool.id, entry_id, entry.content_fp, keys))
+        lengths = np.fromiter((len(b) // 8 for b in kept), dtype=np.int64, count=len(kept))
+        pool.index.build_flat(ids, lengths, unpack_keys(b"".join(kept)))
         if missing:
             # Derived data: nothing waits for it, and a failure only means doing it again.
             fut = self.shard._submit(None, missing)

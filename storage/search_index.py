@@ -117,22 +117,29 @@ class TermIndex:
     def build(self, items: Iterable[tuple[str, np.ndarray]]) -> None:
         """Index (id, term keys) pairs in one go (a pool's load): postings are counted and
         grouped by numpy (one sort), not one by one."""
-        fresh = not self._ids
         ids: list[str] = []
         parts: list[np.ndarray] = []
         for entry_id, keys in items:
-            if not fresh and entry_id in self._row:
-                self.remove(entry_id)
             ids.append(entry_id)
             parts.append(keys)
+        lengths = np.fromiter((k.size for k in parts), dtype=np.int64, count=len(parts))
+        flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        self.build_flat(ids, lengths, flat)
+
+    def build_flat(self, ids: list[str], lengths: np.ndarray, flat: np.ndarray) -> None:
+        """`build` from the records' keys end to end in one array (`lengths` says how many
+        are whose, each record's sorted), as they are read from storage."""
+        fresh = not self._ids
         if fresh and len(set(ids)) != len(ids):
             raise ValueError("an id is given twice")
+        if not fresh:
+            for entry_id in ids:
+                self.remove(entry_id)
         first = len(self._ids)
-        lengths = np.fromiter((k.size for k in parts), dtype=np.int64, count=len(parts))
         self._add_rows(ids, lengths)
-        if not parts or not lengths.sum():
+        if not ids or not lengths.sum():
             return
-        all_keys = np.concatenate(parts).astype(np.int64, copy=False)
+        all_keys = flat.astype(np.int64, copy=False)
         owners = np.repeat(np.arange(first, first + len(ids), dtype=np.int32), lengths)
         # Each record's keys come sorted: a run of one key in one record is one posting.
         new_run = np.ones(all_keys.size, dtype=bool)

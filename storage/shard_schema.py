@@ -78,9 +78,13 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 7: keyword search (issue 11): each record's search terms as sorted keyed 64-bit hashes
     # (no word in the clear, SEC-1), with the content fingerprint they were made from, so a
-    # pool's keyword index loads without decrypting and tokenizing every record.
+    # pool's keyword index loads without decrypting and tokenizing every record. And vectors in
+    # blocks, one per embedding batch (a matrix sealed as one): a pool's vectors load in bulk.
     """
     CREATE TABLE search_terms (key VARCHAR, pool VARCHAR, entry VARCHAR, fp VARCHAR, terms BLOB);
+    CREATE TABLE ws_vector_blocks (
+        key VARCHAR, pool VARCHAR, model VARCHAR, seq BIGINT, entries VARCHAR, vecs BLOB
+    );
     """,
 )
 
@@ -263,3 +267,15 @@ SEARCH_TERMS = Table(
     ),
 )
 TABLES = (*TABLES, SEARCH_TERMS)
+WS_VECTOR_BLOCKS = Table(
+    "ws_vector_blocks",
+    (
+        ("key", "VARCHAR"),
+        ("pool", "VARCHAR"),
+        ("model", "VARCHAR"),
+        ("seq", "BIGINT"),
+        ("entries", "VARCHAR"),
+        ("vecs", "BLOB"),
+    ),
+)
+TABLES = (*TABLES, WS_VECTOR_BLOCKS)

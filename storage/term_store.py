@@ -35,12 +35,19 @@ class TermStore:
 
     async def load(self, pool: str) -> dict[str, tuple[str, np.ndarray]]:
         """entry -> (fingerprint, term keys) of the pool's rows."""
-        rows = await self.db.run(
-            lambda con: con.execute(
+        entries, fps, blobs = await self.load_raw(pool)
+        return {e: (fp, unpack_keys(raw)) for e, fp, raw in zip(entries, fps, blobs, strict=True)}
+
+    async def load_raw(self, pool: str) -> tuple[list[str], list[str], list[bytes]]:
+        """The pool's rows as columns: entries, fingerprints, packed term keys."""
+
+        def read(con):
+            cols = con.execute(
                 "SELECT entry, fp, terms FROM search_terms WHERE pool = ?", [pool]
-            ).fetchall()
-        )
-        return {entry: (fp, unpack_keys(raw)) for entry, fp, raw in rows}
+            ).fetchnumpy()
+            return cols["entry"].tolist(), cols["fp"].tolist(), cols["terms"].tolist()
+
+        return await self.db.run(read)
 
     @staticmethod
     def row(pool: str, entry_id: str, fp: str, keys: np.ndarray) -> Write:

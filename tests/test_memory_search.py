@@ -109,14 +109,13 @@ def test_forget_and_edit_change_hits_at_once_and_the_index_survives_a_restart(tm
     async def again() -> None:
         svc = _shard(tmp_path)
         built = []
-        original = TermIndex.build
+        original = TermIndex.build_flat
 
-        def spy(self, items):
-            items = list(items)
-            built.append(len(items))
-            return original(self, items)
+        def spy(self, ids, lengths, flat):
+            built.append(len(ids))
+            return original(self, ids, lengths, flat)
 
-        TermIndex.build = spy  # type: ignore[method-assign]
+        TermIndex.build_flat = spy  # type: ignore[method-assign]
         opened = []
         real_open = svc.workspace._open
         svc.workspace._open = lambda pool, i: opened.append(i) or real_open(pool, i)  # type: ignore[method-assign]
@@ -124,7 +123,7 @@ def test_forget_and_edit_change_hits_at_once_and_the_index_survives_a_restart(tm
             assert await _found(svc, "soup") == [b]
             assert await _found(svc, SECRET, status="all") == [a]
         finally:
-            TermIndex.build = original  # type: ignore[method-assign]
+            TermIndex.build_flat = original  # type: ignore[method-assign]
         assert built and opened == [b, a]  # only the hits were decrypted, not the pool
         await _close(svc)
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.pool import Pool
-from engine.memory import EntryMeta, Reader
+from engine.memory import EntryMeta, Reader, Status
 from storage.crypto import Cipher
 from storage.memory_store import StoredPool
 from storage.search_index import Analyzer, TermIndex
@@ -153,7 +153,11 @@ def test_search_results_are_exactly_the_active_matches_the_oracle_lets_the_reade
     }
     pool = _pool(entries, texts)
     found = [i for i, _ in pool.search(AN.query("zebra"), reader, 100)]
-    expected = {i for i in entries if "zebra" in texts[i] and oracle_visible(reader, entries, i)}
+    expected = {
+        i
+        for i, e in entries.items()
+        if "zebra" in texts[i] and e.status == Status.ACTIVE and oracle_visible(reader, entries, i)
+    }
     assert set(found) == expected and len(found) == len(set(found))
     # A small limit gives the best of what may be seen, never a hidden entry in their place.
     top = [i for i, _ in pool.search(AN.query("zebra"), reader, 2)]

@@ -25,7 +25,7 @@ An embedding model is declared like any model and chosen by the `[search]` table
 
     [search]
     embedding_model = "embed"            # without it, search is keyword-only
-    min_score = 0.3                      # optional: a cosine below this is no semantic hit
+    min_score = 0.2                      # optional: a cosine below this is no semantic hit
 
 Failures become `EmbeddingError` (a `ModelError`, so an `Unavailable`); the caller decides
 whether search falls back to keywords. Only a `kind = "openai"` model can be both a chat model
@@ -49,7 +49,7 @@ import msgspec
 from actors.models import RETRY_STATUS, ModelError
 from engine.errors import InvalidInput
 
-DEFAULT_MIN_SCORE = 0.3
+DEFAULT_MIN_SCORE = 0.2  # MiniLM-class cosines of a paraphrased question and its answer: ~0.2-0.5
 DEFAULT_BATCH = 64
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_MAX_INPUT_CHARS = 6_000  # under 8,191 tokens for any script, with room to spare

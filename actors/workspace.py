@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 RECEIPT_SCOPE = "ws"  # receipts of workspace writes: one requestId space per account and shard
 MAX_LIST = 1_000
 USING = ("all", "keyword", "semantic")
+CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in its context
 _project_view_dec = msgspec.json.Decoder(ProjectView)
 _entry_view_dec = msgspec.json.Decoder(WsEntryView)
 _decisions_dec = msgspec.json.Decoder(list[sm.Decision])
@@ -130,6 +131,8 @@ class WsPool:
     pending: asyncio.Future[None] | None = None
     poisoned: bool = False
     index: TermIndex = field(default_factory=TermIndex)  # keyword search, in memory only
+    # The last new record's contributor, time and own term keys (context for the next one).
+    last_written: tuple[str | None, int, np.ndarray] | None = None
 
     @property
     def id(self) -> str:
@@ -203,9 +206,27 @@ class Workspace:
             if fut is not None:
                 fut.add_done_callback(_ignore_failure)
 
-    def _indexed(self, pool: WsPool, entry: WsEntry, content: str) -> Write:
-        """Index a record's new content; the row that stores its term keys."""
-        keys = self.analyzer.keys(content)
+    def _indexed(self, pool: WsPool, entry: WsEntry, content: str, *, new: bool) -> Write:
+        """Index a record's new content; the row that stores its term keys.
+
+        A new record written right after another of the same contributor in the same pool
+        (within CONTEXT_WINDOW_MS: the turns of one conversation, a batch of notes) is indexed
+        with that one's words too, as its context: "Yes! I made a bowl" is found by a question
+        about the pottery workshop the turn before asked about. Only keywords: the record's
+        vector and text are its own."""
+        own = self.analyzer.keys(content)
+        keys = own
+        now = self.shard.clock()
+        last = pool.last_written
+        if (
+            new
+            and last is not None
+            and last[0] == entry.contributor
+            and 0 <= now - last[1] <= CONTEXT_WINDOW_MS
+        ):
+            keys = np.sort(np.concatenate((own, last[2])))
+        if new:
+            pool.last_written = (entry.contributor, now, own)
         pool.index.put(entry.id, keys)
         return self.terms.row(pool.id, entry.id, entry.content_fp, keys)
 
@@ -549,7 +570,7 @@ class Workspace:
             )
             writes.append(self.store.entry_row(entry, sealed, new=new))
             if new or edit.revision.after is not None:
-                writes.append(self._indexed(pool, entry, content))
+                writes.append(self._indexed(pool, entry, content, new=new))
             writes.append(self.store.revision_row(pool.id, edit.revision, keyed.cipher))
             if edit.barrier is not None:
                 writes.append(self.store.barrier_row(edit.barrier, entry.revision))
@@ -678,7 +699,7 @@ class Workspace:
             new = entry_id not in stored.entries
             if entry_id in texts:
                 sealed = self.store.seal(keyed.cipher, pool.id, entry_id, texts[entry_id])
-                writes.append(self._indexed(pool, entry, texts[entry_id]))
+                writes.append(self._indexed(pool, entry, texts[entry_id], new=new))
             else:  # flagged for review only: the content stays as it is
                 sealed = stored.sealed[entry_id]
             writes.append(self.store.entry_row(entry, sealed, new=new))

@@ -63,8 +63,8 @@ FACTS: list[tuple[str | None, str, str | None, list[str]]] = [
         "Amazing, I went hiking up {mountain} with my sister and we watched the sunrise up top.",
         None,
         [
-            "Which peak did {S} climb with a sibling?",
-            "Where did {S} go trekking with family at dawn?",
+            "Where did {S} go hiking with a sister?",
+            "Which peak did {S} climb with a sibling at dawn?",
         ],
     ),
     (
@@ -72,127 +72,190 @@ FACTS: list[tuple[str | None, str, str | None, list[str]]] = [
         "I finally signed up for {instrument} lessons at the community center, first one is "
         "Thursday.",
         None,
-        ["Which musical instrument is {S} learning to play?", "What classes did {S} enroll in?"],
+        [
+            "Which instrument lessons did {S} sign up for?",
+            "What musical instrument is {S} learning to play?",
+        ],
     ),
     (
         "Any news at home?",
         "We adopted a {dog} puppy from the rescue last week!",
         "Oh, I never told you, we named the puppy {dogname}.",
-        ["What breed of dog did {S} get?", "What is the name of the pet {S} adopted?"],
+        [
+            "What breed is the puppy {S} adopted?",
+            "What did {S} name the new dog?",
+        ],
     ),
     (
         "Where are you off to this summer?",
         "We booked flights to {city} for August, I can't wait to wander the old town.",
         None,
-        ["Which city is {S} traveling to?", "Where is {S} going on vacation?"],
+        [
+            "Which city did {S} book flights to?",
+            "Where is {S} going on vacation in the summer?",
+        ],
     ),
     (
         None,
         "I just finished reading {book}, couldn't put it down for three nights straight.",
         None,
-        ["What novel did {S} recently read?", "Which book kept {S} up at night?"],
+        [
+            "Which book did {S} finish reading?",
+            "What novel kept {S} up for several nights?",
+        ],
     ),
     (
         "What did you cook for the party?",
         "I made {dish} from my grandmother's recipe and everyone asked for seconds.",
         None,
-        ["What dish did {S} prepare for the gathering?", "Which recipe did {S} serve guests?"],
+        [
+            "What did {S} cook from a grandmother's recipe?",
+            "Which dish did {S} serve guests at the party?",
+        ],
     ),
     (
         None,
         "I've picked up {sport} on Tuesday evenings, my arms are so sore.",
         None,
-        ["What new sport does {S} practice?", "Which activity did {S} take up weekly?"],
+        [
+            "What sport did {S} pick up on Tuesdays?",
+            "Which physical activity did {S} take up that makes the arms sore?",
+        ],
     ),
     (
         "How's the new job going?",
         "Really well, I started as a {job} at the hospital downtown in March.",
         None,
-        ["What is {S}'s profession?", "What role did {S} begin working in?"],
+        [
+            "What job did {S} start at the hospital?",
+            "What is {S}'s profession now?",
+        ],
     ),
     (
         None,
         "Every Saturday morning I volunteer at {org}, it keeps me grounded.",
         None,
-        ["Where does {S} do volunteer work?", "How does {S} spend weekend mornings helping out?"],
+        [
+            "Where does {S} volunteer on Saturdays?",
+            "Where does {S} help out on weekend mornings?",
+        ],
     ),
     (
         "Did you end up going to that {craft} workshop?",
         "Yes! I made {made}, it's a bit lopsided but I love it.",
         None,
-        ["What did {S} create at the workshop?", "What was the result of {S}'s art class?"],
+        [
+            "What did {S} make at the workshop?",
+            "What was the result of {S}'s craft class?",
+        ],
     ),
     (
         None,
         "Big news, we bought {car} so I don't have to take two buses to work anymore.",
         None,
-        ["What vehicle did {S} purchase?", "How did {S} solve the commute problem?"],
+        [
+            "What did {S} buy to avoid taking buses to work?",
+            "Which vehicle did {S} purchase?",
+        ],
     ),
     (
         "How did the race go?",
         "I finished {race} in {time}, a personal best!",
         None,
-        ["What event did {S} complete?", "How long did {S} take to finish the run?"],
+        [
+            "What race did {S} finish with a personal best?",
+            "How long did {S} take to complete the event?",
+        ],
     ),
     (
         None,
         "My balcony garden is going wild, the {plant} are finally ready to pick.",
         None,
-        ["What is {S} growing at home?", "Which plants did {S} harvest?"],
+        [
+            "What is ready to pick in {S}'s balcony garden?",
+            "Which plants is {S} growing at home?",
+        ],
     ),
     (
         "What did you do Friday night?",
         "We went to {show} downtown, the atmosphere was electric.",
         None,
-        ["What performance did {S} attend?", "Which live event did {S} see in the city?"],
+        [
+            "What did {S} go to downtown on Friday night?",
+            "Which live performance did {S} attend?",
+        ],
     ),
     (
         None,
         "I enrolled in an evening {course} course, we meet twice a week.",
         None,
-        ["What subject is {S} studying in the evenings?", "Which class did {S} sign up for?"],
+        [
+            "Which evening course did {S} enroll in?",
+            "What subject is {S} studying twice a week?",
+        ],
     ),
     (
         "How's the family?",
         "{kid} just started kindergarten and cried at the gate, then loved it.",
         None,
-        ["Which family member began school?", "Who in {S}'s family had a first day at school?"],
+        [
+            "Who started kindergarten in {S}'s family?",
+            "Which child in {S}'s family had a first day at school?",
+        ],
     ),
     (
         None,
         "Guess what, I won {award} this year, I was so surprised.",
         None,
-        ["What honor did {S} receive?", "Which recognition was {S} given at work?"],
+        [
+            "What did {S} win this year?",
+            "Which honor was {S} given?",
+        ],
     ),
     (
         "You sounded tired last time, all okay?",
         "I was stuck in bed with {illness} for almost two weeks.",
         None,
-        ["What health problem did {S} have?", "Why was {S} unwell recently?"],
+        [
+            "What kept {S} in bed for two weeks?",
+            "What illness did {S} suffer from?",
+        ],
     ),
     (
         None,
         "Our game night is every other Sunday, lately we've been obsessed with {game}.",
         None,
-        ["What game does {S}'s group play?", "What do {S} and friends play on Sundays?"],
+        [
+            "What game is {S}'s game night obsessed with?",
+            "What do {S} and friends play every other Sunday?",
+        ],
     ),
     (
         "What did you get your partner for the anniversary?",
         "I found {gift} and wrapped it in old newspaper.",
         None,
-        ["What present did {S} give for the anniversary?", "What did {S} buy as a gift?"],
+        [
+            "What did {S} get a partner for the anniversary?",
+            "Which gift did {S} wrap in newspaper?",
+        ],
     ),
     (
         None,
         "I'm seriously thinking about opening {shop} next spring, I've saved up enough.",
         "I signed the lease for the shop yesterday, it's happening!",
-        ["What business does {S} want to start?", "Has {S} committed to the business plan?"],
+        [
+            "What shop is {S} thinking about opening?",
+            "Did {S} sign a lease for the new business?",
+        ],
     ),
     (
         "Did your brother ever move?",
         "He moved to {city} in the end, we visit him at Christmas.",
         None,
-        ["Where does {S}'s brother live now?", "Which city did {S}'s sibling relocate to?"],
+        [
+            "Where did {S}'s brother move?",
+            "Which city does {S}'s sibling live in now?",
+        ],
     ),
 ]
 

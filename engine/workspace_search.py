@@ -24,7 +24,7 @@ import msgspec
 from engine.errors import InvalidInput
 
 FUSION_DEPTH = 1_000  # per list and shard; see fusion_depth
-RRF_K = 60  # the usual constant: keeps one list's top hit from swamping the other's
+RRF_K = 10  # small: recall@10 wants each list's best near the top (benchmarks/retrieval.py)
 
 
 class Hit(msgspec.Struct, frozen=True, kw_only=True):

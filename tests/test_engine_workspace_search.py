@@ -176,7 +176,7 @@ def test_weights_tilt_the_fusion_and_the_depth_bound_is_exact():
     assert [h.id for h in merge_hits(keyword, semantic, lambda _: True, 2)] == ["a", "b"]
     tilted = merge_hits(keyword, semantic, lambda _: True, 2, weights=(1.0, 2.0))
     assert [h.id for h in tilted] == ["b", "a"]
-    assert fusion_depth(10, (1.0, 1.0)) == 2 * 70 - 60 + 1
+    assert fusion_depth(10, (1.0, 1.0), k=60) == 2 * 70 - 60 + 1
     assert fusion_depth(10, (1.0, 1.0), floor=1000) == 1000
 
 

@@ -319,6 +319,9 @@ class OnnxEmbeddings:
             ) from e
         self.model_path = model or _packaged_minilm()
         self.tokenizer_path = tokenizer or _packaged_tokenizer()
+        for path in (self.model_path, self.tokenizer_path):
+            if not Path(path).is_file():
+                raise InvalidInput(f"model {name}: no file {path}", code="bad_config")
         self.name = name
         self.ident = f"{ONNX_KIND}:{Path(self.model_path).name}:{_file_tag(self.model_path)}"
         self.batch_size = batch_size

@@ -104,12 +104,13 @@ def through_api(convs: list[Conversation], data: Path, threads: int) -> dict:
     import httpx
     import ray
 
-    from actors.runtime import Engine
+    from actors.runtime import Engine, start_ray
     from gateway.app import create_app
     from gateway.live_server import LiveServer
 
     admin_token = "bench-admin-" + secrets.token_hex(8)
     models = {"minilm": {"kind": "onnx", "threads": threads}}
+    start_ray(tmp_dir=tempfile.mkdtemp(prefix="obret-ray-", dir="/tmp"))
     engine = Engine.start(
         data,
         shards=1,
@@ -176,6 +177,7 @@ def through_api(convs: list[Conversation], data: Path, threads: int) -> dict:
     finally:
         server.stop()
         engine.stop()
+        ray.shutdown()
     return out
 
 

@@ -157,6 +157,10 @@ class Workspace:
         # Receipts queued but not yet committed: key -> (fingerprint, answer, commit).
         self._inflight: dict[str, tuple[str, bytes, asyncio.Future[None]]] = {}
         self._request_locks: dict[str, list] = {}
+        # Workspace receipt keys on disk (None: not read yet) and those queued before the read.
+        self._known_receipts: set[str] | None = None
+        self._known_loading: asyncio.Future[set[str]] | None = None
+        self._queued_receipts: set[str] = set()
         self.semantic: SemanticSearch | None = None  # set by the shard when configured (SC-7)
 
     # --- loading --------------------------------------------------------------------------------
@@ -294,7 +298,26 @@ class Workspace:
                 )
             await asyncio.shield(hit[2])
             return hit[1]
+        if key not in await self._receipt_keys():
+            return None  # a new request id: nothing to read (the common case, ~1 ms saved)
         return await self.shard.receipts.find(key, print_, keyed.cipher, keyed.pool)
+
+    async def _receipt_keys(self) -> set[str]:
+        """Every workspace receipt key stored on this shard, read once; keys of answers
+        queued since are added as they are queued (`_commit`)."""
+        if self._known_receipts is None:
+            if self._known_loading is None:
+                self._known_loading = asyncio.ensure_future(
+                    self.shard.receipts.keys_with_prefix(receipt_key(RECEIPT_SCOPE, "", "x")[:3])
+                )
+            try:
+                found = await asyncio.shield(self._known_loading)
+            except BaseException:
+                self._known_loading = None
+                raise
+            if self._known_receipts is None:
+                self._known_receipts = found | self._queued_receipts
+        return self._known_receipts
 
     def _commit(
         self,
@@ -312,6 +335,9 @@ class Workspace:
         fut = self.shard._submit(None, rows, events, on_failure=on_failure)
         assert fut is not None  # the receipt row is always there
         self._inflight[key] = (print_, answer, fut)
+        (self._known_receipts if self._known_receipts is not None else self._queued_receipts).add(
+            key
+        )
 
         def done(f: asyncio.Future[None]) -> None:
             if self._inflight.get(key, (None, None, None))[2] is f:

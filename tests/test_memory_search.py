@@ -15,6 +15,7 @@ import pytest
 from actors.directory import DirectoryService
 from actors.shard import ShardService
 from actors.workspace import WsAccess, WsQuery
+from engine.errors import Conflict
 from engine.memory import Reader, Scope
 from engine.scoped_memory import WsForget, WsMemoryChange, WsMemoryCreate
 from storage.search_index import TermIndex
@@ -195,3 +196,39 @@ def test_bot_memory_q_and_limit_over_http(world):
         # Without q the listing is as before: every visible entry, no scores.
         listing = alice.get(f"/v1/bots/{world.bot}/memory").json()["entries"]
         assert len(listing) == 2 and "score" not in listing[0]
+
+
+def test_new_request_ids_read_no_receipt_and_repeats_still_answer_after_a_restart(
+    tmp_path: Path,
+):
+    body = WsMemoryCreate(requestId="r-once", scope=Scope.USER, bot="b_1", content="Tea.")
+
+    async def first() -> str:
+        svc = _shard(tmp_path)
+        entry = await svc.ws_create_memory(ANN, body)
+        await _close(svc)
+        return entry.id
+
+    first_id = asyncio.run(first())
+
+    async def again() -> None:
+        svc = _shard(tmp_path)
+        finds = []
+        real = svc.receipts.find
+        svc.receipts.find = lambda *a: finds.append(a[0]) or real(*a)  # type: ignore[method-assign]
+        fresh = [
+            WsMemoryCreate(requestId=f"r-{n}", scope=Scope.USER, bot="b_1", content=f"Note {n}.")
+            for n in range(24)
+        ]
+        await asyncio.gather(*(svc.ws_create_memory(ANN, b) for b in fresh))
+        assert finds == []  # 24 new ids at once: no receipt read
+        assert (await svc.ws_create_memory(ANN, body)).id == first_id  # a repeat: the answer
+        other = WsMemoryCreate(requestId="r-once", scope=Scope.USER, bot="b_1", content="Coffee.")
+        with pytest.raises(Conflict):
+            await svc.ws_create_memory(ANN, other)
+        assert len(finds) == 2
+        found = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",)))
+        assert len(found.entries) == 25  # nothing written twice
+        await _close(svc)
+
+    asyncio.run(again())

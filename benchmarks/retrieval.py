@@ -14,8 +14,9 @@ every question with `GET /api/app/workspace/memories?q=…&limit=10` three ways:
 plain BM25 (bm25s, its own tokenizer with English stop words, no stemming) and a dense-only
 ranking (the same embedding model, exact cosine over every turn) as references.
 
-Reports recall@5, recall@10 (the share of a question's answer turns among the first k) and MRR
-(first answer turn within 10), writes benchmarks/results/retrieval.json.
+Also compares workspace memory writes with seed-000 Remember over HTTP (`--writes` of each, 8
+clients at once). Reports recall@5, recall@10 (the share of a question's answer turns among the
+first k) and MRR (first answer turn within 10); writes benchmarks/results/retrieval.json.
 """
 
 from __future__ import annotations
@@ -100,7 +101,44 @@ def references(convs: list[Conversation], embed_threads: int) -> dict[str, list[
     return {"plain_bm25": plain, "dense_only": dense}
 
 
-def through_api(convs: list[Conversation], data: Path, threads: int) -> dict:
+def write_rates(client, bot: str, n: int) -> dict:
+    """Workspace memory writes against seed-000 Remember over HTTP: `n` of each, 8 clients at
+    once, the same server and account (side by side, Remember first)."""
+    if n <= 0:
+        return {}
+
+    def run(make) -> float:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(8) as pool:
+            for resp in pool.map(make, range(n)):
+                resp.raise_for_status()
+        return round(n / (time.perf_counter() - t0), 1)
+
+    tag = secrets.token_hex(3)
+    remember = run(
+        lambda k: client.post(
+            f"/v1/bots/{bot}/memory",
+            json={
+                "requestId": f"rem-{tag}-{k}",
+                "command": {"_tag": "Remember", "content": f"Remember note {k}", "tags": []},
+            },
+        )
+    )
+    workspace = run(
+        lambda k: client.post(
+            f"{WS}/memories",
+            json={
+                "requestId": f"ws-{tag}-{k}",
+                "scope": "bot",
+                "bot": bot,
+                "content": f"Workspace note {k}",
+            },
+        )
+    )
+    return {"remember_per_s": remember, "workspace_per_s": workspace, "n": n}
+
+
+def through_api(convs: list[Conversation], data: Path, threads: int, writes: int = 0) -> dict:
     import httpx
     import ray
 
@@ -133,6 +171,7 @@ def through_api(convs: list[Conversation], data: Path, threads: int) -> dict:
         client = httpx.Client(
             base_url=base, headers={"Authorization": f"Bearer {user['token']}"}, timeout=120
         )
+        out["write_rates"] = write_rates(client, bot, writes)
         ids: dict[str, str] = {}  # memory id -> turn id
         t0 = time.perf_counter()
         for c in convs:
@@ -187,6 +226,7 @@ def main() -> None:
     p.add_argument("--conversations", type=int, default=10)
     p.add_argument("--turns", type=int, default=600, help="turns per conversation")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads")
+    p.add_argument("--writes", type=int, default=500, help="writes of each kind compared")
     args = p.parse_args()
     n, turns = (3, 300) if args.quick else (args.conversations, args.turns)
     convs = make(conversations=n, turns_per=turns)
@@ -196,7 +236,7 @@ def main() -> None:
     os.environ.pop("OPENBOT_MASTER_KEY", None)
     root = Path(tempfile.mkdtemp(prefix="obret"))
     try:
-        api = through_api(convs, root / "data", args.threads)
+        api = through_api(convs, root / "data", args.threads, args.writes)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     refs = references(convs, args.threads)
@@ -216,6 +256,12 @@ def main() -> None:
         f"after the last write; query p50 keyword {api['keyword_p50_ms']} ms, semantic "
         f"{api['semantic_p50_ms']} ms, hybrid {api['hybrid_p50_ms']} ms"
     )
+    rates = api["write_rates"]
+    if rates:
+        print(
+            f"writes over HTTP, 8 clients: workspace memory {rates['workspace_per_s']}/s, "
+            f"Remember {rates['remember_per_s']}/s"
+        )
     out = Path(__file__).parent / "results" / "retrieval.json"
     out.parent.mkdir(exist_ok=True)
     doc = {
@@ -228,6 +274,7 @@ def main() -> None:
         "results": results,
         "writes_per_s": api["writes_per_s"],
         "embed_wait_s": api["embed_wait_s"],
+        "write_rates": rates,
         "p50_ms": {u: api[f"{u}_p50_ms"] for u in ("keyword", "semantic", "hybrid")},
     }
     out.write_text(json.dumps(doc, indent=2))

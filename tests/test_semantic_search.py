@@ -398,3 +398,8 @@ def test_search_keeps_semantic_and_keyword_hits_and_only_what_the_caller_may_rea
         found_by = {e["id"]: e["foundBy"] for e in resp}
         assert found_by[maps] == ["keyword"] and found_by[mine] == ["semantic"]
         assert all(e["score"] > 0 for e in resp)
+        # One retriever on request; an unknown one is a clear 400.
+        only = _ok(alice.get(f"{WS}/memories", params={"q": "car map", "using": "keyword"}))
+        assert [e["id"] for e in only["entries"]] == [maps]
+        bad = alice.get(f"{WS}/memories", params={"q": "car", "using": "psychic"})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_using"

@@ -347,6 +347,11 @@ class SemanticSearch:
             if vectors.fp(e.id) != e.content_fp:
                 self._queue(pool.id, e.id)
 
+    def evict(self, pool_id: str) -> None:
+        """Drop a pool's vectors from memory (the shard evicting an idle pool); they load
+        again from the file on its next search. Its queued records stay queued."""
+        self._pools.pop(pool_id, None)
+
     # --- background ----------------------------------------------------------------------------
 
     def written(self, pool_id: str, entry_id: str) -> None:

@@ -26,6 +26,7 @@ An embedding model is declared like any model and chosen by the `[search]` table
     [search]
     embedding_model = "embed"            # without it, search is keyword-only
     min_score = 0.2                      # optional: a cosine below this is no semantic hit
+    context_window_s = 120               # optional: keyword context of records in sequence
 
 Failures become `EmbeddingError` (a `ModelError`, so an `Unavailable`); the caller decides
 whether search falls back to keywords. Only a `kind = "openai"` model can be both a chat model
@@ -81,6 +82,9 @@ class SearchSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
     embedding_model: str | None = None
     min_score: float = DEFAULT_MIN_SCORE
+    # A new record this soon after the last of the same contributor in its pool is indexed
+    # with that one's words as context (actors/workspace.py); 0 turns it off.
+    context_window_s: float = 120.0
 
 
 def search_settings(
@@ -104,6 +108,8 @@ def search_settings(
                 f"(use {' or '.join(EMBEDDING_KINDS)})",
                 code="bad_config",
             )
+    if not 0 <= settings.context_window_s <= 86_400:
+        raise InvalidInput("[search] context_window_s must be 0-86400", code="bad_config")
     if not -1.0 <= settings.min_score <= 1.0:
         raise InvalidInput("[search] min_score must be between -1 and 1", code="bad_config")
     return settings

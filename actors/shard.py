@@ -25,7 +25,7 @@ import numpy as np
 from actors.bot_step import StepInput, StepOutcome
 from actors.chains import ChainView
 from actors.conversations import Conversations, Mirrored, TurnResult, TurnStart
-from actors.embeddings import Embedder
+from actors.embeddings import Embedder, search_settings
 from actors.learning_runs import LearningRunner
 from actors.memory_bot import MemoryBotRuntime
 from actors.models import Model, load_models
@@ -163,6 +163,8 @@ class ShardService:
         self.learning.conversations = self.conversations
         self._started: asyncio.Task[int] | None = None
         self.workspace = Workspace(self, data_dir)
+        fusion = search_settings(search, models_config)
+        self.workspace.context_window_ms = int(fusion.context_window_s * 1000)
         self.workspace.semantic = semantic_search(
             self.workspace,
             search,

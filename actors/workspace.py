@@ -147,6 +147,7 @@ class Workspace:
         self.analyzer = Analyzer(terms_key(master))
         self.terms = TermStore(shard.db)
         self.weights = (1.0, 1.0)  # keyword, semantic: reciprocal rank fusion (issue 11)
+        self.context_window_ms = CONTEXT_WINDOW_MS  # [search] context_window_s; 0: off
         self.new_id: Callable[[], str] = new_id
         self._loader: SingleFlight[WsPool] = SingleFlight()
         self._pools: dict[str, WsPool] = self._loader.loaded
@@ -214,7 +215,7 @@ class Workspace:
         """Index a record's new content; the row that stores its term keys.
 
         A new record written right after another of the same contributor in the same pool
-        (within CONTEXT_WINDOW_MS: the turns of one conversation, a batch of notes) is indexed
+        (within `context_window_ms`: the turns of one conversation, a batch of notes) is indexed
         with that one's words too, as its context: "Yes! I made a bowl" is found by a question
         about the pottery workshop the turn before asked about. Only keywords: the record's
         vector and text are its own."""
@@ -226,7 +227,7 @@ class Workspace:
             new
             and last is not None
             and last[0] == entry.contributor
-            and 0 <= now - last[1] <= CONTEXT_WINDOW_MS
+            and 0 <= now - last[1] <= self.context_window_ms
         ):
             keys = np.sort(np.concatenate((own, last[2])))
         if new:

@@ -34,8 +34,8 @@ def _no_env_key(monkeypatch) -> None:
     monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
 
 
-def _shard(data: Path) -> ShardService:
-    svc = ShardService(data, 0)
+def _shard(data: Path, context_s: float = 0) -> ShardService:
+    svc = ShardService(data, 0, search={"context_window_s": context_s})
     svc.directory_service = DirectoryService(data)
     return svc
 
@@ -75,6 +75,23 @@ def test_workspace_search_ranks_stems_paraphrases_and_chinese(tmp_path: Path):
         # limit cuts the ranking; scores go down.
         listing = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",), q="friday", limit=1))
         assert len(listing.entries) == 1 and listing.fused[0].kinds == ("keyword",)
+        await _close(svc)
+
+    asyncio.run(main())
+
+
+def test_records_written_in_a_row_are_found_by_the_words_before_them(tmp_path: Path):
+    """Context-aware indexing: a reply is found by the words of the question it answered."""
+
+    async def main() -> None:
+        svc = _shard(tmp_path, context_s=120)
+        asked = await _create(svc, ANN, "Did you go to the pottery workshop?")
+        answer = await _create(svc, ANN, "Yes! I made a bowl and a little mug.")
+        found = await _found(svc, "pottery workshop")
+        assert found[0] == asked and answer in found  # its own words rank first
+        assert await _found(svc, "bowl") == [answer]  # context is one way: back in time
+        listing = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",), q="bowl"))
+        assert listing.entries[0].content == "Yes! I made a bowl and a little mug."
         await _close(svc)
 
     asyncio.run(main())

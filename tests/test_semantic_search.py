@@ -241,7 +241,7 @@ def _no_env_key(monkeypatch) -> None:
 
 
 def _shard(data: Path, embedder: InProcessEmbedder) -> ShardService:
-    svc = ShardService(data, 0, embedder=embedder)
+    svc = ShardService(data, 0, embedder=embedder, search={"context_window_s": 0})
     svc.directory_service = DirectoryService(data)  # what Peers uses without Ray
     return svc
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from actors.bot_memory import BotMemory, Snapshot
 from actors.bot_step import StepInput, StepOutcome
 from actors.chains import ChainView
 from actors.conversations import Conversations, Mirrored, TurnResult, TurnStart
@@ -35,9 +36,10 @@ from actors.pool import Pool
 from actors.semantic import semantic_search
 from actors.single_flight import SingleFlight
 from actors.workspace import RevisionView, Workspace, WsAccess, WsListing, WsQuery
-from engine import commands
+from engine import commands, widening
+from engine.bot_memory import as_entry_view
 from engine.commands import Outcome
-from engine.directory import Bot, Chat, Org
+from engine.directory import Bot, Channel, Chat, Org
 from engine.errors import Conflict, InvalidInput, NotFound, StorageError
 from engine.events import (
     NOBODY,
@@ -65,7 +67,6 @@ from engine.memory import (
     view,
 )
 from engine.memory_bot import MemoryBotSettings, SettingsPatch, apply_patch
-from engine.order import in_memory_order
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
 from engine.scoped_memory import (
     Decision,
@@ -77,7 +78,6 @@ from engine.scoped_memory import (
     WsMemoryChange,
     WsMemoryCreate,
 )
-from engine.visibility import Visibility
 from storage.chat_store import ChatStore, Confession, Enrichment, ItemView, LearningJob, Turn
 from storage.crypto import Keyring, load_master_key
 from storage.database import Database
@@ -111,6 +111,17 @@ def _now_ms() -> int:
 
 def _new_entry_id() -> str:
     return "mem_" + secrets.token_hex(12)
+
+
+def _seed_view(snap: Snapshot, meta: EntryMeta) -> EntryView:
+    """An entry of a bot's one memory in the seed-000 format (API-1)."""
+    if (
+        snap.ws is not None
+        and meta.id in snap.ws.stored.entries
+        and meta.id not in snap.pool.entries
+    ):
+        return as_entry_view(snap.ws.stored.entries[meta.id], snap.open(meta.id))
+    return view(meta, snap.open(meta.id))
 
 
 def _job_for(job: LearningJob, user: str, channels: frozenset[str]) -> bool:
@@ -165,6 +176,7 @@ class ShardService:
         self.workspace = Workspace(self, data_dir)
         fusion = search_settings(search, models_config)
         self.workspace.context_window_ms = int(fusion.context_window_s * 1000)
+        self.bot_memory = BotMemory(self)
         self.workspace.semantic = semantic_search(
             self.workspace,
             search,
@@ -423,16 +435,16 @@ class ShardService:
         return await self.conversations.verdict(chat, turn, user, accepted, note)
 
     async def chat_busy(self, chat: str) -> bool:
-        """Whether a turn or a collaboration of this chat is under way (mode switches wait)."""
-        log = await self.conversations.log(chat)
-        if self.conversations.lock(chat).locked():
-            return True
-        if any(t.status == "running" for t in log.turns.values()):
-            return True
-        for turn in log.turns:
-            if await self.conversations.chains.running_for(turn):
-                return True
-        return False
+        """Whether a turn or a collaboration of this chat is under way."""
+        return await self.conversations.busy(chat)
+
+    async def switch_group_mode(
+        self, chat: str, channel: str, mode: str, leader: str | None
+    ) -> Channel:
+        """WS-6's mode switch, done by the shard that keeps the group's chat so that it is
+        atomic with respect to the group's turns (Conversations.switch_mode)."""
+        self._ensure_started()
+        return await self.conversations.switch_mode(chat, channel, mode, leader)
 
     async def bot_node(self, model_name: str | None) -> NodeInfo:
         """Where a bot's model runs and whether memory reaches it there (ND-2, ND-3)."""
@@ -496,22 +508,13 @@ class ShardService:
     async def _read(
         self, pool_id: str, reader: Reader, tags: Sequence[str]
     ) -> tuple[MemoryPage, int]:
-        """The page, and the last event seq its state reflects (for the gateway's cache)."""
-        pool = await self._pool(pool_id)
+        """The page, and the last event seq its state reflects (for the gateway's cache). A
+        bot's workspace records are part of it (one memory per bot, engine/bot_memory.py)."""
         want = set(tags)
-        async with pool.lock.shared():
-            vis = Visibility(reader, pool.entries)
-            metas = [
-                pool.entries[i]
-                for i in pool.candidates(reader)
-                if vis.visible(i) and want.issubset(pool.entries[i].tags)
-            ]
-            views = tuple(
-                view(m, self.store.open_content(pool.stored, m.id)) for m in in_memory_order(metas)
-            )
-            version, pending = pool.version, pool.pending
+        async with self.bot_memory.read(pool_id, reader) as snap:
+            views = tuple(_seed_view(snap, m) for m in snap.visible() if want.issubset(m.tags))
+            version = snap.pool.version
             staged = self.events.staged
-        await self._settle(pool, pending)
         return MemoryPage(entries=views, version=version), staged
 
     async def _receipt(self, pool: Pool, key: str | None, print_: str) -> EntryView | None:
@@ -553,28 +556,22 @@ class ShardService:
     async def search_memory_json(self, pool_id: str, reader: Reader, q: str, limit: int) -> bytes:
         """`GET /v1/bots/{bot}/memory?q=`: the `limit` best keyword (BM25) hits among the
         active entries the reader may see, best first, as the HTTP body."""
-        return _json.encode(await self.search_memory(pool_id, reader, q, limit))
+        return _json.encode(await self.search_memory_page(pool_id, reader, q, limit))
 
-    async def search_memory(self, pool_id: str, reader: Reader, q: str, limit: int) -> SearchPage:
+    async def search_memory_page(
+        self, pool_id: str, reader: Reader, q: str, limit: int
+    ) -> SearchPage:
         if limit < 1:
             raise InvalidInput("limit must be at least 1", code="invalid_limit")
-        keys = self.workspace.analyzer.query(q)
-        pool = await self._pool(pool_id)
-        async with pool.lock.shared():
-            hits = pool.search(keys, reader, limit)
-            views = tuple(
-                SearchHitView(
-                    **msgspec.structs.asdict(
-                        view(pool.entries[i], self.store.open_content(pool.stored, i))
-                    ),
-                    score=score,
-                    foundBy=("keyword",),
-                )
-                for i, score in hits
+        hits = await self.bot_memory.ranked(pool_id, reader, q, limit)
+        views = tuple(
+            SearchHitView(
+                **msgspec.structs.asdict(view(meta, text)), score=score, foundBy=("keyword",)
             )
-            version, pending = pool.version, pool.pending
-        await self._settle(pool, pending)
-        return SearchPage(entries=views, version=version)
+            for meta, text, score in hits
+        )
+        pool = await self._pool(pool_id)
+        return SearchPage(entries=views, version=pool.version)
 
     async def memory_log_json(self, pool_id: str, reader: Reader) -> bytes:
         return _json.encode(await self.memory_log(pool_id, reader))
@@ -614,23 +611,39 @@ class ShardService:
         return done
 
     async def forget(
-        self, pool_id: str, reader: Reader, entry_id: str, request_id: str | None = None
+        self,
+        pool_id: str,
+        reader: Reader,
+        entry_id: str,
+        request_id: str | None = None,
+        expected_revision: int | None = None,
     ) -> EntryView:
         key = None if request_id is None else receipt_key(pool_id, reader.user, request_id)
         print_ = fingerprint(("forget", reader.org, entry_id))
-        pool = await self._pool(pool_id)
+        pool, ws = await self.bot_memory.pools(pool_id)
         async with pool.lock.exclusive():
             done = await self._receipt(pool, key, print_)
             if done is not None:
                 pending = pool.pending
             else:
+                if entry_id not in pool.entries:  # a workspace record: forgotten through its route
+                    raise Conflict("this entry is not yours to forget", code="not_yours")
                 outcome = commands.forget(
-                    entries=pool.entries,
+                    # Visibility over the bot's one memory (an observation may rest on a record).
+                    entries=self.bot_memory.learning_state(pool, ws),
                     entry_id=entry_id,
                     reader=reader,
                     now=self.clock(),
                     version=pool.version,
-                )
+                )  # raises for an entry the reader may not see
+                current = pool.entries[entry_id].revision
+                if expected_revision is not None and current != expected_revision:
+                    # Under the lock: a concurrent change makes this request stale.
+                    raise Conflict(
+                        f"the entry is at revision {current}, not {expected_revision}",
+                        code="stale_revision",
+                        details={"currentRevision": current},
+                    )
                 content = self.store.open_content(pool.stored, entry_id)
                 meta = outcome.upserts[0] if outcome.upserts else pool.entries[entry_id]
                 done = view(meta, content)
@@ -675,31 +688,25 @@ class ShardService:
         entry that does not fit, without decrypting any later one (ENR-5)."""
         if limit < 0:
             raise InvalidInput("limit must be >= 0")
-        pool = await self._pool(pool_id)
-        async with pool.lock.shared():
-            vis = Visibility(reader, pool.entries)
-            usable = in_memory_order(
-                pool.entries[i] for i in pool.candidates(reader) if vis.usable(i)
-            )
+        async with self.bot_memory.read(pool_id, reader) as snap:
+            usable = snap.usable()
             parts: list[tuple[str, str]] = []
             size = 0
             for meta in usable:
-                text = self.store.open_content(pool.stored, meta.id)
+                text = snap.open(meta.id)
                 extra = len(text) + (1 if parts else 0)
                 if size + extra > limit:
                     break
                 parts.append((meta.id, text))
                 size += extra
-            pending = pool.pending
-        await self._settle(pool, pending)
         return parts, bool(usable)
 
     async def has_entries(self, pool_id: str, reader: Reader) -> bool:
         """Whether the reader has visible valid entries, fitting a limit or not (ENR-7)."""
-        pool = await self._pool(pool_id)
+        pool, ws = await self.bot_memory.pools(pool_id)
         async with pool.lock.shared():
-            vis = Visibility(reader, pool.entries)
-            return any(vis.usable(i) for i in pool.candidates(reader))
+            snap = self.bot_memory.snapshot(pool, ws, reader)
+            return bool(snap.visible_seeds(active=True) or snap.visible_records(active=True))
 
     async def validate_references(
         self, pool_id: str, reader: Reader, entry_ids: Sequence[str]
@@ -707,10 +714,48 @@ class ShardService:
         """Whether a stored answer's entry references are all still allowed for the reader,
         from tags and sources only (ENR-8): entries pushed out of a text limit still count,
         lost access does not."""
-        pool = await self._pool(pool_id)
+        pool, ws = await self.bot_memory.pools(pool_id)
         async with pool.lock.shared():
-            vis = Visibility(reader, pool.entries)
+            vis = self.bot_memory.snapshot(pool, ws, reader).visibility
             return all(vis.usable(i) for i in entry_ids)
+
+    async def memory_texts(self, pool_id: str, reader: Reader) -> list[tuple[str, str]]:
+        """(id, text) of every usable entry of the pool the reader may see, in memory order:
+        the one visibility-checked enumeration a search index serves a reader from (ENR-5)."""
+        return await self.bot_memory.texts(pool_id, reader)
+
+    async def search_memory(
+        self, pool_id: str, reader: Reader, query: str, limit: int = 10
+    ) -> list[tuple[str, str]]:
+        """(id, text) of the best keyword hits among the usable entries the reader may see."""
+        return await self.bot_memory.search(pool_id, reader, query, limit)
+
+    async def widen(
+        self, pool_id: str, entry_id: str, grant: str, requester: str
+    ) -> dict[str, object]:
+        """A person's request to widen an entry (ACL-4): passes every source's rule or raises
+        Conflict `widen_refused`, the same for an id that is not in the pool (so a refusal does
+        not tell whether an entry exists). Tags only: the ciphertext is kept (LRN-8)."""
+        widening.check_grant(grant)
+        pool, ws = await self.bot_memory.pools(pool_id)
+        async with pool.lock.exclusive():
+            if entry_id not in pool.entries:
+                raise widening.refused("no such entry in this memory")
+            state = self.bot_memory.learning_state(pool, ws)
+            now = self.clock()
+            changed = widening.widen(state, entry_id, grant, requester=requester, now=now)
+            pending = None
+            version = pool.version
+            if changed is not None:
+                version += 1
+                row = LogRow(
+                    version=version, at=now, who=Who.PERSON, entry=entry_id, change=Change.UPDATED
+                )
+                pending = self._queue(
+                    pool, Outcome(version=version, upserts=(changed,), log=(row,))
+                )
+        await self._settle(pool, pending, reads_state=False)
+        return {"id": entry_id, "to": grant, "widened": changed is not None, "version": version}
 
     # --- memory-bot settings (MB-2) ------------------------------------------------------------
 

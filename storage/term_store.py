@@ -1,4 +1,4 @@
-"""Stored search terms (issue 11; migration 7): what a pool's keyword index is rebuilt from.
+"""Stored search terms (issue 11; migration 8): what a pool's keyword index is rebuilt from.
 
 One row per record: the record's term keys (`storage.search_index.Analyzer`: sorted keyed
 hashes, never a word) and the content fingerprint they were made from. A row whose fingerprint

@@ -1,6 +1,6 @@
 """Workspace record vectors on a shard's DuckDB file (SC-7 semantic search; migration 6).
 
-One block per embedding batch (`ws_vector_blocks`, migration 7): the embedding model's ident,
+One block per embedding batch (`ws_vector_blocks`, migration 8): the embedding model's ident,
 the records' ids and content fingerprints when they were embedded, and their vectors as one
 little-endian float32 matrix sealed with the pool's data key (embeddings can be inverted to
 much of the text they came from, so they are content, SEC-1). A pool's vectors load as a few

@@ -156,27 +156,27 @@ def test_bot_memory_search_sees_only_what_the_reader_may_and_purge_removes_at_on
         mine = await svc.remember(POOL, ALICE, "Deploy the billing service on Fridays", ["ops"])
         theirs = await svc.remember(POOL, BOB, "Bob deploys billing on Mondays", ["ops"])
         await svc.add_entries(POOL, [(fact("mem_f1", user="u1"), "我们讨论了部署计划")])
-        page = await svc.search_memory(POOL, ALICE, "deployment billing", 10)
+        page = await svc.search_memory_page(POOL, ALICE, "deployment billing", 10)
         assert [e.id for e in page.entries] == [mine.id]  # Bob's is not Alice's to see
         assert page.entries[0].score > 0 and page.entries[0].foundBy == ("keyword",)
-        assert [e.id for e in (await svc.search_memory(POOL, BOB, "billing", 10)).entries] == [
+        assert [e.id for e in (await svc.search_memory_page(POOL, BOB, "billing", 10)).entries] == [
             theirs.id
         ]
-        assert [e.id for e in (await svc.search_memory(POOL, ALICE, "讨论", 10)).entries] == [
+        assert [e.id for e in (await svc.search_memory_page(POOL, ALICE, "讨论", 10)).entries] == [
             "mem_f1"
         ]
         await svc.forget(POOL, ALICE, mine.id)
-        assert (await svc.search_memory(POOL, ALICE, "billing", 10)).entries == ()
+        assert (await svc.search_memory_page(POOL, ALICE, "billing", 10)).entries == ()
         assert await svc.purge(POOL, "from:u2") >= 1
-        assert (await svc.search_memory(POOL, BOB, "billing", 10)).entries == ()
+        assert (await svc.search_memory_page(POOL, BOB, "billing", 10)).entries == ()
         await svc.close()
 
     asyncio.run(main())
 
     async def after_restart() -> None:
         svc = ShardService(tmp_path, 0)
-        assert (await svc.search_memory(POOL, BOB, "billing", 10)).entries == ()
-        hits = (await svc.search_memory(POOL, ALICE, "部署", 10)).entries
+        assert (await svc.search_memory_page(POOL, BOB, "billing", 10)).entries == ()
+        hits = (await svc.search_memory_page(POOL, ALICE, "部署", 10)).entries
         assert [e.id for e in hits] == ["mem_f1"]
         await svc.close()
 

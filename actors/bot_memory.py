@@ -178,7 +178,9 @@ class BotMemory:
         if not keys:
             return []
         async with self.read(pool_id, reader) as snap:
-            found = snap.pool.search(keys, reader, limit)  # seed entries: visibility-checked
+            # Seed entries under the union's visibility (an observation may rest on a record).
+            candidates, vis = snap.pool.candidates(reader), snap.visibility
+            found = snap.pool.terms.search(keys, limit, lambda i: i in candidates and vis.usable(i))
             if snap.ws is not None:
                 memo: dict = {}
                 records = snap.ws.stored.entries

@@ -348,6 +348,12 @@ class Api:
 
     async def get_memory(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
+        q = request.query_params.get("q")
+        if q is not None and q.strip():
+            # Ranked keyword search (issue 11): never cached, the ranking is per query.
+            limit = _limit(request.query_params.get("limit"))
+            body = await call(shard.search_memory_json, bot_pool(bot.id), reader, q, limit)
+            return Response(body, media_type="application/json")
         raw = request.query_params.get("tags")
         wanted = tuple(sorted({t.strip() for t in raw.split(",") if t.strip()})) if raw else ()
         pool = bot_pool(bot.id)
@@ -458,6 +464,20 @@ class Api:
 
     async def health(self, request: Request) -> Response:
         return json({"ok": True})
+
+
+MEMORY_SEARCH_LIMIT = 20
+MAX_MEMORY_SEARCH_LIMIT = 500
+
+
+def _limit(raw: str | None) -> int:
+    try:
+        limit = int(raw) if raw else MEMORY_SEARCH_LIMIT
+    except ValueError as e:
+        raise InvalidInput("limit must be a number", code="invalid_limit") from e
+    if not 1 <= limit <= MAX_MEMORY_SEARCH_LIMIT:
+        raise InvalidInput(f"limit must be 1-{MAX_MEMORY_SEARCH_LIMIT}", code="invalid_limit")
+    return limit
 
 
 def _reader(principal: Principal, request: Request, bot: Bot) -> Reader:

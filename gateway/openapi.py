@@ -102,7 +102,8 @@ ROUTES: list[tuple[str, str, str, Any, Any, int]] = [
     (
         "get",
         "/v1/bots/{bot}/memory",
-        "The caller's entries of this bot's memory (?tags=a,b)",
+        "The caller's entries of this bot's memory (?tags=a,b); with ?q=&limit= a ranked search "
+        "whose entries also carry score and foundBy (SearchPage)",
         None,
         MemoryPage,
         200,
@@ -199,7 +200,8 @@ ROUTES += [
     (
         "get",
         "/api/app/workspace/memories",
-        "Memories by ?scope=bot|user|project&bot=&project=&q=&status=",
+        "Memories by ?scope=bot|user|project&bot=&project=&q=&status=&limit=&using=; with q "
+        "ranked (keyword, semantic, hybrid), each entry with score and foundBy",
         None,
         None,
         200,

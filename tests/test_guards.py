@@ -13,6 +13,7 @@ import asyncio
 import json
 from collections import Counter
 
+import msgspec
 import pytest
 
 from actors.bot_step import StepInput, reader_for
@@ -147,7 +148,7 @@ def _observation(entry_id: str, source: str, user: str = "u_ann", now: int = 20)
         id=entry_id,
         pool=POOL,
         layer=Layer.OBSERVATION,
-        tags=(f"for:person:{user}", "org:o1", "tea"),
+        tags=(f"for:person:{user}", "org:o1", "tea", "insight"),
         sources=(Source(entry=source),),
         confidence=0.8,
         created_at=now,
@@ -223,3 +224,70 @@ def test_ACL_9_24_concurrent_retries_of_one_request_store_one_entry(tmp_path, fr
     answers, page = asyncio.run(go())
     assert len({a.id for a in answers}) == 1
     assert [e.content for e in page.entries] == ["Ann likes trains"]
+
+
+# --- ACL-8: visibility never decrypts ----------------------------------------------------------
+
+
+def test_ACL_8_reads_decrypt_only_what_the_reply_shows(tmp_path, fresh, monkeypatch):
+    """Visibility is decided from tags, sources and proofs; content is decrypted only for the
+    entries the reply carries, and checking an observation's sources never decrypts them.
+
+    Breaks tried (each fails): in `ShardService._read`, a line `[self.store.open_content(
+    pool.stored, i) for i in pool.candidates(reader)]` before the visibility check (decrypt
+    every candidate first) → "decrypted more than the reply shows" (mem_h1..h4 decrypted); the
+    same line in `context_parts` → hidden ids among the decrypted; `has_entries` returning
+    `any(vis.usable(i) and self.store.open_content(...) ...)` → `{'mem_a2'} == set()`."""
+    spy = CipherSpy(monkeypatch)
+    entries = [
+        (_fact("mem_a1", "u_ann", 10), "Ann drinks green tea"),
+        (_observation("mem_a2", "mem_a1", now=20), "Ann likes hot drinks"),
+        (_fact("mem_b1", "u_bob", 11), "Bob drinks coffee"),
+        # Candidates for Ann (their audience names her or the bot) that she may not see:
+        (_observation("mem_h1", "mem_b1", now=21), "hidden: built on Bob's entry"),
+        (msgspec.structs.replace(_fact("mem_h2", "u_ann", 12), proofs=()), "hidden: no access proof"),
+        (_pinned("mem_h3", ("for:person:u_ann", "org:o2")), "hidden: another org"),
+        (_pinned("mem_h4", ("for:bot", "org:o2")), "hidden: another org's bot entry"),
+        (_pinned("mem_h5", ("org:o1",)), "hidden: no audience at all"),
+    ]
+    hidden = {"mem_h1", "mem_h2", "mem_h3", "mem_h4", "mem_h5", "mem_b1"}
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        try:
+            await svc.add_entries(POOL, entries)
+        finally:
+            await svc.close()
+        svc = _service(tmp_path, fresh)  # loaded from disk: nothing decrypted in memory yet
+        try:
+            out = {}
+            spy.reset()
+            out["page"] = await svc.read_memory(POOL, ANN)
+            out["page_opened"] = spy.entries(spy.opened)
+            spy.reset()
+            # Only the observation: its source is checked, never decrypted.
+            out["obs"] = await svc.read_memory(POOL, ANN, tags=["insight"])
+            out["obs_opened"] = spy.entries(spy.opened)
+            spy.reset()
+            out["ctx"] = await svc.context(POOL, ANN, len("Ann drinks green tea"))
+            out["ctx_opened"] = spy.entries(spy.opened)
+            spy.reset()
+            out["has"] = await svc.has_entries(POOL, ANN)
+            out["refs"] = await svc.validate_references(POOL, ANN, ["mem_a1", "mem_a2"])
+            out["log"] = await svc.memory_log(POOL, ANN)
+            out["meta_opened"] = spy.entries(spy.opened)
+        finally:
+            await svc.close()
+        return out
+
+    out = asyncio.run(go())
+    shown = {e.id for e in out["page"].entries}
+    assert shown == {"mem_a1", "mem_a2"}
+    assert out["page_opened"] == shown, "decrypted more than the reply shows"
+    assert not out["page_opened"] & hidden
+    assert out["ctx"].entries == ("mem_a1",) and out["ctx"].hasEntries
+    # ENR-5: at most the first entry that did not fit is decrypted, never a later one.
+    assert out["ctx_opened"] - {"mem_a1"} <= {"mem_a2"} and not out["ctx_opened"] & hidden
+    assert [e.id for e in out["obs"].entries] == ["mem_a2"]
+    assert out["obs_opened"] == {"mem_a2"}, "checking a source decrypted it"
+    assert out["has"] and out["refs"] and out["meta_opened"] == set()

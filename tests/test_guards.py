@@ -291,3 +291,70 @@ def test_ACL_8_reads_decrypt_only_what_the_reply_shows(tmp_path, fresh, monkeypa
     assert [e.id for e in out["obs"].entries] == ["mem_a2"]
     assert out["obs_opened"] == {"mem_a2"}, "checking a source decrypted it"
     assert out["has"] and out["refs"] and out["meta_opened"] == set()
+
+
+# --- LRN-8: tag and status changes leave the ciphertext alone ------------------------------------
+
+
+def test_LRN_8_status_and_topic_changes_never_decrypt_or_reseal_content(
+    tmp_path, fresh, monkeypatch
+):
+    """`set_status`, and learning's `invalidate` and `rename_topic`, rewrite metadata only: the
+    stored ciphertext is carried over byte for byte and the content is neither decrypted for the
+    change nor sealed again (the learning *context* may decrypt what the model is shown).
+
+    Breaks tried (each fails): in `ShardService.set_status`, passing `{entry_id:
+    self.store.seal_content(pool.stored, entry_id, self.store.open_content(pool.stored,
+    entry_id))}` to `_queue` → "a status change touched the content" ({'mem_f1'} opened and
+    sealed); in `LearningRunner._apply`, `sealed = {...}` also re-sealing every
+    `decision.changed` entry → "learning re-sealed changed entries"."""
+    spy = CipherSpy(monkeypatch)
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Sorry, Ann."))
+    mem.answer(completion("I hear you. Tell Ann and put it right."))
+    calls = [("rename_topic", {"from": "tea", "to": "drinks"}), ("invalidate", {"entry": "mem_f2"})]
+    mem.routes.append(_learning_route(completion(None, tool_calls=calls)))
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        try:
+            await svc.add_entries(
+                POOL,
+                [
+                    (_fact("mem_f1", "u_ann", 10), "Ann drinks green tea"),
+                    (_fact("mem_f2", "u_ann", 11), "Ann drinks tea at nine"),
+                    (_fact("mem_f3", "u_ann", 12), "Ann dislikes black tea"),
+                ],
+            )
+            pool = await svc._pool(POOL)
+            before = dict(pool.stored.sealed)
+            spy.reset()
+            await svc.set_status(POOL, "mem_f1", Status.INVALIDATED)
+            status_touched = (spy.entries(spy.opened), spy.entries(spy.sealed))
+            after_status = dict(pool.stored.sealed)
+            spy.reset()
+            await _turn(svc, "I moved to Oslo, not Bergen")
+            learn_sealed = spy.entries(spy.sealed)
+            jobs = await svc.learning_jobs(POOL)
+        finally:
+            await svc.close()
+        svc = _service(tmp_path, fresh)  # what is on disk
+        try:
+            pool = await svc._pool(POOL)
+            on_disk = {i: pool.stored.sealed[i] for i in before}
+            page = await svc.read_memory(POOL, ANN)
+        finally:
+            await svc.close()
+        return before, status_touched, after_status, learn_sealed, jobs, on_disk, page
+
+    before, status_touched, after_status, learn_sealed, jobs, on_disk, page = asyncio.run(go())
+    assert status_touched == (set(), set()), "a status change touched the content"
+    assert after_status == before
+    assert jobs[-1].status == "done", jobs
+    entries = {e.id: e for e in page.entries}
+    # The learning step did change them: a topic renamed everywhere, one entry invalidated.
+    assert "drinks" in entries["mem_f3"].tags and "tea" not in entries["mem_f3"].tags
+    assert entries["mem_f2"].status == "invalidated" and entries["mem_f1"].status == "invalidated"
+    assert entries["mem_f3"].content == "Ann dislikes black tea"
+    assert not learn_sealed & set(before), "learning re-sealed changed entries"
+    assert on_disk == before, "stored ciphertext changed"

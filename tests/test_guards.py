@@ -358,3 +358,87 @@ def test_LRN_8_status_and_topic_changes_never_decrypt_or_reseal_content(
     assert entries["mem_f3"].content == "Ann dislikes black tea"
     assert not learn_sealed & set(before), "learning re-sealed changed entries"
     assert on_disk == before, "stored ciphertext changed"
+
+
+# --- SEC-1 and LRN-2: the confessor and the encrypted call log -----------------------------------
+
+
+def _route_rewrite(text: str, entries: list[str]):
+    answer = completion(None, tool_calls=[("rewrite", {"text": text, "entries": entries})])
+    return lambda body: answer if "rewrite" in _tool_names(body) else None
+
+
+def test_SEC_1_confide_and_enrichment_calls_go_to_the_encrypted_call_log(
+    tmp_path, fresh, monkeypatch
+):
+    """The memory bot's model requests and results for the input rewrite and for `confide` are
+    stored, sealed with the pool's key, in the call log of the turn (SEC-1).
+
+    Breaks tried (each fails): in `Conversations._own_rows`, dropping the `sink.writes.extend(
+    self.store.model_call_row(...) for c in sink.calls)` line → `[None, None, None]`; in
+    `MemoryBotRuntime.confessor_answer`, `log=log` → `log=None` → the confide call is missing."""
+    spy = CipherSpy(monkeypatch)
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Sorry, Ann."))
+    mem.answer(completion("I hear you. Tell Ann directly and put it right."))
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        try:
+            mine = await svc.remember(POOL, ANN, "Ann prefers trains")
+            mem.routes.append(_route_rewrite("Plan my trip to Oslo by train", [mine.id]))
+            mem.routes.append(_learning_route(completion("nothing to learn")))
+            result = await _turn(svc, "Plan my trip to Oslo")
+            pool = await svc._pool(POOL)
+            store = svc.conversations.store
+            calls = [await store.model_call(pool.stored, result.turn.id, s) for s in (1, 2, 3)]
+        finally:
+            await svc.close()
+        return result, calls
+
+    result, calls = asyncio.run(go())
+    assert calls[0] is not None and calls[1] is not None, calls
+    rewrite, confide = calls[0], calls[1]
+    assert "Plan my trip to Oslo" in rewrite.request and "Oslo by train" in rewrite.response
+    assert CONFIDE[1]["text"] in confide.request and "Tell Ann directly" in confide.response
+    assert calls[2] is None
+    sealed = {k for k in spy.sealed if k.startswith(f"{POOL}\x00call\x00{result.turn.id}\x00")}
+    assert len(sealed) == 2, "call records not sealed with the pool's key"
+
+
+def test_LRN_2_the_confessor_listens_without_judging_and_gives_no_task(tmp_path, fresh):
+    """The confessor's instructions (and the fixed calm answer) say what LRN-2 asks, and are
+    what the memory model actually receives on `confide`.
+
+    Break tried: `confessor_messages`' system text → "You are a confessor." → fails on
+    `'listen' in 'you are a confessor.'`."""
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Sorry, Ann."))
+    mem.answer(completion("I hear you."))
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        try:
+            await _turn(svc, "hi", org=OFF)  # botMemory off: answers still come (LRN-10)
+        finally:
+            await svc.close()
+
+    asyncio.run(go())
+    (request,) = [b for b in mem.requests if not b.get("tools")]
+    system = request["messages"][0]["content"]
+    assert request["messages"][0]["role"] == "system"
+    assert request["messages"][-1]["content"] == CONFIDE[1]["text"]
+    assert system == confessor_messages(CONFIDE[1]["text"], "")[0].content
+    said = system.lower()
+    for phrase in (
+        "listen",
+        "do not judge",
+        "mistakes are part of work",
+        "tell the person directly",
+        "put things right",
+        "no new task",
+    ):
+        assert phrase in said, phrase
+    calm = CALM_ANSWER.lower()
+    for phrase in ("mistakes", "part of the work", "tell the person directly", "put it right"):
+        assert phrase in calm, phrase

@@ -442,3 +442,96 @@ def test_LRN_2_the_confessor_listens_without_judging_and_gives_no_task(tmp_path,
     calm = CALM_ANSWER.lower()
     for phrase in ("mistakes", "part of the work", "tell the person directly", "put it right"):
         assert phrase in calm, phrase
+
+
+# --- LRN-10, ENR-4: review chats and `botMemory` off ----------------------------------------------
+
+AUTO = Org(
+    id="o1", name="o", settings=OrgSettings(botMemory=True, botMemoryModel="mem", autoRecord=True)
+)
+AUTO_OFF = Org(
+    id="o1", name="o", settings=OrgSettings(botMemory=False, botMemoryModel="mem", autoRecord=True)
+)
+
+
+def test_LRN_10_review_chats_have_no_confide_and_learn_nothing(tmp_path, fresh):
+    """A review chat offers no `confide`; a bot that calls it anyway gets no confessor, and the
+    turn is never learned from, even with autoRecord on.
+
+    Breaks tried (each fails): in `BotStepper._confide`, dropping `if step.chat.kind ==
+    "review": return None` → a confession is recorded; in `conversations.learns`,
+    `chat.kind in ("review", "agent")` → `chat.kind in ("agent",)` → a learning job exists."""
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Here is my review."))
+    mem.routes.append(_learning_route(completion(None, tool_calls=[("learn_fact", LEARN)])))
+    review = Chat(id="chat_1", kind="review", owner="u_ann", org="o1", bot="b1")
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        try:
+            await _turn(svc, "Please review this", chat=review, org=AUTO)
+            return (
+                await svc.confessions("chat_1"),
+                await svc.learning_jobs(POOL),
+                await svc.read_memory(POOL, ANN),
+            )
+        finally:
+            await svc.close()
+
+    confessions, jobs, page = asyncio.run(go())
+    assert "confide" not in _tool_names(bot.requests[0])
+    assert confessions == [] and jobs == [] and page.entries == ()
+    assert mem.requests == []
+
+
+def test_LRN_10_bot_memory_off_still_answers_confide_but_learns_nothing(tmp_path, fresh):
+    """With `botMemory` off the confessor still answers, and no learning execution is made.
+
+    Break tried: in `conversations.learns`, dropping `not org.settings.botMemory or` → a job
+    runs and the fact is stored (`jobs == []` fails)."""
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Sorry, Ann."))
+    mem.answer(completion("I hear you."))
+    mem.routes.append(_learning_route(completion(None, tool_calls=[("learn_fact", LEARN)])))
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        try:
+            await _turn(svc, "I moved to Oslo", org=AUTO_OFF)
+            return (
+                await svc.confessions("chat_1"),
+                await svc.learning_jobs(POOL),
+                await svc.read_memory(POOL, ANN),
+            )
+        finally:
+            await svc.close()
+
+    confessions, jobs, page = asyncio.run(go())
+    assert [(c.answer, c.calm) for c in confessions] == [("I hear you.", False)]
+    assert jobs == [] and page.entries == ()
+    assert _learning_requests(mem) == []
+
+
+def test_ENR_4_bot_memory_off_leaves_the_input_unchanged(tmp_path, fresh):
+    """With `botMemory` off the memory bot is not asked to rewrite and the bot's model gets the
+    person's own words, with no enrichment record.
+
+    Break tried: in `BotStepper._enrich`, `not (org.settings.botMemory and
+    org.settings.botMemoryModel)` → `not org.settings.botMemoryModel` → the bot's model gets
+    the rewrite."""
+    bot, mem = fresh
+    bot.answer(completion("Sure."))
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        try:
+            mine = await svc.remember(POOL, ANN, "Ann prefers trains")
+            mem.routes.append(_route_rewrite("Plan my trip to Oslo by train", [mine.id]))
+            await _turn(svc, "Plan my trip to Oslo", org=OFF)
+            return await svc.enrichments("chat_1")
+        finally:
+            await svc.close()
+
+    enrichments = asyncio.run(go())
+    assert bot.requests[0]["messages"][-1]["content"] == "Plan my trip to Oslo"
+    assert enrichments == [] and mem.requests == []

@@ -10,7 +10,6 @@ observed by counting `Cipher.open`/`Cipher.seal` at the storage seam, not by rea
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import Counter
 
 import msgspec
@@ -22,7 +21,6 @@ from actors.shard import ShardService, TurnStart
 from engine.directory import Bot, Chat, Org, OrgSettings
 from engine.memory import AccessProof, EntryMeta, Layer, Reader, Source, Status
 from engine.memory_bot import SettingsPatch
-from engine.models import Completion, Price
 from engine.turns import CALM_ANSWER, confessor_messages
 from storage import crypto
 from tests.conftest import LiveServer
@@ -245,7 +243,10 @@ def test_ACL_8_reads_decrypt_only_what_the_reply_shows(tmp_path, fresh, monkeypa
         (_fact("mem_b1", "u_bob", 11), "Bob drinks coffee"),
         # Candidates for Ann (their audience names her or the bot) that she may not see:
         (_observation("mem_h1", "mem_b1", now=21), "hidden: built on Bob's entry"),
-        (msgspec.structs.replace(_fact("mem_h2", "u_ann", 12), proofs=()), "hidden: no access proof"),
+        (
+            msgspec.structs.replace(_fact("mem_h2", "u_ann", 12), proofs=()),
+            "hidden: no access proof",
+        ),
         (_pinned("mem_h3", ("for:person:u_ann", "org:o2")), "hidden: another org"),
         (_pinned("mem_h4", ("for:bot", "org:o2")), "hidden: another org's bot entry"),
         (_pinned("mem_h5", ("org:o1",)), "hidden: no audience at all"),
@@ -535,3 +536,169 @@ def test_ENR_4_bot_memory_off_leaves_the_input_unchanged(tmp_path, fresh):
     enrichments = asyncio.run(go())
     assert bot.requests[0]["messages"][-1]["content"] == "Plan my trip to Oslo"
     assert enrichments == [] and mem.requests == []
+
+
+# --- ENR-2: a group's reader ----------------------------------------------------------------------
+
+
+def test_ENR_2_in_a_channel_group_only_the_groups_and_bot_entries_shape_the_input(tmp_path, fresh):
+    """The reader of a group turn's enrichment admits `for:channel:<group>` and `for:bot`
+    entries only — not the person's own entries, not another channel's.
+
+    Break tried: in `bot_step.reader_for`, the group reader's `user="\\x00"` →
+    `user=step.operator` → the person's own entry is in the context."""
+    group = Chat(id="chat_g", kind="group", owner="u_ann", org="o1", channel="c1")
+    step = StepInput(
+        chat=group, bot=BOT, org=ORG, operator="u_ann", turn="t1", text="hi", channel="c1"
+    )
+    reader = reader_for(step)
+    assert reader is not None
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        try:
+            await svc.add_entries(
+                POOL,
+                [
+                    (_pinned("mem_p1", ("for:person:u_ann", "org:o1"), 1), "Ann's private note"),
+                    (_pinned("mem_c1", ("for:channel:c1", "org:o1"), 2), "the group's plan"),
+                    (_pinned("mem_c2", ("for:channel:c2", "org:o1"), 3), "another group"),
+                    (_pinned("mem_bt", ("for:bot", "org:o1"), 4), "the bot's own habit"),
+                ],
+            )
+            return await svc.context_parts(POOL, reader, 10_000)
+        finally:
+            await svc.close()
+
+    parts, has = asyncio.run(go())
+    assert {i for i, _ in parts} == {"mem_c1", "mem_bt"} and has
+
+
+# --- MB-4, MB-5: the time limits ------------------------------------------------------------------
+
+
+def test_MB_4_MB_5_default_limits_are_15_seconds_and_2_minutes(tmp_path):
+    """The limits themselves (the tests below shorten them through the same attributes).
+
+    Breaks tried: `ANSWER_WAIT = 15.0` → `150.0` → `(150.0, 120.0) == (15.0, 120.0)` fails
+    (it first *survived*: `ShardService` had its own literal 15.0, so the constant was dead; the
+    default now comes from `engine.turns.ANSWER_WAIT`); `LEARNING_STEP_LIMIT = 120.0` →
+    `1200.0` → fails."""
+
+    async def go():
+        svc = ShardService(tmp_path, 0, models={})
+        try:
+            return svc.memory_bot.answer_wait, svc.learning.step_limit
+        finally:
+            await svc.close()
+
+    assert asyncio.run(go()) == (15.0, 120.0)
+
+
+def test_MB_4_the_wait_for_a_busy_slot_counts_toward_the_answer_limit(tmp_path, fresh):
+    """With the memory bot's one slot busy, the rewrite and the confide answer each give up
+    after `answer_wait` (15 s in production, 1 s here): unchanged input, the calm answer.
+
+    Break tried: in `MemoryBotRuntime.call`, `done = await asyncio.wait_for(run(), timeout)` →
+    `done = await run()` (the model's own timeout still applies, the slot wait is unbounded) →
+    the turn waits for the slot (elapsed ≥ 6 s) and then gets the rewrite."""
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Sorry, Ann."))
+    mem.answer(completion("I hear you."))
+
+    async def go():
+        svc = _service(tmp_path, fresh, answer_wait=1.0)
+        svc.learning.step_limit = 1.0
+        release = asyncio.Event()
+        try:
+            mine = await svc.remember(POOL, ANN, "Ann prefers trains")
+            mem.routes.append(_route_rewrite("Plan my trip to Oslo by train", [mine.id]))
+            settings = await svc.patch_memory_bot_settings(
+                POOL, SettingsPatch(expected=0, concurrency=1)
+            )
+            held = asyncio.Event()
+
+            async def hold():
+                async with svc.memory_bot.slot(POOL, settings):
+                    held.set()
+                    try:
+                        await asyncio.wait_for(release.wait(), 6.0)
+                    except TimeoutError:
+                        pass
+
+            holder = asyncio.create_task(hold())
+            await held.wait()
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            turn = await svc.start_turn(
+                TurnStart(chat=CHAT, bot=BOT, org=ORG, operator="u_ann", text="Plan my trip")
+            )
+            await svc.wait_turn(CHAT.id, turn.id)
+            elapsed = loop.time() - t0
+            release.set()
+            await holder
+            await svc.learning_idle()
+            return elapsed, await svc.confessions("chat_1"), await svc.enrichments("chat_1")
+        finally:
+            release.set()
+            await svc.close()
+
+    elapsed, confessions, enrichments = asyncio.run(go())
+    assert elapsed < 4.5, elapsed
+    assert bot.requests[0]["messages"][-1]["content"] == "Plan my trip"  # unchanged input
+    assert enrichments == []
+    assert [(c.answer, c.calm) for c in confessions] == [(CALM_ANSWER, True)]
+
+
+def test_MB_5_a_slow_learning_step_ends_safely_and_the_evidence_stays_unread(tmp_path, fresh):
+    """A learning step over the limit (2 min in production, 0.5 s here) ends the execution as
+    failed with a safe message; the read position does not move, nothing is stored, and a later
+    confide learns from the same evidence.
+
+    Break tried: in `LearningRunner._execute`, `timeout=self.step_limit` → `timeout=600.0` →
+    the slow step (3 s) completes and stores the fact (`status == "failed"` fails)."""
+    bot, mem = fresh
+    bot.answer(
+        completion(None, tool_calls=[CONFIDE]),
+        completion("Sorry, Ann."),
+        completion(None, tool_calls=[CONFIDE]),
+        completion("Done."),
+    )
+    learn = completion(None, tool_calls=[("learn_fact", LEARN)])
+    slow = [True]
+    mem.routes.append(
+        lambda b: (
+            (("delay", 3.0, learn) if slow[0] else learn)
+            if "learn_fact" in _tool_names(b)
+            else None
+        )
+    )
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        svc.learning.step_limit = 0.5
+        try:
+            await _turn(svc, "I moved to Oslo")
+            first = (
+                await svc.learning_jobs(POOL),
+                await svc.learning.store.position(POOL, "chat_1"),
+                await svc.read_memory(POOL, ANN),
+            )
+            slow[0] = False
+            await _turn(svc, "Did you get that?")
+            second = (
+                await svc.learning_jobs(POOL),
+                await svc.learning.store.position(POOL, "chat_1"),
+                await svc.read_memory(POOL, ANN),
+            )
+            return first, second
+        finally:
+            await svc.close()
+
+    (jobs, position, page), (jobs2, position2, page2) = asyncio.run(go())
+    assert [(j.status, j.error) for j in jobs] == [
+        ("failed", "the learning step took longer than 2 minutes")
+    ]
+    assert position == 0 and page.entries == ()
+    assert sorted(j.status for j in jobs2) == ["done", "failed"]
+    assert position2 == 4 and [e.content for e in page2.entries] == ["Ann lives in Oslo"]

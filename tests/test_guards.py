@@ -10,6 +10,7 @@ observed by counting `Cipher.open`/`Cipher.seal` at the storage seam, not by rea
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 
 import msgspec
@@ -702,3 +703,123 @@ def test_MB_5_a_slow_learning_step_ends_safely_and_the_evidence_stays_unread(tmp
     assert position == 0 and page.entries == ()
     assert sorted(j.status for j in jobs2) == ["done", "failed"]
     assert position2 == 4 and [e.content for e in page2.entries] == ["Ann lives in Oslo"]
+
+
+# --- LRN-5: the same evidence is never applied twice ----------------------------------------------
+
+
+def test_LRN_5_concurrent_learning_applies_the_same_evidence_once(tmp_path, fresh):
+    """Two executions over the same items, started together: one model step, one fact, and the
+    read position, the fact and both jobs' ends are on disk after a restart.
+
+    Breaks tried: in `LearningRunner._run`, `lock = self._chains.setdefault(...)` →
+    `lock = asyncio.Lock()` (no per-chat exclusion) → fails, "the same evidence went to the
+    model twice" (the `_apply` re-check still keeps one fact); that break plus `if await
+    self._position(...) >= job.upto:` in `_apply` → `if False:` → fails, "applied twice" (two
+    facts). Survived (harmless): `if start >= job.upto:` in `_execute` → `if False:` alone —
+    the evidence window `start < seq <= upto` is then empty, so the job ends without a model
+    call."""
+    bot, mem = fresh
+    bot.answer(completion("Noted."))
+    mem.routes.append(
+        _learning_route(("delay", 0.3, completion(None, tool_calls=[("learn_fact", LEARN)])))
+    )
+    plain = Org(id="o1", name="o", settings=OrgSettings(botMemory=True, botMemoryModel="mem"))
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        try:
+            await _turn(svc, "I moved to Oslo", org=plain)  # no confide: nothing learned yet
+            jobs = [
+                svc.conversations.new_job(BOT, CHAT, f"turn-{k}", 2, "for:person:u_ann", plain)
+                for k in range(2)
+            ]
+            await asyncio.gather(*(svc.learning.schedule(j) for j in jobs))
+            await svc.learning_idle()
+        finally:
+            await svc.close()
+        svc = _service(tmp_path, fresh)
+        try:
+            return (
+                await svc.read_memory(POOL, ANN),
+                await svc.learning_jobs(POOL),
+                await svc.learning.store.position(POOL, "chat_1"),
+            )
+        finally:
+            await svc.close()
+
+    page, jobs, position = asyncio.run(go())
+    assert [e.content for e in page.entries] == ["Ann lives in Oslo"], "applied twice"
+    assert len(_learning_requests(mem)) == 1, "the same evidence went to the model twice"
+    assert [j.status for j in jobs] == ["done", "done"] and position == 2
+
+
+# --- SC-6: the extraction request stays under 60,000 characters ------------------------------------
+
+
+def test_SC_6_build_request_keeps_whole_json_under_the_limit_person_words_first():
+    """Engine rule: at most 60,000 characters (minus the caller's overhead), sized on the JSON,
+    whole strings only, person items before other items, the JSON whole.
+
+    Breaks tried (each fails): `REQUEST_LIMIT = 60_000` → `600_000`; `if sizes_i[k] <= room:`
+    → `if True:`; `key=lambda k: (evidence[k].kind != "person", -k)` → `key=lambda k: -k`."""
+    from engine.learning import REQUEST_LIMIT, ContextEntry, EvidenceItem, build_request
+
+    assert REQUEST_LIMIT == 60_000
+    evidence = []
+    for k in range(120):
+        kind = "person" if k % 3 == 0 else "bot"
+        text = f"{kind}-{k:03d} " + '\u00e9"\\' * 300 + " end"  # escapes grow the JSON
+        evidence.append(EvidenceItem(chat="c", item=f"i-{k}", kind=kind, author="a", text=text))
+    entries = [
+        ContextEntry(
+            id=f"mem_{k}",
+            layer="fact",
+            tier="log",
+            scope="bot",
+            content="x" * 500,
+            topics=("t",),
+            status="active",
+        )
+        for k in range(200)
+    ]
+    text, kept = build_request(evidence, entries, {"t": 200}, overhead=400)
+    assert len(text) <= REQUEST_LIMIT - 400
+    body = json.loads(text)
+    originals = {e.item: e.text for e in evidence}
+    assert all(e["text"] == originals[e["item"]] for e in body["evidence"])  # never truncated
+    kinds = [e.kind for e in kept]
+    persons = sum(1 for e in evidence if e.kind == "person")
+    if "bot" in kinds:
+        assert kinds.count("person") == persons, "a bot item displaced a person's words"
+    assert kinds.count("person") > 0
+
+
+def test_SC_6_the_learning_request_with_its_instructions_fits_60000(tmp_path, fresh):
+    """Through the runner: system text + request ≤ 60,000 characters with a pool far larger.
+
+    Break tried: in `LearningRunner._execute`, `overhead=len(LEARNING_SYSTEM)` → `overhead=0`
+    → the messages together exceed 60,000."""
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
+    mem.answer(completion("I hear you."))
+    mem.routes.append(_learning_route(completion("nothing new")))
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        try:
+            await svc.add_entries(
+                POOL,
+                [
+                    (_fact(f"mem_{k:04d}", "u_ann", 10 + k), f"{k:04d} " + "y" * 150)
+                    for k in range(400)
+                ],
+            )
+            await _turn(svc, "I moved to Oslo")
+        finally:
+            await svc.close()
+
+    asyncio.run(go())
+    (request,) = _learning_requests(mem)
+    total = sum(len(m["content"] or "") for m in request["messages"])
+    assert 55_000 < total <= 60_000, total

@@ -10,6 +10,7 @@ observed by counting `Cipher.open`/`Cipher.seal` at the storage seam, not by rea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
 
@@ -622,10 +623,8 @@ def test_MB_4_the_wait_for_a_busy_slot_counts_toward_the_answer_limit(tmp_path, 
             async def hold():
                 async with svc.memory_bot.slot(POOL, settings):
                     held.set()
-                    try:
+                    with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(release.wait(), 6.0)
-                    except TimeoutError:
-                        pass
 
             holder = asyncio.create_task(hold())
             await held.wait()
@@ -754,7 +753,7 @@ def test_LRN_5_concurrent_learning_applies_the_same_evidence_once(tmp_path, fres
     assert [j.status for j in jobs] == ["done", "done"] and position == 2
 
 
-# --- SC-6: the extraction request stays under 60,000 characters ------------------------------------
+# --- SC-6: the extraction request stays under 60,000 characters ---------------------------------
 
 
 def test_SC_6_build_request_keeps_whole_json_under_the_limit_person_words_first():

@@ -825,7 +825,7 @@ def test_SC_6_the_learning_request_with_its_instructions_fits_60000(tmp_path, fr
     assert 55_000 < total <= 60_000, total
 
 
-# --- ND-2: memory only on nodes that isolate it; extraction only where offered ----------------------
+# --- ND-2: memory only on nodes that isolate it; extraction only where offered ---------------
 
 
 class NodeStub:

@@ -912,3 +912,55 @@ def test_ND_2_memory_reaches_a_bot_only_on_a_node_reporting_memory_isolation(tmp
     seen = "\n".join(str(x) for x in first[0])
     assert "Plan my trip to Oslo by train" not in seen and "trains" not in seen
     assert "Plan my trip to Oslo by train" in "\n".join(str(x) for x in second[0])
+
+
+def test_LRN_5_learned_changes_read_position_and_job_end_commit_together(
+    tmp_path, fresh, monkeypatch
+):
+    """If the transaction carrying the read position fails, the learned fact and the job's end
+    are not on disk either (each batch is its own transaction here, so a split would show).
+
+    Break tried: in `LearningRunner._apply`, moving `self.store.position_row(...)` out of
+    `extra` into its own `self.shard._submit(None, [...])` → the fact and "done" are stored
+    while the position is not (fails `assert ['Ann lives in Oslo'] == []`)."""
+    from engine.errors import StorageError
+    from storage.group_commit import GroupCommitter
+
+    original = GroupCommitter._commit
+    failed = []
+
+    def commit(self, batches, con):
+        writes = [w for batch in batches for w in batch]
+        # Every time: the automatic retries (CO-3) fail the same way.
+        if any(getattr(w, "table", "") == "learn_positions" for w in writes):
+            failed.append(True)
+            raise StorageError("disk full (simulated)")
+        return original(self, batches, con)
+
+    monkeypatch.setattr(GroupCommitter, "_commit", commit)
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
+    mem.answer(completion("I hear you."))
+    mem.routes.append(_learning_route(completion(None, tool_calls=[("learn_fact", LEARN)])))
+
+    async def go():
+        svc = _service(tmp_path, fresh, group_commit=False)
+        try:
+            await _turn(svc, "I moved to Oslo")
+        finally:
+            await svc.close()
+        svc = _service(tmp_path, fresh)  # what is on disk (no call starts recovery)
+        try:
+            return (
+                await svc.read_memory(POOL, ANN),
+                await svc.learning_jobs(POOL),
+                await svc.learning.store.position(POOL, "chat_1"),
+            )
+        finally:
+            await svc.close()
+
+    page, jobs, position = asyncio.run(go())
+    assert failed, "the learning transaction was never attempted"
+    assert position == 0
+    assert [e.content for e in page.entries] == []
+    assert [j.status for j in jobs] == ["failed"]

@@ -968,3 +968,35 @@ def test_LRN_5_learned_changes_read_position_and_job_end_commit_together(
     assert position == 0
     assert [e.content for e in page.entries] == []
     assert [j.status for j in jobs] == ["failed"]
+
+
+# --- found by mutation testing (engine/visibility.py) -------------------------------------------
+
+
+def test_ACL_1_an_unknown_kind_of_for_tag_admits_nobody():
+    """A `for:` tag of a kind the engine does not know fails closed.
+
+    Surviving mutants this kills (checked): `grant_admits`' final `return False` → `return
+    True`; `directly_visible`'s `return org_ok and admitted and ...` → `org_ok or admitted and
+    ...` (the shard's audience index hides both from the other tests: such entries are never
+    candidates)."""
+    from engine.visibility import directly_visible, grant_admits
+
+    odd = _pinned("mem_x", ("org:o1", "for:team:t1"))
+    for reader in (ANN, BOB, Reader(user="t1", org="o1", channels=frozenset({"t1"}))):
+        assert not grant_admits(reader, "for:team:t1")
+        assert not directly_visible(reader, odd)
+
+
+def test_ACL_2_any_one_grant_admits_whatever_the_other_grants_say():
+    """An entry for several audiences admits a reader named by any one of them.
+
+    Surviving mutant this kills: in `directly_visible`, `elif not admitted and
+    tag.startswith("for:")` → `elif not admitted or ...` (a later grant overrode an earlier
+    one that admitted the reader)."""
+    from engine.visibility import directly_visible
+
+    both = _pinned("mem_y", ("org:o1", "for:person:u_ann", "for:channel:c9", "tea"))
+    assert directly_visible(ANN, both)
+    assert directly_visible(Reader(user="u_bob", org="o1", channels=frozenset({"c9"})), both)
+    assert not directly_visible(BOB, both)

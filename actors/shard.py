@@ -78,6 +78,7 @@ from engine.scoped_memory import (
     WsMemoryChange,
     WsMemoryCreate,
 )
+from engine.turns import ANSWER_WAIT
 from storage.chat_store import ChatStore, Confession, Enrichment, ItemView, LearningJob, Turn
 from storage.crypto import Keyring, load_master_key
 from storage.database import Database
@@ -146,7 +147,7 @@ class ShardService:
         config_dir: str | None = None,
         search: Mapping[str, object] | None = None,  # the config's [search] table (SC-7)
         embedder: Embedder | None = None,  # instead of search's embedding_model (in-process use)
-        answer_wait: float = 15.0,
+        answer_wait: float = ANSWER_WAIT,  # MB-4; tests shorten it
         prefix: str | None = None,
         shard_count: int = 1,
         namespace: str = "openbot",

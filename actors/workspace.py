@@ -165,7 +165,13 @@ class Workspace:
         if self._projects_loading is None:
             self._projects_loading = asyncio.get_running_loop().create_future()
             try:
-                projects = await self.store.load_projects()
+                projects, legacy = await self.store.load_projects(self.shard.store.keyring)
+                for pid in legacy:  # stored plain by an older version: seal them now
+                    keyed = (await self.shard._pool(projmod.pool(pid))).stored
+                    rows = [*self.shard.store.key_rows(keyed)]
+                    rows.append(self.store.project_row(projects[pid], keyed.cipher))
+                    fut = self.shard._submit(None, rows)
+                    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
             except BaseException as e:
                 self._projects_loading.set_exception(e)
                 self._projects_loading.exception()
@@ -336,7 +342,7 @@ class Workspace:
             writes: list[Write] = []
             events: list[tuple[Payload, Audience]] = []
             if project is not projects.get(pid):
-                writes.append(self.store.project_row(project))
+                writes.append(self.store.project_row(project, keyed.cipher))
                 events.append(
                     (
                         ProjectChanged(project=pid, revision=project.revision, change=change),

@@ -3,7 +3,8 @@ shard's file.
 
 Item texts, confessions, enrichment records and model calls are sealed (SEC-1): items,
 confessions and enrichments with the chat's data key (kept in `pools` under `chat:<id>`), model
-calls with the memory pool's key. Jobs and read positions hold ids and numbers only.
+calls with the memory pool's key; a turn's document (with a verdict's note) with the chat's key.
+Jobs and read positions hold ids and numbers only.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import msgspec
 from storage.crypto import Cipher, aad
 from storage.group_commit import DeleteWhere, Insert, Put, Write
 from storage.memory_store import MemoryStore, StoredPool
+from storage.sealed_doc import open_doc, seal_doc
 from storage.shard_schema import (
     CHAT_ITEMS,
     CONFESSIONS,
@@ -164,7 +166,7 @@ class ChatStore:
                 "ORDER BY seq",
                 [chat],
             ).fetchall()
-            turns = con.execute("SELECT meta FROM turns WHERE chat = ?", [chat]).fetchall()
+            turns = con.execute("SELECT id, meta FROM turns WHERE chat = ?", [chat]).fetchall()
             return items, turns
 
         items, turns = await self.db.run(read)
@@ -174,8 +176,9 @@ class ChatStore:
             log.items.append(Item(chat=chat, seq=seq, turn=turn, kind=kind, author=author, at=at))
             log.sealed[seq] = payload
         log.committed = log.items[-1].seq if log.items else 0
-        for (meta,) in turns:
-            t = _turn_dec.decode(meta)
+        scope = f"chat:{chat}"
+        for turn_id, meta in turns:
+            t = _turn_dec.decode(open_doc(log.cipher, scope, TURNS.name, turn_id, meta))
             if t.status == "running":  # the process ended during this turn
                 t = msgspec.structs.replace(t, status="failed", error="interrupted by a restart")
             log.turns[t.id] = t
@@ -207,7 +210,9 @@ class ChatStore:
     def put_turn(self, log: ChatLog, turn: Turn) -> Put | Insert:
         op = Put if turn.id in log.turns else Insert  # a new row needs no delete first
         log.turns[turn.id] = turn
-        row = (turn.id, turn.chat, turn.operator, turn.status, _enc.encode(turn).decode(), turn.at)
+        # Sealed: a delivery verdict's note is the person's own words (issue 12).
+        meta = seal_doc(log.cipher, f"chat:{log.chat}", TURNS.name, turn.id, _enc.encode(turn))
+        row = (turn.id, turn.chat, turn.operator, turn.status, meta, turn.at)
         return op(TURNS.name, row)
 
     def _record(self, table, log: ChatLog, turn: str, at: int, record, n: int) -> Insert:

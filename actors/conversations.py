@@ -27,7 +27,7 @@ from actors.memory_bot import MemoryBotRuntime
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
 from engine.discussion import Plan, plan_goal, plan_turn
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
-from engine.events import Audience, ChatItemCreated
+from engine.events import Audience, ChatItemCreated, ChatItemsDeleted
 from engine.models import Message
 from storage.chat_store import (
     ChatLog,
@@ -490,12 +490,26 @@ class Conversations:
         log = await self.log(chat)
         return [self._view(log, i) for i in log.items if i.seq <= log.committed]
 
-    async def delete_items(self, chat: str) -> int:
-        log = await self.log(chat)
-        lock = self._locks.setdefault(chat, asyncio.Lock())
-        async with lock:
+    async def delete_items(self, chat: str, record: Chat | None = None) -> int:
+        """Delete the chat's history: the rows commit first, then the log in memory is cleared
+        (a failed commit raises and changes nothing). With the chat's `record` (its home
+        shard) a `chat.items.deleted` event goes out with the commit; the copies other shards
+        keep for learning are deleted without one."""
+        async with self.lock(chat):
+            log = await self.log(chat)
             count = len(log.items)
-            await self.shard._submit(None, self.store.delete_items(log))
+            events = []
+            if record is not None:
+                events.append((ChatItemsDeleted(chat=chat, count=count), self.audience(record)))
+            fut = self.shard._submit(
+                None,
+                self.store.delete_items(log),
+                events,
+                on_failure=lambda: self._forget_log(chat),
+            )
+            if fut is not None:
+                await fut
+            self.store.clear_items(log)
         return count
 
     async def confessions(self, chat: str) -> list[Confession]:

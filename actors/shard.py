@@ -388,8 +388,9 @@ class ShardService:
         self._ensure_started()
         return await self.conversations.items(chat)
 
-    async def delete_chat_items(self, chat: str) -> int:
-        return await self.conversations.delete_items(chat)
+    async def delete_chat_items(self, chat: str, record: Chat | None = None) -> int:
+        """Delete a chat's history here; with its `record` (on its home shard) announce it."""
+        return await self.conversations.delete_items(chat, record)
 
     async def confessions(self, chat: str) -> list[Confession]:
         return await self.conversations.confessions(chat)

@@ -201,11 +201,16 @@ class ChatStore:
             writes.append(self.memory.pool_row(log.key, log._floor, log.key.settings))
         return writes
 
-    def delete_items(self, log: ChatLog) -> list[Write]:
-        """Delete the history (API-5: what was learned from it stays)."""
+    @staticmethod
+    def delete_items(log: ChatLog) -> list[Write]:
+        """The rows that delete the history (API-5: what was learned from it stays); the log
+        in memory is cleared by `clear_items` once they committed."""
+        return [DeleteWhere(CHAT_ITEMS.name, "chat", (log.chat,))]
+
+    @staticmethod
+    def clear_items(log: ChatLog) -> None:
         log.items.clear()
         log.sealed.clear()
-        return [DeleteWhere(CHAT_ITEMS.name, "chat", (log.chat,))]
 
     def put_turn(self, log: ChatLog, turn: Turn) -> Put | Insert:
         op = Put if turn.id in log.turns else Insert  # a new row needs no delete first

@@ -5,8 +5,9 @@ again. Its one model step is recorded (request, result, cost) in the encrypted c
 anything is applied, so a restart reuses the recorded result instead of calling the model again.
 The memory changes, the chat's read position and the end of the job commit in one transaction
 (LRN-5). Jobs of one pool and chat run one at a time and re-check the read position under the
-pool's write lock, so the same evidence is never applied twice. A step over two minutes ends
-the job with a safe error and leaves the read position where it was.
+pool's write lock, so the same evidence is never applied twice. No pool lock is held across the
+model call or the calls to the directory and other shards (user and project facts). A step over
+two minutes ends the job with a safe error and leaves the read position where it was.
 """
 
 from __future__ import annotations
@@ -287,6 +288,31 @@ class LearningRunner:
 
     async def _apply(self, job: LearningJob, pool, completion: Completion, evidence) -> None:
         calls = [(c.name, c.arguments.encode()) for c in completion.tool_calls]
+        audience = Audience(chat=job.chat, org=job.org, grant=job.grant, channel=job.channel)
+        now = self.shard.clock()
+
+        def new_ids():
+            return (f"mem_{secrets.token_hex(12)}" for _ in iter(int, 1))
+
+        # User and project facts go to the workspace pools (SC-1..SC-3) on other shards: they
+        # are decided from the pool's state under its shared lock and sent after it is released
+        # (no pool lock is held across an actor call, ACL-9). The receipt of `learn:<job>:<upto>`
+        # makes a repeat store nothing twice.
+        ws_rejected = 0
+        async with pool.lock.shared():
+            learned = await self._position(job.pool, job.chat) >= job.upto
+            if not learned:
+                first = decide(
+                    calls,
+                    pool=job.pool,
+                    entries=pool.entries,
+                    evidence=evidence,
+                    audience=audience,
+                    now=now,
+                    new_ids=new_ids(),
+                )
+        if not learned:
+            ws_rejected = await self._extract_scoped(job, first.new, evidence, now)
         async with pool.lock.exclusive():
             if await self._position(job.pool, job.chat) >= job.upto:
                 pending = pool.pending  # LRN-5: applied meanwhile; never twice
@@ -294,20 +320,15 @@ class LearningRunner:
                 writes = [self.store.job_row(done)]
                 pending = self.shard._submit(pool, writes, [self.event(done)])
             else:
-                now = self.shard.clock()
                 decision = decide(
                     calls,
                     pool=job.pool,
                     entries=pool.entries,  # the latest state, under the write lock (LRN-8)
                     evidence=evidence,
-                    audience=Audience(
-                        chat=job.chat, org=job.org, grant=job.grant, channel=job.channel
-                    ),
+                    audience=audience,
                     now=now,
-                    new_ids=(f"mem_{secrets.token_hex(12)}" for _ in iter(int, 1)),
+                    new_ids=new_ids(),
                 )
-                # User and project facts go to the workspace pools (SC-1..SC-3, issue 5).
-                ws_rejected = await self._extract_scoped(job, decision.new, evidence, now)
                 decision = msgspec.structs.replace(
                     decision, new=[(m, t) for m, t in decision.new if m.scope == Scope.BOT]
                 )

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import msgspec
 
+from actors import rwlock
 from actors.bot_step import StepInput, StepOutcome
 from actors.chains import ChainView
 from actors.conversations import Conversations, Mirrored, TurnResult, TurnStart
@@ -695,6 +696,10 @@ class ShardService:
     async def ping(self) -> int:
         self._ensure_started()
         return self.index
+
+    async def lock_violations(self) -> list[str]:
+        """What the pool-lock guard caught in this process (actors/rwlock.py; tests)."""
+        return list(rwlock.violations)
 
     async def stats(self) -> dict[str, int]:
         return {

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from actors.rwlock import PoolMutex
 from actors.single_flight import SingleFlight
 from engine import projects as projmod
 from engine import scoped_memory as sm
@@ -154,7 +155,7 @@ class Workspace:
                 stored=await self.store.load_pool(pool_id),
                 keyed=keyed,
                 fp_key=self.store.fingerprint_key(pool_id),
-                lock=asyncio.Lock(),
+                lock=PoolMutex(),
             )
 
         return await self._loader.get(pool_id, load)

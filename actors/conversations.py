@@ -24,6 +24,7 @@ import msgspec
 
 from actors.bot_step import BotStepper, Effect, Sink, StepInput, StepOutcome
 from actors.memory_bot import MemoryBotRuntime
+from actors.residency import unused
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
 from engine.discussion import Plan, plan_goal, plan_turn
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -108,13 +109,42 @@ class Conversations:
     def _forget_log(self, chat: str) -> None:
         """A write of this chat failed: drop what memory holds so the next read reloads it."""
         self._logs.pop(chat, None)
+        self.shard.residency.forget("chat:" + chat)
 
     async def log(self, chat: str) -> ChatLog:
         log = self._logs.get(chat)
         if log is None:
             log = await self.store.load(chat)
-            self._logs.setdefault(chat, log)
-        return self._logs[chat]
+            log = self._logs.setdefault(chat, log)
+        self._resident(log)
+        return log
+
+    def _resident(self, log: ChatLog) -> None:
+        """Count the chat as used now, at its current size."""
+        chat = log.chat
+        if self._logs.get(chat) is log:
+            self.shard.residency.touch(
+                "chat:" + chat, 1 + len(log.items) + len(log.turns), lambda: self._evict(chat)
+            )
+
+    def _evict(self, chat: str) -> bool:
+        """Drop a chat's log (and its lock) from memory unless a turn, a read or a write is
+        using it; everything in it is on disk."""
+        log = self._logs.get(chat)
+        if log is None:
+            return True
+        lock = self._locks.get(chat)
+        if lock is not None and (lock.locked() or not unused(lock, 1)):
+            return False
+        if any(t.status == "running" for t in log.turns.values()):
+            return False
+        key = log.key
+        if not unused(log, 1) or not unused(key, 1):  # _logs, and the log's attribute
+            return False
+        del self._logs[chat]
+        self._locks.pop(chat, None)
+        self.shard.store.keyring.forget(f"chat:{chat}")
+        return True
 
     def lock(self, chat: str) -> asyncio.Lock:
         return self._locks.setdefault(chat, asyncio.Lock())
@@ -128,6 +158,7 @@ class Conversations:
     def append(self, log: ChatLog, chat: Chat, new: list[tuple[Item, str]], sink: Sink) -> None:
         """Add items to the chat and their rows and events to `sink`."""
         sink.writes.extend(self.store.add_items(log, new))
+        self._resident(log)
         sink.events.extend(
             (
                 ChatItemCreated(chat=chat.id, item=i.id, kind=i.kind, turn=i.turn),

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from actors.memory_bot import BudgetSpent, MemoryBotRuntime
+from actors.residency import unused
 from engine import scoped_memory as sm
 from engine import tags as tagmod
 from engine.commands import Outcome
@@ -67,7 +68,7 @@ class LearningRunner:
         self.conversations: Conversations | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._chains: dict[tuple[str, str], asyncio.Lock] = {}
-        self._positions: dict[tuple[str, str], int] = {}
+        self._positions: dict[str, dict[str, int]] = {}  # pool → chat → read position
         self.model_steps = 0  # model calls actually made (tests and benchmarks read it)
         self.step_limit = LEARNING_STEP_LIMIT
         self.retry_delay = RETRY_DELAY
@@ -129,14 +130,28 @@ class LearningRunner:
         await self._queue_save(job)
 
     async def _position(self, pool: str, chat: str) -> int:
-        key = (pool, chat)
-        if key not in self._positions:
-            self._positions[key] = await self.store.position(pool, chat)
-        return self._positions[key]
+        known = self._positions.get(pool, {}).get(chat)
+        if known is None:
+            known = await self.store.position(pool, chat)
+            self._positions.setdefault(pool, {})[chat] = known
+        return known
+
+    def forget_pool(self, pool: str) -> None:
+        """The pool left memory: its cached read positions go too (they are on disk)."""
+        self._positions.pop(pool, None)
 
     async def _run(self, job: LearningJob) -> None:
+        key = (job.pool, job.chat)
+        lock = self._chains.setdefault(key, asyncio.Lock())
+        try:
+            await self._run_locked(job, lock)
+        finally:
+            # The last job of this pool and chat takes its lock along (memory stays bounded).
+            if not lock.locked() and self._chains.get(key) is lock and unused(lock, 1):
+                del self._chains[key]
+
+    async def _run_locked(self, job: LearningJob, lock: asyncio.Lock) -> None:
         retry: LearningJob | None = None
-        lock = self._chains.setdefault((job.pool, job.chat), asyncio.Lock())
         async with lock:
             # "running" and the attempt count go to disk with the recorded model step.
             job = msgspec.structs.replace(
@@ -368,7 +383,7 @@ class LearningRunner:
                     error=f"{rejected} proposed change(s) rejected" if rejected else None,
                     updated_at=now,
                 )
-                self._positions[(job.pool, job.chat)] = job.upto
+                self._positions.setdefault(job.pool, {})[job.chat] = job.upto
                 extra = [
                     self.store.position_row(job.pool, job.chat, job.upto),
                     self.store.job_row(done),
@@ -378,7 +393,8 @@ class LearningRunner:
         try:
             await self.shard._settle(pool, pending, reads_state=False)
         except BaseException:
-            self._positions.pop((job.pool, job.chat), None)  # reload what was really stored
+            # Reload what was really stored.
+            self._positions.get(job.pool, {}).pop(job.chat, None)
             raise
 
     async def _extract_scoped(self, job: LearningJob, new, evidence, now: int) -> int:

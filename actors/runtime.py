@@ -350,6 +350,7 @@ class Engine:
         placement: str = "auto",
         detached: bool | None = None,
         placement_timeout: float = 60.0,
+        cache_records: int | None = None,  # records each shard keeps loaded (residency)
     ) -> Engine:
         """Create the actors, or find them by name when another gateway already did.
 
@@ -405,6 +406,7 @@ class Engine:
                 search=search_config or {},
                 prefix=prefix,
                 shard_count=shards,
+                cache_records=cache_records,
             )
             for k in range(shards)
         ]

@@ -92,6 +92,11 @@ class RWLock:
     def writing(self) -> bool:
         return self._writer
 
+    @property
+    def waiting(self) -> int:
+        """Tasks waiting to take it (shared or exclusive)."""
+        return self._waiting
+
     async def _wake(self) -> None:
         async with self._cond:
             self._cond.notify_all()

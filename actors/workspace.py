@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from actors.residency import unused
 from actors.rwlock import PoolMutex
 from actors.single_flight import SingleFlight
 from engine import projects as projmod
@@ -158,7 +159,35 @@ class Workspace:
                 lock=PoolMutex(),
             )
 
-        return await self._loader.get(pool_id, load)
+        pool = await self._loader.get(pool_id, load)
+        self._resident(pool)
+        return pool
+
+    def _resident(self, pool: WsPool) -> None:
+        """Count the pool as used now, at its current size."""
+        pool_id, stored = pool.id, pool.stored
+        if self._pools.get(pool_id) is pool:
+            self.shard.residency.touch(
+                "ws:" + pool_id,
+                1 + len(stored.entries) + len(stored.barriers),
+                lambda: self._evict(pool_id),
+            )
+
+    def _evict(self, pool_id: str) -> bool:
+        """Drop a workspace pool (and what hooks keep for it) unless it is in use."""
+        pool = self._pools.get(pool_id)
+        if pool is None:
+            return True
+        if pool.lock.locked() or (pool.pending is not None and not pool.pending.done()):
+            return False
+        if not unused(pool, 1):  # a coroutine or a search still holds it
+            return False
+        if self.semantic is not None and not self.semantic.evict(pool_id):
+            return False
+        del self._pools[pool_id]
+        for hook in self.shard.on_evict:
+            hook(pool_id)
+        return True
 
     async def _load_projects(self) -> dict[str, Project]:
         if self._projects is not None:
@@ -188,6 +217,7 @@ class Workspace:
         pool.poisoned = True
         if self._pools.get(pool.id) is pool:
             del self._pools[pool.id]
+            self.shard.residency.forget("ws:" + pool.id)
 
     def _drop_projects(self) -> None:
         self._projects = None  # reloaded from the file by the next call
@@ -547,6 +577,7 @@ class Workspace:
         fut = self._commit(writes, events, (key, print_, raw, keyed), lambda: self._drop_pool(pool))
         if writes:
             pool.pending = fut
+            self._resident(pool)  # its size changed
         return fut
 
     async def extract(
@@ -661,6 +692,7 @@ class Workspace:
         fut = self._commit(writes, events, (key, print_, raw, keyed), lambda: self._drop_pool(pool))
         if writes:
             pool.pending = fut
+            self._resident(pool)  # its size changed
         return fut
 
     def _open(self, pool: WsPool, entry_id: str) -> str:

@@ -83,6 +83,10 @@ class Keyring:
         self._pools[pool] = cipher
         return cipher, wrapped
 
+    def forget(self, pool: str) -> None:
+        """Drop `pool`'s unwrapped key (the pool left memory; its wrapped key is stored)."""
+        self._pools.pop(pool, None)
+
     def unwrap_pool_key(self, pool: str, wrapped: bytes) -> Cipher:
         cipher = self._pools.get(pool)
         if cipher is None:

@@ -24,7 +24,7 @@ import msgspec
 
 from actors.bot_step import BotStepper, Effect, Sink, StepInput, StepOutcome
 from actors.memory_bot import MemoryBotRuntime
-from actors.residency import unused
+from actors.residency import CHAT_WEIGHT, unused
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
 from engine.discussion import Plan, plan_goal, plan_turn
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -124,7 +124,9 @@ class Conversations:
         chat = log.chat
         if self._logs.get(chat) is log:
             self.shard.residency.touch(
-                "chat:" + chat, 1 + len(log.items) + len(log.turns), lambda: self._evict(chat)
+                "chat:" + chat,
+                CHAT_WEIGHT + len(log.items) + len(log.turns),
+                lambda: self._evict(chat),
             )
 
     def _evict(self, chat: str) -> bool:

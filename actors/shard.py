@@ -31,7 +31,7 @@ from actors.models import Model, load_models
 from actors.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeInfo, NodeModel
 from actors.peers import Peers
 from actors.pool import Pool
-from actors.residency import Residency, budget_from, unused
+from actors.residency import POOL_WEIGHT, Residency, budget_from, unused
 from actors.semantic import semantic_search
 from actors.single_flight import SingleFlight
 from actors.workspace import RevisionView, Workspace, WsAccess, WsListing, WsQuery
@@ -193,7 +193,7 @@ class ShardService:
             return
         self.residency.touch(
             "pool:" + pool_id,
-            1 + len(pool.stored.entries) + len(pool.stored.log),
+            POOL_WEIGHT + len(pool.stored.entries) + len(pool.stored.log) // 2,
             lambda: self._evict_pool(pool_id),
         )
 

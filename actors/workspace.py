@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.residency import unused
+from actors.residency import POOL_WEIGHT, unused
 from actors.rwlock import PoolMutex
 from actors.single_flight import SingleFlight
 from engine import projects as projmod
@@ -169,7 +169,7 @@ class Workspace:
         if self._pools.get(pool_id) is pool:
             self.shard.residency.touch(
                 "ws:" + pool_id,
-                1 + len(stored.entries) + len(stored.barriers),
+                POOL_WEIGHT + len(stored.entries) + len(stored.barriers),
                 lambda: self._evict(pool_id),
             )
 

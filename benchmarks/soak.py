@@ -15,7 +15,8 @@ and PSS (shared pages counted once).
 It reports the samples and, after the warm-up (the first third of the run), the growth: the
 least-squares slope in MB per minute and the spread. Flat means the slope stays near zero while
 writes go on; with `--compare` the same load runs against a server whose budget is so large that
-nothing is evicted (what the engine did before eviction existed).
+nothing is evicted (what the engine did before eviction existed). Writes
+benchmarks/results/soak.json.
 """
 
 from __future__ import annotations
@@ -318,7 +319,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sample", type=float, default=15.0)
     p.add_argument("--idle", type=float, default=10.0, help="seconds idle after the load")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "soak.json")
     args = p.parse_args(argv)
     if args.quick:
         args.seconds = min(args.seconds, 60.0)
@@ -360,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print(_line(r))
     if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(
             json.dumps({"args": vars(args) | {"out": str(args.out)}, "runs": results}, indent=1)
         )

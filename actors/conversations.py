@@ -104,7 +104,7 @@ class Conversations:
         self._logs: dict[str, ChatLog] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._scheduled: set[str] = set()  # learning jobs this process created
+        self._scheduled: set[str] = set()  # learning jobs being stored right now
 
     def _forget_log(self, chat: str) -> None:
         """A write of this chat failed: drop what memory holds so the next read reloads it."""
@@ -363,7 +363,11 @@ class Conversations:
                 self._scheduled.add(job.id)
                 sink.writes.append(self.store.job_row(job, new=True))
                 sink.events.append(self.learning.event(job))
-            await self.commit(chat.id, sink)
+            try:
+                await self.commit(chat.id, sink)
+            finally:
+                if job is not None:  # stored (or not at all): the jobs table answers from now
+                    self._scheduled.discard(job.id)
         if job is not None and job.status == "pending":
             self.learning.start(job)
         if effects:
@@ -495,7 +499,10 @@ class Conversations:
         ):
             return None
         self._scheduled.add(job.id)
-        await self.learning.schedule(job)
+        try:
+            await self.learning.schedule(job)
+        finally:
+            self._scheduled.discard(job.id)  # stored (or not at all): the table answers now
         return job.id
 
     # --- reading and deleting ---

@@ -74,12 +74,41 @@ def _kb(path: str, field: str) -> int:
     return 0
 
 
-def tree_memory(root: int) -> dict[str, float]:
-    """RSS and PSS (MB) summed over `root` and all its descendants, and how many they are."""
+def _role(pid: int, root: int) -> str:
+    if pid == root:
+        return "gateway"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "other"
+    for key, role in (
+        ("ShardService", "shards"),
+        ("DirectoryService", "directory"),
+        ("raylet", "raylet"),
+        ("gcs_server", "gcs"),
+    ):
+        if key in cmd:
+            return role
+    return "ray other"
+
+
+def tree_memory(root: int) -> dict[str, Any]:
+    """RSS and PSS (MB) summed over `root` and all its descendants, how many they are, and RSS
+    by role (gateway, shards, directory, raylet, gcs, other Ray processes)."""
     pids = _tree(root)
-    rss = sum(_kb(f"/proc/{p}/status", "VmRSS:") for p in pids)
+    rss = {p: _kb(f"/proc/{p}/status", "VmRSS:") for p in pids}
     pss = sum(_kb(f"/proc/{p}/smaps_rollup", "Pss:") for p in pids)
-    return {"rss_mb": round(rss / 1024, 1), "pss_mb": round(pss / 1024, 1), "procs": len(pids)}
+    roles: dict[str, float] = {}
+    for p, kb in rss.items():
+        role = _role(p, root)
+        roles[role] = round(roles.get(role, 0) + kb / 1024, 1)
+    return {
+        "rss_mb": round(sum(rss.values()) / 1024, 1),
+        "pss_mb": round(pss / 1024, 1),
+        "procs": len(pids),
+        "rss_by_role": roles,
+    }
 
 
 # --- the server ----------------------------------------------------------------------------------
@@ -134,6 +163,9 @@ class Server:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+        kept = Path(__file__).parent / "results" / "soak-serve.log"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.dir / "serve.log", kept)  # the server's own log, for errors
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -250,7 +282,7 @@ async def soak(
             print(
                 f"[{label}] t={sample['t']:6.0f}s writes={writes:7d} "
                 f"reads={counts['read']:7d} rss={m['rss_mb']:7.1f}MB pss={m['pss_mb']:7.1f}MB "
-                f"procs={m['procs']}",
+                f"procs={m['procs']} {m['rss_by_role']}",
                 flush=True,
             )
             if time.monotonic() >= end:

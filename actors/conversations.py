@@ -25,6 +25,7 @@ import msgspec
 from actors.bot_step import BotStepper, Effect, Sink, StepInput, StepOutcome
 from actors.memory_bot import MemoryBotRuntime
 from actors.residency import CHAT_WEIGHT, unused
+from actors.single_flight import SingleFlight
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
 from engine.discussion import Plan, plan_goal, plan_turn
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -101,7 +102,8 @@ class Conversations:
         self.stepper = BotStepper(shard)
         self.groups = GroupTurns(self)
         self.chains = ChainRunner(self)
-        self._logs: dict[str, ChatLog] = {}
+        self._loader: SingleFlight[ChatLog] = SingleFlight()
+        self._logs: dict[str, ChatLog] = self._loader.loaded
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._scheduled: set[str] = set()  # learning jobs being stored right now
@@ -112,10 +114,9 @@ class Conversations:
         self.shard.residency.forget("chat:" + chat)
 
     async def log(self, chat: str) -> ChatLog:
-        log = self._logs.get(chat)
-        if log is None:
-            log = await self.store.load(chat)
-            log = self._logs.setdefault(chat, log)
+        # One load at a time per chat: two loads of a new chat would make two keys, and a load
+        # that finished after its chat was evicted must not come back with an old state.
+        log = await self._loader.get(chat, lambda: self.store.load(chat))
         self._resident(log)
         return log
 

@@ -132,8 +132,12 @@ class PlacedDirectoryService(DirectoryService):
         return _where()
 
 
-DirectoryActor = ray.remote(num_cpus=0, max_restarts=-1)(PlacedDirectoryService)
-ShardActor = ray.remote(num_cpus=0, max_restarts=-1)(PlacedShardService)
+# No task events: Ray's GCS keeps up to 100,000 of them (what the dashboard shows), which grew
+# its memory by ~25 MB a minute under load (benchmarks/soak.py); nothing here reads them.
+DirectoryActor = ray.remote(num_cpus=0, max_restarts=-1, enable_task_events=False)(
+    PlacedDirectoryService
+)
+ShardActor = ray.remote(num_cpus=0, max_restarts=-1, enable_task_events=False)(PlacedShardService)
 
 
 class _QuietPlacementWarning(logging.Filter):

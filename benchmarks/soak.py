@@ -166,7 +166,8 @@ class Server:
         kept = Path(__file__).parent / "results" / "soak-serve.log"
         kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(self.dir / "serve.log", kept)  # the server's own log, for errors
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not os.environ.get("OPENBOT_SOAK_KEEP"):
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # --- the load ------------------------------------------------------------------------------------
@@ -250,21 +251,23 @@ async def soak(
                             raise RuntimeError(f"chat {status} {chat}")
                         a["chat"] = chat["id"]
                     path = f"/v1/chats/{a['chat']}/turns"
-                    status, _ = await client.call(
+                    status, got = await client.call(
                         conn, "POST", path, a["token"], {"text": f"hello {rng.random()}"}
                     )
                     kind, want = "turn", 202
                 elif roll < args.turns + args.reads:
                     path = f"/v1/bots/{a['bot']}/memory"
-                    status, _ = await client.call(conn, "GET", path, a["token"])
+                    status, got = await client.call(conn, "GET", path, a["token"])
                     kind, want = "read", 200
                 else:
                     cmd = {"_tag": "Remember", "content": f"soak note {rng.random()}"}
                     path = f"/v1/bots/{a['bot']}/memory"
-                    status, _ = await client.call(conn, "POST", path, a["token"], {"command": cmd})
+                    status, got = await client.call(
+                        conn, "POST", path, a["token"], {"command": cmd}
+                    )
                     kind, want = "remember", 201
                 if status != want:
-                    raise RuntimeError(f"{kind}: HTTP {status}")
+                    raise RuntimeError(f"{kind}: HTTP {status} {got}")
                 counts[kind] += 1
             except Exception as e:
                 counts["errors"] += 1

@@ -228,3 +228,88 @@ def test_workspace_pools_are_evicted_with_their_hooks_and_reload(tmp_path: Path)
     assert loaded < 10
     assert "bot:b0" in dropped  # the hook heard of it (search indexes drop their part)
     assert listed == [[f"fact {n}"] for n in range(20)]
+
+
+def test_a_chat_load_that_ends_after_an_eviction_installs_nothing_old(tmp_path, monkeypatch):
+    """A load of a new chat that is still reading while another request loads it, writes a
+    turn and sees it evicted must not come back with its older state and a second key (found
+    by benchmarks/soak.py: the chat's turns then failed their integrity check on reload)."""
+    from actors.conversations import TurnStart
+    from engine.directory import Bot, Org
+    from storage.chat_store import ChatStore
+
+    original = ChatStore.load
+    gate: list[asyncio.Event] = []
+    calls: list[str] = []
+
+    async def slow_load(self, chat):
+        log = await original(self, chat)
+        calls.append(chat)
+        if len(calls) == 1:
+            await gate[0].wait()  # the first load is slow to come back
+        return log
+
+    monkeypatch.setattr(ChatStore, "load", slow_load)
+    bot = Bot(id="b1", name="b", org="o1", owner="u1")
+    chat = Chat(id="chat_1", kind="direct", owner="u1", org="o1", bot="b1")
+    org = Org(id="o1", name="o")
+
+    async def turn(svc, text):
+        t = await svc.start_turn(TurnStart(chat=chat, bot=bot, org=org, operator="u1", text=text))
+        await svc.wait_turn(chat.id, t.id)
+
+    async def go():
+        gate.append(asyncio.Event())
+        svc = ShardService(tmp_path, 0)
+        slow = asyncio.create_task(svc.conversations.log(chat.id))
+        await asyncio.sleep(0.05)
+        first = asyncio.create_task(turn(svc, "first"))
+        await asyncio.wait({first}, timeout=3)  # done, unless it waits for the slow load
+        svc.residency.shrink(0)  # whatever is idle leaves memory
+        gate[0].set()
+        await slow
+        await first
+        await turn(svc, "second")
+        svc.residency.shrink(0)
+        items = await svc.chat_items(chat.id)
+        await svc.close()
+        return [(i.id, i.text) for i in items if i.kind == "person"]
+
+    assert asyncio.run(go()) == [("i-1", "first"), ("i-3", "second")]
+
+
+def test_concurrent_turns_on_new_chats_while_evicting_keep_one_key(tmp_path: Path):
+    """24 turns at a time on new chats (several per chat) while a tiny budget evicts chat logs
+    all the time: every turn is stored once, under one key, and reads back after a reload."""
+    from actors.conversations import TurnStart
+    from engine.directory import Bot, Org
+
+    org = Org(id="o1", name="o")
+
+    async def go():
+        svc = ShardService(tmp_path, 0, cache_records=12)
+        errors: list[BaseException] = []
+
+        async def turn(n: int, k: int) -> None:
+            bot = Bot(id=f"b{n}", name="b", org="o1", owner=f"u{n}")
+            chat = Chat(id=f"chat_{n}", kind="direct", owner=f"u{n}", org="o1", bot=bot.id)
+            start = TurnStart(chat=chat, bot=bot, org=org, operator=f"u{n}", text=f"hi {k}")
+            try:
+                t = await svc.start_turn(start)
+                await svc.wait_turn(chat.id, t.id)
+            except Exception as e:
+                errors.append(e)
+
+        for burst in range(6):
+            await asyncio.gather(*(turn(burst * 4 + k % 4, k) for k in range(24)))
+        svc.residency.shrink(0)  # everything idle goes, then every chat loads again
+        texts = {
+            n: sorted(i.text for i in await svc.chat_items(f"chat_{n}") if i.kind == "person")
+            for n in range(24)
+        }
+        await svc.close()
+        return errors, texts
+
+    errors, texts = asyncio.run(go())
+    assert errors == []
+    assert all(len(t) == 6 for t in texts.values()), texts

@@ -123,7 +123,8 @@ def _free_port() -> int:
 class Server:
     """`openbot serve` in a child process with its own data directory and Ray."""
 
-    def __init__(self, shards: int, cache_records: int | None) -> None:
+    def __init__(self, shards: int, cache_records: int | None, keep: bool = False) -> None:
+        self.keep = keep
         self.dir = Path(tempfile.mkdtemp(prefix="obsoak", dir="/tmp"))
         self.port = _free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
@@ -166,7 +167,7 @@ class Server:
         kept = Path(__file__).parent / "results" / "soak-serve.log"
         kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(self.dir / "serve.log", kept)  # the server's own log, for errors
-        if not os.environ.get("OPENBOT_SOAK_KEEP"):
+        if not self.keep:  # --keep leaves the data and Ray's logs for a look
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -354,6 +355,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sample", type=float, default=15.0)
     p.add_argument("--idle", type=float, default=10.0, help="seconds idle after the load")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--keep", action="store_true", help="keep the server's directory (logs)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "soak.json")
     args = p.parse_args(argv)
     if args.quick:
@@ -365,7 +367,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace, label: str, cache_records: int | None) -> dict[str, Any]:
-    server = Server(args.shards, cache_records)
+    server = Server(args.shards, cache_records, args.keep)
     try:
         asyncio.run(server.ready())
         result = asyncio.run(soak(server, args, label, args.seconds))

@@ -116,8 +116,17 @@ class Conversations:
     async def log(self, chat: str) -> ChatLog:
         # One load at a time per chat: two loads of a new chat would make two keys, and a load
         # that finished after its chat was evicted must not come back with an old state.
-        log = await self._loader.get(chat, lambda: self.store.load(chat))
+        log = await self._loader.get(chat, lambda: self._load(chat))
         self._resident(log)
+        return log
+
+    async def _load(self, chat: str) -> ChatLog:
+        log = await self.store.load(chat)
+        if log.plain_turns:  # written unsealed by an older version: seal them now
+            rows = [self.store.put_turn(log, log.turns[t]) for t in log.plain_turns]
+            log.plain_turns.clear()
+            fut = self.shard._submit(None, [*self.shard.store.key_rows(log.key), *rows])
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         return log
 
     def _resident(self, log: ChatLog) -> None:

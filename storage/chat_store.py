@@ -16,7 +16,7 @@ import msgspec
 from storage.crypto import Cipher, aad
 from storage.group_commit import DeleteWhere, Insert, Put, Write
 from storage.memory_store import MemoryStore, StoredPool
-from storage.sealed_doc import open_doc, seal_doc
+from storage.sealed_doc import is_sealed, open_doc, seal_doc
 from storage.shard_schema import (
     CHAT_ITEMS,
     CONFESSIONS,
@@ -140,6 +140,7 @@ class ChatLog:
     sealed: dict[int, bytes] = field(default_factory=dict)
     turns: dict[str, Turn] = field(default_factory=dict)
     committed: int = 0  # items up to this seq are on disk; later ones belong to a running turn
+    plain_turns: list[str] = field(default_factory=list)  # stored unsealed by an older version
 
     @property
     def cipher(self) -> Cipher:
@@ -179,6 +180,8 @@ class ChatStore:
         scope = f"chat:{chat}"
         for turn_id, meta in turns:
             t = _turn_dec.decode(open_doc(log.cipher, scope, TURNS.name, turn_id, meta))
+            if not is_sealed(meta):
+                log.plain_turns.append(t.id)
             if t.status == "running":  # the process ended during this turn
                 t = msgspec.structs.replace(t, status="failed", error="interrupted by a restart")
             log.turns[t.id] = t

@@ -139,3 +139,41 @@ def test_plain_documents_of_an_older_version_are_read_and_sealed(tmp_path: Path)
         assert is_sealed(doc)
     finally:
         d.store.db.close()
+
+
+def test_plain_turns_of_an_older_version_are_read_and_sealed(tmp_path: Path):
+    async def make():
+        svc = ShardService(tmp_path, 0)
+        await _turn_with_note(svc)
+        await svc.close()
+
+    async def _turn_with_note(svc):
+        conv = svc.conversations
+        chat = Chat(id="chat_1", kind="direct", owner="u_ann", org="o_1", bot="b_1")
+        log = await conv.log(chat.id)
+        turn = Turn(id="turn_1", chat=chat.id, operator="u_ann", status="done", at=1)
+        sink = Sink(writes=[conv.store.put_turn(log, turn)])
+        conv.append(log, chat, [(conv.item(log, turn.id, "person", "u_ann"), "hi")], sink)
+        await conv.commit(chat.id, sink)
+
+    asyncio.run(make())
+    con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))  # as an older version stored it
+    plain = Turn(
+        id="turn_1", chat="chat_1", operator="u_ann", status="done", at=1, verdict_note=NOTE
+    )
+    con.execute(
+        "UPDATE turns SET meta = ? WHERE id = 'turn_1'", [msgspec.json.encode(plain).decode()]
+    )
+    con.close()
+
+    async def again():
+        svc = ShardService(tmp_path, 0)
+        log = await svc.conversations.log("chat_1")
+        await svc.flush()
+        rows = await svc.db.run(lambda con: con.execute("SELECT meta FROM turns").fetchall())
+        await svc.close()
+        return log.turns["turn_1"].verdict_note, rows
+
+    note, rows = asyncio.run(again())
+    assert note == NOTE
+    assert [is_sealed(meta) for (meta,) in rows] == [True]

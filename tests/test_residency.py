@@ -208,6 +208,11 @@ def test_workspace_pools_are_evicted_with_their_hooks_and_reload(tmp_path: Path)
         dropped: list[str] = []
         svc.on_evict.append(dropped.append)
         accounts = [f"u{n}" for n in range(20)]
+        d = svc.directory_service
+        await d.create_org("Acme", "o1")
+        for n, account in enumerate(accounts):
+            await d.create_user(account, ["o1"], account)
+            await d.create_bot(name=f"bot {n}", org="o1", owner=account, id=f"b{n}")
         for n, account in enumerate(accounts):
             access = WsAccess(account=account, bots=frozenset({f"b{n}"}))
             body = WsMemoryCreate(

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from actors.models import ModelError
+from actors.rwlock import assert_no_pool_lock
 from actors.workspace import WsAccess, WsQuery
 from engine.bot_memory import as_scoped
 from engine.directory import Bot, Chat, Org, bot_pool
@@ -165,6 +166,7 @@ class BotStepper:
         done = None
         for _ in range(TOOL_ROUNDS):
             try:
+                assert_no_pool_lock("the bot's model call")
                 done = await model.complete(messages, tools)
             except ModelError as e:
                 return StepOutcome(

@@ -43,6 +43,7 @@ from engine.directory import (
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unprocessable
 from engine.listing import Page, bot_entry, channel_entry, chat_entry, chat_sees, page
 from engine.self_rules import Editor, RulesUpdate, new_member, update_rules
+from storage.crypto import Keyring, load_master_key
 from storage.database import Database
 from storage.directory_store import MIGRATIONS, DirectoryStore, hash_token
 
@@ -72,7 +73,8 @@ class DirectoryService:
         db_path: str | None = None,
     ) -> None:
         self.store = DirectoryStore(
-            Database(db_path or Path(data_dir) / "directory.duckdb", MIGRATIONS)
+            Database(db_path or Path(data_dir) / "directory.duckdb", MIGRATIONS),
+            Keyring(load_master_key(Path(data_dir))),
         )
         records, self._tokens = self.store.load()
         self.orgs: dict[str, Org] = records["orgs"]

@@ -5,8 +5,9 @@ again. Its one model step is recorded (request, result, cost) in the encrypted c
 anything is applied, so a restart reuses the recorded result instead of calling the model again.
 The memory changes, the chat's read position and the end of the job commit in one transaction
 (LRN-5). Jobs of one pool and chat run one at a time and re-check the read position under the
-pool's write lock, so the same evidence is never applied twice. A step over two minutes ends
-the job with a safe error and leaves the read position where it was.
+pool's write lock, so the same evidence is never applied twice. No pool lock is held across the
+model call or the calls to the directory and other shards (user and project facts). A step over
+two minutes ends the job with a safe error and leaves the read position where it was.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from actors.memory_bot import BudgetSpent, MemoryBotRuntime
+from actors.residency import unused
 from engine import scoped_memory as sm
 from engine import tags as tagmod
 from engine.commands import Outcome
@@ -63,7 +65,7 @@ class LearningRunner:
         self.conversations: Conversations | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._chains: dict[tuple[str, str], asyncio.Lock] = {}
-        self._positions: dict[tuple[str, str], int] = {}
+        self._positions: dict[str, dict[str, int]] = {}  # pool → chat → read position
         self.model_steps = 0  # model calls actually made (tests and benchmarks read it)
         self.step_limit = LEARNING_STEP_LIMIT
         self.retry_delay = RETRY_DELAY
@@ -125,14 +127,28 @@ class LearningRunner:
         await self._queue_save(job)
 
     async def _position(self, pool: str, chat: str) -> int:
-        key = (pool, chat)
-        if key not in self._positions:
-            self._positions[key] = await self.store.position(pool, chat)
-        return self._positions[key]
+        known = self._positions.get(pool, {}).get(chat)
+        if known is None:
+            known = await self.store.position(pool, chat)
+            self._positions.setdefault(pool, {})[chat] = known
+        return known
+
+    def forget_pool(self, pool: str) -> None:
+        """The pool left memory: its cached read positions go too (they are on disk)."""
+        self._positions.pop(pool, None)
 
     async def _run(self, job: LearningJob) -> None:
+        key = (job.pool, job.chat)
+        lock = self._chains.setdefault(key, asyncio.Lock())
+        try:
+            await self._run_locked(job, lock)
+        finally:
+            # The last job of this pool and chat takes its lock along (memory stays bounded).
+            if not lock.locked() and self._chains.get(key) is lock and unused(lock, 1):
+                del self._chains[key]
+
+    async def _run_locked(self, job: LearningJob, lock: asyncio.Lock) -> None:
         retry: LearningJob | None = None
-        lock = self._chains.setdefault((job.pool, job.chat), asyncio.Lock())
         async with lock:
             # "running" and the attempt count go to disk with the recorded model step.
             job = msgspec.structs.replace(
@@ -274,7 +290,32 @@ class LearningRunner:
 
     async def _apply(self, job: LearningJob, pool, completion: Completion, evidence) -> None:
         calls = [(c.name, c.arguments.encode()) for c in completion.tool_calls]
+        audience = Audience(chat=job.chat, org=job.org, grant=job.grant, channel=job.channel)
+        now = self.shard.clock()
+
+        def new_ids():
+            return (f"mem_{secrets.token_hex(12)}" for _ in iter(int, 1))
+
+        # User and project facts go to the workspace pools (SC-1..SC-3) on other shards: they
+        # are decided from the pool's state under its shared lock and sent after it is released
+        # (no pool lock is held across an actor call, ACL-9). The receipt of `learn:<job>:<upto>`
+        # makes a repeat store nothing twice.
         _, ws = await self.shard.bot_memory.pools(job.pool)
+        ws_rejected = 0
+        async with pool.lock.shared():
+            learned = await self._position(job.pool, job.chat) >= job.upto
+            if not learned:
+                first = decide(
+                    calls,
+                    pool=job.pool,
+                    entries=self.shard.bot_memory.learning_state(pool, ws),
+                    evidence=evidence,
+                    audience=audience,
+                    now=now,
+                    new_ids=new_ids(),
+                )
+        if not learned:
+            ws_rejected = await self._extract_scoped(job, first.new, evidence, now)
         async with pool.lock.exclusive():
             if await self._position(job.pool, job.chat) >= job.upto:
                 pending = pool.pending  # LRN-5: applied meanwhile; never twice
@@ -282,21 +323,16 @@ class LearningRunner:
                 writes = [self.store.job_row(done)]
                 pending = self.shard._submit(pool, writes, [self.event(done)])
             else:
-                now = self.shard.clock()
                 decision = decide(
                     calls,
                     pool=job.pool,
                     # The latest state, under the write lock (LRN-8): the bot's one memory.
                     entries=self.shard.bot_memory.learning_state(pool, ws),
                     evidence=evidence,
-                    audience=Audience(
-                        chat=job.chat, org=job.org, grant=job.grant, channel=job.channel
-                    ),
+                    audience=audience,
                     now=now,
-                    new_ids=(f"mem_{secrets.token_hex(12)}" for _ in iter(int, 1)),
+                    new_ids=new_ids(),
                 )
-                # User and project facts go to the workspace pools (SC-1..SC-3, issue 5).
-                ws_rejected = await self._extract_scoped(job, decision.new, evidence, now)
                 decision = msgspec.structs.replace(
                     decision,
                     new=[(m, t) for m, t in decision.new if m.scope == Scope.BOT],
@@ -339,7 +375,7 @@ class LearningRunner:
                     error=f"{rejected} proposed change(s) rejected" if rejected else None,
                     updated_at=now,
                 )
-                self._positions[(job.pool, job.chat)] = job.upto
+                self._positions.setdefault(job.pool, {})[job.chat] = job.upto
                 extra = [
                     self.store.position_row(job.pool, job.chat, job.upto),
                     self.store.job_row(done),
@@ -349,7 +385,8 @@ class LearningRunner:
         try:
             await self.shard._settle(pool, pending, reads_state=False)
         except BaseException:
-            self._positions.pop((job.pool, job.chat), None)  # reload what was really stored
+            # Reload what was really stored.
+            self._positions.get(job.pool, {}).pop(job.chat, None)
             raise
 
     async def _extract_scoped(self, job: LearningJob, new, evidence, now: int) -> int:

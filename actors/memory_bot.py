@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 import msgspec
 
 from actors.models import Model, ModelError
+from actors.rwlock import assert_no_pool_lock
 from engine.errors import OpenBotError
 from engine.memory_bot import MemoryBotSettings
 from engine.models import Completion, Message, ToolSpec, cost_micros
@@ -120,6 +121,7 @@ class MemoryBotRuntime:
     ) -> Completion:
         """One budgeted model call in a slot; `timeout` covers the wait for the slot too. With
         `log`, the request and its result or error are added to it (the encrypted call log)."""
+        assert_no_pool_lock("a memory-bot model call")
         await self.check_budget(pool, settings)
         request = _enc.encode([msgspec.to_builtins(m) for m in messages]).decode()
 

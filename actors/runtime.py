@@ -129,8 +129,12 @@ class PlacedDirectoryService(DirectoryService):
         return _where()
 
 
-DirectoryActor = ray.remote(num_cpus=0, max_restarts=-1)(PlacedDirectoryService)
-ShardActor = ray.remote(num_cpus=0, max_restarts=-1)(PlacedShardService)
+# No task events: Ray's GCS keeps up to 100,000 of them (what the dashboard shows), which grew
+# its memory by ~25 MB a minute under load (benchmarks/soak.py); nothing here reads them.
+DirectoryActor = ray.remote(num_cpus=0, max_restarts=-1, enable_task_events=False)(
+    PlacedDirectoryService
+)
+ShardActor = ray.remote(num_cpus=0, max_restarts=-1, enable_task_events=False)(PlacedShardService)
 
 
 class _QuietPlacementWarning(logging.Filter):
@@ -376,6 +380,7 @@ class Engine:
         placement: str = "auto",
         detached: bool | None = None,
         placement_timeout: float = 60.0,
+        cache_records: int | None = None,  # records each shard keeps loaded (residency)
     ) -> Engine:
         """Create the actors, or find them by name when another gateway already did.
 
@@ -432,6 +437,7 @@ class Engine:
                 search=search_config or {},
                 prefix=prefix,
                 shard_count=shards,
+                cache_records=cache_records,
             )
             for k in range(shards)
         ]

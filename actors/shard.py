@@ -22,6 +22,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from actors import rwlock
 from actors.bot_memory import BotMemory, Snapshot
 from actors.bot_step import StepInput, StepOutcome
 from actors.chains import ChainView
@@ -33,6 +34,7 @@ from actors.models import Model, load_models
 from actors.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeInfo, NodeModel
 from actors.peers import Peers
 from actors.pool import Pool
+from actors.residency import POOL_WEIGHT, Residency, budget_from, unused
 from actors.semantic import semantic_search
 from actors.single_flight import SingleFlight
 from actors.workspace import RevisionView, Workspace, WsAccess, WsListing, WsQuery
@@ -151,8 +153,13 @@ class ShardService:
         prefix: str | None = None,
         shard_count: int = 1,
         namespace: str = "openbot",
+        cache_records: int | None = None,  # the residency budget (actors/residency.py)
     ) -> None:
         self.index = index
+        self.residency = Residency(budget_from(cache_records))
+        # Called with a pool id when a pool (memory or workspace) leaves memory, so per-pool
+        # state kept elsewhere (search indexes, vectors) goes with it.
+        self.on_evict: list[Callable[[str], None]] = []
         self.peers = Peers(self, prefix=prefix, count=shard_count, namespace=namespace)
         self.db = Database(db_path or Path(data_dir) / f"shard-{index}.duckdb", MIGRATIONS)
         self.committer = GroupCommitter(self.db, TABLES, enabled=group_commit)
@@ -209,7 +216,41 @@ class ShardService:
             await self._index_pool(pool)
             return pool
 
-        return await self._loader.get(pool_id, load)
+        pool = await self._loader.get(pool_id, load)
+        self._resident(pool)
+        return pool
+
+    def _resident(self, pool: Pool) -> None:
+        """Count the pool as used now, at its current size."""
+        pool_id = pool.id
+        if self._pools.get(pool_id) is not pool:
+            return
+        self.residency.touch(
+            "pool:" + pool_id,
+            POOL_WEIGHT + len(pool.stored.entries) + len(pool.stored.log) // 2,
+            lambda: self._evict_pool(pool_id),
+        )
+
+    def _evict_pool(self, pool_id: str) -> bool:
+        """Drop a pool from memory unless it is in use (locked or awaited, a commit pending,
+        referenced by a running coroutine or a workspace pool); says whether it went."""
+        pool = self._pools.get(pool_id)
+        if pool is None:
+            return True
+        lock = pool.lock
+        if lock.readers or lock.writing or lock.waiting:
+            return False
+        if pool.pending is not None and not pool.pending.done():
+            return False
+        stored = pool.stored
+        if not unused(pool, 1) or not unused(stored, 1):  # _pools, and the pool's attribute
+            return False
+        del self._pools[pool_id]
+        self.store.keyring.forget(pool_id)
+        self.learning.forget_pool(pool_id)
+        for hook in self.on_evict:
+            hook(pool_id)
+        return True
 
     async def _index_pool(self, pool: Pool) -> None:
         """Fill the pool's keyword index from the stored term keys; entries without current
@@ -345,12 +386,14 @@ class ShardService:
         fut.add_done_callback(settled)
         if pool is not None:
             pool.pending = fut
+            self._resident(pool)  # its size changed
         return fut
 
     def _poison(self, pool: Pool) -> None:
         pool.poisoned = True
         if self._pools.get(pool.id) is pool:
             del self._pools[pool.id]
+            self.residency.forget("pool:" + pool.id)
 
     async def emit(self, items: Sequence[tuple[Payload, Audience]]) -> int:
         """Write events that go with no memory change (for other parts of the engine); returns
@@ -472,8 +515,9 @@ class ShardService:
         self._ensure_started()
         return await self.conversations.items(chat)
 
-    async def delete_chat_items(self, chat: str) -> int:
-        return await self.conversations.delete_items(chat)
+    async def delete_chat_items(self, chat: str, record: Chat | None = None) -> int:
+        """Delete a chat's history here; with its `record` (on its home shard) announce it."""
+        return await self.conversations.delete_items(chat, record)
 
     async def confessions(self, chat: str) -> list[Confession]:
         return await self.conversations.confessions(chat)
@@ -838,9 +882,17 @@ class ShardService:
         self._ensure_started()
         return self.index
 
+    async def lock_violations(self) -> list[str]:
+        """What the pool-lock guard caught in this process (actors/rwlock.py; tests)."""
+        return list(rwlock.violations)
+
     async def stats(self) -> dict[str, int]:
         return {
             "pools": len(self._pools),
+            "workspace_pools": len(self.workspace._pools),
+            "chats": len(self.conversations._logs),
+            "resident_records": self.residency.total,
+            "evictions": self.residency.evictions,
             "transactions": self.committer.transactions,
             "batches": self.committer.batches,
         }

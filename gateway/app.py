@@ -274,7 +274,7 @@ class Api:
         access = await self._chat(request)
         if request.method == "DELETE":
             require_chat_owner(access.chat, access.principal.user.id)  # type: ignore[union-attr]
-            count = await call(access.home.delete_chat_items, access.chat.id)
+            count = await call(access.home.delete_chat_items, access.chat.id, access.chat)
             # The copies the members' shards keep for learning go too (API-5: what was
             # learned stays; the history does not).
             for shard in await self._member_shards(access):

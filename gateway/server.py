@@ -30,6 +30,7 @@ class ServeSettings:
     models: dict | None = None  # the config's [models.*] tables (DESIGN §6)
     search: dict | None = None  # the config's [search] table: embedding_model, min_score (SC-7)
     config_dir: str | None = None
+    cache_records: int | None = None  # records each shard keeps loaded (actors/residency.py)
 
 
 def load_settings(
@@ -71,6 +72,8 @@ def load_settings(
     s.placement = placement or env.get("OPENBOT_PLACEMENT") or file.get("placement") or s.placement
     s.group_commit = bool(file.get("group_commit", True))
     s.actor_prefix = env.get("OPENBOT_ACTOR_PREFIX") or file.get("actor_prefix") or s.actor_prefix
+    cache = env.get("OPENBOT_CACHE_RECORDS") or file.get("cache_records")
+    s.cache_records = int(cache) if cache else None
     s.models = models
     s.search = search
     if search:
@@ -155,6 +158,7 @@ def serve(settings: ServeSettings) -> None:
         config_dir=settings.config_dir,
         search_config=settings.search,
         placement=settings.placement,
+        cache_records=settings.cache_records,
     )
     if settings.ray_address is not None:
         print(f"openbot: {describe_placement(engine)}", flush=True)

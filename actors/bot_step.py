@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.models import ModelError
+from actors.models import ModelError, measured
 from actors.workspace import WsAccess, WsQuery
 from engine.directory import Bot, Chat, Org, bot_pool
 from engine.errors import OpenBotError
@@ -131,7 +131,7 @@ class BotStepper:
         done = None
         for _ in range(TOOL_ROUNDS):
             try:
-                done = await model.complete(messages, tools)
+                done = await measured(model, messages, tools)
             except ModelError as e:
                 return StepOutcome(
                     status="failed",

@@ -147,6 +147,21 @@ class DirectoryService:
         self.bots[bot.id] = bot
         return bot
 
+    async def patch_bot(self, bot_id: str, changes: dict) -> Bot:
+        """An admin's change of a bot's `name`, `model` or `avatar` (the gateway checked the
+        model's name). Rules that carried the old name follow a rename."""
+        bot = self._get(self.bots, bot_id, "bot")
+        rules = bot.rules
+        if "name" in changes:
+            if not changes["name"].strip():
+                raise InvalidInput("a bot needs a name", code="invalid_name")
+            if rules.name in ("", bot.name):
+                rules = msgspec.structs.replace(rules, name=changes["name"])
+        bot = msgspec.structs.replace(bot, rules=rules, **changes)
+        await self.store.put("bots", bot)
+        self.bots[bot.id] = bot
+        return bot
+
     async def grant(self, bot_id: str, user_id: str, permission: Permission) -> Bot:
         bot = self._get(self.bots, bot_id, "bot")
         self._get(self.users, user_id, "user")

@@ -39,6 +39,7 @@ from engine.models import Completion, Message
 from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS
 from engine.visibility import Visibility
 from storage.chat_store import ChatStore, LearningJob, ModelCall
+from storage.stats import STATS
 
 if TYPE_CHECKING:
     from actors.conversations import Conversations
@@ -51,6 +52,7 @@ LEARNING_SYSTEM = (
     "Answer only with tool calls."
 )
 log = logging.getLogger("openbot.learning")
+JOBS = "openbot_learning_jobs"
 AUTO_RETRIES = 3  # CO-3
 # Seconds before the first retry, doubled each time (the tests shorten it).
 RETRY_DELAY = float(os.environ.get("OPENBOT_LEARNING_RETRY_DELAY", "2.0"))
@@ -110,6 +112,7 @@ class LearningRunner:
         task.add_done_callback(lambda _t, k=job.id: self._tasks.pop(k, None))
 
     def event(self, job: LearningJob):
+        STATS.inc(JOBS, help="Learning job changes by the status they reached", status=job.status)
         operator = job.grant.removeprefix("for:person:")
         users = (operator,) if job.grant.startswith("for:person:") else ()
         channels = (job.channel,) if job.channel else ()
@@ -190,6 +193,10 @@ class LearningRunner:
         return True
 
     async def _end(self, job: LearningJob, status: str, error: str | None) -> LearningJob:
+        if status == "failed":
+            log.warning(
+                "learning job %s (%s, chat %s) failed: %s", job.id, job.pool, job.chat, error
+            )
         job = msgspec.structs.replace(
             job, status=status, error=error, updated_at=self.shard.clock()
         )

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 
 import msgspec
 
-from actors.models import Model, ModelError
+from actors.models import Model, ModelError, measured
 from engine.errors import OpenBotError
 from engine.memory_bot import MemoryBotSettings
 from engine.models import Completion, Message, ToolSpec, cost_micros
@@ -125,7 +125,7 @@ class MemoryBotRuntime:
 
         async def run() -> Completion:
             async with self.slot(pool, settings):
-                return await model.complete(messages, tools, timeout=timeout)
+                return await measured(model, messages, tools, timeout=timeout)
 
         step = len(log) + 1 if log is not None else 0
         try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,8 +36,17 @@ from typing import Protocol
 import httpx
 import msgspec
 
-from engine.errors import InvalidInput, Unavailable
-from engine.models import Completion, Message, Price, ToolCall, ToolSpec, Usage
+from engine.errors import InvalidInput, OpenBotError, Unavailable
+from engine.models import (
+    Completion,
+    Message,
+    Price,
+    ToolCall,
+    ToolSpec,
+    Usage,
+    cost_micros,
+)
+from storage.stats import STATS
 
 
 class ModelError(Unavailable):
@@ -272,6 +282,38 @@ class ScriptedModel:
         if pattern is None:
             pattern = self._patterns[source] = re.compile(source)
         return pattern
+
+
+# --- measured calls ------------------------------------------------------------------------------
+
+
+async def measured(
+    model: Model, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), **options
+) -> Completion:
+    """`model.complete`, counted for `GET /metrics`: calls and errors by model, latency, tokens
+    and confirmed cost. Every model call of a bot step or the memory bot goes through here."""
+    started = time.perf_counter()
+    try:
+        done = await model.complete(messages, tools, **options)
+    except BaseException as e:
+        outcome = e.code if isinstance(e, OpenBotError) else type(e).__name__
+        STATS.inc(CALLS, help=CALLS_HELP, model=model.name, outcome=outcome)
+        raise
+    finally:
+        STATS.observe(LATENCY, time.perf_counter() - started, help=LATENCY_HELP, model=model.name)
+    STATS.inc(CALLS, help=CALLS_HELP, model=model.name, outcome="ok")
+    cost = cost_micros(done.usage, model.price)
+    if cost is not None:
+        STATS.inc(COST, cost, help="Confirmed model cost in micro-USD", model=model.name)
+    if done.usage is not None:
+        for kind, n in (("input", done.usage.input_tokens), ("output", done.usage.output_tokens)):
+            STATS.inc(TOKENS, n, help="Model tokens by kind", model=model.name, kind=kind)
+    return done
+
+
+CALLS, CALLS_HELP = "openbot_model_calls", "Model calls by model and outcome (ok or error code)"
+LATENCY, LATENCY_HELP = "openbot_model_call_seconds", "Model call latency by model"
+COST, TOKENS = "openbot_model_cost_micros", "openbot_model_tokens"
 
 
 # --- configuration -------------------------------------------------------------------------------

@@ -412,10 +412,12 @@ class Engine:
         engine = cls(directory, handles, Path(data_dir), prefix)
         engine.placement = mode
         engine.placement_group = group
+        engine.models = frozenset(models_config or {})
         return engine
 
     placement: str = "local"
     placement_group: Any = None
+    models: frozenset[str] | None = None  # the configured model names; None: not known here
 
     def where(self, timeout: float = 30.0) -> dict[str, Any]:
         """Where the actors run: {"directory": {...}, "shards": [{shard, node, ip, pid, ...}]}."""

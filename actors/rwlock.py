@@ -8,8 +8,14 @@ await at all, which keeps reads of a quiet pool cheap.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+
+from storage.stats import STATS
+
+WAIT = "openbot_pool_lock_wait_seconds"
+WAIT_HELP = "Time a pool lock (ACL-9) was waited for, by mode"
 
 
 class RWLock:
@@ -35,6 +41,7 @@ class RWLock:
 
     @asynccontextmanager
     async def shared(self) -> AsyncIterator[None]:
+        started = time.perf_counter()
         if self._writer or self._waiting_writers:
             self._waiting += 1
             try:
@@ -44,6 +51,7 @@ class RWLock:
                     )
             finally:
                 self._waiting -= 1
+        STATS.observe(WAIT, time.perf_counter() - started, help=WAIT_HELP, mode="shared")
         self._readers += 1
         try:
             yield
@@ -55,6 +63,7 @@ class RWLock:
 
     @asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
+        started = time.perf_counter()
         if self._writer or self._readers or self._waiting_writers:
             self._waiting += 1
             self._waiting_writers += 1
@@ -73,6 +82,7 @@ class RWLock:
                     task.add_done_callback(self._wakers.discard)
         else:
             self._writer = True
+        STATS.observe(WAIT, time.perf_counter() - started, help=WAIT_HELP, mode="exclusive")
         try:
             yield
         finally:

@@ -82,6 +82,7 @@ from storage.group_commit import DeleteWhere, GroupCommitter, Write
 from storage.memory_store import MemoryStore
 from storage.receipts import Receipts, fingerprint, receipt_key
 from storage.shard_schema import MIGRATIONS, RECEIPTS, TABLES
+from storage.stats import STATS
 
 log = logging.getLogger("openbot.shard")
 _view_dec = msgspec.json.Decoder(EntryView)
@@ -694,6 +695,10 @@ class ShardService:
     async def ping(self) -> int:
         self._ensure_started()
         return self.index
+
+    async def metrics(self) -> dict:
+        """This process's figures for `GET /metrics` (storage/stats.py)."""
+        return STATS.snapshot()
 
     async def stats(self) -> dict[str, int]:
         return {

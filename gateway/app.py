@@ -7,7 +7,9 @@ import contextlib
 from collections.abc import Callable
 
 import msgspec
+from msgspec import UNSET
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
@@ -24,7 +26,7 @@ from engine.directory import (
     require_write,
     resolve_org,
 )
-from engine.errors import Forbidden, InvalidInput, NotFound, OpenBotError
+from engine.errors import Forbidden, InvalidInput, NotFound, OpenBotError, Unprocessable
 from engine.memory import Reader
 from engine.memory_bot import SettingsPatch
 from gateway import wire
@@ -34,6 +36,7 @@ from gateway.errors import HANDLERS
 from gateway.events import EventsEndpoint, Hub
 from gateway.file_export_route import FileExportApi
 from gateway.json_response import json, read_body
+from gateway.metrics import MetricsApi, RequestLog
 from gateway.nodes import NodesEndpoint
 from gateway.openapi import openapi_document
 from gateway.read_cache import ReadCache
@@ -63,15 +66,26 @@ class Api:
 
     # --- admin: the directory ---
 
+    def _check_model(self, name: object) -> None:
+        """A model is named in the server's config; a typo fails here, not at the first turn."""
+        known = self.engine.models
+        if known is None or not isinstance(name, str) or name in known:
+            return
+        choices = ", ".join(sorted(known)) or "none configured"
+        raise Unprocessable(f"unknown model {name!r} (models: {choices})", code="unknown_model")
+
     async def create_org(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.CreateOrg)
+        if body.settings is not None:
+            self._check_model(body.settings.botMemoryModel)
         org = await call(self.engine.directory.create_org, body.name, body.id, body.settings)
         return json(org, 201)
 
     async def patch_org(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.PatchOrg)
+        self._check_model(body.settings.get("botMemoryModel"))
         org = await call(self.engine.directory.patch_org, request.path_params["id"], body.settings)
         return json(org)
 
@@ -84,6 +98,7 @@ class Api:
     async def create_bot(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.CreateBot)
+        self._check_model(body.model)
         bot = await call(
             self.engine.directory.create_bot,
             name=body.name,
@@ -98,6 +113,17 @@ class Api:
         )
         self.auth.directory_changed(bot.id)  # the owner's principal now lists this bot
         return json(bot, 201)
+
+    async def patch_bot(self, request: Request) -> Response:
+        await self.auth.admin(request)
+        body = wire.decode(await read_body(request), wire.PatchBot)
+        changes = {
+            f: getattr(body, f) for f in body.__struct_fields__ if getattr(body, f) is not UNSET
+        }
+        self._check_model(changes.get("model"))
+        bot = await call(self.engine.directory.patch_bot, request.path_params["id"], changes)
+        self.auth.directory_changed(bot.id)
+        return json(bot)
 
     async def create_grant(self, request: Request) -> Response:
         await self.auth.admin(request)
@@ -440,6 +466,7 @@ def create_app(
         r("/v1/admin/orgs/{id}", api.patch_org, methods=["PATCH"]),
         r("/v1/admin/users", api.create_user, methods=["POST"]),
         r("/v1/admin/bots", api.create_bot, methods=["POST"]),
+        r("/v1/admin/bots/{id}", api.patch_bot, methods=["PATCH"]),
         r("/v1/admin/grants", api.create_grant, methods=["POST"]),
         r("/v1/admin/channels", api.create_channel, methods=["POST"]),
         r("/v1/admin/backup", api.backup, methods=["POST"]),
@@ -471,6 +498,7 @@ def create_app(
         r(f"{WS}/memory-export", wm.export, methods=["GET"]),
         r("/openapi.json", api.openapi, methods=["GET"]),
         r("/healthz", api.health, methods=["GET"]),
+        r("/metrics", MetricsApi(engine, auth).metrics, methods=["GET"]),
         WebSocketRoute("/v1/events", EventsEndpoint(hub, auth, listener_refresh).handle),
         WebSocketRoute("/v1/nodes", NodesEndpoint(auth, engine.prefix).handle),
     ]
@@ -480,7 +508,12 @@ def create_app(
         yield
         await hub.stop()
 
-    app = Starlette(routes=routes, exception_handlers=HANDLERS, lifespan=lifespan)
+    app = Starlette(
+        routes=routes,
+        exception_handlers=HANDLERS,
+        lifespan=lifespan,
+        middleware=[Middleware(RequestLog)],
+    )
     app.state.api = api
     app.state.hub = hub
     return app

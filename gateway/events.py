@@ -36,6 +36,7 @@ from engine.events import (
     needs_reset,
 )
 from gateway.auth import Auth, bearer_token
+from gateway.metrics import EVENTS_DELIVERED, EVENTS_DROPPED, WS_CLIENTS
 
 log = logging.getLogger("openbot.events")
 
@@ -126,6 +127,7 @@ class Subscriber:
         try:
             self.queue.put_nowait(raw)
         except asyncio.QueueFull:
+            EVENTS_DROPPED.inc()
             self.overflowed.set()
 
 
@@ -310,6 +312,7 @@ class EventsEndpoint:
     async def handle(self, websocket: WebSocket) -> None:
         await websocket.accept()
         sub: Subscriber | None = None
+        WS_CLIENTS.labels("events").inc()
         try:
             principal, token = await self._authenticate(websocket)
             listener = _listener(principal)
@@ -331,6 +334,7 @@ class EventsEndpoint:
         except OpenBotError as e:
             await _close(websocket, 1011, e.message[:120])
         finally:
+            WS_CLIENTS.labels("events").dec()
             if sub is not None:
                 self.hub.unsubscribe(sub)
 
@@ -429,6 +433,7 @@ async def _send(websocket: WebSocket, sub: Subscriber) -> None:
     while True:
         raw = await sub.queue.get()
         await websocket.send_text(raw.decode())
+        EVENTS_DELIVERED.inc()
 
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:

@@ -315,6 +315,9 @@ class LearningRunner:
                 )
                 # User and project facts go to the workspace pools (SC-1..SC-3, issue 5).
                 ws_rejected = await self._extract_scoped(job, decision.new, evidence, now)
+                rejections = tuple(
+                    [f"{r.tool}: {r.reason}" for r in decision.rejected] + ws_rejected
+                )
                 decision = msgspec.structs.replace(
                     decision, new=[(m, t) for m, t in decision.new if m.scope == Scope.BOT]
                 )
@@ -347,11 +350,12 @@ class LearningRunner:
                     upserts=tuple([m for m, _ in decision.new] + decision.changed),
                     log=tuple(log_rows),
                 )
-                rejected = len(decision.rejected) + ws_rejected
+                rejected = len(rejections)
                 done = msgspec.structs.replace(
                     job,
                     status="done",
                     error=f"{rejected} proposed change(s) rejected" if rejected else None,
+                    rejections=rejections,
                     updated_at=now,
                 )
                 self._positions[(job.pool, job.chat)] = job.upto
@@ -367,13 +371,13 @@ class LearningRunner:
             self._positions.pop((job.pool, job.chat), None)  # reload what was really stored
             raise
 
-    async def _extract_scoped(self, job: LearningJob, new, evidence, now: int) -> int:
+    async def _extract_scoped(self, job: LearningJob, new, evidence, now: int) -> list[str]:
         """Send the user- and project-scope facts among `new` to the shards holding those
-        workspace pools; the number refused. User scope needs the turn's one person (a direct
-        chat); project scope needs the chat's project."""
+        workspace pools; why each refused one was refused. User scope needs the turn's one
+        person (a direct chat); project scope needs the chat's project."""
         scoped = [(m, t) for m, t in new if m.scope != Scope.BOT]
         if not scoped:
-            return 0
+            return []
         contributor = job.pool.removeprefix("bot:")
         user = (
             job.grant.removeprefix("for:person:") if job.grant.startswith("for:person:") else None
@@ -382,13 +386,14 @@ class LearningRunner:
         if any(m.scope == Scope.PROJECT for m, _ in scoped):
             project = (await self.shard.peers.directory("get_chat", job.chat)).project
         by_pool: dict[str, list[sm.Extraction]] = {}
-        refused = 0
+        refused: list[str] = []
         for meta, text in scoped:
             if meta.scope == Scope.USER and user is None:
-                refused += 1  # a group's turn has no single user to keep it for
+                # A group's turn has no single user to keep it for.
+                refused.append("learn_fact: user scope needs a direct chat with one person")
                 continue
             if meta.scope == Scope.PROJECT and not project:
-                refused += 1
+                refused.append("learn_fact: project scope needs a chat with a project")
                 continue
             pool_id = sm.pool_of(meta.scope, bot=contributor, account=user or "", project=project)
             by_pool.setdefault(pool_id, []).append(
@@ -410,7 +415,7 @@ class LearningRunner:
             if pool_id.startswith("project:"):
                 owner = await self.shard.peers.directory("project_owner", owner)
                 if owner is None:
-                    refused += len(proposals)
+                    refused += [f"learn_fact: no project {pool_id}"] * len(proposals)
                     continue
             decisions = await self.shard.peers.shard_call(
                 self.shard.peers.index_of(owner),
@@ -422,5 +427,5 @@ class LearningRunner:
                 f"learn:{job.id}:{job.upto}",
                 now,
             )
-            refused += sum(1 for d in decisions if d.outcome == "refused")
+            refused += [f"learn_fact: {d.reason}" for d in decisions if d.outcome == "refused"]
         return refused

@@ -218,6 +218,27 @@ _SPEAKER = re.compile(r"You are (.+?)\.(?:\n|$)")
 
 
 _ZERO = Usage(input_tokens=0, output_tokens=0)
+_PLACE = re.compile(r"\{(\w+)\}")
+
+
+def _fill(value, groups: Mapping[str, str]):
+    """`{name}` in a rule's strings becomes what the match's group `name` caught, so a script
+    can cite what it was given (a memory bot citing the item a person said)."""
+    if isinstance(value, str):
+        return _PLACE.sub(lambda m: groups.get(m.group(1), m.group(0)), value)
+    if isinstance(value, list):
+        return [_fill(v, groups) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, groups) for k, v in value.items()}
+    return value
+
+
+def _unescape(text: str) -> str:
+    """A group caught inside a JSON string, as the string's value."""
+    try:
+        return msgspec.json.decode(f'"{text}"')
+    except msgspec.DecodeError:
+        return text
 
 
 class ScriptedModel:
@@ -257,19 +278,21 @@ class ScriptedModel:
         last = next((m.content or "" for m in reversed(messages) if m.role == "user"), "")
         rules = [*(speaker.rules if speaker else ()), *self.script.rules]
         for rule in rules:
-            if self._pattern(rule.match).search(last):
+            found = self._pattern(rule.match).search(last)
+            if found:
+                groups = {k: _unescape(v) for k, v in found.groupdict().items() if v is not None}
                 calls = tuple(
                     ToolCall(
                         id=f"call_{k}",
                         name=c["name"],
                         arguments=c["arguments"]
                         if isinstance(c.get("arguments"), str)
-                        else msgspec.json.encode(c.get("arguments", {})).decode(),
+                        else msgspec.json.encode(_fill(c.get("arguments", {}), groups)).decode(),
                     )
                     for k, c in enumerate(rule.tool_calls)
                 )
                 return Completion(
-                    text=rule.text,
+                    text=_fill(rule.text, groups),
                     tool_calls=calls,
                     usage=Usage(input_tokens=0, output_tokens=0),
                     model=self.name,

@@ -233,19 +233,32 @@ def _answer(resp) -> int:
     return 1
 
 
-class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows each option's default; keeps the descriptions' line breaks."""
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default (unless its help already says it); keeps line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        quiet = (None, False, argparse.SUPPRESS, [])
+        if "default" not in text and action.default not in quiet and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
 
 
 def _connection(p: argparse.ArgumentParser, *, leaf: bool, token: str) -> None:
     """--url, --token and --data-dir, on a command and on each of its subcommands, so they may
     come before or after the subcommand. On subcommands they default to SUPPRESS: a value given
     earlier is not overwritten by the subcommand's default."""
-    keep = {"default": argparse.SUPPRESS} if leaf else {}
-    p.add_argument("--url", help="the server (or OPENBOT_URL)", **({"default": DEFAULT_URL} | keep))
-    p.add_argument("--token", help=token, **keep)
+    unset = argparse.SUPPRESS if leaf else None
     p.add_argument(
-        "--data-dir", help="read admin.token from this data directory (default ./data)", **keep
+        "--url",
+        default=argparse.SUPPRESS if leaf else DEFAULT_URL,
+        help=f"the server (default {DEFAULT_URL}; or OPENBOT_URL)",
+    )
+    p.add_argument("--token", default=unset, help=token)
+    p.add_argument(
+        "--data-dir",
+        default=unset,
+        help="read admin.token from this data directory (default ./data)",
     )
 
 

@@ -22,7 +22,14 @@ import secrets
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
@@ -31,6 +38,7 @@ from actors.runtime import Engine, call
 from gateway.auth import Auth
 
 access_log = logging.getLogger("openbot.access")
+disable_created_metrics()  # the *_created series only double the output
 REGISTRY = CollectorRegistry(auto_describe=True)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SCRAPE_TIMEOUT = 10.0
@@ -53,6 +61,8 @@ WS_CLIENTS = Gauge(
     ["endpoint"],
     registry=REGISTRY,
 )
+for _endpoint in ("events", "nodes"):
+    WS_CLIENTS.labels(_endpoint)  # shown as 0 before the first client
 EVENTS_DELIVERED = Counter(
     "openbot_events_delivered", "Event frames sent to /v1/events clients", registry=REGISTRY
 )

@@ -201,18 +201,18 @@ class DataDirLock:
 
 
 def serve(settings: ServeSettings, *, log_level: str = "info") -> None:
-    import ray
-    import uvicorn
-
-    from actors.runtime import Engine, start_ray
-    from gateway.app import create_app
-
     setup_logging(log_level)
     data_dir = settings.data_dir.resolve()
     sock = listen(settings.host, settings.port)
     # Gateways joining a cluster share its actors and their data directory on purpose.
     lock = DataDirLock(data_dir) if settings.ray_address is None else None
     engine = None
+    import ray  # after the checks above, which must answer at once
+    import uvicorn
+
+    from actors.runtime import Engine, start_ray
+    from gateway.app import create_app
+
     try:
         token, token_path = admin_token(data_dir)
         start_ray(settings.ray_address, tmp_dir=os.environ.get("RAY_TMPDIR"))

@@ -272,7 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="OpenBot Engine: run the server and talk to a running one.",
         formatter_class=_Help,
     )
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="`openbot COMMAND --help` for more"
+    )
 
     s = _parser(sub, "serve", "run the server (embedded default: ./data, local Ray)")
     s.add_argument(
@@ -339,14 +341,16 @@ def build_parser() -> argparse.ArgumentParser:
     admin_token = "the admin token (or OPENBOT_ADMIN_TOKEN, or DATA_DIR/admin.token)"
     a = _parser(sub, "admin", "directory calls against a running server (admin token)")
     _connection(a, leaf=False, token=admin_token)
-    asub = a.add_subparsers(dest="what", required=True, metavar="WHAT")
+    asub = a.add_subparsers(dest="what", required=True, metavar="WHAT", help="what to change")
 
     def leaf(parent, name: str, help: str) -> argparse.ArgumentParser:
         q = _parser(parent, name, help)
         _connection(q, leaf=True, token=admin_token)
         return q
 
-    org = _parser(asub, "org", "orgs").add_subparsers(dest="action", required=True)
+    org = _parser(asub, "org", "orgs").add_subparsers(
+        dest="action", required=True, help="what to do"
+    )
     oc = leaf(org, "create", "create an org")
     oc.add_argument("--name", required=True, help="its display name")
     oc.add_argument("--id", help="its id (default: a new o_… id)")
@@ -358,12 +362,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="settings: botMemory, botMemoryModel (a configured model), autoRecord; JSON values",
     )
-    user = _parser(asub, "user", "users").add_subparsers(dest="action", required=True)
+    user = _parser(asub, "user", "users").add_subparsers(
+        dest="action", required=True, help="what to do"
+    )
     uc = leaf(user, "create", "create a user and print its token")
     uc.add_argument("--name", required=True, help="the person's name")
     uc.add_argument("--org", action="append", required=True, help="an org (repeat for more)")
     uc.add_argument("--id", help="its id (default: a new u_… id)")
-    bot = _parser(asub, "bot", "bots").add_subparsers(dest="action", required=True)
+    bot = _parser(asub, "bot", "bots").add_subparsers(
+        dest="action", required=True, help="what to do"
+    )
     bc = leaf(bot, "create", "create a bot")
     bc.add_argument("--name", required=True, help="the bot's name")
     bc.add_argument("--org", required=True, help="its org")
@@ -383,7 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--permission", choices=["read", "write"], required=True, help="what they may do"
     )
-    ch = _parser(asub, "channel", "channels (groups)").add_subparsers(dest="action", required=True)
+    ch = _parser(asub, "channel", "channels (groups)").add_subparsers(
+        dest="action", required=True, help="what to do"
+    )
     cc = leaf(ch, "create", "create a channel group")
     cc.add_argument("--org", required=True, help="its org")
     cc.add_argument("--person", action="append", default=[], help="a member (repeat for more)")

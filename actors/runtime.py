@@ -222,10 +222,16 @@ def _check_shard_files(data_dir: Path, shards: int) -> None:
 
 
 def start_ray(
-    address: str | None = None, *, tmp_dir: str | None = None, runtime_env: dict | None = None
+    address: str | None = None,
+    *,
+    tmp_dir: str | None = None,
+    runtime_env: dict | None = None,
+    log_to_driver: bool = False,
 ) -> None:
     """Start a local Ray (address None) or join `address`; a no-op if already connected.
-    `runtime_env` (joining only) applies to every actor this process creates."""
+    `runtime_env` (joining only) applies to every actor this process creates. `log_to_driver`
+    (`openbot serve`) shows the actors' log lines (failed turns, steps, jobs) in this process's
+    output."""
     global _joined
     if ray.is_initialized():
         return
@@ -239,7 +245,7 @@ def start_ray(
             _node_ip_address="127.0.0.1",
             _temp_dir=tmp,
             object_store_memory=128 * 1024 * 1024,
-            log_to_driver=False,
+            log_to_driver=log_to_driver,
             logging_level="WARNING",
             configure_logging=True,
         )
@@ -247,7 +253,7 @@ def start_ray(
         ray.init(
             address=address,
             namespace=NAMESPACE,
-            log_to_driver=False,
+            log_to_driver=log_to_driver,
             logging_level="WARNING",
             runtime_env=runtime_env,
         )

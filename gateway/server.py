@@ -215,7 +215,7 @@ def serve(settings: ServeSettings, *, log_level: str = "info") -> None:
 
     try:
         token, token_path = admin_token(data_dir)
-        start_ray(settings.ray_address, tmp_dir=os.environ.get("RAY_TMPDIR"))
+        start_ray(settings.ray_address, tmp_dir=os.environ.get("RAY_TMPDIR"), log_to_driver=True)
         engine = Engine.start(
             data_dir,
             shards=settings.shards,

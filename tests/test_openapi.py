@@ -1,6 +1,7 @@
 """`/openapi.json` is complete and true: every route and method of the app is in it, it is a
 valid OpenAPI 3.1 document, and a bounded schemathesis run against the real server (real Ray,
-real DuckDB, real uvicorn) finds no server error (5xx)."""
+real DuckDB, real uvicorn) finds no server error (5xx) and no answer the document does not
+describe."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from openapi_spec_validator import validate
+from schemathesis.specs.openapi.checks import response_schema_conformance
 from starlette.routing import Route, WebSocketRoute
 
 from gateway.openapi import ROUTES, openapi_document
@@ -138,3 +140,5 @@ def test_no_server_error(case, server, ids):
         case.path_parameters = {k: wanted.get(k, v) for k, v in case.path_parameters.items()}
     response = case.call(base_url=server.url, headers={"Authorization": f"Bearer {token}"})
     assert response.status_code < 500, (case.method, path, response.status_code, response.text)
+    # What the server answers is what the document says (success and error bodies alike).
+    case.validate_response(response, checks=[response_schema_conformance])

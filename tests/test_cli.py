@@ -200,3 +200,32 @@ def test_demo_with_an_unknown_model_exits_non_zero():
     out = run("demo", "--url", f"http://127.0.0.1:{closed_port()}", "--token", "t",
               "--model", "nosuch")  # fmt: skip
     assert out.returncode == 1 and "cannot reach" in one_line_error(out)
+
+
+@pytest.mark.slow
+def test_a_failed_start_removes_what_it_made(tmp_path):
+    """Past the port and the lock (Ray started, admin.token made), the engine refuses the data
+    directory: what this start added is removed again, what was there stays."""
+    import shutil
+    import tempfile
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("shard-0.duckdb", "shard-1.duckdb"):  # made with 2 shards; started with 1
+        (data / name).write_bytes(b"")
+    before = sorted(p.name for p in data.iterdir())
+    ray_tmp = tempfile.mkdtemp(prefix="obf", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBOT_ADMIN_TOKEN", "RAY_ADDRESS")}
+    try:
+        out = subprocess.run(
+            [*CLI, "serve", "--data-dir", str(data), "--port", str(closed_port()), "--shards", "1"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, "RAY_TMPDIR": ray_tmp},
+        )
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert out.returncode == 2 and "openbot: serving" not in out.stdout
+    assert "it was made with more than 1 shards" in out.stderr and "Traceback" not in out.stderr
+    assert sorted(p.name for p in data.iterdir()) == before  # no admin.token, no serve.lock

@@ -95,6 +95,16 @@ class RequestLog:
         rid = given if given and _REQUEST_ID.fullmatch(given) else secrets.token_hex(8)
         status = 500
         started = time.perf_counter()
+        logged = False
+
+        def record() -> None:
+            nonlocal logged
+            logged = True
+            seconds = time.perf_counter() - started
+            route, method = route_of(scope), scope["method"]
+            REQUESTS.labels(method, route, str(status)).inc()
+            LATENCY.labels(method, route).observe(seconds)
+            access_log.info("%s %s %d %.1fms rid=%s", method, route, status, seconds * 1000, rid)
 
         async def send_with_id(message: dict) -> None:
             nonlocal status
@@ -103,16 +113,15 @@ class RequestLog:
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", rid.encode()))
                 message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                record()  # before the last bytes go: a client that has the answer sees the line
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            seconds = time.perf_counter() - started
-            route, method = route_of(scope), scope["method"]
-            REQUESTS.labels(method, route, str(status)).inc()
-            LATENCY.labels(method, route).observe(seconds)
-            access_log.info("%s %s %d %.1fms rid=%s", method, route, status, seconds * 1000, rid)
+            if not logged:  # failed before the answer was complete (a 500 follows)
+                record()
 
 
 def _header(scope: dict, name: bytes) -> str | None:

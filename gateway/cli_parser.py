@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--log-level",
+        type=str.lower,
         choices=["debug", "info", "warning", "error"],
         default=os.environ.get("OPENBOT_LOG_LEVEL", "info"),
         help="log level; info logs one access line per request (or OPENBOT_LOG_LEVEL)",

@@ -203,6 +203,13 @@ ROUTES: list[Op] = [
     Op("get", "/v1/bots/{bot}/memory/log", "Changes to entries the caller can see", ok=LogPage),
     Op(
         "post",
+        "/v1/bots/{bot}/memory/{id}/widen",
+        "Ask to widen an entry's visibility (ACL-4): 409 unless every source allows it",
+        wire.Widen,
+        s.Widened,
+    ),
+    Op(
+        "post",
         "/v1/bots/{bot}/memory/purge",
         "Delete entries by one system tag",
         wire.Purge,

@@ -41,6 +41,13 @@ class Count(_Doc):
     count: int
 
 
+class Widened(_Doc):
+    id: str
+    to: str
+    widened: bool  # false: the entry already had this grant
+    version: int
+
+
 class TurnAccepted(_Doc):
     turn: Turn
 

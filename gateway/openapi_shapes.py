@@ -44,7 +44,7 @@ class Count(_Doc):
 class Widened(_Doc):
     id: str
     to: str
-    widened: bool  # false: the entry already had this grant
+    widened: bool
     version: int
 
 

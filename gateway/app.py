@@ -33,12 +33,12 @@ from engine.errors import Forbidden, InvalidInput, NotFound, OpenBotError, Unpro
 from engine.memory import Reader
 from engine.memory_bot import SettingsPatch
 from gateway import wire
-from gateway.auth import Auth
+from gateway.auth import Auth, TokenRequired
 from gateway.chat_access import ChatAccess
-from gateway.errors import HANDLERS
+from gateway.errors import HANDLERS, ContainErrors
 from gateway.events import EventsEndpoint, Hub
 from gateway.file_export_route import FileExportApi
-from gateway.json_response import json, read_body
+from gateway.json_response import BodyLimits, json, read_body
 from gateway.metrics import MetricsApi, RequestLog
 from gateway.nodes import NodesEndpoint
 from gateway.openapi import openapi_document
@@ -154,7 +154,7 @@ class Api:
     async def backup(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.Backup)
-        files = await self.engine.backup(body.dir)
+        files = await self.engine.backup(body.dir, with_key=body.withKey)
         return json({"dir": body.dir, "files": files}, 201)
 
     # --- chats ---
@@ -435,6 +435,7 @@ class Api:
     # --- discovery ---
 
     async def capabilities(self, request: Request) -> Response:
+        await self.auth.caller(request)  # node ids and their flags are not for strangers
         nodes = await call(hub_handle(self.engine.prefix).nodes)
         return json(
             {
@@ -462,6 +463,7 @@ class Api:
         )
 
     async def openapi(self, request: Request) -> Response:
+        await self.auth.caller(request)
         return json(openapi_document())
 
     async def health(self, request: Request) -> Response:
@@ -539,7 +541,14 @@ def create_app(
         routes=routes,
         exception_handlers=HANDLERS,
         lifespan=lifespan,
-        middleware=[Middleware(RequestLog)],
+        # Outermost first: errors contained (the connection survives them); no token → 401
+        # before a body is even read; then the body limits.
+        middleware=[
+            Middleware(RequestLog),  # every answer logged and counted, with its request id
+            Middleware(ContainErrors),
+            Middleware(TokenRequired, auth=auth),
+            Middleware(BodyLimits),
+        ],
     )
     app.state.api = api
     app.state.hub = hub

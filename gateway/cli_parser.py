@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--url", help="a running server (needs the admin token)")
     b.add_argument("--token", help="the admin token (or OPENBOT_ADMIN_TOKEN)")
     b.add_argument("--data-dir", help="a stopped server's data directory, copied directly")
+    b.add_argument(
+        "--with-key",
+        action="store_true",
+        help="copy the master key into DIR too (default: left out; restore with the key given)",
+    )
 
     x = _parser(sub, "export", "the seed-002 file tree of accounts into DIR (new/empty)")
     x.add_argument("dir", help="the directory to write (new or empty)")

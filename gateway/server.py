@@ -207,15 +207,26 @@ def serve(settings: ServeSettings, *, log_level: str = "info") -> None:
     # Gateways joining a cluster share its actors and their data directory on purpose.
     lock = DataDirLock(data_dir) if settings.ray_address is None else None
     engine = None
-    import ray  # after the checks above, which must answer at once
+    # After the checks above, which must answer at once. actors first: it sets Ray's
+    # environment (loopback, token auth) before ray is imported.
+    from actors.ray_env import TOKEN_FILE
+    from actors.runtime import Engine, start_ray
+
+    import ray  # isort: skip
     import uvicorn
 
-    from actors.runtime import Engine, start_ray
     from gateway.app import create_app
+    from storage.crypto import require_key_for_sealed_data
 
     try:
+        require_key_for_sealed_data(data_dir)  # before Ray starts: fail fast, make no new key
         token, token_path = admin_token(data_dir)
-        start_ray(settings.ray_address, tmp_dir=os.environ.get("RAY_TMPDIR"), log_to_driver=True)
+        start_ray(
+            settings.ray_address,
+            tmp_dir=os.environ.get("RAY_TMPDIR"),
+            token_file=data_dir / TOKEN_FILE,  # the embedded Ray's; unused when joining
+            log_to_driver=True,
+        )
         engine = Engine.start(
             data_dir,
             shards=settings.shards,

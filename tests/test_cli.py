@@ -213,6 +213,9 @@ def test_a_failed_start_removes_what_it_made(tmp_path):
     data.mkdir()
     for name in ("shard-0.duckdb", "shard-1.duckdb"):  # made with 2 shards; started with 1
         (data / name).write_bytes(b"")
+    from storage.crypto import load_master_key
+
+    load_master_key(data)  # its key is there: the start gets past the key check
     before = sorted(p.name for p in data.iterdir())
     ray_tmp = tempfile.mkdtemp(prefix="obf", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBOT_ADMIN_TOKEN", "RAY_ADDRESS")}

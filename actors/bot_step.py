@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.models import ModelError
+from actors.models import ModelError, measured
 from actors.rwlock import assert_no_pool_lock
 from actors.workspace import WsAccess, WsQuery
 from engine.bot_memory import as_scoped
@@ -167,7 +167,7 @@ class BotStepper:
         for _ in range(TOOL_ROUNDS):
             try:
                 assert_no_pool_lock("the bot's model call")
-                done = await model.complete(messages, tools)
+                done = await measured(model, messages, tools)
             except ModelError as e:
                 return StepOutcome(
                     status="failed",

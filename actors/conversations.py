@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import secrets
 from typing import TYPE_CHECKING
 
@@ -52,6 +53,21 @@ MAX_TEXT = 32_000
 HISTORY_ITEMS = 50
 TURN_WAIT = 180.0
 _tool_enc = msgspec.json.Encoder()
+
+
+log_failure = logging.getLogger("openbot.turns")
+
+
+def step_failed(step: StepInput, outcome: StepOutcome) -> None:
+    """One warning line per failed bot step (direct, group and agent chats alike)."""
+    if outcome.status == "failed":
+        log_failure.warning(
+            "step of bot %s in chat %s (turn %s) failed: %s",
+            step.bot.id,
+            step.chat.id,
+            step.turn,
+            outcome.error,
+        )
 
 
 class TurnStart(msgspec.Struct, frozen=True, kw_only=True):
@@ -422,7 +438,13 @@ class Conversations:
             try:
                 outcome = await self.stepper.run(step, log, sink)
             except Exception as e:  # a turn must always end, with a safe message
+                log_failure.exception("step of bot %s in chat %s crashed", bot.id, chat.id)
                 outcome = StepOutcome(status="failed", error=f"internal error: {type(e).__name__}")
+            step_failed(step, outcome)
+            if outcome.status == "failed":
+                log_failure.warning(
+                    "turn %s in chat %s failed: %s", turn.id, chat.id, outcome.error
+                )
             self._record_outcome(log, chat, turn, bot, outcome, sink)
             effects = outcome.effects
             done = msgspec.structs.replace(turn, status=outcome.status, error=outcome.error)
@@ -569,7 +591,9 @@ class Conversations:
         try:
             outcome = await self.stepper.run(step, log, sink)
         except Exception as e:  # one member failing never stops the others (WS-5)
+            log_failure.exception("step of bot %s in chat %s crashed", step.bot.id, step.chat.id)
             outcome = StepOutcome(status="failed", error=f"internal error: {type(e).__name__}")
+        step_failed(step, outcome)
         await self._own_rows(step.bot, step.turn, sink)
         fut = self.shard._submit(
             None, sink.writes, sink.events, on_failure=lambda: self._forget_log(step.chat.id)

@@ -192,6 +192,21 @@ class DirectoryService:
             await self._put("bots", bot, self.bots)
             return bot
 
+    async def patch_bot(self, bot_id: str, changes: dict) -> Bot:
+        """An admin's change of a bot's `name`, `model` or `avatar` (the gateway checked the
+        model's name). Rules that carried the old name follow a rename. Under the write lock:
+        a grant or rules change made meanwhile is kept."""
+        if "name" in changes and not changes["name"].strip():
+            raise InvalidInput("a bot needs a name", code="invalid_name")
+        async with self._write:
+            bot = self._get(self.bots, bot_id, "bot")
+            rules = bot.rules
+            if "name" in changes and rules.name in ("", bot.name):
+                rules = msgspec.structs.replace(rules, name=changes["name"])
+            bot = msgspec.structs.replace(bot, rules=rules, **changes)
+            await self._put("bots", bot, self.bots)
+            return bot
+
     async def grant(self, bot_id: str, user_id: str, permission: Permission) -> Bot:
         async with self._write:
             bot = self._get(self.bots, bot_id, "bot")

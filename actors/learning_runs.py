@@ -38,6 +38,7 @@ from engine.memory import Change, LogRow, Reader, Scope, Who
 from engine.models import Completion, Message
 from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS
 from storage.chat_store import ChatStore, LearningJob, ModelCall
+from storage.stats import STATS
 
 if TYPE_CHECKING:
     from actors.conversations import Conversations
@@ -50,6 +51,7 @@ LEARNING_SYSTEM = (
     "Answer only with tool calls."
 )
 log = logging.getLogger("openbot.learning")
+JOBS = "openbot_learning_jobs"
 AUTO_RETRIES = 3  # CO-3
 # Seconds before the first retry, doubled each time (the tests shorten it).
 RETRY_DELAY = float(os.environ.get("OPENBOT_LEARNING_RETRY_DELAY", "2.0"))
@@ -109,6 +111,7 @@ class LearningRunner:
         task.add_done_callback(lambda _t, k=job.id: self._tasks.pop(k, None))
 
     def event(self, job: LearningJob):
+        STATS.inc(JOBS, help="Learning job changes by the status they reached", status=job.status)
         operator = job.grant.removeprefix("for:person:")
         users = (operator,) if job.grant.startswith("for:person:") else ()
         channels = (job.channel,) if job.channel else ()
@@ -203,6 +206,10 @@ class LearningRunner:
         return True
 
     async def _end(self, job: LearningJob, status: str, error: str | None) -> LearningJob:
+        if status == "failed":
+            log.warning(
+                "learning job %s (%s, chat %s) failed: %s", job.id, job.pool, job.chat, error
+            )
         job = msgspec.structs.replace(
             job, status=status, error=error, updated_at=self.shard.clock()
         )
@@ -301,7 +308,7 @@ class LearningRunner:
         # (no pool lock is held across an actor call, ACL-9). The receipt of `learn:<job>:<upto>`
         # makes a repeat store nothing twice.
         _, ws = await self.shard.bot_memory.pools(job.pool)
-        ws_rejected = 0
+        ws_rejected: list[str] = []
         async with pool.lock.shared():
             learned = await self._position(job.pool, job.chat) >= job.upto
             if not learned:
@@ -332,6 +339,9 @@ class LearningRunner:
                     audience=audience,
                     now=now,
                     new_ids=new_ids(),
+                )
+                rejections = tuple(
+                    [f"{r.tool}: {r.reason}" for r in decision.rejected] + ws_rejected
                 )
                 decision = msgspec.structs.replace(
                     decision,
@@ -368,11 +378,12 @@ class LearningRunner:
                     upserts=tuple([m for m, _ in decision.new] + decision.changed),
                     log=tuple(log_rows),
                 )
-                rejected = len(decision.rejected) + ws_rejected
+                rejected = len(rejections)
                 done = msgspec.structs.replace(
                     job,
                     status="done",
                     error=f"{rejected} proposed change(s) rejected" if rejected else None,
+                    rejections=rejections,
                     updated_at=now,
                 )
                 self._positions.setdefault(job.pool, {})[job.chat] = job.upto
@@ -389,13 +400,13 @@ class LearningRunner:
             self._positions.get(job.pool, {}).pop(job.chat, None)
             raise
 
-    async def _extract_scoped(self, job: LearningJob, new, evidence, now: int) -> int:
+    async def _extract_scoped(self, job: LearningJob, new, evidence, now: int) -> list[str]:
         """Send the user- and project-scope facts among `new` to the shards holding those
-        workspace pools; the number refused. User scope needs the turn's one person (a direct
-        chat); project scope needs the chat's project."""
+        workspace pools; why each refused one was refused. User scope needs the turn's one
+        person (a direct chat); project scope needs the chat's project."""
         scoped = [(m, t) for m, t in new if m.scope != Scope.BOT]
         if not scoped:
-            return 0
+            return []
         contributor = job.pool.removeprefix("bot:")
         user = (
             job.grant.removeprefix("for:person:") if job.grant.startswith("for:person:") else None
@@ -404,13 +415,14 @@ class LearningRunner:
         if any(m.scope == Scope.PROJECT for m, _ in scoped):
             project = (await self.shard.peers.directory("get_chat", job.chat)).project
         by_pool: dict[str, list[sm.Extraction]] = {}
-        refused = 0
+        refused: list[str] = []
         for meta, text in scoped:
             if meta.scope == Scope.USER and user is None:
-                refused += 1  # a group's turn has no single user to keep it for
+                # A group's turn has no single user to keep it for.
+                refused.append("learn_fact: user scope needs a direct chat with one person")
                 continue
             if meta.scope == Scope.PROJECT and not project:
-                refused += 1
+                refused.append("learn_fact: project scope needs a chat with a project")
                 continue
             pool_id = sm.pool_of(meta.scope, bot=contributor, account=user or "", project=project)
             by_pool.setdefault(pool_id, []).append(
@@ -432,7 +444,7 @@ class LearningRunner:
             if pool_id.startswith("project:"):
                 owner = await self.shard.peers.directory("project_owner", owner)
                 if owner is None:
-                    refused += len(proposals)
+                    refused += [f"learn_fact: no project {pool_id}"] * len(proposals)
                     continue
             decisions = await self.shard.peers.shard_call(
                 self.shard.peers.index_of(owner),
@@ -444,5 +456,5 @@ class LearningRunner:
                 f"learn:{job.id}:{job.upto}",
                 now,
             )
-            refused += sum(1 for d in decisions if d.outcome == "refused")
+            refused += [f"learn_fact: {d.reason}" for d in decisions if d.outcome == "refused"]
         return refused

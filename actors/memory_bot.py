@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 
 import msgspec
 
-from actors.models import Model, ModelError
+from actors.models import Model, ModelError, measured
 from actors.rwlock import assert_no_pool_lock
 from engine.errors import OpenBotError
 from engine.memory_bot import MemoryBotSettings
@@ -127,7 +127,7 @@ class MemoryBotRuntime:
 
         async def run() -> Completion:
             async with self.slot(pool, settings):
-                return await model.complete(messages, tools, timeout=timeout)
+                return await measured(model, messages, tools, timeout=timeout)
 
         step = len(log) + 1 if log is not None else 0
         try:

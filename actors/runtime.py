@@ -244,11 +244,14 @@ def start_ray(
     tmp_dir: str | None = None,
     runtime_env: dict | None = None,
     token_file: str | Path | None = None,
+    log_to_driver: bool = False,
 ) -> None:
     """Start a local Ray (address None) or join `address`; a no-op if already connected.
     `runtime_env` (joining only) applies to every actor this process creates. The local Ray
     listens on 127.0.0.1 only and requires the token in `token_file` (default: one made in its
-    temp dir), see actors/ray_env.py; joining uses the cluster's own settings."""
+    temp dir), see actors/ray_env.py; joining uses the cluster's own settings. `log_to_driver`
+    (`openbot serve`) shows the actors' log lines (failed turns, steps, jobs) in this process's
+    output."""
     global _joined
     if ray.is_initialized():
         return
@@ -265,7 +268,7 @@ def start_ray(
             _node_ip_address="127.0.0.1",
             _temp_dir=tmp,
             object_store_memory=128 * 1024 * 1024,
-            log_to_driver=False,
+            log_to_driver=log_to_driver,
             logging_level="WARNING",
             configure_logging=True,
         )
@@ -273,7 +276,7 @@ def start_ray(
         ray.init(
             address=address,
             namespace=NAMESPACE,
-            log_to_driver=False,
+            log_to_driver=log_to_driver,
             logging_level="WARNING",
             runtime_env=runtime_env,
         )
@@ -445,10 +448,12 @@ class Engine:
         engine = cls(directory, handles, Path(data_dir), prefix)
         engine.placement = mode
         engine.placement_group = group
+        engine.models = frozenset(models_config or {})
         return engine
 
     placement: str = "local"
     placement_group: Any = None
+    models: frozenset[str] | None = None  # the configured model names; None: not known here
 
     def where(self, timeout: float = 30.0) -> dict[str, Any]:
         """Where the actors run: {"directory": {...}, "shards": [{shard, node, ip, pid, ...}]}."""

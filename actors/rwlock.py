@@ -15,10 +15,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from storage.stats import STATS
+
+WAIT = "openbot_pool_lock_wait_seconds"
+WAIT_HELP = "Time a pool lock (ACL-9) was waited for, by mode"
 GUARD = os.environ.get("OPENBOT_LOCK_GUARD") == "1"
 _held: weakref.WeakKeyDictionary[asyncio.Task, int] = weakref.WeakKeyDictionary()
 violations: list[str] = []  # what the guard caught in this process (tests read it)
@@ -103,6 +108,7 @@ class RWLock:
 
     @asynccontextmanager
     async def shared(self) -> AsyncIterator[None]:
+        started = time.perf_counter()
         if self._writer or self._waiting_writers:
             self._waiting += 1
             try:
@@ -112,6 +118,7 @@ class RWLock:
                     )
             finally:
                 self._waiting -= 1
+        STATS.observe(WAIT, time.perf_counter() - started, help=WAIT_HELP, mode="shared")
         self._readers += 1
         if GUARD:
             _enter()
@@ -127,6 +134,7 @@ class RWLock:
 
     @asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
+        started = time.perf_counter()
         if self._writer or self._readers or self._waiting_writers:
             self._waiting += 1
             self._waiting_writers += 1
@@ -145,6 +153,7 @@ class RWLock:
                     task.add_done_callback(self._wakers.discard)
         else:
             self._writer = True
+        STATS.observe(WAIT, time.perf_counter() - started, help=WAIT_HELP, mode="exclusive")
         if GUARD:
             _enter()
         try:

@@ -246,7 +246,8 @@ class SemanticSearch:
 
     def evict(self, pool_id: str) -> bool:
         """Drop a pool's vectors and lock as its workspace pool leaves memory (they are loaded
-        again on its next search); False while they are in use."""
+        again on its next search); False while they are in use. Its queued records stay
+        queued."""
         lock = self._locks.get(pool_id)
         if lock is not None and (lock.locked() or not unused(lock, 1)):
             return False
@@ -357,11 +358,6 @@ class SemanticSearch:
         for e in pool.stored.entries.values():
             if vectors.fp(e.id) != e.content_fp:
                 self._queue(pool.id, e.id)
-
-    def evict(self, pool_id: str) -> None:
-        """Drop a pool's vectors from memory (the shard evicting an idle pool); they load
-        again from the file on its next search. Its queued records stay queued."""
-        self._pools.pop(pool_id, None)
 
     # --- background ----------------------------------------------------------------------------
 

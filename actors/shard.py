@@ -90,6 +90,7 @@ from storage.memory_store import MemoryStore
 from storage.receipts import Receipts, fingerprint, receipt_key
 from storage.search_index import pack_keys, unpack_keys
 from storage.shard_schema import MIGRATIONS, RECEIPTS, TABLES
+from storage.stats import STATS
 
 log = logging.getLogger("openbot.shard")
 _view_dec = msgspec.json.Decoder(EntryView)
@@ -885,6 +886,10 @@ class ShardService:
     async def lock_violations(self) -> list[str]:
         """What the pool-lock guard caught in this process (actors/rwlock.py; tests)."""
         return list(rwlock.violations)
+
+    async def metrics(self) -> dict:
+        """This process's figures for `GET /metrics` (storage/stats.py)."""
+        return STATS.snapshot()
 
     async def stats(self) -> dict[str, int]:
         return {

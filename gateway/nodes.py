@@ -25,6 +25,7 @@ from actors.runtime import call
 from engine.errors import OpenBotError
 from engine.models import Completion, ToolCall, Usage
 from gateway.auth import Auth
+from gateway.metrics import WS_CLIENTS
 from gateway.wire import check_json
 
 log = logging.getLogger("openbot.nodes")
@@ -90,6 +91,7 @@ class NodesEndpoint:
         )
         await _send(ws, {"type": "welcome", "node": hello.node, "session": session})
         pull = asyncio.create_task(self._pull(ws, hub, hello.node, session))
+        WS_CLIENTS.labels("nodes").inc()
         try:
             while True:
                 raw = await _receive(ws)
@@ -111,6 +113,7 @@ class NodesEndpoint:
         except WebSocketDisconnect:
             pass
         finally:
+            WS_CLIENTS.labels("nodes").dec()
             pull.cancel()
             with contextlib.suppress(Exception):
                 await call(hub.unregister, hello.node, session)

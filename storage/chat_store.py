@@ -109,6 +109,8 @@ class LearningJob(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     created_at: int = 0
     updated_at: int = 0
+    # Why each refused proposal was refused ("learn_fact: item … is not in the evidence").
+    rejections: tuple[str, ...] = ()
 
 
 class ModelCall(msgspec.Struct, frozen=True, kw_only=True):

@@ -328,7 +328,11 @@ class DataDirReader:
                     )
                 )
             for job in shard.jobs.get(pool, []):
-                jobs.append(ft.MemoryJob(**msgspec.structs.asdict(job)))
+                fields = msgspec.structs.asdict(job)
+                # The per-proposal reasons are a diagnostic of this server, not part of the
+                # seed-002 job record (`error` still counts them).
+                del fields["rejections"]
+                jobs.append(ft.MemoryJob(**fields))
         befores = {(r.entry, r.revision): r.before for r in revisions}
         for shard in self.shards:
             for revision, b in shard.barriers.get(pool, []):

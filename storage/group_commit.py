@@ -36,6 +36,7 @@ import msgspec
 
 from engine.errors import OpenBotError, StorageError
 from storage.database import Database
+from storage.stats import SIZES, STATS
 
 
 class Table(NamedTuple):
@@ -251,8 +252,20 @@ class GroupCommitter:
                     await self._wakeup.wait()
             group = self._queue[: self.max_batches]
             del self._queue[: len(group)]
+            started = time.perf_counter()
             try:
                 await self.db.run_write(lambda con, g=group: self._commit([w for w, _ in g], con))
+                STATS.observe(
+                    "openbot_shard_commit_seconds",
+                    time.perf_counter() - started,
+                    help="One group commit (a transaction of queued batches)",
+                )
+                STATS.observe(
+                    "openbot_shard_commit_batches",
+                    len(group),
+                    buckets=SIZES,
+                    help="Batches merged into one group commit",
+                )
             except Exception:  # a bad row is a bug, but must not stop the writer
                 if len(group) == 1:
                     self._settle(group, StorageError("the write could not be stored"))

@@ -315,9 +315,14 @@ class ShardService:
         turns, or their channels')."""
         out = []
         for pool in pools:
-            out.extend(
-                j for j in await self.learning.store.jobs(pool) if _job_for(j, user, channels)
-            )
+            stored = None
+            for job in await self.learning.store.jobs(pool):
+                if not _job_for(job, user, channels):
+                    continue
+                stored = stored or (await self._pool(pool)).stored
+                # Every attempt that reached the model, from the sealed call log (LRN-4).
+                records = await self.learning.store.attempt_records(stored, job.id)
+                out.append(msgspec.structs.replace(job, attemptRecords=records))
         return out
 
     async def retry_memory_job(
@@ -638,6 +643,7 @@ class ShardService:
             row = self.store.pool_row(pool.stored, pool.version, settings)
             pending = self._submit(pool, [row])
         await self._settle(pool, pending, reads_state=False)
+        self.learning.wake(pool_id)  # a new budget may let waiting learning run (MB-3)
         return settings
 
     # --- entries written by the memory bot (facts, observations) ---------------------------------

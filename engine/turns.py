@@ -148,6 +148,21 @@ def bot_system_prompt(bot: Bot, memory_text: str = "") -> str:
     return "\n".join(parts)
 
 
+LEARNING_SYSTEM = (
+    "You keep a bot's memory. From the evidence, record what is durable and useful: facts from "
+    "what people said (cite their items), observations from entries (cite them), invalidate "
+    "what stopped being true, keep topics tidy. The bot's own words only point where to look. "
+    "Answer only with tool calls."
+)
+OWNER_RULES = "\nRules from the bot's owner about privacy and sharing: "
+
+
+def learning_system(instructions: str) -> str:
+    """The learning step's system prompt with the owner's memory-bot `instructions` (MB-2); its
+    length counts against the request's 60,000 characters (SC-6)."""
+    return LEARNING_SYSTEM + (OWNER_RULES + instructions if instructions else "")
+
+
 def confessor_messages(text: str, instructions: str) -> list[Message]:
     system = (
         "A bot you look after is telling you how its work is going. Answer like a confessor: "

@@ -92,6 +92,18 @@ class Enrichment(msgspec.Struct, frozen=True, kw_only=True):
     at: int
 
 
+class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What a listing shows of one recorded model attempt (its sealed request and answer stay
+    in the call log)."""
+
+    step: int
+    attempt: int
+    at: int
+    outcome: str  # answered | failed
+    error: str | None = None
+    costMicros: int | None = None
+
+
 class LearningJob(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     pool: str
@@ -107,6 +119,9 @@ class LearningJob(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     created_at: int = 0
     updated_at: int = 0
+    wake_at: int | None = None  # a job waiting for budget runs again at this time (MB-3)
+    # Filled in for listings from the call log (LRN-4); never stored with the job.
+    attemptRecords: list[AttemptRecord] = []
 
 
 class ModelCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -237,6 +252,8 @@ class ChatStore:
 
     def job_row(self, job: LearningJob, *, new: bool = False) -> Put | Insert:
         op = Insert if new else Put
+        if job.attemptRecords:
+            job = msgspec.structs.replace(job, attemptRecords=[])
         return op(LEARNING_JOBS.name, (job.id, job.pool, job.chat, _enc.encode(job).decode()))
 
     async def open_jobs(self, *, deferred: bool = False) -> list[LearningJob]:
@@ -269,20 +286,45 @@ class ChatStore:
     def position_row(pool: str, chat: str, seq: int) -> Put:
         return Put(LEARN_POSITIONS.name, (f"{pool}\x00{chat}", pool, chat, seq))
 
-    async def model_call(self, stored: StoredPool, job: str, step: int) -> ModelCall | None:
-        key = f"{job}\x00{step}"
+    async def model_calls(self, stored: StoredPool, job: str) -> list[tuple[int, ModelCall]]:
+        """Every recorded attempt of a job's model steps, oldest first, with when it was stored
+        (LRN-4: a failed attempt keeps its record; a later one never overwrites it)."""
         rows = await self.db.run(
             lambda con: con.execute(
-                "SELECT payload FROM model_calls WHERE key = ?", [key]
+                "SELECT key, at_ms, payload FROM model_calls WHERE job = ?", [job]
             ).fetchall()
         )
-        if not rows:
-            return None
-        return _call_dec.decode(stored.cipher.open(rows[0][0], aad(stored.pool, f"call\x00{key}")))
+        calls = [
+            (at, _call_dec.decode(stored.cipher.open(p, aad(stored.pool, f"call\x00{k}"))))
+            for k, at, p in rows
+        ]
+        return sorted(calls, key=lambda c: (c[1].step, c[1].attempt, c[0]))
+
+    async def attempt_records(self, stored: StoredPool, job: str) -> list[AttemptRecord]:
+        return [
+            AttemptRecord(
+                step=c.step,
+                attempt=c.attempt,
+                at=at,
+                outcome="failed" if c.response is None else "answered",
+                error=c.error,
+                costMicros=c.cost_micros,
+            )
+            for at, c in await self.model_calls(stored, job)
+        ]
+
+    async def model_call(self, stored: StoredPool, job: str, step: int) -> ModelCall | None:
+        """The latest attempt of `step` that got an answer (recovery reuses it, LRN-4)."""
+        answered = [
+            c for _, c in await self.model_calls(stored, job) if c.step == step and c.response
+        ]
+        return answered[-1] if answered else None
 
     @staticmethod
     def model_call_row(stored: StoredPool, job: str, call: ModelCall, at: int) -> Put:
-        key = f"{job}\x00{call.step}"
+        # One row per attempt: rows written before attempts were kept apart (`job\x00step`)
+        # still read back, since the record itself carries its step and attempt.
+        key = f"{job}\x00{call.step}\x00{call.attempt}"
         sealed = stored.cipher.seal(_enc.encode(call), aad(stored.pool, f"call\x00{key}"))
         return Put(MODEL_CALLS.name, (key, job, at, sealed))
 

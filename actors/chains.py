@@ -235,6 +235,8 @@ class ChainRunner:
                 self._texts.setdefault(updated.id, {})[effect.link] = {"request": effect.message}
                 await self._save(updated)
             if decision.action == "deliver":
+                # UI-1: the asking bot's chat shows what it sent, to whom (a real delivery only).
+                await self.conv.say_sent(chat, turn, bot.id, effect.target, effect.message)
                 self._spawn(self._deliver(updated.id, effect.link, org))
 
     async def _post(self, effect: Effect, bot: Bot, org: Org) -> None:

@@ -166,12 +166,26 @@ class Conversations:
         await self.commit(chat.id, sink)
         return item
 
+    async def say_sent(
+        self, chat: Chat, turn: str | None, sender: str, peer: str, text: str
+    ) -> Item:
+        """UI-1: the sending side of a real delivery, in the chat the bot sent from: the actual
+        body, marked `sent` to `peer` (the chain's own record of the request is not touched)."""
+        log = await self.log(chat.id)
+        sink = Sink()
+        item = self.item(log, turn, "delivery", sender)
+        self.append(log, chat, [(item, text)], sink)
+        sink.writes.append(self.store.communication_row(log, item.seq, "sent", peer))
+        await self.commit(chat.id, sink)
+        return item
+
     def prior(self, log: ChatLog, before: int) -> list[tuple[str, str, str]]:
-        """(kind, author, text) of the conversation before item `before`, decrypted once."""
+        """(kind, author, text) of the conversation before item `before`, decrypted once. A
+        bot's own sent records are left out: its words to the peer are not the chat's."""
         return [
             (i.kind, i.author, self.store.text(log, i.seq))
             for i in [i for i in log.items if i.seq < before][-HISTORY_ITEMS:]
-            if i.kind in ("person", "bot", "delivery")
+            if i.kind in ("person", "bot", "delivery") and i.seq not in log.comms
         ]
 
     @staticmethod
@@ -469,12 +483,14 @@ class Conversations:
 
     def _view(self, log: ChatLog, item: Item) -> ItemView:
         text = self.store.text(log, item.seq)
-        # Only a delivery the chain runner stored is shown as bot communication (UI-1).
-        communication = (
-            Communication(direction="received", peer=item.author, body=text)
-            if item.kind == "delivery"
-            else None
-        )
+        # Only a delivery the chain runner stored is shown as bot communication (UI-1): a sent
+        # one has its record; any other delivery item was received from its author.
+        communication = None
+        if item.seq in log.comms:
+            direction, peer = log.comms[item.seq]
+            communication = Communication(direction=direction, peer=peer, body=text)
+        elif item.kind == "delivery":
+            communication = Communication(direction="received", peer=item.author, body=text)
         return ItemView(
             id=item.id,
             kind=item.kind,

@@ -17,6 +17,7 @@ from storage.group_commit import DeleteWhere, Insert, Put, Write
 from storage.memory_store import MemoryStore, StoredPool
 from storage.shard_schema import (
     CHAT_ITEMS,
+    COMMUNICATIONS,
     CONFESSIONS,
     ENRICHMENTS,
     LEARN_POSITIONS,
@@ -153,6 +154,8 @@ class ChatLog:
     sealed: dict[int, bytes] = field(default_factory=dict)
     turns: dict[str, Turn] = field(default_factory=dict)
     committed: int = 0  # items up to this seq are on disk; later ones belong to a running turn
+    # seq → (direction, peer bot) of items that are real bot-to-bot deliveries (UI-1).
+    comms: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def cipher(self) -> Cipher:
@@ -180,15 +183,19 @@ class ChatStore:
                 [chat],
             ).fetchall()
             turns = con.execute("SELECT meta FROM turns WHERE chat = ?", [chat]).fetchall()
-            return items, turns
+            comms = con.execute(
+                "SELECT seq, direction, peer FROM communications WHERE chat = ?", [chat]
+            ).fetchall()
+            return items, turns, comms
 
-        items, turns = await self.db.run(read)
+        items, turns, comms = await self.db.run(read)
         log = ChatLog(chat=chat, key=key)
         log._floor = key.version  # the chat key row's version counts items ever written
         for seq, turn, kind, author, payload, at in items:
             log.items.append(Item(chat=chat, seq=seq, turn=turn, kind=kind, author=author, at=at))
             log.sealed[seq] = payload
         log.committed = log.items[-1].seq if log.items else 0
+        log.comms = {seq: (direction, peer) for seq, direction, peer in comms}
         for (meta,) in turns:
             t = _turn_dec.decode(meta)
             if t.status == "running":  # the process ended during this turn
@@ -217,7 +224,19 @@ class ChatStore:
         """Delete the history (API-5: what was learned from it stays)."""
         log.items.clear()
         log.sealed.clear()
-        return [DeleteWhere(CHAT_ITEMS.name, "chat", (log.chat,))]
+        log.comms.clear()
+        return [
+            DeleteWhere(CHAT_ITEMS.name, "chat", (log.chat,)),
+            DeleteWhere(COMMUNICATIONS.name, "chat", (log.chat,)),
+        ]
+
+    @staticmethod
+    def communication_row(log: ChatLog, seq: int, direction: str, peer: str) -> Insert:
+        """Mark item `seq` as a real delivery between bots (UI-1): only the chain runner, which
+        made the delivery, writes these; an item's wording never does."""
+        log.comms[seq] = (direction, peer)
+        row = (f"{log.chat}\x00{seq}", log.chat, seq, direction, peer)
+        return Insert(COMMUNICATIONS.name, row)
 
     def put_turn(self, log: ChatLog, turn: Turn) -> Put | Insert:
         op = Put if turn.id in log.turns else Insert  # a new row needs no delete first

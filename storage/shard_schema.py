@@ -76,6 +76,14 @@ MIGRATIONS: tuple[str, ...] = (
         key VARCHAR, pool VARCHAR, entry VARCHAR, model VARCHAR, fp VARCHAR, vec BLOB
     );
     """,
+    # 7: issue 15: which chat items are bot-to-bot communication and in which direction (UI-1),
+    # and requests (approvals) with their proposal sealed with the bot's pool key (ENR-3).
+    """
+    CREATE TABLE communications (
+        key VARCHAR, chat VARCHAR, seq BIGINT, direction VARCHAR, peer VARCHAR
+    );
+    CREATE TABLE requests (id VARCHAR, bot VARCHAR, doc VARCHAR, proposal BLOB);
+    """,
 )
 
 POOLS = Table(
@@ -244,3 +252,19 @@ WS_VECTORS = Table(
     ),
 )
 TABLES = (*TABLES, WS_VECTORS)
+
+# --- communication records and requests (issue 15, migration 7) ---
+COMMUNICATIONS = Table(
+    "communications",
+    (
+        ("key", "VARCHAR"),
+        ("chat", "VARCHAR"),
+        ("seq", "BIGINT"),
+        ("direction", "VARCHAR"),
+        ("peer", "VARCHAR"),
+    ),
+)
+REQUESTS = Table(
+    "requests", (("id", "VARCHAR"), ("bot", "VARCHAR"), ("doc", "VARCHAR"), ("proposal", "BLOB"))
+)
+TABLES = (*TABLES, COMMUNICATIONS, REQUESTS)

@@ -21,6 +21,7 @@ import msgspec
 
 from actors.models import ModelError
 from actors.workspace import WsAccess, WsQuery
+from engine.bot_policy import require_collaboration
 from engine.directory import Bot, Chat, Org, bot_pool
 from engine.errors import OpenBotError
 from engine.memory import Reader
@@ -287,6 +288,8 @@ class BotStepper:
                     args.get("rules"),
                 )
                 return _enc.encode({"id": member.id, "name": member.name}).decode()
+            if call.name in ("workspace_rename_agent", "workspace_archive_agent"):
+                return await self._manage_member(call.name, step, args)
             if call.name == "workspace_memory_search":
                 return await self._search(step, str(args.get("query", "")))
             if call.name == "workspace_send_to_agent":
@@ -299,11 +302,25 @@ class BotStepper:
             return _enc.encode({**e.details, "error": e.code, "message": e.message}).decode()
         return None
 
+    async def _manage_member(self, name: str, step: StepInput, args: dict) -> str:
+        """WS-3: the creator renames or archives a member it created (never its other rules)."""
+        directory = self.shard.peers.directory
+        member = await directory("find_bot", step.org.id, str(args.get("agent", "")))
+        editor = Editor(kind="bot", id=step.bot.id)
+        if name == "workspace_archive_agent":
+            changed = await directory("archive_bot", member.id, True, editor)
+            return _enc.encode({"id": changed.id, "archived": changed.archived}).decode()
+        update = parse_update({"expectedRevision": member.revision, "name": args.get("name")})
+        changed = await directory("update_rules", member.id, update, editor)
+        return _enc.encode({"id": changed.id, "name": changed.name}).decode()
+
     async def _send(self, step: StepInput, args: dict, effects: list[Effect]) -> str:
         agent, message = str(args.get("agent", "")), str(args.get("message", "")).strip()
+        require_collaboration(step.bot, step.org)  # WS-1: server policy, not a client toggle
         peer = await self.shard.peers.directory("find_bot", step.org.id, agent)
         if peer.id == step.bot.id:
             return _enc.encode({"error": "self_send", "message": "that is you"}).decode()
+        require_collaboration(peer, step.org, role="target")  # archived bots are not asked
         if not message:
             return _enc.encode({"error": "empty_message", "message": "say something"}).decode()
         link = "dlv_" + secrets.token_hex(8)
@@ -313,6 +330,7 @@ class BotStepper:
 
     async def _post(self, step: StepInput, args: dict, effects: list[Effect]) -> str:
         group, message = str(args.get("group", "")), str(args.get("message", "")).strip()
+        require_collaboration(step.bot, step.org)
         channel = await self.shard.peers.directory("get_channel", group)
         if step.bot.id not in channel.bots or channel.org != step.org.id:
             return _enc.encode(

@@ -313,6 +313,8 @@ class ChainRunner:
         await self._maybe_answer(chain_id, link.id, reply, org)
 
     async def _step(self, bot: Bot, step: StepInput) -> StepOutcome:
+        if bot.archived:  # archived after the chain began (WS-3): it is asked nothing more
+            return StepOutcome(status="failed", error="the bot is archived")
         peers = self.shard.peers
         try:
             return await peers.shard_call(peers.index_of(bot.owner), "run_step", step, (), 0)

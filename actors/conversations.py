@@ -24,6 +24,7 @@ import msgspec
 
 from actors.bot_step import BotStepper, Effect, Sink, StepInput, StepOutcome
 from actors.memory_bot import MemoryBotRuntime
+from engine.bot_policy import require_active, require_team
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
 from engine.discussion import Plan, plan_goal, plan_turn
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -234,10 +235,20 @@ class Conversations:
         if len(text) > MAX_TEXT:
             raise InvalidInput(f"text over {MAX_TEXT} characters", code="text_too_long")
         plan: Plan | None = None
+        if start.bot is not None:
+            require_active(start.bot)  # WS-3: an archived bot takes no turns
+        if start.members:  # archived members sit the turn out (WS-3)
+            start = msgspec.structs.replace(
+                start, members=tuple(b for b in start.members if not b.archived)
+            )
         if start.chat.kind == "group":
             if start.channel is None:
                 raise InvalidInput("a group turn needs its channel", code="invalid_chat")
             if start.channel.mode == "delivery":
+                leader = next((b for b in start.members if b.id == start.channel.leader), None)
+                if leader is None:
+                    raise Conflict("the group's leader is archived", code="bot_archived")
+                require_team(leader, start.org)  # WS-6: the policy may have changed since
                 plan = plan_goal(
                     members=[b.id for b in start.members],
                     leader=start.channel.leader,
@@ -330,7 +341,7 @@ class Conversations:
             done = msgspec.structs.replace(turn, status=outcome.status, error=outcome.error)
             sink.writes.append(self.store.put_turn(log, done))
             await self._own_rows(bot, turn.id, sink)
-            if learns(org, chat, outcome.confided):
+            if learns(org, chat, outcome.confided, bot):
                 sends = any(e.kind == "send" for e in effects)
                 job = self.new_job(
                     bot,
@@ -527,12 +538,13 @@ def _turn_id(chat: str, request_id: str) -> str:
     return "turn_" + hashlib.sha256(f"{chat}\x00{request_id}".encode()).hexdigest()[:16]
 
 
-def learns(org: Org, chat: Chat, confided: bool) -> bool:
+def learns(org: Org, chat: Chat, confided: bool, bot: Bot | None = None) -> bool:
     """A turn is learned from when the bot confided, or after every person turn with the org's
-    autoRecord (DESIGN "Learning triggers"); never with botMemory off, never in review chats."""
+    autoRecord unless the bot's owner paused it (WS-1) (DESIGN "Learning triggers"); never with
+    botMemory off, never in review chats."""
     if not org.settings.botMemory or chat.kind in ("review", "agent"):
         return False
-    return confided or org.settings.autoRecord
+    return confided or (org.settings.autoRecord and not (bot is not None and bot.autoRecordPaused))
 
 
 def require_chat_owner(chat: Chat, user: str) -> None:

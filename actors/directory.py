@@ -13,6 +13,7 @@ from pathlib import Path
 
 import msgspec
 
+from engine.bot_policy import require_team
 from engine.directory import (
     MAX_CHANNEL_BOTS,
     Bot,
@@ -29,7 +30,7 @@ from engine.directory import (
     require_use,
 )
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unprocessable
-from engine.self_rules import Editor, RulesUpdate, new_member, update_rules
+from engine.self_rules import Editor, RulesUpdate, new_member, set_archived, update_rules
 from storage.database import Database
 from storage.directory_store import MIGRATIONS, DirectoryStore, hash_token
 
@@ -179,6 +180,8 @@ class DirectoryService:
             raise InvalidInput("mode must be discussion or delivery", code="invalid_mode")
         if mode == "delivery" and (leader is None or leader not in bots):
             raise InvalidInput("a delivery channel needs a leader among its bots", code="no_leader")
+        if mode == "delivery":
+            require_team(self.bots[leader], self.orgs[org])  # WS-6: a leader with team permission
         channel = Channel(
             id=self._fresh_id(self.channels, id, "c_", "channel"),
             org=org,
@@ -273,6 +276,8 @@ class DirectoryService:
             raise InvalidInput("mode must be discussion or delivery", code="invalid_mode")
         if mode == "delivery" and (leader is None or leader not in ch.bots):
             raise Unprocessable("a delivery group needs a leader among its bots", code="no_leader")
+        if mode == "delivery":
+            require_team(self._get(self.bots, leader, "bot"), self.orgs[ch.org])
         ch = msgspec.structs.replace(ch, mode=mode, leader=leader if mode == "delivery" else None)
         await self.store.put("channels", ch)
         self.channels[ch.id] = ch
@@ -300,7 +305,25 @@ class DirectoryService:
         self, creator_id: str, name: str, prompt: str | None, rules: dict | None
     ) -> Bot:
         creator = self._get(self.bots, creator_id, "bot")
+        require_team(creator, self._get(self.orgs, creator.org, "org"))  # WS-1: team building
         bot = new_member(creator, bot_id=_new_id("b_"), name=name, prompt=prompt, rules=rules)
+        await self.store.put("bots", bot)
+        self.bots[bot.id] = bot
+        return bot
+
+    async def archive_bot(self, bot_id: str, archived: bool, editor: Editor) -> Bot:
+        """WS-3: its creator bot or a person with write archives (or restores) a bot."""
+        bot = set_archived(self._get(self.bots, bot_id, "bot"), archived, editor)
+        await self.store.put("bots", bot)
+        self.bots[bot.id] = bot
+        return bot
+
+    async def pause_auto_record(self, bot_id: str, paused: bool, user: str) -> Bot:
+        """WS-1: a person with write pauses (or resumes) auto-record for one bot."""
+        bot = self._get(self.bots, bot_id, "bot")
+        if permission(bot, user) != Permission.WRITE:
+            raise Forbidden("you need write on this bot", code="no_write")
+        bot = msgspec.structs.replace(bot, autoRecordPaused=paused)
         await self.store.put("bots", bot)
         self.bots[bot.id] = bot
         return bot

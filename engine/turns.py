@@ -76,6 +76,13 @@ WORKSPACE_TOOLS = (
         ["name"],
     ),
     _tool(
+        "workspace_rename_agent",
+        "Rename a member bot you created.",
+        {"agent": _S, "name": _S},
+        ["agent", "name"],
+    ),
+    _tool("workspace_archive_agent", "Archive a member bot you created.", {"agent": _S}, ["agent"]),
+    _tool(
         "workspace_memory_search",
         "Search memory that did not fit in your prompt.",
         {"query": _S, "scope": _S},

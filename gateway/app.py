@@ -461,6 +461,8 @@ def create_app(
         r(f"{WS}/collaboration", ws.collaborations, methods=["GET"]),
         r(f"{WS}/collaboration/{{id}}/stop", ws.stop_collaboration, methods=["POST"]),
         r(f"{WS}/bots/{{bot}}/rules", ws.bot_rules, methods=["GET", "PATCH"]),
+        r(f"{WS}/bots/{{bot}}", ws.bot_profile, methods=["GET", "PATCH"]),
+        r(f"{WS}/bots/{{bot}}/archive", ws.archive_bot, methods=["POST"]),
         r(f"{WS}/groups/{{channel}}/mode", ws.group_mode, methods=["POST"]),
         r(f"{WS}/memory-jobs", ws.memory_jobs, methods=["GET"]),
         r(f"{WS}/memory-jobs/{{id}}/retry", ws.retry_memory_job, methods=["POST"]),

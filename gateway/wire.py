@@ -120,6 +120,10 @@ class GroupMode(_Body):
     leader: str | None = None
 
 
+class Archive(_Body):
+    archived: bool = True
+
+
 class Backup(_Body):
     dir: str
 

@@ -27,8 +27,15 @@ from engine.errors import OpenBotError
 from engine.memory import Reader
 from engine.models import Message, ToolCall
 from engine.prompt_budget import ScopedEntry, pack
+from engine.requests import parse_proposal
 from engine.self_rules import Editor, parse_update, rules_view
-from engine.turns import accept_rewrite, bot_system_prompt, bot_tools, enrichment_messages
+from engine.turns import (
+    accept_rewrite,
+    bot_system_prompt,
+    bot_tools,
+    enrichment_messages,
+    review_prompt,
+)
 from engine.visibility import Visibility
 from storage.chat_store import ChatLog, Confession, Enrichment
 
@@ -56,6 +63,7 @@ class StepInput(msgspec.Struct, frozen=True, kw_only=True):
     history: tuple[Message, ...] = ()
     after: tuple[Message, ...] = ()  # said after `text` (earlier speakers of a group turn)
     channel: str | None = None
+    review: str | None = None  # a review chat: the proposal under review (ENR-3)
 
 
 class Effect(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,9 +100,9 @@ def reader_for(step: StepInput) -> Reader | None:
         return Reader(
             user="\x00", org=step.chat.org, channels=frozenset({step.channel}), uses_bot=True
         )
-    if step.chat.kind in ("direct", "review"):
+    if step.chat.kind == "direct":
         return Reader(user=step.operator, org=step.chat.org, uses_bot=True)
-    return None
+    return None  # a review sees only what the bot proposed, never enrichment (ENR-3)
 
 
 class BotStepper:
@@ -121,11 +129,15 @@ class BotStepper:
                 error="the bot has no model",
                 note="This bot has no model configured.",
             )
-        memory = await self._packed_memory(step)
-        messages = [Message(role="system", content=bot_system_prompt(bot, memory)), *step.history]
+        review = step.chat.kind == "review"
+        memory = "" if review else await self._packed_memory(step)
+        system = bot_system_prompt(bot, memory)
+        if step.review is not None:
+            system += "\n" + review_prompt(step.review)
+        messages = [Message(role="system", content=system), *step.history]
         messages.append(Message(role="user", content=text))  # ENR-3: the model sees the rewrite
         messages.extend(step.after)
-        tools = bot_tools(review=step.chat.kind == "review")
+        tools = bot_tools(review=review)
         confided = False
         confessions = 0
         effects: list[Effect] = []
@@ -294,6 +306,8 @@ class BotStepper:
                 return await self._search(step, str(args.get("query", "")))
             if call.name == "workspace_send_to_agent":
                 return await self._send(step, args, effects)
+            if call.name == "workspace_request_approval":
+                return await self._request(step, args)
             if call.name == "workspace_post_to_group":
                 return await self._post(step, args, effects)
         except msgspec.ValidationError as e:
@@ -327,6 +341,24 @@ class BotStepper:
         effects.append(Effect(kind="send", link=link, target=peer.id, message=message))
         # WS-4: a receipt at once; the peer's reply comes back later as a delivery.
         return _enc.encode({"receipt": link, "to": peer.id, "status": "queued"}).decode()
+
+    async def _request(self, step: StepInput, args: dict) -> str:
+        """ENR-3: store what the bot proposes, for the person of this turn (or the group's
+        people) to approve; the rewritten input it saw is never part of it."""
+        if step.chat.kind not in ("direct", "group") or step.wake != "person":
+            return _enc.encode(
+                {"error": "not_here", "message": "ask for approval in a person's chat"}
+            ).decode()
+        request = await self.shard.requests.create(
+            bot=step.bot.id,
+            org=step.chat.org,
+            chat=step.chat.id,
+            turn=step.turn,
+            owner=step.operator,
+            channel=step.channel if step.chat.kind == "group" else None,
+            proposal=parse_proposal(args),
+        )
+        return _enc.encode({"request": request.id, "status": request.status}).decode()
 
     async def _post(self, step: StepInput, args: dict, effects: list[Effect]) -> str:
         group, message = str(args.get("group", "")), str(args.get("message", "")).strip()

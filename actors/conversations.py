@@ -323,6 +323,11 @@ class Conversations:
         effects: tuple[Effect, ...] = ()
         job = None
         async with self.lock(chat.id):
+            under_review = (
+                await self.shard.requests.for_review_chat(chat.id)
+                if chat.kind == "review"
+                else None
+            )
             step = StepInput(
                 chat=chat,
                 bot=bot,
@@ -331,6 +336,7 @@ class Conversations:
                 turn=turn.id,
                 text=start.text,
                 history=self.history(log, person_item.seq),
+                review=under_review.proposal if under_review is not None else None,
             )
             try:
                 outcome = await self.stepper.run(step, log, sink)

@@ -268,6 +268,29 @@ class DirectoryService:
         self.chats[chat.id] = chat
         return chat
 
+    async def review_chat(self, request_id: str, user_id: str, org: str, bot_id: str) -> Chat:
+        """The `review` chat in which `user_id` talks a request over with the bot (ENR-3): one
+        per request and person, kept with the bot (its home is the bot owner's shard, where
+        the request is)."""
+        bot = self._get(self.bots, bot_id, "bot")
+        require_use(bot, user_id)
+        chat_id = f"chat_review_{request_id}_{user_id}"
+        existing = self.chats.get(chat_id)
+        if existing is not None:
+            return existing
+        chat = Chat(
+            id=chat_id,
+            kind="review",
+            owner=user_id,
+            org=org,
+            bot=bot_id,
+            created_at=self.clock(),
+            home=bot.owner,
+        )
+        await self.store.put("chats", chat)
+        self.chats[chat.id] = chat
+        return chat
+
     async def set_mode(self, channel_id: str, mode: str, leader: str | None) -> Channel:
         """Switch a group between equal discussion and a delivery goal (WS-6); the caller has
         checked that the group is idle."""

@@ -30,6 +30,7 @@ from actors.models import Model, load_models
 from actors.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeInfo, NodeModel
 from actors.peers import Peers
 from actors.pool import Pool
+from actors.requests import Requests
 from actors.semantic import semantic_search
 from actors.single_flight import SingleFlight
 from actors.workspace import RevisionView, Workspace, WsAccess, WsListing, WsQuery
@@ -63,6 +64,7 @@ from engine.memory import (
 from engine.memory_bot import MemoryBotSettings, SettingsPatch, apply_patch
 from engine.order import in_memory_order
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
+from engine.requests import RequestView
 from engine.scoped_memory import (
     Decision,
     Extraction,
@@ -144,6 +146,7 @@ class ShardService:
         self.learning = LearningRunner(self, chats, self.memory_bot)
         self.conversations = Conversations(self, chats, self.memory_bot, self.learning)
         self.learning.conversations = self.conversations
+        self.requests = Requests(self)
         self._started: asyncio.Task[int] | None = None
         self.workspace = Workspace(self, data_dir)
         self.workspace.semantic = semantic_search(
@@ -356,6 +359,26 @@ class ShardService:
         if chain is None or not chains.may_see(chain, user, channels):
             return None
         return await chains.stop(chain_id, user)
+
+    # --- requests (approvals, ENR-3) ---
+
+    async def requests_of(
+        self, user: str, channels: frozenset[str], status: str | None = None
+    ) -> list[RequestView]:
+        return await self.requests.listing(user, channels, status)
+
+    async def request(self, request_id: str, user: str, channels: frozenset[str]):
+        """The request if it is on this shard and `user` may see it, else None."""
+        found = await self.requests.find(request_id, user, channels)
+        return None if found is None else await self.requests.view(found)
+
+    async def decide_request(
+        self, request_id: str, user: str, channels: frozenset[str], approved: bool, note: str
+    ) -> RequestView | None:
+        return await self.requests.decide(request_id, user, channels, approved, note)
+
+    async def attach_review(self, request_id: str, chat: str) -> RequestView:
+        return await self.requests.attach_review(request_id, chat)
 
     async def verdict(self, chat: str, turn: str, user: str, accepted: bool, note: str) -> Turn:
         return await self.conversations.verdict(chat, turn, user, accepted, note)

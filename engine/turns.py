@@ -132,9 +132,25 @@ LEARNING_TOOLS = (
 )
 
 
+REQUEST_APPROVAL = _tool(
+    "workspace_request_approval",
+    "Ask the person to approve something you propose before you do it.",
+    {"title": _S, "proposal": _S},
+    ["proposal"],
+)
+
+
 def bot_tools(review: bool) -> tuple[ToolSpec, ...]:
-    """Review chats have no confide (LRN-10)."""
-    return WORKSPACE_TOOLS if review else (CONFIDE, *WORKSPACE_TOOLS)
+    """Review chats have no confide (LRN-10), and a review proposes nothing new (ENR-3)."""
+    return WORKSPACE_TOOLS if review else (CONFIDE, *WORKSPACE_TOOLS, REQUEST_APPROVAL)
+
+
+def review_prompt(proposal: str) -> str:
+    """What a review chat's bot is told: the request exactly as it proposed it (ENR-3)."""
+    return (
+        "This chat reviews a request you made, which waits for the person's approval. "
+        f"What you proposed:\n{proposal}"
+    )
 
 
 def bot_system_prompt(bot: Bot, memory_text: str = "") -> str:

@@ -37,6 +37,7 @@ from gateway.json_response import json, read_body
 from gateway.nodes import NodesEndpoint
 from gateway.openapi import openapi_document
 from gateway.read_cache import ReadCache
+from gateway.request_routes import RequestsApi
 from gateway.workspace_memory_routes import WorkspaceMemoryApi
 from gateway.workspace_routes import WorkspaceApi
 
@@ -434,6 +435,7 @@ def create_app(
     api = Api(engine, auth, hub)
     ws = WorkspaceApi(engine, auth)
     wm = WorkspaceMemoryApi(engine, auth)
+    rq = RequestsApi(engine, auth)
     r: Callable[..., Route] = Route
     routes = [
         r("/v1/admin/orgs", api.create_org, methods=["POST"]),
@@ -450,6 +452,10 @@ def create_app(
         r("/v1/chats/{chat}/turns/{turn}/verdict", api.verdict, methods=["POST"]),
         r("/v1/chats/{chat}/confessions", api.confessions, methods=["GET"]),
         r("/v1/chats/{chat}/enrichments", api.enrichments, methods=["GET"]),
+        r("/v1/requests", rq.listing, methods=["GET"]),
+        r("/v1/requests/{id}", rq.get, methods=["GET"]),
+        r("/v1/requests/{id}/decision", rq.decide, methods=["POST"]),
+        r("/v1/requests/{id}/review", rq.review, methods=["POST"]),
         r("/v1/bots/{bot}/memory", api.get_memory, methods=["GET"]),
         r("/v1/bots/{bot}/memory", api.post_memory, methods=["POST"]),
         r("/v1/bots/{bot}/memory/log", api.memory_log, methods=["GET"]),

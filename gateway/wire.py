@@ -120,6 +120,11 @@ class GroupMode(_Body):
     leader: str | None = None
 
 
+class Decision(_Body):
+    approved: bool
+    note: str = ""
+
+
 class Archive(_Body):
     archived: bool = True
 

@@ -10,10 +10,12 @@ import msgspec
 
 from actors.chains import ChainView
 from actors.conversations import TurnResult
+from engine.bot_policy import BotProfile
 from engine.directory import Bot, Channel, Chat, Org
 from engine.memory import EntryView, LogPage, MemoryPage
 from engine.memory_bot import MemoryBotSettings, SettingsPatch
 from engine.projects import ProjectCreate, ProjectView
+from engine.requests import RequestView
 from engine.scoped_memory import WsEntryView, WsForget, WsMemoryCreate
 from engine.self_rules import RulesUpdate
 from gateway import wire
@@ -219,6 +221,52 @@ ROUTES += [
         200,
     ),
     ("get", "/api/app/workspace/memory-export", "Markdown export (text/markdown)", None, None, 200),
+]
+
+# Requests (approvals) and bot profiles (issue 15: ENR-3, WS-1, WS-3).
+ROUTES += [
+    (
+        "get",
+        "/v1/requests",
+        "The caller's requests (?status=pending|approved|rejected)",
+        None,
+        None,
+        200,
+    ),
+    ("get", "/v1/requests/{id}", "A request: what the bot proposed", None, RequestView, 200),
+    (
+        "post",
+        "/v1/requests/{id}/decision",
+        "Approve or reject a request, once (409 already_decided)",
+        wire.Decision,
+        RequestView,
+        200,
+    ),
+    ("post", "/v1/requests/{id}/review", "Open the request's review chat", None, Chat, 201),
+    (
+        "get",
+        "/api/app/workspace/bots/{bot}",
+        "A bot's profile and server permissions",
+        None,
+        BotProfile,
+        200,
+    ),
+    (
+        "patch",
+        "/api/app/workspace/bots/{bot}",
+        "Pause or resume autoRecord; old team/collaboration toggles are ignored",
+        None,
+        BotProfile,
+        200,
+    ),
+    (
+        "post",
+        "/api/app/workspace/bots/{bot}/archive",
+        "Archive (or restore with {archived: false}) a bot",
+        wire.Archive,
+        BotProfile,
+        200,
+    ),
 ]
 
 _ERROR = {

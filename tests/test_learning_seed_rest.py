@@ -17,7 +17,7 @@ from actors.shard import ShardService, TurnStart
 from engine.directory import Bot, Chat, Org, OrgSettings
 from engine.learning import REQUEST_LIMIT
 from engine.memory import Reader
-from engine.memory_bot import Budget, SettingsPatch, next_period_start
+from engine.memory_bot import Budget, SettingsPatch
 from engine.models import Price
 from tests.conftest import LiveServer
 from tests.openai_stub import OpenAIStub, completion
@@ -156,7 +156,7 @@ def test_mb3_a_job_stopped_by_the_budget_runs_at_the_next_period_on_its_own(tmp_
         "mem": OpenAIModel("mem", base_url=servers[1].url + "/v1", model="m", price=price),
     }
     noon = int(datetime.datetime(2026, 3, 31, 12, tzinfo=datetime.UTC).timestamp() * 1000)
-    midnight = next_period_start("day", noon)
+    midnight = int(datetime.datetime(2026, 4, 1, tzinfo=datetime.UTC).timestamp() * 1000)
     clock = MovableClock(noon)
     org = Org(id="o1", name="o", settings=OrgSettings(botMemoryModel="mem", autoRecord=True))
     bot = Bot(id="b1", name="Helper", org="o1", owner="u_owner", model="bot")

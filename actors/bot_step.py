@@ -345,7 +345,7 @@ class BotStepper:
     async def _request(self, step: StepInput, args: dict) -> str:
         """ENR-3: store what the bot proposes, for the person of this turn (or the group's
         people) to approve; the rewritten input it saw is never part of it."""
-        if step.chat.kind not in ("direct", "group") or step.wake != "person":
+        if step.chat.kind not in ("direct", "group") or step.wake == "delivery":
             return _enc.encode(
                 {"error": "not_here", "message": "ask for approval in a person's chat"}
             ).decode()

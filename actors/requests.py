@@ -10,6 +10,7 @@ decisions exactly one wins and the others get 409.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,7 @@ import msgspec
 
 from engine import requests as rules
 from engine.directory import bot_pool
-from engine.errors import NotFound
+from engine.errors import NotFound, OpenBotError
 from engine.events import Audience, RequestChanged
 from engine.requests import ApprovalRequest, Proposal, RequestView
 from storage.crypto import aad
@@ -27,6 +28,7 @@ from storage.shard_schema import REQUESTS
 if TYPE_CHECKING:
     from actors.shard import ShardService
 
+log = logging.getLogger("openbot.requests")
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder(ApprovalRequest)
 
@@ -150,7 +152,22 @@ class Requests:
                 request, user=user, approved=approved, note=note, now=self.shard.clock()
             )
             await self._save(decided)
+        await self._tell_chat(decided)
         return await self.view(decided)
+
+    async def _tell_chat(self, request: ApprovalRequest) -> None:
+        """The chat the bot asked in shows the decision as a notification (never as the
+        person's words); its home may be another shard."""
+        peers = self.shard.peers
+        text = f"Request “{request.title}” {request.status}" + (
+            f": {request.note}" if request.note else "."
+        )
+        try:
+            chat = await peers.directory("get_chat", request.chat)
+            index = peers.index_of(chat.home or request.owner)
+            await peers.shard_call(index, "notify", chat, request.decidedBy or "", text)
+        except OpenBotError as e:  # the decision stands; the chat may be gone
+            log.warning("request %s: chat not told: %s", request.id, e.message)
 
     async def attach_review(self, request_id: str, chat: str) -> RequestView:
         async with self._lock:

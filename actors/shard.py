@@ -377,6 +377,11 @@ class ShardService:
     ) -> RequestView | None:
         return await self.requests.decide(request_id, user, channels, approved, note)
 
+    async def notify(self, chat: Chat, author: str, text: str) -> ItemView:
+        """A system notification in a chat homed here (a request's decision)."""
+        item = await self.conversations.say(chat, None, "notification", author, text)
+        return self.conversations._view(await self.conversations.log(chat.id), item)
+
     async def attach_review(self, request_id: str, chat: str) -> RequestView:
         return await self.requests.attach_review(request_id, chat)
 

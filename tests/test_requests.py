@@ -140,6 +140,10 @@ def test_enr3_request_and_review_see_only_the_proposal_never_the_enrichment(worl
         assert again.status_code == 409
         assert again.json()["error"]["code"] == "already_decided"
         assert alice.get("/v1/requests?status=approved").json()["requests"][-1]["id"] == req["id"]
+        told = alice.get(f"/v1/chats/{chat}/items").json()["items"][-1]
+        assert (
+            told["kind"] == "notification" and told["text"] == "Request “Laptop” approved: Go ahead"
+        )
         assert alice.get("/v1/requests?status=maybe").status_code == 400
 
 

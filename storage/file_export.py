@@ -259,7 +259,11 @@ class DataDirReader:
                     )
                 )
             for job in shard.jobs.get(pool, []):
-                jobs.append(ft.MemoryJob(**msgspec.structs.asdict(job)))
+                # The tree keeps the job's lasting fields; run-time ones (a budget wake-up time,
+                # listing-only attempt records) are rebuilt by the server that imports it.
+                fields = msgspec.structs.asdict(job)
+                kept = {k: v for k, v in fields.items() if k in ft.MemoryJob.__struct_fields__}
+                jobs.append(ft.MemoryJob(**kept))
         befores = {(r.entry, r.revision): r.before for r in revisions}
         for shard in self.shards:
             for revision, b in shard.barriers.get(pool, []):

@@ -144,11 +144,18 @@ def test_ws1_team_and_collaboration_are_server_policy_shown_on_the_profile(world
         if name == asker["name"]:
             if last["role"] == "tool":
                 return completion("Tried.")
+            if "Post" in str(last["content"]):
+                args = {"group": group["id"], "message": "Hello group"}
+                return completion(None, tool_calls=[("workspace_post_to_group", args)])
             args = {"agent": helper["name"], "message": "Please help"}
             return completion(None, tool_calls=[("workspace_send_to_agent", args)])
         return None
 
     bot_model.routes.append(route)
+    group = admin.post(
+        "/v1/admin/channels",
+        json={"org": world.org, "people": [world.users["alice"]], "bots": [asker["id"]]},
+    ).json()
     with world.client("alice") as alice, world.client("bob") as bob:
         status = _profile(alice, asker["id"])["permissions"]
         assert status == {
@@ -177,6 +184,8 @@ def test_ws1_team_and_collaboration_are_server_policy_shown_on_the_profile(world
         assert status["collaboration"] is False and status["team"] is False
         chat = alice.post("/v1/chats", json={"bot": asker["id"]}).json()["id"]
         assert alice.post(f"/v1/chats/{chat}/turns?wait=true", json={"text": "Ask"}).is_success
+        assert _tool_results(bot_model, asker["name"])[-1]["error"] == "collaboration_off"
+        assert alice.post(f"/v1/chats/{chat}/turns?wait=true", json={"text": "Post"}).is_success
         assert _tool_results(bot_model, asker["name"])[-1]["error"] == "collaboration_off"
         chains = alice.get(f"{WS}/collaboration").json()["collaborations"]
         assert all(c["rootChat"] != chat for c in chains)

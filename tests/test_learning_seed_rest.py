@@ -200,3 +200,24 @@ def test_mb3_a_job_stopped_by_the_budget_runs_at_the_next_period_on_its_own(tmp_
     assert waiting.status == "waiting" and waiting.wake_at == midnight
     assert job.status == "done"
     assert "Fact: I work at the harbour" in contents
+
+
+def test_mb3_memory_jobs_show_when_a_budget_stopped_job_runs_again(world, admin, engine):
+    """MB-3 through HTTP: with the budget spent the job is `waiting` and says when it runs
+    again: the start of the next budget period (here the next UTC day)."""
+    bot = _bot_with_memory(world, admin, auto_record=True)
+    shard = engine.shard_for(world.users["alice"])
+    with world.client("alice") as alice:
+        budget = {"period": "day", "limitMicros": 0}
+        r = alice.patch(f"/v1/bots/{bot}/memory/bot", json={"expected": 0, "budget": budget})
+        assert r.status_code == 200, r.text
+        chat = alice.post("/v1/chats", json={"bot": bot}).json()["id"]
+        assert alice.post(f"/v1/chats/{chat}/turns?wait=true", json={"text": "hi"}).is_success
+        ray.get(shard.learning_idle.remote())
+        (job,) = [j for j in alice.get(f"{WS}/memory-jobs").json()["jobs"] if j["chat"] == chat]
+    assert job["status"] == "waiting"
+    stopped = datetime.datetime.fromtimestamp(job["updated_at"] / 1000, datetime.UTC)
+    next_day = datetime.datetime.combine(
+        stopped.date() + datetime.timedelta(days=1), datetime.time(), datetime.UTC
+    )
+    assert job["wake_at"] == int(next_day.timestamp() * 1000)

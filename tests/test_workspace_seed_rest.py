@@ -279,8 +279,10 @@ def test_ws3_the_creator_renames_and_archives_its_member_and_archived_bots_take_
             return None
         if last["role"] == "tool":
             return completion("Done.")
-        tool, args = plans[str(last["content"]).split()[0]]
-        return completion(None, tool_calls=[(tool, args())])
+        plan = plans.get(str(last["content"]).split()[0])
+        if plan is None:
+            return completion("Hi.")
+        return completion(None, tool_calls=[(plan[0], plan[1]())])
 
     bot_model.routes.append(route)
     with world.client("alice") as alice, world.client("bob") as bob:
@@ -306,6 +308,15 @@ def test_ws3_the_creator_renames_and_archives_its_member_and_archived_bots_take_
         assert _tool_results(bot_model, boss["name"])[-1] == {"id": member, "archived": True}
         shown = _profile(alice, member)
         assert shown["archived"] is True and shown["permissions"]["collaboration"] is False
+        group = admin.post(
+            "/v1/admin/channels",
+            json={"org": world.org, "people": [world.users["alice"]], "bots": [boss["id"], member]},
+        ).json()
+        group_chat = alice.post("/v1/chats", json={"channel": group["id"]}).json()["id"]
+        r = alice.post(f"/v1/chats/{group_chat}/turns?wait=true", json={"text": "hello all"})
+        assert r.status_code == 200, r.text
+        # The archived member sits the group's turn out.
+        assert [i["author"] for i in r.json()["items"] if i["kind"] == "bot"] == [boss["id"]]
         member_chat = alice.post("/v1/chats", json={"bot": member}).json()["id"]
         refused = alice.post(f"/v1/chats/{member_chat}/turns", json={"text": "hello?"})
         assert refused.status_code == 409 and refused.json()["error"]["code"] == "bot_archived"

@@ -175,6 +175,18 @@ def test_ws1_team_and_collaboration_are_server_policy_shown_on_the_profile(world
             alice.patch(f"{WS}/bots/{asker['id']}", json={"colaboration": False}).status_code == 400
         )
         assert bob.patch(f"{WS}/bots/{asker['id']}", json={"autoRecord": False}).status_code == 403
+        led_before = admin.post(
+            "/v1/admin/channels",
+            json={
+                "org": world.org,
+                "people": [world.users["alice"]],
+                "bots": [asker["id"], helper["id"]],
+                "mode": "delivery",
+                "leader": asker["id"],
+            },
+        )
+        assert led_before.status_code == 201, led_before.text
+        goal_chat = alice.post("/v1/chats", json={"channel": led_before.json()["id"]}).json()
         # The server's policy, set by the admin for the org.
         off = admin.patch(
             f"/v1/admin/orgs/{world.org}", json={"settings": {"collaboration": False}}
@@ -200,6 +212,9 @@ def test_ws1_team_and_collaboration_are_server_policy_shown_on_the_profile(world
             },
         )
         assert led.status_code == 422 and led.json()["error"]["code"] == "no_team_permission"
+        # A delivery group made before: its leader no longer has team permission (WS-6).
+        goal = alice.post(f"/v1/chats/{goal_chat['id']}/turns", json={"text": "Ship it"})
+        assert goal.status_code == 422 and goal.json()["error"]["code"] == "no_team_permission"
         on = admin.patch(f"/v1/admin/orgs/{world.org}", json={"settings": {"collaboration": True}})
         assert on.status_code == 200
         assert _profile(alice, asker["id"])["permissions"]["collaboration"] is True

@@ -6,6 +6,7 @@ Held in memory, stored in `directory.duckdb`. Admin routes change it; every requ
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Callable
@@ -63,6 +64,7 @@ class DirectoryService:
         self._group_chats = {c.channel: c.id for c in self.chats.values() if c.kind == "group"}
         self.project_owners: dict[str, str] = self.store.load_project_owners()
         self.clock = clock
+        self._review_lock = asyncio.Lock()
 
     def _fresh_id(self, table: dict, given: str | None, prefix: str, what: str) -> str:
         if given is None:
@@ -275,15 +277,19 @@ class DirectoryService:
         bot = self._get(self.bots, bot_id, "bot")
         require_use(bot, user_id)
         chat_id = f"chat_review_{request_id}_{user_id}"
-        existing = self.chats.get(chat_id)
-        if existing is not None:
-            return existing
+        async with self._review_lock:  # check-then-create: one chat however many ask at once
+            existing = self.chats.get(chat_id)
+            if existing is not None:
+                return existing
+            return await self._new_review_chat(chat_id, user_id, org, bot)
+
+    async def _new_review_chat(self, chat_id: str, user_id: str, org: str, bot: Bot) -> Chat:
         chat = Chat(
             id=chat_id,
             kind="review",
             owner=user_id,
             org=org,
-            bot=bot_id,
+            bot=bot.id,
             created_at=self.clock(),
             home=bot.owner,
         )

@@ -204,11 +204,18 @@ def test_enr3_concurrent_decisions_one_wins_and_events_announce_it(world, admin,
                 *[c.post(url, json={"approved": k % 2 == 0, "note": f"n{k}"}) for k in range(24)]
             )
             final = (await c.get(f"/v1/requests/{req['id']}")).json()
+            review = f"/v1/requests/{req['id']}/review"
+            opened = await asyncio.gather(*[c.post(review) for _ in range(24)])
+            reviewed = (await c.get(f"/v1/requests/{req['id']}")).json()
         await asyncio.wait_for(listener, 15)
         await events.close()
-        return req, answers, final, frames
+        return req, answers, final, frames, opened, reviewed
 
-    req, answers, final, frames = asyncio.run(scenario())
+    req, answers, final, frames, opened, reviewed = asyncio.run(scenario())
+    # 24 concurrent opens of the review chat: one chat, the same answer to all.
+    assert {o.status_code for o in opened} == {201}
+    assert len({o.text for o in opened}) == 1
+    assert reviewed["reviewChats"] == [opened[0].json()["id"]]
     codes = sorted(a.status_code for a in answers)
     assert codes == [200] + [409] * 23
     (winner,) = [a.json() for a in answers if a.status_code == 200]

@@ -27,7 +27,7 @@ from actors.memory_bot import MemoryBotRuntime
 from engine.bot_policy import require_active, require_team
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
 from engine.discussion import Plan, plan_goal, plan_turn
-from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
+from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unavailable
 from engine.events import Audience, ChatItemCreated
 from engine.models import Message
 from storage.chat_store import (
@@ -105,6 +105,8 @@ class Conversations:
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._scheduled: set[str] = set()  # learning jobs this process created
+        # The channel as each group chat's last mode switch here left it (switch_mode).
+        self._switched: dict[str, Channel] = {}
 
     def _forget_log(self, chat: str) -> None:
         """A write of this chat failed: drop what memory holds so the next read reloads it."""
@@ -228,48 +230,60 @@ class Conversations:
 
     # --- turns ---
 
+    @staticmethod
+    def _plan(start: TurnStart) -> Plan | None:
+        """A group turn's plan from its channel's mode (WS-5, WS-6); None for direct chats."""
+        if start.chat.kind != "group":
+            if start.chat.kind not in ("direct", "review") or start.bot is None:
+                raise InvalidInput(
+                    "people post to direct, review and group chats", code="invalid_chat"
+                )
+            if start.rounds not in (None, 1) or start.mentions:
+                raise InvalidInput(
+                    "rounds and mentions apply to group chats", code="unsupported_option"
+                )
+            return None
+        if start.channel is None:
+            raise InvalidInput("a group turn needs its channel", code="invalid_chat")
+        if start.channel.mode == "delivery":
+            leader = next((b for b in start.members if b.id == start.channel.leader), None)
+            if leader is None:
+                raise Conflict("the group's leader is archived", code="bot_archived")
+            require_team(leader, start.org)  # WS-6: the policy may have changed since
+            return plan_goal(
+                members=[b.id for b in start.members],
+                leader=start.channel.leader,
+                rounds=start.rounds,
+                mentions=start.mentions,
+            )
+        return plan_turn(
+            members=[b.id for b in start.members],
+            names={b.id: b.name for b in start.members},
+            text=start.text,
+            rounds=start.rounds,
+            mentions=start.mentions,
+        )
+
     async def start_turn(self, start: TurnStart) -> Turn:
         text = start.text
         if not isinstance(text, str) or not text.strip():
             raise InvalidInput("text must be a non-empty string", code="invalid_text")
         if len(text) > MAX_TEXT:
             raise InvalidInput(f"text over {MAX_TEXT} characters", code="text_too_long")
-        plan: Plan | None = None
         if start.bot is not None:
             require_active(start.bot)  # WS-3: an archived bot takes no turns
         if start.members:  # archived members sit the turn out (WS-3)
             start = msgspec.structs.replace(
                 start, members=tuple(b for b in start.members if not b.archived)
             )
-        if start.chat.kind == "group":
-            if start.channel is None:
-                raise InvalidInput("a group turn needs its channel", code="invalid_chat")
-            if start.channel.mode == "delivery":
-                leader = next((b for b in start.members if b.id == start.channel.leader), None)
-                if leader is None:
-                    raise Conflict("the group's leader is archived", code="bot_archived")
-                require_team(leader, start.org)  # WS-6: the policy may have changed since
-                plan = plan_goal(
-                    members=[b.id for b in start.members],
-                    leader=start.channel.leader,
-                    rounds=start.rounds,
-                    mentions=start.mentions,
-                )
-            else:
-                plan = plan_turn(
-                    members=[b.id for b in start.members],
-                    names={b.id: b.name for b in start.members},
-                    text=text,
-                    rounds=start.rounds,
-                    mentions=start.mentions,
-                )
-        elif start.chat.kind not in ("direct", "review") or start.bot is None:
-            raise InvalidInput("people post to direct, review and group chats", code="invalid_chat")
-        elif start.rounds not in (None, 1) or start.mentions:
-            raise InvalidInput(
-                "rounds and mentions apply to group chats", code="unsupported_option"
-            )
+        plan = self._plan(start)  # bad input fails here, before anything is stored
         log = await self.log(start.chat.id)
+        if start.channel is not None:
+            # The group's mode as of now (the gateway read it earlier), read before taking the
+            # lock so that no actor is awaited under it; a switch that lands in between is
+            # seen under the lock below.
+            seen = self._switched.get(start.chat.id)
+            fresh = await self._current(start.channel)
         async with self.lock(start.chat.id):
             turn_id = (
                 _turn_id(start.chat.id, start.request_id)
@@ -278,6 +292,15 @@ class Conversations:
             )
             if turn_id in log.turns:
                 return log.turns[turn_id]  # the same request again: the same turn, not a second
+            if start.channel is not None:
+                # Mode switches happen here, under this lock (switch_mode): the latest one,
+                # if it came after the read above, is the mode. A turn never runs in a mode
+                # the group has left.
+                latest = self._switched.get(start.chat.id)
+                channel = latest if latest is not None and latest is not seen else fresh
+                if (channel.mode, channel.leader) != (start.channel.mode, start.channel.leader):
+                    start = msgspec.structs.replace(start, channel=channel)
+                    plan = self._plan(start)
             turn = Turn(
                 id=turn_id,
                 chat=start.chat.id,
@@ -301,6 +324,45 @@ class Conversations:
         self._tasks[turn.id] = task
         task.add_done_callback(lambda _t, k=turn.id: self._tasks.pop(k, None))
         return turn
+
+    async def _current(self, channel: Channel) -> Channel:
+        try:
+            return await self.shard.peers.directory("get_channel", channel.id)
+        except Unavailable as e:
+            if e.code != "no_peers":
+                raise
+            return channel  # a shard run without a directory (benchmarks): nothing switches
+
+    async def busy(self, chat: str) -> bool:
+        """Whether a turn of this chat runs (its rounds, or the learning and collaboration it
+        hands on after its end) or a collaboration it started is under way."""
+        if self.lock(chat).locked():
+            return True
+        return await self._busy_unlocked(chat)
+
+    async def _busy_unlocked(self, chat: str) -> bool:
+        log = await self.log(chat)
+        if any(t.status == "running" or t.id in self._tasks for t in log.turns.values()):
+            return True
+        for turn in list(log.turns):
+            if await self.chains.running_for(turn):
+                return True
+        return False
+
+    async def switch_mode(self, chat: str, channel: str, mode: str, leader: str | None) -> Channel:
+        """Switch a group between discussion and delivery only while it is idle (WS-6), as
+        one step with respect to its turns: the check and the switch hold the chat's turn
+        lock, which every turn takes to start, so no turn starts in between; a running turn
+        (its task is alive until its hand-offs are done) makes the switch a 409."""
+        lock = self.lock(chat)
+        if lock.locked():  # a turn is starting or running: do not queue behind it
+            raise Conflict("the group is busy; switch when it is idle", code="group_busy")
+        async with lock:
+            if await self._busy_unlocked(chat):
+                raise Conflict("the group is busy; switch when it is idle", code="group_busy")
+            switched = await self.shard.peers.directory("set_mode", channel, mode, leader)
+            self._switched[chat] = switched
+            return switched
 
     async def wait_turn(self, chat: str, turn_id: str, timeout: float = TURN_WAIT) -> TurnResult:
         task = self._tasks.get(turn_id)

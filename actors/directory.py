@@ -2,6 +2,15 @@
 
 Held in memory, stored in `directory.duckdb`. Admin routes change it; every request reads it
 (through the gateway's short cache) to learn who is asking and what they may use.
+
+Writes are compare-and-set (issue 12): every change checks what it depends on (an id is free, a
+revision is current, a channel has no group chat yet) and stores its record under one write lock,
+so no other change slips in at the store's `await` between the check and the write. The lock
+guards only the directory's memory and its one DuckDB thread (where writes are serial anyway);
+no other actor is awaited while it is held. Reads take no lock: memory changes after a commit.
+
+Org boundaries: a bot's owner and grantees, and a channel's people and bots, belong to the org
+of the bot or channel (422 `not_in_org`, `bot_not_in_org`); a direct chat works in its bot's org.
 """
 
 from __future__ import annotations
@@ -26,7 +35,9 @@ from engine.directory import (
     Permission,
     Principal,
     User,
+    bot_org,
     check_id,
+    may_use,
     permission,
     require_use,
 )
@@ -64,7 +75,8 @@ class DirectoryService:
         self._group_chats = {c.channel: c.id for c in self.chats.values() if c.kind == "group"}
         self.project_owners: dict[str, str] = self.store.load_project_owners()
         self.clock = clock
-        self._review_lock = asyncio.Lock()
+        # One writer at a time: a change's checks and its write with nothing in between.
+        self._write = asyncio.Lock()
 
     def _fresh_id(self, table: dict, given: str | None, prefix: str, what: str) -> str:
         if given is None:
@@ -80,43 +92,63 @@ class DirectoryService:
             raise NotFound(f"no {what} {key!r}", code=f"{what}_not_found")
         return record
 
+    def _require_in_org(self, user_id: str, org: str, role: str) -> User:
+        """A bot's owner or grantee, or a channel's person, is a person of that org."""
+        user = self._get(self.users, user_id, "user")
+        if org not in user.orgs:
+            raise Unprocessable(
+                f"{role} {user_id!r} is not a member of org {org!r}",
+                code="not_in_org",
+                details={"user": user_id, "org": org},
+            )
+        return user
+
+    async def _put(self, table: str, record, index: dict, **extra) -> None:
+        """Store one record, then make it the current one (callers hold the write lock)."""
+        await self.store.put(table, record, **extra)
+        index[record.id] = record
+
     # --- admin ---
 
     async def create_org(
         self, name: str, id: str | None = None, settings: OrgSettings | None = None
     ) -> Org:
-        org = Org(
-            id=self._fresh_id(self.orgs, id, "o_", "org"),
-            name=name,
-            settings=settings or OrgSettings(),
-        )
-        await self.store.put("orgs", org)
-        self.orgs[org.id] = org
-        return org
+        async with self._write:
+            org = Org(
+                id=self._fresh_id(self.orgs, id, "o_", "org"),
+                name=name,
+                settings=settings or OrgSettings(),
+            )
+            await self._put("orgs", org, self.orgs)
+            return org
 
     async def patch_org(self, org_id: str, settings: dict) -> Org:
-        org = self._get(self.orgs, org_id, "org")
-        merged = msgspec.structs.asdict(org.settings) | settings
-        try:
-            new_settings = msgspec.convert(merged, OrgSettings)
-        except msgspec.ValidationError as e:
-            raise InvalidInput(f"settings: {e}", code="invalid_settings") from e
-        org = msgspec.structs.replace(org, settings=new_settings)
-        await self.store.put("orgs", org)
-        self.orgs[org.id] = org
-        return org
+        async with self._write:
+            org = self._get(self.orgs, org_id, "org")
+            merged = msgspec.structs.asdict(org.settings) | settings
+            try:
+                new_settings = msgspec.convert(merged, OrgSettings)
+            except msgspec.ValidationError as e:
+                raise InvalidInput(f"settings: {e}", code="invalid_settings") from e
+            org = msgspec.structs.replace(org, settings=new_settings)
+            await self._put("orgs", org, self.orgs)
+            return org
 
     async def create_user(
         self, name: str, orgs: list[str], id: str | None = None
     ) -> tuple[User, str]:
-        for o in orgs:
-            self._get(self.orgs, o, "org")
-        user = User(id=self._fresh_id(self.users, id, "u_", "user"), name=name, orgs=tuple(orgs))
-        token = "obt_" + secrets.token_urlsafe(32)
-        await self.store.put("users", user, token=(hash_token(token), user.id, self.clock()))
-        self.users[user.id] = user
-        self._tokens[hash_token(token)] = user.id
-        return user, token
+        async with self._write:
+            for o in orgs:
+                self._get(self.orgs, o, "org")
+            user = User(
+                id=self._fresh_id(self.users, id, "u_", "user"), name=name, orgs=tuple(orgs)
+            )
+            token = "obt_" + secrets.token_urlsafe(32)
+            await self._put(
+                "users", user, self.users, token=(hash_token(token), user.id, self.clock())
+            )
+            self._tokens[hash_token(token)] = user.id
+            return user, token
 
     async def create_bot(
         self,
@@ -131,32 +163,32 @@ class DirectoryService:
         rules: BotRules | None = None,
         avatar: str | None = None,
     ) -> Bot:
-        self._get(self.orgs, org, "org")
-        self._get(self.users, owner, "user")
         if kind not in ("persistent", "temporary"):
             raise InvalidInput("kind must be persistent or temporary", code="invalid_kind")
-        bot = Bot(
-            id=self._fresh_id(self.bots, id, "b_", "bot"),
-            name=name,
-            org=org,
-            owner=owner,
-            kind=kind,
-            linked=linked,
-            model=model,
-            rules=rules or BotRules(name=name),
-            avatar=avatar,
-        )
-        await self.store.put("bots", bot)
-        self.bots[bot.id] = bot
-        return bot
+        async with self._write:
+            self._get(self.orgs, org, "org")
+            self._require_in_org(owner, org, "owner")
+            bot = Bot(
+                id=self._fresh_id(self.bots, id, "b_", "bot"),
+                name=name,
+                org=org,
+                owner=owner,
+                kind=kind,
+                linked=linked,
+                model=model,
+                rules=rules or BotRules(name=name),
+                avatar=avatar,
+            )
+            await self._put("bots", bot, self.bots)
+            return bot
 
     async def grant(self, bot_id: str, user_id: str, permission: Permission) -> Bot:
-        bot = self._get(self.bots, bot_id, "bot")
-        self._get(self.users, user_id, "user")
-        bot = msgspec.structs.replace(bot, grants={**bot.grants, user_id: permission})
-        await self.store.put("bots", bot)
-        self.bots[bot.id] = bot
-        return bot
+        async with self._write:
+            bot = self._get(self.bots, bot_id, "bot")
+            self._require_in_org(user_id, bot.org, "grantee")
+            bot = msgspec.structs.replace(bot, grants={**bot.grants, user_id: permission})
+            await self._put("bots", bot, self.bots)
+            return bot
 
     async def create_channel(
         self,
@@ -169,11 +201,6 @@ class DirectoryService:
         mode: str = "discussion",
         leader: str | None = None,
     ) -> Channel:
-        self._get(self.orgs, org, "org")
-        for u in people:
-            self._get(self.users, u, "user")
-        for b in bots:
-            self._get(self.bots, b, "bot")
         if len(set(bots)) > MAX_CHANNEL_BOTS:
             raise Unprocessable(
                 f"a channel has at most {MAX_CHANNEL_BOTS} bots", code="too_many_bots"
@@ -182,54 +209,93 @@ class DirectoryService:
             raise InvalidInput("mode must be discussion or delivery", code="invalid_mode")
         if mode == "delivery" and (leader is None or leader not in bots):
             raise InvalidInput("a delivery channel needs a leader among its bots", code="no_leader")
-        if mode == "delivery":
-            require_team(self.bots[leader], self.orgs[org])  # WS-6: a leader with team permission
-        channel = Channel(
-            id=self._fresh_id(self.channels, id, "c_", "channel"),
-            org=org,
-            name=name,
-            people=tuple(dict.fromkeys(people)),
-            bots=tuple(dict.fromkeys(bots)),
-            mode=mode,
-            leader=leader,
-        )
-        await self.store.put("channels", channel)
-        self.channels[channel.id] = channel
-        return channel
+        async with self._write:
+            self._get(self.orgs, org, "org")
+            for u in people:
+                self._require_in_org(u, org, "person")
+            for b in bots:
+                if self._get(self.bots, b, "bot").org != org:
+                    raise Unprocessable(
+                        f"bot {b!r} is not a bot of org {org!r}",
+                        code="bot_not_in_org",
+                        details={"bot": b, "org": org},
+                    )
+            if mode == "delivery":  # WS-6: a leader with team permission
+                require_team(self.bots[leader], self.orgs[org])
+            channel = Channel(
+                id=self._fresh_id(self.channels, id, "c_", "channel"),
+                org=org,
+                name=name,
+                people=tuple(dict.fromkeys(people)),
+                bots=tuple(dict.fromkeys(bots)),
+                mode=mode,
+                leader=leader,
+            )
+            await self._put("channels", channel, self.channels)
+            return channel
 
     async def create_chat(
         self,
         user_id: str,
-        org: str,
+        org: str | None,
         *,
         bot: str | None = None,
         channel: str | None = None,
         project: str | None = None,
         kind: str | None = None,
+        project_org: str | None = None,
     ) -> Chat:
         """A direct (or review) chat with a bot, or the group chat of a channel: a channel has
-        one group chat, so every member who opens it gets the same conversation."""
+        one group chat, so every member who opens it gets the same conversation (opening it is
+        idempotent: concurrent opens all get the one chat).
+
+        A direct chat works in the bot's org; `org`, when given (the `OpenBot-Org` header),
+        must be one of the user's orgs and the bot's. A selected project (whose membership the
+        gateway checked) must be of the chat's org: its memory goes into the bot's prompt."""
         if (bot is None) == (channel is None):
             raise InvalidInput("a chat needs exactly one of bot or channel", code="invalid_chat")
+        if kind not in (None, "review", "direct", "group"):
+            raise InvalidInput("kind may only be review", code="invalid_chat")
+        async with self._write:
+            return await self._create_chat(user_id, org, bot, channel, project, kind, project_org)
+
+    async def _create_chat(
+        self,
+        user_id: str,
+        org: str | None,
+        bot: str | None,
+        channel: str | None,
+        project: str | None,
+        kind: str | None,
+        project_org: str | None = None,
+    ) -> Chat:
+        user = self._get(self.users, user_id, "user")
         if bot is not None:
             b = self._get(self.bots, bot, "bot")
-            require_use(b, user_id)
+            require_use(b, user)
+            if kind not in (None, "review", "direct"):
+                raise InvalidInput("kind may only be review", code="invalid_chat")
+            org = bot_org(b, user, org)
             chat_kind = "review" if kind == "review" else "direct"
             home = b.owner
         else:
-            ch = self._get(self.channels, channel, "channel")
+            assert channel is not None
+            ch = self.channels.get(channel)
+            if ch is None or ch.org not in user.orgs:
+                # Another org's channel answers as one that does not exist: a probe learns
+                # nothing about other orgs' channel ids.
+                raise NotFound(f"no channel {channel!r}", code="channel_not_found")
             if user_id not in ch.people:
                 raise Forbidden("you are not a member of this channel", code="not_member")
-            org = ch.org
-            chat_kind = "group"
-            home = ch.id
             if kind not in (None, "group"):
                 raise InvalidInput("a channel's chat is a group chat", code="invalid_chat")
+            org, chat_kind, home = ch.org, "group", ch.id
             existing = self._group_chats.get(ch.id)
             if existing is not None:
                 return self.chats[existing]
-        if kind not in (None, "review", chat_kind):
-            raise InvalidInput("kind may only be review", code="invalid_chat")
+        if project is not None and project_org is not None and project_org != org:
+            # As for a project you are not a member of: another org's project is not found.
+            raise NotFound(f"no project {project}", code="project_not_found")
         chat = Chat(
             id=_new_id("chat_"),
             kind=chat_kind,
@@ -241,8 +307,7 @@ class DirectoryService:
             created_at=self.clock(),
             home=home,
         )
-        await self.store.put("chats", chat)
-        self.chats[chat.id] = chat
+        await self._put("chats", chat, self.chats)
         if channel is not None:
             self._group_chats[channel] = chat.id
         return chat
@@ -250,67 +315,68 @@ class DirectoryService:
     async def agent_chat(self, root: Chat, peer: str, chain: str, link: str) -> Chat:
         """The `agent` chat in which `peer` works on one delivery of a collaboration chain. It
         lives with the root chat (same home) and belongs to the root chat's person."""
-        self._get(self.bots, peer, "bot")
-        chat_id = f"chat_agent_{link}"
-        existing = self.chats.get(chat_id)
-        if existing is not None:
-            return existing
-        chat = Chat(
-            id=chat_id,
-            kind="agent",
-            owner=root.owner,
-            org=root.org,
-            bot=peer,
-            project=root.project,
-            created_at=self.clock(),
-            home=root.home,
-            chain=chain,
-        )
-        await self.store.put("chats", chat)
-        self.chats[chat.id] = chat
-        return chat
+        async with self._write:
+            self._get(self.bots, peer, "bot")
+            chat_id = f"chat_agent_{link}"
+            existing = self.chats.get(chat_id)
+            if existing is not None:
+                return existing
+            chat = Chat(
+                id=chat_id,
+                kind="agent",
+                owner=root.owner,
+                org=root.org,
+                bot=peer,
+                project=root.project,
+                created_at=self.clock(),
+                home=root.home,
+                chain=chain,
+            )
+            await self._put("chats", chat, self.chats)
+            return chat
 
     async def review_chat(self, request_id: str, user_id: str, org: str, bot_id: str) -> Chat:
         """The `review` chat in which `user_id` talks a request over with the bot (ENR-3): one
         per request and person, kept with the bot (its home is the bot owner's shard, where
         the request is)."""
-        bot = self._get(self.bots, bot_id, "bot")
-        require_use(bot, user_id)
-        chat_id = f"chat_review_{request_id}_{user_id}"
-        async with self._review_lock:  # check-then-create: one chat however many ask at once
+        async with self._write:  # check-then-create: one chat however many ask at once
+            bot = self._get(self.bots, bot_id, "bot")
+            require_use(bot, self._get(self.users, user_id, "user"))
+            chat_id = f"chat_review_{request_id}_{user_id}"
             existing = self.chats.get(chat_id)
             if existing is not None:
                 return existing
-            return await self._new_review_chat(chat_id, user_id, org, bot)
-
-    async def _new_review_chat(self, chat_id: str, user_id: str, org: str, bot: Bot) -> Chat:
-        chat = Chat(
-            id=chat_id,
-            kind="review",
-            owner=user_id,
-            org=org,
-            bot=bot.id,
-            created_at=self.clock(),
-            home=bot.owner,
-        )
-        await self.store.put("chats", chat)
-        self.chats[chat.id] = chat
-        return chat
+            chat = Chat(
+                id=chat_id,
+                kind="review",
+                owner=user_id,
+                org=org,
+                bot=bot.id,
+                created_at=self.clock(),
+                home=bot.owner,
+            )
+            await self._put("chats", chat, self.chats)
+            return chat
 
     async def set_mode(self, channel_id: str, mode: str, leader: str | None) -> Channel:
-        """Switch a group between equal discussion and a delivery goal (WS-6); the caller has
-        checked that the group is idle."""
-        ch = self._get(self.channels, channel_id, "channel")
+        """Switch a group between equal discussion and a delivery goal (WS-6). Only the shard
+        that keeps the group's chat calls this, holding the chat's turn lock after finding the
+        group idle (ShardService.switch_group_mode): no turn starts in between."""
         if mode not in ("discussion", "delivery"):
             raise InvalidInput("mode must be discussion or delivery", code="invalid_mode")
-        if mode == "delivery" and (leader is None or leader not in ch.bots):
-            raise Unprocessable("a delivery group needs a leader among its bots", code="no_leader")
-        if mode == "delivery":
-            require_team(self._get(self.bots, leader, "bot"), self.orgs[ch.org])
-        ch = msgspec.structs.replace(ch, mode=mode, leader=leader if mode == "delivery" else None)
-        await self.store.put("channels", ch)
-        self.channels[ch.id] = ch
-        return ch
+        async with self._write:
+            ch = self._get(self.channels, channel_id, "channel")
+            if mode == "delivery" and (leader is None or leader not in ch.bots):
+                raise Unprocessable(
+                    "a delivery group needs a leader among its bots", code="no_leader"
+                )
+            if mode == "delivery":
+                require_team(self._get(self.bots, leader, "bot"), self.orgs[ch.org])
+            ch = msgspec.structs.replace(
+                ch, mode=mode, leader=leader if mode == "delivery" else None
+            )
+            await self._put("channels", ch, self.channels)
+            return ch
 
     async def group_chat(self, channel_id: str) -> Chat:
         """The channel's group chat, created (owned by its first person) when it has none yet."""
@@ -320,42 +386,45 @@ class DirectoryService:
             return self.chats[existing]
         if not ch.people:
             raise Unprocessable("the channel has no people", code="empty_channel")
-        return await self.create_chat(ch.people[0], ch.org, channel=ch.id)
+        async with self._write:
+            return await self._create_chat(ch.people[0], None, None, ch.id, None, None)
 
     # --- bots' own rules (WS-2, WS-3) ---
 
     async def update_rules(self, bot_id: str, update: RulesUpdate, editor: Editor) -> Bot:
-        bot = update_rules(self._get(self.bots, bot_id, "bot"), update, editor)
-        await self.store.put("bots", bot)
-        self.bots[bot.id] = bot
-        return bot
+        """Compare-and-set on the rules' revision: of concurrent edits naming one revision,
+        exactly one is applied and the others get `stale_revision`."""
+        async with self._write:
+            bot = update_rules(self._get(self.bots, bot_id, "bot"), update, editor)
+            await self._put("bots", bot, self.bots)
+            return bot
 
     async def create_member(
         self, creator_id: str, name: str, prompt: str | None, rules: dict | None
     ) -> Bot:
-        creator = self._get(self.bots, creator_id, "bot")
-        require_team(creator, self._get(self.orgs, creator.org, "org"))  # WS-1: team building
-        bot = new_member(creator, bot_id=_new_id("b_"), name=name, prompt=prompt, rules=rules)
-        await self.store.put("bots", bot)
-        self.bots[bot.id] = bot
-        return bot
+        async with self._write:
+            creator = self._get(self.bots, creator_id, "bot")
+            require_team(creator, self._get(self.orgs, creator.org, "org"))  # WS-1: team building
+            bot = new_member(creator, bot_id=_new_id("b_"), name=name, prompt=prompt, rules=rules)
+            await self._put("bots", bot, self.bots)
+            return bot
 
     async def archive_bot(self, bot_id: str, archived: bool, editor: Editor) -> Bot:
         """WS-3: its creator bot or a person with write archives (or restores) a bot."""
-        bot = set_archived(self._get(self.bots, bot_id, "bot"), archived, editor)
-        await self.store.put("bots", bot)
-        self.bots[bot.id] = bot
-        return bot
+        async with self._write:
+            bot = set_archived(self._get(self.bots, bot_id, "bot"), archived, editor)
+            await self._put("bots", bot, self.bots)
+            return bot
 
     async def pause_auto_record(self, bot_id: str, paused: bool, user: str) -> Bot:
         """WS-1: a person with write pauses (or resumes) auto-record for one bot."""
-        bot = self._get(self.bots, bot_id, "bot")
-        if permission(bot, user) != Permission.WRITE:
-            raise Forbidden("you need write on this bot", code="no_write")
-        bot = msgspec.structs.replace(bot, autoRecordPaused=paused)
-        await self.store.put("bots", bot)
-        self.bots[bot.id] = bot
-        return bot
+        async with self._write:
+            bot = self._get(self.bots, bot_id, "bot")
+            if permission(bot, user) != Permission.WRITE:
+                raise Forbidden("you need write on this bot", code="no_write")
+            bot = msgspec.structs.replace(bot, autoRecordPaused=paused)
+            await self._put("bots", bot, self.bots)
+            return bot
 
     # --- lookups ---
 
@@ -365,7 +434,7 @@ class DirectoryService:
             return None
         user = self.users[user_id]
         channels = frozenset(c.id for c in self.channels.values() if user_id in c.people)
-        bots = frozenset(b.id for b in self.bots.values() if permission(b, user_id) is not None)
+        bots = frozenset(b.id for b in self.bots.values() if may_use(b, user))
         return Principal(user=user, channels=channels, bots=bots)
 
     async def get_bot(self, bot_id: str) -> Bot:
@@ -400,14 +469,15 @@ class DirectoryService:
         """Record that `owner`'s shard holds project `project_id` (a repeat is a no-op); an id
         another account registered is a conflict. Returns the owner."""
         check_id(project_id, "project id")
-        known = self.project_owners.get(project_id)
-        if known is not None:
-            if known != owner:
-                raise Conflict(f"project {project_id!r} already exists", code="exists")
-            return known
-        await self.store.put_project_owner(project_id, owner)
-        self.project_owners[project_id] = owner
-        return owner
+        async with self._write:
+            known = self.project_owners.get(project_id)
+            if known is not None:
+                if known != owner:
+                    raise Conflict(f"project {project_id!r} already exists", code="exists")
+                return known
+            await self.store.put_project_owner(project_id, owner)
+            self.project_owners[project_id] = owner
+            return owner
 
     async def project_owner(self, project_id: str) -> str | None:
         return self.project_owners.get(project_id)

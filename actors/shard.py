@@ -36,7 +36,7 @@ from actors.single_flight import SingleFlight
 from actors.workspace import RevisionView, Workspace, WsAccess, WsListing, WsQuery
 from engine import commands
 from engine.commands import Outcome
-from engine.directory import Bot, Chat, Org
+from engine.directory import Bot, Channel, Chat, Org
 from engine.errors import Conflict, InvalidInput, NotFound, StorageError
 from engine.events import (
     NOBODY,
@@ -389,16 +389,16 @@ class ShardService:
         return await self.conversations.verdict(chat, turn, user, accepted, note)
 
     async def chat_busy(self, chat: str) -> bool:
-        """Whether a turn or a collaboration of this chat is under way (mode switches wait)."""
-        log = await self.conversations.log(chat)
-        if self.conversations.lock(chat).locked():
-            return True
-        if any(t.status == "running" for t in log.turns.values()):
-            return True
-        for turn in log.turns:
-            if await self.conversations.chains.running_for(turn):
-                return True
-        return False
+        """Whether a turn or a collaboration of this chat is under way."""
+        return await self.conversations.busy(chat)
+
+    async def switch_group_mode(
+        self, chat: str, channel: str, mode: str, leader: str | None
+    ) -> Channel:
+        """WS-6's mode switch, done by the shard that keeps the group's chat so that it is
+        atomic with respect to the group's turns (Conversations.switch_mode)."""
+        self._ensure_started()
+        return await self.conversations.switch_mode(chat, channel, mode, leader)
 
     async def bot_node(self, model_name: str | None) -> NodeInfo:
         """Where a bot's model runs and whether memory reaches it there (ND-2, ND-3)."""

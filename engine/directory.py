@@ -11,7 +11,7 @@ import re
 
 import msgspec
 
-from engine.errors import Forbidden, InvalidInput
+from engine.errors import Forbidden, InvalidInput, NotFound
 
 ID_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
@@ -126,18 +126,44 @@ def permission(bot: Bot, user_id: str) -> Permission | None:
     return bot.grants.get(user_id)
 
 
-def require_use(bot: Bot, user_id: str) -> None:
-    """Using a bot (turns, Remember, Forget, reading one's own memory) needs read or write."""
-    if permission(bot, user_id) is None:
+def _require_same_org(bot: Bot, user: User) -> None:
+    """A bot works in its own org (issue 12): a person of another org cannot use it, whatever
+    grant an older directory may hold. To them it is as unknown as a free id."""
+    if bot.org not in user.orgs:
+        raise NotFound(f"no bot {bot.id!r}", code="bot_not_found")
+
+
+def require_use(bot: Bot, user: User) -> None:
+    """Using a bot (turns, Remember, Forget, reading one's own memory) needs read or write, and
+    the user must be a person of the bot's org."""
+    _require_same_org(bot, user)
+    if permission(bot, user.id) is None:
         raise Forbidden("you have no access to this bot", code="no_access")
 
 
-def require_write(bot: Bot, user_id: str) -> None:
+def require_write(bot: Bot, user: User) -> None:
     """Purge and memory-bot settings need write on a bot that is not a linked bot."""
+    _require_same_org(bot, user)
     if bot.linked:
         raise Forbidden("a linked bot's memory is managed where it is linked from", code="linked")
-    if permission(bot, user_id) != Permission.WRITE:
+    if permission(bot, user.id) != Permission.WRITE:
         raise Forbidden("you need write on this bot", code="no_write")
+
+
+def may_use(bot: Bot, user: User) -> bool:
+    return bot.org in user.orgs and permission(bot, user.id) is not None
+
+
+def bot_org(bot: Bot, user: User, requested: str | None) -> str:
+    """The org a user works in with a bot: the bot's own org. `requested` (the `OpenBot-Org`
+    header), when given, must be one of the user's orgs and the bot's org: memory written
+    through the bot is tagged `org:<bot's org>`, never with an org the bot does not work in."""
+    if requested:
+        resolve_org(user, requested)
+    _require_same_org(bot, user)
+    if requested and requested != bot.org:
+        raise Forbidden(f"this bot works in org {bot.org!r}, not {requested!r}", code="wrong_org")
+    return bot.org
 
 
 def resolve_org(user: User, requested: str | None) -> str:

@@ -51,7 +51,11 @@ class Project(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ProjectCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """`POST /api/app/workspace/projects` without `expectedRevision` (DESIGN §9)."""
+    """`POST /api/app/workspace/projects` without `expectedRevision` (DESIGN §9).
+
+    `id`, when given, is the account's own key for the project: the project's id is derived
+    from it and the account (the answer carries it), so no create reveals another account's
+    project ids."""
 
     requestId: str
     name: str

@@ -17,7 +17,9 @@ from actors.node_hub import hub_handle
 from actors.runtime import Engine, call
 from engine import tags as tagmod
 from engine.directory import (
+    Bot,
     Principal,
+    bot_org,
     bot_pool,
     chat_home,
     require_use,
@@ -135,27 +137,35 @@ class Api:
         principal = await self.auth.user(request)
         body = wire.decode(await read_body(request), wire.CreateChat)
         assert principal.user is not None
-        org = resolve_org(principal.user, request.headers.get("openbot-org"))
+        project_org = None
         if body.project is not None:
-            await self._require_project_member(body.project, principal.user.id)
+            project_org = await self._require_project_member(body.project, principal.user.id)
+        # The directory decides the chat's org (the bot's or the channel's) and checks the
+        # header against it.
+        requested = request.headers.get("openbot-org") or None
+        if requested is not None and body.channel is not None:
+            resolve_org(principal.user, requested)
         chat = await call(
             self.engine.directory.create_chat,
             principal.user.id,
-            org,
+            requested,
             bot=body.bot,
             channel=body.channel,
             project=body.project,
             kind=body.kind,
+            project_org=project_org,
         )
         return json(chat, 201)
 
-    async def _require_project_member(self, project: str, user: str) -> None:
+    async def _require_project_member(self, project: str, user: str) -> str:
         """A chat may select only a project its person is a member of (WS-7): its memory is
-        packed into prompts and learned facts are written to it."""
+        packed into prompts and learned facts are written to it. Returns the project's org."""
         owner = await call(self.engine.directory.project_owner, project)
         mine = [] if owner is None else await call(self.engine.shard_for(owner).ws_projects, user)
-        if not any(p.id == project for p in mine):
-            raise NotFound(f"no project {project}", code="project_not_found")
+        for p in mine:
+            if p.id == project:
+                return p.org
+        raise NotFound(f"no project {project}", code="project_not_found")
 
     async def _chat(self, request: Request, *, owner_only: bool = False) -> ChatAccess:
         """The chat and where it lives, for who may read it: a direct, review or agent chat's
@@ -165,6 +175,9 @@ class Api:
         assert principal.user is not None
         user = principal.user.id
         chat = await call(self.engine.directory.get_chat, request.path_params["chat"])
+        if chat.org not in principal.user.orgs:
+            # Another org's chat answers like an id nobody has (issue 12).
+            raise NotFound(f"no chat {chat.id!r}", code="chat_not_found")
         if chat.kind == "group":
             if chat.channel not in principal.channels:
                 raise Forbidden("you are not a member of this group", code="not_member")
@@ -178,7 +191,7 @@ class Api:
             raise InvalidInput("this chat has no bot", code="invalid_chat")
         bot = await self.auth.bot(chat.bot)
         if chat.kind != "agent":
-            require_use(bot, user)
+            require_use(bot, principal.user)
         return ChatAccess(
             principal, chat, bot, None, self.engine.shard_for(chat_home(chat, bot.owner))
         )
@@ -313,8 +326,8 @@ class Api:
         principal = await self.auth.user(request)
         assert principal.user is not None
         bot = await self.auth.bot(request.path_params["bot"])
-        (require_write if write else require_use)(bot, principal.user.id)
-        reader = _reader(principal, request, bot.id)
+        (require_write if write else require_use)(bot, principal.user)
+        reader = _reader(principal, request, bot)
         return bot, self.engine.shard_for(bot.owner), reader
 
     async def get_memory(self, request: Request) -> Response:
@@ -401,7 +414,7 @@ class Api:
         principal = await self.auth.user(request)
         assert principal.user is not None
         bot = await self.auth.bot(request.path_params["bot"])
-        require_use(bot, principal.user.id)
+        require_use(bot, principal.user)
         info = await call(self.engine.shard_for(bot.owner).bot_node, bot.model)
         return json(
             {
@@ -419,9 +432,11 @@ class Api:
         return json({"ok": True})
 
 
-def _reader(principal: Principal, request: Request, bot_id: str) -> Reader:
+def _reader(principal: Principal, request: Request, bot: Bot) -> Reader:
+    """The caller reading or writing through `bot`: in the bot's org (issue 12: a Remember is
+    tagged `org:<the bot's org>`, never with an org the bot does not work in)."""
     assert principal.user is not None
-    org = resolve_org(principal.user, request.headers.get("openbot-org"))
+    org = bot_org(bot, principal.user, request.headers.get("openbot-org"))
     return Reader(user=principal.user.id, org=org, channels=principal.channels, uses_bot=True)
 
 

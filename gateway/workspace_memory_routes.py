@@ -25,7 +25,7 @@ from starlette.responses import Response
 from actors.runtime import Engine, call
 from actors.workspace import WsAccess, WsListing, WsQuery
 from engine import projects as projmod
-from engine.directory import Principal, check_id, require_use, resolve_org
+from engine.directory import Principal, User, check_id, require_use, resolve_org
 from engine.errors import InvalidInput, NotFound
 from engine.memory import Scope
 from engine.memory_export import render
@@ -48,6 +48,17 @@ def derived_project_id(owner: str, request_id: str) -> str:
     """The id of a project created without one: the same for a repeated request, so a retry
     finds the first one's receipt (and directory entry) instead of making another."""
     digest = hashlib.sha256(f"{owner}\x00{request_id}".encode()).hexdigest()
+    return "p_" + digest[:20]
+
+
+def account_project_id(owner: str, given: str) -> str:
+    """The id of a project created with an explicit `id`: that id is the account's own key,
+    namespaced by the account (issue 12). Two accounts giving the same id get two projects,
+    so creating one never answers "already exists" for another account's (or org's) project:
+    a probe cannot tell a taken id from a free one. The same account and id always give the
+    same project (a second create with a new requestId is 409 `exists`)."""
+    check_id(given, "project id")
+    digest = hashlib.sha256(f"{owner}\x00id\x00{given}".encode()).hexdigest()
     return "p_" + digest[:20]
 
 
@@ -113,7 +124,11 @@ class WorkspaceMemoryApi:
         if isinstance(change, ProjectCreate):
             assert principal.user is not None
             org = resolve_org(principal.user, request.headers.get("openbot-org"))
-            pid = change.id if change.id is not None else derived_project_id(me, change.requestId)
+            if change.id is not None:
+                pid = account_project_id(me, change.id)
+                change = msgspec.structs.replace(change, id=None)
+            else:
+                pid = derived_project_id(me, change.requestId)
             shard = self.engine.shard_for(me)
             project = await call(shard.ws_save_project, me, org, change, pid)
             return json(project, 201)
@@ -127,6 +142,7 @@ class WorkspaceMemoryApi:
         self,
         access: WsAccess,
         request: Request,
+        user: User,
         *,
         status: str | None = None,
         search: bool = True,
@@ -155,7 +171,7 @@ class WorkspaceMemoryApi:
         names: dict[str, str] = {}
         if bot_id is not None:
             bot = await self.auth.bot(bot_id)
-            require_use(bot, me)
+            require_use(bot, user)
             names[bot.id] = bot.name
         shards = self.engine.shards
         pools: dict[int, list[str]] = {}
@@ -215,9 +231,10 @@ class WorkspaceMemoryApi:
         return ordered, names
 
     async def memories(self, request: Request) -> Response:
-        _, access = await self._caller(request)
+        principal, access = await self._caller(request)
+        assert principal.user is not None
         if request.method == "GET":
-            entries, _ = await self._collect(access, request)
+            entries, _ = await self._collect(access, request, principal.user)
             return json({"entries": entries})
         body = decode_memory_write(await read_body(request))
         if isinstance(body, WsMemoryChange):
@@ -225,7 +242,7 @@ class WorkspaceMemoryApi:
             return json(await call(shard.ws_change_memory, access, body))
         projmod.check_request_id(body.requestId)
         bot = await self.auth.bot(body.bot)
-        require_use(bot, access.account)
+        require_use(bot, principal.user)
         if body.scope == Scope.BOT:
             shard = self.engine.shard_for(bot.owner)
         elif body.scope == Scope.USER:
@@ -250,8 +267,11 @@ class WorkspaceMemoryApi:
         return json({"revisions": await call(shard.ws_revisions, access, entry_id)})
 
     async def export(self, request: Request) -> Response:
-        _, access = await self._caller(request)
-        entries, names = await self._collect(access, request, status="active", search=False)
+        principal, access = await self._caller(request)
+        assert principal.user is not None
+        entries, names = await self._collect(
+            access, request, principal.user, status="active", search=False
+        )
         bot_names = {k: v for k, v in names.items() if ":" not in k}
         for contributor in {e.contributor for e in entries} - set(bot_names):
             with contextlib.suppress(NotFound):  # a contributor bot removed since

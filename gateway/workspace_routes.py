@@ -9,7 +9,7 @@ from starlette.responses import Response
 from actors.runtime import Engine, call
 from engine.bot_policy import parse_profile_patch, profile
 from engine.directory import chat_home, require_use
-from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unprocessable
+from engine.errors import Forbidden, InvalidInput, NotFound, Unprocessable
 from engine.self_rules import Editor, parse_update, rules_view
 from gateway import wire
 from gateway.auth import Auth
@@ -88,9 +88,9 @@ class WorkspaceApi:
             raise Unprocessable("a delivery group needs a leader among its bots", code="no_leader")
         chat = await call(directory.group_chat, channel_id)
         home = self.engine.shard_for(chat_home(chat))
-        if await call(home.chat_busy, chat.id):
-            raise Conflict("the group is busy; switch when it is idle", code="group_busy")
-        channel = await call(directory.set_mode, channel_id, body.mode, body.leader)
+        # The home shard checks that the group is idle and switches under the chat's turn
+        # lock: no turn can start between the check and the switch (issue 12).
+        channel = await call(home.switch_group_mode, chat.id, channel_id, body.mode, body.leader)
         self.auth.directory_changed()
         return json(channel)
 
@@ -100,7 +100,7 @@ class WorkspaceApi:
         principal = await self.auth.user(request)
         assert principal.user is not None
         bot = await call(self.engine.directory.get_bot, request.path_params["bot"])
-        require_use(bot, principal.user.id)
+        require_use(bot, principal.user)
         if request.method == "GET":
             return json(rules_view(bot))
         update = parse_update(wire.decode_any(await read_body(request)))
@@ -117,7 +117,7 @@ class WorkspaceApi:
         assert principal.user is not None
         directory = self.engine.directory
         bot = await call(directory.get_bot, request.path_params["bot"])
-        require_use(bot, principal.user.id)
+        require_use(bot, principal.user)
         ignored: list[str] = []
         if request.method == "PATCH":
             auto_record, ignored = parse_profile_patch(wire.decode_any(await read_body(request)))
@@ -133,7 +133,7 @@ class WorkspaceApi:
         assert principal.user is not None
         directory = self.engine.directory
         bot = await call(directory.get_bot, request.path_params["bot"])
-        require_use(bot, principal.user.id)
+        require_use(bot, principal.user)
         raw = await read_body(request)
         body = wire.decode(raw, wire.Archive) if raw.strip() else wire.Archive()
         editor = Editor(kind="user", id=principal.user.id)

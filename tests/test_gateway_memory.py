@@ -259,6 +259,8 @@ def test_admin_cli_against_a_running_server(server, world):
     user = cli("user", "create", "--name", "Cli", "--org", org)
     assert user["token"].startswith("obt_")
     bot = cli("bot", "create", "--name", "cb", "--org", org, "--owner", user["id"])["id"]
-    assert cli("grant", "--bot", bot, "--user", world.users["bob"], "--permission", "read")
+    # A grantee is a person of the bot's org (issue 12: no grant across orgs).
+    reader = cli("user", "create", "--name", "Reader", "--org", org)["id"]
+    assert cli("grant", "--bot", bot, "--user", reader, "--permission", "read")
     channel = cli("channel", "create", "--org", org, "--person", user["id"], "--bot", bot)
     assert channel["bots"] == [bot] and channel["people"] == [user["id"]]

@@ -21,6 +21,7 @@ import msgspec
 
 from actors.models import ModelError
 from actors.workspace import WsAccess, WsQuery
+from engine.bot_memory import as_scoped
 from engine.bot_policy import require_collaboration
 from engine.directory import Bot, Chat, Org, bot_pool
 from engine.errors import OpenBotError
@@ -36,7 +37,6 @@ from engine.turns import (
     enrichment_messages,
     review_prompt,
 )
-from engine.visibility import Visibility
 from storage.chat_store import ChatLog, Confession, Enrichment
 
 if TYPE_CHECKING:
@@ -73,6 +73,31 @@ class Effect(msgspec.Struct, frozen=True, kw_only=True):
     message: str
 
 
+class ToolUse(msgspec.Struct, frozen=True, kw_only=True):
+    """One tool call of the bot and its result, stored as a `tool_result` chat item (MEM-3): a
+    source learning may cite beside a person's words (LRN-9), giving the entry `app:<tool>`."""
+
+    tool: str
+    arguments: str
+    result: str
+
+
+# Not app tools, so their results are not recorded as chat items: `confide` (kept as
+# confessions), tools about the bot itself (its rules, its members: the owner's prompt is not
+# the chat's to read), and collaboration sends (their receipts become the chain's records and
+# the peer's reply a delivery item).
+UNRECORDED_TOOLS = frozenset(
+    {
+        "confide",
+        "workspace_get_self_rules",
+        "workspace_update_self_rules",
+        "workspace_create_agent",
+        "workspace_send_to_agent",
+        "workspace_post_to_group",
+    }
+)
+
+
 class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
     status: str  # done | failed
     error: str | None = None
@@ -80,6 +105,7 @@ class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
     note: str | None = None  # a system notification instead of a reply
     effects: tuple[Effect, ...] = ()
     confided: bool = False
+    tools: tuple[ToolUse, ...] = ()  # app tool calls with their results, in order (MEM-3)
 
 
 @dataclass
@@ -89,6 +115,12 @@ class Sink:
     writes: list = field(default_factory=list)
     events: list = field(default_factory=list)
     calls: list = field(default_factory=list)  # the memory bot's model calls (SEC-1 call log)
+
+
+def memory_reader(step: StepInput) -> Reader:
+    """Whose view of the bot's memory its prompt carries: the step's reader; for a delivery
+    between bots, only what is for everyone who uses the bot in the chat's org."""
+    return reader_for(step) or Reader(user="\x00", org=step.chat.org, uses_bot=True)
 
 
 def reader_for(step: StepInput) -> Reader | None:
@@ -138,9 +170,11 @@ class BotStepper:
         messages.append(Message(role="user", content=text))  # ENR-3: the model sees the rewrite
         messages.extend(step.after)
         tools = bot_tools(review=review)
+        offered = {t.name for t in tools}  # a made-up tool name is never recorded
         confided = False
         confessions = 0
         effects: list[Effect] = []
+        used: list[ToolUse] = []
         done = None
         for _ in range(TOOL_ROUNDS):
             try:
@@ -152,6 +186,7 @@ class BotStepper:
                     note="The bot's model did not answer.",
                     effects=tuple(effects),
                     confided=confided,
+                    tools=tuple(used),
                 )
             if not done.tool_calls:
                 break
@@ -166,11 +201,25 @@ class BotStepper:
                         confessions += 1
                 else:
                     result = await self._workspace_tool(call, step, effects)
+                if call.name in offered and call.name not in UNRECORDED_TOOLS:
+                    used.append(
+                        ToolUse(
+                            tool=call.name,
+                            arguments=call.arguments,
+                            result=result or "not available",
+                        )
+                    )
                 messages.append(
                     Message(role="tool", content=result or "not available", tool_call_id=call.id)
                 )
         reply = (done.text if done else "") or ""
-        return StepOutcome(status="done", reply=reply, effects=tuple(effects), confided=confided)
+        return StepOutcome(
+            status="done",
+            reply=reply,
+            effects=tuple(effects),
+            confided=confided,
+            tools=tuple(used),
+        )
 
     async def memory_allowed(self, bot: Bot) -> bool:
         """ND-2: memory reaches a bot's model only on a node that isolates it (the built-in
@@ -182,11 +231,11 @@ class BotStepper:
         return (await isolation())[0]
 
     async def _scopes(self, step: StepInput, q: str | None = None) -> list[tuple[int, WsQuery]]:
-        """Where the step's workspace memory lives: the bot's scope here; in a person's direct
-        chat also the person's own scope and the chat's project (membership is checked where
-        the project lives)."""
+        """Where the step's user and project memory lives: in a person's direct chat the
+        person's own scope and the chat's project (membership is checked where the project
+        lives). The bot's own scope is its one memory, read here (`_bot_scope`)."""
         peers = self.shard.peers
-        wanted = [(self.shard.index, WsQuery(pools=(f"bot:{step.bot.id}",), projects=(), q=q))]
+        wanted: list[tuple[int, WsQuery]] = []
         if step.chat.kind in ("direct", "review"):
             user_pool = WsQuery(pools=(f"user:{step.operator}",), projects=(), q=q)
             wanted.append((peers.index_of(step.operator), user_pool))
@@ -206,7 +255,8 @@ class BotStepper:
         access = WsAccess(account=step.operator, bots=frozenset({step.bot.id}))
         peers = self.shard.peers
         wanted = await self._scopes(step)
-        scoped: list[ScopedEntry] = []
+        async with self.shard.bot_memory.read(bot_pool(step.bot.id), memory_reader(step)) as snap:
+            scoped = [as_scoped(m, snap.open(m.id)) for m in snap.usable()]
         for index, query in wanted:
             try:
                 listing = await peers.shard_call(index, "ws_entries", access, query)
@@ -375,28 +425,18 @@ class BotStepper:
         return _enc.encode({"receipt": link, "group": channel.id, "status": "posted"}).decode()
 
     async def _search(self, step: StepInput, query: str) -> str:
-        """Entries of the bot's memory that the step's reader may use and that match the query."""
+        """Entries of the bot's memory that the step's reader may use and that match the query,
+        through the pool's one visibility-checked search (ENR-5), then the person's and the
+        project's scopes."""
         reader = reader_for(step)
-        terms = [t for t in query.casefold().split() if t]
         if not await self.memory_allowed(step.bot):
             return _enc.encode(
                 {"error": "memory_not_isolated", "message": "memory is off on this node"}
             ).decode()
-        if reader is None or not terms:
+        if reader is None or not query.split():
             return _enc.encode({"entries": []}).decode()
-        pool = await self.shard._pool(bot_pool(step.bot.id))
-        hits = []
-        async with pool.lock.shared():
-            vis = Visibility(reader, pool.entries)
-            for entry_id in pool.candidates(reader):
-                if not vis.usable(entry_id):
-                    continue
-                content = self.shard.store.open_content(pool.stored, entry_id)
-                folded = content.casefold()
-                if all(t in folded for t in terms):
-                    hits.append({"id": entry_id, "content": content})
-                    if len(hits) >= SEARCH_HITS:
-                        break
+        found = await self.shard.search_memory(bot_pool(step.bot.id), reader, query, SEARCH_HITS)
+        hits = [{"id": i, "content": text} for i, text in found]
         # The workspace scopes too: what did not fit the prompt is found here (SC-5).
         access = WsAccess(account=step.operator, bots=frozenset({step.bot.id}))
         for index, ws_query in await self._scopes(step, q=query):

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 MAX_TEXT = 32_000
 HISTORY_ITEMS = 50
 TURN_WAIT = 180.0
+_tool_enc = msgspec.json.Encoder()
 
 
 class TurnStart(msgspec.Struct, frozen=True, kw_only=True):
@@ -434,9 +435,22 @@ class Conversations:
                 chat, org, turn.id, bot, effects, parent=None, chain=None, learn=waiting
             )
 
+    def tool_items(
+        self, log: ChatLog, chat: Chat, turn: str, outcome: StepOutcome, sink: Sink
+    ) -> None:
+        """The bot's app tool calls and results as `tool_result` items (MEM-3), authored by the
+        tool: sources learning may cite beside what a person said, never alone (LRN-9)."""
+        for use in outcome.tools:
+            item = self.item(log, turn, "tool_result", use.tool)
+            text = _tool_enc.encode(
+                {"tool": use.tool, "arguments": use.arguments, "result": use.result}
+            ).decode()
+            self.append(log, chat, [(item, text)], sink)
+
     def _record_outcome(
         self, log: ChatLog, chat: Chat, turn: Turn, bot: Bot, outcome: StepOutcome, sink: Sink
     ) -> None:
+        self.tool_items(log, chat, turn.id, outcome, sink)
         if outcome.note is not None:
             note = self.item(log, turn.id, "notification", bot.id)
             self.append(log, chat, [(note, outcome.note)], sink)

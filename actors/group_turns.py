@@ -79,6 +79,7 @@ class GroupTurns:
                         )
                         outcome = await self._step(bot, step, mirror, person.seq)
                         sink = Sink()
+                        conv.tool_items(log, chat, turn.id, outcome, sink)
                         if outcome.status == "done" and outcome.reply is not None:
                             spoke += 1
                             item = conv.item(log, turn.id, "bot", bot.id)

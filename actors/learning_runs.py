@@ -30,15 +30,12 @@ from engine.learning import (
     Audience,
     EvidenceItem,
     build_request,
-    context_entry,
-    context_selection,
     decide,
 )
 from engine.memory import Change, LogRow, Reader, Scope, Who
 from engine.memory_bot import next_period_start
 from engine.models import Completion, Message
 from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS, learning_system
-from engine.visibility import Visibility
 from storage.chat_store import ChatStore, LearningJob, ModelCall
 
 if TYPE_CHECKING:
@@ -257,18 +254,8 @@ class LearningRunner:
                 channels=frozenset({job.channel}) if job.channel else frozenset(),
                 uses_bot=True,
             )
-            async with pool.lock.shared():
-                view = pool.learning_view
-                if view is None or view[:2] != (pool.version, reader):
-                    vis = Visibility(reader, pool.entries)
-                    seen = {i: pool.entries[i] for i in pool.candidates(reader) if vis.usable(i)}
-                    view = (pool.version, reader, *context_selection(seen))
-                    pool.learning_view = view
-                _, _, chosen, topics = view
-                entries = [
-                    context_entry(m, self.shard.store.open_content(pool.stored, m.id))
-                    for m in chosen
-                ]
+            # ENR-5: the pool's one visibility-checked read (the bot's whole memory).
+            entries, topics = await self.shard.bot_memory.learning_context(job.pool, reader)
             system = learning_system(settings.instructions)  # MB-2
             request, _ = build_request(evidence, entries, topics, overhead=len(system))
             messages = [
@@ -316,6 +303,7 @@ class LearningRunner:
 
     async def _apply(self, job: LearningJob, pool, completion: Completion, evidence) -> None:
         calls = [(c.name, c.arguments.encode()) for c in completion.tool_calls]
+        _, ws = await self.shard.bot_memory.pools(job.pool)
         async with pool.lock.exclusive():
             if await self._position(job.pool, job.chat) >= job.upto:
                 pending = pool.pending  # LRN-5: applied meanwhile; never twice
@@ -327,7 +315,8 @@ class LearningRunner:
                 decision = decide(
                     calls,
                     pool=job.pool,
-                    entries=pool.entries,  # the latest state, under the write lock (LRN-8)
+                    # The latest state, under the write lock (LRN-8): the bot's one memory.
+                    entries=self.shard.bot_memory.learning_state(pool, ws),
                     evidence=evidence,
                     audience=Audience(
                         chat=job.chat, org=job.org, grant=job.grant, channel=job.channel
@@ -338,7 +327,10 @@ class LearningRunner:
                 # User and project facts go to the workspace pools (SC-1..SC-3, issue 5).
                 ws_rejected = await self._extract_scoped(job, decision.new, evidence, now)
                 decision = msgspec.structs.replace(
-                    decision, new=[(m, t) for m, t in decision.new if m.scope == Scope.BOT]
+                    decision,
+                    new=[(m, t) for m, t in decision.new if m.scope == Scope.BOT],
+                    # A person's workspace records are never changed by the memory bot.
+                    changed=[m for m in decision.changed if m.id in pool.entries],
                 )
                 version = pool.version + 1
                 log_rows = [

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import msgspec
 
+from actors.bot_memory import BotMemory, Snapshot
 from actors.bot_step import StepInput, StepOutcome
 from actors.chains import ChainView
 from actors.conversations import Conversations, Mirrored, TurnResult, TurnStart
@@ -34,7 +35,8 @@ from actors.requests import Requests
 from actors.semantic import semantic_search
 from actors.single_flight import SingleFlight
 from actors.workspace import RevisionView, Workspace, WsAccess, WsListing, WsQuery
-from engine import commands
+from engine import commands, widening
+from engine.bot_memory import as_entry_view
 from engine.commands import Outcome
 from engine.directory import Bot, Channel, Chat, Org
 from engine.errors import Conflict, InvalidInput, NotFound, StorageError
@@ -62,7 +64,6 @@ from engine.memory import (
     view,
 )
 from engine.memory_bot import MemoryBotSettings, SettingsPatch, apply_patch
-from engine.order import in_memory_order
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
 from engine.requests import RequestView
 from engine.scoped_memory import (
@@ -75,7 +76,6 @@ from engine.scoped_memory import (
     WsMemoryChange,
     WsMemoryCreate,
 )
-from engine.visibility import Visibility
 from storage.chat_store import ChatStore, Confession, Enrichment, ItemView, LearningJob, Turn
 from storage.crypto import Keyring, load_master_key
 from storage.database import Database
@@ -96,6 +96,17 @@ def _now_ms() -> int:
 
 def _new_entry_id() -> str:
     return "mem_" + secrets.token_hex(12)
+
+
+def _seed_view(snap: Snapshot, meta: EntryMeta) -> EntryView:
+    """An entry of a bot's one memory in the seed-000 format (API-1)."""
+    if (
+        snap.ws is not None
+        and meta.id in snap.ws.stored.entries
+        and meta.id not in snap.pool.entries
+    ):
+        return as_entry_view(snap.ws.stored.entries[meta.id], snap.open(meta.id))
+    return view(meta, snap.open(meta.id))
 
 
 def _job_for(job: LearningJob, user: str, channels: frozenset[str]) -> bool:
@@ -149,6 +160,7 @@ class ShardService:
         self.requests = Requests(self)
         self._started: asyncio.Task[int] | None = None
         self.workspace = Workspace(self, data_dir)
+        self.bot_memory = BotMemory(self)
         self.workspace.semantic = semantic_search(
             self.workspace,
             search,
@@ -462,22 +474,13 @@ class ShardService:
     async def _read(
         self, pool_id: str, reader: Reader, tags: Sequence[str]
     ) -> tuple[MemoryPage, int]:
-        """The page, and the last event seq its state reflects (for the gateway's cache)."""
-        pool = await self._pool(pool_id)
+        """The page, and the last event seq its state reflects (for the gateway's cache). A
+        bot's workspace records are part of it (one memory per bot, engine/bot_memory.py)."""
         want = set(tags)
-        async with pool.lock.shared():
-            vis = Visibility(reader, pool.entries)
-            metas = [
-                pool.entries[i]
-                for i in pool.candidates(reader)
-                if vis.visible(i) and want.issubset(pool.entries[i].tags)
-            ]
-            views = tuple(
-                view(m, self.store.open_content(pool.stored, m.id)) for m in in_memory_order(metas)
-            )
-            version, pending = pool.version, pool.pending
+        async with self.bot_memory.read(pool_id, reader) as snap:
+            views = tuple(_seed_view(snap, m) for m in snap.visible() if want.issubset(m.tags))
+            version = snap.pool.version
             staged = self.events.staged
-        await self._settle(pool, pending)
         return MemoryPage(entries=views, version=version), staged
 
     async def _receipt(self, pool: Pool, key: str | None, print_: str) -> EntryView | None:
@@ -554,23 +557,39 @@ class ShardService:
         return done
 
     async def forget(
-        self, pool_id: str, reader: Reader, entry_id: str, request_id: str | None = None
+        self,
+        pool_id: str,
+        reader: Reader,
+        entry_id: str,
+        request_id: str | None = None,
+        expected_revision: int | None = None,
     ) -> EntryView:
         key = None if request_id is None else receipt_key(pool_id, reader.user, request_id)
         print_ = fingerprint(("forget", reader.org, entry_id))
-        pool = await self._pool(pool_id)
+        pool, ws = await self.bot_memory.pools(pool_id)
         async with pool.lock.exclusive():
             done = await self._receipt(pool, key, print_)
             if done is not None:
                 pending = pool.pending
             else:
+                if entry_id not in pool.entries:  # a workspace record: forgotten through its route
+                    raise Conflict("this entry is not yours to forget", code="not_yours")
                 outcome = commands.forget(
-                    entries=pool.entries,
+                    # Visibility over the bot's one memory (an observation may rest on a record).
+                    entries=self.bot_memory.learning_state(pool, ws),
                     entry_id=entry_id,
                     reader=reader,
                     now=self.clock(),
                     version=pool.version,
-                )
+                )  # raises for an entry the reader may not see
+                current = pool.entries[entry_id].revision
+                if expected_revision is not None and current != expected_revision:
+                    # Under the lock: a concurrent change makes this request stale.
+                    raise Conflict(
+                        f"the entry is at revision {current}, not {expected_revision}",
+                        code="stale_revision",
+                        details={"currentRevision": current},
+                    )
                 content = self.store.open_content(pool.stored, entry_id)
                 meta = outcome.upserts[0] if outcome.upserts else pool.entries[entry_id]
                 done = view(meta, content)
@@ -615,31 +634,25 @@ class ShardService:
         entry that does not fit, without decrypting any later one (ENR-5)."""
         if limit < 0:
             raise InvalidInput("limit must be >= 0")
-        pool = await self._pool(pool_id)
-        async with pool.lock.shared():
-            vis = Visibility(reader, pool.entries)
-            usable = in_memory_order(
-                pool.entries[i] for i in pool.candidates(reader) if vis.usable(i)
-            )
+        async with self.bot_memory.read(pool_id, reader) as snap:
+            usable = snap.usable()
             parts: list[tuple[str, str]] = []
             size = 0
             for meta in usable:
-                text = self.store.open_content(pool.stored, meta.id)
+                text = snap.open(meta.id)
                 extra = len(text) + (1 if parts else 0)
                 if size + extra > limit:
                     break
                 parts.append((meta.id, text))
                 size += extra
-            pending = pool.pending
-        await self._settle(pool, pending)
         return parts, bool(usable)
 
     async def has_entries(self, pool_id: str, reader: Reader) -> bool:
         """Whether the reader has visible valid entries, fitting a limit or not (ENR-7)."""
-        pool = await self._pool(pool_id)
+        pool, ws = await self.bot_memory.pools(pool_id)
         async with pool.lock.shared():
-            vis = Visibility(reader, pool.entries)
-            return any(vis.usable(i) for i in pool.candidates(reader))
+            snap = self.bot_memory.snapshot(pool, ws, reader)
+            return bool(snap.visible_seeds(active=True) or snap.visible_records(active=True))
 
     async def validate_references(
         self, pool_id: str, reader: Reader, entry_ids: Sequence[str]
@@ -647,10 +660,48 @@ class ShardService:
         """Whether a stored answer's entry references are all still allowed for the reader,
         from tags and sources only (ENR-8): entries pushed out of a text limit still count,
         lost access does not."""
-        pool = await self._pool(pool_id)
+        pool, ws = await self.bot_memory.pools(pool_id)
         async with pool.lock.shared():
-            vis = Visibility(reader, pool.entries)
+            vis = self.bot_memory.snapshot(pool, ws, reader).visibility
             return all(vis.usable(i) for i in entry_ids)
+
+    async def memory_texts(self, pool_id: str, reader: Reader) -> list[tuple[str, str]]:
+        """(id, text) of every usable entry of the pool the reader may see, in memory order:
+        the one visibility-checked enumeration a search index serves a reader from (ENR-5)."""
+        return await self.bot_memory.texts(pool_id, reader)
+
+    async def search_memory(
+        self, pool_id: str, reader: Reader, query: str, limit: int = 10
+    ) -> list[tuple[str, str]]:
+        """Usable entries the reader may see whose text has every word of `query` (ENR-5)."""
+        return await self.bot_memory.search(pool_id, reader, query, limit)
+
+    async def widen(
+        self, pool_id: str, entry_id: str, grant: str, requester: str
+    ) -> dict[str, object]:
+        """A person's request to widen an entry (ACL-4): passes every source's rule or raises
+        Conflict `widen_refused`, the same for an id that is not in the pool (so a refusal does
+        not tell whether an entry exists). Tags only: the ciphertext is kept (LRN-8)."""
+        widening.check_grant(grant)
+        pool, ws = await self.bot_memory.pools(pool_id)
+        async with pool.lock.exclusive():
+            if entry_id not in pool.entries:
+                raise widening.refused("no such entry in this memory")
+            state = self.bot_memory.learning_state(pool, ws)
+            now = self.clock()
+            changed = widening.widen(state, entry_id, grant, requester=requester, now=now)
+            pending = None
+            version = pool.version
+            if changed is not None:
+                version += 1
+                row = LogRow(
+                    version=version, at=now, who=Who.PERSON, entry=entry_id, change=Change.UPDATED
+                )
+                pending = self._queue(
+                    pool, Outcome(version=version, upserts=(changed,), log=(row,))
+                )
+        await self._settle(pool, pending, reads_state=False)
+        return {"id": entry_id, "to": grant, "widened": changed is not None, "version": version}
 
     # --- memory-bot settings (MB-2) ------------------------------------------------------------
 

@@ -29,19 +29,28 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from actors.single_flight import SingleFlight
+from engine import bot_memory as bm
 from engine import projects as projmod
 from engine import scoped_memory as sm
+from engine import tags as tagmod
 from engine.directory import check_id
-from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, StorageError
+from engine.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    OpenBotError,
+    StorageError,
+)
 from engine.events import NOBODY, Audience, MemoryChanged, Payload, ProjectChanged
-from engine.memory import Scope
+from engine.memory import Reader, Scope
 from engine.projects import Project, ProjectChange, ProjectCreate, ProjectView
 from engine.scoped_memory import (
     ForgetBarrier,
@@ -51,6 +60,7 @@ from engine.scoped_memory import (
     WsMemoryChange,
     WsMemoryCreate,
 )
+from engine.visibility import directly_visible
 from engine.workspace_search import Hit, keyword_search, merge_hits
 from storage.crypto import load_master_key
 from storage.group_commit import Write
@@ -74,10 +84,16 @@ def new_memory_id() -> str:
 
 
 class WsAccess(msgspec.Struct, frozen=True, kw_only=True):
-    """Who is asking: the signed-in account and the bots it uses (owner or grant)."""
+    """Who is asking: the signed-in account and the bots it uses (owner or grant).
+
+    `orgs` (the org the request names first) and `channels` make the seed-000 reader of a bot's
+    one memory (engine/bot_memory.py): a bot pool's entries are listed under its visibility rule.
+    """
 
     account: str
     bots: frozenset[str] = frozenset()
+    orgs: tuple[str, ...] = ()
+    channels: frozenset[str] = frozenset()
 
 
 class WsQuery(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,6 +139,9 @@ class WsPool:
     lock: asyncio.Lock
     pending: asyncio.Future[None] | None = None
     poisoned: bool = False
+    bot_org: str | None = None  # a bot pool's bot's home org (its records' `org:` tag)
+    # Records as bot-memory entries (actors/bot_memory.py), per record state.
+    metas: dict = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -150,14 +169,33 @@ class Workspace:
     async def _pool(self, pool_id: str) -> WsPool:
         async def load() -> WsPool:
             keyed = (await self.shard._pool(pool_id)).stored
+            stored = await self.store.load_pool(pool_id)
+            bot_org = await self._link(stored) if pool_id.startswith("bot:") else None
             return WsPool(
-                stored=await self.store.load_pool(pool_id),
+                stored=stored,
                 keyed=keyed,
                 fp_key=self.store.fingerprint_key(pool_id),
                 lock=asyncio.Lock(),
+                bot_org=bot_org,
             )
 
         return await self._loader.get(pool_id, load)
+
+    async def _link(self, stored: StoredWsPool) -> str | None:
+        """A bot pool's records as part of the bot's one memory (engine/bot_memory.py): records
+        stored before migration 7 read as written by the bot's owner for everyone who uses the
+        bot, and every record without an `org:` gets the bot's home org. Returns that org (None
+        when the bot is unknown: its records then stay hidden)."""
+        try:
+            bot = await self.shard.peers.directory("get_bot", sm.pool_owner(stored.pool))
+        except OpenBotError:
+            return None
+        for entry_id, entry in list(stored.entries.items()):
+            tags = entry.tags or (tagmod.author(bot.owner), tagmod.FOR_BOT)
+            linked = bm.link_tags(tags, bot.org)
+            if linked != entry.tags:
+                stored.entries[entry_id] = msgspec.structs.replace(entry, tags=linked)
+        return bot.org
 
     async def _load_projects(self) -> dict[str, Project]:
         if self._projects is not None:
@@ -268,7 +306,10 @@ class Workspace:
         """Who may hear of a change in `pool_id` (never more than who may read it)."""
         scope, owner = sm.scope_of(pool_id), sm.pool_owner(pool_id)
         if scope == Scope.BOT:
-            return Audience(bot=owner)
+            # The records' `org:` tag (engine/bot_memory.py): users of the bot in its org.
+            pool = self._pools.get(pool_id)
+            org = pool.bot_org if pool is not None else None
+            return Audience(bot=owner) if org is None else Audience(org=org, bot=owner)
         if scope == Scope.USER:
             return Audience(users=(owner,))
         project = (self._projects or {}).get(owner)
@@ -280,6 +321,9 @@ class Workspace:
         for pool in self._pools.values():
             if entry_id in pool.stored.entries:
                 return pool.id
+        for seed in list(self.shard._pools.values()):  # a bot's learned entries, maybe queued
+            if seed.id.startswith("bot:") and entry_id in seed.entries:
+                return seed.id
         return await self.store.entry_pool(entry_id)
 
     async def has_entry(self, entry_id: str) -> bool:
@@ -414,6 +458,11 @@ class Workspace:
             entry_id = self.new_id()
             if entry_id in pool.stored.entries:
                 raise Conflict(f"new id {entry_id!r} is already taken", code="id_taken")
+            tags: tuple[str, ...] = ()
+            if body.scope == Scope.BOT:
+                if pool.bot_org is None:
+                    raise NotFound("no such bot", code="bot_not_found")
+                tags = bm.record_tags(access.account, pool.bot_org)
             edit = sm.user_create(
                 entry_id=entry_id,
                 pool=pool_id,
@@ -424,6 +473,7 @@ class Workspace:
                 tier=body.tier,
                 topics=body.topics,
                 key=pool.fp_key,
+                tags=tags,
             )
             answer = sm.view(edit.entry, body.content)
             fut = self._apply(pool, edit, body.content, "created", (key, print_, answer), new=True)
@@ -441,13 +491,16 @@ class Workspace:
         key = receipt_key(RECEIPT_SCOPE, access.account, body.requestId)
         print_ = fingerprint(("memory.forget" if forgetting else "memory.change", body))
         pool = await self._pool(pool_id)
+        if body.id not in pool.stored.entries and pool_id.startswith("bot:"):
+            return await self._change_learned(pool, access, body)
         async with self._request(key), pool.lock:
             raw = await self._replay(key, print_, pool.keyed)
             if raw is not None:
                 return _entry_view_dec.decode(raw)
             self._require(pool_id, access)
             entry = pool.stored.entries.get(body.id)
-            if entry is None:  # its pool was reloaded without it (a failed commit)
+            if entry is None or not self._sees(pool, access, entry):
+                # Reloaded without it (a failed commit), or a bot record outside the caller's org.
                 raise NotFound("no such memory", code="memory_not_found")
             old = self._open(pool, entry.id)
             now = self.shard.clock()
@@ -474,6 +527,40 @@ class Workspace:
             fut = self._apply(pool, edit, content, change, (key, print_, answer), new=False)
         await self._settle(fut)
         return answer
+
+    async def _change_learned(
+        self, pool: WsPool, access: WsAccess, body: WsMemoryChange | WsForget
+    ) -> WsEntryView:
+        """A learned entry of the bot's one memory, through the workspace routes: forgetting it
+        is the seed-000 Forget (the caller's part: retracted when it is only theirs, API-2) by
+        `expectedRevision`; its words are the memory bot's to change, not an edit's."""
+        reader = self.bot_reader(pool, access)
+        if isinstance(body, WsMemoryChange):
+            seed = await self.shard._pool(pool.id)
+            if body.id in seed.entries and self.shard.bot_memory.snapshot(
+                seed, pool, reader
+            ).visibility.visible(body.id):
+                raise Conflict(
+                    "a learned entry is kept by the memory bot; forget it instead",
+                    code="learned_entry",
+                )
+            raise NotFound("no such memory", code="memory_not_found")
+        try:
+            await self.shard.forget(
+                pool.id,
+                reader,
+                body.id,
+                request_id=f"ws\x00{body.requestId}",
+                expected_revision=body.expectedRevision,
+            )
+        except Conflict as e:
+            if e.code == "not_yours":  # not visible to the caller: not found, as elsewhere
+                raise NotFound("no such memory", code="memory_not_found") from e
+            raise
+        seed = await self.shard._pool(pool.id)
+        meta = seed.entries[body.id]
+        content = self.shard.store.open_content(seed.stored, body.id)
+        return bm.as_record_view(meta, content, sm.pool_owner(pool.id))
 
     def _apply(
         self,
@@ -679,12 +766,23 @@ class Workspace:
                 names[projmod.pool(pid)] = project.name
         pool_ids += sorted(names)
         found: list[tuple[WsPool, WsEntry]] = []
+        learned: list[WsEntryView] = []  # seed-000 entries of bot pools (one memory per bot)
         pools: list[WsPool] = []
         for pool_id in pool_ids:
             pool = await self._pool(pool_id)
             pools.append(pool)
         for pool in pools:
-            for entry in pool.stored.entries.values():
+            if pool.id.startswith("bot:"):
+                records, seeds = await self._bot_memory(pool, access)
+                learned += [
+                    v
+                    for v in seeds
+                    if (query.status == "all" or v.status == query.status)
+                    and (query.contributor is None or v.contributor == query.contributor)
+                ]
+            else:
+                records = list(pool.stored.entries.values())
+            for entry in records:
                 if query.status != "all" and entry.status != query.status:
                     continue
                 if query.contributor is not None and entry.contributor != query.contributor:
@@ -694,20 +792,46 @@ class Workspace:
         hits: list[Hit] = []
         semantic: list[Hit] = []
         if query.q:
-            texts = {e.id: (p, e, self._open(p, e.id)) for p, e in found}
-            hits = keyword_search(query.q, ((i, t[2]) for i, t in texts.items()), query.limit)
+            texts = {e.id: (e, self._open(p, e.id)) for p, e in found}
+            texts.update((v.id, (v, v.content)) for v in learned)
+            hits = keyword_search(query.q, ((i, t[1]) for i, t in texts.items()), query.limit)
             if self.semantic is not None:
                 semantic = await self.semantic.search(query.q, found, query.limit)
             ranked = merge_hits(hits, semantic, lambda i: i in texts, len(hits) + len(semantic))
             for hit in ranked:
-                _, entry, text = texts[hit.id]
-                views[hit.id] = sm.view(entry, text)
+                entry, text = texts[hit.id]
+                views[hit.id] = entry if isinstance(entry, WsEntryView) else sm.view(entry, text)
         else:
             for pool, entry in found:
                 views[entry.id] = sm.view(entry, self._open(pool, entry.id))
+            views.update((v.id, v) for v in learned)
         for pool in pools:
             await self._settle_read(pool)
         return WsListing(entries=list(views.values()), hits=hits, semantic=semantic, names=names)
+
+    def _sees(self, pool: WsPool, access: WsAccess, entry: WsEntry) -> bool:
+        """A bot record is the caller's to read or change only when its tags admit them."""
+        if entry.scope != Scope.BOT:
+            return True
+        return directly_visible(self.bot_reader(pool, access), bm.as_meta(entry))
+
+    def bot_reader(self, pool: WsPool, access: WsAccess) -> Reader:
+        """The seed-000 reader of a bot pool for a workspace caller: in the bot's home org when
+        the caller belongs to it (else the org the request named)."""
+        org = pool.bot_org if pool.bot_org in access.orgs or not access.orgs else access.orgs[0]
+        return Reader(user=access.account, org=org or "", channels=access.channels, uses_bot=True)
+
+    async def _bot_memory(
+        self, pool: WsPool, access: WsAccess
+    ) -> tuple[list[WsEntry], list[WsEntryView]]:
+        """A bot pool's records and learned entries that `access` may see (its one memory)."""
+        bot = sm.pool_owner(pool.id)
+        records: list[WsEntry] = []
+        seeds: list[WsEntryView] = []
+        async with self.shard.bot_memory.read(pool.id, self.bot_reader(pool, access)) as snap:
+            records = snap.visible_records()
+            seeds = [bm.as_record_view(m, snap.open(m.id), bot) for m in snap.visible_seeds()]
+        return records, seeds
 
     async def revisions(self, access: WsAccess, entry_id: str) -> list[RevisionView]:
         pool_id = await self._locate(entry_id)

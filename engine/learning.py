@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 import msgspec
 
 from engine import tags as tagmod
+from engine import widening
+from engine.errors import Conflict
 from engine.memory import (
     AccessProof,
     EntryMeta,
@@ -184,6 +186,15 @@ class Invalidate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     entry: str
 
 
+class Widen(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Ask to show an entry to the turn's channel (`channel`) or everyone who uses the bot
+    (`bot`); the server picks the grant tag and checks every source's rule (ACL-4)."""
+
+    entry: str
+    to: str
+    reason: str = ""  # read by nobody: a reason never skips the check
+
+
 class RenameTopic(
     msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename={"from_": "from"}
 ):
@@ -196,6 +207,7 @@ PROPOSALS: dict[str, type[msgspec.Struct]] = {
     "learn_observation": LearnObservation,
     "invalidate": Invalidate,
     "rename_topic": RenameTopic,
+    "widen": Widen,
 }
 
 
@@ -294,21 +306,31 @@ def _check(call, pool, state, evidence, audience, now, new_ids, contributor):
         if not call.items:
             raise _Reject("a fact needs at least one item")
         authors: list[str] = []
+        apps: list[str] = []
         for ref in call.items:
             item = evidence.get((ref.chat, ref.item))
             if item is None:
                 raise _Reject(f"item {ref.chat}/{ref.item} is not in the evidence")
+            if item.kind == "tool_result" and tagmod.system_kind(f"app:{item.author}") == "app":
+                # MEM-3: an app tool's result may support what a person said (`app:<tool>`).
+                if f"app:{item.author}" not in apps:
+                    apps.append(f"app:{item.author}")
+                continue
             if item.kind != "person":
-                # LRN-9: bot words, tool results and notifications never become memory.
+                # LRN-9: bot words and notifications never become memory.
                 raise _Reject(f"item {ref.item} is not something a person said")
             if item.author not in authors:
                 authors.append(item.author)
+        if not authors:
+            # LRN-9: a tool result alone never becomes memory.
+            raise _Reject("a fact needs at least one item a person said")
         scope = Scope(call.scope) if call.scope in ("bot", "user", "project") else Scope.BOT
         tier = Tier(call.tier) if call.tier in ("profile", "log", "note") else Tier.LOG
         system = [*(tagmod.author(a) for a in authors), audience.grant, tagmod.org(audience.org)]
         system.append(f"chat:{audience.chat}")
         if audience.channel:
             system.append(f"channel:{audience.channel}")
+        system += apps
         unique = list(dict.fromkeys((r.chat, r.item) for r in call.items))
         meta = EntryMeta(
             id=next(new_ids),
@@ -346,7 +368,7 @@ def _check(call, pool, state, evidence, audience, now, new_ids, contributor):
                 if g not in grants:
                     grants.append(g)
             for t in source.tags:
-                if t.split(":", 1)[0] in ("from", "chat", "channel") and t not in inherited:
+                if t.split(":", 1)[0] in ("from", "chat", "channel", "app") and t not in inherited:
                     inherited.append(t)  # so that purging a source's tag takes this too (API-4)
         if len(orgs) != 1:
             raise _Reject("sources come from different orgs")
@@ -375,6 +397,18 @@ def _check(call, pool, state, evidence, audience, now, new_ids, contributor):
             revision=entry.revision + 1,
         )
         return [], [changed]
+    if isinstance(call, Widen):
+        if call.to == "channel" and audience.channel:
+            grant = tagmod.channel_grant(audience.channel)
+        elif call.to == "bot":
+            grant = tagmod.FOR_BOT
+        else:
+            raise _Reject("to must be 'bot', or 'channel' in a group's turn")
+        try:
+            changed = widening.widen(state, call.entry, grant, requester=None, now=now)
+        except Conflict as e:
+            raise _Reject(e.message) from e
+        return [], [] if changed is None else [changed]
     assert isinstance(call, RenameTopic)
     old, new = _topics([call.from_])[0], _topics([call.to])[0]
     changed = []

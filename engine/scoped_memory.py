@@ -75,6 +75,9 @@ class WsEntry(msgspec.Struct, frozen=True, kw_only=True):
     status: WsStatus = WsStatus.ACTIVE
     origin: Origin = Origin.SYNTHESIZED
     revision: int = 1
+    # System tags of a bot-scope record (`from:`, `for:bot`, `org:`): who may read it as part of
+    # the bot's one memory (engine/bot_memory.py). Empty for user and project scope.
+    tags: tuple[str, ...] = ()
 
 
 class ForgetBarrier(msgspec.Struct, frozen=True, kw_only=True):
@@ -512,6 +515,9 @@ class WsEntryView(msgspec.Struct, frozen=True, kw_only=True):
     revision: int
     createdAt: int
     updatedAt: int
+    # In the bot's one memory (engine/bot_memory.py): its seed-000 layer and its tags.
+    layer: str | None = None
+    tags: tuple[str, ...] = ()
 
 
 def view(entry: WsEntry, content: str) -> WsEntryView:
@@ -531,6 +537,8 @@ def view(entry: WsEntry, content: str) -> WsEntryView:
         revision=entry.revision,
         createdAt=entry.created_at,
         updatedAt=entry.updated_at,
+        layer="pinned" if entry.scope == Scope.BOT else None,
+        tags=(*entry.tags, *entry.topics) if entry.scope == Scope.BOT else (),
     )
 
 
@@ -554,6 +562,7 @@ def user_create(
     tier: Tier | str = Tier.PROFILE,
     topics: Iterable[str] = (),
     key: bytes = b"",
+    tags: tuple[str, ...] = (),
 ) -> Edit:
     """A record a person writes: explicit, and protected from the memory bot from the start.
 
@@ -572,6 +581,7 @@ def user_create(
         origin=Origin.EXPLICIT,
         created_at=now,
         updated_at=now,
+        tags=tags,
     )
     rev = Revision(
         entry=entry_id, revision=1, operator=operator, at=now, change="created", after=content

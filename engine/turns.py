@@ -129,6 +129,13 @@ LEARNING_TOOLS = (
     ),
     _tool("invalidate", "Mark an entry as no longer true.", {"entry": _S}, ["entry"]),
     _tool("rename_topic", "Rename a topic on every entry.", {"from": _S, "to": _S}, ["from", "to"]),
+    _tool(
+        "widen",
+        "Ask to show an entry to the group of this turn ('channel') or to everyone who uses the "
+        "bot ('bot'). Granted only when every source of the entry may be seen by them.",
+        {"entry": _S, "to": _S, "reason": _S},
+        ["entry", "to"],
+    ),
 )
 
 

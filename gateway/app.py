@@ -16,6 +16,7 @@ from actors.conversations import TurnStart, require_chat_owner
 from actors.node_hub import hub_handle
 from actors.runtime import Engine, call
 from engine import tags as tagmod
+from engine import widening
 from engine.directory import (
     Bot,
     Principal,
@@ -374,6 +375,16 @@ class Api:
             entry = await call(shard.forget, pool, reader, command.id, body.requestId)
             return json(entry)
 
+    async def widen(self, request: Request) -> Response:
+        """ACL-4: anyone who uses the bot may ask; every source's rule decides (409 when not)."""
+        bot, shard, reader = await self._memory_call(request)
+        body = wire.decode(await read_body(request), wire.Widen)
+        widening.check_grant(body.to)
+        pool = bot_pool(bot.id)
+        async with self._writing(pool):
+            done = await call(shard.widen, pool, request.path_params["id"], body.to, reader.user)
+        return json(done)
+
     async def memory_log(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
         body = await call(shard.memory_log_json, bot_pool(bot.id), reader)
@@ -474,6 +485,7 @@ def create_app(
         r("/v1/bots/{bot}/memory", api.get_memory, methods=["GET"]),
         r("/v1/bots/{bot}/memory", api.post_memory, methods=["POST"]),
         r("/v1/bots/{bot}/memory/log", api.memory_log, methods=["GET"]),
+        r("/v1/bots/{bot}/memory/{id}/widen", api.widen, methods=["POST"]),
         r("/v1/bots/{bot}/memory/purge", api.purge, methods=["POST"]),
         r("/v1/bots/{bot}/memory/bot", api.get_memory_bot, methods=["GET"]),
         r("/v1/bots/{bot}/memory/bot", api.patch_memory_bot, methods=["PATCH"]),

@@ -118,6 +118,14 @@ ROUTES: list[tuple[str, str, str, Any, Any, int]] = [
     ),
     (
         "post",
+        "/v1/bots/{bot}/memory/{id}/widen",
+        "Ask to widen an entry's visibility (ACL-4): 409 unless every source allows it",
+        wire.Widen,
+        None,
+        200,
+    ),
+    (
+        "post",
         "/v1/bots/{bot}/memory/purge",
         "Delete entries by one system tag",
         wire.Purge,

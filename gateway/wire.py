@@ -99,6 +99,14 @@ class MemoryCommand(_Body):
     requestId: str | None = None  # optional: a retry with the same id is answered, not redone
 
 
+class Widen(_Body):
+    """`POST /v1/bots/:botId/memory/:id/widen` (ACL-4): one grant tag to add. A `reason` may be
+    given and is kept out of the check."""
+
+    to: str
+    reason: str = ""
+
+
 class Purge(_Body):
     tag: str
 

@@ -91,7 +91,16 @@ class WorkspaceMemoryApi:
     async def _caller(self, request: Request) -> tuple[Principal, WsAccess]:
         principal = await self.auth.user(request)
         assert principal.user is not None
-        return principal, WsAccess(account=principal.user.id, bots=principal.bots)
+        user = principal.user
+        header = request.headers.get("openbot-org")
+        orgs = ((resolve_org(user, header),) if header or user.orgs else ()) + tuple(user.orgs)
+        access = WsAccess(
+            account=user.id,
+            bots=principal.bots,
+            orgs=tuple(dict.fromkeys(orgs)),
+            channels=principal.channels,
+        )
+        return principal, access
 
     async def _project_shard(self, project_id: str):
         check_id(project_id, "project id")

@@ -32,21 +32,24 @@ from pathlib import Path
 import duckdb
 import msgspec
 
+from engine import bot_memory as bm
 from engine import file_tree as ft
 from engine.directory import Bot, Channel, Org, User
 from engine.errors import InvalidInput, NotFound, StorageError
+from engine.memory import EntryMeta, Reader
 from engine.memory_bot import MemoryBotSettings
 from engine.projects import Project
 from engine.scoped_memory import ForgetBarrier, Revision, WsEntry, content_fingerprint
+from engine.visibility import Visibility
 from storage.chat_store import LearningJob
 from storage.crypto import KEY_FILE, Cipher, Keyring, aad, load_master_key
 from storage.database import Database
 from storage.directory_store import MIGRATIONS as DIRECTORY_MIGRATIONS
 from storage.directory_store import hash_token
 from storage.group_commit import Insert, Write
-from storage.memory_store import MemoryStore, StoredPool
+from storage.memory_store import MemoryStore, StoredPool, entry_key
 from storage.receipts import Receipts, receipt_key
-from storage.shard_schema import LEARNING_JOBS
+from storage.shard_schema import LEARNING_JOBS, MEMORY_ENTRIES
 from storage.shard_schema import MIGRATIONS as SHARD_MIGRATIONS
 from storage.workspace_store import WorkspaceStore
 
@@ -56,7 +59,8 @@ RECEIPT_SCOPE = "ws"  # the workspace's receipts (actors/workspace.py RECEIPT_SC
 TRANSACTIONS = ".transactions"
 _enc = msgspec.json.Encoder()
 _dec: dict[type, msgspec.json.Decoder] = {
-    k: msgspec.json.Decoder(k) for k in (Org, User, Bot, Channel, Project, WsEntry, LearningJob)
+    k: msgspec.json.Decoder(k)
+    for k in (Org, User, Bot, Channel, Project, WsEntry, LearningJob, EntryMeta)
 }
 _barrier_dec = msgspec.json.Decoder(ForgetBarrier)
 
@@ -112,6 +116,7 @@ class _ShardRows:
     index: int
     keys: dict[str, Cipher] = field(default_factory=dict)
     entries: dict[str, list[tuple[WsEntry, bytes]]] = field(default_factory=dict)
+    seeds: dict[str, list[tuple[EntryMeta, bytes]]] = field(default_factory=dict)  # bot pools
     revisions: dict[str, list[tuple]] = field(default_factory=dict)
     barriers: dict[str, list[tuple[int, ForgetBarrier]]] = field(default_factory=dict)
     jobs: dict[str, list[LearningJob]] = field(default_factory=dict)
@@ -153,6 +158,10 @@ class DataDirReader:
                 out.keys[pool] = self.keyring.unwrap_pool_key(pool, wrapped)
             for pool, meta, content in _rows(con, "SELECT pool, meta, content FROM ws_entries"):
                 out.entries.setdefault(pool, []).append((_dec[WsEntry].decode(meta), content))
+            for pool, meta, content in _rows(
+                con, "SELECT pool, meta, content FROM memory_entries WHERE pool LIKE 'bot:%'"
+            ):
+                out.seeds.setdefault(pool, []).append((_dec[EntryMeta].decode(meta), content))
             for row in _rows(
                 con,
                 "SELECT pool, entry, revision, at_ms, operator, change, body FROM ws_revisions",
@@ -217,7 +226,7 @@ class DataDirReader:
                 channels=tuple(channels),
                 projects=tuple(projects),
                 bot_projects={b: self._bot_projects(b) for b in bot_ids},
-                pools=tuple(self._pool(p) for p in pools),
+                pools=tuple(self._pool(p, account) for p in pools),
                 commands=tuple(self._commands(account)),
             )
         )
@@ -232,19 +241,70 @@ class DataDirReader:
                 out.append(ft.BotProject(id=p.id, name=p.name, owner=p.owner, channels=via))
         return tuple(out)
 
-    def _pool(self, pool: str) -> ft.PoolSnapshot:
+    def _bot_memory(
+        self, pool: str, account: str, records: list[WsEntry], seeds: list[tuple[EntryMeta, bytes]]
+    ) -> tuple[list[WsEntry], list[tuple[EntryMeta, bytes]]]:
+        """A bot pool's one memory as the account (its owner) sees it in the bot's org
+        (engine/bot_memory.py): records linked to the bot's org, learned entries under their
+        own rule. What is for other people stays out of the owner's tree."""
+        bot = self.bots.get(pool.removeprefix("bot:"))
+        org = bot.org if bot is not None else None
+        linked = [
+            msgspec.structs.replace(
+                r, tags=bm.link_tags(r.tags or (f"from:{account}", "for:bot"), org)
+            )
+            for r in records
+        ]
+        metas = {m.id: m for m, _ in seeds}
+        metas.update((r.id, bm.as_meta(r)) for r in linked)
+        channels = frozenset(c.id for c in self.channels.values() if account in c.people)
+        reader = Reader(user=account, org=org or "", channels=channels, uses_bot=True)
+        vis = Visibility(reader, metas)
+        return (
+            [r for r in linked if vis.visible(r.id)],
+            [(m, sealed) for m, sealed in seeds if vis.visible(m.id)],
+        )
+
+    def _pool(self, pool: str, account: str) -> ft.PoolSnapshot:
         records, revisions, tombstones, jobs = [], [], [], []
         for shard in self.shards:
             cipher = shard.keys.get(pool)
             rows = shard.entries.get(pool, [])
             revs = shard.revisions.get(pool, [])
-            if (rows or revs) and cipher is None:
+            seeds = shard.seeds.get(pool, [])
+            if (rows or revs or seeds) and cipher is None:
                 raise StorageError(f"{pool} has records on shard {shard.index} but no key")
+            if pool.startswith("bot:"):
+                kept, seeds = self._bot_memory(pool, account, [e for e, _ in rows], seeds)
+                sealed_of = {e.id: s for e, s in rows}
+                rows = [(e, sealed_of[e.id]) for e in kept]
             for entry, sealed in rows:
                 content = WorkspaceStore.open(cipher, pool, entry.id, sealed)
                 fields = msgspec.structs.asdict(entry)
                 del fields["content_fp"]
                 records.append(ft.MemoryRecord(**fields, content=content))
+            for meta, sealed in seeds:
+                content = cipher.open(sealed, aad(pool, meta.id)).decode()
+                view = bm.as_record_view(meta, content, pool.removeprefix("bot:"))
+                records.append(
+                    ft.MemoryRecord(
+                        id=meta.id,
+                        scope=view.scope,
+                        pool=pool,
+                        contributor=view.contributor,
+                        tier=view.tier,
+                        content=content,
+                        created_at=meta.created_at,
+                        updated_at=meta.updated_at,
+                        topics=view.topics,
+                        evidence=view.evidence,
+                        protected=view.protected,
+                        status=view.status,
+                        origin=view.origin,
+                        revision=meta.revision,
+                        memory=meta,
+                    )
+                )
             for entry_id, revision, at, operator, change, body in revs:
                 before, after = WorkspaceStore.open_revision(cipher, pool, entry_id, revision, body)
                 revisions.append(
@@ -518,6 +578,14 @@ def _pool_rows(ws: WorkspaceStore, pool: ft.PoolSnapshot, cipher: Cipher) -> Ite
             raise InvalidInput(f"record {r.id} is not of {pool.pool}", code="invalid_tree")
         fields = msgspec.structs.asdict(r)
         content = fields.pop("content")
+        memory = fields.pop("memory")
+        if memory is not None:  # a learned entry of the bot's one memory: back to seed 000
+            if not pool.pool.startswith("bot:"):
+                raise InvalidInput(f"entry {r.id} is not of a bot pool", code="invalid_tree")
+            sealed = cipher.seal(content.encode(), aad(pool.pool, r.id))
+            row = (entry_key(pool.pool, r.id), pool.pool, r.id, _enc.encode(memory).decode())
+            yield Insert(MEMORY_ENTRIES.name, (*row, sealed))
+            continue
         entry = WsEntry(**fields, content_fp=content_fingerprint(content, fp_key))
         yield ws.entry_row(entry, ws.seal(cipher, pool.pool, r.id, content), new=True)
     for rev in pool.revisions:

@@ -76,7 +76,24 @@ MIGRATIONS: tuple[str, ...] = (
         key VARCHAR, pool VARCHAR, entry VARCHAR, model VARCHAR, fp VARCHAR, vec BLOB
     );
     """,
-    # 7: issue 15: which chat items are bot-to-bot communication and in which direction (UI-1),
+    # 7: one memory per bot (MEM-1, engine/bot_memory.py): workspace bot-scope records join the
+    # bot's memory under its visibility rule. Records stored before get their system tags
+    # `from:<first revision's operator>` and `for:bot`; `org:` (the bot's home org, kept in the
+    # directory's file) is added when the shard loads the pool.
+    """
+    UPDATE ws_entries SET meta = json_merge_patch(meta, json_object('tags',
+        CASE WHEN r.operator IS NULL THEN json_array('for:bot')
+             ELSE json_array('from:' || r.operator, 'for:bot') END))::VARCHAR
+    FROM (
+        SELECT e.key AS k,
+               (SELECT min(v.operator) FROM ws_revisions v
+                WHERE v.pool = e.pool AND v.entry = e.id AND v.revision = 1) AS operator
+        FROM ws_entries e
+    ) r
+    WHERE ws_entries.key = r.k AND ws_entries.pool LIKE 'bot:%'
+      AND json_extract(ws_entries.meta, '$.tags') IS NULL;
+    """,
+    # 8: issue 15: which chat items are bot-to-bot communication and in which direction (UI-1),
     # and requests (approvals) with their proposal sealed with the bot's pool key (ENR-3).
     """
     CREATE TABLE communications (
@@ -253,7 +270,7 @@ WS_VECTORS = Table(
 )
 TABLES = (*TABLES, WS_VECTORS)
 
-# --- communication records and requests (issue 15, migration 7) ---
+# --- communication records and requests (issue 15, migration 8) ---
 COMMUNICATIONS = Table(
     "communications",
     (

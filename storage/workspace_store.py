@@ -100,10 +100,13 @@ class WorkspaceStore:
         return {p.id: p for p in projects}
 
     async def entry_pool(self, entry_id: str) -> str | None:
-        """The pool holding workspace record `entry_id` on this shard, if any (committed rows)."""
+        """The pool holding workspace record `entry_id` on this shard, if any (committed rows);
+        a bot's learned entries count too (one memory per bot, engine/bot_memory.py)."""
         rows = await self.db.run(
             lambda con: con.execute(
-                "SELECT pool FROM ws_entries WHERE id = ? LIMIT 1", [entry_id]
+                "SELECT pool FROM ws_entries WHERE id = ? UNION ALL "
+                "SELECT pool FROM memory_entries WHERE id = ? AND pool LIKE 'bot:%' LIMIT 1",
+                [entry_id, entry_id],
             ).fetchall()
         )
         return rows[0][0] if rows else None

@@ -107,3 +107,109 @@ def test_workspace_survives_a_restart(tmp_path: Path):
         await _close(svc)
 
     asyncio.run(second())
+
+
+def test_mem1_migration_7_links_old_bot_records_into_the_bots_one_memory(tmp_path: Path):
+    """MEM-1 (issue 15): a workspace bot record stored before migration 7 has no system tags.
+    The migration stamps `from:<its first revision's operator>` and `for:bot`, and loading the
+    pool adds `org:<the bot's org>` from the directory: it is then part of the bot's memory for
+    whoever uses the bot in that org, and for nobody in another org."""
+    import duckdb
+    import msgspec
+
+    from engine.memory import Reader
+
+    async def first() -> str:
+        svc = _open(tmp_path)
+        d = svc.directory_service
+        await d.create_org("Acme", "o_1")
+        await d.create_org("Other", "o_2")
+        await d.create_user("Ann", ["o_1"], "u_ann")
+        await d.create_bot(name="Bo", org="o_1", owner="u_ann", id="b_1")
+        ann = WsAccess(account="u_ann", bots=frozenset({"b_1"}), orgs=("o_1",))
+        body = WsMemoryCreate(requestId="m1", scope=Scope.BOT, bot="b_1", content=SECRET)
+        made = await svc.ws_create_memory(ann, body)
+        await _close(svc)
+        return made.id
+
+    entry_id = asyncio.run(first())
+    # Make the file look as it did before migration 7: records without tags.
+    con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))
+    for key, meta in con.execute("SELECT key, meta FROM ws_entries").fetchall():
+        doc = msgspec.json.decode(meta)
+        doc.pop("tags", None)
+        con.execute(
+            "UPDATE ws_entries SET meta = ? WHERE key = ?", [msgspec.json.encode(doc).decode(), key]
+        )
+    con.execute("DELETE FROM schema_migrations WHERE version = 7")
+    con.close()
+
+    async def second() -> None:
+        svc = _open(tmp_path)
+        (meta,) = svc.db.query("SELECT meta FROM ws_entries")[0]
+        assert msgspec.json.decode(meta)["tags"] == ["from:u_ann", "for:bot"]
+        ann = Reader(user="u_ann", org="o_1", uses_bot=True)
+        page = await svc.read_memory("bot:b_1", ann)
+        assert [(e.id, e.content) for e in page.entries] == [(entry_id, SECRET)]
+        assert set(page.entries[0].tags) == {"from:u_ann", "for:bot", "org:o_1"}
+        elsewhere = Reader(user="u_ann", org="o_2", uses_bot=True)
+        assert (await svc.read_memory("bot:b_1", elsewhere)).entries == ()
+        listing = await svc.ws_entries(
+            WsAccess(account="u_ann", bots=frozenset({"b_1"}), orgs=("o_1",)),
+            WsQuery(pools=("bot:b_1",)),
+        )
+        assert [e.id for e in listing.entries] == [entry_id]
+        await _close(svc)
+
+    asyncio.run(second())
+
+
+def test_acl4_mem1_concurrent_widen_and_forget_by_revision_apply_once(tmp_path: Path):
+    """24 concurrent requests each (ACL-4, MEM-1): a widening adds its grant once (one new
+    version), and forgetting a learned entry through the workspace by `expectedRevision` wins
+    once; the others see the change (not widened again / stale revision)."""
+    from engine.memory import AccessProof, EntryMeta, Layer, Reader, Source
+
+    async def run() -> None:
+        svc = _open(tmp_path)
+        d = svc.directory_service
+        await d.create_org("Acme", "o_1")
+        await d.create_user("Ann", ["o_1"], "u_ann")
+        await d.create_bot(name="Bo", org="o_1", owner="u_ann", id="b_1")
+        ann = Reader(user="u_ann", org="o_1", uses_bot=True)
+        pinned = await svc.remember("bot:b_1", ann, "Standup at 9:30")
+        learned = EntryMeta(
+            id="mem_learned",
+            pool="bot:b_1",
+            layer=Layer.FACT,
+            tags=("from:u_ann", "for:person:u_ann", "org:o_1", "chat:k1"),
+            created_at=1,
+            updated_at=1,
+            sources=(Source(chat="k1", item="i-1"),),
+            proofs=(AccessProof(chat="k1", item="i-1", org="o_1", audience=("for:person:u_ann",)),),
+        )
+        await svc.add_entries("bot:b_1", [(learned, "Ann likes tea")])
+        done = await asyncio.gather(
+            *(svc.widen("bot:b_1", pinned.id, "for:bot", "u_ann") for _ in range(24))
+        )
+        assert sum(1 for x in done if x["widened"]) == 1
+        assert len({x["version"] for x in done}) == 1  # every answer after the one change
+        page = await svc.read_memory("bot:b_1", Reader(user="u_ben", org="o_1", uses_bot=True))
+        assert [e.id for e in page.entries] == [pinned.id]
+
+        access = WsAccess(account="u_ann", bots=frozenset({"b_1"}), orgs=("o_1",))
+        forgets = [
+            svc.ws_change_memory(
+                access, WsForget(requestId=f"f{k}", id="mem_learned", expectedRevision=1)
+            )
+            for k in range(24)
+        ]
+        results = await asyncio.gather(*forgets, return_exceptions=True)
+        ok = [r for r in results if not isinstance(r, BaseException)]
+        assert len(ok) == 1 and ok[0].status == "forgotten"
+        assert all(
+            isinstance(r, Conflict) and r.code == "stale_revision" for r in results if r not in ok
+        )
+        await _close(svc)
+
+    asyncio.run(run())

@@ -10,7 +10,7 @@ import msgspec
 
 from engine.directory import Bot, Channel, Org, User
 from engine.file_tree._model import BotProject
-from engine.memory import Scope, Tier
+from engine.memory import EntryMeta, Scope, Tier
 from engine.scoped_memory import Revision, WsStatus
 
 # --- file documents -------------------------------------------------------------------------------
@@ -51,6 +51,8 @@ class RecordDoc(msgspec.Struct, frozen=True, kw_only=True):
     fingerprint: str = ""
     file: str | None = None
     content: str | None = None
+    tags: tuple[str, ...] = ()
+    memory: EntryMeta | None = None
 
 
 class RecordsDoc(msgspec.Struct, frozen=True, kw_only=True):

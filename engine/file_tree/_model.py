@@ -13,7 +13,7 @@ import msgspec
 
 from engine.directory import ID_RE, Bot, Channel, Org, User
 from engine.errors import InvalidInput
-from engine.memory import Scope, Tier
+from engine.memory import EntryMeta, Scope, Tier
 from engine.projects import Project
 from engine.scoped_memory import Origin, Revision, WsStatus
 
@@ -44,6 +44,10 @@ class MemoryRecord(msgspec.Struct, frozen=True, kw_only=True):
     status: WsStatus = WsStatus.ACTIVE
     origin: Origin = Origin.SYNTHESIZED
     revision: int = 1
+    tags: tuple[str, ...] = ()  # a bot record's system tags (engine/bot_memory.py)
+    # A learned (seed-000) entry of the bot's one memory: its whole metadata (layer, tags,
+    # sources, access proofs), so an import restores exactly who may see it (never wider).
+    memory: EntryMeta | None = None
 
 
 class Tombstone(msgspec.Struct, frozen=True, kw_only=True):

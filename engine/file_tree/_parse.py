@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from engine import tags as tagmod
 from engine.directory import Channel
 from engine.errors import InvalidInput
 from engine.file_tree._docs import (
@@ -39,6 +40,7 @@ from engine.file_tree._model import (
     segment,
     unescape,
 )
+from engine.memory import EntryMeta
 from engine.projects import Project
 from engine.scoped_memory import Origin, Revision
 
@@ -192,6 +194,26 @@ def _parse_lines(path: str, data: bytes) -> list[tuple[str, str]]:
     return rows
 
 
+def _system_tags(where: str, tags: tuple[str, ...]) -> tuple[str, ...]:
+    for tag in tags:
+        if tagmod.system_kind(tag) is None:
+            raise _bad(where, f"{tag!r} is not a system tag")
+    return tags
+
+
+def _memory(where: str, pool_id: str, r: RecordDoc) -> EntryMeta | None:
+    """A learned entry's metadata must be of this record and pool, its tags well formed."""
+    m = r.memory
+    if m is None:
+        return None
+    if m.id != r.id or m.pool != pool_id:
+        raise _bad(where, f"the entry of {r.id} is of another record or pool")
+    for tag in m.tags:
+        if tagmod.is_system(tag) and tagmod.system_kind(tag) is None:
+            raise _bad(where, f"{tag!r} of {r.id} is not a system tag")
+    return m
+
+
 def _parse_pool(where: str, pool_id: str, files: dict[str, bytes]) -> PoolSnapshot:
     seen: set[str] = set()
 
@@ -276,6 +298,8 @@ def _parse_pool(where: str, pool_id: str, files: dict[str, bytes]) -> PoolSnapsh
                 status=r.status,
                 origin=origin,
                 revision=r.version,
+                tags=_system_tags(f"{where}/.dreaming/records.json", r.tags),
+                memory=_memory(f"{where}/.dreaming/records.json", pool_id, r),
             )
         )
     revisions: list[Revision] = []

@@ -155,6 +155,8 @@ def _render_pool(pool: PoolSnapshot) -> dict[str, bytes]:
                 fingerprint=content_fingerprint(r.content),
                 file=file,
                 content=content,
+                tags=r.tags,
+                memory=r.memory,
             )
         )
         files[f".dreaming/{r.origin.value}/{r.id}.json"] = to_json(MarkerDoc(entry=r.id))

@@ -1,0 +1,214 @@
+"""The one visibility-checked read of a bot's memory (MEM-1, ENR-5; design in engine/bot_memory.py).
+
+A bot's memory is the union of its seed-000 pool (`Pool`, the shard's) and its workspace
+bot-scope records (`WsPool`, the workspace's). Every reader goes through `BotMemory`: context and
+enrichment, the HTTP views, search, the prompt, the learning context. Callers never read a pool
+and filter it themselves.
+
+Locking (ACL-9): a read holds the seed pool's shared lock while it checks visibility and opens
+content; the workspace records are read in the same synchronous stretch (their writes happen
+under the workspace pool's lock without an await in between), so a read never mixes old
+permissions with new content. Content is opened only for entries the check let through (ACL-8).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import ChainMap
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from engine import bot_memory as bm
+from engine.learning import ContextEntry, context_entry, context_selection
+from engine.memory import EntryMeta, Reader
+from engine.order import in_memory_order
+from engine.scoped_memory import WsEntry, WsStatus
+from engine.visibility import Visibility, directly_visible
+
+if TYPE_CHECKING:
+    from actors.pool import Pool
+    from actors.shard import ShardService
+    from actors.workspace import WsPool
+
+
+class Records(Mapping[str, EntryMeta]):
+    """A bot pool's workspace records as entries (`as_meta`), built on first use and kept on
+    the pool per record state: reads never rebuild thousands of them."""
+
+    def __init__(self, ws: WsPool | None) -> None:
+        self.ws = ws
+
+    def __getitem__(self, entry_id: str) -> EntryMeta:
+        if self.ws is None:
+            raise KeyError(entry_id)
+        record = self.ws.stored.entries[entry_id]
+        cached = self.ws.metas.get(entry_id)
+        if cached is None or cached[0] is not record:
+            cached = (record, bm.as_meta(record))
+            self.ws.metas[entry_id] = cached
+        return cached[1]
+
+    def __iter__(self):
+        return iter(() if self.ws is None else self.ws.stored.entries)
+
+    def __len__(self) -> int:
+        return 0 if self.ws is None else len(self.ws.stored.entries)
+
+    def __contains__(self, entry_id: object) -> bool:
+        return self.ws is not None and entry_id in self.ws.stored.entries
+
+
+@dataclass
+class Snapshot:
+    """The union of one bot pool as one reader may see it, valid while the read lock is held."""
+
+    pool: Pool
+    ws: WsPool | None
+    reader: Reader
+    entries: Mapping[str, EntryMeta]  # seed entries and workspace records, by id
+    records: Records
+    visibility: Visibility
+    open: Callable[[str], str]
+
+    def record_visible(self, record: WsEntry, memo: dict) -> bool:
+        # A record is pinned: its system tags alone decide (its topics never do), and a pool's
+        # records share a few tag sets, so each set is checked once per read.
+        seen = memo.get(record.tags)
+        if seen is None:
+            seen = memo[record.tags] = directly_visible(self.reader, self.records[record.id])
+        return seen
+
+    def visible_records(self, *, active: bool = False) -> list[WsEntry]:
+        if self.ws is None:
+            return []
+        memo: dict = {}
+        return [
+            r
+            for r in self.ws.stored.entries.values()
+            if (not active or r.status == WsStatus.ACTIVE) and self.record_visible(r, memo)
+        ]
+
+    def visible_seeds(self, *, active: bool = False) -> list[EntryMeta]:
+        vis, entries = self.visibility, self.pool.entries
+        check = vis.usable if active else vis.visible
+        return [entries[i] for i in self.pool.candidates(self.reader) if check(i)]
+
+    def visible(self) -> list[EntryMeta]:
+        """Entries the reader may see (history included), in memory order (MEM-5)."""
+        records = [self.records[r.id] for r in self.visible_records()]
+        return in_memory_order([*self.visible_seeds(), *records])
+
+    def usable(self) -> list[EntryMeta]:
+        """Visible and active, in memory order: what context, prompts and search use."""
+        records = [self.records[r.id] for r in self.visible_records(active=True)]
+        return in_memory_order([*self.visible_seeds(active=True), *records])
+
+    def is_record(self, entry_id: str) -> bool:
+        return self.ws is not None and entry_id in self.ws.stored.entries
+
+
+class BotMemory:
+    def __init__(self, shard: ShardService) -> None:
+        self.shard = shard
+
+    async def pools(self, pool_id: str) -> tuple[Pool, WsPool | None]:
+        pool = await self.shard._pool(pool_id)
+        ws = await self.shard.workspace._pool(pool_id) if pool_id.startswith("bot:") else None
+        return pool, ws
+
+    @staticmethod
+    def union(pool: Pool, ws: WsPool | None) -> Mapping[str, EntryMeta]:
+        """The pool's entries and its records as one mapping (seed entries win an id clash;
+        ids are random 96-bit, so it does not happen)."""
+        if ws is None or not ws.stored.entries:
+            return pool.entries
+        return ChainMap(pool.entries, Records(ws))  # type: ignore[arg-type]
+
+    def snapshot(self, pool: Pool, ws: WsPool | None, reader: Reader) -> Snapshot:
+        """Call under `pool.lock.shared()` (or exclusive)."""
+        entries = self.union(pool, ws)
+        store = self.shard.store
+        workspace = self.shard.workspace
+
+        def open_(entry_id: str) -> str:
+            if entry_id in pool.stored.sealed:
+                return store.open_content(pool.stored, entry_id)
+            assert ws is not None
+            return workspace._open(ws, entry_id)
+
+        return Snapshot(
+            pool=pool,
+            ws=ws,
+            reader=reader,
+            entries=entries,
+            records=Records(ws),
+            visibility=Visibility(reader, entries),
+            open=open_,
+        )
+
+    @contextlib.asynccontextmanager
+    async def read(self, pool_id: str, reader: Reader) -> Iterator[Snapshot]:  # type: ignore[misc]
+        """A shared-locked snapshot; after the block, waits for the commit of what it saw."""
+        pool, ws = await self.pools(pool_id)
+        async with pool.lock.shared():
+            snap = self.snapshot(pool, ws, reader)
+            yield snap
+            pending = pool.pending
+        await self.shard._settle(pool, pending)
+        if ws is not None:
+            await self.shard.workspace._settle_read(ws)
+
+    async def texts(self, pool_id: str, reader: Reader) -> list[tuple[str, str]]:
+        """(id, text) of every usable entry the reader may see, in memory order: what a search
+        index of the pool serves for this reader (the text supplier of ranked search)."""
+        async with self.read(pool_id, reader) as snap:
+            return [(m.id, snap.open(m.id)) for m in snap.usable()]
+
+    async def search(
+        self, pool_id: str, reader: Reader, query: str, limit: int
+    ) -> list[tuple[str, str]]:
+        """Usable entries whose text has every word of `query` (casefolded), in memory order."""
+        terms = [t for t in query.casefold().split() if t]
+        if not terms or limit <= 0:
+            return []
+        hits: list[tuple[str, str]] = []
+        async with self.read(pool_id, reader) as snap:
+            for meta in snap.usable():
+                text = snap.open(meta.id)
+                folded = text.casefold()
+                if all(t in folded for t in terms):
+                    hits.append((meta.id, text))
+                    if len(hits) >= limit:
+                        break
+        return hits
+
+    async def learning_context(
+        self, pool_id: str, reader: Reader
+    ) -> tuple[list[ContextEntry], dict[str, int]]:
+        """LRN-7 over the bot's one memory as the turn's audience may see it: the first 300
+        valid entries in memory order with their text, and topic counts over all valid ones.
+        The selection is kept per pool state and reader (recomputing it walks every entry)."""
+        pool, ws = await self.pools(pool_id)
+        async with pool.lock.shared():
+            records = (
+                ()
+                if ws is None
+                else tuple((i, r.revision, r.status) for i, r in sorted(ws.stored.entries.items()))
+            )
+            key = (pool.version, records, reader)
+            cached = pool.learning_view
+            if cached is None or cached[0] != key:
+                snap = self.snapshot(pool, ws, reader)
+                seen = {m.id: m for m in snap.usable()}
+                cached = (key, *context_selection(seen), snap.open)
+                pool.learning_view = cached
+            _, chosen, topics, open_ = cached
+            entries = [context_entry(m, open_(m.id)) for m in chosen]
+        return entries, topics
+
+    def learning_state(self, pool: Pool, ws: WsPool | None) -> Mapping[str, EntryMeta]:
+        """What the memory bot's proposals are checked against (under the exclusive lock): the
+        whole union, so an observation may rest on a person's record; only seed entries are
+        ever changed by it (see engine/bot_memory.py)."""
+        return self.union(pool, ws)

@@ -25,10 +25,12 @@ from actors.runtime import call
 from engine.errors import OpenBotError
 from engine.models import Completion, ToolCall, Usage
 from gateway.auth import Auth
+from gateway.wire import check_json
 
 log = logging.getLogger("openbot.nodes")
 _enc = msgspec.json.Encoder()
 HELLO_WAIT = 10.0
+MAX_FRAME = 4 * 1024 * 1024  # a model's answer with its tool calls; uvicorn's own cap is 16 MiB
 
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,8 +72,14 @@ class NodesEndpoint:
             await ws.close(4401, "nodes connect with the admin token")
             return
         try:
-            hello = _hello_dec.decode(await asyncio.wait_for(_receive(ws), HELLO_WAIT))
-        except (TimeoutError, msgspec.DecodeError, msgspec.ValidationError, WebSocketDisconnect):
+            hello = _hello_dec.decode(_checked(await asyncio.wait_for(_receive(ws), HELLO_WAIT)))
+        except (
+            TimeoutError,
+            msgspec.DecodeError,
+            msgspec.ValidationError,
+            WebSocketDisconnect,
+            OpenBotError,
+        ):
             with contextlib.suppress(Exception):
                 await ws.close(4400, "say hello with the node's name and capabilities")
             return
@@ -80,16 +88,14 @@ class NodesEndpoint:
         session = await call(
             hub.register, hello.node, caps.memory_isolation, caps.memory_extraction
         )
-        await ws.send_bytes(
-            _enc.encode({"type": "welcome", "node": hello.node, "session": session})
-        )
+        await _send(ws, {"type": "welcome", "node": hello.node, "session": session})
         pull = asyncio.create_task(self._pull(ws, hub, hello.node, session))
         try:
             while True:
                 raw = await _receive(ws)
                 try:
-                    answer = _answer_dec.decode(raw)
-                except (msgspec.DecodeError, msgspec.ValidationError):
+                    answer = _answer_dec.decode(_checked(raw))
+                except (msgspec.DecodeError, msgspec.ValidationError, OpenBotError):
                     await ws.close(4400, "answers are result or error frames")
                     return
                 if isinstance(answer, Result):
@@ -116,13 +122,23 @@ class NodesEndpoint:
                 if work is not None:
                     frame = {"type": "request", "id": work.id, "messages": work.messages}
                     frame["tools"] = work.tools
-                    await ws.send_bytes(_enc.encode(frame))
+                    await _send(ws, frame)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("node %s: pulling work failed", node)
             with contextlib.suppress(Exception):
                 await ws.close(1011, "the hub failed")
+
+
+async def _send(ws: WebSocket, frame: dict) -> None:
+    await ws.send_text(_enc.encode(frame).decode())  # text frames, as on /v1/events
+
+
+def _checked(raw: bytes | str) -> bytes | str:
+    """A frame within the size and nesting limits (TooLarge / InvalidInput otherwise)."""
+    check_json(raw, limit=MAX_FRAME)
+    return raw
 
 
 async def _receive(ws: WebSocket) -> bytes | str:

@@ -23,13 +23,21 @@ from actors.models import ModelError, measured
 from actors.rwlock import assert_no_pool_lock
 from actors.workspace import WsAccess, WsQuery
 from engine.bot_memory import as_scoped
+from engine.bot_policy import require_collaboration
 from engine.directory import Bot, Chat, Org, bot_pool
 from engine.errors import OpenBotError
 from engine.memory import Reader
 from engine.models import Message, ToolCall
 from engine.prompt_budget import ScopedEntry, pack
+from engine.requests import parse_proposal
 from engine.self_rules import Editor, parse_update, rules_view
-from engine.turns import accept_rewrite, bot_system_prompt, bot_tools, enrichment_messages
+from engine.turns import (
+    accept_rewrite,
+    bot_system_prompt,
+    bot_tools,
+    enrichment_messages,
+    review_prompt,
+)
 from storage.chat_store import ChatLog, Confession, Enrichment
 
 if TYPE_CHECKING:
@@ -56,6 +64,7 @@ class StepInput(msgspec.Struct, frozen=True, kw_only=True):
     history: tuple[Message, ...] = ()
     after: tuple[Message, ...] = ()  # said after `text` (earlier speakers of a group turn)
     channel: str | None = None
+    review: str | None = None  # a review chat: the proposal under review (ENR-3)
 
 
 class Effect(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,9 +133,9 @@ def reader_for(step: StepInput) -> Reader | None:
         return Reader(
             user="\x00", org=step.chat.org, channels=frozenset({step.channel}), uses_bot=True
         )
-    if step.chat.kind in ("direct", "review"):
+    if step.chat.kind == "direct":
         return Reader(user=step.operator, org=step.chat.org, uses_bot=True)
-    return None
+    return None  # a review sees only what the bot proposed, never enrichment (ENR-3)
 
 
 class BotStepper:
@@ -153,11 +162,15 @@ class BotStepper:
                 error="the bot has no model",
                 note="This bot has no model configured.",
             )
-        memory = await self._packed_memory(step)
-        messages = [Message(role="system", content=bot_system_prompt(bot, memory)), *step.history]
+        review = step.chat.kind == "review"
+        memory = "" if review else await self._packed_memory(step)
+        system = bot_system_prompt(bot, memory)
+        if step.review is not None:
+            system += "\n" + review_prompt(step.review)
+        messages = [Message(role="system", content=system), *step.history]
         messages.append(Message(role="user", content=text))  # ENR-3: the model sees the rewrite
         messages.extend(step.after)
-        tools = bot_tools(review=step.chat.kind == "review")
+        tools = bot_tools(review=review)
         offered = {t.name for t in tools}  # a made-up tool name is never recorded
         confided = False
         confessions = 0
@@ -340,10 +353,14 @@ class BotStepper:
                     args.get("rules"),
                 )
                 return _enc.encode({"id": member.id, "name": member.name}).decode()
+            if call.name in ("workspace_rename_agent", "workspace_archive_agent"):
+                return await self._manage_member(call.name, step, args)
             if call.name == "workspace_memory_search":
                 return await self._search(step, str(args.get("query", "")))
             if call.name == "workspace_send_to_agent":
                 return await self._send(step, args, effects)
+            if call.name == "workspace_request_approval":
+                return await self._request(step, args)
             if call.name == "workspace_post_to_group":
                 return await self._post(step, args, effects)
         except msgspec.ValidationError as e:
@@ -352,11 +369,25 @@ class BotStepper:
             return _enc.encode({**e.details, "error": e.code, "message": e.message}).decode()
         return None
 
+    async def _manage_member(self, name: str, step: StepInput, args: dict) -> str:
+        """WS-3: the creator renames or archives a member it created (never its other rules)."""
+        directory = self.shard.peers.directory
+        member = await directory("find_bot", step.org.id, str(args.get("agent", "")))
+        editor = Editor(kind="bot", id=step.bot.id)
+        if name == "workspace_archive_agent":
+            changed = await directory("archive_bot", member.id, True, editor)
+            return _enc.encode({"id": changed.id, "archived": changed.archived}).decode()
+        update = parse_update({"expectedRevision": member.revision, "name": args.get("name")})
+        changed = await directory("update_rules", member.id, update, editor)
+        return _enc.encode({"id": changed.id, "name": changed.name}).decode()
+
     async def _send(self, step: StepInput, args: dict, effects: list[Effect]) -> str:
         agent, message = str(args.get("agent", "")), str(args.get("message", "")).strip()
+        require_collaboration(step.bot, step.org)  # WS-1: server policy, not a client toggle
         peer = await self.shard.peers.directory("find_bot", step.org.id, agent)
         if peer.id == step.bot.id:
             return _enc.encode({"error": "self_send", "message": "that is you"}).decode()
+        require_collaboration(peer, step.org, role="target")  # archived bots are not asked
         if not message:
             return _enc.encode({"error": "empty_message", "message": "say something"}).decode()
         link = "dlv_" + secrets.token_hex(8)
@@ -364,8 +395,27 @@ class BotStepper:
         # WS-4: a receipt at once; the peer's reply comes back later as a delivery.
         return _enc.encode({"receipt": link, "to": peer.id, "status": "queued"}).decode()
 
+    async def _request(self, step: StepInput, args: dict) -> str:
+        """ENR-3: store what the bot proposes, for the person of this turn (or the group's
+        people) to approve; the rewritten input it saw is never part of it."""
+        if step.chat.kind not in ("direct", "group") or step.wake == "delivery":
+            return _enc.encode(
+                {"error": "not_here", "message": "ask for approval in a person's chat"}
+            ).decode()
+        request = await self.shard.requests.create(
+            bot=step.bot.id,
+            org=step.chat.org,
+            chat=step.chat.id,
+            turn=step.turn,
+            owner=step.operator,
+            channel=step.channel if step.chat.kind == "group" else None,
+            proposal=parse_proposal(args),
+        )
+        return _enc.encode({"request": request.id, "status": request.status}).decode()
+
     async def _post(self, step: StepInput, args: dict, effects: list[Effect]) -> str:
         group, message = str(args.get("group", "")), str(args.get("message", "")).strip()
+        require_collaboration(step.bot, step.org)
         channel = await self.shard.peers.directory("get_channel", group)
         if step.bot.id not in channel.bots or channel.org != step.org.id:
             return _enc.encode(

@@ -239,6 +239,8 @@ class ChainRunner:
                 self._texts.setdefault(updated.id, {})[effect.link] = {"request": effect.message}
                 await self._save(updated)
             if decision.action == "deliver":
+                # UI-1: the asking bot's chat shows what it sent, to whom (a real delivery only).
+                await self.conv.say_sent(chat, turn, bot.id, effect.target, effect.message)
                 self._spawn(self._deliver(updated.id, effect.link, org))
 
     async def _post(self, effect: Effect, bot: Bot, org: Org) -> None:
@@ -315,6 +317,8 @@ class ChainRunner:
         await self._maybe_answer(chain_id, link.id, reply, org)
 
     async def _step(self, bot: Bot, step: StepInput) -> StepOutcome:
+        if bot.archived:  # archived after the chain began (WS-3): it is asked nothing more
+            return StepOutcome(status="failed", error="the bot is archived")
         peers = self.shard.peers
         try:
             return await peers.shard_call(peers.index_of(bot.owner), "run_step", step, (), 0)

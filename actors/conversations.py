@@ -27,6 +27,7 @@ from actors.bot_step import BotStepper, Effect, Sink, StepInput, StepOutcome
 from actors.memory_bot import MemoryBotRuntime
 from actors.residency import CHAT_WEIGHT, unused
 from actors.single_flight import SingleFlight
+from engine.bot_policy import require_active, require_team
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
 from engine.discussion import Plan, plan_goal, plan_turn
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unavailable
@@ -234,12 +235,26 @@ class Conversations:
         await self.commit(chat.id, sink)
         return item
 
+    async def say_sent(
+        self, chat: Chat, turn: str | None, sender: str, peer: str, text: str
+    ) -> Item:
+        """UI-1: the sending side of a real delivery, in the chat the bot sent from: the actual
+        body, marked `sent` to `peer` (the chain's own record of the request is not touched)."""
+        log = await self.log(chat.id)
+        sink = Sink()
+        item = self.item(log, turn, "delivery", sender)
+        self.append(log, chat, [(item, text)], sink)
+        sink.writes.append(self.store.communication_row(log, item.seq, "sent", peer))
+        await self.commit(chat.id, sink)
+        return item
+
     def prior(self, log: ChatLog, before: int) -> list[tuple[str, str, str]]:
-        """(kind, author, text) of the conversation before item `before`, decrypted once."""
+        """(kind, author, text) of the conversation before item `before`, decrypted once. A
+        bot's own sent records are left out: its words to the peer are not the chat's."""
         return [
             (i.kind, i.author, self.store.text(log, i.seq))
             for i in [i for i in log.items if i.seq < before][-HISTORY_ITEMS:]
-            if i.kind in ("person", "bot", "delivery")
+            if i.kind in ("person", "bot", "delivery") and i.seq not in log.comms
         ]
 
     @staticmethod
@@ -297,6 +312,10 @@ class Conversations:
         if start.channel is None:
             raise InvalidInput("a group turn needs its channel", code="invalid_chat")
         if start.channel.mode == "delivery":
+            leader = next((b for b in start.members if b.id == start.channel.leader), None)
+            if leader is None:
+                raise Conflict("the group's leader is archived", code="bot_archived")
+            require_team(leader, start.org)  # WS-6: the policy may have changed since
             return plan_goal(
                 members=[b.id for b in start.members],
                 leader=start.channel.leader,
@@ -317,6 +336,12 @@ class Conversations:
             raise InvalidInput("text must be a non-empty string", code="invalid_text")
         if len(text) > MAX_TEXT:
             raise InvalidInput(f"text over {MAX_TEXT} characters", code="text_too_long")
+        if start.bot is not None:
+            require_active(start.bot)  # WS-3: an archived bot takes no turns
+        if start.members:  # archived members sit the turn out (WS-3)
+            start = msgspec.structs.replace(
+                start, members=tuple(b for b in start.members if not b.archived)
+            )
         plan = self._plan(start)  # bad input fails here, before anything is stored
         log = await self.log(start.chat.id)
         if start.channel is not None:
@@ -426,6 +451,11 @@ class Conversations:
         effects: tuple[Effect, ...] = ()
         job = None
         async with self.lock(chat.id):
+            under_review = (
+                await self.shard.requests.for_review_chat(chat.id)
+                if chat.kind == "review"
+                else None
+            )
             step = StepInput(
                 chat=chat,
                 bot=bot,
@@ -434,6 +464,7 @@ class Conversations:
                 turn=turn.id,
                 text=start.text,
                 history=self.history(log, person_item.seq),
+                review=under_review.proposal if under_review is not None else None,
             )
             try:
                 outcome = await self.stepper.run(step, log, sink)
@@ -450,7 +481,7 @@ class Conversations:
             done = msgspec.structs.replace(turn, status=outcome.status, error=outcome.error)
             sink.writes.append(self.store.put_turn(log, done))
             await self._own_rows(bot, turn.id, sink)
-            if learns(org, chat, outcome.confided):
+            if learns(org, chat, outcome.confided, bot):
                 sends = any(e.kind == "send" for e in effects)
                 job = self.new_job(
                     bot,
@@ -625,12 +656,14 @@ class Conversations:
 
     def _view(self, log: ChatLog, item: Item) -> ItemView:
         text = self.store.text(log, item.seq)
-        # Only a delivery the chain runner stored is shown as bot communication (UI-1).
-        communication = (
-            Communication(direction="received", peer=item.author, body=text)
-            if item.kind == "delivery"
-            else None
-        )
+        # Only a delivery the chain runner stored is shown as bot communication (UI-1): a sent
+        # one has its record; any other delivery item was received from its author.
+        communication = None
+        if item.seq in log.comms:
+            direction, peer = log.comms[item.seq]
+            communication = Communication(direction=direction, peer=peer, body=text)
+        elif item.kind == "delivery":
+            communication = Communication(direction="received", peer=item.author, body=text)
         return ItemView(
             id=item.id,
             kind=item.kind,
@@ -681,12 +714,13 @@ def _turn_id(chat: str, request_id: str) -> str:
     return "turn_" + hashlib.sha256(f"{chat}\x00{request_id}".encode()).hexdigest()[:16]
 
 
-def learns(org: Org, chat: Chat, confided: bool) -> bool:
+def learns(org: Org, chat: Chat, confided: bool, bot: Bot | None = None) -> bool:
     """A turn is learned from when the bot confided, or after every person turn with the org's
-    autoRecord (DESIGN "Learning triggers"); never with botMemory off, never in review chats."""
+    autoRecord unless the bot's owner paused it (WS-1) (DESIGN "Learning triggers"); never with
+    botMemory off, never in review chats."""
     if not org.settings.botMemory or chat.kind in ("review", "agent"):
         return False
-    return confided or org.settings.autoRecord
+    return confided or (org.settings.autoRecord and not (bot is not None and bot.autoRecordPaused))
 
 
 def require_chat_owner(chat: Chat, user: str) -> None:

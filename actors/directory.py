@@ -23,6 +23,7 @@ from pathlib import Path
 
 import msgspec
 
+from engine.bot_policy import require_team
 from engine.directory import (
     MAX_CHANNEL_BOTS,
     Bot,
@@ -42,7 +43,7 @@ from engine.directory import (
 )
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unprocessable
 from engine.listing import Page, bot_entry, channel_entry, chat_entry, chat_sees, page
-from engine.self_rules import Editor, RulesUpdate, new_member, update_rules
+from engine.self_rules import Editor, RulesUpdate, new_member, set_archived, update_rules
 from storage.crypto import Keyring, load_master_key
 from storage.database import Database
 from storage.directory_store import MIGRATIONS, DirectoryStore, hash_token
@@ -245,6 +246,8 @@ class DirectoryService:
                         code="bot_not_in_org",
                         details={"bot": b, "org": org},
                     )
+            if mode == "delivery":  # WS-6: a leader with team permission
+                require_team(self.bots[leader], self.orgs[org])
             channel = Channel(
                 id=self._fresh_id(self.channels, id, "c_", "channel"),
                 org=org,
@@ -358,6 +361,29 @@ class DirectoryService:
             await self._put("chats", chat, self.chats)
             return chat
 
+    async def review_chat(self, request_id: str, user_id: str, org: str, bot_id: str) -> Chat:
+        """The `review` chat in which `user_id` talks a request over with the bot (ENR-3): one
+        per request and person, kept with the bot (its home is the bot owner's shard, where
+        the request is)."""
+        async with self._write:  # check-then-create: one chat however many ask at once
+            bot = self._get(self.bots, bot_id, "bot")
+            require_use(bot, self._get(self.users, user_id, "user"))
+            chat_id = f"chat_review_{request_id}_{user_id}"
+            existing = self.chats.get(chat_id)
+            if existing is not None:
+                return existing
+            chat = Chat(
+                id=chat_id,
+                kind="review",
+                owner=user_id,
+                org=org,
+                bot=bot.id,
+                created_at=self.clock(),
+                home=bot.owner,
+            )
+            await self._put("chats", chat, self.chats)
+            return chat
+
     async def set_mode(self, channel_id: str, mode: str, leader: str | None) -> Channel:
         """Switch a group between equal discussion and a delivery goal (WS-6). Only the shard
         that keeps the group's chat calls this, holding the chat's turn lock after finding the
@@ -370,6 +396,8 @@ class DirectoryService:
                 raise Unprocessable(
                     "a delivery group needs a leader among its bots", code="no_leader"
                 )
+            if mode == "delivery":
+                require_team(self._get(self.bots, leader, "bot"), self.orgs[ch.org])
             ch = msgspec.structs.replace(
                 ch, mode=mode, leader=leader if mode == "delivery" else None
             )
@@ -402,7 +430,25 @@ class DirectoryService:
     ) -> Bot:
         async with self._write:
             creator = self._get(self.bots, creator_id, "bot")
+            require_team(creator, self._get(self.orgs, creator.org, "org"))  # WS-1: team building
             bot = new_member(creator, bot_id=_new_id("b_"), name=name, prompt=prompt, rules=rules)
+            await self._put("bots", bot, self.bots)
+            return bot
+
+    async def archive_bot(self, bot_id: str, archived: bool, editor: Editor) -> Bot:
+        """WS-3: its creator bot or a person with write archives (or restores) a bot."""
+        async with self._write:
+            bot = set_archived(self._get(self.bots, bot_id, "bot"), archived, editor)
+            await self._put("bots", bot, self.bots)
+            return bot
+
+    async def pause_auto_record(self, bot_id: str, paused: bool, user: str) -> Bot:
+        """WS-1: a person with write pauses (or resumes) auto-record for one bot."""
+        async with self._write:
+            bot = self._get(self.bots, bot_id, "bot")
+            if permission(bot, user) != Permission.WRITE:
+                raise Forbidden("you need write on this bot", code="no_write")
+            bot = msgspec.structs.replace(bot, autoRecordPaused=paused)
             await self._put("bots", bot, self.bots)
             return bot
 

@@ -123,9 +123,9 @@ class GroupTurns:
         sends = any(e.kind == "send" for _, e in effects)
         waiting = []
         for bot_id in plan.participants:
-            if not learns(org, chat, bot_id in confided):
-                continue
             bot = members[bot_id]
+            if not learns(org, chat, bot_id in confided, bot):
+                continue
             index = peers.index_of(bot.owner)
             try:
                 job = await peers.shard_call(

@@ -35,8 +35,9 @@ from engine.learning import (
     decide,
 )
 from engine.memory import Change, LogRow, Reader, Scope, Who
+from engine.memory_bot import next_period_start
 from engine.models import Completion, Message
-from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS
+from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS, learning_system
 from storage.chat_store import ChatStore, LearningJob, ModelCall
 from storage.stats import STATS
 
@@ -44,15 +45,10 @@ if TYPE_CHECKING:
     from actors.conversations import Conversations
     from actors.shard import ShardService
 
-LEARNING_SYSTEM = (
-    "You keep a bot's memory. From the evidence, record what is durable and useful: facts from "
-    "what people said (cite their items), observations from entries (cite them), invalidate "
-    "what stopped being true, keep topics tidy. The bot's own words only point where to look. "
-    "Answer only with tool calls."
-)
 log = logging.getLogger("openbot.learning")
 JOBS = "openbot_learning_jobs"
 AUTO_RETRIES = 3  # CO-3
+WAKE_MARGIN = 0.05  # seconds past a period boundary, so the new period has surely begun
 # Seconds before the first retry, doubled each time (the tests shorten it).
 RETRY_DELAY = float(os.environ.get("OPENBOT_LEARNING_RETRY_DELAY", "2.0"))
 _completion_enc = msgspec.json.Encoder()
@@ -83,8 +79,7 @@ class LearningRunner:
         """Run a job whose row is stored."""
         self._spawn(job)
         # Jobs of this pool that waited for budget get another chance now (MB-3).
-        for waiting in self._waiting.pop(job.pool, []):
-            self._spawn(waiting)
+        self.wake(job.pool)
 
     async def recover(self) -> int:
         """Run every job that was open when the shard stopped."""
@@ -210,13 +205,32 @@ class LearningRunner:
             log.warning(
                 "learning job %s (%s, chat %s) failed: %s", job.id, job.pool, job.chat, error
             )
+        wake_at = await self._next_period(job.pool) if status == "waiting" else None
         job = msgspec.structs.replace(
-            job, status=status, error=error, updated_at=self.shard.clock()
+            job, status=status, error=error, updated_at=self.shard.clock(), wake_at=wake_at
         )
         await self._save(job)
         if status == "waiting":
             self._waiting.setdefault(job.pool, []).append(job)
+            if wake_at is not None:
+                self._wake_at(job.pool, wake_at)
         return job
+
+    async def _next_period(self, pool_id: str) -> int | None:
+        """When the budget that stopped this pool's learning starts its next period (MB-3)."""
+        budget = (await self.shard._pool(pool_id)).stored.settings.budget
+        return None if budget is None else next_period_start(budget.period, self.shard.clock())
+
+    def _wake_at(self, pool_id: str, at: int) -> None:
+        """A timer for the period boundary, read on the shard's clock: the waiting jobs run
+        again then, whether or not another job starts meanwhile (MB-3)."""
+        delay = max(0.0, (at - self.shard.clock()) / 1000) + WAKE_MARGIN
+        asyncio.get_running_loop().call_later(delay, self.wake, pool_id)
+
+    def wake(self, pool_id: str) -> None:
+        """Run the jobs of this pool that wait for budget (a new period, or new settings)."""
+        for waiting in self._waiting.pop(pool_id, []):
+            self._spawn(waiting)
 
     async def _execute(self, job: LearningJob) -> None:
         assert self.conversations is not None
@@ -265,35 +279,50 @@ class LearningRunner:
             )
             # ENR-5: the pool's one visibility-checked read (the bot's whole memory).
             entries, topics = await self.shard.bot_memory.learning_context(job.pool, reader)
-            request, _ = build_request(evidence, entries, topics, overhead=len(LEARNING_SYSTEM))
+            system = learning_system(settings.instructions)  # MB-2
+            request, _ = build_request(evidence, entries, topics, overhead=len(system))
             messages = [
-                Message(role="system", content=LEARNING_SYSTEM),
+                Message(role="system", content=system),
                 Message(role="user", content=request),
             ]
             self.model_steps += 1
-            completion = await self.runtime.call(
-                job.pool, settings, model, messages, LEARNING_TOOLS, timeout=self.step_limit
-            )
+            try:
+                completion = await self.runtime.call(
+                    job.pool, settings, model, messages, LEARNING_TOOLS, timeout=self.step_limit
+                )
+            except BudgetSpent:
+                raise  # the model was not asked: nothing to record
+            except OpenBotError as e:
+                # LRN-4: a failed attempt keeps its own sealed record; the next one adds another.
+                failed = ModelCall(
+                    step=1, attempt=job.attempts, request=request, error=f"{e.code}: {e.message}"
+                )
+                self._record_call(pool.stored, job, failed)
+                raise
             call = ModelCall(
                 step=1,
                 attempt=job.attempts,
                 request=request,
                 response=_completion_enc.encode(completion).decode(),
             )
-            # Queued, not awaited: it commits before the changes below (group commit keeps
-            # order), and if the process dies first the step was simply not recorded.
-            recorded_fut = self.shard._submit(
-                None,
-                [
-                    *self.shard.store.key_rows(pool.stored),
-                    self.store.model_call_row(pool.stored, job.id, call, self.shard.clock()),
-                    self.store.job_row(job),
-                    *self.runtime.spend_rows(),
-                ],
-                [self.event(job)],
-            )
-            recorded_fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._record_call(pool.stored, job, call)
         await self._apply(job, pool, completion, {(e.chat, e.item): e for e in evidence})
+
+    def _record_call(self, stored, job: LearningJob, call: ModelCall) -> None:
+        """Queue an attempt's call record with the job row. Queued, not awaited: it commits
+        before what follows (group commit keeps order), and if the process dies first the
+        attempt was simply not recorded."""
+        recorded_fut = self.shard._submit(
+            None,
+            [
+                *self.shard.store.key_rows(stored),
+                self.store.model_call_row(stored, job.id, call, self.shard.clock()),
+                self.store.job_row(job),
+                *self.runtime.spend_rows(),
+            ],
+            [self.event(job)],
+        )
+        recorded_fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _apply(self, job: LearningJob, pool, completion: Completion, evidence) -> None:
         calls = [(c.name, c.arguments.encode()) for c in completion.tool_calls]

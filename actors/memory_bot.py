@@ -9,7 +9,6 @@ unknown (MB-6). Model calls never happen under a pool lock (ACL-9).
 from __future__ import annotations
 
 import asyncio
-import datetime
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
@@ -18,7 +17,7 @@ import msgspec
 from actors.models import Model, ModelError, measured
 from actors.rwlock import assert_no_pool_lock
 from engine.errors import OpenBotError
-from engine.memory_bot import MemoryBotSettings
+from engine.memory_bot import MemoryBotSettings, period_key
 from engine.models import Completion, Message, ToolSpec, cost_micros
 from engine.turns import ANSWER_WAIT, CALM_ANSWER, REWRITE, confessor_messages
 from storage.chat_store import ChatStore, ModelCall
@@ -29,11 +28,6 @@ _enc = msgspec.json.Encoder()
 
 class BudgetSpent(OpenBotError):
     code = "budget_spent"
-
-
-def period_key(period: str, now_ms: int) -> str:
-    day = datetime.datetime.fromtimestamp(now_ms / 1000, datetime.UTC)
-    return f"day:{day:%Y-%m-%d}" if period == "day" else f"month:{day:%Y-%m}"
 
 
 class MemoryBotRuntime:

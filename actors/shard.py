@@ -34,6 +34,7 @@ from actors.models import Model, load_models
 from actors.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeInfo, NodeModel
 from actors.peers import Peers
 from actors.pool import Pool
+from actors.requests import Requests
 from actors.residency import POOL_WEIGHT, Residency, budget_from, unused
 from actors.semantic import semantic_search
 from actors.single_flight import SingleFlight
@@ -70,6 +71,7 @@ from engine.memory import (
 )
 from engine.memory_bot import MemoryBotSettings, SettingsPatch, apply_patch
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
+from engine.requests import RequestView
 from engine.scoped_memory import (
     Decision,
     Extraction,
@@ -181,6 +183,7 @@ class ShardService:
         self.learning = LearningRunner(self, chats, self.memory_bot)
         self.conversations = Conversations(self, chats, self.memory_bot, self.learning)
         self.learning.conversations = self.conversations
+        self.requests = Requests(self)
         self._started: asyncio.Task[int] | None = None
         self.workspace = Workspace(self, data_dir)
         fusion = search_settings(search, models_config)
@@ -439,9 +442,14 @@ class ShardService:
         turns, or their channels')."""
         out = []
         for pool in pools:
-            out.extend(
-                j for j in await self.learning.store.jobs(pool) if _job_for(j, user, channels)
-            )
+            stored = None
+            for job in await self.learning.store.jobs(pool):
+                if not _job_for(job, user, channels):
+                    continue
+                stored = stored or (await self._pool(pool)).stored
+                # Every attempt that reached the model, from the sealed call log (LRN-4).
+                records = await self.learning.store.attempt_records(stored, job.id)
+                out.append(msgspec.structs.replace(job, attemptRecords=records))
         return out
 
     async def retry_memory_job(
@@ -479,6 +487,31 @@ class ShardService:
         if chain is None or not chains.may_see(chain, user, channels):
             return None
         return await chains.stop(chain_id, user)
+
+    # --- requests (approvals, ENR-3) ---
+
+    async def requests_of(
+        self, user: str, channels: frozenset[str], status: str | None = None
+    ) -> list[RequestView]:
+        return await self.requests.listing(user, channels, status)
+
+    async def request(self, request_id: str, user: str, channels: frozenset[str]):
+        """The request if it is on this shard and `user` may see it, else None."""
+        found = await self.requests.find(request_id, user, channels)
+        return None if found is None else await self.requests.view(found)
+
+    async def decide_request(
+        self, request_id: str, user: str, channels: frozenset[str], approved: bool, note: str
+    ) -> RequestView | None:
+        return await self.requests.decide(request_id, user, channels, approved, note)
+
+    async def notify(self, chat: Chat, author: str, text: str) -> ItemView:
+        """A system notification in a chat homed here (a request's decision)."""
+        item = await self.conversations.say(chat, None, "notification", author, text)
+        return self.conversations._view(await self.conversations.log(chat.id), item)
+
+    async def attach_review(self, request_id: str, chat: str) -> RequestView:
+        return await self.requests.attach_review(request_id, chat)
 
     async def verdict(self, chat: str, turn: str, user: str, accepted: bool, note: str) -> Turn:
         return await self.conversations.verdict(chat, turn, user, accepted, note)
@@ -826,6 +859,7 @@ class ShardService:
             row = self.store.pool_row(pool.stored, pool.version, settings)
             pending = self._submit(pool, [row])
         await self._settle(pool, pending, reads_state=False)
+        self.learning.wake(pool_id)  # a new budget may let waiting learning run (MB-3)
         return settings
 
     # --- entries written by the memory bot (facts, observations) ---------------------------------

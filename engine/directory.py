@@ -25,6 +25,9 @@ class OrgSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     botMemory: bool = True
     botMemoryModel: str | None = None
     autoRecord: bool = False
+    # WS-1: bots' team and collaboration are server policy (on unless the admin turns it off);
+    # no per-bot toggle of a client overrides it.
+    collaboration: bool = True
 
 
 class Org(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,6 +65,8 @@ class Bot(msgspec.Struct, frozen=True, kw_only=True):
     grants: dict[str, Permission] = {}
     creator: str | None = None  # the bot that created this one (WS-3: it may not edit its rules)
     avatar: str | None = None  # an image URL clients show next to the bot (UI-1)
+    archived: bool = False  # WS-3: takes no turns and is no collaboration target
+    autoRecordPaused: bool = False  # WS-1: "auto-record long-term facts" paused for this bot
 
 
 class Channel(msgspec.Struct, frozen=True, kw_only=True):

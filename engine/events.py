@@ -62,6 +62,16 @@ class ChatItemsDeleted(msgspec.Struct, frozen=True, kw_only=True, tag="chat.item
     count: int
 
 
+class RequestChanged(msgspec.Struct, frozen=True, kw_only=True, tag="request.changed"):
+    """A request (approval) was made, decided or got a review chat (ENR-3)."""
+
+    request: str
+    status: str
+    revision: int
+    bot: str
+    chat: str | None = None
+
+
 Payload = (
     MemoryChanged
     | MemoryJobChanged
@@ -69,6 +79,7 @@ Payload = (
     | CollaborationChanged
     | ChatItemCreated
     | ChatItemsDeleted
+    | RequestChanged
 )
 EVENT_TYPES = tuple(t.__struct_config__.tag for t in Payload.__args__)  # type: ignore[attr-defined]
 

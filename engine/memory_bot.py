@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+
 import msgspec
 
 from engine.errors import Conflict, InvalidInput
@@ -55,3 +57,29 @@ def apply_patch(current: MemoryBotSettings, patch: SettingsPatch) -> MemoryBotSe
             )
         changes["budget"] = budget
     return msgspec.structs.replace(current, **changes)
+
+
+# --- budget periods (MB-2, MB-3): UTC days and months, computed from a time the caller passes ---
+
+
+def _utc(now_ms: int) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(now_ms / 1000, datetime.UTC)
+
+
+def period_key(period: str, now_ms: int) -> str:
+    """The spend bucket `now_ms` falls in: `day:YYYY-MM-DD` or `month:YYYY-MM` (UTC)."""
+    day = _utc(now_ms)
+    return f"day:{day:%Y-%m-%d}" if period == "day" else f"month:{day:%Y-%m}"
+
+
+def next_period_start(period: str, now_ms: int) -> int:
+    """When the budget period after the one holding `now_ms` begins, in epoch ms (MB-3: a job
+    stopped by the budget runs again then)."""
+    t = _utc(now_ms)
+    if period == "day":
+        start = datetime.datetime(t.year, t.month, t.day, tzinfo=datetime.UTC)
+        start += datetime.timedelta(days=1)
+    else:
+        year, month = (t.year + 1, 1) if t.month == 12 else (t.year, t.month + 1)
+        start = datetime.datetime(year, month, 1, tzinfo=datetime.UTC)
+    return int(start.timestamp() * 1000)

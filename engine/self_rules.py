@@ -2,7 +2,8 @@
 
 Who may change a bot's rules: the bot itself (unless it is a temporary assistant) and people with
 write on it. The bot that created a member sets its first rules and then loses that right, so a
-member's character is its own and its owner's, not its creator's. Rules never reach the base
+member's character is its own and its owner's, not its creator's; it keeps the right to rename
+and to archive the member (WS-3). Rules never reach the base
 profile: model, kind, org, owner and grants are not rule fields and no path here changes them.
 """
 
@@ -82,7 +83,8 @@ def _check_name(value: object) -> str:
     return name.strip()
 
 
-def _check_editor(bot: Bot, editor: Editor) -> None:
+def _check_editor(bot: Bot, editor: Editor, fields: frozenset[str] = frozenset()) -> None:
+    """May `editor` change `fields` of `bot`'s rules (none: may it edit at all)?"""
     kind = editor.kind
     if kind == "bot" and editor.id == bot.id:
         # A bot reaching itself through a bot-to-bot tool is still editing itself.
@@ -95,7 +97,9 @@ def _check_editor(bot: Bot, editor: Editor) -> None:
                 "a temporary assistant cannot change its own rules", code="temporary_bot"
             )
     elif kind == "bot":
-        if editor.id == getattr(bot, "creator", None):
+        if editor.id == bot.creator and fields and fields <= {"name"}:
+            return  # WS-3: the creator keeps its right to rename
+        if editor.id == bot.creator:
             raise Forbidden(
                 "the rules you set when creating this bot are now its own to change",
                 code="creator_locked",
@@ -117,7 +121,8 @@ def update_rules(bot: Bot, update: RulesUpdate, editor: Editor) -> Bot:
     editors' drafts stale), but is still checked for permission and revision: it answers "may I,
     and is my copy current?".
     """
-    _check_editor(bot, editor)
+    named = frozenset(f for f in RULE_FIELDS if getattr(update, f) is not None)
+    _check_editor(bot, editor, named)
     expected = update.expectedRevision
     if isinstance(expected, bool) or not isinstance(expected, int):
         raise InvalidInput("expectedRevision must be an integer", code="invalid_revision")
@@ -176,3 +181,19 @@ def new_member(
         revision=1,
         **extra,
     )
+
+
+def set_archived(bot: Bot, archived: bool, editor: Editor) -> Bot:
+    """Archive (or restore) a bot: its creator bot or a person with write may (WS-3). An
+    archived bot keeps its memory and chats; it takes no turns and is no collaboration target."""
+    if editor.kind == "bot":
+        if editor.id != bot.creator:
+            raise Forbidden("only the bot that created this one may archive it", code="not_creator")
+    elif editor.kind == "user":
+        if permission(bot, editor.id) != Permission.WRITE:
+            raise Forbidden("you need write on this bot", code="no_write")
+    else:
+        raise Forbidden("a bot may not archive itself", code="not_creator")
+    if bot.archived == archived:
+        return bot
+    return msgspec.structs.replace(bot, archived=archived)

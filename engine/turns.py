@@ -76,6 +76,13 @@ WORKSPACE_TOOLS = (
         ["name"],
     ),
     _tool(
+        "workspace_rename_agent",
+        "Rename a member bot you created.",
+        {"agent": _S, "name": _S},
+        ["agent", "name"],
+    ),
+    _tool("workspace_archive_agent", "Archive a member bot you created.", {"agent": _S}, ["agent"]),
+    _tool(
         "workspace_memory_search",
         "Search memory that did not fit in your prompt.",
         {"query": _S, "scope": _S},
@@ -132,9 +139,25 @@ LEARNING_TOOLS = (
 )
 
 
+REQUEST_APPROVAL = _tool(
+    "workspace_request_approval",
+    "Ask the person to approve something you propose before you do it.",
+    {"title": _S, "proposal": _S},
+    ["proposal"],
+)
+
+
 def bot_tools(review: bool) -> tuple[ToolSpec, ...]:
-    """Review chats have no confide (LRN-10)."""
-    return WORKSPACE_TOOLS if review else (CONFIDE, *WORKSPACE_TOOLS)
+    """Review chats have no confide (LRN-10), and a review proposes nothing new (ENR-3)."""
+    return WORKSPACE_TOOLS if review else (CONFIDE, *WORKSPACE_TOOLS, REQUEST_APPROVAL)
+
+
+def review_prompt(proposal: str) -> str:
+    """What a review chat's bot is told: the request exactly as it proposed it (ENR-3)."""
+    return (
+        "This chat reviews a request you made, which waits for the person's approval. "
+        f"What you proposed:\n{proposal}"
+    )
 
 
 def bot_system_prompt(bot: Bot, memory_text: str = "") -> str:
@@ -153,6 +176,21 @@ def bot_system_prompt(bot: Bot, memory_text: str = "") -> str:
     if memory_text:
         parts.append(memory_text)
     return "\n".join(parts)
+
+
+LEARNING_SYSTEM = (
+    "You keep a bot's memory. From the evidence, record what is durable and useful: facts from "
+    "what people said (cite their items), observations from entries (cite them), invalidate "
+    "what stopped being true, keep topics tidy. The bot's own words only point where to look. "
+    "Answer only with tool calls."
+)
+OWNER_RULES = "\nRules from the bot's owner about privacy and sharing: "
+
+
+def learning_system(instructions: str) -> str:
+    """The learning step's system prompt with the owner's memory-bot `instructions` (MB-2); its
+    length counts against the request's 60,000 characters (SC-6)."""
+    return LEARNING_SYSTEM + (OWNER_RULES + instructions if instructions else "")
 
 
 def confessor_messages(text: str, instructions: str) -> list[Message]:

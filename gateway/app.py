@@ -45,6 +45,7 @@ from gateway.metrics import MetricsApi, RequestLog
 from gateway.nodes import NodesEndpoint
 from gateway.openapi import openapi_document
 from gateway.read_cache import ReadCache
+from gateway.request_routes import RequestsApi
 from gateway.workspace_memory_routes import WorkspaceMemoryApi
 from gateway.workspace_routes import WorkspaceApi
 
@@ -524,6 +525,7 @@ def create_app(
     ws = WorkspaceApi(engine, auth)
     wm = WorkspaceMemoryApi(engine, auth)
     lists = ListingApi(engine, auth)
+    rq = RequestsApi(engine, auth)
     r: Callable[..., Route] = Route
     routes = [
         r("/v1/admin/orgs", lists.admin_list("orgs"), methods=["GET"]),
@@ -550,6 +552,10 @@ def create_app(
         r("/v1/chats/{chat}/turns/{turn}/verdict", api.verdict, methods=["POST"]),
         r("/v1/chats/{chat}/confessions", api.confessions, methods=["GET"]),
         r("/v1/chats/{chat}/enrichments", api.enrichments, methods=["GET"]),
+        r("/v1/requests", rq.listing, methods=["GET"]),
+        r("/v1/requests/{id}", rq.get, methods=["GET"]),
+        r("/v1/requests/{id}/decision", rq.decide, methods=["POST"]),
+        r("/v1/requests/{id}/review", rq.review, methods=["POST"]),
         r("/v1/bots/{bot}/memory", api.get_memory, methods=["GET"]),
         r("/v1/bots/{bot}/memory", api.post_memory, methods=["POST"]),
         r("/v1/bots/{bot}/memory/log", api.memory_log, methods=["GET"]),
@@ -562,6 +568,8 @@ def create_app(
         r(f"{WS}/collaboration", ws.collaborations, methods=["GET"]),
         r(f"{WS}/collaboration/{{id}}/stop", ws.stop_collaboration, methods=["POST"]),
         r(f"{WS}/bots/{{bot}}/rules", ws.bot_rules, methods=["GET", "PATCH"]),
+        r(f"{WS}/bots/{{bot}}", ws.bot_profile, methods=["GET", "PATCH"]),
+        r(f"{WS}/bots/{{bot}}/archive", ws.archive_bot, methods=["POST"]),
         r(f"{WS}/groups/{{channel}}/mode", ws.group_mode, methods=["POST"]),
         r(f"{WS}/memory-jobs", ws.memory_jobs, methods=["GET"]),
         r(f"{WS}/memory-jobs/{{id}}/retry", ws.retry_memory_job, methods=["POST"]),

@@ -156,7 +156,10 @@ class LiveView:
             else:
                 said = _one_line(found["text"])
                 who = self.name(found["author"])
-                if found["kind"] == "delivery":
+                sent = (found.get("communication") or {}).get("direction") == "sent"
+                if sent:  # UI-1: the asker's own record of what it sent
+                    who = f"{who} to {self.name(found['communication']['peer'])}"
+                elif found["kind"] == "delivery":
                     who = f"from {who}"
             label = self.chat_labels.get(chat, chat)
             kind = data.get("kind", "?")
@@ -261,13 +264,19 @@ def _chain_finished(chain: dict, items: list[dict]) -> bool:
     if not delivered:
         return True  # no result woke anybody (suppressed, late after a cap or a stop)
     mine = [i for i in items if i.get("turn") == chain["topic"]]
-    arrived = [k for k, i in enumerate(mine) if i["kind"] == "delivery"]
+    arrived = [k for k, i in enumerate(mine) if _received(i)]
     if len(arrived) < len(delivered):
         return False
     return any(
         i["kind"] in ("bot", "notification") and i["author"] == chain["rootBot"]
         for i in mine[arrived[-1] + 1 :]
     )
+
+
+def _received(item: dict) -> bool:
+    """A delivery that came back to this chat (not the record of one it sent, UI-1)."""
+    c = item.get("communication") or {}
+    return item["kind"] == "delivery" and c.get("direction") != "sent"
 
 
 async def run_demo(

@@ -22,11 +22,13 @@ import msgspec
 
 from actors.chains import ChainView
 from actors.conversations import TurnResult
+from engine.bot_policy import BotProfile
 from engine.directory import Bot, Channel, Chat, Org, User
 from engine.listing import BotEntry, ChannelEntry, ChatEntry, Me, Page
 from engine.memory import EntryView, LogPage, MemoryPage
 from engine.memory_bot import MemoryBotSettings, SettingsPatch
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
+from engine.requests import RequestView
 from engine.scoped_memory import WsEntryView, WsForget, WsMemoryChange, WsMemoryCreate
 from engine.self_rules import RulesUpdate
 from gateway import openapi_shapes as s
@@ -351,6 +353,38 @@ ROUTES: list[Op] = [
         auth="admin",
     ),
     Op("get", "/", "The web console", ok=Text("text/html"), auth="none"),
+]
+
+# Requests (approvals) and bot profiles (issue 15: ENR-3, WS-1, WS-3).
+REQUEST_STATUS = _q(
+    "status", "only requests in this state", enum=["pending", "approved", "rejected"]
+)
+ROUTES += [
+    Op("get", "/v1/requests", "The caller's requests", ok=s.Requests, query=(REQUEST_STATUS,)),
+    Op("get", "/v1/requests/{id}", "A request: what the bot proposed", ok=RequestView),
+    Op(
+        "post",
+        "/v1/requests/{id}/decision",
+        "Approve or reject a request, once (409 already_decided)",
+        wire.Decision,
+        RequestView,
+    ),
+    Op("post", "/v1/requests/{id}/review", "Open the request's review chat", ok={201: Chat}),
+    Op("get", f"{WS}/bots/{{bot}}", "A bot's profile and server permissions", ok=BotProfile),
+    Op(
+        "patch",
+        f"{WS}/bots/{{bot}}",
+        "Pause or resume autoRecord; old team/collaboration toggles are ignored",
+        s.ProfilePatch,
+        BotProfile,
+    ),
+    Op(
+        "post",
+        f"{WS}/bots/{{bot}}/archive",
+        "Archive (or restore with {archived: false}) a bot",
+        wire.Archive,
+        BotProfile,
+    ),
 ]
 
 _ERROR = {

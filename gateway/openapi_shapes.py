@@ -14,6 +14,7 @@ from actors.node_hub import NodeInfo
 from actors.workspace import RevisionView
 from engine.directory import Permission
 from engine.projects import ProjectView
+from engine.requests import RequestView
 from engine.scoped_memory import WsEntryView
 from storage.chat_store import Confession, Enrichment, ItemView, LearningJob, Turn
 
@@ -157,3 +158,16 @@ class NodeRequest(_Doc):
     id: str
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
+
+
+class Requests(_Doc):
+    requests: list[RequestView]
+
+
+class ProfilePatch(_Doc):
+    """`PATCH /api/app/workspace/bots/{bot}`: the one switch a bot's owner has; the legacy
+    per-bot toggles are accepted and ignored (WS-1)."""
+
+    autoRecord: bool | None = None
+    team: bool | None = None
+    collaboration: bool | None = None

@@ -162,6 +162,15 @@ class GroupMode(_Body):
     leader: str | None = None
 
 
+class Decision(_Body):
+    approved: bool
+    note: str = ""
+
+
+class Archive(_Body):
+    archived: bool = True
+
+
 class Backup(_Body):
     dir: str
     withKey: bool = False  # copy the master key too (left out by default: issue 12)

@@ -7,6 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.runtime import Engine, call
+from engine.bot_policy import parse_profile_patch, profile
 from engine.directory import chat_home, require_use
 from engine.errors import Forbidden, InvalidInput, NotFound, Unprocessable
 from engine.self_rules import Editor, parse_update, rules_view
@@ -107,3 +108,35 @@ class WorkspaceApi:
         changed = await call(self.engine.directory.update_rules, bot.id, update, editor)
         self.auth.directory_changed(bot.id)
         return json(rules_view(changed))
+
+    async def bot_profile(self, request: Request) -> Response:
+        """GET: the bot and the team/collaboration status the server gives it (WS-1). PATCH
+        (write): `autoRecord` pauses or resumes learning after every turn; a client's old
+        per-bot `team`/`collaboration` toggles are accepted and never override the policy."""
+        principal = await self.auth.user(request)
+        assert principal.user is not None
+        directory = self.engine.directory
+        bot = await call(directory.get_bot, request.path_params["bot"])
+        require_use(bot, principal.user)
+        ignored: list[str] = []
+        if request.method == "PATCH":
+            auto_record, ignored = parse_profile_patch(wire.decode_any(await read_body(request)))
+            paused = bot.autoRecordPaused if auto_record is None else not auto_record
+            bot = await call(directory.pause_auto_record, bot.id, paused, principal.user.id)
+            self.auth.directory_changed(bot.id)
+        org = await call(directory.get_org, bot.org)
+        return json(profile(bot, org, ignored))
+
+    async def archive_bot(self, request: Request) -> Response:
+        """Archive (or, with `{"archived": false}`, restore) a bot; needs write (WS-3)."""
+        principal = await self.auth.user(request)
+        assert principal.user is not None
+        directory = self.engine.directory
+        bot = await call(directory.get_bot, request.path_params["bot"])
+        require_use(bot, principal.user)
+        raw = await read_body(request)
+        body = wire.decode(raw, wire.Archive) if raw.strip() else wire.Archive()
+        editor = Editor(kind="user", id=principal.user.id)
+        bot = await call(directory.archive_bot, bot.id, body.archived, editor)
+        self.auth.directory_changed(bot.id)
+        return json(profile(bot, await call(directory.get_org, bot.org)))

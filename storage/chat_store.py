@@ -19,6 +19,7 @@ from storage.memory_store import MemoryStore, StoredPool
 from storage.sealed_doc import is_sealed, open_doc, seal_doc
 from storage.shard_schema import (
     CHAT_ITEMS,
+    COMMUNICATIONS,
     CONFESSIONS,
     ENRICHMENTS,
     LEARN_POSITIONS,
@@ -94,6 +95,18 @@ class Enrichment(msgspec.Struct, frozen=True, kw_only=True):
     at: int
 
 
+class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What a listing shows of one recorded model attempt (its sealed request and answer stay
+    in the call log)."""
+
+    step: int
+    attempt: int
+    at: int
+    outcome: str  # answered | failed
+    error: str | None = None
+    costMicros: int | None = None
+
+
 class LearningJob(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     pool: str
@@ -111,6 +124,9 @@ class LearningJob(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: int = 0
     # Why each refused proposal was refused ("learn_fact: item … is not in the evidence").
     rejections: tuple[str, ...] = ()
+    wake_at: int | None = None  # a job waiting for budget runs again at this time (MB-3)
+    # Filled in for listings from the call log (LRN-4); never stored with the job.
+    attemptRecords: list[AttemptRecord] = []
 
 
 class ModelCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -143,6 +159,8 @@ class ChatLog:
     turns: dict[str, Turn] = field(default_factory=dict)
     committed: int = 0  # items up to this seq are on disk; later ones belong to a running turn
     plain_turns: list[str] = field(default_factory=list)  # stored unsealed by an older version
+    # seq → (direction, peer bot) of items that are real bot-to-bot deliveries (UI-1).
+    comms: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def cipher(self) -> Cipher:
@@ -170,15 +188,19 @@ class ChatStore:
                 [chat],
             ).fetchall()
             turns = con.execute("SELECT id, meta FROM turns WHERE chat = ?", [chat]).fetchall()
-            return items, turns
+            comms = con.execute(
+                "SELECT seq, direction, peer FROM communications WHERE chat = ?", [chat]
+            ).fetchall()
+            return items, turns, comms
 
-        items, turns = await self.db.run(read)
+        items, turns, comms = await self.db.run(read)
         log = ChatLog(chat=chat, key=key)
         log._floor = key.version  # the chat key row's version counts items ever written
         for seq, turn, kind, author, payload, at in items:
             log.items.append(Item(chat=chat, seq=seq, turn=turn, kind=kind, author=author, at=at))
             log.sealed[seq] = payload
         log.committed = log.items[-1].seq if log.items else 0
+        log.comms = {seq: (direction, peer) for seq, direction, peer in comms}
         scope = f"chat:{chat}"
         for turn_id, meta in turns:
             t = _turn_dec.decode(open_doc(log.cipher, scope, TURNS.name, turn_id, meta))
@@ -210,12 +232,24 @@ class ChatStore:
     def delete_items(log: ChatLog) -> list[Write]:
         """The rows that delete the history (API-5: what was learned from it stays); the log
         in memory is cleared by `clear_items` once they committed."""
-        return [DeleteWhere(CHAT_ITEMS.name, "chat", (log.chat,))]
+        return [
+            DeleteWhere(CHAT_ITEMS.name, "chat", (log.chat,)),
+            DeleteWhere(COMMUNICATIONS.name, "chat", (log.chat,)),
+        ]
 
     @staticmethod
     def clear_items(log: ChatLog) -> None:
         log.items.clear()
         log.sealed.clear()
+        log.comms.clear()
+
+    @staticmethod
+    def communication_row(log: ChatLog, seq: int, direction: str, peer: str) -> Insert:
+        """Mark item `seq` as a real delivery between bots (UI-1): only the chain runner, which
+        made the delivery, writes these; an item's wording never does."""
+        log.comms[seq] = (direction, peer)
+        row = (f"{log.chat}\x00{seq}", log.chat, seq, direction, peer)
+        return Insert(COMMUNICATIONS.name, row)
 
     def put_turn(self, log: ChatLog, turn: Turn) -> Put | Insert:
         op = Put if turn.id in log.turns else Insert  # a new row needs no delete first
@@ -252,6 +286,8 @@ class ChatStore:
 
     def job_row(self, job: LearningJob, *, new: bool = False) -> Put | Insert:
         op = Insert if new else Put
+        if job.attemptRecords:
+            job = msgspec.structs.replace(job, attemptRecords=[])
         return op(LEARNING_JOBS.name, (job.id, job.pool, job.chat, _enc.encode(job).decode()))
 
     async def open_jobs(self, *, deferred: bool = False) -> list[LearningJob]:
@@ -284,20 +320,45 @@ class ChatStore:
     def position_row(pool: str, chat: str, seq: int) -> Put:
         return Put(LEARN_POSITIONS.name, (f"{pool}\x00{chat}", pool, chat, seq))
 
-    async def model_call(self, stored: StoredPool, job: str, step: int) -> ModelCall | None:
-        key = f"{job}\x00{step}"
+    async def model_calls(self, stored: StoredPool, job: str) -> list[tuple[int, ModelCall]]:
+        """Every recorded attempt of a job's model steps, oldest first, with when it was stored
+        (LRN-4: a failed attempt keeps its record; a later one never overwrites it)."""
         rows = await self.db.run(
             lambda con: con.execute(
-                "SELECT payload FROM model_calls WHERE key = ?", [key]
+                "SELECT key, at_ms, payload FROM model_calls WHERE job = ?", [job]
             ).fetchall()
         )
-        if not rows:
-            return None
-        return _call_dec.decode(stored.cipher.open(rows[0][0], aad(stored.pool, f"call\x00{key}")))
+        calls = [
+            (at, _call_dec.decode(stored.cipher.open(p, aad(stored.pool, f"call\x00{k}"))))
+            for k, at, p in rows
+        ]
+        return sorted(calls, key=lambda c: (c[1].step, c[1].attempt, c[0]))
+
+    async def attempt_records(self, stored: StoredPool, job: str) -> list[AttemptRecord]:
+        return [
+            AttemptRecord(
+                step=c.step,
+                attempt=c.attempt,
+                at=at,
+                outcome="failed" if c.response is None else "answered",
+                error=c.error,
+                costMicros=c.cost_micros,
+            )
+            for at, c in await self.model_calls(stored, job)
+        ]
+
+    async def model_call(self, stored: StoredPool, job: str, step: int) -> ModelCall | None:
+        """The latest attempt of `step` that got an answer (recovery reuses it, LRN-4)."""
+        answered = [
+            c for _, c in await self.model_calls(stored, job) if c.step == step and c.response
+        ]
+        return answered[-1] if answered else None
 
     @staticmethod
     def model_call_row(stored: StoredPool, job: str, call: ModelCall, at: int) -> Put:
-        key = f"{job}\x00{call.step}"
+        # One row per attempt: rows written before attempts were kept apart (`job\x00step`)
+        # still read back, since the record itself carries its step and attempt.
+        key = f"{job}\x00{call.step}\x00{call.attempt}"
         sealed = stored.cipher.seal(_enc.encode(call), aad(stored.pool, f"call\x00{key}"))
         return Put(MODEL_CALLS.name, (key, job, at, sealed))
 

@@ -328,11 +328,11 @@ class DataDirReader:
                     )
                 )
             for job in shard.jobs.get(pool, []):
+                # The tree keeps the job's lasting fields; run-time ones (a budget wake-up time,
+                # listing-only attempt records) are rebuilt by the server that imports it.
                 fields = msgspec.structs.asdict(job)
-                # The per-proposal reasons are a diagnostic of this server, not part of the
-                # seed-002 job record (`error` still counts them).
-                del fields["rejections"]
-                jobs.append(ft.MemoryJob(**fields))
+                kept = {k: v for k, v in fields.items() if k in ft.MemoryJob.__struct_fields__}
+                jobs.append(ft.MemoryJob(**kept))
         befores = {(r.entry, r.revision): r.before for r in revisions}
         for shard in self.shards:
             for revision, b in shard.barriers.get(pool, []):

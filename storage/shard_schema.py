@@ -103,6 +103,14 @@ MIGRATIONS: tuple[str, ...] = (
         key VARCHAR, pool VARCHAR, model VARCHAR, seq BIGINT, entries VARCHAR, vecs BLOB
     );
     """,
+    # 9: issue 15: which chat items are bot-to-bot communication and in which direction (UI-1),
+    # and requests (approvals) with their proposal sealed with the bot's pool key (ENR-3).
+    """
+    CREATE TABLE communications (
+        key VARCHAR, chat VARCHAR, seq BIGINT, direction VARCHAR, peer VARCHAR
+    );
+    CREATE TABLE requests (id VARCHAR, bot VARCHAR, doc VARCHAR, proposal BLOB);
+    """,
 )
 
 POOLS = Table(
@@ -296,3 +304,18 @@ WS_VECTOR_BLOCKS = Table(
     ),
 )
 TABLES = (*TABLES, WS_VECTOR_BLOCKS)
+# --- communication records and requests (issue 15, migration 9) ---
+COMMUNICATIONS = Table(
+    "communications",
+    (
+        ("key", "VARCHAR"),
+        ("chat", "VARCHAR"),
+        ("seq", "BIGINT"),
+        ("direction", "VARCHAR"),
+        ("peer", "VARCHAR"),
+    ),
+)
+REQUESTS = Table(
+    "requests", (("id", "VARCHAR"), ("bot", "VARCHAR"), ("doc", "VARCHAR"), ("proposal", "BLOB"))
+)
+TABLES = (*TABLES, COMMUNICATIONS, REQUESTS)

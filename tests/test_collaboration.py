@@ -118,7 +118,9 @@ def test_a_send_returns_a_receipt_and_the_reply_wakes_the_sender(world, admin, b
             )
             assert r.status_code == 200, r.text
             turn_items = r.json()["items"]
-            assert [i["kind"] for i in turn_items] == ["person", "bot"]
+            # The turn's items: the person's, the reply, and what the bot sent (UI-1).
+            assert [i["kind"] for i in turn_items] == ["person", "bot", "delivery"]
+            assert turn_items[2]["communication"]["direction"] == "sent"
             # The receipt came back at once, in the same step.
             tool_msgs = [
                 m
@@ -137,7 +139,7 @@ def test_a_send_returns_a_receipt_and_the_reply_wakes_the_sender(world, admin, b
             ):
                 seen.append(await asyncio.wait_for(it.__anext__(), 10))
             assert seen[-1].data["chat"] == chat["id"]
-            items = await asyncio.to_thread(_wait_items, alice, chat["id"], 4)
+            items = await asyncio.to_thread(_wait_items, alice, chat["id"], 5)
         await events.close()
         return chat, chain, items
 
@@ -148,8 +150,9 @@ def test_a_send_returns_a_receipt_and_the_reply_wakes_the_sender(world, admin, b
     assert link["request"] == "Is the build green?"
     assert link["result"] == "Yes, the build is green."
     kinds = [i["kind"] for i in items]
-    assert kinds == ["person", "bot", "delivery", "bot"]
-    delivery = items[2]
+    assert kinds == ["person", "bot", "delivery", "delivery", "bot"]
+    assert items[2]["communication"]["direction"] == "sent"  # UI-1: what the asker sent
+    delivery = items[3]
     assert delivery["author"] == helper["id"]
     assert delivery["communication"] == {
         "direction": "received",
@@ -158,7 +161,7 @@ def test_a_send_returns_a_receipt_and_the_reply_wakes_the_sender(world, admin, b
         "name": helper["name"],
         "avatar": None,
     }
-    assert items[3]["text"] == "My colleague says the build is green."
+    assert items[4]["text"] == "My colleague says the build is green."
     # UI-1: ordinary items never carry a communication record, whatever they say.
     assert all(i["communication"] is None for i in items if i["kind"] != "delivery")
     # The peer worked in an agent chat that holds only what was sent to it.
@@ -230,7 +233,9 @@ def test_after_stop_a_late_reply_starts_nothing(world, admin, bot_model):
         time.sleep(0.5)  # room for a wrong wake-up to show
         items = alice.get(f"/v1/chats/{chat['id']}/items").json()["items"]
     assert late["status"] == "stopped" and late["links"][0]["result"] == "Here is the report."
-    assert [i["kind"] for i in items] == ["person", "bot"]
+    # The record of what was sent (UI-1), and no delivery came back after the stop.
+    assert [i["kind"] for i in items] == ["person", "bot", "delivery"]
+    assert items[2]["communication"]["direction"] == "sent"
     woken = [b for b in bot_model.requests if _name(b) == boss["name"]]
     assert not any("[delivery from" in str(b["messages"][-1]["content"]) for b in woken)
 
@@ -350,9 +355,9 @@ def test_a_delivery_group_runs_through_its_leader_and_the_person_decides(world, 
         turn = r["turn"]
         assert turn["goal"] == "delivering"
         assert [i["author"] for i in r["items"] if i["kind"] == "bot"] == [lead["id"]]
-        items = _wait_items(alice, chat["id"], 4)
-        assert [i["kind"] for i in items] == ["person", "bot", "delivery", "bot"]
-        assert items[3]["text"] == "Final result: the poster is ready."
+        items = _wait_items(alice, chat["id"], 5)
+        assert [i["kind"] for i in items] == ["person", "bot", "delivery", "delivery", "bot"]
+        assert items[4]["text"] == "Final result: the poster is ready."
         _wait_chain(alice, chat["id"], lambda c: c["status"] == "done")
         verdict = f"{turns}/{turn['id']}/verdict"
     with world.client("bob") as bob:  # any person of the group decides, once
@@ -417,10 +422,10 @@ def test_a_chain_resumes_after_its_shard_is_killed_and_delivers_once(
         _after_restart(lambda: ray.get(home.ping.remote(), timeout=60))
         # Generous: a restart under a loaded CI machine takes a while.
         done = _wait_chain(alice, chat["id"], lambda c: c["status"] == "done", timeout=120)
-        items = _wait_items(alice, chat["id"], 4)
+        items = _wait_items(alice, chat["id"], 5)
         agent = alice.get(f"/v1/chats/{done['links'][0]['agentChat']}/items").json()["items"]
-    assert [i["kind"] for i in items] == ["person", "bot", "delivery", "bot"]
-    assert items[2]["text"] == "42 votes."
+    assert [i["kind"] for i in items] == ["person", "bot", "delivery", "delivery", "bot"]
+    assert items[3]["text"] == "42 votes."
     assert [i["kind"] for i in agent] == ["delivery", "bot"]  # delivered once, answered once
     assert done["deliveries"] == 2
 
@@ -467,7 +472,7 @@ def test_learning_waits_for_the_collaboration_and_runs_once(
             (job,) = ray.get(shard.learning_jobs.remote(f"bot:{planner['id']}"))
             assert job.status == "deferred" and not learning_requests  # waits for the chain
             _wait_chain(alice, chat["id"], lambda c: c["status"] == "done")
-            _wait_items(alice, chat["id"], 4)
+            _wait_items(alice, chat["id"], 5)
             deadline = time.monotonic() + 20
             while ray.get(shard.learning_jobs.remote(f"bot:{planner['id']}"))[0].status != "done":
                 assert time.monotonic() < deadline
@@ -478,4 +483,4 @@ def test_learning_waits_for_the_collaboration_and_runs_once(
     assert entry["content"] == "Alice hikes"
     (request,) = learning_requests  # one extraction, after the results came back
     evidence = json.loads(request["messages"][-1]["content"])["evidence"]
-    assert [e["kind"] for e in evidence] == ["person", "bot", "delivery", "bot"]
+    assert [e["kind"] for e in evidence] == ["person", "bot", "delivery", "delivery", "bot"]

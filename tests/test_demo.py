@@ -84,18 +84,23 @@ def _check_result(result: DemoResult) -> None:
     assert [(i["kind"], names.get(i["author"], "person")) for i in tail] == [
         ("person", "person"),
         ("bot", ASKER),
+        ("delivery", ASKER),  # UI-1: the asker's record of what it sent
         ("delivery", HELPER),
         ("bot", ASKER),
     ]
-    assert tail[2]["text"] == link["result"]
-    assert tail[3]["text"].startswith(f"{HELPER}'s test plan is in")
+    assert tail[2]["communication"]["direction"] == "sent" and tail[2]["text"] == link["request"]
+    assert tail[3]["text"] == link["result"]
+    assert tail[4]["text"].startswith(f"{HELPER}'s test plan is in")
     # The live view: one line per event; every item of the group chat and of the helper's
     # agent chat was shown with its author's name and its text.
     lines = result.lines
     assert len(lines) == sum(result.events.values())
     for item in result.chat_items:
         who = names.get(item["author"], "Pat")
-        who = f"from {who}" if item["kind"] == "delivery" else who
+        if (item["communication"] or {}).get("direction") == "sent":
+            who = f"{who} to {names[item['communication']['peer']]}"
+        elif item["kind"] == "delivery":
+            who = f"from {who}"
         assert any(
             " group " in ln and f" {item['id']} " in ln and f"{who}: {item['text']}" in ln
             for ln in lines

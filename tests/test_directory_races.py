@@ -225,7 +225,12 @@ def test_concurrent_org_patches_are_all_kept(server, admin):
     assert all(r.status_code == 200 for r in answers)
     for oid in orgs:
         now = admin.patch(f"/v1/admin/orgs/{oid}", json={"settings": {}}).json()["settings"]
-        assert now == {"botMemory": False, "autoRecord": True, "botMemoryModel": "mem"}, oid
+        assert now == {
+            "botMemory": False,
+            "autoRecord": True,
+            "botMemoryModel": "mem",
+            "collaboration": True,  # untouched by these patches (WS-1's default)
+        }, oid
 
 
 def test_concurrent_grants_to_one_bot_are_all_kept(server, world, admin):

@@ -1,0 +1,149 @@
+"""Requests (approvals): something a bot proposes that a person must approve (SPEC ENR-3).
+
+A bot proposes with its `workspace_request_approval` tool; the request keeps exactly what the
+bot proposed and where (the chat, the turn, the person of that turn or the channel), never the
+input the memory bot rewrote for it: a request and its review see only the proposal. A person
+who may see it decides once (approved or rejected), and may talk it over with the bot in a
+review chat, which has no enrichment and no `confide`.
+
+Pure: callers pass ids and times.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from engine.errors import Conflict, InvalidInput
+
+MAX_TITLE = 200
+MAX_PROPOSAL = 8_000
+MAX_NOTE = 4_000
+STATUSES = ("pending", "approved", "rejected")
+
+
+class ApprovalRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A request as stored (the proposal's text is sealed apart)."""
+
+    id: str
+    bot: str
+    org: str
+    chat: str  # where the bot proposed it
+    turn: str
+    owner: str  # the person of that turn: they decide
+    channel: str | None = None  # in a group chat, any person of the channel may decide
+    title: str
+    status: str = "pending"
+    revision: int = 1
+    createdAt: int
+    updatedAt: int
+    decidedBy: str | None = None
+    note: str | None = None
+    reviewChats: tuple[str, ...] = ()
+
+
+class RequestView(msgspec.Struct, frozen=True, kw_only=True):
+    """A request as people see it: the stored fields and the proposal."""
+
+    id: str
+    bot: str
+    org: str
+    chat: str
+    turn: str
+    owner: str
+    channel: str | None
+    title: str
+    proposal: str
+    status: str
+    revision: int
+    createdAt: int
+    updatedAt: int
+    decidedBy: str | None
+    note: str | None
+    reviewChats: tuple[str, ...]
+
+
+class Proposal(msgspec.Struct, frozen=True, kw_only=True):
+    """The tool's arguments."""
+
+    proposal: str
+    title: str = ""
+
+
+def parse_proposal(args: object) -> Proposal:
+    try:
+        proposal = msgspec.convert(args, Proposal)
+    except msgspec.ValidationError as e:
+        raise InvalidInput(f"invalid request: {e}", code="invalid_request") from e
+    if not proposal.proposal.strip():
+        raise InvalidInput("say what you propose", code="empty_proposal")
+    if len(proposal.proposal) > MAX_PROPOSAL or len(proposal.title) > MAX_TITLE:
+        raise InvalidInput(
+            f"a proposal has at most {MAX_PROPOSAL} characters, a title {MAX_TITLE}",
+            code="proposal_too_long",
+        )
+    return proposal
+
+
+def new_request(
+    *,
+    request_id: str,
+    bot: str,
+    org: str,
+    chat: str,
+    turn: str,
+    owner: str,
+    channel: str | None,
+    proposal: Proposal,
+    now: int,
+) -> ApprovalRequest:
+    title = proposal.title.strip() or proposal.proposal.strip().splitlines()[0][:80]
+    return ApprovalRequest(
+        id=request_id,
+        bot=bot,
+        org=org,
+        chat=chat,
+        turn=turn,
+        owner=owner,
+        channel=channel,
+        title=title,
+        createdAt=now,
+        updatedAt=now,
+    )
+
+
+def may_see(request: ApprovalRequest, user: str, channels: frozenset[str]) -> bool:
+    """The person of the turn; in a group, every person of the channel."""
+    return request.owner == user or (request.channel is not None and request.channel in channels)
+
+
+def decide(
+    request: ApprovalRequest, *, user: str, approved: bool, note: str, now: int
+) -> ApprovalRequest:
+    """Approve or reject, once: a decided request is a conflict (nothing changes)."""
+    if len(note) > MAX_NOTE:
+        raise InvalidInput(f"note over {MAX_NOTE} characters", code="note_too_long")
+    if request.status != "pending":
+        raise Conflict(
+            f"the request was already {request.status}",
+            code="already_decided",
+            details={"status": request.status, "revision": request.revision},
+        )
+    return msgspec.structs.replace(
+        request,
+        status="approved" if approved else "rejected",
+        revision=request.revision + 1,
+        updatedAt=now,
+        decidedBy=user,
+        note=note or None,
+    )
+
+
+def with_review_chat(request: ApprovalRequest, chat: str, now: int) -> ApprovalRequest:
+    if chat in request.reviewChats:
+        return request
+    return msgspec.structs.replace(request, reviewChats=(*request.reviewChats, chat), updatedAt=now)
+
+
+def view(request: ApprovalRequest, proposal: str) -> RequestView:
+    fields = msgspec.structs.asdict(request)
+    return RequestView(proposal=proposal, **fields)

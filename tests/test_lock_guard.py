@@ -82,7 +82,7 @@ def test_learning_sends_workspace_facts_outside_the_pool_lock(tmp_path, monkeypa
 
     async def extract(self, job, new, evidence, now):
         seen.append(rwlock.held())
-        return 0
+        return []
 
     monkeypatch.setattr(LearningRunner, "_extract_scoped", extract)
 

@@ -17,6 +17,7 @@ from actors.node_hub import hub_handle
 from actors.runtime import Engine, call
 from engine import tags as tagmod
 from engine import widening
+from engine.casing import camel_schema
 from engine.directory import (
     Bot,
     Principal,
@@ -436,7 +437,9 @@ class Api:
         )
 
     async def openapi(self, request: Request) -> Response:
-        return json(openapi_document())
+        # The document describes the camelCase wire (issue 14); its own keys are not camelised.
+        doc = camel_schema(openapi_document())
+        return Response(msgspec.json.encode(doc), media_type="application/json")
 
     async def health(self, request: Request) -> Response:
         return json({"ok": True})

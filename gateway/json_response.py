@@ -8,6 +8,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from engine.casing import to_wire
 from engine.errors import TooLarge
 from gateway import wire
 
@@ -15,7 +16,8 @@ _enc = msgspec.json.Encoder()
 
 
 def json(obj: Any, status: int = 200) -> Response:
-    return Response(_enc.encode(obj), status_code=status, media_type="application/json")
+    """A JSON answer, its keys in camelCase (issue 14: one casing on the wire)."""
+    return Response(_enc.encode(to_wire(obj)), status_code=status, media_type="application/json")
 
 
 async def read_body(request: Request) -> bytes:

@@ -1,18 +1,58 @@
 """Environment for the embedded local Ray, set before `ray` is first imported.
 
-Ray reads these when it is imported, not when `ray.init` runs, so every module that imports
-Ray for the engine imports this first. With them the local instance listens on 127.0.0.1 only
-and needs no auth token (STACK-NOTES). When joining a cluster (`OPENBOT_RAY_ADDRESS` or
-`RAY_ADDRESS` set) nothing is changed: a real cluster keeps its own addresses and auth.
+Ray reads some of these when it is imported, not when `ray.init` runs, so every module that
+imports Ray for the engine imports this first (`actors/__init__.py` does), and `start_ray`
+refuses to start a local Ray when `ray` came first (it would bind to the host's address).
+
+The embedded instance is closed twice over (issue 12): its servers bind to 127.0.0.1 only
+(`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` keeps Ray from replacing the loopback node address with
+the host's), and Ray's token authentication is on (`RAY_AUTH_MODE=token`; `start_ray` gives it a
+token file of its own, mode 0600), so that neither another host nor another local user can
+call into it. When joining a cluster (`OPENBOT_RAY_ADDRESS` or `RAY_ADDRESS` set) nothing is
+changed: a real cluster keeps its own addresses and auth (README "Running on a cluster"). In
+Ray's own worker processes `ray` is already imported and their environment came from the
+driver, so nothing is changed there either.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 JOINING = bool(os.environ.get("OPENBOT_RAY_ADDRESS") or os.environ.get("RAY_ADDRESS"))
+EMBEDDED = not JOINING and "ray" not in sys.modules
 
-if not JOINING:
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+if EMBEDDED:
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_AUTH_MODE"] = "token"  # never `disabled`, whatever the caller's shell says
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+TOKEN_FILE = "ray.token"  # beside master.key and admin.token in the data directory
+
+
+def use_token_file(path: str | os.PathLike[str]) -> str:
+    """Make `path` the embedded Ray's auth token (created once, 64 hex characters, mode 0600)
+    for this process and the Ray processes it starts; returns the path. Never the shared
+    `~/.ray/auth_token`: each data directory (and each test session) has a token of its own."""
+    import secrets
+
+    from engine.errors import InvalidInput
+
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        os.chmod(path, 0o600)  # ours: whatever loosened it, only the owner reads it
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    with open(path) as f:
+        if len(f.read().strip()) < 32:
+            raise InvalidInput(
+                f"{path} does not hold a Ray auth token (remove it to make one)",
+                code="bad_ray_token",
+            )
+    os.environ["RAY_AUTH_TOKEN_PATH"] = path
+    os.environ.pop("RAY_AUTH_TOKEN", None)  # would win over the file
+    return path

@@ -1,7 +1,7 @@
 """The one place that starts or joins Ray and creates the engine's actors.
 
-On one machine Ray is started small and quiet and bound to loopback (see STACK-NOTES): no
-dashboard, auth off for the embedded instance, logs under the data directory, every actor with
+On one machine Ray is started small and quiet, bound to loopback and with Ray's token auth on
+(actors/ray_env.py, STACK-NOTES): no dashboard, the token in the data directory, every actor with
 `num_cpus=0` so that actors never wait for a CPU. With an address, it joins an existing cluster.
 
 All other code talks to actors through `Engine`, which names them and routes accounts to shards.
@@ -34,6 +34,7 @@ import ray
 from actors.directory import DirectoryService
 from actors.peers import remote
 from actors.placement import shard_of
+from actors.ray_env import TOKEN_FILE, use_token_file
 from actors.shard import ShardService
 from engine.errors import InvalidInput, StorageError, Unavailable
 
@@ -69,7 +70,7 @@ def guard_store(
     is not reachable on this node), or a shard on a node without the master key (it would make a
     key of its own), fails to start with the reason instead. Waits while another process (the
     previous incarnation, still dying) holds the file's lock."""
-    from storage.crypto import KEY_FILE
+    from storage.crypto import has_master_key, key_file
 
     where = ray.util.get_node_ip_address() if ray.is_initialized() else "this node"
     if restarted and not file.exists():
@@ -79,13 +80,9 @@ def guard_store(
             "placement 'pinned'); refusing to start empty",
             code="data_dir_unreachable",
         )
-    if (
-        needs_key
-        and not os.environ.get("OPENBOT_MASTER_KEY")
-        and not (data_dir / KEY_FILE).exists()
-    ):
+    if needs_key and not has_master_key(data_dir):
         raise StorageError(
-            f"no master key on {where} ({data_dir / KEY_FILE} is missing and OPENBOT_MASTER_KEY "
+            f"no master key on {where} ({key_file(data_dir)} is missing and OPENBOT_MASTER_KEY "
             "is unset): share the data directory or give every node the key",
             code="data_dir_unreachable",
         )
@@ -221,18 +218,43 @@ def _check_shard_files(data_dir: Path, shards: int) -> None:
         )
 
 
+def _require_loopback_env() -> None:
+    """The embedded Ray binds to loopback only if `actors.ray_env` ran before `ray` was
+    imported; otherwise Ray swaps 127.0.0.1 for the host's address and listens on every
+    interface. Refuse rather than start an exposed instance."""
+    from ray._private import ray_constants
+
+    if getattr(ray_constants, "ENABLE_RAY_CLUSTER", True) or os.environ.get("RAY_AUTH_MODE") != (
+        "token"
+    ):
+        raise Unavailable(
+            "ray was imported before actors.ray_env: the embedded Ray would listen beyond "
+            "loopback (import actors first)",
+            code="ray_env",
+        )
+
+
 def start_ray(
-    address: str | None = None, *, tmp_dir: str | None = None, runtime_env: dict | None = None
+    address: str | None = None,
+    *,
+    tmp_dir: str | None = None,
+    runtime_env: dict | None = None,
+    token_file: str | Path | None = None,
 ) -> None:
     """Start a local Ray (address None) or join `address`; a no-op if already connected.
-    `runtime_env` (joining only) applies to every actor this process creates."""
+    `runtime_env` (joining only) applies to every actor this process creates. The local Ray
+    listens on 127.0.0.1 only and requires the token in `token_file` (default: one made in its
+    temp dir), see actors/ray_env.py; joining uses the cluster's own settings."""
     global _joined
     if ray.is_initialized():
         return
     if address is None:
+        _require_loopback_env()
         tmp = tmp_dir or os.environ.get("RAY_TMPDIR") or tempfile.mkdtemp(prefix="openbot-ray-")
         # Ray's socket paths must stay short (AF_UNIX limit); keep the temp dir near the root.
         os.environ.setdefault("RAY_TMPDIR", tmp)
+        Path(tmp).mkdir(parents=True, exist_ok=True)
+        use_token_file(token_file or Path(tmp) / TOKEN_FILE)
         ray.init(
             namespace=NAMESPACE,
             include_dashboard=False,
@@ -270,9 +292,13 @@ def start_local_cluster(
     0.5 s, 3 misses): the same knobs a real cluster has (RAY_health_check_* on the head)."""
     from ray.cluster_utils import Cluster
 
+    _require_loopback_env()
     # Ray writes the cluster's address under $RAY_TMPDIR/ray; keep it out of the shared /tmp/ray.
     os.environ["RAY_TMPDIR"] = tmp_dir
     Path(tmp_dir, "ray").mkdir(parents=True, exist_ok=True)
+    # Token auth as for the embedded instance; `start_ray(cluster.address)` in this process
+    # (and any process given this RAY_AUTH_TOKEN_PATH) joins with it.
+    use_token_file(Path(tmp_dir) / TOKEN_FILE)
     extra = node_resources or [{} for _ in range(nodes)]
     common = {
         "num_cpus": cpus_per_node,
@@ -361,8 +387,9 @@ class Engine:
         data_dir = str(Path(data_dir).resolve())
         Path(data_dir).mkdir(parents=True, exist_ok=True)
         _check_shard_files(Path(data_dir), shards)
-        from storage.crypto import load_master_key
+        from storage.crypto import load_master_key, require_key_for_sealed_data
 
+        require_key_for_sealed_data(Path(data_dir))
         load_master_key(Path(data_dir))  # created once here, before actors race for it
         mode = resolve_placement(placement)
         lifetime = "detached" if (_joined if detached is None else detached) else None
@@ -423,25 +450,24 @@ class Engine:
         directory, *shards = ray.get(refs, timeout=timeout)
         return {"placement": self.placement, "directory": directory, "shards": shards}
 
-    async def backup(self, dest_dir: str | Path) -> list[str]:
-        """A consistent snapshot of every store into `dest_dir` (which must not exist yet),
-        plus the master key file, so that the copy is a data directory `openbot serve` can run
-        on. Events get a new epoch there. Each store is copied in one transaction of its own."""
-        import shutil
+    async def backup(self, dest_dir: str | Path, *, with_key: bool = False) -> list[str]:
+        """A consistent snapshot of every store into `dest_dir` (which must not exist yet), a
+        data directory `openbot serve` can run on given the master key. The key is left out
+        unless `with_key` (issue 12: a copy of the data is then not a copy of the key). Events
+        get a new epoch there. Each store is copied in one transaction of its own."""
+        from storage.crypto import KEY_FILE, write_key_copy
 
-        from storage.crypto import KEY_FILE
-
-        dest = Path(dest_dir).resolve()
         try:
+            dest = Path(dest_dir).resolve()
             dest.mkdir(parents=True)
         except FileExistsError as e:
-            raise InvalidInput(f"{dest} already exists", code="backup_exists") from e
+            raise InvalidInput(f"{dest_dir} already exists", code="backup_exists") from e
+        except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+            raise InvalidInput(f"cannot create {dest_dir!r}: {e}", code="backup_dir") from e
         files = [await call(self.directory.backup, str(dest))]
         files += [await call(s.backup, str(dest)) for s in self.shards]
-        key = Path(self.data_dir or ".") / KEY_FILE
-        if self.data_dir is not None and key.exists():
-            shutil.copy2(key, dest / KEY_FILE)
-            files.append(str(dest / KEY_FILE))
+        if with_key and self.data_dir is not None:
+            files.append(str(write_key_copy(self.data_dir, dest / KEY_FILE)))
         return files
 
     def stop(self) -> None:

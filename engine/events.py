@@ -164,7 +164,7 @@ def decode_cursor(cursor: str) -> list[Position]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         positions = msgspec.json.decode(raw, type=list[Position])
-    except (binascii.Error, ValueError, msgspec.DecodeError) as e:
+    except (binascii.Error, ValueError, msgspec.DecodeError, RecursionError) as e:
         raise InvalidInput("malformed cursor", code="bad_cursor") from e
     return positions
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
@@ -32,12 +33,12 @@ from engine.errors import Forbidden, InvalidInput, NotFound, OpenBotError
 from engine.memory import Reader
 from engine.memory_bot import SettingsPatch
 from gateway import wire
-from gateway.auth import Auth
+from gateway.auth import Auth, TokenRequired
 from gateway.chat_access import ChatAccess
-from gateway.errors import HANDLERS
+from gateway.errors import HANDLERS, ContainErrors
 from gateway.events import EventsEndpoint, Hub
 from gateway.file_export_route import FileExportApi
-from gateway.json_response import json, read_body
+from gateway.json_response import BodyLimits, json, read_body
 from gateway.nodes import NodesEndpoint
 from gateway.openapi import openapi_document
 from gateway.read_cache import ReadCache
@@ -129,7 +130,7 @@ class Api:
     async def backup(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.Backup)
-        files = await self.engine.backup(body.dir)
+        files = await self.engine.backup(body.dir, with_key=body.withKey)
         return json({"dir": body.dir, "files": files}, 201)
 
     # --- chats ---
@@ -410,6 +411,7 @@ class Api:
     # --- discovery ---
 
     async def capabilities(self, request: Request) -> Response:
+        await self.auth.caller(request)  # node ids and their flags are not for strangers
         nodes = await call(hub_handle(self.engine.prefix).nodes)
         return json(
             {
@@ -437,6 +439,7 @@ class Api:
         )
 
     async def openapi(self, request: Request) -> Response:
+        await self.auth.caller(request)
         # The document describes the camelCase wire (issue 14); its own keys are not camelised.
         doc = camel_schema(openapi_document())
         return Response(msgspec.json.encode(doc), media_type="application/json")
@@ -510,7 +513,18 @@ def create_app(
         yield
         await hub.stop()
 
-    app = Starlette(routes=routes, exception_handlers=HANDLERS, lifespan=lifespan)
+    app = Starlette(
+        routes=routes,
+        exception_handlers=HANDLERS,
+        lifespan=lifespan,
+        # Outermost first: errors contained (the connection survives them); no token → 401
+        # before a body is even read; then the body limits.
+        middleware=[
+            Middleware(ContainErrors),
+            Middleware(TokenRequired, auth=auth),
+            Middleware(BodyLimits),
+        ],
+    )
     app.state.api = api
     app.state.hub = hub
     return app

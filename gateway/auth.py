@@ -15,11 +15,24 @@ import time
 from typing import Any
 
 from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from actors.runtime import Engine, call
 from engine.directory import Bot, Principal
-from engine.errors import Forbidden, Unauthenticated
+from engine.errors import Forbidden, OpenBotError, Unauthenticated
+from gateway.errors import error_response, status_of
 from storage.directory_store import hash_token
+
+# The only HTTP paths answered without a token (issue 12): exact paths, and path prefixes (the
+# web console's static files go here). Everything else, known route or not, needs a valid
+# admin or user token before any endpoint runs; endpoints then check what the caller may do.
+PUBLIC_PATHS: frozenset[str] = frozenset({"/healthz"})
+PUBLIC_PREFIXES: tuple[str, ...] = ()
+_PRINCIPAL = "openbot.principal"  # where the middleware leaves the caller for the endpoint
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
 
 
 class _TTLCache:
@@ -72,14 +85,22 @@ class Auth:
             self._principals.put(key, principal)
         return principal
 
+    async def caller(self, conn: HTTPConnection) -> Principal:
+        """The request's principal, resolved once per request."""
+        principal = conn.scope.get(_PRINCIPAL)
+        if principal is None:
+            principal = await self.principal_for(bearer_token(conn))
+            conn.scope[_PRINCIPAL] = principal
+        return principal
+
     async def user(self, conn: HTTPConnection) -> Principal:
-        principal = await self.principal_for(bearer_token(conn))
+        principal = await self.caller(conn)
         if principal.user is None:
             raise Forbidden("this route acts for a user; use a user token", code="user_only")
         return principal
 
     async def admin(self, conn: HTTPConnection) -> None:
-        principal = await self.principal_for(bearer_token(conn))
+        principal = await self.caller(conn)
         if not principal.admin:
             raise Forbidden("this route needs the admin token", code="admin_only")
 
@@ -95,3 +116,24 @@ class Auth:
         self._principals.drop()
         if bot_id is not None:
             self._bots.drop(bot_id)
+
+
+class TokenRequired:
+    """ASGI middleware: an HTTP request outside `PUBLIC_PATHS`/`PUBLIC_PREFIXES` without a valid
+    token gets 401 before routing, so a route added later cannot forget its check. Websockets
+    pass: browsers send their token as the first message, and each endpoint refuses without
+    one (close 4401)."""
+
+    def __init__(self, app: ASGIApp, auth: Auth) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not is_public(scope["path"]):
+            try:
+                await self.auth.caller(HTTPConnection(scope))
+            except OpenBotError as e:  # a bad token, or the directory unavailable (503)
+                response = error_response(status_of(e), e.code, e.message, e.details)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -9,7 +9,7 @@ openbot admin grant --bot B --user U --permission read|write
 openbot admin channel create --org ORG --person U… --bot B… [--id ID]
 openbot events [--url URL] [--token T] [--cursor C] [--count N]
 openbot demo [--url URL [--admin-token T]] [--model NAME] [--config FILE]
-openbot backup DIR (--url URL [--token T] | --data-dir DIR)
+openbot backup DIR (--url URL [--token T] | --data-dir DIR) [--with-key]
 openbot export DIR [--url URL [--token T] | --data-dir DIR] [--account ID]
 openbot import DIR [--data-dir DIR] [--shards N]
 """
@@ -89,14 +89,15 @@ async def _events(args: argparse.Namespace) -> int:
 def _backup(args: argparse.Namespace) -> int:
     if args.url:
         with _admin_client(args) as client:
-            resp = client.post("/v1/admin/backup", json={"dir": str(Path(args.dir).resolve())})
+            body = {"dir": str(Path(args.dir).resolve()), "withKey": args.with_key}
+            resp = client.post("/v1/admin/backup", json=body)
         print(json.dumps(resp.json(), indent=2))
         return 0 if resp.is_success else 1
     if not args.data_dir:
         raise SystemExit("openbot backup: give --url (running server) or --data-dir (stopped)")
     from storage.event_log import backup_offline
 
-    files = backup_offline(Path(args.data_dir), Path(args.dir))
+    files = backup_offline(Path(args.data_dir), Path(args.dir), with_key=args.with_key)
     print(json.dumps({"dir": args.dir, "files": files}, indent=2))
     return 0
 
@@ -221,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--url", help="a running server (needs the admin token)")
     b.add_argument("--token")
     b.add_argument("--data-dir", help="a stopped server's data directory, copied directly")
+    b.add_argument(
+        "--with-key",
+        action="store_true",
+        help="copy the master key into DIR too (default: left out; restore with the key given)",
+    )
 
     x = sub.add_parser("export", help="the seed-002 file tree of accounts into DIR (new/empty)")
     x.add_argument("dir")

@@ -11,6 +11,7 @@ import msgspec
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.casing import camel_keys
 from engine.errors import (
@@ -80,3 +81,32 @@ HANDLERS = {
     HTTPException: on_http_exception,
     Exception: on_unexpected,
 }
+
+
+class ContainErrors:
+    """ASGI middleware (outermost): an unexpected error ends as a 500 answer, and goes no
+    further. Starlette's own last handler answers 500 too but then re-raises, and uvicorn,
+    seeing the exception, drops the connection: a keep-alive client's next request on it was
+    reset (issue 12). Here the error is logged and the connection stays usable."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if not started:
+                await error_response(500, "internal", "internal error")(scope, receive, send)

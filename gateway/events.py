@@ -24,7 +24,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from actors.runtime import Engine, call
 from engine.casing import to_wire
-from engine.errors import InvalidInput, OpenBotError, Unauthenticated
+from engine.errors import InvalidInput, OpenBotError, TooLarge, Unauthenticated
 from engine.events import (
     Event,
     Listener,
@@ -37,6 +37,7 @@ from engine.events import (
     needs_reset,
 )
 from gateway.auth import Auth, bearer_token
+from gateway.wire import check_json
 
 log = logging.getLogger("openbot.events")
 
@@ -321,8 +322,9 @@ class EventsEndpoint:
             except InvalidInput as e:
                 raise Closed(4400, e.message) from e
             kind = "reset" if reset else "hello"
-            await websocket.send_bytes(
-                _enc.encode(Frame(type=kind, cursor=sub.cursor(), at=_now()))
+            # Text frames, like every event: a browser's `JSON.parse(ev.data)` needs a string.
+            await websocket.send_text(
+                _enc.encode(Frame(type=kind, cursor=sub.cursor(), at=_now())).decode()
             )
             await self._run(websocket, sub, token)
         except Closed as c:
@@ -341,10 +343,9 @@ class EventsEndpoint:
                 token = bearer_token(websocket)
             else:
                 try:
-                    raw = await asyncio.wait_for(websocket.receive_text(), AUTH_TIMEOUT)
+                    msg = await asyncio.wait_for(_next_message(websocket), AUTH_TIMEOUT)
                 except TimeoutError as e:
                     raise Closed(4408, 'send {"type":"auth","token":…} first') from e
-                msg = _parse(raw)
                 if msg.type != "auth" or not msg.token:
                     raise Closed(4401, 'the first message must be {"type":"auth","token":…}')
                 token = msg.token
@@ -401,26 +402,37 @@ def _parse(raw: str) -> ClientMessage:
     if len(raw) > MAX_CLIENT_FRAME:
         raise Closed(1009, "frame too large")
     try:
+        check_json(raw, limit=MAX_CLIENT_FRAME)
+    except TooLarge as e:
+        raise Closed(1009, "frame too large") from e
+    except InvalidInput as e:
+        raise Closed(4400, e.message) from e
+    try:
         return _client_dec.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise Closed(4400, "malformed frame: expected a JSON object with a type") from e
 
 
+async def _next_message(websocket: WebSocket) -> ClientMessage:
+    """The client's next message, from a text frame or (tolerated) a binary one."""
+    message = await websocket.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    raw = message.get("text")
+    if raw is None:
+        data = message.get("bytes") or b""
+        if len(data) > MAX_CLIENT_FRAME:
+            raise Closed(1009, "frame too large")
+        try:
+            raw = data.decode()
+        except UnicodeDecodeError as e:
+            raise Closed(4400, "malformed frame") from e
+    return _parse(raw)
+
+
 async def _read_client(websocket: WebSocket) -> None:
     while True:
-        message = await websocket.receive()
-        if message["type"] == "websocket.disconnect":
-            raise WebSocketDisconnect(message.get("code", 1000))
-        raw = message.get("text")
-        if raw is None:
-            data = message.get("bytes") or b""
-            if len(data) > MAX_CLIENT_FRAME:
-                raise Closed(1009, "frame too large")
-            try:
-                raw = data.decode()
-            except UnicodeDecodeError as e:
-                raise Closed(4400, "malformed frame") from e
-        msg = _parse(raw)
+        msg = await _next_message(websocket)
         if msg.type == "ping":
             continue
         raise Closed(4400, f"unknown message type {msg.type!r}")

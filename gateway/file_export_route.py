@@ -36,7 +36,7 @@ class FileExportApi:
         scratch = tempfile.mkdtemp(prefix=".export-", dir=self.engine.data_dir)
         try:
             snapshot = Path(scratch) / "snapshot"
-            await self.engine.backup(snapshot)
+            await self.engine.backup(snapshot, with_key=True)  # scratch, removed below
             files = await asyncio.to_thread(render_data_dir, snapshot, account)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -1,4 +1,11 @@
-"""JSON answers and bounded request bodies, shared by every route module."""
+"""JSON answers and bounded request bodies, shared by every route module.
+
+`BodyLimits` checks every HTTP request body before routing (issue 12): over `wire.MAX_BODY`
+bytes → 413, JSON nested deeper than `wire.MAX_DEPTH` → 400 `too_deep`, so no route, present
+or future, can hand a parser a body that makes it recurse out of the stack. The rest of an
+oversized body is read and dropped (up to `DRAIN`) so that the keep-alive connection stays
+usable for the client's next request.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +14,15 @@ from typing import Any
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.casing import to_wire
-from engine.errors import TooLarge
+from engine.errors import OpenBotError, TooLarge
 from gateway import wire
+from gateway.errors import error_response, status_of
 
 _enc = msgspec.json.Encoder()
+DRAIN = 16 * wire.MAX_BODY  # beyond this an oversized body is not read: the connection closes
 
 
 def json(obj: Any, status: int = 200) -> Response:
@@ -31,4 +41,54 @@ async def read_body(request: Request) -> bytes:
         if size > wire.MAX_BODY:
             raise TooLarge(f"request body over {wire.MAX_BODY} bytes", code="body_too_large")
         chunks.append(chunk)
-    return b"".join(chunks)
+    body = b"".join(chunks)
+    wire.check_json(body)
+    return body
+
+
+class BodyLimits:
+    """ASGI middleware: the whole body is read and checked first, then replayed to the app."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        disconnected: Message | None = None
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                disconnected = message
+                break
+            body = message.get("body", b"")
+            more = message.get("more_body", False)
+            size += len(body)
+            if size <= wire.MAX_BODY:
+                chunks.append(body)
+            elif size > DRAIN:
+                break
+        try:
+            if size > wire.MAX_BODY:
+                raise TooLarge(f"request body over {wire.MAX_BODY} bytes", code="body_too_large")
+            whole = b"".join(chunks)
+            wire.check_json(whole)
+        except OpenBotError as e:
+            await error_response(status_of(e), e.code, e.message, e.details)(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                if disconnected is not None:
+                    return disconnected
+                return {"type": "http.request", "body": whole, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

@@ -29,10 +29,12 @@ from engine.casing import fit, to_wire
 from engine.errors import OpenBotError
 from engine.models import Completion, ToolCall, Usage
 from gateway.auth import Auth
+from gateway.wire import check_json
 
 log = logging.getLogger("openbot.nodes")
 _enc = msgspec.json.Encoder()
 HELLO_WAIT = 10.0
+MAX_FRAME = 4 * 1024 * 1024  # a model's answer with its tool calls; uvicorn's own cap is 16 MiB
 
 
 class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,8 +77,14 @@ class NodesEndpoint:
             await ws.close(4401, "nodes connect with the admin token")
             return
         try:
-            hello = _decode(await asyncio.wait_for(_receive(ws), HELLO_WAIT), Hello)
-        except (TimeoutError, msgspec.DecodeError, msgspec.ValidationError, WebSocketDisconnect):
+            hello = _decode(_checked(await asyncio.wait_for(_receive(ws), HELLO_WAIT)), Hello)
+        except (
+            TimeoutError,
+            msgspec.DecodeError,
+            msgspec.ValidationError,
+            WebSocketDisconnect,
+            OpenBotError,
+        ):
             with contextlib.suppress(Exception):
                 await ws.close(4400, "say hello with the node's name and capabilities")
             return
@@ -85,16 +93,14 @@ class NodesEndpoint:
         session = await call(
             hub.register, hello.node, caps.memory_isolation, caps.memory_extraction
         )
-        await ws.send_bytes(
-            _enc.encode({"type": "welcome", "node": hello.node, "session": session})
-        )
+        await _send(ws, {"type": "welcome", "node": hello.node, "session": session})
         pull = asyncio.create_task(self._pull(ws, hub, hello.node, session))
         try:
             while True:
                 raw = await _receive(ws)
                 try:
-                    answer = _decode(raw, Result | Failure)
-                except (msgspec.DecodeError, msgspec.ValidationError):
+                    answer = _decode(_checked(raw), Result | Failure)
+                except (msgspec.DecodeError, msgspec.ValidationError, OpenBotError):
                     await ws.close(4400, "answers are result or error frames")
                     return
                 if isinstance(answer, Result):
@@ -121,13 +127,24 @@ class NodesEndpoint:
                 if work is not None:
                     frame = {"type": "request", "id": work.id, "messages": work.messages}
                     frame["tools"] = work.tools
-                    await ws.send_bytes(_enc.encode(to_wire(frame)))
+                    await _send(ws, frame)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("node %s: pulling work failed", node)
             with contextlib.suppress(Exception):
                 await ws.close(1011, "the hub failed")
+
+
+async def _send(ws: WebSocket, frame: dict) -> None:
+    # text frames, as on /v1/events; camelCase keys like every answer (issue 14)
+    await ws.send_text(_enc.encode(to_wire(frame)).decode())
+
+
+def _checked(raw: bytes | str) -> bytes | str:
+    """A frame within the size and nesting limits (TooLarge / InvalidInput otherwise)."""
+    check_json(raw, limit=MAX_FRAME)
+    return raw
 
 
 async def _receive(ws: WebSocket) -> bytes | str:

@@ -128,15 +128,24 @@ def describe_placement(engine) -> str:
 
 
 def serve(settings: ServeSettings) -> None:
-    import ray
+    # actors first: it sets Ray's environment (loopback, token auth) before ray is imported.
+    from actors.ray_env import TOKEN_FILE
+    from actors.runtime import Engine, start_ray
+
+    import ray  # isort: skip
     import uvicorn
 
-    from actors.runtime import Engine, start_ray
     from gateway.app import create_app
+    from storage.crypto import require_key_for_sealed_data
 
     data_dir = settings.data_dir.resolve()
+    require_key_for_sealed_data(data_dir)  # before Ray starts: fail fast, make no new key
     token, token_path = admin_token(data_dir)
-    start_ray(settings.ray_address, tmp_dir=os.environ.get("RAY_TMPDIR"))
+    start_ray(
+        settings.ray_address,
+        tmp_dir=os.environ.get("RAY_TMPDIR"),
+        token_file=data_dir / TOKEN_FILE,  # the embedded Ray's; unused when joining
+    )
     engine = Engine.start(
         data_dir,
         shards=settings.shards,

@@ -2,8 +2,10 @@
 
 A master key wraps one data key per pool; content is AES-GCM-256 under the pool's data key with
 `pool` and the record id as associated data, so a ciphertext moved to another row or pool does not
-decrypt. The master key comes from `OPENBOT_MASTER_KEY` (urlsafe base64 of 32 bytes) or from
-`master.key` in the data directory, created with mode 0600 on first start.
+decrypt. The master key comes from `OPENBOT_MASTER_KEY` (urlsafe base64 of 32 bytes), else from
+the file named by `OPENBOT_MASTER_KEY_FILE` (best outside the data directory, so that a copy of
+the data is not a copy of the key), else from `master.key` in the data directory; the file is
+created with mode 0600 on first start.
 """
 
 from __future__ import annotations
@@ -31,12 +33,47 @@ def _decode_key(text: str) -> bytes:
     return key
 
 
+def key_file(data_dir: Path) -> Path:
+    """Where the master key file is: `OPENBOT_MASTER_KEY_FILE`, else `master.key` in `data_dir`."""
+    named = os.environ.get("OPENBOT_MASTER_KEY_FILE")
+    return Path(named) if named else Path(data_dir) / KEY_FILE
+
+
+def has_master_key(data_dir: Path) -> bool:
+    """Whether a master key is available without making one."""
+    return bool(os.environ.get("OPENBOT_MASTER_KEY")) or key_file(data_dir).exists()
+
+
+def require_key_for_sealed_data(data_dir: Path) -> None:
+    """Refuse a data directory that holds encrypted stores but no key (a backup taken without
+    `--with-key`): making a new key there would leave every entry unreadable."""
+    data_dir = Path(data_dir)
+    if not has_master_key(data_dir) and any(data_dir.glob("shard-*.duckdb")):
+        raise StorageError(
+            f"{data_dir} holds encrypted stores but no master key ({key_file(data_dir)} is "
+            "missing): set OPENBOT_MASTER_KEY or OPENBOT_MASTER_KEY_FILE, or put the key file "
+            "back",
+            code="no_master_key",
+        )
+
+
+def write_key_copy(data_dir: Path, dest: Path) -> Path:
+    """The master key in use, written to `dest` (new, mode 0600): a backup taken `--with-key`."""
+    key = load_master_key(data_dir) if has_master_key(data_dir) else None
+    if key is None:
+        raise StorageError(f"no master key to copy ({key_file(data_dir)} is missing)")
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(base64.urlsafe_b64encode(key).decode())
+    return dest
+
+
 def load_master_key(data_dir: Path) -> bytes:
-    """The master key from the environment, else from the data directory (created if absent)."""
+    """The master key from the environment, else from its file (created if absent)."""
     env = os.environ.get("OPENBOT_MASTER_KEY")
     if env:
         return _decode_key(env)
-    path = Path(data_dir) / KEY_FILE
+    path = key_file(data_dir)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         key = AESGCM.generate_key(bit_length=256)

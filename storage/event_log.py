@@ -35,11 +35,10 @@ _dec = msgspec.json.Decoder(Event)
 RING = 10_000
 
 
-def backup_offline(data_dir: Path, dest_dir: Path) -> list[str]:
-    """Snapshot a stopped server's data directory (no process may hold its files)."""
-    import shutil
-
-    from storage.crypto import KEY_FILE
+def backup_offline(data_dir: Path, dest_dir: Path, *, with_key: bool = False) -> list[str]:
+    """Snapshot a stopped server's data directory (no process may hold its files); the master
+    key only `with_key`."""
+    from storage.crypto import KEY_FILE, write_key_copy
     from storage.directory_store import MIGRATIONS as DIRECTORY_MIGRATIONS
     from storage.shard_schema import MIGRATIONS as SHARD_MIGRATIONS
 
@@ -54,9 +53,8 @@ def backup_offline(data_dir: Path, dest_dir: Path) -> list[str]:
         finally:
             db.close()
         files.append(str(dest_dir / path.name))
-    if (data_dir / KEY_FILE).exists():
-        shutil.copy2(data_dir / KEY_FILE, dest_dir / KEY_FILE)
-        files.append(str(dest_dir / KEY_FILE))
+    if with_key:
+        files.append(str(write_key_copy(data_dir, dest_dir / KEY_FILE)))
     return files
 
 

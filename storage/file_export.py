@@ -42,7 +42,7 @@ from engine.projects import Project
 from engine.scoped_memory import ForgetBarrier, Revision, WsEntry, content_fingerprint
 from engine.visibility import Visibility
 from storage.chat_store import LearningJob
-from storage.crypto import KEY_FILE, Cipher, Keyring, aad, load_master_key
+from storage.crypto import KEY_FILE, Cipher, Keyring, aad, has_master_key, key_file, load_master_key
 from storage.database import Database
 from storage.directory_store import MIGRATIONS as DIRECTORY_MIGRATIONS
 from storage.directory_store import hash_token
@@ -77,9 +77,9 @@ def shard_of(key: str, shards: int) -> int:
 
 def _master_key(data_dir: Path) -> bytes:
     """The key the data directory was sealed with; never a new one (reading makes nothing)."""
-    if not os.environ.get("OPENBOT_MASTER_KEY") and not (data_dir / KEY_FILE).exists():
+    if not has_master_key(data_dir):
         raise InvalidInput(
-            f"no master key: {data_dir / KEY_FILE} is missing and OPENBOT_MASTER_KEY is unset",
+            f"no master key: {key_file(data_dir)} is missing and OPENBOT_MASTER_KEY is unset",
             code="no_master_key",
         )
     return load_master_key(data_dir)

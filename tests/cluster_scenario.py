@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-# Before Ray is imported: a local, loopback-only cluster without auth (actors/ray_env.py).
+# Before Ray is imported: a local, loopback-only cluster with token auth (actors/ray_env.py).
 for _name in ("RAY_ADDRESS", "OPENBOT_RAY_ADDRESS"):
     os.environ.pop(_name, None)
 

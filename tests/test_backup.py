@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import stat
 
+import pytest
+
+from engine.errors import StorageError
 from engine.memory import Reader
 from storage.event_log import backup_offline
 from tests.conftest import ADMIN, LiveServer
 
 
-def test_backup_while_serving_restores_data_and_resets_old_cursors(world, admin, tmp_path):
+def test_backup_while_serving_restores_data_and_resets_old_cursors(
+    world, admin, tmp_path, data_dir
+):
     from websockets.asyncio.client import connect
 
     from actors.runtime import Engine
@@ -31,11 +37,25 @@ def test_backup_while_serving_restores_data_and_resets_old_cursors(world, admin,
             return json.loads(await ws.recv())
 
     cursor = asyncio.run(first_frame(world.server.url))["cursor"]
+    # By default the key stays out of the copy (issue 12), and the copy will not start on a
+    # key of its own: the entries would be unreadable.
+    keyless = tmp_path / "keyless"
+    r = admin.post("/v1/admin/backup", json={"dir": str(keyless)})
+    assert r.status_code == 201, r.text
+    names = {p.name for p in keyless.iterdir()}
+    assert {"directory.duckdb", "shard-0.duckdb", "shard-1.duckdb"} <= names
+    assert "master.key" not in names and all("master.key" not in f for f in r.json()["files"])
+    with pytest.raises(StorageError) as refused:
+        Engine.start(keyless, shards=2, prefix="keyless")
+    assert refused.value.code == "no_master_key" and not (keyless / "master.key").exists()
+
     dest = tmp_path / "backup"
-    r = admin.post("/v1/admin/backup", json={"dir": str(dest)})
+    r = admin.post("/v1/admin/backup", json={"dir": str(dest), "withKey": True})
     assert r.status_code == 201, r.text
     names = {p.name for p in dest.iterdir()}
     assert {"directory.duckdb", "shard-0.duckdb", "shard-1.duckdb", "master.key"} <= names
+    assert stat.S_IMODE((dest / "master.key").stat().st_mode) == 0o600
+    assert (dest / "master.key").read_text() == (data_dir / "master.key").read_text()
     assert admin.post("/v1/admin/backup", json={"dir": str(dest)}).status_code == 400
 
     restored = Engine.start(dest, shards=2, prefix="restored")
@@ -63,7 +83,9 @@ def test_offline_backup_of_a_stopped_data_directory(tmp_path):
         return epoch
 
     epoch = asyncio.run(write())
-    files = backup_offline(tmp_path / "data", tmp_path / "copy")
+    files = backup_offline(tmp_path / "data", tmp_path / "keyless")
+    assert {f.rsplit("/", 1)[1] for f in files} == {"shard-0.duckdb"}  # the key stays out
+    files = backup_offline(tmp_path / "data", tmp_path / "copy", with_key=True)
     assert {f.rsplit("/", 1)[1] for f in files} == {"shard-0.duckdb", "master.key"}
 
     async def read():

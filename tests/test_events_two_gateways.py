@@ -30,9 +30,11 @@ def second_gateway(engine, data_dir):
     env |= {
         "OPENBOT_ADMIN_TOKEN": ADMIN,
         "OPENBOT_ACTOR_PREFIX": "test",
-        # The test's Ray is a local one on loopback without auth: join it as such.
+        # The test's Ray is a local one on loopback with token auth: join it as a cluster
+        # user would, with Ray's own variables (actors/ray_env.py leaves them to a joiner).
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-        "RAY_AUTH_MODE": "disabled",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": os.environ["RAY_AUTH_TOKEN_PATH"],
     }
     address = ray.get_runtime_context().gcs_address
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--ray-address", address]

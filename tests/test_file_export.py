@@ -107,7 +107,7 @@ def test_export_import_export_is_byte_identical_and_the_import_serves(filled, ad
     w = filled
     alice, bob = w.users["alice"], w.users["bob"]
     backup = tmp_path / "backup"
-    _ok(admin.post("/v1/admin/backup", json={"dir": str(backup)}))
+    _ok(admin.post("/v1/admin/backup", json={"dir": str(backup), "withKey": True}))
 
     out1, out2, new = tmp_path / "tree1", tmp_path / "tree2", tmp_path / "imported"
     assert main(["export", str(out1), "--data-dir", str(backup)]) == 0
@@ -214,7 +214,7 @@ def test_running_server_export_route_matches_the_offline_export(filled, admin, t
     assert r.status_code == 200, r.text
     online = {p: t.encode() for p, t in r.json()["files"].items()}
     backup = tmp_path / "backup"
-    _ok(admin.post("/v1/admin/backup", json={"dir": str(backup)}))
+    _ok(admin.post("/v1/admin/backup", json={"dir": str(backup), "withKey": True}))
     assert online == render_data_dir(backup, alice)
     assert all(p.startswith(f"bot-workspace/{alice}/") for p in online)
     with w.client("alice") as a:
@@ -229,7 +229,7 @@ def test_running_server_export_route_matches_the_offline_export(filled, admin, t
 def test_import_refuses_an_interrupted_tree_or_a_used_data_dir(filled, admin, tmp_path):
     w = filled
     backup = tmp_path / "backup"
-    _ok(admin.post("/v1/admin/backup", json={"dir": str(backup)}))
+    _ok(admin.post("/v1/admin/backup", json={"dir": str(backup), "withKey": True}))
     out = tmp_path / "tree"
     assert main(["export", str(out), "--data-dir", str(backup), "--account", w.users["alice"]]) == 0
     assert main(["export", str(out), "--data-dir", str(backup)]) == 2  # not empty
@@ -263,7 +263,7 @@ def test_extraction_jobs_are_exported_and_come_back(world, admin, model_stubs, e
         ray.get(engine.shard_for(alice).learning_idle.remote())
         (job,) = [j for j in _ok(a.get(f"{WS}/memory-jobs"))["jobs"] if j["chat"] == chat["id"]]
     backup = tmp_path / "backup"
-    _ok(admin.post("/v1/admin/backup", json={"dir": str(backup)}))
+    _ok(admin.post("/v1/admin/backup", json={"dir": str(backup), "withKey": True}))
     first = render_data_dir(backup, alice)
     mine = _tree_of(first, alice)
     doc = msgspec.json.decode(mine[f"agents/{bot}/memory/.dreaming/jobs/{job['id']}.json"])

@@ -139,7 +139,12 @@ def test_admin_bad_input(admin, world):
 def test_capabilities_and_openapi(server):
     import httpx
 
-    with httpx.Client(base_url=server.url) as c:
+    from tests.conftest import ADMIN
+
+    with httpx.Client(base_url=server.url) as stranger:  # no token: nothing (issue 12)
+        assert stranger.get("/v1/capabilities").status_code == 401
+        assert stranger.get("/openapi.json").status_code == 401
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
         caps = c.get("/v1/capabilities").json()
         assert "bot-memory-v1" in caps["capabilities"]
         assert caps["unavailable"] == []

@@ -23,10 +23,13 @@ async def _node(server, isolation: bool, answers: list, seen: list, ready: async
     async with connect(_ws_url(server), additional_headers=headers) as ws:
         caps = {"memoryIsolation": isolation, "memoryExtraction": isolation}
         await ws.send(json.dumps({"type": "hello", "node": "edge-1", "capabilities": caps}))
-        welcome = json.loads(await ws.recv())
+        raw = await ws.recv()
+        assert isinstance(raw, str)  # text frames, every one (issue 12)
+        welcome = json.loads(raw)
         assert welcome["type"] == "welcome" and welcome["node"] == "edge-1"
         ready.set()
         async for raw in ws:
+            assert isinstance(raw, str)
             frame = json.loads(raw)
             assert frame["type"] == "request"
             seen.append(frame)

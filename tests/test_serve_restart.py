@@ -27,11 +27,12 @@ def _free_port() -> int:
 
 
 class Serve:
-    def __init__(self, data_dir: Path, ray_tmp: str) -> None:
+    def __init__(self, data_dir: Path, ray_tmp: str, env: dict[str, str] | None = None) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-        env |= {"OPENBOT_ADMIN_TOKEN": ADMIN, "RAY_TMPDIR": ray_tmp}
+        if env is None:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+        env = env | {"OPENBOT_ADMIN_TOKEN": ADMIN, "RAY_TMPDIR": ray_tmp}
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--data-dir", str(data_dir)]
         cmd += ["--port", str(self.port), "--shards", "1"]
         self.proc = subprocess.Popen(

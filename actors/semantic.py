@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 from collections import OrderedDict
@@ -39,6 +38,7 @@ from actors.embeddings import DEFAULT_MIN_SCORE, Embedder, EmbeddingError
 from engine.errors import OpenBotError
 from engine.scoped_memory import WsEntry
 from engine.workspace_search import Hit
+from storage.search_index import ranked
 from storage.vector_store import VectorStore
 
 if TYPE_CHECKING:
@@ -108,6 +108,21 @@ class PoolVectors:
         self.dim, self.n = mat.shape[1], mat.shape[0]
         self.ids = [entry_id for entry_id, _, _ in items]
         self.fps = [fp for _, fp, _ in items]
+        self.row = {entry_id: r for r, entry_id in enumerate(self.ids)}
+
+    def load_matrix(self, ids: list[str], fps: list[str], mat: np.ndarray) -> None:
+        """Fill an empty index with a whole matrix (rows scaled to unit length here)."""
+        if not ids:
+            return
+        mat = np.array(mat, dtype=np.float32)  # a copy of its own, written in place
+        norms = np.linalg.norm(mat, axis=1, keepdims=True)
+        bad = ~((norms > 0) & np.isfinite(norms))
+        mat[bad[:, 0]] = 0.0
+        norms[bad] = 1.0
+        mat /= norms
+        self.mat = mat
+        self.dim, self.n = mat.shape[1], mat.shape[0]
+        self.ids, self.fps = list(ids), list(fps)
         self.row = {entry_id: r for r, entry_id in enumerate(self.ids)}
 
     def split(self, entries: Iterable[WsEntry]) -> tuple[list[int], list[WsEntry]]:
@@ -180,6 +195,7 @@ class SemanticSearch:
         self._task: asyncio.Task[None] | None = None
         self._down_until = 0.0
         self.embedded = 0  # records embedded (tests and benchmarks)
+        self._seq = 0  # the last vector block's sequence number
 
     # --- the model, with a circuit breaker ---------------------------------------------------
 
@@ -216,8 +232,12 @@ class SemanticSearch:
         vectors = self._pools.get(pool.id)
         if vectors is None:
             vectors = PoolVectors()
-            vectors.load(await self.store.load(pool.id, self.embedder.ident, pool.keyed.cipher))
+            ids, fps, mat = await self.store.load_all(
+                pool.id, self.embedder.ident, pool.keyed.cipher
+            )
+            vectors.load_matrix(ids, fps, mat)
             self._pools[pool.id] = vectors
+            self._queue_missing(pool, vectors)
         return vectors
 
     def _lock(self, pool_id: str) -> asyncio.Lock:
@@ -236,10 +256,12 @@ class SemanticSearch:
             return
         found = await self.embedder.embed([text for _, _, text in todo])
         cipher, model = pool.keyed.cipher, self.embedder.ident
-        rows = []
+        items = []
         for (entry_id, fp, _), vector in zip(todo, found, strict=True):
             vectors.put(entry_id, fp, vector)
-            rows.append(self.store.row(pool.id, entry_id, model, fp, vector, cipher))
+            items.append((entry_id, fp, vector))
+        self._seq = max(self._seq + 1, time.time_ns())
+        rows = [self.store.block(pool.id, model, self._seq, items, cipher)]
         self.embedded += len(todo)
         if pool.poisoned:
             return  # its records are being reloaded from the file: keep nothing of them
@@ -253,43 +275,82 @@ class SemanticSearch:
     # --- search --------------------------------------------------------------------------------
 
     async def search(
-        self, query: str, found: Sequence[tuple[WsPool, WsEntry]], limit: int
+        self, query: str, pools: Sequence[tuple[WsPool, Callable[[str], bool]]], depth: int
     ) -> list[Hit]:
-        """The `limit` records of `found` (already filtered to what the reader may read) nearest
-        to `query`, best first; [] when the model is unavailable."""
-        if limit <= 0 or not found or not query.strip():
+        """Up to `depth` records of `pools` nearest to `query`, best first, none below
+        `min_score`; only ids the pool's `allowed` accepts (the caller's reading rights and
+        filters). [] when the model is unavailable.
+
+        Every vector of a pool is scored (one matrix product) and the ranking walked best
+        first. Records written in the last moments whose vectors the background has not made
+        yet are embedded here first, up to `inline_max` of them; older ones are always done."""
+        if depth <= 0 or not pools or not query.strip():
             return []
         unit = await self._query(query)
         if unit is None:
             return []
         budget = self.inline_max
         hits: list[Hit] = []
-        # `found` lists each pool's records together (Workspace.entries goes pool by pool).
-        for _, group in itertools.groupby(found, key=lambda pe: id(pe[0])):
-            items = list(group)
-            pool = items[0][0]
+        for pool, allowed in pools:
             try:
                 async with self._lock(pool.id):
                     vectors = await self._vectors(pool)
                     if vectors.n and vectors.dim != unit.size:
                         vectors.clear()  # the model now answers in another space
-                    rows, stale = vectors.split(e for _, e in items)
-                    if stale and not self._down():
-                        now, later = stale[:budget], stale[budget:]
-                        budget -= len(now)
+                        self._queue_missing(pool, vectors)
+                    waiting = self._backlog.get(pool.id, {})
+                    stale = [
+                        e
+                        for i in (list(waiting) if len(waiting) <= 4 * budget else ())
+                        if (e := pool.stored.entries.get(i)) is not None and allowed(i)
+                    ]
+                    if stale and len(stale) <= budget and not self._down():
+                        budget -= len(stale)
                         try:
-                            await self._fill(pool, vectors, now)
+                            await self._fill(pool, vectors, stale)
                         except EmbeddingError as e:
                             self._trip(e)
                         else:
-                            rows += vectors.split(now)[0]
-                            for e in later:
-                                self._queue(pool.id, e.id)
-                    hits.extend(vectors.top(unit, rows, limit, self.min_score))
+                            for e in stale:
+                                waiting.pop(e.id, None)
+                    hits.extend(self._top(pool, vectors, unit, depth, allowed))
             except OpenBotError as e:  # a pool whose vectors cannot be read: keywords only
                 log.warning("semantic search skipped %s: %s", pool.id, e)
         hits.sort(key=lambda h: (-h.score, h.id))
-        return hits[:limit]
+        return hits[:depth]
+
+    def _top(
+        self,
+        pool: WsPool,
+        vectors: PoolVectors,
+        unit: np.ndarray,
+        depth: int,
+        allowed: Callable[[str], bool],
+    ) -> list[Hit]:
+        if not vectors.n or unit.size != vectors.dim:
+            return []
+        scores = vectors.mat[: vectors.n] @ unit
+        entries, row, fps = pool.stored.entries, vectors.row, vectors.fps
+
+        def current(entry_id: str) -> bool:
+            e = entries.get(entry_id)
+            return e is not None and fps[row[entry_id]] == e.content_fp and allowed(entry_id)
+
+        floor = np.nextafter(np.float32(self.min_score), np.float32(-np.inf))
+        found = ranked(scores, vectors.ids, depth, current, floor=float(floor))
+        return [Hit(id=i, score=x, kinds=("semantic",)) for i, x in found]
+
+    def _queue_missing(self, pool: WsPool, vectors: PoolVectors) -> None:
+        """Queue for the background every record of the pool without a current vector (once,
+        when the pool's vectors load): searches then never wait for them."""
+        for e in pool.stored.entries.values():
+            if vectors.fp(e.id) != e.content_fp:
+                self._queue(pool.id, e.id)
+
+    def evict(self, pool_id: str) -> None:
+        """Drop a pool's vectors from memory (the shard evicting an idle pool); they load
+        again from the file on its next search. Its queued records stay queued."""
+        self._pools.pop(pool_id, None)
 
     # --- background ----------------------------------------------------------------------------
 

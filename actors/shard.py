@@ -12,6 +12,7 @@ reply carries state that is not yet on disk: a read that saw a queued change wai
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import secrets
 import time
@@ -19,12 +20,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
 from actors.bot_memory import BotMemory, Snapshot
 from actors.bot_step import StepInput, StepOutcome
 from actors.chains import ChainView
 from actors.conversations import Conversations, Mirrored, TurnResult, TurnStart
-from actors.embeddings import Embedder
+from actors.embeddings import Embedder, search_settings
 from actors.learning_runs import LearningRunner
 from actors.memory_bot import MemoryBotRuntime
 from actors.models import Model, load_models
@@ -58,6 +60,8 @@ from engine.memory import (
     LogRow,
     MemoryPage,
     Reader,
+    SearchHitView,
+    SearchPage,
     Status,
     Who,
     view,
@@ -81,11 +85,24 @@ from storage.event_log import MARK_RESTORED, EventLog
 from storage.group_commit import DeleteWhere, GroupCommitter, Write
 from storage.memory_store import MemoryStore
 from storage.receipts import Receipts, fingerprint, receipt_key
+from storage.search_index import pack_keys, unpack_keys
 from storage.shard_schema import MIGRATIONS, RECEIPTS, TABLES
 
 log = logging.getLogger("openbot.shard")
 _view_dec = msgspec.json.Decoder(EntryView)
 _json = msgspec.json.Encoder()
+
+
+def _terms_pool(pool_id: str) -> str:
+    """Where a seed-000 pool's term rows are kept: apart from the workspace pool of the same
+    name (`bot:<id>` is both)."""
+    return f"seed:{pool_id}"
+
+
+def _sealed_fp(sealed: bytes) -> str:
+    """Which sealing of an entry's content stored terms were made from (a new seal, even of
+    the same text, is a new nonce and so a new fingerprint)."""
+    return hashlib.blake2b(sealed, digest_size=12).hexdigest()
 
 
 def _now_ms() -> int:
@@ -157,6 +174,8 @@ class ShardService:
         self.learning.conversations = self.conversations
         self._started: asyncio.Task[int] | None = None
         self.workspace = Workspace(self, data_dir)
+        fusion = search_settings(search, models_config)
+        self.workspace.context_window_ms = int(fusion.context_window_s * 1000)
         self.bot_memory = BotMemory(self)
         self.workspace.semantic = semantic_search(
             self.workspace,
@@ -185,9 +204,56 @@ class ShardService:
         self._ensure_started()
 
         async def load() -> Pool:
-            return Pool(await self.store.load(pool_id))
+            pool = Pool(await self.store.load(pool_id))
+            await self._index_pool(pool)
+            return pool
 
         return await self._loader.get(pool_id, load)
+
+    async def _index_pool(self, pool: Pool) -> None:
+        """Fill the pool's keyword index from the stored term keys; entries without current
+        ones are tokenized now and their keys stored for next time."""
+        terms, where = self.workspace.terms, _terms_pool(pool.id)
+        entries, fps, blobs = await terms.load_raw(where)
+        sealed = pool.stored.sealed
+        ids: list[str] = []
+        kept: list[bytes] = []
+        for entry_id, fp, blob in zip(entries, fps, blobs, strict=True):
+            if entry_id in sealed and _sealed_fp(sealed[entry_id]) == fp:
+                ids.append(entry_id)
+                kept.append(blob)
+        missing: list[Write] = []
+        if len(ids) < len(sealed):
+            have = set(ids)
+            for entry_id, blob in sealed.items():
+                if entry_id in have:
+                    continue
+                keys = self.workspace.analyzer.keys(self.store.open_content(pool.stored, entry_id))
+                ids.append(entry_id)
+                kept.append(pack_keys(keys))
+                missing.append(terms.row(where, entry_id, _sealed_fp(blob), keys))
+        lengths = np.fromiter((len(b) // 8 for b in kept), dtype=np.int64, count=len(kept))
+        pool.terms.build_flat(ids, lengths, unpack_keys(b"".join(kept)))
+        if missing:
+            fut = self._submit(None, missing)
+            if fut is not None:  # derived data: a failure only means doing it again
+                fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def _term_rows(self, pool: Pool, outcome: Outcome, sealed: dict[str, bytes] | None):
+        """Keep the keyword index current with an applied outcome: new content indexed,
+        deleted entries gone (in memory at once); the rows that store it."""
+        rows: list[Write] = []
+        terms = self.workspace.terms
+        for entry_id, blob in (sealed or {}).items():
+            if entry_id not in pool.entries:
+                continue
+            keys = self.workspace.analyzer.keys(self.store.open_content(pool.stored, entry_id))
+            pool.terms.put(entry_id, keys)
+            rows.append(terms.row(_terms_pool(pool.id), entry_id, _sealed_fp(blob), keys))
+        for entry_id in outcome.deletes:
+            pool.terms.remove(entry_id)
+            rows.append(terms.delete(_terms_pool(pool.id), entry_id))
+        return rows
 
     async def _settle(
         self, pool: Pool, fut: asyncio.Future[None] | None, *, reads_state: bool = True
@@ -224,6 +290,7 @@ class ShardService:
             if i in pool.entries
         }
         pool.apply(outcome, sealed)
+        writes += self._term_rows(pool, outcome, sealed)
         changes = {row.entry: row.change for row in outcome.log}
         items: list[tuple[Payload, Audience]] = []
         for meta in outcome.upserts:
@@ -343,6 +410,10 @@ class ShardService:
 
     async def release_learning(self, job_id: str, upto: int) -> bool:
         return await self.learning.release(job_id, upto)
+
+    async def chat_item(self, chat: str, seq: int) -> ItemView | None:
+        self._ensure_started()
+        return await self.conversations.one_item(chat, seq)
 
     async def post_item(self, chat: Chat, author: str, text: str) -> ItemView:
         """A bot's `workspace_post_to_group` message in a group chat homed here."""
@@ -485,6 +556,26 @@ class ShardService:
         it until a later `memory.changed` for this pool reaches it."""
         page, staged = await self._read(pool_id, reader, tags)
         return self.events.epoch, staged, _json.encode(page)
+
+    async def search_memory_json(self, pool_id: str, reader: Reader, q: str, limit: int) -> bytes:
+        """`GET /v1/bots/{bot}/memory?q=`: the `limit` best keyword (BM25) hits among the
+        active entries the reader may see, best first, as the HTTP body."""
+        return _json.encode(await self.search_memory_page(pool_id, reader, q, limit))
+
+    async def search_memory_page(
+        self, pool_id: str, reader: Reader, q: str, limit: int
+    ) -> SearchPage:
+        if limit < 1:
+            raise InvalidInput("limit must be at least 1", code="invalid_limit")
+        hits = await self.bot_memory.ranked(pool_id, reader, q, limit)
+        views = tuple(
+            SearchHitView(
+                **msgspec.structs.asdict(view(meta, text)), score=score, foundBy=("keyword",)
+            )
+            for meta, text, score in hits
+        )
+        pool = await self._pool(pool_id)
+        return SearchPage(entries=views, version=pool.version)
 
     async def memory_log_json(self, pool_id: str, reader: Reader) -> bytes:
         return _json.encode(await self.memory_log(pool_id, reader))
@@ -640,7 +731,7 @@ class ShardService:
     async def search_memory(
         self, pool_id: str, reader: Reader, query: str, limit: int = 10
     ) -> list[tuple[str, str]]:
-        """Usable entries the reader may see whose text has every word of `query` (ENR-5)."""
+        """(id, text) of the best keyword hits among the usable entries the reader may see."""
         return await self.bot_memory.search(pool_id, reader, query, limit)
 
     async def widen(
@@ -778,6 +869,11 @@ class ShardService:
         self, actor: str, org: str, request: ProjectCreate | ProjectChange, project_id: str
     ) -> ProjectView:
         return await self.workspace.save_project(actor, org, request, project_id)
+
+    async def search_idle(self) -> None:
+        """Wait until the background has embedded what was written (benchmarks, tests)."""
+        if self.workspace.semantic is not None:
+            await self.workspace.semantic.idle()
 
     async def ws_entries(self, access: WsAccess, query: WsQuery) -> WsListing:
         return await self.workspace.entries(access, query)

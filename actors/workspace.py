@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
+import numpy as np
 
 from actors.single_flight import SingleFlight
 from engine import bot_memory as bm
@@ -61,11 +62,13 @@ from engine.scoped_memory import (
     WsMemoryCreate,
 )
 from engine.visibility import directly_visible
-from engine.workspace_search import Hit, keyword_search, merge_hits
+from engine.workspace_search import FUSION_DEPTH, Hit, fusion_depth, merge_hits
 from storage.crypto import load_master_key
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
 from storage.receipts import Receipts, fingerprint, receipt_key
+from storage.search_index import Analyzer, TermIndex, pack_keys, unpack_keys
+from storage.term_store import TermStore, terms_key
 from storage.workspace_store import StoredWsPool, WorkspaceStore
 
 if TYPE_CHECKING:
@@ -74,6 +77,8 @@ if TYPE_CHECKING:
 
 RECEIPT_SCOPE = "ws"  # receipts of workspace writes: one requestId space per account and shard
 MAX_LIST = 1_000
+USING = ("all", "keyword", "semantic")
+CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in its context
 _project_view_dec = msgspec.json.Decoder(ProjectView)
 _entry_view_dec = msgspec.json.Decoder(WsEntryView)
 _decisions_dec = msgspec.json.Decoder(list[sm.Decision])
@@ -107,6 +112,7 @@ class WsQuery(msgspec.Struct, frozen=True, kw_only=True):
     q: str | None = None
     status: str = "active"  # active | forgotten | all
     limit: int = 200
+    using: str = "all"  # with q: all (hybrid when semantic search is on) | keyword | semantic
 
 
 class WsListing(msgspec.Struct, frozen=True, kw_only=True):
@@ -114,8 +120,9 @@ class WsListing(msgspec.Struct, frozen=True, kw_only=True):
     of the project pools listed (for the export's headings)."""
 
     entries: list[WsEntryView]
-    hits: list[Hit] = []
-    semantic: list[Hit] = []  # with semantic search on (SC-7); `entries` holds both kinds
+    hits: list[Hit] = []  # keyword hits among `fused` (with their BM25 scores)
+    semantic: list[Hit] = []  # semantic hits among `fused` (with their cosines)
+    fused: list[Hit] = []  # the ranking, best first; `entries` are in this order
     names: dict[str, str] = {}
 
 
@@ -139,6 +146,9 @@ class WsPool:
     lock: asyncio.Lock
     pending: asyncio.Future[None] | None = None
     poisoned: bool = False
+    index: TermIndex = field(default_factory=TermIndex)  # keyword search, in memory only
+    # The last new record's contributor, time and own term keys (context for the next one).
+    last_written: tuple[str | None, int, np.ndarray] | None = None
     bot_org: str | None = None  # a bot pool's bot's home org (its records' `org:` tag)
     # Records as bot-memory entries (actors/bot_memory.py), per record state.
     metas: dict = field(default_factory=dict)
@@ -151,7 +161,12 @@ class WsPool:
 class Workspace:
     def __init__(self, shard: ShardService, data_dir: str | Path, *, new_id=new_memory_id) -> None:
         self.shard = shard
-        self.store = WorkspaceStore(shard.db, load_master_key(Path(data_dir)))
+        master = load_master_key(Path(data_dir))
+        self.store = WorkspaceStore(shard.db, master)
+        self.analyzer = Analyzer(terms_key(master))
+        self.terms = TermStore(shard.db)
+        self.weights = (1.0, 1.0)  # keyword, semantic: reciprocal rank fusion (issue 11)
+        self.context_window_ms = CONTEXT_WINDOW_MS  # [search] context_window_s; 0: off
         self.new_id: Callable[[], str] = new_id
         self._loader: SingleFlight[WsPool] = SingleFlight()
         self._pools: dict[str, WsPool] = self._loader.loaded
@@ -162,6 +177,10 @@ class Workspace:
         # Receipts queued but not yet committed: key -> (fingerprint, answer, commit).
         self._inflight: dict[str, tuple[str, bytes, asyncio.Future[None]]] = {}
         self._request_locks: dict[str, list] = {}
+        # Workspace receipt keys on disk (None: not read yet) and those queued before the read.
+        self._known_receipts: set[str] | None = None
+        self._known_loading: asyncio.Future[set[str]] | None = None
+        self._queued_receipts: set[str] = set()
         self.semantic: SemanticSearch | None = None  # set by the shard when configured (SC-7)
 
     # --- loading --------------------------------------------------------------------------------
@@ -171,15 +190,72 @@ class Workspace:
             keyed = (await self.shard._pool(pool_id)).stored
             stored = await self.store.load_pool(pool_id)
             bot_org = await self._link(stored) if pool_id.startswith("bot:") else None
-            return WsPool(
+            pool = WsPool(
                 stored=stored,
                 keyed=keyed,
                 fp_key=self.store.fingerprint_key(pool_id),
                 lock=asyncio.Lock(),
                 bot_org=bot_org,
             )
+            await self._index(pool)
+            return pool
 
         return await self._loader.get(pool_id, load)
+
+    async def _index(self, pool: WsPool) -> None:
+        """Build the pool's keyword index from the stored term keys (read in bulk); records
+        without current ones (written before migration 8, or imported) are tokenized now and
+        their keys stored for next time."""
+        entries, fps, blobs = await self.terms.load_raw(pool.id)
+        current = pool.stored.entries
+        ids: list[str] = []
+        kept: list[bytes] = []
+        for entry_id, fp, blob in zip(entries, fps, blobs, strict=True):
+            e = current.get(entry_id)
+            if e is not None and e.content_fp == fp:
+                ids.append(entry_id)
+                kept.append(blob)
+        missing: list[Write] = []
+        if len(ids) < len(current):
+            have = set(ids)
+            for entry_id, entry in current.items():
+                if entry_id in have:
+                    continue
+                keys = self.analyzer.keys(self._open(pool, entry_id))
+                ids.append(entry_id)
+                kept.append(pack_keys(keys))
+                missing.append(self.terms.row(pool.id, entry_id, entry.content_fp, keys))
+        lengths = np.fromiter((len(b) // 8 for b in kept), dtype=np.int64, count=len(kept))
+        pool.index.build_flat(ids, lengths, unpack_keys(b"".join(kept)))
+        if missing:
+            # Derived data: nothing waits for it, and a failure only means doing it again.
+            fut = self.shard._submit(None, missing)
+            if fut is not None:
+                fut.add_done_callback(_ignore_failure)
+
+    def _indexed(self, pool: WsPool, entry: WsEntry, content: str, *, new: bool) -> Write:
+        """Index a record's new content; the row that stores its term keys.
+
+        A new record written right after another of the same contributor in the same pool
+        (within `context_window_ms`: the turns of one conversation, a batch of notes) is indexed
+        with that one's words too, as its context: "Yes! I made a bowl" is found by a question
+        about the pottery workshop the turn before asked about. Only keywords: the record's
+        vector and text are its own."""
+        own = self.analyzer.keys(content)
+        keys = own
+        now = self.shard.clock()
+        last = pool.last_written
+        if (
+            new
+            and last is not None
+            and last[0] == entry.contributor
+            and 0 <= now - last[1] <= self.context_window_ms
+        ):
+            keys = np.sort(np.concatenate((own, last[2])))
+        if new:
+            pool.last_written = (entry.contributor, now, own)
+        pool.index.put(entry.id, keys)
+        return self.terms.row(pool.id, entry.id, entry.content_fp, keys)
 
     async def _link(self, stored: StoredWsPool) -> str | None:
         """A bot pool's records as part of the bot's one memory (engine/bot_memory.py): records
@@ -261,7 +337,26 @@ class Workspace:
                 )
             await asyncio.shield(hit[2])
             return hit[1]
+        if key not in await self._receipt_keys():
+            return None  # a new request id: nothing to read (the common case, ~1 ms saved)
         return await self.shard.receipts.find(key, print_, keyed.cipher, keyed.pool)
+
+    async def _receipt_keys(self) -> set[str]:
+        """Every workspace receipt key stored on this shard, read once; keys of answers
+        queued since are added as they are queued (`_commit`)."""
+        if self._known_receipts is None:
+            if self._known_loading is None:
+                self._known_loading = asyncio.ensure_future(
+                    self.shard.receipts.keys_with_prefix(receipt_key(RECEIPT_SCOPE, "", "x")[:3])
+                )
+            try:
+                found = await asyncio.shield(self._known_loading)
+            except BaseException:
+                self._known_loading = None
+                raise
+            if self._known_receipts is None:
+                self._known_receipts = found | self._queued_receipts
+        return self._known_receipts
 
     def _commit(
         self,
@@ -279,6 +374,9 @@ class Workspace:
         fut = self.shard._submit(None, rows, events, on_failure=on_failure)
         assert fut is not None  # the receipt row is always there
         self._inflight[key] = (print_, answer, fut)
+        (self._known_receipts if self._known_receipts is not None else self._queued_receipts).add(
+            key
+        )
 
         def done(f: asyncio.Future[None]) -> None:
             if self._inflight.get(key, (None, None, None))[2] is f:
@@ -585,6 +683,8 @@ class Workspace:
                 else stored.sealed[entry.id]
             )
             writes.append(self.store.entry_row(entry, sealed, new=new))
+            if new or edit.revision.after is not None:
+                writes.append(self._indexed(pool, entry, content, new=new))
             writes.append(self.store.revision_row(pool.id, edit.revision, keyed.cipher))
             if edit.barrier is not None:
                 writes.append(self.store.barrier_row(edit.barrier, entry.revision))
@@ -713,6 +813,7 @@ class Workspace:
             new = entry_id not in stored.entries
             if entry_id in texts:
                 sealed = self.store.seal(keyed.cipher, pool.id, entry_id, texts[entry_id])
+                writes.append(self._indexed(pool, entry, texts[entry_id], new=new))
             else:  # flagged for review only: the content stays as it is
                 sealed = stored.sealed[entry_id]
             writes.append(self.store.entry_row(entry, sealed, new=new))
@@ -751,6 +852,8 @@ class Workspace:
         project the caller is not a member of is not found)."""
         if query.status not in ("active", "forgotten", "all"):
             raise InvalidInput("status must be active, forgotten or all", code="invalid_status")
+        if query.using not in USING:
+            raise InvalidInput("using must be all, keyword or semantic", code="invalid_using")
         projects = await self._load_projects()
         pool_ids = [p for p in dict.fromkeys(query.pools) if self._readable(p, access)]
         if query.projects is None:
@@ -788,26 +891,79 @@ class Workspace:
                 if query.contributor is not None and entry.contributor != query.contributor:
                     continue
                 found.append((pool, entry))
-        views: dict[str, WsEntryView] = {}
-        hits: list[Hit] = []
-        semantic: list[Hit] = []
         if query.q:
-            texts = {e.id: (e, self._open(p, e.id)) for p, e in found}
-            texts.update((v.id, (v, v.content)) for v in learned)
-            hits = keyword_search(query.q, ((i, t[1]) for i, t in texts.items()), query.limit)
-            if self.semantic is not None:
-                semantic = await self.semantic.search(query.q, found, query.limit)
-            ranked = merge_hits(hits, semantic, lambda i: i in texts, len(hits) + len(semantic))
-            for hit in ranked:
-                entry, text = texts[hit.id]
-                views[hit.id] = entry if isinstance(entry, WsEntryView) else sm.view(entry, text)
+            listing = await self._search(query, pools, names, found, learned)
         else:
-            for pool, entry in found:
-                views[entry.id] = sm.view(entry, self._open(pool, entry.id))
+            views = {entry.id: sm.view(entry, self._open(pool, entry.id)) for pool, entry in found}
             views.update((v.id, v) for v in learned)
+            listing = WsListing(entries=list(views.values()), names=names)
         for pool in pools:
             await self._settle_read(pool)
-        return WsListing(entries=list(views.values()), hits=hits, semantic=semantic, names=names)
+        return listing
+
+    async def _search(
+        self,
+        query: WsQuery,
+        pools: list[WsPool],
+        names: dict[str, str],
+        found: list[tuple[WsPool, WsEntry]],
+        learned: list[WsEntryView],
+    ) -> WsListing:
+        """Ranked search (issue 11): BM25 keyword hits and semantic hits among the records the
+        caller may read (`found`, already filtered) and the bot pools' learned entries
+        (`learned`), each list as deep as fusion needs, fused by reciprocal rank, cut at
+        `limit`."""
+        assert query.q is not None
+        readable = {e.id for _, e in found}
+        seeds = {v.id: v for v in learned}
+
+        def allow(pool: WsPool) -> Callable[[str], bool]:
+            entries = pool.stored.entries
+            return lambda entry_id: entry_id in readable and entry_id in entries
+
+        depth = fusion_depth(query.limit, self.weights, floor=FUSION_DEPTH)
+        keys = self.analyzer.query(query.q)
+        owner: dict[str, WsPool] = {}
+        keyword: list[Hit] = []
+        for pool in pools if query.using != "semantic" else ():
+            for entry_id, score in pool.index.search(keys, depth, allow(pool)):
+                owner[entry_id] = pool
+                keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
+            if seeds and pool.id.startswith("bot:"):  # the bot's learned entries (MEM-1)
+                seed_pool = await self.shard._pool(pool.id)
+                for entry_id, score in seed_pool.terms.search(keys, depth, seeds.__contains__):
+                    keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
+        keyword.sort(key=lambda h: -h.score)
+        keyword = keyword[:depth]
+        semantic: list[Hit] = []
+        if self.semantic is not None and query.using != "keyword":
+            semantic = await self.semantic.search(query.q, [(p, allow(p)) for p in pools], depth)
+            for pool in pools:
+                for h in semantic:
+                    if h.id in pool.stored.entries:
+                        owner.setdefault(h.id, pool)
+        # The semantic search awaited: a record may have changed meanwhile, so check again.
+        fused = merge_hits(
+            keyword,
+            semantic,
+            lambda i: i in seeds or (i in owner and allow(owner[i])(i)),
+            query.limit,
+            weights=self.weights,
+        )
+        views = [
+            seeds[h.id]
+            if h.id in seeds
+            else sm.view(owner[h.id].stored.entries[h.id], self._open(owner[h.id], h.id))
+            for h in fused
+        ]
+        top = {h.id for h in fused}
+        return WsListing(
+            entries=views,
+            hits=[h for h in keyword if h.id in top],
+            semantic=[h for h in semantic if h.id in top],
+            fused=fused,
+            names=names,
+        )
 
     def _sees(self, pool: WsPool, access: WsAccess, entry: WsEntry) -> bool:
         """A bot record is the caller's to read or change only when its tags admit them."""
@@ -866,3 +1022,8 @@ def _no_outsiders(outsiders: Sequence[str]) -> None:
             code="user_not_found",
             details={"people": sorted(outsiders)},
         )
+
+
+def _ignore_failure(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # stored search terms are a cache: they are made again next load

@@ -4,15 +4,17 @@
 
 1. **pack** — `engine.prompt_budget.pack` (SC-5) over 10,000 entries in three scopes (bot, user,
    project; profile, log and note tiers): time per pack, the budget filled.
-2. **search** — 100,000 records of one account (a bot pool, its user pool and a project pool,
-   a third each) on a real shard in this process (DuckDB file, group commit, AES-GCM; no Ray, no
+2. **search** — 100,000 records of one account in its bot pool
+   on a real shard in this process (DuckDB file, group commit, AES-GCM; no Ray, no
    HTTP, so the figures are the engine's time): `keyword` is `Workspace.entries` with `q` and
    semantic search off; `semantic` is `SemanticSearch.search` alone over the same candidates,
    with a zero-latency in-process embedding function (`--dim` dimensions, 384 by default, like
    a small sentence-embedding model); `both` is `Workspace.entries` with `q` and semantic search
    on, which is what one shard does for `GET /memories?q=`. `cold` is the first search after the
    shard opened (pools and vectors loaded from the file and decrypted). Every query is a new
-   one, so the query-vector cache never answers.
+   one, so the query-vector cache never answers. All records are in one pool (issue 11's scale
+   target); `index_per_write_ms` is what keyword indexing adds to a write (term keys made and
+   put into the pool's in-memory index).
 3. **export / import** — an account with 10,000 records written through `ws_create_memory`
    (receipts and revisions as in production): the seed-002 file tree of the stopped data
    directory (storage/file_export.py), written to disk; imported into a new data directory; and
@@ -217,8 +219,9 @@ async def seed_search(data: Path, records: int, embedder: InstantEmbedder) -> No
     ws, vectors = svc.workspace, VectorStore(svc.db)
     rnd = random.Random(7)
     batch: list = []
+    block: list = []
     for n in range(records):
-        pool_id = POOLS[n % 3]
+        pool_id = POOLS[0]  # one pool holds them all: the issue's scale target
         pool = await ws._pool(pool_id)
         content = sentence(rnd, n)
         entry = sm.user_create(
@@ -235,16 +238,13 @@ async def seed_search(data: Path, records: int, embedder: InstantEmbedder) -> No
         batch.append(
             ws.store.entry_row(entry, ws.store.seal(cipher, pool_id, entry.id, content), new=True)
         )
-        batch.append(
-            vectors.row(
-                pool_id,
-                entry.id,
-                embedder.ident,
-                entry.content_fp,
-                embedder.vector(content),
-                cipher,
-            )
+        batch.append(  # the term hashes the workspace stores with each write (issue 11)
+            ws.terms.row(pool_id, entry.id, entry.content_fp, ws.analyzer.keys(content))
         )
+        block.append((entry.id, entry.content_fp, embedder.vector(content)))
+        if len(block) == 128 or n == records - 1:  # as the background embeds: in batches
+            batch.append(vectors.block(pool_id, embedder.ident, n, block, cipher))
+            block = []
         if len(batch) >= 4_000 or n == records - 1:
             keys = [r for p in POOLS for r in svc.store.key_rows((await ws._pool(p)).keyed)]
             await svc._submit(None, [*keys, *batch])
@@ -265,7 +265,7 @@ async def bench_search(data: Path, records: int, runs: int, dim: int) -> dict:
     queries = [f"{rnd.choice(RARE)} {rnd.choice(COMMON)}" for _ in range(3 * runs + 1)]
 
     def query(q: str) -> WsQuery:
-        return WsQuery(pools=POOLS[:2], projects=None, q=q, limit=50)
+        return WsQuery(pools=POOLS[:1], projects=(), q=q, limit=50)
 
     # cold: the first search loads the pools and their vectors from the file.
     t0 = time.perf_counter()
@@ -276,15 +276,10 @@ async def bench_search(data: Path, records: int, runs: int, dim: int) -> dict:
     async def both(k: int):
         return await svc.ws_entries(ACCESS, query(queries[1 + k]))
 
-    found = [
-        (pool, e)
-        for pool in [await svc.workspace._pool(p) for p in POOLS]
-        for e in pool.stored.entries.values()
-        if e.status == "active"
-    ]
+    pools = [(await svc.workspace._pool(POOLS[0]), lambda _: True)]
 
     async def semantic_only(k: int):
-        return await semantic.search(queries[1 + runs + k], found, 50)
+        return await semantic.search(queries[1 + runs + k], pools, 50)
 
     both_s = await _timed(runs, both)
     semantic_s = await _timed(runs, semantic_only)
@@ -296,6 +291,13 @@ async def bench_search(data: Path, records: int, runs: int, dim: int) -> dict:
 
     keyword_s = await _timed(runs, keyword)
     svc.workspace.semantic = semantic
+    # Indexing a write: its term keys (tokenize, stem, keyed hash) and the in-memory index.
+    pool = pools[0][0]
+    texts = [sentence(rnd, records + k) for k in range(2_000)]
+    t0 = time.perf_counter()
+    for k, text in enumerate(texts):
+        pool.index.put(f"mem_new_{k}", svc.workspace.analyzer.keys(text))
+    index_ms = (time.perf_counter() - t0) / len(texts) * 1000
     await _close(svc)
     return {
         "records": records,
@@ -307,6 +309,7 @@ async def bench_search(data: Path, records: int, runs: int, dim: int) -> dict:
         "semantic": _summary(semantic_s),
         "both": _summary(both_s),
         "embedded_at_search": semantic.embedded,
+        "index_per_write_ms": round(index_ms, 3),
     }
 
 
@@ -426,6 +429,7 @@ def main() -> None:
         r = search[name]
         print(line.format(label, r["p50_ms"], r["p99_ms"], r["mean_ms"]))
     print(f"first search after open (loads {n} records and vectors): {search['cold_ms']} ms")
+    print(f"keyword indexing per write: {search['index_per_write_ms']} ms")
     print(
         f"write {export['records']:,} records through ws_create_memory, 64 at a time: "
         f"{export['write_s']} s"

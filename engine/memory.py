@@ -157,6 +157,19 @@ class MemoryPage(msgspec.Struct, frozen=True, kw_only=True):
     version: int
 
 
+class SearchHitView(EntryView, frozen=True, kw_only=True):
+    """An entry found by `GET /v1/bots/{bot}/memory?q=`: its fused score and the retrievers
+    that found it (issue 11)."""
+
+    score: float
+    foundBy: tuple[str, ...]
+
+
+class SearchPage(msgspec.Struct, frozen=True, kw_only=True):
+    entries: tuple[SearchHitView, ...]
+    version: int
+
+
 class LogPage(msgspec.Struct, frozen=True, kw_only=True):
     changes: tuple[LogRow, ...]
     version: int

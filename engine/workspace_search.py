@@ -1,88 +1,49 @@
-"""Searching workspace memory (SPEC SC-7, `workspace_memory_search`, `GET /memories?q=`).
+"""Ranking workspace and bot memory search (SPEC SC-7, issue 11): fusing what the retrievers
+found.
 
-Keyword search matches the words of the body: every query term must appear, case-insensitively,
-and hits are scored by how often their terms occur. Text without spaces between words (Chinese,
-Japanese) is matched by substring, since there are no words to split it into; elsewhere a term
-matches the words it begins (`deploy` finds "deployment", `art` does not find "start").
+Keyword hits (BM25, storage/search_index.py) and semantic hits (cosine, actors/semantic.py) are
+fused by weighted reciprocal rank fusion: a record's score is the sum over the lists it is in of
+`weight / (k + rank)`. Both kinds are kept, a record found both ways rises, and a semantic hit
+need not contain the query. Only records the reader may see are ranked, and they are filtered
+*before* ranking, so hidden records cannot shift the order of visible ones.
 
-With semantic search enabled, keyword hits and semantic hits are merged by reciprocal rank
-fusion: both kinds are kept, a record found both ways rises, and a semantic hit need not contain
-the query. Only records the reader may see are kept, and they are filtered *before* ranking so
-that hidden records cannot shift the order of visible ones.
+Each list is fused as deep as `fusion_depth` says (1,000 hits by default, far below anything
+the first `limit` could need), then the fusion is cut at `limit`.
 
-The caller passes decrypted text of candidate records; this module neither reads nor stores.
+Pure: the caller passes hits (and vectors, for the reference cosine ranking).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import re
-import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import msgspec
 
 from engine.errors import InvalidInput
 
-# Scripts written without spaces between words. Hangul is not among them: Korean uses spaces.
-_NO_SPACE = (
-    "\u3040-\u30ff"  # hiragana, katakana
-    "\u31f0-\u31ff"  # katakana extensions
-    "\u3400-\u4dbf"  # CJK extension A
-    "\u4e00-\u9fff"  # CJK unified ideographs
-    "\uf900-\ufaff"  # CJK compatibility ideographs
-    "\U00020000-\U0003134f"  # CJK extensions B-G
-)
-_TOKEN = re.compile(rf"[{_NO_SPACE}]+|[^\W_{_NO_SPACE}]+")
-_NO_SPACE_RUN = re.compile(rf"^[{_NO_SPACE}]+$")
-RRF_K = 60  # the usual constant: keeps one list's top hit from swamping the other's
+FUSION_DEPTH = 1_000  # per list and shard; see fusion_depth
+RRF_K = 10  # small: recall@10 wants each list's best near the top (benchmarks/retrieval.py)
 
 
 class Hit(msgspec.Struct, frozen=True, kw_only=True):
-    """One found record. `score` is a term count (keyword), a cosine (semantic) or a fused rank
-    score (merged); `kinds` says how it was found."""
+    """One found record. `score` is a BM25 score (keyword), a cosine (semantic) or a fused rank
+    score (merged); `kinds` names the retrievers that found it."""
 
     id: str
     score: float
     kinds: tuple[str, ...]
 
 
-def _fold(text: str) -> str:
-    return unicodedata.normalize("NFKC", text).casefold()
-
-
-def terms(query: str) -> tuple[str, ...]:
-    """The query's terms, deduplicated in order: words, and runs of spaceless script."""
-    return tuple(dict.fromkeys(_TOKEN.findall(_fold(query))))
-
-
-def _count(term: str, folded: str, words: Sequence[str]) -> int:
-    if _NO_SPACE_RUN.match(term):
-        return folded.count(term)
-    return sum(1 for w in words if w.startswith(term))
-
-
-def keyword_search(query: str, docs: Iterable[tuple[str, str]], limit: int) -> list[Hit]:
-    """Records whose text contains every term of `query`, best first: by total occurrences of the
-    terms, then by id so that equal scores come out in a stable order. An empty query finds
-    nothing."""
-    wanted = terms(query)
-    if not wanted or limit <= 0:
-        return []
-    hits = []
-    for doc_id, text in docs:
-        folded = _fold(text)
-        words = [w for w in _TOKEN.findall(folded) if not _NO_SPACE_RUN.match(w)]
-        score = 0
-        for term in wanted:
-            n = _count(term, folded, words)
-            if n == 0:
-                break
-            score += n
-        else:
-            hits.append(Hit(id=doc_id, score=float(score), kinds=("keyword",)))
-    return heapq.nsmallest(limit, hits, key=lambda h: (-h.score, h.id))
+def fusion_depth(limit: int, weights: Sequence[float], k: int = RRF_K, floor: int = 0) -> int:
+    """How many hits of each list to fuse for the first `limit` results: at least `floor`, and
+    deep enough that a record below this rank in every list scores less than the `limit`-th
+    hit of the strongest list alone, so it could never be among them. (A record that one list
+    ranks within and the other below gets less than weight/(k + depth) from the second: the
+    only difference from fusing the whole lists.)"""
+    w_max, w_sum = max(weights), sum(weights)
+    return max(limit, floor, math.floor(w_sum / w_max * (k + limit)) - k + 1)
 
 
 def cosine_top_k(
@@ -128,11 +89,13 @@ def merge_hits(
     limit: int,
     *,
     k: int = RRF_K,
+    weights: tuple[float, float] = (1.0, 1.0),
 ) -> list[Hit]:
     """Keyword and semantic hits in one list of at most `limit`, each record once (SC-7).
 
     Each list is first cut to what `allowed` lets through, then ranked by its own score; a
-    record's fused score is the sum of 1/(k + rank) over the lists it is in. Ties go to the better
+    record's fused score is the sum of weight/(k + rank) over the lists it is in (`weights`:
+    keyword's, semantic's). Ties go to the better
     single rank, then keyword before semantic, then id. With `limit` >= 2 and an allowed hit of
     each kind, both kinds are in the result.
     """
@@ -155,7 +118,7 @@ def merge_hits(
             if kind in kinds.get(hit.id, ()):
                 continue  # listed twice by one search: its better rank already counted
             rank += 1
-            fused[hit.id] = fused.get(hit.id, 0.0) + 1.0 / (k + rank)
+            fused[hit.id] = fused.get(hit.id, 0.0) + weights[index] / (k + rank)
             best[hit.id] = min(best.get(hit.id, (rank, index)), (rank, index))
             kinds.setdefault(hit.id, []).append(kind)
     order = sorted(fused, key=lambda i: (-fused[i], best[i], i))

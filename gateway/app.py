@@ -35,10 +35,12 @@ from engine.memory_bot import SettingsPatch
 from gateway import wire
 from gateway.auth import Auth, TokenRequired
 from gateway.chat_access import ChatAccess
+from gateway.console_routes import console_routes
 from gateway.errors import HANDLERS, ContainErrors
 from gateway.events import EventsEndpoint, Hub
 from gateway.file_export_route import FileExportApi
 from gateway.json_response import BodyLimits, json, read_body
+from gateway.listing_routes import ListingApi
 from gateway.nodes import NodesEndpoint
 from gateway.openapi import openapi_document
 from gateway.read_cache import ReadCache
@@ -282,6 +284,19 @@ class Api:
         items = await call(access.home.chat_items, access.chat.id)
         return json({"items": [await self._shown(i) for i in items]})
 
+    async def chat_item(self, request: Request) -> Response:
+        """One item, as a `chat.item.created` event names it (clients fetch what they are told
+        about instead of reading the whole chat again)."""
+        access = await self._chat(request)
+        wanted = request.path_params["item"]
+        number = wanted.removeprefix("i-")
+        item = None
+        if wanted.startswith("i-") and number.isdigit() and len(number) < 19:
+            item = await call(access.home.chat_item, access.chat.id, int(number))
+        if item is None:
+            raise NotFound(f"no item {wanted} in this chat", code="item_not_found")
+        return json(await self._shown(item))
+
     async def _shown(self, item):
         """A delivery's communication record names its peer as clients show it (UI-1)."""
         c = item.communication
@@ -334,6 +349,12 @@ class Api:
 
     async def get_memory(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
+        q = request.query_params.get("q")
+        if q is not None and q.strip():
+            # Ranked keyword search (issue 11): never cached, the ranking is per query.
+            limit = _limit(request.query_params.get("limit"))
+            body = await call(shard.search_memory_json, bot_pool(bot.id), reader, q, limit)
+            return Response(body, media_type="application/json")
         raw = request.query_params.get("tags")
         wanted = tuple(sorted({t.strip() for t in raw.split(",") if t.strip()})) if raw else ()
         pool = bot_pool(bot.id)
@@ -448,6 +469,20 @@ class Api:
         return json({"ok": True})
 
 
+MEMORY_SEARCH_LIMIT = 20
+MAX_MEMORY_SEARCH_LIMIT = 500
+
+
+def _limit(raw: str | None) -> int:
+    try:
+        limit = int(raw) if raw else MEMORY_SEARCH_LIMIT
+    except ValueError as e:
+        raise InvalidInput("limit must be a number", code="invalid_limit") from e
+    if not 1 <= limit <= MAX_MEMORY_SEARCH_LIMIT:
+        raise InvalidInput(f"limit must be 1-{MAX_MEMORY_SEARCH_LIMIT}", code="invalid_limit")
+    return limit
+
+
 def _reader(principal: Principal, request: Request, bot: Bot) -> Reader:
     """The caller reading or writing through `bot`: in the bot's org (issue 12: a Remember is
     tagged `org:<the bot's org>`, never with an org the bot does not work in)."""
@@ -466,8 +501,18 @@ def create_app(
     api = Api(engine, auth, hub)
     ws = WorkspaceApi(engine, auth)
     wm = WorkspaceMemoryApi(engine, auth)
+    lists = ListingApi(engine, auth)
     r: Callable[..., Route] = Route
     routes = [
+        r("/v1/admin/orgs", lists.admin_list("orgs"), methods=["GET"]),
+        r("/v1/admin/users", lists.admin_list("users"), methods=["GET"]),
+        r("/v1/admin/bots", lists.admin_list("bots"), methods=["GET"]),
+        r("/v1/admin/channels", lists.admin_list("channels"), methods=["GET"]),
+        r("/v1/me", lists.me, methods=["GET"]),
+        r("/v1/chats", lists.chats, methods=["GET"]),
+        r("/v1/bots", lists.bots, methods=["GET"]),
+        r("/v1/channels", lists.channels, methods=["GET"]),
+        r("/v1/chats/{chat}/items/{item}", api.chat_item, methods=["GET"]),
         r("/v1/admin/orgs", api.create_org, methods=["POST"]),
         r("/v1/admin/orgs/{id}", api.patch_org, methods=["PATCH"]),
         r("/v1/admin/users", api.create_user, methods=["POST"]),
@@ -506,6 +551,7 @@ def create_app(
         r("/healthz", api.health, methods=["GET"]),
         WebSocketRoute("/v1/events", EventsEndpoint(hub, auth, listener_refresh).handle),
         WebSocketRoute("/v1/nodes", NodesEndpoint(auth, engine.prefix).handle),
+        *console_routes(),
     ]
 
     @contextlib.asynccontextmanager

@@ -26,8 +26,8 @@ from storage.directory_store import hash_token
 # The only HTTP paths answered without a token (issue 12): exact paths, and path prefixes (the
 # web console's static files go here). Everything else, known route or not, needs a valid
 # admin or user token before any endpoint runs; endpoints then check what the caller may do.
-PUBLIC_PATHS: frozenset[str] = frozenset({"/healthz"})
-PUBLIC_PREFIXES: tuple[str, ...] = ()
+PUBLIC_PATHS: frozenset[str] = frozenset({"/healthz", "/"})  # "/": the console's page
+PUBLIC_PREFIXES: tuple[str, ...] = ("/console/",)  # the console's scripts and styles (no data)
 _PRINCIPAL = "openbot.principal"  # where the middleware leaves the caller for the endpoint
 
 

@@ -10,13 +10,15 @@ import msgspec
 
 from actors.chains import ChainView
 from actors.conversations import TurnResult
-from engine.directory import Bot, Channel, Chat, Org
+from engine.directory import Bot, Channel, Chat, Org, User
+from engine.listing import BotEntry, ChannelEntry, ChatEntry, Me, Page
 from engine.memory import EntryView, LogPage, MemoryPage
 from engine.memory_bot import MemoryBotSettings, SettingsPatch
 from engine.projects import ProjectCreate, ProjectView
 from engine.scoped_memory import WsEntryView, WsForget, WsMemoryCreate
 from engine.self_rules import RulesUpdate
 from gateway import wire
+from storage.chat_store import ItemView
 
 # (method, path, summary, request body type, response type, success status)
 ROUTES: list[tuple[str, str, str, Any, Any, int]] = [
@@ -100,7 +102,8 @@ ROUTES: list[tuple[str, str, str, Any, Any, int]] = [
     (
         "get",
         "/v1/bots/{bot}/memory",
-        "The caller's entries of this bot's memory (?tags=a,b)",
+        "The caller's entries of this bot's memory (?tags=a,b); with ?q=&limit= a ranked search "
+        "whose entries also carry score and foundBy (SearchPage)",
         None,
         MemoryPage,
         200,
@@ -197,7 +200,8 @@ ROUTES += [
     (
         "get",
         "/api/app/workspace/memories",
-        "Memories by ?scope=bot|user|project&bot=&project=&q=&status=",
+        "Memories by ?scope=bot|user|project&bot=&project=&q=&status=&limit=&using=; with q "
+        "ranked (keyword, semantic, hybrid), each entry with score and foundBy",
         None,
         None,
         200,
@@ -227,6 +231,16 @@ ROUTES += [
         200,
     ),
     ("get", "/api/app/workspace/memory-export", "Markdown export (text/markdown)", None, None, 200),
+    # Listings (engine/listing.py): ?cursor=&limit= (1-200, default 50) → {items, nextCursor}.
+    ("get", "/v1/me", "Who the token is", None, Me, 200),
+    ("get", "/v1/chats", "The caller's chats (?kind=)", None, Page[ChatEntry], 200),
+    ("get", "/v1/bots", "Bots the caller may use", None, Page[BotEntry], 200),
+    ("get", "/v1/channels", "The caller's channel groups", None, Page[ChannelEntry], 200),
+    ("get", "/v1/chats/{chat}/items/{item}", "One item of a chat", None, ItemView, 200),
+    ("get", "/v1/admin/orgs", "Orgs (admin; ?org=)", None, Page[Org], 200),
+    ("get", "/v1/admin/users", "Users (admin; ?org=)", None, Page[User], 200),
+    ("get", "/v1/admin/bots", "Bots (admin; ?org=)", None, Page[Bot], 200),
+    ("get", "/v1/admin/channels", "Channels (admin; ?org=)", None, Page[Channel], 200),
 ]
 
 _ERROR = {

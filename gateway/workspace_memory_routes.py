@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.runtime import Engine, call
-from actors.workspace import WsAccess, WsListing, WsQuery
+from actors.workspace import USING, WsAccess, WsListing, WsQuery
 from engine import projects as projmod
 from engine.directory import Principal, User, check_id, require_use, resolve_org
 from engine.errors import InvalidInput, NotFound
@@ -31,7 +31,7 @@ from engine.memory import Scope
 from engine.memory_export import render
 from engine.projects import ProjectCreate
 from engine.scoped_memory import WsEntryView, WsForget, WsMemoryChange, WsMemoryCreate
-from engine.workspace_search import merge_hits
+from engine.workspace_search import Hit, merge_hits
 from gateway import wire
 from gateway.auth import Auth
 from gateway.json_response import json, read_body
@@ -155,9 +155,9 @@ class WorkspaceMemoryApi:
         *,
         status: str | None = None,
         search: bool = True,
-    ) -> tuple[list[WsEntryView], dict[str, str]]:
-        """The records the query names that the caller may read, in listing or hit order, and
-        display names of pools and bots."""
+    ) -> tuple[list[WsEntryView], dict[str, str], list[Hit] | None]:
+        """The records the query names that the caller may read, in listing or hit order,
+        display names of pools and bots, and with a query the ranking (score, retrievers)."""
         params = request.query_params
         scope = _one_line_param(request, "scope")
         if scope is not None and scope not in SCOPES:
@@ -165,6 +165,9 @@ class WorkspaceMemoryApi:
         bot_id = _one_line_param(request, "bot")
         project_id = _one_line_param(request, "project")
         q = _one_line_param(request, "q") if search else None
+        using = _one_line_param(request, "using") or "all"
+        if using not in USING:
+            raise InvalidInput("using must be all, keyword or semantic", code="invalid_using")
         status = status or params.get("status") or "active"
         if status not in STATUSES:
             raise InvalidInput("status must be active, forgotten or all", code="invalid_status")
@@ -211,6 +214,7 @@ class WorkspaceMemoryApi:
                         q=q,
                         status=status,
                         limit=limit,
+                        using=using,
                     ),
                 )
                 for k in asks
@@ -220,13 +224,16 @@ class WorkspaceMemoryApi:
         for listing in listings:
             names.update(listing.names)
         if q is not None:
-            hits = merge_hits(
-                [h for listing in listings for h in listing.hits],
-                [h for listing in listings for h in listing.semantic],
-                allowed=lambda i: i in views,
-                limit=limit,
-            )
-            return [views[h.id] for h in hits], names
+            if len(listings) == 1:  # one shard ranked everything: its fusion is exact
+                hits = listings[0].fused[:limit]
+            else:  # each shard's best, fused again by their per-retriever scores
+                hits = merge_hits(
+                    [h for listing in listings for h in listing.hits],
+                    [h for listing in listings for h in listing.semantic],
+                    allowed=lambda i: i in views,
+                    limit=limit,
+                )
+            return [views[h.id] for h in hits], names, hits
         ordered = sorted(
             views.values(),
             key=lambda e: (
@@ -237,14 +244,24 @@ class WorkspaceMemoryApi:
                 e.id,
             ),
         )
-        return ordered, names
+        return ordered, names, None
 
     async def memories(self, request: Request) -> Response:
         principal, access = await self._caller(request)
         assert principal.user is not None
         if request.method == "GET":
-            entries, _ = await self._collect(access, request, principal.user)
-            return json({"entries": entries})
+            entries, _, hits = await self._collect(access, request, principal.user)
+            if hits is None:
+                return json({"entries": entries})
+            # Search results carry their fused score and the retrievers that found them.
+            return json(
+                {
+                    "entries": [
+                        {**msgspec.structs.asdict(e), "score": h.score, "foundBy": h.kinds}
+                        for e, h in zip(entries, hits, strict=True)
+                    ]
+                }
+            )
         body = decode_memory_write(await read_body(request))
         if isinstance(body, WsMemoryChange):
             shard = await self._entry_shard(body.id)
@@ -278,7 +295,7 @@ class WorkspaceMemoryApi:
     async def export(self, request: Request) -> Response:
         principal, access = await self._caller(request)
         assert principal.user is not None
-        entries, names = await self._collect(
+        entries, names, _ = await self._collect(
             access, request, principal.user, status="active", search=False
         )
         bot_names = {k: v for k, v in names.items() if ":" not in k}

@@ -43,6 +43,16 @@ class Receipts:
         )
         return {k for (k,) in rows}
 
+    async def keys_with_prefix(self, prefix: str) -> set[str]:
+        """The keys of every stored answer whose key starts with `prefix` (one receipt scope
+        of `receipt_key`, all pools): read once, so a new request id needs no database read."""
+        rows = await self.db.run(
+            lambda con: con.execute(
+                "SELECT key FROM receipts WHERE starts_with(key, ?)", [prefix]
+            ).fetchall()
+        )
+        return {k for (k,) in rows}
+
     async def find(self, key: str, print_: str, cipher: Cipher, scope: str) -> bytes | None:
         """The stored answer for `key`, None if there is none; a different request → Conflict."""
         rows = await self.db.run(

@@ -93,6 +93,16 @@ MIGRATIONS: tuple[str, ...] = (
     WHERE ws_entries.key = r.k AND ws_entries.pool LIKE 'bot:%'
       AND json_extract(ws_entries.meta, '$.tags') IS NULL;
     """,
+    # 8: keyword search (issue 11): each record's search terms as sorted keyed 64-bit hashes
+    # (no word in the clear, SEC-1), with the content fingerprint they were made from, so a
+    # pool's keyword index loads without decrypting and tokenizing every record. And vectors in
+    # blocks, one per embedding batch (a matrix sealed as one): a pool's vectors load in bulk.
+    """
+    CREATE TABLE search_terms (key VARCHAR, pool VARCHAR, entry VARCHAR, fp VARCHAR, terms BLOB);
+    CREATE TABLE ws_vector_blocks (
+        key VARCHAR, pool VARCHAR, model VARCHAR, seq BIGINT, entries VARCHAR, vecs BLOB
+    );
+    """,
 )
 
 POOLS = Table(
@@ -261,3 +271,28 @@ WS_VECTORS = Table(
     ),
 )
 TABLES = (*TABLES, WS_VECTORS)
+
+# --- keyword search (issue 11, migration 8) ---
+SEARCH_TERMS = Table(
+    "search_terms",
+    (
+        ("key", "VARCHAR"),
+        ("pool", "VARCHAR"),
+        ("entry", "VARCHAR"),
+        ("fp", "VARCHAR"),
+        ("terms", "BLOB"),
+    ),
+)
+TABLES = (*TABLES, SEARCH_TERMS)
+WS_VECTOR_BLOCKS = Table(
+    "ws_vector_blocks",
+    (
+        ("key", "VARCHAR"),
+        ("pool", "VARCHAR"),
+        ("model", "VARCHAR"),
+        ("seq", "BIGINT"),
+        ("entries", "VARCHAR"),
+        ("vecs", "BLOB"),
+    ),
+)
+TABLES = (*TABLES, WS_VECTOR_BLOCKS)

@@ -1,9 +1,13 @@
 """Workspace record vectors on a shard's DuckDB file (SC-7 semantic search; migration 6).
 
-One row per record: the embedding model's ident, the record's content fingerprint when it was
-embedded, and the vector as little-endian float32, sealed with the pool's data key (embeddings
-can be inverted to much of the text they came from, so they are content, SEC-1). A row whose
-model or fingerprint no longer matches is stale and is recomputed, never trusted.
+One block per embedding batch (`ws_vector_blocks`, migration 8): the embedding model's ident,
+the records' ids and content fingerprints when they were embedded, and their vectors as one
+little-endian float32 matrix sealed with the pool's data key (embeddings can be inverted to
+much of the text they came from, so they are content, SEC-1). A pool's vectors load as a few
+hundred decryptions and one concatenation instead of one per record (100,000 records: seconds
+before). A later block's vector of a record replaces an earlier one; a vector whose model or
+fingerprint no longer matches is stale and is recomputed, never trusted. Rows of the older
+one-per-record table (`ws_vectors`, migration 6) are still read, before the blocks.
 
 Kept rather than rebuilt at every start: re-embedding a whole shard costs a model call per
 record (money, rate limits, minutes) each time a shard actor (re)starts.
@@ -15,17 +19,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
 import numpy as np
 
 from storage.crypto import Cipher, aad
 from storage.database import Database
 from storage.group_commit import Put, Write
-from storage.shard_schema import WS_VECTORS
+from storage.shard_schema import WS_VECTOR_BLOCKS, WS_VECTORS
 from storage.workspace_store import entry_key
 
 
 def _vector_aad(pool: str, entry_id: str, model: str) -> bytes:
     return aad(pool, f"ws-vec\x00{entry_id}\x00{model}")
+
+
+def _block_aad(pool: str, model: str, seq: int) -> bytes:
+    return aad(pool, f"ws-vecblock\x00{model}\x00{seq}")
+
+
+_entries_dec = msgspec.json.Decoder(list[tuple[str, str]])
 
 
 def pack(vector: Sequence[float] | np.ndarray) -> bytes:
@@ -55,6 +67,65 @@ class VectorStore:
             (entry, fp, unpack(cipher.open(vec, _vector_aad(pool, entry, model))))
             for entry, fp, vec in rows
         ]
+
+    async def load_all(
+        self, pool: str, model: str, cipher: Cipher
+    ) -> tuple[list[str], list[str], np.ndarray]:
+        """The pool's current vectors for `model`: record ids, fingerprints and one matrix
+        (a record's latest vector only)."""
+
+        def read(con):
+            legacy = con.execute(
+                "SELECT entry, fp, vec FROM ws_vectors WHERE pool = ? AND model = ?",
+                [pool, model],
+            ).fetchall()
+            blocks = con.execute(
+                "SELECT seq, entries, vecs FROM ws_vector_blocks WHERE pool = ? AND model = ? "
+                "ORDER BY seq",
+                [pool, model],
+            ).fetchall()
+            return legacy, blocks
+
+        legacy, blocks = await self.db.run(read)
+        ids: list[str] = []
+        fps: list[str] = []
+        mats: list[np.ndarray] = []
+        for entry, fp, vec in legacy:
+            ids.append(entry)
+            fps.append(fp)
+            mats.append(unpack(cipher.open(vec, _vector_aad(pool, entry, model)))[None, :])
+        for seq, entries, vecs in blocks:
+            pairs = _entries_dec.decode(entries)
+            flat = unpack(cipher.open(vecs, _block_aad(pool, model, seq)))
+            if not pairs or flat.size % len(pairs):
+                continue  # nothing usable: recomputed like a missing vector
+            ids.extend(p[0] for p in pairs)
+            fps.extend(p[1] for p in pairs)
+            mats.append(flat.reshape(len(pairs), -1))
+        if not ids or len({m.shape[1] for m in mats}) != 1:
+            return [], [], np.zeros((0, 0), dtype=np.float32)
+        mat = np.concatenate(mats)
+        last = {entry: k for k, entry in enumerate(ids)}  # a later vector replaces an earlier
+        if len(last) != len(ids):
+            keep = sorted(last.values())
+            return [ids[k] for k in keep], [fps[k] for k in keep], mat[keep]
+        return ids, fps, mat
+
+    @staticmethod
+    def block(
+        pool: str,
+        model: str,
+        seq: int,
+        items: Sequence[tuple[str, str, Sequence[float] | np.ndarray]],
+        cipher: Cipher,
+    ) -> Write:
+        """One batch of (record, fingerprint, vector) as one sealed block; `seq` orders the
+        blocks of a pool (a later one wins)."""
+        entries = msgspec.json.encode([(entry, fp) for entry, fp, _ in items]).decode()
+        mat = np.stack([np.asarray(v, dtype="<f4") for _, _, v in items])
+        sealed = cipher.seal(pack(mat.ravel()), _block_aad(pool, model, seq))
+        key = f"{pool}\x00{model}\x00{seq:020d}"
+        return Put(WS_VECTOR_BLOCKS.name, (key, pool, model, seq, entries, sealed))
 
     @staticmethod
     def row(

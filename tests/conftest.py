@@ -63,7 +63,9 @@ def engine(ray_session, data_dir, model_stubs):
         for name, stub in model_stubs.items()
     }
     models["edge"] = {"kind": "node", "node": "edge-1"}  # served by a test's execution node
-    search = {"embedding_model": "emb"}  # semantic search on (SC-7; tests/openai_stub.py)
+    # Semantic search on (SC-7; tests/openai_stub.py); no keyword context between records
+    # written in a row, so that each test's records are found by their own words only.
+    search = {"embedding_model": "emb", "context_window_s": 0}
     eng = Engine.start(
         data_dir, shards=2, prefix="test", models_config=models, search_config=search
     )

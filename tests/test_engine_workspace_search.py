@@ -9,80 +9,36 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import InvalidInput
-from engine.workspace_search import Hit, cosine_top_k, keyword_search, merge_hits, terms
-
-DOCS = [
-    ("m3", "Deploy on Fridays. Deployment needs a green build."),
-    ("m1", "We deploy to staging first."),
-    ("m2", "The release train leaves on Fridays"),
-    ("m4", "项目决策\uff1a周五发布\uff0c先部署到预发环境"),  # CJK colon and comma
-    ("m5", "用 Python 写部署脚本"),
-    ("m6", "Start the art show"),
-]
+from engine.text_terms import TermMaker, fold, query_terms, terms
+from engine.workspace_search import Hit, cosine_top_k, fusion_depth, merge_hits
 
 
-def kw(query: str, limit: int = 10) -> list[str]:
-    return [h.id for h in keyword_search(query, DOCS, limit)]
+def test_terms_fold_case_drop_stop_words_and_stem_through_the_given_stemmer():
+    assert terms("What did Caroline DEPLOY to the staging?") == ["caroline", "deploy", "staging"]
+    # Full-width letters fold; a one-letter word drops.
+    assert terms("\uff24\uff45\uff50\uff4c\uff4f\uff59 x 42") == ["deploy", "42"]
+    stem = lambda words: [w.rstrip("s") for w in words]  # noqa: E731 - a stand-in stemmer
+    assert terms("Deploys and builds", stem) == ["deploy", "build"]
 
 
-# --- keyword --------------------------------------------------------------------------------------
+def test_spaceless_scripts_become_character_bigrams():
+    assert terms("我们讨论了计划") == ["我们", "们讨", "讨论", "论了", "了计", "计划"]
+    assert terms("讨论") == ["讨论"] and terms("论") == ["论"]
+    assert terms("Python部署") == ["python", "部署"]  # a word and a run of Han characters
+    assert terms("会議を開く") == ["会議", "議を", "を開", "開く"]
 
 
-def test_terms_are_case_insensitive_and_all_must_appear():
-    assert kw("DEPLOY") == ["m3", "m1"]
-    assert kw("deploy fridays") == ["m3"]
-    assert kw("deploy mondays") == []
-
-
-def test_scores_count_term_occurrences_and_ties_go_by_id():
-    hits = keyword_search("deploy", DOCS, 10)
-    assert [(h.id, h.score, h.kinds) for h in hits] == [
-        ("m3", 2.0, ("keyword",)),
-        ("m1", 1.0, ("keyword",)),
-    ]
-    tied = keyword_search("x", [("b", "x"), ("a", "X"), ("c", "x x")], 10)
-    assert [h.id for h in tied] == ["c", "a", "b"]
-    assert [h.id for h in keyword_search("x", [("b", "x"), ("a", "X"), ("c", "x x")], 2)] == [
-        "c",
-        "a",
-    ]
-
-
-def test_a_term_matches_words_it_begins_not_the_middle_of_words():
-    assert kw("art") == ["m6"]  # not "Start"
-    assert kw("deploy") == ["m3", "m1"]  # "Deployment" counts
-
-
-def test_spaceless_scripts_match_substrings():
-    assert kw("部署") == ["m4", "m5"]
-    assert kw("周五发布") == ["m4"]
-    assert kw("python 部署") == ["m5"]
-    assert kw("Python部署") == ["m5"]  # split into a word and a run of Han characters
-    assert kw("发布 周一") == []
-
-
-def test_empty_queries_and_limits():
-    assert kw("") == [] and kw("  ,.  ") == []
-    assert kw("deploy", limit=0) == []
-    assert terms("Hello, hello WORLD") == ("hello", "world")
+def test_query_terms_are_distinct_and_a_stop_word_query_has_none():
+    assert query_terms("plan the plan, PLAN") == ["plan"]
+    assert query_terms("what is the") == [] and query_terms("  ,.  ") == []
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    st.lists(st.text(alphabet="ab 部署.,", max_size=20), max_size=12),
-    st.text(alphabet="ab 部署", max_size=6),
-    st.integers(0, 12),
-)
-def test_every_hit_contains_every_term_and_order_is_stable(texts, query, limit):
-    docs = [(f"d{n:02d}", t) for n, t in enumerate(texts)]
-    hits = keyword_search(query, docs, limit)
-    assert len(hits) <= limit
-    assert hits == sorted(hits, key=lambda h: (-h.score, h.id))
-    text = dict(docs)
-    for hit in hits:
-        for term in terms(query):
-            assert term in text[hit.id].casefold()
-    assert hits == keyword_search(query, list(reversed(docs)), limit)
+@given(st.text(max_size=40))
+def test_terms_are_deterministic_and_memo_free(text):
+    maker = TermMaker()
+    assert maker(text) == maker(text) == terms(text)
+    assert all(t and t == fold(t) for t in terms(text))
 
 
 # --- semantic -------------------------------------------------------------------------------------
@@ -162,7 +118,7 @@ def test_merge_keeps_both_kinds_once_each_and_only_what_is_allowed():
 
 def test_a_semantic_hit_need_not_contain_the_query():
     docs = [("m1", "We deploy on Fridays"), ("m2", "Releases go out at the end of the week")]
-    keyword = keyword_search("deploy", docs, 10)
+    keyword = [k(i) for i, text in docs if "deploy" in terms(text)]
     assert [h.id for h in keyword] == ["m1"]
     vectors = {"m1": [0.9, 0.1], "m2": [0.8, 0.3]}
     merged = merge_hits(keyword, cosine_top_k([1.0, 0.2], vectors, 10), lambda _: True, 10)
@@ -212,3 +168,31 @@ def test_merge_properties(kw_ids, sem_ids, hidden, limit):
     if limit >= 2 and visible_kw and visible_sem:
         kinds = {kind for h in merged for kind in h.kinds}
         assert kinds == {"keyword", "semantic"}
+
+
+def test_weights_tilt_the_fusion_and_the_depth_bound_is_exact():
+    keyword = [k("a", 3), k("b", 2)]
+    semantic = [s("b", 0.9), s("a", 0.8)]
+    assert [h.id for h in merge_hits(keyword, semantic, lambda _: True, 2)] == ["a", "b"]
+    tilted = merge_hits(keyword, semantic, lambda _: True, 2, weights=(1.0, 2.0))
+    assert [h.id for h in tilted] == ["b", "a"]
+    assert fusion_depth(10, (1.0, 1.0), k=60) == 2 * 70 - 60 + 1
+    assert fusion_depth(10, (1.0, 1.0), floor=1000) == 1000
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.permutations(list(range(40))),
+    st.permutations(list(range(40))),
+    st.integers(1, 6),
+    st.sampled_from([(1.0, 1.0), (1.0, 0.5), (2.0, 1.0)]),
+)
+def test_no_record_below_fusion_depth_in_every_list_is_among_the_first_hits(
+    kw, sem, limit, weights
+):
+    keyword = [k(f"r{i:02d}", float(40 - n)) for n, i in enumerate(kw)]
+    semantic = [s(f"r{i:02d}", 1.0 - n / 100) for n, i in enumerate(sem)]
+    depth = fusion_depth(limit, weights, k=5)
+    whole = merge_hits(keyword, semantic, lambda _: True, limit, k=5, weights=weights)
+    within = {h.id for h in keyword[:depth]} | {h.id for h in semantic[:depth]}
+    assert {h.id for h in whole} <= within

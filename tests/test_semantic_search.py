@@ -10,6 +10,7 @@ returned.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import secrets
 from pathlib import Path
@@ -240,7 +241,7 @@ def _no_env_key(monkeypatch) -> None:
 
 
 def _shard(data: Path, embedder: InProcessEmbedder) -> ShardService:
-    svc = ShardService(data, 0, embedder=embedder)
+    svc = ShardService(data, 0, embedder=embedder, search={"context_window_s": 0})
     svc.directory_service = DirectoryService(data)  # what Peers uses without Ray
     return svc
 
@@ -278,18 +279,18 @@ def test_shard_keeps_vectors_recomputes_edits_and_survives_a_dead_model(tmp_path
         emb = InProcessEmbedder()
         svc = _shard(tmp_path, emb)
         ids = {
-            "auto": await _remember(svc, ANN, "The automobile needs new tyres before winter."),
-            "maps": await _remember(svc, ANN, "Cartography class on Tuesdays."),
+            "auto": await _remember(svc, ANN, "The automobile needs new tyres."),
+            "maps": await _remember(svc, ANN, "Cartography class: maps on Tuesdays."),
             "lunch": await _remember(svc, ANN, "Lunch is at noon."),
             "ben": await _remember(svc, BEN, "My automobile is red."),
         }
         await svc.workspace.semantic.idle()  # embedded in the background after each commit
         assert len(emb.texts) == 4
-        keyword, semantic, entries = await _search(svc, "car", "user:u_ann", "user:u_ben")
-        assert keyword == [ids["maps"]]  # "car" begins "Cartography"
+        keyword, semantic, entries = await _search(svc, "car map", "user:u_ann", "user:u_ben")
+        assert keyword == [ids["maps"]]  # "map" is the stem of "maps"
         assert semantic == [ids["auto"]]  # no "car" in it, and not Ben's (not Ann's to read)
         assert set(entries) == {ids["auto"], ids["maps"]}
-        assert emb.texts[4:] == ["car"]  # only the query was embedded for the search
+        assert emb.texts[4:] == ["car map"]  # only the query was embedded for the search
         # An edit changes the content: its vector is computed again.
         change = WsMemoryChange(
             requestId="r-edit", id=ids["lunch"], expectedRevision=1, content="Lunch by car."
@@ -305,13 +306,14 @@ def test_shard_keeps_vectors_recomputes_edits_and_survives_a_dead_model(tmp_path
 
     ids = asyncio.run(first())
 
-    # Vectors are sealed at rest, one per record.
+    # Vectors are sealed at rest, in blocks of what one embedding batch made.
     con = duckdb.connect(str(tmp_path / "shard-0.duckdb"), read_only=True)
-    rows = con.execute("SELECT entry, model, vec FROM ws_vectors").fetchall()
+    rows = con.execute("SELECT entries, model, vecs FROM ws_vector_blocks").fetchall()
     con.close()
-    assert {r[0] for r in rows} == set(ids.values()) and {r[1] for r in rows} == {"fake:1"}
-    plain = pack(embed_text("The automobile needs new tyres before winter."))
-    assert all(plain not in r[2] for r in rows)
+    stored = {e for r in rows for e, _ in json.loads(r[0])}
+    assert stored == set(ids.values()) and {r[1] for r in rows} == {"fake:1"}
+    plain = pack(embed_text("The automobile needs new tyres."))
+    assert all(plain[:64] not in r[2] for r in rows)
 
     async def again() -> None:
         emb = InProcessEmbedder()
@@ -363,10 +365,10 @@ def test_search_keeps_semantic_and_keyword_hits_and_only_what_the_caller_may_rea
             ),
             201,
         )["id"]
-        mine = _create(
-            alice, scope="user", bot=w.bot, content="The automobile needs new tyres before winter."
+        mine = _create(alice, scope="user", bot=w.bot, content="The automobile needs new tyres.")
+        maps = _create(
+            alice, scope="user", bot=w.bot, content="Cartography class: maps on Tuesdays."
         )
-        maps = _create(alice, scope="user", bot=w.bot, content="Cartography class on Tuesdays.")
         lunch = _create(alice, scope="user", bot=w.bot, content="Lunch is at noon.")
         fleet = _create(
             alice,
@@ -378,7 +380,7 @@ def test_search_keeps_semantic_and_keyword_hits_and_only_what_the_caller_may_rea
         bobs = _create(bob, scope="user", bot=w.bot, content="My automobile is red.")
         before = len(model_stubs["emb"].embedding_requests)
 
-        found = _found(alice, "car")
+        found = _found(alice, "car map")
         # Semantic hits without the word "car", the keyword hit, nothing of Bob's own memory.
         assert set(found) == {mine, maps, fleet}, (found, mine, maps, fleet)
         assert lunch not in found and bobs not in found
@@ -391,3 +393,13 @@ def test_search_keeps_semantic_and_keyword_hits_and_only_what_the_caller_may_rea
         assert _found(carol, "automobile") == []
         # Keyword search alone still works as before.
         assert _found(alice, "tuesdays") == [maps]
+        # Each hit says how it was found and with what fused score.
+        resp = _ok(alice.get(f"{WS}/memories", params={"q": "car map"}))["entries"]
+        found_by = {e["id"]: e["foundBy"] for e in resp}
+        assert found_by[maps] == ["keyword"] and found_by[mine] == ["semantic"]
+        assert all(e["score"] > 0 for e in resp)
+        # One retriever on request; an unknown one is a clear 400.
+        only = _ok(alice.get(f"{WS}/memories", params={"q": "car map", "using": "keyword"}))
+        assert [e["id"] for e in only["entries"]] == [maps]
+        bad = alice.get(f"{WS}/memories", params={"q": "car", "using": "psychic"})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_using"

@@ -1,0 +1,285 @@
+"""Retrieval quality of memory search through the public API (issue 11).
+
+    .venv/bin/python -m benchmarks.retrieval [--quick] [--conversations N] [--turns N]
+
+Data: long multi-session conversations made by benchmarks/_conversations.py (seeded): small
+talk around facts said once, often as the answer to the other person's question, and
+paraphrased questions whose answers sit in known turns (two per fact).
+
+Setup: a local Ray session, one shard, a real gateway (uvicorn on 127.0.0.1) with local
+embeddings (`kind = "onnx"`, all-MiniLM-L6-v2 int8); one account writes every turn, in order,
+as a workspace memory (`POST /api/app/workspace/memories`, content "Speaker: text"), then asks
+every question with `GET /api/app/workspace/memories?q=…&limit=10` three ways: `using=keyword`,
+`using=semantic` and the default hybrid. In the same run, on the same texts and questions: a
+plain BM25 (bm25s, its own tokenizer with English stop words, no stemming) and a dense-only
+ranking (the same embedding model, exact cosine over every turn) as references.
+
+Also compares workspace memory writes with seed-000 Remember over HTTP (`--writes` of each, 8
+clients at once). Reports recall@5, recall@10 (the share of a question's answer turns among the
+first k) and MRR (first answer turn within 10); writes benchmarks/results/retrieval.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import secrets
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks._conversations import Conversation, make
+
+WS = "/api/app/workspace"
+
+
+def recall(ranked: list[str], evidence: list[str], k: int) -> float:
+    return len(set(ranked[:k]) & set(evidence)) / len(evidence)
+
+
+def mrr(ranked: list[str], evidence: list[str]) -> float:
+    for n, r in enumerate(ranked[:10]):
+        if r in evidence:
+            return 1.0 / (n + 1)
+    return 0.0
+
+
+def score(rankings: list[list[str]], evidence: list[list[str]]) -> dict:
+    return {
+        "recall@5": round(
+            float(np.mean([recall(r, e, 5) for r, e in zip(rankings, evidence, strict=True)])), 3
+        ),
+        "recall@10": round(
+            float(np.mean([recall(r, e, 10) for r, e in zip(rankings, evidence, strict=True)])), 3
+        ),
+        "mrr": round(
+            float(np.mean([mrr(r, e) for r, e in zip(rankings, evidence, strict=True)])), 3
+        ),
+    }
+
+
+def references(convs: list[Conversation], embed_threads: int) -> dict[str, list[list[str]]]:
+    """Plain BM25 (bm25s) and dense-only (exact cosine) rankings, in this process."""
+    import bm25s
+
+    from actors.embeddings import OnnxEmbeddings
+
+    turns = [t for c in convs for t in c.turns]
+    questions = [q.text for c in convs for q in c.questions]
+    ids = [t.id for t in turns]
+    retriever = bm25s.BM25()
+    retriever.index(
+        bm25s.tokenize([t.content for t in turns], stopwords="en", show_progress=False),
+        show_progress=False,
+    )
+    docs, scores = retriever.retrieve(
+        bm25s.tokenize(questions, stopwords="en", show_progress=False),
+        k=10,
+        show_progress=False,
+    )
+    plain = [
+        [ids[j] for j, s in zip(row, srow, strict=True) if s > 0]
+        for row, srow in zip(docs, scores, strict=True)
+    ]
+
+    async def vectors() -> tuple[np.ndarray, np.ndarray]:
+        model = OnnxEmbeddings("reference", threads=embed_threads, batch_size=64)
+        d = np.asarray(await model.embed([t.content for t in turns]), dtype=np.float32)
+        q = np.asarray(await model.embed(questions), dtype=np.float32)
+        return d, q
+
+    d, q = asyncio.run(vectors())
+    sims = q @ d.T
+    dense = [[ids[j] for j in np.argsort(-row)[:10]] for row in sims]
+    return {"plain_bm25": plain, "dense_only": dense}
+
+
+def write_rates(client, bot: str, n: int) -> dict:
+    """Workspace memory writes against seed-000 Remember over HTTP: `n` of each, 8 clients at
+    once, the same server and account (side by side, Remember first)."""
+    if n <= 0:
+        return {}
+
+    def run(make) -> float:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(8) as pool:
+            for resp in pool.map(make, range(n)):
+                resp.raise_for_status()
+        return round(n / (time.perf_counter() - t0), 1)
+
+    tag = secrets.token_hex(3)
+    remember = run(
+        lambda k: client.post(
+            f"/v1/bots/{bot}/memory",
+            json={
+                "requestId": f"rem-{tag}-{k}",
+                "command": {"_tag": "Remember", "content": f"Remember note {k}", "tags": []},
+            },
+        )
+    )
+    workspace = run(
+        lambda k: client.post(
+            f"{WS}/memories",
+            json={
+                "requestId": f"ws-{tag}-{k}",
+                "scope": "bot",
+                "bot": bot,
+                "content": f"Workspace note {k}",
+            },
+        )
+    )
+    return {"remember_per_s": remember, "workspace_per_s": workspace, "n": n}
+
+
+def through_api(convs: list[Conversation], data: Path, threads: int, writes: int = 0) -> dict:
+    import httpx
+    import ray
+
+    from actors.runtime import Engine, start_ray
+    from gateway.app import create_app
+    from gateway.live_server import LiveServer
+
+    admin_token = "bench-admin-" + secrets.token_hex(8)
+    models = {"minilm": {"kind": "onnx", "threads": threads}}
+    start_ray(tmp_dir=tempfile.mkdtemp(prefix="obret-ray-", dir="/tmp"))
+    engine = Engine.start(
+        data,
+        shards=1,
+        prefix=f"bench-ret-{secrets.token_hex(3)}",
+        models_config=models,
+        search_config={"embedding_model": "minilm"},
+    )
+    server = LiveServer(create_app(engine, admin_token), lifespan="auto")
+    base = f"http://127.0.0.1:{server.port}"
+    out: dict = {}
+    try:
+        admin = httpx.Client(
+            base_url=base, headers={"Authorization": f"Bearer {admin_token}"}, timeout=120
+        )
+        org = admin.post("/v1/admin/orgs", json={"name": "retrieval"}).json()["id"]
+        user = admin.post("/v1/admin/users", json={"name": "reader", "orgs": [org]}).json()
+        bot = admin.post(
+            "/v1/admin/bots", json={"name": "memory", "org": org, "owner": user["id"]}
+        ).json()["id"]
+        client = httpx.Client(
+            base_url=base, headers={"Authorization": f"Bearer {user['token']}"}, timeout=120
+        )
+        out["write_rates"] = write_rates(client, bot, writes)
+        ids: dict[str, str] = {}  # memory id -> turn id
+        t0 = time.perf_counter()
+        for c in convs:
+            for turn in c.turns:  # in order, one request each, as a conversation is kept
+                resp = client.post(
+                    f"{WS}/memories",
+                    json={
+                        "requestId": f"r-{turn.id}",
+                        "scope": "user",
+                        "bot": bot,
+                        "content": turn.content,
+                    },
+                )
+                resp.raise_for_status()
+                ids[resp.json()["id"]] = turn.id
+        out["write_s"] = round(time.perf_counter() - t0, 1)
+        out["writes_per_s"] = round(len(ids) / (time.perf_counter() - t0), 1)
+        t0 = time.perf_counter()
+        ray.get(engine.shards[0].search_idle.remote())  # every turn embedded
+        out["embed_wait_s"] = round(time.perf_counter() - t0, 1)
+        questions = [q.text for c in convs for q in c.questions]
+
+        def ask(using: str):
+            def one(q: str) -> tuple[list[str], float]:
+                t = time.perf_counter()
+                params = {"q": q, "limit": "10"}
+                if using != "hybrid":
+                    params["using"] = using
+                resp = client.get(f"{WS}/memories", params=params)
+                resp.raise_for_status()
+                return [ids[e["id"]] for e in resp.json()["entries"]], time.perf_counter() - t
+
+            with ThreadPoolExecutor(4) as pool:
+                got = list(pool.map(one, questions))
+            lat = sorted(s for _, s in got)
+            return [r for r, _ in got], round(lat[len(lat) // 2] * 1000, 1)
+
+        for using in ("keyword", "semantic", "hybrid"):
+            out[using], out[f"{using}_p50_ms"] = ask(using)
+        client.close()
+        admin.close()
+    finally:
+        server.stop()
+        engine.stop()
+        ray.shutdown()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true", help="3 conversations of 300 turns")
+    p.add_argument("--conversations", type=int, default=10)
+    p.add_argument("--turns", type=int, default=600, help="turns per conversation")
+    p.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads")
+    p.add_argument("--writes", type=int, default=500, help="writes of each kind compared")
+    args = p.parse_args()
+    n, turns = (3, 300) if args.quick else (args.conversations, args.turns)
+    convs = make(conversations=n, turns_per=turns)
+    evidence = [q.evidence for c in convs for q in c.questions]
+    total = sum(len(c.turns) for c in convs)
+    print(f"{n} conversations, {total} turns, {len(evidence)} questions", flush=True)
+    os.environ.pop("OPENBOT_MASTER_KEY", None)
+    root = Path(tempfile.mkdtemp(prefix="obret"))
+    try:
+        api = through_api(convs, root / "data", args.threads, args.writes)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    refs = references(convs, args.threads)
+    results = {
+        "keyword (API, using=keyword)": score(api["keyword"], evidence),
+        "semantic (API, using=semantic)": score(api["semantic"], evidence),
+        "hybrid (API, default)": score(api["hybrid"], evidence),
+        "plain BM25 reference (bm25s)": score(refs["plain_bm25"], evidence),
+        "dense-only reference (exact cosine)": score(refs["dense_only"], evidence),
+    }
+    line = "{:<40} {:>9} {:>9} {:>7}"
+    print(line.format("retrieval", "recall@5", "recall@10", "MRR"))
+    for name, r in results.items():
+        print(line.format(name, r["recall@5"], r["recall@10"], r["mrr"]))
+    print(
+        f"writes {api['writes_per_s']}/s over HTTP; embedding caught up {api['embed_wait_s']} s "
+        f"after the last write; query p50 keyword {api['keyword_p50_ms']} ms, semantic "
+        f"{api['semantic_p50_ms']} ms, hybrid {api['hybrid_p50_ms']} ms"
+    )
+    rates = api["write_rates"]
+    if rates:
+        print(
+            f"writes over HTTP, 8 clients: workspace memory {rates['workspace_per_s']}/s, "
+            f"Remember {rates['remember_per_s']}/s"
+        )
+    out = Path(__file__).parent / "results" / "retrieval.json"
+    out.parent.mkdir(exist_ok=True)
+    doc = {
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load": os.getloadavg(),
+        "conversations": n,
+        "turns": total,
+        "questions": len(evidence),
+        "results": results,
+        "writes_per_s": api["writes_per_s"],
+        "embed_wait_s": api["embed_wait_s"],
+        "write_rates": rates,
+        "p50_ms": {u: api[f"{u}_p50_ms"] for u in ("keyword", "semantic", "hybrid")},
+    }
+    out.write_text(json.dumps(doc, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

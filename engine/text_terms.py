@@ -1,0 +1,119 @@
+"""The terms of a text for keyword search (SC-7, issue 11): what a record is indexed under and
+what a query looks for.
+
+- Text is NFKC-normalized and case-folded, so full-width `DEPLOY`, `Deploy` and `deploy` are
+  one term.
+- Words of scripts written with spaces (Latin, Cyrillic, Greek, Hangul, …) are split on anything
+  that is not a letter or digit; one-letter words and English stop words ("the", "what",
+  "did", …) are dropped, since they match nearly every record and only add noise to a ranking.
+  The caller stems what is left (a Snowball stemmer, passed in: this module stays pure), so
+  "deployment" and "deploys" both find "deploy".
+- Runs of scripts written without spaces (Han, hiragana, katakana) become overlapping character
+  bigrams (`讨论会` → `讨论`, `论会`; a lone character is its own term): a query's bigrams are
+  found in any record that contains the same two characters in a row, with no dictionary.
+
+Pure: no I/O, no library but the standard one.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable, Sequence
+
+# Scripts written without spaces between words. Hangul is not among them: Korean uses spaces.
+_NO_SPACE = (
+    "\u3040-\u30ff"  # hiragana, katakana
+    "\u31f0-\u31ff"  # katakana extensions
+    "\u3400-\u4dbf"  # CJK extension A
+    "\u4e00-\u9fff"  # CJK unified ideographs
+    "\uf900-\ufaff"  # CJK compatibility ideographs
+    "\U00020000-\U0003134f"  # CJK extensions B-G
+)
+_TOKEN = re.compile(rf"([{_NO_SPACE}]+)|[^\W_{_NO_SPACE}]+")
+_LATIN = re.compile(r"^[a-z\u00c0-\u024f]+$")
+
+# English function words and the question words that start most queries ("when did …").
+STOP_WORDS = frozenset(
+    """
+    a about above after again against all am an and any are aren as at be because been
+    before being below between both but by can cannot could couldn did didn do does doesn
+    doing don down during each few for from further had hadn has hasn have haven having he
+    her here hers herself him himself his how i if in into is isn it its itself just let ll
+    me more most mustn my myself no nor not now of off on once only or other ought our ours
+    ourselves out over own re same shan she should shouldn so some such than that the their
+    theirs them themselves then there these they this those through to too under until up ve
+    very was wasn we were weren what when where which while who whom why will with won would
+    wouldn you your yours yourself yourselves also did does get got s t d m o y ok yes yeah
+    oh hey hi
+    """.split()  # noqa: SIM905
+)
+
+Stemmer = Callable[[Sequence[str]], Sequence[str]]
+_WORD = re.compile(rf"[^\W_{_NO_SPACE}]+")
+_HAS_NO_SPACE = re.compile(rf"[{_NO_SPACE}]")
+_CACHE_MAX = 500_000
+
+
+def fold(text: str) -> str:
+    return unicodedata.normalize("NFKC", text).casefold()
+
+
+class TermMaker:
+    """`terms(text)` with a memo of what each word becomes (dropped, kept, stemmed): indexing
+    a pool's records meets the same few thousand words again and again."""
+
+    def __init__(self, stem: Stemmer | None = None) -> None:
+        self._stem = stem
+        self._memo: dict[str, str | None] = {}
+
+    def _word(self, word: str) -> str | None:
+        if (len(word) < 2 and not word.isdigit()) or word in STOP_WORDS:
+            term = None
+        elif self._stem is not None and _LATIN.match(word):
+            term = self._stem([word])[0]
+        else:
+            term = word
+        if len(self._memo) >= _CACHE_MAX:
+            self._memo.clear()
+        self._memo[word] = term
+        return term
+
+    def __call__(self, text: str) -> list[str]:
+        """The terms of `text` in order, repeats kept (they count in a ranking)."""
+        folded = fold(text)
+        memo, miss = self._memo, self._word
+        if _HAS_NO_SPACE.search(folded) is None:
+            out = []
+            for w in _WORD.findall(folded):
+                t = memo[w] if w in memo else miss(w)
+                if t is not None:
+                    out.append(t)
+            return out
+        out = []
+        for m in _TOKEN.finditer(folded):
+            run = m.group(1)
+            if run is None:
+                w = m.group(0)
+                t = memo[w] if w in memo else miss(w)
+                if t is not None:
+                    out.append(t)
+            elif len(run) == 1:
+                out.append(run)
+            else:
+                out.extend(run[k : k + 2] for k in range(len(run) - 1))
+        return out
+
+    def query(self, query: str) -> list[str]:
+        """A query's distinct terms, in order (a query of stop words only has none)."""
+        return list(dict.fromkeys(self(query)))
+
+
+def terms(text: str, stem: Stemmer | None = None) -> list[str]:
+    """The terms of `text` in order, repeats kept (they count in a ranking)."""
+    return TermMaker(stem)(text)
+
+
+def query_terms(query: str, stem: Stemmer | None = None) -> list[str]:
+    """A query's distinct terms, in order (a query of stop words only has none)."""
+    return TermMaker(stem).query(query)

@@ -1,0 +1,357 @@
+"""The in-memory BM25 keyword index of one memory pool (SC-7, issue 11).
+
+Store-agnostic: it knows entries only by id. Its owner builds it from the pool's decrypted
+texts when the pool loads (`build`) and tells it of every change (`put` for new or edited text,
+`remove` for deleted entries); it never reads or writes a file, so neither plaintext nor terms
+ever reach the disk (SEC-1). Who may read what is not its business either: a search walks the
+ranking best first and keeps only ids the caller's `allowed` lets through, so an entry the
+caller may not read is never a hit and never pushes a readable one out of the list.
+
+Terms come from `engine.text_terms` (case folding, stop words, CJK character bigrams), Latin
+words stemmed by Snowball's English stemmer (PyStemmer, a C extension). Ranking is Okapi BM25
+(k1 = 1.2, b = 0.75, Lucene's idf), any query term matching.
+
+Layout: postings are a compressed sparse row "base" (numpy: one slice of row numbers and term
+frequencies per term) plus per-term Python lists for entries added since (the "tail"), merged
+into the base once the tail holds a quarter as many postings; so a write costs a few list
+appends and a search a few numpy slices. Rows are never reused: an edited entry gets a new row
+and its old one is dead (masked out of every ranking, dropped at the next merge). Like Lucene
+between merges, dead postings still count in document frequencies until then, a slight skew of
+idf and nothing else.
+
+Why not bm25s or tantivy: bm25s builds a static index (every write would rebuild it), tantivy
+needs a commit and a searcher reload before a write is visible (milliseconds per write, against
+the issue's 1 ms); both score the same formula as this. benchmarks/retrieval.py computes a
+bm25s ranking on the same data as a reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+import Stemmer
+
+from engine.text_terms import TermMaker
+
+K1 = 1.2
+B = 0.75
+_stemmer = Stemmer.Stemmer("english")
+_MEMO_MAX = 500_000
+
+
+def stem(words: Sequence[str]) -> list[str]:
+    """Snowball English stems (used on the shard's event loop only: not thread-safe)."""
+    return _stemmer.stemWords(list(words))
+
+
+text_terms = TermMaker(stem)  # one memo of word -> term for every pool of the process
+
+
+class Analyzer:
+    """Text to term keys: the terms of `engine.text_terms`, each replaced by a keyed 64-bit
+    hash (BLAKE2b with the shard's secret key). Keys are what the index holds and what may be
+    stored (search_terms table): without the key a stored list says nothing of the words."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key[:64]
+        self._memo: dict[str, int] = {}
+
+    def _hash(self, term: str) -> int:
+        h = int.from_bytes(
+            hashlib.blake2b(term.encode(), key=self._key, digest_size=8).digest(),
+            "little",
+            signed=True,
+        )
+        if len(self._memo) >= _MEMO_MAX:
+            self._memo.clear()
+        self._memo[term] = h
+        return h
+
+    def keys(self, text: str) -> np.ndarray:
+        """The text's term keys, sorted, repeats kept (their count is the term frequency; the
+        order of the words is not kept)."""
+        memo, miss = self._memo, self._hash
+        out = [memo[t] if t in memo else miss(t) for t in text_terms(text)]
+        return np.sort(np.asarray(out, dtype=np.int64))
+
+    def query(self, query: str) -> list[int]:
+        memo, miss = self._memo, self._hash
+        return [memo[t] if t in memo else miss(t) for t in text_terms.query(query)]
+
+
+def pack_keys(keys: np.ndarray) -> bytes:
+    return np.asarray(keys, dtype="<i8").tobytes()
+
+
+def unpack_keys(raw: bytes) -> np.ndarray:
+    return np.frombuffer(raw, dtype="<i8")
+
+
+class TermIndex:
+    def __init__(self) -> None:
+        self._vocab: dict[int, int] = {}  # term key -> term id
+        self._indptr = np.zeros(1, dtype=np.int64)
+        self._rows = np.zeros(0, dtype=np.int32)
+        self._tfs = np.zeros(0, dtype=np.float32)
+        self._tail: dict[int, tuple[list[int], list[int]]] = {}
+        self._tail_postings = 0
+        self._ids: list[str | None] = []
+        self._row: dict[str, int] = {}
+        self._len = np.zeros(0, dtype=np.float32)
+        self._alive = np.zeros(0, dtype=bool)
+        self._live = 0
+        self._live_len = 0.0
+        self._dead = 0
+
+    def __len__(self) -> int:
+        return self._live
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self._row
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def build(self, items: Iterable[tuple[str, np.ndarray]]) -> None:
+        """Index (id, term keys) pairs in one go (a pool's load): postings are counted and
+        grouped by numpy (one sort), not one by one."""
+        ids: list[str] = []
+        parts: list[np.ndarray] = []
+        for entry_id, keys in items:
+            ids.append(entry_id)
+            parts.append(keys)
+        lengths = np.fromiter((k.size for k in parts), dtype=np.int64, count=len(parts))
+        flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        self.build_flat(ids, lengths, flat)
+
+    def build_flat(self, ids: list[str], lengths: np.ndarray, flat: np.ndarray) -> None:
+        """`build` from the records' keys end to end in one array (`lengths` says how many
+        are whose, each record's sorted), as they are read from storage."""
+        fresh = not self._ids
+        if fresh and len(set(ids)) != len(ids):
+            raise ValueError("an id is given twice")
+        if not fresh:
+            for entry_id in ids:
+                self.remove(entry_id)
+        first = len(self._ids)
+        self._add_rows(ids, lengths)
+        if not ids or not lengths.sum():
+            return
+        all_keys = flat.astype(np.int64, copy=False)
+        owners = np.repeat(np.arange(first, first + len(ids), dtype=np.int32), lengths)
+        # Each record's keys come sorted: a run of one key in one record is one posting.
+        new_run = np.ones(all_keys.size, dtype=bool)
+        new_run[1:] = (all_keys[1:] != all_keys[:-1]) | (owners[1:] != owners[:-1])
+        starts = np.flatnonzero(new_run)
+        tf = np.diff(np.append(starts, all_keys.size)).astype(np.float32)
+        run_keys, run_rows = all_keys[starts], owners[starts]
+        if fresh:
+            order = np.argsort(run_keys, kind="stable")  # by term; rows stay in order
+            sorted_keys = run_keys[order]
+            new_term = np.ones(sorted_keys.size, dtype=bool)
+            new_term[1:] = sorted_keys[1:] != sorted_keys[:-1]
+            bounds = np.flatnonzero(new_term)
+            uniq = sorted_keys[bounds]
+            self._vocab = dict(zip(uniq.tolist(), range(uniq.size), strict=True))
+            self._indptr = np.append(bounds, sorted_keys.size).astype(np.int64)
+            self._rows = run_rows[order]
+            self._tfs = tf[order]
+            return
+        vocab = self._vocab
+        tids = np.fromiter(
+            (vocab.setdefault(k, len(vocab)) for k in run_keys.tolist()),
+            dtype=np.int64,
+            count=run_keys.size,
+        )
+        self._merge(tids, run_rows, tf)
+
+    def _add_rows(self, ids: list[str], lengths: np.ndarray) -> None:
+        first = len(self._ids)
+        need = first + len(ids)
+        if need > self._len.size:
+            size = max(1_024, 2 * self._len.size, need)
+            self._len = np.resize(self._len, size)
+            alive = np.zeros(size, dtype=bool)
+            alive[: self._alive.size] = self._alive
+            self._alive = alive
+        self._ids.extend(ids)
+        self._row.update(zip(ids, range(first, need), strict=True))
+        self._len[first:need] = lengths
+        self._alive[first:need] = True
+        self._live += len(ids)
+        self._live_len += float(lengths.sum())
+
+    def put(self, entry_id: str, keys: np.ndarray) -> None:
+        """Index a new entry, or an entry's new text (its old text is forgotten), by the term
+        keys `Analyzer.keys` made of it."""
+        if entry_id in self._row:
+            self.remove(entry_id)
+        row = self._new_row(entry_id)
+        uniq, counts = np.unique(keys, return_counts=True)
+        vocab, tail = self._vocab, self._tail
+        for term, tf in zip(uniq.tolist(), counts.tolist(), strict=True):
+            tid = vocab.setdefault(term, len(vocab))
+            slot = tail.get(tid)
+            if slot is None:
+                slot = tail[tid] = ([], [])
+            slot[0].append(row)
+            slot[1].append(tf)
+        self._tail_postings += uniq.size
+        self._set_len(row, len(keys))
+        if self._tail_postings > max(20_000, self._rows.size // 4):
+            self._merge()
+
+    def remove(self, entry_id: str) -> None:
+        """Forget an entry (deleted, or about to be re-indexed); unknown ids are ignored."""
+        row = self._row.pop(entry_id, None)
+        if row is None:
+            return
+        self._ids[row] = None
+        self._alive[row] = False
+        self._live -= 1
+        self._live_len -= float(self._len[row])
+        self._dead += 1
+        if self._dead > max(1_000, len(self._ids) // 4):
+            self._merge()
+
+    def _new_row(self, entry_id: str) -> int:
+        row = len(self._ids)
+        self._ids.append(entry_id)
+        self._row[entry_id] = row
+        if row >= self._len.size:
+            size = max(1_024, 2 * self._len.size)
+            self._len = np.resize(self._len, size)
+            alive = np.zeros(size, dtype=bool)
+            alive[: self._alive.size] = self._alive
+            self._alive = alive
+        self._alive[row] = True
+        self._live += 1
+        return row
+
+    def _set_len(self, row: int, length: int) -> None:
+        self._len[row] = length
+        self._live_len += length
+
+    def _merge(
+        self,
+        term_ids: np.ndarray | None = None,
+        rows: np.ndarray | None = None,
+        tfs: np.ndarray | None = None,
+    ) -> None:
+        """Fold the tail (and any given postings) into the base, dropping dead rows."""
+        parts_t = [np.repeat(np.arange(self._indptr.size - 1), np.diff(self._indptr))]
+        parts_r, parts_f = [self._rows], [self._tfs]
+        for tid, (r, f) in self._tail.items():
+            parts_t.append(np.full(len(r), tid, dtype=np.int64))
+            parts_r.append(np.asarray(r, dtype=np.int32))
+            parts_f.append(np.asarray(f, dtype=np.float32))
+        if term_ids is not None and rows is not None and tfs is not None:
+            parts_t.append(term_ids)
+            parts_r.append(rows)
+            parts_f.append(tfs)
+        all_t = np.concatenate(parts_t)
+        all_r = np.concatenate(parts_r)
+        all_f = np.concatenate(parts_f)
+        keep = self._alive[all_r]
+        all_t, all_r, all_f = all_t[keep], all_r[keep], all_f[keep]
+        order = np.argsort(all_t, kind="stable")  # by term; rows stay in the order given
+        counts = np.bincount(all_t, minlength=len(self._vocab))
+        self._indptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        self._rows = all_r[order]
+        self._tfs = all_f[order]
+        self._tail = {}
+        self._tail_postings = 0
+        self._dead = 0
+
+    # --- searching ------------------------------------------------------------------------------
+
+    def _postings(self, tid: int) -> tuple[np.ndarray, np.ndarray]:
+        rows, tfs = self._rows, self._tfs
+        if tid + 1 < self._indptr.size:
+            lo, hi = int(self._indptr[tid]), int(self._indptr[tid + 1])
+            rows, tfs = rows[lo:hi], tfs[lo:hi]
+        else:
+            rows, tfs = rows[:0], tfs[:0]
+        extra = self._tail.get(tid)
+        if extra is not None:
+            rows = np.concatenate((rows, np.asarray(extra[0], dtype=np.int32)))
+            tfs = np.concatenate((tfs, np.asarray(extra[1], dtype=np.float32)))
+        return rows, tfs
+
+    def scores(self, query: Sequence[int]) -> np.ndarray | None:
+        """BM25 score of every row for the query's term keys (`Analyzer.query`): 0 where no
+        query term occurs or the row is dead; None when no query term is in the index."""
+        tids = [self._vocab[t] for t in query if t in self._vocab]
+        if not tids or not self._live:
+            return None
+        n = len(self._ids)
+        scores = np.zeros(n, dtype=np.float32)
+        live = self._live
+        avgdl = max(self._live_len / live, 1e-9)
+        lens = self._len
+        for tid in tids:
+            rows, tfs = self._postings(tid)
+            if not rows.size:
+                continue
+            df = rows.size
+            idf = math.log(1.0 + (max(live, df) - df + 0.5) / (df + 0.5))
+            norm = K1 * (1.0 - B + B * lens[rows] / avgdl)
+            scores[rows] += idf * tfs * (K1 + 1.0) / (tfs + norm)
+        scores[~self._alive[:n]] = 0.0
+        return scores
+
+    def search(
+        self, query: Sequence[int], depth: int, allowed: Callable[[str], bool] | None = None
+    ) -> list[tuple[str, float]]:
+        """Up to `depth` (id, score) pairs of entries matching any query term, best first
+        (ties: the earlier indexed first), only ids that `allowed` accepts."""
+        if depth <= 0:
+            return []
+        scores = self.scores(query)
+        if scores is None:
+            return []
+        return ranked(scores, self._ids, depth, allowed)
+
+    def row_ids(self) -> list[str | None]:
+        return self._ids
+
+
+def ranked(
+    scores: np.ndarray,
+    ids: Sequence[str | None],
+    depth: int,
+    allowed: Callable[[str], bool] | None,
+    floor: float = 0.0,
+) -> list[tuple[str, float]]:
+    """The best `depth` rows of `scores` above `floor` whose id is live and allowed, best first
+    (ties by row). Only the top few times `depth` are sorted, unless the caller may read too
+    few of them: then the whole ranking is."""
+    hit = np.flatnonzero(scores > floor)
+    if not hit.size or depth <= 0:
+        return []
+    chunk = max(4 * depth, 256)
+    if hit.size > 2 * chunk:
+        top = hit[np.argpartition(-scores[hit], chunk)[:chunk]]
+        out = _walk(top[np.lexsort((top, -scores[top]))], scores, ids, depth, allowed)
+        if len(out) >= depth:
+            return out
+    return _walk(hit[np.lexsort((hit, -scores[hit]))], scores, ids, depth, allowed)
+
+
+def _walk(
+    order: np.ndarray,
+    scores: np.ndarray,
+    ids: Sequence[str | None],
+    depth: int,
+    allowed: Callable[[str], bool] | None,
+) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    for r in order.tolist():
+        entry_id = ids[r]
+        if entry_id is not None and (allowed is None or allowed(entry_id)):
+            out.append((entry_id, float(scores[r])))
+            if len(out) >= depth:
+                break
+    return out

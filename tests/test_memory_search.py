@@ -1,0 +1,251 @@
+"""Ranked memory search on a shard and over HTTP (issue 11): workspace memories and the seed-000
+bot memory. Stems and paraphrases meet, a Chinese query finds a Chinese record, forgetting and
+purging take hits away at once, the index survives a restart from stored term hashes, and no
+word of a record reaches the disk in the clear."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from actors.directory import DirectoryService
+from actors.shard import ShardService
+from actors.workspace import WsAccess, WsQuery
+from engine.errors import Conflict
+from engine.memory import Reader, Scope
+from engine.scoped_memory import WsForget, WsMemoryChange, WsMemoryCreate
+from storage.search_index import TermIndex
+from tests.test_shard_service import fact
+
+ANN = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
+BEN = WsAccess(account="u_ben", bots=frozenset({"b_1"}))
+ALICE = Reader(user="u1", org="o1", uses_bot=True)
+BOB = Reader(user="u2", org="o1", uses_bot=True)
+POOL = "bot:b1"
+SECRET = "quokkamarmalade"  # a word that must never be found on disk in the clear
+
+
+@pytest.fixture(autouse=True)
+def _no_env_key(monkeypatch) -> None:
+    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
+
+
+def _shard(data: Path, context_s: float = 0) -> ShardService:
+    svc = ShardService(data, 0, search={"context_window_s": context_s})
+    svc.directory_service = DirectoryService(data)
+    return svc
+
+
+async def _close(svc: ShardService) -> None:
+    await svc.close()
+    svc.directory_service.store.db.close()
+
+
+async def _create(svc: ShardService, who: WsAccess, content: str) -> str:
+    body = WsMemoryCreate(
+        requestId="r-" + secrets.token_hex(4), scope=Scope.USER, bot="b_1", content=content
+    )
+    return (await svc.ws_create_memory(who, body)).id
+
+
+async def _found(svc: ShardService, q: str, who: WsAccess = ANN, **kw) -> list[str]:
+    query = WsQuery(pools=(f"user:{who.account}",), q=q, **kw)
+    return [h.id for h in (await svc.ws_entries(who, query)).fused]
+
+
+def test_workspace_search_ranks_stems_paraphrases_and_chinese(tmp_path: Path):
+    async def main() -> None:
+        svc = _shard(tmp_path)
+        deploy = await _create(svc, ANN, "We deployed the billing service on Friday.")
+        train = await _create(svc, ANN, "The release train leaves on Fridays.")
+        zh = await _create(svc, ANN, "我们讨论了明年的预算和招聘计划")
+        other = await _create(svc, BEN, "Ben deployed the billing service too.")
+        # Only a stem in common ("deployment" / "deployed"), no word of the question's own.
+        assert await _found(svc, "deployment") == [deploy]
+        # A paraphrase sharing no word form: "billing services deployments" ~ the record.
+        found = await _found(svc, "When were billing services being deployed?")
+        assert found[0] == deploy and other not in found
+        assert set(await _found(svc, "friday")) == {deploy, train}
+        assert await _found(svc, "讨论预算") == [zh]
+        assert await _found(svc, "明年") == [zh]
+        # limit cuts the ranking; scores go down.
+        listing = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",), q="friday", limit=1))
+        assert len(listing.entries) == 1 and listing.fused[0].kinds == ("keyword",)
+        await _close(svc)
+
+    asyncio.run(main())
+
+
+def test_records_written_in_a_row_are_found_by_the_words_before_them(tmp_path: Path):
+    """Context-aware indexing: a reply is found by the words of the question it answered."""
+
+    async def main() -> None:
+        svc = _shard(tmp_path, context_s=120)
+        asked = await _create(svc, ANN, "Did you go to the pottery workshop?")
+        answer = await _create(svc, ANN, "Yes! I made a bowl and a little mug.")
+        found = await _found(svc, "pottery workshop")
+        assert found[0] == asked and answer in found  # its own words rank first
+        assert await _found(svc, "bowl") == [answer]  # context is one way: back in time
+        listing = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",), q="bowl"))
+        assert listing.entries[0].content == "Yes! I made a bowl and a little mug."
+        await _close(svc)
+
+    asyncio.run(main())
+
+
+def test_forget_and_edit_change_hits_at_once_and_the_index_survives_a_restart(tmp_path: Path):
+    async def first() -> tuple[str, str]:
+        svc = _shard(tmp_path)
+        a = await _create(svc, ANN, f"The {SECRET} recipe needs oranges.")
+        b = await _create(svc, ANN, "Lunch is at noon.")
+        assert await _found(svc, SECRET) == [a]
+        await svc.ws_change_memory(ANN, WsForget(requestId="r-f", id=a, expectedRevision=1))
+        assert await _found(svc, SECRET) == []  # at once, no commit wait, no reload
+        assert await _found(svc, SECRET, status="forgotten") == [a]
+        await svc.ws_change_memory(
+            ANN, WsMemoryChange(requestId="r-e", id=b, expectedRevision=1, content="Lunch: soup.")
+        )
+        assert await _found(svc, "noon") == [] and await _found(svc, "soup") == [b]
+        await _close(svc)
+        return a, b
+
+    a, b = asyncio.run(first())
+
+    # Nothing in the clear: not the word, not its stem, in any file of the data directory.
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    raw = b"".join(p.read_bytes() for p in files)
+    assert SECRET.encode() not in raw and b"orange" not in raw and b"soup" not in raw
+    con = duckdb.connect(str(tmp_path / "shard-0.duckdb"), read_only=True)
+    rows = con.execute("SELECT entry, fp FROM search_terms").fetchall()
+    con.close()
+    assert {r[0] for r in rows} >= {a, b}
+
+    async def again() -> None:
+        svc = _shard(tmp_path)
+        built = []
+        original = TermIndex.build_flat
+
+        def spy(self, ids, lengths, flat):
+            built.append(len(ids))
+            return original(self, ids, lengths, flat)
+
+        TermIndex.build_flat = spy  # type: ignore[method-assign]
+        opened = []
+        real_open = svc.workspace._open
+        svc.workspace._open = lambda pool, i: opened.append(i) or real_open(pool, i)  # type: ignore[method-assign]
+        try:
+            assert await _found(svc, "soup") == [b]
+            assert await _found(svc, SECRET, status="all") == [a]
+        finally:
+            TermIndex.build_flat = original  # type: ignore[method-assign]
+        assert built and opened == [b, a]  # only the hits were decrypted, not the pool
+        await _close(svc)
+
+    asyncio.run(again())
+
+
+def test_bot_memory_search_sees_only_what_the_reader_may_and_purge_removes_at_once(
+    tmp_path: Path,
+):
+    async def main() -> None:
+        svc = ShardService(tmp_path, 0)
+        mine = await svc.remember(POOL, ALICE, "Deploy the billing service on Fridays", ["ops"])
+        theirs = await svc.remember(POOL, BOB, "Bob deploys billing on Mondays", ["ops"])
+        await svc.add_entries(POOL, [(fact("mem_f1", user="u1"), "我们讨论了部署计划")])
+        page = await svc.search_memory_page(POOL, ALICE, "deployment billing", 10)
+        assert [e.id for e in page.entries] == [mine.id]  # Bob's is not Alice's to see
+        assert page.entries[0].score > 0 and page.entries[0].foundBy == ("keyword",)
+        assert [e.id for e in (await svc.search_memory_page(POOL, BOB, "billing", 10)).entries] == [
+            theirs.id
+        ]
+        assert [e.id for e in (await svc.search_memory_page(POOL, ALICE, "讨论", 10)).entries] == [
+            "mem_f1"
+        ]
+        await svc.forget(POOL, ALICE, mine.id)
+        assert (await svc.search_memory_page(POOL, ALICE, "billing", 10)).entries == ()
+        assert await svc.purge(POOL, "from:u2") >= 1
+        assert (await svc.search_memory_page(POOL, BOB, "billing", 10)).entries == ()
+        await svc.close()
+
+    asyncio.run(main())
+
+    async def after_restart() -> None:
+        svc = ShardService(tmp_path, 0)
+        assert (await svc.search_memory_page(POOL, BOB, "billing", 10)).entries == ()
+        hits = (await svc.search_memory_page(POOL, ALICE, "部署", 10)).entries
+        assert [e.id for e in hits] == ["mem_f1"]
+        await svc.close()
+
+    asyncio.run(after_restart())
+
+
+# --- over HTTP ---------------------------------------------------------------------------------
+
+
+def _remember(client, bot: str, content: str) -> dict:
+    resp = client.post(
+        f"/v1/bots/{bot}/memory",
+        json={"command": {"_tag": "Remember", "content": content, "tags": []}},
+    )
+    assert resp.status_code == 201, resp.text
+    return resp.json()
+
+
+def test_bot_memory_q_and_limit_over_http(world):
+    world.grant("bob", "write")
+    with world.client("alice") as alice, world.client("bob") as bob:
+        a = _remember(alice, world.bot, "The quarterly budget review is on Thursday")
+        b = _remember(alice, world.bot, "Budgets for travel were cut")
+        _remember(bob, world.bot, "Bob's budget spreadsheet is in the shared drive")
+        got = alice.get(f"/v1/bots/{world.bot}/memory", params={"q": "budgeting", "limit": 5})
+        assert got.status_code == 200, got.text
+        entries = got.json()["entries"]
+        assert {e["id"] for e in entries} == {a["id"], b["id"]}
+        assert all(e["foundBy"] == ["keyword"] and e["score"] > 0 for e in entries)
+        one = alice.get(f"/v1/bots/{world.bot}/memory", params={"q": "budget", "limit": 1})
+        assert len(one.json()["entries"]) == 1
+        bad = alice.get(f"/v1/bots/{world.bot}/memory", params={"q": "budget", "limit": "0"})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_limit"
+        # Without q the listing is as before: every visible entry, no scores.
+        listing = alice.get(f"/v1/bots/{world.bot}/memory").json()["entries"]
+        assert len(listing) == 2 and "score" not in listing[0]
+
+
+def test_new_request_ids_read_no_receipt_and_repeats_still_answer_after_a_restart(
+    tmp_path: Path,
+):
+    body = WsMemoryCreate(requestId="r-once", scope=Scope.USER, bot="b_1", content="Tea.")
+
+    async def first() -> str:
+        svc = _shard(tmp_path)
+        entry = await svc.ws_create_memory(ANN, body)
+        await _close(svc)
+        return entry.id
+
+    first_id = asyncio.run(first())
+
+    async def again() -> None:
+        svc = _shard(tmp_path)
+        finds = []
+        real = svc.receipts.find
+        svc.receipts.find = lambda *a: finds.append(a[0]) or real(*a)  # type: ignore[method-assign]
+        fresh = [
+            WsMemoryCreate(requestId=f"r-{n}", scope=Scope.USER, bot="b_1", content=f"Note {n}.")
+            for n in range(24)
+        ]
+        await asyncio.gather(*(svc.ws_create_memory(ANN, b) for b in fresh))
+        assert finds == []  # 24 new ids at once: no receipt read
+        assert (await svc.ws_create_memory(ANN, body)).id == first_id  # a repeat: the answer
+        other = WsMemoryCreate(requestId="r-once", scope=Scope.USER, bot="b_1", content="Coffee.")
+        with pytest.raises(Conflict):
+            await svc.ws_create_memory(ANN, other)
+        assert len(finds) == 2
+        found = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",)))
+        assert len(found.entries) == 25  # nothing written twice
+        await _close(svc)
+
+    asyncio.run(again())

@@ -1,0 +1,180 @@
+"""The keyword index (storage/search_index.py) and the seed-000 pool's search over it: BM25
+ranking, stems, CJK, changes, and visibility checked against the independent oracle."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors.pool import Pool
+from engine.memory import EntryMeta, Reader, Status
+from storage.crypto import Cipher
+from storage.memory_store import StoredPool
+from storage.search_index import Analyzer, TermIndex
+from tests.test_engine_visibility_oracle import cases, oracle_visible
+
+AN = Analyzer(b"k" * 32)
+DOCS = {
+    "m1": "We deployed the billing service to staging on Friday.",
+    "m2": "The release train leaves on Fridays.",
+    "m3": "项目讨论会定在周五\uff0c先部署到预发环境",  # a full-width comma
+    "m4": "Lunch is at noon; the cafeteria serves soup.",
+    "m5": "Deploy, deploy, deploy: the billing team deploys everything.",
+}
+
+
+def index(docs: dict[str, str] = DOCS) -> TermIndex:
+    idx = TermIndex()
+    idx.build((i, AN.keys(t)) for i, t in docs.items())
+    return idx
+
+
+def ids(idx: TermIndex, q: str, depth: int = 10, allowed=None) -> list[str]:
+    return [i for i, _ in idx.search(AN.query(q), depth, allowed)]
+
+
+def test_any_word_matches_and_stems_meet():
+    idx = index()
+    # "deployment" shares only its stem with m1 and m5; "fridays" only its stem with m1.
+    assert set(ids(idx, "deployment")) == {"m1", "m5"}
+    assert ids(idx, "when was the billing service deployment")[0] == "m1"
+    assert set(ids(idx, "friday soup")) == {"m1", "m2", "m4"}  # any word, not every word
+    assert ids(idx, "what is the") == []  # stop words only
+    assert ids(idx, "zeppelin") == []
+
+
+def test_bm25_prefers_rarer_terms_and_saturates_repeats():
+    idx = index()
+    hits = idx.search(AN.query("billing deploy"), 10)
+    assert [i for i, _ in hits][:2] == ["m5", "m1"]  # m5 says both, and "deploy" four times
+    scores = dict(hits)
+    # A term in one record (cafeteria) outweighs one in several (friday).
+    one = dict(idx.search(AN.query("cafeteria"), 10))["m4"]
+    many = dict(idx.search(AN.query("friday"), 10))["m2"]
+    assert one > many > 0 and all(s > 0 for s in scores.values())
+
+
+def test_a_chinese_query_finds_a_chinese_record():
+    idx = index()
+    assert ids(idx, "讨论") == ["m3"]
+    assert ids(idx, "部署环境") == ["m3"]
+    assert ids(idx, "周一开会") == []  # no two characters in a row in common
+
+
+def test_put_remove_and_edit_change_hits_at_once():
+    idx = index()
+    idx.put("m6", AN.keys("The cafeteria closes early on holidays."))
+    assert set(ids(idx, "cafeteria")) == {"m4", "m6"}
+    idx.remove("m4")
+    assert ids(idx, "cafeteria") == ["m6"]
+    idx.put("m6", AN.keys("Holidays are in August."))  # an edit: the old text is gone
+    assert ids(idx, "cafeteria") == [] and ids(idx, "august") == ["m6"]
+    assert len(idx) == 5 and "m4" not in idx
+
+
+def test_allowed_filters_without_shifting_the_others():
+    idx = index()
+    everything = ids(idx, "deploy billing friday")
+    hidden = everything[0]
+    rest = ids(idx, "deploy billing friday", allowed=lambda i: i != hidden)
+    assert rest == everything[1:]
+    assert ids(idx, "deploy billing friday", depth=1, allowed=lambda i: i == everything[-1]) == [
+        everything[-1]
+    ]
+
+
+def test_stored_keys_are_hashes_not_words():
+    keys = AN.keys("zyxquokka zyxquokka marmalade")
+    raw = keys.tobytes()
+    assert b"zyxquokka" not in raw and b"marmalad" not in raw
+    assert len(keys) == 3 and keys[0] <= keys[1] <= keys[2]  # sorted, the order of words lost
+    other = Analyzer(b"j" * 32).keys("zyxquokka zyxquokka marmalade")
+    assert set(other.tolist()).isdisjoint(keys.tolist())  # another key, other hashes
+
+
+words = st.sampled_from(
+    ["alpha", "beta", "gamma", "delta", "deploys", "deploying", "讨论", "会议", "soup"]
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.lists(words, max_size=8).map(" ".join), min_size=1, max_size=30),
+    st.lists(words, min_size=1, max_size=3).map(" ".join),
+    st.data(),
+)
+def test_incremental_changes_rank_like_a_fresh_build(texts, query, data):
+    """Writes one by one, edits and removals give the ranking a fresh build of what is left
+    gives (after a merge, when no dead posting skews document frequencies)."""
+    docs = {f"d{n:02d}": t for n, t in enumerate(texts)}
+    inc = TermIndex()
+    for i, t in docs.items():
+        inc.put(i, AN.keys(t))
+    for i in data.draw(st.lists(st.sampled_from(sorted(docs)), max_size=5, unique=True)):
+        if data.draw(st.booleans()):
+            inc.remove(i)
+            del docs[i]
+        else:
+            docs[i] = data.draw(st.lists(words, max_size=8).map(" ".join))
+            inc.put(i, AN.keys(docs[i]))
+    inc._merge()
+    fresh = index(docs)
+    a = dict(inc.search(AN.query(query), 100))
+    b = dict(fresh.search(AN.query(query), 100))
+    assert a.keys() == b.keys()
+    for i in a:
+        assert math.isclose(a[i], b[i], rel_tol=1e-5)
+    # Every hit holds a query term; every record holding one is a hit.
+    q_terms = set(AN.query(query))
+    for i, t in docs.items():
+        assert (i in a) == bool(q_terms & set(AN.keys(t).tolist()))
+
+
+# --- a seed-000 pool: only what the reader may see --------------------------------------------
+
+
+def _pool(entries: dict[str, EntryMeta], texts: dict[str, str]) -> Pool:
+    stored = StoredPool(pool="p", cipher=Cipher(b"\x00" * 32), wrapped_key=b"", entries=entries)
+    pool = Pool(stored)
+    pool.terms.build((i, AN.keys(texts[i])) for i in entries)
+    return pool
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=cases(), data=st.data())
+def test_search_results_are_exactly_the_active_matches_the_oracle_lets_the_reader_see(case, data):
+    entries, reader = case
+    texts = {
+        i: data.draw(st.sampled_from(["zebra crossing", "zebras", "no match here", "zebra"]))
+        for i in entries
+    }
+    pool = _pool(entries, texts)
+    found = [i for i, _ in pool.search(AN.query("zebra"), reader, 100)]
+    expected = {
+        i
+        for i, e in entries.items()
+        if "zebra" in texts[i] and e.status == Status.ACTIVE and oracle_visible(reader, entries, i)
+    }
+    assert set(found) == expected and len(found) == len(set(found))
+    # A small limit gives the best of what may be seen, never a hidden entry in their place.
+    top = [i for i, _ in pool.search(AN.query("zebra"), reader, 2)]
+    assert top == found[:2]
+
+
+def test_search_ranks_by_bm25_among_what_the_reader_sees():
+    reader = Reader(user="u1", org="o1", channels=frozenset(), uses_bot=True)
+    from tests.test_engine_visibility_oracle import pinned
+
+    entries = {
+        "a": pinned("a", "org:o1", "for:person:u1"),
+        "b": pinned("b", "org:o1", "for:person:u2"),  # someone else's
+        "c": pinned("c", "org:o1", "for:bot"),
+    }
+    texts = {"a": "tea", "b": "tea tea tea", "c": "tea and tea"}
+    pool = _pool(entries, texts)
+    hits = pool.search(AN.query("tea"), reader, 10)
+    assert [i for i, _ in hits] == ["c", "a"]
+    assert np.all(np.diff([s for _, s in hits]) <= 0)

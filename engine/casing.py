@@ -178,3 +178,32 @@ def fit(value: Any, kind: Any) -> Any:
     its own name, its wire name, camelCase or snake_case, so old and new files and frames
     both decode (then `msgspec.convert(fit(raw, kind), kind)`). Data maps are left alone."""
     return _fit(value, _info(kind))
+
+
+def plain_component_names(doc: dict) -> dict:
+    """OpenAPI component names without `_` (msgspec names generics `Page_Bot_`): `PageBot`,
+    with every `$ref` to them rewritten, so no key of the document has an underscore."""
+    schemas = doc.get("components", {}).get("schemas", {})
+    renames = {n: n.replace("_", "") for n in schemas if "_" in n}
+    if not renames:
+        return doc
+    prefix = "#/components/schemas/"
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, dict):
+            out = {}
+            for k, x in v.items():
+                if k == "$ref" and isinstance(x, str) and x.startswith(prefix):
+                    name = x[len(prefix) :]
+                    out[k] = prefix + renames.get(name, name)
+                else:
+                    out[k] = walk(x)
+            return out
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        return v
+
+    doc = walk(doc)
+    doc["components"]["schemas"] = {renames.get(n, n): s for n, s in schemas.items()}
+    doc["components"]["schemas"] = walk(doc["components"]["schemas"])
+    return doc

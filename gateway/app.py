@@ -18,7 +18,7 @@ from actors.node_hub import hub_handle
 from actors.runtime import Engine, call
 from engine import tags as tagmod
 from engine import widening
-from engine.casing import camel_schema
+from engine.casing import camel_schema, plain_component_names
 from engine.directory import (
     Bot,
     Principal,
@@ -462,7 +462,7 @@ class Api:
     async def openapi(self, request: Request) -> Response:
         await self.auth.caller(request)
         # The document describes the camelCase wire (issue 14); its own keys are not camelised.
-        doc = camel_schema(openapi_document())
+        doc = plain_component_names(camel_schema(openapi_document()))
         return Response(msgspec.json.encode(doc), media_type="application/json")
 
     async def health(self, request: Request) -> Response:

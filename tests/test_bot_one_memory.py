@@ -312,7 +312,7 @@ def test_mem1_fs1_learned_entries_are_in_the_owners_file_tree_and_come_back_as_t
         mem.routes.remove(mem_route)
         bot_model.routes.remove(bot_route)
     backup = tmp_path / "backup"
-    _ok(admin.post("/v1/admin/backup", json={"dir": str(backup)}), 201)
+    _ok(admin.post("/v1/admin/backup", json={"dir": str(backup), "withKey": True}), 201)
     first = file_export.render_data_dir(backup, alice_id)
     base = f"bot-workspace/{alice_id}/agents/{bot}/memory"
     lines = "".join(d.decode() for p, d in first.items() if p.startswith(f"{base}/log/"))

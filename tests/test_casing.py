@@ -161,6 +161,10 @@ def test_every_route_family_answers_in_camel_case(server, model_stubs):
         _ok(alice.get("/healthz"))
         _ok(alice.get("/v1/capabilities"))
         _ok(alice.get("/openapi.json"))
+        for path in ("/v1/me", "/v1/chats", "/v1/bots", "/v1/channels"):
+            _ok(alice.get(path))
+        for kind in ("orgs", "users", "bots", "channels"):
+            _ok(admin.get(f"/v1/admin/{kind}", params={"limit": 2}))
         # A direct chat: a turn (with confide), items, confessions, enrichments.
         direct = _ok(alice.post("/v1/chats", json={"bot": lead["id"]}))
         turns = f"/v1/chats/{direct['id']}/turns"

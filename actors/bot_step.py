@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.models import ModelError
+from actors.models import ModelError, measured
+from actors.rwlock import assert_no_pool_lock
 from actors.workspace import WsAccess, WsQuery
 from engine.bot_memory import as_scoped
 from engine.directory import Bot, Chat, Org, bot_pool
@@ -165,7 +166,8 @@ class BotStepper:
         done = None
         for _ in range(TOOL_ROUNDS):
             try:
-                done = await model.complete(messages, tools)
+                assert_no_pool_lock("the bot's model call")
+                done = await measured(model, messages, tools)
             except ModelError as e:
                 return StepOutcome(
                     status="failed",

@@ -23,7 +23,7 @@ import msgspec
 
 from actors.bot_step import Effect, StepInput, StepOutcome
 from engine import collaboration as rules
-from engine.collaboration import Chain
+from engine.collaboration import Chain, ChainStatus
 from engine.directory import Bot, Chat, Org
 from engine.errors import NotFound, OpenBotError
 from engine.events import Audience, CollaborationChanged
@@ -134,6 +134,10 @@ class ChainRunner:
 
     async def _save(self, chain: Chain) -> None:
         chains = await self._all()
+        before = chains.get(chain.id)
+        ended = chain.status in (ChainStatus.STOPPED, ChainStatus.CAPPED)
+        if ended and (before is None or before.status != chain.status):
+            log.warning("collaboration %s %s: %s", chain.id, chain.status, chain.reason)
         chains[chain.id] = chain
         root = await self.conv.log(chain.root_chat)
         sealed = root.cipher.seal(
@@ -315,6 +319,7 @@ class ChainRunner:
         try:
             return await peers.shard_call(peers.index_of(bot.owner), "run_step", step, (), 0)
         except OpenBotError as e:
+            log.warning("step of bot %s in chat %s failed: %s", bot.id, step.chat.id, e.message)
             return StepOutcome(status="failed", error=e.message)
 
     async def _store_reply(self, chat: Chat, turn: str, bot: Bot, outcome: StepOutcome) -> str:

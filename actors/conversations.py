@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import secrets
 from typing import TYPE_CHECKING
 
@@ -24,10 +25,12 @@ import msgspec
 
 from actors.bot_step import BotStepper, Effect, Sink, StepInput, StepOutcome
 from actors.memory_bot import MemoryBotRuntime
+from actors.residency import CHAT_WEIGHT, unused
+from actors.single_flight import SingleFlight
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
 from engine.discussion import Plan, plan_goal, plan_turn
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unavailable
-from engine.events import Audience, ChatItemCreated
+from engine.events import Audience, ChatItemCreated, ChatItemsDeleted
 from engine.models import Message
 from storage.chat_store import (
     ChatLog,
@@ -50,6 +53,21 @@ MAX_TEXT = 32_000
 HISTORY_ITEMS = 50
 TURN_WAIT = 180.0
 _tool_enc = msgspec.json.Encoder()
+
+
+log_failure = logging.getLogger("openbot.turns")
+
+
+def step_failed(step: StepInput, outcome: StepOutcome) -> None:
+    """One warning line per failed bot step (direct, group and agent chats alike)."""
+    if outcome.status == "failed":
+        log_failure.warning(
+            "step of bot %s in chat %s (turn %s) failed: %s",
+            step.bot.id,
+            step.chat.id,
+            step.turn,
+            outcome.error,
+        )
 
 
 class TurnStart(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,23 +119,63 @@ class Conversations:
         self.stepper = BotStepper(shard)
         self.groups = GroupTurns(self)
         self.chains = ChainRunner(self)
-        self._logs: dict[str, ChatLog] = {}
+        self._loader: SingleFlight[ChatLog] = SingleFlight()
+        self._logs: dict[str, ChatLog] = self._loader.loaded
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._scheduled: set[str] = set()  # learning jobs this process created
+        self._scheduled: set[str] = set()  # learning jobs being stored right now
         # The channel as each group chat's last mode switch here left it (switch_mode).
         self._switched: dict[str, Channel] = {}
 
     def _forget_log(self, chat: str) -> None:
         """A write of this chat failed: drop what memory holds so the next read reloads it."""
         self._logs.pop(chat, None)
+        self.shard.residency.forget("chat:" + chat)
 
     async def log(self, chat: str) -> ChatLog:
+        # One load at a time per chat: two loads of a new chat would make two keys, and a load
+        # that finished after its chat was evicted must not come back with an old state.
+        log = await self._loader.get(chat, lambda: self._load(chat))
+        self._resident(log)
+        return log
+
+    async def _load(self, chat: str) -> ChatLog:
+        log = await self.store.load(chat)
+        if log.plain_turns:  # written unsealed by an older version: seal them now
+            rows = [self.store.put_turn(log, log.turns[t]) for t in log.plain_turns]
+            log.plain_turns.clear()
+            fut = self.shard._submit(None, [*self.shard.store.key_rows(log.key), *rows])
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return log
+
+    def _resident(self, log: ChatLog) -> None:
+        """Count the chat as used now, at its current size."""
+        chat = log.chat
+        if self._logs.get(chat) is log:
+            self.shard.residency.touch(
+                "chat:" + chat,
+                CHAT_WEIGHT + len(log.items) + len(log.turns),
+                lambda: self._evict(chat),
+            )
+
+    def _evict(self, chat: str) -> bool:
+        """Drop a chat's log (and its lock) from memory unless a turn, a read or a write is
+        using it; everything in it is on disk."""
         log = self._logs.get(chat)
         if log is None:
-            log = await self.store.load(chat)
-            self._logs.setdefault(chat, log)
-        return self._logs[chat]
+            return True
+        lock = self._locks.get(chat)
+        if lock is not None and (lock.locked() or not unused(lock, 1)):
+            return False
+        if any(t.status == "running" for t in log.turns.values()):
+            return False
+        key = log.key
+        if not unused(log, 1) or not unused(key, 1):  # _logs, and the log's attribute
+            return False
+        del self._logs[chat]
+        self._locks.pop(chat, None)
+        self.shard.store.keyring.forget(f"chat:{chat}")
+        return True
 
     def lock(self, chat: str) -> asyncio.Lock:
         return self._locks.setdefault(chat, asyncio.Lock())
@@ -131,6 +189,7 @@ class Conversations:
     def append(self, log: ChatLog, chat: Chat, new: list[tuple[Item, str]], sink: Sink) -> None:
         """Add items to the chat and their rows and events to `sink`."""
         sink.writes.extend(self.store.add_items(log, new))
+        self._resident(log)
         sink.events.extend(
             (
                 ChatItemCreated(chat=chat.id, item=i.id, kind=i.kind, turn=i.turn),
@@ -379,7 +438,13 @@ class Conversations:
             try:
                 outcome = await self.stepper.run(step, log, sink)
             except Exception as e:  # a turn must always end, with a safe message
+                log_failure.exception("step of bot %s in chat %s crashed", bot.id, chat.id)
                 outcome = StepOutcome(status="failed", error=f"internal error: {type(e).__name__}")
+            step_failed(step, outcome)
+            if outcome.status == "failed":
+                log_failure.warning(
+                    "turn %s in chat %s failed: %s", turn.id, chat.id, outcome.error
+                )
             self._record_outcome(log, chat, turn, bot, outcome, sink)
             effects = outcome.effects
             done = msgspec.structs.replace(turn, status=outcome.status, error=outcome.error)
@@ -399,7 +464,11 @@ class Conversations:
                 self._scheduled.add(job.id)
                 sink.writes.append(self.store.job_row(job, new=True))
                 sink.events.append(self.learning.event(job))
-            await self.commit(chat.id, sink)
+            try:
+                await self.commit(chat.id, sink)
+            finally:
+                if job is not None:  # stored (or not at all): the jobs table answers from now
+                    self._scheduled.discard(job.id)
         if job is not None and job.status == "pending":
             self.learning.start(job)
         if effects:
@@ -522,7 +591,9 @@ class Conversations:
         try:
             outcome = await self.stepper.run(step, log, sink)
         except Exception as e:  # one member failing never stops the others (WS-5)
+            log_failure.exception("step of bot %s in chat %s crashed", step.bot.id, step.chat.id)
             outcome = StepOutcome(status="failed", error=f"internal error: {type(e).__name__}")
+        step_failed(step, outcome)
         await self._own_rows(step.bot, step.turn, sink)
         fut = self.shard._submit(
             None, sink.writes, sink.events, on_failure=lambda: self._forget_log(step.chat.id)
@@ -544,7 +615,10 @@ class Conversations:
         ):
             return None
         self._scheduled.add(job.id)
-        await self.learning.schedule(job)
+        try:
+            await self.learning.schedule(job)
+        finally:
+            self._scheduled.discard(job.id)  # stored (or not at all): the table answers now
         return job.id
 
     # --- reading and deleting ---
@@ -572,12 +646,26 @@ class Conversations:
         log = await self.log(chat)
         return [self._view(log, i) for i in log.items if i.seq <= log.committed]
 
-    async def delete_items(self, chat: str) -> int:
-        log = await self.log(chat)
-        lock = self._locks.setdefault(chat, asyncio.Lock())
-        async with lock:
+    async def delete_items(self, chat: str, record: Chat | None = None) -> int:
+        """Delete the chat's history: the rows commit first, then the log in memory is cleared
+        (a failed commit raises and changes nothing). With the chat's `record` (its home
+        shard) a `chat.items.deleted` event goes out with the commit; the copies other shards
+        keep for learning are deleted without one."""
+        async with self.lock(chat):
+            log = await self.log(chat)
             count = len(log.items)
-            await self.shard._submit(None, self.store.delete_items(log))
+            events = []
+            if record is not None:
+                events.append((ChatItemsDeleted(chat=chat, count=count), self.audience(record)))
+            fut = self.shard._submit(
+                None,
+                self.store.delete_items(log),
+                events,
+                on_failure=lambda: self._forget_log(chat),
+            )
+            if fut is not None:
+                await fut
+            self.store.clear_items(log)
         return count
 
     async def confessions(self, chat: str) -> list[Confession]:

@@ -43,6 +43,7 @@ from engine.directory import (
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unprocessable
 from engine.listing import Page, bot_entry, channel_entry, chat_entry, chat_sees, page
 from engine.self_rules import Editor, RulesUpdate, new_member, update_rules
+from storage.crypto import Keyring, load_master_key
 from storage.database import Database
 from storage.directory_store import MIGRATIONS, DirectoryStore, hash_token
 
@@ -72,7 +73,8 @@ class DirectoryService:
         db_path: str | None = None,
     ) -> None:
         self.store = DirectoryStore(
-            Database(db_path or Path(data_dir) / "directory.duckdb", MIGRATIONS)
+            Database(db_path or Path(data_dir) / "directory.duckdb", MIGRATIONS),
+            Keyring(load_master_key(Path(data_dir))),
         )
         records, self._tokens = self.store.load()
         self.orgs: dict[str, Org] = records["orgs"]
@@ -187,6 +189,21 @@ class DirectoryService:
                 rules=rules or BotRules(name=name),
                 avatar=avatar,
             )
+            await self._put("bots", bot, self.bots)
+            return bot
+
+    async def patch_bot(self, bot_id: str, changes: dict) -> Bot:
+        """An admin's change of a bot's `name`, `model` or `avatar` (the gateway checked the
+        model's name). Rules that carried the old name follow a rename. Under the write lock:
+        a grant or rules change made meanwhile is kept."""
+        if "name" in changes and not changes["name"].strip():
+            raise InvalidInput("a bot needs a name", code="invalid_name")
+        async with self._write:
+            bot = self._get(self.bots, bot_id, "bot")
+            rules = bot.rules
+            if "name" in changes and rules.name in ("", bot.name):
+                rules = msgspec.structs.replace(rules, name=changes["name"])
+            bot = msgspec.structs.replace(bot, rules=rules, **changes)
             await self._put("bots", bot, self.bots)
             return bot
 

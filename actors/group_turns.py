@@ -103,6 +103,8 @@ class GroupTurns:
             except Exception as e:  # the turn must always end
                 logger.exception("group turn %s failed", turn.id)
                 status, error = "failed", f"internal error: {type(e).__name__}"
+            if status == "failed":
+                logger.warning("group turn %s in chat %s failed: %s", turn.id, chat.id, error)
             done = msgspec.structs.replace(turn, status=status, error=error)
             await conv.commit(chat.id, Sink(writes=[conv.store.put_turn(log, done)]))
         waiting = await self._schedule_learning(start, turn, person, plan, confided, effects)
@@ -163,6 +165,7 @@ class GroupTurns:
         try:
             return await peers.shard_call(peers.index_of(bot.owner), "run_step", step, mirror, upto)
         except OpenBotError as e:  # the bot's shard is down: this member fails this round
+            logger.warning("step of bot %s in chat %s failed: %s", bot.id, step.chat.id, e.message)
             return StepOutcome(status="failed", error=e.message)
         except Exception as e:
             logger.exception("step of %s failed", bot.id)

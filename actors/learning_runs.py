@@ -5,8 +5,9 @@ again. Its one model step is recorded (request, result, cost) in the encrypted c
 anything is applied, so a restart reuses the recorded result instead of calling the model again.
 The memory changes, the chat's read position and the end of the job commit in one transaction
 (LRN-5). Jobs of one pool and chat run one at a time and re-check the read position under the
-pool's write lock, so the same evidence is never applied twice. A step over two minutes ends
-the job with a safe error and leaves the read position where it was.
+pool's write lock, so the same evidence is never applied twice. No pool lock is held across the
+model call or the calls to the directory and other shards (user and project facts). A step over
+two minutes ends the job with a safe error and leaves the read position where it was.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from actors.memory_bot import BudgetSpent, MemoryBotRuntime
+from actors.residency import unused
 from engine import scoped_memory as sm
 from engine import tags as tagmod
 from engine.commands import Outcome
@@ -36,6 +38,7 @@ from engine.memory import Change, LogRow, Reader, Scope, Who
 from engine.models import Completion, Message
 from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS
 from storage.chat_store import ChatStore, LearningJob, ModelCall
+from storage.stats import STATS
 
 if TYPE_CHECKING:
     from actors.conversations import Conversations
@@ -48,6 +51,7 @@ LEARNING_SYSTEM = (
     "Answer only with tool calls."
 )
 log = logging.getLogger("openbot.learning")
+JOBS = "openbot_learning_jobs"
 AUTO_RETRIES = 3  # CO-3
 # Seconds before the first retry, doubled each time (the tests shorten it).
 RETRY_DELAY = float(os.environ.get("OPENBOT_LEARNING_RETRY_DELAY", "2.0"))
@@ -63,7 +67,7 @@ class LearningRunner:
         self.conversations: Conversations | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._chains: dict[tuple[str, str], asyncio.Lock] = {}
-        self._positions: dict[tuple[str, str], int] = {}
+        self._positions: dict[str, dict[str, int]] = {}  # pool → chat → read position
         self.model_steps = 0  # model calls actually made (tests and benchmarks read it)
         self.step_limit = LEARNING_STEP_LIMIT
         self.retry_delay = RETRY_DELAY
@@ -107,6 +111,7 @@ class LearningRunner:
         task.add_done_callback(lambda _t, k=job.id: self._tasks.pop(k, None))
 
     def event(self, job: LearningJob):
+        STATS.inc(JOBS, help="Learning job changes by the status they reached", status=job.status)
         operator = job.grant.removeprefix("for:person:")
         users = (operator,) if job.grant.startswith("for:person:") else ()
         channels = (job.channel,) if job.channel else ()
@@ -125,14 +130,28 @@ class LearningRunner:
         await self._queue_save(job)
 
     async def _position(self, pool: str, chat: str) -> int:
-        key = (pool, chat)
-        if key not in self._positions:
-            self._positions[key] = await self.store.position(pool, chat)
-        return self._positions[key]
+        known = self._positions.get(pool, {}).get(chat)
+        if known is None:
+            known = await self.store.position(pool, chat)
+            self._positions.setdefault(pool, {})[chat] = known
+        return known
+
+    def forget_pool(self, pool: str) -> None:
+        """The pool left memory: its cached read positions go too (they are on disk)."""
+        self._positions.pop(pool, None)
 
     async def _run(self, job: LearningJob) -> None:
+        key = (job.pool, job.chat)
+        lock = self._chains.setdefault(key, asyncio.Lock())
+        try:
+            await self._run_locked(job, lock)
+        finally:
+            # The last job of this pool and chat takes its lock along (memory stays bounded).
+            if not lock.locked() and self._chains.get(key) is lock and unused(lock, 1):
+                del self._chains[key]
+
+    async def _run_locked(self, job: LearningJob, lock: asyncio.Lock) -> None:
         retry: LearningJob | None = None
-        lock = self._chains.setdefault((job.pool, job.chat), asyncio.Lock())
         async with lock:
             # "running" and the attempt count go to disk with the recorded model step.
             job = msgspec.structs.replace(
@@ -187,6 +206,10 @@ class LearningRunner:
         return True
 
     async def _end(self, job: LearningJob, status: str, error: str | None) -> LearningJob:
+        if status == "failed":
+            log.warning(
+                "learning job %s (%s, chat %s) failed: %s", job.id, job.pool, job.chat, error
+            )
         job = msgspec.structs.replace(
             job, status=status, error=error, updated_at=self.shard.clock()
         )
@@ -274,7 +297,32 @@ class LearningRunner:
 
     async def _apply(self, job: LearningJob, pool, completion: Completion, evidence) -> None:
         calls = [(c.name, c.arguments.encode()) for c in completion.tool_calls]
+        audience = Audience(chat=job.chat, org=job.org, grant=job.grant, channel=job.channel)
+        now = self.shard.clock()
+
+        def new_ids():
+            return (f"mem_{secrets.token_hex(12)}" for _ in iter(int, 1))
+
+        # User and project facts go to the workspace pools (SC-1..SC-3) on other shards: they
+        # are decided from the pool's state under its shared lock and sent after it is released
+        # (no pool lock is held across an actor call, ACL-9). The receipt of `learn:<job>:<upto>`
+        # makes a repeat store nothing twice.
         _, ws = await self.shard.bot_memory.pools(job.pool)
+        ws_rejected: list[str] = []
+        async with pool.lock.shared():
+            learned = await self._position(job.pool, job.chat) >= job.upto
+            if not learned:
+                first = decide(
+                    calls,
+                    pool=job.pool,
+                    entries=self.shard.bot_memory.learning_state(pool, ws),
+                    evidence=evidence,
+                    audience=audience,
+                    now=now,
+                    new_ids=new_ids(),
+                )
+        if not learned:
+            ws_rejected = await self._extract_scoped(job, first.new, evidence, now)
         async with pool.lock.exclusive():
             if await self._position(job.pool, job.chat) >= job.upto:
                 pending = pool.pending  # LRN-5: applied meanwhile; never twice
@@ -282,21 +330,19 @@ class LearningRunner:
                 writes = [self.store.job_row(done)]
                 pending = self.shard._submit(pool, writes, [self.event(done)])
             else:
-                now = self.shard.clock()
                 decision = decide(
                     calls,
                     pool=job.pool,
                     # The latest state, under the write lock (LRN-8): the bot's one memory.
                     entries=self.shard.bot_memory.learning_state(pool, ws),
                     evidence=evidence,
-                    audience=Audience(
-                        chat=job.chat, org=job.org, grant=job.grant, channel=job.channel
-                    ),
+                    audience=audience,
                     now=now,
-                    new_ids=(f"mem_{secrets.token_hex(12)}" for _ in iter(int, 1)),
+                    new_ids=new_ids(),
                 )
-                # User and project facts go to the workspace pools (SC-1..SC-3, issue 5).
-                ws_rejected = await self._extract_scoped(job, decision.new, evidence, now)
+                rejections = tuple(
+                    [f"{r.tool}: {r.reason}" for r in decision.rejected] + ws_rejected
+                )
                 decision = msgspec.structs.replace(
                     decision,
                     new=[(m, t) for m, t in decision.new if m.scope == Scope.BOT],
@@ -332,14 +378,15 @@ class LearningRunner:
                     upserts=tuple([m for m, _ in decision.new] + decision.changed),
                     log=tuple(log_rows),
                 )
-                rejected = len(decision.rejected) + ws_rejected
+                rejected = len(rejections)
                 done = msgspec.structs.replace(
                     job,
                     status="done",
                     error=f"{rejected} proposed change(s) rejected" if rejected else None,
+                    rejections=rejections,
                     updated_at=now,
                 )
-                self._positions[(job.pool, job.chat)] = job.upto
+                self._positions.setdefault(job.pool, {})[job.chat] = job.upto
                 extra = [
                     self.store.position_row(job.pool, job.chat, job.upto),
                     self.store.job_row(done),
@@ -349,16 +396,17 @@ class LearningRunner:
         try:
             await self.shard._settle(pool, pending, reads_state=False)
         except BaseException:
-            self._positions.pop((job.pool, job.chat), None)  # reload what was really stored
+            # Reload what was really stored.
+            self._positions.get(job.pool, {}).pop(job.chat, None)
             raise
 
-    async def _extract_scoped(self, job: LearningJob, new, evidence, now: int) -> int:
+    async def _extract_scoped(self, job: LearningJob, new, evidence, now: int) -> list[str]:
         """Send the user- and project-scope facts among `new` to the shards holding those
-        workspace pools; the number refused. User scope needs the turn's one person (a direct
-        chat); project scope needs the chat's project."""
+        workspace pools; why each refused one was refused. User scope needs the turn's one
+        person (a direct chat); project scope needs the chat's project."""
         scoped = [(m, t) for m, t in new if m.scope != Scope.BOT]
         if not scoped:
-            return 0
+            return []
         contributor = job.pool.removeprefix("bot:")
         user = (
             job.grant.removeprefix("for:person:") if job.grant.startswith("for:person:") else None
@@ -367,13 +415,14 @@ class LearningRunner:
         if any(m.scope == Scope.PROJECT for m, _ in scoped):
             project = (await self.shard.peers.directory("get_chat", job.chat)).project
         by_pool: dict[str, list[sm.Extraction]] = {}
-        refused = 0
+        refused: list[str] = []
         for meta, text in scoped:
             if meta.scope == Scope.USER and user is None:
-                refused += 1  # a group's turn has no single user to keep it for
+                # A group's turn has no single user to keep it for.
+                refused.append("learn_fact: user scope needs a direct chat with one person")
                 continue
             if meta.scope == Scope.PROJECT and not project:
-                refused += 1
+                refused.append("learn_fact: project scope needs a chat with a project")
                 continue
             pool_id = sm.pool_of(meta.scope, bot=contributor, account=user or "", project=project)
             by_pool.setdefault(pool_id, []).append(
@@ -395,7 +444,7 @@ class LearningRunner:
             if pool_id.startswith("project:"):
                 owner = await self.shard.peers.directory("project_owner", owner)
                 if owner is None:
-                    refused += len(proposals)
+                    refused += [f"learn_fact: no project {pool_id}"] * len(proposals)
                     continue
             decisions = await self.shard.peers.shard_call(
                 self.shard.peers.index_of(owner),
@@ -407,5 +456,5 @@ class LearningRunner:
                 f"learn:{job.id}:{job.upto}",
                 now,
             )
-            refused += sum(1 for d in decisions if d.outcome == "refused")
+            refused += [f"learn_fact: {d.reason}" for d in decisions if d.outcome == "refused"]
         return refused

@@ -15,7 +15,8 @@ from contextlib import asynccontextmanager
 
 import msgspec
 
-from actors.models import Model, ModelError
+from actors.models import Model, ModelError, measured
+from actors.rwlock import assert_no_pool_lock
 from engine.errors import OpenBotError
 from engine.memory_bot import MemoryBotSettings
 from engine.models import Completion, Message, ToolSpec, cost_micros
@@ -120,12 +121,13 @@ class MemoryBotRuntime:
     ) -> Completion:
         """One budgeted model call in a slot; `timeout` covers the wait for the slot too. With
         `log`, the request and its result or error are added to it (the encrypted call log)."""
+        assert_no_pool_lock("a memory-bot model call")
         await self.check_budget(pool, settings)
         request = _enc.encode([msgspec.to_builtins(m) for m in messages]).decode()
 
         async def run() -> Completion:
             async with self.slot(pool, settings):
-                return await model.complete(messages, tools, timeout=timeout)
+                return await measured(model, messages, tools, timeout=timeout)
 
         step = len(log) + 1 if log is not None else 0
         try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,8 +36,17 @@ from typing import Protocol
 import httpx
 import msgspec
 
-from engine.errors import InvalidInput, Unavailable
-from engine.models import Completion, Message, Price, ToolCall, ToolSpec, Usage
+from engine.errors import InvalidInput, OpenBotError, Unavailable
+from engine.models import (
+    Completion,
+    Message,
+    Price,
+    ToolCall,
+    ToolSpec,
+    Usage,
+    cost_micros,
+)
+from storage.stats import STATS
 
 
 class ModelError(Unavailable):
@@ -208,6 +218,27 @@ _SPEAKER = re.compile(r"You are (.+?)\.(?:\n|$)")
 
 
 _ZERO = Usage(input_tokens=0, output_tokens=0)
+_PLACE = re.compile(r"\{(\w+)\}")
+
+
+def _fill(value, groups: Mapping[str, str]):
+    """`{name}` in a rule's strings becomes what the match's group `name` caught, so a script
+    can cite what it was given (a memory bot citing the item a person said)."""
+    if isinstance(value, str):
+        return _PLACE.sub(lambda m: groups.get(m.group(1), m.group(0)), value)
+    if isinstance(value, list):
+        return [_fill(v, groups) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, groups) for k, v in value.items()}
+    return value
+
+
+def _unescape(text: str) -> str:
+    """A group caught inside a JSON string, as the string's value."""
+    try:
+        return msgspec.json.decode(f'"{text}"')
+    except msgspec.DecodeError:
+        return text
 
 
 class ScriptedModel:
@@ -247,19 +278,21 @@ class ScriptedModel:
         last = next((m.content or "" for m in reversed(messages) if m.role == "user"), "")
         rules = [*(speaker.rules if speaker else ()), *self.script.rules]
         for rule in rules:
-            if self._pattern(rule.match).search(last):
+            found = self._pattern(rule.match).search(last)
+            if found:
+                groups = {k: _unescape(v) for k, v in found.groupdict().items() if v is not None}
                 calls = tuple(
                     ToolCall(
                         id=f"call_{k}",
                         name=c["name"],
                         arguments=c["arguments"]
                         if isinstance(c.get("arguments"), str)
-                        else msgspec.json.encode(c.get("arguments", {})).decode(),
+                        else msgspec.json.encode(_fill(c.get("arguments", {}), groups)).decode(),
                     )
                     for k, c in enumerate(rule.tool_calls)
                 )
                 return Completion(
-                    text=rule.text,
+                    text=_fill(rule.text, groups),
                     tool_calls=calls,
                     usage=Usage(input_tokens=0, output_tokens=0),
                     model=self.name,
@@ -272,6 +305,38 @@ class ScriptedModel:
         if pattern is None:
             pattern = self._patterns[source] = re.compile(source)
         return pattern
+
+
+# --- measured calls ------------------------------------------------------------------------------
+
+
+async def measured(
+    model: Model, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), **options
+) -> Completion:
+    """`model.complete`, counted for `GET /metrics`: calls and errors by model, latency, tokens
+    and confirmed cost. Every model call of a bot step or the memory bot goes through here."""
+    started = time.perf_counter()
+    try:
+        done = await model.complete(messages, tools, **options)
+    except BaseException as e:
+        outcome = e.code if isinstance(e, OpenBotError) else type(e).__name__
+        STATS.inc(CALLS, help=CALLS_HELP, model=model.name, outcome=outcome)
+        raise
+    finally:
+        STATS.observe(LATENCY, time.perf_counter() - started, help=LATENCY_HELP, model=model.name)
+    STATS.inc(CALLS, help=CALLS_HELP, model=model.name, outcome="ok")
+    cost = cost_micros(done.usage, model.price)
+    if cost is not None:
+        STATS.inc(COST, cost, help="Confirmed model cost in micro-USD", model=model.name)
+    if done.usage is not None:
+        for kind, n in (("input", done.usage.input_tokens), ("output", done.usage.output_tokens)):
+            STATS.inc(TOKENS, n, help="Model tokens by kind", model=model.name, kind=kind)
+    return done
+
+
+CALLS, CALLS_HELP = "openbot_model_calls", "Model calls by model and outcome (ok or error code)"
+LATENCY, LATENCY_HELP = "openbot_model_call_seconds", "Model call latency by model"
+COST, TOKENS = "openbot_model_cost_micros", "openbot_model_tokens"
 
 
 # --- configuration -------------------------------------------------------------------------------

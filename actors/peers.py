@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from actors.rwlock import assert_no_pool_lock
 from engine.errors import OpenBotError, Unavailable
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class Peers:
         return handle
 
     async def shard_call(self, index: int, method: str, *args: Any) -> Any:
+        assert_no_pool_lock(f"a call to shard {index} ({method})")
         if index == self.shard.index:
             return await getattr(self.shard, method)(*args)
         if self.prefix is None:
@@ -48,6 +50,7 @@ class Peers:
         return await remote(getattr(self._handle(f"{self.prefix}-shard-{index}"), method), *args)
 
     async def directory(self, method: str, *args: Any) -> Any:
+        assert_no_pool_lock(f"a call to the directory ({method})")
         if self.prefix is None:
             local = getattr(self.shard, "directory_service", None)
             if local is None:
@@ -61,6 +64,7 @@ async def remote(method: Any, *args: Any, **kwargs: Any) -> Any:
     as `Unavailable`."""
     import ray
 
+    assert_no_pool_lock("an actor call")
     try:
         return await method.remote(*args, **kwargs)
     except ray.exceptions.RayTaskError as e:

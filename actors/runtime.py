@@ -129,8 +129,12 @@ class PlacedDirectoryService(DirectoryService):
         return _where()
 
 
-DirectoryActor = ray.remote(num_cpus=0, max_restarts=-1)(PlacedDirectoryService)
-ShardActor = ray.remote(num_cpus=0, max_restarts=-1)(PlacedShardService)
+# No task events: Ray's GCS keeps up to 100,000 of them (what the dashboard shows), which grew
+# its memory by ~25 MB a minute under load (benchmarks/soak.py); nothing here reads them.
+DirectoryActor = ray.remote(num_cpus=0, max_restarts=-1, enable_task_events=False)(
+    PlacedDirectoryService
+)
+ShardActor = ray.remote(num_cpus=0, max_restarts=-1, enable_task_events=False)(PlacedShardService)
 
 
 class _QuietPlacementWarning(logging.Filter):
@@ -240,11 +244,14 @@ def start_ray(
     tmp_dir: str | None = None,
     runtime_env: dict | None = None,
     token_file: str | Path | None = None,
+    log_to_driver: bool = False,
 ) -> None:
     """Start a local Ray (address None) or join `address`; a no-op if already connected.
     `runtime_env` (joining only) applies to every actor this process creates. The local Ray
     listens on 127.0.0.1 only and requires the token in `token_file` (default: one made in its
-    temp dir), see actors/ray_env.py; joining uses the cluster's own settings."""
+    temp dir), see actors/ray_env.py; joining uses the cluster's own settings. `log_to_driver`
+    (`openbot serve`) shows the actors' log lines (failed turns, steps, jobs) in this process's
+    output."""
     global _joined
     if ray.is_initialized():
         return
@@ -261,7 +268,7 @@ def start_ray(
             _node_ip_address="127.0.0.1",
             _temp_dir=tmp,
             object_store_memory=128 * 1024 * 1024,
-            log_to_driver=False,
+            log_to_driver=log_to_driver,
             logging_level="WARNING",
             configure_logging=True,
         )
@@ -269,7 +276,7 @@ def start_ray(
         ray.init(
             address=address,
             namespace=NAMESPACE,
-            log_to_driver=False,
+            log_to_driver=log_to_driver,
             logging_level="WARNING",
             runtime_env=runtime_env,
         )
@@ -376,6 +383,7 @@ class Engine:
         placement: str = "auto",
         detached: bool | None = None,
         placement_timeout: float = 60.0,
+        cache_records: int | None = None,  # records each shard keeps loaded (residency)
     ) -> Engine:
         """Create the actors, or find them by name when another gateway already did.
 
@@ -432,6 +440,7 @@ class Engine:
                 search=search_config or {},
                 prefix=prefix,
                 shard_count=shards,
+                cache_records=cache_records,
             )
             for k in range(shards)
         ]
@@ -439,10 +448,12 @@ class Engine:
         engine = cls(directory, handles, Path(data_dir), prefix)
         engine.placement = mode
         engine.placement_group = group
+        engine.models = frozenset(models_config or {})
         return engine
 
     placement: str = "local"
     placement_group: Any = None
+    models: frozenset[str] | None = None  # the configured model names; None: not known here
 
     def where(self, timeout: float = 30.0) -> dict[str, Any]:
         """Where the actors run: {"directory": {...}, "shards": [{shard, node, ip, pid, ...}]}."""

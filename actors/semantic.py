@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from actors.embeddings import DEFAULT_MIN_SCORE, Embedder, EmbeddingError
+from actors.residency import unused
 from engine.errors import OpenBotError
 from engine.scoped_memory import WsEntry
 from engine.workspace_search import Hit
@@ -243,6 +244,17 @@ class SemanticSearch:
     def _lock(self, pool_id: str) -> asyncio.Lock:
         return self._locks.setdefault(pool_id, asyncio.Lock())
 
+    def evict(self, pool_id: str) -> bool:
+        """Drop a pool's vectors and lock as its workspace pool leaves memory (they are loaded
+        again on its next search); False while they are in use. Its queued records stay
+        queued."""
+        lock = self._locks.get(pool_id)
+        if lock is not None and (lock.locked() or not unused(lock, 1)):
+            return False
+        self._locks.pop(pool_id, None)
+        self._pools.pop(pool_id, None)
+        return True
+
     async def _fill(self, pool: WsPool, vectors: PoolVectors, entries: Iterable[WsEntry]) -> None:
         """Embed the records among `entries` whose vector is missing or stale (their current
         content), keep the vectors and queue their rows (call under the pool's lock)."""
@@ -346,11 +358,6 @@ class SemanticSearch:
         for e in pool.stored.entries.values():
             if vectors.fp(e.id) != e.content_fp:
                 self._queue(pool.id, e.id)
-
-    def evict(self, pool_id: str) -> None:
-        """Drop a pool's vectors from memory (the shard evicting an idle pool); they load
-        again from the file on its next search. Its queued records stay queued."""
-        self._pools.pop(pool_id, None)
 
     # --- background ----------------------------------------------------------------------------
 

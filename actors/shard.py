@@ -22,6 +22,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from actors import rwlock
 from actors.bot_memory import BotMemory, Snapshot
 from actors.bot_step import StepInput, StepOutcome
 from actors.chains import ChainView
@@ -33,6 +34,7 @@ from actors.models import Model, load_models
 from actors.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeInfo, NodeModel
 from actors.peers import Peers
 from actors.pool import Pool
+from actors.residency import POOL_WEIGHT, Residency, budget_from, unused
 from actors.semantic import semantic_search
 from actors.single_flight import SingleFlight
 from actors.workspace import RevisionView, Workspace, WsAccess, WsListing, WsQuery
@@ -78,6 +80,7 @@ from engine.scoped_memory import (
     WsMemoryChange,
     WsMemoryCreate,
 )
+from engine.turns import ANSWER_WAIT
 from storage.chat_store import ChatStore, Confession, Enrichment, ItemView, LearningJob, Turn
 from storage.crypto import Keyring, load_master_key
 from storage.database import Database
@@ -87,6 +90,7 @@ from storage.memory_store import MemoryStore
 from storage.receipts import Receipts, fingerprint, receipt_key
 from storage.search_index import pack_keys, unpack_keys
 from storage.shard_schema import MIGRATIONS, RECEIPTS, TABLES
+from storage.stats import STATS
 
 log = logging.getLogger("openbot.shard")
 _view_dec = msgspec.json.Decoder(EntryView)
@@ -146,12 +150,17 @@ class ShardService:
         config_dir: str | None = None,
         search: Mapping[str, object] | None = None,  # the config's [search] table (SC-7)
         embedder: Embedder | None = None,  # instead of search's embedding_model (in-process use)
-        answer_wait: float = 15.0,
+        answer_wait: float = ANSWER_WAIT,  # MB-4; tests shorten it
         prefix: str | None = None,
         shard_count: int = 1,
         namespace: str = "openbot",
+        cache_records: int | None = None,  # the residency budget (actors/residency.py)
     ) -> None:
         self.index = index
+        self.residency = Residency(budget_from(cache_records))
+        # Called with a pool id when a pool (memory or workspace) leaves memory, so per-pool
+        # state kept elsewhere (search indexes, vectors) goes with it.
+        self.on_evict: list[Callable[[str], None]] = []
         self.peers = Peers(self, prefix=prefix, count=shard_count, namespace=namespace)
         self.db = Database(db_path or Path(data_dir) / f"shard-{index}.duckdb", MIGRATIONS)
         self.committer = GroupCommitter(self.db, TABLES, enabled=group_commit)
@@ -208,7 +217,41 @@ class ShardService:
             await self._index_pool(pool)
             return pool
 
-        return await self._loader.get(pool_id, load)
+        pool = await self._loader.get(pool_id, load)
+        self._resident(pool)
+        return pool
+
+    def _resident(self, pool: Pool) -> None:
+        """Count the pool as used now, at its current size."""
+        pool_id = pool.id
+        if self._pools.get(pool_id) is not pool:
+            return
+        self.residency.touch(
+            "pool:" + pool_id,
+            POOL_WEIGHT + len(pool.stored.entries) + len(pool.stored.log) // 2,
+            lambda: self._evict_pool(pool_id),
+        )
+
+    def _evict_pool(self, pool_id: str) -> bool:
+        """Drop a pool from memory unless it is in use (locked or awaited, a commit pending,
+        referenced by a running coroutine or a workspace pool); says whether it went."""
+        pool = self._pools.get(pool_id)
+        if pool is None:
+            return True
+        lock = pool.lock
+        if lock.readers or lock.writing or lock.waiting:
+            return False
+        if pool.pending is not None and not pool.pending.done():
+            return False
+        stored = pool.stored
+        if not unused(pool, 1) or not unused(stored, 1):  # _pools, and the pool's attribute
+            return False
+        del self._pools[pool_id]
+        self.store.keyring.forget(pool_id)
+        self.learning.forget_pool(pool_id)
+        for hook in self.on_evict:
+            hook(pool_id)
+        return True
 
     async def _index_pool(self, pool: Pool) -> None:
         """Fill the pool's keyword index from the stored term keys; entries without current
@@ -344,12 +387,14 @@ class ShardService:
         fut.add_done_callback(settled)
         if pool is not None:
             pool.pending = fut
+            self._resident(pool)  # its size changed
         return fut
 
     def _poison(self, pool: Pool) -> None:
         pool.poisoned = True
         if self._pools.get(pool.id) is pool:
             del self._pools[pool.id]
+            self.residency.forget("pool:" + pool.id)
 
     async def emit(self, items: Sequence[tuple[Payload, Audience]]) -> int:
         """Write events that go with no memory change (for other parts of the engine); returns
@@ -471,8 +516,9 @@ class ShardService:
         self._ensure_started()
         return await self.conversations.items(chat)
 
-    async def delete_chat_items(self, chat: str) -> int:
-        return await self.conversations.delete_items(chat)
+    async def delete_chat_items(self, chat: str, record: Chat | None = None) -> int:
+        """Delete a chat's history here; with its `record` (on its home shard) announce it."""
+        return await self.conversations.delete_items(chat, record)
 
     async def confessions(self, chat: str) -> list[Confession]:
         return await self.conversations.confessions(chat)
@@ -837,9 +883,21 @@ class ShardService:
         self._ensure_started()
         return self.index
 
+    async def lock_violations(self) -> list[str]:
+        """What the pool-lock guard caught in this process (actors/rwlock.py; tests)."""
+        return list(rwlock.violations)
+
+    async def metrics(self) -> dict:
+        """This process's figures for `GET /metrics` (storage/stats.py)."""
+        return STATS.snapshot()
+
     async def stats(self) -> dict[str, int]:
         return {
             "pools": len(self._pools),
+            "workspace_pools": len(self.workspace._pools),
+            "chats": len(self.conversations._logs),
+            "resident_records": self.residency.total,
+            "evictions": self.residency.evictions,
             "transactions": self.committer.transactions,
             "batches": self.committer.batches,
         }

@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
+from actors.residency import POOL_WEIGHT, unused
+from actors.rwlock import PoolMutex
 from actors.single_flight import SingleFlight
 from engine import bot_memory as bm
 from engine import projects as projmod
@@ -194,13 +196,41 @@ class Workspace:
                 stored=stored,
                 keyed=keyed,
                 fp_key=self.store.fingerprint_key(pool_id),
-                lock=asyncio.Lock(),
+                lock=PoolMutex(),
                 bot_org=bot_org,
             )
             await self._index(pool)
             return pool
 
-        return await self._loader.get(pool_id, load)
+        pool = await self._loader.get(pool_id, load)
+        self._resident(pool)
+        return pool
+
+    def _resident(self, pool: WsPool) -> None:
+        """Count the pool as used now, at its current size."""
+        pool_id, stored = pool.id, pool.stored
+        if self._pools.get(pool_id) is pool:
+            self.shard.residency.touch(
+                "ws:" + pool_id,
+                POOL_WEIGHT + len(stored.entries) + len(stored.barriers),
+                lambda: self._evict(pool_id),
+            )
+
+    def _evict(self, pool_id: str) -> bool:
+        """Drop a workspace pool (and what hooks keep for it) unless it is in use."""
+        pool = self._pools.get(pool_id)
+        if pool is None:
+            return True
+        if pool.lock.locked() or (pool.pending is not None and not pool.pending.done()):
+            return False
+        if not unused(pool, 1):  # a coroutine or a search still holds it
+            return False
+        if self.semantic is not None and not self.semantic.evict(pool_id):
+            return False
+        del self._pools[pool_id]
+        for hook in self.shard.on_evict:
+            hook(pool_id)
+        return True
 
     async def _index(self, pool: WsPool) -> None:
         """Build the pool's keyword index from the stored term keys (read in bulk); records
@@ -279,7 +309,13 @@ class Workspace:
         if self._projects_loading is None:
             self._projects_loading = asyncio.get_running_loop().create_future()
             try:
-                projects = await self.store.load_projects()
+                projects, legacy = await self.store.load_projects(self.shard.store.keyring)
+                for pid in legacy:  # stored plain by an older version: seal them now
+                    keyed = (await self.shard._pool(projmod.pool(pid))).stored
+                    rows = [*self.shard.store.key_rows(keyed)]
+                    rows.append(self.store.project_row(projects[pid], keyed.cipher))
+                    fut = self.shard._submit(None, rows)
+                    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
             except BaseException as e:
                 self._projects_loading.set_exception(e)
                 self._projects_loading.exception()
@@ -295,6 +331,7 @@ class Workspace:
         pool.poisoned = True
         if self._pools.get(pool.id) is pool:
             del self._pools[pool.id]
+            self.shard.residency.forget("ws:" + pool.id)
 
     def _drop_projects(self) -> None:
         self._projects = None  # reloaded from the file by the next call
@@ -478,7 +515,7 @@ class Workspace:
             writes: list[Write] = []
             events: list[tuple[Payload, Audience]] = []
             if project is not projects.get(pid):
-                writes.append(self.store.project_row(project))
+                writes.append(self.store.project_row(project, keyed.cipher))
                 events.append(
                     (
                         ProjectChanged(project=pid, revision=project.revision, change=change),
@@ -727,6 +764,7 @@ class Workspace:
         fut = self._commit(writes, events, (key, print_, raw, keyed), lambda: self._drop_pool(pool))
         if writes:
             pool.pending = fut
+            self._resident(pool)  # its size changed
         return fut
 
     async def extract(
@@ -842,6 +880,7 @@ class Workspace:
         fut = self._commit(writes, events, (key, print_, raw, keyed), lambda: self._drop_pool(pool))
         if writes:
             pool.pending = fut
+            self._resident(pool)  # its size changed
         return fut
 
     def _open(self, pool: WsPool, entry_id: str) -> str:

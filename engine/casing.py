@@ -110,6 +110,8 @@ def camel_schema(doc: Any) -> Any:
                 out[k] = {camel(p): camel_schema(s) for p, s in v.items()}
             elif k == "required" and isinstance(v, list):
                 out[k] = [camel(p) if isinstance(p, str) else p for p in v]
+            elif k in ("default", "example", "examples"):
+                out[k] = camel_keys(v)
             else:
                 out[k] = camel_schema(v)
         return out

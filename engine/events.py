@@ -55,7 +55,21 @@ class ChatItemCreated(msgspec.Struct, frozen=True, kw_only=True, tag="chat.item.
     turn: str | None = None
 
 
-Payload = MemoryChanged | MemoryJobChanged | ProjectChanged | CollaborationChanged | ChatItemCreated
+class ChatItemsDeleted(msgspec.Struct, frozen=True, kw_only=True, tag="chat.items.deleted"):
+    """A chat's history was deleted (`DELETE /v1/chats/:id/items`): clients drop its items."""
+
+    chat: str
+    count: int
+
+
+Payload = (
+    MemoryChanged
+    | MemoryJobChanged
+    | ProjectChanged
+    | CollaborationChanged
+    | ChatItemCreated
+    | ChatItemsDeleted
+)
 EVENT_TYPES = tuple(t.__struct_config__.tag for t in Payload.__args__)  # type: ignore[attr-defined]
 
 

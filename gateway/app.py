@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Callable
 
 import msgspec
+from msgspec import UNSET
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -18,7 +19,6 @@ from actors.node_hub import hub_handle
 from actors.runtime import Engine, call
 from engine import tags as tagmod
 from engine import widening
-from engine.casing import camel_schema, plain_component_names
 from engine.directory import (
     Bot,
     Principal,
@@ -29,7 +29,7 @@ from engine.directory import (
     require_write,
     resolve_org,
 )
-from engine.errors import Forbidden, InvalidInput, NotFound, OpenBotError
+from engine.errors import Forbidden, InvalidInput, NotFound, OpenBotError, Unprocessable
 from engine.memory import Reader
 from engine.memory_bot import SettingsPatch
 from gateway import wire
@@ -41,6 +41,7 @@ from gateway.events import EventsEndpoint, Hub
 from gateway.file_export_route import FileExportApi
 from gateway.json_response import BodyLimits, json, read_body
 from gateway.listing_routes import ListingApi
+from gateway.metrics import MetricsApi, RequestLog
 from gateway.nodes import NodesEndpoint
 from gateway.openapi import openapi_document
 from gateway.read_cache import ReadCache
@@ -70,15 +71,26 @@ class Api:
 
     # --- admin: the directory ---
 
+    def _check_model(self, name: object) -> None:
+        """A model is named in the server's config; a typo fails here, not at the first turn."""
+        known = self.engine.models
+        if known is None or not isinstance(name, str) or name in known:
+            return
+        choices = ", ".join(sorted(known)) or "none configured"
+        raise Unprocessable(f"unknown model {name!r} (models: {choices})", code="unknown_model")
+
     async def create_org(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.CreateOrg)
+        if body.settings is not None:
+            self._check_model(body.settings.botMemoryModel)
         org = await call(self.engine.directory.create_org, body.name, body.id, body.settings)
         return json(org, 201)
 
     async def patch_org(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.PatchOrg)
+        self._check_model(body.settings.get("botMemoryModel"))
         org = await call(self.engine.directory.patch_org, request.path_params["id"], body.settings)
         return json(org)
 
@@ -91,6 +103,7 @@ class Api:
     async def create_bot(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.CreateBot)
+        self._check_model(body.model)
         bot = await call(
             self.engine.directory.create_bot,
             name=body.name,
@@ -105,6 +118,17 @@ class Api:
         )
         self.auth.directory_changed(bot.id)  # the owner's principal now lists this bot
         return json(bot, 201)
+
+    async def patch_bot(self, request: Request) -> Response:
+        await self.auth.admin(request)
+        body = wire.decode(await read_body(request), wire.PatchBot)
+        changes = {
+            f: getattr(body, f) for f in body.__struct_fields__ if getattr(body, f) is not UNSET
+        }
+        self._check_model(changes.get("model"))
+        bot = await call(self.engine.directory.patch_bot, request.path_params["id"], changes)
+        self.auth.directory_changed(bot.id)
+        return json(bot)
 
     async def create_grant(self, request: Request) -> Response:
         await self.auth.admin(request)
@@ -275,7 +299,7 @@ class Api:
         access = await self._chat(request)
         if request.method == "DELETE":
             require_chat_owner(access.chat, access.principal.user.id)  # type: ignore[union-attr]
-            count = await call(access.home.delete_chat_items, access.chat.id)
+            count = await call(access.home.delete_chat_items, access.chat.id, access.chat)
             # The copies the members' shards keep for learning go too (API-5: what was
             # learned stays; the history does not).
             for shard in await self._member_shards(access):
@@ -461,8 +485,7 @@ class Api:
 
     async def openapi(self, request: Request) -> Response:
         await self.auth.caller(request)
-        # The document describes the camelCase wire (issue 14); its own keys are not camelised.
-        doc = plain_component_names(camel_schema(openapi_document()))
+        doc = openapi_document()  # already camelCase; json() would rename its own keys
         return Response(msgspec.json.encode(doc), media_type="application/json")
 
     async def health(self, request: Request) -> Response:
@@ -517,6 +540,7 @@ def create_app(
         r("/v1/admin/orgs/{id}", api.patch_org, methods=["PATCH"]),
         r("/v1/admin/users", api.create_user, methods=["POST"]),
         r("/v1/admin/bots", api.create_bot, methods=["POST"]),
+        r("/v1/admin/bots/{id}", api.patch_bot, methods=["PATCH"]),
         r("/v1/admin/grants", api.create_grant, methods=["POST"]),
         r("/v1/admin/channels", api.create_channel, methods=["POST"]),
         r("/v1/admin/backup", api.backup, methods=["POST"]),
@@ -549,6 +573,7 @@ def create_app(
         r(f"{WS}/memory-export", wm.export, methods=["GET"]),
         r("/openapi.json", api.openapi, methods=["GET"]),
         r("/healthz", api.health, methods=["GET"]),
+        r("/metrics", MetricsApi(engine, auth).metrics, methods=["GET"]),
         WebSocketRoute("/v1/events", EventsEndpoint(hub, auth, listener_refresh).handle),
         WebSocketRoute("/v1/nodes", NodesEndpoint(auth, engine.prefix).handle),
         *console_routes(),
@@ -566,6 +591,7 @@ def create_app(
         # Outermost first: errors contained (the connection survives them); no token → 401
         # before a body is even read; then the body limits.
         middleware=[
+            Middleware(RequestLog),  # every answer logged and counted, with its request id
             Middleware(ContainErrors),
             Middleware(TokenRequired, auth=auth),
             Middleware(BodyLimits),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from urllib.parse import quote
 
 import msgspec
@@ -50,6 +50,7 @@ class EventClient:
         cursor: str | None = None,
         max_backoff: float = 5.0,
         header_auth: bool = True,
+        on_status: Callable[[str], None] | None = None,
     ) -> None:
         base = url.rstrip("/")
         self.url = base.replace("http://", "ws://", 1).replace("https://", "wss://", 1)
@@ -58,6 +59,8 @@ class EventClient:
         self.max_backoff = max_backoff
         self.header_auth = header_auth
         self.reconnects = 0
+        # Told "connected …" on each (re)connect and "… retrying in N s" before each retry.
+        self.on_status = on_status
         self._ws: ClientConnection | None = None
         self._closed = False
 
@@ -88,6 +91,10 @@ class EventClient:
             await ws.send(msgspec.json.encode({"type": "auth", "token": self.token}).decode())
         return ws
 
+    def _status(self, text: str) -> None:
+        if self.on_status is not None:
+            self.on_status(text)
+
     def __aiter__(self) -> AsyncIterator[EventFrame]:
         return self._frames()
 
@@ -96,6 +103,7 @@ class EventClient:
         while not self._closed:
             try:
                 self._ws = await self._connect()
+                self._status(f"connected to {self.url}/v1/events")
                 async for raw in self._ws:
                     frame = _dec.decode(raw)
                     self.cursor = frame.cursor
@@ -108,17 +116,22 @@ class EventClient:
                 reason = self._ws.close_reason or ""
                 if code in FINAL_CODES:
                     raise EventStreamClosed(code, reason)
+                why = f"the server closed the stream ({code})"
             except ConnectionClosed as e:
                 code = e.rcvd.code if e.rcvd else None
                 if code in FINAL_CODES:
                     raise EventStreamClosed(code, e.rcvd.reason if e.rcvd else "") from e
+                why = f"connection closed ({code})"
             except InvalidStatus as e:
                 if e.response.status_code in (401, 403):
                     raise EventStreamClosed(e.response.status_code, "refused") from e
-            except (OSError, InvalidHandshake, TimeoutError):
-                pass
+                why = f"the server answered {e.response.status_code}"
+            except (OSError, InvalidHandshake, TimeoutError) as e:
+                why = f"cannot connect ({type(e).__name__}: {e})"
             if self._closed:
                 return
             self.reconnects += 1
-            await asyncio.sleep(delay * (0.5 + random.random()))
+            wait = delay * (0.5 + random.random())
+            self._status(f"{why}; retrying in {wait:.1f} s")
+            await asyncio.sleep(wait)
             delay = min(delay * 2, self.max_backoff)

@@ -69,6 +69,14 @@ class DemoResult:
     events: Counter = field(default_factory=Counter)  # frames seen, by type
     seconds: float = 0.0
 
+    @property
+    def ok(self) -> bool:
+        """Every bot step of the discussion answered (`openbot demo` exits 1 otherwise)."""
+        items = self.discussion["items"]
+        return any(i["kind"] == "bot" for i in items) and not any(
+            i["kind"] == "notification" for i in items
+        )
+
 
 def _check(resp: httpx.Response, what: str) -> dict:
     if not resp.is_success:

@@ -37,6 +37,7 @@ from engine.events import (
     needs_reset,
 )
 from gateway.auth import Auth, bearer_token
+from gateway.metrics import EVENTS_DELIVERED, EVENTS_DROPPED, WS_CLIENTS
 from gateway.wire import check_json
 
 log = logging.getLogger("openbot.events")
@@ -128,6 +129,7 @@ class Subscriber:
         try:
             self.queue.put_nowait(raw)
         except asyncio.QueueFull:
+            EVENTS_DROPPED.inc()
             self.overflowed.set()
 
 
@@ -312,6 +314,7 @@ class EventsEndpoint:
     async def handle(self, websocket: WebSocket) -> None:
         await websocket.accept()
         sub: Subscriber | None = None
+        WS_CLIENTS.labels("events").inc()
         try:
             principal, token = await self._authenticate(websocket)
             listener = _listener(principal)
@@ -334,6 +337,7 @@ class EventsEndpoint:
         except OpenBotError as e:
             await _close(websocket, 1011, e.message[:120])
         finally:
+            WS_CLIENTS.labels("events").dec()
             if sub is not None:
                 self.hub.unsubscribe(sub)
 
@@ -442,6 +446,7 @@ async def _send(websocket: WebSocket, sub: Subscriber) -> None:
     while True:
         raw = await sub.queue.get()
         await websocket.send_text(raw.decode())
+        EVENTS_DELIVERED.inc()
 
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:

@@ -29,6 +29,7 @@ from engine.casing import fit, to_wire
 from engine.errors import OpenBotError
 from engine.models import Completion, ToolCall, Usage
 from gateway.auth import Auth
+from gateway.metrics import WS_CLIENTS
 from gateway.wire import check_json
 
 log = logging.getLogger("openbot.nodes")
@@ -95,6 +96,7 @@ class NodesEndpoint:
         )
         await _send(ws, {"type": "welcome", "node": hello.node, "session": session})
         pull = asyncio.create_task(self._pull(ws, hub, hello.node, session))
+        WS_CLIENTS.labels("nodes").inc()
         try:
             while True:
                 raw = await _receive(ws)
@@ -116,6 +118,7 @@ class NodesEndpoint:
         except WebSocketDisconnect:
             pass
         finally:
+            WS_CLIENTS.labels("nodes").dec()
             pull.cancel()
             with contextlib.suppress(Exception):
                 await call(hub.unregister, hello.node, session)

@@ -3,15 +3,18 @@ the actors and uvicorn."""
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import logging
 import os
 import secrets
+import shutil
+import socket
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import InvalidInput
+from engine.errors import InvalidInput, Unavailable
 
 ADMIN_TOKEN_FILE = "admin.token"
 log = logging.getLogger("openbot")
@@ -30,6 +33,7 @@ class ServeSettings:
     models: dict | None = None  # the config's [models.*] tables (DESIGN §6)
     search: dict | None = None  # the config's [search] table: embedding_model, min_score (SC-7)
     config_dir: str | None = None
+    cache_records: int | None = None  # records each shard keeps loaded (actors/residency.py)
 
 
 def load_settings(
@@ -71,6 +75,8 @@ def load_settings(
     s.placement = placement or env.get("OPENBOT_PLACEMENT") or file.get("placement") or s.placement
     s.group_commit = bool(file.get("group_commit", True))
     s.actor_prefix = env.get("OPENBOT_ACTOR_PREFIX") or file.get("actor_prefix") or s.actor_prefix
+    cache = env.get("OPENBOT_CACHE_RECORDS") or file.get("cache_records")
+    s.cache_records = int(cache) if cache else None
     s.models = models
     s.search = search
     if search:
@@ -127,8 +133,85 @@ def describe_placement(engine) -> str:
     )
 
 
-def serve(settings: ServeSettings) -> None:
-    # actors first: it sets Ray's environment (loopback, token auth) before ray is imported.
+LOCK_FILE = "serve.lock"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(level: str) -> None:
+    """The `openbot.*` loggers (access lines at info, failures at warning) to stderr."""
+    logger = logging.getLogger("openbot")
+    if not any(getattr(h, "_openbot", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler._openbot = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    logger.propagate = False
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, before anything else is made: a busy port fails here."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise Unavailable(
+            f"cannot listen on {host}:{port}: {e.strerror or e}", code="listen_failed"
+        ) from e
+    sock.set_inheritable(False)
+    return sock
+
+
+class DataDirLock:
+    """One `openbot serve` per data directory (a second would wait on DuckDB's file locks, then
+    fail): an exclusive lock on DATA_DIR/serve.lock, held while serving. What a failed start made
+    in the directory (tokens, keys, the directory itself) is removed again by `undo`."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.before = set(os.listdir(data_dir)) if data_dir.exists() else None
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path = data_dir / LOCK_FILE
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            holder = os.read(self.fd, 32).decode(errors="replace").strip() or "?"
+            os.close(self.fd)
+            self.undo()
+            raise Unavailable(
+                f"data directory {data_dir} is in use by another openbot serve (pid {holder})",
+                code="data_dir_in_use",
+            ) from e
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def undo(self) -> None:
+        """Remove what this start added to the data directory."""
+        if self.before is None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            return
+        for name in set(os.listdir(self.data_dir)) - self.before:
+            target = self.data_dir / name
+            if target.is_dir():
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                target.unlink(missing_ok=True)
+
+
+def serve(settings: ServeSettings, *, log_level: str = "info") -> None:
+    setup_logging(log_level)
+    data_dir = settings.data_dir.resolve()
+    sock = listen(settings.host, settings.port)
+    # Gateways joining a cluster share its actors and their data directory on purpose.
+    lock = DataDirLock(data_dir) if settings.ray_address is None else None
+    engine = None
+    # After the checks above, which must answer at once. actors first: it sets Ray's
+    # environment (loopback, token auth) before ray is imported.
     from actors.ray_env import TOKEN_FILE
     from actors.runtime import Engine, start_ray
 
@@ -138,45 +221,58 @@ def serve(settings: ServeSettings) -> None:
     from gateway.app import create_app
     from storage.crypto import require_key_for_sealed_data
 
-    data_dir = settings.data_dir.resolve()
-    require_key_for_sealed_data(data_dir)  # before Ray starts: fail fast, make no new key
-    token, token_path = admin_token(data_dir)
-    start_ray(
-        settings.ray_address,
-        tmp_dir=os.environ.get("RAY_TMPDIR"),
-        token_file=data_dir / TOKEN_FILE,  # the embedded Ray's; unused when joining
-    )
-    engine = Engine.start(
-        data_dir,
-        shards=settings.shards,
-        group_commit=settings.group_commit,
-        prefix=settings.actor_prefix,
-        models_config=settings.models,
-        config_dir=settings.config_dir,
-        search_config=settings.search,
-        placement=settings.placement,
-    )
-    if settings.ray_address is not None:
-        print(f"openbot: {describe_placement(engine)}", flush=True)
-    app = create_app(engine, token)
+    try:
+        require_key_for_sealed_data(data_dir)  # before Ray starts: fail fast, make no new key
+        token, token_path = admin_token(data_dir)
+        start_ray(
+            settings.ray_address,
+            tmp_dir=os.environ.get("RAY_TMPDIR"),
+            token_file=data_dir / TOKEN_FILE,  # the embedded Ray's; unused when joining
+            log_to_driver=True,
+        )
+        engine = Engine.start(
+            data_dir,
+            shards=settings.shards,
+            group_commit=settings.group_commit,
+            prefix=settings.actor_prefix,
+            models_config=settings.models,
+            config_dir=settings.config_dir,
+            search_config=settings.search,
+            placement=settings.placement,
+            cache_records=settings.cache_records,
+        )
+        if settings.ray_address is not None:
+            print(f"openbot: {describe_placement(engine)}", flush=True)
+        app = create_app(engine, token)
+    except BaseException:
+        sock.close()
+        if engine is not None and settings.ray_address is None:
+            engine.stop()
+        if ray.is_initialized():
+            ray.shutdown()
+        if lock is not None:
+            lock.undo()
+        raise
     tune_gc()
     where = f"in {token_path}" if token_path else "from OPENBOT_ADMIN_TOKEN"
     print(
         f"openbot: serving http://{settings.host}:{settings.port} "
-        f"(data {data_dir}; admin token {where})",
+        f"(data {data_dir}; admin token {where}; log level {log_level})",
         flush=True,
     )
     try:
-        # Protocol-level pings notice dead websocket peers (DESIGN §8 heartbeats).
-        uvicorn.run(
+        # Protocol-level pings notice dead websocket peers (DESIGN §8 heartbeats). The access
+        # log is gateway/metrics.py's (route templates and request ids), not uvicorn's.
+        config = uvicorn.Config(
             app,
-            host=settings.host,
-            port=settings.port,
-            log_level="warning",
+            log_level=log_level,
+            access_log=False,
             ws_ping_interval=15.0,
             ws_ping_timeout=15.0,
         )
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
+        sock.close()
         # A gateway that joined a cluster leaves the shared actors to the other gateways.
         if settings.ray_address is None:
             engine.stop()

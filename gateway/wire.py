@@ -75,6 +75,14 @@ class CreateBot(_Body):
     avatar: str | None = None
 
 
+class PatchBot(_Body):
+    """`PATCH /v1/admin/bots/{id}`: absent fields stay; `model` and `avatar` may be null."""
+
+    name: str | msgspec.UnsetType = msgspec.UNSET
+    model: str | msgspec.UnsetType | None = msgspec.UNSET
+    avatar: str | msgspec.UnsetType | None = msgspec.UNSET
+
+
 class CreateGrant(_Body):
     bot: str
     user: str

@@ -3,7 +3,8 @@ shard's file.
 
 Item texts, confessions, enrichment records and model calls are sealed (SEC-1): items,
 confessions and enrichments with the chat's data key (kept in `pools` under `chat:<id>`), model
-calls with the memory pool's key. Jobs and read positions hold ids and numbers only.
+calls with the memory pool's key; a turn's document (with a verdict's note) with the chat's key.
+Jobs and read positions hold ids and numbers only.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import msgspec
 from storage.crypto import Cipher, aad
 from storage.group_commit import DeleteWhere, Insert, Put, Write
 from storage.memory_store import MemoryStore, StoredPool
+from storage.sealed_doc import is_sealed, open_doc, seal_doc
 from storage.shard_schema import (
     CHAT_ITEMS,
     CONFESSIONS,
@@ -107,6 +109,8 @@ class LearningJob(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     created_at: int = 0
     updated_at: int = 0
+    # Why each refused proposal was refused ("learn_fact: item … is not in the evidence").
+    rejections: tuple[str, ...] = ()
 
 
 class ModelCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -138,6 +142,7 @@ class ChatLog:
     sealed: dict[int, bytes] = field(default_factory=dict)
     turns: dict[str, Turn] = field(default_factory=dict)
     committed: int = 0  # items up to this seq are on disk; later ones belong to a running turn
+    plain_turns: list[str] = field(default_factory=list)  # stored unsealed by an older version
 
     @property
     def cipher(self) -> Cipher:
@@ -164,7 +169,7 @@ class ChatStore:
                 "ORDER BY seq",
                 [chat],
             ).fetchall()
-            turns = con.execute("SELECT meta FROM turns WHERE chat = ?", [chat]).fetchall()
+            turns = con.execute("SELECT id, meta FROM turns WHERE chat = ?", [chat]).fetchall()
             return items, turns
 
         items, turns = await self.db.run(read)
@@ -174,8 +179,11 @@ class ChatStore:
             log.items.append(Item(chat=chat, seq=seq, turn=turn, kind=kind, author=author, at=at))
             log.sealed[seq] = payload
         log.committed = log.items[-1].seq if log.items else 0
-        for (meta,) in turns:
-            t = _turn_dec.decode(meta)
+        scope = f"chat:{chat}"
+        for turn_id, meta in turns:
+            t = _turn_dec.decode(open_doc(log.cipher, scope, TURNS.name, turn_id, meta))
+            if not is_sealed(meta):
+                log.plain_turns.append(t.id)
             if t.status == "running":  # the process ended during this turn
                 t = msgspec.structs.replace(t, status="failed", error="interrupted by a restart")
             log.turns[t.id] = t
@@ -198,16 +206,23 @@ class ChatStore:
             writes.append(self.memory.pool_row(log.key, log._floor, log.key.settings))
         return writes
 
-    def delete_items(self, log: ChatLog) -> list[Write]:
-        """Delete the history (API-5: what was learned from it stays)."""
+    @staticmethod
+    def delete_items(log: ChatLog) -> list[Write]:
+        """The rows that delete the history (API-5: what was learned from it stays); the log
+        in memory is cleared by `clear_items` once they committed."""
+        return [DeleteWhere(CHAT_ITEMS.name, "chat", (log.chat,))]
+
+    @staticmethod
+    def clear_items(log: ChatLog) -> None:
         log.items.clear()
         log.sealed.clear()
-        return [DeleteWhere(CHAT_ITEMS.name, "chat", (log.chat,))]
 
     def put_turn(self, log: ChatLog, turn: Turn) -> Put | Insert:
         op = Put if turn.id in log.turns else Insert  # a new row needs no delete first
         log.turns[turn.id] = turn
-        row = (turn.id, turn.chat, turn.operator, turn.status, _enc.encode(turn).decode(), turn.at)
+        # Sealed: a delivery verdict's note is the person's own words (issue 12).
+        meta = seal_doc(log.cipher, f"chat:{log.chat}", TURNS.name, turn.id, _enc.encode(turn))
+        row = (turn.id, turn.chat, turn.operator, turn.status, meta, turn.at)
         return op(TURNS.name, row)
 
     def _record(self, table, log: ChatLog, turn: str, at: int, record, n: int) -> Insert:

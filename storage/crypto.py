@@ -110,21 +110,29 @@ class Keyring:
 
     def __init__(self, master_key: bytes) -> None:
         self._master = Cipher(master_key)
-        self._pools: dict[str, Cipher] = {}
+        # Unwrapped keys by pool, with the wrapped form they came from: a cached key is used
+        # only for that same stored key (a pool whose first key was never stored may get
+        # another one later).
+        self._pools: dict[str, tuple[bytes, Cipher]] = {}
 
     def new_pool_key(self, pool: str) -> tuple[Cipher, bytes]:
         """A fresh data key for `pool` and its wrapped form to store."""
         key = AESGCM.generate_key(bit_length=256)
         wrapped = self._master.seal(key, b"pool-key\x00" + pool.encode())
         cipher = Cipher(key)
-        self._pools[pool] = cipher
+        self._pools[pool] = (wrapped, cipher)
         return cipher, wrapped
 
+    def forget(self, pool: str) -> None:
+        """Drop `pool`'s unwrapped key (the pool left memory; its wrapped key is stored)."""
+        self._pools.pop(pool, None)
+
     def unwrap_pool_key(self, pool: str, wrapped: bytes) -> Cipher:
-        cipher = self._pools.get(pool)
-        if cipher is None:
-            cipher = Cipher(self._master.open(wrapped, b"pool-key\x00" + pool.encode()))
-            self._pools[pool] = cipher
+        cached = self._pools.get(pool)
+        if cached is not None and cached[0] == wrapped:
+            return cached[1]
+        cipher = Cipher(self._master.open(wrapped, b"pool-key\x00" + pool.encode()))
+        self._pools[pool] = (bytes(wrapped), cipher)
         return cipher
 
 

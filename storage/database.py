@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +24,14 @@ T = TypeVar("T")
 
 def _convert(e: duckdb.Error, what: str) -> StorageError:
     return StorageError(f"{what}: {type(e).__name__}: {e}")
+
+
+def _memory_limit() -> str:
+    """DuckDB's memory limit per file: `OPENBOT_DUCKDB_MEMORY` (e.g. "512MB"), default 256MB."""
+    limit = os.environ.get("OPENBOT_DUCKDB_MEMORY", "256MB").strip()
+    if not limit.replace(".", "").isalnum():  # a size like 256MB or 1.5GB, nothing else
+        raise StorageError(f"OPENBOT_DUCKDB_MEMORY is not a size: {limit!r}")
+    return limit
 
 
 class Database:
@@ -48,6 +57,9 @@ class Database:
         # Writes here are many tiny transactions: DuckDB's worker threads only add coordination
         # (measured ~15% per transaction on 2 cores).
         con.execute("SET threads = 1")
+        # DuckDB's buffer pool keeps every block it read (by default up to 80% of the machine's
+        # memory); a shard scans its tables to load pools, so the pool would grow with the data.
+        con.execute(f"SET memory_limit = '{_memory_limit()}'")
         con.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER, applied_at BIGINT)"
         )

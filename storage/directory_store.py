@@ -2,7 +2,10 @@
 
 The directory is small and read on every request, so it is loaded whole at start and kept in
 memory by its actor; this module only stores and loads it. Tokens are stored as SHA-256 hashes:
-the file never holds a usable credential.
+the file never holds a usable credential. Every record's document (names, bot rules and prompts,
+settings) is sealed with the directory's data key, wrapped by the master key and kept in
+`dir_keys` (storage/sealed_doc.py); ids stay in the clear. Plain documents left by an older
+version are sealed when the file is opened.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from typing import Any
 import msgspec
 
 from engine.directory import Bot, Channel, Chat, Org, User
+from storage.crypto import Cipher, Keyring
 from storage.database import Database
+from storage.sealed_doc import is_sealed, open_doc, seal_doc
 
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -29,7 +34,12 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE project_owners (id VARCHAR, owner VARCHAR);
     """,
+    # 3: the data key that seals the records' documents (issue 12), wrapped by the master key.
+    """
+    CREATE TABLE dir_keys (scope VARCHAR, wrapped BLOB);
+    """,
 )
+KEY_SCOPE = "directory"
 
 KINDS: dict[str, type[msgspec.Struct]] = {
     "orgs": Org,
@@ -44,17 +54,47 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def directory_key(db: Database, keyring: Keyring, *, create: bool = True) -> Cipher | None:
+    """The directory's data key (made and stored on first use when `create`)."""
+    rows = db.query("SELECT wrapped FROM dir_keys WHERE scope = ?", [KEY_SCOPE])
+    if rows:
+        return keyring.unwrap_pool_key(KEY_SCOPE, rows[0][0])
+    if not create:
+        return None
+    cipher, wrapped = keyring.new_pool_key(KEY_SCOPE)
+    db.run_sync(lambda con: con.execute("INSERT INTO dir_keys VALUES (?, ?)", [KEY_SCOPE, wrapped]))
+    return cipher
+
+
+def seal_record(cipher: Cipher, table: str, record_id: str, doc: bytes) -> str:
+    return seal_doc(cipher, KEY_SCOPE, table, record_id, doc)
+
+
+def open_record(cipher: Cipher | None, table: str, record_id: str, doc: str) -> bytes:
+    return open_doc(cipher, KEY_SCOPE, table, record_id, doc)
+
+
 class DirectoryStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, keyring: Keyring) -> None:
         self.db = db
         self._decoders = {t: msgspec.json.Decoder(k) for t, k in KINDS.items()}
+        self.cipher = directory_key(db, keyring)
 
     def load(self) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-        """All records by table and id, and token hash → user id."""
+        """All records by table and id, and token hash → user id. Plain documents written by an
+        older version are sealed now, in one transaction."""
         out: dict[str, dict[str, Any]] = {}
+        legacy: list[tuple[str, str, str]] = []
         for table, dec in self._decoders.items():
             rows = self.db.query(f"SELECT id, doc FROM {table}")
-            out[table] = {i: dec.decode(doc) for i, doc in rows}
+            records = out[table] = {}
+            for i, doc in rows:
+                raw = open_record(self.cipher, table, i, doc)
+                records[i] = dec.decode(raw)
+                if not is_sealed(doc):
+                    legacy.append((table, i, seal_record(self.cipher, table, i, raw)))
+        if legacy:
+            self.db.run_sync(lambda con: _reseal(con, legacy))
         tokens = dict(self.db.query("SELECT hash, user_id FROM tokens"))
         return out, tokens
 
@@ -62,8 +102,8 @@ class DirectoryStore:
         self, table: str, record: msgspec.Struct, token: tuple[str, str, int] | None = None
     ):
         """Insert or replace one record (and optionally a token) in one transaction."""
-        doc = msgspec.json.encode(record).decode()
         record_id = record.id  # type: ignore[attr-defined]
+        doc = seal_record(self.cipher, table, record_id, msgspec.json.encode(record))
 
         def write(con):
             con.begin()
@@ -96,3 +136,14 @@ class DirectoryStore:
                 raise
 
         await self.db.run(write)
+
+
+def _reseal(con, rows: list[tuple[str, str, str]]) -> None:
+    con.begin()
+    try:
+        for table, record_id, doc in rows:
+            con.execute(f"UPDATE {table} SET doc = ? WHERE id = ?", [doc, record_id])
+        con.commit()
+    except BaseException:
+        con.rollback()
+        raise

@@ -44,12 +44,14 @@ from engine.visibility import Visibility
 from storage.chat_store import LearningJob
 from storage.crypto import KEY_FILE, Cipher, Keyring, aad, has_master_key, key_file, load_master_key
 from storage.database import Database
+from storage.directory_store import KEY_SCOPE as DIR_KEY
 from storage.directory_store import MIGRATIONS as DIRECTORY_MIGRATIONS
-from storage.directory_store import hash_token
+from storage.directory_store import hash_token, open_record, seal_record
 from storage.group_commit import Insert, Write
 from storage.memory_store import MemoryStore, StoredPool, entry_key
 from storage.receipts import Receipts, receipt_key
-from storage.shard_schema import LEARNING_JOBS, MEMORY_ENTRIES
+from storage.sealed_doc import open_doc
+from storage.shard_schema import LEARNING_JOBS, MEMORY_ENTRIES, PROJECTS
 from storage.shard_schema import MIGRATIONS as SHARD_MIGRATIONS
 from storage.workspace_store import WorkspaceStore
 
@@ -134,10 +136,15 @@ class DataDirReader:
             raise NotFound(f"{directory} does not exist", code="no_data_dir")
         self.keyring = Keyring(_master_key(self.data_dir))
         with _read_only(directory) as con:
+            wrapped = _rows(con, "SELECT wrapped FROM dir_keys WHERE scope = ?", [DIR_KEY])
+            dir_cipher = self.keyring.unwrap_pool_key(DIR_KEY, wrapped[0][0]) if wrapped else None
 
             def table(name: str, kind: type) -> dict:
                 rows = _rows(con, f"SELECT id, doc FROM {name}")
-                return {i: _dec[kind].decode(doc) for i, doc in sorted(rows)}
+                return {
+                    i: _dec[kind].decode(open_record(dir_cipher, name, i, doc))
+                    for i, doc in sorted(rows)
+                }
 
             self.orgs: dict[str, Org] = table("orgs", Org)
             self.users: dict[str, User] = table("users", User)
@@ -173,8 +180,10 @@ class DataDirReader:
             for (doc,) in _rows(con, "SELECT doc FROM learning_jobs"):
                 job = _dec[LearningJob].decode(doc)
                 out.jobs.setdefault(job.pool, []).append(job)
-            for (doc,) in _rows(con, "SELECT doc FROM projects"):
-                project = _dec[Project].decode(doc)
+            for pid, doc in _rows(con, "SELECT id, doc FROM projects"):
+                pool = f"project:{pid}"
+                raw = open_doc(out.keys.get(pool), pool, PROJECTS.name, pid, doc)
+                project = _dec[Project].decode(raw)
                 self.projects[project.id] = project
             for key, print_, sealed, at in _rows(
                 con,
@@ -319,7 +328,11 @@ class DataDirReader:
                     )
                 )
             for job in shard.jobs.get(pool, []):
-                jobs.append(ft.MemoryJob(**msgspec.structs.asdict(job)))
+                fields = msgspec.structs.asdict(job)
+                # The per-proposal reasons are a diagnostic of this server, not part of the
+                # seed-002 job record (`error` still counts them).
+                del fields["rejections"]
+                jobs.append(ft.MemoryJob(**fields))
         befores = {(r.entry, r.revision): r.before for r in revisions}
         for shard in self.shards:
             for revision, b in shard.barriers.get(pool, []):
@@ -531,8 +544,9 @@ def import_snapshots(
 
     records = skipped = 0
     for project in projects.values():
-        writes[shard_of(project.owner, shards)].append(ws.project_row(project))
-        key(f"project:{project.id}")
+        cipher = key(f"project:{project.id}")
+        assert cipher is not None
+        writes[shard_of(project.owner, shards)].append(ws.project_row(project, cipher))
     for s in snapshots:
         for pool in s.pools:
             cipher = key(pool.pool)
@@ -560,7 +574,7 @@ def import_snapshots(
             writes[shard_of(owner, shards)].append(row)
     files = [_write_shard(data_dir / f"shard-{k}.duckdb", writes[k]) for k in range(shards)]
     tokens = {u: "obt_" + secrets.token_urlsafe(32) for u in sorted(users)}
-    files.append(_write_directory(data_dir, orgs, users, bots, channels, projects, tokens))
+    files.append(_write_directory(keyring, data_dir, orgs, users, bots, channels, projects, tokens))
     if existing is not None:  # the target's own users keep their tokens
         tokens = {**existing.tokens_doc, **tokens}
     tokens_file = data_dir / TOKENS_FILE
@@ -612,6 +626,13 @@ class _Existing:
         return new_orgs, {i: u for i, u in users.items() if i not in self.ids["user"]}
 
 
+def _dir_cipher(keyring: Keyring, directory: Path) -> Cipher | None:
+    """The directory's record key, when it has one (None: records from before sealing)."""
+    with _read_only(directory) as con:
+        wrapped = _rows(con, "SELECT wrapped FROM dir_keys WHERE scope = ?", [DIR_KEY])
+    return keyring.unwrap_pool_key(DIR_KEY, wrapped[0][0]) if wrapped else None
+
+
 def _existing(data_dir: Path) -> _Existing | None:
     """None for a new data directory; else its ids, orgs and shard count (read-only)."""
     directory = data_dir / DIRECTORY_FILE
@@ -629,7 +650,12 @@ def _existing(data_dir: Path) -> _Existing | None:
             ("project", "project_owners"),
         ):
             ids[kind] = {r[0] for r in _rows(con, f"SELECT id FROM {table}")}
-        orgs = {r[0]: _dec[Org].decode(r[1]) for r in _rows(con, "SELECT id, doc FROM orgs")}
+    cipher = _dir_cipher(Keyring(_master_key(data_dir)), directory)
+    with _read_only(directory) as con:
+        orgs = {
+            i: _dec[Org].decode(open_record(cipher, "orgs", i, doc))
+            for i, doc in _rows(con, "SELECT id, doc FROM orgs")
+        }
     tokens_doc: dict[str, str] = {}
     with contextlib.suppress(OSError, ValueError):
         tokens_doc = json.loads((data_dir / TOKENS_FILE).read_text())
@@ -705,6 +731,7 @@ def _write_shard(path: Path, writes: list[Write]) -> str:
 
 
 def _write_directory(
+    keyring: Keyring,
     data_dir: Path,
     orgs: dict[str, Org],
     users: dict[str, User],
@@ -715,9 +742,18 @@ def _write_directory(
 ) -> str:
     path = data_dir / DIRECTORY_FILE
     rows: list[tuple[str, tuple]] = []
-    for table, records in (("orgs", orgs), ("users", users), ("bots", bots)):
-        rows += [(table, (i, _enc.encode(r).decode())) for i, r in sorted(records.items())]
-    rows += [("channels", (i, _enc.encode(c).decode())) for i, c in sorted(channels.items())]
+    known = _dir_cipher(keyring, path) if path.exists() else None
+    if known is not None:  # a merge: the directory's records stay under its one key
+        cipher = known
+    else:
+        cipher, wrapped = keyring.new_pool_key(DIR_KEY)
+        rows.append(("dir_keys", (DIR_KEY, wrapped)))
+    tables = (("orgs", orgs), ("users", users), ("bots", bots), ("channels", channels))
+    for table, records in tables:
+        rows += [
+            (table, (i, seal_record(cipher, table, i, _enc.encode(r))))
+            for i, r in sorted(records.items())
+        ]
     rows += [("project_owners", (p.id, p.owner)) for p in projects.values()]
     rows += [("tokens", (hash_token(t), u, 0)) for u, t in tokens.items()]
     db = Database(path, DIRECTORY_MIGRATIONS)

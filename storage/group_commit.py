@@ -17,12 +17,17 @@ applied to the real tables later, many transactions at once (after `checkpoint_r
 close); applying them and deleting those journal rows is one transaction, so a crash at any
 point leaves each write either in the journal or in its table, never both or neither. On open,
 a journal left by a crash is applied before anything is read.
+
+A checkpoint that fails is logged and retried (at the next idle moment, read or threshold, with
+a short pause after each failure); it never fails the writes whose journal row committed: they
+are durable, their callers are answered and their events published (issue 12 point 8).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -31,6 +36,7 @@ import msgspec
 
 from engine.errors import OpenBotError, StorageError
 from storage.database import Database
+from storage.stats import SIZES, STATS
 
 
 class Table(NamedTuple):
@@ -81,7 +87,9 @@ class DeleteBelow(NamedTuple):
 
 Write = Put | Insert | Delete | DeleteWhere | DeleteBelow
 
+log = logging.getLogger("openbot.storage")
 JOURNAL = "commit_journal"
+CHECKPOINT_PAUSE = 1.0  # seconds without threshold checkpoints after one failed
 # What each column type takes, checked when a write is journaled (a checkpoint must not fail).
 _PY_TYPES: dict[str, tuple[type, ...]] = {
     "VARCHAR": (str,),
@@ -199,6 +207,8 @@ class GroupCommitter:
         self.checkpoint_rows = checkpoint_rows
         self.checkpoint_idle = checkpoint_idle
         self.checkpoints = 0
+        self.checkpoint_failures = 0
+        self._paused_until = 0.0  # monotonic time before which the threshold does not checkpoint
         # Journal rows not yet applied, with their writes (owned by the database thread).
         self._journaled: list[tuple[int, list[Write]]] = []
         self._journal_seq = 0
@@ -242,8 +252,20 @@ class GroupCommitter:
                     await self._wakeup.wait()
             group = self._queue[: self.max_batches]
             del self._queue[: len(group)]
+            started = time.perf_counter()
             try:
                 await self.db.run_write(lambda con, g=group: self._commit([w for w, _ in g], con))
+                STATS.observe(
+                    "openbot_shard_commit_seconds",
+                    time.perf_counter() - started,
+                    help="One group commit (a transaction of queued batches)",
+                )
+                STATS.observe(
+                    "openbot_shard_commit_batches",
+                    len(group),
+                    buckets=SIZES,
+                    help="Batches merged into one group commit",
+                )
             except Exception:  # a bad row is a bug, but must not stop the writer
                 if len(group) == 1:
                     self._settle(group, StorageError("the write could not be stored"))
@@ -287,8 +309,11 @@ class GroupCommitter:
             self._transaction(con, append)
             self._journal_seq = seq
             self._journaled.append((seq, writes))
-            if len(self._journaled) >= self.checkpoint_rows:
-                self._checkpoint(con)
+            # Durable from here on: a failing checkpoint must not fail these batches.
+            if len(self._journaled) >= self.checkpoint_rows and time.monotonic() >= (
+                self._paused_until
+            ):
+                self._try_checkpoint(con, "after a commit")
         self.transactions += 1
         self.batches += len(batches)
 
@@ -329,8 +354,28 @@ class GroupCommitter:
         self._checkpoint(con)  # what a crash left is applied before anything reads
 
     def _catch_up(self, con: duckdb.DuckDBPyConnection) -> None:
-        if self._journaled:
+        # A read must see every committed write: one retry, then the read fails (and the
+        # journal stays for the next attempt).
+        if not self._journaled or self._try_checkpoint(con, "before a read"):
+            return
+        if not self._try_checkpoint(con, "before a read, again"):
+            raise StorageError("committed writes could not be applied yet; try again")
+
+    def _try_checkpoint(self, con: duckdb.DuckDBPyConnection, when: str) -> bool:
+        """Checkpoint; on failure log it, keep the journal for a later retry, return False."""
+        try:
             self._checkpoint(con)
+        except Exception as e:
+            self.checkpoint_failures += 1
+            self._paused_until = time.monotonic() + CHECKPOINT_PAUSE
+            log.warning(
+                "applying %d journal rows %s failed (kept in the journal, retried): %r",
+                len(self._journaled),
+                when,
+                e,
+            )
+            return False
+        return True
 
     def _checkpoint(self, con: duckdb.DuckDBPyConnection) -> None:
         """Apply every journal row to its tables and drop those rows, in one transaction."""
@@ -351,8 +396,11 @@ class GroupCommitter:
 
     async def _checkpoint_quietly(self) -> None:
         # On failure the rows stay in the journal: the next read or checkpoint tries again.
-        with contextlib.suppress(Exception):
-            await self.db.run_write(self._checkpoint)
+        # (The flush loop comes back here after another idle wait.)
+        try:
+            await self.db.run_write(lambda con: self._try_checkpoint(con, "when idle"))
+        except Exception as e:  # the database thread itself failed
+            log.warning("applying the journal when idle failed: %r", e)
 
     async def drain(self) -> None:
         """Wait until everything submitted so far is settled (batches settle in order)."""
@@ -365,4 +413,5 @@ class GroupCommitter:
         if self._task is not None:
             self._task.cancel()
         if self._journaled:  # a stopped data directory needs no journal to be read
-            await self.db.run_write(self._checkpoint)
+            # If this fails the rows stay in the journal and are applied on the next open.
+            await self.db.run_write(lambda con: self._try_checkpoint(con, "at close"))

@@ -8,6 +8,8 @@ need a key; the content, and a revision's before/after, are sealed with the pool
 pool with a secret derived from the master key, so a stored fingerprint does not let anyone
 confirm a guessed fact by hashing it.
 
+A project's document (name, metadata, members) is sealed with its pool's key too.
+
 This module only loads and builds rows; the shard's group commit writes them.
 """
 
@@ -21,9 +23,10 @@ import msgspec
 
 from engine.projects import Project
 from engine.scoped_memory import ForgetBarrier, Revision, WsEntry
-from storage.crypto import Cipher, aad
+from storage.crypto import Cipher, Keyring, aad
 from storage.database import Database
 from storage.group_commit import Insert, Put, Write
+from storage.sealed_doc import is_sealed, open_doc, seal_doc
 from storage.shard_schema import PROJECTS, WS_BARRIERS, WS_ENTRIES, WS_REVISIONS
 
 _enc = msgspec.json.Encoder()
@@ -94,10 +97,25 @@ class WorkspaceStore:
         stored.barriers = [_barrier_dec.decode(doc) for (doc,) in barrier_rows]
         return stored
 
-    async def load_projects(self) -> dict[str, Project]:
-        rows = await self.db.run(lambda con: con.execute("SELECT doc FROM projects").fetchall())
-        projects = (_project_dec.decode(doc) for (doc,) in rows)
-        return {p.id: p for p in projects}
+    async def load_projects(self, keyring: Keyring) -> tuple[dict[str, Project], list[str]]:
+        """Every project here (documents opened with their project pool's key), and the ids of
+        those still stored plain by an older version (to be sealed again)."""
+        rows = await self.db.run(
+            lambda con: con.execute(
+                "SELECT p.id, p.doc, k.wrapped_key FROM projects p "
+                "LEFT JOIN pools k ON k.pool = 'project:' || p.id"
+            ).fetchall()
+        )
+        projects: dict[str, Project] = {}
+        legacy: list[str] = []
+        for pid, doc, wrapped in rows:
+            pool = f"project:{pid}"
+            cipher = None if wrapped is None else keyring.unwrap_pool_key(pool, wrapped)
+            project = _project_dec.decode(open_doc(cipher, pool, PROJECTS.name, pid, doc))
+            projects[project.id] = project
+            if not is_sealed(doc):
+                legacy.append(project.id)
+        return projects, legacy
 
     async def entry_pool(self, entry_id: str) -> str | None:
         """The pool holding workspace record `entry_id` on this shard, if any (committed rows);
@@ -196,5 +214,9 @@ class WorkspaceStore:
         return Insert(WS_BARRIERS.name, (key, barrier.pool, barrier.entry, barrier.at, doc))
 
     @staticmethod
-    def project_row(project: Project) -> Write:
-        return Put(PROJECTS.name, (project.id, project.owner, _enc.encode(project).decode()))
+    def project_row(project: Project, cipher: Cipher) -> Write:
+        """The project's row; its document (name, metadata, members) sealed with the key of
+        its pool `project:<id>` (issue 12)."""
+        pool = f"project:{project.id}"
+        doc = seal_doc(cipher, pool, PROJECTS.name, project.id, _enc.encode(project))
+        return Put(PROJECTS.name, (project.id, project.owner, doc))

@@ -13,7 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+# The pool-lock guard (actors/rwlock.py): a pool lock held across an actor or model call fails
+# at once, here and in the actors (they inherit the environment at Ray's start).
+os.environ["OPENBOT_LOCK_GUARD"] = "1"
+
 import actors.runtime  # noqa: F401  (sets Ray's environment before anything imports ray)
+from actors import rwlock
 from gateway.live_server import LiveServer
 
 ADMIN = "test-admin-" + secrets.token_hex(8)
@@ -70,7 +75,20 @@ def engine(ray_session, data_dir, model_stubs):
         data_dir, shards=2, prefix="test", models_config=models, search_config=search
     )
     yield eng
+    import ray
+
+    caught = ray.get([s.lock_violations.remote() for s in eng.shards], timeout=30)
     eng.stop()
+    # Every turn, learning run, group round, chain and extraction of the session ran with the
+    # guard on: none may have held a pool lock across an actor or model call.
+    assert caught == [[] for _ in eng.shards], caught
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_pool_lock_across_calls() -> Iterator[None]:
+    assert rwlock.GUARD  # the guard is on in this process (in-process shards)
+    yield
+    assert rwlock.violations == [], rwlock.violations
 
 
 @pytest.fixture(scope="session")

@@ -87,3 +87,100 @@ def test_a_purge_ends_the_replay_of_stored_answers(tmp_path):
 
     first, again, page = asyncio.run(go())
     assert again.id != first.id and [e.id for e in page.entries] == [again.id]
+
+
+def test_a_failing_checkpoint_never_fails_a_durable_write(tmp_path, monkeypatch, caplog):
+    """Issue 12 point 8: the journal row committed, so the write is acknowledged and its event
+    published live; the failed checkpoint is logged and retried until it succeeds."""
+    original = GroupCommitter._checkpoint
+    failures = itertools.count(3, -1)  # the first three checkpoints fail
+
+    def checkpoint(self, con):
+        if self._journaled and next(failures) > 0:
+            raise StorageError("disk full while applying the journal (simulated)")
+        return original(self, con)
+
+    monkeypatch.setattr(GroupCommitter, "_checkpoint", checkpoint)
+    monkeypatch.setattr("storage.group_commit.CHECKPOINT_PAUSE", 0.0)
+
+    async def go():
+        svc = ShardService(tmp_path, 0)
+        svc.committer.checkpoint_rows = 1  # every commit tries to checkpoint
+        svc.committer.checkpoint_idle = 30.0  # no idle checkpoint in between
+        before = svc.events.published
+        written = [await svc.remember("bot:b", R, f"note {n}") for n in range(2)]
+        published = svc.events.published - before
+        pool = svc._pools.get("bot:b")
+        page = await svc.read_memory("bot:b", R)
+        # A read of the tables: the third failure, then its retry applies the journal.
+        rows = await svc.db.run(
+            lambda con: con.execute("SELECT count(*) FROM memory_entries").fetchall()
+        )
+        assert rows == [(2,)]
+        failures_seen = svc.committer.checkpoint_failures
+        await svc.close()
+        again = ShardService(tmp_path, 0)
+        after = await again.read_memory("bot:b", R)
+        await again.close()
+        return written, published, pool, page, failures_seen, after
+
+    with caplog.at_level("WARNING", logger="openbot.storage"):
+        written, published, pool, page, failures_seen, after = asyncio.run(go())
+    assert len(written) == 2 and published == 2  # both acknowledged, both events live
+    assert pool is not None and not pool.poisoned  # the pool was not thrown away
+    assert sorted(e.content for e in page.entries) == ["note 0", "note 1"]
+    assert failures_seen == 3
+    assert sum("journal rows" in r.getMessage() for r in caplog.records) == 3
+    assert sorted(e.content for e in after.entries) == ["note 0", "note 1"]
+
+
+def test_deleting_a_chats_history_commits_first_then_clears_and_announces(tmp_path, monkeypatch):
+    """Issue 12 point 8: `delete_items` fails without changing anything when its commit
+    fails, and once it commits the history is gone and `chat.items.deleted` is published."""
+    from actors.bot_step import Sink
+    from engine.directory import Chat
+    from engine.events import ChatItemsDeleted
+    from storage.group_commit import DeleteWhere
+
+    original = GroupCommitter._commit
+    fail = [True]
+
+    def commit(self, batches, con):
+        deletes = any(
+            isinstance(w, DeleteWhere) and w.table == "chat_items" for b in batches for w in b
+        )
+        if deletes and fail[0]:
+            raise StorageError("disk full (simulated)")
+        return original(self, batches, con)
+
+    monkeypatch.setattr(GroupCommitter, "_commit", commit)
+
+    async def go():
+        svc = ShardService(tmp_path, 0)
+        chat = Chat(id="chat_1", kind="direct", owner="u1", org="o1", bot="b1")
+        conv = svc.conversations
+        log = await conv.log(chat.id)
+        sink = Sink()
+        items = [(conv.item(log, None, "person", "u1"), "one")]
+        conv.append(log, chat, items, sink)
+        items = [(conv.item(log, None, "person", "u1"), "two")]
+        conv.append(log, chat, items, sink)
+        await conv.commit(chat.id, sink)
+        with pytest.raises(StorageError):
+            await svc.delete_chat_items(chat.id, chat)
+        kept = [i.text for i in await svc.chat_items(chat.id)]
+        fail[0] = False
+        seq = svc.events.published
+        count = await svc.delete_chat_items(chat.id, chat)
+        events = [e.data for e in await svc.events.after(seq)]
+        gone = await svc.chat_items(chat.id)
+        await svc.close()
+        again = ShardService(tmp_path, 0)
+        reloaded = await again.chat_items(chat.id)
+        await again.close()
+        return kept, count, events, gone, reloaded
+
+    kept, count, events, gone, reloaded = asyncio.run(go())
+    assert kept == ["one", "two"]  # the failed delete changed nothing
+    assert count == 2 and gone == [] and reloaded == []
+    assert events == [ChatItemsDeleted(chat="chat_1", count=2)]

@@ -125,11 +125,10 @@ def test_demo_command_line(server, demo_bots, capsys):
     out = capsys.readouterr().out
     assert "chat.item.created" in out and "collaboration.changed" in out
     assert re.search(r"collaboration col_\w+: done", out), out
-    # A model the server does not have: the bots fail visibly and the demo says why.
-    assert cli.main([*argv[:-1], "no-such-model", "--timeout", "30"]) == 0
-    out = capsys.readouterr().out
-    assert "failed in round 1" in out and "is the model configured" in out
-    assert "collaboration: none started" in out
+    # A model the server does not have: refused when the bots are made (422), exit 1.
+    assert cli.main([*argv[:-1], "no-such-model", "--timeout", "30"]) == 1
+    err = capsys.readouterr().err
+    assert "HTTP 422" in err and "unknown model 'no-such-model'" in err, err
 
 
 def test_demo_script_answers_from_the_example_config():

@@ -132,8 +132,25 @@ def test_admin_bad_input(admin, world):
     assert _error(r, 400) == "invalid_body"
     r = admin.patch(f"/v1/admin/orgs/{world.org}", json={"settings": {"botMemory": "yes"}})
     assert _error(r, 400) == "invalid_settings"
-    r = admin.patch(f"/v1/admin/orgs/{world.org}", json={"settings": {"botMemoryModel": "local"}})
-    assert r.status_code == 200 and r.json()["settings"]["botMemoryModel"] == "local"
+    r = admin.patch(f"/v1/admin/orgs/{world.org}", json={"settings": {"botMemoryModel": "mem"}})
+    assert r.status_code == 200 and r.json()["settings"]["botMemoryModel"] == "mem"
+    # A model the server's config does not name is refused before anything changes (422).
+    for bad in ("local", ["mem"]):
+        r = admin.patch(f"/v1/admin/orgs/{world.org}", json={"settings": {"botMemoryModel": bad}})
+        assert r.status_code in (400, 422), r.text
+    r = admin.post("/v1/admin/orgs", json={"name": "x", "settings": {"botMemoryModel": "local"}})
+    assert _error(r, 422) == "unknown_model"
+    org = admin.patch(f"/v1/admin/orgs/{world.org}", json={"settings": {}}).json()
+    assert org["settings"]["botMemoryModel"] == "mem"
+    bot = {"name": "m", "org": world.org, "owner": world.users["alice"], "model": "local"}
+    assert _error(admin.post("/v1/admin/bots", json=bot), 422) == "unknown_model"
+    r = admin.patch(f"/v1/admin/bots/{world.bot}", json={"model": "gpt-x"})
+    assert _error(r, 422) == "unknown_model"
+    r = admin.patch(f"/v1/admin/bots/{world.bot}", json={"model": "bot", "avatar": "a.png"})
+    assert r.status_code == 200 and (r.json()["model"], r.json()["avatar"]) == ("bot", "a.png")
+    assert _error(admin.patch(f"/v1/admin/bots/{world.bot}", json={"name": " "}), 400)
+    assert _error(admin.patch(f"/v1/admin/bots/{world.bot}", json={"owner": "x"}), 400)
+    assert _error(admin.patch("/v1/admin/bots/b_none", json={"name": "n"}), 404)
 
 
 def test_capabilities_and_openapi(server):

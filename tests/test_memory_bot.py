@@ -109,6 +109,11 @@ def test_confide_then_learn_a_fact_from_the_persons_item(tmp_path, fresh):
     assert other.entries == ()
     assert confessions[0].text == CONFIDE[1]["text"] and not confessions[0].calm
     assert jobs[0].status == "done" and jobs[0].error == "2 proposed change(s) rejected"
+    # Each refused proposal says why (the memory-jobs route shows them).
+    assert jobs[0].rejections == (
+        "learn_fact: item i-2 is not something a person said",
+        "learn_fact: invalid arguments: JSON is malformed: object keys must be strings (byte 1)",
+    ), jobs[0].rejections
     # The bot was offered confide, described without a word about memory (LRN-1).
     confide = next(t for t in bot.requests[0]["tools"] if t["function"]["name"] == "confide")
     assert "memor" not in confide["function"]["description"].lower()
@@ -256,7 +261,7 @@ def test_purging_the_chat_removes_what_was_learned_deleting_history_does_not(tmp
     assert purged == 1 and after_purge.entries == ()
 
 
-def test_garbage_from_the_memory_model_is_a_recorded_safe_error(tmp_path, fresh):
+def test_garbage_from_the_memory_model_is_a_recorded_safe_error(tmp_path, fresh, caplog):
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
     mem.answer(completion("I hear you."), *[OpenAIStub.GARBAGE] * 4)
@@ -276,6 +281,32 @@ def test_garbage_from_the_memory_model_is_a_recorded_safe_error(tmp_path, fresh)
     assert jobs[0].status == "failed" and jobs[0].attempts == 4
     assert jobs[0].error == "the learning step failed: model_garbage"
     assert len(mem.requests) == 5  # the confessor's answer and four learning attempts
+    # Each failed attempt is logged, and the job's end once.
+    lines = [r.message for r in caplog.records if r.name == "openbot.learning"]
+    final = (
+        f"learning job {jobs[0].id} (bot:b1, chat chat_1) failed: "
+        "the learning step failed: model_garbage"
+    )
+    assert lines.count(final) == 1, lines
+
+
+def test_a_failed_turn_and_step_are_logged(tmp_path, fresh, caplog):
+    bot, _ = fresh
+    bot.answer(OpenAIStub.GARBAGE, OpenAIStub.GARBAGE, OpenAIStub.GARBAGE)
+
+    async def go():
+        svc = _service(tmp_path, fresh)
+        result = await _turn(svc, "hello")
+        await svc.close()
+        return result
+
+    result = asyncio.run(go())
+    assert result.turn.status == "failed"
+    lines = [r.message for r in caplog.records if r.name == "openbot.turns"]
+    assert any(
+        m.startswith(f"step of bot b1 in chat chat_1 (turn {result.turn.id}) failed") for m in lines
+    ), lines
+    assert any(m.startswith(f"turn {result.turn.id} in chat chat_1 failed") for m in lines), lines
 
 
 def test_a_failed_learning_step_is_retried_and_then_succeeds(tmp_path, fresh):

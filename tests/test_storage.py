@@ -349,7 +349,8 @@ def test_directory_stores_token_hashes_only(tmp_path: Path) -> None:
     assert token.split("_", 1)[1].encode() not in raw  # not even without its prefix
     # Positive controls: what *is* stored in the clear can be found by this scan.
     assert hash_token(token).encode() in raw
-    assert b"Zed Directoryname" in raw
+    assert user_id.encode() in raw
+    assert b"Zed Directoryname" not in raw  # documents are sealed (issue 12)
 
     async def reopen() -> None:
         svc = DirectoryService(tmp_path)

@@ -1,0 +1,185 @@
+"""`GET /metrics` (admin token) in the Prometheus text format, and the access log.
+
+Two kinds of figures:
+- the gateway's own, in this module's registry: requests by route template and status with a
+  latency histogram, websocket clients, events delivered to clients and dropped for slow ones;
+- each shard's, kept in its actor's process (storage/stats.py: commit latency and batch size,
+  pool lock waits, learning jobs by status, model calls by model with latency, errors and cost),
+  fetched with one actor call per shard at scrape time and rendered here with a `shard` label.
+
+`RequestLog` is plain ASGI middleware (not BaseHTTPMiddleware, which would buffer streaming
+responses and websockets): one access log line per request with method, route template, status,
+milliseconds and the request id (`X-Request-Id`: the client's when it sends a sane one, else a new
+one; returned on every response).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+import time
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from starlette.requests import Request
+from starlette.responses import Response
+
+from actors.runtime import Engine, call
+from gateway.auth import Auth
+
+access_log = logging.getLogger("openbot.access")
+disable_created_metrics()  # the *_created series only double the output
+REGISTRY = CollectorRegistry(auto_describe=True)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+SCRAPE_TIMEOUT = 10.0
+
+REQUESTS = Counter(
+    "openbot_http_requests",
+    "HTTP requests by method, route template and status",
+    ["method", "route", "status"],
+    registry=REGISTRY,
+)
+LATENCY = Histogram(
+    "openbot_http_request_seconds",
+    "HTTP request latency by method and route template",
+    ["method", "route"],
+    registry=REGISTRY,
+)
+WS_CLIENTS = Gauge(
+    "openbot_websocket_clients",
+    "Connected websocket clients by endpoint",
+    ["endpoint"],
+    registry=REGISTRY,
+)
+for _endpoint in ("events", "nodes"):
+    WS_CLIENTS.labels(_endpoint)  # shown as 0 before the first client
+EVENTS_DELIVERED = Counter(
+    "openbot_events_delivered", "Event frames sent to /v1/events clients", registry=REGISTRY
+)
+EVENTS_DROPPED = Counter(
+    "openbot_events_dropped",
+    "Event frames a slow /v1/events client's full queue could not take (it is closed, 4429)",
+    registry=REGISTRY,
+)
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+
+
+def route_of(scope: dict) -> str:
+    """The route template (`/v1/bots/{bot}/memory`), never the raw path: ids would make every
+    request a series of its own."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "unmatched"
+
+
+class RequestLog:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = _header(scope, b"x-request-id")
+        rid = given if given and _REQUEST_ID.fullmatch(given) else secrets.token_hex(8)
+        status = 500
+        started = time.perf_counter()
+        logged = False
+
+        def record() -> None:
+            nonlocal logged
+            logged = True
+            seconds = time.perf_counter() - started
+            route, method = route_of(scope), scope["method"]
+            REQUESTS.labels(method, route, str(status)).inc()
+            LATENCY.labels(method, route).observe(seconds)
+            access_log.info("%s %s %d %.1fms rid=%s", method, route, status, seconds * 1000, rid)
+
+        async def send_with_id(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", rid.encode()))
+                message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                record()  # before the last bytes go: a client that has the answer sees the line
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if not logged:  # failed before the answer was complete (a 500 follows)
+                record()
+
+
+def _header(scope: dict, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+class _Shards:
+    """A collector over the shards' snapshots of one scrape."""
+
+    def __init__(self, snapshots: list[tuple[int, dict]]) -> None:
+        self.snapshots = snapshots
+
+    def collect(self):
+        counters: dict[str, CounterMetricFamily] = {}
+        histograms: dict[str, HistogramMetricFamily] = {}
+        for shard, snap in self.snapshots:
+            helps = snap.get("help", {})
+            for name, labels, value in snap["counters"]:
+                keys = ["shard", *sorted(labels)]
+                family = counters.get(name) or counters.setdefault(
+                    name, CounterMetricFamily(name, helps.get(name, name), labels=keys)
+                )
+                family.add_metric([str(shard), *(labels[k] for k in keys[1:])], value)
+            for name, labels, bounds, counts, total, _count in snap["histograms"]:
+                keys = ["shard", *sorted(labels)]
+                family = histograms.get(name) or histograms.setdefault(
+                    name, HistogramMetricFamily(name, helps.get(name, name), labels=keys)
+                )
+                cumulative, buckets = 0, []
+                for bound, n in zip([*bounds, float("inf")], counts, strict=True):
+                    cumulative += n
+                    buckets.append(
+                        ("+Inf" if bound == float("inf") else repr(float(bound)), cumulative)
+                    )
+                family.add_metric([str(shard), *(labels[k] for k in keys[1:])], buckets, total)
+        yield from counters.values()
+        yield from histograms.values()
+
+
+class MetricsApi:
+    def __init__(self, engine: Engine, auth: Auth) -> None:
+        self.engine = engine
+        self.auth = auth
+
+    async def metrics(self, request: Request) -> Response:
+        await self.auth.admin(request)
+        answers = await asyncio.wait_for(
+            asyncio.gather(*(call(s.metrics) for s in self.engine.shards), return_exceptions=True),
+            SCRAPE_TIMEOUT,
+        )
+        snapshots = [(k, a) for k, a in enumerate(answers) if isinstance(a, dict)]
+        shards = CollectorRegistry(auto_describe=False)
+        shards.register(_Shards(snapshots))  # type: ignore[arg-type]
+        down = len(answers) - len(snapshots)
+        tail = f"# {down} shard(s) did not answer\n".encode() if down else b""
+        return Response(
+            generate_latest(REGISTRY) + generate_latest(shards) + tail, media_type=CONTENT_TYPE
+        )

@@ -1,0 +1,159 @@
+"""Response envelopes and websocket messages that exist on the wire only as dicts, written down as
+msgspec Structs so that `/openapi.json` can describe them (gateway/openapi.py). Nothing decodes
+with these; a handler that changes its answer's shape changes the Struct here too (the
+schemathesis run in tests/test_openapi.py checks answers against the document)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from actors.chains import ChainView
+from actors.node_hub import NodeInfo
+from actors.workspace import RevisionView
+from engine.directory import Permission
+from engine.projects import ProjectView
+from engine.scoped_memory import WsEntryView
+from storage.chat_store import Confession, Enrichment, ItemView, LearningJob, Turn
+
+
+class _Doc(msgspec.Struct, frozen=True, kw_only=True):
+    pass
+
+
+class GrantView(_Doc):
+    bot: str
+    user: str
+    permission: Permission
+
+
+class BackupDone(_Doc):
+    dir: str
+    files: list[str]
+
+
+class ExportTree(_Doc):
+    files: dict[str, str]  # path inside the tree → UTF-8 text
+
+
+class Count(_Doc):
+    count: int
+
+
+class Widened(_Doc):
+    id: str
+    to: str
+    widened: bool
+    version: int
+
+
+class TurnAccepted(_Doc):
+    turn: Turn
+
+
+class VerdictDone(_Doc):
+    turn: Turn
+    next: Turn | None = None  # the leader's new turn after a rejection
+
+
+class Items(_Doc):
+    items: list[ItemView]
+
+
+class Confessions(_Doc):
+    confessions: list[Confession]
+
+
+class Enrichments(_Doc):
+    enrichments: list[Enrichment]
+
+
+class CapabilitiesView(_Doc):
+    capabilities: list[str]
+    unavailable: list[str]
+    nodes: list[NodeInfo]
+
+
+class BotNode(_Doc):
+    bot: str
+    node: NodeInfo
+    memoryInjected: bool
+    extraction: bool
+
+
+class Health(_Doc):
+    ok: bool
+
+
+class Collaborations(_Doc):
+    collaborations: list[ChainView]
+
+
+class RulesView(_Doc):
+    id: str
+    name: str
+    kind: str
+    rules: dict[str, Any]
+    revision: int
+
+
+class MemoryJobs(_Doc):
+    jobs: list[LearningJob]
+
+
+class Projects(_Doc):
+    projects: list[ProjectView]
+
+
+class WsEntries(_Doc):
+    entries: list[WsEntryView]
+
+
+class Revisions(_Doc):
+    revisions: list[RevisionView]
+
+
+class OpenApiDocument(_Doc):
+    openapi: str
+    info: dict[str, Any]
+    paths: dict[str, Any]
+    components: dict[str, Any]
+
+
+# --- websocket messages (gateway/events.py, gateway/nodes.py) ---
+
+
+class EventsAuth(_Doc):
+    """`/v1/events`, client → server: the first message when no Authorization header was sent."""
+
+    type: Literal["auth"]
+    token: str
+
+
+class EventFrame(_Doc):
+    """`/v1/events`, server → client: one event. `type` is the event type (memory.changed,
+    memory.job.changed, project.changed, collaboration.changed, chat.item.created); `cursor`
+    resumes after it (`?cursor=`)."""
+
+    type: str
+    cursor: str
+    at: int
+    data: dict[str, Any] | None = None
+
+
+class NodeWelcome(_Doc):
+    """`/v1/nodes`, server → node: the answer to `hello`; node messages are gateway/nodes.py's."""
+
+    type: Literal["welcome"]
+    node: str
+    session: int
+
+
+class NodeRequest(_Doc):
+    """`/v1/nodes`, server → node: a model call for a bot whose model is `kind = "node"`."""
+
+    type: Literal["request"]
+    id: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]

@@ -1,0 +1,104 @@
+"""The pool-lock guard (issue 12 point 8, ACL-9): no pool lock is held across an actor call or
+a model call. The suite runs with the guard on (tests/conftest.py), in this process and in the
+actors, and fails at the end if any turn, learning run, group round, chain or extraction held
+one; these tests check the guard itself, and that the learning step's workspace extraction runs
+outside the pool's lock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from actors import rwlock
+from actors.rwlock import PoolLockHeld, PoolMutex, RWLock, assert_no_pool_lock
+
+
+def _caught(fn) -> list[str]:
+    """Run `fn` and give back what the guard recorded meanwhile (taken out of the session's
+    list, which must end empty)."""
+    start = len(rwlock.violations)
+    try:
+        asyncio.run(fn())
+    finally:
+        caught = rwlock.violations[start:]
+        del rwlock.violations[start:]
+    return caught
+
+
+def test_the_guard_is_on_in_the_test_suite():
+    assert rwlock.GUARD
+
+
+@pytest.mark.parametrize("mode", ["shared", "exclusive"])
+def test_a_call_under_a_pool_lock_fails_and_one_after_it_passes(mode):
+    async def go():
+        lock = RWLock()
+        async with getattr(lock, mode)():
+            with pytest.raises(PoolLockHeld):
+                assert_no_pool_lock("a call to the directory (get_chat)")
+        assert_no_pool_lock("a call to the directory (get_chat)")  # released: fine
+
+    assert _caught(go) == ["a pool lock is held across a call to the directory (get_chat)"]
+
+
+def test_the_workspace_pool_mutex_counts_too_and_nesting_is_counted():
+    async def go():
+        lock, other = PoolMutex(), RWLock()
+        async with lock:
+            async with other.shared():
+                assert rwlock.held() == 2
+            with pytest.raises(PoolLockHeld):
+                assert_no_pool_lock("a model call")
+        assert rwlock.held() == 0
+        assert_no_pool_lock("a model call")
+
+    assert len(_caught(go)) == 1
+
+
+def test_a_task_started_under_a_lock_does_not_inherit_it():
+    """Only the task that holds the lock is held to it: work it spawns runs on its own."""
+
+    async def go():
+        lock = RWLock()
+        async with lock.exclusive():
+            child = asyncio.get_running_loop().create_task(_later())
+        await child
+
+    async def _later():
+        await asyncio.sleep(0)
+        assert_no_pool_lock("a model call")
+
+    assert _caught(go) == []
+
+
+def test_learning_sends_workspace_facts_outside_the_pool_lock(tmp_path, monkeypatch):
+    """`_extract_scoped` (calls to the directory and the workspace pool's shard) is awaited
+    while the learning task holds no pool lock."""
+    from actors.learning_runs import LearningRunner
+    from actors.shard import ShardService
+
+    seen: list[int] = []
+
+    async def extract(self, job, new, evidence, now):
+        seen.append(rwlock.held())
+        return 0
+
+    monkeypatch.setattr(LearningRunner, "_extract_scoped", extract)
+
+    async def go():
+        from storage.chat_store import LearningJob
+
+        svc = ShardService(tmp_path, 0)
+        pool = await svc._pool("bot:b1")
+        job = LearningJob(
+            id="job_1", pool="bot:b1", chat="chat_1", turn="t", upto=1, org="o1",
+            grant="for:person:u1",
+        )  # fmt: skip
+        from engine.models import Completion
+
+        await svc.learning._apply(job, pool, Completion(text="", tool_calls=[]), {})
+        await svc.close()
+
+    asyncio.run(go())
+    assert seen == [0]

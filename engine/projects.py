@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
+from engine.casing import camel_keys
 from engine.directory import check_id
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
 
@@ -117,7 +118,7 @@ def decode_request(body: bytes) -> ProjectCreate | ProjectChange:
     converted to the one shape it claims to be.
     """
     try:
-        raw = msgspec.json.decode(body)
+        raw = camel_keys(msgspec.json.decode(body))  # old snake_case names accepted
     except msgspec.DecodeError as e:
         raise InvalidInput(f"body is not JSON: {e}", code="invalid_json") from e
     if not isinstance(raw, dict):

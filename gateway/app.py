@@ -486,7 +486,8 @@ class Api:
 
     async def openapi(self, request: Request) -> Response:
         await self.auth.caller(request)
-        return json(openapi_document())
+        doc = openapi_document()  # already camelCase; json() would rename its own keys
+        return Response(msgspec.json.encode(doc), media_type="application/json")
 
     async def health(self, request: Request) -> Response:
         return json({"ok": True})

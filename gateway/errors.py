@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engine.casing import camel_keys
 from engine.errors import (
     Conflict,
     Forbidden,
@@ -51,7 +52,9 @@ def status_of(error: OpenBotError) -> int:
 
 
 def error_response(status: int, code: str, message: str, details: dict | None = None) -> Response:
-    body = msgspec.json.encode({"error": {**(details or {}), "code": code, "message": message}})
+    body = msgspec.json.encode(
+        {"error": {**camel_keys(details or {}), "code": code, "message": message}}
+    )
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 

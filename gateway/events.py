@@ -23,6 +23,7 @@ import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from actors.runtime import Engine, call
+from engine.casing import to_wire
 from engine.errors import InvalidInput, OpenBotError, TooLarge, Unauthenticated
 from engine.events import (
     Event,
@@ -76,7 +77,7 @@ def _now() -> int:
 
 
 def _data(event: Event) -> dict:
-    data = msgspec.to_builtins(event.data)
+    data = to_wire(event.data)
     data.pop("type", None)
     return data
 

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engine.casing import to_wire
 from engine.errors import OpenBotError, TooLarge
 from gateway import wire
 from gateway.errors import error_response, status_of
@@ -25,7 +26,8 @@ DRAIN = 16 * wire.MAX_BODY  # beyond this an oversized body is not read: the con
 
 
 def json(obj: Any, status: int = 200) -> Response:
-    return Response(_enc.encode(obj), status_code=status, media_type="application/json")
+    """A JSON answer, its keys in camelCase (issue 14: one casing on the wire)."""
+    return Response(_enc.encode(to_wire(obj)), status_code=status, media_type="application/json")
 
 
 async def read_body(request: Request) -> bytes:

@@ -4,11 +4,13 @@ A node authenticates with the admin token (nodes are the operator's infrastructu
 hello with its capabilities, then answers model requests for bots of kind `node` models:
 
     → {"type": "hello", "node": "edge-1",
-       "capabilities": {"memory_isolation": false, "memory_extraction": false}}
+       "capabilities": {"memoryIsolation": false, "memoryExtraction": false}}
     ← {"type": "welcome", "node": "edge-1", "session": 1}
     ← {"type": "request", "id": "w1", "messages": [...], "tools": [...]}
-    → {"type": "result", "id": "w1", "text": "...", "tool_calls": [...], "usage": {...}}
+    → {"type": "result", "id": "w1", "text": "...", "toolCalls": [...], "usage": {...}}
     → {"type": "error", "id": "w1", "message": "..."}
+
+Keys are camelCase like every other frame; the old snake_case names are still accepted.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from actors.node_hub import hub_handle
 from actors.runtime import call
+from engine.casing import fit, to_wire
 from engine.errors import OpenBotError
 from engine.models import Completion, ToolCall, Usage
 from gateway.auth import Auth
@@ -56,8 +60,9 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True, tag="error", tag_field=
     message: str = "the node failed"
 
 
-_hello_dec = msgspec.json.Decoder(Hello)
-_answer_dec = msgspec.json.Decoder(Result | Failure)
+def _decode(raw: bytes | str, kind: Any) -> Any:
+    """Frames in either casing: camelCase (what the server sends) or the old snake_case."""
+    return msgspec.convert(fit(msgspec.json.decode(raw), kind), kind)
 
 
 class NodesEndpoint:
@@ -73,7 +78,7 @@ class NodesEndpoint:
             await ws.close(4401, "nodes connect with the admin token")
             return
         try:
-            hello = _hello_dec.decode(_checked(await asyncio.wait_for(_receive(ws), HELLO_WAIT)))
+            hello = _decode(_checked(await asyncio.wait_for(_receive(ws), HELLO_WAIT)), Hello)
         except (
             TimeoutError,
             msgspec.DecodeError,
@@ -96,7 +101,7 @@ class NodesEndpoint:
             while True:
                 raw = await _receive(ws)
                 try:
-                    answer = _answer_dec.decode(_checked(raw))
+                    answer = _decode(_checked(raw), Result | Failure)
                 except (msgspec.DecodeError, msgspec.ValidationError, OpenBotError):
                     await ws.close(4400, "answers are result or error frames")
                     return
@@ -135,7 +140,8 @@ class NodesEndpoint:
 
 
 async def _send(ws: WebSocket, frame: dict) -> None:
-    await ws.send_text(_enc.encode(frame).decode())  # text frames, as on /v1/events
+    # text frames, as on /v1/events; camelCase keys like every answer (issue 14)
+    await ws.send_text(_enc.encode(to_wire(frame)).decode())
 
 
 def _checked(raw: bytes | str) -> bytes | str:

@@ -23,6 +23,7 @@ import msgspec
 from actors.chains import ChainView
 from actors.conversations import TurnResult
 from engine.bot_policy import BotProfile
+from engine.casing import camel_schema, plain_component_names
 from engine.directory import Bot, Channel, Chat, Org, User
 from engine.listing import BotEntry, ChannelEntry, ChatEntry, Me, Page
 from engine.memory import EntryView, LogPage, MemoryPage
@@ -490,4 +491,6 @@ def openapi_document() -> dict[str, Any]:
 
 
 def _as_json(doc: dict[str, Any]) -> dict[str, Any]:
-    return msgspec.json.decode(msgspec.json.encode(doc))
+    # The wire is camelCase (issue 14): property names, `required` and defaults as served,
+    # component names without msgspec's `_` (`Page_Bot_` → `PageBot`).
+    return plain_component_names(camel_schema(msgspec.json.decode(msgspec.json.encode(doc))))

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import msgspec
 import numpy as np
 
+from engine.casing import camel_keys, fit
 from engine.directory import BotRules, OrgSettings, Permission
 from engine.errors import InvalidInput, TooLarge
 
@@ -193,8 +194,12 @@ def decode(body: bytes, kind: type[T]) -> T:
     if not body.strip():
         raise InvalidInput("a JSON body is required", code="invalid_json")
     try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as e:
-        raise InvalidInput(str(e), code="invalid_body") from e
+        raw = msgspec.json.decode(body)
     except msgspec.DecodeError as e:
         raise InvalidInput(f"malformed JSON: {e}", code="invalid_json") from e
+    # Old snake_case names (`request_id`) are still accepted: keys are normalised to camelCase.
+    try:
+        raw = camel_keys(raw) if kind is Any else fit(raw, kind)
+        return msgspec.convert(raw, type=kind)
+    except msgspec.ValidationError as e:
+        raise InvalidInput(str(e), code="invalid_body") from e

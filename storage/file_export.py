@@ -479,13 +479,17 @@ def _merge(kind: str, into: dict, items: Iterable) -> None:
 def import_snapshots(
     snapshots: Sequence[ft.AccountSnapshot], data_dir: Path, *, shards: int = 2
 ) -> ImportResult:
-    """Write the snapshots into `data_dir`, which must hold no store yet, as `shards` shards
-    (the count `openbot serve --shards` will use)."""
+    """Write the snapshots into `data_dir` as `shards` shards (the count `openbot serve
+    --shards` will use). A data directory that already holds accounts gets them merged in
+    (issue 14), with its own master key and shard count; any id the tree shares with it (a
+    user, bot, channel, project, or an org that differs) refuses the whole import before
+    anything is written. The server must be stopped (its files are opened for writing)."""
     data_dir = Path(data_dir)
     if shards < 1:
         raise InvalidInput("shards must be at least 1", code="shard_count")
-    if data_dir.exists() and any(data_dir.glob("*.duckdb")):
-        raise InvalidInput(f"{data_dir} already holds data; import into a new one", code="exists")
+    existing = _existing(data_dir)
+    if existing is not None:
+        shards = existing.shards  # a merge writes where the running engine will look
     orgs: dict[str, Org] = {}
     users: dict[str, User] = {}
     bots: dict[str, Bot] = {}
@@ -506,6 +510,10 @@ def import_snapshots(
                     f"project {project.id} twice, or not its owner's", code="conflict"
                 )
             projects[project.id] = project
+
+    if existing is not None:
+        accounts = [s.account.id for s in snapshots]
+        orgs, users = existing.check(accounts, orgs, users, bots, channels, projects)
 
     def host(pool: str) -> str | None:
         kind, _, owner = pool.partition(":")
@@ -567,6 +575,8 @@ def import_snapshots(
     files = [_write_shard(data_dir / f"shard-{k}.duckdb", writes[k]) for k in range(shards)]
     tokens = {u: "obt_" + secrets.token_urlsafe(32) for u in sorted(users)}
     files.append(_write_directory(keyring, data_dir, orgs, users, bots, channels, projects, tokens))
+    if existing is not None:  # the target's own users keep their tokens
+        tokens = {**existing.tokens_doc, **tokens}
     tokens_file = data_dir / TOKENS_FILE
     fd = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -579,6 +589,77 @@ def import_snapshots(
         tokens_file=str(tokens_file),
         skipped_receipts=skipped,
     )
+
+
+@dataclass
+class _Existing:
+    """What a data directory already holds, for a merge import: every check is made before
+    anything is written, so a refused import changes nothing."""
+
+    shards: int
+    ids: dict[str, set[str]]
+    orgs: dict[str, Org]
+    tokens_doc: dict[str, str]
+
+    def check(self, accounts, orgs, users, bots, channels, projects):
+        """The orgs and users still to write (shared ones the target keeps); `id_clash` when
+        an account, bot, channel or project id is taken or a shared org differs."""
+        clashes = [f"user {a}" for a in sorted(set(accounts) & self.ids["user"])]
+        for kind, new in (
+            ("bot", bots),
+            ("channel", channels),
+            ("project", projects),
+        ):
+            clashes += [f"{kind} {i}" for i in sorted(set(new) & self.ids[kind])]
+        clashes += [
+            f"org {i} (differs)" for i, o in sorted(orgs.items()) if self.orgs.get(i, o) != o
+        ]
+        if clashes:
+            raise InvalidInput(
+                "the data directory already holds "
+                + ", ".join(clashes[:20])
+                + "; nothing was imported",
+                code="id_clash",
+                details={"clashes": clashes},
+            )
+        new_orgs = {i: o for i, o in orgs.items() if i not in self.orgs}
+        return new_orgs, {i: u for i, u in users.items() if i not in self.ids["user"]}
+
+
+def _dir_cipher(keyring: Keyring, directory: Path) -> Cipher | None:
+    """The directory's record key, when it has one (None: records from before sealing)."""
+    with _read_only(directory) as con:
+        wrapped = _rows(con, "SELECT wrapped FROM dir_keys WHERE scope = ?", [DIR_KEY])
+    return keyring.unwrap_pool_key(DIR_KEY, wrapped[0][0]) if wrapped else None
+
+
+def _existing(data_dir: Path) -> _Existing | None:
+    """None for a new data directory; else its ids, orgs and shard count (read-only)."""
+    directory = data_dir / DIRECTORY_FILE
+    shard_files = sorted(data_dir.glob("shard-*.duckdb"))
+    if not directory.exists():
+        if shard_files:
+            raise InvalidInput(f"{data_dir} has shards but no directory", code="exists")
+        return None
+    ids: dict[str, set[str]] = {}
+    with _read_only(directory) as con:
+        for kind, table in (
+            ("user", "users"),
+            ("bot", "bots"),
+            ("channel", "channels"),
+            ("project", "project_owners"),
+        ):
+            ids[kind] = {r[0] for r in _rows(con, f"SELECT id FROM {table}")}
+    cipher = _dir_cipher(Keyring(_master_key(data_dir)), directory)
+    with _read_only(directory) as con:
+        orgs = {
+            i: _dec[Org].decode(open_record(cipher, "orgs", i, doc))
+            for i, doc in _rows(con, "SELECT id, doc FROM orgs")
+        }
+    tokens_doc: dict[str, str] = {}
+    with contextlib.suppress(OSError, ValueError):
+        tokens_doc = json.loads((data_dir / TOKENS_FILE).read_text())
+    return _Existing(max(len(shard_files), 1), ids, orgs, tokens_doc)
 
 
 def _pool_rows(ws: WorkspaceStore, pool: ft.PoolSnapshot, cipher: Cipher) -> Iterator[Write]:
@@ -660,8 +741,13 @@ def _write_directory(
     tokens: dict[str, str],
 ) -> str:
     path = data_dir / DIRECTORY_FILE
-    cipher, wrapped = keyring.new_pool_key(DIR_KEY)
-    rows: list[tuple[str, tuple]] = [("dir_keys", (DIR_KEY, wrapped))]
+    rows: list[tuple[str, tuple]] = []
+    known = _dir_cipher(keyring, path) if path.exists() else None
+    if known is not None:  # a merge: the directory's records stay under its one key
+        cipher = known
+    else:
+        cipher, wrapped = keyring.new_pool_key(DIR_KEY)
+        rows.append(("dir_keys", (DIR_KEY, wrapped)))
     tables = (("orgs", orgs), ("users", users), ("bots", bots), ("channels", channels))
     for table, records in tables:
         rows += [

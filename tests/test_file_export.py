@@ -287,3 +287,44 @@ def _day(view: dict) -> str:
 
     at = datetime.datetime.fromtimestamp(view["updatedAt"] / 1000, datetime.UTC)
     return at.date().isoformat()
+
+
+def test_import_merges_an_account_into_a_data_dir_with_another(world, admin, tmp_path):
+    """Issue 14: an exported account merges into a data directory that already holds another
+    account (its master key and shard count kept); a second import of the same account is
+    refused for its id clashes and changes nothing."""
+    from tests.conftest import World
+
+    other = World(admin, world.server)
+    alice, dana = world.users["alice"], other.users["alice"]
+    with world.client("alice") as a:
+        _create(a, scope="user", bot=world.bot, content="Alice plays the cello.")
+    with other.client("alice") as d:
+        _create(d, scope="user", bot=other.bot, content="Dana keeps bees.")
+    backup = tmp_path / "backup"
+    _ok(admin.post("/v1/admin/backup", json={"dir": str(backup), "withKey": True}))
+    mine, theirs = render_data_dir(backup, alice), render_data_dir(backup, dana)
+    file_export.write_tree(tmp_path / "a", mine)
+    file_export.write_tree(tmp_path / "d", theirs)
+    target = tmp_path / "target"
+    file_export.import_tree(tmp_path / "d", target, shards=2)
+    key_before = (target / "master.key").read_bytes()
+
+    result = file_export.import_tree(tmp_path / "a", target, shards=5)  # shard count: target's
+    assert result.accounts == [alice]
+    assert sorted(p.name for p in target.glob("shard-*.duckdb")) == [
+        "shard-0.duckdb",
+        "shard-1.duckdb",
+    ]
+    assert (target / "master.key").read_bytes() == key_before
+    assert render_data_dir(target, alice) == mine
+    assert render_data_dir(target, dana) == theirs
+    tokens = json.loads((target / file_export.TOKENS_FILE).read_text())
+    assert alice in tokens and dana in tokens
+
+    before = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
+    with pytest.raises(file_export.InvalidInput) as clash:
+        file_export.import_tree(tmp_path / "a", target)
+    assert clash.value.code == "id_clash" and f"user {alice}" in clash.value.message
+    assert f"bot {world.bot}" in clash.value.details["clashes"]
+    assert {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()} == before

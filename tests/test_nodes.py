@@ -21,7 +21,7 @@ def _ws_url(server) -> str:
 async def _node(server, isolation: bool, answers: list, seen: list, ready: asyncio.Event):
     headers = {"Authorization": f"Bearer {ADMIN}"}
     async with connect(_ws_url(server), additional_headers=headers) as ws:
-        caps = {"memory_isolation": isolation, "memory_extraction": isolation}
+        caps = {"memoryIsolation": isolation, "memoryExtraction": isolation}
         await ws.send(json.dumps({"type": "hello", "node": "edge-1", "capabilities": caps}))
         raw = await ws.recv()
         assert isinstance(raw, str)  # text frames, every one (issue 12)
@@ -77,8 +77,8 @@ def test_a_node_without_isolation_chats_without_memory(world, admin, server, mod
         return seen, edge, builtin, status, before, r.json()
 
     seen, edge, builtin, status, before, result = asyncio.run(scenario())
-    assert builtin["memory_isolation"] and builtin["memory_extraction"]
-    assert edge["memory_isolation"] is False and "Upgrade" in edge["hint"]
+    assert builtin["memoryIsolation"] and builtin["memoryExtraction"]
+    assert edge["memoryIsolation"] is False and "Upgrade" in edge["hint"]
     assert status["node"]["connected"] and status["memoryInjected"] is False
     assert result["turn"]["status"] == "done"
     assert [i["text"] for i in result["items"] if i["kind"] == "bot"] == ["plain answer"]

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from engine.casing import camel_keys
 from engine.directory import Bot, Channel, Org, User
 from engine.file_tree._model import BotProject
 from engine.memory import EntryMeta, Scope, Tier
@@ -104,7 +105,8 @@ ENC = msgspec.json.Encoder()
 
 
 def to_json(doc: object) -> bytes:
-    return msgspec.json.format(ENC.encode(doc), indent=2) + b"\n"
+    """A file of the tree: camelCase keys like the API (issue 14); parsing takes either."""
+    return msgspec.json.format(ENC.encode(camel_keys(msgspec.to_builtins(doc))), indent=2) + b"\n"
 
 
 def to_text(lines: Iterable[str]) -> bytes:

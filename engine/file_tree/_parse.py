@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from engine import tags as tagmod
+from engine.casing import fit
 from engine.directory import Channel
 from engine.errors import InvalidInput
 from engine.file_tree._docs import (
@@ -51,8 +52,8 @@ def _bad(path: str, why: str) -> InvalidInput:
 
 def _decode(path: str, data: bytes, kind: type[Any]) -> Any:
     try:
-        return msgspec.json.decode(data, type=kind)
-    except msgspec.DecodeError as e:
+        return msgspec.convert(fit(msgspec.json.decode(data), kind), kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise _bad(path, str(e)) from e
 
 
@@ -105,7 +106,7 @@ def _parse_account(account: str, files: dict[str, bytes]) -> AccountSnapshot:
             if "org" not in g:
                 continue
             try:
-                channel = msgspec.convert(g, Channel)
+                channel = msgspec.convert(fit(g, Channel), Channel)
             except msgspec.ValidationError as e:
                 raise _bad(f"{where}/{gpath}", str(e)) from e
             if channels.setdefault(channel.id, channel) != channel:
@@ -161,7 +162,7 @@ def _parse_project_md(path: str, data: bytes) -> Project:
         except msgspec.DecodeError as e:
             raise _bad(path, f"{key}: {e}") from e
     try:
-        m = msgspec.convert(meta, ProjectMeta)
+        m = msgspec.convert(fit(meta, ProjectMeta), ProjectMeta)
     except msgspec.ValidationError as e:
         raise _bad(path, str(e)) from e
     return Project(

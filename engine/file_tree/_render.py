@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from engine.casing import camel, camel_keys
 from engine.errors import InvalidInput
 from engine.file_tree._docs import (
     ENC,
@@ -75,7 +76,7 @@ def render(snapshot: AccountSnapshot) -> dict[str, bytes]:
         root = f"projects/{segment(project.id, 'project id')}"
         put(f"{root}/project.md", _project_md(project))
         groups = tuple(
-            msgspec.to_builtins(channels[c]) if c in channels else {"id": c}
+            camel_keys(msgspec.to_builtins(channels[c])) if c in channels else {"id": c}
             for c in project.channels
         )
         put(f"{root}/groups.json", to_json(GroupsDoc(project=project.id, groups=groups)))
@@ -107,7 +108,8 @@ def _project_md(project: Project) -> bytes:
         updated_at=project.updated_at,
     )
     fields = msgspec.to_builtins(meta)
-    lines = ["---", *(f"{k}: {ENC.encode(v).decode()}" for k, v in fields.items()), "---", ""]
+    lines = ["---", *(f"{camel(k)}: {ENC.encode(v).decode()}" for k, v in fields.items())]
+    lines += ["---", ""]
     lines.append(f"# {_one_line(project.name)}")
     lines.append("")
     lines.append(f"Project `{project.id}`, revision {project.revision}; see `groups.json`.")

@@ -27,8 +27,11 @@ def _convert(e: duckdb.Error, what: str) -> StorageError:
 
 
 def _memory_limit() -> str:
-    """DuckDB's memory limit per file: `OPENBOT_DUCKDB_MEMORY` (e.g. "512MB"), default 256MB."""
-    limit = os.environ.get("OPENBOT_DUCKDB_MEMORY", "256MB").strip()
+    """DuckDB's memory limit per file: `OPENBOT_DUCKDB_MEMORY` (e.g. "512MB"), default 1GB.
+
+    A cap, not a reservation: 256MB made a pool's search vectors (100k x 384 floats, one block
+    of ~160 MB) fail to load, and semantic search then answered with keywords only."""
+    limit = os.environ.get("OPENBOT_DUCKDB_MEMORY", "1GB").strip()
     if not limit.replace(".", "").isalnum():  # a size like 256MB or 1.5GB, nothing else
         raise StorageError(f"OPENBOT_DUCKDB_MEMORY is not a size: {limit!r}")
     return limit

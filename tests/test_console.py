@@ -280,8 +280,13 @@ def test_a_delivery_shows_the_communication_display(world: World, admin, server,
     page.locator(f'[data-testid="chat-entry"][data-chat-id="{chat["id"]}"]').click()
     page.get_by_test_id("message-input").fill("Check CI")
     page.get_by_test_id("send").click()
-    delivery = page.locator('[data-testid="item"][data-kind="delivery"]')
+    # The asking bot's chat holds both records (UI-1): "sent to" the helper, then its answer.
+    items = '[data-testid="item"][data-kind="delivery"]'
+    comm = '[data-testid="communication"]'
+    delivery = page.locator(f'{items}:has({comm}[data-direction="received"])')
     delivery.wait_for(timeout=20_000)
+    sent = page.locator(f'{items}:has({comm}[data-direction="sent"])')
+    assert sent.get_by_test_id("communication").inner_text().split()[:2] == ["sent", "to"]
     head = delivery.get_by_test_id("communication")
     assert head.get_attribute("data-direction") == "received"
     assert head.inner_text().split() == ["message", "from", helper["name"][0], helper["name"]]

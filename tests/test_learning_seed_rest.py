@@ -216,8 +216,8 @@ def test_mb3_memory_jobs_show_when_a_budget_stopped_job_runs_again(world, admin,
         ray.get(shard.learning_idle.remote())
         (job,) = [j for j in alice.get(f"{WS}/memory-jobs").json()["jobs"] if j["chat"] == chat]
     assert job["status"] == "waiting"
-    stopped = datetime.datetime.fromtimestamp(job["updated_at"] / 1000, datetime.UTC)
+    stopped = datetime.datetime.fromtimestamp(job["updatedAt"] / 1000, datetime.UTC)
     next_day = datetime.datetime.combine(
         stopped.date() + datetime.timedelta(days=1), datetime.time(), datetime.UTC
     )
-    assert job["wake_at"] == int(next_day.timestamp() * 1000)
+    assert job["wakeAt"] == int(next_day.timestamp() * 1000)

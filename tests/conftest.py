@@ -155,3 +155,20 @@ def _ok(resp: httpx.Response) -> dict:
 @pytest.fixture
 def world(admin, server) -> World:
     return World(admin, server)
+
+
+def learning_bot(world, admin: httpx.Client, prefix: str) -> tuple[str, str]:
+    """A bot of alice's on the `bot` model, in an org whose memory bot (`mem`) learns after
+    every person turn; its (id, name), the name unique per call."""
+    r = admin.patch(
+        f"/v1/admin/orgs/{world.org}",
+        json={"settings": {"botMemoryModel": "mem", "autoRecord": True}},
+    )
+    assert r.status_code == 200, r.text
+    name = f"{prefix}{secrets.token_hex(3)}"
+    r = admin.post(
+        "/v1/admin/bots",
+        json={"name": name, "org": world.org, "owner": world.users["alice"], "model": "bot"},
+    )
+    assert r.status_code == 201, r.text
+    return r.json()["id"], name

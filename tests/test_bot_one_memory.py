@@ -14,7 +14,7 @@ import time
 
 import ray
 
-from tests.conftest import user_client
+from tests.conftest import learning_bot, user_client
 from tests.openai_stub import completion
 
 WS = "/api/app/workspace"
@@ -49,19 +49,8 @@ def test_mem1_a_learned_bot_fact_is_in_every_view_of_the_bots_one_memory(
     `workspace_memory_search` and the Markdown export of the person it is for, and nobody
     else's."""
     mem, bot_model = model_stubs["mem"], model_stubs["bot"]
-    admin.patch(
-        f"/v1/admin/orgs/{world.org}",
-        json={"settings": {"botMemoryModel": "mem", "autoRecord": True}},
-    )
     alice_id = world.users["alice"]
-    name = f"Keeper{secrets.token_hex(3)}"
-    bot = _ok(
-        admin.post(
-            "/v1/admin/bots",
-            json={"name": name, "org": world.org, "owner": alice_id, "model": "bot"},
-        ),
-        201,
-    )["id"]
+    bot, name = learning_bot(world, admin, "Keeper")
     _ok(
         admin.post(
             "/v1/admin/grants", json={"bot": bot, "user": world.users["bob"], "permission": "read"}
@@ -352,19 +341,8 @@ def test_enr5_learning_and_search_go_through_the_pools_one_visibility_checked_re
     the bot's memory and may build an observation on it (visible to whoever sees every
     source); the bot's search finds both."""
     mem, bot_model = model_stubs["mem"], model_stubs["bot"]
-    admin.patch(
-        f"/v1/admin/orgs/{world.org}",
-        json={"settings": {"botMemoryModel": "mem", "autoRecord": True}},
-    )
     alice_id = world.users["alice"]
-    name = f"Reader{secrets.token_hex(3)}"
-    bot = _ok(
-        admin.post(
-            "/v1/admin/bots",
-            json={"name": name, "org": world.org, "owner": alice_id, "model": "bot"},
-        ),
-        201,
-    )["id"]
+    bot, name = learning_bot(world, admin, "Reader")
     note = "The staging server is called kestrel"
     requests: list[dict] = []
     results: list[dict] = []

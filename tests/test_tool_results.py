@@ -8,11 +8,11 @@ authored by the tool. Learning may cite one beside what a person said, and the f
 from __future__ import annotations
 
 import json
-import secrets
 import time
 
 import ray
 
+from tests.conftest import learning_bot
 from tests.openai_stub import completion
 
 WS = "/api/app/workspace"
@@ -27,19 +27,8 @@ def test_mem3_tool_results_are_chat_items_and_support_a_persons_fact_with_app_pr
     world, admin, model_stubs, engine
 ):
     mem, bot_model = model_stubs["mem"], model_stubs["bot"]
-    admin.patch(
-        f"/v1/admin/orgs/{world.org}",
-        json={"settings": {"botMemoryModel": "mem", "autoRecord": True}},
-    )
     alice_id = world.users["alice"]
-    name = f"Tooler{secrets.token_hex(3)}"
-    bot = _ok(
-        admin.post(
-            "/v1/admin/bots",
-            json={"name": name, "org": world.org, "owner": alice_id, "model": "bot"},
-        ),
-        201,
-    )["id"]
+    bot, name = learning_bot(world, admin, "Tooler")
     box: dict = {}
     seen: list[dict] = []
 

@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import actors.runtime  # noqa: F401  (sets Ray's environment before anything imports ray)
+import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
 from benchmarks._load import HttpConnection, build_request, descendant_cpu, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,7 +94,7 @@ class GatewayService:
         import ray
         import uvicorn
 
-        from actors.runtime import NAMESPACE, Engine
+        from actors.runtime.engine import NAMESPACE, Engine
         from gateway.app import create_app
         from gateway.server import tune_gc
 
@@ -174,7 +174,7 @@ def setup_world(url: str, admin_token: str, accounts: int, groups: int, shards: 
     3 bots of different accounts (the person of the group is the first bot's owner)."""
     import httpx
 
-    from actors.placement import shard_of
+    from actors.runtime.placement import shard_of
 
     tag = secrets.token_hex(3)
     with httpx.Client(
@@ -480,7 +480,7 @@ class Stage:
     ) -> None:
         import ray
 
-        from actors.runtime import Engine
+        from actors.runtime.engine import Engine
 
         pool.ensure()  # gateways start on new nodes while the engine starts
         self.k = k
@@ -846,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
         return load_main(args.load)
     import ray
 
-    from actors.runtime import start_local_cluster, start_ray, wait_for_cluster
+    from actors.runtime.engine import start_local_cluster, start_ray, wait_for_cluster
 
     t0 = time.perf_counter()
     simulated = args.address is None

@@ -52,8 +52,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import actors.runtime  # noqa: F401  (sets Ray's environment before anything imports ray)
-from actors.placement import shard_of
+import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
+from actors.runtime.placement import shard_of
 from benchmarks._load import (
     HttpConnection,
     build_request,
@@ -218,9 +218,9 @@ def item_gaps(items: list[dict]) -> list[float]:
 
 
 async def floor_async(data: Path, config: dict, runs: int, profile: bool) -> dict[str, Any]:
-    from actors.conversations import TurnStart
-    from actors.models import ScriptedModel
-    from actors.shard import ShardService
+    from actors.chats.conversations import TurnStart
+    from actors.models.registry import ScriptedModel
+    from actors.shard.service import ShardService
     from engine.directory import Bot, Channel, Chat, Org
 
     models = {"talk": ScriptedModel.from_file("talk", config["talk"]["script"])}
@@ -854,7 +854,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from actors.runtime import Engine, start_ray
+    from actors.runtime.engine import Engine, start_ray
     from gateway.app import create_app
     from gateway.live_server import LiveServer
 

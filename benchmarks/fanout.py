@@ -75,7 +75,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import actors.runtime  # noqa: F401  (sets Ray's environment before anything imports ray)
+import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
 from benchmarks._fanout_load import raise_nofile
 from benchmarks._fanout_report import (
     SYSTEMS,
@@ -390,7 +390,7 @@ def run_load(
 
 
 def run_openbot(args: argparse.Namespace, data_dir: Path, work: Path) -> dict[str, Any]:
-    from actors.runtime import Engine
+    from actors.runtime.engine import Engine
     from gateway.app import create_app
 
     admin_token = "bench-admin-" + secrets.token_hex(8)
@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     nofile = raise_nofile()
     import ray
 
-    from actors.runtime import start_ray
+    from actors.runtime.engine import start_ray
 
     ray_tmp = tempfile.mkdtemp(prefix="obf", dir="/tmp")  # short: Ray's socket paths
     work = Path(tempfile.mkdtemp(prefix="openbot-fanout-"))

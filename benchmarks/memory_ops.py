@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import actors.runtime  # noqa: F401  (sets Ray's environment before anything imports ray)
+import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
 from benchmarks._load import closed_loop, descendant_cpu
 from gateway.live_server import LiveServer
 
@@ -255,7 +255,7 @@ def run_mode(
 ) -> dict[str, Any]:
     import ray
 
-    from actors.runtime import Engine
+    from actors.runtime.engine import Engine
     from engine.memory import Reader
     from gateway.app import create_app
 
@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import ray
 
-    from actors.runtime import start_ray
+    from actors.runtime.engine import start_ray
 
     ray_tmp = tempfile.mkdtemp(prefix="obb", dir="/tmp")  # short: Ray's socket paths
     data_root = Path(tempfile.mkdtemp(prefix="openbot-bench-"))

@@ -69,7 +69,7 @@ def references(convs: list[Conversation], embed_threads: int) -> dict[str, list[
     """Plain BM25 (bm25s) and dense-only (exact cosine) rankings, in this process."""
     import bm25s
 
-    from actors.embeddings import OnnxEmbeddings
+    from actors.models.embeddings import OnnxEmbeddings
 
     turns = [t for c in convs for t in c.turns]
     questions = [q.text for c in convs for q in c.questions]
@@ -142,7 +142,7 @@ def through_api(convs: list[Conversation], data: Path, threads: int, writes: int
     import httpx
     import ray
 
-    from actors.runtime import Engine, start_ray
+    from actors.runtime.engine import Engine, start_ray
     from gateway.app import create_app
     from gateway.live_server import LiveServer
 

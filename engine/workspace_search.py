@@ -1,11 +1,12 @@
 """Ranking workspace and bot memory search (SPEC SC-7, issue 11): fusing what the retrievers
 found.
 
-Keyword hits (BM25, storage/search_index.py) and semantic hits (cosine, actors/semantic.py) are
-fused by weighted reciprocal rank fusion: a record's score is the sum over the lists it is in of
-`weight / (k + rank)`. Both kinds are kept, a record found both ways rises, and a semantic hit
-need not contain the query. Only records the reader may see are ranked, and they are filtered
-*before* ranking, so hidden records cannot shift the order of visible ones.
+Keyword hits (BM25, storage/search_index.py) and semantic hits (cosine,
+actors/workspace/semantic.py) are fused by weighted reciprocal rank fusion: a record's score is
+the sum over the lists it is in of `weight / (k + rank)`. Both kinds are kept, a record found
+both ways rises, and a semantic hit need not contain the query. Only records the reader may see
+are ranked, and they are filtered *before* ranking, so hidden records cannot shift the order of
+visible ones.
 
 Each list is fused as deep as `fusion_depth` says (1,000 hits by default, far below anything
 the first `limit` could need), then the fusion is cut at `limit`.

@@ -14,9 +14,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
-from actors.conversations import TurnStart, require_chat_owner
-from actors.node_hub import hub_handle
-from actors.runtime import Engine, call
+from actors.chats.conversations import TurnStart, require_chat_owner
+from actors.models.node_hub import hub_handle
+from actors.runtime.engine import Engine, call
 from engine import tags as tagmod
 from engine import widening
 from engine.directory import (

@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from actors.runtime import Engine, call
+from actors.runtime.engine import Engine, call
 from engine.directory import Bot, Principal
 from engine.errors import Forbidden, OpenBotError, Unauthenticated
 from gateway.errors import error_response, status_of

@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
-        if args.ray_address:  # before Ray is imported: see actors/ray_env.py
+        if args.ray_address:  # before Ray is imported: see actors/runtime/ray_env.py
             os.environ["OPENBOT_RAY_ADDRESS"] = args.ray_address
         from gateway.server import load_settings, serve
 

@@ -452,14 +452,14 @@ def embedded_server(config: str | Path | None = None) -> Iterator[tuple[str, str
     """A server for the length of the demo: local Ray, a temporary data directory, a free
     loopback port and the models of `config` (default examples/openbot.toml). Yields the URL
     and the admin token; everything is stopped and removed afterwards."""
-    import actors.runtime  # noqa: F401  (Ray's environment before ray is imported)
+    import actors.runtime.engine  # noqa: F401  (Ray's environment before ray is imported)
 
     path = Path(config) if config else DEFAULT_CONFIG
     if not path.exists():
         raise DemoError(f"no config at {path}: give --config (with a scripted model) or --url")
     import ray
 
-    from actors.runtime import Engine, start_ray
+    from actors.runtime.engine import Engine, start_ray
     from gateway.app import create_app
     from gateway.live_server import LiveServer
     from gateway.server import load_settings

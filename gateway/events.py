@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from actors.runtime import Engine, call
+from actors.runtime.engine import Engine, call
 from engine.casing import to_wire
 from engine.errors import InvalidInput, OpenBotError, TooLarge, Unauthenticated
 from engine.events import (

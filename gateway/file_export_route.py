@@ -16,7 +16,7 @@ from pathlib import Path
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.runtime import Engine
+from actors.runtime.engine import Engine
 from engine.directory import check_id
 from gateway.auth import Auth
 from gateway.json_response import json

@@ -13,7 +13,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.runtime import Engine, call
+from actors.runtime.engine import Engine, call
 from engine.errors import InvalidInput
 from engine.listing import Me, parse_limit
 from gateway.auth import Auth

@@ -34,7 +34,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.runtime import Engine, call
+from actors.runtime.engine import Engine, call
 from gateway.auth import Auth
 
 access_log = logging.getLogger("openbot.access")

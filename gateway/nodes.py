@@ -23,8 +23,8 @@ from typing import Any
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from actors.node_hub import hub_handle
-from actors.runtime import call
+from actors.models.node_hub import hub_handle
+from actors.runtime.engine import call
 from engine.casing import fit, to_wire
 from engine.errors import OpenBotError
 from engine.models import Completion, ToolCall, Usage

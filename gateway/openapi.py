@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from actors.chains import ChainView
-from actors.conversations import TurnResult
+from actors.chats.chains import ChainView
+from actors.chats.conversations import TurnResult
 from engine.bot_policy import BotProfile
 from engine.casing import camel_schema, plain_component_names
 from engine.directory import Bot, Channel, Chat, Org, User

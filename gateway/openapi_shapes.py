@@ -9,9 +9,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from actors.chains import ChainView
-from actors.node_hub import NodeInfo
-from actors.workspace import RevisionView
+from actors.chats.chains import ChainView
+from actors.models.node_hub import NodeInfo
+from actors.workspace.service import RevisionView
 from engine.directory import Permission
 from engine.projects import ProjectView
 from engine.requests import RequestView

@@ -9,7 +9,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.runtime import Engine, call
+from actors.runtime.engine import Engine, call
 from engine.errors import InvalidInput, NotFound
 from engine.requests import STATUSES
 from gateway import wire

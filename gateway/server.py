@@ -27,13 +27,13 @@ class ServeSettings:
     port: int = 8765
     shards: int = 2
     ray_address: str | None = None
-    placement: str = "auto"  # actors/runtime.py: auto, spread, pinned or local
+    placement: str = "auto"  # actors/runtime/engine.py: auto, spread, pinned or local
     group_commit: bool = True
     actor_prefix: str = "openbot"
     models: dict | None = None  # the config's [models.*] tables (DESIGN §6)
     search: dict | None = None  # the config's [search] table: embedding_model, min_score (SC-7)
     config_dir: str | None = None
-    cache_records: int | None = None  # records each shard keeps loaded (actors/residency.py)
+    cache_records: int | None = None  # records each shard keeps loaded (actors/shard/residency.py)
 
 
 def load_settings(
@@ -80,7 +80,7 @@ def load_settings(
     s.models = models
     s.search = search
     if search:
-        from actors.embeddings import search_settings
+        from actors.models.embeddings import search_settings
 
         search_settings(search, models)  # a bad [search] fails here, before Ray starts
     s.config_dir = str(Path(path).resolve().parent) if path else None
@@ -212,8 +212,8 @@ def serve(settings: ServeSettings, *, log_level: str = "info") -> None:
     engine = None
     # After the checks above, which must answer at once. actors first: it sets Ray's
     # environment (loopback, token auth) before ray is imported.
-    from actors.ray_env import TOKEN_FILE
-    from actors.runtime import Engine, start_ray
+    from actors.runtime.engine import Engine, start_ray
+    from actors.runtime.ray_env import TOKEN_FILE
 
     import ray  # isort: skip
     import uvicorn

@@ -6,7 +6,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.runtime import Engine, call
+from actors.runtime.engine import Engine, call
 from engine.bot_policy import parse_profile_patch, profile
 from engine.directory import chat_home, require_use
 from engine.errors import Forbidden, InvalidInput, NotFound, Unprocessable

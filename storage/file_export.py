@@ -57,7 +57,7 @@ from storage.workspace_store import WorkspaceStore
 
 DIRECTORY_FILE = "directory.duckdb"
 TOKENS_FILE = "import-tokens.json"
-RECEIPT_SCOPE = "ws"  # the workspace's receipts (actors/workspace.py RECEIPT_SCOPE)
+RECEIPT_SCOPE = "ws"  # the workspace's receipts (actors/workspace/service.py RECEIPT_SCOPE)
 TRANSACTIONS = ".transactions"
 _enc = msgspec.json.Encoder()
 _dec: dict[type, msgspec.json.Decoder] = {
@@ -68,7 +68,7 @@ _barrier_dec = msgspec.json.Decoder(ForgetBarrier)
 
 
 def shard_of(key: str, shards: int) -> int:
-    """As actors/placement.py (storage cannot import actors): crc32 mod the shard count."""
+    """As actors/runtime/placement.py (storage cannot import actors): crc32 mod the shard count."""
     import zlib
 
     return zlib.crc32(key.encode()) % shards

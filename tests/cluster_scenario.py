@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-# Before Ray is imported: a local, loopback-only cluster with token auth (actors/ray_env.py).
+# Before Ray is imported: a loopback-only cluster with token auth (actors/runtime/ray_env.py).
 for _name in ("RAY_ADDRESS", "OPENBOT_RAY_ADDRESS"):
     os.environ.pop(_name, None)
 
@@ -41,8 +41,8 @@ import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import actors.runtime  # noqa: E402, F401  (sets Ray's environment before anything imports ray)
-from actors.placement import shard_of  # noqa: E402
+import actors.runtime.engine  # noqa: E402, F401  (sets Ray's environment before anything imports ray)
+from actors.runtime.placement import shard_of  # noqa: E402
 from gateway.client import EventClient, EventFrame  # noqa: E402
 from gateway.live_server import LiveServer  # noqa: E402
 
@@ -298,7 +298,7 @@ async def scenario(
 def main() -> int:
     import ray
 
-    from actors.runtime import Engine, start_local_cluster, start_ray, wait_for_cluster
+    from actors.runtime.engine import Engine, start_local_cluster, start_ray, wait_for_cluster
     from gateway.app import create_app
 
     t0 = time.monotonic()

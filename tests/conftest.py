@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-# The pool-lock guard (actors/rwlock.py): a pool lock held across an actor or model call fails
+# The pool-lock guard (actors/shard/rwlock.py): a pool lock held across an actor or model call fails
 # at once, here and in the actors (they inherit the environment at Ray's start).
 os.environ["OPENBOT_LOCK_GUARD"] = "1"
 
-import actors.runtime  # noqa: F401  (sets Ray's environment before anything imports ray)
-from actors import rwlock
+import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
+from actors.shard import rwlock
 from gateway.live_server import LiveServer
 
 ADMIN = "test-admin-" + secrets.token_hex(8)
@@ -30,7 +30,7 @@ os.environ.setdefault("OPENBOT_LEARNING_RETRY_DELAY", "0.05")
 def ray_session() -> Iterator[None]:
     import ray
 
-    from actors.runtime import start_ray
+    from actors.runtime.engine import start_ray
 
     # Ray's unix socket paths must stay short, so not under pytest's long tmp paths.
     tmp = tempfile.mkdtemp(prefix="obr", dir="/tmp")
@@ -61,7 +61,7 @@ def model_stubs():
 
 @pytest.fixture(scope="session")
 def engine(ray_session, data_dir, model_stubs):
-    from actors.runtime import Engine
+    from actors.runtime.engine import Engine
 
     models = {
         name: {"kind": "openai", "base_url": stub.url, "model": f"{name}-model"}

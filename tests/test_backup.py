@@ -19,7 +19,7 @@ def test_backup_while_serving_restores_data_and_resets_old_cursors(
 ):
     from websockets.asyncio.client import connect
 
-    from actors.runtime import Engine
+    from actors.runtime.engine import Engine
     from gateway.app import create_app
 
     url = f"/v1/bots/{world.bot}/memory"
@@ -71,7 +71,7 @@ def test_backup_while_serving_restores_data_and_resets_old_cursors(
 
 
 def test_offline_backup_of_a_stopped_data_directory(tmp_path):
-    from actors.shard import ShardService
+    from actors.shard.service import ShardService
 
     reader = Reader(user="u1", org="o1", uses_bot=True)
 

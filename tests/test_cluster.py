@@ -51,7 +51,7 @@ def test_node_failure_loses_no_acknowledged_write_and_no_event():
 
 
 def test_a_restarted_store_refuses_to_start_without_its_file(tmp_path):
-    from actors.runtime import guard_store
+    from actors.runtime.engine import guard_store
     from engine.errors import StorageError
 
     (tmp_path / "master.key").write_text("x")
@@ -63,7 +63,7 @@ def test_a_restarted_store_refuses_to_start_without_its_file(tmp_path):
 
 
 def test_a_shard_refuses_to_start_without_the_master_key(tmp_path, monkeypatch):
-    from actors.runtime import guard_store
+    from actors.runtime.engine import guard_store
     from engine.errors import StorageError
 
     monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
@@ -74,7 +74,7 @@ def test_a_shard_refuses_to_start_without_the_master_key(tmp_path, monkeypatch):
 
 
 def test_a_store_waits_for_another_process_to_let_go_of_its_file(tmp_path):
-    from actors.runtime import guard_store
+    from actors.runtime.engine import guard_store
     from engine.errors import StorageError
 
     (tmp_path / "master.key").write_text("x")
@@ -103,7 +103,7 @@ def test_a_store_waits_for_another_process_to_let_go_of_its_file(tmp_path):
 
 
 def test_a_data_directory_keeps_its_shard_count(tmp_path):
-    from actors.runtime import _check_shard_files
+    from actors.runtime.engine import _check_shard_files
     from engine.errors import InvalidInput
 
     for k in range(3):
@@ -115,7 +115,7 @@ def test_a_data_directory_keeps_its_shard_count(tmp_path):
 
 
 def test_placement_options():
-    from actors.runtime import HEAD_RESOURCE, actor_options, resolve_placement
+    from actors.runtime.engine import HEAD_RESOURCE, actor_options, resolve_placement
     from engine.errors import InvalidInput
 
     assert actor_options("pinned", "openbot-shard-1") == {"resources": {"openbot-shard-1": 0.001}}

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from actors.shard import ShardService
+from actors.shard.service import ShardService
 from engine.errors import StorageError
 from engine.memory import Reader
 from storage.group_commit import GroupCommitter
@@ -137,7 +137,7 @@ def test_a_failing_checkpoint_never_fails_a_durable_write(tmp_path, monkeypatch,
 def test_deleting_a_chats_history_commits_first_then_clears_and_announces(tmp_path, monkeypatch):
     """Issue 12 point 8: `delete_items` fails without changing anything when its commit
     fails, and once it commits the history is gone and `chat.items.deleted` is published."""
-    from actors.bot_step import Sink
+    from actors.chats.bot_step import Sink
     from engine.directory import Chat
     from engine.events import ChatItemsDeleted
     from storage.group_commit import DeleteWhere

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.models import ScriptedModel, load_models
+from actors.models.registry import ScriptedModel, load_models
 from engine.models import Message
 from gateway import cli
 from gateway.demo import ASKER, BOTS, HELPER, DemoResult, embedded_server, run_demo

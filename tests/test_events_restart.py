@@ -11,7 +11,7 @@ from tests.conftest import ADMIN, LiveServer, World
 
 
 def _start(data_dir, retain):
-    from actors.runtime import Engine
+    from actors.runtime.engine import Engine
     from gateway.app import create_app
 
     engine = Engine.start(data_dir, shards=2, prefix="evr", event_retain=retain)

@@ -31,7 +31,7 @@ def second_gateway(engine, data_dir):
         "OPENBOT_ADMIN_TOKEN": ADMIN,
         "OPENBOT_ACTOR_PREFIX": "test",
         # The test's Ray is a local one on loopback with token auth: join it as a cluster
-        # user would, with Ray's own variables (actors/ray_env.py leaves them to a joiner).
+        # user would, with Ray's own variables (actors/runtime/ray_env.py leaves them to a joiner).
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": os.environ["RAY_AUTH_TOKEN_PATH"],

@@ -12,7 +12,7 @@ import zlib
 import msgspec
 import pytest
 
-from actors.placement import shard_of
+from actors.runtime.placement import shard_of
 from gateway.cli import main
 from storage import file_export
 from storage.file_export import read_tree, render_data_dir
@@ -170,7 +170,7 @@ def test_export_import_export_is_byte_identical_and_the_import_serves(filled, ad
     assert not any("Bob likes tea." in d.decode() for p, d in mine.items() if p.endswith(".md"))
 
     # The imported directory runs and serves the same memory, with new tokens.
-    from actors.runtime import Engine
+    from actors.runtime.engine import Engine
     from gateway.app import create_app
 
     tokens = json.loads((new / file_export.TOKENS_FILE).read_text())

@@ -145,10 +145,10 @@ def test_a_turn_waits_for_a_switch_under_way(tmp_path):
     """Deterministic interleaving on one shard (no Ray): a switch that found the group idle
     holds the chat's turn lock until the directory has stored the new mode, so a turn asked
     for meanwhile starts after it, in the new mode, even though its caller read the old one."""
-    from actors.conversations import TurnStart
+    from actors.chats.conversations import TurnStart
     from actors.directory import DirectoryService
-    from actors.models import ScriptedModel
-    from actors.shard import ShardService
+    from actors.models.registry import ScriptedModel
+    from actors.shard.service import ShardService
 
     script = tmp_path / "script.toml"
     script.write_text('default = "ok"\n')

@@ -17,9 +17,9 @@ from collections import Counter
 import msgspec
 import pytest
 
-from actors.bot_step import StepInput, reader_for
-from actors.models import OpenAIModel
-from actors.shard import ShardService, TurnStart
+from actors.chats.bot_step import StepInput, reader_for
+from actors.models.registry import OpenAIModel
+from actors.shard.service import ShardService, TurnStart
 from engine.directory import Bot, Chat, Org, OrgSettings
 from engine.memory import AccessProof, EntryMeta, Layer, Reader, Source, Status
 from engine.memory_bot import SettingsPatch
@@ -241,7 +241,7 @@ def test_ACL_8_reads_decrypt_only_what_the_reply_shows(tmp_path, fresh, monkeypa
     every candidate first) → "decrypted more than the reply shows" (mem_h1..h4 decrypted); the
     same line in `context_parts` → hidden ids among the decrypted; `has_entries` returning
     `any(vis.usable(i) and self.store.open_content(...) ...)` → `{'mem_a2'} == set()`. After
-    main's one-bot-memory read (actors/bot_memory.py): `Snapshot.visible_seeds` filtering on
+    main's one-bot-memory read (actors/shard/bot_memory.py): `Snapshot.visible_seeds` filtering on
     `self.open(i) and check(i)` → "decrypted more than the reply shows"."""
     spy = CipherSpy(monkeypatch)
     entries = [

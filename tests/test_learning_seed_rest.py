@@ -12,8 +12,8 @@ import time
 
 import ray
 
-from actors.models import OpenAIModel
-from actors.shard import ShardService, TurnStart
+from actors.models.registry import OpenAIModel
+from actors.shard.service import ShardService, TurnStart
 from engine.directory import Bot, Chat, Org, OrgSettings
 from engine.learning import REQUEST_LIMIT
 from engine.memory import Reader

@@ -10,8 +10,8 @@ import asyncio
 
 import pytest
 
-from actors import rwlock
-from actors.rwlock import PoolLockHeld, PoolMutex, RWLock, assert_no_pool_lock
+from actors.shard import rwlock
+from actors.shard.rwlock import PoolLockHeld, PoolMutex, RWLock, assert_no_pool_lock
 
 
 def _caught(fn) -> list[str]:
@@ -75,8 +75,8 @@ def test_a_task_started_under_a_lock_does_not_inherit_it():
 def test_learning_sends_workspace_facts_outside_the_pool_lock(tmp_path, monkeypatch):
     """`_extract_scoped` (calls to the directory and the workspace pool's shard) is awaited
     while the learning task holds no pool lock."""
-    from actors.learning_runs import LearningRunner
-    from actors.shard import ShardService
+    from actors.learning.runs import LearningRunner
+    from actors.shard.service import ShardService
 
     seen: list[int] = []
 

@@ -9,8 +9,8 @@ import json
 import msgspec
 import pytest
 
-from actors.models import OpenAIModel
-from actors.shard import ShardService, TurnStart
+from actors.models.registry import OpenAIModel
+from actors.shard.service import ShardService, TurnStart
 from engine.directory import Bot, Chat, Org, OrgSettings
 from engine.memory import Reader
 from engine.memory_bot import Budget, SettingsPatch

@@ -13,8 +13,8 @@ import duckdb
 import pytest
 
 from actors.directory import DirectoryService
-from actors.shard import ShardService
-from actors.workspace import WsAccess, WsQuery
+from actors.shard.service import ShardService
+from actors.workspace.service import WsAccess, WsQuery
 from engine.errors import Conflict
 from engine.memory import Reader, Scope
 from engine.scoped_memory import WsForget, WsMemoryChange, WsMemoryCreate

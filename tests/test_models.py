@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from actors.models import ModelError, OpenAIModel, ScriptedModel, load_models
+from actors.models.registry import ModelError, OpenAIModel, ScriptedModel, load_models
 from engine.models import Message, Price, ToolSpec, cost_micros
 from tests.conftest import LiveServer
 from tests.openai_stub import OpenAIStub, completion
@@ -122,7 +122,7 @@ def test_bad_model_config_is_a_clear_error(tmp_path):
 def test_scripted_rules_per_bot_come_before_the_shared_ones(tmp_path):
     import asyncio
 
-    from actors.models import ScriptedModel
+    from actors.models.registry import ScriptedModel
     from engine.models import Message
 
     script = tmp_path / "s.toml"

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from actors.directory import DirectoryService
-from actors.embeddings import OnnxEmbeddings, load_embedder, search_settings
-from actors.models import load_models
-from actors.shard import ShardService
-from actors.workspace import WsAccess, WsQuery
+from actors.models.embeddings import OnnxEmbeddings, load_embedder, search_settings
+from actors.models.registry import load_models
+from actors.shard.service import ShardService
+from actors.workspace.service import WsAccess, WsQuery
 from engine.errors import InvalidInput
 from engine.memory import Scope
 from engine.scoped_memory import WsMemoryCreate

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from actors.rwlock import RWLock
+from actors.shard.rwlock import RWLock
 
 
 async def _spin(n: int = 20) -> None:

@@ -12,9 +12,9 @@ import duckdb
 import msgspec
 import pytest
 
-from actors.bot_step import Sink
+from actors.chats.bot_step import Sink
 from actors.directory import DirectoryService
-from actors.shard import ShardService
+from actors.shard.service import ShardService
 from engine.directory import BotRules, Chat, OrgSettings
 from engine.projects import ProjectCreate
 from engine.self_rules import Editor, RulesUpdate

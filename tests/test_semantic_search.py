@@ -20,17 +20,17 @@ import numpy as np
 import pytest
 
 from actors.directory import DirectoryService
-from actors.embeddings import (
+from actors.models.embeddings import (
     EmbeddingError,
     OpenAIEmbeddings,
     SearchSettings,
     load_embedder,
     search_settings,
 )
-from actors.models import load_models
-from actors.semantic import PoolVectors
-from actors.shard import ShardService
-from actors.workspace import WsAccess, WsQuery
+from actors.models.registry import load_models
+from actors.shard.service import ShardService
+from actors.workspace.semantic import PoolVectors
+from actors.workspace.service import WsAccess, WsQuery
 from engine.errors import InvalidInput, Unavailable
 from engine.memory import Scope, Tier
 from engine.scoped_memory import WsEntry, WsMemoryChange, WsMemoryCreate

@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from actors.shard import ShardService
+from actors.shard.service import ShardService
 from engine.errors import Conflict, InvalidInput
 from engine.memory import AccessProof, EntryMeta, Layer, Reader, Source, Status
 from engine.memory_bot import SettingsPatch

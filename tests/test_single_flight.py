@@ -1,4 +1,4 @@
-"""actors/single_flight.py: one load per key for concurrent callers; failures are not kept."""
+"""actors/shard/single_flight.py: one load per key for concurrent callers; failures are not kept."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from actors.single_flight import SingleFlight
+from actors.shard.single_flight import SingleFlight
 
 
 def test_concurrent_callers_share_one_load_and_a_failure_is_retried() -> None:

@@ -15,7 +15,7 @@ Configured by name in the server config (DESIGN §6):
     kind = "scripted"
     script = "examples/demo-script.toml"
 
-    [models.edge]                      # served by an external execution node (actors/node_hub.py)
+    [models.edge]                      # served by an external node (actors/models/node_hub.py)
     kind = "node"
     node = "edge-1"
 
@@ -368,9 +368,9 @@ def load_models(
         elif kind == "scripted":
             models[name] = ScriptedModel.from_file(name, base_dir / spec["script"])
         elif kind in ("sentence-transformers", "onnx"):
-            continue  # an embedding model only (actors/embeddings.py, [search])
+            continue  # an embedding model only (actors/models/embeddings.py, [search])
         elif kind == "node":
-            from actors.node_hub import NodeModel
+            from actors.models.node_hub import NodeModel
 
             if not isinstance(spec.get("node"), str):
                 raise InvalidInput(f"model {name}: node needs a node name", code="bad_config")

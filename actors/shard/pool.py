@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from actors.rwlock import RWLock
+from actors.shard.rwlock import RWLock
 from engine import tags as tagmod
 from engine.commands import Outcome
 from engine.memory import EntryMeta, Reader

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.models import ModelError, measured
-from actors.rwlock import assert_no_pool_lock
-from actors.workspace import WsAccess, WsQuery
+from actors.models.registry import ModelError, measured
+from actors.shard.rwlock import assert_no_pool_lock
+from actors.workspace.service import WsAccess, WsQuery
 from engine.bot_memory import as_scoped
 from engine.bot_policy import require_collaboration
 from engine.directory import Bot, Chat, Org, bot_pool
@@ -41,7 +41,7 @@ from engine.turns import (
 from storage.chat_store import ChatLog, Confession, Enrichment
 
 if TYPE_CHECKING:
-    from actors.shard import ShardService
+    from actors.shard.service import ShardService
 
 TOOL_ROUNDS = 4
 MEMORY_INSTRUCTIONS = (

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.bot_step import Sink, StepInput, StepOutcome
-from actors.conversations import learns
+from actors.chats.bot_step import Sink, StepInput, StepOutcome
+from actors.chats.conversations import learns
 from engine.discussion import Plan, leader_brief
 from engine.errors import OpenBotError
 from engine.models import Message
 from storage.chat_store import Item, Turn
 
 if TYPE_CHECKING:
-    from actors.conversations import Conversations, TurnStart
+    from actors.chats.conversations import Conversations, TurnStart
 
 logger = logging.getLogger("openbot.group")
 
@@ -33,7 +33,7 @@ class GroupTurns:
         self.conv = conversations
 
     async def run(self, start: TurnStart, turn: Turn, person: Item, plan: Plan) -> None:
-        from actors.conversations import Mirrored
+        from actors.chats.conversations import Mirrored
 
         conv, chat, org = self.conv, start.chat, start.org
         members = {b.id: b for b in start.members}

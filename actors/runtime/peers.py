@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from actors.rwlock import assert_no_pool_lock
+from actors.shard.rwlock import assert_no_pool_lock
 from engine.errors import OpenBotError, Unavailable
 
 if TYPE_CHECKING:
-    from actors.shard import ShardService
+    from actors.shard.service import ShardService
 
 
 class Peers:
@@ -28,7 +28,7 @@ class Peers:
         self._handles: dict[str, Any] = {}
 
     def index_of(self, key: str) -> int:
-        from actors.placement import shard_of
+        from actors.runtime.placement import shard_of
 
         return shard_of(key, self.count)
 

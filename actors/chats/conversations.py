@@ -1,13 +1,13 @@
 """Chats on their home shard: a turn end to end (DESIGN §5).
 
 1. The person's item is stored with the turn, whose operator is the person (LRN-6).
-2. Each speaking bot takes a step (actors/bot_step.py) on the shard that holds its memory:
+2. Each speaking bot takes a step (actors/chats/bot_step.py) on the shard that holds its memory:
    enrichment, its model with its tools, `confide`. A direct chat has one step; a group turn
-   has rounds of steps in rotating order (actors/group_turns.py).
+   has rounds of steps in rotating order (actors/chats/group_turns.py).
 3. Replies become items; `chat.item.created` goes out for every item.
 4. If the bot confided and `botMemory` is on, a durable learning execution is scheduled on the
    bot's shard; in a group, that shard keeps a copy of the person's items to learn from.
-5. Sends to other bots become collaboration chains (actors/chains.py).
+5. Sends to other bots become collaboration chains (actors/chats/chains.py).
 
 No pool lock is held across a model call (ACL-9): context is read under the shared lock and the
 lock is released before the model runs.
@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.bot_step import BotStepper, Effect, Sink, StepInput, StepOutcome
-from actors.memory_bot import MemoryBotRuntime
-from actors.residency import CHAT_WEIGHT, unused
-from actors.single_flight import SingleFlight
+from actors.chats.bot_step import BotStepper, Effect, Sink, StepInput, StepOutcome
+from actors.learning.memory_bot import MemoryBotRuntime
+from actors.shard.residency import CHAT_WEIGHT, unused
+from actors.shard.single_flight import SingleFlight
 from engine.bot_policy import require_active, require_team
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
 from engine.discussion import Plan, plan_goal, plan_turn
@@ -47,8 +47,8 @@ from storage.chat_store import (
 from storage.shard_schema import CONFESSIONS, ENRICHMENTS
 
 if TYPE_CHECKING:
-    from actors.learning_runs import LearningRunner
-    from actors.shard import ShardService
+    from actors.learning.runs import LearningRunner
+    from actors.shard.service import ShardService
 
 MAX_TEXT = 32_000
 HISTORY_ITEMS = 50
@@ -110,8 +110,8 @@ class Conversations:
         runtime: MemoryBotRuntime,
         learning: LearningRunner,
     ) -> None:
-        from actors.chains import ChainRunner
-        from actors.group_turns import GroupTurns
+        from actors.chats.chains import ChainRunner
+        from actors.chats.group_turns import GroupTurns
 
         self.shard = shard
         self.store = store

@@ -26,7 +26,7 @@ from storage.group_commit import Put
 from storage.shard_schema import REQUESTS
 
 if TYPE_CHECKING:
-    from actors.shard import ShardService
+    from actors.shard.service import ShardService
 
 log = logging.getLogger("openbot.requests")
 _enc = msgspec.json.Encoder()

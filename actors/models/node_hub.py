@@ -186,7 +186,7 @@ class NodeModel:
     async def complete(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *, timeout: float = 60.0
     ) -> Completion:
-        from actors.models import ModelError
+        from actors.models.registry import ModelError
 
         try:
             return await self.hub().run.remote(self.node, list(messages), list(tools), timeout)

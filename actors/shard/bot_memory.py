@@ -27,9 +27,9 @@ from engine.scoped_memory import WsEntry, WsStatus
 from engine.visibility import Visibility, directly_visible
 
 if TYPE_CHECKING:
-    from actors.pool import Pool
-    from actors.shard import ShardService
-    from actors.workspace import WsPool
+    from actors.shard.pool import Pool
+    from actors.shard.service import ShardService
+    from actors.workspace.service import WsPool
 
 
 class Records(Mapping[str, EntryMeta]):

@@ -14,8 +14,8 @@ from contextlib import asynccontextmanager
 
 import msgspec
 
-from actors.models import Model, ModelError, measured
-from actors.rwlock import assert_no_pool_lock
+from actors.models.registry import Model, ModelError, measured
+from actors.shard.rwlock import assert_no_pool_lock
 from engine.errors import OpenBotError
 from engine.memory_bot import MemoryBotSettings, period_key
 from engine.models import Completion, Message, ToolSpec, cost_micros

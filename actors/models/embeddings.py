@@ -47,7 +47,7 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
-from actors.models import RETRY_STATUS, ModelError
+from actors.models.registry import RETRY_STATUS, ModelError
 from engine.errors import InvalidInput
 
 DEFAULT_MIN_SCORE = 0.2  # MiniLM-class cosines of a paraphrased question and its answer: ~0.2-0.5
@@ -83,7 +83,7 @@ class SearchSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     embedding_model: str | None = None
     min_score: float = DEFAULT_MIN_SCORE
     # A new record this soon after the last of the same contributor in its pool is indexed
-    # with that one's words as context (actors/workspace.py); 0 turns it off.
+    # with that one's words as context (actors/workspace/service.py); 0 turns it off.
     context_window_s: float = 120.0
 
 

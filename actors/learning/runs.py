@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.memory_bot import BudgetSpent, MemoryBotRuntime
-from actors.residency import unused
+from actors.learning.memory_bot import BudgetSpent, MemoryBotRuntime
+from actors.shard.residency import unused
 from engine import scoped_memory as sm
 from engine import tags as tagmod
 from engine.commands import Outcome
@@ -42,8 +42,8 @@ from storage.chat_store import ChatStore, LearningJob, ModelCall
 from storage.stats import STATS
 
 if TYPE_CHECKING:
-    from actors.conversations import Conversations
-    from actors.shard import ShardService
+    from actors.chats.conversations import Conversations
+    from actors.shard.service import ShardService
 
 log = logging.getLogger("openbot.learning")
 JOBS = "openbot_learning_jobs"

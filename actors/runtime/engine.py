@@ -1,8 +1,9 @@
 """The one place that starts or joins Ray and creates the engine's actors.
 
 On one machine Ray is started small and quiet, bound to loopback and with Ray's token auth on
-(actors/ray_env.py, STACK-NOTES): no dashboard, the token in the data directory, every actor with
-`num_cpus=0` so that actors never wait for a CPU. With an address, it joins an existing cluster.
+(actors/runtime/ray_env.py, STACK-NOTES): no dashboard, the token in the data directory, every
+actor with `num_cpus=0` so that actors never wait for a CPU. With an address, it joins an
+existing cluster.
 
 All other code talks to actors through `Engine`, which names them and routes accounts to shards.
 
@@ -32,10 +33,10 @@ from typing import Any
 import ray
 
 from actors.directory import DirectoryService
-from actors.peers import remote
-from actors.placement import shard_of
-from actors.ray_env import TOKEN_FILE, use_token_file
-from actors.shard import ShardService
+from actors.runtime.peers import remote
+from actors.runtime.placement import shard_of
+from actors.runtime.ray_env import TOKEN_FILE, use_token_file
+from actors.shard.service import ShardService
 from engine.errors import InvalidInput, StorageError, Unavailable
 
 NAMESPACE = "openbot"
@@ -223,7 +224,7 @@ def _check_shard_files(data_dir: Path, shards: int) -> None:
 
 
 def _require_loopback_env() -> None:
-    """The embedded Ray binds to loopback only if `actors.ray_env` ran before `ray` was
+    """The embedded Ray binds to loopback only if `actors.runtime.ray_env` ran before `ray` was
     imported; otherwise Ray swaps 127.0.0.1 for the host's address and listens on every
     interface. Refuse rather than start an exposed instance."""
     from ray._private import ray_constants
@@ -232,7 +233,7 @@ def _require_loopback_env() -> None:
         "token"
     ):
         raise Unavailable(
-            "ray was imported before actors.ray_env: the embedded Ray would listen beyond "
+            "ray was imported before actors.runtime.ray_env: the embedded Ray would listen beyond "
             "loopback (import actors first)",
             code="ray_env",
         )
@@ -249,9 +250,9 @@ def start_ray(
     """Start a local Ray (address None) or join `address`; a no-op if already connected.
     `runtime_env` (joining only) applies to every actor this process creates. The local Ray
     listens on 127.0.0.1 only and requires the token in `token_file` (default: one made in its
-    temp dir), see actors/ray_env.py; joining uses the cluster's own settings. `log_to_driver`
-    (`openbot serve`) shows the actors' log lines (failed turns, steps, jobs) in this process's
-    output."""
+    temp dir), see actors/runtime/ray_env.py; joining uses the cluster's own settings.
+    `log_to_driver` (`openbot serve`) shows the actors' log lines (failed turns, steps, jobs) in
+    this process's output."""
     global _joined
     if ray.is_initialized():
         return

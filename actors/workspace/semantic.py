@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from actors.embeddings import DEFAULT_MIN_SCORE, Embedder, EmbeddingError
-from actors.residency import unused
+from actors.models.embeddings import DEFAULT_MIN_SCORE, Embedder, EmbeddingError
+from actors.shard.residency import unused
 from engine.errors import OpenBotError
 from engine.scoped_memory import WsEntry
 from engine.workspace_search import Hit
@@ -43,7 +43,7 @@ from storage.search_index import ranked
 from storage.vector_store import VectorStore
 
 if TYPE_CHECKING:
-    from actors.workspace import Workspace, WsPool
+    from actors.workspace.service import Workspace, WsPool
 
 log = logging.getLogger("openbot.semantic")
 INLINE_MAX = 256  # records one search embeds before answering; the rest go to the background
@@ -424,7 +424,7 @@ def semantic_search(
 ) -> SemanticSearch | None:
     """The shard's semantic search from the config's `[search]` and `[models.*]` tables (or a
     given embedder, for in-process use); None when no embedding model is chosen."""
-    from actors.embeddings import load_embedder, search_settings
+    from actors.models.embeddings import load_embedder, search_settings
 
     settings = search_settings(search, models)
     if embedder is None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.bot_step import Effect, StepInput, StepOutcome
+from actors.chats.bot_step import Effect, StepInput, StepOutcome
 from engine import collaboration as rules
 from engine.collaboration import Chain, ChainStatus
 from engine.directory import Bot, Chat, Org
@@ -32,7 +32,7 @@ from storage.group_commit import Put
 from storage.shard_schema import CHAINS
 
 if TYPE_CHECKING:
-    from actors.conversations import Conversations
+    from actors.chats.conversations import Conversations
 
 log = logging.getLogger("openbot.chains")
 _enc = msgspec.json.Encoder()

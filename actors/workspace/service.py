@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from actors.residency import POOL_WEIGHT, unused
-from actors.rwlock import PoolMutex
-from actors.single_flight import SingleFlight
+from actors.shard.residency import POOL_WEIGHT, unused
+from actors.shard.rwlock import PoolMutex
+from actors.shard.single_flight import SingleFlight
 from engine import bot_memory as bm
 from engine import projects as projmod
 from engine import scoped_memory as sm
@@ -74,8 +74,8 @@ from storage.term_store import TermStore, terms_key
 from storage.workspace_store import StoredWsPool, WorkspaceStore
 
 if TYPE_CHECKING:
-    from actors.semantic import SemanticSearch
-    from actors.shard import ShardService
+    from actors.shard.service import ShardService
+    from actors.workspace.semantic import SemanticSearch
 
 RECEIPT_SCOPE = "ws"  # receipts of workspace writes: one requestId space per account and shard
 MAX_LIST = 1_000
@@ -152,7 +152,7 @@ class WsPool:
     # The last new record's contributor, time and own term keys (context for the next one).
     last_written: tuple[str | None, int, np.ndarray] | None = None
     bot_org: str | None = None  # a bot pool's bot's home org (its records' `org:` tag)
-    # Records as bot-memory entries (actors/bot_memory.py), per record state.
+    # Records as bot-memory entries (actors/shard/bot_memory.py), per record state.
     metas: dict = field(default_factory=dict)
 
     @property

@@ -22,23 +22,23 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from actors import rwlock
-from actors.bot_memory import BotMemory, Snapshot
-from actors.bot_step import StepInput, StepOutcome
-from actors.chains import ChainView
-from actors.conversations import Conversations, Mirrored, TurnResult, TurnStart
-from actors.embeddings import Embedder, search_settings
-from actors.learning_runs import LearningRunner
-from actors.memory_bot import MemoryBotRuntime
-from actors.models import Model, load_models
-from actors.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeInfo, NodeModel
-from actors.peers import Peers
-from actors.pool import Pool
-from actors.requests import Requests
-from actors.residency import POOL_WEIGHT, Residency, budget_from, unused
-from actors.semantic import semantic_search
-from actors.single_flight import SingleFlight
-from actors.workspace import RevisionView, Workspace, WsAccess, WsListing, WsQuery
+from actors.chats.bot_step import StepInput, StepOutcome
+from actors.chats.chains import ChainView
+from actors.chats.conversations import Conversations, Mirrored, TurnResult, TurnStart
+from actors.chats.requests import Requests
+from actors.learning.memory_bot import MemoryBotRuntime
+from actors.learning.runs import LearningRunner
+from actors.models.embeddings import Embedder, search_settings
+from actors.models.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeInfo, NodeModel
+from actors.models.registry import Model, load_models
+from actors.runtime.peers import Peers
+from actors.shard import rwlock
+from actors.shard.bot_memory import BotMemory, Snapshot
+from actors.shard.pool import Pool
+from actors.shard.residency import POOL_WEIGHT, Residency, budget_from, unused
+from actors.shard.single_flight import SingleFlight
+from actors.workspace.semantic import semantic_search
+from actors.workspace.service import RevisionView, Workspace, WsAccess, WsListing, WsQuery
 from engine import commands, widening
 from engine.bot_memory import as_entry_view
 from engine.commands import Outcome
@@ -156,7 +156,7 @@ class ShardService:
         prefix: str | None = None,
         shard_count: int = 1,
         namespace: str = "openbot",
-        cache_records: int | None = None,  # the residency budget (actors/residency.py)
+        cache_records: int | None = None,  # the residency budget (actors/shard/residency.py)
     ) -> None:
         self.index = index
         self.residency = Residency(budget_from(cache_records))
@@ -918,7 +918,7 @@ class ShardService:
         return self.index
 
     async def lock_violations(self) -> list[str]:
-        """What the pool-lock guard caught in this process (actors/rwlock.py; tests)."""
+        """What the pool-lock guard caught in this process (actors/shard/rwlock.py; tests)."""
         return list(rwlock.violations)
 
     async def metrics(self) -> dict:

@@ -30,6 +30,7 @@ from engine.directory import (
     BotRules,
     Channel,
     Chat,
+    ChatContext,
     Org,
     OrgSettings,
     Permission,
@@ -482,6 +483,20 @@ class DirectoryService:
 
     async def get_chat(self, chat_id: str) -> Chat:
         return self._get(self.chats, chat_id, "chat")
+
+    async def chat_context(self, chat_id: str) -> ChatContext:
+        """The chat, its org and its bot or its channel with the channel's bots, in one call:
+        a turn's whole context (bots read now, so rules a bot changed apply from the next
+        turn, WS-2)."""
+        chat = self._get(self.chats, chat_id, "chat")
+        channel = None
+        members: tuple[Bot, ...] = ()
+        if chat.channel is not None:
+            channel = self._get(self.channels, chat.channel, "channel")
+            members = tuple(self._get(self.bots, b, "bot") for b in channel.bots)
+        bot = None if chat.bot is None else self._get(self.bots, chat.bot, "bot")
+        org = self._get(self.orgs, chat.org, "org")
+        return ChatContext(chat=chat, org=org, bot=bot, channel=channel, members=members)
 
     async def get_user(self, user_id: str) -> User:
         return self._get(self.users, user_id, "user")

@@ -94,6 +94,17 @@ class Chat(msgspec.Struct, frozen=True, kw_only=True):
     chain: str | None = None  # agent chats: the collaboration chain they serve
 
 
+class ChatContext(msgspec.Struct, frozen=True, kw_only=True):
+    """A chat with what a turn needs from the directory, read at one moment (one call): its
+    org, its bot (direct, review, agent chats) or its channel and the channel's bots."""
+
+    chat: Chat
+    org: Org
+    bot: Bot | None = None
+    channel: Channel | None = None
+    members: tuple[Bot, ...] = ()
+
+
 def chat_home(chat: Chat, bot_owner: str | None = None) -> str:
     if chat.home:
         return chat.home

@@ -203,7 +203,9 @@ class Api:
         principal = await self.auth.user(request)
         assert principal.user is not None
         user = principal.user.id
-        chat = await call(self.engine.directory.get_chat, request.path_params["chat"])
+        # One directory call: the chat with its org and its bot or channel and bots.
+        ctx = await call(self.engine.directory.chat_context, request.path_params["chat"])
+        chat = ctx.chat
         if chat.org not in principal.user.orgs:
             # Another org's chat answers like an id nobody has (issue 12).
             raise NotFound(f"no chat {chat.id!r}", code="chat_not_found")
@@ -212,18 +214,17 @@ class Api:
                 raise Forbidden("you are not a member of this group", code="not_member")
             if owner_only:
                 require_chat_owner(chat, user)
-            channel = await call(self.engine.directory.get_channel, chat.channel)
+            assert ctx.channel is not None
             home = self.engine.shard_for(chat_home(chat))
-            return ChatAccess(principal, chat, None, channel, home)
+            return ChatAccess(principal, chat, None, ctx.channel, home, ctx.org, ctx.members)
         require_chat_owner(chat, user)
-        if chat.bot is None:
+        bot = ctx.bot
+        if bot is None:
             raise InvalidInput("this chat has no bot", code="invalid_chat")
-        bot = await self.auth.bot(chat.bot)
         if chat.kind != "agent":
             require_use(bot, principal.user)
-        return ChatAccess(
-            principal, chat, bot, None, self.engine.shard_for(chat_home(chat, bot.owner))
-        )
+        home = self.engine.shard_for(chat_home(chat, bot.owner))
+        return ChatAccess(principal, chat, bot, None, home, ctx.org)
 
     async def post_turn(self, request: Request) -> Response:
         access = await self._chat(request)
@@ -231,33 +232,23 @@ class Api:
         body = wire.decode(await read_body(request), wire.TurnBody)
         if chat.kind == "agent":
             raise InvalidInput("agent chats are for bots", code="invalid_chat")
-        org = await call(self.engine.directory.get_org, chat.org)
-        assert principal.user is not None
-        # Bots are read fresh: rules a bot changed apply from the next turn (WS-2).
-        directory = self.engine.directory
-        members: tuple = ()
-        bot = None
-        if access.channel is not None:
-            members = tuple([await call(directory.get_bot, b) for b in access.channel.bots])
-        else:
-            assert access.bot is not None
-            bot = await call(directory.get_bot, access.bot.id)
+        assert principal.user is not None and access.org is not None
+        # The bots came fresh with the chat: rules a bot changed apply from the next turn (WS-2).
         start = TurnStart(
             chat=chat,
-            bot=bot,
-            org=org,
+            bot=access.bot,
+            org=access.org,
             operator=principal.user.id,
             text=body.text,
             request_id=body.requestId,
             channel=access.channel,
-            members=members,
+            members=access.members,
             rounds=body.rounds,
             mentions=None if body.mentions is None else tuple(body.mentions),
         )
-        turn = await call(access.home.start_turn, start)
         if request.query_params.get("wait") in ("true", "1"):
-            result = await call(access.home.wait_turn, chat.id, turn.id)
-            return json(result)
+            return json(await call(access.home.run_turn, start))  # one shard call
+        turn = await call(access.home.start_turn, start)
         return json({"turn": turn}, 202)
 
     async def verdict(self, request: Request) -> Response:
@@ -279,19 +270,16 @@ class Api:
         )
         answer: dict = {"turn": turn}
         if not body.accepted and access.channel is not None:
-            org = await call(self.engine.directory.get_org, access.chat.org)
-            members = tuple(
-                [await call(self.engine.directory.get_bot, b) for b in access.channel.bots]
-            )
+            assert access.org is not None
             text = "The result was rejected." + (f" {body.note}" if body.note else "")
             start = TurnStart(
                 chat=access.chat,
                 bot=None,
-                org=org,
+                org=access.org,
                 operator=user.id,
                 text=text,
                 channel=access.channel,
-                members=members,
+                members=access.members,
             )
             answer["next"] = await call(access.home.start_turn, start)
         return json(answer)
@@ -348,8 +336,8 @@ class Api:
         shards = {id(access.home): None}
         out = []
         if access.channel is not None:
-            for b in access.channel.bots:
-                shard = self.engine.shard_for((await self.auth.bot(b)).owner)
+            for b in access.members:
+                shard = self.engine.shard_for(b.owner)
                 if id(shard) not in shards:
                     shards[id(shard)] = shard
                     out.append(shard)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from engine.directory import Bot, Channel, Chat, Principal
+from engine.directory import Bot, Channel, Chat, Org, Principal
 
 
 class ChatAccess(NamedTuple):
@@ -13,3 +13,5 @@ class ChatAccess(NamedTuple):
     bot: Bot | None  # direct, review and agent chats
     channel: Channel | None  # group chats
     home: Any  # the shard actor that stores the chat
+    org: Org | None = None  # the chat's org, read with the chat (one directory call)
+    members: tuple[Bot, ...] = ()  # group chats: the channel's bots, read with the chat

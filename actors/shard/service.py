@@ -419,6 +419,11 @@ class ShardService:
     async def wait_turn(self, chat: str, turn: str, timeout: float = 180.0) -> TurnResult:
         return await self.conversations.wait_turn(chat, turn, timeout)
 
+    async def run_turn(self, start: TurnStart, timeout: float = 180.0) -> TurnResult:
+        """`?wait=true`: start the turn and answer once it ended, in one call."""
+        turn = await self.start_turn(start)
+        return await self.conversations.wait_turn(start.chat.id, turn.id, timeout)
+
     async def run_step(
         self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0
     ) -> StepOutcome:

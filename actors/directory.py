@@ -362,6 +362,16 @@ class DirectoryService:
             await self._put("chats", chat, self.chats)
             return chat
 
+    async def delivery_chat(
+        self, root_id: str, peer: str, asker: str, chain: str, link: str
+    ) -> tuple[Chat, Bot, Bot]:
+        """One call per delivery of a collaboration chain: its `agent` chat (made on first
+        use, as `agent_chat`), the peer bot that works in it and the bot that asked (the one
+        the answer wakes), both read now."""
+        root = self._get(self.chats, root_id, "chat")
+        chat = await self.agent_chat(root, peer, chain, link)
+        return chat, self._get(self.bots, peer, "bot"), self._get(self.bots, asker, "bot")
+
     async def review_chat(self, request_id: str, user_id: str, org: str, bot_id: str) -> Chat:
         """The `review` chat in which `user_id` talks a request over with the bot (ENR-3): one
         per request and person, kept with the bot (its home is the bot owner's shard, where

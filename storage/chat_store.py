@@ -178,6 +178,13 @@ class ChatStore:
         self.memory = memory
         self.db = memory.db
 
+    def new(self, chat: str) -> ChatLog:
+        """The log of a chat that has nothing stored yet (its caller knows: a delivery's new
+        agent chat), with a new key and without reading the database."""
+        cipher, wrapped = self.memory.keyring.new_pool_key(f"chat:{chat}")
+        key = StoredPool(pool=f"chat:{chat}", cipher=cipher, wrapped_key=wrapped)
+        return ChatLog(chat=chat, key=key)
+
     async def load(self, chat: str) -> ChatLog:
         key = await self.memory.load(f"chat:{chat}")
 

@@ -14,6 +14,7 @@ the collaboration chain's rules (WS-4, CO-1).
 from __future__ import annotations
 
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -150,7 +151,11 @@ class BotStepper:
     def store(self):
         return self.shard.conversations.store
 
-    async def run(self, step: StepInput, log: ChatLog, sink: Sink) -> StepOutcome:
+    async def run(
+        self, step: StepInput, log: Callable[[], Awaitable[ChatLog]], sink: Sink
+    ) -> StepOutcome:
+        """`log` gives the chat's log on this shard, read only if the step records something
+        with it (an enrichment, a confession)."""
         bot = step.bot
         pool = bot_pool(bot.id)
         settings = await self.shard.memory_bot_settings(pool)
@@ -282,7 +287,9 @@ class BotStepper:
             return ""
         return pack(scoped, instructions=MEMORY_INSTRUCTIONS).text
 
-    async def _enrich(self, step: StepInput, log: ChatLog, sink: Sink, settings) -> str:
+    async def _enrich(
+        self, step: StepInput, log: Callable[[], Awaitable[ChatLog]], sink: Sink, settings
+    ) -> str:
         """ENR-1 … ENR-4: the memory bot may rewrite the input from entries this reader may see."""
         org = step.org
         reader = reader_for(step)
@@ -312,11 +319,17 @@ class BotStepper:
             entries=rewrite.entries,
             at=self.shard.clock(),
         )
-        sink.writes.append(self.store.enrichment_row(log, record))
+        sink.writes.append(self.store.enrichment_row(await log(), record))
         return rewrite.text
 
     async def _confide(
-        self, call: ToolCall, step: StepInput, log: ChatLog, settings, n: int, sink: Sink
+        self,
+        call: ToolCall,
+        step: StepInput,
+        log: Callable[[], Awaitable[ChatLog]],
+        settings,
+        n: int,
+        sink: Sink,
     ) -> str | None:
         if step.chat.kind == "review":
             return None  # review chats have no confide
@@ -329,7 +342,7 @@ class BotStepper:
         record = Confession(
             turn=step.turn, text=text, answer=answer, calm=calm, at=self.shard.clock()
         )
-        sink.writes.append(self.store.confession_row(log, record, n))
+        sink.writes.append(self.store.confession_row(await log(), record, n))
         return answer
 
     async def _workspace_tool(self, call: ToolCall, step: StepInput, effects: list[Effect]):

@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.chats.bot_step import Effect, StepInput, StepOutcome
+from actors.chats.bot_step import Effect, Sink, StepInput, StepOutcome
 from engine import collaboration as rules
 from engine.collaboration import Chain, ChainStatus
 from engine.directory import Bot, Chat, Org
 from engine.errors import NotFound, OpenBotError
 from engine.events import Audience, CollaborationChanged
+from storage.chat_store import ChatLog
 from storage.crypto import aad
 from storage.group_commit import Put
 from storage.shard_schema import CHAINS
@@ -78,6 +79,12 @@ class ChainRunner:
         self._lock = asyncio.Lock()
         self._learn: dict[str, list[tuple[int, str]]] = {}  # turn → jobs waiting for it
         self._busy: dict[str, int] = {}  # turn → deliveries of it still being worked on
+        # Chat records never change once made: the root and agent chats a chain met are kept
+        # (bounded), so a result finds its chat without asking the directory.
+        self._chats: dict[str, Chat] = {}
+        # link → the bot that sent it, read with the delivery's agent chat: the answer wakes
+        # it (WS-4) as it was when its delivery went out.
+        self._askers: dict[str, Bot] = {}
 
     @property
     def shard(self):
@@ -132,7 +139,9 @@ class ChainRunner:
         channel = self._channel.get(chain.id)
         return Audience(org=chain.org, users=(chain.owner,), channels=(channel,) if channel else ())
 
-    async def _save(self, chain: Chain) -> None:
+    async def _stage(self, chain: Chain, sink: Sink) -> None:
+        """Make `chain` the current state and add its row and event to `sink`. Callers hold
+        `self._lock` until the sink is submitted, so chain rows reach the disk in order."""
         chains = await self._all()
         before = chains.get(chain.id)
         ended = chain.status in (ChainStatus.STOPPED, ChainStatus.CAPPED)
@@ -154,14 +163,28 @@ class ChainRunner:
         event = CollaborationChanged(
             collaboration=chain.id, status=chain.status, chat=chain.root_chat
         )
-        await self.shard._submit(
-            None,
-            [
-                *self.shard.store.key_rows(root.key),
-                Put(CHAINS.name, (chain.id, chain.org, doc, sealed)),
-            ],
-            [(event, self._audience(chain))],
-        )
+        sink.writes.extend(self.shard.store.key_rows(root.key))
+        sink.writes.append(Put(CHAINS.name, (chain.id, chain.org, doc, sealed)))
+        sink.events.append((event, self._audience(chain)))
+
+    async def _save(self, chain: Chain) -> None:
+        sink = Sink()
+        await self._stage(chain, sink)
+        fut = self.shard._submit(None, sink.writes, sink.events)
+        if fut is not None:
+            await fut
+
+    def _know(self, chat: Chat) -> None:
+        if len(self._chats) >= 10_000:
+            self._chats.clear()
+        self._chats[chat.id] = chat
+
+    async def _chat(self, chat_id: str) -> Chat:
+        chat = self._chats.get(chat_id)
+        if chat is None:
+            chat = await self.shard.peers.directory("get_chat", chat_id)
+            self._know(chat)
+        return chat
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -207,8 +230,31 @@ class ChainRunner:
         for effect in effects:
             if effect.kind == "post":
                 await self._post(effect, bot, org)
-                continue
-            async with self._lock:
+        sends = tuple(e for e in effects if e.kind == "send")
+        if not sends:
+            return
+        log_ = await self.conv.log(chat.id)
+        async with self.conv.lock(chat.id):
+            fut, started = await self._sends(chat, log_, turn, bot, sends, parent, chain, Sink())
+        await self._started(fut, started, org)
+
+    async def _sends(
+        self,
+        chat: Chat,
+        chat_log: ChatLog,
+        turn: str,
+        bot: Bot,
+        sends: tuple[Effect, ...],
+        parent: str | None,
+        chain: str | None,
+        sink: Sink,
+    ):
+        """Record a bot's sends in its chain and, for each real delivery, the sent item in
+        `chat` (UI-1), adding them to `sink` and submitting it: one transaction. Call holding
+        the chat's lock. Returns the commit and the deliveries to start once it is durable."""
+        started: list[tuple[str, str]] = []
+        async with self._lock:
+            for effect in sends:
                 chains = await self._all()
                 current = chains.get(chain) if chain else None
                 if current is None:
@@ -226,6 +272,7 @@ class ChainRunner:
                         now=self.shard.clock(),
                     )
                     self._channel[current.id] = chat.channel
+                    self._know(chat)
                     chain = current.id
                 updated, decision = rules.on_send(
                     current,
@@ -237,11 +284,22 @@ class ChainRunner:
                     now=self.shard.clock(),
                 )
                 self._texts.setdefault(updated.id, {})[effect.link] = {"request": effect.message}
-                await self._save(updated)
-            if decision.action == "deliver":
-                # UI-1: the asking bot's chat shows what it sent, to whom (a real delivery only).
-                await self.conv.say_sent(chat, turn, bot.id, effect.target, effect.message)
-                self._spawn(self._deliver(updated.id, effect.link, org))
+                await self._stage(updated, sink)
+                if decision.action == "deliver":
+                    # UI-1: the asking bot's chat shows what it sent, to whom (a real delivery).
+                    self.conv.sent(
+                        chat_log, chat, turn, bot.id, effect.target, effect.message, sink
+                    )
+                    started.append((updated.id, effect.link))
+            fut = self.conv.commit_soon(chat.id, chat_log, sink)
+        return fut, started
+
+    async def _started(self, fut, started: list[tuple[str, str]], org: Org) -> None:
+        """Once the sends are durable, their deliveries begin."""
+        if fut is not None:
+            await fut
+        for chain_id, link in started:
+            self._spawn(self._deliver(chain_id, link, org))
 
     async def _post(self, effect: Effect, bot: Bot, org: Org) -> None:
         """`workspace_post_to_group`: the bot's message in its group's chat (the group's home
@@ -271,30 +329,47 @@ class ChainRunner:
         await self._maybe_release(topic)
 
     async def _deliver_once(self, chain_id: str, link_id: str, org: Org) -> None:
-        conv, peers = self.conv, self.shard.peers
+        """One delivery: one directory call (the agent chat, the peer, the asker), one
+        transaction for the request (the chain's record and the delivery item), the peer's
+        step, one transaction for its reply with whatever it sent on."""
+        conv = self.conv
         chain = (await self._all())[chain_id]
         if chain.status != "running":
             return
         link = rules.find_link(chain, link_id)
-        root = await peers.directory("get_chat", chain.root_chat)
-        agent_chat = await peers.directory("agent_chat", root, link.to_bot, chain.id, link.id)
-        async with self._lock:
-            chain = rules.attach_agent_chat((await self._all())[chain_id], link.id, agent_chat.id)
-            await self._save(chain)
-        peer = await peers.directory("get_bot", link.to_bot)
+        first = link.agent_chat is None  # nothing of this delivery is stored yet
+        agent_chat, peer, asker = await self.shard.peers.directory(
+            "delivery_chat", chain.root_chat, link.to_bot, link.from_bot, chain.id, link.id
+        )
+        self._know(agent_chat)
+        if len(self._askers) >= 10_000:  # links whose answer never came (stopped chains)
+            self._askers.clear()
+        self._askers[link.id] = asker
         request = self._texts[chain_id][link_id]["request"]
+        started: list[tuple[str, str]] = []
+        fut = None
         async with conv.lock(agent_chat.id):
-            alog = await conv.log(agent_chat.id)
+            # A new agent chat is made in memory: reading it would cost a database read.
+            alog = conv.fresh(agent_chat.id) if first else await conv.log(agent_chat.id)
             # After a restart the delivery may be stored already, and even answered: resume
             # from what the agent chat holds instead of delivering or asking twice.
             asked = next((i for i in alog.items if i.kind == "delivery"), None)
             if asked is None:
-                asked = await conv.say(agent_chat, chain.topic, "delivery", link.from_bot, request)
+                sink = Sink()
+                async with self._lock:
+                    attached = rules.attach_agent_chat(
+                        (await self._all())[chain_id], link.id, agent_chat.id
+                    )
+                    await self._stage(attached, sink)
+                    asked = conv.item(alog, chain.topic, "delivery", link.from_bot)
+                    conv.append(alog, agent_chat, [(asked, request)], sink)
+                    pending = conv.commit_soon(agent_chat.id, alog, sink)
+                if pending is not None:
+                    await pending
             answered = next(
                 (i for i in alog.items if i.seq > asked.seq and i.kind in ("bot", "notification")),
                 None,
             )
-            effects: tuple = ()
             if answered is not None:
                 reply = conv.store.text(alog, answered.seq)
             else:
@@ -309,11 +384,17 @@ class ChainRunner:
                     history=conv.history(alog, asked.seq, me=peer.id),
                 )
                 outcome = await self._step(peer, step)
-                reply = await self._store_reply(agent_chat, chain.topic, peer, outcome)
-                effects = outcome.effects
-        await self.on_effects(
-            agent_chat, org, chain.topic, peer, effects, parent=link.id, chain=chain_id
-        )
+                sink = Sink()
+                reply = self._reply(alog, agent_chat, chain.topic, peer, outcome, sink)
+                sends = tuple(e for e in outcome.effects if e.kind == "send")
+                fut, started = await self._sends(
+                    agent_chat, alog, chain.topic, peer, sends, link.id, chain_id, sink
+                )
+                for effect in outcome.effects:
+                    if effect.kind == "post":
+                        await self._post(effect, peer, org)
+        await self._started(fut, started, org)
+        await self._maybe_release(chain.topic)
         await self._maybe_answer(chain_id, link.id, reply, org)
 
     async def _step(self, bot: Bot, step: StepInput) -> StepOutcome:
@@ -326,12 +407,19 @@ class ChainRunner:
             log.warning("step of bot %s in chat %s failed: %s", bot.id, step.chat.id, e.message)
             return StepOutcome(status="failed", error=e.message)
 
-    async def _store_reply(self, chat: Chat, turn: str, bot: Bot, outcome: StepOutcome) -> str:
+    def _reply(
+        self, chat_log: ChatLog, chat: Chat, turn: str, bot: Bot, outcome: StepOutcome, sink: Sink
+    ) -> str:
+        """The step's answer as an item of `chat`, added to `sink`; returns its text."""
         if outcome.status == "done" and outcome.reply is not None:
-            await self.conv.say(chat, turn, "bot", bot.id, outcome.reply)
-            return outcome.reply
-        text = f"{bot.name} could not answer: {outcome.error or 'no answer'}"
-        await self.conv.say(chat, turn, "notification", bot.id, text)
+            kind, text = "bot", outcome.reply
+        else:
+            kind, text = (
+                "notification",
+                f"{bot.name} could not answer: {outcome.error or 'no answer'}",
+            )
+        item = self.conv.item(chat_log, turn, kind, bot.id)
+        self.conv.append(chat_log, chat, [(item, text)], sink)
         return text
 
     async def _maybe_answer(self, chain_id: str, link_id: str, reply: str, org: Org) -> None:
@@ -343,22 +431,74 @@ class ChainRunner:
         await self._result(chain_id, link_id, reply, org)
 
     async def _result(self, chain_id: str, link_id: str, text: str, org: Org) -> None:
-        conv, peers = self.conv, self.shard.peers
-        async with self._lock:
-            chain = (await self._all())[chain_id]
-            chain, decision = rules.on_result(
-                chain, link_id=link_id, text=text, now=self.shard.clock()
-            )
-            self._texts.setdefault(chain_id, {}).setdefault(link_id, {})["result"] = text
-            await self._save(chain)
+        """A link's answer: recorded in the chain and, unless suppressed, delivered to the chat
+        it was asked from in the same transaction; then it wakes the bot that asked, whose
+        reply (and what it sent on) is a second transaction."""
+        conv = self.conv
+        chain = (await self._all())[chain_id]
         link = rules.find_link(chain, link_id)
-        if decision.action != "deliver":
+        parent = rules.find_link(chain, link.parent) if link.parent else None
+        target = await self._chat(
+            parent.agent_chat if parent and parent.agent_chat else chain.root_chat
+        )
+        waker = self._askers.pop(link_id, None)
+        if waker is None:  # after a restart: read it now
+            waker = await self.shard.peers.directory("get_bot", link.from_bot)
+        fut = None
+        started: list[tuple[str, str]] = []
+        async with conv.lock(target.id):
+            tlog = await conv.log(target.id)
+            sink = Sink()
+            async with self._lock:
+                chain = (await self._all())[chain_id]
+                chain, decision = rules.on_result(
+                    chain, link_id=link_id, text=text, now=self.shard.clock()
+                )
+                self._texts.setdefault(chain_id, {}).setdefault(link_id, {})["result"] = text
+                await self._stage(chain, sink)
+                delivered = None
+                if decision.action == "deliver":
+                    delivered = conv.item(tlog, chain.topic, "delivery", link.to_bot)
+                    conv.append(tlog, target, [(delivered, text)], sink)
+                recorded = conv.commit_soon(target.id, tlog, sink)
+            if recorded is not None:
+                await recorded
+            if delivered is not None:
+                step = StepInput(
+                    chat=target,
+                    bot=waker,
+                    org=org,
+                    operator=chain.owner,
+                    turn=chain.topic,
+                    text=f"[delivery from {link.to_bot}, receipt {link.id}] {text}",
+                    wake="delivery",
+                    history=conv.history(tlog, delivered.seq, me=waker.id),
+                    channel=target.channel,
+                )
+                outcome = await self._step(waker, step)
+                sink = Sink()
+                reply = self._reply(tlog, target, chain.topic, waker, outcome, sink)
+                sends = tuple(e for e in outcome.effects if e.kind == "send")
+                fut, started = await self._sends(
+                    target,
+                    tlog,
+                    chain.topic,
+                    waker,
+                    sends,
+                    parent.id if parent else None,
+                    chain_id,
+                    sink,
+                )
+                for effect in outcome.effects:
+                    if effect.kind == "post":
+                        await self._post(effect, waker, org)
+        if delivered is None:
             # Suppressed, or late after a stop or cap: recorded, starts nothing (CO-1). A peer
             # that answered while waiting for this one gets its answer recorded the same way.
-            parent = rules.find_link(chain, link.parent) if link.parent else None
             pending = (
                 self._texts.get(chain_id, {}).get(parent.id, {}).get("pending") if parent else None
             )
+            parent = rules.find_link(chain, link.parent) if link.parent else None
             if (
                 parent is not None
                 and parent.status == "sent"
@@ -367,35 +507,8 @@ class ChainRunner:
             ):
                 await self._result(chain_id, parent.id, pending, org)
             return
-        parent = rules.find_link(chain, link.parent) if link.parent else None
-        target_id = parent.agent_chat if parent else chain.root_chat
-        waker = await peers.directory("get_bot", parent.to_bot if parent else chain.root_bot)
-        target = await peers.directory("get_chat", target_id)
-        async with conv.lock(target.id):
-            tlog = await conv.log(target.id)
-            delivered = await conv.say(target, chain.topic, "delivery", link.to_bot, text)
-            step = StepInput(
-                chat=target,
-                bot=waker,
-                org=org,
-                operator=chain.owner,
-                turn=chain.topic,
-                text=f"[delivery from {link.to_bot}, receipt {link.id}] {text}",
-                wake="delivery",
-                history=conv.history(tlog, delivered.seq, me=waker.id),
-                channel=target.channel,
-            )
-            outcome = await self._step(waker, step)
-            reply = await self._store_reply(target, chain.topic, waker, outcome)
-        await self.on_effects(
-            target,
-            org,
-            chain.topic,
-            waker,
-            outcome.effects,
-            parent=parent.id if parent else None,
-            chain=chain_id,
-        )
+        await self._started(fut, started, org)
+        await self._maybe_release(chain.topic)
         if parent is not None:
             await self._maybe_answer(chain_id, parent.id, reply, org)
 

@@ -140,6 +140,15 @@ class Conversations:
         self._resident(log)
         return log
 
+    def fresh(self, chat: str) -> ChatLog:
+        """The log of a chat its caller knows has nothing stored yet (a delivery's new agent
+        chat): no database read, which would also make the shard apply its journal first."""
+        log = self._logs.get(chat)
+        if log is None:
+            log = self._logs[chat] = self.store.new(chat)
+        self._resident(log)
+        return log
+
     async def _load(self, chat: str) -> ChatLog:
         log = await self.store.load(chat)
         if log.plain_turns:  # written unsealed by an older version: seal them now
@@ -235,17 +244,22 @@ class Conversations:
         await self.commit(chat.id, sink)
         return item
 
-    async def say_sent(
-        self, chat: Chat, turn: str | None, sender: str, peer: str, text: str
+    def sent(
+        self,
+        log: ChatLog,
+        chat: Chat,
+        turn: str | None,
+        sender: str,
+        peer: str,
+        text: str,
+        sink: Sink,
     ) -> Item:
         """UI-1: the sending side of a real delivery, in the chat the bot sent from: the actual
-        body, marked `sent` to `peer` (the chain's own record of the request is not touched)."""
-        log = await self.log(chat.id)
-        sink = Sink()
+        body, marked `sent` to `peer` (the chain's own record of the request is not touched),
+        added to `sink`."""
         item = self.item(log, turn, "delivery", sender)
         self.append(log, chat, [(item, text)], sink)
         sink.writes.append(self.store.communication_row(log, item.seq, "sent", peer))
-        await self.commit(chat.id, sink)
         return item
 
     def prior(self, log: ChatLog, before: int) -> list[tuple[str, str, str]]:
@@ -467,7 +481,7 @@ class Conversations:
                 review=under_review.proposal if under_review is not None else None,
             )
             try:
-                outcome = await self.stepper.run(step, log, sink)
+                outcome = await self.stepper.run(step, lambda: self.log(chat.id), sink)
             except Exception as e:  # a turn must always end, with a safe message
                 log_failure.exception("step of bot %s in chat %s crashed", bot.id, chat.id)
                 outcome = StepOutcome(status="failed", error=f"internal error: {type(e).__name__}")
@@ -606,21 +620,27 @@ class Conversations:
     ) -> StepOutcome:
         """A bot's step for a chat whose home may be another shard (group and agent chats).
         This shard keeps the person's items it is given, so the bot's learning can read them."""
-        log = await self.log(step.chat.id)
+        # The chat's log here is read only when needed: the mirror, or what the step records
+        # (a delivery to a new agent chat then costs no database read on this shard).
         sink = Sink()
-        known = {i.seq for i in log.items}
-        new = [
-            (
-                Item(chat=log.chat, seq=m.seq, turn=m.turn, kind=m.kind, author=m.author, at=m.at),
-                m.text,
-            )
-            for m in mirror
-            if m.seq not in known
-        ]
-        if new:
-            sink.writes.extend(self.store.add_items(log, new))
+        new = []
+        if mirror:
+            log = await self.log(step.chat.id)
+            known = {i.seq for i in log.items}
+            new = [
+                (
+                    Item(
+                        chat=log.chat, seq=m.seq, turn=m.turn, kind=m.kind, author=m.author, at=m.at
+                    ),
+                    m.text,
+                )
+                for m in mirror
+                if m.seq not in known
+            ]
+            if new:
+                sink.writes.extend(self.store.add_items(log, new))
         try:
-            outcome = await self.stepper.run(step, log, sink)
+            outcome = await self.stepper.run(step, lambda: self.log(step.chat.id), sink)
         except Exception as e:  # one member failing never stops the others (WS-5)
             log_failure.exception("step of bot %s in chat %s crashed", step.bot.id, step.chat.id)
             outcome = StepOutcome(status="failed", error=f"internal error: {type(e).__name__}")
@@ -631,7 +651,7 @@ class Conversations:
         )
         if fut is not None:
             await fut
-        if new and log.items:
+        if new:
             log.committed = max(log.committed, new[-1][0].seq)
         return outcome
 

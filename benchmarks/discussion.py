@@ -205,7 +205,7 @@ def shard_stats(engine: Any) -> dict[str, int]:
     import ray
 
     stats = ray.get([s.stats.remote() for s in engine.shards])
-    return {k: sum(s[k] for s in stats) for k in ("transactions", "batches")}
+    return {k: sum(s[k] for s in stats) for k in ("transactions", "batches", "actor_calls")}
 
 
 def item_gaps(items: list[dict]) -> list[float]:
@@ -478,6 +478,10 @@ async def chains_async(url: str, engine: Any, world: World, runs: int) -> dict[s
                     "txn_per_delivery": round(
                         (stats1["transactions"] - stats0["transactions"]) / n, 2
                     ),
+                    # Calls the shards made to other actors (the gateway's are not counted).
+                    "actor_calls_per_delivery": round(
+                        (stats1["actor_calls"] - stats0["actor_calls"]) / n, 2
+                    ),
                 }
                 out[kind] = summarize_chains(kind, samples) | extra
                 print(f"[chain {kind}] {short_chain(out[kind])}", flush=True)
@@ -558,7 +562,8 @@ def short_chain(r: dict[str, Any]) -> str:
     return (
         f"{r['status']} ({r['reason']}) after {r['deliveries']} deliveries, {r['links']} links; "
         f"ended p50 {r['until_ended_ms']['p50']:.1f} ms = {r['per_delivery_ms']['p50']:.2f} "
-        f"ms/delivery; idle p50 {r['until_idle_ms']['p50']:.1f} ms"
+        f"ms/delivery; idle p50 {r['until_idle_ms']['p50']:.1f} ms; per delivery "
+        f"{r.get('txn_per_delivery')} transactions, {r.get('actor_calls_per_delivery')} actor calls"
     )
 
 

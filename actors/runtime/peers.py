@@ -26,6 +26,7 @@ class Peers:
         self.count = count
         self.namespace = namespace
         self._handles: dict[str, Any] = {}
+        self.calls = 0  # actor calls this shard made to other actors (benchmarks count hops)
 
     def index_of(self, key: str) -> int:
         from actors.runtime.placement import shard_of
@@ -47,6 +48,7 @@ class Peers:
             return await getattr(self.shard, method)(*args)
         if self.prefix is None:
             raise Unavailable(f"shard {index} is not reachable from here", code="no_peers")
+        self.calls += 1
         return await remote(getattr(self._handle(f"{self.prefix}-shard-{index}"), method), *args)
 
     async def directory(self, method: str, *args: Any) -> Any:
@@ -56,6 +58,7 @@ class Peers:
             if local is None:
                 raise Unavailable("the directory is not reachable from here", code="no_peers")
             return await getattr(local, method)(*args)
+        self.calls += 1
         return await remote(getattr(self._handle(f"{self.prefix}-directory"), method), *args)
 
 

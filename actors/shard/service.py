@@ -939,6 +939,7 @@ class ShardService:
             "evictions": self.residency.evictions,
             "transactions": self.committer.transactions,
             "batches": self.committer.batches,
+            "actor_calls": self.peers.calls,
         }
 
     async def backup(self, dest_dir: str) -> str:

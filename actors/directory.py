@@ -23,6 +23,7 @@ from pathlib import Path
 
 import msgspec
 
+from actors.access_watch import POLL_WAIT, AccessWatch
 from engine.bot_policy import require_team
 from engine.directory import (
     MAX_CHANNEL_BOTS,
@@ -89,6 +90,7 @@ class DirectoryService:
         self.clock = clock
         # One writer at a time: a change's checks and its write with nothing in between.
         self._write = asyncio.Lock()
+        self.access = AccessWatch()  # what gateways cache of who may do what (access_watch.py)
 
     def _fresh_id(self, table: dict, given: str | None, prefix: str, what: str) -> str:
         if given is None:
@@ -119,6 +121,8 @@ class DirectoryService:
         """Store one record, then make it the current one (callers hold the write lock)."""
         await self.store.put(table, record, **extra)
         index[record.id] = record
+        if table != "chats":  # chats change no one's access
+            self.access.bump()
 
     # --- admin ---
 
@@ -425,6 +429,43 @@ class DirectoryService:
             raise Unprocessable("the channel has no people", code="empty_channel")
         async with self._write:
             return await self._create_chat(ch.people[0], None, None, ch.id, None, None)
+
+    # --- taking access away (answered once every gateway dropped what it cached) ---
+
+    async def revoke_grant(self, bot_id: str, user_id: str) -> Bot:
+        async with self._write:
+            bot = self._get(self.bots, bot_id, "bot")
+            if user_id not in bot.grants:
+                raise NotFound(f"{user_id!r} has no grant on {bot_id!r}", code="grant_not_found")
+            grants = {u: p for u, p in bot.grants.items() if u != user_id}
+            bot = msgspec.structs.replace(bot, grants=grants)
+            await self._put("bots", bot, self.bots)
+            revision = self.access.revision
+        await self.access.settled(revision)
+        return bot
+
+    async def new_token(self, user_id: str) -> str:
+        """A new token for the user; every token it had before stops working."""
+        async with self._write:
+            self._get(self.users, user_id, "user")
+            token = "obt_" + secrets.token_urlsafe(32)
+            await self.store.replace_tokens(user_id, (hash_token(token), user_id, self.clock()))
+            for old in [h for h, u in self._tokens.items() if u == user_id]:
+                del self._tokens[old]
+            self._tokens[hash_token(token)] = user_id
+            revision = self.access.bump()
+        await self.access.settled(revision)
+        return token
+
+    async def watch_access(self, watcher: str, since: int, wait: float = POLL_WAIT) -> int:
+        return await self.access.watch(watcher, since, wait)
+
+    async def authenticate_at(self, token_hash: str) -> tuple[int, Principal | None]:
+        """`authenticate` with the access revision it reflects (gateway caches keep it)."""
+        return self.access.revision, await self.authenticate(token_hash)
+
+    async def bot_at(self, bot_id: str) -> tuple[int, Bot]:
+        return self.access.revision, self._get(self.bots, bot_id, "bot")
 
     # --- bots' own rules (WS-2, WS-3) ---
 

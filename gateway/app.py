@@ -138,6 +138,20 @@ class Api:
         self.auth.directory_changed(body.bot)
         return json({"bot": body.bot, "user": body.user, "permission": body.permission}, 201)
 
+    async def revoke_grant(self, request: Request) -> Response:
+        await self.auth.admin(request)
+        bot, user = request.path_params["bot"], request.path_params["user"]
+        await call(self.engine.directory.revoke_grant, bot, user)
+        self.auth.directory_changed(bot)
+        return json({"bot": bot, "user": user, "revoked": True})
+
+    async def new_token(self, request: Request) -> Response:
+        await self.auth.admin(request)
+        user = request.path_params["id"]
+        token = await call(self.engine.directory.new_token, user)
+        self.auth.directory_changed()
+        return json({"id": user, "token": token})
+
     async def create_channel(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.CreateChannel)
@@ -504,7 +518,7 @@ def _reader(principal: Principal, request: Request, bot: Bot) -> Reader:
 
 
 def create_app(
-    engine: Engine, admin_token: str, *, cache_ttl: float = 2.0, listener_refresh: float = 30.0
+    engine: Engine, admin_token: str, *, cache_ttl: float = 60.0, listener_refresh: float = 30.0
 ) -> Starlette:
     if not admin_token:
         raise InvalidInput("an admin token is required")
@@ -532,6 +546,8 @@ def create_app(
         r("/v1/admin/bots", api.create_bot, methods=["POST"]),
         r("/v1/admin/bots/{id}", api.patch_bot, methods=["PATCH"]),
         r("/v1/admin/grants", api.create_grant, methods=["POST"]),
+        r("/v1/admin/bots/{bot}/grants/{user}", api.revoke_grant, methods=["DELETE"]),
+        r("/v1/admin/users/{id}/token", api.new_token, methods=["POST"]),
         r("/v1/admin/channels", api.create_channel, methods=["POST"]),
         r("/v1/admin/backup", api.backup, methods=["POST"]),
         r("/v1/admin/export", FileExportApi(engine, auth).export, methods=["GET"]),

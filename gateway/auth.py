@@ -1,22 +1,29 @@
-"""Bearer authentication and the gateway's short directory cache.
+"""Bearer authentication and the gateway's cache of who may do what.
 
 Every request names its caller with `Authorization: Bearer <token>`: the admin token, or a user
 token the directory issued (stored there only as a hash). Principals and bot records are cached
-for `ttl` seconds so that a request costs one actor call, not three. The cache can only be stale
-in the safe direction today: the directory grows (new grants, channels) but never revokes, and
-changes made through this gateway drop the affected entries at once. When revocation arrives,
-replace the TTL with pushed invalidation.
+so that a request costs no directory call; each entry carries the directory's access revision it
+was read at (actors/access_watch.py). A background watch long-polls the directory and drops
+everything older as soon as the revision moves; an answer read before a change is never stored
+after it. A revocation (a token, a grant) returns only once this gateway has applied it, so no
+request that starts after it is served with the old access. When the watch stops answering the
+cache is bypassed (every request asks the directory) until it answers again. `ttl` bounds an
+entry's age besides; 0 turns caching off.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import logging
+import secrets
 import time
 from typing import Any
 
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from actors.access_watch import POLL_WAIT
 from actors.runtime.engine import Engine, call
 from engine.directory import Bot, Principal
 from engine.errors import Forbidden, OpenBotError, Unauthenticated
@@ -35,21 +42,29 @@ def is_public(path: str) -> bool:
     return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
 
 
-class _TTLCache:
+log = logging.getLogger("openbot.auth")
+TRUST = POLL_WAIT + 0.5  # seconds the cache is used after the watch last answered
+
+
+class _Cache:
+    """Entries read at a directory access revision; none older than `floor` is served or kept."""
+
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
-        self._items: dict[str, tuple[float, Any]] = {}
+        self._items: dict[str, tuple[float, int, Any]] = {}
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str, floor: int) -> Any:
         hit = self._items.get(key)
-        if hit is None or hit[0] < time.monotonic():
+        if hit is None or hit[0] < time.monotonic() or hit[1] < floor:
             return None
-        return hit[1]
+        return hit[2]
 
-    def put(self, key: str, value: Any) -> None:
+    def put(self, key: str, revision: int, value: Any, floor: int) -> None:
+        if revision < floor:
+            return  # read before a change this gateway already applied
         if len(self._items) > 50_000:
             self._items.clear()
-        self._items[key] = (time.monotonic() + self.ttl, value)
+        self._items[key] = (time.monotonic() + self.ttl, revision, value)
 
     def drop(self, key: str | None = None) -> None:
         if key is None:
@@ -67,22 +82,55 @@ def bearer_token(conn: HTTPConnection) -> str:
 
 
 class Auth:
-    def __init__(self, engine: Engine, admin_token: str, ttl: float = 2.0) -> None:
+    def __init__(self, engine: Engine, admin_token: str, ttl: float = 60.0) -> None:
         self.engine = engine
         self.admin_token = admin_token
-        self._principals = _TTLCache(ttl)
-        self._bots = _TTLCache(ttl)
+        self.ttl = ttl
+        self._principals = _Cache(ttl)
+        self._bots = _Cache(ttl)
+        self._applied = 0  # the directory access revision the caches reflect
+        self._heard = 0.0  # when the watch last answered (monotonic)
+        self._watch: asyncio.Task[None] | None = None
+        self._watcher = "gateway-" + secrets.token_hex(8)
+
+    def _caching(self) -> bool:
+        """Whether the cache may be used now: on, and the watch answering."""
+        if self.ttl <= 0:
+            return False
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.get_running_loop().create_task(self._watching())
+        return time.monotonic() - self._heard < TRUST
+
+    async def _watching(self) -> None:
+        while True:
+            try:
+                revision = await call(
+                    self.engine.directory.watch_access, self._watcher, self._applied, POLL_WAIT
+                )
+            except Exception as e:  # the directory is restarting: no cache until it answers
+                self._heard = 0.0
+                log.warning("directory watch failed: %r", e)
+                await asyncio.sleep(0.5)
+                continue
+            if revision != self._applied:
+                self._principals.drop()
+                self._bots.drop()
+                # A restarted directory counts from 0 again: whatever it says is current.
+                self._applied = revision
+            self._heard = time.monotonic()
 
     async def principal_for(self, token: str) -> Principal:
         if hmac.compare_digest(token.encode(), self.admin_token.encode()):
             return Principal(admin=True)
         key = hash_token(token)
-        principal = self._principals.get(key)
+        caching = self._caching()
+        principal = self._principals.get(key, self._applied) if caching else None
         if principal is None:
-            principal = await call(self.engine.directory.authenticate, key)
+            revision, principal = await call(self.engine.directory.authenticate_at, key)
             if principal is None:
                 raise Unauthenticated("unknown token", code="bad_token")
-            self._principals.put(key, principal)
+            if caching:
+                self._principals.put(key, revision, principal, self._applied)
         return principal
 
     async def caller(self, conn: HTTPConnection) -> Principal:
@@ -105,14 +153,17 @@ class Auth:
             raise Forbidden("this route needs the admin token", code="admin_only")
 
     async def bot(self, bot_id: str) -> Bot:
-        bot = self._bots.get(bot_id)
+        caching = self._caching()
+        bot = self._bots.get(bot_id, self._applied) if caching else None
         if bot is None:
-            bot = await call(self.engine.directory.get_bot, bot_id)
-            self._bots.put(bot_id, bot)
+            revision, bot = await call(self.engine.directory.bot_at, bot_id)
+            if caching:
+                self._bots.put(bot_id, revision, bot, self._applied)
         return bot
 
     def directory_changed(self, bot_id: str | None = None) -> None:
-        """Drop what an admin change made stale (principals carry channel memberships)."""
+        """Drop what an admin change through this gateway made stale at once (the watch
+        brings the same news about one actor call later)."""
         self._principals.drop()
         if bot_id is not None:
             self._bots.drop(bot_id)

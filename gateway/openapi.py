@@ -132,6 +132,20 @@ ROUTES: list[Op] = [
         auth="admin",
     ),
     Op(
+        "delete",
+        "/v1/admin/bots/{bot}/grants/{user}",
+        "Take a user's grant on a bot away (answered once every gateway applied it)",
+        ok=s.GrantRevoked,
+        auth="admin",
+    ),
+    Op(
+        "post",
+        "/v1/admin/users/{id}/token",
+        "A new token for the user; its old tokens stop working (once every gateway applied it)",
+        ok=s.TokenIssued,
+        auth="admin",
+    ),
+    Op(
         "post",
         "/v1/admin/channels",
         "Create a channel group",

@@ -29,6 +29,17 @@ class GrantView(_Doc):
     permission: Permission
 
 
+class GrantRevoked(_Doc):
+    bot: str
+    user: str
+    revoked: bool
+
+
+class TokenIssued(_Doc):
+    id: str
+    token: str
+
+
 class BackupDone(_Doc):
     dir: str
     files: list[str]

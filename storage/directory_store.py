@@ -119,6 +119,21 @@ class DirectoryStore:
 
         await self.db.run(write)
 
+    async def replace_tokens(self, user_id: str, token: tuple[str, str, int]) -> None:
+        """The user's only token from now on (the others are deleted), in one transaction."""
+
+        def write(con):
+            con.begin()
+            try:
+                con.execute("DELETE FROM tokens WHERE user_id = ?", [user_id])
+                con.execute("INSERT INTO tokens VALUES (?, ?, ?)", list(token))
+                con.commit()
+            except BaseException:
+                con.rollback()
+                raise
+
+        await self.db.run(write)
+
     # --- project owners (issue 5) ---
 
     def load_project_owners(self) -> dict[str, str]:

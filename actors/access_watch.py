@@ -1,0 +1,80 @@
+"""The directory's access revision, watched by the gateways that cache who may do what.
+
+Every change to what a token or a user may reach (orgs, users, tokens, bots and their grants,
+channels) bumps one revision. Each gateway long-polls `watch` with the revision it has applied;
+answers come at once when the revision moved, so a gateway drops what it cached from before a
+change about one actor call after it. A change that takes access away (a revoked token, a
+removed grant) is answered only once every live gateway has acknowledged its revision (`settled`):
+when the revocation returns, no gateway serves the old access any more. A gateway that does not
+acknowledge in time is dropped from the live set; it stops trusting its cache on its own once its
+polls stop coming back (gateway/auth.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+POLL_WAIT = 5.0  # seconds a watch waits for a change before answering the same revision
+# Seconds a revocation waits for the gateways' acknowledgements: longer than a gateway trusts
+# its cache after the watch last answered (gateway/auth.py TRUST), so one that did not answer
+# has stopped using its cache by the time the revocation returns.
+ACK_WAIT = POLL_WAIT + 1.0
+LIVE = POLL_WAIT + 2.0  # a watcher not heard from for longer is not waited for
+
+
+class AccessWatch:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.revision = 0
+        self.clock = clock
+        self._changed: asyncio.Event | None = None
+        self._acked: asyncio.Event | None = None
+        self._watchers: dict[str, tuple[int, float]] = {}  # watcher → (revision applied, when)
+
+    def bump(self) -> int:
+        """A change to access was stored: the revision moves on and every watch answers."""
+        self.revision += 1
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+        return self.revision
+
+    async def watch(self, watcher: str, since: int, wait: float = POLL_WAIT) -> int:
+        """Called by a gateway that applied `since`: answers the current revision as soon as it
+        is newer, or after `wait` seconds."""
+        self._watchers[watcher] = (since, self.clock())
+        if self._acked is not None:
+            self._acked.set()
+            self._acked = None
+        if since >= self.revision:
+            if self._changed is None:
+                self._changed = asyncio.Event()
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), wait)
+        return self.revision
+
+    async def settled(self, revision: int, timeout: float = ACK_WAIT) -> None:
+        """Wait until every live watcher has applied `revision` (or `timeout` passed: the late
+        ones are no longer counted as live)."""
+        deadline = self.clock() + timeout
+        while True:
+            now = self.clock()
+            pending = [
+                w
+                for w, (applied, at) in self._watchers.items()
+                if applied < revision and now - at < LIVE
+            ]
+            if not pending:
+                return
+            if now >= deadline:
+                for w in pending:
+                    self._watchers.pop(w, None)
+                return
+            if self._acked is None:
+                self._acked = asyncio.Event()
+            acked = self._acked
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(acked.wait(), max(0.0, deadline - now))

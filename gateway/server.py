@@ -140,10 +140,10 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def setup_logging(level: str) -> None:
     """The `openbot.*` loggers (access lines at info, failures at warning) to stderr."""
     logger = logging.getLogger("openbot")
-    if not any(getattr(h, "_openbot", False) for h in logger.handlers):
+    if not any(h.get_name() == "openbot" for h in logger.handlers):
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        handler._openbot = True  # type: ignore[attr-defined]
+        handler.set_name("openbot")  # ours: a second call adds no second handler
         logger.addHandler(handler)
     logger.setLevel(level.upper())
     logger.propagate = False

@@ -29,9 +29,7 @@ POOL = "bot:b1"
 SECRET = "quokkamarmalade"  # a word that must never be found on disk in the clear
 
 
-@pytest.fixture(autouse=True)
-def _no_env_key(monkeypatch) -> None:
-    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
+pytestmark = pytest.mark.usefixtures("no_env_key")
 
 
 def _shard(data: Path, context_s: float = 0) -> ShardService:

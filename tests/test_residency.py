@@ -19,10 +19,7 @@ from engine.directory import Chat
 from engine.memory import Reader, Scope
 from engine.scoped_memory import WsMemoryCreate
 
-
-@pytest.fixture(autouse=True)
-def _no_env_key(monkeypatch) -> None:
-    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
+pytestmark = pytest.mark.usefixtures("no_env_key")
 
 
 def _reader(n: int) -> Reader:

@@ -31,9 +31,7 @@ ORG_NAME = "caracal-5520-org-name"
 PLANTED = (PROJECT_NAME, PROJECT_META, BOT_PROMPT, BOT_DUTIES, NEW_PROMPT, NOTE, ORG_NAME)
 
 
-@pytest.fixture(autouse=True)
-def _no_env_key(monkeypatch) -> None:
-    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
+pytestmark = pytest.mark.usefixtures("no_env_key")
 
 
 def _scan(data: Path, when: str) -> None:

@@ -41,6 +41,7 @@ from storage.vector_store import pack
 from tests.openai_stub import OpenAIStub, embed_text
 
 WS = "/api/app/workspace"
+pytestmark = pytest.mark.usefixtures("no_env_key")
 
 
 # --- the embeddings client ------------------------------------------------------------------------
@@ -233,11 +234,6 @@ class InProcessEmbedder:
 
     async def close(self) -> None:
         pass
-
-
-@pytest.fixture(autouse=True)
-def _no_env_key(monkeypatch) -> None:
-    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
 
 
 def _shard(data: Path, embedder: InProcessEmbedder) -> ShardService:

@@ -20,9 +20,7 @@ from engine.scoped_memory import WsForget, WsMemoryChange, WsMemoryCreate
 SECRET = "quokka-marker-5531"
 
 
-@pytest.fixture(autouse=True)
-def _no_env_key(monkeypatch) -> None:
-    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
+pytestmark = pytest.mark.usefixtures("no_env_key")
 
 
 def _open(data: Path) -> ShardService:

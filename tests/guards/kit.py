@@ -1,44 +1,21 @@
-"""What the guards share: the org, bot, chat and readers of their world, a `ShardService` on the
-stubs, a turn run to its end, the stubs' learning routes, a spy on the cipher and stored entries."""
+"""What the guards share beyond tests/shard_kit.py: an org with bot memory off, a second reader,
+the confide and learn tool calls, the stubs' learning routes, a spy on the cipher and stored
+entries."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from actors.models.registry import OpenAIModel
-from actors.shard.service import ShardService, TurnStart
-from engine.directory import Bot, Chat, Org, OrgSettings
+from engine.directory import Org, OrgSettings
 from engine.memory import AccessProof, EntryMeta, Layer, Reader, Source
 from storage import crypto
 from tests.openai_stub import completion
+from tests.shard_kit import POOL
 
-ORG = Org(id="o1", name="o", settings=OrgSettings(botMemory=True, botMemoryModel="mem"))
 OFF = Org(id="o1", name="o", settings=OrgSettings(botMemory=False, botMemoryModel="mem"))
-BOT = Bot(id="b1", name="Helper", org="o1", owner="u_owner", model="bot")
-CHAT = Chat(id="chat_1", kind="direct", owner="u_ann", org="o1", bot="b1")
-ANN = Reader(user="u_ann", org="o1", uses_bot=True)
 BOB = Reader(user="u_bob", org="o1", uses_bot=True)
-POOL = "bot:b1"
 CONFIDE = ("confide", {"text": "I think I got Ann's city wrong"})
 LEARN = {"content": "Ann lives in Oslo", "items": [{"chat": "chat_1", "item": "i-1"}]}
-
-
-def shard_service(path, stubs, **kw) -> ShardService:
-    bot, mem = stubs
-    models = kw.pop("models", None) or {
-        "bot": OpenAIModel("bot", base_url=bot.url, model="bot-model"),
-        "mem": OpenAIModel("mem", base_url=mem.url, model="mem-model"),
-    }
-    return ShardService(path, 0, models=models, answer_wait=kw.pop("answer_wait", 2.0), **kw)
-
-
-async def run_turn(svc, text, chat=CHAT, org=ORG):
-    turn = await svc.start_turn(
-        TurnStart(chat=chat, bot=BOT, org=org, operator=chat.owner, text=text)
-    )
-    result = await svc.wait_turn(chat.id, turn.id)
-    await svc.learning_idle()
-    return result
 
 
 def tool_names(body) -> set[str]:

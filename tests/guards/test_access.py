@@ -9,19 +9,16 @@ import msgspec
 
 from engine.memory import Reader, Status
 from tests.guards.kit import (
-    ANN,
     BOB,
     CONFIDE,
-    POOL,
     CipherSpy,
     fact_meta,
     learning_route,
     observation_meta,
     pinned_meta,
-    run_turn,
-    shard_service,
 )
 from tests.openai_stub import completion
+from tests.shard_kit import ANN, POOL, run_turn, shard_service
 
 # --- ACL-9: the pool's lock -------------------------------------------------------------------
 

@@ -10,23 +10,18 @@ from actors.chats.bot_step import StepInput, reader_for
 from engine.directory import Chat, Org, OrgSettings
 from engine.turns import CALM_ANSWER, confessor_messages
 from tests.guards.kit import (
-    ANN,
-    BOT,
     CONFIDE,
     LEARN,
     OFF,
-    ORG,
-    POOL,
     CipherSpy,
     learning_requests,
     learning_route,
     pinned_meta,
     route_rewrite,
-    run_turn,
-    shard_service,
     tool_names,
 )
 from tests.openai_stub import completion
+from tests.shard_kit import ANN, BOT, ORG, POOL, run_turn, shard_service
 
 # --- SEC-1 and LRN-2: the confessor and the encrypted call log -----------------------------------
 

@@ -12,22 +12,16 @@ from engine.directory import Org, OrgSettings
 from engine.memory_bot import SettingsPatch
 from engine.turns import CALM_ANSWER
 from tests.guards.kit import (
-    ANN,
-    BOT,
-    CHAT,
     CONFIDE,
     LEARN,
-    ORG,
-    POOL,
     fact_meta,
     learning_requests,
     learning_route,
     route_rewrite,
-    run_turn,
-    shard_service,
     tool_names,
 )
 from tests.openai_stub import completion
+from tests.shard_kit import ANN, BOT, CHAT, ORG, POOL, run_turn, shard_service
 
 # --- MB-4, MB-5: the time limits ------------------------------------------------------------------
 

@@ -7,8 +7,9 @@ import asyncio
 
 from actors.models.registry import OpenAIModel
 from engine.models import Completion, Price
-from tests.guards.kit import ANN, CONFIDE, POOL, route_rewrite, run_turn, shard_service
+from tests.guards.kit import CONFIDE, route_rewrite
 from tests.openai_stub import completion
+from tests.shard_kit import ANN, POOL, run_turn, shard_service
 
 # --- ND-2: memory only on nodes that isolate it; extraction only where offered ---------------
 

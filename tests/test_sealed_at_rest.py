@@ -15,10 +15,10 @@ import pytest
 from actors.chats.bot_step import Sink
 from actors.directory import DirectoryService
 from actors.shard.service import ShardService
+from engine.chat_records import Turn
 from engine.directory import BotRules, Chat, OrgSettings
 from engine.projects import ProjectCreate
 from engine.self_rules import Editor, RulesUpdate
-from storage.chat_store import Turn
 from storage.sealed_doc import is_sealed
 
 PROJECT_NAME = "narwhal-4471-project-name"

@@ -24,6 +24,7 @@ from actors.shard.rwlock import assert_no_pool_lock
 from actors.workspace.service import WsAccess, WsQuery
 from engine.bot_memory import as_scoped
 from engine.bot_policy import require_collaboration
+from engine.chat_records import Confession, Enrichment
 from engine.directory import Bot, Chat, Org, bot_pool
 from engine.errors import OpenBotError
 from engine.memory import Reader
@@ -38,7 +39,7 @@ from engine.turns import (
     enrichment_messages,
     review_prompt,
 )
-from storage.chat_store import ChatLog, Confession, Enrichment
+from storage.chat_store import ChatLog
 
 if TYPE_CHECKING:
     from actors.shard.service import ShardService

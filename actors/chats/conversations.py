@@ -28,22 +28,13 @@ from actors.learning.memory_bot import MemoryBotRuntime
 from actors.shard.residency import CHAT_WEIGHT, unused
 from actors.shard.single_flight import SingleFlight
 from engine.bot_policy import require_active, require_team
+from engine.chat_records import Communication, Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
 from engine.discussion import Plan, plan_goal, plan_turn
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unavailable
 from engine.events import Audience, ChatItemCreated, ChatItemsDeleted
 from engine.models import Message
-from storage.chat_store import (
-    ChatLog,
-    ChatStore,
-    Communication,
-    Confession,
-    Enrichment,
-    Item,
-    ItemView,
-    LearningJob,
-    Turn,
-)
+from storage.chat_store import ChatLog, ChatStore, Item
 from storage.shard_schema import CONFESSIONS, ENRICHMENTS
 
 if TYPE_CHECKING:

@@ -17,10 +17,11 @@ import msgspec
 
 from actors.chats.bot_step import Sink, StepInput, StepOutcome
 from actors.chats.conversations import learns
+from engine.chat_records import Turn
 from engine.discussion import Plan, leader_brief
 from engine.errors import OpenBotError
 from engine.models import Message
-from storage.chat_store import Item, Turn
+from storage.chat_store import Item
 
 if TYPE_CHECKING:
     from actors.chats.conversations import Conversations, TurnStart

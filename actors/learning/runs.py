@@ -24,6 +24,7 @@ from actors.learning.memory_bot import BudgetSpent, MemoryBotRuntime
 from actors.shard.residency import unused
 from engine import scoped_memory as sm
 from engine import tags as tagmod
+from engine.chat_records import LearningJob
 from engine.commands import Outcome
 from engine.errors import Conflict, OpenBotError
 from engine.events import Audience as EventAudience
@@ -38,7 +39,7 @@ from engine.memory import Change, LogRow, Reader, Scope, Who
 from engine.memory_bot import next_period_start
 from engine.models import Completion, Message
 from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS, learning_system
-from storage.chat_store import ChatStore, LearningJob, ModelCall
+from storage.chat_store import ChatStore, ModelCall
 from storage.stats import STATS
 
 if TYPE_CHECKING:

@@ -41,6 +41,7 @@ from actors.workspace.semantic import semantic_search
 from actors.workspace.service import RevisionView, Workspace, WsAccess, WsListing, WsQuery
 from engine import commands, widening
 from engine.bot_memory import as_entry_view
+from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.commands import Outcome
 from engine.directory import Bot, Channel, Chat, Org
 from engine.errors import Conflict, InvalidInput, NotFound, StorageError
@@ -83,7 +84,7 @@ from engine.scoped_memory import (
     WsMemoryCreate,
 )
 from engine.turns import ANSWER_WAIT
-from storage.chat_store import ChatStore, Confession, Enrichment, ItemView, LearningJob, Turn
+from storage.chat_store import ChatStore
 from storage.crypto import Keyring, load_master_key
 from storage.database import Database
 from storage.event_log import MARK_RESTORED, EventLog

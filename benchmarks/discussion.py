@@ -218,7 +218,7 @@ def item_gaps(items: list[dict]) -> list[float]:
 
 
 async def floor_async(data: Path, config: dict, runs: int, profile: bool) -> dict[str, Any]:
-    from actors.chats.conversations import TurnStart
+    from actors.contracts import TurnStart
     from actors.models.registry import ScriptedModel
     from actors.shard.service import ShardService
     from engine.directory import Bot, Channel, Chat, Org

@@ -43,10 +43,10 @@ from pathlib import Path
 
 import numpy as np
 
+from actors.contracts import WsAccess, WsQuery
 from actors.directory import DirectoryService
 from actors.shard.service import ShardService
 from actors.workspace.semantic import SemanticSearch
-from actors.workspace.service import WsAccess, WsQuery
 from benchmarks._load import percentile
 from engine import scoped_memory as sm
 from engine.memory import Scope

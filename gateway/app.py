@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
-from actors.chats.conversations import TurnStart, require_chat_owner
+from actors.contracts import TurnStart
 from actors.models.node_hub import hub_handle
 from actors.runtime.engine import Engine, call
 from engine import tags as tagmod
@@ -34,7 +34,7 @@ from engine.memory import Reader
 from engine.memory_bot import SettingsPatch
 from gateway import wire
 from gateway.auth import Auth, TokenRequired
-from gateway.chat_access import ChatAccess
+from gateway.chat_access import ChatAccess, require_chat_owner
 from gateway.console_routes import console_routes
 from gateway.errors import HANDLERS, ContainErrors
 from gateway.events import EventsEndpoint, Hub

@@ -20,8 +20,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from actors.chats.chains import ChainView
-from actors.chats.conversations import TurnResult
+from actors.contracts import ChainView, TurnResult
 from engine.bot_policy import BotProfile
 from engine.casing import camel_schema, plain_component_names
 from engine.chat_records import ItemView, LearningJob

@@ -9,9 +9,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from actors.chats.chains import ChainView
-from actors.models.node_hub import NodeInfo
-from actors.workspace.service import RevisionView
+from actors.contracts import ChainView, NodeInfo, RevisionView
 from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.directory import Permission
 from engine.projects import ProjectView

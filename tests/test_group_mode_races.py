@@ -145,7 +145,7 @@ def test_a_turn_waits_for_a_switch_under_way(tmp_path):
     """Deterministic interleaving on one shard (no Ray): a switch that found the group idle
     holds the chat's turn lock until the directory has stored the new mode, so a turn asked
     for meanwhile starts after it, in the new mode, even though its caller read the old one."""
-    from actors.chats.conversations import TurnStart
+    from actors.contracts import TurnStart
     from actors.directory import DirectoryService
     from actors.models.registry import ScriptedModel
     from actors.shard.service import ShardService

@@ -17,9 +17,10 @@ from collections import Counter
 import msgspec
 import pytest
 
-from actors.chats.bot_step import StepInput, reader_for
+from actors.chats.bot_step import reader_for
+from actors.contracts import StepInput, TurnStart
 from actors.models.registry import OpenAIModel
-from actors.shard.service import ShardService, TurnStart
+from actors.shard.service import ShardService
 from engine.directory import Bot, Chat, Org, OrgSettings
 from engine.memory import AccessProof, EntryMeta, Layer, Reader, Source, Status
 from engine.memory_bot import SettingsPatch

@@ -9,8 +9,9 @@ import json
 import msgspec
 import pytest
 
+from actors.contracts import TurnStart
 from actors.models.registry import OpenAIModel
-from actors.shard.service import ShardService, TurnStart
+from actors.shard.service import ShardService
 from engine.directory import Bot, Chat, Org, OrgSettings
 from engine.memory import Reader
 from engine.memory_bot import Budget, SettingsPatch

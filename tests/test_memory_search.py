@@ -12,9 +12,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from actors.contracts import WsAccess, WsQuery
 from actors.directory import DirectoryService
 from actors.shard.service import ShardService
-from actors.workspace.service import WsAccess, WsQuery
 from engine.errors import Conflict
 from engine.memory import Reader, Scope
 from engine.scoped_memory import WsForget, WsMemoryChange, WsMemoryCreate

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from actors.contracts import WsAccess, WsQuery
 from actors.directory import DirectoryService
 from actors.models.embeddings import OnnxEmbeddings, load_embedder, search_settings
 from actors.models.registry import load_models
 from actors.shard.service import ShardService
-from actors.workspace.service import WsAccess, WsQuery
 from engine.errors import InvalidInput
 from engine.memory import Scope
 from engine.scoped_memory import WsMemoryCreate

@@ -19,6 +19,7 @@ import duckdb
 import numpy as np
 import pytest
 
+from actors.contracts import WsAccess, WsQuery
 from actors.directory import DirectoryService
 from actors.models.embeddings import (
     EmbeddingError,
@@ -30,7 +31,6 @@ from actors.models.embeddings import (
 from actors.models.registry import load_models
 from actors.shard.service import ShardService
 from actors.workspace.semantic import PoolVectors
-from actors.workspace.service import WsAccess, WsQuery
 from engine.errors import InvalidInput, Unavailable
 from engine.memory import Scope, Tier
 from engine.scoped_memory import WsEntry, WsMemoryChange, WsMemoryCreate

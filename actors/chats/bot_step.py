@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from actors.contracts import Effect, StepInput, StepOutcome, ToolUse, WsAccess, WsQuery
 from actors.models.registry import ModelError, measured
 from actors.shard.rwlock import assert_no_pool_lock
-from actors.workspace.service import WsAccess, WsQuery
 from engine.bot_memory import as_scoped
 from engine.bot_policy import require_collaboration
 from engine.chat_records import Confession, Enrichment
-from engine.directory import Bot, Chat, Org, bot_pool
+from engine.directory import Bot, bot_pool
 from engine.errors import OpenBotError
 from engine.memory import Reader
 from engine.models import Message, ToolCall
@@ -54,36 +54,6 @@ SEARCH_HITS = 10
 _enc = msgspec.json.Encoder()
 
 
-class StepInput(msgspec.Struct, frozen=True, kw_only=True):
-    chat: Chat  # where the bot speaks: direct, review, group or agent
-    bot: Bot
-    org: Org
-    operator: str  # the person the turn acts for (LRN-6)
-    turn: str
-    text: str  # what wakes the bot: a person's words, or a delivery
-    wake: str = "person"  # person | delivery
-    history: tuple[Message, ...] = ()
-    after: tuple[Message, ...] = ()  # said after `text` (earlier speakers of a group turn)
-    channel: str | None = None
-    review: str | None = None  # a review chat: the proposal under review (ENR-3)
-
-
-class Effect(msgspec.Struct, frozen=True, kw_only=True):
-    kind: str  # send | post
-    link: str  # the receipt id the bot was given
-    target: str  # a bot id (send) or a channel id (post)
-    message: str
-
-
-class ToolUse(msgspec.Struct, frozen=True, kw_only=True):
-    """One tool call of the bot and its result, stored as a `tool_result` chat item (MEM-3): a
-    source learning may cite beside a person's words (LRN-9), giving the entry `app:<tool>`."""
-
-    tool: str
-    arguments: str
-    result: str
-
-
 # Not app tools, so their results are not recorded as chat items: `confide` (kept as
 # confessions), tools about the bot itself (its rules, its members: the owner's prompt is not
 # the chat's to read), and collaboration sends (their receipts become the chain's records and
@@ -98,16 +68,6 @@ UNRECORDED_TOOLS = frozenset(
         "workspace_post_to_group",
     }
 )
-
-
-class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    status: str  # done | failed
-    error: str | None = None
-    reply: str | None = None  # the bot's final text
-    note: str | None = None  # a system notification instead of a reply
-    effects: tuple[Effect, ...] = ()
-    confided: bool = False
-    tools: tuple[ToolUse, ...] = ()  # app tool calls with their results, in order (MEM-3)
 
 
 @dataclass

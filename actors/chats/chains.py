@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.chats.bot_step import Effect, StepInput, StepOutcome
+from actors.contracts import ChainView, Effect, LinkView, StepInput, StepOutcome
 from engine import collaboration as rules
 from engine.collaboration import Chain, ChainStatus
 from engine.directory import Bot, Chat, Org
@@ -38,34 +38,6 @@ log = logging.getLogger("openbot.chains")
 _enc = msgspec.json.Encoder()
 _chain_dec = msgspec.json.Decoder(Chain)
 _texts_dec = msgspec.json.Decoder(dict[str, dict[str, str]])
-
-
-class LinkView(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    parent: str | None
-    fromBot: str
-    toBot: str
-    depth: int
-    status: str
-    reason: str | None = None
-    request: str | None = None
-    result: str | None = None
-    agentChat: str | None = None
-
-
-class ChainView(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    status: str
-    reason: str | None
-    rootChat: str
-    topic: str
-    project: str | None
-    rootBot: str
-    deliveries: int
-    revision: int
-    createdAt: int
-    updatedAt: int
-    links: list[LinkView]
 
 
 class ChainRunner:

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.chats.bot_step import Sink, StepInput, StepOutcome
+from actors.chats.bot_step import Sink
 from actors.chats.conversations import learns
+from actors.contracts import StepInput, StepOutcome
 from engine.chat_records import Turn
 from engine.discussion import Plan, leader_brief
 from engine.errors import OpenBotError
@@ -24,7 +25,8 @@ from engine.models import Message
 from storage.chat_store import Item
 
 if TYPE_CHECKING:
-    from actors.chats.conversations import Conversations, TurnStart
+    from actors.chats.conversations import Conversations
+    from actors.contracts import TurnStart
 
 logger = logging.getLogger("openbot.group")
 
@@ -34,7 +36,7 @@ class GroupTurns:
         self.conv = conversations
 
     async def run(self, start: TurnStart, turn: Turn, person: Item, plan: Plan) -> None:
-        from actors.chats.conversations import Mirrored
+        from actors.contracts import Mirrored
 
         conv, chat, org = self.conv, start.chat, start.org
         members = {b.id: b for b in start.members}

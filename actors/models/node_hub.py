@@ -22,8 +22,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
-
+from actors.contracts import NodeInfo, Work
 from engine.models import Completion, Message, Price, ToolSpec
 
 BUILTIN = "builtin"
@@ -35,14 +34,6 @@ EXTRACTION_HINT = (
     "This node cannot run memory extraction (memory_extraction is off): learning uses the "
     "built-in worker's models only."
 )
-
-
-class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    memory_isolation: bool
-    memory_extraction: bool
-    connected: bool = True
-    hint: str | None = None
 
 
 def node_info(node: str, memory_isolation: bool, memory_extraction: bool) -> NodeInfo:
@@ -60,12 +51,6 @@ def node_info(node: str, memory_isolation: bool, memory_extraction: bool) -> Nod
 
 
 BUILTIN_NODE = node_info(BUILTIN, True, True)
-
-
-class Work(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    messages: tuple[Message, ...]
-    tools: tuple[ToolSpec, ...]
 
 
 class NodeHubService:

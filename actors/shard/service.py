@@ -22,14 +22,25 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from actors.chats.bot_step import StepInput, StepOutcome
-from actors.chats.chains import ChainView
-from actors.chats.conversations import Conversations, Mirrored, TurnResult, TurnStart
+from actors.chats.conversations import Conversations
 from actors.chats.requests import Requests
+from actors.contracts import (
+    ChainView,
+    Mirrored,
+    NodeInfo,
+    RevisionView,
+    StepInput,
+    StepOutcome,
+    TurnResult,
+    TurnStart,
+    WsAccess,
+    WsListing,
+    WsQuery,
+)
 from actors.learning.memory_bot import MemoryBotRuntime
 from actors.learning.runs import LearningRunner
 from actors.models.embeddings import Embedder, search_settings
-from actors.models.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeInfo, NodeModel
+from actors.models.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeModel
 from actors.models.registry import Model, load_models
 from actors.runtime.peers import Peers
 from actors.shard import rwlock
@@ -38,7 +49,7 @@ from actors.shard.pool import Pool
 from actors.shard.residency import POOL_WEIGHT, Residency, budget_from, unused
 from actors.shard.single_flight import SingleFlight
 from actors.workspace.semantic import semantic_search
-from actors.workspace.service import RevisionView, Workspace, WsAccess, WsListing, WsQuery
+from actors.workspace.service import Workspace
 from engine import commands, widening
 from engine.bot_memory import as_entry_view
 from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn

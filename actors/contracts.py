@@ -9,11 +9,14 @@ between processes of the same version, and some are serialised to the HTTP API a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 import msgspec
 
 from engine.chat_records import ItemView, Turn
 from engine.directory import Bot, Channel, Chat, Org
-from engine.models import Message, ToolSpec
+from engine.models import Completion, Message, ToolSpec
 from engine.scoped_memory import WsEntryView
 from engine.workspace_search import Hit
 
@@ -195,3 +198,27 @@ class Work(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     messages: tuple[Message, ...]
     tools: tuple[ToolSpec, ...]
+
+
+class NodeHubPort(Protocol):
+    """The node hub (actors/models/node_hub.py): gateways register the nodes connected to them
+    and pull their work; shards put work in and await the answer. `NodeHubService` is the local
+    implementation; actors/runtime/node_hub_handle.py reaches the one named hub actor."""
+
+    async def register(self, node: str, memory_isolation: bool, memory_extraction: bool) -> int: ...
+
+    async def unregister(self, node: str, session: int) -> None: ...
+
+    async def next_work(self, node: str, session: int, wait: float = 10.0) -> Work | None: ...
+
+    async def complete(
+        self, work_id: str, completion: Completion | None, error: str | None
+    ) -> bool: ...
+
+    async def run(
+        self, node: str, messages: Sequence[Message], tools: Sequence[ToolSpec], timeout: float
+    ) -> Completion: ...
+
+    async def info(self, node: str) -> NodeInfo | None: ...
+
+    async def nodes(self) -> list[NodeInfo]: ...

@@ -15,8 +15,8 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
 from actors.contracts import TurnStart
-from actors.models.node_hub import hub_handle
 from actors.runtime.engine import Engine, call
+from actors.runtime.node_hub_handle import RayNodeHub
 from engine import tags as tagmod
 from engine import widening
 from engine.directory import (
@@ -458,7 +458,7 @@ class Api:
 
     async def capabilities(self, request: Request) -> Response:
         await self.auth.caller(request)  # node ids and their flags are not for strangers
-        nodes = await call(hub_handle(self.engine.prefix).nodes)
+        nodes = await RayNodeHub(self.engine.prefix).nodes()
         return json(
             {
                 "capabilities": list(CAPABILITIES),

@@ -42,6 +42,7 @@ from actors.learning.runs import LearningRunner
 from actors.models.embeddings import Embedder, search_settings
 from actors.models.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeModel
 from actors.models.registry import Model, load_models
+from actors.runtime.node_hub_handle import RayNodeHub
 from actors.runtime.peers import Peers
 from actors.shard import rwlock
 from actors.shard.bot_memory import BotMemory, Snapshot
@@ -187,7 +188,9 @@ class ShardService:
         self._pools: dict[str, Pool] = self._loader.loaded
         if models is None:
             base = Path(config_dir) if config_dir else Path(".")
-            models = load_models(models_config or {}, base_dir=base, prefix=prefix or "openbot")
+            models = load_models(
+                models_config or {}, base_dir=base, hub=RayNodeHub(prefix or "openbot")
+            )
         chats = ChatStore(self.store)
         self.memory_bot = MemoryBotRuntime(
             models, chats, self.committer, self.clock, answer_wait=answer_wait
@@ -545,7 +548,7 @@ class ShardService:
         model = self.memory_bot.model(model_name)
         if not isinstance(model, NodeModel):
             return BUILTIN_NODE
-        info = await model.hub().info.remote(model.node)
+        info = await model.hub.info(model.node)
         return info or NodeInfo(
             id=model.node,
             memory_isolation=False,

@@ -17,7 +17,8 @@ import msgspec
 from engine.chat_records import ItemView, Turn
 from engine.directory import Bot, Channel, Chat, Org
 from engine.models import Completion, Message, ToolSpec
-from engine.scoped_memory import WsEntryView
+from engine.scoped_memory import Decision, Extraction, SourceItem, WsEntryView
+from engine.self_rules import Editor, RulesUpdate
 from engine.workspace_search import Hit
 
 # --- turns (gateway -> a chat's home shard) ------------------------------------------------
@@ -222,3 +223,76 @@ class NodeHubPort(Protocol):
     async def info(self, node: str) -> NodeInfo | None: ...
 
     async def nodes(self) -> list[NodeInfo]: ...
+
+
+# --- ports: what one actor asks of another ----------------------------------------------------
+
+
+class ShardPort(Protocol):
+    """What a shard asks of another shard (DESIGN §3: an account's pools live on one shard, so
+    a bot's step, its learning and a pool's records are served where they are kept).
+    `ShardService` is the local implementation; actors/runtime/ports.py's `RayShard` reaches
+    a shard actor."""
+
+    async def run_step(
+        self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0
+    ) -> StepOutcome: ...
+
+    async def schedule_learning(
+        self, bot: Bot, chat: Chat, turn: str, upto: int, grant: str, org: Org, deferred: bool
+    ) -> str | None: ...
+
+    async def release_learning(self, job_id: str, upto: int) -> bool: ...
+
+    async def notify(self, chat: Chat, author: str, text: str) -> ItemView: ...
+
+    async def post_item(self, chat: Chat, author: str, text: str) -> ItemView: ...
+
+    async def ws_entries(self, access: WsAccess, query: WsQuery) -> WsListing: ...
+
+    async def ws_extract(
+        self,
+        pool_id: str,
+        contributor: str,
+        proposals: Sequence[Extraction],
+        sources: Sequence[SourceItem],
+        request_id: str,
+        now: int | None = None,
+    ) -> list[Decision]: ...
+
+
+class DirectoryPort(Protocol):
+    """What a shard asks of the directory. `DirectoryService` is the local implementation;
+    actors/runtime/ports.py's `RayDirectory` reaches the directory actor."""
+
+    async def get_org(self, org_id: str) -> Org: ...
+
+    async def get_chat(self, chat_id: str) -> Chat: ...
+
+    async def get_channel(self, channel_id: str) -> Channel: ...
+
+    async def get_bot(self, bot_id: str) -> Bot: ...
+
+    async def find_bot(self, org: str, name_or_id: str) -> Bot: ...
+
+    async def group_chat(self, channel_id: str) -> Chat: ...
+
+    async def agent_chat(self, root: Chat, peer: str, chain: str, link: str) -> Chat: ...
+
+    async def set_mode(self, channel_id: str, mode: str, leader: str | None) -> Channel: ...
+
+    async def update_rules(self, bot_id: str, update: RulesUpdate, editor: Editor) -> Bot: ...
+
+    async def create_member(
+        self, creator_id: str, name: str, prompt: str | None, rules: dict | None
+    ) -> Bot: ...
+
+    async def archive_bot(self, bot_id: str, archived: bool, editor: Editor) -> Bot: ...
+
+    async def project_owner(self, project_id: str) -> str | None: ...
+
+    async def register_project(self, project_id: str, owner: str) -> str: ...
+
+    async def workspace_people(
+        self, org: str, users: list[str], channels: list[str]
+    ) -> tuple[list[str], dict[str, tuple[str, ...]]]: ...

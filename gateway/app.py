@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 from msgspec import UNSET
@@ -334,13 +335,13 @@ class Api:
         shown = msgspec.structs.replace(c, name=peer.name, avatar=peer.avatar)
         return msgspec.structs.replace(item, communication=shown)
 
-    async def _records(self, request: Request, method: str) -> list:
+    async def _records(self, request: Request, method: Callable[[Any], Any]) -> list:
         """Confessions or enrichments: kept where each bot's memory is, so a group chat's come
         from every member's shard."""
         access = await self._chat(request, owner_only=True)
         records = []
         for shard in [access.home, *await self._member_shards(access)]:
-            records.extend(await call(getattr(shard, method), access.chat.id))
+            records.extend(await call(method(shard), access.chat.id))
         return sorted(records, key=lambda r: (r.at, r.turn))
 
     async def _member_shards(self, access: ChatAccess) -> list:
@@ -356,10 +357,10 @@ class Api:
         return out
 
     async def confessions(self, request: Request) -> Response:
-        return json({"confessions": await self._records(request, "confessions")})
+        return json({"confessions": await self._records(request, lambda shard: shard.confessions)})
 
     async def enrichments(self, request: Request) -> Response:
-        return json({"enrichments": await self._records(request, "enrichments")})
+        return json({"enrichments": await self._records(request, lambda shard: shard.enrichments)})
 
     # --- seed-000 memory ---
 

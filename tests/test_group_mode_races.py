@@ -155,7 +155,8 @@ def test_a_turn_waits_for_a_switch_under_way(tmp_path):
 
     async def go():
         svc = ShardService(tmp_path, 0, models={"talk": ScriptedModel.from_file("talk", script)})
-        d = svc.directory_service = DirectoryService(tmp_path)
+        d = DirectoryService(tmp_path)
+        svc.peers.connect(directory=d)
         try:
             org = await d.create_org("o")
             user, _ = await d.create_user("u", [org.id])

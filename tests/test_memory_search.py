@@ -36,13 +36,13 @@ def _no_env_key(monkeypatch) -> None:
 
 def _shard(data: Path, context_s: float = 0) -> ShardService:
     svc = ShardService(data, 0, search={"context_window_s": context_s})
-    svc.directory_service = DirectoryService(data)
+    svc.peers.connect(directory=DirectoryService(data))
     return svc
 
 
 async def _close(svc: ShardService) -> None:
     await svc.close()
-    svc.directory_service.store.db.close()
+    svc.peers.directory().store.db.close()
 
 
 async def _create(svc: ShardService, who: WsAccess, content: str) -> str:

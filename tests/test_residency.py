@@ -204,11 +204,11 @@ def test_chat_logs_are_evicted_and_reload(tmp_path: Path):
 def test_workspace_pools_are_evicted_with_their_hooks_and_reload(tmp_path: Path):
     async def go():
         svc = ShardService(tmp_path, 0, cache_records=15)
-        svc.directory_service = DirectoryService(tmp_path)
+        svc.peers.connect(directory=DirectoryService(tmp_path))
         dropped: list[str] = []
         svc.on_evict.append(dropped.append)
         accounts = [f"u{n}" for n in range(20)]
-        d = svc.directory_service
+        d = svc.peers.directory()
         await d.create_org("Acme", "o1")
         for n, account in enumerate(accounts):
             await d.create_user(account, ["o1"], account)
@@ -226,7 +226,7 @@ def test_workspace_pools_are_evicted_with_their_hooks_and_reload(tmp_path: Path)
             listing = await svc.ws_entries(access, WsQuery(pools=(f"bot:b{n}",), projects=()))
             listed.append([e.content for e in listing.entries])
         await svc.close()
-        svc.directory_service.store.db.close()
+        svc.peers.directory().store.db.close()
         return loaded, dropped, listed
 
     loaded, dropped, listed = asyncio.run(go())

@@ -242,13 +242,13 @@ def _no_env_key(monkeypatch) -> None:
 
 def _shard(data: Path, embedder: InProcessEmbedder) -> ShardService:
     svc = ShardService(data, 0, embedder=embedder, search={"context_window_s": 0})
-    svc.directory_service = DirectoryService(data)  # what Peers uses without Ray
+    svc.peers.connect(directory=DirectoryService(data))  # what the features call without Ray
     return svc
 
 
 async def _close(svc: ShardService) -> None:
     await svc.close()
-    svc.directory_service.store.db.close()
+    svc.peers.directory().store.db.close()
 
 
 ANN = WsAccess(account="u_ann", bots=frozenset({"b_1"}))

@@ -354,7 +354,7 @@ class Conversations:
 
     async def _current(self, channel: Channel) -> Channel:
         try:
-            return await self.shard.peers.directory("get_channel", channel.id)
+            return await self.shard.peers.directory().get_channel(channel.id)
         except Unavailable as e:
             if e.code != "no_peers":
                 raise
@@ -387,7 +387,7 @@ class Conversations:
         async with lock:
             if await self._busy_unlocked(chat):
                 raise Conflict("the group is busy; switch when it is idle", code="group_busy")
-            switched = await self.shard.peers.directory("set_mode", channel, mode, leader)
+            switched = await self.shard.peers.directory().set_mode(channel, mode, leader)
             self._switched[chat] = switched
             return switched
 
@@ -555,7 +555,7 @@ class Conversations:
                 verdict_note=note or None,
             )
             sink = Sink(writes=[self.store.put_turn(log, done)])
-            chat_rec = await self.shard.peers.directory("get_chat", chat)
+            chat_rec = await self.shard.peers.directory().get_chat(chat)
             text = ("Accepted" if accepted else "Rejected") + (f": {note}" if note else "")
             note_item = self.item(log, turn.id, "notification", user)
             self.append(log, chat_rec, [(note_item, text)], sink)

@@ -131,9 +131,7 @@ class GroupTurns:
                 continue
             index = peers.index_of(bot.owner)
             try:
-                job = await peers.shard_call(
-                    index,
-                    "schedule_learning",
+                job = await peers.shard(index).schedule_learning(
                     bot,
                     chat,
                     turn.id,
@@ -166,7 +164,7 @@ class GroupTurns:
     async def _step(self, bot, step: StepInput, mirror, upto: int) -> StepOutcome:
         peers = self.conv.shard.peers
         try:
-            return await peers.shard_call(peers.index_of(bot.owner), "run_step", step, mirror, upto)
+            return await peers.shard(peers.index_of(bot.owner)).run_step(step, mirror, upto)
         except OpenBotError as e:  # the bot's shard is down: this member fails this round
             logger.warning("step of bot %s in chat %s failed: %s", bot.id, step.chat.id, e.message)
             return StepOutcome(status="failed", error=e.message)

@@ -443,7 +443,7 @@ class LearningRunner:
         )
         project: str | None = None
         if any(m.scope == Scope.PROJECT for m, _ in scoped):
-            project = (await self.shard.peers.directory("get_chat", job.chat)).project
+            project = (await self.shard.peers.directory().get_chat(job.chat)).project
         by_pool: dict[str, list[sm.Extraction]] = {}
         refused: list[str] = []
         for meta, text in scoped:
@@ -472,13 +472,11 @@ class LearningRunner:
         for pool_id, proposals in by_pool.items():
             owner = sm.pool_owner(pool_id)
             if pool_id.startswith("project:"):
-                owner = await self.shard.peers.directory("project_owner", owner)
+                owner = await self.shard.peers.directory().project_owner(owner)
                 if owner is None:
                     refused += [f"learn_fact: no project {pool_id}"] * len(proposals)
                     continue
-            decisions = await self.shard.peers.shard_call(
-                self.shard.peers.index_of(owner),
-                "ws_extract",
+            decisions = await self.shard.peers.shard(self.shard.peers.index_of(owner)).ws_extract(
                 pool_id,
                 contributor,
                 proposals,

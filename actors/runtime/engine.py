@@ -30,8 +30,8 @@ from typing import Any
 
 import ray
 
-from actors.runtime.peers import remote
 from actors.runtime.placement import shard_of
+from actors.runtime.ports import remote
 from actors.runtime.ray_env import TOKEN_FILE, use_token_file
 from engine.errors import InvalidInput, Unavailable
 

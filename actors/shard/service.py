@@ -176,7 +176,7 @@ class ShardService:
         # Called with a pool id when a pool (memory or workspace) leaves memory, so per-pool
         # state kept elsewhere (search indexes, vectors) goes with it.
         self.on_evict: list[Callable[[str], None]] = []
-        self.peers = Peers(self, prefix=prefix, count=shard_count, namespace=namespace)
+        self.peers = Peers(self, index, prefix=prefix, count=shard_count, namespace=namespace)
         self.db = Database(db_path or Path(data_dir) / f"shard-{index}.duckdb", MIGRATIONS)
         self.committer = GroupCommitter(self.db, TABLES, enabled=group_commit)
         self.store = MemoryStore(self.db, Keyring(load_master_key(Path(data_dir))))

@@ -243,7 +243,7 @@ class Workspace:
         bot, and every record without an `org:` gets the bot's home org. Returns that org (None
         when the bot is unknown: its records then stay hidden)."""
         try:
-            bot = await self.shard.peers.directory("get_bot", sm.pool_owner(stored.pool))
+            bot = await self.shard.peers.directory().get_bot(sm.pool_owner(stored.pool))
         except OpenBotError:
             return None
         for entry_id, entry in list(stored.entries.items()):
@@ -432,7 +432,7 @@ class Workspace:
         users, channels = sorted(set(users)), sorted(set(channels))
         if not users and not channels:
             return [], {}
-        return await self.shard.peers.directory("workspace_people", org, users, channels)
+        return await self.shard.peers.directory().workspace_people(org, users, channels)
 
     async def save_project(
         self, actor: str, org: str, request: ProjectCreate | ProjectChange, project_id: str
@@ -497,7 +497,7 @@ class Workspace:
             now=self.shard.clock(),
         )
         _no_outsiders(outsiders)
-        await self.shard.peers.directory("register_project", pid, actor)
+        await self.shard.peers.directory().register_project(pid, actor)
         return project
 
     async def _change(

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import inspect
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from actors.contracts import NodeHubPort, NodeInfo
+from actors.contracts import DirectoryPort, NodeHubPort, NodeInfo, ShardPort
 from actors.models.node_hub import NodeHubService, NodeModel
 from engine.models import Completion, Message
 
@@ -107,3 +108,32 @@ def test_node_model_runs_against_a_local_hub():
         assert isinstance(nodes[1], NodeInfo) and nodes[1].hint is not None
 
     asyncio.run(scenario())
+
+
+def _signature(fn) -> list[tuple[str, object, object]]:
+    sig = inspect.signature(fn)
+    return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
+
+
+def test_every_port_has_the_same_methods_locally_and_over_ray():
+    """A port's two implementations answer the same calls: the local service (what a test or
+    the shard itself calls) and the Ray proxy (what another process calls) take the same
+    parameters as the Protocol, so a call that works in-process works across actors."""
+    from actors.directory import DirectoryService
+    from actors.runtime.node_hub_handle import RayNodeHub
+    from actors.runtime.ports import RayDirectory, RayShard
+    from actors.shard.service import ShardService
+
+    pairs = [
+        (ShardPort, ShardService, RayShard),
+        (DirectoryPort, DirectoryService, RayDirectory),
+        (NodeHubPort, NodeHubService, RayNodeHub),
+    ]
+    for port, local, ray_proxy in pairs:
+        names = [n for n in vars(port) if not n.startswith("_")]
+        assert names, port
+        for name in names:
+            want = _signature(getattr(port, name))
+            for impl in (local, ray_proxy):
+                assert _signature(getattr(impl, name)) == want, (impl.__name__, name)
+                assert inspect.iscoroutinefunction(getattr(impl, name)), (impl.__name__, name)

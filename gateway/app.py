@@ -15,8 +15,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
-from actors.models.node_hub import hub_handle
 from actors.runtime.engine import Engine, call
+from actors.runtime.node_hub_handle import RayNodeHub
 from engine.directory import require_use
 from engine.errors import InvalidInput
 from gateway.admin_routes import AdminApi
@@ -58,7 +58,7 @@ class DiscoveryApi:
 
     async def capabilities(self, request: Request) -> Response:
         await self.auth.caller(request)  # node ids and their flags are not for strangers
-        nodes = await call(hub_handle(self.engine.prefix).nodes)
+        nodes = await RayNodeHub(self.engine.prefix).nodes()
         return json(
             {
                 "capabilities": list(CAPABILITIES),

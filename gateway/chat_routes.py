@@ -4,17 +4,20 @@ lives (the home shard); a group chat's records are also kept on its members' sha
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.chats.conversations import TurnStart, require_chat_owner
+from actors.contracts import TurnStart
 from actors.runtime.engine import Engine, call
 from engine.directory import chat_home, require_use, resolve_org
 from engine.errors import Forbidden, InvalidInput, NotFound, OpenBotError
 from gateway import wire
 from gateway.auth import Auth
-from gateway.chat_access import ChatAccess
+from gateway.chat_access import ChatAccess, require_chat_owner
 from gateway.json_response import json, read_body
 
 
@@ -195,13 +198,13 @@ class ChatsApi:
         shown = msgspec.structs.replace(c, name=peer.name, avatar=peer.avatar)
         return msgspec.structs.replace(item, communication=shown)
 
-    async def _records(self, request: Request, method: str) -> list:
+    async def _records(self, request: Request, method: Callable[[Any], Any]) -> list:
         """Confessions or enrichments: kept where each bot's memory is, so a group chat's come
         from every member's shard."""
         access = await self._chat(request, owner_only=True)
         records = []
         for shard in [access.home, *await self._member_shards(access)]:
-            records.extend(await call(getattr(shard, method), access.chat.id))
+            records.extend(await call(method(shard), access.chat.id))
         return sorted(records, key=lambda r: (r.at, r.turn))
 
     async def _member_shards(self, access: ChatAccess) -> list:
@@ -217,7 +220,7 @@ class ChatsApi:
         return out
 
     async def confessions(self, request: Request) -> Response:
-        return json({"confessions": await self._records(request, "confessions")})
+        return json({"confessions": await self._records(request, lambda shard: shard.confessions)})
 
     async def enrichments(self, request: Request) -> Response:
-        return json({"enrichments": await self._records(request, "enrichments")})
+        return json({"enrichments": await self._records(request, lambda shard: shard.enrichments)})

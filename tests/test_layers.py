@@ -75,7 +75,6 @@ ALLOWED_CYCLES: list[frozenset[str]] = [
             "actors.chats.group_turns",
             "actors.chats.requests",
             "actors.learning.runs",
-            "actors.runtime.peers",
             "actors.shard.bot_memory",
             "actors.shard.service",
             "actors.workspace.semantic",
@@ -264,13 +263,8 @@ def test_allowed_private_access_is_still_used():
 
 RAY_SCOPE = ("actors", "gateway", "storage", "engine")
 RAY_HOME = "actors/runtime/"
-# Modules that import ray today. node_hub creates its actor itself; the gateway's server and demo
-# shut the embedded Ray down (issue 13 moves both into runtime/).
-ALLOWED_RAY: set[str] = {
-    "actors/models/node_hub.py",
-    "gateway/demo.py",
-    "gateway/server.py",
-}
+# Modules outside runtime/ that may import ray: none.
+ALLOWED_RAY: set[str] = set()
 
 
 def imports_ray(source: str) -> bool:
@@ -312,11 +306,10 @@ SMALL_PACKAGES = ("actors/", "gateway/")
 SMALL, ANY = 500, 800
 # Modules over their limit today, each with the size it may not grow past (issue 13 splits them).
 ALLOWED_SIZES: dict[str, int] = {
-    "actors/chats/conversations.py": 729,
+    "actors/chats/conversations.py": 684,
     "actors/directory.py": 579,
-    "actors/runtime/engine.py": 512,
-    "actors/shard/service.py": 1006,
-    "actors/workspace/service.py": 1068,
+    "actors/shard/service.py": 1021,
+    "actors/workspace/service.py": 1018,
 }
 
 

@@ -9,7 +9,7 @@ import json
 import msgspec
 import pytest
 
-from actors.shard.service import TurnStart
+from actors.contracts import TurnStart
 from engine.directory import Org, OrgSettings
 from engine.memory import Reader
 from engine.memory_bot import Budget, SettingsPatch

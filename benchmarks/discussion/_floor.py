@@ -12,7 +12,7 @@ from benchmarks.discussion._scripts import BOTS, DISCUSS_TEXT, ROUNDS, STEPS
 
 
 async def floor_async(data: Path, config: dict, runs: int, profile: bool) -> dict[str, Any]:
-    from actors.chats.conversations import TurnStart
+    from actors.contracts import TurnStart
     from actors.models.registry import ScriptedModel
     from actors.shard.service import ShardService
     from engine.directory import Bot, Channel, Chat, Org

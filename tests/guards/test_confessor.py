@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.chats.bot_step import StepInput, reader_for
+from actors.chats.bot_step import reader_for
+from actors.contracts import StepInput
 from engine.directory import Chat, Org, OrgSettings
 from engine.turns import CALM_ANSWER, confessor_messages
 from tests.guards.kit import (

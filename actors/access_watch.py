@@ -17,7 +17,9 @@ import contextlib
 import time
 from collections.abc import Callable
 
-POLL_WAIT = 5.0  # seconds a watch waits for a change before answering the same revision
+from actors.contracts import ACCESS_POLL_WAIT
+
+POLL_WAIT = ACCESS_POLL_WAIT  # seconds a watch waits for a change before answering
 # Seconds a revocation waits for the gateways' acknowledgements: longer than a gateway trusts
 # its cache after the watch last answered (gateway/auth.py TRUST), so one that did not answer
 # has stopped using its cache by the time the revocation returns.

@@ -23,7 +23,7 @@ from typing import Any
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from actors.access_watch import POLL_WAIT
+from actors.contracts import ACCESS_POLL_WAIT as POLL_WAIT
 from actors.runtime.engine import Engine, call
 from engine.directory import Bot, Principal
 from engine.errors import Forbidden, OpenBotError, Unauthenticated

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from engine.directory import Bot, Channel, Chat, Org, Principal
+from engine.errors import Forbidden
 
 
 class ChatAccess(NamedTuple):
@@ -15,3 +16,9 @@ class ChatAccess(NamedTuple):
     home: Any  # the shard actor that stores the chat
     org: Org | None = None  # the chat's org, read with the chat (one directory call)
     members: tuple[Bot, ...] = ()  # group chats: the channel's bots, read with the chat
+
+
+def require_chat_owner(chat: Chat, user: str) -> None:
+    """Reading a chat (items, confessions, enrichments) is for its owner only (API-6)."""
+    if chat.owner != user:
+        raise Forbidden("only the chat's owner may read it", code="not_chat_owner")

@@ -12,8 +12,8 @@ import secrets
 
 import pytest
 
-import gateway.app
 import gateway.auth
+import gateway.chat_routes
 from actors.runtime import engine as runtime
 from tests.openai_stub import completion
 
@@ -27,16 +27,9 @@ def counted(monkeypatch):
         seen[getattr(method, "_method_name", repr(method))] += 1
         return await runtime.call(method, *args, **kwargs)
 
-    for module in (gateway.app, gateway.auth):
+    for module in (gateway.chat_routes, gateway.auth):
         monkeypatch.setattr(module, "call", counting)
     return seen
-
-
-@pytest.fixture
-def bot_model(model_stubs):
-    stub = model_stubs["bot"]
-    yield stub
-    stub.routes.clear()
 
 
 def _bot(world, admin, owner="alice") -> str:
@@ -65,8 +58,8 @@ def test_a_direct_turn_with_wait_is_one_directory_call_and_one_shard_call(
     assert r.status_code == 200, r.text
     assert [i["kind"] for i in r.json()["items"]] == ["person", "bot"]
     calls = dict(counted)
-    calls.pop("authenticate", None)  # the token (the tests' gateway caches nothing)
-    assert calls == {"chat_context": 1, "run_turn": 1}
+    calls.pop("authenticate_at", None)  # the token (the tests' gateway caches nothing)
+    assert calls == {"chat_context": 1, "start_turn": 1}
 
 
 def test_a_group_turn_with_wait_costs_the_same_whatever_the_number_of_bots(
@@ -87,5 +80,5 @@ def test_a_group_turn_with_wait_costs_the_same_whatever_the_number_of_bots(
     assert r.status_code == 200, r.text
     assert sum(i["kind"] == "bot" for i in r.json()["items"]) == 3
     calls = dict(counted)
-    calls.pop("authenticate", None)
-    assert calls == {"chat_context": 1, "run_turn": 1}
+    calls.pop("authenticate_at", None)
+    assert calls == {"chat_context": 1, "start_turn": 1}

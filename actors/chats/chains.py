@@ -21,16 +21,14 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.chats.bot_step import Effect, Sink, StepInput, StepOutcome
+from actors.chats.bot_step import Sink
+from actors.chats.chain_records import ChainRecords
+from actors.contracts import ChainView, Effect, LinkView, StepInput, StepOutcome
 from engine import collaboration as rules
-from engine.collaboration import Chain, ChainStatus
+from engine.collaboration import Chain
 from engine.directory import Bot, Chat, Org
 from engine.errors import NotFound, OpenBotError
-from engine.events import Audience, CollaborationChanged
 from storage.chat_store import ChatLog
-from storage.crypto import aad
-from storage.group_commit import Put
-from storage.shard_schema import CHAINS
 
 if TYPE_CHECKING:
     from actors.chats.conversations import Conversations
@@ -41,47 +39,17 @@ _chain_dec = msgspec.json.Decoder(Chain)
 _texts_dec = msgspec.json.Decoder(dict[str, dict[str, str]])
 
 
-class LinkView(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    parent: str | None
-    fromBot: str
-    toBot: str
-    depth: int
-    status: str
-    reason: str | None = None
-    request: str | None = None
-    result: str | None = None
-    agentChat: str | None = None
-
-
-class ChainView(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    status: str
-    reason: str | None
-    rootChat: str
-    topic: str
-    project: str | None
-    rootBot: str
-    deliveries: int
-    revision: int
-    createdAt: int
-    updatedAt: int
-    links: list[LinkView]
-
-
 class ChainRunner:
     def __init__(self, conversations: Conversations) -> None:
         self.conv = conversations
-        self._chains: dict[str, Chain] | None = None
-        self._texts: dict[str, dict[str, dict[str, str]]] = {}
-        self._channel: dict[str, str | None] = {}
+        self.records = ChainRecords(conversations)
+        # The records' maps, by their old names here.
+        self._texts = self.records.texts
+        self._channel = self.records.channel
+        self._learn = self.records.learn
         self._tasks: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
-        self._learn: dict[str, list[tuple[int, str]]] = {}  # turn → jobs waiting for it
         self._busy: dict[str, int] = {}  # turn → deliveries of it still being worked on
-        # Chat records never change once made: the root and agent chats a chain met are kept
-        # (bounded), so a result finds its chat without asking the directory.
-        self._chats: dict[str, Chat] = {}
         # link → the bot that sent it, read with the delivery's agent chat: the answer wakes
         # it (WS-4) as it was when its delivery went out.
         self._askers: dict[str, Bot] = {}
@@ -90,33 +58,11 @@ class ChainRunner:
     def shard(self):
         return self.conv.shard
 
-    async def _all(self) -> dict[str, Chain]:
-        if self._chains is None:
-            rows = await self.shard.db.run(
-                lambda con: con.execute("SELECT doc, texts FROM chains").fetchall()
-            )
-            chains: dict[str, Chain] = {}
-            for doc, texts in rows:
-                record = msgspec.json.decode(doc)
-                chain = msgspec.convert(record["chain"], Chain)
-                chains[chain.id] = chain
-                self._channel[chain.id] = record.get("channel")
-                if record.get("learn"):
-                    self._learn[chain.topic] = [tuple(x) for x in record["learn"]]
-                root = await self.conv.log(chain.root_chat)
-                opened = root.cipher.open(
-                    texts, aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}")
-                )
-                self._texts[chain.id] = _texts_dec.decode(opened)
-            if self._chains is None:
-                self._chains = chains
-        return self._chains
-
     async def recover(self) -> int:
         """Resume the deliveries that were under way when the shard stopped (nothing is lost;
         a delivery already answered is not asked again)."""
         resumed = 0
-        for chain in list((await self._all()).values()):
+        for chain in list((await self.records.all()).values()):
             if chain.status != "running":
                 continue
             open_ = [
@@ -125,7 +71,7 @@ class ChainRunner:
             if not open_:
                 continue
             try:
-                org = await self.shard.peers.directory("get_org", chain.org)
+                org = await self.shard.peers.directory().get_org(chain.org)
             except OpenBotError as e:  # one chain that cannot resume does not hold the others
                 log.warning("chain %s not resumed: %s", chain.id, e.message)
                 continue
@@ -135,56 +81,12 @@ class ChainRunner:
         log.info("resumed %d deliveries", resumed)
         return resumed
 
-    def _audience(self, chain: Chain) -> Audience:
-        channel = self._channel.get(chain.id)
-        return Audience(org=chain.org, users=(chain.owner,), channels=(channel,) if channel else ())
-
-    async def _stage(self, chain: Chain, sink: Sink) -> None:
-        """Make `chain` the current state and add its row and event to `sink`. Callers hold
-        `self._lock` until the sink is submitted, so chain rows reach the disk in order."""
-        chains = await self._all()
-        before = chains.get(chain.id)
-        ended = chain.status in (ChainStatus.STOPPED, ChainStatus.CAPPED)
-        if ended and (before is None or before.status != chain.status):
-            log.warning("collaboration %s %s: %s", chain.id, chain.status, chain.reason)
-        chains[chain.id] = chain
-        root = await self.conv.log(chain.root_chat)
-        sealed = root.cipher.seal(
-            _enc.encode(self._texts.get(chain.id, {})),
-            aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}"),
-        )
-        doc = _enc.encode(
-            {
-                "chain": chain,
-                "channel": self._channel.get(chain.id),
-                "learn": self._learn.get(chain.topic, []),
-            }
-        ).decode()
-        event = CollaborationChanged(
-            collaboration=chain.id, status=chain.status, chat=chain.root_chat
-        )
-        sink.writes.extend(self.shard.store.key_rows(root.key))
-        sink.writes.append(Put(CHAINS.name, (chain.id, chain.org, doc, sealed)))
-        sink.events.append((event, self._audience(chain)))
-
     async def _save(self, chain: Chain) -> None:
         sink = Sink()
-        await self._stage(chain, sink)
+        await self.records.stage(chain, sink)
         fut = self.shard._submit(None, sink.writes, sink.events)
         if fut is not None:
             await fut
-
-    def _know(self, chat: Chat) -> None:
-        if len(self._chats) >= 10_000:
-            self._chats.clear()
-        self._chats[chat.id] = chat
-
-    async def _chat(self, chat_id: str) -> Chat:
-        chat = self._chats.get(chat_id)
-        if chat is None:
-            chat = await self.shard.peers.directory("get_chat", chat_id)
-            self._know(chat)
-        return chat
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -255,7 +157,7 @@ class ChainRunner:
         started: list[tuple[str, str]] = []
         async with self._lock:
             for effect in sends:
-                chains = await self._all()
+                chains = await self.records.all()
                 current = chains.get(chain) if chain else None
                 if current is None:
                     root = chat if chat.kind != "agent" else None
@@ -272,7 +174,7 @@ class ChainRunner:
                         now=self.shard.clock(),
                     )
                     self._channel[current.id] = chat.channel
-                    self._know(chat)
+                    self.records.know(chat)
                     chain = current.id
                 updated, decision = rules.on_send(
                     current,
@@ -284,10 +186,10 @@ class ChainRunner:
                     now=self.shard.clock(),
                 )
                 self._texts.setdefault(updated.id, {})[effect.link] = {"request": effect.message}
-                await self._stage(updated, sink)
+                await self.records.stage(updated, sink)
                 if decision.action == "deliver":
                     # UI-1: the asking bot's chat shows what it sent, to whom (a real delivery).
-                    self.conv.sent(
+                    self.records.sent(
                         chat_log, chat, turn, bot.id, effect.target, effect.message, sink
                     )
                     started.append((updated.id, effect.link))
@@ -306,17 +208,15 @@ class ChainRunner:
         may be another shard)."""
         peers = self.shard.peers
         try:
-            group = await peers.directory("group_chat", effect.target)
-            await peers.shard_call(
-                peers.index_of(group.home), "post_item", group, bot.id, effect.message
-            )
+            group = await peers.directory().group_chat(effect.target)
+            await peers.shard(peers.index_of(group.home)).post_item(group, bot.id, effect.message)
         except OpenBotError as e:
             log.warning("post to group %s failed: %s", effect.target, e.message)
 
     # --- delivering ---
 
     async def _deliver(self, chain_id: str, link_id: str, org: Org) -> None:
-        topic = (await self._all())[chain_id].topic
+        topic = (await self.records.all())[chain_id].topic
         self._busy[topic] = self._busy.get(topic, 0) + 1
         try:
             await self._deliver_once(chain_id, link_id, org)
@@ -333,15 +233,15 @@ class ChainRunner:
         transaction for the request (the chain's record and the delivery item), the peer's
         step, one transaction for its reply with whatever it sent on."""
         conv = self.conv
-        chain = (await self._all())[chain_id]
+        chain = (await self.records.all())[chain_id]
         if chain.status != "running":
             return
         link = rules.find_link(chain, link_id)
         first = link.agent_chat is None  # nothing of this delivery is stored yet
-        agent_chat, peer, asker = await self.shard.peers.directory(
-            "delivery_chat", chain.root_chat, link.to_bot, link.from_bot, chain.id, link.id
+        agent_chat, peer, asker = await self.shard.peers.directory().delivery_chat(
+            chain.root_chat, link.to_bot, link.from_bot, chain.id, link.id
         )
-        self._know(agent_chat)
+        self.records.know(agent_chat)
         if len(self._askers) >= 10_000:  # links whose answer never came (stopped chains)
             self._askers.clear()
         self._askers[link.id] = asker
@@ -358,9 +258,9 @@ class ChainRunner:
                 sink = Sink()
                 async with self._lock:
                     attached = rules.attach_agent_chat(
-                        (await self._all())[chain_id], link.id, agent_chat.id
+                        (await self.records.all())[chain_id], link.id, agent_chat.id
                     )
-                    await self._stage(attached, sink)
+                    await self.records.stage(attached, sink)
                     asked = conv.item(alog, chain.topic, "delivery", link.from_bot)
                     conv.append(alog, agent_chat, [(asked, request)], sink)
                     pending = conv.commit_soon(agent_chat.id, alog, sink)
@@ -402,7 +302,7 @@ class ChainRunner:
             return StepOutcome(status="failed", error="the bot is archived")
         peers = self.shard.peers
         try:
-            return await peers.shard_call(peers.index_of(bot.owner), "run_step", step, (), 0)
+            return await peers.shard(peers.index_of(bot.owner)).run_step(step, (), 0)
         except OpenBotError as e:
             log.warning("step of bot %s in chat %s failed: %s", bot.id, step.chat.id, e.message)
             return StepOutcome(status="failed", error=e.message)
@@ -424,7 +324,7 @@ class ChainRunner:
 
     async def _maybe_answer(self, chain_id: str, link_id: str, reply: str, org: Org) -> None:
         """The peer's latest reply answers its link once none of its own sends is still open."""
-        chain = (await self._all())[chain_id]
+        chain = (await self.records.all())[chain_id]
         if any(c.parent == link_id and c.status == "sent" for c in chain.links):
             self._texts[chain_id].setdefault(link_id, {})["pending"] = reply
             return
@@ -435,27 +335,27 @@ class ChainRunner:
         it was asked from in the same transaction; then it wakes the bot that asked, whose
         reply (and what it sent on) is a second transaction."""
         conv = self.conv
-        chain = (await self._all())[chain_id]
+        chain = (await self.records.all())[chain_id]
         link = rules.find_link(chain, link_id)
         parent = rules.find_link(chain, link.parent) if link.parent else None
-        target = await self._chat(
+        target = await self.records.chat(
             parent.agent_chat if parent and parent.agent_chat else chain.root_chat
         )
         waker = self._askers.pop(link_id, None)
         if waker is None:  # after a restart: read it now
-            waker = await self.shard.peers.directory("get_bot", link.from_bot)
+            waker = await self.shard.peers.directory().get_bot(link.from_bot)
         fut = None
         started: list[tuple[str, str]] = []
         async with conv.lock(target.id):
             tlog = await conv.log(target.id)
             sink = Sink()
             async with self._lock:
-                chain = (await self._all())[chain_id]
+                chain = (await self.records.all())[chain_id]
                 chain, decision = rules.on_result(
                     chain, link_id=link_id, text=text, now=self.shard.clock()
                 )
                 self._texts.setdefault(chain_id, {}).setdefault(link_id, {})["result"] = text
-                await self._stage(chain, sink)
+                await self.records.stage(chain, sink)
                 delivered = None
                 if decision.action == "deliver":
                     delivered = conv.item(tlog, chain.topic, "delivery", link.to_bot)
@@ -516,7 +416,7 @@ class ChainRunner:
 
     async def stop(self, chain_id: str, by: str) -> ChainView:
         async with self._lock:
-            chain = (await self._all()).get(chain_id)
+            chain = (await self.records.all()).get(chain_id)
             if chain is None:
                 raise NotFound(f"no collaboration {chain_id}", code="collaboration_not_found")
             chain = rules.stop(chain, by=by, now=self.shard.clock())
@@ -533,13 +433,13 @@ class ChainRunner:
         self._learn.pop(topic, None)
         peers = self.shard.peers
         upto = 0
-        chains = [c for c in (await self._all()).values() if c.topic == topic]
+        chains = [c for c in (await self.records.all()).values() if c.topic == topic]
         if chains:
             root = await self.conv.log(chains[0].root_chat)
             upto = root.items[-1].seq if root.items else 0
         for index, job_id in waiting:
             try:
-                await peers.shard_call(index, "release_learning", job_id, upto)
+                await peers.shard(index).release_learning(job_id, upto)
             except OpenBotError as e:
                 log.warning("releasing learning job %s failed: %s", job_id, e.message)
         for chain in chains:  # the stored record no longer lists them
@@ -549,14 +449,14 @@ class ChainRunner:
         """Whether a chain started by this turn is still under way."""
         return any(
             c.topic == topic and c.status == "running" and rules.open_links(c)
-            for c in (await self._all()).values()
+            for c in (await self.records.all()).values()
         )
 
     async def find(self, chain_id: str) -> Chain | None:
-        return (await self._all()).get(chain_id)
+        return (await self.records.all()).get(chain_id)
 
     async def listing(self, user: str, channels: frozenset[str]) -> list[ChainView]:
-        chains = await self._all()
+        chains = await self.records.all()
         return [
             self.view(c)
             for c in sorted(chains.values(), key=lambda c: (c.created_at, c.id))

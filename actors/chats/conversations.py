@@ -23,27 +23,19 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.chats.bot_step import BotStepper, Effect, Sink, StepInput, StepOutcome
+from actors.chats.bot_step import BotStepper, Sink
+from actors.contracts import Effect, Mirrored, StepInput, StepOutcome, TurnResult, TurnStart
 from actors.learning.memory_bot import MemoryBotRuntime
 from actors.shard.residency import CHAT_WEIGHT, unused
 from actors.shard.single_flight import SingleFlight
 from engine.bot_policy import require_active, require_team
+from engine.chat_records import Communication, Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
 from engine.discussion import Plan, plan_goal, plan_turn
-from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unavailable
+from engine.errors import Conflict, InvalidInput, NotFound, Unavailable
 from engine.events import Audience, ChatItemCreated, ChatItemsDeleted
 from engine.models import Message
-from storage.chat_store import (
-    ChatLog,
-    ChatStore,
-    Communication,
-    Confession,
-    Enrichment,
-    Item,
-    ItemView,
-    LearningJob,
-    Turn,
-)
+from storage.chat_store import ChatLog, ChatStore, Item
 from storage.shard_schema import CONFESSIONS, ENRICHMENTS
 
 if TYPE_CHECKING:
@@ -69,37 +61,6 @@ def step_failed(step: StepInput, outcome: StepOutcome) -> None:
             step.turn,
             outcome.error,
         )
-
-
-class TurnStart(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything a turn needs from the directory, captured when it starts."""
-
-    chat: Chat
-    bot: Bot | None  # direct and review chats
-    org: Org
-    operator: str
-    text: str
-    request_id: str | None = None
-    channel: Channel | None = None  # group chats, with their member bots
-    members: tuple[Bot, ...] = ()
-    rounds: int | None = None
-    mentions: tuple[str, ...] | None = None
-
-
-class Mirrored(msgspec.Struct, frozen=True, kw_only=True):
-    """A chat item a bot's shard keeps so that its learning can read the evidence (LRN-3)."""
-
-    seq: int
-    turn: str | None
-    kind: str
-    author: str
-    at: int
-    text: str
-
-
-class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
-    turn: Turn
-    items: list[ItemView]
 
 
 class Conversations:
@@ -244,24 +205,6 @@ class Conversations:
         await self.commit(chat.id, sink)
         return item
 
-    def sent(
-        self,
-        log: ChatLog,
-        chat: Chat,
-        turn: str | None,
-        sender: str,
-        peer: str,
-        text: str,
-        sink: Sink,
-    ) -> Item:
-        """UI-1: the sending side of a real delivery, in the chat the bot sent from: the actual
-        body, marked `sent` to `peer` (the chain's own record of the request is not touched),
-        added to `sink`."""
-        item = self.item(log, turn, "delivery", sender)
-        self.append(log, chat, [(item, text)], sink)
-        sink.writes.append(self.store.communication_row(log, item.seq, "sent", peer))
-        return item
-
     def prior(self, log: ChatLog, before: int) -> list[tuple[str, str, str]]:
         """(kind, author, text) of the conversation before item `before`, decrypted once. A
         bot's own sent records are left out: its words to the peer are not the chat's."""
@@ -344,7 +287,12 @@ class Conversations:
             mentions=start.mentions,
         )
 
-    async def start_turn(self, start: TurnStart) -> Turn:
+    async def start_turn(self, start: TurnStart, wait: bool = False) -> Turn | TurnResult:
+        """Store the person's item and start the turn; with `wait`, answer once it ended."""
+        turn = await self._start_turn(start)
+        return await self.wait_turn(start.chat.id, turn.id) if wait else turn
+
+    async def _start_turn(self, start: TurnStart) -> Turn:
         text = start.text
         if not isinstance(text, str) or not text.strip():
             raise InvalidInput("text must be a non-empty string", code="invalid_text")
@@ -407,7 +355,7 @@ class Conversations:
 
     async def _current(self, channel: Channel) -> Channel:
         try:
-            return await self.shard.peers.directory("get_channel", channel.id)
+            return await self.shard.peers.directory().get_channel(channel.id)
         except Unavailable as e:
             if e.code != "no_peers":
                 raise
@@ -440,7 +388,7 @@ class Conversations:
         async with lock:
             if await self._busy_unlocked(chat):
                 raise Conflict("the group is busy; switch when it is idle", code="group_busy")
-            switched = await self.shard.peers.directory("set_mode", channel, mode, leader)
+            switched = await self.shard.peers.directory().set_mode(channel, mode, leader)
             self._switched[chat] = switched
             return switched
 
@@ -608,7 +556,7 @@ class Conversations:
                 verdict_note=note or None,
             )
             sink = Sink(writes=[self.store.put_turn(log, done)])
-            chat_rec = await self.shard.peers.directory("get_chat", chat)
+            chat_rec = await self.shard.peers.directory().get_chat(chat)
             text = ("Accepted" if accepted else "Rejected") + (f": {note}" if note else "")
             note_item = self.item(log, turn.id, "notification", user)
             self.append(log, chat_rec, [(note_item, text)], sink)
@@ -620,25 +568,13 @@ class Conversations:
     ) -> StepOutcome:
         """A bot's step for a chat whose home may be another shard (group and agent chats).
         This shard keeps the person's items it is given, so the bot's learning can read them."""
-        # The chat's log here is read only when needed: the mirror, or what the step records
-        # (a delivery to a new agent chat then costs no database read on this shard).
         sink = Sink()
-        new = []
-        if mirror:
+        new: list[tuple[Item, str]] = []
+        if mirror:  # read here only when needed (a delivery to a new agent chat reads nothing)
             log = await self.log(step.chat.id)
             known = {i.seq for i in log.items}
-            new = [
-                (
-                    Item(
-                        chat=log.chat, seq=m.seq, turn=m.turn, kind=m.kind, author=m.author, at=m.at
-                    ),
-                    m.text,
-                )
-                for m in mirror
-                if m.seq not in known
-            ]
-            if new:
-                sink.writes.extend(self.store.add_items(log, new))
+            new = [(_mirrored(log.chat, m), m.text) for m in mirror if m.seq not in known]
+            sink.writes.extend(self.store.add_items(log, new))
         try:
             outcome = await self.stepper.run(step, lambda: self.log(step.chat.id), sink)
         except Exception as e:  # one member failing never stops the others (WS-5)
@@ -728,6 +664,10 @@ class Conversations:
         return await self.store.records(ENRICHMENTS.name, await self.log(chat))
 
 
+def _mirrored(chat: str, m: Mirrored) -> Item:
+    return Item(chat=chat, seq=m.seq, turn=m.turn, kind=m.kind, author=m.author, at=m.at)
+
+
 def _turn_id(chat: str, request_id: str) -> str:
     if len(request_id) > 128:
         raise InvalidInput("requestId must be at most 128 characters", code="invalid_id")
@@ -741,9 +681,3 @@ def learns(org: Org, chat: Chat, confided: bool, bot: Bot | None = None) -> bool
     if not org.settings.botMemory or chat.kind in ("review", "agent"):
         return False
     return confided or (org.settings.autoRecord and not (bot is not None and bot.autoRecordPaused))
-
-
-def require_chat_owner(chat: Chat, user: str) -> None:
-    """Reading a chat (items, confessions, enrichments) is for its owner only (API-6)."""
-    if chat.owner != user:
-        raise Forbidden("only the chat's owner may read it", code="not_chat_owner")

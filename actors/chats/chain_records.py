@@ -1,0 +1,119 @@
+"""A shard's collaboration chains as stored: each chain's record (structure as JSON; request and
+result texts sealed with the root chat's key), read once from the shard's file, and the chat
+records chains meet (chat records never change once made, so a result finds the chat it goes to
+without asking the directory; bounded)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+
+from engine.collaboration import Chain, ChainStatus
+from engine.directory import Chat
+from engine.events import Audience, CollaborationChanged
+from storage.chat_store import ChatLog, Item
+from storage.crypto import aad
+from storage.group_commit import Put
+from storage.shard_schema import CHAINS
+
+log = logging.getLogger("openbot.chains")
+_enc = msgspec.json.Encoder()
+_texts_dec = msgspec.json.Decoder(dict[str, dict[str, str]])
+KNOWN_CHATS = 10_000
+
+
+class ChainRecords:
+    def __init__(self, conversations: Any) -> None:
+        self.conv = conversations
+        self._loaded: dict[str, Chain] | None = None
+        self.texts: dict[str, dict[str, dict[str, str]]] = {}
+        self.channel: dict[str, str | None] = {}
+        self.learn: dict[str, list[tuple[int, str]]] = {}  # turn → jobs waiting for it
+        self.chats: dict[str, Chat] = {}
+
+    async def all(self) -> dict[str, Chain]:
+        if self._loaded is None:
+            rows = await self.conv.shard.db.run(
+                lambda con: con.execute("SELECT doc, texts FROM chains").fetchall()
+            )
+            chains: dict[str, Chain] = {}
+            for doc, texts in rows:
+                record = msgspec.json.decode(doc)
+                chain = msgspec.convert(record["chain"], Chain)
+                chains[chain.id] = chain
+                self.channel[chain.id] = record.get("channel")
+                if record.get("learn"):
+                    self.learn[chain.topic] = [tuple(x) for x in record["learn"]]
+                root = await self.conv.log(chain.root_chat)
+                opened = root.cipher.open(
+                    texts, aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}")
+                )
+                self.texts[chain.id] = _texts_dec.decode(opened)
+            if self._loaded is None:
+                self._loaded = chains
+        return self._loaded
+
+    def audience(self, chain: Chain) -> Audience:
+        channel = self.channel.get(chain.id)
+        return Audience(org=chain.org, users=(chain.owner,), channels=(channel,) if channel else ())
+
+    async def stage(self, chain: Chain, sink: Any) -> None:
+        """Make `chain` the current state and add its row and event to `sink`. Callers hold
+        the runner's lock until the sink is submitted, so chain rows reach the disk in order."""
+        chains = await self.all()
+        before = chains.get(chain.id)
+        ended = chain.status in (ChainStatus.STOPPED, ChainStatus.CAPPED)
+        if ended and (before is None or before.status != chain.status):
+            log.warning("collaboration %s %s: %s", chain.id, chain.status, chain.reason)
+        chains[chain.id] = chain
+        root = await self.conv.log(chain.root_chat)
+        sealed = root.cipher.seal(
+            _enc.encode(self.texts.get(chain.id, {})),
+            aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}"),
+        )
+        doc = _enc.encode(
+            {
+                "chain": chain,
+                "channel": self.channel.get(chain.id),
+                "learn": self.learn.get(chain.topic, []),
+            }
+        ).decode()
+        event = CollaborationChanged(
+            collaboration=chain.id, status=chain.status, chat=chain.root_chat
+        )
+        sink.writes.extend(self.conv.shard.store.key_rows(root.key))
+        sink.writes.append(Put(CHAINS.name, (chain.id, chain.org, doc, sealed)))
+        sink.events.append((event, self.audience(chain)))
+
+    def know(self, chat: Chat) -> None:
+        if len(self.chats) >= KNOWN_CHATS:
+            self.chats.clear()
+        self.chats[chat.id] = chat
+
+    async def chat(self, chat_id: str) -> Chat:
+        chat = self.chats.get(chat_id)
+        if chat is None:
+            chat = await self.conv.shard.peers.directory().get_chat(chat_id)
+            self.know(chat)
+        return chat
+
+    def sent(
+        self,
+        log_: ChatLog,
+        chat: Chat,
+        turn: str | None,
+        sender: str,
+        peer: str,
+        text: str,
+        sink: Any,
+    ) -> Item:
+        """UI-1: the sending side of a real delivery, in the chat the bot sent from: the actual
+        body, marked `sent` to `peer` (the chain's own record of the request is not touched),
+        added to `sink`."""
+        conv = self.conv
+        item = conv.item(log_, turn, "delivery", sender)
+        conv.append(log_, chat, [(item, text)], sink)
+        sink.writes.append(conv.store.communication_row(log_, item.seq, "sent", peer))
+        return item

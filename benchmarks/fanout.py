@@ -400,12 +400,7 @@ def run_openbot(args: argparse.Namespace, data_dir: Path, work: Path) -> dict[st
     # the server.
     if not os.environ.get("OPENBOT_BENCH_NO_GC_TUNING"):
         tune_gc()
-    server = LiveServer(
-        create_app(engine, admin_token),
-        lifespan="on",
-        ws_ping_interval=15.0,
-        ws_ping_timeout=15.0,
-    )
+    server = LiveServer(create_app(engine, admin_token), lifespan="on")  # uvicorn as served
     logs = LogCounter()
     for name in ("openbot", "uvicorn", "uvicorn.error", "starlette"):
         logging.getLogger(name).addHandler(logs)

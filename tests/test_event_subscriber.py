@@ -119,3 +119,129 @@ def test_a_send_that_fails_ends_the_outlet_without_a_close_code():
         assert outlet.ended.is_set() and outlet.code is None
 
     asyncio.run(scenario())
+
+
+class FakeShard:
+    """A shard's event log as the hub reads it (`event_head`, `events_after`); a replay
+    (`wait == 0`) can be held until released."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.log: list[Event] = []
+        self.grew = asyncio.Event()
+        self.hold: asyncio.Future[None] | None = None
+        self.pump_hold: asyncio.Future[None] | None = None
+        self.event_head = _Method(self._head)
+        self.events_after = _Method(self._after)
+
+    def append(self, user: str = "u1") -> None:
+        seq = len(self.log) + 1
+        data = MemoryChanged(
+            pool="bot:b", entry=f"s{self.k}-{seq}", version=seq, change="created", bot="b"
+        )
+        self.log.append(Event(seq=seq, at=seq, data=data, audience=Audience(users=(user,))))
+        self.grew.set()
+
+    def head(self) -> ShardHead:
+        return ShardHead(epoch=f"e{self.k}", oldest=1, head=len(self.log))
+
+    async def _head(self) -> ShardHead:
+        return self.head()
+
+    async def _after(self, after: int, limit: int, wait: float):
+        if wait == 0 and self.hold is not None:
+            await self.hold
+        if wait and self.pump_hold is not None:
+            await self.pump_hold
+        while wait and len(self.log) <= after:
+            self.grew.clear()
+            await self.grew.wait()
+        return self.head(), self.log[after : after + limit]
+
+
+class _Method:
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args):
+        return self.fn(*args)
+
+
+def test_a_client_joins_the_shared_frames_only_once_live_on_every_shard():
+    """While a client still replays one shard, events the hub dispatches there must not reach
+    it as shared frames (they would overtake the replay: out of order, then again)."""
+    from types import SimpleNamespace
+
+    from gateway.fanout import Hub
+
+    async def scenario():
+        shards = [FakeShard(0), FakeShard(1)]
+        for shard in shards:
+            for _ in range(3):
+                shard.append()
+        hub = Hub(SimpleNamespace(shards=shards))
+        socket = Socket()
+        listener = Listener(user="u1", orgs=frozenset())
+        start = "W1siZTAiLDBdLFsiZTEiLDBdXQ"  # positions e0:0, e1:0
+        assert decode_cursor(start) == [Position("e0", 0), Position("e1", 0)]
+        sub, reset = await hub.subscribe(listener, start, Outlet(socket.send))
+        assert not reset
+        shards[1].hold = asyncio.get_running_loop().create_future()
+        catch_up = asyncio.create_task(hub.catch_up(sub))
+        await asyncio.sleep(0.05)  # shard 0 replayed and live; shard 1's replay held
+        assert sub.live == [True, False]
+        shards[0].append()  # a pump batch on shard 0 ends: the hub tries to step the client in
+        await asyncio.sleep(0.05)
+        shards[1].append()  # dispatched on shard 1 while the client still replays there
+        await asyncio.sleep(0.05)
+        shards[1].hold.set_result(None)
+        await catch_up
+        assert sub.in_step
+        shards[1].append()  # now a shared frame
+        await asyncio.sleep(0.05)
+        await hub.stop()
+        entries = [msgspec.json.decode(t)["data"]["entry"] for t in socket.texts]
+        assert [e for e in entries if e.startswith("s0")] == [f"s0-{i}" for i in range(1, 5)]
+        assert [e for e in entries if e.startswith("s1")] == [f"s1-{i}" for i in range(1, 6)]
+        last = msgspec.json.decode(socket.texts[-1])["cursor"]
+        assert decode_cursor(last) == [Position("e0", 4), Position("e1", 5)]
+
+    asyncio.run(scenario())
+
+
+def test_a_cursor_from_a_faster_gateway_joins_the_shared_frames_once_the_hub_is_level():
+    """A client whose cursor is ahead of this hub (another gateway sent it further) must not be
+    handed the hub's position (a step back: what lies between would come again)."""
+    from types import SimpleNamespace
+
+    from engine.events import encode_cursor
+    from gateway.fanout import Hub
+
+    async def scenario():
+        shards = [FakeShard(0), FakeShard(1)]
+        for shard in shards:
+            for _ in range(3):
+                shard.append()
+        hold = asyncio.get_running_loop().create_future()
+        for shard in shards:
+            shard.pump_hold = hold  # this hub's pumps lag
+        hub = Hub(SimpleNamespace(shards=shards))
+        await hub.start()
+        shards[1].append()
+        shards[1].append()  # seq 4 and 5: another gateway's client already has them
+        socket = Socket()
+        cursor = encode_cursor([Position("e0", 3), Position("e1", 5)])
+        listener = Listener(user="u1", orgs=frozenset())
+        sub, reset = await hub.subscribe(listener, cursor, Outlet(socket.send))
+        assert not reset
+        await hub.catch_up(sub)
+        assert sub.live == [True, True] and not sub.in_step
+        hold.set_result(None)  # the pumps dispatch 4 and 5: not again to this client
+        await asyncio.sleep(0.05)
+        assert sub.in_step
+        shards[1].append()
+        await asyncio.sleep(0.05)
+        await hub.stop()
+        assert [msgspec.json.decode(t)["data"]["entry"] for t in socket.texts] == ["s1-6"]
+
+    asyncio.run(scenario())

@@ -457,8 +457,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--quick", action="store_true", help="a smoke run: 100 clients, 5 s")
-    p.add_argument("--users", type=int, default=None, help="users (default 50; quick 5)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="short phases (5 s fixed, 500-event burst), the same 1,000 clients: the issue's "
+        "fan-out targets are stated for 1,000",
+    )
+    p.add_argument("--users", type=int, default=50, help="users (x --clients-per-user clients)")
     p.add_argument("--clients-per-user", type=int, default=20)
     p.add_argument("--client-procs", type=int, default=2)
     p.add_argument(
@@ -479,10 +484,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     args = p.parse_args(argv)
     q = args.quick
-    args.users = args.users or (5 if q else 50)
     args.rate = args.rate or 25.0
     args.seconds = args.seconds or (5.0 if q else 20.0)
-    args.burst = args.burst or (200 if q else 1000)
+    args.burst = args.burst or (500 if q else 1000)
     args.drop_every = args.drop_every or (2.5 if q else 5.0)
     args.deadline = args.deadline or (10.0 if q else 20.0)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]

@@ -1,10 +1,11 @@
 """`GET /v1/events`: the live, resumable event stream (DESIGN §8, contract).
 
-Per gateway process one `Hub` long-polls every shard for published events and hands them to the
-connected clients it may tell about them. A client that connects with a cursor first replays
+Per gateway process one `Hub` (gateway/fanout.py) long-polls every shard for published events,
+decides each event's audience once and writes its frame, encoded once, to every connected client
+it may tell about it (gateway/subscriber.py). A client that connects with a cursor first replays
 what it missed from the shards' durable logs, then goes live; the switch happens without an
-await between "caught up" and "live", so nothing is skipped or sent twice. Each client has a
-bounded queue: one that falls behind is closed and resumes by cursor.
+await between "caught up" and "live", so nothing is skipped or sent twice. A client that reads
+too slowly falls behind a bounded backlog, is closed and resumes by cursor.
 
 Close codes: 4400 bad frame, unknown message type or bad cursor · 4401 missing or bad token ·
 4408 no auth message in time · 4429 too slow (resume with your last cursor) · 1009 frame too
@@ -24,9 +25,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from engine.errors import InvalidInput, OpenBotError, TooLarge, Unauthenticated
 from engine.events import Listener
 from gateway.auth import Auth, bearer_token
-from gateway.fanout import Closed, Frame, Hub, Subscriber
+from gateway.fanout import Hub
 from gateway.metrics import WS_CLIENTS
-from gateway.outlet import Outlet
+from gateway.subscriber import Closed, Frame, Outlet, Subscriber
 from gateway.wire import check_json
 
 __all__ = ["EventsEndpoint", "Hub", "Subscriber"]
@@ -122,7 +123,7 @@ class EventsEndpoint:
                 self.hub.relisten(sub, listener)
 
     async def _run(self, websocket: WebSocket, sub: Subscriber, token: str) -> None:
-        # Frames are written by the hub (gateway/outlet.py); this connection's own tasks only
+        # Frames are written by the hub (gateway/subscriber.py); this connection's own tasks only
         # replay, read, re-check the token and wait for the outlet to give up.
         catch_up = asyncio.create_task(self.hub.catch_up(sub))
         reader = asyncio.create_task(_read_client(websocket))

@@ -7,7 +7,7 @@ channel and bot, so an event's audience is a few dict look-ups and one `admits` 
 check per client. A client that is live on every shard and not ahead of this hub ("in step")
 holds the hub's own position: every frame such clients get is the same text (its cursor is the
 hub's dispatch position), encoded once per event and written to each of their sockets inline
-(gateway/outlet.py). A client still replaying (it connected with a cursor) or whose cursor came
+(gateway/subscriber.py). A client still replaying (it connected with a cursor) or whose cursor came
 from a faster gateway is served on its own positions until it is in step.
 """
 
@@ -17,10 +17,7 @@ import asyncio
 import contextlib
 import logging
 
-import msgspec
-
 from actors.runtime.engine import Engine, call
-from engine.casing import to_wire
 from engine.events import (
     Event,
     Listener,
@@ -33,77 +30,13 @@ from engine.events import (
     needs_reset,
 )
 from gateway.metrics import EVENTS_DELIVERED
-from gateway.outlet import TOO_SLOW, Outlet
+from gateway.subscriber import TOO_SLOW, Closed, Outlet, Subscriber, event_text
 
 log = logging.getLogger("openbot.events")
 
 POLL_WAIT = 10.0
+YIELD_EVERY = 2000  # frames written before the pump lets other tasks run (~30-60 ms)
 CATCH_UP_CLOSE = 4409
-
-
-class Frame(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    type: str
-    cursor: str
-    at: int
-    data: dict | None = None
-
-
-_enc = msgspec.json.Encoder()
-
-
-class Closed(Exception):
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
-
-
-def event_text(event: Event, cursor: str) -> str:
-    """The text frame of `event` (keys in camelCase, the payload's tag as the frame type)."""
-    data = to_wire(event.data)
-    data.pop("type", None)
-    frame = Frame(type=event.data.__struct_config__.tag, cursor=cursor, at=event.at, data=data)
-    return _enc.encode(frame).decode()
-
-
-class Subscriber:
-    """One connected client: who it is, where it stands per shard, and its outlet."""
-
-    def __init__(self, listener: Listener, positions: list[Position], outlet: Outlet) -> None:
-        self.listener = listener
-        self.positions = positions
-        self.live = [False] * len(positions)
-        self.outlet = outlet
-        # In step with the hub: gets the shared frames; `positions` are then no longer kept.
-        self.in_step = False
-
-    def cursor(self) -> str:
-        return encode_cursor(self.positions)
-
-    def offer(self, shard: int, event: Event, heads: list[ShardHead | None] | None = None) -> bool:
-        """Send `event` if the client may hear of it (a frame of its own). `heads` (the hub's
-        dispatched positions) bring the cursor's other shards up to date: everything there up
-        to the head was already sent to this client, so its cursor may say so — it would
-        otherwise lag behind on shards it rarely hears from, and fall out of the kept window.
-        True if the frame was written at once."""
-        pos = self.positions[shard]
-        if event.seq <= pos.seq:
-            return False
-        self.positions[shard] = Position(pos.epoch, event.seq)
-        if not admits(event.audience, self.listener):
-            return False
-        if heads is not None:
-            for j, head in enumerate(heads):
-                mine = self.positions[j]
-                if (
-                    j != shard
-                    and self.live[j]
-                    and head is not None
-                    and head.epoch == mine.epoch
-                    and head.head > mine.seq
-                ):
-                    self.positions[j] = Position(mine.epoch, head.head)
-        return self.outlet.deliver(event_text(event, self.cursor()))
 
 
 class Hub:
@@ -182,29 +115,39 @@ class Hub:
                     sub.in_step = False
                     sub.outlet.end(TOO_SLOW)
                 continue
-            self._dispatch(k, events)
+            await self._dispatch(k, events)
             last = events[-1].seq if events else head.head
             self.heads[k] = ShardHead(epoch=new_head.epoch, oldest=new_head.oldest, head=last)
             for sub in list(self._catching_up):
                 self._step_in(sub)
 
-    def _dispatch(self, k: int, events: list[Event]) -> None:
+    async def _dispatch(self, k: int, events: list[Event]) -> None:
         """Hand each event to its audience: one admission per group of alike clients, one
-        encoding per event for every client in step."""
+        encoding per event for every client in step. Writes run inline; after every
+        `YIELD_EVERY` of them the head moves to the last event handed out and others get the
+        loop (so a huge batch cannot stall it, and a client going live meanwhile starts from
+        exactly there)."""
         heads = self.heads
-        sent = 0
+        sent = budget = 0
         for event in events:
             if isinstance(event.data, MemoryChanged):
                 self.pool_changed[event.data.pool] = event.seq
             text: str | None = None
             for listener in self._audience(event):
                 for sub in self._members[listener]:
+                    budget += 1
                     if sub.in_step:
                         if text is None:
                             text = event_text(event, self._cursor_at(k, event.seq))
                         sent += sub.outlet.deliver(text)
                     elif sub.live[k]:
                         sent += sub.offer(k, event, heads)
+            if budget >= YIELD_EVERY:
+                head = heads[k]
+                assert head is not None
+                heads[k] = ShardHead(epoch=head.epoch, oldest=head.oldest, head=event.seq)
+                budget = 0
+                await asyncio.sleep(0)
         if sent:
             EVENTS_DELIVERED.inc(sent)
 

@@ -22,7 +22,7 @@ log = logging.getLogger("openbot")
 # How uvicorn serves websockets (here, in the benchmarks and in the tests' live servers).
 # Protocol-level pings notice dead peers (DESIGN §8 heartbeats). websockets' sans-I/O protocol
 # writes a frame without a task or a wait while the socket takes it (the fan-out relies on that,
-# gateway/outlet.py). No permessage-deflate: event frames are ~250 bytes, and compressing each
+# gateway/subscriber.py). No permessage-deflate: event frames are ~250 bytes, and compressing each
 # one for each client cost ~3x the CPU of framing it (8 of 11 us a frame, measured) plus a zlib
 # state of ~260 KB per connection.
 UVICORN_WS = {

@@ -18,7 +18,7 @@ from engine.events import (
 )
 from gateway.events import Subscriber
 from gateway.metrics import EVENTS_DROPPED
-from gateway.outlet import Outlet
+from gateway.subscriber import Outlet
 
 
 class Socket:
@@ -243,5 +243,48 @@ def test_a_cursor_from_a_faster_gateway_joins_the_shared_frames_once_the_hub_is_
         await asyncio.sleep(0.05)
         await hub.stop()
         assert [msgspec.json.decode(t)["data"]["entry"] for t in socket.texts] == ["s1-6"]
+
+    asyncio.run(scenario())
+
+
+def test_a_client_going_live_while_a_batch_is_handed_out_misses_none_of_it(monkeypatch):
+    """The pump lets other tasks run within a big batch; a client that goes live in such a
+    pause must start from what was handed out so far, not from the batch's start."""
+    from types import SimpleNamespace
+
+    import gateway.fanout
+    from gateway.fanout import Hub
+
+    monkeypatch.setattr(gateway.fanout, "YIELD_EVERY", 1)
+
+    async def scenario():
+        shard = FakeShard(0)
+        for _ in range(3):
+            shard.append()
+        shard.pump_hold = asyncio.get_running_loop().create_future()
+        hub = Hub(SimpleNamespace(shards=[shard]))
+        listener = Listener(user="u1", orgs=frozenset())
+        early, late = Socket(), Socket()
+        joined: list[asyncio.Task[None]] = []
+        waiting: list[Subscriber] = []
+
+        async def send_then_let_b_join(message: dict) -> None:
+            await early.send(message)
+            if not joined:  # b goes live in the pump's first pause
+                joined.append(asyncio.ensure_future(hub.catch_up(waiting[0])))
+
+        a, _ = await hub.subscribe(listener, None, Outlet(send_then_let_b_join))
+        await hub.catch_up(a)
+        b, _ = await hub.subscribe(listener, None, Outlet(late.send))
+        waiting.append(b)
+        for _ in range(5):
+            shard.append()  # seq 4..8, one batch
+        shard.pump_hold.set_result(None)
+        await asyncio.sleep(0.05)
+        await joined[0]
+        await hub.stop()
+        got = [msgspec.json.decode(t)["data"]["entry"] for t in late.texts]
+        assert got == [f"s0-{i}" for i in range(4, 9)]
+        assert [msgspec.json.decode(t)["data"]["entry"] for t in early.texts] == got
 
     asyncio.run(scenario())

@@ -151,7 +151,7 @@ def test_websocket_clients_and_events_delivered(server, world):
 
 def test_a_full_client_queue_counts_dropped_events():
     from gateway.metrics import EVENTS_DROPPED
-    from gateway.outlet import Outlet
+    from gateway.subscriber import Outlet
 
     async def scenario():
         gate = asyncio.Event()

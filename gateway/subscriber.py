@@ -1,4 +1,5 @@
-"""One client's way out: text frames written to a websocket without a task per frame.
+"""One connected client of the event stream: who it is, where it stands per shard, and its way
+out — text frames written to its websocket without a task per frame.
 
 A send on an ASGI websocket is a coroutine, but one that finishes without ever suspending while
 the socket's buffer has room (uvicorn's protocols wait only when the transport paused writing).
@@ -18,12 +19,81 @@ import functools
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+import msgspec
+
+from engine.casing import to_wire
+from engine.events import Event, Listener, Position, ShardHead, admits, encode_cursor
 from gateway.metrics import EVENTS_DELIVERED, EVENTS_DROPPED
 
 QUEUE_LIMIT = 2048
 TOO_SLOW = 4429
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class Frame(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    type: str
+    cursor: str
+    at: int
+    data: dict | None = None
+
+
+_enc = msgspec.json.Encoder()
+
+
+class Closed(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def event_text(event: Event, cursor: str) -> str:
+    """The text frame of `event` (keys in camelCase, the payload's tag as the frame type)."""
+    data = to_wire(event.data)
+    data.pop("type", None)
+    frame = Frame(type=event.data.__struct_config__.tag, cursor=cursor, at=event.at, data=data)
+    return _enc.encode(frame).decode()
+
+
+class Subscriber:
+    """One connected client: who it is, where it stands per shard, and its outlet."""
+
+    def __init__(self, listener: Listener, positions: list[Position], outlet: Outlet) -> None:
+        self.listener = listener
+        self.positions = positions
+        self.live = [False] * len(positions)
+        self.outlet = outlet
+        # In step with the hub: gets the shared frames; `positions` are then no longer kept.
+        self.in_step = False
+
+    def cursor(self) -> str:
+        return encode_cursor(self.positions)
+
+    def offer(self, shard: int, event: Event, heads: list[ShardHead | None] | None = None) -> bool:
+        """Send `event` if the client may hear of it (a frame of its own). `heads` (the hub's
+        dispatched positions) bring the cursor's other shards up to date: everything there up
+        to the head was already sent to this client, so its cursor may say so — it would
+        otherwise lag behind on shards it rarely hears from, and fall out of the kept window.
+        True if the frame was written at once."""
+        pos = self.positions[shard]
+        if event.seq <= pos.seq:
+            return False
+        self.positions[shard] = Position(pos.epoch, event.seq)
+        if not admits(event.audience, self.listener):
+            return False
+        if heads is not None:
+            for j, head in enumerate(heads):
+                mine = self.positions[j]
+                if (
+                    j != shard
+                    and self.live[j]
+                    and head is not None
+                    and head.epoch == mine.epoch
+                    and head.head > mine.seq
+                ):
+                    self.positions[j] = Position(mine.epoch, head.head)
+        return self.outlet.deliver(event_text(event, self.cursor()))
 
 
 class Outlet:

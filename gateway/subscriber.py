@@ -100,9 +100,9 @@ class Outlet:
     """Frames for one websocket, in order; `ended` is set once it can take no more (the client
     fell `limit` frames behind: `code` 4429; or a send failed: the connection is gone)."""
 
-    def __init__(self, send: Send, limit: int = QUEUE_LIMIT) -> None:
+    def __init__(self, send: Send, limit: int | None = None) -> None:
         self._send = send
-        self._limit = limit
+        self._limit = QUEUE_LIMIT if limit is None else limit
         self._waiting: collections.deque[str] = collections.deque()
         self._drainer: asyncio.Task[None] | None = None
         self.ended = asyncio.Event()

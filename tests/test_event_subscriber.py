@@ -288,3 +288,36 @@ def test_a_client_going_live_while_a_batch_is_handed_out_misses_none_of_it(monke
         assert [msgspec.json.decode(t)["data"]["entry"] for t in early.texts] == got
 
     asyncio.run(scenario())
+
+
+def test_a_client_that_stops_reading_holds_up_no_one(monkeypatch):
+    """Its sends wait, its backlog fills and it is told to go (4429, resume by cursor); every
+    other client of the same audience gets every frame meanwhile, at once."""
+    from types import SimpleNamespace
+
+    import gateway.subscriber
+    from gateway.fanout import Hub
+
+    monkeypatch.setattr(gateway.subscriber, "QUEUE_LIMIT", 5)
+
+    async def scenario():
+        shard = FakeShard(0)
+        hub = Hub(SimpleNamespace(shards=[shard]))
+        listener = Listener(user="u1", orgs=frozenset())
+        slow, fast = Socket(), Socket()
+        slow.blocked = True
+        subs = []
+        for socket in (slow, fast):
+            sub, _ = await hub.subscribe(listener, None, Outlet(socket.send))
+            await hub.catch_up(sub)
+            subs.append(sub)
+        for _ in range(20):
+            shard.append()
+            await asyncio.sleep(0.01)
+        await hub.stop()
+        assert len(fast.texts) == 20 and not subs[1].outlet.ended.is_set()
+        assert subs[0].outlet.ended.is_set() and subs[0].outlet.code == 4429
+        assert slow.texts == []
+        subs[0].outlet.close()
+
+    asyncio.run(scenario())

@@ -34,6 +34,7 @@ import msgspec
 
 from engine import bot_memory as bm
 from engine import file_tree as ft
+from engine.chat_records import LearningJob
 from engine.directory import Bot, Channel, Org, User
 from engine.errors import InvalidInput, NotFound, StorageError
 from engine.memory import EntryMeta, Reader
@@ -41,7 +42,6 @@ from engine.memory_bot import MemoryBotSettings
 from engine.projects import Project
 from engine.scoped_memory import ForgetBarrier, Revision, WsEntry, content_fingerprint
 from engine.visibility import Visibility
-from storage.chat_store import LearningJob
 from storage.crypto import KEY_FILE, Cipher, Keyring, aad, has_master_key, key_file, load_master_key
 from storage.database import Database
 from storage.directory_store import KEY_SCOPE as DIR_KEY

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from engine.directory import ID_RE, Bot, Channel, Org, User
+from engine.directory import ID_RE, Bot, Channel, Chat, Org, User
 from engine.errors import InvalidInput
 from engine.memory import EntryMeta, Scope, Tier
 from engine.projects import Project
@@ -83,12 +83,59 @@ class MemoryJob(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     updated_at: int = 0
 
 
+class ReadPosition(msgspec.Struct, frozen=True, kw_only=True):
+    """How far a bot's learning has read a chat (items up to `seq`), so that an import never
+    learns from the same items twice."""
+
+    chat: str
+    seq: int
+
+
 class PoolSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     pool: str
     records: tuple[MemoryRecord, ...] = ()
     revisions: tuple[Revision, ...] = ()
     tombstones: tuple[Tombstone, ...] = ()
     jobs: tuple[MemoryJob, ...] = ()
+    positions: tuple[ReadPosition, ...] = ()
+
+
+class ChatItem(msgspec.Struct, frozen=True, kw_only=True):
+    """An item of a chat with its plaintext (`i-<seq>`); `direction`/`peer` mark a real
+    delivery between bots (UI-1)."""
+
+    seq: int
+    kind: str  # person | bot | notification | tool_result | delivery
+    author: str
+    at: int
+    text: str
+    turn: str | None = None
+    direction: str | None = None
+    peer: str | None = None
+
+
+class ChatTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """A turn of a chat: the person it acts for (LRN-6), status, rounds, a delivery goal."""
+
+    id: str
+    operator: str
+    status: str
+    at: int
+    rounds: int = 1
+    error: str | None = None
+    goal: str | None = None
+    verdict_by: str | None = None
+    verdict_note: str | None = None
+
+
+class ChatSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """A chat, its items in order and its turns. `last_seq` is the last item number ever used
+    (numbers are never reused, even after the history was deleted)."""
+
+    chat: Chat
+    last_seq: int = 0
+    items: tuple[ChatItem, ...] = ()
+    turns: tuple[ChatTurn, ...] = ()
 
 
 class CommandReceipt(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -126,6 +173,7 @@ class AccountSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     bot_projects: dict[str, tuple[BotProject, ...]] = {}
     pools: tuple[PoolSnapshot, ...] = ()
     commands: tuple[CommandReceipt, ...] = ()
+    chats: tuple[ChatSnapshot, ...] = ()
 
 
 def canonical(snapshot: AccountSnapshot) -> AccountSnapshot:
@@ -151,8 +199,9 @@ def canonical(snapshot: AccountSnapshot) -> AccountSnapshot:
                 )
             ),
             jobs=by_id(p.jobs),
+            positions=tuple(sorted(p.positions, key=lambda x: x.chat)),
         )
-        if pool.records or pool.revisions or pool.tombstones or pool.jobs:
+        if pool.records or pool.revisions or pool.tombstones or pool.jobs or pool.positions:
             pools.append(pool)
     return AccountSnapshot(
         account=snapshot.account,
@@ -166,6 +215,14 @@ def canonical(snapshot: AccountSnapshot) -> AccountSnapshot:
         },
         pools=tuple(pools),
         commands=tuple(sorted(snapshot.commands, key=lambda c: (c.pool, c.request_id))),
+        chats=tuple(
+            msgspec.structs.replace(
+                c,
+                items=tuple(sorted(c.items, key=lambda i: i.seq)),
+                turns=tuple(sorted(c.turns, key=lambda t: (t.at, t.id))),
+            )
+            for c in sorted(snapshot.chats, key=lambda c: c.chat.id)
+        ),
     )
 
 

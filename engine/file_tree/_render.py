@@ -6,12 +6,14 @@ import msgspec
 
 from engine.casing import camel, camel_keys
 from engine.errors import InvalidInput
+from engine.file_tree._chats import chat_root, render_chat
 from engine.file_tree._docs import (
     ENC,
     AccountDoc,
     BotProjectsDoc,
     GroupsDoc,
     MarkerDoc,
+    PositionsDoc,
     ProjectMeta,
     RecordDoc,
     RecordsDoc,
@@ -92,6 +94,9 @@ def render(snapshot: AccountSnapshot) -> dict[str, bytes]:
             put(f"{memory_root(pool.pool)}/{path}", data)
     for receipt in s.commands:
         put(command_file(receipt), to_json(receipt))
+    for chat in s.chats:
+        for path, data in render_chat(chat, channels).items():
+            put(f"{chat_root(chat.chat.id)}/{path}", data)
     return files
 
 
@@ -193,6 +198,9 @@ def _render_pool(pool: PoolSnapshot) -> dict[str, bytes]:
         if job.pool != pool.pool:
             raise InvalidInput(f"job {job.id} is not of {pool.pool}", code="invalid_tree")
         files[f".dreaming/jobs/{segment(job.id, 'job id')}.json"] = to_json(job)
+    if pool.positions:
+        doc = PositionsDoc(pool=pool.pool, positions=pool.positions)
+        files[".dreaming/read-positions.json"] = to_json(doc)
     waiting = [j.updated_at for j in pool.jobs if j.status in OPEN_JOBS]
     files[".dreaming/next-refresh-at"] = to_text([iso(min(waiting)) if waiting else "none"])
     return files

@@ -34,7 +34,7 @@ from engine import bot_memory as bm
 from engine import file_tree as ft
 from engine.directory import Bot, Channel, Chat, Org, User
 from engine.errors import InvalidInput, NotFound, StorageError
-from engine.memory import EntryMeta, Reader
+from engine.memory import Change, EntryMeta, LogRow, Reader, Who
 from engine.memory_bot import MemoryBotSettings
 from engine.projects import Project
 from engine.scoped_memory import ForgetBarrier, Revision, WsEntry, content_fingerprint
@@ -58,7 +58,7 @@ from storage.group_commit import DeleteWhere, Insert, Write
 from storage.memory_store import MemoryStore, StoredPool, entry_key
 from storage.receipts import Receipts, receipt_key
 from storage.sealed_doc import open_doc
-from storage.shard_schema import LEARNING_JOBS, MEMORY_ENTRIES, PROJECTS
+from storage.shard_schema import LEARNING_JOBS, MEMORY_ENTRIES, MEMORY_LOG, PROJECTS
 from storage.workspace_store import WorkspaceStore
 
 RECEIPT_SCOPE = "ws"  # the workspace's receipts (actors/workspace/service.py RECEIPT_SCOPE)
@@ -69,6 +69,7 @@ _dec: dict[type, msgspec.json.Decoder] = {
     for k in (Org, User, Bot, Channel, Chat, Project, WsEntry, LearningJob, EntryMeta)
 }
 _barrier_dec = msgspec.json.Decoder(ForgetBarrier)
+_settings_dec = msgspec.json.Decoder(MemoryBotSettings)
 
 
 def shard_of(key: str, shards: int) -> int:
@@ -93,6 +94,8 @@ class _ShardRows:
     # account -> (request id, fingerprint, sealed answer, time, receipt key)
     receipts: dict[str, list[tuple[str, str, bytes, int, str]]] = field(default_factory=dict)
     chats: chat_export.ChatShardRows = field(default_factory=chat_export.ChatShardRows)
+    heads: dict[str, tuple[int, bytes | None]] = field(default_factory=dict)  # bot pools' rows
+    logs: dict[str, list[tuple]] = field(default_factory=dict)  # seed-000 change logs
 
 
 class DataDirReader:
@@ -163,6 +166,15 @@ class DataDirReader:
                 _, account, request_id = key.split("\x00", 2)
                 out.receipts.setdefault(account, []).append((request_id, print_, sealed, at, key))
             out.chats = chat_export.read_shard(lambda sql: _rows(con, sql))
+            bot = "WHERE pool LIKE 'bot:%'"
+            for pool, version, settings in _rows(
+                con, f"SELECT pool, version, settings FROM pools {bot}"
+            ):
+                out.heads[pool] = (version, settings)
+            for pool, *row in _rows(
+                con, f"SELECT pool, version, at_ms, entry, payload FROM memory_log {bot}"
+            ):
+                out.logs.setdefault(pool, []).append(tuple(row))
         return out
 
     def accounts(self) -> list[str]:
@@ -337,7 +349,31 @@ class DataDirReader:
             tombstones=tuple(tombstones),
             jobs=tuple(jobs),
             positions=tuple(p for s in self.shards for p in s.chats.positions.get(pool, ())),
+            seed=self._seed(pool, {r.id for r in records if r.memory is not None}),
         )
+
+    def _seed(self, pool: str, kept: set[str]) -> ft.SeedPool | None:
+        """A bot pool's seed-000 version, memory-bot settings and the log rows of the entries
+        in the tree (the others are other people's)."""
+        for shard in self.shards:
+            if pool not in shard.heads:
+                continue
+            cipher = shard.keys[pool]
+            version, blob = shard.heads[pool]
+            settings = MemoryBotSettings()
+            if blob is not None:
+                settings = _settings_dec.decode(cipher.open(blob, aad(pool, "settings")))
+            log = []
+            for v, at, entry, payload in shard.logs.get(pool, []):
+                version = max(version, v)  # as MemoryStore.load
+                if entry in kept:
+                    raw = cipher.open(payload, aad(pool, f"log\x00{v}\x00{entry}"))
+                    who, change = msgspec.json.decode(raw)
+                    log.append(
+                        LogRow(version=v, at=at, who=Who(who), entry=entry, change=Change(change))
+                    )
+            return ft.SeedPool(version=version, settings=settings, log=tuple(log))
+        return None
 
     def _commands(self, account: str) -> Iterator[ft.CommandReceipt]:
         """The account's workspace receipts. A receipt does not name the pool whose key sealed
@@ -444,7 +480,7 @@ def read_tree(tree_dir: Path) -> dict[str, bytes]:
 # --- writing a new data directory -----------------------------------------------------------------
 
 
-class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
+class ImportResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     accounts: list[str]
     records: int
     projects: int
@@ -517,6 +553,8 @@ def import_snapshots(
     writes: list[list[Write]] = [[] for _ in range(shards)]
     keys: dict[str, Cipher] = {}
 
+    seeds = {p.pool: p.seed for s in snapshots for p in s.pools if p.seed is not None}
+
     def key(pool: str) -> Cipher | None:
         if pool not in keys:
             owner = host(pool)
@@ -524,7 +562,9 @@ def import_snapshots(
                 return None
             cipher, wrapped = keyring.new_pool_key(pool)
             stored = StoredPool(pool=pool, cipher=cipher, wrapped_key=wrapped)
-            writes[shard_of(owner, shards)].append(memory.pool_row(stored, 0, MemoryBotSettings()))
+            seed = seeds.get(pool) or ft.SeedPool()
+            row = memory.pool_row(stored, seed.version, seed.settings)
+            writes[shard_of(owner, shards)].append(row)
             keys[pool] = cipher
         return keys[pool]
 
@@ -629,6 +669,16 @@ def _pool_rows(ws: WorkspaceStore, pool: ft.PoolSnapshot, cipher: Cipher) -> Ite
         doc = _enc.encode(stored).decode()
         yield Insert(LEARNING_JOBS.name, (stored.id, stored.pool, stored.chat, doc))
     yield from chat_export.position_writes(pool.pool, pool.positions)
+    for row in () if pool.seed is None else pool.seed.log:
+        log_key = f"{pool.pool}\x00{row.version}\x00{row.entry}"
+        payload = cipher.seal(
+            _enc.encode([row.who, row.change]),
+            aad(pool.pool, "log\x00" + log_key.split("\x00", 1)[1]),
+        )
+        ek = entry_key(pool.pool, row.entry)
+        yield Insert(
+            MEMORY_LOG.name, (log_key, pool.pool, row.version, row.at, ek, row.entry, payload)
+        )
 
 
 def _write_directory(

@@ -22,6 +22,7 @@ export gives the same bytes: `parse(render(s)) == canonical(s)`.
     <memory>/.dreaming/jobs/<jobId>.json             extraction jobs (bot memory only)
     <memory>/.dreaming/next-refresh-at               when open jobs wait since (ISO UTC) or none
     agents/<botId>/memory/.dreaming/read-positions.json  how far learning read each chat
+    agents/<botId>/memory/.dreaming/memory-bot.json  seed-000 version, settings, change log
     chats/<chatId>/chat.json, items.md, items.json, turns.json   a chat (engine/file_tree/_chats.py)
     .commands/<hash>.json                            idempotency receipts (requestId → answer)
 
@@ -66,6 +67,7 @@ from engine.file_tree._model import (
     MemoryRecord,
     PoolSnapshot,
     ReadPosition,
+    SeedPool,
     Tombstone,
     canonical,
     day,
@@ -91,6 +93,7 @@ __all__ = [
     "MemoryRecord",
     "PoolSnapshot",
     "ReadPosition",
+    "SeedPool",
     "Tombstone",
     "canonical",
     "day",

@@ -13,7 +13,8 @@ import msgspec
 
 from engine.directory import ID_RE, Bot, Channel, Chat, Org, User
 from engine.errors import InvalidInput
-from engine.memory import EntryMeta, Scope, Tier
+from engine.memory import EntryMeta, LogRow, Scope, Tier
+from engine.memory_bot import MemoryBotSettings
 from engine.projects import Project
 from engine.scoped_memory import Origin, Revision, WsStatus
 
@@ -91,6 +92,15 @@ class ReadPosition(msgspec.Struct, frozen=True, kw_only=True):
     seq: int
 
 
+class SeedPool(msgspec.Struct, frozen=True, kw_only=True):
+    """The seed-000 side of a bot's memory: the pool's version (API-3), its memory-bot
+    settings and the change log of the entries in the tree."""
+
+    version: int = 0
+    settings: MemoryBotSettings = MemoryBotSettings()
+    log: tuple[LogRow, ...] = ()
+
+
 class PoolSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     pool: str
     records: tuple[MemoryRecord, ...] = ()
@@ -98,6 +108,7 @@ class PoolSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     tombstones: tuple[Tombstone, ...] = ()
     jobs: tuple[MemoryJob, ...] = ()
     positions: tuple[ReadPosition, ...] = ()
+    seed: SeedPool | None = None  # bot pools; None is the default state
 
 
 class ChatItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -200,6 +211,11 @@ def canonical(snapshot: AccountSnapshot) -> AccountSnapshot:
             ),
             jobs=by_id(p.jobs),
             positions=tuple(sorted(p.positions, key=lambda x: x.chat)),
+            seed=None
+            if p.seed is None or p.seed == SeedPool()
+            else msgspec.structs.replace(
+                p.seed, log=tuple(sorted(p.seed.log, key=lambda r: (r.version, r.entry)))
+            ),
         )
         if pool.records or pool.revisions or pool.tombstones or pool.jobs or pool.positions:
             pools.append(pool)

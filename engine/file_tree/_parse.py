@@ -22,6 +22,7 @@ from engine.file_tree._docs import (
     RecordDoc,
     RecordsDoc,
     RevisionsDoc,
+    SeedDoc,
     SourcesDoc,
     TombstoneDoc,
 )
@@ -338,6 +339,12 @@ def _parse_pool(where: str, pool_id: str, files: dict[str, bytes]) -> PoolSnapsh
         positions = _decode(f"{where}/{ppath}", take(ppath), PositionsDoc)
         if positions.pool != pool_id:
             raise _bad(f"{where}/{ppath}", f"is for {positions.pool}, not {pool_id}")
+    seed: SeedDoc | None = None
+    spath = ".dreaming/memory-bot.json"
+    if spath in files:
+        seed = _decode(f"{where}/{spath}", take(spath), SeedDoc)
+        if seed.pool != pool_id or not pool_id.startswith("bot:"):
+            raise _bad(f"{where}/{spath}", f"is for {seed.pool}, not {pool_id}")
     take(".dreaming/next-refresh-at")  # derived from the jobs
     extra = sorted(set(files) - seen)
     if extra:
@@ -349,4 +356,5 @@ def _parse_pool(where: str, pool_id: str, files: dict[str, bytes]) -> PoolSnapsh
         tombstones=tuple(tombs.values()),
         jobs=tuple(jobs),
         positions=() if positions is None else positions.positions,
+        seed=None if seed is None else seed.seed,
     )

@@ -129,6 +129,7 @@ class DataDirReader:
             if p.stem.removeprefix("shard-").isdigit()
         )
         self.projects: dict[str, Project] = {}
+        self._keepers: dict[str, dict[str, list[ft.MemoryRecord]]] | None = None
         self.shards = [self._read_shard(k, p) for k, p in paths]
 
     def _read_shard(self, index: int, path: Path) -> _ShardRows:
@@ -187,6 +188,8 @@ class DataDirReader:
                     found.add(pool.removeprefix("user:"))
             found |= set(shard.receipts)
         found |= {self._keeper(c) for c in self.chats.values()}
+        self._kept_for("")
+        found |= set(self._keepers or ())
         return sorted(u for u in found if u in self.users)
 
     def snapshot(self, account: str) -> ft.AccountSnapshot:
@@ -211,6 +214,7 @@ class DataDirReader:
         org_ids |= {p.org for p in projects} | {o for u in users for o in u.orgs}
         pools = [f"bot:{b}" for b in sorted(bot_ids)] + [f"user:{account}"]
         pools += [f"project:{p.id}" for p in projects]
+        kept = self._kept_for(account)
         return ft.canonical(
             ft.AccountSnapshot(
                 account=user,
@@ -220,7 +224,7 @@ class DataDirReader:
                 channels=tuple(channels),
                 projects=tuple(projects),
                 bot_projects={b: self._bot_projects(b) for b in bot_ids},
-                pools=tuple(self._pool(p, account) for p in pools),
+                pools=(*(self._pool(p, account) for p in pools), *kept),
                 commands=tuple(self._commands(account)),
                 chats=tuple(self._chat(c) for c in chats),
             )
@@ -286,28 +290,7 @@ class DataDirReader:
                 fields = msgspec.structs.asdict(entry)
                 del fields["content_fp"]
                 records.append(ft.MemoryRecord(**fields, content=content))
-            for meta, sealed in seeds:
-                content = cipher.open(sealed, aad(pool, meta.id)).decode()
-                view = bm.as_record_view(meta, content, pool.removeprefix("bot:"))
-                records.append(
-                    ft.MemoryRecord(
-                        id=meta.id,
-                        scope=view.scope,
-                        pool=pool,
-                        contributor=view.contributor,
-                        tier=view.tier,
-                        content=content,
-                        created_at=meta.created_at,
-                        updated_at=meta.updated_at,
-                        topics=view.topics,
-                        evidence=view.evidence,
-                        protected=view.protected,
-                        status=view.status,
-                        origin=view.origin,
-                        revision=meta.revision,
-                        memory=meta,
-                    )
-                )
+            records += [_seed_record(pool, meta, sealed, cipher) for meta, sealed in seeds]
             for entry_id, revision, at, operator, change, body in revs:
                 before, after = WorkspaceStore.open_revision(cipher, pool, entry_id, revision, body)
                 revisions.append(
@@ -352,9 +335,35 @@ class DataDirReader:
             seed=self._seed(pool, {r.id for r in records if r.memory is not None}),
         )
 
-    def _seed(self, pool: str, kept: set[str]) -> ft.SeedPool | None:
+    def _kept_for(self, account: str) -> list[ft.PoolSnapshot]:
+        """Learned entries of other accounts' bots that their owners may not see, for the tree
+        of the person they are for (`ft.entry_keeper`): nothing is left out of every tree."""
+        if self._keepers is None:
+            self._keepers = {}
+            people = {c.id: c.people for c in self.channels.values()}
+            for bot in self.bots.values():
+                pool = f"bot:{bot.id}"
+                for shard in self.shards:
+                    seeds = shard.seeds.get(pool, [])
+                    ws = [e for e, _ in shard.entries.get(pool, [])]
+                    seen = {m.id for m, _ in self._bot_memory(pool, bot.owner, ws, seeds)[1]}
+                    for meta, sealed in seeds:
+                        keeper = ft.entry_keeper(meta.tags, people)
+                        if meta.id not in seen and keeper not in (None, bot.owner):
+                            mine = self._keepers.setdefault(keeper, {}).setdefault(pool, [])
+                            mine.append(_seed_record(pool, meta, sealed, shard.keys[pool]))
+        return [
+            ft.PoolSnapshot(
+                pool=pool,
+                records=tuple(records),
+                seed=self._seed(pool, {r.id for r in records}, log_only=True),
+            )
+            for pool, records in sorted(self._keepers.get(account, {}).items())
+        ]
+
+    def _seed(self, pool: str, kept: set[str], log_only: bool = False) -> ft.SeedPool | None:
         """A bot pool's seed-000 version, memory-bot settings and the log rows of the entries
-        in the tree (the others are other people's)."""
+        in the tree (the others are other people's); only the log rows with `log_only`."""
         for shard in self.shards:
             if pool not in shard.heads:
                 continue
@@ -372,6 +381,8 @@ class DataDirReader:
                     log.append(
                         LogRow(version=v, at=at, who=Who(who), entry=entry, change=Change(change))
                     )
+            if log_only:
+                return ft.SeedPool(log=tuple(log))
             return ft.SeedPool(version=version, settings=settings, log=tuple(log))
         return None
 
@@ -403,6 +414,29 @@ class DataDirReader:
                         response=msgspec.json.decode(answer),
                     )
                     break
+
+
+def _seed_record(pool: str, meta: EntryMeta, sealed: bytes, cipher: Cipher) -> ft.MemoryRecord:
+    """A learned (seed-000) entry of a bot's memory as a record of the tree."""
+    content = cipher.open(sealed, aad(pool, meta.id)).decode()
+    view = bm.as_record_view(meta, content, pool.removeprefix("bot:"))
+    return ft.MemoryRecord(
+        id=meta.id,
+        scope=view.scope,
+        pool=pool,
+        contributor=view.contributor,
+        tier=view.tier,
+        content=content,
+        created_at=meta.created_at,
+        updated_at=meta.updated_at,
+        topics=view.topics,
+        evidence=view.evidence,
+        protected=view.protected,
+        status=view.status,
+        origin=view.origin,
+        revision=meta.revision,
+        memory=meta,
+    )
 
 
 def render_data_dir(data_dir: Path, account: str | None = None) -> dict[str, bytes]:
@@ -487,6 +521,7 @@ class ImportResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     files: list[str]
     tokens_file: str | None = None
     skipped_receipts: int = 0
+    skipped_entries: int = 0
 
 
 def _merge(kind: str, into: dict, items: Iterable) -> None:
@@ -553,7 +588,8 @@ def import_snapshots(
     writes: list[list[Write]] = [[] for _ in range(shards)]
     keys: dict[str, Cipher] = {}
 
-    seeds = {p.pool: p.seed for s in snapshots for p in s.pools if p.seed is not None}
+    # The pool's own state comes from its owner's tree; other trees add entries kept for them.
+    seeds = {p.pool: p.seed for s in snapshots for p in s.pools if p.seed and _own(s, p.pool)}
 
     def key(pool: str) -> Cipher | None:
         if pool not in keys:
@@ -568,7 +604,7 @@ def import_snapshots(
             keys[pool] = cipher
         return keys[pool]
 
-    records = skipped = 0
+    records = skipped = skipped_entries = 0
     stale: list[str] = []  # receipt keys
     for project in projects.values():
         cipher = key(f"project:{project.id}")
@@ -577,6 +613,11 @@ def import_snapshots(
     for s in snapshots:
         for pool in s.pools:
             cipher = key(pool.pool)
+            if cipher is None and not _own(s, pool.pool):
+                # Entries kept for this account by a bot outside the import (a merge into a
+                # directory that has the bot): reported, never mixed into a live pool.
+                skipped_entries += len(pool.records)
+                continue
             if cipher is None:
                 raise InvalidInput(f"{pool.pool} has no owner in the tree", code="invalid_tree")
             owner = host(pool.pool)
@@ -629,7 +670,13 @@ def import_snapshots(
         files=[*files, str(data_dir / KEY_FILE)],
         tokens_file=str(tokens_file),
         skipped_receipts=skipped,
+        skipped_entries=skipped_entries,
     )
+
+
+def _own(s: ft.AccountSnapshot, pool: str) -> bool:
+    """Whether `pool` is the tree's account's own (not another account's bot)."""
+    return not pool.startswith("bot:") or any(f"bot:{b.id}" == pool for b in s.bots)
 
 
 def _pool_rows(ws: WorkspaceStore, pool: ft.PoolSnapshot, cipher: Cipher) -> Iterator[Write]:

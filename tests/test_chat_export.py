@@ -27,7 +27,8 @@ ASK = f"okapi-{TAG}-please check the build"
 REPLY = f"quokka-{TAG}-the build is green"
 GROUP = f"marmot-{TAG}-plan the launch"
 SEED = f"ibis-{TAG}-prefers tea"
-SECRETS = (ASK, REPLY, GROUP, SEED)
+BOBS = f"tapir-{TAG}-bob keeps bees"  # Bob's own, which the bot's owner may not see
+SECRETS = (ASK, REPLY, GROUP, SEED, BOBS)
 
 
 def _ok(resp) -> dict:
@@ -53,7 +54,8 @@ def _wait(fn, timeout=30.0):
 @pytest.fixture
 def chatted(world, admin, model_stubs, engine):
     """Alice's learning bot asks her helper bot (a chain: agent chat, deliveries); a group of
-    Alice, Bob and both bots talks for two rounds; Alice has the bot remember something."""
+    Alice, Bob and both bots talks for two rounds; Alice and Bob each have the bot remember
+    something."""
     import ray
 
     stub = model_stubs["bot"]
@@ -120,6 +122,8 @@ def chatted(world, admin, model_stubs, engine):
             _ok(b.post(f"/v1/chats/{group}/turns?wait=true", json=turn))
             remember = {"command": {"_tag": "Remember", "content": SEED}}
             _ok(a.post(f"/v1/bots/{asker}/memory", json=remember))
+            remember = {"command": {"_tag": "Remember", "content": BOBS}}
+            _ok(b.post(f"/v1/bots/{asker}/memory", json=remember))
             for shard in engine.shards:
                 ray.get(shard.learning_idle.remote())
     finally:
@@ -127,6 +131,11 @@ def chatted(world, admin, model_stubs, engine):
     world.chats = {"direct": direct, "group": group}
     world.asker, world.helper, world.channel = asker, helper["id"], channel
     return world
+
+
+def _tree_of(files: dict[str, bytes], account: str) -> dict[str, bytes]:
+    base = f"bot-workspace/{account}/"
+    return {p.removeprefix(base): d for p, d in files.items() if p.startswith(base)}
 
 
 def _views(client, world, kinds) -> dict:
@@ -162,8 +171,7 @@ def test_chats_round_trip_and_the_import_serves_them_sealed(chatted, admin, tmp_
     # The layout: the direct chat and its agent chat with Alice (her bot keeps them), the
     # group chat with Bob (he started it); texts in the transcript, camelCase JSON.
     direct, group = w.chats["direct"], w.chats["group"]
-    mine = {p.removeprefix(f"bot-workspace/{alice}/"): d for p, d in first.items()}
-    theirs = {p.removeprefix(f"bot-workspace/{bob}/"): d for p, d in first.items()}
+    mine, theirs = _tree_of(first, alice), _tree_of(first, bob)
     transcript = mine[f"chats/{direct}/items.md"].decode()
     assert f"i-1 {alice}: {ASK}\n" in transcript and f"i-4 {w.helper}: {REPLY}\n" in transcript
     items = json.loads(mine[f"chats/{direct}/items.json"])["items"]
@@ -182,6 +190,10 @@ def test_chats_round_trip_and_the_import_serves_them_sealed(chatted, admin, tmp_
     positions = json.loads(mine[f"agents/{w.asker}/memory/.dreaming/read-positions.json"])
     assert {p["chat"] for p in positions["positions"]} >= {direct}
     assert any(SEED in d.decode() for p, d in mine.items() if p.startswith("agents/"))
+    # Bob's fact is in his tree, not in the bot owner's.
+    assert not [p for p, d in mine.items() if BOBS.encode() in d]
+    kept = [p for p, d in theirs.items() if BOBS.encode() in d]
+    assert kept and all(p.startswith(f"other-agents/{w.asker}/memory/") for p in kept), kept
     assert all(s.encode() in b"".join(first.values()) for s in SECRETS)
 
     # Sealed at rest: no item text (nor the remembered fact) in the clear in the new data dir.

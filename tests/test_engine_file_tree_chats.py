@@ -166,3 +166,45 @@ def test_any_item_text_survives_the_transcript(text):
     s = _sample(text)
     (back,) = parse(render(s))
     assert back.chats[1].items[0].text == text  # chat_g sorts after chat_d
+
+
+def test_entries_kept_for_this_account_by_another_accounts_bot():
+    from engine.file_tree import MemoryRecord, SeedPool, entry_keeper
+    from engine.memory import EntryMeta, Layer, LogRow, Tier
+
+    meta = EntryMeta(
+        id="mem_1",
+        pool="bot:b_9",
+        layer=Layer.PINNED,
+        tags=("from:u_1", "for:person:u_1"),
+        created_at=T0,
+        updated_at=T0,
+    )
+    record = MemoryRecord(
+        id="mem_1",
+        scope="bot",
+        pool="bot:b_9",
+        contributor="b_9",
+        tier=Tier.PROFILE,
+        content="Ada keeps bees",
+        created_at=T0,
+        updated_at=T0,
+        memory=meta,
+    )
+    log = (LogRow(version=3, at=T0, who="person", entry="mem_1", change="created"),)
+    kept = PoolSnapshot(pool="bot:b_9", records=(record,), seed=SeedPool(log=log))
+    s = msgspec.structs.replace(_sample(), pools=(*_sample().pools, kept))
+    files = render(s)
+    assert files[BASE + "other-agents/b_9/memory/profile.md"] == b"- (2026-01-01) Ada keeps bees\n"
+    assert parse(files) == [canonical(s)]
+    # Only learned entries and their log: never another account's settings or records.
+    for wrong in (
+        msgspec.structs.replace(kept, seed=SeedPool(version=4)),
+        msgspec.structs.replace(kept, records=(msgspec.structs.replace(record, memory=None),)),
+    ):
+        with pytest.raises(InvalidInput):
+            render(msgspec.structs.replace(s, pools=(*_sample().pools, wrong)))
+    # Whose tree: the person it is for, else the first person of a channel it is for.
+    assert entry_keeper(("for:person:u_2", "for:person:u_1"), {}) == "u_1"
+    assert entry_keeper(("for:channel:c_1",), {"c_1": ("u_3", "u_2")}) == "u_2"
+    assert entry_keeper(("for:bot",), {}) is None

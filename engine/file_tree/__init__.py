@@ -23,6 +23,9 @@ export gives the same bytes: `parse(render(s)) == canonical(s)`.
     <memory>/.dreaming/next-refresh-at               when open jobs wait since (ISO UTC) or none
     agents/<botId>/memory/.dreaming/read-positions.json  how far learning read each chat
     agents/<botId>/memory/.dreaming/memory-bot.json  seed-000 version, settings, change log
+    other-agents/<botId>/memory/…                    learned entries of another account's bot
+                                                     kept for this one (its owner may not see
+                                                     them; `entry_keeper` says whose they are)
     chats/<chatId>/chat.json, items.md, items.json, turns.json   a chat (engine/file_tree/_chats.py)
     .commands/<hash>.json                            idempotency receipts (requestId → answer)
 
@@ -71,6 +74,7 @@ from engine.file_tree._model import (
     Tombstone,
     canonical,
     day,
+    entry_keeper,
     escape,
     memory_line,
     memory_root,
@@ -97,6 +101,7 @@ __all__ = [
     "Tombstone",
     "canonical",
     "day",
+    "entry_keeper",
     "escape",
     "memory_line",
     "memory_root",

@@ -7,6 +7,7 @@ import datetime
 import hashlib
 import re
 import unicodedata
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -313,11 +314,27 @@ def segment(value: str, what: str) -> str:
     return value
 
 
-def memory_root(pool: str) -> str:
-    """The directory of a pool's memory inside the account's tree."""
+OTHER_AGENTS = "other-agents"
+
+
+def entry_keeper(tags: tuple[str, ...], people: Mapping[str, tuple[str, ...]]) -> str | None:
+    """Whose tree keeps a learned entry of a bot's memory that the bot's owner may not see: the
+    person it is for (the first, by id), else the first person of a channel it is for
+    (`people`: channel → its people); None when nobody is named."""
+    persons = sorted(t.removeprefix("for:person:") for t in tags if t.startswith("for:person:"))
+    if persons:
+        return persons[0]
+    channels = sorted(t.removeprefix("for:channel:") for t in tags if t.startswith("for:channel:"))
+    members = sorted(p for c in channels for p in people.get(c, ()))
+    return members[0] if members else None
+
+
+def memory_root(pool: str, own: bool = True) -> str:
+    """The directory of a pool's memory inside the account's tree; another account's bot's
+    entries kept for this account (`own` False) go under `other-agents/<botId>/memory`."""
     kind, _, owner = pool.partition(":")
     if kind == "bot":
-        return f"agents/{segment(owner, 'bot id')}/memory"
+        return f"{'agents' if own else OTHER_AGENTS}/{segment(owner, 'bot id')}/memory"
     if kind == "user":
         return "user-memory"
     if kind == "project":

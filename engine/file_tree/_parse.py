@@ -30,6 +30,7 @@ from engine.file_tree._model import (
     FORMAT,
     IGNORED,
     LINE,
+    OTHER_AGENTS,
     ROOT,
     AccountSnapshot,
     BotProject,
@@ -118,6 +119,10 @@ def _parse_account(account: str, files: dict[str, bytes]) -> AccountSnapshot:
         projects.append(msgspec.structs.replace(project, channels=ids))
     pools = []
     roots = [(f"bot:{b.id}", f"agents/{b.id}/memory") for b in doc.bots]
+    others = {p.split("/")[1] for p in files if p.startswith(f"{OTHER_AGENTS}/") and "/" in p[13:]}
+    if others & {b.id for b in doc.bots}:
+        raise _bad(f"{where}/{OTHER_AGENTS}", "names a bot of this account")
+    roots += [(f"bot:{b}", f"{OTHER_AGENTS}/{segment(b, 'bot id')}/memory") for b in sorted(others)]
     roots.append((f"user:{account}", "user-memory"))
     roots += [(f"project:{p.id}", f"projects/{p.id}/memory") for p in projects]
     for pool_id, root in roots:

@@ -80,9 +80,9 @@ def load_settings(
     s.models = models
     s.search = search
     if search:
-        from actors.models.embeddings import search_settings
+        from actors.runtime.engine import check_search_config
 
-        search_settings(search, models)  # a bad [search] fails here, before Ray starts
+        check_search_config(search, models)  # a bad [search] fails here, before Ray starts
     s.config_dir = str(Path(path).resolve().parent) if path else None
     return s
 
@@ -140,10 +140,10 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def setup_logging(level: str) -> None:
     """The `openbot.*` loggers (access lines at info, failures at warning) to stderr."""
     logger = logging.getLogger("openbot")
-    if not any(getattr(h, "_openbot", False) for h in logger.handlers):
+    if not any(h.get_name() == "openbot" for h in logger.handlers):
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        handler._openbot = True  # type: ignore[attr-defined]
+        handler.set_name("openbot")  # ours: a second call adds no second handler
         logger.addHandler(handler)
     logger.setLevel(level.upper())
     logger.propagate = False
@@ -212,12 +212,10 @@ def serve(settings: ServeSettings, *, log_level: str = "info") -> None:
     engine = None
     # After the checks above, which must answer at once. actors first: it sets Ray's
     # environment (loopback, token auth) before ray is imported.
-    from actors.runtime.engine import Engine, start_ray
-    from actors.runtime.ray_env import TOKEN_FILE
-
-    import ray  # isort: skip
     import uvicorn
 
+    from actors.runtime.engine import Engine, start_ray, stop_ray
+    from actors.runtime.ray_env import TOKEN_FILE
     from gateway.app import create_app
     from storage.crypto import require_key_for_sealed_data
 
@@ -248,8 +246,7 @@ def serve(settings: ServeSettings, *, log_level: str = "info") -> None:
         sock.close()
         if engine is not None and settings.ray_address is None:
             engine.stop()
-        if ray.is_initialized():
-            ray.shutdown()
+        stop_ray()
         if lock is not None:
             lock.undo()
         raise
@@ -276,4 +273,4 @@ def serve(settings: ServeSettings, *, log_level: str = "info") -> None:
         # A gateway that joined a cluster leaves the shared actors to the other gateways.
         if settings.ray_address is None:
             engine.stop()
-        ray.shutdown()
+        stop_ray()

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 import msgspec
 
 from engine import file_tree as ft
+from engine.chat_records import Turn
 from engine.directory import Bot, Chat, User
 from engine.errors import InvalidInput, StorageError
 from engine.memory_bot import MemoryBotSettings
-from storage.chat_store import Turn
 from storage.crypto import Cipher, Keyring, aad
 from storage.group_commit import DeleteWhere, Insert, Write
 from storage.memory_store import MemoryStore, StoredPool

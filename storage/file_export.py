@@ -32,6 +32,7 @@ import msgspec
 
 from engine import bot_memory as bm
 from engine import file_tree as ft
+from engine.chat_records import LearningJob
 from engine.directory import Bot, Channel, Chat, Org, User
 from engine.errors import InvalidInput, NotFound, StorageError
 from engine.memory import Change, EntryMeta, LogRow, Reader, Who
@@ -40,7 +41,6 @@ from engine.projects import Project
 from engine.scoped_memory import ForgetBarrier, Revision, WsEntry, content_fingerprint
 from engine.visibility import Visibility
 from storage import chat_export
-from storage.chat_store import LearningJob
 from storage.crypto import KEY_FILE, Cipher, Keyring, aad, load_master_key
 from storage.data_dir_io import DIRECTORY_FILE, TOKENS_FILE
 from storage.data_dir_io import dir_cipher as _dir_cipher

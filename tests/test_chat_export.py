@@ -8,7 +8,6 @@ and an import interrupted before its commit point can simply be run again."""
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from gateway.cli import main
 from storage import file_export
 from storage.file_export import read_tree, render_data_dir
 from tests.conftest import ADMIN, LiveServer, World, learning_bot, user_client
-from tests.openai_stub import completion
+from tests.openai_stub import bot_of, completion
 
 WS = "/api/app/workspace"
 TAG = secrets.token_hex(3)
@@ -34,11 +33,6 @@ SECRETS = (ASK, REPLY, GROUP, SEED, BOBS)
 def _ok(resp) -> dict:
     assert resp.is_success, (resp.status_code, resp.text)
     return resp.json()
-
-
-def _name(body) -> str:
-    m = re.match(r"You are (\S+)\.", body["messages"][0]["content"])
-    return m.group(1) if m else ""
 
 
 def _wait(fn, timeout=30.0):
@@ -80,7 +74,7 @@ def chatted(world, admin, model_stubs, engine):
     world.grant(asker, "bob")
 
     def route(body):
-        name, last = _name(body), body["messages"][-1]
+        name, last = bot_of(body), body["messages"][-1]
         if name == asker_name:
             if last["role"] == "tool":
                 return completion("I asked my colleague.")

@@ -14,16 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import learning_bot
-from tests.openai_stub import OpenAIStub, completion
+from tests.openai_stub import OpenAIStub, bot_of, completion
 
 WS = "/api/app/workspace"
-
-
-@pytest.fixture
-def bot_model(model_stubs):
-    stub = model_stubs["bot"]
-    yield stub
-    stub.routes.clear()
 
 
 @pytest.fixture
@@ -53,11 +46,6 @@ def _logged(pattern: str, timeout: float = 20.0) -> str:
     raise AssertionError(f"no line /{pattern}/ in the actors' output")
 
 
-def _name(body) -> str:
-    m = re.match(r"You are (\S+)\.", body["messages"][0]["content"])
-    return m.group(1) if m else ""
-
-
 def _bot(world, admin, name: str) -> dict:
     r = admin.post(
         "/v1/admin/bots",
@@ -80,7 +68,7 @@ def _wait_chain(client, chat_id, until, timeout=30.0) -> dict:
 
 def test_a_failed_direct_turn_and_its_step_are_logged(world, admin, bot_model):
     bot = _bot(world, admin, f"Broken{secrets.token_hex(3)}")
-    bot_model.routes.append(lambda body: 500 if _name(body) == bot["name"] else None)
+    bot_model.routes.append(lambda body: 500 if bot_of(body) == bot["name"] else None)
     with world.client("alice") as alice:
         chat = alice.post("/v1/chats", json={"bot": bot["id"]}).json()["id"]
         r = alice.post(f"/v1/chats/{chat}/turns?wait=true", json={"text": "hello"})
@@ -95,7 +83,7 @@ def test_a_failed_group_turn_and_each_failed_step_are_logged(world, admin, bot_m
     tag = secrets.token_hex(3)
     bots = [_bot(world, admin, f"Down{k}{tag}") for k in range(2)]
     names = {b["name"] for b in bots}
-    bot_model.routes.append(lambda body: 500 if _name(body) in names else None)
+    bot_model.routes.append(lambda body: 500 if bot_of(body) in names else None)
     channel = admin.post(
         "/v1/admin/channels",
         json={
@@ -117,7 +105,7 @@ def test_a_failed_group_turn_and_each_failed_step_are_logged(world, admin, bot_m
 
 def test_a_failed_learning_job_is_logged(world, admin, bot_model, mem_model):
     bot, name = learning_bot(world, admin, "Learner")
-    bot_model.routes.append(lambda body: completion("Noted.") if _name(body) == name else None)
+    bot_model.routes.append(lambda body: completion("Noted.") if bot_of(body) == name else None)
     mem_model.routes.append(
         lambda body: OpenAIStub.GARBAGE if "evidence" in str(body["messages"][-1]) else None
     )
@@ -142,7 +130,7 @@ def test_a_stopped_and_a_capped_chain_are_logged(world, admin, bot_model):
     counter = iter(range(10_000))
 
     def route(body):
-        name, last = _name(body), body["messages"][-1]
+        name, last = bot_of(body), body["messages"][-1]
         if name == boss["name"]:
             if last["role"] == "tool":
                 return completion("Asked.")

@@ -87,7 +87,7 @@ def test_learning_sends_workspace_facts_outside_the_pool_lock(tmp_path, monkeypa
     monkeypatch.setattr(LearningRunner, "_extract_scoped", extract)
 
     async def go():
-        from storage.chat_store import LearningJob
+        from engine.chat_records import LearningJob
 
         svc = ShardService(tmp_path, 0)
         pool = await svc._pool("bot:b1")

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from actors.contracts import Effect, StepInput, StepOutcome, ToolUse, WsAccess, WsQuery
 from actors.models.registry import ModelError, measured
 from actors.shard.rwlock import assert_no_pool_lock
-from actors.workspace.service import WsAccess, WsQuery
 from engine.bot_memory import as_scoped
 from engine.bot_policy import require_collaboration
-from engine.directory import Bot, Chat, Org, bot_pool
+from engine.chat_records import Confession, Enrichment
+from engine.directory import Bot, bot_pool
 from engine.errors import OpenBotError
 from engine.memory import Reader
 from engine.models import Message, ToolCall
@@ -38,7 +39,7 @@ from engine.turns import (
     enrichment_messages,
     review_prompt,
 )
-from storage.chat_store import ChatLog, Confession, Enrichment
+from storage.chat_store import ChatLog
 
 if TYPE_CHECKING:
     from actors.shard.service import ShardService
@@ -51,36 +52,6 @@ MEMORY_INSTRUCTIONS = (
 ENRICH_CONTEXT = 8_000
 SEARCH_HITS = 10
 _enc = msgspec.json.Encoder()
-
-
-class StepInput(msgspec.Struct, frozen=True, kw_only=True):
-    chat: Chat  # where the bot speaks: direct, review, group or agent
-    bot: Bot
-    org: Org
-    operator: str  # the person the turn acts for (LRN-6)
-    turn: str
-    text: str  # what wakes the bot: a person's words, or a delivery
-    wake: str = "person"  # person | delivery
-    history: tuple[Message, ...] = ()
-    after: tuple[Message, ...] = ()  # said after `text` (earlier speakers of a group turn)
-    channel: str | None = None
-    review: str | None = None  # a review chat: the proposal under review (ENR-3)
-
-
-class Effect(msgspec.Struct, frozen=True, kw_only=True):
-    kind: str  # send | post
-    link: str  # the receipt id the bot was given
-    target: str  # a bot id (send) or a channel id (post)
-    message: str
-
-
-class ToolUse(msgspec.Struct, frozen=True, kw_only=True):
-    """One tool call of the bot and its result, stored as a `tool_result` chat item (MEM-3): a
-    source learning may cite beside a person's words (LRN-9), giving the entry `app:<tool>`."""
-
-    tool: str
-    arguments: str
-    result: str
 
 
 # Not app tools, so their results are not recorded as chat items: `confide` (kept as
@@ -97,16 +68,6 @@ UNRECORDED_TOOLS = frozenset(
         "workspace_post_to_group",
     }
 )
-
-
-class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    status: str  # done | failed
-    error: str | None = None
-    reply: str | None = None  # the bot's final text
-    note: str | None = None  # a system notification instead of a reply
-    effects: tuple[Effect, ...] = ()
-    confided: bool = False
-    tools: tuple[ToolUse, ...] = ()  # app tool calls with their results, in order (MEM-3)
 
 
 @dataclass
@@ -243,7 +204,7 @@ class BotStepper:
             user_pool = WsQuery(pools=(f"user:{step.operator}",), projects=(), q=q, limit=limit)
             wanted.append((peers.index_of(step.operator), user_pool))
             if step.chat.project:
-                owner = await peers.directory("project_owner", step.chat.project)
+                owner = await peers.directory().project_owner(step.chat.project)
                 if owner is not None:
                     project = WsQuery(projects=(step.chat.project,), q=q, limit=limit)
                     wanted.append((peers.index_of(owner), project))
@@ -262,7 +223,7 @@ class BotStepper:
             scoped = [as_scoped(m, snap.open(m.id)) for m in snap.usable()]
         for index, query in wanted:
             try:
-                listing = await peers.shard_call(index, "ws_entries", access, query)
+                listing = await peers.shard(index).ws_entries(access, query)
             except OpenBotError:  # a scope that cannot be read now is left out, not guessed
                 continue
             scoped.extend(
@@ -340,13 +301,12 @@ class BotStepper:
                 return _enc.encode(rules_view(bot)).decode()
             if call.name == "workspace_update_self_rules":
                 update = parse_update(args)
-                changed = await self.shard.peers.directory(
-                    "update_rules", bot.id, update, Editor(kind="self", id=bot.id)
+                changed = await self.shard.peers.directory().update_rules(
+                    bot.id, update, Editor(kind="self", id=bot.id)
                 )
                 return _enc.encode(rules_view(changed)).decode()
             if call.name == "workspace_create_agent":
-                member = await self.shard.peers.directory(
-                    "create_member",
+                member = await self.shard.peers.directory().create_member(
                     bot.id,
                     str(args.get("name", "")),
                     args.get("prompt"),
@@ -371,20 +331,20 @@ class BotStepper:
 
     async def _manage_member(self, name: str, step: StepInput, args: dict) -> str:
         """WS-3: the creator renames or archives a member it created (never its other rules)."""
-        directory = self.shard.peers.directory
-        member = await directory("find_bot", step.org.id, str(args.get("agent", "")))
+        directory = self.shard.peers.directory()
+        member = await directory.find_bot(step.org.id, str(args.get("agent", "")))
         editor = Editor(kind="bot", id=step.bot.id)
         if name == "workspace_archive_agent":
-            changed = await directory("archive_bot", member.id, True, editor)
+            changed = await directory.archive_bot(member.id, True, editor)
             return _enc.encode({"id": changed.id, "archived": changed.archived}).decode()
         update = parse_update({"expectedRevision": member.revision, "name": args.get("name")})
-        changed = await directory("update_rules", member.id, update, editor)
+        changed = await directory.update_rules(member.id, update, editor)
         return _enc.encode({"id": changed.id, "name": changed.name}).decode()
 
     async def _send(self, step: StepInput, args: dict, effects: list[Effect]) -> str:
         agent, message = str(args.get("agent", "")), str(args.get("message", "")).strip()
         require_collaboration(step.bot, step.org)  # WS-1: server policy, not a client toggle
-        peer = await self.shard.peers.directory("find_bot", step.org.id, agent)
+        peer = await self.shard.peers.directory().find_bot(step.org.id, agent)
         if peer.id == step.bot.id:
             return _enc.encode({"error": "self_send", "message": "that is you"}).decode()
         require_collaboration(peer, step.org, role="target")  # archived bots are not asked
@@ -416,7 +376,7 @@ class BotStepper:
     async def _post(self, step: StepInput, args: dict, effects: list[Effect]) -> str:
         group, message = str(args.get("group", "")), str(args.get("message", "")).strip()
         require_collaboration(step.bot, step.org)
-        channel = await self.shard.peers.directory("get_channel", group)
+        channel = await self.shard.peers.directory().get_channel(group)
         if step.bot.id not in channel.bots or channel.org != step.org.id:
             return _enc.encode(
                 {"error": "not_a_member", "message": "you can only post to your own groups"}
@@ -444,7 +404,7 @@ class BotStepper:
         access = WsAccess(account=step.operator, bots=frozenset({step.bot.id}))
         for index, ws_query in await self._scopes(step, q=query):
             try:
-                listing = await self.shard.peers.shard_call(index, "ws_entries", access, ws_query)
+                listing = await self.shard.peers.shard(index).ws_entries(access, ws_query)
             except OpenBotError:
                 continue
             ranked.append([{"id": e.id, "content": e.content} for e in listing.entries])

@@ -23,27 +23,19 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.chats.bot_step import BotStepper, Effect, Sink, StepInput, StepOutcome
+from actors.chats.bot_step import BotStepper, Sink
+from actors.contracts import Effect, Mirrored, StepInput, StepOutcome, TurnResult, TurnStart
 from actors.learning.memory_bot import MemoryBotRuntime
 from actors.shard.residency import CHAT_WEIGHT, unused
 from actors.shard.single_flight import SingleFlight
 from engine.bot_policy import require_active, require_team
+from engine.chat_records import Communication, Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
 from engine.discussion import Plan, plan_goal, plan_turn
-from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unavailable
+from engine.errors import Conflict, InvalidInput, NotFound, Unavailable
 from engine.events import Audience, ChatItemCreated, ChatItemsDeleted
 from engine.models import Message
-from storage.chat_store import (
-    ChatLog,
-    ChatStore,
-    Communication,
-    Confession,
-    Enrichment,
-    Item,
-    ItemView,
-    LearningJob,
-    Turn,
-)
+from storage.chat_store import ChatLog, ChatStore, Item
 from storage.shard_schema import CONFESSIONS, ENRICHMENTS
 
 if TYPE_CHECKING:
@@ -69,37 +61,6 @@ def step_failed(step: StepInput, outcome: StepOutcome) -> None:
             step.turn,
             outcome.error,
         )
-
-
-class TurnStart(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything a turn needs from the directory, captured when it starts."""
-
-    chat: Chat
-    bot: Bot | None  # direct and review chats
-    org: Org
-    operator: str
-    text: str
-    request_id: str | None = None
-    channel: Channel | None = None  # group chats, with their member bots
-    members: tuple[Bot, ...] = ()
-    rounds: int | None = None
-    mentions: tuple[str, ...] | None = None
-
-
-class Mirrored(msgspec.Struct, frozen=True, kw_only=True):
-    """A chat item a bot's shard keeps so that its learning can read the evidence (LRN-3)."""
-
-    seq: int
-    turn: str | None
-    kind: str
-    author: str
-    at: int
-    text: str
-
-
-class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
-    turn: Turn
-    items: list[ItemView]
 
 
 class Conversations:
@@ -393,7 +354,7 @@ class Conversations:
 
     async def _current(self, channel: Channel) -> Channel:
         try:
-            return await self.shard.peers.directory("get_channel", channel.id)
+            return await self.shard.peers.directory().get_channel(channel.id)
         except Unavailable as e:
             if e.code != "no_peers":
                 raise
@@ -426,7 +387,7 @@ class Conversations:
         async with lock:
             if await self._busy_unlocked(chat):
                 raise Conflict("the group is busy; switch when it is idle", code="group_busy")
-            switched = await self.shard.peers.directory("set_mode", channel, mode, leader)
+            switched = await self.shard.peers.directory().set_mode(channel, mode, leader)
             self._switched[chat] = switched
             return switched
 
@@ -594,7 +555,7 @@ class Conversations:
                 verdict_note=note or None,
             )
             sink = Sink(writes=[self.store.put_turn(log, done)])
-            chat_rec = await self.shard.peers.directory("get_chat", chat)
+            chat_rec = await self.shard.peers.directory().get_chat(chat)
             text = ("Accepted" if accepted else "Rejected") + (f": {note}" if note else "")
             note_item = self.item(log, turn.id, "notification", user)
             self.append(log, chat_rec, [(note_item, text)], sink)
@@ -721,9 +682,3 @@ def learns(org: Org, chat: Chat, confided: bool, bot: Bot | None = None) -> bool
     if not org.settings.botMemory or chat.kind in ("review", "agent"):
         return False
     return confided or (org.settings.autoRecord and not (bot is not None and bot.autoRecordPaused))
-
-
-def require_chat_owner(chat: Chat, user: str) -> None:
-    """Reading a chat (items, confessions, enrichments) is for its owner only (API-6)."""
-    if chat.owner != user:
-        raise Forbidden("only the chat's owner may read it", code="not_chat_owner")

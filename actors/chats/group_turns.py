@@ -15,15 +15,18 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.chats.bot_step import Sink, StepInput, StepOutcome
+from actors.chats.bot_step import Sink
 from actors.chats.conversations import learns
+from actors.contracts import StepInput, StepOutcome
+from engine.chat_records import Turn
 from engine.discussion import Plan, leader_brief
 from engine.errors import OpenBotError
 from engine.models import Message
-from storage.chat_store import Item, Turn
+from storage.chat_store import Item
 
 if TYPE_CHECKING:
-    from actors.chats.conversations import Conversations, TurnStart
+    from actors.chats.conversations import Conversations
+    from actors.contracts import TurnStart
 
 logger = logging.getLogger("openbot.group")
 
@@ -33,7 +36,7 @@ class GroupTurns:
         self.conv = conversations
 
     async def run(self, start: TurnStart, turn: Turn, person: Item, plan: Plan) -> None:
-        from actors.chats.conversations import Mirrored
+        from actors.contracts import Mirrored
 
         conv, chat, org = self.conv, start.chat, start.org
         members = {b.id: b for b in start.members}
@@ -128,9 +131,7 @@ class GroupTurns:
                 continue
             index = peers.index_of(bot.owner)
             try:
-                job = await peers.shard_call(
-                    index,
-                    "schedule_learning",
+                job = await peers.shard(index).schedule_learning(
                     bot,
                     chat,
                     turn.id,
@@ -163,7 +164,7 @@ class GroupTurns:
     async def _step(self, bot, step: StepInput, mirror, upto: int) -> StepOutcome:
         peers = self.conv.shard.peers
         try:
-            return await peers.shard_call(peers.index_of(bot.owner), "run_step", step, mirror, upto)
+            return await peers.shard(peers.index_of(bot.owner)).run_step(step, mirror, upto)
         except OpenBotError as e:  # the bot's shard is down: this member fails this round
             logger.warning("step of bot %s in chat %s failed: %s", bot.id, step.chat.id, e.message)
             return StepOutcome(status="failed", error=e.message)

@@ -24,6 +24,7 @@ from actors.learning.memory_bot import BudgetSpent, MemoryBotRuntime
 from actors.shard.residency import unused
 from engine import scoped_memory as sm
 from engine import tags as tagmod
+from engine.chat_records import LearningJob
 from engine.commands import Outcome
 from engine.errors import Conflict, OpenBotError
 from engine.events import Audience as EventAudience
@@ -38,7 +39,7 @@ from engine.memory import Change, LogRow, Reader, Scope, Who
 from engine.memory_bot import next_period_start
 from engine.models import Completion, Message
 from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS, learning_system
-from storage.chat_store import ChatStore, LearningJob, ModelCall
+from storage.chat_store import ChatStore, ModelCall
 from storage.stats import STATS
 
 if TYPE_CHECKING:
@@ -442,7 +443,7 @@ class LearningRunner:
         )
         project: str | None = None
         if any(m.scope == Scope.PROJECT for m, _ in scoped):
-            project = (await self.shard.peers.directory("get_chat", job.chat)).project
+            project = (await self.shard.peers.directory().get_chat(job.chat)).project
         by_pool: dict[str, list[sm.Extraction]] = {}
         refused: list[str] = []
         for meta, text in scoped:
@@ -471,13 +472,11 @@ class LearningRunner:
         for pool_id, proposals in by_pool.items():
             owner = sm.pool_owner(pool_id)
             if pool_id.startswith("project:"):
-                owner = await self.shard.peers.directory("project_owner", owner)
+                owner = await self.shard.peers.directory().project_owner(owner)
                 if owner is None:
                     refused += [f"learn_fact: no project {pool_id}"] * len(proposals)
                     continue
-            decisions = await self.shard.peers.shard_call(
-                self.shard.peers.index_of(owner),
-                "ws_extract",
+            decisions = await self.shard.peers.shard(self.shard.peers.index_of(owner)).ws_extract(
                 pool_id,
                 contributor,
                 proposals,

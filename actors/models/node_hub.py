@@ -20,10 +20,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Sequence
-from typing import Any
 
-import msgspec
-
+from actors.contracts import NodeHubPort, NodeInfo, Work
 from engine.models import Completion, Message, Price, ToolSpec
 
 BUILTIN = "builtin"
@@ -35,14 +33,6 @@ EXTRACTION_HINT = (
     "This node cannot run memory extraction (memory_extraction is off): learning uses the "
     "built-in worker's models only."
 )
-
-
-class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    memory_isolation: bool
-    memory_extraction: bool
-    connected: bool = True
-    hint: str | None = None
 
 
 def node_info(node: str, memory_isolation: bool, memory_extraction: bool) -> NodeInfo:
@@ -60,12 +50,6 @@ def node_info(node: str, memory_isolation: bool, memory_extraction: bool) -> Nod
 
 
 BUILTIN_NODE = node_info(BUILTIN, True, True)
-
-
-class Work(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    messages: tuple[Message, ...]
-    tools: tuple[ToolSpec, ...]
 
 
 class NodeHubService:
@@ -154,33 +138,17 @@ class NodeFailed(Exception):
     pass
 
 
-def hub_handle(prefix: str, namespace: str = "openbot") -> Any:
-    """The cluster's node hub, created by whoever needs it first."""
-    import ray
-
-    actor = ray.remote(num_cpus=0, max_restarts=-1)(NodeHubService)
-    return actor.options(
-        name=f"{prefix}-nodes", namespace=namespace, get_if_exists=True, lifetime="detached"
-    ).remote()
-
-
 class NodeModel:
     """A bot model served by an external node (DESIGN §6 configuration, kind `node`)."""
 
-    def __init__(self, name: str, node: str, prefix: str) -> None:
+    def __init__(self, name: str, node: str, hub: NodeHubPort) -> None:
         self.name = name
         self.node = node
-        self.prefix = prefix
+        self.hub = hub
         self.price = Price()
-        self._hub: Any = None
-
-    def hub(self) -> Any:
-        if self._hub is None:
-            self._hub = hub_handle(self.prefix)
-        return self._hub
 
     async def isolation(self) -> tuple[bool, bool]:
-        info = await self.hub().info.remote(self.node)
+        info = await self.hub.info(self.node)
         return (False, False) if info is None else (info.memory_isolation, info.memory_extraction)
 
     async def complete(
@@ -189,6 +157,6 @@ class NodeModel:
         from actors.models.registry import ModelError
 
         try:
-            return await self.hub().run.remote(self.node, list(messages), list(tools), timeout)
+            return await self.hub.run(self.node, messages, tools, timeout)
         except Exception as e:  # the node is gone, failed or timed out: a model error
             raise ModelError(f"node {self.node} did not answer: {type(e).__name__}") from e

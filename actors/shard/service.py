@@ -22,15 +22,27 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from actors.chats.bot_step import StepInput, StepOutcome
-from actors.chats.chains import ChainView
-from actors.chats.conversations import Conversations, Mirrored, TurnResult, TurnStart
+from actors.chats.conversations import Conversations
 from actors.chats.requests import Requests
+from actors.contracts import (
+    ChainView,
+    Mirrored,
+    NodeInfo,
+    RevisionView,
+    StepInput,
+    StepOutcome,
+    TurnResult,
+    TurnStart,
+    WsAccess,
+    WsListing,
+    WsQuery,
+)
 from actors.learning.memory_bot import MemoryBotRuntime
 from actors.learning.runs import LearningRunner
 from actors.models.embeddings import Embedder, search_settings
-from actors.models.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeInfo, NodeModel
+from actors.models.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeModel
 from actors.models.registry import Model, load_models
+from actors.runtime.node_hub_handle import RayNodeHub
 from actors.runtime.peers import Peers
 from actors.shard import rwlock
 from actors.shard.bot_memory import BotMemory, Snapshot
@@ -38,9 +50,10 @@ from actors.shard.pool import Pool
 from actors.shard.residency import POOL_WEIGHT, Residency, budget_from, unused
 from actors.shard.single_flight import SingleFlight
 from actors.workspace.semantic import semantic_search
-from actors.workspace.service import RevisionView, Workspace, WsAccess, WsListing, WsQuery
+from actors.workspace.service import Workspace
 from engine import commands, widening
 from engine.bot_memory import as_entry_view
+from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.commands import Outcome
 from engine.directory import Bot, Channel, Chat, Org
 from engine.errors import Conflict, InvalidInput, NotFound, StorageError
@@ -83,7 +96,7 @@ from engine.scoped_memory import (
     WsMemoryCreate,
 )
 from engine.turns import ANSWER_WAIT
-from storage.chat_store import ChatStore, Confession, Enrichment, ItemView, LearningJob, Turn
+from storage.chat_store import ChatStore
 from storage.crypto import Keyring, load_master_key
 from storage.database import Database
 from storage.event_log import MARK_RESTORED, EventLog
@@ -163,7 +176,7 @@ class ShardService:
         # Called with a pool id when a pool (memory or workspace) leaves memory, so per-pool
         # state kept elsewhere (search indexes, vectors) goes with it.
         self.on_evict: list[Callable[[str], None]] = []
-        self.peers = Peers(self, prefix=prefix, count=shard_count, namespace=namespace)
+        self.peers = Peers(self, index, prefix=prefix, count=shard_count, namespace=namespace)
         self.db = Database(db_path or Path(data_dir) / f"shard-{index}.duckdb", MIGRATIONS)
         self.committer = GroupCommitter(self.db, TABLES, enabled=group_commit)
         self.store = MemoryStore(self.db, Keyring(load_master_key(Path(data_dir))))
@@ -175,7 +188,9 @@ class ShardService:
         self._pools: dict[str, Pool] = self._loader.loaded
         if models is None:
             base = Path(config_dir) if config_dir else Path(".")
-            models = load_models(models_config or {}, base_dir=base, prefix=prefix or "openbot")
+            models = load_models(
+                models_config or {}, base_dir=base, hub=RayNodeHub(prefix or "openbot")
+            )
         chats = ChatStore(self.store)
         self.memory_bot = MemoryBotRuntime(
             models, chats, self.committer, self.clock, answer_wait=answer_wait
@@ -533,7 +548,7 @@ class ShardService:
         model = self.memory_bot.model(model_name)
         if not isinstance(model, NodeModel):
             return BUILTIN_NODE
-        info = await model.hub().info.remote(model.node)
+        info = await model.hub.info(model.node)
         return info or NodeInfo(
             id=model.node,
             memory_isolation=False,

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
+from actors.contracts import USING, RevisionView, WsAccess, WsListing, WsQuery
 from actors.shard.residency import POOL_WEIGHT, unused
 from actors.shard.rwlock import PoolMutex
 from actors.shard.single_flight import SingleFlight
@@ -79,7 +80,6 @@ if TYPE_CHECKING:
 
 RECEIPT_SCOPE = "ws"  # receipts of workspace writes: one requestId space per account and shard
 MAX_LIST = 1_000
-USING = ("all", "keyword", "semantic")
 CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in its context
 _project_view_dec = msgspec.json.Decoder(ProjectView)
 _entry_view_dec = msgspec.json.Decoder(WsEntryView)
@@ -88,56 +88,6 @@ _decisions_dec = msgspec.json.Decoder(list[sm.Decision])
 
 def new_memory_id() -> str:
     return "mem_" + secrets.token_hex(12)
-
-
-class WsAccess(msgspec.Struct, frozen=True, kw_only=True):
-    """Who is asking: the signed-in account and the bots it uses (owner or grant).
-
-    `orgs` (the org the request names first) and `channels` make the seed-000 reader of a bot's
-    one memory (engine/bot_memory.py): a bot pool's entries are listed under its visibility rule.
-    """
-
-    account: str
-    bots: frozenset[str] = frozenset()
-    orgs: tuple[str, ...] = ()
-    channels: frozenset[str] = frozenset()
-
-
-class WsQuery(msgspec.Struct, frozen=True, kw_only=True):
-    """What to list on one shard. `pools` are bot and user pools the gateway routed here;
-    `projects` names projects to include, or None for every project here the account is a
-    member of. `contributor` keeps one bot's contributions; `q` searches the bodies."""
-
-    pools: tuple[str, ...] = ()
-    projects: tuple[str, ...] | None = ()
-    contributor: str | None = None
-    q: str | None = None
-    status: str = "active"  # active | forgotten | all
-    limit: int = 200
-    using: str = "all"  # with q: all (hybrid when semantic search is on) | keyword | semantic
-
-
-class WsListing(msgspec.Struct, frozen=True, kw_only=True):
-    """Records found on one shard; with a query, `hits` rank them. `names` are display names
-    of the project pools listed (for the export's headings)."""
-
-    entries: list[WsEntryView]
-    hits: list[Hit] = []  # keyword hits among `fused` (with their BM25 scores)
-    semantic: list[Hit] = []  # semantic hits among `fused` (with their cosines)
-    fused: list[Hit] = []  # the ranking, best first; `entries` are in this order
-    names: dict[str, str] = {}
-
-
-class RevisionView(msgspec.Struct, frozen=True, kw_only=True):
-    """One row of `GET /memories/:id/revisions`: who (a user or a bot), when, before/after."""
-
-    entry: str
-    revision: int
-    operator: str
-    at: int
-    change: str
-    before: str | None = None
-    after: str | None = None
 
 
 @dataclass
@@ -293,7 +243,7 @@ class Workspace:
         bot, and every record without an `org:` gets the bot's home org. Returns that org (None
         when the bot is unknown: its records then stay hidden)."""
         try:
-            bot = await self.shard.peers.directory("get_bot", sm.pool_owner(stored.pool))
+            bot = await self.shard.peers.directory().get_bot(sm.pool_owner(stored.pool))
         except OpenBotError:
             return None
         for entry_id, entry in list(stored.entries.items()):
@@ -482,7 +432,7 @@ class Workspace:
         users, channels = sorted(set(users)), sorted(set(channels))
         if not users and not channels:
             return [], {}
-        return await self.shard.peers.directory("workspace_people", org, users, channels)
+        return await self.shard.peers.directory().workspace_people(org, users, channels)
 
     async def save_project(
         self, actor: str, org: str, request: ProjectCreate | ProjectChange, project_id: str
@@ -547,7 +497,7 @@ class Workspace:
             now=self.shard.clock(),
         )
         _no_outsiders(outsiders)
-        await self.shard.peers.directory("register_project", pid, actor)
+        await self.shard.peers.directory().register_project(pid, actor)
         return project
 
     async def _change(

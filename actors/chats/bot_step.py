@@ -14,6 +14,7 @@ the collaboration chain's rules (WS-4, CO-1).
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from actors.shard.service import ShardService
 
 TOOL_ROUNDS = 4
+FIND_TTL = 2.0
 MEMORY_INSTRUCTIONS = (
     "What you remember, by scope. Use it when it helps; what is not here may be found with "
     "workspace_memory_search."
@@ -103,6 +105,20 @@ def reader_for(step: StepInput) -> Reader | None:
 class BotStepper:
     def __init__(self, shard: ShardService) -> None:
         self.shard = shard
+        # A send's target by name, for FIND_TTL seconds: the delivery reads the peer again
+        # (and an archived one is asked nothing), so this only saves the lookup's actor call.
+        self._found: dict[tuple[str, str], tuple[float, Bot]] = {}
+
+    async def _find_bot(self, org: str, agent: str) -> Bot:
+        key, now = (org, agent.strip().casefold()), time.monotonic()
+        hit = self._found.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        bot = await self.shard.peers.directory().find_bot(org, agent)
+        if len(self._found) >= 10_000:
+            self._found.clear()
+        self._found[key] = (now + FIND_TTL, bot)
+        return bot
 
     @property
     def runtime(self):
@@ -357,7 +373,7 @@ class BotStepper:
     async def _send(self, step: StepInput, args: dict, effects: list[Effect]) -> str:
         agent, message = str(args.get("agent", "")), str(args.get("message", "")).strip()
         require_collaboration(step.bot, step.org)  # WS-1: server policy, not a client toggle
-        peer = await self.shard.peers.directory().find_bot(step.org.id, agent)
+        peer = await self._find_bot(step.org.id, agent)
         if peer.id == step.bot.id:
             return _enc.encode({"error": "self_send", "message": "that is you"}).decode()
         require_collaboration(peer, step.org, role="target")  # archived bots are not asked

@@ -86,7 +86,8 @@ class Conversations:
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._scheduled: set[str] = set()  # learning jobs being stored right now
-        # The channel as each group chat's last mode switch here left it (switch_mode).
+        # Each group chat's channel as the directory had it at its first turn here, then as
+        # each mode switch here left it (switch_mode).
         self._switched: dict[str, Channel] = {}
 
     def _forget_log(self, chat: str) -> None:
@@ -306,12 +307,12 @@ class Conversations:
             )
         plan = self._plan(start)  # bad input fails here, before anything is stored
         log = await self.log(start.chat.id)
-        if start.channel is not None:
-            # The group's mode as of now (the gateway read it earlier), read before taking the
-            # lock so that no actor is awaited under it; a switch that lands in between is
-            # seen under the lock below.
-            seen = self._switched.get(start.chat.id)
-            fresh = await self._current(start.channel)
+        if start.channel is not None and start.chat.id not in self._switched:
+            # The group's first turn since this shard started: its mode as the directory has
+            # it, read before taking the lock (no actor is awaited under it). Later switches
+            # happen here (switch_mode), so later turns ask the directory nothing.
+            current = await self._current(start.channel)
+            self._switched.setdefault(start.chat.id, current)
         async with self.lock(start.chat.id):
             turn_id = (
                 _turn_id(start.chat.id, start.request_id)
@@ -321,11 +322,9 @@ class Conversations:
             if turn_id in log.turns:
                 return log.turns[turn_id]  # the same request again: the same turn, not a second
             if start.channel is not None:
-                # Mode switches happen here, under this lock (switch_mode): the latest one,
-                # if it came after the read above, is the mode. A turn never runs in a mode
-                # the group has left.
-                latest = self._switched.get(start.chat.id)
-                channel = latest if latest is not None and latest is not seen else fresh
+                # Mode switches happen here, under this lock (switch_mode): the latest one is
+                # the mode. A turn never runs in a mode the group has left.
+                channel = self._switched.get(start.chat.id, start.channel)
                 if (channel.mode, channel.leader) != (start.channel.mode, start.channel.leader):
                     start = msgspec.structs.replace(start, channel=channel)
                     plan = self._plan(start)

@@ -1,0 +1,93 @@
+"""What a collaboration delivery costs on its shard (issue 13), in this process (no Ray): a new
+agent chat is made without reading the database (a read made the shard apply its whole commit
+journal first), and the delivery's writes go in few transactions, with one directory call."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from pathlib import Path
+
+from actors.contracts import TurnStart
+from actors.directory import DirectoryService
+from actors.models.registry import ScriptedModel
+from actors.shard.service import ShardService
+from engine.directory import OrgSettings
+
+SCRIPT = """
+default = "Result received and merged into my work."
+after_tool = "Handed on; the answer will follow."
+[[rules]]
+match = '^start$'
+tool_calls = [{ name = "workspace_send_to_agent", arguments = { agent = "Peer", message = "x" } }]
+"""
+
+
+class CountingDirectory:
+    """The directory, its calls counted by method name."""
+
+    def __init__(self, directory: DirectoryService) -> None:
+        self.directory = directory
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __getattr__(self, name: str):
+        method = getattr(self.directory, name)
+
+        async def counted(*args):
+            self.calls[name] += 1
+            return await method(*args)
+
+        return counted
+
+
+def test_a_delivery_reads_nothing_and_writes_in_few_transactions(tmp_path: Path):
+    script = tmp_path / "chain.toml"
+    script.write_text(SCRIPT)
+
+    async def scenario():
+        svc = ShardService(tmp_path, 0, models={"s": ScriptedModel.from_file("s", str(script))})
+        directory = DirectoryService(tmp_path)
+        counting = CountingDirectory(directory)
+        svc.peers.connect(directory=counting)  # type: ignore[arg-type]
+        try:
+            org = await directory.create_org("o", "o_1", OrgSettings(botMemory=False))
+            await directory.create_user("Ann", [org.id], "u_ann")
+            asker = await directory.create_bot(name="Asker", org=org.id, owner="u_ann", model="s")
+            await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
+
+            chat = await directory.create_chat("u_ann", None, bot=asker.id)
+
+            async def chain() -> tuple[int, int, collections.Counter]:
+                reads, tx = [0], svc.committer.transactions
+                counting.calls.clear()
+                run = svc.db.run
+
+                async def counted_read(fn):
+                    reads[0] += 1
+                    return await run(fn)
+
+                svc.db.run = counted_read  # type: ignore[method-assign]
+                try:
+                    start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
+                    await svc.start_turn(start, True)
+                    await svc.chains_idle()
+                finally:
+                    svc.db.run = run  # type: ignore[method-assign]
+                return reads[0], svc.committer.transactions - tx, counting.calls
+
+            await chain()  # the first: the chat, pools, settings and chains are read once
+            reads, transactions, calls = await chain()
+            listing = await svc.collaborations("u_ann", frozenset())
+            return reads, transactions, calls, listing
+        finally:
+            await svc.close()
+            directory.store.db.close()
+
+    reads, transactions, calls, listing = asyncio.run(scenario())
+    assert [c.deliveries for c in listing] == [2, 2]  # the request and its result
+    assert [k.status for k in listing[-1].links] == ["answered"]
+    assert reads == 0  # the agent chat was made in memory, not read
+    # The person's item, the turn's end, the send; the request, the peer's reply; the result
+    # with its delivery item, the asker's reply.
+    assert transactions <= 7, transactions
+    assert dict(calls) == {"delivery_chat": 1}  # the asker's chat and the asker came with it

@@ -25,8 +25,6 @@ IMPLEMENTATION = (
     "actors.models",
     "actors.directory",
 )
-# The pool-lock guard (ACL-9) that every actor call checks; stdlib only.
-ALLOWED = {"actors.shard.rwlock"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -49,7 +47,7 @@ def test_gateway_loads_no_actor_implementation():
     loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
     assert "actors.contracts" in loaded and "actors.runtime.engine" in loaded
     assert "numpy" not in loaded
-    leaked = sorted(m for m in loaded if m.startswith(IMPLEMENTATION) and m not in ALLOWED)
+    leaked = sorted(m for m in loaded if m.startswith(IMPLEMENTATION))
     assert leaked == []
 
 

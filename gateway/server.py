@@ -19,6 +19,19 @@ from engine.errors import InvalidInput, Unavailable
 ADMIN_TOKEN_FILE = "admin.token"
 log = logging.getLogger("openbot")
 
+# How uvicorn serves websockets (here, in the benchmarks and in the tests' live servers).
+# Protocol-level pings notice dead peers (DESIGN §8 heartbeats). websockets' sans-I/O protocol
+# writes a frame without a task or a wait while the socket takes it (the fan-out relies on that,
+# gateway/subscriber.py). No permessage-deflate: event frames are ~250 bytes, and compressing each
+# one for each client cost ~3x the CPU of framing it (8 of 11 us a frame, measured) plus a zlib
+# state of ~260 KB per connection.
+UVICORN_WS = {
+    "ws": "websockets-sansio",
+    "ws_ping_interval": 15.0,
+    "ws_ping_timeout": 15.0,
+    "ws_per_message_deflate": False,
+}
+
 
 @dataclass
 class ServeSettings:
@@ -258,15 +271,9 @@ def serve(settings: ServeSettings, *, log_level: str = "info") -> None:
         flush=True,
     )
     try:
-        # Protocol-level pings notice dead websocket peers (DESIGN §8 heartbeats). The access
-        # log is gateway/metrics.py's (route templates and request ids), not uvicorn's.
-        config = uvicorn.Config(
-            app,
-            log_level=log_level,
-            access_log=False,
-            ws_ping_interval=15.0,
-            ws_ping_timeout=15.0,
-        )
+        # The access log is gateway/metrics.py's (route templates and request ids), not
+        # uvicorn's.
+        config = uvicorn.Config(app, log_level=log_level, access_log=False, **UVICORN_WS)
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()

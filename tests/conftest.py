@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-# The pool-lock guard (actors/shard/rwlock.py): a pool lock held across an actor or model call fails
-# at once, here and in the actors (they inherit the environment at Ray's start).
+# The pool-lock guard (actors/runtime/lock_guard.py): a pool lock held across an actor or model
+# call fails at once, here and in the actors (they inherit the environment at Ray's start).
 os.environ["OPENBOT_LOCK_GUARD"] = "1"
 
 import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
-from actors.shard import rwlock
+from actors.runtime import lock_guard
 from gateway.live_server import LiveServer
 
 ADMIN = "test-admin-" + secrets.token_hex(8)
@@ -124,9 +124,9 @@ def engine(ray_session, data_dir, model_stubs):
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_pool_lock_across_calls() -> Iterator[None]:
-    assert rwlock.GUARD  # the guard is on in this process (in-process shards)
+    assert lock_guard.GUARD  # the guard is on in this process (in-process shards)
     yield
-    assert rwlock.violations == [], rwlock.violations
+    assert lock_guard.violations == [], lock_guard.violations
 
 
 @pytest.fixture(scope="session")

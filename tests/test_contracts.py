@@ -25,8 +25,6 @@ IMPLEMENTATION = (
     "actors.models",
     "actors.directory",
 )
-# The pool-lock guard (ACL-9) that every actor call checks; stdlib only.
-ALLOWED = {"actors.shard.rwlock"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -49,7 +47,7 @@ def test_gateway_loads_no_actor_implementation():
     loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
     assert "actors.contracts" in loaded and "actors.runtime.engine" in loaded
     assert "numpy" not in loaded
-    leaked = sorted(m for m in loaded if m.startswith(IMPLEMENTATION) and m not in ALLOWED)
+    leaked = sorted(m for m in loaded if m.startswith(IMPLEMENTATION))
     assert leaked == []
 
 
@@ -112,7 +110,11 @@ def test_node_model_runs_against_a_local_hub():
 
 def _signature(fn) -> list[tuple[str, object, object]]:
     sig = inspect.signature(fn)
-    return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
+    # Ray adds `_ray_trace_ctx` to an actor class's methods once the class is made an actor in
+    # this process (an earlier test may have done it): not a parameter anyone passes.
+    return [
+        (p.name, p.kind, p.default) for p in sig.parameters.values() if p.name != "_ray_trace_ctx"
+    ]
 
 
 def test_every_port_has_the_same_methods_locally_and_over_ray():

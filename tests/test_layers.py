@@ -428,3 +428,24 @@ def test_sizes_have_two_limits_and_skip_environments(tmp_path):
     assert len(size_problems(sizes, {})) == 2
     assert size_problems(sizes, {"actors/big.py": 501, "tests/big.py": 900}) == []
     assert size_problems(sizes, {"actors/big.py": 500}) != []  # it grew past its allowance
+
+
+# --- every package is installed ----------------------------------------------------------------
+
+
+def test_every_package_below_an_installed_one_is_listed_in_pyproject():
+    """A non-editable install (each node of a cluster) holds only the packages pyproject lists:
+    a new subpackage left out imports fine here and fails there."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    tops = {name.split(".")[0] for name in listed}
+    found = {
+        _module_name(init, ROOT)
+        for top in tops
+        for init in (ROOT / top).rglob("__init__.py")
+        if not any(p.startswith(".") or p in SKIP_DIRS for p in init.relative_to(ROOT).parts)
+    }
+    assert sorted(found - listed) == []

@@ -21,7 +21,7 @@ import msgspec
 
 from actors.contracts import Effect, StepInput, StepOutcome, ToolUse, WsAccess, WsQuery
 from actors.models.registry import ModelError, measured
-from actors.shard.rwlock import assert_no_pool_lock
+from actors.runtime.lock_guard import assert_no_pool_lock
 from engine.bot_memory import as_scoped
 from engine.bot_policy import require_collaboration
 from engine.chat_records import Confession, Enrichment

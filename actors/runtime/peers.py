@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from actors.contracts import DirectoryPort, ShardPort
+from actors.runtime.lock_guard import assert_no_pool_lock
 from actors.runtime.placement import shard_of
 from actors.runtime.ports import RayDirectory, RayShard
-from actors.shard.rwlock import assert_no_pool_lock
 from engine.errors import Unavailable
 
 

@@ -19,7 +19,7 @@ from actors.contracts import (
     WsListing,
     WsQuery,
 )
-from actors.shard.rwlock import assert_no_pool_lock
+from actors.runtime.lock_guard import assert_no_pool_lock
 from engine.chat_records import ItemView
 from engine.directory import Bot, Channel, Chat, Org
 from engine.errors import OpenBotError, Unavailable

@@ -42,9 +42,9 @@ from actors.learning.runs import LearningRunner
 from actors.models.embeddings import Embedder, search_settings
 from actors.models.node_hub import BUILTIN_NODE, UPGRADE_HINT, NodeModel
 from actors.models.registry import Model, load_models
+from actors.runtime import lock_guard
 from actors.runtime.node_hub_handle import RayNodeHub
 from actors.runtime.peers import Peers
-from actors.shard import rwlock
 from actors.shard.bot_memory import BotMemory, Snapshot
 from actors.shard.pool import Pool
 from actors.shard.residency import POOL_WEIGHT, Residency, budget_from, unused
@@ -933,8 +933,8 @@ class ShardService:
         return self.index
 
     async def lock_violations(self) -> list[str]:
-        """What the pool-lock guard caught in this process (actors/shard/rwlock.py; tests)."""
-        return list(rwlock.violations)
+        """What the pool-lock guard caught in this process (actors/runtime/lock_guard.py; tests)."""
+        return list(lock_guard.violations)
 
     async def metrics(self) -> dict:
         """This process's figures for `GET /metrics` (storage/stats.py)."""

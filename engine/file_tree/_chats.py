@@ -25,7 +25,7 @@ from engine.file_tree._docs import to_json, to_text
 from engine.file_tree._model import ChatItem, ChatSnapshot, ChatTurn, day, escape, segment, unescape
 
 ITEM_LINE = re.compile(r"^- \((\d{4}-\d{2}-\d{2})\) i-(\d+) (\S+):(?: (.*))?$")
-_TOKEN = re.compile(r"^[^\s:\\]{1,128}$")
+_TOKEN = re.compile(r"[^\s:\\]{1,128}")
 
 
 class Members(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,7 +71,7 @@ def chat_root(chat_id: str) -> str:
 def author_token(author: str) -> str:
     """The author as the transcript shows it: its id, or `?` for a name that could not stand
     in the line (a tool's name a model made up); `items.json` has it exactly."""
-    return author if _TOKEN.match(author) else "?"
+    return author if _TOKEN.fullmatch(author) else "?"
 
 
 def item_line(item: ChatItem) -> str:

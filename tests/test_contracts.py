@@ -16,7 +16,6 @@ from actors.models.node_hub import NodeHubService, NodeModel
 from engine.models import Completion, Message
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACE = "_ray_trace_ctx"
 # The actors' implementation: a gateway process never needs it (the actors run elsewhere).
 IMPLEMENTATION = (
     "actors.shard.",
@@ -111,9 +110,11 @@ def test_node_model_runs_against_a_local_hub():
 
 def _signature(fn) -> list[tuple[str, object, object]]:
     sig = inspect.signature(fn)
-    # Once a class has been made a Ray actor in this process (the session's engine), Ray has
-    # added its tracing keyword to the class's methods in place; it is not part of the port.
-    return [(p.name, p.kind, p.default) for p in sig.parameters.values() if p.name != TRACE]
+    # Ray adds `_ray_trace_ctx` to an actor class's methods once the class is made an actor in
+    # this process (an earlier test may have done it): not a parameter anyone passes.
+    return [
+        (p.name, p.kind, p.default) for p in sig.parameters.values() if p.name != "_ray_trace_ctx"
+    ]
 
 
 def test_every_port_has_the_same_methods_locally_and_over_ray():

@@ -228,10 +228,22 @@ def _own(receiver: ast.expr) -> bool:
 
 def private_access(source: str) -> Iterator[tuple[int, str, str]]:
     """(line, what, attribute) for each `x._name` on anything but self/cls/super(), read or
-    written, and each `from m import _name` (a module-private name taken across modules)."""
+    written, also spelled `getattr(x, "_name")`, and each `from m import _name` (a
+    module-private name taken across modules)."""
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Attribute) and _private(node.attr) and not _own(node.value):
             yield node.lineno, ast.unparse(node), node.attr
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and _private(node.args[1].value)
+            and not _own(node.args[0])
+        ):
+            yield node.lineno, ast.unparse(node), node.args[1].value
         elif isinstance(node, ast.ImportFrom):
             for a in node.names:
                 if _private(a.name):
@@ -396,6 +408,8 @@ def test_private_access_flags_other_objects_and_private_imports():
         "        shard._submit()\n"
         "        self.ws._pool\n"
         "        shard.x._y = 3\n"
+        "        getattr(shard, '_queue')\n"
+        "        getattr(self, '_mine')\n"
     )
     found = {(what, attr) for _, what, attr in private_access(source)}
     assert found == {
@@ -403,6 +417,7 @@ def test_private_access_flags_other_objects_and_private_imports():
         ("shard._submit", "_submit"),
         ("self.ws._pool", "_pool"),
         ("shard.x._y", "_y"),
+        ("getattr(shard, '_queue')", "_queue"),
     }
 
 

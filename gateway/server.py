@@ -137,13 +137,16 @@ LOCK_FILE = "serve.lock"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class _Handler(logging.StreamHandler):
+    """Ours, so that setting up logging twice adds it once."""
+
+
 def setup_logging(level: str) -> None:
     """The `openbot.*` loggers (access lines at info, failures at warning) to stderr."""
     logger = logging.getLogger("openbot")
-    if not any(getattr(h, "_openbot", False) for h in logger.handlers):
-        handler = logging.StreamHandler()
+    if not any(isinstance(h, _Handler) for h in logger.handlers):
+        handler = _Handler()
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        handler._openbot = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     logger.setLevel(level.upper())
     logger.propagate = False

@@ -179,7 +179,7 @@ def test_ACL_9_reads_wait_for_a_change_and_changes_wait_for_reads(tmp_path, fres
         svc = _service(tmp_path, fresh)
         try:
             first = await svc.remember(POOL, ANN, "Ann drinks green tea")
-            pool = await svc._pool(POOL)
+            pool = await svc.kernel.pool(POOL)
             async with pool.lock.exclusive():  # a change deciding and queueing
                 reads = [
                     asyncio.create_task(svc.read_memory(POOL, ANN)),
@@ -334,7 +334,7 @@ def test_LRN_8_status_and_topic_changes_never_decrypt_or_reseal_content(
                     (_fact("mem_f3", "u_ann", 12), "Ann dislikes black tea"),
                 ],
             )
-            pool = await svc._pool(POOL)
+            pool = await svc.kernel.pool(POOL)
             before = dict(pool.stored.sealed)
             spy.reset()
             await svc.set_status(POOL, "mem_f1", Status.INVALIDATED)
@@ -348,7 +348,7 @@ def test_LRN_8_status_and_topic_changes_never_decrypt_or_reseal_content(
             await svc.close()
         svc = _service(tmp_path, fresh)  # what is on disk
         try:
-            pool = await svc._pool(POOL)
+            pool = await svc.kernel.pool(POOL)
             on_disk = {i: pool.stored.sealed[i] for i in before}
             page = await svc.read_memory(POOL, ANN)
         finally:
@@ -397,7 +397,7 @@ def test_SEC_1_confide_and_enrichment_calls_go_to_the_encrypted_call_log(
             mem.routes.append(_route_rewrite("Plan my trip to Oslo by train", [mine.id]))
             mem.routes.append(_learning_route(completion("nothing to learn")))
             result = await _turn(svc, "Plan my trip to Oslo")
-            pool = await svc._pool(POOL)
+            pool = await svc.kernel.pool(POOL)
             store = svc.conversations.store
             calls = [await store.model_call(pool.stored, result.turn.id, s) for s in (1, 2, 3)]
         finally:
@@ -925,7 +925,7 @@ def test_LRN_5_learned_changes_read_position_and_job_end_commit_together(
     are not on disk either (each batch is its own transaction here, so a split would show).
 
     Break tried: in `LearningRunner._apply`, moving `self.store.position_row(...)` out of
-    `extra` into its own `self.shard._submit(None, [...])` → the fact and "done" are stored
+    `extra` into its own `kernel.stage(Batch(...))` → the fact and "done" are stored
     while the position is not (fails `assert ['Ann lives in Oslo'] == []`)."""
     from engine.errors import StorageError
     from storage.group_commit import GroupCommitter

@@ -8,28 +8,26 @@ actor awaiting its own handle would queue behind itself.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from actors.runtime.placement import shard_of
 from actors.shard.rwlock import assert_no_pool_lock
 from engine.errors import OpenBotError, Unavailable
-
-if TYPE_CHECKING:
-    from actors.shard.service import ShardService
 
 
 class Peers:
     def __init__(
-        self, shard: ShardService, *, prefix: str | None, count: int, namespace: str
+        self, local: Any, *, index: int, prefix: str | None, count: int, namespace: str
     ) -> None:
-        self.shard = shard
+        # This shard's own RPC surface (its `ShardService`): calls to itself stay in-process.
+        self.local = local
+        self.index = index
         self.prefix = prefix
         self.count = count
         self.namespace = namespace
         self._handles: dict[str, Any] = {}
 
     def index_of(self, key: str) -> int:
-        from actors.runtime.placement import shard_of
-
         return shard_of(key, self.count)
 
     def _handle(self, name: str) -> Any:
@@ -43,8 +41,8 @@ class Peers:
 
     async def shard_call(self, index: int, method: str, *args: Any) -> Any:
         assert_no_pool_lock(f"a call to shard {index} ({method})")
-        if index == self.shard.index:
-            return await getattr(self.shard, method)(*args)
+        if index == self.index:
+            return await getattr(self.local, method)(*args)
         if self.prefix is None:
             raise Unavailable(f"shard {index} is not reachable from here", code="no_peers")
         return await remote(getattr(self._handle(f"{self.prefix}-shard-{index}"), method), *args)
@@ -52,7 +50,7 @@ class Peers:
     async def directory(self, method: str, *args: Any) -> Any:
         assert_no_pool_lock(f"a call to the directory ({method})")
         if self.prefix is None:
-            local = getattr(self.shard, "directory_service", None)
+            local = getattr(self.local, "directory_service", None)
             if local is None:
                 raise Unavailable("the directory is not reachable from here", code="no_peers")
             return await getattr(local, method)(*args)

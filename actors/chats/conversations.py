@@ -35,6 +35,7 @@ from actors.chats.turn_types import (
     require_chat_owner,
     step_failed,
 )
+from actors.learning.jobs import job_event
 from actors.learning.memory_bot import MemoryBotRuntime
 from actors.learning.runs import LearningRunner
 from actors.runtime.peers import Peers
@@ -277,7 +278,7 @@ class Conversations:
                 )
                 self._scheduled.add(job.id)
                 batch.add(self.store.job_row(job, new=True))
-                batch.events.append(self.learning.event(job))
+                batch.emit(*job_event(job))
             try:
                 await self.logs.commit(chat.id, batch)
             finally:

@@ -16,10 +16,11 @@ import asyncio
 import logging
 import os
 import secrets
+from typing import Protocol
 
 import msgspec
 
-from actors.chats.chat_logs import ChatLogs
+from actors.learning.jobs import job_event
 from actors.learning.memory_bot import BudgetSpent, MemoryBotRuntime
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
@@ -30,8 +31,6 @@ from engine import scoped_memory as sm
 from engine import tags as tagmod
 from engine.commands import Outcome
 from engine.errors import Conflict, OpenBotError
-from engine.events import Audience as EventAudience
-from engine.events import MemoryJobChanged
 from engine.learning import (
     Audience,
     EvidenceItem,
@@ -42,17 +41,21 @@ from engine.memory import Change, LogRow, Reader, Scope, Who
 from engine.memory_bot import next_period_start
 from engine.models import Completion, Message
 from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS, learning_system
-from storage.chat_store import ChatStore, LearningJob, ModelCall
-from storage.stats import STATS
+from storage.chat_store import ChatLog, ChatStore, LearningJob, ModelCall
 
 log = logging.getLogger("openbot.learning")
-JOBS = "openbot_learning_jobs"
 AUTO_RETRIES = 3  # CO-3
 WAKE_MARGIN = 0.05  # seconds past a period boundary, so the new period has surely begun
 # Seconds before the first retry, doubled each time (the tests shorten it).
 RETRY_DELAY = float(os.environ.get("OPENBOT_LEARNING_RETRY_DELAY", "2.0"))
 _completion_enc = msgspec.json.Encoder()
 _completion_dec = msgspec.json.Decoder(Completion)
+
+
+class EvidenceLogs(Protocol):
+    """Where a job reads its evidence: the chat items kept on this shard (actors/chats/)."""
+
+    async def log(self, chat: str) -> ChatLog: ...
 
 
 class LearningRunner:
@@ -62,7 +65,7 @@ class LearningRunner:
         store: ChatStore,
         runtime: MemoryBotRuntime,
         memory: BotMemory,
-        logs: ChatLogs,
+        logs: EvidenceLogs,
         peers: Peers,
     ) -> None:
         self.kernel = kernel
@@ -71,7 +74,7 @@ class LearningRunner:
         self.memory = memory
         self.logs = logs  # the evidence: chat items kept on this shard
         self.peers = peers
-        kernel.on_evict.append(self.forget_pool)
+        kernel.on_evict_memory.append(self.forget_pool)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._chains: dict[tuple[str, str], asyncio.Lock] = {}
         self._positions: dict[str, dict[str, int]] = {}  # pool → chat → read position
@@ -116,19 +119,9 @@ class LearningRunner:
         self._tasks[job.id] = task
         task.add_done_callback(lambda _t, k=job.id: self._tasks.pop(k, None))
 
-    def event(self, job: LearningJob):
-        STATS.inc(JOBS, help="Learning job changes by the status they reached", status=job.status)
-        operator = job.grant.removeprefix("for:person:")
-        users = (operator,) if job.grant.startswith("for:person:") else ()
-        channels = (job.channel,) if job.channel else ()
-        data = MemoryJobChanged(
-            bot=job.pool.removeprefix("bot:"), job=job.id, status=job.status, attempts=job.attempts
-        )
-        return data, EventAudience(org=job.org, users=users, channels=channels)
-
     def _queue_save(self, job: LearningJob):
         """Queue the job's row and event; group commit keeps them in order with what follows."""
-        fut = self.kernel.stage(Batch(writes=[self.store.job_row(job)], events=[self.event(job)]))
+        fut = self.kernel.stage(Batch(writes=[self.store.job_row(job)], events=[job_event(job)]))
         assert fut is not None  # the job row is always there
         ignore_failure(fut)
         return fut
@@ -323,7 +316,7 @@ class LearningRunner:
         """Queue an attempt's call record with the job row. Queued, not awaited: it commits
         before what follows (group commit keeps order), and if the process dies first the
         attempt was simply not recorded."""
-        batch = Batch().key(stored).emit(*self.event(job))
+        batch = Batch().key(stored).emit(*job_event(job))
         batch.add(
             self.store.model_call_row(stored, job.id, call, self.kernel.clock()),
             self.store.job_row(job),
@@ -365,7 +358,7 @@ class LearningRunner:
             if await self._position(job.pool, job.chat) >= job.upto:
                 pending = pool.pending  # LRN-5: applied meanwhile; never twice
                 done = msgspec.structs.replace(job, status="done", updated_at=self.kernel.clock())
-                batch = Batch(writes=[self.store.job_row(done)], events=[self.event(done)])
+                batch = Batch(writes=[self.store.job_row(done)], events=[job_event(done)])
                 pending = self.kernel.stage(batch, pool)
             else:
                 decision = decide(
@@ -430,9 +423,7 @@ class LearningRunner:
                     self.store.job_row(done),
                     *self.runtime.spend_rows(),
                 ]
-                pending = self.kernel.stage_outcome(
-                    pool, outcome, sealed, extra, [self.event(done)]
-                )
+                pending = self.kernel.stage_outcome(pool, outcome, sealed, extra, [job_event(done)])
         try:
             await self.kernel.settle(pool, pending, reads_state=False)
         except BaseException:

@@ -105,6 +105,8 @@ class ShardKernel:
         # Called with a pool id when a pool (memory or workspace) leaves memory, so per-pool
         # state kept elsewhere (search indexes, vectors, learning positions) goes with it.
         self.on_evict: list[Callable[[str], None]] = []
+        # Called only when a memory pool leaves (its state elsewhere is keyed by the same id).
+        self.on_evict_memory: list[Callable[[str], None]] = []
         self._on_start: list[Callable[[], Awaitable[object]]] = []
         self._started: asyncio.Task[None] | None = None
         self.master = load_master_key(Path(data_dir))
@@ -200,7 +202,7 @@ class ShardKernel:
             return False
         del self._pools[pool_id]
         self.keyring.forget(pool_id)
-        for hook in self.on_evict:
+        for hook in [*self.on_evict_memory, *self.on_evict]:
             hook(pool_id)
         return True
 

@@ -24,7 +24,7 @@ from actors.chats.chat_logs import ChatLogs
 from actors.chats.conversations import Conversations, Mirrored, TurnResult, TurnStart
 from actors.chats.group_turns import GroupTurns
 from actors.chats.requests import Requests
-from actors.learning.listing import find_job, jobs_for
+from actors.learning.jobs import find_job, jobs_for
 from actors.learning.memory_bot import MemoryBotRuntime
 from actors.learning.runs import LearningRunner
 from actors.models.embeddings import Embedder, search_settings

@@ -1,4 +1,5 @@
-"""Learning jobs as people see them (MB-5): those of their own turns and their channels'."""
+"""Learning jobs as people see and hear of them (MB-5): those of their own turns and their
+channels', and the `memory.job.changed` event each change of a job sends to them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,23 @@ from collections.abc import Sequence
 import msgspec
 
 from actors.shard.kernel import ShardKernel
+from engine.events import Audience, MemoryJobChanged
 from storage.chat_store import ChatStore, LearningJob
+from storage.stats import STATS
+
+JOBS = "openbot_learning_jobs"
+
+
+def job_event(job: LearningJob) -> tuple[MemoryJobChanged, Audience]:
+    """A job's change as an event, to the turn's person or channel only."""
+    STATS.inc(JOBS, help="Learning job changes by the status they reached", status=job.status)
+    operator = job.grant.removeprefix("for:person:")
+    users = (operator,) if job.grant.startswith("for:person:") else ()
+    channels = (job.channel,) if job.channel else ()
+    data = MemoryJobChanged(
+        bot=job.pool.removeprefix("bot:"), job=job.id, status=job.status, attempts=job.attempts
+    )
+    return data, Audience(org=job.org, users=users, channels=channels)
 
 
 def job_for(job: LearningJob, user: str, channels: frozenset[str]) -> bool:

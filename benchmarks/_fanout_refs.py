@@ -131,8 +131,15 @@ async def serve_websockets() -> None:
             writer.close()
 
     ws_sock, http_sock = listening_socket(), listening_socket()
+    # No permessage-deflate, as the gateway serves websockets (gateway/server.py UVICORN_WS).
     async with serve(
-        handler, sock=ws_sock, backlog=2048, max_size=2**16, ping_interval=15, ping_timeout=15
+        handler,
+        sock=ws_sock,
+        backlog=2048,
+        max_size=2**16,
+        ping_interval=15,
+        ping_timeout=15,
+        compression=None,
     ):
         http = await asyncio.start_server(publish_conn, sock=http_sock, backlog=2048)
         print(
@@ -176,10 +183,10 @@ async def serve_socketio() -> None:
         sio, other_asgi_app=Starlette(routes=[Route("/publish", publish, methods=["POST"])])
     )
     sock = listening_socket()
-    # As `openbot serve` runs uvicorn (gateway/server.py): same defaults, same ws pings.
-    config = uvicorn.Config(
-        app, log_level="warning", lifespan="off", ws_ping_interval=15.0, ws_ping_timeout=15.0
-    )
+    from gateway.server import UVICORN_WS
+
+    # As `openbot serve` runs uvicorn (gateway/server.py): same defaults, same websocket options.
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", **UVICORN_WS)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:

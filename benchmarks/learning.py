@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from actors.shard.service import ShardService, TurnStart
+from actors.contracts import TurnStart
+from actors.shard.service import ShardService
 from engine.directory import Bot, Chat, Org, OrgSettings
 from engine.memory import EntryMeta, Layer
 from engine.models import Completion, Message, ToolCall, ToolSpec, Usage

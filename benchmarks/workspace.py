@@ -43,11 +43,11 @@ from pathlib import Path
 
 import numpy as np
 
+from actors.contracts import WsAccess, WsQuery
 from actors.directory import DirectoryService
 from actors.shard.batch import Batch
 from actors.shard.service import ShardService
 from actors.workspace.semantic import SemanticSearch
-from actors.workspace.service import WsAccess, WsQuery
 from benchmarks._load import percentile
 from engine import scoped_memory as sm
 from engine.memory import Scope
@@ -190,17 +190,17 @@ def bench_pack(entries: int, runs: int) -> dict:
 
 def _open(data: Path, embedder: InstantEmbedder | None) -> ShardService:
     svc = ShardService(data, 0, embedder=embedder)
-    svc.directory_service = DirectoryService(data)  # what Peers uses without Ray
+    svc.peers.connect(directory=DirectoryService(data))  # what the features call without Ray
     return svc
 
 
 async def _close(svc: ShardService) -> None:
     await svc.close()
-    svc.directory_service.store.db.close()
+    svc.peers.directory().store.db.close()
 
 
 async def _account(svc: ShardService) -> None:
-    d = svc.directory_service
+    d = svc.peers.directory()
     await d.create_org("Bench", ORG)
     await d.create_user("Bench", [ORG], ACCOUNT)
     await d.create_bot(name="Helper", org=ORG, owner=ACCOUNT, id=BOT)

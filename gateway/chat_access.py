@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from engine.directory import Bot, Channel, Chat, Principal
+from engine.errors import Forbidden
 
 
 class ChatAccess(NamedTuple):
@@ -13,3 +14,9 @@ class ChatAccess(NamedTuple):
     bot: Bot | None  # direct, review and agent chats
     channel: Channel | None  # group chats
     home: Any  # the shard actor that stores the chat
+
+
+def require_chat_owner(chat: Chat, user: str) -> None:
+    """Reading a chat (items, confessions, enrichments) is for its owner only (API-6)."""
+    if chat.owner != user:
+        raise Forbidden("only the chat's owner may read it", code="not_chat_owner")

@@ -457,9 +457,7 @@ def embedded_server(config: str | Path | None = None) -> Iterator[tuple[str, str
     path = Path(config) if config else DEFAULT_CONFIG
     if not path.exists():
         raise DemoError(f"no config at {path}: give --config (with a scripted model) or --url")
-    import ray
-
-    from actors.runtime.engine import Engine, start_ray
+    from actors.runtime.engine import Engine, ray_started, start_ray, stop_ray
     from gateway.app import create_app
     from gateway.live_server import LiveServer
     from gateway.server import load_settings
@@ -469,7 +467,7 @@ def embedded_server(config: str | Path | None = None) -> Iterator[tuple[str, str
     # Ray's unix socket paths must stay short: its temp dir stays near the root.
     ray_tmp = tempfile.mkdtemp(prefix="obd", dir="/tmp")
     engine = live = None
-    started_ray = not ray.is_initialized()
+    started_ray = not ray_started()
     try:
         start_ray(None, tmp_dir=ray_tmp)
         engine = Engine.start(
@@ -488,6 +486,6 @@ def embedded_server(config: str | Path | None = None) -> Iterator[tuple[str, str
         if engine is not None:
             engine.stop()
         if started_ray:
-            ray.shutdown()
+            stop_ray()
         shutil.rmtree(data, ignore_errors=True)
         shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -22,7 +22,10 @@ class LiveServer:
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._sock = sock
+        from gateway.server import UVICORN_WS
+
         options = {"log_level": "warning", "lifespan": "off", "timeout_graceful_shutdown": 1}
+        options |= UVICORN_WS
         self.server = uvicorn.Server(uvicorn.Config(app, **(options | config)))
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()

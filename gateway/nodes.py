@@ -23,8 +23,8 @@ from typing import Any
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from actors.models.node_hub import hub_handle
-from actors.runtime.engine import call
+from actors.contracts import NodeHubPort
+from actors.runtime.node_hub_handle import RayNodeHub
 from engine.casing import fit, to_wire
 from engine.errors import OpenBotError
 from engine.models import Completion, ToolCall, Usage
@@ -89,11 +89,9 @@ class NodesEndpoint:
             with contextlib.suppress(Exception):
                 await ws.close(4400, "say hello with the node's name and capabilities")
             return
-        hub = hub_handle(self.prefix)
+        hub = RayNodeHub(self.prefix)
         caps = hello.capabilities
-        session = await call(
-            hub.register, hello.node, caps.memory_isolation, caps.memory_extraction
-        )
+        session = await hub.register(hello.node, caps.memory_isolation, caps.memory_extraction)
         await _send(ws, {"type": "welcome", "node": hello.node, "session": session})
         pull = asyncio.create_task(self._pull(ws, hub, hello.node, session))
         WS_CLIENTS.labels("nodes").inc()
@@ -112,21 +110,21 @@ class NodesEndpoint:
                         usage=answer.usage,
                         model=hello.node,
                     )
-                    await call(hub.complete, answer.id, done, None)
+                    await hub.complete(answer.id, done, None)
                 else:
-                    await call(hub.complete, answer.id, None, answer.message)
+                    await hub.complete(answer.id, None, answer.message)
         except WebSocketDisconnect:
             pass
         finally:
             WS_CLIENTS.labels("nodes").dec()
             pull.cancel()
             with contextlib.suppress(Exception):
-                await call(hub.unregister, hello.node, session)
+                await hub.unregister(hello.node, session)
 
-    async def _pull(self, ws: WebSocket, hub, node: str, session: int) -> None:
+    async def _pull(self, ws: WebSocket, hub: NodeHubPort, node: str, session: int) -> None:
         try:
             while True:
-                work = await call(hub.next_work, node, session, 10.0)
+                work = await hub.next_work(node, session, 10.0)
                 if work is not None:
                     frame = {"type": "request", "id": work.id, "messages": work.messages}
                     frame["tools"] = work.tools

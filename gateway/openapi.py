@@ -20,10 +20,10 @@ from typing import Any, Literal
 
 import msgspec
 
-from actors.chats.chains import ChainView
-from actors.chats.conversations import TurnResult
+from actors.contracts import ChainView, TurnResult
 from engine.bot_policy import BotProfile
 from engine.casing import camel_schema, plain_component_names
+from engine.chat_records import ItemView, LearningJob
 from engine.directory import Bot, Channel, Chat, Org, User
 from engine.listing import BotEntry, ChannelEntry, ChatEntry, Me, Page
 from engine.memory import EntryView, LogPage, MemoryPage
@@ -37,7 +37,6 @@ from gateway import wire
 from gateway.nodes import Failure as NodeFailure
 from gateway.nodes import Hello as NodeHello
 from gateway.nodes import Result as NodeResult
-from storage.chat_store import ItemView, LearningJob
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,12 @@ from typing import Any, Literal
 
 import msgspec
 
-from actors.chats.chains import ChainView
-from actors.models.node_hub import NodeInfo
-from actors.workspace.service import RevisionView
+from actors.contracts import ChainView, NodeInfo, RevisionView
+from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.directory import Permission
 from engine.projects import ProjectView
 from engine.requests import RequestView
 from engine.scoped_memory import WsEntryView
-from storage.chat_store import Confession, Enrichment, ItemView, LearningJob, Turn
 
 
 class _Doc(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,6 +19,19 @@ from engine.errors import InvalidInput, Unavailable
 ADMIN_TOKEN_FILE = "admin.token"
 log = logging.getLogger("openbot")
 
+# How uvicorn serves websockets (here, in the benchmarks and in the tests' live servers).
+# Protocol-level pings notice dead peers (DESIGN §8 heartbeats). websockets' sans-I/O protocol
+# writes a frame without a task or a wait while the socket takes it (the fan-out relies on that,
+# gateway/subscriber.py). No permessage-deflate: event frames are ~250 bytes, and compressing each
+# one for each client cost ~3x the CPU of framing it (8 of 11 us a frame, measured) plus a zlib
+# state of ~260 KB per connection.
+UVICORN_WS = {
+    "ws": "websockets-sansio",
+    "ws_ping_interval": 15.0,
+    "ws_ping_timeout": 15.0,
+    "ws_per_message_deflate": False,
+}
+
 
 @dataclass
 class ServeSettings:
@@ -80,9 +93,9 @@ def load_settings(
     s.models = models
     s.search = search
     if search:
-        from actors.models.embeddings import search_settings
+        from actors.runtime.engine import check_search_config
 
-        search_settings(search, models)  # a bad [search] fails here, before Ray starts
+        check_search_config(search, models)  # a bad [search] fails here, before Ray starts
     s.config_dir = str(Path(path).resolve().parent) if path else None
     return s
 
@@ -137,16 +150,13 @@ LOCK_FILE = "serve.lock"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-class _Handler(logging.StreamHandler):
-    """Ours, so that setting up logging twice adds it once."""
-
-
 def setup_logging(level: str) -> None:
     """The `openbot.*` loggers (access lines at info, failures at warning) to stderr."""
     logger = logging.getLogger("openbot")
-    if not any(isinstance(h, _Handler) for h in logger.handlers):
-        handler = _Handler()
+    if not any(h.get_name() == "openbot" for h in logger.handlers):
+        handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler.set_name("openbot")  # ours: a second call adds no second handler
         logger.addHandler(handler)
     logger.setLevel(level.upper())
     logger.propagate = False
@@ -215,12 +225,10 @@ def serve(settings: ServeSettings, *, log_level: str = "info") -> None:
     engine = None
     # After the checks above, which must answer at once. actors first: it sets Ray's
     # environment (loopback, token auth) before ray is imported.
-    from actors.runtime.engine import Engine, start_ray
-    from actors.runtime.ray_env import TOKEN_FILE
-
-    import ray  # isort: skip
     import uvicorn
 
+    from actors.runtime.engine import Engine, start_ray, stop_ray
+    from actors.runtime.ray_env import TOKEN_FILE
     from gateway.app import create_app
     from storage.crypto import require_key_for_sealed_data
 
@@ -251,8 +259,7 @@ def serve(settings: ServeSettings, *, log_level: str = "info") -> None:
         sock.close()
         if engine is not None and settings.ray_address is None:
             engine.stop()
-        if ray.is_initialized():
-            ray.shutdown()
+        stop_ray()
         if lock is not None:
             lock.undo()
         raise
@@ -264,19 +271,13 @@ def serve(settings: ServeSettings, *, log_level: str = "info") -> None:
         flush=True,
     )
     try:
-        # Protocol-level pings notice dead websocket peers (DESIGN §8 heartbeats). The access
-        # log is gateway/metrics.py's (route templates and request ids), not uvicorn's.
-        config = uvicorn.Config(
-            app,
-            log_level=log_level,
-            access_log=False,
-            ws_ping_interval=15.0,
-            ws_ping_timeout=15.0,
-        )
+        # The access log is gateway/metrics.py's (route templates and request ids), not
+        # uvicorn's.
+        config = uvicorn.Config(app, log_level=log_level, access_log=False, **UVICORN_WS)
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()
         # A gateway that joined a cluster leaves the shared actors to the other gateways.
         if settings.ray_address is None:
             engine.stop()
-        ray.shutdown()
+        stop_ray()

@@ -9,7 +9,6 @@ import re
 from typing import Any, TypeVar
 
 import msgspec
-import numpy as np
 
 from engine.casing import camel_keys, fit
 from engine.directory import BotRules, OrgSettings, Permission
@@ -37,7 +36,10 @@ def check_json(body: bytes | str, *, limit: int = MAX_BODY, depth: int = MAX_DEP
     if raw.count(b"[") + raw.count(b"{") <= depth:
         return  # cannot be deeper than the number of its openers
     steps = _STRING.sub(b"", raw).translate(_STEP, _NOT_BRACKET)
-    # numpy (loaded by the engine anyway): ~100x a Python loop on a body of brackets.
+    # numpy: ~100x a Python loop on a body of brackets. Imported here, on the rare body with
+    # more openers than the limit, so that a gateway does not load it for nothing.
+    import numpy as np
+
     levels = np.frombuffer(steps, dtype=np.int8).cumsum(dtype=np.int64)
     if levels.size and int(levels.max()) > depth:
         raise InvalidInput(f"JSON nested deeper than {depth} levels", code="too_deep")

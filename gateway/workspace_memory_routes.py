@@ -22,8 +22,8 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from actors.contracts import USING, WsAccess, WsListing, WsQuery
 from actors.runtime.engine import Engine, call
-from actors.workspace.service import USING, WsAccess, WsListing, WsQuery
 from engine import projects as projmod
 from engine.directory import Principal, User, check_id, require_use, resolve_org
 from engine.errors import InvalidInput, NotFound

@@ -8,11 +8,11 @@ the directory records, projects, workspace records (content sealed with fresh pe
 fingerprints keyed again with this directory's master key), revisions, forget barriers,
 extraction jobs and idempotency receipts.
 
-What an account holds: its user record, the bots it owns (their memory pools), its user memory,
-the projects it owns (their memory pools), its workspace receipts. Chats, their items, the
-seed-000 memory entries and memory-bot settings stay out of the tree (seed 002 keeps bot identity
-and chats in the database); imported pools start with default memory-bot settings. Users get
-new tokens on import (`import-tokens.json`, 0600): the tree never holds a credential.
+What an account holds: its user record, the bots it owns (their memory pools: workspace records
+and seed-000 entries, with learning read positions), its user memory, the projects it owns
+(their memory pools), its workspace receipts, and the chats it keeps with their items and turns
+(storage/chat_export.py). Memory-bot settings stay out; imported pools start with the defaults.
+Users get new tokens on import (`import-tokens.json`, 0600): the tree never holds a credential.
 
 Files are written through a recovery log (FS-3): `.transactions/<id>.json` lists what is about
 to be written, each file is replaced atomically, then the log goes. A tree whose
@@ -21,7 +21,6 @@ to be written, each file is replaced atomically, then the log goes. A tree whose
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
@@ -29,42 +28,48 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import duckdb
 import msgspec
 
 from engine import bot_memory as bm
 from engine import file_tree as ft
-from engine.directory import Bot, Channel, Org, User
+from engine.chat_records import LearningJob
+from engine.directory import Bot, Channel, Chat, Org, User
 from engine.errors import InvalidInput, NotFound, StorageError
-from engine.memory import EntryMeta, Reader
+from engine.memory import Change, EntryMeta, LogRow, Reader, Who
 from engine.memory_bot import MemoryBotSettings
 from engine.projects import Project
 from engine.scoped_memory import ForgetBarrier, Revision, WsEntry, content_fingerprint
 from engine.visibility import Visibility
-from storage.chat_store import LearningJob
-from storage.crypto import KEY_FILE, Cipher, Keyring, aad, has_master_key, key_file, load_master_key
+from storage import chat_export
+from storage.crypto import KEY_FILE, Cipher, Keyring, aad, load_master_key
+from storage.data_dir_io import DIRECTORY_FILE, TOKENS_FILE
+from storage.data_dir_io import dir_cipher as _dir_cipher
+from storage.data_dir_io import existing as _existing
+from storage.data_dir_io import insert_all as _insert_all
+from storage.data_dir_io import master_key as _master_key
+from storage.data_dir_io import read_only as _read_only
+from storage.data_dir_io import rows as _rows
+from storage.data_dir_io import write_shard as _write_shard
 from storage.database import Database
 from storage.directory_store import KEY_SCOPE as DIR_KEY
 from storage.directory_store import MIGRATIONS as DIRECTORY_MIGRATIONS
 from storage.directory_store import hash_token, open_record, seal_record
-from storage.group_commit import Insert, Write
+from storage.group_commit import DeleteWhere, Insert, Write
 from storage.memory_store import MemoryStore, StoredPool, entry_key
 from storage.receipts import Receipts, receipt_key
 from storage.sealed_doc import open_doc
-from storage.shard_schema import LEARNING_JOBS, MEMORY_ENTRIES, PROJECTS
-from storage.shard_schema import MIGRATIONS as SHARD_MIGRATIONS
+from storage.shard_schema import LEARNING_JOBS, MEMORY_ENTRIES, MEMORY_LOG, PROJECTS
 from storage.workspace_store import WorkspaceStore
 
-DIRECTORY_FILE = "directory.duckdb"
-TOKENS_FILE = "import-tokens.json"
 RECEIPT_SCOPE = "ws"  # the workspace's receipts (actors/workspace/service.py RECEIPT_SCOPE)
 TRANSACTIONS = ".transactions"
 _enc = msgspec.json.Encoder()
 _dec: dict[type, msgspec.json.Decoder] = {
     k: msgspec.json.Decoder(k)
-    for k in (Org, User, Bot, Channel, Project, WsEntry, LearningJob, EntryMeta)
+    for k in (Org, User, Bot, Channel, Chat, Project, WsEntry, LearningJob, EntryMeta)
 }
 _barrier_dec = msgspec.json.Decoder(ForgetBarrier)
+_settings_dec = msgspec.json.Decoder(MemoryBotSettings)
 
 
 def shard_of(key: str, shards: int) -> int:
@@ -75,42 +80,6 @@ def shard_of(key: str, shards: int) -> int:
 
 
 # --- reading a stopped data directory -------------------------------------------------------------
-
-
-def _master_key(data_dir: Path) -> bytes:
-    """The key the data directory was sealed with; never a new one (reading makes nothing)."""
-    if not has_master_key(data_dir):
-        raise InvalidInput(
-            f"no master key: {key_file(data_dir)} is missing and OPENBOT_MASTER_KEY is unset",
-            code="no_master_key",
-        )
-    return load_master_key(data_dir)
-
-
-@contextlib.contextmanager
-def _read_only(path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
-    try:
-        con = duckdb.connect(str(path), read_only=True)
-    except duckdb.Error as e:
-        raise StorageError(
-            f"cannot open {path} read-only (a running server holds it? export with --url, or "
-            f"from a backup): {e}",
-            code="store_locked",
-        ) from e
-    try:
-        yield con
-    finally:
-        con.close()
-
-
-def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence = ()) -> list[tuple]:
-    """Rows of a query; none when its table does not exist (a file from before migration 5)."""
-    try:
-        return con.execute(sql, list(params)).fetchall()
-    except duckdb.CatalogException:
-        return []
-    except duckdb.Error as e:
-        raise StorageError(f"cannot read the data directory ({sql}): {e}") from e
 
 
 @dataclass
@@ -124,6 +93,9 @@ class _ShardRows:
     jobs: dict[str, list[LearningJob]] = field(default_factory=dict)
     # account -> (request id, fingerprint, sealed answer, time, receipt key)
     receipts: dict[str, list[tuple[str, str, bytes, int, str]]] = field(default_factory=dict)
+    chats: chat_export.ChatShardRows = field(default_factory=chat_export.ChatShardRows)
+    heads: dict[str, tuple[int, bytes | None]] = field(default_factory=dict)  # bot pools' rows
+    logs: dict[str, list[tuple]] = field(default_factory=dict)  # seed-000 change logs
 
 
 class DataDirReader:
@@ -150,12 +122,14 @@ class DataDirReader:
             self.users: dict[str, User] = table("users", User)
             self.bots: dict[str, Bot] = table("bots", Bot)
             self.channels: dict[str, Channel] = table("channels", Channel)
+            self.chats: dict[str, Chat] = table("chats", Chat)
         paths = sorted(
             (int(p.stem.removeprefix("shard-")), p)
             for p in self.data_dir.glob("shard-*.duckdb")
             if p.stem.removeprefix("shard-").isdigit()
         )
         self.projects: dict[str, Project] = {}
+        self._keepers: dict[str, dict[str, list[ft.MemoryRecord]]] | None = None
         self.shards = [self._read_shard(k, p) for k, p in paths]
 
     def _read_shard(self, index: int, path: Path) -> _ShardRows:
@@ -192,6 +166,16 @@ class DataDirReader:
             ):
                 _, account, request_id = key.split("\x00", 2)
                 out.receipts.setdefault(account, []).append((request_id, print_, sealed, at, key))
+            out.chats = chat_export.read_shard(lambda sql: _rows(con, sql))
+            bot = "WHERE pool LIKE 'bot:%'"
+            for pool, version, settings in _rows(
+                con, f"SELECT pool, version, settings FROM pools {bot}"
+            ):
+                out.heads[pool] = (version, settings)
+            for pool, *row in _rows(
+                con, f"SELECT pool, version, at_ms, entry, payload FROM memory_log {bot}"
+            ):
+                out.logs.setdefault(pool, []).append(tuple(row))
         return out
 
     def accounts(self) -> list[str]:
@@ -203,6 +187,9 @@ class DataDirReader:
                 if pool.startswith("user:"):
                     found.add(pool.removeprefix("user:"))
             found |= set(shard.receipts)
+        found |= {self._keeper(c) for c in self.chats.values()}
+        self._kept_for("")
+        found |= set(self._keepers or ())
         return sorted(u for u in found if u in self.users)
 
     def snapshot(self, account: str) -> ft.AccountSnapshot:
@@ -212,13 +199,14 @@ class DataDirReader:
         bots = [b for b in self.bots.values() if b.owner == account]
         bot_ids = {b.id for b in bots}
         projects = [p for p in self.projects.values() if p.owner == account]
-        linked = {c for p in projects for c in p.channels}
+        chats = [c for c in self.chats.values() if self._keeper(c) == account]
+        linked = {c for p in projects for c in p.channels} | {c.channel for c in chats}
         channels = [
             c
             for c in self.channels.values()
             if account in c.people or bot_ids.intersection(c.bots) or c.id in linked
         ]
-        named = {u for p in projects for u in p.members}
+        named = {u for p in projects for u in p.members} | {c.owner for c in chats}
         named |= {u for c in channels for u in c.people}
         named |= {u for b in bots for u in b.grants}
         users = [self.users[u] for u in sorted(named - {account}) if u in self.users]
@@ -226,6 +214,7 @@ class DataDirReader:
         org_ids |= {p.org for p in projects} | {o for u in users for o in u.orgs}
         pools = [f"bot:{b}" for b in sorted(bot_ids)] + [f"user:{account}"]
         pools += [f"project:{p.id}" for p in projects]
+        kept = self._kept_for(account)
         return ft.canonical(
             ft.AccountSnapshot(
                 account=user,
@@ -235,10 +224,19 @@ class DataDirReader:
                 channels=tuple(channels),
                 projects=tuple(projects),
                 bot_projects={b: self._bot_projects(b) for b in bot_ids},
-                pools=tuple(self._pool(p, account) for p in pools),
+                pools=(*(self._pool(p, account) for p in pools), *kept),
                 commands=tuple(self._commands(account)),
+                chats=tuple(self._chat(c) for c in chats),
             )
         )
+
+    def _keeper(self, chat: Chat) -> str:
+        return chat_export.keeper(chat, self.bots, self.users)
+
+    def _chat(self, chat: Chat) -> ft.ChatSnapshot:
+        home = shard_of(chat_export.home_of(chat, self.bots, chat.owner), len(self.shards))
+        shard = next((s for s in self.shards if s.index == home), _ShardRows(home))
+        return chat_export.snapshot(chat, shard.chats, shard.keys.get(f"chat:{chat.id}"))
 
     def _bot_projects(self, bot: str) -> tuple[ft.BotProject, ...]:
         out = []
@@ -292,28 +290,7 @@ class DataDirReader:
                 fields = msgspec.structs.asdict(entry)
                 del fields["content_fp"]
                 records.append(ft.MemoryRecord(**fields, content=content))
-            for meta, sealed in seeds:
-                content = cipher.open(sealed, aad(pool, meta.id)).decode()
-                view = bm.as_record_view(meta, content, pool.removeprefix("bot:"))
-                records.append(
-                    ft.MemoryRecord(
-                        id=meta.id,
-                        scope=view.scope,
-                        pool=pool,
-                        contributor=view.contributor,
-                        tier=view.tier,
-                        content=content,
-                        created_at=meta.created_at,
-                        updated_at=meta.updated_at,
-                        topics=view.topics,
-                        evidence=view.evidence,
-                        protected=view.protected,
-                        status=view.status,
-                        origin=view.origin,
-                        revision=meta.revision,
-                        memory=meta,
-                    )
-                )
+            records += [_seed_record(pool, meta, sealed, cipher) for meta, sealed in seeds]
             for entry_id, revision, at, operator, change, body in revs:
                 before, after = WorkspaceStore.open_revision(cipher, pool, entry_id, revision, body)
                 revisions.append(
@@ -354,7 +331,60 @@ class DataDirReader:
             revisions=tuple(revisions),
             tombstones=tuple(tombstones),
             jobs=tuple(jobs),
+            positions=tuple(p for s in self.shards for p in s.chats.positions.get(pool, ())),
+            seed=self._seed(pool, {r.id for r in records if r.memory is not None}),
         )
+
+    def _kept_for(self, account: str) -> list[ft.PoolSnapshot]:
+        """Learned entries of other accounts' bots that their owners may not see, for the tree
+        of the person they are for (`ft.entry_keeper`): nothing is left out of every tree."""
+        if self._keepers is None:
+            self._keepers = {}
+            people = {c.id: c.people for c in self.channels.values()}
+            for bot in self.bots.values():
+                pool = f"bot:{bot.id}"
+                for shard in self.shards:
+                    seeds = shard.seeds.get(pool, [])
+                    ws = [e for e, _ in shard.entries.get(pool, [])]
+                    seen = {m.id for m, _ in self._bot_memory(pool, bot.owner, ws, seeds)[1]}
+                    for meta, sealed in seeds:
+                        keeper = ft.entry_keeper(meta.tags, people)
+                        if meta.id not in seen and keeper not in (None, bot.owner):
+                            mine = self._keepers.setdefault(keeper, {}).setdefault(pool, [])
+                            mine.append(_seed_record(pool, meta, sealed, shard.keys[pool]))
+        return [
+            ft.PoolSnapshot(
+                pool=pool,
+                records=tuple(records),
+                seed=self._seed(pool, {r.id for r in records}, log_only=True),
+            )
+            for pool, records in sorted(self._keepers.get(account, {}).items())
+        ]
+
+    def _seed(self, pool: str, kept: set[str], log_only: bool = False) -> ft.SeedPool | None:
+        """A bot pool's seed-000 version, memory-bot settings and the log rows of the entries
+        in the tree (the others are other people's); only the log rows with `log_only`."""
+        for shard in self.shards:
+            if pool not in shard.heads:
+                continue
+            cipher = shard.keys[pool]
+            version, blob = shard.heads[pool]
+            settings = MemoryBotSettings()
+            if blob is not None:
+                settings = _settings_dec.decode(cipher.open(blob, aad(pool, "settings")))
+            log = []
+            for v, at, entry, payload in shard.logs.get(pool, []):
+                version = max(version, v)  # as MemoryStore.load
+                if entry in kept:
+                    raw = cipher.open(payload, aad(pool, f"log\x00{v}\x00{entry}"))
+                    who, change = msgspec.json.decode(raw)
+                    log.append(
+                        LogRow(version=v, at=at, who=Who(who), entry=entry, change=Change(change))
+                    )
+            if log_only:
+                return ft.SeedPool(log=tuple(log))
+            return ft.SeedPool(version=version, settings=settings, log=tuple(log))
+        return None
 
     def _commands(self, account: str) -> Iterator[ft.CommandReceipt]:
         """The account's workspace receipts. A receipt does not name the pool whose key sealed
@@ -384,6 +414,29 @@ class DataDirReader:
                         response=msgspec.json.decode(answer),
                     )
                     break
+
+
+def _seed_record(pool: str, meta: EntryMeta, sealed: bytes, cipher: Cipher) -> ft.MemoryRecord:
+    """A learned (seed-000) entry of a bot's memory as a record of the tree."""
+    content = cipher.open(sealed, aad(pool, meta.id)).decode()
+    view = bm.as_record_view(meta, content, pool.removeprefix("bot:"))
+    return ft.MemoryRecord(
+        id=meta.id,
+        scope=view.scope,
+        pool=pool,
+        contributor=view.contributor,
+        tier=view.tier,
+        content=content,
+        created_at=meta.created_at,
+        updated_at=meta.updated_at,
+        topics=view.topics,
+        evidence=view.evidence,
+        protected=view.protected,
+        status=view.status,
+        origin=view.origin,
+        revision=meta.revision,
+        memory=meta,
+    )
 
 
 def render_data_dir(data_dir: Path, account: str | None = None) -> dict[str, bytes]:
@@ -461,13 +514,14 @@ def read_tree(tree_dir: Path) -> dict[str, bytes]:
 # --- writing a new data directory -----------------------------------------------------------------
 
 
-class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
+class ImportResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     accounts: list[str]
     records: int
     projects: int
     files: list[str]
     tokens_file: str | None = None
     skipped_receipts: int = 0
+    skipped_entries: int = 0
 
 
 def _merge(kind: str, into: dict, items: Iterable) -> None:
@@ -482,8 +536,10 @@ def import_snapshots(
     """Write the snapshots into `data_dir` as `shards` shards (the count `openbot serve
     --shards` will use). A data directory that already holds accounts gets them merged in
     (issue 14), with its own master key and shard count; any id the tree shares with it (a
-    user, bot, channel, project, or an org that differs) refuses the whole import before
-    anything is written. The server must be stopped (its files are opened for writing)."""
+    user, bot, channel, project, chat, or an org that differs) refuses the whole import before
+    anything is written. The server must be stopped (its files are opened for writing).
+    Shards are written first, each in one transaction that first drops what an interrupted
+    import of the same ids left; the directory last: importing again after a crash is safe."""
     data_dir = Path(data_dir)
     if shards < 1:
         raise InvalidInput("shards must be at least 1", code="shard_count")
@@ -510,10 +566,11 @@ def import_snapshots(
                     f"project {project.id} twice, or not its owner's", code="conflict"
                 )
             projects[project.id] = project
+    chats = chat_export.collect(snapshots)
 
     if existing is not None:
         accounts = [s.account.id for s in snapshots]
-        orgs, users = existing.check(accounts, orgs, users, bots, channels, projects)
+        orgs, users = existing.check(accounts, orgs, users, bots, channels, projects, chats)
 
     def host(pool: str) -> str | None:
         kind, _, owner = pool.partition(":")
@@ -531,6 +588,9 @@ def import_snapshots(
     writes: list[list[Write]] = [[] for _ in range(shards)]
     keys: dict[str, Cipher] = {}
 
+    # The pool's own state comes from its owner's tree; other trees add entries kept for them.
+    seeds = {p.pool: p.seed for s in snapshots for p in s.pools if p.seed and _own(s, p.pool)}
+
     def key(pool: str) -> Cipher | None:
         if pool not in keys:
             owner = host(pool)
@@ -538,11 +598,14 @@ def import_snapshots(
                 return None
             cipher, wrapped = keyring.new_pool_key(pool)
             stored = StoredPool(pool=pool, cipher=cipher, wrapped_key=wrapped)
-            writes[shard_of(owner, shards)].append(memory.pool_row(stored, 0, MemoryBotSettings()))
+            seed = seeds.get(pool) or ft.SeedPool()
+            row = memory.pool_row(stored, seed.version, seed.settings)
+            writes[shard_of(owner, shards)].append(row)
             keys[pool] = cipher
         return keys[pool]
 
-    records = skipped = 0
+    records = skipped = skipped_entries = 0
+    stale: list[str] = []  # receipt keys
     for project in projects.values():
         cipher = key(f"project:{project.id}")
         assert cipher is not None
@@ -550,6 +613,11 @@ def import_snapshots(
     for s in snapshots:
         for pool in s.pools:
             cipher = key(pool.pool)
+            if cipher is None and not _own(s, pool.pool):
+                # Entries kept for this account by a bot outside the import (a merge into a
+                # directory that has the bot): reported, never mixed into a live pool.
+                skipped_entries += len(pool.records)
+                continue
             if cipher is None:
                 raise InvalidInput(f"{pool.pool} has no owner in the tree", code="invalid_tree")
             owner = host(pool.pool)
@@ -572,15 +640,29 @@ def import_snapshots(
             owner = host(receipt.pool)
             assert owner is not None
             writes[shard_of(owner, shards)].append(row)
-    files = [_write_shard(data_dir / f"shard-{k}.duckdb", writes[k]) for k in range(shards)]
+            stale.append(row.row[0])
+    for account, c in chats.values():  # sealed again at its home shard, with a new key
+        home = chat_export.home_of(c.chat, bots, account)
+        writes[shard_of(home, shards)].extend(chat_export.chat_writes(c, keyring, memory))
+    deletes = chat_export.stale_rows(keys, chats)
+    deletes.append(DeleteWhere("receipts", "key", tuple(stale)))
+    files = [
+        _write_shard(data_dir / f"shard-{k}.duckdb", writes[k], deletes) for k in range(shards)
+    ]
     tokens = {u: "obt_" + secrets.token_urlsafe(32) for u in sorted(users)}
-    files.append(_write_directory(keyring, data_dir, orgs, users, bots, channels, projects, tokens))
-    if existing is not None:  # the target's own users keep their tokens
-        tokens = {**existing.tokens_doc, **tokens}
+    # The tokens file before the directory (the import's commit point): a crash in between
+    # leaves tokens nobody holds yet, and importing again writes new ones.
     tokens_file = data_dir / TOKENS_FILE
-    fd = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(tokens, f, indent=2)
+    tmp = tokens_file.with_name(f".{TOKENS_FILE}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:  # the target's own users keep their tokens
+        json.dump({**(existing.tokens_doc if existing else {}), **tokens}, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, tokens_file)
+    records_by_table = {"orgs": orgs, "users": users, "bots": bots, "channels": channels}
+    records_by_table["chats"] = {i: c.chat for i, (_, c) in chats.items()}
+    files.append(_write_directory(keyring, data_dir, records_by_table, projects, tokens))
     return ImportResult(
         accounts=[s.account.id for s in snapshots],
         records=records,
@@ -588,78 +670,13 @@ def import_snapshots(
         files=[*files, str(data_dir / KEY_FILE)],
         tokens_file=str(tokens_file),
         skipped_receipts=skipped,
+        skipped_entries=skipped_entries,
     )
 
 
-@dataclass
-class _Existing:
-    """What a data directory already holds, for a merge import: every check is made before
-    anything is written, so a refused import changes nothing."""
-
-    shards: int
-    ids: dict[str, set[str]]
-    orgs: dict[str, Org]
-    tokens_doc: dict[str, str]
-
-    def check(self, accounts, orgs, users, bots, channels, projects):
-        """The orgs and users still to write (shared ones the target keeps); `id_clash` when
-        an account, bot, channel or project id is taken or a shared org differs."""
-        clashes = [f"user {a}" for a in sorted(set(accounts) & self.ids["user"])]
-        for kind, new in (
-            ("bot", bots),
-            ("channel", channels),
-            ("project", projects),
-        ):
-            clashes += [f"{kind} {i}" for i in sorted(set(new) & self.ids[kind])]
-        clashes += [
-            f"org {i} (differs)" for i, o in sorted(orgs.items()) if self.orgs.get(i, o) != o
-        ]
-        if clashes:
-            raise InvalidInput(
-                "the data directory already holds "
-                + ", ".join(clashes[:20])
-                + "; nothing was imported",
-                code="id_clash",
-                details={"clashes": clashes},
-            )
-        new_orgs = {i: o for i, o in orgs.items() if i not in self.orgs}
-        return new_orgs, {i: u for i, u in users.items() if i not in self.ids["user"]}
-
-
-def _dir_cipher(keyring: Keyring, directory: Path) -> Cipher | None:
-    """The directory's record key, when it has one (None: records from before sealing)."""
-    with _read_only(directory) as con:
-        wrapped = _rows(con, "SELECT wrapped FROM dir_keys WHERE scope = ?", [DIR_KEY])
-    return keyring.unwrap_pool_key(DIR_KEY, wrapped[0][0]) if wrapped else None
-
-
-def _existing(data_dir: Path) -> _Existing | None:
-    """None for a new data directory; else its ids, orgs and shard count (read-only)."""
-    directory = data_dir / DIRECTORY_FILE
-    shard_files = sorted(data_dir.glob("shard-*.duckdb"))
-    if not directory.exists():
-        if shard_files:
-            raise InvalidInput(f"{data_dir} has shards but no directory", code="exists")
-        return None
-    ids: dict[str, set[str]] = {}
-    with _read_only(directory) as con:
-        for kind, table in (
-            ("user", "users"),
-            ("bot", "bots"),
-            ("channel", "channels"),
-            ("project", "project_owners"),
-        ):
-            ids[kind] = {r[0] for r in _rows(con, f"SELECT id FROM {table}")}
-    cipher = _dir_cipher(Keyring(_master_key(data_dir)), directory)
-    with _read_only(directory) as con:
-        orgs = {
-            i: _dec[Org].decode(open_record(cipher, "orgs", i, doc))
-            for i, doc in _rows(con, "SELECT id, doc FROM orgs")
-        }
-    tokens_doc: dict[str, str] = {}
-    with contextlib.suppress(OSError, ValueError):
-        tokens_doc = json.loads((data_dir / TOKENS_FILE).read_text())
-    return _Existing(max(len(shard_files), 1), ids, orgs, tokens_doc)
+def _own(s: ft.AccountSnapshot, pool: str) -> bool:
+    """Whether `pool` is the tree's account's own (not another account's bot)."""
+    return not pool.startswith("bot:") or any(f"bot:{b.id}" == pool for b in s.bots)
 
 
 def _pool_rows(ws: WorkspaceStore, pool: ft.PoolSnapshot, cipher: Cipher) -> Iterator[Write]:
@@ -698,45 +715,23 @@ def _pool_rows(ws: WorkspaceStore, pool: ft.PoolSnapshot, cipher: Cipher) -> Ite
         # The row ChatStore.job_row writes (its builder needs a store instance).
         doc = _enc.encode(stored).decode()
         yield Insert(LEARNING_JOBS.name, (stored.id, stored.pool, stored.chat, doc))
-
-
-def _insert_all(db: Database, rows: Sequence[tuple[str, tuple]]) -> None:
-    by_table: dict[str, list[tuple]] = {}
-    for table, row in rows:
-        by_table.setdefault(table, []).append(row)
-
-    def write(con: duckdb.DuckDBPyConnection) -> None:
-        con.begin()
-        try:
-            for table, batch in by_table.items():
-                # The appender, as group commit uses: executemany is ~100x slower.
-                appender = con.appender(table)
-                appender.append_rows(batch)
-                appender.flush()
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
-
-    db.run_sync(write)
-
-
-def _write_shard(path: Path, writes: list[Write]) -> str:
-    db = Database(path, SHARD_MIGRATIONS)
-    try:
-        _insert_all(db, [(w.table, w.row) for w in writes])  # type: ignore[union-attr]
-    finally:
-        db.close()
-    return str(path)
+    yield from chat_export.position_writes(pool.pool, pool.positions)
+    for row in () if pool.seed is None else pool.seed.log:
+        log_key = f"{pool.pool}\x00{row.version}\x00{row.entry}"
+        payload = cipher.seal(
+            _enc.encode([row.who, row.change]),
+            aad(pool.pool, "log\x00" + log_key.split("\x00", 1)[1]),
+        )
+        ek = entry_key(pool.pool, row.entry)
+        yield Insert(
+            MEMORY_LOG.name, (log_key, pool.pool, row.version, row.at, ek, row.entry, payload)
+        )
 
 
 def _write_directory(
     keyring: Keyring,
     data_dir: Path,
-    orgs: dict[str, Org],
-    users: dict[str, User],
-    bots: dict[str, Bot],
-    channels: dict[str, Channel],
+    records: dict[str, dict[str, msgspec.Struct]],
     projects: dict[str, Project],
     tokens: dict[str, str],
 ) -> str:
@@ -748,11 +743,10 @@ def _write_directory(
     else:
         cipher, wrapped = keyring.new_pool_key(DIR_KEY)
         rows.append(("dir_keys", (DIR_KEY, wrapped)))
-    tables = (("orgs", orgs), ("users", users), ("bots", bots), ("channels", channels))
-    for table, records in tables:
+    for table, by_id in records.items():
         rows += [
             (table, (i, seal_record(cipher, table, i, _enc.encode(r))))
-            for i, r in sorted(records.items())
+            for i, r in sorted(by_id.items())
         ]
     rows += [("project_owners", (p.id, p.owner)) for p in projects.values()]
     rows += [("tokens", (hash_token(t), u, 0)) for u, t in tokens.items()]

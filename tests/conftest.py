@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-# The pool-lock guard (actors/shard/rwlock.py): a pool lock held across an actor or model call fails
-# at once, here and in the actors (they inherit the environment at Ray's start).
+# The pool-lock guard (actors/runtime/lock_guard.py): a pool lock held across an actor or model
+# call fails at once, here and in the actors (they inherit the environment at Ray's start).
 os.environ["OPENBOT_LOCK_GUARD"] = "1"
 
 import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
-from actors.shard import rwlock
+from actors.runtime import lock_guard
 from gateway.live_server import LiveServer
 
 ADMIN = "test-admin-" + secrets.token_hex(8)
@@ -59,6 +59,44 @@ def model_stubs():
         live.stop()
 
 
+@pytest.fixture(scope="module")
+def stubs():
+    """Two OpenAI-compatible servers on loopback, the bots' model and the memory model, for a
+    module's in-process shards (tests/shard_kit.py); `fresh` empties them for each test."""
+    from tests.openai_stub import OpenAIStub
+
+    bot, mem = OpenAIStub(), OpenAIStub()
+    servers = [LiveServer(bot.app), LiveServer(mem.app)]
+    bot.url, mem.url = servers[0].url + "/v1", servers[1].url + "/v1"
+    yield bot, mem
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def fresh(stubs):
+    for s in stubs:
+        s.queue.clear()
+        s.requests.clear()
+        s.routes.clear()
+    return stubs
+
+
+@pytest.fixture
+def bot_model(model_stubs):
+    """The bots' model stub, its scripted routes cleared after the test."""
+    stub = model_stubs["bot"]
+    yield stub
+    stub.routes.clear()
+
+
+@pytest.fixture
+def no_env_key(monkeypatch) -> None:
+    """No master key from the environment: a data directory's own key file is used (or made).
+    Modules of in-process shards take it with `pytestmark = pytest.mark.usefixtures(...)`."""
+    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
+
+
 @pytest.fixture(scope="session")
 def engine(ray_session, data_dir, model_stubs):
     from actors.runtime.engine import Engine
@@ -86,9 +124,9 @@ def engine(ray_session, data_dir, model_stubs):
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_pool_lock_across_calls() -> Iterator[None]:
-    assert rwlock.GUARD  # the guard is on in this process (in-process shards)
+    assert lock_guard.GUARD  # the guard is on in this process (in-process shards)
     yield
-    assert rwlock.violations == [], rwlock.violations
+    assert lock_guard.violations == [], lock_guard.violations
 
 
 @pytest.fixture(scope="session")

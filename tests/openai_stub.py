@@ -24,6 +24,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 
+def bot_of(body) -> str:
+    """The bot a request is for, by the name its system prompt gives it ("You are <name>.")."""
+    m = re.match(r"You are (\S+)\.", body["messages"][0]["content"])
+    return m.group(1) if m else ""
+
+
 def completion(text=None, tool_calls=(), usage=(10, 5)):
     message = {"role": "assistant", "content": text}
     if tool_calls:

@@ -319,7 +319,7 @@ def test_mem1_fs1_learned_entries_are_in_the_owners_file_tree_and_come_back_as_t
 
     async def serve() -> None:
         svc = ShardService(tmp_path / "new", 0)
-        svc.directory_service = DirectoryService(tmp_path / "new")
+        svc.peers.connect(directory=DirectoryService(tmp_path / "new"))
         try:
             mine = Reader(user=alice_id, org=world.org, uses_bot=True)
             page = await svc.read_memory(f"bot:{bot}", mine)
@@ -328,7 +328,7 @@ def test_mem1_fs1_learned_entries_are_in_the_owners_file_tree_and_come_back_as_t
             assert (await svc.read_memory(f"bot:{bot}", theirs)).entries == ()
         finally:
             await svc.close()
-            svc.directory_service.store.db.close()
+            svc.peers.directory().store.db.close()
 
     asyncio.run(serve())
 

@@ -51,7 +51,7 @@ def test_node_failure_loses_no_acknowledged_write_and_no_event():
 
 
 def test_a_restarted_store_refuses_to_start_without_its_file(tmp_path):
-    from actors.runtime.engine import guard_store
+    from actors.runtime.hosting import guard_store
     from engine.errors import StorageError
 
     (tmp_path / "master.key").write_text("x")
@@ -63,7 +63,7 @@ def test_a_restarted_store_refuses_to_start_without_its_file(tmp_path):
 
 
 def test_a_shard_refuses_to_start_without_the_master_key(tmp_path, monkeypatch):
-    from actors.runtime.engine import guard_store
+    from actors.runtime.hosting import guard_store
     from engine.errors import StorageError
 
     monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
@@ -74,7 +74,7 @@ def test_a_shard_refuses_to_start_without_the_master_key(tmp_path, monkeypatch):
 
 
 def test_a_store_waits_for_another_process_to_let_go_of_its_file(tmp_path):
-    from actors.runtime.engine import guard_store
+    from actors.runtime.hosting import guard_store
     from engine.errors import StorageError
 
     (tmp_path / "master.key").write_text("x")

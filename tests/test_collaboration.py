@@ -15,21 +15,9 @@ import ray
 from engine.errors import Forbidden
 from engine.self_rules import Editor, RulesUpdate
 from gateway.client import EventClient
-from tests.openai_stub import completion
+from tests.openai_stub import bot_of, completion
 
 WS = "/api/app/workspace"
-
-
-@pytest.fixture
-def bot_model(model_stubs):
-    stub = model_stubs["bot"]
-    yield stub
-    stub.routes.clear()
-
-
-def _name(body) -> str:
-    m = re.match(r"You are (\S+)\.", body["messages"][0]["content"])
-    return m.group(1) if m else ""
 
 
 def _last(body) -> dict:
@@ -92,7 +80,7 @@ def test_a_send_returns_a_receipt_and_the_reply_wakes_the_sender(world, admin, b
     asker, helper = bots["Asker"], bots["Helper"]
 
     def route(body):
-        name, last = _name(body), _last(body)
+        name, last = bot_of(body), _last(body)
         if name == asker["name"]:
             if last["role"] == "tool":
                 return completion("I asked my colleague.")
@@ -125,7 +113,7 @@ def test_a_send_returns_a_receipt_and_the_reply_wakes_the_sender(world, admin, b
             tool_msgs = [
                 m
                 for b in bot_model.requests
-                if _name(b) == asker["name"]
+                if bot_of(b) == asker["name"]
                 for m in b["messages"]
                 if m["role"] == "tool"
             ]
@@ -165,7 +153,7 @@ def test_a_send_returns_a_receipt_and_the_reply_wakes_the_sender(world, admin, b
     # UI-1: ordinary items never carry a communication record, whatever they say.
     assert all(i["communication"] is None for i in items if i["kind"] != "delivery")
     # The peer worked in an agent chat that holds only what was sent to it.
-    helper_requests = [b for b in bot_model.requests if _name(b) == helper["name"]]
+    helper_requests = [b for b in bot_model.requests if bot_of(b) == helper["name"]]
     assert "Check CI" not in str(helper_requests[-1]["messages"])
     # Someone else neither lists nor stops the chain.
     with world.client("bob") as bob:
@@ -179,7 +167,7 @@ def test_two_bots_delegating_forever_stop_at_the_caps(world, admin, bot_model):
     counter = iter(range(10_000))
 
     def route(body):
-        name, last = _name(body), _last(body)
+        name, last = bot_of(body), _last(body)
         if name not in (ping["name"], pong["name"]):
             return None
         if last["role"] == "tool":
@@ -207,7 +195,7 @@ def test_after_stop_a_late_reply_starts_nothing(world, admin, bot_model):
     boss, slow = bots["Boss"], bots["Slow"]
 
     def route(body):
-        name, last = _name(body), _last(body)
+        name, last = bot_of(body), _last(body)
         if name == boss["name"]:
             if last["role"] == "tool":
                 return completion("Asked.")
@@ -236,7 +224,7 @@ def test_after_stop_a_late_reply_starts_nothing(world, admin, bot_model):
     # The record of what was sent (UI-1), and no delivery came back after the stop.
     assert [i["kind"] for i in items] == ["person", "bot", "delivery"]
     assert items[2]["communication"]["direction"] == "sent"
-    woken = [b for b in bot_model.requests if _name(b) == boss["name"]]
+    woken = [b for b in bot_model.requests if bot_of(b) == boss["name"]]
     assert not any("[delivery from" in str(b["messages"][-1]["content"]) for b in woken)
 
 
@@ -245,7 +233,7 @@ def test_self_rules_revisions_and_the_creator_lock(world, admin, bot_model, engi
     maker = bots["Maker"]
 
     def route(body):
-        if _name(body) != maker["name"]:
+        if bot_of(body) != maker["name"]:
             return None
         last = _last(body)
         if last["role"] == "tool":
@@ -330,7 +318,7 @@ def test_a_delivery_group_runs_through_its_leader_and_the_person_decides(world, 
     ).json()
 
     def route(body):
-        name, last = _name(body), _last(body)
+        name, last = bot_of(body), _last(body)
         text = str(last["content"])
         if name == lead["name"]:
             if last["role"] == "tool":
@@ -396,7 +384,7 @@ def test_a_chain_resumes_after_its_shard_is_killed_and_delivers_once(
     calls = {"worker": 0}
 
     def route(body):
-        name, last = _name(body), _last(body)
+        name, last = bot_of(body), _last(body)
         if name == sender["name"]:
             if last["role"] == "tool":
                 return completion("Sent.")
@@ -442,7 +430,7 @@ def test_learning_waits_for_the_collaboration_and_runs_once(
     learning_requests: list = []
 
     def route(body):
-        name, last = _name(body), _last(body)
+        name, last = bot_of(body), _last(body)
         if name == planner["name"]:
             if last["role"] == "tool":
                 return completion("Asked the scout.")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ADMIN, World, _ok
-from tests.openai_stub import completion
+from tests.openai_stub import bot_of, completion
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts" / "console"
@@ -64,18 +64,6 @@ def page(browser, request, server) -> Iterator:
         finally:
             context.close()
     assert not errors, errors
-
-
-@pytest.fixture
-def bot_model(model_stubs):
-    stub = model_stubs["bot"]
-    yield stub
-    stub.routes.clear()
-
-
-def _name(body) -> str:
-    m = re.match(r"You are (\S+)\.", body["messages"][0]["content"])
-    return m.group(1) if m else ""
 
 
 def _sign_in(page, url: str, token: str, hash_: str = "") -> None:
@@ -128,7 +116,7 @@ def test_a_two_round_discussion_appears_live_once_and_resumes_after_a_drop(
     names = {b["name"] for b in bots}
 
     def route(body):
-        name = _name(body)
+        name = bot_of(body)
         if name not in names:
             return None
         said = " ".join(str(m["content"]) for m in body["messages"])
@@ -187,7 +175,7 @@ def test_a_channel_without_a_chat_is_listed_and_mentions_pick_one_bot(
     bots, channel = _group(world, admin, n=2)
     names = {b["name"] for b in bots}
     bot_model.routes.append(
-        lambda body: completion(f"{_name(body)} answers") if _name(body) in names else None
+        lambda body: completion(f"{bot_of(body)} answers") if bot_of(body) in names else None
     )
     _sign_in(page, server.url, world.tokens["bob"])
     group = page.locator('[data-testid="chat-entry"][data-kind="group"]')
@@ -229,7 +217,7 @@ def _chain_bots(world: World, admin) -> tuple[dict, dict]:
 
 def _chain_route(asker: dict, helper: dict, helper_answer):
     def route(body):
-        name, last = _name(body), body["messages"][-1]
+        name, last = bot_of(body), body["messages"][-1]
         if name == asker["name"]:
             if last["role"] == "tool":
                 return completion("I asked my colleague.")
@@ -456,7 +444,7 @@ def test_records_and_workspace_memory(world: World, admin, server, bot_model, me
     )
 
     def speak(body):
-        if _name(body) != name:
+        if bot_of(body) != name:
             return None
         if body["messages"][-1]["role"] == "tool":
             return completion("Done, and I said how it went.")

@@ -11,7 +11,6 @@ import secrets
 from collections import Counter
 
 import httpx
-import pytest
 
 from tests.conftest import ADMIN
 from tests.openai_stub import completion
@@ -98,13 +97,6 @@ def test_no_acknowledged_rules_edit_is_lost(world):
     assert revisions == list(range(start + 1, start + N + 1))
     last = max(acks, key=lambda a: a["revision"])
     assert final["revision"] == start + N and final["rules"]["duties"] == last["rules"]["duties"]
-
-
-@pytest.fixture
-def bot_model(model_stubs):
-    stub = model_stubs["bot"]
-    yield stub
-    stub.routes.clear()
 
 
 def test_self_rules_tool_naming_one_revision_has_one_winner(world, admin, bot_model):

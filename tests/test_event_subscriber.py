@@ -1,6 +1,9 @@
-"""The hub's per-client bookkeeping, without a server: who is offered an event, and cursors."""
+"""The hub's per-client bookkeeping and its outlets, without a server: who is offered an event,
+cursors, and what a slow client costs the others."""
 
 from __future__ import annotations
+
+import asyncio
 
 import msgspec
 
@@ -14,6 +17,22 @@ from engine.events import (
     decode_cursor,
 )
 from gateway.events import Subscriber
+from gateway.metrics import EVENTS_DROPPED
+from gateway.subscriber import Outlet
+
+
+class Socket:
+    """An ASGI send that takes frames at once, or waits until `opened` while `blocked`."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.blocked = False
+        self.opened = asyncio.Event()
+
+    async def send(self, message: dict) -> None:
+        if self.blocked:
+            await self.opened.wait()
+        self.texts.append(message["text"])
 
 
 def _event(seq, users=("u1",), org="o1"):
@@ -21,31 +40,284 @@ def _event(seq, users=("u1",), org="o1"):
     return Event(seq=seq, at=seq, data=data, audience=Audience(org=org, users=users))
 
 
-def _sub():
+def _sub(socket: Socket) -> Subscriber:
     listener = Listener(user="u1", orgs=frozenset({"o1"}))
-    sub = Subscriber(listener, [Position("e0", 0), Position("e1", 0)])
+    sub = Subscriber(listener, [Position("e0", 0), Position("e1", 0)], Outlet(socket.send))
     sub.live = [True, True]
     return sub
 
 
-def test_only_admitted_events_are_queued_but_positions_advance():
-    sub = _sub()
-    sub.offer(0, _event(1, users=("u2",)))
-    sub.offer(0, _event(2, org="o2"))
-    assert sub.queue.qsize() == 0 and sub.positions[0].seq == 2
-    sub.offer(0, _event(3))
-    sub.offer(0, _event(3))  # the same event twice: once
-    assert sub.queue.qsize() == 1
+def test_only_admitted_events_are_sent_but_positions_advance():
+    async def scenario():
+        socket = Socket()
+        sub = _sub(socket)
+        sub.offer(0, _event(1, users=("u2",)))
+        sub.offer(0, _event(2, org="o2"))
+        assert socket.texts == [] and sub.positions[0].seq == 2
+        assert sub.offer(0, _event(3)) is True  # written at once, no task
+        assert sub.offer(0, _event(3)) is False  # the same event twice: once
+        assert len(socket.texts) == 1
+
+    asyncio.run(scenario())
 
 
 def test_a_frame_brings_the_other_shards_position_up_to_what_was_dispatched():
-    sub = _sub()
-    heads = [ShardHead(epoch="e0", oldest=1, head=5), ShardHead(epoch="e1", oldest=1, head=40)]
-    sub.offer(0, _event(6), heads)
-    frame = msgspec.json.decode(sub.queue.get_nowait())
-    assert decode_cursor(frame["cursor"]) == [Position("e0", 6), Position("e1", 40)]
-    sub.live[1] = False  # still catching up there: its position must not jump
-    sub.positions[1] = Position("e1", 3)
-    sub.offer(0, _event(7), heads)
-    frame = msgspec.json.decode(sub.queue.get_nowait())
-    assert decode_cursor(frame["cursor"])[1] == Position("e1", 3)
+    async def scenario():
+        socket = Socket()
+        sub = _sub(socket)
+        heads = [ShardHead(epoch="e0", oldest=1, head=5), ShardHead(epoch="e1", oldest=1, head=40)]
+        sub.offer(0, _event(6), heads)
+        frame = msgspec.json.decode(socket.texts[-1])
+        assert decode_cursor(frame["cursor"]) == [Position("e0", 6), Position("e1", 40)]
+        sub.live[1] = False  # still catching up there: its position must not jump
+        sub.positions[1] = Position("e1", 3)
+        sub.offer(0, _event(7), heads)
+        frame = msgspec.json.decode(socket.texts[-1])
+        assert decode_cursor(frame["cursor"])[1] == Position("e1", 3)
+
+    asyncio.run(scenario())
+
+
+def test_a_send_that_waits_keeps_order_and_a_full_backlog_ends_the_outlet():
+    async def scenario():
+        socket = Socket()
+        outlet = Outlet(socket.send, limit=3)
+        assert outlet.deliver("a") is True
+        socket.blocked = True
+        assert outlet.deliver("b") is False  # suspended: its rest runs in a task
+        for text in ("c", "d", "e"):
+            outlet.deliver(text)  # queued behind it, in order
+        assert outlet.backlog == 4 and not outlet.ended.is_set()
+        socket.blocked = False
+        socket.opened.set()
+        await asyncio.sleep(0.05)
+        assert socket.texts == ["a", "b", "c", "d", "e"] and outlet.backlog == 0
+        assert outlet.deliver("f") is True  # the socket takes frames at once again
+
+        socket.blocked, socket.opened = True, asyncio.Event()
+        before = EVENTS_DROPPED._value.get()
+        for text in "ghijk":
+            outlet.deliver(text)
+        # g waits in the send, h i j fill the backlog, k does not fit: the client must go
+        assert outlet.ended.is_set() and outlet.code == 4429
+        assert EVENTS_DROPPED._value.get() - before == 1
+        assert outlet.deliver("l") is False
+        outlet.close()
+        await asyncio.sleep(0)
+        assert socket.texts == ["a", "b", "c", "d", "e", "f"]
+
+    asyncio.run(scenario())
+
+
+def test_a_send_that_fails_ends_the_outlet_without_a_close_code():
+    async def scenario():
+        async def broken(message: dict) -> None:
+            raise OSError("connection reset")
+
+        outlet = Outlet(broken)
+        assert outlet.deliver("a") is False
+        assert outlet.ended.is_set() and outlet.code is None
+
+    asyncio.run(scenario())
+
+
+class FakeShard:
+    """A shard's event log as the hub reads it (`event_head`, `events_after`); a replay
+    (`wait == 0`) can be held until released."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.log: list[Event] = []
+        self.grew = asyncio.Event()
+        self.hold: asyncio.Future[None] | None = None
+        self.pump_hold: asyncio.Future[None] | None = None
+        self.event_head = _Method(self._head)
+        self.events_after = _Method(self._after)
+
+    def append(self, user: str = "u1") -> None:
+        seq = len(self.log) + 1
+        data = MemoryChanged(
+            pool="bot:b", entry=f"s{self.k}-{seq}", version=seq, change="created", bot="b"
+        )
+        self.log.append(Event(seq=seq, at=seq, data=data, audience=Audience(users=(user,))))
+        self.grew.set()
+
+    def head(self) -> ShardHead:
+        return ShardHead(epoch=f"e{self.k}", oldest=1, head=len(self.log))
+
+    async def _head(self) -> ShardHead:
+        return self.head()
+
+    async def _after(self, after: int, limit: int, wait: float):
+        if wait == 0 and self.hold is not None:
+            await self.hold
+        if wait and self.pump_hold is not None:
+            await self.pump_hold
+        while wait and len(self.log) <= after:
+            self.grew.clear()
+            await self.grew.wait()
+        return self.head(), self.log[after : after + limit]
+
+
+class _Method:
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args):
+        return self.fn(*args)
+
+
+def test_a_client_joins_the_shared_frames_only_once_live_on_every_shard():
+    """While a client still replays one shard, events the hub dispatches there must not reach
+    it as shared frames (they would overtake the replay: out of order, then again)."""
+    from types import SimpleNamespace
+
+    from gateway.fanout import Hub
+
+    async def scenario():
+        shards = [FakeShard(0), FakeShard(1)]
+        for shard in shards:
+            for _ in range(3):
+                shard.append()
+        hub = Hub(SimpleNamespace(shards=shards))
+        socket = Socket()
+        listener = Listener(user="u1", orgs=frozenset())
+        start = "W1siZTAiLDBdLFsiZTEiLDBdXQ"  # positions e0:0, e1:0
+        assert decode_cursor(start) == [Position("e0", 0), Position("e1", 0)]
+        sub, reset = await hub.subscribe(listener, start, Outlet(socket.send))
+        assert not reset
+        shards[1].hold = asyncio.get_running_loop().create_future()
+        catch_up = asyncio.create_task(hub.catch_up(sub))
+        await asyncio.sleep(0.05)  # shard 0 replayed and live; shard 1's replay held
+        assert sub.live == [True, False]
+        shards[0].append()  # a pump batch on shard 0 ends: the hub tries to step the client in
+        await asyncio.sleep(0.05)
+        shards[1].append()  # dispatched on shard 1 while the client still replays there
+        await asyncio.sleep(0.05)
+        shards[1].hold.set_result(None)
+        await catch_up
+        assert sub.in_step
+        shards[1].append()  # now a shared frame
+        await asyncio.sleep(0.05)
+        await hub.stop()
+        entries = [msgspec.json.decode(t)["data"]["entry"] for t in socket.texts]
+        assert [e for e in entries if e.startswith("s0")] == [f"s0-{i}" for i in range(1, 5)]
+        assert [e for e in entries if e.startswith("s1")] == [f"s1-{i}" for i in range(1, 6)]
+        last = msgspec.json.decode(socket.texts[-1])["cursor"]
+        assert decode_cursor(last) == [Position("e0", 4), Position("e1", 5)]
+
+    asyncio.run(scenario())
+
+
+def test_a_cursor_from_a_faster_gateway_joins_the_shared_frames_once_the_hub_is_level():
+    """A client whose cursor is ahead of this hub (another gateway sent it further) must not be
+    handed the hub's position (a step back: what lies between would come again)."""
+    from types import SimpleNamespace
+
+    from engine.events import encode_cursor
+    from gateway.fanout import Hub
+
+    async def scenario():
+        shards = [FakeShard(0), FakeShard(1)]
+        for shard in shards:
+            for _ in range(3):
+                shard.append()
+        hold = asyncio.get_running_loop().create_future()
+        for shard in shards:
+            shard.pump_hold = hold  # this hub's pumps lag
+        hub = Hub(SimpleNamespace(shards=shards))
+        await hub.start()
+        shards[1].append()
+        shards[1].append()  # seq 4 and 5: another gateway's client already has them
+        socket = Socket()
+        cursor = encode_cursor([Position("e0", 3), Position("e1", 5)])
+        listener = Listener(user="u1", orgs=frozenset())
+        sub, reset = await hub.subscribe(listener, cursor, Outlet(socket.send))
+        assert not reset
+        await hub.catch_up(sub)
+        assert sub.live == [True, True] and not sub.in_step
+        hold.set_result(None)  # the pumps dispatch 4 and 5: not again to this client
+        await asyncio.sleep(0.05)
+        assert sub.in_step
+        shards[1].append()
+        await asyncio.sleep(0.05)
+        await hub.stop()
+        assert [msgspec.json.decode(t)["data"]["entry"] for t in socket.texts] == ["s1-6"]
+
+    asyncio.run(scenario())
+
+
+def test_a_client_going_live_while_a_batch_is_handed_out_misses_none_of_it(monkeypatch):
+    """The pump lets other tasks run within a big batch; a client that goes live in such a
+    pause must start from what was handed out so far, not from the batch's start."""
+    from types import SimpleNamespace
+
+    import gateway.fanout
+    from gateway.fanout import Hub
+
+    monkeypatch.setattr(gateway.fanout, "YIELD_EVERY", 1)
+
+    async def scenario():
+        shard = FakeShard(0)
+        for _ in range(3):
+            shard.append()
+        shard.pump_hold = asyncio.get_running_loop().create_future()
+        hub = Hub(SimpleNamespace(shards=[shard]))
+        listener = Listener(user="u1", orgs=frozenset())
+        early, late = Socket(), Socket()
+        joined: list[asyncio.Task[None]] = []
+        waiting: list[Subscriber] = []
+
+        async def send_then_let_b_join(message: dict) -> None:
+            await early.send(message)
+            if not joined:  # b goes live in the pump's first pause
+                joined.append(asyncio.ensure_future(hub.catch_up(waiting[0])))
+
+        a, _ = await hub.subscribe(listener, None, Outlet(send_then_let_b_join))
+        await hub.catch_up(a)
+        b, _ = await hub.subscribe(listener, None, Outlet(late.send))
+        waiting.append(b)
+        for _ in range(5):
+            shard.append()  # seq 4..8, one batch
+        shard.pump_hold.set_result(None)
+        await asyncio.sleep(0.05)
+        await joined[0]
+        await hub.stop()
+        got = [msgspec.json.decode(t)["data"]["entry"] for t in late.texts]
+        assert got == [f"s0-{i}" for i in range(4, 9)]
+        assert [msgspec.json.decode(t)["data"]["entry"] for t in early.texts] == got
+
+    asyncio.run(scenario())
+
+
+def test_a_client_that_stops_reading_holds_up_no_one(monkeypatch):
+    """Its sends wait, its backlog fills and it is told to go (4429, resume by cursor); every
+    other client of the same audience gets every frame meanwhile, at once."""
+    from types import SimpleNamespace
+
+    import gateway.subscriber
+    from gateway.fanout import Hub
+
+    monkeypatch.setattr(gateway.subscriber, "QUEUE_LIMIT", 5)
+
+    async def scenario():
+        shard = FakeShard(0)
+        hub = Hub(SimpleNamespace(shards=[shard]))
+        listener = Listener(user="u1", orgs=frozenset())
+        slow, fast = Socket(), Socket()
+        slow.blocked = True
+        subs = []
+        for socket in (slow, fast):
+            sub, _ = await hub.subscribe(listener, None, Outlet(socket.send))
+            await hub.catch_up(sub)
+            subs.append(sub)
+        for _ in range(20):
+            shard.append()
+            await asyncio.sleep(0.01)
+        await hub.stop()
+        assert len(fast.texts) == 20 and not subs[1].outlet.ended.is_set()
+        assert subs[0].outlet.ended.is_set() and subs[0].outlet.code == 4429
+        assert slow.texts == []
+        subs[0].outlet.close()
+
+    asyncio.run(scenario())

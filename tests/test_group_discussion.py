@@ -7,16 +7,7 @@ from __future__ import annotations
 import re
 import secrets
 
-import pytest
-
 from tests.openai_stub import completion
-
-
-@pytest.fixture
-def bot_model(model_stubs):
-    stub = model_stubs["bot"]
-    yield stub
-    stub.routes.clear()
 
 
 def _name_of(body) -> str | None:

@@ -145,7 +145,7 @@ def test_a_turn_waits_for_a_switch_under_way(tmp_path):
     """Deterministic interleaving on one shard (no Ray): a switch that found the group idle
     holds the chat's turn lock until the directory has stored the new mode, so a turn asked
     for meanwhile starts after it, in the new mode, even though its caller read the old one."""
-    from actors.chats.conversations import TurnStart
+    from actors.contracts import TurnStart
     from actors.directory import DirectoryService
     from actors.models.registry import ScriptedModel
     from actors.shard.service import ShardService
@@ -155,7 +155,8 @@ def test_a_turn_waits_for_a_switch_under_way(tmp_path):
 
     async def go():
         svc = ShardService(tmp_path, 0, models={"talk": ScriptedModel.from_file("talk", script)})
-        d = svc.directory_service = DirectoryService(tmp_path)
+        d = DirectoryService(tmp_path)
+        svc.peers.connect(directory=d)
         try:
             org = await d.create_org("o")
             user, _ = await d.create_user("u", [org.id])

@@ -12,8 +12,9 @@ import time
 
 import ray
 
+from actors.contracts import TurnStart
 from actors.models.registry import OpenAIModel
-from actors.shard.service import ShardService, TurnStart
+from actors.shard.service import ShardService
 from engine.directory import Bot, Chat, Org, OrgSettings
 from engine.learning import REQUEST_LIMIT
 from engine.memory import Reader

@@ -10,24 +10,25 @@ import asyncio
 
 import pytest
 
-from actors.shard import rwlock
-from actors.shard.rwlock import PoolLockHeld, PoolMutex, RWLock, assert_no_pool_lock
+from actors.runtime import lock_guard
+from actors.runtime.lock_guard import PoolLockHeld, assert_no_pool_lock
+from actors.shard.rwlock import PoolMutex, RWLock
 
 
 def _caught(fn) -> list[str]:
     """Run `fn` and give back what the guard recorded meanwhile (taken out of the session's
     list, which must end empty)."""
-    start = len(rwlock.violations)
+    start = len(lock_guard.violations)
     try:
         asyncio.run(fn())
     finally:
-        caught = rwlock.violations[start:]
-        del rwlock.violations[start:]
+        caught = lock_guard.violations[start:]
+        del lock_guard.violations[start:]
     return caught
 
 
 def test_the_guard_is_on_in_the_test_suite():
-    assert rwlock.GUARD
+    assert lock_guard.GUARD
 
 
 @pytest.mark.parametrize("mode", ["shared", "exclusive"])
@@ -47,10 +48,10 @@ def test_the_workspace_pool_mutex_counts_too_and_nesting_is_counted():
         lock, other = PoolMutex(), RWLock()
         async with lock:
             async with other.shared():
-                assert rwlock.held() == 2
+                assert lock_guard.held() == 2
             with pytest.raises(PoolLockHeld):
                 assert_no_pool_lock("a model call")
-        assert rwlock.held() == 0
+        assert lock_guard.held() == 0
         assert_no_pool_lock("a model call")
 
     assert len(_caught(go)) == 1
@@ -81,13 +82,13 @@ def test_learning_sends_workspace_facts_outside_the_pool_lock(tmp_path, monkeypa
     seen: list[int] = []
 
     async def extract(self, job, new, evidence, now):
-        seen.append(rwlock.held())
+        seen.append(lock_guard.held())
         return []
 
     monkeypatch.setattr(LearningRunner, "_extract_scoped", extract)
 
     async def go():
-        from storage.chat_store import LearningJob
+        from engine.chat_records import LearningJob
 
         svc = ShardService(tmp_path, 0)
         pool = await svc.kernel.pool("bot:b1")

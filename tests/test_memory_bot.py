@@ -9,58 +9,13 @@ import json
 import msgspec
 import pytest
 
-from actors.models.registry import OpenAIModel
-from actors.shard.service import ShardService, TurnStart
-from engine.directory import Bot, Chat, Org, OrgSettings
+from actors.contracts import TurnStart
+from engine.directory import Org, OrgSettings
 from engine.memory import Reader
 from engine.memory_bot import Budget, SettingsPatch
 from engine.turns import CALM_ANSWER
-from tests.conftest import LiveServer
 from tests.openai_stub import OpenAIStub, completion
-
-ORG = Org(id="o1", name="o", settings=OrgSettings(botMemory=True, botMemoryModel="mem"))
-BOT = Bot(id="b1", name="Helper", org="o1", owner="u_owner", model="bot")
-CHAT = Chat(id="chat_1", kind="direct", owner="u_ann", org="o1", bot="b1")
-ANN = Reader(user="u_ann", org="o1", uses_bot=True)
-POOL = "bot:b1"
-
-
-@pytest.fixture(scope="module")
-def stubs():
-    bot, mem = OpenAIStub(), OpenAIStub()
-    servers = [LiveServer(bot.app), LiveServer(mem.app)]
-    bot.url, mem.url = servers[0].url + "/v1", servers[1].url + "/v1"
-    yield bot, mem
-    for s in servers:
-        s.stop()
-
-
-@pytest.fixture
-def fresh(stubs):
-    bot, mem = stubs
-    for s in stubs:
-        s.queue.clear()
-        s.requests.clear()
-    return bot, mem
-
-
-def _service(path, stubs, **kw):
-    bot, mem = stubs
-    models = {
-        "bot": OpenAIModel("bot", base_url=bot.url, model="bot-model"),
-        "mem": OpenAIModel("mem", base_url=mem.url, model="mem-model"),
-    }
-    return ShardService(path, 0, models=models, answer_wait=kw.pop("answer_wait", 2.0), **kw)
-
-
-async def _turn(svc, text, chat=CHAT, org=ORG):
-    turn = await svc.start_turn(
-        TurnStart(chat=chat, bot=BOT, org=org, operator=chat.owner, text=text)
-    )
-    result = await svc.wait_turn(chat.id, turn.id)
-    await svc.learning_idle()
-    return result
-
+from tests.shard_kit import ANN, BOT, CHAT, ORG, POOL, run_turn, shard_service
 
 CONFIDE = ("confide", {"text": "Ann told me she moved to Oslo; I hope I got it right"})
 
@@ -82,8 +37,8 @@ def test_confide_then_learn_a_fact_from_the_persons_item(tmp_path, fresh):
     )
 
     async def go():
-        svc = _service(tmp_path, fresh)
-        result = await _turn(svc, "I moved to Oslo last week")
+        svc = shard_service(tmp_path, fresh)
+        result = await run_turn(svc, "I moved to Oslo last week")
         assert [(i.kind, i.text) for i in result.items] == [
             ("person", "I moved to Oslo last week"),
             ("bot", "Noted, Ann."),
@@ -128,8 +83,8 @@ def test_a_bot_that_never_confides_learns_nothing(tmp_path, fresh):
     bot.answer(completion("Hello!"))
 
     async def go():
-        svc = _service(tmp_path, fresh)
-        await _turn(svc, "I moved to Oslo")
+        svc = shard_service(tmp_path, fresh)
+        await run_turn(svc, "I moved to Oslo")
         steps = await svc.learning_idle()
         page = await svc.read_memory(POOL, ANN)
         await svc.close()
@@ -150,13 +105,13 @@ def test_calm_answer_without_model_budget_or_in_time(tmp_path, fresh, case):
         mem.answer(OpenAIStub.HANG)
 
     async def go():
-        svc = _service(tmp_path, fresh, answer_wait=1.0)
+        svc = shard_service(tmp_path, fresh, answer_wait=1.0)
         if case == "budget":
             patch = SettingsPatch(expected=0, budget=Budget(period="day", limitMicros=0))
             await svc.patch_memory_bot_settings(POOL, patch)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        await _turn(svc, "hi", org=org)
+        await run_turn(svc, "hi", org=org)
         elapsed = loop.time() - t0
         confessions = await svc.confessions("chat_1")
         await svc.close()
@@ -174,14 +129,14 @@ def test_enrichment_uses_only_the_readers_entries_and_history_keeps_the_original
     bot.answer(completion("Sure."))
 
     async def go():
-        svc = _service(tmp_path, fresh)
+        svc = shard_service(tmp_path, fresh)
         mine = await svc.remember(POOL, ANN, "Ann prefers trains to planes")
         rewrite = {
             "text": "Plan my trip to Oslo (I prefer trains)",
             "entries": [mine.id, "mem_not_hers"],
         }
         mem.answer(completion(None, tool_calls=[("rewrite", rewrite)]))
-        result = await _turn(svc, "Plan my trip to Oslo")
+        result = await run_turn(svc, "Plan my trip to Oslo")
         enrichments = await svc.enrichments("chat_1")
         await svc.close()
         return mine, result, enrichments
@@ -204,7 +159,7 @@ def test_restart_mid_execution_reuses_the_recorded_step_and_stores_once(tmp_path
     mem.answer(completion("I hear you."), completion(None, tool_calls=[("learn_fact", learn)]))
 
     async def crash_after_the_model_step():
-        svc = _service(tmp_path, fresh)
+        svc = shard_service(tmp_path, fresh)
         stuck = asyncio.Event()
 
         async def never_apply(*args, **kwargs):
@@ -223,7 +178,7 @@ def test_restart_mid_execution_reuses_the_recorded_step_and_stores_once(tmp_path
         svc.db.close()
 
     async def restart():
-        svc = _service(tmp_path, fresh)
+        svc = shard_service(tmp_path, fresh)
         await svc.ping()  # the first call resumes open jobs
         steps = await svc.learning_idle()
         page = await svc.read_memory(POOL, ANN)
@@ -246,8 +201,8 @@ def test_purging_the_chat_removes_what_was_learned_deleting_history_does_not(tmp
     mem.answer(completion("I hear you."), completion(None, tool_calls=[("learn_fact", learn)]))
 
     async def go():
-        svc = _service(tmp_path, fresh)
-        await _turn(svc, "I moved to Oslo")
+        svc = shard_service(tmp_path, fresh)
+        await run_turn(svc, "I moved to Oslo")
         assert await svc.delete_chat_items("chat_1") == 2
         after_delete = await svc.read_memory(POOL, ANN)
         items = await svc.chat_items("chat_1")
@@ -267,9 +222,9 @@ def test_garbage_from_the_memory_model_is_a_recorded_safe_error(tmp_path, fresh,
     mem.answer(completion("I hear you."), *[OpenAIStub.GARBAGE] * 4)
 
     async def go():
-        svc = _service(tmp_path, fresh)
+        svc = shard_service(tmp_path, fresh)
         svc.learning.retry_delay = 0.0
-        await _turn(svc, "I moved to Oslo")
+        await run_turn(svc, "I moved to Oslo")
         page = await svc.read_memory(POOL, ANN)
         jobs = await svc.learning_jobs(POOL)
         await svc.close()
@@ -295,8 +250,8 @@ def test_a_failed_turn_and_step_are_logged(tmp_path, fresh, caplog):
     bot.answer(OpenAIStub.GARBAGE, OpenAIStub.GARBAGE, OpenAIStub.GARBAGE)
 
     async def go():
-        svc = _service(tmp_path, fresh)
-        result = await _turn(svc, "hello")
+        svc = shard_service(tmp_path, fresh)
+        result = await run_turn(svc, "hello")
         await svc.close()
         return result
 
@@ -320,9 +275,9 @@ def test_a_failed_learning_step_is_retried_and_then_succeeds(tmp_path, fresh):
     )
 
     async def go():
-        svc = _service(tmp_path, fresh)
+        svc = shard_service(tmp_path, fresh)
         svc.learning.retry_delay = 0.0
-        await _turn(svc, "I moved to Oslo")
+        await run_turn(svc, "I moved to Oslo")
         page = await svc.read_memory(POOL, ANN)
         jobs = await svc.learning_jobs(POOL)
         await svc.close()
@@ -343,8 +298,8 @@ def test_auto_record_learns_after_every_turn_without_confide(tmp_path, fresh):
     )
 
     async def go():
-        svc = _service(tmp_path, fresh)
-        await _turn(svc, "I like tea", org=auto)
+        svc = shard_service(tmp_path, fresh)
+        await run_turn(svc, "I like tea", org=auto)
         page = await svc.read_memory(POOL, ANN)
         jobs = await svc.learning_jobs(POOL)
         await svc.close()
@@ -357,7 +312,7 @@ def test_auto_record_learns_after_every_turn_without_confide(tmp_path, fresh):
 
 def test_context_api_has_entries_and_validate_references(tmp_path, fresh):
     async def go():
-        svc = _service(tmp_path, fresh)
+        svc = shard_service(tmp_path, fresh)
         a = await svc.remember(POOL, ANN, "a" * 50)
         b = await svc.remember(POOL, ANN, "b" * 50)
         ctx = await svc.context(POOL, ANN, 60)  # only the newest fits
@@ -385,10 +340,10 @@ def test_learning_sees_only_what_the_turns_person_may_see(tmp_path, fresh):
     mem.answer(completion("I hear you."), completion("nothing to learn"))
 
     async def go():
-        svc = _service(tmp_path, fresh)
+        svc = shard_service(tmp_path, fresh)
         await svc.remember(POOL, Reader(user="u_bob", org="o1", uses_bot=True), "Bob's secret plan")
         mine = await svc.remember(POOL, ANN, "Ann likes tea")
-        await _turn(svc, "I moved to Oslo")
+        await run_turn(svc, "I moved to Oslo")
         await svc.close()
         return mine
 
@@ -403,7 +358,7 @@ def test_items_of_a_running_turn_appear_once_stored(tmp_path, fresh):
     bot.answer(completion("Here you go."))
 
     async def go():
-        svc = _service(tmp_path, fresh)
+        svc = shard_service(tmp_path, fresh)
         gate = asyncio.Event()
         submit = svc.committer.submit
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from actors.contracts import WsAccess, WsQuery
 from actors.directory import DirectoryService
 from actors.shard.service import ShardService
-from actors.workspace.service import WsAccess, WsQuery
 from engine.errors import Conflict
 from engine.memory import Reader, Scope
 from engine.scoped_memory import WsForget, WsMemoryChange, WsMemoryCreate
@@ -29,20 +29,18 @@ POOL = "bot:b1"
 SECRET = "quokkamarmalade"  # a word that must never be found on disk in the clear
 
 
-@pytest.fixture(autouse=True)
-def _no_env_key(monkeypatch) -> None:
-    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
+pytestmark = pytest.mark.usefixtures("no_env_key")
 
 
 def _shard(data: Path, context_s: float = 0) -> ShardService:
     svc = ShardService(data, 0, search={"context_window_s": context_s})
-    svc.directory_service = DirectoryService(data)
+    svc.peers.connect(directory=DirectoryService(data))
     return svc
 
 
 async def _close(svc: ShardService) -> None:
     await svc.close()
-    svc.directory_service.store.db.close()
+    svc.peers.directory().store.db.close()
 
 
 async def _create(svc: ShardService, who: WsAccess, content: str) -> str:

@@ -150,16 +150,24 @@ def test_websocket_clients_and_events_delivered(server, world):
 
 
 def test_a_full_client_queue_counts_dropped_events():
-    from gateway.events import Subscriber
     from gateway.metrics import EVENTS_DROPPED
+    from gateway.subscriber import Outlet
 
-    sub = Subscriber.__new__(Subscriber)
-    sub.queue = asyncio.Queue(1)
-    sub.overflowed = asyncio.Event()
-    before = EVENTS_DROPPED._value.get()
-    sub.push(b"one")
-    sub.push(b"two")
-    assert EVENTS_DROPPED._value.get() - before == 1 and sub.overflowed.is_set()
+    async def scenario():
+        gate = asyncio.Event()
+
+        async def slow_socket(message: dict) -> None:
+            await gate.wait()
+
+        outlet = Outlet(slow_socket, limit=1)
+        before = EVENTS_DROPPED._value.get()
+        outlet.deliver("one")  # waits in the send
+        outlet.deliver("two")  # queued
+        outlet.deliver("three")  # does not fit
+        assert EVENTS_DROPPED._value.get() - before == 1 and outlet.ended.is_set()
+        outlet.close()
+
+    asyncio.run(scenario())
 
 
 def test_access_log_line_and_request_id(server, world, caplog):

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from actors.contracts import WsAccess, WsQuery
 from actors.directory import DirectoryService
 from actors.models.embeddings import OnnxEmbeddings, load_embedder, search_settings
 from actors.models.registry import load_models
 from actors.shard.service import ShardService
-from actors.workspace.service import WsAccess, WsQuery
 from engine.errors import InvalidInput
 from engine.memory import Scope
 from engine.scoped_memory import WsMemoryCreate
@@ -58,7 +58,7 @@ def test_semantic_search_with_the_onnx_model_finds_a_record_sharing_no_word(
 
     async def main() -> None:
         svc = ShardService(tmp_path, 0, embedder=minilm)
-        svc.directory_service = DirectoryService(tmp_path)
+        svc.peers.connect(directory=DirectoryService(tmp_path))
         ids = []
         for text in ("The automobile needs new tyres.", "Lunch is at noon.", "Pay the rent."):
             body = WsMemoryCreate(
@@ -68,6 +68,6 @@ def test_semantic_search_with_the_onnx_model_finds_a_record_sharing_no_word(
         listing = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",), q="my car", limit=3))
         assert listing.fused[0].id == ids[0] and listing.fused[0].kinds == ("semantic",)
         await svc.close()
-        svc.directory_service.store.db.close()
+        svc.peers.directory().store.db.close()
 
     asyncio.run(main())

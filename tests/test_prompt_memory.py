@@ -8,18 +8,9 @@ import json
 import re
 import secrets
 
-import pytest
-
 from tests.openai_stub import completion
 
 WS = "/api/app/workspace"
-
-
-@pytest.fixture
-def bot_model(model_stubs):
-    stub = model_stubs["bot"]
-    yield stub
-    stub.routes.clear()
 
 
 def _remember(client, **body) -> dict:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import secrets
 
 import httpx
 import pytest
 
 from gateway.client import EventClient
-from tests.openai_stub import completion
+from tests.openai_stub import bot_of, completion
 
 PROPOSAL = "Buy the ThinkPad X1 for 450 EUR from the usual shop."
 
@@ -25,11 +24,6 @@ def stubs(model_stubs):
     yield bot, mem
     bot.routes.clear()
     mem.routes.clear()
-
-
-def _name(body) -> str:
-    m = re.match(r"You are (\S+)\.", body["messages"][0]["content"])
-    return m.group(1) if m else ""
 
 
 def _tools(body) -> set[str]:
@@ -61,7 +55,7 @@ def _setup(world, admin, stubs, marker: str) -> dict:
         return completion(None, tool_calls=[("rewrite", {"text": text, "entries": ids})])
 
     def route(body):
-        if _name(body) != bot["name"]:
+        if bot_of(body) != bot["name"]:
             return None
         last = body["messages"][-1]
         if last["role"] == "tool":
@@ -122,7 +116,7 @@ def test_enr3_request_and_review_see_only_the_proposal_never_the_enrichment(worl
         assert asked.json()["items"][-1]["text"] == "It fits the budget and the shop is reliable."
         assert sum(1 for b in mem.requests if "rewrite" in _tools(b)) == rewrites_before
         assert alice.get(f"/v1/chats/{review['id']}/enrichments").json()["enrichments"] == []
-        (review_call,) = [b for b in bot_stub.requests[seen_before:] if _name(b) == bot["name"]]
+        (review_call,) = [b for b in bot_stub.requests[seen_before:] if bot_of(b) == bot["name"]]
         assert "confide" not in _tools(review_call)
         assert "workspace_request_approval" not in _tools(review_call)
         sent = json.dumps(review_call["messages"])
@@ -164,7 +158,7 @@ def test_enr3_a_plain_review_chat_is_never_enriched(world, admin, stubs):
         r = alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "laptop?"})
         assert r.status_code == 200, r.text
         assert alice.get(f"/v1/chats/{chat['id']}/enrichments").json()["enrichments"] == []
-    (call,) = [b for b in bot_stub.requests[seen:] if _name(b) == bot["name"]]
+    (call,) = [b for b in bot_stub.requests[seen:] if bot_of(b) == bot["name"]]
     assert marker not in json.dumps(call["messages"]) and "confide" not in _tools(call)
 
 

@@ -10,19 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from actors.contracts import WsAccess, WsQuery
 from actors.directory import DirectoryService
 from actors.shard.batch import Batch
 from actors.shard.residency import Residency, budget_from
 from actors.shard.service import ShardService
-from actors.workspace.service import WsAccess, WsQuery
 from engine.directory import Chat
 from engine.memory import Reader, Scope
 from engine.scoped_memory import WsMemoryCreate
 
-
-@pytest.fixture(autouse=True)
-def _no_env_key(monkeypatch) -> None:
-    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
+pytestmark = pytest.mark.usefixtures("no_env_key")
 
 
 def _reader(n: int) -> Reader:
@@ -204,11 +201,11 @@ def test_chat_logs_are_evicted_and_reload(tmp_path: Path):
 def test_workspace_pools_are_evicted_with_their_hooks_and_reload(tmp_path: Path):
     async def go():
         svc = ShardService(tmp_path, 0, cache_records=15)
-        svc.directory_service = DirectoryService(tmp_path)
+        svc.peers.connect(directory=DirectoryService(tmp_path))
         dropped: list[str] = []
         svc.kernel.on_evict.append(dropped.append)
         accounts = [f"u{n}" for n in range(20)]
-        d = svc.directory_service
+        d = svc.peers.directory()
         await d.create_org("Acme", "o1")
         for n, account in enumerate(accounts):
             await d.create_user(account, ["o1"], account)
@@ -226,7 +223,7 @@ def test_workspace_pools_are_evicted_with_their_hooks_and_reload(tmp_path: Path)
             listing = await svc.ws_entries(access, WsQuery(pools=(f"bot:b{n}",), projects=()))
             listed.append([e.content for e in listing.entries])
         await svc.close()
-        svc.directory_service.store.db.close()
+        svc.peers.directory().store.db.close()
         return loaded, dropped, listed
 
     loaded, dropped, listed = asyncio.run(go())
@@ -239,7 +236,7 @@ def test_a_chat_load_that_ends_after_an_eviction_installs_nothing_old(tmp_path, 
     """A load of a new chat that is still reading while another request loads it, writes a
     turn and sees it evicted must not come back with its older state and a second key (found
     by benchmarks/soak.py: the chat's turns then failed their integrity check on reload)."""
-    from actors.chats.conversations import TurnStart
+    from actors.contracts import TurnStart
     from engine.directory import Bot, Org
     from storage.chat_store import ChatStore
 
@@ -286,7 +283,7 @@ def test_a_chat_load_that_ends_after_an_eviction_installs_nothing_old(tmp_path, 
 def test_concurrent_turns_on_new_chats_while_evicting_keep_one_key(tmp_path: Path):
     """24 turns at a time on new chats (several per chat) while a tiny budget evicts chat logs
     all the time: every turn is stored once, under one key, and reads back after a reload."""
-    from actors.chats.conversations import TurnStart
+    from actors.contracts import TurnStart
     from engine.directory import Bot, Org
 
     org = Org(id="o1", name="o")

@@ -15,10 +15,10 @@ import pytest
 from actors.directory import DirectoryService
 from actors.shard.batch import Batch
 from actors.shard.service import ShardService
+from engine.chat_records import Turn
 from engine.directory import BotRules, Chat, OrgSettings
 from engine.projects import ProjectCreate
 from engine.self_rules import Editor, RulesUpdate
-from storage.chat_store import Turn
 from storage.sealed_doc import is_sealed
 
 PROJECT_NAME = "narwhal-4471-project-name"
@@ -31,9 +31,7 @@ ORG_NAME = "caracal-5520-org-name"
 PLANTED = (PROJECT_NAME, PROJECT_META, BOT_PROMPT, BOT_DUTIES, NEW_PROMPT, NOTE, ORG_NAME)
 
 
-@pytest.fixture(autouse=True)
-def _no_env_key(monkeypatch) -> None:
-    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
+pytestmark = pytest.mark.usefixtures("no_env_key")
 
 
 def _scan(data: Path, when: str) -> None:
@@ -47,12 +45,12 @@ def _scan(data: Path, when: str) -> None:
 
 def _open(data: Path) -> ShardService:
     svc = ShardService(data, 0)
-    svc.directory_service = DirectoryService(data)  # what Peers uses without Ray
+    svc.peers.connect(directory=DirectoryService(data))  # what the features call without Ray
     return svc
 
 
 async def _plant(svc: ShardService) -> tuple[str, str]:
-    d = svc.directory_service
+    d = svc.peers.directory()
     org = await d.create_org(ORG_NAME, "o_1", OrgSettings())
     await d.create_user("Ann", [org.id], "u_ann")
     rules = BotRules(name="helper", prompt=BOT_PROMPT, duties=BOT_DUTIES)
@@ -84,10 +82,10 @@ def test_project_bot_and_verdict_documents_are_sealed(tmp_path: Path):
         await svc.flush()
         _scan(tmp_path, "before checkpoint")  # WAL and the commit journal
         await svc.db.run(lambda con: con.execute("CHECKPOINT"))
-        await svc.directory_service.store.db.run(lambda con: con.execute("CHECKPOINT"))
+        await svc.peers.directory().store.db.run(lambda con: con.execute("CHECKPOINT"))
         _scan(tmp_path, "after checkpoint")
         await svc.close()
-        svc.directory_service.store.db.close()
+        svc.peers.directory().store.db.close()
         return ids
 
     chat_id, turn_id = asyncio.run(first())
@@ -97,13 +95,13 @@ def test_project_bot_and_verdict_documents_are_sealed(tmp_path: Path):
         svc = _open(tmp_path)
         try:
             projects = await svc.ws_projects("u_ann")
-            bot = await svc.directory_service.get_bot("b_1")
-            org = await svc.directory_service.get_org("o_1")
+            bot = await svc.peers.directory().get_bot("b_1")
+            org = await svc.peers.directory().get_org("o_1")
             log = await svc.chat_logs.log(chat_id)
             return projects, bot, org, log.turns[turn_id]
         finally:
             await svc.close()
-            svc.directory_service.store.db.close()
+            svc.peers.directory().store.db.close()
 
     projects, bot, org, turn = asyncio.run(again())
     assert [(p.name, p.metadata) for p in projects] == [(PROJECT_NAME, {"goal": PROJECT_META})]

@@ -19,6 +19,7 @@ import duckdb
 import numpy as np
 import pytest
 
+from actors.contracts import WsAccess, WsQuery
 from actors.directory import DirectoryService
 from actors.models.embeddings import (
     EmbeddingError,
@@ -30,7 +31,6 @@ from actors.models.embeddings import (
 from actors.models.registry import load_models
 from actors.shard.service import ShardService
 from actors.workspace.semantic import PoolVectors
-from actors.workspace.service import WsAccess, WsQuery
 from engine.errors import InvalidInput, Unavailable
 from engine.memory import Scope, Tier
 from engine.scoped_memory import WsEntry, WsMemoryChange, WsMemoryCreate
@@ -41,6 +41,7 @@ from storage.vector_store import pack
 from tests.openai_stub import OpenAIStub, embed_text
 
 WS = "/api/app/workspace"
+pytestmark = pytest.mark.usefixtures("no_env_key")
 
 
 # --- the embeddings client ------------------------------------------------------------------------
@@ -235,20 +236,15 @@ class InProcessEmbedder:
         pass
 
 
-@pytest.fixture(autouse=True)
-def _no_env_key(monkeypatch) -> None:
-    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
-
-
 def _shard(data: Path, embedder: InProcessEmbedder) -> ShardService:
     svc = ShardService(data, 0, embedder=embedder, search={"context_window_s": 0})
-    svc.directory_service = DirectoryService(data)  # what Peers uses without Ray
+    svc.peers.connect(directory=DirectoryService(data))  # what the features call without Ray
     return svc
 
 
 async def _close(svc: ShardService) -> None:
     await svc.close()
-    svc.directory_service.store.db.close()
+    svc.peers.directory().store.db.close()
 
 
 ANN = WsAccess(account="u_ann", bots=frozenset({"b_1"}))

@@ -23,9 +23,7 @@ BOB = Reader(user="u2", org="o1", uses_bot=True)
 MARKER = "zebra-marker-7781"
 
 
-@pytest.fixture(autouse=True)
-def _no_env_key(monkeypatch) -> None:
-    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
+pytestmark = pytest.mark.usefixtures("no_env_key")
 
 
 class Env:

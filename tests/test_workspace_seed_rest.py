@@ -5,28 +5,14 @@ auto-record pause (WS-1), a creator's rename and archive rights and archiving (W
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import time
 
-import pytest
 import ray
 
-from tests.openai_stub import completion
+from tests.openai_stub import bot_of, completion
 
 WS = "/api/app/workspace"
-
-
-@pytest.fixture
-def bot_model(model_stubs):
-    stub = model_stubs["bot"]
-    yield stub
-    stub.routes.clear()
-
-
-def _name(body) -> str:
-    m = re.match(r"You are (\S+)\.", body["messages"][0]["content"])
-    return m.group(1) if m else ""
 
 
 def _bot(world, admin, name: str, **extra) -> dict:
@@ -71,7 +57,7 @@ def test_ui1_the_asking_chat_gets_a_sent_record_and_ordinary_words_never_do(
     message = "Please check the build, thanks to you all"
 
     def route(body):
-        name, last = _name(body), body["messages"][-1]
+        name, last = bot_of(body), body["messages"][-1]
         if name == asker["name"]:
             if last["role"] == "tool":
                 return completion("I asked.")
@@ -118,7 +104,7 @@ def _tool_results(stub, bot_name: str) -> list[dict]:
     """The tool results the named bot's model was given, decoded, in order."""
     out = []
     for body in stub.requests:
-        if _name(body) != bot_name:
+        if bot_of(body) != bot_name:
             continue
         for m in body["messages"]:
             if m["role"] == "tool" and m not in [o[0] for o in out]:
@@ -140,7 +126,7 @@ def test_ws1_team_and_collaboration_are_server_policy_shown_on_the_profile(world
     asker, helper = _bot(world, admin, f"Asker{tag}"), _bot(world, admin, f"Helper{tag}")
 
     def route(body):
-        name, last = _name(body), body["messages"][-1]
+        name, last = bot_of(body), body["messages"][-1]
         if name == asker["name"]:
             if last["role"] == "tool":
                 return completion("Tried.")
@@ -289,7 +275,7 @@ def test_ws3_the_creator_renames_and_archives_its_member_and_archived_bots_take_
     }
 
     def route(body):
-        name, last = _name(body), body["messages"][-1]
+        name, last = bot_of(body), body["messages"][-1]
         if name not in (boss["name"], other["name"]):
             return None
         if last["role"] == "tool":

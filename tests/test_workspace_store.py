@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from actors.contracts import WsAccess, WsQuery
 from actors.directory import DirectoryService
 from actors.shard.service import ShardService
-from actors.workspace.service import WsAccess, WsQuery
 from engine.errors import Conflict
 from engine.memory import Scope
 from engine.projects import ProjectChange, ProjectCreate
@@ -20,26 +20,24 @@ from engine.scoped_memory import WsForget, WsMemoryChange, WsMemoryCreate
 SECRET = "quokka-marker-5531"
 
 
-@pytest.fixture(autouse=True)
-def _no_env_key(monkeypatch) -> None:
-    monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
+pytestmark = pytest.mark.usefixtures("no_env_key")
 
 
 def _open(data: Path) -> ShardService:
     svc = ShardService(data, 0)
-    svc.directory_service = DirectoryService(data)  # what Peers uses without Ray
+    svc.peers.connect(directory=DirectoryService(data))  # what the features call without Ray
     return svc
 
 
 async def _close(svc: ShardService) -> None:
     await svc.close()
-    svc.directory_service.store.db.close()
+    svc.peers.directory().store.db.close()
 
 
 def test_workspace_survives_a_restart(tmp_path: Path):
     async def first():
         svc = _open(tmp_path)
-        d = svc.directory_service
+        d = svc.peers.directory()
         org = await d.create_org("Acme", "o_1")
         await d.create_user("Ann", [org.id], "u_ann")
         await d.create_user("Ben", [org.id], "u_ben")
@@ -79,7 +77,7 @@ def test_workspace_survives_a_restart(tmp_path: Path):
         svc = _open(tmp_path)
         ann = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
         ben = WsAccess(account="u_ben", bots=frozenset())
-        assert await svc.directory_service.project_owner("p_launch") == "u_ann"
+        assert await svc.peers.directory().project_owner("p_launch") == "u_ann"
         (project,) = await svc.ws_projects("u_ben")
         assert (project.name, project.revision) == ("Launch v2", 2)
         listing = await svc.ws_entries(ben, WsQuery(projects=None))
@@ -121,7 +119,7 @@ def test_mem1_migration_7_links_old_bot_records_into_the_bots_one_memory(tmp_pat
 
     async def first() -> str:
         svc = _open(tmp_path)
-        d = svc.directory_service
+        d = svc.peers.directory()
         await d.create_org("Acme", "o_1")
         await d.create_org("Other", "o_2")
         await d.create_user("Ann", ["o_1"], "u_ann")
@@ -172,7 +170,7 @@ def test_acl4_mem1_concurrent_widen_and_forget_by_revision_apply_once(tmp_path: 
 
     async def run() -> None:
         svc = _open(tmp_path)
-        d = svc.directory_service
+        d = svc.peers.directory()
         await d.create_org("Acme", "o_1")
         await d.create_user("Ann", ["o_1"], "u_ann")
         await d.create_bot(name="Bo", org="o_1", owner="u_ann", id="b_1")

@@ -18,17 +18,18 @@ import secrets
 import msgspec
 
 from actors.chats.requests import Requests
+from actors.contracts import Effect, StepInput, StepOutcome, ToolUse, WsAccess, WsQuery
 from actors.learning.memory_bot import MemoryBotRuntime
 from actors.models.registry import ModelError, measured
+from actors.runtime.lock_guard import assert_no_pool_lock
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel
-from actors.shard.rwlock import assert_no_pool_lock
 from actors.shard.seed_memory import SeedMemory
-from actors.workspace.types import WsAccess, WsQuery
 from engine.bot_memory import as_scoped
 from engine.bot_policy import require_collaboration
-from engine.directory import Bot, Chat, Org, bot_pool
+from engine.chat_records import Confession, Enrichment
+from engine.directory import Bot, bot_pool
 from engine.errors import OpenBotError
 from engine.memory import Reader
 from engine.models import Message, ToolCall
@@ -42,7 +43,7 @@ from engine.turns import (
     enrichment_messages,
     review_prompt,
 )
-from storage.chat_store import ChatLog, ChatStore, Confession, Enrichment
+from storage.chat_store import ChatLog, ChatStore
 
 TOOL_ROUNDS = 4
 MEMORY_INSTRUCTIONS = (
@@ -52,36 +53,6 @@ MEMORY_INSTRUCTIONS = (
 ENRICH_CONTEXT = 8_000
 SEARCH_HITS = 10
 _enc = msgspec.json.Encoder()
-
-
-class StepInput(msgspec.Struct, frozen=True, kw_only=True):
-    chat: Chat  # where the bot speaks: direct, review, group or agent
-    bot: Bot
-    org: Org
-    operator: str  # the person the turn acts for (LRN-6)
-    turn: str
-    text: str  # what wakes the bot: a person's words, or a delivery
-    wake: str = "person"  # person | delivery
-    history: tuple[Message, ...] = ()
-    after: tuple[Message, ...] = ()  # said after `text` (earlier speakers of a group turn)
-    channel: str | None = None
-    review: str | None = None  # a review chat: the proposal under review (ENR-3)
-
-
-class Effect(msgspec.Struct, frozen=True, kw_only=True):
-    kind: str  # send | post
-    link: str  # the receipt id the bot was given
-    target: str  # a bot id (send) or a channel id (post)
-    message: str
-
-
-class ToolUse(msgspec.Struct, frozen=True, kw_only=True):
-    """One tool call of the bot and its result, stored as a `tool_result` chat item (MEM-3): a
-    source learning may cite beside a person's words (LRN-9), giving the entry `app:<tool>`."""
-
-    tool: str
-    arguments: str
-    result: str
 
 
 # Not app tools, so their results are not recorded as chat items: `confide` (kept as
@@ -98,16 +69,6 @@ UNRECORDED_TOOLS = frozenset(
         "workspace_post_to_group",
     }
 )
-
-
-class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    status: str  # done | failed
-    error: str | None = None
-    reply: str | None = None  # the bot's final text
-    note: str | None = None  # a system notification instead of a reply
-    effects: tuple[Effect, ...] = ()
-    confided: bool = False
-    tools: tuple[ToolUse, ...] = ()  # app tool calls with their results, in order (MEM-3)
 
 
 def memory_reader(step: StepInput) -> Reader:
@@ -240,7 +201,7 @@ class BotStepper:
             user_pool = WsQuery(pools=(f"user:{step.operator}",), projects=(), q=q, limit=limit)
             wanted.append((peers.index_of(step.operator), user_pool))
             if step.chat.project:
-                owner = await peers.directory("project_owner", step.chat.project)
+                owner = await peers.directory().project_owner(step.chat.project)
                 if owner is not None:
                     project = WsQuery(projects=(step.chat.project,), q=q, limit=limit)
                     wanted.append((peers.index_of(owner), project))
@@ -259,7 +220,7 @@ class BotStepper:
             scoped = [as_scoped(m, snap.open(m.id)) for m in snap.usable()]
         for index, query in wanted:
             try:
-                listing = await peers.shard_call(index, "ws_entries", access, query)
+                listing = await peers.shard(index).ws_entries(access, query)
             except OpenBotError:  # a scope that cannot be read now is left out, not guessed
                 continue
             scoped.extend(
@@ -337,17 +298,13 @@ class BotStepper:
                 return _enc.encode(rules_view(bot)).decode()
             if call.name == "workspace_update_self_rules":
                 update = parse_update(args)
-                changed = await self.peers.directory(
-                    "update_rules", bot.id, update, Editor(kind="self", id=bot.id)
+                changed = await self.peers.directory().update_rules(
+                    bot.id, update, Editor(kind="self", id=bot.id)
                 )
                 return _enc.encode(rules_view(changed)).decode()
             if call.name == "workspace_create_agent":
-                member = await self.peers.directory(
-                    "create_member",
-                    bot.id,
-                    str(args.get("name", "")),
-                    args.get("prompt"),
-                    args.get("rules"),
+                member = await self.peers.directory().create_member(
+                    bot.id, str(args.get("name", "")), args.get("prompt"), args.get("rules")
                 )
                 return _enc.encode({"id": member.id, "name": member.name}).decode()
             if call.name in ("workspace_rename_agent", "workspace_archive_agent"):
@@ -368,20 +325,20 @@ class BotStepper:
 
     async def _manage_member(self, name: str, step: StepInput, args: dict) -> str:
         """WS-3: the creator renames or archives a member it created (never its other rules)."""
-        directory = self.peers.directory
-        member = await directory("find_bot", step.org.id, str(args.get("agent", "")))
+        directory = self.peers.directory()
+        member = await directory.find_bot(step.org.id, str(args.get("agent", "")))
         editor = Editor(kind="bot", id=step.bot.id)
         if name == "workspace_archive_agent":
-            changed = await directory("archive_bot", member.id, True, editor)
+            changed = await directory.archive_bot(member.id, True, editor)
             return _enc.encode({"id": changed.id, "archived": changed.archived}).decode()
         update = parse_update({"expectedRevision": member.revision, "name": args.get("name")})
-        changed = await directory("update_rules", member.id, update, editor)
+        changed = await directory.update_rules(member.id, update, editor)
         return _enc.encode({"id": changed.id, "name": changed.name}).decode()
 
     async def _send(self, step: StepInput, args: dict, effects: list[Effect]) -> str:
         agent, message = str(args.get("agent", "")), str(args.get("message", "")).strip()
         require_collaboration(step.bot, step.org)  # WS-1: server policy, not a client toggle
-        peer = await self.peers.directory("find_bot", step.org.id, agent)
+        peer = await self.peers.directory().find_bot(step.org.id, agent)
         if peer.id == step.bot.id:
             return _enc.encode({"error": "self_send", "message": "that is you"}).decode()
         require_collaboration(peer, step.org, role="target")  # archived bots are not asked
@@ -413,7 +370,7 @@ class BotStepper:
     async def _post(self, step: StepInput, args: dict, effects: list[Effect]) -> str:
         group, message = str(args.get("group", "")), str(args.get("message", "")).strip()
         require_collaboration(step.bot, step.org)
-        channel = await self.peers.directory("get_channel", group)
+        channel = await self.peers.directory().get_channel(group)
         if step.bot.id not in channel.bots or channel.org != step.org.id:
             return _enc.encode(
                 {"error": "not_a_member", "message": "you can only post to your own groups"}
@@ -441,7 +398,7 @@ class BotStepper:
         access = WsAccess(account=step.operator, bots=frozenset({step.bot.id}))
         for index, ws_query in await self._scopes(step, q=query):
             try:
-                listing = await self.peers.shard_call(index, "ws_entries", access, ws_query)
+                listing = await self.peers.shard(index).ws_entries(access, ws_query)
             except OpenBotError:
                 continue
             ranked.append([{"id": e.id, "content": e.content} for e in listing.entries])

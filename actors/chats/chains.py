@@ -20,8 +20,8 @@ import secrets
 
 import msgspec
 
-from actors.chats.bot_step import Effect, StepInput, StepOutcome
 from actors.chats.chat_logs import ChatLogs
+from actors.contracts import ChainView, Effect, LinkView, StepInput, StepOutcome
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel
@@ -38,34 +38,6 @@ log = logging.getLogger("openbot.chains")
 _enc = msgspec.json.Encoder()
 _chain_dec = msgspec.json.Decoder(Chain)
 _texts_dec = msgspec.json.Decoder(dict[str, dict[str, str]])
-
-
-class LinkView(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    parent: str | None
-    fromBot: str
-    toBot: str
-    depth: int
-    status: str
-    reason: str | None = None
-    request: str | None = None
-    result: str | None = None
-    agentChat: str | None = None
-
-
-class ChainView(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    status: str
-    reason: str | None
-    rootChat: str
-    topic: str
-    project: str | None
-    rootBot: str
-    deliveries: int
-    revision: int
-    createdAt: int
-    updatedAt: int
-    links: list[LinkView]
 
 
 class ChainRunner:
@@ -123,7 +95,7 @@ class ChainRunner:
             if not open_:
                 continue
             try:
-                org = await self.peers.directory("get_org", chain.org)
+                org = await self.peers.directory().get_org(chain.org)
             except OpenBotError as e:  # one chain that cannot resume does not hold the others
                 log.warning("chain %s not resumed: %s", chain.id, e.message)
                 continue
@@ -247,10 +219,8 @@ class ChainRunner:
         may be another shard)."""
         peers = self.peers
         try:
-            group = await peers.directory("group_chat", effect.target)
-            await peers.shard_call(
-                peers.index_of(group.home), "post_item", group, bot.id, effect.message
-            )
+            group = await peers.directory().group_chat(effect.target)
+            await peers.shard(peers.index_of(group.home)).post_item(group, bot.id, effect.message)
         except OpenBotError as e:
             log.warning("post to group %s failed: %s", effect.target, e.message)
 
@@ -275,12 +245,12 @@ class ChainRunner:
         if chain.status != "running":
             return
         link = rules.find_link(chain, link_id)
-        root = await peers.directory("get_chat", chain.root_chat)
-        agent_chat = await peers.directory("agent_chat", root, link.to_bot, chain.id, link.id)
+        root = await peers.directory().get_chat(chain.root_chat)
+        agent_chat = await peers.directory().agent_chat(root, link.to_bot, chain.id, link.id)
         async with self._lock:
             chain = rules.attach_agent_chat((await self._all())[chain_id], link.id, agent_chat.id)
             await self._save(chain)
-        peer = await peers.directory("get_bot", link.to_bot)
+        peer = await peers.directory().get_bot(link.to_bot)
         request = self._texts[chain_id][link_id]["request"]
         async with conv.lock(agent_chat.id):
             alog = await conv.log(agent_chat.id)
@@ -320,7 +290,7 @@ class ChainRunner:
             return StepOutcome(status="failed", error="the bot is archived")
         peers = self.peers
         try:
-            return await peers.shard_call(peers.index_of(bot.owner), "run_step", step, (), 0)
+            return await peers.shard(peers.index_of(bot.owner)).run_step(step, (), 0)
         except OpenBotError as e:
             log.warning("step of bot %s in chat %s failed: %s", bot.id, step.chat.id, e.message)
             return StepOutcome(status="failed", error=e.message)
@@ -368,8 +338,8 @@ class ChainRunner:
             return
         parent = rules.find_link(chain, link.parent) if link.parent else None
         target_id = parent.agent_chat if parent else chain.root_chat
-        waker = await peers.directory("get_bot", parent.to_bot if parent else chain.root_bot)
-        target = await peers.directory("get_chat", target_id)
+        waker = await peers.directory().get_bot(parent.to_bot if parent else chain.root_bot)
+        target = await peers.directory().get_chat(target_id)
         async with conv.lock(target.id):
             tlog = await conv.log(target.id)
             delivered = await conv.say(target, chain.topic, "delivery", link.to_bot, text)
@@ -434,7 +404,7 @@ class ChainRunner:
             upto = root.items[-1].seq if root.items else 0
         for index, job_id in waiting:
             try:
-                await peers.shard_call(index, "release_learning", job_id, upto)
+                await peers.shard(index).release_learning(job_id, upto)
             except OpenBotError as e:
                 log.warning("releasing learning job %s failed: %s", job_id, e.message)
         for chain in chains:  # the stored record no longer lists them

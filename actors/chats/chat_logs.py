@@ -13,23 +13,16 @@ import asyncio
 
 import msgspec
 
-from actors.chats.bot_step import StepOutcome
+from actors.contracts import StepOutcome
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, ignore_failure
 from actors.shard.residency import CHAT_WEIGHT, unused
 from actors.shard.single_flight import SingleFlight
+from engine.chat_records import Communication, Confession, Enrichment, ItemView
 from engine.directory import Chat
 from engine.events import Audience, ChatItemCreated, ChatItemsDeleted
 from engine.models import Message
-from storage.chat_store import (
-    ChatLog,
-    ChatStore,
-    Communication,
-    Confession,
-    Enrichment,
-    Item,
-    ItemView,
-)
+from storage.chat_store import ChatLog, ChatStore, Item
 from storage.shard_schema import CONFESSIONS, ENRICHMENTS
 
 HISTORY_ITEMS = 50

@@ -21,20 +21,13 @@ import secrets
 
 import msgspec
 
-from actors.chats.bot_step import BotStepper, Effect, StepInput, StepOutcome
+from actors.chats.bot_step import BotStepper
 from actors.chats.chains import ChainRunner
 from actors.chats.chat_logs import ChatLogs
 from actors.chats.group_turns import GroupTurns
 from actors.chats.requests import Requests
-from actors.chats.turn_types import (
-    Mirrored,
-    TurnResult,
-    TurnStart,
-    learns,
-    log_failure,
-    require_chat_owner,
-    step_failed,
-)
+from actors.chats.turn_rules import learns, log_failure, step_failed
+from actors.contracts import Effect, Mirrored, StepInput, StepOutcome, TurnResult, TurnStart
 from actors.learning.jobs import job_event
 from actors.learning.memory_bot import MemoryBotRuntime
 from actors.learning.runs import LearningRunner
@@ -42,13 +35,11 @@ from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel
 from engine.bot_policy import require_active, require_team
+from engine.chat_records import LearningJob, Turn
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
 from engine.discussion import Plan, plan_goal, plan_turn
 from engine.errors import Conflict, InvalidInput, NotFound, Unavailable
-from storage.chat_store import ChatLog, Item, LearningJob, Turn
-
-# Named by the gateway and tests from here.
-__all__ = ["Conversations", "Mirrored", "TurnResult", "TurnStart", "require_chat_owner"]
+from storage.chat_store import ChatLog, Item
 
 MAX_TEXT = 32_000
 TURN_WAIT = 180.0
@@ -179,7 +170,7 @@ class Conversations:
 
     async def _current(self, channel: Channel) -> Channel:
         try:
-            return await self.peers.directory("get_channel", channel.id)
+            return await self.peers.directory().get_channel(channel.id)
         except Unavailable as e:
             if e.code != "no_peers":
                 raise
@@ -212,7 +203,7 @@ class Conversations:
         async with lock:
             if await self._busy_unlocked(chat):
                 raise Conflict("the group is busy; switch when it is idle", code="group_busy")
-            switched = await self.peers.directory("set_mode", channel, mode, leader)
+            switched = await self.peers.directory().set_mode(channel, mode, leader)
             self._switched[chat] = switched
             return switched
 
@@ -368,7 +359,7 @@ class Conversations:
                 verdict_note=note or None,
             )
             batch = Batch(writes=[self.store.put_turn(log, done)])
-            chat_rec = await self.peers.directory("get_chat", chat)
+            chat_rec = await self.peers.directory().get_chat(chat)
             text = ("Accepted" if accepted else "Rejected") + (f": {note}" if note else "")
             note_item = self.logs.item(log, turn.id, "notification", user)
             self.logs.append(log, chat_rec, [(note_item, text)], batch)

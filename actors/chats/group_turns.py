@@ -14,16 +14,17 @@ import logging
 
 import msgspec
 
-from actors.chats.bot_step import StepInput, StepOutcome
 from actors.chats.chains import ChainRunner
 from actors.chats.chat_logs import ChatLogs
-from actors.chats.turn_types import Mirrored, TurnStart, learns
+from actors.chats.turn_rules import learns
+from actors.contracts import Mirrored, StepInput, StepOutcome, TurnStart
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
+from engine.chat_records import Turn
 from engine.discussion import Plan, leader_brief
 from engine.errors import OpenBotError
 from engine.models import Message
-from storage.chat_store import Item, Turn
+from storage.chat_store import Item
 
 logger = logging.getLogger("openbot.group")
 
@@ -128,16 +129,8 @@ class GroupTurns:
                 continue
             index = peers.index_of(bot.owner)
             try:
-                job = await peers.shard_call(
-                    index,
-                    "schedule_learning",
-                    bot,
-                    chat,
-                    turn.id,
-                    person.seq,
-                    f"for:channel:{chat.channel}",
-                    org,
-                    sends,
+                job = await peers.shard(index).schedule_learning(
+                    bot, chat, turn.id, person.seq, f"for:channel:{chat.channel}", org, sends
                 )
             except OpenBotError as e:
                 logger.warning(
@@ -163,7 +156,7 @@ class GroupTurns:
     async def _step(self, bot, step: StepInput, mirror, upto: int) -> StepOutcome:
         peers = self.peers
         try:
-            return await peers.shard_call(peers.index_of(bot.owner), "run_step", step, mirror, upto)
+            return await peers.shard(peers.index_of(bot.owner)).run_step(step, mirror, upto)
         except OpenBotError as e:  # the bot's shard is down: this member fails this round
             logger.warning("step of bot %s in chat %s failed: %s", bot.id, step.chat.id, e.message)
             return StepOutcome(status="failed", error=e.message)

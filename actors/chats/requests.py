@@ -166,9 +166,9 @@ class Requests:
             f": {request.note}" if request.note else "."
         )
         try:
-            chat = await peers.directory("get_chat", request.chat)
+            chat = await peers.directory().get_chat(request.chat)
             index = peers.index_of(chat.home or request.owner)
-            await peers.shard_call(index, "notify", chat, request.decidedBy or "", text)
+            await peers.shard(index).notify(chat, request.decidedBy or "", text)
         except OpenBotError as e:  # the decision stands; the chat may be gone
             log.warning("request %s: chat not told: %s", request.id, e.message)
 

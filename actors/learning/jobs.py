@@ -8,8 +8,9 @@ from collections.abc import Sequence
 import msgspec
 
 from actors.shard.kernel import ShardKernel
+from engine.chat_records import LearningJob
 from engine.events import Audience, MemoryJobChanged
-from storage.chat_store import ChatStore, LearningJob
+from storage.chat_store import ChatStore
 from storage.stats import STATS
 
 JOBS = "openbot_learning_jobs"

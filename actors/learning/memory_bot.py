@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 import msgspec
 
 from actors.models.registry import Model, ModelError, measured
-from actors.shard.rwlock import assert_no_pool_lock
+from actors.runtime.lock_guard import assert_no_pool_lock
 from engine.errors import OpenBotError
 from engine.memory_bot import MemoryBotSettings, period_key
 from engine.models import Completion, Message, ToolSpec, cost_micros

@@ -29,6 +29,7 @@ from actors.shard.kernel import ShardKernel, ignore_failure
 from actors.shard.residency import unused
 from engine import scoped_memory as sm
 from engine import tags as tagmod
+from engine.chat_records import LearningJob
 from engine.commands import Outcome
 from engine.errors import Conflict, OpenBotError
 from engine.learning import (
@@ -41,7 +42,7 @@ from engine.memory import Change, LogRow, Reader, Scope, Who
 from engine.memory_bot import next_period_start
 from engine.models import Completion, Message
 from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS, learning_system
-from storage.chat_store import ChatLog, ChatStore, LearningJob, ModelCall
+from storage.chat_store import ChatLog, ChatStore, ModelCall
 
 log = logging.getLogger("openbot.learning")
 AUTO_RETRIES = 3  # CO-3
@@ -444,7 +445,7 @@ class LearningRunner:
         )
         project: str | None = None
         if any(m.scope == Scope.PROJECT for m, _ in scoped):
-            project = (await self.peers.directory("get_chat", job.chat)).project
+            project = (await self.peers.directory().get_chat(job.chat)).project
         by_pool: dict[str, list[sm.Extraction]] = {}
         refused: list[str] = []
         for meta, text in scoped:
@@ -473,19 +474,12 @@ class LearningRunner:
         for pool_id, proposals in by_pool.items():
             owner = sm.pool_owner(pool_id)
             if pool_id.startswith("project:"):
-                owner = await self.peers.directory("project_owner", owner)
+                owner = await self.peers.directory().project_owner(owner)
                 if owner is None:
                     refused += [f"learn_fact: no project {pool_id}"] * len(proposals)
                     continue
-            decisions = await self.peers.shard_call(
-                self.peers.index_of(owner),
-                "ws_extract",
-                pool_id,
-                contributor,
-                proposals,
-                sources,
-                f"learn:{job.id}:{job.upto}",
-                now,
+            decisions = await self.peers.shard(self.peers.index_of(owner)).ws_extract(
+                pool_id, contributor, proposals, sources, f"learn:{job.id}:{job.upto}", now
             )
             refused += [f"learn_fact: {d.reason}" for d in decisions if d.outcome == "refused"]
         return refused

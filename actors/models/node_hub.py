@@ -20,10 +20,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Sequence
-from typing import Any
 
-import msgspec
-
+from actors.contracts import NodeHubPort, NodeInfo, Work
 from actors.models.errors import ModelError
 from engine.models import Completion, Message, Price, ToolSpec
 
@@ -36,14 +34,6 @@ EXTRACTION_HINT = (
     "This node cannot run memory extraction (memory_extraction is off): learning uses the "
     "built-in worker's models only."
 )
-
-
-class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    memory_isolation: bool
-    memory_extraction: bool
-    connected: bool = True
-    hint: str | None = None
 
 
 def node_info(node: str, memory_isolation: bool, memory_extraction: bool) -> NodeInfo:
@@ -61,12 +51,6 @@ def node_info(node: str, memory_isolation: bool, memory_extraction: bool) -> Nod
 
 
 BUILTIN_NODE = node_info(BUILTIN, True, True)
-
-
-class Work(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    messages: tuple[Message, ...]
-    tools: tuple[ToolSpec, ...]
 
 
 class NodeHubService:
@@ -155,40 +139,24 @@ class NodeFailed(Exception):
     pass
 
 
-def hub_handle(prefix: str, namespace: str = "openbot") -> Any:
-    """The cluster's node hub, created by whoever needs it first."""
-    import ray
-
-    actor = ray.remote(num_cpus=0, max_restarts=-1)(NodeHubService)
-    return actor.options(
-        name=f"{prefix}-nodes", namespace=namespace, get_if_exists=True, lifetime="detached"
-    ).remote()
-
-
 class NodeModel:
     """A bot model served by an external node (DESIGN §6 configuration, kind `node`)."""
 
-    def __init__(self, name: str, node: str, prefix: str) -> None:
+    def __init__(self, name: str, node: str, hub: NodeHubPort) -> None:
         self.name = name
         self.node = node
-        self.prefix = prefix
+        self.hub = hub
         self.price = Price()
-        self._hub: Any = None
-
-    def hub(self) -> Any:
-        if self._hub is None:
-            self._hub = hub_handle(self.prefix)
-        return self._hub
 
     async def isolation(self) -> tuple[bool, bool]:
-        info = await self.hub().info.remote(self.node)
+        info = await self.hub.info(self.node)
         return (False, False) if info is None else (info.memory_isolation, info.memory_extraction)
 
     async def complete(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *, timeout: float = 60.0
     ) -> Completion:
         try:
-            return await self.hub().run.remote(self.node, list(messages), list(tools), timeout)
+            return await self.hub.run(self.node, messages, tools, timeout)
         except Exception as e:  # the node is gone, failed or timed out: a model error
             raise ModelError(f"node {self.node} did not answer: {type(e).__name__}") from e
 
@@ -197,7 +165,7 @@ async def where_runs(model: object) -> NodeInfo:
     """Where a bot's model runs and whether memory reaches it there (ND-2, ND-3)."""
     if not isinstance(model, NodeModel):
         return BUILTIN_NODE
-    info = await model.hub().info.remote(model.node)
+    info = await model.hub.info(model.node)
     return info or NodeInfo(
         id=model.node,
         memory_isolation=False,

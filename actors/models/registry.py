@@ -36,6 +36,7 @@ from typing import Protocol
 import httpx
 import msgspec
 
+from actors.contracts import NodeHubPort
 from actors.models.errors import ModelError
 from actors.models.node_hub import NodeModel
 from engine.errors import InvalidInput, OpenBotError
@@ -341,9 +342,10 @@ COST, TOKENS = "openbot_model_cost_micros", "openbot_model_tokens"
 
 
 def load_models(
-    config: Mapping[str, Mapping], *, base_dir: Path = Path("."), prefix: str = "openbot"
+    config: Mapping[str, Mapping], *, base_dir: Path = Path("."), hub: NodeHubPort | None = None
 ) -> dict[str, Model]:
-    """Models from a config's `[models.*]` tables, by name."""
+    """Models from a config's `[models.*]` tables, by name. `hub` serves the models of kind
+    `node` (a config with one needs it)."""
     models: dict[str, Model] = {}
     for name, spec in config.items():
         kind = spec.get("kind")
@@ -370,7 +372,9 @@ def load_models(
         elif kind == "node":
             if not isinstance(spec.get("node"), str):
                 raise InvalidInput(f"model {name}: node needs a node name", code="bad_config")
-            models[name] = NodeModel(name, spec["node"], prefix)
+            if hub is None:
+                raise InvalidInput(f"model {name}: no node hub here", code="bad_config")
+            models[name] = NodeModel(name, spec["node"], hub)
         else:
             raise InvalidInput(f"model {name}: unknown kind {kind!r}", code="bad_config")
     return models

@@ -22,8 +22,6 @@ start where its DuckDB file is missing rather than serve an empty shard.
 
 from __future__ import annotations
 
-import fcntl
-import logging
 import os
 import tempfile
 import time
@@ -32,12 +30,10 @@ from typing import Any
 
 import ray
 
-from actors.directory import DirectoryService
-from actors.runtime.peers import remote
 from actors.runtime.placement import shard_of
+from actors.runtime.ports import remote
 from actors.runtime.ray_env import TOKEN_FILE, use_token_file
-from actors.shard.service import ShardService
-from engine.errors import InvalidInput, StorageError, Unavailable
+from engine.errors import InvalidInput, Unavailable
 
 NAMESPACE = "openbot"
 PLACEMENTS = ("auto", "spread", "pinned", "local")
@@ -45,108 +41,7 @@ PLACEMENTS = ("auto", "spread", "pinned", "local")
 # never to matter (the actors themselves take num_cpus=0).
 SHARD_BUNDLE = {"CPU": 0.01}
 HEAD_RESOURCE = "node:__internal_head__"  # every Ray head node offers 1 of it
-LOCK_WAIT = 60.0  # seconds a restarted store waits for a dying process to let go of its file
 _joined = False  # this process joined an existing cluster (start_ray with an address)
-
-
-def _reconstructed() -> bool:
-    return bool(ray.get_runtime_context().was_current_actor_reconstructed)
-
-
-def _where() -> dict[str, Any]:
-    ctx = ray.get_runtime_context()
-    return {
-        "node": ctx.get_node_id(),
-        "ip": ray.util.get_node_ip_address(),
-        "pid": os.getpid(),
-        "restarted": _reconstructed(),
-    }
-
-
-def guard_store(
-    data_dir: Path, file: Path, *, restarted: bool, needs_key: bool, lock_wait: float = LOCK_WAIT
-) -> None:
-    """Checks before an actor opens its DuckDB file, so that a store never silently starts over
-    on a node where its data are not: a restarted actor whose file is missing (its data directory
-    is not reachable on this node), or a shard on a node without the master key (it would make a
-    key of its own), fails to start with the reason instead. Waits while another process (the
-    previous incarnation, still dying) holds the file's lock."""
-    from storage.crypto import has_master_key, key_file
-
-    where = ray.util.get_node_ip_address() if ray.is_initialized() else "this node"
-    if restarted and not file.exists():
-        raise StorageError(
-            f"{file} is missing on {where}: this store was restarted on a node where its data "
-            "directory is not reachable (put it on a volume that follows the actor, or use "
-            "placement 'pinned'); refusing to start empty",
-            code="data_dir_unreachable",
-        )
-    if needs_key and not has_master_key(data_dir):
-        raise StorageError(
-            f"no master key on {where} ({key_file(data_dir)} is missing and OPENBOT_MASTER_KEY "
-            "is unset): share the data directory or give every node the key",
-            code="data_dir_unreachable",
-        )
-    if not file.exists():
-        return
-    deadline = time.monotonic() + lock_wait
-    while True:
-        # DuckDB holds an fcntl write lock on the whole file while it has it open for writing.
-        fd = os.open(file, os.O_RDWR)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return  # closing the descriptor below drops the probe's lock
-        except OSError:
-            if time.monotonic() > deadline:
-                raise StorageError(
-                    f"{file} is still locked by another process after {lock_wait:.0f} s",
-                    code="store_locked",
-                ) from None
-        finally:
-            os.close(fd)
-        time.sleep(0.2)
-
-
-class PlacedShardService(ShardService):
-    """The shard as Ray runs it: guarded start (see `guard_store`) and `where`."""
-
-    def __init__(self, data_dir: str | Path, index: int, **kwargs: Any) -> None:
-        file = Path(kwargs.get("db_path") or Path(data_dir) / f"shard-{index}.duckdb")
-        guard_store(Path(data_dir), file, restarted=_reconstructed(), needs_key=True)
-        super().__init__(data_dir, index, **kwargs)
-
-    def where(self) -> dict[str, Any]:
-        """The node and process this shard runs in (tests, benchmarks, the serve banner)."""
-        return _where() | {"shard": self.index}
-
-
-class PlacedDirectoryService(DirectoryService):
-    def __init__(self, data_dir: str | Path, **kwargs: Any) -> None:
-        file = Path(kwargs.get("db_path") or Path(data_dir) / "directory.duckdb")
-        guard_store(Path(data_dir), file, restarted=_reconstructed(), needs_key=False)
-        super().__init__(data_dir, **kwargs)
-
-    def where(self) -> dict[str, Any]:
-        return _where()
-
-
-# No task events: Ray's GCS keeps up to 100,000 of them (what the dashboard shows), which grew
-# its memory by ~25 MB a minute under load (benchmarks/soak.py); nothing here reads them.
-DirectoryActor = ray.remote(num_cpus=0, max_restarts=-1, enable_task_events=False)(
-    PlacedDirectoryService
-)
-ShardActor = ray.remote(num_cpus=0, max_restarts=-1, enable_task_events=False)(PlacedShardService)
-
-
-class _QuietPlacementWarning(logging.Filter):
-    """Ray warns that a restartable detached actor in a placement group dies with the group;
-    that is the intent here (the group lives as long as the shards)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "restartable detached actor with a placement group" not in record.getMessage()
-
-
-logging.getLogger("ray.actor").addFilter(_QuietPlacementWarning())
 
 
 def resolve_placement(placement: str) -> str:
@@ -284,6 +179,25 @@ def start_ray(
         _joined = True
 
 
+def check_search_config(search: dict, models: dict) -> None:
+    """The `[search]` table checked against the declared models, before any actor starts (a bad
+    one fails `openbot serve` at once rather than every shard at start-up)."""
+    from actors.models.embeddings import search_settings
+
+    search_settings(search, models)
+
+
+def ray_started() -> bool:
+    """Whether this process is connected to Ray (then `start_ray` is a no-op)."""
+    return ray.is_initialized()
+
+
+def stop_ray() -> None:
+    """Leave Ray (ending the local Ray this process started); a no-op when not connected."""
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def start_local_cluster(
     nodes: int,
     *,
@@ -415,6 +329,10 @@ class Engine:
                     "(ray start --resources='{\"" + missing[0] + "\": 1}')",
                     code="placement",
                 )
+        # Here, not at the top: the actors' implementation (storage, numpy, every feature) is
+        # for the processes that host them, not for every gateway that imports the engine.
+        from actors.runtime.hosting import DirectoryActor, ShardActor
+
         directory_name = f"{prefix}-directory"
         directory = DirectoryActor.options(
             name=directory_name,

@@ -4,65 +4,23 @@ Readers share it; a writer holds it alone. Writers are preferred: once a writer 
 queue behind it, so a stream of reads cannot starve a change. Uncontended acquisition does not
 await at all, which keeps reads of a quiet pool cheap.
 
-A debug guard (`OPENBOT_LOCK_GUARD=1`; the test suite turns it on) records which asyncio task
-holds pool locks, and `assert_no_pool_lock` — called where the engine awaits another actor or a
-model — fails when the current task holds one (ACL-9: never hold a pool lock across such a
-call). Off, it costs one attribute test per acquisition.
+With the pool-lock guard on (actors/runtime/lock_guard.py) these locks count which task holds
+them, so that an actor or model call made while holding one fails. Off, it costs one attribute
+test per acquisition.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 import time
-import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from actors.runtime.lock_guard import GUARD, lock_released, lock_taken
 from storage.stats import STATS
 
 WAIT = "openbot_pool_lock_wait_seconds"
 WAIT_HELP = "Time a pool lock (ACL-9) was waited for, by mode"
-GUARD = os.environ.get("OPENBOT_LOCK_GUARD") == "1"
-_held: weakref.WeakKeyDictionary[asyncio.Task, int] = weakref.WeakKeyDictionary()
-violations: list[str] = []  # what the guard caught in this process (tests read it)
-
-
-class PoolLockHeld(RuntimeError):
-    """A pool lock was held across an actor or model call (a bug; only with the guard on)."""
-
-
-def _enter() -> None:
-    task = asyncio.current_task()
-    if task is not None:
-        _held[task] = _held.get(task, 0) + 1
-
-
-def _exit() -> None:
-    task = asyncio.current_task()
-    if task is not None:
-        left = _held.get(task, 0) - 1
-        if left > 0:
-            _held[task] = left
-        else:
-            _held.pop(task, None)
-
-
-def held() -> int:
-    """Pool locks the current task holds (counted only with the guard on)."""
-    task = asyncio.current_task()
-    return 0 if task is None else _held.get(task, 0)
-
-
-def assert_no_pool_lock(what: str) -> None:
-    """Call before awaiting another actor or a model: with the guard on, fail if the current
-    task holds a pool lock."""
-    if GUARD and held():
-        message = f"a pool lock is held across {what}"
-        violations.append(message)
-        logging.getLogger("openbot.locks").error(message, stack_info=True)
-        raise PoolLockHeld(message)
 
 
 class PoolMutex(asyncio.Lock):
@@ -71,12 +29,12 @@ class PoolMutex(asyncio.Lock):
     async def acquire(self) -> bool:
         await super().acquire()
         if GUARD:
-            _enter()
+            lock_taken()
         return True
 
     def release(self) -> None:
         if GUARD:
-            _exit()
+            lock_released()
         super().release()
 
 
@@ -121,12 +79,12 @@ class RWLock:
         STATS.observe(WAIT, time.perf_counter() - started, help=WAIT_HELP, mode="shared")
         self._readers += 1
         if GUARD:
-            _enter()
+            lock_taken()
         try:
             yield
         finally:
             if GUARD:
-                _exit()
+                lock_released()
             self._readers -= 1
             if self._readers == 0 and self._waiting:
                 async with self._cond:
@@ -155,12 +113,12 @@ class RWLock:
             self._writer = True
         STATS.observe(WAIT, time.perf_counter() - started, help=WAIT_HELP, mode="exclusive")
         if GUARD:
-            _enter()
+            lock_taken()
         try:
             yield
         finally:
             if GUARD:
-                _exit()
+                lock_released()
             self._writer = False
             if self._waiting:
                 async with self._cond:

@@ -18,20 +18,34 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from actors.chats.bot_step import BotStepper, StepInput, StepOutcome
-from actors.chats.chains import ChainRunner, ChainView
+from actors.chats.bot_step import BotStepper
+from actors.chats.chains import ChainRunner
 from actors.chats.chat_logs import ChatLogs
-from actors.chats.conversations import Conversations, Mirrored, TurnResult, TurnStart
+from actors.chats.conversations import Conversations
 from actors.chats.group_turns import GroupTurns
 from actors.chats.requests import Requests
+from actors.contracts import (
+    ChainView,
+    Mirrored,
+    NodeInfo,
+    RevisionView,
+    StepInput,
+    StepOutcome,
+    TurnResult,
+    TurnStart,
+    WsAccess,
+    WsListing,
+    WsQuery,
+)
 from actors.learning.jobs import find_job, jobs_for
 from actors.learning.memory_bot import MemoryBotRuntime
 from actors.learning.runs import LearningRunner
 from actors.models.embeddings import Embedder, search_settings
-from actors.models.node_hub import NodeInfo, where_runs
+from actors.models.node_hub import where_runs
 from actors.models.registry import Model, load_models
+from actors.runtime import lock_guard
+from actors.runtime.node_hub_handle import RayNodeHub
 from actors.runtime.peers import Peers
-from actors.shard import rwlock
 from actors.shard.bot_memory import BotMemory
 from actors.shard.kernel import ShardKernel, new_entry_id, now_ms
 from actors.shard.seed_memory import SeedMemory
@@ -42,7 +56,7 @@ from actors.workspace.projects import Projects
 from actors.workspace.receipts import WsReceipts
 from actors.workspace.semantic import semantic_search
 from actors.workspace.service import Workspace
-from actors.workspace.types import RevisionView, WsAccess, WsListing, WsQuery
+from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.directory import Bot, Channel, Chat, Org
 from engine.events import Audience, Event, Payload, ShardHead
 from engine.memory import (
@@ -70,7 +84,7 @@ from engine.scoped_memory import (
     WsMemoryCreate,
 )
 from engine.turns import ANSWER_WAIT
-from storage.chat_store import ChatStore, Confession, Enrichment, ItemView, LearningJob, Turn
+from storage.chat_store import ChatStore
 from storage.stats import STATS
 from storage.workspace_store import WorkspaceStore
 
@@ -113,11 +127,13 @@ class ShardService:
         self.db, self.committer, self.events = kernel.db, kernel.committer, kernel.events
         self.store, self.receipts, self.residency = kernel.store, kernel.receipts, kernel.residency
         self.peers = peers = Peers(
-            self, index=index, prefix=prefix, count=shard_count, namespace=namespace
+            self, index, prefix=prefix, count=shard_count, namespace=namespace
         )
         if models is None:
             base = Path(config_dir) if config_dir else Path(".")
-            models = load_models(models_config or {}, base_dir=base, prefix=prefix or "openbot")
+            models = load_models(
+                models_config or {}, base_dir=base, hub=RayNodeHub(prefix or "openbot")
+            )
         fusion = search_settings(search, models_config)
         # The workspace's pools first: a bot's one memory reads its records through them.
         self.ws_pools = WsPools(
@@ -173,8 +189,6 @@ class ShardService:
     # --- events ---
 
     async def emit(self, items: Sequence[tuple[Payload, Audience]]) -> int:
-        """Write events that go with no memory change (for other parts of the engine); returns
-        the last seq once they are durable and published."""
         return await self.kernel.emit(items)
 
     async def event_head(self) -> ShardHead:
@@ -192,14 +206,12 @@ class ShardService:
     async def run_step(
         self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0
     ) -> StepOutcome:
-        """A bot's step for a chat kept on another shard (a group round, a delivery)."""
         self.kernel.ensure_started()
         return await self.conversations.run_step(step, mirror, learn_upto)
 
     async def schedule_learning(
         self, bot: Bot, chat: Chat, turn: str, upto: int, grant: str, org: Org, deferred: bool
     ) -> str | None:
-        """A group turn's learning for one of its bots, on that bot's shard (CO-2: once)."""
         self.kernel.ensure_started()
         return await self.conversations.schedule_learning(
             bot, chat, turn, upto, grant, org, deferred
@@ -208,8 +220,6 @@ class ShardService:
     async def memory_jobs(
         self, pools: Sequence[str], user: str, channels: frozenset[str]
     ) -> list[LearningJob]:
-        """Learning jobs of these pools whose turn the user was part of (their own person
-        turns, or their channels')."""
         return await jobs_for(self.kernel, self.chats, pools, user, channels)
 
     async def retry_memory_job(
@@ -226,7 +236,6 @@ class ShardService:
         return await self.chat_logs.one_item(chat, seq)
 
     async def post_item(self, chat: Chat, author: str, text: str) -> ItemView:
-        """A bot's `workspace_post_to_group` message in a group chat homed here."""
         return await self.chat_logs.say_view(chat, "bot", author, text)
 
     async def collaborations(self, user: str, channels: frozenset[str]) -> list[ChainView]:
@@ -236,7 +245,6 @@ class ShardService:
     async def stop_collaboration(
         self, chain_id: str, user: str, channels: frozenset[str]
     ) -> ChainView | None:
-        """Stop a chain homed here that `user` may see; None when it is not here."""
         return await self.chains.stop_visible(chain_id, user, channels)
 
     # --- requests (approvals, ENR-3) ---
@@ -247,7 +255,6 @@ class ShardService:
         return await self.requests.listing(user, channels, status)
 
     async def request(self, request_id: str, user: str, channels: frozenset[str]):
-        """The request if it is on this shard and `user` may see it, else None."""
         return await self.requests.find_view(request_id, user, channels)
 
     async def decide_request(
@@ -256,7 +263,6 @@ class ShardService:
         return await self.requests.decide(request_id, user, channels, approved, note)
 
     async def notify(self, chat: Chat, author: str, text: str) -> ItemView:
-        """A system notification in a chat homed here (a request's decision)."""
         return await self.chat_logs.say_view(chat, "notification", author, text)
 
     async def attach_review(self, request_id: str, chat: str) -> RequestView:
@@ -272,13 +278,10 @@ class ShardService:
     async def switch_group_mode(
         self, chat: str, channel: str, mode: str, leader: str | None
     ) -> Channel:
-        """WS-6's mode switch, done by the shard that keeps the group's chat so that it is
-        atomic with respect to the group's turns (Conversations.switch_mode)."""
         self.kernel.ensure_started()
         return await self.conversations.switch_mode(chat, channel, mode, leader)
 
     async def bot_node(self, model_name: str | None) -> NodeInfo:
-        """Where a bot's model runs and whether memory reaches it there (ND-2, ND-3)."""
         return await where_runs(self.memory_bot.model(model_name))
 
     async def chains_idle(self) -> None:
@@ -289,7 +292,6 @@ class ShardService:
         return await self.chat_logs.items(chat)
 
     async def delete_chat_items(self, chat: str, record: Chat | None = None) -> int:
-        """Delete a chat's history here; with its `record` (on its home shard) announce it."""
         return await self.chat_logs.delete_items(chat, record)
 
     async def confessions(self, chat: str) -> list[Confession]:
@@ -420,8 +422,8 @@ class ShardService:
         return self.index
 
     async def lock_violations(self) -> list[str]:
-        """What the pool-lock guard caught in this process (actors/shard/rwlock.py; tests)."""
-        return list(rwlock.violations)
+        """What the pool-lock guard caught in this process (actors/runtime/lock_guard.py; tests)."""
+        return list(lock_guard.violations)
 
     async def metrics(self) -> dict:
         """This process's figures for `GET /metrics` (storage/stats.py)."""
@@ -432,7 +434,6 @@ class ShardService:
         return counts | self.kernel.stats()
 
     async def backup(self, dest_dir: str) -> str:
-        """A consistent copy of this shard's file in `dest_dir` (everything committed so far)."""
         return await self.kernel.backup(dest_dir)
 
     async def flush(self) -> None:

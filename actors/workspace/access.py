@@ -7,10 +7,10 @@ for bot memory. A bot pool's records are read under the bot's seed-000 visibilit
 
 from __future__ import annotations
 
+from actors.contracts import WsAccess
 from actors.runtime.peers import Peers
 from actors.workspace.pools import WsPool, WsPools
 from actors.workspace.projects import Projects
-from actors.workspace.types import WsAccess
 from engine import bot_memory as bm
 from engine import projects as projmod
 from engine import scoped_memory as sm

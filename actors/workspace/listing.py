@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from actors.contracts import USING, WsAccess, WsListing, WsQuery
 from actors.shard.bot_memory import BotMemory
 from actors.shard.kernel import ShardKernel
 from actors.workspace.access import WsRules
 from actors.workspace.pools import WsPool, WsPools
 from actors.workspace.projects import Projects
 from actors.workspace.semantic import SemanticSearch
-from actors.workspace.types import USING, WsAccess, WsListing, WsQuery
 from engine import bot_memory as bm
 from engine import projects as projmod
 from engine import scoped_memory as sm

@@ -188,7 +188,7 @@ class WsPools:
         bot, and every record without an `org:` gets the bot's home org. Returns that org (None
         when the bot is unknown: its records then stay hidden)."""
         try:
-            bot = await self.peers.directory("get_bot", sm.pool_owner(stored.pool))
+            bot = await self.peers.directory().get_bot(sm.pool_owner(stored.pool))
         except OpenBotError:
             return None
         for entry_id, entry in list(stored.entries.items()):

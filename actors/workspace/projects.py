@@ -89,7 +89,7 @@ class Projects:
         users, channels = sorted(set(users)), sorted(set(channels))
         if not users and not channels:
             return [], {}
-        return await self.peers.directory("workspace_people", org, users, channels)
+        return await self.peers.directory().workspace_people(org, users, channels)
 
     async def save_project(
         self, actor: str, org: str, request: ProjectCreate | ProjectChange, project_id: str
@@ -152,7 +152,7 @@ class Projects:
             now=self.kernel.clock(),
         )
         no_outsiders(outsiders)
-        await self.peers.directory("register_project", pid, actor)
+        await self.peers.directory().register_project(pid, actor)
         return project
 
     async def _change(

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
+from actors.contracts import RevisionView, WsAccess
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, durable
 from actors.shard.seed_memory import SeedMemory
@@ -31,7 +32,6 @@ from actors.workspace.pools import WsPool, WsPools
 from actors.workspace.projects import Projects
 from actors.workspace.receipts import RECEIPT_SCOPE, WsReceipts
 from actors.workspace.semantic import SemanticSearch
-from actors.workspace.types import USING, RevisionView, WsAccess, WsListing, WsQuery
 from engine import bot_memory as bm
 from engine import projects as projmod
 from engine import scoped_memory as sm
@@ -48,9 +48,6 @@ from engine.scoped_memory import (
 )
 from storage.group_commit import Write
 from storage.receipts import fingerprint, receipt_key
-
-# Named by the gateway and tests from here.
-__all__ = ["USING", "RevisionView", "Workspace", "WsAccess", "WsListing", "WsQuery"]
 
 _entry_view_dec = msgspec.json.Decoder(WsEntryView)
 _decisions_dec = msgspec.json.Decoder(list[sm.Decision])

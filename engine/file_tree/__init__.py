@@ -21,6 +21,12 @@ export gives the same bytes: `parse(render(s)) == canonical(s)`.
     <memory>/.dreaming/revisions/<id>.json           operator, time, before/after per revision
     <memory>/.dreaming/jobs/<jobId>.json             extraction jobs (bot memory only)
     <memory>/.dreaming/next-refresh-at               when open jobs wait since (ISO UTC) or none
+    agents/<botId>/memory/.dreaming/read-positions.json  how far learning read each chat
+    agents/<botId>/memory/.dreaming/memory-bot.json  seed-000 version, settings, change log
+    other-agents/<botId>/memory/…                    learned entries of another account's bot
+                                                     kept for this one (its owner may not see
+                                                     them; `entry_keeper` says whose they are)
+    chats/<chatId>/chat.json, items.md, items.json, turns.json   a chat (engine/file_tree/_chats.py)
     .commands/<hash>.json                            idempotency receipts (requestId → answer)
 
 `<memory>` is `agents/<botId>/memory`, `user-memory` or `projects/<projectId>/memory`.
@@ -42,11 +48,13 @@ records (the account, its orgs, the people it works with, its bots and channels)
 keeps in a database, so that an import rebuilds a data directory that works.
 
 An account's tree holds what it owns: its bots (and their memory), its user memory, the projects
-it owns (and their memory), its receipts; so the trees of several accounts never claim the same
-file or record. Parsing is strict about structure (an unexpected or missing file, a line count
-or date that does not match `records.json`, a path that is not a safe id: InvalidInput
-`invalid_tree` naming the file) and lenient about what people do to Markdown: blank lines and
-`#` headings are skipped, and an edited line's text is taken as the record's new content.
+it owns (and their memory), its receipts, and the chats it keeps (those stored with its account:
+its bots' direct, review and agent chats; the group chats it started); so the trees of several
+accounts never claim the same file or record. Parsing is strict about structure (an unexpected
+or missing file, a line count or date that does not match `records.json`, a path that is not a
+safe id: InvalidInput `invalid_tree` naming the file) and lenient about what people do to
+Markdown: blank lines and `#` headings are skipped, and an edited line's text is taken as the
+record's new content.
 """
 
 from engine.file_tree._model import (
@@ -54,13 +62,19 @@ from engine.file_tree._model import (
     ROOT,
     AccountSnapshot,
     BotProject,
+    ChatItem,
+    ChatSnapshot,
+    ChatTurn,
     CommandReceipt,
     MemoryJob,
     MemoryRecord,
     PoolSnapshot,
+    ReadPosition,
+    SeedPool,
     Tombstone,
     canonical,
     day,
+    entry_keeper,
     escape,
     memory_line,
     memory_root,
@@ -75,13 +89,19 @@ __all__ = [
     "ROOT",
     "AccountSnapshot",
     "BotProject",
+    "ChatItem",
+    "ChatSnapshot",
+    "ChatTurn",
     "CommandReceipt",
     "MemoryJob",
     "MemoryRecord",
     "PoolSnapshot",
+    "ReadPosition",
+    "SeedPool",
     "Tombstone",
     "canonical",
     "day",
+    "entry_keeper",
     "escape",
     "memory_line",
     "memory_root",

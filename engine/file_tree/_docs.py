@@ -10,7 +10,7 @@ import msgspec
 
 from engine.casing import camel_keys
 from engine.directory import Bot, Channel, Org, User
-from engine.file_tree._model import BotProject
+from engine.file_tree._model import BotProject, ReadPosition, SeedPool
 from engine.memory import EntryMeta, Scope, Tier
 from engine.scoped_memory import Revision, WsStatus
 
@@ -87,6 +87,16 @@ class SourcesDoc(msgspec.Struct, frozen=True, kw_only=True):
 class RevisionsDoc(msgspec.Struct, frozen=True, kw_only=True):
     entry: str
     revisions: tuple[Revision, ...] = ()
+
+
+class PositionsDoc(msgspec.Struct, frozen=True, kw_only=True):
+    pool: str
+    positions: tuple[ReadPosition, ...] = ()
+
+
+class SeedDoc(msgspec.Struct, frozen=True, kw_only=True):
+    pool: str
+    seed: SeedPool
 
 
 class ProjectMeta(msgspec.Struct, frozen=True, kw_only=True):

@@ -7,13 +7,15 @@ import datetime
 import hashlib
 import re
 import unicodedata
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
-from engine.directory import ID_RE, Bot, Channel, Org, User
+from engine.directory import ID_RE, Bot, Channel, Chat, Org, User
 from engine.errors import InvalidInput
-from engine.memory import EntryMeta, Scope, Tier
+from engine.memory import EntryMeta, LogRow, Scope, Tier
+from engine.memory_bot import MemoryBotSettings
 from engine.projects import Project
 from engine.scoped_memory import Origin, Revision, WsStatus
 
@@ -83,12 +85,69 @@ class MemoryJob(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     updated_at: int = 0
 
 
+class ReadPosition(msgspec.Struct, frozen=True, kw_only=True):
+    """How far a bot's learning has read a chat (items up to `seq`), so that an import never
+    learns from the same items twice."""
+
+    chat: str
+    seq: int
+
+
+class SeedPool(msgspec.Struct, frozen=True, kw_only=True):
+    """The seed-000 side of a bot's memory: the pool's version (API-3), its memory-bot
+    settings and the change log of the entries in the tree."""
+
+    version: int = 0
+    settings: MemoryBotSettings = MemoryBotSettings()
+    log: tuple[LogRow, ...] = ()
+
+
 class PoolSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     pool: str
     records: tuple[MemoryRecord, ...] = ()
     revisions: tuple[Revision, ...] = ()
     tombstones: tuple[Tombstone, ...] = ()
     jobs: tuple[MemoryJob, ...] = ()
+    positions: tuple[ReadPosition, ...] = ()
+    seed: SeedPool | None = None  # bot pools; None is the default state
+
+
+class ChatItem(msgspec.Struct, frozen=True, kw_only=True):
+    """An item of a chat with its plaintext (`i-<seq>`); `direction`/`peer` mark a real
+    delivery between bots (UI-1)."""
+
+    seq: int
+    kind: str  # person | bot | notification | tool_result | delivery
+    author: str
+    at: int
+    text: str
+    turn: str | None = None
+    direction: str | None = None
+    peer: str | None = None
+
+
+class ChatTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """A turn of a chat: the person it acts for (LRN-6), status, rounds, a delivery goal."""
+
+    id: str
+    operator: str
+    status: str
+    at: int
+    rounds: int = 1
+    error: str | None = None
+    goal: str | None = None
+    verdict_by: str | None = None
+    verdict_note: str | None = None
+
+
+class ChatSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """A chat, its items in order and its turns. `last_seq` is the last item number ever used
+    (numbers are never reused, even after the history was deleted)."""
+
+    chat: Chat
+    last_seq: int = 0
+    items: tuple[ChatItem, ...] = ()
+    turns: tuple[ChatTurn, ...] = ()
 
 
 class CommandReceipt(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -126,6 +185,7 @@ class AccountSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     bot_projects: dict[str, tuple[BotProject, ...]] = {}
     pools: tuple[PoolSnapshot, ...] = ()
     commands: tuple[CommandReceipt, ...] = ()
+    chats: tuple[ChatSnapshot, ...] = ()
 
 
 def canonical(snapshot: AccountSnapshot) -> AccountSnapshot:
@@ -151,8 +211,14 @@ def canonical(snapshot: AccountSnapshot) -> AccountSnapshot:
                 )
             ),
             jobs=by_id(p.jobs),
+            positions=tuple(sorted(p.positions, key=lambda x: x.chat)),
+            seed=None
+            if p.seed is None or p.seed == SeedPool()
+            else msgspec.structs.replace(
+                p.seed, log=tuple(sorted(p.seed.log, key=lambda r: (r.version, r.entry)))
+            ),
         )
-        if pool.records or pool.revisions or pool.tombstones or pool.jobs:
+        if pool.records or pool.revisions or pool.tombstones or pool.jobs or pool.positions:
             pools.append(pool)
     return AccountSnapshot(
         account=snapshot.account,
@@ -166,6 +232,14 @@ def canonical(snapshot: AccountSnapshot) -> AccountSnapshot:
         },
         pools=tuple(pools),
         commands=tuple(sorted(snapshot.commands, key=lambda c: (c.pool, c.request_id))),
+        chats=tuple(
+            msgspec.structs.replace(
+                c,
+                items=tuple(sorted(c.items, key=lambda i: i.seq)),
+                turns=tuple(sorted(c.turns, key=lambda t: (t.at, t.id))),
+            )
+            for c in sorted(snapshot.chats, key=lambda c: c.chat.id)
+        ),
     )
 
 
@@ -240,11 +314,27 @@ def segment(value: str, what: str) -> str:
     return value
 
 
-def memory_root(pool: str) -> str:
-    """The directory of a pool's memory inside the account's tree."""
+OTHER_AGENTS = "other-agents"
+
+
+def entry_keeper(tags: tuple[str, ...], people: Mapping[str, tuple[str, ...]]) -> str | None:
+    """Whose tree keeps a learned entry of a bot's memory that the bot's owner may not see: the
+    person it is for (the first, by id), else the first person of a channel it is for
+    (`people`: channel → its people); None when nobody is named."""
+    persons = sorted(t.removeprefix("for:person:") for t in tags if t.startswith("for:person:"))
+    if persons:
+        return persons[0]
+    channels = sorted(t.removeprefix("for:channel:") for t in tags if t.startswith("for:channel:"))
+    members = sorted(p for c in channels for p in people.get(c, ()))
+    return members[0] if members else None
+
+
+def memory_root(pool: str, own: bool = True) -> str:
+    """The directory of a pool's memory inside the account's tree; another account's bot's
+    entries kept for this account (`own` False) go under `other-agents/<botId>/memory`."""
     kind, _, owner = pool.partition(":")
     if kind == "bot":
-        return f"agents/{segment(owner, 'bot id')}/memory"
+        return f"{'agents' if own else OTHER_AGENTS}/{segment(owner, 'bot id')}/memory"
     if kind == "user":
         return "user-memory"
     if kind == "project":

@@ -11,15 +11,18 @@ from engine import tags as tagmod
 from engine.casing import fit
 from engine.directory import Channel
 from engine.errors import InvalidInput
+from engine.file_tree._chats import parse_chat
 from engine.file_tree._docs import (
     AccountDoc,
     BotProjectsDoc,
     GroupsDoc,
     MarkerDoc,
+    PositionsDoc,
     ProjectMeta,
     RecordDoc,
     RecordsDoc,
     RevisionsDoc,
+    SeedDoc,
     SourcesDoc,
     TombstoneDoc,
 )
@@ -27,6 +30,7 @@ from engine.file_tree._model import (
     FORMAT,
     IGNORED,
     LINE,
+    OTHER_AGENTS,
     ROOT,
     AccountSnapshot,
     BotProject,
@@ -115,6 +119,10 @@ def _parse_account(account: str, files: dict[str, bytes]) -> AccountSnapshot:
         projects.append(msgspec.structs.replace(project, channels=ids))
     pools = []
     roots = [(f"bot:{b.id}", f"agents/{b.id}/memory") for b in doc.bots]
+    others = {p.split("/")[1] for p in files if p.startswith(f"{OTHER_AGENTS}/") and "/" in p[13:]}
+    if others & {b.id for b in doc.bots}:
+        raise _bad(f"{where}/{OTHER_AGENTS}", "names a bot of this account")
+    roots += [(f"bot:{b}", f"{OTHER_AGENTS}/{segment(b, 'bot id')}/memory") for b in sorted(others)]
     roots.append((f"user:{account}", "user-memory"))
     roots += [(f"project:{p.id}", f"projects/{p.id}/memory") for p in projects]
     for pool_id, root in roots:
@@ -129,6 +137,18 @@ def _parse_account(account: str, files: dict[str, bytes]) -> AccountSnapshot:
         if command_file(receipt) != path:
             raise _bad(f"{where}/{path}", "the receipt belongs under another name")
         commands.append(receipt)
+    chats = []
+    by_chat: dict[str, dict[str, bytes]] = {}
+    for path in files:
+        parts = path.split("/")
+        if parts[0] == "chats" and len(parts) == 3:
+            by_chat.setdefault(segment(parts[1], "chat id"), {})[parts[2]] = files[path]
+            seen.add(path)
+    for chat_id, mine in sorted(by_chat.items()):
+        chat, channel = parse_chat(f"{where}/chats/{chat_id}", chat_id, mine, _decode, _bad)
+        if channel is not None and channels.setdefault(channel.id, channel) != channel:
+            raise _bad(f"{where}/chats/{chat_id}", f"channel {channel.id} differs from elsewhere")
+        chats.append(chat)
     extra = sorted(set(files) - seen)
     if extra:
         raise _bad(where, f"unexpected files: {', '.join(extra[:5])}")
@@ -143,6 +163,7 @@ def _parse_account(account: str, files: dict[str, bytes]) -> AccountSnapshot:
             bot_projects=bot_projects,
             pools=tuple(pools),
             commands=tuple(commands),
+            chats=tuple(chats),
         )
     )
 
@@ -317,6 +338,18 @@ def _parse_pool(where: str, pool_id: str, files: dict[str, bytes]) -> PoolSnapsh
         if path != f".dreaming/jobs/{job.id}.json" or job.pool != pool_id:
             raise _bad(f"{where}/{path}", "a job of another name or pool")
         jobs.append(job)
+    positions: PositionsDoc | None = None
+    ppath = ".dreaming/read-positions.json"
+    if ppath in files:
+        positions = _decode(f"{where}/{ppath}", take(ppath), PositionsDoc)
+        if positions.pool != pool_id:
+            raise _bad(f"{where}/{ppath}", f"is for {positions.pool}, not {pool_id}")
+    seed: SeedDoc | None = None
+    spath = ".dreaming/memory-bot.json"
+    if spath in files:
+        seed = _decode(f"{where}/{spath}", take(spath), SeedDoc)
+        if seed.pool != pool_id or not pool_id.startswith("bot:"):
+            raise _bad(f"{where}/{spath}", f"is for {seed.pool}, not {pool_id}")
     take(".dreaming/next-refresh-at")  # derived from the jobs
     extra = sorted(set(files) - seen)
     if extra:
@@ -327,4 +360,6 @@ def _parse_pool(where: str, pool_id: str, files: dict[str, bytes]) -> PoolSnapsh
         revisions=tuple(revisions),
         tombstones=tuple(tombs.values()),
         jobs=tuple(jobs),
+        positions=() if positions is None else positions.positions,
+        seed=None if seed is None else seed.seed,
     )

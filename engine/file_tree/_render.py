@@ -6,16 +6,19 @@ import msgspec
 
 from engine.casing import camel, camel_keys
 from engine.errors import InvalidInput
+from engine.file_tree._chats import chat_root, render_chat
 from engine.file_tree._docs import (
     ENC,
     AccountDoc,
     BotProjectsDoc,
     GroupsDoc,
     MarkerDoc,
+    PositionsDoc,
     ProjectMeta,
     RecordDoc,
     RecordsDoc,
     RevisionsDoc,
+    SeedDoc,
     SourcesDoc,
     SourcesRow,
     TombstoneDoc,
@@ -37,6 +40,7 @@ from engine.file_tree._model import (
     record_file,
     segment,
 )
+from engine.memory_bot import MemoryBotSettings
 from engine.projects import Project
 from engine.scoped_memory import Revision, WsStatus, content_fingerprint
 
@@ -80,19 +84,40 @@ def render(snapshot: AccountSnapshot) -> dict[str, bytes]:
             for c in project.channels
         )
         put(f"{root}/groups.json", to_json(GroupsDoc(project=project.id, groups=groups)))
+    own_bots = {b.id for b in s.bots}
     for pool in s.pools:
         kind, _, owner = pool.pool.partition(":")
-        if (kind, owner) not in (
-            *(("bot", b.id) for b in s.bots),
+        own = kind != "bot" or owner in own_bots
+        if kind == "bot" and not own:
+            _check_kept(pool)  # another account's bot: learned entries kept for this one
+        elif (kind, owner) not in (
+            *(("bot", b) for b in own_bots),
             ("user", s.account.id),
             *(("project", p) for p in project_ids),
         ):
             raise InvalidInput(f"{pool.pool} is not {s.account.id}'s", code="invalid_tree")
         for path, data in _render_pool(pool).items():
-            put(f"{memory_root(pool.pool)}/{path}", data)
+            put(f"{memory_root(pool.pool, own)}/{path}", data)
     for receipt in s.commands:
         put(command_file(receipt), to_json(receipt))
+    for chat in s.chats:
+        for path, data in render_chat(chat, channels).items():
+            put(f"{chat_root(chat.chat.id)}/{path}", data)
     return files
+
+
+def _check_kept(pool: PoolSnapshot) -> None:
+    """What a tree may hold of another account's bot: learned entries and their log rows."""
+    seed = pool.seed
+    if (
+        any(r.memory is None for r in pool.records)
+        or pool.revisions
+        or pool.tombstones
+        or pool.jobs
+        or pool.positions
+        or (seed is not None and (seed.version or seed.settings != MemoryBotSettings()))
+    ):
+        raise InvalidInput(f"{pool.pool} holds more than entries kept for you", code="invalid_tree")
 
 
 def _project_md(project: Project) -> bytes:
@@ -193,6 +218,13 @@ def _render_pool(pool: PoolSnapshot) -> dict[str, bytes]:
         if job.pool != pool.pool:
             raise InvalidInput(f"job {job.id} is not of {pool.pool}", code="invalid_tree")
         files[f".dreaming/jobs/{segment(job.id, 'job id')}.json"] = to_json(job)
+    if pool.positions:
+        doc = PositionsDoc(pool=pool.pool, positions=pool.positions)
+        files[".dreaming/read-positions.json"] = to_json(doc)
+    if pool.seed is not None:
+        if not pool.pool.startswith("bot:"):
+            raise InvalidInput(f"{pool.pool} has no seed-000 state", code="invalid_tree")
+        files[".dreaming/memory-bot.json"] = to_json(SeedDoc(pool=pool.pool, seed=pool.seed))
     waiting = [j.updated_at for j in pool.jobs if j.status in OPEN_JOBS]
     files[".dreaming/next-refresh-at"] = to_text([iso(min(waiting)) if waiting else "none"])
     return files

@@ -1,0 +1,298 @@
+"""Every message and port type that crosses an actor boundary: what the gateway sends to and
+gets back from the shards and the directory, what shards send each other, and what the node hub
+carries. Imports engine/ and msgspec only, so that the gateway (and any other caller) can speak
+to the actors without importing their implementation (numpy, storage, each other).
+
+Wire rule (msgspec): new fields get defaults, types never change; these are pickled by Ray
+between processes of the same version, and some are serialised to the HTTP API as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import msgspec
+
+from engine.chat_records import ItemView, Turn
+from engine.directory import Bot, Channel, Chat, Org
+from engine.models import Completion, Message, ToolSpec
+from engine.scoped_memory import Decision, Extraction, SourceItem, WsEntryView
+from engine.self_rules import Editor, RulesUpdate
+from engine.workspace_search import Hit
+
+# --- turns (gateway -> a chat's home shard) ------------------------------------------------
+
+
+class TurnStart(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a turn needs from the directory, captured when it starts."""
+
+    chat: Chat
+    bot: Bot | None  # direct and review chats
+    org: Org
+    operator: str
+    text: str
+    request_id: str | None = None
+    channel: Channel | None = None  # group chats, with their member bots
+    members: tuple[Bot, ...] = ()
+    rounds: int | None = None
+    mentions: tuple[str, ...] | None = None
+
+
+class Mirrored(msgspec.Struct, frozen=True, kw_only=True):
+    """A chat item a bot's shard keeps so that its learning can read the evidence (LRN-3)."""
+
+    seq: int
+    turn: str | None
+    kind: str
+    author: str
+    at: int
+    text: str
+
+
+class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
+    turn: Turn
+    items: list[ItemView]
+
+
+# --- bot steps (a chat's home shard -> the bot's shard) ------------------------------------
+
+
+class StepInput(msgspec.Struct, frozen=True, kw_only=True):
+    chat: Chat  # where the bot speaks: direct, review, group or agent
+    bot: Bot
+    org: Org
+    operator: str  # the person the turn acts for (LRN-6)
+    turn: str
+    text: str  # what wakes the bot: a person's words, or a delivery
+    wake: str = "person"  # person | delivery
+    history: tuple[Message, ...] = ()
+    after: tuple[Message, ...] = ()  # said after `text` (earlier speakers of a group turn)
+    channel: str | None = None
+    review: str | None = None  # a review chat: the proposal under review (ENR-3)
+
+
+class Effect(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str  # send | post
+    link: str  # the receipt id the bot was given
+    target: str  # a bot id (send) or a channel id (post)
+    message: str
+
+
+class ToolUse(msgspec.Struct, frozen=True, kw_only=True):
+    """One tool call of the bot and its result, stored as a `tool_result` chat item (MEM-3): a
+    source learning may cite beside a person's words (LRN-9), giving the entry `app:<tool>`."""
+
+    tool: str
+    arguments: str
+    result: str
+
+
+class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    status: str  # done | failed
+    error: str | None = None
+    reply: str | None = None  # the bot's final text
+    note: str | None = None  # a system notification instead of a reply
+    effects: tuple[Effect, ...] = ()
+    confided: bool = False
+    tools: tuple[ToolUse, ...] = ()  # app tool calls with their results, in order (MEM-3)
+
+
+# --- collaboration chains ------------------------------------------------------------------
+
+
+class LinkView(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    parent: str | None
+    fromBot: str
+    toBot: str
+    depth: int
+    status: str
+    reason: str | None = None
+    request: str | None = None
+    result: str | None = None
+    agentChat: str | None = None
+
+
+class ChainView(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    status: str
+    reason: str | None
+    rootChat: str
+    topic: str
+    project: str | None
+    rootBot: str
+    deliveries: int
+    revision: int
+    createdAt: int
+    updatedAt: int
+    links: list[LinkView]
+
+
+# --- workspace memory (gateway and shards -> the shards that hold the pools) ---------------
+
+USING = ("all", "keyword", "semantic")
+
+
+class WsAccess(msgspec.Struct, frozen=True, kw_only=True):
+    """Who is asking: the signed-in account and the bots it uses (owner or grant).
+
+    `orgs` (the org the request names first) and `channels` make the seed-000 reader of a bot's
+    one memory (engine/bot_memory.py): a bot pool's entries are listed under its visibility rule.
+    """
+
+    account: str
+    bots: frozenset[str] = frozenset()
+    orgs: tuple[str, ...] = ()
+    channels: frozenset[str] = frozenset()
+
+
+class WsQuery(msgspec.Struct, frozen=True, kw_only=True):
+    """What to list on one shard. `pools` are bot and user pools the gateway routed here;
+    `projects` names projects to include, or None for every project here the account is a
+    member of. `contributor` keeps one bot's contributions; `q` searches the bodies."""
+
+    pools: tuple[str, ...] = ()
+    projects: tuple[str, ...] | None = ()
+    contributor: str | None = None
+    q: str | None = None
+    status: str = "active"  # active | forgotten | all
+    limit: int = 200
+    using: str = "all"  # with q: all (hybrid when semantic search is on) | keyword | semantic
+
+
+class WsListing(msgspec.Struct, frozen=True, kw_only=True):
+    """Records found on one shard; with a query, `hits` rank them. `names` are display names
+    of the project pools listed (for the export's headings)."""
+
+    entries: list[WsEntryView]
+    hits: list[Hit] = []  # keyword hits among `fused` (with their BM25 scores)
+    semantic: list[Hit] = []  # semantic hits among `fused` (with their cosines)
+    fused: list[Hit] = []  # the ranking, best first; `entries` are in this order
+    names: dict[str, str] = {}
+
+
+class RevisionView(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of `GET /memories/:id/revisions`: who (a user or a bot), when, before/after."""
+
+    entry: str
+    revision: int
+    operator: str
+    at: int
+    change: str
+    before: str | None = None
+    after: str | None = None
+
+
+# --- execution nodes (gateways and shards <-> the node hub) --------------------------------
+
+
+class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    memory_isolation: bool
+    memory_extraction: bool
+    connected: bool = True
+    hint: str | None = None
+
+
+class Work(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...]
+
+
+class NodeHubPort(Protocol):
+    """The node hub (actors/models/node_hub.py): gateways register the nodes connected to them
+    and pull their work; shards put work in and await the answer. `NodeHubService` is the local
+    implementation; actors/runtime/node_hub_handle.py reaches the one named hub actor."""
+
+    async def register(self, node: str, memory_isolation: bool, memory_extraction: bool) -> int: ...
+
+    async def unregister(self, node: str, session: int) -> None: ...
+
+    async def next_work(self, node: str, session: int, wait: float = 10.0) -> Work | None: ...
+
+    async def complete(
+        self, work_id: str, completion: Completion | None, error: str | None
+    ) -> bool: ...
+
+    async def run(
+        self, node: str, messages: Sequence[Message], tools: Sequence[ToolSpec], timeout: float
+    ) -> Completion: ...
+
+    async def info(self, node: str) -> NodeInfo | None: ...
+
+    async def nodes(self) -> list[NodeInfo]: ...
+
+
+# --- ports: what one actor asks of another ----------------------------------------------------
+
+
+class ShardPort(Protocol):
+    """What a shard asks of another shard (DESIGN §3: an account's pools live on one shard, so
+    a bot's step, its learning and a pool's records are served where they are kept).
+    `ShardService` is the local implementation; actors/runtime/ports.py's `RayShard` reaches
+    a shard actor."""
+
+    async def run_step(
+        self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0
+    ) -> StepOutcome: ...
+
+    async def schedule_learning(
+        self, bot: Bot, chat: Chat, turn: str, upto: int, grant: str, org: Org, deferred: bool
+    ) -> str | None: ...
+
+    async def release_learning(self, job_id: str, upto: int) -> bool: ...
+
+    async def notify(self, chat: Chat, author: str, text: str) -> ItemView: ...
+
+    async def post_item(self, chat: Chat, author: str, text: str) -> ItemView: ...
+
+    async def ws_entries(self, access: WsAccess, query: WsQuery) -> WsListing: ...
+
+    async def ws_extract(
+        self,
+        pool_id: str,
+        contributor: str,
+        proposals: Sequence[Extraction],
+        sources: Sequence[SourceItem],
+        request_id: str,
+        now: int | None = None,
+    ) -> list[Decision]: ...
+
+
+class DirectoryPort(Protocol):
+    """What a shard asks of the directory. `DirectoryService` is the local implementation;
+    actors/runtime/ports.py's `RayDirectory` reaches the directory actor."""
+
+    async def get_org(self, org_id: str) -> Org: ...
+
+    async def get_chat(self, chat_id: str) -> Chat: ...
+
+    async def get_channel(self, channel_id: str) -> Channel: ...
+
+    async def get_bot(self, bot_id: str) -> Bot: ...
+
+    async def find_bot(self, org: str, name_or_id: str) -> Bot: ...
+
+    async def group_chat(self, channel_id: str) -> Chat: ...
+
+    async def agent_chat(self, root: Chat, peer: str, chain: str, link: str) -> Chat: ...
+
+    async def set_mode(self, channel_id: str, mode: str, leader: str | None) -> Channel: ...
+
+    async def update_rules(self, bot_id: str, update: RulesUpdate, editor: Editor) -> Bot: ...
+
+    async def create_member(
+        self, creator_id: str, name: str, prompt: str | None, rules: dict | None
+    ) -> Bot: ...
+
+    async def archive_bot(self, bot_id: str, archived: bool, editor: Editor) -> Bot: ...
+
+    async def project_owner(self, project_id: str) -> str | None: ...
+
+    async def register_project(self, project_id: str, owner: str) -> str: ...
+
+    async def workspace_people(
+        self, org: str, users: list[str], channels: list[str]
+    ) -> tuple[list[str], dict[str, tuple[str, ...]]]: ...

@@ -1,0 +1,226 @@
+"""Chat routes (API-1..API-6): create a chat, start a turn, give a verdict, read and delete a
+chat's items, and its confessions and enrichments. `_chat` decides who may read a chat and where it
+lives (the home shard); a group chat's records are also kept on its members' shards."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from actors.contracts import TurnStart
+from actors.runtime.engine import Engine, call
+from engine.directory import chat_home, require_use, resolve_org
+from engine.errors import Forbidden, InvalidInput, NotFound, OpenBotError
+from gateway import wire
+from gateway.auth import Auth
+from gateway.chat_access import ChatAccess, require_chat_owner
+from gateway.json_response import json, read_body
+
+
+class ChatsApi:
+    def __init__(self, engine: Engine, auth: Auth) -> None:
+        self.engine = engine
+        self.auth = auth
+
+    async def create_chat(self, request: Request) -> Response:
+        principal = await self.auth.user(request)
+        body = wire.decode(await read_body(request), wire.CreateChat)
+        assert principal.user is not None
+        project_org = None
+        if body.project is not None:
+            project_org = await self._require_project_member(body.project, principal.user.id)
+        # The directory decides the chat's org (the bot's or the channel's) and checks the
+        # header against it.
+        requested = request.headers.get("openbot-org") or None
+        if requested is not None and body.channel is not None:
+            resolve_org(principal.user, requested)
+        chat = await call(
+            self.engine.directory.create_chat,
+            principal.user.id,
+            requested,
+            bot=body.bot,
+            channel=body.channel,
+            project=body.project,
+            kind=body.kind,
+            project_org=project_org,
+        )
+        return json(chat, 201)
+
+    async def _require_project_member(self, project: str, user: str) -> str:
+        """A chat may select only a project its person is a member of (WS-7): its memory is
+        packed into prompts and learned facts are written to it. Returns the project's org."""
+        owner = await call(self.engine.directory.project_owner, project)
+        mine = [] if owner is None else await call(self.engine.shard_for(owner).ws_projects, user)
+        for p in mine:
+            if p.id == project:
+                return p.org
+        raise NotFound(f"no project {project}", code="project_not_found")
+
+    async def _chat(self, request: Request, *, owner_only: bool = False) -> ChatAccess:
+        """The chat and where it lives, for who may read it: a direct, review or agent chat's
+        owner (API-6); any person of a group chat's channel (confessions and enrichments stay
+        with the owner)."""
+        principal = await self.auth.user(request)
+        assert principal.user is not None
+        user = principal.user.id
+        chat = await call(self.engine.directory.get_chat, request.path_params["chat"])
+        if chat.org not in principal.user.orgs:
+            # Another org's chat answers like an id nobody has (issue 12).
+            raise NotFound(f"no chat {chat.id!r}", code="chat_not_found")
+        if chat.kind == "group":
+            if chat.channel not in principal.channels:
+                raise Forbidden("you are not a member of this group", code="not_member")
+            if owner_only:
+                require_chat_owner(chat, user)
+            channel = await call(self.engine.directory.get_channel, chat.channel)
+            home = self.engine.shard_for(chat_home(chat))
+            return ChatAccess(principal, chat, None, channel, home)
+        require_chat_owner(chat, user)
+        if chat.bot is None:
+            raise InvalidInput("this chat has no bot", code="invalid_chat")
+        bot = await self.auth.bot(chat.bot)
+        if chat.kind != "agent":
+            require_use(bot, principal.user)
+        return ChatAccess(
+            principal, chat, bot, None, self.engine.shard_for(chat_home(chat, bot.owner))
+        )
+
+    async def post_turn(self, request: Request) -> Response:
+        access = await self._chat(request)
+        chat, principal = access.chat, access.principal
+        body = wire.decode(await read_body(request), wire.TurnBody)
+        if chat.kind == "agent":
+            raise InvalidInput("agent chats are for bots", code="invalid_chat")
+        org = await call(self.engine.directory.get_org, chat.org)
+        assert principal.user is not None
+        # Bots are read fresh: rules a bot changed apply from the next turn (WS-2).
+        directory = self.engine.directory
+        members: tuple = ()
+        bot = None
+        if access.channel is not None:
+            members = tuple([await call(directory.get_bot, b) for b in access.channel.bots])
+        else:
+            assert access.bot is not None
+            bot = await call(directory.get_bot, access.bot.id)
+        start = TurnStart(
+            chat=chat,
+            bot=bot,
+            org=org,
+            operator=principal.user.id,
+            text=body.text,
+            request_id=body.requestId,
+            channel=access.channel,
+            members=members,
+            rounds=body.rounds,
+            mentions=None if body.mentions is None else tuple(body.mentions),
+        )
+        turn = await call(access.home.start_turn, start)
+        if request.query_params.get("wait") in ("true", "1"):
+            result = await call(access.home.wait_turn, chat.id, turn.id)
+            return json(result)
+        return json({"turn": turn}, 202)
+
+    async def verdict(self, request: Request) -> Response:
+        """A person of a delivery group accepts or rejects the delivered result (WS-6); a
+        rejection goes back to the leader as the person's next message."""
+        access = await self._chat(request)
+        body = wire.decode(await read_body(request), wire.Verdict)
+        if len(body.note) > 4000:
+            raise InvalidInput("note over 4000 characters", code="note_too_long")
+        user = access.principal.user
+        assert user is not None
+        turn = await call(
+            access.home.verdict,
+            access.chat.id,
+            request.path_params["turn"],
+            user.id,
+            body.accepted,
+            body.note,
+        )
+        answer: dict = {"turn": turn}
+        if not body.accepted and access.channel is not None:
+            org = await call(self.engine.directory.get_org, access.chat.org)
+            members = tuple(
+                [await call(self.engine.directory.get_bot, b) for b in access.channel.bots]
+            )
+            text = "The result was rejected." + (f" {body.note}" if body.note else "")
+            start = TurnStart(
+                chat=access.chat,
+                bot=None,
+                org=org,
+                operator=user.id,
+                text=text,
+                channel=access.channel,
+                members=members,
+            )
+            answer["next"] = await call(access.home.start_turn, start)
+        return json(answer)
+
+    async def chat_items(self, request: Request) -> Response:
+        access = await self._chat(request)
+        if request.method == "DELETE":
+            require_chat_owner(access.chat, access.principal.user.id)  # type: ignore[union-attr]
+            count = await call(access.home.delete_chat_items, access.chat.id, access.chat)
+            # The copies the members' shards keep for learning go too (API-5: what was
+            # learned stays; the history does not).
+            for shard in await self._member_shards(access):
+                await call(shard.delete_chat_items, access.chat.id)
+            return json({"count": count})
+        items = await call(access.home.chat_items, access.chat.id)
+        return json({"items": [await self._shown(i) for i in items]})
+
+    async def chat_item(self, request: Request) -> Response:
+        """One item, as a `chat.item.created` event names it (clients fetch what they are told
+        about instead of reading the whole chat again)."""
+        access = await self._chat(request)
+        wanted = request.path_params["item"]
+        number = wanted.removeprefix("i-")
+        item = None
+        if wanted.startswith("i-") and number.isdigit() and len(number) < 19:
+            item = await call(access.home.chat_item, access.chat.id, int(number))
+        if item is None:
+            raise NotFound(f"no item {wanted} in this chat", code="item_not_found")
+        return json(await self._shown(item))
+
+    async def _shown(self, item):
+        """A delivery's communication record names its peer as clients show it (UI-1)."""
+        c = item.communication
+        if c is None:
+            return item
+        try:
+            peer = await self.auth.bot(c.peer)
+        except OpenBotError:
+            return item
+        shown = msgspec.structs.replace(c, name=peer.name, avatar=peer.avatar)
+        return msgspec.structs.replace(item, communication=shown)
+
+    async def _records(self, request: Request, method: Callable[[Any], Any]) -> list:
+        """Confessions or enrichments: kept where each bot's memory is, so a group chat's come
+        from every member's shard."""
+        access = await self._chat(request, owner_only=True)
+        records = []
+        for shard in [access.home, *await self._member_shards(access)]:
+            records.extend(await call(method(shard), access.chat.id))
+        return sorted(records, key=lambda r: (r.at, r.turn))
+
+    async def _member_shards(self, access: ChatAccess) -> list:
+        """The shards of a group's bots other than the chat's home."""
+        shards = {id(access.home): None}
+        out = []
+        if access.channel is not None:
+            for b in access.channel.bots:
+                shard = self.engine.shard_for((await self.auth.bot(b)).owner)
+                if id(shard) not in shards:
+                    shards[id(shard)] = shard
+                    out.append(shard)
+        return out
+
+    async def confessions(self, request: Request) -> Response:
+        return json({"confessions": await self._records(request, lambda shard: shard.confessions)})
+
+    async def enrichments(self, request: Request) -> Response:
+        return json({"enrichments": await self._records(request, lambda shard: shard.enrichments)})

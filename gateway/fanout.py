@@ -1,0 +1,281 @@
+"""The gateway's side of the event log: one subscription per shard per gateway process, and each
+event decided and encoded once for everyone who may hear of it (DESIGN §8).
+
+Per shard one pump long-polls the shard for published events. Clients are grouped by who they
+are (a `Listener`: user, orgs, channels, usable bots) and the groups are indexed by user,
+channel and bot, so an event's audience is a few dict look-ups and one `admits` per group, not a
+check per client. A client that is live on every shard and not ahead of this hub ("in step")
+holds the hub's own position: every frame such clients get is the same text (its cursor is the
+hub's dispatch position), encoded once per event and written to each of their sockets inline
+(gateway/subscriber.py). A client still replaying (it connected with a cursor) or whose cursor came
+from a faster gateway is served on its own positions until it is in step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from actors.runtime.engine import Engine, call
+from engine.events import (
+    Event,
+    Listener,
+    MemoryChanged,
+    Position,
+    ShardHead,
+    admits,
+    decode_cursor,
+    encode_cursor,
+    needs_reset,
+)
+from gateway.metrics import EVENTS_DELIVERED
+from gateway.subscriber import TOO_SLOW, Closed, Outlet, Subscriber, event_text
+
+log = logging.getLogger("openbot.events")
+
+POLL_WAIT = 10.0
+YIELD_EVERY = 2000  # frames written before the pump lets other tasks run (~30-60 ms)
+CATCH_UP_CLOSE = 4409
+
+
+class Hub:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.heads: list[ShardHead | None] = [None] * len(engine.shards)
+        self.subscribers: set[Subscriber] = set()
+        # Clients grouped by who they are, and the groups indexed by what an audience names.
+        self._members: dict[Listener, dict[Subscriber, None]] = {}
+        self._by_user: dict[str, set[Listener]] = {}
+        self._by_channel: dict[str, set[Listener]] = {}
+        self._by_bot: dict[str, set[Listener]] = {}
+        self._catching_up: set[Subscriber] = set()  # live somewhere but not in step yet
+        self._pumps: list[asyncio.Task[None]] = []
+        self._ready: asyncio.Future[None] | None = None
+        self._pump_ok = [False] * len(engine.shards)
+        self.pool_changed: dict[str, int] = {}  # pool → seq of its last memory.changed
+
+    def fresh(self, shard: int, epoch: str, pool: str, fill: int) -> bool:
+        """Whether a page that reflects `pool` up to event `fill` is still current, as far as
+        this hub has seen (the read cache's test)."""
+        head = self.heads[shard]
+        return (
+            self._pump_ok[shard]
+            and head is not None
+            and head.epoch == epoch
+            and head.head >= fill
+            and self.pool_changed.get(pool, 0) <= fill
+        )
+
+    async def start(self) -> None:
+        if self._ready is None:
+            self._ready = asyncio.get_running_loop().create_future()
+            try:
+                heads = [await call(s.event_head) for s in self.engine.shards]
+            except BaseException as e:
+                self._ready.set_exception(e)
+                self._ready.exception()
+                self._ready = None
+                raise
+            self.heads = list(heads)
+            # The heads were just read: this hub is current until a poll says otherwise.
+            self._pump_ok = [True] * len(heads)
+            self._pumps = [asyncio.create_task(self._pump(k)) for k in range(len(heads))]
+            self._ready.set_result(None)
+        await self._ready
+
+    async def stop(self) -> None:
+        for task in self._pumps:
+            task.cancel()
+        for task in self._pumps:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _pump(self, k: int) -> None:
+        shard = self.engine.shards[k]
+        delay = 0.05
+        while True:
+            head = self.heads[k]
+            assert head is not None
+            try:
+                new_head, events = await call(shard.events_after, head.head, 1000, POLL_WAIT)
+            except Exception:  # whatever Ray raises: the pump must live on, and say it lags
+                self._pump_ok[k] = False
+                log.warning("event pump for shard %d failed; retrying", k, exc_info=True)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            delay = 0.05
+            self._pump_ok[k] = True
+            if new_head.epoch != head.epoch:
+                # The shard's data were replaced: every client must refetch. Nothing more is
+                # written to them (a frame would carry the new epoch and hide the reset).
+                self.heads[k] = new_head
+                for sub in list(self.subscribers):
+                    sub.in_step = False
+                    sub.outlet.end(TOO_SLOW)
+                continue
+            await self._dispatch(k, events)
+            last = events[-1].seq if events else head.head
+            self.heads[k] = ShardHead(epoch=new_head.epoch, oldest=new_head.oldest, head=last)
+            for sub in list(self._catching_up):
+                self._step_in(sub)
+
+    async def _dispatch(self, k: int, events: list[Event]) -> None:
+        """Hand each event to its audience: one admission per group of alike clients, one
+        encoding per event for every client in step. Writes run inline; after every
+        `YIELD_EVERY` of them the head moves to the last event handed out and others get the
+        loop (so a huge batch cannot stall it, and a client going live meanwhile starts from
+        exactly there)."""
+        heads = self.heads
+        sent = budget = 0
+        for event in events:
+            if isinstance(event.data, MemoryChanged):
+                self.pool_changed[event.data.pool] = event.seq
+            text: str | None = None
+            for listener in self._audience(event):
+                for sub in self._members[listener]:
+                    budget += 1
+                    if sub.in_step:
+                        if text is None:
+                            text = event_text(event, self._cursor_at(k, event.seq))
+                        sent += sub.outlet.deliver(text)
+                    elif sub.live[k]:
+                        sent += sub.offer(k, event, heads)
+            if budget >= YIELD_EVERY:
+                head = heads[k]
+                assert head is not None
+                heads[k] = ShardHead(epoch=head.epoch, oldest=head.oldest, head=event.seq)
+                budget = 0
+                await asyncio.sleep(0)
+        if sent:
+            EVENTS_DELIVERED.inc(sent)
+
+    def _cursor_at(self, k: int, seq: int) -> str:
+        """The hub's position while it dispatches event `seq` of shard `k`: every other shard at
+        what it dispatched (pumps hand out whole batches between awaits)."""
+        positions = [Position(h.epoch, h.head) for h in self.heads if h is not None]
+        positions[k] = Position(positions[k].epoch, seq)
+        return encode_cursor(positions)
+
+    def _audience(self, event: Event) -> list[Listener]:
+        a = event.audience
+        named: set[Listener] = set()
+        for user in a.users:
+            named |= self._by_user.get(user, set())
+        for channel in a.channels:
+            named |= self._by_channel.get(channel, set())
+        if a.bot is not None:
+            named |= self._by_bot.get(a.bot, set())
+        return [listener for listener in named if admits(a, listener)]
+
+    async def subscribe(
+        self, listener: Listener, cursor: str | None, outlet: Outlet
+    ) -> tuple[Subscriber, bool]:
+        """A subscriber positioned at `cursor` (or at the present); True if it had to be reset.
+
+        Uses the heads this hub already dispatched (no actor call per connection), except for a
+        cursor ahead of them (it came from a faster gateway): then the shards are asked."""
+        await self.start()
+        heads = [h for h in self.heads if h is not None]
+        positions = decode_cursor(cursor) if cursor is not None else None
+        if (
+            positions is not None
+            and len(positions) == len(heads)
+            and any(p.seq > h.head for p, h in zip(positions, heads, strict=True))
+        ):
+            heads = [await call(s.event_head) for s in self.engine.shards]
+        here = [Position(h.epoch, h.head) for h in heads]
+        reset = False
+        if positions is None:
+            positions = here
+        elif needs_reset(positions, heads):
+            positions, reset = here, True
+        sub = Subscriber(listener, list(positions), outlet)
+        self.subscribers.add(sub)
+        self._index(sub)
+        return sub, reset
+
+    def _index(self, sub: Subscriber) -> None:
+        listener = sub.listener
+        members = self._members.get(listener)
+        if members is None:
+            members = self._members[listener] = {}
+            self._by_user.setdefault(listener.user, set()).add(listener)
+            for channel in listener.channels:
+                self._by_channel.setdefault(channel, set()).add(listener)
+            for bot in listener.bots:
+                self._by_bot.setdefault(bot, set()).add(listener)
+        members[sub] = None
+
+    def relisten(self, sub: Subscriber, listener: Listener) -> None:
+        """The client's grants or channels changed: index it under the new ones."""
+        self._unindex(sub)
+        sub.listener = listener
+        self._index(sub)
+
+    async def catch_up(self, sub: Subscriber) -> None:
+        """Replay from the shards until each is level with this hub's pump, then go live."""
+        for k, shard in enumerate(self.engine.shards):
+            while True:
+                pumped = self.heads[k]
+                assert pumped is not None
+                if sub.positions[k].seq >= pumped.head:
+                    sub.live[k] = True  # no await since the check: no gap, no duplicate
+                    self._catching_up.add(sub)
+                    break
+                head, events = await call(shard.events_after, sub.positions[k].seq, 1000, 0.0)
+                if sub.positions[k].seq < head.oldest - 1:
+                    # Pruned while this client caught up: it must come back and be reset.
+                    raise Closed(CATCH_UP_CLOSE, "cursor fell out of the kept window: reconnect")
+                if not events:
+                    # Nothing is published between here and the pump: level with it.
+                    pos = sub.positions[k]
+                    sub.positions[k] = Position(pos.epoch, max(pos.seq, pumped.head))
+                    continue
+                sent = sum(sub.offer(k, event) for event in events)
+                if sent:
+                    EVENTS_DELIVERED.inc(sent)
+        self._step_in(sub)
+
+    def _step_in(self, sub: Subscriber) -> None:
+        """From here on `sub` gets the shared frames, if it is live everywhere and nowhere ahead
+        of what this hub dispatched (so the hub's position is a cursor it may hold)."""
+        if sub not in self.subscribers:
+            self._catching_up.discard(sub)
+            return
+        if not all(sub.live):
+            return
+        for pos, head in zip(sub.positions, self.heads, strict=True):
+            if head is None or pos.epoch != head.epoch or pos.seq > head.head:
+                return
+        sub.in_step = True
+        self._catching_up.discard(sub)
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+        self._catching_up.discard(sub)
+        sub.in_step = False
+        self._unindex(sub)
+
+    def _unindex(self, sub: Subscriber) -> None:
+        listener = sub.listener
+        members = self._members.get(listener)
+        if members is None:
+            return
+        members.pop(sub, None)
+        if members:
+            return
+        del self._members[listener]
+        keys = [
+            (self._by_user, [listener.user]),
+            (self._by_channel, listener.channels),
+            (self._by_bot, listener.bots),
+        ]
+        for index, names in keys:
+            for name in names:
+                group = index.get(name)
+                if group is not None:
+                    group.discard(listener)
+                    if not group:
+                        del index[name]

@@ -1,0 +1,144 @@
+"""Seed-000 memory routes (DESIGN §9): read, search, remember, forget, widen, purge, the memory
+log and the memory bot's settings. Reads are served from this gateway's `ReadCache`; every write
+drops the pool's cached pages around it, so a client reads its own writes."""
+
+from __future__ import annotations
+
+import contextlib
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from actors.runtime.engine import Engine, call
+from engine import tags as tagmod
+from engine import widening
+from engine.directory import Bot, Principal, bot_org, bot_pool, require_use, require_write
+from engine.errors import InvalidInput
+from engine.memory import Reader
+from engine.memory_bot import SettingsPatch
+from gateway import wire
+from gateway.auth import Auth
+from gateway.events import Hub
+from gateway.json_response import json, read_body
+from gateway.read_cache import ReadCache
+
+
+class MemoryApi:
+    def __init__(self, engine: Engine, auth: Auth, hub: Hub) -> None:
+        self.engine = engine
+        self.auth = auth
+        self.hub = hub
+        self.cache = ReadCache(hub)
+
+    async def _memory_call(self, request: Request, *, write: bool = False):
+        """Caller, bot, the bot's shard and the caller's reader for a memory route."""
+        principal = await self.auth.user(request)
+        assert principal.user is not None
+        bot = await self.auth.bot(request.path_params["bot"])
+        (require_write if write else require_use)(bot, principal.user)
+        reader = _reader(principal, request, bot)
+        return bot, self.engine.shard_for(bot.owner), reader
+
+    async def get_memory(self, request: Request) -> Response:
+        bot, shard, reader = await self._memory_call(request)
+        q = request.query_params.get("q")
+        if q is not None and q.strip():
+            # Ranked keyword search (issue 11): never cached, the ranking is per query.
+            limit = _limit(request.query_params.get("limit"))
+            body = await call(shard.search_memory_json, bot_pool(bot.id), reader, q, limit)
+            return Response(body, media_type="application/json")
+        raw = request.query_params.get("tags")
+        wanted = tuple(sorted({t.strip() for t in raw.split(",") if t.strip()})) if raw else ()
+        pool = bot_pool(bot.id)
+        key = ReadCache.key(pool, reader, wanted)
+        body = self.cache.get(key)
+        if body is None:
+            generation = self.cache.generation(pool)
+            await self.hub.start()
+            epoch, fill, body = await call(shard.read_memory_json, pool, reader, wanted)
+            shard_index = self.engine.shard_index(bot.owner)
+            self.cache.put(key, shard_index, epoch, fill, body, generation)
+        return Response(body, media_type="application/json")
+
+    @contextlib.asynccontextmanager
+    async def _writing(self, pool: str):
+        """Around a write: this gateway's cached pages of the pool go, before and after, so its
+        clients read their own writes even before the change's event arrives."""
+        self.cache.forget_pool(pool)
+        try:
+            yield
+        finally:
+            self.cache.forget_pool(pool)
+
+    async def post_memory(self, request: Request) -> Response:
+        bot, shard, reader = await self._memory_call(request)
+        body = wire.decode(await read_body(request), wire.MemoryCommand)
+        command = body.command
+        pool = bot_pool(bot.id)
+        async with self._writing(pool):
+            if isinstance(command, wire.Remember):
+                entry = await call(
+                    shard.remember,
+                    pool,
+                    reader,
+                    command.content,
+                    tuple(command.tags),
+                    body.requestId,
+                )
+                return json(entry, 201)
+            entry = await call(shard.forget, pool, reader, command.id, body.requestId)
+            return json(entry)
+
+    async def widen(self, request: Request) -> Response:
+        """ACL-4: anyone who uses the bot may ask; every source's rule decides (409 when not)."""
+        bot, shard, reader = await self._memory_call(request)
+        body = wire.decode(await read_body(request), wire.Widen)
+        widening.check_grant(body.to)
+        pool = bot_pool(bot.id)
+        async with self._writing(pool):
+            done = await call(shard.widen, pool, request.path_params["id"], body.to, reader.user)
+        return json(done)
+
+    async def memory_log(self, request: Request) -> Response:
+        bot, shard, reader = await self._memory_call(request)
+        body = await call(shard.memory_log_json, bot_pool(bot.id), reader)
+        return Response(body, media_type="application/json")
+
+    async def purge(self, request: Request) -> Response:
+        bot, shard, _ = await self._memory_call(request, write=True)
+        body = wire.decode(await read_body(request), wire.Purge)
+        tagmod.validate_purge_tag(body.tag)
+        async with self._writing(bot_pool(bot.id)):
+            count = await call(shard.purge, bot_pool(bot.id), body.tag)
+        return json({"count": count})
+
+    async def get_memory_bot(self, request: Request) -> Response:
+        bot, shard, _ = await self._memory_call(request)
+        return json(await call(shard.memory_bot_settings, bot_pool(bot.id)))
+
+    async def patch_memory_bot(self, request: Request) -> Response:
+        bot, shard, _ = await self._memory_call(request, write=True)
+        patch = wire.decode(await read_body(request), SettingsPatch)
+        return json(await call(shard.patch_memory_bot_settings, bot_pool(bot.id), patch))
+
+
+MEMORY_SEARCH_LIMIT = 20
+MAX_MEMORY_SEARCH_LIMIT = 500
+
+
+def _limit(raw: str | None) -> int:
+    try:
+        limit = int(raw) if raw else MEMORY_SEARCH_LIMIT
+    except ValueError as e:
+        raise InvalidInput("limit must be a number", code="invalid_limit") from e
+    if not 1 <= limit <= MAX_MEMORY_SEARCH_LIMIT:
+        raise InvalidInput(f"limit must be 1-{MAX_MEMORY_SEARCH_LIMIT}", code="invalid_limit")
+    return limit
+
+
+def _reader(principal: Principal, request: Request, bot: Bot) -> Reader:
+    """The caller reading or writing through `bot`: in the bot's org (issue 12: a Remember is
+    tagged `org:<the bot's org>`, never with an org the bot does not work in)."""
+    assert principal.user is not None
+    org = bot_org(bot, principal.user, request.headers.get("openbot-org"))
+    return Reader(user=principal.user.id, org=org, channels=principal.channels, uses_bot=True)

@@ -1,0 +1,190 @@
+"""One connected client of the event stream: who it is, where it stands per shard, and its way
+out — text frames written to its websocket without a task per frame.
+
+A send on an ASGI websocket is a coroutine, but one that finishes without ever suspending while
+the socket's buffer has room (uvicorn's protocols wait only when the transport paused writing).
+So the fan-out runs each send inline, to its end, in the loop that dispatches the event: no
+queue, no task and no wake-up per client and frame. Only a send that does suspend (a client that
+reads slowly) hands its rest to a task, and the frames that follow wait behind it in a bounded
+queue, in order; a client that falls a whole queue behind is told to go and resume by cursor
+(close 4429), so one slow client never holds up the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import msgspec
+
+from engine.casing import to_wire
+from engine.events import Event, Listener, Position, ShardHead, admits, encode_cursor
+from gateway.metrics import EVENTS_DELIVERED, EVENTS_DROPPED
+
+QUEUE_LIMIT = 2048
+TOO_SLOW = 4429
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class Frame(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    type: str
+    cursor: str
+    at: int
+    data: dict | None = None
+
+
+_enc = msgspec.json.Encoder()
+
+
+class Closed(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def event_text(event: Event, cursor: str) -> str:
+    """The text frame of `event` (keys in camelCase, the payload's tag as the frame type)."""
+    data = to_wire(event.data)
+    data.pop("type", None)
+    frame = Frame(type=event.data.__struct_config__.tag, cursor=cursor, at=event.at, data=data)
+    return _enc.encode(frame).decode()
+
+
+class Subscriber:
+    """One connected client: who it is, where it stands per shard, and its outlet."""
+
+    def __init__(self, listener: Listener, positions: list[Position], outlet: Outlet) -> None:
+        self.listener = listener
+        self.positions = positions
+        self.live = [False] * len(positions)
+        self.outlet = outlet
+        # In step with the hub: gets the shared frames; `positions` are then no longer kept.
+        self.in_step = False
+
+    def cursor(self) -> str:
+        return encode_cursor(self.positions)
+
+    def offer(self, shard: int, event: Event, heads: list[ShardHead | None] | None = None) -> bool:
+        """Send `event` if the client may hear of it (a frame of its own). `heads` (the hub's
+        dispatched positions) bring the cursor's other shards up to date: everything there up
+        to the head was already sent to this client, so its cursor may say so — it would
+        otherwise lag behind on shards it rarely hears from, and fall out of the kept window.
+        True if the frame was written at once."""
+        pos = self.positions[shard]
+        if event.seq <= pos.seq:
+            return False
+        self.positions[shard] = Position(pos.epoch, event.seq)
+        if not admits(event.audience, self.listener):
+            return False
+        if heads is not None:
+            for j, head in enumerate(heads):
+                mine = self.positions[j]
+                if (
+                    j != shard
+                    and self.live[j]
+                    and head is not None
+                    and head.epoch == mine.epoch
+                    and head.head > mine.seq
+                ):
+                    self.positions[j] = Position(mine.epoch, head.head)
+        return self.outlet.deliver(event_text(event, self.cursor()))
+
+
+class Outlet:
+    """Frames for one websocket, in order; `ended` is set once it can take no more (the client
+    fell `limit` frames behind: `code` 4429; or a send failed: the connection is gone)."""
+
+    def __init__(self, send: Send, limit: int | None = None) -> None:
+        self._send = send
+        self._limit = QUEUE_LIMIT if limit is None else limit
+        self._waiting: collections.deque[str] = collections.deque()
+        self._drainer: asyncio.Task[None] | None = None
+        self.ended = asyncio.Event()
+        self.code: int | None = None
+
+    def deliver(self, text: str) -> bool:
+        """Send `text` now if the socket takes it, else queue it behind the send that waits.
+        True if it was written at once (the caller counts those; queued ones count when sent)."""
+        if self.ended.is_set():
+            return False
+        if self._drainer is not None:
+            if len(self._waiting) >= self._limit:
+                EVENTS_DROPPED.inc()
+                self.end(TOO_SLOW)
+                return False
+            self._waiting.append(text)
+            return False
+        coro = self._send({"type": "websocket.send", "text": text})
+        try:
+            waits_on = coro.send(None)
+        except StopIteration:
+            return True
+        except Exception:
+            self.end(None)
+            return False
+        self._drainer = asyncio.get_running_loop().create_task(self._drain(coro, waits_on))
+        return False
+
+    def end(self, code: int | None) -> None:
+        if not self.ended.is_set():
+            self.code = code
+            self._waiting.clear()
+            self.ended.set()
+
+    def close(self) -> None:
+        """Stop writing (the connection is being torn down)."""
+        self.end(self.code)
+        if self._drainer is not None:
+            self._drainer.cancel()
+
+    @property
+    def backlog(self) -> int:
+        return len(self._waiting) + (self._drainer is not None)
+
+    async def _drain(self, coro: Coroutine[Any, Any, None], waits_on: Any) -> None:
+        try:
+            await _finish(coro, waits_on)
+            EVENTS_DELIVERED.inc()
+            while self._waiting and not self.ended.is_set():
+                await self._send({"type": "websocket.send", "text": self._waiting.popleft()})
+                EVENTS_DELIVERED.inc()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.end(None)
+        finally:
+            self._drainer = None
+
+
+async def _finish(coro: Coroutine[Any, Any, None], waits_on: Any) -> None:
+    """Run a coroutine that already suspended once to its end, as an asyncio Task would have:
+    it yields the future it waits for (or None to just let others run), and is resumed when
+    that future is done; the coroutine itself reads the future's result or exception."""
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            if waits_on is None:
+                await asyncio.sleep(0)
+            else:
+                done = loop.create_future()
+                waits_on.add_done_callback(functools.partial(_wake, done))
+                await done
+            try:
+                waits_on = coro.send(None)
+            except StopIteration:
+                return
+    finally:
+        # Cancelled (the connection is being closed) or failed: let the send unwind.
+        with contextlib.suppress(Exception):
+            coro.close()
+
+
+def _wake(waiter: asyncio.Future[None], _done: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -1,0 +1,172 @@
+"""Offline access to a stopped data directory's DuckDB files, for export and import
+(storage/file_export.py): read-only opening, row reads, the master key and the directory's
+record key, what an import target already holds (the merge check, issue 14), and writing rows
+in one transaction."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import msgspec
+
+from engine.directory import Org
+from engine.errors import InvalidInput, StorageError
+from storage.crypto import Cipher, Keyring, has_master_key, key_file, load_master_key
+from storage.database import Database
+from storage.directory_store import KEY_SCOPE as DIR_KEY
+from storage.directory_store import open_record
+from storage.group_commit import DeleteWhere, Write
+from storage.shard_schema import MIGRATIONS as SHARD_MIGRATIONS
+
+DIRECTORY_FILE = "directory.duckdb"
+TOKENS_FILE = "import-tokens.json"
+_org_dec = msgspec.json.Decoder(Org)
+
+
+def master_key(data_dir: Path) -> bytes:
+    """The key the data directory was sealed with; never a new one (reading makes nothing)."""
+    if not has_master_key(data_dir):
+        raise InvalidInput(
+            f"no master key: {key_file(data_dir)} is missing and OPENBOT_MASTER_KEY is unset",
+            code="no_master_key",
+        )
+    return load_master_key(data_dir)
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error as e:
+        raise StorageError(
+            f"cannot open {path} read-only (a running server holds it? export with --url, or "
+            f"from a backup): {e}",
+            code="store_locked",
+        ) from e
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def rows(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence = ()) -> list[tuple]:
+    """Rows of a query; none when its table does not exist (a file from before migration 5)."""
+    try:
+        return con.execute(sql, list(params)).fetchall()
+    except duckdb.CatalogException:
+        return []
+    except duckdb.Error as e:
+        raise StorageError(f"cannot read the data directory ({sql}): {e}") from e
+
+
+@dataclass
+class Existing:
+    """What a data directory already holds, for a merge import: every check is made before
+    anything is written, so a refused import changes nothing."""
+
+    shards: int
+    ids: dict[str, set[str]]
+    orgs: dict[str, Org]
+    tokens_doc: dict[str, str]
+
+    def check(self, accounts, orgs, users, bots, channels, projects, chats):
+        """The orgs and users still to write (shared ones the target keeps); `id_clash` when
+        an account, bot, channel, project or chat id is taken or a shared org differs."""
+        clashes = [f"user {a}" for a in sorted(set(accounts) & self.ids["user"])]
+        for kind, new in (
+            ("bot", bots),
+            ("channel", channels),
+            ("project", projects),
+            ("chat", chats),
+        ):
+            clashes += [f"{kind} {i}" for i in sorted(set(new) & self.ids[kind])]
+        clashes += [
+            f"org {i} (differs)" for i, o in sorted(orgs.items()) if self.orgs.get(i, o) != o
+        ]
+        if clashes:
+            raise InvalidInput(
+                "the data directory already holds "
+                + ", ".join(clashes[:20])
+                + "; nothing was imported",
+                code="id_clash",
+                details={"clashes": clashes},
+            )
+        new_orgs = {i: o for i, o in orgs.items() if i not in self.orgs}
+        return new_orgs, {i: u for i, u in users.items() if i not in self.ids["user"]}
+
+
+def dir_cipher(keyring: Keyring, directory: Path) -> Cipher | None:
+    """The directory's record key, when it has one (None: records from before sealing)."""
+    with read_only(directory) as con:
+        wrapped = rows(con, "SELECT wrapped FROM dir_keys WHERE scope = ?", [DIR_KEY])
+    return keyring.unwrap_pool_key(DIR_KEY, wrapped[0][0]) if wrapped else None
+
+
+def existing(data_dir: Path) -> Existing | None:
+    """None for a new data directory; else its ids, orgs and shard count (read-only)."""
+    directory = data_dir / DIRECTORY_FILE
+    shard_files = sorted(data_dir.glob("shard-*.duckdb"))
+    if not directory.exists():
+        if shard_files:
+            raise InvalidInput(f"{data_dir} has shards but no directory", code="exists")
+        return None
+    ids: dict[str, set[str]] = {}
+    with read_only(directory) as con:
+        for kind, table in (
+            ("user", "users"),
+            ("bot", "bots"),
+            ("channel", "channels"),
+            ("project", "project_owners"),
+            ("chat", "chats"),
+        ):
+            ids[kind] = {r[0] for r in rows(con, f"SELECT id FROM {table}")}
+    cipher = dir_cipher(Keyring(master_key(data_dir)), directory)
+    with read_only(directory) as con:
+        orgs = {
+            i: _org_dec.decode(open_record(cipher, "orgs", i, doc))
+            for i, doc in rows(con, "SELECT id, doc FROM orgs")
+        }
+    tokens_doc: dict[str, str] = {}
+    with contextlib.suppress(OSError, ValueError):
+        tokens_doc = json.loads((data_dir / TOKENS_FILE).read_text())
+    return Existing(max(len(shard_files), 1), ids, orgs, tokens_doc)
+
+
+def insert_all(
+    db: Database, rows: Sequence[tuple[str, tuple]], deletes: Sequence[DeleteWhere] = ()
+) -> None:
+    by_table: dict[str, list[tuple]] = {}
+    for table, row in rows:
+        by_table.setdefault(table, []).append(row)
+
+    def write(con: duckdb.DuckDBPyConnection) -> None:
+        con.begin()
+        try:
+            for d in deletes:  # what an interrupted import left (chat_export.stale_rows)
+                marks = ", ".join("?" * len(d.values))
+                con.execute(f"DELETE FROM {d.table} WHERE {d.column} IN ({marks})", d.values)
+            for table, batch in by_table.items():
+                # The appender, as group commit uses: executemany is ~100x slower.
+                appender = con.appender(table)
+                appender.append_rows(batch)
+                appender.flush()
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+
+    db.run_sync(write)
+
+
+def write_shard(path: Path, writes: list[Write], deletes: Sequence[DeleteWhere]) -> str:
+    db = Database(path, SHARD_MIGRATIONS)
+    try:
+        insert_all(db, [(w.table, w.row) for w in writes], deletes)  # type: ignore[union-attr]
+    finally:
+        db.close()
+    return str(path)

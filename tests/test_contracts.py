@@ -1,0 +1,137 @@
+"""The actors' boundary (actors/contracts.py, actors/runtime/): a gateway speaks to the actors
+through their contracts and the Ray runtime only, and only runtime/ touches Ray."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from actors.contracts import DirectoryPort, NodeHubPort, NodeInfo, ShardPort
+from actors.models.node_hub import NodeHubService, NodeModel
+from engine.models import Completion, Message
+
+ROOT = Path(__file__).resolve().parent.parent
+# The actors' implementation: a gateway process never needs it (the actors run elsewhere).
+IMPLEMENTATION = (
+    "actors.shard.",
+    "actors.chats",
+    "actors.workspace",
+    "actors.learning",
+    "actors.models",
+    "actors.directory",
+)
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_gateway_loads_no_actor_implementation():
+    """In a fresh interpreter: importing the app loads the contracts and the runtime, never
+    numpy nor the shards', chats', workspace's or models' modules."""
+    code = "import json, sys; import gateway.app; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert "actors.contracts" in loaded and "actors.runtime.engine" in loaded
+    assert "numpy" not in loaded
+    leaked = sorted(m for m in loaded if m.startswith(IMPLEMENTATION))
+    assert leaked == []
+
+
+def test_gateway_names_only_contracts_and_runtime():
+    problems = []
+    for path in (ROOT / "gateway").rglob("*.py"):
+        for name in _imports(path):
+            if name.startswith("actors") and not name.startswith(
+                ("actors.contracts", "actors.runtime")
+            ):
+                problems.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert problems == []
+
+
+def test_contracts_import_engine_and_msgspec_only():
+    stdlib = set(sys.stdlib_module_names)
+    names = {n.split(".")[0] for n in _imports(ROOT / "actors" / "contracts.py")}
+    assert names - stdlib <= {"engine", "msgspec"}
+
+
+def test_only_runtime_touches_ray():
+    problems = []
+    for layer in ("actors", "gateway", "storage", "engine"):
+        for path in (ROOT / layer).rglob("*.py"):
+            if path.parent == ROOT / "actors" / "runtime":
+                continue
+            if any(n == "ray" or n.startswith("ray.") for n in _imports(path)):
+                problems.append(str(path.relative_to(ROOT)))
+    assert problems == []
+
+
+async def _serve_one(hub: NodeHubPort, node: str, session: int, answer: str) -> None:
+    work = None
+    while work is None:
+        work = await hub.next_work(node, session, 1.0)
+    assert [m.content for m in work.messages] == ["hello"]
+    assert await hub.complete(work.id, Completion(text=answer, model=node), None)
+
+
+def test_node_model_runs_against_a_local_hub():
+    """The node hub's port with its local implementation, no Ray: a bot's model of kind `node`
+    hands its work to the hub, a connected node answers it."""
+
+    async def scenario() -> None:
+        hub = NodeHubService()
+        model = NodeModel("edge", "edge-1", hub)
+        assert await model.isolation() == (False, False)  # not connected
+        session = await hub.register("edge-1", True, False)
+        assert await model.isolation() == (True, False)
+        node = asyncio.create_task(_serve_one(hub, "edge-1", session, "hi there"))
+        done = await model.complete([Message(role="user", content="hello")], timeout=5.0)
+        await node
+        assert done.text == "hi there"
+        nodes = await hub.nodes()
+        assert [n.id for n in nodes] == ["builtin", "edge-1"]
+        assert isinstance(nodes[1], NodeInfo) and nodes[1].hint is not None
+
+    asyncio.run(scenario())
+
+
+def _signature(fn) -> list[tuple[str, object, object]]:
+    sig = inspect.signature(fn)
+    return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
+
+
+def test_every_port_has_the_same_methods_locally_and_over_ray():
+    """A port's two implementations answer the same calls: the local service (what a test or
+    the shard itself calls) and the Ray proxy (what another process calls) take the same
+    parameters as the Protocol, so a call that works in-process works across actors."""
+    from actors.directory import DirectoryService
+    from actors.runtime.node_hub_handle import RayNodeHub
+    from actors.runtime.ports import RayDirectory, RayShard
+    from actors.shard.service import ShardService
+
+    pairs = [
+        (ShardPort, ShardService, RayShard),
+        (DirectoryPort, DirectoryService, RayDirectory),
+        (NodeHubPort, NodeHubService, RayNodeHub),
+    ]
+    for port, local, ray_proxy in pairs:
+        names = [n for n in vars(port) if not n.startswith("_")]
+        assert names, port
+        for name in names:
+            want = _signature(getattr(port, name))
+            for impl in (local, ray_proxy):
+                assert _signature(getattr(impl, name)) == want, (impl.__name__, name)
+                assert inspect.iscoroutinefunction(getattr(impl, name)), (impl.__name__, name)

@@ -17,11 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from typing import TYPE_CHECKING
 
 import msgspec
 
+from actors.chats.chat_logs import ChatLogs
 from actors.contracts import ChainView, Effect, LinkView, StepInput, StepOutcome
+from actors.runtime.peers import Peers
+from actors.shard.batch import Batch
+from actors.shard.kernel import ShardKernel
 from engine import collaboration as rules
 from engine.collaboration import Chain, ChainStatus
 from engine.directory import Bot, Chat, Org
@@ -31,9 +34,6 @@ from storage.crypto import aad
 from storage.group_commit import Put
 from storage.shard_schema import CHAINS
 
-if TYPE_CHECKING:
-    from actors.chats.conversations import Conversations
-
 log = logging.getLogger("openbot.chains")
 _enc = msgspec.json.Encoder()
 _chain_dec = msgspec.json.Decoder(Chain)
@@ -41,8 +41,10 @@ _texts_dec = msgspec.json.Decoder(dict[str, dict[str, str]])
 
 
 class ChainRunner:
-    def __init__(self, conversations: Conversations) -> None:
-        self.conv = conversations
+    def __init__(self, kernel: ShardKernel, logs: ChatLogs, peers: Peers) -> None:
+        self.kernel = kernel
+        self.conv = logs  # the chats chains write to (root, agent and target chats)
+        self.peers = peers
         self._chains: dict[str, Chain] | None = None
         self._texts: dict[str, dict[str, dict[str, str]]] = {}
         self._channel: dict[str, str | None] = {}
@@ -51,13 +53,9 @@ class ChainRunner:
         self._learn: dict[str, list[tuple[int, str]]] = {}  # turn → jobs waiting for it
         self._busy: dict[str, int] = {}  # turn → deliveries of it still being worked on
 
-    @property
-    def shard(self):
-        return self.conv.shard
-
     async def _all(self) -> dict[str, Chain]:
         if self._chains is None:
-            rows = await self.shard.db.run(
+            rows = await self.kernel.db.run(
                 lambda con: con.execute("SELECT doc, texts FROM chains").fetchall()
             )
             chains: dict[str, Chain] = {}
@@ -77,6 +75,13 @@ class ChainRunner:
                 self._chains = chains
         return self._chains
 
+    async def resume(self) -> None:
+        """`recover` at start; a chain that cannot resume must not stop the shard serving."""
+        try:
+            await self.recover()
+        except Exception:
+            log.exception("resuming collaboration chains failed")
+
     async def recover(self) -> int:
         """Resume the deliveries that were under way when the shard stopped (nothing is lost;
         a delivery already answered is not asked again)."""
@@ -90,7 +95,7 @@ class ChainRunner:
             if not open_:
                 continue
             try:
-                org = await self.shard.peers.directory().get_org(chain.org)
+                org = await self.peers.directory().get_org(chain.org)
             except OpenBotError as e:  # one chain that cannot resume does not hold the others
                 log.warning("chain %s not resumed: %s", chain.id, e.message)
                 continue
@@ -126,14 +131,8 @@ class ChainRunner:
         event = CollaborationChanged(
             collaboration=chain.id, status=chain.status, chat=chain.root_chat
         )
-        await self.shard._submit(
-            None,
-            [
-                *self.shard.store.key_rows(root.key),
-                Put(CHAINS.name, (chain.id, chain.org, doc, sealed)),
-            ],
-            [(event, self._audience(chain))],
-        )
+        batch = Batch().key(root.key).add(Put(CHAINS.name, (chain.id, chain.org, doc, sealed)))
+        await self.kernel.commit(batch.emit(event, self._audience(chain)))
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -195,7 +194,7 @@ class ChainRunner:
                         topic=turn,
                         project=chat.project,
                         root_bot=bot.id,
-                        now=self.shard.clock(),
+                        now=self.kernel.clock(),
                     )
                     self._channel[current.id] = chat.channel
                     chain = current.id
@@ -206,7 +205,7 @@ class ChainRunner:
                     from_bot=bot.id,
                     to_bot=effect.target,
                     message=effect.message,
-                    now=self.shard.clock(),
+                    now=self.kernel.clock(),
                 )
                 self._texts.setdefault(updated.id, {})[effect.link] = {"request": effect.message}
                 await self._save(updated)
@@ -218,7 +217,7 @@ class ChainRunner:
     async def _post(self, effect: Effect, bot: Bot, org: Org) -> None:
         """`workspace_post_to_group`: the bot's message in its group's chat (the group's home
         may be another shard)."""
-        peers = self.shard.peers
+        peers = self.peers
         try:
             group = await peers.directory().group_chat(effect.target)
             await peers.shard(peers.index_of(group.home)).post_item(group, bot.id, effect.message)
@@ -241,7 +240,7 @@ class ChainRunner:
         await self._maybe_release(topic)
 
     async def _deliver_once(self, chain_id: str, link_id: str, org: Org) -> None:
-        conv, peers = self.conv, self.shard.peers
+        conv, peers = self.conv, self.peers
         chain = (await self._all())[chain_id]
         if chain.status != "running":
             return
@@ -289,7 +288,7 @@ class ChainRunner:
     async def _step(self, bot: Bot, step: StepInput) -> StepOutcome:
         if bot.archived:  # archived after the chain began (WS-3): it is asked nothing more
             return StepOutcome(status="failed", error="the bot is archived")
-        peers = self.shard.peers
+        peers = self.peers
         try:
             return await peers.shard(peers.index_of(bot.owner)).run_step(step, (), 0)
         except OpenBotError as e:
@@ -313,11 +312,11 @@ class ChainRunner:
         await self._result(chain_id, link_id, reply, org)
 
     async def _result(self, chain_id: str, link_id: str, text: str, org: Org) -> None:
-        conv, peers = self.conv, self.shard.peers
+        conv, peers = self.conv, self.peers
         async with self._lock:
             chain = (await self._all())[chain_id]
             chain, decision = rules.on_result(
-                chain, link_id=link_id, text=text, now=self.shard.clock()
+                chain, link_id=link_id, text=text, now=self.kernel.clock()
             )
             self._texts.setdefault(chain_id, {}).setdefault(link_id, {})["result"] = text
             await self._save(chain)
@@ -371,12 +370,21 @@ class ChainRunner:
 
     # --- what people see and do ---
 
+    async def stop_visible(
+        self, chain_id: str, user: str, channels: frozenset[str]
+    ) -> ChainView | None:
+        """Stop a chain homed here that `user` may see; None when it is not here."""
+        chain = await self.find(chain_id)
+        if chain is None or not self.may_see(chain, user, channels):
+            return None
+        return await self.stop(chain_id, user)
+
     async def stop(self, chain_id: str, by: str) -> ChainView:
         async with self._lock:
             chain = (await self._all()).get(chain_id)
             if chain is None:
                 raise NotFound(f"no collaboration {chain_id}", code="collaboration_not_found")
-            chain = rules.stop(chain, by=by, now=self.shard.clock())
+            chain = rules.stop(chain, by=by, now=self.kernel.clock())
             await self._save(chain)
         await self._maybe_release(chain.topic)
         return self.view(chain)
@@ -388,7 +396,7 @@ class ChainRunner:
         if not waiting or await self.running_for(topic) or self._busy.get(topic):
             return
         self._learn.pop(topic, None)
-        peers = self.shard.peers
+        peers = self.peers
         upto = 0
         chains = [c for c in (await self._all()).values() if c.topic == topic]
         if chains:

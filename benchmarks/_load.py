@@ -42,6 +42,24 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[k]
 
 
+def machine(load_start: tuple[float, float, float], **extra: Any) -> dict[str, Any]:
+    """Where a run ran, for its report: CPUs, versions, anything the benchmark adds, and the load
+    average at its start and end (figures from a loaded machine are noise)."""
+    import platform
+
+    import ray
+
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "ray": ray.__version__,
+        **extra,
+        "loadavg_at_start": [round(x, 2) for x in load_start],
+        "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
 def summarize(latencies: list[float], elapsed: float, errors: int) -> dict[str, Any]:
     lat = sorted(latencies)
     n = len(lat)

@@ -63,7 +63,6 @@ import contextlib
 import json
 import logging
 import os
-import platform
 import queue
 import secrets
 import shutil
@@ -84,7 +83,7 @@ from benchmarks._fanout_report import (
     score,
     verdicts,
 )
-from benchmarks._load import descendant_cpu
+from benchmarks._load import descendant_cpu, machine
 from gateway.live_server import LiveServer
 from gateway.server import tune_gc
 
@@ -533,15 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "fanout",
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "ray": ray.__version__,
-            "nofile": nofile,
-            "loadavg_at_start": [round(x, 2) for x in load_start],
-            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-        },
+        "machine": machine(load_start, nofile=nofile),
         "params": {
             "clients": args.users * args.clients_per_user,
             "users": args.users,

@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import secrets
 import shutil
 import subprocess
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
-from benchmarks._load import closed_loop, descendant_cpu
+from benchmarks._load import closed_loop, descendant_cpu, machine
 from gateway.live_server import LiveServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -475,14 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "memory_ops",
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "ray": ray.__version__,
-            "loadavg_at_start": [round(x, 2) for x in load_start],
-            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-        },
+        "machine": machine(load_start),
         "params": {
             "entries": args.entries,
             "visible_percent": args.visible,

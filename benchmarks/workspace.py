@@ -45,6 +45,7 @@ import numpy as np
 
 from actors.contracts import WsAccess, WsQuery
 from actors.directory import DirectoryService
+from actors.shard.batch import Batch
 from actors.shard.service import ShardService
 from actors.workspace.semantic import SemanticSearch
 from benchmarks._load import percentile
@@ -222,7 +223,7 @@ async def seed_search(data: Path, records: int, embedder: InstantEmbedder) -> No
     block: list = []
     for n in range(records):
         pool_id = POOLS[0]  # one pool holds them all: the issue's scale target
-        pool = await ws._pool(pool_id)
+        pool = await svc.ws_pools.pool(pool_id)
         content = sentence(rnd, n)
         entry = sm.user_create(
             entry_id=f"mem_{n:07d}",
@@ -239,15 +240,19 @@ async def seed_search(data: Path, records: int, embedder: InstantEmbedder) -> No
             ws.store.entry_row(entry, ws.store.seal(cipher, pool_id, entry.id, content), new=True)
         )
         batch.append(  # the term hashes the workspace stores with each write (issue 11)
-            ws.terms.row(pool_id, entry.id, entry.content_fp, ws.analyzer.keys(content))
+            svc.kernel.terms.row(
+                pool_id, entry.id, entry.content_fp, svc.kernel.analyzer.keys(content)
+            )
         )
         block.append((entry.id, entry.content_fp, embedder.vector(content)))
         if len(block) == 128 or n == records - 1:  # as the background embeds: in batches
             batch.append(vectors.block(pool_id, embedder.ident, n, block, cipher))
             block = []
         if len(batch) >= 4_000 or n == records - 1:
-            keys = [r for p in POOLS for r in svc.store.key_rows((await ws._pool(p)).keyed)]
-            await svc._submit(None, [*keys, *batch])
+            rows = Batch(writes=batch)
+            for p in POOLS:
+                rows.key((await svc.ws_pools.pool(p)).keyed)
+            await svc.kernel.commit(rows)
             batch = []
     await _close(svc)
 
@@ -276,27 +281,27 @@ async def bench_search(data: Path, records: int, runs: int, dim: int) -> dict:
     async def both(k: int):
         return await svc.ws_entries(ACCESS, query(queries[1 + k]))
 
-    pools = [(await svc.workspace._pool(POOLS[0]), lambda _: True)]
+    pools = [(await svc.ws_pools.pool(POOLS[0]), lambda _: True)]
 
     async def semantic_only(k: int):
         return await semantic.search(queries[1 + runs + k], pools, 50)
 
     both_s = await _timed(runs, both)
     semantic_s = await _timed(runs, semantic_only)
-    svc.workspace.semantic = None
+    svc.listings.semantic = None
     hits = []
 
     async def keyword(k: int):
         hits.append(len((await svc.ws_entries(ACCESS, query(queries[1 + 2 * runs + k]))).hits))
 
     keyword_s = await _timed(runs, keyword)
-    svc.workspace.semantic = semantic
+    svc.listings.semantic = semantic
     # Indexing a write: its term keys (tokenize, stem, keyed hash) and the in-memory index.
     pool = pools[0][0]
     texts = [sentence(rnd, records + k) for k in range(2_000)]
     t0 = time.perf_counter()
     for k, text in enumerate(texts):
-        pool.index.put(f"mem_new_{k}", svc.workspace.analyzer.keys(text))
+        pool.index.put(f"mem_new_{k}", svc.kernel.analyzer.keys(text))
     index_ms = (time.perf_counter() - t0) / len(texts) * 1000
     await _close(svc)
     return {

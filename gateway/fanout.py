@@ -153,7 +153,7 @@ class Hub:
 
     def _cursor_at(self, k: int, seq: int) -> str:
         """The hub's position while it dispatches event `seq` of shard `k`: every other shard at
-        what it dispatched (pumps hand out whole batches between awaits)."""
+        what its pump handed out so far (a head moves only once its events are handed out)."""
         positions = [Position(h.epoch, h.head) for h in self.heads if h is not None]
         positions[k] = Position(positions[k].epoch, seq)
         return encode_cursor(positions)

@@ -21,7 +21,7 @@ import msgspec
 
 from engine import file_tree as ft
 from engine.chat_records import Turn
-from engine.directory import Bot, Chat, User
+from engine.directory import Bot, Chat
 from engine.errors import InvalidInput, StorageError
 from engine.memory_bot import MemoryBotSettings
 from storage.crypto import Cipher, Keyring, aad
@@ -78,11 +78,11 @@ def home_of(chat: Chat, bots: dict[str, Bot], fallback: str = "") -> str:
     return bot.owner if bot is not None else fallback
 
 
-def keeper(chat: Chat, bots: dict[str, Bot], users: dict[str, User]) -> str:
-    """The account whose tree holds the chat: the one it is stored with (its bot's owner), or
-    for a chat kept with a channel (a group and its agent chats), the person who started it."""
-    home = home_of(chat, bots)
-    return home if home in users else chat.owner
+def keeper(chat: Chat) -> str:
+    """The account whose tree holds the chat: its person (who talks with the bot, started the
+    group, or whose chat a collaboration's agent chat serves). Where it is stored (its home)
+    does not decide: a person's talk with someone else's bot is theirs, not the bot owner's."""
+    return chat.owner
 
 
 def snapshot(

@@ -231,7 +231,7 @@ class DataDirReader:
         )
 
     def _keeper(self, chat: Chat) -> str:
-        return chat_export.keeper(chat, self.bots, self.users)
+        return chat_export.keeper(chat)
 
     def _chat(self, chat: Chat) -> ft.ChatSnapshot:
         home = shard_of(chat_export.home_of(chat, self.bots, chat.owner), len(self.shards))

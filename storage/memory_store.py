@@ -8,6 +8,7 @@ stored ciphertext over untouched (LRN-8).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -53,7 +54,9 @@ class MemoryStore:
     def __init__(self, db: Database, keyring: Keyring) -> None:
         self.db = db
         self.keyring = keyring
-        self._keyed: list[StoredPool] = []
+        # Pools made here whose key row has not committed yet, by id (see `keys_in`). Weak: a
+        # pool that leaves memory before its first commit is not kept alive by this.
+        self._fresh: weakref.WeakValueDictionary[str, StoredPool] = weakref.WeakValueDictionary()
 
     async def load(self, pool: str) -> StoredPool:
         def read(con):
@@ -73,7 +76,9 @@ class MemoryStore:
         head, entry_rows, log_rows = await self.db.run(read)
         if not head:
             cipher, wrapped = self.keyring.new_pool_key(pool)
-            return StoredPool(pool=pool, cipher=cipher, wrapped_key=wrapped)
+            fresh = StoredPool(pool=pool, cipher=cipher, wrapped_key=wrapped)
+            self._fresh[pool] = fresh
+            return fresh
         version, wrapped, settings_blob = head[0]
         cipher = self.keyring.unwrap_pool_key(pool, wrapped)
         stored = StoredPool(
@@ -102,25 +107,38 @@ class MemoryStore:
         return stored.cipher.open(stored.sealed[entry_id], aad(stored.pool, entry_id)).decode()
 
     def pool_row(self, stored: StoredPool, version: int, settings: MemoryBotSettings) -> Put:
-        """The pool's row. Until one has committed, `persisted` stays False and every batch that
-        seals something with the pool's key carries the row again (see `take_keyed`)."""
-        blob = stored.cipher.seal(_meta_enc.encode(settings), aad(stored.pool, "settings"))
-        if not stored.persisted:
-            self._keyed.append(stored)
-        return Put(POOLS.name, (stored.pool, version, stored.wrapped_key, blob))
+        return pool_row(stored, version, settings)
 
-    def take_keyed(self) -> list[StoredPool]:
-        """Pools whose rows went into the batch being built: mark them persisted once it commits
-        (never before: a failed commit must not leave a key that was never stored)."""
-        keyed, self._keyed = self._keyed, []
-        return keyed
+    def keys_in(self, writes: Iterable[Write]) -> list[StoredPool]:
+        """Pools not yet stored whose key row (their own wrapped key) is among `writes`: the
+        batch that carries them marks them stored when it commits (`stored`)."""
+        if not self._fresh:
+            return []
+        found: list[StoredPool] = []
+        for w in writes:
+            if type(w) is Put and w.table == POOLS.name:
+                fresh = self._fresh.get(w.row[0])
+                if (
+                    fresh is not None
+                    and fresh.wrapped_key == w.row[2]
+                    and all(f is not fresh for f in found)
+                ):
+                    found.append(fresh)
+        return found
+
+    def stored(self, keys: Iterable[StoredPool]) -> None:
+        """The batch carrying these pools' key rows committed: later batches need not."""
+        for stored in keys:
+            stored.persisted = True
+            if self._fresh.get(stored.pool) is stored:
+                self._fresh.pop(stored.pool, None)
 
     def key_rows(self, stored: StoredPool) -> list[Write]:
         """The pool's row (its wrapped key) while none has committed: needed with anything sealed
         with the pool's key, or a restart could not open it again."""
         if stored.persisted:
             return []
-        return [self.pool_row(stored, stored.version, stored.settings)]
+        return [pool_row(stored, stored.version, stored.settings)]
 
     def outcome_writes(
         self,
@@ -161,8 +179,16 @@ class MemoryStore:
             r.version == outcome.version for r in outcome.log
         )
         if not stored.persisted or version_only_in_row or outcome.deletes:
-            writes.append(self.pool_row(stored, outcome.version, stored.settings))
+            writes.append(pool_row(stored, outcome.version, stored.settings))
         return writes
+
+
+def pool_row(stored: StoredPool, version: int, settings: MemoryBotSettings) -> Put:
+    """The pool's row: version, wrapped key and sealed settings. Until one has committed,
+    `persisted` stays False and every batch that seals something with the pool's key carries
+    the row again (`MemoryStore.keys_in` finds it there)."""
+    blob = stored.cipher.seal(_meta_enc.encode(settings), aad(stored.pool, "settings"))
+    return Put(POOLS.name, (stored.pool, version, stored.wrapped_key, blob))
 
 
 def entry_key(pool: str, entry_id: str) -> str:

@@ -110,7 +110,7 @@ def test_a_failing_checkpoint_never_fails_a_durable_write(tmp_path, monkeypatch,
         before = svc.events.published
         written = [await svc.remember("bot:b", R, f"note {n}") for n in range(2)]
         published = svc.events.published - before
-        pool = svc._pools.get("bot:b")
+        pool = svc.kernel.loaded_pool("bot:b")
         page = await svc.read_memory("bot:b", R)
         # A read of the tables: the third failure, then its retry applies the journal.
         rows = await svc.db.run(
@@ -137,7 +137,7 @@ def test_a_failing_checkpoint_never_fails_a_durable_write(tmp_path, monkeypatch,
 def test_deleting_a_chats_history_commits_first_then_clears_and_announces(tmp_path, monkeypatch):
     """Issue 12 point 8: `delete_items` fails without changing anything when its commit
     fails, and once it commits the history is gone and `chat.items.deleted` is published."""
-    from actors.chats.bot_step import Sink
+    from actors.shard.batch import Batch
     from engine.directory import Chat
     from engine.events import ChatItemsDeleted
     from storage.group_commit import DeleteWhere
@@ -158,9 +158,9 @@ def test_deleting_a_chats_history_commits_first_then_clears_and_announces(tmp_pa
     async def go():
         svc = ShardService(tmp_path, 0)
         chat = Chat(id="chat_1", kind="direct", owner="u1", org="o1", bot="b1")
-        conv = svc.conversations
+        conv = svc.chat_logs
         log = await conv.log(chat.id)
-        sink = Sink()
+        sink = Batch()
         items = [(conv.item(log, None, "person", "u1"), "one")]
         conv.append(log, chat, items, sink)
         items = [(conv.item(log, None, "person", "u1"), "two")]
@@ -184,3 +184,32 @@ def test_deleting_a_chats_history_commits_first_then_clears_and_announces(tmp_pa
     assert kept == ["one", "two"]  # the failed delete changed nothing
     assert count == 2 and gone == [] and reloaded == []
     assert events == [ChatItemsDeleted(chat="chat_1", count=2)]
+
+
+def test_a_pools_key_counts_as_stored_only_with_its_own_batch(tmp_path, monkeypatch):
+    """Keys travel with their batch (actors/shard/batch.py): a batch built across an await (a
+    step waiting for its model) keeps its new pool key; another batch committing meanwhile does
+    not mark it stored, so when the first one fails the next write still carries the key and a
+    restart can open what it sealed."""
+    _failing_on(monkeypatch, "req_poison")
+
+    async def go():
+        from actors.shard.batch import Batch
+        from storage.group_commit import Put
+
+        svc = ShardService(tmp_path, 0, new_id=_ids("mem_other", "mem_kept"))
+        stored = (await svc.kernel.pool("bot:b")).stored  # new: its key is not on disk yet
+        built = Batch().key(stored).add(Put("requests", ("req_poison", "b", "{}", b"")))
+        await svc.remember("bot:other", R, "meanwhile")  # another batch commits in between
+        kept_back = not stored.persisted
+        with pytest.raises(StorageError):
+            await svc.kernel.commit(built)
+        still_unstored = not stored.persisted
+        await svc.remember("bot:b", R, "kept")  # must carry the pool's key again
+        await svc.close()
+        again = ShardService(tmp_path, 0)
+        page = await again.read_memory("bot:b", R)
+        await again.close()
+        return kept_back, still_unstored, [e.content for e in page.entries]
+
+    assert asyncio.run(go()) == (True, True, ["kept"])

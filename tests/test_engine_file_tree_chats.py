@@ -208,3 +208,14 @@ def test_entries_kept_for_this_account_by_another_accounts_bot():
     assert entry_keeper(("for:person:u_2", "for:person:u_1"), {}) == "u_1"
     assert entry_keeper(("for:channel:c_1",), {"c_1": ("u_3", "u_2")}) == "u_2"
     assert entry_keeper(("for:bot",), {}) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(min_size=1, max_size=40))
+def test_any_author_survives_the_transcript(author):
+    s = _sample()
+    chat = s.chats[1]
+    items = (msgspec.structs.replace(chat.items[0], author=author), *chat.items[1:])
+    s = msgspec.structs.replace(s, chats=(s.chats[0], msgspec.structs.replace(chat, items=items)))
+    (back,) = parse(render(s))
+    assert back == canonical(s)

@@ -91,7 +91,7 @@ def test_learning_sends_workspace_facts_outside_the_pool_lock(tmp_path, monkeypa
         from engine.chat_records import LearningJob
 
         svc = ShardService(tmp_path, 0)
-        pool = await svc._pool("bot:b1")
+        pool = await svc.kernel.pool("bot:b1")
         job = LearningJob(
             id="job_1", pool="bot:b1", chat="chat_1", turn="t", upto=1, org="o1",
             grant="for:person:u1",

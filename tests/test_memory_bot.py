@@ -381,7 +381,7 @@ def test_items_of_a_running_turn_appear_once_stored(tmp_path, fresh):
         turn = await svc.start_turn(
             TurnStart(chat=CHAT, bot=BOT, org=org, operator="u_ann", text="hi")
         )
-        log = await svc.conversations.log("chat_1")
+        log = await svc.chat_logs.log("chat_1")
         while len(log.items) < 2:  # the reply is in memory, its commit is held back
             await asyncio.sleep(0.01)
         during = await svc.chat_items("chat_1")

@@ -133,8 +133,8 @@ def test_forget_and_edit_change_hits_at_once_and_the_index_survives_a_restart(tm
 
         TermIndex.build_flat = spy  # type: ignore[method-assign]
         opened = []
-        real_open = svc.workspace._open
-        svc.workspace._open = lambda pool, i: opened.append(i) or real_open(pool, i)  # type: ignore[method-assign]
+        real_open = svc.ws_pools.open
+        svc.ws_pools.open = lambda pool, i: opened.append(i) or real_open(pool, i)  # type: ignore[method-assign]
         try:
             assert await _found(svc, "soup") == [b]
             assert await _found(svc, SECRET, status="all") == [a]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from actors.chats.bot_step import Sink
 from actors.contracts import WsAccess, WsQuery
 from actors.directory import DirectoryService
+from actors.shard.batch import Batch
 from actors.shard.residency import Residency, budget_from
 from actors.shard.service import ShardService
 from engine.directory import Chat
@@ -71,7 +71,7 @@ def test_pools_stay_under_budget_and_reload_correctly(tmp_path: Path):
         svc = ShardService(tmp_path, 0, cache_records=40)
         for n in range(60):
             await svc.remember(f"bot:b{n}", _reader(n), f"note {n}")
-        loaded = len(svc._pools)
+        loaded = svc.kernel.pool_count
         total = svc.residency.total
         # Everything reads back (most pools load again), and writes go on after eviction.
         pages = [await svc.read_memory(f"bot:b{n}", _reader(n)) for n in range(60)]
@@ -100,8 +100,8 @@ def test_a_pool_in_use_is_never_evicted(tmp_path: Path):
 
     async def go():
         svc = ShardService(tmp_path, 0, cache_records=10)
-        held = await svc._pool("bot:held")  # kept in a local, as a running step would
-        locked = await svc._pool("bot:locked")
+        held = await svc.kernel.pool("bot:held")  # kept in a local, as a running step would
+        locked = await svc.kernel.pool("bot:locked")
         release = asyncio.Event()
 
         async def hold_lock(pool):
@@ -113,13 +113,13 @@ def test_a_pool_in_use_is_never_evicted(tmp_path: Path):
         del locked
         for n in range(50):
             await svc.remember(f"bot:x{n}", _reader(n), "churn")
-        same_held = svc._pools.get("bot:held") is held
-        locked_kept = "bot:locked" in svc._pools
+        same_held = svc.kernel.loaded_pool("bot:held") is held
+        locked_kept = svc.kernel.is_loaded("bot:locked")
         release.set()
         await task
         for n in range(50, 60):
             await svc.remember(f"bot:x{n}", _reader(n), "churn")
-        locked_gone = "bot:locked" not in svc._pools  # unused now: evicted with the others
+        locked_gone = not svc.kernel.is_loaded("bot:locked")  # unused now: evicted with the others
         await svc.close()
         return same_held, locked_kept, locked_gone
 
@@ -173,19 +173,19 @@ def test_concurrent_requests_during_eviction_lose_nothing(tmp_path: Path):
 def test_chat_logs_are_evicted_and_reload(tmp_path: Path):
     async def go():
         svc = ShardService(tmp_path, 0, cache_records=12)
-        conv = svc.conversations
+        conv = svc.chat_logs
         for n in range(30):
             chat = Chat(id=f"chat_{n}", kind="direct", owner="u1", org="o1", bot="b1")
             log = await conv.log(chat.id)
-            sink = Sink()
+            sink = Batch()
             conv.append(log, chat, [(conv.item(log, None, "person", "u1"), f"hi {n}")], sink)
             await conv.commit(chat.id, sink)
-        loaded = len(conv._logs)
+        loaded = len(conv)
         texts = [[i.text for i in await svc.chat_items(f"chat_{n}")] for n in range(30)]
         # A second item in an evicted chat continues its numbering.
         chat = Chat(id="chat_0", kind="direct", owner="u1", org="o1", bot="b1")
         log = await conv.log(chat.id)
-        sink = Sink()
+        sink = Batch()
         conv.append(log, chat, [(conv.item(log, None, "person", "u1"), "more")], sink)
         await conv.commit(chat.id, sink)
         first = [(i.id, i.text) for i in await svc.chat_items("chat_0")]
@@ -203,7 +203,7 @@ def test_workspace_pools_are_evicted_with_their_hooks_and_reload(tmp_path: Path)
         svc = ShardService(tmp_path, 0, cache_records=15)
         svc.peers.connect(directory=DirectoryService(tmp_path))
         dropped: list[str] = []
-        svc.on_evict.append(dropped.append)
+        svc.kernel.on_evict.append(dropped.append)
         accounts = [f"u{n}" for n in range(20)]
         d = svc.peers.directory()
         await d.create_org("Acme", "o1")
@@ -216,7 +216,7 @@ def test_workspace_pools_are_evicted_with_their_hooks_and_reload(tmp_path: Path)
                 requestId=f"r{n}", scope=Scope.BOT, bot=f"b{n}", content=f"fact {n}"
             )
             await svc.ws_create_memory(access, body)
-        loaded = len(svc.workspace._pools)
+        loaded = len(svc.ws_pools)
         listed = []
         for n, account in enumerate(accounts):
             access = WsAccess(account=account, bots=frozenset({f"b{n}"}))
@@ -263,7 +263,7 @@ def test_a_chat_load_that_ends_after_an_eviction_installs_nothing_old(tmp_path, 
     async def go():
         gate.append(asyncio.Event())
         svc = ShardService(tmp_path, 0)
-        slow = asyncio.create_task(svc.conversations.log(chat.id))
+        slow = asyncio.create_task(svc.chat_logs.log(chat.id))
         await asyncio.sleep(0.05)
         first = asyncio.create_task(turn(svc, "first"))
         await asyncio.wait({first}, timeout=3)  # done, unless it waits for the slow load

@@ -12,8 +12,8 @@ import duckdb
 import msgspec
 import pytest
 
-from actors.chats.bot_step import Sink
 from actors.directory import DirectoryService
+from actors.shard.batch import Batch
 from actors.shard.service import ShardService
 from engine.chat_records import Turn
 from engine.directory import BotRules, Chat, OrgSettings
@@ -63,15 +63,15 @@ async def _plant(svc: ShardService) -> tuple[str, str]:
     create = ProjectCreate(requestId="p1", name=PROJECT_NAME, metadata={"goal": PROJECT_META})
     await svc.ws_save_project("u_ann", org.id, create, "p_1")
     # A delivery verdict's note, stored with its turn on the chat's shard.
-    conv = svc.conversations
+    conv = svc.chat_logs
     chat = Chat(id="chat_1", kind="group", owner="u_ann", org=org.id, channel="c_1")
     log = await conv.log(chat.id)
     turn = Turn(id="turn_1", chat=chat.id, operator="u_ann", status="done", at=1, goal="delivering")
-    sink = Sink(writes=[conv.store.put_turn(log, turn)])
+    sink = Batch(writes=[conv.store.put_turn(log, turn)])
     conv.append(log, chat, [(conv.item(log, turn.id, "person", "u_ann"), "make it")], sink)
     await conv.commit(chat.id, sink)
     done = msgspec.structs.replace(turn, goal="accepted", verdict_by="u_ann", verdict_note=NOTE)
-    await conv.commit(chat.id, Sink(writes=[conv.store.put_turn(log, done)]))
+    await conv.commit(chat.id, Batch(writes=[conv.store.put_turn(log, done)]))
     return chat.id, turn.id
 
 
@@ -97,7 +97,7 @@ def test_project_bot_and_verdict_documents_are_sealed(tmp_path: Path):
             projects = await svc.ws_projects("u_ann")
             bot = await svc.peers.directory().get_bot("b_1")
             org = await svc.peers.directory().get_org("o_1")
-            log = await svc.conversations.log(chat_id)
+            log = await svc.chat_logs.log(chat_id)
             return projects, bot, org, log.turns[turn_id]
         finally:
             await svc.close()
@@ -146,11 +146,11 @@ def test_plain_turns_of_an_older_version_are_read_and_sealed(tmp_path: Path):
         await svc.close()
 
     async def _turn_with_note(svc):
-        conv = svc.conversations
+        conv = svc.chat_logs
         chat = Chat(id="chat_1", kind="direct", owner="u_ann", org="o_1", bot="b_1")
         log = await conv.log(chat.id)
         turn = Turn(id="turn_1", chat=chat.id, operator="u_ann", status="done", at=1)
-        sink = Sink(writes=[conv.store.put_turn(log, turn)])
+        sink = Batch(writes=[conv.store.put_turn(log, turn)])
         conv.append(log, chat, [(conv.item(log, turn.id, "person", "u_ann"), "hi")], sink)
         await conv.commit(chat.id, sink)
 
@@ -166,7 +166,7 @@ def test_plain_turns_of_an_older_version_are_read_and_sealed(tmp_path: Path):
 
     async def again():
         svc = ShardService(tmp_path, 0)
-        log = await svc.conversations.log("chat_1")
+        log = await svc.chat_logs.log("chat_1")
         await svc.flush()
         rows = await svc.db.run(lambda con: con.execute("SELECT meta FROM turns").fetchall())
         await svc.close()

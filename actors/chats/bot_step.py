@@ -4,7 +4,7 @@ Direct chats, each participant of a group round and each peer of a collaboration
 same step: enrichment of a person's input (ENR), the bot's model with its tools (DESIGN §6),
 `confide` with the memory bot's answer. The step does not add chat items itself: the chat's
 home shard stores the reply. What the step records (confessions, enrichment records, the model
-call log, spend) goes into the caller's sink, so a direct turn still commits in one transaction.
+call log, spend) goes into the caller's batch, so a direct turn still commits in one transaction.
 
 Workspace tools that reach outside the step (sending to another bot, posting to a group) are
 answered at once with a receipt and returned as effects; the home shard carries them out under
@@ -16,14 +16,18 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import msgspec
 
+from actors.chats.requests import Requests
 from actors.contracts import Effect, StepInput, StepOutcome, ToolUse, WsAccess, WsQuery
+from actors.learning.memory_bot import MemoryBotRuntime
 from actors.models.registry import ModelError, measured
 from actors.runtime.lock_guard import assert_no_pool_lock
+from actors.runtime.peers import Peers
+from actors.shard.batch import Batch
+from actors.shard.kernel import ShardKernel
+from actors.shard.seed_memory import SeedMemory
 from engine.bot_memory import as_scoped
 from engine.bot_policy import require_collaboration
 from engine.chat_records import Confession, Enrichment
@@ -41,11 +45,9 @@ from engine.turns import (
     enrichment_messages,
     review_prompt,
 )
-from storage.chat_store import ChatLog
+from storage.chat_store import ChatLog, ChatStore
 
-if TYPE_CHECKING:
-    from actors.shard.service import ShardService
-
+LogOf = Callable[[], Awaitable[ChatLog]]  # the chat's log on this shard, read on first use
 TOOL_ROUNDS = 4
 FIND_TTL = 2.0
 MEMORY_INSTRUCTIONS = (
@@ -73,15 +75,6 @@ UNRECORDED_TOOLS = frozenset(
 )
 
 
-@dataclass
-class Sink:
-    """Rows and events a step (or a turn) collects until they commit together."""
-
-    writes: list = field(default_factory=list)
-    events: list = field(default_factory=list)
-    calls: list = field(default_factory=list)  # the memory bot's model calls (SEC-1 call log)
-
-
 def memory_reader(step: StepInput) -> Reader:
     """Whose view of the bot's memory its prompt carries: the step's reader; for a delivery
     between bots, only what is for everyone who uses the bot in the chat's org."""
@@ -103,8 +96,21 @@ def reader_for(step: StepInput) -> Reader | None:
 
 
 class BotStepper:
-    def __init__(self, shard: ShardService) -> None:
-        self.shard = shard
+    def __init__(
+        self,
+        kernel: ShardKernel,
+        runtime: MemoryBotRuntime,
+        store: ChatStore,
+        memory: SeedMemory,
+        requests: Requests,
+        peers: Peers,
+    ) -> None:
+        self.kernel = kernel
+        self.runtime = runtime
+        self.store = store
+        self.memory = memory
+        self.requests = requests
+        self.peers = peers
         # A send's target by name, for FIND_TTL seconds: the delivery reads the peer again
         # (and an archived one is asked nothing), so this only saves the lookup's actor call.
         self._found: dict[tuple[str, str], tuple[float, Bot]] = {}
@@ -114,29 +120,19 @@ class BotStepper:
         hit = self._found.get(key)
         if hit is not None and hit[0] > now:
             return hit[1]
-        bot = await self.shard.peers.directory().find_bot(org, agent)
+        bot = await self.peers.directory().find_bot(org, agent)
         if len(self._found) >= 10_000:
             self._found.clear()
         self._found[key] = (now + FIND_TTL, bot)
         return bot
 
-    @property
-    def runtime(self):
-        return self.shard.memory_bot
-
-    @property
-    def store(self):
-        return self.shard.conversations.store
-
-    async def run(
-        self, step: StepInput, log: Callable[[], Awaitable[ChatLog]], sink: Sink
-    ) -> StepOutcome:
+    async def run(self, step: StepInput, log: LogOf, batch: Batch) -> StepOutcome:
         """`log` gives the chat's log on this shard, read only if the step records something
         with it (an enrichment, a confession)."""
         bot = step.bot
         pool = bot_pool(bot.id)
-        settings = await self.shard.memory_bot_settings(pool)
-        text = await self._enrich(step, log, sink, settings)
+        settings = await self.memory.memory_bot_settings(pool)
+        text = await self._enrich(step, log, batch, settings)
         model = self.runtime.model(bot.model)
         if model is None:
             return StepOutcome(
@@ -179,7 +175,7 @@ class BotStepper:
             )
             for call in done.tool_calls:
                 if call.name == "confide":
-                    result = await self._confide(call, step, log, settings, confessions, sink)
+                    result = await self._confide(call, step, log, settings, confessions, batch)
                     if result is not None:
                         confided = True
                         confessions += 1
@@ -218,7 +214,7 @@ class BotStepper:
         """Where the step's user and project memory lives: in a person's direct chat the
         person's own scope and the chat's project (membership is checked where the project
         lives). The bot's own scope is its one memory, read here (`_bot_scope`)."""
-        peers = self.shard.peers
+        peers = self.peers
         limit = SEARCH_HITS if q is not None else 200
         wanted: list[tuple[int, WsQuery]] = []
         if step.chat.kind in ("direct", "review"):
@@ -238,9 +234,9 @@ class BotStepper:
         if not await self.memory_allowed(step.bot):
             return ""
         access = WsAccess(account=step.operator, bots=frozenset({step.bot.id}))
-        peers = self.shard.peers
+        peers = self.peers
         wanted = await self._scopes(step)
-        async with self.shard.bot_memory.read(bot_pool(step.bot.id), memory_reader(step)) as snap:
+        async with self.memory.bot_memory.read(bot_pool(step.bot.id), memory_reader(step)) as snap:
             scoped = [as_scoped(m, snap.open(m.id)) for m in snap.usable()]
         for index, query in wanted:
             try:
@@ -264,9 +260,7 @@ class BotStepper:
             return ""
         return pack(scoped, instructions=MEMORY_INSTRUCTIONS).text
 
-    async def _enrich(
-        self, step: StepInput, log: Callable[[], Awaitable[ChatLog]], sink: Sink, settings
-    ) -> str:
+    async def _enrich(self, step: StepInput, log: LogOf, batch: Batch, settings) -> str:
         """ENR-1 … ENR-4: the memory bot may rewrite the input from entries this reader may see."""
         org = step.org
         reader = reader_for(step)
@@ -275,7 +269,7 @@ class BotStepper:
         if not await self.memory_allowed(step.bot):
             return step.text
         pool = bot_pool(step.bot.id)
-        parts, has = await self.shard.context_parts(pool, reader, ENRICH_CONTEXT)
+        parts, has = await self.memory.context_parts(pool, reader, ENRICH_CONTEXT)
         if not (has and parts):
             return step.text
         done = await self.runtime.rewrite(
@@ -283,7 +277,7 @@ class BotStepper:
             settings,
             org.settings.botMemoryModel,
             enrichment_messages(step.text, parts, settings.instructions),
-            sink.calls,
+            batch.calls,
         )
         call = next((c for c in (done.tool_calls if done else ()) if c.name == "rewrite"), None)
         rewrite = accept_rewrite(call.arguments, {i for i, _ in parts}) if call else None
@@ -294,19 +288,19 @@ class BotStepper:
             text=rewrite.text,
             original=step.text,
             entries=rewrite.entries,
-            at=self.shard.clock(),
+            at=self.kernel.clock(),
         )
-        sink.writes.append(self.store.enrichment_row(await log(), record))
+        batch.writes.append(self.store.enrichment_row(await log(), record))
         return rewrite.text
 
     async def _confide(
         self,
         call: ToolCall,
         step: StepInput,
-        log: Callable[[], Awaitable[ChatLog]],
+        log: LogOf,
         settings,
         n: int,
-        sink: Sink,
+        batch: Batch,
     ) -> str | None:
         if step.chat.kind == "review":
             return None  # review chats have no confide
@@ -314,12 +308,12 @@ class BotStepper:
         if not text:
             return None
         answer, calm = await self.runtime.confessor_answer(
-            bot_pool(step.bot.id), settings, step.org.settings.botMemoryModel, text, sink.calls
+            bot_pool(step.bot.id), settings, step.org.settings.botMemoryModel, text, batch.calls
         )
         record = Confession(
-            turn=step.turn, text=text, answer=answer, calm=calm, at=self.shard.clock()
+            turn=step.turn, text=text, answer=answer, calm=calm, at=self.kernel.clock()
         )
-        sink.writes.append(self.store.confession_row(await log(), record, n))
+        batch.writes.append(self.store.confession_row(await log(), record, n))
         return answer
 
     async def _workspace_tool(self, call: ToolCall, step: StepInput, effects: list[Effect]):
@@ -330,16 +324,13 @@ class BotStepper:
                 return _enc.encode(rules_view(bot)).decode()
             if call.name == "workspace_update_self_rules":
                 update = parse_update(args)
-                changed = await self.shard.peers.directory().update_rules(
+                changed = await self.peers.directory().update_rules(
                     bot.id, update, Editor(kind="self", id=bot.id)
                 )
                 return _enc.encode(rules_view(changed)).decode()
             if call.name == "workspace_create_agent":
-                member = await self.shard.peers.directory().create_member(
-                    bot.id,
-                    str(args.get("name", "")),
-                    args.get("prompt"),
-                    args.get("rules"),
+                member = await self.peers.directory().create_member(
+                    bot.id, str(args.get("name", "")), args.get("prompt"), args.get("rules")
                 )
                 return _enc.encode({"id": member.id, "name": member.name}).decode()
             if call.name in ("workspace_rename_agent", "workspace_archive_agent"):
@@ -360,7 +351,7 @@ class BotStepper:
 
     async def _manage_member(self, name: str, step: StepInput, args: dict) -> str:
         """WS-3: the creator renames or archives a member it created (never its other rules)."""
-        directory = self.shard.peers.directory()
+        directory = self.peers.directory()
         member = await directory.find_bot(step.org.id, str(args.get("agent", "")))
         editor = Editor(kind="bot", id=step.bot.id)
         if name == "workspace_archive_agent":
@@ -391,7 +382,7 @@ class BotStepper:
             return _enc.encode(
                 {"error": "not_here", "message": "ask for approval in a person's chat"}
             ).decode()
-        request = await self.shard.requests.create(
+        request = await self.requests.create(
             bot=step.bot.id,
             org=step.chat.org,
             chat=step.chat.id,
@@ -405,7 +396,7 @@ class BotStepper:
     async def _post(self, step: StepInput, args: dict, effects: list[Effect]) -> str:
         group, message = str(args.get("group", "")), str(args.get("message", "")).strip()
         require_collaboration(step.bot, step.org)
-        channel = await self.shard.peers.directory().get_channel(group)
+        channel = await self.peers.directory().get_channel(group)
         if step.bot.id not in channel.bots or channel.org != step.org.id:
             return _enc.encode(
                 {"error": "not_a_member", "message": "you can only post to your own groups"}
@@ -427,13 +418,13 @@ class BotStepper:
             ).decode()
         if reader is None or not query.strip():
             return _enc.encode({"entries": []}).decode()
-        found = await self.shard.search_memory(bot_pool(step.bot.id), reader, query, SEARCH_HITS)
+        found = await self.memory.search_memory(bot_pool(step.bot.id), reader, query, SEARCH_HITS)
         ranked = [[{"id": i, "content": text} for i, text in found]]
         # The workspace scopes too: what did not fit the prompt is found here (SC-5).
         access = WsAccess(account=step.operator, bots=frozenset({step.bot.id}))
         for index, ws_query in await self._scopes(step, q=query):
             try:
-                listing = await self.shard.peers.shard(index).ws_entries(access, ws_query)
+                listing = await self.peers.shard(index).ws_entries(access, ws_query)
             except OpenBotError:
                 continue
             ranked.append([{"id": e.id, "content": e.content} for e in listing.entries])

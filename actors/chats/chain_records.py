@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from actors.contracts import ChainView, LinkView
 from engine.collaboration import Chain, ChainStatus
 from engine.directory import Chat
 from engine.events import Audience, CollaborationChanged
@@ -25,8 +26,10 @@ KNOWN_CHATS = 10_000
 
 
 class ChainRecords:
-    def __init__(self, conversations: Any) -> None:
-        self.conv = conversations
+    def __init__(self, kernel: Any, logs: Any, peers: Any) -> None:
+        self.kernel = kernel
+        self.conv = logs
+        self.peers = peers
         self._loaded: dict[str, Chain] | None = None
         self.texts: dict[str, dict[str, dict[str, str]]] = {}
         self.channel: dict[str, str | None] = {}
@@ -35,7 +38,7 @@ class ChainRecords:
 
     async def all(self) -> dict[str, Chain]:
         if self._loaded is None:
-            rows = await self.conv.shard.db.run(
+            rows = await self.kernel.db.run(
                 lambda con: con.execute("SELECT doc, texts FROM chains").fetchall()
             )
             chains: dict[str, Chain] = {}
@@ -83,9 +86,8 @@ class ChainRecords:
         event = CollaborationChanged(
             collaboration=chain.id, status=chain.status, chat=chain.root_chat
         )
-        sink.writes.extend(self.conv.shard.store.key_rows(root.key))
-        sink.writes.append(Put(CHAINS.name, (chain.id, chain.org, doc, sealed)))
-        sink.events.append((event, self.audience(chain)))
+        sink.key(root.key).add(Put(CHAINS.name, (chain.id, chain.org, doc, sealed)))
+        sink.emit(event, self.audience(chain))
 
     def know(self, chat: Chat) -> None:
         if len(self.chats) >= KNOWN_CHATS:
@@ -95,7 +97,7 @@ class ChainRecords:
     async def chat(self, chat_id: str) -> Chat:
         chat = self.chats.get(chat_id)
         if chat is None:
-            chat = await self.conv.shard.peers.directory().get_chat(chat_id)
+            chat = await self.peers.directory().get_chat(chat_id)
             self.know(chat)
         return chat
 
@@ -117,3 +119,34 @@ class ChainRecords:
         conv.append(log_, chat, [(item, text)], sink)
         sink.writes.append(conv.store.communication_row(log_, item.seq, "sent", peer))
         return item
+
+    def view(self, chain: Chain) -> ChainView:
+        texts = self.texts.get(chain.id, {})
+        return ChainView(
+            id=chain.id,
+            status=chain.status,
+            reason=chain.reason,
+            rootChat=chain.root_chat,
+            topic=chain.topic,
+            project=chain.project,
+            rootBot=chain.root_bot,
+            deliveries=chain.deliveries,
+            revision=chain.revision,
+            createdAt=chain.created_at,
+            updatedAt=chain.updated_at,
+            links=[
+                LinkView(
+                    id=k.id,
+                    parent=k.parent,
+                    fromBot=k.from_bot,
+                    toBot=k.to_bot,
+                    depth=k.depth,
+                    status=k.status,
+                    reason=k.reason,
+                    request=texts.get(k.id, {}).get("request"),
+                    result=texts.get(k.id, {}).get("result"),
+                    agentChat=k.agent_chat,
+                )
+                for k in chain.links
+            ],
+        )

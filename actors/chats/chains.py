@@ -17,21 +17,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.chats.bot_step import Sink
 from actors.chats.chain_records import ChainRecords
-from actors.contracts import ChainView, Effect, LinkView, StepInput, StepOutcome
+from actors.chats.chat_logs import ChatLogs
+from actors.contracts import ChainView, Effect, StepInput, StepOutcome
+from actors.runtime.peers import Peers
+from actors.shard.batch import Batch
+from actors.shard.kernel import ShardKernel
 from engine import collaboration as rules
 from engine.collaboration import Chain
 from engine.directory import Bot, Chat, Org
 from engine.errors import NotFound, OpenBotError
 from storage.chat_store import ChatLog
-
-if TYPE_CHECKING:
-    from actors.chats.conversations import Conversations
 
 log = logging.getLogger("openbot.chains")
 _enc = msgspec.json.Encoder()
@@ -40,9 +39,11 @@ _texts_dec = msgspec.json.Decoder(dict[str, dict[str, str]])
 
 
 class ChainRunner:
-    def __init__(self, conversations: Conversations) -> None:
-        self.conv = conversations
-        self.records = ChainRecords(conversations)
+    def __init__(self, kernel: ShardKernel, logs: ChatLogs, peers: Peers) -> None:
+        self.kernel = kernel
+        self.conv = logs  # the chats chains write to (root, agent and target chats)
+        self.peers = peers
+        self.records = ChainRecords(kernel, logs, peers)
         # The records' maps, by their old names here.
         self._texts = self.records.texts
         self._channel = self.records.channel
@@ -54,9 +55,12 @@ class ChainRunner:
         # it (WS-4) as it was when its delivery went out.
         self._askers: dict[str, Bot] = {}
 
-    @property
-    def shard(self):
-        return self.conv.shard
+    async def resume(self) -> None:
+        """`recover` at start; a chain that cannot resume must not stop the shard serving."""
+        try:
+            await self.recover()
+        except Exception:
+            log.exception("resuming collaboration chains failed")
 
     async def recover(self) -> int:
         """Resume the deliveries that were under way when the shard stopped (nothing is lost;
@@ -71,7 +75,7 @@ class ChainRunner:
             if not open_:
                 continue
             try:
-                org = await self.shard.peers.directory().get_org(chain.org)
+                org = await self.peers.directory().get_org(chain.org)
             except OpenBotError as e:  # one chain that cannot resume does not hold the others
                 log.warning("chain %s not resumed: %s", chain.id, e.message)
                 continue
@@ -82,9 +86,9 @@ class ChainRunner:
         return resumed
 
     async def _save(self, chain: Chain) -> None:
-        sink = Sink()
-        await self.records.stage(chain, sink)
-        fut = self.shard._submit(None, sink.writes, sink.events)
+        batch = Batch()
+        await self.records.stage(chain, batch)
+        fut = self.kernel.stage(batch)
         if fut is not None:
             await fut
 
@@ -137,7 +141,7 @@ class ChainRunner:
             return
         log_ = await self.conv.log(chat.id)
         async with self.conv.lock(chat.id):
-            fut, started = await self._sends(chat, log_, turn, bot, sends, parent, chain, Sink())
+            fut, started = await self._sends(chat, log_, turn, bot, sends, parent, chain, Batch())
         await self._started(fut, started, org)
 
     async def _sends(
@@ -149,7 +153,7 @@ class ChainRunner:
         sends: tuple[Effect, ...],
         parent: str | None,
         chain: str | None,
-        sink: Sink,
+        sink: Batch,
     ):
         """Record a bot's sends in its chain and, for each real delivery, the sent item in
         `chat` (UI-1), adding them to `sink` and submitting it: one transaction. Call holding
@@ -171,7 +175,7 @@ class ChainRunner:
                         topic=turn,
                         project=chat.project,
                         root_bot=bot.id,
-                        now=self.shard.clock(),
+                        now=self.kernel.clock(),
                     )
                     self._channel[current.id] = chat.channel
                     self.records.know(chat)
@@ -183,7 +187,7 @@ class ChainRunner:
                     from_bot=bot.id,
                     to_bot=effect.target,
                     message=effect.message,
-                    now=self.shard.clock(),
+                    now=self.kernel.clock(),
                 )
                 self._texts.setdefault(updated.id, {})[effect.link] = {"request": effect.message}
                 await self.records.stage(updated, sink)
@@ -206,7 +210,7 @@ class ChainRunner:
     async def _post(self, effect: Effect, bot: Bot, org: Org) -> None:
         """`workspace_post_to_group`: the bot's message in its group's chat (the group's home
         may be another shard)."""
-        peers = self.shard.peers
+        peers = self.peers
         try:
             group = await peers.directory().group_chat(effect.target)
             await peers.shard(peers.index_of(group.home)).post_item(group, bot.id, effect.message)
@@ -238,7 +242,7 @@ class ChainRunner:
             return
         link = rules.find_link(chain, link_id)
         first = link.agent_chat is None  # nothing of this delivery is stored yet
-        agent_chat, peer, asker = await self.shard.peers.directory().delivery_chat(
+        agent_chat, peer, asker = await self.peers.directory().delivery_chat(
             chain.root_chat, link.to_bot, link.from_bot, chain.id, link.id
         )
         self.records.know(agent_chat)
@@ -255,7 +259,7 @@ class ChainRunner:
             # from what the agent chat holds instead of delivering or asking twice.
             asked = next((i for i in alog.items if i.kind == "delivery"), None)
             if asked is None:
-                sink = Sink()
+                sink = Batch()
                 async with self._lock:
                     attached = rules.attach_agent_chat(
                         (await self.records.all())[chain_id], link.id, agent_chat.id
@@ -284,7 +288,7 @@ class ChainRunner:
                     history=conv.history(alog, asked.seq, me=peer.id),
                 )
                 outcome = await self._step(peer, step)
-                sink = Sink()
+                sink = Batch()
                 reply = self._reply(alog, agent_chat, chain.topic, peer, outcome, sink)
                 sends = tuple(e for e in outcome.effects if e.kind == "send")
                 fut, started = await self._sends(
@@ -300,7 +304,7 @@ class ChainRunner:
     async def _step(self, bot: Bot, step: StepInput) -> StepOutcome:
         if bot.archived:  # archived after the chain began (WS-3): it is asked nothing more
             return StepOutcome(status="failed", error="the bot is archived")
-        peers = self.shard.peers
+        peers = self.peers
         try:
             return await peers.shard(peers.index_of(bot.owner)).run_step(step, (), 0)
         except OpenBotError as e:
@@ -308,7 +312,7 @@ class ChainRunner:
             return StepOutcome(status="failed", error=e.message)
 
     def _reply(
-        self, chat_log: ChatLog, chat: Chat, turn: str, bot: Bot, outcome: StepOutcome, sink: Sink
+        self, chat_log: ChatLog, chat: Chat, turn: str, bot: Bot, outcome: StepOutcome, sink: Batch
     ) -> str:
         """The step's answer as an item of `chat`, added to `sink`; returns its text."""
         if outcome.status == "done" and outcome.reply is not None:
@@ -343,16 +347,16 @@ class ChainRunner:
         )
         waker = self._askers.pop(link_id, None)
         if waker is None:  # after a restart: read it now
-            waker = await self.shard.peers.directory().get_bot(link.from_bot)
+            waker = await self.peers.directory().get_bot(link.from_bot)
         fut = None
         started: list[tuple[str, str]] = []
         async with conv.lock(target.id):
             tlog = await conv.log(target.id)
-            sink = Sink()
+            sink = Batch()
             async with self._lock:
                 chain = (await self.records.all())[chain_id]
                 chain, decision = rules.on_result(
-                    chain, link_id=link_id, text=text, now=self.shard.clock()
+                    chain, link_id=link_id, text=text, now=self.kernel.clock()
                 )
                 self._texts.setdefault(chain_id, {}).setdefault(link_id, {})["result"] = text
                 await self.records.stage(chain, sink)
@@ -376,7 +380,7 @@ class ChainRunner:
                     channel=target.channel,
                 )
                 outcome = await self._step(waker, step)
-                sink = Sink()
+                sink = Batch()
                 reply = self._reply(tlog, target, chain.topic, waker, outcome, sink)
                 sends = tuple(e for e in outcome.effects if e.kind == "send")
                 fut, started = await self._sends(
@@ -414,12 +418,21 @@ class ChainRunner:
 
     # --- what people see and do ---
 
+    async def stop_visible(
+        self, chain_id: str, user: str, channels: frozenset[str]
+    ) -> ChainView | None:
+        """Stop a chain homed here that `user` may see; None when it is not here."""
+        chain = await self.find(chain_id)
+        if chain is None or not self.may_see(chain, user, channels):
+            return None
+        return await self.stop(chain_id, user)
+
     async def stop(self, chain_id: str, by: str) -> ChainView:
         async with self._lock:
             chain = (await self.records.all()).get(chain_id)
             if chain is None:
                 raise NotFound(f"no collaboration {chain_id}", code="collaboration_not_found")
-            chain = rules.stop(chain, by=by, now=self.shard.clock())
+            chain = rules.stop(chain, by=by, now=self.kernel.clock())
             await self._save(chain)
         await self._maybe_release(chain.topic)
         return self.view(chain)
@@ -431,7 +444,7 @@ class ChainRunner:
         if not waiting or await self.running_for(topic) or self._busy.get(topic):
             return
         self._learn.pop(topic, None)
-        peers = self.shard.peers
+        peers = self.peers
         upto = 0
         chains = [c for c in (await self.records.all()).values() if c.topic == topic]
         if chains:
@@ -467,32 +480,4 @@ class ChainRunner:
         return chain.owner == user or self._channel.get(chain.id) in channels
 
     def view(self, chain: Chain) -> ChainView:
-        texts = self._texts.get(chain.id, {})
-        return ChainView(
-            id=chain.id,
-            status=chain.status,
-            reason=chain.reason,
-            rootChat=chain.root_chat,
-            topic=chain.topic,
-            project=chain.project,
-            rootBot=chain.root_bot,
-            deliveries=chain.deliveries,
-            revision=chain.revision,
-            createdAt=chain.created_at,
-            updatedAt=chain.updated_at,
-            links=[
-                LinkView(
-                    id=k.id,
-                    parent=k.parent,
-                    fromBot=k.from_bot,
-                    toBot=k.to_bot,
-                    depth=k.depth,
-                    status=k.status,
-                    reason=k.reason,
-                    request=texts.get(k.id, {}).get("request"),
-                    result=texts.get(k.id, {}).get("result"),
-                    agentChat=k.agent_chat,
-                )
-                for k in chain.links
-            ],
-        )
+        return self.records.view(chain)

@@ -11,34 +11,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.chats.bot_step import Sink
-from actors.chats.conversations import learns
-from actors.contracts import StepInput, StepOutcome
+from actors.chats.chains import ChainRunner
+from actors.chats.chat_logs import ChatLogs
+from actors.chats.turn_rules import learns
+from actors.contracts import Mirrored, StepInput, StepOutcome, TurnStart
+from actors.runtime.peers import Peers
+from actors.shard.batch import Batch
 from engine.chat_records import Turn
 from engine.discussion import Plan, leader_brief
 from engine.errors import OpenBotError
 from engine.models import Message
 from storage.chat_store import Item
 
-if TYPE_CHECKING:
-    from actors.chats.conversations import Conversations
-    from actors.contracts import TurnStart
-
 logger = logging.getLogger("openbot.group")
 
 
 class GroupTurns:
-    def __init__(self, conversations: Conversations) -> None:
-        self.conv = conversations
+    def __init__(self, logs: ChatLogs, chains: ChainRunner, peers: Peers) -> None:
+        self.logs = logs
+        self.chains = chains
+        self.peers = peers
 
     async def run(self, start: TurnStart, turn: Turn, person: Item, plan: Plan) -> None:
-        from actors.contracts import Mirrored
-
-        conv, chat, org = self.conv, start.chat, start.org
+        conv, chat, org = self.logs, start.chat, start.org
         members = {b.id: b for b in start.members}
         log = await conv.log(chat.id)
         mirror = (
@@ -81,22 +79,22 @@ class GroupTurns:
                             channel=chat.channel,
                         )
                         outcome = await self._step(bot, step, mirror, person.seq)
-                        sink = Sink()
-                        conv.tool_items(log, chat, turn.id, outcome, sink)
+                        batch = Batch()
+                        conv.tool_items(log, chat, turn.id, outcome, batch)
                         if outcome.status == "done" and outcome.reply is not None:
                             spoke += 1
                             item = conv.item(log, turn.id, "bot", bot.id)
-                            conv.append(log, chat, [(item, outcome.reply)], sink)
+                            conv.append(log, chat, [(item, outcome.reply)], batch)
                             said.append((bot.id, outcome.reply))
                         else:
                             failed += 1
                             note = conv.item(log, turn.id, "notification", bot.id)
                             why = outcome.error or "no answer"
                             text = f"{bot.name} failed in round {r + 1}: {why}"
-                            conv.append(log, chat, [(note, text)], sink)
+                            conv.append(log, chat, [(note, text)], batch)
                         # Each item goes out as soon as it is on disk: clients watch the rounds.
                         # The next speaker does not wait for that commit (group commit merges).
-                        pending.append(conv.commit_soon(chat.id, log, sink))
+                        pending.append(conv.commit_soon(chat.id, log, batch))
                         effects.extend((bot, e) for e in outcome.effects)
                         if outcome.confided:
                             confided.add(bot.id)
@@ -109,10 +107,10 @@ class GroupTurns:
             if status == "failed":
                 logger.warning("group turn %s in chat %s failed: %s", turn.id, chat.id, error)
             done = msgspec.structs.replace(turn, status=status, error=error)
-            await conv.commit(chat.id, Sink(writes=[conv.store.put_turn(log, done)]))
+            await conv.commit(chat.id, Batch(writes=[conv.store.put_turn(log, done)]))
         waiting = await self._schedule_learning(start, turn, person, plan, confided, effects)
         for bot, effect in effects:
-            await conv.chains.on_effects(
+            await self.chains.on_effects(
                 chat, org, turn.id, bot, (effect,), parent=None, chain=None, learn=waiting
             )
             waiting = []
@@ -120,7 +118,7 @@ class GroupTurns:
     async def _schedule_learning(self, start, turn, person, plan, confided, effects) -> list:
         """After the turn, each bot that confided (or every bot with autoRecord) learns once
         from it, on its own shard; with a collaboration under way, once that is back (CO-2)."""
-        peers = self.conv.shard.peers
+        peers = self.peers
         chat, org = start.chat, start.org
         members = {b.id: b for b in start.members}
         sends = any(e.kind == "send" for _, e in effects)
@@ -132,13 +130,7 @@ class GroupTurns:
             index = peers.index_of(bot.owner)
             try:
                 job = await peers.shard(index).schedule_learning(
-                    bot,
-                    chat,
-                    turn.id,
-                    person.seq,
-                    f"for:channel:{chat.channel}",
-                    org,
-                    sends,
+                    bot, chat, turn.id, person.seq, f"for:channel:{chat.channel}", org, sends
                 )
             except OpenBotError as e:
                 logger.warning(
@@ -162,7 +154,7 @@ class GroupTurns:
         return tuple(out)
 
     async def _step(self, bot, step: StepInput, mirror, upto: int) -> StepOutcome:
-        peers = self.conv.shard.peers
+        peers = self.peers
         try:
             return await peers.shard(peers.index_of(bot.owner)).run_step(step, mirror, upto)
         except OpenBotError as e:  # the bot's shard is down: this member fails this round

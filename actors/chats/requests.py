@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from typing import TYPE_CHECKING
 
 import msgspec
 
+from actors.runtime.peers import Peers
+from actors.shard.batch import Batch
+from actors.shard.kernel import ShardKernel
 from engine import requests as rules
 from engine.directory import bot_pool
 from engine.errors import NotFound, OpenBotError
@@ -25,24 +27,22 @@ from storage.crypto import aad
 from storage.group_commit import Put
 from storage.shard_schema import REQUESTS
 
-if TYPE_CHECKING:
-    from actors.shard.service import ShardService
-
 log = logging.getLogger("openbot.requests")
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder(ApprovalRequest)
 
 
 class Requests:
-    def __init__(self, shard: ShardService) -> None:
-        self.shard = shard
+    def __init__(self, kernel: ShardKernel, peers: Peers) -> None:
+        self.kernel = kernel
+        self.peers = peers
         self._requests: dict[str, ApprovalRequest] | None = None
         self._sealed: dict[str, bytes] = {}
         self._lock = asyncio.Lock()
 
     async def _all(self) -> dict[str, ApprovalRequest]:
         if self._requests is None:
-            rows = await self.shard.db.run(
+            rows = await self.kernel.db.run(
                 lambda con: con.execute("SELECT doc, proposal FROM requests").fetchall()
             )
             loaded = {}
@@ -55,7 +55,7 @@ class Requests:
         return self._requests
 
     async def _proposal(self, request: ApprovalRequest) -> str:
-        stored = (await self.shard._pool(bot_pool(request.bot))).stored
+        stored = (await self.kernel.pool(bot_pool(request.bot))).stored
         record = aad(stored.pool, f"request\x00{request.id}")
         return stored.cipher.open(self._sealed[request.id], record).decode()
 
@@ -65,7 +65,7 @@ class Requests:
     async def _save(self, request: ApprovalRequest, sealed: bytes | None = None) -> None:
         """Store the request (and its sealed proposal when new) with its event; answers once
         durable. Call under the lock."""
-        stored = (await self.shard._pool(bot_pool(request.bot))).stored
+        stored = (await self.kernel.pool(bot_pool(request.bot))).stored
         sealed = sealed if sealed is not None else self._sealed[request.id]
         event = RequestChanged(
             request=request.id,
@@ -80,11 +80,7 @@ class Requests:
             channels=(request.channel,) if request.channel else (),
         )
         row = Put(REQUESTS.name, (request.id, request.bot, _enc.encode(request).decode(), sealed))
-        fut = self.shard._submit(
-            None, [*self.shard.store.key_rows(stored), row], [(event, audience)]
-        )
-        if fut is not None:
-            await fut
+        await self.kernel.commit(Batch().key(stored).add(row).emit(event, audience))
         (await self._all())[request.id] = request
         self._sealed[request.id] = sealed
 
@@ -109,15 +105,22 @@ class Requests:
             owner=owner,
             channel=channel,
             proposal=proposal,
-            now=self.shard.clock(),
+            now=self.kernel.clock(),
         )
-        stored = (await self.shard._pool(bot_pool(bot))).stored
+        stored = (await self.kernel.pool(bot_pool(bot))).stored
         sealed = stored.cipher.seal(
             proposal.proposal.encode(), aad(stored.pool, f"request\x00{request.id}")
         )
         async with self._lock:
             await self._save(request, sealed)
         return request
+
+    async def find_view(
+        self, request_id: str, user: str, channels: frozenset[str]
+    ) -> RequestView | None:
+        """The request if it is on this shard and `user` may see it, else None."""
+        found = await self.find(request_id, user, channels)
+        return None if found is None else await self.view(found)
 
     async def find(self, request_id: str, user: str, channels: frozenset[str]):
         """The request if it is here and the user may see it (else None)."""
@@ -149,7 +152,7 @@ class Requests:
             if request is None:
                 return None
             decided = rules.decide(
-                request, user=user, approved=approved, note=note, now=self.shard.clock()
+                request, user=user, approved=approved, note=note, now=self.kernel.clock()
             )
             await self._save(decided)
         await self._tell_chat(decided)
@@ -158,7 +161,7 @@ class Requests:
     async def _tell_chat(self, request: ApprovalRequest) -> None:
         """The chat the bot asked in shows the decision as a notification (never as the
         person's words); its home may be another shard."""
-        peers = self.shard.peers
+        peers = self.peers
         text = f"Request “{request.title}” {request.status}" + (
             f": {request.note}" if request.note else "."
         )
@@ -174,7 +177,7 @@ class Requests:
             request = (await self._all()).get(request_id)
             if request is None:
                 raise NotFound(f"no request {request_id}", code="request_not_found")
-            changed = rules.with_review_chat(request, chat, self.shard.clock())
+            changed = rules.with_review_chat(request, chat, self.kernel.clock())
             if changed is not request:
                 await self._save(changed)
         return await self.view(changed)

@@ -16,19 +16,22 @@ import asyncio
 import logging
 import os
 import secrets
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
+from actors.learning.jobs import job_event
 from actors.learning.memory_bot import BudgetSpent, MemoryBotRuntime
+from actors.runtime.peers import Peers
+from actors.shard.batch import Batch
+from actors.shard.bot_memory import BotMemory
+from actors.shard.kernel import ShardKernel, ignore_failure
 from actors.shard.residency import unused
 from engine import scoped_memory as sm
 from engine import tags as tagmod
 from engine.chat_records import LearningJob
 from engine.commands import Outcome
 from engine.errors import Conflict, OpenBotError
-from engine.events import Audience as EventAudience
-from engine.events import MemoryJobChanged
 from engine.learning import (
     Audience,
     EvidenceItem,
@@ -39,15 +42,9 @@ from engine.memory import Change, LogRow, Reader, Scope, Who
 from engine.memory_bot import next_period_start
 from engine.models import Completion, Message
 from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS, learning_system
-from storage.chat_store import ChatStore, ModelCall
-from storage.stats import STATS
-
-if TYPE_CHECKING:
-    from actors.chats.conversations import Conversations
-    from actors.shard.service import ShardService
+from storage.chat_store import ChatLog, ChatStore, ModelCall
 
 log = logging.getLogger("openbot.learning")
-JOBS = "openbot_learning_jobs"
 AUTO_RETRIES = 3  # CO-3
 WAKE_MARGIN = 0.05  # seconds past a period boundary, so the new period has surely begun
 # Seconds before the first retry, doubled each time (the tests shorten it).
@@ -56,12 +53,29 @@ _completion_enc = msgspec.json.Encoder()
 _completion_dec = msgspec.json.Decoder(Completion)
 
 
+class EvidenceLogs(Protocol):
+    """Where a job reads its evidence: the chat items kept on this shard (actors/chats/)."""
+
+    async def log(self, chat: str) -> ChatLog: ...
+
+
 class LearningRunner:
-    def __init__(self, shard: ShardService, store: ChatStore, runtime: MemoryBotRuntime) -> None:
-        self.shard = shard
+    def __init__(
+        self,
+        kernel: ShardKernel,
+        store: ChatStore,
+        runtime: MemoryBotRuntime,
+        memory: BotMemory,
+        logs: EvidenceLogs,
+        peers: Peers,
+    ) -> None:
+        self.kernel = kernel
         self.store = store
         self.runtime = runtime
-        self.conversations: Conversations | None = None
+        self.memory = memory
+        self.logs = logs  # the evidence: chat items kept on this shard
+        self.peers = peers
+        kernel.on_evict_memory.append(self.forget_pool)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._chains: dict[tuple[str, str], asyncio.Lock] = {}
         self._positions: dict[str, dict[str, int]] = {}  # pool → chat → read position
@@ -106,20 +120,11 @@ class LearningRunner:
         self._tasks[job.id] = task
         task.add_done_callback(lambda _t, k=job.id: self._tasks.pop(k, None))
 
-    def event(self, job: LearningJob):
-        STATS.inc(JOBS, help="Learning job changes by the status they reached", status=job.status)
-        operator = job.grant.removeprefix("for:person:")
-        users = (operator,) if job.grant.startswith("for:person:") else ()
-        channels = (job.channel,) if job.channel else ()
-        data = MemoryJobChanged(
-            bot=job.pool.removeprefix("bot:"), job=job.id, status=job.status, attempts=job.attempts
-        )
-        return data, EventAudience(org=job.org, users=users, channels=channels)
-
     def _queue_save(self, job: LearningJob):
         """Queue the job's row and event; group commit keeps them in order with what follows."""
-        fut = self.shard._submit(None, [self.store.job_row(job)], [self.event(job)])
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        fut = self.kernel.stage(Batch(writes=[self.store.job_row(job)], events=[job_event(job)]))
+        assert fut is not None  # the job row is always there
+        ignore_failure(fut)
         return fut
 
     async def _save(self, job: LearningJob) -> None:
@@ -151,7 +156,7 @@ class LearningRunner:
         async with lock:
             # "running" and the attempt count go to disk with the recorded model step.
             job = msgspec.structs.replace(
-                job, status="running", attempts=job.attempts + 1, updated_at=self.shard.clock()
+                job, status="running", attempts=job.attempts + 1, updated_at=self.kernel.clock()
             )
             try:
                 # MB-5: the model step is bounded by `step_limit` (its call's timeout); applying
@@ -182,7 +187,7 @@ class LearningRunner:
                 f"only failed jobs are retried; this one is {job.status}", code="not_failed"
             )
         job = msgspec.structs.replace(
-            job, status="pending", error=None, updated_at=self.shard.clock()
+            job, status="pending", error=None, updated_at=self.kernel.clock()
         )
         await self._save(job)
         self.start(job)
@@ -195,7 +200,7 @@ class LearningRunner:
         if job is None or job.status != "deferred":
             return False
         job = msgspec.structs.replace(
-            job, status="pending", upto=max(job.upto, upto), updated_at=self.shard.clock()
+            job, status="pending", upto=max(job.upto, upto), updated_at=self.kernel.clock()
         )
         await self._save(job)
         self.start(job)
@@ -208,7 +213,7 @@ class LearningRunner:
             )
         wake_at = await self._next_period(job.pool) if status == "waiting" else None
         job = msgspec.structs.replace(
-            job, status=status, error=error, updated_at=self.shard.clock(), wake_at=wake_at
+            job, status=status, error=error, updated_at=self.kernel.clock(), wake_at=wake_at
         )
         await self._save(job)
         if status == "waiting":
@@ -219,13 +224,13 @@ class LearningRunner:
 
     async def _next_period(self, pool_id: str) -> int | None:
         """When the budget that stopped this pool's learning starts its next period (MB-3)."""
-        budget = (await self.shard._pool(pool_id)).stored.settings.budget
-        return None if budget is None else next_period_start(budget.period, self.shard.clock())
+        budget = (await self.kernel.pool(pool_id)).stored.settings.budget
+        return None if budget is None else next_period_start(budget.period, self.kernel.clock())
 
     def _wake_at(self, pool_id: str, at: int) -> None:
         """A timer for the period boundary, read on the shard's clock: the waiting jobs run
         again then, whether or not another job starts meanwhile (MB-3)."""
-        delay = max(0.0, (at - self.shard.clock()) / 1000) + WAKE_MARGIN
+        delay = max(0.0, (at - self.kernel.clock()) / 1000) + WAKE_MARGIN
         asyncio.get_running_loop().call_later(delay, self.wake, pool_id)
 
     def wake(self, pool_id: str) -> None:
@@ -234,12 +239,11 @@ class LearningRunner:
             self._spawn(waiting)
 
     async def _execute(self, job: LearningJob) -> None:
-        assert self.conversations is not None
         start = await self._position(job.pool, job.chat)
         if start >= job.upto:
             await self._end(job, "done", None)  # another execution learned from this already
             return
-        log = await self.conversations.log(job.chat)
+        log = await self.logs.log(job.chat)
         evidence = [
             EvidenceItem(
                 chat=job.chat,
@@ -261,7 +265,7 @@ class LearningRunner:
             # MB-1: no memory model learns nothing; nothing a person said: nothing to learn.
             await self._end(job, "done", None if model else "no memory model is set")
             return
-        pool = await self.shard._pool(job.pool)
+        pool = await self.kernel.pool(job.pool)
         settings = pool.stored.settings
         # A step is recorded only by an attempt that reached the model; a job's first attempt in
         # the process that created it has none to find (saves a read per turn).
@@ -279,7 +283,7 @@ class LearningRunner:
                 uses_bot=True,
             )
             # ENR-5: the pool's one visibility-checked read (the bot's whole memory).
-            entries, topics = await self.shard.bot_memory.learning_context(job.pool, reader)
+            entries, topics = await self.memory.learning_context(job.pool, reader)
             system = learning_system(settings.instructions)  # MB-2
             request, _ = build_request(evidence, entries, topics, overhead=len(system))
             messages = [
@@ -313,22 +317,20 @@ class LearningRunner:
         """Queue an attempt's call record with the job row. Queued, not awaited: it commits
         before what follows (group commit keeps order), and if the process dies first the
         attempt was simply not recorded."""
-        recorded_fut = self.shard._submit(
-            None,
-            [
-                *self.shard.store.key_rows(stored),
-                self.store.model_call_row(stored, job.id, call, self.shard.clock()),
-                self.store.job_row(job),
-                *self.runtime.spend_rows(),
-            ],
-            [self.event(job)],
+        batch = Batch().key(stored).emit(*job_event(job))
+        batch.add(
+            self.store.model_call_row(stored, job.id, call, self.kernel.clock()),
+            self.store.job_row(job),
+            *self.runtime.spend_rows(),
         )
-        recorded_fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        recorded_fut = self.kernel.stage(batch)
+        assert recorded_fut is not None
+        ignore_failure(recorded_fut)
 
     async def _apply(self, job: LearningJob, pool, completion: Completion, evidence) -> None:
         calls = [(c.name, c.arguments.encode()) for c in completion.tool_calls]
         audience = Audience(chat=job.chat, org=job.org, grant=job.grant, channel=job.channel)
-        now = self.shard.clock()
+        now = self.kernel.clock()
 
         def new_ids():
             return (f"mem_{secrets.token_hex(12)}" for _ in iter(int, 1))
@@ -337,7 +339,7 @@ class LearningRunner:
         # are decided from the pool's state under its shared lock and sent after it is released
         # (no pool lock is held across an actor call, ACL-9). The receipt of `learn:<job>:<upto>`
         # makes a repeat store nothing twice.
-        _, ws = await self.shard.bot_memory.pools(job.pool)
+        _, ws = await self.memory.pools(job.pool)
         ws_rejected: list[str] = []
         async with pool.lock.shared():
             learned = await self._position(job.pool, job.chat) >= job.upto
@@ -345,7 +347,7 @@ class LearningRunner:
                 first = decide(
                     calls,
                     pool=job.pool,
-                    entries=self.shard.bot_memory.learning_state(pool, ws),
+                    entries=self.memory.learning_state(pool, ws),
                     evidence=evidence,
                     audience=audience,
                     now=now,
@@ -356,15 +358,15 @@ class LearningRunner:
         async with pool.lock.exclusive():
             if await self._position(job.pool, job.chat) >= job.upto:
                 pending = pool.pending  # LRN-5: applied meanwhile; never twice
-                done = msgspec.structs.replace(job, status="done", updated_at=self.shard.clock())
-                writes = [self.store.job_row(done)]
-                pending = self.shard._submit(pool, writes, [self.event(done)])
+                done = msgspec.structs.replace(job, status="done", updated_at=self.kernel.clock())
+                batch = Batch(writes=[self.store.job_row(done)], events=[job_event(done)])
+                pending = self.kernel.stage(batch, pool)
             else:
                 decision = decide(
                     calls,
                     pool=job.pool,
                     # The latest state, under the write lock (LRN-8): the bot's one memory.
-                    entries=self.shard.bot_memory.learning_state(pool, ws),
+                    entries=self.memory.learning_state(pool, ws),
                     evidence=evidence,
                     audience=audience,
                     now=now,
@@ -400,7 +402,7 @@ class LearningRunner:
                     for m in decision.changed
                 ]
                 sealed = {
-                    m.id: self.shard.store.seal_content(pool.stored, m.id, text)
+                    m.id: self.kernel.store.seal_content(pool.stored, m.id, text)
                     for m, text in decision.new
                 }
                 outcome = Outcome(
@@ -422,9 +424,9 @@ class LearningRunner:
                     self.store.job_row(done),
                     *self.runtime.spend_rows(),
                 ]
-                pending = self.shard._queue(pool, outcome, sealed, extra, [self.event(done)])
+                pending = self.kernel.stage_outcome(pool, outcome, sealed, extra, [job_event(done)])
         try:
-            await self.shard._settle(pool, pending, reads_state=False)
+            await self.kernel.settle(pool, pending, reads_state=False)
         except BaseException:
             # Reload what was really stored.
             self._positions.get(job.pool, {}).pop(job.chat, None)
@@ -443,7 +445,7 @@ class LearningRunner:
         )
         project: str | None = None
         if any(m.scope == Scope.PROJECT for m, _ in scoped):
-            project = (await self.shard.peers.directory().get_chat(job.chat)).project
+            project = (await self.peers.directory().get_chat(job.chat)).project
         by_pool: dict[str, list[sm.Extraction]] = {}
         refused: list[str] = []
         for meta, text in scoped:
@@ -472,17 +474,12 @@ class LearningRunner:
         for pool_id, proposals in by_pool.items():
             owner = sm.pool_owner(pool_id)
             if pool_id.startswith("project:"):
-                owner = await self.shard.peers.directory().project_owner(owner)
+                owner = await self.peers.directory().project_owner(owner)
                 if owner is None:
                     refused += [f"learn_fact: no project {pool_id}"] * len(proposals)
                     continue
-            decisions = await self.shard.peers.shard(self.shard.peers.index_of(owner)).ws_extract(
-                pool_id,
-                contributor,
-                proposals,
-                sources,
-                f"learn:{job.id}:{job.upto}",
-                now,
+            decisions = await self.peers.shard(self.peers.index_of(owner)).ws_extract(
+                pool_id, contributor, proposals, sources, f"learn:{job.id}:{job.upto}", now
             )
             refused += [f"learn_fact: {d.reason}" for d in decisions if d.outcome == "refused"]
         return refused

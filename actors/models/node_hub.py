@@ -22,6 +22,7 @@ import itertools
 from collections.abc import Sequence
 
 from actors.contracts import NodeHubPort, NodeInfo, Work
+from actors.models.errors import ModelError
 from engine.models import Completion, Message, Price, ToolSpec
 
 BUILTIN = "builtin"
@@ -154,9 +155,21 @@ class NodeModel:
     async def complete(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *, timeout: float = 60.0
     ) -> Completion:
-        from actors.models.registry import ModelError
-
         try:
             return await self.hub.run(self.node, messages, tools, timeout)
         except Exception as e:  # the node is gone, failed or timed out: a model error
             raise ModelError(f"node {self.node} did not answer: {type(e).__name__}") from e
+
+
+async def where_runs(model: object) -> NodeInfo:
+    """Where a bot's model runs and whether memory reaches it there (ND-2, ND-3)."""
+    if not isinstance(model, NodeModel):
+        return BUILTIN_NODE
+    info = await model.hub.info(model.node)
+    return info or NodeInfo(
+        id=model.node,
+        memory_isolation=False,
+        memory_extraction=False,
+        connected=False,
+        hint=UPGRADE_HINT,
+    )

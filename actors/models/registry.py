@@ -37,7 +37,9 @@ import httpx
 import msgspec
 
 from actors.contracts import NodeHubPort
-from engine.errors import InvalidInput, OpenBotError, Unavailable
+from actors.models.errors import ModelError
+from actors.models.node_hub import NodeModel
+from engine.errors import InvalidInput, OpenBotError
 from engine.models import (
     Completion,
     Message,
@@ -48,10 +50,6 @@ from engine.models import (
     cost_micros,
 )
 from storage.stats import STATS
-
-
-class ModelError(Unavailable):
-    code = "model_error"
 
 
 class Model(Protocol):
@@ -372,8 +370,6 @@ def load_models(
         elif kind in ("sentence-transformers", "onnx"):
             continue  # an embedding model only (actors/models/embeddings.py, [search])
         elif kind == "node":
-            from actors.models.node_hub import NodeModel
-
             if not isinstance(spec.get("node"), str):
                 raise InvalidInput(f"model {name}: node needs a node name", code="bad_config")
             if hub is None:

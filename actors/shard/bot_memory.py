@@ -17,19 +17,16 @@ import contextlib
 from collections import ChainMap
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from actors.shard.kernel import ShardKernel
+from actors.shard.pool import Pool
+from actors.workspace.pools import WsPool, WsPools
 from engine import bot_memory as bm
 from engine.learning import ContextEntry, context_entry, context_selection
 from engine.memory import EntryMeta, Reader
 from engine.order import in_memory_order
 from engine.scoped_memory import WsEntry, WsStatus
 from engine.visibility import Visibility, directly_visible
-
-if TYPE_CHECKING:
-    from actors.shard.pool import Pool
-    from actors.shard.service import ShardService
-    from actors.workspace.service import WsPool
 
 
 class Records(Mapping[str, EntryMeta]):
@@ -109,12 +106,13 @@ class Snapshot:
 
 
 class BotMemory:
-    def __init__(self, shard: ShardService) -> None:
-        self.shard = shard
+    def __init__(self, kernel: ShardKernel, records: WsPools) -> None:
+        self.kernel = kernel
+        self.records = records
 
     async def pools(self, pool_id: str) -> tuple[Pool, WsPool | None]:
-        pool = await self.shard._pool(pool_id)
-        ws = await self.shard.workspace._pool(pool_id) if pool_id.startswith("bot:") else None
+        pool = await self.kernel.pool(pool_id)
+        ws = await self.records.pool(pool_id) if pool_id.startswith("bot:") else None
         return pool, ws
 
     @staticmethod
@@ -128,14 +126,14 @@ class BotMemory:
     def snapshot(self, pool: Pool, ws: WsPool | None, reader: Reader) -> Snapshot:
         """Call under `pool.lock.shared()` (or exclusive)."""
         entries = self.union(pool, ws)
-        store = self.shard.store
-        workspace = self.shard.workspace
+        store = self.kernel.store
+        records = self.records
 
         def open_(entry_id: str) -> str:
             if entry_id in pool.stored.sealed:
                 return store.open_content(pool.stored, entry_id)
             assert ws is not None
-            return workspace._open(ws, entry_id)
+            return records.open(ws, entry_id)
 
         return Snapshot(
             pool=pool,
@@ -155,9 +153,9 @@ class BotMemory:
             snap = self.snapshot(pool, ws, reader)
             yield snap
             pending = pool.pending
-        await self.shard._settle(pool, pending)
+        await self.kernel.settle(pool, pending)
         if ws is not None:
-            await self.shard.workspace._settle_read(ws)
+            await self.records.settle_read(ws)
 
     async def texts(self, pool_id: str, reader: Reader) -> list[tuple[str, str]]:
         """(id, text) of every usable entry the reader may see, in memory order: what a search
@@ -174,7 +172,7 @@ class BotMemory:
         may not use is never a hit and never takes a usable hit's place."""
         if limit <= 0:
             return []
-        keys = self.shard.workspace.analyzer.query(query)
+        keys = self.kernel.analyzer.query(query)
         if not keys:
             return []
         async with self.read(pool_id, reader) as snap:

@@ -30,20 +30,25 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from actors.models.embeddings import DEFAULT_MIN_SCORE, Embedder, EmbeddingError
+from actors.models.embeddings import (
+    DEFAULT_MIN_SCORE,
+    Embedder,
+    EmbeddingError,
+    load_embedder,
+    search_settings,
+)
+from actors.shard.batch import Batch
+from actors.shard.kernel import ShardKernel, durable
 from actors.shard.residency import unused
+from actors.workspace.pools import WsPool, WsPools
 from engine.errors import OpenBotError
 from engine.scoped_memory import WsEntry
 from engine.workspace_search import Hit
 from storage.search_index import ranked
 from storage.vector_store import VectorStore
-
-if TYPE_CHECKING:
-    from actors.workspace.service import Workspace, WsPool
 
 log = logging.getLogger("openbot.semantic")
 INLINE_MAX = 256  # records one search embeds before answering; the rest go to the background
@@ -174,7 +179,8 @@ def _unit(vector: Sequence[float]) -> np.ndarray:
 class SemanticSearch:
     def __init__(
         self,
-        workspace: Workspace,
+        kernel: ShardKernel,
+        pools: WsPools,
         embedder: Embedder,
         *,
         min_score: float = DEFAULT_MIN_SCORE,
@@ -182,13 +188,15 @@ class SemanticSearch:
         retry_after: float = RETRY_AFTER,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.ws = workspace
+        self.kernel = kernel
+        self.pools = pools
+        pools.keepers.append(self.evict)  # its vectors go when (and only when) it can
         self.embedder = embedder
         self.min_score = min_score
         self.inline_max = inline_max
         self.retry_after = retry_after
         self.clock = clock
-        self.store = VectorStore(workspace.shard.db)
+        self.store = VectorStore(kernel.db)
         self._pools: dict[str, PoolVectors] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
@@ -263,7 +271,7 @@ class SemanticSearch:
             current = pool.stored.entries.get(e.id)
             if current is None or vectors.fp(e.id) == current.content_fp:
                 continue
-            todo.append((e.id, current.content_fp, self.ws._open(pool, e.id)))
+            todo.append((e.id, current.content_fp, self.pools.open(pool, e.id)))
         if not todo:
             return
         found = await self.embedder.embed([text for _, _, text in todo])
@@ -277,10 +285,9 @@ class SemanticSearch:
         self.embedded += len(todo)
         if pool.poisoned:
             return  # its records are being reloaded from the file: keep nothing of them
-        shard = self.ws.shard
         # A cache of derived data: nothing waits for the commit, and a failure only means the
         # vectors are computed again after a restart.
-        fut = shard._submit(None, [*shard.store.key_rows(pool.keyed), *rows])
+        fut = self.kernel.stage(Batch().key(pool.keyed).extend(rows))
         if fut is not None:
             fut.add_done_callback(_log_failure)
 
@@ -382,8 +389,8 @@ class SemanticSearch:
             if not ids:
                 del self._backlog[pool_id]
             try:
-                pool = await self.ws._pool(pool_id)
-                await self.ws._settle(pool.pending)  # only what is on disk
+                pool = await self.pools.pool(pool_id)
+                await durable(pool.pending)  # only what is on disk
                 async with self._lock(pool_id):
                     if pool.poisoned:
                         continue
@@ -415,7 +422,8 @@ def _log_failure(fut: asyncio.Future[None]) -> None:
 
 
 def semantic_search(
-    workspace: Workspace,
+    kernel: ShardKernel,
+    pools: WsPools,
     search: Mapping[str, object] | None,
     models: Mapping[str, Mapping] | None,
     *,
@@ -424,11 +432,9 @@ def semantic_search(
 ) -> SemanticSearch | None:
     """The shard's semantic search from the config's `[search]` and `[models.*]` tables (or a
     given embedder, for in-process use); None when no embedding model is chosen."""
-    from actors.models.embeddings import load_embedder, search_settings
-
     settings = search_settings(search, models)
     if embedder is None:
         embedder = load_embedder(settings, models or {}, base_dir=base_dir)
     if embedder is None:
         return None
-    return SemanticSearch(workspace, embedder, min_score=settings.min_score)
+    return SemanticSearch(kernel, pools, embedder, min_score=settings.min_score)

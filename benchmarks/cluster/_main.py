@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
+from benchmarks._load import machine
 from benchmarks.cluster import __doc__ as DOC
 from benchmarks.cluster._clients import load_main
 from benchmarks.cluster._drill import run_drill
@@ -152,14 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
     report["total_s"] = round(time.perf_counter() - t0, 1)
-    report["machine"] = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "ray": ray.__version__,
-        "loadavg_at_start": [round(x, 2) for x in load_start],
-        "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-    }
+    report["machine"] = machine(load_start)
     report["params"] = {
         k: getattr(args, k)
         for k in (

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import secrets
 import shutil
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
+from benchmarks._load import machine
 from benchmarks.discussion import __doc__ as DOC
 from benchmarks.discussion._figures import TARGET_MS, short_disc, verdicts
 from benchmarks.discussion._floor import floor_async
@@ -141,14 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "discussion",
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "ray": ray.__version__,
-            "loadavg_at_start": [round(x, 2) for x in load_start],
-            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-        },
+        "machine": machine(load_start),
         "params": {
             "bots": BOTS,
             "rounds": ROUNDS,

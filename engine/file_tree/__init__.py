@@ -48,13 +48,13 @@ records (the account, its orgs, the people it works with, its bots and channels)
 keeps in a database, so that an import rebuilds a data directory that works.
 
 An account's tree holds what it owns: its bots (and their memory), its user memory, the projects
-it owns (and their memory), its receipts, and the chats it keeps (those stored with its account:
-its bots' direct, review and agent chats; the group chats it started); so the trees of several
-accounts never claim the same file or record. Parsing is strict about structure (an unexpected
-or missing file, a line count or date that does not match `records.json`, a path that is not a
-safe id: InvalidInput `invalid_tree` naming the file) and lenient about what people do to
-Markdown: blank lines and `#` headings are skipped, and an edited line's text is taken as the
-record's new content.
+it owns (and their memory), its receipts, and its chats (those it is the person of: its direct
+and review chats with any bot, the group chats it started, the agent chats serving them); so the
+trees of several accounts never claim the same file or record. Parsing is strict about structure
+(an unexpected or missing file, a line count or date that does not match `records.json`, a path
+that is not a safe id: InvalidInput `invalid_tree` naming the file) and lenient about what people
+do to Markdown: blank lines and `#` headings are skipped, and an edited line's text is taken as
+the record's new content.
 """
 
 from engine.file_tree._model import (

@@ -1,4 +1,4 @@
-"""Chats in the tree (issue 14): `chats/<chatId>/` of the account that keeps the chat.
+"""Chats in the tree (issue 14): `chats/<chatId>/` in the tree of the chat's person.
 
     chats/<chatId>/chat.json     the chat record, its group's channel record (a group chat),
                                  its members (derived), and the last item number ever used
@@ -25,6 +25,7 @@ from engine.file_tree._docs import to_json, to_text
 from engine.file_tree._model import ChatItem, ChatSnapshot, ChatTurn, day, escape, segment, unescape
 
 ITEM_LINE = re.compile(r"^- \((\d{4}-\d{2}-\d{2})\) i-(\d+) (\S+):(?: (.*))?$")
+_TOKEN = re.compile(r"[^\s:\\]{1,128}")
 
 
 class Members(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,9 +68,16 @@ def chat_root(chat_id: str) -> str:
     return f"chats/{segment(chat_id, 'chat id')}"
 
 
+def author_token(author: str) -> str:
+    """The author as the transcript shows it: its id, or `?` for a name that could not stand
+    in the line (a tool's name a model made up); `items.json` has it exactly."""
+    return author if _TOKEN.fullmatch(author) else "?"
+
+
 def item_line(item: ChatItem) -> str:
     text = escape(item.text)
-    return f"- ({day(item.at)}) i-{item.seq} {item.author}:" + (f" {text}" if text else "")
+    head = f"- ({day(item.at)}) i-{item.seq} {author_token(item.author)}:"
+    return head + (f" {text}" if text else "")
 
 
 def members(chat: Chat, channel: Channel | None) -> Members:
@@ -89,7 +97,6 @@ def render_chat(c: ChatSnapshot, channels: dict[str, Channel]) -> dict[str, byte
                 f"chat {chat.id}'s channel {chat.channel} is not in the tree", code="invalid_tree"
             )
     for item in c.items:
-        segment(item.author, "item author")
         if item.seq > c.last_seq:
             raise InvalidInput(
                 f"item i-{item.seq} of {chat.id} is past its last number", code="invalid_tree"
@@ -145,7 +152,7 @@ def parse_chat(
         raise bad(f"{where}/items.md", f"{len(texts)} lines for {len(items.items)} items")
     out = []
     for (date, seq, author, text), meta in zip(texts, items.items, strict=True):
-        if meta.id != f"i-{seq}" or author != meta.author or date != day(meta.at):
+        if meta.id != f"i-{seq}" or author != author_token(meta.author) or date != day(meta.at):
             raise bad(f"{where}/items.md", f"the line of {meta.id} does not match items.json")
         if seq > doc.last_seq:
             raise bad(f"{where}/items.json", f"{meta.id} is past the last number {doc.last_seq}")

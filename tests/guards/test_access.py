@@ -36,7 +36,7 @@ def test_ACL_9_reads_wait_for_a_change_and_changes_wait_for_reads(tmp_path, fres
         svc = shard_service(tmp_path, fresh)
         try:
             first = await svc.remember(POOL, ANN, "Ann drinks green tea")
-            pool = await svc._pool(POOL)
+            pool = await svc.kernel.pool(POOL)
             async with pool.lock.exclusive():  # a change deciding and queueing
                 reads = [
                     asyncio.create_task(svc.read_memory(POOL, ANN)),
@@ -191,7 +191,7 @@ def test_LRN_8_status_and_topic_changes_never_decrypt_or_reseal_content(
                     (fact_meta("mem_f3", "u_ann", 12), "Ann dislikes black tea"),
                 ],
             )
-            pool = await svc._pool(POOL)
+            pool = await svc.kernel.pool(POOL)
             before = dict(pool.stored.sealed)
             spy.reset()
             await svc.set_status(POOL, "mem_f1", Status.INVALIDATED)
@@ -205,7 +205,7 @@ def test_LRN_8_status_and_topic_changes_never_decrypt_or_reseal_content(
             await svc.close()
         svc = shard_service(tmp_path, fresh)  # what is on disk
         try:
-            pool = await svc._pool(POOL)
+            pool = await svc.kernel.pool(POOL)
             on_disk = {i: pool.stored.sealed[i] for i in before}
             page = await svc.read_memory(POOL, ANN)
         finally:

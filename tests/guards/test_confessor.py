@@ -48,7 +48,7 @@ def test_SEC_1_confide_and_enrichment_calls_go_to_the_encrypted_call_log(
             mem.routes.append(route_rewrite("Plan my trip to Oslo by train", [mine.id]))
             mem.routes.append(learning_route(completion("nothing to learn")))
             result = await run_turn(svc, "Plan my trip to Oslo")
-            pool = await svc._pool(POOL)
+            pool = await svc.kernel.pool(POOL)
             store = svc.conversations.store
             calls = [await store.model_call(pool.stored, result.turn.id, s) for s in (1, 2, 3)]
         finally:

@@ -205,7 +205,7 @@ def test_LRN_5_learned_changes_read_position_and_job_end_commit_together(
     are not on disk either (each batch is its own transaction here, so a split would show).
 
     Break tried: in `LearningRunner._apply`, moving `self.store.position_row(...)` out of
-    `extra` into its own `self.shard._submit(None, [...])` → the fact and "done" are stored
+    `extra` into its own `kernel.stage(Batch(...))` → the fact and "done" are stored
     while the position is not (fails `assert ['Ann lives in Oslo'] == []`)."""
     from engine.errors import StorageError
     from storage.group_commit import GroupCommitter

@@ -1,0 +1,384 @@
+"""The shard's kernel: one DuckDB file and the one way anything on it changes.
+
+It owns the file, the group committer, the event log, the keyring (through the memory store),
+the receipts table, the keyword analyzer and term rows, the registry of loaded memory pools with
+their locks, the residency budget, the clock and the id maker. Every feature of the shard (chats,
+learning, workspace, requests, the seed-000 memory API) is built with the kernel and writes
+through it:
+
+- `pool(id)` loads (once, single-flight) and counts a memory pool as used;
+- `stage(batch, pool)` queues a `Batch` for group commit; on commit its events are published and
+  its new pool keys count as stored, on failure its pool is poisoned and its hooks run;
+- `stage_outcome(pool, outcome, ...)` applies an engine outcome to a pool and stages its rows,
+  term rows and `memory.changed` events;
+- `settle(pool, fut)` waits for a commit a reply depends on (the one owner of poison logic);
+- `emit(items)` writes events that go with no memory change.
+
+Changes hold the pool's lock exclusively only while deciding and staging; nothing here awaits a
+model or another actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from actors.shard.batch import Batch
+from actors.shard.pool import Pool
+from actors.shard.residency import POOL_WEIGHT, Residency, budget_from, unused
+from actors.shard.single_flight import SingleFlight
+from engine.commands import Outcome
+from engine.errors import StorageError
+from engine.events import NOBODY, Audience, MemoryChanged, Payload, entry_audience, union
+from storage.crypto import Keyring, load_master_key
+from storage.database import Database
+from storage.event_log import MARK_RESTORED, EventLog
+from storage.group_commit import GroupCommitter, Write
+from storage.memory_store import MemoryStore
+from storage.receipts import Receipts
+from storage.search_index import Analyzer, pack_keys, unpack_keys
+from storage.shard_schema import MIGRATIONS, TABLES
+from storage.term_store import TermStore, terms_key
+
+
+class Poisonable(Protocol):
+    """State kept in memory ahead of the disk (a memory pool, a workspace pool)."""
+
+    poisoned: bool
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_entry_id() -> str:
+    return "mem_" + secrets.token_hex(12)
+
+
+def terms_pool(pool_id: str) -> str:
+    """Where a seed-000 pool's term rows are kept: apart from the workspace pool of the same
+    name (`bot:<id>` is both)."""
+    return f"seed:{pool_id}"
+
+
+def sealed_fp(sealed: bytes) -> str:
+    """Which sealing of an entry's content stored terms were made from (a new seal, even of
+    the same text, is a new nonce and so a new fingerprint)."""
+    return hashlib.blake2b(sealed, digest_size=12).hexdigest()
+
+
+async def durable(fut: asyncio.Future[None] | None) -> None:
+    """Wait for a commit (None: nothing to wait for); a cancelled waiter does not cancel it."""
+    if fut is not None:
+        await asyncio.shield(fut)
+
+
+def ignore_failure(fut: asyncio.Future[None]) -> None:
+    """For derived data (term rows, resealed turns): a failure only means doing it again."""
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
+class ShardKernel:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        index: int,
+        *,
+        group_commit: bool = True,
+        clock: Callable[[], int] = now_ms,
+        new_id: Callable[[], str] = new_entry_id,
+        db_path: str | None = None,
+        event_retain: int = 100_000,
+        cache_records: int | None = None,  # the residency budget (actors/shard/residency.py)
+    ) -> None:
+        self.index = index
+        self.clock = clock
+        self.new_id = new_id
+        self.residency = Residency(budget_from(cache_records))
+        # Called with a pool id when a pool (memory or workspace) leaves memory, so per-pool
+        # state kept elsewhere (search indexes, vectors, learning positions) goes with it.
+        self.on_evict: list[Callable[[str], None]] = []
+        # Called only when a memory pool leaves (its state elsewhere is keyed by the same id).
+        self.on_evict_memory: list[Callable[[str], None]] = []
+        self._on_start: list[Callable[[], Awaitable[object]]] = []
+        self._started: asyncio.Task[None] | None = None
+        self.master = load_master_key(Path(data_dir))
+        self.db = Database(db_path or Path(data_dir) / f"shard-{index}.duckdb", MIGRATIONS)
+        self.committer = GroupCommitter(self.db, TABLES, enabled=group_commit)
+        self.store = MemoryStore(self.db, Keyring(self.master))
+        self.receipts = Receipts(self.db)
+        self.events = EventLog(self.db, retain=event_retain)
+        # Keyword search (issue 11): one analyzer and term table for memory and workspace pools.
+        self.analyzer = Analyzer(terms_key(self.master))
+        self.terms = TermStore(self.db)
+        self._loader: SingleFlight[Pool] = SingleFlight()
+        self._pools: dict[str, Pool] = self._loader.loaded
+
+    @property
+    def keyring(self) -> Keyring:
+        return self.store.keyring
+
+    # --- start ------------------------------------------------------------------------------
+
+    def on_start(self, recover: Callable[[], Awaitable[object]]) -> None:
+        """Run `recover` once, on the first use after (re)start (open jobs, chains: LRN-4)."""
+        self._on_start.append(recover)
+
+    def ensure_started(self) -> None:
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> None:
+        for recover in self._on_start:
+            await recover()
+
+    async def started(self) -> None:
+        """Wait until the recovery started by the first call has run."""
+        self.ensure_started()
+        assert self._started is not None
+        await self._started
+
+    # --- pools ------------------------------------------------------------------------------
+
+    async def pool(self, pool_id: str) -> Pool:
+        """The loaded memory pool (loaded once however many ask at the same time)."""
+        self.ensure_started()
+
+        async def load() -> Pool:
+            pool = Pool(await self.store.load(pool_id))
+            await self._index_pool(pool)
+            return pool
+
+        pool = await self._loader.get(pool_id, load)
+        self.resident(pool)
+        return pool
+
+    def loaded(self) -> Iterator[Pool]:
+        """The pools in memory now (a snapshot: loads and evictions may follow)."""
+        return iter(list(self._pools.values()))
+
+    @property
+    def pool_count(self) -> int:
+        return len(self._pools)
+
+    def is_loaded(self, pool_id: str) -> bool:
+        return pool_id in self._pools
+
+    def loaded_pool(self, pool_id: str) -> Pool | None:
+        """The pool if it is in memory now (never loads it)."""
+        return self._pools.get(pool_id)
+
+    def resident(self, pool: Pool) -> None:
+        """Count the pool as used now, at its current size."""
+        pool_id = pool.id
+        if self._pools.get(pool_id) is not pool:
+            return
+        self.residency.touch(
+            "pool:" + pool_id,
+            POOL_WEIGHT + len(pool.stored.entries) + len(pool.stored.log) // 2,
+            lambda: self.evict(pool_id),
+        )
+
+    def evict(self, pool_id: str) -> bool:
+        """Drop a pool from memory unless it is in use (locked or awaited, a commit pending,
+        referenced by a running coroutine or a workspace pool); says whether it went."""
+        pool = self._pools.get(pool_id)
+        if pool is None:
+            return True
+        lock = pool.lock
+        if lock.readers or lock.writing or lock.waiting:
+            return False
+        if pool.pending is not None and not pool.pending.done():
+            return False
+        stored = pool.stored
+        if not unused(pool, 1) or not unused(stored, 1):  # _pools, and the pool's attribute
+            return False
+        del self._pools[pool_id]
+        self.keyring.forget(pool_id)
+        for hook in [*self.on_evict_memory, *self.on_evict]:
+            hook(pool_id)
+        return True
+
+    async def _index_pool(self, pool: Pool) -> None:
+        """Fill the pool's keyword index from the stored term keys; entries without current
+        ones are tokenized now and their keys stored for next time."""
+        terms, where = self.terms, terms_pool(pool.id)
+        entries, fps, blobs = await terms.load_raw(where)
+        sealed = pool.stored.sealed
+        ids: list[str] = []
+        kept: list[bytes] = []
+        for entry_id, fp, blob in zip(entries, fps, blobs, strict=True):
+            if entry_id in sealed and sealed_fp(sealed[entry_id]) == fp:
+                ids.append(entry_id)
+                kept.append(blob)
+        missing: list[Write] = []
+        if len(ids) < len(sealed):
+            have = set(ids)
+            for entry_id, blob in sealed.items():
+                if entry_id in have:
+                    continue
+                keys = self.analyzer.keys(self.store.open_content(pool.stored, entry_id))
+                ids.append(entry_id)
+                kept.append(pack_keys(keys))
+                missing.append(terms.row(where, entry_id, sealed_fp(blob), keys))
+        lengths = np.fromiter((len(b) // 8 for b in kept), dtype=np.int64, count=len(kept))
+        pool.terms.build_flat(ids, lengths, unpack_keys(b"".join(kept)))
+        if missing:
+            fut = self.stage(Batch(writes=missing))
+            if fut is not None:
+                ignore_failure(fut)
+
+    def _term_rows(self, pool: Pool, outcome: Outcome, sealed: dict[str, bytes] | None):
+        """Keep the keyword index current with an applied outcome: new content indexed,
+        deleted entries gone (in memory at once); the rows that store it."""
+        rows: list[Write] = []
+        terms = self.terms
+        for entry_id, blob in (sealed or {}).items():
+            if entry_id not in pool.entries:
+                continue
+            keys = self.analyzer.keys(self.store.open_content(pool.stored, entry_id))
+            pool.terms.put(entry_id, keys)
+            rows.append(terms.row(terms_pool(pool.id), entry_id, sealed_fp(blob), keys))
+        for entry_id in outcome.deletes:
+            pool.terms.remove(entry_id)
+            rows.append(terms.delete(terms_pool(pool.id), entry_id))
+        return rows
+
+    # --- the commit pipeline ------------------------------------------------------------------
+
+    def stage_outcome(
+        self,
+        pool: Pool,
+        outcome: Outcome,
+        sealed: dict[str, bytes] | None = None,
+        extra: Sequence[Write] = (),
+        more_events: Sequence[tuple[Payload, Audience]] = (),
+    ) -> asyncio.Future[None] | None:
+        """Apply an outcome to the pool and stage its rows with one `memory.changed` per entry
+        changed (plus `more_events`); events are published once the transaction commits. Call
+        under the pool's exclusive lock."""
+        batch = Batch(writes=[*self.store.outcome_writes(pool.stored, outcome, sealed), *extra])
+        bot = pool.id[4:] if pool.id.startswith("bot:") else None
+        before = {
+            i: entry_audience(bot, i, pool.entries)
+            for i in [*(m.id for m in outcome.upserts), *outcome.deletes]
+            if i in pool.entries
+        }
+        pool.apply(outcome, sealed)
+        batch.extend(self._term_rows(pool, outcome, sealed))
+        changes = {row.entry: row.change for row in outcome.log}
+        for meta in outcome.upserts:
+            audience = union(
+                [before.get(meta.id, NOBODY), entry_audience(bot, meta.id, pool.entries)]
+            )
+            change = changes.get(meta.id, "updated")
+            batch.emit(
+                MemoryChanged(
+                    pool=pool.id, bot=bot, entry=meta.id, version=outcome.version, change=change
+                ),
+                audience,
+            )
+        for entry_id in outcome.deletes:
+            data = MemoryChanged(
+                pool=pool.id, bot=bot, entry=entry_id, version=outcome.version, change="purged"
+            )
+            batch.emit(data, before.get(entry_id, NOBODY))
+        batch.events.extend(more_events)
+        return self.stage(batch, pool)
+
+    def stage(self, batch: Batch, pool: Pool | None = None) -> asyncio.Future[None] | None:
+        """Queue a batch for group commit; returns its commit's future (None: nothing to write
+        and no pool commit to wait for). On commit its events are published and its new pool
+        keys count as stored. If it fails, the memory state built on it is dropped (`pool`,
+        the batch's failure hooks), so nothing answers from a change that is not on disk; later
+        reads reload from the file. With `pool`, the future becomes the pool's pending commit."""
+        events, event_rows = self.events.stage(batch.events, self.clock())
+        writes = [*batch.writes, *event_rows]
+        if not writes:
+            return pool.pending if pool is not None else None
+        keys = list(batch.keys)
+        keys += [k for k in self.store.keys_in(batch.writes) if all(k is not o for o in keys)]
+        hooks = list(batch.on_failure)
+        fut = self.committer.submit(writes)
+
+        def settled(f: asyncio.Future[None]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                self.store.stored(keys)
+                self.events.publish(events)
+                return
+            if pool is not None:
+                self.poison(pool)
+            for hook in hooks:
+                hook()
+
+        fut.add_done_callback(settled)
+        if pool is not None:
+            pool.pending = fut
+            self.resident(pool)  # its size changed
+        return fut
+
+    async def commit(self, batch: Batch) -> None:
+        """Stage a batch and wait until it is durable (raises if it failed)."""
+        fut = self.stage(batch)
+        if fut is not None:
+            await fut
+
+    async def settle(
+        self, state: Poisonable, fut: asyncio.Future[None] | None, *, reads_state: bool = True
+    ) -> None:
+        """Wait until `fut` (a commit this reply depends on) is durable. If it failed, the state
+        in memory is ahead of the disk: a memory pool is dropped here (other state by the failed
+        batch's own hooks) so the next call reloads what was stored. A reply that shows the
+        state (`reads_state`) also fails when an earlier change it may include failed; a write
+        whose own rows committed is acknowledged."""
+        if fut is not None:
+            try:
+                await asyncio.shield(fut)
+            except BaseException:
+                if isinstance(state, Pool):
+                    self.poison(state)
+                raise
+        if reads_state and state.poisoned:  # an earlier change this state includes failed
+            raise StorageError("a change could not be stored; try again")
+
+    def poison(self, pool: Pool) -> None:
+        """A change of this pool failed: drop it so the next use reloads the stored state."""
+        pool.poisoned = True
+        if self._pools.get(pool.id) is pool:
+            del self._pools[pool.id]
+            self.residency.forget("pool:" + pool.id)
+
+    async def emit(self, items: Sequence[tuple[Payload, Audience]]) -> int:
+        """Write events that go with no memory change; returns the last seq once they are
+        durable and published."""
+        await self.commit(Batch(events=list(items)))
+        return self.events.published
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "pools": len(self._pools),
+            "resident_records": self.residency.total,
+            "evictions": self.residency.evictions,
+            "transactions": self.committer.transactions,
+            "batches": self.committer.batches,
+        }
+
+    async def backup(self, dest_dir: str) -> str:
+        """A consistent copy of this shard's file in `dest_dir` (everything committed so far)."""
+        await self.committer.drain()
+        dest = Path(dest_dir) / f"shard-{self.index}.duckdb"
+        await self.db.snapshot(dest, [MARK_RESTORED])
+        return str(dest)
+
+    async def close(self) -> None:
+        await self.committer.close()
+        self.db.close()

@@ -1,0 +1,212 @@
+"""The workspace memory pools loaded on a shard: loading, residency, keyword index, content.
+
+A `WsPool` is one pool's records (`bot:<id>`, `user:<accountId>`, `project:<id>`) as stored,
+with its lock and its pending commit. `WsPools` is the registry both the workspace routes and a
+bot's one memory (actors/shard/bot_memory.py) read through; the seed-000 pool of the same name
+holds the pool's data key (`keyed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import msgspec
+import numpy as np
+
+from actors.runtime.peers import Peers
+from actors.shard.batch import Batch
+from actors.shard.kernel import ShardKernel, ignore_failure
+from actors.shard.residency import POOL_WEIGHT, unused
+from actors.shard.rwlock import PoolMutex
+from actors.shard.single_flight import SingleFlight
+from engine import bot_memory as bm
+from engine import scoped_memory as sm
+from engine import tags as tagmod
+from engine.errors import OpenBotError
+from engine.scoped_memory import WsEntry
+from storage.group_commit import Write
+from storage.memory_store import StoredPool
+from storage.search_index import TermIndex, pack_keys, unpack_keys
+from storage.workspace_store import StoredWsPool, WorkspaceStore
+
+CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in its context
+
+
+@dataclass
+class WsPool:
+    stored: StoredWsPool
+    keyed: StoredPool  # the seed-000 pool state that holds this pool's data key
+    fp_key: bytes
+    lock: asyncio.Lock
+    pending: asyncio.Future[None] | None = None
+    poisoned: bool = False
+    index: TermIndex = field(default_factory=TermIndex)  # keyword search, in memory only
+    # The last new record's contributor, time and own term keys (context for the next one).
+    last_written: tuple[str | None, int, np.ndarray] | None = None
+    bot_org: str | None = None  # a bot pool's bot's home org (its records' `org:` tag)
+    # Records as bot-memory entries (actors/shard/bot_memory.py), per record state.
+    metas: dict = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.stored.pool
+
+
+class WsPools:
+    def __init__(
+        self,
+        kernel: ShardKernel,
+        store: WorkspaceStore,
+        peers: Peers,
+        *,
+        context_window_ms: int = CONTEXT_WINDOW_MS,  # [search] context_window_s; 0: off
+    ) -> None:
+        self.kernel = kernel
+        self.store = store
+        self.peers = peers
+        self.context_window_ms = context_window_ms
+        # Asked before a pool leaves memory: False keeps it (semantic search's vectors in use).
+        self.keepers: list[Callable[[str], bool]] = []
+        self._loader: SingleFlight[WsPool] = SingleFlight()
+        self._pools: dict[str, WsPool] = self._loader.loaded
+
+    def get(self, pool_id: str) -> WsPool | None:
+        """The pool if it is in memory now."""
+        return self._pools.get(pool_id)
+
+    def loaded(self) -> Iterator[WsPool]:
+        return iter(list(self._pools.values()))
+
+    def __len__(self) -> int:
+        return len(self._pools)
+
+    async def pool(self, pool_id: str) -> WsPool:
+        async def load() -> WsPool:
+            keyed = (await self.kernel.pool(pool_id)).stored
+            stored = await self.store.load_pool(pool_id)
+            bot_org = await self._link(stored) if pool_id.startswith("bot:") else None
+            pool = WsPool(
+                stored=stored,
+                keyed=keyed,
+                fp_key=self.store.fingerprint_key(pool_id),
+                lock=PoolMutex(),
+                bot_org=bot_org,
+            )
+            await self._index(pool)
+            return pool
+
+        pool = await self._loader.get(pool_id, load)
+        self.resident(pool)
+        return pool
+
+    def resident(self, pool: WsPool) -> None:
+        """Count the pool as used now, at its current size."""
+        pool_id, stored = pool.id, pool.stored
+        if self._pools.get(pool_id) is pool:
+            self.kernel.residency.touch(
+                "ws:" + pool_id,
+                POOL_WEIGHT + len(stored.entries) + len(stored.barriers),
+                lambda: self.evict(pool_id),
+            )
+
+    def evict(self, pool_id: str) -> bool:
+        """Drop a workspace pool (and what hooks keep for it) unless it is in use."""
+        pool = self._pools.get(pool_id)
+        if pool is None:
+            return True
+        if pool.lock.locked() or (pool.pending is not None and not pool.pending.done()):
+            return False
+        if not unused(pool, 1):  # a coroutine or a search still holds it
+            return False
+        if not all(keep(pool_id) for keep in self.keepers):
+            return False
+        del self._pools[pool_id]
+        for hook in self.kernel.on_evict:
+            hook(pool_id)
+        return True
+
+    async def _index(self, pool: WsPool) -> None:
+        """Build the pool's keyword index from the stored term keys (read in bulk); records
+        without current ones (written before migration 8, or imported) are tokenized now and
+        their keys stored for next time."""
+        entries, fps, blobs = await self.kernel.terms.load_raw(pool.id)
+        current = pool.stored.entries
+        ids: list[str] = []
+        kept: list[bytes] = []
+        for entry_id, fp, blob in zip(entries, fps, blobs, strict=True):
+            e = current.get(entry_id)
+            if e is not None and e.content_fp == fp:
+                ids.append(entry_id)
+                kept.append(blob)
+        missing: list[Write] = []
+        if len(ids) < len(current):
+            have = set(ids)
+            for entry_id, entry in current.items():
+                if entry_id in have:
+                    continue
+                keys = self.kernel.analyzer.keys(self.open(pool, entry_id))
+                ids.append(entry_id)
+                kept.append(pack_keys(keys))
+                missing.append(self.kernel.terms.row(pool.id, entry_id, entry.content_fp, keys))
+        lengths = np.fromiter((len(b) // 8 for b in kept), dtype=np.int64, count=len(kept))
+        pool.index.build_flat(ids, lengths, unpack_keys(b"".join(kept)))
+        if missing:
+            # Derived data: nothing waits for it, and a failure only means doing it again.
+            fut = self.kernel.stage(Batch(writes=missing))
+            if fut is not None:
+                ignore_failure(fut)
+
+    def indexed(self, pool: WsPool, entry: WsEntry, content: str, *, new: bool) -> Write:
+        """Index a record's new content; the row that stores its term keys.
+
+        A new record written right after another of the same contributor in the same pool
+        (within `context_window_ms`: the turns of one conversation, a batch of notes) is indexed
+        with that one's words too, as its context: "Yes! I made a bowl" is found by a question
+        about the pottery workshop the turn before asked about. Only keywords: the record's
+        vector and text are its own."""
+        own = self.kernel.analyzer.keys(content)
+        keys = own
+        now = self.kernel.clock()
+        last = pool.last_written
+        if (
+            new
+            and last is not None
+            and last[0] == entry.contributor
+            and 0 <= now - last[1] <= self.context_window_ms
+        ):
+            keys = np.sort(np.concatenate((own, last[2])))
+        if new:
+            pool.last_written = (entry.contributor, now, own)
+        pool.index.put(entry.id, keys)
+        return self.kernel.terms.row(pool.id, entry.id, entry.content_fp, keys)
+
+    async def _link(self, stored: StoredWsPool) -> str | None:
+        """A bot pool's records as part of the bot's one memory (engine/bot_memory.py): records
+        stored before migration 7 read as written by the bot's owner for everyone who uses the
+        bot, and every record without an `org:` gets the bot's home org. Returns that org (None
+        when the bot is unknown: its records then stay hidden)."""
+        try:
+            bot = await self.peers.directory().get_bot(sm.pool_owner(stored.pool))
+        except OpenBotError:
+            return None
+        for entry_id, entry in list(stored.entries.items()):
+            tags = entry.tags or (tagmod.author(bot.owner), tagmod.FOR_BOT)
+            linked = bm.link_tags(tags, bot.org)
+            if linked != entry.tags:
+                stored.entries[entry_id] = msgspec.structs.replace(entry, tags=linked)
+        return bot.org
+
+    def drop(self, pool: WsPool) -> None:
+        pool.poisoned = True
+        if self._pools.get(pool.id) is pool:
+            del self._pools[pool.id]
+            self.kernel.residency.forget("ws:" + pool.id)
+
+    async def settle_read(self, pool: WsPool) -> None:
+        """A read waits for the commit of the state it saw; a failed one fails the read."""
+        await self.kernel.settle(pool, pool.pending)
+
+    def open(self, pool: WsPool, entry_id: str) -> str:
+        return self.store.open(pool.keyed.cipher, pool.id, entry_id, pool.stored.sealed[entry_id])

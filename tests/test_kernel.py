@@ -1,0 +1,178 @@
+"""The shard kernel's commit pipeline on its own (actors/shard/kernel.py), on a DuckDB file and on
+an in-memory database: what a batch publishes and when, what a failed one drops, one load per pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from actors.shard.batch import Batch
+from actors.shard.kernel import ShardKernel
+from engine import commands
+from engine.errors import StorageError
+from engine.events import Audience, ChatItemCreated
+from engine.memory import Reader
+from storage.group_commit import GroupCommitter
+
+R = Reader(user="u1", org="o1", uses_bot=True)
+EVENT = (ChatItemCreated(chat="chat_1", item="i-1", kind="person"), Audience(users=("u1",)))
+
+
+@pytest.fixture(params=["file", "memory"])
+def kernel_args(request, tmp_path):
+    return {"db_path": ":memory:"} if request.param == "memory" else {}
+
+
+def _fail_commits(monkeypatch) -> list[bool]:
+    failing = [True]
+    original = GroupCommitter._commit
+
+    def commit(self, batches, con):
+        if failing[0]:
+            raise StorageError("disk full (simulated)")
+        return original(self, batches, con)
+
+    monkeypatch.setattr(GroupCommitter, "_commit", commit)
+    return failing
+
+
+def _remember(kernel: ShardKernel, pool, entry_id: str, text: str):
+    """A Remember as the seed-000 API stages it (call under the pool's exclusive lock)."""
+    outcome = commands.remember(
+        pool=pool.id, entry_id=entry_id, reader=R, topics=(), now=1, version=pool.version
+    )
+    sealed = {entry_id: kernel.store.seal_content(pool.stored, entry_id, text)}
+    return kernel.stage_outcome(pool, outcome, sealed)
+
+
+def test_a_batch_publishes_its_events_only_once_durable(tmp_path, kernel_args):
+    async def go():
+        kernel = ShardKernel(tmp_path, 0, **kernel_args)
+        fut = kernel.stage(Batch(events=[EVENT]))
+        before = kernel.events.published  # queued, not committed: nobody may hear of it yet
+        await fut
+        after = [e.data for e in await kernel.events.after(0)]
+        await kernel.close()
+        return before, after
+
+    before, after = asyncio.run(go())
+    assert before == 0
+    assert after == [EVENT[0]]
+
+
+def test_a_failed_batch_drops_the_state_built_on_it(tmp_path, kernel_args, monkeypatch):
+    failing = _fail_commits(monkeypatch)
+
+    async def go():
+        kernel = ShardKernel(tmp_path, 0, **kernel_args)
+        pool = await kernel.pool("bot:b")
+        dropped: list[str] = []
+        async with pool.lock.exclusive():
+            fut = _remember(kernel, pool, "mem_1", "lost")
+        assert fut is not None
+        fut.add_done_callback(lambda f: f.exception())
+        hooked = kernel.stage(Batch(events=[EVENT]).fail(lambda: dropped.append("chat")))
+        assert hooked is not None
+        with pytest.raises(StorageError):
+            await kernel.settle(pool, fut, reads_state=False)
+        with pytest.raises(StorageError):
+            await hooked
+        failing[0] = False
+        reloaded = await kernel.pool("bot:b")
+        state = (pool.poisoned, reloaded is not pool, list(reloaded.entries), dropped)
+        published = kernel.events.published
+        await kernel.close()
+        return state, published
+
+    (poisoned, fresh, entries, dropped), published = asyncio.run(go())
+    assert poisoned and fresh  # the failed change is never served
+    assert entries == []
+    assert dropped == ["chat"]  # the batch's own failure hook ran
+    assert published == 0  # no event of a failed batch goes out
+
+
+def test_a_read_of_state_that_includes_a_failed_change_fails(tmp_path, monkeypatch):
+    _fail_commits(monkeypatch)
+
+    async def go():
+        kernel = ShardKernel(tmp_path, 0)
+        pool = await kernel.pool("bot:b")
+        async with pool.lock.exclusive():
+            fut = _remember(kernel, pool, "mem_1", "lost")
+        assert fut is not None
+        fut.add_done_callback(lambda f: f.exception())
+        # A read that saw the change in memory waits for its commit and must not answer.
+        async with pool.lock.shared():
+            pending = pool.pending
+        with pytest.raises(StorageError):
+            await kernel.settle(pool, pending)
+        await kernel.close()
+
+    asyncio.run(go())
+
+
+def test_concurrent_first_uses_of_a_pool_load_it_once(tmp_path, kernel_args):
+    """24 callers at once on a new pool get one pool (one data key): two loads would seal with
+    two keys and lose whatever the losing one sealed."""
+
+    async def go():
+        kernel = ShardKernel(tmp_path, 0, **kernel_args)
+        pools = await asyncio.gather(*(kernel.pool("bot:b") for _ in range(24)))
+        written = []
+        for n, pool in enumerate(pools):
+            async with pool.lock.exclusive():
+                written.append(_remember(kernel, pool, f"mem_{n}", f"text {n}"))
+        await asyncio.gather(*written)
+        ids = {id(p) for p in pools}
+        count = len((await kernel.pool("bot:b")).entries)
+        await kernel.close()
+        return ids, count
+
+    ids, count = asyncio.run(go())
+    assert len(ids) == 1
+    assert count == 24
+
+
+def test_a_new_pools_key_is_stored_with_its_first_change(tmp_path):
+    async def go():
+        kernel = ShardKernel(tmp_path, 0)
+        pool = await kernel.pool("bot:b")
+        async with pool.lock.exclusive():
+            fut = _remember(kernel, pool, "mem_1", "kept")
+        await kernel.settle(pool, fut, reads_state=False)
+        await kernel.close()
+        again = ShardKernel(tmp_path, 0)
+        reloaded = await again.pool("bot:b")
+        text = again.store.open_content(reloaded.stored, "mem_1")
+        await again.close()
+        return pool.stored.persisted, text
+
+    assert asyncio.run(go()) == (True, "kept")
+
+
+def test_a_feature_runs_on_a_kernel_alone_and_numbers_concurrent_items_once(tmp_path, kernel_args):
+    """Chat logs (actors/chats/chat_logs.py) built on nothing but a kernel: 24 items said at
+    once into one chat get 24 distinct positions, all listed once durable, none lost."""
+    from actors.chats.chat_logs import ChatLogs
+    from engine.directory import Chat
+    from storage.chat_store import ChatStore
+
+    chat = Chat(id="chat_1", kind="direct", owner="u1", org="o1", bot="b1")
+
+    async def go():
+        kernel = ShardKernel(tmp_path, 0, **kernel_args)
+        logs = ChatLogs(kernel, ChatStore(kernel.store))
+        said = await asyncio.gather(
+            *(logs.say(chat, None, "person", "u1", f"line {n}") for n in range(24))
+        )
+        listed = await logs.items(chat.id)
+        events = await kernel.events.after(0)
+        await kernel.close()
+        return [i.seq for i in said], [v.text for v in listed], len(events)
+
+    seqs, texts, events = asyncio.run(go())
+    assert sorted(seqs) == list(range(1, 25))
+    assert sorted(texts) == sorted(f"line {n}" for n in range(24))
+    assert events == 24  # one chat.item.created each, published with its commit

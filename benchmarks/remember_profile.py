@@ -22,11 +22,20 @@ import time
 
 from actors.shard.service import ShardService
 from engine.memory import EntryMeta, Layer, Reader
+from storage.stats import STATS
 
 ORG = "o1"
 POOL = "bot:b1"
 READER = Reader(user="u_reader", org=ORG, uses_bot=True)
 FILLER = "; remembered for the load benchmark, roughly one line of prose like a real note"
+
+
+def commit_seconds() -> tuple[float, int]:
+    """Total seconds and count of group commits so far in this process (storage/stats.py)."""
+    for h in STATS.snapshot()["histograms"]:
+        if h[0] == "openbot_shard_commit_seconds":
+            return h[-2], h[-1]
+    return 0.0, 0
 
 
 def seed(entries: int) -> list[list[tuple[EntryMeta, str]]]:
@@ -76,6 +85,7 @@ async def run(args: argparse.Namespace) -> None:
                 gc_time[2] += 1
 
         gc.callbacks.append(on_gc)
+        s0, n0 = commit_seconds()
         prof = cProfile.Profile() if args.profile else None
         cpu0, t0 = time.process_time(), time.perf_counter()
         if prof:
@@ -85,11 +95,14 @@ async def run(args: argparse.Namespace) -> None:
             prof.disable()
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
         tx, b = committer.transactions - tx0, committer.batches - b0
+        s1, n1 = commit_seconds()
         print(
             f"{args.count} Remembers, {args.callers} callers, {args.entries} entries: "
             f"{args.count / wall:.0f}/s, {1000 * cpu / args.count:.2f} ms CPU each, "
             f"{b / max(tx, 1):.1f} writes per commit ({tx} commits); "
-            f"{gc_time[2]} collections, {1000 * gc_time[0] / args.count:.2f} ms GC each"
+            f"{gc_time[2]} collections, {1000 * gc_time[0] / args.count:.2f} ms GC each; "
+            f"a commit takes {1000 * (s1 - s0) / max(n1 - n0, 1):.2f} ms (wall), "
+            f"the committer is busy {100 * (s1 - s0) / wall:.0f}% of the time"
         )
         gc.callbacks.remove(on_gc)
         await svc.kernel.close()

@@ -48,6 +48,7 @@ from actors.shard.service import ShardService
 from actors.workspace.semantic import SemanticSearch
 from actors.workspace.service import WsAccess, WsQuery
 from benchmarks._load import percentile
+from engine import bot_memory as bm
 from engine import scoped_memory as sm
 from engine.memory import Scope
 from engine.memory_export import render as render_markdown
@@ -233,6 +234,7 @@ async def seed_search(data: Path, records: int, embedder: InstantEmbedder) -> No
             now=NOW_MS - rnd.randrange(365) * DAY_MS,
             tier=("profile", "log", "note")[n % 3],
             key=pool.fp_key,
+            tags=bm.record_tags(ACCOUNT, ORG),  # as `ws_create_memory` tags a bot record
         ).entry
         cipher = pool.keyed.cipher
         batch.append(

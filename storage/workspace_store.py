@@ -23,6 +23,7 @@ import msgspec
 
 from engine.projects import Project
 from engine.scoped_memory import ForgetBarrier, Revision, WsEntry
+from storage.bulk import paused_gc
 from storage.crypto import Cipher, Keyring, aad
 from storage.database import Database
 from storage.group_commit import Insert, Put, Write
@@ -91,9 +92,11 @@ class WorkspaceStore:
 
         entry_rows, barrier_rows = await self.db.run(read)
         stored = StoredWsPool(pool=pool)
-        for entry_id, meta, content in entry_rows:
-            stored.entries[entry_id] = _entry_dec.decode(meta)
-            stored.sealed[entry_id] = content
+        if entry_rows:
+            with paused_gc():  # 100,000 records: see storage/bulk.py
+                ids, metas, contents = zip(*entry_rows, strict=True)
+                stored.entries = dict(zip(ids, map(_entry_dec.decode, metas), strict=True))
+                stored.sealed = dict(zip(ids, contents, strict=True))
         stored.barriers = [_barrier_dec.decode(doc) for (doc,) in barrier_rows]
         return stored
 

@@ -59,6 +59,24 @@ class Records(Mapping[str, EntryMeta]):
         return self.ws is not None and entry_id in self.ws.stored.entries
 
 
+def record_check(ws: WsPool, reader: Reader) -> Callable[[WsEntry], bool]:
+    """Whether `reader` may see a workspace record of bot pool `ws`, checked record by record
+    (search checks only the records its ranking reaches). A record is pinned: its own tags and
+    topics alone decide, with no lock needed (its writes change it in one synchronous step),
+    and a pool's records share a few tag sets, so each set is checked once per read."""
+    records = Records(ws)
+    memo: dict[tuple[tuple[str, ...], tuple[str, ...]], bool] = {}
+
+    def visible(record: WsEntry) -> bool:
+        key = (record.tags, record.topics)
+        seen = memo.get(key)
+        if seen is None:
+            seen = memo[key] = directly_visible(reader, records[record.id])
+        return seen
+
+    return visible
+
+
 @dataclass
 class Snapshot:
     """The union of one bot pool as one reader may see it, valid while the read lock is held."""

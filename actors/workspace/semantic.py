@@ -39,6 +39,7 @@ from actors.shard.residency import unused
 from engine.errors import OpenBotError
 from engine.scoped_memory import WsEntry
 from engine.workspace_search import Hit
+from storage.bulk import paused_gc
 from storage.search_index import ranked
 from storage.vector_store import VectorStore
 
@@ -112,19 +113,22 @@ class PoolVectors:
         self.row = {entry_id: r for r, entry_id in enumerate(self.ids)}
 
     def load_matrix(self, ids: list[str], fps: list[str], mat: np.ndarray) -> None:
-        """Fill an empty index with a whole matrix (rows scaled to unit length here)."""
+        """Fill an empty index with a whole matrix, taken over (scaled to unit length in
+        place) when it is a writable float32 one."""
         if not ids:
             return
-        mat = np.array(mat, dtype=np.float32)  # a copy of its own, written in place
-        norms = np.linalg.norm(mat, axis=1, keepdims=True)
+        if not (mat.dtype == np.float32 and mat.flags.writeable and mat.flags.c_contiguous):
+            mat = np.array(mat, dtype=np.float32)  # one of its own, written in place
+        norms = np.sqrt(np.einsum("ij,ij->i", mat, mat))  # one pass, no temporary matrix
         bad = ~((norms > 0) & np.isfinite(norms))
-        mat[bad[:, 0]] = 0.0
+        mat[bad] = 0.0
         norms[bad] = 1.0
-        mat /= norms
+        mat /= norms[:, None]
         self.mat = mat
         self.dim, self.n = mat.shape[1], mat.shape[0]
         self.ids, self.fps = list(ids), list(fps)
-        self.row = {entry_id: r for r, entry_id in enumerate(self.ids)}
+        with paused_gc():
+            self.row = dict(zip(self.ids, range(len(self.ids)), strict=True))
 
     def split(self, entries: Iterable[WsEntry]) -> tuple[list[int], list[WsEntry]]:
         """The rows of the records among `entries` whose vector is current, and the records
@@ -190,6 +194,7 @@ class SemanticSearch:
         self.clock = clock
         self.store = VectorStore(workspace.shard.db)
         self._pools: dict[str, PoolVectors] = {}
+        self._loading: dict[str, asyncio.Future[tuple[list[str], list[str], np.ndarray]]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
         self._backlog: dict[str, dict[str, None]] = {}  # pool -> record ids, in arrival order
@@ -233,13 +238,33 @@ class SemanticSearch:
         vectors = self._pools.get(pool.id)
         if vectors is None:
             vectors = PoolVectors()
-            ids, fps, mat = await self.store.load_all(
-                pool.id, self.embedder.ident, pool.keyed.cipher
-            )
+            task = self._loading.pop(pool.id, None)
+            if task is not None:
+                ids, fps, mat = await task
+            else:
+                ids, fps, mat = await self.store.load_all(
+                    pool.id, self.embedder.ident, pool.keyed.cipher
+                )
             vectors.load_matrix(ids, fps, mat)
             self._pools[pool.id] = vectors
-            self._queue_missing(pool, vectors)
+            # After this search: a walk of every record, for what only the background needs.
+            asyncio.get_running_loop().call_soon(self._queue_missing, pool, vectors)
         return vectors
+
+    def prefetch(self, pool_id: str) -> None:
+        """Start reading a pool's vectors now: a search of the pool is about to need them, and
+        they decrypt on another thread while its records load (the first search after a shard
+        opens waits for the slower of the two, not for both)."""
+        if pool_id in self._pools or pool_id in self._loading:
+            return
+
+        async def load() -> tuple[list[str], list[str], np.ndarray]:
+            keyed = (await self.ws.shard._pool(pool_id)).stored
+            return await self.store.load_all(pool_id, self.embedder.ident, keyed.cipher)
+
+        task = asyncio.ensure_future(load())
+        task.add_done_callback(_ignore)  # its error, if any, is raised where it is awaited
+        self._loading[pool_id] = task
 
     def _lock(self, pool_id: str) -> asyncio.Lock:
         return self._locks.setdefault(pool_id, asyncio.Lock())
@@ -253,6 +278,9 @@ class SemanticSearch:
             return False
         self._locks.pop(pool_id, None)
         self._pools.pop(pool_id, None)
+        task = self._loading.pop(pool_id, None)
+        if task is not None:
+            task.cancel()
         return True
 
     async def _fill(self, pool: WsPool, vectors: PoolVectors, entries: Iterable[WsEntry]) -> None:
@@ -355,9 +383,13 @@ class SemanticSearch:
     def _queue_missing(self, pool: WsPool, vectors: PoolVectors) -> None:
         """Queue for the background every record of the pool without a current vector (once,
         when the pool's vectors load): searches then never wait for them."""
-        for e in pool.stored.entries.values():
-            if vectors.fp(e.id) != e.content_fp:
-                self._queue(pool.id, e.id)
+        if self._pools.get(pool.id) is not vectors or pool.poisoned:
+            return  # evicted or reloaded meanwhile: its next load queues what is missing
+        row, fps = vectors.row, vectors.fps
+        for entry_id, e in list(pool.stored.entries.items()):
+            r = row.get(entry_id)
+            if r is None or fps[r] != e.content_fp:
+                self._queue(pool.id, entry_id)
 
     # --- background ----------------------------------------------------------------------------
 
@@ -407,6 +439,11 @@ class SemanticSearch:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self.embedder.close()
+
+
+def _ignore(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _log_failure(fut: asyncio.Future[None]) -> None:

@@ -39,6 +39,7 @@ import numpy as np
 from actors.shard.residency import POOL_WEIGHT, unused
 from actors.shard.rwlock import PoolMutex
 from actors.shard.single_flight import SingleFlight
+from actors.workspace.search import search as ranked_search
 from engine import bot_memory as bm
 from engine import projects as projmod
 from engine import scoped_memory as sm
@@ -64,12 +65,13 @@ from engine.scoped_memory import (
     WsMemoryCreate,
 )
 from engine.visibility import directly_visible
-from engine.workspace_search import FUSION_DEPTH, Hit, fusion_depth, merge_hits
+from engine.workspace_search import Hit
+from storage.bulk import paused_gc
 from storage.crypto import load_master_key
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
 from storage.receipts import Receipts, fingerprint, receipt_key
-from storage.search_index import Analyzer, TermIndex, pack_keys, unpack_keys
+from storage.search_index import Analyzer, TermIndex
 from storage.term_store import TermStore, terms_key
 from storage.workspace_store import StoredWsPool, WorkspaceStore
 
@@ -236,30 +238,53 @@ class Workspace:
         """Build the pool's keyword index from the stored term keys (read in bulk); records
         without current ones (written before migration 8, or imported) are tokenized now and
         their keys stored for next time."""
-        entries, fps, blobs = await self.terms.load_raw(pool.id)
+        ids, fps, lengths, flat = await self.terms.load_flat(pool.id)
         current = pool.stored.entries
-        ids: list[str] = []
-        kept: list[bytes] = []
-        for entry_id, fp, blob in zip(entries, fps, blobs, strict=True):
-            e = current.get(entry_id)
-            if e is not None and e.content_fp == fp:
-                ids.append(entry_id)
-                kept.append(blob)
-        missing: list[Write] = []
-        if len(ids) < len(current):
+        with paused_gc():
             have = set(ids)
-            for entry_id, entry in current.items():
-                if entry_id in have:
-                    continue
+            if not have <= current.keys():  # rows of records gone since: not indexed
+                keep = np.fromiter((i in current for i in ids), dtype=bool, count=len(ids))
+                flat = flat[np.repeat(keep, lengths)]
+                lengths = lengths[keep]
+                ids = [i for i in ids if i in current]
+                fps = [fp for fp, k in zip(fps, keep, strict=True) if k]
+            missing = current.keys() - have if len(have) != len(current) else set()
+            extra_ids = sorted(missing)
+            extra = [self.analyzer.keys(self._open(pool, i)) for i in extra_ids]
+            rows = [
+                self.terms.row(pool.id, i, current[i].content_fp, keys)
+                for i, keys in zip(extra_ids, extra, strict=True)
+            ]
+            if extra:
+                ids = [*ids, *extra_ids]
+                lengths = np.concatenate((lengths, [k.size for k in extra])).astype(np.int64)
+                flat = np.concatenate((flat, *extra))
+            pool.index.build_flat(ids, lengths, flat)
+        self._store_terms(rows)
+        # A record's terms row commits with the record, so a row made from other content
+        # than the record's is all but impossible; still, check once the search that loaded
+        # the pool is answered (a walk of every record).
+        asyncio.get_running_loop().call_soon(self._check_terms, pool, ids[: len(fps)], fps)
+
+    def _check_terms(self, pool: WsPool, ids: list[str], fps: list[str]) -> None:
+        """Index again the records whose stored terms were not made from their content."""
+        if self._pools.get(pool.id) is not pool or pool.poisoned:
+            return  # evicted or reloaded meanwhile: done again by its next load
+        get, row_of = pool.stored.entries.get, pool.index.row_of
+        rows = []
+        for row, (entry_id, fp) in enumerate(zip(ids, fps, strict=True)):
+            e = get(entry_id)
+            # Not indexed again since the load (a write re-indexes: its row changes).
+            if e is not None and e.content_fp != fp and row_of(entry_id) == row:
                 keys = self.analyzer.keys(self._open(pool, entry_id))
-                ids.append(entry_id)
-                kept.append(pack_keys(keys))
-                missing.append(self.terms.row(pool.id, entry_id, entry.content_fp, keys))
-        lengths = np.fromiter((len(b) // 8 for b in kept), dtype=np.int64, count=len(kept))
-        pool.index.build_flat(ids, lengths, unpack_keys(b"".join(kept)))
-        if missing:
+                pool.index.put(entry_id, keys)
+                rows.append(self.terms.row(pool.id, entry_id, e.content_fp, keys))
+        self._store_terms(rows)
+
+    def _store_terms(self, rows: list[Write]) -> None:
+        if rows:
             # Derived data: nothing waits for it, and a failure only means doing it again.
-            fut = self.shard._submit(None, missing)
+            fut = self.shard._submit(None, rows)
             if fut is not None:
                 fut.add_done_callback(_ignore_failure)
 
@@ -296,11 +321,16 @@ class Workspace:
             bot = await self.shard.peers.directory("get_bot", sm.pool_owner(stored.pool))
         except OpenBotError:
             return None
-        for entry_id, entry in list(stored.entries.items()):
-            tags = entry.tags or (tagmod.author(bot.owner), tagmod.FOR_BOT)
-            linked = bm.link_tags(tags, bot.org)
-            if linked != entry.tags:
-                stored.entries[entry_id] = msgspec.structs.replace(entry, tags=linked)
+        linked: dict[tuple[str, ...], tuple[str, ...]] = {}  # a pool's records share few tag sets
+        entries = stored.entries
+        with paused_gc():
+            for entry_id, entry in list(entries.items()):
+                new = linked.get(entry.tags)
+                if new is None:
+                    tags = entry.tags or (tagmod.author(bot.owner), tagmod.FOR_BOT)
+                    new = linked[entry.tags] = bm.link_tags(tags, bot.org)
+                if new != entry.tags:
+                    entries[entry_id] = msgspec.structs.replace(entry, tags=new)
         return bot.org
 
     async def _load_projects(self) -> dict[str, Project]:
@@ -907,12 +937,27 @@ class Workspace:
                 project = projmod.require_read(projects.get(pid), access.account)
                 names[projmod.pool(pid)] = project.name
         pool_ids += sorted(names)
-        found: list[tuple[WsPool, WsEntry]] = []
-        learned: list[WsEntryView] = []  # seed-000 entries of bot pools (one memory per bot)
+        if query.q and self.semantic is not None and query.using != "keyword":
+            for pool_id in pool_ids:  # their vectors load while their records do
+                self.semantic.prefetch(pool_id)
         pools: list[WsPool] = []
         for pool_id in pool_ids:
             pool = await self._pool(pool_id)
             pools.append(pool)
+        if query.q:
+            listing = await ranked_search(self, access, query, pools, names)
+        else:
+            listing = await self._listing(access, query, pools, names)
+        for pool in pools:
+            await self._settle_read(pool)
+        return listing
+
+    async def _listing(
+        self, access: WsAccess, query: WsQuery, pools: list[WsPool], names: dict[str, str]
+    ) -> WsListing:
+        """Every record of `pools` (and learned entry of their bots) the caller may read."""
+        found: list[tuple[WsPool, WsEntry]] = []
+        learned: list[WsEntryView] = []  # seed-000 entries of bot pools (one memory per bot)
         for pool in pools:
             if pool.id.startswith("bot:"):
                 records, seeds = await self._bot_memory(pool, access)
@@ -930,79 +975,9 @@ class Workspace:
                 if query.contributor is not None and entry.contributor != query.contributor:
                     continue
                 found.append((pool, entry))
-        if query.q:
-            listing = await self._search(query, pools, names, found, learned)
-        else:
-            views = {entry.id: sm.view(entry, self._open(pool, entry.id)) for pool, entry in found}
-            views.update((v.id, v) for v in learned)
-            listing = WsListing(entries=list(views.values()), names=names)
-        for pool in pools:
-            await self._settle_read(pool)
-        return listing
-
-    async def _search(
-        self,
-        query: WsQuery,
-        pools: list[WsPool],
-        names: dict[str, str],
-        found: list[tuple[WsPool, WsEntry]],
-        learned: list[WsEntryView],
-    ) -> WsListing:
-        """Ranked search (issue 11): BM25 keyword hits and semantic hits among the records the
-        caller may read (`found`, already filtered) and the bot pools' learned entries
-        (`learned`), each list as deep as fusion needs, fused by reciprocal rank, cut at
-        `limit`."""
-        assert query.q is not None
-        readable = {e.id for _, e in found}
-        seeds = {v.id: v for v in learned}
-
-        def allow(pool: WsPool) -> Callable[[str], bool]:
-            entries = pool.stored.entries
-            return lambda entry_id: entry_id in readable and entry_id in entries
-
-        depth = fusion_depth(query.limit, self.weights, floor=FUSION_DEPTH)
-        keys = self.analyzer.query(query.q)
-        owner: dict[str, WsPool] = {}
-        keyword: list[Hit] = []
-        for pool in pools if query.using != "semantic" else ():
-            for entry_id, score in pool.index.search(keys, depth, allow(pool)):
-                owner[entry_id] = pool
-                keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
-            if seeds and pool.id.startswith("bot:"):  # the bot's learned entries (MEM-1)
-                seed_pool = await self.shard._pool(pool.id)
-                for entry_id, score in seed_pool.terms.search(keys, depth, seeds.__contains__):
-                    keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
-        keyword.sort(key=lambda h: -h.score)
-        keyword = keyword[:depth]
-        semantic: list[Hit] = []
-        if self.semantic is not None and query.using != "keyword":
-            semantic = await self.semantic.search(query.q, [(p, allow(p)) for p in pools], depth)
-            for pool in pools:
-                for h in semantic:
-                    if h.id in pool.stored.entries:
-                        owner.setdefault(h.id, pool)
-        # The semantic search awaited: a record may have changed meanwhile, so check again.
-        fused = merge_hits(
-            keyword,
-            semantic,
-            lambda i: i in seeds or (i in owner and allow(owner[i])(i)),
-            query.limit,
-            weights=self.weights,
-        )
-        views = [
-            seeds[h.id]
-            if h.id in seeds
-            else sm.view(owner[h.id].stored.entries[h.id], self._open(owner[h.id], h.id))
-            for h in fused
-        ]
-        top = {h.id for h in fused}
-        return WsListing(
-            entries=views,
-            hits=[h for h in keyword if h.id in top],
-            semantic=[h for h in semantic if h.id in top],
-            fused=fused,
-            names=names,
-        )
+        views = {entry.id: sm.view(entry, self._open(pool, entry.id)) for pool, entry in found}
+        views.update((v.id, v) for v in learned)
+        return WsListing(entries=list(views.values()), names=names)
 
     def _sees(self, pool: WsPool, access: WsAccess, entry: WsEntry) -> bool:
         """A bot record is the caller's to read or change only when its tags admit them."""

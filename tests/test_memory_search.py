@@ -249,3 +249,37 @@ def test_new_request_ids_read_no_receipt_and_repeats_still_answer_after_a_restar
         await _close(svc)
 
     asyncio.run(again())
+
+
+def test_stored_terms_made_from_other_content_are_made_again_after_a_restart(tmp_path: Path):
+    """A record's term row commits with the record, so a row made from other content should not
+    happen; if one does (a file restored by hand, say), the first search after a restart may
+    answer from it, and the pool's records are then indexed again from their content: the old
+    words stop finding it and the real ones do, and the row is rewritten."""
+
+    async def first() -> str:
+        svc = _shard(tmp_path)
+        a = await _create(svc, ANN, "The orchard needs pruning in March.")
+        await _create(svc, ANN, "Lunch is at noon.")
+        await _close(svc)
+        return a
+
+    a = asyncio.run(first())
+    con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))
+    (other,) = con.execute("SELECT terms FROM search_terms WHERE entry <> ?", [a]).fetchone()
+    con.execute("UPDATE search_terms SET terms = ?, fp = 'stale' WHERE entry = ?", [other, a])
+    con.close()
+
+    async def again() -> None:
+        svc = _shard(tmp_path)
+        await _found(svc, "anything")  # loads the pool (and its stored terms as they are)
+        for _ in range(3):
+            await asyncio.sleep(0)  # the check runs once the loading search is answered
+        assert await _found(svc, "orchard pruning") == [a]
+        assert a not in await _found(svc, "noon lunch")
+        await svc.flush()
+        fps = svc.db.query("SELECT fp FROM search_terms WHERE entry = ?", [a])
+        assert fps and fps[0][0] != "stale"
+        await _close(svc)
+
+    asyncio.run(again())

@@ -324,7 +324,10 @@ class Workspace:
         linked: dict[tuple[str, ...], tuple[str, ...]] = {}  # a pool's records share few tag sets
         entries = stored.entries
         with paused_gc():
-            for entry_id, entry in list(entries.items()):
+            for entry_id in stored.unlinked:  # those without `org:` (most pools: none)
+                entry = entries.get(entry_id)
+                if entry is None:
+                    continue
                 new = linked.get(entry.tags)
                 if new is None:
                     tags = entry.tags or (tagmod.author(bot.owner), tagmod.FOR_BOT)

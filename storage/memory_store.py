@@ -8,6 +8,7 @@ stored ciphertext over untouched (LRN-8).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -163,6 +164,13 @@ class MemoryStore:
         if not stored.persisted or version_only_in_row or outcome.deletes:
             writes.append(self.pool_row(stored, outcome.version, stored.settings))
         return writes
+
+
+def sealed_fp(sealed: bytes) -> str:
+    """Which sealing of an entry's content something derived was made from (a new seal, even
+    of the same text, has a new nonce and so a new fingerprint); the shard's term rows use the
+    same."""
+    return hashlib.blake2b(sealed, digest_size=12).hexdigest()
 
 
 def entry_key(pool: str, entry_id: str) -> str:

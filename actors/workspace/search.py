@@ -34,6 +34,7 @@ from engine.memory import Reader, Status
 from engine.scoped_memory import WsEntryView, WsStatus
 from engine.visibility import Visibility
 from engine.workspace_search import FUSION_DEPTH, Hit, fusion_depth, merge_hits
+from storage.memory_store import sealed_fp
 
 if TYPE_CHECKING:
     from actors.shard.pool import Pool
@@ -128,6 +129,13 @@ async def search(
                     if h.id in pool.stored.entries:
                         owner[h.id] = pool
                         break
+        for pool in pools:
+            if pool.id.startswith("bot:"):
+                for h in await _learned_semantic(ws, access, query, pool, depth):
+                    learned[h.id] = pool
+                    semantic.append(h)
+        semantic.sort(key=lambda h: (-h.score, h.id))
+        semantic = semantic[:depth]
     # Every hit passed its filter when its list was walked. The semantic search awaited since:
     # a record may have changed meanwhile, so the fused ranking is walked best first, each
     # record checked again in the same synchronous stretch as its content is opened.
@@ -161,3 +169,28 @@ async def search(
         fused=fused,
         names=names,
     )
+
+
+async def _learned_semantic(
+    ws: Workspace, access: WsAccess, query: WsQuery, pool: WsPool, depth: int
+) -> list[Hit]:
+    """Semantic hits among the learned entries of bot pool `pool` the caller may read: those
+    without a current vector (learned since, or never searched) are embedded first, up to the
+    semantic search's inline budget. Checked under the pool's lock, embedded without it."""
+    semantic = ws.semantic
+    assert semantic is not None and query.q is not None
+    unit = await semantic.query_vector(query.q)
+    if unit is None:
+        return []
+    vectors = await semantic.learned(pool)
+    reader = ws.bot_reader(pool, access)
+    async with ws.shard.bot_memory.read(pool.id, reader) as snap:
+        ok = learned_filter(snap.pool, reader, query, snap.visibility)
+        sealed = snap.pool.stored.sealed
+        found = [(i, sealed_fp(sealed[i])) for i in snap.pool.entries if i in sealed and ok(i)]
+        todo = [(i, fp, snap.open(i)) for i, fp in found if vectors.fp(i) != fp]
+    await semantic.embed_learned(pool, vectors, todo[: semantic.inline_max])
+    if vectors.n and vectors.dim != unit.size:
+        return []
+    rows = [vectors.row[i] for i, fp in found if vectors.fp(i) == fp]
+    return vectors.top(unit, rows, depth, semantic.min_score)

@@ -51,6 +51,7 @@ INLINE_MAX = 256  # records one search embeds before answering; the rest go to t
 BACKGROUND_BATCH = 128  # records the background embeds per model call round
 RETRY_AFTER = 30.0  # seconds without model calls after a failure
 QUERY_CACHE = 512
+LEARNED = "#learned"  # a bot pool's learned entries' vectors: `<pool>#learned`
 
 
 class PoolVectors:
@@ -278,6 +279,8 @@ class SemanticSearch:
             return False
         self._locks.pop(pool_id, None)
         self._pools.pop(pool_id, None)
+        self._pools.pop(pool_id + LEARNED, None)
+        self._locks.pop(pool_id + LEARNED, None)
         task = self._loading.pop(pool_id, None)
         if task is not None:
             task.cancel()
@@ -311,6 +314,53 @@ class SemanticSearch:
         fut = shard._submit(None, [*shard.store.key_rows(pool.keyed), *rows])
         if fut is not None:
             fut.add_done_callback(_log_failure)
+
+    # --- a bot's learned entries (seed 000: one memory per bot) -------------------------------
+
+    async def learned(self, pool: WsPool) -> PoolVectors:
+        """The vectors of bot pool `pool`'s learned entries, loaded on first use and kept apart
+        from its records' (their rows are stored under `<pool>#learned`); a vector is current
+        while its fingerprint is that of the entry's sealed content."""
+        key = pool.id + LEARNED
+        async with self._lock(key):
+            vectors = self._pools.get(key)
+            if vectors is None:
+                vectors = PoolVectors()
+                ids, fps, mat = await self.store.load_all(
+                    key, self.embedder.ident, pool.keyed.cipher
+                )
+                vectors.load_matrix(ids, fps, mat)
+                self._pools[key] = vectors
+        return vectors
+
+    async def embed_learned(
+        self, pool: WsPool, vectors: PoolVectors, todo: Sequence[tuple[str, str, str]]
+    ) -> None:
+        """Embed (entry, fingerprint, text) of learned entries a search met without a current
+        vector, keep the vectors and store them (no lock held: the caller opened the texts)."""
+        if not todo or self._down():
+            return
+        try:
+            found = await self.embedder.embed([text for _, _, text in todo])
+        except EmbeddingError as e:
+            self._trip(e)
+            return
+        items = []
+        for (entry_id, fp, _), vector in zip(todo, found, strict=True):
+            vectors.put(entry_id, fp, vector)
+            items.append((entry_id, fp, vector))
+        self.embedded += len(todo)
+        self._seq = max(self._seq + 1, time.time_ns())
+        model, cipher = self.embedder.ident, pool.keyed.cipher
+        shard = self.ws.shard
+        rows = [self.store.block(pool.id + LEARNED, model, self._seq, items, cipher)]
+        fut = shard._submit(None, [*shard.store.key_rows(pool.keyed), *rows])
+        if fut is not None:
+            fut.add_done_callback(_log_failure)
+
+    async def query_vector(self, query: str) -> np.ndarray | None:
+        """The query's unit vector (cached), or None when the model is unavailable."""
+        return await self._query(query) if query.strip() else None
 
     # --- search --------------------------------------------------------------------------------
 

@@ -49,8 +49,9 @@ from actors.shard.batch import Batch
 from actors.shard.service import ShardService
 from actors.workspace.semantic import SemanticSearch
 from benchmarks._load import percentile
+from engine import bot_memory as bm
 from engine import scoped_memory as sm
-from engine.memory import Scope
+from engine.memory import Reader, Scope
 from engine.memory_export import render as render_markdown
 from engine.projects import ProjectCreate
 from engine.prompt_budget import BUDGET, ScopedEntry, pack
@@ -234,6 +235,7 @@ async def seed_search(data: Path, records: int, embedder: InstantEmbedder) -> No
             now=NOW_MS - rnd.randrange(365) * DAY_MS,
             tier=("profile", "log", "note")[n % 3],
             key=pool.fp_key,
+            tags=bm.record_tags(ACCOUNT, ORG),  # as `ws_create_memory` tags a bot record
         ).entry
         cipher = pool.keyed.cipher
         batch.append(
@@ -347,6 +349,17 @@ async def seed_export(data: Path, records: int) -> dict:
     t0 = time.perf_counter()
     await asyncio.gather(*(write(n, sentence(rnd, n), rnd.choice(tiers)) for n in range(records)))
     write_s = time.perf_counter() - t0
+    # Side by side: as many Remember writes (seed-000 pinned entries) into the bot's pool, the
+    # same 64 at a time, on the same shard (issue 11: workspace writes at least as fast).
+    reader = Reader(user=ACCOUNT, org=ORG, uses_bot=True)
+
+    async def remember(n: int, content: str) -> None:
+        async with slots:
+            await svc.remember(f"bot:{BOT}", reader, content, [], request_id=f"bench-r{n}")
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(remember(n, sentence(rnd, n)) for n in range(records)))
+    remember_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     listing = await svc.ws_entries(ACCESS, WsQuery(pools=POOLS[:2], projects=None, limit=records))
     text = render_markdown(listing.entries, account=ACCOUNT, pool_names=listing.names)
@@ -355,6 +368,8 @@ async def seed_export(data: Path, records: int) -> dict:
     return {
         "records": records,
         "write_s": round(write_s, 2),
+        "writes_per_s": round(records / write_s),
+        "remember_per_s": round(records / remember_s),
         "markdown_export_ms": round(markdown_s * 1000, 1),
         "markdown_bytes": len(text.encode()),
         "markdown_lines": text.count("\n- ("),
@@ -437,7 +452,8 @@ def main() -> None:
     print(f"keyword indexing per write: {search['index_per_write_ms']} ms")
     print(
         f"write {export['records']:,} records through ws_create_memory, 64 at a time: "
-        f"{export['write_s']} s"
+        f"{export['write_s']} s ({export['writes_per_s']}/s; Remember on the same shard: "
+        f"{export['remember_per_s']}/s)"
     )
     print(
         f"export account of {export['records']:,} records: Markdown "

@@ -104,23 +104,39 @@ def merge_hits(
         return []
     verdict: dict[str, bool] = {}
 
-    def ok(hit_id: str) -> bool:
-        if hit_id not in verdict:
-            verdict[hit_id] = bool(allowed(hit_id))
-        return verdict[hit_id]
+    def ok(hit: Hit) -> bool:
+        seen = verdict.get(hit.id)
+        if seen is None:
+            seen = verdict[hit.id] = bool(allowed(hit.id))
+        return seen
 
+    # Plain dicts and tuples: this runs over a thousand hits of each list per search.
     fused: dict[str, float] = {}
     best: dict[str, tuple[int, int]] = {}  # (rank, list index): the tie-breakers
-    kinds: dict[str, list[str]] = {}
+    kinds: dict[str, tuple[str, ...]] = {}
     for index, (kind, hits) in enumerate((("keyword", keyword_hits), ("semantic", semantic_hits))):
-        ranked = sorted((h for h in hits if ok(h.id)), key=lambda h: (-h.score, h.id))
+        weight = weights[index]
+        listed: set[str] = set()  # listed twice by one search: its better rank counts
         rank = 0
-        for hit in ranked:
-            if kind in kinds.get(hit.id, ()):
-                continue  # listed twice by one search: its better rank already counted
+        for hit in sorted(filter(ok, hits), key=_by_score):
+            hit_id = hit.id
+            if hit_id in listed:
+                continue
+            listed.add(hit_id)
             rank += 1
-            fused[hit.id] = fused.get(hit.id, 0.0) + weights[index] / (k + rank)
-            best[hit.id] = min(best.get(hit.id, (rank, index)), (rank, index))
-            kinds.setdefault(hit.id, []).append(kind)
+            share = weight / (k + rank)
+            if hit_id in fused:
+                fused[hit_id] += share
+                kinds[hit_id] += (kind,)
+                if rank < best[hit_id][0]:
+                    best[hit_id] = (rank, index)
+            else:
+                fused[hit_id] = share
+                best[hit_id] = (rank, index)
+                kinds[hit_id] = (kind,)
     order = sorted(fused, key=lambda i: (-fused[i], best[i], i))
-    return [Hit(id=i, score=fused[i], kinds=tuple(kinds[i])) for i in order[:limit]]
+    return [Hit(id=i, score=fused[i], kinds=kinds[i]) for i in order[:limit]]
+
+
+def _by_score(hit: Hit) -> tuple[float, str]:
+    return (-hit.score, hit.id)

@@ -104,6 +104,15 @@ class Cipher:
         except (InvalidTag, ValueError) as e:  # ValueError: too short to hold a nonce
             raise StorageError("a stored record failed its integrity check") from e
 
+    def open_into(self, blob: bytes, aad: bytes, out: memoryview) -> None:
+        """`open`, writing the plaintext into `out` (exactly its size): no copy of a large
+        blob (a pool's vectors)."""
+        view = memoryview(blob)
+        try:
+            self._aead.decrypt_into(view[:_NONCE], view[_NONCE:], aad, out)
+        except (InvalidTag, ValueError) as e:
+            raise StorageError("a stored record failed its integrity check") from e
+
 
 class Keyring:
     """The master key and the per-pool data keys it wraps."""

@@ -8,6 +8,7 @@ stored ciphertext over untouched (LRN-8).
 
 from __future__ import annotations
 
+import hashlib
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -189,6 +190,13 @@ def pool_row(stored: StoredPool, version: int, settings: MemoryBotSettings) -> P
     the row again (`MemoryStore.keys_in` finds it there)."""
     blob = stored.cipher.seal(_meta_enc.encode(settings), aad(stored.pool, "settings"))
     return Put(POOLS.name, (stored.pool, version, stored.wrapped_key, blob))
+
+
+def sealed_fp(sealed: bytes) -> str:
+    """Which sealing of an entry's content something derived was made from (a new seal, even
+    of the same text, has a new nonce and so a new fingerprint); the shard's term rows use the
+    same."""
+    return hashlib.blake2b(sealed, digest_size=12).hexdigest()
 
 
 def entry_key(pool: str, entry_id: str) -> str:

@@ -317,6 +317,10 @@ class TermIndex:
     def row_ids(self) -> list[str | None]:
         return self._ids
 
+    def row_of(self, entry_id: str) -> int | None:
+        """The entry's row (rows are given in indexing order; a new text gets a new one)."""
+        return self._row.get(entry_id)
+
 
 def ranked(
     scores: np.ndarray,

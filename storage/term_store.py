@@ -49,6 +49,22 @@ class TermStore:
 
         return await self.db.run(read)
 
+    async def load_flat(self, pool: str) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
+        """The pool's rows as `TermIndex.build_flat` takes them: entries, fingerprints, how
+        many keys each has and all keys end to end (joined on the database's thread)."""
+
+        def read(con):
+            cols = con.execute(
+                "SELECT entry, fp, octet_length(terms) // 8 AS n, terms FROM search_terms "
+                "WHERE pool = ?",
+                [pool],
+            ).fetchnumpy()
+            flat = unpack_keys(b"".join(cols["terms"].tolist()))
+            lengths = np.asarray(cols["n"], dtype=np.int64)
+            return cols["entry"].tolist(), cols["fp"].tolist(), lengths, flat
+
+        return await self.db.run(read)
+
     @staticmethod
     def row(pool: str, entry_id: str, fp: str, keys: np.ndarray) -> Write:
         return Put(

@@ -23,6 +23,7 @@ import msgspec
 
 from engine.projects import Project
 from engine.scoped_memory import ForgetBarrier, Revision, WsEntry
+from storage.bulk import paused_gc
 from storage.crypto import Cipher, Keyring, aad
 from storage.database import Database
 from storage.group_commit import Insert, Put, Write
@@ -51,6 +52,15 @@ class StoredWsPool:
     entries: dict[str, WsEntry] = field(default_factory=dict)
     sealed: dict[str, bytes] = field(default_factory=dict)
     barriers: list[ForgetBarrier] = field(default_factory=list)
+    # Records whose stored system tags have no `org:` one (stored before migration 7): the
+    # only ones a bot pool's load has to link (engine/bot_memory.py `link_tags`).
+    unlinked: list[str] = field(default_factory=list)
+
+
+# `tags` is the last field of a stored record's JSON (msgspec writes fields in their order, and
+# a quote inside a string value is escaped), so everything after `"tags":[` is its tags.
+assert WsEntry.__struct_fields__[-1] == "tags"
+_UNLINKED = """meta NOT LIKE '%"tags":[%"org:%'"""
 
 
 def entry_key(pool: str, entry_id: str) -> str:
@@ -87,13 +97,18 @@ class WorkspaceStore:
             barriers = con.execute(
                 "SELECT doc FROM ws_barriers WHERE pool = ? ORDER BY at_ms, key", [pool]
             ).fetchall()
-            return entries, barriers
+            unlinked = con.execute(
+                f"SELECT id FROM ws_entries WHERE pool = ? AND {_UNLINKED}", [pool]
+            ).fetchall()
+            return entries, barriers, [i for (i,) in unlinked]
 
-        entry_rows, barrier_rows = await self.db.run(read)
-        stored = StoredWsPool(pool=pool)
-        for entry_id, meta, content in entry_rows:
-            stored.entries[entry_id] = _entry_dec.decode(meta)
-            stored.sealed[entry_id] = content
+        entry_rows, barrier_rows, unlinked = await self.db.run(read)
+        stored = StoredWsPool(pool=pool, unlinked=unlinked)
+        if entry_rows:
+            with paused_gc():  # 100,000 records: see storage/bulk.py
+                ids, metas, contents = zip(*entry_rows, strict=True)
+                stored.entries = dict(zip(ids, map(_entry_dec.decode, metas), strict=True))
+                stored.sealed = dict(zip(ids, contents, strict=True))
         stored.barriers = [_barrier_dec.decode(doc) for (doc,) in barrier_rows]
         return stored
 

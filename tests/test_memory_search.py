@@ -247,3 +247,72 @@ def test_new_request_ids_read_no_receipt_and_repeats_still_answer_after_a_restar
         await _close(svc)
 
     asyncio.run(again())
+
+
+def test_stored_terms_made_from_other_content_are_made_again_after_a_restart(tmp_path: Path):
+    """A record's term row commits with the record, so a row made from other content should not
+    happen; if one does (a file restored by hand, say), the first search after a restart may
+    answer from it, and the pool's records are then indexed again from their content: the old
+    words stop finding it and the real ones do, and the row is rewritten."""
+
+    async def first() -> str:
+        svc = _shard(tmp_path)
+        a = await _create(svc, ANN, "The orchard needs pruning in March.")
+        await _create(svc, ANN, "Lunch is at noon.")
+        await _close(svc)
+        return a
+
+    a = asyncio.run(first())
+    con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))
+    (other,) = con.execute("SELECT terms FROM search_terms WHERE entry <> ?", [a]).fetchone()
+    con.execute("UPDATE search_terms SET terms = ?, fp = 'stale' WHERE entry = ?", [other, a])
+    con.close()
+
+    async def again() -> None:
+        svc = _shard(tmp_path)
+        await _found(svc, "anything")  # loads the pool (and its stored terms as they are)
+        for _ in range(3):
+            await asyncio.sleep(0)  # the check runs once the loading search is answered
+        assert await _found(svc, "orchard pruning") == [a]
+        assert a not in await _found(svc, "noon lunch")
+        await svc.flush()
+        fps = svc.db.query("SELECT fp FROM search_terms WHERE entry = ?", [a])
+        assert fps and fps[0][0] != "stale"
+        await _close(svc)
+
+    asyncio.run(again())
+
+
+def test_enrichment_context_takes_what_the_input_is_about_first(tmp_path: Path):
+    """ENR-1/ENR-5 with issue 11: the memory bot's context for an input is chosen by the same
+    ranked search as memory search. An entry that shares only a stem with the input ("deploys"
+    for "deployment") and comes last in memory order is in the context although earlier entries
+    fill the limit; the context stays in memory order, within the limit, and holds nothing the
+    reader may not see; with no match it is `context` (memory order, first that does not fit)."""
+
+    async def main() -> None:
+        svc = ShardService(tmp_path, 0)
+        wanted = await svc.remember(POOL, ALICE, "Ann deploys the billing service on Fridays")
+        hidden = await svc.remember(POOL, BOB, "Bob deploys the billing service on Mondays")
+        filler = [  # newer: first in memory order
+            (await svc.remember(POOL, ALICE, f"Note {n}: the weekly tea rota, cups and saucers."))
+            for n in range(12)
+        ]
+        limit = 200  # room for about four entries
+        plain, has = await svc.context_parts(POOL, ALICE, limit)
+        assert has and wanted.id not in {i for i, _ in plain}  # memory order alone misses it
+        parts, has = await svc.bot_memory.context_for(
+            POOL, ALICE, "When is the next deployment of billing?", limit
+        )
+        ids = [i for i, _ in parts]
+        assert has and wanted.id in ids and hidden.id not in ids
+        assert len("\n".join(t for _, t in parts)) <= limit
+        order = [e.id for e in (await svc.read_memory(POOL, ALICE)).entries]
+        assert ids == [i for i in order if i in ids]  # memory order
+        assert ids[:-1] == [i for i, _ in plain][: len(ids) - 1]  # then filled as `context` does
+        unrelated, _ = await svc.bot_memory.context_for(POOL, ALICE, "quokka", limit)
+        assert unrelated == plain
+        assert filler  # (the entries above are what fills the limit)
+        await svc.close()
+
+    asyncio.run(main())

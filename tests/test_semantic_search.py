@@ -30,7 +30,7 @@ from actors.models.embeddings import (
 )
 from actors.models.registry import load_models
 from actors.shard.service import ShardService
-from actors.workspace.semantic import PoolVectors
+from actors.workspace.vectors import PoolVectors
 from engine.errors import InvalidInput, Unavailable
 from engine.memory import Scope, Tier
 from engine.scoped_memory import WsEntry, WsMemoryChange, WsMemoryCreate
@@ -399,3 +399,39 @@ def test_search_keeps_semantic_and_keyword_hits_and_only_what_the_caller_may_rea
         assert [e["id"] for e in only["entries"]] == [maps]
         bad = alice.get(f"{WS}/memories", params={"q": "car", "using": "psychic"})
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_using"
+
+
+def test_semantic_search_finds_the_learned_entries_the_caller_may_read(tmp_path: Path):
+    """Issue 11 (left from issue 15): a bot's learned entries (seed 000, one memory per bot)
+    are found by meaning too, not only by their words, and only by whom they are for; a learned
+    entry is embedded when a search first meets it, once."""
+    from tests.test_shard_service import POOL as BOT_POOL
+    from tests.test_shard_service import fact
+
+    async def main() -> None:
+        emb = InProcessEmbedder()
+        svc = _shard(tmp_path, emb)
+        await svc.add_entries(
+            BOT_POOL,
+            [
+                (fact("mem_l1", user="u1"), "Her automobile is a green hatchback"),
+                (fact("mem_l2", user="u2"), "His automobile is a red van"),
+            ],
+        )
+        bot = BOT_POOL.removeprefix("bot:")
+        u1 = WsAccess(account="u1", bots=frozenset({bot}), orgs=("o1",))
+        u2 = WsAccess(account="u2", bots=frozenset({bot}), orgs=("o1",))
+        only = WsQuery(pools=(BOT_POOL,), projects=(), q="car", using="semantic")
+        listing = await svc.ws_entries(u1, only)
+        assert [h.id for h in listing.semantic] == ["mem_l1"]  # no "car" in it
+        assert [e.id for e in listing.entries] == ["mem_l1"]  # and not u2's
+        hybrid = await svc.ws_entries(u1, WsQuery(pools=(BOT_POOL,), projects=(), q="car"))
+        assert [(h.id, h.kinds) for h in hybrid.fused] == [("mem_l1", ("semantic",))]
+        assert [e.id for e in (await svc.ws_entries(u2, only)).entries] == ["mem_l2"]
+        embedded = [t for t in emb.texts if "automobile" in t]
+        assert sorted(embedded) == sorted(
+            ["Her automobile is a green hatchback", "His automobile is a red van"]
+        )  # each once, by the search that first met it
+        await _close(svc)
+
+    asyncio.run(main())

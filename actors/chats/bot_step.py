@@ -269,7 +269,10 @@ class BotStepper:
         if not await self.memory_allowed(step.bot):
             return step.text
         pool = bot_pool(step.bot.id)
-        parts, has = await self.memory.context_parts(pool, reader, ENRICH_CONTEXT)
+        # What the input is about first (the same ranked search as memory search, issue 11).
+        parts, has = await self.memory.bot_memory.context_for(
+            pool, reader, step.text, ENRICH_CONTEXT
+        )
         if not (has and parts):
             return step.text
         done = await self.runtime.rewrite(

@@ -22,11 +22,14 @@ from actors.shard.kernel import ShardKernel
 from actors.shard.pool import Pool
 from actors.workspace.pools import WsPool, WsPools
 from engine import bot_memory as bm
+from engine.errors import InvalidInput
 from engine.learning import ContextEntry, context_entry, context_selection
 from engine.memory import EntryMeta, Reader
 from engine.order import in_memory_order
 from engine.scoped_memory import WsEntry, WsStatus
 from engine.visibility import Visibility, directly_visible
+
+CONTEXT_HITS = 32  # ranked hits an input's context takes first (`BotMemory.context_for`)
 
 
 class Records(Mapping[str, EntryMeta]):
@@ -54,6 +57,24 @@ class Records(Mapping[str, EntryMeta]):
 
     def __contains__(self, entry_id: object) -> bool:
         return self.ws is not None and entry_id in self.ws.stored.entries
+
+
+def record_check(ws: WsPool, reader: Reader) -> Callable[[WsEntry], bool]:
+    """Whether `reader` may see a workspace record of bot pool `ws`, checked record by record
+    (search checks only the records its ranking reaches). A record is pinned: its own tags and
+    topics alone decide, with no lock needed (its writes change it in one synchronous step),
+    and a pool's records share a few tag sets, so each set is checked once per read."""
+    records = Records(ws)
+    memo: dict[tuple[tuple[str, ...], tuple[str, ...]], bool] = {}
+
+    def visible(record: WsEntry) -> bool:
+        key = (record.tags, record.topics)
+        seen = memo.get(key)
+        if seen is None:
+            seen = memo[key] = directly_visible(reader, records[record.id])
+        return seen
+
+    return visible
 
 
 @dataclass
@@ -103,6 +124,26 @@ class Snapshot:
 
     def is_record(self, entry_id: str) -> bool:
         return self.ws is not None and entry_id in self.ws.stored.entries
+
+
+def _best(snap: Snapshot, keys: list[int], limit: int) -> list[tuple[str, float]]:
+    """The `limit` best BM25 hits (term keys `keys`) among the usable entries of `snap`, seed
+    entries and workspace records alike, best first (call with the snapshot's lock held)."""
+    reader = snap.reader
+    # Seed entries under the union's visibility (an observation may rest on a record).
+    candidates, vis = snap.pool.candidates(reader), snap.visibility
+    found = snap.pool.terms.search(keys, limit, lambda i: i in candidates and vis.usable(i))
+    if snap.ws is not None:
+        visible = record_check(snap.ws, reader)
+        records = snap.ws.stored.entries
+
+        def usable(i: str) -> bool:
+            r = records.get(i)
+            return r is not None and r.status == WsStatus.ACTIVE and visible(r)
+
+        found += snap.ws.index.search(keys, limit, usable)
+    found.sort(key=lambda hit: -hit[1])
+    return found[:limit]
 
 
 class BotMemory:
@@ -176,24 +217,47 @@ class BotMemory:
         if not keys:
             return []
         async with self.read(pool_id, reader) as snap:
-            # Seed entries under the union's visibility (an observation may rest on a record).
-            candidates, vis = snap.pool.candidates(reader), snap.visibility
-            found = snap.pool.terms.search(keys, limit, lambda i: i in candidates and vis.usable(i))
-            if snap.ws is not None:
-                memo: dict = {}
-                records = snap.ws.stored.entries
+            found = _best(snap, keys, limit)
+            return [(snap.entries[i], snap.open(i), score) for i, score in found]
 
-                def usable(i: str) -> bool:
-                    r = records.get(i)
-                    return (
-                        r is not None
-                        and r.status == WsStatus.ACTIVE
-                        and snap.record_visible(r, memo)
-                    )
+    async def context_for(
+        self, pool_id: str, reader: Reader, query: str, limit: int
+    ) -> tuple[list[tuple[str, str]], bool]:
+        """The memory bot's context for one input (ENR-1, ENR-5, issue 11): (id, text) of
+        usable entries the reader may see, at most `limit` characters joined by newlines, in
+        memory order, and whether any usable entry exists (ENR-7).
 
-                found += snap.ws.index.search(keys, limit, usable)
-            found.sort(key=lambda hit: -hit[1])
-            return [(snap.entries[i], snap.open(i), score) for i, score in found[:limit]]
+        When they do not all fit, the entries the input's ranked search finds (the same
+        ranking as `ranked`: BM25 over the bot's one memory, stems and any word matching) are
+        taken first, best first, each whole where it fits; the room left is filled in memory
+        order as `context` does, stopping at the first that does not fit. Only the entries
+        taken are decrypted."""
+        if limit < 0:
+            raise InvalidInput("limit must be >= 0")
+        keys = self.kernel.analyzer.query(query) if query.strip() else []
+        async with self.read(pool_id, reader) as snap:
+            usable = snap.usable()
+            taken: dict[str, str] = {}
+            size = 0
+
+            def take(entry_id: str) -> bool:
+                nonlocal size
+                text = snap.open(entry_id)
+                extra = len(text) + (1 if taken else 0)
+                if size + extra > limit:
+                    return False
+                taken[entry_id] = text
+                size += extra
+                return True
+
+            if keys:
+                for entry_id, _ in _best(snap, keys, CONTEXT_HITS):
+                    take(entry_id)
+            for meta in usable:
+                if meta.id not in taken and not take(meta.id):
+                    break
+            parts = [(m.id, taken[m.id]) for m in usable if m.id in taken]
+        return parts, bool(usable)
 
     async def search(
         self, pool_id: str, reader: Reader, query: str, limit: int

@@ -26,9 +26,10 @@ from engine import scoped_memory as sm
 from engine import tags as tagmod
 from engine.errors import OpenBotError
 from engine.scoped_memory import WsEntry
+from storage.bulk import paused_gc
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
-from storage.search_index import TermIndex, pack_keys, unpack_keys
+from storage.search_index import TermIndex
 from storage.workspace_store import StoredWsPool, WorkspaceStore
 
 CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in its context
@@ -131,30 +132,54 @@ class WsPools:
         """Build the pool's keyword index from the stored term keys (read in bulk); records
         without current ones (written before migration 8, or imported) are tokenized now and
         their keys stored for next time."""
-        entries, fps, blobs = await self.kernel.terms.load_raw(pool.id)
+        ids, fps, lengths, flat = await self.kernel.terms.load_flat(pool.id)
         current = pool.stored.entries
-        ids: list[str] = []
-        kept: list[bytes] = []
-        for entry_id, fp, blob in zip(entries, fps, blobs, strict=True):
-            e = current.get(entry_id)
-            if e is not None and e.content_fp == fp:
-                ids.append(entry_id)
-                kept.append(blob)
-        missing: list[Write] = []
-        if len(ids) < len(current):
+        analyzer = self.kernel.analyzer
+        with paused_gc():
             have = set(ids)
-            for entry_id, entry in current.items():
-                if entry_id in have:
-                    continue
+            if not have <= current.keys():  # rows of records gone since: not indexed
+                keep = np.fromiter((i in current for i in ids), dtype=bool, count=len(ids))
+                flat = flat[np.repeat(keep, lengths)]
+                lengths = lengths[keep]
+                ids = [i for i in ids if i in current]
+                fps = [fp for fp, k in zip(fps, keep, strict=True) if k]
+            missing = current.keys() - have if len(have) != len(current) else set()
+            extra_ids = sorted(missing)
+            extra = [analyzer.keys(self.open(pool, i)) for i in extra_ids]
+            rows = [
+                self.kernel.terms.row(pool.id, i, current[i].content_fp, keys)
+                for i, keys in zip(extra_ids, extra, strict=True)
+            ]
+            if extra:
+                ids = [*ids, *extra_ids]
+                lengths = np.concatenate((lengths, [k.size for k in extra])).astype(np.int64)
+                flat = np.concatenate((flat, *extra))
+            pool.index.build_flat(ids, lengths, flat)
+        self._store_terms(rows)
+        # A record's terms row commits with the record, so a row made from other content
+        # than the record's is all but impossible; still, check once the search that loaded
+        # the pool is answered (a walk of every record).
+        asyncio.get_running_loop().call_soon(self._check_terms, pool, ids[: len(fps)], fps)
+
+    def _check_terms(self, pool: WsPool, ids: list[str], fps: list[str]) -> None:
+        """Index again the records whose stored terms were not made from their content."""
+        if self._pools.get(pool.id) is not pool or pool.poisoned:
+            return  # evicted or reloaded meanwhile: done again by its next load
+        get, row_of = pool.stored.entries.get, pool.index.row_of
+        rows = []
+        for row, (entry_id, fp) in enumerate(zip(ids, fps, strict=True)):
+            e = get(entry_id)
+            # Not indexed again since the load (a write re-indexes: its row changes).
+            if e is not None and e.content_fp != fp and row_of(entry_id) == row:
                 keys = self.kernel.analyzer.keys(self.open(pool, entry_id))
-                ids.append(entry_id)
-                kept.append(pack_keys(keys))
-                missing.append(self.kernel.terms.row(pool.id, entry_id, entry.content_fp, keys))
-        lengths = np.fromiter((len(b) // 8 for b in kept), dtype=np.int64, count=len(kept))
-        pool.index.build_flat(ids, lengths, unpack_keys(b"".join(kept)))
-        if missing:
+                pool.index.put(entry_id, keys)
+                rows.append(self.kernel.terms.row(pool.id, entry_id, e.content_fp, keys))
+        self._store_terms(rows)
+
+    def _store_terms(self, rows: list[Write]) -> None:
+        if rows:
             # Derived data: nothing waits for it, and a failure only means doing it again.
-            fut = self.kernel.stage(Batch(writes=missing))
+            fut = self.kernel.stage(Batch(writes=rows))
             if fut is not None:
                 ignore_failure(fut)
 
@@ -191,11 +216,19 @@ class WsPools:
             bot = await self.peers.directory().get_bot(sm.pool_owner(stored.pool))
         except OpenBotError:
             return None
-        for entry_id, entry in list(stored.entries.items()):
-            tags = entry.tags or (tagmod.author(bot.owner), tagmod.FOR_BOT)
-            linked = bm.link_tags(tags, bot.org)
-            if linked != entry.tags:
-                stored.entries[entry_id] = msgspec.structs.replace(entry, tags=linked)
+        linked: dict[tuple[str, ...], tuple[str, ...]] = {}  # a pool's records share few tag sets
+        entries = stored.entries
+        with paused_gc():
+            for entry_id in stored.unlinked:  # those without `org:` (most pools: none)
+                entry = entries.get(entry_id)
+                if entry is None:
+                    continue
+                new = linked.get(entry.tags)
+                if new is None:
+                    tags = entry.tags or (tagmod.author(bot.owner), tagmod.FOR_BOT)
+                    new = linked[entry.tags] = bm.link_tags(tags, bot.org)
+                if new != entry.tags:
+                    entries[entry_id] = msgspec.structs.replace(entry, tags=new)
         return bot.org
 
     def drop(self, pool: WsPool) -> None:

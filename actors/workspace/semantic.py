@@ -44,6 +44,7 @@ from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, durable
 from actors.shard.residency import unused
 from actors.workspace.pools import WsPool, WsPools
+from actors.workspace.vectors import PoolVectors, unit_vector
 from engine.errors import OpenBotError
 from engine.scoped_memory import WsEntry
 from engine.workspace_search import Hit
@@ -55,125 +56,7 @@ INLINE_MAX = 256  # records one search embeds before answering; the rest go to t
 BACKGROUND_BATCH = 128  # records the background embeds per model call round
 RETRY_AFTER = 30.0  # seconds without model calls after a failure
 QUERY_CACHE = 512
-
-
-class PoolVectors:
-    """One pool's unit vectors: a growable float32 matrix whose rows never move (an edited
-    record's row is overwritten), with each row's record id and content fingerprint."""
-
-    def __init__(self) -> None:
-        self.dim = 0
-        self.n = 0
-        self.mat = np.zeros((0, 0), dtype=np.float32)
-        self.ids: list[str] = []
-        self.fps: list[str] = []
-        self.row: dict[str, int] = {}
-
-    def clear(self) -> None:
-        self.__init__()
-
-    def fp(self, entry_id: str) -> str | None:
-        r = self.row.get(entry_id)
-        return None if r is None else self.fps[r]
-
-    def put(self, entry_id: str, fp: str, vector: Sequence[float]) -> None:
-        v = np.asarray(vector, dtype=np.float32)
-        if v.ndim != 1 or v.size == 0:
-            raise ValueError("a vector must be one non-empty row")
-        if v.size != self.dim:
-            self.clear()  # another vector space: what was kept is worthless
-            self.dim = v.size
-        norm = float(np.linalg.norm(v))
-        unit = v / norm if norm > 0 and np.isfinite(norm) else np.zeros_like(v)
-        r = self.row.get(entry_id)
-        if r is None:
-            if self.n == self.mat.shape[0]:
-                grown = np.zeros((max(16, 2 * self.n), self.dim), dtype=np.float32)
-                if self.n:
-                    grown[: self.n] = self.mat[: self.n]
-                self.mat = grown
-            r = self.n
-            self.n += 1
-            self.row[entry_id] = r
-            self.ids.append(entry_id)
-            self.fps.append(fp)
-        else:
-            self.fps[r] = fp
-        self.mat[r] = unit
-
-    def load(self, items: Sequence[tuple[str, str, np.ndarray]]) -> None:
-        """Fill an empty index with (record, fingerprint, vector) rows in one go."""
-        if self.n or len({v.size for _, _, v in items}) != 1:
-            for entry_id, fp, vector in items:
-                self.put(entry_id, fp, vector)
-            return
-        mat = np.stack([v for _, _, v in items]).astype(np.float32)
-        norms = np.linalg.norm(mat, axis=1, keepdims=True)
-        usable = (norms > 0) & np.isfinite(norms)
-        self.mat = np.where(usable, mat / np.where(usable, norms, 1.0), 0.0).astype(np.float32)
-        self.dim, self.n = mat.shape[1], mat.shape[0]
-        self.ids = [entry_id for entry_id, _, _ in items]
-        self.fps = [fp for _, fp, _ in items]
-        self.row = {entry_id: r for r, entry_id in enumerate(self.ids)}
-
-    def load_matrix(self, ids: list[str], fps: list[str], mat: np.ndarray) -> None:
-        """Fill an empty index with a whole matrix (rows scaled to unit length here)."""
-        if not ids:
-            return
-        mat = np.array(mat, dtype=np.float32)  # a copy of its own, written in place
-        norms = np.linalg.norm(mat, axis=1, keepdims=True)
-        bad = ~((norms > 0) & np.isfinite(norms))
-        mat[bad[:, 0]] = 0.0
-        norms[bad] = 1.0
-        mat /= norms
-        self.mat = mat
-        self.dim, self.n = mat.shape[1], mat.shape[0]
-        self.ids, self.fps = list(ids), list(fps)
-        self.row = {entry_id: r for r, entry_id in enumerate(self.ids)}
-
-    def split(self, entries: Iterable[WsEntry]) -> tuple[list[int], list[WsEntry]]:
-        """The rows of the records among `entries` whose vector is current, and the records
-        whose vector is missing or stale (one pass: this runs over every candidate)."""
-        row, fps = self.row, self.fps
-        rows: list[int] = []
-        stale: list[WsEntry] = []
-        for e in entries:
-            r = row.get(e.id)
-            if r is not None and fps[r] == e.content_fp:
-                rows.append(r)
-            else:
-                stale.append(e)
-        return rows, stale
-
-    def top(self, query: np.ndarray, rows: Sequence[int], k: int, min_score: float) -> list[Hit]:
-        """The `k` of `rows` nearest to the unit vector `query`, best first, ties by id; none
-        below `min_score`."""
-        if k <= 0 or not rows or query.size != self.dim:
-            return []
-        picked = np.asarray(rows, dtype=np.int64)
-        if 4 * picked.size >= self.n:
-            scores = (self.mat[: self.n] @ query)[picked]  # most rows: no copy of the matrix
-        else:
-            scores = self.mat[picked] @ query
-        keep = scores >= min_score
-        picked, scores = picked[keep], scores[keep]
-        if picked.size > k:
-            # Everything tied with the k-th best stays in, so that ties are broken by id.
-            kth = np.partition(scores, picked.size - k)[picked.size - k]
-            keep = scores >= kth
-            picked, scores = picked[keep], scores[keep]
-        hits = [
-            Hit(id=self.ids[r], score=float(x), kinds=("semantic",))
-            for r, x in zip(picked.tolist(), scores.tolist(), strict=True)
-        ]
-        hits.sort(key=lambda h: (-h.score, h.id))
-        return hits[:k]
-
-
-def _unit(vector: Sequence[float]) -> np.ndarray:
-    v = np.asarray(vector, dtype=np.float32)
-    norm = float(np.linalg.norm(v))
-    return v / norm if norm > 0 and np.isfinite(norm) else np.zeros_like(v)
+LEARNED = "#learned"  # a bot pool's learned entries' vectors: `<pool>#learned`
 
 
 class SemanticSearch:
@@ -198,6 +81,7 @@ class SemanticSearch:
         self.clock = clock
         self.store = VectorStore(kernel.db)
         self._pools: dict[str, PoolVectors] = {}
+        self._loading: dict[str, asyncio.Future[tuple[list[str], list[str], np.ndarray]]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
         self._backlog: dict[str, dict[str, None]] = {}  # pool -> record ids, in arrival order
@@ -228,7 +112,7 @@ class SemanticSearch:
         except EmbeddingError as e:
             self._trip(e)
             return None
-        unit = _unit(vector)
+        unit = unit_vector(vector)
         self._queries[query] = unit
         if len(self._queries) > QUERY_CACHE:
             self._queries.popitem(last=False)
@@ -241,13 +125,33 @@ class SemanticSearch:
         vectors = self._pools.get(pool.id)
         if vectors is None:
             vectors = PoolVectors()
-            ids, fps, mat = await self.store.load_all(
-                pool.id, self.embedder.ident, pool.keyed.cipher
-            )
+            task = self._loading.pop(pool.id, None)
+            if task is not None:
+                ids, fps, mat = await task
+            else:
+                ids, fps, mat = await self.store.load_all(
+                    pool.id, self.embedder.ident, pool.keyed.cipher
+                )
             vectors.load_matrix(ids, fps, mat)
             self._pools[pool.id] = vectors
-            self._queue_missing(pool, vectors)
+            # After this search: a walk of every record, for what only the background needs.
+            asyncio.get_running_loop().call_soon(self._queue_missing, pool, vectors)
         return vectors
+
+    def prefetch(self, pool_id: str) -> None:
+        """Start reading a pool's vectors now: a search of the pool is about to need them, and
+        they decrypt on another thread while its records load (the first search after a shard
+        opens waits for the slower of the two, not for both)."""
+        if pool_id in self._pools or pool_id in self._loading:
+            return
+
+        async def load() -> tuple[list[str], list[str], np.ndarray]:
+            keyed = (await self.kernel.pool(pool_id)).stored
+            return await self.store.load_all(pool_id, self.embedder.ident, keyed.cipher)
+
+        task = asyncio.ensure_future(load())
+        task.add_done_callback(_ignore)  # its error, if any, is raised where it is awaited
+        self._loading[pool_id] = task
 
     def _lock(self, pool_id: str) -> asyncio.Lock:
         return self._locks.setdefault(pool_id, asyncio.Lock())
@@ -261,6 +165,11 @@ class SemanticSearch:
             return False
         self._locks.pop(pool_id, None)
         self._pools.pop(pool_id, None)
+        self._pools.pop(pool_id + LEARNED, None)
+        self._locks.pop(pool_id + LEARNED, None)
+        task = self._loading.pop(pool_id, None)
+        if task is not None:
+            task.cancel()
         return True
 
     async def _fill(self, pool: WsPool, vectors: PoolVectors, entries: Iterable[WsEntry]) -> None:
@@ -290,6 +199,52 @@ class SemanticSearch:
         fut = self.kernel.stage(Batch().key(pool.keyed).extend(rows))
         if fut is not None:
             fut.add_done_callback(_log_failure)
+
+    # --- a bot's learned entries (seed 000: one memory per bot) -------------------------------
+
+    async def learned(self, pool: WsPool) -> PoolVectors:
+        """The vectors of bot pool `pool`'s learned entries, loaded on first use and kept apart
+        from its records' (their rows are stored under `<pool>#learned`); a vector is current
+        while its fingerprint is that of the entry's sealed content."""
+        key = pool.id + LEARNED
+        async with self._lock(key):
+            vectors = self._pools.get(key)
+            if vectors is None:
+                vectors = PoolVectors()
+                ids, fps, mat = await self.store.load_all(
+                    key, self.embedder.ident, pool.keyed.cipher
+                )
+                vectors.load_matrix(ids, fps, mat)
+                self._pools[key] = vectors
+        return vectors
+
+    async def embed_learned(
+        self, pool: WsPool, vectors: PoolVectors, todo: Sequence[tuple[str, str, str]]
+    ) -> None:
+        """Embed (entry, fingerprint, text) of learned entries a search met without a current
+        vector, keep the vectors and store them (no lock held: the caller opened the texts)."""
+        if not todo or self._down():
+            return
+        try:
+            found = await self.embedder.embed([text for _, _, text in todo])
+        except EmbeddingError as e:
+            self._trip(e)
+            return
+        items = []
+        for (entry_id, fp, _), vector in zip(todo, found, strict=True):
+            vectors.put(entry_id, fp, vector)
+            items.append((entry_id, fp, vector))
+        self.embedded += len(todo)
+        self._seq = max(self._seq + 1, time.time_ns())
+        model, cipher = self.embedder.ident, pool.keyed.cipher
+        rows = [self.store.block(pool.id + LEARNED, model, self._seq, items, cipher)]
+        fut = self.kernel.stage(Batch().key(pool.keyed).extend(rows))
+        if fut is not None:
+            fut.add_done_callback(_log_failure)
+
+    async def query_vector(self, query: str) -> np.ndarray | None:
+        """The query's unit vector (cached), or None when the model is unavailable."""
+        return await self._query(query) if query.strip() else None
 
     # --- search --------------------------------------------------------------------------------
 
@@ -362,9 +317,13 @@ class SemanticSearch:
     def _queue_missing(self, pool: WsPool, vectors: PoolVectors) -> None:
         """Queue for the background every record of the pool without a current vector (once,
         when the pool's vectors load): searches then never wait for them."""
-        for e in pool.stored.entries.values():
-            if vectors.fp(e.id) != e.content_fp:
-                self._queue(pool.id, e.id)
+        if self._pools.get(pool.id) is not vectors or pool.poisoned:
+            return  # evicted or reloaded meanwhile: its next load queues what is missing
+        row, fps = vectors.row, vectors.fps
+        for entry_id, e in list(pool.stored.entries.items()):
+            r = row.get(entry_id)
+            if r is None or fps[r] != e.content_fp:
+                self._queue(pool.id, entry_id)
 
     # --- background ----------------------------------------------------------------------------
 
@@ -414,6 +373,11 @@ class SemanticSearch:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self.embedder.close()
+
+
+def _ignore(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _log_failure(fut: asyncio.Future[None]) -> None:

@@ -263,8 +263,9 @@ class Workspace:
                 self.semantic.written(pool.id, entry.id)
             if edit.barrier is not None:
                 stored.barriers.append(edit.barrier)
-            # Records flagged for review whose rival is gone settle (metadata only).
-            for settled in sm.settled_reviews(stored.entries):
+            # Records flagged for review whose rival is gone settle (metadata only). A new
+            # record takes no rival away: only edits and forgetting need the walk of the pool.
+            for settled in () if new else sm.settled_reviews(stored.entries):
                 writes.append(self.store.entry_row(settled, stored.sealed[settled.id], new=False))
                 stored.entries[settled.id] = settled
                 events.append(

@@ -1,0 +1,208 @@
+"""Ranked search of the workspace memory on one shard (issue 11; SPEC SC-7, MEM-1, ACL-9).
+
+`GET /api/app/workspace/memories?q=` on a shard: BM25 keyword hits (storage/search_index.py)
+and semantic hits (actors/workspace/semantic.py) of the pools the caller may read, fused by
+weighted reciprocal rank (engine/workspace_search.py) and cut at `limit`. A bot pool's
+learned entries (seed 000, one memory per bot) are ranked with its records.
+
+Checked lazily, never listed: nothing here walks a pool's records to find what the caller may
+read (at 100,000 records that walk alone took most of a search's time). Each ranking covers
+the whole pool and is walked best first, every id checked by the caller's filter (status,
+contributor, and for a bot pool the record's visibility to the caller) until enough pass. The
+scores do not depend on who reads — BM25's document frequencies and average length are over
+the whole pool, a cosine is the record's own — so the hits are exactly those of filtering first
+and ranking after: a record the caller may not read is never a hit and never moves a readable
+one. (What the hidden records do reveal is nothing: a score is never shown for them, and the
+statistics they feed are the pool's, the same for every reader.)
+
+Locking: a bot pool's learned entries are checked under that pool's shared lock (ACL-9), once
+for the keyword walk and again when the top ones are opened (the semantic search awaited the
+model in between, and an entry may have changed). Workspace records are checked and opened in
+synchronous stretches; their writes happen under the workspace pool's lock without an await
+between the change and the state, so a check never sees half a change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from actors.contracts import WsAccess, WsListing, WsQuery
+from actors.shard.bot_memory import BotMemory, record_check
+from actors.shard.kernel import ShardKernel
+from actors.shard.pool import Pool
+from actors.workspace.access import WsRules
+from actors.workspace.pools import WsPool, WsPools
+from actors.workspace.semantic import SemanticSearch
+from engine import bot_memory as bm
+from engine import scoped_memory as sm
+from engine.memory import Reader, Status
+from engine.scoped_memory import WsEntryView, WsStatus
+from engine.visibility import Visibility
+from engine.workspace_search import FUSION_DEPTH, Hit, fusion_depth, merge_hits
+from storage.memory_store import sealed_fp
+
+
+class Searcher(Protocol):
+    """What a ranked search reads (actors/workspace/listing.py's `WsListings`)."""
+
+    kernel: ShardKernel
+    pools: WsPools
+    rules: WsRules
+    memory: BotMemory  # a bot's one memory: its records and learned entries (MEM-1)
+    semantic: SemanticSearch | None
+    weights: tuple[float, float]
+
+
+def _yes(_: str) -> bool:
+    return True
+
+
+def record_filter(
+    ws: Searcher, pool: WsPool, access: WsAccess, query: WsQuery
+) -> Callable[[str], bool]:
+    """Whether a record id of `pool` is one the query may return to the caller (the pool
+    itself is readable: checked before)."""
+    entries = pool.stored.entries
+    status, contributor = query.status, query.contributor
+    visible = (
+        record_check(pool, ws.rules.bot_reader(pool, access))
+        if pool.id.startswith("bot:")
+        else None
+    )
+
+    def ok(entry_id: str) -> bool:
+        e = entries.get(entry_id)
+        return (
+            e is not None
+            and (status == "all" or e.status == status)
+            and (contributor is None or e.contributor == contributor)
+            and (visible is None or visible(e))
+        )
+
+    return ok
+
+
+def learned_filter(pool: Pool, reader: Reader, query: WsQuery, vis: Visibility):
+    """The same for a bot pool's learned entries (call under the pool's lock; `vis` is of the
+    union of its entries and records, for observations resting on a record)."""
+    entries, bot = pool.entries, sm.pool_owner(pool.id)
+    status, contributor = query.status, query.contributor
+
+    def ok(entry_id: str) -> bool:
+        m = entries.get(entry_id)
+        if m is None or not vis.visible(entry_id):
+            return False
+        if status != "all":
+            active = m.status == Status.ACTIVE
+            if active != (status == WsStatus.ACTIVE):
+                return False
+        return contributor is None or (m.contributor or bot) == contributor
+
+    return ok
+
+
+async def search(
+    ws: Searcher,
+    access: WsAccess,
+    query: WsQuery,
+    pools: Sequence[WsPool],
+    names: dict[str, str],
+) -> WsListing:
+    assert query.q is not None
+    hybrid = ws.semantic is not None and query.using == "all"
+    # One list alone is cut at `limit`; fused lists go as deep as fusion needs.
+    depth = fusion_depth(query.limit, ws.weights, floor=FUSION_DEPTH) if hybrid else query.limit
+    keys = ws.kernel.analyzer.query(query.q)
+    allow = {p.id: record_filter(ws, p, access, query) for p in pools}
+    owner: dict[str, WsPool] = {}
+    learned: dict[str, WsPool] = {}  # learned entry id -> its bot pool
+    keyword: list[Hit] = []
+    if query.using != "semantic" and keys:
+        for pool in pools:
+            for entry_id, score in pool.index.search(keys, depth, allow[pool.id]):
+                owner[entry_id] = pool
+                keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
+            if pool.id.startswith("bot:"):  # the bot's learned entries (MEM-1)
+                reader = ws.rules.bot_reader(pool, access)
+                async with ws.memory.read(pool.id, reader) as snap:
+                    ok = learned_filter(snap.pool, reader, query, snap.visibility)
+                    for entry_id, score in snap.pool.terms.search(keys, depth, ok):
+                        learned[entry_id] = pool
+                        keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
+        keyword.sort(key=lambda h: -h.score)
+        keyword = keyword[:depth]
+    semantic: list[Hit] = []
+    if ws.semantic is not None and query.using != "keyword":
+        semantic = await ws.semantic.search(query.q, [(p, allow[p.id]) for p in pools], depth)
+        for h in semantic:
+            if h.id not in owner:
+                for pool in pools:
+                    if h.id in pool.stored.entries:
+                        owner[h.id] = pool
+                        break
+        for pool in pools:
+            if pool.id.startswith("bot:"):
+                for h in await _learned_semantic(ws, access, query, pool, depth):
+                    learned[h.id] = pool
+                    semantic.append(h)
+        semantic.sort(key=lambda h: (-h.score, h.id))
+        semantic = semantic[:depth]
+    # Every hit passed its filter when its list was walked. The semantic search awaited since:
+    # a record may have changed meanwhile, so the fused ranking is walked best first, each
+    # record checked again in the same synchronous stretch as its content is opened.
+    fused: list[Hit] = []
+    views: dict[str, WsEntryView] = {}
+    everything = len(keyword) + len(semantic)
+    for h in merge_hits(keyword, semantic, _yes, everything, weights=ws.weights):
+        if len(fused) == query.limit:
+            break
+        pool = owner.get(h.id)
+        if h.id in learned:
+            fused.append(h)  # checked and opened under its pool's lock, below
+        elif pool is not None and allow[pool.id](h.id):
+            fused.append(h)
+            views[h.id] = sm.view(pool.stored.entries[h.id], ws.pools.open(pool, h.id))
+    for pool in {learned[h.id].id: learned[h.id] for h in fused if h.id in learned}.values():
+        reader = ws.rules.bot_reader(pool, access)
+        bot = sm.pool_owner(pool.id)
+        async with ws.memory.read(pool.id, reader) as snap:
+            ok = learned_filter(snap.pool, reader, query, snap.visibility)
+            for h in fused:
+                if learned.get(h.id) is pool and ok(h.id):
+                    meta = snap.pool.entries[h.id]
+                    views[h.id] = bm.as_record_view(meta, snap.open(h.id), bot)
+    fused = [h for h in fused if h.id in views]  # a learned entry gone while we waited: dropped
+    top = {h.id for h in fused}
+    return WsListing(
+        entries=[views[h.id] for h in fused],
+        hits=[h for h in keyword if h.id in top],
+        semantic=[h for h in semantic if h.id in top],
+        fused=fused,
+        names=names,
+    )
+
+
+async def _learned_semantic(
+    ws: Searcher, access: WsAccess, query: WsQuery, pool: WsPool, depth: int
+) -> list[Hit]:
+    """Semantic hits among the learned entries of bot pool `pool` the caller may read: those
+    without a current vector (learned since, or never searched) are embedded first, up to the
+    semantic search's inline budget. Checked under the pool's lock, embedded without it."""
+    semantic = ws.semantic
+    assert semantic is not None and query.q is not None
+    unit = await semantic.query_vector(query.q)
+    if unit is None:
+        return []
+    vectors = await semantic.learned(pool)
+    reader = ws.rules.bot_reader(pool, access)
+    async with ws.memory.read(pool.id, reader) as snap:
+        ok = learned_filter(snap.pool, reader, query, snap.visibility)
+        sealed = snap.pool.stored.sealed
+        found = [(i, sealed_fp(sealed[i])) for i in snap.pool.entries if i in sealed and ok(i)]
+        todo = [(i, fp, snap.open(i)) for i, fp in found if vectors.fp(i) != fp]
+    await semantic.embed_learned(pool, vectors, todo[: semantic.inline_max])
+    if vectors.n and vectors.dim != unit.size:
+        return []
+    rows = [vectors.row[i] for i, fp in found if vectors.fp(i) == fp]
+    return vectors.top(unit, rows, depth, semantic.min_score)

@@ -1,0 +1,135 @@
+"""One pool's vectors for semantic search (actors/workspace/semantic.py): a growable matrix of
+unit vectors with each row's record id and content fingerprint, and the top hits for a query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from engine.scoped_memory import WsEntry
+from engine.workspace_search import Hit
+from storage.bulk import paused_gc
+
+
+class PoolVectors:
+    """One pool's unit vectors: a growable float32 matrix whose rows never move (an edited
+    record's row is overwritten), with each row's record id and content fingerprint."""
+
+    def __init__(self) -> None:
+        self.dim = 0
+        self.n = 0
+        self.mat = np.zeros((0, 0), dtype=np.float32)
+        self.ids: list[str] = []
+        self.fps: list[str] = []
+        self.row: dict[str, int] = {}
+
+    def clear(self) -> None:
+        self.__init__()
+
+    def fp(self, entry_id: str) -> str | None:
+        r = self.row.get(entry_id)
+        return None if r is None else self.fps[r]
+
+    def put(self, entry_id: str, fp: str, vector: Sequence[float]) -> None:
+        v = np.asarray(vector, dtype=np.float32)
+        if v.ndim != 1 or v.size == 0:
+            raise ValueError("a vector must be one non-empty row")
+        if v.size != self.dim:
+            self.clear()  # another vector space: what was kept is worthless
+            self.dim = v.size
+        norm = float(np.linalg.norm(v))
+        unit = v / norm if norm > 0 and np.isfinite(norm) else np.zeros_like(v)
+        r = self.row.get(entry_id)
+        if r is None:
+            if self.n == self.mat.shape[0]:
+                grown = np.zeros((max(16, 2 * self.n), self.dim), dtype=np.float32)
+                if self.n:
+                    grown[: self.n] = self.mat[: self.n]
+                self.mat = grown
+            r = self.n
+            self.n += 1
+            self.row[entry_id] = r
+            self.ids.append(entry_id)
+            self.fps.append(fp)
+        else:
+            self.fps[r] = fp
+        self.mat[r] = unit
+
+    def load(self, items: Sequence[tuple[str, str, np.ndarray]]) -> None:
+        """Fill an empty index with (record, fingerprint, vector) rows in one go."""
+        if self.n or len({v.size for _, _, v in items}) != 1:
+            for entry_id, fp, vector in items:
+                self.put(entry_id, fp, vector)
+            return
+        mat = np.stack([v for _, _, v in items]).astype(np.float32)
+        norms = np.linalg.norm(mat, axis=1, keepdims=True)
+        usable = (norms > 0) & np.isfinite(norms)
+        self.mat = np.where(usable, mat / np.where(usable, norms, 1.0), 0.0).astype(np.float32)
+        self.dim, self.n = mat.shape[1], mat.shape[0]
+        self.ids = [entry_id for entry_id, _, _ in items]
+        self.fps = [fp for _, fp, _ in items]
+        self.row = {entry_id: r for r, entry_id in enumerate(self.ids)}
+
+    def load_matrix(self, ids: list[str], fps: list[str], mat: np.ndarray) -> None:
+        """Fill an empty index with a whole matrix, taken over (scaled to unit length in
+        place) when it is a writable float32 one."""
+        if not ids:
+            return
+        if not (mat.dtype == np.float32 and mat.flags.writeable and mat.flags.c_contiguous):
+            mat = np.array(mat, dtype=np.float32)  # one of its own, written in place
+        norms = np.sqrt(np.einsum("ij,ij->i", mat, mat))  # one pass, no temporary matrix
+        bad = ~((norms > 0) & np.isfinite(norms))
+        mat[bad] = 0.0
+        norms[bad] = 1.0
+        mat /= norms[:, None]
+        self.mat = mat
+        self.dim, self.n = mat.shape[1], mat.shape[0]
+        self.ids, self.fps = list(ids), list(fps)
+        with paused_gc():
+            self.row = dict(zip(self.ids, range(len(self.ids)), strict=True))
+
+    def split(self, entries: Iterable[WsEntry]) -> tuple[list[int], list[WsEntry]]:
+        """The rows of the records among `entries` whose vector is current, and the records
+        whose vector is missing or stale (one pass: this runs over every candidate)."""
+        row, fps = self.row, self.fps
+        rows: list[int] = []
+        stale: list[WsEntry] = []
+        for e in entries:
+            r = row.get(e.id)
+            if r is not None and fps[r] == e.content_fp:
+                rows.append(r)
+            else:
+                stale.append(e)
+        return rows, stale
+
+    def top(self, query: np.ndarray, rows: Sequence[int], k: int, min_score: float) -> list[Hit]:
+        """The `k` of `rows` nearest to the unit vector `query`, best first, ties by id; none
+        below `min_score`."""
+        if k <= 0 or not rows or query.size != self.dim:
+            return []
+        picked = np.asarray(rows, dtype=np.int64)
+        if 4 * picked.size >= self.n:
+            scores = (self.mat[: self.n] @ query)[picked]  # most rows: no copy of the matrix
+        else:
+            scores = self.mat[picked] @ query
+        keep = scores >= min_score
+        picked, scores = picked[keep], scores[keep]
+        if picked.size > k:
+            # Everything tied with the k-th best stays in, so that ties are broken by id.
+            kth = np.partition(scores, picked.size - k)[picked.size - k]
+            keep = scores >= kth
+            picked, scores = picked[keep], scores[keep]
+        hits = [
+            Hit(id=self.ids[r], score=float(x), kinds=("semantic",))
+            for r, x in zip(picked.tolist(), scores.tolist(), strict=True)
+        ]
+        hits.sort(key=lambda h: (-h.score, h.id))
+        return hits[:k]
+
+
+def unit_vector(vector: Sequence[float]) -> np.ndarray:
+    v = np.asarray(vector, dtype=np.float32)
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm > 0 and np.isfinite(norm) else np.zeros_like(v)

@@ -87,7 +87,7 @@ def test_a_delivery_reads_nothing_and_writes_in_few_transactions(tmp_path: Path)
     assert [c.deliveries for c in listing] == [2, 2]  # the request and its result
     assert [k.status for k in listing[-1].links] == ["answered"]
     assert reads == 0  # the agent chat was made in memory, not read
-    # The person's item, the turn's end, the send; the request, the peer's reply; the result
-    # with its delivery item, the asker's reply.
-    assert transactions <= 7, transactions
+    # The person's item, the turn's end, the send; the request with the peer's reply (one
+    # transaction); the result with its delivery item, the asker's reply.
+    assert transactions <= 6, transactions
     assert dict(calls) == {"delivery_chat": 1}  # the asker's chat and the asker came with it

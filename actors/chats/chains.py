@@ -154,12 +154,18 @@ class ChainRunner:
         parent: str | None,
         chain: str | None,
         sink: Batch,
+        *,
+        restage: str | None = None,
     ):
         """Record a bot's sends in its chain and, for each real delivery, the sent item in
         `chat` (UI-1), adding them to `sink` and submitting it: one transaction. Call holding
-        the chat's lock. Returns the commit and the deliveries to start once it is durable."""
+        the chat's lock. `restage`: a chain changed in memory since its last row, whose row
+        goes in `sink` now (under the lock, so rows reach the disk in order). Returns the
+        commit and the deliveries to start once it is durable."""
         started: list[tuple[str, str]] = []
         async with self._lock:
+            if restage is not None:
+                await self.records.stage((await self.records.all())[restage], sink)
             for effect in sends:
                 chains = await self.records.all()
                 current = chains.get(chain) if chain else None
@@ -258,18 +264,22 @@ class ChainRunner:
             # After a restart the delivery may be stored already, and even answered: resume
             # from what the agent chat holds instead of delivering or asking twice.
             asked = next((i for i in alog.items if i.kind == "delivery"), None)
+            sink = Batch()
+            restage = None
             if asked is None:
-                sink = Batch()
+                # The request (the link's agent chat and the delivery item) commits with the
+                # peer's reply: one transaction. What the step is given, the request's text,
+                # is durable already (the send that made the link stored it); until the reply
+                # commits the item is not listed, and a restart finds nothing of the delivery
+                # stored and delivers it again, so nothing is lost or answered twice.
                 async with self._lock:
-                    attached = rules.attach_agent_chat(
-                        (await self.records.all())[chain_id], link.id, agent_chat.id
+                    chains = await self.records.all()
+                    chains[chain_id] = rules.attach_agent_chat(
+                        chains[chain_id], link.id, agent_chat.id
                     )
-                    await self.records.stage(attached, sink)
                     asked = conv.item(alog, chain.topic, "delivery", link.from_bot)
                     conv.append(alog, agent_chat, [(asked, request)], sink)
-                    pending = conv.commit_soon(agent_chat.id, alog, sink)
-                if pending is not None:
-                    await pending
+                restage = chain_id
             answered = next(
                 (i for i in alog.items if i.seq > asked.seq and i.kind in ("bot", "notification")),
                 None,
@@ -287,12 +297,24 @@ class ChainRunner:
                     wake="delivery",
                     history=conv.history(alog, asked.seq, me=peer.id),
                 )
-                outcome = await self._step(peer, step)
-                sink = Batch()
+                try:
+                    outcome = await self._step(peer, step)
+                except BaseException:
+                    if restage is not None:  # the request was never stored: memory drops it
+                        conv.forget(agent_chat.id)
+                    raise
                 reply = self._reply(alog, agent_chat, chain.topic, peer, outcome, sink)
                 sends = tuple(e for e in outcome.effects if e.kind == "send")
                 fut, started = await self._sends(
-                    agent_chat, alog, chain.topic, peer, sends, link.id, chain_id, sink
+                    agent_chat,
+                    alog,
+                    chain.topic,
+                    peer,
+                    sends,
+                    link.id,
+                    chain_id,
+                    sink,
+                    restage=restage,
                 )
                 for effect in outcome.effects:
                     if effect.kind == "post":

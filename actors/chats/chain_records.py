@@ -10,9 +10,10 @@ from typing import Any
 
 import msgspec
 
-from actors.contracts import ChainView, LinkView
-from engine.collaboration import Chain, ChainStatus
-from engine.directory import Chat
+from actors.contracts import ChainView, LinkView, StepOutcome
+from actors.shard.batch import Batch
+from engine.collaboration import Chain, ChainStatus, Link, find_link
+from engine.directory import Bot, Chat
 from engine.events import Audience, CollaborationChanged
 from storage.chat_store import ChatLog, Item
 from storage.crypto import aad
@@ -119,6 +120,34 @@ class ChainRecords:
         conv.append(log_, chat, [(item, text)], sink)
         sink.writes.append(conv.store.communication_row(log_, item.seq, "sent", peer))
         return item
+
+    def waiting_parent(self, chain: Chain, link: Link) -> tuple[str, str] | None:
+        """The parent link and its peer's waiting answer, when `link` was the last of its
+        sends still open."""
+        parent = find_link(chain, link.parent) if link.parent else None
+        if parent is None or parent.status != "sent":
+            return None
+        pending = self.texts.get(chain.id, {}).get(parent.id, {}).get("pending")
+        if pending is None or any(
+            c.parent == parent.id and c.status == "sent" for c in chain.links
+        ):
+            return None
+        return parent.id, pending
+
+    def reply(
+        self, chat_log: ChatLog, chat: Chat, turn: str, bot: Bot, outcome: StepOutcome, sink: Batch
+    ) -> str:
+        """The step's answer as an item of `chat`, added to `sink`; returns its text."""
+        if outcome.status == "done" and outcome.reply is not None:
+            kind, text = "bot", outcome.reply
+        else:
+            kind, text = (
+                "notification",
+                f"{bot.name} could not answer: {outcome.error or 'no answer'}",
+            )
+        item = self.conv.item(chat_log, turn, kind, bot.id)
+        self.conv.append(chat_log, chat, [(item, text)], sink)
+        return text
 
     def view(self, chain: Chain) -> ChainView:
         texts = self.texts.get(chain.id, {})

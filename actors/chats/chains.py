@@ -303,7 +303,7 @@ class ChainRunner:
                     if restage is not None:  # the request was never stored: memory drops it
                         conv.forget(agent_chat.id)
                     raise
-                reply = self._reply(alog, agent_chat, chain.topic, peer, outcome, sink)
+                reply = self.records.reply(alog, agent_chat, chain.topic, peer, outcome, sink)
                 sends = tuple(e for e in outcome.effects if e.kind == "send")
                 fut, started = await self._sends(
                     agent_chat,
@@ -333,21 +333,6 @@ class ChainRunner:
             log.warning("step of bot %s in chat %s failed: %s", bot.id, step.chat.id, e.message)
             return StepOutcome(status="failed", error=e.message)
 
-    def _reply(
-        self, chat_log: ChatLog, chat: Chat, turn: str, bot: Bot, outcome: StepOutcome, sink: Batch
-    ) -> str:
-        """The step's answer as an item of `chat`, added to `sink`; returns its text."""
-        if outcome.status == "done" and outcome.reply is not None:
-            kind, text = "bot", outcome.reply
-        else:
-            kind, text = (
-                "notification",
-                f"{bot.name} could not answer: {outcome.error or 'no answer'}",
-            )
-        item = self.conv.item(chat_log, turn, kind, bot.id)
-        self.conv.append(chat_log, chat, [(item, text)], sink)
-        return text
-
     async def _maybe_answer(self, chain_id: str, link_id: str, reply: str, org: Org) -> None:
         """The peer's latest reply answers its link once none of its own sends is still open."""
         chain = (await self.records.all())[chain_id]
@@ -356,10 +341,14 @@ class ChainRunner:
             return
         await self._result(chain_id, link_id, reply, org)
 
-    async def _result(self, chain_id: str, link_id: str, text: str, org: Org) -> None:
+    async def _result(
+        self, chain_id: str, link_id: str, text: str, org: Org, carried: Batch | None = None
+    ) -> None:
         """A link's answer: recorded in the chain and, unless suppressed, delivered to the chat
         it was asked from in the same transaction; then it wakes the bot that asked, whose
-        reply (and what it sent on) is a second transaction."""
+        reply (and what it sent on) is a second transaction. A suppressed answer that lets its
+        parent's waiting answer go up is not committed alone: its row is `carried` up into the
+        parent's transaction (after a cap, a linear chain's answers go up in one)."""
         conv = self.conv
         chain = (await self.records.all())[chain_id]
         link = rules.find_link(chain, link_id)
@@ -374,19 +363,22 @@ class ChainRunner:
         started: list[tuple[str, str]] = []
         async with conv.lock(target.id):
             tlog = await conv.log(target.id)
-            sink = Batch()
+            sink = carried or Batch()
             async with self._lock:
                 chain = (await self.records.all())[chain_id]
                 chain, decision = rules.on_result(
                     chain, link_id=link_id, text=text, now=self.kernel.clock()
                 )
                 self._texts.setdefault(chain_id, {}).setdefault(link_id, {})["result"] = text
+                # The last row of this chain in `sink` wins (rows of one key merge in order),
+                # and it is staged here under the lock, so a carried row is never stale.
                 await self.records.stage(chain, sink)
                 delivered = None
                 if decision.action == "deliver":
                     delivered = conv.item(tlog, chain.topic, "delivery", link.to_bot)
                     conv.append(tlog, target, [(delivered, text)], sink)
-                recorded = conv.commit_soon(target.id, tlog, sink)
+                up = None if delivered is not None else self.records.waiting_parent(chain, link)
+                recorded = None if up is not None else conv.commit_soon(target.id, tlog, sink)
             if recorded is not None:
                 await recorded
             if delivered is not None:
@@ -403,7 +395,7 @@ class ChainRunner:
                 )
                 outcome = await self._step(waker, step)
                 sink = Batch()
-                reply = self._reply(tlog, target, chain.topic, waker, outcome, sink)
+                reply = self.records.reply(tlog, target, chain.topic, waker, outcome, sink)
                 sends = tuple(e for e in outcome.effects if e.kind == "send")
                 fut, started = await self._sends(
                     target,
@@ -420,18 +412,19 @@ class ChainRunner:
                         await self._post(effect, waker, org)
         if delivered is None:
             # Suppressed, or late after a stop or cap: recorded, starts nothing (CO-1). A peer
-            # that answered while waiting for this one gets its answer recorded the same way.
-            pending = (
-                self._texts.get(chain_id, {}).get(parent.id, {}).get("pending") if parent else None
-            )
-            parent = rules.find_link(chain, link.parent) if link.parent else None
-            if (
-                parent is not None
-                and parent.status == "sent"
-                and pending is not None
-                and not any(c.parent == parent.id and c.status == "sent" for c in chain.links)
-            ):
-                await self._result(chain_id, parent.id, pending, org)
+            # that answered while waiting for this one gets its answer recorded the same way,
+            # in the same transaction.
+            if up is not None:
+                try:
+                    await self._result(chain_id, up[0], up[1], org, sink)
+                except Exception:
+                    if not sink.on_failure:  # not submitted yet (commit_soon adds its hook)
+                        async with self._lock:
+                            await self.records.stage((await self.records.all())[chain_id], sink)
+                            saved = conv.commit_soon(target.id, tlog, sink)
+                        if saved is not None:
+                            await saved
+                    raise
             return
         await self._started(fut, started, org)
         await self._maybe_release(chain.topic)

@@ -1,4 +1,5 @@
-"""The directory actor: orgs, users and tokens, bots and grants, channels, chats.
+"""The directory actor: orgs, users and tokens, bots and grants, channels, chats
+(actors/directory_chats.py).
 
 Held in memory, stored in `directory.duckdb`. Admin routes change it; every request reads it
 (through the gateway's short cache) to learn who is asking and what they may use.
@@ -24,7 +25,7 @@ from pathlib import Path
 import msgspec
 
 from actors.access_watch import AccessWatch
-from actors.directory_reads import DirectoryReads
+from actors.directory_chats import DirectoryChats, new_id
 from engine.bot_policy import require_team
 from engine.directory import (
     MAX_CHANNEL_BOTS,
@@ -36,10 +37,8 @@ from engine.directory import (
     OrgSettings,
     Permission,
     User,
-    bot_org,
     check_id,
     permission,
-    require_use,
 )
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, Unprocessable
 from engine.self_rules import Editor, RulesUpdate, new_member, set_archived, update_rules
@@ -52,11 +51,7 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _new_id(prefix: str) -> str:
-    return prefix + secrets.token_hex(8)
-
-
-class DirectoryService(DirectoryReads):
+class DirectoryService(DirectoryChats):
     def __init__(
         self,
         data_dir: str | Path,
@@ -83,7 +78,7 @@ class DirectoryService(DirectoryReads):
 
     def _fresh_id(self, table: dict, given: str | None, prefix: str, what: str) -> str:
         if given is None:
-            return _new_id(prefix)
+            return new_id(prefix)
         check_id(given, what)
         if given in table:
             raise Conflict(f"{what} {given!r} already exists", code="exists")
@@ -99,13 +94,6 @@ class DirectoryService(DirectoryReads):
                 details={"user": user_id, "org": org},
             )
         return user
-
-    async def _put(self, table: str, record, index: dict, **extra) -> None:
-        """Store one record, then make it the current one (callers hold the write lock)."""
-        await self.store.put(table, record, **extra)
-        index[record.id] = record
-        if table != "chats":  # chats change no one's access
-            self.access.bump()
 
     # --- admin ---
 
@@ -248,140 +236,6 @@ class DirectoryService(DirectoryReads):
             await self._put("channels", channel, self.channels)
             return channel
 
-    async def create_chat(
-        self,
-        user_id: str,
-        org: str | None,
-        *,
-        bot: str | None = None,
-        channel: str | None = None,
-        project: str | None = None,
-        kind: str | None = None,
-        project_org: str | None = None,
-    ) -> Chat:
-        """A direct (or review) chat with a bot, or the group chat of a channel: a channel has
-        one group chat, so every member who opens it gets the same conversation (opening it is
-        idempotent: concurrent opens all get the one chat).
-
-        A direct chat works in the bot's org; `org`, when given (the `OpenBot-Org` header),
-        must be one of the user's orgs and the bot's. A selected project (whose membership the
-        gateway checked) must be of the chat's org: its memory goes into the bot's prompt."""
-        if (bot is None) == (channel is None):
-            raise InvalidInput("a chat needs exactly one of bot or channel", code="invalid_chat")
-        if kind not in (None, "review", "direct", "group"):
-            raise InvalidInput("kind may only be review", code="invalid_chat")
-        async with self._write:
-            return await self._create_chat(user_id, org, bot, channel, project, kind, project_org)
-
-    async def _create_chat(
-        self,
-        user_id: str,
-        org: str | None,
-        bot: str | None,
-        channel: str | None,
-        project: str | None,
-        kind: str | None,
-        project_org: str | None = None,
-    ) -> Chat:
-        user = self._get(self.users, user_id, "user")
-        if bot is not None:
-            b = self._get(self.bots, bot, "bot")
-            require_use(b, user)
-            if kind not in (None, "review", "direct"):
-                raise InvalidInput("kind may only be review", code="invalid_chat")
-            org = bot_org(b, user, org)
-            chat_kind = "review" if kind == "review" else "direct"
-            home = b.owner
-        else:
-            assert channel is not None
-            ch = self.channels.get(channel)
-            if ch is None or ch.org not in user.orgs:
-                # Another org's channel answers as one that does not exist: a probe learns
-                # nothing about other orgs' channel ids.
-                raise NotFound(f"no channel {channel!r}", code="channel_not_found")
-            if user_id not in ch.people:
-                raise Forbidden("you are not a member of this channel", code="not_member")
-            if kind not in (None, "group"):
-                raise InvalidInput("a channel's chat is a group chat", code="invalid_chat")
-            org, chat_kind, home = ch.org, "group", ch.id
-            existing = self._group_chats.get(ch.id)
-            if existing is not None:
-                return self.chats[existing]
-        if project is not None and project_org is not None and project_org != org:
-            # As for a project you are not a member of: another org's project is not found.
-            raise NotFound(f"no project {project}", code="project_not_found")
-        chat = Chat(
-            id=_new_id("chat_"),
-            kind=chat_kind,
-            owner=user_id,
-            org=org,
-            bot=bot,
-            channel=channel,
-            project=project,
-            created_at=self.clock(),
-            home=home,
-        )
-        await self._put("chats", chat, self.chats)
-        if channel is not None:
-            self._group_chats[channel] = chat.id
-        return chat
-
-    async def agent_chat(self, root: Chat, peer: str, chain: str, link: str) -> Chat:
-        """The `agent` chat in which `peer` works on one delivery of a collaboration chain. It
-        lives with the root chat (same home) and belongs to the root chat's person."""
-        async with self._write:
-            self._get(self.bots, peer, "bot")
-            chat_id = f"chat_agent_{link}"
-            existing = self.chats.get(chat_id)
-            if existing is not None:
-                return existing
-            chat = Chat(
-                id=chat_id,
-                kind="agent",
-                owner=root.owner,
-                org=root.org,
-                bot=peer,
-                project=root.project,
-                created_at=self.clock(),
-                home=root.home,
-                chain=chain,
-            )
-            await self._put("chats", chat, self.chats)
-            return chat
-
-    async def delivery_chat(
-        self, root_id: str, peer: str, asker: str, chain: str, link: str
-    ) -> tuple[Chat, Bot, Bot]:
-        """One call per delivery of a collaboration chain: its `agent` chat (made on first
-        use, as `agent_chat`), the peer bot that works in it and the bot that asked (the one
-        the answer wakes), both read now."""
-        root = self._get(self.chats, root_id, "chat")
-        chat = await self.agent_chat(root, peer, chain, link)
-        return chat, self._get(self.bots, peer, "bot"), self._get(self.bots, asker, "bot")
-
-    async def review_chat(self, request_id: str, user_id: str, org: str, bot_id: str) -> Chat:
-        """The `review` chat in which `user_id` talks a request over with the bot (ENR-3): one
-        per request and person, kept with the bot (its home is the bot owner's shard, where
-        the request is)."""
-        async with self._write:  # check-then-create: one chat however many ask at once
-            bot = self._get(self.bots, bot_id, "bot")
-            require_use(bot, self._get(self.users, user_id, "user"))
-            chat_id = f"chat_review_{request_id}_{user_id}"
-            existing = self.chats.get(chat_id)
-            if existing is not None:
-                return existing
-            chat = Chat(
-                id=chat_id,
-                kind="review",
-                owner=user_id,
-                org=org,
-                bot=bot.id,
-                created_at=self.clock(),
-                home=bot.owner,
-            )
-            await self._put("chats", chat, self.chats)
-            return chat
-
     async def set_mode(self, channel_id: str, mode: str, leader: str | None) -> Channel:
         """Switch a group between equal discussion and a delivery goal (WS-6). Only the shard
         that keeps the group's chat calls this, holding the chat's turn lock after finding the
@@ -401,17 +255,6 @@ class DirectoryService(DirectoryReads):
             )
             await self._put("channels", ch, self.channels)
             return ch
-
-    async def group_chat(self, channel_id: str) -> Chat:
-        """The channel's group chat, created (owned by its first person) when it has none yet."""
-        ch = self._get(self.channels, channel_id, "channel")
-        existing = self._group_chats.get(ch.id)
-        if existing is not None:
-            return self.chats[existing]
-        if not ch.people:
-            raise Unprocessable("the channel has no people", code="empty_channel")
-        async with self._write:
-            return await self._create_chat(ch.people[0], None, None, ch.id, None, None)
 
     # --- taking access away (answered once every gateway dropped what it cached) ---
 
@@ -456,7 +299,7 @@ class DirectoryService(DirectoryReads):
         async with self._write:
             creator = self._get(self.bots, creator_id, "bot")
             require_team(creator, self._get(self.orgs, creator.org, "org"))  # WS-1: team building
-            bot = new_member(creator, bot_id=_new_id("b_"), name=name, prompt=prompt, rules=rules)
+            bot = new_member(creator, bot_id=new_id("b_"), name=name, prompt=prompt, rules=rules)
             await self._put("bots", bot, self.bots)
             return bot
 

@@ -1,0 +1,180 @@
+"""The directory's chats (actors/directory.py holds the other records and writes): a person's
+direct or review chat with a bot, a channel's one group chat, and the `agent` chat of each
+delivery of a collaboration chain. Each is made once however many ask at the same time: the
+check for an existing chat and the write happen under the directory's one write lock."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Callable
+
+from actors.access_watch import AccessWatch
+from actors.directory_reads import DirectoryReads
+from engine.directory import Bot, Chat, bot_org, require_use
+from engine.errors import Forbidden, InvalidInput, NotFound, Unprocessable
+from storage.directory_store import DirectoryStore
+
+
+def new_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(8)
+
+
+class DirectoryChats(DirectoryReads):
+    store: DirectoryStore
+    clock: Callable[[], int]
+    access: AccessWatch
+    _write: asyncio.Lock
+    _group_chats: dict[str, str]
+
+    async def _put(self, table: str, record, index: dict, **extra) -> None:
+        """Store one record, then make it the current one (callers hold the write lock)."""
+        await self.store.put(table, record, **extra)
+        index[record.id] = record
+        if table != "chats":  # chats change no one's access
+            self.access.bump()
+
+    async def create_chat(
+        self,
+        user_id: str,
+        org: str | None,
+        *,
+        bot: str | None = None,
+        channel: str | None = None,
+        project: str | None = None,
+        kind: str | None = None,
+        project_org: str | None = None,
+    ) -> Chat:
+        """A direct (or review) chat with a bot, or the group chat of a channel: a channel has
+        one group chat, so every member who opens it gets the same conversation (opening it is
+        idempotent: concurrent opens all get the one chat).
+
+        A direct chat works in the bot's org; `org`, when given (the `OpenBot-Org` header),
+        must be one of the user's orgs and the bot's. A selected project (whose membership the
+        gateway checked) must be of the chat's org: its memory goes into the bot's prompt."""
+        if (bot is None) == (channel is None):
+            raise InvalidInput("a chat needs exactly one of bot or channel", code="invalid_chat")
+        if kind not in (None, "review", "direct", "group"):
+            raise InvalidInput("kind may only be review", code="invalid_chat")
+        async with self._write:
+            return await self._create_chat(user_id, org, bot, channel, project, kind, project_org)
+
+    async def _create_chat(
+        self,
+        user_id: str,
+        org: str | None,
+        bot: str | None,
+        channel: str | None,
+        project: str | None,
+        kind: str | None,
+        project_org: str | None = None,
+    ) -> Chat:
+        user = self._get(self.users, user_id, "user")
+        if bot is not None:
+            b = self._get(self.bots, bot, "bot")
+            require_use(b, user)
+            if kind not in (None, "review", "direct"):
+                raise InvalidInput("kind may only be review", code="invalid_chat")
+            org = bot_org(b, user, org)
+            chat_kind = "review" if kind == "review" else "direct"
+            home = b.owner
+        else:
+            assert channel is not None
+            ch = self.channels.get(channel)
+            if ch is None or ch.org not in user.orgs:
+                # Another org's channel answers as one that does not exist: a probe learns
+                # nothing about other orgs' channel ids.
+                raise NotFound(f"no channel {channel!r}", code="channel_not_found")
+            if user_id not in ch.people:
+                raise Forbidden("you are not a member of this channel", code="not_member")
+            if kind not in (None, "group"):
+                raise InvalidInput("a channel's chat is a group chat", code="invalid_chat")
+            org, chat_kind, home = ch.org, "group", ch.id
+            existing = self._group_chats.get(ch.id)
+            if existing is not None:
+                return self.chats[existing]
+        if project is not None and project_org is not None and project_org != org:
+            # As for a project you are not a member of: another org's project is not found.
+            raise NotFound(f"no project {project}", code="project_not_found")
+        chat = Chat(
+            id=new_id("chat_"),
+            kind=chat_kind,
+            owner=user_id,
+            org=org,
+            bot=bot,
+            channel=channel,
+            project=project,
+            created_at=self.clock(),
+            home=home,
+        )
+        await self._put("chats", chat, self.chats)
+        if channel is not None:
+            self._group_chats[channel] = chat.id
+        return chat
+
+    async def agent_chat(self, root: Chat, peer: str, chain: str, link: str) -> Chat:
+        """The `agent` chat in which `peer` works on one delivery of a collaboration chain. It
+        lives with the root chat (same home) and belongs to the root chat's person."""
+        async with self._write:
+            self._get(self.bots, peer, "bot")
+            chat_id = f"chat_agent_{link}"
+            existing = self.chats.get(chat_id)
+            if existing is not None:
+                return existing
+            chat = Chat(
+                id=chat_id,
+                kind="agent",
+                owner=root.owner,
+                org=root.org,
+                bot=peer,
+                project=root.project,
+                created_at=self.clock(),
+                home=root.home,
+                chain=chain,
+            )
+            await self._put("chats", chat, self.chats)
+            return chat
+
+    async def delivery_chat(
+        self, root_id: str, peer: str, asker: str, chain: str, link: str
+    ) -> tuple[Chat, Bot, Bot]:
+        """One call per delivery of a collaboration chain: its `agent` chat (made on first
+        use, as `agent_chat`), the peer bot that works in it and the bot that asked (the one
+        the answer wakes), both read now."""
+        root = self._get(self.chats, root_id, "chat")
+        chat = await self.agent_chat(root, peer, chain, link)
+        return chat, self._get(self.bots, peer, "bot"), self._get(self.bots, asker, "bot")
+
+    async def review_chat(self, request_id: str, user_id: str, org: str, bot_id: str) -> Chat:
+        """The `review` chat in which `user_id` talks a request over with the bot (ENR-3): one
+        per request and person, kept with the bot (its home is the bot owner's shard, where
+        the request is)."""
+        async with self._write:  # check-then-create: one chat however many ask at once
+            bot = self._get(self.bots, bot_id, "bot")
+            require_use(bot, self._get(self.users, user_id, "user"))
+            chat_id = f"chat_review_{request_id}_{user_id}"
+            existing = self.chats.get(chat_id)
+            if existing is not None:
+                return existing
+            chat = Chat(
+                id=chat_id,
+                kind="review",
+                owner=user_id,
+                org=org,
+                bot=bot.id,
+                created_at=self.clock(),
+                home=bot.owner,
+            )
+            await self._put("chats", chat, self.chats)
+            return chat
+
+    async def group_chat(self, channel_id: str) -> Chat:
+        """The channel's group chat, created (owned by its first person) when it has none yet."""
+        ch = self._get(self.channels, channel_id, "channel")
+        existing = self._group_chats.get(ch.id)
+        if existing is not None:
+            return self.chats[existing]
+        if not ch.people:
+            raise Unprocessable("the channel has no people", code="empty_channel")
+        async with self._write:
+            return await self._create_chat(ch.people[0], None, None, ch.id, None, None)

@@ -78,18 +78,21 @@ def test_a_delivery_reads_nothing_and_writes_in_few_transactions(tmp_path: Path)
             await chain()  # the first: the chat, pools, settings and chains are read once
             reads, transactions, calls = await chain()
             listing = await svc.collaborations("u_ann", frozenset())
-            return reads, transactions, calls, listing
+            # The peer's chat rode in its answer's transaction: once durable, it is listed.
+            agent = await svc.chat_items(listing[-1].links[0].agentChat)
+            return reads, transactions, calls, listing, [i.kind for i in agent]
         finally:
             await svc.close()
             directory.store.db.close()
 
-    reads, transactions, calls, listing = asyncio.run(scenario())
+    reads, transactions, calls, listing, agent = asyncio.run(scenario())
+    assert agent == ["delivery", "bot"]
     assert [c.deliveries for c in listing] == [2, 2]  # the request and its result
     assert [k.status for k in listing[-1].links] == ["answered"]
     assert reads == 0  # the agent chat was made in memory, not read
-    # The person's item, the turn's end, the send; the request with the peer's reply (one
-    # transaction); the result with its delivery item, the asker's reply.
-    assert transactions <= 6, transactions
+    # The person's item, the turn's end, the send; the request, the peer's reply and its
+    # result with the delivery item in the asker's chat (one transaction); the asker's reply.
+    assert transactions <= 5, transactions
     assert dict(calls) == {"delivery_chat": 1}  # the asker's chat and the asker came with it
 
 
@@ -111,7 +114,7 @@ def linear_script(bots: int) -> str:
 
 def test_a_capped_linear_chain_costs_one_transaction_a_hop(tmp_path: Path):
     """Each hop down is one transaction (the request rides with the peer's reply); after the
-    cap the answers go up recorded in one transaction, not one each."""
+    cap the answers go up recorded with the last reply, not one transaction each."""
     script = tmp_path / "linear.toml"
     script.write_text(linear_script(3))
 
@@ -146,7 +149,7 @@ def test_a_capped_linear_chain_costs_one_transaction_a_hop(tmp_path: Path):
     assert (chain.status, chain.deliveries, len(chain.links)) == ("capped", 8, 9)
     assert [k.status for k in chain.links].count("answered") == 8
     assert all(k.result for k in chain.links[:8])  # every answer went up and is recorded
-    # The person's item, the turn's end, the send; one per hop (8); the 8 answers going up
-    # after the cap, one.
-    assert transactions == 12, transactions
+    # The person's item, the turn's end, the send; one per hop (8), the last carrying the 8
+    # answers that go up after the cap.
+    assert transactions == 11, transactions
     assert calls == {"delivery_chat": 8}

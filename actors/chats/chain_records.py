@@ -6,14 +6,16 @@ without asking the directory; bounded)."""
 from __future__ import annotations
 
 import logging
+import secrets
 from typing import Any
 
 import msgspec
 
-from actors.contracts import ChainView, LinkView, StepOutcome
+from actors.contracts import ChainView, Effect, LinkView, StepInput, StepOutcome
 from actors.shard.batch import Batch
-from engine.collaboration import Chain, ChainStatus, Link, find_link
-from engine.directory import Bot, Chat
+from engine.collaboration import Chain, ChainStatus, Link, find_link, new_chain
+from engine.directory import Bot, Chat, Org
+from engine.errors import OpenBotError
 from engine.events import Audience, CollaborationChanged
 from storage.chat_store import ChatLog, Item
 from storage.crypto import aad
@@ -90,6 +92,22 @@ class ChainRecords:
         sink.key(root.key).add(Put(CHAINS.name, (chain.id, chain.org, doc, sealed)))
         sink.emit(event, self.audience(chain))
 
+    def begin(self, chat: Chat, turn: str, bot: str) -> Chain:
+        """A new chain rooted in `chat` (not stored yet: its first send stages it)."""
+        chain = new_chain(
+            chain_id="col_" + secrets.token_hex(8),
+            org=chat.org,
+            owner=chat.owner,
+            root_chat=chat.id,
+            topic=turn,
+            project=chat.project,
+            root_bot=bot,
+            now=self.kernel.clock(),
+        )
+        self.channel[chain.id] = chat.channel
+        self.know(chat)
+        return chain
+
     def know(self, chat: Chat) -> None:
         if len(self.chats) >= KNOWN_CHATS:
             self.chats.clear()
@@ -148,6 +166,26 @@ class ChainRecords:
         item = self.conv.item(chat_log, turn, kind, bot.id)
         self.conv.append(chat_log, chat, [(item, text)], sink)
         return text
+
+    async def step(self, bot: Bot, step: StepInput) -> StepOutcome:
+        if bot.archived:  # archived after the chain began (WS-3): it is asked nothing more
+            return StepOutcome(status="failed", error="the bot is archived")
+        peers = self.peers
+        try:
+            return await peers.shard(peers.index_of(bot.owner)).run_step(step, (), 0)
+        except OpenBotError as e:
+            log.warning("step of bot %s in chat %s failed: %s", bot.id, step.chat.id, e.message)
+            return StepOutcome(status="failed", error=e.message)
+
+    async def post(self, effect: Effect, bot: Bot, org: Org) -> None:
+        """`workspace_post_to_group`: the bot's message in its group's chat (the group's home
+        may be another shard)."""
+        peers = self.peers
+        try:
+            group = await peers.directory().group_chat(effect.target)
+            await peers.shard(peers.index_of(group.home)).post_item(group, bot.id, effect.message)
+        except OpenBotError as e:
+            log.warning("post to group %s failed: %s", effect.target, e.message)
 
     def view(self, chain: Chain) -> ChainView:
         texts = self.texts.get(chain.id, {})

@@ -219,9 +219,9 @@ class ChainRunner:
         await self._maybe_release(topic)
 
     async def _deliver_once(self, chain_id: str, link_id: str, org: Org) -> None:
-        """One delivery: one directory call (the agent chat, the peer, the asker), one
-        transaction for the request (the chain's record and the delivery item), the peer's
-        step, one transaction for its reply with whatever it sent on."""
+        """One delivery: one directory call (the agent chat, the peer, the asker), the peer's
+        step, one transaction for the request (the chain's record and the delivery item) with
+        the peer's reply and whatever it sent on, or, when it sent nothing on, its answer."""
         conv = self.conv
         chain = (await self.records.all())[chain_id]
         if chain.status != "running":
@@ -304,7 +304,7 @@ class ChainRunner:
                 for effect in outcome.effects:
                     if effect.kind == "post":
                         await self.records.post(effect, peer, org)
-                held = fut is None and not started and hold is not None and sink.writes
+                held = fut is None and not started and hold is not None and bool(sink.writes)
         if held:
             try:
                 await self._result(chain_id, link.id, reply, org, sink, [(agent_chat.id, alog)])

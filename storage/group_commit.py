@@ -304,7 +304,9 @@ class GroupCommitter:
             blob = encode_writes(writes)
 
             def append(con: duckdb.DuckDBPyConnection) -> None:
-                _append(con, JOURNAL, [(seq, blob)])
+                # One row: a plain INSERT costs less than setting up an appender (measured
+                # ~1.0 vs ~1.5 ms of CPU, which every group commit pays).
+                con.execute(f"INSERT INTO {JOURNAL} VALUES (?, ?)", [seq, blob])
 
             self._transaction(con, append)
             self._journal_seq = seq

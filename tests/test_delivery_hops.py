@@ -78,16 +78,78 @@ def test_a_delivery_reads_nothing_and_writes_in_few_transactions(tmp_path: Path)
             await chain()  # the first: the chat, pools, settings and chains are read once
             reads, transactions, calls = await chain()
             listing = await svc.collaborations("u_ann", frozenset())
-            return reads, transactions, calls, listing
+            # The peer's chat rode in its answer's transaction: once durable, it is listed.
+            agent = await svc.chat_items(listing[-1].links[0].agentChat)
+            return reads, transactions, calls, listing, [i.kind for i in agent]
         finally:
             await svc.close()
             directory.store.db.close()
 
-    reads, transactions, calls, listing = asyncio.run(scenario())
+    reads, transactions, calls, listing, agent = asyncio.run(scenario())
+    assert agent == ["delivery", "bot"]
     assert [c.deliveries for c in listing] == [2, 2]  # the request and its result
     assert [k.status for k in listing[-1].links] == ["answered"]
     assert reads == 0  # the agent chat was made in memory, not read
-    # The person's item, the turn's end, the send; the request, the peer's reply; the result
-    # with its delivery item, the asker's reply.
-    assert transactions <= 7, transactions
+    # The person's item, the turn's end, the send; the request, the peer's reply and its
+    # result with the delivery item in the asker's chat (one transaction); the asker's reply.
+    assert transactions <= 5, transactions
     assert dict(calls) == {"delivery_chat": 1}  # the asker's chat and the asker came with it
+
+
+def linear_script(bots: int) -> str:
+    """Bot0 sends "hop 1"; whoever gets "hop k" sends "hop k+1" on, until the ninth send is
+    refused (depth 8) and the chain is capped."""
+    rules = [
+        "[[rules]]\nmatch = '^start$'\ntool_calls = [{ name = \"workspace_send_to_agent\", "
+        'arguments = { agent = "L1", message = "hop 1" } }]'
+    ]
+    for k in range(1, 10):
+        rules.append(
+            f"[[rules]]\nmatch = '\\] hop {k}$'\ntool_calls = [{{ name = "
+            f'"workspace_send_to_agent", arguments = {{ agent = "L{(k + 1) % bots}", '
+            f'message = "hop {k + 1}" }} }}]'
+        )
+    return 'default = "Merged."\nafter_tool = "Handed on."\n' + "\n".join(rules) + "\n"
+
+
+def test_a_capped_linear_chain_costs_one_transaction_a_hop(tmp_path: Path):
+    """Each hop down is one transaction (the request rides with the peer's reply); after the
+    cap the answers go up recorded with the last reply, not one transaction each."""
+    script = tmp_path / "linear.toml"
+    script.write_text(linear_script(3))
+
+    async def scenario():
+        svc = ShardService(tmp_path, 0, models={"s": ScriptedModel.from_file("s", str(script))})
+        directory = DirectoryService(tmp_path)
+        counting = CountingDirectory(directory)
+        svc.peers.connect(directory=counting)  # type: ignore[arg-type]
+        try:
+            org = await directory.create_org("o", "o_1", OrgSettings(botMemory=False))
+            await directory.create_user("Ann", [org.id], "u_ann")
+            bots = [
+                await directory.create_bot(name=f"L{k}", org=org.id, owner="u_ann", model="s")
+                for k in range(3)
+            ]
+            out = []
+            for _ in range(2):  # the second: nothing left to read or cache
+                chat = await directory.create_chat("u_ann", None, bot=bots[0].id)
+                tx = svc.committer.transactions
+                counting.calls.clear()
+                start = TurnStart(chat=chat, bot=bots[0], org=org, operator="u_ann", text="start")
+                await svc.start_turn(start, True)
+                await svc.chains_idle()
+                out.append((svc.committer.transactions - tx, dict(counting.calls)))
+            listing = await svc.collaborations("u_ann", frozenset())
+            return out[-1], listing[-1]
+        finally:
+            await svc.close()
+            directory.store.db.close()
+
+    (transactions, calls), chain = asyncio.run(scenario())
+    assert (chain.status, chain.deliveries, len(chain.links)) == ("capped", 8, 9)
+    assert [k.status for k in chain.links].count("answered") == 8
+    assert all(k.result for k in chain.links[:8])  # every answer went up and is recorded
+    # The person's item, the turn's end, the send; one per hop (8), the last carrying the 8
+    # answers that go up after the cap.
+    assert transactions == 11, transactions
+    assert calls == {"delivery_chat": 8}

@@ -6,13 +6,16 @@ without asking the directory; bounded)."""
 from __future__ import annotations
 
 import logging
+import secrets
 from typing import Any
 
 import msgspec
 
-from actors.contracts import ChainView, LinkView
-from engine.collaboration import Chain, ChainStatus
-from engine.directory import Chat
+from actors.contracts import ChainView, Effect, LinkView, StepInput, StepOutcome
+from actors.shard.batch import Batch
+from engine.collaboration import Chain, ChainStatus, Link, find_link, new_chain
+from engine.directory import Bot, Chat, Org
+from engine.errors import OpenBotError
 from engine.events import Audience, CollaborationChanged
 from storage.chat_store import ChatLog, Item
 from storage.crypto import aad
@@ -89,6 +92,22 @@ class ChainRecords:
         sink.key(root.key).add(Put(CHAINS.name, (chain.id, chain.org, doc, sealed)))
         sink.emit(event, self.audience(chain))
 
+    def begin(self, chat: Chat, turn: str, bot: str) -> Chain:
+        """A new chain rooted in `chat` (not stored yet: its first send stages it)."""
+        chain = new_chain(
+            chain_id="col_" + secrets.token_hex(8),
+            org=chat.org,
+            owner=chat.owner,
+            root_chat=chat.id,
+            topic=turn,
+            project=chat.project,
+            root_bot=bot,
+            now=self.kernel.clock(),
+        )
+        self.channel[chain.id] = chat.channel
+        self.know(chat)
+        return chain
+
     def know(self, chat: Chat) -> None:
         if len(self.chats) >= KNOWN_CHATS:
             self.chats.clear()
@@ -119,6 +138,54 @@ class ChainRecords:
         conv.append(log_, chat, [(item, text)], sink)
         sink.writes.append(conv.store.communication_row(log_, item.seq, "sent", peer))
         return item
+
+    def waiting_parent(self, chain: Chain, link: Link) -> tuple[str, str] | None:
+        """The parent link and its peer's waiting answer, when `link` was the last of its
+        sends still open."""
+        parent = find_link(chain, link.parent) if link.parent else None
+        if parent is None or parent.status != "sent":
+            return None
+        pending = self.texts.get(chain.id, {}).get(parent.id, {}).get("pending")
+        if pending is None or any(
+            c.parent == parent.id and c.status == "sent" for c in chain.links
+        ):
+            return None
+        return parent.id, pending
+
+    def reply(
+        self, chat_log: ChatLog, chat: Chat, turn: str, bot: Bot, outcome: StepOutcome, sink: Batch
+    ) -> str:
+        """The step's answer as an item of `chat`, added to `sink`; returns its text."""
+        if outcome.status == "done" and outcome.reply is not None:
+            kind, text = "bot", outcome.reply
+        else:
+            kind, text = (
+                "notification",
+                f"{bot.name} could not answer: {outcome.error or 'no answer'}",
+            )
+        item = self.conv.item(chat_log, turn, kind, bot.id)
+        self.conv.append(chat_log, chat, [(item, text)], sink)
+        return text
+
+    async def step(self, bot: Bot, step: StepInput) -> StepOutcome:
+        if bot.archived:  # archived after the chain began (WS-3): it is asked nothing more
+            return StepOutcome(status="failed", error="the bot is archived")
+        peers = self.peers
+        try:
+            return await peers.shard(peers.index_of(bot.owner)).run_step(step, (), 0)
+        except OpenBotError as e:
+            log.warning("step of bot %s in chat %s failed: %s", bot.id, step.chat.id, e.message)
+            return StepOutcome(status="failed", error=e.message)
+
+    async def post(self, effect: Effect, bot: Bot, org: Org) -> None:
+        """`workspace_post_to_group`: the bot's message in its group's chat (the group's home
+        may be another shard)."""
+        peers = self.peers
+        try:
+            group = await peers.directory().group_chat(effect.target)
+            await peers.shard(peers.index_of(group.home)).post_item(group, bot.id, effect.message)
+        except OpenBotError as e:
+            log.warning("post to group %s failed: %s", effect.target, e.message)
 
     def view(self, chain: Chain) -> ChainView:
         texts = self.texts.get(chain.id, {})

@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
-
-import msgspec
 
 from actors.chats.chain_records import ChainRecords
 from actors.chats.chat_logs import ChatLogs
-from actors.contracts import ChainView, Effect, StepInput, StepOutcome
+from actors.contracts import ChainView, Effect, StepInput
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel
@@ -33,9 +30,6 @@ from engine.errors import NotFound, OpenBotError
 from storage.chat_store import ChatLog
 
 log = logging.getLogger("openbot.chains")
-_enc = msgspec.json.Encoder()
-_chain_dec = msgspec.json.Decoder(Chain)
-_texts_dec = msgspec.json.Decoder(dict[str, dict[str, str]])
 
 
 class ChainRunner:
@@ -135,7 +129,7 @@ class ChainRunner:
     ) -> None:
         for effect in effects:
             if effect.kind == "post":
-                await self._post(effect, bot, org)
+                await self.records.post(effect, bot, org)
         sends = tuple(e for e in effects if e.kind == "send")
         if not sends:
             return
@@ -154,12 +148,21 @@ class ChainRunner:
         parent: str | None,
         chain: str | None,
         sink: Batch,
+        *,
+        restage: str | None = None,
+        hold: str | None = None,
     ):
         """Record a bot's sends in its chain and, for each real delivery, the sent item in
         `chat` (UI-1), adding them to `sink` and submitting it: one transaction. Call holding
-        the chat's lock. Returns the commit and the deliveries to start once it is durable."""
+        the chat's lock. `restage`: a chain changed in memory since its last row, whose row
+        goes in `sink` now (under the lock, so rows reach the disk in order). `hold`: a link
+        whose answer goes up with `sink` when no send of it is open: then `sink` is not
+        submitted here (the commit is None). Returns the commit and the deliveries to start
+        once it is durable."""
         started: list[tuple[str, str]] = []
         async with self._lock:
+            if restage is not None:
+                await self.records.stage((await self.records.all())[restage], sink)
             for effect in sends:
                 chains = await self.records.all()
                 current = chains.get(chain) if chain else None
@@ -167,18 +170,7 @@ class ChainRunner:
                     root = chat if chat.kind != "agent" else None
                     if root is None:  # an agent chat's own sends belong to its chain
                         continue
-                    current = rules.new_chain(
-                        chain_id="col_" + secrets.token_hex(8),
-                        org=chat.org,
-                        owner=chat.owner,
-                        root_chat=chat.id,
-                        topic=turn,
-                        project=chat.project,
-                        root_bot=bot.id,
-                        now=self.kernel.clock(),
-                    )
-                    self._channel[current.id] = chat.channel
-                    self.records.know(chat)
+                    current = self.records.begin(chat, turn, bot.id)
                     chain = current.id
                 updated, decision = rules.on_send(
                     current,
@@ -197,6 +189,10 @@ class ChainRunner:
                         chat_log, chat, turn, bot.id, effect.target, effect.message, sink
                     )
                     started.append((updated.id, effect.link))
+            if hold is not None and chain is not None:
+                current = (await self.records.all())[chain]
+                if not any(c.parent == hold and c.status == "sent" for c in current.links):
+                    return None, started
             fut = self.conv.commit_soon(chat.id, chat_log, sink)
         return fut, started
 
@@ -206,16 +202,6 @@ class ChainRunner:
             await fut
         for chain_id, link in started:
             self._spawn(self._deliver(chain_id, link, org))
-
-    async def _post(self, effect: Effect, bot: Bot, org: Org) -> None:
-        """`workspace_post_to_group`: the bot's message in its group's chat (the group's home
-        may be another shard)."""
-        peers = self.peers
-        try:
-            group = await peers.directory().group_chat(effect.target)
-            await peers.shard(peers.index_of(group.home)).post_item(group, bot.id, effect.message)
-        except OpenBotError as e:
-            log.warning("post to group %s failed: %s", effect.target, e.message)
 
     # --- delivering ---
 
@@ -233,9 +219,9 @@ class ChainRunner:
         await self._maybe_release(topic)
 
     async def _deliver_once(self, chain_id: str, link_id: str, org: Org) -> None:
-        """One delivery: one directory call (the agent chat, the peer, the asker), one
-        transaction for the request (the chain's record and the delivery item), the peer's
-        step, one transaction for its reply with whatever it sent on."""
+        """One delivery: one directory call (the agent chat, the peer, the asker), the peer's
+        step, one transaction for the request (the chain's record and the delivery item) with
+        the peer's reply and whatever it sent on, or, when it sent nothing on, its answer."""
         conv = self.conv
         chain = (await self.records.all())[chain_id]
         if chain.status != "running":
@@ -258,18 +244,23 @@ class ChainRunner:
             # After a restart the delivery may be stored already, and even answered: resume
             # from what the agent chat holds instead of delivering or asking twice.
             asked = next((i for i in alog.items if i.kind == "delivery"), None)
+            sink = Batch()
+            restage = None
+            held = False
             if asked is None:
-                sink = Batch()
+                # The request (the link's agent chat and the delivery item) commits with the
+                # peer's reply: one transaction. What the step is given, the request's text,
+                # is durable already (the send that made the link stored it); until the reply
+                # commits the item is not listed, and a restart finds nothing of the delivery
+                # stored and delivers it again, so nothing is lost or answered twice.
                 async with self._lock:
-                    attached = rules.attach_agent_chat(
-                        (await self.records.all())[chain_id], link.id, agent_chat.id
+                    chains = await self.records.all()
+                    chains[chain_id] = rules.attach_agent_chat(
+                        chains[chain_id], link.id, agent_chat.id
                     )
-                    await self.records.stage(attached, sink)
                     asked = conv.item(alog, chain.topic, "delivery", link.from_bot)
                     conv.append(alog, agent_chat, [(asked, request)], sink)
-                    pending = conv.commit_soon(agent_chat.id, alog, sink)
-                if pending is not None:
-                    await pending
+                restage = chain_id
             answered = next(
                 (i for i in alog.items if i.seq > asked.seq and i.kind in ("bot", "notification")),
                 None,
@@ -287,44 +278,56 @@ class ChainRunner:
                     wake="delivery",
                     history=conv.history(alog, asked.seq, me=peer.id),
                 )
-                outcome = await self._step(peer, step)
-                sink = Batch()
-                reply = self._reply(alog, agent_chat, chain.topic, peer, outcome, sink)
+                try:
+                    outcome = await self.records.step(peer, step)
+                except BaseException:
+                    if restage is not None:  # the request was never stored: memory drops it
+                        conv.forget(agent_chat.id)
+                    raise
+                reply = self.records.reply(alog, agent_chat, chain.topic, peer, outcome, sink)
                 sends = tuple(e for e in outcome.effects if e.kind == "send")
+                # A peer that sent nothing on (and posts nothing) has answered: its reply
+                # and its answer going up are held for one transaction (`_result`).
+                hold = None if any(e.kind == "post" for e in outcome.effects) else link.id
                 fut, started = await self._sends(
-                    agent_chat, alog, chain.topic, peer, sends, link.id, chain_id, sink
+                    agent_chat,
+                    alog,
+                    chain.topic,
+                    peer,
+                    sends,
+                    link.id,
+                    chain_id,
+                    sink,
+                    restage=restage,
+                    hold=hold,
                 )
                 for effect in outcome.effects:
                     if effect.kind == "post":
-                        await self._post(effect, peer, org)
+                        await self.records.post(effect, peer, org)
+                held = fut is None and not started and hold is not None and bool(sink.writes)
+        if held:
+            try:
+                await self._result(chain_id, link.id, reply, org, sink, [(agent_chat.id, alog)])
+            except Exception:
+                await self._submit_held(chain_id, agent_chat.id, alog, sink, None)
+                raise
+            await self._maybe_release(chain.topic)
+            return
         await self._started(fut, started, org)
         await self._maybe_release(chain.topic)
         await self._maybe_answer(chain_id, link.id, reply, org)
 
-    async def _step(self, bot: Bot, step: StepInput) -> StepOutcome:
-        if bot.archived:  # archived after the chain began (WS-3): it is asked nothing more
-            return StepOutcome(status="failed", error="the bot is archived")
-        peers = self.peers
-        try:
-            return await peers.shard(peers.index_of(bot.owner)).run_step(step, (), 0)
-        except OpenBotError as e:
-            log.warning("step of bot %s in chat %s failed: %s", bot.id, step.chat.id, e.message)
-            return StepOutcome(status="failed", error=e.message)
-
-    def _reply(
-        self, chat_log: ChatLog, chat: Chat, turn: str, bot: Bot, outcome: StepOutcome, sink: Batch
-    ) -> str:
-        """The step's answer as an item of `chat`, added to `sink`; returns its text."""
-        if outcome.status == "done" and outcome.reply is not None:
-            kind, text = "bot", outcome.reply
-        else:
-            kind, text = (
-                "notification",
-                f"{bot.name} could not answer: {outcome.error or 'no answer'}",
-            )
-        item = self.conv.item(chat_log, turn, kind, bot.id)
-        self.conv.append(chat_log, chat, [(item, text)], sink)
-        return text
+    async def _submit_held(
+        self, chain_id: str, chat: str, log_: ChatLog, sink: Batch, riders
+    ) -> None:
+        """A held batch whose answer failed to go up is still written (unless submitted)."""
+        if sink.on_failure:  # submitted already (commit_soon adds its hooks)
+            return
+        async with self._lock:
+            await self.records.stage((await self.records.all())[chain_id], sink)
+            saved = self.conv.commit_soon(chat, log_, sink, riders)
+        if saved is not None:
+            await saved
 
     async def _maybe_answer(self, chain_id: str, link_id: str, reply: str, org: Org) -> None:
         """The peer's latest reply answers its link once none of its own sends is still open."""
@@ -334,10 +337,20 @@ class ChainRunner:
             return
         await self._result(chain_id, link_id, reply, org)
 
-    async def _result(self, chain_id: str, link_id: str, text: str, org: Org) -> None:
+    async def _result(
+        self,
+        chain_id: str,
+        link_id: str,
+        text: str,
+        org: Org,
+        carried: Batch | None = None,
+        riders: list[tuple[str, ChatLog]] | None = None,
+    ) -> None:
         """A link's answer: recorded in the chain and, unless suppressed, delivered to the chat
         it was asked from in the same transaction; then it wakes the bot that asked, whose
-        reply (and what it sent on) is a second transaction."""
+        reply (and what it sent on) is a second transaction. A suppressed answer that lets its
+        parent's waiting answer go up is not committed alone: its row is `carried` up into the
+        parent's transaction (after a cap, a linear chain's answers go up in one)."""
         conv = self.conv
         chain = (await self.records.all())[chain_id]
         link = rules.find_link(chain, link_id)
@@ -352,19 +365,24 @@ class ChainRunner:
         started: list[tuple[str, str]] = []
         async with conv.lock(target.id):
             tlog = await conv.log(target.id)
-            sink = Batch()
+            sink = carried or Batch()
             async with self._lock:
                 chain = (await self.records.all())[chain_id]
                 chain, decision = rules.on_result(
                     chain, link_id=link_id, text=text, now=self.kernel.clock()
                 )
                 self._texts.setdefault(chain_id, {}).setdefault(link_id, {})["result"] = text
+                # The last row of this chain in `sink` wins (rows of one key merge in order),
+                # and it is staged here under the lock, so a carried row is never stale.
                 await self.records.stage(chain, sink)
                 delivered = None
                 if decision.action == "deliver":
                     delivered = conv.item(tlog, chain.topic, "delivery", link.to_bot)
                     conv.append(tlog, target, [(delivered, text)], sink)
-                recorded = conv.commit_soon(target.id, tlog, sink)
+                up = None if delivered is not None else self.records.waiting_parent(chain, link)
+                recorded = (
+                    None if up is not None else conv.commit_soon(target.id, tlog, sink, riders)
+                )
             if recorded is not None:
                 await recorded
             if delivered is not None:
@@ -379,9 +397,9 @@ class ChainRunner:
                     history=conv.history(tlog, delivered.seq, me=waker.id),
                     channel=target.channel,
                 )
-                outcome = await self._step(waker, step)
+                outcome = await self.records.step(waker, step)
                 sink = Batch()
-                reply = self._reply(tlog, target, chain.topic, waker, outcome, sink)
+                reply = self.records.reply(tlog, target, chain.topic, waker, outcome, sink)
                 sends = tuple(e for e in outcome.effects if e.kind == "send")
                 fut, started = await self._sends(
                     target,
@@ -395,21 +413,17 @@ class ChainRunner:
                 )
                 for effect in outcome.effects:
                     if effect.kind == "post":
-                        await self._post(effect, waker, org)
+                        await self.records.post(effect, waker, org)
         if delivered is None:
             # Suppressed, or late after a stop or cap: recorded, starts nothing (CO-1). A peer
-            # that answered while waiting for this one gets its answer recorded the same way.
-            pending = (
-                self._texts.get(chain_id, {}).get(parent.id, {}).get("pending") if parent else None
-            )
-            parent = rules.find_link(chain, link.parent) if link.parent else None
-            if (
-                parent is not None
-                and parent.status == "sent"
-                and pending is not None
-                and not any(c.parent == parent.id and c.status == "sent" for c in chain.links)
-            ):
-                await self._result(chain_id, parent.id, pending, org)
+            # that answered while waiting for this one gets its answer recorded the same way,
+            # in the same transaction.
+            if up is not None:
+                try:
+                    await self._result(chain_id, up[0], up[1], org, sink, riders)
+                except Exception:
+                    await self._submit_held(chain_id, target.id, tlog, sink, riders)
+                    raise
             return
         await self._started(fut, started, org)
         await self._maybe_release(chain.topic)

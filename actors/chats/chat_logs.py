@@ -206,16 +206,23 @@ class ChatLogs:
     def history(self, log: ChatLog, before: int, me: str | None = None) -> tuple[Message, ...]:
         return self.as_messages(self.prior(log, before), me)
 
-    def commit_soon(self, chat: str, log: ChatLog, batch: Batch):
+    def commit_soon(
+        self, chat: str, log: ChatLog, batch: Batch, riders: list[tuple[str, ChatLog]] | None = None
+    ):
         """Queue a batch without waiting: the next step goes on while it commits (group commit
-        keeps the order); its items are listed once durable. Returns the commit's future."""
-        last = log.items[-1].seq if log.items else 0
+        keeps the order); its items are listed once durable. Returns the commit's future.
+        `riders`: other chats (and their logs) whose new items are in `batch` too."""
+        chats = [(chat, log), *(riders or ())]
+        lasts = [(lg, lg.items[-1].seq if lg.items else 0) for _, lg in chats]
 
         def durable(f) -> None:
             if not f.cancelled() and f.exception() is None:
-                log.committed = max(log.committed, last)
+                for lg, last in lasts:
+                    lg.committed = max(lg.committed, last)
 
-        fut = self.kernel.stage(batch.fail(lambda: self.forget(chat)))
+        for c, _ in chats:
+            batch.fail(lambda c=c: self.forget(c))
+        fut = self.kernel.stage(batch)
         if fut is not None:
             fut.add_done_callback(durable)
         return fut

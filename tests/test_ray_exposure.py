@@ -51,6 +51,16 @@ def _refuses_without_token(lst: Listener, token: str) -> str:
                 # The probe reaches the auth check: with the right token it goes through.
                 assert _grpc(lst.port, method, token) == grpc.StatusCode.OK, (lst, method)
             return f"grpc {method.rsplit('/', 1)[1]}"
+    from ray.autoscaler._private.constants import AUTOSCALER_METRIC_PORT
+
+    if lst.port == AUTOSCALER_METRIC_PORT:
+        # Ray's autoscaler monitor exports its own gauges (node counts) over Prometheus, with
+        # no auth, bound to loopback because the head is (checked above). It serves those
+        # gauges and nothing else: no data of ours, no call into Ray.
+        body = httpx.get(f"http://127.0.0.1:{lst.port}/metrics", timeout=5).text
+        samples = [line for line in body.splitlines() if line and not line.startswith("#")]
+        assert all(line.startswith("autoscaler_") for line in samples), (lst, samples[:5])
+        return "autoscaler gauges only"
     # Not gRPC: Ray's HTTP agents (runtime env agent) check the same token.
     url = f"http://127.0.0.1:{lst.port}/get_or_create_runtime_env"
     bare = httpx.post(url, content=b"", timeout=5)

@@ -254,7 +254,9 @@ class ShardService:
     ) -> list[RequestView]:
         return await self.requests.listing(user, channels, status)
 
-    async def request(self, request_id: str, user: str, channels: frozenset[str]):
+    async def request(
+        self, request_id: str, user: str, channels: frozenset[str]
+    ) -> RequestView | None:
         return await self.requests.find_view(request_id, user, channels)
 
     async def decide_request(

@@ -438,4 +438,3 @@ class Engine:
 
 def _bundles(group: Any) -> int:
     return len(group.bundle_specs) if group is not None else 1
-

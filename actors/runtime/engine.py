@@ -36,7 +36,7 @@ from actors.runtime.directory_port import RayDirectory
 from actors.runtime.node_hub_handle import RayNodeHub
 from actors.runtime.placement import shard_of
 from actors.runtime.ports import RayShard
-from actors.runtime.ray_env import TOKEN_FILE, use_token_file
+from actors.runtime.ray_env import TOKEN_FILE, loopback_only, use_token_file
 from engine.errors import InvalidInput, Unavailable
 
 NAMESPACE = "openbot"
@@ -125,12 +125,10 @@ def _check_shard_files(data_dir: Path, shards: int) -> None:
 def _require_loopback_env() -> None:
     """The embedded Ray binds to loopback only if `actors.runtime.ray_env` ran before `ray` was
     imported; otherwise Ray swaps 127.0.0.1 for the host's address and listens on every
-    interface. Refuse rather than start an exposed instance."""
-    from ray._private import ray_constants
-
-    if getattr(ray_constants, "ENABLE_RAY_CLUSTER", True) or os.environ.get("RAY_AUTH_MODE") != (
-        "token"
-    ):
+    interface. Refuse rather than start an exposed instance. Checked from what `ray_env` recorded
+    of the environment Ray was imported with (`loopback_only`), not from Ray's private constants:
+    those move between Ray releases."""
+    if not loopback_only():
         raise Unavailable(
             "ray was imported before actors.runtime.ray_env: the embedded Ray would listen beyond "
             "loopback (import actors first)",

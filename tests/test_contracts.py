@@ -149,3 +149,20 @@ def test_every_port_has_the_same_methods_locally_and_over_ray():
             for impl in (local, ray_proxy):
                 assert _signature(getattr(impl, name)) == want, (impl.__name__, name)
                 assert inspect.iscoroutinefunction(getattr(impl, name)), (impl.__name__, name)
+
+
+def test_the_engine_offers_every_member_of_the_port_a_gateway_holds():
+    """`Engine` (the Ray runtime) is what `create_app` gets as an `EnginePort`; its ports wrap
+    the handles it holds, one per shard, and route an account as `shard_index` does."""
+    from actors.ports import EnginePort
+    from actors.runtime.engine import Engine
+
+    engine = Engine(object(), [object(), object(), object()], None, "x")  # handles: never called
+    members = [n for n in vars(EnginePort) if not n.startswith("_")]
+    assert {"directory_port", "shard_ports", "shard_port", "node_hub", "backup"} <= set(members)
+    assert [n for n in members if not hasattr(engine, n)] == []
+    assert len(engine.shard_ports) == 3
+    for account in ("u_alice", "u_bob", "u_carol", "u_dan"):
+        port = engine.shard_port(account)
+        assert port is engine.shard_ports[engine.shard_index(account)]
+        assert port.name == f"x-shard-{engine.shard_index(account)}"

@@ -19,9 +19,9 @@ from __future__ import annotations
 import os
 import sys
 
-# Ray's documented switch for multi-node clusters on Windows/macOS ("RAY_ENABLE_WINDOWS_OR_OSX_
-# CLUSTER=1"). Off, Ray keeps a node's address on loopback instead of looking up the host's, on
-# Linux too (measured: STACK-NOTES). Ray reads it once, when `ray` is imported.
+# Ray's documented switch for multi-node clusters on Windows and macOS (set to 1 there to allow
+# them). Off, Ray keeps a node's address on loopback instead of looking up the host's, on Linux
+# too (measured: STACK-NOTES). Ray reads it once, when `ray` is imported.
 CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 JOINING = bool(os.environ.get("OPENBOT_RAY_ADDRESS") or os.environ.get("RAY_ADDRESS"))

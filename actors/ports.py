@@ -57,6 +57,8 @@ from engine.scoped_memory import (
 )
 from engine.self_rules import Editor, RulesUpdate
 
+# --- ports: what one actor (or a gateway) asks of another ----------------------------------------
+
 
 class NodeHubPort(Protocol):
     """The node hub (actors/models/node_hub.py): gateways register the nodes connected to them
@@ -80,9 +82,6 @@ class NodeHubPort(Protocol):
     async def info(self, node: str) -> NodeInfo | None: ...
 
     async def nodes(self) -> list[NodeInfo]: ...
-
-
-# --- ports: what one actor asks of another ----------------------------------------------------
 
 
 class ShardPort(Protocol):
@@ -209,7 +208,7 @@ class ShardPort(Protocol):
 
 class DirectoryPort(Protocol):
     """What a shard asks of the directory, and what a gateway asks of it (below the first
-    block). `DirectoryService` is the local implementation; actors/runtime/ports.py's
+    block). `DirectoryService` is the local implementation; actors/runtime/directory_port.py's
     `RayDirectory` reaches the directory actor."""
 
     async def get_org(self, org_id: str) -> Org: ...

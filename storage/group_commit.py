@@ -470,5 +470,11 @@ class GroupCommitter:
         if self._journaled:  # a stopped data directory needs no journal to be read
             # If this fails the records stay in the journal and are applied on the next open.
             await self.db.run_write(lambda con: self._try_checkpoint(con, "at close"))
+        await self.db.run_write(lambda con: self.release())
+
+    def release(self) -> None:
+        """Close the journal file (nothing queued; offline tools that only opened the database
+        to have its journal applied call this, then close the database)."""
         if self._file is not None:
-            await self.db.run_write(lambda con: self._file.close() if self._file else None)
+            self._file.close()
+            self._file = None

@@ -178,8 +178,11 @@ class JournalFile:
         if self._end == HEADER:
             return
         os.ftruncate(self._fd, HEADER)
-        os.fsync(self._fd)
+        # From here appends go right after the header, even if the sync below fails (they must
+        # never leave a hole of zeros behind them; a resurrected old tail has lower seqs and is
+        # cut on open).
         self._end = HEADER
+        os.fsync(self._fd)
 
     @property
     def size(self) -> int:

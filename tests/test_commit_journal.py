@@ -243,6 +243,40 @@ def test_a_checkpoint_interrupted_before_the_file_is_emptied_applies_nothing_twi
     _close(db, gc)
 
 
+def test_a_failed_sync_while_emptying_the_journal_strands_no_later_record(
+    tmp_path, monkeypatch, caplog
+):
+    """The checkpoint committed and the file was cut back, but its sync failed: records after
+    it go right after the header (not behind a hole that would read as damage on open)."""
+    path = tmp_path / "a" / "t.duckdb"
+    real = os.fsync
+    failures = iter([True])
+
+    def flaky(fd: int) -> None:
+        if next(failures, False):
+            raise OSError(5, "EIO (simulated)")
+        real(fd)
+
+    async def main() -> None:
+        db = Database(path, [KV_SQL])
+        gc = GroupCommitter(db, [KV], checkpoint_rows=2, checkpoint_idle=3600)
+        monkeypatch.setattr(os, "fsync", flaky)
+        for i in range(3):  # the checkpoint after record 2 empties the file; its sync fails
+            await gc.submit([Put("kv", (f"k{i}", "g", i))])
+        monkeypatch.undo()
+        assert gc.checkpoints == 1
+        _crash_copy(path.parent, tmp_path / "a-crash")
+        await gc.close()
+        db.close()
+
+    with caplog.at_level("WARNING", logger="openbot.storage"):
+        asyncio.run(main())
+    assert any("emptying the applied" in r.getMessage() for r in caplog.records)
+    db, gc = _reopen(tmp_path / "a-crash" / "t.duckdb")
+    assert [r[0] for r in _kv(db)] == ["k0", "k1", "k2"]
+    _close(db, gc)
+
+
 def test_a_restored_copy_never_applies_the_journal_of_the_original(tmp_path, caplog):
     a, b = tmp_path / "a" / "t.duckdb", tmp_path / "b" / "t.duckdb"
 

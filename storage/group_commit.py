@@ -315,8 +315,9 @@ class GroupCommitter:
             writes = [w for batch in batches for w in batch]
             self._check(writes)  # a malformed row fails its caller now, not a later checkpoint
             seq = self._journal_seq + 1
+            blob = encode_writes(writes)  # in memory too: a file and `:memory:` fail alike
             if self._file is not None:
-                self._file.append(seq, encode_writes(writes))
+                self._file.append(seq, blob)
             self._journal_seq = seq
             self._journaled.append((seq, writes))
             # Durable from here on: a failing checkpoint must not fail these batches.

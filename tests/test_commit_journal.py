@@ -309,6 +309,21 @@ def test_a_restored_copy_never_applies_the_journal_of_the_original(tmp_path, cap
     _close(db, gc)
 
 
+def test_a_journal_table_left_by_an_earlier_version_is_applied_once_and_dropped(tmp_path):
+    path = tmp_path / "old.duckdb"
+    db = Database(path, [KV_SQL])
+    blob = encode_writes([Put("kv", ("old", "g", 1)), Insert("kv", ("older", "g", 2))])
+    db.run_sync(lambda con: con.execute("CREATE TABLE commit_journal (seq BIGINT, batch BLOB)"))
+    db.run_sync(lambda con: con.execute("INSERT INTO commit_journal VALUES (1, ?)", [blob]))
+    db.close()
+    for _ in range(2):  # the second open finds no table and applies nothing again
+        db, gc = _reopen(path)
+        assert _kv(db) == [("old", "g", 1), ("older", "g", 2)]
+        tables = db.query("SELECT table_name FROM information_schema.tables")
+        assert ("commit_journal",) not in tables
+        _close(db, gc)
+
+
 # --- backups and exports of a crashed data directory -----------------------------------------
 
 

@@ -146,6 +146,7 @@ class ShardPort(Protocol):
         self, pool_id: str, reader: Reader, q: str, limit: int
     ) -> bytes: ...
     async def memory_log_json(self, pool_id: str, reader: Reader) -> bytes: ...
+    async def remember_packed(self, call: bytes) -> bytes: ...  # a RememberCall in, JSON out
     async def remember(
         self,
         pool_id: str,

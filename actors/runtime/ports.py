@@ -180,6 +180,9 @@ class RayShard(NamedActor):
     async def memory_log_json(self, pool_id: str, reader: Reader) -> bytes:
         return await remote(self._actor().memory_log_json, pool_id, reader)
 
+    async def remember_packed(self, call: bytes) -> bytes:
+        return await remote(self._actor().remember_packed, call)
+
     async def remember(
         self,
         pool_id: str,

@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 from actors.access_watch import AccessWatch
 from actors.directory_reads import DirectoryReads
-from engine.directory import Bot, Chat, bot_org, require_use
+from engine.directory import Bot, Chat, agent_chat_id, bot_org, require_use
+from engine.directory import agent_chat as make_agent_chat
 from engine.errors import Forbidden, InvalidInput, NotFound, Unprocessable
 from storage.directory_store import DirectoryStore
 
@@ -113,27 +114,35 @@ class DirectoryChats(DirectoryReads):
         return chat
 
     async def agent_chat(self, root: Chat, peer: str, chain: str, link: str) -> Chat:
-        """The `agent` chat in which `peer` works on one delivery of a collaboration chain. It
-        lives with the root chat (same home) and belongs to the root chat's person."""
+        """The `agent` chat in which `peer` works on one delivery of a collaboration chain (made
+        on first use; engine/directory.py `agent_chat`)."""
         async with self._write:
             self._get(self.bots, peer, "bot")
-            chat_id = f"chat_agent_{link}"
-            existing = self.chats.get(chat_id)
+            existing = self.chats.get(agent_chat_id(link))
             if existing is not None:
                 return existing
-            chat = Chat(
-                id=chat_id,
-                kind="agent",
-                owner=root.owner,
-                org=root.org,
-                bot=peer,
-                project=root.project,
-                created_at=self.clock(),
-                home=root.home,
-                chain=chain,
-            )
+            chat = make_agent_chat(root, peer, chain, link, self.clock())
             await self._put("chats", chat, self.chats)
             return chat
+
+    async def register_chats(self, chats: list[Chat]) -> int:
+        """Record `agent` chats a chain's home shard made itself (after their delivery was
+        durable), in one transaction; a chat already known is left as it is, so a shard may
+        register again after a restart. Returns how many were new. Only agent chats of a
+        known org and bot, named after their link, are taken: other chats are made here."""
+        async with self._write:  # check-then-write: one record however many register it
+            new: list[Chat] = []
+            for chat in chats:
+                if chat.kind != "agent" or not chat.id.startswith(agent_chat_id("")):
+                    raise InvalidInput(f"{chat.id!r} is not an agent chat", code="invalid_chat")
+                self._get(self.orgs, chat.org, "org")
+                self._get(self.bots, chat.bot or "", "bot")
+                if chat.id not in self.chats and all(c.id != chat.id for c in new):
+                    new.append(chat)
+            if new:
+                await self.store.put_many("chats", new)
+                self.chats.update((c.id, c) for c in new)
+            return len(new)
 
     async def delivery_chat(
         self, root_id: str, peer: str, asker: str, chain: str, link: str

@@ -38,6 +38,9 @@ class ChainRecords:
         self.channel: dict[str, str | None] = {}
         self.learn: dict[str, list[tuple[int, str]]] = {}  # turn → jobs waiting for it
         self.chats: dict[str, Chat] = {}
+        # chain → links whose agent chat this shard made and the directory may not have yet:
+        # stored with the chain's row, so a restart registers them again (agent_chats.py).
+        self.unregistered: dict[str, set[str]] = {}
 
     async def all(self) -> dict[str, Chain]:
         if self._loaded is None:
@@ -52,6 +55,8 @@ class ChainRecords:
                 self.channel[chain.id] = record.get("channel")
                 if record.get("learn"):
                     self.learn[chain.topic] = [tuple(x) for x in record["learn"]]
+                if record.get("unregistered"):
+                    self.unregistered[chain.id] = set(record["unregistered"])
                 root = await self.conv.log(chain.root_chat)
                 opened = root.cipher.open(
                     texts, aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}")
@@ -84,6 +89,7 @@ class ChainRecords:
                 "chain": chain,
                 "channel": self.channel.get(chain.id),
                 "learn": self.learn.get(chain.topic, []),
+                "unregistered": sorted(self.unregistered.get(chain.id, ())),
             }
         ).decode()
         event = CollaborationChanged(
@@ -186,6 +192,17 @@ class ChainRecords:
             await peers.shard(peers.index_of(group.home)).post_item(group, bot.id, effect.message)
         except OpenBotError as e:
             log.warning("post to group %s failed: %s", effect.target, e.message)
+
+    async def listing(self, user: str, channels: frozenset[str]) -> list[ChainView]:
+        chains = await self.all()
+        return [
+            self.view(c)
+            for c in sorted(chains.values(), key=lambda c: (c.created_at, c.id))
+            if self.may_see(c, user, channels)
+        ]
+
+    def may_see(self, chain: Chain, user: str, channels: frozenset[str]) -> bool:
+        return chain.owner == user or self.channel.get(chain.id) in channels
 
     def view(self, chain: Chain) -> ChainView:
         texts = self.texts.get(chain.id, {})

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from actors.chats.agent_chats import Registrar
 from actors.chats.chain_records import ChainRecords
 from actors.chats.chat_logs import ChatLogs
 from actors.contracts import ChainView, Effect, StepInput
@@ -26,6 +27,7 @@ from actors.shard.kernel import ShardKernel
 from engine import collaboration as rules
 from engine.collaboration import Chain
 from engine.directory import Bot, Chat, Org
+from engine.directory import agent_chat as agent_chat_record
 from engine.errors import NotFound, OpenBotError
 from storage.chat_store import ChatLog
 
@@ -40,7 +42,6 @@ class ChainRunner:
         self.records = ChainRecords(kernel, logs, peers)
         # The records' maps, by their old names here.
         self._texts = self.records.texts
-        self._channel = self.records.channel
         self._learn = self.records.learn
         self._tasks: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
@@ -48,6 +49,9 @@ class ChainRunner:
         # link → the bot that sent it, read with the delivery's agent chat: the answer wakes
         # it (WS-4) as it was when its delivery went out.
         self._askers: dict[str, Bot] = {}
+        # link → (the peer as its send found it, the bot that sent it), until it is delivered.
+        self._parties: dict[str, tuple[Bot, Bot]] = {}
+        self.registrar = Registrar(self.records, peers, self._spawn)
 
     async def resume(self) -> None:
         """`recover` at start; a chain that cannot resume must not stop the shard serving."""
@@ -60,6 +64,7 @@ class ChainRunner:
         """Resume the deliveries that were under way when the shard stopped (nothing is lost;
         a delivery already answered is not asked again)."""
         resumed = 0
+        await self.registrar.recover()
         for chain in list((await self.records.all()).values()):
             if chain.status != "running":
                 continue
@@ -82,9 +87,7 @@ class ChainRunner:
     async def _save(self, chain: Chain) -> None:
         batch = Batch()
         await self.records.stage(chain, batch)
-        fut = self.kernel.stage(batch)
-        if fut is not None:
-            await fut
+        await self.kernel.commit(batch)
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -113,30 +116,18 @@ class ChainRunner:
         that wait until its collaboration is back (CO-2)."""
         if learn:
             self._learn.setdefault(turn, []).extend(learn)
-        await self._effects(chat, org, turn, bot, effects, parent=parent, chain=chain)
-        await self._maybe_release(turn)
-
-    async def _effects(
-        self,
-        chat: Chat,
-        org: Org,
-        turn: str,
-        bot: Bot,
-        effects: tuple[Effect, ...],
-        *,
-        parent: str | None,
-        chain: str | None,
-    ) -> None:
         for effect in effects:
             if effect.kind == "post":
                 await self.records.post(effect, bot, org)
         sends = tuple(e for e in effects if e.kind == "send")
-        if not sends:
-            return
-        log_ = await self.conv.log(chat.id)
-        async with self.conv.lock(chat.id):
-            fut, started = await self._sends(chat, log_, turn, bot, sends, parent, chain, Batch())
-        await self._started(fut, started, org)
+        if sends:
+            log_ = await self.conv.log(chat.id)
+            async with self.conv.lock(chat.id):
+                fut, started = await self._sends(
+                    chat, log_, turn, bot, sends, parent, chain, Batch()
+                )
+            await self._started(fut, started, org)
+        await self._maybe_release(turn)
 
     async def _sends(
         self,
@@ -184,6 +175,8 @@ class ChainRunner:
                 self._texts.setdefault(updated.id, {})[effect.link] = {"request": effect.message}
                 await self.records.stage(updated, sink)
                 if decision.action == "deliver":
+                    if effect.peer is not None and effect.peer.id == effect.target:
+                        _bounded(self._parties)[effect.link] = (effect.peer, bot)
                     # UI-1: the asking bot's chat shows what it sent, to whom (a real delivery).
                     self.records.sent(
                         chat_log, chat, turn, bot.id, effect.target, effect.message, sink
@@ -219,22 +212,29 @@ class ChainRunner:
         await self._maybe_release(topic)
 
     async def _deliver_once(self, chain_id: str, link_id: str, org: Org) -> None:
-        """One delivery: one directory call (the agent chat, the peer, the asker), the peer's
-        step, one transaction for the request (the chain's record and the delivery item) with
-        the peer's reply and whatever it sent on, or, when it sent nothing on, its answer."""
+        """One delivery: the peer's step, then one transaction for the request (the chain's
+        record and the delivery item) with the peer's reply and whatever it sent on, or, when
+        it sent nothing on, its answer. The agent chat is made here (the peer and the asker
+        came with the send) and registered once durable (agent_chats.py); after a restart,
+        one directory call reads them."""
         conv = self.conv
         chain = (await self.records.all())[chain_id]
         if chain.status != "running":
             return
         link = rules.find_link(chain, link_id)
         first = link.agent_chat is None  # nothing of this delivery is stored yet
-        agent_chat, peer, asker = await self.peers.directory().delivery_chat(
-            chain.root_chat, link.to_bot, link.from_bot, chain.id, link.id
-        )
+        parties = self._parties.pop(link.id, None) if first else None
+        made_here = parties is not None
+        if parties is not None:
+            peer, asker = parties
+            root = await self.records.chat(chain.root_chat)
+            agent_chat = agent_chat_record(root, peer.id, chain.id, link.id, link.sent_at)
+        else:
+            agent_chat, peer, asker = await self.peers.directory().delivery_chat(
+                chain.root_chat, link.to_bot, link.from_bot, chain.id, link.id
+            )
         self.records.know(agent_chat)
-        if len(self._askers) >= 10_000:  # links whose answer never came (stopped chains)
-            self._askers.clear()
-        self._askers[link.id] = asker
+        _bounded(self._askers)[link.id] = asker  # links whose answer never came are dropped
         request = self._texts[chain_id][link_id]["request"]
         started: list[tuple[str, str]] = []
         fut = None
@@ -258,6 +258,8 @@ class ChainRunner:
                     chains[chain_id] = rules.attach_agent_chat(
                         chains[chain_id], link.id, agent_chat.id
                     )
+                    if made_here:  # listed in the chain's row until the directory has it
+                        self.records.unregistered.setdefault(chain_id, set()).add(link.id)
                     asked = conv.item(alog, chain.topic, "delivery", link.from_bot)
                     conv.append(alog, agent_chat, [(asked, request)], sink)
                 restage = chain_id
@@ -311,9 +313,13 @@ class ChainRunner:
             except Exception:
                 await self._submit_held(chain_id, agent_chat.id, alog, sink, None)
                 raise
+            if made_here:  # durable now
+                self.registrar.add(chain_id, link.id, agent_chat)
             await self._maybe_release(chain.topic)
             return
         await self._started(fut, started, org)
+        if made_here:  # durable now (`_started` waited for its commit)
+            self.registrar.add(chain_id, link.id, agent_chat)
         await self._maybe_release(chain.topic)
         await self._maybe_answer(chain_id, link.id, reply, org)
 
@@ -436,8 +442,8 @@ class ChainRunner:
         self, chain_id: str, user: str, channels: frozenset[str]
     ) -> ChainView | None:
         """Stop a chain homed here that `user` may see; None when it is not here."""
-        chain = await self.find(chain_id)
-        if chain is None or not self.may_see(chain, user, channels):
+        chain = (await self.records.all()).get(chain_id)
+        if chain is None or not self.records.may_see(chain, user, channels):
             return None
         return await self.stop(chain_id, user)
 
@@ -449,7 +455,7 @@ class ChainRunner:
             chain = rules.stop(chain, by=by, now=self.kernel.clock())
             await self._save(chain)
         await self._maybe_release(chain.topic)
-        return self.view(chain)
+        return self.records.view(chain)
 
     async def _maybe_release(self, topic: str) -> None:
         """Once no collaboration of this turn is under way, its waiting learning jobs run, once,
@@ -479,19 +485,13 @@ class ChainRunner:
             for c in (await self.records.all()).values()
         )
 
-    async def find(self, chain_id: str) -> Chain | None:
-        return (await self.records.all()).get(chain_id)
-
     async def listing(self, user: str, channels: frozenset[str]) -> list[ChainView]:
-        chains = await self.records.all()
-        return [
-            self.view(c)
-            for c in sorted(chains.values(), key=lambda c: (c.created_at, c.id))
-            if c.owner == user or self._channel.get(c.id) in channels
-        ]
+        return await self.records.listing(user, channels)
 
-    def may_see(self, chain: Chain, user: str, channels: frozenset[str]) -> bool:
-        return chain.owner == user or self._channel.get(chain.id) in channels
 
-    def view(self, chain: Chain) -> ChainView:
-        return self.records.view(chain)
+def _bounded(links: dict) -> dict:
+    """A map by link, emptied when it grows past what running chains can need (entries of
+    links a stop or a failure left undone are never taken out)."""
+    if len(links) >= 10_000:
+        links.clear()
+    return links

@@ -1,0 +1,98 @@
+"""Registering the `agent` chats a chain's home shard makes with the directory.
+
+A delivery's agent chat is named after its link (engine/directory.py `agent_chat`), so the
+chain's shard makes the record itself instead of waiting for the directory to write it on
+every hop. The directory learns of it after the delivery's transaction is durable: until then
+nothing of the chat is visible anywhere, and for a few milliseconds after it the chat is stored
+and listed in the chain but not yet in the directory's listings (listings may lag; replies and
+receipts never show before they are durable).
+
+Nothing is lost: a link whose chat the directory has not confirmed is listed in its chain's
+stored row (`ChainRecords.unregistered`, written in the same transaction as the chat's first
+items), and `recover` registers those again after a restart. Registering is idempotent on the
+directory's side, so registering twice is harmless. Chats waiting here go in one directory call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from engine.collaboration import find_link
+from engine.directory import Chat, agent_chat
+from engine.errors import OpenBotError, Unavailable
+
+log = logging.getLogger("openbot.chains")
+RETRY_S = 1.0  # the directory was unreachable: try again after this long
+
+
+class Registrar:
+    def __init__(self, records: Any, peers: Any, spawn: Callable[[Coroutine], None]) -> None:
+        self.records = records
+        self.peers = peers
+        self._spawn = spawn
+        self._waiting: dict[str, tuple[str, str, Chat]] = {}  # chat id → (chain, link, chat)
+        self._running = False
+        self._retry: asyncio.TimerHandle | None = None
+
+    def add(self, chain: str, link: str, chat: Chat) -> None:
+        """Register `chat` (its delivery is durable) soon, with whatever else is waiting."""
+        self._waiting[chat.id] = (chain, link, chat)
+        self._kick()
+
+    def _kick(self) -> None:
+        self._retry = None
+        if not self._running and self._waiting:
+            self._running = True
+            self._spawn(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while self._waiting:
+                taken = dict(self._waiting)
+                try:
+                    await self.peers.directory().register_chats([c for _, _, c in taken.values()])
+                except Unavailable as e:  # the directory is restarting: later, not lost
+                    log.warning("agent chats not registered yet (%s); retrying", e.message)
+                    loop = asyncio.get_running_loop()
+                    self._retry = self._retry or loop.call_later(RETRY_S, self._kick)
+                    return
+                except OpenBotError as e:  # refused: asking again would be refused again
+                    log.error("agent chats %s refused by the directory: %s", list(taken), e.message)
+                self._confirmed(taken)
+        finally:
+            self._running = False
+
+    def _confirmed(self, taken: dict[str, tuple[str, str, Chat]]) -> None:
+        unregistered = self.records.unregistered
+        for chat_id, entry in taken.items():
+            if self._waiting.get(chat_id) is entry:
+                del self._waiting[chat_id]
+            chain, link, _ = entry
+            links = unregistered.get(chain)
+            if links is not None:
+                links.discard(link)
+                if not links:
+                    del unregistered[chain]
+
+    async def recover(self) -> None:
+        """After a restart: register again every agent chat a stored chain lists as not yet
+        confirmed (the shard may have stopped before or while registering it)."""
+        records = self.records
+        chains = await records.all()
+        for chain_id, links in list(records.unregistered.items()):
+            chain = chains.get(chain_id)
+            if chain is None:
+                continue
+            try:
+                root = await records.chat(chain.root_chat)
+            except OpenBotError as e:
+                log.warning("agent chats of chain %s not registered: %s", chain_id, e.message)
+                continue
+            for link_id in sorted(links):
+                link = find_link(chain, link_id)
+                chat = agent_chat(root, link.to_bot, chain.id, link.id, link.sent_at)
+                records.know(chat)  # the chain reads it here, not from the directory
+                self.add(chain_id, link_id, chat)

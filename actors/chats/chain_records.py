@@ -183,6 +183,22 @@ class ChainRecords:
             log.warning("step of bot %s in chat %s failed: %s", bot.id, step.chat.id, e.message)
             return StepOutcome(status="failed", error=e.message)
 
+    async def release_learning(self, topic: str, waiting: list[tuple[int, str]]) -> list[Chain]:
+        """Let the learning jobs (shard, job id) that waited for this turn's collaboration run,
+        over the root chat as it is now (CO-2); returns the turn's chains (to store again)."""
+        peers = self.peers
+        upto = 0
+        chains = [c for c in (await self.all()).values() if c.topic == topic]
+        if chains:
+            root = await self.conv.log(chains[0].root_chat)
+            upto = root.items[-1].seq if root.items else 0
+        for index, job_id in waiting:
+            try:
+                await peers.shard(index).release_learning(job_id, upto)
+            except OpenBotError as e:
+                log.warning("releasing learning job %s failed: %s", job_id, e.message)
+        return chains
+
     async def post(self, effect: Effect, bot: Bot, org: Org) -> None:
         """`workspace_post_to_group`: the bot's message in its group's chat (the group's home
         may be another shard)."""
@@ -234,3 +250,11 @@ class ChainRecords:
                 for k in chain.links
             ],
         )
+
+
+def bounded(links: dict) -> dict:
+    """A map by link, emptied when it grows past what running chains can need (entries of
+    links a stop or a failure left undone are never taken out)."""
+    if len(links) >= 10_000:
+        links.clear()
+    return links

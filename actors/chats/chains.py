@@ -18,16 +18,15 @@ import asyncio
 import logging
 
 from actors.chats.agent_chats import Registrar
-from actors.chats.chain_records import ChainRecords
+from actors.chats.chain_records import ChainRecords, bounded
 from actors.chats.chat_logs import ChatLogs
 from actors.contracts import ChainView, Effect, StepInput
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
-from actors.shard.kernel import ShardKernel
+from actors.shard.kernel import ShardKernel, durable
 from engine import collaboration as rules
 from engine.collaboration import Chain
-from engine.directory import Bot, Chat, Org
-from engine.directory import agent_chat as agent_chat_record
+from engine.directory import Bot, Chat, Org, agent_chat
 from engine.errors import NotFound, OpenBotError
 from storage.chat_store import ChatLog
 
@@ -46,8 +45,7 @@ class ChainRunner:
         self._tasks: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
         self._busy: dict[str, int] = {}  # turn → deliveries of it still being worked on
-        # link → the bot that sent it, read with the delivery's agent chat: the answer wakes
-        # it (WS-4) as it was when its delivery went out.
+        # link → the bot that sent it: the answer wakes it (WS-4) as it was when it sent.
         self._askers: dict[str, Bot] = {}
         # link → (the peer as its send found it, the bot that sent it), until it is delivered.
         self._parties: dict[str, tuple[Bot, Bot]] = {}
@@ -111,16 +109,20 @@ class ChainRunner:
         parent: str | None,
         chain: str | None,
         learn: list[tuple[int, str]] | tuple = (),
+        started: list[tuple[str, str]] | None = None,
     ) -> None:
         """Carry out what a bot asked for. `learn`: learning jobs (shard, job id) of this turn
-        that wait until its collaboration is back (CO-2)."""
+        waiting for its collaboration (CO-2). `started`: deliveries of sends already recorded
+        (`record_sends`)."""
         if learn:
             self._learn.setdefault(turn, []).extend(learn)
         for effect in effects:
             if effect.kind == "post":
                 await self.records.post(effect, bot, org)
         sends = tuple(e for e in effects if e.kind == "send")
-        if sends:
+        if started is not None:
+            await self._started(None, started, org)
+        elif sends:
             log_ = await self.conv.log(chat.id)
             async with self.conv.lock(chat.id):
                 fut, started = await self._sends(
@@ -128,6 +130,26 @@ class ChainRunner:
                 )
             await self._started(fut, started, org)
         await self._maybe_release(turn)
+
+    async def record_sends(
+        self,
+        chat: Chat,
+        chat_log: ChatLog,
+        turn: str,
+        bot: Bot,
+        effects: tuple[Effect, ...],
+        sink: Batch,
+        learn: list[tuple[int, str]],
+    ) -> list[tuple[str, str]]:
+        """A person's turn's sends in `sink` (the turn's own batch, committed here: the turn's
+        end and its chain in one transaction). Call holding the chat's lock; returns the
+        deliveries to start (`on_effects(started=...)`)."""
+        if learn:  # stored with the chain's row (CO-2 after a restart)
+            self._learn.setdefault(turn, []).extend(learn)
+        sends = tuple(e for e in effects if e.kind == "send")
+        fut, started = await self._sends(chat, chat_log, turn, bot, sends, None, None, sink)
+        await durable(fut)
+        return started
 
     async def _sends(
         self,
@@ -176,7 +198,7 @@ class ChainRunner:
                 await self.records.stage(updated, sink)
                 if decision.action == "deliver":
                     if effect.peer is not None and effect.peer.id == effect.target:
-                        _bounded(self._parties)[effect.link] = (effect.peer, bot)
+                        bounded(self._parties)[effect.link] = (effect.peer, bot)
                     # UI-1: the asking bot's chat shows what it sent, to whom (a real delivery).
                     self.records.sent(
                         chat_log, chat, turn, bot.id, effect.target, effect.message, sink
@@ -190,19 +212,19 @@ class ChainRunner:
         return fut, started
 
     async def _started(self, fut, started: list[tuple[str, str]], org: Org) -> None:
-        """Once the sends are durable, their deliveries begin."""
-        if fut is not None:
-            await fut
+        """The sends' deliveries begin while their commit `fut` runs (the peers' steps overlap
+        it; what they store waits for it), and this returns once it is durable."""
         for chain_id, link in started:
-            self._spawn(self._deliver(chain_id, link, org))
+            self._spawn(self._deliver(chain_id, link, org, fut))
+        await durable(fut)
 
     # --- delivering ---
 
-    async def _deliver(self, chain_id: str, link_id: str, org: Org) -> None:
+    async def _deliver(self, chain_id: str, link_id: str, org: Org, after=None) -> None:
         topic = (await self.records.all())[chain_id].topic
         self._busy[topic] = self._busy.get(topic, 0) + 1
         try:
-            await self._deliver_once(chain_id, link_id, org)
+            await self._deliver_once(chain_id, link_id, org, after)
         except Exception:
             log.exception("delivery %s of chain %s failed", link_id, chain_id)
         finally:
@@ -211,12 +233,12 @@ class ChainRunner:
                 del self._busy[topic]
         await self._maybe_release(topic)
 
-    async def _deliver_once(self, chain_id: str, link_id: str, org: Org) -> None:
-        """One delivery: the peer's step, then one transaction for the request (the chain's
-        record and the delivery item) with the peer's reply and whatever it sent on, or, when
-        it sent nothing on, its answer. The agent chat is made here (the peer and the asker
-        came with the send) and registered once durable (agent_chats.py); after a restart,
-        one directory call reads them."""
+    async def _deliver_once(self, chain_id: str, link_id: str, org: Org, after=None) -> None:
+        """One delivery: the peer's step (overlapping `after`, the commit of the send that made
+        the link: nothing is staged before that is durable), then one transaction for the
+        request (chain record, delivery item) with the peer's reply and what it sent on, or its
+        answer. The agent chat is made here (the peer and the asker came with the send) and
+        registered once durable (agent_chats.py); after a restart, one directory call."""
         conv = self.conv
         chain = (await self.records.all())[chain_id]
         if chain.status != "running":
@@ -228,19 +250,19 @@ class ChainRunner:
         if parties is not None:
             peer, asker = parties
             root = await self.records.chat(chain.root_chat)
-            agent_chat = agent_chat_record(root, peer.id, chain.id, link.id, link.sent_at)
+            achat = agent_chat(root, peer.id, chain.id, link.id, link.sent_at)
         else:
-            agent_chat, peer, asker = await self.peers.directory().delivery_chat(
+            achat, peer, asker = await self.peers.directory().delivery_chat(
                 chain.root_chat, link.to_bot, link.from_bot, chain.id, link.id
             )
-        self.records.know(agent_chat)
-        _bounded(self._askers)[link.id] = asker  # links whose answer never came are dropped
+        self.records.know(achat)
+        bounded(self._askers)[link.id] = asker  # links whose answer never came are dropped
         request = self._texts[chain_id][link_id]["request"]
         started: list[tuple[str, str]] = []
         fut = None
-        async with conv.lock(agent_chat.id):
+        async with conv.lock(achat.id):
             # A new agent chat is made in memory: reading it would cost a database read.
-            alog = conv.fresh(agent_chat.id) if first else await conv.log(agent_chat.id)
+            alog = conv.fresh(achat.id) if first else await conv.log(achat.id)
             # After a restart the delivery may be stored already, and even answered: resume
             # from what the agent chat holds instead of delivering or asking twice.
             asked = next((i for i in alog.items if i.kind == "delivery"), None)
@@ -249,19 +271,17 @@ class ChainRunner:
             held = False
             if asked is None:
                 # The request (the link's agent chat and the delivery item) commits with the
-                # peer's reply: one transaction. What the step is given, the request's text,
-                # is durable already (the send that made the link stored it); until the reply
-                # commits the item is not listed, and a restart finds nothing of the delivery
-                # stored and delivers it again, so nothing is lost or answered twice.
+                # peer's reply: one transaction, after the send's (`after`). Until it commits
+                # the item is not listed, and a restart finds nothing of the delivery stored
+                # and delivers it again (if the send is stored), so nothing is lost or
+                # answered twice.
                 async with self._lock:
                     chains = await self.records.all()
-                    chains[chain_id] = rules.attach_agent_chat(
-                        chains[chain_id], link.id, agent_chat.id
-                    )
+                    chains[chain_id] = rules.attach_agent_chat(chains[chain_id], link.id, achat.id)
                     if made_here:  # listed in the chain's row until the directory has it
                         self.records.unregistered.setdefault(chain_id, set()).add(link.id)
                     asked = conv.item(alog, chain.topic, "delivery", link.from_bot)
-                    conv.append(alog, agent_chat, [(asked, request)], sink)
+                    conv.append(alog, achat, [(asked, request)], sink)
                 restage = chain_id
             answered = next(
                 (i for i in alog.items if i.seq > asked.seq and i.kind in ("bot", "notification")),
@@ -271,7 +291,7 @@ class ChainRunner:
                 reply = conv.store.text(alog, answered.seq)
             else:
                 step = StepInput(
-                    chat=agent_chat,
+                    chat=achat,
                     bot=peer,
                     org=org,
                     operator=chain.owner,
@@ -282,17 +302,18 @@ class ChainRunner:
                 )
                 try:
                     outcome = await self.records.step(peer, step)
+                    await durable(after)  # the send is stored: this delivery's rows may follow
                 except BaseException:
                     if restage is not None:  # the request was never stored: memory drops it
-                        conv.forget(agent_chat.id)
+                        conv.forget(achat.id)
                     raise
-                reply = self.records.reply(alog, agent_chat, chain.topic, peer, outcome, sink)
+                reply = self.records.reply(alog, achat, chain.topic, peer, outcome, sink)
                 sends = tuple(e for e in outcome.effects if e.kind == "send")
                 # A peer that sent nothing on (and posts nothing) has answered: its reply
                 # and its answer going up are held for one transaction (`_result`).
                 hold = None if any(e.kind == "post" for e in outcome.effects) else link.id
                 fut, started = await self._sends(
-                    agent_chat,
+                    achat,
                     alog,
                     chain.topic,
                     peer,
@@ -309,17 +330,17 @@ class ChainRunner:
                 held = fut is None and not started and hold is not None and bool(sink.writes)
         if held:
             try:
-                await self._result(chain_id, link.id, reply, org, sink, [(agent_chat.id, alog)])
+                await self._result(chain_id, link.id, reply, org, sink, [(achat.id, alog)])
             except Exception:
-                await self._submit_held(chain_id, agent_chat.id, alog, sink, None)
+                await self._submit_held(chain_id, achat.id, alog, sink, None)
                 raise
             if made_here:  # durable now
-                self.registrar.add(chain_id, link.id, agent_chat)
+                self.registrar.add(chain_id, link.id, achat)
             await self._maybe_release(chain.topic)
             return
         await self._started(fut, started, org)
         if made_here:  # durable now (`_started` waited for its commit)
-            self.registrar.add(chain_id, link.id, agent_chat)
+            self.registrar.add(chain_id, link.id, achat)
         await self._maybe_release(chain.topic)
         await self._maybe_answer(chain_id, link.id, reply, org)
 
@@ -464,19 +485,8 @@ class ChainRunner:
         if not waiting or await self.running_for(topic) or self._busy.get(topic):
             return
         self._learn.pop(topic, None)
-        peers = self.peers
-        upto = 0
-        chains = [c for c in (await self.records.all()).values() if c.topic == topic]
-        if chains:
-            root = await self.conv.log(chains[0].root_chat)
-            upto = root.items[-1].seq if root.items else 0
-        for index, job_id in waiting:
-            try:
-                await peers.shard(index).release_learning(job_id, upto)
-            except OpenBotError as e:
-                log.warning("releasing learning job %s failed: %s", job_id, e.message)
-        for chain in chains:  # the stored record no longer lists them
-            await self._save(chain)
+        for chain in await self.records.release_learning(topic, waiting):
+            await self._save(chain)  # the stored record no longer lists them
 
     async def running_for(self, topic: str) -> bool:
         """Whether a chain started by this turn is still under way."""
@@ -487,11 +497,3 @@ class ChainRunner:
 
     async def listing(self, user: str, channels: frozenset[str]) -> list[ChainView]:
         return await self.records.listing(user, channels)
-
-
-def _bounded(links: dict) -> dict:
-    """A map by link, emptied when it grows past what running chains can need (entries of
-    links a stop or a failure left undone are never taken out)."""
-    if len(links) >= 10_000:
-        links.clear()
-    return links

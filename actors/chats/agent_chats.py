@@ -3,9 +3,9 @@
 A delivery's agent chat is named after its link (engine/directory.py `agent_chat`), so the
 chain's shard makes the record itself instead of waiting for the directory to write it on
 every hop. The directory learns of it after the delivery's transaction is durable: until then
-nothing of the chat is visible anywhere, and for a few milliseconds after it the chat is stored
-and listed in the chain but not yet in the directory's listings (listings may lag; replies and
-receipts never show before they are durable).
+nothing of the chat is visible anywhere, and for some tens of milliseconds after it the chat is
+stored and listed in the chain but not yet in the directory's listings (listings may lag;
+replies and receipts never show before they are durable).
 
 Nothing is lost: a link whose chat the directory has not confirmed is listed in its chain's
 stored row (`ChainRecords.unregistered`, written in the same transaction as the chat's first
@@ -26,6 +26,9 @@ from engine.errors import OpenBotError, Unavailable
 
 log = logging.getLogger("openbot.chains")
 RETRY_S = 1.0  # the directory was unreachable: try again after this long
+# Chats made within this long go in one directory call (one DuckDB write there): a linear
+# chain's hops follow each other every few milliseconds, a tree's come in bursts.
+GATHER_S = 0.03
 
 
 class Registrar:
@@ -50,6 +53,7 @@ class Registrar:
 
     async def _run(self) -> None:
         try:
+            await asyncio.sleep(GATHER_S)
             while self._waiting:
                 taken = dict(self._waiting)
                 try:

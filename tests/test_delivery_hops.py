@@ -96,9 +96,10 @@ def test_a_delivery_reads_nothing_and_writes_in_few_transactions(tmp_path: Path)
     # peer's reply and its result with the delivery item in the asker's chat (one); the
     # asker's reply.
     assert transactions <= 4, transactions
-    # The peer and the asker came with the send and the agent chat was made here: the one
-    # directory call registers that chat once its delivery is durable, off the hop's path.
-    assert dict(calls) == {"register_chats": 1}
+    # The peer and the asker came with the send and the agent chat was made here: the
+    # directory shows it while the peer's step runs, and a second call confirms it once the
+    # delivery is durable (off the hop's path).
+    assert dict(calls) == {"register_chats": 2}
 
 
 def linear_script(bots: int) -> str:
@@ -158,9 +159,10 @@ def test_a_capped_linear_chain_costs_one_transaction_a_hop(tmp_path: Path):
     # The person's item, the turn's end with its send; one per hop (8), the last carrying the
     # 8 answers that go up after the cap.
     assert transactions == 10, transactions
-    # No directory call on a hop's path: the 8 agent chats are registered after their hops are
-    # durable (one call each at most), and the directory has every one of them.
-    assert set(calls) == {"register_chats"} and calls["register_chats"] <= 8, calls
+    # No directory write on a hop's path: each agent chat is shown while its peer's step runs
+    # (8 calls) and confirmed after its hop is durable (at most 8 more, fewer when gathered);
+    # the directory has every one of them.
+    assert set(calls) == {"register_chats"} and 8 < calls["register_chats"] <= 16, calls
     assert registered == [True] * 8
 
 

@@ -1,16 +1,18 @@
 """Registering the `agent` chats a chain's home shard makes with the directory.
 
 A delivery's agent chat is named after its link (engine/directory.py `agent_chat`), so the
-chain's shard makes the record itself instead of waiting for the directory to write it on
-every hop. The directory learns of it after the delivery's transaction is durable: until then
-nothing of the chat is visible anywhere, and for some tens of milliseconds after it the chat is
-stored and listed in the chain but not yet in the directory's listings (listings may lag;
-replies and receipts never show before they are durable).
+chain's shard makes the record itself instead of waiting on every hop for the directory to
+write it. The directory shows it (in memory, `durable=False`) while the delivery's step runs,
+before anything of the delivery is staged: whoever reads an item its events announce finds the
+chat. The chat record alone may be seen before the delivery is on disk (then it is empty until
+the delivery is made again after a restart, in the same chat); replies and receipts never are.
+Once the delivery is durable, a durable registration confirms the chat (in one directory call
+for the chats made within `GATHER_S`; listings may lag by that much).
 
-Nothing is lost: a link whose chat the directory has not confirmed is listed in its chain's
-stored row (`ChainRecords.unregistered`, written in the same transaction as the chat's first
-items), and `recover` registers those again after a restart. Registering is idempotent on the
-directory's side, so registering twice is harmless. Chats waiting here go in one directory call.
+Nothing is lost: a link whose chat the directory has not durably confirmed is listed in its
+chain's stored row (`ChainRecords.unregistered`, written in the same transaction as the chat's
+first items), and `recover` registers those again after a restart; the directory writes what it
+showed right after showing it, and registering is idempotent there.
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ class Registrar:
         self._waiting: dict[str, tuple[str, str, Chat]] = {}  # chat id → (chain, link, chat)
         self._running = False
         self._retry: asyncio.TimerHandle | None = None
+
+    def show(self, chat: Chat) -> asyncio.Future:
+        """Make a new agent chat visible in the directory (not yet durable there) while its
+        delivery's step runs: the delivery waits for it before staging anything, so whoever
+        reads an item its events announce finds the chat."""
+        shown = asyncio.ensure_future(self.peers.directory().register_chats([chat], False))
+        shown.add_done_callback(lambda f: f.cancelled() or f.exception())  # read by the waiter
+        return shown
 
     def add(self, chain: str, link: str, chat: Chat) -> None:
         """Register `chat` (its delivery is durable) soon, with whatever else is waiting."""

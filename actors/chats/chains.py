@@ -39,9 +39,7 @@ class ChainRunner:
         self.conv = logs  # the chats chains write to (root, agent and target chats)
         self.peers = peers
         self.records = ChainRecords(kernel, logs, peers)
-        # The records' maps, by their old names here.
-        self._texts = self.records.texts
-        self._learn = self.records.learn
+        self._texts, self._learn = self.records.texts, self.records.learn  # (shorter names)
         self._tasks: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
         self._busy: dict[str, int] = {}  # turn → deliveries of it still being worked on
@@ -235,10 +233,9 @@ class ChainRunner:
 
     async def _deliver_once(self, chain_id: str, link_id: str, org: Org, after=None) -> None:
         """One delivery: the peer's step (overlapping `after`, the commit of the send that made
-        the link: nothing is staged before that is durable), then one transaction for the
-        request (chain record, delivery item) with the peer's reply and what it sent on, or its
-        answer. The agent chat is made here (the peer and the asker came with the send) and
-        registered once durable (agent_chats.py); after a restart, one directory call."""
+        the link, and the directory showing the agent chat made here: nothing is staged before
+        both), then one transaction for the request (chain record, delivery item) with the
+        peer's reply and what it sent on, or its answer (agent_chats.py)."""
         conv = self.conv
         chain = (await self.records.all())[chain_id]
         if chain.status != "running":
@@ -246,15 +243,16 @@ class ChainRunner:
         link = rules.find_link(chain, link_id)
         first = link.agent_chat is None  # nothing of this delivery is stored yet
         parties = self._parties.pop(link.id, None) if first else None
-        made_here = parties is not None
-        if parties is not None:
+        if made_here := parties is not None:
             peer, asker = parties
             root = await self.records.chat(chain.root_chat)
             achat = agent_chat(root, peer.id, chain.id, link.id, link.sent_at)
-        else:
+            shown = self.registrar.show(achat)  # while the step runs
+        else:  # after a restart: one directory call
             achat, peer, asker = await self.peers.directory().delivery_chat(
                 chain.root_chat, link.to_bot, link.from_bot, chain.id, link.id
             )
+            shown = None
         self.records.know(achat)
         bounded(self._askers)[link.id] = asker  # links whose answer never came are dropped
         request = self._texts[chain_id][link_id]["request"]
@@ -303,6 +301,7 @@ class ChainRunner:
                 try:
                     outcome = await self.records.step(peer, step)
                     await durable(after)  # the send is stored: this delivery's rows may follow
+                    await durable(shown)  # and its items are announced in a chat readers find
                 except BaseException:
                     if restage is not None:  # the request was never stored: memory drops it
                         conv.forget(achat.id)

@@ -7,7 +7,7 @@ before anything of the delivery is staged: whoever reads an item its events anno
 chat. The chat record alone may be seen before the delivery is on disk (then it is empty until
 the delivery is made again after a restart, in the same chat); replies and receipts never are.
 Once the delivery is durable, a durable registration confirms the chat (in one directory call
-for the chats made within `GATHER_S`; listings may lag by that much).
+for the chats made within `GATHER_S`).
 
 Nothing is lost: a link whose chat the directory has not durably confirmed is listed in its
 chain's stored row (`ChainRecords.unregistered`, written in the same transaction as the chat's
@@ -28,9 +28,10 @@ from engine.errors import OpenBotError, Unavailable
 
 log = logging.getLogger("openbot.chains")
 RETRY_S = 1.0  # the directory was unreachable: try again after this long
-# Chats made within this long go in one directory call (one DuckDB write there): a linear
-# chain's hops follow each other every few milliseconds, a tree's come in bursts.
-GATHER_S = 0.03
+# Chats made within this long are confirmed in one directory call: a chain's hops follow each
+# other every few milliseconds, so a chain costs one or two calls, not one per delivery (the
+# chats are visible from the start; this only ends the shard's bookkeeping of them).
+GATHER_S = 0.2
 
 
 class Registrar:

@@ -140,23 +140,32 @@ class DirectoryChats(DirectoryReads):
         and writes them right after, in the background: the shard lists the chats in its own
         stored rows until a durable registration confirms them (actors/chats/agent_chats.py),
         so a crash of this actor before the write loses nothing."""
-        async with self._write:  # check-then-act: one record however many register it
-            new: list[Chat] = []
-            for chat in chats:
-                if chat.kind != "agent" or not chat.id.startswith(agent_chat_id("")):
-                    raise InvalidInput(f"{chat.id!r} is not an agent chat", code="invalid_chat")
-                self._get(self.orgs, chat.org, "org")
-                self._get(self.bots, chat.bot or "", "bot")
-                if chat.id not in self.chats:
-                    self.chats[chat.id] = self._unwritten[chat.id] = chat
-                    new.append(chat)
-            if durable and any(c.id in self._unwritten for c in chats):
+        if not durable:  # no await between the check and the act: no lock to wait behind
+            new = self._show(chats)
+            if new:
+                task = asyncio.get_running_loop().create_task(self._write_soon())
+                self._writing.add(task)
+                task.add_done_callback(self._writing.discard)
+            return len(new)
+        async with self._write:
+            new = self._show(chats)
+            if any(c.id in self._unwritten for c in chats):
                 await self._write_chats()
-        if new and not durable:
-            task = asyncio.get_running_loop().create_task(self._write_soon())
-            self._writing.add(task)
-            task.add_done_callback(self._writing.discard)
         return len(new)
+
+    def _show(self, chats: list[Chat]) -> list[Chat]:
+        """Check and take the chats into memory in one step (nothing awaited); the new ones."""
+        for chat in chats:
+            if chat.kind != "agent" or not chat.id.startswith(agent_chat_id("")):
+                raise InvalidInput(f"{chat.id!r} is not an agent chat", code="invalid_chat")
+            self._get(self.orgs, chat.org, "org")
+            self._get(self.bots, chat.bot or "", "bot")
+        new: list[Chat] = []
+        for chat in chats:
+            if chat.id not in self.chats:
+                self.chats[chat.id] = self._unwritten[chat.id] = chat
+                new.append(chat)
+        return new
 
     async def _write_chats(self) -> None:
         """Store the chats that are visible but not written yet, in one transaction (callers

@@ -115,6 +115,22 @@ def test_an_agent_chat_the_directory_missed_is_registered_after_a_restart(tmp_pa
     finally:
         directory.store.db.close()
 
+    async def third_start() -> int:
+        """The chain's row no longer owes the chat: the next restart registers nothing."""
+        svc = ShardService(tmp_path, 0, models=models)
+        directory = DirectoryService(tmp_path)
+        crashing = CrashingDirectory(directory)
+        svc.peers.connect(directory=crashing)  # type: ignore[arg-type]
+        try:
+            await svc.kernel.started()
+            await svc.chains_idle()
+            return crashing.shown + crashing.refused
+        finally:
+            await svc.close()
+            directory.store.db.close()
+
+    assert asyncio.run(third_start()) == 0
+
 
 def test_concurrent_registrations_of_the_same_chats_make_each_once(tmp_path: Path):
     """30 shards' worth of concurrent registrations (and the directory's own `agent_chat`) of

@@ -22,6 +22,8 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from actors.shard.batch import Batch
+from actors.shard.kernel import durable
 from engine.collaboration import find_link
 from engine.directory import Chat, agent_chat
 from engine.errors import OpenBotError, Unavailable
@@ -92,11 +94,14 @@ class Registrar:
                 if not links:
                     del unregistered[chain]
 
-    async def recover(self) -> None:
+    async def recover(self, lock: asyncio.Lock, kernel: Any) -> None:
         """After a restart: register again every agent chat a stored chain lists as not yet
-        confirmed (the shard may have stopped before or while registering it)."""
+        confirmed (the shard may have stopped before or while registering it), then store
+        those chains' rows without them, so the next restart asks nothing (one directory call
+        and one transaction for all). `lock`: the runner's, under which chain rows are staged."""
         records = self.records
         chains = await records.all()
+        owed: dict[str, tuple[str, str, Chat]] = {}
         for chain_id, links in list(records.unregistered.items()):
             chain = chains.get(chain_id)
             if chain is None:
@@ -110,4 +115,20 @@ class Registrar:
                 link = find_link(chain, link_id)
                 chat = agent_chat(root, link.to_bot, chain.id, link.id, link.sent_at)
                 records.know(chat)  # the chain reads it here, not from the directory
+                owed[chat.id] = (chain_id, link_id, chat)
+        if not owed:
+            return
+        try:
+            await self.peers.directory().register_chats([c for _, _, c in owed.values()])
+        except OpenBotError as e:  # later, from the live path (retried while unreachable)
+            log.warning("agent chats not registered at start (%s); retrying", e.message)
+            for chain_id, link_id, chat in owed.values():
                 self.add(chain_id, link_id, chat)
+            return
+        self._confirmed(owed)
+        batch = Batch()
+        async with lock:
+            for chain_id in {chain for chain, _, _ in owed.values()}:
+                await records.stage(chains[chain_id], batch)
+            fut = kernel.stage(batch)
+        await durable(fut)

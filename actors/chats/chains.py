@@ -60,7 +60,7 @@ class ChainRunner:
         """Resume the deliveries that were under way when the shard stopped (nothing is lost;
         a delivery already answered is not asked again)."""
         resumed = 0
-        await self.registrar.recover()
+        await self.registrar.recover(self._lock, self.kernel)
         for chain in list((await self.records.all()).values()):
             if chain.status != "running":
                 continue

@@ -98,6 +98,9 @@ class Effect(msgspec.Struct, frozen=True, kw_only=True):
     link: str  # the receipt id the bot was given
     target: str  # a bot id (send) or a channel id (post)
     message: str
+    # A send: the target bot as the directory gave it for this send (its org, its archived
+    # flag checked), so the delivery that follows needs no directory call of its own.
+    peer: Bot | None = None
 
 
 class ToolUse(msgspec.Struct, frozen=True, kw_only=True):

@@ -9,6 +9,7 @@ import contextlib
 from starlette.requests import Request
 from starlette.responses import Response
 
+from actors.contracts import RememberCall, pack
 from actors.runtime.engine import Engine, call
 from engine import tags as tagmod
 from engine import widening
@@ -77,15 +78,16 @@ class MemoryApi:
         pool = bot_pool(bot.id)
         async with self._writing(pool):
             if isinstance(command, wire.Remember):
-                entry = await call(
-                    shard.remember,
-                    pool,
-                    reader,
-                    command.content,
-                    tuple(command.tags),
-                    body.requestId,
+                remember = RememberCall(
+                    pool=pool,
+                    reader=reader,
+                    content=command.content,
+                    tags=tuple(command.tags),
+                    request_id=body.requestId,
                 )
-                return json(entry, 201)
+                # One bytes each way (actors/shard/packed.py): the reply is the HTTP body.
+                entry = await call(shard.remember_json, pack(remember))
+                return Response(entry, 201, media_type="application/json")
             entry = await call(shard.forget, pool, reader, command.id, body.requestId)
             return json(entry)
 

@@ -48,6 +48,7 @@ from actors.runtime.node_hub_handle import RayNodeHub
 from actors.runtime.peers import Peers
 from actors.shard.bot_memory import BotMemory
 from actors.shard.kernel import ShardKernel, new_entry_id, now_ms
+from actors.shard.packed import PackedCalls
 from actors.shard.seed_memory import SeedMemory
 from actors.workspace.access import WsRules
 from actors.workspace.listing import WsListings
@@ -91,7 +92,7 @@ from storage.workspace_store import WorkspaceStore
 __all__ = ["ShardService", "TurnStart"]
 
 
-class ShardService:
+class ShardService(PackedCalls):
     def __init__(
         self,
         data_dir: str | Path,

@@ -43,7 +43,8 @@ events of the client's user it never got; duplicated = the same event received a
 an event of another user (an audience leak). CPU per process role from /proc.
 
 Prints a table with the issue's targets (zero loss and p99 <= 50 ms in the fixed phase;
-delivered/s >= 2x python-socketio's in the burst phase) and writes benchmarks/results/fanout.json
+delivered/s >= 2x python-socketio's and server CPU per 1,000 deliveries <= 2x its in the burst
+phase) and writes benchmarks/results/fanout.json
 (with a per-second timeline of each phase: events, drops, p50/p99 of the events sent that second).
 
 Why the burst phase: at a fixed rate that every system sustains, all three deliver the offered

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import contextlib
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.contracts import RememberCall, pack
+from actors.contracts import RememberCall
 from actors.runtime.engine import Engine, call
 from engine import tags as tagmod
 from engine import widening
@@ -22,6 +23,8 @@ from gateway.auth import Auth
 from gateway.events import Hub
 from gateway.json_response import json, read_body
 from gateway.read_cache import ReadCache
+
+_packer = msgspec.msgpack.Encoder()
 
 
 class MemoryApi:
@@ -82,11 +85,11 @@ class MemoryApi:
                     pool=pool,
                     reader=reader,
                     content=command.content,
-                    tags=tuple(command.tags),
+                    topics=tuple(command.tags),
                     request_id=body.requestId,
                 )
-                # One bytes each way (actors/shard/packed.py): the reply is the HTTP body.
-                entry = await call(shard.remember_json, pack(remember))
+                # One bytes each way (remember_packed): the reply is the HTTP body.
+                entry = await call(shard.remember_packed, _packer.encode(remember))
                 return Response(entry, 201, media_type="application/json")
             entry = await call(shard.forget, pool, reader, command.id, body.requestId)
             return json(entry)

@@ -7,7 +7,7 @@ import asyncio
 
 import msgspec
 
-from actors.contracts import EventBatch, pack
+from actors.contracts import EventBatch
 from engine.events import (
     Audience,
     Event,
@@ -162,7 +162,7 @@ class FakeShard:
 
     async def _packed(self, after: int, limit: int, wait: float) -> bytes:
         head, events = await self._after(after, limit, wait)
-        return pack(EventBatch(head=head, events=events))
+        return msgspec.msgpack.encode(EventBatch(head=head, events=events))
 
 
 class _Method:

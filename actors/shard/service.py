@@ -48,7 +48,6 @@ from actors.runtime.node_hub_handle import RayNodeHub
 from actors.runtime.peers import Peers
 from actors.shard.bot_memory import BotMemory
 from actors.shard.kernel import ShardKernel, new_entry_id, now_ms
-from actors.shard.packed import PackedCalls
 from actors.shard.seed_memory import SeedMemory
 from actors.workspace.access import WsRules
 from actors.workspace.listing import WsListings
@@ -92,7 +91,7 @@ from storage.workspace_store import WorkspaceStore
 __all__ = ["ShardService", "TurnStart"]
 
 
-class ShardService(PackedCalls):
+class ShardService:
     def __init__(
         self,
         data_dir: str | Path,
@@ -314,8 +313,7 @@ class ShardService(PackedCalls):
         self, seq: int, limit: int = 1000, wait: float = 0.0
     ) -> tuple[ShardHead, list[Event]]:
         """Published events after `seq` (long-polls up to `wait` s when there are none yet)."""
-        # Gateways poll this continuously: after Ray restarts this actor, the first poll starts
-        # the recovery of open jobs and chains even if no other call comes.
+        # Polled continuously: after a restart the first poll starts recovery (jobs, chains).
         self.kernel.ensure_started()
         events = await self.kernel.events.after(seq, limit=limit, wait=wait)
         return self.kernel.events.head(), events
@@ -352,6 +350,9 @@ class ShardService(PackedCalls):
         request_id: str | None = None,
     ) -> EntryView:
         return await self.memory.remember(pool_id, reader, content, topics, request_id)
+
+    async def remember_packed(self, call: bytes) -> bytes:  # a RememberCall in, JSON out
+        return await self.memory.remember_packed(call)
 
     async def forget(
         self,

@@ -102,6 +102,9 @@ class Effect(msgspec.Struct, frozen=True, kw_only=True):
     link: str  # the receipt id the bot was given
     target: str  # a bot id (send) or a channel id (post)
     message: str
+    # A send: the target bot as the directory gave it for this send (its org, its archived
+    # flag checked), so the delivery that follows needs no directory call of its own.
+    peer: Bot | None = None
 
 
 class ToolUse(msgspec.Struct, frozen=True, kw_only=True):
@@ -159,8 +162,8 @@ class ChainView(msgspec.Struct, frozen=True, kw_only=True):
 
 class EventBatch(msgspec.Struct, frozen=True, kw_only=True):
     """A shard's published events after a seq and where its log stands, as one msgpack blob
-    (`ShardService.events_packed`, what the gateways' pumps poll): Ray pickles a list of Events
-    on both sides of every poll, and decodes one bytes object for next to nothing."""
+    (`events_packed`, actors/shard/packed.py: what the gateways' pumps poll): Ray would pickle
+    a list of Events on both sides of every poll; one bytes object costs it next to nothing."""
 
     head: ShardHead
     events: list[Event]
@@ -322,6 +325,8 @@ class DirectoryPort(Protocol):
     async def delivery_chat(
         self, root_id: str, peer: str, asker: str, chain: str, link: str
     ) -> tuple[Chat, Bot, Bot]: ...
+
+    async def register_chats(self, chats: list[Chat], durable: bool = True) -> int: ...
 
     async def set_mode(self, channel_id: str, mode: str, leader: str | None) -> Channel: ...
 

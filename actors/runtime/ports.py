@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from actors.contracts import (
+    EVENT_BATCH,
     ChainView,
     Mirrored,
     NodeInfo,
@@ -161,7 +162,10 @@ class RayShard(NamedActor):
     async def events_after(
         self, seq: int, limit: int = 1000, wait: float = 0.0
     ) -> tuple[ShardHead, list[Event]]:
-        return await remote(self._actor().events_after, seq, limit, wait)
+        # Over Ray the poll comes back as one msgpack `EventBatch` (actors/shard/packed.py):
+        # Ray would pickle the list of Events on both sides of every poll.
+        batch = EVENT_BATCH.decode(await remote(self._actor().events_packed, seq, limit, wait))
+        return batch.head, batch.events
 
     async def metrics(self) -> dict:
         return await remote(self._actor().metrics)

@@ -91,8 +91,8 @@ class MemoryApi:
                     request_id=body.requestId,
                 )
                 # One bytes each way (remember_packed): the reply is the HTTP body.
-                entry = await shard.remember_packed(_packer.encode(remember))
-                return Response(entry, 201, media_type="application/json")
+                created = await shard.remember_packed(_packer.encode(remember))
+                return Response(created, 201, media_type="application/json")
             entry = await shard.forget(pool, reader, command.id, body.requestId)
             return json(entry)
 

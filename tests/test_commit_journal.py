@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -274,6 +275,53 @@ def test_a_failed_sync_while_emptying_the_journal_strands_no_later_record(
     assert any("emptying the applied" in r.getMessage() for r in caplog.records)
     db, gc = _reopen(tmp_path / "a-crash" / "t.duckdb")
     assert [r[0] for r in _kv(db)] == ["k0", "k1", "k2"]
+    _close(db, gc)
+
+
+def test_a_record_appended_while_a_reads_checkpoint_runs_is_never_emptied_away(
+    tmp_path, monkeypatch
+):
+    """Records are appended on the event loop while a read's catch-up checkpoint applies the
+    journal on the database thread: the record that came in between is neither applied by
+    that checkpoint nor cut from the file when it empties it (the file is emptied only once
+    every record in it is applied); a crash right after keeps it, and so does the next
+    checkpoint."""
+    from storage import group_commit
+
+    path = tmp_path / "a" / "t.duckdb"
+    entered, release = threading.Event(), threading.Event()
+    original = group_commit._Merged.apply
+
+    def slow_apply(self, con):
+        entered.set()
+        assert release.wait(10)
+        return original(self, con)
+
+    async def main() -> None:
+        db = Database(path, [KV_SQL])
+        gc = GroupCommitter(db, [KV], checkpoint_rows=10_000, checkpoint_idle=3600)
+        loop = asyncio.get_running_loop()
+        await gc.submit([Insert("kv", ("k0", "g", 0))])
+        monkeypatch.setattr(group_commit._Merged, "apply", slow_apply)
+        read = asyncio.ensure_future(db.run(lambda con: con.execute("SELECT 1").fetchall()))
+        assert await loop.run_in_executor(None, entered.wait, 10)  # k0 is being applied
+        await gc.submit([Insert("kv", ("k1", "g", 1))])  # durable while that runs
+        release.set()
+        await read
+        monkeypatch.undo()
+        assert gc.checkpoints == 1
+        assert [seq for seq, _ in scan(_journal(path).read_bytes())[0]] == [1, 2]
+        _crash_copy(path.parent, tmp_path / "a-crash")
+        assert _kv(db) == [("k0", "g", 0), ("k1", "g", 1)]  # the next read applies k1
+        assert gc.checkpoints == 2
+        assert _journal(path).stat().st_size == HEADER  # now everything in it is applied
+        await gc.close()
+        db.close()
+
+    asyncio.run(main())
+    db, gc = _reopen(tmp_path / "a-crash" / "t.duckdb")
+    assert db.query("SELECT applied FROM commit_journal_state") == [(2,)]
+    assert db.query("SELECT k, count(*) FROM kv GROUP BY k ORDER BY k") == [("k0", 1), ("k1", 1)]
     _close(db, gc)
 
 

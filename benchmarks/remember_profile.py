@@ -4,8 +4,9 @@ entries), then `--count` Remembers from `--callers` concurrent callers, optional
 
     .venv/bin/python -m benchmarks.remember_profile [--count 2000] [--callers 8] [--profile]
 
-Prints Remembers per second, CPU ms per Remember (all threads, and the event loop's), writes per group commit, and with `--profile`
-the top functions by cumulative and by own time. A script for finding costs, not a test.
+Prints Remembers per second, CPU ms per Remember (all threads, and the event loop's), writes
+per group commit, and with `--profile` the top functions by cumulative and by own time. A
+script for finding costs, not a test.
 """
 
 from __future__ import annotations

@@ -101,6 +101,9 @@ class Effect(msgspec.Struct, frozen=True, kw_only=True):
     link: str  # the receipt id the bot was given
     target: str  # a bot id (send) or a channel id (post)
     message: str
+    # A send: the target bot as the directory gave it for this send (its org, its archived
+    # flag checked), so the delivery that follows needs no directory call of its own.
+    peer: Bot | None = None
 
 
 class ToolUse(msgspec.Struct, frozen=True, kw_only=True):
@@ -306,6 +309,8 @@ class DirectoryPort(Protocol):
     async def delivery_chat(
         self, root_id: str, peer: str, asker: str, chain: str, link: str
     ) -> tuple[Chat, Bot, Bot]: ...
+
+    async def register_chats(self, chats: list[Chat], durable: bool = True) -> int: ...
 
     async def set_mode(self, channel_id: str, mode: str, leader: str | None) -> Channel: ...
 

@@ -275,9 +275,9 @@ class ShardKernel:
         batch.extend(self._term_rows(pool, outcome, sealed))
         changes = {row.entry: row.change for row in outcome.log}
         for meta in outcome.upserts:
-            audience = union(
-                [before.get(meta.id, NOBODY), entry_audience(bot, meta.id, pool.entries)]
-            )
+            audience = entry_audience(bot, meta.id, pool.entries)
+            if meta.id in before:  # an edit also tells those who could see the old version
+                audience = union([before[meta.id], audience])
             change = changes.get(meta.id, "updated")
             batch.emit(
                 MemoryChanged(

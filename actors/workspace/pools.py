@@ -30,9 +30,13 @@ from storage.bulk import paused_gc
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
 from storage.search_index import TermIndex
-from storage.workspace_store import StoredWsPool, WorkspaceStore
+from storage.workspace_store import StoredWsPool, WorkspaceStore, content_fp
 
 CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in its context
+# Checks of a loaded pool against its derived data (term rows, vectors) wait this long, so that
+# the search that loaded the pool is answered first (at 100,000 records each walk takes about
+# 0.1 s of the event loop; the first search after a shard opens, under a second).
+UPKEEP_DELAY_S = 1.0
 
 
 @dataclass
@@ -72,6 +76,29 @@ class WsPools:
         self.keepers: list[Callable[[str], bool]] = []
         self._loader: SingleFlight[WsPool] = SingleFlight()
         self._pools: dict[str, WsPool] = self._loader.loaded
+        self.upkeep_delay = UPKEEP_DELAY_S
+        self._upkeep: set[asyncio.Task[None]] = set()
+
+    def later(self, fn: Callable[[], object]) -> None:
+        """Run `fn` on the event loop `upkeep_delay` seconds from now (checks of a pool that
+        just loaded: see UPKEEP_DELAY_S)."""
+
+        async def run() -> None:
+            await asyncio.sleep(self.upkeep_delay)
+            fn()
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._upkeep.add(task)
+        task.add_done_callback(self._upkeep.discard)
+
+    async def upkept(self) -> None:
+        """Wait until the checks scheduled by `later` have run (tests and benchmarks)."""
+        while self._upkeep:
+            await asyncio.gather(*self._upkeep, return_exceptions=True)
+
+    def stop_upkeep(self) -> None:
+        for task in list(self._upkeep):
+            task.cancel()
 
     def get(self, pool_id: str) -> WsPool | None:
         """The pool if it is in memory now."""
@@ -159,21 +186,22 @@ class WsPools:
         # A record's terms row commits with the record, so a row made from other content
         # than the record's is all but impossible; still, check once the search that loaded
         # the pool is answered (a walk of every record).
-        asyncio.get_running_loop().call_soon(self._check_terms, pool, ids[: len(fps)], fps)
+        self.later(lambda: self._check_terms(pool, ids[: len(fps)], fps))
 
     def _check_terms(self, pool: WsPool, ids: list[str], fps: list[str]) -> None:
         """Index again the records whose stored terms were not made from their content."""
         if self._pools.get(pool.id) is not pool or pool.poisoned:
             return  # evicted or reloaded meanwhile: done again by its next load
-        get, row_of = pool.stored.entries.get, pool.index.row_of
+        entries, row_of = pool.stored.entries, pool.index.row_of
         rows = []
-        for row, (entry_id, fp) in enumerate(zip(ids, fps, strict=True)):
-            e = get(entry_id)
-            # Not indexed again since the load (a write re-indexes: its row changes).
-            if e is not None and e.content_fp != fp and row_of(entry_id) == row:
-                keys = self.kernel.analyzer.keys(self.open(pool, entry_id))
-                pool.index.put(entry_id, keys)
-                rows.append(self.kernel.terms.row(pool.id, entry_id, e.content_fp, keys))
+        with paused_gc():
+            for row, (entry_id, fp) in enumerate(zip(ids, fps, strict=True)):
+                now = content_fp(entries, entry_id)
+                # Not indexed again since the load (a write re-indexes: its row changes).
+                if now is not None and now != fp and row_of(entry_id) == row:
+                    keys = self.kernel.analyzer.keys(self.open(pool, entry_id))
+                    pool.index.put(entry_id, keys)
+                    rows.append(self.kernel.terms.row(pool.id, entry_id, now, keys))
         self._store_terms(rows)
 
     def _store_terms(self, rows: list[Write]) -> None:

@@ -206,14 +206,15 @@ def build_request(
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
 
 
-def remember_body(worker: int, seq: int) -> bytes:
+def remember_body(worker: int, seq: int, request_id: str | None = None) -> bytes:
     content = (
         f"bench remember w{worker} n{seq}: the customer prefers short answers, "
         "metric units and a summary at the end"
     )
-    return json.dumps(
-        {"command": {"_tag": "Remember", "content": content, "tags": ["bench"]}}
-    ).encode()
+    body: dict[str, Any] = {"command": {"_tag": "Remember", "content": content, "tags": ["bench"]}}
+    if request_id is not None:  # an idempotent write, as a workspace memory always is
+        body["requestId"] = request_id
+    return json.dumps(body).encode()
 
 
 def ws_memory_body(bot: str, nonce: str, worker: int, seq: int) -> bytes:
@@ -246,6 +247,7 @@ async def http_load(
     warmup: float,
     seconds: float,
     ws_bot: str | None = None,
+    request_ids: bool = False,
 ) -> dict[str, Any]:
     sizes = [0, 0]  # total body bytes, responses
     fresh = remember or ws_bot is not None  # a new body per request
@@ -255,7 +257,7 @@ async def http_load(
     def request_body(index: int, seq: int) -> bytes:
         if ws_bot is not None:
             return ws_memory_body(ws_bot, nonce, index, seq)
-        return remember_body(index, seq)
+        return remember_body(index, seq, f"bench-{nonce}-{index}-{seq}" if request_ids else None)
 
     async def make_op(index: int):
         conn = HttpConnection(host, port)
@@ -292,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument(
         "--ws-memory", metavar="BOT", help="send a fresh workspace memory of BOT each time"
     )
+    h.add_argument("--request-ids", action="store_true", help="a requestId in each Remember")
     h.add_argument("--expect", type=int, default=200)
     h.add_argument("--concurrency", type=int, default=8)
     h.add_argument("--warmup", type=float, default=1.0)
@@ -310,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             warmup=args.warmup,
             seconds=args.seconds,
             ws_bot=args.ws_memory,
+            request_ids=args.request_ids,
         )
     )
     json.dump(out, sys.stdout)

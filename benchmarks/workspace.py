@@ -17,10 +17,11 @@
    put into the pool's in-memory index).
 3. **writes over HTTP** — a local Ray session, one shard and a real gateway (uvicorn on
    127.0.0.1): workspace memory writes (`POST /api/app/workspace/memories`, bot scope) against
-   seed-000 Remember (`POST /v1/bots/{bot}/memory`) by the bot's owner, the same concurrency,
-   each a closed loop of raw HTTP/1.1 keep-alive requests from a child process
-   (benchmarks/_load.py), in alternating rounds (Remember, workspace, Remember, workspace);
-   the ratio is workspace over Remember, rounds summed. `--no-http` skips it.
+   seed-000 Remember (`POST /v1/bots/{bot}/memory`, with a requestId like every workspace
+   write) by the bot's owner, the same concurrency, each a closed loop of raw HTTP/1.1
+   keep-alive requests from a child process (benchmarks/_load.py), in alternating rounds
+   (Remember, workspace, Remember, workspace); the ratio is workspace over Remember, rounds
+   summed. `--no-http` skips it.
 4. **export / import** — an account with 10,000 records written through `ws_create_memory`
    (receipts and revisions as in production): the seed-002 file tree of the stopped data
    directory (storage/file_export.py), written to disk; imported into a new data directory; and
@@ -391,7 +392,11 @@ def bench_http_writes(data: Path, args) -> dict:
         token, bot_id = user["token"], bot["id"]
         for _ in range(args.http_rounds):
             remember = _http_writes(
-                server.port, token, f"/v1/bots/{bot_id}/memory", ["--remember"], args
+                server.port,
+                token,
+                f"/v1/bots/{bot_id}/memory",
+                ["--remember", "--request-ids"],
+                args,
             )
             ws = _http_writes(
                 server.port, token, "/api/app/workspace/memories", ["--ws-memory", bot_id], args

@@ -9,6 +9,7 @@ holds the pool's data key (`keyed`).
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -85,7 +86,9 @@ class WsPools:
 
         async def run() -> None:
             await asyncio.sleep(self.upkeep_delay)
-            fn()
+            done = fn()
+            if inspect.isawaitable(done):
+                await done
 
         task = asyncio.get_running_loop().create_task(run())
         self._upkeep.add(task)
@@ -159,7 +162,7 @@ class WsPools:
         """Build the pool's keyword index from the stored term keys (read in bulk); records
         without current ones (written before migration 8, or imported) are tokenized now and
         their keys stored for next time."""
-        ids, fps, lengths, flat = await self.kernel.terms.load_flat(pool.id)
+        ids, lengths, flat = await self.kernel.terms.load_flat(pool.id)
         current = pool.stored.entries
         analyzer = self.kernel.analyzer
         with paused_gc():
@@ -169,7 +172,7 @@ class WsPools:
                 flat = flat[np.repeat(keep, lengths)]
                 lengths = lengths[keep]
                 ids = [i for i in ids if i in current]
-                fps = [fp for fp, k in zip(fps, keep, strict=True) if k]
+            stored = len(ids)  # rows 0..stored-1: made from stored keys
             missing = current.keys() - have if len(have) != len(current) else set()
             extra_ids = sorted(missing)
             extra = [analyzer.keys(self.open(pool, i)) for i in extra_ids]
@@ -186,19 +189,25 @@ class WsPools:
         # A record's terms row commits with the record, so a row made from other content
         # than the record's is all but impossible; still, check once the search that loaded
         # the pool is answered (a walk of every record).
-        self.later(lambda: self._check_terms(pool, ids[: len(fps)], fps))
+        self.later(lambda: self._check_terms(pool, stored))
 
-    def _check_terms(self, pool: WsPool, ids: list[str], fps: list[str]) -> None:
-        """Index again the records whose stored terms were not made from their content."""
+    async def _check_terms(self, pool: WsPool, stored: int) -> None:
+        """Index again the records whose stored terms (the first `stored` rows of the index
+        built at load) were not made from their content."""
+        fps = await self.kernel.terms.fingerprints(pool.id)
         if self._pools.get(pool.id) is not pool or pool.poisoned:
             return  # evicted or reloaded meanwhile: done again by its next load
         entries, row_of = pool.stored.entries, pool.index.row_of
         rows = []
         with paused_gc():
-            for row, (entry_id, fp) in enumerate(zip(ids, fps, strict=True)):
+            for entry_id, fp in fps:
+                row = row_of(entry_id)
+                # Indexed from its stored keys at load and not since (a write re-indexes it
+                # and writes its row: a new index row).
+                if row is None or row >= stored:
+                    continue
                 now = content_fp(entries, entry_id)
-                # Not indexed again since the load (a write re-indexes: its row changes).
-                if now is not None and now != fp and row_of(entry_id) == row:
+                if now is not None and now != fp:
                     keys = self.kernel.analyzer.keys(self.open(pool, entry_id))
                     pool.index.put(entry_id, keys)
                     rows.append(self.kernel.terms.row(pool.id, entry_id, now, keys))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -80,13 +81,21 @@ class WsPools:
         self.upkeep_delay = UPKEEP_DELAY_S
         self._upkeep: set[asyncio.Task[None]] = set()
 
-    def later(self, fn: Callable[[], object]) -> None:
-        """Run `fn` on the event loop `upkeep_delay` seconds from now (checks of a pool that
-        just loaded: see UPKEEP_DELAY_S)."""
+    def later(self, pool: WsPool, fn: Callable[[WsPool], object]) -> None:
+        """Run `fn(pool)` on the event loop `upkeep_delay` seconds from now (checks of a pool
+        that just loaded: see UPKEEP_DELAY_S), unless the pool has left memory by then. The
+        wait holds no reference to the pool: it never keeps one from being evicted."""
+        ref = weakref.ref(pool)
+        pool_id = pool.id
+        del pool
 
         async def run() -> None:
             await asyncio.sleep(self.upkeep_delay)
-            done = fn()
+            pool = ref()
+            if pool is None or self._pools.get(pool_id) is not pool or pool.poisoned:
+                return  # evicted or reloaded meanwhile: done again by its next load
+            done = fn(pool)
+            del pool
             if inspect.isawaitable(done):
                 await done
 
@@ -189,7 +198,7 @@ class WsPools:
         # A record's terms row commits with the record, so a row made from other content
         # than the record's is all but impossible; still, check once the search that loaded
         # the pool is answered (a walk of every record).
-        self.later(lambda: self._check_terms(pool, stored))
+        self.later(pool, lambda p: self._check_terms(p, stored))
 
     async def _check_terms(self, pool: WsPool, stored: int) -> None:
         """Index again the records whose stored terms (the first `stored` rows of the index

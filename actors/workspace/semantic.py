@@ -137,7 +137,7 @@ class SemanticSearch:
             vectors.load_matrix(ids, fps, mat, unit=True, row=row)
             self._pools[pool.id] = vectors
             # After this search: a walk of every record, for what only the background needs.
-            self.pools.later(lambda: self._queue_missing(pool, vectors))
+            self.pools.later(pool, self._queue_missing)
         return vectors
 
     def prefetch(self, pool_id: str) -> None:
@@ -316,10 +316,11 @@ class SemanticSearch:
         found = ranked(scores, vectors.ids, depth, current, floor=float(floor))
         return [Hit(id=i, score=x, kinds=("semantic",)) for i, x in found]
 
-    def _queue_missing(self, pool: WsPool, vectors: PoolVectors) -> None:
+    def _queue_missing(self, pool: WsPool, vectors: PoolVectors | None = None) -> None:
         """Queue for the background every record of the pool without a current vector (once,
         when the pool's vectors load): searches then never wait for them."""
-        if self._pools.get(pool.id) is not vectors or pool.poisoned:
+        vectors = vectors or self._pools.get(pool.id)
+        if vectors is None or self._pools.get(pool.id) is not vectors or pool.poisoned:
             return  # evicted or reloaded meanwhile: its next load queues what is missing
         row, fps, entries = vectors.row, vectors.fps, pool.stored.entries
         with paused_gc():

@@ -16,6 +16,7 @@ import msgspec
 
 from engine.chat_records import ItemView, Turn
 from engine.directory import Bot, Channel, Chat, Org
+from engine.memory import Reader
 from engine.models import Completion, Message, ToolSpec
 from engine.scoped_memory import Decision, Extraction, SourceItem, WsEntryView
 from engine.self_rules import Editor, RulesUpdate
@@ -25,6 +26,23 @@ from engine.workspace_search import Hit
 
 # Seconds a gateway's watch of the access revision waits for a change before it is answered.
 ACCESS_POLL_WAIT = 5.0
+
+
+# --- memory writes (gateway -> a pool's shard) ---------------------------------------------
+
+
+class RememberCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A Remember as ONE packed argument of `ShardService.remember_packed`, which answers with the
+    HTTP body (the entry as JSON) as bytes. Ray serialises each argument and the reply on its
+    own: five arguments and a Struct reply cost the shard ~1.3 ms of CPU per call against
+    ~0.85 ms for one bytes each way (measured here; a bare call ~0.7 ms), and the gateway as
+    much again."""
+
+    pool: str
+    reader: Reader
+    content: str
+    topics: tuple[str, ...] = ()
+    request_id: str | None = None
 
 
 # --- turns (gateway -> a chat's home shard) ------------------------------------------------
@@ -83,6 +101,9 @@ class Effect(msgspec.Struct, frozen=True, kw_only=True):
     link: str  # the receipt id the bot was given
     target: str  # a bot id (send) or a channel id (post)
     message: str
+    # A send: the target bot as the directory gave it for this send (its org, its archived
+    # flag checked), so the delivery that follows needs no directory call of its own.
+    peer: Bot | None = None
 
 
 class ToolUse(msgspec.Struct, frozen=True, kw_only=True):
@@ -288,6 +309,8 @@ class DirectoryPort(Protocol):
     async def delivery_chat(
         self, root_id: str, peer: str, asker: str, chain: str, link: str
     ) -> tuple[Chat, Bot, Bot]: ...
+
+    async def register_chats(self, chats: list[Chat], durable: bool = True) -> int: ...
 
     async def set_mode(self, channel_id: str, mode: str, leader: str | None) -> Channel: ...
 

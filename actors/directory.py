@@ -74,6 +74,8 @@ class DirectoryService(DirectoryChats):
         self.clock = clock
         # One writer at a time: a change's checks and its write with nothing in between.
         self._write = asyncio.Lock()
+        self._unwritten: dict[str, Chat] = {}  # agent chats visible, not yet written
+        self._writing: set[asyncio.Task] = set()
         self.access = AccessWatch()  # what gateways cache of who may do what (access_watch.py)
 
     def _fresh_id(self, table: dict, given: str | None, prefix: str, what: str) -> str:

@@ -6,14 +6,18 @@ check for an existing chat and the write happen under the directory's one write 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import Callable
 
 from actors.access_watch import AccessWatch
 from actors.directory_reads import DirectoryReads
-from engine.directory import Bot, Chat, bot_org, require_use
+from engine.directory import Bot, Chat, agent_chat_id, bot_org, require_use
+from engine.directory import agent_chat as make_agent_chat
 from engine.errors import Forbidden, InvalidInput, NotFound, Unprocessable
 from storage.directory_store import DirectoryStore
+
+log = logging.getLogger("openbot.directory")
 
 
 def new_id(prefix: str) -> str:
@@ -26,6 +30,8 @@ class DirectoryChats(DirectoryReads):
     access: AccessWatch
     _write: asyncio.Lock
     _group_chats: dict[str, str]
+    _unwritten: dict[str, Chat]  # agent chats visible here, not written yet
+    _writing: set[asyncio.Task]
 
     async def _put(self, table: str, record, index: dict, **extra) -> None:
         """Store one record, then make it the current one (callers hold the write lock)."""
@@ -113,27 +119,69 @@ class DirectoryChats(DirectoryReads):
         return chat
 
     async def agent_chat(self, root: Chat, peer: str, chain: str, link: str) -> Chat:
-        """The `agent` chat in which `peer` works on one delivery of a collaboration chain. It
-        lives with the root chat (same home) and belongs to the root chat's person."""
+        """The `agent` chat in which `peer` works on one delivery of a collaboration chain (made
+        on first use; engine/directory.py `agent_chat`)."""
         async with self._write:
             self._get(self.bots, peer, "bot")
-            chat_id = f"chat_agent_{link}"
-            existing = self.chats.get(chat_id)
+            existing = self.chats.get(agent_chat_id(link))
             if existing is not None:
                 return existing
-            chat = Chat(
-                id=chat_id,
-                kind="agent",
-                owner=root.owner,
-                org=root.org,
-                bot=peer,
-                project=root.project,
-                created_at=self.clock(),
-                home=root.home,
-                chain=chain,
-            )
+            chat = make_agent_chat(root, peer, chain, link, self.clock())
             await self._put("chats", chat, self.chats)
             return chat
+
+    async def register_chats(self, chats: list[Chat], durable: bool = True) -> int:
+        """Record `agent` chats a chain's home shard made itself; a chat already known is left
+        as it is (a shard may register again after a restart). Returns how many were new.
+        Only agent chats of a known org and bot, named after their link, are taken.
+
+        With `durable`, answers once every one of them is on disk. Without, answers as soon as
+        they are visible here (a delivery waits for that before its items can be announced)
+        and writes them right after, in the background: the shard lists the chats in its own
+        stored rows until a durable registration confirms them (actors/chats/agent_chats.py),
+        so a crash of this actor before the write loses nothing."""
+        if not durable:  # no await between the check and the act: no lock to wait behind
+            new = self._show(chats)
+            if new:
+                task = asyncio.get_running_loop().create_task(self._write_soon())
+                self._writing.add(task)
+                task.add_done_callback(self._writing.discard)
+            return len(new)
+        async with self._write:
+            new = self._show(chats)
+            if any(c.id in self._unwritten for c in chats):
+                await self._write_chats()
+        return len(new)
+
+    def _show(self, chats: list[Chat]) -> list[Chat]:
+        """Check and take the chats into memory in one step (nothing awaited); the new ones."""
+        for chat in chats:
+            if chat.kind != "agent" or not chat.id.startswith(agent_chat_id("")):
+                raise InvalidInput(f"{chat.id!r} is not an agent chat", code="invalid_chat")
+            self._get(self.orgs, chat.org, "org")
+            self._get(self.bots, chat.bot or "", "bot")
+        new: list[Chat] = []
+        for chat in chats:
+            if chat.id not in self.chats:
+                self.chats[chat.id] = self._unwritten[chat.id] = chat
+                new.append(chat)
+        return new
+
+    async def _write_chats(self) -> None:
+        """Store the chats that are visible but not written yet, in one transaction (callers
+        hold the write lock); on failure they stay waiting for the next write."""
+        waiting = dict(self._unwritten)
+        await self.store.put_many("chats", list(waiting.values()))
+        for chat_id in waiting:
+            self._unwritten.pop(chat_id, None)
+
+    async def _write_soon(self) -> None:
+        try:
+            async with self._write:
+                if self._unwritten:
+                    await self._write_chats()
+        except Exception:  # they stay waiting; a durable registration writes them
+            log.exception("writing agent chats failed")
 
     async def delivery_chat(
         self, root_id: str, peer: str, asker: str, chain: str, link: str

@@ -6,10 +6,6 @@ entries), then `--count` Remembers from `--callers` concurrent callers, optional
 
 Prints Remembers per second, CPU ms per Remember, writes per group commit, and with `--profile`
 the top functions by cumulative and by own time. A script for finding costs, not a test.
-
-`--file-journal` measures what a journal in a plain append-only file (write + fdatasync) would
-save over the journal row in DuckDB: a monkeypatched prototype, NOT crash-safe (no record
-framing check, no applied-seq marker), for measuring only.
 """
 
 from __future__ import annotations
@@ -19,13 +15,11 @@ import asyncio
 import cProfile
 import gc
 import io
-import os
 import pstats
 import secrets
 import tempfile
 import time
 
-import storage.group_commit as gcm
 from actors.shard.service import ShardService
 from engine.memory import EntryMeta, Layer, Reader
 from storage.stats import STATS
@@ -63,34 +57,8 @@ def seed(entries: int) -> list[list[tuple[EntryMeta, str]]]:
     return chunks
 
 
-def file_journal(path: str) -> None:
-    """Replace the journal row with an append + fdatasync to `path` (measurement only)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-
-    def commit(self, batches, con) -> None:
-        writes = [w for batch in batches for w in batch]
-        self._check(writes)
-        blob = gcm.encode_writes(writes)
-        os.write(fd, len(blob).to_bytes(4, "little") + blob)
-        os.fdatasync(fd)
-        self._journal_seq += 1
-        self._journaled.append((self._journal_seq, writes))
-        if len(self._journaled) >= self.checkpoint_rows:
-            merged = gcm._Merged(self.tables)
-            for _, done in self._journaled:
-                merged.add(done)
-            self._transaction(con, merged.apply)
-            self._journaled = []
-        self.transactions += 1
-        self.batches += len(batches)
-
-    gcm.GroupCommitter._commit = commit
-
-
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        if args.file_journal:
-            file_journal(os.path.join(tmp, "journal"))
         svc = ShardService(tmp, 0, models={})
         for chunk in seed(args.entries):
             if chunk:
@@ -151,7 +119,6 @@ def main() -> None:
     p.add_argument("--callers", type=int, default=8)
     p.add_argument("--entries", type=int, default=10_000)
     p.add_argument("--profile", action="store_true")
-    p.add_argument("--file-journal", action="store_true", help="prototype, measurement only")
     p.add_argument("--top", type=int, default=35)
     asyncio.run(run(p.parse_args()))
 

@@ -113,6 +113,29 @@ def chat_home(chat: Chat, bot_owner: str | None = None) -> str:
     return bot_owner
 
 
+def agent_chat_id(link: str) -> str:
+    """The `agent` chat of a collaboration delivery is named after its link (the receipt id):
+    the chain's home shard and the directory make the same record without asking each other."""
+    return f"chat_agent_{link}"
+
+
+def agent_chat(root: Chat, peer: str, chain: str, link: str, at: int) -> Chat:
+    """The `agent` chat in which `peer` works on one delivery of a chain rooted in `root`: it
+    lives with the root chat (same home) and belongs to the root chat's person. `at` is the
+    link's send time, so every maker of the record makes the same one."""
+    return Chat(
+        id=agent_chat_id(link),
+        kind="agent",
+        owner=root.owner,
+        org=root.org,
+        bot=peer,
+        project=root.project,
+        created_at=at,
+        home=root.home,
+        chain=chain,
+    )
+
+
 class Principal(msgspec.Struct, frozen=True, kw_only=True):
     """Who a request acts for: the admin, or a user with their orgs and channel memberships."""
 

@@ -20,8 +20,10 @@ from storage.crypto import Cipher, Keyring, has_master_key, key_file, load_maste
 from storage.database import Database
 from storage.directory_store import KEY_SCOPE as DIR_KEY
 from storage.directory_store import open_record
-from storage.group_commit import DeleteWhere, Write
+from storage.group_commit import DeleteWhere, GroupCommitter, Write
+from storage.journal_file import HEADER
 from storage.shard_schema import MIGRATIONS as SHARD_MIGRATIONS
+from storage.shard_schema import TABLES as SHARD_TABLES
 
 DIRECTORY_FILE = "directory.duckdb"
 TOKENS_FILE = "import-tokens.json"
@@ -36,6 +38,40 @@ def master_key(data_dir: Path) -> bytes:
             code="no_master_key",
         )
     return load_master_key(data_dir)
+
+
+def journal_path(shard_file: Path) -> Path:
+    return Path(str(shard_file) + ".journal")
+
+
+def open_shard(path: Path) -> tuple[Database, GroupCommitter]:
+    """A stopped shard's file opened for writing, with the commit journal a crash left applied
+    to its tables first (storage/group_commit.py). Close with `committer.release()` then
+    `db.close()`."""
+    db = Database(path, SHARD_MIGRATIONS)
+    try:
+        return db, GroupCommitter(db, SHARD_TABLES)
+    except BaseException:
+        db.close()
+        raise
+
+
+def drain_journal(path: Path) -> None:
+    """Apply what a shard's journal file still holds (a server stopped by a crash, before its
+    last checkpoint), so that reading the file read-only sees every acknowledged write."""
+    journal = journal_path(path)
+    if not journal.exists() or journal.stat().st_size <= HEADER:
+        return
+    try:
+        db, committer = open_shard(path)
+    except StorageError as e:
+        raise StorageError(
+            f"cannot apply the commit journal of {path} (a running server holds it? export "
+            f"with --url, or from a backup): {e}",
+            code="store_locked",
+        ) from e
+    committer.release()
+    db.close()
 
 
 @contextlib.contextmanager
@@ -164,9 +200,10 @@ def insert_all(
 
 
 def write_shard(path: Path, writes: list[Write], deletes: Sequence[DeleteWhere]) -> str:
-    db = Database(path, SHARD_MIGRATIONS)
+    db, committer = open_shard(path)  # a crash's journal goes in before the imported rows
     try:
         insert_all(db, [(w.table, w.row) for w in writes], deletes)  # type: ignore[union-attr]
     finally:
+        committer.release()
         db.close()
     return str(path)

@@ -119,6 +119,26 @@ class DirectoryStore:
 
         await self.db.run(write)
 
+    async def put_many(self, table: str, records: list[msgspec.Struct]) -> None:
+        """Insert or replace several records of one table in one transaction."""
+        rows = [
+            (r.id, seal_record(self.cipher, table, r.id, msgspec.json.encode(r)))  # type: ignore[attr-defined]
+            for r in records
+        ]
+
+        def write(con):
+            con.begin()
+            try:
+                for record_id, doc in rows:
+                    con.execute(f"DELETE FROM {table} WHERE id = ?", [record_id])
+                    con.execute(f"INSERT INTO {table} VALUES (?, ?)", [record_id, doc])
+                con.commit()
+            except BaseException:
+                con.rollback()
+                raise
+
+        await self.db.run(write)
+
     async def replace_tokens(self, user_id: str, token: tuple[str, str, int]) -> None:
         """The user's only token from now on (the others are deleted), in one transaction."""
 

@@ -39,18 +39,24 @@ def backup_offline(data_dir: Path, dest_dir: Path, *, with_key: bool = False) ->
     """Snapshot a stopped server's data directory (no process may hold its files); the master
     key only `with_key`."""
     from storage.crypto import KEY_FILE, write_key_copy
+    from storage.data_dir_io import open_shard
     from storage.directory_store import MIGRATIONS as DIRECTORY_MIGRATIONS
-    from storage.shard_schema import MIGRATIONS as SHARD_MIGRATIONS
+    from storage.group_commit import FORGET_JOURNAL
 
     dest_dir.mkdir(parents=True)
     files = []
     for path in sorted(data_dir.glob("*.duckdb")):
-        shard = path.name.startswith("shard-")
-        db = Database(path, SHARD_MIGRATIONS if shard else DIRECTORY_MIGRATIONS)
+        if path.name.startswith("shard-"):
+            # Opening applies the commit journal a crash left: the copy has every write.
+            db, committer = open_shard(path)
+            then = [MARK_RESTORED, FORGET_JOURNAL]
+        else:
+            db, committer, then = Database(path, DIRECTORY_MIGRATIONS), None, []
         try:
-            db.run_sync(lambda con: None)
-            asyncio.run(db.snapshot(dest_dir / path.name, [MARK_RESTORED] if shard else []))
+            asyncio.run(db.snapshot(dest_dir / path.name, then))
         finally:
+            if committer is not None:
+                committer.release()
             db.close()
         files.append(str(dest_dir / path.name))
     if with_key:

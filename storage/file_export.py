@@ -44,6 +44,7 @@ from storage import chat_export
 from storage.crypto import KEY_FILE, Cipher, Keyring, aad, load_master_key
 from storage.data_dir_io import DIRECTORY_FILE, TOKENS_FILE
 from storage.data_dir_io import dir_cipher as _dir_cipher
+from storage.data_dir_io import drain_journal as _drain_journal
 from storage.data_dir_io import existing as _existing
 from storage.data_dir_io import insert_all as _insert_all
 from storage.data_dir_io import master_key as _master_key
@@ -134,6 +135,7 @@ class DataDirReader:
 
     def _read_shard(self, index: int, path: Path) -> _ShardRows:
         out = _ShardRows(index)
+        _drain_journal(path)  # writes a crash left in the commit journal, into the tables
         with _read_only(path) as con:
             for pool, wrapped in _rows(con, "SELECT pool, wrapped_key FROM pools"):
                 out.keys[pool] = self.keyring.unwrap_pool_key(pool, wrapped)

@@ -11,8 +11,10 @@ from pathlib import Path
 from actors.contracts import TurnStart
 from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
+from actors.shard.batch import Batch
 from actors.shard.service import ShardService
 from engine.directory import OrgSettings
+from engine.errors import StorageError
 
 SCRIPT = """
 default = "Result received and merged into my work."
@@ -90,10 +92,14 @@ def test_a_delivery_reads_nothing_and_writes_in_few_transactions(tmp_path: Path)
     assert [c.deliveries for c in listing] == [2, 2]  # the request and its result
     assert [k.status for k in listing[-1].links] == ["answered"]
     assert reads == 0  # the agent chat was made in memory, not read
-    # The person's item, the turn's end, the send; the request, the peer's reply and its
-    # result with the delivery item in the asker's chat (one transaction); the asker's reply.
-    assert transactions <= 5, transactions
-    assert dict(calls) == {"delivery_chat": 1}  # the asker's chat and the asker came with it
+    # The person's item, the turn's end with its send (one transaction); the request, the
+    # peer's reply and its result with the delivery item in the asker's chat (one); the
+    # asker's reply.
+    assert transactions <= 4, transactions
+    # The peer and the asker came with the send and the agent chat was made here: the
+    # directory shows it while the peer's step runs, and a second call confirms it once the
+    # delivery is durable (off the hop's path).
+    assert dict(calls) == {"register_chats": 2}
 
 
 def linear_script(bots: int) -> str:
@@ -140,16 +146,115 @@ def test_a_capped_linear_chain_costs_one_transaction_a_hop(tmp_path: Path):
                 await svc.chains_idle()
                 out.append((svc.committer.transactions - tx, dict(counting.calls)))
             listing = await svc.collaborations("u_ann", frozenset())
-            return out[-1], listing[-1]
+            registered = [k.agentChat in directory.chats for k in listing[-1].links[:8]]
+            return out[-1], listing[-1], registered
         finally:
             await svc.close()
             directory.store.db.close()
 
-    (transactions, calls), chain = asyncio.run(scenario())
+    (transactions, calls), chain, registered = asyncio.run(scenario())
     assert (chain.status, chain.deliveries, len(chain.links)) == ("capped", 8, 9)
     assert [k.status for k in chain.links].count("answered") == 8
     assert all(k.result for k in chain.links[:8])  # every answer went up and is recorded
-    # The person's item, the turn's end, the send; one per hop (8), the last carrying the 8
-    # answers that go up after the cap.
-    assert transactions == 11, transactions
-    assert calls == {"delivery_chat": 8}
+    # The person's item, the turn's end with its send; one per hop (8), the last carrying the
+    # 8 answers that go up after the cap.
+    assert transactions == 10, transactions
+    # No directory write on a hop's path: each agent chat is shown while its peer's step runs
+    # (8 calls) and confirmed after its hop is durable, gathered (a few calls for the chain);
+    # the directory has every one of them.
+    assert set(calls) == {"register_chats"} and 8 < calls["register_chats"] <= 11, calls
+    assert registered == [True] * 8
+
+
+def test_a_delivery_overlaps_its_sends_commit_but_stores_nothing_if_it_fails(tmp_path: Path):
+    """The next peer's step starts while the send that made its link commits, but nothing of
+    that delivery is staged before the send is durable: when the send's transaction fails,
+    the delivery stores nothing, and a restart delivers again from what is stored (each agent
+    chat asked once and answered once, every answer up)."""
+    script = tmp_path / "linear.toml"
+    script.write_text(linear_script(3))
+    models = {"s": ScriptedModel.from_file("s", str(script))}
+
+    async def failing_hop() -> tuple[list[str], list[list[str]], str]:
+        svc = ShardService(tmp_path, 0, models=models)
+        directory = DirectoryService(tmp_path)
+        svc.peers.connect(directory=directory)
+        kernel, loop = svc.kernel, asyncio.get_running_loop()
+        stage = kernel.stage
+        failed: list[Batch] = []
+        try:
+            org = await directory.create_org("o", "o_1", OrgSettings(botMemory=False))
+            await directory.create_user("Ann", [org.id], "u_ann")
+            bots = [
+                await directory.create_bot(name=f"L{k}", org=org.id, owner="u_ann", model="s")
+                for k in range(3)
+            ]
+
+            def slow_failing(batch: Batch, pool=None):
+                """The first hop's transaction (L1's reply and its send to L2) takes a while,
+                then fails; everything else commits."""
+                sent_to_l2 = any(
+                    getattr(w, "table", "") == "communications"
+                    and w.row[3:] == ("sent", bots[2].id)
+                    for w in batch.writes
+                )
+                if not sent_to_l2 or failed:
+                    return stage(batch, pool)
+                failed.append(batch)
+                fut = loop.create_future()
+
+                def fail() -> None:
+                    fut.set_exception(StorageError("disk full (simulated)"))
+                    for hook in batch.on_failure:
+                        hook()
+
+                loop.call_later(0.2, fail)
+                return fut
+
+            kernel.stage = slow_failing  # type: ignore[method-assign]
+            chat = await directory.create_chat("u_ann", None, bot=bots[0].id)
+            start = TurnStart(chat=chat, bot=bots[0], org=org, operator="u_ann", text="start")
+            await svc.start_turn(start, True)
+            await svc.chains_idle()
+            [chain] = await svc.collaborations("u_ann", frozenset())
+            # In memory the second link was sent (its peer even ran); nothing of it is stored.
+            second = [k for k in chain.links if k.toBot == bots[2].id]
+            stored = [[i.kind for i in await svc.chat_items(f"chat_agent_{k.id}")] for k in second]
+            return [k.id for k in second], stored, chain.id
+        finally:
+            kernel.stage = stage  # type: ignore[method-assign]
+            await svc.close()
+            directory.store.db.close()
+
+    second, stored, chain_id = asyncio.run(failing_hop())
+    assert second and stored == [[] for _ in second]
+
+    async def after_restart():
+        svc = ShardService(tmp_path, 0, models=models)
+        directory = DirectoryService(tmp_path)
+        svc.peers.connect(directory=directory)
+        try:
+            await svc.kernel.started()  # resumes the first delivery: it left nothing stored
+            for _ in range(200):
+                await svc.chains_idle()
+                [chain] = await svc.collaborations("u_ann", frozenset())
+                if chain.status != "running":
+                    break
+                await asyncio.sleep(0.02)
+            agents = [
+                [i.kind for i in await svc.chat_items(k.agentChat)]
+                for k in chain.links
+                if k.agentChat
+            ]
+            return chain, agents
+        finally:
+            await svc.close()
+            directory.store.db.close()
+
+    chain, agents = asyncio.run(after_restart())
+    assert chain.id == chain_id
+    assert all(k.id not in second for k in chain.links)  # the failed hop's link never existed
+    assert (chain.status, chain.deliveries, len(chain.links)) == ("capped", 8, 9)
+    # Each peer asked once, answered once, and (but the last) sent on once.
+    assert agents == [["delivery", "bot", "delivery"]] * 7 + [["delivery", "bot"]]
+    assert [k.status for k in chain.links].count("answered") == 8

@@ -195,12 +195,16 @@ def test_a_bad_batch_fails_only_its_own_future(tmp_path: Path, bad) -> None:
     asyncio.run(main())
 
 
+def _journal_records(db_path: Path) -> list[int]:
+    from storage.journal_file import scan
+
+    return [seq for seq, _ in scan(Path(str(db_path) + ".journal").read_bytes())[0]]
+
+
 def test_journaled_writes_are_read_at_once_and_survive_a_crash(tmp_path: Path) -> None:
-    """A commit is one journal row; reads apply the journal first; a crash (the files copied
+    """A commit is one journal record; reads apply the journal first; a crash (the files copied
     as they are, never closed) loses nothing: the copy applies its journal when opened."""
     import shutil
-
-    from storage.group_commit import JOURNAL
 
     path = tmp_path / "j.duckdb"
 
@@ -211,6 +215,7 @@ def test_journaled_writes_are_read_at_once_and_survive_a_crash(tmp_path: Path) -
             await gc.submit([Put("kv", (f"k{i}", "g", i)), Delete("kv", "k0")])
         await gc.submit([DeleteWhere("kv", "grp", ("nothing",))])
         assert gc.checkpoints == 0 and gc.transactions == 6
+        assert _journal_records(path) == [1, 2, 3, 4, 5, 6]
         for f in tmp_path.iterdir():  # the crash: what is on disk now, the writer still open
             shutil.copy(f, tmp_path.parent / ("crashed-" + f.name))
         assert _rows(db) == {f"k{i}": ("g", i) for i in range(1, 5)}  # a read catches up
@@ -222,14 +227,13 @@ def test_journaled_writes_are_read_at_once_and_survive_a_crash(tmp_path: Path) -
     asyncio.run(write())
     copy = Database(tmp_path.parent / "crashed-j.duckdb", [KV_SQL])
     GroupCommitter(copy, [KV])  # opening applies the journal the crash left
-    assert copy.query(f"SELECT count(*) FROM {JOURNAL}") == [(0,)]
+    assert _journal_records(tmp_path.parent / "crashed-j.duckdb") == []  # applied, emptied
+    assert copy.query("SELECT applied FROM commit_journal_state") == [(6,)]
     assert _rows(copy) == {f"k{i}": ("g", i) for i in range(1, 5)}
     copy.close()
 
 
 def test_the_journal_is_applied_after_enough_rows_and_when_idle(tmp_path: Path) -> None:
-    from storage.group_commit import JOURNAL
-
     async def main() -> None:
         db = Database(tmp_path / "k.duckdb", [KV_SQL])
         gc = GroupCommitter(db, [KV], checkpoint_rows=3, checkpoint_idle=0.05)
@@ -242,8 +246,7 @@ def test_the_journal_is_applied_after_enough_rows_and_when_idle(tmp_path: Path) 
                 break
             await asyncio.sleep(0.02)
         assert gc.checkpoints == 2  # applied once writes went quiet
-        raw = db._con.execute(f"SELECT count(*) FROM {JOURNAL}").fetchall()  # no catch-up
-        assert raw == [(0,)]
+        assert _journal_records(tmp_path / "k.duckdb") == []  # applied and emptied
         await gc.close()
         db.close()
 

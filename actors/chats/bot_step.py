@@ -374,7 +374,7 @@ class BotStepper:
         if not message:
             return _enc.encode({"error": "empty_message", "message": "say something"}).decode()
         link = "dlv_" + secrets.token_hex(8)
-        effects.append(Effect(kind="send", link=link, target=peer.id, message=message))
+        effects.append(Effect(kind="send", link=link, target=peer.id, message=message, peer=peer))
         # WS-4: a receipt at once; the peer's reply comes back later as a delivery.
         return _enc.encode({"receipt": link, "to": peer.id, "status": "queued"}).decode()
 

@@ -38,6 +38,9 @@ class ChainRecords:
         self.channel: dict[str, str | None] = {}
         self.learn: dict[str, list[tuple[int, str]]] = {}  # turn → jobs waiting for it
         self.chats: dict[str, Chat] = {}
+        # chain → links whose agent chat this shard made and the directory may not have yet:
+        # stored with the chain's row, so a restart registers them again (agent_chats.py).
+        self.unregistered: dict[str, set[str]] = {}
 
     async def all(self) -> dict[str, Chain]:
         if self._loaded is None:
@@ -52,6 +55,8 @@ class ChainRecords:
                 self.channel[chain.id] = record.get("channel")
                 if record.get("learn"):
                     self.learn[chain.topic] = [tuple(x) for x in record["learn"]]
+                if record.get("unregistered"):
+                    self.unregistered[chain.id] = set(record["unregistered"])
                 root = await self.conv.log(chain.root_chat)
                 opened = root.cipher.open(
                     texts, aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}")
@@ -84,6 +89,7 @@ class ChainRecords:
                 "chain": chain,
                 "channel": self.channel.get(chain.id),
                 "learn": self.learn.get(chain.topic, []),
+                "unregistered": sorted(self.unregistered.get(chain.id, ())),
             }
         ).decode()
         event = CollaborationChanged(
@@ -177,6 +183,22 @@ class ChainRecords:
             log.warning("step of bot %s in chat %s failed: %s", bot.id, step.chat.id, e.message)
             return StepOutcome(status="failed", error=e.message)
 
+    async def release_learning(self, topic: str, waiting: list[tuple[int, str]]) -> list[Chain]:
+        """Let the learning jobs (shard, job id) that waited for this turn's collaboration run,
+        over the root chat as it is now (CO-2); returns the turn's chains (to store again)."""
+        peers = self.peers
+        upto = 0
+        chains = [c for c in (await self.all()).values() if c.topic == topic]
+        if chains:
+            root = await self.conv.log(chains[0].root_chat)
+            upto = root.items[-1].seq if root.items else 0
+        for index, job_id in waiting:
+            try:
+                await peers.shard(index).release_learning(job_id, upto)
+            except OpenBotError as e:
+                log.warning("releasing learning job %s failed: %s", job_id, e.message)
+        return chains
+
     async def post(self, effect: Effect, bot: Bot, org: Org) -> None:
         """`workspace_post_to_group`: the bot's message in its group's chat (the group's home
         may be another shard)."""
@@ -186,6 +208,17 @@ class ChainRecords:
             await peers.shard(peers.index_of(group.home)).post_item(group, bot.id, effect.message)
         except OpenBotError as e:
             log.warning("post to group %s failed: %s", effect.target, e.message)
+
+    async def listing(self, user: str, channels: frozenset[str]) -> list[ChainView]:
+        chains = await self.all()
+        return [
+            self.view(c)
+            for c in sorted(chains.values(), key=lambda c: (c.created_at, c.id))
+            if self.may_see(c, user, channels)
+        ]
+
+    def may_see(self, chain: Chain, user: str, channels: frozenset[str]) -> bool:
+        return chain.owner == user or self.channel.get(chain.id) in channels
 
     def view(self, chain: Chain) -> ChainView:
         texts = self.texts.get(chain.id, {})
@@ -217,3 +250,11 @@ class ChainRecords:
                 for k in chain.links
             ],
         )
+
+
+def bounded(links: dict) -> dict:
+    """A map by link, emptied when it grows past what running chains can need (entries of
+    links a stop or a failure left undone are never taken out)."""
+    if len(links) >= 10_000:
+        links.clear()
+    return links

@@ -17,15 +17,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from actors.chats.chain_records import ChainRecords
+from actors.chats.agent_chats import Registrar
+from actors.chats.chain_records import ChainRecords, bounded
 from actors.chats.chat_logs import ChatLogs
 from actors.contracts import ChainView, Effect, StepInput
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
-from actors.shard.kernel import ShardKernel
+from actors.shard.kernel import ShardKernel, durable
 from engine import collaboration as rules
 from engine.collaboration import Chain
-from engine.directory import Bot, Chat, Org
+from engine.directory import Bot, Chat, Org, agent_chat
 from engine.errors import NotFound, OpenBotError
 from storage.chat_store import ChatLog
 
@@ -38,16 +39,15 @@ class ChainRunner:
         self.conv = logs  # the chats chains write to (root, agent and target chats)
         self.peers = peers
         self.records = ChainRecords(kernel, logs, peers)
-        # The records' maps, by their old names here.
-        self._texts = self.records.texts
-        self._channel = self.records.channel
-        self._learn = self.records.learn
+        self._texts, self._learn = self.records.texts, self.records.learn  # (shorter names)
         self._tasks: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
         self._busy: dict[str, int] = {}  # turn → deliveries of it still being worked on
-        # link → the bot that sent it, read with the delivery's agent chat: the answer wakes
-        # it (WS-4) as it was when its delivery went out.
+        # link → the bot that sent it: the answer wakes it (WS-4) as it was when it sent.
         self._askers: dict[str, Bot] = {}
+        # link → (the peer as its send found it, the bot that sent it), until it is delivered.
+        self._parties: dict[str, tuple[Bot, Bot]] = {}
+        self.registrar = Registrar(self.records, peers, self._spawn)
 
     async def resume(self) -> None:
         """`recover` at start; a chain that cannot resume must not stop the shard serving."""
@@ -60,6 +60,7 @@ class ChainRunner:
         """Resume the deliveries that were under way when the shard stopped (nothing is lost;
         a delivery already answered is not asked again)."""
         resumed = 0
+        await self.registrar.recover(self._lock, self.kernel)
         for chain in list((await self.records.all()).values()):
             if chain.status != "running":
                 continue
@@ -82,9 +83,7 @@ class ChainRunner:
     async def _save(self, chain: Chain) -> None:
         batch = Batch()
         await self.records.stage(chain, batch)
-        fut = self.kernel.stage(batch)
-        if fut is not None:
-            await fut
+        await self.kernel.commit(batch)
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -108,35 +107,47 @@ class ChainRunner:
         parent: str | None,
         chain: str | None,
         learn: list[tuple[int, str]] | tuple = (),
+        started: list[tuple[str, str]] | None = None,
     ) -> None:
         """Carry out what a bot asked for. `learn`: learning jobs (shard, job id) of this turn
-        that wait until its collaboration is back (CO-2)."""
+        waiting for its collaboration (CO-2). `started`: deliveries of sends already recorded
+        (`record_sends`)."""
         if learn:
             self._learn.setdefault(turn, []).extend(learn)
-        await self._effects(chat, org, turn, bot, effects, parent=parent, chain=chain)
-        await self._maybe_release(turn)
-
-    async def _effects(
-        self,
-        chat: Chat,
-        org: Org,
-        turn: str,
-        bot: Bot,
-        effects: tuple[Effect, ...],
-        *,
-        parent: str | None,
-        chain: str | None,
-    ) -> None:
         for effect in effects:
             if effect.kind == "post":
                 await self.records.post(effect, bot, org)
         sends = tuple(e for e in effects if e.kind == "send")
-        if not sends:
-            return
-        log_ = await self.conv.log(chat.id)
-        async with self.conv.lock(chat.id):
-            fut, started = await self._sends(chat, log_, turn, bot, sends, parent, chain, Batch())
-        await self._started(fut, started, org)
+        if started is not None:
+            await self._started(None, started, org)
+        elif sends:
+            log_ = await self.conv.log(chat.id)
+            async with self.conv.lock(chat.id):
+                fut, started = await self._sends(
+                    chat, log_, turn, bot, sends, parent, chain, Batch()
+                )
+            await self._started(fut, started, org)
+        await self._maybe_release(turn)
+
+    async def record_sends(
+        self,
+        chat: Chat,
+        chat_log: ChatLog,
+        turn: str,
+        bot: Bot,
+        effects: tuple[Effect, ...],
+        sink: Batch,
+        learn: list[tuple[int, str]],
+    ) -> list[tuple[str, str]]:
+        """A person's turn's sends in `sink` (the turn's own batch, committed here: the turn's
+        end and its chain in one transaction). Call holding the chat's lock; returns the
+        deliveries to start (`on_effects(started=...)`)."""
+        if learn:  # stored with the chain's row (CO-2 after a restart)
+            self._learn.setdefault(turn, []).extend(learn)
+        sends = tuple(e for e in effects if e.kind == "send")
+        fut, started = await self._sends(chat, chat_log, turn, bot, sends, None, None, sink)
+        await durable(fut)
+        return started
 
     async def _sends(
         self,
@@ -184,6 +195,8 @@ class ChainRunner:
                 self._texts.setdefault(updated.id, {})[effect.link] = {"request": effect.message}
                 await self.records.stage(updated, sink)
                 if decision.action == "deliver":
+                    if effect.peer is not None and effect.peer.id == effect.target:
+                        bounded(self._parties)[effect.link] = (effect.peer, bot)
                     # UI-1: the asking bot's chat shows what it sent, to whom (a real delivery).
                     self.records.sent(
                         chat_log, chat, turn, bot.id, effect.target, effect.message, sink
@@ -197,19 +210,19 @@ class ChainRunner:
         return fut, started
 
     async def _started(self, fut, started: list[tuple[str, str]], org: Org) -> None:
-        """Once the sends are durable, their deliveries begin."""
-        if fut is not None:
-            await fut
+        """The sends' deliveries begin while their commit `fut` runs (the peers' steps overlap
+        it; what they store waits for it), and this returns once it is durable."""
         for chain_id, link in started:
-            self._spawn(self._deliver(chain_id, link, org))
+            self._spawn(self._deliver(chain_id, link, org, fut))
+        await durable(fut)
 
     # --- delivering ---
 
-    async def _deliver(self, chain_id: str, link_id: str, org: Org) -> None:
+    async def _deliver(self, chain_id: str, link_id: str, org: Org, after=None) -> None:
         topic = (await self.records.all())[chain_id].topic
         self._busy[topic] = self._busy.get(topic, 0) + 1
         try:
-            await self._deliver_once(chain_id, link_id, org)
+            await self._deliver_once(chain_id, link_id, org, after)
         except Exception:
             log.exception("delivery %s of chain %s failed", link_id, chain_id)
         finally:
@@ -218,29 +231,36 @@ class ChainRunner:
                 del self._busy[topic]
         await self._maybe_release(topic)
 
-    async def _deliver_once(self, chain_id: str, link_id: str, org: Org) -> None:
-        """One delivery: one directory call (the agent chat, the peer, the asker), the peer's
-        step, one transaction for the request (the chain's record and the delivery item) with
-        the peer's reply and whatever it sent on, or, when it sent nothing on, its answer."""
+    async def _deliver_once(self, chain_id: str, link_id: str, org: Org, after=None) -> None:
+        """One delivery: the peer's step (overlapping `after`, the commit of the send that made
+        the link, and the directory showing the agent chat made here: nothing is staged before
+        both), then one transaction for the request (chain record, delivery item) with the
+        peer's reply and what it sent on, or its answer (agent_chats.py)."""
         conv = self.conv
         chain = (await self.records.all())[chain_id]
         if chain.status != "running":
             return
         link = rules.find_link(chain, link_id)
         first = link.agent_chat is None  # nothing of this delivery is stored yet
-        agent_chat, peer, asker = await self.peers.directory().delivery_chat(
-            chain.root_chat, link.to_bot, link.from_bot, chain.id, link.id
-        )
-        self.records.know(agent_chat)
-        if len(self._askers) >= 10_000:  # links whose answer never came (stopped chains)
-            self._askers.clear()
-        self._askers[link.id] = asker
+        parties = self._parties.pop(link.id, None) if first else None
+        if made_here := parties is not None:
+            peer, asker = parties
+            root = await self.records.chat(chain.root_chat)
+            achat = agent_chat(root, peer.id, chain.id, link.id, link.sent_at)
+            shown = self.registrar.show(achat)  # while the step runs
+        else:  # after a restart: one directory call
+            achat, peer, asker = await self.peers.directory().delivery_chat(
+                chain.root_chat, link.to_bot, link.from_bot, chain.id, link.id
+            )
+            shown = None
+        self.records.know(achat)
+        bounded(self._askers)[link.id] = asker  # links whose answer never came are dropped
         request = self._texts[chain_id][link_id]["request"]
         started: list[tuple[str, str]] = []
         fut = None
-        async with conv.lock(agent_chat.id):
+        async with conv.lock(achat.id):
             # A new agent chat is made in memory: reading it would cost a database read.
-            alog = conv.fresh(agent_chat.id) if first else await conv.log(agent_chat.id)
+            alog = conv.fresh(achat.id) if first else await conv.log(achat.id)
             # After a restart the delivery may be stored already, and even answered: resume
             # from what the agent chat holds instead of delivering or asking twice.
             asked = next((i for i in alog.items if i.kind == "delivery"), None)
@@ -249,17 +269,17 @@ class ChainRunner:
             held = False
             if asked is None:
                 # The request (the link's agent chat and the delivery item) commits with the
-                # peer's reply: one transaction. What the step is given, the request's text,
-                # is durable already (the send that made the link stored it); until the reply
-                # commits the item is not listed, and a restart finds nothing of the delivery
-                # stored and delivers it again, so nothing is lost or answered twice.
+                # peer's reply: one transaction, after the send's (`after`). Until it commits
+                # the item is not listed, and a restart finds nothing of the delivery stored
+                # and delivers it again (if the send is stored), so nothing is lost or
+                # answered twice.
                 async with self._lock:
                     chains = await self.records.all()
-                    chains[chain_id] = rules.attach_agent_chat(
-                        chains[chain_id], link.id, agent_chat.id
-                    )
+                    chains[chain_id] = rules.attach_agent_chat(chains[chain_id], link.id, achat.id)
+                    if made_here:  # listed in the chain's row until the directory has it
+                        self.records.unregistered.setdefault(chain_id, set()).add(link.id)
                     asked = conv.item(alog, chain.topic, "delivery", link.from_bot)
-                    conv.append(alog, agent_chat, [(asked, request)], sink)
+                    conv.append(alog, achat, [(asked, request)], sink)
                 restage = chain_id
             answered = next(
                 (i for i in alog.items if i.seq > asked.seq and i.kind in ("bot", "notification")),
@@ -269,7 +289,7 @@ class ChainRunner:
                 reply = conv.store.text(alog, answered.seq)
             else:
                 step = StepInput(
-                    chat=agent_chat,
+                    chat=achat,
                     bot=peer,
                     org=org,
                     operator=chain.owner,
@@ -280,17 +300,19 @@ class ChainRunner:
                 )
                 try:
                     outcome = await self.records.step(peer, step)
+                    await durable(after)  # the send is stored: this delivery's rows may follow
+                    await durable(shown)  # and its items are announced in a chat readers find
                 except BaseException:
                     if restage is not None:  # the request was never stored: memory drops it
-                        conv.forget(agent_chat.id)
+                        conv.forget(achat.id)
                     raise
-                reply = self.records.reply(alog, agent_chat, chain.topic, peer, outcome, sink)
+                reply = self.records.reply(alog, achat, chain.topic, peer, outcome, sink)
                 sends = tuple(e for e in outcome.effects if e.kind == "send")
                 # A peer that sent nothing on (and posts nothing) has answered: its reply
                 # and its answer going up are held for one transaction (`_result`).
                 hold = None if any(e.kind == "post" for e in outcome.effects) else link.id
                 fut, started = await self._sends(
-                    agent_chat,
+                    achat,
                     alog,
                     chain.topic,
                     peer,
@@ -307,13 +329,17 @@ class ChainRunner:
                 held = fut is None and not started and hold is not None and bool(sink.writes)
         if held:
             try:
-                await self._result(chain_id, link.id, reply, org, sink, [(agent_chat.id, alog)])
+                await self._result(chain_id, link.id, reply, org, sink, [(achat.id, alog)])
             except Exception:
-                await self._submit_held(chain_id, agent_chat.id, alog, sink, None)
+                await self._submit_held(chain_id, achat.id, alog, sink, None)
                 raise
+            if made_here:  # durable now
+                self.registrar.add(chain_id, link.id, achat)
             await self._maybe_release(chain.topic)
             return
         await self._started(fut, started, org)
+        if made_here:  # durable now (`_started` waited for its commit)
+            self.registrar.add(chain_id, link.id, achat)
         await self._maybe_release(chain.topic)
         await self._maybe_answer(chain_id, link.id, reply, org)
 
@@ -436,8 +462,8 @@ class ChainRunner:
         self, chain_id: str, user: str, channels: frozenset[str]
     ) -> ChainView | None:
         """Stop a chain homed here that `user` may see; None when it is not here."""
-        chain = await self.find(chain_id)
-        if chain is None or not self.may_see(chain, user, channels):
+        chain = (await self.records.all()).get(chain_id)
+        if chain is None or not self.records.may_see(chain, user, channels):
             return None
         return await self.stop(chain_id, user)
 
@@ -449,7 +475,7 @@ class ChainRunner:
             chain = rules.stop(chain, by=by, now=self.kernel.clock())
             await self._save(chain)
         await self._maybe_release(chain.topic)
-        return self.view(chain)
+        return self.records.view(chain)
 
     async def _maybe_release(self, topic: str) -> None:
         """Once no collaboration of this turn is under way, its waiting learning jobs run, once,
@@ -458,19 +484,8 @@ class ChainRunner:
         if not waiting or await self.running_for(topic) or self._busy.get(topic):
             return
         self._learn.pop(topic, None)
-        peers = self.peers
-        upto = 0
-        chains = [c for c in (await self.records.all()).values() if c.topic == topic]
-        if chains:
-            root = await self.conv.log(chains[0].root_chat)
-            upto = root.items[-1].seq if root.items else 0
-        for index, job_id in waiting:
-            try:
-                await peers.shard(index).release_learning(job_id, upto)
-            except OpenBotError as e:
-                log.warning("releasing learning job %s failed: %s", job_id, e.message)
-        for chain in chains:  # the stored record no longer lists them
-            await self._save(chain)
+        for chain in await self.records.release_learning(topic, waiting):
+            await self._save(chain)  # the stored record no longer lists them
 
     async def running_for(self, topic: str) -> bool:
         """Whether a chain started by this turn is still under way."""
@@ -479,19 +494,5 @@ class ChainRunner:
             for c in (await self.records.all()).values()
         )
 
-    async def find(self, chain_id: str) -> Chain | None:
-        return (await self.records.all()).get(chain_id)
-
     async def listing(self, user: str, channels: frozenset[str]) -> list[ChainView]:
-        chains = await self.records.all()
-        return [
-            self.view(c)
-            for c in sorted(chains.values(), key=lambda c: (c.created_at, c.id))
-            if c.owner == user or self._channel.get(c.id) in channels
-        ]
-
-    def may_see(self, chain: Chain, user: str, channels: frozenset[str]) -> bool:
-        return chain.owner == user or self._channel.get(chain.id) in channels
-
-    def view(self, chain: Chain) -> ChainView:
-        return self.records.view(chain)
+        return await self.records.listing(user, channels)

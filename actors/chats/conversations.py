@@ -273,21 +273,29 @@ class Conversations:
                 self._scheduled.add(job.id)
                 batch.add(self.store.job_row(job, new=True))
                 batch.emit(*job_event(job))
+            waiting = (
+                [(self.kernel.index, job.id)]
+                if job is not None and job.status == "deferred"
+                else []
+            )
+            started = None
             try:
-                await self.logs.commit(chat.id, batch)
+                if any(e.kind == "send" for e in effects):
+                    # The sends (the chain's row, the sent items) commit with the turn's end:
+                    # one transaction, and the deliveries start once it is durable.
+                    started = await self.chains.record_sends(
+                        chat, log, turn.id, bot, effects, batch, waiting
+                    )
+                else:
+                    await self.logs.commit(chat.id, batch)
             finally:
                 if job is not None:  # stored (or not at all): the jobs table answers from now
                     self._scheduled.discard(job.id)
         if job is not None and job.status == "pending":
             self.learning.start(job)
         if effects:
-            waiting = (
-                [(self.kernel.index, job.id)]
-                if job is not None and job.status == "deferred"
-                else []
-            )
             await self.chains.on_effects(
-                chat, org, turn.id, bot, effects, parent=None, chain=None, learn=waiting
+                chat, org, turn.id, bot, effects, parent=None, chain=None, started=started
             )
 
     def _record_outcome(

@@ -133,6 +133,9 @@ class RayDirectory(_Named):
     ) -> tuple[Chat, Bot, Bot]:
         return await remote(self._actor().delivery_chat, root_id, peer, asker, chain, link)
 
+    async def register_chats(self, chats: list[Chat], durable: bool = True) -> int:
+        return await remote(self._actor().register_chats, chats, durable)
+
     async def set_mode(self, channel_id: str, mode: str, leader: str | None) -> Channel:
         return await remote(self._actor().set_mode, channel_id, mode, leader)
 

@@ -40,7 +40,7 @@ from engine.events import NOBODY, Audience, MemoryChanged, Payload, entry_audien
 from storage.crypto import Keyring, load_master_key
 from storage.database import Database
 from storage.event_log import MARK_RESTORED, EventLog
-from storage.group_commit import GroupCommitter, Write
+from storage.group_commit import FORGET_JOURNAL, GroupCommitter, Write
 from storage.memory_store import MemoryStore
 from storage.receipts import Receipts
 from storage.search_index import Analyzer, pack_keys, unpack_keys
@@ -376,7 +376,7 @@ class ShardKernel:
         """A consistent copy of this shard's file in `dest_dir` (everything committed so far)."""
         await self.committer.drain()
         dest = Path(dest_dir) / f"shard-{self.index}.duckdb"
-        await self.db.snapshot(dest, [MARK_RESTORED])
+        await self.db.snapshot(dest, [MARK_RESTORED, FORGET_JOURNAL])
         return str(dest)
 
     async def close(self) -> None:

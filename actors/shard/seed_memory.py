@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
+from actors.contracts import RememberCall
 from actors.shard.batch import Batch
 from actors.shard.bot_memory import BotMemory, Snapshot
 from actors.shard.kernel import ShardKernel
@@ -41,6 +42,7 @@ from storage.receipts import Receipts, fingerprint, receipt_key
 from storage.shard_schema import RECEIPTS
 
 _view_dec = msgspec.json.Decoder(EntryView)
+_remember_dec = msgspec.msgpack.Decoder(RememberCall)
 _json = msgspec.json.Encoder()
 
 
@@ -170,6 +172,16 @@ class SeedMemory:
                 pending = self.kernel.stage_outcome(pool, outcome, sealed, extra)
         await self.kernel.settle(pool, pending, reads_state=False)
         return done
+
+    async def remember_packed(self, call: bytes) -> bytes:
+        """`remember` from one msgpack `RememberCall`, answered as the entry's JSON (the HTTP
+        body of API-2)."""
+        try:
+            c = _remember_dec.decode(call)
+        except msgspec.DecodeError as e:
+            raise InvalidInput(f"not a packed Remember: {e}") from e
+        entry = await self.remember(c.pool, c.reader, c.content, c.topics, c.request_id)
+        return _json.encode(entry)
 
     async def forget(
         self,

@@ -313,8 +313,7 @@ class ShardService:
         self, seq: int, limit: int = 1000, wait: float = 0.0
     ) -> tuple[ShardHead, list[Event]]:
         """Published events after `seq` (long-polls up to `wait` s when there are none yet)."""
-        # Gateways poll this continuously: after Ray restarts this actor, the first poll starts
-        # the recovery of open jobs and chains even if no other call comes.
+        # Polled continuously: after a restart the first poll starts recovery (jobs, chains).
         self.kernel.ensure_started()
         events = await self.kernel.events.after(seq, limit=limit, wait=wait)
         return self.kernel.events.head(), events
@@ -351,6 +350,9 @@ class ShardService:
         request_id: str | None = None,
     ) -> EntryView:
         return await self.memory.remember(pool_id, reader, content, topics, request_id)
+
+    async def remember_packed(self, call: bytes) -> bytes:  # a RememberCall in, JSON out
+        return await self.memory.remember_packed(call)
 
     async def forget(
         self,

@@ -20,14 +20,16 @@ of this process on 127.0.0.1, set up through the admin API):
              bot sends to the next, so the chain is capped at depth 8 after 8 deliveries) and
              "tree" (each bot sends to two others, so it is capped at 32 deliveries). Time from
              the POST until a `collaboration.changed` event with a status other than "running"
-             reaches a websocket client, and per delivery; then until the chain's work is idle.
+             reaches a websocket client, and per delivery (also from the chain's first event,
+             without the person's turn); then until the chain's work is idle.
   groups     100 group chats of 3 bots each, 1 round per turn, all at once: waves of one turn
              in every group (a child process over raw HTTP/1.1, a connection per turn; the
              first wave, on cold chats, is a warm-up): discussions/s, bot steps/s, the
              amortized ms per bot step and each discussion's latency.
 
 Target: engine overhead <= 5 ms per bot turn on this machine (2 cores): p50 per step (floor and
-discussion), per delivery (chains), and 1000 / (bot steps per second) under concurrency (groups).
+discussion) and 1000 / (bot steps per second) under concurrency (groups); <= 8 ms p50 per
+delivery for chains (issue 13).
 CPU time per step is by process: the shard actors, the directory actor and this process (the
 gateway's thread, the Ray driver and the HTTP client). Writes benchmarks/results/discussion.json.
 """

@@ -11,6 +11,11 @@ from typing import Any
 from benchmarks._load import descendant_cpu, percentile
 
 TARGET_MS = 5.0
+CHAIN_TARGET_MS = 8.0  # issue 13: a collaboration delivery, p50
+
+
+def chain_verdict(ms: float) -> str:
+    return "PASS" if ms <= CHAIN_TARGET_MS else "MISS"
 
 
 def dist(values: list[float]) -> dict[str, float]:
@@ -39,7 +44,7 @@ def verdicts(s: dict[str, Any]) -> dict[str, str]:
         elif "step_ms" in r:
             out[key] = verdict(r["step_ms"]["p50"])
         elif "per_delivery_ms" in r:
-            out[key] = verdict(r["per_delivery_ms"]["p50"])
+            out[key] = chain_verdict(r["per_delivery_ms"]["p50"])
         elif "amortized_ms_per_step" in r:
             out[key] = verdict(r["amortized_ms_per_step"])
     return out

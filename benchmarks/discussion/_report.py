@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.discussion._figures import TARGET_MS, verdict
+from benchmarks.discussion._figures import TARGET_MS, chain_verdict, verdict
 from benchmarks.discussion._scripts import GROUP_BOTS, GROUPS
 
 
@@ -91,7 +91,7 @@ def print_report(report: dict[str, Any]) -> None:
                 label, r["runs"], r["deliveries"], f"{r['until_ended_ms']['p50']:.1f}",
                 f"{r['until_ended_ms']['p99']:.1f}", f"{r['per_delivery_ms']['p50']:.2f}",
                 f"{r['per_delivery_ms']['p99']:.2f}", r["txn_per_delivery"], cpu_s,
-                verdict(r["per_delivery_ms"]["p50"]),
+                chain_verdict(r["per_delivery_ms"]["p50"]),
             )
         )  # fmt: skip
         print(

@@ -1,0 +1,134 @@
+"""Registering the `agent` chats a chain's home shard makes with the directory.
+
+A delivery's agent chat is named after its link (engine/directory.py `agent_chat`), so the
+chain's shard makes the record itself instead of waiting on every hop for the directory to
+write it. The directory shows it (in memory, `durable=False`) while the delivery's step runs,
+before anything of the delivery is staged: whoever reads an item its events announce finds the
+chat. The chat record alone may be seen before the delivery is on disk (then it is empty until
+the delivery is made again after a restart, in the same chat); replies and receipts never are.
+Once the delivery is durable, a durable registration confirms the chat (in one directory call
+for the chats made within `GATHER_S`).
+
+Nothing is lost: a link whose chat the directory has not durably confirmed is listed in its
+chain's stored row (`ChainRecords.unregistered`, written in the same transaction as the chat's
+first items), and `recover` registers those again after a restart; the directory writes what it
+showed right after showing it, and registering is idempotent there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from actors.shard.batch import Batch
+from actors.shard.kernel import durable
+from engine.collaboration import find_link
+from engine.directory import Chat, agent_chat
+from engine.errors import OpenBotError, Unavailable
+
+log = logging.getLogger("openbot.chains")
+RETRY_S = 1.0  # the directory was unreachable: try again after this long
+# Chats made within this long are confirmed in one directory call: a chain's hops follow each
+# other every few milliseconds, so a chain costs one or two calls, not one per delivery (the
+# chats are visible from the start; this only ends the shard's bookkeeping of them).
+GATHER_S = 0.2
+
+
+class Registrar:
+    def __init__(self, records: Any, peers: Any, spawn: Callable[[Coroutine], None]) -> None:
+        self.records = records
+        self.peers = peers
+        self._spawn = spawn
+        self._waiting: dict[str, tuple[str, str, Chat]] = {}  # chat id → (chain, link, chat)
+        self._running = False
+        self._retry: asyncio.TimerHandle | None = None
+
+    def show(self, chat: Chat) -> asyncio.Future:
+        """Make a new agent chat visible in the directory (not yet durable there) while its
+        delivery's step runs: the delivery waits for it before staging anything, so whoever
+        reads an item its events announce finds the chat."""
+        shown = asyncio.ensure_future(self.peers.directory().register_chats([chat], False))
+        shown.add_done_callback(lambda f: f.cancelled() or f.exception())  # read by the waiter
+        return shown
+
+    def add(self, chain: str, link: str, chat: Chat) -> None:
+        """Register `chat` (its delivery is durable) soon, with whatever else is waiting."""
+        self._waiting[chat.id] = (chain, link, chat)
+        self._kick()
+
+    def _kick(self) -> None:
+        self._retry = None
+        if not self._running and self._waiting:
+            self._running = True
+            self._spawn(self._run())
+
+    async def _run(self) -> None:
+        try:
+            await asyncio.sleep(GATHER_S)
+            while self._waiting:
+                taken = dict(self._waiting)
+                try:
+                    await self.peers.directory().register_chats([c for _, _, c in taken.values()])
+                except Unavailable as e:  # the directory is restarting: later, not lost
+                    log.warning("agent chats not registered yet (%s); retrying", e.message)
+                    loop = asyncio.get_running_loop()
+                    self._retry = self._retry or loop.call_later(RETRY_S, self._kick)
+                    return
+                except OpenBotError as e:  # refused: asking again would be refused again
+                    log.error("agent chats %s refused by the directory: %s", list(taken), e.message)
+                self._confirmed(taken)
+        finally:
+            self._running = False
+
+    def _confirmed(self, taken: dict[str, tuple[str, str, Chat]]) -> None:
+        unregistered = self.records.unregistered
+        for chat_id, entry in taken.items():
+            if self._waiting.get(chat_id) is entry:
+                del self._waiting[chat_id]
+            chain, link, _ = entry
+            links = unregistered.get(chain)
+            if links is not None:
+                links.discard(link)
+                if not links:
+                    del unregistered[chain]
+
+    async def recover(self, lock: asyncio.Lock, kernel: Any) -> None:
+        """After a restart: register again every agent chat a stored chain lists as not yet
+        confirmed (the shard may have stopped before or while registering it), then store
+        those chains' rows without them, so the next restart asks nothing (one directory call
+        and one transaction for all). `lock`: the runner's, under which chain rows are staged."""
+        records = self.records
+        chains = await records.all()
+        owed: dict[str, tuple[str, str, Chat]] = {}
+        for chain_id, links in list(records.unregistered.items()):
+            chain = chains.get(chain_id)
+            if chain is None:
+                continue
+            try:
+                root = await records.chat(chain.root_chat)
+            except OpenBotError as e:
+                log.warning("agent chats of chain %s not registered: %s", chain_id, e.message)
+                continue
+            for link_id in sorted(links):
+                link = find_link(chain, link_id)
+                chat = agent_chat(root, link.to_bot, chain.id, link.id, link.sent_at)
+                records.know(chat)  # the chain reads it here, not from the directory
+                owed[chat.id] = (chain_id, link_id, chat)
+        if not owed:
+            return
+        try:
+            await self.peers.directory().register_chats([c for _, _, c in owed.values()])
+        except OpenBotError as e:  # later, from the live path (retried while unreachable)
+            log.warning("agent chats not registered at start (%s); retrying", e.message)
+            for chain_id, link_id, chat in owed.values():
+                self.add(chain_id, link_id, chat)
+            return
+        self._confirmed(owed)
+        batch = Batch()
+        async with lock:
+            for chain_id in {chain for chain, _, _ in owed.values()}:
+                await records.stage(chains[chain_id], batch)
+            fut = kernel.stage(batch)
+        await durable(fut)

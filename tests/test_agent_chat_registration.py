@@ -1,0 +1,259 @@
+"""A delivery's `agent` chat is made by the chain's home shard and registered with the directory
+after the delivery is durable (actors/chats/agent_chats.py): off the hop's path, never lost
+(a restart registers what the directory did not confirm) and never made twice (the directory's
+check and write are one step, however many register the same chat at once)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from actors.contracts import TurnStart
+from actors.directory import DirectoryService
+from actors.models.registry import ScriptedModel
+from actors.shard.service import ShardService
+from engine.directory import Chat, OrgSettings, agent_chat
+from engine.errors import Unavailable
+
+SCRIPT = """
+default = "Result received and merged into my work."
+after_tool = "Handed on; the answer will follow."
+[[rules]]
+match = '^start$'
+tool_calls = [{ name = "workspace_send_to_agent", arguments = { agent = "Peer", message = "x" } }]
+"""
+
+
+class CrashingDirectory:
+    """The directory, except that it shows agent chats and then loses them (as a directory
+    that crashed before writing them would), and cannot register them durably (restarting)."""
+
+    def __init__(self, directory: DirectoryService) -> None:
+        self.directory = directory
+        self.shown = 0
+        self.refused = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.directory, name)
+
+    async def register_chats(self, chats: list[Chat], durable: bool = True) -> int:
+        if not durable:
+            self.shown += 1
+            return len(chats)
+        self.refused += 1
+        raise Unavailable("the directory is restarting", code="engine_unavailable")
+
+
+def test_an_agent_chat_the_directory_missed_is_registered_after_a_restart(tmp_path: Path):
+    script = tmp_path / "chain.toml"
+    script.write_text(SCRIPT)
+    models = {"s": ScriptedModel.from_file("s", str(script))}
+
+    async def before_crash() -> tuple[str, str, list[str], bool, tuple[int, int]]:
+        svc = ShardService(tmp_path, 0, models=models)
+        directory = DirectoryService(tmp_path)
+        crashing = CrashingDirectory(directory)
+        svc.peers.connect(directory=crashing)  # type: ignore[arg-type]
+        try:
+            org = await directory.create_org("o", "o_1", OrgSettings(botMemory=False))
+            await directory.create_user("Ann", [org.id], "u_ann")
+            asker = await directory.create_bot(name="Asker", org=org.id, owner="u_ann", model="s")
+            await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
+            chat = await directory.create_chat("u_ann", None, bot=asker.id)
+            start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
+            await svc.start_turn(start, True)
+            await svc.chains_idle()
+            [chain] = await svc.collaborations("u_ann", frozenset())
+            agent = chain.links[0].agentChat
+            assert agent is not None
+            # The delivery is durable and listed in its chain; the directory never heard of it.
+            items = [i.kind for i in await svc.chat_items(agent)]
+            calls = (crashing.shown, crashing.refused)
+            return chain.status, agent, items, agent in directory.chats, calls
+        finally:  # the shard stops here with the registration still owed
+            await svc.close()
+            directory.store.db.close()
+
+    status, agent, items, known, (shown, refused) = asyncio.run(before_crash())
+    assert (status, items, known) == ("done", ["delivery", "bot"], False)
+    assert shown == 1 and refused >= 1
+
+    async def after_restart() -> tuple[Chat | None, Chat]:
+        svc = ShardService(tmp_path, 0, models=models)
+        directory = DirectoryService(tmp_path)
+        svc.peers.connect(directory=directory)  # type: ignore[arg-type]
+        try:
+            await svc.kernel.started()  # recovery: chains, and the chats they still owe
+            await svc.chains_idle()
+            [chain] = await svc.collaborations("u_ann", frozenset())
+            link = chain.links[0]
+            root = directory.chats[chain.rootChat]
+            # What the shard made before the crash (its time is the link's; not in the view).
+            expected = agent_chat(root, link.toBot, chain.id, link.id, 0)
+            return directory.chats.get(agent), expected
+        finally:
+            await svc.close()
+            directory.store.db.close()
+
+    registered, expected = asyncio.run(after_restart())
+    assert registered is not None, "the restart did not register the agent chat"
+    assert (registered.id, registered.kind, registered.owner, registered.org) == (
+        expected.id,
+        "agent",
+        "u_ann",
+        expected.org,
+    )
+    assert (registered.bot, registered.chain, registered.home) == (
+        expected.bot,
+        expected.chain,
+        expected.home,
+    )
+    # Stored, not only in memory: a directory opened afresh has it.
+    directory = DirectoryService(tmp_path)
+    try:
+        assert directory.chats[agent] == registered
+    finally:
+        directory.store.db.close()
+
+    async def third_start() -> int:
+        """The chain's row no longer owes the chat: the next restart registers nothing."""
+        svc = ShardService(tmp_path, 0, models=models)
+        directory = DirectoryService(tmp_path)
+        crashing = CrashingDirectory(directory)
+        svc.peers.connect(directory=crashing)  # type: ignore[arg-type]
+        try:
+            await svc.kernel.started()
+            await svc.chains_idle()
+            return crashing.shown + crashing.refused
+        finally:
+            await svc.close()
+            directory.store.db.close()
+
+    assert asyncio.run(third_start()) == 0
+
+
+def test_concurrent_registrations_of_the_same_chats_make_each_once(tmp_path: Path):
+    """30 shards' worth of concurrent registrations (and the directory's own `agent_chat`) of
+    overlapping agent chats: each chat is new for exactly one of them and keeps its first
+    record."""
+
+    async def scenario() -> tuple[list[int], dict[str, Chat], list[Chat], dict[str, Chat]]:
+        directory = DirectoryService(tmp_path)
+        try:
+            org = await directory.create_org("o", "o_1", OrgSettings(botMemory=False))
+            await directory.create_user("Ann", [org.id], "u_ann")
+            bot = await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
+            root = await directory.create_chat("u_ann", None, bot=bot.id)
+            links = [f"dlv_{k:04d}" for k in range(6)]
+
+            def chats(at: int) -> list[Chat]:  # the same ids, a different record each caller
+                return [agent_chat(root, bot.id, "col_1", link, at) for link in links]
+
+            calls = [directory.register_chats(chats(1000 + k), k % 2 == 0) for k in range(30)]
+            makes = [directory.agent_chat(root, bot.id, "col_1", links[0]) for _ in range(6)]
+            out = await asyncio.gather(*calls, *makes)
+            counts, made = list(out[:30]), list(out[30:])
+            await asyncio.gather(*directory._writing)
+            kept = {c.id: c for c in directory.chats.values() if c.kind == "agent"}
+        finally:
+            directory.store.db.close()
+        reopened = DirectoryService(tmp_path)
+        try:
+            stored = {c.id: c for c in reopened.chats.values() if c.kind == "agent"}
+        finally:
+            reopened.store.db.close()
+        return counts, kept, made, stored
+
+    counts, kept, made, stored = asyncio.run(scenario())
+    assert len(kept) == 6
+    assert sum(counts) + (1 if kept["chat_agent_dlv_0000"].created_at > 10**12 else 0) == 6
+    assert all(m == kept["chat_agent_dlv_0000"] for m in made)  # every caller saw the one record
+    assert stored == kept
+
+
+def test_a_shown_chat_is_visible_at_once_and_written_soon(tmp_path: Path):
+    """`durable=False` answers once the chat is visible (a delivery waits only for that) and
+    writes it right after; `durable=True` answers once it is on disk."""
+
+    async def scenario() -> tuple[bool, bool, bool, bool]:
+        directory = DirectoryService(tmp_path)
+        try:
+            org = await directory.create_org("o", "o_1", OrgSettings(botMemory=False))
+            await directory.create_user("Ann", [org.id], "u_ann")
+            bot = await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
+            root = await directory.create_chat("u_ann", None, bot=bot.id)
+            shown = agent_chat(root, bot.id, "col_1", "dlv_shown", 1)
+            assert await directory.register_chats([shown], False) == 1
+            visible = (await directory.get_chat(shown.id)) == shown
+            await asyncio.gather(*directory._writing)  # the write that follows
+            kept = agent_chat(root, bot.id, "col_1", "dlv_kept", 2)
+            await directory.register_chats([kept])
+        finally:
+            directory.store.db.close()
+        reopened = DirectoryService(tmp_path)
+        try:
+            on_disk = shown.id in reopened.chats, kept.id in reopened.chats
+        finally:
+            reopened.store.db.close()
+        return visible, not directory._unwritten, *on_disk
+
+    assert asyncio.run(scenario()) == (True, True, True, True)
+
+
+class SlowDirectory:
+    """The directory, showing agent chats only after a while."""
+
+    def __init__(self, directory: DirectoryService) -> None:
+        self.directory = directory
+
+    def __getattr__(self, name: str):
+        return getattr(self.directory, name)
+
+    async def register_chats(self, chats: list[Chat], durable: bool = True) -> int:
+        if not durable:
+            await asyncio.sleep(0.2)
+        return await self.directory.register_chats(chats, durable)
+
+
+def test_a_deliverys_items_are_staged_only_once_the_directory_shows_its_chat(tmp_path: Path):
+    """Whoever reads an item a `chat.item.created` event announces must find its chat: nothing
+    of a delivery is staged (so no event of its agent chat goes out) before the directory
+    shows the chat, however slowly it does."""
+    script = tmp_path / "chain.toml"
+    script.write_text(SCRIPT)
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        svc = ShardService(tmp_path, 0, models={"s": ScriptedModel.from_file("s", str(script))})
+        directory = DirectoryService(tmp_path)
+        svc.peers.connect(directory=SlowDirectory(directory))  # type: ignore[arg-type]
+        kernel = svc.kernel
+        stage = kernel.stage
+        staged, unknown = [], []
+
+        def checked(batch, pool=None):
+            for payload, _ in batch.events:
+                chat = getattr(payload, "chat", "")
+                if getattr(payload, "item", None) and chat.startswith("chat_agent_"):
+                    staged.append(chat)
+                    if chat not in directory.chats:
+                        unknown.append(chat)
+            return stage(batch, pool)
+
+        kernel.stage = checked  # type: ignore[method-assign]
+        try:
+            org = await directory.create_org("o", "o_1", OrgSettings(botMemory=False))
+            await directory.create_user("Ann", [org.id], "u_ann")
+            asker = await directory.create_bot(name="Asker", org=org.id, owner="u_ann", model="s")
+            await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
+            chat = await directory.create_chat("u_ann", None, bot=asker.id)
+            start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
+            await svc.start_turn(start, True)
+            await svc.chains_idle()
+        finally:
+            kernel.stage = stage  # type: ignore[method-assign]
+            await svc.close()
+            directory.store.db.close()
+        return staged, unknown
+
+    staged, unknown = asyncio.run(scenario())
+    assert staged and unknown == []

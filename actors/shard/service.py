@@ -442,7 +442,6 @@ class ShardService:
         await self.committer.drain()
 
     async def close(self) -> None:
-        self.ws_pools.stop_upkeep()
         if self.semantic is not None:
             await self.semantic.close()
         await self.kernel.close()

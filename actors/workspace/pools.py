@@ -80,6 +80,7 @@ class WsPools:
         self._pools: dict[str, WsPool] = self._loader.loaded
         self.upkeep_delay = UPKEEP_DELAY_S
         self._upkeep: set[asyncio.Task[None]] = set()
+        kernel.on_close.append(self.stop_upkeep)
 
     def later(self, pool: WsPool, fn: Callable[[WsPool], object]) -> None:
         """Run `fn(pool)` on the event loop `upkeep_delay` seconds from now (checks of a pool

@@ -16,6 +16,7 @@ import msgspec
 
 from engine.chat_records import ItemView, Turn
 from engine.directory import Bot, Channel, Chat, Org
+from engine.events import Event, ShardHead
 from engine.memory import Reader
 from engine.models import Completion, Message, ToolSpec
 from engine.scoped_memory import Decision, Extraction, SourceItem, WsEntryView
@@ -154,6 +155,21 @@ class ChainView(msgspec.Struct, frozen=True, kw_only=True):
     createdAt: int
     updatedAt: int
     links: list[LinkView]
+
+
+# --- the event pump (a gateway -> each shard) ------------------------------------------------
+
+
+class EventBatch(msgspec.Struct, frozen=True, kw_only=True):
+    """A shard's published events after a seq and where its log stands, as one msgpack blob
+    (`events_packed`, actors/shard/packed.py: what the gateways' pumps poll): Ray would pickle
+    a list of Events on both sides of every poll; one bytes object costs it next to nothing."""
+
+    head: ShardHead
+    events: list[Event]
+
+
+EVENT_BATCH = msgspec.msgpack.Decoder(EventBatch)
 
 
 # --- workspace memory (gateway and shards -> the shards that hold the pools) ---------------

@@ -18,6 +18,7 @@ TARGETS = {
     "duplicated": 0,
     "p99_ms_max": 50.0,
     "vs_socketio_min": 2.0,
+    "cpu_vs_socketio_max": 2.0,  # server CPU per 1,000 deliveries, burst (issue 13)
 }
 SERVER_ROLES = ("gateway", "shard", "directory", "ray_system", "ref_server")
 
@@ -216,6 +217,19 @@ def verdicts(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, st
                     f"delivered/s vs python-socketio, {phase}",
                     f">= {TARGETS['vs_socketio_min']:g}x",
                     f"{ratio:.2f}x ({mine:.0f} vs {theirs:.0f}/s)",
+                    ("PASS" if ok else "MISS") if phase == "burst" else "(info)",
+                )
+            )
+        if "phases" in sio and phase in sio["phases"]:
+            mine = ob["phases"][phase]["server_cpu_ms_per_1k_deliveries"]
+            theirs = sio["phases"][phase]["server_cpu_ms_per_1k_deliveries"]
+            ratio = mine / theirs if mine and theirs else math.nan
+            ok = ratio <= TARGETS["cpu_vs_socketio_max"]
+            rows.append(
+                (
+                    f"server CPU/1k deliv. vs socketio, {phase}",
+                    f"<= {TARGETS['cpu_vs_socketio_max']:g}x",
+                    f"{ratio:.2f}x ({mine:.0f} vs {theirs:.0f} ms)",
                     ("PASS" if ok else "MISS") if phase == "burst" else "(info)",
                 )
             )

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 
+from actors.contracts import EVENT_BATCH
 from actors.runtime.engine import Engine, call
 from engine.events import (
     Event,
@@ -98,7 +99,9 @@ class Hub:
             head = self.heads[k]
             assert head is not None
             try:
-                new_head, events = await call(shard.events_after, head.head, 1000, POLL_WAIT)
+                new_head, events = _unpack(
+                    await call(shard.events_packed, head.head, 1000, POLL_WAIT)
+                )
             except Exception:  # whatever Ray raises: the pump must live on, and say it lags
                 self._pump_ok[k] = False
                 log.warning("event pump for shard %d failed; retrying", k, exc_info=True)
@@ -224,7 +227,9 @@ class Hub:
                     sub.live[k] = True  # no await since the check: no gap, no duplicate
                     self._catching_up.add(sub)
                     break
-                head, events = await call(shard.events_after, sub.positions[k].seq, 1000, 0.0)
+                head, events = _unpack(
+                    await call(shard.events_packed, sub.positions[k].seq, 1000, 0.0)
+                )
                 if sub.positions[k].seq < head.oldest - 1:
                     # Pruned while this client caught up: it must come back and be reset.
                     raise Closed(CATCH_UP_CLOSE, "cursor fell out of the kept window: reconnect")
@@ -279,3 +284,9 @@ class Hub:
                     group.discard(listener)
                     if not group:
                         del index[name]
+
+
+def _unpack(packed: bytes) -> tuple[ShardHead, list[Event]]:
+    """A poll's reply: the events come as one msgpack blob (actors/shard/packed.py)."""
+    batch = EVENT_BATCH.decode(packed)
+    return batch.head, batch.events

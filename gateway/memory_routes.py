@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import contextlib
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from actors.contracts import RememberCall
 from actors.runtime.engine import Engine, call
 from engine import tags as tagmod
 from engine import widening
@@ -21,6 +23,8 @@ from gateway.auth import Auth
 from gateway.events import Hub
 from gateway.json_response import json, read_body
 from gateway.read_cache import ReadCache
+
+_packer = msgspec.msgpack.Encoder()
 
 
 class MemoryApi:
@@ -77,15 +81,16 @@ class MemoryApi:
         pool = bot_pool(bot.id)
         async with self._writing(pool):
             if isinstance(command, wire.Remember):
-                entry = await call(
-                    shard.remember,
-                    pool,
-                    reader,
-                    command.content,
-                    tuple(command.tags),
-                    body.requestId,
+                remember = RememberCall(
+                    pool=pool,
+                    reader=reader,
+                    content=command.content,
+                    topics=tuple(command.tags),
+                    request_id=body.requestId,
                 )
-                return json(entry, 201)
+                # One bytes each way (remember_packed): the reply is the HTTP body.
+                entry = await call(shard.remember_packed, _packer.encode(remember))
+                return Response(entry, 201, media_type="application/json")
             entry = await call(shard.forget, pool, reader, command.id, body.requestId)
             return json(entry)
 

@@ -7,6 +7,7 @@ import asyncio
 
 import msgspec
 
+from actors.contracts import EventBatch
 from engine.events import (
     Audience,
     Event,
@@ -133,6 +134,7 @@ class FakeShard:
         self.pump_hold: asyncio.Future[None] | None = None
         self.event_head = _Method(self._head)
         self.events_after = _Method(self._after)
+        self.events_packed = _Method(self._packed)
 
     def append(self, user: str = "u1") -> None:
         seq = len(self.log) + 1
@@ -157,6 +159,10 @@ class FakeShard:
             self.grew.clear()
             await self.grew.wait()
         return self.head(), self.log[after : after + limit]
+
+    async def _packed(self, after: int, limit: int, wait: float) -> bytes:
+        head, events = await self._after(after, limit, wait)
+        return msgspec.msgpack.encode(EventBatch(head=head, events=events))
 
 
 class _Method:

@@ -17,6 +17,7 @@ from typing import Any
 import ray
 
 from actors.directory import DirectoryService
+from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.errors import StorageError
 
@@ -81,8 +82,9 @@ def guard_store(
         time.sleep(0.2)
 
 
-class PlacedShardService(ShardService):
-    """The shard as Ray runs it: guarded start (see `guard_store`) and `where`."""
+class PlacedShardService(PackedEvents, ShardService):
+    """The shard as Ray runs it: guarded start (see `guard_store`), `where`, and the event poll
+    with one bytes reply that gateways make over Ray (`events_packed`)."""
 
     def __init__(self, data_dir: str | Path, index: int, **kwargs: Any) -> None:
         file = Path(kwargs.get("db_path") or Path(data_dir) / f"shard-{index}.duckdb")

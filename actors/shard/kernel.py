@@ -108,6 +108,7 @@ class ShardKernel:
         # Called only when a memory pool leaves (its state elsewhere is keyed by the same id).
         self.on_evict_memory: list[Callable[[str], None]] = []
         self._on_start: list[Callable[[], Awaitable[object]]] = []
+        self.on_close: list[Callable[[], None]] = []  # background work to stop first
         self._started: asyncio.Task[None] | None = None
         self.master = load_master_key(Path(data_dir))
         self.db = Database(db_path or Path(data_dir) / f"shard-{index}.duckdb", MIGRATIONS)
@@ -380,5 +381,7 @@ class ShardKernel:
         return str(dest)
 
     async def close(self) -> None:
+        for stop in self.on_close:
+            stop()
         await self.committer.close()
         self.db.close()

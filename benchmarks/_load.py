@@ -206,13 +206,31 @@ def build_request(
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
 
 
-def remember_body(worker: int, seq: int) -> bytes:
+def remember_body(worker: int, seq: int, request_id: str | None = None) -> bytes:
     content = (
         f"bench remember w{worker} n{seq}: the customer prefers short answers, "
         "metric units and a summary at the end"
     )
+    body: dict[str, Any] = {"command": {"_tag": "Remember", "content": content, "tags": ["bench"]}}
+    if request_id is not None:  # an idempotent write, as a workspace memory always is
+        body["requestId"] = request_id
+    return json.dumps(body).encode()
+
+
+def ws_memory_body(bot: str, nonce: str, worker: int, seq: int) -> bytes:
+    """A workspace memory of bot `bot` (`POST /api/app/workspace/memories`), a fresh requestId
+    each time; content like `remember_body`'s."""
+    content = (
+        f"bench memory w{worker} n{seq}: the customer prefers short answers, "
+        "metric units and a summary at the end"
+    )
     return json.dumps(
-        {"command": {"_tag": "Remember", "content": content, "tags": ["bench"]}}
+        {
+            "requestId": f"bench-{nonce}-{worker}-{seq}",
+            "scope": "bot",
+            "bot": bot,
+            "content": content,
+        }
     ).encode()
 
 
@@ -228,15 +246,24 @@ async def http_load(
     concurrency: int,
     warmup: float,
     seconds: float,
+    ws_bot: str | None = None,
+    request_ids: bool = False,
 ) -> dict[str, Any]:
     sizes = [0, 0]  # total body bytes, responses
-    fixed = None if remember else build_request(method, host, port, path, token)
+    fresh = remember or ws_bot is not None  # a new body per request
+    fixed = None if fresh else build_request(method, host, port, path, token)
+    nonce = os.urandom(4).hex()
+
+    def request_body(index: int, seq: int) -> bytes:
+        if ws_bot is not None:
+            return ws_memory_body(ws_bot, nonce, index, seq)
+        return remember_body(index, seq, f"bench-{nonce}-{index}-{seq}" if request_ids else None)
 
     async def make_op(index: int):
         conn = HttpConnection(host, port)
 
         async def op(seq: int) -> None:
-            raw = fixed or build_request(method, host, port, path, token, remember_body(index, seq))
+            raw = fixed or build_request(method, host, port, path, token, request_body(index, seq))
             status, body = await conn.request(raw)
             if status != expect:
                 raise HttpError(f"HTTP {status}: {body[:200]!r}")
@@ -264,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--method", default="GET")
     h.add_argument("--path", required=True)
     h.add_argument("--remember", action="store_true", help="send a fresh Remember body each time")
+    h.add_argument(
+        "--ws-memory", metavar="BOT", help="send a fresh workspace memory of BOT each time"
+    )
+    h.add_argument("--request-ids", action="store_true", help="a requestId in each Remember")
     h.add_argument("--expect", type=int, default=200)
     h.add_argument("--concurrency", type=int, default=8)
     h.add_argument("--warmup", type=float, default=1.0)
@@ -281,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             concurrency=args.concurrency,
             warmup=args.warmup,
             seconds=args.seconds,
+            ws_bot=args.ws_memory,
+            request_ids=args.request_ids,
         )
     )
     json.dump(out, sys.stdout)

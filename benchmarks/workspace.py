@@ -1,6 +1,6 @@
 """Workspace memory (issue 5): prompt packing, keyword and semantic search, export and import.
 
-    .venv/bin/python -m benchmarks.workspace [--quick] [--dim N]
+    .venv/bin/python -m benchmarks.workspace [--quick] [--dim N] [--records N] [--no-http]
 
 1. **pack** — `engine.prompt_budget.pack` (SC-5) over 10,000 entries in three scopes (bot, user,
    project; profile, log and note tiers): time per pack, the budget filled.
@@ -15,14 +15,22 @@
    one, so the query-vector cache never answers. All records are in one pool (issue 11's scale
    target); `index_per_write_ms` is what keyword indexing adds to a write (term keys made and
    put into the pool's in-memory index).
-3. **export / import** — an account with 10,000 records written through `ws_create_memory`
+3. **writes over HTTP** — a local Ray session, one shard and a real gateway (uvicorn on
+   127.0.0.1): workspace memory writes (`POST /api/app/workspace/memories`, bot scope) against
+   seed-000 Remember (`POST /v1/bots/{bot}/memory`, with a requestId like every workspace
+   write) by the bot's owner, the same concurrency, each a closed loop of raw HTTP/1.1
+   keep-alive requests from a child process (benchmarks/_load.py), in alternating rounds
+   (Remember, workspace, Remember, workspace); the ratio is workspace over Remember, rounds
+   summed. `--no-http` skips it.
+4. **export / import** — an account with 10,000 records written through `ws_create_memory`
    (receipts and revisions as in production): the seed-002 file tree of the stopped data
    directory (storage/file_export.py), written to disk; imported into a new data directory; and
    exported again (byte-identical is checked). The Markdown memory export (`GET /memory-export`:
    listing + `engine.memory_export.render`) is timed too.
 
 Writes benchmarks/results/workspace.json and prints a table. `--quick` shrinks the search to
-20,000 records and the sample counts (the export stays at 10,000 records).
+20,000 records, the sample counts and the HTTP rounds (the export stays at 10,000 records);
+`--records` sets the search's record count.
 """
 
 from __future__ import annotations
@@ -35,7 +43,10 @@ import os
 import platform
 import random
 import re
+import secrets
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -275,6 +286,7 @@ async def bench_search(data: Path, records: int, runs: int, dim: int) -> dict:
         return WsQuery(pools=POOLS[:1], projects=(), q=q, limit=50)
 
     # cold: the first search loads the pools and their vectors from the file.
+    load_at_cold = os.getloadavg()[0]
     t0 = time.perf_counter()
     listing = await svc.ws_entries(ACCESS, query(queries[0]))
     cold_s = time.perf_counter() - t0
@@ -311,6 +323,7 @@ async def bench_search(data: Path, records: int, runs: int, dim: int) -> dict:
         "dim": dim,
         "seed_s": round(seed_s, 1),
         "cold_ms": round(cold_s * 1000, 1),
+        "load_at_cold": round(load_at_cold, 2),
         "cold_found": found_cold,
         "keyword": _summary(keyword_s) | {"mean_hits": round(sum(hits) / len(hits), 1)},
         "semantic": _summary(semantic_s),
@@ -320,7 +333,104 @@ async def bench_search(data: Path, records: int, runs: int, dim: int) -> dict:
     }
 
 
-# --- 3. export / import ---------------------------------------------------------------------------
+# --- 3. writes over HTTP -------------------------------------------------------------------------
+
+
+def _http_writes(port: int, token: str, path: str, extra: list[str], args) -> dict:
+    """One closed-loop round of POSTs from a child process (benchmarks/_load.py)."""
+    cmd = [sys.executable, "-m", "benchmarks._load", "http", "--port", str(port)]
+    cmd += ["--path", path, "--method", "POST", "--expect", "201", *extra]
+    cmd += ["--concurrency", str(args.concurrency), "--warmup", str(args.http_warmup)]
+    cmd += ["--seconds", str(args.http_seconds)]
+    proc = subprocess.run(
+        cmd,
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "OPENBOT_BENCH_TOKEN": token},
+        capture_output=True,
+        text=True,
+        timeout=args.http_warmup + args.http_seconds + 120,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"load generator failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if out["errors"]:
+        raise RuntimeError(f"{path}: {out['errors']} failed requests: {out['error_samples']}")
+    return out
+
+
+def bench_http_writes(data: Path, args) -> dict:
+    """Workspace memory writes against Remember over HTTP, side by side on one server."""
+    import httpx
+    import ray
+
+    from actors.runtime.engine import Engine, start_ray
+    from gateway.app import create_app
+    from gateway.live_server import LiveServer
+
+    ray_tmp = tempfile.mkdtemp(prefix="obwsh", dir="/tmp")  # short: Ray's socket paths
+    admin_token = "bench-admin-" + secrets.token_hex(8)
+    start_ray(tmp_dir=ray_tmp)
+    engine = Engine.start(data, shards=1, prefix=f"bench-wsh-{secrets.token_hex(3)}")
+    server = LiveServer(create_app(engine, admin_token), lifespan="auto")
+    rounds: list[dict] = []
+    try:
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{server.port}",
+            headers={"Authorization": f"Bearer {admin_token}"},
+            timeout=60,
+        ) as admin:
+
+            def post(path: str, body: dict) -> dict:
+                resp = admin.post(path, json=body)
+                resp.raise_for_status()
+                return resp.json()
+
+            org = post("/v1/admin/orgs", {"name": "bench"})["id"]
+            user = post("/v1/admin/users", {"name": "writer", "orgs": [org]})
+            bot = post("/v1/admin/bots", {"name": "helper", "org": org, "owner": user["id"]})
+        token, bot_id = user["token"], bot["id"]
+        for _ in range(args.http_rounds):
+            remember = _http_writes(
+                server.port,
+                token,
+                f"/v1/bots/{bot_id}/memory",
+                ["--remember", "--request-ids"],
+                args,
+            )
+            ws = _http_writes(
+                server.port, token, "/api/app/workspace/memories", ["--ws-memory", bot_id], args
+            )
+            rounds.append({"remember": remember, "workspace": ws})
+    finally:
+        server.stop()
+        engine.stop()
+        ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+    def rate(kind: str) -> float:
+        count = sum(r[kind]["count"] for r in rounds)
+        return count / sum(r[kind]["seconds"] for r in rounds)
+
+    def p50(kind: str) -> float:
+        return round(float(np.median([r[kind]["p50_ms"] for r in rounds])), 2)
+
+    return {
+        "concurrency": args.concurrency,
+        "rounds": len(rounds),
+        "seconds_each": args.http_seconds,
+        "remember_per_s": round(rate("remember"), 1),
+        "workspace_per_s": round(rate("workspace"), 1),
+        "ratio": round(rate("workspace") / rate("remember"), 3),
+        "remember_p50_ms": p50("remember"),
+        "workspace_p50_ms": p50("workspace"),
+        "per_round": [
+            {k: r[k]["throughput_per_s"] for k in ("remember", "workspace")} for r in rounds
+        ],
+    }
+
+
+# --- 4. export / import ---------------------------------------------------------------------------
 
 
 async def seed_export(data: Path, records: int) -> dict:
@@ -417,8 +527,16 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
     p.add_argument("--dim", type=int, default=384, help="embedding dimensions (semantic search)")
+    p.add_argument("--records", type=int, default=None, help="search records (100,000)")
+    p.add_argument("--no-http", action="store_true", help="skip the writes over HTTP")
+    p.add_argument("--concurrency", type=int, default=8, help="HTTP clients at once")
+    p.add_argument("--http-rounds", type=int, default=None, help="rounds of each (3; quick 2)")
+    p.add_argument("--http-seconds", type=float, default=None, help="seconds per round (5)")
+    p.add_argument("--http-warmup", type=float, default=1.0)
     args = p.parse_args()
-    search_records = 20_000 if args.quick else 100_000
+    args.http_rounds = args.http_rounds or (2 if args.quick else 3)
+    args.http_seconds = args.http_seconds or (3.0 if args.quick else 5.0)
+    search_records = args.records or (20_000 if args.quick else 100_000)
     runs = 10 if args.quick else 30
     root = Path(tempfile.mkdtemp(prefix="obws"))
     os.environ.pop("OPENBOT_MASTER_KEY", None)  # each data directory makes its own key file
@@ -427,6 +545,7 @@ def main() -> None:
         search = asyncio.run(bench_search(root / "search", search_records, runs, args.dim))
         export = asyncio.run(seed_export(root / "export", 10_000))
         export |= bench_tree(root / "export", root)
+        http = None if args.no_http else bench_http_writes(root / "http", args)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"workspace: {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.1f}; in-process shard")
@@ -448,13 +567,23 @@ def main() -> None:
     ):
         r = search[name]
         print(line.format(label, r["p50_ms"], r["p99_ms"], r["mean_ms"]))
-    print(f"first search after open (loads {n} records and vectors): {search['cold_ms']} ms")
+    print(
+        f"first search after open (loads {n} records and vectors): {search['cold_ms']} ms "
+        f"(load average {search['load_at_cold']})"
+    )
     print(f"keyword indexing per write: {search['index_per_write_ms']} ms")
     print(
         f"write {export['records']:,} records through ws_create_memory, 64 at a time: "
         f"{export['write_s']} s ({export['writes_per_s']}/s; Remember on the same shard: "
         f"{export['remember_per_s']}/s)"
     )
+    if http is not None:
+        print(
+            f"writes over HTTP, {http['concurrency']} clients, {http['rounds']} rounds of "
+            f"{http['seconds_each']} s each: workspace memory {http['workspace_per_s']}/s "
+            f"(p50 {http['workspace_p50_ms']} ms), Remember {http['remember_per_s']}/s "
+            f"(p50 {http['remember_p50_ms']} ms): ratio {http['ratio']}"
+        )
     print(
         f"export account of {export['records']:,} records: Markdown "
         f"{export['markdown_export_ms']} ms ({export['markdown_bytes']:,} bytes)"
@@ -477,6 +606,7 @@ def main() -> None:
         "pack": packing,
         "search": search,
         "export": export,
+        "http_writes": http,
     }
     out.write_text(json.dumps(doc, indent=2))
     print(f"wrote {out}")

@@ -161,6 +161,8 @@ def entry_audience(bot_id: str | None, entry_id: str, entries: Mapping[str, Entr
 def union(audiences: Iterable[Audience]) -> Audience:
     """Those admitted by any of `audiences` (all must share one org, or the result is empty)."""
     items = [a for a in audiences if a != NOBODY]
+    if len(items) == 1:
+        return items[0]
     orgs = {a.org for a in items}
     if len(orgs) != 1:
         return NOBODY

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
@@ -43,7 +44,7 @@ import msgspec
 
 from engine.errors import OpenBotError, StorageError
 from storage.database import Database
-from storage.journal_file import ID_BYTES, JournalFile
+from storage.journal_file import HEADER, ID_BYTES, JournalFile
 from storage.stats import SIZES, STATS
 
 
@@ -103,6 +104,8 @@ JOURNAL_STATE = "commit_journal_state"
 # file found next to it (the original's) is never applied to it.
 FORGET_JOURNAL = f"UPDATE snap.{JOURNAL_STATE} SET id = NULL"
 CHECKPOINT_PAUSE = 1.0  # seconds without threshold checkpoints after one failed
+# Applied records the file may keep before the flush loop empties it (see `_checkpoint`).
+APPLIED_BYTES = 1 << 20
 # What each column type takes, checked when a write is journaled (a checkpoint must not fail).
 _PY_TYPES: dict[str, tuple[type, ...]] = {
     "VARCHAR": (str,),
@@ -222,8 +225,11 @@ class GroupCommitter:
         self.checkpoints = 0
         self.checkpoint_failures = 0
         self._paused_until = 0.0  # monotonic time before which the threshold does not checkpoint
-        # Journal rows not yet applied, with their writes (owned by the database thread).
+        # Journal records not yet applied, with their writes: appended (with the file) on the
+        # event loop, taken and dropped by checkpoints on the database thread, under `_lock`.
+        # Invariant: the file holds no unapplied record that is not in this list.
         self._journaled: list[tuple[int, list[Write]]] = []
+        self._lock = threading.Lock()
         self._journal_seq = 0
         self._file: JournalFile | None = None
         db.call(self._open_journal)
@@ -254,13 +260,16 @@ class GroupCommitter:
     async def _flush_loop(self) -> None:
         assert self._wakeup is not None
         while True:
+            if self._checkpoint_due():
+                # The loop appends nothing meanwhile, so this checkpoint empties the file.
+                await self._checkpoint_quietly("after a commit")
             if not self._queue:
                 self._wakeup.clear()
                 if self._journaled:
                     try:
                         await asyncio.wait_for(self._wakeup.wait(), self.checkpoint_idle)
                     except TimeoutError:
-                        await self._checkpoint_quietly()
+                        await self._checkpoint_quietly("when idle")
                         continue
                 else:
                     await self._wakeup.wait()
@@ -268,7 +277,7 @@ class GroupCommitter:
             del self._queue[: len(group)]
             started = time.perf_counter()
             try:
-                await self.db.run_write(lambda con, g=group: self._commit([w for w, _ in g], con))
+                await self._commit_group([w for w, _ in group])
                 STATS.observe(
                     "openbot_shard_commit_seconds",
                     time.perf_counter() - started,
@@ -286,7 +295,7 @@ class GroupCommitter:
                     continue
                 for one in group:
                     try:
-                        await self.db.run_write(lambda con, o=one: self._commit([o[0]], con))
+                        await self._commit_group([one[0]])
                     except Exception as e:
                         err = e if isinstance(e, OpenBotError) else StorageError(repr(e))
                         self._settle([one], err)
@@ -294,6 +303,23 @@ class GroupCommitter:
                         self._settle([one], None)
                 continue
             self._settle(group, None)
+
+    async def _commit_group(self, batches: Sequence[Sequence[Write]]) -> None:
+        if self.journal:
+            # On this thread: an append + fdatasync (~0.07 ms of CPU) costs less than the two
+            # thread hand-offs of running it on the database thread.
+            self._append(batches)
+        else:
+            await self.db.run_write(lambda con: self._commit(batches, con))
+
+    def _checkpoint_due(self) -> bool:
+        if time.monotonic() < self._paused_until:
+            return False
+        if len(self._journaled) >= self.checkpoint_rows:
+            return True
+        # Checkpoints run by reads may leave applied records in the file (appends came after
+        # they took theirs); the flush loop's own checkpoint empties it.
+        return self._file is not None and self._file.size > HEADER + APPLIED_BYTES
 
     @staticmethod
     def _settle(group, error: BaseException | None) -> None:
@@ -306,25 +332,25 @@ class GroupCommitter:
                 fut.set_exception(error)
 
     def _commit(self, batches: Sequence[Sequence[Write]], con: duckdb.DuckDBPyConnection) -> None:
-        if not self.journal:
-            merged = _Merged(self.tables)
-            for writes in batches:
-                merged.add(writes)
-            self._transaction(con, merged.apply)
-        else:
-            writes = [w for batch in batches for w in batch]
-            self._check(writes)  # a malformed row fails its caller now, not a later checkpoint
+        """Without the journal: the batches in one transaction (database thread)."""
+        merged = _Merged(self.tables)
+        for writes in batches:
+            merged.add(writes)
+        self._transaction(con, merged.apply)
+        self.transactions += 1
+        self.batches += len(batches)
+
+    def _append(self, batches: Sequence[Sequence[Write]]) -> None:
+        """One journal record for the batches, durable when this returns (event loop)."""
+        writes = [w for batch in batches for w in batch]
+        self._check(writes)  # a malformed row fails its caller now, not a later checkpoint
+        blob = encode_writes(writes)  # in memory too: a file and `:memory:` fail alike
+        with self._lock:
             seq = self._journal_seq + 1
-            blob = encode_writes(writes)  # in memory too: a file and `:memory:` fail alike
             if self._file is not None:
                 self._file.append(seq, blob)
             self._journal_seq = seq
             self._journaled.append((seq, writes))
-            # Durable from here on: a failing checkpoint must not fail these batches.
-            if len(self._journaled) >= self.checkpoint_rows and time.monotonic() >= (
-                self._paused_until
-            ):
-                self._try_checkpoint(con, "after a commit")
         self.transactions += 1
         self.batches += len(batches)
 
@@ -429,34 +455,43 @@ class GroupCommitter:
         return True
 
     def _checkpoint(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Apply every journal row to its tables and drop those rows, in one transaction."""
-        if not self._journaled:
-            return
-        merged = _Merged(self.tables)
-        for _, writes in self._journaled:
-            merged.add(writes)
-        last = self._journaled[-1][0]
+        """Apply the journal's records to their tables (one transaction, with the last applied
+        seq), then drop them; empty the file if no record came in meanwhile (database thread).
 
-        def apply(con: duckdb.DuckDBPyConnection) -> None:
-            merged.apply(con)
-            con.execute(f"UPDATE {JOURNAL_STATE} SET applied = ?", [last])
+        Records may be appended on the event loop while the transaction runs (a read's
+        catch-up is not ordered with the flush loop): those stay in the list and the file, and
+        the file is emptied only when the list is, under the lock, so no unapplied record is
+        ever cut. The flush loop's own checkpoints run while it appends nothing."""
+        with self._lock:
+            taken = list(self._journaled)
+        if taken:
+            merged = _Merged(self.tables)
+            for _, writes in taken:
+                merged.add(writes)
+            last = taken[-1][0]
 
-        self._transaction(con, apply)
-        self._journaled = []
-        self.checkpoints += 1
-        if self._file is not None:
-            try:
-                self._file.reset()
-            except OSError as e:  # harmless: applied records are skipped on open
-                log.warning("emptying the applied commit journal failed: %r", e)
+            def apply(con: duckdb.DuckDBPyConnection) -> None:
+                merged.apply(con)
+                con.execute(f"UPDATE {JOURNAL_STATE} SET applied = ?", [last])
 
-    async def _checkpoint_quietly(self) -> None:
+            self._transaction(con, apply)
+            self.checkpoints += 1
+        with self._lock:
+            del self._journaled[: len(taken)]
+            if self._file is not None and not self._journaled and self._file.size > HEADER:
+                try:
+                    self._file.reset()
+                except OSError as e:  # harmless: applied records are skipped on open
+                    self._paused_until = time.monotonic() + CHECKPOINT_PAUSE
+                    log.warning("emptying the applied commit journal failed: %r", e)
+
+    async def _checkpoint_quietly(self, when: str) -> None:
         # On failure the rows stay in the journal: the next read or checkpoint tries again.
         # (The flush loop comes back here after another idle wait.)
         try:
-            await self.db.run_write(lambda con: self._try_checkpoint(con, "when idle"))
+            await self.db.run_write(lambda con: self._try_checkpoint(con, when))
         except Exception as e:  # the database thread itself failed
-            log.warning("applying the journal when idle failed: %r", e)
+            log.warning("applying the journal %s failed: %r", when, e)
 
     async def drain(self) -> None:
         """Wait until everything submitted so far is settled (batches settle in order)."""

@@ -75,11 +75,28 @@ class Analyzer:
         order of the words is not kept)."""
         memo, miss = self._memo, self._hash
         out = [memo[t] if t in memo else miss(t) for t in text_terms(text)]
-        return np.sort(np.asarray(out, dtype=np.int64))
+        out.sort()  # a note has tens of terms: a list sorts them faster than numpy
+        return np.array(out, dtype=np.int64)
 
     def query(self, query: str) -> list[int]:
         memo, miss = self._memo, self._hash
         return [memo[t] if t in memo else miss(t) for t in text_terms.query(query)]
+
+
+_SMALL = 512  # keys below this many are counted in Python (np.unique costs ~20 µs at any size)
+
+
+def _runs(keys: list[int]) -> list[tuple[int, int]]:
+    """(key, count) of each distinct key, in order of first appearance."""
+    counts: dict[int, int] = {}
+    for k in keys:
+        counts[k] = counts.get(k, 0) + 1
+    return list(counts.items())
+
+
+def _unique(keys: np.ndarray) -> list[tuple[int, int]]:
+    uniq, counts = np.unique(keys, return_counts=True)
+    return list(zip(uniq.tolist(), counts.tolist(), strict=True))
 
 
 def pack_keys(keys: np.ndarray) -> bytes:
@@ -189,16 +206,16 @@ class TermIndex:
         if entry_id in self._row:
             self.remove(entry_id)
         row = self._new_row(entry_id)
-        uniq, counts = np.unique(keys, return_counts=True)
         vocab, tail = self._vocab, self._tail
-        for term, tf in zip(uniq.tolist(), counts.tolist(), strict=True):
+        counted = _runs(keys.tolist()) if keys.size <= _SMALL else _unique(keys)
+        for term, tf in counted:
             tid = vocab.setdefault(term, len(vocab))
             slot = tail.get(tid)
             if slot is None:
                 slot = tail[tid] = ([], [])
             slot[0].append(row)
             slot[1].append(tf)
-        self._tail_postings += uniq.size
+        self._tail_postings += len(counted)
         self._set_len(row, len(keys))
         if self._tail_postings > max(20_000, self._rows.size // 4):
             self._merge()

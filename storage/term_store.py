@@ -49,21 +49,30 @@ class TermStore:
 
         return await self.db.run(read)
 
-    async def load_flat(self, pool: str) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
-        """The pool's rows as `TermIndex.build_flat` takes them: entries, fingerprints, how
-        many keys each has and all keys end to end (joined on the database's thread)."""
+    async def load_flat(self, pool: str) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """The pool's rows as `TermIndex.build_flat` takes them: entries, how many keys each
+        has and all keys end to end (joined on the database's thread). Without fingerprints:
+        a pool's load checks them later (`fingerprints`)."""
 
         def read(con):
             cols = con.execute(
-                "SELECT entry, fp, octet_length(terms) // 8 AS n, terms FROM search_terms "
+                "SELECT entry, octet_length(terms) // 8 AS n, terms FROM search_terms "
                 "WHERE pool = ?",
                 [pool],
             ).fetchnumpy()
             flat = unpack_keys(b"".join(cols["terms"].tolist()))
             lengths = np.asarray(cols["n"], dtype=np.int64)
-            return cols["entry"].tolist(), cols["fp"].tolist(), lengths, flat
+            return cols["entry"].tolist(), lengths, flat
 
         return await self.db.run(read)
+
+    async def fingerprints(self, pool: str) -> list[tuple[str, str]]:
+        """(entry, fingerprint of the content its keys were made from) of the pool's rows."""
+        return await self.db.run(
+            lambda con: con.execute(
+                "SELECT entry, fp FROM search_terms WHERE pool = ?", [pool]
+            ).fetchall()
+        )
 
     @staticmethod
     def row(pool: str, entry_id: str, fp: str, keys: np.ndarray) -> Write:

@@ -16,17 +16,18 @@ R = Reader(user="u1", org="o1", uses_bot=True)
 
 
 def _failing_on(monkeypatch, marker: str, times: int = 1):
-    """Make every transaction holding a row that mentions `marker` fail, `times` times."""
-    original = GroupCommitter._commit
+    """Make every group commit (journal append) holding a row that mentions `marker` fail,
+    `times` times."""
+    original = GroupCommitter._append
     left = itertools.count(times, -1)
 
-    def commit(self, batches, con):
+    def append(self, batches):
         rows = [w for batch in batches for w in batch]
         if any(marker in repr(getattr(w, "row", "")) for w in rows) and next(left) > 0:
             raise StorageError("disk full (simulated)")
-        return original(self, batches, con)
+        return original(self, batches)
 
-    monkeypatch.setattr(GroupCommitter, "_commit", commit)
+    monkeypatch.setattr(GroupCommitter, "_append", append)
 
 
 def _ids(*names):
@@ -142,18 +143,18 @@ def test_deleting_a_chats_history_commits_first_then_clears_and_announces(tmp_pa
     from engine.events import ChatItemsDeleted
     from storage.group_commit import DeleteWhere
 
-    original = GroupCommitter._commit
+    original = GroupCommitter._append
     fail = [True]
 
-    def commit(self, batches, con):
+    def append(self, batches):
         deletes = any(
             isinstance(w, DeleteWhere) and w.table == "chat_items" for b in batches for w in b
         )
         if deletes and fail[0]:
             raise StorageError("disk full (simulated)")
-        return original(self, batches, con)
+        return original(self, batches)
 
-    monkeypatch.setattr(GroupCommitter, "_commit", commit)
+    monkeypatch.setattr(GroupCommitter, "_append", append)
 
     async def go():
         svc = ShardService(tmp_path, 0)

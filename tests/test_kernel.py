@@ -27,14 +27,14 @@ def kernel_args(request, tmp_path):
 
 def _fail_commits(monkeypatch) -> list[bool]:
     failing = [True]
-    original = GroupCommitter._commit
+    original = GroupCommitter._append
 
-    def commit(self, batches, con):
+    def append(self, batches):
         if failing[0]:
             raise StorageError("disk full (simulated)")
-        return original(self, batches, con)
+        return original(self, batches)
 
-    monkeypatch.setattr(GroupCommitter, "_commit", commit)
+    monkeypatch.setattr(GroupCommitter, "_append", append)
     return failing
 
 

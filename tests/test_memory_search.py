@@ -271,8 +271,7 @@ def test_stored_terms_made_from_other_content_are_made_again_after_a_restart(tmp
     async def again() -> None:
         svc = _shard(tmp_path)
         await _found(svc, "anything")  # loads the pool (and its stored terms as they are)
-        for _ in range(3):
-            await asyncio.sleep(0)  # the check runs once the loading search is answered
+        await svc.ws_pools.upkept()  # the check runs once the loading search is answered
         assert await _found(svc, "orchard pruning") == [a]
         assert a not in await _found(svc, "noon lunch")
         await svc.flush()

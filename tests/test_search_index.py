@@ -133,6 +133,28 @@ def test_incremental_changes_rank_like_a_fresh_build(texts, query, data):
         assert (i in a) == bool(q_terms & set(AN.keys(t).tolist()))
 
 
+def test_term_counts_are_the_same_counted_in_python_or_numpy(monkeypatch):
+    """`put` counts a note's few keys in Python and a long text's with numpy: same ranking."""
+    from storage import search_index
+
+    long = " ".join(["alpha"] * 400 + ["beta"] * 150 + ["gamma deploys"] * 30)
+    texts = {"short": "alpha beta alpha soup", "long": long, "mid": "gamma gamma soup"}
+
+    def ranking():
+        ix = TermIndex()
+        for i, t in texts.items():
+            keys = AN.keys(t)
+            ix.put(i, keys[::-1].copy())  # order does not matter to the count
+        return dict(ix.search(AN.query("alpha gamma soup beta"), 10))
+
+    mixed = ranking()
+    assert AN.keys(long).size > search_index._SMALL  # the long text takes the numpy path
+    monkeypatch.setattr(search_index, "_SMALL", 10**9)
+    assert ranking() == mixed
+    monkeypatch.setattr(search_index, "_SMALL", -1)
+    assert ranking() == mixed
+
+
 # --- a seed-000 pool: only what the reader may see --------------------------------------------
 
 

@@ -411,27 +411,30 @@ def test_semantic_search_finds_the_learned_entries_the_caller_may_read(tmp_path:
     async def main() -> None:
         emb = InProcessEmbedder()
         svc = _shard(tmp_path, emb)
-        await svc.add_entries(
-            BOT_POOL,
-            [
-                (fact("mem_l1", user="u1"), "Her automobile is a green hatchback"),
-                (fact("mem_l2", user="u2"), "His automobile is a red van"),
-            ],
-        )
-        bot = BOT_POOL.removeprefix("bot:")
-        u1 = WsAccess(account="u1", bots=frozenset({bot}), orgs=("o1",))
-        u2 = WsAccess(account="u2", bots=frozenset({bot}), orgs=("o1",))
-        only = WsQuery(pools=(BOT_POOL,), projects=(), q="car", using="semantic")
-        listing = await svc.ws_entries(u1, only)
-        assert [h.id for h in listing.semantic] == ["mem_l1"]  # no "car" in it
-        assert [e.id for e in listing.entries] == ["mem_l1"]  # and not u2's
-        hybrid = await svc.ws_entries(u1, WsQuery(pools=(BOT_POOL,), projects=(), q="car"))
-        assert [(h.id, h.kinds) for h in hybrid.fused] == [("mem_l1", ("semantic",))]
-        assert [e.id for e in (await svc.ws_entries(u2, only)).entries] == ["mem_l2"]
-        embedded = [t for t in emb.texts if "automobile" in t]
-        assert sorted(embedded) == sorted(
-            ["Her automobile is a green hatchback", "His automobile is a red van"]
-        )  # each once, by the search that first met it
-        await _close(svc)
+        try:
+            await svc.add_entries(
+                BOT_POOL,
+                [
+                    (fact("mem_l1", user="u1"), "Her automobile is a green hatchback"),
+                    (fact("mem_l2", user="u2"), "His automobile is a red van"),
+                ],
+            )
+            bot = BOT_POOL.removeprefix("bot:")
+            u1 = WsAccess(account="u1", bots=frozenset({bot}), orgs=("o1",))
+            u2 = WsAccess(account="u2", bots=frozenset({bot}), orgs=("o1",))
+            only = WsQuery(pools=(BOT_POOL,), projects=(), q="car", using="semantic")
+            listing = await svc.ws_entries(u1, only)
+            assert [h.id for h in listing.semantic] == ["mem_l1"]  # no "car" in it
+            assert [e.id for e in listing.entries] == ["mem_l1"]  # and not u2's
+            hybrid = await svc.ws_entries(u1, WsQuery(pools=(BOT_POOL,), projects=(), q="car"))
+            assert [(h.id, h.kinds) for h in hybrid.fused] == [("mem_l1", ("semantic",))]
+            assert [e.id for e in (await svc.ws_entries(u2, only)).entries] == ["mem_l2"]
+            embedded = [t for t in emb.texts if "automobile" in t]
+            assert sorted(embedded) == sorted(
+                ["Her automobile is a green hatchback", "His automobile is a red van"]
+            )  # each once, by the search that first met it
+        finally:  # a failed check must fail the test, not leave the shard's threads running
+            await _close(svc)
 
-    asyncio.run(main())
+    # A bound on the whole: a search that never returns fails here instead of hanging the run.
+    asyncio.run(asyncio.wait_for(main(), timeout=60))

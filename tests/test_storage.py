@@ -239,7 +239,11 @@ def test_the_journal_is_applied_after_enough_rows_and_when_idle(tmp_path: Path) 
         gc = GroupCommitter(db, [KV], checkpoint_rows=3, checkpoint_idle=0.05)
         for i in range(3):
             await gc.submit([Put("kv", (f"k{i}", "g", i))])
-        assert gc.checkpoints == 1  # the third row reached checkpoint_rows
+        for _ in range(300):  # the third row reached checkpoint_rows: applied once answered
+            if gc.checkpoints == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert gc.checkpoints == 1
         await gc.submit([Put("kv", ("late", "g", 9))])
         for _ in range(100):
             if gc.checkpoints == 2:

@@ -31,6 +31,7 @@ from storage.memory_store import MemoryStore
 from storage.receipts import Receipts, fingerprint, receipt_key
 from storage.shard_schema import CONFESSIONS, LEARN_POSITIONS, MIGRATIONS, TABLES, TURNS
 from storage.term_store import TermStore
+from storage.vector_store import VectorStore
 from storage.workspace_store import WorkspaceStore
 
 MASTER = os.urandom(32)
@@ -359,6 +360,70 @@ def test_search_terms_read_back_and_delete(where: str):
             await s.commit([TermStore.delete("user:u", "m1")])
             assert sorted(await TermStore(s.db).load("user:u")) == ["m2"]
             assert await TermStore(s.db).load("user:other") == {}
+
+    run(go())
+
+
+def test_vector_blocks_read_back_as_unit_rows_old_and_new_formats(where: str):
+    """Issue 11: vector blocks are stored as int8 directions (a quarter of float32's bytes)
+    and read back as unit float32 rows close to the originals; blocks stored as float32 by
+    an earlier version still load beside them; a later block's vector of a record wins, a
+    zero vector stays zero (never a hit), and nothing of the vectors is stored in the clear."""
+    from storage.crypto import Cipher
+    from storage.vector_store import _block_aad, pack
+
+    async def go() -> None:
+        async with opened(where) as stores:
+            s = stores[0]
+            cipher = Cipher(os.urandom(32))
+            rnd = np.random.default_rng(5)
+            old = rnd.normal(size=(3, 16)).astype(np.float32)  # an earlier version's block
+            new = rnd.normal(size=(4, 16)).astype(np.float32) * 7.0
+            new[3] = 0.0
+            sealed_old = cipher.seal(pack(old.ravel()), _block_aad("user:u", "m:16", 1))
+            row_old = (
+                "user:u\x00m:16\x001",
+                "user:u",
+                "m:16",
+                1,
+                '[["a","f1"],["b","f2"],["c","f3"]]',
+                sealed_old,
+            )
+            items = [
+                ("b", "f2b", new[0]),
+                ("d", "f4", new[1]),
+                ("e", "f5", new[2]),
+                ("z", "f6", new[3]),
+            ]
+            await s.commit(
+                [
+                    Put("ws_vector_blocks", row_old),
+                    VectorStore.block("user:u", "m:16", 2, items, cipher),
+                    VectorStore.block("user:other", "m:16", 3, items[:1], cipher),
+                ]
+            )
+            s = await restart(stores)
+            ids, fps, mat, row = await VectorStore(s.db).load_all("user:u", "m:16", cipher)
+            assert ids == ["a", "c", "b", "d", "e", "z"] and row == {
+                i: k for k, i in enumerate(ids)
+            }
+            assert fps == ["f1", "f3", "f2b", "f4", "f5", "f6"]  # b: the later block's
+            assert mat.dtype == np.float32 and mat.shape == (6, 16)
+            want = np.stack([old[0], old[2], new[0], new[1], new[2]])
+            want /= np.linalg.norm(want, axis=1, keepdims=True)
+            assert np.allclose(np.linalg.norm(mat[:5], axis=1), 1.0, atol=1e-5)
+            assert np.allclose(mat[:2], want[:2], atol=1e-6)  # float32 blocks: exact
+            assert (np.sum(mat[2:5] * want[2:], axis=1) > 0.999).all()  # int8: near
+            assert not mat[5].any()
+            stored = await s.db.run(
+                lambda con: con.execute(
+                    "SELECT vecs FROM ws_vector_blocks WHERE seq = 2"
+                ).fetchall()
+            )
+            (blob,) = stored[0]
+            assert len(blob) == 12 + 16 + 8 + 4 * (4 + 16)  # nonce, tag, head, 4 rows of 4 + 16
+            assert pack(new[0])[:8] not in blob and b"OBI8" not in blob  # sealed, head too
+            assert (await VectorStore(s.db).load_all("user:u", "other:16", cipher))[0] == []
 
     run(go())
 

@@ -211,3 +211,54 @@ def test_acl4_mem1_concurrent_widen_and_forget_by_revision_apply_once(tmp_path: 
         await _close(svc)
 
     asyncio.run(run())
+
+
+def test_loaded_records_decode_when_read_and_keep_their_order(tmp_path: Path):
+    """Issue 11: a pool's records load as stored JSON and are decoded when first read (the
+    first search after a shard opens reads a few hundred of 100,000); reads, writes, deletes,
+    fingerprints and walks see the same records in the same order as a plain dict would."""
+    from storage.workspace_store import LazyEntries, _enc
+
+    ann = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
+
+    async def main() -> None:
+        svc = _open(tmp_path)
+        made = []
+        for n in range(30):
+            body = WsMemoryCreate(
+                requestId=f"r-lazy-{n}", scope=Scope.USER, bot="b_1", content=f"topic{n} note"
+            )
+            made.append(await svc.ws_create_memory(ann, body))
+        await _close(svc)
+        svc = _open(tmp_path)
+        try:
+            # A search decodes only the records its ranking reached.
+            listing = await svc.ws_entries(ann, WsQuery(pools=("user:u_ann",), q="topic7"))
+            found = [e.id for e in listing.entries]  # (the next note holds its context)
+            assert sorted(found) == sorted([made[7].id, made[8].id])
+            entries = (await svc.ws_pools.pool("user:u_ann")).stored.entries
+            assert isinstance(entries, LazyEntries) and entries._raw == 28
+            ids = [m.id for m in made]
+            assert list(entries) == [i for i in entries] and sorted(entries) == sorted(ids)
+            plain = {i: entries[i] for i in ids}  # decoded on read, once
+            assert entries._raw == 0 and entries[ids[2]] is plain[ids[2]]
+            assert entries.fp(ids[2]) == plain[ids[2]].content_fp
+        finally:
+            await _close(svc)
+        # Partly decoded: the same answers as a plain dict, in the same order.
+        lazy = LazyEntries({i: _enc.encode(e).decode() for i, e in plain.items()})
+        assert lazy.fp(ids[0]) == plain[ids[0]].content_fp and lazy._raw == 30
+        assert lazy.get(ids[0]) == plain[ids[0]] and lazy.get("nope") is None
+        assert "nope" not in lazy and ids[1] in lazy and lazy.fp("nope") is None
+        del lazy[ids[1]]
+        lazy[ids[3]] = plain[ids[4]]
+        lazy["new"] = plain[ids[0]]
+        want = dict(plain)
+        del want[ids[1]]
+        want[ids[3]] = plain[ids[4]]
+        want["new"] = plain[ids[0]]
+        assert lazy.keys() == want.keys() and lazy._raw == 27
+        assert list(lazy.items()) == list(want.items()) and lazy._raw == 0
+        assert lazy.pop(ids[0]) == plain[ids[0]] and len(lazy) == len(want) - 1
+
+    asyncio.run(main())

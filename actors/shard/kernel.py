@@ -108,6 +108,7 @@ class ShardKernel:
         # Called only when a memory pool leaves (its state elsewhere is keyed by the same id).
         self.on_evict_memory: list[Callable[[str], None]] = []
         self._on_start: list[Callable[[], Awaitable[object]]] = []
+        self.on_close: list[Callable[[], None]] = []  # background work to stop first
         self._started: asyncio.Task[None] | None = None
         self.master = load_master_key(Path(data_dir))
         self.db = Database(db_path or Path(data_dir) / f"shard-{index}.duckdb", MIGRATIONS)
@@ -275,9 +276,9 @@ class ShardKernel:
         batch.extend(self._term_rows(pool, outcome, sealed))
         changes = {row.entry: row.change for row in outcome.log}
         for meta in outcome.upserts:
-            audience = union(
-                [before.get(meta.id, NOBODY), entry_audience(bot, meta.id, pool.entries)]
-            )
+            audience = entry_audience(bot, meta.id, pool.entries)
+            if meta.id in before:  # an edit also tells those who could see the old version
+                audience = union([before[meta.id], audience])
             change = changes.get(meta.id, "updated")
             batch.emit(
                 MemoryChanged(
@@ -380,5 +381,7 @@ class ShardKernel:
         return str(dest)
 
     async def close(self) -> None:
+        for stop in self.on_close:
+            stop()
         await self.committer.close()
         self.db.close()

@@ -9,6 +9,8 @@ holds the pool's data key (`keyed`).
 from __future__ import annotations
 
 import asyncio
+import inspect
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -30,9 +32,13 @@ from storage.bulk import paused_gc
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
 from storage.search_index import TermIndex
-from storage.workspace_store import StoredWsPool, WorkspaceStore
+from storage.workspace_store import StoredWsPool, WorkspaceStore, content_fp
 
 CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in its context
+# Checks of a loaded pool against its derived data (term rows, vectors) wait this long, so that
+# the search that loaded the pool is answered first (at 100,000 records each walk takes about
+# 0.1 s of the event loop; the first search after a shard opens, under a second).
+UPKEEP_DELAY_S = 1.0
 
 
 @dataclass
@@ -72,6 +78,40 @@ class WsPools:
         self.keepers: list[Callable[[str], bool]] = []
         self._loader: SingleFlight[WsPool] = SingleFlight()
         self._pools: dict[str, WsPool] = self._loader.loaded
+        self.upkeep_delay = UPKEEP_DELAY_S
+        self._upkeep: set[asyncio.Task[None]] = set()
+        kernel.on_close.append(self.stop_upkeep)
+
+    def later(self, pool: WsPool, fn: Callable[[WsPool], object]) -> None:
+        """Run `fn(pool)` on the event loop `upkeep_delay` seconds from now (checks of a pool
+        that just loaded: see UPKEEP_DELAY_S), unless the pool has left memory by then. The
+        wait holds no reference to the pool: it never keeps one from being evicted."""
+        ref = weakref.ref(pool)
+        pool_id = pool.id
+        del pool
+
+        async def run() -> None:
+            await asyncio.sleep(self.upkeep_delay)
+            pool = ref()
+            if pool is None or self._pools.get(pool_id) is not pool or pool.poisoned:
+                return  # evicted or reloaded meanwhile: done again by its next load
+            done = fn(pool)
+            del pool
+            if inspect.isawaitable(done):
+                await done
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._upkeep.add(task)
+        task.add_done_callback(self._upkeep.discard)
+
+    async def upkept(self) -> None:
+        """Wait until the checks scheduled by `later` have run (tests and benchmarks)."""
+        while self._upkeep:
+            await asyncio.gather(*self._upkeep, return_exceptions=True)
+
+    def stop_upkeep(self) -> None:
+        for task in list(self._upkeep):
+            task.cancel()
 
     def get(self, pool_id: str) -> WsPool | None:
         """The pool if it is in memory now."""
@@ -132,7 +172,7 @@ class WsPools:
         """Build the pool's keyword index from the stored term keys (read in bulk); records
         without current ones (written before migration 8, or imported) are tokenized now and
         their keys stored for next time."""
-        ids, fps, lengths, flat = await self.kernel.terms.load_flat(pool.id)
+        ids, lengths, flat = await self.kernel.terms.load_flat(pool.id)
         current = pool.stored.entries
         analyzer = self.kernel.analyzer
         with paused_gc():
@@ -142,7 +182,7 @@ class WsPools:
                 flat = flat[np.repeat(keep, lengths)]
                 lengths = lengths[keep]
                 ids = [i for i in ids if i in current]
-                fps = [fp for fp, k in zip(fps, keep, strict=True) if k]
+            stored = len(ids)  # rows 0..stored-1: made from stored keys
             missing = current.keys() - have if len(have) != len(current) else set()
             extra_ids = sorted(missing)
             extra = [analyzer.keys(self.open(pool, i)) for i in extra_ids]
@@ -159,21 +199,28 @@ class WsPools:
         # A record's terms row commits with the record, so a row made from other content
         # than the record's is all but impossible; still, check once the search that loaded
         # the pool is answered (a walk of every record).
-        asyncio.get_running_loop().call_soon(self._check_terms, pool, ids[: len(fps)], fps)
+        self.later(pool, lambda p: self._check_terms(p, stored))
 
-    def _check_terms(self, pool: WsPool, ids: list[str], fps: list[str]) -> None:
-        """Index again the records whose stored terms were not made from their content."""
+    async def _check_terms(self, pool: WsPool, stored: int) -> None:
+        """Index again the records whose stored terms (the first `stored` rows of the index
+        built at load) were not made from their content."""
+        fps = await self.kernel.terms.fingerprints(pool.id)
         if self._pools.get(pool.id) is not pool or pool.poisoned:
             return  # evicted or reloaded meanwhile: done again by its next load
-        get, row_of = pool.stored.entries.get, pool.index.row_of
+        entries, row_of = pool.stored.entries, pool.index.row_of
         rows = []
-        for row, (entry_id, fp) in enumerate(zip(ids, fps, strict=True)):
-            e = get(entry_id)
-            # Not indexed again since the load (a write re-indexes: its row changes).
-            if e is not None and e.content_fp != fp and row_of(entry_id) == row:
-                keys = self.kernel.analyzer.keys(self.open(pool, entry_id))
-                pool.index.put(entry_id, keys)
-                rows.append(self.kernel.terms.row(pool.id, entry_id, e.content_fp, keys))
+        with paused_gc():
+            for entry_id, fp in fps:
+                row = row_of(entry_id)
+                # Indexed from its stored keys at load and not since (a write re-indexes it
+                # and writes its row: a new index row).
+                if row is None or row >= stored:
+                    continue
+                now = content_fp(entries, entry_id)
+                if now is not None and now != fp:
+                    keys = self.kernel.analyzer.keys(self.open(pool, entry_id))
+                    pool.index.put(entry_id, keys)
+                    rows.append(self.kernel.terms.row(pool.id, entry_id, now, keys))
         self._store_terms(rows)
 
     def _store_terms(self, rows: list[Write]) -> None:

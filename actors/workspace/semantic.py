@@ -48,8 +48,10 @@ from actors.workspace.vectors import PoolVectors, unit_vector
 from engine.errors import OpenBotError
 from engine.scoped_memory import WsEntry
 from engine.workspace_search import Hit
+from storage.bulk import paused_gc
 from storage.search_index import ranked
-from storage.vector_store import VectorStore
+from storage.vector_store import Loaded, VectorStore
+from storage.workspace_store import content_fp
 
 log = logging.getLogger("openbot.semantic")
 INLINE_MAX = 256  # records one search embeds before answering; the rest go to the background
@@ -81,7 +83,7 @@ class SemanticSearch:
         self.clock = clock
         self.store = VectorStore(kernel.db)
         self._pools: dict[str, PoolVectors] = {}
-        self._loading: dict[str, asyncio.Future[tuple[list[str], list[str], np.ndarray]]] = {}
+        self._loading: dict[str, asyncio.Future[Loaded]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
         self._backlog: dict[str, dict[str, None]] = {}  # pool -> record ids, in arrival order
@@ -127,15 +129,15 @@ class SemanticSearch:
             vectors = PoolVectors()
             task = self._loading.pop(pool.id, None)
             if task is not None:
-                ids, fps, mat = await task
+                ids, fps, mat, row = await task
             else:
-                ids, fps, mat = await self.store.load_all(
+                ids, fps, mat, row = await self.store.load_all(
                     pool.id, self.embedder.ident, pool.keyed.cipher
                 )
-            vectors.load_matrix(ids, fps, mat)
+            vectors.load_matrix(ids, fps, mat, unit=True, row=row)
             self._pools[pool.id] = vectors
             # After this search: a walk of every record, for what only the background needs.
-            asyncio.get_running_loop().call_soon(self._queue_missing, pool, vectors)
+            self.pools.later(pool, self._queue_missing)
         return vectors
 
     def prefetch(self, pool_id: str) -> None:
@@ -145,7 +147,7 @@ class SemanticSearch:
         if pool_id in self._pools or pool_id in self._loading:
             return
 
-        async def load() -> tuple[list[str], list[str], np.ndarray]:
+        async def load() -> Loaded:
             keyed = (await self.kernel.pool(pool_id)).stored
             return await self.store.load_all(pool_id, self.embedder.ident, keyed.cipher)
 
@@ -211,10 +213,10 @@ class SemanticSearch:
             vectors = self._pools.get(key)
             if vectors is None:
                 vectors = PoolVectors()
-                ids, fps, mat = await self.store.load_all(
+                ids, fps, mat, row = await self.store.load_all(
                     key, self.embedder.ident, pool.keyed.cipher
                 )
-                vectors.load_matrix(ids, fps, mat)
+                vectors.load_matrix(ids, fps, mat, unit=True, row=row)
                 self._pools[key] = vectors
         return vectors
 
@@ -314,16 +316,18 @@ class SemanticSearch:
         found = ranked(scores, vectors.ids, depth, current, floor=float(floor))
         return [Hit(id=i, score=x, kinds=("semantic",)) for i, x in found]
 
-    def _queue_missing(self, pool: WsPool, vectors: PoolVectors) -> None:
+    def _queue_missing(self, pool: WsPool, vectors: PoolVectors | None = None) -> None:
         """Queue for the background every record of the pool without a current vector (once,
         when the pool's vectors load): searches then never wait for them."""
-        if self._pools.get(pool.id) is not vectors or pool.poisoned:
+        vectors = vectors or self._pools.get(pool.id)
+        if vectors is None or self._pools.get(pool.id) is not vectors or pool.poisoned:
             return  # evicted or reloaded meanwhile: its next load queues what is missing
-        row, fps = vectors.row, vectors.fps
-        for entry_id, e in list(pool.stored.entries.items()):
-            r = row.get(entry_id)
-            if r is None or fps[r] != e.content_fp:
-                self._queue(pool.id, entry_id)
+        row, fps, entries = vectors.row, vectors.fps, pool.stored.entries
+        with paused_gc():
+            for entry_id in list(entries):
+                r = row.get(entry_id)
+                if r is None or fps[r] != content_fp(entries, entry_id):
+                    self._queue(pool.id, entry_id)
 
     # --- background ----------------------------------------------------------------------------
 
@@ -364,6 +368,7 @@ class SemanticSearch:
 
     async def idle(self) -> None:
         """Wait until the background has embedded what was queued (tests and benchmarks)."""
+        await self.pools.upkept()  # what a pool's load queues, a moment later
         while self._task is not None and not self._task.done():
             await asyncio.shield(self._task)
 

@@ -11,6 +11,7 @@ import numpy as np
 from engine.scoped_memory import WsEntry
 from engine.workspace_search import Hit
 from storage.bulk import paused_gc
+from storage.vector_store import unit_rows
 
 
 class PoolVectors:
@@ -72,23 +73,33 @@ class PoolVectors:
         self.fps = [fp for _, fp, _ in items]
         self.row = {entry_id: r for r, entry_id in enumerate(self.ids)}
 
-    def load_matrix(self, ids: list[str], fps: list[str], mat: np.ndarray) -> None:
+    def load_matrix(
+        self,
+        ids: list[str],
+        fps: list[str],
+        mat: np.ndarray,
+        *,
+        unit: bool = False,
+        row: dict[str, int] | None = None,
+    ) -> None:
         """Fill an empty index with a whole matrix, taken over (scaled to unit length in
-        place) when it is a writable float32 one."""
+        place, unless `unit` says its rows already are) when it is a writable float32 one;
+        `row`, each id's row when the caller has it, is taken over too."""
         if not ids:
             return
         if not (mat.dtype == np.float32 and mat.flags.writeable and mat.flags.c_contiguous):
             mat = np.array(mat, dtype=np.float32)  # one of its own, written in place
-        norms = np.sqrt(np.einsum("ij,ij->i", mat, mat))  # one pass, no temporary matrix
-        bad = ~((norms > 0) & np.isfinite(norms))
-        mat[bad] = 0.0
-        norms[bad] = 1.0
-        mat /= norms[:, None]
+            unit = False
+        if not unit:
+            unit_rows(mat)
         self.mat = mat
         self.dim, self.n = mat.shape[1], mat.shape[0]
         self.ids, self.fps = list(ids), list(fps)
-        with paused_gc():
-            self.row = dict(zip(self.ids, range(len(self.ids)), strict=True))
+        if row is not None and len(row) == len(ids):
+            self.row = row
+        else:
+            with paused_gc():
+                self.row = dict(zip(self.ids, range(len(self.ids)), strict=True))
 
     def split(self, entries: Iterable[WsEntry]) -> tuple[list[int], list[WsEntry]]:
         """The rows of the records among `entries` whose vector is current, and the records

@@ -210,18 +210,18 @@ def test_LRN_5_learned_changes_read_position_and_job_end_commit_together(
     from engine.errors import StorageError
     from storage.group_commit import GroupCommitter
 
-    original = GroupCommitter._commit
+    original = GroupCommitter._append
     failed = []
 
-    def commit(self, batches, con):
+    def append(self, batches):
         writes = [w for batch in batches for w in batch]
         # Every time: the automatic retries (CO-3) fail the same way.
         if any(getattr(w, "table", "") == "learn_positions" for w in writes):
             failed.append(True)
             raise StorageError("disk full (simulated)")
-        return original(self, batches, con)
+        return original(self, batches)
 
-    monkeypatch.setattr(GroupCommitter, "_commit", commit)
+    monkeypatch.setattr(GroupCommitter, "_append", append)
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
     mem.answer(completion("I hear you."))

@@ -1,7 +1,8 @@
-"""Every message and port type that crosses an actor boundary: what the gateway sends to and
-gets back from the shards and the directory, what shards send each other, and what the node hub
-carries. Imports engine/ and msgspec only, so that the gateway (and any other caller) can speak
-to the actors without importing their implementation (numpy, storage, each other).
+"""Every message that crosses an actor boundary: what the gateway sends to and gets back from
+the shards and the directory, what shards send each other, and what the node hub carries (the
+ports, typed Protocols over these messages, are in actors/ports.py). Imports engine/ and msgspec
+only, so that the gateway (and any other caller) can speak to the actors without importing their
+implementation (numpy, storage, each other).
 
 Wire rule (msgspec): new fields get defaults, types never change; these are pickled by Ray
 between processes of the same version, and some are serialised to the HTTP API as they are.
@@ -9,18 +10,14 @@ between processes of the same version, and some are serialised to the HTTP API a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
-
 import msgspec
 
 from engine.chat_records import ItemView, Turn
 from engine.directory import Bot, Channel, Chat, Org
 from engine.events import Event, ShardHead
 from engine.memory import Reader
-from engine.models import Completion, Message, ToolSpec
-from engine.scoped_memory import Decision, Extraction, SourceItem, WsEntryView
-from engine.self_rules import Editor, RulesUpdate
+from engine.models import Message, ToolSpec
+from engine.scoped_memory import WsEntryView
 from engine.workspace_search import Hit
 
 # --- the directory's access revision (gateways -> the directory; actors/access_watch.py) ---
@@ -242,106 +239,3 @@ class Work(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     messages: tuple[Message, ...]
     tools: tuple[ToolSpec, ...]
-
-
-class NodeHubPort(Protocol):
-    """The node hub (actors/models/node_hub.py): gateways register the nodes connected to them
-    and pull their work; shards put work in and await the answer. `NodeHubService` is the local
-    implementation; actors/runtime/node_hub_handle.py reaches the one named hub actor."""
-
-    async def register(self, node: str, memory_isolation: bool, memory_extraction: bool) -> int: ...
-
-    async def unregister(self, node: str, session: int) -> None: ...
-
-    async def next_work(self, node: str, session: int, wait: float = 10.0) -> Work | None: ...
-
-    async def complete(
-        self, work_id: str, completion: Completion | None, error: str | None
-    ) -> bool: ...
-
-    async def run(
-        self, node: str, messages: Sequence[Message], tools: Sequence[ToolSpec], timeout: float
-    ) -> Completion: ...
-
-    async def info(self, node: str) -> NodeInfo | None: ...
-
-    async def nodes(self) -> list[NodeInfo]: ...
-
-
-# --- ports: what one actor asks of another ----------------------------------------------------
-
-
-class ShardPort(Protocol):
-    """What a shard asks of another shard (DESIGN §3: an account's pools live on one shard, so
-    a bot's step, its learning and a pool's records are served where they are kept).
-    `ShardService` is the local implementation; actors/runtime/ports.py's `RayShard` reaches
-    a shard actor."""
-
-    async def run_step(
-        self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0
-    ) -> StepOutcome: ...
-
-    async def schedule_learning(
-        self, bot: Bot, chat: Chat, turn: str, upto: int, grant: str, org: Org, deferred: bool
-    ) -> str | None: ...
-
-    async def release_learning(self, job_id: str, upto: int) -> bool: ...
-
-    async def notify(self, chat: Chat, author: str, text: str) -> ItemView: ...
-
-    async def post_item(self, chat: Chat, author: str, text: str) -> ItemView: ...
-
-    async def ws_entries(self, access: WsAccess, query: WsQuery) -> WsListing: ...
-
-    async def ws_extract(
-        self,
-        pool_id: str,
-        contributor: str,
-        proposals: Sequence[Extraction],
-        sources: Sequence[SourceItem],
-        request_id: str,
-        now: int | None = None,
-    ) -> list[Decision]: ...
-
-
-class DirectoryPort(Protocol):
-    """What a shard asks of the directory. `DirectoryService` is the local implementation;
-    actors/runtime/ports.py's `RayDirectory` reaches the directory actor."""
-
-    async def get_org(self, org_id: str) -> Org: ...
-
-    async def get_chat(self, chat_id: str) -> Chat: ...
-
-    async def get_channel(self, channel_id: str) -> Channel: ...
-
-    async def get_bot(self, bot_id: str) -> Bot: ...
-
-    async def find_bot(self, org: str, name_or_id: str) -> Bot: ...
-
-    async def group_chat(self, channel_id: str) -> Chat: ...
-
-    async def agent_chat(self, root: Chat, peer: str, chain: str, link: str) -> Chat: ...
-
-    async def delivery_chat(
-        self, root_id: str, peer: str, asker: str, chain: str, link: str
-    ) -> tuple[Chat, Bot, Bot]: ...
-
-    async def register_chats(self, chats: list[Chat], durable: bool = True) -> int: ...
-
-    async def set_mode(self, channel_id: str, mode: str, leader: str | None) -> Channel: ...
-
-    async def update_rules(self, bot_id: str, update: RulesUpdate, editor: Editor) -> Bot: ...
-
-    async def create_member(
-        self, creator_id: str, name: str, prompt: str | None, rules: dict | None
-    ) -> Bot: ...
-
-    async def archive_bot(self, bot_id: str, archived: bool, editor: Editor) -> Bot: ...
-
-    async def project_owner(self, project_id: str) -> str | None: ...
-
-    async def register_project(self, project_id: str, owner: str) -> str: ...
-
-    async def workspace_people(
-        self, org: str, users: list[str], channels: list[str]
-    ) -> tuple[list[str], dict[str, tuple[str, ...]]]: ...

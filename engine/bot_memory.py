@@ -40,12 +40,13 @@ memory bot never changes a workspace record (pinned: no `invalidate`; a topic re
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from engine import tags as tagmod
-from engine.memory import EntryMeta, EntryView, Layer, Scope, Status, Tier
+from engine.memory import EntryMeta, EntryView, Layer, Reader, Scope, Status, Tier
 from engine.prompt_budget import ScopedEntry
 from engine.scoped_memory import Origin, WsEntry, WsEntryView, WsStatus, marker
+from engine.visibility import directly_visible
 
 
 def record_tags(writer: str, org: str) -> tuple[str, ...]:
@@ -78,6 +79,30 @@ def as_meta(record: WsEntry) -> EntryMeta:
         revision=record.revision,
         protected=True,
     )
+
+
+def record_visible(reader: Reader, record: WsEntry) -> bool:
+    """Whether `reader` may see a workspace record of a bot pool: the one check of a record in
+    the union, for every reader of a bot's memory (its listing, search and context, the
+    workspace's listing, search, changes and revisions). A record is pinned (`as_meta`): its own
+    tags decide, rules 1 and 2 (engine/visibility.py `directly_visible`), nothing it rests on.
+    No lock needed: a record's writes replace it in one step."""
+    return directly_visible(reader, as_meta(record))
+
+
+def record_check(reader: Reader) -> Callable[[WsEntry], bool]:
+    """`record_visible` for many records of one reader: a pool's records share a few tag sets,
+    so each set is checked once. The answer is kept by the record's system tags, all that can
+    decide (its topics never hold `org:` or `for:`: engine/tags.py rejects a topic with ':')."""
+    memo: dict[tuple[str, ...], bool] = {}
+
+    def visible(record: WsEntry) -> bool:
+        seen = memo.get(record.tags)
+        if seen is None:
+            seen = memo[record.tags] = record_visible(reader, record)
+        return seen
+
+    return visible
 
 
 def as_entry_view(record: WsEntry, content: str) -> EntryView:

@@ -8,7 +8,7 @@ from msgspec import UNSET
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.runtime.engine import Engine, call
+from actors.ports import EnginePort
 from engine.errors import Unprocessable
 from gateway import wire
 from gateway.auth import Auth
@@ -16,7 +16,7 @@ from gateway.json_response import json, read_body
 
 
 class AdminApi:
-    def __init__(self, engine: Engine, auth: Auth) -> None:
+    def __init__(self, engine: EnginePort, auth: Auth) -> None:
         self.engine = engine
         self.auth = auth
 
@@ -33,28 +33,27 @@ class AdminApi:
         body = wire.decode(await read_body(request), wire.CreateOrg)
         if body.settings is not None:
             self._check_model(body.settings.botMemoryModel)
-        org = await call(self.engine.directory.create_org, body.name, body.id, body.settings)
+        org = await self.engine.directory_port.create_org(body.name, body.id, body.settings)
         return json(org, 201)
 
     async def patch_org(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.PatchOrg)
         self._check_model(body.settings.get("botMemoryModel"))
-        org = await call(self.engine.directory.patch_org, request.path_params["id"], body.settings)
+        org = await self.engine.directory_port.patch_org(request.path_params["id"], body.settings)
         return json(org)
 
     async def create_user(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.CreateUser)
-        user, token = await call(self.engine.directory.create_user, body.name, body.orgs, body.id)
+        user, token = await self.engine.directory_port.create_user(body.name, body.orgs, body.id)
         return json(wire.UserCreated(id=user.id, name=user.name, orgs=user.orgs, token=token), 201)
 
     async def create_bot(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.CreateBot)
         self._check_model(body.model)
-        bot = await call(
-            self.engine.directory.create_bot,
+        bot = await self.engine.directory_port.create_bot(
             name=body.name,
             org=body.org,
             owner=body.owner,
@@ -75,36 +74,35 @@ class AdminApi:
             f: getattr(body, f) for f in body.__struct_fields__ if getattr(body, f) is not UNSET
         }
         self._check_model(changes.get("model"))
-        bot = await call(self.engine.directory.patch_bot, request.path_params["id"], changes)
+        bot = await self.engine.directory_port.patch_bot(request.path_params["id"], changes)
         self.auth.directory_changed(bot.id)
         return json(bot)
 
     async def create_grant(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.CreateGrant)
-        await call(self.engine.directory.grant, body.bot, body.user, body.permission)
+        await self.engine.directory_port.grant(body.bot, body.user, body.permission)
         self.auth.directory_changed(body.bot)
         return json({"bot": body.bot, "user": body.user, "permission": body.permission}, 201)
 
     async def revoke_grant(self, request: Request) -> Response:
         await self.auth.admin(request)
         bot, user = request.path_params["bot"], request.path_params["user"]
-        await call(self.engine.directory.revoke_grant, bot, user)
+        await self.engine.directory_port.revoke_grant(bot, user)
         self.auth.directory_changed(bot)
         return json({"bot": bot, "user": user, "revoked": True})
 
     async def new_token(self, request: Request) -> Response:
         await self.auth.admin(request)
         user = request.path_params["id"]
-        token = await call(self.engine.directory.new_token, user)
+        token = await self.engine.directory_port.new_token(user)
         self.auth.directory_changed()
         return json({"id": user, "token": token})
 
     async def create_channel(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.CreateChannel)
-        channel = await call(
-            self.engine.directory.create_channel,
+        channel = await self.engine.directory_port.create_channel(
             org=body.org,
             people=body.people,
             bots=body.bots,

@@ -15,8 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
-from actors.runtime.engine import Engine, call
-from actors.runtime.node_hub_handle import RayNodeHub
+from actors.ports import EnginePort
 from engine.directory import require_use
 from engine.errors import InvalidInput
 from gateway.admin_routes import AdminApi
@@ -52,13 +51,13 @@ class DiscoveryApi:
     """What a client asks before anything else: capabilities, a bot's node, the API document and
     the health probe."""
 
-    def __init__(self, engine: Engine, auth: Auth) -> None:
+    def __init__(self, engine: EnginePort, auth: Auth) -> None:
         self.engine = engine
         self.auth = auth
 
     async def capabilities(self, request: Request) -> Response:
         await self.auth.caller(request)  # node ids and their flags are not for strangers
-        nodes = await RayNodeHub(self.engine.prefix).nodes()
+        nodes = await self.engine.node_hub.nodes()
         return json(
             {
                 "capabilities": list(CAPABILITIES),
@@ -74,7 +73,7 @@ class DiscoveryApi:
         assert principal.user is not None
         bot = await self.auth.bot(request.path_params["bot"])
         require_use(bot, principal.user)
-        info = await call(self.engine.shard_for(bot.owner).bot_node, bot.model)
+        info = await self.engine.shard_port(bot.owner).bot_node(bot.model)
         return json(
             {
                 "bot": bot.id,
@@ -94,7 +93,7 @@ class DiscoveryApi:
 
 
 def create_app(
-    engine: Engine, admin_token: str, *, cache_ttl: float = 60.0, listener_refresh: float = 30.0
+    engine: EnginePort, admin_token: str, *, cache_ttl: float = 60.0, listener_refresh: float = 30.0
 ) -> Starlette:
     if not admin_token:
         raise InvalidInput("an admin token is required")
@@ -166,7 +165,7 @@ def create_app(
         r("/healthz", api.health, methods=["GET"]),
         r("/metrics", MetricsApi(engine, auth).metrics, methods=["GET"]),
         WebSocketRoute("/v1/events", EventsEndpoint(hub, auth, listener_refresh).handle),
-        WebSocketRoute("/v1/nodes", NodesEndpoint(auth, engine.prefix).handle),
+        WebSocketRoute("/v1/nodes", NodesEndpoint(auth, engine.node_hub).handle),
         *console_routes(),
     ]
 

@@ -24,7 +24,7 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from actors.contracts import ACCESS_POLL_WAIT as POLL_WAIT
-from actors.runtime.engine import Engine, call
+from actors.ports import EnginePort
 from engine.directory import Bot, Principal
 from engine.errors import Forbidden, OpenBotError, Unauthenticated
 from gateway.errors import error_response, status_of
@@ -82,7 +82,7 @@ def bearer_token(conn: HTTPConnection) -> str:
 
 
 class Auth:
-    def __init__(self, engine: Engine, admin_token: str, ttl: float = 60.0) -> None:
+    def __init__(self, engine: EnginePort, admin_token: str, ttl: float = 60.0) -> None:
         self.engine = engine
         self.admin_token = admin_token
         self.ttl = ttl
@@ -104,8 +104,8 @@ class Auth:
     async def _watching(self) -> None:
         while True:
             try:
-                revision = await call(
-                    self.engine.directory.watch_access, self._watcher, self._applied, POLL_WAIT
+                revision = await self.engine.directory_port.watch_access(
+                    self._watcher, self._applied, POLL_WAIT
                 )
             except Exception as e:  # the directory is restarting: no cache until it answers
                 self._heard = 0.0
@@ -126,7 +126,7 @@ class Auth:
         caching = self._caching()
         principal = self._principals.get(key, self._applied) if caching else None
         if principal is None:
-            revision, principal = await call(self.engine.directory.authenticate_at, key)
+            revision, principal = await self.engine.directory_port.authenticate_at(key)
             if principal is None:
                 raise Unauthenticated("unknown token", code="bad_token")
             if caching:
@@ -156,7 +156,7 @@ class Auth:
         caching = self._caching()
         bot = self._bots.get(bot_id, self._applied) if caching else None
         if bot is None:
-            revision, bot = await call(self.engine.directory.bot_at, bot_id)
+            revision, bot = await self.engine.directory_port.bot_at(bot_id)
             if caching:
                 self._bots.put(bot_id, revision, bot, self._applied)
         return bot

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+from actors.ports import ShardPort
 from engine.directory import Bot, Channel, Chat, Org, Principal
 from engine.errors import Forbidden
 
@@ -13,7 +14,7 @@ class ChatAccess(NamedTuple):
     chat: Chat
     bot: Bot | None  # direct, review and agent chats
     channel: Channel | None  # group chats
-    home: Any  # the shard actor that stores the chat
+    home: ShardPort  # the shard that stores the chat
     org: Org | None = None  # the chat's org, read with the chat (one directory call)
     members: tuple[Bot, ...] = ()  # group chats: the channel's bots, read with the chat
 

@@ -4,15 +4,14 @@ lives (the home shard); a group chat's records are also kept on its members' sha
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.contracts import TurnStart
-from actors.runtime.engine import Engine, call
+from actors.ports import EnginePort, ShardPort
 from engine.directory import chat_home, require_use, resolve_org
 from engine.errors import Forbidden, InvalidInput, NotFound, OpenBotError
 from gateway import wire
@@ -22,7 +21,7 @@ from gateway.json_response import json, read_body
 
 
 class ChatsApi:
-    def __init__(self, engine: Engine, auth: Auth) -> None:
+    def __init__(self, engine: EnginePort, auth: Auth) -> None:
         self.engine = engine
         self.auth = auth
 
@@ -38,8 +37,7 @@ class ChatsApi:
         requested = request.headers.get("openbot-org") or None
         if requested is not None and body.channel is not None:
             resolve_org(principal.user, requested)
-        chat = await call(
-            self.engine.directory.create_chat,
+        chat = await self.engine.directory_port.create_chat(
             principal.user.id,
             requested,
             bot=body.bot,
@@ -53,8 +51,8 @@ class ChatsApi:
     async def _require_project_member(self, project: str, user: str) -> str:
         """A chat may select only a project its person is a member of (WS-7): its memory is
         packed into prompts and learned facts are written to it. Returns the project's org."""
-        owner = await call(self.engine.directory.project_owner, project)
-        mine = [] if owner is None else await call(self.engine.shard_for(owner).ws_projects, user)
+        owner = await self.engine.directory_port.project_owner(project)
+        mine = [] if owner is None else await self.engine.shard_port(owner).ws_projects(user)
         for p in mine:
             if p.id == project:
                 return p.org
@@ -68,7 +66,7 @@ class ChatsApi:
         assert principal.user is not None
         user = principal.user.id
         # One directory call: the chat with its org and its bot or channel and bots.
-        ctx = await call(self.engine.directory.chat_context, request.path_params["chat"])
+        ctx = await self.engine.directory_port.chat_context(request.path_params["chat"])
         chat = ctx.chat
         if chat.org not in principal.user.orgs:
             # Another org's chat answers like an id nobody has (issue 12).
@@ -79,7 +77,7 @@ class ChatsApi:
             if owner_only:
                 require_chat_owner(chat, user)
             assert ctx.channel is not None
-            home = self.engine.shard_for(chat_home(chat))
+            home = self.engine.shard_port(chat_home(chat))
             return ChatAccess(principal, chat, None, ctx.channel, home, ctx.org, ctx.members)
         require_chat_owner(chat, user)
         bot = ctx.bot
@@ -87,7 +85,7 @@ class ChatsApi:
             raise InvalidInput("this chat has no bot", code="invalid_chat")
         if chat.kind != "agent":
             require_use(bot, principal.user)
-        home = self.engine.shard_for(chat_home(chat, bot.owner))
+        home = self.engine.shard_port(chat_home(chat, bot.owner))
         return ChatAccess(principal, chat, bot, None, home, ctx.org)
 
     async def post_turn(self, request: Request) -> Response:
@@ -111,8 +109,8 @@ class ChatsApi:
             mentions=None if body.mentions is None else tuple(body.mentions),
         )
         if request.query_params.get("wait") in ("true", "1"):
-            return json(await call(access.home.start_turn, start, True))  # one shard call
-        turn = await call(access.home.start_turn, start)
+            return json(await access.home.start_turn(start, True))  # one shard call
+        turn = await access.home.start_turn(start)
         return json({"turn": turn}, 202)
 
     async def verdict(self, request: Request) -> Response:
@@ -124,8 +122,7 @@ class ChatsApi:
             raise InvalidInput("note over 4000 characters", code="note_too_long")
         user = access.principal.user
         assert user is not None
-        turn = await call(
-            access.home.verdict,
+        turn = await access.home.verdict(
             access.chat.id,
             request.path_params["turn"],
             user.id,
@@ -145,20 +142,20 @@ class ChatsApi:
                 channel=access.channel,
                 members=access.members,
             )
-            answer["next"] = await call(access.home.start_turn, start)
+            answer["next"] = await access.home.start_turn(start)
         return json(answer)
 
     async def chat_items(self, request: Request) -> Response:
         access = await self._chat(request)
         if request.method == "DELETE":
             require_chat_owner(access.chat, access.principal.user.id)  # type: ignore[union-attr]
-            count = await call(access.home.delete_chat_items, access.chat.id, access.chat)
+            count = await access.home.delete_chat_items(access.chat.id, access.chat)
             # The copies the members' shards keep for learning go too (API-5: what was
             # learned stays; the history does not).
             for shard in await self._member_shards(access):
-                await call(shard.delete_chat_items, access.chat.id)
+                await shard.delete_chat_items(access.chat.id)
             return json({"count": count})
-        items = await call(access.home.chat_items, access.chat.id)
+        items = await access.home.chat_items(access.chat.id)
         return json({"items": [await self._shown(i) for i in items]})
 
     async def chat_item(self, request: Request) -> Response:
@@ -169,7 +166,7 @@ class ChatsApi:
         number = wanted.removeprefix("i-")
         item = None
         if wanted.startswith("i-") and number.isdigit() and len(number) < 19:
-            item = await call(access.home.chat_item, access.chat.id, int(number))
+            item = await access.home.chat_item(access.chat.id, int(number))
         if item is None:
             raise NotFound(f"no item {wanted} in this chat", code="item_not_found")
         return json(await self._shown(item))
@@ -186,24 +183,26 @@ class ChatsApi:
         shown = msgspec.structs.replace(c, name=peer.name, avatar=peer.avatar)
         return msgspec.structs.replace(item, communication=shown)
 
-    async def _records(self, request: Request, method: Callable[[Any], Any]) -> list:
+    async def _records(
+        self, request: Request, method: Callable[[ShardPort], Callable[[str], Awaitable[list]]]
+    ) -> list:
         """Confessions or enrichments: kept where each bot's memory is, so a group chat's come
         from every member's shard."""
         access = await self._chat(request, owner_only=True)
         records = []
         for shard in [access.home, *await self._member_shards(access)]:
-            records.extend(await call(method(shard), access.chat.id))
+            records.extend(await method(shard)(access.chat.id))
         return sorted(records, key=lambda r: (r.at, r.turn))
 
-    async def _member_shards(self, access: ChatAccess) -> list:
+    async def _member_shards(self, access: ChatAccess) -> list[ShardPort]:
         """The shards of a group's bots other than the chat's home."""
-        shards = {id(access.home): None}
+        seen = {id(access.home)}
         out = []
         if access.channel is not None:
             for b in access.members:
-                shard = self.engine.shard_for(b.owner)
-                if id(shard) not in shards:
-                    shards[id(shard)] = shard
+                shard = self.engine.shard_port(b.owner)
+                if id(shard) not in seen:
+                    seen.add(id(shard))
                     out.append(shard)
         return out
 

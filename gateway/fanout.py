@@ -17,8 +17,7 @@ import asyncio
 import contextlib
 import logging
 
-from actors.contracts import EVENT_BATCH
-from actors.runtime.engine import Engine, call
+from actors.ports import EnginePort
 from engine.events import (
     Event,
     Listener,
@@ -41,9 +40,9 @@ CATCH_UP_CLOSE = 4409
 
 
 class Hub:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EnginePort) -> None:
         self.engine = engine
-        self.heads: list[ShardHead | None] = [None] * len(engine.shards)
+        self.heads: list[ShardHead | None] = [None] * len(engine.shard_ports)
         self.subscribers: set[Subscriber] = set()
         # Clients grouped by who they are, and the groups indexed by what an audience names.
         self._members: dict[Listener, dict[Subscriber, None]] = {}
@@ -53,7 +52,7 @@ class Hub:
         self._catching_up: set[Subscriber] = set()  # live somewhere but not in step yet
         self._pumps: list[asyncio.Task[None]] = []
         self._ready: asyncio.Future[None] | None = None
-        self._pump_ok = [False] * len(engine.shards)
+        self._pump_ok = [False] * len(engine.shard_ports)
         self.pool_changed: dict[str, int] = {}  # pool → seq of its last memory.changed
 
     def fresh(self, shard: int, epoch: str, pool: str, fill: int) -> bool:
@@ -72,7 +71,7 @@ class Hub:
         if self._ready is None:
             self._ready = asyncio.get_running_loop().create_future()
             try:
-                heads = [await call(s.event_head) for s in self.engine.shards]
+                heads = [await s.event_head() for s in self.engine.shard_ports]
             except BaseException as e:
                 self._ready.set_exception(e)
                 self._ready.exception()
@@ -93,15 +92,13 @@ class Hub:
                 await task
 
     async def _pump(self, k: int) -> None:
-        shard = self.engine.shards[k]
+        shard = self.engine.shard_ports[k]
         delay = 0.05
         while True:
             head = self.heads[k]
             assert head is not None
             try:
-                new_head, events = _unpack(
-                    await call(shard.events_packed, head.head, 1000, POLL_WAIT)
-                )
+                new_head, events = await shard.events_after(head.head, 1000, POLL_WAIT)
             except Exception:  # whatever Ray raises: the pump must live on, and say it lags
                 self._pump_ok[k] = False
                 log.warning("event pump for shard %d failed; retrying", k, exc_info=True)
@@ -187,7 +184,7 @@ class Hub:
             and len(positions) == len(heads)
             and any(p.seq > h.head for p, h in zip(positions, heads, strict=True))
         ):
-            heads = [await call(s.event_head) for s in self.engine.shards]
+            heads = [await s.event_head() for s in self.engine.shard_ports]
         here = [Position(h.epoch, h.head) for h in heads]
         reset = False
         if positions is None:
@@ -219,7 +216,7 @@ class Hub:
 
     async def catch_up(self, sub: Subscriber) -> None:
         """Replay from the shards until each is level with this hub's pump, then go live."""
-        for k, shard in enumerate(self.engine.shards):
+        for k, shard in enumerate(self.engine.shard_ports):
             while True:
                 pumped = self.heads[k]
                 assert pumped is not None
@@ -227,9 +224,7 @@ class Hub:
                     sub.live[k] = True  # no await since the check: no gap, no duplicate
                     self._catching_up.add(sub)
                     break
-                head, events = _unpack(
-                    await call(shard.events_packed, sub.positions[k].seq, 1000, 0.0)
-                )
+                head, events = await shard.events_after(sub.positions[k].seq, 1000, 0.0)
                 if sub.positions[k].seq < head.oldest - 1:
                     # Pruned while this client caught up: it must come back and be reset.
                     raise Closed(CATCH_UP_CLOSE, "cursor fell out of the kept window: reconnect")
@@ -284,9 +279,3 @@ class Hub:
                     group.discard(listener)
                     if not group:
                         del index[name]
-
-
-def _unpack(packed: bytes) -> tuple[ShardHead, list[Event]]:
-    """A poll's reply: the events come as one msgpack blob (actors/shard/packed.py)."""
-    batch = EVENT_BATCH.decode(packed)
-    return batch.head, batch.events

@@ -16,7 +16,7 @@ from pathlib import Path
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.runtime.engine import Engine
+from actors.ports import EnginePort
 from engine.directory import check_id
 from gateway.auth import Auth
 from gateway.json_response import json
@@ -24,7 +24,7 @@ from storage.file_export import render_data_dir
 
 
 class FileExportApi:
-    def __init__(self, engine: Engine, auth: Auth) -> None:
+    def __init__(self, engine: EnginePort, auth: Auth) -> None:
         self.engine = engine
         self.auth = auth
 

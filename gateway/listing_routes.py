@@ -13,7 +13,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.runtime.engine import Engine, call
+from actors.ports import EnginePort
 from engine.errors import InvalidInput
 from engine.listing import Me, parse_limit
 from gateway.auth import Auth
@@ -29,7 +29,7 @@ def _paging(request: Request) -> tuple[str | None, int]:
 
 
 class ListingApi:
-    def __init__(self, engine: Engine, auth: Auth) -> None:
+    def __init__(self, engine: EnginePort, auth: Auth) -> None:
         self.engine = engine
         self.auth = auth
 
@@ -51,23 +51,23 @@ class ListingApi:
         kind = request.query_params.get("kind") or None
         if kind is not None and kind not in CHAT_KINDS:
             raise InvalidInput(f"kind must be one of {', '.join(CHAT_KINDS)}", code="invalid_kind")
-        return json(await call(self.engine.directory.list_chats, user, cursor, limit, kind))
+        return json(await self.engine.directory_port.list_chats(user, cursor, limit, kind))
 
     async def bots(self, request: Request) -> Response:
         user = await self._user_id(request)
         cursor, limit = _paging(request)
-        return json(await call(self.engine.directory.list_user_bots, user, cursor, limit))
+        return json(await self.engine.directory_port.list_user_bots(user, cursor, limit))
 
     async def channels(self, request: Request) -> Response:
         user = await self._user_id(request)
         cursor, limit = _paging(request)
-        return json(await call(self.engine.directory.list_user_channels, user, cursor, limit))
+        return json(await self.engine.directory_port.list_user_channels(user, cursor, limit))
 
     def admin_list(self, table: str):
         async def handler(request: Request) -> Response:
             await self.auth.admin(request)
             cursor, limit = _paging(request)
             org = request.query_params.get("org") or None
-            return json(await call(self.engine.directory.list_records, table, cursor, limit, org))
+            return json(await self.engine.directory_port.list_records(table, cursor, limit, org))
 
         return handler

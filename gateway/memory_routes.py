@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.contracts import RememberCall
-from actors.runtime.engine import Engine, call
+from actors.ports import EnginePort, ShardPort
 from engine import tags as tagmod
 from engine import widening
 from engine.directory import Bot, Principal, bot_org, bot_pool, require_use, require_write
@@ -28,20 +28,22 @@ _packer = msgspec.msgpack.Encoder()
 
 
 class MemoryApi:
-    def __init__(self, engine: Engine, auth: Auth, hub: Hub) -> None:
+    def __init__(self, engine: EnginePort, auth: Auth, hub: Hub) -> None:
         self.engine = engine
         self.auth = auth
         self.hub = hub
         self.cache = ReadCache(hub)
 
-    async def _memory_call(self, request: Request, *, write: bool = False):
+    async def _memory_call(
+        self, request: Request, *, write: bool = False
+    ) -> tuple[Bot, ShardPort, Reader]:
         """Caller, bot, the bot's shard and the caller's reader for a memory route."""
         principal = await self.auth.user(request)
         assert principal.user is not None
         bot = await self.auth.bot(request.path_params["bot"])
         (require_write if write else require_use)(bot, principal.user)
         reader = _reader(principal, request, bot)
-        return bot, self.engine.shard_for(bot.owner), reader
+        return bot, self.engine.shard_port(bot.owner), reader
 
     async def get_memory(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
@@ -49,8 +51,8 @@ class MemoryApi:
         if q is not None and q.strip():
             # Ranked keyword search (issue 11): never cached, the ranking is per query.
             limit = _limit(request.query_params.get("limit"))
-            body = await call(shard.search_memory_json, bot_pool(bot.id), reader, q, limit)
-            return Response(body, media_type="application/json")
+            found = await shard.search_memory_json(bot_pool(bot.id), reader, q, limit)
+            return Response(found, media_type="application/json")
         raw = request.query_params.get("tags")
         wanted = tuple(sorted({t.strip() for t in raw.split(",") if t.strip()})) if raw else ()
         pool = bot_pool(bot.id)
@@ -59,7 +61,7 @@ class MemoryApi:
         if body is None:
             generation = self.cache.generation(pool)
             await self.hub.start()
-            epoch, fill, body = await call(shard.read_memory_json, pool, reader, wanted)
+            epoch, fill, body = await shard.read_memory_json(pool, reader, wanted)
             shard_index = self.engine.shard_index(bot.owner)
             self.cache.put(key, shard_index, epoch, fill, body, generation)
         return Response(body, media_type="application/json")
@@ -89,9 +91,9 @@ class MemoryApi:
                     request_id=body.requestId,
                 )
                 # One bytes each way (remember_packed): the reply is the HTTP body.
-                entry = await call(shard.remember_packed, _packer.encode(remember))
-                return Response(entry, 201, media_type="application/json")
-            entry = await call(shard.forget, pool, reader, command.id, body.requestId)
+                created = await shard.remember_packed(_packer.encode(remember))
+                return Response(created, 201, media_type="application/json")
+            entry = await shard.forget(pool, reader, command.id, body.requestId)
             return json(entry)
 
     async def widen(self, request: Request) -> Response:
@@ -101,12 +103,12 @@ class MemoryApi:
         widening.check_grant(body.to)
         pool = bot_pool(bot.id)
         async with self._writing(pool):
-            done = await call(shard.widen, pool, request.path_params["id"], body.to, reader.user)
+            done = await shard.widen(pool, request.path_params["id"], body.to, reader.user)
         return json(done)
 
     async def memory_log(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
-        body = await call(shard.memory_log_json, bot_pool(bot.id), reader)
+        body = await shard.memory_log_json(bot_pool(bot.id), reader)
         return Response(body, media_type="application/json")
 
     async def purge(self, request: Request) -> Response:
@@ -114,17 +116,17 @@ class MemoryApi:
         body = wire.decode(await read_body(request), wire.Purge)
         tagmod.validate_purge_tag(body.tag)
         async with self._writing(bot_pool(bot.id)):
-            count = await call(shard.purge, bot_pool(bot.id), body.tag)
+            count = await shard.purge(bot_pool(bot.id), body.tag)
         return json({"count": count})
 
     async def get_memory_bot(self, request: Request) -> Response:
         bot, shard, _ = await self._memory_call(request)
-        return json(await call(shard.memory_bot_settings, bot_pool(bot.id)))
+        return json(await shard.memory_bot_settings(bot_pool(bot.id)))
 
     async def patch_memory_bot(self, request: Request) -> Response:
         bot, shard, _ = await self._memory_call(request, write=True)
         patch = wire.decode(await read_body(request), SettingsPatch)
-        return json(await call(shard.patch_memory_bot_settings, bot_pool(bot.id), patch))
+        return json(await shard.patch_memory_bot_settings(bot_pool(bot.id), patch))
 
 
 MEMORY_SEARCH_LIMIT = 20

@@ -34,7 +34,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.runtime.engine import Engine, call
+from actors.ports import EnginePort
 from gateway.auth import Auth
 
 access_log = logging.getLogger("openbot.access")
@@ -165,14 +165,14 @@ class _Shards:
 
 
 class MetricsApi:
-    def __init__(self, engine: Engine, auth: Auth) -> None:
+    def __init__(self, engine: EnginePort, auth: Auth) -> None:
         self.engine = engine
         self.auth = auth
 
     async def metrics(self, request: Request) -> Response:
         await self.auth.admin(request)
         answers = await asyncio.wait_for(
-            asyncio.gather(*(call(s.metrics) for s in self.engine.shards), return_exceptions=True),
+            asyncio.gather(*(s.metrics() for s in self.engine.shard_ports), return_exceptions=True),
             SCRAPE_TIMEOUT,
         )
         snapshots = [(k, a) for k, a in enumerate(answers) if isinstance(a, dict)]

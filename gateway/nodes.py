@@ -23,8 +23,7 @@ from typing import Any
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from actors.contracts import NodeHubPort
-from actors.runtime.node_hub_handle import RayNodeHub
+from actors.ports import NodeHubPort
 from engine.casing import fit, to_wire
 from engine.errors import OpenBotError
 from engine.models import Completion, ToolCall, Usage
@@ -66,9 +65,9 @@ def _decode(raw: bytes | str, kind: Any) -> Any:
 
 
 class NodesEndpoint:
-    def __init__(self, auth: Auth, prefix: str) -> None:
+    def __init__(self, auth: Auth, hub: NodeHubPort) -> None:
         self.auth = auth
-        self.prefix = prefix
+        self.hub = hub
 
     async def handle(self, ws: WebSocket) -> None:
         await ws.accept()
@@ -89,7 +88,7 @@ class NodesEndpoint:
             with contextlib.suppress(Exception):
                 await ws.close(4400, "say hello with the node's name and capabilities")
             return
-        hub = RayNodeHub(self.prefix)
+        hub = self.hub
         caps = hello.capabilities
         session = await hub.register(hello.node, caps.memory_isolation, caps.memory_extraction)
         await _send(ws, {"type": "welcome", "node": hello.node, "session": session})

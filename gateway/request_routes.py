@@ -9,16 +9,16 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.runtime.engine import Engine, call
+from actors.ports import EnginePort, ShardPort
 from engine.errors import InvalidInput, NotFound
-from engine.requests import STATUSES
+from engine.requests import STATUSES, RequestView
 from gateway import wire
 from gateway.auth import Auth
 from gateway.json_response import json, read_body
 
 
 class RequestsApi:
-    def __init__(self, engine: Engine, auth: Auth) -> None:
+    def __init__(self, engine: EnginePort, auth: Auth) -> None:
         self.engine = engine
         self.auth = auth
 
@@ -33,16 +33,16 @@ class RequestsApi:
         if status is not None and status not in STATUSES:
             raise InvalidInput(f"status must be one of {', '.join(STATUSES)}", code="bad_status")
         found = []
-        for shard in self.engine.shards:
-            found.extend(await call(shard.requests_of, user, channels, status))
+        for shard in self.engine.shard_ports:
+            found.extend(await shard.requests_of(user, channels, status))
         found.sort(key=lambda r: (r.createdAt, r.id))
         return json({"requests": found})
 
-    async def _find(self, request: Request):
+    async def _find(self, request: Request) -> tuple[RequestView, ShardPort, str]:
         user, channels = await self._caller(request)
         request_id = request.path_params["id"]
-        for shard in self.engine.shards:
-            view = await call(shard.request, request_id, user, channels)
+        for shard in self.engine.shard_ports:
+            view = await shard.request(request_id, user, channels)
             if view is not None:
                 return view, shard, user
         raise NotFound(f"no request {request_id}", code="request_not_found")
@@ -56,9 +56,9 @@ class RequestsApi:
         user, channels = await self._caller(request)
         body = wire.decode(await read_body(request), wire.Decision)
         request_id = request.path_params["id"]
-        for shard in self.engine.shards:
-            decided = await call(
-                shard.decide_request, request_id, user, channels, body.approved, body.note
+        for shard in self.engine.shard_ports:
+            decided = await shard.decide_request(
+                request_id, user, channels, body.approved, body.note
             )
             if decided is not None:
                 return json(decided)
@@ -68,6 +68,6 @@ class RequestsApi:
         """Open (or reopen) the caller's review chat of a request: no enrichment, no confide;
         the bot sees the proposal as it made it."""
         view, shard, user = await self._find(request)
-        chat = await call(self.engine.directory.review_chat, view.id, user, view.org, view.bot)
-        await call(shard.attach_review, view.id, chat.id)
+        chat = await self.engine.directory_port.review_chat(view.id, user, view.org, view.bot)
+        await shard.attach_review(view.id, chat.id)
         return json(chat, 201)

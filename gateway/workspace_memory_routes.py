@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.contracts import USING, WsAccess, WsListing, WsQuery
-from actors.runtime.engine import Engine, call
+from actors.ports import EnginePort, ShardPort
 from engine import projects as projmod
 from engine.directory import Principal, User, check_id, require_use, resolve_org
 from engine.errors import InvalidInput, NotFound
@@ -84,7 +84,7 @@ def _one_line_param(request: Request, name: str) -> str | None:
 
 
 class WorkspaceMemoryApi:
-    def __init__(self, engine: Engine, auth: Auth) -> None:
+    def __init__(self, engine: EnginePort, auth: Auth) -> None:
         self.engine = engine
         self.auth = auth
 
@@ -102,17 +102,17 @@ class WorkspaceMemoryApi:
         )
         return principal, access
 
-    async def _project_shard(self, project_id: str):
+    async def _project_shard(self, project_id: str) -> ShardPort:
         check_id(project_id, "project id")
-        owner = await call(self.engine.directory.project_owner, project_id)
+        owner = await self.engine.directory_port.project_owner(project_id)
         if owner is None:
             raise NotFound("no such project", code="project_not_found")
-        return self.engine.shard_for(owner)
+        return self.engine.shard_port(owner)
 
-    async def _entry_shard(self, entry_id: str):
+    async def _entry_shard(self, entry_id: str) -> ShardPort:
         check_id(entry_id, "memory id")
-        found = await asyncio.gather(*(call(s.ws_has_entry, entry_id) for s in self.engine.shards))
-        for shard, has in zip(self.engine.shards, found, strict=True):
+        found = await asyncio.gather(*(s.ws_has_entry(entry_id) for s in self.engine.shard_ports))
+        for shard, has in zip(self.engine.shard_ports, found, strict=True):
             if has:
                 return shard
         raise NotFound("no such memory", code="memory_not_found")
@@ -123,7 +123,7 @@ class WorkspaceMemoryApi:
         principal, access = await self._caller(request)
         me = access.account
         if request.method == "GET":
-            found = await asyncio.gather(*(call(s.ws_projects, me) for s in self.engine.shards))
+            found = await asyncio.gather(*(s.ws_projects(me) for s in self.engine.shard_ports))
             projects = sorted(
                 (p for part in found for p in part), key=lambda p: (p.createdAt, p.id)
             )
@@ -138,11 +138,11 @@ class WorkspaceMemoryApi:
                 change = msgspec.structs.replace(change, id=None)
             else:
                 pid = derived_project_id(me, change.requestId)
-            shard = self.engine.shard_for(me)
-            project = await call(shard.ws_save_project, me, org, change, pid)
+            shard = self.engine.shard_port(me)
+            project = await shard.ws_save_project(me, org, change, pid)
             return json(project, 201)
         shard = await self._project_shard(change.id)
-        project = await call(shard.ws_save_project, me, "", change, change.id)
+        project = await shard.ws_save_project(me, "", change, change.id)
         return json(project)
 
     # --- memories ---
@@ -185,7 +185,7 @@ class WorkspaceMemoryApi:
             bot = await self.auth.bot(bot_id)
             require_use(bot, user)
             names[bot.id] = bot.name
-        shards = self.engine.shards
+        shards = self.engine.shard_ports
         pools: dict[int, list[str]] = {}
         projects: dict[int, tuple[str, ...] | None] = {}
         if scope in (None, "bot"):
@@ -204,8 +204,7 @@ class WorkspaceMemoryApi:
         asks = sorted(set(pools) | set(projects))
         listings: list[WsListing] = await asyncio.gather(
             *(
-                call(
-                    shards[k].ws_entries,
+                shards[k].ws_entries(
                     access,
                     WsQuery(
                         pools=tuple(pools.get(k, ())),
@@ -265,32 +264,32 @@ class WorkspaceMemoryApi:
         body = decode_memory_write(await read_body(request))
         if isinstance(body, WsMemoryChange):
             shard = await self._entry_shard(body.id)
-            return json(await call(shard.ws_change_memory, access, body))
+            return json(await shard.ws_change_memory(access, body))
         projmod.check_request_id(body.requestId)
         bot = await self.auth.bot(body.bot)
         require_use(bot, principal.user)
         if body.scope == Scope.BOT:
-            shard = self.engine.shard_for(bot.owner)
+            shard = self.engine.shard_port(bot.owner)
         elif body.scope == Scope.USER:
-            shard = self.engine.shard_for(access.account)
+            shard = self.engine.shard_port(access.account)
         else:
             if not body.project:
                 raise InvalidInput("project scope needs a project", code="project_required")
             shard = await self._project_shard(body.project)
-        return json(await call(shard.ws_create_memory, access, body), 201)
+        return json(await shard.ws_create_memory(access, body), 201)
 
     async def forget(self, request: Request) -> Response:
         _, access = await self._caller(request)
         body = wire.decode(await read_body(request), WsForget)
         projmod.check_request_id(body.requestId)
         shard = await self._entry_shard(body.id)
-        return json(await call(shard.ws_change_memory, access, body))
+        return json(await shard.ws_change_memory(access, body))
 
     async def revisions(self, request: Request) -> Response:
         _, access = await self._caller(request)
         entry_id = request.path_params["id"]
         shard = await self._entry_shard(entry_id)
-        return json({"revisions": await call(shard.ws_revisions, access, entry_id)})
+        return json({"revisions": await shard.ws_revisions(access, entry_id)})
 
     async def export(self, request: Request) -> Response:
         principal, access = await self._caller(request)

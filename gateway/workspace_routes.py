@@ -6,9 +6,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.runtime.engine import Engine, call
+from actors.ports import EnginePort, ShardPort
 from engine.bot_policy import parse_profile_patch, profile
-from engine.directory import chat_home, require_use
+from engine.directory import Principal, chat_home, require_use
 from engine.errors import Forbidden, InvalidInput, NotFound, Unprocessable
 from engine.self_rules import Editor, parse_update, rules_view
 from gateway import wire
@@ -17,7 +17,7 @@ from gateway.json_response import json, read_body
 
 
 class WorkspaceApi:
-    def __init__(self, engine: Engine, auth: Auth) -> None:
+    def __init__(self, engine: EnginePort, auth: Auth) -> None:
         self.engine = engine
         self.auth = auth
 
@@ -25,8 +25,8 @@ class WorkspaceApi:
         principal = await self.auth.user(request)
         assert principal.user is not None
         chains = []
-        for shard in self.engine.shards:
-            chains.extend(await call(shard.collaborations, principal.user.id, principal.channels))
+        for shard in self.engine.shard_ports:
+            chains.extend(await shard.collaborations(principal.user.id, principal.channels))
         chains.sort(key=lambda c: (c.createdAt, c.id))
         return json({"collaborations": chains})
 
@@ -34,20 +34,20 @@ class WorkspaceApi:
         principal = await self.auth.user(request)
         assert principal.user is not None
         chain_id = request.path_params["id"]
-        for shard in self.engine.shards:
-            stopped = await call(
-                shard.stop_collaboration, chain_id, principal.user.id, principal.channels
+        for shard in self.engine.shard_ports:
+            stopped = await shard.stop_collaboration(
+                chain_id, principal.user.id, principal.channels
             )
             if stopped is not None:
                 return json(stopped)
         raise NotFound(f"no collaboration {chain_id}", code="collaboration_not_found")
 
-    async def _used_pools(self, principal) -> dict:
+    async def _used_pools(self, principal: Principal) -> dict[int, tuple[ShardPort, list[str]]]:
         """The caller's bots' memory pools by shard: the bots they may use."""
-        by_shard: dict = {}
+        by_shard: dict[int, tuple[ShardPort, list[str]]] = {}
         for bot_id in sorted(principal.bots):
             bot = await self.auth.bot(bot_id)
-            shard = self.engine.shard_for(bot.owner)
+            shard = self.engine.shard_port(bot.owner)
             by_shard.setdefault(id(shard), (shard, []))[1].append(f"bot:{bot.id}")
         return by_shard
 
@@ -57,7 +57,7 @@ class WorkspaceApi:
         assert principal.user is not None
         jobs = []
         for shard, pools in (await self._used_pools(principal)).values():
-            jobs.extend(await call(shard.memory_jobs, pools, principal.user.id, principal.channels))
+            jobs.extend(await shard.memory_jobs(pools, principal.user.id, principal.channels))
         jobs.sort(key=lambda j: (j.created_at, j.id))
         return json({"jobs": jobs})
 
@@ -66,9 +66,7 @@ class WorkspaceApi:
         assert principal.user is not None
         job_id = request.path_params["id"]
         for shard, pools in (await self._used_pools(principal)).values():
-            job = await call(
-                shard.retry_memory_job, job_id, pools, principal.user.id, principal.channels
-            )
+            job = await shard.retry_memory_job(job_id, pools, principal.user.id, principal.channels)
             if job is not None:
                 return json(job)
         raise NotFound(f"no memory job {job_id}", code="job_not_found")
@@ -80,17 +78,17 @@ class WorkspaceApi:
         if channel_id not in principal.channels:
             raise Forbidden("you are not a member of this group", code="not_member")
         body = wire.decode(await read_body(request), wire.GroupMode)
-        directory = self.engine.directory
-        channel = await call(directory.get_channel, channel_id)
+        directory = self.engine.directory_port
+        channel = await directory.get_channel(channel_id)
         if body.mode not in ("discussion", "delivery"):
             raise InvalidInput("mode must be discussion or delivery", code="invalid_mode")
         if body.mode == "delivery" and body.leader not in channel.bots:
             raise Unprocessable("a delivery group needs a leader among its bots", code="no_leader")
-        chat = await call(directory.group_chat, channel_id)
-        home = self.engine.shard_for(chat_home(chat))
+        chat = await directory.group_chat(channel_id)
+        home = self.engine.shard_port(chat_home(chat))
         # The home shard checks that the group is idle and switches under the chat's turn
         # lock: no turn can start between the check and the switch (issue 12).
-        channel = await call(home.switch_group_mode, chat.id, channel_id, body.mode, body.leader)
+        channel = await home.switch_group_mode(chat.id, channel_id, body.mode, body.leader)
         self.auth.directory_changed()
         return json(channel)
 
@@ -99,13 +97,13 @@ class WorkspaceApi:
         (WS-3: users edit rules in the client), checked against `expectedRevision`."""
         principal = await self.auth.user(request)
         assert principal.user is not None
-        bot = await call(self.engine.directory.get_bot, request.path_params["bot"])
+        bot = await self.engine.directory_port.get_bot(request.path_params["bot"])
         require_use(bot, principal.user)
         if request.method == "GET":
             return json(rules_view(bot))
         update = parse_update(wire.decode_any(await read_body(request)))
         editor = Editor(kind="user", id=principal.user.id)
-        changed = await call(self.engine.directory.update_rules, bot.id, update, editor)
+        changed = await self.engine.directory_port.update_rules(bot.id, update, editor)
         self.auth.directory_changed(bot.id)
         return json(rules_view(changed))
 
@@ -115,28 +113,28 @@ class WorkspaceApi:
         per-bot `team`/`collaboration` toggles are accepted and never override the policy."""
         principal = await self.auth.user(request)
         assert principal.user is not None
-        directory = self.engine.directory
-        bot = await call(directory.get_bot, request.path_params["bot"])
+        directory = self.engine.directory_port
+        bot = await directory.get_bot(request.path_params["bot"])
         require_use(bot, principal.user)
         ignored: list[str] = []
         if request.method == "PATCH":
             auto_record, ignored = parse_profile_patch(wire.decode_any(await read_body(request)))
             paused = bot.autoRecordPaused if auto_record is None else not auto_record
-            bot = await call(directory.pause_auto_record, bot.id, paused, principal.user.id)
+            bot = await directory.pause_auto_record(bot.id, paused, principal.user.id)
             self.auth.directory_changed(bot.id)
-        org = await call(directory.get_org, bot.org)
+        org = await directory.get_org(bot.org)
         return json(profile(bot, org, ignored))
 
     async def archive_bot(self, request: Request) -> Response:
         """Archive (or, with `{"archived": false}`, restore) a bot; needs write (WS-3)."""
         principal = await self.auth.user(request)
         assert principal.user is not None
-        directory = self.engine.directory
-        bot = await call(directory.get_bot, request.path_params["bot"])
+        directory = self.engine.directory_port
+        bot = await directory.get_bot(request.path_params["bot"])
         require_use(bot, principal.user)
         raw = await read_body(request)
         body = wire.decode(raw, wire.Archive) if raw.strip() else wire.Archive()
         editor = Editor(kind="user", id=principal.user.id)
-        bot = await call(directory.archive_bot, bot.id, body.archived, editor)
+        bot = await directory.archive_bot(bot.id, body.archived, editor)
         self.auth.directory_changed(bot.id)
-        return json(profile(bot, await call(directory.get_org, bot.org)))
+        return json(profile(bot, await directory.get_org(bot.org)))

@@ -3,6 +3,7 @@ uvicorn server on loopback serving the real app."""
 
 from __future__ import annotations
 
+import collections
 import os
 import secrets
 import shutil
@@ -120,6 +121,32 @@ def engine(ray_session, data_dir, model_stubs):
     # Every turn, learning run, group round, chain and extraction of the session ran with the
     # guard on: none may have held a pool lock across an actor or model call.
     assert caught == [[] for _ in eng.shards], caught
+
+
+class CountingPort:
+    """A port that counts the calls made through it, by method name."""
+
+    def __init__(self, port, seen: collections.Counter[str]) -> None:
+        self.port = port
+        self.seen = seen
+
+    def __getattr__(self, name: str):
+        method = getattr(self.port, name)
+
+        async def counted(*args, **kwargs):
+            self.seen[name] += 1
+            return await method(*args, **kwargs)
+
+        return counted
+
+
+def count_gateway_calls(monkeypatch, engine) -> collections.Counter[str]:
+    """The actor methods every gateway on `engine` calls through its ports, by name, until the
+    test ends (event pumps already running keep the ports they took and are not counted)."""
+    seen: collections.Counter[str] = collections.Counter()
+    monkeypatch.setattr(engine, "directory_port", CountingPort(engine.directory_port, seen))
+    monkeypatch.setattr(engine, "shard_ports", [CountingPort(p, seen) for p in engine.shard_ports])
+    return seen
 
 
 @pytest.fixture(scope="session", autouse=True)

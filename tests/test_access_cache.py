@@ -6,17 +6,14 @@ flight around it."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
 
 import httpx
 import pytest
 
-import gateway.auth
-from actors.runtime import engine as runtime
 from gateway.app import create_app
 from gateway.live_server import LiveServer
-from tests.conftest import ADMIN
+from tests.conftest import ADMIN, count_gateway_calls
 
 IN_FLIGHT = 32
 
@@ -31,15 +28,8 @@ def gateways(engine):
 
 
 @pytest.fixture
-def counted(monkeypatch):
-    seen: collections.Counter[str] = collections.Counter()
-
-    async def counting(method, *args, **kwargs):
-        seen[getattr(method, "_method_name", repr(method))] += 1
-        return await runtime.call(method, *args, **kwargs)
-
-    monkeypatch.setattr(gateway.auth, "call", counting)
-    return seen
+def counted(monkeypatch, engine):
+    return count_gateway_calls(monkeypatch, engine)
 
 
 async def _get(client: httpx.AsyncClient, path: str, token: str) -> tuple[float, int]:

@@ -1,5 +1,5 @@
-"""The actors' boundary (actors/contracts.py, actors/runtime/): a gateway speaks to the actors
-through their contracts and the Ray runtime only, and only runtime/ touches Ray."""
+"""The actors' boundary (actors/contracts.py, actors/ports.py, actors/runtime/): a gateway speaks
+to the actors through their messages and typed ports only, and only runtime/ touches Ray."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from actors.contracts import DirectoryPort, NodeHubPort, NodeInfo, ShardPort
+from actors.contracts import NodeInfo
 from actors.models.node_hub import NodeHubService, NodeModel
+from actors.ports import DirectoryPort, NodeHubPort, ShardPort
 from engine.models import Completion, Message
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,25 +39,30 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_gateway_loads_no_actor_implementation():
-    """In a fresh interpreter: importing the app loads the contracts and the runtime, never
-    numpy nor the shards', chats', workspace's or models' modules."""
+    """In a fresh interpreter: importing the app loads the contracts and the ports, never numpy,
+    Ray, the Ray runtime (a server hands the app an `EnginePort`) nor the shards', chats',
+    workspace's or models' modules."""
     code = "import json, sys; import gateway.app; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
-    assert "actors.contracts" in loaded and "actors.runtime.engine" in loaded
+    assert "actors.contracts" in loaded and "actors.ports" in loaded
     assert "numpy" not in loaded
+    assert sorted(m for m in loaded if m == "ray" or m.startswith("ray.")) == []
+    # actors/__init__.py sets Ray's environment (ray_env) for whoever imports Ray later.
+    runtime = {m for m in loaded if m.startswith("actors.runtime")}
+    assert runtime <= {"actors.runtime", "actors.runtime.ray_env"}, runtime
     leaked = sorted(m for m in loaded if m.startswith(IMPLEMENTATION))
     assert leaked == []
 
 
-def test_gateway_names_only_contracts_and_runtime():
+def test_gateway_names_only_contracts_ports_and_runtime():
     problems = []
     for path in (ROOT / "gateway").rglob("*.py"):
         for name in _imports(path):
             if name.startswith("actors") and not name.startswith(
-                ("actors.contracts", "actors.runtime")
+                ("actors.contracts", "actors.ports", "actors.runtime")
             ):
                 problems.append(f"{path.relative_to(ROOT)} imports {name}")
     assert problems == []
@@ -66,6 +72,9 @@ def test_contracts_import_engine_and_msgspec_only():
     stdlib = set(sys.stdlib_module_names)
     names = {n.split(".")[0] for n in _imports(ROOT / "actors" / "contracts.py")}
     assert names - stdlib <= {"engine", "msgspec"}
+    ports = _imports(ROOT / "actors" / "ports.py")
+    assert {n.split(".")[0] for n in ports} - stdlib <= {"engine", "actors"}
+    assert {n for n in ports if n.startswith("actors")} == {"actors.contracts"}
 
 
 def test_only_runtime_touches_ray():
@@ -122,8 +131,9 @@ def test_every_port_has_the_same_methods_locally_and_over_ray():
     the shard itself calls) and the Ray proxy (what another process calls) take the same
     parameters as the Protocol, so a call that works in-process works across actors."""
     from actors.directory import DirectoryService
+    from actors.runtime.directory_port import RayDirectory
     from actors.runtime.node_hub_handle import RayNodeHub
-    from actors.runtime.ports import RayDirectory, RayShard
+    from actors.runtime.ports import RayShard
     from actors.shard.service import ShardService
 
     pairs = [
@@ -139,3 +149,20 @@ def test_every_port_has_the_same_methods_locally_and_over_ray():
             for impl in (local, ray_proxy):
                 assert _signature(getattr(impl, name)) == want, (impl.__name__, name)
                 assert inspect.iscoroutinefunction(getattr(impl, name)), (impl.__name__, name)
+
+
+def test_the_engine_offers_every_member_of_the_port_a_gateway_holds():
+    """`Engine` (the Ray runtime) is what `create_app` gets as an `EnginePort`; its ports wrap
+    the handles it holds, one per shard, and route an account as `shard_index` does."""
+    from actors.ports import EnginePort
+    from actors.runtime.engine import Engine
+
+    engine = Engine(object(), [object(), object(), object()], None, "x")  # handles: never called
+    members = [n for n in vars(EnginePort) if not n.startswith("_")]
+    assert {"directory_port", "shard_ports", "shard_port", "node_hub", "backup"} <= set(members)
+    assert [n for n in members if not hasattr(engine, n)] == []
+    assert len(engine.shard_ports) == 3
+    for account in ("u_alice", "u_bob", "u_carol", "u_dan"):
+        port = engine.shard_port(account)
+        assert port is engine.shard_ports[engine.shard_index(account)]
+        assert port.name == f"x-shard-{engine.shard_index(account)}"

@@ -7,7 +7,6 @@ import asyncio
 
 import msgspec
 
-from actors.contracts import EventBatch
 from engine.events import (
     Audience,
     Event,
@@ -123,8 +122,8 @@ def test_a_send_that_fails_ends_the_outlet_without_a_close_code():
 
 
 class FakeShard:
-    """A shard's event log as the hub reads it (`event_head`, `events_after`); a replay
-    (`wait == 0`) can be held until released."""
+    """A shard's event log as the hub reads it through its port (`event_head`,
+    `events_after`); a replay (`wait == 0`) can be held until released."""
 
     def __init__(self, k: int) -> None:
         self.k = k
@@ -132,9 +131,6 @@ class FakeShard:
         self.grew = asyncio.Event()
         self.hold: asyncio.Future[None] | None = None
         self.pump_hold: asyncio.Future[None] | None = None
-        self.event_head = _Method(self._head)
-        self.events_after = _Method(self._after)
-        self.events_packed = _Method(self._packed)
 
     def append(self, user: str = "u1") -> None:
         seq = len(self.log) + 1
@@ -147,10 +143,10 @@ class FakeShard:
     def head(self) -> ShardHead:
         return ShardHead(epoch=f"e{self.k}", oldest=1, head=len(self.log))
 
-    async def _head(self) -> ShardHead:
+    async def event_head(self) -> ShardHead:
         return self.head()
 
-    async def _after(self, after: int, limit: int, wait: float):
+    async def events_after(self, after: int, limit: int = 1000, wait: float = 0.0):
         if wait == 0 and self.hold is not None:
             await self.hold
         if wait and self.pump_hold is not None:
@@ -159,18 +155,6 @@ class FakeShard:
             self.grew.clear()
             await self.grew.wait()
         return self.head(), self.log[after : after + limit]
-
-    async def _packed(self, after: int, limit: int, wait: float) -> bytes:
-        head, events = await self._after(after, limit, wait)
-        return msgspec.msgpack.encode(EventBatch(head=head, events=events))
-
-
-class _Method:
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    def remote(self, *args):
-        return self.fn(*args)
 
 
 def test_a_client_joins_the_shared_frames_only_once_live_on_every_shard():
@@ -185,7 +169,7 @@ def test_a_client_joins_the_shared_frames_only_once_live_on_every_shard():
         for shard in shards:
             for _ in range(3):
                 shard.append()
-        hub = Hub(SimpleNamespace(shards=shards))
+        hub = Hub(SimpleNamespace(shard_ports=shards))
         socket = Socket()
         listener = Listener(user="u1", orgs=frozenset())
         start = "W1siZTAiLDBdLFsiZTEiLDBdXQ"  # positions e0:0, e1:0
@@ -231,7 +215,7 @@ def test_a_cursor_from_a_faster_gateway_joins_the_shared_frames_once_the_hub_is_
         hold = asyncio.get_running_loop().create_future()
         for shard in shards:
             shard.pump_hold = hold  # this hub's pumps lag
-        hub = Hub(SimpleNamespace(shards=shards))
+        hub = Hub(SimpleNamespace(shard_ports=shards))
         await hub.start()
         shards[1].append()
         shards[1].append()  # seq 4 and 5: another gateway's client already has them
@@ -268,7 +252,7 @@ def test_a_client_going_live_while_a_batch_is_handed_out_misses_none_of_it(monke
         for _ in range(3):
             shard.append()
         shard.pump_hold = asyncio.get_running_loop().create_future()
-        hub = Hub(SimpleNamespace(shards=[shard]))
+        hub = Hub(SimpleNamespace(shard_ports=[shard]))
         listener = Listener(user="u1", orgs=frozenset())
         early, late = Socket(), Socket()
         joined: list[asyncio.Task[None]] = []
@@ -308,7 +292,7 @@ def test_a_client_that_stops_reading_holds_up_no_one(monkeypatch):
 
     async def scenario():
         shard = FakeShard(0)
-        hub = Hub(SimpleNamespace(shards=[shard]))
+        hub = Hub(SimpleNamespace(shard_ports=[shard]))
         listener = Listener(user="u1", orgs=frozenset())
         slow, fast = Socket(), Socket()
         slow.blocked = True

@@ -1,35 +1,25 @@
 """Fewer hops (issue 13): what a turn costs in actor calls made by the gateway.
 
-The gateway's calls are counted where it makes them (`call` in its route modules), by the actor
-method's name: a direct or group turn with `?wait=true` is one directory call for its whole
-context (chat, org, bot or channel and bots) and one shard call, besides resolving the token.
+The gateway's calls are counted at its ports (`EnginePort.directory_port`, `shard_ports`), by
+the actor method's name: a direct or group turn with `?wait=true` is one directory call for its
+whole context (chat, org, bot or channel and bots) and one shard call, besides resolving the
+token.
 """
 
 from __future__ import annotations
 
-import collections
 import secrets
 
 import pytest
 
-import gateway.auth
-import gateway.chat_routes
-from actors.runtime import engine as runtime
+from tests.conftest import count_gateway_calls
 from tests.openai_stub import completion
 
 
 @pytest.fixture
-def counted(monkeypatch):
+def counted(monkeypatch, engine):
     """The actor methods the gateway calls, by name, while the test runs."""
-    seen: collections.Counter[str] = collections.Counter()
-
-    async def counting(method, *args, **kwargs):
-        seen[getattr(method, "_method_name", repr(method))] += 1
-        return await runtime.call(method, *args, **kwargs)
-
-    for module in (gateway.chat_routes, gateway.auth):
-        monkeypatch.setattr(module, "call", counting)
-    return seen
+    return count_gateway_calls(monkeypatch, engine)
 
 
 def _bot(world, admin, owner="alice") -> str:

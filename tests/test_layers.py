@@ -5,6 +5,8 @@
 - no `other._private` access in actors/ and gateway/: a single-underscore attribute is read or
   written only on `self`/`cls` (or `super()`), and no module imports another's `_name`;
 - only actors/runtime/ imports `ray` (in actors/, gateway/, storage/ and engine/);
+- gateway/ reaches actors only through typed ports: no `.remote`, no `call(handle.method, ...)`,
+  no `Engine` handle attributes, no actors/runtime/ import outside the composition roots;
 - modules stay small: at most 500 lines in actors/ and gateway/, 800 anywhere.
 
 Issue 13 is removing today's violations in actors/ in several steps, so each rule names the
@@ -273,6 +275,58 @@ def test_allowed_ray_users_still_import_ray():
     assert sorted(ALLOWED_RAY - ray_users(ROOT)) == [], "fixed: delete from ALLOWED_RAY"
 
 
+# --- the gateway calls actors through typed ports only -----------------------------------------
+
+# A gateway holds an `EnginePort` (actors/ports.py) and awaits typed port methods. What would bring
+# actor handles back: Ray's `.remote`, the runtime's untyped helpers (`call(handle.method, ...)`)
+# and `Engine`'s raw handle attributes. Only the composition roots (they start Ray and build the
+# `Engine` they hand to the app) import actors/runtime/.
+ENGINE_HANDLES = {"shards", "directory", "shard_for"}
+UNTYPED_CALLS = {"call", "remote"}
+GATEWAY_ROOTS = {"gateway/server.py", "gateway/demo.py"}
+
+
+def _is_engine(node: ast.expr) -> bool:
+    """`engine`, `self.engine`, `app.engine`, ...: what names the engine."""
+    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+    return name == "engine" or name.endswith("_engine")
+
+
+def handle_uses(source: str, *, root: bool = False) -> Iterator[tuple[int, str]]:
+    """(line, what) for each way `source` reaches an actor other than through a typed port."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute):
+            if node.attr == "remote" or (node.attr in ENGINE_HANDLES and _is_engine(node.value)):
+                yield node.lineno, ast.unparse(node)
+        elif isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Name) and node.func.id in UNTYPED_CALLS:
+                yield node.lineno, ast.unparse(node)
+        elif not root and isinstance(node, ast.ImportFrom | ast.Import):
+            if isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""]
+            else:
+                modules = [a.name for a in node.names]
+            for module in modules:
+                if module == "actors.runtime" or module.startswith("actors.runtime."):
+                    yield node.lineno, f"import of {module}"
+
+
+def gateway_handle_uses(root: Path) -> list[str]:
+    out = []
+    for path in sorted((root / "gateway").rglob("*.py")):
+        rel = _rel(path, root)
+        for line, what in handle_uses(path.read_text(), root=rel in GATEWAY_ROOTS):
+            out.append(f"{rel}:{line} {what}")
+    return out
+
+
+def test_gateway_reaches_actors_only_through_typed_ports():
+    assert gateway_handle_uses(ROOT) == [], (
+        "await a port method (engine.shard_port(account).x(...), engine.directory_port.x(...)); "
+        "add the method to the port in actors/ports.py and its Ray proxy if it is missing"
+    )
+
+
 # --- module sizes ------------------------------------------------------------------------------
 
 SMALL_PACKAGES = ("actors/", "gateway/")
@@ -382,6 +436,36 @@ def test_ray_imports_are_found_wherever_they_are():
     assert imports_ray("from ray.util import get_placement_group\n")
     assert imports_ray("import os, ray.cluster_utils\n")
     assert not imports_ray("from actors.runtime import ray_env\nimport rayon\n")
+
+
+def test_handle_uses_flag_handles_untyped_calls_and_runtime_imports():
+    source = (
+        "from actors.runtime.engine import Engine, call\n"
+        "import actors.runtime.ports\n"
+        "from actors.ports import EnginePort\n"
+        "async def f(self, engine, shard):\n"
+        "    await call(self.engine.directory.get_bot, 'b')\n"
+        "    await shard.ping.remote()\n"
+        "    engine.shard_for('a')\n"
+        "    for s in self.engine.shards: pass\n"
+        "    await self.engine.directory_port.get_bot('b')\n"
+        "    await self.engine.shard_port('a').ping()\n"
+        "    self.directory = None\n"
+    )
+    found = {what for _, what in handle_uses(source)}
+    assert found == {
+        "import of actors.runtime.engine",
+        "import of actors.runtime.ports",
+        "call(self.engine.directory.get_bot, 'b')",
+        "self.engine.directory",
+        "shard.ping.remote",
+        "engine.shard_for",
+        "self.engine.shards",
+    }
+    assert {what for _, what in handle_uses(source, root=True)} == found - {
+        "import of actors.runtime.engine",
+        "import of actors.runtime.ports",
+    }
 
 
 def test_sizes_have_two_limits_and_skip_environments(tmp_path):

@@ -1,4 +1,4 @@
-"""Actor ports (actors/contracts.py) with their local implementations: shards and a directory in
+"""Actor ports (actors/ports.py) with their local implementations: shards and a directory in
 one process, wired through `Peers.connect`, run the same features as over Ray, without Ray and
 without patching anything."""
 

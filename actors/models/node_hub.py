@@ -21,8 +21,9 @@ import asyncio
 import itertools
 from collections.abc import Sequence
 
-from actors.contracts import NodeHubPort, NodeInfo, Work
+from actors.contracts import NodeInfo, Work
 from actors.models.errors import ModelError
+from actors.ports import NodeHubPort
 from engine.models import Completion, Message, Price, ToolSpec
 
 BUILTIN = "builtin"

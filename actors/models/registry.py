@@ -36,9 +36,9 @@ from typing import Protocol
 import httpx
 import msgspec
 
-from actors.contracts import NodeHubPort
 from actors.models.errors import ModelError
 from actors.models.node_hub import NodeModel
+from actors.ports import NodeHubPort
 from engine.errors import InvalidInput, OpenBotError
 from engine.models import (
     Completion,

@@ -6,6 +6,8 @@ actor with `num_cpus=0` so that actors never wait for a CPU. With an address, it
 existing cluster.
 
 All other code talks to actors through `Engine`, which names them and routes accounts to shards.
+A gateway holds it as an `EnginePort` (actors/ports.py): typed ports to the directory, the
+shards and the node hub, never an actor handle.
 
 On a cluster (README "Running on a cluster") the actors are detached, so that they outlive the
 gateway that happened to create them, and the shards are placed with Ray's scheduling options:
@@ -30,9 +32,11 @@ from typing import Any
 
 import ray
 
+from actors.runtime.directory_port import RayDirectory
+from actors.runtime.node_hub_handle import RayNodeHub
 from actors.runtime.placement import shard_of
-from actors.runtime.ports import remote
-from actors.runtime.ray_env import TOKEN_FILE, use_token_file
+from actors.runtime.ports import RayShard
+from actors.runtime.ray_env import TOKEN_FILE, loopback_only, use_token_file
 from engine.errors import InvalidInput, Unavailable
 
 NAMESPACE = "openbot"
@@ -121,12 +125,10 @@ def _check_shard_files(data_dir: Path, shards: int) -> None:
 def _require_loopback_env() -> None:
     """The embedded Ray binds to loopback only if `actors.runtime.ray_env` ran before `ray` was
     imported; otherwise Ray swaps 127.0.0.1 for the host's address and listens on every
-    interface. Refuse rather than start an exposed instance."""
-    from ray._private import ray_constants
-
-    if getattr(ray_constants, "ENABLE_RAY_CLUSTER", True) or os.environ.get("RAY_AUTH_MODE") != (
-        "token"
-    ):
+    interface. Refuse rather than start an exposed instance. Checked from what `ray_env` recorded
+    of the environment Ray was imported with (`loopback_only`), not from Ray's private constants:
+    those move between Ray releases."""
+    if not loopback_only():
         raise Unavailable(
             "ray was imported before actors.runtime.ray_env: the embedded Ray would listen beyond "
             "loopback (import actors first)",
@@ -263,7 +265,10 @@ def wait_for_cluster(nodes: int, timeout: float = 60.0) -> None:
 
 
 class Engine:
-    """Handles to the directory and shard actors, created or found by name."""
+    """The directory and shard actors, created or found by name: their handles (`directory`,
+    `shards`: tests, benchmarks, this module) and the typed ports over them that a gateway
+    holds (`EnginePort`: `directory_port`, `shard_ports`, `shard_port(account)`, `node_hub`).
+    """
 
     def __init__(
         self,
@@ -276,12 +281,21 @@ class Engine:
         self.shards = shards
         self.data_dir = data_dir
         self.prefix = prefix  # names the actors found by name (the node hub, peers)
+        self.directory_port = RayDirectory(f"{prefix}-directory", NAMESPACE, directory)
+        self.shard_ports = [
+            RayShard(f"{prefix}-shard-{k}", NAMESPACE, handle) for k, handle in enumerate(shards)
+        ]
+        self.node_hub = RayNodeHub(prefix, NAMESPACE)
 
     def shard_index(self, account_id: str) -> int:
         return shard_of(account_id, len(self.shards))
 
     def shard_for(self, account_id: str) -> Any:
+        """The shard actor's handle (tests, benchmarks); a gateway uses `shard_port`."""
         return self.shards[self.shard_index(account_id)]
+
+    def shard_port(self, account_id: str) -> RayShard:
+        return self.shard_ports[self.shard_index(account_id)]
 
     @classmethod
     def start(
@@ -394,8 +408,8 @@ class Engine:
             raise InvalidInput(f"{dest_dir} already exists", code="backup_exists") from e
         except (OSError, ValueError) as e:  # ValueError: a NUL in the path
             raise InvalidInput(f"cannot create {dest_dir!r}: {e}", code="backup_dir") from e
-        files = [await call(self.directory.backup, str(dest))]
-        files += [await call(s.backup, str(dest)) for s in self.shards]
+        files = [await self.directory_port.backup(str(dest))]
+        files += [await s.backup(str(dest)) for s in self.shard_ports]
         if with_key and self.data_dir is not None:
             files.append(str(write_key_copy(self.data_dir, dest / KEY_FILE)))
         return files
@@ -422,9 +436,3 @@ class Engine:
 
 def _bundles(group: Any) -> int:
     return len(group.bundle_specs) if group is not None else 1
-
-
-async def call(method: Any, *args: Any, **kwargs: Any) -> Any:
-    """Await an actor method; the engine's own errors come back as themselves, Ray's failures
-    as `Unavailable`. Every gateway call to an actor goes through here."""
-    return await remote(method, *args, **kwargs)

@@ -2,7 +2,7 @@
 
 A group chat's home shard runs the rounds, but each bot's step runs on the shard that holds
 the bot's memory (DESIGN §3: an account's pools live on one shard). Every call goes through a
-typed port (actors/contracts.py): `shard(i)` and `directory()` give the port, and asking for it
+typed port (actors/ports.py): `shard(i)` and `directory()` give the port, and asking for it
 is where the pool-lock guard (ACL-9) checks that no pool lock is held across the call.
 
 Calls to this shard itself stay local: an actor awaiting its own handle would queue behind
@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from actors.contracts import DirectoryPort, ShardPort
+from actors.ports import DirectoryPort, ShardPort
+from actors.runtime.directory_port import RayDirectory
 from actors.runtime.lock_guard import assert_no_pool_lock
 from actors.runtime.placement import shard_of
-from actors.runtime.ports import RayDirectory, RayShard
+from actors.runtime.ports import RayShard
 from engine.errors import Unavailable
 
 

@@ -1,6 +1,7 @@
-"""The actor ports (actors/contracts.py) over Ray actor handles: typed methods that name the
+"""The actor ports (actors/ports.py) over Ray actor handles: typed methods that name the
 remote method as an attribute, never as a string, and map Ray's failures as every actor call
 does (`remote`: the engine's own errors come back as themselves, Ray's as `Unavailable`).
+`RayShard` is here; `RayDirectory` in directory_port.py, `RayNodeHub` in node_hub_handle.py.
 
 Handles are found by name on first use and kept: a named actor that Ray restarts keeps its
 handle valid.
@@ -12,19 +13,37 @@ from collections.abc import Sequence
 from typing import Any
 
 from actors.contracts import (
+    EVENT_BATCH,
+    ChainView,
     Mirrored,
+    NodeInfo,
+    RevisionView,
     StepInput,
     StepOutcome,
+    TurnResult,
+    TurnStart,
     WsAccess,
     WsListing,
     WsQuery,
 )
 from actors.runtime.lock_guard import assert_no_pool_lock
-from engine.chat_records import ItemView
+from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.directory import Bot, Channel, Chat, Org
 from engine.errors import OpenBotError, Unavailable
-from engine.scoped_memory import Decision, Extraction, SourceItem
-from engine.self_rules import Editor, RulesUpdate
+from engine.events import Event, ShardHead
+from engine.memory import EntryView, Reader
+from engine.memory_bot import MemoryBotSettings, SettingsPatch
+from engine.projects import ProjectChange, ProjectCreate, ProjectView
+from engine.requests import RequestView
+from engine.scoped_memory import (
+    Decision,
+    Extraction,
+    SourceItem,
+    WsEntryView,
+    WsForget,
+    WsMemoryChange,
+    WsMemoryCreate,
+)
 from storage.stats import STATS
 
 
@@ -49,11 +68,14 @@ async def remote(method: Any, *args: Any, **kwargs: Any) -> Any:
         raise Unavailable("the engine is restarting; try again", code="engine_unavailable") from e
 
 
-class _Named:
-    def __init__(self, name: str, namespace: str) -> None:
+class NamedActor:
+    """An actor found by name on first use, or over the handle its creator already holds
+    (`Engine`: a gateway's ports)."""
+
+    def __init__(self, name: str, namespace: str, handle: Any = None) -> None:
         self.name = name
         self.namespace = namespace
-        self._handle: Any = None
+        self._handle: Any = handle
 
     def _actor(self) -> Any:
         if self._handle is None:
@@ -63,7 +85,7 @@ class _Named:
         return self._handle
 
 
-class RayShard(_Named):
+class RayShard(NamedActor):
     """`ShardPort` over the shard actor named `name`."""
 
     async def run_step(
@@ -103,60 +125,162 @@ class RayShard(_Named):
             self._actor().ws_extract, pool_id, contributor, proposals, sources, request_id, now
         )
 
+    # --- what a gateway asks ---
 
-class RayDirectory(_Named):
-    """`DirectoryPort` over the directory actor named `name`."""
+    async def start_turn(self, start: TurnStart, wait: bool = False) -> Turn | TurnResult:
+        return await remote(self._actor().start_turn, start, wait)
 
-    async def get_org(self, org_id: str) -> Org:
-        return await remote(self._actor().get_org, org_id)
+    async def verdict(self, chat: str, turn: str, user: str, accepted: bool, note: str) -> Turn:
+        return await remote(self._actor().verdict, chat, turn, user, accepted, note)
 
-    async def get_chat(self, chat_id: str) -> Chat:
-        return await remote(self._actor().get_chat, chat_id)
+    async def chat_items(self, chat: str) -> list[ItemView]:
+        return await remote(self._actor().chat_items, chat)
 
-    async def get_channel(self, channel_id: str) -> Channel:
-        return await remote(self._actor().get_channel, channel_id)
+    async def chat_item(self, chat: str, seq: int) -> ItemView | None:
+        return await remote(self._actor().chat_item, chat, seq)
 
-    async def get_bot(self, bot_id: str) -> Bot:
-        return await remote(self._actor().get_bot, bot_id)
+    async def delete_chat_items(self, chat: str, record: Chat | None = None) -> int:
+        return await remote(self._actor().delete_chat_items, chat, record)
 
-    async def find_bot(self, org: str, name_or_id: str) -> Bot:
-        return await remote(self._actor().find_bot, org, name_or_id)
+    async def confessions(self, chat: str) -> list[Confession]:
+        return await remote(self._actor().confessions, chat)
 
-    async def group_chat(self, channel_id: str) -> Chat:
-        return await remote(self._actor().group_chat, channel_id)
+    async def enrichments(self, chat: str) -> list[Enrichment]:
+        return await remote(self._actor().enrichments, chat)
 
-    async def agent_chat(self, root: Chat, peer: str, chain: str, link: str) -> Chat:
-        return await remote(self._actor().agent_chat, root, peer, chain, link)
+    async def switch_group_mode(
+        self, chat: str, channel: str, mode: str, leader: str | None
+    ) -> Channel:
+        return await remote(self._actor().switch_group_mode, chat, channel, mode, leader)
 
-    async def delivery_chat(
-        self, root_id: str, peer: str, asker: str, chain: str, link: str
-    ) -> tuple[Chat, Bot, Bot]:
-        return await remote(self._actor().delivery_chat, root_id, peer, asker, chain, link)
+    async def bot_node(self, model_name: str | None) -> NodeInfo:
+        return await remote(self._actor().bot_node, model_name)
 
-    async def register_chats(self, chats: list[Chat], durable: bool = True) -> int:
-        return await remote(self._actor().register_chats, chats, durable)
+    async def event_head(self) -> ShardHead:
+        return await remote(self._actor().event_head)
 
-    async def set_mode(self, channel_id: str, mode: str, leader: str | None) -> Channel:
-        return await remote(self._actor().set_mode, channel_id, mode, leader)
+    async def events_after(
+        self, seq: int, limit: int = 1000, wait: float = 0.0
+    ) -> tuple[ShardHead, list[Event]]:
+        # Over Ray the poll comes back as one msgpack `EventBatch` (actors/shard/packed.py):
+        # Ray would pickle the list of Events on both sides of every poll.
+        batch = EVENT_BATCH.decode(await remote(self._actor().events_packed, seq, limit, wait))
+        return batch.head, batch.events
 
-    async def update_rules(self, bot_id: str, update: RulesUpdate, editor: Editor) -> Bot:
-        return await remote(self._actor().update_rules, bot_id, update, editor)
+    async def metrics(self) -> dict:
+        return await remote(self._actor().metrics)
 
-    async def create_member(
-        self, creator_id: str, name: str, prompt: str | None, rules: dict | None
-    ) -> Bot:
-        return await remote(self._actor().create_member, creator_id, name, prompt, rules)
+    async def backup(self, dest_dir: str) -> str:
+        return await remote(self._actor().backup, dest_dir)
 
-    async def archive_bot(self, bot_id: str, archived: bool, editor: Editor) -> Bot:
-        return await remote(self._actor().archive_bot, bot_id, archived, editor)
+    async def read_memory_json(
+        self, pool_id: str, reader: Reader, tags: Sequence[str] = ()
+    ) -> tuple[str, int, bytes]:
+        return await remote(self._actor().read_memory_json, pool_id, reader, tags)
 
-    async def project_owner(self, project_id: str) -> str | None:
-        return await remote(self._actor().project_owner, project_id)
+    async def search_memory_json(self, pool_id: str, reader: Reader, q: str, limit: int) -> bytes:
+        return await remote(self._actor().search_memory_json, pool_id, reader, q, limit)
 
-    async def register_project(self, project_id: str, owner: str) -> str:
-        return await remote(self._actor().register_project, project_id, owner)
+    async def memory_log_json(self, pool_id: str, reader: Reader) -> bytes:
+        return await remote(self._actor().memory_log_json, pool_id, reader)
 
-    async def workspace_people(
-        self, org: str, users: list[str], channels: list[str]
-    ) -> tuple[list[str], dict[str, tuple[str, ...]]]:
-        return await remote(self._actor().workspace_people, org, users, channels)
+    async def remember_packed(self, call: bytes) -> bytes:
+        return await remote(self._actor().remember_packed, call)
+
+    async def remember(
+        self,
+        pool_id: str,
+        reader: Reader,
+        content: str,
+        topics: Sequence[str] = (),
+        request_id: str | None = None,
+    ) -> EntryView:
+        return await remote(self._actor().remember, pool_id, reader, content, topics, request_id)
+
+    async def forget(
+        self,
+        pool_id: str,
+        reader: Reader,
+        entry_id: str,
+        request_id: str | None = None,
+        expected_revision: int | None = None,
+    ) -> EntryView:
+        return await remote(
+            self._actor().forget, pool_id, reader, entry_id, request_id, expected_revision
+        )
+
+    async def widen(
+        self, pool_id: str, entry_id: str, grant: str, requester: str
+    ) -> dict[str, object]:
+        return await remote(self._actor().widen, pool_id, entry_id, grant, requester)
+
+    async def purge(self, pool_id: str, tag: str) -> int:
+        return await remote(self._actor().purge, pool_id, tag)
+
+    async def memory_bot_settings(self, pool_id: str) -> MemoryBotSettings:
+        return await remote(self._actor().memory_bot_settings, pool_id)
+
+    async def patch_memory_bot_settings(
+        self, pool_id: str, patch: SettingsPatch
+    ) -> MemoryBotSettings:
+        return await remote(self._actor().patch_memory_bot_settings, pool_id, patch)
+
+    async def requests_of(
+        self, user: str, channels: frozenset[str], status: str | None = None
+    ) -> list[RequestView]:
+        return await remote(self._actor().requests_of, user, channels, status)
+
+    async def request(
+        self, request_id: str, user: str, channels: frozenset[str]
+    ) -> RequestView | None:
+        return await remote(self._actor().request, request_id, user, channels)
+
+    async def decide_request(
+        self, request_id: str, user: str, channels: frozenset[str], approved: bool, note: str
+    ) -> RequestView | None:
+        return await remote(
+            self._actor().decide_request, request_id, user, channels, approved, note
+        )
+
+    async def attach_review(self, request_id: str, chat: str) -> RequestView:
+        return await remote(self._actor().attach_review, request_id, chat)
+
+    async def collaborations(self, user: str, channels: frozenset[str]) -> list[ChainView]:
+        return await remote(self._actor().collaborations, user, channels)
+
+    async def stop_collaboration(
+        self, chain_id: str, user: str, channels: frozenset[str]
+    ) -> ChainView | None:
+        return await remote(self._actor().stop_collaboration, chain_id, user, channels)
+
+    async def memory_jobs(
+        self, pools: Sequence[str], user: str, channels: frozenset[str]
+    ) -> list[LearningJob]:
+        return await remote(self._actor().memory_jobs, pools, user, channels)
+
+    async def retry_memory_job(
+        self, job_id: str, pools: Sequence[str], user: str, channels: frozenset[str]
+    ) -> LearningJob | None:
+        return await remote(self._actor().retry_memory_job, job_id, pools, user, channels)
+
+    async def ws_projects(self, user: str) -> list[ProjectView]:
+        return await remote(self._actor().ws_projects, user)
+
+    async def ws_save_project(
+        self, actor: str, org: str, request: ProjectCreate | ProjectChange, project_id: str
+    ) -> ProjectView:
+        return await remote(self._actor().ws_save_project, actor, org, request, project_id)
+
+    async def ws_has_entry(self, entry_id: str) -> bool:
+        return await remote(self._actor().ws_has_entry, entry_id)
+
+    async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView:
+        return await remote(self._actor().ws_create_memory, access, body)
+
+    async def ws_change_memory(
+        self, access: WsAccess, body: WsMemoryChange | WsForget
+    ) -> WsEntryView:
+        return await remote(self._actor().ws_change_memory, access, body)
+
+    async def ws_revisions(self, access: WsAccess, entry_id: str) -> list[RevisionView]:
+        return await remote(self._actor().ws_revisions, access, entry_id)

@@ -19,13 +19,34 @@ from __future__ import annotations
 import os
 import sys
 
+# Ray's documented switch for multi-node clusters on Windows and macOS (set to 1 there to allow
+# them). Off, Ray keeps a node's address on loopback instead of looking up the host's, on Linux
+# too (measured: STACK-NOTES). Ray reads it once, when `ray` is imported.
+CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
 JOINING = bool(os.environ.get("OPENBOT_RAY_ADDRESS") or os.environ.get("RAY_ADDRESS"))
 EMBEDDED = not JOINING and "ray" not in sys.modules
 
 if EMBEDDED:
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ[CLUSTER_SWITCH] = "0"
     os.environ["RAY_AUTH_MODE"] = "token"  # never `disabled`, whatever the caller's shell says
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+# The switch as Ray read (or, not imported yet, will read) it: taken now, since a later change of
+# the environment does not reach an imported Ray. Ray counts it on only as "true" or "1", and on
+# when it is unset (Linux).
+_SWITCH_AT_IMPORT = os.environ.get(CLUSTER_SWITCH)
+
+
+def loopback_only() -> bool:
+    """Whether a local Ray started by this process listens on loopback only and requires its
+    token: the cluster switch was off when `ray` was imported, and token auth is on. False when
+    `ray` was imported before this module with the host's defaults (it would bind beyond
+    loopback). Public values only; no `ray._private` constant is read."""
+    switch = _SWITCH_AT_IMPORT
+    switch_off = switch is not None and switch.lower() not in ("true", "1")
+    return switch_off and os.environ.get("RAY_AUTH_MODE") == "token"
+
 
 TOKEN_FILE = "ray.token"  # beside master.key and admin.token in the data directory
 

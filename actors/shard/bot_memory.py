@@ -27,7 +27,7 @@ from engine.learning import ContextEntry, context_entry, context_selection
 from engine.memory import EntryMeta, Reader
 from engine.order import in_memory_order
 from engine.scoped_memory import WsEntry, WsStatus
-from engine.visibility import Visibility, directly_visible
+from engine.visibility import Visibility
 
 CONTEXT_HITS = 32  # ranked hits an input's context takes first (`BotMemory.context_for`)
 
@@ -59,24 +59,6 @@ class Records(Mapping[str, EntryMeta]):
         return self.ws is not None and entry_id in self.ws.stored.entries
 
 
-def record_check(ws: WsPool, reader: Reader) -> Callable[[WsEntry], bool]:
-    """Whether `reader` may see a workspace record of bot pool `ws`, checked record by record
-    (search checks only the records its ranking reaches). A record is pinned: its own tags and
-    topics alone decide, with no lock needed (its writes change it in one synchronous step),
-    and a pool's records share a few tag sets, so each set is checked once per read."""
-    records = Records(ws)
-    memo: dict[tuple[tuple[str, ...], tuple[str, ...]], bool] = {}
-
-    def visible(record: WsEntry) -> bool:
-        key = (record.tags, record.topics)
-        seen = memo.get(key)
-        if seen is None:
-            seen = memo[key] = directly_visible(reader, records[record.id])
-        return seen
-
-    return visible
-
-
 @dataclass
 class Snapshot:
     """The union of one bot pool as one reader may see it, valid while the read lock is held."""
@@ -89,22 +71,14 @@ class Snapshot:
     visibility: Visibility
     open: Callable[[str], str]
 
-    def record_visible(self, record: WsEntry, memo: dict) -> bool:
-        # A record is pinned: its system tags alone decide (its topics never do), and a pool's
-        # records share a few tag sets, so each set is checked once per read.
-        seen = memo.get(record.tags)
-        if seen is None:
-            seen = memo[record.tags] = directly_visible(self.reader, self.records[record.id])
-        return seen
-
     def visible_records(self, *, active: bool = False) -> list[WsEntry]:
         if self.ws is None:
             return []
-        memo: dict = {}
+        visible = bm.record_check(self.reader)  # the one record check (engine/bot_memory.py)
         return [
             r
             for r in self.ws.stored.entries.values()
-            if (not active or r.status == WsStatus.ACTIVE) and self.record_visible(r, memo)
+            if (not active or r.status == WsStatus.ACTIVE) and visible(r)
         ]
 
     def visible_seeds(self, *, active: bool = False) -> list[EntryMeta]:
@@ -134,7 +108,7 @@ def _best(snap: Snapshot, keys: list[int], limit: int) -> list[tuple[str, float]
     candidates, vis = snap.pool.candidates(reader), snap.visibility
     found = snap.pool.terms.search(keys, limit, lambda i: i in candidates and vis.usable(i))
     if snap.ws is not None:
-        visible = record_check(snap.ws, reader)
+        visible = bm.record_check(reader)
         records = snap.ws.stored.entries
 
         def usable(i: str) -> bool:

@@ -18,7 +18,6 @@ from engine.errors import NotFound
 from engine.events import NOBODY, Audience
 from engine.memory import Reader, Scope
 from engine.scoped_memory import WsEntry
-from engine.visibility import directly_visible
 
 
 class WsRules:
@@ -60,7 +59,7 @@ class WsRules:
         """A bot record is the caller's to read or change only when its tags admit them."""
         if entry.scope != Scope.BOT:
             return True
-        return directly_visible(self.bot_reader(pool, access), bm.as_meta(entry))
+        return bm.record_visible(self.bot_reader(pool, access), entry)
 
     def bot_reader(self, pool: WsPool, access: WsAccess) -> Reader:
         """The seed-000 reader of a bot pool for a workspace caller: in the bot's home org when

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from actors.contracts import WsAccess, WsListing, WsQuery
-from actors.shard.bot_memory import BotMemory, record_check
+from actors.shard.bot_memory import BotMemory
 from actors.shard.kernel import ShardKernel
 from actors.shard.pool import Pool
 from actors.workspace.access import WsRules
@@ -66,9 +66,7 @@ def record_filter(
     entries = pool.stored.entries
     status, contributor = query.status, query.contributor
     visible = (
-        record_check(pool, ws.rules.bot_reader(pool, access))
-        if pool.id.startswith("bot:")
-        else None
+        bm.record_check(ws.rules.bot_reader(pool, access)) if pool.id.startswith("bot:") else None
     )
 
     def ok(entry_id: str) -> bool:

@@ -107,6 +107,14 @@ class OpenAIStub:
         if isinstance(answer, tuple) and answer[0] == "delay":
             await asyncio.sleep(answer[1])
             answer = answer[2]
+        if isinstance(answer, tuple) and answer[0] == "gate":
+            # ("gate", threading.Event, answer): held until the test opens the gate (at most
+            # 60 s), so "while the step runs" does not depend on how loaded the machine is.
+            gate, answer = answer[1], answer[2]
+            for _ in range(6000):
+                if gate.is_set():
+                    break
+                await asyncio.sleep(0.01)
         if answer == self.HANG:
             await asyncio.sleep(3600)
         if answer == self.GARBAGE:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import secrets
+import threading
 import time
 
 import pytest
@@ -306,6 +307,7 @@ def test_self_rules_revisions_and_the_creator_lock(world, admin, bot_model, engi
 def test_a_delivery_group_runs_through_its_leader_and_the_person_decides(world, admin, bot_model):
     bots = _bots(world, admin, "Lead", "Crew")
     lead, crew = bots["Lead"], bots["Crew"]
+    slow_step = threading.Event()  # the lead's "slow goal" step runs until this is set
     channel = admin.post(
         "/v1/admin/channels",
         json={
@@ -326,7 +328,7 @@ def test_a_delivery_group_runs_through_its_leader_and_the_person_decides(world, 
             if "[delivery from" in text:
                 return completion("Final result: the poster is ready.")
             if "slow" in text:
-                return ("delay", 1.0, completion("Thinking slowly."))
+                return ("gate", slow_step, completion("Thinking slowly."))
             assert any("You lead this group" in str(m["content"]) for m in body["messages"])
             msg = {"agent": crew["name"], "message": "Draw the poster"}
             return completion(None, tool_calls=[("workspace_send_to_agent", msg)])
@@ -363,6 +365,7 @@ def test_a_delivery_group_runs_through_its_leader_and_the_person_decides(world, 
         assert slow.status_code == 202
         busy = alice.post(mode, json={"mode": "discussion"})
         assert busy.status_code == 409 and busy.json()["error"]["code"] == "group_busy"
+        slow_step.set()
         deadline = time.monotonic() + 10
         while (switched := alice.post(mode, json={"mode": "discussion"})).status_code == 409:
             assert time.monotonic() < deadline

@@ -17,7 +17,7 @@ from engine.directory import Bot, Channel, Chat, Org
 from engine.events import Event, ShardHead
 from engine.memory import Reader
 from engine.models import Message, ToolSpec
-from engine.scoped_memory import WsEntryView
+from engine.scoped_memory import WsEntryView, WsMemoryCreate
 from engine.workspace_search import Hit
 
 # --- the directory's access revision (gateways -> the directory; actors/access_watch.py) ---
@@ -185,6 +185,19 @@ class WsAccess(msgspec.Struct, frozen=True, kw_only=True):
     bots: frozenset[str] = frozenset()
     orgs: tuple[str, ...] = ()
     channels: frozenset[str] = frozenset()
+
+
+class WsCreateCall(msgspec.Struct, frozen=True, kw_only=True):
+    """`ws_create_memory`'s arguments as ONE msgpack blob (`ws_create_memory_packed`,
+    actors/shard/packed.py): as for Remember, Ray pickles Structs on both sides of every call,
+    while one bytes argument and one bytes reply cost it next to nothing."""
+
+    access: WsAccess
+    body: WsMemoryCreate
+
+
+WS_CREATE_CALL = msgspec.msgpack.Decoder(WsCreateCall)
+WS_ENTRY_VIEW = msgspec.msgpack.Decoder(WsEntryView)
 
 
 class WsQuery(msgspec.Struct, frozen=True, kw_only=True):

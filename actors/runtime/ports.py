@@ -12,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from actors.contracts import (
     EVENT_BATCH,
+    WS_ENTRY_VIEW,
     ChainView,
     Mirrored,
     NodeInfo,
@@ -23,6 +26,7 @@ from actors.contracts import (
     TurnResult,
     TurnStart,
     WsAccess,
+    WsCreateCall,
     WsListing,
     WsQuery,
 )
@@ -45,6 +49,8 @@ from engine.scoped_memory import (
     WsMemoryCreate,
 )
 from storage.stats import STATS
+
+_packer = msgspec.msgpack.Encoder()
 
 
 async def remote(method: Any, *args: Any, **kwargs: Any) -> Any:
@@ -275,7 +281,9 @@ class RayShard(NamedActor):
         return await remote(self._actor().ws_has_entry, entry_id)
 
     async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView:
-        return await remote(self._actor().ws_create_memory, access, body)
+        # One bytes each way (actors/shard/packed.py): Ray would pickle both Structs and the reply.
+        call = _packer.encode(WsCreateCall(access=access, body=body))
+        return WS_ENTRY_VIEW.decode(await remote(self._actor().ws_create_memory_packed, call))
 
     async def ws_change_memory(
         self, access: WsAccess, body: WsMemoryChange | WsForget

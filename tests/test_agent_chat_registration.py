@@ -12,16 +12,9 @@ from actors.contracts import TurnStart
 from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
 from actors.shard.service import ShardService
-from engine.directory import Chat, OrgSettings, agent_chat
+from engine.directory import Chat, agent_chat
 from engine.errors import Unavailable
-
-SCRIPT = """
-default = "Result received and merged into my work."
-after_tool = "Handed on; the answer will follow."
-[[rules]]
-match = '^start$'
-tool_calls = [{ name = "workspace_send_to_agent", arguments = { agent = "Peer", message = "x" } }]
-"""
+from tests.chain_kit import PEER_SCRIPT, ann_org, asker_and_peer
 
 
 class CrashingDirectory:
@@ -46,7 +39,7 @@ class CrashingDirectory:
 
 def test_an_agent_chat_the_directory_missed_is_registered_after_a_restart(tmp_path: Path):
     script = tmp_path / "chain.toml"
-    script.write_text(SCRIPT)
+    script.write_text(PEER_SCRIPT)
     models = {"s": ScriptedModel.from_file("s", str(script))}
 
     async def before_crash() -> tuple[str, str, list[str], bool, tuple[int, int]]:
@@ -55,11 +48,7 @@ def test_an_agent_chat_the_directory_missed_is_registered_after_a_restart(tmp_pa
         crashing = CrashingDirectory(directory)
         svc.peers.connect(directory=crashing)  # type: ignore[arg-type]
         try:
-            org = await directory.create_org("o", "o_1", OrgSettings(botMemory=False))
-            await directory.create_user("Ann", [org.id], "u_ann")
-            asker = await directory.create_bot(name="Asker", org=org.id, owner="u_ann", model="s")
-            await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
-            chat = await directory.create_chat("u_ann", None, bot=asker.id)
+            org, asker, chat = await asker_and_peer(directory)
             start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
             await svc.start_turn(start, True)
             await svc.chains_idle()
@@ -140,8 +129,7 @@ def test_concurrent_registrations_of_the_same_chats_make_each_once(tmp_path: Pat
     async def scenario() -> tuple[list[int], dict[str, Chat], list[Chat], dict[str, Chat]]:
         directory = DirectoryService(tmp_path)
         try:
-            org = await directory.create_org("o", "o_1", OrgSettings(botMemory=False))
-            await directory.create_user("Ann", [org.id], "u_ann")
+            org = await ann_org(directory)
             bot = await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
             root = await directory.create_chat("u_ann", None, bot=bot.id)
             links = [f"dlv_{k:04d}" for k in range(6)]
@@ -178,8 +166,7 @@ def test_a_shown_chat_is_visible_at_once_and_written_soon(tmp_path: Path):
     async def scenario() -> tuple[bool, bool, bool, bool]:
         directory = DirectoryService(tmp_path)
         try:
-            org = await directory.create_org("o", "o_1", OrgSettings(botMemory=False))
-            await directory.create_user("Ann", [org.id], "u_ann")
+            org = await ann_org(directory)
             bot = await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
             root = await directory.create_chat("u_ann", None, bot=bot.id)
             shown = agent_chat(root, bot.id, "col_1", "dlv_shown", 1)
@@ -220,7 +207,7 @@ def test_a_deliverys_items_are_staged_only_once_the_directory_shows_its_chat(tmp
     of a delivery is staged (so no event of its agent chat goes out) before the directory
     shows the chat, however slowly it does."""
     script = tmp_path / "chain.toml"
-    script.write_text(SCRIPT)
+    script.write_text(PEER_SCRIPT)
 
     async def scenario() -> tuple[list[str], list[str]]:
         svc = ShardService(tmp_path, 0, models={"s": ScriptedModel.from_file("s", str(script))})
@@ -241,11 +228,7 @@ def test_a_deliverys_items_are_staged_only_once_the_directory_shows_its_chat(tmp
 
         kernel.stage = checked  # type: ignore[method-assign]
         try:
-            org = await directory.create_org("o", "o_1", OrgSettings(botMemory=False))
-            await directory.create_user("Ann", [org.id], "u_ann")
-            asker = await directory.create_bot(name="Asker", org=org.id, owner="u_ann", model="s")
-            await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
-            chat = await directory.create_chat("u_ann", None, bot=asker.id)
+            org, asker, chat = await asker_and_peer(directory)
             start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
             await svc.start_turn(start, True)
             await svc.chains_idle()

@@ -13,16 +13,8 @@ from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
 from actors.shard.batch import Batch
 from actors.shard.service import ShardService
-from engine.directory import OrgSettings
 from engine.errors import StorageError
-
-SCRIPT = """
-default = "Result received and merged into my work."
-after_tool = "Handed on; the answer will follow."
-[[rules]]
-match = '^start$'
-tool_calls = [{ name = "workspace_send_to_agent", arguments = { agent = "Peer", message = "x" } }]
-"""
+from tests.chain_kit import PEER_SCRIPT, ann_org, asker_and_peer
 
 
 class CountingDirectory:
@@ -44,7 +36,7 @@ class CountingDirectory:
 
 def test_a_delivery_reads_nothing_and_writes_in_few_transactions(tmp_path: Path):
     script = tmp_path / "chain.toml"
-    script.write_text(SCRIPT)
+    script.write_text(PEER_SCRIPT)
 
     async def scenario():
         svc = ShardService(tmp_path, 0, models={"s": ScriptedModel.from_file("s", str(script))})
@@ -52,12 +44,7 @@ def test_a_delivery_reads_nothing_and_writes_in_few_transactions(tmp_path: Path)
         counting = CountingDirectory(directory)
         svc.peers.connect(directory=counting)  # type: ignore[arg-type]
         try:
-            org = await directory.create_org("o", "o_1", OrgSettings(botMemory=False))
-            await directory.create_user("Ann", [org.id], "u_ann")
-            asker = await directory.create_bot(name="Asker", org=org.id, owner="u_ann", model="s")
-            await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
-
-            chat = await directory.create_chat("u_ann", None, bot=asker.id)
+            org, asker, chat = await asker_and_peer(directory)
 
             async def chain() -> tuple[int, int, collections.Counter]:
                 reads, tx = [0], svc.committer.transactions
@@ -130,8 +117,7 @@ def test_a_capped_linear_chain_costs_one_transaction_a_hop(tmp_path: Path):
         counting = CountingDirectory(directory)
         svc.peers.connect(directory=counting)  # type: ignore[arg-type]
         try:
-            org = await directory.create_org("o", "o_1", OrgSettings(botMemory=False))
-            await directory.create_user("Ann", [org.id], "u_ann")
+            org = await ann_org(directory)
             bots = [
                 await directory.create_bot(name=f"L{k}", org=org.id, owner="u_ann", model="s")
                 for k in range(3)
@@ -183,8 +169,7 @@ def test_a_delivery_overlaps_its_sends_commit_but_stores_nothing_if_it_fails(tmp
         stage = kernel.stage
         failed: list[Batch] = []
         try:
-            org = await directory.create_org("o", "o_1", OrgSettings(botMemory=False))
-            await directory.create_user("Ann", [org.id], "u_ann")
+            org = await ann_org(directory)
             bots = [
                 await directory.create_bot(name=f"L{k}", org=org.id, owner="u_ann", model="s")
                 for k in range(3)

@@ -1,0 +1,31 @@
+"""What the in-process chain tests share (no Ray): a scripted model whose bot sends "start" on
+to a bot named Peer, and a directory holding Ann's org, an Asker and a Peer bot, and her direct
+chat with Asker."""
+
+from __future__ import annotations
+
+from actors.directory import DirectoryService
+from engine.directory import Bot, Chat, Org, OrgSettings
+
+PEER_SCRIPT = """
+default = "Result received and merged into my work."
+after_tool = "Handed on; the answer will follow."
+[[rules]]
+match = '^start$'
+tool_calls = [{ name = "workspace_send_to_agent", arguments = { agent = "Peer", message = "x" } }]
+"""
+
+
+async def ann_org(directory: DirectoryService) -> Org:
+    org = await directory.create_org("o", "o_1", OrgSettings(botMemory=False))
+    await directory.create_user("Ann", [org.id], "u_ann")
+    return org
+
+
+async def asker_and_peer(directory: DirectoryService) -> tuple[Org, Bot, Chat]:
+    """Ann's org, the Asker bot (Peer beside it, both on model "s") and her chat with Asker."""
+    org = await ann_org(directory)
+    asker = await directory.create_bot(name="Asker", org=org.id, owner="u_ann", model="s")
+    await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
+    chat = await directory.create_chat("u_ann", None, bot=asker.id)
+    return org, asker, chat

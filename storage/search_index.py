@@ -99,6 +99,28 @@ def _unique(keys: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(uniq.tolist(), counts.tolist(), strict=True))
 
 
+def _order_by_key(keys: np.ndarray) -> np.ndarray:
+    """`np.argsort(keys, kind="stable")` for int64 keys, in a fraction of its time (a pool's
+    load sorts about a million postings). A plain sort of numbers is many times faster than an
+    argsort here, so each position rides in the low bits of its key's high bits and one sort
+    orders both: by key, ties by position. Two keys whose high bits agree (random 64-bit
+    hashes: rare) may come out interleaved; that is checked, and the stable argsort used."""
+    n = keys.size
+    bits = max(1, (n - 1).bit_length())
+    if n < 4_096 or bits > 40:
+        return np.argsort(keys, kind="stable")
+    # Unsigned order of the keys with their sign bit flipped is their signed order.
+    u = keys.view(np.uint64) ^ np.uint64(1 << 63)
+    mixed = (u >> np.uint64(bits)) << np.uint64(bits)
+    mixed |= np.arange(n, dtype=np.uint64)
+    mixed.sort()
+    order = (mixed & np.uint64((1 << bits) - 1)).astype(np.int64)
+    ranked = keys[order]
+    if n > 1 and not (ranked[1:] >= ranked[:-1]).all():
+        return np.argsort(keys, kind="stable")
+    return order
+
+
 def pack_keys(keys: np.ndarray) -> bytes:
     return np.asarray(keys, dtype="<i8").tobytes()
 
@@ -165,7 +187,7 @@ class TermIndex:
         tf = np.diff(np.append(starts, all_keys.size)).astype(np.float32)
         run_keys, run_rows = all_keys[starts], owners[starts]
         if fresh:
-            order = np.argsort(run_keys, kind="stable")  # by term; rows stay in order
+            order = _order_by_key(run_keys)  # by term; rows stay in order
             sorted_keys = run_keys[order]
             new_term = np.ones(sorted_keys.size, dtype=bool)
             new_term[1:] = sorted_keys[1:] != sorted_keys[:-1]

@@ -151,11 +151,11 @@ def _assemble(
         at += size
     del buf
     with paused_gc():
-        last = {entry: k for k, entry in enumerate(ids)}  # a later vector replaces an earlier
+        last = dict(zip(ids, range(len(ids)), strict=True))  # a later vector replaces an earlier
         if len(last) != len(ids):
             keep = sorted(last.values())
             ids, fps, mat = [ids[k] for k in keep], [fps[k] for k in keep], mat[keep]
-            last = {entry: k for k, entry in enumerate(ids)}
+            last = dict(zip(ids, range(len(ids)), strict=True))
     return ids, fps, mat, last
 
 

@@ -126,7 +126,16 @@ class WsPools:
     async def pool(self, pool_id: str) -> WsPool:
         async def load() -> WsPool:
             keyed = (await self.kernel.pool(pool_id)).stored
-            stored = await self.store.load_pool(pool_id)
+            # The records and their stored term keys in one call to the database's thread:
+            # read before the vectors a search asks for at the same time (that queue is
+            # first come, first served), and from one state of the file.
+            rows, terms = await self.kernel.db.run(
+                lambda con: (
+                    self.store.read_pool(con, pool_id),
+                    self.kernel.terms.read_flat(con, pool_id),
+                )
+            )
+            stored = self.store.stored_pool(pool_id, rows)
             bot_org = await self._link(stored) if pool_id.startswith("bot:") else None
             pool = WsPool(
                 stored=stored,
@@ -135,7 +144,7 @@ class WsPools:
                 lock=PoolMutex(),
                 bot_org=bot_org,
             )
-            await self._index(pool)
+            self._index(pool, *terms)
             return pool
 
         pool = await self._loader.get(pool_id, load)
@@ -168,11 +177,10 @@ class WsPools:
             hook(pool_id)
         return True
 
-    async def _index(self, pool: WsPool) -> None:
-        """Build the pool's keyword index from the stored term keys (read in bulk); records
-        without current ones (written before migration 8, or imported) are tokenized now and
-        their keys stored for next time."""
-        ids, lengths, flat = await self.kernel.terms.load_flat(pool.id)
+    def _index(self, pool: WsPool, ids: list[str], lengths: np.ndarray, flat: np.ndarray) -> None:
+        """Build the pool's keyword index from the stored term keys (`TermStore.read_flat`);
+        records without current ones (written before migration 8, or imported) are tokenized
+        now and their keys stored for next time."""
         current = pool.stored.entries
         analyzer = self.kernel.analyzer
         with paused_gc():

@@ -92,16 +92,16 @@ def _layout(rows: int, plain: int, head: bytes) -> tuple[str, int] | None:
     return None
 
 
-# What a pool's stored vectors load as: record ids, fingerprints, a matrix of unit rows and each
-# record's row.
-Loaded = tuple[list[str], list[str], np.ndarray, dict[str, int]]
+# What a pool's stored vectors load as: record ids (distinct), fingerprints, a matrix of unit
+# rows and each record's row (None: not made, the row of `ids[k]` is k).
+Loaded = tuple[list[str], list[str], np.ndarray, dict[str, int] | None]
 
 
 def _assemble(
     pool: str, model: str, cipher: Cipher, legacy: list[tuple], blocks: list[tuple]
 ) -> Loaded:
     """Stored rows and blocks as loaded vectors; see `VectorStore.load_all`."""
-    empty: Loaded = ([], [], np.zeros((0, 0), dtype=np.float32), {})
+    empty: Loaded = ([], [], np.zeros((0, 0), dtype=np.float32), None)
     ids: list[str] = []
     fps: list[str] = []
     parts: list[tuple[int, bytes, bytes]] = []  # (rows, blob, aad)
@@ -151,12 +151,12 @@ def _assemble(
         at += size
     del buf
     with paused_gc():
+        if len(set(ids)) == len(ids):
+            return ids, fps, mat, None  # (the map of rows is made when first needed)
         last = dict(zip(ids, range(len(ids)), strict=True))  # a later vector replaces an earlier
-        if len(last) != len(ids):
-            keep = sorted(last.values())
-            ids, fps, mat = [ids[k] for k in keep], [fps[k] for k in keep], mat[keep]
-            last = dict(zip(ids, range(len(ids)), strict=True))
-    return ids, fps, mat, last
+        keep = sorted(last.values())
+        ids, fps, mat = [ids[k] for k in keep], [fps[k] for k in keep], mat[keep]
+        return ids, fps, mat, dict(zip(ids, range(len(ids)), strict=True))
 
 
 def unit_rows(mat: np.ndarray) -> None:
@@ -191,7 +191,7 @@ class VectorStore:
     async def load_all(self, pool: str, model: str, cipher: Cipher) -> Loaded:
         """The pool's current vectors for `model`: record ids, fingerprints, one float32
         matrix of their unit vectors, of its own (writable; a record's latest vector only),
-        and each record's row.
+        and each record's row (None when it is simply its place in `ids`).
 
         The rows are read on the database's thread; the blocks are decrypted, widened and
         scaled to unit length on another (numpy and the cipher let the event loop run

@@ -127,9 +127,9 @@ def test_forget_and_edit_change_hits_at_once_and_the_index_survives_a_restart(tm
         built = []
         original = TermIndex.build_flat
 
-        def spy(self, ids, lengths, flat):
+        def spy(self, ids, lengths, flat, **kw):
             built.append(len(ids))
-            return original(self, ids, lengths, flat)
+            return original(self, ids, lengths, flat, **kw)
 
         TermIndex.build_flat = spy  # type: ignore[method-assign]
         opened = []
@@ -315,3 +315,78 @@ def test_enrichment_context_takes_what_the_input_is_about_first(tmp_path: Path):
         await svc.close()
 
     asyncio.run(main())
+
+
+def _terms_rows(data: Path, edit) -> None:
+    con = duckdb.connect(str(data / "shard-0.duckdb"))
+    try:
+        edit(con)
+    finally:
+        con.close()
+
+
+def test_records_without_stored_terms_are_indexed_even_beside_rows_of_records_gone(
+    tmp_path: Path,
+):
+    """A pool's load indexes from the stored term rows, dropping rows of records that are gone
+    and tokenizing records that have none. With one of each, the counts agree: the missing
+    record must still be found (it was not, when the check compared counts before dropping)."""
+
+    async def first() -> tuple[str, str]:
+        svc = _shard(tmp_path)
+        a = await _create(svc, ANN, "The orchard needs pruning in March.")
+        b = await _create(svc, ANN, "Lunch is at noon.")
+        await _close(svc)
+        return a, b
+
+    a, b = asyncio.run(first())
+
+    def edit(con) -> None:
+        (row,) = con.execute("SELECT * FROM search_terms WHERE entry = ?", [b]).fetchall()
+        con.execute("DELETE FROM search_terms WHERE entry = ?", [a])  # a: no row
+        ghost = (row[0].replace(b, "gone"), row[1], "gone", *row[3:])  # a record gone since
+        con.execute("INSERT INTO search_terms VALUES (?, ?, ?, ?, ?)", list(ghost))
+
+    _terms_rows(tmp_path, edit)
+
+    async def again() -> None:
+        svc = _shard(tmp_path)
+        assert await _found(svc, "orchard pruning") == [a]
+        assert await _found(svc, "noon lunch") == [b]
+        await svc.flush()
+        assert svc.db.query("SELECT count(*) FROM search_terms WHERE entry = ?", [a]) == [(1,)]
+        await _close(svc)
+
+    asyncio.run(again())
+
+
+def test_a_record_listed_twice_in_stored_terms_is_indexed_from_its_text(tmp_path: Path):
+    """One term row per record (a write replaces it); a second row for one record (a file
+    edited by hand) is not trusted: the record is indexed from its text and its row written
+    again, and the other rows still serve."""
+
+    async def first() -> tuple[str, str]:
+        svc = _shard(tmp_path)
+        a = await _create(svc, ANN, "The orchard needs pruning in March.")
+        b = await _create(svc, ANN, "Lunch is at noon.")
+        await _close(svc)
+        return a, b
+
+    a, b = asyncio.run(first())
+
+    def edit(con) -> None:
+        (row,) = con.execute("SELECT * FROM search_terms WHERE entry = ?", [b]).fetchall()
+        twin = (row[0].replace(b, a), row[1], a, *row[3:])  # a second row of a, with b's words
+        con.execute("INSERT INTO search_terms VALUES (?, ?, ?, ?, ?)", list(twin))
+
+    _terms_rows(tmp_path, edit)
+
+    async def again() -> None:
+        svc = _shard(tmp_path)
+        assert await _found(svc, "orchard pruning") == [a]
+        assert await _found(svc, "noon lunch") == [b]  # not a: the twin's words are not its
+        await svc.flush()
+        assert svc.db.query("SELECT count(*) FROM search_terms WHERE entry = ?", [a]) == [(1,)]
+        await _close(svc)
+
+    asyncio.run(again())

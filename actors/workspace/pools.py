@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import compress
 
 import msgspec
 import numpy as np
@@ -185,11 +187,17 @@ class WsPools:
         analyzer = self.kernel.analyzer
         with paused_gc():
             have = set(ids)
-            if not have <= current.keys():  # rows of records gone since: not indexed
-                keep = np.fromiter((i in current for i in ids), dtype=bool, count=len(ids))
+            # One row per record (a write replaces it): a record listed twice is not trusted
+            # and is indexed from its text, like one without a row.
+            twice = {i for i, n in Counter(ids).items() if n > 1} if len(have) != len(ids) else ()
+            if twice or not have <= current.keys():  # rows of records gone since: not indexed
+                keep = np.fromiter(
+                    (i in current and i not in twice for i in ids), dtype=bool, count=len(ids)
+                )
                 flat = flat[np.repeat(keep, lengths)]
                 lengths = lengths[keep]
-                ids = [i for i in ids if i in current]
+                ids = list(compress(ids, keep.tolist()))
+                have = set(ids)
             stored = len(ids)  # rows 0..stored-1: made from stored keys
             missing = current.keys() - have if len(have) != len(current) else set()
             extra_ids = sorted(missing)
@@ -202,7 +210,7 @@ class WsPools:
                 ids = [*ids, *extra_ids]
                 lengths = np.concatenate((lengths, [k.size for k in extra])).astype(np.int64)
                 flat = np.concatenate((flat, *extra))
-            pool.index.build_flat(ids, lengths, flat)
+            pool.index.build_flat(ids, lengths, flat, distinct=True)
         self._store_terms(rows)
         # A record's terms row commits with the record, so a row made from other content
         # than the record's is all but impossible; still, check once the search that loaded

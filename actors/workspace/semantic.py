@@ -306,14 +306,14 @@ class SemanticSearch:
         if not vectors.n or unit.size != vectors.dim:
             return []
         scores = vectors.mat[: vectors.n] @ unit
-        entries, row, fps = pool.stored.entries, vectors.row, vectors.fps
+        entries, ids, fps = pool.stored.entries, vectors.ids, vectors.fps
 
-        def current(entry_id: str) -> bool:
-            e = entries.get(entry_id)
-            return e is not None and fps[row[entry_id]] == e.content_fp and allowed(entry_id)
+        def current(r: int) -> bool:  # row r's vector is of its record's content
+            e = entries.get(ids[r])
+            return e is not None and fps[r] == e.content_fp
 
         floor = np.nextafter(np.float32(self.min_score), np.float32(-np.inf))
-        found = ranked(scores, vectors.ids, depth, current, floor=float(floor))
+        found = ranked(scores, ids, depth, allowed, floor=float(floor), row_ok=current)
         return [Hit(id=i, score=x, kinds=("semantic",)) for i, x in found]
 
     def _queue_missing(self, pool: WsPool, vectors: PoolVectors | None = None) -> None:

@@ -234,6 +234,7 @@ class GroupCommitter:
         self._file: JournalFile | None = None
         db.call(self._open_journal)
         db.before_read = self._catch_up
+        db.caught_up = self.caught_up
         self._queue: list[tuple[Sequence[Write], asyncio.Future[None]]] = []
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -429,6 +430,11 @@ class GroupCommitter:
             con.execute(f"DROP TABLE {JOURNAL}")
 
         self._transaction(con, apply)
+
+    def caught_up(self) -> bool:
+        """Whether every committed write is in the tables (no journal record to apply)."""
+        with self._lock:
+            return not self._journaled
 
     def _catch_up(self, con: duckdb.DuckDBPyConnection) -> None:
         # A read must see every committed write: one retry, then the read fails (and the

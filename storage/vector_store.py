@@ -191,11 +191,15 @@ class VectorStore:
     async def load_all(self, pool: str, model: str, cipher: Cipher) -> Loaded:
         """The pool's current vectors for `model`: record ids, fingerprints, one float32
         matrix of their unit vectors, of its own (writable; a record's latest vector only),
-        and each record's row (None when it is simply its place in `ids`).
+        and each record's row (None when it is simply its place in `ids`)."""
+        return await self.assemble(pool, model, cipher, await self.read(pool, model))
 
-        The rows are read on the database's thread; the blocks are decrypted, widened and
-        scaled to unit length on another (numpy and the cipher let the event loop run
-        meanwhile: the first search after a shard opens loads records and vectors at once)."""
+    async def read(self, pool: str, model: str) -> tuple[list[tuple], list[tuple]]:
+        """The pool's stored vectors for `model`, sealed, as `assemble` takes them: read
+        beside the database thread's work when it can be (`Database.run_aside`: the first
+        search after a shard opens reads a pool's records and its vectors at once; they are
+        tens of MB at 100,000 records, derived data that a write made meanwhile could only
+        make stale, which is checked)."""
 
         def read(con):
             legacy = con.execute(
@@ -209,7 +213,15 @@ class VectorStore:
             ).fetchall()
             return legacy, blocks
 
-        legacy, blocks = await self.db.run(read)
+        return await self.db.run_aside(read)
+
+    @staticmethod
+    async def assemble(
+        pool: str, model: str, cipher: Cipher, rows: tuple[list[tuple], list[tuple]]
+    ) -> Loaded:
+        """`read`'s rows opened, widened and scaled to unit length on another thread (numpy
+        and the cipher let the event loop run meanwhile)."""
+        legacy, blocks = rows
         return await asyncio.to_thread(_assemble, pool, model, cipher, legacy, blocks)
 
     @staticmethod

@@ -147,9 +147,13 @@ class SemanticSearch:
         if pool_id in self._pools or pool_id in self._loading:
             return
 
+        model = self.embedder.ident
+        rows = asyncio.ensure_future(self.store.read(pool_id, model))  # the key not needed yet
+        rows.add_done_callback(_ignore)
+
         async def load() -> Loaded:
             keyed = (await self.kernel.pool(pool_id)).stored
-            return await self.store.load_all(pool_id, self.embedder.ident, keyed.cipher)
+            return await self.store.assemble(pool_id, model, keyed.cipher, await rows)
 
         task = asyncio.ensure_future(load())
         task.add_done_callback(_ignore)  # its error, if any, is raised where it is awaited

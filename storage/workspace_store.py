@@ -186,10 +186,11 @@ class WorkspaceStore:
     def read_pool(con, pool: str) -> tuple[dict, list]:
         """A pool's rows as `stored_pool` takes them (on the database's thread; a caller may
         read more in the same call)."""
-        # One scan; columns as numpy arrays (a tuple per row costs more than the scan).
+        # One scan; columns as numpy arrays (a tuple per row costs more than the scan). Only a
+        # bot pool's records are linked to the bot's memory (`unlinked`).
+        unlinked = f"coalesce({_UNLINKED}, false)" if pool.startswith("bot:") else "false"
         cols = con.execute(
-            f"SELECT id, meta, content, coalesce({_UNLINKED}, false) AS unlinked "
-            "FROM ws_entries WHERE pool = ?",
+            f"SELECT id, meta, content, {unlinked} AS unlinked FROM ws_entries WHERE pool = ?",
             [pool],
         ).fetchnumpy()
         barriers = con.execute(

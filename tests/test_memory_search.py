@@ -390,3 +390,34 @@ def test_a_record_listed_twice_in_stored_terms_is_indexed_from_its_text(tmp_path
         await _close(svc)
 
     asyncio.run(again())
+
+
+def test_a_pool_load_lists_the_bot_records_stored_without_an_org_tag(tmp_path: Path):
+    """Records stored before migration 7 have no `org:` tag; a bot pool's load lists them (to
+    be linked to the bot's memory), read in the same scan as the records; other pools have no
+    bot to link to and list none."""
+    from storage.workspace_store import WorkspaceStore
+
+    async def first() -> str:
+        svc = _shard(tmp_path)
+        a = await _create(svc, ANN, "The orchard needs pruning in March.")
+        await _close(svc)
+        return a
+
+    a = asyncio.run(first())
+    con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))
+    try:
+        (_key, pool, _, meta, content) = con.execute(
+            "SELECT * FROM ws_entries WHERE id = ?", [a]
+        ).fetchall()[0]
+        old = meta.replace(pool, "bot:b_9")
+        tagged = old.replace('"tags":[', '"tags":["org:o_1",')
+        rows = [("k1", "bot:b_9", "old", old, content), ("k2", "bot:b_9", "new", tagged, content)]
+        con.executemany("INSERT INTO ws_entries VALUES (?, ?, ?, ?, ?)", rows)
+        bot = WorkspaceStore.stored_pool("bot:b_9", WorkspaceStore.read_pool(con, "bot:b_9"))
+        user = WorkspaceStore.stored_pool(pool, WorkspaceStore.read_pool(con, pool))
+    finally:
+        con.close()
+    assert '"org:' not in meta  # a user pool's record: no org tag, nothing to link
+    assert bot.unlinked == ["old"] and set(bot.entries) == {"old", "new"}
+    assert user.unlinked == [] and list(user.entries) == [a] and user.sealed[a] == content

@@ -2,7 +2,9 @@
 
 DuckDB allows one read-write process per file and a connection is not shareable across threads,
 so every statement of a store runs on the store's single worker thread (`run`). Async callers
-never block their event loop on the database.
+never block their event loop on the database. One exception: a large read that need not queue
+behind the others may run on a second connection with a thread of its own (`run_aside`: a
+pool's vectors and term keys, read beside its records when a shard's first search loads them).
 """
 
 from __future__ import annotations

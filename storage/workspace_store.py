@@ -21,7 +21,6 @@ from collections.abc import ItemsView, Iterator, KeysView, MutableMapping, Value
 from dataclasses import dataclass, field
 
 import msgspec
-import numpy as np
 
 from engine.projects import Project
 from engine.scoped_memory import ForgetBarrier, Revision, WsEntry
@@ -207,7 +206,7 @@ class WorkspaceStore:
                 ids = cols["id"].tolist()
                 stored.entries = LazyEntries(dict(zip(ids, cols["meta"].tolist(), strict=True)))
                 stored.sealed = dict(zip(ids, cols["content"].tolist(), strict=True))
-                stored.unlinked = [ids[k] for k in np.flatnonzero(cols["unlinked"]).tolist()]
+                stored.unlinked = [ids[k] for k in cols["unlinked"].nonzero()[0].tolist()]
         stored.barriers = [_barrier_dec.decode(doc) for (doc,) in barrier_rows]
         return stored
 

@@ -78,6 +78,22 @@ def test_workspace_search_ranks_stems_paraphrases_and_chinese(tmp_path: Path):
     asyncio.run(main())
 
 
+def test_context_window_zero_is_off_even_within_one_millisecond(tmp_path: Path):
+    """`context_window_s = 0` turns context indexing off: two records written in the same
+    millisecond (a fixed clock) are each found by their own words only."""
+
+    async def main() -> None:
+        svc = ShardService(tmp_path, 0, search={"context_window_s": 0}, clock=lambda: 1_000)
+        svc.peers.connect(directory=DirectoryService(tmp_path))
+        asked = await _create(svc, ANN, "Did you go to the pottery workshop?")
+        answer = await _create(svc, ANN, "Yes! I made a bowl and a little mug.")
+        assert await _found(svc, "pottery workshop") == [asked]
+        assert await _found(svc, "bowl") == [answer]
+        await _close(svc)
+
+    asyncio.run(main())
+
+
 def test_records_written_in_a_row_are_found_by_the_words_before_them(tmp_path: Path):
     """Context-aware indexing: a reply is found by the words of the question it answered."""
 

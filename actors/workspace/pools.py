@@ -259,6 +259,7 @@ class WsPools:
         last = pool.last_written
         if (
             new
+            and self.context_window_ms > 0  # 0: off (not "the same millisecond")
             and last is not None
             and last[0] == entry.contributor
             and 0 <= now - last[1] <= self.context_window_ms

@@ -169,7 +169,9 @@ class SeedMemory:
                 sealed = {entry_id: self.kernel.store.seal_content(pool.stored, entry_id, content)}
                 done = view(outcome.upserts[0], content)
                 extra = self.receipt_rows(pool, key, print_, done)
-                pending = self.kernel.stage_outcome(pool, outcome, sealed, extra)
+                pending = self.kernel.stage_outcome(
+                    pool, outcome, sealed, extra, texts={entry_id: content}
+                )
         await self.kernel.settle(pool, pending, reads_state=False)
         return done
 
@@ -363,17 +365,19 @@ class SeedMemory:
             version = pool.version + 1
             metas: list[EntryMeta] = []
             sealed: dict[str, bytes] = {}
+            texts: dict[str, str] = {}
             for meta, content in entries:
                 if meta.pool != pool_id or meta.id in pool.entries or meta.id in sealed:
                     raise InvalidInput(f"entry {meta.id} does not fit pool {pool_id}")
                 metas.append(meta)
                 sealed[meta.id] = self.kernel.store.seal_content(pool.stored, meta.id, content)
+                texts[meta.id] = content
             log = tuple(
                 LogRow(version=version, at=now, who=who, entry=m.id, change=Change.CREATED)
                 for m in metas
             )
             outcome = Outcome(version=version, upserts=tuple(metas), log=log)
-            pending = self.kernel.stage_outcome(pool, outcome, sealed)
+            pending = self.kernel.stage_outcome(pool, outcome, sealed, texts=texts)
         await self.kernel.settle(pool, pending, reads_state=False)
         return version
 

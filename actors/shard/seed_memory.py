@@ -150,7 +150,10 @@ class SeedMemory:
         """Add a pinned entry (API-2). With a `request_id` a retry returns the first answer."""
         commands.validate_content(content)
         key = None if request_id is None else receipt_key(pool_id, reader.user, request_id)
-        print_ = fingerprint(("remember", reader.org, content, tuple(topics)))
+        # Only a request with an id is ever compared with another (a receipt).
+        print_ = (
+            "" if key is None else fingerprint(("remember", reader.org, content, tuple(topics)))
+        )
         pool = await self.kernel.pool(pool_id)
         entry_id = self.kernel.new_id()
         async with pool.lock.exclusive():

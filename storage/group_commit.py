@@ -288,6 +288,10 @@ class GroupCommitter:
                         continue
                 else:
                     await self._wakeup.wait()
+            if self.enabled and len(self._queue) < self.max_batches:
+                # One more turn of the event loop: writes whose calls arrived meanwhile (an actor
+                # hands each call to the loop on its own) join this commit instead of the next.
+                await asyncio.sleep(0)
             group = self._queue[: self.max_batches]
             del self._queue[: len(group)]
             started = time.perf_counter()

@@ -177,7 +177,10 @@ def test_a_failed_commit_fails_exactly_its_calls_requests_and_stores_none_of_the
         # Two calls side by side: the group committer may merge them; only the doomed one fails
         # (it retries each alone), and a replay of a committed request in it is still answered.
         prefix[0] = "doomed"
-        doomed_call = [_call(f"doomed {i}", f"d{i}") for i in range(8)] + [_call("kept 0", "k0")]
+        doomed_call = [_call(f"doomed {i}", f"d{i}") for i in range(8)]
+        # A replay of a committed request, and a repeat of one of this call's own (which must
+        # fail with it: its answer was never stored).
+        doomed_call += [_call("kept 0", "k0"), _call("doomed 3", "d3")]
         task = asyncio.ensure_future(_many(svc, doomed_call))
         await asyncio.sleep(0)
         prefix[0] = "fine"
@@ -196,6 +199,7 @@ def test_a_failed_commit_fails_exactly_its_calls_requests_and_stores_none_of_the
     assert failed, "the doomed call's commit was never tried"
     assert all(isinstance(d, CallError) and d.kind == "StorageError" for d in doomed[:8])
     assert doomed[8] == kept[0]  # answered before, committed before: still answered
+    assert isinstance(doomed[9], CallError) and doomed[9].kind == "StorageError"
     assert all(isinstance(a, dict) for a in [*kept, *fine, *retried])
     assert retried[0]["id"].startswith("mem_retry_")  # the failed answer was never kept
     contents = sorted(e.content for e in page.entries)

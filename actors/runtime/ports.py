@@ -98,9 +98,9 @@ class _Writes:
     """A gateway's coalesced writes to one shard, on one event loop (actors/runtime/coalesce.py):
     Remembers, and workspace memory creations, go many to a call while one is in flight."""
 
-    def __init__(self, shard: RayShard) -> None:
-        self.remember = Coalescer(lambda call: remote(shard._actor().remember_many, call))
-        self.ws_create = Coalescer(lambda call: remote(shard._actor().ws_create_memory_many, call))
+    def __init__(self, remember: Coalescer, ws_create: Coalescer) -> None:
+        self.remember = remember
+        self.ws_create = ws_create
 
 
 class RayShard(NamedActor):
@@ -120,8 +120,15 @@ class RayShard(NamedActor):
         loop = asyncio.get_running_loop()
         found = self._writes.get(loop)
         if found is None:
-            found = self._writes[loop] = _Writes(self)
+            found = _Writes(Coalescer(self._remember_many), Coalescer(self._ws_create_many))
+            self._writes[loop] = found
         return found
+
+    async def _remember_many(self, call: bytes) -> bytes:
+        return await remote(self._actor().remember_many, call)
+
+    async def _ws_create_many(self, call: bytes) -> bytes:
+        return await remote(self._actor().ws_create_memory_many, call)
 
     async def run_step(
         self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0

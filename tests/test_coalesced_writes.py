@@ -359,3 +359,41 @@ def test_a_failed_call_fails_its_requests_only_and_cancelled_ones_are_not_sent()
     assert got == [f"q{i}".encode()[::-1] for i in range(6)]
     assert shard.calls == [[b"a"], [b"q0", b"q1", b"q2", b"q3"], [b"q4", b"q5"]]  # at most 4
     assert all(b"cancelled" not in c for c in shard.calls)
+
+
+def test_a_bug_in_one_request_fails_its_pools_share_and_stores_none_of_it(tmp_path: Path):
+    async def go():
+        svc = Shard(tmp_path, 0)
+        await svc.remember(POOL, ANN, "before")
+        seal = svc.kernel.store.seal_content
+
+        def buggy(stored, entry_id, content):
+            if content == "trips a bug":
+                raise RuntimeError("a bug after the entry was half applied")
+            return seal(stored, entry_id, content)
+
+        svc.kernel.store.seal_content = buggy
+        seq = svc.events.published
+        got = await _many(
+            svc,
+            [
+                _call("staged first"),
+                _call("trips a bug"),
+                _call("   "),  # refused on its own, as always
+                _call("elsewhere", pool="bot:b_other"),
+            ],
+        )
+        events = await svc.events.after(seq)
+        page = await svc.read_memory(POOL, ANN)
+        await svc.close()
+        return got, events, page
+
+    got, events, page = asyncio.run(go())
+    assert [g.code if isinstance(g, CallError) else g["content"] for g in got] == [
+        "engine_error",
+        "engine_error",
+        "invalid_content",
+        "elsewhere",
+    ]
+    assert [e.content for e in page.entries] == ["before"]  # reloaded: nothing of the call
+    assert len(_changed(events)) == 1  # the other pool's entry only

@@ -381,6 +381,7 @@ def test_a_bug_in_one_request_fails_its_pools_share_and_stores_none_of_it(tmp_pa
                 _call("trips a bug"),
                 _call("   "),  # refused on its own, as always
                 _call("elsewhere", pool="bot:b_other"),
+                _call("after it"),
             ],
         )
         events = await svc.events.after(seq)
@@ -394,6 +395,39 @@ def test_a_bug_in_one_request_fails_its_pools_share_and_stores_none_of_it(tmp_pa
         "engine_error",
         "invalid_content",
         "elsewhere",
+        "engine_error",
     ]
     assert [e.content for e in page.entries] == ["before"]  # reloaded: nothing of the call
     assert len(_changed(events)) == 1  # the other pool's entry only
+
+
+def test_a_failed_workspace_commit_fails_only_its_own_creation(tmp_path: Path, monkeypatch):
+    """Workspace creations of one call each stage their own batch (one group commit when they
+    merge): the committer retries a failed group batch by batch, so only the bad one fails."""
+    failed = _fail_commits_with(monkeypatch, "mem_doomed")
+    ann = WsAccess(account="u_ann", bots=frozenset({"b_ws"}))
+    names = iter(["mem_a", "mem_b", "mem_doomed", "mem_d", "mem_e", "mem_f"])
+
+    def create(n: int) -> bytes:
+        body = WsMemoryCreate(bot="b_ws", scope="user", content=f"fact {n}", requestId=f"f{n}")
+        return _enc.encode(WsCreateCall(access=ann, body=body))
+
+    async def go():
+        svc = Shard(tmp_path, 0)
+        svc.workspace.new_id = lambda: next(names)
+        replies = REPLIES.decode(
+            await svc.ws_create_memory_many(_enc.encode([create(n) for n in range(5)]))
+        )
+        retried = REPLIES.decode(await svc.ws_create_memory_many(_enc.encode([create(2)])))
+        await svc.close()
+        return replies, retried
+
+    replies, retried = asyncio.run(go())
+    assert failed
+    assert [isinstance(r, CallError) and r.kind for r in replies] == [
+        False, False, "StorageError", False, False
+    ]  # fmt: skip
+    assert [msgspec.msgpack.decode(r)["id"] for r in replies if isinstance(r, bytes)] == [
+        "mem_a", "mem_b", "mem_d", "mem_e"
+    ]  # fmt: skip
+    assert msgspec.msgpack.decode(retried[0])["id"] == "mem_f"  # the failed answer was not kept

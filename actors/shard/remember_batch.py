@@ -113,7 +113,9 @@ async def _remember_in_pool(
                     # A bug may have left this request half applied: nothing of the call is
                     # staged, the pool reloads from the file, and the others fail with it.
                     kernel.poison(pool)
-                    return [*refused, *((r, failed(e)) for r in decided)]
+                    error = refused[-1][1]
+                    gone = {id(r) for r, _ in refused}
+                    return [*refused, *((r, error) for r in requests if id(r) not in gone)]
             else:
                 decided.append(request)
         if batch.writes:

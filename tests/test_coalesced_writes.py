@@ -12,7 +12,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from actors.contracts import COALESCED, REPLIES, CallError, RememberCall, WsAccess, WsCreateCall
+from actors.contracts import (
+    COALESCED,
+    REPLIES,
+    CallError,
+    RememberCall,
+    WsAccess,
+    WsCreateCall,
+    WsQuery,
+)
 from actors.runtime.coalesce import Coalescer
 from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
@@ -401,33 +409,46 @@ def test_a_bug_in_one_request_fails_its_pools_share_and_stores_none_of_it(tmp_pa
     assert len(_changed(events)) == 1  # the other pool's entry only
 
 
-def test_a_failed_workspace_commit_fails_only_its_own_creation(tmp_path: Path, monkeypatch):
-    """Workspace creations of one call each stage their own batch (one group commit when they
-    merge): the committer retries a failed group batch by batch, so only the bad one fails."""
+def test_a_failed_workspace_commit_fails_exactly_its_calls_creations(tmp_path: Path, monkeypatch):
+    """A pool's creations of one call are one batch: a failed commit fails them all, stores
+    none of them, and nothing else (a replay of a committed creation, another call)."""
     failed = _fail_commits_with(monkeypatch, "mem_doomed")
     ann = WsAccess(account="u_ann", bots=frozenset({"b_ws"}))
-    names = iter(["mem_a", "mem_b", "mem_doomed", "mem_d", "mem_e", "mem_f"])
+    prefix = ["kept"]
+    n = itertools.count()
 
-    def create(n: int) -> bytes:
-        body = WsMemoryCreate(bot="b_ws", scope="user", content=f"fact {n}", requestId=f"f{n}")
+    def create(i: int) -> bytes:
+        body = WsMemoryCreate(bot="b_ws", scope="user", content=f"fact {i}", requestId=f"f{i}")
         return _enc.encode(WsCreateCall(access=ann, body=body))
+
+    async def many(svc: Shard, calls: list[bytes]) -> list:
+        return REPLIES.decode(await svc.ws_create_memory_many(_enc.encode(calls)))
 
     async def go():
         svc = Shard(tmp_path, 0)
-        svc.workspace.new_id = lambda: next(names)
-        replies = REPLIES.decode(
-            await svc.ws_create_memory_many(_enc.encode([create(n) for n in range(5)]))
+        svc.workspace.new_id = lambda: f"mem_{prefix[0]}_{next(n)}"
+        kept = await many(svc, [create(i) for i in range(3)])
+        prefix[0] = "doomed"
+        doomed = asyncio.ensure_future(
+            many(svc, [create(i) for i in range(3, 7)] + [create(0), create(4)])
         )
-        retried = REPLIES.decode(await svc.ws_create_memory_many(_enc.encode([create(2)])))
+        await asyncio.sleep(0)
+        prefix[0] = "fine"
+        fine = await many(svc, [create(i) for i in range(7, 9)])
+        doomed = await doomed
+        prefix[0] = "retry"
+        retried = await many(svc, [create(3)])
+        listing = await svc.ws_entries(ann, WsQuery(pools=("user:u_ann",)))
         await svc.close()
-        return replies, retried
+        return kept, doomed, fine, retried, listing
 
-    replies, retried = asyncio.run(go())
+    kept, doomed, fine, retried, listing = asyncio.run(go())
     assert failed
-    assert [isinstance(r, CallError) and r.kind for r in replies] == [
-        False, False, "StorageError", False, False
+    assert [r.kind if isinstance(r, CallError) else "ok" for r in doomed] == [
+        "StorageError", "StorageError", "StorageError", "StorageError", "ok", "StorageError"
     ]  # fmt: skip
-    assert [msgspec.msgpack.decode(r)["id"] for r in replies if isinstance(r, bytes)] == [
-        "mem_a", "mem_b", "mem_d", "mem_e"
-    ]  # fmt: skip
-    assert msgspec.msgpack.decode(retried[0])["id"] == "mem_f"  # the failed answer was not kept
+    assert doomed[4] == kept[0]  # a replay of a committed creation is still answered
+    assert all(isinstance(r, bytes) for r in [*kept, *fine, *retried])
+    assert msgspec.msgpack.decode(retried[0])["id"].startswith("mem_retry_")
+    contents = sorted(e.content for e in listing.entries)
+    assert contents == sorted(f"fact {i}" for i in (0, 1, 2, 3, 7, 8))

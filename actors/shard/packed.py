@@ -13,7 +13,6 @@ own answer or its own error back (`CallError`, actors/contracts.py).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -21,8 +20,10 @@ import msgspec
 
 from actors.contracts import COALESCED, WS_CREATE_CALL, CallError, EventBatch, WsAccess
 from actors.shard.kernel import ShardKernel
-from actors.shard.remember_batch import Answer, failed, remember_all
+from actors.shard.remember_batch import Answer, remember_all
 from actors.shard.seed_memory import SeedMemory
+from actors.workspace.create_batch import create_all
+from actors.workspace.service import Workspace
 from engine.errors import InvalidInput
 from engine.scoped_memory import WsEntryView, WsMemoryCreate
 
@@ -35,6 +36,7 @@ class PackedEvents:
 
     kernel: ShardKernel
     memory: SeedMemory
+    workspace: Workspace
 
     if TYPE_CHECKING:  # ShardService's (declared only: a definition here would shadow it)
 
@@ -62,16 +64,9 @@ class PackedEvents:
 
     async def ws_create_memory_many(self, call: bytes) -> bytes:
         """Coalesced workspace memory creations: each request a packed `WsCreateCall`, answered
-        as `ws_create_memory_packed` would answer it alone. They run side by side, as separate
-        calls would (one requestId's repeats wait for its first answer, actors/workspace)."""
-
-        async def one(raw: bytes) -> Answer:
-            try:
-                return await self.ws_create_memory_packed(raw)
-            except Exception as e:
-                return failed(e)
-
-        return _replies(await asyncio.gather(*(one(r) for r in _requests(call))))
+        as `ws_create_memory_packed` would answer it alone; a pool's share is one commit
+        (actors/workspace/create_batch.py)."""
+        return _replies(await create_all(self.workspace, _requests(call)))
 
 
 def _requests(call: bytes) -> list[bytes]:

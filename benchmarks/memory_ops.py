@@ -15,7 +15,8 @@ Scenarios, each `--concurrency` closed-loop clients for `--seconds` after `--war
   actor_read     await shard.read_memory_json.remote(...)  (this process, the Ray driver; no cache)
   http_remember  POST /v1/bots/{bot}/memory Remember    (load from a child process)
   http_remember_single  the same with the gateway's coalescing off (one Ray call per Remember;
-                 with the floors only: the side-by-side comparison, actors/runtime/coalesce.py)
+                 with the floors only: the side-by-side comparison, actors/runtime/coalesce.py;
+                 `--ab-rounds N` adds N alternating rounds of both, fairer on a busy machine)
 The reads run before the writes so they see exactly the seeded pool. Two floors run once, in the
 first mode (`--no-baselines` skips them): GET /healthz (HTTP, no actor call) and shard.ping() (an
 actor call, no work).
@@ -114,6 +115,32 @@ def uncoalesced(engine: Any, run: Any) -> dict[str, Any]:
     finally:
         for port in ports:
             port.coalesce = True
+
+
+def remember_ab(engine: Any, run: Any, rounds: int) -> dict[str, dict[str, float]]:
+    """Remember with the gateway's coalescing on and off in alternating rounds, summed: a fairer
+    side by side than one window each on a machine whose load changes."""
+    sums = {k: {"count": 0, "seconds": 0.0, "ops": 0, "shard": 0.0, "driver": 0.0}
+            for k in ("coalesced", "not_coalesced")}  # fmt: skip
+    for _ in range(rounds):
+        for name in sums:
+            cpu0 = cpu_by_role()
+            r = run() if name == "coalesced" else uncoalesced(engine, run)
+            cpu1 = cpu_by_role()
+            t = sums[name]
+            t["count"] += r["count"]
+            t["seconds"] += r["seconds"]
+            t["ops"] += r["ops_incl_warmup"]
+            t["shard"] += cpu1["shard"] - cpu0["shard"]
+            t["driver"] += cpu1["driver"] - cpu0["driver"]
+    return {
+        name: {
+            "per_s": round(t["count"] / t["seconds"], 1),
+            "shard_cpu_ms": round(t["shard"] / t["ops"] * 1000, 3),
+            "gateway_cpu_ms": round(t["driver"] / t["ops"] * 1000, 3),
+        }
+        for name, t in sums.items()
+    }
 
 
 # --- the server --------------------------------------------------------------------------------
@@ -376,6 +403,13 @@ def run_mode(
             result["target"], result["verdict"] = verdict(name, result)
             out["scenarios"][name] = result
             print(f"[gc {mode}] {name}: {short(result)}", flush=True)
+        if baselines and args.ab_rounds:
+            out["remember_ab"] = remember_ab(
+                engine, lambda: http_scenario(
+                    server.port, reader["token"], path, remember=True, args=args),
+                args.ab_rounds,
+            )  # fmt: skip
+            print(f"[gc {mode}] remember A/B: {out['remember_ab']}", flush=True)
         final = admin.get_as(reader["token"], path)
         out["setup"]["visible_after_remember"] = len(final["entries"])
     finally:
@@ -475,6 +509,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache-ttl", type=float, default=2.0, help="gateway directory cache (s)")
     p.add_argument(
         "--group-commit", choices=["both", "on", "off"], default="both", help="modes to run"
+    )
+    p.add_argument(
+        "--ab-rounds",
+        type=int,
+        default=0,
+        help="also run Remember with coalescing on and off in N alternating rounds (first mode)",
     )
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")

@@ -272,13 +272,16 @@ class ShardKernel:
         sealed: dict[str, bytes] | None = None,
         extra: Sequence[Write] = (),
         more_events: Sequence[tuple[Payload, Audience]] = (),
+        into: Batch | None = None,
         *,
         texts: Mapping[str, str] | None = None,
     ) -> asyncio.Future[None] | None:
         """Apply an outcome to the pool and stage its rows with one `memory.changed` per entry
         changed (plus `more_events`); events are published once the transaction commits. Call
-        under the pool's exclusive lock. `texts`: the plaintext sealed into `sealed`, where the
-        caller has it (the keyword index is made from it instead of opening the seal again)."""
+        under the pool's exclusive lock. With `into`, the rows and events join that batch
+        instead (several writes, one commit: the caller stages it) and None is returned.
+        `texts`: the plaintext sealed into `sealed`, where the caller has it (the keyword index
+        is made from it instead of opening the seal again)."""
         batch = Batch(writes=[*self.store.outcome_writes(pool.stored, outcome, sealed), *extra])
         bot = pool.id[4:] if pool.id.startswith("bot:") else None
         before = {
@@ -306,6 +309,10 @@ class ShardKernel:
             )
             batch.emit(data, before.get(entry_id, NOBODY))
         batch.events.extend(more_events)
+        if into is not None:
+            into.extend(batch.writes)
+            into.events.extend(batch.events)
+            return None
         return self.stage(batch, pool)
 
     def stage(self, batch: Batch, pool: Pool | None = None) -> asyncio.Future[None] | None:

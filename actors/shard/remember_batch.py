@@ -59,7 +59,12 @@ class _Request:
             if call.request_id is None
             else receipt_key(call.pool, call.reader.user, call.request_id)
         )
-        self.print_ = fingerprint(("remember", call.reader.org, call.content, call.topics))
+        # Only a request with an id is ever compared with another (a receipt).
+        self.print_ = (
+            ""
+            if self.key is None
+            else fingerprint(("remember", call.reader.org, call.content, call.topics))
+        )
         self.answer: EntryView | None = None
         # The commit the answer depends on: this call's own, or (a replay of a request
         # answered by an earlier call) the pool's pending one when it was read.
@@ -157,7 +162,7 @@ async def _decide(
     sealed = {entry_id: kernel.store.seal_content(pool.stored, entry_id, call.content)}
     request.answer = view(outcome.upserts[0], call.content)
     extra = memory.receipt_rows(pool, request.key, request.print_, request.answer)
-    kernel.stage_outcome(pool, outcome, sealed, extra, into=batch)
+    kernel.stage_outcome(pool, outcome, sealed, extra, into=batch, texts={entry_id: call.content})
     request.own = True
     if request.key is not None:
         mine.add(request.key)

@@ -15,6 +15,7 @@ import msgspec
 
 from engine.chat_records import AttemptRecord, Confession, Enrichment, LearningJob, Turn
 from storage.crypto import Cipher, aad
+from storage.database import ReadScope
 from storage.group_commit import DeleteWhere, Insert, Put, Write
 from storage.memory_store import MemoryStore, StoredPool
 from storage.sealed_doc import is_sealed, open_doc, seal_doc
@@ -117,7 +118,14 @@ class ChatStore:
             ).fetchall()
             return items, turns, comms
 
-        items, turns, comms = await self.db.run(read)
+        items, turns, comms = await self.db.run(
+            read,
+            (
+                ReadScope(CHAT_ITEMS.name, "chat", (chat,)),
+                ReadScope(TURNS.name, "chat", (chat,)),
+                ReadScope(COMMUNICATIONS.name, "chat", (chat,)),
+            ),
+        )
         log = ChatLog(chat=chat, key=key)
         log._floor = key.version  # the chat key row's version counts items ever written
         for seq, turn, kind, author, payload, at in items:

@@ -14,12 +14,13 @@ The journal: a DuckDB transaction costs about one appender per table touched (me
 CPU and ~4.5 ms of wall time, so a group commit is one framed record appended to a journal file
 next to the database and synced (storage/journal_file.py: ~0.07 ms of CPU, ~0.2 ms) and is
 durable there. The journal is applied to the real tables later, many commits at once (after
-`checkpoint_rows` records, after `checkpoint_idle` seconds without writes, before any read —
-`Database.before_read` — and at close); applying them and storing the last applied seq is one
-transaction, then the file is emptied. A crash at any point leaves each write either in the
-file above the stored seq or in its table, never both or neither: on open, records above the
-stored seq are applied before anything is read, records at or below it are skipped, and a torn
-last record (never acknowledged) is cut. An in-memory database keeps its journal in memory.
+`checkpoint_rows` records, after `checkpoint_idle` seconds without writes, before a read that
+depends on a row they write — `Database.before_read` — and at close); applying them and storing
+the last applied seq is one transaction, then the file is emptied. A crash at any point leaves
+each write either in the file above the stored seq or in its table, never both or neither: on
+open, records above the stored seq are applied before anything is read, records at or below it
+are skipped, and a torn last record (never acknowledged) is cut. An in-memory database keeps
+its journal in memory.
 
 A checkpoint that fails is logged and retried (at the next idle moment, read or threshold, with
 a short pause after each failure); it never fails the writes whose journal record is durable:
@@ -43,7 +44,7 @@ import duckdb
 import msgspec
 
 from engine.errors import OpenBotError, StorageError
-from storage.database import Database
+from storage.database import Database, ReadScope
 from storage.journal_file import HEADER, ID_BYTES, JournalFile
 from storage.stats import SIZES, STATS
 
@@ -224,6 +225,7 @@ class GroupCommitter:
         self.checkpoint_idle = checkpoint_idle
         self.checkpoints = 0
         self.checkpoint_failures = 0
+        self.reads_without_catch_up = 0  # scoped reads no journal record touched
         self._paused_until = 0.0  # monotonic time before which the threshold does not checkpoint
         # Journal records not yet applied, with their writes: appended (with the file) on the
         # event loop, taken and dropped by checkpoints on the database thread, under `_lock`.
@@ -430,13 +432,51 @@ class GroupCommitter:
 
         self._transaction(con, apply)
 
-    def _catch_up(self, con: duckdb.DuckDBPyConnection) -> None:
-        # A read must see every committed write: one retry, then the read fails (and the
-        # journal stays for the next attempt).
-        if not self._journaled or self._try_checkpoint(con, "before a read"):
+    def _catch_up(
+        self, con: duckdb.DuckDBPyConnection, scope: Sequence[ReadScope] | None = None
+    ) -> None:
+        # A read must see every committed write it depends on: one retry, then the read fails
+        # (and the journal stays for the next attempt).
+        if not self._journaled:
+            return
+        if scope is not None and not self._pending_in(scope):
+            self.reads_without_catch_up += 1
+            return
+        if self._try_checkpoint(con, "before a read"):
             return
         if not self._try_checkpoint(con, "before a read, again"):
             raise StorageError("committed writes could not be applied yet; try again")
+
+    def _pending_in(self, scopes: Sequence[ReadScope]) -> bool:
+        """Whether a journal record not yet applied writes a row in `scopes` (database
+        thread). Records appended meanwhile came after the read was asked for: a read need
+        not see them, as before. Deletes by anything but the scope's column may hit any row."""
+        wanted: dict[str, list[tuple[str, int, frozenset, str]]] = {}
+        for s in scopes:
+            table = self.tables.get(s.table)
+            if table is not None:  # (a table not written by row has no journal records)
+                key = table.columns[0][0]
+                wanted.setdefault(s.table, []).append(
+                    (s.column, table.index(s.column), frozenset(s.values), key)
+                )
+        if not wanted:
+            return False
+        with self._lock:
+            taken = list(self._journaled)
+        for _, writes in taken:
+            for w in writes:
+                for column, at, values, key in wanted.get(w.table, ()):
+                    if isinstance(w, Put | Insert):
+                        hit = w.row[at] in values
+                    elif isinstance(w, Delete):
+                        hit = key != column or w.key in values
+                    elif isinstance(w, DeleteWhere):
+                        hit = w.column != column or not values.isdisjoint(w.values)
+                    else:
+                        hit = True
+                    if hit:
+                        return True
+        return False
 
     def _try_checkpoint(self, con: duckdb.DuckDBPyConnection, when: str) -> bool:
         """Checkpoint; on failure log it, keep the journal for a later retry, return False."""

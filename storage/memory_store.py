@@ -19,7 +19,7 @@ from engine.commands import Outcome
 from engine.memory import EntryMeta, LogRow
 from engine.memory_bot import MemoryBotSettings
 from storage.crypto import Cipher, Keyring, aad
-from storage.database import Database
+from storage.database import Database, ReadScope
 from storage.group_commit import DeleteWhere, Insert, Put, Write
 from storage.shard_schema import MEMORY_ENTRIES, MEMORY_LOG, POOLS
 
@@ -74,7 +74,14 @@ class MemoryStore:
             ).fetchall()
             return head, entries, log
 
-        head, entry_rows, log_rows = await self.db.run(read)
+        head, entry_rows, log_rows = await self.db.run(
+            read,
+            (
+                ReadScope(POOLS.name, "pool", (pool,)),
+                ReadScope(MEMORY_ENTRIES.name, "pool", (pool,)),
+                ReadScope(MEMORY_LOG.name, "pool", (pool,)),
+            ),
+        )
         if not head:
             cipher, wrapped = self.keyring.new_pool_key(pool)
             fresh = StoredPool(pool=pool, cipher=cipher, wrapped_key=wrapped)

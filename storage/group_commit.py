@@ -7,7 +7,9 @@ gets the lock's order on disk. With `enabled=False` every batch is its own trans
 baseline the memory benchmark compares against).
 
 If a merged transaction fails, each of its batches is retried alone so one bad batch fails only
-its own caller.
+its own caller. A batch submitted `after` an earlier one (a collaboration hop's rows after the
+send that made the hop) is never stored without it: it commits in the same record or a later
+one, and fails if that one failed. So its caller need not wait for the earlier commit first.
 
 The journal: a DuckDB transaction costs about one appender per table touched (measured here:
 ~10 ms for a turn's eight tables against ~1.2 ms for one row), and even one row costs ~1.5 ms of
@@ -236,21 +238,28 @@ class GroupCommitter:
         self._file: JournalFile | None = None
         db.call(self._open_journal)
         db.before_read = self._catch_up
-        self._queue: list[tuple[Sequence[Write], asyncio.Future[None]]] = []
+        # (writes, future, the earlier batch's future it depends on or None)
+        self._queue: list[tuple[Sequence[Write], asyncio.Future[None], asyncio.Future | None]] = []
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._last: asyncio.Future[None] | None = None
         self.transactions = 0  # counters for benchmarks and tests
         self.batches = 0
 
-    def submit(self, writes: Sequence[Write]) -> asyncio.Future[None]:
-        """Queue a batch; the future resolves once it is durable (or fails with StorageError)."""
+    def submit(
+        self, writes: Sequence[Write], after: asyncio.Future | None = None
+    ) -> asyncio.Future[None]:
+        """Queue a batch; the future resolves once it is durable (or fails with StorageError).
+        `after`: a future this committer returned earlier; the batch is stored only with or
+        after that batch, and fails if it failed (without writes: the batch is `after`)."""
         loop = asyncio.get_running_loop()
+        if not writes and after is not None:
+            return after
         fut: asyncio.Future[None] = loop.create_future()
         if not writes:
             fut.set_result(None)
             return fut
-        self._queue.append((writes, fut))
+        self._queue.append((writes, fut, after))
         self._last = fut
         if self._task is None or self._task.done():
             self._wakeup = asyncio.Event()
@@ -277,9 +286,12 @@ class GroupCommitter:
                     await self._wakeup.wait()
             group = self._queue[: self.max_batches]
             del self._queue[: len(group)]
+            group = self._orphans_failed(group)
+            if not group:
+                continue
             started = time.perf_counter()
             try:
-                await self._commit_group([w for w, _ in group])
+                await self._commit_group([w for w, _, _ in group])
                 STATS.observe(
                     "openbot_shard_commit_seconds",
                     time.perf_counter() - started,
@@ -296,6 +308,8 @@ class GroupCommitter:
                     self._settle(group, StorageError("the write could not be stored"))
                     continue
                 for one in group:
+                    if not self._orphans_failed([one]):
+                        continue
                     try:
                         await self._commit_group([one[0]])
                     except Exception as e:
@@ -324,8 +338,26 @@ class GroupCommitter:
         return self._file is not None and self._file.size > HEADER + APPLIED_BYTES
 
     @staticmethod
+    def _orphans_failed(group: list) -> list:
+        """Fail the batches whose earlier batch failed (in order, so theirs fail too); the
+        rest. A pending earlier batch is in this group: groups settle before the next is
+        taken (a pending one from elsewhere is refused rather than stored before it)."""
+        kept = []
+        taken = {id(fut) for _, fut, _ in group}
+        for entry in group:
+            _, fut, after = entry
+            if after is not None and (
+                (after.done() and (after.cancelled() or after.exception() is not None))
+                or (not after.done() and id(after) not in taken)
+            ):
+                fut.set_exception(StorageError("a write it depends on could not be stored"))
+                continue
+            kept.append(entry)
+        return kept
+
+    @staticmethod
     def _settle(group, error: BaseException | None) -> None:
-        for _, fut in group:
+        for _, fut, _ in group:
             if fut.done():
                 continue
             if error is None:

@@ -217,14 +217,14 @@ def test_a_deliverys_items_are_staged_only_once_the_directory_shows_its_chat(tmp
         stage = kernel.stage
         staged, unknown = [], []
 
-        def checked(batch, pool=None):
+        def checked(batch, pool=None, after=None):
             for payload, _ in batch.events:
                 chat = getattr(payload, "chat", "")
                 if getattr(payload, "item", None) and chat.startswith("chat_agent_"):
                     staged.append(chat)
                     if chat not in directory.chats:
                         unknown.append(chat)
-            return stage(batch, pool)
+            return stage(batch, pool, after)
 
         kernel.stage = checked  # type: ignore[method-assign]
         try:

@@ -11,7 +11,6 @@ from pathlib import Path
 from actors.contracts import TurnStart
 from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
-from actors.shard.batch import Batch
 from actors.shard.service import ShardService
 from engine.errors import StorageError
 from tests.chain_kit import PEER_SCRIPT, ann_org, asker_and_peer
@@ -51,9 +50,9 @@ def test_a_delivery_reads_nothing_and_writes_in_few_transactions(tmp_path: Path)
                 counting.calls.clear()
                 run = svc.db.run
 
-                async def counted_read(fn):
+                async def counted_read(fn, scope=None):
                     reads[0] += 1
-                    return await run(fn)
+                    return await run(fn, scope)
 
                 svc.db.run = counted_read  # type: ignore[method-assign]
                 try:
@@ -153,10 +152,11 @@ def test_a_capped_linear_chain_costs_one_transaction_a_hop(tmp_path: Path):
 
 
 def test_a_delivery_overlaps_its_sends_commit_but_stores_nothing_if_it_fails(tmp_path: Path):
-    """The next peer's step starts while the send that made its link commits, but nothing of
-    that delivery is staged before the send is durable: when the send's transaction fails,
-    the delivery stores nothing, and a restart delivers again from what is stored (each agent
-    chat asked once and answered once, every answer up)."""
+    """The next peer's step starts while the send that made its link commits, and its own
+    transaction is submitted without waiting for the send's, but it is stored only with or
+    after it: when the send's transaction fails, the delivery stores nothing (whether its rows
+    were in the same group commit or a later one), and a restart delivers again from what is
+    stored (each agent chat asked once and answered once, every answer up)."""
     script = tmp_path / "linear.toml"
     script.write_text(linear_script(3))
     models = {"s": ScriptedModel.from_file("s", str(script))}
@@ -165,9 +165,9 @@ def test_a_delivery_overlaps_its_sends_commit_but_stores_nothing_if_it_fails(tmp
         svc = ShardService(tmp_path, 0, models=models)
         directory = DirectoryService(tmp_path)
         svc.peers.connect(directory=directory)
-        kernel, loop = svc.kernel, asyncio.get_running_loop()
-        stage = kernel.stage
-        failed: list[Batch] = []
+        committer = svc.committer
+        commit_group = committer._commit_group
+        doomed: list[list] = []
         try:
             org = await ann_org(directory)
             bots = [
@@ -175,28 +175,23 @@ def test_a_delivery_overlaps_its_sends_commit_but_stores_nothing_if_it_fails(tmp
                 for k in range(3)
             ]
 
-            def slow_failing(batch: Batch, pool=None):
+            async def slow_failing(batches) -> None:
                 """The first hop's transaction (L1's reply and its send to L2) takes a while,
-                then fails; everything else commits."""
-                sent_to_l2 = any(
-                    getattr(w, "table", "") == "communications"
-                    and w.row[3:] == ("sent", bots[2].id)
-                    for w in batch.writes
-                )
-                if not sent_to_l2 or failed:
-                    return stage(batch, pool)
-                failed.append(batch)
-                fut = loop.create_future()
+                then fails, alone or with others; everything else commits."""
+                for writes in batches:
+                    sent_to_l2 = any(
+                        getattr(w, "table", "") == "communications"
+                        and w.row[3:] == ("sent", bots[2].id)
+                        for w in writes
+                    )
+                    if sent_to_l2 and not doomed:
+                        doomed.append(writes)
+                if any(writes is d for writes in batches for d in doomed):
+                    await asyncio.sleep(0.2)  # the next hop's step runs meanwhile
+                    raise StorageError("disk full (simulated)")
+                await commit_group(batches)
 
-                def fail() -> None:
-                    fut.set_exception(StorageError("disk full (simulated)"))
-                    for hook in batch.on_failure:
-                        hook()
-
-                loop.call_later(0.2, fail)
-                return fut
-
-            kernel.stage = slow_failing  # type: ignore[method-assign]
+            committer._commit_group = slow_failing  # type: ignore[method-assign]
             chat = await directory.create_chat("u_ann", None, bot=bots[0].id)
             start = TurnStart(chat=chat, bot=bots[0], org=org, operator="u_ann", text="start")
             await svc.start_turn(start, True)
@@ -207,7 +202,7 @@ def test_a_delivery_overlaps_its_sends_commit_but_stores_nothing_if_it_fails(tmp
             stored = [[i.kind for i in await svc.chat_items(f"chat_agent_{k.id}")] for k in second]
             return [k.id for k in second], stored, chain.id
         finally:
-            kernel.stage = stage  # type: ignore[method-assign]
+            committer._commit_group = commit_group  # type: ignore[method-assign]
             await svc.close()
             directory.store.db.close()
 

@@ -294,20 +294,26 @@ class ShardKernel:
         batch.events.extend(more_events)
         return self.stage(batch, pool)
 
-    def stage(self, batch: Batch, pool: Pool | None = None) -> asyncio.Future[None] | None:
+    def stage(
+        self, batch: Batch, pool: Pool | None = None, after: asyncio.Future[None] | None = None
+    ) -> asyncio.Future[None] | None:
         """Queue a batch for group commit; returns its commit's future (None: nothing to write
         and no pool commit to wait for). On commit its events are published and its new pool
         keys count as stored. If it fails, the memory state built on it is dropped (`pool`,
         the batch's failure hooks), so nothing answers from a change that is not on disk; later
-        reads reload from the file. With `pool`, the future becomes the pool's pending commit."""
+        reads reload from the file. With `pool`, the future becomes the pool's pending commit.
+        `after`: an earlier commit's future this batch depends on (GroupCommitter.submit): the
+        batch is stored only with or after it and fails if it failed."""
         events, event_rows = self.events.stage(batch.events, self.clock())
         writes = [*batch.writes, *event_rows]
         if not writes:
+            if after is not None:
+                return after
             return pool.pending if pool is not None else None
         keys = list(batch.keys)
         keys += [k for k in self.store.keys_in(batch.writes) if all(k is not o for o in keys)]
         hooks = list(batch.on_failure)
-        fut = self.committer.submit(writes)
+        fut = self.committer.submit(writes, after)
 
         def settled(f: asyncio.Future[None]) -> None:
             if not f.cancelled() and f.exception() is None:

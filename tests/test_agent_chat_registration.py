@@ -202,31 +202,42 @@ class SlowDirectory:
         return await self.directory.register_chats(chats, durable)
 
 
-def test_a_deliverys_items_are_staged_only_once_the_directory_shows_its_chat(tmp_path: Path):
-    """Whoever reads an item a `chat.item.created` event announces must find its chat: nothing
-    of a delivery is staged (so no event of its agent chat goes out) before the directory
-    shows the chat, however slowly it does."""
+def test_a_deliverys_items_are_announced_only_once_the_directory_shows_its_chat(tmp_path: Path):
+    """Whoever reads an item a `chat.item.created` event announces must find its chat: no
+    event of a delivery's agent chat is published before the directory shows the chat, however
+    slowly it does, and the events behind it wait in order; the delivery itself does not wait
+    (its rows are staged, and committed, while the directory is still showing the chat)."""
     script = tmp_path / "chain.toml"
     script.write_text(PEER_SCRIPT)
 
-    async def scenario() -> tuple[list[str], list[str]]:
+    async def scenario() -> tuple[list[str], list[str], list[str], list[int]]:
         svc = ShardService(tmp_path, 0, models={"s": ScriptedModel.from_file("s", str(script))})
         directory = DirectoryService(tmp_path)
         svc.peers.connect(directory=SlowDirectory(directory))  # type: ignore[arg-type]
-        kernel = svc.kernel
-        stage = kernel.stage
-        staged, unknown = [], []
+        kernel, log = svc.kernel, svc.kernel.events
+        stage, publish = kernel.stage, log.publish
+        early, announced, unknown, seqs = [], [], [], []
 
-        def checked(batch, pool=None, after=None):
-            for payload, _ in batch.events:
-                chat = getattr(payload, "chat", "")
-                if getattr(payload, "item", None) and chat.startswith("chat_agent_"):
-                    staged.append(chat)
-                    if chat not in directory.chats:
-                        unknown.append(chat)
-            return stage(batch, pool, after)
+        def agent_chats(items) -> list[str]:
+            chats = [getattr(payload, "chat", "") for payload in items]
+            return [c for c in chats if c.startswith("chat_agent_")]
 
-        kernel.stage = checked  # type: ignore[method-assign]
+        def staged(batch, pool=None):
+            early.extend(
+                c for c in agent_chats(p for p, _ in batch.events) if c not in directory.chats
+            )
+            return stage(batch, pool)
+
+        def published(events) -> None:
+            for chat in agent_chats(e.data for e in events if getattr(e.data, "item", None)):
+                announced.append(chat)
+                if chat not in directory.chats:
+                    unknown.append(chat)
+            seqs.extend(e.seq for e in events)
+            publish(events)
+
+        kernel.stage = staged  # type: ignore[method-assign]
+        log.publish = published  # type: ignore[method-assign]
         try:
             org, asker, chat = await asker_and_peer(directory)
             start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
@@ -234,9 +245,12 @@ def test_a_deliverys_items_are_staged_only_once_the_directory_shows_its_chat(tmp
             await svc.chains_idle()
         finally:
             kernel.stage = stage  # type: ignore[method-assign]
+            log.publish = publish  # type: ignore[method-assign]
             await svc.close()
             directory.store.db.close()
-        return staged, unknown
+        return early, announced, unknown, seqs
 
-    staged, unknown = asyncio.run(scenario())
-    assert staged and unknown == []
+    early, announced, unknown, seqs = asyncio.run(scenario())
+    assert early  # staged before the directory showed the chat: the hop did not wait for it
+    assert announced and unknown == []
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)

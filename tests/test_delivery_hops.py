@@ -141,9 +141,10 @@ def test_a_capped_linear_chain_costs_one_transaction_a_hop(tmp_path: Path):
     assert (chain.status, chain.deliveries, len(chain.links)) == ("capped", 8, 9)
     assert [k.status for k in chain.links].count("answered") == 8
     assert all(k.result for k in chain.links[:8])  # every answer went up and is recorded
-    # The person's item, the turn's end with its send; one per hop (8), the last carrying the
-    # 8 answers that go up after the cap.
-    assert transactions == 10, transactions
+    # The person's item, the turn's end with its send; at most one per hop (8), the last
+    # carrying the 8 answers that go up after the cap. A hop does not wait for the commit of
+    # the send that made it, so hops that follow each other fast share a journal record.
+    assert transactions <= 10, transactions
     # No directory write on a hop's path: each agent chat is shown while its peer's step runs
     # (8 calls) and confirmed after its hop is durable, gathered (a few calls for the chain);
     # the directory has every one of them.

@@ -162,15 +162,14 @@ class ChainRunner:
         *,
         restage: str | None = None,
         hold: str | None = None,
-        after: asyncio.Future[None] | None = None,
     ):
         """Record a bot's sends in its chain and, for each real delivery, the sent item in
         `chat` (UI-1), adding them to `sink` and submitting it: one transaction. Call holding
         the chat's lock. `restage`: a chain changed in memory since its last row, whose row
         goes in `sink` now (under the lock, so rows reach the disk in order). `hold`: a link
         whose answer goes up with `sink` when no send of it is open: then `sink` is not
-        submitted here (the commit is None). `after`: the commit `sink` depends on. Returns the
-        commit and the deliveries to start once it is durable."""
+        submitted here (the commit is None). Returns the commit and the deliveries to start
+        once it is durable."""
         started: list[tuple[str, str]] = []
         async with self._lock:
             if restage is not None:
@@ -207,7 +206,7 @@ class ChainRunner:
                 current = (await self.records.all())[chain]
                 if not any(c.parent == hold and c.status == "sent" for c in current.links):
                     return None, started
-            fut = self.conv.commit_soon(chat.id, chat_log, sink, after=after)
+            fut = self.conv.commit_soon(chat.id, chat_log, sink)
         return fut, started
 
     async def _started(self, fut, started: list[tuple[str, str]], org: Org) -> None:
@@ -233,10 +232,10 @@ class ChainRunner:
         await self._maybe_release(topic)
 
     async def _deliver_once(self, chain_id: str, link_id: str, org: Org, after=None) -> None:
-        """One delivery: the peer's step (while the directory shows the agent chat made here:
-        nothing is staged before), then one transaction for the request (chain record, delivery
-        item) with the peer's reply and sends, or its answer, submitted `after` the send that
-        made the link: stored with or after it, never without it, and never waited for."""
+        """One delivery: the peer's step, then one transaction for the request (chain record,
+        delivery item) with the peer's reply and what it sent on, or its answer, staged `after`
+        the send that made the link (stored with it or later, never without it) and announced
+        once the directory shows the agent chat made here (agent_chats.py): nothing waits."""
         conv = self.conv
         chain = (await self.records.all())[chain_id]
         if chain.status != "running":
@@ -265,7 +264,7 @@ class ChainRunner:
             # After a restart the delivery may be stored already, and even answered: resume
             # from what the agent chat holds instead of delivering or asking twice.
             asked = next((i for i in alog.items if i.kind == "delivery"), None)
-            sink = Batch()
+            sink = Batch(after=after, gate=shown)
             restage = None
             held = False
             if asked is None:
@@ -301,7 +300,6 @@ class ChainRunner:
                 )
                 try:
                     outcome = await self.records.step(peer, step)
-                    await durable(shown)  # its items are announced in a chat readers find
                 except BaseException:
                     if restage is not None:  # the request was never stored: memory drops it
                         conv.forget(achat.id)
@@ -322,7 +320,6 @@ class ChainRunner:
                     sink,
                     restage=restage,
                     hold=hold,
-                    after=after,
                 )
                 for effect in outcome.effects:
                     if effect.kind == "post":
@@ -330,9 +327,9 @@ class ChainRunner:
                 held = fut is None and not started and hold is not None and bool(sink.writes)
         if held:
             try:
-                await self._result(chain_id, link.id, reply, org, sink, [(achat.id, alog)], after)
+                await self._result(chain_id, link.id, reply, org, sink, [(achat.id, alog)])
             except Exception:
-                await self._submit_held(chain_id, achat.id, alog, sink, None, after)
+                await self._submit_held(chain_id, achat.id, alog, sink, None)
                 raise
             if made_here:  # durable now
                 self.registrar.add(chain_id, link.id, achat)
@@ -345,14 +342,14 @@ class ChainRunner:
         await self._maybe_answer(chain_id, link.id, reply, org)
 
     async def _submit_held(
-        self, chain_id: str, chat: str, log_: ChatLog, sink: Batch, riders, after=None
+        self, chain_id: str, chat: str, log_: ChatLog, sink: Batch, riders
     ) -> None:
         """A held batch whose answer failed to go up is still written (unless submitted)."""
         if sink.on_failure:  # submitted already (commit_soon adds its hooks)
             return
         async with self._lock:
             await self.records.stage((await self.records.all())[chain_id], sink)
-            saved = self.conv.commit_soon(chat, log_, sink, riders, after)
+            saved = self.conv.commit_soon(chat, log_, sink, riders)
         if saved is not None:
             await saved
 
@@ -372,14 +369,12 @@ class ChainRunner:
         org: Org,
         carried: Batch | None = None,
         riders: list[tuple[str, ChatLog]] | None = None,
-        after: asyncio.Future[None] | None = None,
     ) -> None:
         """A link's answer: recorded in the chain and, unless suppressed, delivered to the chat
         it was asked from in the same transaction; then it wakes the bot that asked, whose
         reply (and what it sent on) is a second transaction. A suppressed answer that lets its
         parent's waiting answer go up is not committed alone: its row is `carried` up into the
-        parent's transaction (after a cap, a linear chain's answers go up in one), `after` the
-        commit it depends on."""
+        parent's transaction (after a cap, a linear chain's answers go up in one)."""
         conv = self.conv
         chain = (await self.records.all())[chain_id]
         link = rules.find_link(chain, link_id)
@@ -409,10 +404,11 @@ class ChainRunner:
                     delivered = conv.item(tlog, chain.topic, "delivery", link.to_bot)
                     conv.append(tlog, target, [(delivered, text)], sink)
                 up = None if delivered is not None else self.records.waiting_parent(chain, link)
-                if up is None:
-                    recorded = conv.commit_soon(target.id, tlog, sink, riders, after)
-            if up is None:
-                await durable(recorded)
+                recorded = (
+                    None if up is not None else conv.commit_soon(target.id, tlog, sink, riders)
+                )
+            if recorded is not None:
+                await recorded
             if delivered is not None:
                 step = StepInput(
                     chat=target,
@@ -448,9 +444,9 @@ class ChainRunner:
             # in the same transaction.
             if up is not None:
                 try:
-                    await self._result(chain_id, up[0], up[1], org, sink, riders, after)
+                    await self._result(chain_id, up[0], up[1], org, sink, riders)
                 except Exception:
-                    await self._submit_held(chain_id, target.id, tlog, sink, riders, after)
+                    await self._submit_held(chain_id, target.id, tlog, sink, riders)
                     raise
             return
         await self._started(fut, started, org)

@@ -207,17 +207,11 @@ class ChatLogs:
         return self.as_messages(self.prior(log, before), me)
 
     def commit_soon(
-        self,
-        chat: str,
-        log: ChatLog,
-        batch: Batch,
-        riders: list[tuple[str, ChatLog]] | None = None,
-        after: asyncio.Future[None] | None = None,
+        self, chat: str, log: ChatLog, batch: Batch, riders: list[tuple[str, ChatLog]] | None = None
     ):
         """Queue a batch without waiting: the next step goes on while it commits (group commit
         keeps the order); its items are listed once durable. Returns the commit's future.
-        `riders`: other chats (and their logs) whose new items are in `batch` too. `after`: an
-        earlier commit it depends on (stored with or before it; if that fails, this does)."""
+        `riders`: other chats (and their logs) whose new items are in `batch` too."""
         chats = [(chat, log), *(riders or ())]
         lasts = [(lg, lg.items[-1].seq if lg.items else 0) for _, lg in chats]
 
@@ -228,7 +222,7 @@ class ChatLogs:
 
         for c, _ in chats:
             batch.fail(lambda c=c: self.forget(c))
-        fut = self.kernel.stage(batch, after=after)
+        fut = self.kernel.stage(batch)
         if fut is not None:
             fut.add_done_callback(durable)
         return fut

@@ -6,6 +6,7 @@ check and write are one step, however many register the same chat at once)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 from actors.contracts import TurnStart
@@ -188,17 +189,19 @@ def test_a_shown_chat_is_visible_at_once_and_written_soon(tmp_path: Path):
 
 
 class SlowDirectory:
-    """The directory, showing agent chats only after a while."""
+    """The directory, showing agent chats only once `release` is set (or after 5 s)."""
 
     def __init__(self, directory: DirectoryService) -> None:
         self.directory = directory
+        self.release = asyncio.Event()
 
     def __getattr__(self, name: str):
         return getattr(self.directory, name)
 
     async def register_chats(self, chats: list[Chat], durable: bool = True) -> int:
         if not durable:
-            await asyncio.sleep(0.2)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.release.wait(), 5.0)
         return await self.directory.register_chats(chats, durable)
 
 
@@ -213,7 +216,8 @@ def test_a_deliverys_items_are_announced_only_once_the_directory_shows_its_chat(
     async def scenario() -> tuple[list[str], list[str], list[str], list[int]]:
         svc = ShardService(tmp_path, 0, models={"s": ScriptedModel.from_file("s", str(script))})
         directory = DirectoryService(tmp_path)
-        svc.peers.connect(directory=SlowDirectory(directory))  # type: ignore[arg-type]
+        slow = SlowDirectory(directory)
+        svc.peers.connect(directory=slow)  # type: ignore[arg-type]
         kernel, log = svc.kernel, svc.kernel.events
         stage, publish = kernel.stage, log.publish
         early, announced, unknown, seqs = [], [], [], []
@@ -226,6 +230,8 @@ def test_a_deliverys_items_are_announced_only_once_the_directory_shows_its_chat(
             early.extend(
                 c for c in agent_chats(p for p, _ in batch.events) if c not in directory.chats
             )
+            if early:  # the delivery went on without the directory: let it show the chat now
+                asyncio.get_running_loop().call_later(0.05, slow.release.set)
             return stage(batch, pool)
 
         def published(events) -> None:
@@ -254,3 +260,45 @@ def test_a_deliverys_items_are_announced_only_once_the_directory_shows_its_chat(
     assert early  # staged before the directory showed the chat: the hop did not wait for it
     assert announced and unknown == []
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+def test_shown_chats_are_written_together_and_none_is_left_behind(tmp_path: Path):
+    """32 chats shown at once are written in one transaction, and a chat shown while that
+    write runs is written by the same writer right after (no second writer, none left
+    unwritten): all 33 are on disk when the directory opens again."""
+
+    async def scenario() -> tuple[int, int, int]:
+        directory = DirectoryService(tmp_path)
+        put_many = directory.store.put_many
+        writes: list[int] = []
+        try:
+            org = await ann_org(directory)
+            bot = await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
+            root = await directory.create_chat("u_ann", None, bot=bot.id)
+            late = agent_chat(root, bot.id, "col_1", "dlv_late", 99)
+
+            async def counted(table, records):
+                writes.append(len(records))
+                if len(writes) == 1:  # shown while the first write runs
+                    assert await directory.register_chats([late], False) == 1
+                await put_many(table, records)
+
+            directory.store.put_many = counted  # type: ignore[method-assign]
+            chats = [agent_chat(root, bot.id, "col_1", f"dlv_{k}", k) for k in range(32)]
+            shown = await asyncio.gather(
+                *(directory.register_chats([c], False) for c in [*chats, *chats[:8]])
+            )
+            writers = len(directory._writing)
+            while directory._writing:
+                await asyncio.gather(*directory._writing)
+        finally:
+            directory.store.db.close()
+        reopened = DirectoryService(tmp_path)
+        try:
+            on_disk = sum(c.id in reopened.chats for c in [*chats, late])
+        finally:
+            reopened.store.db.close()
+        assert sum(shown) == 32 and writes == [32, 1], (shown, writes)
+        return writers, on_disk, len(writes)
+
+    assert asyncio.run(scenario()) == (1, 33, 2)

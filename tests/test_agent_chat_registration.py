@@ -302,3 +302,52 @@ def test_shown_chats_are_written_together_and_none_is_left_behind(tmp_path: Path
         return writers, on_disk, len(writes)
 
     assert asyncio.run(scenario()) == (1, 33, 2)
+
+
+class HangingDirectory:
+    """The directory, never answering a request to show an agent chat."""
+
+    def __init__(self, directory: DirectoryService) -> None:
+        self.directory = directory
+
+    def __getattr__(self, name: str):
+        return getattr(self.directory, name)
+
+    async def register_chats(self, chats: list[Chat], durable: bool = True) -> int:
+        if not durable:
+            await asyncio.Event().wait()
+        return await self.directory.register_chats(chats, durable)
+
+
+def test_a_directory_that_never_shows_the_chat_holds_the_events_only_a_while(
+    tmp_path: Path, monkeypatch
+):
+    """Events wait behind a delivery's gate, so a directory that never answers must not stop
+    the shard's events for good: after SHOW_WAIT_S they go out, and the durable registration
+    makes the chat known."""
+    monkeypatch.setattr("actors.chats.agent_chats.SHOW_WAIT_S", 0.3)
+    script = tmp_path / "chain.toml"
+    script.write_text(PEER_SCRIPT)
+
+    async def scenario() -> tuple[bool, bool]:
+        svc = ShardService(tmp_path, 0, models={"s": ScriptedModel.from_file("s", str(script))})
+        directory = DirectoryService(tmp_path)
+        svc.peers.connect(directory=HangingDirectory(directory))  # type: ignore[arg-type]
+        try:
+            org, asker, chat = await asker_and_peer(directory)
+            start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
+            await svc.start_turn(start, True)
+            await svc.chains_idle()
+            events = svc.kernel.events
+            for _ in range(100):  # the gate gives up after 0.3 s
+                if events.published == events.staged:
+                    break
+                await asyncio.sleep(0.02)
+            [chain] = await svc.collaborations("u_ann", frozenset())
+            agent = chain.links[0].agentChat
+            return events.published == events.staged, agent in directory.chats
+        finally:
+            await svc.close()
+            directory.store.db.close()
+
+    assert asyncio.run(scenario()) == (True, True)

@@ -314,7 +314,10 @@ class ShardKernel:
         keys = list(batch.keys)
         keys += [k for k in self.store.keys_in(batch.writes) if all(k is not o for o in keys)]
         hooks = list(batch.on_failure)
-        fut = self.committer.submit(writes, batch.after)
+        after = batch.after  # (only passed when set: code that wraps `submit` takes writes)
+        fut = (
+            self.committer.submit(writes) if after is None else self.committer.submit(writes, after)
+        )
         gate = batch.gate
 
         def settled(f: asyncio.Future[None]) -> None:

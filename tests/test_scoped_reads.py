@@ -178,3 +178,27 @@ def test_a_chat_log_loads_its_journaled_items_and_a_new_chat_waits_for_nothing(
         db.close()
 
     asyncio.run(main())
+
+
+def test_a_pools_term_rows_are_read_with_their_pending_writes(tmp_path: Path) -> None:
+    """A pool's term rows (its keyword index's source) are read the same way: a pending row of
+    the pool is read, a pending delete of it is applied first, another pool waits for nothing."""
+    import numpy as np
+
+    from storage.term_store import TermStore
+
+    async def main() -> None:
+        db = Database(tmp_path / "shard-0.duckdb", MIGRATIONS)
+        gc = GroupCommitter(db, TABLES, checkpoint_rows=10_000, checkpoint_idle=3600)
+        terms = TermStore(db)
+        keys = np.array([3, 1, 2], dtype=np.uint64)
+        await gc.submit([terms.row("bot:a", "m1", "fp1", keys)])
+        assert await terms.fingerprints("bot:b") == [] and gc.checkpoints == 0
+        assert await terms.fingerprints("bot:a") == [("m1", "fp1")] and gc.checkpoints == 1
+        await gc.submit([terms.delete("bot:a", "m1"), terms.row("bot:a", "m2", "fp2", keys)])
+        entries, fps, _ = await terms.load_raw("bot:a")
+        assert (entries, fps) == (["m2"], ["fp2"]) and gc.checkpoints == 2
+        await gc.close()
+        db.close()
+
+    asyncio.run(main())

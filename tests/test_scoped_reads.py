@@ -202,3 +202,44 @@ def test_a_pools_term_rows_are_read_with_their_pending_writes(tmp_path: Path) ->
         db.close()
 
     asyncio.run(main())
+
+
+def test_a_chat_log_is_one_trip_to_the_database_and_a_new_one_reads_only_its_key_row(
+    tmp_path: Path,
+) -> None:
+    """A chat's log is read in one call on the database thread; a chat without its key row
+    (new: the row goes with anything sealed with the key) reads nothing else."""
+
+    async def main() -> tuple[list[int], list[int]]:
+        db = Database(tmp_path / "shard-0.duckdb", MIGRATIONS)
+        gc = GroupCommitter(db, TABLES)
+        chats = ChatStore(MemoryStore(db, Keyring(os.urandom(32))))
+        run, trips, statements = db.run, [], []
+
+        async def counted(fn, scope=None):
+            def traced(con):
+                execute = con.execute
+
+                class Counting:
+                    def execute(self, *args):
+                        statements[-1] += 1
+                        return execute(*args)
+
+                return fn(Counting())
+
+            trips.append(1)
+            statements.append(0)
+            return await run(traced, scope)
+
+        db.run = counted  # type: ignore[method-assign]
+        new = await chats.load("chat_new")
+        item = Item(chat="chat_new", seq=1, turn="t1", kind="person", author="u", at=1)
+        await gc.submit([*chats.memory.key_rows(new.key), *chats.add_items(new, [(item, "hi")])])
+        again = await ChatStore(chats.memory).load("chat_new")
+        assert [i.seq for i in again.items] == [1] and chats.text(again, 1) == "hi"
+        await gc.close()
+        db.close()
+        return trips, statements
+
+    trips, statements = asyncio.run(main())
+    assert trips == [1, 1] and statements == [1, 6]

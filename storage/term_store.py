@@ -16,7 +16,7 @@ import hmac
 
 import numpy as np
 
-from storage.database import Database
+from storage.database import Database, ReadScope
 from storage.group_commit import Delete, Put, Write
 from storage.search_index import pack_keys, unpack_keys
 from storage.shard_schema import SEARCH_TERMS
@@ -47,13 +47,13 @@ class TermStore:
             ).fetchnumpy()
             return cols["entry"].tolist(), cols["fp"].tolist(), cols["terms"].tolist()
 
-        return await self.db.run(read)
+        return await self.db.run(read, _scope(pool))
 
     async def load_flat(self, pool: str) -> tuple[list[str], np.ndarray, np.ndarray]:
         """The pool's rows as `TermIndex.build_flat` takes them: entries, how many keys each
         has and all keys end to end (joined on the database's thread). Without fingerprints:
         a pool's load checks them later (`fingerprints`)."""
-        return await self.db.run(lambda con: self.read_flat(con, pool))
+        return await self.db.run(lambda con: self.read_flat(con, pool), _scope(pool))
 
     @staticmethod
     def read_flat(con, pool: str) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -71,7 +71,8 @@ class TermStore:
         return await self.db.run(
             lambda con: con.execute(
                 "SELECT entry, fp FROM search_terms WHERE pool = ?", [pool]
-            ).fetchall()
+            ).fetchall(),
+            _scope(pool),
         )
 
     @staticmethod
@@ -83,3 +84,9 @@ class TermStore:
     @staticmethod
     def delete(pool: str, entry_id: str) -> Write:
         return Delete(SEARCH_TERMS.name, entry_key(pool, entry_id))
+
+
+def _scope(pool: str) -> tuple[ReadScope]:
+    """The rows a pool's term reads read (a new pool's first load, and the check a second after
+    it, need not wait for the journal's other writes)."""
+    return (ReadScope(SEARCH_TERMS.name, "pool", (pool,)),)

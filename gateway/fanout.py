@@ -6,9 +6,10 @@ are (a `Listener`: user, orgs, channels, usable bots) and the groups are indexed
 channel and bot, so an event's audience is a few dict look-ups and one `admits` per group, not a
 check per client. A client that is live on every shard and not ahead of this hub ("in step")
 holds the hub's own position: every frame such clients get is the same text (its cursor is the
-hub's dispatch position), encoded once per event and written to each of their sockets inline
-(gateway/subscriber.py). A client still replaying (it connected with a cursor) or whose cursor came
-from a faster gateway is served on its own positions until it is in step.
+hub's dispatch position), encoded once per event, framed once (gateway/ws_frames.py) and written
+to each of their sockets inline (gateway/subscriber.py). A client still replaying (it connected
+with a cursor) or whose cursor came from a faster gateway is served on its own positions until it
+is in step.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from engine.events import (
 )
 from gateway.metrics import EVENTS_DELIVERED
 from gateway.subscriber import TOO_SLOW, Closed, Outlet, Subscriber, event_text
+from gateway.ws_frames import text_frame
 
 log = logging.getLogger("openbot.events")
 
@@ -133,13 +135,15 @@ class Hub:
             if isinstance(event.data, MemoryChanged):
                 self.pool_changed[event.data.pool] = event.seq
             text: str | None = None
+            frame = b""
             for listener in self._audience(event):
                 for sub in self._members[listener]:
                     budget += 1
                     if sub.in_step:
                         if text is None:
                             text = event_text(event, self._cursor_at(k, event.seq))
-                        sent += sub.outlet.deliver(text)
+                            frame = text_frame(text)
+                        sent += sub.outlet.deliver(text, frame)
                     elif sub.live[k]:
                         sent += sub.offer(k, event, heads)
             if budget >= YIELD_EVERY:

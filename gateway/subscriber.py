@@ -7,7 +7,9 @@ So the fan-out runs each send inline, to its end, in the loop that dispatches th
 queue, no task and no wake-up per client and frame. Only a send that does suspend (a client that
 reads slowly) hands its rest to a task, and the frames that follow wait behind it in a bounded
 queue, in order; a client that falls a whole queue behind is told to go and resume by cursor
-(close 4429), so one slow client never holds up the others.
+(close 4429), so one slow client never holds up the others. Where the server offers it
+(gateway/ws_frames.py), a frame goes to the socket as the bytes built once per event, past the
+ASGI send; a socket that cannot take them at once gets the ASGI send as before.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import msgspec
 from engine.casing import to_wire
 from engine.events import Event, Listener, Position, ShardHead, admits, encode_cursor
 from gateway.metrics import EVENTS_DELIVERED, EVENTS_DROPPED
+from gateway.ws_frames import FrameWriter, text_frame
 
 QUEUE_LIMIT = 2048
 TOO_SLOW = 4429
@@ -100,16 +103,20 @@ class Outlet:
     """Frames for one websocket, in order; `ended` is set once it can take no more (the client
     fell `limit` frames behind: `code` 4429; or a send failed: the connection is gone)."""
 
-    def __init__(self, send: Send, limit: int | None = None) -> None:
+    def __init__(
+        self, send: Send, limit: int | None = None, writer: FrameWriter | None = None
+    ) -> None:
         self._send = send
+        self._writer = writer
         self._limit = QUEUE_LIMIT if limit is None else limit
         self._waiting: collections.deque[str] = collections.deque()
         self._drainer: asyncio.Task[None] | None = None
         self.ended = asyncio.Event()
         self.code: int | None = None
 
-    def deliver(self, text: str) -> bool:
+    def deliver(self, text: str, frame: bytes | None = None) -> bool:
         """Send `text` now if the socket takes it, else queue it behind the send that waits.
+        `frame`: `text` as a websocket frame, if the caller built it (once for many outlets).
         True if it was written at once (the caller counts those; queued ones count when sent)."""
         if self.ended.is_set():
             return False
@@ -120,6 +127,14 @@ class Outlet:
                 return False
             self._waiting.append(text)
             return False
+        if self._writer is not None:
+            written = self._writer.write(text_frame(text) if frame is None else frame)
+            if written is None:  # closing or gone: as an ASGI send that fails
+                self.end(None)
+                return False
+            if written:
+                return True
+            # The socket is full: the ASGI send below waits for room, in a task.
         coro = self._send({"type": "websocket.send", "text": text})
         try:
             waits_on = coro.send(None)

@@ -311,3 +311,43 @@ def test_a_client_that_stops_reading_holds_up_no_one(monkeypatch):
         subs[0].outlet.close()
 
     asyncio.run(scenario())
+
+
+class Writer:
+    """A ready-made frame writer (gateway/ws_frames.py) answering what it is told to."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.answer: bool | None = True
+
+    def write(self, frame: bytes) -> bool | None:
+        if self.answer:
+            self.frames.append(frame)
+        return self.answer
+
+
+def test_an_outlet_with_a_writer_writes_frames_past_asgi_until_the_socket_is_full():
+    from gateway.ws_frames import text_frame
+
+    async def scenario():
+        socket, writer = Socket(), Writer()
+        outlet = Outlet(socket.send, writer=writer)  # type: ignore[arg-type]
+        shared = text_frame("a")
+        assert outlet.deliver("a", shared) is True  # the caller's bytes, as they are
+        assert outlet.deliver("b") is True  # built here when not given
+        assert writer.frames == [shared, text_frame("b")] and socket.texts == []
+        writer.answer = False  # full: the ASGI send (which waits for room) takes over
+        socket.blocked = True
+        assert outlet.deliver("c", text_frame("c")) is False
+        writer.answer = True
+        assert outlet.deliver("d", text_frame("d")) is False  # behind "c", not past it
+        socket.blocked = False
+        socket.opened.set()
+        await asyncio.sleep(0.05)
+        assert socket.texts == ["c", "d"] and outlet.backlog == 0
+        assert outlet.deliver("e") is True and writer.frames[-1] == text_frame("e")
+        writer.answer = None  # the connection is going: the outlet ends, as on a failed send
+        assert outlet.deliver("f") is False
+        assert outlet.ended.is_set() and outlet.code is None
+
+    asyncio.run(scenario())

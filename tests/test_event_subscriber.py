@@ -131,6 +131,7 @@ class FakeShard:
         self.grew = asyncio.Event()
         self.hold: asyncio.Future[None] | None = None
         self.pump_hold: asyncio.Future[None] | None = None
+        self.replays = 0  # catch-up calls (`wait == 0`)
 
     def append(self, user: str = "u1") -> None:
         seq = len(self.log) + 1
@@ -147,6 +148,7 @@ class FakeShard:
         return self.head()
 
     async def events_after(self, after: int, limit: int = 1000, wait: float = 0.0):
+        self.replays += wait == 0
         if wait == 0 and self.hold is not None:
             await self.hold
         if wait and self.pump_hold is not None:
@@ -349,5 +351,108 @@ def test_an_outlet_with_a_writer_writes_frames_past_asgi_until_the_socket_is_ful
         writer.answer = None  # the connection is going: the outlet ends, as on a failed send
         assert outlet.deliver("f") is False
         assert outlet.ended.is_set() and outlet.code is None
+
+    asyncio.run(scenario())
+
+
+def test_a_client_resuming_from_a_recent_cursor_replays_from_the_hub(monkeypatch):
+    """What the pump handed out lately is replayed from the hub (no shard call), each event
+    once, in order, only those of the client's audience, then live frames; a cursor older than
+    what the hub holds (before it started, or trimmed since) replays from the shard."""
+    from types import SimpleNamespace
+
+    import gateway.recent
+    from engine.events import encode_cursor
+    from gateway.fanout import Hub
+
+    monkeypatch.setattr(gateway.recent, "KEEP", 4)  # held: the last 4 to 8 events
+
+    async def scenario():
+        shard = FakeShard(0)
+        for _ in range(3):
+            shard.append()  # before the hub started: never held by it
+        hub = Hub(SimpleNamespace(shard_ports=[shard]))
+        await hub.start()
+        listener = Listener(user="u1", orgs=frozenset())
+
+        async def resume(after: int) -> tuple[Socket, Subscriber]:
+            socket = Socket()
+            cursor = encode_cursor([Position("e0", after)])
+            sub, reset = await hub.subscribe(listener, cursor, Outlet(socket.send))
+            assert not reset
+            await hub.catch_up(sub)
+            assert sub.in_step
+            return socket, sub
+
+        for user in ("u1", "u2", "u1", "u1", "u2"):
+            shard.append(user)  # seq 4..8, handed out by the pump
+        await asyncio.sleep(0.05)
+
+        def entries(socket: Socket) -> list[str]:
+            return [msgspec.json.decode(t)["data"]["entry"] for t in socket.texts]
+
+        recent, _ = await resume(4)
+        assert shard.replays == 0
+        assert entries(recent) == ["s0-6", "s0-7"]  # u2's 5 and 8 are not u1's to hear of
+        old, _ = await resume(2)  # from before the hub started
+        assert shard.replays == 1
+        assert entries(old) == ["s0-3", "s0-4", "s0-6", "s0-7"]
+        for _ in range(6):
+            shard.append()  # seq 9..14: the hub trims what it holds to the last 4 (11..14)
+        await asyncio.sleep(0.05)
+        trimmed, _ = await resume(8)
+        assert shard.replays == 2
+        assert entries(trimmed) == [f"s0-{i}" for i in range(9, 15)]
+        held, _ = await resume(11)
+        assert shard.replays == 2
+        assert entries(held) == ["s0-12", "s0-13", "s0-14"]
+        shard.append()  # live: one frame each, after the replay
+        await asyncio.sleep(0.05)
+        await hub.stop()
+        for socket in (recent, old, trimmed, held):
+            assert entries(socket)[-1] == "s0-15"
+            assert len(entries(socket)) == len(set(entries(socket)))
+
+    asyncio.run(scenario())
+
+
+def test_a_long_replay_from_the_hub_lets_others_run_and_misses_nothing(monkeypatch):
+    from types import SimpleNamespace
+
+    import gateway.fanout
+    from engine.events import encode_cursor
+    from gateway.fanout import Hub
+
+    monkeypatch.setattr(gateway.fanout, "REPLAY_BATCH", 3)
+
+    async def scenario():
+        shard = FakeShard(0)
+        hub = Hub(SimpleNamespace(shard_ports=[shard]))
+        await hub.start()
+        for _ in range(10):
+            shard.append()
+        await asyncio.sleep(0.05)
+        socket = Socket()
+        sub, _ = await hub.subscribe(
+            Listener(user="u1", orgs=frozenset()),
+            encode_cursor([Position("e0", 0)]),
+            Outlet(socket.send),
+        )
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        other = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        await hub.catch_up(sub)
+        other.cancel()
+        await hub.stop()
+        got = [msgspec.json.decode(t)["data"]["entry"] for t in socket.texts]
+        assert got == [f"s0-{i}" for i in range(1, 11)] and shard.replays == 0
+        assert ticks >= 3  # the loop ran others between the batches of 3
 
     asyncio.run(scenario())

@@ -63,7 +63,12 @@ class FramingProtocol(WebSocketsSansIOProtocol):
     """uvicorn's websockets-sansio protocol offering the `openbot.ws.frames` extension."""
 
     async def run_asgi(self) -> None:
-        if not self.conn.extensions:  # frames as they are: nothing negotiated to apply to them
+        # Frames as they are: only with nothing negotiated to apply to them, and only while
+        # uvicorn's protocol keeps the state the writer reads (tests/test_ws_frames.py).
+        if not self.conn.extensions and all(hasattr(self, name) for name in _STATE):
             scope: Any = self.scope
             scope.setdefault("extensions", {})[FRAMES] = FrameWriter(self)
         await super().run_asgi()
+
+
+_STATE = ("disconnected", "close_sent", "writable", "transport")

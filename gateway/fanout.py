@@ -138,27 +138,41 @@ class Hub:
         exactly there)."""
         heads = self.heads
         sent = budget = 0
+        # A group's first frame in a stretch (up to a pause) is written at once; its further
+        # frames wait for the stretch's end and go to each socket in one write. A client's
+        # frames stay in order: nothing else writes to it before the stretch ends (no await),
+        # and whether it is in step cannot change within a stretch.
+        heard: set[Listener] = set()
+        later: dict[Outlet, list[tuple[str, bytes]]] = {}
         for event in events:
             if isinstance(event.data, MemoryChanged):
                 self.pool_changed[event.data.pool] = event.seq
             text: str | None = None
             frame = b""
             for listener in self._audience(event):
+                again = listener in heard
+                heard.add(listener)
                 for sub in self._members[listener]:
                     budget += 1
                     if sub.in_step:
                         if text is None:
                             text = event_text(event, self._cursor_at(k, event.seq))
                             frame = text_frame(text)
-                        sent += sub.outlet.deliver(text, frame)
+                        if again:
+                            later.setdefault(sub.outlet, []).append((text, frame))
+                        else:
+                            sent += sub.outlet.deliver(text, frame)
                     elif sub.live[k]:
                         sent += sub.offer(k, event, heads)
             if budget >= YIELD_EVERY:
+                sent += _write_together(later)
+                heard.clear()
                 head = heads[k]
                 assert head is not None
                 heads[k] = ShardHead(epoch=head.epoch, oldest=head.oldest, head=event.seq)
                 budget = 0
                 await asyncio.sleep(0)
+        sent += _write_together(later)
         if sent:
             EVENTS_DELIVERED.inc(sent)
 
@@ -303,3 +317,9 @@ class Hub:
                     group.discard(listener)
                     if not group:
                         del index[name]
+
+
+def _write_together(later: dict[Outlet, list[tuple[str, bytes]]]) -> int:
+    sent = sum(outlet.deliver_all(frames) for outlet, frames in later.items())
+    later.clear()
+    return sent

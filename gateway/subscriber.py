@@ -146,6 +146,21 @@ class Outlet:
         self._drainer = asyncio.get_running_loop().create_task(self._drain(coro, waits_on))
         return False
 
+    def deliver_all(self, frames: list[tuple[str, bytes]]) -> int:
+        """Several (text, frame) pairs in order, in one write when the socket takes them all at
+        once; how many were written at once."""
+        writer = self._writer
+        if len(frames) > 1 and writer is not None and self._drainer is None:
+            if self.ended.is_set():
+                return 0
+            written = writer.write(b"".join(frame for _, frame in frames))
+            if written is None:
+                self.end(None)
+                return 0
+            if written:
+                return len(frames)
+        return sum(self.deliver(text, frame) for text, frame in frames)
+
     def end(self, code: int | None) -> None:
         if not self.ended.is_set():
             self.code = code

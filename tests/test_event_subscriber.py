@@ -343,11 +343,15 @@ def test_an_outlet_with_a_writer_writes_frames_past_asgi_until_the_socket_is_ful
         assert outlet.deliver("c", text_frame("c")) is False
         writer.answer = True
         assert outlet.deliver("d", text_frame("d")) is False  # behind "c", not past it
+        pair = [("d1", text_frame("d1")), ("d2", text_frame("d2"))]
+        assert outlet.deliver_all(pair) == 0  # behind them too, one by one
         socket.blocked = False
         socket.opened.set()
         await asyncio.sleep(0.05)
-        assert socket.texts == ["c", "d"] and outlet.backlog == 0
+        assert socket.texts == ["c", "d", "d1", "d2"] and outlet.backlog == 0
         assert outlet.deliver("e") is True and writer.frames[-1] == text_frame("e")
+        assert outlet.deliver_all(pair) == 2  # the socket takes them: one write of both
+        assert writer.frames[-1] == text_frame("d1") + text_frame("d2")
         writer.answer = None  # the connection is going: the outlet ends, as on a failed send
         assert outlet.deliver("f") is False
         assert outlet.ended.is_set() and outlet.code is None
@@ -456,3 +460,56 @@ def test_a_long_replay_from_the_hub_lets_others_run_and_misses_nothing(monkeypat
         assert ticks >= 3  # the loop ran others between the batches of 3
 
     asyncio.run(scenario())
+
+
+def _writes(writer: Writer) -> list[list[str]]:
+    """The entries of the frames in each write (a write may hold several frames)."""
+    out = []
+    for data in writer.frames:
+        entries = []
+        while data:
+            n, at = data[1], 2
+            if n == 126:
+                n, at = int.from_bytes(data[2:4]), 4
+            entries.append(msgspec.json.decode(data[at : at + n])["data"]["entry"])
+            data = data[at + n :]
+        out.append(entries)
+    return out
+
+
+def test_several_frames_for_a_client_in_one_batch_go_out_in_one_write(monkeypatch):
+    """A batch with three events for u1 and one for u2: u1's clients get the first frame at
+    once and the other two in one write, in order; u2's client its one frame. With a pause
+    inside the batch, frames before the pause are written before it."""
+    from types import SimpleNamespace
+
+    import gateway.fanout
+    from gateway.fanout import Hub
+
+    async def scenario(yield_every: int) -> list[list[list[str]]]:
+        monkeypatch.setattr(gateway.fanout, "YIELD_EVERY", yield_every)
+        shard = FakeShard(0)
+        shard.pump_hold = asyncio.get_running_loop().create_future()
+        hub = Hub(SimpleNamespace(shard_ports=[shard]))
+        writers = []
+        for user in ("u1", "u1", "u2"):
+            writer = Writer()
+            sub, _ = await hub.subscribe(
+                Listener(user=user, orgs=frozenset()), None, Outlet(Socket().send, writer=writer)
+            )
+            await hub.catch_up(sub)
+            assert sub.in_step
+            writers.append(writer)
+        for user in ("u1", "u2", "u1", "u1"):
+            shard.append(user)  # seq 1..4, one batch
+        shard.pump_hold.set_result(None)
+        await asyncio.sleep(0.05)
+        await hub.stop()
+        return [_writes(writer) for writer in writers]
+
+    together = [["s0-1"], ["s0-3", "s0-4"]]
+    assert asyncio.run(scenario(2000)) == [together, together, [["s0-2"]]]
+    # A pause once 5 frames are handed out (after event 3): u1's frame of event 3 is written
+    # before it, and event 4 starts a new stretch.
+    apart = [["s0-1"], ["s0-3"], ["s0-4"]]
+    assert asyncio.run(scenario(5)) == [apart, apart, [["s0-2"]]]

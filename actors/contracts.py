@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import msgspec
 
+from engine import errors
 from engine.chat_records import ItemView, Turn
 from engine.directory import Bot, Channel, Chat, Org
+from engine.errors import OpenBotError
 from engine.events import Event, ShardHead
 from engine.memory import Reader
 from engine.models import Message, ToolSpec
@@ -41,6 +43,35 @@ class RememberCall(msgspec.Struct, frozen=True, kw_only=True):
     content: str
     topics: tuple[str, ...] = ()
     request_id: str | None = None
+
+
+class CallError(msgspec.Struct, frozen=True, kw_only=True):
+    """One request's engine error inside the reply of a coalesced call (`remember_many`,
+    `ws_create_memory_many`): every request of the call keeps its own answer, so one caller's
+    bad input fails that caller only. The error comes back as the class it was raised as."""
+
+    kind: str  # the class's name in engine/errors.py
+    message: str
+    code: str
+    details: dict = {}
+
+    @classmethod
+    def of(cls, e: OpenBotError) -> CallError:
+        return cls(kind=type(e).__name__, message=e.message, code=e.code, details=e.details)
+
+    def error(self) -> OpenBotError:
+        kind = getattr(errors, self.kind, None)
+        if not (isinstance(kind, type) and issubclass(kind, OpenBotError)):
+            kind = errors.Unavailable
+        return kind(self.message, code=self.code, details=dict(self.details))
+
+
+# A coalesced call: its requests, each one packed call (a RememberCall, a WsCreateCall) as it
+# would be sent alone, as one msgpack array of byte strings; each is decoded alone, so a
+# malformed one fails only itself. The reply: per request, in order, the answer's bytes or a
+# `CallError`.
+COALESCED = msgspec.msgpack.Decoder(list[bytes])
+REPLIES = msgspec.msgpack.Decoder(list[bytes | CallError])
 
 
 # --- turns (gateway -> a chat's home shard) ------------------------------------------------

@@ -14,6 +14,9 @@ Scenarios, each `--concurrency` closed-loop clients for `--seconds` after `--war
   http_read      GET /v1/bots/{bot}/memory              (load from a child process, raw HTTP/1.1)
   actor_read     await shard.read_memory_json.remote(...)  (this process, the Ray driver; no cache)
   http_remember  POST /v1/bots/{bot}/memory Remember    (load from a child process)
+  http_remember_single  the same with the gateway's coalescing off (one Ray call per Remember;
+                 with the floors only: the side-by-side comparison, actors/runtime/coalesce.py;
+                 `--ab-rounds N` adds N alternating rounds of both, fairer on a busy machine)
 The reads run before the writes so they see exactly the seeded pool. Two floors run once, in the
 first mode (`--no-baselines` skips them): GET /healthz (HTTP, no actor call) and shard.ping() (an
 actor call, no work).
@@ -52,6 +55,7 @@ TARGETS: dict[str, dict[str, float] | None] = {
     "http_read": {"p50_ms_max": 5.0, "throughput_min": 1000.0},
     "actor_read": None,
     "http_remember": {"throughput_min": 800.0},
+    "http_remember_single": None,
 }
 LABELS = {
     "http_health": "baseline: GET /healthz",
@@ -59,6 +63,7 @@ LABELS = {
     "http_read": "GET memory (HTTP)",
     "actor_read": "read_memory (actor call)",
     "http_remember": "Remember (HTTP POST)",
+    "http_remember_single": "Remember, not coalesced",
 }
 
 
@@ -88,6 +93,54 @@ def cpu_per_op(before: dict[str, float], after: dict[str, float], ops: int) -> d
     if not ops:
         return {}
     return {k: round((after[k] - before[k]) / ops * 1000, 3) for k in before}
+
+
+def coalesced() -> tuple[float, int]:
+    """Requests and Ray calls of the gateway's coalescers so far (it runs in this process)."""
+    from storage.stats import STATS
+
+    for h in STATS.snapshot()["histograms"]:
+        if h[0] == "openbot_coalesced_requests":
+            return h[-2], h[-1]
+    return 0.0, 0
+
+
+def uncoalesced(engine: Any, run: Any) -> dict[str, Any]:
+    """Run a scenario with the gateway's coalescing off: one Ray call per write."""
+    ports = engine.shard_ports
+    for port in ports:
+        port.coalesce = False
+    try:
+        return run()
+    finally:
+        for port in ports:
+            port.coalesce = True
+
+
+def remember_ab(engine: Any, run: Any, rounds: int) -> dict[str, dict[str, float]]:
+    """Remember with the gateway's coalescing on and off in alternating rounds, summed: a fairer
+    side by side than one window each on a machine whose load changes."""
+    sums = {k: {"count": 0, "seconds": 0.0, "ops": 0, "shard": 0.0, "driver": 0.0}
+            for k in ("coalesced", "not_coalesced")}  # fmt: skip
+    for _ in range(rounds):
+        for name in sums:
+            cpu0 = cpu_by_role()
+            r = run() if name == "coalesced" else uncoalesced(engine, run)
+            cpu1 = cpu_by_role()
+            t = sums[name]
+            t["count"] += r["count"]
+            t["seconds"] += r["seconds"]
+            t["ops"] += r["ops_incl_warmup"]
+            t["shard"] += cpu1["shard"] - cpu0["shard"]
+            t["driver"] += cpu1["driver"] - cpu0["driver"]
+    return {
+        name: {
+            "per_s": round(t["count"] / t["seconds"], 1),
+            "shard_cpu_ms": round(t["shard"] / t["ops"] * 1000, 3),
+            "gateway_cpu_ms": round(t["driver"] / t["ops"] * 1000, 3),
+        }
+        for name, t in sums.items()
+    }
 
 
 # --- the server --------------------------------------------------------------------------------
@@ -308,6 +361,8 @@ def run_mode(
                 server.port, reader["token"], path, remember=True, args=args)),
         ]  # fmt: skip
         if baselines:  # the floors: HTTP without an actor call, an actor call without work
+            runs.append(("http_remember_single", lambda: uncoalesced(engine, lambda: http_scenario(
+                server.port, reader["token"], path, remember=True, args=args))))  # fmt: skip
             runs[:0] = [
                 ("http_health", lambda: http_scenario(
                     server.port, reader["token"], "/healthz", remember=False, args=args)),
@@ -316,6 +371,7 @@ def run_mode(
         for name, run in runs:
             before = ray.get(shard.stats.remote())
             load = os.getloadavg()[0]
+            coalesced0 = coalesced()
             cpu0 = cpu_by_role()
             try:
                 result = run()
@@ -329,17 +385,31 @@ def run_mode(
                 # per request, which contention from other processes inflates far less than
                 # latency.
                 result["cpu_ms_per_op"] = cpu_per_op(cpu0, cpu1, result["ops_incl_warmup"])
-            if name == "http_remember" and "failed" not in result:
+            if name.startswith("http_remember") and "failed" not in result:
                 txns = after["transactions"] - before["transactions"]
                 batches = after["batches"] - before["batches"]
+                ops = result["ops_incl_warmup"]
+                requests, calls = (b - a for a, b in zip(coalesced0, coalesced(), strict=True))
                 result["commit"] = {
                     "transactions": txns,
                     "batches": batches,
                     "batches_per_transaction": round(batches / txns, 2) if txns else None,
+                    # Remembers (warm-up included) per group commit: a coalesced call's share
+                    # of one pool is one batch, so batches undercount the writes.
+                    "remembers_per_transaction": round(ops / txns, 2) if txns else None,
+                    "coalesced_calls": calls,
+                    "remembers_per_call": round(requests / calls, 2) if calls else None,
                 }
             result["target"], result["verdict"] = verdict(name, result)
             out["scenarios"][name] = result
             print(f"[gc {mode}] {name}: {short(result)}", flush=True)
+        if baselines and args.ab_rounds:
+            out["remember_ab"] = remember_ab(
+                engine, lambda: http_scenario(
+                    server.port, reader["token"], path, remember=True, args=args),
+                args.ab_rounds,
+            )  # fmt: skip
+            print(f"[gc {mode}] remember A/B: {out['remember_ab']}", flush=True)
         final = admin.get_as(reader["token"], path)
         out["setup"]["visible_after_remember"] = len(final["entries"])
     finally:
@@ -395,8 +465,25 @@ def print_table(modes: list[dict[str, Any]], args: argparse.Namespace) -> None:
             gc = "on" if m["group_commit"] else "off"
             print(
                 f"group commit {gc}: Remember used {c['transactions']} transactions for "
-                f"{c['batches']} writes ({c['batches_per_transaction']} per transaction)"
+                f"{rem['ops_incl_warmup']} writes ({c['remembers_per_transaction']} per "
+                f"transaction), in {c['coalesced_calls']} coalesced calls "
+                f"({c['remembers_per_call']} per call)"
             )
+    for m in modes:
+        sc = m["scenarios"]
+        ping = sc.get("actor_ping", {}).get("throughput_per_s")
+        if not ping:
+            continue
+        for name in ("http_remember", "http_remember_single"):
+            if sc.get(name, {}).get("throughput_per_s"):
+                r = sc[name]
+                cpu = r["cpu_ms_per_op"]
+                print(
+                    f"{LABELS[name]}: {r['throughput_per_s'] / ping:.0%} of the shard.ping() "
+                    f"ceiling; CPU ms per Remember: shard {cpu.get('shard', 0):.2f}, gateway "
+                    f"and driver {cpu.get('driver', 0):.2f}, ray system "
+                    f"{cpu.get('ray_system', 0):.2f}"
+                )
     print(
         "cpu ms/op: CPU time per request of the shard actors and of this process (the gateway "
         "thread and Ray driver; for actor calls also the load)."
@@ -422,6 +509,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache-ttl", type=float, default=2.0, help="gateway directory cache (s)")
     p.add_argument(
         "--group-commit", choices=["both", "on", "off"], default="both", help="modes to run"
+    )
+    p.add_argument(
+        "--ab-rounds",
+        type=int,
+        default=0,
+        help="also run Remember with coalescing on and off in N alternating rounds (first mode)",
     )
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")

@@ -342,6 +342,9 @@ def _http_writes(port: int, token: str, path: str, extra: list[str], args) -> di
     cmd += ["--path", path, "--method", "POST", "--expect", "201", *extra]
     cmd += ["--concurrency", str(args.concurrency), "--warmup", str(args.http_warmup)]
     cmd += ["--seconds", str(args.http_seconds)]
+    from benchmarks.memory_ops import cpu_by_role
+
+    cpu0 = cpu_by_role()
     proc = subprocess.run(
         cmd,
         cwd=Path(__file__).resolve().parent.parent,
@@ -353,9 +356,13 @@ def _http_writes(port: int, token: str, path: str, extra: list[str], args) -> di
     )
     if proc.returncode != 0:
         raise RuntimeError(f"load generator failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    cpu1 = cpu_by_role()
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     if out["errors"]:
         raise RuntimeError(f"{path}: {out['errors']} failed requests: {out['error_samples']}")
+    # CPU seconds of the shard and of this process (the gateway thread, Ray's driver), summed
+    # over the rounds into ms per write (warm-up included).
+    out["cpu_s"] = {k: cpu1[k] - cpu0[k] for k in ("shard", "driver")}
     return out
 
 
@@ -415,6 +422,13 @@ def bench_http_writes(data: Path, args) -> dict:
     def p50(kind: str) -> float:
         return round(float(np.median([r[kind]["p50_ms"] for r in rounds])), 2)
 
+    def cpu_ms(kind: str) -> dict[str, float]:
+        ops = sum(r[kind]["ops_incl_warmup"] for r in rounds)
+        return {
+            role: round(sum(r[kind]["cpu_s"][role] for r in rounds) / ops * 1000, 3)
+            for role in ("shard", "driver")
+        }
+
     return {
         "concurrency": args.concurrency,
         "rounds": len(rounds),
@@ -424,6 +438,8 @@ def bench_http_writes(data: Path, args) -> dict:
         "ratio": round(rate("workspace") / rate("remember"), 3),
         "remember_p50_ms": p50("remember"),
         "workspace_p50_ms": p50("workspace"),
+        "remember_cpu_ms": cpu_ms("remember"),
+        "workspace_cpu_ms": cpu_ms("workspace"),
         "per_round": [
             {k: r[k]["throughput_per_s"] for k in ("remember", "workspace")} for r in rounds
         ],
@@ -582,7 +598,9 @@ def main() -> None:
             f"writes over HTTP, {http['concurrency']} clients, {http['rounds']} rounds of "
             f"{http['seconds_each']} s each: workspace memory {http['workspace_per_s']}/s "
             f"(p50 {http['workspace_p50_ms']} ms), Remember {http['remember_per_s']}/s "
-            f"(p50 {http['remember_p50_ms']} ms): ratio {http['ratio']}"
+            f"(p50 {http['remember_p50_ms']} ms): ratio {http['ratio']}; CPU ms per write "
+            f"(shard, gateway and driver): workspace {tuple(http['workspace_cpu_ms'].values())}, "
+            f"Remember {tuple(http['remember_cpu_ms'].values())}"
         )
     print(
         f"export account of {export['records']:,} records: Markdown "

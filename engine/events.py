@@ -15,8 +15,8 @@ import msgspec
 
 from engine import tags as tagmod
 from engine.errors import InvalidInput
-from engine.memory import EntryMeta, Reader
-from engine.visibility import Visibility
+from engine.memory import EntryMeta, Layer, Reader
+from engine.visibility import Visibility, directly_visible
 
 # --- payloads (the `data` of a frame); new fields get defaults, types never change ---------------
 
@@ -133,28 +133,41 @@ def entry_audience(bot_id: str | None, entry_id: str, entries: Mapping[str, Entr
     when they read).
     """
     entry = entries.get(entry_id)
-    orgs = set() if entry is None else tagmod.orgs_of(entry.tags)
-    if entry is None or len(orgs) != 1:
+    if entry is None:
+        return NOBODY
+    orgs = tagmod.orgs_of(entry.tags)
+    if len(orgs) != 1:
         return NOBODY
     (org,) = orgs
-    pool = entries
+    # A pinned entry's visibility is rules 1 and 2 alone (engine/visibility.py): no memo of
+    # the pool to build per grant (this runs for every entry a write changes).
+    if entry.layer == Layer.PINNED:
+
+        def sees(reader: Reader) -> bool:
+            return directly_visible(reader, entry)
+    else:
+
+        def sees(reader: Reader) -> bool:
+            return Visibility(reader, entries).visible(entry_id)
+
     users: list[str] = []
     channels: list[str] = []
     bot = None
     for grant in tagmod.grants_of(entry.tags):
         if grant.startswith("for:person:"):
             user = grant[len("for:person:") :]
-            if Visibility(Reader(user=user, org=org), pool).visible(entry.id):
+            if sees(Reader(user=user, org=org)):
                 users.append(user)
         elif grant.startswith("for:channel:"):
             channel = grant[len("for:channel:") :]
-            reader = Reader(user="\x00", org=org, channels=frozenset({channel}))
-            if Visibility(reader, pool).visible(entry.id):
+            if sees(Reader(user="\x00", org=org, channels=frozenset({channel}))):
                 channels.append(channel)
-        elif grant == tagmod.FOR_BOT:
-            reader = Reader(user="\x00", org=org, uses_bot=True)
-            if bot_id is not None and Visibility(reader, pool).visible(entry.id):
-                bot = bot_id
+        elif (
+            grant == tagmod.FOR_BOT
+            and bot_id is not None
+            and sees(Reader(user="\x00", org=org, uses_bot=True))
+        ):
+            bot = bot_id
     return Audience(org=org, users=tuple(users), channels=tuple(channels), bot=bot)
 
 

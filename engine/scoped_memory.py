@@ -190,11 +190,15 @@ def pool_of(scope: Scope | str, *, bot: str, account: str, project: str | None =
     return f"project:{project}"
 
 
+_SCOPE_OF = {"bot": Scope.BOT, "user": Scope.USER, "project": Scope.PROJECT}
+
+
 def scope_of(pool: str) -> Scope:
     kind, sep, rest = pool.partition(":")
-    if not sep or not rest or kind not in ("bot", "user", "project"):
+    scope = _SCOPE_OF.get(kind)  # a dict, not `Scope(kind)`: this runs ~10 times a write
+    if not sep or not rest or scope is None:
         raise InvalidInput(f"{pool!r} is not a workspace pool", code="invalid_pool")
-    return Scope(kind)
+    return scope
 
 
 def pool_owner(pool: str) -> str:

@@ -52,6 +52,7 @@ STOP_WORDS = frozenset(
 Stemmer = Callable[[Sequence[str]], Sequence[str]]
 _WORD = re.compile(rf"[^\W_{_NO_SPACE}]+")
 _HAS_NO_SPACE = re.compile(rf"[{_NO_SPACE}]")
+_ASCII_WORD = re.compile(r"[a-z0-9]+")  # `_WORD` on casefolded ASCII text
 _CACHE_MAX = 500_000
 
 
@@ -83,9 +84,11 @@ class TermMaker:
         """The terms of `text` in order, repeats kept (they count in a ranking)."""
         folded = fold(text)
         memo, miss = self._memo, self._word
-        if _HAS_NO_SPACE.search(folded) is None:
+        if folded.isascii() or _HAS_NO_SPACE.search(folded) is None:
+            # Folded ASCII has no capitals: its words are runs of [a-z0-9] (a smaller pattern,
+            # and no search for CJK first; most notes are ASCII).
             out = []
-            for w in _WORD.findall(folded):
+            for w in (_ASCII_WORD if folded.isascii() else _WORD).findall(folded):
                 t = memo[w] if w in memo else miss(w)
                 if t is not None:
                     out.append(t)

@@ -10,6 +10,7 @@ import secrets
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pytest
 
 from actors.contracts import WsAccess, WsQuery
@@ -315,3 +316,53 @@ def test_enrichment_context_takes_what_the_input_is_about_first(tmp_path: Path):
         await svc.close()
 
     asyncio.run(main())
+
+
+def test_seed_term_rows_and_index_are_what_a_rebuild_from_the_sealed_content_gives(tmp_path):
+    """Remember and the memory bot's entries are indexed from the plaintext the writer had (no
+    decrypting of what was just sealed): each stored term row holds the keys the sealed content
+    gives and the fingerprint of that very seal, and the pool's index ranks like one rebuilt
+    from storage after a restart."""
+    from actors.shard.kernel import sealed_fp, terms_pool
+    from engine.memory import EntryMeta, Layer
+
+    texts = ["Deploy the billing service on Friday", "Soup for lunch at noon", "统一部署计划"]
+
+    async def write() -> tuple[dict[str, str], list]:
+        svc = ShardService(tmp_path, 0)
+        made = {}
+        for t in texts:
+            made[(await svc.remember(POOL, ALICE, t, ("ops",), None)).id] = t
+        meta = EntryMeta(id="mem_bot1", pool=POOL, layer=Layer.PINNED, tags=(
+            "from:u1", "for:person:u1", "org:o1"), created_at=1, updated_at=1)  # fmt: skip
+        await svc.add_entries(POOL, [(meta, "The billing team deploys on Fridays")])
+        made["mem_bot1"] = "The billing team deploys on Fridays"
+        pool = await svc.kernel.pool(POOL)
+        an = svc.kernel.analyzer
+        rows = await svc.kernel.terms.load(terms_pool(POOL))
+        assert set(rows) == set(made)
+        for entry_id, text in made.items():
+            fp, keys = rows[entry_id]
+            assert fp == sealed_fp(pool.stored.sealed[entry_id])
+            assert np.array_equal(
+                keys, an.keys(svc.kernel.store.open_content(pool.stored, entry_id))
+            )
+            assert np.array_equal(keys, an.keys(text))
+        q = an.query("deploying billing on friday lunch")
+        live = pool.terms.search(q, 10)
+        await svc.close()
+        return made, live
+
+    made, live = asyncio.run(write())
+
+    async def reread() -> None:
+        svc = ShardService(tmp_path, 0)
+        pool = await svc.kernel.pool(POOL)
+        fresh = TermIndex()
+        fresh.build((i, svc.kernel.analyzer.keys(t)) for i, t in made.items())
+        q = svc.kernel.analyzer.query("deploying billing on friday lunch")
+        assert [i for i, _ in pool.terms.search(q, 10)] == [i for i, _ in live]
+        assert dict(fresh.search(q, 10)).keys() == dict(live).keys()
+        await svc.close()
+
+    asyncio.run(reread())

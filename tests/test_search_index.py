@@ -133,6 +133,74 @@ def test_incremental_changes_rank_like_a_fresh_build(texts, query, data):
         assert (i in a) == bool(q_terms & set(AN.keys(t).tolist()))
 
 
+def _merged_by_sorting_everything(ix: TermIndex, extra=None):
+    """The layout the merge had before it placed new postings by `searchsorted` (one stable
+    sort of the base, the tail and the given postings, in that order): the reference."""
+    parts_t = [np.repeat(np.arange(ix._indptr.size - 1), np.diff(ix._indptr))]
+    parts_r, parts_f = [ix._rows], [ix._tfs]
+    for tid, (r, f) in ix._tail.items():
+        parts_t.append(np.full(len(r), tid, dtype=np.int64))
+        parts_r.append(np.asarray(r, dtype=np.int32))
+        parts_f.append(np.asarray(f, dtype=np.float32))
+    if extra is not None:
+        parts_t.append(extra[0])
+        parts_r.append(extra[1])
+        parts_f.append(extra[2])
+    all_t, all_r, all_f = (np.concatenate(p) for p in (parts_t, parts_r, parts_f))
+    keep = ix._alive[all_r]
+    all_t, all_r, all_f = all_t[keep], all_r[keep], all_f[keep]
+    order = np.argsort(all_t, kind="stable")
+    counts = np.bincount(all_t, minlength=len(ix._vocab))
+    return np.concatenate(([0], np.cumsum(counts))), all_r[order], all_f[order]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(words, max_size=8).map(" ".join), min_size=0, max_size=25),
+    st.lists(st.lists(words, max_size=8).map(" ".join), min_size=0, max_size=25),
+    st.data(),
+)
+def test_a_merge_lays_postings_out_as_one_stable_sort_would(built, written, data):
+    """The merge places new postings into the term-ordered base without sorting the base
+    again: the arrays are exactly those one stable sort of everything gives (dead rows
+    dropped), so rankings and their tie order are what they were. Checked on every merge:
+    explicit, and `build_flat`'s into a non-empty index (given postings)."""
+    real = TermIndex._merge
+    merges: list[int] = []
+
+    def checked(self, *given):
+        want = _merged_by_sorting_everything(self, given or None)
+        real(self, *given)
+        for got, expected in zip((self._indptr, self._rows, self._tfs), want, strict=True):
+            assert np.array_equal(got, expected)
+        assert not self._tail
+        merges.append(len(given))
+
+    TermIndex._merge = checked  # type: ignore[method-assign]
+    try:
+        ix = TermIndex()
+        ix.build((f"b{n}", AN.keys(t)) for n, t in enumerate(built))
+        names = [f"b{n}" for n in range(len(built))]
+        for n, t in enumerate(written):
+            ix.put(f"w{n}", AN.keys(t))
+            names.append(f"w{n}")
+        picked = (
+            data.draw(st.lists(st.sampled_from(names), max_size=6, unique=True)) if names else []
+        )
+        for i in picked:
+            if data.draw(st.booleans()):
+                ix.remove(i)
+            else:
+                ix.put(i, AN.keys(data.draw(st.lists(words, max_size=8).map(" ".join))))
+        ix._merge()
+        ix.put("y", AN.keys("alpha beta deploy"))
+        more = [(f"x{n}", AN.keys(t)) for n, t in enumerate(written[:5])]
+        ix.build([*more, ("y", AN.keys("soup deploy"))])  # into a non-empty index
+    finally:
+        TermIndex._merge = real  # type: ignore[method-assign]
+    assert merges[0] == 0 and (not ix._ids or merges[-1] == 3)
+
+
 def test_term_counts_are_the_same_counted_in_python_or_numpy(monkeypatch):
     """`put` counts a note's few keys in Python and a long text's with numpy: same ranking."""
     from storage import search_index

@@ -82,6 +82,33 @@ def test_duckdb_errors_become_storage_errors(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- group commit
 
 
+def test_writes_that_arrive_in_the_next_turn_of_the_loop_join_the_commit(tmp_path: Path) -> None:
+    """An actor hands each call to its event loop on its own: the writer waits one turn of the
+    loop before it takes a group, so writes staged by calls that arrived meanwhile share the
+    commit (fewer syncs and event polls per write) instead of each starting the next one."""
+
+    async def main() -> GroupCommitter:
+        db = Database(tmp_path / "t.duckdb", [KV_SQL])
+        gc = GroupCommitter(db, [KV], enabled=True)
+        loop = asyncio.get_running_loop()
+        futs = [gc.submit([Put("kv", ("first", "g", 0))])]  # wakes the writer
+
+        def later(i: int) -> None:  # as a call handed over by another thread would
+            futs.append(gc.submit([Put("kv", (f"k{i}", "g", i))]))
+
+        for i in range(5):
+            loop.call_soon(later, i)
+        await asyncio.sleep(0)
+        await asyncio.gather(*futs)
+        await gc.close()
+        assert _rows(db).keys() == {"first", *(f"k{i}" for i in range(5))}
+        db.close()
+        return gc
+
+    gc = asyncio.run(main())
+    assert (gc.batches, gc.transactions) == (6, 1)
+
+
 def test_group_commit_merges_batches_into_few_transactions(tmp_path: Path) -> None:
     path = tmp_path / "g.duckdb"
 
@@ -367,3 +394,65 @@ def test_directory_stores_token_hashes_only(tmp_path: Path) -> None:
         svc.store.db.close()
 
     asyncio.run(reopen())
+
+
+_VALUES = [
+    None, "s", b"b", bytearray(b"b"), memoryview(b"m"), 0, 7, True, False, 1.5, [1], ("t",),
+    InvalidInput("x"), Path("p"),
+]  # fmt: skip
+
+
+def _old_check(tables: dict[str, Table], w) -> None:
+    """What `GroupCommitter._check` accepted before its one-pass fast path (the reference)."""
+    from storage.group_commit import _PY_TYPES, Insert, _fits
+
+    table = tables.get(w.table)
+    if table is None:
+        raise StorageError("no table")
+    if isinstance(w, Put | Insert):
+        if len(w.row) != len(table.columns):
+            raise StorageError("arity")
+        for value, (_, kind) in zip(w.row, table.columns, strict=True):
+            want = _PY_TYPES.get(kind)
+            if value is not None and want is not None and not _fits(value, want):
+                raise StorageError("type")
+    if isinstance(w, DeleteWhere):
+        table.index(w.column)
+
+
+def test_the_row_check_accepts_and_refuses_exactly_what_it_did(tmp_path: Path) -> None:
+    """Every combination of value types (subclasses such as bool and str enums included) in a
+    table of every column type the check knows, plus an unknown one: the one-pass check raises
+    exactly when the old per-value `isinstance` check did."""
+    import enum
+    import itertools
+
+    from storage.group_commit import Insert
+
+    class Kind(enum.StrEnum):
+        A = "a"
+
+    cols = (("v", "VARCHAR"), ("i", "BIGINT"), ("b", "BLOB"), ("d", "DOUBLE"), ("f", "BOOLEAN"))
+    tables = [Table(f"t_{name}", ((name, kind), ("x", "FLOAT[3]"))) for name, kind in cols]
+    db = Database(tmp_path / "c.duckdb", [])
+    gc = GroupCommitter(db, tables)
+    by_name = {t.name: t for t in tables}
+    values = [*_VALUES, Kind.A]
+    checked = 0
+    for table, first, second, op in itertools.product(tables, values, values, (Put, Insert)):
+        w = op(table.name, (first, second))
+        try:
+            _old_check(by_name, w)
+        except StorageError:
+            with pytest.raises(StorageError):
+                gc._check([w])
+        else:
+            gc._check([w])
+        checked += 1
+    for bad in (Put("t_v_missing", ("a", 1)), Put("t_v", ("a",)), DeleteWhere("t_v", "no", ())):
+        with pytest.raises((StorageError, ValueError)):
+            _old_check(by_name, bad)
+        with pytest.raises((StorageError, ValueError)):
+            gc._check([bad])
+    assert checked == len(tables) * len(values) ** 2 * 2
+    db.close()

@@ -424,7 +424,14 @@ class LearningRunner:
                     self.store.job_row(done),
                     *self.runtime.spend_rows(),
                 ]
-                pending = self.kernel.stage_outcome(pool, outcome, sealed, extra, [job_event(done)])
+                pending = self.kernel.stage_outcome(
+                    pool,
+                    outcome,
+                    sealed,
+                    extra,
+                    [job_event(done)],
+                    texts={m.id: text for m, text in decision.new},
+                )
         try:
             await self.kernel.settle(pool, pending, reads_state=False)
         except BaseException:

@@ -9,6 +9,8 @@ handle valid.
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +32,7 @@ from actors.contracts import (
     WsListing,
     WsQuery,
 )
+from actors.runtime.coalesce import Coalescer
 from actors.runtime.lock_guard import assert_no_pool_lock
 from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.directory import Bot, Channel, Chat, Org
@@ -91,8 +94,41 @@ class NamedActor:
         return self._handle
 
 
+class _Writes:
+    """A gateway's coalesced writes to one shard, on one event loop (actors/runtime/coalesce.py):
+    Remembers, and workspace memory creations, go many to a call while one is in flight."""
+
+    def __init__(self, remember: Coalescer, ws_create: Coalescer) -> None:
+        self.remember = remember
+        self.ws_create = ws_create
+
+
 class RayShard(NamedActor):
     """`ShardPort` over the shard actor named `name`."""
+
+    coalesce = True  # False: one call per write (benchmarks compare the two)
+
+    def __init__(self, name: str, namespace: str, handle: Any = None) -> None:
+        super().__init__(name, namespace, handle)
+        # Per event loop: a coalescer's futures belong to the loop it runs on.
+        self._writes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Writes] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def writes(self) -> _Writes:
+        """This loop's coalescers (their `calls` and `requests` say how well they coalesce)."""
+        loop = asyncio.get_running_loop()
+        found = self._writes.get(loop)
+        if found is None:
+            found = _Writes(Coalescer(self._remember_many), Coalescer(self._ws_create_many))
+            self._writes[loop] = found
+        return found
+
+    async def _remember_many(self, call: bytes) -> bytes:
+        return await remote(self._actor().remember_many, call)
+
+    async def _ws_create_many(self, call: bytes) -> bytes:
+        return await remote(self._actor().ws_create_memory_many, call)
 
     async def run_step(
         self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0
@@ -191,6 +227,8 @@ class RayShard(NamedActor):
         return await remote(self._actor().memory_log_json, pool_id, reader)
 
     async def remember_packed(self, call: bytes) -> bytes:
+        if self.coalesce:
+            return await self.writes().remember.call(call)
         return await remote(self._actor().remember_packed, call)
 
     async def remember(
@@ -283,6 +321,8 @@ class RayShard(NamedActor):
     async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView:
         # One bytes each way (actors/shard/packed.py): Ray would pickle both Structs and the reply.
         call = _packer.encode(WsCreateCall(access=access, body=body))
+        if self.coalesce:
+            return WS_ENTRY_VIEW.decode(await self.writes().ws_create.call(call))
         return WS_ENTRY_VIEW.decode(await remote(self._actor().ws_create_memory_packed, call))
 
     async def ws_change_memory(

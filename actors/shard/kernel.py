@@ -24,7 +24,7 @@ import asyncio
 import hashlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -236,15 +236,26 @@ class ShardKernel:
             if fut is not None:
                 ignore_failure(fut)
 
-    def _term_rows(self, pool: Pool, outcome: Outcome, sealed: dict[str, bytes] | None):
+    def _term_rows(
+        self,
+        pool: Pool,
+        outcome: Outcome,
+        sealed: dict[str, bytes] | None,
+        texts: Mapping[str, str] | None = None,
+    ):
         """Keep the keyword index current with an applied outcome: new content indexed,
-        deleted entries gone (in memory at once); the rows that store it."""
+        deleted entries gone (in memory at once); the rows that store it. `texts`: the
+        plaintext of (some of) the new content, as the writer had it (else it is opened)."""
         rows: list[Write] = []
         terms = self.terms
+        texts = texts or {}
         for entry_id, blob in (sealed or {}).items():
             if entry_id not in pool.entries:
                 continue
-            keys = self.analyzer.keys(self.store.open_content(pool.stored, entry_id))
+            text = texts.get(entry_id)
+            if text is None:
+                text = self.store.open_content(pool.stored, entry_id)
+            keys = self.analyzer.keys(text)
             pool.terms.put(entry_id, keys)
             rows.append(terms.row(terms_pool(pool.id), entry_id, sealed_fp(blob), keys))
         for entry_id in outcome.deletes:
@@ -261,10 +272,16 @@ class ShardKernel:
         sealed: dict[str, bytes] | None = None,
         extra: Sequence[Write] = (),
         more_events: Sequence[tuple[Payload, Audience]] = (),
+        into: Batch | None = None,
+        *,
+        texts: Mapping[str, str] | None = None,
     ) -> asyncio.Future[None] | None:
         """Apply an outcome to the pool and stage its rows with one `memory.changed` per entry
         changed (plus `more_events`); events are published once the transaction commits. Call
-        under the pool's exclusive lock."""
+        under the pool's exclusive lock. With `into`, the rows and events join that batch
+        instead (several writes, one commit: the caller stages it) and None is returned.
+        `texts`: the plaintext sealed into `sealed`, where the caller has it (the keyword index
+        is made from it instead of opening the seal again)."""
         batch = Batch(writes=[*self.store.outcome_writes(pool.stored, outcome, sealed), *extra])
         bot = pool.id[4:] if pool.id.startswith("bot:") else None
         before = {
@@ -273,7 +290,7 @@ class ShardKernel:
             if i in pool.entries
         }
         pool.apply(outcome, sealed)
-        batch.extend(self._term_rows(pool, outcome, sealed))
+        batch.extend(self._term_rows(pool, outcome, sealed, texts))
         changes = {row.entry: row.change for row in outcome.log}
         for meta in outcome.upserts:
             audience = entry_audience(bot, meta.id, pool.entries)
@@ -292,6 +309,10 @@ class ShardKernel:
             )
             batch.emit(data, before.get(entry_id, NOBODY))
         batch.events.extend(more_events)
+        if into is not None:
+            into.extend(batch.writes)
+            into.events.extend(batch.events)
+            return None
         return self.stage(batch, pool)
 
     def stage(self, batch: Batch, pool: Pool | None = None) -> asyncio.Future[None] | None:

@@ -4,16 +4,26 @@ Ray serialises each reply on its own, pickling anything that is not a plain valu
 of Events is pickled by the shard and unpickled by the gateway on every poll, one per group
 commit under load. Here it is one msgpack `EventBatch` (actors/contracts.py), which the gateway
 decodes for next to nothing. (A Remember's packed call is `SeedMemory.remember_packed`.)
+
+And the coalesced calls (issue 13): a gateway sends the Remembers, and the workspace memory
+creations, that its clients make of one shard while its previous such call is in flight as ONE
+call (actors/runtime/coalesce.py), each request packed as it would be sent alone; each gets its
+own answer or its own error back (`CallError`, actors/contracts.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.contracts import WS_CREATE_CALL, EventBatch, WsAccess
+from actors.contracts import COALESCED, WS_CREATE_CALL, CallError, EventBatch, WsAccess
 from actors.shard.kernel import ShardKernel
+from actors.shard.remember_batch import Answer, remember_all
+from actors.shard.seed_memory import SeedMemory
+from actors.workspace.create_batch import create_all
+from actors.workspace.service import Workspace
 from engine.errors import InvalidInput
 from engine.scoped_memory import WsEntryView, WsMemoryCreate
 
@@ -25,6 +35,8 @@ class PackedEvents:
     builds `kernel`."""
 
     kernel: ShardKernel
+    memory: SeedMemory
+    workspace: Workspace
 
     if TYPE_CHECKING:  # ShardService's (declared only: a definition here would shadow it)
 
@@ -44,3 +56,25 @@ class PackedEvents:
         except msgspec.DecodeError as e:
             raise InvalidInput(f"bad workspace write: {e}", code="invalid_body") from e
         return _msgpack.encode(await self.ws_create_memory(c.access, c.body))
+
+    async def remember_many(self, call: bytes) -> bytes:
+        """Coalesced Remembers: each request a packed `RememberCall`, answered as `remember_packed`
+        would answer it alone; a pool's share is one commit (actors/shard/remember_batch.py)."""
+        return _replies(await remember_all(self.memory, _requests(call)))
+
+    async def ws_create_memory_many(self, call: bytes) -> bytes:
+        """Coalesced workspace memory creations: each request a packed `WsCreateCall`, answered
+        as `ws_create_memory_packed` would answer it alone; a pool's share is one commit
+        (actors/workspace/create_batch.py)."""
+        return _replies(await create_all(self.workspace, _requests(call)))
+
+
+def _requests(call: bytes) -> list[bytes]:
+    try:
+        return COALESCED.decode(call)
+    except msgspec.DecodeError as e:
+        raise InvalidInput(f"not a coalesced call: {e}", code="invalid_body") from e
+
+
+def _replies(answers: Sequence[Answer]) -> bytes:
+    return _msgpack.encode([a if isinstance(a, bytes) else CallError.of(a) for a in answers])

@@ -150,7 +150,10 @@ class SeedMemory:
         """Add a pinned entry (API-2). With a `request_id` a retry returns the first answer."""
         commands.validate_content(content)
         key = None if request_id is None else receipt_key(pool_id, reader.user, request_id)
-        print_ = fingerprint(("remember", reader.org, content, tuple(topics)))
+        # Only a request with an id is ever compared with another (a receipt).
+        print_ = (
+            "" if key is None else fingerprint(("remember", reader.org, content, tuple(topics)))
+        )
         pool = await self.kernel.pool(pool_id)
         entry_id = self.kernel.new_id()
         async with pool.lock.exclusive():
@@ -169,7 +172,9 @@ class SeedMemory:
                 sealed = {entry_id: self.kernel.store.seal_content(pool.stored, entry_id, content)}
                 done = view(outcome.upserts[0], content)
                 extra = self.receipt_rows(pool, key, print_, done)
-                pending = self.kernel.stage_outcome(pool, outcome, sealed, extra)
+                pending = self.kernel.stage_outcome(
+                    pool, outcome, sealed, extra, texts={entry_id: content}
+                )
         await self.kernel.settle(pool, pending, reads_state=False)
         return done
 
@@ -363,17 +368,19 @@ class SeedMemory:
             version = pool.version + 1
             metas: list[EntryMeta] = []
             sealed: dict[str, bytes] = {}
+            texts: dict[str, str] = {}
             for meta, content in entries:
                 if meta.pool != pool_id or meta.id in pool.entries or meta.id in sealed:
                     raise InvalidInput(f"entry {meta.id} does not fit pool {pool_id}")
                 metas.append(meta)
                 sealed[meta.id] = self.kernel.store.seal_content(pool.stored, meta.id, content)
+                texts[meta.id] = content
             log = tuple(
                 LogRow(version=version, at=now, who=who, entry=m.id, change=Change.CREATED)
                 for m in metas
             )
             outcome = Outcome(version=version, upserts=tuple(metas), log=log)
-            pending = self.kernel.stage_outcome(pool, outcome, sealed)
+            pending = self.kernel.stage_outcome(pool, outcome, sealed, texts=texts)
         await self.kernel.settle(pool, pending, reads_state=False)
         return version
 

@@ -85,18 +85,28 @@ class WsReceipts:
         """Stage a change with its receipt (and the pool's key while none is stored): a repeat
         arriving before the commit waits for it instead of doing the change again."""
         key, print_, answer, keyed = receipt
+        return self.stage_all(batch, keyed, [(key, print_, answer)])
+
+    def stage_all(
+        self, batch: Batch, keyed: StoredPool, receipts: list[tuple[str, str, bytes]]
+    ) -> asyncio.Future[None]:
+        """`stage` for the changes of several requests to one pool in one batch (a coalesced
+        call's, actors/workspace/create_batch.py): one commit, a receipt each."""
         batch.key(keyed)
-        batch.add(Receipts.row(key, print_, answer, keyed.cipher, keyed.pool, self.kernel.clock()))
+        now = self.kernel.clock()
+        for key, print_, answer in receipts:
+            batch.add(Receipts.row(key, print_, answer, keyed.cipher, keyed.pool, now))
         fut = self.kernel.stage(batch)
-        assert fut is not None  # the receipt row is always there
-        self._inflight[key] = (print_, answer, fut)
-        (self._known_receipts if self._known_receipts is not None else self._queued_receipts).add(
-            key
-        )
+        assert fut is not None  # the receipt rows are always there
+        known = self._known_receipts if self._known_receipts is not None else self._queued_receipts
+        for key, print_, answer in receipts:
+            self._inflight[key] = (print_, answer, fut)
+            known.add(key)
 
         def done(f: asyncio.Future[None]) -> None:
-            if self._inflight.get(key, (None, None, None))[2] is f:
-                del self._inflight[key]
+            for key, _, _ in receipts:
+                if self._inflight.get(key, (None, None, None))[2] is f:
+                    del self._inflight[key]
 
         fut.add_done_callback(done)
         return fut

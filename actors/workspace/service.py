@@ -96,6 +96,19 @@ class Workspace:
     # --- memory ---------------------------------------------------------------------------------
 
     async def create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView:
+        pool_id, key, print_ = await self.create_check(access, body)
+        pool = await self.pools.pool(pool_id)
+        async with self.receipts.request(key), pool.lock:
+            raw = await self.receipts.replay(key, print_, pool.keyed)
+            if raw is not None:
+                return _entry_view_dec.decode(raw)
+            edit, answer = self.create_edit(pool, access, body)
+            fut = self._apply(pool, edit, body.content, "created", (key, print_, answer), new=True)
+        await durable(fut)
+        return answer
+
+    async def create_check(self, access: WsAccess, body: WsMemoryCreate) -> tuple[str, str, str]:
+        """A creation's checks before its pool is locked: its pool, receipt key, fingerprint."""
         projmod.check_request_id(body.requestId)
         if body.bot not in access.bots:
             raise Forbidden("you have no access to this bot", code="no_access")
@@ -103,37 +116,35 @@ class Workspace:
         await self.projects.load()
         self.rules.require(pool_id, access)
         key = receipt_key(RECEIPT_SCOPE, access.account, body.requestId)
-        print_ = fingerprint(("memory.create", body))
-        pool = await self.pools.pool(pool_id)
-        async with self.receipts.request(key), pool.lock:
-            raw = await self.receipts.replay(key, print_, pool.keyed)
-            if raw is not None:
-                return _entry_view_dec.decode(raw)
-            self.rules.require(pool_id, access)  # membership may have changed while waiting
-            entry_id = self.new_id()
-            if entry_id in pool.stored.entries:
-                raise Conflict(f"new id {entry_id!r} is already taken", code="id_taken")
-            tags: tuple[str, ...] = ()
-            if body.scope == Scope.BOT:
-                if pool.bot_org is None:
-                    raise NotFound("no such bot", code="bot_not_found")
-                tags = bm.record_tags(access.account, pool.bot_org)
-            edit = sm.user_create(
-                entry_id=entry_id,
-                pool=pool_id,
-                contributor=body.bot,
-                content=body.content,
-                operator=access.account,
-                now=self.kernel.clock(),
-                tier=body.tier,
-                topics=body.topics,
-                key=pool.fp_key,
-                tags=tags,
-            )
-            answer = sm.view(edit.entry, body.content)
-            fut = self._apply(pool, edit, body.content, "created", (key, print_, answer), new=True)
-        await durable(fut)
-        return answer
+        return pool_id, key, fingerprint(("memory.create", body))
+
+    def create_edit(
+        self, pool: WsPool, access: WsAccess, body: WsMemoryCreate
+    ) -> tuple[sm.Edit, WsEntryView]:
+        """A new record and its answer (under the pool's lock, after the receipt check); refuses
+        before anything changes."""
+        self.rules.require(pool.id, access)  # membership may have changed while waiting
+        entry_id = self.new_id()
+        if entry_id in pool.stored.entries:
+            raise Conflict(f"new id {entry_id!r} is already taken", code="id_taken")
+        tags: tuple[str, ...] = ()
+        if body.scope == Scope.BOT:
+            if pool.bot_org is None:
+                raise NotFound("no such bot", code="bot_not_found")
+            tags = bm.record_tags(access.account, pool.bot_org)
+        edit = sm.user_create(
+            entry_id=entry_id,
+            pool=pool.id,
+            contributor=body.bot,
+            content=body.content,
+            operator=access.account,
+            now=self.kernel.clock(),
+            tier=body.tier,
+            topics=body.topics,
+            key=pool.fp_key,
+            tags=tags,
+        )
+        return edit, sm.view(edit.entry, body.content)
 
     async def change_memory(self, access: WsAccess, body: WsMemoryChange | WsForget) -> WsEntryView:
         """A person's edit (content, tier, topics) or forgetting, by `expectedRevision`."""
@@ -228,6 +239,20 @@ class Workspace:
         new: bool,
     ) -> asyncio.Future[None]:
         """Queue one person's change (under the pool's lock) and make it the pool's state."""
+        batch = self.change_batch(pool, edit, content, change, new=new)
+        changed = bool(batch.writes)
+        key, print_, answer = receipt
+        fut = self.receipts.stage(batch, (key, print_, msgspec.json.encode(answer), pool.keyed))
+        if changed:
+            pool.pending = fut
+            self.pools.resident(pool)  # its size changed
+        return fut
+
+    def change_batch(
+        self, pool: WsPool, edit: sm.Edit, content: str, change: str, *, new: bool
+    ) -> Batch:
+        """Make one person's change the pool's state (under the pool's lock): the batch that
+        stores it (rows and events; the pool is dropped if it fails), its receipt not yet in."""
         stored, keyed = pool.stored, pool.keyed
         entry = edit.entry
         writes: list[Write] = []
@@ -280,14 +305,7 @@ class Workspace:
                         audience,
                     )
                 )
-        key, print_, answer = receipt
-        raw = msgspec.json.encode(answer)
-        batch = Batch(writes=list(writes), events=events).fail(lambda: self.pools.drop(pool))
-        fut = self.receipts.stage(batch, (key, print_, raw, keyed))
-        if writes:
-            pool.pending = fut
-            self.pools.resident(pool)  # its size changed
-        return fut
+        return Batch(writes=list(writes), events=events).fail(lambda: self.pools.drop(pool))
 
     async def extract(
         self,

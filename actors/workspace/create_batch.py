@@ -1,0 +1,146 @@
+"""Many workspace memory creations from one coalesced call (issue 13): each keeps its own answer,
+a pool's share is one commit.
+
+As for Remember (actors/shard/remember_batch.py): a gateway sends the creations its clients make
+of one shard while its previous call is in flight as ONE call (actors/runtime/coalesce.py). Here
+they are checked each on its own, then decided one pool at a time, in order, under ONE hold of
+the pool's lock (and of their requestIds' locks, taken in sorted order before it, as a single
+creation takes its own before the pool's), and the records, revisions, events and receipts of
+every one that passes go into ONE batch: one commit.
+
+Each request is answered as `Workspace.create_memory` would answer it alone: a malformed call,
+no access, a bad requestId or a requestId reused for another body fails that request only (all
+decided before anything of it is applied); a repeat, earlier in the same call included, gets
+the first answer and writes nothing. A commit that fails fails exactly the requests whose rows
+it carried (the pool is dropped and reloads from the file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+import msgspec
+
+from actors.contracts import WS_CREATE_CALL, WsAccess
+from actors.shard.batch import Batch
+from actors.shard.kernel import durable
+from actors.shard.remember_batch import Answer, failed
+from actors.workspace.pools import WsPool
+from actors.workspace.service import Workspace
+from engine.errors import Conflict, InvalidInput, OpenBotError, Unavailable
+from engine.scoped_memory import WsEntryView, WsMemoryCreate
+
+_msgpack = msgspec.msgpack.Encoder()
+_json = msgspec.json.Encoder()
+_view_dec = msgspec.json.Decoder(WsEntryView)
+
+
+class _Request:
+    __slots__ = ("access", "answer", "at", "body", "key", "own", "print_")
+
+    def __init__(self, at: int, access: WsAccess, body: WsMemoryCreate, key: str, print_: str):
+        self.at = at
+        self.access = access
+        self.body = body
+        self.key = key
+        self.print_ = print_
+        self.answer: WsEntryView | None = None
+        self.own = False  # answered by this call's commit (else a replay of a committed one)
+
+
+async def create_all(ws: Workspace, calls: Sequence[bytes]) -> list[Answer]:
+    """Answer each packed `WsCreateCall` (the record as msgpack) or say why not."""
+    answers: list[Answer | None] = [None] * len(calls)
+    by_pool: dict[str, list[_Request]] = {}
+    for at, raw in enumerate(calls):
+        try:
+            call = WS_CREATE_CALL.decode(raw)
+            pool_id, key, print_ = await ws.create_check(call.access, call.body)
+        except msgspec.DecodeError as e:
+            answers[at] = InvalidInput(f"bad workspace write: {e}", code="invalid_body")
+        except Exception as e:
+            answers[at] = failed(e)
+        else:
+            by_pool.setdefault(pool_id, []).append(
+                _Request(at, call.access, call.body, key, print_)
+            )
+    for pool_id, requests in by_pool.items():
+        for request, answer in await _create_in_pool(ws, pool_id, requests):
+            answers[request.at] = answer
+    return [a if a is not None else Unavailable("unanswered") for a in answers]
+
+
+async def _create_in_pool(
+    ws: Workspace, pool_id: str, requests: list[_Request]
+) -> list[tuple[_Request, Answer]]:
+    try:
+        pool = await ws.pools.pool(pool_id)
+    except Exception as e:
+        error = failed(e)
+        return [(r, error) for r in requests]
+    refused: list[tuple[_Request, Answer]] = []
+    decided: list[_Request] = []
+    fut: asyncio.Future[None] | None = None
+    async with contextlib.AsyncExitStack() as held:
+        for key in sorted({r.key for r in requests}):
+            await held.enter_async_context(ws.receipts.request(key))
+        await held.enter_async_context(pool.lock)
+        batch = Batch()
+        mine: dict[str, _Request] = {}  # requestIds first answered by this call
+        for request in requests:
+            try:
+                await _decide(ws, pool, request, batch, mine)
+            except Exception as e:
+                refused.append((request, failed(e)))
+                if not isinstance(e, OpenBotError):
+                    # A bug may have left this request half applied: nothing of the call is
+                    # staged, the pool reloads from the file, and the others fail with it.
+                    ws.pools.drop(pool)
+                    error = refused[-1][1]
+                    gone = {id(r) for r, _ in refused}
+                    return [*refused, *((r, error) for r in requests if id(r) not in gone)]
+            else:
+                decided.append(request)
+        staged = [(r.key, r.print_, _json.encode(r.answer)) for r in mine.values()]
+        if staged:
+            fut = ws.receipts.stage_all(batch, pool.keyed, staged)
+            pool.pending = fut
+            ws.pools.resident(pool)  # its size changed
+    done: list[tuple[_Request, Answer]] = []
+    for request in decided:
+        try:
+            if request.own:
+                await durable(fut)
+        except Exception as e:
+            done.append((request, failed(e)))
+        else:
+            done.append((request, _msgpack.encode(request.answer)))
+    return [*refused, *done]
+
+
+async def _decide(
+    ws: Workspace, pool: WsPool, request: _Request, batch: Batch, mine: dict[str, _Request]
+) -> None:
+    first = mine.get(request.key)
+    if first is not None:  # asked twice in this call
+        if first.print_ != request.print_:
+            raise Conflict(
+                "this requestId was already used for a different request",
+                code="request_id_reused",
+            )
+        request.answer, request.own = first.answer, True
+        return
+    raw = await ws.receipts.replay(request.key, request.print_, pool.keyed)
+    if raw is not None:  # answered by an earlier call, whose commit `replay` waited for
+        request.answer = _view_dec.decode(raw)
+        return
+    edit, answer = ws.create_edit(pool, request.access, request.body)
+    part = ws.change_batch(pool, edit, request.body.content, "created", new=True)
+    batch.extend(part.writes)
+    batch.events.extend(part.events)
+    if not batch.on_failure:
+        batch.on_failure.extend(part.on_failure)  # drop the pool (the same hook for each)
+    request.answer, request.own = answer, True
+    mine[request.key] = request

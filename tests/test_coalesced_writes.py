@@ -1,0 +1,454 @@
+"""Coalesced writes, in process (issue 13): many Remembers (or workspace memory creations) in one
+call to a shard, each answered on its own (actors/shard/remember_batch.py, packed.py), and the
+gateway-side `Coalescer` that makes such calls (actors/runtime/coalesce.py). Over real Ray and
+HTTP: tests/test_coalesced_http.py."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from actors.contracts import (
+    COALESCED,
+    REPLIES,
+    CallError,
+    RememberCall,
+    WsAccess,
+    WsCreateCall,
+    WsQuery,
+)
+from actors.runtime.coalesce import Coalescer
+from actors.shard.packed import PackedEvents
+from actors.shard.service import ShardService
+from engine.errors import Conflict, NotFound, StorageError, Unavailable
+from engine.events import MemoryChanged
+from engine.memory import Reader
+from engine.scoped_memory import WsMemoryCreate
+from storage.group_commit import GroupCommitter
+
+pytestmark = pytest.mark.usefixtures("no_env_key")
+POOL = "bot:b_co"
+ANN = Reader(user="u_ann", org="o_1", uses_bot=True)
+BEN = Reader(user="u_ben", org="o_1", uses_bot=True)
+_enc = msgspec.msgpack.Encoder()
+
+
+class Shard(PackedEvents, ShardService):
+    """What `PlacedShardService` is, without Ray's start-up guard."""
+
+
+def _call(content: str, rid: str | None = None, reader: Reader = ANN, **kw) -> bytes:
+    return _enc.encode(
+        RememberCall(pool=kw.get("pool", POOL), reader=reader, content=content, request_id=rid,
+                     topics=kw.get("topics", ()))
+    )  # fmt: skip
+
+
+async def _many(svc: Shard, calls: list[bytes]) -> list[dict | CallError]:
+    replies = REPLIES.decode(await svc.remember_many(_enc.encode(calls)))
+    assert len(replies) == len(calls)
+    return [r if isinstance(r, CallError) else msgspec.json.decode(r) for r in replies]
+
+
+def _changed(events) -> list[str]:
+    return [e.data.entry for e in events if isinstance(e.data, MemoryChanged)]
+
+
+def _ids(prefix: list[str]):
+    """Entry ids `mem_<prefix>_<n>`: a test names the ids of the call it wants to fail."""
+    n = itertools.count()
+    return lambda: f"mem_{prefix[0]}_{next(n)}"
+
+
+def test_each_of_30_remembers_in_one_call_gets_its_own_answer_in_one_commit(tmp_path: Path):
+    async def go():
+        svc = Shard(tmp_path, 0)
+        try:
+            await svc.remember(POOL, ANN, "warm")  # the pool's key is stored: one commit below
+            calls, want = [], []
+            for i in range(30):
+                kind = i % 6
+                if kind == 0:
+                    calls.append(_call(f"note {i}", topics=("t",)))
+                    want.append(("ok", f"note {i}"))
+                elif kind == 1:
+                    calls.append(_call("   "))
+                    want.append(("err", "invalid_content"))
+                elif kind == 2:
+                    calls.append(b"\x93not a call")
+                    want.append(("err", "invalid_input"))
+                elif kind == 3:
+                    calls.append(_call(f"ben {i}", reader=BEN))
+                    want.append(("ok", f"ben {i}"))
+                elif kind == 4:
+                    calls.append(_call(f"bad tag {i}", topics=("Not A Tag!",)))
+                    want.append(("err", "invalid_tag"))
+                else:
+                    calls.append(_call("x" * 200_000))
+                    want.append(("err", "content_too_long"))
+            seq = svc.events.published
+            before = svc.kernel.committer.transactions
+            got = await _many(svc, calls)
+            txns = svc.kernel.committer.transactions - before
+            events = await svc.events.after(seq)
+            ann = await svc.read_memory(POOL, ANN)
+            ben = await svc.read_memory(POOL, BEN)
+        finally:
+            await svc.close()
+        return got, want, txns, events, ann, ben
+
+    got, want, txns, events, ann, ben = asyncio.run(go())
+    for answer, (kind, what) in zip(got, want, strict=True):
+        if kind == "ok":
+            assert isinstance(answer, dict) and answer["content"] == what, answer
+        else:
+            assert isinstance(answer, CallError) and answer.code == what, answer
+    made = [a["id"] for a in got if isinstance(a, dict)]
+    assert len(set(made)) == 10
+    assert txns == 1  # the call's ten entries, their receipts and events: one group commit
+    assert sorted(_changed(events)) == sorted(made)  # one memory.changed each, none else
+    assert sorted(e.content for e in ann.entries) == sorted(
+        ["warm", *(f"note {i}" for i in range(0, 30, 6))]
+    )
+    assert sorted(e.content for e in ben.entries) == sorted(f"ben {i}" for i in range(3, 30, 6))
+
+
+def test_a_request_id_writes_once_within_a_call_across_calls_and_after_a_restart(
+    tmp_path: Path,
+):
+    async def go():
+        svc = Shard(tmp_path, 0)
+        seq = svc.events.published
+        first = await _many(
+            svc,
+            [
+                _call("once", "r1"),
+                _call("once", "r1"),  # the same request twice in one call: one write
+                _call("other", "r1"),  # the same id for another request: refused
+                _call("once", "r1", reader=BEN),  # ids are per caller
+                _call("twice", "r2"),
+            ],
+        )
+        # Two calls at once repeating them, then one call repeating them.
+        again = await asyncio.gather(
+            *(_many(svc, [_call("twice", "r2"), _call("once", "r1")]) for _ in range(24))
+        )
+        events = await svc.events.after(seq)
+        page = await svc.read_memory(POOL, ANN)
+        await svc.close()
+        svc = Shard(tmp_path, 0)
+        later = await _many(svc, [_call("once", "r1"), _call("other", "r1")])
+        await svc.close()
+        return first, again, events, page, later
+
+    first, again, events, page, later = asyncio.run(go())
+    assert first[0] == first[1] and first[0]["content"] == "once"
+    assert isinstance(first[2], CallError) and first[2].code == "request_id_reused"
+    assert first[3]["id"] != first[0]["id"]
+    assert all(pair == [first[4], first[0]] for pair in again)
+    assert sorted(e.content for e in page.entries) == ["once", "twice"]
+    assert sorted(_changed(events)) == sorted([first[0]["id"], first[3]["id"], first[4]["id"]])
+    assert later[0] == first[0]
+    assert isinstance(later[1], CallError) and later[1].code == "request_id_reused"
+
+
+def _fail_commits_with(monkeypatch, marker: str) -> list[int]:
+    """Every journal append holding a row that mentions `marker` fails (counted)."""
+    original = GroupCommitter._append
+    failed: list[int] = []
+
+    def append(self, batches):
+        rows = [w for batch in batches for w in batch]
+        if any(marker in repr(getattr(w, "row", "")) for w in rows):
+            failed.append(len(rows))
+            raise StorageError("disk full (simulated)")
+        return original(self, batches)
+
+    monkeypatch.setattr(GroupCommitter, "_append", append)
+    return failed
+
+
+def test_a_failed_commit_fails_exactly_its_calls_requests_and_stores_none_of_them(
+    tmp_path: Path, monkeypatch
+):
+    failed = _fail_commits_with(monkeypatch, "mem_doomed")
+    prefix = ["kept"]
+
+    async def go():
+        svc = Shard(tmp_path, 0, new_id=_ids(prefix))
+        seq = svc.events.published
+        kept = await _many(svc, [_call(f"kept {i}", f"k{i}") for i in range(8)])
+        # Two calls side by side: the group committer may merge them; only the doomed one fails
+        # (it retries each alone), and a replay of a committed request in it is still answered.
+        prefix[0] = "doomed"
+        doomed_call = [_call(f"doomed {i}", f"d{i}") for i in range(8)]
+        # A replay of a committed request, and a repeat of one of this call's own (which must
+        # fail with it: its answer was never stored).
+        doomed_call += [_call("kept 0", "k0"), _call("doomed 3", "d3")]
+        task = asyncio.ensure_future(_many(svc, doomed_call))
+        await asyncio.sleep(0)
+        prefix[0] = "fine"
+        fine = await _many(svc, [_call(f"fine {i}") for i in range(4)])
+        doomed = await task
+        prefix[0] = "retry"
+        retried = await _many(svc, [_call("doomed 0", "d0")])
+        events = await svc.events.after(seq)
+        await svc.close()
+        svc = Shard(tmp_path, 0)
+        page = await svc.read_memory(POOL, ANN)
+        await svc.close()
+        return kept, doomed, fine, retried, events, page
+
+    kept, doomed, fine, retried, events, page = asyncio.run(go())
+    assert failed, "the doomed call's commit was never tried"
+    assert all(isinstance(d, CallError) and d.kind == "StorageError" for d in doomed[:8])
+    assert doomed[8] == kept[0]  # answered before, committed before: still answered
+    assert isinstance(doomed[9], CallError) and doomed[9].kind == "StorageError"
+    assert all(isinstance(a, dict) for a in [*kept, *fine, *retried])
+    assert retried[0]["id"].startswith("mem_retry_")  # the failed answer was never kept
+    contents = sorted(e.content for e in page.entries)
+    assert contents == sorted(
+        [*(f"kept {i}" for i in range(8)), *(f"fine {i}" for i in range(4)), "doomed 0"]
+    )
+    assert not any("doomed" in i for i in _changed(events))  # no event for what failed
+    assert len(_changed(events)) == 8 + 4 + 1
+
+
+def test_calls_for_several_pools_and_a_pool_that_fails_to_load_fail_only_their_own(
+    tmp_path: Path,
+):
+    async def go():
+        svc = Shard(tmp_path, 0)
+        load = svc.kernel.store.load
+
+        async def broken(pool_id: str):
+            if pool_id == "bot:b_broken":
+                raise StorageError("cannot read this pool (simulated)")
+            return await load(pool_id)
+
+        svc.kernel.store.load = broken
+        got = await _many(
+            svc,
+            [
+                _call("in a", pool="bot:b_a"),
+                _call("in b", pool="bot:b_b"),
+                _call("lost", pool="bot:b_broken"),
+                _call("in a again", pool="bot:b_a"),
+            ],
+        )
+        pages = [await svc.read_memory(p, ANN) for p in ("bot:b_a", "bot:b_b")]
+        await svc.close()
+        return got, pages
+
+    got, (a, b) = asyncio.run(go())
+    assert [g["content"] for g in got if isinstance(g, dict)] == ["in a", "in b", "in a again"]
+    assert isinstance(got[2], CallError) and got[2].kind == "StorageError"
+    assert sorted(e.content for e in a.entries) == ["in a", "in a again"]
+    assert [e.content for e in b.entries] == ["in b"]
+
+
+def test_workspace_creations_in_one_call_each_get_their_own_answer(tmp_path: Path):
+    ann = WsAccess(account="u_ann", bots=frozenset({"b_ws"}))
+
+    def create(content: str, rid: str, access: WsAccess = ann, scope: str = "user") -> bytes:
+        body = WsMemoryCreate(bot="b_ws", scope=scope, content=content, requestId=rid)
+        return _enc.encode(WsCreateCall(access=access, body=body))
+
+    async def go():
+        svc = Shard(tmp_path, 0)
+        calls = [create(f"fact {i}", f"w{i}") for i in range(24)]
+        calls += [
+            create("fact 0", "w0"),  # a repeat of the first: its answer, no second record
+            create("another", "w0"),  # the same id for another request
+            create("nobody's", "w99", access=WsAccess(account="u_eve")),  # no use of the bot
+            create("bad id", "has spaces and is not an id"),
+            b"\x93junk",
+        ]
+        replies = REPLIES.decode(await svc.ws_create_memory_many(_enc.encode(calls)))
+        again = REPLIES.decode(await svc.ws_create_memory_many(_enc.encode(calls[:2])))
+        await svc.close()
+        return replies, again
+
+    replies, again = asyncio.run(go())
+    views = [msgspec.msgpack.decode(r) for r in replies[:25]]
+    assert [v["content"] for v in views[:24]] == [f"fact {i}" for i in range(24)]
+    assert len({v["id"] for v in views[:24]}) == 24
+    assert views[24] == views[0]
+    codes = [r.code for r in replies[25:] if isinstance(r, CallError)]
+    assert codes[0] == "request_id_reused"
+    assert [r.kind for r in replies[25:]] == [
+        "Conflict",
+        "Forbidden",
+        "InvalidInput",
+        "InvalidInput",
+    ]
+    assert [msgspec.msgpack.decode(r) for r in again] == views[:2]
+
+
+# --- the gateway's side: the Coalescer -------------------------------------------------------
+
+
+class FakeShard:
+    """Answers each request with its reversed bytes, or an error for b"bad"; records the calls;
+    each call takes one loop turn per request (so others can queue meanwhile)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[bytes]] = []
+        self.failing: set[int] = set()  # which calls fail as a whole (0: the first)
+
+    async def send(self, call: bytes) -> bytes:
+        requests = COALESCED.decode(call)
+        self.calls.append(requests)
+        n = len(self.calls) - 1
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if n in self.failing:
+            raise Unavailable("the engine is restarting; try again", code="engine_unavailable")
+        out: list[bytes | CallError] = []
+        for r in requests:
+            if r == b"bad":
+                out.append(CallError.of(Conflict("no", code="nope", details={"at": 1})))
+            elif r == b"gone":
+                out.append(CallError.of(NotFound("missing")))
+            else:
+                out.append(r[::-1])
+        return _enc.encode(out)
+
+
+def test_an_idle_coalescer_sends_at_once_and_a_busy_one_queues_into_the_next_call():
+    async def go():
+        shard = FakeShard()
+        co = Coalescer(shard.send)
+        alone = await co.call(b"one")
+        first = asyncio.ensure_future(co.call(b"first"))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # its call is in flight
+        assert shard.calls == [[b"one"], [b"first"]]
+        requests = [b"bad" if i % 5 == 0 else b"gone" if i % 7 == 0 else f"r{i}".encode()
+                    for i in range(30)]  # fmt: skip
+        got = await asyncio.gather(*(co.call(r) for r in requests), return_exceptions=True)
+        return shard, alone, await first, requests, got, co
+
+    shard, alone, first, requests, got, co = asyncio.run(go())
+    assert (alone, first) == (b"eno", b"tsrif")
+    # The burst came while a call was in flight: all 30 go in the next call, none alone.
+    assert shard.calls[2:] == [requests]
+    assert (co.calls, co.requests) == (3, 32)
+    for r, g in zip(requests, got, strict=True):
+        if r == b"bad":
+            assert isinstance(g, Conflict) and g.code == "nope" and g.details == {"at": 1}
+        elif r == b"gone":
+            assert isinstance(g, NotFound) and g.code == "not_found"
+        else:
+            assert g == r[::-1]
+
+
+def test_a_failed_call_fails_its_requests_only_and_cancelled_ones_are_not_sent():
+    async def go():
+        shard = FakeShard()
+        co = Coalescer(shard.send, max_requests=4)
+        shard.failing = {0}
+        first = asyncio.ensure_future(co.call(b"a"))
+        await asyncio.sleep(0)  # in flight
+        queued = [asyncio.ensure_future(co.call(f"q{i}".encode())) for i in range(6)]
+        gone = asyncio.ensure_future(co.call(b"cancelled"))
+        await asyncio.sleep(0)
+        gone.cancel()
+        with pytest.raises(Unavailable):
+            await first
+        got = await asyncio.gather(*queued)
+        return shard, got
+
+    shard, got = asyncio.run(go())
+    assert got == [f"q{i}".encode()[::-1] for i in range(6)]
+    assert shard.calls == [[b"a"], [b"q0", b"q1", b"q2", b"q3"], [b"q4", b"q5"]]  # at most 4
+    assert all(b"cancelled" not in c for c in shard.calls)
+
+
+def test_a_bug_in_one_request_fails_its_pools_share_and_stores_none_of_it(tmp_path: Path):
+    async def go():
+        svc = Shard(tmp_path, 0)
+        await svc.remember(POOL, ANN, "before")
+        seal = svc.kernel.store.seal_content
+
+        def buggy(stored, entry_id, content):
+            if content == "trips a bug":
+                raise RuntimeError("a bug after the entry was half applied")
+            return seal(stored, entry_id, content)
+
+        svc.kernel.store.seal_content = buggy
+        seq = svc.events.published
+        got = await _many(
+            svc,
+            [
+                _call("staged first"),
+                _call("trips a bug"),
+                _call("   "),  # refused on its own, as always
+                _call("elsewhere", pool="bot:b_other"),
+                _call("after it"),
+            ],
+        )
+        events = await svc.events.after(seq)
+        page = await svc.read_memory(POOL, ANN)
+        await svc.close()
+        return got, events, page
+
+    got, events, page = asyncio.run(go())
+    assert [g.code if isinstance(g, CallError) else g["content"] for g in got] == [
+        "engine_error",
+        "engine_error",
+        "invalid_content",
+        "elsewhere",
+        "engine_error",
+    ]
+    assert [e.content for e in page.entries] == ["before"]  # reloaded: nothing of the call
+    assert len(_changed(events)) == 1  # the other pool's entry only
+
+
+def test_a_failed_workspace_commit_fails_exactly_its_calls_creations(tmp_path: Path, monkeypatch):
+    """A pool's creations of one call are one batch: a failed commit fails them all, stores
+    none of them, and nothing else (a replay of a committed creation, another call)."""
+    failed = _fail_commits_with(monkeypatch, "mem_doomed")
+    ann = WsAccess(account="u_ann", bots=frozenset({"b_ws"}))
+    prefix = ["kept"]
+    n = itertools.count()
+
+    def create(i: int) -> bytes:
+        body = WsMemoryCreate(bot="b_ws", scope="user", content=f"fact {i}", requestId=f"f{i}")
+        return _enc.encode(WsCreateCall(access=ann, body=body))
+
+    async def many(svc: Shard, calls: list[bytes]) -> list:
+        return REPLIES.decode(await svc.ws_create_memory_many(_enc.encode(calls)))
+
+    async def go():
+        svc = Shard(tmp_path, 0)
+        svc.workspace.new_id = lambda: f"mem_{prefix[0]}_{next(n)}"
+        kept = await many(svc, [create(i) for i in range(3)])
+        prefix[0] = "doomed"
+        doomed = asyncio.ensure_future(
+            many(svc, [create(i) for i in range(3, 7)] + [create(0), create(4)])
+        )
+        await asyncio.sleep(0)
+        prefix[0] = "fine"
+        fine = await many(svc, [create(i) for i in range(7, 9)])
+        doomed = await doomed
+        prefix[0] = "retry"
+        retried = await many(svc, [create(3)])
+        listing = await svc.ws_entries(ann, WsQuery(pools=("user:u_ann",)))
+        await svc.close()
+        return kept, doomed, fine, retried, listing
+
+    kept, doomed, fine, retried, listing = asyncio.run(go())
+    assert failed
+    assert [r.kind if isinstance(r, CallError) else "ok" for r in doomed] == [
+        "StorageError", "StorageError", "StorageError", "StorageError", "ok", "StorageError"
+    ]  # fmt: skip
+    assert doomed[4] == kept[0]  # a replay of a committed creation is still answered
+    assert all(isinstance(r, bytes) for r in [*kept, *fine, *retried])
+    assert msgspec.msgpack.decode(retried[0])["id"].startswith("mem_retry_")
+    contents = sorted(e.content for e in listing.entries)
+    assert contents == sorted(f"fact {i}" for i in (0, 1, 2, 3, 7, 8))

@@ -1,0 +1,39 @@
+"""`engine.text_terms`: the ASCII fast path finds exactly the terms the general patterns find."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import text_terms as tt
+
+
+def old_terms(text: str) -> list[str]:
+    """The terms as found before the ASCII fast path (the reference; no stemming)."""
+    folded = tt.fold(text)
+    maker = tt.TermMaker()
+    out: list[str] = []
+    for m in tt._TOKEN.finditer(folded):
+        run = m.group(1)
+        if run is None:
+            w = maker._word(m.group(0))
+            if w is not None:
+                out.append(w)
+        elif len(run) == 1:
+            out.append(run)
+        else:
+            out.extend(run[k : k + 2] for k in range(len(run) - 1))
+    return out
+
+
+# Mostly ASCII, with letters that fold to ASCII (full-width f, the fi ligature) or do not.
+OTHERS = ["\u00e9", "\u00dc", "\u00df", "\uff46", "\u8ba8", "\u8bba", "\u30ab", "\u0130", "\ufb01"]
+ascii_heavy = st.text(
+    alphabet=st.sampled_from([*"abcXYZ09_ -.,;:!?'\"\t\n()[]", *OTHERS]), max_size=60
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(ascii_heavy, st.text(max_size=40)))
+def test_terms_are_the_same_with_and_without_the_ascii_fast_path(text):
+    assert tt.TermMaker()(text) == old_terms(text)

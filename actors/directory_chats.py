@@ -18,6 +18,10 @@ from engine.errors import Forbidden, InvalidInput, NotFound, Unprocessable
 from storage.directory_store import DirectoryStore
 
 log = logging.getLogger("openbot.directory")
+# Shown agent chats are written together after this long: a chain's hops show one every few
+# milliseconds, and a transaction per hop cost this actor ~3 ms of CPU each (a shard lists them
+# in its own rows until a durable registration confirms them, so waiting loses nothing).
+WRITE_GATHER_S = 0.1
 
 
 def new_id(prefix: str) -> str:
@@ -136,13 +140,14 @@ class DirectoryChats(DirectoryReads):
         Only agent chats of a known org and bot, named after their link, are taken.
 
         With `durable`, answers once every one of them is on disk. Without, answers as soon as
-        they are visible here (a delivery waits for that before its items can be announced)
-        and writes them right after, in the background: the shard lists the chats in its own
-        stored rows until a durable registration confirms them (actors/chats/agent_chats.py),
-        so a crash of this actor before the write loses nothing."""
+        they are visible here (a delivery's items are announced only after that) and writes
+        them soon after, in the background, with the others shown meanwhile (WRITE_GATHER_S):
+        the shard lists the chats in its own stored rows until a durable registration
+        confirms them (actors/chats/agent_chats.py), so a crash before the write loses
+        nothing."""
         if not durable:  # no await between the check and the act: no lock to wait behind
             new = self._show(chats)
-            if new:
+            if new and all(t.done() for t in self._writing):
                 task = asyncio.get_running_loop().create_task(self._write_soon())
                 self._writing.add(task)
                 task.add_done_callback(self._writing.discard)
@@ -176,9 +181,14 @@ class DirectoryChats(DirectoryReads):
             self._unwritten.pop(chat_id, None)
 
     async def _write_soon(self) -> None:
+        """Write what is shown and unwritten after WRITE_GATHER_S, until nothing is left (chats
+        shown while this runs are its to write: no second writer is started meanwhile)."""
         try:
-            async with self._write:
-                if self._unwritten:
+            while True:
+                await asyncio.sleep(WRITE_GATHER_S)
+                async with self._write:
+                    if not self._unwritten:
+                        return
                     await self._write_chats()
         except Exception:  # they stay waiting; a durable registration writes them
             log.exception("writing agent chats failed")

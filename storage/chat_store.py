@@ -15,8 +15,9 @@ import msgspec
 
 from engine.chat_records import AttemptRecord, Confession, Enrichment, LearningJob, Turn
 from storage.crypto import Cipher, aad
+from storage.database import ReadScope
 from storage.group_commit import DeleteWhere, Insert, Put, Write
-from storage.memory_store import MemoryStore, StoredPool
+from storage.memory_store import MemoryStore, StoredPool, pool_scope
 from storage.sealed_doc import is_sealed, open_doc, seal_doc
 from storage.shard_schema import (
     CHAT_ITEMS,
@@ -103,9 +104,13 @@ class ChatStore:
         return ChatLog(chat=chat, key=key)
 
     async def load(self, chat: str) -> ChatLog:
-        key = await self.memory.load(f"chat:{chat}")
+        pool = f"chat:{chat}"
 
         def read(con):
+            # One trip to the database thread; a new chat (no key row yet) reads nothing more.
+            rows = self.memory.read_rows(con, pool, only_if_keyed=True)
+            if not rows[0]:
+                return rows, [], [], []
             items = con.execute(
                 "SELECT seq, turn, kind, author, payload, at_ms FROM chat_items WHERE chat = ? "
                 "ORDER BY seq",
@@ -115,9 +120,18 @@ class ChatStore:
             comms = con.execute(
                 "SELECT seq, direction, peer FROM communications WHERE chat = ?", [chat]
             ).fetchall()
-            return items, turns, comms
+            return rows, items, turns, comms
 
-        items, turns, comms = await self.db.run(read)
+        rows, items, turns, comms = await self.db.run(
+            read,
+            (
+                *pool_scope(pool),
+                ReadScope(CHAT_ITEMS.name, "chat", (chat,)),
+                ReadScope(TURNS.name, "chat", (chat,)),
+                ReadScope(COMMUNICATIONS.name, "chat", (chat,)),
+            ),
+        )
+        key = self.memory.from_rows(pool, *rows)
         log = ChatLog(chat=chat, key=key)
         log._floor = key.version  # the chat key row's version counts items ever written
         for seq, turn, kind, author, payload, at in items:

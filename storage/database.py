@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import duckdb
 
@@ -37,6 +37,20 @@ def _memory_limit() -> str:
     return limit
 
 
+class ReadScope(NamedTuple):
+    """What a read depends on: the rows of `table` whose `column` is one of `values`.
+
+    A read that names its scopes (`run(fn, scope=...)`) reads only those rows, and the tables
+    may be read without applying the group committer's journal first when no record still in
+    the journal writes any of them (a new chat's first read need not wait for a checkpoint of
+    every other chat's writes). Only for columns that no row changes under its key (a chat
+    item's chat, a memory row's pool): a replaced row then stays in the same scope."""
+
+    table: str
+    column: str
+    values: tuple
+
+
 class Database:
     """A DuckDB file (or `:memory:`) opened by this process, its migrations applied."""
 
@@ -46,9 +60,13 @@ class Database:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="duckdb")
         self._con: duckdb.DuckDBPyConnection | None = None
-        # Called on the database thread before every read: the group committer's journal is
-        # applied to the tables first, so a read always sees every committed write.
-        self.before_read: Callable[[duckdb.DuckDBPyConnection], None] | None = None
+        # Called on the database thread before every read with the read's scopes (None: it may
+        # read anything): the group committer's journal is applied to the tables first unless
+        # no record in it touches what the read reads, so a read always sees every committed
+        # write it depends on.
+        self.before_read: (
+            Callable[[duckdb.DuckDBPyConnection, Sequence[ReadScope] | None], None] | None
+        ) = None
         self.call(self._open, migrations)
 
     def _open(self, migrations: Sequence[str]) -> None:
@@ -86,10 +104,15 @@ class Database:
         """Run `fn(*args)` on the database thread and wait (for start-up and tools)."""
         return self._executor.submit(fn, *args).result()
 
-    async def run(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
-        """Run `fn(connection)` on the database thread; duckdb errors become StorageError."""
+    async def run(
+        self,
+        fn: Callable[[duckdb.DuckDBPyConnection], T],
+        scope: Sequence[ReadScope] | None = None,
+    ) -> T:
+        """Run `fn(connection)` on the database thread; duckdb errors become StorageError.
+        `scope`: every row `fn` reads (see ReadScope); None when it may read anything."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._guarded, fn)
+        return await loop.run_in_executor(self._executor, self._guarded, fn, True, scope)
 
     async def run_write(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
         """`run` for the group committer's own writes (no journal catch-up first)."""
@@ -99,11 +122,16 @@ class Database:
     def run_sync(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
         return self._executor.submit(self._guarded, fn).result()
 
-    def _guarded(self, fn: Callable[[duckdb.DuckDBPyConnection], T], read: bool = True) -> T:
+    def _guarded(
+        self,
+        fn: Callable[[duckdb.DuckDBPyConnection], T],
+        read: bool = True,
+        scope: Sequence[ReadScope] | None = None,
+    ) -> T:
         assert self._con is not None
         try:
             if read and self.before_read is not None:
-                self.before_read(self._con)
+                self.before_read(self._con, scope)
             return fn(self._con)
         except duckdb.Error as e:
             raise _convert(e, "database error") from e

@@ -7,19 +7,22 @@ gets the lock's order on disk. With `enabled=False` every batch is its own trans
 baseline the memory benchmark compares against).
 
 If a merged transaction fails, each of its batches is retried alone so one bad batch fails only
-its own caller.
+its own caller. A batch submitted `after` an earlier one (a collaboration hop's rows after the
+send that made the hop) is never stored without it: it commits in the same record or a later
+one, and fails if that one failed. So its caller need not wait for the earlier commit first.
 
 The journal: a DuckDB transaction costs about one appender per table touched (measured here:
 ~10 ms for a turn's eight tables against ~1.2 ms for one row), and even one row costs ~1.5 ms of
 CPU and ~4.5 ms of wall time, so a group commit is one framed record appended to a journal file
 next to the database and synced (storage/journal_file.py: ~0.07 ms of CPU, ~0.2 ms) and is
 durable there. The journal is applied to the real tables later, many commits at once (after
-`checkpoint_rows` records, after `checkpoint_idle` seconds without writes, before any read —
-`Database.before_read` — and at close); applying them and storing the last applied seq is one
-transaction, then the file is emptied. A crash at any point leaves each write either in the
-file above the stored seq or in its table, never both or neither: on open, records above the
-stored seq are applied before anything is read, records at or below it are skipped, and a torn
-last record (never acknowledged) is cut. An in-memory database keeps its journal in memory.
+`checkpoint_rows` records, after `checkpoint_idle` seconds without writes, before a read that
+depends on a row they write — `Database.before_read` — and at close); applying them and storing
+the last applied seq is one transaction, then the file is emptied. A crash at any point leaves
+each write either in the file above the stored seq or in its table, never both or neither: on
+open, records above the stored seq are applied before anything is read, records at or below it
+are skipped, and a torn last record (never acknowledged) is cut. An in-memory database keeps
+its journal in memory.
 
 A checkpoint that fails is logged and retried (at the next idle moment, read or threshold, with
 a short pause after each failure); it never fails the writes whose journal record is durable:
@@ -43,7 +46,7 @@ import duckdb
 import msgspec
 
 from engine.errors import OpenBotError, StorageError
-from storage.database import Database
+from storage.database import Database, ReadScope
 from storage.journal_file import HEADER, ID_BYTES, JournalFile
 from storage.stats import SIZES, STATS
 
@@ -239,6 +242,7 @@ class GroupCommitter:
         self.checkpoint_idle = checkpoint_idle
         self.checkpoints = 0
         self.checkpoint_failures = 0
+        self.reads_without_catch_up = 0  # scoped reads no journal record touched
         self._paused_until = 0.0  # monotonic time before which the threshold does not checkpoint
         # Journal records not yet applied, with their writes: appended (with the file) on the
         # event loop, taken and dropped by checkpoints on the database thread, under `_lock`.
@@ -249,21 +253,28 @@ class GroupCommitter:
         self._file: JournalFile | None = None
         db.call(self._open_journal)
         db.before_read = self._catch_up
-        self._queue: list[tuple[Sequence[Write], asyncio.Future[None]]] = []
+        # (writes, future, the earlier batch's future it depends on or None)
+        self._queue: list[tuple[Sequence[Write], asyncio.Future[None], asyncio.Future | None]] = []
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._last: asyncio.Future[None] | None = None
         self.transactions = 0  # counters for benchmarks and tests
         self.batches = 0
 
-    def submit(self, writes: Sequence[Write]) -> asyncio.Future[None]:
-        """Queue a batch; the future resolves once it is durable (or fails with StorageError)."""
+    def submit(
+        self, writes: Sequence[Write], after: asyncio.Future | None = None
+    ) -> asyncio.Future[None]:
+        """Queue a batch; the future resolves once it is durable (or fails with StorageError).
+        `after`: a future this committer returned earlier; the batch is stored only with or
+        after that batch, and fails if it failed (without writes: the batch is `after`)."""
         loop = asyncio.get_running_loop()
+        if not writes and after is not None:
+            return after
         fut: asyncio.Future[None] = loop.create_future()
         if not writes:
             fut.set_result(None)
             return fut
-        self._queue.append((writes, fut))
+        self._queue.append((writes, fut, after))
         self._last = fut
         if self._task is None or self._task.done():
             self._wakeup = asyncio.Event()
@@ -294,9 +305,12 @@ class GroupCommitter:
                 await asyncio.sleep(0)
             group = self._queue[: self.max_batches]
             del self._queue[: len(group)]
+            group = self._orphans_failed(group)
+            if not group:
+                continue
             started = time.perf_counter()
             try:
-                await self._commit_group([w for w, _ in group])
+                await self._commit_group([w for w, _, _ in group])
                 STATS.observe(
                     "openbot_shard_commit_seconds",
                     time.perf_counter() - started,
@@ -313,6 +327,8 @@ class GroupCommitter:
                     self._settle(group, StorageError("the write could not be stored"))
                     continue
                 for one in group:
+                    if not self._orphans_failed([one]):
+                        continue
                     try:
                         await self._commit_group([one[0]])
                     except Exception as e:
@@ -341,8 +357,26 @@ class GroupCommitter:
         return self._file is not None and self._file.size > HEADER + APPLIED_BYTES
 
     @staticmethod
+    def _orphans_failed(group: list) -> list:
+        """Fail the batches whose earlier batch failed (in order, so theirs fail too); the
+        rest. A pending earlier batch is in this group: groups settle before the next is
+        taken (a pending one from elsewhere is refused rather than stored before it)."""
+        kept = []
+        taken = {id(fut) for _, fut, _ in group}
+        for entry in group:
+            _, fut, after = entry
+            if after is not None and (
+                (after.done() and (after.cancelled() or after.exception() is not None))
+                or (not after.done() and id(after) not in taken)
+            ):
+                fut.set_exception(StorageError("a write it depends on could not be stored"))
+                continue
+            kept.append(entry)
+        return kept
+
+    @staticmethod
     def _settle(group, error: BaseException | None) -> None:
-        for _, fut in group:
+        for _, fut, _ in group:
             if fut.done():
                 continue
             if error is None:
@@ -462,13 +496,51 @@ class GroupCommitter:
 
         self._transaction(con, apply)
 
-    def _catch_up(self, con: duckdb.DuckDBPyConnection) -> None:
-        # A read must see every committed write: one retry, then the read fails (and the
-        # journal stays for the next attempt).
-        if not self._journaled or self._try_checkpoint(con, "before a read"):
+    def _catch_up(
+        self, con: duckdb.DuckDBPyConnection, scope: Sequence[ReadScope] | None = None
+    ) -> None:
+        # A read must see every committed write it depends on: one retry, then the read fails
+        # (and the journal stays for the next attempt).
+        if not self._journaled:
+            return
+        if scope is not None and not self._pending_in(scope):
+            self.reads_without_catch_up += 1
+            return
+        if self._try_checkpoint(con, "before a read"):
             return
         if not self._try_checkpoint(con, "before a read, again"):
             raise StorageError("committed writes could not be applied yet; try again")
+
+    def _pending_in(self, scopes: Sequence[ReadScope]) -> bool:
+        """Whether a journal record not yet applied writes a row in `scopes` (database
+        thread). Records appended meanwhile came after the read was asked for: a read need
+        not see them, as before. Deletes by anything but the scope's column may hit any row."""
+        wanted: dict[str, list[tuple[str, int, frozenset, str]]] = {}
+        for s in scopes:
+            table = self.tables.get(s.table)
+            if table is not None:  # (a table not written by row has no journal records)
+                key = table.columns[0][0]
+                wanted.setdefault(s.table, []).append(
+                    (s.column, table.index(s.column), frozenset(s.values), key)
+                )
+        if not wanted:
+            return False
+        with self._lock:
+            taken = list(self._journaled)
+        for _, writes in taken:
+            for w in writes:
+                for column, at, values, key in wanted.get(w.table, ()):
+                    if isinstance(w, Put | Insert):
+                        hit = w.row[at] in values
+                    elif isinstance(w, Delete):
+                        hit = key != column or w.key in values
+                    elif isinstance(w, DeleteWhere):
+                        hit = w.column != column or not values.isdisjoint(w.values)
+                    else:
+                        hit = True
+                    if hit:
+                        return True
+        return False
 
     def _try_checkpoint(self, con: duckdb.DuckDBPyConnection, when: str) -> bool:
         """Checkpoint; on failure log it, keep the journal for a later retry, return False."""

@@ -19,7 +19,7 @@ from engine.commands import Outcome
 from engine.memory import EntryMeta, LogRow
 from engine.memory_bot import MemoryBotSettings
 from storage.crypto import Cipher, Keyring, aad
-from storage.database import Database
+from storage.database import Database, ReadScope
 from storage.group_commit import DeleteWhere, Insert, Put, Write
 from storage.shard_schema import MEMORY_ENTRIES, MEMORY_LOG, POOLS
 
@@ -60,21 +60,31 @@ class MemoryStore:
         self._fresh: weakref.WeakValueDictionary[str, StoredPool] = weakref.WeakValueDictionary()
 
     async def load(self, pool: str) -> StoredPool:
-        def read(con):
-            head = con.execute(
-                "SELECT version, wrapped_key, settings FROM pools WHERE pool = ?", [pool]
-            ).fetchall()
-            entries = con.execute(
-                "SELECT id, meta, content FROM memory_entries WHERE pool = ?", [pool]
-            ).fetchall()
-            log = con.execute(
-                "SELECT version, at_ms, entry, payload FROM memory_log WHERE pool = ? "
-                "ORDER BY version, entry",
-                [pool],
-            ).fetchall()
-            return head, entries, log
+        rows = await self.db.run(lambda con: self.read_rows(con, pool), pool_scope(pool))
+        return self.from_rows(pool, *rows)
 
-        head, entry_rows, log_rows = await self.db.run(read)
+    @staticmethod
+    def read_rows(con, pool: str, *, only_if_keyed: bool = False) -> tuple[list, list, list]:
+        """A pool's row, entries and log (database thread). `only_if_keyed`: without the
+        pool's row nothing else is read (a chat's key row goes with everything sealed with it,
+        so a chat without one has nothing stored that could be opened)."""
+        head = con.execute(
+            "SELECT version, wrapped_key, settings FROM pools WHERE pool = ?", [pool]
+        ).fetchall()
+        if only_if_keyed and not head:
+            return head, [], []
+        entries = con.execute(
+            "SELECT id, meta, content FROM memory_entries WHERE pool = ?", [pool]
+        ).fetchall()
+        log = con.execute(
+            "SELECT version, at_ms, entry, payload FROM memory_log WHERE pool = ? "
+            "ORDER BY version, entry",
+            [pool],
+        ).fetchall()
+        return head, entries, log
+
+    def from_rows(self, pool: str, head: list, entry_rows: list, log_rows: list) -> StoredPool:
+        """The pool as `read_rows` read it; a new key when it has no row yet."""
         if not head:
             cipher, wrapped = self.keyring.new_pool_key(pool)
             fresh = StoredPool(pool=pool, cipher=cipher, wrapped_key=wrapped)
@@ -182,6 +192,15 @@ class MemoryStore:
         if not stored.persisted or version_only_in_row or outcome.deletes:
             writes.append(pool_row(stored, outcome.version, stored.settings))
         return writes
+
+
+def pool_scope(pool: str) -> tuple[ReadScope, ...]:
+    """The rows `MemoryStore.read_rows` reads (storage/database.py `ReadScope`)."""
+    return (
+        ReadScope(POOLS.name, "pool", (pool,)),
+        ReadScope(MEMORY_ENTRIES.name, "pool", (pool,)),
+        ReadScope(MEMORY_LOG.name, "pool", (pool,)),
+    )
 
 
 def pool_row(stored: StoredPool, version: int, settings: MemoryBotSettings) -> Put:

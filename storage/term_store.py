@@ -16,7 +16,7 @@ import hmac
 
 import numpy as np
 
-from storage.database import Database
+from storage.database import Database, ReadScope
 from storage.group_commit import Delete, Put, Write
 from storage.search_index import pack_keys, unpack_keys
 from storage.shard_schema import SEARCH_TERMS
@@ -47,7 +47,7 @@ class TermStore:
             ).fetchnumpy()
             return cols["entry"].tolist(), cols["fp"].tolist(), cols["terms"].tolist()
 
-        return await self.db.run(read)
+        return await self.db.run(read, _scope(pool))
 
     async def load_flat(self, pool: str) -> tuple[list[str], np.ndarray, np.ndarray]:
         """The pool's rows as `TermIndex.build_flat` takes them: entries, how many keys each
@@ -64,14 +64,15 @@ class TermStore:
             lengths = np.asarray(cols["n"], dtype=np.int64)
             return cols["entry"].tolist(), lengths, flat
 
-        return await self.db.run(read)
+        return await self.db.run(read, _scope(pool))
 
     async def fingerprints(self, pool: str) -> list[tuple[str, str]]:
         """(entry, fingerprint of the content its keys were made from) of the pool's rows."""
         return await self.db.run(
             lambda con: con.execute(
                 "SELECT entry, fp FROM search_terms WHERE pool = ?", [pool]
-            ).fetchall()
+            ).fetchall(),
+            _scope(pool),
         )
 
     @staticmethod
@@ -83,3 +84,9 @@ class TermStore:
     @staticmethod
     def delete(pool: str, entry_id: str) -> Write:
         return Delete(SEARCH_TERMS.name, entry_key(pool, entry_id))
+
+
+def _scope(pool: str) -> tuple[ReadScope]:
+    """The rows a pool's term reads read (a new pool's first load, and the check a second after
+    it, need not wait for the journal's other writes)."""
+    return (ReadScope(SEARCH_TERMS.name, "pool", (pool,)),)

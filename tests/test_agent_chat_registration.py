@@ -6,6 +6,7 @@ check and write are one step, however many register the same chat at once)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 from actors.contracts import TurnStart
@@ -188,7 +189,123 @@ def test_a_shown_chat_is_visible_at_once_and_written_soon(tmp_path: Path):
 
 
 class SlowDirectory:
-    """The directory, showing agent chats only after a while."""
+    """The directory, showing agent chats only once `release` is set (or after 5 s)."""
+
+    def __init__(self, directory: DirectoryService) -> None:
+        self.directory = directory
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self.directory, name)
+
+    async def register_chats(self, chats: list[Chat], durable: bool = True) -> int:
+        if not durable:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.release.wait(), 5.0)
+        return await self.directory.register_chats(chats, durable)
+
+
+def test_a_deliverys_items_are_announced_only_once_the_directory_shows_its_chat(tmp_path: Path):
+    """Whoever reads an item a `chat.item.created` event announces must find its chat: no
+    event of a delivery's agent chat is published before the directory shows the chat, however
+    slowly it does, and the events behind it wait in order; the delivery itself does not wait
+    (its rows are staged, and committed, while the directory is still showing the chat)."""
+    script = tmp_path / "chain.toml"
+    script.write_text(PEER_SCRIPT)
+
+    async def scenario() -> tuple[list[str], list[str], list[str], list[int]]:
+        svc = ShardService(tmp_path, 0, models={"s": ScriptedModel.from_file("s", str(script))})
+        directory = DirectoryService(tmp_path)
+        slow = SlowDirectory(directory)
+        svc.peers.connect(directory=slow)  # type: ignore[arg-type]
+        kernel, log = svc.kernel, svc.kernel.events
+        stage, publish = kernel.stage, log.publish
+        early, announced, unknown, seqs = [], [], [], []
+
+        def agent_chats(items) -> list[str]:
+            chats = [getattr(payload, "chat", "") for payload in items]
+            return [c for c in chats if c.startswith("chat_agent_")]
+
+        def staged(batch, pool=None):
+            early.extend(
+                c for c in agent_chats(p for p, _ in batch.events) if c not in directory.chats
+            )
+            if early:  # the delivery went on without the directory: let it show the chat now
+                asyncio.get_running_loop().call_later(0.05, slow.release.set)
+            return stage(batch, pool)
+
+        def published(events) -> None:
+            for chat in agent_chats(e.data for e in events if getattr(e.data, "item", None)):
+                announced.append(chat)
+                if chat not in directory.chats:
+                    unknown.append(chat)
+            seqs.extend(e.seq for e in events)
+            publish(events)
+
+        kernel.stage = staged  # type: ignore[method-assign]
+        log.publish = published  # type: ignore[method-assign]
+        try:
+            org, asker, chat = await asker_and_peer(directory)
+            start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
+            await svc.start_turn(start, True)
+            await svc.chains_idle()
+        finally:
+            kernel.stage = stage  # type: ignore[method-assign]
+            log.publish = publish  # type: ignore[method-assign]
+            await svc.close()
+            directory.store.db.close()
+        return early, announced, unknown, seqs
+
+    early, announced, unknown, seqs = asyncio.run(scenario())
+    assert early  # staged before the directory showed the chat: the hop did not wait for it
+    assert announced and unknown == []
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+def test_shown_chats_are_written_together_and_none_is_left_behind(tmp_path: Path):
+    """32 chats shown at once are written in one transaction, and a chat shown while that
+    write runs is written by the same writer right after (no second writer, none left
+    unwritten): all 33 are on disk when the directory opens again."""
+
+    async def scenario() -> tuple[int, int, int]:
+        directory = DirectoryService(tmp_path)
+        put_many = directory.store.put_many
+        writes: list[int] = []
+        try:
+            org = await ann_org(directory)
+            bot = await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
+            root = await directory.create_chat("u_ann", None, bot=bot.id)
+            late = agent_chat(root, bot.id, "col_1", "dlv_late", 99)
+
+            async def counted(table, records):
+                writes.append(len(records))
+                if len(writes) == 1:  # shown while the first write runs
+                    assert await directory.register_chats([late], False) == 1
+                await put_many(table, records)
+
+            directory.store.put_many = counted  # type: ignore[method-assign]
+            chats = [agent_chat(root, bot.id, "col_1", f"dlv_{k}", k) for k in range(32)]
+            shown = await asyncio.gather(
+                *(directory.register_chats([c], False) for c in [*chats, *chats[:8]])
+            )
+            writers = len(directory._writing)
+            while directory._writing:
+                await asyncio.gather(*directory._writing)
+        finally:
+            directory.store.db.close()
+        reopened = DirectoryService(tmp_path)
+        try:
+            on_disk = sum(c.id in reopened.chats for c in [*chats, late])
+        finally:
+            reopened.store.db.close()
+        assert sum(shown) == 32 and writes == [32, 1], (shown, writes)
+        return writers, on_disk, len(writes)
+
+    assert asyncio.run(scenario()) == (1, 33, 2)
+
+
+class HangingDirectory:
+    """The directory, never answering a request to show an agent chat."""
 
     def __init__(self, directory: DirectoryService) -> None:
         self.directory = directory
@@ -198,45 +315,39 @@ class SlowDirectory:
 
     async def register_chats(self, chats: list[Chat], durable: bool = True) -> int:
         if not durable:
-            await asyncio.sleep(0.2)
+            await asyncio.Event().wait()
         return await self.directory.register_chats(chats, durable)
 
 
-def test_a_deliverys_items_are_staged_only_once_the_directory_shows_its_chat(tmp_path: Path):
-    """Whoever reads an item a `chat.item.created` event announces must find its chat: nothing
-    of a delivery is staged (so no event of its agent chat goes out) before the directory
-    shows the chat, however slowly it does."""
+def test_a_directory_that_never_shows_the_chat_holds_the_events_only_a_while(
+    tmp_path: Path, monkeypatch
+):
+    """Events wait behind a delivery's gate, so a directory that never answers must not stop
+    the shard's events for good: after SHOW_WAIT_S they go out, and the durable registration
+    makes the chat known."""
+    monkeypatch.setattr("actors.chats.agent_chats.SHOW_WAIT_S", 0.3)
     script = tmp_path / "chain.toml"
     script.write_text(PEER_SCRIPT)
 
-    async def scenario() -> tuple[list[str], list[str]]:
+    async def scenario() -> tuple[bool, bool]:
         svc = ShardService(tmp_path, 0, models={"s": ScriptedModel.from_file("s", str(script))})
         directory = DirectoryService(tmp_path)
-        svc.peers.connect(directory=SlowDirectory(directory))  # type: ignore[arg-type]
-        kernel = svc.kernel
-        stage = kernel.stage
-        staged, unknown = [], []
-
-        def checked(batch, pool=None):
-            for payload, _ in batch.events:
-                chat = getattr(payload, "chat", "")
-                if getattr(payload, "item", None) and chat.startswith("chat_agent_"):
-                    staged.append(chat)
-                    if chat not in directory.chats:
-                        unknown.append(chat)
-            return stage(batch, pool)
-
-        kernel.stage = checked  # type: ignore[method-assign]
+        svc.peers.connect(directory=HangingDirectory(directory))  # type: ignore[arg-type]
         try:
             org, asker, chat = await asker_and_peer(directory)
             start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
             await svc.start_turn(start, True)
             await svc.chains_idle()
+            events = svc.kernel.events
+            for _ in range(100):  # the gate gives up after 0.3 s
+                if events.published == events.staged:
+                    break
+                await asyncio.sleep(0.02)
+            [chain] = await svc.collaborations("u_ann", frozenset())
+            agent = chain.links[0].agentChat
+            return events.published == events.staged, agent in directory.chats
         finally:
-            kernel.stage = stage  # type: ignore[method-assign]
             await svc.close()
             directory.store.db.close()
-        return staged, unknown
 
-    staged, unknown = asyncio.run(scenario())
-    assert staged and unknown == []
+    assert asyncio.run(scenario()) == (True, True)

@@ -232,10 +232,10 @@ class ChainRunner:
         await self._maybe_release(topic)
 
     async def _deliver_once(self, chain_id: str, link_id: str, org: Org, after=None) -> None:
-        """One delivery: the peer's step (overlapping `after`, the commit of the send that made
-        the link, and the directory showing the agent chat made here: nothing is staged before
-        both), then one transaction for the request (chain record, delivery item) with the
-        peer's reply and what it sent on, or its answer (agent_chats.py)."""
+        """One delivery: the peer's step, then one transaction for the request (chain record,
+        delivery item) with the peer's reply and what it sent on, or its answer, staged `after`
+        the send that made the link (stored with it or later, never without it) and announced
+        once the directory shows the agent chat made here (agent_chats.py): nothing waits."""
         conv = self.conv
         chain = (await self.records.all())[chain_id]
         if chain.status != "running":
@@ -264,7 +264,7 @@ class ChainRunner:
             # After a restart the delivery may be stored already, and even answered: resume
             # from what the agent chat holds instead of delivering or asking twice.
             asked = next((i for i in alog.items if i.kind == "delivery"), None)
-            sink = Batch()
+            sink = Batch(after=after, gate=shown)
             restage = None
             held = False
             if asked is None:
@@ -300,8 +300,6 @@ class ChainRunner:
                 )
                 try:
                     outcome = await self.records.step(peer, step)
-                    await durable(after)  # the send is stored: this delivery's rows may follow
-                    await durable(shown)  # and its items are announced in a chat readers find
                 except BaseException:
                     if restage is not None:  # the request was never stored: memory drops it
                         conv.forget(achat.id)

@@ -9,6 +9,7 @@ batches built side by side (across awaits) never pick up each other's keys.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -28,6 +29,12 @@ class Batch:
     on_failure: list[Callable[[], None]] = field(default_factory=list)
     # The memory bot's model calls made while building it (become call-log rows, SEC-1).
     calls: list = field(default_factory=list)
+    # An earlier commit this one depends on: stored with it or before it, never without it
+    # (GroupCommitter.submit), so the batch may be staged before that commit is durable.
+    after: asyncio.Future[None] | None = None
+    # Its events are published once this is done too (and every later event waits behind
+    # them): a delivery's items are announced only once the directory shows their chat.
+    gate: asyncio.Future | None = None
 
     def add(self, *writes: Write) -> Batch:
         self.writes.extend(writes)

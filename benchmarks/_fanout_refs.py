@@ -185,8 +185,11 @@ async def serve_socketio() -> None:
     sock = listening_socket()
     from gateway.server import UVICORN_WS
 
-    # As `openbot serve` runs uvicorn (gateway/server.py): same defaults, same websocket options.
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", **UVICORN_WS)
+    # As `openbot serve` runs uvicorn (gateway/server.py): same defaults, same websocket options,
+    # on uvicorn's own websockets-sansio protocol (the gateway's subclass only adds its ready-made
+    # frame writer, which python-socketio would not use).
+    options = UVICORN_WS | {"ws": "websockets-sansio"}
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", **options)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:

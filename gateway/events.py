@@ -29,6 +29,7 @@ from gateway.fanout import Hub
 from gateway.metrics import WS_CLIENTS
 from gateway.subscriber import Closed, Frame, Outlet, Subscriber
 from gateway.wire import check_json
+from gateway.ws_frames import FRAMES
 
 __all__ = ["EventsEndpoint", "Hub", "Subscriber"]
 
@@ -59,7 +60,9 @@ class EventsEndpoint:
     async def handle(self, websocket: WebSocket) -> None:
         await websocket.accept()
         sub: Subscriber | None = None
-        outlet = Outlet(websocket.send)
+        # The server's ready-made frame writer where it offers one (gateway/ws_frames.py).
+        writer = websocket.scope.get("extensions", {}).get(FRAMES)
+        outlet = Outlet(websocket.send, writer=writer)
         WS_CLIENTS.labels("events").inc()
         try:
             principal, token = await self._authenticate(websocket)

@@ -6,9 +6,10 @@ are (a `Listener`: user, orgs, channels, usable bots) and the groups are indexed
 channel and bot, so an event's audience is a few dict look-ups and one `admits` per group, not a
 check per client. A client that is live on every shard and not ahead of this hub ("in step")
 holds the hub's own position: every frame such clients get is the same text (its cursor is the
-hub's dispatch position), encoded once per event and written to each of their sockets inline
-(gateway/subscriber.py). A client still replaying (it connected with a cursor) or whose cursor came
-from a faster gateway is served on its own positions until it is in step.
+hub's dispatch position), encoded once per event, framed once (gateway/ws_frames.py) and written
+to each of their sockets inline (gateway/subscriber.py). A client still replaying (it connected
+with a cursor) or whose cursor came from a faster gateway is served on its own positions until it
+is in step.
 """
 
 from __future__ import annotations
@@ -30,13 +31,16 @@ from engine.events import (
     needs_reset,
 )
 from gateway.metrics import EVENTS_DELIVERED
+from gateway.recent import RecentEvents
 from gateway.subscriber import TOO_SLOW, Closed, Outlet, Subscriber, event_text
+from gateway.ws_frames import text_frame
 
 log = logging.getLogger("openbot.events")
 
 POLL_WAIT = 10.0
 YIELD_EVERY = 2000  # frames written before the pump lets other tasks run (~30-60 ms)
 CATCH_UP_CLOSE = 4409
+REPLAY_BATCH = 1000  # events a catch-up replays per step (a shard call, or a slice held here)
 
 
 class Hub:
@@ -54,6 +58,7 @@ class Hub:
         self._ready: asyncio.Future[None] | None = None
         self._pump_ok = [False] * len(engine.shard_ports)
         self.pool_changed: dict[str, int] = {}  # pool → seq of its last memory.changed
+        self.recent = RecentEvents(len(engine.shard_ports))  # what resuming clients replay
 
     def fresh(self, shard: int, epoch: str, pool: str, fill: int) -> bool:
         """Whether a page that reflects `pool` up to event `fill` is still current, as far as
@@ -78,6 +83,8 @@ class Hub:
                 self._ready = None
                 raise
             self.heads = list(heads)
+            for k, head in enumerate(heads):
+                self.recent.reset(k, head)
             # The heads were just read: this hub is current until a poll says otherwise.
             self._pump_ok = [True] * len(heads)
             self._pumps = [asyncio.create_task(self._pump(k)) for k in range(len(heads))]
@@ -111,10 +118,12 @@ class Hub:
                 # The shard's data were replaced: every client must refetch. Nothing more is
                 # written to them (a frame would carry the new epoch and hide the reset).
                 self.heads[k] = new_head
+                self.recent.reset(k, new_head)
                 for sub in list(self.subscribers):
                     sub.in_step = False
                     sub.outlet.end(TOO_SLOW)
                 continue
+            self.recent.add(k, events)  # before the batch is handed out (gateway/recent.py)
             await self._dispatch(k, events)
             last = events[-1].seq if events else head.head
             self.heads[k] = ShardHead(epoch=new_head.epoch, oldest=new_head.oldest, head=last)
@@ -129,25 +138,41 @@ class Hub:
         exactly there)."""
         heads = self.heads
         sent = budget = 0
+        # A group's first frame in a stretch (up to a pause) is written at once; its further
+        # frames wait for the stretch's end and go to each socket in one write. A client's
+        # frames stay in order: nothing else writes to it before the stretch ends (no await),
+        # and whether it is in step cannot change within a stretch.
+        heard: set[Listener] = set()
+        later: dict[Outlet, list[tuple[str, bytes]]] = {}
         for event in events:
             if isinstance(event.data, MemoryChanged):
                 self.pool_changed[event.data.pool] = event.seq
             text: str | None = None
+            frame = b""
             for listener in self._audience(event):
+                again = listener in heard
+                heard.add(listener)
                 for sub in self._members[listener]:
                     budget += 1
                     if sub.in_step:
                         if text is None:
                             text = event_text(event, self._cursor_at(k, event.seq))
-                        sent += sub.outlet.deliver(text)
+                            frame = text_frame(text)
+                        if again:
+                            later.setdefault(sub.outlet, []).append((text, frame))
+                        else:
+                            sent += sub.outlet.deliver(text, frame)
                     elif sub.live[k]:
                         sent += sub.offer(k, event, heads)
             if budget >= YIELD_EVERY:
+                sent += _write_together(later)
+                heard.clear()
                 head = heads[k]
                 assert head is not None
                 heads[k] = ShardHead(epoch=head.epoch, oldest=head.oldest, head=event.seq)
                 budget = 0
                 await asyncio.sleep(0)
+        sent += _write_together(later)
         if sent:
             EVENTS_DELIVERED.inc(sent)
 
@@ -215,7 +240,8 @@ class Hub:
         self._index(sub)
 
     async def catch_up(self, sub: Subscriber) -> None:
-        """Replay from the shards until each is level with this hub's pump, then go live."""
+        """Replay until level with this hub's pump on each shard, then go live: from what the
+        pump handed out lately when that holds the client's position, else from the shard."""
         for k, shard in enumerate(self.engine.shard_ports):
             while True:
                 pumped = self.heads[k]
@@ -224,7 +250,19 @@ class Hub:
                     sub.live[k] = True  # no await since the check: no gap, no duplicate
                     self._catching_up.add(sub)
                     break
-                head, events = await shard.events_after(sub.positions[k].seq, 1000, 0.0)
+                events = self.recent.after(k, sub.positions[k], pumped.head, REPLAY_BATCH)
+                if events is not None:
+                    # Everything up to the pump's head is held: nothing between is missing.
+                    sent = sum(sub.offer(k, event) for event in events)
+                    if sent:
+                        EVENTS_DELIVERED.inc(sent)
+                    if len(events) < REPLAY_BATCH:
+                        pos = sub.positions[k]
+                        sub.positions[k] = Position(pos.epoch, max(pos.seq, pumped.head))
+                    else:
+                        await asyncio.sleep(0)  # a long replay lets others run between batches
+                    continue
+                head, events = await shard.events_after(sub.positions[k].seq, REPLAY_BATCH, 0.0)
                 if sub.positions[k].seq < head.oldest - 1:
                     # Pruned while this client caught up: it must come back and be reset.
                     raise Closed(CATCH_UP_CLOSE, "cursor fell out of the kept window: reconnect")
@@ -279,3 +317,9 @@ class Hub:
                     group.discard(listener)
                     if not group:
                         del index[name]
+
+
+def _write_together(later: dict[Outlet, list[tuple[str, bytes]]]) -> int:
+    sent = sum(outlet.deliver_all(frames) for outlet, frames in later.items())
+    later.clear()
+    return sent

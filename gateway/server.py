@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import InvalidInput, Unavailable
+from gateway.ws_frames import FramingProtocol
 
 ADMIN_TOKEN_FILE = "admin.token"
 log = logging.getLogger("openbot")
@@ -22,11 +23,11 @@ log = logging.getLogger("openbot")
 # How uvicorn serves websockets (here, in the benchmarks and in the tests' live servers).
 # Protocol-level pings notice dead peers (DESIGN §8 heartbeats). websockets' sans-I/O protocol
 # writes a frame without a task or a wait while the socket takes it (the fan-out relies on that,
-# gateway/subscriber.py). No permessage-deflate: event frames are ~250 bytes, and compressing each
-# one for each client cost ~3x the CPU of framing it (8 of 11 us a frame, measured) plus a zlib
-# state of ~260 KB per connection.
+# gateway/subscriber.py), and ours also takes ready-made event frames. No permessage-deflate:
+# event frames are ~250 bytes, and compressing each one for each client cost ~3x the CPU of
+# framing it (8 of 11 us a frame, measured) plus a zlib state of ~260 KB per connection.
 UVICORN_WS = {
-    "ws": "websockets-sansio",
+    "ws": FramingProtocol,  # websockets-sansio offering ready-made event frames (ws_frames.py)
     "ws_ping_interval": 15.0,
     "ws_ping_timeout": 15.0,
     "ws_per_message_deflate": False,

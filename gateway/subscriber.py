@@ -7,7 +7,9 @@ So the fan-out runs each send inline, to its end, in the loop that dispatches th
 queue, no task and no wake-up per client and frame. Only a send that does suspend (a client that
 reads slowly) hands its rest to a task, and the frames that follow wait behind it in a bounded
 queue, in order; a client that falls a whole queue behind is told to go and resume by cursor
-(close 4429), so one slow client never holds up the others.
+(close 4429), so one slow client never holds up the others. Where the server offers it
+(gateway/ws_frames.py), a frame goes to the socket as the bytes built once per event, past the
+ASGI send; a socket that cannot take them at once gets the ASGI send as before.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import msgspec
 from engine.casing import to_wire
 from engine.events import Event, Listener, Position, ShardHead, admits, encode_cursor
 from gateway.metrics import EVENTS_DELIVERED, EVENTS_DROPPED
+from gateway.ws_frames import FrameWriter, text_frame
 
 QUEUE_LIMIT = 2048
 TOO_SLOW = 4429
@@ -100,16 +103,20 @@ class Outlet:
     """Frames for one websocket, in order; `ended` is set once it can take no more (the client
     fell `limit` frames behind: `code` 4429; or a send failed: the connection is gone)."""
 
-    def __init__(self, send: Send, limit: int | None = None) -> None:
+    def __init__(
+        self, send: Send, limit: int | None = None, writer: FrameWriter | None = None
+    ) -> None:
         self._send = send
+        self._writer = writer
         self._limit = QUEUE_LIMIT if limit is None else limit
         self._waiting: collections.deque[str] = collections.deque()
         self._drainer: asyncio.Task[None] | None = None
         self.ended = asyncio.Event()
         self.code: int | None = None
 
-    def deliver(self, text: str) -> bool:
+    def deliver(self, text: str, frame: bytes | None = None) -> bool:
         """Send `text` now if the socket takes it, else queue it behind the send that waits.
+        `frame`: `text` as a websocket frame, if the caller built it (once for many outlets).
         True if it was written at once (the caller counts those; queued ones count when sent)."""
         if self.ended.is_set():
             return False
@@ -120,6 +127,14 @@ class Outlet:
                 return False
             self._waiting.append(text)
             return False
+        if self._writer is not None:
+            written = self._writer.write(text_frame(text) if frame is None else frame)
+            if written is None:  # closing or gone: as an ASGI send that fails
+                self.end(None)
+                return False
+            if written:
+                return True
+            # The socket is full: the ASGI send below waits for room, in a task.
         coro = self._send({"type": "websocket.send", "text": text})
         try:
             waits_on = coro.send(None)
@@ -130,6 +145,21 @@ class Outlet:
             return False
         self._drainer = asyncio.get_running_loop().create_task(self._drain(coro, waits_on))
         return False
+
+    def deliver_all(self, frames: list[tuple[str, bytes]]) -> int:
+        """Several (text, frame) pairs in order, in one write when the socket takes them all at
+        once; how many were written at once."""
+        writer = self._writer
+        if len(frames) > 1 and writer is not None and self._drainer is None:
+            if self.ended.is_set():
+                return 0
+            written = writer.write(b"".join(frame for _, frame in frames))
+            if written is None:
+                self.end(None)
+                return 0
+            if written:
+                return len(frames)
+        return sum(self.deliver(text, frame) for text, frame in frames)
 
     def end(self, code: int | None) -> None:
         if not self.ended.is_set():

@@ -131,6 +131,7 @@ class FakeShard:
         self.grew = asyncio.Event()
         self.hold: asyncio.Future[None] | None = None
         self.pump_hold: asyncio.Future[None] | None = None
+        self.replays = 0  # catch-up calls (`wait == 0`)
 
     def append(self, user: str = "u1") -> None:
         seq = len(self.log) + 1
@@ -147,6 +148,7 @@ class FakeShard:
         return self.head()
 
     async def events_after(self, after: int, limit: int = 1000, wait: float = 0.0):
+        self.replays += wait == 0
         if wait == 0 and self.hold is not None:
             await self.hold
         if wait and self.pump_hold is not None:
@@ -311,3 +313,203 @@ def test_a_client_that_stops_reading_holds_up_no_one(monkeypatch):
         subs[0].outlet.close()
 
     asyncio.run(scenario())
+
+
+class Writer:
+    """A ready-made frame writer (gateway/ws_frames.py) answering what it is told to."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.answer: bool | None = True
+
+    def write(self, frame: bytes) -> bool | None:
+        if self.answer:
+            self.frames.append(frame)
+        return self.answer
+
+
+def test_an_outlet_with_a_writer_writes_frames_past_asgi_until_the_socket_is_full():
+    from gateway.ws_frames import text_frame
+
+    async def scenario():
+        socket, writer = Socket(), Writer()
+        outlet = Outlet(socket.send, writer=writer)  # type: ignore[arg-type]
+        shared = text_frame("a")
+        assert outlet.deliver("a", shared) is True  # the caller's bytes, as they are
+        assert outlet.deliver("b") is True  # built here when not given
+        assert writer.frames == [shared, text_frame("b")] and socket.texts == []
+        writer.answer = False  # full: the ASGI send (which waits for room) takes over
+        socket.blocked = True
+        assert outlet.deliver("c", text_frame("c")) is False
+        writer.answer = True
+        assert outlet.deliver("d", text_frame("d")) is False  # behind "c", not past it
+        pair = [("d1", text_frame("d1")), ("d2", text_frame("d2"))]
+        assert outlet.deliver_all(pair) == 0  # behind them too, one by one
+        socket.blocked = False
+        socket.opened.set()
+        await asyncio.sleep(0.05)
+        assert socket.texts == ["c", "d", "d1", "d2"] and outlet.backlog == 0
+        assert outlet.deliver("e") is True and writer.frames[-1] == text_frame("e")
+        assert outlet.deliver_all(pair) == 2  # the socket takes them: one write of both
+        assert writer.frames[-1] == text_frame("d1") + text_frame("d2")
+        writer.answer = None  # the connection is going: the outlet ends, as on a failed send
+        assert outlet.deliver("f") is False
+        assert outlet.ended.is_set() and outlet.code is None
+
+    asyncio.run(scenario())
+
+
+def test_a_client_resuming_from_a_recent_cursor_replays_from_the_hub(monkeypatch):
+    """What the pump handed out lately is replayed from the hub (no shard call), each event
+    once, in order, only those of the client's audience, then live frames; a cursor older than
+    what the hub holds (before it started, or trimmed since) replays from the shard."""
+    from types import SimpleNamespace
+
+    import gateway.recent
+    from engine.events import encode_cursor
+    from gateway.fanout import Hub
+
+    monkeypatch.setattr(gateway.recent, "KEEP", 4)  # held: the last 4 to 8 events
+
+    async def scenario():
+        shard = FakeShard(0)
+        for _ in range(3):
+            shard.append()  # before the hub started: never held by it
+        hub = Hub(SimpleNamespace(shard_ports=[shard]))
+        await hub.start()
+        listener = Listener(user="u1", orgs=frozenset())
+
+        async def resume(after: int) -> tuple[Socket, Subscriber]:
+            socket = Socket()
+            cursor = encode_cursor([Position("e0", after)])
+            sub, reset = await hub.subscribe(listener, cursor, Outlet(socket.send))
+            assert not reset
+            await hub.catch_up(sub)
+            assert sub.in_step
+            return socket, sub
+
+        for user in ("u1", "u2", "u1", "u1", "u2"):
+            shard.append(user)  # seq 4..8, handed out by the pump
+        await asyncio.sleep(0.05)
+
+        def entries(socket: Socket) -> list[str]:
+            return [msgspec.json.decode(t)["data"]["entry"] for t in socket.texts]
+
+        recent, _ = await resume(4)
+        assert shard.replays == 0
+        assert entries(recent) == ["s0-6", "s0-7"]  # u2's 5 and 8 are not u1's to hear of
+        old, _ = await resume(2)  # from before the hub started
+        assert shard.replays == 1
+        assert entries(old) == ["s0-3", "s0-4", "s0-6", "s0-7"]
+        for _ in range(6):
+            shard.append()  # seq 9..14: the hub trims what it holds to the last 4 (11..14)
+        await asyncio.sleep(0.05)
+        trimmed, _ = await resume(8)
+        assert shard.replays == 2
+        assert entries(trimmed) == [f"s0-{i}" for i in range(9, 15)]
+        held, _ = await resume(11)
+        assert shard.replays == 2
+        assert entries(held) == ["s0-12", "s0-13", "s0-14"]
+        shard.append()  # live: one frame each, after the replay
+        await asyncio.sleep(0.05)
+        await hub.stop()
+        for socket in (recent, old, trimmed, held):
+            assert entries(socket)[-1] == "s0-15"
+            assert len(entries(socket)) == len(set(entries(socket)))
+
+    asyncio.run(scenario())
+
+
+def test_a_long_replay_from_the_hub_lets_others_run_and_misses_nothing(monkeypatch):
+    from types import SimpleNamespace
+
+    import gateway.fanout
+    from engine.events import encode_cursor
+    from gateway.fanout import Hub
+
+    monkeypatch.setattr(gateway.fanout, "REPLAY_BATCH", 3)
+
+    async def scenario():
+        shard = FakeShard(0)
+        hub = Hub(SimpleNamespace(shard_ports=[shard]))
+        await hub.start()
+        for _ in range(10):
+            shard.append()
+        await asyncio.sleep(0.05)
+        socket = Socket()
+        sub, _ = await hub.subscribe(
+            Listener(user="u1", orgs=frozenset()),
+            encode_cursor([Position("e0", 0)]),
+            Outlet(socket.send),
+        )
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        other = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        await hub.catch_up(sub)
+        other.cancel()
+        await hub.stop()
+        got = [msgspec.json.decode(t)["data"]["entry"] for t in socket.texts]
+        assert got == [f"s0-{i}" for i in range(1, 11)] and shard.replays == 0
+        assert ticks >= 3  # the loop ran others between the batches of 3
+
+    asyncio.run(scenario())
+
+
+def _writes(writer: Writer) -> list[list[str]]:
+    """The entries of the frames in each write (a write may hold several frames)."""
+    out = []
+    for data in writer.frames:
+        entries = []
+        while data:
+            n, at = data[1], 2
+            if n == 126:
+                n, at = int.from_bytes(data[2:4]), 4
+            entries.append(msgspec.json.decode(data[at : at + n])["data"]["entry"])
+            data = data[at + n :]
+        out.append(entries)
+    return out
+
+
+def test_several_frames_for_a_client_in_one_batch_go_out_in_one_write(monkeypatch):
+    """A batch with three events for u1 and one for u2: u1's clients get the first frame at
+    once and the other two in one write, in order; u2's client its one frame. With a pause
+    inside the batch, frames before the pause are written before it."""
+    from types import SimpleNamespace
+
+    import gateway.fanout
+    from gateway.fanout import Hub
+
+    async def scenario(yield_every: int) -> list[list[list[str]]]:
+        monkeypatch.setattr(gateway.fanout, "YIELD_EVERY", yield_every)
+        shard = FakeShard(0)
+        shard.pump_hold = asyncio.get_running_loop().create_future()
+        hub = Hub(SimpleNamespace(shard_ports=[shard]))
+        writers = []
+        for user in ("u1", "u1", "u2"):
+            writer = Writer()
+            sub, _ = await hub.subscribe(
+                Listener(user=user, orgs=frozenset()), None, Outlet(Socket().send, writer=writer)
+            )
+            await hub.catch_up(sub)
+            assert sub.in_step
+            writers.append(writer)
+        for user in ("u1", "u2", "u1", "u1"):
+            shard.append(user)  # seq 1..4, one batch
+        shard.pump_hold.set_result(None)
+        await asyncio.sleep(0.05)
+        await hub.stop()
+        return [_writes(writer) for writer in writers]
+
+    together = [["s0-1"], ["s0-3", "s0-4"]]
+    assert asyncio.run(scenario(2000)) == [together, together, [["s0-2"]]]
+    # A pause once 5 frames are handed out (after event 3): u1's frame of event 3 is written
+    # before it, and event 4 starts a new stretch.
+    apart = [["s0-1"], ["s0-3"], ["s0-4"]]
+    assert asyncio.run(scenario(5)) == [apart, apart, [["s0-2"]]]

@@ -14,6 +14,7 @@ from websockets.asyncio.client import connect
 
 from engine.directory import bot_pool
 from engine.memory import EntryMeta, Layer
+from gateway.ws_frames import FrameWriter
 from tests.conftest import World
 
 
@@ -69,8 +70,19 @@ def _add(engine, world: World, entry: str, tags: tuple[str, ...]) -> None:
     ray.get(shard.add_entries.remote(bot_pool(world.bot), [(meta, "content")]))
 
 
-def test_shared_frames_reach_exactly_their_audience(engine, admin, server, world):
+def test_shared_frames_reach_exactly_their_audience(engine, admin, server, world, monkeypatch):
     world.grant("bob", "read")  # bob may use the bot; carol, in the same org, may not
+    # Event frames go to the sockets as ready-made bytes (gateway/ws_frames.py): count them.
+    written: list[bytes] = []
+    write = FrameWriter.write
+
+    def spy(self, frame: bytes):
+        done = write(self, frame)
+        if done:
+            written.append(frame)
+        return done
+
+    monkeypatch.setattr(FrameWriter, "write", spy)
     other = World(admin, server)  # another account: its own org, people and bot
     principals = {
         "alice": world.tokens["alice"],
@@ -115,6 +127,8 @@ def test_shared_frames_reach_exactly_their_audience(engine, admin, server, world
             assert [f["data"]["entry"] for f in frames] == want[name], (name, frames)
             assert all(f["type"] == "memory.changed" for f in frames)
             await ws_cursor[0].close()
+        # Every event frame above went past ASGI: alice's 6 clients 3 each, bob's and other's 1.
+        assert len(written) == 6 * 3 + 6 + 6
 
     asyncio.run(scenario())
 

@@ -2,7 +2,9 @@
 
 DuckDB allows one read-write process per file and a connection is not shareable across threads,
 so every statement of a store runs on the store's single worker thread (`run`). Async callers
-never block their event loop on the database.
+never block their event loop on the database. One exception: a large read that need not queue
+behind the others may run on a second connection with a thread of its own (`run_aside`: a
+pool's vectors and term keys, read beside its records when a shard's first search loads them).
 """
 
 from __future__ import annotations
@@ -67,6 +69,13 @@ class Database:
         self.before_read: (
             Callable[[duckdb.DuckDBPyConnection, Sequence[ReadScope] | None], None] | None
         ) = None
+        # Whether the tables hold every committed write now (nothing for `before_read` to
+        # apply): then a read may run aside (`run_aside`). None: always.
+        self.caught_up: Callable[[], bool] | None = None
+        # A second connection to the same database for `run_aside`, used on a thread of its
+        # own (started when first used).
+        self._aside: concurrent.futures.ThreadPoolExecutor | None = None
+        self._aside_con: duckdb.DuckDBPyConnection | None = None
         self.call(self._open, migrations)
 
     def _open(self, migrations: Sequence[str]) -> None:
@@ -84,6 +93,8 @@ class Database:
         con.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER, applied_at BIGINT)"
         )
+        if self.path != ":memory:":  # (a cursor of an in-memory one is another database)
+            self._aside_con = con.cursor()  # the same database and buffer pool
         done = {r[0] for r in con.execute("SELECT version FROM schema_migrations").fetchall()}
         for number, sql in enumerate(migrations, start=1):
             if number in done:
@@ -118,6 +129,28 @@ class Database:
         """`run` for the group committer's own writes (no journal catch-up first)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._guarded, fn, False)
+
+    async def run_aside(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        """`run` on a second connection and thread, beside whatever the database thread is
+        doing (a large read that need not wait for another: a pool's vectors beside its
+        records, when a shard's first search loads both). It sees the committed state when it
+        starts; when the journal holds writes the tables do not have yet, it runs as `run`
+        does (after they are applied) instead."""
+        if self._aside_con is None or (self.caught_up is not None and not self.caught_up()):
+            return await self.run(fn)
+        loop = asyncio.get_running_loop()
+        if self._aside is None:
+            self._aside = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="duckdb-aside"
+            )
+        return await loop.run_in_executor(self._aside, self._aside_run, fn)
+
+    def _aside_run(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        assert self._aside_con is not None
+        try:
+            return fn(self._aside_con)
+        except duckdb.Error as e:
+            raise _convert(e, "database error") from e
 
     def run_sync(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
         return self._executor.submit(self._guarded, fn).result()
@@ -161,7 +194,14 @@ class Database:
         await self.run(copy)
 
     def close(self) -> None:
+        if self._aside is not None:
+            self._aside.shutdown(wait=True)  # what runs aside ends before the connections
+            self._aside = None
+
         def _close() -> None:
+            if self._aside_con is not None:
+                self._aside_con.close()
+                self._aside_con = None
             if self._con is not None:
                 self._con.close()
                 self._con = None

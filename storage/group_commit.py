@@ -253,6 +253,7 @@ class GroupCommitter:
         self._file: JournalFile | None = None
         db.call(self._open_journal)
         db.before_read = self._catch_up
+        db.caught_up = self.caught_up
         # (writes, future, the earlier batch's future it depends on or None)
         self._queue: list[tuple[Sequence[Write], asyncio.Future[None], asyncio.Future | None]] = []
         self._wakeup: asyncio.Event | None = None
@@ -495,6 +496,11 @@ class GroupCommitter:
             con.execute(f"DROP TABLE {JOURNAL}")
 
         self._transaction(con, apply)
+
+    def caught_up(self) -> bool:
+        """Whether every committed write is in the tables (no journal record to apply)."""
+        with self._lock:
+            return not self._journaled
 
     def _catch_up(
         self, con: duckdb.DuckDBPyConnection, scope: Sequence[ReadScope] | None = None

@@ -53,18 +53,18 @@ class TermStore:
         """The pool's rows as `TermIndex.build_flat` takes them: entries, how many keys each
         has and all keys end to end (joined on the database's thread). Without fingerprints:
         a pool's load checks them later (`fingerprints`)."""
+        return await self.db.run(lambda con: self.read_flat(con, pool), _scope(pool))
 
-        def read(con):
-            cols = con.execute(
-                "SELECT entry, octet_length(terms) // 8 AS n, terms FROM search_terms "
-                "WHERE pool = ?",
-                [pool],
-            ).fetchnumpy()
-            flat = unpack_keys(b"".join(cols["terms"].tolist()))
-            lengths = np.asarray(cols["n"], dtype=np.int64)
-            return cols["entry"].tolist(), lengths, flat
-
-        return await self.db.run(read, _scope(pool))
+    @staticmethod
+    def read_flat(con, pool: str) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """`load_flat` on the database's thread (a caller may read more in the same call)."""
+        cols = con.execute(
+            "SELECT entry, octet_length(terms) // 8 AS n, terms FROM search_terms WHERE pool = ?",
+            [pool],
+        ).fetchnumpy()
+        flat = unpack_keys(b"".join(cols["terms"].tolist()))
+        lengths = np.asarray(cols["n"], dtype=np.int64)
+        return cols["entry"].tolist(), lengths, flat
 
     async def fingerprints(self, pool: str) -> list[tuple[str, str]]:
         """(entry, fingerprint of the content its keys were made from) of the pool's rows."""

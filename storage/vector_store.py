@@ -92,16 +92,16 @@ def _layout(rows: int, plain: int, head: bytes) -> tuple[str, int] | None:
     return None
 
 
-# What a pool's stored vectors load as: record ids, fingerprints, a matrix of unit rows and each
-# record's row.
-Loaded = tuple[list[str], list[str], np.ndarray, dict[str, int]]
+# What a pool's stored vectors load as: record ids (distinct), fingerprints, a matrix of unit
+# rows and each record's row (None: not made, the row of `ids[k]` is k).
+Loaded = tuple[list[str], list[str], np.ndarray, dict[str, int] | None]
 
 
 def _assemble(
     pool: str, model: str, cipher: Cipher, legacy: list[tuple], blocks: list[tuple]
 ) -> Loaded:
     """Stored rows and blocks as loaded vectors; see `VectorStore.load_all`."""
-    empty: Loaded = ([], [], np.zeros((0, 0), dtype=np.float32), {})
+    empty: Loaded = ([], [], np.zeros((0, 0), dtype=np.float32), None)
     ids: list[str] = []
     fps: list[str] = []
     parts: list[tuple[int, bytes, bytes]] = []  # (rows, blob, aad)
@@ -151,12 +151,12 @@ def _assemble(
         at += size
     del buf
     with paused_gc():
-        last = {entry: k for k, entry in enumerate(ids)}  # a later vector replaces an earlier
-        if len(last) != len(ids):
-            keep = sorted(last.values())
-            ids, fps, mat = [ids[k] for k in keep], [fps[k] for k in keep], mat[keep]
-            last = {entry: k for k, entry in enumerate(ids)}
-    return ids, fps, mat, last
+        if len(set(ids)) == len(ids):
+            return ids, fps, mat, None  # (the map of rows is made when first needed)
+        last = dict(zip(ids, range(len(ids)), strict=True))  # a later vector replaces an earlier
+        keep = sorted(last.values())
+        ids, fps, mat = [ids[k] for k in keep], [fps[k] for k in keep], mat[keep]
+        return ids, fps, mat, dict(zip(ids, range(len(ids)), strict=True))
 
 
 def unit_rows(mat: np.ndarray) -> None:
@@ -191,11 +191,15 @@ class VectorStore:
     async def load_all(self, pool: str, model: str, cipher: Cipher) -> Loaded:
         """The pool's current vectors for `model`: record ids, fingerprints, one float32
         matrix of their unit vectors, of its own (writable; a record's latest vector only),
-        and each record's row.
+        and each record's row (None when it is simply its place in `ids`)."""
+        return await self.assemble(pool, model, cipher, await self.read(pool, model))
 
-        The rows are read on the database's thread; the blocks are decrypted, widened and
-        scaled to unit length on another (numpy and the cipher let the event loop run
-        meanwhile: the first search after a shard opens loads records and vectors at once)."""
+    async def read(self, pool: str, model: str) -> tuple[list[tuple], list[tuple]]:
+        """The pool's stored vectors for `model`, sealed, as `assemble` takes them: read
+        beside the database thread's work when it can be (`Database.run_aside`: the first
+        search after a shard opens reads a pool's records and its vectors at once; they are
+        tens of MB at 100,000 records, derived data that a write made meanwhile could only
+        make stale, which is checked)."""
 
         def read(con):
             legacy = con.execute(
@@ -209,7 +213,15 @@ class VectorStore:
             ).fetchall()
             return legacy, blocks
 
-        legacy, blocks = await self.db.run(read)
+        return await self.db.run_aside(read)
+
+    @staticmethod
+    async def assemble(
+        pool: str, model: str, cipher: Cipher, rows: tuple[list[tuple], list[tuple]]
+    ) -> Loaded:
+        """`read`'s rows opened, widened and scaled to unit length on another thread (numpy
+        and the cipher let the event loop run meanwhile)."""
+        legacy, blocks = rows
         return await asyncio.to_thread(_assemble, pool, model, cipher, legacy, blocks)
 
     @staticmethod

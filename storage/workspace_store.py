@@ -179,25 +179,34 @@ class WorkspaceStore:
     # --- loading ---
 
     async def load_pool(self, pool: str) -> StoredWsPool:
-        def read(con):
-            entries = con.execute(
-                "SELECT id, meta, content FROM ws_entries WHERE pool = ?", [pool]
-            ).fetchall()
-            barriers = con.execute(
-                "SELECT doc FROM ws_barriers WHERE pool = ? ORDER BY at_ms, key", [pool]
-            ).fetchall()
-            unlinked = con.execute(
-                f"SELECT id FROM ws_entries WHERE pool = ? AND {_UNLINKED}", [pool]
-            ).fetchall()
-            return entries, barriers, [i for (i,) in unlinked]
+        return self.stored_pool(pool, await self.db.run(lambda con: self.read_pool(con, pool)))
 
-        entry_rows, barrier_rows, unlinked = await self.db.run(read)
-        stored = StoredWsPool(pool=pool, unlinked=unlinked)
-        if entry_rows:
+    @staticmethod
+    def read_pool(con, pool: str) -> tuple[dict, list]:
+        """A pool's rows as `stored_pool` takes them (on the database's thread; a caller may
+        read more in the same call)."""
+        # One scan; columns as numpy arrays (a tuple per row costs more than the scan). Only a
+        # bot pool's records are linked to the bot's memory (`unlinked`).
+        unlinked = f"coalesce({_UNLINKED}, false)" if pool.startswith("bot:") else "false"
+        cols = con.execute(
+            f"SELECT id, meta, content, {unlinked} AS unlinked FROM ws_entries WHERE pool = ?",
+            [pool],
+        ).fetchnumpy()
+        barriers = con.execute(
+            "SELECT doc FROM ws_barriers WHERE pool = ? ORDER BY at_ms, key", [pool]
+        ).fetchall()
+        return cols, barriers
+
+    @staticmethod
+    def stored_pool(pool: str, rows: tuple[dict, list]) -> StoredWsPool:
+        cols, barrier_rows = rows
+        stored = StoredWsPool(pool=pool)
+        if len(cols["id"]):
             with paused_gc():  # 100,000 records: see storage/bulk.py
-                ids, metas, contents = zip(*entry_rows, strict=True)
-                stored.entries = LazyEntries(dict(zip(ids, metas, strict=True)))
-                stored.sealed = dict(zip(ids, contents, strict=True))
+                ids = cols["id"].tolist()
+                stored.entries = LazyEntries(dict(zip(ids, cols["meta"].tolist(), strict=True)))
+                stored.sealed = dict(zip(ids, cols["content"].tolist(), strict=True))
+                stored.unlinked = [ids[k] for k in cols["unlinked"].nonzero()[0].tolist()]
         stored.barriers = [_barrier_dec.decode(doc) for (doc,) in barrier_rows]
         return stored
 

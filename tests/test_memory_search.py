@@ -79,6 +79,22 @@ def test_workspace_search_ranks_stems_paraphrases_and_chinese(tmp_path: Path):
     asyncio.run(main())
 
 
+def test_context_window_zero_is_off_even_within_one_millisecond(tmp_path: Path):
+    """`context_window_s = 0` turns context indexing off: two records written in the same
+    millisecond (a fixed clock) are each found by their own words only."""
+
+    async def main() -> None:
+        svc = ShardService(tmp_path, 0, search={"context_window_s": 0}, clock=lambda: 1_000)
+        svc.peers.connect(directory=DirectoryService(tmp_path))
+        asked = await _create(svc, ANN, "Did you go to the pottery workshop?")
+        answer = await _create(svc, ANN, "Yes! I made a bowl and a little mug.")
+        assert await _found(svc, "pottery workshop") == [asked]
+        assert await _found(svc, "bowl") == [answer]
+        await _close(svc)
+
+    asyncio.run(main())
+
+
 def test_records_written_in_a_row_are_found_by_the_words_before_them(tmp_path: Path):
     """Context-aware indexing: a reply is found by the words of the question it answered."""
 
@@ -128,9 +144,9 @@ def test_forget_and_edit_change_hits_at_once_and_the_index_survives_a_restart(tm
         built = []
         original = TermIndex.build_flat
 
-        def spy(self, ids, lengths, flat):
+        def spy(self, ids, lengths, flat, **kw):
             built.append(len(ids))
-            return original(self, ids, lengths, flat)
+            return original(self, ids, lengths, flat, **kw)
 
         TermIndex.build_flat = spy  # type: ignore[method-assign]
         opened = []
@@ -316,6 +332,112 @@ def test_enrichment_context_takes_what_the_input_is_about_first(tmp_path: Path):
         await svc.close()
 
     asyncio.run(main())
+
+
+def _terms_rows(data: Path, edit) -> None:
+    con = duckdb.connect(str(data / "shard-0.duckdb"))
+    try:
+        edit(con)
+    finally:
+        con.close()
+
+
+def test_records_without_stored_terms_are_indexed_even_beside_rows_of_records_gone(
+    tmp_path: Path,
+):
+    """A pool's load indexes from the stored term rows, dropping rows of records that are gone
+    and tokenizing records that have none. With one of each, the counts agree: the missing
+    record must still be found (it was not, when the check compared counts before dropping)."""
+
+    async def first() -> tuple[str, str]:
+        svc = _shard(tmp_path)
+        a = await _create(svc, ANN, "The orchard needs pruning in March.")
+        b = await _create(svc, ANN, "Lunch is at noon.")
+        await _close(svc)
+        return a, b
+
+    a, b = asyncio.run(first())
+
+    def edit(con) -> None:
+        (row,) = con.execute("SELECT * FROM search_terms WHERE entry = ?", [b]).fetchall()
+        con.execute("DELETE FROM search_terms WHERE entry = ?", [a])  # a: no row
+        ghost = (row[0].replace(b, "gone"), row[1], "gone", *row[3:])  # a record gone since
+        con.execute("INSERT INTO search_terms VALUES (?, ?, ?, ?, ?)", list(ghost))
+
+    _terms_rows(tmp_path, edit)
+
+    async def again() -> None:
+        svc = _shard(tmp_path)
+        assert await _found(svc, "orchard pruning") == [a]
+        assert await _found(svc, "noon lunch") == [b]
+        await svc.flush()
+        assert svc.db.query("SELECT count(*) FROM search_terms WHERE entry = ?", [a]) == [(1,)]
+        await _close(svc)
+
+    asyncio.run(again())
+
+
+def test_a_record_listed_twice_in_stored_terms_is_indexed_from_its_text(tmp_path: Path):
+    """One term row per record (a write replaces it); a second row for one record (a file
+    edited by hand) is not trusted: the record is indexed from its text and its row written
+    again, and the other rows still serve."""
+
+    async def first() -> tuple[str, str]:
+        svc = _shard(tmp_path)
+        a = await _create(svc, ANN, "The orchard needs pruning in March.")
+        b = await _create(svc, ANN, "Lunch is at noon.")
+        await _close(svc)
+        return a, b
+
+    a, b = asyncio.run(first())
+
+    def edit(con) -> None:
+        (row,) = con.execute("SELECT * FROM search_terms WHERE entry = ?", [b]).fetchall()
+        twin = (row[0].replace(b, a), row[1], a, *row[3:])  # a second row of a, with b's words
+        con.execute("INSERT INTO search_terms VALUES (?, ?, ?, ?, ?)", list(twin))
+
+    _terms_rows(tmp_path, edit)
+
+    async def again() -> None:
+        svc = _shard(tmp_path)
+        assert await _found(svc, "orchard pruning") == [a]
+        assert await _found(svc, "noon lunch") == [b]  # not a: the twin's words are not its
+        await svc.flush()
+        assert svc.db.query("SELECT count(*) FROM search_terms WHERE entry = ?", [a]) == [(1,)]
+        await _close(svc)
+
+    asyncio.run(again())
+
+
+def test_a_pool_load_lists_the_bot_records_stored_without_an_org_tag(tmp_path: Path):
+    """Records stored before migration 7 have no `org:` tag; a bot pool's load lists them (to
+    be linked to the bot's memory), read in the same scan as the records; other pools have no
+    bot to link to and list none."""
+    from storage.workspace_store import WorkspaceStore
+
+    async def first() -> str:
+        svc = _shard(tmp_path)
+        a = await _create(svc, ANN, "The orchard needs pruning in March.")
+        await _close(svc)
+        return a
+
+    a = asyncio.run(first())
+    con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))
+    try:
+        (_key, pool, _, meta, content) = con.execute(
+            "SELECT * FROM ws_entries WHERE id = ?", [a]
+        ).fetchall()[0]
+        old = meta.replace(pool, "bot:b_9")
+        tagged = old.replace('"tags":[', '"tags":["org:o_1",')
+        rows = [("k1", "bot:b_9", "old", old, content), ("k2", "bot:b_9", "new", tagged, content)]
+        con.executemany("INSERT INTO ws_entries VALUES (?, ?, ?, ?, ?)", rows)
+        bot = WorkspaceStore.stored_pool("bot:b_9", WorkspaceStore.read_pool(con, "bot:b_9"))
+        user = WorkspaceStore.stored_pool(pool, WorkspaceStore.read_pool(con, pool))
+    finally:
+        con.close()
+    assert '"org:' not in meta  # a user pool's record: no org tag, nothing to link
+    assert bot.unlinked == ["old"] and set(bot.entries) == {"old", "new"}
+    assert user.unlinked == [] and list(user.entries) == [a] and user.sealed[a] == content
 
 
 def test_seed_term_rows_and_index_are_what_a_rebuild_from_the_sealed_content_gives(tmp_path):

@@ -13,7 +13,7 @@ from actors.shard.pool import Pool
 from engine.memory import EntryMeta, Reader, Status
 from storage.crypto import Cipher
 from storage.memory_store import StoredPool
-from storage.search_index import Analyzer, TermIndex
+from storage.search_index import Analyzer, TermIndex, _order_by_key
 from tests.test_engine_visibility_oracle import cases, oracle_visible
 
 AN = Analyzer(b"k" * 32)
@@ -268,3 +268,52 @@ def test_search_ranks_by_bm25_among_what_the_reader_sees():
     hits = pool.search(AN.query("tea"), reader, 10)
     assert [i for i, _ in hits] == ["c", "a"]
     assert np.all(np.diff([s for _, s in hits]) <= 0)
+
+
+def test_postings_are_ordered_as_a_stable_argsort_would():
+    """A pool's load orders its postings by one plain sort of keys with positions in their low
+    bits; the result must be exactly the stable argsort's, also when keys share their high
+    bits (then the plain sort's order is wrong and the argsort is used)."""
+    rng = np.random.default_rng(7)
+    for n in (1, 100, 5_000, 200_000):
+        distinct = rng.integers(-(2**63), 2**63 - 1, size=max(1, n // 4), dtype=np.int64)
+        keys = rng.choice(distinct, size=n)
+        assert (_order_by_key(keys) == np.argsort(keys, kind="stable")).all()
+    near = np.array([5, 4, 5, 4, -1, 3] * 2_000, dtype=np.int64)  # same high bits, other keys
+    assert (_order_by_key(near) == np.argsort(near, kind="stable")).all()
+
+
+def test_a_loaded_index_then_changed_ranks_like_a_fresh_build():
+    """An index built in one go from stored keys (as a pool loads: enough postings for the
+    fast ordering, its id map made when first needed), then written to, edited and pruned,
+    ranks like a fresh build of what is left and knows each id's row."""
+    rng = np.random.default_rng(3)
+    vocab = [f"w{k}" for k in range(400)]
+    docs = {f"d{n:05d}": " ".join(rng.choice(vocab, size=12)) for n in range(3_000)}
+    keys = {i: AN.keys(t) for i, t in docs.items()}
+    idx = TermIndex()
+    idx.build_flat(
+        list(keys),
+        np.array([k.size for k in keys.values()], dtype=np.int64),
+        np.concatenate(list(keys.values())),
+    )
+    assert idx._row_map is None  # not made by the load
+    assert "d00007" in idx and idx.row_of("d00007") == 7 and "nope" not in idx
+    for n in range(0, 3_000, 7):
+        i = f"d{n:05d}"
+        if n % 2:
+            idx.remove(i)
+            del docs[i]
+        else:
+            docs[i] = " ".join(rng.choice(vocab, size=5))
+            idx.put(i, AN.keys(docs[i]))
+    for n in range(50):
+        docs[f"n{n}"] = " ".join(rng.choice(vocab, size=9))
+        idx.put(f"n{n}", AN.keys(docs[f"n{n}"]))
+    idx._merge()
+    fresh = index(docs)
+    for q in ("w1 w2", "w300", "w7 w8 w9 w10"):
+        a, b = dict(idx.search(AN.query(q), 5_000)), dict(fresh.search(AN.query(q), 5_000))
+        assert a.keys() == b.keys() and all(math.isclose(a[i], b[i], rel_tol=1e-6) for i in a)
+    assert len(idx) == len(docs) and all(i in idx for i in docs)
+    assert all(idx.row_ids()[idx.row_of(i)] == i for i in docs)

@@ -330,6 +330,28 @@ def test_shard_keeps_vectors_recomputes_edits_and_survives_a_dead_model(tmp_path
     asyncio.run(again())
 
 
+def test_an_edited_record_is_not_found_by_its_old_vector(tmp_path: Path):
+    """A vector counts only for the content it was made from: edited while the model is down
+    (no new vector yet), a record is not a semantic hit for what it used to say."""
+
+    async def go() -> None:
+        emb = InProcessEmbedder()
+        svc = _shard(tmp_path, emb)
+        auto = await _remember(svc, ANN, "The automobile needs new tyres.")
+        await svc.workspace.semantic.idle()
+        assert (await _search(svc, "vehicle"))[1] == [auto]  # the query's vector is kept
+        emb.down = True
+        change = WsMemoryChange(
+            requestId="r-edit", id=auto, expectedRevision=1, content="Gardening on Sundays."
+        )
+        await svc.ws_change_memory(ANN, change)
+        keyword, semantic, entries = await _search(svc, "vehicle")
+        assert semantic == [] and keyword == [] and entries == []
+        await _close(svc)
+
+    asyncio.run(go())
+
+
 # --- the real server ------------------------------------------------------------------------------
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import compress
 
 import msgspec
 import numpy as np
@@ -126,7 +128,15 @@ class WsPools:
     async def pool(self, pool_id: str) -> WsPool:
         async def load() -> WsPool:
             keyed = (await self.kernel.pool(pool_id)).stored
-            stored = await self.store.load_pool(pool_id)
+            # The records on the database's thread, their stored term keys beside it (with
+            # the vectors a search asks for at the same time: `Database.run_aside`). Two
+            # reads, not one state of the file: whatever differs (a record without a current
+            # row, a row of a record gone) is indexed from the records, as after any change.
+            rows, terms = await asyncio.gather(
+                self.kernel.db.run(lambda con: self.store.read_pool(con, pool_id)),
+                self.kernel.db.run_aside(lambda con: self.kernel.terms.read_flat(con, pool_id)),
+            )
+            stored = self.store.stored_pool(pool_id, rows)
             bot_org = await self._link(stored) if pool_id.startswith("bot:") else None
             pool = WsPool(
                 stored=stored,
@@ -135,7 +145,7 @@ class WsPools:
                 lock=PoolMutex(),
                 bot_org=bot_org,
             )
-            await self._index(pool)
+            self._index(pool, *terms)
             return pool
 
         pool = await self._loader.get(pool_id, load)
@@ -168,20 +178,25 @@ class WsPools:
             hook(pool_id)
         return True
 
-    async def _index(self, pool: WsPool) -> None:
-        """Build the pool's keyword index from the stored term keys (read in bulk); records
-        without current ones (written before migration 8, or imported) are tokenized now and
-        their keys stored for next time."""
-        ids, lengths, flat = await self.kernel.terms.load_flat(pool.id)
+    def _index(self, pool: WsPool, ids: list[str], lengths: np.ndarray, flat: np.ndarray) -> None:
+        """Build the pool's keyword index from the stored term keys (`TermStore.read_flat`);
+        records without current ones (written before migration 8, or imported) are tokenized
+        now and their keys stored for next time."""
         current = pool.stored.entries
         analyzer = self.kernel.analyzer
         with paused_gc():
             have = set(ids)
-            if not have <= current.keys():  # rows of records gone since: not indexed
-                keep = np.fromiter((i in current for i in ids), dtype=bool, count=len(ids))
+            # One row per record (a write replaces it): a record listed twice is not trusted
+            # and is indexed from its text, like one without a row.
+            twice = {i for i, n in Counter(ids).items() if n > 1} if len(have) != len(ids) else ()
+            if twice or not have <= current.keys():  # rows of records gone since: not indexed
+                keep = np.fromiter(
+                    (i in current and i not in twice for i in ids), dtype=bool, count=len(ids)
+                )
                 flat = flat[np.repeat(keep, lengths)]
                 lengths = lengths[keep]
-                ids = [i for i in ids if i in current]
+                ids = list(compress(ids, keep.tolist()))
+                have = set(ids)
             stored = len(ids)  # rows 0..stored-1: made from stored keys
             missing = current.keys() - have if len(have) != len(current) else set()
             extra_ids = sorted(missing)
@@ -194,7 +209,7 @@ class WsPools:
                 ids = [*ids, *extra_ids]
                 lengths = np.concatenate((lengths, [k.size for k in extra])).astype(np.int64)
                 flat = np.concatenate((flat, *extra))
-            pool.index.build_flat(ids, lengths, flat)
+            pool.index.build_flat(ids, lengths, flat, distinct=True)
         self._store_terms(rows)
         # A record's terms row commits with the record, so a row made from other content
         # than the record's is all but impossible; still, check once the search that loaded
@@ -244,6 +259,7 @@ class WsPools:
         last = pool.last_written
         if (
             new
+            and self.context_window_ms > 0  # 0: off (not "the same millisecond")
             and last is not None
             and last[0] == entry.contributor
             and 0 <= now - last[1] <= self.context_window_ms

@@ -147,9 +147,13 @@ class SemanticSearch:
         if pool_id in self._pools or pool_id in self._loading:
             return
 
+        model = self.embedder.ident
+        rows = asyncio.ensure_future(self.store.read(pool_id, model))  # the key not needed yet
+        rows.add_done_callback(_ignore)
+
         async def load() -> Loaded:
             keyed = (await self.kernel.pool(pool_id)).stored
-            return await self.store.load_all(pool_id, self.embedder.ident, keyed.cipher)
+            return await self.store.assemble(pool_id, model, keyed.cipher, await rows)
 
         task = asyncio.ensure_future(load())
         task.add_done_callback(_ignore)  # its error, if any, is raised where it is awaited
@@ -306,14 +310,14 @@ class SemanticSearch:
         if not vectors.n or unit.size != vectors.dim:
             return []
         scores = vectors.mat[: vectors.n] @ unit
-        entries, row, fps = pool.stored.entries, vectors.row, vectors.fps
+        entries, ids, fps = pool.stored.entries, vectors.ids, vectors.fps
 
-        def current(entry_id: str) -> bool:
-            e = entries.get(entry_id)
-            return e is not None and fps[row[entry_id]] == e.content_fp and allowed(entry_id)
+        def current(r: int) -> bool:  # row r's vector is of its record's content
+            e = entries.get(ids[r])
+            return e is not None and fps[r] == e.content_fp
 
         floor = np.nextafter(np.float32(self.min_score), np.float32(-np.inf))
-        found = ranked(scores, vectors.ids, depth, current, floor=float(floor))
+        found = ranked(scores, ids, depth, allowed, floor=float(floor), row_ok=current)
         return [Hit(id=i, score=x, kinds=("semantic",)) for i, x in found]
 
     def _queue_missing(self, pool: WsPool, vectors: PoolVectors | None = None) -> None:

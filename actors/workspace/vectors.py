@@ -24,10 +24,19 @@ class PoolVectors:
         self.mat = np.zeros((0, 0), dtype=np.float32)
         self.ids: list[str] = []
         self.fps: list[str] = []
-        self.row: dict[str, int] = {}
+        # id -> row, made from `ids` when first needed: a search walks rows (`_top`), and at
+        # 100,000 records the map costs a pool's first search tens of ms.
+        self._row: dict[str, int] | None = {}
 
     def clear(self) -> None:
         self.__init__()
+
+    @property
+    def row(self) -> dict[str, int]:
+        if self._row is None:
+            with paused_gc():
+                self._row = dict(zip(self.ids, range(len(self.ids)), strict=True))
+        return self._row
 
     def fp(self, entry_id: str) -> str | None:
         r = self.row.get(entry_id)
@@ -71,7 +80,7 @@ class PoolVectors:
         self.dim, self.n = mat.shape[1], mat.shape[0]
         self.ids = [entry_id for entry_id, _, _ in items]
         self.fps = [fp for _, fp, _ in items]
-        self.row = {entry_id: r for r, entry_id in enumerate(self.ids)}
+        self._row = {entry_id: r for r, entry_id in enumerate(self.ids)}
 
     def load_matrix(
         self,
@@ -95,11 +104,7 @@ class PoolVectors:
         self.mat = mat
         self.dim, self.n = mat.shape[1], mat.shape[0]
         self.ids, self.fps = list(ids), list(fps)
-        if row is not None and len(row) == len(ids):
-            self.row = row
-        else:
-            with paused_gc():
-                self.row = dict(zip(self.ids, range(len(self.ids)), strict=True))
+        self._row = row if row is not None and len(row) == len(ids) else None
 
     def split(self, entries: Iterable[WsEntry]) -> tuple[list[int], list[WsEntry]]:
         """The rows of the records among `entries` whose vector is current, and the records

@@ -1,0 +1,72 @@
+"""Reads beside the database thread (storage/database.py `run_aside`): a pool's vectors are
+read on a second connection while its records are read on the first (the first search after a
+shard opens). Such a read sees every committed write, the journal's too, and does not wait for
+the database thread. Real DuckDB files, no Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from storage.database import Database
+from storage.group_commit import GroupCommitter, Put, Table
+
+KV = Table("kv", (("k", "VARCHAR"), ("grp", "VARCHAR"), ("n", "BIGINT")))
+KV_SQL = "CREATE TABLE kv (k VARCHAR, grp VARCHAR, n BIGINT)"
+
+
+def _keys(con) -> list[str]:
+    return sorted(k for (k,) in con.execute("SELECT k FROM kv").fetchall())
+
+
+def test_a_read_aside_sees_the_journal_and_does_not_wait_for_the_database_thread(
+    tmp_path: Path,
+):
+    async def main() -> None:
+        db = Database(tmp_path / "s.duckdb", [KV_SQL])
+        # The journal is applied to the tables only before a read (or at close).
+        gc = GroupCommitter(db, [KV], checkpoint_rows=10_000, checkpoint_idle=3600)
+        try:
+            await gc.submit([Put("kv", ("a", "g", 1))])
+            assert not gc.caught_up()  # in the journal, not in the tables yet
+            assert await db.run_aside(_keys) == ["a"]  # so read after it is applied
+            assert gc.caught_up()
+
+            started, release = threading.Event(), threading.Event()
+
+            def busy(con) -> None:
+                started.set()
+                release.wait(10)
+
+            held = asyncio.ensure_future(db.run(busy))  # the database thread, busy
+            await asyncio.to_thread(started.wait, 10)
+            try:
+                assert await asyncio.wait_for(db.run_aside(_keys), 5) == ["a"]
+            finally:
+                release.set()
+                await held
+            # Several at once, beside writes: each sees a committed state.
+            writes = [gc.submit([Put("kv", (f"w{n}", "g", n))]) for n in range(24)]
+            reads = [db.run_aside(_keys) for _ in range(24)]
+            seen = await asyncio.gather(*reads)
+            await asyncio.gather(*writes)
+            assert all(s[0] == "a" and set(s) <= {"a", *(f"w{n}" for n in range(24))} for s in seen)
+            assert len(await db.run_aside(_keys)) == 25
+        finally:
+            await gc.close()
+            db.close()
+
+    asyncio.run(main())
+
+
+def test_an_in_memory_database_reads_on_its_thread(tmp_path: Path):
+    async def main() -> None:
+        db = Database(":memory:", [KV_SQL])
+        try:
+            await db.run(lambda con: con.execute("INSERT INTO kv VALUES ('m', 'g', 1)"))
+            assert await db.run_aside(_keys) == ["m"]
+        finally:
+            db.close()
+
+    asyncio.run(main())

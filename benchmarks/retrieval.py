@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
 from benchmarks._conversations import Conversation, make
 
 WS = "/api/app/workspace"

@@ -40,6 +40,9 @@ class Coalescer:
         self.max_calls = max_calls  # calls in flight at once
         self._queue: list[tuple[bytes, asyncio.Future[bytes]]] = []
         self._calls = 0
+        # The loop keeps only weak references to tasks: a running call must not be collected
+        # while its callers wait on it.
+        self._running: set[asyncio.Task[None]] = set()
         self.calls = 0  # figures for tests and benchmarks
         self.requests = 0
 
@@ -51,7 +54,9 @@ class Coalescer:
         self._queue.append((request, fut))
         if self._calls < self.max_calls:
             self._calls += 1
-            asyncio.get_running_loop().create_task(self._run())
+            task = asyncio.get_running_loop().create_task(self._run())
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
         return await fut
 
     async def _run(self) -> None:

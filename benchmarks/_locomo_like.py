@@ -1,0 +1,176 @@
+"""LoCoMo-like long conversations for benchmarks/retrieval.py (`--data locomo-like`): harder and
+closer to real dialog than benchmarks/_conversations.py (seeded, generated: no PyPI package
+ships LoCoMo, LongMemEval or MSC data with evidence labels).
+
+What makes it like LoCoMo's conversations:
+
+- two people per conversation, many dated sessions (one to three weeks apart) of about twenty
+  alternating turns, each opened and closed with greetings;
+- each person has six life threads (benchmarks/_locomo_themes.py) with three events told in
+  different sessions; an event is one turn ("I ran a 10k last Friday …"), most often followed by
+  the other person's reaction and the teller's aside, which reuse the topic's words and the
+  person's name without answering anything; small talk between events names no topic, or
+  mentions a thread in passing;
+- the same threads come back in other conversations with other people and other details, so
+  a topic's words alone point to many turns;
+- questions of LoCoMo's kinds: single-hop facts; temporal ("When did {S} …?", the turn says
+  "last Friday", never a date); multi-hop (all events of a thread, or the first events of a
+  person's threads of one category: "What pets does {S} have?"), scored as the share of their
+  turns found; open-domain inferences with few words in common ("Would {S} be considered an
+  animal lover?").
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+
+from benchmarks._conversations import Conversation, Question, Turn
+from benchmarks._locomo_themes import (
+    CATEGORY_QUESTIONS,
+    FAREWELLS,
+    FILLER,
+    GREETINGS,
+    LEADS,
+    REACTIONS,
+    SLOTS,
+    THEMES,
+    WHEN,
+    Theme,
+)
+
+NAMES = [
+    ("Caroline", "Melanie"),
+    ("Jon", "Gina"),
+    ("John", "Maria"),
+    ("Joanna", "Nate"),
+    ("Tim", "Sara"),
+    ("Audrey", "Andrew"),
+    ("James", "Olivia"),
+    ("Deborah", "Jolene"),
+    ("Evan", "Sam"),
+    ("Calvin", "Dave"),
+    ("Priya", "Daniel"),
+    ("Leo", "Hannah"),
+    ("Sofia", "Marcus"),
+    ("Aisha", "Ben"),
+    ("Nora", "Victor"),
+    ("Kenji", "Laura"),
+    ("Elena", "Tom"),
+    ("Grace", "Omar"),
+    ("Lucy", "Raj"),
+    ("Mia", "Carlos"),
+]
+THEMES_PER_PERSON = 6
+
+
+def _fill(text: str, values: dict[str, str]) -> str:
+    for k, v in values.items():
+        text = text.replace("{" + k + "}", v)
+    return text[0].upper() + text[1:]
+
+
+def make(conversations: int = 20, turns_per: int = 300, seed: int = 11) -> list[Conversation]:
+    rnd = random.Random(seed)
+    return [_conversation(rnd, c, turns_per) for c in range(conversations)]
+
+
+def _conversation(rnd: random.Random, c: int, turns_per: int) -> Conversation:
+    a, b = NAMES[c % len(NAMES)]
+    if c >= len(NAMES):
+        a, b = f"{a} {c // len(NAMES)}", f"{b} {c // len(NAMES)}"
+    sessions = max(6, turns_per // 20)
+    themes = {p: rnd.sample(THEMES, THEMES_PER_PERSON) for p in (a, b)}
+    slots = {p: {k: rnd.choice(v) for k, v in SLOTS.items()} for p in (a, b)}
+    # Each thread's three events in three different sessions, in order.
+    plan: dict[int, list[tuple[str, Theme, int]]] = {}
+    for person in (a, b):
+        for theme in themes[person]:
+            for n, s in enumerate(sorted(rnd.sample(range(sessions), len(theme.events)))):
+                plan.setdefault(s, []).append((person, theme, n))
+    conv = Conversation()
+    said: dict[tuple[str, str, int], str] = {}  # (person, theme, event) -> turn id
+    day = dt.date(2023, 1, 8) + dt.timedelta(days=rnd.randrange(200))
+    size = turns_per // sessions
+    for s in range(sessions):
+        day += dt.timedelta(days=rnd.randrange(5, 22))
+        conv.dates.append(day.isoformat())
+        _session(rnd, conv, c, s, size, (a, b), plan.get(s, []), themes, slots, said)
+    conv.questions = _questions(rnd, (a, b), themes, slots, said)
+    return conv
+
+
+def _session(rnd, conv, c, s, size, people, events, themes, slots, said) -> None:
+    a, b = people
+    first = len(conv.turns)
+    prefix = f"c{c}-s{s:02d}"
+    rnd.shuffle(events)
+    turns: list[tuple[str, str, tuple | None]] = []  # (speaker, text, event key or None)
+    other = {a: b, b: a}
+
+    def filler(who: str) -> str:
+        return _fill(rnd.choice(FILLER), {"O": other[who], "S": who})
+
+    def passing(who: str) -> str:
+        """A thread in passing: the speaker's own aside, or asking about the other's."""
+        if rnd.random() < 0.5:
+            theme = rnd.choice(themes[who])
+            return _fill(rnd.choice(theme.asides), {"O": other[who], "S": who})
+        theme = rnd.choice(themes[other[who]])
+        return _fill(rnd.choice(LEADS), {"w": rnd.choice(theme.words), "S": other[who]})
+
+    starter = rnd.choice(people)
+    for who in (starter, other[starter]):
+        turns.append((who, _fill(rnd.choice(GREETINGS), {"O": other[who]}), None))
+    budget = size - 4 - 3 * len(events)
+    for person, theme, n in events:
+        while budget > 0 and rnd.random() < 0.5:
+            who = other[turns[-1][0]]
+            turns.append((who, passing(who) if rnd.random() < 0.4 else filler(who), None))
+            budget -= 1
+        teller, listener = person, other[person]
+        w = {"w": rnd.choice(theme.words), "S": teller, "O": listener}
+        if turns[-1][0] == teller:  # turns alternate: the other one asks first
+            turns.append((listener, _fill(rnd.choice(LEADS), w), None))
+        values = dict(slots[teller], S=teller, O=listener, when=rnd.choice(WHEN))
+        turns.append((teller, _fill(theme.events[n].say, values), (teller, theme.key, n)))
+        if rnd.random() < 0.85:
+            turns.append((listener, _fill(rnd.choice(REACTIONS), w), None))
+            if rnd.random() < 0.7:
+                aside = _fill(rnd.choice(theme.asides), {"O": listener, "S": teller})
+                turns.append((teller, aside, None))
+    while budget > 0:
+        who = other[turns[-1][0]]
+        turns.append((who, passing(who) if rnd.random() < 0.4 else filler(who), None))
+        budget -= 1
+    for _ in range(2):
+        who = other[turns[-1][0]]
+        turns.append((who, _fill(rnd.choice(FAREWELLS), {"O": other[who]}), None))
+    for who, text, key in turns:
+        turn = Turn(id=f"{prefix}-t{len(conv.turns) - first:02d}", speaker=who, text=text)
+        conv.turns.append(turn)
+        if key is not None:
+            said[key] = turn.id
+
+
+def _questions(rnd, people, themes, slots, said) -> list[Question]:
+    out: list[Question] = []
+    for person in people:
+        values = dict(slots[person], S=person)
+        by_cat: dict[str, list[str]] = {}
+        for theme in themes[person]:
+            turns = [said[(person, theme.key, n)] for n in range(len(theme.events))]
+            by_cat.setdefault(theme.cat, []).append(turns[0])
+            for n, event in enumerate(theme.events):
+                out.append(Question(_fill(event.fact, values), [turns[n]], "single-hop"))
+                if rnd.random() < 0.55:
+                    out.append(Question(_fill(event.when, values), [turns[n]], "temporal"))
+            if rnd.random() < 0.5:
+                q = f"What has {{S}} been up to with {theme.words[0]} over the months?"
+                out.append(Question(_fill(q, values), turns, "multi-hop"))
+            if rnd.random() < 0.7:
+                out.append(Question(_fill(theme.infer, values), [turns[0]], "open-domain"))
+        for cat, turns in by_cat.items():
+            if len(turns) >= 2:
+                out.append(Question(_fill(CATEGORY_QUESTIONS[cat], values), turns, "multi-hop"))
+    return out

@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import re
 
 from benchmarks._conversations import Conversation, Question, Turn
 from benchmarks._locomo_themes import (
     CATEGORY_QUESTIONS,
+    ECHO_ASIDES,
+    ECHO_CALLBACKS,
+    ECHO_REACTIONS,
     FAREWELLS,
     FILLER,
     GREETINGS,
@@ -61,7 +65,27 @@ NAMES = [
     ("Lucy", "Raj"),
     ("Mia", "Carlos"),
 ]
-THEMES_PER_PERSON = 6
+THEMES_PER_PERSON = 8  # of 24: the two people of a conversation share some threads
+
+
+_WORD = re.compile(r"[A-Za-z']+")
+_COMMON = set(
+    """what which when where who why how did does do was were is are has have had the a an and
+    to of in on at for with from by my your his her their our about after over new first just
+    really so last week weekend month couple days ago yesterday sunday friday two finally
+    """.split()  # noqa: SIM905
+)
+
+
+def _echo(said: str, question: str) -> str:
+    """The words of an event's turn that its question asks with (up to three, in the turn's
+    order): what the other person picks up ("your first pottery class?") and what comes back
+    in later turns, so that the question's words are in many turns besides the answer."""
+    asked = {w.lower()[:4] for w in _WORD.findall(question) if w.lower() not in _COMMON}
+    words = [w for w in _WORD.findall(said) if len(w) > 3 and w.lower() not in _COMMON]
+    shared = [w for w in words if w.lower()[:4] in asked]
+    picked = (shared or words)[:3]
+    return " ".join(dict.fromkeys(picked))
 
 
 def _fill(text: str, values: dict[str, str]) -> str:
@@ -92,16 +116,20 @@ def _conversation(rnd: random.Random, c: int, turns_per: int) -> Conversation:
     said: dict[tuple[str, str, int], str] = {}  # (person, theme, event) -> turn id
     day = dt.date(2023, 1, 8) + dt.timedelta(days=rnd.randrange(200))
     size = turns_per // sessions
+    later: list[tuple[str, str]] = []  # (speaker, a turn bringing an earlier event up again)
     for s in range(sessions):
         day += dt.timedelta(days=rnd.randrange(5, 22))
         conv.dates.append(day.isoformat())
-        _session(rnd, conv, c, s, size, (a, b), plan.get(s, []), themes, slots, said)
+        _session(rnd, conv, c, s, size, (a, b), plan.get(s, []), themes, slots, said, later)
     conv.questions = _questions(rnd, (a, b), themes, slots, said)
     return conv
 
 
-def _session(rnd, conv, c, s, size, people, events, themes, slots, said) -> None:
+def _session(rnd, conv, c, s, size, people, events, themes, slots, said, later) -> None:
     a, b = people
+    recalled = [x for x in later if rnd.random() < 0.3]
+    for x in recalled:
+        later.remove(x)
     first = len(conv.turns)
     prefix = f"c{c}-s{s:02d}"
     rnd.shuffle(events)
@@ -133,15 +161,34 @@ def _session(rnd, conv, c, s, size, people, events, themes, slots, said) -> None
         if turns[-1][0] == teller:  # turns alternate: the other one asks first
             turns.append((listener, _fill(rnd.choice(LEADS), w), None))
         values = dict(slots[teller], S=teller, O=listener, when=rnd.choice(WHEN))
-        turns.append((teller, _fill(theme.events[n].say, values), (teller, theme.key, n)))
+        event = theme.events[n]
+        text = _fill(event.say, values)
+        said_text = text
+        # Like real turns, many carry more than the news: a word on what was just said before
+        # it, an aside after it.
+        if rnd.random() < 0.4:
+            said_text = _fill(rnd.choice(FILLER), {"O": listener, "S": teller}) + " " + said_text
+        if rnd.random() < 0.3:
+            said_text += " " + _fill(rnd.choice(theme.asides), {"O": listener, "S": teller})
+        turns.append((teller, said_text, (teller, theme.key, n)))
+        # The other person picks up the news with its words, or just the topic's.
+        p = dict(w, p=_echo(text, _fill(event.fact, values)))
         if rnd.random() < 0.85:
-            turns.append((listener, _fill(rnd.choice(REACTIONS), w), None))
+            pool = ECHO_REACTIONS if rnd.random() < 0.6 else REACTIONS
+            turns.append((listener, _fill(rnd.choice(pool), p), None))
             if rnd.random() < 0.7:
-                aside = _fill(rnd.choice(theme.asides), {"O": listener, "S": teller})
-                turns.append((teller, aside, None))
+                aside = rnd.choice(ECHO_ASIDES if rnd.random() < 0.5 else theme.asides)
+                turns.append((teller, _fill(aside, dict(p, O=listener)), None))
+        if rnd.random() < 0.5:  # brought up again in a later session (not the answer)
+            later.append((teller, _fill(rnd.choice(ECHO_CALLBACKS), dict(p, O=listener))))
     while budget > 0:
         who = other[turns[-1][0]]
-        turns.append((who, passing(who) if rnd.random() < 0.4 else filler(who), None))
+        mine = [x for x in recalled if x[0] == who]
+        if mine and rnd.random() < 0.5:
+            recalled.remove(mine[0])
+            turns.append((who, mine[0][1], None))
+        else:
+            turns.append((who, passing(who) if rnd.random() < 0.4 else filler(who), None))
         budget -= 1
     for _ in range(2):
         who = other[turns[-1][0]]
@@ -163,12 +210,12 @@ def _questions(rnd, people, themes, slots, said) -> list[Question]:
             by_cat.setdefault(theme.cat, []).append(turns[0])
             for n, event in enumerate(theme.events):
                 out.append(Question(_fill(event.fact, values), [turns[n]], "single-hop"))
-                if rnd.random() < 0.55:
+                if rnd.random() < 0.8:
                     out.append(Question(_fill(event.when, values), [turns[n]], "temporal"))
-            if rnd.random() < 0.5:
+            if rnd.random() < 0.7:
                 q = f"What has {{S}} been up to with {theme.words[0]} over the months?"
                 out.append(Question(_fill(q, values), turns, "multi-hop"))
-            if rnd.random() < 0.7:
+            if rnd.random() < 0.9:
                 out.append(Question(_fill(theme.infer, values), [turns[0]], "open-domain"))
         for cat, turns in by_cat.items():
             if len(turns) >= 2:

@@ -757,6 +757,29 @@ REACTIONS = [
     "Oh wow, {w} sounds like a lot. Are you doing okay, {S}?",
 ]
 
+# The other person picking up the news with its own words ({p}), the teller going on about it,
+# and the teller bringing it up again sessions later: turns with the question's words that do
+# not answer it.
+ECHO_REACTIONS = [
+    "Wait, {p}? Wow, {S}, tell me everything!",
+    "Oh, {p}! How was it, {S}?",
+    "I remember you mentioning {p}, {S}. That's so exciting!",
+    "{p}, huh? You never stop surprising me, {S}.",
+    "No way, {p}! I'd love to hear more about that.",
+]
+ECHO_ASIDES = [
+    "Yeah, {p} was such a big moment for me.",
+    "Honestly, {p} is all I've been thinking about.",
+    "I'll send you a photo, {p} deserves one!",
+    "Thanks, {O}! {p} really made my month.",
+]
+ECHO_CALLBACKS = [
+    "Remember when I told you about {p}? Still so happy about it.",
+    "Funny, I was just thinking about {p} again today.",
+    "My friends keep asking me about {p}, haha.",
+    "Still can't believe {p} happened, {O}.",
+]
+
 # The other person asking about a topic before the news (a lead-in), or in passing.
 LEADS = [
     "How's {w} going these days, {S}?",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import json
 import os
 import time
 from collections import defaultdict
@@ -25,7 +26,7 @@ import numpy as np
 from benchmarks._conversations import Conversation
 from engine import workspace_search as wsr
 from engine.workspace_search import Hit
-from storage.search_index import Analyzer, TermIndex
+from storage.search_index import Analyzer, TermIndex, in_context
 
 DEPTH = 1_000
 
@@ -34,7 +35,7 @@ def load(data: str, quick: bool) -> list[Conversation]:
     if data == "locomo-like":
         from benchmarks._locomo_like import make
 
-        return make(5, 300) if quick else make(20, 300)
+        return make(5, 300) if quick else make()
     from benchmarks._conversations import make as make_synthetic
 
     return make_synthetic(3, 300) if quick else make_synthetic(10, 600)
@@ -56,16 +57,21 @@ def vectors(texts: list[str], threads: int) -> np.ndarray:
     return out
 
 
-def keyword_lists(convs, questions, context: bool) -> list[list[Hit]]:
+def keyword_lists(convs, questions, context: str) -> list[list[Hit]]:
+    """Keyword hits as a shard ranks them: each turn indexed by `in_context` with the turns
+    before and after it (`context="both"`, what a shard does for records written in a row),
+    the turn before only (`"before"`, the shard until this change) or its own words."""
     analyzer = Analyzer(b"k" * 32)
     index = TermIndex()
-    prev = None
-    for c in convs:
-        for t in c.turns:
-            own = analyzer.keys(t.content)
-            keys = own if prev is None or not context else np.sort(np.concatenate((own, prev)))
-            index.put(t.id, keys)
-            prev = own
+    own = [analyzer.keys(t.content) for c in convs for t in c.turns]
+    ids = [t.id for c in convs for t in c.turns]
+    for n, turn_id in enumerate(ids):
+        before = own[n - 1] if n and context != "own" else None
+        after = own[n + 1] if n + 1 < len(own) and context == "both" else None
+        if context == "before" and before is not None:  # then: neighbour words once, own once
+            index.put(turn_id, np.sort(np.concatenate((own[n], before))))
+        else:
+            index.put(turn_id, in_context(own[n], before, after))
     return [
         [Hit(id=i, score=s, kinds=("keyword",)) for i, s in index.search(analyzer.query(q), DEPTH)]
         for q in questions
@@ -79,9 +85,45 @@ def semantic_lists(ids, dvec, qvec, min_score=0.2) -> list[list[Hit]]:
         top = np.argpartition(-row, DEPTH)[:DEPTH]
         top = top[np.argsort(-row[top], kind="stable")]
         out.append(
-            [Hit(id=ids[j], score=float(row[j]), kinds=("semantic",)) for j in top if row[j] >= min_score]
+            [
+                Hit(id=ids[j], score=float(row[j]), kinds=("semantic",))
+                for j in top
+                if row[j] >= min_score
+            ]
         )
     return out
+
+
+def convex(lists, weights, norm="minmax", depth=DEPTH, limit=10):
+    """sum_i w_i * normalised score_i (0 where a list lacks the record)."""
+    fused: dict[str, float] = defaultdict(float)
+    for hits, w in zip(lists, weights, strict=True):
+        hits = hits[:depth]
+        if not hits or w == 0:
+            continue
+        sc = np.array([h.score for h in hits], dtype=np.float64)
+        if norm == "minmax":
+            lo, hi = sc.min(), sc.max()
+            ns = (sc - lo) / (hi - lo) if hi > lo else np.ones_like(sc)
+        elif norm == "max":  # theoretical minimum 0 (BM25) / the list's floor (cosine)
+            ns = sc / sc.max() if sc.max() > 0 else np.ones_like(sc)
+        elif norm == "z":
+            sd = sc.std()
+            ns = (sc - sc.mean()) / sd if sd > 0 else np.zeros_like(sc)
+            ns = ns - ns.min()  # missing = below every listed one
+        else:
+            raise ValueError(norm)
+        for h, v in zip(hits, ns, strict=True):
+            fused[h.id] += w * float(v)
+    return sorted(fused, key=lambda i: -fused[i])[:limit]
+
+
+def rrf(lists, weights, k=60, depth=DEPTH, limit=10):
+    fused: dict[str, float] = defaultdict(float)
+    for hits, w in zip(lists, weights, strict=True):
+        for r, h in enumerate(hits[:depth]):
+            fused[h.id] += w / (k + r + 1)
+    return sorted(fused, key=lambda i: -fused[i])[:limit]
 
 
 def recall(ranked, evidence, k):
@@ -99,7 +141,11 @@ def evaluate(rankings, evidence, kinds=None):
     r5 = np.mean([recall(r, e, 5) for r, e in zip(rankings, evidence, strict=True)])
     r10 = [recall(r, e, 10) for r, e in zip(rankings, evidence, strict=True)]
     m = np.mean([mrr(r, e) for r, e in zip(rankings, evidence, strict=True)])
-    out = {"r5": round(float(r5), 3), "r10": round(float(np.mean(r10)), 3), "mrr": round(float(m), 3)}
+    out = {
+        "r5": round(float(r5), 3),
+        "r10": round(float(np.mean(r10)), 3),
+        "mrr": round(float(m), 3),
+    }
     if kinds is not None:
         by = defaultdict(list)
         for k, v in zip(kinds, r10, strict=True):
@@ -125,22 +171,33 @@ def main() -> None:
     dvec = vectors([t.content for t in turns], args.threads)
     qvec = vectors([q.text for q in qs], args.threads)
     print(f"vectors {time.perf_counter() - t0:.1f} s", flush=True)
-    kw_ctx = keyword_lists(convs, [q.text for q in qs], context=True)
-    kw_own = keyword_lists(convs, [q.text for q in qs], context=False)
+    questions = [q.text for q in qs]
+    kw = {c: keyword_lists(convs, questions, c) for c in ("both", "before", "own")}
     sem = semantic_lists(ids, dvec, qvec)
-    runs = {
-        "keyword (context)": [[h.id for h in L] for L in kw_ctx],
-        "keyword (own)": [[h.id for h in L] for L in kw_own],
-        "semantic": [[h.id for h in L] for L in sem],
-    }
+    runs = {f"keyword ({c})": [[h.id for h in hits] for hits in kw[c]] for c in kw}
+    runs["semantic"] = [[h.id for h in hits] for hits in sem]
     yes = lambda _: True  # noqa: E731
-    for name, kw in (("ctx", kw_ctx), ("own", kw_own)):
+    for c in kw:
+        pairs = list(zip(kw[c], sem, strict=True))
         for k in (10, 60):
-            runs[f"rrf k={k} {name}"] = [
-                [h.id for h in wsr.merge_hits(a, b, yes, 10, k=k)] for a, b in zip(kw, sem, strict=True)
+            runs[f"rrf k={k} ({c})"] = [
+                [h.id for h in wsr.merge_hits(a, b, yes, 10, k=k)] for a, b in pairs
             ]
-    for name, r in runs.items():
-        print(f"{name:<28} {evaluate(r, evidence, kinds)}")
+        if c != "both":
+            continue
+        for k in (5, 20):
+            for wk in (0.7, 1.0, 1.5):
+                runs[f"rrf k={k} wk={wk} ({c})"] = [rrf(p, (wk, 1.0), k) for p in pairs]
+        for norm in ("minmax", "z"):
+            for depth in (30, 1000):
+                for a in (0.3, 0.4, 0.5):
+                    runs[f"convex {norm} depth={depth} a={a} ({c})"] = [
+                        convex(p, (a, 1 - a), norm, depth) for p in pairs
+                    ]
+    results = {name: evaluate(r, evidence, kinds) for name, r in runs.items()}
+    Path(f"/tmp/oblab-{args.data}.json").write_text(json.dumps(results))
+    for name, r in results.items():
+        print(f"{name:<36} {r}")
     print(f"load {os.getloadavg()}")
 
 

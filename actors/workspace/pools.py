@@ -33,7 +33,7 @@ from engine.scoped_memory import WsEntry
 from storage.bulk import paused_gc
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
-from storage.search_index import TermIndex
+from storage.search_index import TermIndex, in_context
 from storage.workspace_store import StoredWsPool, WorkspaceStore, content_fp
 
 CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in its context
@@ -41,6 +41,19 @@ CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in 
 # the search that loaded the pool is answered first (at 100,000 records each walk takes about
 # 0.1 s of the event loop; the first search after a shard opens, under a second).
 UPKEEP_DELAY_S = 1.0
+
+
+@dataclass(frozen=True)
+class Written:
+    """A new record as its successor in sequence sees it: whose, when, its own term keys and
+    those of the record before it (None: none in sequence)."""
+
+    contributor: str | None
+    at: int
+    entry_id: str
+    fp: str
+    own: np.ndarray
+    before: np.ndarray | None
 
 
 @dataclass
@@ -52,8 +65,8 @@ class WsPool:
     pending: asyncio.Future[None] | None = None
     poisoned: bool = False
     index: TermIndex = field(default_factory=TermIndex)  # keyword search, in memory only
-    # The last new record's contributor, time and own term keys (context for the next one).
-    last_written: tuple[str | None, int, np.ndarray] | None = None
+    # The last new record in sequence (context for the next one, and it for it).
+    last_written: Written | None = None
     bot_org: str | None = None  # a bot pool's bot's home org (its records' `org:` tag)
     # Records as bot-memory entries (actors/shard/bot_memory.py), per record state.
     metas: dict = field(default_factory=dict)
@@ -245,30 +258,49 @@ class WsPools:
             if fut is not None:
                 ignore_failure(fut)
 
-    def indexed(self, pool: WsPool, entry: WsEntry, content: str, *, new: bool) -> Write:
-        """Index a record's new content; the row that stores its term keys.
+    def indexed(self, pool: WsPool, entry: WsEntry, content: str, *, new: bool) -> list[Write]:
+        """Index a record's new content; the rows that store term keys.
 
-        A new record written right after another of the same contributor in the same pool
-        (within `context_window_ms`: the turns of one conversation, a batch of notes) is indexed
-        with that one's words too, as its context: "Yes! I made a bowl" is found by a question
-        about the pottery workshop the turn before asked about. Only keywords: the record's
-        vector and text are its own."""
+        Records written in sequence (a new one within `context_window_ms` of the last new one,
+        by the same contributor: the turns of one conversation, a batch of notes) are indexed
+        with their neighbours' words too (`in_context`: own words twice, each neighbour's
+        once): a new record with the words of the one before it, and that one again with the
+        new one's. "Yes! I made a bowl" is found by a question about the pottery workshop the
+        turn before asked about, and "Did you go to the pottery workshop?" by a question about
+        the bowl. Only keywords: the record's vector and text are its own; an edit indexes a
+        record by its own words again."""
         own = self.kernel.analyzer.keys(content)
-        keys = own
+        before = None
         now = self.kernel.clock()
         last = pool.last_written
+        rows: list[Write] = []
         if (
             new
             and self.context_window_ms > 0  # 0: off (not "the same millisecond")
             and last is not None
-            and last[0] == entry.contributor
-            and 0 <= now - last[1] <= self.context_window_ms
+            and last.contributor == entry.contributor
+            and 0 <= now - last.at <= self.context_window_ms
         ):
-            keys = np.sort(np.concatenate((own, last[2])))
+            before = last.own
+            rows.extend(self._with_next(pool, last, own))
         if new:
-            pool.last_written = (entry.contributor, now, own)
+            pool.last_written = Written(
+                entry.contributor, now, entry.id, entry.content_fp, own, before
+            )
+        keys = in_context(own, before)
         pool.index.put(entry.id, keys)
-        return self.kernel.terms.row(pool.id, entry.id, entry.content_fp, keys)
+        rows.append(self.kernel.terms.row(pool.id, entry.id, entry.content_fp, keys))
+        return rows
+
+    def _with_next(self, pool: WsPool, last: Written, following: np.ndarray) -> list[Write]:
+        """The previous record indexed again with the words of the one written after it, if it
+        is still as it was written (not edited, forgotten or purged since)."""
+        entry = pool.stored.entries.get(last.entry_id)
+        if entry is None or entry.content_fp != last.fp or last.entry_id not in pool.index:
+            return []
+        keys = in_context(last.own, last.before, following)
+        pool.index.put(last.entry_id, keys)
+        return [self.kernel.terms.row(pool.id, last.entry_id, last.fp, keys)]
 
     async def _link(self, stored: StoredWsPool) -> str | None:
         """A bot pool's records as part of the bot's one memory (engine/bot_memory.py): records

@@ -527,3 +527,35 @@ def test_seed_term_rows_and_index_are_what_a_rebuild_from_the_sealed_content_giv
         await svc.close()
 
     asyncio.run(reread())
+
+
+def test_concurrent_writes_in_a_row_index_the_same_neighbours_in_memory_and_on_disk(
+    tmp_path: Path,
+):
+    """24 records written at once, in whatever order the pool's lock takes them: each is found
+    by its own word first and by its neighbours' (a chain: every record but the ends has two),
+    and a restart, which builds the index from the stored term rows, finds exactly the same."""
+    words = [f"zq{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(24)]
+
+    async def found_all(svc: ShardService) -> dict[str, list[str]]:
+        return {w: await _found(svc, w, limit=10) for w in words}
+
+    async def first() -> dict[str, list[str]]:
+        svc = _shard(tmp_path, context_s=120)
+        ids = await asyncio.gather(*(_create(svc, ANN, f"Note {w}.") for w in words))
+        got = await found_all(svc)
+        by_word = dict(zip(words, ids, strict=True))
+        neighbours = {w: set(got[w]) - {by_word[w]} for w in words}
+        assert all(got[w][0] == by_word[w] for w in words)  # own word first
+        assert sorted(len(n) for n in neighbours.values()) == [1, 1] + [2] * 22  # one chain
+        await _close(svc)
+        return got
+
+    before = asyncio.run(first())
+
+    async def again() -> None:
+        svc = _shard(tmp_path, context_s=120)
+        assert await found_all(svc) == before
+        await _close(svc)
+
+    asyncio.run(again())

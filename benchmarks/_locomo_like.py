@@ -27,7 +27,7 @@ import random
 import re
 
 from benchmarks._conversations import Conversation, Question, Turn
-from benchmarks._locomo_themes import (
+from benchmarks._locomo_lines import (
     CATEGORY_QUESTIONS,
     ECHO_ASIDES,
     ECHO_CALLBACKS,
@@ -37,11 +37,8 @@ from benchmarks._locomo_themes import (
     GREETINGS,
     LEADS,
     REACTIONS,
-    SLOTS,
-    THEMES,
-    WHEN,
-    Theme,
 )
+from benchmarks._locomo_themes import SLOTS, THEMES, WHEN, Theme
 
 NAMES = [
     ("Caroline", "Melanie"),

@@ -337,7 +337,7 @@ def test_a_record_in_context_ranks_first_for_its_own_words_and_is_found_by_its_n
     index.put("x", in_context(analyzer.keys("Nothing to do with it.")))
     ranked = [i for i, _ in index.search(analyzer.query("bowl mug"), 10)]
     assert ranked[0] == "a" and set(ranked) == {"q", "a", "n"}
-    assert [i for i, _ in index.search(analyzer.query("pottery workshop"), 10)][0] == "q"
+    assert index.search(analyzer.query("pottery workshop"), 10)[0][0] == "q"
     assert list(in_context(own["n"])) == list(own["n"])  # no neighbour: its own keys as they are
     assert sorted(in_context(own["q"], own["n"]).tolist()) == sorted(
         [*own["q"].tolist(), *own["q"].tolist(), *own["n"].tolist()]

@@ -4,10 +4,13 @@ embedding model, exact cosine instead of the shard's int8 vectors).
 
     .venv/bin/python -m benchmarks.retrieval_lab [--data synthetic|locomo-like] [--quick]
 
-Keyword hits come from storage/search_index.py's TermIndex, each turn indexed with the previous
-turn's words as a shard does for records written in a row (actors/workspace/pools.py), or
-without (`own`); semantic hits are cosines of all-MiniLM-L6-v2 (kind onnx) vectors, cached in
-/tmp between runs. Every fusion is engine/workspace_search.py's or a candidate for it.
+Keyword hits come from storage/search_index.py's TermIndex, each turn indexed as a shard
+indexes records written in a row (actors/workspace/pools.py: `in_context`, own words twice and
+the turns before and after once: `both`), as it did before (the turn before, same weight:
+`before`) or by its own words (`own`); semantic hits are cosines of all-MiniLM-L6-v2 (kind
+onnx) vectors, cached in /tmp between runs. Fusions: engine/workspace_search.py's RRF and the
+candidates tried against it (weighted RRF, convex combinations of min-max or z-normalised
+scores); results also go to /tmp/oblab-<data>.json.
 """
 
 from __future__ import annotations

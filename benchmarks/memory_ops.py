@@ -17,6 +17,9 @@ Scenarios, each `--concurrency` closed-loop clients for `--seconds` after `--war
   http_remember_single  the same with the gateway's coalescing off (one Ray call per Remember;
                  with the floors only: the side-by-side comparison, actors/runtime/coalesce.py;
                  `--ab-rounds N` adds N alternating rounds of both, fairer on a busy machine)
+  http_remember_polled  coalesced, but each commit's events reach the gateway by its event
+                 pump's poll only, not with the write replies (actors/runtime/follow.py; with
+                 the floors only: the side-by-side comparison)
 The reads run before the writes so they see exactly the seeded pool. Two floors run once, in the
 first mode (`--no-baselines` skips them): GET /healthz (HTTP, no actor call) and shard.ping() (an
 actor call, no work).
@@ -56,6 +59,7 @@ TARGETS: dict[str, dict[str, float] | None] = {
     "actor_read": None,
     "http_remember": {"throughput_min": 800.0},
     "http_remember_single": None,
+    "http_remember_polled": None,
 }
 LABELS = {
     "http_health": "baseline: GET /healthz",
@@ -64,6 +68,7 @@ LABELS = {
     "actor_read": "read_memory (actor call)",
     "http_remember": "Remember (HTTP POST)",
     "http_remember_single": "Remember, not coalesced",
+    "http_remember_polled": "Remember, events polled",
 }
 
 
@@ -115,6 +120,19 @@ def uncoalesced(engine: Any, run: Any) -> dict[str, Any]:
     finally:
         for port in ports:
             port.coalesce = True
+
+
+def polled(engine: Any, run: Any) -> dict[str, Any]:
+    """Run a scenario with the coalesced writes' replies carrying no events: the gateway gets
+    each commit's events by its pump's poll alone (actors/runtime/follow.py)."""
+    ports = engine.shard_ports
+    for port in ports:
+        port.follow = False
+    try:
+        return run()
+    finally:
+        for port in ports:
+            port.follow = True
 
 
 def remember_ab(engine: Any, run: Any, rounds: int) -> dict[str, dict[str, float]]:
@@ -363,11 +381,15 @@ def run_mode(
         if baselines:  # the floors: HTTP without an actor call, an actor call without work
             runs.append(("http_remember_single", lambda: uncoalesced(engine, lambda: http_scenario(
                 server.port, reader["token"], path, remember=True, args=args))))  # fmt: skip
+            runs.append(("http_remember_polled", lambda: polled(engine, lambda: http_scenario(
+                server.port, reader["token"], path, remember=True, args=args))))  # fmt: skip
             runs[:0] = [
                 ("http_health", lambda: http_scenario(
                     server.port, reader["token"], "/healthz", remember=False, args=args)),
                 ("actor_ping", lambda: actor_scenario(shard, pool, direct_reader, args, ping=True)),
             ]  # fmt: skip
+        if args.only:
+            runs = [(name, run) for name, run in runs if name in args.only]
         for name, run in runs:
             before = ray.get(shard.stats.remote())
             load = os.getloadavg()[0]
@@ -474,7 +496,7 @@ def print_table(modes: list[dict[str, Any]], args: argparse.Namespace) -> None:
         ping = sc.get("actor_ping", {}).get("throughput_per_s")
         if not ping:
             continue
-        for name in ("http_remember", "http_remember_single"):
+        for name in ("http_remember", "http_remember_single", "http_remember_polled"):
             if sc.get(name, {}).get("throughput_per_s"):
                 r = sc[name]
                 cpu = r["cpu_ms_per_op"]
@@ -515,6 +537,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=0,
         help="also run Remember with coalescing on and off in N alternating rounds (first mode)",
+    )
+    p.add_argument(
+        "--only",
+        type=lambda s: set(s.split(",")),
+        default=None,
+        help="run only these scenarios (comma-separated names, e.g. actor_ping,http_remember)",
     )
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")

@@ -165,7 +165,10 @@ class EventLog:
                 if remaining <= 0:
                     break
                 try:
-                    await asyncio.wait_for(self._new.wait(), remaining)
+                    # (not `wait_for`: on 3.11 it can swallow a cancellation that comes as
+                    # the event is set, and the poll would wait on after its caller left)
+                    async with asyncio.timeout(remaining):
+                        await self._new.wait()
                 except TimeoutError:
                     break
                 # The writes that this publish answers reply in this turn of the loop: let them

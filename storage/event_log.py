@@ -152,6 +152,13 @@ class EventLog:
     async def after(
         self, seq: int, *, limit: int = 1000, wait: float = 0.0, follower: str | None = None
     ) -> list[Event]:
+        return (await self.page(seq, limit=limit, wait=wait, follower=follower))[0]
+
+    async def page(
+        self, seq: int, *, limit: int = 1000, wait: float = 0.0, follower: str | None = None
+    ) -> tuple[list[Event], ShardHead]:
+        """`after`, with the head the events were read at: they are every published event in
+        (`seq`, head] (up to `limit`), even when the log moved on while they were read."""
         """Published events with seq > `seq`, oldest first; waits up to `wait` s for new ones.
         A `follower`'s poll also waits while every event it would answer with was handed to
         the follower already (`handed`): one answer then covers several commits, and the
@@ -177,16 +184,17 @@ class EventLog:
                 if not self._covered(seq, follower):
                     break
             if seq >= self.published:
-                return []
+                return [], self.head()
         ring = self._ring
         if ring and seq + 1 >= ring[0].seq:
             start = bisect.bisect_right(ring, seq, key=lambda e: e.seq)
-            return ring[start : start + limit]
+            return ring[start : start + limit], self.head()
         published = self.published
+        head = self.head()
         rows = await self.db.run(
             lambda con: con.execute(
                 "SELECT doc FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
                 [seq, published, limit],
             ).fetchall()
         )
-        return [_dec.decode(doc) for (doc,) in rows]
+        return [_dec.decode(doc) for (doc,) in rows], head

@@ -57,16 +57,15 @@ class PackedEvents:
         `follower`'s poll (actors/runtime/follow.py) is not answered for events it was handed
         with its writes' replies (`remember_many_followed`; storage/event_log.py)."""
         self.kernel.ensure_started()  # as events_after: a poll starts recovery after a restart
-        events = await self.kernel.events.after(
+        events, head = await self.kernel.events.page(
             seq, limit=limit, wait=wait, follower=follower or None
         )
-        return _msgpack.encode(EventBatch(head=self.kernel.events.head(), events=events))
+        return _msgpack.encode(EventBatch(head=head, events=events))
 
     async def _hand_over(self, replies: bytes, follower: str, seen: int) -> bytes:
         """`replies` with the published events after `seen`, handed to `follower`."""
         log = self.kernel.events
-        events = await log.after(seen, limit=HANDED_LIMIT)
-        head = log.head()
+        events, head = await log.page(seen, limit=HANDED_LIMIT)
         log.handed(follower, events[-1].seq if len(events) >= HANDED_LIMIT else head.head)
         return _msgpack.encode(
             Followed(replies=msgspec.Raw(replies), events=EventBatch(head=head, events=events))

@@ -16,7 +16,8 @@ Scenarios, each `--concurrency` closed-loop clients for `--seconds` after `--war
   http_remember  POST /v1/bots/{bot}/memory Remember    (load from a child process)
   http_remember_single  the same with the gateway's coalescing off (one Ray call per Remember;
                  with the floors only: the side-by-side comparison, actors/runtime/coalesce.py;
-                 `--ab-rounds N` adds N alternating rounds of both, fairer on a busy machine)
+                 `--ab-rounds N` adds N alternating rounds of these three, fairer on a busy
+                 machine)
   http_remember_polled  coalesced, but each commit's events reach the gateway by its event
                  pump's poll only, not with the write replies (actors/runtime/follow.py; with
                  the floors only: the side-by-side comparison)
@@ -135,15 +136,25 @@ def polled(engine: Any, run: Any) -> dict[str, Any]:
             port.follow = True
 
 
-def remember_ab(engine: Any, run: Any, rounds: int) -> dict[str, dict[str, float]]:
-    """Remember with the gateway's coalescing on and off in alternating rounds, summed: a fairer
-    side by side than one window each on a machine whose load changes."""
+def remember_ab(
+    engine: Any, run: Any, rounds: int, ping: Any = None
+) -> dict[str, dict[str, float]]:
+    """Remember with the gateway's coalescing on and off, and coalesced with the events polled
+    (not with the write replies), in alternating rounds, summed: a fairer side by side than one
+    window each on a machine whose load changes."""
+    ways = {
+        "coalesced": run,
+        "not_coalesced": lambda: uncoalesced(engine, run),
+        "events_polled": lambda: polled(engine, run),
+    }
+    if ping is not None:  # the ceiling, in the same rounds
+        ways["ping"] = ping
     sums = {k: {"count": 0, "seconds": 0.0, "ops": 0, "shard": 0.0, "driver": 0.0}
-            for k in ("coalesced", "not_coalesced")}  # fmt: skip
+            for k in ways}  # fmt: skip
     for _ in range(rounds):
         for name in sums:
             cpu0 = cpu_by_role()
-            r = run() if name == "coalesced" else uncoalesced(engine, run)
+            r = ways[name]()
             cpu1 = cpu_by_role()
             t = sums[name]
             t["count"] += r["count"]
@@ -151,7 +162,7 @@ def remember_ab(engine: Any, run: Any, rounds: int) -> dict[str, dict[str, float
             t["ops"] += r["ops_incl_warmup"]
             t["shard"] += cpu1["shard"] - cpu0["shard"]
             t["driver"] += cpu1["driver"] - cpu0["driver"]
-    return {
+    out = {
         name: {
             "per_s": round(t["count"] / t["seconds"], 1),
             "shard_cpu_ms": round(t["shard"] / t["ops"] * 1000, 3),
@@ -159,6 +170,11 @@ def remember_ab(engine: Any, run: Any, rounds: int) -> dict[str, dict[str, float
         }
         for name, t in sums.items()
     }
+    if "ping" in out:
+        for name in ways:
+            if name != "ping":
+                out[name]["of_ping"] = round(out[name]["per_s"] / out["ping"]["per_s"], 3)
+    return out
 
 
 # --- the server --------------------------------------------------------------------------------
@@ -430,6 +446,7 @@ def run_mode(
                 engine, lambda: http_scenario(
                     server.port, reader["token"], path, remember=True, args=args),
                 args.ab_rounds,
+                ping=lambda: actor_scenario(shard, pool, direct_reader, args, ping=True),
             )  # fmt: skip
             print(f"[gc {mode}] remember A/B: {out['remember_ab']}", flush=True)
         final = admin.get_as(reader["token"], path)

@@ -115,6 +115,43 @@ def test_a_followers_poll_waits_on_for_events_it_was_handed(tmp_path: Path) -> N
     asyncio.run(main())
 
 
+def test_a_page_read_from_the_file_says_the_head_it_was_read_at(tmp_path: Path) -> None:
+    """A poll whose events are read from the file while a commit publishes more: its head is
+    where the read stood, not the newer one (the follower takes (since, head] as complete)."""
+
+    async def main() -> None:
+        svc = Shard(tmp_path / "data", 0)
+        try:
+            for i in range(5):
+                await svc.remember(POOL, ANN, f"n{i}")
+            log = svc.kernel.events
+            start = log.published - 5
+            log._ring = []  # older than what is kept in memory: read from the file
+            gate = asyncio.Event()
+            real_run = log.db.run
+
+            async def held_run(fn):
+                await gate.wait()
+                return await real_run(fn)
+
+            log.db.run = held_run  # type: ignore[method-assign]
+            try:
+                reading = asyncio.create_task(svc.events_packed(start, 1000, 0.0))
+                await asyncio.sleep(0.01)
+                await svc.remember(POOL, ANN, "published while the page is read")
+            finally:
+                gate.set()
+                log.db.run = real_run  # type: ignore[method-assign]
+            page = EVENT_BATCH.decode(await reading)
+            assert [e.seq for e in page.events] == list(range(start + 1, start + 6))
+            assert page.head.head == start + 5
+            assert log.published == start + 6
+        finally:
+            await svc.close()
+
+    asyncio.run(main())
+
+
 def test_every_event_reaches_the_pump_once_in_order_with_fewer_poll_answers(
     tmp_path: Path,
 ) -> None:

@@ -211,6 +211,18 @@ class Followed(msgspec.Struct, frozen=True, array_like=True):
 
 
 FOLLOWED = msgspec.msgpack.Decoder(Followed)
+
+
+class FollowingCall(msgspec.Struct, frozen=True, array_like=True):
+    """A coalesced write call whose reply is to bring the events after `seen` to `follower`
+    (one argument: Ray handles each argument of a call on its own, both sides)."""
+
+    follower: str
+    seen: int
+    call: msgspec.Raw  # the plain coalesced call (`COALESCED`)
+
+
+FOLLOWING_CALL = msgspec.msgpack.Decoder(FollowingCall)
 HANDED_LIMIT = 1000  # events a write's reply carries at most (a poll answers for the rest)
 
 

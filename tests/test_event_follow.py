@@ -20,6 +20,7 @@ from actors.contracts import (
     HANDED_LIMIT,
     REPLIES,
     EventBatch,
+    FollowingCall,
     RememberCall,
 )
 from actors.runtime.follow import Follower
@@ -44,6 +45,12 @@ def _call(contents: list[str]) -> bytes:
     )
 
 
+def _followed(contents: list[str], follower: str, seen: int) -> bytes:
+    return _enc.encode(
+        FollowingCall(follower=follower, seen=seen, call=msgspec.Raw(_call(contents)))
+    )
+
+
 class Gateway:
     """What `RayShard` does with a follower, over the shard object instead of Ray: polls and
     coalesced writes with the follower's id and `seen`."""
@@ -63,7 +70,7 @@ class Gateway:
         if seen < 0:
             return REPLIES.decode(await self.svc.remember_many(_call(contents)))
         reply = FOLLOWED.decode(
-            await self.svc.remember_many_followed(_call(contents), self.follow.id, seen)
+            await self.svc.remember_many_followed(_followed(contents, self.follow.id, seen))
         )
         if drop_reply:  # as if the call failed after the shard answered it
             self.follow.lost()
@@ -90,7 +97,9 @@ def test_a_followers_poll_waits_on_for_events_it_was_handed(tmp_path: Path) -> N
             head = svc.kernel.events.published
             poll = asyncio.create_task(svc.events_packed(head, 1000, 5.0, "f1"))
             await asyncio.sleep(0.05)
-            reply = FOLLOWED.decode(await svc.remember_many_followed(_call(["a", "b"]), "f1", head))
+            reply = FOLLOWED.decode(
+                await svc.remember_many_followed(_followed(["a", "b"], "f1", head))
+            )
             assert [e.seq for e in reply.events.events] == [head + 1, head + 2]
             assert reply.events.head.head == head + 2
             await asyncio.sleep(0.1)
@@ -104,7 +113,7 @@ def test_a_followers_poll_waits_on_for_events_it_was_handed(tmp_path: Path) -> N
             assert [e.seq for e in late.events] == [head + 1, head + 2, head + 3]
             # A handed reply that got lost costs at most the poll's wait: it then answers.
             now = svc.kernel.events.published
-            await svc.remember_many_followed(_call(["c"]), "f1", now)
+            await svc.remember_many_followed(_followed(["c"], "f1", now))
             t0 = time.monotonic()
             timed = EVENT_BATCH.decode(await svc.events_packed(now, 1000, 0.3, "f1"))
             assert [e.seq for e in timed.events] == [now + 1]

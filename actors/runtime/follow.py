@@ -44,12 +44,13 @@ class Follower:
         self._wake: asyncio.Future[None] | None = None
         self._busy = False
         self._reset_to: ShardHead | None = None  # a new epoch the pump has not been told of
+        self._following = False  # a pump asks here (until it stops)
         self.handed = 0  # events that came with write replies (figures for tests)
 
     @property
     def seen(self) -> int:
         """What a write's call says this loop has (-1: nobody follows here, send no events)."""
-        return self.hi if self.head is not None else -1
+        return self.hi if self._following else -1
 
     def lost(self) -> None:
         """A write call that may have carried events failed: go on under a new id (the shard
@@ -93,8 +94,9 @@ class Follower:
             return None
         self._busy = True
         try:
-            if self.head is None or not self.lo <= seq <= self.hi:
+            if not self._following or not self.lo <= seq <= self.hi:
                 self._restart(seq)
+            self._following = True
             self.lo = seq
             if self.events and self.events[0].seq <= seq:
                 self.events = [e for e in self.events if e.seq > seq]
@@ -123,8 +125,7 @@ class Follower:
                 if error is not None:
                     self._new_id()
                     raise error
-                if not self.events and self._reset_to is None:
-                    assert self.head is not None
+                if not self.events and self._reset_to is None and self.head is not None:
                     return self.head, []  # the poll's wait ran out
         finally:
             self._busy = False
@@ -150,6 +151,7 @@ class Follower:
         """Know nothing (writes send no `seen` until the pump asks again)."""
         self._restart(-1)
         self.head = None
+        self._following = False
 
     def _set_wake(self) -> None:
         if self._wake is not None and not self._wake.done():

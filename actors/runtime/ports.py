@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+from msgspec import Raw
 
 from actors.contracts import (
     EVENT_BATCH,
@@ -23,6 +24,7 @@ from actors.contracts import (
     WS_ENTRY_VIEW,
     ChainView,
     EventBatch,
+    FollowingCall,
     Mirrored,
     NodeInfo,
     RevisionView,
@@ -153,7 +155,8 @@ class RayShard(NamedActor):
         if seen < 0:
             return await remote(plain, call)
         try:
-            reply = FOLLOWED.decode(await remote(followed, call, follow.id, seen))
+            asked = _packer.encode(FollowingCall(follower=follow.id, seen=seen, call=Raw(call)))
+            reply = FOLLOWED.decode(await remote(followed, asked))
         except BaseException:
             follow.lost()  # its reply may have carried events the shard thinks we have
             raise

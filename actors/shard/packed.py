@@ -20,11 +20,13 @@ import msgspec
 
 from actors.contracts import (
     COALESCED,
+    FOLLOWING_CALL,
     HANDED_LIMIT,
     WS_CREATE_CALL,
     CallError,
     EventBatch,
     Followed,
+    FollowingCall,
     WsAccess,
 )
 from actors.shard.kernel import ShardKernel
@@ -85,10 +87,12 @@ class PackedEvents:
         would answer it alone; a pool's share is one commit (actors/shard/remember_batch.py)."""
         return _replies(await remember_all(self.memory, _requests(call)))
 
-    async def remember_many_followed(self, call: bytes, follower: str, seen: int) -> bytes:
-        """`remember_many`, its reply `Followed` by the events after `seen` for `follower`."""
-        replies = _replies(await remember_all(self.memory, _requests(call)))
-        return await self._hand_over(replies, follower, seen)
+    async def remember_many_followed(self, call: bytes) -> bytes:
+        """`remember_many` from a `FollowingCall`, its reply `Followed` by the events after its
+        `seen` for its `follower`."""
+        c = _following(call)
+        replies = _replies(await remember_all(self.memory, _requests(c.call)))
+        return await self._hand_over(replies, c.follower, c.seen)
 
     async def ws_create_memory_many(self, call: bytes) -> bytes:
         """Coalesced workspace memory creations: each request a packed `WsCreateCall`, answered
@@ -96,13 +100,22 @@ class PackedEvents:
         (actors/workspace/create_batch.py)."""
         return _replies(await create_all(self.workspace, _requests(call)))
 
-    async def ws_create_memory_many_followed(self, call: bytes, follower: str, seen: int) -> bytes:
-        """`ws_create_memory_many`, its reply `Followed` by the events after `seen`."""
-        replies = _replies(await create_all(self.workspace, _requests(call)))
-        return await self._hand_over(replies, follower, seen)
+    async def ws_create_memory_many_followed(self, call: bytes) -> bytes:
+        """`ws_create_memory_many` from a `FollowingCall`, its reply `Followed` by the events
+        after its `seen`."""
+        c = _following(call)
+        replies = _replies(await create_all(self.workspace, _requests(c.call)))
+        return await self._hand_over(replies, c.follower, c.seen)
 
 
-def _requests(call: bytes) -> list[bytes]:
+def _following(call: bytes) -> FollowingCall:
+    try:
+        return FOLLOWING_CALL.decode(call)
+    except msgspec.DecodeError as e:
+        raise InvalidInput(f"not a followed call: {e}", code="invalid_body") from e
+
+
+def _requests(call: bytes | msgspec.Raw) -> list[bytes]:
     try:
         return COALESCED.decode(call)
     except msgspec.DecodeError as e:

@@ -161,6 +161,53 @@ def test_a_page_read_from_the_file_says_the_head_it_was_read_at(tmp_path: Path) 
     asyncio.run(main())
 
 
+def test_followed_writes_answer_as_the_plain_calls_and_hand_their_events(tmp_path: Path) -> None:
+    """`remember_many_followed` and `ws_create_memory_many_followed` answer each request as
+    the plain coalesced calls do (a bad one fails alone) and hand over the events after `seen`;
+    a garbled call is invalid input and stores nothing."""
+    from actors.contracts import WsAccess, WsCreateCall
+    from engine.errors import InvalidInput
+    from engine.scoped_memory import WsMemoryCreate
+
+    ann = WsAccess(account="u_ann", bots=frozenset({"b_follow"}))
+
+    def ws(content: str, rid: str, access: WsAccess = ann) -> bytes:
+        body = WsMemoryCreate(bot="b_follow", scope="user", content=content, requestId=rid)
+        return _enc.encode(WsCreateCall(access=access, body=body))
+
+    async def main() -> None:
+        svc = Shard(tmp_path / "data", 0)
+        try:
+            start = svc.kernel.events.published
+            got = FOLLOWED.decode(
+                await svc.remember_many_followed(_followed(["x", ""], "f", start))
+            )
+            replies = REPLIES.decode(got.replies)
+            assert msgspec.json.decode(replies[0])["content"] == "x"
+            assert not isinstance(replies[1], bytes)  # empty content: its own error
+            assert [e.seq for e in got.events.events] == [start + 1]
+            calls = [ws("fact", "w1"), ws("theirs", "w2", WsAccess(account="u_eve"))]
+            asked = FollowingCall(
+                follower="f", seen=start + 1, call=msgspec.Raw(_enc.encode(calls))
+            )
+            got = FOLLOWED.decode(await svc.ws_create_memory_many_followed(_enc.encode(asked)))
+            replies = REPLIES.decode(got.replies)
+            assert msgspec.msgpack.decode(replies[0])["content"] == "fact"
+            assert not isinstance(replies[1], bytes)  # no use of the bot
+            assert [e.seq for e in got.events.events] == list(
+                range(start + 2, svc.kernel.events.published + 1)
+            )
+            before = svc.kernel.events.published
+            for junk in (b"", _enc.encode({"follower": 1}), _enc.encode(["f", 0, b"x"])):
+                with pytest.raises(InvalidInput):
+                    await svc.remember_many_followed(junk)
+            assert svc.kernel.events.published == before
+        finally:
+            await svc.close()
+
+    asyncio.run(main())
+
+
 def test_every_event_reaches_the_pump_once_in_order_with_fewer_poll_answers(
     tmp_path: Path,
 ) -> None:

@@ -115,7 +115,7 @@ class RayShard(NamedActor):
     """`ShardPort` over the shard actor named `name`."""
 
     coalesce = True  # False: one call per write (benchmarks compare the two)
-    follow = True  # False: events only by the pump's poll, none with write replies (the same)
+    follow = True  # False: events by the pump's poll only (one more Ray call per commit)
 
     def __init__(self, name: str, namespace: str, handle: Any = None) -> None:
         super().__init__(name, namespace, handle)

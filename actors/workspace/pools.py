@@ -282,7 +282,7 @@ class WsPools:
             and 0 <= now - last.at <= self.context_window_ms
         ):
             before = last.own
-            rows.extend(self._with_next(pool, last, own))
+            self._with_next(pool, last, own)
         if new:
             pool.last_written = Written(
                 entry.contributor, now, entry.id, entry.content_fp, own, before
@@ -292,15 +292,17 @@ class WsPools:
         rows.append(self.kernel.terms.row(pool.id, entry.id, entry.content_fp, keys))
         return rows
 
-    def _with_next(self, pool: WsPool, last: Written, following: np.ndarray) -> list[Write]:
+    def _with_next(self, pool: WsPool, last: Written, following: np.ndarray) -> None:
         """The previous record indexed again with the words of the one written after it, if it
-        is still as it was written (not edited, forgotten or purged since)."""
+        is still as it was written (not edited, forgotten or purged since). Its term row is
+        derived data, stored on its own, not in the new record's batch: the new write does not
+        share the fate of the previous one's commit (which may still be pending, and fail)."""
         entry = pool.stored.entries.get(last.entry_id)
         if entry is None or entry.content_fp != last.fp or last.entry_id not in pool.index:
-            return []
+            return
         keys = in_context(last.own, last.before, following)
         pool.index.put(last.entry_id, keys)
-        return [self.kernel.terms.row(pool.id, last.entry_id, last.fp, keys)]
+        self._store_terms([self.kernel.terms.row(pool.id, last.entry_id, last.fp, keys)])
 
     async def _link(self, stored: StoredWsPool) -> str | None:
         """A bot pool's records as part of the bot's one memory (engine/bot_memory.py): records

@@ -183,9 +183,12 @@ def burst_busy(p: dict[str, Any]) -> dict[str, float]:
 
 def _busy(p: dict[str, Any]) -> str:
     b = burst_busy(p)
+    cpu = b["total"] * p["wall_s"]
+    per_cpu_s = p["delivered"] / cpu if cpu > 0 else 0.0
     return (
         f"server {b['server']:.2f} + clients {b['clients']:.2f} + producer "
-        f"{b['producer']:.2f} = {b['total']:.2f}  over {p['wall_s']:.2f} s"
+        f"{b['producer']:.2f} = {b['total']:.2f}  over {p['wall_s']:.2f} s; "
+        f"{per_cpu_s:,.0f} deliveries per CPU-second"
     )
 
 
@@ -336,7 +339,8 @@ def print_table(results: dict[str, dict[str, Any]], args: argparse.Namespace) ->
     print(
         "  a system whose total is near the CPU count is CPU-bound; one well below it waits "
         f"(latency-bound: {args.burst_concurrency} POSTs in flight, each answered after its "
-        "commit or hand-over)."
+        "commit or hand-over). Deliveries per CPU-second (all roles) bound what the CPUs "
+        "would give if nothing waited, and move less with other load than deliv/s."
     )
     print()
     for system, r in results.items():

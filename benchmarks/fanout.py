@@ -31,7 +31,14 @@ every event of its user):
           random `--drop-percent`% of the clients is dropped, each at a random moment (OpenBot:
           `EventClient.drop()`; it must reconnect and resume by cursor on its own).
   burst   `--burst` events as fast as the system takes them (closed loop, `--burst-concurrency`
-          POSTs in flight), no drops: the delivered rate when the producer is not the limit.
+          POSTs in flight, 32 by default: one per keep-alive connection), no drops: the
+          delivered rate when the producer is not the limit. With 16 in flight it was, for
+          OpenBot: its POSTs went in waves of 16 (each wave one or two coalesced writes and
+          their commit), and on a quiet machine (the figures in README.md) it left ~0.5 of
+          its 2 CPUs idle, while python-socketio used both (its clients alone ~1): a
+          CPU-bound server is not sped up by more in flight, a waiting one is. The report's
+          "CPUs busy" line shows which each one was; `--burst-concurrency 16` gives the old
+          figures.
 Each phase ends when every client holds every event of its user, or when all clients are
 connected and nothing arrived for 1.5 s, or after a deadline.
 
@@ -279,7 +286,7 @@ def run_load(
             "port": publish_port,
             "users": [{"index": u["index"], "token": u.get("token")} for u in users],
             "bot": bot,
-            "connections": 32,
+            "connections": max(32, args.burst_concurrency),
             "out": str(work / f"{system}-producer.json"),
         }
         ppath = work / f"{system}-producer.cfg.json"
@@ -481,7 +488,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seconds", type=float, default=None, help="fixed phase (default 20; quick 5)")
     p.add_argument("--burst", type=int, default=None, help="events in the burst phase")
-    p.add_argument("--burst-concurrency", type=int, default=16)
+    p.add_argument(
+        "--burst-concurrency",
+        type=int,
+        default=32,
+        help="POSTs in flight in the burst, for every system (default 32; was 16, see above)",
+    )
     p.add_argument("--drop-percent", type=float, default=10.0)
     p.add_argument("--drop-every", type=float, default=None, help="s between drop rounds")
     p.add_argument("--deadline", type=float, default=None, help="max s to wait for stragglers")

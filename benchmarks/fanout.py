@@ -122,6 +122,11 @@ class Child:
             stderr=self._log,
             text=True,
             bufsize=1,
+            # A session of its own, as Ray starts OpenBot's actors in theirs: with the kernel's
+            # autogroups each session gets an equal share of a busy machine, and a reference
+            # server sharing one with its clients and the producer (while OpenBot's shard had
+            # its own) got a fraction of OpenBot's CPU under other load.
+            start_new_session=True,
         )
         self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -254,7 +254,7 @@ async def seed_search(data: Path, records: int, embedder: InstantEmbedder) -> No
         )
         batch.append(  # the term hashes the workspace stores with each write (issue 11)
             svc.kernel.terms.row(
-                pool_id, entry.id, entry.content_fp, svc.kernel.analyzer.keys(content)
+                pool_id, entry.id, entry.content_fp, svc.kernel.analyzer.keys(content), n + 1
             )
         )
         block.append((entry.id, entry.content_fp, embedder.vector(content)))

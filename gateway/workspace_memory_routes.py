@@ -276,7 +276,9 @@ class WorkspaceMemoryApi:
             if not body.project:
                 raise InvalidInput("project scope needs a project", code="project_required")
             shard = await self._project_shard(body.project)
-        return json(await shard.ws_create_memory(access, body), 201)
+        # The shard's answer is the body (as a Remember's): no decoding and encoding again here.
+        created = await shard.ws_create_memory_json(access, body)
+        return Response(created, 201, media_type="application/json")
 
     async def forget(self, request: Request) -> Response:
         _, access = await self._caller(request)

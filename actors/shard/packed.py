@@ -28,6 +28,7 @@ from engine.errors import InvalidInput
 from engine.scoped_memory import WsEntryView, WsMemoryCreate
 
 _msgpack = msgspec.msgpack.Encoder()
+_json = msgspec.json.Encoder()
 
 
 class PackedEvents:
@@ -49,13 +50,13 @@ class PackedEvents:
         return _msgpack.encode(EventBatch(head=self.kernel.events.head(), events=events))
 
     async def ws_create_memory_packed(self, call: bytes) -> bytes:
-        """`ws_create_memory` from one msgpack `WsCreateCall`, answered as msgpack (RayShard
-        packs and unpacks both, so the port's signature stays typed)."""
+        """`ws_create_memory` from one msgpack `WsCreateCall`, answered with the record as JSON:
+        the HTTP body as it is (as `remember_packed`; RayShard decodes it for a typed caller)."""
         try:
             c = WS_CREATE_CALL.decode(call)
         except msgspec.DecodeError as e:
             raise InvalidInput(f"bad workspace write: {e}", code="invalid_body") from e
-        return _msgpack.encode(await self.ws_create_memory(c.access, c.body))
+        return _json.encode(await self.ws_create_memory(c.access, c.body))
 
     async def remember_many(self, call: bytes) -> bytes:
         """Coalesced Remembers: each request a packed `RememberCall`, answered as `remember_packed`

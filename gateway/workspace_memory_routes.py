@@ -62,8 +62,15 @@ def account_project_id(owner: str, given: str) -> str:
     return "p_" + digest[:20]
 
 
+_create_dec = msgspec.json.Decoder(WsMemoryCreate)
+
+
 def decode_memory_write(body: bytes) -> WsMemoryCreate | WsMemoryChange:
     """`POST /memories` takes a create or a change; `expectedRevision` makes it a change."""
+    try:  # a well-formed creation in one pass (unknown keys are refused: a change never is one)
+        return _create_dec.decode(body)
+    except msgspec.DecodeError:
+        pass  # anything else as before: its own error, or a change, or old snake_case names
     raw = wire.decode_any(body)
     if not isinstance(raw, dict):
         raise InvalidInput("body must be a JSON object", code="invalid_body")

@@ -205,33 +205,3 @@ def test_a_damaged_snapshot_is_not_used_and_nothing_is_stored_in_the_clear(
         await _close(svc)
 
     asyncio.run(again())
-
-
-def test_a_created_records_answer_is_the_body_the_gateway_would_encode(tmp_path: Path):
-    """The shard answers a workspace creation with its HTTP body (JSON), which the gateway sends
-    on as it is: the same bytes as its own encoding of the view (camelCase keys, nulls kept)."""
-    import msgspec
-
-    from actors.contracts import WS_ENTRY_VIEW, WsCreateCall
-    from actors.shard.packed import PackedEvents
-    from engine.casing import to_wire
-
-    class Packed(PackedEvents, ShardService):
-        pass
-
-    async def main() -> tuple[bytes, bytes]:
-        svc = Packed(tmp_path, 0)
-        svc.peers.connect(directory=DirectoryService(tmp_path))
-        body = WsMemoryCreate(requestId="r-1", scope=Scope.USER, bot="b_1", content="Tea at 5.")
-        call = msgspec.msgpack.encode(WsCreateCall(access=ANN, body=body))
-        alone = await svc.ws_create_memory_packed(call)
-        (many,) = msgspec.msgpack.decode(
-            await svc.ws_create_memory_many(msgspec.msgpack.encode([call]))
-        )
-        await _close(svc)
-        return alone, many
-
-    alone, many = asyncio.run(main())
-    view = WS_ENTRY_VIEW.decode(alone)
-    assert view.content == "Tea at 5." and view.layer is None
-    assert alone == msgspec.json.encode(to_wire(view)) == many  # (a replay: the same bytes)

@@ -205,3 +205,35 @@ def test_a_damaged_snapshot_is_not_used_and_nothing_is_stored_in_the_clear(
         await _close(svc)
 
     asyncio.run(again())
+
+
+def test_with_a_snapshot_records_gone_and_rows_listed_twice_are_sorted_out_at_load(
+    tmp_path: Path,
+):
+    """A snapshot that holds a record gone since (its row removed by hand), and later rows that
+    list a record twice: the gone one is no hit, the twice-listed one is indexed from its text
+    (not from either row), everything else as stored."""
+
+    async def first() -> list[str]:
+        svc = _shard(tmp_path, snapshot_rows=1)
+        ids = [await _create(svc, n, f"Note {n} zanax") for n in range(3)]
+        await _close(svc)
+        return ids
+
+    a, b, c = asyncio.run(first())
+    con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))
+    con.execute("DELETE FROM ws_entries WHERE id = ?", [a])  # gone, still in the snapshot
+    (row,) = con.execute("SELECT * FROM search_terms WHERE entry = ?", [c]).fetchall()
+    (other,) = con.execute("SELECT terms FROM search_terms WHERE entry = ?", [b]).fetchone()
+    for seq, terms in ((100, other), (101, other)):  # c twice after the snapshot, wrong terms
+        con.execute("INSERT INTO search_terms VALUES (?, ?, ?, ?, ?, ?)", [*row[:4], terms, seq])
+    con.close()
+
+    async def again() -> None:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        assert set(await _ranking(svc, "zanax")) == {b, c}
+        assert set(await _ranking(svc, "2")) == {c}  # "Note 2": c's own text
+        assert set(await _ranking(svc, "1")) == {b}
+        await _close(svc)
+
+    asyncio.run(again())

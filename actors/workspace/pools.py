@@ -234,20 +234,25 @@ class WsPools:
                 lengths = lengths[keep]
                 ids = list(compress(ids, keep.tolist()))
                 have = set(ids)
+            missing: set[str] = set()
             if postings is not None:
                 index.restore(postings)
                 pool.snapshot_covers = terms.covers
                 kept = set(postings.ids)
-                if not kept <= current.keys():  # records gone since: not indexed
+                # One pass: the records in neither; the snapshot holds only current records
+                # exactly when the others number as many as it does.
+                missing = current.keys() - kept
+                if len(current) - len(missing) != len(kept):  # records gone since: not indexed
                     for gone in kept - current.keys():
                         index.remove(gone)
-                    kept &= current.keys()
                 for entry_id in twice:
                     index.remove(entry_id)
-                    kept.discard(entry_id)
-                have |= kept
+                    if entry_id in current:
+                        missing.add(entry_id)
+                missing -= have
+            elif len(have) != len(current):
+                missing = current.keys() - have
             stored = len(index.row_ids()) + len(ids)  # rows below: made from stored keys
-            missing = current.keys() - have if len(have) != len(current) else set()
             extra_ids = sorted(missing)
             extra = [analyzer.keys(self.open(pool, i)) for i in extra_ids]
             rows = [

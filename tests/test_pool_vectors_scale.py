@@ -41,3 +41,31 @@ def test_scores_with_kept_factors_are_cosines_after_puts_and_growth():
     assert [h.id for h in top] == list(np.array(v.ids)[np.argsort(-got)][:5])
     few = v.top(q, [5, 7], 2, -1.0)  # few rows: scored one by one, the same factors
     assert np.allclose(sorted(h.score for h in few), sorted([got[5], got[7]]), atol=1e-6)
+
+
+def test_a_later_block_wins_whatever_order_the_blocks_were_stored_in(tmp_path):
+    """Blocks are read unordered and ordered by seq in Python (no sort of blobs in DuckDB)."""
+    import asyncio
+    import os
+
+    from actors.shard.batch import Batch
+    from actors.shard.service import ShardService
+    from storage.crypto import Cipher
+    from storage.vector_store import VectorStore
+
+    cipher = Cipher(os.urandom(32))
+    early, late = np.eye(4, dtype=np.float32)[0], np.eye(4, dtype=np.float32)[1]
+
+    async def main():
+        svc = ShardService(tmp_path, 0)
+        for seq, vec in ((7, late), (3, early)):  # the later seq stored first
+            block = VectorStore.block("user:u", "m:4", seq, [("a", f"fp{seq}", vec)], cipher)
+            await svc.kernel.commit(Batch(writes=[block]))
+        await svc.flush()
+        got = await VectorStore(svc.db).load_all("user:u", "m:4", cipher)
+        await svc.close()
+        return got
+
+    ids, fps, mat, _, scale = asyncio.run(main())
+    assert ids == ["a"] and fps == ["fp7"]
+    assert np.allclose(mat[0] * scale[0], late)

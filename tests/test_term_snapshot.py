@@ -237,3 +237,43 @@ def test_with_a_snapshot_records_gone_and_rows_listed_twice_are_sorted_out_at_lo
         await _close(svc)
 
     asyncio.run(again())
+
+
+def test_rows_written_after_a_load_are_above_the_snapshot_even_past_the_last_stored_row(
+    tmp_path: Path,
+):
+    """A snapshot may cover seqs no stored row has (rows whose commit failed after it took
+    them): a load continues the pool's seqs above `covers`, so an edit made then is applied by
+    the next load and not taken as already in the snapshot."""
+    from actors.shard.batch import Batch
+    from storage.term_store import TermStore, seal_snapshot
+
+    async def first() -> list[str]:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        ids = [await _create(svc, n, f"Note {n} zanax") for n in range(3)]
+        pool = await svc.ws_pools.pool(POOL)
+        index = TermIndex()
+        ids_, lengths, flat, _ = await svc.db.run(lambda con: TermStore.read_all(con, POOL))
+        index.build_flat(ids_, lengths, flat)
+        body = seal_snapshot(pool.keyed.cipher, POOL, 100, index.postings())
+        await svc.kernel.commit(Batch(writes=[TermStore.snapshot_row(POOL, 100, body)]))
+        await _close(svc)
+        return ids
+
+    a, _, _ = asyncio.run(first())
+
+    async def edit() -> None:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        change = WsMemoryChange(requestId="e-1", id=a, expectedRevision=1, content="korol")
+        await svc.ws_change_memory(ANN, change)
+        await _close(svc)
+
+    asyncio.run(edit())
+
+    async def again() -> None:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        assert list(await _ranking(svc, "korol")) == [a]
+        assert a not in await _ranking(svc, "zanax")
+        await _close(svc)
+
+    asyncio.run(again())

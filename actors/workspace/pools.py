@@ -209,7 +209,7 @@ class WsPools:
         ids, lengths, flat = await self.kernel.db.run(
             lambda con: self.kernel.terms.read_flat(con, pool_id)
         )
-        return terms._replace(covers=-1, snapshot=None, ids=ids, lengths=lengths, flat=flat), None
+        return terms._replace(snapshot=None, ids=ids, lengths=lengths, flat=flat), None
 
     def _index(self, pool: WsPool, terms: TermsLoad, postings: Postings | None) -> None:
         """Build the pool's keyword index: its stored snapshot restored (if any), then the
@@ -219,7 +219,9 @@ class WsPools:
         current = pool.stored.entries
         analyzer = self.kernel.analyzer
         index = pool.index
-        pool.terms_seq = terms.last_seq
+        # Above the snapshot's `covers` too: a row whose commit failed may have taken a seq the
+        # snapshot covers, and a new row must never fall below what the next load applies.
+        pool.terms_seq = max(terms.last_seq, terms.covers)
         ids, lengths, flat = terms.ids, terms.lengths, terms.flat
         with paused_gc():
             have = set(ids)
@@ -321,8 +323,8 @@ class WsPools:
                     lambda con: terms.read_all(con, pool_id)
                 )
             covers = max(covers, last)
-            if len(set(ids)) != len(ids):
-                return  # a record listed twice: only a load may sort that out
+            if pool.poisoned or len(set(ids)) != len(ids):
+                return  # a write failed (the pool reloads), or a record listed twice
             body = await asyncio.to_thread(
                 _seal, pool.keyed.cipher, pool_id, covers, ids, lengths, flat
             )

@@ -97,3 +97,38 @@ def test_a_bad_memory_write_is_refused_as_before(body: bytes, code: str | None):
         _slow(body)
     assert (fast.value.code, str(fast.value)) == (slow.value.code, str(slow.value))
     assert code is None or fast.value.code == code
+
+
+def test_request_locks_taken_together_exclude_each_other_and_are_released_on_cancel():
+    """`WsReceipts.requests` (a coalesced call's requestIds) waits for a key that a single
+    write holds, never holds two bodies of one key at once (32 calls racing over 4 keys), and
+    a call cancelled while waiting leaves no lock and no slot behind."""
+    from actors.workspace.receipts import WsReceipts
+
+    receipts = WsReceipts(kernel=None)  # type: ignore[arg-type]  # (locks only)
+    holders: dict[str, int] = {}
+    clash = []
+
+    async def call(keys: list[str]) -> None:
+        async with receipts.requests(keys):
+            for k in set(keys):
+                holders[k] = holders.get(k, 0) + 1
+                clash.extend([k] if holders[k] > 1 else [])
+            await asyncio.sleep(0)
+            for k in set(keys):
+                holders[k] -= 1
+
+    async def main() -> None:
+        keys = ["a", "b", "c", "d"]
+        await asyncio.gather(*(call([keys[i % 4], keys[(i * 3) % 4], "a"]) for i in range(32)))
+        assert not clash and receipts._request_locks == {}
+        async with receipts.request("b"):
+            waiting = asyncio.ensure_future(call(["a", "b"]))
+            await asyncio.sleep(0.01)
+            assert not waiting.done() and receipts._request_locks["a"][0].locked()
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+        assert receipts._request_locks == {}
+
+    asyncio.run(main())

@@ -18,7 +18,6 @@ it carried (the pool is dropped and reloads from the file).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 
 import msgspec
@@ -81,10 +80,7 @@ async def _create_in_pool(
     refused: list[tuple[_Request, Answer]] = []
     decided: list[_Request] = []
     fut: asyncio.Future[None] | None = None
-    async with contextlib.AsyncExitStack() as held:
-        for key in sorted({r.key for r in requests}):
-            await held.enter_async_context(ws.receipts.request(key))
-        await held.enter_async_context(pool.lock)
+    async with ws.receipts.requests([r.key for r in requests]), pool.lock:
         batch = Batch()
         mine: dict[str, _Request] = {}  # requestIds first answered by this call
         for request in requests:

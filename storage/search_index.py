@@ -75,10 +75,14 @@ class Analyzer:
     def keys(self, text: str) -> np.ndarray:
         """The text's term keys, sorted, repeats kept (their count is the term frequency; the
         order of the words is not kept)."""
+        return np.array(self.key_list(text), dtype=np.int64)
+
+    def key_list(self, text: str) -> list[int]:
+        """`keys` as a list (a write's few tens of keys: cheaper to merge and count)."""
         memo, miss = self._memo, self._hash
         out = [memo[t] if t in memo else miss(t) for t in text_terms(text)]
         out.sort()  # a note has tens of terms: a list sorts them faster than numpy
-        return np.array(out, dtype=np.int64)
+        return out
 
     def query(self, query: str) -> list[int]:
         memo, miss = self._memo, self._hash
@@ -123,7 +127,7 @@ def _order_by_key(keys: np.ndarray) -> np.ndarray:
     return order
 
 
-def pack_keys(keys: np.ndarray) -> bytes:
+def pack_keys(keys: np.ndarray | list[int]) -> bytes:
     return np.asarray(keys, dtype="<i8").tobytes()
 
 
@@ -294,14 +298,17 @@ class TermIndex:
         self._live += len(ids)
         self._live_len += float(lengths.sum())
 
-    def put(self, entry_id: str, keys: np.ndarray) -> None:
+    def put(self, entry_id: str, keys: np.ndarray | list[int]) -> None:
         """Index a new entry, or an entry's new text (its old text is forgotten), by the term
-        keys `Analyzer.keys` made of it."""
+        keys `Analyzer.keys` (or `key_list`) made of it."""
         if entry_id in self._row:
             self.remove(entry_id)
         row = self._new_row(entry_id)
         vocab, tail = self._vocab, self._tail
-        counted = _runs(keys.tolist()) if keys.size <= _SMALL else _unique(keys)
+        if type(keys) is list:
+            counted = _runs(keys) if len(keys) <= _SMALL else _unique(np.asarray(keys))
+        else:
+            counted = _runs(keys.tolist()) if keys.size <= _SMALL else _unique(keys)
         for term, tf in counted:
             tid = vocab.setdefault(term, len(vocab))
             slot = tail.get(tid)

@@ -59,7 +59,7 @@ class WsPool:
     poisoned: bool = False
     index: TermIndex = field(default_factory=TermIndex)  # keyword search, in memory only
     # The last new record's contributor, time and own term keys (context for the next one).
-    last_written: tuple[str | None, int, np.ndarray] | None = None
+    last_written: tuple[str | None, int, list[int]] | None = None
     bot_org: str | None = None  # a bot pool's bot's home org (its records' `org:` tag)
     # Records as bot-memory entries (actors/shard/bot_memory.py), per record state.
     metas: dict = field(default_factory=dict)
@@ -372,7 +372,7 @@ class WsPools:
         with that one's words too, as its context: "Yes! I made a bowl" is found by a question
         about the pottery workshop the turn before asked about. Only keywords: the record's
         vector and text are its own."""
-        own = self.kernel.analyzer.keys(content)
+        own = self.kernel.analyzer.key_list(content)  # (lists: ~25 keys, numpy costs more)
         keys = own
         now = self.kernel.clock()
         last = pool.last_written
@@ -383,7 +383,7 @@ class WsPools:
             and last[0] == entry.contributor
             and 0 <= now - last[1] <= self.context_window_ms
         ):
-            keys = np.sort(np.concatenate((own, last[2])))
+            keys = sorted(own + last[2])  # two sorted runs: one merge
         if new:
             pool.last_written = (entry.contributor, now, own)
         pool.index.put(entry.id, keys)

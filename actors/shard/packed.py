@@ -25,10 +25,9 @@ from actors.shard.seed_memory import SeedMemory
 from actors.workspace.create_batch import create_all
 from actors.workspace.service import Workspace
 from engine.errors import InvalidInput
-from engine.scoped_memory import WsEntryView, WsMemoryCreate
+from engine.scoped_memory import WsMemoryCreate
 
 _msgpack = msgspec.msgpack.Encoder()
-_json = msgspec.json.Encoder()
 
 
 class PackedEvents:
@@ -41,7 +40,7 @@ class PackedEvents:
 
     if TYPE_CHECKING:  # ShardService's (declared only: a definition here would shadow it)
 
-        async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView: ...
+        async def ws_create_memory_json(self, access: WsAccess, body: WsMemoryCreate) -> bytes: ...
 
     async def events_packed(self, seq: int, limit: int = 1000, wait: float = 0.0) -> bytes:
         """`events_after` as one msgpack `EventBatch`: what the gateways' event pumps poll."""
@@ -56,7 +55,7 @@ class PackedEvents:
             c = WS_CREATE_CALL.decode(call)
         except msgspec.DecodeError as e:
             raise InvalidInput(f"bad workspace write: {e}", code="invalid_body") from e
-        return _json.encode(await self.ws_create_memory(c.access, c.body))
+        return await self.ws_create_memory_json(c.access, c.body)
 
     async def remember_many(self, call: bytes) -> bytes:
         """Coalesced Remembers: each request a packed `RememberCall`, answered as `remember_packed`

@@ -216,7 +216,7 @@ class WsPools:
         ids, lengths, flat = await self.kernel.db.run(
             lambda con: self.kernel.terms.read_flat(con, pool_id)
         )
-        return terms._replace(snapshot=None, ids=ids, lengths=lengths, flat=flat), None
+        return TermsLoad(terms.covers, None, ids, lengths, flat, terms.last_seq), None
 
     def _index(self, pool: WsPool, terms: TermsLoad, postings: Postings | None) -> None:
         """Build the pool's keyword index: its stored snapshot restored (if any), then the

@@ -182,16 +182,12 @@ class WorkspaceStore:
         return self.stored_pool(pool, await self.db.run(lambda con: self.read_pool(con, pool)))
 
     @staticmethod
-    def read_pool(con, pool: str, *, unlinked: bool = True) -> tuple[dict, list]:
+    def read_pool(con, pool: str) -> tuple[dict, list]:
         """A pool's rows as `stored_pool` takes them (on the database's thread; a caller may
-        read more in the same call). `unlinked=False`: without the records to link (the
-        caller reads them with `read_unlinked`, e.g. on another connection at the same time:
-        the pattern match is about a third of this scan's CPU at 100,000 records)."""
+        read more in the same call)."""
         # One scan; columns as numpy arrays (a tuple per row costs more than the scan). Only a
         # bot pool's records are linked to the bot's memory (`unlinked`).
-        unlinked = (
-            f"coalesce({_UNLINKED}, false)" if unlinked and pool.startswith("bot:") else "false"
-        )
+        unlinked = f"coalesce({_UNLINKED}, false)" if pool.startswith("bot:") else "false"
         cols = con.execute(
             f"SELECT id, meta, content, {unlinked} AS unlinked FROM ws_entries WHERE pool = ?",
             [pool],
@@ -200,16 +196,6 @@ class WorkspaceStore:
             "SELECT doc FROM ws_barriers WHERE pool = ? ORDER BY at_ms, key", [pool]
         ).fetchall()
         return cols, barriers
-
-    @staticmethod
-    def read_unlinked(con, pool: str) -> list[str]:
-        """The ids `read_pool` flags as unlinked (a bot pool's records without `org:`)."""
-        if not pool.startswith("bot:"):
-            return []
-        rows = con.execute(
-            f"SELECT id FROM ws_entries WHERE pool = ? AND coalesce({_UNLINKED}, false)", [pool]
-        ).fetchall()
-        return [r[0] for r in rows]
 
     @staticmethod
     def stored_pool(pool: str, rows: tuple[dict, list]) -> StoredWsPool:

@@ -433,11 +433,6 @@ def test_a_pool_load_lists_the_bot_records_stored_without_an_org_tag(tmp_path: P
         con.executemany("INSERT INTO ws_entries VALUES (?, ?, ?, ?, ?)", rows)
         bot = WorkspaceStore.stored_pool("bot:b_9", WorkspaceStore.read_pool(con, "bot:b_9"))
         user = WorkspaceStore.stored_pool(pool, WorkspaceStore.read_pool(con, pool))
-        # A pool's load reads them apart, on the second connection (the same list).
-        apart = WorkspaceStore.read_pool(con, "bot:b_9", unlinked=False)
-        assert WorkspaceStore.stored_pool("bot:b_9", apart).unlinked == []
-        assert WorkspaceStore.read_unlinked(con, "bot:b_9") == ["old"]
-        assert WorkspaceStore.read_unlinked(con, pool) == []
     finally:
         con.close()
     assert '"org:' not in meta  # a user pool's record: no org tag, nothing to link

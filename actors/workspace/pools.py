@@ -146,22 +146,15 @@ class WsPools:
     async def pool(self, pool_id: str) -> WsPool:
         async def load() -> WsPool:
             keyed = (await self.kernel.pool(pool_id)).stored
-            # The records on the database's thread, their stored term keys and the bot
-            # records to link beside it (with the vectors a search asks for at the same time:
-            # `Database.run_aside`). Two reads, not one state of the file: whatever differs (a
-            # record without a current row, a row of a record gone) is indexed from the
-            # records, as after any change (and an id to link that is no record is skipped).
-            rows, (terms, unlinked) = await asyncio.gather(
-                self.kernel.db.run(lambda con: self.store.read_pool(con, pool_id, unlinked=False)),
-                self.kernel.db.run_aside(
-                    lambda con: (
-                        self.kernel.terms.read_load(con, pool_id),
-                        self.store.read_unlinked(con, pool_id),
-                    )
-                ),
+            # The records on the database's thread, their stored term keys beside it (with
+            # the vectors a search asks for at the same time: `Database.run_aside`). Two
+            # reads, not one state of the file: whatever differs (a record without a current
+            # row, a row of a record gone) is indexed from the records, as after any change.
+            rows, terms = await asyncio.gather(
+                self.kernel.db.run(lambda con: self.store.read_pool(con, pool_id)),
+                self.kernel.db.run_aside(lambda con: self.kernel.terms.read_load(con, pool_id)),
             )
             stored = self.store.stored_pool(pool_id, rows)
-            stored.unlinked = unlinked
             bot_org = await self._link(stored) if pool_id.startswith("bot:") else None
             pool = WsPool(
                 stored=stored,

@@ -254,7 +254,9 @@ class WsCreateCall(msgspec.Struct, frozen=True, kw_only=True):
 
 
 WS_CREATE_CALL = msgspec.msgpack.Decoder(WsCreateCall)
-WS_ENTRY_VIEW = msgspec.msgpack.Decoder(WsEntryView)
+# A workspace creation's answer is the HTTP body itself (JSON, as a Remember's): the gateway
+# sends it on as it came, and decodes it only where a typed view is asked for.
+WS_ENTRY_VIEW = msgspec.json.Decoder(WsEntryView)
 
 
 class WsQuery(msgspec.Struct, frozen=True, kw_only=True):

@@ -192,7 +192,7 @@ def test_followed_writes_answer_as_the_plain_calls_and_hand_their_events(tmp_pat
             )
             got = FOLLOWED.decode(await svc.ws_create_memory_many_followed(_enc.encode(asked)))
             replies = REPLIES.decode(got.replies)
-            assert msgspec.msgpack.decode(replies[0])["content"] == "fact"
+            assert msgspec.json.decode(replies[0])["content"] == "fact"
             assert not isinstance(replies[1], bytes)  # no use of the bot
             assert [e.seq for e in got.events.events] == list(
                 range(start + 2, svc.kernel.events.published + 1)

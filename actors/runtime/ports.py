@@ -362,11 +362,14 @@ class RayShard(NamedActor):
         return await remote(self._actor().ws_has_entry, entry_id)
 
     async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView:
+        return WS_ENTRY_VIEW.decode(await self.ws_create_memory_json(access, body))
+
+    async def ws_create_memory_json(self, access: WsAccess, body: WsMemoryCreate) -> bytes:
         # One bytes each way (actors/shard/packed.py): Ray would pickle both Structs and the reply.
         call = _packer.encode(WsCreateCall(access=access, body=body))
         if self.coalesce:
-            return WS_ENTRY_VIEW.decode(await self.writes().ws_create.call(call))
-        return WS_ENTRY_VIEW.decode(await remote(self._actor().ws_create_memory_packed, call))
+            return await self.writes().ws_create.call(call)
+        return await remote(self._actor().ws_create_memory_packed, call)
 
     async def ws_change_memory(
         self, access: WsAccess, body: WsMemoryChange | WsForget

@@ -35,7 +35,7 @@ from actors.shard.seed_memory import SeedMemory
 from actors.workspace.create_batch import create_all
 from actors.workspace.service import Workspace
 from engine.errors import InvalidInput
-from engine.scoped_memory import WsEntryView, WsMemoryCreate
+from engine.scoped_memory import WsMemoryCreate
 
 _msgpack = msgspec.msgpack.Encoder()
 
@@ -50,7 +50,7 @@ class PackedEvents:
 
     if TYPE_CHECKING:  # ShardService's (declared only: a definition here would shadow it)
 
-        async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView: ...
+        async def ws_create_memory_json(self, access: WsAccess, body: WsMemoryCreate) -> bytes: ...
 
     async def events_packed(
         self, seq: int, limit: int = 1000, wait: float = 0.0, follower: str = ""
@@ -74,13 +74,13 @@ class PackedEvents:
         )
 
     async def ws_create_memory_packed(self, call: bytes) -> bytes:
-        """`ws_create_memory` from one msgpack `WsCreateCall`, answered as msgpack (RayShard
-        packs and unpacks both, so the port's signature stays typed)."""
+        """`ws_create_memory` from one msgpack `WsCreateCall`, answered with the record as JSON:
+        the HTTP body as it is (as `remember_packed`; RayShard decodes it for a typed caller)."""
         try:
             c = WS_CREATE_CALL.decode(call)
         except msgspec.DecodeError as e:
             raise InvalidInput(f"bad workspace write: {e}", code="invalid_body") from e
-        return _msgpack.encode(await self.ws_create_memory(c.access, c.body))
+        return await self.ws_create_memory_json(c.access, c.body)
 
     async def remember_many(self, call: bytes) -> bytes:
         """Coalesced Remembers: each request a packed `RememberCall`, answered as `remember_packed`

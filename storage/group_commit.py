@@ -35,6 +35,7 @@ some is applied (and the table dropped) when opened.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import secrets
 import threading
@@ -233,6 +234,7 @@ class GroupCommitter:
         checkpoint_rows: int = 256,
         checkpoint_idle: float = 0.5,
         background: bool = False,
+        sync_aside: bool = False,
     ) -> None:
         self.db = db
         self.tables = {t.name: t for t in tables}
@@ -250,6 +252,12 @@ class GroupCommitter:
         # collaboration hop or a person's turn whose commit queued behind it waited as long.
         self.background = background
         self._checkpointing: asyncio.Task[None] | None = None
+        # The journal's append and fdatasync on a thread of their own (a file journal only):
+        # the event loop serves other calls while the disk syncs (seen up to 31 ms under load;
+        # a hop's step on the same shard waited behind it). Callers are still answered only
+        # once their record is synced.
+        self.sync_aside = sync_aside
+        self._syncer: concurrent.futures.ThreadPoolExecutor | None = None
         self.checkpoints = 0
         self.checkpoint_failures = 0
         self.reads_without_catch_up = 0  # scoped reads no journal record touched
@@ -358,7 +366,14 @@ class GroupCommitter:
             self._settle(group, None)
 
     async def _commit_group(self, batches: Sequence[Sequence[Write]]) -> None:
-        if self.journal:
+        if self.journal and self.sync_aside and self._file is not None:
+            if self._syncer is None:
+                self._syncer = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="journal"
+                )
+            # (the flush loop waits for it: one append at a time, in order)
+            await asyncio.get_running_loop().run_in_executor(self._syncer, self._append, batches)
+        elif self.journal:
             # On this thread: an append + fdatasync (~0.07 ms of CPU) costs less than the two
             # thread hand-offs of running it on the database thread.
             self._append(batches)
@@ -425,7 +440,8 @@ class GroupCommitter:
         self.batches += len(batches)
 
     def _append(self, batches: Sequence[Sequence[Write]]) -> None:
-        """One journal record for the batches, durable when this returns (event loop)."""
+        """One journal record for the batches, durable when this returns (event loop, or the
+        journal thread with `sync_aside`)."""
         writes = [w for batch in batches for w in batch]
         self._check(writes)  # a malformed row fails its caller now, not a later checkpoint
         blob = encode_writes(writes)  # in memory too: a file and `:memory:` fail alike
@@ -529,8 +545,9 @@ class GroupCommitter:
 
     def caught_up(self) -> bool:
         """Whether every committed write is in the tables (no journal record to apply)."""
-        with self._lock:
-            return not self._journaled
+        # No lock: the journal thread holds it through a sync, and this is asked on the event
+        # loop; the list changes in single steps (append, a slice deleted).
+        return not self._journaled
 
     def _catch_up(
         self, con: duckdb.DuckDBPyConnection, scope: Sequence[ReadScope] | None = None
@@ -561,8 +578,7 @@ class GroupCommitter:
                 )
         if not wanted:
             return False
-        with self._lock:
-            taken = list(self._journaled)
+        taken = list(self._journaled)  # (one step, no lock: see `caught_up`)
         for _, writes in taken:
             for w in writes:
                 for column, at, values, key in wanted.get(w.table, ()):
@@ -649,6 +665,9 @@ class GroupCommitter:
             # If this fails the records stay in the journal and are applied on the next open.
             await self.db.run_write(lambda con: self._try_checkpoint(con, "at close"))
         await self.db.run_write(lambda con: self.release())
+        if self._syncer is not None:
+            self._syncer.shutdown(wait=True)
+            self._syncer = None
 
     def release(self) -> None:
         """Close the journal file (nothing queued; offline tools that only opened the database

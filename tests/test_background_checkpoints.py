@@ -178,3 +178,48 @@ def test_a_scoped_read_runs_beside_a_busy_database_thread(tmp_path):
         db.close()
 
     asyncio.run(main())
+
+
+def test_the_event_loop_serves_while_the_journal_syncs_and_answers_after(tmp_path, monkeypatch):
+    """`sync_aside`: the journal's fdatasync runs on a thread of its own. While it is held the
+    event loop keeps running other work (without it the loop is stuck in the sync: no tick
+    until the sync is let go), and the write is acknowledged only after its sync."""
+    import os
+
+    path = tmp_path / "a" / "t.duckdb"
+    real = os.fdatasync
+    holding, release = threading.Event(), threading.Event()
+
+    def held_sync(fd: int) -> None:
+        if not release.is_set():
+            holding.set()
+            assert release.wait(20)
+        real(fd)
+
+    async def main() -> None:
+        db = Database(path, [KV_SQL])
+        gc = GroupCommitter(db, [KV], checkpoint_rows=10_000, checkpoint_idle=3600, sync_aside=True)
+        await gc.submit([Insert("kv", ("k0", "g", 0))])  # the file exists
+        monkeypatch.setattr(os, "fdatasync", held_sync)
+        ticks = 0
+        timer = threading.Timer(1.0, release.set)  # lets go even if the loop is stuck
+        timer.start()
+        write = asyncio.ensure_future(gc.submit([Insert("kv", ("k1", "g", 1))]))
+        while not holding.is_set():
+            await asyncio.sleep(0.001)
+        for _ in range(20):  # the loop runs while the sync is held
+            await asyncio.sleep(0.005)
+            if not release.is_set():
+                ticks += 1
+        assert not write.done() or release.is_set()
+        was_done_before_release = write.done() and not release.is_set()
+        release.set()
+        await asyncio.wait_for(write, 5)
+        timer.cancel()
+        monkeypatch.undo()
+        assert ticks >= 10 and not was_done_before_release
+        assert [seq for seq, _ in scan(_journal(path).read_bytes())[0]] == [1, 2]
+        await gc.close()
+        db.close()
+
+    asyncio.run(main())

@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from actors.runtime.engine import Engine, start_ray
     from gateway.app import create_app
     from gateway.live_server import LiveServer
+    from gateway.server import tune_gc
 
     root = Path(tempfile.mkdtemp(prefix="openbot-disc-"))
     ray_tmp = tempfile.mkdtemp(prefix="obd", dir="/tmp")  # short: Ray's socket paths
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         admin_token = "bench-admin-" + secrets.token_hex(8)
         server = LiveServer(create_app(engine, admin_token, cache_ttl=2.0), lifespan="auto")
         api = Api(server.url, admin_token)
+        tune_gc()  # as `openbot serve` runs its gateway
         print(f"engine and gateway up in {time.perf_counter() - t0:.1f}s", flush=True)
         try:
             world = World(api)

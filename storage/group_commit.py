@@ -306,12 +306,13 @@ class GroupCommitter:
     async def _flush_loop(self) -> None:
         assert self._wakeup is not None
         while True:
-            if self._checkpoint_due():
-                if self.background and not self._checkpoint_due(BACKGROUND_SLACK):
-                    self._checkpoint_beside("after a commit")
-                else:
-                    # The loop appends nothing meanwhile, so this checkpoint empties the file.
-                    await self._checkpoint_alone("after a commit")
+            if self._checkpoint_due(BACKGROUND_SLACK if self.background else 1):
+                # The loop appends nothing meanwhile, so this checkpoint empties the file.
+                await self._checkpoint_alone("after a commit")
+            elif self.background and self._checkpoint_due(rows_only=True):
+                # Applied records stay in the file until a checkpoint finds no append came in
+                # meanwhile (the idle one, or the one above past the slack).
+                self._checkpoint_beside("after a commit")
             if not self._queue:
                 self._wakeup.clear()
                 if self._journaled:
@@ -380,11 +381,13 @@ class GroupCommitter:
         else:
             await self.db.run_write(lambda con: self._commit(batches, con))
 
-    def _checkpoint_due(self, times: int = 1) -> bool:
+    def _checkpoint_due(self, times: int = 1, *, rows_only: bool = False) -> bool:
         if time.monotonic() < self._paused_until:
             return False
         if len(self._journaled) >= self.checkpoint_rows * times:
             return True
+        if rows_only:
+            return False
         # Checkpoints run by reads (or beside commits) may leave applied records in the file
         # (appends came after they took theirs); the flush loop's own checkpoint empties it.
         return self._file is not None and self._file.size > HEADER + APPLIED_BYTES * times

@@ -200,6 +200,32 @@ class EventBatch(msgspec.Struct, frozen=True, kw_only=True):
 EVENT_BATCH = msgspec.msgpack.Decoder(EventBatch)
 
 
+class Followed(msgspec.Struct, frozen=True, array_like=True):
+    """A coalesced write's reply with the shard's published events after the `seen` its caller
+    sent (`remember_many_followed`, actors/shard/packed.py): the gateway's event follower
+    (actors/runtime/follow.py) takes them here, and the shard's answer to its waiting poll
+    need not carry them — one Ray call per group commit instead of two."""
+
+    replies: msgspec.Raw  # what the plain coalesced call answers (`REPLIES`)
+    events: EventBatch
+
+
+FOLLOWED = msgspec.msgpack.Decoder(Followed)
+
+
+class FollowingCall(msgspec.Struct, frozen=True, array_like=True):
+    """A coalesced write call whose reply is to bring the events after `seen` to `follower`
+    (one argument: Ray handles each argument of a call on its own, both sides)."""
+
+    follower: str
+    seen: int
+    call: msgspec.Raw  # the plain coalesced call (`COALESCED`)
+
+
+FOLLOWING_CALL = msgspec.msgpack.Decoder(FollowingCall)
+HANDED_LIMIT = 1000  # events a write's reply carries at most (a poll answers for the rest)
+
+
 # --- workspace memory (gateway and shards -> the shards that hold the pools) ---------------
 
 USING = ("all", "keyword", "semantic")

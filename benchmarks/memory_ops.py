@@ -16,7 +16,11 @@ Scenarios, each `--concurrency` closed-loop clients for `--seconds` after `--war
   http_remember  POST /v1/bots/{bot}/memory Remember    (load from a child process)
   http_remember_single  the same with the gateway's coalescing off (one Ray call per Remember;
                  with the floors only: the side-by-side comparison, actors/runtime/coalesce.py;
-                 `--ab-rounds N` adds N alternating rounds of both, fairer on a busy machine)
+                 `--ab-rounds N` adds N alternating rounds of these three, fairer on a busy
+                 machine)
+  http_remember_polled  coalesced, but each commit's events reach the gateway by its event
+                 pump's poll only, not with the write replies (actors/runtime/follow.py; with
+                 the floors only: the side-by-side comparison)
 The reads run before the writes so they see exactly the seeded pool. Two floors run once, in the
 first mode (`--no-baselines` skips them): GET /healthz (HTTP, no actor call) and shard.ping() (an
 actor call, no work).
@@ -56,6 +60,7 @@ TARGETS: dict[str, dict[str, float] | None] = {
     "actor_read": None,
     "http_remember": {"throughput_min": 800.0},
     "http_remember_single": None,
+    "http_remember_polled": None,
 }
 LABELS = {
     "http_health": "baseline: GET /healthz",
@@ -64,6 +69,7 @@ LABELS = {
     "actor_read": "read_memory (actor call)",
     "http_remember": "Remember (HTTP POST)",
     "http_remember_single": "Remember, not coalesced",
+    "http_remember_polled": "Remember, events polled",
 }
 
 
@@ -117,15 +123,38 @@ def uncoalesced(engine: Any, run: Any) -> dict[str, Any]:
             port.coalesce = True
 
 
-def remember_ab(engine: Any, run: Any, rounds: int) -> dict[str, dict[str, float]]:
-    """Remember with the gateway's coalescing on and off in alternating rounds, summed: a fairer
-    side by side than one window each on a machine whose load changes."""
+def polled(engine: Any, run: Any) -> dict[str, Any]:
+    """Run a scenario with the coalesced writes' replies carrying no events: the gateway gets
+    each commit's events by its pump's poll alone (actors/runtime/follow.py)."""
+    ports = engine.shard_ports
+    for port in ports:
+        port.follow = False
+    try:
+        return run()
+    finally:
+        for port in ports:
+            port.follow = True
+
+
+def remember_ab(
+    engine: Any, run: Any, rounds: int, ping: Any = None
+) -> dict[str, dict[str, float]]:
+    """Remember with the gateway's coalescing on and off, and coalesced with the events polled
+    (not with the write replies), in alternating rounds, summed: a fairer side by side than one
+    window each on a machine whose load changes."""
+    ways = {
+        "coalesced": run,
+        "not_coalesced": lambda: uncoalesced(engine, run),
+        "events_polled": lambda: polled(engine, run),
+    }
+    if ping is not None:  # the ceiling, in the same rounds
+        ways["ping"] = ping
     sums = {k: {"count": 0, "seconds": 0.0, "ops": 0, "shard": 0.0, "driver": 0.0}
-            for k in ("coalesced", "not_coalesced")}  # fmt: skip
+            for k in ways}  # fmt: skip
     for _ in range(rounds):
         for name in sums:
             cpu0 = cpu_by_role()
-            r = run() if name == "coalesced" else uncoalesced(engine, run)
+            r = ways[name]()
             cpu1 = cpu_by_role()
             t = sums[name]
             t["count"] += r["count"]
@@ -133,7 +162,7 @@ def remember_ab(engine: Any, run: Any, rounds: int) -> dict[str, dict[str, float
             t["ops"] += r["ops_incl_warmup"]
             t["shard"] += cpu1["shard"] - cpu0["shard"]
             t["driver"] += cpu1["driver"] - cpu0["driver"]
-    return {
+    out = {
         name: {
             "per_s": round(t["count"] / t["seconds"], 1),
             "shard_cpu_ms": round(t["shard"] / t["ops"] * 1000, 3),
@@ -141,6 +170,11 @@ def remember_ab(engine: Any, run: Any, rounds: int) -> dict[str, dict[str, float
         }
         for name, t in sums.items()
     }
+    if "ping" in out:
+        for name in ways:
+            if name != "ping":
+                out[name]["of_ping"] = round(out[name]["per_s"] / out["ping"]["per_s"], 3)
+    return out
 
 
 # --- the server --------------------------------------------------------------------------------
@@ -363,11 +397,15 @@ def run_mode(
         if baselines:  # the floors: HTTP without an actor call, an actor call without work
             runs.append(("http_remember_single", lambda: uncoalesced(engine, lambda: http_scenario(
                 server.port, reader["token"], path, remember=True, args=args))))  # fmt: skip
+            runs.append(("http_remember_polled", lambda: polled(engine, lambda: http_scenario(
+                server.port, reader["token"], path, remember=True, args=args))))  # fmt: skip
             runs[:0] = [
                 ("http_health", lambda: http_scenario(
                     server.port, reader["token"], "/healthz", remember=False, args=args)),
                 ("actor_ping", lambda: actor_scenario(shard, pool, direct_reader, args, ping=True)),
             ]  # fmt: skip
+        if args.only:
+            runs = [(name, run) for name, run in runs if name in args.only]
         for name, run in runs:
             before = ray.get(shard.stats.remote())
             load = os.getloadavg()[0]
@@ -408,6 +446,7 @@ def run_mode(
                 engine, lambda: http_scenario(
                     server.port, reader["token"], path, remember=True, args=args),
                 args.ab_rounds,
+                ping=lambda: actor_scenario(shard, pool, direct_reader, args, ping=True),
             )  # fmt: skip
             print(f"[gc {mode}] remember A/B: {out['remember_ab']}", flush=True)
         final = admin.get_as(reader["token"], path)
@@ -474,7 +513,7 @@ def print_table(modes: list[dict[str, Any]], args: argparse.Namespace) -> None:
         ping = sc.get("actor_ping", {}).get("throughput_per_s")
         if not ping:
             continue
-        for name in ("http_remember", "http_remember_single"):
+        for name in ("http_remember", "http_remember_single", "http_remember_polled"):
             if sc.get(name, {}).get("throughput_per_s"):
                 r = sc[name]
                 cpu = r["cpu_ms_per_op"]
@@ -515,6 +554,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=0,
         help="also run Remember with coalescing on and off in N alternating rounds (first mode)",
+    )
+    p.add_argument(
+        "--only",
+        type=lambda s: set(s.split(",")),
+        default=None,
+        help="run only these scenarios (comma-separated names, e.g. actor_ping,http_remember)",
     )
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")

@@ -33,6 +33,7 @@ MARK_RESTORED = "UPDATE snap.shard_meta SET value = 'restored' WHERE key = 'epoc
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder(Event)
 RING = 10_000
+FOLLOWERS = 256  # followers whose handed-over events a shard remembers (a few per gateway)
 
 
 def backup_offline(data_dir: Path, dest_dir: Path, *, with_key: bool = False) -> list[str]:
@@ -92,6 +93,9 @@ class EventLog:
         # Newest events, in seq order (seqs may have gaps where a transaction failed).
         self._ring: list[Event] = [_dec.decode(doc) for (doc,) in recent]
         self._new = asyncio.Event()
+        # Follower (a gateway's view of this log) → the last seq it was handed with a reply of
+        # its own (a coalesced write's, `handed`): its waiting poll need not answer for those.
+        self._handed: dict[str, int] = {}
 
     @property
     def staged(self) -> int:
@@ -131,22 +135,66 @@ class EventLog:
         self._new.set()
         self._new = asyncio.Event()
 
-    async def after(self, seq: int, *, limit: int = 1000, wait: float = 0.0) -> list[Event]:
-        """Published events with seq > `seq`, oldest first; waits up to `wait` s for new ones."""
-        if seq >= self.published and wait > 0:
-            try:
-                await asyncio.wait_for(self._new.wait(), wait)
-            except TimeoutError:
-                return []
+    def handed(self, follower: str, upto: int) -> None:
+        """`follower` got every published event up to `upto` with a reply of its own (a write's,
+        actors/shard/packed.py): its waiting poll need not answer for them."""
+        self._handed.pop(follower, None)  # re-inserted: the oldest follower goes first
+        self._handed[follower] = upto
+        if len(self._handed) > FOLLOWERS:
+            del self._handed[next(iter(self._handed))]
+
+    def _covered(self, seq: int, follower: str | None) -> bool:
+        """Nothing published after `seq` that `follower` was not handed already."""
+        return seq >= self.published or (
+            follower is not None and self._handed.get(follower, -1) >= self.published
+        )
+
+    async def after(
+        self, seq: int, *, limit: int = 1000, wait: float = 0.0, follower: str | None = None
+    ) -> list[Event]:
+        return (await self.page(seq, limit=limit, wait=wait, follower=follower))[0]
+
+    async def page(
+        self, seq: int, *, limit: int = 1000, wait: float = 0.0, follower: str | None = None
+    ) -> tuple[list[Event], ShardHead]:
+        """`after`, with the head the events were read at: they are every published event in
+        (`seq`, head] (up to `limit`), even when the log moved on while they were read."""
+        """Published events with seq > `seq`, oldest first; waits up to `wait` s for new ones.
+        A `follower`'s poll also waits while every event it would answer with was handed to
+        the follower already (`handed`): one answer then covers several commits, and the
+        events come with the write replies meanwhile. It still answers with everything after
+        `seq` (the follower drops what it has), so a handed reply that got lost costs at most
+        `wait`."""
+        if wait > 0 and self._covered(seq, follower):
+            deadline = asyncio.get_running_loop().time() + wait
+            while True:
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    break
+                try:
+                    # (not `wait_for`: on 3.11 it can swallow a cancellation that comes as
+                    # the event is set, and the poll would wait on after its caller left)
+                    async with asyncio.timeout(remaining):
+                        await self._new.wait()
+                except TimeoutError:
+                    break
+                # The writes that this publish answers reply in this turn of the loop: let them
+                # record what they handed over before deciding whether this poll must answer.
+                await asyncio.sleep(0)
+                if not self._covered(seq, follower):
+                    break
+            if seq >= self.published:
+                return [], self.head()
         ring = self._ring
         if ring and seq + 1 >= ring[0].seq:
             start = bisect.bisect_right(ring, seq, key=lambda e: e.seq)
-            return ring[start : start + limit]
+            return ring[start : start + limit], self.head()
         published = self.published
+        head = self.head()
         rows = await self.db.run(
             lambda con: con.execute(
                 "SELECT doc FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
                 [seq, published, limit],
             ).fetchall()
         )
-        return [_dec.decode(doc) for (doc,) in rows]
+        return [_dec.decode(doc) for (doc,) in rows], head

@@ -15,11 +15,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+from msgspec import Raw
 
 from actors.contracts import (
     EVENT_BATCH,
+    FOLLOWED,
+    HANDED_LIMIT,
     WS_ENTRY_VIEW,
     ChainView,
+    EventBatch,
+    FollowingCall,
     Mirrored,
     NodeInfo,
     RevisionView,
@@ -33,6 +38,7 @@ from actors.contracts import (
     WsQuery,
 )
 from actors.runtime.coalesce import Coalescer
+from actors.runtime.follow import Follower
 from actors.runtime.lock_guard import assert_no_pool_lock
 from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.directory import Bot, Channel, Chat, Org
@@ -96,17 +102,20 @@ class NamedActor:
 
 class _Writes:
     """A gateway's coalesced writes to one shard, on one event loop (actors/runtime/coalesce.py):
-    Remembers, and workspace memory creations, go many to a call while one is in flight."""
+    Remembers, and workspace memory creations, go many to a call while one is in flight; and
+    its view of the shard's events, which their replies feed (actors/runtime/follow.py)."""
 
-    def __init__(self, remember: Coalescer, ws_create: Coalescer) -> None:
+    def __init__(self, remember: Coalescer, ws_create: Coalescer, follow: Follower) -> None:
         self.remember = remember
         self.ws_create = ws_create
+        self.follow = follow
 
 
 class RayShard(NamedActor):
     """`ShardPort` over the shard actor named `name`."""
 
     coalesce = True  # False: one call per write (benchmarks compare the two)
+    follow = True  # False: events by the pump's poll only (one more Ray call per commit)
 
     def __init__(self, name: str, namespace: str, handle: Any = None) -> None:
         super().__init__(name, namespace, handle)
@@ -120,15 +129,44 @@ class RayShard(NamedActor):
         loop = asyncio.get_running_loop()
         found = self._writes.get(loop)
         if found is None:
-            found = _Writes(Coalescer(self._remember_many), Coalescer(self._ws_create_many))
+            found = _Writes(
+                Coalescer(self._remember_many),
+                Coalescer(self._ws_create_many),
+                Follower(self._poll),
+            )
             self._writes[loop] = found
         return found
 
     async def _remember_many(self, call: bytes) -> bytes:
-        return await remote(self._actor().remember_many, call)
+        actor = self._actor()
+        return await self._followed(call, actor.remember_many, actor.remember_many_followed)
 
     async def _ws_create_many(self, call: bytes) -> bytes:
-        return await remote(self._actor().ws_create_memory_many, call)
+        actor = self._actor()
+        return await self._followed(
+            call, actor.ws_create_memory_many, actor.ws_create_memory_many_followed
+        )
+
+    async def _followed(self, call: bytes, plain: Any, followed: Any) -> bytes:
+        """A coalesced write call; where this loop follows the shard's events, the reply brings
+        the ones published since (actors/runtime/follow.py)."""
+        follow = self.writes().follow
+        seen = follow.seen if self.follow else -1
+        if seen < 0:
+            return await remote(plain, call)
+        try:
+            asked = _packer.encode(FollowingCall(follower=follow.id, seen=seen, call=Raw(call)))
+            reply = FOLLOWED.decode(await remote(followed, asked))
+        except BaseException:
+            follow.lost()  # its reply may have carried events the shard thinks we have
+            raise
+        follow.take_reply(seen, reply.events, HANDED_LIMIT)
+        return reply.replies  # type: ignore[return-value]  (Raw: bytes-like for the decoder)
+
+    async def _poll(self, since: int, limit: int, wait: float, follower: str) -> EventBatch:
+        return EVENT_BATCH.decode(
+            await remote(self._actor().events_packed, since, limit, wait, follower)
+        )
 
     async def run_step(
         self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0
@@ -205,7 +243,12 @@ class RayShard(NamedActor):
         self, seq: int, limit: int = 1000, wait: float = 0.0
     ) -> tuple[ShardHead, list[Event]]:
         # Over Ray the poll comes back as one msgpack `EventBatch` (actors/shard/packed.py):
-        # Ray would pickle the list of Events on both sides of every poll.
+        # Ray would pickle the list of Events on both sides of every poll. A long poll goes
+        # through this loop's follower, which write replies feed too (actors/runtime/follow.py).
+        if wait > 0 and self.follow:
+            got = await self.writes().follow.after(seq, limit, wait)
+            if got is not None:
+                return got
         batch = EVENT_BATCH.decode(await remote(self._actor().events_packed, seq, limit, wait))
         return batch.head, batch.events
 

@@ -18,7 +18,17 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors.contracts import COALESCED, WS_CREATE_CALL, CallError, EventBatch, WsAccess
+from actors.contracts import (
+    COALESCED,
+    FOLLOWING_CALL,
+    HANDED_LIMIT,
+    WS_CREATE_CALL,
+    CallError,
+    EventBatch,
+    Followed,
+    FollowingCall,
+    WsAccess,
+)
 from actors.shard.kernel import ShardKernel
 from actors.shard.remember_batch import Answer, remember_all
 from actors.shard.seed_memory import SeedMemory
@@ -42,11 +52,26 @@ class PackedEvents:
 
         async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView: ...
 
-    async def events_packed(self, seq: int, limit: int = 1000, wait: float = 0.0) -> bytes:
-        """`events_after` as one msgpack `EventBatch`: what the gateways' event pumps poll."""
+    async def events_packed(
+        self, seq: int, limit: int = 1000, wait: float = 0.0, follower: str = ""
+    ) -> bytes:
+        """`events_after` as one msgpack `EventBatch`: what the gateways' event pumps poll. A
+        `follower`'s poll (actors/runtime/follow.py) is not answered for events it was handed
+        with its writes' replies (`remember_many_followed`; storage/event_log.py)."""
         self.kernel.ensure_started()  # as events_after: a poll starts recovery after a restart
-        events = await self.kernel.events.after(seq, limit=limit, wait=wait)
-        return _msgpack.encode(EventBatch(head=self.kernel.events.head(), events=events))
+        events, head = await self.kernel.events.page(
+            seq, limit=limit, wait=wait, follower=follower or None
+        )
+        return _msgpack.encode(EventBatch(head=head, events=events))
+
+    async def _hand_over(self, replies: bytes, follower: str, seen: int) -> bytes:
+        """`replies` with the published events after `seen`, handed to `follower`."""
+        log = self.kernel.events
+        events, head = await log.page(seen, limit=HANDED_LIMIT)
+        log.handed(follower, events[-1].seq if len(events) >= HANDED_LIMIT else head.head)
+        return _msgpack.encode(
+            Followed(replies=msgspec.Raw(replies), events=EventBatch(head=head, events=events))
+        )
 
     async def ws_create_memory_packed(self, call: bytes) -> bytes:
         """`ws_create_memory` from one msgpack `WsCreateCall`, answered as msgpack (RayShard
@@ -62,14 +87,35 @@ class PackedEvents:
         would answer it alone; a pool's share is one commit (actors/shard/remember_batch.py)."""
         return _replies(await remember_all(self.memory, _requests(call)))
 
+    async def remember_many_followed(self, call: bytes) -> bytes:
+        """`remember_many` from a `FollowingCall`, its reply `Followed` by the events after its
+        `seen` for its `follower`."""
+        c = _following(call)
+        replies = _replies(await remember_all(self.memory, _requests(c.call)))
+        return await self._hand_over(replies, c.follower, c.seen)
+
     async def ws_create_memory_many(self, call: bytes) -> bytes:
         """Coalesced workspace memory creations: each request a packed `WsCreateCall`, answered
         as `ws_create_memory_packed` would answer it alone; a pool's share is one commit
         (actors/workspace/create_batch.py)."""
         return _replies(await create_all(self.workspace, _requests(call)))
 
+    async def ws_create_memory_many_followed(self, call: bytes) -> bytes:
+        """`ws_create_memory_many` from a `FollowingCall`, its reply `Followed` by the events
+        after its `seen`."""
+        c = _following(call)
+        replies = _replies(await create_all(self.workspace, _requests(c.call)))
+        return await self._hand_over(replies, c.follower, c.seen)
 
-def _requests(call: bytes) -> list[bytes]:
+
+def _following(call: bytes) -> FollowingCall:
+    try:
+        return FOLLOWING_CALL.decode(call)
+    except msgspec.DecodeError as e:
+        raise InvalidInput(f"not a followed call: {e}", code="invalid_body") from e
+
+
+def _requests(call: bytes | msgspec.Raw) -> list[bytes]:
     try:
         return COALESCED.decode(call)
     except msgspec.DecodeError as e:

@@ -315,8 +315,8 @@ class ShardService:
         """Published events after `seq` (long-polls up to `wait` s when there are none yet)."""
         # Polled continuously: after a restart the first poll starts recovery (jobs, chains).
         self.kernel.ensure_started()
-        events = await self.kernel.events.after(seq, limit=limit, wait=wait)
-        return self.kernel.events.head(), events
+        events, head = await self.kernel.events.page(seq, limit=limit, wait=wait)
+        return head, events
 
     # --- seed-000 memory API (actors/shard/seed_memory.py) ------------------------------------
 

@@ -115,7 +115,9 @@ class ShardKernel:
         self._started: asyncio.Task[None] | None = None
         self.master = load_master_key(Path(data_dir))
         self.db = Database(db_path or Path(data_dir) / f"shard-{index}.duckdb", MIGRATIONS)
-        self.committer = GroupCommitter(self.db, TABLES, enabled=group_commit)
+        self.committer = GroupCommitter(
+            self.db, TABLES, enabled=group_commit, background=True, sync_aside=True
+        )
         self.store = MemoryStore(self.db, Keyring(self.master))
         self.receipts = Receipts(self.db)
         self.events = EventLog(self.db, retain=event_retain)

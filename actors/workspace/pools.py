@@ -36,7 +36,7 @@ from storage.group_commit import Write
 from storage.memory_store import StoredPool
 from storage.search_index import Postings, TermIndex
 from storage.term_store import TermsLoad, open_snapshot, seal_snapshot
-from storage.workspace_store import StoredWsPool, WorkspaceStore, content_fp
+from storage.workspace_store import StoredWsPool, WorkspaceStore, content_fp, pool_scope
 
 CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in its context
 # Checks of a loaded pool against its derived data (term rows, vectors) wait this long, so that
@@ -151,7 +151,9 @@ class WsPools:
             # reads, not one state of the file: whatever differs (a record without a current
             # row, a row of a record gone) is indexed from the records, as after any change.
             rows, terms = await asyncio.gather(
-                self.kernel.db.run(lambda con: self.store.read_pool(con, pool_id)),
+                self.kernel.db.run(
+                    lambda con: self.store.read_pool(con, pool_id), pool_scope(pool_id)
+                ),
                 self.kernel.db.run_aside(lambda con: self.kernel.terms.read_load(con, pool_id)),
             )
             stored = self.store.stored_pool(pool_id, rows)

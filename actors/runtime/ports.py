@@ -20,7 +20,6 @@ from msgspec import Raw
 from actors.contracts import (
     EVENT_BATCH,
     FOLLOWED,
-    HANDED_LIMIT,
     WS_ENTRY_VIEW,
     ChainView,
     EventBatch,
@@ -154,13 +153,14 @@ class RayShard(NamedActor):
         seen = follow.seen if self.follow else -1
         if seen < 0:
             return await remote(plain, call)
+        follower = follow.id
         try:
-            asked = _packer.encode(FollowingCall(follower=follow.id, seen=seen, call=Raw(call)))
+            asked = _packer.encode(FollowingCall(follower=follower, seen=seen, call=Raw(call)))
             reply = FOLLOWED.decode(await remote(followed, asked))
         except BaseException:
             follow.lost()  # its reply may have carried events the shard thinks we have
             raise
-        follow.take_reply(seen, reply.events, HANDED_LIMIT)
+        follow.take_reply(follower, seen, reply.events, reply.upto)
         return reply.replies  # type: ignore[return-value]  (Raw: bytes-like for the decoder)
 
     async def _poll(self, since: int, limit: int, wait: float, follower: str) -> EventBatch:

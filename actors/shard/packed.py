@@ -57,20 +57,28 @@ class PackedEvents:
     ) -> bytes:
         """`events_after` as one msgpack `EventBatch`: what the gateways' event pumps poll. A
         `follower`'s poll (actors/runtime/follow.py) is not answered for events it was handed
-        with its writes' replies (`remember_many_followed`; storage/event_log.py)."""
+        with its writes' replies (`remember_many_followed`; storage/event_log.py `follow_page`:
+        its batch then says the `since` it answers from)."""
         self.kernel.ensure_started()  # as events_after: a poll starts recovery after a restart
-        events, head = await self.kernel.events.page(
-            seq, limit=limit, wait=wait, follower=follower or None
+        log = self.kernel.events
+        if not follower:
+            events, head = await log.page(seq, limit=limit, wait=wait)
+            return _msgpack.encode(EventBatch(head=head, events=events))
+        since, events, head = await log.follow_page(seq, follower, limit=limit, wait=wait)
+        return _msgpack.encode(
+            EventBatch(head=head, events=events, since=since if since != seq else None)
         )
-        return _msgpack.encode(EventBatch(head=head, events=events))
 
     async def _hand_over(self, replies: bytes, follower: str, seen: int) -> bytes:
         """`replies` with the published events after `seen`, handed to `follower`."""
         log = self.kernel.events
         events, head = await log.page(seen, limit=HANDED_LIMIT)
-        log.handed(follower, events[-1].seq if len(events) >= HANDED_LIMIT else head.head)
+        upto = events[-1].seq if len(events) >= HANDED_LIMIT else head.head
+        log.handed(follower, upto)
         return _msgpack.encode(
-            Followed(replies=msgspec.Raw(replies), events=EventBatch(head=head, events=events))
+            Followed(
+                replies=msgspec.Raw(replies), events=EventBatch(head=head, events=events), upto=upto
+            )
         )
 
     async def ws_create_memory_packed(self, call: bytes) -> bytes:

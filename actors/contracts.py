@@ -195,6 +195,9 @@ class EventBatch(msgspec.Struct, frozen=True, kw_only=True):
 
     head: ShardHead
     events: list[Event]
+    # Where a follower's poll answered from, when not from the seq it asked (its shard had
+    # handed it more with write replies since: storage/event_log.py `follow_page`).
+    since: int | None = None
 
 
 EVENT_BATCH = msgspec.msgpack.Decoder(EventBatch)
@@ -207,7 +210,8 @@ class Followed(msgspec.Struct, frozen=True, array_like=True):
     need not carry them — one Ray call per group commit instead of two."""
 
     replies: msgspec.Raw  # what the plain coalesced call answers (`REPLIES`)
-    events: EventBatch
+    events: EventBatch  # the published events after `seen` ...
+    upto: int  # ... up to this seq, all of them (the head, or the last of a full batch)
 
 
 FOLLOWED = msgspec.msgpack.Decoder(Followed)
@@ -254,7 +258,9 @@ class WsCreateCall(msgspec.Struct, frozen=True, kw_only=True):
 
 
 WS_CREATE_CALL = msgspec.msgpack.Decoder(WsCreateCall)
-WS_ENTRY_VIEW = msgspec.msgpack.Decoder(WsEntryView)
+# A workspace creation's answer is the HTTP body itself (JSON, as a Remember's): the gateway
+# sends it on as it came, and decodes it only where a typed view is asked for.
+WS_ENTRY_VIEW = msgspec.json.Decoder(WsEntryView)
 
 
 class WsQuery(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,9 +19,10 @@ All three decode frames with the same msgspec decoder, so client-side cost is al
   {"cmd": "drops", "seconds": S, "percent": P, "every": E}
       for S seconds: every E s a fresh random P% of this process's clients, each dropped once
       at a random moment within that round (the client must reconnect by itself)
-  {"cmd": "settle", "expect": {user: n}, "quiet": Q, "deadline": D}
-      wait until every client holds >= n distinct events of its user, or until every client is
-      connected and nothing arrived for Q s, or D s passed; replies {"event": "settled", ...}
+  {"cmd": "settle", "ids": {user: [entry ids]}, "quiet": Q, "deadline": D}
+      wait until every client holds every id of its user (this phase's events: what an earlier
+      phase lost does not keep a later one waiting), or until every client is connected and
+      nothing arrived for Q s, or D s passed; replies {"event": "settled", ...}
   {"cmd": "report"}   close every client, write the records file, reply, exit
 
 Producer: one POST per event, on a pool of keep-alive HTTP/1.1 connections (raw asyncio client
@@ -409,12 +410,13 @@ async def run_clients(cfg: dict[str, Any]) -> None:
             pending_drops.add(task)
             task.add_done_callback(pending_drops.discard)
 
-    async def settle(expect: dict[str, int], quiet: float, deadline: float) -> dict[str, Any]:
+    async def settle(ids: dict[str, list[str]], quiet: float, deadline: float) -> dict[str, Any]:
         t_start = time.monotonic()
-        need = {int(u): n for u, n in expect.items()}
+        need = {int(u): set(v) for u, v in ids.items()}
+        nothing: set[str] = set()
         while True:
             now = time.monotonic()
-            missing = sum(max(0, need.get(c.user, 0) - len(c.seen)) for c in clients)
+            missing = sum(len(need.get(c.user, nothing) - c.seen) for c in clients)
             if missing == 0:
                 reason = "complete"
                 break
@@ -447,7 +449,7 @@ async def run_clients(cfg: dict[str, Any]) -> None:
                 drop_task = None
             if pending_drops:
                 await asyncio.gather(*pending_drops, return_exceptions=True)
-            emit(await settle(cmd["expect"], cmd["quiet"], cmd["deadline"]))
+            emit(await settle(cmd["ids"], cmd["quiet"], cmd["deadline"]))
         elif cmd["cmd"] == "report":
             break
     cpu1 = cpu_s()
@@ -589,7 +591,12 @@ async def run_producer(cfg: dict[str, Any]) -> None:
         out["ok"] = sum(1 for r in new if r[1] is not None)
         out["retries"] = prod.retries
         prod.retries = 0
-        out["per_user"] = dict(collections.Counter(r[2] for r in new if r[1] is not None))
+        ids: dict[int, list[str]] = collections.defaultdict(list)
+        for r in new:
+            if r[1] is not None:
+                ids[r[2]].append(r[1])
+        out["per_user"] = {u: len(v) for u, v in ids.items()}
+        out["ids"] = ids
         out["cpu_s"] = round(cpu_s() - cpu0, 3)
         out["errors"] = prod.errors[e0:]
         emit({"event": "done", **out})

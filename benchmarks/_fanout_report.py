@@ -108,6 +108,7 @@ def score(
             if delivered
             else None,
             **info,
+            "cpus_busy": burst_busy(info) if info.get("wall_s") else None,
             "timeline": timeline,
         }
     out["drops"] = sum(c["drops"] for c in clients)
@@ -167,6 +168,28 @@ def _timeline(
             }
         )
     return out
+
+
+def burst_busy(p: dict[str, Any]) -> dict[str, float]:
+    """CPUs busy on average over a phase: the server, the clients, the producer, and all."""
+    wall = p["wall_s"]
+    cpu = p["cpu_s"]
+    server = sum(cpu[k] for k in SERVER_ROLES)
+    out = {"server": server / wall, "clients": cpu["clients"] / wall}
+    out["producer"] = cpu["producer"] / wall
+    out["total"] = out["server"] + out["clients"] + out["producer"]
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def _busy(p: dict[str, Any]) -> str:
+    b = burst_busy(p)
+    cpu = b["total"] * p["wall_s"]
+    per_cpu_s = p["delivered"] / cpu if cpu > 0 else 0.0
+    return (
+        f"server {b['server']:.2f} + clients {b['clients']:.2f} + producer "
+        f"{b['producer']:.2f} = {b['total']:.2f}  over {p['wall_s']:.2f} s; "
+        f"{per_cpu_s:,.0f} deliveries per CPU-second"
+    )
 
 
 def _pcts(values: list[float]) -> dict[str, float]:
@@ -304,6 +327,20 @@ def print_table(results: dict[str, dict[str, Any]], args: argparse.Namespace) ->
     print(
         "at->rx: from the frame's `at` (OpenBot: the shard queued the event, before its commit; "
         "references: the server built the frame) to receipt, wall clock, 1 ms steps."
+    )
+    print()
+    cpus = os.cpu_count() or 1
+    print(f"burst, CPUs busy on average over the phase (of {cpus}): what bounds the rate")
+    for system, r in results.items():
+        p = r.get("phases", {}).get("burst")
+        if p is None or not p.get("wall_s"):
+            continue
+        print(f"  {LABELS[system]:<21}" + _busy(p))
+    print(
+        "  a system whose total is near the CPU count is CPU-bound; one well below it waits "
+        f"(latency-bound: {args.burst_concurrency} POSTs in flight, each answered after its "
+        "commit or hand-over). Deliveries per CPU-second (all roles) bound what the CPUs "
+        "would give if nothing waited, and move less with other load than deliv/s."
     )
     print()
     for system, r in results.items():

@@ -66,13 +66,13 @@ def keyword_lists(convs, questions, context: str) -> list[list[Hit]]:
     the turn before only (`"before"`, the shard until this change) or its own words."""
     analyzer = Analyzer(b"k" * 32)
     index = TermIndex()
-    own = [analyzer.keys(t.content) for c in convs for t in c.turns]
+    own = [analyzer.key_list(t.content) for c in convs for t in c.turns]
     ids = [t.id for c in convs for t in c.turns]
     for n, turn_id in enumerate(ids):
         before = own[n - 1] if n and context != "own" else None
         after = own[n + 1] if n + 1 < len(own) and context == "both" else None
         if context == "before" and before is not None:  # then: neighbour words once, own once
-            index.put(turn_id, np.sort(np.concatenate((own[n], before))))
+            index.put(turn_id, sorted(own[n] + before))
         else:
             index.put(turn_id, in_context(own[n], before, after))
     return [

@@ -62,8 +62,15 @@ def account_project_id(owner: str, given: str) -> str:
     return "p_" + digest[:20]
 
 
+_create_dec = msgspec.json.Decoder(WsMemoryCreate)
+
+
 def decode_memory_write(body: bytes) -> WsMemoryCreate | WsMemoryChange:
     """`POST /memories` takes a create or a change; `expectedRevision` makes it a change."""
+    try:  # a well-formed creation in one pass (unknown keys are refused: a change never is one)
+        return _create_dec.decode(body)
+    except msgspec.DecodeError:
+        pass  # anything else as before: its own error, or a change, or old snake_case names
     raw = wire.decode_any(body)
     if not isinstance(raw, dict):
         raise InvalidInput("body must be a JSON object", code="invalid_body")
@@ -276,7 +283,9 @@ class WorkspaceMemoryApi:
             if not body.project:
                 raise InvalidInput("project scope needs a project", code="project_required")
             shard = await self._project_shard(body.project)
-        return json(await shard.ws_create_memory(access, body), 201)
+        # The shard's answer is the body (as a Remember's): no decoding and encoding again here.
+        created = await shard.ws_create_memory_json(access, body)
+        return Response(created, 201, media_type="application/json")
 
     async def forget(self, request: Request) -> Response:
         _, access = await self._caller(request)

@@ -183,6 +183,7 @@ def stale_rows(pools: Iterable[str], chats: Iterable[str]) -> list[DeleteWhere]:
             "learning_jobs",
             "learn_positions",
             "search_terms",
+            "search_snapshots",
             "ws_vectors",
             "ws_vector_blocks",
         )

@@ -72,6 +72,11 @@ class Database:
         # Whether the tables hold every committed write now (nothing for `before_read` to
         # apply): then a read may run aside (`run_aside`). None: always.
         self.caught_up: Callable[[], bool] | None = None
+        # Whether a committed write the tables do not have yet is in one of these scopes (the
+        # group committer's journal); None: never. A scoped read with nothing pending may run
+        # aside while the database thread is busy (`run`).
+        self.pending_in: Callable[[Sequence[ReadScope]], bool] | None = None
+        self._queued = 0  # calls handed to the database thread from the event loop, not done
         # A second connection to the same database for `run_aside`, used on a thread of its
         # own (started when first used).
         self._aside: concurrent.futures.ThreadPoolExecutor | None = None
@@ -123,12 +128,35 @@ class Database:
         """Run `fn(connection)` on the database thread; duckdb errors become StorageError.
         `scope`: every row `fn` reads (see ReadScope); None when it may read anything."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._guarded, fn, True, scope)
+        if scope is not None and self._queued and self._may_read_aside(scope):
+            # The database thread is busy (a checkpoint can take tens of ms): a read that
+            # needs nothing from the journal does not queue behind it (a person's turn's
+            # first read of its chat, the check of a pool's term rows).
+            if self._aside is None:
+                self._aside = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="duckdb-aside"
+                )
+            return await loop.run_in_executor(self._aside, self._aside_run, fn)
+        return await self._queue(loop, self._guarded, fn, True, scope)
+
+    def _may_read_aside(self, scope: Sequence[ReadScope]) -> bool:
+        return (
+            self._aside_con is not None
+            and self.pending_in is not None
+            and not self.pending_in(scope)
+        )
+
+    async def _queue(self, loop: asyncio.AbstractEventLoop, *args: Any) -> Any:
+        self._queued += 1
+        try:
+            return await loop.run_in_executor(self._executor, *args)
+        finally:
+            self._queued -= 1
 
     async def run_write(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
         """`run` for the group committer's own writes (no journal catch-up first)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._guarded, fn, False)
+        return await self._queue(loop, self._guarded, fn, False)
 
     async def run_aside(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
         """`run` on a second connection and thread, beside whatever the database thread is

@@ -137,9 +137,10 @@ class EventLog:
 
     def handed(self, follower: str, upto: int) -> None:
         """`follower` got every published event up to `upto` with a reply of its own (a write's,
-        actors/shard/packed.py): its waiting poll need not answer for them."""
-        self._handed.pop(follower, None)  # re-inserted: the oldest follower goes first
-        self._handed[follower] = upto
+        actors/shard/packed.py): its waiting poll need not answer for them. Its concurrent
+        writes' replies can note theirs out of order: the note keeps the highest."""
+        known = self._handed.pop(follower, -1)  # re-inserted: the oldest follower goes first
+        self._handed[follower] = max(known, upto)
         if len(self._handed) > FOLLOWERS:
             del self._handed[next(iter(self._handed))]
 
@@ -149,42 +150,56 @@ class EventLog:
             follower is not None and self._handed.get(follower, -1) >= self.published
         )
 
-    async def after(
-        self, seq: int, *, limit: int = 1000, wait: float = 0.0, follower: str | None = None
-    ) -> list[Event]:
-        return (await self.page(seq, limit=limit, wait=wait, follower=follower))[0]
+    async def after(self, seq: int, *, limit: int = 1000, wait: float = 0.0) -> list[Event]:
+        """Published events with seq > `seq` (up to `limit`), oldest first; waits up to `wait`
+        s for new ones."""
+        return (await self.page(seq, limit=limit, wait=wait))[0]
 
     async def page(
-        self, seq: int, *, limit: int = 1000, wait: float = 0.0, follower: str | None = None
+        self, seq: int, *, limit: int = 1000, wait: float = 0.0
     ) -> tuple[list[Event], ShardHead]:
         """`after`, with the head the events were read at: they are every published event in
         (`seq`, head] (up to `limit`), even when the log moved on while they were read."""
-        """Published events with seq > `seq`, oldest first; waits up to `wait` s for new ones.
-        A `follower`'s poll also waits while every event it would answer with was handed to
-        the follower already (`handed`): one answer then covers several commits, and the
-        events come with the write replies meanwhile. It still answers with everything after
-        `seq` (the follower drops what it has), so a handed reply that got lost costs at most
-        `wait`."""
-        if wait > 0 and self._covered(seq, follower):
-            deadline = asyncio.get_running_loop().time() + wait
-            while True:
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
-                    break
-                try:
-                    # (not `wait_for`: on 3.11 it can swallow a cancellation that comes as
-                    # the event is set, and the poll would wait on after its caller left)
-                    async with asyncio.timeout(remaining):
-                        await self._new.wait()
-                except TimeoutError:
-                    break
-                # The writes that this publish answers reply in this turn of the loop: let them
-                # record what they handed over before deciding whether this poll must answer.
-                await asyncio.sleep(0)
-                if not self._covered(seq, follower):
-                    break
-            if seq >= self.published:
-                return [], self.head()
+        await self._wait(seq, wait, None)
+        return await self._read(seq, limit)
+
+    async def follow_page(
+        self, seq: int, follower: str, *, limit: int = 1000, wait: float = 0.0
+    ) -> tuple[int, list[Event], ShardHead]:
+        """A follower's poll (actors/runtime/follow.py): `page`, but it also waits while every
+        event it would answer with was handed to the follower already (`handed`): one answer
+        then covers several commits, and the events come with the write replies meanwhile. It
+        answers from the last seq handed to the follower if that is past `seq` (a poll sent
+        long ago need not resend what replies brought since): the events are every published
+        event in (since, head], and `since` comes first in the answer."""
+        await self._wait(seq, wait, follower)
+        since = max(seq, self._handed.get(follower, -1))
+        return (since, *await self._read(since, limit))
+
+    async def _wait(self, seq: int, wait: float, follower: str | None) -> None:
+        if wait <= 0 or not self._covered(seq, follower):
+            return
+        deadline = asyncio.get_running_loop().time() + wait
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return
+            try:
+                # (not `wait_for`: on 3.11 it can swallow a cancellation that comes as the
+                # event is set, and the poll would wait on after its caller left)
+                async with asyncio.timeout(remaining):
+                    await self._new.wait()
+            except TimeoutError:
+                return
+            # The writes that this publish answers reply in this turn of the loop: let them
+            # record what they handed over before deciding whether this poll must answer.
+            await asyncio.sleep(0)
+            if not self._covered(seq, follower):
+                return
+
+    async def _read(self, seq: int, limit: int) -> tuple[list[Event], ShardHead]:
+        if seq >= self.published:
+            return [], self.head()
         ring = self._ring
         if ring and seq + 1 >= ring[0].seq:
             start = bisect.bisect_right(ring, seq, key=lambda e: e.seq)

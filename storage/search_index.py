@@ -31,6 +31,7 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
+from typing import NamedTuple
 
 import numpy as np
 import Stemmer
@@ -74,10 +75,14 @@ class Analyzer:
     def keys(self, text: str) -> np.ndarray:
         """The text's term keys, sorted, repeats kept (their count is the term frequency; the
         order of the words is not kept)."""
+        return np.array(self.key_list(text), dtype=np.int64)
+
+    def key_list(self, text: str) -> list[int]:
+        """`keys` as a list (a write's few tens of keys: cheaper to merge and count)."""
         memo, miss = self._memo, self._hash
         out = [memo[t] if t in memo else miss(t) for t in text_terms(text)]
         out.sort()  # a note has tens of terms: a list sorts them faster than numpy
-        return np.array(out, dtype=np.int64)
+        return out
 
     def query(self, query: str) -> list[int]:
         memo, miss = self._memo, self._hash
@@ -123,8 +128,8 @@ def _order_by_key(keys: np.ndarray) -> np.ndarray:
 
 
 def in_context(
-    own: np.ndarray, before: np.ndarray | None = None, after: np.ndarray | None = None
-) -> np.ndarray:
+    own: list[int], before: list[int] | None = None, after: list[int] | None = None
+) -> list[int]:
     """The keys a record is indexed under among the records written around it (its own keys
     alone when it has no neighbour): its own keys twice and each neighbour's once, so that its
     own words weigh twice its neighbours' and a record still ranks above its neighbours for
@@ -133,11 +138,10 @@ def in_context(
     with own words counted twice.)"""
     if before is None and after is None:
         return own
-    parts = [own, own, *(k for k in (before, after) if k is not None)]
-    return np.sort(np.concatenate(parts))
+    return sorted(own + own + (before or []) + (after or []))  # sorted runs: merged
 
 
-def pack_keys(keys: np.ndarray) -> bytes:
+def pack_keys(keys: np.ndarray | list[int]) -> bytes:
     return np.asarray(keys, dtype="<i8").tobytes()
 
 
@@ -145,9 +149,25 @@ def unpack_keys(raw: bytes) -> np.ndarray:
     return np.frombuffer(raw, dtype="<i8")
 
 
+class Postings(NamedTuple):
+    """A built index as arrays (`TermIndex.postings`, `TermIndex.restore`): each row's id and
+    length, the sorted term keys, and per term (in `indptr` slices) its rows and frequencies."""
+
+    ids: list[str]
+    lengths: np.ndarray  # float32, one per row
+    keys: np.ndarray  # int64, sorted, distinct
+    indptr: np.ndarray  # int64, len(keys) + 1
+    rows: np.ndarray  # int32
+    tfs: np.ndarray  # float32
+
+
 class TermIndex:
     def __init__(self) -> None:
-        self._vocab: dict[int, int] = {}  # term key -> term id
+        # Term key -> term id. The base's terms are `_keys` (sorted: term id t is `_keys[t]`);
+        # the map of them is made when first needed (a write; a search looks keys up in
+        # `_keys` until then), as a pool restored from its snapshot need not pay for it.
+        self._keys = np.zeros(0, dtype=np.int64)
+        self._vocab_map: dict[int, int] | None = {}
         self._indptr = np.zeros(1, dtype=np.int64)
         self._rows = np.zeros(0, dtype=np.int32)
         self._tfs = np.zeros(0, dtype=np.float32)
@@ -168,6 +188,17 @@ class TermIndex:
 
     def __contains__(self, entry_id: object) -> bool:
         return entry_id in self._row
+
+    @property
+    def _vocab(self) -> dict[int, int]:
+        if self._vocab_map is None:
+            keys = self._keys
+            self._vocab_map = dict(zip(keys.tolist(), range(keys.size), strict=True))
+        return self._vocab_map
+
+    def warm(self) -> None:
+        """Make the maps a write needs now (after a pool's load, off its first search)."""
+        _ = self._vocab, self._row
 
     @property
     def _row(self) -> dict[str, int]:
@@ -221,8 +252,8 @@ class TermIndex:
             new_term = np.ones(sorted_keys.size, dtype=bool)
             new_term[1:] = sorted_keys[1:] != sorted_keys[:-1]
             bounds = np.flatnonzero(new_term)
-            uniq = sorted_keys[bounds]
-            self._vocab = dict(zip(uniq.tolist(), range(uniq.size), strict=True))
+            self._keys = sorted_keys[bounds]
+            self._vocab_map = None  # made from `_keys` when first needed
             self._indptr = np.append(bounds, sorted_keys.size).astype(np.int64)
             self._rows = run_rows[order]
             self._tfs = tf[order]
@@ -234,6 +265,32 @@ class TermIndex:
             count=run_keys.size,
         )
         self._merge(tids, run_rows, tf)
+
+    def restore(self, snap: Postings) -> None:
+        """Take over a built index's postings (`postings`, e.g. from a stored snapshot) into
+        an empty index: no sort, no map made (see `_vocab`, `_row`)."""
+        if self._ids:
+            raise ValueError("restore into an empty index only")
+        n = len(snap.ids)
+        if snap.lengths.size != n or snap.indptr.size != snap.keys.size + 1:
+            raise ValueError("inconsistent postings")
+        if snap.rows.size != snap.tfs.size or int(snap.indptr[-1]) != snap.rows.size:
+            raise ValueError("inconsistent postings")
+        if snap.rows.size and not (int(snap.rows.min()) >= 0 and int(snap.rows.max()) < n):
+            raise ValueError("a posting of no row")
+        self._add_rows(list(snap.ids), snap.lengths)
+        self._keys = snap.keys
+        self._vocab_map = None
+        self._indptr, self._rows, self._tfs = snap.indptr, snap.rows, snap.tfs
+
+    def postings(self) -> Postings:
+        """The index as arrays, for a snapshot: only of an index built in one go (`build`,
+        `build_flat` into an empty one) and not changed since."""
+        if self._vocab_map or self._tail or self._dead or self._live != len(self._ids):
+            raise ValueError("only a freshly built index")
+        n = len(self._ids)
+        ids = self._ids
+        return Postings(ids, self._len[:n].copy(), self._keys, self._indptr, self._rows, self._tfs)  # type: ignore[arg-type]
 
     def _add_rows(self, ids: list[str], lengths: np.ndarray) -> None:
         first = len(self._ids)
@@ -255,14 +312,17 @@ class TermIndex:
         self._live += len(ids)
         self._live_len += float(lengths.sum())
 
-    def put(self, entry_id: str, keys: np.ndarray) -> None:
+    def put(self, entry_id: str, keys: np.ndarray | list[int]) -> None:
         """Index a new entry, or an entry's new text (its old text is forgotten), by the term
-        keys `Analyzer.keys` made of it."""
+        keys `Analyzer.keys` (or `key_list`) made of it."""
         if entry_id in self._row:
             self.remove(entry_id)
         row = self._new_row(entry_id)
         vocab, tail = self._vocab, self._tail
-        counted = _runs(keys.tolist()) if keys.size <= _SMALL else _unique(keys)
+        if type(keys) is list:
+            counted = _runs(keys) if len(keys) <= _SMALL else _unique(np.asarray(keys))
+        else:
+            counted = _runs(keys.tolist()) if keys.size <= _SMALL else _unique(keys)
         for term, tf in counted:
             tid = vocab.setdefault(term, len(vocab))
             slot = tail.get(tid)
@@ -370,6 +430,16 @@ class TermIndex:
 
     # --- searching ------------------------------------------------------------------------------
 
+    def _term_ids(self, query: Sequence[int]) -> list[int]:
+        vocab = self._vocab_map
+        if vocab is not None:
+            return [vocab[t] for t in query if t in vocab]
+        if not query or not self._keys.size:
+            return []
+        q = np.asarray(query, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self._keys, q), self._keys.size - 1)
+        return at[self._keys[at] == q].tolist()
+
     def _postings(self, tid: int) -> tuple[np.ndarray, np.ndarray]:
         rows, tfs = self._rows, self._tfs
         if tid + 1 < self._indptr.size:
@@ -386,7 +456,7 @@ class TermIndex:
     def scores(self, query: Sequence[int]) -> np.ndarray | None:
         """BM25 score of every row for the query's term keys (`Analyzer.query`): 0 where no
         query term occurs or the row is dead; None when no query term is in the index."""
-        tids = [self._vocab[t] for t in query if t in self._vocab]
+        tids = self._term_ids(query)
         if not tids or not self._live:
             return None
         n = len(self._ids)

@@ -111,6 +111,13 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE TABLE requests (id VARCHAR, bot VARCHAR, doc VARCHAR, proposal BLOB);
     """,
+    # 10: issue 11: a workspace pool's keyword index kept whole (postings of keyed term hashes,
+    # sealed with the pool's key), and each term row's place in its pool's order of writes, so
+    # a load restores the snapshot and applies only the rows written since (storage/term_store).
+    """
+    ALTER TABLE search_terms ADD COLUMN seq BIGINT DEFAULT 0;
+    CREATE TABLE search_snapshots (pool VARCHAR, covers BIGINT, body BLOB);
+    """,
 )
 
 POOLS = Table(
@@ -289,9 +296,13 @@ SEARCH_TERMS = Table(
         ("entry", "VARCHAR"),
         ("fp", "VARCHAR"),
         ("terms", "BLOB"),
+        ("seq", "BIGINT"),  # migration 10
     ),
 )
-TABLES = (*TABLES, SEARCH_TERMS)
+SEARCH_SNAPSHOTS = Table(
+    "search_snapshots", (("pool", "VARCHAR"), ("covers", "BIGINT"), ("body", "BLOB"))
+)
+TABLES = (*TABLES, SEARCH_TERMS, SEARCH_SNAPSHOTS)
 WS_VECTOR_BLOCKS = Table(
     "ws_vector_blocks",
     (

@@ -6,6 +6,14 @@ no longer matches the record is stale and the terms are made again from the text
 the first search after a shard opens need not decrypt and tokenize every record of a pool
 (about 10 s per 100,000 records in Python, against a bulk read of these rows).
 
+A workspace pool's built index is also kept whole (`search_snapshots`, migration 10): its
+postings, sealed with the pool's data key, and `covers`, the highest `seq` of the term rows it
+was built from. Every term row of a workspace pool carries a `seq` from the pool's counter
+(`WsPool.next_seq`), so a load restores the snapshot and applies only the rows written after
+it (`seq > covers`) instead of sorting every posting again. The snapshot holds term keys only
+(keyed hashes, as the rows do), record ids and counts: no word, and not readable without the
+pool's key either.
+
 This module only loads and builds rows; the shard's group commit writes them.
 """
 
@@ -13,14 +21,42 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from typing import NamedTuple
 
+import msgspec
 import numpy as np
 
+from storage.crypto import Cipher, aad
 from storage.database import Database, ReadScope
 from storage.group_commit import Delete, Put, Write
-from storage.search_index import pack_keys, unpack_keys
-from storage.shard_schema import SEARCH_TERMS
+from storage.search_index import Postings, pack_keys, unpack_keys
+from storage.shard_schema import SEARCH_SNAPSHOTS, SEARCH_TERMS
 from storage.workspace_store import entry_key
+
+_SNAP = b"OBTS1"  # a snapshot's plaintext starts with this (its format's version)
+
+
+class _Snap(msgspec.Struct, array_like=True):
+    ids: list[str]
+    lengths: bytes  # float32 LE
+    keys: bytes  # int64 LE
+    indptr: bytes  # int64 LE
+    rows: bytes  # int32 LE
+    tfs: bytes  # float32 LE
+
+
+_snap_dec = msgspec.msgpack.Decoder(_Snap)
+
+
+class TermsLoad(NamedTuple):
+    """What a workspace pool's load reads of its terms (`TermStore.read_load`)."""
+
+    covers: int  # the snapshot's, -1 without one
+    snapshot: bytes | None  # sealed
+    ids: list[str]  # the rows written after the snapshot (all rows without one)
+    lengths: np.ndarray
+    flat: np.ndarray
+    last_seq: int  # the highest seq of the pool's rows (0: none)
 
 
 def terms_key(master_key: bytes) -> bytes:
@@ -66,6 +102,42 @@ class TermStore:
         lengths = np.asarray(cols["n"], dtype=np.int64)
         return cols["entry"].tolist(), lengths, flat
 
+    @staticmethod
+    def read_load(con, pool: str) -> TermsLoad:
+        """A workspace pool's snapshot and the term rows written after it (on the database's
+        thread)."""
+        snap = con.execute(
+            "SELECT covers, body FROM search_snapshots WHERE pool = ?", [pool]
+        ).fetchall()
+        covers, body = snap[0] if len(snap) == 1 else (-1, None)
+        cols = con.execute(
+            "SELECT entry, octet_length(terms) // 8 AS n, terms FROM search_terms "
+            "WHERE pool = ? AND seq > ?",
+            [pool, covers],
+        ).fetchnumpy()
+        ((last,),) = con.execute(
+            "SELECT coalesce(max(seq), 0) FROM search_terms WHERE pool = ?", [pool]
+        ).fetchall()
+        flat = unpack_keys(b"".join(cols["terms"].tolist()))
+        lengths = np.asarray(cols["n"], dtype=np.int64)
+        return TermsLoad(covers, body, cols["entry"].tolist(), lengths, flat, last)
+
+    @staticmethod
+    def read_all(con, pool: str) -> tuple[list[str], np.ndarray, np.ndarray, int]:
+        """Every term row of a pool (what a snapshot is built from) and their highest seq."""
+        ids, lengths, flat = TermStore.read_flat(con, pool)
+        ((last,),) = con.execute(
+            "SELECT coalesce(max(seq), 0) FROM search_terms WHERE pool = ?", [pool]
+        ).fetchall()
+        return ids, lengths, flat, last
+
+    @staticmethod
+    def rows_since(con, pool: str, covers: int) -> int:
+        ((n,),) = con.execute(
+            "SELECT count(*) FROM search_terms WHERE pool = ? AND seq > ?", [pool, covers]
+        ).fetchall()
+        return n
+
     async def fingerprints(self, pool: str) -> list[tuple[str, str]]:
         """(entry, fingerprint of the content its keys were made from) of the pool's rows."""
         return await self.db.run(
@@ -76,10 +148,15 @@ class TermStore:
         )
 
     @staticmethod
-    def row(pool: str, entry_id: str, fp: str, keys: np.ndarray) -> Write:
-        return Put(
-            SEARCH_TERMS.name, (entry_key(pool, entry_id), pool, entry_id, fp, pack_keys(keys))
-        )
+    def row(pool: str, entry_id: str, fp: str, keys: np.ndarray, seq: int = 0) -> Write:
+        """A record's term row; `seq`: from its workspace pool's counter (a seed-000 pool's
+        rows, never in a snapshot, keep 0)."""
+        row = (entry_key(pool, entry_id), pool, entry_id, fp, pack_keys(keys), seq)
+        return Put(SEARCH_TERMS.name, row)
+
+    @staticmethod
+    def snapshot_row(pool: str, covers: int, body: bytes) -> Write:
+        return Put(SEARCH_SNAPSHOTS.name, (pool, covers, body))
 
     @staticmethod
     def delete(pool: str, entry_id: str) -> Write:
@@ -90,3 +167,35 @@ def _scope(pool: str) -> tuple[ReadScope]:
     """The rows a pool's term reads read (a new pool's first load, and the check a second after
     it, need not wait for the journal's other writes)."""
     return (ReadScope(SEARCH_TERMS.name, "pool", (pool,)),)
+
+
+def _snapshot_aad(pool: str, covers: int) -> bytes:
+    return aad(pool, f"terms-snapshot\x00{covers}")
+
+
+def seal_snapshot(cipher: Cipher, pool: str, covers: int, postings: Postings) -> bytes:
+    doc = _Snap(
+        ids=list(postings.ids),
+        lengths=np.asarray(postings.lengths, dtype="<f4").tobytes(),
+        keys=np.asarray(postings.keys, dtype="<i8").tobytes(),
+        indptr=np.asarray(postings.indptr, dtype="<i8").tobytes(),
+        rows=np.asarray(postings.rows, dtype="<i4").tobytes(),
+        tfs=np.asarray(postings.tfs, dtype="<f4").tobytes(),
+    )
+    return cipher.seal(_SNAP + msgspec.msgpack.encode(doc), _snapshot_aad(pool, covers))
+
+
+def open_snapshot(cipher: Cipher, pool: str, covers: int, body: bytes) -> Postings:
+    """A stored snapshot's postings (raises on a wrong key, tampering or another format)."""
+    plain = cipher.open(body, _snapshot_aad(pool, covers))
+    if not plain.startswith(_SNAP):
+        raise ValueError("not a terms snapshot of this version")
+    doc = _snap_dec.decode(memoryview(plain)[len(_SNAP) :])
+    return Postings(
+        ids=doc.ids,
+        lengths=np.frombuffer(doc.lengths, dtype="<f4"),
+        keys=np.frombuffer(doc.keys, dtype="<i8"),
+        indptr=np.frombuffer(doc.indptr, dtype="<i8"),
+        rows=np.frombuffer(doc.rows, dtype="<i4"),
+        tfs=np.frombuffer(doc.tfs, dtype="<f4"),
+    )

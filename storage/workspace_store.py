@@ -26,7 +26,7 @@ from engine.projects import Project
 from engine.scoped_memory import ForgetBarrier, Revision, WsEntry
 from storage.bulk import paused_gc
 from storage.crypto import Cipher, Keyring, aad
-from storage.database import Database
+from storage.database import Database, ReadScope
 from storage.group_commit import Insert, Put, Write
 from storage.sealed_doc import is_sealed, open_doc, seal_doc
 from storage.shard_schema import PROJECTS, WS_BARRIERS, WS_ENTRIES, WS_REVISIONS
@@ -156,6 +156,15 @@ def entry_key(pool: str, entry_id: str) -> str:
     return f"{pool}\x00{entry_id}"
 
 
+def pool_scope(pool: str) -> tuple[ReadScope, ...]:
+    """The rows `read_pool` reads (keyed by pool, so no row leaves its pool): a pool's first
+    load does not wait for the journal's writes of other pools and chats."""
+    return (
+        ReadScope(WS_ENTRIES.name, "pool", (pool,)),
+        ReadScope(WS_BARRIERS.name, "pool", (pool,)),
+    )
+
+
 def _content_aad(pool: str, entry_id: str) -> bytes:
     # "ws" keeps a workspace record's ciphertext from opening as a seed-000 entry of the same
     # pool (they share the pool's data key), and the other way round.
@@ -179,7 +188,8 @@ class WorkspaceStore:
     # --- loading ---
 
     async def load_pool(self, pool: str) -> StoredWsPool:
-        return self.stored_pool(pool, await self.db.run(lambda con: self.read_pool(con, pool)))
+        rows = await self.db.run(lambda con: self.read_pool(con, pool), pool_scope(pool))
+        return self.stored_pool(pool, rows)
 
     @staticmethod
     def read_pool(con, pool: str) -> tuple[dict, list]:

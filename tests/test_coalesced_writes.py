@@ -274,7 +274,7 @@ def test_workspace_creations_in_one_call_each_get_their_own_answer(tmp_path: Pat
         return replies, again
 
     replies, again = asyncio.run(go())
-    views = [msgspec.msgpack.decode(r) for r in replies[:25]]
+    views = [msgspec.json.decode(r) for r in replies[:25]]
     assert [v["content"] for v in views[:24]] == [f"fact {i}" for i in range(24)]
     assert len({v["id"] for v in views[:24]}) == 24
     assert views[24] == views[0]
@@ -286,7 +286,7 @@ def test_workspace_creations_in_one_call_each_get_their_own_answer(tmp_path: Pat
         "InvalidInput",
         "InvalidInput",
     ]
-    assert [msgspec.msgpack.decode(r) for r in again] == views[:2]
+    assert [msgspec.json.decode(r) for r in again] == views[:2]
 
 
 # --- the gateway's side: the Coalescer -------------------------------------------------------
@@ -449,6 +449,6 @@ def test_a_failed_workspace_commit_fails_exactly_its_calls_creations(tmp_path: P
     ]  # fmt: skip
     assert doomed[4] == kept[0]  # a replay of a committed creation is still answered
     assert all(isinstance(r, bytes) for r in [*kept, *fine, *retried])
-    assert msgspec.msgpack.decode(retried[0])["id"].startswith("mem_retry_")
+    assert msgspec.json.decode(retried[0])["id"].startswith("mem_retry_")
     contents = sorted(e.content for e in listing.entries)
     assert contents == sorted(f"fact {i}" for i in (0, 1, 2, 3, 7, 8))

@@ -239,3 +239,60 @@ def test_a_delivery_overlaps_its_sends_commit_but_stores_nothing_if_it_fails(tmp
     # Each peer asked once, answered once, and (but the last) sent on once.
     assert agents == [["delivery", "bot", "delivery"]] * 7 + [["delivery", "bot"]]
     assert [k.status for k in chain.links].count("answered") == 8
+
+
+def test_a_person_turns_first_delivery_starts_while_its_commit_runs(tmp_path: Path):
+    """The turn's end with its send is one transaction; the first peer's step does not wait
+    for it (as a hop's next step does not), and what the delivery stores goes after it."""
+    script = tmp_path / "linear.toml"
+    script.write_text(linear_script(3))
+
+    async def scenario() -> tuple[list[str], str, int]:
+        svc = ShardService(tmp_path, 0, models={"s": ScriptedModel.from_file("s", str(script))})
+        directory = DirectoryService(tmp_path)
+        svc.peers.connect(directory=directory)
+        committer = svc.committer
+        commit_group = committer._commit_group
+        seen: list[str] = []
+        run_step = svc.conversations.run_step
+
+        async def noted_step(step, *args):
+            seen.append(f"step {step.bot.name}")
+            return await run_step(step, *args)
+
+        async def slow_root(batches) -> None:
+            """The first transaction with a chain's row: the person's turn's end and send."""
+            root = not any(s.startswith("root") for s in seen) and any(
+                getattr(w, "table", "") == "chains" for writes in batches for w in writes
+            )
+            if root:
+                seen.append("root commit begins")
+                await asyncio.sleep(0.3)
+            await commit_group(batches)
+            if root:
+                seen.append("root commit ends")
+
+        committer._commit_group = slow_root  # type: ignore[method-assign]
+        svc.conversations.run_step = noted_step  # type: ignore[method-assign]
+        try:
+            org = await ann_org(directory)
+            bots = [
+                await directory.create_bot(name=f"L{k}", org=org.id, owner="u_ann", model="s")
+                for k in range(3)
+            ]
+            chat = await directory.create_chat("u_ann", None, bot=bots[0].id)
+            start = TurnStart(chat=chat, bot=bots[0], org=org, operator="u_ann", text="start")
+            await svc.start_turn(start, True)
+            await svc.chains_idle()
+            [chain] = await svc.collaborations("u_ann", frozenset())
+            return seen, chain.status, chain.deliveries
+        finally:
+            committer._commit_group = commit_group  # type: ignore[method-assign]
+            await svc.close()
+            directory.store.db.close()
+
+    seen, status, deliveries = asyncio.run(scenario())
+    assert (status, deliveries) == ("capped", 8)
+    begins, ends = seen.index("root commit begins"), seen.index("root commit ends")
+    assert seen.index("step L1") < ends, seen  # the first peer ran while the turn committed
+    assert begins < ends

@@ -17,7 +17,6 @@ import pytest
 from actors.contracts import (
     EVENT_BATCH,
     FOLLOWED,
-    HANDED_LIMIT,
     REPLIES,
     EventBatch,
     FollowingCall,
@@ -26,7 +25,7 @@ from actors.contracts import (
 from actors.runtime.follow import Follower
 from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
-from engine.events import Event, MemoryChanged, ShardHead
+from engine.events import Audience, Event, MemoryChanged, ShardHead
 from engine.memory import Reader
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
@@ -69,13 +68,14 @@ class Gateway:
         seen = self.follow.seen
         if seen < 0:
             return REPLIES.decode(await self.svc.remember_many(_call(contents)))
+        asked = self.follow.id
         reply = FOLLOWED.decode(
-            await self.svc.remember_many_followed(_followed(contents, self.follow.id, seen))
+            await self.svc.remember_many_followed(_followed(contents, asked, seen))
         )
         if drop_reply:  # as if the call failed after the shard answered it
             self.follow.lost()
         else:
-            self.follow.take_reply(seen, reply.events, HANDED_LIMIT)
+            self.follow.take_reply(asked, seen, reply.events, reply.upto)
         return REPLIES.decode(reply.replies)
 
 
@@ -107,17 +107,23 @@ def test_a_followers_poll_waits_on_for_events_it_was_handed(tmp_path: Path) -> N
             # Another follower's poll, and a plain one, answer at once for the same events.
             other = EVENT_BATCH.decode(await svc.events_packed(head, 1000, 5.0, "f2"))
             assert [e.seq for e in other.events] == [head + 1, head + 2]
-            # An event f1 was not handed: its poll answers, with everything after its seq.
+            # An event f1 was not handed: its poll answers, from what f1 was handed (it asked
+            # before the reply: it need not get those again), and says so.
             await svc.remember(POOL, ANN, "elsewhere")
             late = EVENT_BATCH.decode(await asyncio.wait_for(poll, 5))
-            assert [e.seq for e in late.events] == [head + 1, head + 2, head + 3]
-            # A handed reply that got lost costs at most the poll's wait: it then answers.
+            assert [e.seq for e in late.events] == [head + 3]
+            assert late.since == head + 2
+            assert other.since is None  # f2 was handed nothing: from the seq it asked
+            # Nothing new but what was handed: the poll waits its full wait, answers nothing.
             now = svc.kernel.events.published
             await svc.remember_many_followed(_followed(["c"], "f1", now))
             t0 = time.monotonic()
             timed = EVENT_BATCH.decode(await svc.events_packed(now, 1000, 0.3, "f1"))
-            assert [e.seq for e in timed.events] == [now + 1]
+            assert (timed.events, timed.since) == ([], now + 1)
             assert 0.25 <= time.monotonic() - t0 < 2
+            # A new id (what a follower takes when a reply got lost) is answered at once.
+            fresh = EVENT_BATCH.decode(await svc.events_packed(now, 1000, 5.0, "f1b"))
+            assert ([e.seq for e in fresh.events], fresh.since) == ([now + 1], None)
         finally:
             await svc.close()
 
@@ -192,7 +198,7 @@ def test_followed_writes_answer_as_the_plain_calls_and_hand_their_events(tmp_pat
             )
             got = FOLLOWED.decode(await svc.ws_create_memory_many_followed(_enc.encode(asked)))
             replies = REPLIES.decode(got.replies)
-            assert msgspec.msgpack.decode(replies[0])["content"] == "fact"
+            assert msgspec.json.decode(replies[0])["content"] == "fact"
             assert not isinstance(replies[1], bytes)  # no use of the bot
             assert [e.seq for e in got.events.events] == list(
                 range(start + 2, svc.kernel.events.published + 1)
@@ -273,7 +279,7 @@ def test_a_new_epoch_reaches_the_pump_and_nothing_of_it_is_mixed_in() -> None:
         assert f.seen == 5
         # A write's reply from a replaced shard: the pump hears of the new epoch, with no events.
         new = ShardHead(epoch="e2", oldest=1, head=3)
-        f.take_reply(5, EventBatch(head=new, events=[]), HANDED_LIMIT)
+        f.take_reply(first_id, 5, EventBatch(head=new, events=[]), 3)
         head, events = await asyncio.wait_for(f.after(5, 1000, 5.0), 1)
         assert (head, events) == (new, [])
         assert f.id != first_id  # the shard has no notes for the new id: its poll answers
@@ -283,6 +289,169 @@ def test_a_new_epoch_reaches_the_pump_and_nothing_of_it_is_mixed_in() -> None:
         assert asked[-1] == (3, f.id)
         await answers.put(EventBatch(head=new, events=[]))
         assert await asyncio.wait_for(task, 1) == (new, [])
+
+    asyncio.run(main())
+
+
+def _ev(seq: int) -> Event:
+    data = MemoryChanged(pool=POOL, entry=f"m{seq}", version=1, change="created")
+    return Event(seq=seq, at=0, data=data, audience=Audience(users=("u_ann",)))
+
+
+class Polls:
+    """A shard's poll answers by hand: each poll takes the next answer put."""
+
+    def __init__(self) -> None:
+        self.answers: asyncio.Queue[EventBatch] = asyncio.Queue()
+        self.asked: list[tuple[int, str]] = []  # (since, follower id) of each poll
+
+    async def __call__(self, since: int, limit: int, wait: float, follower: str) -> EventBatch:
+        self.asked.append((since, follower))
+        return await self.answers.get()
+
+
+E1 = ShardHead(epoch="e1", oldest=1, head=5)
+
+
+async def _following(polls: Polls) -> Follower:
+    f = Follower(polls)
+    polls.answers.put_nowait(EventBatch(head=E1, events=[]))
+    assert await f.after(5, 1000, 5.0) == (E1, [])
+    return f
+
+
+def test_a_late_reply_from_the_old_epoch_does_not_reset_the_clients_again() -> None:
+    """The poll tells of a new epoch; then a write's reply sent before it, from the old epoch,
+    arrives: it is dropped (sent under the old id), the pump hears of one epoch change only."""
+
+    async def main() -> None:
+        polls = Polls()
+        f = await _following(polls)
+        sent = f.id
+        e2 = ShardHead(epoch="e2", oldest=1, head=3)
+        polls.answers.put_nowait(EventBatch(head=e2, events=[]))
+        assert await asyncio.wait_for(f.after(5, 1000, 5.0), 1) == (e2, [])
+        f.take_reply(sent, 5, EventBatch(head=E1, events=[]), 5)
+        task = asyncio.create_task(f.after(3, 1000, 5.0))
+        await asyncio.sleep(0.01)
+        assert not task.done()  # not told of e1 again: waits for the poll under e2
+        polls.answers.put_nowait(EventBatch(head=e2, events=[_ev(4)]))
+        assert await asyncio.wait_for(task, 1) == (e2, [_ev(4)])
+
+    asyncio.run(main())
+
+
+def test_many_events_for_a_waiting_pump_do_not_restart_its_poll() -> None:
+    """More than KEPT events arrive while the pump waits in `after`: it gets them, and the
+    poll goes on from where they end (not from -1: duplicates, the head going back)."""
+    from actors.runtime.follow import KEPT
+
+    async def main() -> None:
+        polls = Polls()
+        f = await _following(polls)
+        limit = 2 * KEPT
+        task = asyncio.create_task(f.after(5, limit, 5.0))
+        await asyncio.sleep(0.01)
+        assert polls.asked[-1] == (5, f.id)
+        many = [_ev(s) for s in range(6, 6 + KEPT + 1)]
+        head = ShardHead(epoch="e1", oldest=1, head=many[-1].seq)
+        f.take_reply(f.id, 5, EventBatch(head=head, events=many), head.head)
+        assert await asyncio.wait_for(task, 1) == (head, many)
+        assert f.seen == head.head
+        again = asyncio.create_task(f.after(head.head, limit, 5.0))
+        await asyncio.sleep(0.01)
+        assert not again.done()
+        assert [since for since, _ in polls.asked] == [5, 5]  # the first poll waits on
+        polls.answers.put_nowait(EventBatch(head=head, events=many))
+        assert await asyncio.wait_for(again, 1) == (head, [])  # all known: nothing twice
+        again.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_poll_answer_from_past_what_is_known_takes_a_new_id() -> None:
+    """The shard answered a poll from what it handed with a reply still on its way: that
+    does not join; the next poll goes under a new id (answered from `hi`), the late reply to
+    the old id is dropped, and the pump gets each event once."""
+
+    async def main() -> None:
+        polls = Polls()
+        f = await _following(polls)
+        old = f.id
+        task = asyncio.create_task(f.after(5, 1000, 5.0))
+        await asyncio.sleep(0.01)
+        head = ShardHead(epoch="e1", oldest=1, head=8)
+        polls.answers.put_nowait(EventBatch(head=head, events=[_ev(8)], since=7))
+        assert await asyncio.wait_for(task, 1) == (E1, [])  # not a head past what it has
+        task = asyncio.create_task(f.after(5, 1000, 5.0))
+        await asyncio.sleep(0.01)
+        assert polls.asked[-1][0] == 5 and polls.asked[-1][1] != old
+        f.take_reply(old, 5, EventBatch(head=head, events=[_ev(6), _ev(7)]), 7)
+        assert not task.done()
+        polls.answers.put_nowait(EventBatch(head=head, events=[_ev(6), _ev(7), _ev(8)]))
+        assert await asyncio.wait_for(task, 1) == (head, [_ev(6), _ev(7), _ev(8)])
+
+    asyncio.run(main())
+
+
+def test_a_reply_says_how_far_its_events_go(tmp_path: Path, monkeypatch) -> None:
+    """A reply carries at most the shard's HANDED_LIMIT events and says where they end
+    (`upto`): the gateway does not infer it from its own copy of the limit."""
+    import actors.shard.packed as packed
+
+    monkeypatch.setattr(packed, "HANDED_LIMIT", 2)
+
+    async def main() -> None:
+        svc = Shard(tmp_path / "data", 0)
+        try:
+            gw = Gateway(svc)
+            start = svc.kernel.events.published
+            got: list[Event] = []
+            stop = asyncio.Event()
+            pump = asyncio.create_task(_pump(gw.follow, start, got, stop))
+            await asyncio.sleep(0.05)
+            seen = gw.follow.seen
+            reply = FOLLOWED.decode(
+                await svc.remember_many_followed(
+                    _followed([f"n{i}" for i in range(5)], "other", seen)
+                )
+            )
+            assert [e.seq for e in reply.events.events] == [start + 1, start + 2]
+            assert (reply.upto, reply.events.head.head) == (start + 2, start + 5)
+            for i in range(3):
+                await gw.write([f"w{i}.{k}" for k in range(3)])
+            last = svc.kernel.events.published
+            t0 = time.monotonic()
+            while (got[-1].seq if got else start) < last:
+                assert time.monotonic() - t0 < 3, "the pump fell behind"
+                await asyncio.sleep(0.01)
+            stop.set()
+            await gw.write(["wakes the pump"])
+            await asyncio.wait_for(pump, 5)
+            assert [e.seq for e in got][: last - start] == list(range(start + 1, last + 1))
+            assert len({e.seq for e in got}) == len(got)
+        finally:
+            await svc.close()
+
+    asyncio.run(main())
+
+
+def test_a_followers_note_keeps_the_most_it_was_handed(tmp_path: Path) -> None:
+    """Two concurrent replies to one follower note what they handed out of order: the note
+    keeps the higher, so its poll still waits (it has everything)."""
+
+    async def main() -> None:
+        svc = Shard(tmp_path / "data", 0)
+        try:
+            start = svc.kernel.events.published
+            await svc.remember_many_followed(_followed(["a"], "f", start))
+            svc.kernel.events.handed("f", start)  # the slower reply, from before "a"
+            t0 = time.monotonic()
+            batch = EVENT_BATCH.decode(await svc.events_packed(start, 1000, 0.3, "f"))
+            assert 0.25 <= time.monotonic() - t0 < 2
+            assert (batch.events, batch.since) == ([], start + 1)
+        finally:
+            await svc.close()
 
     asyncio.run(main())
 

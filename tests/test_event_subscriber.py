@@ -513,3 +513,52 @@ def test_several_frames_for_a_client_in_one_batch_go_out_in_one_write(monkeypatc
     # before it, and event 4 starts a new stretch.
     apart = [["s0-1"], ["s0-3"], ["s0-4"]]
     assert asyncio.run(scenario(5)) == [apart, apart, [["s0-2"]]]
+
+
+def test_a_big_batch_never_holds_the_loop_for_more_than_a_few_hundred_frames():
+    """While the pump hands out a big batch, requests waiting on the same loop get it back
+    every few hundred frames (a few ms): the next POSTs of a closed loop, say, are read while
+    the previous commit's frames still go out, not after all of them."""
+    from types import SimpleNamespace
+
+    from gateway.fanout import YIELD_EVERY, Hub
+
+    clients, events = 20, 1000  # 2,000 frames in one poll (2 clients for each of 10 users)
+
+    async def scenario() -> list[int]:
+        shard = FakeShard(0)
+        shard.pump_hold = asyncio.get_running_loop().create_future()
+        hub = Hub(SimpleNamespace(shard_ports=[shard]))
+        writers = []
+        for i in range(clients):
+            writer = Writer()
+            sub, _ = await hub.subscribe(
+                Listener(user=f"u{i % 10}", orgs=frozenset()),
+                None,
+                Outlet(Socket().send, writer=writer),
+            )
+            await hub.catch_up(sub)
+            writers.append(writer)
+        for i in range(events):
+            shard.append(f"u{i % 10}")
+        written = lambda: sum(len(e) for w in writers for e in _writes(w))  # noqa: E731
+        held: list[int] = []  # frames written between two turns of another task
+
+        async def other() -> None:
+            last = 0  # the pump may run first: what it wrote before counts as held too
+            while last < 2 * events:
+                await asyncio.sleep(0)
+                now = written()
+                held.append(now - last)
+                last = now
+
+        watcher = asyncio.create_task(other())
+        shard.pump_hold.set_result(None)
+        await asyncio.wait_for(watcher, 5)
+        await hub.stop()
+        return held
+
+    held = asyncio.run(scenario())
+    assert sum(held) == 2 * events  # each event to its user's 2 clients
+    # (the first turn may come after the pump's first two stretches: it was woken first)
+    assert YIELD_EVERY <= 300 and len(held) >= 6 and max(held[1:]) <= YIELD_EVERY + 2

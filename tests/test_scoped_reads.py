@@ -243,3 +243,28 @@ def test_a_chat_log_is_one_trip_to_the_database_and_a_new_one_reads_only_its_key
 
     trips, statements = asyncio.run(main())
     assert trips == [1, 1] and statements == [1, 6]
+
+
+def test_a_workspace_pools_rows_are_read_with_their_pending_writes(tmp_path: Path) -> None:
+    """A workspace pool's first load (its records and forget barriers) reads a pending record
+    of the pool (the journal is applied first), and another pool's waits for nothing."""
+    from storage.group_commit import Insert
+    from storage.shard_schema import WS_ENTRIES
+    from storage.workspace_store import WorkspaceStore, entry_key, pool_scope
+
+    async def main() -> None:
+        db = Database(tmp_path / "shard-0.duckdb", MIGRATIONS)
+        gc = GroupCommitter(db, TABLES, checkpoint_rows=10_000, checkpoint_idle=3600)
+        store = WorkspaceStore(db, b"k" * 32)
+        row = (entry_key("user:a", "e1"), "user:a", "e1", '{"id":"e1"}', b"sealed")
+        await gc.submit([Insert(WS_ENTRIES.name, row)])
+        cols, barriers = await db.run(
+            lambda con: store.read_pool(con, "user:b"), pool_scope("user:b")
+        )
+        assert list(cols["id"]) == [] and barriers == [] and gc.checkpoints == 0
+        cols, _ = await db.run(lambda con: store.read_pool(con, "user:a"), pool_scope("user:a"))
+        assert list(cols["id"]) == ["e1"] and gc.checkpoints == 1
+        await gc.close()
+        db.close()
+
+    asyncio.run(main())

@@ -403,7 +403,9 @@ def test_vector_blocks_read_back_as_unit_rows_old_and_new_formats(where: str):
                 ]
             )
             s = await restart(stores)
-            ids, fps, mat, row = await VectorStore(s.db).load_all("user:u", "m:16", cipher)
+            ids, fps, mat, row, scale = await VectorStore(s.db).load_all("user:u", "m:16", cipher)
+            assert scale is not None and mat.dtype == np.float32
+            mat = mat * scale[:, None]  # directions and their factors: unit rows
             assert ids == ["a", "c", "b", "d", "e", "z"] and row == {
                 i: k for k, i in enumerate(ids)
             }

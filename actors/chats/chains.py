@@ -138,16 +138,17 @@ class ChainRunner:
         effects: tuple[Effect, ...],
         sink: Batch,
         learn: list[tuple[int, str]],
-    ) -> list[tuple[str, str]]:
+        org: Org,
+    ) -> None:
         """A person's turn's sends in `sink` (the turn's own batch, committed here: the turn's
-        end and its chain in one transaction). Call holding the chat's lock; returns the
-        deliveries to start (`on_effects(started=...)`)."""
+        end and its chain in one transaction). Call holding the chat's lock; returns once it is
+        durable. The deliveries begin at once, while it commits (as a hop's do: what they
+        store goes `after` it, never without it)."""
         if learn:  # stored with the chain's row (CO-2 after a restart)
             self._learn.setdefault(turn, []).extend(learn)
         sends = tuple(e for e in effects if e.kind == "send")
         fut, started = await self._sends(chat, chat_log, turn, bot, sends, None, None, sink)
-        await durable(fut)
-        return started
+        await self._started(fut, started, org)
 
     async def _sends(
         self,

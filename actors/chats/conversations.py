@@ -282,10 +282,11 @@ class Conversations:
             try:
                 if any(e.kind == "send" for e in effects):
                     # The sends (the chain's row, the sent items) commit with the turn's end:
-                    # one transaction, and the deliveries start once it is durable.
-                    started = await self.chains.record_sends(
-                        chat, log, turn.id, bot, effects, batch, waiting
+                    # one transaction; the deliveries start while it commits.
+                    await self.chains.record_sends(
+                        chat, log, turn.id, bot, effects, batch, waiting, org
                     )
+                    started = []
                 else:
                     await self.logs.commit(chat.id, batch)
             finally:

@@ -12,8 +12,9 @@ same published log, in order, each event once.
 Every batch, from a poll or a reply, is the complete published log in (since, to], so it is
 merged only where it joins what is known. When the follower cannot be sure the shard's notes
 match what it holds (it starts over from another seq, the epoch changed, a write call failed
-and its reply may have carried events), it takes a new id: the shard has no notes for that one,
-so its next poll answers at once.
+and its reply may have carried events, a poll answered from past `hi`), it takes a new id: the
+shard has no notes for that one, so its next poll answers at once; replies to calls sent under
+the old id are dropped.
 """
 
 from __future__ import annotations
@@ -57,32 +58,40 @@ class Follower:
         has no notes for it, so its next poll answers for everything after `hi`)."""
         self._new_id()
 
-    def merge(self, since: int, batch: EventBatch, limit: int) -> None:
+    def merge(self, since: int, batch: EventBatch, to: int) -> bool:
         """Take the shard's log in (since, to] (`to`: its head, or the last event of a full
-        batch) where it joins what is known."""
+        batch) where it joins what is known; False if it does not join."""
         if self.head is not None and batch.head.epoch != self.head.epoch:
             # The shard's data were replaced: the pump resets its clients and goes on from the
             # new head; nothing of this batch is kept (its seqs count from an old `since`).
             self._restart(batch.head.head)
             self.head = self._reset_to = batch.head
             self._set_wake()
-            return
+            return True
         if since > self.hi:
-            return  # does not join (a reply sent before a restart): the poll has it
-        to = batch.events[-1].seq if len(batch.events) >= limit else batch.head.head
+            return False  # does not join
         new = [e for e in batch.events if e.seq > self.hi]
         self.events.extend(new)
         self.hi = max(self.hi, to)
         if self.head is None or batch.head.head >= self.head.head:
             self.head = batch.head
-        if len(self.events) > KEPT:
-            self._forget()  # nobody takes them (the pump stopped): stop asking for them
+        if len(self.events) > KEPT and not self._busy:
+            # Nobody takes them (the pump stopped): stop asking for them. (Not while the pump
+            # waits in `after`: it takes them now, and forgetting would restart its poll.)
+            self._forget()
         elif new:
             self._set_wake()
+        return True
 
-    def take_reply(self, seen: int, batch: EventBatch, limit: int) -> None:
+    def take_reply(self, asked: str, seen: int, batch: EventBatch, upto: int) -> None:
+        """A write's reply to a call sent under the id `asked` with `seen`: the log in
+        (seen, upto]. Dropped if the id changed since (a restart, a new epoch, a lost call):
+        the new id's poll answers for everything after `hi`, and a reply from before a new
+        epoch is not another one."""
+        if asked != self.id:
+            return
         before = len(self.events)
-        self.merge(seen, batch, limit)
+        self.merge(seen, batch, upto)
         self.handed += max(0, len(self.events) - before)
 
     async def after(
@@ -133,8 +142,15 @@ class Follower:
     async def _run(self, since: int, limit: int, wait: float) -> None:
         asked = self.id
         batch = await self._poll(since, limit, wait, asked)
-        if self.id == asked:  # else a restart dropped this poll
-            self.merge(since, batch, limit)
+        if self.id != asked:
+            return  # a restart dropped this poll
+        if batch.since is not None:
+            since = batch.since  # the shard answered from what it handed us since we asked
+        to = batch.events[-1].seq if len(batch.events) >= limit else batch.head.head
+        if not self.merge(since, batch, to):
+            # The shard handed this id events we do not have yet (a reply still on its way):
+            # the next poll goes under a new id, which the shard answers from `hi` at once.
+            self.id = secrets.token_hex(8)
 
     def _new_id(self) -> None:
         self.id = secrets.token_hex(8)

@@ -20,7 +20,6 @@ from msgspec import Raw
 from actors.contracts import (
     EVENT_BATCH,
     FOLLOWED,
-    HANDED_LIMIT,
     WS_ENTRY_VIEW,
     ChainView,
     EventBatch,
@@ -154,13 +153,14 @@ class RayShard(NamedActor):
         seen = follow.seen if self.follow else -1
         if seen < 0:
             return await remote(plain, call)
+        follower = follow.id
         try:
-            asked = _packer.encode(FollowingCall(follower=follow.id, seen=seen, call=Raw(call)))
+            asked = _packer.encode(FollowingCall(follower=follower, seen=seen, call=Raw(call)))
             reply = FOLLOWED.decode(await remote(followed, asked))
         except BaseException:
             follow.lost()  # its reply may have carried events the shard thinks we have
             raise
-        follow.take_reply(seen, reply.events, HANDED_LIMIT)
+        follow.take_reply(follower, seen, reply.events, reply.upto)
         return reply.replies  # type: ignore[return-value]  (Raw: bytes-like for the decoder)
 
     async def _poll(self, since: int, limit: int, wait: float, follower: str) -> EventBatch:
@@ -362,11 +362,14 @@ class RayShard(NamedActor):
         return await remote(self._actor().ws_has_entry, entry_id)
 
     async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView:
+        return WS_ENTRY_VIEW.decode(await self.ws_create_memory_json(access, body))
+
+    async def ws_create_memory_json(self, access: WsAccess, body: WsMemoryCreate) -> bytes:
         # One bytes each way (actors/shard/packed.py): Ray would pickle both Structs and the reply.
         call = _packer.encode(WsCreateCall(access=access, body=body))
         if self.coalesce:
-            return WS_ENTRY_VIEW.decode(await self.writes().ws_create.call(call))
-        return WS_ENTRY_VIEW.decode(await remote(self._actor().ws_create_memory_packed, call))
+            return await self.writes().ws_create.call(call)
+        return await remote(self._actor().ws_create_memory_packed, call)
 
     async def ws_change_memory(
         self, access: WsAccess, body: WsMemoryChange | WsForget

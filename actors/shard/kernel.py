@@ -110,10 +110,14 @@ class ShardKernel:
         self.on_evict_memory: list[Callable[[str], None]] = []
         self._on_start: list[Callable[[], Awaitable[object]]] = []
         self.on_close: list[Callable[[], None]] = []  # background work to stop first
+        # Awaited first when the shard closes (derived data worth storing for the next start).
+        self.before_close: list[Callable[[], Awaitable[object]]] = []
         self._started: asyncio.Task[None] | None = None
         self.master = load_master_key(Path(data_dir))
         self.db = Database(db_path or Path(data_dir) / f"shard-{index}.duckdb", MIGRATIONS)
-        self.committer = GroupCommitter(self.db, TABLES, enabled=group_commit)
+        self.committer = GroupCommitter(
+            self.db, TABLES, enabled=group_commit, background=True, sync_aside=True
+        )
         self.store = MemoryStore(self.db, Keyring(self.master))
         self.receipts = Receipts(self.db)
         self.events = EventLog(self.db, retain=event_retain)
@@ -433,6 +437,8 @@ class ShardKernel:
         return str(dest)
 
     async def close(self) -> None:
+        for store in self.before_close:
+            await store()
         for stop in self.on_close:
             stop()
         await self.committer.close()

@@ -35,7 +35,7 @@ from actors.shard.seed_memory import SeedMemory
 from actors.workspace.create_batch import create_all
 from actors.workspace.service import Workspace
 from engine.errors import InvalidInput
-from engine.scoped_memory import WsEntryView, WsMemoryCreate
+from engine.scoped_memory import WsMemoryCreate
 
 _msgpack = msgspec.msgpack.Encoder()
 
@@ -50,37 +50,45 @@ class PackedEvents:
 
     if TYPE_CHECKING:  # ShardService's (declared only: a definition here would shadow it)
 
-        async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView: ...
+        async def ws_create_memory_json(self, access: WsAccess, body: WsMemoryCreate) -> bytes: ...
 
     async def events_packed(
         self, seq: int, limit: int = 1000, wait: float = 0.0, follower: str = ""
     ) -> bytes:
         """`events_after` as one msgpack `EventBatch`: what the gateways' event pumps poll. A
         `follower`'s poll (actors/runtime/follow.py) is not answered for events it was handed
-        with its writes' replies (`remember_many_followed`; storage/event_log.py)."""
+        with its writes' replies (`remember_many_followed`; storage/event_log.py `follow_page`:
+        its batch then says the `since` it answers from)."""
         self.kernel.ensure_started()  # as events_after: a poll starts recovery after a restart
-        events, head = await self.kernel.events.page(
-            seq, limit=limit, wait=wait, follower=follower or None
+        log = self.kernel.events
+        if not follower:
+            events, head = await log.page(seq, limit=limit, wait=wait)
+            return _msgpack.encode(EventBatch(head=head, events=events))
+        since, events, head = await log.follow_page(seq, follower, limit=limit, wait=wait)
+        return _msgpack.encode(
+            EventBatch(head=head, events=events, since=since if since != seq else None)
         )
-        return _msgpack.encode(EventBatch(head=head, events=events))
 
     async def _hand_over(self, replies: bytes, follower: str, seen: int) -> bytes:
         """`replies` with the published events after `seen`, handed to `follower`."""
         log = self.kernel.events
         events, head = await log.page(seen, limit=HANDED_LIMIT)
-        log.handed(follower, events[-1].seq if len(events) >= HANDED_LIMIT else head.head)
+        upto = events[-1].seq if len(events) >= HANDED_LIMIT else head.head
+        log.handed(follower, upto)
         return _msgpack.encode(
-            Followed(replies=msgspec.Raw(replies), events=EventBatch(head=head, events=events))
+            Followed(
+                replies=msgspec.Raw(replies), events=EventBatch(head=head, events=events), upto=upto
+            )
         )
 
     async def ws_create_memory_packed(self, call: bytes) -> bytes:
-        """`ws_create_memory` from one msgpack `WsCreateCall`, answered as msgpack (RayShard
-        packs and unpacks both, so the port's signature stays typed)."""
+        """`ws_create_memory` from one msgpack `WsCreateCall`, answered with the record as JSON:
+        the HTTP body as it is (as `remember_packed`; RayShard decodes it for a typed caller)."""
         try:
             c = WS_CREATE_CALL.decode(call)
         except msgspec.DecodeError as e:
             raise InvalidInput(f"bad workspace write: {e}", code="invalid_body") from e
-        return _msgpack.encode(await self.ws_create_memory(c.access, c.body))
+        return await self.ws_create_memory_json(c.access, c.body)
 
     async def remember_many(self, call: bytes) -> bytes:
         """Coalesced Remembers: each request a packed `RememberCall`, answered as `remember_packed`

@@ -49,6 +49,7 @@ from actors.runtime.peers import Peers
 from actors.shard.bot_memory import BotMemory
 from actors.shard.kernel import ShardKernel, new_entry_id, now_ms
 from actors.shard.seed_memory import SeedMemory
+from actors.shard.ws_writes import WsWrites
 from actors.workspace.access import WsRules
 from actors.workspace.listing import WsListings
 from actors.workspace.pools import WsPools
@@ -81,7 +82,6 @@ from engine.scoped_memory import (
     WsEntryView,
     WsForget,
     WsMemoryChange,
-    WsMemoryCreate,
 )
 from engine.turns import ANSWER_WAIT
 from storage.chat_store import ChatStore
@@ -91,7 +91,7 @@ from storage.workspace_store import WorkspaceStore
 __all__ = ["ShardService", "TurnStart"]
 
 
-class ShardService:
+class ShardService(WsWrites):
     def __init__(
         self,
         data_dir: str | Path,
@@ -463,9 +463,6 @@ class ShardService:
 
     async def ws_entries(self, access: WsAccess, query: WsQuery) -> WsListing:
         return await self.listings.entries(access, query)
-
-    async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView:
-        return await self.workspace.create_memory(access, body)
 
     async def ws_change_memory(
         self, access: WsAccess, body: WsMemoryChange | WsForget

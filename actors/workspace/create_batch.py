@@ -18,7 +18,6 @@ it carried (the pool is dropped and reloads from the file).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 
 import msgspec
@@ -30,11 +29,9 @@ from actors.shard.remember_batch import Answer, failed
 from actors.workspace.pools import WsPool
 from actors.workspace.service import Workspace
 from engine.errors import Conflict, InvalidInput, OpenBotError, Unavailable
-from engine.scoped_memory import WsEntryView, WsMemoryCreate
+from engine.scoped_memory import WsMemoryCreate
 
-_msgpack = msgspec.msgpack.Encoder()
 _json = msgspec.json.Encoder()
-_view_dec = msgspec.json.Decoder(WsEntryView)
 
 
 class _Request:
@@ -46,12 +43,12 @@ class _Request:
         self.body = body
         self.key = key
         self.print_ = print_
-        self.answer: WsEntryView | None = None
+        self.answer: bytes | None = None  # the record as JSON: receipt and reply alike
         self.own = False  # answered by this call's commit (else a replay of a committed one)
 
 
 async def create_all(ws: Workspace, calls: Sequence[bytes]) -> list[Answer]:
-    """Answer each packed `WsCreateCall` (the record as msgpack) or say why not."""
+    """Answer each packed `WsCreateCall` (the record as JSON: the HTTP body) or say why not."""
     answers: list[Answer | None] = [None] * len(calls)
     by_pool: dict[str, list[_Request]] = {}
     for at, raw in enumerate(calls):
@@ -83,10 +80,7 @@ async def _create_in_pool(
     refused: list[tuple[_Request, Answer]] = []
     decided: list[_Request] = []
     fut: asyncio.Future[None] | None = None
-    async with contextlib.AsyncExitStack() as held:
-        for key in sorted({r.key for r in requests}):
-            await held.enter_async_context(ws.receipts.request(key))
-        await held.enter_async_context(pool.lock)
+    async with ws.receipts.requests([r.key for r in requests]), pool.lock:
         batch = Batch()
         mine: dict[str, _Request] = {}  # requestIds first answered by this call
         for request in requests:
@@ -103,7 +97,7 @@ async def _create_in_pool(
                     return [*refused, *((r, error) for r in requests if id(r) not in gone)]
             else:
                 decided.append(request)
-        staged = [(r.key, r.print_, _json.encode(r.answer)) for r in mine.values()]
+        staged = [(r.key, r.print_, r.answer) for r in mine.values()]
         if staged:
             fut = ws.receipts.stage_all(batch, pool.keyed, staged)
             pool.pending = fut
@@ -116,7 +110,7 @@ async def _create_in_pool(
         except Exception as e:
             done.append((request, failed(e)))
         else:
-            done.append((request, _msgpack.encode(request.answer)))
+            done.append((request, request.answer))
     return [*refused, *done]
 
 
@@ -134,7 +128,7 @@ async def _decide(
         return
     raw = await ws.receipts.replay(request.key, request.print_, pool.keyed)
     if raw is not None:  # answered by an earlier call, whose commit `replay` waited for
-        request.answer = _view_dec.decode(raw)
+        request.answer = raw
         return
     edit, answer = ws.create_edit(pool, request.access, request.body)
     part = ws.change_batch(pool, edit, request.body.content, "created", new=True)
@@ -142,5 +136,5 @@ async def _decide(
     batch.events.extend(part.events)
     if not batch.on_failure:
         batch.on_failure.extend(part.on_failure)  # drop the pool (the same hook for each)
-    request.answer, request.own = answer, True
+    request.answer, request.own = _json.encode(answer), True
     mine[request.key] = request

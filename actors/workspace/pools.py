@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -33,14 +34,19 @@ from engine.scoped_memory import WsEntry
 from storage.bulk import paused_gc
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
-from storage.search_index import TermIndex, in_context
-from storage.workspace_store import StoredWsPool, WorkspaceStore, content_fp
+from storage.search_index import Postings, TermIndex, in_context
+from storage.term_store import TermsLoad, open_snapshot, seal_snapshot
+from storage.workspace_store import StoredWsPool, WorkspaceStore, content_fp, pool_scope
 
 CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in its context
 # Checks of a loaded pool against its derived data (term rows, vectors) wait this long, so that
 # the search that loaded the pool is answered first (at 100,000 records each walk takes about
 # 0.1 s of the event loop; the first search after a shard opens, under a second).
 UPKEEP_DELAY_S = 1.0
+# A pool's keyword index is stored whole again once this many term rows are not in its snapshot
+# (below it, a load applies them in a few ms).
+SNAPSHOT_ROWS = 2_000
+log = logging.getLogger("openbot.workspace")
 
 
 @dataclass(frozen=True)
@@ -52,8 +58,8 @@ class Written:
     at: int
     entry_id: str
     fp: str
-    own: np.ndarray
-    before: np.ndarray | None
+    own: list[int]
+    before: list[int] | None
 
 
 @dataclass
@@ -70,6 +76,15 @@ class WsPool:
     bot_org: str | None = None  # a bot pool's bot's home org (its records' `org:` tag)
     # Records as bot-memory entries (actors/shard/bot_memory.py), per record state.
     metas: dict = field(default_factory=dict)
+    # The seq of the pool's last term row (each new one takes the next: `next_seq`), and the
+    # highest one its stored keyword snapshot covers (-1: none); storage/term_store.py.
+    terms_seq: int = 0
+    snapshot_covers: int = -1
+    snapshotting: bool = False
+
+    def next_seq(self) -> int:
+        self.terms_seq += 1
+        return self.terms_seq
 
     @property
     def id(self) -> str:
@@ -94,6 +109,9 @@ class WsPools:
         self._loader: SingleFlight[WsPool] = SingleFlight()
         self._pools: dict[str, WsPool] = self._loader.loaded
         self.upkeep_delay = UPKEEP_DELAY_S
+        # Term rows not in a pool's snapshot that make a new one worth storing.
+        self.snapshot_rows = SNAPSHOT_ROWS
+        kernel.before_close.append(self.snapshot_due)
         self._upkeep: set[asyncio.Task[None]] = set()
         kernel.on_close.append(self.stop_upkeep)
 
@@ -146,8 +164,10 @@ class WsPools:
             # reads, not one state of the file: whatever differs (a record without a current
             # row, a row of a record gone) is indexed from the records, as after any change.
             rows, terms = await asyncio.gather(
-                self.kernel.db.run(lambda con: self.store.read_pool(con, pool_id)),
-                self.kernel.db.run_aside(lambda con: self.kernel.terms.read_flat(con, pool_id)),
+                self.kernel.db.run(
+                    lambda con: self.store.read_pool(con, pool_id), pool_scope(pool_id)
+                ),
+                self.kernel.db.run_aside(lambda con: self.kernel.terms.read_load(con, pool_id)),
             )
             stored = self.store.stored_pool(pool_id, rows)
             bot_org = await self._link(stored) if pool_id.startswith("bot:") else None
@@ -158,7 +178,7 @@ class WsPools:
                 lock=PoolMutex(),
                 bot_org=bot_org,
             )
-            self._index(pool, *terms)
+            self._index(pool, *(await self._postings(pool, terms)))
             return pool
 
         pool = await self._loader.get(pool_id, load)
@@ -191,12 +211,33 @@ class WsPools:
             hook(pool_id)
         return True
 
-    def _index(self, pool: WsPool, ids: list[str], lengths: np.ndarray, flat: np.ndarray) -> None:
-        """Build the pool's keyword index from the stored term keys (`TermStore.read_flat`);
-        records without current ones (written before migration 8, or imported) are tokenized
-        now and their keys stored for next time."""
+    async def _postings(self, pool: WsPool, terms: TermsLoad) -> tuple[TermsLoad, Postings | None]:
+        """The pool's stored snapshot opened; when it cannot be (damaged, another format),
+        every term row read instead, as if there were none."""
+        if terms.snapshot is None:
+            return terms, None
+        try:
+            return terms, open_snapshot(pool.keyed.cipher, pool.id, terms.covers, terms.snapshot)
+        except Exception as e:
+            log.warning("keyword snapshot of %s not used: %r", pool.id, e)
+        pool_id = pool.id
+        ids, lengths, flat = await self.kernel.db.run(
+            lambda con: self.kernel.terms.read_flat(con, pool_id)
+        )
+        return TermsLoad(terms.covers, None, ids, lengths, flat, terms.last_seq), None
+
+    def _index(self, pool: WsPool, terms: TermsLoad, postings: Postings | None) -> None:
+        """Build the pool's keyword index: its stored snapshot restored (if any), then the
+        term rows written since (`TermStore.read_load`); records without current keys (written
+        before migration 8, or imported) are tokenized now and their keys stored for next
+        time."""
         current = pool.stored.entries
         analyzer = self.kernel.analyzer
+        index = pool.index
+        # Above the snapshot's `covers` too: a row whose commit failed may have taken a seq the
+        # snapshot covers, and a new row must never fall below what the next load applies.
+        pool.terms_seq = max(terms.last_seq, terms.covers)
+        ids, lengths, flat = terms.ids, terms.lengths, terms.flat
         with paused_gc():
             have = set(ids)
             # One row per record (a write replaces it): a record listed twice is not trusted
@@ -210,24 +251,46 @@ class WsPools:
                 lengths = lengths[keep]
                 ids = list(compress(ids, keep.tolist()))
                 have = set(ids)
-            stored = len(ids)  # rows 0..stored-1: made from stored keys
-            missing = current.keys() - have if len(have) != len(current) else set()
+            missing: set[str] = set()
+            if postings is not None:
+                index.restore(postings)
+                pool.snapshot_covers = terms.covers
+                kept = set(postings.ids)
+                # One pass: the records in neither; the snapshot holds only current records
+                # exactly when the others number as many as it does.
+                missing = current.keys() - kept
+                if len(current) - len(missing) != len(kept):  # records gone since: not indexed
+                    for gone in kept - current.keys():
+                        index.remove(gone)
+                for entry_id in twice:
+                    index.remove(entry_id)
+                    if entry_id in current:
+                        missing.add(entry_id)
+                missing -= have
+            elif len(have) != len(current):
+                missing = current.keys() - have
+            stored = len(index.row_ids()) + len(ids)  # rows below: made from stored keys
             extra_ids = sorted(missing)
             extra = [analyzer.keys(self.open(pool, i)) for i in extra_ids]
             rows = [
-                self.kernel.terms.row(pool.id, i, current[i].content_fp, keys)
+                self.kernel.terms.row(pool.id, i, current[i].content_fp, keys, pool.next_seq())
                 for i, keys in zip(extra_ids, extra, strict=True)
             ]
             if extra:
                 ids = [*ids, *extra_ids]
                 lengths = np.concatenate((lengths, [k.size for k in extra])).astype(np.int64)
                 flat = np.concatenate((flat, *extra))
-            pool.index.build_flat(ids, lengths, flat, distinct=True)
+            if ids or postings is None:
+                index.build_flat(ids, lengths, flat, distinct=True)
         self._store_terms(rows)
         # A record's terms row commits with the record, so a row made from other content
         # than the record's is all but impossible; still, check once the search that loaded
-        # the pool is answered (a walk of every record).
+        # the pool is answered (a walk of every record). The snapshot is made again then when
+        # many rows were not in it, and the maps a write needs are made.
         self.later(pool, lambda p: self._check_terms(p, stored))
+        if len(ids) >= self.snapshot_rows:
+            self.later(pool, self.snapshot)
+        self.later(pool, lambda p: p.index.warm())
 
     async def _check_terms(self, pool: WsPool, stored: int) -> None:
         """Index again the records whose stored terms (the first `stored` rows of the index
@@ -248,8 +311,59 @@ class WsPools:
                 if now is not None and now != fp:
                     keys = self.kernel.analyzer.keys(self.open(pool, entry_id))
                     pool.index.put(entry_id, keys)
-                    rows.append(self.kernel.terms.row(pool.id, entry_id, now, keys))
+                    rows.append(
+                        self.kernel.terms.row(pool.id, entry_id, now, keys, pool.next_seq())
+                    )
         self._store_terms(rows)
+
+    # --- the stored snapshot of a pool's keyword index (storage/term_store.py) ---------------
+
+    async def snapshot(self, pool: WsPool) -> None:
+        """Store the pool's keyword index whole, built from its committed term rows.
+
+        `covers` is the pool's last seq when the rows are read: every row with a seq up to it
+        is committed by then (each is staged as it is made, in a load, or under the pool's
+        lock, held here), and each row made later has a higher one, so the next load applies
+        exactly the rows after the snapshot. Built from the rows rather than from the index
+        in memory, which may hold writes that are not durable yet."""
+        if pool.snapshotting or pool.poisoned:
+            return
+        pool.snapshotting = True
+        terms, pool_id = self.kernel.terms, pool.id
+        try:
+            async with pool.lock:
+                covers = pool.terms_seq
+                await self.kernel.committer.drain()
+                ids, lengths, flat, last = await self.kernel.db.run(
+                    lambda con: terms.read_all(con, pool_id)
+                )
+            covers = max(covers, last)
+            if pool.poisoned or len(set(ids)) != len(ids):
+                return  # a write failed (the pool reloads), or a record listed twice
+            body = await asyncio.to_thread(
+                _seal, pool.keyed.cipher, pool_id, covers, ids, lengths, flat
+            )
+            await self.kernel.commit(Batch(writes=[terms.snapshot_row(pool_id, covers, body)]))
+            pool.snapshot_covers = max(pool.snapshot_covers, covers)
+            pool.terms_seq = max(pool.terms_seq, covers)
+        finally:
+            pool.snapshotting = False
+
+    async def snapshot_due(self) -> None:
+        """Store the snapshot of each pool in memory with many term rows written since its
+        last (the shard is closing: its next start loads them at once)."""
+        for pool in self.loaded():
+            if pool.poisoned:
+                continue
+            pool_id, covers = pool.id, pool.snapshot_covers
+            try:
+                since = await self.kernel.db.run(
+                    lambda con, p=pool_id, c=covers: self.kernel.terms.rows_since(con, p, c)
+                )
+                if since >= self.snapshot_rows:
+                    await self.snapshot(pool)
+            except Exception as e:  # derived data: the next load reads the rows instead
+                log.warning("keyword snapshot of %s not stored: %r", pool_id, e)
 
     def _store_terms(self, rows: list[Write]) -> None:
         if rows:
@@ -269,7 +383,7 @@ class WsPools:
         turn before asked about, and "Did you go to the pottery workshop?" by a question about
         the bowl. Only keywords: the record's vector and text are its own; an edit indexes a
         record by its own words again."""
-        own = self.kernel.analyzer.keys(content)
+        own = self.kernel.analyzer.key_list(content)  # (lists: ~25 keys, numpy costs more)
         before = None
         now = self.kernel.clock()
         last = pool.last_written
@@ -289,10 +403,12 @@ class WsPools:
             )
         keys = in_context(own, before)
         pool.index.put(entry.id, keys)
-        rows.append(self.kernel.terms.row(pool.id, entry.id, entry.content_fp, keys))
+        rows.append(
+            self.kernel.terms.row(pool.id, entry.id, entry.content_fp, keys, pool.next_seq())
+        )
         return rows
 
-    def _with_next(self, pool: WsPool, last: Written, following: np.ndarray) -> None:
+    def _with_next(self, pool: WsPool, last: Written, following: list[int]) -> None:
         """The previous record indexed again with the words of the one written after it, if it
         is still as it was written (not edited, forgotten or purged since). Its term row is
         derived data, stored on its own, not in the new record's batch: the new write does not
@@ -302,7 +418,8 @@ class WsPools:
             return
         keys = in_context(last.own, last.before, following)
         pool.index.put(last.entry_id, keys)
-        self._store_terms([self.kernel.terms.row(pool.id, last.entry_id, last.fp, keys)])
+        row = self.kernel.terms.row(pool.id, last.entry_id, last.fp, keys, pool.next_seq())
+        self._store_terms([row])
 
     async def _link(self, stored: StoredWsPool) -> str | None:
         """A bot pool's records as part of the bot's one memory (engine/bot_memory.py): records
@@ -340,3 +457,10 @@ class WsPools:
 
     def open(self, pool: WsPool, entry_id: str) -> str:
         return self.store.open(pool.keyed.cipher, pool.id, entry_id, pool.stored.sealed[entry_id])
+
+
+def _seal(cipher, pool_id: str, covers: int, ids: list[str], lengths, flat) -> bytes:
+    """A snapshot of the index built from these rows, sealed (on a worker thread)."""
+    index = TermIndex()
+    index.build_flat(ids, lengths, flat, distinct=True)
+    return seal_snapshot(cipher, pool_id, covers, index.postings())

@@ -9,6 +9,7 @@ project's members only.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
 
 import msgspec
@@ -27,6 +28,8 @@ from storage.workspace_store import WorkspaceStore
 
 _project_view_dec = msgspec.json.Decoder(ProjectView)
 
+log = logging.getLogger("openbot.workspace")
+
 
 class Projects:
     def __init__(
@@ -40,6 +43,18 @@ class Projects:
         self._loading: asyncio.Future[dict[str, Project]] | None = None
         self._lock = asyncio.Lock()
         self._pending: asyncio.Future[None] | None = None
+        kernel.on_start(self._warm)
+
+    async def _warm(self) -> None:
+        """Read the projects at start (the first use after a (re)start), not in the first
+        turn that packs a prompt (seen: ~18 ms of a chain's first step). A failure only
+        leaves it to that turn."""
+        try:
+            await self.load()
+        except Exception:
+            log.warning(
+                "reading the projects at start failed; read when first needed", exc_info=True
+            )
 
     def known(self) -> dict[str, Project]:
         """The projects as last loaded ({} before the first load)."""

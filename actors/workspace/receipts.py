@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel
@@ -46,6 +47,31 @@ class WsReceipts:
             slot[1] -= 1
             if slot[1] == 0:
                 del self._request_locks[key]
+
+    @contextlib.asynccontextmanager
+    async def requests(self, keys: Iterable[str]):
+        """`request` for several keys at once (a coalesced call's), taken in sorted order as
+        nested `request`s would take them, in one context (one per key cost a coalesced
+        creation more than its receipt check)."""
+        locks = self._request_locks
+        slots = []
+        for key in sorted(set(keys)):
+            slot = locks.setdefault(key, [asyncio.Lock(), 0])
+            slot[1] += 1
+            slots.append((key, slot))
+        taken = 0
+        try:
+            for _, slot in slots:
+                await slot[0].acquire()
+                taken += 1
+            yield
+        finally:
+            for at, (key, slot) in enumerate(slots):
+                if at < taken:
+                    slot[0].release()
+                slot[1] -= 1
+                if slot[1] == 0:
+                    del locks[key]
 
     async def replay(self, key: str, print_: str, keyed: StoredPool) -> bytes | None:
         """The first answer to this request, or None when it is new (call under `request`)."""

@@ -129,12 +129,12 @@ class SemanticSearch:
             vectors = PoolVectors()
             task = self._loading.pop(pool.id, None)
             if task is not None:
-                ids, fps, mat, row = await task
+                ids, fps, mat, row, scale = await task
             else:
-                ids, fps, mat, row = await self.store.load_all(
+                ids, fps, mat, row, scale = await self.store.load_all(
                     pool.id, self.embedder.ident, pool.keyed.cipher
                 )
-            vectors.load_matrix(ids, fps, mat, unit=True, row=row)
+            vectors.load_matrix(ids, fps, mat, unit=True, row=row, scale=scale)
             self._pools[pool.id] = vectors
             # After this search: a walk of every record, for what only the background needs.
             self.pools.later(pool, self._queue_missing)
@@ -217,10 +217,10 @@ class SemanticSearch:
             vectors = self._pools.get(key)
             if vectors is None:
                 vectors = PoolVectors()
-                ids, fps, mat, row = await self.store.load_all(
+                ids, fps, mat, row, scale = await self.store.load_all(
                     key, self.embedder.ident, pool.keyed.cipher
                 )
-                vectors.load_matrix(ids, fps, mat, unit=True, row=row)
+                vectors.load_matrix(ids, fps, mat, unit=True, row=row, scale=scale)
                 self._pools[key] = vectors
         return vectors
 
@@ -309,7 +309,7 @@ class SemanticSearch:
     ) -> list[Hit]:
         if not vectors.n or unit.size != vectors.dim:
             return []
-        scores = vectors.mat[: vectors.n] @ unit
+        scores = vectors.scores(unit)
         entries, ids, fps = pool.stored.entries, vectors.ids, vectors.fps
 
         def current(r: int) -> bool:  # row r's vector is of its record's content

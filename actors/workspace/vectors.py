@@ -24,6 +24,9 @@ class PoolVectors:
         self.mat = np.zeros((0, 0), dtype=np.float32)
         self.ids: list[str] = []
         self.fps: list[str] = []
+        # Each row's factor to unit length (None: every row is unit): a search scales its
+        # scores, so a pool's load need not scale the matrix.
+        self.scale: np.ndarray | None = None
         # id -> row, made from `ids` when first needed: a search walks rows (`_top`), and at
         # 100,000 records the map costs a pool's first search tens of ms.
         self._row: dict[str, int] | None = {}
@@ -58,6 +61,8 @@ class PoolVectors:
                 if self.n:
                     grown[: self.n] = self.mat[: self.n]
                 self.mat = grown
+                if self.scale is not None:
+                    self.scale = np.resize(self.scale, grown.shape[0])
             r = self.n
             self.n += 1
             self.row[entry_id] = r
@@ -66,6 +71,8 @@ class PoolVectors:
         else:
             self.fps[r] = fp
         self.mat[r] = unit
+        if self.scale is not None:
+            self.scale[r] = 1.0
 
     def load(self, items: Sequence[tuple[str, str, np.ndarray]]) -> None:
         """Fill an empty index with (record, fingerprint, vector) rows in one go."""
@@ -90,16 +97,23 @@ class PoolVectors:
         *,
         unit: bool = False,
         row: dict[str, int] | None = None,
+        scale: np.ndarray | None = None,
     ) -> None:
         """Fill an empty index with a whole matrix, taken over (scaled to unit length in
-        place, unless `unit` says its rows already are) when it is a writable float32 one;
-        `row`, each id's row when the caller has it, is taken over too."""
+        place, unless `unit` says its rows already are, or `scale` gives each row's factor to
+        unit length, then kept beside it) when it is a writable float32 one; `row`, each id's
+        row when the caller has it, is taken over too."""
         if not ids:
             return
         if not (mat.dtype == np.float32 and mat.flags.writeable and mat.flags.c_contiguous):
             mat = np.array(mat, dtype=np.float32)  # one of its own, written in place
+            if scale is not None:
+                mat *= np.asarray(scale, dtype=np.float32)[:, None]
+                scale = None
             unit = False
-        if not unit:
+        if scale is not None:
+            self.scale = np.array(scale, dtype=np.float32)  # (of its own: `put` writes it)
+        elif not unit:
             unit_rows(mat)
         self.mat = mat
         self.dim, self.n = mat.shape[1], mat.shape[0]
@@ -120,6 +134,13 @@ class PoolVectors:
                 stale.append(e)
         return rows, stale
 
+    def scores(self, query: np.ndarray) -> np.ndarray:
+        """The cosine of every row with the unit vector `query`."""
+        scores = self.mat[: self.n] @ query
+        if self.scale is not None:
+            scores *= self.scale[: self.n]
+        return scores
+
     def top(self, query: np.ndarray, rows: Sequence[int], k: int, min_score: float) -> list[Hit]:
         """The `k` of `rows` nearest to the unit vector `query`, best first, ties by id; none
         below `min_score`."""
@@ -127,9 +148,11 @@ class PoolVectors:
             return []
         picked = np.asarray(rows, dtype=np.int64)
         if 4 * picked.size >= self.n:
-            scores = (self.mat[: self.n] @ query)[picked]  # most rows: no copy of the matrix
+            scores = self.scores(query)[picked]  # most rows: no copy of the matrix
         else:
             scores = self.mat[picked] @ query
+            if self.scale is not None:
+                scores *= self.scale[picked]
         keep = scores >= min_score
         picked, scores = picked[keep], scores[keep]
         if picked.size > k:

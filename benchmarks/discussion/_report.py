@@ -97,7 +97,9 @@ def print_report(report: dict[str, Any]) -> None:
         print(
             f"  {kind}: {r['status']} ({r['reason']}), links {r['links_by_status']}, depth "
             f"{r['max_depth']};"
-            f" all work idle p50 {r['until_idle_ms']['p50']:.0f} ms"
+            f" all work idle p50 {r['until_idle_ms']['p50']:.0f} ms; ms/dlv first chain "
+            f"{r['first_per_delivery_ms']:.2f}, max {r['per_delivery_ms']['max']:.2f}, "
+            f"warm-up chain {r['warmup']['per_delivery_ms']:.2f}"
             + ("" if r["consistent"] else "; WARNING: runs ended differently")
         )
     print()

@@ -1,0 +1,279 @@
+"""The stored snapshot of a workspace pool's keyword index (issue 11; storage/term_store.py):
+a load restores it and applies only the term rows written after it, and ranks exactly as an
+index built from every row; writes made while one is stored are never lost from it; a damaged
+one is not used; nothing in it reads in the clear."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from actors.contracts import WsAccess
+from actors.directory import DirectoryService
+from actors.shard.service import ShardService
+from engine.memory import Scope
+from engine.scoped_memory import WsMemoryChange, WsMemoryCreate
+from storage.search_index import TermIndex
+
+ANN = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
+POOL = "user:u_ann"
+SECRET = "quokkamarmalade"  # never on disk in the clear
+WORDS = [f"{a}{b}" for a in ("zan", "kor", "mel", "vit", "sup") for b in ("ax", "ol", "um", "er")]
+
+pytestmark = pytest.mark.usefixtures("no_env_key")
+
+
+def _shard(data: Path, snapshot_rows: int) -> ShardService:
+    svc = ShardService(data, 0, search={"context_window_s": 0})
+    svc.peers.connect(directory=DirectoryService(data))
+    svc.ws_pools.snapshot_rows = snapshot_rows
+    return svc
+
+
+async def _close(svc: ShardService) -> None:
+    await svc.close()
+    svc.peers.directory().store.db.close()
+
+
+def _text(rnd: random.Random, n: int) -> str:
+    return f"Note {n} " + " ".join(rnd.choice(WORDS) for _ in range(rnd.randint(3, 9)))
+
+
+async def _create(svc: ShardService, n: int, content: str) -> str:
+    body = WsMemoryCreate(requestId=f"r-{n}", scope=Scope.USER, bot="b_1", content=content)
+    return (await svc.ws_create_memory(ANN, body)).id
+
+
+async def _ranking(svc: ShardService, q: str) -> dict[str, float]:
+    pool = await svc.ws_pools.pool(POOL)
+    return dict(pool.index.search(svc.kernel.analyzer.query(q), 1_000))
+
+
+def _snapshots(data: Path) -> list[tuple]:
+    con = duckdb.connect(str(data / "shard-0.duckdb"), read_only=True)
+    try:
+        return con.execute("SELECT pool, covers FROM search_snapshots").fetchall()
+    finally:
+        con.close()
+
+
+class _Spy:
+    """Counts restores of snapshots and the rows each load builds (TermIndex, patched)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.restored: list[int] = []
+        self.built: list[int] = []
+        restore, build = TermIndex.restore, TermIndex.build_flat
+
+        def spy_restore(index, postings):
+            self.restored.append(len(postings.ids))
+            return restore(index, postings)
+
+        def spy_build(index, ids, lengths, flat, **kw):
+            if ids:  # (a seed-000 pool's empty index too)
+                self.built.append(len(ids))
+            return build(index, ids, lengths, flat, **kw)
+
+        monkeypatch.setattr(TermIndex, "restore", spy_restore)
+        monkeypatch.setattr(TermIndex, "build_flat", spy_build)
+
+
+def test_a_load_restores_the_snapshot_applies_later_rows_and_ranks_as_a_full_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    rnd = random.Random(3)
+    queries = [f"{a} {b}" for a, b in zip(WORDS, reversed(WORDS), strict=True)] + ["note"]
+
+    async def first() -> list[str]:
+        svc = _shard(tmp_path, snapshot_rows=1)  # the close stores a snapshot
+        ids = [await _create(svc, n, _text(rnd, n)) for n in range(40)]
+        await _close(svc)
+        return ids
+
+    ids = asyncio.run(first())
+    ((pool, covers),) = _snapshots(tmp_path)
+    assert pool == POOL and covers == 40  # one term row per record, seq 1..40
+
+    async def second() -> None:  # writes after the snapshot; none stored at this close
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        for n in range(40, 45):
+            await _create(svc, n, _text(rnd, n))
+        await svc.ws_change_memory(  # a record in the snapshot, edited: its old words go
+            ANN, WsMemoryChange(requestId="e-1", id=ids[0], expectedRevision=1, content=SECRET)
+        )
+        await _close(svc)
+
+    asyncio.run(second())
+    assert _snapshots(tmp_path) == [(POOL, 40)]
+    spy = _Spy(monkeypatch)
+
+    async def restored() -> dict[str, dict[str, float]]:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        out = {q: await _ranking(svc, q) for q in [*queries, SECRET]}
+        await _close(svc)
+        return out
+
+    got = asyncio.run(restored())
+    assert spy.restored == [40] and spy.built == [6]  # the 5 new rows and the edited one
+    assert list(got[SECRET]) == [ids[0]]
+    # The same data without the snapshot: every row built at once.
+    con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))
+    con.execute("DELETE FROM search_snapshots")
+    con.close()
+    spy.restored.clear()
+    spy.built.clear()
+
+    async def rebuilt() -> dict[str, dict[str, float]]:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        out = {q: await _ranking(svc, q) for q in [*queries, SECRET]}
+        await _close(svc)
+        return out
+
+    want = asyncio.run(rebuilt())
+    assert spy.restored == [] and spy.built == [45]
+    for q in want:
+        assert got[q].keys() == want[q].keys(), q
+        for entry_id, score in want[q].items():
+            assert got[q][entry_id] == pytest.approx(score, rel=1e-5), q
+
+
+def test_writes_made_while_a_snapshot_is_stored_are_found_after_a_restart(tmp_path: Path):
+    """32 writers at once while the snapshot is built, editing records it may hold: each
+    edit's term row is either in it or after its `covers`, never lost between the two (a lost
+    one would leave the record found by its old words after a restart)."""
+
+    async def first() -> list[str]:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        ids = [await _create(svc, n, f"Note {n} zanax") for n in range(32)]
+        pool = await svc.ws_pools.pool(POOL)
+
+        async def edit(n: int, entry_id: str) -> None:
+            await asyncio.sleep(0.001 * (n % 8))
+            change = WsMemoryChange(
+                requestId=f"e-{n}", id=entry_id, expectedRevision=1, content=f"Note {n} korol"
+            )
+            await svc.ws_change_memory(ANN, change)
+
+        edits = [edit(n, i) for n, i in enumerate(ids)]
+        await asyncio.gather(svc.ws_pools.snapshot(pool), *edits)
+        await _close(svc)  # no new snapshot (threshold): the next load needs the later rows
+        return ids
+
+    ids = asyncio.run(first())
+    ((_, covers),) = _snapshots(tmp_path)
+    assert 32 <= covers <= 64
+
+    async def again() -> None:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        assert set(await _ranking(svc, "korol")) == set(ids)
+        assert await _ranking(svc, "zanax") == {}
+        await _close(svc)
+
+    asyncio.run(again())
+
+
+def test_a_damaged_snapshot_is_not_used_and_nothing_is_stored_in_the_clear(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    async def first() -> str:
+        svc = _shard(tmp_path, snapshot_rows=1)
+        a = await _create(svc, 0, f"The {SECRET} recipe needs oranges.")
+        await _create(svc, 1, "Lunch is at noon.")
+        await _close(svc)
+        return a
+
+    a = asyncio.run(first())
+    assert len(_snapshots(tmp_path)) == 1
+    raw = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    assert SECRET.encode() not in raw and b"orange" not in raw and b"noon" not in raw
+    con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))
+    (body,) = con.execute("SELECT body FROM search_snapshots").fetchone()
+    damaged = body[:-1] + bytes([body[-1] ^ 1])
+    con.execute("UPDATE search_snapshots SET body = ?", [damaged])
+    con.close()
+
+    async def again() -> None:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        with caplog.at_level(logging.WARNING, logger="openbot.workspace"):
+            assert list(await _ranking(svc, "oranges")) == [a]
+        assert "keyword snapshot of user:u_ann not used" in caplog.text
+        await _close(svc)
+
+    asyncio.run(again())
+
+
+def test_with_a_snapshot_records_gone_and_rows_listed_twice_are_sorted_out_at_load(
+    tmp_path: Path,
+):
+    """A snapshot that holds a record gone since (its row removed by hand), and later rows that
+    list a record twice: the gone one is no hit, the twice-listed one is indexed from its text
+    (not from either row), everything else as stored."""
+
+    async def first() -> list[str]:
+        svc = _shard(tmp_path, snapshot_rows=1)
+        ids = [await _create(svc, n, f"Note {n} zanax") for n in range(3)]
+        await _close(svc)
+        return ids
+
+    a, b, c = asyncio.run(first())
+    con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))
+    con.execute("DELETE FROM ws_entries WHERE id = ?", [a])  # gone, still in the snapshot
+    (row,) = con.execute("SELECT * FROM search_terms WHERE entry = ?", [c]).fetchall()
+    (other,) = con.execute("SELECT terms FROM search_terms WHERE entry = ?", [b]).fetchone()
+    for seq, terms in ((100, other), (101, other)):  # c twice after the snapshot, wrong terms
+        con.execute("INSERT INTO search_terms VALUES (?, ?, ?, ?, ?, ?)", [*row[:4], terms, seq])
+    con.close()
+
+    async def again() -> None:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        assert set(await _ranking(svc, "zanax")) == {b, c}
+        assert set(await _ranking(svc, "2")) == {c}  # "Note 2": c's own text
+        assert set(await _ranking(svc, "1")) == {b}
+        await _close(svc)
+
+    asyncio.run(again())
+
+
+def test_rows_written_after_a_load_are_above_the_snapshot_even_past_the_last_stored_row(
+    tmp_path: Path,
+):
+    """A snapshot may cover seqs no stored row has (rows whose commit failed after it took
+    them): a load continues the pool's seqs above `covers`, so an edit made then is applied by
+    the next load and not taken as already in the snapshot."""
+    from actors.shard.batch import Batch
+    from storage.term_store import TermStore, seal_snapshot
+
+    async def first() -> list[str]:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        ids = [await _create(svc, n, f"Note {n} zanax") for n in range(3)]
+        pool = await svc.ws_pools.pool(POOL)
+        index = TermIndex()
+        ids_, lengths, flat, _ = await svc.db.run(lambda con: TermStore.read_all(con, POOL))
+        index.build_flat(ids_, lengths, flat)
+        body = seal_snapshot(pool.keyed.cipher, POOL, 100, index.postings())
+        await svc.kernel.commit(Batch(writes=[TermStore.snapshot_row(POOL, 100, body)]))
+        await _close(svc)
+        return ids
+
+    a, _, _ = asyncio.run(first())
+
+    async def edit() -> None:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        change = WsMemoryChange(requestId="e-1", id=a, expectedRevision=1, content="korol")
+        await svc.ws_change_memory(ANN, change)
+        await _close(svc)
+
+    asyncio.run(edit())
+
+    async def again() -> None:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        assert list(await _ranking(svc, "korol")) == [a]
+        assert a not in await _ranking(svc, "zanax")
+        await _close(svc)
+
+    asyncio.run(again())

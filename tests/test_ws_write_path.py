@@ -1,0 +1,134 @@
+"""The workspace memory write path over HTTP (issue 11: as fast as Remember): a creation's
+answer is its HTTP body from the shard on, and a well-formed creation is decoded in one pass,
+with every other body decoded (and refused) as before."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from actors.contracts import WS_ENTRY_VIEW, WsAccess, WsCreateCall
+from actors.directory import DirectoryService
+from actors.shard.packed import PackedEvents
+from actors.shard.service import ShardService
+from engine.casing import to_wire
+from engine.errors import InvalidInput
+from engine.memory import Scope
+from engine.scoped_memory import WsMemoryChange, WsMemoryCreate
+from gateway import wire
+from gateway.workspace_memory_routes import decode_memory_write
+
+ANN = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
+
+pytestmark = pytest.mark.usefixtures("no_env_key")
+
+
+def test_a_created_records_answer_is_the_body_the_gateway_would_encode(tmp_path: Path):
+    """The shard answers a workspace creation with its HTTP body (JSON), which the gateway sends
+    on as it is: the same bytes as its own encoding of the view (camelCase keys, nulls kept)."""
+
+    class Packed(PackedEvents, ShardService):
+        pass
+
+    async def main() -> tuple[bytes, bytes]:
+        svc = Packed(tmp_path, 0)
+        svc.peers.connect(directory=DirectoryService(tmp_path))
+        body = WsMemoryCreate(requestId="r-1", scope=Scope.USER, bot="b_1", content="Tea at 5.")
+        call = msgspec.msgpack.encode(WsCreateCall(access=ANN, body=body))
+        alone = await svc.ws_create_memory_packed(call)
+        (many,) = msgspec.msgpack.decode(
+            await svc.ws_create_memory_many(msgspec.msgpack.encode([call]))
+        )
+        await svc.close()
+        svc.peers.directory().store.db.close()
+        return alone, many
+
+    alone, many = asyncio.run(main())
+    view = WS_ENTRY_VIEW.decode(alone)
+    assert view.content == "Tea at 5." and view.layer is None
+    assert alone == msgspec.json.encode(to_wire(view)) == many  # (a replay: the same bytes)
+
+
+def _slow(body: bytes):
+    """How every body was decoded before the one-pass path (the reference)."""
+    raw = wire.decode_any(body)
+    if not isinstance(raw, dict):
+        raise InvalidInput("body must be a JSON object", code="invalid_body")
+    kind = WsMemoryChange if "expectedRevision" in raw else WsMemoryCreate
+    try:
+        return msgspec.convert(raw, type=kind)
+    except msgspec.ValidationError as e:
+        raise InvalidInput(str(e), code="invalid_body") from e
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"requestId": "r-1", "scope": "user", "bot": "b_1", "content": "Tea at 5."}',
+        b'{"requestId": "r-1", "scope": "bot", "bot": "b_1", "content": "x", "tier": "note",'
+        b' "topics": ["a", "b"]}',
+        b'{"request_id": "r-1", "scope": "user", "bot": "b_1", "content": "old names"}',
+        b'{"requestId": "r-1", "id": "mem_1", "expectedRevision": 2, "content": "an edit"}',
+    ],
+)
+def test_a_memory_write_decodes_as_before(body: bytes):
+    got = decode_memory_write(body)
+    assert type(got) is type(_slow(body)) and got == _slow(body)
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"", "invalid_json"),
+        (b"{", "invalid_json"),
+        (b"[1]", "invalid_body"),
+        (b'{"requestId": "r-1", "scope": "user", "bot": "b_1"}', "invalid_body"),
+        (b'{"requestId": "r-1", "scope": "user", "bot": "b_1", "content": 5}', "invalid_body"),
+        (b'{"requestId": "r", "scope": "user", "bot": "b", "content": "x", "extra": 1}', None),
+    ],
+)
+def test_a_bad_memory_write_is_refused_as_before(body: bytes, code: str | None):
+    with pytest.raises(InvalidInput) as fast:
+        decode_memory_write(body)
+    with pytest.raises(InvalidInput) as slow:
+        _slow(body)
+    assert (fast.value.code, str(fast.value)) == (slow.value.code, str(slow.value))
+    assert code is None or fast.value.code == code
+
+
+def test_request_locks_taken_together_exclude_each_other_and_are_released_on_cancel():
+    """`WsReceipts.requests` (a coalesced call's requestIds) waits for a key that a single
+    write holds, never holds two bodies of one key at once (32 calls racing over 4 keys), and
+    a call cancelled while waiting leaves no lock and no slot behind."""
+    from actors.workspace.receipts import WsReceipts
+
+    receipts = WsReceipts(kernel=None)  # type: ignore[arg-type]  # (locks only)
+    holders: dict[str, int] = {}
+    clash = []
+
+    async def call(keys: list[str]) -> None:
+        async with receipts.requests(keys):
+            for k in set(keys):
+                holders[k] = holders.get(k, 0) + 1
+                clash.extend([k] if holders[k] > 1 else [])
+            await asyncio.sleep(0)
+            for k in set(keys):
+                holders[k] -= 1
+
+    async def main() -> None:
+        keys = ["a", "b", "c", "d"]
+        await asyncio.gather(*(call([keys[i % 4], keys[(i * 3) % 4], "a"]) for i in range(32)))
+        assert not clash and receipts._request_locks == {}
+        async with receipts.request("b"):
+            waiting = asyncio.ensure_future(call(["a", "b"]))
+            await asyncio.sleep(0.01)
+            assert not waiting.done() and receipts._request_locks["a"][0].locked()
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+        assert receipts._request_locks == {}
+
+    asyncio.run(main())

@@ -332,12 +332,14 @@ class Turn:
 class Question:
     text: str
     evidence: list[str]  # turn ids holding the answer
+    kind: str = "single-hop"  # LoCoMo's kinds: single-hop, temporal, multi-hop, open-domain
 
 
 @dataclass
 class Conversation:
     turns: list[Turn] = field(default_factory=list)
     questions: list[Question] = field(default_factory=list)
+    dates: list[str] = field(default_factory=list)  # each session's date (locomo-like data)
 
 
 def _fill(text: str, slots: dict[str, str], s: str, o: str) -> str:

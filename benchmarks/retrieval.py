@@ -1,10 +1,15 @@
 """Retrieval quality of memory search through the public API (issue 11).
 
-    .venv/bin/python -m benchmarks.retrieval [--quick] [--conversations N] [--turns N]
+    .venv/bin/python -m benchmarks.retrieval [--data synthetic|locomo-like] [--quick]
+        [--conversations N] [--turns N]
 
-Data: long multi-session conversations made by benchmarks/_conversations.py (seeded): small
-talk around facts said once, often as the answer to the other person's question, and
-paraphrased questions whose answers sit in known turns (two per fact).
+Data (seeded, generated; no PyPI package ships LoCoMo-style dialogs with evidence labels):
+- `synthetic` (benchmarks/_conversations.py): small talk around facts said once, often as the
+  answer to the other person's question, and paraphrased questions (two per fact);
+- `locomo-like` (benchmarks/_locomo_like.py): harder and closer to real long dialogs: two
+  people, dated sessions, life threads told over many sessions with reactions, asides and
+  callbacks that reuse the question's words without answering it, the same threads in other
+  conversations, and LoCoMo's question kinds (single-hop, temporal, multi-hop, open-domain).
 
 Setup: a local Ray session, one shard, a real gateway (uvicorn on 127.0.0.1) with local
 embeddings (`kind = "onnx"`, all-MiniLM-L6-v2 int8); one account writes every turn, in order,
@@ -12,7 +17,10 @@ as a workspace memory (`POST /api/app/workspace/memories`, content "Speaker: tex
 every question with `GET /api/app/workspace/memories?q=…&limit=10` three ways: `using=keyword`,
 `using=semantic` and the default hybrid. In the same run, on the same texts and questions: a
 plain BM25 (bm25s, its own tokenizer with English stop words, no stemming) and a dense-only
-ranking (the same embedding model, exact cosine over every turn) as references.
+ranking (the same embedding model, exact cosine over every turn) as references, and two plain
+reciprocal-rank fusions (k = 60, each list 1,000 deep): of those two references (what the issue's
+table calls plain RRF) and of the API's own keyword and semantic lists (`using=keyword` and
+`using=semantic` asked again with `limit=500`), against which the default hybrid is measured.
 
 Also compares workspace memory writes with seed-000 Remember over HTTP (`--writes` of each, 8
 clients at once). Reports recall@5, recall@10 (the share of a question's answer turns among the
@@ -36,7 +44,8 @@ from pathlib import Path
 import numpy as np
 
 import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
-from benchmarks._conversations import Conversation, make
+from benchmarks._conversations import Conversation
+from engine.workspace_search import Hit, merge_hits
 
 WS = "/api/app/workspace"
 
@@ -66,8 +75,25 @@ def score(rankings: list[list[str]], evidence: list[list[str]]) -> dict:
     }
 
 
+def plain_rrf(first: list[list[str]], second: list[list[str]], limit: int = 10) -> list[list[str]]:
+    """Plain reciprocal-rank fusion (k = 60, equal weights) of two rankings per question."""
+
+    def hits(ids: list[str], kind: str) -> list[Hit]:
+        return [Hit(id=i, score=float(-n), kinds=(kind,)) for n, i in enumerate(ids)]
+
+    return [
+        [h.id for h in merge_hits(hits(a, "keyword"), hits(b, "semantic"), _yes, limit, k=60)]
+        for a, b in zip(first, second, strict=True)
+    ]
+
+
+def _yes(_: str) -> bool:
+    return True
+
+
 def references(convs: list[Conversation], embed_threads: int) -> dict[str, list[list[str]]]:
-    """Plain BM25 (bm25s) and dense-only (exact cosine) rankings, in this process."""
+    """Plain BM25 (bm25s), dense-only (exact cosine) and their plain RRF rankings, in this
+    process (10 deep; the fusion of 1,000 of each)."""
     import bm25s
 
     from actors.models.embeddings import OnnxEmbeddings
@@ -82,7 +108,7 @@ def references(convs: list[Conversation], embed_threads: int) -> dict[str, list[
     )
     docs, scores = retriever.retrieve(
         bm25s.tokenize(questions, stopwords="en", show_progress=False),
-        k=10,
+        k=min(1000, len(ids)),
         show_progress=False,
     )
     plain = [
@@ -98,8 +124,12 @@ def references(convs: list[Conversation], embed_threads: int) -> dict[str, list[
 
     d, q = asyncio.run(vectors())
     sims = q @ d.T
-    dense = [[ids[j] for j in np.argsort(-row)[:10]] for row in sims]
-    return {"plain_bm25": plain, "dense_only": dense}
+    dense = [[ids[j] for j in np.argsort(-row)[:1000]] for row in sims]
+    return {
+        "plain_bm25": [r[:10] for r in plain],
+        "dense_only": [r[:10] for r in dense],
+        "plain_rrf": plain_rrf(plain, dense),
+    }
 
 
 def write_rates(client, bot: str, n: int) -> dict:
@@ -195,10 +225,10 @@ def through_api(convs: list[Conversation], data: Path, threads: int, writes: int
         out["embed_wait_s"] = round(time.perf_counter() - t0, 1)
         questions = [q.text for c in convs for q in c.questions]
 
-        def ask(using: str):
+        def ask(using: str, limit: int = 10):
             def one(q: str) -> tuple[list[str], float]:
                 t = time.perf_counter()
-                params = {"q": q, "limit": "10"}
+                params = {"q": q, "limit": str(limit)}
                 if using != "hybrid":
                     params["using"] = using
                 resp = client.get(f"{WS}/memories", params=params)
@@ -212,6 +242,9 @@ def through_api(convs: list[Conversation], data: Path, threads: int, writes: int
 
         for using in ("keyword", "semantic", "hybrid"):
             out[using], out[f"{using}_p50_ms"] = ask(using)
+        # The API's own lists as deep as it gives them (limit 500), for a plain RRF of them.
+        deep = {u: ask(u, 500)[0] for u in ("keyword", "semantic")}
+        out["api_rrf"] = plain_rrf(deep["keyword"], deep["semantic"])
         client.close()
         admin.close()
     finally:
@@ -223,17 +256,26 @@ def through_api(convs: list[Conversation], data: Path, threads: int, writes: int
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true", help="3 conversations of 300 turns")
-    p.add_argument("--conversations", type=int, default=10)
-    p.add_argument("--turns", type=int, default=600, help="turns per conversation")
+    p.add_argument("--data", default="synthetic", choices=("synthetic", "locomo-like"))
+    p.add_argument("--quick", action="store_true", help="3 (locomo-like: 5) conversations")
+    p.add_argument("--conversations", type=int, help="default 10 (locomo-like: 20)")
+    p.add_argument("--turns", type=int, help="turns per conversation (600; locomo-like: 300)")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads")
     p.add_argument("--writes", type=int, default=500, help="writes of each kind compared")
     args = p.parse_args()
-    n, turns = (3, 300) if args.quick else (args.conversations, args.turns)
+    if args.data == "locomo-like":
+        from benchmarks._locomo_like import make
+
+        n, turns = (5, 300) if args.quick else (args.conversations or 20, args.turns or 300)
+    else:
+        from benchmarks._conversations import make
+
+        n, turns = (3, 300) if args.quick else (args.conversations or 10, args.turns or 600)
     convs = make(conversations=n, turns_per=turns)
     evidence = [q.evidence for c in convs for q in c.questions]
+    kinds = [q.kind for c in convs for q in c.questions]
     total = sum(len(c.turns) for c in convs)
-    print(f"{n} conversations, {total} turns, {len(evidence)} questions", flush=True)
+    print(f"{args.data}: {n} conversations, {total} turns, {len(evidence)} questions", flush=True)
     os.environ.pop("OPENBOT_MASTER_KEY", None)
     root = Path(tempfile.mkdtemp(prefix="obret"))
     try:
@@ -245,10 +287,26 @@ def main() -> None:
         "keyword (API, using=keyword)": score(api["keyword"], evidence),
         "semantic (API, using=semantic)": score(api["semantic"], evidence),
         "hybrid (API, default)": score(api["hybrid"], evidence),
+        "plain RRF k=60 of the API's two lists": score(api["api_rrf"], evidence),
         "plain BM25 reference (bm25s)": score(refs["plain_bm25"], evidence),
         "dense-only reference (exact cosine)": score(refs["dense_only"], evidence),
+        "plain RRF of BM25 and dense references": score(refs["plain_rrf"], evidence),
     }
-    line = "{:<40} {:>9} {:>9} {:>7}"
+    by_kind = {
+        name: {
+            kind: score(
+                [r for r, k in zip(rank, kinds, strict=True) if k == kind],
+                [e for e, k in zip(evidence, kinds, strict=True) if k == kind],
+            )["recall@10"]
+            for kind in sorted(set(kinds))
+        }
+        for name, rank in (
+            ("keyword", api["keyword"]),
+            ("semantic", api["semantic"]),
+            ("hybrid", api["hybrid"]),
+        )
+    }
+    line = "{:<42} {:>9} {:>9} {:>7}"
     print(line.format("retrieval", "recall@5", "recall@10", "MRR"))
     for name, r in results.items():
         print(line.format(name, r["recall@5"], r["recall@10"], r["mrr"]))
@@ -257,22 +315,27 @@ def main() -> None:
         f"after the last write; query p50 keyword {api['keyword_p50_ms']} ms, semantic "
         f"{api['semantic_p50_ms']} ms, hybrid {api['hybrid_p50_ms']} ms"
     )
+    for name, row in by_kind.items():
+        print(f"recall@10 by question kind, {name}: {row}")
     rates = api["write_rates"]
     if rates:
         print(
             f"writes over HTTP, 8 clients: workspace memory {rates['workspace_per_s']}/s, "
             f"Remember {rates['remember_per_s']}/s"
         )
-    out = Path(__file__).parent / "results" / "retrieval.json"
+    suffix = "" if args.data == "synthetic" else "-" + args.data
+    out = Path(__file__).parent / "results" / f"retrieval{suffix}.json"
     out.parent.mkdir(exist_ok=True)
     doc = {
         "machine": platform.platform(),
         "cpus": os.cpu_count(),
         "load": os.getloadavg(),
+        "data": args.data,
         "conversations": n,
         "turns": total,
         "questions": len(evidence),
         "results": results,
+        "recall@10_by_kind": by_kind,
         "writes_per_s": api["writes_per_s"],
         "embed_wait_s": api["embed_wait_s"],
         "write_rates": rates,

@@ -127,6 +127,20 @@ def _order_by_key(keys: np.ndarray) -> np.ndarray:
     return order
 
 
+def in_context(
+    own: list[int], before: list[int] | None = None, after: list[int] | None = None
+) -> list[int]:
+    """The keys a record is indexed under among the records written around it (its own keys
+    alone when it has no neighbour): its own keys twice and each neighbour's once, so that its
+    own words weigh twice its neighbours' and a record still ranks above its neighbours for
+    its own words. (Measured by benchmarks/retrieval_lab.py on LoCoMo-like dialogs: keyword
+    recall@10 0.497 own words only, 0.595 with neighbours' words at the same weight, 0.662
+    with own words counted twice.)"""
+    if before is None and after is None:
+        return own
+    return sorted(own + own + (before or []) + (after or []))  # sorted runs: merged
+
+
 def pack_keys(keys: np.ndarray | list[int]) -> bytes:
     return np.asarray(keys, dtype="<i8").tobytes()
 

@@ -95,18 +95,57 @@ def test_context_window_zero_is_off_even_within_one_millisecond(tmp_path: Path):
     asyncio.run(main())
 
 
-def test_records_written_in_a_row_are_found_by_the_words_before_them(tmp_path: Path):
-    """Context-aware indexing: a reply is found by the words of the question it answered."""
+def test_records_written_in_a_row_are_found_by_their_neighbours_words(tmp_path: Path):
+    """Context-aware indexing, both ways: a reply is found by the words of the question it
+    answered, and the question by the words of its reply, each below the records with those
+    words of their own; after a restart too, from the stored term keys. A record edited later
+    is its own words again."""
 
-    async def main() -> None:
+    async def main() -> tuple[str, str, str]:
         svc = _shard(tmp_path, context_s=120)
         asked = await _create(svc, ANN, "Did you go to the pottery workshop?")
         answer = await _create(svc, ANN, "Yes! I made a bowl and a little mug.")
+        after = await _create(svc, ANN, "It rained all afternoon.")
         found = await _found(svc, "pottery workshop")
-        assert found[0] == asked and answer in found  # its own words rank first
-        assert await _found(svc, "bowl") == [answer]  # context is one way: back in time
-        listing = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",), q="bowl"))
+        assert found[0] == asked and answer in found and after not in found
+        found = await _found(svc, "bowl")  # its own words rank first, its neighbours' after
+        assert found[0] == answer and set(found) == {asked, answer, after}
+        assert await _found(svc, "rained") == [after, answer]  # the last one: one neighbour
+        listing = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",), q="bowl mug"))
         assert listing.entries[0].content == "Yes! I made a bowl and a little mug."
+        await _close(svc)
+        return asked, answer, after
+
+    asked, answer, after = asyncio.run(main())
+
+    async def again() -> None:
+        svc = _shard(tmp_path, context_s=120)
+        found = await _found(svc, "bowl")
+        assert found[0] == answer and set(found) == {asked, answer, after}
+        await svc.ws_change_memory(
+            ANN,
+            WsMemoryChange(requestId="r-e", id=asked, expectedRevision=1, content="Tea later?"),
+        )
+        assert set(await _found(svc, "bowl")) == {answer, after}  # edited: its own words only
+        await _close(svc)
+
+    asyncio.run(again())
+
+
+def test_an_edited_record_is_not_given_its_successors_words(tmp_path: Path):
+    """The record before a new one is indexed again with the new one's words only if it is
+    still what was written: edited in between, it keeps its own words."""
+
+    async def main() -> None:
+        svc = _shard(tmp_path, context_s=120)
+        first = await _create(svc, ANN, "Did you go to the pottery workshop?")
+        await svc.ws_change_memory(
+            ANN,
+            WsMemoryChange(requestId="r-e", id=first, expectedRevision=1, content="Tea later?"),
+        )
+        second = await _create(svc, ANN, "Yes! I made a bowl and a little mug.")
+        assert await _found(svc, "bowl") == [second]
+        assert await _found(svc, "tea") == [first]
         await _close(svc)
 
     asyncio.run(main())
@@ -488,3 +527,35 @@ def test_seed_term_rows_and_index_are_what_a_rebuild_from_the_sealed_content_giv
         await svc.close()
 
     asyncio.run(reread())
+
+
+def test_concurrent_writes_in_a_row_index_the_same_neighbours_in_memory_and_on_disk(
+    tmp_path: Path,
+):
+    """24 records written at once, in whatever order the pool's lock takes them: each is found
+    by its own word first and by its neighbours' (a chain: every record but the ends has two),
+    and a restart, which builds the index from the stored term rows, finds exactly the same."""
+    words = [f"zq{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(24)]
+
+    async def found_all(svc: ShardService) -> dict[str, list[str]]:
+        return {w: await _found(svc, w, limit=10) for w in words}
+
+    async def first() -> dict[str, list[str]]:
+        svc = _shard(tmp_path, context_s=120)
+        ids = await asyncio.gather(*(_create(svc, ANN, f"Note {w}.") for w in words))
+        got = await found_all(svc)
+        by_word = dict(zip(words, ids, strict=True))
+        neighbours = {w: set(got[w]) - {by_word[w]} for w in words}
+        assert all(got[w][0] == by_word[w] for w in words)  # own word first
+        assert sorted(len(n) for n in neighbours.values()) == [1, 1] + [2] * 22  # one chain
+        await _close(svc)
+        return got
+
+    before = asyncio.run(first())
+
+    async def again() -> None:
+        svc = _shard(tmp_path, context_s=120)
+        assert await found_all(svc) == before
+        await _close(svc)
+
+    asyncio.run(again())

@@ -13,7 +13,7 @@ from actors.shard.pool import Pool
 from engine.memory import EntryMeta, Reader, Status
 from storage.crypto import Cipher
 from storage.memory_store import StoredPool
-from storage.search_index import Analyzer, TermIndex, _order_by_key
+from storage.search_index import Analyzer, TermIndex, _order_by_key, in_context
 from tests.test_engine_visibility_oracle import cases, oracle_visible
 
 AN = Analyzer(b"k" * 32)
@@ -317,3 +317,26 @@ def test_a_loaded_index_then_changed_ranks_like_a_fresh_build():
         assert a.keys() == b.keys() and all(math.isclose(a[i], b[i], rel_tol=1e-6) for i in a)
     assert len(idx) == len(docs) and all(i in idx for i in docs)
     assert all(idx.row_ids()[idx.row_of(i)] == i for i in docs)
+
+
+def test_a_record_in_context_ranks_first_for_its_own_words_and_is_found_by_its_neighbours():
+    """`in_context`: own words count twice, each neighbour's once, so the record is found by
+    the words around it (a reply by its question's words) yet ranks above its neighbours for
+    its own words, even when it is the longer text."""
+    analyzer = Analyzer(b"k" * 32)
+    texts = {
+        "q": "Did you go to the pottery workshop?",
+        "a": "Yes! I made a bowl and a little mug, it is lopsided but I love it so much.",
+        "n": "It rained all afternoon.",
+    }
+    own = {i: analyzer.key_list(t) for i, t in texts.items()}
+    index = TermIndex()
+    index.put("q", in_context(own["q"], None, own["a"]))
+    index.put("a", in_context(own["a"], own["q"], own["n"]))
+    index.put("n", in_context(own["n"], own["a"]))
+    index.put("x", in_context(analyzer.key_list("Nothing to do with it.")))
+    ranked = [i for i, _ in index.search(analyzer.query("bowl mug"), 10)]
+    assert ranked[0] == "a" and set(ranked) == {"q", "a", "n"}
+    assert index.search(analyzer.query("pottery workshop"), 10)[0][0] == "q"
+    assert list(in_context(own["n"])) == list(own["n"])  # no neighbour: its own keys as they are
+    assert in_context(own["q"], own["n"]) == sorted([*own["q"], *own["q"], *own["n"]])

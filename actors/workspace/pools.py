@@ -34,7 +34,7 @@ from engine.scoped_memory import WsEntry
 from storage.bulk import paused_gc
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
-from storage.search_index import Postings, TermIndex
+from storage.search_index import Postings, TermIndex, in_context
 from storage.term_store import TermsLoad, open_snapshot, seal_snapshot
 from storage.workspace_store import StoredWsPool, WorkspaceStore, content_fp, pool_scope
 
@@ -49,6 +49,19 @@ SNAPSHOT_ROWS = 2_000
 log = logging.getLogger("openbot.workspace")
 
 
+@dataclass(frozen=True)
+class Written:
+    """A new record as its successor in sequence sees it: whose, when, its own term keys and
+    those of the record before it (None: none in sequence)."""
+
+    contributor: str | None
+    at: int
+    entry_id: str
+    fp: str
+    own: list[int]
+    before: list[int] | None
+
+
 @dataclass
 class WsPool:
     stored: StoredWsPool
@@ -58,8 +71,8 @@ class WsPool:
     pending: asyncio.Future[None] | None = None
     poisoned: bool = False
     index: TermIndex = field(default_factory=TermIndex)  # keyword search, in memory only
-    # The last new record's contributor, time and own term keys (context for the next one).
-    last_written: tuple[str | None, int, list[int]] | None = None
+    # The last new record in sequence (context for the next one, and it for it).
+    last_written: Written | None = None
     bot_org: str | None = None  # a bot pool's bot's home org (its records' `org:` tag)
     # Records as bot-memory entries (actors/shard/bot_memory.py), per record state.
     metas: dict = field(default_factory=dict)
@@ -359,30 +372,54 @@ class WsPools:
             if fut is not None:
                 ignore_failure(fut)
 
-    def indexed(self, pool: WsPool, entry: WsEntry, content: str, *, new: bool) -> Write:
-        """Index a record's new content; the row that stores its term keys.
+    def indexed(self, pool: WsPool, entry: WsEntry, content: str, *, new: bool) -> list[Write]:
+        """Index a record's new content; the rows that store term keys.
 
-        A new record written right after another of the same contributor in the same pool
-        (within `context_window_ms`: the turns of one conversation, a batch of notes) is indexed
-        with that one's words too, as its context: "Yes! I made a bowl" is found by a question
-        about the pottery workshop the turn before asked about. Only keywords: the record's
-        vector and text are its own."""
+        Records written in sequence (a new one within `context_window_ms` of the last new one,
+        by the same contributor: the turns of one conversation, a batch of notes) are indexed
+        with their neighbours' words too (`in_context`: own words twice, each neighbour's
+        once): a new record with the words of the one before it, and that one again with the
+        new one's. "Yes! I made a bowl" is found by a question about the pottery workshop the
+        turn before asked about, and "Did you go to the pottery workshop?" by a question about
+        the bowl. Only keywords: the record's vector and text are its own; an edit indexes a
+        record by its own words again."""
         own = self.kernel.analyzer.key_list(content)  # (lists: ~25 keys, numpy costs more)
-        keys = own
+        before = None
         now = self.kernel.clock()
         last = pool.last_written
+        rows: list[Write] = []
         if (
             new
             and self.context_window_ms > 0  # 0: off (not "the same millisecond")
             and last is not None
-            and last[0] == entry.contributor
-            and 0 <= now - last[1] <= self.context_window_ms
+            and last.contributor == entry.contributor
+            and 0 <= now - last.at <= self.context_window_ms
         ):
-            keys = sorted(own + last[2])  # two sorted runs: one merge
+            before = last.own
+            self._with_next(pool, last, own)
         if new:
-            pool.last_written = (entry.contributor, now, own)
+            pool.last_written = Written(
+                entry.contributor, now, entry.id, entry.content_fp, own, before
+            )
+        keys = in_context(own, before)
         pool.index.put(entry.id, keys)
-        return self.kernel.terms.row(pool.id, entry.id, entry.content_fp, keys, pool.next_seq())
+        rows.append(
+            self.kernel.terms.row(pool.id, entry.id, entry.content_fp, keys, pool.next_seq())
+        )
+        return rows
+
+    def _with_next(self, pool: WsPool, last: Written, following: list[int]) -> None:
+        """The previous record indexed again with the words of the one written after it, if it
+        is still as it was written (not edited, forgotten or purged since). Its term row is
+        derived data, stored on its own, not in the new record's batch: the new write does not
+        share the fate of the previous one's commit (which may still be pending, and fail)."""
+        entry = pool.stored.entries.get(last.entry_id)
+        if entry is None or entry.content_fp != last.fp or last.entry_id not in pool.index:
+            return
+        keys = in_context(last.own, last.before, following)
+        pool.index.put(last.entry_id, keys)
+        row = self.kernel.terms.row(pool.id, last.entry_id, last.fp, keys, pool.next_seq())
+        self._store_terms([row])
 
     async def _link(self, stored: StoredWsPool) -> str | None:
         """A bot pool's records as part of the bot's one memory (engine/bot_memory.py): records

@@ -266,7 +266,7 @@ class Workspace:
             )
             writes.append(self.store.entry_row(entry, sealed, new=new))
             if new or edit.revision.after is not None:
-                writes.append(self.pools.indexed(pool, entry, content, new=new))
+                writes.extend(self.pools.indexed(pool, entry, content, new=new))
             writes.append(self.store.revision_row(pool.id, edit.revision, keyed.cipher))
             if edit.barrier is not None:
                 writes.append(self.store.barrier_row(edit.barrier, entry.revision))
@@ -392,7 +392,7 @@ class Workspace:
             new = entry_id not in stored.entries
             if entry_id in texts:
                 sealed = self.store.seal(keyed.cipher, pool.id, entry_id, texts[entry_id])
-                writes.append(self.pools.indexed(pool, entry, texts[entry_id], new=new))
+                writes.extend(self.pools.indexed(pool, entry, texts[entry_id], new=new))
             else:  # flagged for review only: the content stays as it is
                 sealed = stored.sealed[entry_id]
             writes.append(self.store.entry_row(entry, sealed, new=new))

@@ -1,0 +1,208 @@
+"""Fusion lab: the rankings of benchmarks/retrieval.py computed in process, to compare ways of
+fusing them quickly (no Ray, no HTTP; the same keyword index and analyzer as a shard, the same
+embedding model, exact cosine instead of the shard's int8 vectors).
+
+    .venv/bin/python -m benchmarks.retrieval_lab [--data synthetic|locomo-like] [--quick]
+
+Keyword hits come from storage/search_index.py's TermIndex, each turn indexed as a shard
+indexes records written in a row (actors/workspace/pools.py: `in_context`, own words twice and
+the turns before and after once: `both`), as it did before (the turn before, same weight:
+`before`) or by its own words (`own`); semantic hits are cosines of all-MiniLM-L6-v2 (kind
+onnx) vectors, cached in /tmp between runs. Fusions: engine/workspace_search.py's RRF and the
+candidates tried against it (weighted RRF, convex combinations of min-max or z-normalised
+scores); results also go to /tmp/oblab-<data>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks._conversations import Conversation
+from engine import workspace_search as wsr
+from engine.workspace_search import Hit
+from storage.search_index import Analyzer, TermIndex, in_context
+
+DEPTH = 1_000
+
+
+def load(data: str, quick: bool) -> list[Conversation]:
+    if data == "locomo-like":
+        from benchmarks._locomo_like import make
+
+        return make(5, 300) if quick else make()
+    from benchmarks._conversations import make as make_synthetic
+
+    return make_synthetic(3, 300) if quick else make_synthetic(10, 600)
+
+
+def vectors(texts: list[str], threads: int) -> np.ndarray:
+    digest = hashlib.sha1("\n".join(texts).encode()).hexdigest()[:16]
+    path = Path("/tmp") / f"oblab-vec-{digest}.npy"
+    if path.exists():
+        return np.load(path)
+    from actors.models.embeddings import OnnxEmbeddings
+
+    async def run() -> np.ndarray:
+        model = OnnxEmbeddings("lab", threads=threads, batch_size=64)
+        return np.asarray(await model.embed(texts), dtype=np.float32)
+
+    out = asyncio.run(run())
+    np.save(path, out)
+    return out
+
+
+def keyword_lists(convs, questions, context: str) -> list[list[Hit]]:
+    """Keyword hits as a shard ranks them: each turn indexed by `in_context` with the turns
+    before and after it (`context="both"`, what a shard does for records written in a row),
+    the turn before only (`"before"`, the shard until this change) or its own words."""
+    analyzer = Analyzer(b"k" * 32)
+    index = TermIndex()
+    own = [analyzer.key_list(t.content) for c in convs for t in c.turns]
+    ids = [t.id for c in convs for t in c.turns]
+    for n, turn_id in enumerate(ids):
+        before = own[n - 1] if n and context != "own" else None
+        after = own[n + 1] if n + 1 < len(own) and context == "both" else None
+        if context == "before" and before is not None:  # then: neighbour words once, own once
+            index.put(turn_id, sorted(own[n] + before))
+        else:
+            index.put(turn_id, in_context(own[n], before, after))
+    return [
+        [Hit(id=i, score=s, kinds=("keyword",)) for i, s in index.search(analyzer.query(q), DEPTH)]
+        for q in questions
+    ]
+
+
+def semantic_lists(ids, dvec, qvec, min_score=0.2) -> list[list[Hit]]:
+    sims = qvec @ dvec.T
+    out = []
+    for row in sims:
+        top = np.argpartition(-row, DEPTH)[:DEPTH]
+        top = top[np.argsort(-row[top], kind="stable")]
+        out.append(
+            [
+                Hit(id=ids[j], score=float(row[j]), kinds=("semantic",))
+                for j in top
+                if row[j] >= min_score
+            ]
+        )
+    return out
+
+
+def convex(lists, weights, norm="minmax", depth=DEPTH, limit=10):
+    """sum_i w_i * normalised score_i (0 where a list lacks the record)."""
+    fused: dict[str, float] = defaultdict(float)
+    for hits, w in zip(lists, weights, strict=True):
+        hits = hits[:depth]
+        if not hits or w == 0:
+            continue
+        sc = np.array([h.score for h in hits], dtype=np.float64)
+        if norm == "minmax":
+            lo, hi = sc.min(), sc.max()
+            ns = (sc - lo) / (hi - lo) if hi > lo else np.ones_like(sc)
+        elif norm == "max":  # theoretical minimum 0 (BM25) / the list's floor (cosine)
+            ns = sc / sc.max() if sc.max() > 0 else np.ones_like(sc)
+        elif norm == "z":
+            sd = sc.std()
+            ns = (sc - sc.mean()) / sd if sd > 0 else np.zeros_like(sc)
+            ns = ns - ns.min()  # missing = below every listed one
+        else:
+            raise ValueError(norm)
+        for h, v in zip(hits, ns, strict=True):
+            fused[h.id] += w * float(v)
+    return sorted(fused, key=lambda i: -fused[i])[:limit]
+
+
+def rrf(lists, weights, k=60, depth=DEPTH, limit=10):
+    fused: dict[str, float] = defaultdict(float)
+    for hits, w in zip(lists, weights, strict=True):
+        for r, h in enumerate(hits[:depth]):
+            fused[h.id] += w / (k + r + 1)
+    return sorted(fused, key=lambda i: -fused[i])[:limit]
+
+
+def recall(ranked, evidence, k):
+    return len(set(ranked[:k]) & set(evidence)) / len(evidence)
+
+
+def mrr(ranked, evidence):
+    for n, r in enumerate(ranked[:10]):
+        if r in evidence:
+            return 1.0 / (n + 1)
+    return 0.0
+
+
+def evaluate(rankings, evidence, kinds=None):
+    r5 = np.mean([recall(r, e, 5) for r, e in zip(rankings, evidence, strict=True)])
+    r10 = [recall(r, e, 10) for r, e in zip(rankings, evidence, strict=True)]
+    m = np.mean([mrr(r, e) for r, e in zip(rankings, evidence, strict=True)])
+    out = {
+        "r5": round(float(r5), 3),
+        "r10": round(float(np.mean(r10)), 3),
+        "mrr": round(float(m), 3),
+    }
+    if kinds is not None:
+        by = defaultdict(list)
+        for k, v in zip(kinds, r10, strict=True):
+            by[k].append(v)
+        out["by_kind"] = {k: round(float(np.mean(v)), 3) for k, v in sorted(by.items())}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", default="locomo-like", choices=("synthetic", "locomo-like"))
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    convs = load(args.data, args.quick)
+    turns = [t for c in convs for t in c.turns]
+    qs = [q for c in convs for q in c.questions]
+    ids = [t.id for t in turns]
+    evidence = [q.evidence for q in qs]
+    kinds = [q.kind for q in qs]
+    print(f"{args.data}: {len(turns)} turns, {len(qs)} questions", flush=True)
+    t0 = time.perf_counter()
+    dvec = vectors([t.content for t in turns], args.threads)
+    qvec = vectors([q.text for q in qs], args.threads)
+    print(f"vectors {time.perf_counter() - t0:.1f} s", flush=True)
+    questions = [q.text for q in qs]
+    kw = {c: keyword_lists(convs, questions, c) for c in ("both", "before", "own")}
+    sem = semantic_lists(ids, dvec, qvec)
+    runs = {f"keyword ({c})": [[h.id for h in hits] for hits in kw[c]] for c in kw}
+    runs["semantic"] = [[h.id for h in hits] for hits in sem]
+    yes = lambda _: True  # noqa: E731
+    for c in kw:
+        pairs = list(zip(kw[c], sem, strict=True))
+        for k in (10, 60):
+            runs[f"rrf k={k} ({c})"] = [
+                [h.id for h in wsr.merge_hits(a, b, yes, 10, k=k)] for a, b in pairs
+            ]
+        if c != "both":
+            continue
+        for k in (5, 20):
+            for wk in (0.7, 1.0, 1.5):
+                runs[f"rrf k={k} wk={wk} ({c})"] = [rrf(p, (wk, 1.0), k) for p in pairs]
+        for norm in ("minmax", "z"):
+            for depth in (30, 1000):
+                for a in (0.3, 0.4, 0.5):
+                    runs[f"convex {norm} depth={depth} a={a} ({c})"] = [
+                        convex(p, (a, 1 - a), norm, depth) for p in pairs
+                    ]
+    results = {name: evaluate(r, evidence, kinds) for name, r in runs.items()}
+    Path(f"/tmp/oblab-{args.data}.json").write_text(json.dumps(results))
+    for name, r in results.items():
+        print(f"{name:<36} {r}")
+    print(f"load {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

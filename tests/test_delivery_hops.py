@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from pathlib import Path
 
 from actors.contracts import TurnStart
@@ -296,3 +297,66 @@ def test_a_person_turns_first_delivery_starts_while_its_commit_runs(tmp_path: Pa
     begins, ends = seen.index("root commit begins"), seen.index("root commit ends")
     assert seen.index("step L1") < ends, seen  # the first peer ran while the turn committed
     assert begins < ends
+
+
+def test_a_peer_posts_nothing_for_a_person_turn_that_was_never_stored(tmp_path: Path):
+    """The first peer's step runs while the person's turn commits; a post it asks for is a
+    commit of its own in the group's chat, so it waits for the turn's: when that fails, the
+    group never shows a post for a turn that does not exist."""
+    script = tmp_path / "post.toml"
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        directory = DirectoryService(tmp_path)
+        org = await ann_org(directory)
+        bots = [
+            await directory.create_bot(name=f"L{k}", org=org.id, owner="u_ann", model="s")
+            for k in range(2)
+        ]
+        group = await directory.create_channel(org=org.id, people=["u_ann"], bots=[bots[1].id])
+        script.write_text(
+            'default = "Merged."\nafter_tool = "Handed on."\n'
+            "[[rules]]\nmatch = '^start$'\ntool_calls = [{ name = \"workspace_send_to_agent\", "
+            'arguments = { agent = "L1", message = "hop 1" } }]\n'
+            "[[rules]]\nmatch = '\\] hop 1$'\ntool_calls = [{ name = "
+            f'"workspace_post_to_group", arguments = {{ group = "{group.id}", '
+            'message = "posted" } }]\n'
+        )
+        svc = ShardService(tmp_path, 0, models={"s": ScriptedModel.from_file("s", str(script))})
+        svc.peers.connect(directory=directory)
+        committer = svc.committer
+        commit_group = committer._commit_group
+        seen: list[str] = []
+        posted: list[str] = []
+
+        async def failing_root(batches) -> None:
+            """The person's turn's end and send (the first transaction with a chain's row)
+            take a while, then fail."""
+            if not seen and any(
+                getattr(w, "table", "") == "chains" for writes in batches for w in writes
+            ):
+                seen.append("root commit begins")
+                await asyncio.sleep(0.3)  # the first peer's step runs meanwhile
+                seen.append("root commit fails")
+                raise StorageError("disk full (simulated)")
+            await commit_group(batches)
+
+        async def noted_post(effect, bot, org_) -> None:
+            posted.append(effect.message)
+
+        committer._commit_group = failing_root  # type: ignore[method-assign]
+        svc.chains.records.post = noted_post  # type: ignore[method-assign]
+        try:
+            chat = await directory.create_chat("u_ann", None, bot=bots[0].id)
+            start = TurnStart(chat=chat, bot=bots[0], org=org, operator="u_ann", text="start")
+            with contextlib.suppress(StorageError):
+                await svc.start_turn(start, True)
+            await svc.chains_idle()
+            return seen, posted
+        finally:
+            committer._commit_group = commit_group  # type: ignore[method-assign]
+            await svc.close()
+            directory.store.db.close()
+
+    seen, posted = asyncio.run(scenario())
+    assert seen == ["root commit begins", "root commit fails"]
+    assert posted == []

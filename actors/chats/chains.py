@@ -322,10 +322,8 @@ class ChainRunner:
                     restage=restage,
                     hold=hold,
                 )
-                if any(e.kind == "post" for e in outcome.effects):
-                    # A post is a commit of its own elsewhere: never for a send (or a person's
-                    # turn) whose transaction then failed.
-                    await durable(after)
+                if any(e.kind == "post" for e in outcome.effects):  # its own commit elsewhere:
+                    await durable(after)  # never for a send or turn whose transaction failed
                 for effect in outcome.effects:
                     if effect.kind == "post":
                         await self.records.post(effect, peer, org)

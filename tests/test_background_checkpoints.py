@@ -13,32 +13,17 @@ waits for it. Real DuckDB files, no Ray.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import threading
-from pathlib import Path
 
 import pytest
 
 from storage import group_commit
 from storage.database import Database, ReadScope
-from storage.group_commit import BACKGROUND_SLACK, GroupCommitter, Insert, Table
+from storage.group_commit import BACKGROUND_SLACK, GroupCommitter, Insert
 from storage.journal_file import HEADER, scan
-
-KV = Table("kv", (("k", "VARCHAR"), ("grp", "VARCHAR"), ("n", "BIGINT")))
-KV_SQL = "CREATE TABLE kv (k VARCHAR, grp VARCHAR, n BIGINT)"
+from tests.journal_kit import KV, KV_SQL, crash_copy, journal_of
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
-
-
-def _journal(db_file: Path) -> Path:
-    return Path(str(db_file) + ".journal")
-
-
-def _crash_copy(src: Path, dest: Path) -> None:
-    dest.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.is_file():
-            shutil.copy(f, dest / f.name)
 
 
 class _Held:
@@ -73,15 +58,15 @@ def test_a_commit_is_durable_while_a_background_checkpoint_runs(tmp_path, monkey
         await gc.submit([Insert("kv", ("k0", "g", 0))])
         await held.wait_entered()  # the checkpoint of k0 is applying it, held
         await asyncio.wait_for(gc.submit([Insert("kv", ("k1", "g", 1))]), 5)
-        assert [seq for seq, _ in scan(_journal(path).read_bytes())[0]] == [1, 2]
-        _crash_copy(path.parent, tmp_path / "a-crash")
+        assert [seq for seq, _ in scan(journal_of(path).read_bytes())[0]] == [1, 2]
+        crash_copy(path.parent, tmp_path / "a-crash")
         held.release.set()
         await gc.close()
         assert db.query("SELECT k, count(*) FROM kv GROUP BY k ORDER BY k") == [
             ("k0", 1),
             ("k1", 1),
         ]
-        assert _journal(path).stat().st_size == HEADER  # close applied and emptied it
+        assert journal_of(path).stat().st_size == HEADER  # close applied and emptied it
         db.close()
 
     asyncio.run(main())
@@ -126,7 +111,7 @@ def test_commits_wait_for_a_checkpoint_past_the_slack(tmp_path, monkeypatch):
     asyncio.run(main())
 
 
-def test_an_idle_background_checkpoint_empties_the_journal(tmp_path):
+def test_an_idle_background_checkpoint_empties_thejournal_of(tmp_path):
     path = tmp_path / "a" / "t.duckdb"
 
     async def main() -> None:
@@ -135,10 +120,10 @@ def test_an_idle_background_checkpoint_empties_the_journal(tmp_path):
         for n in range(3):
             await gc.submit([Insert("kv", (f"k{n}", "g", n))])
         for _ in range(100):
-            if _journal(path).stat().st_size == HEADER and not gc._journaled:
+            if journal_of(path).stat().st_size == HEADER and not gc._journaled:
                 break
             await asyncio.sleep(0.02)
-        assert _journal(path).stat().st_size == HEADER and gc.checkpoints >= 1
+        assert journal_of(path).stat().st_size == HEADER and gc.checkpoints >= 1
         await gc.close()
         db.close()
 
@@ -218,7 +203,7 @@ def test_the_event_loop_serves_while_the_journal_syncs_and_answers_after(tmp_pat
         timer.cancel()
         monkeypatch.undo()
         assert ticks >= 10 and not was_done_before_release
-        assert [seq for seq, _ in scan(_journal(path).read_bytes())[0]] == [1, 2]
+        assert [seq for seq, _ in scan(journal_of(path).read_bytes())[0]] == [1, 2]
         await gc.close()
         db.close()
 

@@ -25,27 +25,14 @@ from actors.shard.service import ShardService
 from engine.errors import StorageError
 from storage.database import Database
 from storage.event_log import backup_offline
-from storage.group_commit import FORGET_JOURNAL, GroupCommitter, Insert, Put, Table, encode_writes
+from storage.group_commit import FORGET_JOURNAL, GroupCommitter, Insert, Put, encode_writes
 from storage.journal_file import HEADER, JournalFile, frame, scan
+from tests.journal_kit import KV, KV_SQL, crash_copy, journal_of
 from tests.journal_writer import POOL, READER, content
 
 ROOT = Path(__file__).resolve().parent.parent
-KV = Table("kv", (("k", "VARCHAR"), ("grp", "VARCHAR"), ("n", "BIGINT")))
-KV_SQL = "CREATE TABLE kv (k VARCHAR, grp VARCHAR, n BIGINT)"
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
-
-
-def _journal(db_file: Path) -> Path:
-    return Path(str(db_file) + ".journal")
-
-
-def _crash_copy(src: Path, dest: Path) -> None:
-    """What a crash leaves: the files as they are now, their writer still open."""
-    dest.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.is_file():
-            shutil.copy(f, dest / f.name)
 
 
 def _kv(db: Database) -> list[tuple]:
@@ -60,7 +47,7 @@ def _written(path: Path, groups: list[list], **options) -> None:
         gc = GroupCommitter(db, [KV], **options)
         for writes in groups:
             await gc.submit(writes)
-        _crash_copy(path.parent, path.parent.with_name(path.parent.name + "-crash"))
+        crash_copy(path.parent, path.parent.with_name(path.parent.name + "-crash"))
         await gc.close()
         db.close()
 
@@ -176,13 +163,13 @@ def test_a_torn_tail_is_cut_and_writes_after_it_survive(tmp_path, tail, caplog):
     path = tmp_path / "a" / "t.duckdb"
     _written(path, [[Put("kv", (f"k{i}", "g", i))] for i in range(5)], checkpoint_rows=10_000)
     crashed = tmp_path / "a-crash" / "t.duckdb"
-    with open(_journal(crashed), "ab") as f:
+    with open(journal_of(crashed), "ab") as f:
         f.write(tail)
     with caplog.at_level("WARNING", logger="openbot.storage"):
         db, gc = _reopen(crashed)
     assert any("torn tail" in r.getMessage() for r in caplog.records)
     assert _kv(db) == [(f"k{i}", "g", i) for i in range(5)]
-    assert _journal(crashed).stat().st_size == HEADER  # cut, applied, emptied
+    assert journal_of(crashed).stat().st_size == HEADER  # cut, applied, emptied
     _close(db, gc)
     # Later records are not stranded behind the cut: they survive the next crash.
     _written(crashed, [[Put("kv", ("later", "g", 7))], [Put("kv", ("last", "g", 8))]])
@@ -210,7 +197,7 @@ def test_the_journal_file_cuts_a_torn_tail_before_it_appends(tmp_path):
 def test_damage_in_the_middle_refuses_to_open_and_changes_nothing(tmp_path):
     path = tmp_path / "a" / "t.duckdb"
     _written(path, [[Put("kv", (f"k{i}", "g", i))] for i in range(5)], checkpoint_rows=10_000)
-    journal = _journal(tmp_path / "a-crash" / "t.duckdb")
+    journal = journal_of(tmp_path / "a-crash" / "t.duckdb")
     raw = bytearray(journal.read_bytes())
     records, _ = scan(bytes(raw))
     second = HEADER + len(frame(1, records[0][1]))
@@ -233,14 +220,14 @@ def test_a_checkpoint_interrupted_before_the_file_is_emptied_applies_nothing_twi
     groups = [[Insert("kv", (f"k{i}", "g", i))] for i in range(4)]
     _written(path, groups, checkpoint_rows=2, checkpoint_idle=3600)
     crashed = tmp_path / "a-crash" / "t.duckdb"
-    assert [seq for seq, _ in scan(_journal(crashed).read_bytes())[0]] == [1, 2, 3, 4]
+    assert [seq for seq, _ in scan(journal_of(crashed).read_bytes())[0]] == [1, 2, 3, 4]
     monkeypatch.undo()
     db, gc = _reopen(crashed)
     assert db.query("SELECT applied FROM commit_journal_state") == [(4,)]
     assert db.query("SELECT k, count(*) FROM kv GROUP BY k ORDER BY k") == [
         (f"k{i}", 1) for i in range(4)
     ]
-    assert _journal(crashed).stat().st_size == HEADER
+    assert journal_of(crashed).stat().st_size == HEADER
     _close(db, gc)
 
 
@@ -266,7 +253,7 @@ def test_a_failed_sync_while_emptying_the_journal_strands_no_later_record(
             await gc.submit([Put("kv", (f"k{i}", "g", i))])
         monkeypatch.undo()
         assert gc.checkpoints == 1
-        _crash_copy(path.parent, tmp_path / "a-crash")
+        crash_copy(path.parent, tmp_path / "a-crash")
         await gc.close()
         db.close()
 
@@ -310,11 +297,11 @@ def test_a_record_appended_while_a_reads_checkpoint_runs_is_never_emptied_away(
         await read
         monkeypatch.undo()
         assert gc.checkpoints == 1
-        assert [seq for seq, _ in scan(_journal(path).read_bytes())[0]] == [1, 2]
-        _crash_copy(path.parent, tmp_path / "a-crash")
+        assert [seq for seq, _ in scan(journal_of(path).read_bytes())[0]] == [1, 2]
+        crash_copy(path.parent, tmp_path / "a-crash")
         assert _kv(db) == [("k0", "g", 0), ("k1", "g", 1)]  # the next read applies k1
         assert gc.checkpoints == 2
-        assert _journal(path).stat().st_size == HEADER  # now everything in it is applied
+        assert journal_of(path).stat().st_size == HEADER  # now everything in it is applied
         await gc.close()
         db.close()
 
@@ -352,7 +339,7 @@ def test_30_writers_and_a_reader_applying_the_journal_lose_and_double_nothing(tm
         await asyncio.gather(*(writer(w) for w in range(30)))
         done.set()
         await read
-        _crash_copy(path.parent, tmp_path / "a-crash")
+        crash_copy(path.parent, tmp_path / "a-crash")
         assert len(_kv(db)) == 300
         await gc.close()
         db.close()
@@ -375,7 +362,7 @@ def test_a_restored_copy_never_applies_the_journal_of_the_original(tmp_path, cap
         b.parent.mkdir()
         await db.snapshot(b, [FORGET_JOURNAL])  # a backup (applies the journal first)
         await gc.submit([Put("kv", ("k2", "g", 2))])  # only in a's journal
-        shutil.copy(_journal(a), _journal(b))  # restored next to the old server's journal
+        shutil.copy(journal_of(a), journal_of(b))  # restored next to the old server's journal
         await gc.close()
         db.close()
 
@@ -388,7 +375,7 @@ def test_a_restored_copy_never_applies_the_journal_of_the_original(tmp_path, cap
 
     async def more() -> None:
         await gc.submit([Put("kv", ("k3", "g", 3))])
-        _crash_copy(b.parent, tmp_path / "b-crash")
+        crash_copy(b.parent, tmp_path / "b-crash")
 
     asyncio.run(more())
     _close(db, gc)
@@ -415,7 +402,7 @@ def test_a_journal_table_left_by_an_earlier_version_is_applied_once_and_dropped(
 # --- backups and exports of a crashed data directory -----------------------------------------
 
 
-def test_offline_backup_and_export_of_a_crashed_data_dir_include_the_journal(tmp_path):
+def test_offline_backup_and_export_of_a_crashed_data_dir_include_thejournal_of(tmp_path):
     from actors.directory import DirectoryService
     from engine.directory import OrgSettings
     from engine.memory import Reader
@@ -437,8 +424,8 @@ def test_offline_backup_and_export_of_a_crashed_data_dir_include_the_journal(tmp
         for text in texts:
             await svc.remember("bot:b_1", ann, text)
         assert svc.committer.checkpoints == 0  # nothing applied to the tables yet
-        _crash_copy(data, tmp_path / "crashed")
-        _crash_copy(data, tmp_path / "crashed-too")
+        crash_copy(data, tmp_path / "crashed")
+        crash_copy(data, tmp_path / "crashed-too")
         await svc.close()
 
     asyncio.run(write())
@@ -446,7 +433,7 @@ def test_offline_backup_and_export_of_a_crashed_data_dir_include_the_journal(tmp
     assert all(t.encode() in exported for t in texts)
 
     backup_offline(tmp_path / "crashed-too", tmp_path / "copy", with_key=True)
-    assert not _journal(tmp_path / "copy" / "shard-0.duckdb").exists()
+    assert not journal_of(tmp_path / "copy" / "shard-0.duckdb").exists()
 
     async def read() -> list[str]:
         svc = ShardService(tmp_path / "copy", 0, models={})

@@ -33,7 +33,7 @@ from actors.learning.memory_bot import MemoryBotRuntime
 from actors.learning.runs import LearningRunner
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
-from actors.shard.kernel import ShardKernel
+from actors.shard.kernel import ShardKernel, durable
 from engine.bot_policy import require_active, require_team
 from engine.chat_records import LearningJob, Turn
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
@@ -162,13 +162,25 @@ class Conversations:
             # The person's item is durable before the turn is acknowledged.
             batch = Batch(writes=[self.store.put_turn(log, turn)])
             self.logs.append(log, start.chat, [(item, text)], batch)
-            await self.logs.commit(start.chat.id, batch)
+            if plan is not None:
+                await self.logs.commit(start.chat.id, batch)
+                stored = None
+            else:  # a direct turn's step starts while it commits (below)
+                stored = self.logs.commit_soon(start.chat.id, log, batch)
         if plan is not None:
             task = asyncio.create_task(self.groups.run(start, turn, item, plan))
         else:
-            task = asyncio.create_task(self._run(start, turn, item))
+            # The bot's step overlaps the person's commit: what the turn stores goes `after`
+            # it (with it or later, never without it), and the turn is acknowledged only
+            # once it is durable.
+            task = asyncio.create_task(self._run(start, turn, item, stored))
         self._tasks[turn.id] = task
         task.add_done_callback(lambda _t, k=turn.id: self._tasks.pop(k, None))
+        try:
+            await durable(stored)
+        except BaseException:
+            task.cancel()  # nothing of it can be stored without the person's item
+            raise
         return turn
 
     async def _current(self, channel: Channel) -> Channel:
@@ -221,13 +233,19 @@ class Conversations:
         items = [self.logs.view(log, i) for i in log.items if i.turn == turn_id]
         return TurnResult(turn=turn, items=items)
 
-    async def _run(self, start: TurnStart, turn: Turn, person_item: Item) -> None:
+    async def _run(
+        self,
+        start: TurnStart,
+        turn: Turn,
+        person_item: Item,
+        after: asyncio.Future[None] | None = None,
+    ) -> None:
         """A direct (or review) turn: one step; its end, items, confessions and learning job
-        commit in one transaction."""
+        commit in one transaction, `after` the person's item (`_start_turn`)."""
         chat, org, bot = start.chat, start.org, start.bot
         assert bot is not None
         log = await self.logs.log(chat.id)
-        batch = Batch()
+        batch = Batch(after=after)
         effects: tuple[Effect, ...] = ()
         job = None
         async with self.logs.lock(chat.id):

@@ -351,3 +351,35 @@ def test_a_directory_that_never_shows_the_chat_holds_the_events_only_a_while(
             directory.store.db.close()
 
     assert asyncio.run(scenario()) == (True, True)
+
+
+def test_chats_written_together_replace_what_was_stored_under_their_ids(tmp_path: Path):
+    """`put_many` (two statements for any number of records) keeps one row per id: a record
+    written again replaces the stored one, and every new one is added."""
+
+    async def scenario() -> tuple[list[tuple[str, int]], dict[str, int]]:
+        directory = DirectoryService(tmp_path)
+        try:
+            org = await ann_org(directory)
+            bot = await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
+            root = await directory.create_chat("u_ann", None, bot=bot.id)
+            first = [agent_chat(root, bot.id, "col_1", f"dlv_{k}", k) for k in range(3)]
+            await directory.store.put_many("chats", first)
+            again = [agent_chat(root, bot.id, "col_1", f"dlv_{k}", 100 + k) for k in (1, 2, 3)]
+            await directory.store.put_many("chats", again)
+            rows = directory.store.db.query(
+                "SELECT id, count(*) FROM chats WHERE id LIKE 'chat_agent_%' "
+                "GROUP BY id ORDER BY id"
+            )
+        finally:
+            directory.store.db.close()
+        reopened = DirectoryService(tmp_path)
+        try:
+            made = {c.id: c.created_at for c in reopened.chats.values() if c.kind == "agent"}
+        finally:
+            reopened.store.db.close()
+        return rows, made
+
+    rows, made = asyncio.run(scenario())
+    assert rows == [(f"chat_agent_dlv_{k}", 1) for k in range(4)]
+    assert made == {f"chat_agent_dlv_{k}": at for k, at in [(0, 0), (1, 101), (2, 102), (3, 103)]}

@@ -25,8 +25,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from actors.contracts import ACCESS_POLL_WAIT as POLL_WAIT
 from actors.ports import EnginePort
-from engine.directory import Bot, Channel, Chat, ChatContext, Org, Principal
-from engine.errors import Forbidden, OpenBotError, Unauthenticated
+from engine.directory import Bot, Channel, Chat, ChatContext, Org, Principal, agent_chat_id
+from engine.errors import Forbidden, NotFound, OpenBotError, Unauthenticated
 from gateway.errors import error_response, status_of
 from storage.directory_store import hash_token
 
@@ -188,7 +188,7 @@ class Auth:
             ctx = self._cached_context(chat_id)
             if ctx is not None:
                 return ctx
-        revision, ctx = await self.engine.directory_port.chat_context_at(chat_id)
+        revision, ctx = await self._context_at(chat_id)
         if caching:
             floor = self._applied
             self.know_chat(ctx.chat)
@@ -198,6 +198,26 @@ class Auth:
             if ctx.channel is not None:
                 self._channels.put(ctx.channel.id, revision, (ctx.channel, ctx.members), floor)
         return ctx
+
+    async def _context_at(self, chat_id: str) -> tuple[int, ChatContext]:
+        """`chat_context_at`; a delivery's agent chat the directory does not have yet (its
+        shard registers it in the background, actors/chats/agent_chats.py) is found on the
+        shard that made it and shown in the directory first."""
+        directory = self.engine.directory_port
+        try:
+            return await directory.chat_context_at(chat_id)
+        except NotFound as e:
+            if e.code != "chat_not_found" or not chat_id.startswith(agent_chat_id("")):
+                raise
+            found = await asyncio.gather(
+                *(s.find_agent_chat(chat_id) for s in self.engine.shard_ports),
+                return_exceptions=True,
+            )
+            made = next((c for c in found if isinstance(c, Chat)), None)
+            if made is None:
+                raise
+            await directory.register_chats([made], False)
+            return await directory.chat_context_at(chat_id)
 
     def _cached_context(self, chat_id: str) -> ChatContext | None:
         chat = self._chats.get(chat_id)

@@ -14,7 +14,7 @@ import msgspec
 from actors.contracts import ChainView, Effect, LinkView, StepInput, StepOutcome
 from actors.shard.batch import Batch
 from engine.collaboration import Chain, ChainStatus, Link, find_link, new_chain
-from engine.directory import Bot, Chat, Org
+from engine.directory import Bot, Chat, Org, agent_chat
 from engine.errors import OpenBotError
 from engine.events import Audience, CollaborationChanged
 from storage.chat_store import ChatLog, Item
@@ -118,6 +118,21 @@ class ChainRecords:
         if len(self.chats) >= KNOWN_CHATS:
             self.chats.clear()
         self.chats[chat.id] = chat
+
+    async def agent_chat(self, chat_id: str) -> Chat | None:
+        """The `agent` chat of one of this shard's deliveries, made here (agent_chats.py),
+        whether or not the directory has it yet; None if no chain here has it."""
+        known = self.chats.get(chat_id)
+        if known is not None:
+            return known if known.kind == "agent" else None
+        for chain in (await self.all()).values():
+            for link in chain.links:
+                if link.agent_chat == chat_id:
+                    root = await self.chat(chain.root_chat)
+                    made = agent_chat(root, link.to_bot, chain.id, link.id, link.sent_at)
+                    self.know(made)
+                    return made
+        return None
 
     async def chat(self, chat_id: str) -> Chat:
         chat = self.chats.get(chat_id)

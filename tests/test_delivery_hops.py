@@ -14,6 +14,7 @@ from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
 from actors.shard.service import ShardService
 from engine.errors import StorageError
+from engine.events import CollaborationChanged
 from tests.chain_kit import PEER_SCRIPT, ann_org, asker_and_peer
 
 
@@ -122,6 +123,17 @@ def test_a_capped_linear_chain_costs_one_transaction_a_hop(tmp_path: Path):
                 for k in range(3)
             ]
             out = []
+            stage = svc.kernel.stage
+            announced: list[int] = []  # per staged batch: collaboration.changed per chain
+
+            def counted_stage(batch, pool=None):
+                chains = collections.Counter(
+                    p.collaboration for p, _ in batch.events if isinstance(p, CollaborationChanged)
+                )
+                announced.append(max(chains.values(), default=0))
+                return stage(batch, pool)
+
+            svc.kernel.stage = counted_stage  # type: ignore[method-assign]
             for _ in range(2):  # the second: nothing left to read or cache
                 chat = await directory.create_chat("u_ann", None, bot=bots[0].id)
                 tx = svc.committer.transactions
@@ -132,6 +144,7 @@ def test_a_capped_linear_chain_costs_one_transaction_a_hop(tmp_path: Path):
                 out.append((svc.committer.transactions - tx, dict(counting.calls)))
             listing = await svc.collaborations("u_ann", frozenset())
             registered = [k.agentChat in directory.chats for k in listing[-1].links[:8]]
+            assert announced and max(announced) == 1, announced  # once per chain and batch
             return out[-1], listing[-1], registered
         finally:
             await svc.close()

@@ -96,6 +96,14 @@ class ChainRecords:
             collaboration=chain.id, status=chain.status, chat=chain.root_chat
         )
         sink.key(root.key).add(Put(CHAINS.name, (chain.id, chain.org, doc, sealed)))
+        # One announcement per chain and transaction, of its latest state: a hop stages its
+        # chain twice (its request, then its sends), and after a cap every answer going up
+        # rides in one batch (clients read the chain again on each; the rows merge anyway).
+        sink.events[:] = [
+            (p, a)
+            for p, a in sink.events
+            if not (isinstance(p, CollaborationChanged) and p.collaboration == chain.id)
+        ]
         sink.emit(event, self.audience(chain))
 
     def begin(self, chat: Chat, turn: str, bot: str) -> Chain:

@@ -9,12 +9,15 @@ import asyncio
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from actors.chats.conversations import _turn_id
 from actors.contracts import TurnStart
 from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
 from actors.shard.service import ShardService
+from engine.directory import Chat
 from engine.errors import StorageError
 from storage.group_commit import GroupCommitter
 from tests.chain_kit import PEER_SCRIPT, asker_and_peer
@@ -22,15 +25,17 @@ from tests.chain_kit import PEER_SCRIPT, asker_and_peer
 PERSON_TEXT = "hello there"
 
 
-def _held_person_commit(monkeypatch, *, fail: bool) -> dict:
-    """The journal append holding the person's item waits 0.3 s (on the journal thread), then
-    fails if `fail`; `seen` records when it ended."""
+def _held_person_commit(monkeypatch, *, fail: bool, marker: str = "") -> dict:
+    """The journal append holding the person's item (the first with a turn row, or with one
+    that mentions `marker`) waits 0.3 s (on the journal thread), then fails if `fail`; `seen`
+    records when it ended."""
     original = GroupCommitter._append
     seen: dict = {}
 
     def append(self, batches):
         rows = [w for batch in batches for w in batch]
-        mine = any(getattr(w, "table", "") == "turns" for w in rows) and "person" not in seen
+        turns = [w for w in rows if getattr(w, "table", "") == "turns"]
+        mine = any(marker in repr(w.row) for w in turns) and "person" not in seen
         if mine:
             seen["person"] = True
             time.sleep(0.3)
@@ -117,3 +122,55 @@ def test_a_failed_persons_commit_fails_the_turn_and_stores_nothing_of_it(
 
     items, chains = asyncio.run(scenario())
     assert items == [] and chains == []
+
+
+@pytest.mark.parametrize("fail", [False, True])
+@pytest.mark.parametrize("loaded", [True, False])
+def test_the_same_request_again_is_acknowledged_only_once_the_item_is_durable(
+    tmp_path: Path, monkeypatch, fail: bool, loaded: bool
+):
+    """Two calls of one turn (same `requestId`) at once while the person's item commits. In a
+    chat already in memory (`loaded`) the second finds the turn before the first's step takes
+    the chat, and answers with it only once it is durable (the same error if it failed); in a
+    new chat it finds the turn after that commit settled, and when it failed, tries again from
+    what is stored instead of answering with the turn memory held."""
+    seen = _held_person_commit(monkeypatch, fail=fail, marker=_turn_id("chat_r", "r-1"))
+
+    async def scenario():
+        svc, directory, _model = _service(tmp_path)
+        try:
+            org, asker, _ = await asker_and_peer(directory)
+            chat = Chat(id="chat_r", kind="direct", owner="u_ann", org=org.id, bot=asker.id)
+            warm = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="hello")
+            if loaded:
+                await svc.start_turn(warm, True)  # the chat's log is in memory now
+            start = msgspec.structs.replace(warm, text="hi", request_id="r-1")
+
+            async def call() -> tuple[float, str]:
+                try:
+                    turn = await svc.start_turn(start)
+                except StorageError as e:
+                    return time.monotonic(), e.code
+                return time.monotonic(), turn.id
+
+            answers = await asyncio.gather(call(), call())
+            await svc.chains_idle()
+        finally:
+            await svc.close()
+        again = ShardService(tmp_path, 0, models={})
+        again.peers.connect(directory=directory)
+        try:
+            items = await again.chat_items(chat.id)
+            return answers, [i.kind for i in items]
+        finally:
+            await again.close()
+            directory.store.db.close()
+
+    answers, kinds = asyncio.run(scenario())
+    assert all(t >= seen["person_done"] for t, _ in answers), (answers, seen)
+    turns = {a for _, a in answers if a.startswith("turn_")}
+    assert len(turns) <= 1 and kinds.count("person") == loaded + len(turns)
+    if not fail:
+        assert len(turns) == 1 and all(a in turns for _, a in answers)
+    else:
+        assert any(a == "storage_error" for _, a in answers)

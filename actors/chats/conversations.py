@@ -72,6 +72,8 @@ class Conversations:
         self._scheduled: set[str] = set()  # learning jobs being stored right now
         # The channel as each group chat's last mode switch here left it (switch_mode).
         self._switched: dict[str, Channel] = {}
+        # Turn → the commit of its person's item, while it runs (`_start_turn`).
+        self._storing: dict[str, asyncio.Future[None]] = {}
 
     @staticmethod
     def _plan(start: TurnStart) -> Plan | None:
@@ -133,13 +135,18 @@ class Conversations:
             current = await self._current(start.channel)
             self._switched.setdefault(start.chat.id, current)
         async with self.logs.lock(start.chat.id):
+            if not self.logs.holds(log):  # a failed commit dropped it while this waited
+                log = await self.logs.log(start.chat.id)
             turn_id = (
                 _turn_id(start.chat.id, start.request_id)
                 if start.request_id
                 else "turn_" + secrets.token_hex(8)
             )
             if turn_id in log.turns:
-                return log.turns[turn_id]  # the same request again: the same turn, not a second
+                # The same request again: the same turn, not a second, acknowledged as the first
+                # is, once its person's item is durable.
+                await durable(self._storing.get(turn_id))
+                return log.turns[turn_id]
             if start.channel is not None:
                 # Mode switches happen here, under this lock (switch_mode): the latest one is
                 # the mode. A turn never runs in a mode the group has left.
@@ -167,6 +174,9 @@ class Conversations:
                 stored = None
             else:  # a direct turn's step starts while it commits (below)
                 stored = self.logs.commit_soon(start.chat.id, log, batch)
+                if stored is not None:
+                    self._storing[turn_id] = stored
+                    stored.add_done_callback(lambda _f, k=turn_id: self._storing.pop(k, None))
         if plan is not None:
             task = asyncio.create_task(self.groups.run(start, turn, item, plan))
         else:

@@ -13,9 +13,10 @@ import msgspec
 
 from actors.contracts import ChainView, Effect, LinkView, StepInput, StepOutcome
 from actors.shard.batch import Batch
+from actors.shard.single_flight import SingleFlight
 from engine.collaboration import Chain, ChainStatus, Link, find_link, new_chain
 from engine.directory import Bot, Chat, Org, agent_chat
-from engine.errors import OpenBotError
+from engine.errors import NotFound, OpenBotError
 from engine.events import Audience, CollaborationChanged
 from storage.chat_store import ChatLog, Item
 from storage.crypto import aad
@@ -34,6 +35,7 @@ class ChainRecords:
         self.conv = logs
         self.peers = peers
         self._loaded: dict[str, Chain] | None = None
+        self._once: SingleFlight[dict[str, Chain]] = SingleFlight()
         self.texts: dict[str, dict[str, dict[str, str]]] = {}
         self.channel: dict[str, str | None] = {}
         self.learn: dict[str, list[tuple[int, str]]] = {}  # turn → jobs waiting for it
@@ -44,27 +46,29 @@ class ChainRecords:
 
     async def all(self) -> dict[str, Chain]:
         if self._loaded is None:
-            rows = await self.kernel.db.run(
-                lambda con: con.execute("SELECT doc, texts FROM chains").fetchall()
-            )
-            chains: dict[str, Chain] = {}
-            for doc, texts in rows:
-                record = msgspec.json.decode(doc)
-                chain = msgspec.convert(record["chain"], Chain)
-                chains[chain.id] = chain
-                self.channel[chain.id] = record.get("channel")
-                if record.get("learn"):
-                    self.learn[chain.topic] = [tuple(x) for x in record["learn"]]
-                if record.get("unregistered"):
-                    self.unregistered[chain.id] = set(record["unregistered"])
-                root = await self.conv.log(chain.root_chat)
-                opened = root.cipher.open(
-                    texts, aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}")
-                )
-                self.texts[chain.id] = _texts_dec.decode(opened)
-            if self._loaded is None:
-                self._loaded = chains
+            # Read once however many ask at once (recovery at start, find_agent_chat): a
+            # second read would overwrite texts, learning and unregistered links changed since.
+            self._loaded = await self._once.get("chains", self._load)
         return self._loaded
+
+    async def _load(self) -> dict[str, Chain]:
+        rows = await self.kernel.db.run(
+            lambda con: con.execute("SELECT doc, texts FROM chains").fetchall()
+        )
+        chains: dict[str, Chain] = {}
+        for doc, texts in rows:
+            record = msgspec.json.decode(doc)
+            chain = msgspec.convert(record["chain"], Chain)
+            chains[chain.id] = chain
+            self.channel[chain.id] = record.get("channel")
+            if record.get("learn"):
+                self.learn[chain.topic] = [tuple(x) for x in record["learn"]]
+            if record.get("unregistered"):
+                self.unregistered[chain.id] = set(record["unregistered"])
+            root = await self.conv.log(chain.root_chat)
+            opened = root.cipher.open(texts, aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}"))
+            self.texts[chain.id] = _texts_dec.decode(opened)
+        return chains
 
     def audience(self, chain: Chain) -> Audience:
         channel = self.channel.get(chain.id)
@@ -145,7 +149,13 @@ class ChainRecords:
     async def chat(self, chat_id: str) -> Chat:
         chat = self.chats.get(chat_id)
         if chat is None:
-            chat = await self.peers.directory().get_chat(chat_id)
+            try:
+                chat = await self.peers.directory().get_chat(chat_id)
+            except NotFound:
+                # An agent chat made here reaches the directory a moment after its delivery.
+                chat = await self.agent_chat(chat_id)
+                if chat is None:
+                    raise
             self.know(chat)
         return chat
 

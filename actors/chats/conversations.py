@@ -64,6 +64,8 @@ class Conversations:
         self.store = logs.store
         self.runtime = runtime
         self.learning = learning
+        # A learning job may read an agent chat made here before the directory has it.
+        learning.chat_of = chains.records.chat
         self.stepper = stepper
         self.groups = groups
         self.chains = chains

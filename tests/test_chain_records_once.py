@@ -49,6 +49,11 @@ def _with_a_chain(tmp_path: Path) -> tuple[dict, str, str]:
             [chain] = await svc.collaborations("u_ann", frozenset())
             agent = chain.links[0].agentChat
             assert agent is not None
+            # Found by its link (the chats this shard met are a bounded cache).
+            svc.chains.records.chats.clear()
+            found = await svc.find_agent_chat(agent)
+            assert found is not None and found.id == agent and found.kind == "agent"
+            assert await svc.find_agent_chat("chat_agent_dlv_nobody") is None
             return chain.id, agent
         finally:
             await svc.close()

@@ -15,7 +15,7 @@ from actors.contracts import ChainView, Effect, LinkView, StepInput, StepOutcome
 from actors.shard.batch import Batch
 from actors.shard.single_flight import SingleFlight
 from engine.collaboration import Chain, ChainStatus, Link, find_link, new_chain
-from engine.directory import Bot, Chat, Org, agent_chat
+from engine.directory import Bot, Chat, Org, agent_chat, agent_chat_id
 from engine.errors import NotFound, OpenBotError
 from engine.events import Audience, CollaborationChanged
 from storage.chat_store import ChatLog, Item
@@ -36,6 +36,7 @@ class ChainRecords:
         self.peers = peers
         self._loaded: dict[str, Chain] | None = None
         self._once: SingleFlight[dict[str, Chain]] = SingleFlight()
+        self._link_chain: dict[str, str] = {}  # link → its chain (every chain's links)
         self.texts: dict[str, dict[str, dict[str, str]]] = {}
         self.channel: dict[str, str | None] = {}
         self.learn: dict[str, list[tuple[int, str]]] = {}  # turn → jobs waiting for it
@@ -60,6 +61,7 @@ class ChainRecords:
             record = msgspec.json.decode(doc)
             chain = msgspec.convert(record["chain"], Chain)
             chains[chain.id] = chain
+            self._link_chain.update((link.id, chain.id) for link in chain.links)
             self.channel[chain.id] = record.get("channel")
             if record.get("learn"):
                 self.learn[chain.topic] = [tuple(x) for x in record["learn"]]
@@ -83,6 +85,7 @@ class ChainRecords:
         if ended and (before is None or before.status != chain.status):
             log.warning("collaboration %s %s: %s", chain.id, chain.status, chain.reason)
         chains[chain.id] = chain
+        self._link_chain.update((link.id, chain.id) for link in chain.links)
         root = await self.conv.log(chain.root_chat)
         sealed = root.cipher.seal(
             _enc.encode(self.texts.get(chain.id, {})),
@@ -137,13 +140,15 @@ class ChainRecords:
         known = self.chats.get(chat_id)
         if known is not None:
             return known if known.kind == "agent" else None
-        for chain in (await self.all()).values():
-            for link in chain.links:
-                if link.agent_chat == chat_id:
-                    root = await self.chat(chain.root_chat)
-                    made = agent_chat(root, link.to_bot, chain.id, link.id, link.sent_at)
-                    self.know(made)
-                    return made
+        chains = await self.all()  # fills `_link_chain`
+        # The chat is named after its link (agent_chat_id): one chain to look in, not all.
+        chain = chains.get(self._link_chain.get(chat_id.removeprefix(agent_chat_id("")), ""))
+        for link in chain.links if chain is not None else ():
+            if link.agent_chat == chat_id:
+                root = await self.chat(chain.root_chat)
+                made = agent_chat(root, link.to_bot, chain.id, link.id, link.sent_at)
+                self.know(made)
+                return made
         return None
 
     async def chat(self, chat_id: str) -> Chat:

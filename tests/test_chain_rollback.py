@@ -16,6 +16,7 @@ from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
 from actors.shard.service import ShardService
 from engine.errors import StorageError
+from storage.chat_store import INTERRUPTED
 from tests.chain_kit import PEER_SCRIPT, asker_and_peer
 
 
@@ -112,7 +113,7 @@ def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_dupli
     assert not busy  # no phantom chain keeps the chat busy (a mode switch would be refused)
     first_turn = retried[0].turn
     assert [r.turn.id for r in retried] == [first_turn.id] * 2
-    assert all(r.turn.status == "failed" for r in retried)
+    assert all((r.turn.status, r.turn.error) == ("failed", INTERRUPTED) for r in retried)
     assert [[i.kind for i in r.items] for r in retried] == [["person"]] * 2
     assert after_retry == []
     assert second.turn.id != first_turn.id and second.turn.status == "done"

@@ -295,11 +295,11 @@ class GroupCommitter:
         if not writes and after is not None:
             return after
         fut: asyncio.Future[None] = loop.create_future()
-        if self._closing:
-            fut.set_exception(StorageError(CLOSING, code="closing"))
-            return fut
         if not writes:
             fut.set_result(None)
+            return fut
+        if self._closing:
+            fut.set_exception(StorageError(CLOSING, code="closing"))
             return fut
         self._queue.append((writes, fut, after))
         self._last = fut

@@ -97,3 +97,68 @@ def arrivals(
     else:
         raise ValueError(f"unknown write order {order!r}")
     return [arrival(c, t, n * STEP_MS) for n, (c, t) in enumerate(seq)]
+
+
+SLOW_WINDOW_S = 0.5  # `slow` through the API: the server's context window, and the gap
+SLOW_GAP_S = 0.7  # between sessions (the pace of 120 s and more, scaled down)
+
+
+def write_through_api(client, convs: list[Conversation], order: str, content: str, bot: str):
+    """Write every turn as a workspace memory the way `order` says (benchmarks/retrieval.py;
+    real requests in flight for `concurrent-N` and `parallel`, real pauses for `slow`);
+    returns memory id -> turn id."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    projects: dict[int, str] = {}
+    if order == "per-project":
+        for c in range(len(convs)):
+            resp = client.post(
+                "/api/app/workspace/projects",
+                json={"requestId": f"p-{c}", "name": f"conversation {c}"},
+            )
+            resp.raise_for_status()
+            projects[c] = resp.json()["id"]
+    ids: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def one(a: Arrival) -> None:
+        body: dict = {
+            "requestId": f"r-{a.turn.id}",
+            "scope": "user",
+            "bot": bot,
+            "content": a.content,
+        }
+        if a.project is not None:
+            body.update(scope="project", project=projects[a.project])
+        if a.topics:
+            body["topics"] = list(a.topics)
+        resp = client.post("/api/app/workspace/memories", json=body)
+        resp.raise_for_status()
+        with lock:
+            ids[resp.json()["id"]] = a.turn.id
+
+    if order.startswith("concurrent-"):
+        in_order = arrivals(convs, "sequential", content)
+        with ThreadPoolExecutor(int(order.split("-")[1])) as pool:
+            list(pool.map(one, in_order))
+    elif order == "parallel":
+        in_order = arrivals(convs, "sequential", content)
+
+        def conversation(c: int) -> None:
+            for a in in_order:
+                if a.conversation == c:
+                    one(a)
+
+        with ThreadPoolExecutor(len(convs)) as pool:
+            list(pool.map(conversation, range(len(convs))))
+    else:
+        session = None
+        for a in arrivals(convs, order, content):
+            s = a.turn.id.rsplit("-t", 1)[0]
+            if order == "slow" and session is not None and s != session:
+                time.sleep(SLOW_GAP_S)
+            session = s
+            one(a)
+    return ids

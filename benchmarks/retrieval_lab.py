@@ -80,6 +80,40 @@ class Written:
     before: list[int] | None
 
 
+class Picker:
+    """Experimental: `affN-K` the recent record (of the last K) sharing most keys (at least
+    N), `adaptN-K-T` the last record while the stream looks written in order (the best match
+    of a record is among the last two for a share T of records, moving average), else as
+    `affN-K`."""
+
+    def __init__(self, policy: str) -> None:
+        kind, *nums = policy.replace("adapt", "adapt-").replace("aff", "aff-").split("-")
+        self.kind = kind
+        self.min = int(nums[0])
+        self.k = int(nums[1])
+        self.t = float(nums[2]) if len(nums) > 2 else 0.0
+        self.recent: list = []
+        self.near = 1.0
+
+    def pick(self, last, own):
+        mine = set(own)
+        best, best_n, lag_best = None, 0, 0
+        for lag, (w, keys) in enumerate(reversed(self.recent[-self.k :]), 1):
+            n = len(mine & keys)
+            if n > best_n:
+                best, best_n, lag_best = w, n, lag
+        if best is not None:
+            self.near += 0.02 * ((lag_best <= 2) - self.near)
+        if self.kind == "adapt" and self.near >= self.t:
+            return last
+        return best if best_n >= self.min else None
+
+    def add(self, w) -> None:
+        self.recent.append((w, frozenset(w.own)))
+        if len(self.recent) > 2 * self.k:
+            del self.recent[: self.k]
+
+
 def keyword_lists(convs, questions, context: str) -> list[list[Hit]]:
     """Keyword hits as a shard ranks them: each turn indexed by `in_context` with the turns
     before and after it (`context="both"`, what a shard does for records written in a row),
@@ -110,17 +144,23 @@ def ordered_keyword_lists(
     analyzer = Analyzer(b"k" * 32)
     indexes: dict[object, TermIndex] = defaultdict(TermIndex)
     streams: dict[object, dict] = defaultdict(dict)
+    pickers: dict[object, Picker] = {}
     for a in arrivals:
         index = indexes[a.project]
         own = analyzer.key_list(a.content)
-        stream = wc.stream_of("bot", (), a.topics if policy == "stream" else ())
+        stream = wc.stream_of("bot", (), a.topics if policy != "pool" else ())
         last = streams[a.project].get(stream)
+        if policy.startswith(("aff", "adapt")):
+            picker = pickers.setdefault((a.project, stream), Picker(policy))
+            last = picker.pick(last, own)
         before = None
         if policy != "own" and wc.in_window(last, a.at, window_ms):
             before = last.own
             index.put(last.entry_id, in_context(last.own, last.before, own))
         new = Written(a.at, a.turn.id, own, before)
         wc.remember(streams[a.project], stream, new, a.at, window_ms)
+        if policy.startswith(("aff", "adapt")):
+            pickers[(a.project, stream)].add(new)
         index.put(a.turn.id, in_context(own, before))
     out = []
     for q in questions:

@@ -38,8 +38,15 @@ import Stemmer
 
 from engine.text_terms import TermMaker
 
-K1 = 1.2
-B = 0.75
+# BM25's term saturation and length normalisation: Anserini's short-passage values (k1 0.9,
+# b 0.4) rather than the classic 1.2 / 0.75. Dialog turns and notes are short, and the longer
+# ones are those that tell something: full length normalisation buried them. Keyword
+# recall@10 (benchmarks/retrieval_lab.py, own words only / with neighbours' words):
+# LoCoMo-like 0.497 / 0.662 -> 0.682 / 0.683, synthetic 0.573 / 0.711 -> 0.575 / 0.723; so
+# recall no longer depends on the order a harness writes records in (own words only is what
+# a record written among other conversations' gets).
+K1 = 0.9
+B = 0.4
 _stemmer = Stemmer.Stemmer("english")
 _MEMO_MAX = 500_000
 

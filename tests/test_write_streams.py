@@ -197,3 +197,32 @@ def test_streams_are_bounded_and_keep_the_recent_ones():
     assert list(streams) == ["late"]  # the others are out of the window: dropped
     assert wc.in_window(W(5), 5, 1) and not wc.in_window(W(5), 7, 1)
     assert not wc.in_window(W(5), 5, 0) and not wc.in_window(None, 5, 1)
+
+
+def test_bot_memory_search_ranks_learned_entries_and_records_as_one_index(tmp_path: Path):
+    """`GET /v1/bots/{bot}/memory?q=`: a bot's learned entries and its workspace records are
+    two indexes merged by score; each hit scores as in one index holding every text."""
+    from engine.memory import Reader
+    from storage.search_index import TermIndex
+
+    learned = ["zork blip", "zork zork fleem", "zork gronk wibble", "fleem gronk"]
+    records = ["zork wibble", "fleem plonk quux", "quux"]
+    ann = Reader(user="u_ann", org="o_1", uses_bot=True)
+
+    async def main() -> None:
+        svc = await _open(tmp_path, context_s=0)
+        for t in learned:
+            await svc.remember("bot:b_1", ann, t, [])
+        for t in records:
+            await _create(svc, ANN, t, Scope.BOT)
+        analyzer = svc.ws_pools.kernel.analyzer
+        one = TermIndex()
+        one.build((t, analyzer.keys(t)) for t in [*learned, *records])
+        for q in ("zork", "zork fleem", "quux wibble"):
+            page = await svc.search_memory_page("bot:b_1", ann, q, 10)
+            got = {e.content: round(e.score, 4) for e in page.entries}
+            want = {t: round(s, 4) for t, s in one.search(analyzer.query(q), 10)}
+            assert got == want, q
+        await _close(svc)
+
+    asyncio.run(main())

@@ -14,11 +14,12 @@ a conversation kept as memories find each other's questions (actors/workspace/po
 - the record's topics: a client writing several conversations at once (round-robin, or with
   many requests in flight) keeps each conversation's context by naming it in `topics`.
 
-Measured on LoCoMo-like dialogs (benchmarks/retrieval_lab.py --write-order, keyword
-recall@10, 5 conversations): in order 0.691 (0.639 without context); round-robin across
-conversations 0.623 with the pool's last record as neighbour, 0.692 with the conversation in
-`topics`. Choosing among a stream's recent records by shared words instead (a neighbour from
-another conversation costs a little recall) gained 2 points on interleaved writes but lost 3
+Measured by benchmarks/retrieval_lab.py --write-order (quick LoCoMo-like set, keyword / hybrid
+recall@10): in order 0.703 / 0.759, no context 0.714 / 0.736; round-robin across conversations
+with the pool's last record as neighbour 0.666 / 0.739, with each conversation in `topics`
+0.704 / 0.759 (on the synthetic set, context is worth 15 points of keyword recall). Choosing
+among a stream's recent records by shared words instead, always or once the writes looked
+interleaved, did no better than the last record on interleaved writes and lost up to 4 points
 on ordered ones, so a stream's neighbour is its last record.
 
 Pure: time is passed in.

@@ -192,8 +192,9 @@ async def keyword_stats(
     pool's own, a conversation kept in its own project ranked by its own document frequencies
     (the speakers' names in every turn count for nothing), and keyword recall@10 on LoCoMo-like
     dialogs, one project per conversation, was 0.548 against 0.691 in one pool; with these,
-    0.680 (benchmarks/retrieval_lab.py --write-order per-project, quick set, BM25 1.2/0.75). The statistics are those of
-    pools the caller may read, as a pool's own are (a bot pool's hidden records count in both)."""
+    0.680 (benchmarks/retrieval_lab.py --write-order per-project, quick set, BM25 1.2/0.75).
+    The statistics are those of pools the caller may read, as a pool's own are (a bot pool's
+    hidden records count in both)."""
     parts = [p.index.stats(keys) for p in pools]
     for pool in pools:
         if pool.id.startswith("bot:"):

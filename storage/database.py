@@ -174,9 +174,20 @@ class Database:
         return await loop.run_in_executor(self._aside, self._aside_run, fn)
 
     def _aside_run(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
-        assert self._aside_con is not None
+        # One transaction: a read of several statements (a pool's rows, then its log; term
+        # rows, then their highest seq) sees one state, never half of a commit or checkpoint
+        # the database thread made between two of them.
+        con = self._aside_con
+        assert con is not None
         try:
-            return fn(self._aside_con)
+            con.begin()
+            try:
+                out = fn(con)
+            except BaseException:
+                con.rollback()
+                raise
+            con.commit()
+            return out
         except duckdb.Error as e:
             raise _convert(e, "database error") from e
 

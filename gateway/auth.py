@@ -44,6 +44,9 @@ def is_public(path: str) -> bool:
 
 log = logging.getLogger("openbot.auth")
 TRUST = POLL_WAIT + 0.5  # seconds the cache is used after the watch last answered
+# Seconds an agent chat id no shard knew is not asked of every shard again (the directory is
+# still asked first, so a chat registered meanwhile is found at once).
+AGENT_MISS_TTL = 1.0
 
 
 class _Cache:
@@ -95,6 +98,7 @@ class Auth:
         self._orgs = _Cache(ttl)
         self._channels = _Cache(ttl)
         self._chats: dict[str, Chat] = {}
+        self._agent_misses: dict[str, float] = {}  # agent chat id → until when it is a miss
         self._applied = 0  # the directory access revision the caches reflect
         self._heard = 0.0  # when the watch last answered (monotonic)
         self._watch: asyncio.Task[None] | None = None
@@ -209,12 +213,18 @@ class Auth:
         except NotFound as e:
             if e.code != "chat_not_found" or not chat_id.startswith(agent_chat_id("")):
                 raise
+            if self._agent_misses.get(chat_id, 0.0) > time.monotonic():
+                raise
             found = await asyncio.gather(
                 *(s.find_agent_chat(chat_id) for s in self.engine.shard_ports),
                 return_exceptions=True,
             )
             made = next((c for c in found if isinstance(c, Chat)), None)
             if made is None:
+                if self.ttl > 0:
+                    if len(self._agent_misses) >= 10_000:
+                        self._agent_misses.clear()
+                    self._agent_misses[chat_id] = time.monotonic() + AGENT_MISS_TTL
                 raise
             await directory.register_chats([made], False)
             return await directory.chat_context_at(chat_id)

@@ -26,7 +26,7 @@ from actors.models.registry import ModelError, measured
 from actors.runtime.lock_guard import assert_no_pool_lock
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
-from actors.shard.kernel import ShardKernel
+from actors.shard.kernel import ShardKernel, durable
 from actors.shard.seed_memory import SeedMemory
 from engine.bot_memory import as_scoped
 from engine.bot_policy import require_collaboration
@@ -71,6 +71,17 @@ UNRECORDED_TOOLS = frozenset(
         "workspace_create_agent",
         "workspace_send_to_agent",
         "workspace_post_to_group",
+    }
+)
+
+# Tools that change something outside the step's batch at once (the directory, requests).
+WRITING_TOOLS = frozenset(
+    {
+        "workspace_update_self_rules",
+        "workspace_create_agent",
+        "workspace_rename_agent",
+        "workspace_archive_agent",
+        "workspace_request_approval",
     }
 )
 
@@ -180,7 +191,7 @@ class BotStepper:
                         confided = True
                         confessions += 1
                 else:
-                    result = await self._workspace_tool(call, step, effects)
+                    result = await self._workspace_tool(call, step, effects, batch.after)
                 if call.name in offered and call.name not in UNRECORDED_TOOLS:
                     used.append(
                         ToolUse(
@@ -319,10 +330,17 @@ class BotStepper:
         batch.writes.append(self.store.confession_row(await log(), record, n))
         return answer
 
-    async def _workspace_tool(self, call: ToolCall, step: StepInput, effects: list[Effect]):
+    async def _workspace_tool(
+        self, call: ToolCall, step: StepInput, effects: list[Effect], after=None
+    ):
+        """`after`: the commit the step's own rows wait for (a direct turn's person item).
+        Tools that write elsewhere at once wait for it first: a turn whose item failed to
+        store leaves no member, rules change or request behind for its retry to repeat."""
         args = _args(call)
         bot = step.bot
         try:
+            if call.name in WRITING_TOOLS:
+                await durable(after)
             if call.name == "workspace_get_self_rules":
                 return _enc.encode(rules_view(bot)).decode()
             if call.name == "workspace_update_self_rules":

@@ -13,8 +13,9 @@ import msgspec
 
 from actors.contracts import ChainView, Effect, LinkView, StepInput, StepOutcome
 from actors.shard.batch import Batch
+from actors.shard.single_flight import SingleFlight
 from engine.collaboration import Chain, ChainStatus, Link, find_link, new_chain
-from engine.directory import Bot, Chat, Org, agent_chat
+from engine.directory import Bot, Chat, Org, agent_chat, agent_chat_id
 from engine.errors import NotFound, OpenBotError
 from engine.events import Audience, CollaborationChanged
 from storage.chat_store import ChatLog, Item
@@ -42,6 +43,8 @@ class ChainRecords:
         self.conv = logs
         self.peers = peers
         self._loaded: dict[str, Chain] | None = None
+        self._once: SingleFlight[dict[str, Chain]] = SingleFlight()
+        self._link_chain: dict[str, str] = {}  # link → its chain (every chain's links)
         self.texts: dict[str, dict[str, dict[str, str]]] = {}
         self.channel: dict[str, str | None] = {}
         self.learn: dict[str, list[tuple[int, str]]] = {}  # turn → jobs waiting for it
@@ -55,27 +58,30 @@ class ChainRecords:
 
     async def all(self) -> dict[str, Chain]:
         if self._loaded is None:
-            rows = await self.kernel.db.run(
-                lambda con: con.execute("SELECT doc, texts FROM chains").fetchall()
-            )
-            chains = _Chains()
-            for doc, texts in rows:
-                record = msgspec.json.decode(doc)
-                chain = msgspec.convert(record["chain"], Chain)
-                chains[chain.id] = chain
-                self.channel[chain.id] = record.get("channel")
-                if record.get("learn"):
-                    self.learn[chain.topic] = [tuple(x) for x in record["learn"]]
-                if record.get("unregistered"):
-                    self.unregistered[chain.id] = set(record["unregistered"])
-                root = await self.conv.log(chain.root_chat)
-                opened = root.cipher.open(
-                    texts, aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}")
-                )
-                self.texts[chain.id] = _texts_dec.decode(opened)
-            if self._loaded is None:
-                self._loaded = chains
+            # Read once however many ask at once (recovery at start, find_agent_chat): a
+            # second read would overwrite texts, learning and unregistered links changed since.
+            self._loaded = await self._once.get("chains", self._load)
         return self._loaded
+
+    async def _load(self) -> dict[str, Chain]:
+        rows = await self.kernel.db.run(
+            lambda con: con.execute("SELECT doc, texts FROM chains").fetchall()
+        )
+        chains = _Chains()
+        for doc, texts in rows:
+            record = msgspec.json.decode(doc)
+            chain = msgspec.convert(record["chain"], Chain)
+            chains[chain.id] = chain
+            self._link_chain.update((link.id, chain.id) for link in chain.links)
+            self.channel[chain.id] = record.get("channel")
+            if record.get("learn"):
+                self.learn[chain.topic] = [tuple(x) for x in record["learn"]]
+            if record.get("unregistered"):
+                self.unregistered[chain.id] = set(record["unregistered"])
+            root = await self.conv.log(chain.root_chat)
+            opened = root.cipher.open(texts, aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}"))
+            self.texts[chain.id] = _texts_dec.decode(opened)
+        return chains
 
     def audience(self, chain: Chain) -> Audience:
         channel = self.channel.get(chain.id)
@@ -90,6 +96,7 @@ class ChainRecords:
         if ended and (before is None or before.status != chain.status):
             log.warning("collaboration %s %s: %s", chain.id, chain.status, chain.reason)
         chains[chain.id] = chain
+        self._link_chain.update((link.id, chain.id) for link in chain.links)
         if before is None:
             self._unstored[chain.id] = 0
         if chain.id in self._unstored:
@@ -166,19 +173,27 @@ class ChainRecords:
         known = self.chats.get(chat_id)
         if known is not None:
             return known if known.kind == "agent" else None
-        for chain in (await self.all()).values():
-            for link in chain.links:
-                if link.agent_chat == chat_id:
-                    root = await self.chat(chain.root_chat)
-                    made = agent_chat(root, link.to_bot, chain.id, link.id, link.sent_at)
-                    self.know(made)
-                    return made
+        chains = await self.all()  # fills `_link_chain`
+        # The chat is named after its link (agent_chat_id): one chain to look in, not all.
+        chain = chains.get(self._link_chain.get(chat_id.removeprefix(agent_chat_id("")), ""))
+        for link in chain.links if chain is not None else ():
+            if link.agent_chat == chat_id:
+                root = await self.chat(chain.root_chat)
+                made = agent_chat(root, link.to_bot, chain.id, link.id, link.sent_at)
+                self.know(made)
+                return made
         return None
 
     async def chat(self, chat_id: str) -> Chat:
         chat = self.chats.get(chat_id)
         if chat is None:
-            chat = await self.peers.directory().get_chat(chat_id)
+            try:
+                chat = await self.peers.directory().get_chat(chat_id)
+            except NotFound:
+                # An agent chat made here reaches the directory a moment after its delivery.
+                chat = await self.agent_chat(chat_id)
+                if chat is None:
+                    raise
             self.know(chat)
         return chat
 

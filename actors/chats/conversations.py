@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
+from functools import partial
 
 import msgspec
 
@@ -63,6 +64,8 @@ class Conversations:
         self.store = logs.store
         self.runtime = runtime
         self.learning = learning
+        # A learning job may read an agent chat made here before the directory has it.
+        learning.chat_of = chains.records.chat
         self.stepper = stepper
         self.groups = groups
         self.chains = chains
@@ -176,7 +179,7 @@ class Conversations:
                 stored = self.logs.commit_soon(start.chat.id, log, batch)
                 if stored is not None:
                     self._storing[turn_id] = stored
-                    stored.add_done_callback(lambda _f, k=turn_id: self._storing.pop(k, None))
+                    stored.add_done_callback(partial(_drop, self._storing, turn_id))
         if plan is not None:
             task = asyncio.create_task(self.groups.run(start, turn, item, plan))
         else:
@@ -185,12 +188,13 @@ class Conversations:
             # once it is durable.
             task = asyncio.create_task(self._run(start, turn, item, stored))
         self._tasks[turn.id] = task
-        task.add_done_callback(lambda _t, k=turn.id: self._tasks.pop(k, None))
-        try:
-            await durable(stored)
-        except BaseException:
-            task.cancel()  # nothing of it can be stored without the person's item
-            raise
+        # A retry of a failed turn stores its own task under the same id: only this one goes.
+        task.add_done_callback(partial(_drop, self._tasks, turn.id))
+        if stored is not None:
+            # Nothing of the turn can be stored without the person's item; but a caller that
+            # goes away (cancelled) leaves the turn to end as it would have.
+            stored.add_done_callback(partial(_cancel_unless_stored, task))
+        await durable(stored)
         return turn
 
     async def _current(self, channel: Channel) -> Channel:
@@ -446,6 +450,16 @@ class Conversations:
         finally:
             self._scheduled.discard(job.id)  # stored (or not at all): the table answers now
         return job.id
+
+
+def _drop(held: dict, key: str, fut: asyncio.Future) -> None:
+    if held.get(key) is fut:
+        del held[key]
+
+
+def _cancel_unless_stored(task: asyncio.Task, stored: asyncio.Future) -> None:
+    if stored.cancelled() or stored.exception() is not None:
+        task.cancel()
 
 
 def _mirrored(chat: str, m: Mirrored) -> Item:

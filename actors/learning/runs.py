@@ -75,6 +75,7 @@ class LearningRunner:
         self.memory = memory
         self.logs = logs  # the evidence: chat items kept on this shard
         self.peers = peers
+        self.chat_of = lambda chat: peers.directory().get_chat(chat)  # + this shard's agent chats
         kernel.on_evict_memory.append(self.forget_pool)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._chains: dict[tuple[str, str], asyncio.Lock] = {}
@@ -452,7 +453,7 @@ class LearningRunner:
         )
         project: str | None = None
         if any(m.scope == Scope.PROJECT for m, _ in scoped):
-            project = (await self.peers.directory().get_chat(job.chat)).project
+            project = (await self.chat_of(job.chat)).project
         by_pool: dict[str, list[sm.Extraction]] = {}
         refused: list[str] = []
         for meta, text in scoped:

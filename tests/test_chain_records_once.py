@@ -1,0 +1,135 @@
+"""A shard's chain records (actors/chats/chain_records.py): read from the file once however
+many ask at once (recovery at start and the gateway's find_agent_chat may), and an agent chat
+made here is found here while the directory does not have it yet. In-process shard and
+directory on real DuckDB files, no Ray."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from actors.contracts import TurnStart
+from actors.directory import DirectoryService
+from actors.models.registry import ScriptedModel
+from actors.shard.service import ShardService
+from engine.errors import NotFound
+from tests.chain_kit import PEER_SCRIPT, asker_and_peer
+
+
+class UnregisteredAgentChats:
+    """The directory, before it has heard of any agent chat (registration comes later)."""
+
+    def __init__(self, directory: DirectoryService) -> None:
+        self.directory = directory
+
+    def __getattr__(self, name: str):
+        return getattr(self.directory, name)
+
+    async def get_chat(self, chat_id: str):
+        if chat_id.startswith("chat_agent_"):
+            raise NotFound(f"no chat {chat_id}", code="chat_not_found")
+        return await self.directory.get_chat(chat_id)
+
+
+def _with_a_chain(tmp_path: Path) -> tuple[dict, str, str]:
+    """A chain stored on shard 0 (Asker sent to Peer); its id and its agent chat's."""
+    script = tmp_path / "chain.toml"
+    script.write_text(PEER_SCRIPT)
+    models = {"s": ScriptedModel.from_file("s", str(script))}
+
+    async def run() -> tuple[str, str]:
+        svc = ShardService(tmp_path, 0, models=models)
+        directory = DirectoryService(tmp_path)
+        svc.peers.connect(directory=directory)
+        try:
+            org, asker, chat = await asker_and_peer(directory)
+            start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
+            await svc.start_turn(start, True)
+            await svc.chains_idle()
+            [chain] = await svc.collaborations("u_ann", frozenset())
+            agent = chain.links[0].agentChat
+            assert agent is not None
+            # Found by its link (the chats this shard met are a bounded cache).
+            svc.chains.records.chats.clear()
+            found = await svc.find_agent_chat(agent)
+            assert found is not None and found.id == agent and found.kind == "agent"
+            assert await svc.find_agent_chat("chat_agent_dlv_nobody") is None
+            return chain.id, agent
+        finally:
+            await svc.close()
+            directory.store.db.close()
+
+    chain_id, agent = asyncio.run(run())
+    return models, chain_id, agent
+
+
+def test_concurrent_readers_load_the_chains_once(tmp_path: Path):
+    """24 readers at once after a restart: one read of the chains table, and what the first
+    reader changed in memory (as staging a chain does) is not overwritten by a later read."""
+    models, chain_id, _ = _with_a_chain(tmp_path)
+
+    async def scenario():
+        svc = ShardService(tmp_path, 0, models=models)
+        directory = DirectoryService(tmp_path)
+        svc.peers.connect(directory=directory)
+        records = svc.chains.records
+        db = svc.kernel.db
+        original, loads = db.run, []
+
+        async def counting(fn, *args, **kwargs):
+            code = getattr(fn, "__code__", None)
+            if code is not None and "SELECT doc, texts FROM chains" in code.co_consts:
+                loads.append(1)
+            return await original(fn, *args, **kwargs)
+
+        db.run = counting
+        changed: list[int] = []
+
+        async def reader(i: int):
+            chains = await records.all()
+            if not changed:  # the first to have them changes a text, as a hop would
+                changed.append(i)
+                records.texts[chain_id] = {"changed": {"by": str(i)}}
+            return chains
+
+        try:
+            got = await asyncio.gather(*(reader(i) for i in range(24)))
+            return got, len(loads), records.texts[chain_id], changed
+        finally:
+            db.run = original
+            await svc.close()
+            directory.store.db.close()
+
+    got, loads, texts, changed = asyncio.run(scenario())
+    assert loads == 1
+    assert all(g is got[0] and chain_id in g for g in got)
+    assert texts == {"changed": {"by": str(changed[0])}}
+
+
+def test_an_agent_chat_made_here_is_found_before_the_directory_has_it(tmp_path: Path):
+    """The chain records' chat lookup and a learning job's (its project) fall back to the
+    agent chat this shard made when the directory does not have it yet."""
+    models, _, agent = _with_a_chain(tmp_path)
+
+    async def scenario():
+        svc = ShardService(tmp_path, 0, models=models)
+        directory = DirectoryService(tmp_path)
+        svc.peers.connect(directory=UnregisteredAgentChats(directory))  # type: ignore[arg-type]
+        try:
+            made = await svc.chains.records.chat(agent)
+            svc.chains.records.chats.clear()  # a bounded cache: it may have been dropped
+            learned = await svc.learning.chat_of(agent)
+            try:
+                await svc.chains.records.chat("chat_agent_dlv_nothere")
+                unknown = None
+            except NotFound as e:
+                unknown = e.code
+            return made, learned, unknown
+        finally:
+            await svc.close()
+            directory.store.db.close()
+
+    made, learned, unknown = asyncio.run(scenario())
+    assert made.id == agent and made.kind == "agent"
+    assert learned == made
+    assert unknown == "chat_not_found"

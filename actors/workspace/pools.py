@@ -36,7 +36,13 @@ from storage.group_commit import Write
 from storage.memory_store import StoredPool
 from storage.search_index import Postings, TermIndex, in_context
 from storage.term_store import TermsLoad, open_snapshot, seal_snapshot
-from storage.workspace_store import StoredWsPool, WorkspaceStore, content_fp, pool_scope
+from storage.workspace_store import (
+    LazyEntries,
+    StoredWsPool,
+    WorkspaceStore,
+    content_fp,
+    pool_scope,
+)
 
 CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in its context
 # Checks of a loaded pool against its derived data (term rows, vectors) wait this long, so that
@@ -158,17 +164,21 @@ class WsPools:
 
     async def pool(self, pool_id: str) -> WsPool:
         async def load() -> WsPool:
-            keyed = (await self.kernel.pool(pool_id)).stored
             # The records on the database's thread, their stored term keys beside it (with
             # the vectors a search asks for at the same time: `Database.run_aside`). Two
             # reads, not one state of the file: whatever differs (a record without a current
             # row, a row of a record gone) is indexed from the records, as after any change.
-            rows, terms = await asyncio.gather(
+            # Both start before the seed-000 pool that holds the key loads (reading them needs
+            # no key): the records' read is the longest step of the first search after a
+            # shard opens, and it waited for that pool's reads, queued behind the vectors'.
+            rows, terms, keyed_pool = await asyncio.gather(
                 self.kernel.db.run(
                     lambda con: self.store.read_pool(con, pool_id), pool_scope(pool_id)
                 ),
                 self.kernel.db.run_aside(lambda con: self.kernel.terms.read_load(con, pool_id)),
+                self.kernel.pool(pool_id),
             )
+            keyed = keyed_pool.stored
             stored = self.store.stored_pool(pool_id, rows)
             bot_org = await self._link(stored) if pool_id.startswith("bot:") else None
             pool = WsPool(
@@ -425,24 +435,31 @@ class WsPools:
         """A bot pool's records as part of the bot's one memory (engine/bot_memory.py): records
         stored before migration 7 read as written by the bot's owner for everyone who uses the
         bot, and every record without an `org:` gets the bot's home org. Returns that org (None
-        when the bot is unknown: its records then stay hidden)."""
+        when the bot is unknown: its records then stay hidden).
+
+        Done to each record as it is first read (`LazyEntries.link`): finding the few records
+        without an `org:` among a pool's stored JSON took a scan of all of it in the first
+        search after a shard opens (about 50-90 ms of it at 100,000 records)."""
         try:
             bot = await self.peers.directory().get_bot(sm.pool_owner(stored.pool))
         except OpenBotError:
             return None
         linked: dict[tuple[str, ...], tuple[str, ...]] = {}  # a pool's records share few tag sets
+
+        def link(entry: WsEntry) -> WsEntry:
+            new = linked.get(entry.tags)
+            if new is None:
+                tags = entry.tags or (tagmod.author(bot.owner), tagmod.FOR_BOT)
+                new = linked[entry.tags] = bm.link_tags(tags, bot.org)
+            return entry if new == entry.tags else msgspec.structs.replace(entry, tags=new)
+
         entries = stored.entries
-        with paused_gc():
-            for entry_id in stored.unlinked:  # those without `org:` (most pools: none)
-                entry = entries.get(entry_id)
-                if entry is None:
-                    continue
-                new = linked.get(entry.tags)
-                if new is None:
-                    tags = entry.tags or (tagmod.author(bot.owner), tagmod.FOR_BOT)
-                    new = linked[entry.tags] = bm.link_tags(tags, bot.org)
-                if new != entry.tags:
-                    entries[entry_id] = msgspec.structs.replace(entry, tags=new)
+        if isinstance(entries, LazyEntries):
+            entries.set_link(link)
+        else:
+            with paused_gc():
+                for entry_id, entry in list(entries.items()):
+                    entries[entry_id] = link(entry)
         return bot.org
 
     def drop(self, pool: WsPool) -> None:

@@ -44,7 +44,7 @@ from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, durable
 from actors.shard.residency import unused
 from actors.workspace.pools import WsPool, WsPools
-from actors.workspace.vectors import PoolVectors, unit_vector
+from actors.workspace.vectors import PoolVectors, unit_vector, widened
 from engine.errors import OpenBotError
 from engine.scoped_memory import WsEntry
 from engine.workspace_search import Hit
@@ -190,6 +190,11 @@ class SemanticSearch:
         if not todo:
             return
         found = await self.embedder.embed([text for _, _, text in todo])
+        codes = vectors.codes
+        if codes is not None:  # rows still as loaded: widened once, off the event loop
+            mat = await asyncio.to_thread(widened, codes)
+            if vectors.codes is codes:
+                vectors.widen(mat)
         cipher, model = pool.keyed.cipher, self.embedder.ident
         items = []
         for (entry_id, fp, _), vector in zip(todo, found, strict=True):

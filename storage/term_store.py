@@ -124,12 +124,17 @@ class TermStore:
 
     @staticmethod
     def read_all(con, pool: str) -> tuple[list[str], np.ndarray, np.ndarray, int]:
-        """Every term row of a pool (what a snapshot is built from) and their highest seq."""
-        ids, lengths, flat = TermStore.read_flat(con, pool)
-        ((last,),) = con.execute(
-            "SELECT coalesce(max(seq), 0) FROM search_terms WHERE pool = ?", [pool]
-        ).fetchall()
-        return ids, lengths, flat, last
+        """Every term row of a pool (what a snapshot is built from) and their highest seq, in
+        one statement: one state of the file, whatever commits around it."""
+        cols = con.execute(
+            "SELECT entry, octet_length(terms) // 8 AS n, terms, max(seq) OVER () AS last "
+            "FROM search_terms WHERE pool = ?",
+            [pool],
+        ).fetchnumpy()
+        flat = unpack_keys(b"".join(cols["terms"].tolist()))
+        lengths = np.asarray(cols["n"], dtype=np.int64)
+        last = int(cols["last"][0]) if len(cols["last"]) else 0
+        return cols["entry"].tolist(), lengths, flat, last
 
     @staticmethod
     def rows_since(con, pool: str, covers: int) -> int:

@@ -331,23 +331,24 @@ class WsPools:
     async def snapshot(self, pool: WsPool) -> None:
         """Store the pool's keyword index whole, built from its committed term rows.
 
-        `covers` is the pool's last seq when the rows are read: every row with a seq up to it
-        is committed by then (each is staged as it is made, in a load, or under the pool's
-        lock, held here), and each row made later has a higher one, so the next load applies
-        exactly the rows after the snapshot. Built from the rows rather than from the index
-        in memory, which may hold writes that are not durable yet."""
+        `covers` is the highest seq among the rows read, taken in the same read (one state of
+        the file): every row with a seq up to it is among them, as rows commit in the order
+        their seqs are taken (each is staged as it is made: in a load, under the pool's lock,
+        held here, or as derived data at once; the group commit keeps their order), so a row
+        not committed yet when they are read has a higher seq and the next load applies it.
+        (The pool's counter is not used: a seq taken and not committed yet — or never, its
+        commit failed — may be below it.) Built from the rows rather than from the index in
+        memory, which may hold writes that are not durable yet."""
         if pool.snapshotting or pool.poisoned:
             return
         pool.snapshotting = True
         terms, pool_id = self.kernel.terms, pool.id
         try:
             async with pool.lock:
-                covers = pool.terms_seq
                 await self.kernel.committer.drain()
-                ids, lengths, flat, last = await self.kernel.db.run(
+                ids, lengths, flat, covers = await self.kernel.db.run(
                     lambda con: terms.read_all(con, pool_id)
                 )
-            covers = max(covers, last)
             if pool.poisoned or len(set(ids)) != len(ids):
                 return  # a write failed (the pool reloads), or a record listed twice
             body = await asyncio.to_thread(

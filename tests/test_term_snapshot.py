@@ -185,13 +185,20 @@ def _word(n: int, tag: str) -> str:
 def test_snapshots_taken_among_concurrent_writes_leave_every_record_indexed_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    """48 writes at once (24 new records, 24 edits of stored ones; in sequence, so each new
-    record re-indexes the one before it: derived rows staged apart) while three snapshots are
-    stored: after a restart each record is in the index exactly once, found by its current
-    words and not by its old ones, and the load ranks as a build from every row does. A row
-    at or below a snapshot's `covers` that is not in it would be lost (`covers` is the
-    highest seq of the rows it was built from, read with them)."""
+    """48 writes (24 new records, 24 edits of stored ones; in sequence, so each new record
+    re-indexes the one before it: derived rows staged apart) in three waves of 16 at once, each
+    while one of three snapshots is sealed and stored: after a restart each record is in the
+    index exactly once, found by its current words and not by its old ones, and the load ranks
+    as a build from every row does. A row written while the last snapshot is stored has a seq
+    above its `covers` (the highest seq of the rows it was built from, read with them); one at
+    or below it would be lost."""
     spy = _Spy(monkeypatch)
+    import itertools
+    import time
+
+    from actors.workspace import pools as pools_mod
+
+    seal = pools_mod._seal
 
     async def first() -> tuple[list[str], list[str]]:
         svc = ShardService(tmp_path, 0, search={"context_window_s": 60})
@@ -199,22 +206,31 @@ def test_snapshots_taken_among_concurrent_writes_leave_every_record_indexed_once
         svc.ws_pools.snapshot_rows = 10_000  # none at the close: only those taken here
         old = [await _create(svc, n, f"Note {_word(n, 'old')}") for n in range(24)]
         pool = await svc.ws_pools.pool(POOL)
+        loop = asyncio.get_running_loop()
+        sealing = [asyncio.Event() for _ in range(3)]
+        taken = itertools.count()
+
+        def slow_seal(*args):  # as a large pool's: a wave of writes goes on meanwhile
+            loop.call_soon_threadsafe(sealing[next(taken)].set)
+            time.sleep(0.05)
+            return seal(*args)
+
+        monkeypatch.setattr(pools_mod, "_seal", slow_seal)
 
         async def edit(n: int) -> None:
-            await asyncio.sleep(0.0005 * (n % 6))
+            await sealing[n // 8].wait()
             change = WsMemoryChange(
                 requestId=f"e-{n}", id=old[n], expectedRevision=1, content=f"Now {_word(n, 'ed')}"
             )
             await svc.ws_change_memory(ANN, change)
 
         async def create(n: int) -> str:
-            await asyncio.sleep(0.0005 * (n % 5))
+            await sealing[(n - 24) // 8].wait()
             return await _create(svc, n, f"Note {_word(n, 'new')}")
 
         async def snapshots() -> None:
             for _ in range(3):
                 await svc.ws_pools.snapshot(pool)
-                await asyncio.sleep(0.002)
 
         done = await asyncio.gather(
             snapshots(), *(edit(n) for n in range(24)), *(create(n) for n in range(24, 48))

@@ -270,6 +270,52 @@ def test_snapshots_taken_among_concurrent_writes_leave_every_record_indexed_once
             assert got[q][entry_id] == pytest.approx(score, rel=1e-5), q
 
 
+@pytest.mark.parametrize("lost", ["row", "record", "both"])
+def test_with_a_snapshot_a_record_in_no_row_is_indexed_and_one_gone_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lost: str
+):
+    """A load counts whether the snapshot and the rows after it (new records, an edit of one in
+    it) hold every record and only records: a record in neither (written after the snapshot,
+    its row lost) is indexed from its text at load, and a record of the snapshot gone since is
+    taken out of the index."""
+    spy = _Spy(monkeypatch)
+
+    async def first() -> list[str]:
+        svc = _shard(tmp_path, snapshot_rows=1)  # the close stores a snapshot
+        ids = [await _create(svc, n, f"Note {_word(n, 'w')}") for n in range(12)]
+        await _close(svc)
+        svc = _shard(tmp_path, snapshot_rows=10_000)  # rows after it, none stored at close
+        ids += [await _create(svc, n, f"Note {_word(n, 'w')}") for n in range(12, 15)]
+        edit = WsMemoryChange(requestId="e", id=ids[0], expectedRevision=1, content="Now edited")
+        await svc.ws_change_memory(ANN, edit)  # a row after it of a record in it: not counted twice
+        await _close(svc)
+        return ids
+
+    ids = asyncio.run(first())
+    rowless = ids[13] if lost != "record" else None
+    gone = ids[7] if lost != "row" else None
+    con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))
+    con.execute("DELETE FROM search_terms WHERE entry = ?", [rowless])
+    con.execute("DELETE FROM ws_entries WHERE id = ?", [gone])
+    con.close()
+    spy.restored.clear()
+
+    async def again() -> None:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        pool = await svc.ws_pools.pool(POOL)
+        assert spy.restored == [12]
+        assert sorted(i for i in pool.index.row_ids() if i is not None) == sorted(
+            i for i in ids if i != gone
+        )
+        if rowless is not None:
+            assert list(await _ranking(svc, _word(13, "w"))) == [rowless]
+        if gone is not None:
+            assert gone not in pool.index and await _ranking(svc, _word(7, "w")) == {}
+        await _close(svc)
+
+    asyncio.run(again())
+
+
 def test_a_damaged_snapshot_is_not_used_and_nothing_is_stored_in_the_clear(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):

@@ -168,9 +168,8 @@ class WsPools:
             # the vectors a search asks for at the same time: `Database.run_aside`). Two
             # reads, not one state of the file: whatever differs (a record without a current
             # row, a row of a record gone) is indexed from the records, as after any change.
-            # Both start before the seed-000 pool that holds the key loads (reading them needs
-            # no key): the records' read is the longest step of the first search after a
-            # shard opens, and it waited for that pool's reads, queued behind the vectors'.
+            # Both start before the seed-000 pool with the key loads: the records' read is the
+            # longest step of the first search after a shard opens.
             rows, terms, keyed_pool = await asyncio.gather(
                 self.kernel.db.run(
                     lambda con: self.store.read_pool(con, pool_id), pool_scope(pool_id)
@@ -265,18 +264,8 @@ class WsPools:
             if postings is not None:
                 index.restore(postings)
                 pool.snapshot_covers = terms.covers
-                kept = set(postings.ids)
-                # One pass: the records in neither; the snapshot holds only current records
-                # exactly when the others number as many as it does.
-                missing = current.keys() - kept
-                if len(current) - len(missing) != len(kept):  # records gone since: not indexed
-                    for gone in kept - current.keys():
-                        index.remove(gone)
-                for entry_id in twice:
-                    index.remove(entry_id)
-                    if entry_id in current:
-                        missing.add(entry_id)
-                missing -= have
+                if twice or not _covered(current, postings.ids, have):  # (most loads: are)
+                    missing = self._unindexed(index, current, postings.ids, have, twice)
             elif len(have) != len(current):
                 missing = current.keys() - have
             stored = len(index.row_ids()) + len(ids)  # rows below: made from stored keys
@@ -301,6 +290,22 @@ class WsPools:
         if len(ids) >= self.snapshot_rows:
             self.later(pool, self.snapshot)
         self.later(pool, lambda p: p.index.warm())
+
+    @staticmethod
+    def _unindexed(index: TermIndex, current, snap_ids: list[str], have: set[str], twice) -> set:
+        """The records in neither the restored snapshot nor the rows after it; records of
+        the snapshot gone since, or listed twice in the rows, are taken out of the index."""
+        kept = set(snap_ids)
+        # The snapshot holds only current records exactly when the others number as many.
+        missing = current.keys() - kept
+        if len(current) - len(missing) != len(kept):  # records gone since: not indexed
+            for gone in kept - current.keys():
+                index.remove(gone)
+        for entry_id in twice:
+            index.remove(entry_id)
+            if entry_id in current:
+                missing.add(entry_id)
+        return missing - have
 
     async def _check_terms(self, pool: WsPool, stored: int) -> None:
         """Index again the records whose stored terms (the first `stored` rows of the index
@@ -438,9 +443,8 @@ class WsPools:
         bot, and every record without an `org:` gets the bot's home org. Returns that org (None
         when the bot is unknown: its records then stay hidden).
 
-        Done to each record as it is first read (`LazyEntries.link`): finding the few records
-        without an `org:` among a pool's stored JSON took a scan of all of it in the first
-        search after a shard opens (about 50-90 ms of it at 100,000 records)."""
+        Done to each record as it is first read (`LazyEntries.link`): finding the few without
+        an `org:` took a scan of every record's JSON in the first search after a shard opens."""
         try:
             bot = await self.peers.directory().get_bot(sm.pool_owner(stored.pool))
         except OpenBotError:
@@ -475,6 +479,16 @@ class WsPools:
 
     def open(self, pool: WsPool, entry_id: str) -> str:
         return self.store.open(pool.keyed.cipher, pool.id, entry_id, pool.stored.sealed[entry_id])
+
+
+def _covered(current, snap_ids: list[str], have: set[str]) -> bool:
+    """Whether every record is in the snapshot (`snap_ids`, distinct) or in the rows after it
+    (`have`, all records), and the snapshot holds only records: then the two together number
+    as many as the records."""
+    if not all(map(current.__contains__, snap_ids)):
+        return False
+    both = sum(map(have.__contains__, snap_ids)) if have else 0
+    return len(snap_ids) + len(have) - both == len(current)
 
 
 def _seal(cipher, pool_id: str, covers: int, ids: list[str], lengths, flat) -> bytes:

@@ -5,8 +5,8 @@ so every statement of a store runs on the store's single worker thread (`run`). 
 never block their event loop on the database. One exception: a large read that need not queue
 behind the others may run on another connection with a thread of its own (`run_aside`: a pool's
 vectors and term keys, read beside its records when a shard's first search loads them). There
-are two such (`ASIDE`), so that a pool's vectors (tens of MB) do not hold up the small reads the
-same search needs beside them (its seed-000 pool, its keyword snapshot).
+are three such (`ASIDE`): a pool's vectors (tens of MB), its records and its keyword snapshot are
+read at once, and none of them holds up the small reads the same search needs beside them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import duckdb
 from engine.errors import StorageError
 
 T = TypeVar("T")
-ASIDE = 2  # connections (and threads) for reads aside
+ASIDE = 3  # connections (and threads) for reads aside
 
 
 def _convert(e: duckdb.Error, what: str) -> StorageError:

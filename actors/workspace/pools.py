@@ -35,7 +35,7 @@ from storage.bulk import paused_gc
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
 from storage.search_index import Postings, TermIndex, in_context
-from storage.term_store import TermsLoad, open_snapshot, seal_snapshot
+from storage.term_store import TermsLoad, covered, open_snapshot, seal_snapshot, unindexed
 from storage.workspace_store import (
     LazyEntries,
     StoredWsPool,
@@ -164,20 +164,27 @@ class WsPools:
 
     async def pool(self, pool_id: str) -> WsPool:
         async def load() -> WsPool:
-            # The records on the database's thread, their stored term keys beside it (with
-            # the vectors a search asks for at the same time: `Database.run_aside`). Two
-            # reads, not one state of the file: whatever differs (a record without a current
-            # row, a row of a record gone) is indexed from the records, as after any change.
-            # Both start before the seed-000 pool with the key loads: the records' read is the
-            # longest step of the first search after a shard opens.
-            rows, terms, keyed_pool = await asyncio.gather(
-                self.kernel.db.run(
-                    lambda con: self.store.read_pool(con, pool_id), pool_scope(pool_id)
+            # The records and their stored term keys (with the vectors a search asks for at
+            # the same time: `Database.run_aside`), started before the seed-000 pool with the
+            # key loads; the keyword snapshot is opened while the records, the longest step,
+            # are read. Two reads, not one state of the file: whatever differs (a record
+            # without a current row, a row of a record gone) is indexed from the records.
+            db = self.kernel.db
+            reads = [
+                asyncio.ensure_future(
+                    db.run(lambda con: self.store.read_pool(con, pool_id), pool_scope(pool_id))
                 ),
-                self.kernel.db.run_aside(lambda con: self.kernel.terms.read_load(con, pool_id)),
-                self.kernel.pool(pool_id),
-            )
-            keyed = keyed_pool.stored
+                asyncio.ensure_future(
+                    db.run_aside(lambda con: self.kernel.terms.read_load(con, pool_id))
+                ),
+            ]
+            try:
+                keyed = (await self.kernel.pool(pool_id)).stored
+                terms, postings = await self._postings(keyed, pool_id, await reads[1])
+                rows = await reads[0]
+            finally:
+                for read in reads:
+                    ignore_failure(read)  # (raised above where awaited)
             stored = self.store.stored_pool(pool_id, rows)
             bot_org = await self._link(stored) if pool_id.startswith("bot:") else None
             pool = WsPool(
@@ -187,7 +194,7 @@ class WsPools:
                 lock=PoolMutex(),
                 bot_org=bot_org,
             )
-            self._index(pool, *(await self._postings(pool, terms)))
+            self._index(pool, terms, postings)
             return pool
 
         pool = await self._loader.get(pool_id, load)
@@ -220,16 +227,17 @@ class WsPools:
             hook(pool_id)
         return True
 
-    async def _postings(self, pool: WsPool, terms: TermsLoad) -> tuple[TermsLoad, Postings | None]:
+    async def _postings(
+        self, keyed: StoredPool, pool_id: str, terms: TermsLoad
+    ) -> tuple[TermsLoad, Postings | None]:
         """The pool's stored snapshot opened; when it cannot be (damaged, another format),
         every term row read instead, as if there were none."""
         if terms.snapshot is None:
             return terms, None
         try:
-            return terms, open_snapshot(pool.keyed.cipher, pool.id, terms.covers, terms.snapshot)
+            return terms, open_snapshot(keyed.cipher, pool_id, terms.covers, terms.snapshot)
         except Exception as e:
-            log.warning("keyword snapshot of %s not used: %r", pool.id, e)
-        pool_id = pool.id
+            log.warning("keyword snapshot of %s not used: %r", pool_id, e)
         ids, lengths, flat = await self.kernel.db.run(
             lambda con: self.kernel.terms.read_flat(con, pool_id)
         )
@@ -264,8 +272,8 @@ class WsPools:
             if postings is not None:
                 index.restore(postings)
                 pool.snapshot_covers = terms.covers
-                if twice or not _covered(current, postings.ids, have):  # (most loads: are)
-                    missing = self._unindexed(index, current, postings.ids, have, twice)
+                if twice or not covered(current, postings.ids, have):  # (most loads: are)
+                    missing = unindexed(index, current, postings.ids, have, twice)
             elif len(have) != len(current):
                 missing = current.keys() - have
             stored = len(index.row_ids()) + len(ids)  # rows below: made from stored keys
@@ -290,22 +298,6 @@ class WsPools:
         if len(ids) >= self.snapshot_rows:
             self.later(pool, self.snapshot)
         self.later(pool, lambda p: p.index.warm())
-
-    @staticmethod
-    def _unindexed(index: TermIndex, current, snap_ids: list[str], have: set[str], twice) -> set:
-        """The records in neither the restored snapshot nor the rows after it; records of
-        the snapshot gone since, or listed twice in the rows, are taken out of the index."""
-        kept = set(snap_ids)
-        # The snapshot holds only current records exactly when the others number as many.
-        missing = current.keys() - kept
-        if len(current) - len(missing) != len(kept):  # records gone since: not indexed
-            for gone in kept - current.keys():
-                index.remove(gone)
-        for entry_id in twice:
-            index.remove(entry_id)
-            if entry_id in current:
-                missing.add(entry_id)
-        return missing - have
 
     async def _check_terms(self, pool: WsPool, stored: int) -> None:
         """Index again the records whose stored terms (the first `stored` rows of the index
@@ -336,14 +328,11 @@ class WsPools:
     async def snapshot(self, pool: WsPool) -> None:
         """Store the pool's keyword index whole, built from its committed term rows.
 
-        `covers` is the highest seq among the rows read, taken in the same read (one state of
-        the file): every row with a seq up to it is among them, as rows commit in the order
-        their seqs are taken (each is staged as it is made: in a load, under the pool's lock,
-        held here, or as derived data at once; the group commit keeps their order), so a row
-        not committed yet when they are read has a higher seq and the next load applies it.
-        (The pool's counter is not used: a seq taken and not committed yet — or never, its
-        commit failed — may be below it.) Built from the rows rather than from the index in
-        memory, which may hold writes that are not durable yet."""
+        `covers` is the highest seq of the rows read, in the same statement: rows commit in
+        the order their seqs are taken (each is staged as it is made: in a load, under the
+        pool's lock, held here, or as derived data at once), so every row up to it is among
+        them and a row not committed yet has a higher seq (the next load applies it). Built
+        from the rows, not the index in memory, which may hold writes not durable yet."""
         if pool.snapshotting or pool.poisoned:
             return
         pool.snapshotting = True
@@ -479,16 +468,6 @@ class WsPools:
 
     def open(self, pool: WsPool, entry_id: str) -> str:
         return self.store.open(pool.keyed.cipher, pool.id, entry_id, pool.stored.sealed[entry_id])
-
-
-def _covered(current, snap_ids: list[str], have: set[str]) -> bool:
-    """Whether every record is in the snapshot (`snap_ids`, distinct) or in the rows after it
-    (`have`, all records), and the snapshot holds only records: then the two together number
-    as many as the records."""
-    if not all(map(current.__contains__, snap_ids)):
-        return False
-    both = sum(map(have.__contains__, snap_ids)) if have else 0
-    return len(snap_ids) + len(have) - both == len(current)
 
 
 def _seal(cipher, pool_id: str, covers: int, ids: list[str], lengths, flat) -> bytes:

@@ -146,19 +146,26 @@ def _assemble(
     int8 = all(kind == "i8" for kind, _ in layouts)
     mat = np.empty((len(ids), dim), dtype=np.int8 if int8 else np.float32)
     factor = np.ones(len(ids), dtype=np.float32)
+    # int8 rows are copied as bytes: a numpy copy of each block lets go of the GIL and then
+    # waits to take it back while the event loop's thread runs Python (the same search loads
+    # the pool's records meanwhile), which for several hundred blocks was most of this time.
+    dest = memoryview(mat).cast("B") if int8 else None
     row = at = 0
     for (rows, _, _), size, (kind, _) in zip(parts, plain, layouts, strict=True):
         out = mat[row : row + rows]
         if kind == "i8":  # copied (or widened) as they are; the factor kept aside
             factor[row : row + rows] = buf[at + 8 : at + 8 + 4 * rows].view("<f4")
-            codes = buf[at + 8 + 4 * rows : at + size].view(np.int8).reshape(rows, dim)
-            np.copyto(out, codes, casting="unsafe")
+            if dest is not None:
+                dest[row * dim : (row + rows) * dim] = flat[at + 8 + 4 * rows : at + size]
+            else:
+                codes = buf[at + 8 + 4 * rows : at + size].view(np.int8).reshape(rows, dim)
+                np.copyto(out, codes, casting="unsafe")
         else:
             np.copyto(out, buf[at : at + size].view("<f4").reshape(rows, dim))
             unit_rows(out)
         row += rows
         at += size
-    del buf
+    del buf, flat, dest
     with paused_gc():
         if len(set(ids)) == len(ids):
             return ids, fps, mat, None, factor  # (the map of rows is made when first needed)

@@ -112,18 +112,19 @@ def _assemble(
     ids: list[str] = []
     fps: list[str] = []
     parts: list[tuple[int, bytes, bytes]] = []  # (rows, blob, aad)
-    for entry, fp, vec in legacy:
-        ids.append(entry)
-        fps.append(fp)
-        parts.append((1, vec, _vector_aad(pool, entry, model)))
-    for seq, entries, vecs in blocks:
-        pairs = _entries_dec.decode(entries)
-        if not pairs or len(vecs) <= _OVERHEAD:
-            continue  # nothing usable: recomputed like a missing vector
-        block_ids, block_fps = zip(*pairs, strict=True)
-        ids.extend(block_ids)
-        fps.extend(block_fps)
-        parts.append((len(pairs), vecs, _block_aad(pool, model, seq)))
+    with paused_gc():  # (a tuple per record: collections that find no garbage)
+        for entry, fp, vec in legacy:
+            ids.append(entry)
+            fps.append(fp)
+            parts.append((1, vec, _vector_aad(pool, entry, model)))
+        for seq, entries, vecs in blocks:
+            pairs = _entries_dec.decode(entries)
+            if not pairs or len(vecs) <= _OVERHEAD:
+                continue  # nothing usable: recomputed like a missing vector
+            block_ids, block_fps = zip(*pairs, strict=True)
+            ids.extend(block_ids)
+            fps.extend(block_fps)
+            parts.append((len(pairs), vecs, _block_aad(pool, model, seq)))
     if not ids:
         return empty
     # Every block is opened into one buffer; float32 ones land where their rows go.

@@ -190,11 +190,7 @@ class SemanticSearch:
         if not todo:
             return
         found = await self.embedder.embed([text for _, _, text in todo])
-        codes = vectors.codes
-        if codes is not None:  # rows still as loaded: widened once, off the event loop
-            mat = await asyncio.to_thread(widened, codes)
-            if vectors.codes is codes:
-                vectors.widen(mat)
+        await _widen(vectors)
         cipher, model = pool.keyed.cipher, self.embedder.ident
         items = []
         for (entry_id, fp, _), vector in zip(todo, found, strict=True):
@@ -363,6 +359,7 @@ class SemanticSearch:
             try:
                 pool = await self.pools.pool(pool_id)
                 await durable(pool.pending)  # only what is on disk
+                await _widen(self._pools.get(pool_id))  # (searches go on meanwhile: no lock)
                 async with self._lock(pool_id):
                     if pool.poisoned:
                         continue
@@ -387,6 +384,16 @@ class SemanticSearch:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self.embedder.close()
+
+
+async def _widen(vectors: PoolVectors | None) -> None:
+    """A pool's rows as loaded (int8) widened to float32 for its first new vector, once, on
+    another thread."""
+    codes = None if vectors is None else vectors.codes
+    if vectors is not None and codes is not None:
+        mat = await asyncio.to_thread(widened, codes)
+        if vectors.codes is codes:  # (not cleared or widened meanwhile)
+            vectors.widen(mat)
 
 
 def _ignore(fut: asyncio.Future) -> None:

@@ -22,6 +22,11 @@ reciprocal-rank fusions (k = 60, each list 1,000 deep): of those two references 
 table calls plain RRF) and of the API's own keyword and semantic lists (`using=keyword` and
 `using=semantic` asked again with `limit=500`), against which the default hybrid is measured.
 
+`--write-order` writes the turns another way (benchmarks/_write_orders.py: N requests in
+flight, one writer per conversation, round-robin, a project per conversation, sessions more
+than the context window apart, the conversation in `topics`), `--content` with or without the
+speaker and the session's date (the references keep "Speaker: text").
+
 Also compares workspace memory writes with seed-000 Remember over HTTP (`--writes` of each, 8
 clients at once). Reports recall@5, recall@10 (the share of a question's answer turns among the
 first k) and MRR (first answer turn within 10); writes benchmarks/results/retrieval.json.
@@ -45,6 +50,7 @@ import numpy as np
 
 import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
 from benchmarks._conversations import Conversation
+from benchmarks._write_orders import CONTENTS, ORDERS, SLOW_WINDOW_S, write_through_api
 from engine.workspace_search import Hit, merge_hits
 
 WS = "/api/app/workspace"
@@ -169,7 +175,14 @@ def write_rates(client, bot: str, n: int) -> dict:
     return {"remember_per_s": remember, "workspace_per_s": workspace, "n": n}
 
 
-def through_api(convs: list[Conversation], data: Path, threads: int, writes: int = 0) -> dict:
+def through_api(
+    convs: list[Conversation],
+    data: Path,
+    threads: int,
+    writes: int = 0,
+    order: str = "sequential",
+    content: str = "speaker",
+) -> dict:
     import httpx
     import ray
 
@@ -179,13 +192,16 @@ def through_api(convs: list[Conversation], data: Path, threads: int, writes: int
 
     admin_token = "bench-admin-" + secrets.token_hex(8)
     models = {"minilm": {"kind": "onnx", "threads": threads}}
+    search: dict = {"embedding_model": "minilm"}
+    if order == "slow":
+        search["context_window_s"] = SLOW_WINDOW_S
     start_ray(tmp_dir=tempfile.mkdtemp(prefix="obret-ray-", dir="/tmp"))
     engine = Engine.start(
         data,
         shards=1,
         prefix=f"bench-ret-{secrets.token_hex(3)}",
         models_config=models,
-        search_config={"embedding_model": "minilm"},
+        search_config=search,
     )
     server = LiveServer(create_app(engine, admin_token), lifespan="auto")
     base = f"http://127.0.0.1:{server.port}"
@@ -203,21 +219,10 @@ def through_api(convs: list[Conversation], data: Path, threads: int, writes: int
             base_url=base, headers={"Authorization": f"Bearer {user['token']}"}, timeout=120
         )
         out["write_rates"] = write_rates(client, bot, writes)
-        ids: dict[str, str] = {}  # memory id -> turn id
         t0 = time.perf_counter()
-        for c in convs:
-            for turn in c.turns:  # in order, one request each, as a conversation is kept
-                resp = client.post(
-                    f"{WS}/memories",
-                    json={
-                        "requestId": f"r-{turn.id}",
-                        "scope": "user",
-                        "bot": bot,
-                        "content": turn.content,
-                    },
-                )
-                resp.raise_for_status()
-                ids[resp.json()["id"]] = turn.id
+        # memory id -> turn id; in order, one request each, as a conversation is kept, unless
+        # --write-order says otherwise (benchmarks/_write_orders.py)
+        ids = write_through_api(client, convs, order, content, bot)
         out["write_s"] = round(time.perf_counter() - t0, 1)
         out["writes_per_s"] = round(len(ids) / (time.perf_counter() - t0), 1)
         t0 = time.perf_counter()
@@ -262,6 +267,8 @@ def main() -> None:
     p.add_argument("--turns", type=int, help="turns per conversation (600; locomo-like: 300)")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads")
     p.add_argument("--writes", type=int, default=500, help="writes of each kind compared")
+    p.add_argument("--write-order", default="sequential", choices=ORDERS)
+    p.add_argument("--content", default="speaker", choices=CONTENTS)
     args = p.parse_args()
     if args.data == "locomo-like":
         from benchmarks._locomo_like import make
@@ -279,7 +286,9 @@ def main() -> None:
     os.environ.pop("OPENBOT_MASTER_KEY", None)
     root = Path(tempfile.mkdtemp(prefix="obret"))
     try:
-        api = through_api(convs, root / "data", args.threads, args.writes)
+        api = through_api(
+            convs, root / "data", args.threads, args.writes, args.write_order, args.content
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     refs = references(convs, args.threads)
@@ -324,6 +333,8 @@ def main() -> None:
             f"Remember {rates['remember_per_s']}/s"
         )
     suffix = "" if args.data == "synthetic" else "-" + args.data
+    if args.write_order != "sequential" or args.content != "speaker":
+        suffix += f"-{args.write_order}-{args.content}"
     out = Path(__file__).parent / "results" / f"retrieval{suffix}.json"
     out.parent.mkdir(exist_ok=True)
     doc = {
@@ -331,6 +342,8 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "load": os.getloadavg(),
         "data": args.data,
+        "write_order": args.write_order,
+        "content": args.content,
         "conversations": n,
         "turns": total,
         "questions": len(evidence),

@@ -3,6 +3,8 @@ fusing them quickly (no Ray, no HTTP; the same keyword index and analyzer as a s
 embedding model, exact cosine instead of the shard's int8 vectors).
 
     .venv/bin/python -m benchmarks.retrieval_lab [--data synthetic|locomo-like] [--quick]
+        [--write-order all|sequential,round-robin,...] [--policy pool,stream,own,...]
+        [--content speaker|plain|dated]
 
 Keyword hits come from storage/search_index.py's TermIndex, each turn indexed as a shard
 indexes records written in a row (actors/workspace/pools.py: `in_context`, own words twice and
@@ -11,6 +13,14 @@ the turns before and after once: `both`), as it did before (the turn before, sam
 onnx) vectors, cached in /tmp between runs. Fusions: engine/workspace_search.py's RRF and the
 candidates tried against it (weighted RRF, convex combinations of min-max or z-normalised
 scores); results also go to /tmp/oblab-<data>.json.
+
+With `--write-order`, instead: keyword and hybrid (the shard's RRF) recall for each way a
+harness may write the turns (benchmarks/_write_orders.py), each turn indexed as a shard would
+index it arriving in that order, its neighbour chosen by each `--policy` (`stream`: the last
+new record of its stream, engine/write_context.py; `pool`: of the pool, as before streams;
+`own`: none; a `-own-stats` suffix: pools ranked by their own BM25 statistics, as before
+actors/workspace/search.py `keyword_stats`). Per-project pools are searched each and their
+hits merged by score, as actors/workspace/search.py merges pools.
 """
 
 from __future__ import annotations
@@ -22,14 +32,16 @@ import json
 import os
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks._conversations import Conversation
 from engine import workspace_search as wsr
+from engine import write_context as wc
 from engine.workspace_search import Hit
-from storage.search_index import Analyzer, TermIndex, in_context
+from storage.search_index import Analyzer, Stats, TermIndex, in_context
 
 DEPTH = 1_000
 
@@ -60,6 +72,48 @@ def vectors(texts: list[str], threads: int) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class Written:
+    at: int
+    entry_id: str
+    own: list[int]
+    before: list[int] | None
+
+
+class Picker:
+    """Experimental: `affN-K` the recent record (of the last K) sharing most keys (at least
+    N), `adaptN-K-T` the last record while the stream looks written in order (the best match
+    of a record is among the last two for a share T of records, moving average), else as
+    `affN-K`."""
+
+    def __init__(self, policy: str) -> None:
+        kind, *nums = policy.replace("adapt", "adapt-").replace("aff", "aff-").split("-")
+        self.kind = kind
+        self.min = int(nums[0])
+        self.k = int(nums[1])
+        self.t = float(nums[2]) if len(nums) > 2 else 0.0
+        self.recent: list = []
+        self.near = 1.0
+
+    def pick(self, last, own):
+        mine = set(own)
+        best, best_n, lag_best = None, 0, 0
+        for lag, (w, keys) in enumerate(reversed(self.recent[-self.k :]), 1):
+            n = len(mine & keys)
+            if n > best_n:
+                best, best_n, lag_best = w, n, lag
+        if best is not None:
+            self.near += 0.02 * ((lag_best <= 2) - self.near)
+        if self.kind == "adapt" and self.near >= self.t:
+            return last
+        return best if best_n >= self.min else None
+
+    def add(self, w) -> None:
+        self.recent.append((w, frozenset(w.own)))
+        if len(self.recent) > 2 * self.k:
+            del self.recent[: self.k]
+
+
 def keyword_lists(convs, questions, context: str) -> list[list[Hit]]:
     """Keyword hits as a shard ranks them: each turn indexed by `in_context` with the turns
     before and after it (`context="both"`, what a shard does for records written in a row),
@@ -79,6 +133,73 @@ def keyword_lists(convs, questions, context: str) -> list[list[Hit]]:
         [Hit(id=i, score=s, kinds=("keyword",)) for i, s in index.search(analyzer.query(q), DEPTH)]
         for q in questions
     ]
+
+
+def ordered_keyword_lists(
+    arrivals, questions, policy: str, window_ms: int = 120_000, shared_stats: bool = True
+):
+    """Keyword hits with each turn indexed as a shard indexes it arriving in this order
+    (actors/workspace/pools.py `indexed`), its neighbour the last record of its stream
+    (`stream`: engine/write_context.py; `pool`: of the pool, as before streams; `own`: none)."""
+    analyzer = Analyzer(b"k" * 32)
+    indexes: dict[object, TermIndex] = defaultdict(TermIndex)
+    streams: dict[object, dict] = defaultdict(dict)
+    pickers: dict[object, Picker] = {}
+    for a in arrivals:
+        index = indexes[a.project]
+        own = analyzer.key_list(a.content)
+        stream = wc.stream_of("bot", (), a.topics if policy != "pool" else ())
+        last = streams[a.project].get(stream)
+        if policy.startswith(("aff", "adapt")):
+            picker = pickers.setdefault((a.project, stream), Picker(policy))
+            last = picker.pick(last, own)
+        before = None
+        if policy != "own" and wc.in_window(last, a.at, window_ms):
+            before = last.own
+            index.put(last.entry_id, in_context(last.own, last.before, own))
+        new = Written(a.at, a.turn.id, own, before)
+        wc.remember(streams[a.project], stream, new, a.at, window_ms)
+        if policy.startswith(("aff", "adapt")):
+            pickers[(a.project, stream)].add(new)
+        index.put(a.turn.id, in_context(own, before))
+    out = []
+    for q in questions:
+        keys = analyzer.query(q)
+        stats = None
+        if shared_stats and len(indexes) > 1:  # as actors/workspace/search.py: pools as one
+            stats = Stats.of([index.stats(keys) for index in indexes.values()])
+        hits = [h for index in indexes.values() for h in index.search(keys, DEPTH, None, stats)]
+        hits.sort(key=lambda h: -h[1])
+        out.append([Hit(id=i, score=s, kinds=("keyword",)) for i, s in hits[:DEPTH]])
+    return out
+
+
+def by_write_order(args, convs, qs, sem, evidence, kinds) -> None:
+    from benchmarks._write_orders import ORDERS, arrivals
+
+    orders = ORDERS if args.write_order == "all" else args.write_order.split(",")
+    questions = [q.text for q in qs]
+    yes = lambda _: True  # noqa: E731
+    results = {}
+    for order in orders:
+        got = arrivals(convs, order, args.content)
+        for policy in args.policy.split(","):
+            shared = not policy.endswith("-own-stats")
+            policy = policy.removesuffix("-own-stats")
+            kw = ordered_keyword_lists(got, questions, policy, shared_stats=shared)
+            policy += "" if shared else "-own-stats"
+            pairs = zip(kw, sem, strict=True)
+            hy = [[h.id for h in wsr.merge_hits(a, b, yes, 10)] for a, b in pairs]
+            k = evaluate([[h.id for h in hits] for hits in kw], evidence, kinds)
+            h = evaluate(hy, evidence, kinds)
+            results[f"{order} {policy}"] = {"keyword": k, "hybrid": h}
+            print(
+                f"{order:<14} {policy:<9} keyword r@10 {k['r10']:.3f} mrr {k['mrr']:.3f}  "
+                f"hybrid r@10 {h['r10']:.3f} mrr {h['mrr']:.3f}",
+                flush=True,
+            )
+    Path(f"/tmp/oblab-{args.data}-orders.json").write_text(json.dumps(results))
+    print(f"load {os.getloadavg()}")
 
 
 def semantic_lists(ids, dvec, qvec, min_score=0.2) -> list[list[Hit]]:
@@ -162,6 +283,9 @@ def main() -> None:
     p.add_argument("--data", default="locomo-like", choices=("synthetic", "locomo-like"))
     p.add_argument("--quick", action="store_true")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--write-order", help="all, or a comma list of benchmarks/_write_orders.py's")
+    p.add_argument("--policy", default="pool,stream,own", help="with --write-order")
+    p.add_argument("--content", default="speaker", choices=("speaker", "plain", "dated"))
     args = p.parse_args()
     convs = load(args.data, args.quick)
     turns = [t for c in convs for t in c.turns]
@@ -174,6 +298,10 @@ def main() -> None:
     dvec = vectors([t.content for t in turns], args.threads)
     qvec = vectors([q.text for q in qs], args.threads)
     print(f"vectors {time.perf_counter() - t0:.1f} s", flush=True)
+    if args.write_order:
+        sem = semantic_lists(ids, dvec, qvec)
+        by_write_order(args, convs, qs, sem, evidence, kinds)
+        return
     questions = [q.text for q in qs]
     kw = {c: keyword_lists(convs, questions, c) for c in ("both", "before", "own")}
     sem = semantic_lists(ids, dvec, qvec)

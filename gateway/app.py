@@ -32,6 +32,7 @@ from gateway.metrics import MetricsApi, RequestLog
 from gateway.nodes import NodesEndpoint
 from gateway.openapi import openapi_document
 from gateway.request_routes import RequestsApi
+from gateway.routing import PrefixRouter
 from gateway.workspace_memory_routes import WorkspaceMemoryApi
 from gateway.workspace_routes import WorkspaceApi
 
@@ -187,5 +188,6 @@ def create_app(
             Middleware(BodyLimits),
         ],
     )
+    app.router = PrefixRouter(routes, lifespan=lifespan)  # the same routes, fewer regexes tried
     app.state.hub = hub
     return app

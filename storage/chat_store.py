@@ -61,6 +61,8 @@ class ModelCall(msgspec.Struct, frozen=True, kw_only=True):
 _enc = msgspec.json.Encoder()
 _job_dec = msgspec.json.Decoder(LearningJob)
 _turn_dec = msgspec.json.Decoder(Turn)
+# A turn stored as running with no task to end it (read again from the file).
+INTERRUPTED = "interrupted: the server restarted, or the turn's end could not be stored"
 _conf_dec = msgspec.json.Decoder(Confession)
 _enr_dec = msgspec.json.Decoder(Enrichment)
 _call_dec = msgspec.json.Decoder(ModelCall)
@@ -144,8 +146,8 @@ class ChatStore:
             t = _turn_dec.decode(open_doc(log.cipher, scope, TURNS.name, turn_id, meta))
             if not is_sealed(meta):
                 log.plain_turns.append(t.id)
-            if t.status == "running":  # the process ended during this turn
-                t = msgspec.structs.replace(t, status="failed", error="interrupted by a restart")
+            if t.status == "running":  # the process ended during it, or its end failed to store
+                t = msgspec.structs.replace(t, status="failed", error=INTERRUPTED)
             log.turns[t.id] = t
         return log
 

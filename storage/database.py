@@ -178,7 +178,17 @@ class Database:
     def _aside_run(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
         con = self._aside_free.get_nowait()  # as many threads as connections: one is free
         try:
-            return fn(con)
+            # One transaction: a read of several statements (a pool's rows, then its log; term
+            # rows, then their highest seq) sees one state, never half of a commit or
+            # checkpoint the database thread made between two of them.
+            con.begin()
+            try:
+                out = fn(con)
+            except BaseException:
+                con.rollback()
+                raise
+            con.commit()
+            return out
         except duckdb.Error as e:
             raise _convert(e, "database error") from e
         finally:

@@ -107,6 +107,7 @@ JOURNAL_STATE = "commit_journal_state"
 # For a copy of the database (backup, snapshot): its own journal starts afresh, and a journal
 # file found next to it (the original's) is never applied to it.
 FORGET_JOURNAL = f"UPDATE snap.{JOURNAL_STATE} SET id = NULL"
+CLOSING = "the database is closing: the write was not stored"
 CHECKPOINT_PAUSE = 1.0  # seconds without threshold checkpoints after one failed
 # Applied records the file may keep before the flush loop empties it (see `_checkpoint`).
 APPLIED_BYTES = 1 << 20
@@ -278,6 +279,9 @@ class GroupCommitter:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._last: asyncio.Future[None] | None = None
+        # Set by `close`: later writes are refused (their journal is closing), never queued
+        # behind a flush loop that is stopping or acknowledged without a file to hold them.
+        self._closing = False
         self.transactions = 0  # counters for benchmarks and tests
         self.batches = 0
 
@@ -293,6 +297,9 @@ class GroupCommitter:
         fut: asyncio.Future[None] = loop.create_future()
         if not writes:
             fut.set_result(None)
+            return fut
+        if self._closing:
+            fut.set_exception(StorageError(CLOSING, code="closing"))
             return fut
         self._queue.append((writes, fut, after))
         self._last = fut
@@ -659,9 +666,19 @@ class GroupCommitter:
             await asyncio.wait([last])
 
     async def close(self) -> None:
-        await self.drain()
-        if self._task is not None:
+        # Every write submitted before this is settled before the flush loop stops (a write
+        # that came in while an earlier one committed was left waiting forever, or once the
+        # loop had stopped acknowledged with no journal file to hold it); later ones fail.
+        self._closing = True
+        while self._queue or (self._last is not None and not self._last.done()):
+            if self._task is None or self._task.done():  # (a loop that died restarts)
+                self._task = asyncio.get_running_loop().create_task(self._flush_loop())
+            if self._wakeup is not None:
+                self._wakeup.set()
+            await self.drain()
+        if self._task is not None and not self._task.done():
             self._task.cancel()
+            await asyncio.wait([self._task])
         if self._checkpointing is not None and not self._checkpointing.done():
             await asyncio.wait([self._checkpointing])
         if self._journaled:  # a stopped data directory needs no journal to be read

@@ -38,8 +38,15 @@ import Stemmer
 
 from engine.text_terms import TermMaker
 
-K1 = 1.2
-B = 0.75
+# BM25's term saturation and length normalisation: Anserini's short-passage values (k1 0.9,
+# b 0.4) rather than the classic 1.2 / 0.75. Dialog turns and notes are short, and the longer
+# ones are those that tell something: full length normalisation buried them. Keyword
+# recall@10 (benchmarks/retrieval_lab.py, own words only / with neighbours' words):
+# LoCoMo-like 0.497 / 0.662 -> 0.682 / 0.683, synthetic 0.573 / 0.711 -> 0.575 / 0.723; so
+# recall no longer depends on the order a harness writes records in (own words only is what
+# a record written among other conversations' gets).
+K1 = 0.9
+B = 0.4
 _stemmer = Stemmer.Stemmer("english")
 _MEMO_MAX = 500_000
 
@@ -133,9 +140,11 @@ def in_context(
     """The keys a record is indexed under among the records written around it (its own keys
     alone when it has no neighbour): its own keys twice and each neighbour's once, so that its
     own words weigh twice its neighbours' and a record still ranks above its neighbours for
-    its own words. (Measured by benchmarks/retrieval_lab.py on LoCoMo-like dialogs: keyword
-    recall@10 0.497 own words only, 0.595 with neighbours' words at the same weight, 0.662
-    with own words counted twice.)"""
+    its own words. (Measured by benchmarks/retrieval_lab.py on LoCoMo-like dialogs, with
+    BM25 k1 1.2 / b 0.75: keyword recall@10 0.497 own words only, 0.595 with neighbours' words
+    at the same weight, 0.662 with own words counted twice; with k1 0.9 / b 0.4, own words
+    once, twice or three times: 0.625, 0.683, 0.693 there, 0.734, 0.723, 0.711 on the
+    synthetic set.)"""
     if before is None and after is None:
         return own
     return sorted(own + own + (before or []) + (after or []))  # sorted runs: merged
@@ -147,6 +156,24 @@ def pack_keys(keys: np.ndarray | list[int]) -> bytes:
 
 def unpack_keys(raw: bytes) -> np.ndarray:
     return np.frombuffer(raw, dtype="<i8")
+
+
+class Stats(NamedTuple):
+    """What BM25 scores a query by besides a row's own terms: live rows, their total length,
+    and each query key's document frequency."""
+
+    live: int
+    total_len: float
+    df: dict[int, int]
+
+    @staticmethod
+    def of(parts: Sequence[Stats]) -> Stats:
+        """Several indexes' statistics as those of one index holding all their rows."""
+        df: dict[int, int] = {}
+        for p in parts:
+            for key, n in p.df.items():
+                df[key] = df.get(key, 0) + n
+        return Stats(sum(p.live for p in parts), sum(p.total_len for p in parts), df)
 
 
 class Postings(NamedTuple):
@@ -430,15 +457,23 @@ class TermIndex:
 
     # --- searching ------------------------------------------------------------------------------
 
-    def _term_ids(self, query: Sequence[int]) -> list[int]:
+    def _terms(self, query: Sequence[int]) -> list[tuple[int, int]]:
+        """(key, term id) of each query key in the index, in the query's order."""
         vocab = self._vocab_map
         if vocab is not None:
-            return [vocab[t] for t in query if t in vocab]
+            return [(t, vocab[t]) for t in query if t in vocab]
         if not query or not self._keys.size:
             return []
         q = np.asarray(query, dtype=np.int64)
         at = np.minimum(np.searchsorted(self._keys, q), self._keys.size - 1)
-        return at[self._keys[at] == q].tolist()
+        found = self._keys[at] == q
+        return list(zip(q[found].tolist(), at[found].tolist(), strict=True))
+
+    def stats(self, query: Sequence[int]) -> Stats:
+        """The index's BM25 statistics for the query: `Stats.of` adds those of several indexes
+        searched as one (`scores(..., stats)`)."""
+        df = {key: self._postings(tid)[0].size for key, tid in self._terms(sorted(set(query)))}
+        return Stats(self._live, self._live_len, df)
 
     def _postings(self, tid: int) -> tuple[np.ndarray, np.ndarray]:
         rows, tfs = self._rows, self._tfs
@@ -453,22 +488,24 @@ class TermIndex:
             tfs = np.concatenate((tfs, np.asarray(extra[1], dtype=np.float32)))
         return rows, tfs
 
-    def scores(self, query: Sequence[int]) -> np.ndarray | None:
+    def scores(self, query: Sequence[int], stats: Stats | None = None) -> np.ndarray | None:
         """BM25 score of every row for the query's term keys (`Analyzer.query`): 0 where no
-        query term occurs or the row is dead; None when no query term is in the index."""
-        tids = self._term_ids(query)
-        if not tids or not self._live:
+        query term occurs or the row is dead; None when no query term is in the index.
+        `stats`: of several indexes searched as one (their scores then compare as those of one
+        index holding all their rows would), else this index's own."""
+        terms = self._terms(query)
+        if not terms or not self._live:
             return None
         n = len(self._ids)
         scores = np.zeros(n, dtype=np.float32)
-        live = self._live
-        avgdl = max(self._live_len / live, 1e-9)
+        live, total = (self._live, self._live_len) if stats is None else stats[:2]
+        avgdl = max(total / max(live, 1), 1e-9)
         lens = self._len
-        for tid in tids:
+        for key, tid in terms:
             rows, tfs = self._postings(tid)
             if not rows.size:
                 continue
-            df = rows.size
+            df = rows.size if stats is None else stats.df.get(key, rows.size)
             idf = math.log(1.0 + (max(live, df) - df + 0.5) / (df + 0.5))
             norm = K1 * (1.0 - B + B * lens[rows] / avgdl)
             scores[rows] += idf * tfs * (K1 + 1.0) / (tfs + norm)
@@ -476,13 +513,18 @@ class TermIndex:
         return scores
 
     def search(
-        self, query: Sequence[int], depth: int, allowed: Callable[[str], bool] | None = None
+        self,
+        query: Sequence[int],
+        depth: int,
+        allowed: Callable[[str], bool] | None = None,
+        stats: Stats | None = None,
     ) -> list[tuple[str, float]]:
         """Up to `depth` (id, score) pairs of entries matching any query term, best first
-        (ties: the earlier indexed first), only ids that `allowed` accepts."""
+        (ties: the earlier indexed first), only ids that `allowed` accepts (`stats`: see
+        `scores`)."""
         if depth <= 0:
             return []
-        scores = self.scores(query)
+        scores = self.scores(query, stats)
         if scores is None:
             return []
         return ranked(scores, self._ids, depth, allowed)

@@ -13,7 +13,7 @@ from actors.shard.pool import Pool
 from engine.memory import EntryMeta, Reader, Status
 from storage.crypto import Cipher
 from storage.memory_store import StoredPool
-from storage.search_index import Analyzer, TermIndex, _order_by_key, in_context
+from storage.search_index import Analyzer, Stats, TermIndex, _order_by_key, in_context
 from tests.test_engine_visibility_oracle import cases, oracle_visible
 
 AN = Analyzer(b"k" * 32)
@@ -340,3 +340,40 @@ def test_a_record_in_context_ranks_first_for_its_own_words_and_is_found_by_its_n
     assert index.search(analyzer.query("pottery workshop"), 10)[0][0] == "q"
     assert list(in_context(own["n"])) == list(own["n"])  # no neighbour: its own keys as they are
     assert in_context(own["q"], own["n"]) == sorted([*own["q"], *own["q"], *own["n"]])
+
+
+def test_indexes_searched_as_one_score_as_one_index_holding_every_row():
+    """`Stats.of` (actors/workspace/search.py `keyword_stats`): two pools' indexes scored under
+    their statistics added up give every row the score it has in one index holding both pools'
+    rows; under their own, a row of the pool where a word is rare outranks better ones."""
+    first = {"u1": "zork blip", "u2": "zork zork fleem", "u3": "zork gronk wibble"}
+    first["u4"] = "fleem gronk"
+    second = {"b1": "zork wibble", "b2": "fleem plonk quux", "b3": "quux"}
+    a, b, both = index(first), index(second), index({**first, **second})
+    for q in ("zork", "zork fleem", "wibble zork", "quux blip", "nothing"):
+        keys = AN.query(q)
+        stats = Stats.of([a.stats(keys), b.stats(keys)])
+        got = dict(a.search(keys, 10, None, stats) + b.search(keys, 10, None, stats))
+        want = dict(both.search(keys, 10))
+        assert got.keys() == want.keys()
+        assert all(math.isclose(got[i], want[i], rel_tol=1e-5) for i in want)
+    keys = AN.query("zork")
+    own = sorted(a.search(keys, 10) + b.search(keys, 10), key=lambda h: -h[1])
+    assert own[0][0] == "b1" and ids(both, "zork")[:2] == ["u2", "u1"]
+
+
+def test_a_longer_record_holding_every_query_word_is_not_buried_by_its_length():
+    """BM25's k1 0.9 / b 0.4 (short passages): the turn that tells something, longer and
+    holding every query word once, ranks above a short one repeating two of them (with the
+    classic 1.2 / 0.75 the short one came first: LoCoMo-like recall@10 0.497 against 0.682)."""
+    idx = index(
+        {
+            "told": "At the pottery class I made a bowl, garden morning.",
+            "asked": "Pottery class? Pottery class!",
+            "o1": "Lovely weather",
+            "o2": "See you soon",
+            "o3": "The train was late",
+            "o4": "Bowls and cups",
+        }
+    )
+    assert ids(idx, "Which bowl came out of the pottery class?")[:2] == ["told", "asked"]

@@ -35,3 +35,34 @@ def test_concurrent_callers_share_one_load_and_a_failure_is_retried() -> None:
             flight.loaded["q"]
 
     asyncio.run(main())
+
+
+def test_a_cancelled_caller_does_not_fail_the_others_waiting_for_its_load() -> None:
+    """The caller whose call started the load is cancelled (a timeout, a stopped request):
+    the 24 others waiting for the same key still get the loaded value, from that one load."""
+
+    async def main() -> None:
+        flight: SingleFlight[str] = SingleFlight()
+        calls = 0
+        started, gate = asyncio.Event(), asyncio.Event()
+
+        async def load() -> str:
+            nonlocal calls
+            calls += 1
+            started.set()
+            await gate.wait()
+            return "pool"
+
+        first = asyncio.ensure_future(flight.get("p", load))
+        await started.wait()
+        others = [asyncio.ensure_future(flight.get("p", load)) for _ in range(24)]
+        await asyncio.sleep(0)
+        first.cancel()
+        await asyncio.sleep(0)
+        gate.set()
+        results = await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), 5)
+        assert first.cancelled()
+        assert results == ["pool"] * 24 and calls == 1
+        assert flight.loaded == {"p": "pool"}
+
+    asyncio.run(main())

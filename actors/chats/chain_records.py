@@ -15,7 +15,7 @@ from actors.contracts import ChainView, Effect, LinkView, StepInput, StepOutcome
 from actors.shard.batch import Batch
 from engine.collaboration import Chain, ChainStatus, Link, find_link, new_chain
 from engine.directory import Bot, Chat, Org, agent_chat
-from engine.errors import OpenBotError
+from engine.errors import NotFound, OpenBotError
 from engine.events import Audience, CollaborationChanged
 from storage.chat_store import ChatLog, Item
 from storage.crypto import aad
@@ -26,6 +26,14 @@ log = logging.getLogger("openbot.chains")
 _enc = msgspec.json.Encoder()
 _texts_dec = msgspec.json.Decoder(dict[str, dict[str, str]])
 KNOWN_CHATS = 10_000
+
+
+class _Chains(dict[str, Chain]):
+    """The chains by id; a chain that is not here (its first commit failed and memory dropped
+    it while a delivery of it was under way) is a clear error, not a KeyError."""
+
+    def __missing__(self, chain_id: str) -> Chain:
+        raise NotFound(f"collaboration {chain_id} was not stored", code="collaboration_not_found")
 
 
 class ChainRecords:
@@ -41,13 +49,16 @@ class ChainRecords:
         # chain → links whose agent chat this shard made and the directory may not have yet:
         # stored with the chain's row, so a restart registers them again (agent_chats.py).
         self.unregistered: dict[str, set[str]] = {}
+        # Chains made here with no row on disk yet → their rows staged and not failed: a chain
+        # whose every row failed (its first with the turn's end) is dropped from memory too.
+        self._unstored: dict[str, int] = {}
 
     async def all(self) -> dict[str, Chain]:
         if self._loaded is None:
             rows = await self.kernel.db.run(
                 lambda con: con.execute("SELECT doc, texts FROM chains").fetchall()
             )
-            chains: dict[str, Chain] = {}
+            chains = _Chains()
             for doc, texts in rows:
                 record = msgspec.json.decode(doc)
                 chain = msgspec.convert(record["chain"], Chain)
@@ -79,6 +90,12 @@ class ChainRecords:
         if ended and (before is None or before.status != chain.status):
             log.warning("collaboration %s %s: %s", chain.id, chain.status, chain.reason)
         chains[chain.id] = chain
+        if before is None:
+            self._unstored[chain.id] = 0
+        if chain.id in self._unstored:
+            self._unstored[chain.id] += 1
+            sink.done(lambda: self._unstored.pop(chain.id, None))
+            sink.fail(lambda: self._row_failed(chain.id))
         root = await self.conv.log(chain.root_chat)
         sealed = root.cipher.seal(
             _enc.encode(self.texts.get(chain.id, {})),
@@ -105,6 +122,22 @@ class ChainRecords:
             if not (isinstance(p, CollaborationChanged) and p.collaboration == chain.id)
         ]
         sink.emit(event, self.audience(chain))
+
+    def _row_failed(self, chain_id: str) -> None:
+        """A row of a chain with none on disk failed: once every row staged for it has
+        failed, memory drops the chain as the disk never had it (a delivery under way finds
+        it gone and stores nothing: its rows went after the failed one)."""
+        left = self._unstored.get(chain_id)
+        if left is None:  # a row of it committed: the chain exists
+            return
+        if left > 1:
+            self._unstored[chain_id] = left - 1
+            return
+        del self._unstored[chain_id]
+        if self._loaded is not None:
+            self._loaded.pop(chain_id, None)
+        for kept in (self.texts, self.channel, self.unregistered):
+            kept.pop(chain_id, None)
 
     def begin(self, chat: Chat, turn: str, bot: str) -> Chain:
         """A new chain rooted in `chat` (not stored yet: its first send stages it)."""

@@ -173,8 +173,8 @@ class ChainRunner:
         once it is durable."""
         started: list[tuple[str, str]] = []
         async with self._lock:
-            if restage is not None:
-                await self.records.stage((await self.records.all())[restage], sink)
+            if restage is not None and (again := (await self.records.all()).get(restage)):
+                await self.records.stage(again, sink)  # (gone: its first commit failed)
             for effect in sends:
                 chains = await self.records.all()
                 current = chains.get(chain) if chain else None
@@ -204,8 +204,8 @@ class ChainRunner:
                     )
                     started.append((updated.id, effect.link))
             if hold is not None and chain is not None:
-                current = (await self.records.all())[chain]
-                if not any(c.parent == hold and c.status == "sent" for c in current.links):
+                links = getattr((await self.records.all()).get(chain), "links", ())
+                if links and not any(c.parent == hold and c.status == "sent" for c in links):
                     return None, started
             fut = self.conv.commit_soon(chat.id, chat_log, sink)
         return fut, started
@@ -239,8 +239,8 @@ class ChainRunner:
         as it commits. The agent chat is made here and registered with the directory later
         (agent_chats.py): the hop asks the directory nothing."""
         conv = self.conv
-        chain = (await self.records.all())[chain_id]
-        if chain.status != "running":
+        chain = (await self.records.all()).get(chain_id)  # (None: its first commit failed)
+        if chain is None or chain.status != "running":
             return
         link = rules.find_link(chain, link_id)
         first = link.agent_chat is None  # nothing of this delivery is stored yet

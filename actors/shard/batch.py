@@ -27,6 +27,7 @@ class Batch:
     # whose row it finds in `writes`, so rows built by storage need no bookkeeping by callers.
     keys: list[StoredPool] = field(default_factory=list)
     on_failure: list[Callable[[], None]] = field(default_factory=list)
+    on_commit: list[Callable[[], None]] = field(default_factory=list)
     # The memory bot's model calls made while building it (become call-log rows, SEC-1).
     calls: list = field(default_factory=list)
     # An earlier commit this one depends on: stored with it or before it, never without it
@@ -56,4 +57,9 @@ class Batch:
     def fail(self, hook: Callable[[], None]) -> Batch:
         """Run `hook` if the batch does not commit (drop state that is ahead of the disk)."""
         self.on_failure.append(hook)
+        return self
+
+    def done(self, hook: Callable[[], None]) -> Batch:
+        """Run `hook` once the batch has committed (state that waits to know it is stored)."""
+        self.on_commit.append(hook)
         return self

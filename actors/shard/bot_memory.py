@@ -28,6 +28,7 @@ from engine.memory import EntryMeta, Reader
 from engine.order import in_memory_order
 from engine.scoped_memory import WsEntry, WsStatus
 from engine.visibility import Visibility
+from storage.search_index import Stats
 
 CONTEXT_HITS = 32  # ranked hits an input's context takes first (`BotMemory.context_for`)
 
@@ -106,7 +107,12 @@ def _best(snap: Snapshot, keys: list[int], limit: int) -> list[tuple[str, float]
     reader = snap.reader
     # Seed entries under the union's visibility (an observation may rest on a record).
     candidates, vis = snap.pool.candidates(reader), snap.visibility
-    found = snap.pool.terms.search(keys, limit, lambda i: i in candidates and vis.usable(i))
+    # Two indexes merged by score: ranked under their statistics as one (see
+    # actors/workspace/search.py `keyword_stats`).
+    stats = None
+    if snap.ws is not None:
+        stats = Stats.of([snap.pool.terms.stats(keys), snap.ws.index.stats(keys)])
+    found = snap.pool.terms.search(keys, limit, lambda i: i in candidates and vis.usable(i), stats)
     if snap.ws is not None:
         visible = bm.record_check(reader)
         records = snap.ws.stored.entries
@@ -115,7 +121,7 @@ def _best(snap: Snapshot, keys: list[int], limit: int) -> list[tuple[str, float]
             r = records.get(i)
             return r is not None and r.status == WsStatus.ACTIVE and visible(r)
 
-        found += snap.ws.index.search(keys, limit, usable)
+        found += snap.ws.index.search(keys, limit, usable, stats)
     found.sort(key=lambda hit: -hit[1])
     return found[:limit]
 

@@ -334,7 +334,7 @@ class ShardKernel:
             return pool.pending if pool is not None else None
         keys = list(batch.keys)
         keys += [k for k in self.store.keys_in(batch.writes) if all(k is not o for o in keys)]
-        hooks = list(batch.on_failure)
+        hooks, committed = list(batch.on_failure), list(batch.on_commit)
         after = batch.after  # (only passed when set: code that wraps `submit` takes writes)
         fut = (
             self.committer.submit(writes) if after is None else self.committer.submit(writes, after)
@@ -343,6 +343,8 @@ class ShardKernel:
         def settled(f: asyncio.Future[None]) -> None:
             if not f.cancelled() and f.exception() is None:
                 self.store.stored(keys)
+                for hook in committed:
+                    hook()
                 self.events.publish(events)
                 return
             if pool is not None:

@@ -15,25 +15,25 @@ class SingleFlight(Generic[T]):
 
     def __init__(self) -> None:
         self.loaded: dict[str, T] = {}
-        self._loading: dict[str, asyncio.Future[T]] = {}
+        self._loading: dict[str, asyncio.Future[T]] = {}  # loads under way
 
     async def get(self, key: str, load: Callable[[], Awaitable[T]]) -> T:
         value = self.loaded.get(key)
         if value is not None:
             return value
         loading = self._loading.get(key)
-        if loading is not None:
-            return await asyncio.shield(loading)
-        loading = asyncio.get_running_loop().create_future()
-        self._loading[key] = loading
+        if loading is None:
+            # A task of its own, not the first caller's: a caller cancelled while it waits (a
+            # timeout) must not cancel the load the others wait for, nor fail them with it.
+            loading = asyncio.ensure_future(self._load(key, load))
+            loading.add_done_callback(lambda f: f.cancelled() or f.exception())  # (retrieved)
+            self._loading[key] = loading
+        return await asyncio.shield(loading)
+
+    async def _load(self, key: str, load: Callable[[], Awaitable[T]]) -> T:
         try:
             value = await load()
-        except BaseException as e:
-            loading.set_exception(e)
-            loading.exception()  # retrieved: later waiters re-raise it
-            raise
         finally:
             del self._loading[key]
         self.loaded[key] = value
-        loading.set_result(value)
         return value

@@ -29,6 +29,7 @@ from actors.shard.single_flight import SingleFlight
 from engine import bot_memory as bm
 from engine import scoped_memory as sm
 from engine import tags as tagmod
+from engine import write_context as wc
 from engine.errors import OpenBotError
 from engine.scoped_memory import WsEntry
 from storage.bulk import paused_gc
@@ -77,8 +78,9 @@ class WsPool:
     pending: asyncio.Future[None] | None = None
     poisoned: bool = False
     index: TermIndex = field(default_factory=TermIndex)  # keyword search, in memory only
-    # The last new record in sequence (context for the next one, and it for it).
-    last_written: Written | None = None
+    # The last new record of each write stream (engine/write_context.py): context for the
+    # stream's next one, and it for it.
+    last_written: dict = field(default_factory=dict)
     bot_org: str | None = None  # a bot pool's bot's home org (its records' `org:` tag)
     # Records as bot-memory entries (actors/shard/bot_memory.py), per record state.
     metas: dict = field(default_factory=dict)
@@ -380,8 +382,9 @@ class WsPools:
     def indexed(self, pool: WsPool, entry: WsEntry, content: str, *, new: bool) -> list[Write]:
         """Index a record's new content; the rows that store term keys.
 
-        Records written in sequence (a new one within `context_window_ms` of the last new one,
-        by the same contributor: the turns of one conversation, a batch of notes) are indexed
+        Records written in sequence (a new one within `context_window_ms` of the last new one
+        of its stream, engine/write_context.py: by the same contributor, with the same
+        visibility and topics; the turns of one conversation, a batch of notes) are indexed
         with their neighbours' words too (`in_context`: own words twice, each neighbour's
         once): a new record with the words of the one before it, and that one again with the
         new one's. "Yes! I made a bowl" is found by a question about the pottery workshop the
@@ -391,21 +394,15 @@ class WsPools:
         own = self.kernel.analyzer.key_list(content)  # (lists: ~25 keys, numpy costs more)
         before = None
         now = self.kernel.clock()
-        last = pool.last_written
+        stream = wc.stream_of(entry.contributor, entry.tags, entry.topics)
+        last = pool.last_written.get(stream)
         rows: list[Write] = []
-        if (
-            new
-            and self.context_window_ms > 0  # 0: off (not "the same millisecond")
-            and last is not None
-            and last.contributor == entry.contributor
-            and 0 <= now - last.at <= self.context_window_ms
-        ):
+        if new and last is not None and wc.in_window(last, now, self.context_window_ms):
             before = last.own
             self._with_next(pool, last, own)
         if new:
-            pool.last_written = Written(
-                entry.contributor, now, entry.id, entry.content_fp, own, before
-            )
+            last = Written(entry.contributor, now, entry.id, entry.content_fp, own, before)
+            wc.remember(pool.last_written, stream, last, now, self.context_window_ms)
         keys = in_context(own, before)
         pool.index.put(entry.id, keys)
         rows.append(

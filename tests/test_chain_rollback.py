@@ -1,0 +1,194 @@
+"""A collaboration chain whose first row never reached the disk (the person's turn's end, with
+its send, failed to commit) is not kept in memory either (actors/chats/chain_records.py
+`stage`): it is not listed, does not keep its chat busy, and a retry of the turn with the same
+requestId gives the same turn, no second one and no chain. In process, no Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from actors.contracts import TurnStart
+from actors.directory import DirectoryService
+from actors.models.registry import ScriptedModel
+from actors.shard.service import ShardService
+from engine.errors import StorageError
+from storage.chat_store import INTERRUPTED
+from tests.chain_kit import PEER_SCRIPT, asker_and_peer
+
+
+def _has_chain_row(batches) -> bool:
+    return any(getattr(w, "table", "") == "chains" for writes in batches for w in writes)
+
+
+@pytest.mark.parametrize(
+    ("root_delay", "step_delay"),
+    [(0.2, 0.0), (0.0, 0.3)],
+    ids=["fails-after-the-peer-answered", "fails-while-the-peer-works"],
+)
+def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_duplicate(
+    tmp_path: Path, caplog, root_delay: float, step_delay: float
+):
+    script = tmp_path / "peer.toml"
+    script.write_text(PEER_SCRIPT)
+    models = {"s": ScriptedModel.from_file("s", str(script))}
+
+    async def scenario():
+        directory = DirectoryService(tmp_path)
+        org, asker, chat = await asker_and_peer(directory)
+        svc = ShardService(tmp_path, 0, models=models)
+        svc.peers.connect(directory=directory)
+        committer = svc.committer
+        commit_group = committer._commit_group
+        failed: list[str] = []
+
+        async def failing_root(batches) -> None:
+            """The first transaction with a chain's row (the turn's end and its send) takes a
+            while (the peer's delivery overlaps it), then fails."""
+            if not failed and _has_chain_row(batches):
+                failed.append("root")
+                await asyncio.sleep(root_delay)
+                raise StorageError("disk full (simulated)")
+            await commit_group(batches)
+
+        step = svc.chains.records.step
+
+        async def slow_step(bot, step_input):
+            await asyncio.sleep(step_delay)
+            return await step(bot, step_input)
+
+        committer._commit_group = failing_root  # type: ignore[method-assign]
+        svc.chains.records.step = slow_step  # type: ignore[method-assign]
+        try:
+            start = TurnStart(
+                chat=chat, bot=asker, org=org, operator="u_ann", text="start", request_id="r1"
+            )
+            with contextlib.suppress(StorageError):
+                await svc.start_turn(start, True)
+            await svc.chains_idle()
+            after_failure = await svc.collaborations("u_ann", frozenset())
+            busy = await svc.chat_busy(chat.id)
+            # The same request again: the same turn, nothing run or stored twice.
+            retried = [await svc.start_turn(start, True) for _ in range(2)]
+            await svc.chains_idle()
+            after_retry = await svc.collaborations("u_ann", frozenset())
+            # The shard goes on: a new turn starts its chain and the chain completes.
+            again = TurnStart(
+                chat=chat, bot=asker, org=org, operator="u_ann", text="start", request_id="r2"
+            )
+            second = await svc.start_turn(again, True)
+            for _ in range(200):
+                await svc.chains_idle()
+                chains = await svc.collaborations("u_ann", frozenset())
+                if chains and all(c.status != "running" for c in chains):
+                    break
+                await asyncio.sleep(0.02)
+            items = [i.kind for i in await svc.chat_items(chat.id)]
+        finally:
+            committer._commit_group = commit_group  # type: ignore[method-assign]
+            await svc.close()
+        restarted = ShardService(tmp_path, 0, models=models)
+        restarted.peers.connect(directory=directory)
+        try:
+            await restarted.kernel.started()
+            stored = await restarted.collaborations("u_ann", frozenset())
+        finally:
+            await restarted.close()
+            directory.store.db.close()
+        return (failed, after_failure, busy, retried, after_retry, second, chains, items, stored)
+
+    with caplog.at_level("WARNING"):
+        failed, after_failure, busy, retried, after_retry, second, chains, items, stored = (
+            asyncio.run(scenario())
+        )
+    # A delivery under way when the chain went fails as its commit does (its rows went after
+    # the failed one, and its agent chat is dropped with them), never on a missing chain.
+    errors = [r.exc_info[0] for r in caplog.records if r.exc_info]
+    assert errors and all(e is StorageError for e in errors), errors
+    assert failed == ["root"]
+    assert after_failure == []  # nothing of the chain is on disk: nothing of it in memory
+    assert not busy  # no phantom chain keeps the chat busy (a mode switch would be refused)
+    first_turn = retried[0].turn
+    assert [r.turn.id for r in retried] == [first_turn.id] * 2
+    assert all((r.turn.status, r.turn.error) == ("failed", INTERRUPTED) for r in retried)
+    assert [[i.kind for i in r.items] for r in retried] == [["person"]] * 2
+    assert after_retry == []
+    assert second.turn.id != first_turn.id and second.turn.status == "done"
+    assert len(chains) == 1 and chains[0].status == "done" and chains[0].topic == second.turn.id
+    # One person item per request, the second turn's answer, and the answer that came back.
+    assert items.count("person") == 2
+    assert [c.id for c in stored] == [c.id for c in chains]  # memory matched the disk
+
+
+def test_24_turns_at_once_keep_exactly_the_chains_whose_first_commit_succeeded(tmp_path: Path):
+    """Half of 24 concurrent person turns (each in its own chat, each starting a chain) fail to
+    commit their end: memory then holds exactly the other half's chains, as the disk does."""
+    script = tmp_path / "peer.toml"
+    script.write_text(PEER_SCRIPT)
+    models = {"s": ScriptedModel.from_file("s", str(script))}
+
+    async def scenario():
+        directory = DirectoryService(tmp_path)
+        org, asker, first = await asker_and_peer(directory)
+        chats = [first] + [
+            await directory.create_chat("u_ann", None, bot=asker.id) for _ in range(23)
+        ]
+        doomed = {c.id for c in chats[::2]}
+        svc = ShardService(tmp_path, 0, models=models)
+        svc.peers.connect(directory=directory)
+        committer = svc.committer
+        commit_group = committer._commit_group
+
+        async def failing(batches) -> None:
+            """A doomed chat's turn's end (a turn's row beside its chain's first row) fails
+            (each batch of a failed group is retried alone, so only those fail)."""
+            for writes in batches:
+                tables = {getattr(w, "table", "") for w in writes}
+                docs = [w.row[2] for w in writes if getattr(w, "table", "") == "chains"]
+                root = "turns" in tables and any(
+                    f'"root_chat":"{c}"' in d for d in docs for c in doomed
+                )
+                if root:
+                    await asyncio.sleep(0.01)
+                    raise StorageError("disk full (simulated)")
+            await commit_group(batches)
+
+        committer._commit_group = failing  # type: ignore[method-assign]
+        try:
+            starts = [
+                TurnStart(chat=c, bot=asker, org=org, operator="u_ann", text="start") for c in chats
+            ]
+            results = await asyncio.gather(
+                *(svc.start_turn(s, True) for s in starts), return_exceptions=True
+            )
+            for _ in range(300):
+                await svc.chains_idle()
+                chains = await svc.collaborations("u_ann", frozenset())
+                if all(c.status != "running" for c in chains):
+                    break
+                await asyncio.sleep(0.02)
+            busy = [await svc.chat_busy(c.id) for c in chats]
+        finally:
+            committer._commit_group = commit_group  # type: ignore[method-assign]
+            await svc.close()
+        restarted = ShardService(tmp_path, 0, models=models)
+        restarted.peers.connect(directory=directory)
+        try:
+            await restarted.kernel.started()
+            stored = await restarted.collaborations("u_ann", frozenset())
+        finally:
+            await restarted.close()
+            directory.store.db.close()
+        return doomed, chats, results, chains, busy, stored
+
+    doomed, chats, results, chains, busy, stored = asyncio.run(scenario())
+    kept = {c.id for c in chats} - doomed
+    failed = {c.id for c, r in zip(chats, results, strict=True) if isinstance(r, Exception)}
+    assert failed == doomed
+    assert sorted(c.rootChat for c in chains) == sorted(kept)
+    assert all(c.status == "done" for c in chains)
+    assert not any(busy)
+    assert sorted((c.id, c.status) for c in stored) == sorted((c.id, c.status) for c in chains)

@@ -3,8 +3,10 @@
 DuckDB allows one read-write process per file and a connection is not shareable across threads,
 so every statement of a store runs on the store's single worker thread (`run`). Async callers
 never block their event loop on the database. One exception: a large read that need not queue
-behind the others may run on a second connection with a thread of its own (`run_aside`: a
-pool's vectors and term keys, read beside its records when a shard's first search loads them).
+behind the others may run on another connection with a thread of its own (`run_aside`: a pool's
+vectors and term keys, read beside its records when a shard's first search loads them). There
+are three such (`ASIDE`): a pool's vectors (tens of MB), its records and its keyword snapshot are
+read at once, and none of them holds up the small reads the same search needs beside them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import queue
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,6 +25,7 @@ import duckdb
 from engine.errors import StorageError
 
 T = TypeVar("T")
+ASIDE = 3  # connections (and threads) for reads aside
 
 
 def _convert(e: duckdb.Error, what: str) -> StorageError:
@@ -77,10 +81,11 @@ class Database:
         # aside while the database thread is busy (`run`).
         self.pending_in: Callable[[Sequence[ReadScope]], bool] | None = None
         self._queued = 0  # calls handed to the database thread from the event loop, not done
-        # A second connection to the same database for `run_aside`, used on a thread of its
-        # own (started when first used).
+        # More connections to the same database for `run_aside`, each used by one thread at a
+        # time (the threads are started when first used).
         self._aside: concurrent.futures.ThreadPoolExecutor | None = None
-        self._aside_con: duckdb.DuckDBPyConnection | None = None
+        self._aside_cons: list[duckdb.DuckDBPyConnection] = []
+        self._aside_free: queue.SimpleQueue[duckdb.DuckDBPyConnection] = queue.SimpleQueue()
         self.call(self._open, migrations)
 
     def _open(self, migrations: Sequence[str]) -> None:
@@ -99,7 +104,9 @@ class Database:
             "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER, applied_at BIGINT)"
         )
         if self.path != ":memory:":  # (a cursor of an in-memory one is another database)
-            self._aside_con = con.cursor()  # the same database and buffer pool
+            self._aside_cons = [con.cursor() for _ in range(ASIDE)]  # the same buffer pool
+            for aside in self._aside_cons:
+                self._aside_free.put(aside)
         done = {r[0] for r in con.execute("SELECT version FROM schema_migrations").fetchall()}
         for number, sql in enumerate(migrations, start=1):
             if number in done:
@@ -132,19 +139,18 @@ class Database:
             # The database thread is busy (a checkpoint can take tens of ms): a read that
             # needs nothing from the journal does not queue behind it (a person's turn's
             # first read of its chat, the check of a pool's term rows).
-            if self._aside is None:
-                self._aside = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="duckdb-aside"
-                )
-            return await loop.run_in_executor(self._aside, self._aside_run, fn)
+            return await loop.run_in_executor(self._aside_pool(), self._aside_run, fn)
         return await self._queue(loop, self._guarded, fn, True, scope)
 
+    def _aside_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._aside is None:
+            self._aside = concurrent.futures.ThreadPoolExecutor(
+                len(self._aside_cons), thread_name_prefix="duckdb-aside"
+            )
+        return self._aside
+
     def _may_read_aside(self, scope: Sequence[ReadScope]) -> bool:
-        return (
-            self._aside_con is not None
-            and self.pending_in is not None
-            and not self.pending_in(scope)
-        )
+        return bool(self._aside_cons) and self.pending_in is not None and not self.pending_in(scope)
 
     async def _queue(self, loop: asyncio.AbstractEventLoop, *args: Any) -> Any:
         self._queued += 1
@@ -159,27 +165,22 @@ class Database:
         return await self._queue(loop, self._guarded, fn, False)
 
     async def run_aside(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
-        """`run` on a second connection and thread, beside whatever the database thread is
+        """`run` on another connection and thread (`ASIDE`), beside whatever the database thread is
         doing (a large read that need not wait for another: a pool's vectors beside its
         records, when a shard's first search loads both). It sees the committed state when it
         starts; when the journal holds writes the tables do not have yet, it runs as `run`
         does (after they are applied) instead."""
-        if self._aside_con is None or (self.caught_up is not None and not self.caught_up()):
+        if not self._aside_cons or (self.caught_up is not None and not self.caught_up()):
             return await self.run(fn)
         loop = asyncio.get_running_loop()
-        if self._aside is None:
-            self._aside = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="duckdb-aside"
-            )
-        return await loop.run_in_executor(self._aside, self._aside_run, fn)
+        return await loop.run_in_executor(self._aside_pool(), self._aside_run, fn)
 
     def _aside_run(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
-        # One transaction: a read of several statements (a pool's rows, then its log; term
-        # rows, then their highest seq) sees one state, never half of a commit or checkpoint
-        # the database thread made between two of them.
-        con = self._aside_con
-        assert con is not None
+        con = self._aside_free.get_nowait()  # as many threads as connections: one is free
         try:
+            # One transaction: a read of several statements (a pool's rows, then its log; term
+            # rows, then their highest seq) sees one state, never half of a commit or
+            # checkpoint the database thread made between two of them.
             con.begin()
             try:
                 out = fn(con)
@@ -190,6 +191,8 @@ class Database:
             return out
         except duckdb.Error as e:
             raise _convert(e, "database error") from e
+        finally:
+            self._aside_free.put(con)
 
     def run_sync(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
         return self._executor.submit(self._guarded, fn).result()
@@ -238,9 +241,9 @@ class Database:
             self._aside = None
 
         def _close() -> None:
-            if self._aside_con is not None:
-                self._aside_con.close()
-                self._aside_con = None
+            for aside in self._aside_cons:
+                aside.close()
+            self._aside_cons = []
             if self._con is not None:
                 self._con.close()
                 self._con = None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import msgspec
@@ -29,7 +30,7 @@ import numpy as np
 from storage.crypto import Cipher, aad
 from storage.database import Database, ReadScope
 from storage.group_commit import Delete, Put, Write
-from storage.search_index import Postings, pack_keys, unpack_keys
+from storage.search_index import Postings, TermIndex, pack_keys, unpack_keys
 from storage.shard_schema import SEARCH_SNAPSHOTS, SEARCH_TERMS
 from storage.workspace_store import entry_key
 
@@ -124,12 +125,17 @@ class TermStore:
 
     @staticmethod
     def read_all(con, pool: str) -> tuple[list[str], np.ndarray, np.ndarray, int]:
-        """Every term row of a pool (what a snapshot is built from) and their highest seq."""
-        ids, lengths, flat = TermStore.read_flat(con, pool)
-        ((last,),) = con.execute(
-            "SELECT coalesce(max(seq), 0) FROM search_terms WHERE pool = ?", [pool]
-        ).fetchall()
-        return ids, lengths, flat, last
+        """Every term row of a pool (what a snapshot is built from) and their highest seq, in
+        one statement: one state of the file, whatever commits around it."""
+        cols = con.execute(
+            "SELECT entry, octet_length(terms) // 8 AS n, terms, max(seq) OVER () AS last "
+            "FROM search_terms WHERE pool = ?",
+            [pool],
+        ).fetchnumpy()
+        flat = unpack_keys(b"".join(cols["terms"].tolist()))
+        lengths = np.asarray(cols["n"], dtype=np.int64)
+        last = int(cols["last"][0]) if len(cols["last"]) else 0
+        return cols["entry"].tolist(), lengths, flat, last
 
     @staticmethod
     def rows_since(con, pool: str, covers: int) -> int:
@@ -199,3 +205,32 @@ def open_snapshot(cipher: Cipher, pool: str, covers: int, body: bytes) -> Postin
         rows=np.frombuffer(doc.rows, dtype="<i4"),
         tfs=np.frombuffer(doc.tfs, dtype="<f4"),
     )
+
+
+def covered(current: Mapping[str, object], snap_ids: list[str], have: set[str]) -> bool:
+    """Whether every record (`current`) is in a pool's restored snapshot (`snap_ids`,
+    distinct) or in the rows after it (`have`, all records), and the snapshot holds only
+    records: then the two together number as many as the records (no set of 100,000 ids to
+    compare at a load)."""
+    if not all(map(current.__contains__, snap_ids)):
+        return False
+    both = sum(map(have.__contains__, snap_ids)) if have else 0
+    return len(snap_ids) + len(have) - both == len(current)
+
+
+def unindexed(
+    index: TermIndex, current: Mapping[str, object], snap_ids: list[str], have: set[str], twice
+) -> set[str]:
+    """The records in neither the restored snapshot nor the rows after it; records of the
+    snapshot gone since, or listed twice in the rows, are taken out of the index."""
+    kept = set(snap_ids)
+    # The snapshot holds only current records exactly when the others number as many.
+    missing = current.keys() - kept
+    if len(current) - len(missing) != len(kept):  # records gone since: not indexed
+        for gone in kept - current.keys():
+            index.remove(gone)
+    for entry_id in twice:
+        index.remove(entry_id)
+        if entry_id in current:
+            missing.add(entry_id)
+    return missing - have

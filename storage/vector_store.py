@@ -13,7 +13,8 @@ A block's matrix is stored as directions, one signed byte per dimension (`_I8`: 
 scaled so that its largest component is +-127, with the factor that makes it a unit vector;
 search compares unit vectors only, so the original length is not kept). A quarter of
 float32's bytes to read and decrypt when a pool loads (100,000 x 384: 39 MB instead of 150
-MB), widened to unit float32 rows in one pass. Measured on the retrieval benchmark's 6,120
+MB), and a quarter of the memory: a loaded pool keeps them as they are until its first new
+vector (`Loaded`). Measured on the retrieval benchmark's 6,120
 turns and 440 questions with all-MiniLM-L6-v2: the dense ranking's recall@10 (0.682) and MRR
 (0.407) unchanged, recall@5 0.559 -> 0.557 (near-identical small-talk turns swap places: 10%
 of top-10 places differ, 0.3% of top-1000). Blocks stored as float32 (before) still load.
@@ -94,9 +95,12 @@ def _layout(rows: int, plain: int, head: bytes) -> tuple[str, int] | None:
 
 # What a pool's stored vectors load as: record ids (distinct), fingerprints, a matrix of rows,
 # each record's row (None: not made, the row of `ids[k]` is k) and each row's factor to unit
-# length (None: the rows are unit already). int8 blocks are widened but not scaled: the factor
-# is applied to a search's scores (one number a row) instead of to the matrix (one pass over
-# 150 MB at 100,000 x 384, on the first search's path).
+# length (None: the rows are unit already). When every block is int8 (all but blocks stored
+# before int8 ones existed), the matrix is the int8 directions themselves, neither widened nor
+# scaled: a search scores them a few hundred rows at a time and applies the factor to the
+# scores (actors/workspace/vectors.py), so the first search after a shard opens does not wait
+# for a fresh 150 MB float32 matrix (100,000 x 384) to be written. Otherwise float32 directions
+# (int8 blocks widened), with the factors likewise kept aside.
 Loaded = tuple[list[str], list[str], np.ndarray, dict[str, int] | None, np.ndarray | None]
 
 
@@ -108,18 +112,19 @@ def _assemble(
     ids: list[str] = []
     fps: list[str] = []
     parts: list[tuple[int, bytes, bytes]] = []  # (rows, blob, aad)
-    for entry, fp, vec in legacy:
-        ids.append(entry)
-        fps.append(fp)
-        parts.append((1, vec, _vector_aad(pool, entry, model)))
-    for seq, entries, vecs in blocks:
-        pairs = _entries_dec.decode(entries)
-        if not pairs or len(vecs) <= _OVERHEAD:
-            continue  # nothing usable: recomputed like a missing vector
-        block_ids, block_fps = zip(*pairs, strict=True)
-        ids.extend(block_ids)
-        fps.extend(block_fps)
-        parts.append((len(pairs), vecs, _block_aad(pool, model, seq)))
+    with paused_gc():  # (a tuple per record: collections that find no garbage)
+        for entry, fp, vec in legacy:
+            ids.append(entry)
+            fps.append(fp)
+            parts.append((1, vec, _vector_aad(pool, entry, model)))
+        for seq, entries, vecs in blocks:
+            pairs = _entries_dec.decode(entries)
+            if not pairs or len(vecs) <= _OVERHEAD:
+                continue  # nothing usable: recomputed like a missing vector
+            block_ids, block_fps = zip(*pairs, strict=True)
+            ids.extend(block_ids)
+            fps.extend(block_fps)
+            parts.append((len(pairs), vecs, _block_aad(pool, model, seq)))
     if not ids:
         return empty
     # Every block is opened into one buffer; float32 ones land where their rows go.
@@ -139,21 +144,29 @@ def _assemble(
     if len(dims) != 1 or None in layouts:
         return empty
     dim = dims.pop()
-    mat = np.empty((len(ids), dim), dtype=np.float32)
+    int8 = all(kind == "i8" for kind, _ in layouts)
+    mat = np.empty((len(ids), dim), dtype=np.int8 if int8 else np.float32)
     factor = np.ones(len(ids), dtype=np.float32)
+    # int8 rows are copied as bytes: a numpy copy of each block lets go of the GIL and then
+    # waits to take it back while the event loop's thread runs Python (the same search loads
+    # the pool's records meanwhile), which for several hundred blocks was most of this time.
+    dest = memoryview(mat).cast("B") if int8 else None
     row = at = 0
     for (rows, _, _), size, (kind, _) in zip(parts, plain, layouts, strict=True):
         out = mat[row : row + rows]
-        if kind == "i8":  # widened; the factor kept aside
+        if kind == "i8":  # copied (or widened) as they are; the factor kept aside
             factor[row : row + rows] = buf[at + 8 : at + 8 + 4 * rows].view("<f4")
-            codes = buf[at + 8 + 4 * rows : at + size].view(np.int8).reshape(rows, dim)
-            np.copyto(out, codes, casting="unsafe")
+            if dest is not None:
+                dest[row * dim : (row + rows) * dim] = flat[at + 8 + 4 * rows : at + size]
+            else:
+                codes = buf[at + 8 + 4 * rows : at + size].view(np.int8).reshape(rows, dim)
+                np.copyto(out, codes, casting="unsafe")
         else:
             np.copyto(out, buf[at : at + size].view("<f4").reshape(rows, dim))
             unit_rows(out)
         row += rows
         at += size
-    del buf
+    del buf, flat, dest
     with paused_gc():
         if len(set(ids)) == len(ids):
             return ids, fps, mat, None, factor  # (the map of rows is made when first needed)
@@ -197,10 +210,10 @@ class VectorStore:
         ]
 
     async def load_all(self, pool: str, model: str, cipher: Cipher) -> Loaded:
-        """The pool's current vectors for `model`: record ids, fingerprints, one float32
-        matrix of their directions, of its own (writable; a record's latest vector only), each
-        record's row (None when it is simply its place in `ids`) and each row's factor to unit
-        length (`Loaded`)."""
+        """The pool's current vectors for `model`: record ids, fingerprints, one matrix of
+        their directions (int8 or float32, see `Loaded`), of its own (writable; a record's
+        latest vector only), each record's row (None when it is simply its place in `ids`) and
+        each row's factor to unit length (`Loaded`)."""
         return await self.assemble(pool, model, cipher, await self.read(pool, model))
 
     async def read(self, pool: str, model: str) -> tuple[list[tuple], list[tuple]]:
@@ -230,8 +243,8 @@ class VectorStore:
     async def assemble(
         pool: str, model: str, cipher: Cipher, rows: tuple[list[tuple], list[tuple]]
     ) -> Loaded:
-        """`read`'s rows opened, widened and scaled to unit length on another thread (numpy
-        and the cipher let the event loop run meanwhile)."""
+        """`read`'s rows opened and put in one matrix on another thread (numpy and the
+        cipher let the event loop run meanwhile)."""
         legacy, blocks = rows
         return await asyncio.to_thread(_assemble, pool, model, cipher, legacy, blocks)
 

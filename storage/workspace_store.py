@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import ItemsView, Iterator, KeysView, MutableMapping, ValuesView
+from collections.abc import Callable, ItemsView, Iterator, KeysView, MutableMapping, ValuesView
 from dataclasses import dataclass, field
 
 import msgspec
@@ -59,27 +59,42 @@ class LazyEntries(MutableMapping[str, WsEntry]):
     after a shard opens), while a search reads the few hundred records its ranking reaches.
     One dict holds both kinds of value in load order (a decoded record replaces its JSON in
     place, so iteration order is that of a plain dict); `fp` reads a record's content
-    fingerprint alone, for the walks that compare every record with derived data."""
+    fingerprint alone, for the walks that compare every record with derived data.
 
-    __slots__ = ("_d", "_raw")
+    `link`, when set, is applied to each record as it is decoded (a bot pool's records stored
+    before migration 7 get the bot's `org:` tag: actors/workspace/pools.py), so that no walk
+    of every record's JSON is needed to find the few such records."""
+
+    __slots__ = ("_d", "_raw", "link")
 
     def __init__(self, raw: dict[str, str] | None = None) -> None:
         self._d: dict[str, WsEntry | str] = raw if raw is not None else {}
         self._raw = len(self._d)  # values still JSON (0: every one decoded)
+        self.link: Callable[[WsEntry], WsEntry] | None = None
+
+    def _decode(self, entry_id: str, raw: str) -> WsEntry:
+        entry = _entry_dec.decode(raw)
+        if self.link is not None:
+            entry = self.link(entry)
+        self._d[entry_id] = entry  # a value set: order kept
+        self._raw -= 1
+        return entry
+
+    def set_link(self, link: Callable[[WsEntry], WsEntry]) -> None:
+        """Apply `link` to every record: those decoded already now, the others as they are."""
+        self.link = link
+        if self._raw != len(self._d):
+            for entry_id, v in self._d.items():
+                if type(v) is not str:
+                    self._d[entry_id] = link(v)  # type: ignore[arg-type]
 
     def __getitem__(self, entry_id: str) -> WsEntry:
         v = self._d[entry_id]
-        if type(v) is str:
-            v = self._d[entry_id] = _entry_dec.decode(v)
-            self._raw -= 1
-        return v  # type: ignore[return-value]
+        return self._decode(entry_id, v) if type(v) is str else v  # type: ignore[return-value]
 
     def get(self, entry_id: str, default=None):  # type: ignore[override]
         v = self._d.get(entry_id, default)
-        if type(v) is str:
-            v = self._d[entry_id] = _entry_dec.decode(v)
-            self._raw -= 1
-        return v
+        return self._decode(entry_id, v) if type(v) is str else v
 
     def fp(self, entry_id: str) -> str | None:
         """The record's content fingerprint (None: no such record), without decoding it."""
@@ -113,8 +128,7 @@ class LazyEntries(MutableMapping[str, WsEntry]):
         if self._raw:
             for entry_id, v in self._d.items():
                 if type(v) is str:
-                    self._d[entry_id] = _entry_dec.decode(v)  # a value set: order kept
-            self._raw = 0
+                    self._decode(entry_id, v)
         return self._d  # type: ignore[return-value]
 
     def values(self) -> ValuesView[WsEntry]:  # type: ignore[override]
@@ -141,15 +155,6 @@ class StoredWsPool:
     entries: MutableMapping[str, WsEntry] = field(default_factory=LazyEntries)
     sealed: dict[str, bytes] = field(default_factory=dict)
     barriers: list[ForgetBarrier] = field(default_factory=list)
-    # Records whose stored system tags have no `org:` one (stored before migration 7): the
-    # only ones a bot pool's load has to link (engine/bot_memory.py `link_tags`).
-    unlinked: list[str] = field(default_factory=list)
-
-
-# `tags` is the last field of a stored record's JSON (msgspec writes fields in their order, and
-# a quote inside a string value is escaped), so everything after `"tags":[` is its tags.
-assert WsEntry.__struct_fields__[-1] == "tags"
-_UNLINKED = """meta NOT LIKE '%"tags":[%"org:%'"""
 
 
 def entry_key(pool: str, entry_id: str) -> str:
@@ -195,12 +200,9 @@ class WorkspaceStore:
     def read_pool(con, pool: str) -> tuple[dict, list]:
         """A pool's rows as `stored_pool` takes them (on the database's thread; a caller may
         read more in the same call)."""
-        # One scan; columns as numpy arrays (a tuple per row costs more than the scan). Only a
-        # bot pool's records are linked to the bot's memory (`unlinked`).
-        unlinked = f"coalesce({_UNLINKED}, false)" if pool.startswith("bot:") else "false"
+        # One scan; columns as numpy arrays (a tuple per row costs more than the scan).
         cols = con.execute(
-            f"SELECT id, meta, content, {unlinked} AS unlinked FROM ws_entries WHERE pool = ?",
-            [pool],
+            "SELECT id, meta, content FROM ws_entries WHERE pool = ?", [pool]
         ).fetchnumpy()
         barriers = con.execute(
             "SELECT doc FROM ws_barriers WHERE pool = ? ORDER BY at_ms, key", [pool]
@@ -216,7 +218,6 @@ class WorkspaceStore:
                 ids = cols["id"].tolist()
                 stored.entries = LazyEntries(dict(zip(ids, cols["meta"].tolist(), strict=True)))
                 stored.sealed = dict(zip(ids, cols["content"].tolist(), strict=True))
-                stored.unlinked = [ids[k] for k in cols["unlinked"].nonzero()[0].tolist()]
         stored.barriers = [_barrier_dec.decode(doc) for (doc,) in barrier_rows]
         return stored
 

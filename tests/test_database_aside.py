@@ -63,6 +63,36 @@ def test_a_read_aside_sees_the_journal_and_does_not_wait_for_the_database_thread
     asyncio.run(main())
 
 
+def test_a_small_read_aside_does_not_wait_for_a_large_one(tmp_path: Path):
+    """A pool's vectors (tens of MB) are read aside while the same search's small reads (its
+    seed-000 pool, its keyword snapshot) are too: they do not queue behind them."""
+
+    async def main() -> None:
+        db = Database(tmp_path / "s.duckdb", [KV_SQL])
+        try:
+            await db.run(lambda con: con.execute("INSERT INTO kv VALUES ('a', 'g', 1)"))
+            started, release = threading.Event(), threading.Event()
+
+            def large(con) -> list[str]:
+                started.set()
+                release.wait(10)
+                return _keys(con)
+
+            held = asyncio.ensure_future(db.run_aside(large))
+            await asyncio.to_thread(started.wait, 10)
+            try:
+                assert await asyncio.wait_for(db.run_aside(_keys), 5) == ["a"]
+            finally:
+                release.set()
+            assert await held == ["a"]
+            # Many at once: each runs on a connection no other uses meanwhile.
+            assert await asyncio.gather(*(db.run_aside(_keys) for _ in range(24))) == [["a"]] * 24
+        finally:
+            db.close()
+
+    asyncio.run(main())
+
+
 def test_an_in_memory_database_reads_on_its_thread(tmp_path: Path):
     async def main() -> None:
         db = Database(":memory:", [KV_SQL])

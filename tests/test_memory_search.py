@@ -6,6 +6,7 @@ word of a record reaches the disk in the clear."""
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 from pathlib import Path
 
@@ -448,11 +449,12 @@ def test_a_record_listed_twice_in_stored_terms_is_indexed_from_its_text(tmp_path
     asyncio.run(again())
 
 
-def test_a_pool_load_lists_the_bot_records_stored_without_an_org_tag(tmp_path: Path):
-    """Records stored before migration 7 have no `org:` tag; a bot pool's load lists them (to
-    be linked to the bot's memory), read in the same scan as the records; other pools have no
-    bot to link to and list none."""
-    from storage.workspace_store import WorkspaceStore
+def test_a_bot_pool_links_its_records_stored_without_an_org_tag_as_they_are_read(tmp_path: Path):
+    """Records stored before migration 7 have no `org:` tag: a bot pool's records get the
+    bot's home org as each is first read (no scan of every record's JSON at load: the first
+    search after a shard opens); a record with one keeps it, and other pools have no bot to
+    link to."""
+    from storage.workspace_store import LazyEntries
 
     async def first() -> str:
         svc = _shard(tmp_path)
@@ -466,17 +468,39 @@ def test_a_pool_load_lists_the_bot_records_stored_without_an_org_tag(tmp_path: P
         (_key, pool, _, meta, content) = con.execute(
             "SELECT * FROM ws_entries WHERE id = ?", [a]
         ).fetchall()[0]
-        old = meta.replace(pool, "bot:b_9")
-        tagged = old.replace('"tags":[', '"tags":["org:o_1",')
+        doc = json.loads(meta.replace(pool, "bot:b_9"))
+        doc["tags"] = ["from:u_nia", "for:bot"]
+        old = json.dumps(doc | {"id": "old"})
+        tagged = json.dumps(doc | {"id": "new", "tags": ["org:o_1", *doc["tags"]]})
         rows = [("k1", "bot:b_9", "old", old, content), ("k2", "bot:b_9", "new", tagged, content)]
         con.executemany("INSERT INTO ws_entries VALUES (?, ?, ?, ?, ?)", rows)
-        bot = WorkspaceStore.stored_pool("bot:b_9", WorkspaceStore.read_pool(con, "bot:b_9"))
-        user = WorkspaceStore.stored_pool(pool, WorkspaceStore.read_pool(con, pool))
+        for k, n in (("old", 1), ("new", 2)):  # their terms (the content is another pool's)
+            con.execute(
+                "INSERT INTO search_terms SELECT ?, 'bot:b_9', ?, fp, terms, ? "
+                "FROM search_terms WHERE entry = ?",
+                [f"bot:b_9\x00{k}", k, n, a],
+            )
     finally:
         con.close()
     assert '"org:' not in meta  # a user pool's record: no org tag, nothing to link
-    assert bot.unlinked == ["old"] and set(bot.entries) == {"old", "new"}
-    assert user.unlinked == [] and list(user.entries) == [a] and user.sealed[a] == content
+
+    async def second() -> None:
+        svc = _shard(tmp_path)
+        d = svc.peers.directory()
+        await d.create_org("Nine", "o_9")
+        await d.create_user("Nia", ["o_9"], "u_nia")
+        await d.create_bot(name="Nine", org="o_9", owner="u_nia", id="b_9")
+        bot = (await svc.ws_pools.pool("bot:b_9")).stored.entries
+        user = (await svc.ws_pools.pool(pool)).stored.entries
+        assert isinstance(bot, LazyEntries) and set(bot) == {"old", "new"}
+        assert "org:o_9" in bot["old"].tags and bot["old"].tags[-1] == "org:o_9"
+        assert [t for t in bot["new"].tags if t.startswith("org:")] == ["org:o_1"]
+        assert not any(t.startswith("org:") for t in user[a].tags)
+        listed = {e.id: e.tags for e in bot.values()}  # a walk links the same way
+        assert "org:o_9" in listed["old"] and "org:o_9" not in listed["new"]
+        await _close(svc)
+
+    asyncio.run(second())
 
 
 def test_seed_term_rows_and_index_are_what_a_rebuild_from_the_sealed_content_gives(tmp_path):

@@ -318,13 +318,19 @@ def test_shard_keeps_vectors_recomputes_edits_and_survives_a_dead_model(tmp_path
         assert semantic == [ids["lunch"], ids["auto"]]  # "Lunch by car." is the nearer
         assert keyword == []
         assert emb.texts == ["vehicle"]  # the records' vectors came from the file
+        # A new record's vector (its rows, loaded int8, are widened once for it, off the loop):
+        # the loaded ones score as before.
+        ids["truck"] = await _remember(svc, ANN, "A car and a car: the automobile of a car.")
+        await svc.workspace.semantic.idle()
+        _, again_semantic, _ = await _search(svc, "vehicle")
+        assert again_semantic[0] == ids["truck"] and again_semantic[1:] == semantic
         # The model goes down: keyword hits still come, and a query seen before still finds
         # semantic hits from the vectors kept.
         emb.down = True
         keyword, semantic, entries = await _search(svc, "cartography")
         assert keyword == [ids["maps"]] and semantic == [] and entries == [ids["maps"]]
         keyword, semantic, _ = await _search(svc, "vehicle")
-        assert set(semantic) == {ids["auto"], ids["lunch"]}
+        assert set(semantic) == {ids["auto"], ids["lunch"], ids["truck"]}
         await _close(svc)
 
     asyncio.run(again())

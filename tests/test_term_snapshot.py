@@ -177,6 +177,145 @@ def test_writes_made_while_a_snapshot_is_stored_are_found_after_a_restart(tmp_pa
     asyncio.run(again())
 
 
+def _word(n: int, tag: str) -> str:
+    """A word of its own for record `n` (letters only: the analyzer keeps it whole)."""
+    return tag + "".join("abcdefghij"[int(d)] for d in str(n)) + "zq"
+
+
+def test_snapshots_taken_among_concurrent_writes_leave_every_record_indexed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """48 writes (24 new records, 24 edits of stored ones; in sequence, so each new record
+    re-indexes the one before it: derived rows staged apart) in three waves of 16 at once, each
+    while one of three snapshots is sealed and stored: after a restart each record is in the
+    index exactly once, found by its current words and not by its old ones, and the load ranks
+    as a build from every row does. A row written while the last snapshot is stored has a seq
+    above its `covers` (the highest seq of the rows it was built from, read with them); one at
+    or below it would be lost."""
+    spy = _Spy(monkeypatch)
+    import itertools
+    import time
+
+    from actors.workspace import pools as pools_mod
+
+    seal = pools_mod._seal
+
+    async def first() -> tuple[list[str], list[str]]:
+        svc = ShardService(tmp_path, 0, search={"context_window_s": 60})
+        svc.peers.connect(directory=DirectoryService(tmp_path))
+        svc.ws_pools.snapshot_rows = 10_000  # none at the close: only those taken here
+        old = [await _create(svc, n, f"Note {_word(n, 'old')}") for n in range(24)]
+        pool = await svc.ws_pools.pool(POOL)
+        loop = asyncio.get_running_loop()
+        sealing = [asyncio.Event() for _ in range(3)]
+        taken = itertools.count()
+
+        def slow_seal(*args):  # as a large pool's: a wave of writes goes on meanwhile
+            loop.call_soon_threadsafe(sealing[next(taken)].set)
+            time.sleep(0.05)
+            return seal(*args)
+
+        monkeypatch.setattr(pools_mod, "_seal", slow_seal)
+
+        async def edit(n: int) -> None:
+            await sealing[n // 8].wait()
+            change = WsMemoryChange(
+                requestId=f"e-{n}", id=old[n], expectedRevision=1, content=f"Now {_word(n, 'ed')}"
+            )
+            await svc.ws_change_memory(ANN, change)
+
+        async def create(n: int) -> str:
+            await sealing[(n - 24) // 8].wait()
+            return await _create(svc, n, f"Note {_word(n, 'new')}")
+
+        async def snapshots() -> None:
+            for _ in range(3):
+                await svc.ws_pools.snapshot(pool)
+
+        done = await asyncio.gather(
+            snapshots(), *(edit(n) for n in range(24)), *(create(n) for n in range(24, 48))
+        )
+        await _close(svc)
+        return old, list(done[25:])
+
+    old, new = asyncio.run(first())
+    assert len(_snapshots(tmp_path)) == 1
+
+    async def again() -> dict[str, dict[str, float]]:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        pool = await svc.ws_pools.pool(POOL)
+        rows = [i for i in pool.index.row_ids() if i is not None]
+        assert sorted(rows) == sorted(old + new) and len(pool.index) == 48  # each once
+        out = {}
+        for n, entry_id in enumerate(old):  # edited: by its own new words only
+            assert not set(await _ranking(svc, _word(n, "old"))) & set(old)
+            out[_word(n, "ed")] = await _ranking(svc, _word(n, "ed"))
+            assert list(out[_word(n, "ed")]) == [entry_id]
+        for n, entry_id in enumerate(new, start=24):  # (and by its neighbours' words)
+            out[_word(n, "new")] = await _ranking(svc, _word(n, "new"))
+            assert entry_id in out[_word(n, "new")]
+        out["note"] = await _ranking(svc, "note now")
+        await _close(svc)
+        return out
+
+    got = asyncio.run(again())
+    assert spy.restored  # the snapshot was used
+    con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))
+    con.execute("DELETE FROM search_snapshots")
+    con.close()
+    want = asyncio.run(again())
+    for q in want:
+        assert got[q].keys() == want[q].keys(), q
+        for entry_id, score in want[q].items():
+            assert got[q][entry_id] == pytest.approx(score, rel=1e-5), q
+
+
+@pytest.mark.parametrize("lost", ["row", "record", "both"])
+def test_with_a_snapshot_a_record_in_no_row_is_indexed_and_one_gone_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lost: str
+):
+    """A load counts whether the snapshot and the rows after it (new records, an edit of one in
+    it) hold every record and only records: a record in neither (written after the snapshot,
+    its row lost) is indexed from its text at load, and a record of the snapshot gone since is
+    taken out of the index."""
+    spy = _Spy(monkeypatch)
+
+    async def first() -> list[str]:
+        svc = _shard(tmp_path, snapshot_rows=1)  # the close stores a snapshot
+        ids = [await _create(svc, n, f"Note {_word(n, 'w')}") for n in range(12)]
+        await _close(svc)
+        svc = _shard(tmp_path, snapshot_rows=10_000)  # rows after it, none stored at close
+        ids += [await _create(svc, n, f"Note {_word(n, 'w')}") for n in range(12, 15)]
+        edit = WsMemoryChange(requestId="e", id=ids[0], expectedRevision=1, content="Now edited")
+        await svc.ws_change_memory(ANN, edit)  # a row after it of a record in it: not counted twice
+        await _close(svc)
+        return ids
+
+    ids = asyncio.run(first())
+    rowless = ids[13] if lost != "record" else None
+    gone = ids[7] if lost != "row" else None
+    con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))
+    con.execute("DELETE FROM search_terms WHERE entry = ?", [rowless])
+    con.execute("DELETE FROM ws_entries WHERE id = ?", [gone])
+    con.close()
+    spy.restored.clear()
+
+    async def again() -> None:
+        svc = _shard(tmp_path, snapshot_rows=10_000)
+        pool = await svc.ws_pools.pool(POOL)
+        assert spy.restored == [12]
+        assert sorted(i for i in pool.index.row_ids() if i is not None) == sorted(
+            i for i in ids if i != gone
+        )
+        if rowless is not None:
+            assert list(await _ranking(svc, _word(13, "w"))) == [rowless]
+        if gone is not None:
+            assert gone not in pool.index and await _ranking(svc, _word(7, "w")) == {}
+        await _close(svc)
+
+    asyncio.run(again())
+
+
 def test_a_damaged_snapshot_is_not_used_and_nothing_is_stored_in_the_clear(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):

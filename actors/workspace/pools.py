@@ -36,8 +36,14 @@ from storage.bulk import paused_gc
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
 from storage.search_index import Postings, TermIndex, in_context
-from storage.term_store import TermsLoad, open_snapshot, seal_snapshot
-from storage.workspace_store import StoredWsPool, WorkspaceStore, content_fp, pool_scope
+from storage.term_store import TermsLoad, covered, open_snapshot, seal_snapshot, unindexed
+from storage.workspace_store import (
+    LazyEntries,
+    StoredWsPool,
+    WorkspaceStore,
+    content_fp,
+    pool_scope,
+)
 
 CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in its context
 # Checks of a loaded pool against its derived data (term rows, vectors) wait this long, so that
@@ -160,17 +166,27 @@ class WsPools:
 
     async def pool(self, pool_id: str) -> WsPool:
         async def load() -> WsPool:
-            keyed = (await self.kernel.pool(pool_id)).stored
-            # The records on the database's thread, their stored term keys beside it (with
-            # the vectors a search asks for at the same time: `Database.run_aside`). Two
-            # reads, not one state of the file: whatever differs (a record without a current
-            # row, a row of a record gone) is indexed from the records, as after any change.
-            rows, terms = await asyncio.gather(
-                self.kernel.db.run(
-                    lambda con: self.store.read_pool(con, pool_id), pool_scope(pool_id)
+            # The records and their stored term keys (with the vectors a search asks for at
+            # the same time: `Database.run_aside`), started before the seed-000 pool with the
+            # key loads; the keyword snapshot is opened while the records, the longest step,
+            # are read. Two reads, not one state of the file: whatever differs (a record
+            # without a current row, a row of a record gone) is indexed from the records.
+            db = self.kernel.db
+            reads = [
+                asyncio.ensure_future(
+                    db.run(lambda con: self.store.read_pool(con, pool_id), pool_scope(pool_id))
                 ),
-                self.kernel.db.run_aside(lambda con: self.kernel.terms.read_load(con, pool_id)),
-            )
+                asyncio.ensure_future(
+                    db.run_aside(lambda con: self.kernel.terms.read_load(con, pool_id))
+                ),
+            ]
+            try:
+                keyed = (await self.kernel.pool(pool_id)).stored
+                terms, postings = await self._postings(keyed, pool_id, await reads[1])
+                rows = await reads[0]
+            finally:
+                for read in reads:
+                    ignore_failure(read)  # (raised above where awaited)
             stored = self.store.stored_pool(pool_id, rows)
             bot_org = await self._link(stored) if pool_id.startswith("bot:") else None
             pool = WsPool(
@@ -180,7 +196,7 @@ class WsPools:
                 lock=PoolMutex(),
                 bot_org=bot_org,
             )
-            self._index(pool, *(await self._postings(pool, terms)))
+            self._index(pool, terms, postings)
             return pool
 
         pool = await self._loader.get(pool_id, load)
@@ -213,16 +229,17 @@ class WsPools:
             hook(pool_id)
         return True
 
-    async def _postings(self, pool: WsPool, terms: TermsLoad) -> tuple[TermsLoad, Postings | None]:
+    async def _postings(
+        self, keyed: StoredPool, pool_id: str, terms: TermsLoad
+    ) -> tuple[TermsLoad, Postings | None]:
         """The pool's stored snapshot opened; when it cannot be (damaged, another format),
         every term row read instead, as if there were none."""
         if terms.snapshot is None:
             return terms, None
         try:
-            return terms, open_snapshot(pool.keyed.cipher, pool.id, terms.covers, terms.snapshot)
+            return terms, open_snapshot(keyed.cipher, pool_id, terms.covers, terms.snapshot)
         except Exception as e:
-            log.warning("keyword snapshot of %s not used: %r", pool.id, e)
-        pool_id = pool.id
+            log.warning("keyword snapshot of %s not used: %r", pool_id, e)
         ids, lengths, flat = await self.kernel.db.run(
             lambda con: self.kernel.terms.read_flat(con, pool_id)
         )
@@ -257,18 +274,8 @@ class WsPools:
             if postings is not None:
                 index.restore(postings)
                 pool.snapshot_covers = terms.covers
-                kept = set(postings.ids)
-                # One pass: the records in neither; the snapshot holds only current records
-                # exactly when the others number as many as it does.
-                missing = current.keys() - kept
-                if len(current) - len(missing) != len(kept):  # records gone since: not indexed
-                    for gone in kept - current.keys():
-                        index.remove(gone)
-                for entry_id in twice:
-                    index.remove(entry_id)
-                    if entry_id in current:
-                        missing.add(entry_id)
-                missing -= have
+                if twice or not covered(current, postings.ids, have):  # (most loads: are)
+                    missing = unindexed(index, current, postings.ids, have, twice)
             elif len(have) != len(current):
                 missing = current.keys() - have
             stored = len(index.row_ids()) + len(ids)  # rows below: made from stored keys
@@ -323,23 +330,21 @@ class WsPools:
     async def snapshot(self, pool: WsPool) -> None:
         """Store the pool's keyword index whole, built from its committed term rows.
 
-        `covers` is the pool's last seq when the rows are read: every row with a seq up to it
-        is committed by then (each is staged as it is made, in a load, or under the pool's
-        lock, held here), and each row made later has a higher one, so the next load applies
-        exactly the rows after the snapshot. Built from the rows rather than from the index
-        in memory, which may hold writes that are not durable yet."""
+        `covers` is the highest seq of the rows read, in the same statement: rows commit in
+        the order their seqs are taken (each is staged as it is made: in a load, under the
+        pool's lock, held here, or as derived data at once), so every row up to it is among
+        them and a row not committed yet has a higher seq (the next load applies it). Built
+        from the rows, not the index in memory, which may hold writes not durable yet."""
         if pool.snapshotting or pool.poisoned:
             return
         pool.snapshotting = True
         terms, pool_id = self.kernel.terms, pool.id
         try:
             async with pool.lock:
-                covers = pool.terms_seq
                 await self.kernel.committer.drain()
-                ids, lengths, flat, last = await self.kernel.db.run(
+                ids, lengths, flat, covers = await self.kernel.db.run(
                     lambda con: terms.read_all(con, pool_id)
                 )
-            covers = max(covers, last)
             if pool.poisoned or len(set(ids)) != len(ids):
                 return  # a write failed (the pool reloads), or a record listed twice
             body = await asyncio.to_thread(
@@ -422,24 +427,30 @@ class WsPools:
         """A bot pool's records as part of the bot's one memory (engine/bot_memory.py): records
         stored before migration 7 read as written by the bot's owner for everyone who uses the
         bot, and every record without an `org:` gets the bot's home org. Returns that org (None
-        when the bot is unknown: its records then stay hidden)."""
+        when the bot is unknown: its records then stay hidden).
+
+        Done to each record as it is first read (`LazyEntries.link`): finding the few without
+        an `org:` took a scan of every record's JSON in the first search after a shard opens."""
         try:
             bot = await self.peers.directory().get_bot(sm.pool_owner(stored.pool))
         except OpenBotError:
             return None
         linked: dict[tuple[str, ...], tuple[str, ...]] = {}  # a pool's records share few tag sets
+
+        def link(entry: WsEntry) -> WsEntry:
+            new = linked.get(entry.tags)
+            if new is None:
+                tags = entry.tags or (tagmod.author(bot.owner), tagmod.FOR_BOT)
+                new = linked[entry.tags] = bm.link_tags(tags, bot.org)
+            return entry if new == entry.tags else msgspec.structs.replace(entry, tags=new)
+
         entries = stored.entries
-        with paused_gc():
-            for entry_id in stored.unlinked:  # those without `org:` (most pools: none)
-                entry = entries.get(entry_id)
-                if entry is None:
-                    continue
-                new = linked.get(entry.tags)
-                if new is None:
-                    tags = entry.tags or (tagmod.author(bot.owner), tagmod.FOR_BOT)
-                    new = linked[entry.tags] = bm.link_tags(tags, bot.org)
-                if new != entry.tags:
-                    entries[entry_id] = msgspec.structs.replace(entry, tags=new)
+        if isinstance(entries, LazyEntries):
+            entries.set_link(link)
+        else:
+            with paused_gc():
+                for entry_id, entry in list(entries.items()):
+                    entries[entry_id] = link(entry)
         return bot.org
 
     def drop(self, pool: WsPool) -> None:

@@ -44,7 +44,7 @@ from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, durable
 from actors.shard.residency import unused
 from actors.workspace.pools import WsPool, WsPools
-from actors.workspace.vectors import PoolVectors, unit_vector
+from actors.workspace.vectors import PoolVectors, unit_vector, widened
 from engine.errors import OpenBotError
 from engine.scoped_memory import WsEntry
 from engine.workspace_search import Hit
@@ -190,6 +190,7 @@ class SemanticSearch:
         if not todo:
             return
         found = await self.embedder.embed([text for _, _, text in todo])
+        await _widen(vectors)
         cipher, model = pool.keyed.cipher, self.embedder.ident
         items = []
         for (entry_id, fp, _), vector in zip(todo, found, strict=True):
@@ -358,6 +359,7 @@ class SemanticSearch:
             try:
                 pool = await self.pools.pool(pool_id)
                 await durable(pool.pending)  # only what is on disk
+                await _widen(self._pools.get(pool_id))  # (searches go on meanwhile: no lock)
                 async with self._lock(pool_id):
                     if pool.poisoned:
                         continue
@@ -382,6 +384,16 @@ class SemanticSearch:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self.embedder.close()
+
+
+async def _widen(vectors: PoolVectors | None) -> None:
+    """A pool's rows as loaded (int8) widened to float32 for its first new vector, once, on
+    another thread."""
+    codes = None if vectors is None else vectors.codes
+    if vectors is not None and codes is not None:
+        mat = await asyncio.to_thread(widened, codes)
+        if vectors.codes is codes:  # (not cleared or widened meanwhile)
+            vectors.widen(mat)
 
 
 def _ignore(fut: asyncio.Future) -> None:

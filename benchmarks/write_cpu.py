@@ -26,8 +26,11 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
-from actors.contracts import WsAccess
+import msgspec
+
+from actors.contracts import RememberCall, WsAccess, WsCreateCall
 from actors.directory import DirectoryService
+from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.memory import EntryMeta, Layer, Reader
 from engine.scoped_memory import WsMemoryCreate
@@ -61,13 +64,17 @@ async def seed(svc: ShardService, entries: int) -> None:
 
 
 async def measure(
-    svc: ShardService, write: Callable[[int], Awaitable[object]], count: int, callers: int
+    svc: ShardService,
+    write: Callable[[int], Awaitable[object]],
+    count: int,
+    callers: int,
+    per_call: int = 1,
 ) -> tuple[float, float, float]:
     """(ms of CPU per write, writes per commit, ms of the event loop thread's CPU per write)
     of `count` writes from `callers` callers."""
     committer = svc.kernel.committer
     tx0, b0 = committer.transactions, committer.batches
-    counter = iter(range(count))
+    counter = iter(range(count // per_call))
 
     async def caller() -> None:
         for n in counter:
@@ -103,13 +110,49 @@ async def run(args: argparse.Namespace) -> None:
             )
             await svc.ws_create_memory(ACCESS, body)
 
+        packer = msgspec.msgpack.Encoder()
+
+        def packed(kind: str, n: int) -> bytes:
+            i = next(serial)
+            if kind == "remember":
+                return packer.encode(
+                    RememberCall(
+                        pool=POOL,
+                        reader=READER,
+                        content=TEXT.format(i),
+                        topics=("bench",),
+                        request_id=f"r-{i}",
+                    )
+                )
+            body = WsMemoryCreate(
+                requestId=f"w-{i}", scope="bot", bot=BOT, content=TEXT.format(i), tier="note"
+            )
+            return packer.encode(WsCreateCall(access=ACCESS, body=body))
+
+        def many(kind: str, method: Callable[[bytes], Awaitable[bytes]]):
+            # As a gateway sends them (actors/runtime/coalesce.py): `--coalesced` requests a
+            # call, one call in flight per caller.
+            async def write(n: int) -> None:
+                size = args.coalesced
+                await method(packer.encode([packed(kind, n) for _ in range(size)]))
+
+            return write
+
         kinds = {"remember": remember, "ws": ws}
+        per = max(1, args.coalesced)
+        if args.coalesced:
+            kinds = {
+                # (PackedEvents is mixed in where Ray hosts the shard: its methods need only
+                # the service's parts)
+                "remember": many("remember", lambda c: PackedEvents.remember_many(svc, c)),
+                "ws": many("ws", lambda c: PackedEvents.ws_create_memory_many(svc, c)),
+            }
         for kind in kinds.values():  # warm up: pools loaded, receipt keys read, memos filled
-            await measure(svc, kind, 200, 2)
+            await measure(svc, kind, 200, 2, per)
         if args.profile:
             prof = cProfile.Profile(time.thread_time)
             prof.enable()
-            cpu, per, _ = await measure(svc, kinds[args.profile], args.count, args.callers[0])
+            cpu, per, _ = await measure(svc, kinds[args.profile], args.count, args.callers[0], per)
             prof.disable()
             print(f"{args.profile}: {cpu:.3f} ms CPU per write (profiled), {per:.1f} per commit")
             for key in ("cumulative", "tottime"):
@@ -121,7 +164,7 @@ async def run(args: argparse.Namespace) -> None:
                 got: dict[str, list[tuple[float, float, float]]] = {k: [] for k in kinds}
                 for _ in range(args.rounds):
                     for name, kind in kinds.items():
-                        got[name].append(await measure(svc, kind, args.count, callers))
+                        got[name].append(await measure(svc, kind, args.count, callers, per))
                 line = [f"{callers} callers:"]
                 for name, rs in got.items():
                     cpus = [c for c, _, _ in rs]
@@ -144,6 +187,9 @@ def main() -> None:
     p.add_argument("--entries", type=int, default=10_000)
     p.add_argument("--profile", choices=["remember", "ws"], default=None)
     p.add_argument("--top", type=int, default=40)
+    p.add_argument(
+        "--coalesced", type=int, default=0, help="requests per coalesced call (0: one by one)"
+    )
     asyncio.run(run(p.parse_args()))
 
 

@@ -18,7 +18,8 @@ it carried (the pool is dropped and reloads from the file).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 
 import msgspec
 
@@ -30,6 +31,8 @@ from actors.workspace.pools import WsPool
 from actors.workspace.service import Workspace
 from engine.errors import Conflict, InvalidInput, OpenBotError, Unavailable
 from engine.scoped_memory import WsMemoryCreate
+from storage.group_commit import Write
+from storage.search_index import in_context
 
 _json = msgspec.json.Encoder()
 
@@ -80,7 +83,7 @@ async def _create_in_pool(
     refused: list[tuple[_Request, Answer]] = []
     decided: list[_Request] = []
     fut: asyncio.Future[None] | None = None
-    async with ws.receipts.requests([r.key for r in requests]), pool.lock:
+    async with ws.receipts.requests([r.key for r in requests]), pool.lock, _gathering(pool):
         batch = Batch()
         mine: dict[str, _Request] = {}  # requestIds first answered by this call
         for request in requests:
@@ -97,6 +100,7 @@ async def _create_in_pool(
                     return [*refused, *((r, error) for r in requests if id(r) not in gone)]
             else:
                 decided.append(request)
+        batch.extend(_gathered(ws, pool))
         staged = [(r.key, r.print_, r.answer) for r in mine.values()]
         if staged:
             fut = ws.receipts.stage_all(batch, pool.keyed, staged)
@@ -138,3 +142,28 @@ async def _decide(
         batch.on_failure.extend(part.on_failure)  # drop the pool (the same hook for each)
     request.answer, request.own = _json.encode(answer), True
     mine[request.key] = request
+
+
+@contextlib.asynccontextmanager
+async def _gathering(pool: WsPool) -> AsyncIterator[None]:
+    """Within, the keyword index and term rows of the pool's new records wait for `_gathered`
+    (actors/workspace/pools.py `indexed`): each record of the call is indexed and stored once,
+    with both its neighbours, instead of once alone and again when the next one comes."""
+    pool.gathering = {}
+    try:
+        yield
+    finally:
+        pool.gathering = None
+
+
+def _gathered(ws: Workspace, pool: WsPool) -> list[Write]:
+    """Index the call's new records (`_gathering`); the rows that store their keys."""
+    assert pool.gathering is not None
+    terms = ws.pools.kernel.terms
+    rows: list[Write] = []
+    for entry_id, (fp, own, before, after) in pool.gathering.items():
+        keys = in_context(own, before, after)
+        pool.index.put(entry_id, keys)
+        rows.append(terms.row(pool.id, entry_id, fp, keys, pool.next_seq()))
+    pool.gathering.clear()
+    return rows

@@ -6,17 +6,21 @@ record's context row goes with them when nothing of the pool is pending."""
 from __future__ import annotations
 
 import asyncio
+import re
+import unicodedata
 from pathlib import Path
 
 import duckdb
 import msgspec
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from actors.contracts import REPLIES, CallError, WsAccess, WsCreateCall, WsQuery
 from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
-from engine.scoped_memory import WsMemoryCreate
+from engine.scoped_memory import WsMemoryCreate, content_fingerprint, normalize
 from storage.search_index import TermIndex, in_context
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
@@ -139,3 +143,26 @@ def test_the_previous_records_context_row_waits_for_nothing_and_shares_no_pendin
     assert done_before == 1
     assert batches == 3  # c's, d's and c's context row on its own
     assert found[0] != found[-1] and len(found) == 3  # c, and b and d by c's words
+
+
+def _normalize_as_first_written(text: str) -> str:
+    """`normalize` as it was first written (the fingerprints stored since depend on it)."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = "".join(c for c in text if not unicodedata.category(c).startswith("P"))
+    return re.sub(r"\s+", " ", text).strip()
+
+
+_ascii = st.text(st.characters(max_codepoint=127), max_size=80)
+_any = st.text(max_size=80)
+_mixed = st.lists(st.sampled_from([" ", "\t", "\x1c", "\u00a0", "\u3000", "!", "\u00bf", "A",
+                                   "\uff21", "\u00c9", "\u017f", "\u00df", "-", "_", "$"]),
+                  max_size=20).map("".join)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(_ascii, _any, _mixed))
+def test_normalize_and_so_every_stored_fingerprint_are_unchanged_by_its_fast_path(text: str):
+    assert normalize(text) == _normalize_as_first_written(text)
+    assert content_fingerprint(text, b"k") == content_fingerprint(
+        _normalize_as_first_written(text), b"k"
+    )

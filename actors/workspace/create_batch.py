@@ -18,8 +18,7 @@ it carried (the pool is dropped and reloads from the file).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 import msgspec
 
@@ -83,7 +82,7 @@ async def _create_in_pool(
     refused: list[tuple[_Request, Answer]] = []
     decided: list[_Request] = []
     fut: asyncio.Future[None] | None = None
-    async with ws.receipts.requests([r.key for r in requests]), pool.lock, _gathering(pool):
+    async with ws.receipts.requests([r.key for r in requests]), pool.lock, _Gathering(pool):
         batch = Batch()
         mine: dict[str, _Request] = {}  # requestIds first answered by this call
         for request in requests:
@@ -144,20 +143,26 @@ async def _decide(
     mine[request.key] = request
 
 
-@contextlib.asynccontextmanager
-async def _gathering(pool: WsPool) -> AsyncIterator[None]:
+class _Gathering:
     """Within, the keyword index and term rows of the pool's new records wait for `_gathered`
     (actors/workspace/pools.py `indexed`): each record of the call is indexed and stored once,
-    with both its neighbours, instead of once alone and again when the next one comes."""
-    pool.gathering = {}
-    try:
-        yield
-    finally:
-        pool.gathering = None
+    with both its neighbours, instead of once alone and again when the next one comes. (A
+    class: a generator-based context manager costs a call more.)"""
+
+    __slots__ = ("pool",)
+
+    def __init__(self, pool: WsPool) -> None:
+        self.pool = pool
+
+    async def __aenter__(self) -> None:
+        self.pool.gathering = {}
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.pool.gathering = None
 
 
 def _gathered(ws: Workspace, pool: WsPool) -> list[Write]:
-    """Index the call's new records (`_gathering`); the rows that store their keys."""
+    """Index the call's new records (`_Gathering`); the rows that store their keys."""
     assert pool.gathering is not None
     terms = ws.pools.kernel.terms
     rows: list[Write] = []

@@ -4,6 +4,7 @@ requestId), on a `ShardService` over a DuckDB file in a temp dir.
 
     .venv/bin/python -m benchmarks.write_cpu [--count 2000] [--callers 2 8] [--rounds 3]
                                              [--entries 10000] [--profile ws|remember]
+                                             [--coalesced 8] [--only ws|remember]
 
 For each caller count, `--rounds` alternating rounds (Remember, workspace, ...) of `--count`
 writes each; prints the CPU of this process per write (all threads: event loop, database
@@ -12,6 +13,11 @@ the commits per write a shard actor sees under `benchmarks.memory_ops` (2 writes
 To compare two versions of the code on a busy machine, run this in both checkouts one after the
 other, more than once, and compare the best figures: CPU time is far less inflated by other
 processes than wall time, but not immune (cache misses, frequency).
+
+`--coalesced N`: N requests per call, as a gateway's coalesced calls bring them (HTTP: about 4
+with 8 clients). On a machine too busy for CPU times, count instructions instead: run one kind
+(`--only ws --rounds 1`) under `valgrind --tool=callgrind` at two `--count`s and divide the
+difference of the totals by the difference of the counts (deterministic, whatever the load).
 """
 
 from __future__ import annotations
@@ -147,6 +153,8 @@ async def run(args: argparse.Namespace) -> None:
                 "remember": many("remember", lambda c: PackedEvents.remember_many(svc, c)),
                 "ws": many("ws", lambda c: PackedEvents.ws_create_memory_many(svc, c)),
             }
+        if args.only:
+            kinds = {args.only: kinds[args.only]}
         for kind in kinds.values():  # warm up: pools loaded, receipt keys read, memos filled
             await measure(svc, kind, 200, 2, per)
         if args.profile:
@@ -187,6 +195,7 @@ def main() -> None:
     p.add_argument("--entries", type=int, default=10_000)
     p.add_argument("--profile", choices=["remember", "ws"], default=None)
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--only", choices=["remember", "ws"], default=None, help="one kind only")
     p.add_argument(
         "--coalesced", type=int, default=0, help="requests per coalesced call (0: one by one)"
     )

@@ -105,15 +105,17 @@ async def _create_in_pool(
             fut = ws.receipts.stage_all(batch, pool.keyed, staged)
             pool.pending = fut
             ws.pools.resident(pool)  # its size changed
+    failure: OpenBotError | None = None
+    if any(r.own for r in decided):  # one wait for the call's one commit, not one per request
+        try:
+            await durable(fut)
+        except Exception as e:
+            failure = failed(e)
     done: list[tuple[_Request, Answer]] = []
     for request in decided:
-        try:
-            if request.own:
-                await durable(fut)
-        except Exception as e:
-            done.append((request, failed(e)))
-        else:
-            done.append((request, request.answer))
+        answer = failure if request.own and failure is not None else request.answer
+        assert answer is not None
+        done.append((request, answer))
     return [*refused, *done]
 
 

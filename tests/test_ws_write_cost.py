@@ -166,3 +166,37 @@ def test_normalize_and_so_every_stored_fingerprint_are_unchanged_by_its_fast_pat
     assert content_fingerprint(text, b"k") == content_fingerprint(
         _normalize_as_first_written(text), b"k"
     )
+
+
+def test_a_bug_while_indexing_a_calls_creations_fails_them_all_and_stores_none(
+    tmp_path: Path, monkeypatch
+):
+    """The call's records are indexed after they are decided: a failure there (a bug) fails
+    each of its requests, stages nothing, and the pool reloads from the file without them."""
+    plain_put = TermIndex.put
+
+    def put(self, entry_id, keys):
+        if entry_id.startswith("mem_bug"):
+            raise RuntimeError("a bug")
+        plain_put(self, entry_id, keys)
+
+    monkeypatch.setattr(TermIndex, "put", put)
+
+    async def go():
+        svc = Shard(tmp_path, 0, search={"context_window_s": 120})
+        ids = iter(["mem_a", "mem_bug_b", "mem_bug_c", "mem_d"])
+        svc.workspace.new_id = lambda: next(ids)
+        await svc.ws_create_memory_many(_enc.encode([_create("a")]))
+        failed = REPLIES.decode(
+            await svc.ws_create_memory_many(_enc.encode([_create("b"), _create("c")]))
+        )
+        later = REPLIES.decode(await svc.ws_create_memory_many(_enc.encode([_create("d")])))
+        listing = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",)))
+        found = await _found(svc, "novels")
+        await svc.close()
+        return failed, later, sorted(e.id for e in listing.entries), found
+
+    failed, later, ids, found = asyncio.run(go())
+    assert [r.code for r in failed] == ["engine_error", "engine_error"]
+    assert msgspec.json.decode(later[0])["id"] == "mem_d"
+    assert ids == ["mem_a", "mem_d"] and found == ["mem_d"]

@@ -99,7 +99,12 @@ async def _create_in_pool(
                     return [*refused, *((r, error) for r in requests if id(r) not in gone)]
             else:
                 decided.append(request)
-        batch.extend(_gathered(ws, pool))
+        try:
+            batch.extend(_gathered(ws, pool))
+        except Exception as e:  # a bug: as in a request, nothing is staged and the pool reloads
+            ws.pools.drop(pool)
+            error = failed(e)
+            return [*refused, *((r, error) for r in decided)]
         staged = [(r.key, r.print_, r.answer) for r in mine.values()]
         if staged:
             fut = ws.receipts.stage_all(batch, pool.keyed, staged)

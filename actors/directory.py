@@ -17,9 +17,10 @@ of the bot or channel (422 `not_in_org`, `bot_not_in_org`); a direct chat works 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import msgspec
@@ -78,6 +79,20 @@ class DirectoryService(DirectoryChats):
         self._writing: set[asyncio.Task] = set()
         self.access = AccessWatch()  # what gateways cache of who may do what (access_watch.py)
 
+    @contextlib.asynccontextmanager
+    async def _changing(self) -> AsyncIterator[None]:
+        """The write lock for a change to a record gateways may hold (an org's settings, a
+        bot's rules, model, archive or pause flag, a channel's mode): answered once every live
+        gateway has applied it (access_watch.py `settled`), as a revocation is. Gateways cache
+        turn contexts (gateway/auth.py), so no turn that starts after the change returned
+        runs with the record as it was (WS-2, WS-3)."""
+        async with self._write:
+            before = self.access.revision
+            yield
+            revision = self.access.revision
+        if revision != before:
+            await self.access.settled(revision)
+
     def _fresh_id(self, table: dict, given: str | None, prefix: str, what: str) -> str:
         if given is None:
             return new_id(prefix)
@@ -112,7 +127,7 @@ class DirectoryService(DirectoryChats):
             return org
 
     async def patch_org(self, org_id: str, settings: dict) -> Org:
-        async with self._write:
+        async with self._changing():
             org = self._get(self.orgs, org_id, "org")
             merged = msgspec.structs.asdict(org.settings) | settings
             try:
@@ -177,7 +192,7 @@ class DirectoryService(DirectoryChats):
         a grant or rules change made meanwhile is kept."""
         if "name" in changes and not changes["name"].strip():
             raise InvalidInput("a bot needs a name", code="invalid_name")
-        async with self._write:
+        async with self._changing():
             bot = self._get(self.bots, bot_id, "bot")
             rules = bot.rules
             if "name" in changes and rules.name in ("", bot.name):
@@ -244,7 +259,7 @@ class DirectoryService(DirectoryChats):
         group idle (ShardService.switch_group_mode): no turn starts in between."""
         if mode not in ("discussion", "delivery"):
             raise InvalidInput("mode must be discussion or delivery", code="invalid_mode")
-        async with self._write:
+        async with self._changing():
             ch = self._get(self.channels, channel_id, "channel")
             if mode == "delivery" and (leader is None or leader not in ch.bots):
                 raise Unprocessable(
@@ -290,7 +305,7 @@ class DirectoryService(DirectoryChats):
     async def update_rules(self, bot_id: str, update: RulesUpdate, editor: Editor) -> Bot:
         """Compare-and-set on the rules' revision: of concurrent edits naming one revision,
         exactly one is applied and the others get `stale_revision`."""
-        async with self._write:
+        async with self._changing():
             bot = update_rules(self._get(self.bots, bot_id, "bot"), update, editor)
             await self._put("bots", bot, self.bots)
             return bot
@@ -307,14 +322,14 @@ class DirectoryService(DirectoryChats):
 
     async def archive_bot(self, bot_id: str, archived: bool, editor: Editor) -> Bot:
         """WS-3: its creator bot or a person with write archives (or restores) a bot."""
-        async with self._write:
+        async with self._changing():
             bot = set_archived(self._get(self.bots, bot_id, "bot"), archived, editor)
             await self._put("bots", bot, self.bots)
             return bot
 
     async def pause_auto_record(self, bot_id: str, paused: bool, user: str) -> Bot:
         """WS-1: a person with write pauses (or resumes) auto-record for one bot."""
-        async with self._write:
+        async with self._changing():
             bot = self._get(self.bots, bot_id, "bot")
             if permission(bot, user) != Permission.WRITE:
                 raise Forbidden("you need write on this bot", code="no_write")

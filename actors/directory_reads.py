@@ -105,6 +105,12 @@ class DirectoryReads:
     async def bot_at(self, bot_id: str) -> tuple[int, Bot]:
         return self.access.revision, self._get(self.bots, bot_id, "bot")
 
+    async def chat_context_at(self, chat_id: str) -> tuple[int, ChatContext]:
+        """`chat_context` with the access revision it reflects: a gateway caches its parts
+        (gateway/auth.py), so later turns of the chat, and new chats with the same bot, ask
+        nothing until the revision moves."""
+        return self.access.revision, await self.chat_context(chat_id)
+
     # --- listing (cursor pages; engine/listing.py) ---
 
     async def list_chats(

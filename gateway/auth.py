@@ -25,8 +25,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from actors.contracts import ACCESS_POLL_WAIT as POLL_WAIT
 from actors.ports import EnginePort
-from engine.directory import Bot, Principal
-from engine.errors import Forbidden, OpenBotError, Unauthenticated
+from engine.directory import Bot, Channel, Chat, ChatContext, Org, Principal, agent_chat_id
+from engine.errors import Forbidden, NotFound, OpenBotError, Unauthenticated
 from gateway.errors import error_response, status_of
 from storage.directory_store import hash_token
 
@@ -88,6 +88,13 @@ class Auth:
         self.ttl = ttl
         self._principals = _Cache(ttl)
         self._bots = _Cache(ttl)
+        # A turn's context in parts (gateway/chat_routes.py): orgs, and channels with their
+        # bots, at the access revision like bots; chat records never change once made, so
+        # they are kept as they are (bounded) and a new chat's first turn asks nothing when
+        # its bot and org are known.
+        self._orgs = _Cache(ttl)
+        self._channels = _Cache(ttl)
+        self._chats: dict[str, Chat] = {}
         self._applied = 0  # the directory access revision the caches reflect
         self._heard = 0.0  # when the watch last answered (monotonic)
         self._watch: asyncio.Task[None] | None = None
@@ -115,6 +122,8 @@ class Auth:
             if revision != self._applied:
                 self._principals.drop()
                 self._bots.drop()
+                self._orgs.drop()
+                self._channels.drop()
                 # A restarted directory counts from 0 again: whatever it says is current.
                 self._applied = revision
             self._heard = time.monotonic()
@@ -160,6 +169,75 @@ class Auth:
             if caching:
                 self._bots.put(bot_id, revision, bot, self._applied)
         return bot
+
+    def know_chat(self, chat: Chat) -> None:
+        """A chat record this gateway made or read (they never change once made)."""
+        if self.ttl > 0:
+            if len(self._chats) >= 50_000:
+                self._chats.clear()
+            self._chats[chat.id] = chat
+
+    async def context(self, chat_id: str) -> ChatContext:
+        """The chat with its org and its bot or its channel and the channel's bots, as the
+        directory has them at the revision this gateway applied: from the cache when every
+        part is there, else in one directory call whose parts are cached (the same watch
+        drops them as soon as anything that could change them changed; a change to one of
+        them returns only once every gateway applied it, actors/directory.py `_changing`)."""
+        caching = self._caching()
+        if caching:
+            ctx = self._cached_context(chat_id)
+            if ctx is not None:
+                return ctx
+        revision, ctx = await self._context_at(chat_id)
+        if caching:
+            floor = self._applied
+            self.know_chat(ctx.chat)
+            self._orgs.put(ctx.org.id, revision, ctx.org, floor)
+            if ctx.bot is not None:
+                self._bots.put(ctx.bot.id, revision, ctx.bot, floor)
+            if ctx.channel is not None:
+                self._channels.put(ctx.channel.id, revision, (ctx.channel, ctx.members), floor)
+        return ctx
+
+    async def _context_at(self, chat_id: str) -> tuple[int, ChatContext]:
+        """`chat_context_at`; a delivery's agent chat the directory does not have yet (its
+        shard registers it in the background, actors/chats/agent_chats.py) is found on the
+        shard that made it and shown in the directory first."""
+        directory = self.engine.directory_port
+        try:
+            return await directory.chat_context_at(chat_id)
+        except NotFound as e:
+            if e.code != "chat_not_found" or not chat_id.startswith(agent_chat_id("")):
+                raise
+            found = await asyncio.gather(
+                *(s.find_agent_chat(chat_id) for s in self.engine.shard_ports),
+                return_exceptions=True,
+            )
+            made = next((c for c in found if isinstance(c, Chat)), None)
+            if made is None:
+                raise
+            await directory.register_chats([made], False)
+            return await directory.chat_context_at(chat_id)
+
+    def _cached_context(self, chat_id: str) -> ChatContext | None:
+        chat = self._chats.get(chat_id)
+        if chat is None:
+            return None
+        floor = self._applied
+        org: Org | None = self._orgs.get(chat.org, floor)
+        if org is None:
+            return None
+        if chat.channel is not None:
+            held: tuple[Channel, tuple[Bot, ...]] | None = self._channels.get(chat.channel, floor)
+            if held is None:
+                return None
+            return ChatContext(chat=chat, org=org, channel=held[0], members=held[1])
+        bot: Bot | None = None
+        if chat.bot is not None:
+            bot = self._bots.get(chat.bot, floor)
+            if bot is None:
+                return None
+        return ChatContext(chat=chat, org=org, bot=bot)
 
     def directory_changed(self, bot_id: str | None = None) -> None:
         """Drop what an admin change through this gateway made stale at once (the watch

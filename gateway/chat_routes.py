@@ -46,6 +46,7 @@ class ChatsApi:
             kind=body.kind,
             project_org=project_org,
         )
+        self.auth.know_chat(chat)  # its first turn asks the directory nothing more
         return json(chat, 201)
 
     async def _require_project_member(self, project: str, user: str) -> str:
@@ -66,7 +67,7 @@ class ChatsApi:
         assert principal.user is not None
         user = principal.user.id
         # One directory call: the chat with its org and its bot or channel and bots.
-        ctx = await self.engine.directory_port.chat_context(request.path_params["chat"])
+        ctx = await self.auth.context(request.path_params["chat"])
         chat = ctx.chat
         if chat.org not in principal.user.orgs:
             # Another org's chat answers like an id nobody has (issue 12).

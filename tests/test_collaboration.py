@@ -481,3 +481,59 @@ def test_learning_waits_for_the_collaboration_and_runs_once(
     (request,) = learning_requests  # one extraction, after the results came back
     evidence = json.loads(request["messages"][-1]["content"])["evidence"]
     assert [e["kind"] for e in evidence] == ["person", "bot", "delivery", "delivery", "bot"]
+
+
+def test_a_deliverys_items_are_readable_as_soon_as_they_are_announced(
+    world, admin, bot_model, monkeypatch, engine
+):
+    """A hop asks the directory nothing (its agent chat is registered later, gathered): a
+    client that fetches an item of the agent chat the moment its `chat.item.created` arrives is
+    served all the same, the gateway finding the chat on the shard that made it."""
+    from tests.conftest import count_gateway_calls
+
+    counted = count_gateway_calls(monkeypatch, engine)
+    bots = _bots(world, admin, "Asker", "Helper")
+    asker, helper = bots["Asker"], bots["Helper"]
+
+    def route(body):
+        name, last = bot_of(body), _last(body)
+        if name == asker["name"]:
+            if last["role"] == "tool":
+                return completion("I asked my colleague.")
+            if "[delivery from" in str(last["content"]):
+                return completion("Thanks.")
+            msg = {"agent": helper["name"], "message": "Is the build green?"}
+            return completion(None, tool_calls=[("workspace_send_to_agent", msg)])
+        if name == helper["name"]:
+            return completion("Yes, the build is green.")
+        return None
+
+    bot_model.routes.append(route)
+
+    async def scenario() -> list[tuple[str, int, str]]:
+        events = EventClient(world.server.url, world.tokens["alice"])
+        it = aiter(events)
+        first = asyncio.ensure_future(it.__anext__())
+        await asyncio.sleep(0.3)  # connected and live before the turn
+        read: list[tuple[str, int, str]] = []
+        with world.client("alice") as alice:
+            chat = alice.post("/v1/chats", json={"bot": asker["id"]}).json()["id"]
+            r = await asyncio.to_thread(
+                alice.post, f"/v1/chats/{chat}/turns?wait=true", json={"text": "Check CI"}
+            )
+            assert r.status_code == 200, r.text
+            frame = await asyncio.wait_for(first, 10)
+            while not (frame.type == "collaboration.changed" and frame.data["status"] == "done"):
+                agent = frame.data.get("chat", "")
+                if frame.type == "chat.item.created" and agent.startswith("chat_agent_"):
+                    got = await asyncio.to_thread(
+                        alice.get, f"/v1/chats/{agent}/items/{frame.data['item']}"
+                    )
+                    read.append((agent, got.status_code, got.json().get("kind", "")))
+                frame = await asyncio.wait_for(it.__anext__(), 10)
+        await events.close()
+        return read
+
+    read = asyncio.run(scenario())
+    assert [(status, kind) for _, status, kind in read] == [(200, "delivery"), (200, "bot")]
+    assert counted["find_agent_chat"] >= 1  # served before the directory had it

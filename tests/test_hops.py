@@ -49,7 +49,7 @@ def test_a_direct_turn_with_wait_is_one_directory_call_and_one_shard_call(
     assert [i["kind"] for i in r.json()["items"]] == ["person", "bot"]
     calls = dict(counted)
     calls.pop("authenticate_at", None)  # the token (the tests' gateway caches nothing)
-    assert calls == {"chat_context": 1, "start_turn": 1}
+    assert calls == {"chat_context_at": 1, "start_turn": 1}
 
 
 def test_a_group_turn_with_wait_costs_the_same_whatever_the_number_of_bots(
@@ -71,4 +71,4 @@ def test_a_group_turn_with_wait_costs_the_same_whatever_the_number_of_bots(
     assert sum(i["kind"] == "bot" for i in r.json()["items"]) == 3
     calls = dict(counted)
     calls.pop("authenticate_at", None)
-    assert calls == {"chat_context": 1, "start_turn": 1}
+    assert calls == {"chat_context_at": 1, "start_turn": 1}

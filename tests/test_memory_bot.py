@@ -362,8 +362,8 @@ def test_items_of_a_running_turn_appear_once_stored(tmp_path, fresh):
         gate = asyncio.Event()
         submit = svc.committer.submit
 
-        def slow_end_of_turn(writes):
-            fut = submit(writes)
+        def slow_end_of_turn(writes, after=None):
+            fut = submit(writes, after)
             if not any(getattr(w, "table", "") == "turns" and w.row[3] == "done" for w in writes):
                 return fut
             held = asyncio.get_running_loop().create_future()

@@ -1,14 +1,14 @@
 """Registering the `agent` chats a chain's home shard makes with the directory.
 
 A delivery's agent chat is named after its link (engine/directory.py `agent_chat`), so the
-chain's shard makes the record itself instead of waiting on every hop for the directory to
-write it. The directory shows it (in memory, `durable=False`) while the delivery runs, and the
-delivery's events are published only once it has (the batch's `gate`; the hop itself waits for
-nothing): whoever reads an item its events announce finds the chat. The chat record alone
-may be seen before the delivery is on disk (then it is empty until the delivery is made again
-after a restart, in the same chat); replies and receipts never are.
-Once the delivery is durable, a durable registration confirms the chat (in one directory call
-for the chats made within `GATHER_S`).
+chain's shard makes the record itself instead of asking the directory on every hop. Once the
+delivery is durable, a durable registration gives the directory the chat (in one directory call
+for the chats made within `GATHER_S`). Until then a reader who comes for it (a client fetching
+an item its `chat.item.created` announced: events go out as the delivery commits) is served by
+the gateway from this shard (`ShardService.find_agent_chat`, gateway/auth.py `context`), which
+then shows it in the directory: whoever reads an item its events announce finds the chat. (Each
+hop used to show its chat in the directory first, and its events waited for that: an actor
+call per delivery, and the chain's last event waited behind it.)
 
 Nothing is lost: a link whose chat the directory has not durably confirmed is listed in its
 chain's stored row (`ChainRecords.unregistered`, written in the same transaction as the chat's
@@ -35,10 +35,6 @@ RETRY_S = 1.0  # the directory was unreachable: try again after this long
 # other every few milliseconds, so a chain costs one or two calls, not one per delivery (the
 # chats are visible from the start; this only ends the shard's bookkeeping of them).
 GATHER_S = 0.2
-# A delivery's events wait for the directory to show its chat, and every later event of the
-# shard waits behind them: a directory that does not answer holds them this long at most (the
-# chat is then registered by the durable registration, retried until it is).
-SHOW_WAIT_S = 2.0
 
 
 class Registrar:
@@ -49,15 +45,6 @@ class Registrar:
         self._waiting: dict[str, tuple[str, str, Chat]] = {}  # chat id → (chain, link, chat)
         self._running = False
         self._retry: asyncio.TimerHandle | None = None
-
-    def show(self, chat: Chat) -> asyncio.Future:
-        """Make a new agent chat visible in the directory (not yet durable there) while its
-        delivery runs: the delivery's events are published only once this is done (its batch's
-        `gate`), so whoever reads an item they announce finds the chat."""
-        call = self.peers.directory().register_chats([chat], False)
-        shown = asyncio.ensure_future(asyncio.wait_for(call, SHOW_WAIT_S))
-        shown.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it
-        return shown
 
     def add(self, chain: str, link: str, chat: Chat) -> None:
         """Register `chat` (its delivery is durable) soon, with whatever else is waiting."""

@@ -14,7 +14,7 @@ import msgspec
 from actors.contracts import ChainView, Effect, LinkView, StepInput, StepOutcome
 from actors.shard.batch import Batch
 from engine.collaboration import Chain, ChainStatus, Link, find_link, new_chain
-from engine.directory import Bot, Chat, Org
+from engine.directory import Bot, Chat, Org, agent_chat
 from engine.errors import OpenBotError
 from engine.events import Audience, CollaborationChanged
 from storage.chat_store import ChatLog, Item
@@ -96,6 +96,14 @@ class ChainRecords:
             collaboration=chain.id, status=chain.status, chat=chain.root_chat
         )
         sink.key(root.key).add(Put(CHAINS.name, (chain.id, chain.org, doc, sealed)))
+        # One announcement per chain and transaction, of its latest state: a hop stages its
+        # chain twice (its request, then its sends), and after a cap every answer going up
+        # rides in one batch (clients read the chain again on each; the rows merge anyway).
+        sink.events[:] = [
+            (p, a)
+            for p, a in sink.events
+            if not (isinstance(p, CollaborationChanged) and p.collaboration == chain.id)
+        ]
         sink.emit(event, self.audience(chain))
 
     def begin(self, chat: Chat, turn: str, bot: str) -> Chain:
@@ -118,6 +126,21 @@ class ChainRecords:
         if len(self.chats) >= KNOWN_CHATS:
             self.chats.clear()
         self.chats[chat.id] = chat
+
+    async def agent_chat(self, chat_id: str) -> Chat | None:
+        """The `agent` chat of one of this shard's deliveries, made here (agent_chats.py),
+        whether or not the directory has it yet; None if no chain here has it."""
+        known = self.chats.get(chat_id)
+        if known is not None:
+            return known if known.kind == "agent" else None
+        for chain in (await self.all()).values():
+            for link in chain.links:
+                if link.agent_chat == chat_id:
+                    root = await self.chat(chain.root_chat)
+                    made = agent_chat(root, link.to_bot, chain.id, link.id, link.sent_at)
+                    self.know(made)
+                    return made
+        return None
 
     async def chat(self, chat_id: str) -> Chat:
         chat = self.chats.get(chat_id)

@@ -235,8 +235,9 @@ class ChainRunner:
     async def _deliver_once(self, chain_id: str, link_id: str, org: Org, after=None) -> None:
         """One delivery: the peer's step, then one transaction for the request (chain record,
         delivery item) with the peer's reply and what it sent on, or its answer, staged `after`
-        the send that made the link (stored with it or later, never without it) and announced
-        once the directory shows the agent chat made here (agent_chats.py): nothing waits."""
+        the send that made the link (stored with it or later, never without it), announced
+        as it commits. The agent chat is made here and registered with the directory later
+        (agent_chats.py): the hop asks the directory nothing."""
         conv = self.conv
         chain = (await self.records.all())[chain_id]
         if chain.status != "running":
@@ -248,12 +249,10 @@ class ChainRunner:
             peer, asker = parties
             root = await self.records.chat(chain.root_chat)
             achat = agent_chat(root, peer.id, chain.id, link.id, link.sent_at)
-            shown = self.registrar.show(achat)  # while the step runs
         else:  # after a restart: one directory call
             achat, peer, asker = await self.peers.directory().delivery_chat(
                 chain.root_chat, link.to_bot, link.from_bot, chain.id, link.id
             )
-            shown = None
         self.records.know(achat)
         bounded(self._askers)[link.id] = asker  # links whose answer never came are dropped
         request = self._texts[chain_id][link_id]["request"]
@@ -265,7 +264,7 @@ class ChainRunner:
             # After a restart the delivery may be stored already, and even answered: resume
             # from what the agent chat holds instead of delivering or asking twice.
             asked = next((i for i in alog.items if i.kind == "delivery"), None)
-            sink = Batch(after=after, gate=shown)
+            sink = Batch(after=after)
             restage = None
             held = False
             if asked is None:

@@ -44,6 +44,10 @@ class ChatLogs:
     def is_loaded(self, chat: str) -> bool:
         return chat in self._logs
 
+    def holds(self, log: ChatLog) -> bool:
+        """Whether `log` is still the chat's log in memory (a failed commit drops it)."""
+        return self._logs.get(log.chat) is log
+
     def forget(self, chat: str) -> None:
         """A write of this chat failed: drop what memory holds so the next read reloads it."""
         self._logs.pop(chat, None)

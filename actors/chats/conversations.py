@@ -33,7 +33,7 @@ from actors.learning.memory_bot import MemoryBotRuntime
 from actors.learning.runs import LearningRunner
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
-from actors.shard.kernel import ShardKernel
+from actors.shard.kernel import ShardKernel, durable
 from engine.bot_policy import require_active, require_team
 from engine.chat_records import LearningJob, Turn
 from engine.directory import Bot, Channel, Chat, Org, bot_pool
@@ -72,6 +72,8 @@ class Conversations:
         self._scheduled: set[str] = set()  # learning jobs being stored right now
         # The channel as each group chat's last mode switch here left it (switch_mode).
         self._switched: dict[str, Channel] = {}
+        # Turn → the commit of its person's item, while it runs (`_start_turn`).
+        self._storing: dict[str, asyncio.Future[None]] = {}
 
     @staticmethod
     def _plan(start: TurnStart) -> Plan | None:
@@ -133,13 +135,18 @@ class Conversations:
             current = await self._current(start.channel)
             self._switched.setdefault(start.chat.id, current)
         async with self.logs.lock(start.chat.id):
+            if not self.logs.holds(log):  # a failed commit dropped it while this waited
+                log = await self.logs.log(start.chat.id)
             turn_id = (
                 _turn_id(start.chat.id, start.request_id)
                 if start.request_id
                 else "turn_" + secrets.token_hex(8)
             )
             if turn_id in log.turns:
-                return log.turns[turn_id]  # the same request again: the same turn, not a second
+                # The same request again: the same turn, not a second, acknowledged as the first
+                # is, once its person's item is durable.
+                await durable(self._storing.get(turn_id))
+                return log.turns[turn_id]
             if start.channel is not None:
                 # Mode switches happen here, under this lock (switch_mode): the latest one is
                 # the mode. A turn never runs in a mode the group has left.
@@ -162,13 +169,28 @@ class Conversations:
             # The person's item is durable before the turn is acknowledged.
             batch = Batch(writes=[self.store.put_turn(log, turn)])
             self.logs.append(log, start.chat, [(item, text)], batch)
-            await self.logs.commit(start.chat.id, batch)
+            if plan is not None:
+                await self.logs.commit(start.chat.id, batch)
+                stored = None
+            else:  # a direct turn's step starts while it commits (below)
+                stored = self.logs.commit_soon(start.chat.id, log, batch)
+                if stored is not None:
+                    self._storing[turn_id] = stored
+                    stored.add_done_callback(lambda _f, k=turn_id: self._storing.pop(k, None))
         if plan is not None:
             task = asyncio.create_task(self.groups.run(start, turn, item, plan))
         else:
-            task = asyncio.create_task(self._run(start, turn, item))
+            # The bot's step overlaps the person's commit: what the turn stores goes `after`
+            # it (with it or later, never without it), and the turn is acknowledged only
+            # once it is durable.
+            task = asyncio.create_task(self._run(start, turn, item, stored))
         self._tasks[turn.id] = task
         task.add_done_callback(lambda _t, k=turn.id: self._tasks.pop(k, None))
+        try:
+            await durable(stored)
+        except BaseException:
+            task.cancel()  # nothing of it can be stored without the person's item
+            raise
         return turn
 
     async def _current(self, channel: Channel) -> Channel:
@@ -221,13 +243,19 @@ class Conversations:
         items = [self.logs.view(log, i) for i in log.items if i.turn == turn_id]
         return TurnResult(turn=turn, items=items)
 
-    async def _run(self, start: TurnStart, turn: Turn, person_item: Item) -> None:
+    async def _run(
+        self,
+        start: TurnStart,
+        turn: Turn,
+        person_item: Item,
+        after: asyncio.Future[None] | None = None,
+    ) -> None:
         """A direct (or review) turn: one step; its end, items, confessions and learning job
-        commit in one transaction."""
+        commit in one transaction, `after` the person's item (`_start_turn`)."""
         chat, org, bot = start.chat, start.org, start.bot
         assert bot is not None
         log = await self.logs.log(chat.id)
-        batch = Batch()
+        batch = Batch(after=after)
         effects: tuple[Effect, ...] = ()
         job = None
         async with self.logs.lock(chat.id):

@@ -87,6 +87,9 @@ class RayDirectory(NamedActor):
     async def bot_at(self, bot_id: str) -> tuple[int, Bot]:
         return await remote(self._actor().bot_at, bot_id)
 
+    async def chat_context_at(self, chat_id: str) -> tuple[int, ChatContext]:
+        return await remote(self._actor().chat_context_at, chat_id)
+
     async def watch_access(self, watcher: str, since: int, wait: float = ACCESS_POLL_WAIT) -> int:
         return await remote(self._actor().watch_access, watcher, since, wait)
 

@@ -335,6 +335,9 @@ class RayShard(NamedActor):
     async def collaborations(self, user: str, channels: frozenset[str]) -> list[ChainView]:
         return await remote(self._actor().collaborations, user, channels)
 
+    async def find_agent_chat(self, chat_id: str) -> Chat | None:
+        return await remote(self._actor().find_agent_chat, chat_id)
+
     async def stop_collaboration(
         self, chain_id: str, user: str, channels: frozenset[str]
     ) -> ChainView | None:

@@ -32,9 +32,6 @@ class Batch:
     # An earlier commit this one depends on: stored with it or before it, never without it
     # (GroupCommitter.submit), so the batch may be staged before that commit is durable.
     after: asyncio.Future[None] | None = None
-    # Its events are published once this is done too (and every later event waits behind
-    # them): a delivery's items are announced only once the directory shows their chat.
-    gate: asyncio.Future | None = None
 
     def add(self, *writes: Write) -> Batch:
         self.writes.extend(writes)

@@ -21,7 +21,6 @@ model or another actor.
 from __future__ import annotations
 
 import asyncio
-import collections
 import hashlib
 import secrets
 import time
@@ -126,8 +125,6 @@ class ShardKernel:
         self.terms = TermStore(self.db)
         self._loader: SingleFlight[Pool] = SingleFlight()
         self._pools: dict[str, Pool] = self._loader.loaded
-        # Committed events waiting for a batch's gate, or behind one that does (`_publish`).
-        self._gated: collections.deque[tuple[list, asyncio.Future | None]] = collections.deque()
 
     @property
     def keyring(self) -> Keyring:
@@ -328,8 +325,7 @@ class ShardKernel:
         keys count as stored. If it fails, the memory state built on it is dropped (`pool`,
         the batch's failure hooks), so nothing answers from a change that is not on disk; later
         reads reload from the file. With `pool`, the future becomes the pool's pending commit.
-        `batch.after`: a commit it depends on (with nothing to write, that one is returned);
-        `batch.gate`: its events are published once that is done too, in order (`_publish`)."""
+        `batch.after`: a commit it depends on (with nothing to write, that one is returned)."""
         events, event_rows = self.events.stage(batch.events, self.clock())
         writes = [*batch.writes, *event_rows]
         if not writes:
@@ -343,12 +339,11 @@ class ShardKernel:
         fut = (
             self.committer.submit(writes) if after is None else self.committer.submit(writes, after)
         )
-        gate = batch.gate
 
         def settled(f: asyncio.Future[None]) -> None:
             if not f.cancelled() and f.exception() is None:
                 self.store.stored(keys)
-                self._publish(events, gate)
+                self.events.publish(events)
                 return
             if pool is not None:
                 self.poison(pool)
@@ -360,24 +355,6 @@ class ShardKernel:
             pool.pending = fut
             self.resident(pool)  # its size changed
         return fut
-
-    def _publish(self, events: list, gate: asyncio.Future | None) -> None:
-        """Publish committed events in commit order, each batch's once its gate is done (a
-        failed gate too: the rows are durable, and whatever it stood for is retried)."""
-        if gate is None and not self._gated:
-            self.events.publish(events)
-            return
-        self._gated.append((events, gate))
-        self._publish_gated()
-
-    def _publish_gated(self, _done: object = None) -> None:
-        while self._gated:
-            events, gate = self._gated[0]
-            if gate is not None and not gate.done():
-                gate.add_done_callback(self._publish_gated)
-                return
-            self._gated.popleft()
-            self.events.publish(events)
 
     async def commit(self, batch: Batch) -> None:
         """Stage a batch and wait until it is durable (raises if it failed)."""
@@ -414,8 +391,6 @@ class ShardKernel:
         """Write events that go with no memory change; returns the last seq once they are
         durable and published."""
         await self.commit(Batch(events=list(items)))
-        while gates := [g for _, g in self._gated if g is not None and not g.done()]:
-            await asyncio.wait(gates)  # published behind a gated batch: once its gate is done
         return self.events.published
 
     # --- lifecycle ----------------------------------------------------------------------------

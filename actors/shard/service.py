@@ -46,6 +46,7 @@ from actors.models.registry import Model, load_models
 from actors.runtime import lock_guard
 from actors.runtime.node_hub_handle import RayNodeHub
 from actors.runtime.peers import Peers
+from actors.shard.agent_lookup import AgentChatLookup
 from actors.shard.bot_memory import BotMemory
 from actors.shard.kernel import ShardKernel, new_entry_id, now_ms
 from actors.shard.seed_memory import SeedMemory
@@ -91,7 +92,7 @@ from storage.workspace_store import WorkspaceStore
 __all__ = ["ShardService", "TurnStart"]
 
 
-class ShardService(WsWrites):
+class ShardService(WsWrites, AgentChatLookup):
     def __init__(
         self,
         data_dir: str | Path,

@@ -1,0 +1,21 @@
+"""Finding a delivery's `agent` chat on the shard that made it (issue 13).
+
+Mixed into `ShardService` (actors/shard/service.py, which is full). The chain's home shard makes
+each delivery's agent chat itself and registers it with the directory in the background, once
+for the chats of a few hundred milliseconds (actors/chats/agent_chats.py): a hop asks the
+directory nothing. A reader that comes for such a chat before the directory has it (a client
+fetching an item its `chat.item.created` announced) is served by the gateway from here
+(gateway/auth.py `context`).
+"""
+
+from __future__ import annotations
+
+from actors.chats.chains import ChainRunner
+from engine.directory import Chat
+
+
+class AgentChatLookup:
+    chains: ChainRunner  # built by ShardService
+
+    async def find_agent_chat(self, chat_id: str) -> Chat | None:
+        return await self.chains.records.agent_chat(chat_id)

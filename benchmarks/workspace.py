@@ -416,7 +416,19 @@ def bench_http_writes(data: Path, args) -> dict:
             user = post("/v1/admin/users", {"name": "writer", "orgs": [org]})
             bot = post("/v1/admin/bots", {"name": "helper", "org": org, "owner": user["id"]})
         token, bot_id = user["token"], bot["id"]
+
+        def coalesced() -> dict[str, tuple[int, int]]:
+            """(calls, requests) of the gateway's coalesced writes so far, per kind."""
+            out = {"remember": (0, 0), "workspace": (0, 0)}
+            for port in engine.shard_ports:
+                for w in list(port._writes.values()):
+                    for kind, c in (("remember", w.remember), ("workspace", w.ws_create)):
+                        calls, requests = out[kind]
+                        out[kind] = (calls + c.calls, requests + c.requests)
+            return out
+
         for _ in range(args.http_rounds):
+            before = coalesced()
             remember = _http_writes(
                 server.port,
                 token,
@@ -427,6 +439,11 @@ def bench_http_writes(data: Path, args) -> dict:
             ws = _http_writes(
                 server.port, token, "/api/app/workspace/memories", ["--ws-memory", bot_id], args
             )
+            after = coalesced()
+            for kind, out in (("remember", remember), ("workspace", ws)):
+                out["coalesced"] = tuple(
+                    a - b for a, b in zip(after[kind], before[kind], strict=True)
+                )
             rounds.append({"remember": remember, "workspace": ws})
     finally:
         server.stop()
@@ -448,8 +465,16 @@ def bench_http_writes(data: Path, args) -> dict:
             for role in ("shard", "driver")
         }
 
+    def per_call(kind: str) -> float:
+        calls = sum(r[kind]["coalesced"][0] for r in rounds)
+        return round(sum(r[kind]["coalesced"][1] for r in rounds) / max(calls, 1), 2)
+
     return {
         "concurrency": args.concurrency,
+        # Requests per coalesced call (actors/runtime/coalesce.py): a Ray call costs the shard
+        # about as much as a write, so fewer requests per call cost more CPU per write.
+        "remember_per_call": per_call("remember"),
+        "workspace_per_call": per_call("workspace"),
         "rounds": len(rounds),
         "seconds_each": args.http_seconds,
         "remember_per_s": round(rate("remember"), 1),

@@ -4,6 +4,7 @@ requestId), on a `ShardService` over a DuckDB file in a temp dir.
 
     .venv/bin/python -m benchmarks.write_cpu [--count 2000] [--callers 2 8] [--rounds 3]
                                              [--entries 10000] [--profile ws|remember]
+                                             [--coalesced 8] [--only ws|remember]
 
 For each caller count, `--rounds` alternating rounds (Remember, workspace, ...) of `--count`
 writes each; prints the CPU of this process per write (all threads: event loop, database
@@ -12,6 +13,11 @@ the commits per write a shard actor sees under `benchmarks.memory_ops` (2 writes
 To compare two versions of the code on a busy machine, run this in both checkouts one after the
 other, more than once, and compare the best figures: CPU time is far less inflated by other
 processes than wall time, but not immune (cache misses, frequency).
+
+`--coalesced N`: N requests per call, as a gateway's coalesced calls bring them (HTTP: about 4
+with 8 clients). On a machine too busy for CPU times, count instructions instead: run one kind
+(`--only ws --rounds 1`) under `valgrind --tool=callgrind` at two `--count`s and divide the
+difference of the totals by the difference of the counts (deterministic, whatever the load).
 """
 
 from __future__ import annotations
@@ -26,8 +32,11 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
-from actors.contracts import WsAccess
+import msgspec
+
+from actors.contracts import RememberCall, WsAccess, WsCreateCall
 from actors.directory import DirectoryService
+from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.memory import EntryMeta, Layer, Reader
 from engine.scoped_memory import WsMemoryCreate
@@ -61,13 +70,17 @@ async def seed(svc: ShardService, entries: int) -> None:
 
 
 async def measure(
-    svc: ShardService, write: Callable[[int], Awaitable[object]], count: int, callers: int
+    svc: ShardService,
+    write: Callable[[int], Awaitable[object]],
+    count: int,
+    callers: int,
+    per_call: int = 1,
 ) -> tuple[float, float, float]:
     """(ms of CPU per write, writes per commit, ms of the event loop thread's CPU per write)
     of `count` writes from `callers` callers."""
     committer = svc.kernel.committer
     tx0, b0 = committer.transactions, committer.batches
-    counter = iter(range(count))
+    counter = iter(range(count // per_call))
 
     async def caller() -> None:
         for n in counter:
@@ -103,13 +116,51 @@ async def run(args: argparse.Namespace) -> None:
             )
             await svc.ws_create_memory(ACCESS, body)
 
+        packer = msgspec.msgpack.Encoder()
+
+        def packed(kind: str, n: int) -> bytes:
+            i = next(serial)
+            if kind == "remember":
+                return packer.encode(
+                    RememberCall(
+                        pool=POOL,
+                        reader=READER,
+                        content=TEXT.format(i),
+                        topics=("bench",),
+                        request_id=f"r-{i}",
+                    )
+                )
+            body = WsMemoryCreate(
+                requestId=f"w-{i}", scope="bot", bot=BOT, content=TEXT.format(i), tier="note"
+            )
+            return packer.encode(WsCreateCall(access=ACCESS, body=body))
+
+        def many(kind: str, method: Callable[[bytes], Awaitable[bytes]]):
+            # As a gateway sends them (actors/runtime/coalesce.py): `--coalesced` requests a
+            # call, one call in flight per caller.
+            async def write(n: int) -> None:
+                size = args.coalesced
+                await method(packer.encode([packed(kind, n) for _ in range(size)]))
+
+            return write
+
         kinds = {"remember": remember, "ws": ws}
+        per = max(1, args.coalesced)
+        if args.coalesced:
+            kinds = {
+                # (PackedEvents is mixed in where Ray hosts the shard: its methods need only
+                # the service's parts)
+                "remember": many("remember", lambda c: PackedEvents.remember_many(svc, c)),
+                "ws": many("ws", lambda c: PackedEvents.ws_create_memory_many(svc, c)),
+            }
+        if args.only:
+            kinds = {args.only: kinds[args.only]}
         for kind in kinds.values():  # warm up: pools loaded, receipt keys read, memos filled
-            await measure(svc, kind, 200, 2)
+            await measure(svc, kind, 200, 2, per)
         if args.profile:
             prof = cProfile.Profile(time.thread_time)
             prof.enable()
-            cpu, per, _ = await measure(svc, kinds[args.profile], args.count, args.callers[0])
+            cpu, per, _ = await measure(svc, kinds[args.profile], args.count, args.callers[0], per)
             prof.disable()
             print(f"{args.profile}: {cpu:.3f} ms CPU per write (profiled), {per:.1f} per commit")
             for key in ("cumulative", "tottime"):
@@ -121,7 +172,7 @@ async def run(args: argparse.Namespace) -> None:
                 got: dict[str, list[tuple[float, float, float]]] = {k: [] for k in kinds}
                 for _ in range(args.rounds):
                     for name, kind in kinds.items():
-                        got[name].append(await measure(svc, kind, args.count, callers))
+                        got[name].append(await measure(svc, kind, args.count, callers, per))
                 line = [f"{callers} callers:"]
                 for name, rs in got.items():
                     cpus = [c for c, _, _ in rs]
@@ -144,6 +195,10 @@ def main() -> None:
     p.add_argument("--entries", type=int, default=10_000)
     p.add_argument("--profile", choices=["remember", "ws"], default=None)
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--only", choices=["remember", "ws"], default=None, help="one kind only")
+    p.add_argument(
+        "--coalesced", type=int, default=0, help="requests per coalesced call (0: one by one)"
+    )
     asyncio.run(run(p.parse_args()))
 
 

@@ -81,6 +81,9 @@ class WsPool:
     # The last new record of each write stream (engine/write_context.py): context for the
     # stream's next one, and it for it.
     last_written: dict = field(default_factory=dict)
+    # While a coalesced call's creations are decided (actors/workspace/create_batch.py): their
+    # keys, entry -> [fp, own, before, after], indexed and stored once all are in.
+    gathering: dict[str, list] | None = None
     bot_org: str | None = None  # a bot pool's bot's home org (its records' `org:` tag)
     # Records as bot-memory entries (actors/shard/bot_memory.py), per record state.
     metas: dict = field(default_factory=dict)
@@ -399,10 +402,13 @@ class WsPools:
         rows: list[Write] = []
         if new and last is not None and wc.in_window(last, now, self.context_window_ms):
             before = last.own
-            self._with_next(pool, last, own)
+            rows += self._with_next(pool, last, own)
         if new:
             last = Written(entry.contributor, now, entry.id, entry.content_fp, own, before)
             wc.remember(pool.last_written, stream, last, now, self.context_window_ms)
+        if new and pool.gathering is not None:  # indexed once, when its batch is complete
+            pool.gathering[entry.id] = [entry.content_fp, own, before, None]
+            return rows
         keys = in_context(own, before)
         pool.index.put(entry.id, keys)
         rows.append(
@@ -410,18 +416,27 @@ class WsPools:
         )
         return rows
 
-    def _with_next(self, pool: WsPool, last: Written, following: list[int]) -> None:
+    def _with_next(self, pool: WsPool, last: Written, following: list[int]) -> list[Write]:
         """The previous record indexed again with the words of the one written after it, if it
-        is still as it was written (not edited, forgotten or purged since). Its term row is
-        derived data, stored on its own, not in the new record's batch: the new write does not
-        share the fate of the previous one's commit (which may still be pending, and fail)."""
+        is still as it was written (not edited, forgotten or purged since); the row to store
+        with the new record, if any. Its term row is derived data: it goes into the new
+        record's batch only when every commit of the pool is done (else it is stored on its
+        own: the new write does not share the fate of a commit that may still fail). One of
+        the same coalesced call is indexed once, with both neighbours (`gathering`)."""
+        gathered = pool.gathering.get(last.entry_id) if pool.gathering is not None else None
+        if gathered is not None:
+            gathered[3] = following
+            return []
         entry = pool.stored.entries.get(last.entry_id)
         if entry is None or entry.content_fp != last.fp or last.entry_id not in pool.index:
-            return
+            return []
         keys = in_context(last.own, last.before, following)
         pool.index.put(last.entry_id, keys)
         row = self.kernel.terms.row(pool.id, last.entry_id, last.fp, keys, pool.next_seq())
+        if _committed(pool):
+            return [row]
         self._store_terms([row])
+        return []
 
     async def _link(self, stored: StoredWsPool) -> str | None:
         """A bot pool's records as part of the bot's one memory (engine/bot_memory.py): records
@@ -465,6 +480,13 @@ class WsPools:
 
     def open(self, pool: WsPool, entry_id: str) -> str:
         return self.store.open(pool.keyed.cipher, pool.id, entry_id, pool.stored.sealed[entry_id])
+
+
+def _committed(pool: WsPool) -> bool:
+    """Whether every change of the pool staged so far is durable (commits settle in order)."""
+    fut = pool.pending
+    ok = fut is None or (fut.done() and not fut.cancelled() and fut.exception() is None)
+    return ok and not pool.poisoned
 
 
 def _seal(cipher, pool_id: str, covers: int, ids: list[str], lengths, flat) -> bytes:

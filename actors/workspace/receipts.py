@@ -84,7 +84,10 @@ class WsReceipts:
                 )
             await asyncio.shield(hit[2])
             return hit[1]
-        if key not in await self._receipt_keys():
+        known = self._known_receipts  # (read once: no coroutine per write after that)
+        if known is None:
+            known = await self._receipt_keys()
+        if key not in known:
             return None  # a new request id: nothing to read (the common case, ~1 ms saved)
         return await self.kernel.receipts.find(key, print_, keyed.cipher, keyed.pool)
 

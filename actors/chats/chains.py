@@ -220,7 +220,9 @@ class ChainRunner:
     # --- delivering ---
 
     async def _deliver(self, chain_id: str, link_id: str, org: Org, after=None) -> None:
-        topic = (await self.records.all())[chain_id].topic
+        if (chain := (await self.records.all()).get(chain_id)) is None:
+            return  # its first row failed to commit before this began (dropped)
+        topic = chain.topic
         self._busy[topic] = self._busy.get(topic, 0) + 1
         try:
             await self._deliver_once(chain_id, link_id, org, after)
@@ -347,7 +349,7 @@ class ChainRunner:
         self, chain_id: str, chat: str, log_: ChatLog, sink: Batch, riders
     ) -> None:
         """A held batch whose answer failed to go up is still written (unless submitted)."""
-        if sink.on_failure:  # submitted already (commit_soon adds its hooks)
+        if sink.staged:
             return
         async with self._lock:
             await self.records.stage((await self.records.all())[chain_id], sink)

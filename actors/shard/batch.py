@@ -33,6 +33,9 @@ class Batch:
     # An earlier commit this one depends on: stored with it or before it, never without it
     # (GroupCommitter.submit), so the batch may be staged before that commit is durable.
     after: asyncio.Future[None] | None = None
+    # Set by the kernel when the batch is staged: a batch is submitted once, and code holding
+    # one it may or may not have submitted asks this (not whether it has failure hooks).
+    staged: bool = False
 
     def add(self, *writes: Write) -> Batch:
         self.writes.extend(writes)

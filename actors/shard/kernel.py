@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -46,6 +47,8 @@ from storage.receipts import Receipts
 from storage.search_index import Analyzer, pack_keys, unpack_keys
 from storage.shard_schema import MIGRATIONS, TABLES
 from storage.term_store import TermStore, terms_key
+
+log = logging.getLogger("openbot")
 
 
 class Poisonable(Protocol):
@@ -326,6 +329,7 @@ class ShardKernel:
         the batch's failure hooks), so nothing answers from a change that is not on disk; later
         reads reload from the file. With `pool`, the future becomes the pool's pending commit.
         `batch.after`: a commit it depends on (with nothing to write, that one is returned)."""
+        batch.staged = True
         events, event_rows = self.events.stage(batch.events, self.clock())
         writes = [*batch.writes, *event_rows]
         if not writes:
@@ -343,9 +347,12 @@ class ShardKernel:
         def settled(f: asyncio.Future[None]) -> None:
             if not f.cancelled() and f.exception() is None:
                 self.store.stored(keys)
+                self.events.publish(events)  # before the hooks: a failing hook costs no event
                 for hook in committed:
-                    hook()
-                self.events.publish(events)
+                    try:
+                        hook()
+                    except Exception:
+                        log.exception("a commit hook failed")
                 return
             if pool is not None:
                 self.poison(pool)

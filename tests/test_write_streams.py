@@ -263,6 +263,29 @@ def test_streams_are_bounded_and_keep_the_recent_ones():
     assert not wc.in_window(W(5), 5, 0) and not wc.in_window(None, 5, 1)
 
 
+def test_streams_out_of_the_window_are_dropped_on_each_insert():
+    """A pool with few streams keeps none past the window: each insert drops the expired ones
+    from the oldest end, stopping at the first still in the window."""
+
+    class W:
+        def __init__(self, at: int) -> None:
+            self.at = at
+
+    streams: dict = {}
+    wc.remember(streams, "a", W(0), 0, 100)
+    wc.remember(streams, "b", W(50), 50, 100)
+    wc.remember(streams, "c", W(120), 120, 100)
+    assert list(streams) == ["b", "c"]  # a: 120 ms old
+    wc.remember(streams, "b", W(130), 130, 100)
+    assert list(streams) == ["c", "b"]  # b written again: the most recent
+    wc.remember(streams, "d", W(225), 225, 100)
+    assert list(streams) == ["b", "d"]  # c out; b (95 ms) in: the scan stops there
+    wc.remember(streams, "e", W(1_000), 1_000, 100)
+    assert list(streams) == ["e"]
+    wc.remember(streams, "f", W(1_001), 1_001, 0)  # context off: nothing is read with again
+    assert list(streams) == ["f"]
+
+
 def test_bot_memory_search_ranks_learned_entries_and_records_as_one_index(tmp_path: Path):
     """`GET /v1/bots/{bot}/memory?q=`: a bot's learned entries and its workspace records are
     two indexes merged by score; each hit scores as in one index holding every text."""

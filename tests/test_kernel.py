@@ -62,6 +62,37 @@ def test_a_batch_publishes_its_events_only_once_durable(tmp_path, kernel_args):
     assert after == [EVENT[0]]
 
 
+def test_commit_hooks_run_after_the_events_and_a_failing_one_skips_nothing(
+    tmp_path, kernel_args, caplog
+):
+    """A batch's `done` hooks run once its events are published (a hook may read them), and a
+    hook that raises is logged: the events still go out and the later hooks still run."""
+
+    async def go():
+        kernel = ShardKernel(tmp_path, 0, **kernel_args)
+        ran: list[tuple[str, int]] = []
+
+        def failing() -> None:
+            ran.append(("first", kernel.events.published))
+            raise RuntimeError("hook failed (simulated)")
+
+        batch = Batch(events=[EVENT]).done(failing)
+        batch.done(lambda: ran.append(("second", kernel.events.published)))
+        await kernel.stage(batch)
+        await asyncio.sleep(0)  # (the hooks run in the future's done callback)
+        after = [e.data for e in await kernel.events.after(0)]
+        await kernel.close()
+        return ran, after
+
+    with caplog.at_level("ERROR"):
+        ran, after = asyncio.run(go())
+    assert ran == [("first", 1), ("second", 1)]
+    assert after == [EVENT[0]]
+    assert [r.getMessage() for r in caplog.records if r.name == "openbot"] == [
+        "a commit hook failed"
+    ]
+
+
 def test_a_failed_batch_drops_the_state_built_on_it(tmp_path, kernel_args, monkeypatch):
     failing = _fail_commits(monkeypatch)
 

@@ -207,3 +207,55 @@ def test_a_feature_runs_on_a_kernel_alone_and_numbers_concurrent_items_once(tmp_
     assert sorted(seqs) == list(range(1, 25))
     assert sorted(texts) == sorted(f"line {n}" for n in range(24))
     assert events == 24  # one chat.item.created each, published with its commit
+
+
+def _slow_loads(kernel: ShardKernel, delay: float) -> None:
+    load = kernel.store.load
+
+    async def slow(pool_id):
+        await asyncio.sleep(delay)
+        return await load(pool_id)
+
+    kernel.store.load = slow  # type: ignore[method-assign]
+
+
+def test_a_load_whose_only_caller_was_cancelled_counts_as_resident(tmp_path, kernel_args):
+    """The load goes on in its own task (others may wait for it) and keeps the pool: its
+    residency is registered there, or the pool could never be evicted."""
+
+    async def go():
+        kernel = ShardKernel(tmp_path, 0, **kernel_args)
+        _slow_loads(kernel, 0.05)
+        before = len(kernel.residency)
+        caller = asyncio.create_task(kernel.pool("bot:b"))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        for _ in range(200):
+            if kernel.is_loaded("bot:b"):
+                break
+            await asyncio.sleep(0.01)
+        state = (caller.cancelled(), kernel.is_loaded("bot:b"), len(kernel.residency) - before)
+        await kernel.close()
+        return state
+
+    assert asyncio.run(go()) == (True, True, 1)
+
+
+def test_close_waits_for_a_load_whose_caller_was_cancelled(tmp_path, kernel_args):
+    """A load left running by its cancelled caller is waited for by close: nothing reads the
+    database after it closed, and no task is left behind."""
+
+    async def go():
+        kernel = ShardKernel(tmp_path, 0, **kernel_args)
+        _slow_loads(kernel, 0.2)
+        caller = asyncio.create_task(kernel.pool("bot:b"))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        await kernel.close()
+        me = asyncio.current_task()
+        left = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+        return left, kernel.is_loaded("bot:b")
+
+    left, loaded = asyncio.run(go())
+    assert left == []
+    assert loaded  # it completed (on the open file) before close went on

@@ -259,3 +259,36 @@ def test_close_waits_for_a_load_whose_caller_was_cancelled(tmp_path, kernel_args
     left, loaded = asyncio.run(go())
     assert left == []
     assert loaded  # it completed (on the open file) before close went on
+
+
+def test_a_chat_log_load_left_by_its_cancelled_caller_is_resident_and_awaited_by_close(
+    tmp_path, kernel_args
+):
+    """The same for chat logs (actors/chats/chat_logs.py): the log is counted as resident
+    from its load's task, and the kernel's close waits for that load."""
+    from actors.chats.chat_logs import ChatLogs
+    from storage.chat_store import ChatStore
+
+    async def go():
+        kernel = ShardKernel(tmp_path, 0, **kernel_args)
+        store = ChatStore(kernel.store)
+        load = store.load
+
+        async def slow(chat):
+            await asyncio.sleep(0.2)
+            return await load(chat)
+
+        store.load = slow  # type: ignore[method-assign]
+        logs = ChatLogs(kernel, store)
+        before = len(kernel.residency)
+        caller = asyncio.create_task(logs.log("chat_1"))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        await kernel.close()
+        me = asyncio.current_task()
+        left = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+        return left, logs.is_loaded("chat_1"), len(kernel.residency) - before
+
+    left, loaded, resident = asyncio.run(go())
+    assert left == [] and loaded
+    assert resident == 1

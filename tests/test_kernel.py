@@ -62,6 +62,37 @@ def test_a_batch_publishes_its_events_only_once_durable(tmp_path, kernel_args):
     assert after == [EVENT[0]]
 
 
+def test_commit_hooks_run_after_the_events_and_a_failing_one_skips_nothing(
+    tmp_path, kernel_args, caplog
+):
+    """A batch's `done` hooks run once its events are published (a hook may read them), and a
+    hook that raises is logged: the events still go out and the later hooks still run."""
+
+    async def go():
+        kernel = ShardKernel(tmp_path, 0, **kernel_args)
+        ran: list[tuple[str, int]] = []
+
+        def failing() -> None:
+            ran.append(("first", kernel.events.published))
+            raise RuntimeError("hook failed (simulated)")
+
+        batch = Batch(events=[EVENT]).done(failing)
+        batch.done(lambda: ran.append(("second", kernel.events.published)))
+        await kernel.stage(batch)
+        await asyncio.sleep(0)  # (the hooks run in the future's done callback)
+        after = [e.data for e in await kernel.events.after(0)]
+        await kernel.close()
+        return ran, after
+
+    with caplog.at_level("ERROR"):
+        ran, after = asyncio.run(go())
+    assert ran == [("first", 1), ("second", 1)]
+    assert after == [EVENT[0]]
+    assert [r.getMessage() for r in caplog.records if r.name == "openbot"] == [
+        "a commit hook failed"
+    ]
+
+
 def test_a_failed_batch_drops_the_state_built_on_it(tmp_path, kernel_args, monkeypatch):
     failing = _fail_commits(monkeypatch)
 
@@ -176,3 +207,88 @@ def test_a_feature_runs_on_a_kernel_alone_and_numbers_concurrent_items_once(tmp_
     assert sorted(seqs) == list(range(1, 25))
     assert sorted(texts) == sorted(f"line {n}" for n in range(24))
     assert events == 24  # one chat.item.created each, published with its commit
+
+
+def _slow_loads(kernel: ShardKernel, delay: float) -> None:
+    load = kernel.store.load
+
+    async def slow(pool_id):
+        await asyncio.sleep(delay)
+        return await load(pool_id)
+
+    kernel.store.load = slow  # type: ignore[method-assign]
+
+
+def test_a_load_whose_only_caller_was_cancelled_counts_as_resident(tmp_path, kernel_args):
+    """The load goes on in its own task (others may wait for it) and keeps the pool: its
+    residency is registered there, or the pool could never be evicted."""
+
+    async def go():
+        kernel = ShardKernel(tmp_path, 0, **kernel_args)
+        _slow_loads(kernel, 0.05)
+        before = len(kernel.residency)
+        caller = asyncio.create_task(kernel.pool("bot:b"))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        for _ in range(200):
+            if kernel.is_loaded("bot:b"):
+                break
+            await asyncio.sleep(0.01)
+        state = (caller.cancelled(), kernel.is_loaded("bot:b"), len(kernel.residency) - before)
+        await kernel.close()
+        return state
+
+    assert asyncio.run(go()) == (True, True, 1)
+
+
+def test_close_waits_for_a_load_whose_caller_was_cancelled(tmp_path, kernel_args):
+    """A load left running by its cancelled caller is waited for by close: nothing reads the
+    database after it closed, and no task is left behind."""
+
+    async def go():
+        kernel = ShardKernel(tmp_path, 0, **kernel_args)
+        _slow_loads(kernel, 0.2)
+        caller = asyncio.create_task(kernel.pool("bot:b"))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        await kernel.close()
+        me = asyncio.current_task()
+        left = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+        return left, kernel.is_loaded("bot:b")
+
+    left, loaded = asyncio.run(go())
+    assert left == []
+    assert loaded  # it completed (on the open file) before close went on
+
+
+def test_a_chat_log_load_left_by_its_cancelled_caller_is_resident_and_awaited_by_close(
+    tmp_path, kernel_args
+):
+    """The same for chat logs (actors/chats/chat_logs.py): the log is counted as resident
+    from its load's task, and the kernel's close waits for that load."""
+    from actors.chats.chat_logs import ChatLogs
+    from storage.chat_store import ChatStore
+
+    async def go():
+        kernel = ShardKernel(tmp_path, 0, **kernel_args)
+        store = ChatStore(kernel.store)
+        load = store.load
+
+        async def slow(chat):
+            await asyncio.sleep(0.2)
+            return await load(chat)
+
+        store.load = slow  # type: ignore[method-assign]
+        logs = ChatLogs(kernel, store)
+        before = len(kernel.residency)
+        caller = asyncio.create_task(logs.log("chat_1"))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        await kernel.close()
+        me = asyncio.current_task()
+        left = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+        return left, logs.is_loaded("chat_1"), len(kernel.residency) - before
+
+    left, loaded, resident = asyncio.run(go())
+    assert left == [] and loaded
+    assert resident == 1

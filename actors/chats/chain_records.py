@@ -44,6 +44,7 @@ class ChainRecords:
         self.peers = peers
         self._loaded: dict[str, Chain] | None = None
         self._once: SingleFlight[dict[str, Chain]] = SingleFlight()
+        kernel.before_close.append(self._once.close)  # (a load whose caller was cancelled)
         self._link_chain: dict[str, str] = {}  # link → its chain (every chain's links)
         self.texts: dict[str, dict[str, dict[str, str]]] = {}
         self.channel: dict[str, str | None] = {}

@@ -33,7 +33,8 @@ class ChatLogs:
     def __init__(self, kernel: ShardKernel, store: ChatStore) -> None:
         self.kernel = kernel
         self.store = store
-        self._loader: SingleFlight[ChatLog] = SingleFlight()
+        self._loader: SingleFlight[ChatLog] = SingleFlight(self._resident)
+        kernel.before_close.append(self._loader.close)
         self._logs: dict[str, ChatLog] = self._loader.loaded
         self._locks: dict[str, asyncio.Lock] = {}
 

@@ -126,7 +126,7 @@ class ShardKernel:
         # Keyword search (issue 11): one analyzer and term table for memory and workspace pools.
         self.analyzer = Analyzer(terms_key(self.master))
         self.terms = TermStore(self.db)
-        self._loader: SingleFlight[Pool] = SingleFlight()
+        self._loader: SingleFlight[Pool] = SingleFlight(self.resident)
         self._pools: dict[str, Pool] = self._loader.loaded
 
     @property
@@ -425,5 +425,6 @@ class ShardKernel:
             await store()
         for stop in self.on_close:
             stop()
+        await self._loader.close()
         await self.committer.close()
         self.db.close()

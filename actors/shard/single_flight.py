@@ -13,9 +13,12 @@ class SingleFlight(Generic[T]):
     """A cache of loaded values by key: concurrent callers for a key share one load, and a
     failed load is raised to every one of them and not kept (the next call tries again)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_loaded: Callable[[T], object] | None = None) -> None:
         self.loaded: dict[str, T] = {}
         self._loading: dict[str, asyncio.Future[T]] = {}  # loads under way
+        # Run in the load's own task once the value is kept (its residency): a load whose
+        # every caller was cancelled still completes, and what it keeps must be counted.
+        self._on_loaded = on_loaded
 
     async def get(self, key: str, load: Callable[[], Awaitable[T]]) -> T:
         value = self.loaded.get(key)
@@ -36,4 +39,11 @@ class SingleFlight(Generic[T]):
         finally:
             del self._loading[key]
         self.loaded[key] = value
+        if self._on_loaded is not None:
+            self._on_loaded(value)
         return value
+
+    async def close(self) -> None:
+        """Wait for the loads under way (their callers may be gone): none reads a closed file."""
+        while self._loading:
+            await asyncio.gather(*list(self._loading.values()), return_exceptions=True)

@@ -117,7 +117,8 @@ class WsPools:
         self.context_window_ms = context_window_ms
         # Asked before a pool leaves memory: False keeps it (semantic search's vectors in use).
         self.keepers: list[Callable[[str], bool]] = []
-        self._loader: SingleFlight[WsPool] = SingleFlight()
+        self._loader: SingleFlight[WsPool] = SingleFlight(self.resident)
+        kernel.before_close.append(self._loader.close)
         self._pools: dict[str, WsPool] = self._loader.loaded
         self.upkeep_delay = UPKEEP_DELAY_S
         # Term rows not in a pool's snapshot that make a new one worth storing.

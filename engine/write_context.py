@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, MutableMapping
 from typing import Protocol, TypeVar
 
-STREAMS = 256  # streams of a pool remembered before those out of the window are dropped
+STREAMS = 256  # streams of a pool remembered at most (the least recent dropped first)
 
 
 class _At(Protocol):
@@ -52,12 +52,18 @@ def in_window(last: _At | None, now: int, window_ms: int) -> bool:
 def remember(
     streams: MutableMapping[Hashable, T], stream: Hashable, last: T, now: int, window_ms: int
 ) -> None:
-    """Make `last` its stream's last record; streams whose last is out of the window are
-    dropped once there are many (a client naming a new topic per write adds one each)."""
+    """Make `last` its stream's last record. Streams whose last is out of the window are
+    dropped on each insert (one is never read with again, and a client naming a new topic per
+    write adds one each): they are the oldest, so the scan starts there and stops at the first
+    still in the window. At most `STREAMS` stay."""
     streams.pop(stream, None)
-    streams[stream] = last  # insertion order: oldest first
-    if len(streams) > STREAMS:
-        for key in [k for k, v in streams.items() if not in_window(v, now, window_ms)]:
-            del streams[key]
-        while len(streams) > STREAMS:
-            del streams[next(iter(streams))]
+    # Insertion order is write order, oldest first (a clock stepping back only drops a stream
+    # early, or leaves a stale one until the scan reaches it: context lost, nothing else).
+    while streams:
+        oldest = next(iter(streams))
+        if in_window(streams[oldest], now, window_ms):
+            break
+        del streams[oldest]
+    streams[stream] = last
+    while len(streams) > STREAMS:
+        del streams[next(iter(streams))]

@@ -14,8 +14,10 @@ import pytest
 from actors.contracts import WsAccess, WsQuery
 from actors.directory import DirectoryService
 from actors.shard.service import ShardService
+from engine import bot_memory as bm
 from engine import write_context as wc
-from engine.memory import Scope, Tier
+from engine.memory import Reader, Scope, Tier
+from engine.projects import ProjectCreate
 from engine.scoped_memory import WsEntry, WsMemoryCreate
 
 ANN = WsAccess(account="u_ann", bots=frozenset({"b_1"}), orgs=("o_1",))
@@ -40,13 +42,16 @@ async def _close(svc: ShardService) -> None:
     svc.peers.directory().store.db.close()
 
 
-async def _create(svc, who: WsAccess, content: str, scope=Scope.USER, topics=()) -> str:
+async def _create(
+    svc, who: WsAccess, content: str, scope=Scope.USER, topics=(), project=None
+) -> str:
     body = WsMemoryCreate(
         requestId="r-" + secrets.token_hex(4),
         scope=scope,
         bot="b_1",
         content=content,
         topics=list(topics),
+        project=project,
     )
     return (await svc.ws_create_memory(who, body)).id
 
@@ -154,7 +159,7 @@ def test_a_record_others_may_read_is_never_indexed_with_a_narrower_ones_words(tm
 
 
 def test_keyword_hits_of_several_pools_rank_as_one_pools_would(tmp_path: Path):
-    """A search over Ann's user pool and the bot's pool ranks their records as one pool
+    """A search over Ann's user pool and her project's pool ranks their records as one pool
     holding all of them would (Ben's pool holds the same texts): a word frequent in one pool
     and rare in the other does not lift the rare pool's records above better ones."""
     first = ["zork blip", "zork zork fleem", "zork gronk wibble", "fleem gronk"]
@@ -162,24 +167,83 @@ def test_keyword_hits_of_several_pools_rank_as_one_pools_would(tmp_path: Path):
 
     async def main() -> None:
         svc = await _open(tmp_path, context_s=0)
+        await svc.ws_save_project("u_ann", "o_1", ProjectCreate(requestId="p", name="P"), "p_1")
         text: dict[str, str] = {}
         for t in first:
             text[await _create(svc, ANN, t)] = t
         for t in second:
-            text[await _create(svc, ANN, t, Scope.BOT)] = t
+            text[await _create(svc, ANN, t, Scope.PROJECT, project="p_1")] = t
         for t in [*first, *second]:
             text[await _create(svc, BEN, t)] = t
 
-        async def scores(q: str, pools: tuple[str, ...], who: WsAccess) -> dict[str, float]:
-            listing = await svc.ws_entries(who, WsQuery(pools=pools, q=q, using="keyword"))
+        async def scores(q: str, who: WsAccess, projects: tuple[str, ...]) -> dict[str, float]:
+            pools = (f"user:{who.account}",)
+            query = WsQuery(pools=pools, projects=projects, q=q, using="keyword")
+            listing = await svc.ws_entries(who, query)
             return {text[h.id]: round(h.score, 4) for h in listing.hits}
 
         for q in ("zork", "zork fleem", "wibble zork"):
-            both = await scores(q, ("user:u_ann", "bot:b_1"), ANN)
-            assert both == await scores(q, ("user:u_ben",), BEN), q
-        got = await _found(svc, "zork", ("user:u_ann", "bot:b_1"))
+            both = await scores(q, ANN, ("p_1",))
+            assert len(both) > 1 and both == await scores(q, BEN, ()), q
+        query = WsQuery(pools=("user:u_ann",), projects=("p_1",), q="zork", using="keyword")
+        got = [h.id for h in (await svc.ws_entries(ANN, query)).fused]
         assert text[got[0]] == "zork zork fleem"
         await _close(svc)
+
+    asyncio.run(main())
+
+
+def test_hidden_bot_records_never_move_the_callers_other_hits(tmp_path: Path):
+    """Ann's ranking of her own records (user pool, searched with the bot's pool) is the same
+    whether or not the bot's pool holds records of Ben's she may not read containing the
+    query's words: the bot pool's statistics are never added to her pool's, so the order of
+    her hits tells nothing of how many hidden records hold a word."""
+    mine = ["zork blip", "zork zork fleem", "fleem gronk wibble", "fleem", "gronk"]
+    pools = ("user:u_ann", "bot:b_1")
+
+    async def main() -> None:
+        svc = await _open(tmp_path, context_s=0)
+        for t in mine:
+            await _create(svc, ANN, t)
+        await _create(svc, ANN, "quux plonk", Scope.BOT)  # the bot pool holds Ann's too
+
+        async def ranking(q: str) -> list[tuple[str, float]]:
+            query = WsQuery(pools=pools, q=q, using="keyword")
+            return [(h.id, round(h.score, 5)) for h in (await svc.ws_entries(ANN, query)).hits]
+
+        queries = ("zork fleem", "fleem gronk", "zork wibble")
+        before = {q: await ranking(q) for q in queries}
+        # Ben's: a record for him alone (as a bot writes one in a DM with him), and what the
+        # bot learned talking with him alone.
+        svc.ws_pools.upkeep_delay = 3600  # no check of the pool against the hand-made record
+        pool = await svc.ws_pools.pool("bot:b_1")
+        at = svc.ws_pools.kernel.clock()
+        tags = ("from:u_ben", "for:person:u_ben", "org:o_1")
+        entry = WsEntry(
+            id="m_ben",
+            scope=Scope.BOT,
+            pool="bot:b_1",
+            contributor="b_1",
+            tier=Tier.PROFILE,
+            content_fp="fp-ben",
+            created_at=at,
+            updated_at=at,
+            tags=tags,
+        )
+        pool.stored.entries[entry.id] = entry
+        svc.ws_pools.indexed(pool, entry, "zork zork zork fleem", new=True)
+        ben = Reader(user="u_ben", org="o_1", uses_bot=True)
+        learned = [(await svc.remember("bot:b_1", ben, "zork zork wibble")).id for _ in range(3)]
+        hidden = {"m_ben", *learned}
+        assert bm.record_visible(ben, entry)  # Ben's, hidden from Ann (below)
+        assert not hidden & set(await _found(svc, "zork", pools))  # Ann may not read them
+        try:
+            for q in queries:
+                assert len(before[q]) > 1 and await ranking(q) == before[q], q
+        finally:
+            del pool.stored.entries[entry.id]
+            pool.index.remove(entry.id)
+            await _close(svc)
 
     asyncio.run(main())
 
@@ -197,6 +261,29 @@ def test_streams_are_bounded_and_keep_the_recent_ones():
     assert list(streams) == ["late"]  # the others are out of the window: dropped
     assert wc.in_window(W(5), 5, 1) and not wc.in_window(W(5), 7, 1)
     assert not wc.in_window(W(5), 5, 0) and not wc.in_window(None, 5, 1)
+
+
+def test_streams_out_of_the_window_are_dropped_on_each_insert():
+    """A pool with few streams keeps none past the window: each insert drops the expired ones
+    from the oldest end, stopping at the first still in the window."""
+
+    class W:
+        def __init__(self, at: int) -> None:
+            self.at = at
+
+    streams: dict = {}
+    wc.remember(streams, "a", W(0), 0, 100)
+    wc.remember(streams, "b", W(50), 50, 100)
+    wc.remember(streams, "c", W(120), 120, 100)
+    assert list(streams) == ["b", "c"]  # a: 120 ms old
+    wc.remember(streams, "b", W(130), 130, 100)
+    assert list(streams) == ["c", "b"]  # b written again: the most recent
+    wc.remember(streams, "d", W(225), 225, 100)
+    assert list(streams) == ["b", "d"]  # c out; b (95 ms) in: the scan stops there
+    wc.remember(streams, "e", W(1_000), 1_000, 100)
+    assert list(streams) == ["e"]
+    wc.remember(streams, "f", W(1_001), 1_001, 0)  # context off: nothing is read with again
+    assert list(streams) == ["f"]
 
 
 def test_bot_memory_search_ranks_learned_entries_and_records_as_one_index(tmp_path: Path):

@@ -107,8 +107,10 @@ def _best(snap: Snapshot, keys: list[int], limit: int) -> list[tuple[str, float]
     reader = snap.reader
     # Seed entries under the union's visibility (an observation may rest on a record).
     candidates, vis = snap.pool.candidates(reader), snap.visibility
-    # Two indexes merged by score: ranked under their statistics as one (see
-    # actors/workspace/search.py `keyword_stats`).
+    # Two indexes of one pool merged by score: ranked under the pool's statistics, as the
+    # workspace search ranks a bot pool (actors/workspace/search.py `keyword_stats`). Its
+    # hidden rows count in them, the same for every reader, as in each index's own before;
+    # never another pool's.
     stats = None
     if snap.ws is not None:
         stats = Stats.of([snap.pool.terms.stats(keys), snap.ws.index.stats(keys)])

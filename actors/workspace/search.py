@@ -13,7 +13,8 @@ scores do not depend on who reads — BM25's document frequencies and average le
 the whole pool, a cosine is the record's own — so the hits are exactly those of filtering first
 and ranking after: a record the caller may not read is never a hit and never moves a readable
 one. (What the hidden records do reveal is nothing: a score is never shown for them, and the
-statistics they feed are the pool's, the same for every reader.)
+statistics they feed are their own pool's, the same for every reader, never combined with
+another pool's: `keyword_stats`.)
 
 Locking: a bot pool's learned entries are checked under that pool's shared lock (ACL-9), once
 for the keyword walk and again when the top ones are opened (the semantic search awaited the
@@ -118,18 +119,25 @@ async def search(
     learned: dict[str, WsPool] = {}  # learned entry id -> its bot pool
     keyword: list[Hit] = []
     if query.using != "semantic" and keys:
-        stats = await keyword_stats(ws, access, pools, keys)
+        shared = keyword_stats(pools, keys)
         for pool in pools:
-            for entry_id, score in pool.index.search(keys, depth, allow[pool.id], stats):
-                owner[entry_id] = pool
-                keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
-            if pool.id.startswith("bot:"):  # the bot's learned entries (MEM-1)
-                reader = ws.rules.bot_reader(pool, access)
-                async with ws.memory.read(pool.id, reader) as snap:
-                    ok = learned_filter(snap.pool, reader, query, snap.visibility)
-                    for entry_id, score in snap.pool.terms.search(keys, depth, ok, stats):
-                        learned[entry_id] = pool
-                        keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
+            if not pool.id.startswith("bot:"):
+                for entry_id, score in pool.index.search(keys, depth, allow[pool.id], shared):
+                    owner[entry_id] = pool
+                    keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
+                continue
+            # A bot pool: its records and learned entries (MEM-1) under the pool's own
+            # statistics, the same for every reader (see `keyword_stats`).
+            reader = ws.rules.bot_reader(pool, access)
+            async with ws.memory.read(pool.id, reader) as snap:
+                stats = Stats.of([pool.index.stats(keys), snap.pool.terms.stats(keys)])
+                for entry_id, score in pool.index.search(keys, depth, allow[pool.id], stats):
+                    owner[entry_id] = pool
+                    keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
+                ok = learned_filter(snap.pool, reader, query, snap.visibility)
+                for entry_id, score in snap.pool.terms.search(keys, depth, ok, stats):
+                    learned[entry_id] = pool
+                    keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
         keyword.sort(key=lambda h: -h.score)
         keyword = keyword[:depth]
     semantic: list[Hit] = []
@@ -183,24 +191,24 @@ async def search(
     )
 
 
-async def keyword_stats(
-    ws: Searcher, access: WsAccess, pools: Sequence[WsPool], keys: list[int]
-) -> Stats | None:
-    """The BM25 statistics of every keyword index a search walks (each pool's records, a bot
-    pool's learned entries), as of one index holding them all; None when there is one. Their
-    hits are merged by score, and scores only compare under the same statistics: with each
+def keyword_stats(pools: Sequence[WsPool], keys: list[int]) -> Stats | None:
+    """The BM25 statistics the user and project pools of a search are scored under: those of
+    one index holding all their records (None when there is one such pool). Hits of several
+    pools are merged by score, and scores only compare under the same statistics: with each
     pool's own, a conversation kept in its own project ranked by its own document frequencies
     (the speakers' names in every turn count for nothing), and keyword recall@10 on LoCoMo-like
     dialogs, one project per conversation, was 0.548 against 0.691 in one pool; with these,
     0.680 (benchmarks/retrieval_lab.py --write-order per-project, quick set, BM25 1.2/0.75).
-    The statistics are those of pools the caller may read, as a pool's own are (a bot pool's
-    hidden records count in both)."""
-    parts = [p.index.stats(keys) for p in pools]
-    for pool in pools:
-        if pool.id.startswith("bot:"):
-            reader = ws.rules.bot_reader(pool, access)
-            async with ws.memory.read(pool.id, reader) as snap:
-                parts.append(snap.pool.terms.stats(keys))
+
+    Only pools whose every record the caller may read are combined: whoever searches a user or
+    project pool reads all of it. A bot pool's records and learned entries may be hidden from
+    the caller (`for:`/`from:` tags, visibility), so it keeps its own statistics, as it did
+    alone: were they added in, any record the caller can write (in their own user pool) would
+    rank differently as hidden bot records hold a word or not, and the order of its hits would
+    tell how many of those the caller may not read contain it (access is decided from tags,
+    never leaked by a ranking). Within a bot pool the hidden rows shift scores as before, the
+    same for every reader; they move nothing outside it."""
+    parts = [p.index.stats(keys) for p in pools if not p.id.startswith("bot:")]
     return Stats.of(parts) if len(parts) > 1 else None
 
 

@@ -4,7 +4,11 @@ chat with Asker."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 from actors.directory import DirectoryService
+from actors.shard.service import ShardService
 from engine.directory import Bot, Chat, Org, OrgSettings
 
 PEER_SCRIPT = """
@@ -29,3 +33,17 @@ async def asker_and_peer(directory: DirectoryService) -> tuple[Org, Bot, Chat]:
     await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
     chat = await directory.create_chat("u_ann", None, bot=asker.id)
     return org, asker, chat
+
+
+@contextlib.asynccontextmanager
+async def reopened(path, models, directory: DirectoryService) -> AsyncIterator[ShardService]:
+    """Shard 0 of `path` opened again after a close (a restart), started; on leaving, it and
+    the directory's database are closed."""
+    svc = ShardService(path, 0, models=models)
+    svc.peers.connect(directory=directory)
+    try:
+        await svc.kernel.started()
+        yield svc
+    finally:
+        await svc.close()
+        directory.store.db.close()

@@ -15,7 +15,7 @@ from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
 from actors.shard.service import ShardService
 from engine.errors import StorageError
-from tests.chain_kit import PEER_SCRIPT, asker_and_peer
+from tests.chain_kit import PEER_SCRIPT, asker_and_peer, reopened
 
 
 def _has_chain_row(writes) -> bool:
@@ -91,16 +91,10 @@ def test_a_held_delivery_whose_answer_failed_is_written_after_the_pending_root(
             await svc.close()
         # After a restart (its recovery sends the stored answer up): the delivery and its reply
         # are there once each, the chain's row names the agent chat.
-        restarted = ShardService(tmp_path, 0, models=models)
-        restarted.peers.connect(directory=directory)
-        try:
-            await restarted.kernel.started()
+        async with reopened(tmp_path, models, directory) as restarted:
             await restarted.chains_idle()
             (stored,) = (await restarted.chains.records.all()).values()
             again = [(i.kind, i.text) for i in await restarted.chat_items(achat)] if achat else []
-        finally:
-            await restarted.close()
-            directory.store.db.close()
         return stepped, achat, live, stored, again
 
     with caplog.at_level("ERROR"):

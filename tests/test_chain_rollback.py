@@ -17,7 +17,7 @@ from actors.models.registry import ScriptedModel
 from actors.shard.service import ShardService
 from engine.errors import StorageError
 from storage.chat_store import INTERRUPTED
-from tests.chain_kit import PEER_SCRIPT, asker_and_peer
+from tests.chain_kit import PEER_SCRIPT, asker_and_peer, reopened
 
 
 def _has_chain_row(batches) -> bool:
@@ -90,14 +90,8 @@ def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_dupli
         finally:
             committer._commit_group = commit_group  # type: ignore[method-assign]
             await svc.close()
-        restarted = ShardService(tmp_path, 0, models=models)
-        restarted.peers.connect(directory=directory)
-        try:
-            await restarted.kernel.started()
+        async with reopened(tmp_path, models, directory) as restarted:
             stored = await restarted.collaborations("u_ann", frozenset())
-        finally:
-            await restarted.close()
-            directory.store.db.close()
         return (failed, after_failure, busy, retried, after_retry, second, chains, items, stored)
 
     with caplog.at_level("WARNING"):
@@ -174,14 +168,8 @@ def test_24_turns_at_once_keep_exactly_the_chains_whose_first_commit_succeeded(t
         finally:
             committer._commit_group = commit_group  # type: ignore[method-assign]
             await svc.close()
-        restarted = ShardService(tmp_path, 0, models=models)
-        restarted.peers.connect(directory=directory)
-        try:
-            await restarted.kernel.started()
+        async with reopened(tmp_path, models, directory) as restarted:
             stored = await restarted.collaborations("u_ann", frozenset())
-        finally:
-            await restarted.close()
-            directory.store.db.close()
         return doomed, chats, results, chains, busy, stored
 
     doomed, chats, results, chains, busy, stored = asyncio.run(scenario())

@@ -425,7 +425,8 @@ class GroupCommitter:
                 (after.done() and (after.cancelled() or after.exception() is not None))
                 or (not after.done() and id(after) not in taken)
             ):
-                fut.set_exception(StorageError("a write it depends on could not be stored"))
+                if not fut.done():  # (its waiter may have cancelled it: still not stored)
+                    fut.set_exception(StorageError("a write it depends on could not be stored"))
                 continue
             kept.append(entry)
         return kept

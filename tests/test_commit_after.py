@@ -99,3 +99,25 @@ def test_a_batch_after_a_stored_one_is_stored_and_nothing_else_is_waited_for(whe
         return (*outcomes, rows)
 
     assert asyncio.run(main()) == ("stored", "failed", True, "a,b,c")
+
+
+def test_a_cancelled_batch_after_a_failed_one_leaves_the_committer_working(where: str) -> None:
+    """Its waiter gave up (the future is cancelled) before the group failed its dependency:
+    failing it again raised InvalidStateError inside the flush loop, which then stored
+    nothing more."""
+
+    async def main() -> tuple[str, bool, str, str]:
+        db = Database(where, [KV_SQL])
+        gc = GroupCommitter(db, [KV])
+        a = gc.submit([BAD])
+        assert await _outcome(a) == "failed"
+        b = gc.submit([_row("b")], after=a)
+        b.cancel()
+        later = gc.submit([_row("later")])
+        outcome = await asyncio.wait_for(_outcome(later), 10)
+        rows = ",".join(k for (k,) in db.query("SELECT k FROM kv ORDER BY k"))
+        await gc.close()
+        db.close()
+        return outcome, b.cancelled(), rows, "ok"
+
+    assert asyncio.run(main()) == ("stored", True, "later", "ok")

@@ -2,6 +2,10 @@
 
     .venv/bin/python -m benchmarks.retrieval [--data synthetic|locomo-like] [--quick]
         [--conversations N] [--turns N]
+    .venv/bin/python -m benchmarks.retrieval --data locomo --file PATH/locomo10.json [--caption]
+
+`--data locomo` reads the real LoCoMo file you downloaded (benchmarks/_locomo.py; not shipped
+here, CC BY-NC): ten conversations, 5,882 turns, 1,536 questions (adversarial ones left out).
 
 Data (seeded, generated; no PyPI package ships LoCoMo-style dialogs with evidence labels):
 - `synthetic` (benchmarks/_conversations.py): small talk around facts said once, often as the
@@ -261,7 +265,9 @@ def through_api(
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--data", default="synthetic", choices=("synthetic", "locomo-like"))
+    p.add_argument("--data", default="synthetic", choices=("synthetic", "locomo-like", "locomo"))
+    p.add_argument("--file", help="--data locomo: the path of LoCoMo's locomo10.json")
+    p.add_argument("--caption", action="store_true", help="--data locomo: photo captions too")
     p.add_argument("--quick", action="store_true", help="3 (locomo-like: 5) conversations")
     p.add_argument("--conversations", type=int, help="default 10 (locomo-like: 20)")
     p.add_argument("--turns", type=int, help="turns per conversation (600; locomo-like: 300)")
@@ -270,15 +276,23 @@ def main() -> None:
     p.add_argument("--write-order", default="sequential", choices=ORDERS)
     p.add_argument("--content", default="speaker", choices=CONTENTS)
     args = p.parse_args()
-    if args.data == "locomo-like":
-        from benchmarks._locomo_like import make
+    if args.data == "locomo":
+        from benchmarks._locomo import load
 
-        n, turns = (5, 300) if args.quick else (args.conversations or 20, args.turns or 300)
+        if not args.file:
+            p.error("--data locomo needs --file PATH (LoCoMo's data/locomo10.json)")
+        convs = load(args.file, caption=args.caption)[: 3 if args.quick else args.conversations]
+        n = len(convs)
     else:
-        from benchmarks._conversations import make
+        if args.data == "locomo-like":
+            from benchmarks._locomo_like import make
 
-        n, turns = (3, 300) if args.quick else (args.conversations or 10, args.turns or 600)
-    convs = make(conversations=n, turns_per=turns)
+            n, turns = (5, 300) if args.quick else (args.conversations or 20, args.turns or 300)
+        else:
+            from benchmarks._conversations import make
+
+            n, turns = (3, 300) if args.quick else (args.conversations or 10, args.turns or 600)
+        convs = make(conversations=n, turns_per=turns)
     evidence = [q.evidence for c in convs for q in c.questions]
     kinds = [q.kind for c in convs for q in c.questions]
     total = sum(len(c.turns) for c in convs)

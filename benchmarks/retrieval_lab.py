@@ -46,7 +46,13 @@ from storage.search_index import Analyzer, Stats, TermIndex, in_context
 DEPTH = 1_000
 
 
-def load(data: str, quick: bool) -> list[Conversation]:
+def load(data: str, quick: bool, file: str | None = None) -> list[Conversation]:
+    if data == "locomo":
+        from benchmarks._locomo import load as load_locomo
+
+        if not file:
+            raise SystemExit("--data locomo needs --file PATH (LoCoMo's data/locomo10.json)")
+        return load_locomo(file)[: 3 if quick else None]
     if data == "locomo-like":
         from benchmarks._locomo_like import make
 
@@ -280,14 +286,15 @@ def evaluate(rankings, evidence, kinds=None):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--data", default="locomo-like", choices=("synthetic", "locomo-like"))
+    p.add_argument("--data", default="locomo-like", choices=("synthetic", "locomo-like", "locomo"))
+    p.add_argument("--file", help="--data locomo: the path of LoCoMo's locomo10.json")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--write-order", help="all, or a comma list of benchmarks/_write_orders.py's")
     p.add_argument("--policy", default="pool,stream,own", help="with --write-order")
     p.add_argument("--content", default="speaker", choices=("speaker", "plain", "dated"))
     args = p.parse_args()
-    convs = load(args.data, args.quick)
+    convs = load(args.data, args.quick, args.file)
     turns = [t for c in convs for t in c.turns]
     qs = [q for c in convs for q in c.questions]
     ids = [t.id for t in turns]

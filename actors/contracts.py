@@ -111,6 +111,15 @@ class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
 # --- bot steps (a chat's home shard -> the bot's shard) ------------------------------------
 
 
+class SentRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A collaboration send still committing on the chain's home shard `shard`: the delivery's
+    step asks there (`ShardPort.send_stored`) before a tool of it writes anything."""
+
+    shard: int
+    chain: str
+    link: str
+
+
 class StepInput(msgspec.Struct, frozen=True, kw_only=True):
     chat: Chat  # where the bot speaks: direct, review, group or agent
     bot: Bot
@@ -123,6 +132,8 @@ class StepInput(msgspec.Struct, frozen=True, kw_only=True):
     after: tuple[Message, ...] = ()  # said after `text` (earlier speakers of a group turn)
     channel: str | None = None
     review: str | None = None  # a review chat: the proposal under review (ENR-3)
+    # A delivery whose send was not yet durable when it began (actors/chats/sent_gate.py).
+    sent: SentRef | None = None
 
 
 class Effect(msgspec.Struct, frozen=True, kw_only=True):

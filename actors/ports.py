@@ -17,6 +17,7 @@ from actors.contracts import (
     Mirrored,
     NodeInfo,
     RevisionView,
+    SentRef,
     StepInput,
     StepOutcome,
     TurnResult,
@@ -99,6 +100,8 @@ class ShardPort(Protocol):
     ) -> str | None: ...
 
     async def release_learning(self, job_id: str, upto: int) -> bool: ...
+
+    async def send_stored(self, ref: SentRef) -> bool: ...
 
     async def notify(self, chat: Chat, author: str, text: str) -> ItemView: ...
 

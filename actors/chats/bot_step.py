@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from actors.chats.requests import Requests
+from actors.chats.sent_gate import REFUSED, SentCheck
 from actors.contracts import Effect, StepInput, StepOutcome, ToolUse, WsAccess, WsQuery
 from actors.learning.memory_bot import MemoryBotRuntime
 from actors.models.registry import ModelError, measured
@@ -166,6 +167,7 @@ class BotStepper:
         effects: list[Effect] = []
         used: list[ToolUse] = []
         done = None
+        sent = SentCheck(self.peers, step.sent)  # a delivery's send, asked for on first write
         for _ in range(TOOL_ROUNDS):
             try:
                 assert_no_pool_lock("the bot's model call")
@@ -185,13 +187,15 @@ class BotStepper:
                 Message(role="assistant", content=done.text, tool_calls=done.tool_calls)
             )
             for call in done.tool_calls:
-                if call.name == "confide":
+                if call.name == "confide" and not await sent.stored():
+                    result = REFUSED  # its confession would outlive the failed send
+                elif call.name == "confide":
                     result = await self._confide(call, step, log, settings, confessions, batch)
                     if result is not None:
                         confided = True
                         confessions += 1
                 else:
-                    result = await self._workspace_tool(call, step, effects, batch.after)
+                    result = await self._workspace_tool(call, step, effects, batch.after, sent)
                 if call.name in offered and call.name not in UNRECORDED_TOOLS:
                     used.append(
                         ToolUse(
@@ -331,16 +335,24 @@ class BotStepper:
         return answer
 
     async def _workspace_tool(
-        self, call: ToolCall, step: StepInput, effects: list[Effect], after=None
+        self,
+        call: ToolCall,
+        step: StepInput,
+        effects: list[Effect],
+        after=None,
+        sent: SentCheck | None = None,
     ):
         """`after`: the commit the step's own rows wait for (a direct turn's person item).
         Tools that write elsewhere at once wait for it first: a turn whose item failed to
-        store leaves no member, rules change or request behind for its retry to repeat."""
+        store leaves no member, rules change or request behind for its retry to repeat. `sent`:
+        for a delivery, the send it answers, on another shard (sent_gate.py): the same."""
         args = _args(call)
         bot = step.bot
         try:
             if call.name in WRITING_TOOLS:
                 await durable(after)
+                if sent is not None and not await sent.stored():
+                    return REFUSED
             if call.name == "workspace_get_self_rules":
                 return _enc.encode(rules_view(bot)).decode()
             if call.name == "workspace_update_self_rules":

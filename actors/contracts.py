@@ -112,12 +112,14 @@ class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SentRef(msgspec.Struct, frozen=True, kw_only=True):
-    """A collaboration send still committing on the chain's home shard `shard`: the delivery's
-    step asks there (`ShardPort.send_stored`) before a tool of it writes anything."""
+    """The collaboration send a delivery's step answers, homed on shard `shard`. Unless it was
+    `stored` when the delivery began, the step asks there (`ShardPort.send_stored`) before a
+    tool of it writes anything (actors/chats/sent_gate.py)."""
 
     shard: int
     chain: str
     link: str
+    stored: bool = False
 
 
 class StepInput(msgspec.Struct, frozen=True, kw_only=True):
@@ -132,8 +134,7 @@ class StepInput(msgspec.Struct, frozen=True, kw_only=True):
     after: tuple[Message, ...] = ()  # said after `text` (earlier speakers of a group turn)
     channel: str | None = None
     review: str | None = None  # a review chat: the proposal under review (ENR-3)
-    # A delivery whose send was not yet durable when it began (actors/chats/sent_gate.py).
-    sent: SentRef | None = None
+    sent: SentRef | None = None  # a delivery's step: the send it answers
 
 
 class Effect(msgspec.Struct, frozen=True, kw_only=True):

@@ -243,7 +243,12 @@ class DirectoryPort(Protocol):
     async def update_rules(self, bot_id: str, update: RulesUpdate, editor: Editor) -> Bot: ...
 
     async def create_member(
-        self, creator_id: str, name: str, prompt: str | None, rules: dict | None
+        self,
+        creator_id: str,
+        name: str,
+        prompt: str | None,
+        rules: dict | None,
+        bot_id: str | None = None,
     ) -> Bot: ...
 
     async def archive_bot(self, bot_id: str, archived: bool, editor: Editor) -> Bot: ...

@@ -21,7 +21,8 @@ from actors.models.registry import ScriptedModel
 from actors.runtime.placement import shard_of
 from actors.shard.service import ShardService
 from engine.directory import OrgSettings
-from engine.errors import StorageError
+from engine.errors import Conflict, StorageError
+from engine.self_rules import Editor, parse_update
 
 # The Asker hands "start N" on to the Peer; the Peer, asked to "make N", reads its rules,
 # creates "Helper N", changes its rules (revision 1: one such change can ever succeed) and
@@ -346,3 +347,88 @@ def test_24_concurrent_sends_half_failing_leave_exactly_the_stored_halfs_writes(
     assert helpers == sorted(f"Helper {n}" for n in stored)
     assert rules.startswith("changed by ") and int(rules.split()[-1]) in stored
     assert sorted(confessed) == sorted(k.agentChat for c in chains for k in c.links)
+
+
+def test_a_delivery_asked_again_after_a_restart_does_not_write_twice(tmp_path: Path):
+    """The send is stored and the peer's tools ran, but the hop's own transaction (its reply
+    and answer) failed, as if shard 0 stopped then: after a restart the delivery is asked again
+    (nothing of it is stored) and the peer's writes are not made a second time."""
+
+    async def scenario():
+        w = World(tmp_path)
+        await w.setup()
+        home = w.shards[0]
+        commit_group = home.committer._commit_group
+        failed: list[str] = []
+
+        async def failing_hop(batches) -> None:
+            for writes in batches:
+                tables = {getattr(x, "table", "") for x in writes}
+                if not failed and "chains" in tables and "turns" not in tables:
+                    failed.append("hop")
+                    raise StorageError("disk full (simulated)")
+            await commit_group(batches)
+
+        home.committer._commit_group = failing_hop  # type: ignore[method-assign]
+        await home.start_turn(w.start(0), True)
+        for _ in range(100):
+            await home.chains_idle()
+            if failed:
+                break
+            await asyncio.sleep(0.02)
+        first = (w.helpers(), w.peer_rules(), len(await w.confessions(w.shards[1])))
+        await w.close()
+        again = World(tmp_path)
+        again.peer, again.ann = w.peer, w.ann
+        try:
+            for svc in again.shards:
+                await svc.kernel.started()
+            chains = await again.settle(again.shards[0])
+            after = (
+                again.helpers(),
+                again.peer_rules(),
+                len(await again.confessions(again.shards[1])),
+            )
+        finally:
+            await again.close()
+        return failed, first, chains, after
+
+    failed, first, chains, after = asyncio.run(scenario())
+    assert failed == ["hop"]
+    assert first == (["Helper 0"], "changed by 0", 1)
+    assert [(c.status, [k.status for k in c.links]) for c in chains] == [("done", ["answered"])]
+    assert after == first
+
+
+def test_24_concurrent_creates_under_one_id_make_one_member_and_return_it(tmp_path: Path):
+    """A member asked for again under the id a delivery derives from its link (as 24 copies
+    of the delivery asked at once would) is made once; later asks return it as it is now (a
+    rename since is kept, not overwritten); another creator may not take the id."""
+
+    async def scenario():
+        w = World(tmp_path)
+        await w.setup()
+        d = w.directory
+        try:
+            first = await d.create_member(w.peer.id, "Helper", None, None, "b_from_link")
+            renamed = await d.update_rules(
+                first.id,
+                parse_update({"expectedRevision": first.revision, "name": "Renamed"}),
+                Editor(kind="bot", id=w.peer.id),
+            )
+            again = await asyncio.gather(
+                *(
+                    d.create_member(w.peer.id, "Helper", None, None, "b_from_link")
+                    for _ in range(24)
+                )
+            )
+            with pytest.raises(Conflict):
+                await d.create_member(w.asker.id, "Other", None, None, "b_from_link")
+            return renamed, again, w.helpers()
+        finally:
+            await w.close()
+
+    renamed, again, helpers = asyncio.run(scenario())
+    assert renamed.revision == 2
+    assert {(b.id, b.name, b.revision) for b in again} == {("b_from_link", "Renamed", 2)}
+    assert helpers == ["Renamed"]

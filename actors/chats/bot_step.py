@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from actors.chats.requests import Requests
-from actors.chats.sent_gate import REFUSED, SentCheck
+from actors.chats.sent_gate import REFUSED, StepWrites
 from actors.contracts import Effect, StepInput, StepOutcome, ToolUse, WsAccess, WsQuery
 from actors.learning.memory_bot import MemoryBotRuntime
 from actors.models.registry import ModelError, measured
@@ -47,6 +47,7 @@ from engine.turns import (
     review_prompt,
 )
 from storage.chat_store import ChatLog, ChatStore
+from storage.group_commit import Put
 
 LogOf = Callable[[], Awaitable[ChatLog]]  # the chat's log on this shard, read on first use
 TOOL_ROUNDS = 4
@@ -167,7 +168,7 @@ class BotStepper:
         effects: list[Effect] = []
         used: list[ToolUse] = []
         done = None
-        sent = SentCheck(self.peers, step.sent)  # a delivery's send, asked for on first write
+        sent = StepWrites(self.peers, step.sent)  # a delivery's send, asked for on first write
         for _ in range(TOOL_ROUNDS):
             try:
                 assert_no_pool_lock("the bot's model call")
@@ -331,7 +332,9 @@ class BotStepper:
         record = Confession(
             turn=step.turn, text=text, answer=answer, calm=calm, at=self.kernel.clock()
         )
-        batch.writes.append(self.store.confession_row(await log(), record, n))
+        row = self.store.confession_row(await log(), record, n)
+        # A delivery asked again after a restart confides again under the same key: replaced.
+        batch.writes.append(Put(*row) if step.sent is not None else row)
         return answer
 
     async def _workspace_tool(
@@ -340,7 +343,7 @@ class BotStepper:
         step: StepInput,
         effects: list[Effect],
         after=None,
-        sent: SentCheck | None = None,
+        sent: StepWrites | None = None,
     ):
         """`after`: the commit the step's own rows wait for (a direct turn's person item).
         Tools that write elsewhere at once wait for it first: a turn whose item failed to
@@ -362,8 +365,13 @@ class BotStepper:
                 )
                 return _enc.encode(rules_view(changed)).decode()
             if call.name == "workspace_create_agent":
+                name, prompt, rules = (
+                    str(args.get("name", "")),
+                    args.get("prompt"),
+                    args.get("rules"),
+                )
                 member = await self.peers.directory().create_member(
-                    bot.id, str(args.get("name", "")), args.get("prompt"), args.get("rules")
+                    bot.id, name, prompt, rules, sent.member_id() if sent else None
                 )
                 return _enc.encode({"id": member.id, "name": member.name}).decode()
             if call.name in ("workspace_rename_agent", "workspace_archive_agent"):

@@ -256,7 +256,7 @@ class ChainRecords:
             return StepOutcome(status="failed", error="the bot is archived")
         peers = self.peers
         ref = self.gate.open(*sent) if sent is not None else None
-        if ref is not None:
+        if ref is not None:  # (the peer's writing tools ask whether it is stored: sent_gate.py)
             step = msgspec.structs.replace(step, sent=ref)
         try:
             return await peers.shard(peers.index_of(bot.owner)).run_step(step, (), 0)

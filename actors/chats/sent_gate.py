@@ -6,13 +6,18 @@ goes `after` it, never without it). The step runs on the peer's own shard, which
 future of that commit, so a tool that changes something at once (the bot's rules, its members,
 a confession) could outlive a send that then failed: a side effect of a failed write.
 
-So a delivery that begins before its send is durable carries a `SentRef` (home shard, chain,
-link) in its `StepInput`, and the step's first tool that writes asks the home shard
-(`ShardPort.send_stored`), which waits for that commit and answers whether it stored; the
-answer holds for the rest of the step. When it did not store, the tool changes nothing and the
-model is told so (the delivery's own rows fail with the send). Read-only tools and steps that
-write nothing ask nothing: the common hop costs no extra call and no wait. A delivery whose
-send is already durable (after a restart, or once it committed) carries no reference.
+So a delivery's `StepInput` carries a `SentRef` (home shard, chain, link), and when the send
+was not yet durable as the delivery began, the step's first tool that writes asks the home
+shard (`ShardPort.send_stored`), which waits for that commit and answers whether it stored;
+the answer holds for the rest of the step. When it did not store, the tool changes nothing and
+the model is told so (the delivery's own rows fail with the send). Read-only tools and steps
+that write nothing ask nothing: the common hop costs no extra call and no wait.
+
+A delivery asked again after a restart (its send stored, nothing of the delivery: the shard
+stopped before the hop's transaction) runs the peer's step again; what it writes is named
+after the link, so it is not made twice: the n-th member it creates has an id derived from the
+link (the directory returns the member made under it), a confession replaces the one under
+its key. (A rules change is a compare-and-set on the revision the model names.)
 
 The home shard answers from the commit's future while the step is under way (`SendGate`), and
 after that (a step that outlived its delivery, a home shard restarted meanwhile) from its file:
@@ -23,6 +28,7 @@ refused, never a write without its send).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any
 
 import msgspec
@@ -49,13 +55,14 @@ class SendGate:
         self.kernel = kernel
         self._open: dict[str, asyncio.Future[None]] = {}
 
-    def open(self, chain: str, link: str, after: asyncio.Future[None] | None) -> SentRef | None:
-        """The reference a delivery of `link` carries while `after` (its send's commit) is not
-        known durable; None when it is (nothing to ask)."""
+    def open(self, chain: str, link: str, after: asyncio.Future[None] | None) -> SentRef:
+        """The reference a delivery of `link` carries; `stored` (nothing to ask) unless `after`,
+        its send's commit, is still running (or failed)."""
+        ref = SentRef(shard=self.kernel.index, chain=chain, link=link)
         if after is None or (after.done() and not after.cancelled() and not after.exception()):
-            return None
+            return msgspec.structs.replace(ref, stored=True)
         self._open[link] = after
-        return SentRef(shard=self.kernel.index, chain=chain, link=link)
+        return ref
 
     def close(self, link: str, after: asyncio.Future[None] | None) -> None:
         if after is not None and self._open.get(link) is after:
@@ -83,14 +90,16 @@ class SendGate:
         return any(link.id == ref.link for link in chain.links)
 
 
-class SentCheck:
-    """In one step, on the bot's shard: whether the send the step answers is stored, asked of
-    the home shard once, on the first tool that writes."""
+class StepWrites:
+    """In one step, on the bot's shard: what its tools that write need when the step answers a
+    delivery (`ref`; None for any other step): whether the send is stored, asked of the home
+    shard once, on the first tool that writes; the ids of what it makes, named after the link."""
 
     def __init__(self, peers: Any, ref: SentRef | None) -> None:
         self.peers = peers
         self.ref = ref
-        self._answer: bool | None = True if ref is None else None
+        self._answer: bool | None = True if ref is None or ref.stored else None
+        self._members = 0
 
     async def stored(self) -> bool:
         if self._answer is None:
@@ -101,3 +110,11 @@ class SentCheck:
             except OpenBotError:  # the home shard is unreachable: refused now, asked again later
                 return False
         return self._answer
+
+    def member_id(self) -> str | None:
+        """The id of the next member this delivery's step creates (None: a fresh one)."""
+        if self.ref is None:
+            return None
+        self._members += 1
+        key = f"{self.ref.link}\x00member\x00{self._members}".encode()
+        return "b_" + hashlib.blake2b(key, digest_size=8).hexdigest()

@@ -319,7 +319,8 @@ class DirectoryService(DirectoryChats):
         bot_id: str | None = None,
     ) -> Bot:
         """`bot_id`: from a caller that may ask again for the same member (a delivery asked
-        again after a restart): the member its creator already made under it is returned."""
+        again after a restart), derived from that request (actors/chats/sent_gate.py): the
+        member its creator already made under it is returned as it is now."""
         async with self._write:
             creator = self._get(self.bots, creator_id, "bot")
             require_team(creator, self._get(self.orgs, creator.org, "org"))  # WS-1: team building

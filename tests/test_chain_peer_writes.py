@@ -11,22 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from actors.contracts import TurnStart
+from actors.chats.sent_gate import RETRY_PAUSES, StepWrites
+from actors.contracts import SentRef, TurnStart
 from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
 from actors.runtime.placement import shard_of
 from actors.shard.service import ShardService
 from engine.directory import OrgSettings
-from engine.errors import Conflict, StorageError
+from engine.errors import Conflict, StorageError, Unavailable
 from engine.self_rules import Editor, parse_update
 
 # The Asker hands "start N" on to the Peer; the Peer, asked to "make N", reads its rules,
 # creates "Helper N", changes its rules (revision 1: one such change can ever succeed) and
-# confides; asked to "look N", it only reads (its rules, its memory).
+# confides; asked to "look N", it only reads (its rules, its memory) and asks for an approval
+# (not here: a delivery has no person to ask).
 SCRIPT = """
 default = "OK."
 after_tool = "Done."
@@ -66,6 +70,7 @@ match = 'look (?P<n>\\d+)$'
 tool_calls = [
   { name = "workspace_get_self_rules", arguments = {} },
   { name = "workspace_memory_search", arguments = { query = "helper {n}" } },
+  { name = "workspace_request_approval", arguments = {} },
 ]
 """
 
@@ -74,18 +79,18 @@ def _account_on(shard: int, stem: str) -> str:
     return next(f"{stem}{n}" for n in range(100) if shard_of(f"{stem}{n}", 2) == shard)
 
 
-def _models(tmp_path: Path) -> dict:
+def _models(tmp_path: Path, text: str) -> dict:
     script = tmp_path / "script.toml"
-    script.write_text(SCRIPT)
+    script.write_text(text)
     return {"s": ScriptedModel.from_file("s", str(script))}
 
 
 class World:
     """Shard 0 (Ann: her chats, the chains) and shard 1 (Ben: the Peer's steps)."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, script: str = SCRIPT) -> None:
         self.path = tmp_path
-        self.models = _models(tmp_path)
+        self.models = _models(tmp_path, script)
         self.directory = DirectoryService(tmp_path)
         self.shards = [
             ShardService(tmp_path, k, shard_count=2, models=self.models) for k in range(2)
@@ -221,6 +226,8 @@ def test_a_stored_send_applies_the_peers_writing_tools_once_also_after_a_restart
         turn = await home.start_turn(w.start(0), True)
         chains = await w.settle(home)
         seen = (w.helpers(), w.peer_rules(), len(await w.confessions(peer_shard)))
+        sent = SentRef(shard=0, chain=chains[0].id, link=chains[0].links[0].id)
+        on_disk = await _asked_from_the_file(home, sent)  # the delivery's step is over
         await w.close()
         # Both shards and the directory again, from their files: recovery asks nothing twice.
         again = World(tmp_path)
@@ -234,16 +241,31 @@ def test_a_stored_send_applies_the_peers_writing_tools_once_also_after_a_restart
                 again.peer_rules(),
                 len(await again.confessions(again.shards[1])),
             )
+            on_disk_again = await _asked_from_the_file(again.shards[0], sent)
         finally:
             await again.close()
-        return turn, chains, seen, restarted, after
+        return turn, chains, seen, restarted, after, (on_disk, on_disk_again)
 
-    turn, chains, seen, restarted, after = asyncio.run(scenario())
+    turn, chains, seen, restarted, after, on_disk = asyncio.run(scenario())
     assert turn.turn.status == "done"
     assert [(c.status, [k.status for k in c.links]) for c in chains] == [("done", ["answered"])]
     assert seen == (["Helper 0"], "changed by 0", 1)
     assert [(c.id, c.status) for c in restarted] == [(c.id, c.status) for c in chains]
     assert after == seen
+    # The stored link is stored; an unknown link of the chain, or an unknown chain, is not.
+    assert on_disk == ([True, False, False], [True, False, False])
+
+
+async def _asked_from_the_file(home: ShardService, sent: SentRef) -> list[bool]:
+    """`send_stored` for the stored send, another link of its chain and another chain, with no
+    commit future left to wait for (the file answers: SendGate._on_disk)."""
+    assert not home.chains.records.gate._open
+    asks = (
+        sent,
+        msgspec.structs.replace(sent, link="dlv_0000000000000000"),
+        msgspec.structs.replace(sent, chain="ch_none"),
+    )
+    return [await home.send_stored(ref) for ref in asks]
 
 
 def test_read_only_tools_do_not_wait_for_the_send(tmp_path: Path):
@@ -264,37 +286,40 @@ def test_read_only_tools_do_not_wait_for_the_send(tmp_path: Path):
             await commit_group(batches)
 
         asked: list[str] = []
+        was_asked, was_stepped = asyncio.Event(), asyncio.Event()
         send_stored = home.send_stored
 
         async def noting(ref):
             asked.append(ref.link)
+            was_asked.set()
             return await send_stored(ref)
 
         home.committer._commit_group = holding  # type: ignore[method-assign]
         home.send_stored = noting  # type: ignore[method-assign]
         step = home.chains.records.step
         stepped: list[str] = []
+        tools: list[tuple[str, str]] = []
 
         async def noting_step(bot, step_input, *sent):
             outcome = await step(bot, step_input, *sent)
             stepped.append(step_input.text.rsplit(" ", 2)[-2])
+            tools.extend((t.tool, t.result) for t in outcome.tools)
+            was_stepped.set()
             return outcome
 
         home.chains.records.step = noting_step  # type: ignore[method-assign]
         try:
             reading = asyncio.create_task(home.start_turn(w.start(0, "peek"), True))
-            for _ in range(200):
-                if stepped:
-                    break
-                await asyncio.sleep(0.01)
-            read_while_held = (list(stepped), list(asked), release.is_set())
+            await asyncio.wait_for(was_stepped.wait(), 30)
+            read_while_held = (list(stepped), list(asked), release.is_set(), list(tools))
             release.set()
             await reading
             await w.settle(home)
             release.clear()
             before = len(stepped)
             writing = asyncio.create_task(home.start_turn(w.start(1), True))
-            await asyncio.sleep(0.3)
+            # The peer's first writing tool asks; the answer waits for the held commit.
+            await asyncio.wait_for(was_asked.wait(), 30)
             write_while_held = (stepped[before:], w.helpers(), list(asked))
             release.set()
             await writing
@@ -305,7 +330,10 @@ def test_read_only_tools_do_not_wait_for_the_send(tmp_path: Path):
             await w.close()
 
     read_while_held, write_while_held, helpers, asked = asyncio.run(scenario())
-    assert read_while_held == (["look"], [], False)  # answered, nothing asked, root still held
+    # Answered, nothing asked (an approval is not_here before the gate), root still held.
+    assert read_while_held[:3] == (["look"], [], False)
+    approval = [r for t, r in read_while_held[3] if t == "workspace_request_approval"]
+    assert [json.loads(r)["error"] for r in approval] == ["not_here"]
     assert write_while_held[:2] == ([], [])  # the peer's step waits to write
     assert len(write_while_held[2]) == 1  # it asked the home shard once (then waited)
     assert helpers == ["Helper 1"]
@@ -432,3 +460,139 @@ def test_24_concurrent_creates_under_one_id_make_one_member_and_return_it(tmp_pa
     assert renamed.revision == 2
     assert {(b.id, b.name, b.revision) for b in again} == {("b_from_link", "Renamed", 2)}
     assert helpers == ["Renamed"]
+
+
+@pytest.mark.parametrize("failures", [1, len(RETRY_PAUSES) + 1], ids=["once", "every-time"])
+def test_a_home_shard_that_fails_to_answer_is_asked_again_then_fails_the_step(
+    tmp_path: Path, failures: int
+):
+    """The root send IS stored, but the home shard's `send_stored` fails (the engine's
+    `engine_error`) `failures` times. Asked again, it answers: the peer's writes are all made.
+    Failing every time, the step fails with `send_unconfirmed` (a failure the delivery records,
+    not an answer believing "not stored") and nothing is written."""
+
+    async def scenario():
+        w = World(tmp_path)
+        await w.setup()
+        home, peer_shard = w.shards
+        commit_group = home.committer._commit_group
+        release = asyncio.Event()
+
+        async def holding(batches) -> None:  # the delivery begins before the send is durable
+            if any(getattr(x, "table", "") == "chains" for b in batches for x in b):
+                await release.wait()
+            await commit_group(batches)
+
+        asked: list[str] = []
+        send_stored = home.send_stored
+
+        async def failing(ref):
+            asked.append(ref.link)
+            release.set()  # the send commits (it is stored): only the answer fails
+            if len(asked) <= failures:
+                raise Unavailable("the engine failed to handle the request", code="engine_error")
+            return await send_stored(ref)
+
+        step = home.chains.records.step
+        outcomes: list = []
+
+        async def noting_step(bot, step_input, *sent):
+            outcome = await step(bot, step_input, *sent)
+            if bot.name == "Peer":  # (not the Asker woken by its answer)
+                outcomes.append(outcome)
+            return outcome
+
+        home.committer._commit_group = holding  # type: ignore[method-assign]
+        home.send_stored = failing  # type: ignore[method-assign]
+        home.chains.records.step = noting_step  # type: ignore[method-assign]
+        try:
+            await home.start_turn(w.start(0), True)
+            chains = await w.settle(home)
+            return (
+                outcomes,
+                asked,
+                chains,
+                w.helpers(),
+                w.peer_rules(),
+                await w.confessions(peer_shard),
+            )
+        finally:
+            await w.close()
+
+    outcomes, asked, chains, helpers, rules, confessed = asyncio.run(scenario())
+    assert [(c.status, [k.status for k in c.links]) for c in chains] == [("done", ["answered"])]
+    if failures == 1:  # asked again (not cached as "not stored"): every write made
+        assert [o.status for o in outcomes] == ["done"]
+        assert len(asked) == 2
+        assert helpers == ["Helper 0"] and rules == "changed by 0"
+        assert len(confessed) == 1
+    else:
+        assert [(o.status, o.error.split(":")[0]) for o in outcomes] == [
+            ("failed", "send_unconfirmed")
+        ]
+        assert len(asked) == len(RETRY_PAUSES) + 1  # then no tool asks again
+        assert chains[0].links[0].result.startswith("Peer could not answer")
+        assert (helpers, rules, confessed) == ([], "", [])
+
+
+def test_a_delivery_asked_again_that_asks_for_another_member_gets_it(tmp_path: Path):
+    """As test_a_delivery_asked_again_after_a_restart_does_not_write_twice, but the model asked
+    again creates "Other 0" where it first created "Helper 0": it gets a member of its own
+    (not "Helper 0" under the id of the delivery's first member)."""
+
+    async def scenario():
+        w = World(tmp_path)
+        await w.setup()
+        home = w.shards[0]
+        commit_group = home.committer._commit_group
+        failed: list[str] = []
+
+        async def failing_hop(batches) -> None:
+            for writes in batches:
+                tables = {getattr(x, "table", "") for x in writes}
+                if not failed and "chains" in tables and "turns" not in tables:
+                    failed.append("hop")
+                    raise StorageError("disk full (simulated)")
+            await commit_group(batches)
+
+        home.committer._commit_group = failing_hop  # type: ignore[method-assign]
+        await home.start_turn(w.start(0), True)
+        for _ in range(100):
+            await home.chains_idle()
+            if failed:
+                break
+            await asyncio.sleep(0.02)
+        first = w.helpers()
+        await w.close()
+        again = World(tmp_path, SCRIPT.replace('name = "Helper {n}"', 'name = "Other {n}"'))
+        again.peer, again.ann = w.peer, w.ann
+        try:
+            for svc in again.shards:
+                await svc.kernel.started()
+            chains = await again.settle(again.shards[0])
+            return failed, first, chains, again.helpers()
+        finally:
+            await again.close()
+
+    failed, first, chains, after = asyncio.run(scenario())
+    assert failed == ["hop"] and first == ["Helper 0"]
+    assert [(c.status, [k.status for k in c.links]) for c in chains] == [("done", ["answered"])]
+    assert after == ["Helper 0", "Other 0"]
+
+
+def test_a_members_id_is_derived_from_the_link_and_the_request():
+    ref = SentRef(shard=0, chain="ch_1", link="dlv_1")
+
+    def ids(*asks) -> list[str | None]:
+        writes = StepWrites(None, ref)  # one step
+        return [writes.member_id(*a) for a in asks]
+
+    alice, bob = ("Alice", None, None), ("Bob", "helps", {"description": "x"})
+    first = ids(alice, bob, alice)
+    assert len(set(first)) == 3  # the same request twice in a step: two members
+    assert ids(alice, bob, alice) == first  # the step asked again: the same three
+    assert ids(bob, alice)[0] == first[1]  # in another order: still Bob's
+    assert ids(("Bob", "helps", {"description": "y"}))[0] not in first
+    other = StepWrites(None, msgspec.structs.replace(ref, link="dlv_2"))
+    assert other.member_id(*alice) not in first
+    assert StepWrites(None, None).member_id(*alice) is None  # not a delivery: a fresh id

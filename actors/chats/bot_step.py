@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from actors.chats.requests import Requests
-from actors.chats.sent_gate import REFUSED, StepWrites
+from actors.chats.sent_gate import REFUSED, SendUnconfirmed, StepWrites
 from actors.contracts import Effect, StepInput, StepOutcome, ToolUse, WsAccess, WsQuery
 from actors.learning.memory_bot import MemoryBotRuntime
 from actors.models.registry import ModelError, measured
@@ -86,6 +86,13 @@ WRITING_TOOLS = frozenset(
         "workspace_request_approval",
     }
 )
+
+
+NOT_HERE = '{"error":"not_here","message":"ask for approval in a person\'s chat"}'
+
+
+def _may_request(step: StepInput) -> bool:
+    return step.chat.kind in ("direct", "group") and step.wake != "delivery"
 
 
 def memory_reader(step: StepInput) -> Reader:
@@ -188,15 +195,23 @@ class BotStepper:
                 Message(role="assistant", content=done.text, tool_calls=done.tool_calls)
             )
             for call in done.tool_calls:
-                if call.name == "confide" and not await sent.stored():
-                    result = REFUSED  # its confession would outlive the failed send
-                elif call.name == "confide":
-                    result = await self._confide(call, step, log, settings, confessions, batch)
-                    if result is not None:
-                        confided = True
-                        confessions += 1
-                else:
-                    result = await self._workspace_tool(call, step, effects, batch.after, sent)
+                try:
+                    if call.name == "confide" and not await sent.stored():
+                        result = REFUSED  # its confession would outlive the failed send
+                    elif call.name == "confide":
+                        result = await self._confide(call, step, log, settings, confessions, batch)
+                        if result is not None:
+                            confided = True
+                            confessions += 1
+                    else:
+                        result = await self._workspace_tool(call, step, effects, batch.after, sent)
+                except SendUnconfirmed as e:  # unknown is not "not stored": the step fails
+                    return StepOutcome(
+                        status="failed",
+                        error=f"{e.code}: {e.message}",
+                        effects=tuple(effects),
+                        tools=tuple(used),
+                    )
                 if call.name in offered and call.name not in UNRECORDED_TOOLS:
                     used.append(
                         ToolUse(
@@ -351,11 +366,13 @@ class BotStepper:
         for a delivery, the send it answers, on another shard (sent_gate.py): the same."""
         args = _args(call)
         bot = step.bot
+        if call.name == "workspace_request_approval" and not _may_request(step):
+            return NOT_HERE  # (asks the gate nothing)
+        if sent is not None and call.name in WRITING_TOOLS and not await sent.stored():
+            return REFUSED  # (`SendUnconfirmed` goes up: the step fails)
         try:
             if call.name in WRITING_TOOLS:
                 await durable(after)
-                if sent is not None and not await sent.stored():
-                    return REFUSED
             if call.name == "workspace_get_self_rules":
                 return _enc.encode(rules_view(bot)).decode()
             if call.name == "workspace_update_self_rules":
@@ -370,8 +387,9 @@ class BotStepper:
                     args.get("prompt"),
                     args.get("rules"),
                 )
+                made = sent.member_id(name, prompt, rules) if sent else None  # (a delivery's)
                 member = await self.peers.directory().create_member(
-                    bot.id, name, prompt, rules, sent.member_id() if sent else None
+                    bot.id, name, prompt, rules, made
                 )
                 return _enc.encode({"id": member.id, "name": member.name}).decode()
             if call.name in ("workspace_rename_agent", "workspace_archive_agent"):
@@ -419,10 +437,6 @@ class BotStepper:
     async def _request(self, step: StepInput, args: dict) -> str:
         """ENR-3: store what the bot proposes, for the person of this turn (or the group's
         people) to approve; the rewritten input it saw is never part of it."""
-        if step.chat.kind not in ("direct", "group") or step.wake == "delivery":
-            return _enc.encode(
-                {"error": "not_here", "message": "ask for approval in a person's chat"}
-            ).decode()
         request = await self.requests.create(
             bot=step.bot.id,
             org=step.chat.org,

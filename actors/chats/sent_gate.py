@@ -15,14 +15,22 @@ that write nothing ask nothing: the common hop costs no extra call and no wait.
 
 A delivery asked again after a restart (its send stored, nothing of the delivery: the shard
 stopped before the hop's transaction) runs the peer's step again; what it writes is named
-after the link, so it is not made twice: the n-th member it creates has an id derived from the
-link (the directory returns the member made under it), a confession replaces the one under
-its key. (A rules change is a compare-and-set on the revision the model names.)
+after the link and the request, so the same request is not made twice: a member's id is derived
+from the link, the member asked for (name, prompt, rules) and the how-manieth such request of
+the step it is (the directory returns the member made under that id); a model that asks for
+another member this time gets that one too, never the first one's in its place. A confession
+replaces the one under its key. A rules change is NOT made once: it is a compare-and-set on
+the revision the model names, so a model that names the revision the first step read is
+refused (`stale_revision`), but one that reads its rules again and names the revision it reads
+now applies its change a second time (a second revision, the same rules).
 
 The home shard answers from the commit's future while the step is under way (`SendGate`), and
 after that (a step that outlived its delivery, a home shard restarted meanwhile) from its file:
-the link is in the chain's stored row or it is not. Every doubt answers "not stored" (a write
-refused, never a write without its send).
+the link is in the chain's stored row or it is not. A send whose commit failed, or whose chain
+or link is not stored, answers "not stored" (the write is refused, the model told). A home
+shard that fails to answer is not a "not stored": it is asked again a few times, then the step
+fails (`SendUnconfirmed`, `send_unconfirmed`): the delivery records the failure instead of an
+answer the model gave believing, wrongly perhaps, that its request was never stored.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import msgspec
 
 from actors.contracts import SentRef
 from engine.collaboration import Chain
-from engine.errors import OpenBotError
+from engine.errors import OpenBotError, Unavailable
 from storage.database import ReadScope
 from storage.shard_schema import CHAINS
 
@@ -45,6 +53,16 @@ REFUSED = msgspec.json.encode(
         "message": "the request you are answering was not stored; nothing was changed",
     }
 ).decode()
+
+# Pauses before asking a home shard that failed to answer again (then the step fails).
+RETRY_PAUSES = (0.05, 0.2, 1.0)
+
+
+class SendUnconfirmed(Unavailable):
+    """The home shard could not say whether the send is stored, also when asked again: the
+    step fails (actors/chats/bot_step.py); its model is never told "not stored"."""
+
+    code = "send_unconfirmed"
 
 
 class SendGate:
@@ -99,22 +117,32 @@ class StepWrites:
         self.peers = peers
         self.ref = ref
         self._answer: bool | None = True if ref is None or ref.stored else None
-        self._members = 0
+        self._members: dict[bytes, int] = {}
 
     async def stored(self) -> bool:
+        """Raises `SendUnconfirmed` when the home shard fails to answer (after RETRY_PAUSES)."""
         if self._answer is None:
             ref = self.ref
             assert ref is not None
-            try:
-                self._answer = await self.peers.shard(ref.shard).send_stored(ref)
-            except OpenBotError:  # the home shard is unreachable: refused now, asked again later
-                return False
+            for pause in (*RETRY_PAUSES, None):
+                try:
+                    self._answer = await self.peers.shard(ref.shard).send_stored(ref)
+                    break
+                except OpenBotError as e:  # unknown, not "not stored": ask again, then fail
+                    if pause is None:
+                        raise SendUnconfirmed(
+                            f"whether the request answered was stored is unknown: {e.message}"
+                        ) from e
+                    await asyncio.sleep(pause)
+        assert self._answer is not None
         return self._answer
 
-    def member_id(self) -> str | None:
-        """The id of the next member this delivery's step creates (None: a fresh one)."""
+    def member_id(self, name: str, prompt: Any, rules: Any) -> str | None:
+        """The id of the member this delivery's step asks for (None: a fresh one): derived
+        from the link, the request and the how-manieth such request of the step it is."""
         if self.ref is None:
             return None
-        self._members += 1
-        key = f"{self.ref.link}\x00member\x00{self._members}".encode()
+        asked = msgspec.json.encode([name, prompt, rules], order="sorted")
+        n = self._members[asked] = self._members.get(asked, 0) + 1
+        key = b"\x00".join((self.ref.link.encode(), asked, str(n).encode()))
         return "b_" + hashlib.blake2b(key, digest_size=8).hexdigest()

@@ -326,6 +326,7 @@ def test_read_only_tools_do_not_wait_for_the_send(tmp_path: Path):
             await w.settle(home)
             return read_while_held, write_while_held, w.helpers(), asked
         finally:
+            release.set()  # (a held commit never outlives the test)
             home.committer._commit_group = commit_group  # type: ignore[method-assign]
             await w.close()
 
@@ -527,7 +528,7 @@ def test_a_home_shard_that_fails_to_answer_is_asked_again_then_fails_the_step(
         assert helpers == ["Helper 0"] and rules == "changed by 0"
         assert len(confessed) == 1
     else:
-        assert [(o.status, o.error.split(":")[0]) for o in outcomes] == [
+        assert [(o.status, (o.error or "").split(":")[0]) for o in outcomes] == [
             ("failed", "send_unconfirmed")
         ]
         assert len(asked) == len(RETRY_PAUSES) + 1  # then no tool asks again

@@ -365,13 +365,9 @@ class BotStepper:
                 )
                 return _enc.encode(rules_view(changed)).decode()
             if call.name == "workspace_create_agent":
-                name, prompt, rules = (
-                    str(args.get("name", "")),
-                    args.get("prompt"),
-                    args.get("rules"),
-                )
+                name, made_as = str(args.get("name", "")), sent.member_id() if sent else None
                 member = await self.peers.directory().create_member(
-                    bot.id, name, prompt, rules, sent.member_id() if sent else None
+                    bot.id, name, args.get("prompt"), args.get("rules"), made_as
                 )
                 return _enc.encode({"id": member.id, "name": member.name}).decode()
             if call.name in ("workspace_rename_agent", "workspace_archive_agent"):

@@ -144,20 +144,25 @@ class SemanticSearch:
         """Start reading a pool's vectors now: a search of the pool is about to need them, and
         they decrypt on another thread while its records load (the first search after a shard
         opens waits for the slower of the two, not for both)."""
-        if pool_id in self._pools or pool_id in self._loading:
+        self._prefetch(pool_id, pool_id)
+        if pool_id.startswith("bot:"):  # its learned entries' too (`learned`, same search)
+            self._prefetch(pool_id + LEARNED, pool_id)
+
+    def _prefetch(self, key: str, pool_id: str) -> None:
+        if key in self._pools or key in self._loading:
             return
 
         model = self.embedder.ident
-        rows = asyncio.ensure_future(self.store.read(pool_id, model))  # the key not needed yet
+        rows = asyncio.ensure_future(self.store.read(key, model))  # the key not needed yet
         rows.add_done_callback(_ignore)
 
         async def load() -> Loaded:
             keyed = (await self.kernel.pool(pool_id)).stored
-            return await self.store.assemble(pool_id, model, keyed.cipher, await rows)
+            return await self.store.assemble(key, model, keyed.cipher, await rows)
 
         task = asyncio.ensure_future(load())
         task.add_done_callback(_ignore)  # its error, if any, is raised where it is awaited
-        self._loading[pool_id] = task
+        self._loading[key] = task
 
     def _lock(self, pool_id: str) -> asyncio.Lock:
         return self._locks.setdefault(pool_id, asyncio.Lock())
@@ -173,9 +178,10 @@ class SemanticSearch:
         self._pools.pop(pool_id, None)
         self._pools.pop(pool_id + LEARNED, None)
         self._locks.pop(pool_id + LEARNED, None)
-        task = self._loading.pop(pool_id, None)
-        if task is not None:
-            task.cancel()
+        for key in (pool_id, pool_id + LEARNED):
+            task = self._loading.pop(key, None)
+            if task is not None:
+                task.cancel()
         return True
 
     async def _fill(self, pool: WsPool, vectors: PoolVectors, entries: Iterable[WsEntry]) -> None:
@@ -218,9 +224,13 @@ class SemanticSearch:
             vectors = self._pools.get(key)
             if vectors is None:
                 vectors = PoolVectors()
-                ids, fps, mat, row, scale = await self.store.load_all(
-                    key, self.embedder.ident, pool.keyed.cipher
-                )
+                task = self._loading.pop(key, None)
+                if task is not None:  # (`prefetch`)
+                    ids, fps, mat, row, scale = await task
+                else:
+                    ids, fps, mat, row, scale = await self.store.load_all(
+                        key, self.embedder.ident, pool.keyed.cipher
+                    )
                 vectors.load_matrix(ids, fps, mat, unit=True, row=row, scale=scale)
                 self._pools[key] = vectors
         return vectors

@@ -52,6 +52,7 @@ CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in 
 # the search that loaded the pool is answered first (at 100,000 records each walk takes about
 # 0.1 s of the event loop; the first search after a shard opens, under a second).
 UPKEEP_DELAY_S = 1.0
+UPKEEP_SLICE = 4_096  # records such a check walks between two turns of the event loop
 # A pool's keyword index is stored whole again once this many term rows are not in its snapshot
 # (below it, a load applies them in a few ms).
 SNAPSHOT_ROWS = 2_000
@@ -266,23 +267,31 @@ class WsPools(TermSnapshots):
         fps = await self.kernel.terms.fingerprints(pool.id)
         if self._pools.get(pool.id) is not pool or pool.poisoned:
             return  # evicted or reloaded meanwhile: done again by its next load
-        entries, row_of = pool.stored.entries, pool.index.row_of
-        rows = []
-        with paused_gc():
-            for entry_id, fp in fps:
-                row = row_of(entry_id)
-                # Indexed from its stored keys at load and not since (a write re-indexes it
-                # and writes its row: a new index row).
-                if row is None or row >= stored:
-                    continue
-                now = content_fp(entries, entry_id)
-                if now is not None and now != fp:
-                    keys = self.kernel.analyzer.keys(self.open(pool, entry_id))
-                    pool.index.put(entry_id, keys)
-                    rows.append(
-                        self.kernel.terms.row(pool.id, entry_id, now, keys, pool.next_seq())
-                    )
-        self._store_terms(rows)
+        # In slices, the event loop free between them (a walk of 100,000 records took 0.1 to
+        # 0.5 s at once: the searches that came meanwhile waited); each record is checked and
+        # re-indexed within one slice, and a slice's rows are staged as their seqs are taken.
+        for at in range(0, len(fps), UPKEEP_SLICE):
+            if at:
+                await asyncio.sleep(0)
+                if self._pools.get(pool.id) is not pool or pool.poisoned:
+                    return
+            entries, row_of = pool.stored.entries, pool.index.row_of
+            rows = []
+            with paused_gc():
+                for entry_id, fp in fps[at : at + UPKEEP_SLICE]:
+                    row = row_of(entry_id)
+                    # Indexed from its stored keys at load and not since (a write re-indexes
+                    # it and writes its row: a new index row).
+                    if row is None or row >= stored:
+                        continue
+                    now = content_fp(entries, entry_id)
+                    if now is not None and now != fp:
+                        keys = self.kernel.analyzer.keys(self.open(pool, entry_id))
+                        pool.index.put(entry_id, keys)
+                        rows.append(
+                            self.kernel.terms.row(pool.id, entry_id, now, keys, pool.next_seq())
+                        )
+            self._store_terms(rows)
 
     def _store_terms(self, rows: list[Write]) -> None:
         if rows:

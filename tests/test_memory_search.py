@@ -306,7 +306,7 @@ def test_new_request_ids_read_no_receipt_and_repeats_still_answer_after_a_restar
     asyncio.run(again())
 
 
-@pytest.mark.parametrize("upkeep_slice", [1, 4_096])
+@pytest.mark.parametrize("upkeep_slice", [1, 1_024])
 def test_stored_terms_made_from_other_content_are_made_again_after_a_restart(
     tmp_path: Path, monkeypatch, upkeep_slice: int
 ):

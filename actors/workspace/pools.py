@@ -52,7 +52,7 @@ CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in 
 # the search that loaded the pool is answered first (at 100,000 records each walk takes about
 # 0.1 s of the event loop; the first search after a shard opens, under a second).
 UPKEEP_DELAY_S = 1.0
-UPKEEP_SLICE = 4_096  # records such a check walks between two turns of the event loop
+UPKEEP_SLICE = 1_024  # records such a check walks between two turns of the event loop
 # A pool's keyword index is stored whole again once this many term rows are not in its snapshot
 # (below it, a load applies them in a few ms).
 SNAPSHOT_ROWS = 2_000

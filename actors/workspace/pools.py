@@ -58,8 +58,8 @@ log = logging.getLogger("openbot.workspace")
 
 @dataclass(frozen=True)
 class Written:
-    """A new record as its successor in sequence sees it: whose, when, its own term keys and
-    those of the record before it (None: none in sequence)."""
+    """A new record as its successor in sequence sees it: whose, when, its own term keys,
+    those of the record before it and of the one before that (None: none in sequence)."""
 
     contributor: str | None
     at: int
@@ -67,6 +67,7 @@ class Written:
     fp: str
     own: list[int]
     before: list[int] | None
+    further: list[int] | None = None
 
 
 @dataclass
@@ -82,7 +83,7 @@ class WsPool:
     # stream's next one, and it for it.
     last_written: dict = field(default_factory=dict)
     # While a coalesced call's creations are decided (actors/workspace/create_batch.py): their
-    # keys, entry -> [fp, own, before, after], indexed and stored once all are in.
+    # keys, entry -> [fp, own, before, after, further], indexed and stored once all are in.
     gathering: dict[str, list] | None = None
     bot_org: str | None = None  # a bot pool's bot's home org (its records' `org:` tag)
     # Records as bot-memory entries (actors/shard/bot_memory.py), per record state.
@@ -386,31 +387,31 @@ class WsPools:
     def indexed(self, pool: WsPool, entry: WsEntry, content: str, *, new: bool) -> list[Write]:
         """Index a record's new content; the rows that store term keys.
 
-        Records written in sequence (a new one within `context_window_ms` of the last new one
-        of its stream, engine/write_context.py: by the same contributor, with the same
-        visibility and topics; the turns of one conversation, a batch of notes) are indexed
-        with their neighbours' words too (`in_context`: own words twice, each neighbour's
-        once): a new record with the words of the one before it, and that one again with the
-        new one's. "Yes! I made a bowl" is found by a question about the pottery workshop the
-        turn before asked about, and "Did you go to the pottery workshop?" by a question about
-        the bowl. Only keywords: the record's vector and text are its own; an edit indexes a
-        record by its own words again."""
+        Records written in sequence (a new one within `context_window_ms` of the last new one of
+        its stream, engine/write_context.py: by the same contributor, with the same visibility
+        and topics; the turns of one conversation, a batch of notes) are indexed with their
+        neighbours' words too (`in_context`: own words four times, each neighbour's twice, the
+        second record before once): a new record with the words of the two before it, and the
+        one before again with the new one's. "Yes! I made a bowl" is found by a question about
+        the pottery workshop the turn before asked about, and "Did you go to the pottery
+        workshop?" by a question about the bowl. Only keywords: the record's vector and text are
+        its own; an edit indexes a record by its own words again."""
         own = self.kernel.analyzer.key_list(content)  # (lists: ~25 keys, numpy costs more)
-        before = None
+        before = further = None
         now = self.kernel.clock()
         stream = wc.stream_of(entry.contributor, entry.tags, entry.topics)
         last = pool.last_written.get(stream)
         rows: list[Write] = []
         if new and last is not None and wc.in_window(last, now, self.context_window_ms):
-            before = last.own
+            before, further = last.own, last.before
             rows += self._with_next(pool, last, own)
         if new:
-            last = Written(entry.contributor, now, entry.id, entry.content_fp, own, before)
+            last = Written(entry.contributor, now, entry.id, entry.content_fp, own, before, further)
             wc.remember(pool.last_written, stream, last, now, self.context_window_ms)
         if new and pool.gathering is not None:  # indexed once, when its batch is complete
-            pool.gathering[entry.id] = [entry.content_fp, own, before, None]
+            pool.gathering[entry.id] = [entry.content_fp, own, before, None, further]
             return rows
-        keys = in_context(own, before)
+        keys = in_context(own, before, further=further)
         pool.index.put(entry.id, keys)
         rows.append(
             self.kernel.terms.row(pool.id, entry.id, entry.content_fp, keys, pool.next_seq())
@@ -431,7 +432,7 @@ class WsPools:
         entry = pool.stored.entries.get(last.entry_id)
         if entry is None or entry.content_fp != last.fp or last.entry_id not in pool.index:
             return []
-        keys = in_context(last.own, last.before, following)
+        keys = in_context(last.own, last.before, following, last.further)
         pool.index.put(last.entry_id, keys)
         row = self.kernel.terms.row(pool.id, last.entry_id, last.fp, keys, pool.next_seq())
         if _committed(pool):

@@ -10,10 +10,10 @@ Keyword hits come from storage/search_index.py's TermIndex, each turn indexed as
 records written in a row (actors/workspace/pools.py: `in_context`, own words four times, the
 turns before and after twice, the second before once: `both`), as it did before (the turn
 before, same weight: `before`) or by its own words (`own`); semantic hits are cosines of
-all-MiniLM-L6-v2 (kind onnx) vectors, cached in /tmp between runs. Fusions:
-engine/workspace_search.py's RRF and the
-candidates tried against it (weighted RRF, convex combinations of min-max or z-normalised
-scores); results also go to /tmp/oblab-<data>.json.
+all-MiniLM-L6-v2 (kind onnx) vectors of what the records hold (`--content`), cached in /tmp
+between runs. Fusions: engine/workspace_search.py's RRF and the candidates tried against it
+(weighted RRF, convex combinations of min-max or z-normalised scores); results also go to
+/tmp/oblab-<data>.json.
 
 With `--write-order`, instead: keyword and hybrid (the shard's RRF) recall for each way a
 harness may write the turns (benchmarks/_write_orders.py), each turn indexed as a shard would

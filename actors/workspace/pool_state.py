@@ -17,8 +17,8 @@ from storage.workspace_store import StoredWsPool
 
 @dataclass(frozen=True)
 class Written:
-    """A new record as its successor in sequence sees it: whose, when, its own term keys and
-    those of the record before it (None: none in sequence)."""
+    """A new record as its successor in sequence sees it: whose, when, its own term keys,
+    those of the record before it and of the one before that (None: none in sequence)."""
 
     contributor: str | None
     at: int
@@ -26,6 +26,7 @@ class Written:
     fp: str
     own: list[int]
     before: list[int] | None
+    further: list[int] | None = None
 
 
 @dataclass

@@ -303,31 +303,31 @@ class WsPools(TermSnapshots):
     def indexed(self, pool: WsPool, entry: WsEntry, content: str, *, new: bool) -> list[Write]:
         """Index a record's new content; the rows that store term keys.
 
-        Records written in sequence (a new one within `context_window_ms` of the last new one
-        of its stream, engine/write_context.py: by the same contributor, with the same
-        visibility and topics; the turns of one conversation, a batch of notes) are indexed
-        with their neighbours' words too (`in_context`: own words twice, each neighbour's
-        once): a new record with the words of the one before it, and that one again with the
-        new one's. "Yes! I made a bowl" is found by a question about the pottery workshop the
-        turn before asked about, and "Did you go to the pottery workshop?" by a question about
-        the bowl. Only keywords: the record's vector and text are its own; an edit indexes a
-        record by its own words again."""
+        Records written in sequence (a new one within `context_window_ms` of the last new one of
+        its stream, engine/write_context.py: by the same contributor, with the same visibility
+        and topics; the turns of one conversation, a batch of notes) are indexed with their
+        neighbours' words too (`in_context`: own words four times, each neighbour's twice, the
+        second record before once): a new record with the words of the two before it, and the
+        one before again with the new one's. "Yes! I made a bowl" is found by a question about
+        the pottery workshop the turn before asked about, and "Did you go to the pottery
+        workshop?" by a question about the bowl. Only keywords: the record's vector and text are
+        its own; an edit indexes a record by its own words again."""
         own = self.kernel.analyzer.key_list(content)  # (lists: ~25 keys, numpy costs more)
-        before = None
+        before = further = None
         now = self.kernel.clock()
         stream = wc.stream_of(entry.contributor, entry.tags, entry.topics)
         last = pool.last_written.get(stream)
         rows: list[Write] = []
         if new and last is not None and wc.in_window(last, now, self.context_window_ms):
-            before = last.own
+            before, further = last.own, last.before
             rows += self._with_next(pool, last, own)
         if new:
-            last = Written(entry.contributor, now, entry.id, entry.content_fp, own, before)
+            last = Written(entry.contributor, now, entry.id, entry.content_fp, own, before, further)
             wc.remember(pool.last_written, stream, last, now, self.context_window_ms)
         if new and pool.gathering is not None:  # indexed once, when its batch is complete
-            pool.gathering[entry.id] = [entry.content_fp, own, before, None]
+            pool.gathering[entry.id] = [entry.content_fp, own, before, None, further]
             return rows
-        keys = in_context(own, before)
+        keys = in_context(own, before, further=further)
         pool.index.put(entry.id, keys)
         rows.append(
             self.kernel.terms.row(pool.id, entry.id, entry.content_fp, keys, pool.next_seq())
@@ -348,7 +348,7 @@ class WsPools(TermSnapshots):
         entry = pool.stored.entries.get(last.entry_id)
         if entry is None or entry.content_fp != last.fp or last.entry_id not in pool.index:
             return []
-        keys = in_context(last.own, last.before, following)
+        keys = in_context(last.own, last.before, following, last.further)
         pool.index.put(last.entry_id, keys)
         row = self.kernel.terms.row(pool.id, last.entry_id, last.fp, keys, pool.next_seq())
         if committed(pool):

@@ -387,9 +387,9 @@ class BotStepper:
                     args.get("prompt"),
                     args.get("rules"),
                 )
-                made = sent.member_id(name, prompt, rules) if sent else None  # (a delivery's)
+                made_as = sent.member_id(name, prompt, rules) if sent else None  # (a delivery's)
                 member = await self.peers.directory().create_member(
-                    bot.id, name, prompt, rules, made
+                    bot.id, name, prompt, rules, made_as
                 )
                 return _enc.encode({"id": member.id, "name": member.name}).decode()
             if call.name in ("workspace_rename_agent", "workspace_archive_agent"):

@@ -154,6 +154,21 @@ class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
     tools: tuple[ToolUse, ...] = ()  # app tool calls with their results, in order (MEM-3)
 
 
+class StepCall(msgspec.Struct, frozen=True, kw_only=True):
+    """`ShardPort.run_step` as one message on the shards' direct lane (actors/runtime/lane.py)."""
+
+    step: StepInput
+    mirror: tuple[Mirrored, ...] = ()
+    learn_upto: int = 0
+
+
+class LaneAddress(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a shard's lane listens: a Unix socket, reachable from processes on `node` only."""
+
+    node: str
+    path: str
+
+
 # --- collaboration chains ------------------------------------------------------------------
 
 

@@ -169,6 +169,11 @@ class TermStore:
         return Delete(SEARCH_TERMS.name, entry_key(pool, entry_id))
 
 
+def load_scope(pool: str) -> tuple[ReadScope, ...]:
+    """What `TermStore.read_load` reads: the pool's snapshot and term rows."""
+    return (*_scope(pool), ReadScope(SEARCH_SNAPSHOTS.name, "pool", (pool,)))
+
+
 def _scope(pool: str) -> tuple[ReadScope]:
     """The rows a pool's term reads read (a new pool's first load, and the check a second after
     it, need not wait for the journal's other writes)."""

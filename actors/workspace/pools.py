@@ -36,7 +36,14 @@ from storage.bulk import paused_gc
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
 from storage.search_index import Postings, TermIndex, in_context
-from storage.term_store import TermsLoad, covered, open_snapshot, seal_snapshot, unindexed
+from storage.term_store import (
+    TermsLoad,
+    covered,
+    load_scope,
+    open_snapshot,
+    seal_snapshot,
+    unindexed,
+)
 from storage.workspace_store import (
     LazyEntries,
     StoredWsPool,
@@ -181,7 +188,9 @@ class WsPools:
                     db.run(lambda con: self.store.read_pool(con, pool_id), pool_scope(pool_id))
                 ),
                 asyncio.ensure_future(
-                    db.run_aside(lambda con: self.kernel.terms.read_load(con, pool_id))
+                    db.run_aside(
+                        lambda con: self.kernel.terms.read_load(con, pool_id), load_scope(pool_id)
+                    )
                 ),
             ]
             try:

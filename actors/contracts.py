@@ -162,6 +162,23 @@ class StepCall(msgspec.Struct, frozen=True, kw_only=True):
     learn_upto: int = 0
 
 
+class PollCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A gateway's event poll (`events_packed`) on a shard's lane; answered with the packed
+    `EventBatch` bytes."""
+
+    since: int
+    limit: int = 1000
+    wait: float = 0.0
+    follower: str = ""
+
+
+class TurnCall(msgspec.Struct, frozen=True, kw_only=True):
+    """`ShardPort.start_turn` on a shard's lane (a gateway's turn)."""
+
+    start: TurnStart
+    wait: bool = False
+
+
 class LaneAddress(msgspec.Struct, frozen=True, kw_only=True):
     """Where a shard's lane listens: a Unix socket, reachable from processes on `node` only."""
 

@@ -1,6 +1,7 @@
-"""The shards' direct lane for a bot's step (actors/runtime/lane.py): a real Unix socket between
-a `LaneServer` and a `LaneClient` in this process, and, end to end, a collaboration whose peer
-lives on the other shard asking for its step over the lane."""
+"""The shards' direct lane (actors/runtime/lane.py): a real Unix socket between a `LaneServer`
+and a `LaneClient` in this process, and, end to end, a collaboration whose peer lives on the
+other shard asking for its step over the lane while the gateway starts the turn and polls the
+events over it."""
 
 from __future__ import annotations
 
@@ -9,17 +10,30 @@ import os
 import random
 import secrets
 import stat
-import time
 
 import pytest
 
-from actors.contracts import LaneAddress, Mirrored, StepCall, StepInput, StepOutcome
+from actors.contracts import (
+    EventBatch,
+    LaneAddress,
+    Mirrored,
+    PollCall,
+    StepCall,
+    StepInput,
+    StepOutcome,
+    TurnCall,
+    TurnResult,
+    TurnStart,
+)
 from actors.runtime import lane as lane_mod
 from actors.runtime.lane import LaneClient, LaneServer
 from actors.runtime.placement import shard_of
+from engine.chat_records import Turn
 from engine.directory import Bot, BotRules, Chat, Org, OrgSettings
 from engine.errors import Conflict, Unavailable
+from engine.events import ShardHead
 from engine.models import Message
+from gateway.client import EventClient
 from tests.openai_stub import bot_of, completion
 
 NODE = "node-a"
@@ -51,6 +65,26 @@ def _call(text: str = "hello", n: int = 0) -> StepCall:
     return StepCall(step=step, mirror=mirror, learn_upto=n)
 
 
+class Host:
+    """A shard's side of the lane: `step` answers the steps; polls and turns are echoed."""
+
+    def __init__(self, step) -> None:
+        self.step = step
+
+    async def lane_step(self, call: StepCall) -> StepOutcome:
+        return await self.step(call)
+
+    async def lane_poll(self, call: PollCall) -> bytes:
+        import msgspec
+
+        head = ShardHead(epoch="e1", oldest=0, head=call.since + call.limit)
+        return msgspec.msgpack.encode(EventBatch(head=head, events=[]))
+
+    async def lane_turn(self, call: TurnCall) -> Turn | TurnResult:
+        turn = Turn(id="turn_1", chat=call.start.chat.id, operator="u_ann", status="running", at=1)
+        return TurnResult(turn=turn, items=[]) if call.wait else turn
+
+
 async def _echo(call: StepCall) -> StepOutcome:
     await asyncio.sleep(random.random() * 0.02)  # answers come back out of order
     return StepOutcome(status="done", reply=f"{call.step.text}/{call.learn_upto}")
@@ -76,7 +110,7 @@ async def _a_step_goes_over_the_lane_and_comes_back_whole():
         seen.append(call)
         return StepOutcome(status="done", reply="fine", confided=True)
 
-    server = LaneServer(NODE, step)
+    server = LaneServer(NODE, Host(step))
     client = _client(server)
     try:
         call = _call()
@@ -89,12 +123,36 @@ async def _a_step_goes_over_the_lane_and_comes_back_whole():
         server.close()
 
 
+def test_a_gateways_turn_starts_and_event_polls_go_over_the_lane():
+    asyncio.run(_turns_and_polls())
+
+
+async def _turns_and_polls():
+    server = LaneServer(NODE, Host(_echo))
+    client = _client(server)
+    call = _call()
+    start = TurnStart(
+        chat=call.step.chat, bot=call.step.bot, org=call.step.org, operator="u_ann", text="hi"
+    )
+    try:
+        turn = await client.turn(TurnCall(start=start))
+        assert isinstance(turn, Turn) and turn.chat == start.chat.id
+        result = await client.turn(TurnCall(start=start, wait=True))
+        assert isinstance(result, TurnResult) and result.turn.id == "turn_1"
+        batch = await client.poll(PollCall(since=7, limit=3, wait=0.5, follower="f1"))
+        assert batch is not None and batch.head.head == 10 and batch.events == []
+        assert client.calls == 3
+    finally:
+        await client.close()
+        server.close()
+
+
 def test_concurrent_steps_each_get_their_own_answer():
     asyncio.run(_concurrent_steps_each_get_their_own_answer())
 
 
 async def _concurrent_steps_each_get_their_own_answer():
-    server = LaneServer(NODE, _echo)
+    server = LaneServer(NODE, Host(_echo))
     asked: list[int] = []
     client = _client(server, asked)
     try:
@@ -119,7 +177,7 @@ async def _the_engines_errors_come_back_as_raised_and_others_as_unavailable():
             raise Conflict("stale", code="stale_revision", details={"currentRevision": 3})
         raise RuntimeError("a bug")
 
-    server = LaneServer(NODE, step)
+    server = LaneServer(NODE, Host(step))
     client = _client(server)
     try:
         with pytest.raises(Conflict) as e:
@@ -154,8 +212,8 @@ async def _a_lane_lost_mid_step_fails_that_step_and_the_next_call_reconnects():
             await release.wait()
         return StepOutcome(status="done", reply="second server")
 
-    first = LaneServer(NODE, hang)
-    second = LaneServer(NODE, hang)
+    first = LaneServer(NODE, Host(hang))
+    second = LaneServer(NODE, Host(hang))
     servers = [first]
 
     async def address() -> LaneAddress | None:
@@ -221,7 +279,7 @@ def test_the_socket_is_this_users_only_and_goes_with_the_server():
 
 
 async def _the_socket_is_this_users_only_and_goes_with_the_server():
-    server = LaneServer(NODE, _echo)
+    server = LaneServer(NODE, Host(_echo))
     address = await server.open()
     assert await server.open() == address  # opened once
     folder = os.path.dirname(address.path)
@@ -249,6 +307,13 @@ def _lane_steps(engine, index: int) -> float:
 
     counters = ray.get(engine.shards[index].metrics.remote())["counters"]
     return sum(v for n, _, v in counters if n == "openbot_lane_steps_total")
+
+
+def _here(name: str) -> float:
+    """A lane counter of this process (the gateway's)."""
+    from storage.stats import STATS
+
+    return sum(v for n, _, v in STATS.snapshot()["counters"] if n == name)
 
 
 def test_a_peer_on_the_other_shard_is_asked_over_the_lane(world, admin, bot_model, engine):
@@ -280,17 +345,29 @@ def test_a_peer_on_the_other_shard_is_asked_over_the_lane(world, admin, bot_mode
 
     bot_model.routes.append(route)
     before = _lane_steps(engine, home)
-    with world.client("alice") as client:
-        chat = client.post("/v1/chats", json={"bot": asker["id"]}).json()
-        r = client.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "go"})
-        assert r.status_code == 200, r.text
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+    turns, polls = _here("openbot_lane_turns_total"), _here("openbot_lane_polls_total")
+
+    async def scenario() -> dict:
+        events = EventClient(world.server.url, world.tokens["alice"])
+        it = aiter(events)
+        first = asyncio.ensure_future(it.__anext__())
+        await asyncio.sleep(0.3)  # connected and live (the gateway's event pumps run)
+        with world.client("alice") as client:
+            chat = client.post("/v1/chats", json={"bot": asker["id"]}).json()
+            r = await asyncio.to_thread(
+                client.post, f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "go"}
+            )
+            assert r.status_code == 200, r.text
+            seen = await asyncio.wait_for(first, 10)
+            while not (seen.type == "collaboration.changed" and seen.data["status"] == "done"):
+                seen = await asyncio.wait_for(it.__anext__(), 10)
+            assert seen.data["chat"] == chat["id"]
             chains = client.get("/api/app/workspace/collaboration").json()["collaborations"]
-            mine = [c for c in chains if c["rootChat"] == chat["id"]]
-            if mine and mine[0]["status"] == "done":
-                break
-            time.sleep(0.05)
-        assert mine and mine[0]["status"] == "done", mine
-        assert mine[0]["links"][0]["result"] == "All green here."
-    assert _lane_steps(engine, home) >= before + 1
+        await events.close()
+        return next(c for c in chains if c["rootChat"] == chat["id"])
+
+    chain = asyncio.run(scenario())
+    assert chain["status"] == "done" and chain["links"][0]["result"] == "All green here."
+    assert _lane_steps(engine, home) >= before + 1  # the peer's step
+    assert _here("openbot_lane_turns_total") >= turns + 1  # the gateway's turn start
+    assert _here("openbot_lane_polls_total") >= polls + 1  # and its event pump

@@ -17,11 +17,19 @@ from typing import Any
 
 import ray
 
-from actors.contracts import LaneAddress, StepCall, StepOutcome
+from actors.contracts import (
+    LaneAddress,
+    PollCall,
+    StepCall,
+    StepOutcome,
+    TurnCall,
+    TurnResult,
+)
 from actors.directory import DirectoryService
 from actors.runtime.lane import LaneServer, this_node
 from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
+from engine.chat_records import Turn
 from engine.errors import StorageError
 
 LOCK_WAIT = 60.0  # seconds a restarted store waits for a dying process to let go of its file
@@ -116,12 +124,19 @@ class PlacedShardService(PackedEvents, ShardService):
         """Where sibling shards on this node ask for steps (actors/runtime/lane.py); opened on
         the first ask, on this actor's event loop."""
         if self._lane is None:
-            self._lane = LaneServer(this_node(), self._lane_step)
+            self._lane = LaneServer(this_node(), self)
             self.kernel.on_close.append(self._lane.close)
         return await self._lane.open()
 
-    async def _lane_step(self, call: StepCall) -> StepOutcome:
+    # What the lane asks (actors/runtime/lane.py `LaneHost`): the calls it carries.
+    async def lane_step(self, call: StepCall) -> StepOutcome:
         return await self.run_step(call.step, call.mirror, call.learn_upto)
+
+    async def lane_poll(self, call: PollCall) -> bytes:
+        return await self.events_packed(call.since, call.limit, call.wait, call.follower)
+
+    async def lane_turn(self, call: TurnCall) -> Turn | TurnResult:
+        return await self.start_turn(call.start, call.wait)
 
 
 class PlacedDirectoryService(DirectoryService):

@@ -1,4 +1,5 @@
-"""A direct lane between the shards of one node for a bot's step (issue 13).
+"""A direct lane to a shard from the processes of its node: a bot's step asked by a sibling
+shard, a gateway's turn starts and event polls (issue 13).
 
 A collaboration hop asks the shard that holds the peer's memory for the peer's step, and in a
 chain whose bots live on both shards every other hop is such a call. Over Ray an actor-to-actor
@@ -9,12 +10,15 @@ event loops the round trip was 0.2 ms (p90 0.3 ms).
 
 So a shard listens on a socket of its own (`LaneServer`, in a directory only its user may
 enter, like Ray's own sockets) and its sibling shards send it their `run_step` calls there
-(`LanedShard`), one msgpack frame each way. The address is asked for once over Ray and only a
-shard on the same node uses it; every other call, and any step for which no lane can be opened,
-goes over Ray as before. The answer is the same either way: the step's outcome, or the engine's
-error as the class it was raised as. A lane that breaks while a step is asked fails that call
-with `Unavailable` (as a Ray call to a dead actor does: the step may have run), and the next
-call asks for the address again (a restarted shard listens somewhere else).
+(`LanedShard`), one msgpack frame each way. A gateway on the same node does the same with the
+two calls every person's turn and every event it hands out wait for: `start_turn` and the event
+pump's long poll (then a chain's end reaches the websocket without a Ray hop either). The
+address is asked for once over Ray and only a process on the same node uses it; every other
+call, and any call for which no lane can be opened, goes over Ray as before. The answer is the
+same either way, or the engine's error as the class it was raised as. A lane that breaks while
+a call is under way fails that call with `Unavailable` (as a Ray call to a dead actor does: it
+may have run), and the next call asks for the address again (a restarted shard listens
+somewhere else). One connection per event loop: its futures belong to that loop.
 """
 
 from __future__ import annotations
@@ -29,14 +33,29 @@ import shutil
 import struct
 import tempfile
 import time
+import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
-from actors.contracts import CallError, LaneAddress, Mirrored, StepCall, StepInput, StepOutcome
+from actors.contracts import (
+    EVENT_BATCH,
+    CallError,
+    EventBatch,
+    LaneAddress,
+    Mirrored,
+    PollCall,
+    StepCall,
+    StepInput,
+    StepOutcome,
+    TurnCall,
+    TurnResult,
+    TurnStart,
+)
 from actors.runtime.lock_guard import assert_no_pool_lock
 from actors.runtime.ports import RayShard, remote
+from engine.chat_records import Turn
 from engine.errors import OpenBotError, Unavailable
 from storage.stats import STATS
 
@@ -50,14 +69,29 @@ ENABLED = os.environ.get("OPENBOT_SHARD_LANE", "1") != "0"
 
 
 class _Ask(msgspec.Struct, frozen=True, array_like=True):
-    id: int
-    call: StepCall
+    id: int  # one of the calls:
+    step: StepCall | None = None
+    poll: PollCall | None = None
+    turn: TurnCall | None = None
 
 
 class _Answer(msgspec.Struct, frozen=True, array_like=True):
-    id: int
+    id: int  # one of the answers, or the error:
     outcome: StepOutcome | None = None
+    events: bytes | None = None  # a packed EventBatch
+    turn: Turn | None = None
+    result: TurnResult | None = None
     error: CallError | None = None
+
+
+class LaneHost(Protocol):
+    """What a shard answers on its lane (actors/runtime/hosting.py)."""
+
+    async def lane_step(self, call: StepCall) -> StepOutcome: ...
+
+    async def lane_poll(self, call: PollCall) -> bytes: ...
+
+    async def lane_turn(self, call: TurnCall) -> Turn | TurnResult: ...
 
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -78,12 +112,12 @@ async def _read(reader: asyncio.StreamReader) -> bytes:
 
 
 class LaneServer:
-    """A shard's end: every step asked is run as its own task (as Ray runs an async actor's
-    calls), in a fresh context, and answered when it ends, in whatever order they end."""
+    """A shard's end: every call is run as its own task (as Ray runs an async actor's calls),
+    in a fresh context, and answered when it ends, in whatever order they end."""
 
-    def __init__(self, node: str, step: Callable[[StepCall], Awaitable[StepOutcome]]) -> None:
+    def __init__(self, node: str, host: LaneHost) -> None:
         self.node = node
-        self._step = step
+        self._host = host
         self._server: asyncio.AbstractServer | None = None
         self._dir: str | None = None
         self._address: LaneAddress | None = None
@@ -130,12 +164,24 @@ class LaneServer:
             writer.close()
 
     async def _answer(self, ask: _Ask, writer: asyncio.StreamWriter) -> None:
+        host = self._host
         try:
-            answer = _Answer(id=ask.id, outcome=await self._step(ask.call))
+            if ask.step is not None:
+                answer = _Answer(id=ask.id, outcome=await host.lane_step(ask.step))
+            elif ask.poll is not None:
+                answer = _Answer(id=ask.id, events=await host.lane_poll(ask.poll))
+            elif ask.turn is not None:
+                turn = await host.lane_turn(ask.turn)
+                if isinstance(turn, TurnResult):
+                    answer = _Answer(id=ask.id, result=turn)
+                else:
+                    answer = _Answer(id=ask.id, turn=turn)
+            else:
+                raise Unavailable("an empty lane call", code="engine_error")
         except OpenBotError as e:
             answer = _Answer(id=ask.id, error=CallError.of(e))
         except Exception:
-            log.exception("a step asked over the lane failed")
+            log.exception("a call over the lane failed")
             failed = Unavailable("the engine failed to handle the request", code="engine_error")
             answer = _Answer(id=ask.id, error=CallError.of(failed))
         if not writer.is_closing():
@@ -143,7 +189,7 @@ class LaneServer:
 
 
 class LaneClient:
-    """A shard's connection to one sibling's lane, opened on first use."""
+    """A connection to one shard's lane, opened on first use (one event loop's)."""
 
     def __init__(self, address: Callable[[], Awaitable[LaneAddress | None]], node: str) -> None:
         self._address = address
@@ -154,14 +200,26 @@ class LaneClient:
         self._ids = itertools.count(1)
         self._opening: asyncio.Lock | None = None
         self._retry_at = 0.0
-        self.calls = 0  # steps answered over the lane (tests, benchmarks)
+        self.calls = 0  # calls answered over the lane (tests, benchmarks)
 
     async def step(self, call: StepCall) -> StepOutcome | None:
         """The step's outcome over the lane; None when there is no lane (ask over Ray)."""
+        answer = await self._ask(lambda i: _Ask(id=i, step=call))
+        return None if answer is None else answer.outcome
+
+    async def poll(self, call: PollCall) -> EventBatch | None:
+        answer = await self._ask(lambda i: _Ask(id=i, poll=call))
+        return None if answer is None else EVENT_BATCH.decode(answer.events or b"")
+
+    async def turn(self, call: TurnCall) -> Turn | TurnResult | None:
+        answer = await self._ask(lambda i: _Ask(id=i, turn=call))
+        return None if answer is None else (answer.result or answer.turn)
+
+    async def _ask(self, make: Callable[[int], _Ask]) -> _Answer | None:
         writer = self._writer if self._writer is not None else await self._open()
         if writer is None:
             return None
-        ask = _Ask(id=next(self._ids), call=call)
+        ask = make(next(self._ids))
         fut: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
         self._waiting[ask.id] = fut
         try:
@@ -172,8 +230,7 @@ class LaneClient:
         self.calls += 1
         if answer.error is not None:
             raise answer.error.error()
-        assert answer.outcome is not None
-        return answer.outcome
+        return answer
 
     async def _open(self) -> asyncio.StreamWriter | None:
         if time.monotonic() < self._retry_at:
@@ -190,7 +247,7 @@ class LaneClient:
                     return None
                 reader, writer = await asyncio.open_unix_connection(address.path)
             except (OSError, OpenBotError) as e:
-                log.info("no lane to a sibling shard for now (%r): steps go over Ray", e)
+                log.info("no lane to a shard for now (%r): calls go over Ray", e)
                 self._retry_at = time.monotonic() + RETRY_S
                 return None
             self._writer = writer
@@ -205,12 +262,12 @@ class LaneClient:
                 if fut is not None and not fut.done():
                     fut.set_result(answer)
         except (asyncio.IncompleteReadError, ConnectionError, msgspec.DecodeError) as e:
-            log.info("the lane to a sibling shard closed (%r)", e)
+            log.info("the lane to a shard closed (%r)", e)
         finally:
             self._lost()
 
     def _lost(self) -> None:
-        """The connection is gone: steps still waiting fail (they may have run), the next call
+        """The connection is gone: calls still waiting fail (they may have run), the next call
         asks for the address again."""
         writer, self._writer = self._writer, None
         if writer is not None:
@@ -236,25 +293,63 @@ def this_node() -> str:
 
 
 class LanedShard(RayShard):
-    """`ShardPort` of a sibling shard: its steps over the lane where one can be opened, every
-    other call (and a step without a lane) over Ray."""
+    """`ShardPort` of a shard: steps (from a sibling shard), turn starts and event polls (from
+    a gateway) over the lane where one can be opened; every other call, and those without a
+    lane, over Ray."""
 
     def __init__(self, name: str, namespace: str, handle: Any = None) -> None:
         super().__init__(name, namespace, handle)
-        self.lane = LaneClient(self._lane_address, this_node()) if ENABLED else None
+        self._node: str | None = None
+        self._lanes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LaneClient] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def lane(self) -> LaneClient | None:
+        """This event loop's connection (None: lanes are turned off)."""
+        if not ENABLED:
+            return None
+        loop = asyncio.get_running_loop()
+        found = self._lanes.get(loop)
+        if found is None:
+            if self._node is None:
+                self._node = this_node()
+            found = self._lanes[loop] = LaneClient(self._lane_address, self._node)
+        return found
 
     async def _lane_address(self) -> LaneAddress | None:
         return await remote(self._actor().lane_address)
+
+    @staticmethod
+    def _counted(kind: str) -> None:
+        # Counted as the actor call it is (benchmarks report actor calls per delivery).
+        STATS.inc("openbot_actor_calls_total", help="Actor calls this process made")
+        STATS.inc(f"openbot_lane_{kind}_total", help=f"{kind.capitalize()} asked over a lane")
 
     async def run_step(
         self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0
     ) -> StepOutcome:
         assert_no_pool_lock("a step on another shard")
+        lane = self.lane()
         call = StepCall(step=step, mirror=mirror, learn_upto=learn_upto)
-        outcome = None if self.lane is None else await self.lane.step(call)
+        outcome = None if lane is None else await lane.step(call)
         if outcome is None:
             return await super().run_step(step, mirror, learn_upto)
-        # Counted as the actor call it is (benchmarks report actor calls per delivery).
-        STATS.inc("openbot_actor_calls_total", help="Actor calls this process made")
-        STATS.inc("openbot_lane_steps_total", help="Steps asked of a sibling shard's lane")
+        self._counted("steps")
         return outcome
+
+    async def start_turn(self, start: TurnStart, wait: bool = False) -> Turn | TurnResult:
+        lane = self.lane()
+        turn = None if lane is None else await lane.turn(TurnCall(start=start, wait=wait))
+        if turn is None:
+            return await super().start_turn(start, wait)
+        self._counted("turns")
+        return turn
+
+    async def _poll(self, since: int, limit: int, wait: float, follower: str) -> EventBatch:
+        lane = self.lane()
+        call = PollCall(since=since, limit=limit, wait=wait, follower=follower)
+        batch = None if lane is None else await lane.poll(call)
+        if batch is None:
+            return await super()._poll(since, limit, wait, follower)
+        self._counted("polls")
+        return batch

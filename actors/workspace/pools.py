@@ -36,14 +36,7 @@ from storage.bulk import paused_gc
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
 from storage.search_index import Postings, TermIndex, in_context
-from storage.term_store import (
-    TermsLoad,
-    covered,
-    load_scope,
-    open_snapshot,
-    seal_snapshot,
-    unindexed,
-)
+from storage.term_store import TermsLoad, covered, open_snapshot, seal_snapshot, unindexed
 from storage.workspace_store import (
     LazyEntries,
     StoredWsPool,
@@ -187,11 +180,7 @@ class WsPools:
                 asyncio.ensure_future(
                     db.run(lambda con: self.store.read_pool(con, pool_id), pool_scope(pool_id))
                 ),
-                asyncio.ensure_future(
-                    db.run_aside(
-                        lambda con: self.kernel.terms.read_load(con, pool_id), load_scope(pool_id)
-                    )
-                ),
+                asyncio.ensure_future(self.kernel.terms.load_aside(pool_id)),
             ]
             try:
                 keyed = (await self.kernel.pool(pool_id)).stored

@@ -99,6 +99,13 @@ _asks = msgspec.msgpack.Decoder(_Ask)
 _answers = msgspec.msgpack.Decoder(_Answer)
 
 
+def _socket_root() -> str | None:
+    """Ray's temporary directory where it is short enough for a socket path (a shard that dies
+    without closing leaves its socket there, with Ray's own); else the system's."""
+    root = os.environ.get("RAY_TMPDIR", "")
+    return root if root and len(root) <= 80 and os.path.isdir(root) else None
+
+
 def _frame(message: Any) -> bytes:
     body = _encode(message)
     return _HEAD.pack(len(body)) + body
@@ -126,7 +133,7 @@ class LaneServer:
 
     async def open(self) -> LaneAddress:
         if self._address is None:
-            folder = tempfile.mkdtemp(prefix="oblane-")  # mode 0700: this user only
+            folder = tempfile.mkdtemp(prefix="oblane-", dir=_socket_root())  # mode 0700
             path = os.path.join(folder, "s")
             self._dir = folder
             self._server = await asyncio.start_unix_server(self._serve, path)

@@ -111,6 +111,17 @@ class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
 # --- bot steps (a chat's home shard -> the bot's shard) ------------------------------------
 
 
+class SentRef(msgspec.Struct, frozen=True, kw_only=True):
+    """The collaboration send a delivery's step answers, homed on shard `shard`. Unless it was
+    `stored` when the delivery began, the step asks there (`ShardPort.send_stored`) before a
+    tool of it writes anything (actors/chats/sent_gate.py)."""
+
+    shard: int
+    chain: str
+    link: str
+    stored: bool = False
+
+
 class StepInput(msgspec.Struct, frozen=True, kw_only=True):
     chat: Chat  # where the bot speaks: direct, review, group or agent
     bot: Bot
@@ -123,6 +134,7 @@ class StepInput(msgspec.Struct, frozen=True, kw_only=True):
     after: tuple[Message, ...] = ()  # said after `text` (earlier speakers of a group turn)
     channel: str | None = None
     review: str | None = None  # a review chat: the proposal under review (ENR-3)
+    sent: SentRef | None = None  # a delivery's step: the send it answers
 
 
 class Effect(msgspec.Struct, frozen=True, kw_only=True):

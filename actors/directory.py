@@ -311,12 +311,25 @@ class DirectoryService(DirectoryChats):
             return bot
 
     async def create_member(
-        self, creator_id: str, name: str, prompt: str | None, rules: dict | None
+        self,
+        creator_id: str,
+        name: str,
+        prompt: str | None,
+        rules: dict | None,
+        bot_id: str | None = None,
     ) -> Bot:
+        """`bot_id`: from a caller that may ask again for the same member (a delivery asked
+        again after a restart): the member its creator already made under it is returned."""
         async with self._write:
             creator = self._get(self.bots, creator_id, "bot")
             require_team(creator, self._get(self.orgs, creator.org, "org"))  # WS-1: team building
-            bot = new_member(creator, bot_id=new_id("b_"), name=name, prompt=prompt, rules=rules)
+            made = self.bots.get(bot_id) if bot_id is not None else None
+            if made is not None:
+                if made.creator != creator_id:
+                    raise Conflict(f"bot {bot_id} exists", code="bot_exists")
+                return made
+            bot_id = bot_id or new_id("b_")
+            bot = new_member(creator, bot_id=bot_id, name=name, prompt=prompt, rules=rules)
             await self._put("bots", bot, self.bots)
             return bot
 

@@ -17,6 +17,7 @@ from actors.contracts import (
     Mirrored,
     NodeInfo,
     RevisionView,
+    SentRef,
     StepInput,
     StepOutcome,
     TurnResult,
@@ -99,6 +100,8 @@ class ShardPort(Protocol):
     ) -> str | None: ...
 
     async def release_learning(self, job_id: str, upto: int) -> bool: ...
+
+    async def send_stored(self, ref: SentRef) -> bool: ...
 
     async def notify(self, chat: Chat, author: str, text: str) -> ItemView: ...
 
@@ -240,7 +243,12 @@ class DirectoryPort(Protocol):
     async def update_rules(self, bot_id: str, update: RulesUpdate, editor: Editor) -> Bot: ...
 
     async def create_member(
-        self, creator_id: str, name: str, prompt: str | None, rules: dict | None
+        self,
+        creator_id: str,
+        name: str,
+        prompt: str | None,
+        rules: dict | None,
+        bot_id: str | None = None,
     ) -> Bot: ...
 
     async def archive_bot(self, bot_id: str, archived: bool, editor: Editor) -> Bot: ...

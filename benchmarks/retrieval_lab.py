@@ -6,13 +6,14 @@ embedding model, exact cosine instead of the shard's int8 vectors).
         [--write-order all|sequential,round-robin,...] [--policy pool,stream,own,...]
         [--content speaker|plain|dated]
 
-Keyword hits come from storage/search_index.py's TermIndex, each turn indexed as a shard
-indexes records written in a row (actors/workspace/pools.py: `in_context`, own words twice and
-the turns before and after once: `both`), as it did before (the turn before, same weight:
-`before`) or by its own words (`own`); semantic hits are cosines of all-MiniLM-L6-v2 (kind
-onnx) vectors, cached in /tmp between runs. Fusions: engine/workspace_search.py's RRF and the
-candidates tried against it (weighted RRF, convex combinations of min-max or z-normalised
-scores); results also go to /tmp/oblab-<data>.json.
+Keyword hits come from storage/search_index.py's TermIndex, each turn indexed as a shard indexes
+records written in a row (actors/workspace/pools.py: `in_context`, own words four times, the
+turns before and after twice, the second before once: `both`), as it did before (the turn
+before, same weight: `before`) or by its own words (`own`); semantic hits are cosines of
+all-MiniLM-L6-v2 (kind onnx) vectors of what the records hold (`--content`), cached in /tmp
+between runs. Fusions: engine/workspace_search.py's RRF and the candidates tried against it
+(weighted RRF, convex combinations of min-max or z-normalised scores); results also go to
+/tmp/oblab-<data>.json.
 
 With `--write-order`, instead: keyword and hybrid (the shard's RRF) recall for each way a
 harness may write the turns (benchmarks/_write_orders.py), each turn indexed as a shard would
@@ -46,13 +47,15 @@ from storage.search_index import Analyzer, Stats, TermIndex, in_context
 DEPTH = 1_000
 
 
-def load(data: str, quick: bool, file: str | None = None) -> list[Conversation]:
+def load(
+    data: str, quick: bool, file: str | None = None, caption: bool = False
+) -> list[Conversation]:
     if data == "locomo":
         from benchmarks._locomo import load as load_locomo
 
         if not file:
             raise SystemExit("--data locomo needs --file PATH (LoCoMo's data/locomo10.json)")
-        return load_locomo(file)[: 3 if quick else None]
+        return load_locomo(file, caption=caption)[: 3 if quick else None]
     if data == "locomo-like":
         from benchmarks._locomo_like import make
 
@@ -84,6 +87,7 @@ class Written:
     entry_id: str
     own: list[int]
     before: list[int] | None
+    further: list[int] | None = None
 
 
 class Picker:
@@ -93,16 +97,19 @@ class Picker:
     `affN-K`."""
 
     def __init__(self, policy: str) -> None:
-        kind, *nums = policy.replace("adapt", "adapt-").replace("aff", "aff-").split("-")
+        policy = policy.replace("adapt", "adapt-").replace("aff", "aff-").replace("gate", "gate-")
+        kind, *nums = policy.split("-")
         self.kind = kind
         self.min = int(nums[0])
-        self.k = int(nums[1])
+        self.k = int(nums[1]) if len(nums) > 1 else 1
         self.t = float(nums[2]) if len(nums) > 2 else 0.0
         self.recent: list = []
         self.near = 1.0
 
     def pick(self, last, own):
         mine = set(own)
+        if self.kind == "gate":  # the last record, if it shares at least `min` keys
+            return last if last is not None and len(mine & set(last.own)) >= self.min else None
         best, best_n, lag_best = None, 0, 0
         for lag, (w, keys) in enumerate(reversed(self.recent[-self.k :]), 1):
             n = len(mine & keys)
@@ -131,10 +138,11 @@ def keyword_lists(convs, questions, context: str) -> list[list[Hit]]:
     for n, turn_id in enumerate(ids):
         before = own[n - 1] if n and context != "own" else None
         after = own[n + 1] if n + 1 < len(own) and context == "both" else None
+        further = own[n - 2] if n > 1 and context == "both" else None
         if context == "before" and before is not None:  # then: neighbour words once, own once
             index.put(turn_id, sorted(own[n] + before))
         else:
-            index.put(turn_id, in_context(own[n], before, after))
+            index.put(turn_id, in_context(own[n], before, after, further))
     return [
         [Hit(id=i, score=s, kinds=("keyword",)) for i, s in index.search(analyzer.query(q), DEPTH)]
         for q in questions
@@ -156,18 +164,18 @@ def ordered_keyword_lists(
         own = analyzer.key_list(a.content)
         stream = wc.stream_of("bot", (), a.topics if policy != "pool" else ())
         last = streams[a.project].get(stream)
-        if policy.startswith(("aff", "adapt")):
+        if policy.startswith(("aff", "adapt", "gate")):
             picker = pickers.setdefault((a.project, stream), Picker(policy))
             last = picker.pick(last, own)
-        before = None
+        before = further = None
         if policy != "own" and wc.in_window(last, a.at, window_ms):
-            before = last.own
-            index.put(last.entry_id, in_context(last.own, last.before, own))
-        new = Written(a.at, a.turn.id, own, before)
+            before, further = last.own, last.before
+            index.put(last.entry_id, in_context(last.own, last.before, own, last.further))
+        new = Written(a.at, a.turn.id, own, before, further)
         wc.remember(streams[a.project], stream, new, a.at, window_ms)
-        if policy.startswith(("aff", "adapt")):
+        if policy.startswith(("aff", "adapt", "gate")):
             pickers[(a.project, stream)].add(new)
-        index.put(a.turn.id, in_context(own, before))
+        index.put(a.turn.id, in_context(own, before, further=further))
     out = []
     for q in questions:
         keys = analyzer.query(q)
@@ -293,8 +301,9 @@ def main() -> None:
     p.add_argument("--write-order", help="all, or a comma list of benchmarks/_write_orders.py's")
     p.add_argument("--policy", default="pool,stream,own", help="with --write-order")
     p.add_argument("--content", default="speaker", choices=("speaker", "plain", "dated"))
+    p.add_argument("--caption", action="store_true", help="--data locomo: photo captions too")
     args = p.parse_args()
-    convs = load(args.data, args.quick, args.file)
+    convs = load(args.data, args.quick, args.file, args.caption)
     turns = [t for c in convs for t in c.turns]
     qs = [q for c in convs for q in c.questions]
     ids = [t.id for t in turns]
@@ -302,7 +311,11 @@ def main() -> None:
     kinds = [q.kind for q in qs]
     print(f"{args.data}: {len(turns)} turns, {len(qs)} questions", flush=True)
     t0 = time.perf_counter()
-    dvec = vectors([t.content for t in turns], args.threads)
+    from benchmarks._write_orders import arrivals
+
+    # What each record holds (`--content`): the semantic side embeds the same text.
+    content = {a.turn.id: a.content for a in arrivals(convs, "sequential", args.content)}
+    dvec = vectors([content[t.id] for t in turns], args.threads)
     qvec = vectors([q.text for q in qs], args.threads)
     print(f"vectors {time.perf_counter() - t0:.1f} s", flush=True)
     if args.write_order:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hashlib
 import json
 import os
@@ -296,6 +297,9 @@ async def bench_search(
     for k in range(max(1, cold_runs_wanted)):
         if k:
             await _close(svc)
+            # A shard opens in a new process: the closed one's garbage (a loaded pool's
+            # hundreds of MB) is not the next open's to collect mid-search.
+            gc.collect()
             svc = _open(data, embedder)
             semantic = svc.workspace.semantic
             assert isinstance(semantic, SemanticSearch)

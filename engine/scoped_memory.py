@@ -52,7 +52,7 @@ class Origin(enum.StrEnum):
     SYNTHESIZED = "synthesized"
 
 
-class WsEntry(msgspec.Struct, frozen=True, kw_only=True):
+class WsEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One memory record without its content. New fields get defaults (stored rows stay readable).
 
     `evidence` holds `"<chat>/<item>"` markers of the items it was extracted from. `revision`

@@ -28,7 +28,7 @@ FUSION_DEPTH = 1_000  # per list and shard; see fusion_depth
 RRF_K = 10  # small: recall@10 wants each list's best near the top (benchmarks/retrieval.py)
 
 
-class Hit(msgspec.Struct, frozen=True, kw_only=True):
+class Hit(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One found record. `score` is a BM25 score (keyword), a cosine (semantic) or a fused rank
     score (merged); `kinds` names the retrievers that found it."""
 

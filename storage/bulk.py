@@ -23,3 +23,22 @@ def paused_gc() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def small_pages() -> None:
+    """Large numpy arrays on ordinary pages, not transparent huge pages (process-wide).
+
+    numpy asks the kernel for huge pages (`madvise(MADV_HUGEPAGE)`) for every array of 4 MB
+    or more. Where huge pages are given only on request (`madvise`, as on our hosts) each
+    fault of such an array may have the kernel compact memory to find 2 MB first: opening a
+    pool's 40 MB of int8 vectors (storage/vector_store.py) took 200-380 ms of kernel time
+    instead of 10-50 once the process had grown, in the first search after a shard opens.
+    The same as `NUMPY_MADVISE_HUGEPAGE=0`; a no-op where numpy has no such switch."""
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage  # numpy 2
+    except ImportError:  # pragma: no cover - numpy 1.26
+        try:
+            from numpy.core.multiarray import _set_madvise_hugepage
+        except ImportError:
+            return
+    _set_madvise_hugepage(False)

@@ -58,8 +58,8 @@ def test_a_held_delivery_whose_answer_failed_is_written_after_the_pending_root(
         step, chat_of = records.step, records.chat
         stepped: list[str] = []
 
-        async def noting_step(bot, step_input):
-            outcome = await step(bot, step_input)
+        async def noting_step(bot, step_input, *sent):
+            outcome = await step(bot, step_input, *sent)
             stepped.append(bot.name)
             return outcome
 

@@ -56,9 +56,9 @@ def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_dupli
 
         step = svc.chains.records.step
 
-        async def slow_step(bot, step_input):
+        async def slow_step(bot, step_input, *sent):
             await asyncio.sleep(step_delay)
-            return await step(bot, step_input)
+            return await step(bot, step_input, *sent)
 
         committer._commit_group = failing_root  # type: ignore[method-assign]
         svc.chains.records.step = slow_step  # type: ignore[method-assign]

@@ -320,9 +320,10 @@ def test_a_loaded_index_then_changed_ranks_like_a_fresh_build():
 
 
 def test_a_record_in_context_ranks_first_for_its_own_words_and_is_found_by_its_neighbours():
-    """`in_context`: own words count twice, each neighbour's once, so the record is found by
-    the words around it (a reply by its question's words) yet ranks above its neighbours for
-    its own words, even when it is the longer text."""
+    """`in_context`: own words count four times, each neighbour's twice and the second record
+    before once, so the record is found by the words around it (a reply by its question's
+    words, and by the words of the turn before the question) yet ranks above its neighbours
+    for its own words, even when it is the longer text."""
     analyzer = Analyzer(b"k" * 32)
     texts = {
         "q": "Did you go to the pottery workshop?",
@@ -333,13 +334,17 @@ def test_a_record_in_context_ranks_first_for_its_own_words_and_is_found_by_its_n
     index = TermIndex()
     index.put("q", in_context(own["q"], None, own["a"]))
     index.put("a", in_context(own["a"], own["q"], own["n"]))
-    index.put("n", in_context(own["n"], own["a"]))
+    index.put("n", in_context(own["n"], own["a"], further=own["q"]))
     index.put("x", in_context(analyzer.key_list("Nothing to do with it.")))
     ranked = [i for i, _ in index.search(analyzer.query("bowl mug"), 10)]
     assert ranked[0] == "a" and set(ranked) == {"q", "a", "n"}
     assert index.search(analyzer.query("pottery workshop"), 10)[0][0] == "q"
+    assert index.search(analyzer.query("rained afternoon"), 10)[0][0] == "n"
+    assert {i for i, _ in index.search(analyzer.query("pottery workshop"), 10)} == {"q", "a", "n"}
     assert list(in_context(own["n"])) == list(own["n"])  # no neighbour: its own keys as they are
-    assert in_context(own["q"], own["n"]) == sorted([*own["q"], *own["q"], *own["n"]])
+    q, n = own["q"], own["n"]
+    assert in_context(q, n) == sorted([*q, *q, *q, *q, *n, *n])
+    assert in_context(q, n, None, own["a"]) == sorted([*q, *q, *q, *q, *n, *n, *own["a"]])
 
 
 def test_indexes_searched_as_one_score_as_one_index_holding_every_row():

@@ -235,9 +235,9 @@ def test_loaded_records_decode_when_read_and_keep_their_order(tmp_path: Path):
             # A search decodes only the records its ranking reached.
             listing = await svc.ws_entries(ann, WsQuery(pools=("user:u_ann",), q="topic7"))
             found = [e.id for e in listing.entries]  # (the notes around it hold its words)
-            assert sorted(found) == sorted([made[6].id, made[7].id, made[8].id])
+            assert sorted(found) == sorted([made[n].id for n in (6, 7, 8, 9)])
             entries = (await svc.ws_pools.pool("user:u_ann")).stored.entries
-            assert isinstance(entries, LazyEntries) and entries._raw == 27
+            assert isinstance(entries, LazyEntries) and entries._raw == 26
             ids = [m.id for m in made]
             assert list(entries) == [i for i in entries] and sorted(entries) == sorted(ids)
             plain = {i: entries[i] for i in ids}  # decoded on read, once
@@ -262,3 +262,32 @@ def test_loaded_records_decode_when_read_and_keep_their_order(tmp_path: Path):
         assert lazy.pop(ids[0]) == plain[ids[0]] and len(lazy) == len(want) - 1
 
     asyncio.run(main())
+
+
+def test_decoded_records_and_hits_are_not_tracked_by_the_cycle_collector():
+    """Issue 11: every search decodes the records its rankings reach (about 1,700 of a 100,000
+    record pool at first) and they stay decoded; tracked by the cyclic GC they made gen-2
+    collections of 50-100 ms in the middle of searches (hybrid p99). Records and hits hold only
+    strings, numbers and tuples of strings: no cycle can run through them."""
+    import gc
+
+    from engine.scoped_memory import WsEntry
+    from engine.workspace_search import Hit
+    from storage.workspace_store import LazyEntries, _enc
+
+    entry = WsEntry(
+        id="m1",
+        scope=Scope.USER,
+        pool="user:u",
+        contributor="b_1",
+        tier="note",
+        content_fp="fp",
+        created_at=1,
+        updated_at=1,
+        topics=("a",),
+        tags=("from:u",),
+    )
+    decoded = LazyEntries({"m1": _enc.encode(entry).decode()})["m1"]
+    assert decoded == entry
+    assert not gc.is_tracked(decoded) and not gc.is_tracked(entry)
+    assert not gc.is_tracked(Hit(id="m1", score=1.0, kinds=("keyword",)))

@@ -76,11 +76,11 @@ def test_conversations_written_at_once_keep_their_context_when_named_in_topics(t
         assert await _found(svc, "pottery workshop", user) == [a1, a2]
         assert await _found(svc, "puppy", user) == [b1, b2]
         assert await _found(svc, "bowl", user) == [a2, a1]
-        # No topics: one stream, each record read with the one written just before it.
+        # No topics: one stream, each record read with the ones written just before it.
         c1 = await _create(svc, ANN, "Was the zither concert good?")
         c2 = await _create(svc, ANN, "Any news about the quokka?")
         c3 = await _create(svc, ANN, "It was loud and long.")
-        assert await _found(svc, "zither", user) == [c1, c2]
+        assert await _found(svc, "zither", user) == [c1, c2, c3]
         found = await _found(svc, "quokka", user)
         assert found[0] == c2 and set(found) == {c1, c2, c3}
         await _close(svc)
@@ -102,6 +102,30 @@ def test_two_people_writing_to_one_bot_pool_are_two_streams(tmp_path: Path):
         assert await _found(svc, "pottery", bot) == [a1, a2]
         assert await _found(svc, "regatta", bot, BEN) == [b1, b2]
         assert await _found(svc, "bowls", bot) == [a2, a1]
+        await _close(svc)
+
+    asyncio.run(main())
+
+
+def test_a_record_is_found_by_the_words_two_records_before_it_in_its_stream(tmp_path: Path):
+    """The answer two turns after a question ("Which bowl?" between) is found by the
+    question's words, below the question and the turn between (the question is not found by
+    the answer's words: only the record before is read with the one after); the other
+    person's records,
+    written in between, are never its context (a stream's chain is its own)."""
+
+    async def main() -> None:
+        svc = await _open(tmp_path)
+        bot = ("bot:b_1",)
+        a1 = await _create(svc, ANN, "Did the pottery workshop go well?", Scope.BOT)
+        b1 = await _create(svc, BEN, "The sailing regatta was cancelled.", Scope.BOT)
+        a2 = await _create(svc, ANN, "Which one do you mean?", Scope.BOT)
+        b2 = await _create(svc, BEN, "Rain all week, sadly.", Scope.BOT)
+        a3 = await _create(svc, ANN, "Two lopsided bowls came out of the kiln.", Scope.BOT)
+        b3 = await _create(svc, BEN, "Maybe next month then.", Scope.BOT)
+        assert await _found(svc, "pottery workshop", bot) == [a1, a2, a3]
+        assert await _found(svc, "regatta", bot, BEN) == [b1, b2, b3]
+        assert await _found(svc, "kiln bowls", bot) == [a3, a2]  # the second after: not
         await _close(svc)
 
     asyncio.run(main())

@@ -88,15 +88,16 @@ def test_a_calls_creations_are_indexed_once_with_both_neighbours_in_its_one_comm
 
     found, keys = asyncio.run(go())
     bowl, pottery, novels = found
-    assert bowl[0] == "mem_b" and set(bowl) == {"mem_a", "mem_b", "mem_c"}
+    assert bowl[0] == "mem_b" and set(bowl) == {"mem_a", "mem_b", "mem_c", "mem_d"}
     assert pottery[0] == "mem_a" and "mem_b" in pottery and "mem_d" not in pottery
     assert novels == ["mem_d", "mem_c"]
-    # What is stored is what was indexed: each record's own keys twice, each neighbour's once.
+    # What is stored is what was indexed: each record's own keys, each neighbour's, and those
+    # of the second record before it (`in_context`).
     want = {
         "mem_a": in_context(keys["a"], None, keys["b"]),
         "mem_b": in_context(keys["b"], keys["a"], keys["c"]),
-        "mem_c": in_context(keys["c"], keys["b"], keys["d"]),
-        "mem_d": in_context(keys["d"], keys["c"]),
+        "mem_c": in_context(keys["c"], keys["b"], keys["d"], keys["a"]),
+        "mem_d": in_context(keys["d"], keys["c"], None, keys["b"]),
     }
     con = duckdb.connect(str(tmp_path / "shard-0.duckdb"), read_only=True)
     rows = con.execute("SELECT entry, terms, seq FROM search_terms").fetchall()

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from actors.chats.requests import Requests
+from actors.chats.sent_gate import REFUSED, StepWrites
 from actors.contracts import Effect, StepInput, StepOutcome, ToolUse, WsAccess, WsQuery
 from actors.learning.memory_bot import MemoryBotRuntime
 from actors.models.registry import ModelError, measured
@@ -47,6 +48,7 @@ from engine.turns import (
     review_prompt,
 )
 from storage.chat_store import ChatLog, ChatStore
+from storage.group_commit import Put
 
 LogOf = Callable[[], Awaitable[ChatLog]]  # the chat's log on this shard, read on first use
 TOOL_ROUNDS = 4
@@ -172,6 +174,7 @@ class BotStepper:
         effects: list[Effect] = []
         used: list[ToolUse] = []
         done = None
+        sent = StepWrites(self.peers, step.sent)  # a delivery's send, asked for on first write
         for _ in range(TOOL_ROUNDS):
             try:
                 assert_no_pool_lock("the bot's model call")
@@ -191,13 +194,15 @@ class BotStepper:
                 Message(role="assistant", content=done.text, tool_calls=done.tool_calls)
             )
             for call in done.tool_calls:
-                if call.name == "confide":
+                if call.name == "confide" and not await sent.stored():
+                    result = REFUSED  # its confession would outlive the failed send
+                elif call.name == "confide":
                     result = await self._confide(call, step, log, settings, confessions, batch)
                     if result is not None:
                         confided = True
                         confessions += 1
                 else:
-                    result = await self._workspace_tool(call, step, effects, batch.after)
+                    result = await self._workspace_tool(call, step, effects, batch.after, sent)
                 if call.name in offered and call.name not in UNRECORDED_TOOLS:
                     used.append(
                         ToolUse(
@@ -333,20 +338,30 @@ class BotStepper:
         record = Confession(
             turn=step.turn, text=text, answer=answer, calm=calm, at=self.kernel.clock()
         )
-        batch.writes.append(self.store.confession_row(await log(), record, n))
+        row = self.store.confession_row(await log(), record, n)
+        # A delivery asked again after a restart confides again under the same key: replaced.
+        batch.writes.append(Put(*row) if step.sent is not None else row)
         return answer
 
     async def _workspace_tool(
-        self, call: ToolCall, step: StepInput, effects: list[Effect], after=None
+        self,
+        call: ToolCall,
+        step: StepInput,
+        effects: list[Effect],
+        after=None,
+        sent: StepWrites | None = None,
     ):
         """`after`: the commit the step's own rows wait for (a direct turn's person item).
         Tools that write elsewhere at once wait for it first: a turn whose item failed to
-        store leaves no member, rules change or request behind for its retry to repeat."""
+        store leaves no member, rules change or request behind for its retry to repeat. `sent`:
+        for a delivery, the send it answers, on another shard (sent_gate.py): the same."""
         args = _args(call)
         bot = step.bot
         try:
             if call.name in WRITING_TOOLS:
                 await durable(after)
+                if sent is not None and not await sent.stored():
+                    return REFUSED
             if call.name == "workspace_get_self_rules":
                 return _enc.encode(rules_view(bot)).decode()
             if call.name == "workspace_update_self_rules":
@@ -356,8 +371,9 @@ class BotStepper:
                 )
                 return _enc.encode(rules_view(changed)).decode()
             if call.name == "workspace_create_agent":
+                name, made_as = str(args.get("name", "")), sent.member_id() if sent else None
                 member = await self.peers.directory().create_member(
-                    bot.id, str(args.get("name", "")), args.get("prompt"), args.get("rules")
+                    bot.id, name, args.get("prompt"), args.get("rules"), made_as
                 )
                 return _enc.encode({"id": member.id, "name": member.name}).decode()
             if call.name in ("workspace_rename_agent", "workspace_archive_agent"):

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from actors.chats.sent_gate import SendGate
 from actors.contracts import ChainView, Effect, LinkView, StepInput, StepOutcome
 from actors.shard.batch import Batch
 from actors.shard.single_flight import SingleFlight
@@ -56,6 +57,7 @@ class ChainRecords:
         # Chains made here with no row on disk yet → their rows staged and not failed: a chain
         # whose every row failed (its first with the turn's end) is dropped from memory too.
         self._unstored: dict[str, int] = {}
+        self.gate = SendGate(kernel)  # what a delivery's writing tools wait for (sent_gate.py)
 
     async def all(self) -> dict[str, Chain]:
         if self._loaded is None:
@@ -245,15 +247,25 @@ class ChainRecords:
         self.conv.append(chat_log, chat, [(item, text)], sink)
         return text
 
-    async def step(self, bot: Bot, step: StepInput) -> StepOutcome:
+    async def step(
+        self, bot: Bot, step: StepInput, sent: tuple[str, str, Any] | None = None
+    ) -> StepOutcome:
+        """`sent`: (chain, link, its send's commit) for a delivery: until that commit is
+        durable, the step's writing tools wait for it (sent_gate.py)."""
         if bot.archived:  # archived after the chain began (WS-3): it is asked nothing more
             return StepOutcome(status="failed", error="the bot is archived")
         peers = self.peers
+        ref = self.gate.open(*sent) if sent is not None else None
+        if ref is not None:  # (the peer's writing tools ask whether it is stored: sent_gate.py)
+            step = msgspec.structs.replace(step, sent=ref)
         try:
             return await peers.shard(peers.index_of(bot.owner)).run_step(step, (), 0)
         except OpenBotError as e:
             log.warning("step of bot %s in chat %s failed: %s", bot.id, step.chat.id, e.message)
             return StepOutcome(status="failed", error=e.message)
+        finally:
+            if ref is not None and sent is not None:
+                self.gate.close(ref.link, sent[2])
 
     async def release_learning(self, topic: str, waiting: list[tuple[int, str]]) -> list[Chain]:
         """Let the learning jobs (shard, job id) that waited for this turn's collaboration run,

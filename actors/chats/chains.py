@@ -264,7 +264,7 @@ class ChainRunner(ChainControl):
                     history=conv.history(alog, asked.seq, me=peer.id),
                 )
                 try:
-                    outcome = await self.records.step(peer, step)
+                    outcome = await self.records.step(peer, step, (chain_id, link.id, after))
                 except BaseException:
                     if restage is not None:  # the request was never stored: memory drops it
                         conv.forget(achat.id)

@@ -61,9 +61,14 @@ class RayDirectory(NamedActor):
         return await remote(self._actor().update_rules, bot_id, update, editor)
 
     async def create_member(
-        self, creator_id: str, name: str, prompt: str | None, rules: dict | None
+        self,
+        creator_id: str,
+        name: str,
+        prompt: str | None,
+        rules: dict | None,
+        bot_id: str | None = None,
     ) -> Bot:
-        return await remote(self._actor().create_member, creator_id, name, prompt, rules)
+        return await remote(self._actor().create_member, creator_id, name, prompt, rules, bot_id)
 
     async def archive_bot(self, bot_id: str, archived: bool, editor: Editor) -> Bot:
         return await remote(self._actor().archive_bot, bot_id, archived, editor)

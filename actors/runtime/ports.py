@@ -27,6 +27,7 @@ from actors.contracts import (
     Mirrored,
     NodeInfo,
     RevisionView,
+    SentRef,
     StepInput,
     StepOutcome,
     TurnResult,
@@ -182,6 +183,9 @@ class RayShard(NamedActor):
 
     async def release_learning(self, job_id: str, upto: int) -> bool:
         return await remote(self._actor().release_learning, job_id, upto)
+
+    async def send_stored(self, ref: SentRef) -> bool:
+        return await remote(self._actor().send_stored, ref)
 
     async def notify(self, chat: Chat, author: str, text: str) -> ItemView:
         return await remote(self._actor().notify, chat, author, text)

@@ -38,6 +38,7 @@ from actors.shard.single_flight import SingleFlight
 from engine.commands import Outcome
 from engine.errors import StorageError
 from engine.events import NOBODY, Audience, MemoryChanged, Payload, entry_audience, union
+from storage.bulk import small_pages
 from storage.crypto import Keyring, load_master_key
 from storage.database import Database
 from storage.event_log import MARK_RESTORED, EventLog
@@ -101,6 +102,7 @@ class ShardKernel:
         event_retain: int = 100_000,
         cache_records: int | None = None,  # the residency budget (actors/shard/residency.py)
     ) -> None:
+        small_pages()  # (a pool's vectors: see storage/bulk.py)
         self.index = index
         self.clock = clock
         self.new_id = new_id

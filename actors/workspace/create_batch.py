@@ -173,8 +173,8 @@ def _gathered(ws: Workspace, pool: WsPool) -> list[Write]:
     assert pool.gathering is not None
     terms = ws.pools.kernel.terms
     rows: list[Write] = []
-    for entry_id, (fp, own, before, after) in pool.gathering.items():
-        keys = in_context(own, before, after)
+    for entry_id, (fp, own, before, after, further) in pool.gathering.items():
+        keys = in_context(own, before, after, further)
         pool.index.put(entry_id, keys)
         rows.append(terms.row(pool.id, entry_id, fp, keys, pool.next_seq()))
     pool.gathering.clear()

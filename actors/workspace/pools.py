@@ -1,9 +1,10 @@
 """The workspace memory pools loaded on a shard: loading, residency, keyword index, content.
 
-A `WsPool` is one pool's records (`bot:<id>`, `user:<accountId>`, `project:<id>`) as stored,
-with its lock and its pending commit. `WsPools` is the registry both the workspace routes and a
-bot's one memory (actors/shard/bot_memory.py) read through; the seed-000 pool of the same name
-holds the pool's data key (`keyed`).
+A `WsPool` (actors/workspace/pool_state.py) is one pool's records (`bot:<id>`, `user:<accountId>`,
+`project:<id>`) as stored, with its lock and its pending commit. `WsPools` is the registry both
+the workspace routes and a bot's one memory (actors/shard/bot_memory.py) read through; the
+seed-000 pool of the same name holds the pool's data key (`keyed`). Its keyword snapshots:
+actors/workspace/term_snapshots.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import logging
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from itertools import compress
 
 import msgspec
@@ -26,6 +26,8 @@ from actors.shard.kernel import ShardKernel, ignore_failure
 from actors.shard.residency import POOL_WEIGHT, unused
 from actors.shard.rwlock import PoolMutex
 from actors.shard.single_flight import SingleFlight
+from actors.workspace.pool_state import Written, WsPool, committed
+from actors.workspace.term_snapshots import TermSnapshots
 from engine import bot_memory as bm
 from engine import scoped_memory as sm
 from engine import tags as tagmod
@@ -35,8 +37,8 @@ from engine.scoped_memory import WsEntry
 from storage.bulk import paused_gc
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
-from storage.search_index import Postings, TermIndex, in_context
-from storage.term_store import TermsLoad, covered, open_snapshot, seal_snapshot, unindexed
+from storage.search_index import Postings, in_context
+from storage.term_store import TermsLoad, covered, open_snapshot, unindexed
 from storage.workspace_store import (
     LazyEntries,
     StoredWsPool,
@@ -50,59 +52,14 @@ CONTEXT_WINDOW_MS = 120_000  # a new record this soon after the last is read in 
 # the search that loaded the pool is answered first (at 100,000 records each walk takes about
 # 0.1 s of the event loop; the first search after a shard opens, under a second).
 UPKEEP_DELAY_S = 1.0
+UPKEEP_SLICE = 1_024  # records such a check walks between two turns of the event loop
 # A pool's keyword index is stored whole again once this many term rows are not in its snapshot
 # (below it, a load applies them in a few ms).
 SNAPSHOT_ROWS = 2_000
 log = logging.getLogger("openbot.workspace")
 
 
-@dataclass(frozen=True)
-class Written:
-    """A new record as its successor in sequence sees it: whose, when, its own term keys and
-    those of the record before it (None: none in sequence)."""
-
-    contributor: str | None
-    at: int
-    entry_id: str
-    fp: str
-    own: list[int]
-    before: list[int] | None
-
-
-@dataclass
-class WsPool:
-    stored: StoredWsPool
-    keyed: StoredPool  # the seed-000 pool state that holds this pool's data key
-    fp_key: bytes
-    lock: asyncio.Lock
-    pending: asyncio.Future[None] | None = None
-    poisoned: bool = False
-    index: TermIndex = field(default_factory=TermIndex)  # keyword search, in memory only
-    # The last new record of each write stream (engine/write_context.py): context for the
-    # stream's next one, and it for it.
-    last_written: dict = field(default_factory=dict)
-    # While a coalesced call's creations are decided (actors/workspace/create_batch.py): their
-    # keys, entry -> [fp, own, before, after], indexed and stored once all are in.
-    gathering: dict[str, list] | None = None
-    bot_org: str | None = None  # a bot pool's bot's home org (its records' `org:` tag)
-    # Records as bot-memory entries (actors/shard/bot_memory.py), per record state.
-    metas: dict = field(default_factory=dict)
-    # The seq of the pool's last term row (each new one takes the next: `next_seq`), and the
-    # highest one its stored keyword snapshot covers (-1: none); storage/term_store.py.
-    terms_seq: int = 0
-    snapshot_covers: int = -1
-    snapshotting: bool = False
-
-    def next_seq(self) -> int:
-        self.terms_seq += 1
-        return self.terms_seq
-
-    @property
-    def id(self) -> str:
-        return self.stored.pool
-
-
-class WsPools:
+class WsPools(TermSnapshots):
     def __init__(
         self,
         kernel: ShardKernel,
@@ -121,7 +78,6 @@ class WsPools:
         kernel.before_close.append(self._loader.close)
         self._pools: dict[str, WsPool] = self._loader.loaded
         self.upkeep_delay = UPKEEP_DELAY_S
-        # Term rows not in a pool's snapshot that make a new one worth storing.
         self.snapshot_rows = SNAPSHOT_ROWS
         kernel.before_close.append(self.snapshot_due)
         self._upkeep: set[asyncio.Task[None]] = set()
@@ -309,70 +265,31 @@ class WsPools:
         fps = await self.kernel.terms.fingerprints(pool.id)
         if self._pools.get(pool.id) is not pool or pool.poisoned:
             return  # evicted or reloaded meanwhile: done again by its next load
-        entries, row_of = pool.stored.entries, pool.index.row_of
-        rows = []
-        with paused_gc():
-            for entry_id, fp in fps:
-                row = row_of(entry_id)
-                # Indexed from its stored keys at load and not since (a write re-indexes it
-                # and writes its row: a new index row).
-                if row is None or row >= stored:
-                    continue
-                now = content_fp(entries, entry_id)
-                if now is not None and now != fp:
-                    keys = self.kernel.analyzer.keys(self.open(pool, entry_id))
-                    pool.index.put(entry_id, keys)
-                    rows.append(
-                        self.kernel.terms.row(pool.id, entry_id, now, keys, pool.next_seq())
-                    )
-        self._store_terms(rows)
-
-    # --- the stored snapshot of a pool's keyword index (storage/term_store.py) ---------------
-
-    async def snapshot(self, pool: WsPool) -> None:
-        """Store the pool's keyword index whole, built from its committed term rows.
-
-        `covers` is the highest seq of the rows read, in the same statement: rows commit in
-        the order their seqs are taken (each is staged as it is made: in a load, under the
-        pool's lock, held here, or as derived data at once), so every row up to it is among
-        them and a row not committed yet has a higher seq (the next load applies it). Built
-        from the rows, not the index in memory, which may hold writes not durable yet."""
-        if pool.snapshotting or pool.poisoned:
-            return
-        pool.snapshotting = True
-        terms, pool_id = self.kernel.terms, pool.id
-        try:
-            async with pool.lock:
-                await self.kernel.committer.drain()
-                ids, lengths, flat, covers = await self.kernel.db.run(
-                    lambda con: terms.read_all(con, pool_id)
-                )
-            if pool.poisoned or len(set(ids)) != len(ids):
-                return  # a write failed (the pool reloads), or a record listed twice
-            body = await asyncio.to_thread(
-                _seal, pool.keyed.cipher, pool_id, covers, ids, lengths, flat
-            )
-            await self.kernel.commit(Batch(writes=[terms.snapshot_row(pool_id, covers, body)]))
-            pool.snapshot_covers = max(pool.snapshot_covers, covers)
-            pool.terms_seq = max(pool.terms_seq, covers)
-        finally:
-            pool.snapshotting = False
-
-    async def snapshot_due(self) -> None:
-        """Store the snapshot of each pool in memory with many term rows written since its
-        last (the shard is closing: its next start loads them at once)."""
-        for pool in self.loaded():
-            if pool.poisoned:
-                continue
-            pool_id, covers = pool.id, pool.snapshot_covers
-            try:
-                since = await self.kernel.db.run(
-                    lambda con, p=pool_id, c=covers: self.kernel.terms.rows_since(con, p, c)
-                )
-                if since >= self.snapshot_rows:
-                    await self.snapshot(pool)
-            except Exception as e:  # derived data: the next load reads the rows instead
-                log.warning("keyword snapshot of %s not stored: %r", pool_id, e)
+        # In slices, the event loop free between them (a walk of 100,000 records took 0.1 to
+        # 0.5 s at once: the searches that came meanwhile waited); each record is checked and
+        # re-indexed within one slice, and a slice's rows are staged as their seqs are taken.
+        for at in range(0, len(fps), UPKEEP_SLICE):
+            if at:
+                await asyncio.sleep(0)
+                if self._pools.get(pool.id) is not pool or pool.poisoned:
+                    return
+            entries, row_of = pool.stored.entries, pool.index.row_of
+            rows = []
+            with paused_gc():
+                for entry_id, fp in fps[at : at + UPKEEP_SLICE]:
+                    row = row_of(entry_id)
+                    # Indexed from its stored keys at load and not since (a write re-indexes
+                    # it and writes its row: a new index row).
+                    if row is None or row >= stored:
+                        continue
+                    now = content_fp(entries, entry_id)
+                    if now is not None and now != fp:
+                        keys = self.kernel.analyzer.keys(self.open(pool, entry_id))
+                        pool.index.put(entry_id, keys)
+                        rows.append(
+                            self.kernel.terms.row(pool.id, entry_id, now, keys, pool.next_seq())
+                        )
+            self._store_terms(rows)
 
     def _store_terms(self, rows: list[Write]) -> None:
         if rows:
@@ -384,31 +301,31 @@ class WsPools:
     def indexed(self, pool: WsPool, entry: WsEntry, content: str, *, new: bool) -> list[Write]:
         """Index a record's new content; the rows that store term keys.
 
-        Records written in sequence (a new one within `context_window_ms` of the last new one
-        of its stream, engine/write_context.py: by the same contributor, with the same
-        visibility and topics; the turns of one conversation, a batch of notes) are indexed
-        with their neighbours' words too (`in_context`: own words twice, each neighbour's
-        once): a new record with the words of the one before it, and that one again with the
-        new one's. "Yes! I made a bowl" is found by a question about the pottery workshop the
-        turn before asked about, and "Did you go to the pottery workshop?" by a question about
-        the bowl. Only keywords: the record's vector and text are its own; an edit indexes a
-        record by its own words again."""
+        Records written in sequence (a new one within `context_window_ms` of the last new one of
+        its stream, engine/write_context.py: by the same contributor, with the same visibility
+        and topics; the turns of one conversation, a batch of notes) are indexed with their
+        neighbours' words too (`in_context`: own words four times, each neighbour's twice, the
+        second record before once): a new record with the words of the two before it, and the
+        one before again with the new one's. "Yes! I made a bowl" is found by a question about
+        the pottery workshop the turn before asked about, and "Did you go to the pottery
+        workshop?" by a question about the bowl. Only keywords: the record's vector and text are
+        its own; an edit indexes a record by its own words again."""
         own = self.kernel.analyzer.key_list(content)  # (lists: ~25 keys, numpy costs more)
-        before = None
+        before = further = None
         now = self.kernel.clock()
         stream = wc.stream_of(entry.contributor, entry.tags, entry.topics)
         last = pool.last_written.get(stream)
         rows: list[Write] = []
         if new and last is not None and wc.in_window(last, now, self.context_window_ms):
-            before = last.own
+            before, further = last.own, last.before
             rows += self._with_next(pool, last, own)
         if new:
-            last = Written(entry.contributor, now, entry.id, entry.content_fp, own, before)
+            last = Written(entry.contributor, now, entry.id, entry.content_fp, own, before, further)
             wc.remember(pool.last_written, stream, last, now, self.context_window_ms)
         if new and pool.gathering is not None:  # indexed once, when its batch is complete
-            pool.gathering[entry.id] = [entry.content_fp, own, before, None]
+            pool.gathering[entry.id] = [entry.content_fp, own, before, None, further]
             return rows
-        keys = in_context(own, before)
+        keys = in_context(own, before, further=further)
         pool.index.put(entry.id, keys)
         rows.append(
             self.kernel.terms.row(pool.id, entry.id, entry.content_fp, keys, pool.next_seq())
@@ -429,10 +346,10 @@ class WsPools:
         entry = pool.stored.entries.get(last.entry_id)
         if entry is None or entry.content_fp != last.fp or last.entry_id not in pool.index:
             return []
-        keys = in_context(last.own, last.before, following)
+        keys = in_context(last.own, last.before, following, last.further)
         pool.index.put(last.entry_id, keys)
         row = self.kernel.terms.row(pool.id, last.entry_id, last.fp, keys, pool.next_seq())
-        if _committed(pool):
+        if committed(pool):
             return [row]
         self._store_terms([row])
         return []
@@ -479,17 +396,3 @@ class WsPools:
 
     def open(self, pool: WsPool, entry_id: str) -> str:
         return self.store.open(pool.keyed.cipher, pool.id, entry_id, pool.stored.sealed[entry_id])
-
-
-def _committed(pool: WsPool) -> bool:
-    """Whether every change of the pool staged so far is durable (commits settle in order)."""
-    fut = pool.pending
-    ok = fut is None or (fut.done() and not fut.cancelled() and fut.exception() is None)
-    return ok and not pool.poisoned
-
-
-def _seal(cipher, pool_id: str, covers: int, ids: list[str], lengths, flat) -> bytes:
-    """A snapshot of the index built from these rows, sealed (on a worker thread)."""
-    index = TermIndex()
-    index.build_flat(ids, lengths, flat, distinct=True)
-    return seal_snapshot(cipher, pool_id, covers, index.postings())

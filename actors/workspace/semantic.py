@@ -43,7 +43,7 @@ from actors.models.embeddings import (
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, durable
 from actors.shard.residency import unused
-from actors.workspace.pools import WsPool, WsPools
+from actors.workspace.pools import UPKEEP_SLICE, WsPool, WsPools
 from actors.workspace.vectors import PoolVectors, unit_vector, widened
 from engine.errors import OpenBotError
 from engine.scoped_memory import WsEntry
@@ -137,27 +137,32 @@ class SemanticSearch:
             vectors.load_matrix(ids, fps, mat, unit=True, row=row, scale=scale)
             self._pools[pool.id] = vectors
             # After this search: a walk of every record, for what only the background needs.
-            self.pools.later(pool, self._queue_missing)
+            self.pools.later(pool, self._queue_all_missing)
         return vectors
 
     def prefetch(self, pool_id: str) -> None:
         """Start reading a pool's vectors now: a search of the pool is about to need them, and
         they decrypt on another thread while its records load (the first search after a shard
         opens waits for the slower of the two, not for both)."""
-        if pool_id in self._pools or pool_id in self._loading:
+        self._prefetch(pool_id, pool_id)
+        if pool_id.startswith("bot:"):  # its learned entries' too (`learned`, same search)
+            self._prefetch(pool_id + LEARNED, pool_id)
+
+    def _prefetch(self, key: str, pool_id: str) -> None:
+        if key in self._pools or key in self._loading:
             return
 
         model = self.embedder.ident
-        rows = asyncio.ensure_future(self.store.read(pool_id, model))  # the key not needed yet
+        rows = asyncio.ensure_future(self.store.read(key, model))  # the key not needed yet
         rows.add_done_callback(_ignore)
 
         async def load() -> Loaded:
             keyed = (await self.kernel.pool(pool_id)).stored
-            return await self.store.assemble(pool_id, model, keyed.cipher, await rows)
+            return await self.store.assemble(key, model, keyed.cipher, await rows)
 
         task = asyncio.ensure_future(load())
         task.add_done_callback(_ignore)  # its error, if any, is raised where it is awaited
-        self._loading[pool_id] = task
+        self._loading[key] = task
 
     def _lock(self, pool_id: str) -> asyncio.Lock:
         return self._locks.setdefault(pool_id, asyncio.Lock())
@@ -173,9 +178,10 @@ class SemanticSearch:
         self._pools.pop(pool_id, None)
         self._pools.pop(pool_id + LEARNED, None)
         self._locks.pop(pool_id + LEARNED, None)
-        task = self._loading.pop(pool_id, None)
-        if task is not None:
-            task.cancel()
+        for key in (pool_id, pool_id + LEARNED):
+            task = self._loading.pop(key, None)
+            if task is not None:
+                task.cancel()
         return True
 
     async def _fill(self, pool: WsPool, vectors: PoolVectors, entries: Iterable[WsEntry]) -> None:
@@ -218,9 +224,13 @@ class SemanticSearch:
             vectors = self._pools.get(key)
             if vectors is None:
                 vectors = PoolVectors()
-                ids, fps, mat, row, scale = await self.store.load_all(
-                    key, self.embedder.ident, pool.keyed.cipher
-                )
+                task = self._loading.pop(key, None)
+                if task is not None:  # (`prefetch`)
+                    ids, fps, mat, row, scale = await task
+                else:
+                    ids, fps, mat, row, scale = await self.store.load_all(
+                        key, self.embedder.ident, pool.keyed.cipher
+                    )
                 vectors.load_matrix(ids, fps, mat, unit=True, row=row, scale=scale)
                 self._pools[key] = vectors
         return vectors
@@ -321,15 +331,29 @@ class SemanticSearch:
         found = ranked(scores, ids, depth, allowed, floor=float(floor), row_ok=current)
         return [Hit(id=i, score=x, kinds=("semantic",)) for i, x in found]
 
-    def _queue_missing(self, pool: WsPool, vectors: PoolVectors | None = None) -> None:
-        """Queue for the background every record of the pool without a current vector (once,
-        when the pool's vectors load): searches then never wait for them."""
-        vectors = vectors or self._pools.get(pool.id)
-        if vectors is None or self._pools.get(pool.id) is not vectors or pool.poisoned:
+    async def _queue_all_missing(self, pool: WsPool) -> None:
+        """`_queue_missing` for every record, once the pool's vectors have loaded: in slices,
+        the event loop free between them (at 100,000 records the walk took 0.15 to 0.5 s at
+        once, and the searches that came meanwhile waited for it)."""
+        vectors = self._pools.get(pool.id)
+        ids = list(pool.stored.entries)
+        for at in range(0, len(ids), UPKEEP_SLICE):
+            if at:
+                await asyncio.sleep(0)
+            if vectors is None or self._pools.get(pool.id) is not vectors or pool.poisoned:
+                return  # evicted or reloaded meanwhile: its next load queues what is missing
+            self._queue_missing(pool, vectors, ids[at : at + UPKEEP_SLICE])
+
+    def _queue_missing(
+        self, pool: WsPool, vectors: PoolVectors, ids: Iterable[str] | None = None
+    ) -> None:
+        """Queue for the background the records of the pool (`ids`, all by default) without a
+        current vector: searches then never wait for them."""
+        if self._pools.get(pool.id) is not vectors or pool.poisoned:
             return  # evicted or reloaded meanwhile: its next load queues what is missing
         row, fps, entries = vectors.row, vectors.fps, pool.stored.entries
         with paused_gc():
-            for entry_id in list(entries):
+            for entry_id in list(entries) if ids is None else ids:
                 r = row.get(entry_id)
                 if r is None or fps[r] != content_fp(entries, entry_id):
                     self._queue(pool.id, entry_id)

@@ -1,0 +1,120 @@
+"""A collaboration peer's writing tools wait for the send they answer (issue 13).
+
+A delivery's step starts while the send that made its link is still committing on the chain's
+home shard (actors/chats/chains.py: the peer's step overlaps that commit; what the hop stores
+goes `after` it, never without it). The step runs on the peer's own shard, which holds no
+future of that commit, so a tool that changes something at once (the bot's rules, its members,
+a confession) could outlive a send that then failed: a side effect of a failed write.
+
+So a delivery's `StepInput` carries a `SentRef` (home shard, chain, link), and when the send
+was not yet durable as the delivery began, the step's first tool that writes asks the home
+shard (`ShardPort.send_stored`), which waits for that commit and answers whether it stored;
+the answer holds for the rest of the step. When it did not store, the tool changes nothing and
+the model is told so (the delivery's own rows fail with the send). Read-only tools and steps
+that write nothing ask nothing: the common hop costs no extra call and no wait.
+
+A delivery asked again after a restart (its send stored, nothing of the delivery: the shard
+stopped before the hop's transaction) runs the peer's step again; what it writes is named
+after the link, so it is not made twice: the n-th member it creates has an id derived from the
+link (the directory returns the member made under it), a confession replaces the one under
+its key. (A rules change is a compare-and-set on the revision the model names.)
+
+The home shard answers from the commit's future while the step is under way (`SendGate`), and
+after that (a step that outlived its delivery, a home shard restarted meanwhile) from its file:
+the link is in the chain's stored row or it is not. Every doubt answers "not stored" (a write
+refused, never a write without its send).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any
+
+import msgspec
+
+from actors.contracts import SentRef
+from engine.collaboration import Chain
+from engine.errors import OpenBotError
+from storage.database import ReadScope
+from storage.shard_schema import CHAINS
+
+REFUSED = msgspec.json.encode(
+    {
+        "error": "send_not_stored",
+        "message": "the request you are answering was not stored; nothing was changed",
+    }
+).decode()
+
+
+class SendGate:
+    """On the chain's home shard: the commits of the sends whose deliveries are being worked
+    on, by link (only while the delivery's step runs; the file answers after that)."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self._open: dict[str, asyncio.Future[None]] = {}
+
+    def open(self, chain: str, link: str, after: asyncio.Future[None] | None) -> SentRef:
+        """The reference a delivery of `link` carries; `stored` (nothing to ask) unless `after`,
+        its send's commit, is still running (or failed)."""
+        ref = SentRef(shard=self.kernel.index, chain=chain, link=link)
+        if after is None or (after.done() and not after.cancelled() and not after.exception()):
+            return msgspec.structs.replace(ref, stored=True)
+        self._open[link] = after
+        return ref
+
+    def close(self, link: str, after: asyncio.Future[None] | None) -> None:
+        if after is not None and self._open.get(link) is after:
+            del self._open[link]
+
+    async def stored(self, ref: SentRef) -> bool:
+        """Whether the send of `ref` is durable: waits for its commit if it is still running."""
+        fut = self._open.get(ref.link)
+        if fut is not None:
+            await asyncio.wait([fut])  # (a cancelled waiter leaves the commit alone)
+            return not fut.cancelled() and fut.exception() is None
+        return await self._on_disk(ref)
+
+    async def _on_disk(self, ref: SentRef) -> bool:
+        scope = (ReadScope(CHAINS.name, "id", (ref.chain,)),)
+        rows = await self.kernel.db.run(
+            lambda con: con.execute(
+                f"SELECT doc FROM {CHAINS.name} WHERE id = ?", [ref.chain]
+            ).fetchall(),
+            scope=scope,
+        )
+        if not rows:
+            return False
+        chain = msgspec.convert(msgspec.json.decode(rows[0][0])["chain"], Chain)
+        return any(link.id == ref.link for link in chain.links)
+
+
+class StepWrites:
+    """In one step, on the bot's shard: what its tools that write need when the step answers a
+    delivery (`ref`; None for any other step): whether the send is stored, asked of the home
+    shard once, on the first tool that writes; the ids of what it makes, named after the link."""
+
+    def __init__(self, peers: Any, ref: SentRef | None) -> None:
+        self.peers = peers
+        self.ref = ref
+        self._answer: bool | None = True if ref is None or ref.stored else None
+        self._members = 0
+
+    async def stored(self) -> bool:
+        if self._answer is None:
+            ref = self.ref
+            assert ref is not None
+            try:
+                self._answer = await self.peers.shard(ref.shard).send_stored(ref)
+            except OpenBotError:  # the home shard is unreachable: refused now, asked again later
+                return False
+        return self._answer
+
+    def member_id(self) -> str | None:
+        """The id of the next member this delivery's step creates (None: a fresh one)."""
+        if self.ref is None:
+            return None
+        self._members += 1
+        key = f"{self.ref.link}\x00member\x00{self._members}".encode()
+        return "b_" + hashlib.blake2b(key, digest_size=8).hexdigest()

@@ -1,0 +1,69 @@
+"""One workspace memory pool as it is held in memory (`WsPool`), and what its writes keep.
+
+A `WsPool` is one pool's records (`bot:<id>`, `user:<accountId>`, `project:<id>`) as stored,
+with its lock, its pending commit and its keyword index; actors/workspace/pools.py loads, keeps
+and evicts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from storage.memory_store import StoredPool
+from storage.search_index import TermIndex
+from storage.workspace_store import StoredWsPool
+
+
+@dataclass(frozen=True)
+class Written:
+    """A new record as its successor in sequence sees it: whose, when, its own term keys,
+    those of the record before it and of the one before that (None: none in sequence)."""
+
+    contributor: str | None
+    at: int
+    entry_id: str
+    fp: str
+    own: list[int]
+    before: list[int] | None
+    further: list[int] | None = None
+
+
+@dataclass
+class WsPool:
+    stored: StoredWsPool
+    keyed: StoredPool  # the seed-000 pool state that holds this pool's data key
+    fp_key: bytes
+    lock: asyncio.Lock
+    pending: asyncio.Future[None] | None = None
+    poisoned: bool = False
+    index: TermIndex = field(default_factory=TermIndex)  # keyword search, in memory only
+    # The last new record of each write stream (engine/write_context.py): context for the
+    # stream's next one, and it for it.
+    last_written: dict = field(default_factory=dict)
+    # While a coalesced call's creations are decided (actors/workspace/create_batch.py): their
+    # keys, entry -> [fp, own, before, after], indexed and stored once all are in.
+    gathering: dict[str, list] | None = None
+    bot_org: str | None = None  # a bot pool's bot's home org (its records' `org:` tag)
+    # Records as bot-memory entries (actors/shard/bot_memory.py), per record state.
+    metas: dict = field(default_factory=dict)
+    # The seq of the pool's last term row (each new one takes the next: `next_seq`), and the
+    # highest one its stored keyword snapshot covers (-1: none); storage/term_store.py.
+    terms_seq: int = 0
+    snapshot_covers: int = -1
+    snapshotting: bool = False
+
+    def next_seq(self) -> int:
+        self.terms_seq += 1
+        return self.terms_seq
+
+    @property
+    def id(self) -> str:
+        return self.stored.pool
+
+
+def committed(pool: WsPool) -> bool:
+    """Whether every change of the pool staged so far is durable (commits settle in order)."""
+    fut = pool.pending
+    ok = fut is None or (fut.done() and not fut.cancelled() and fut.exception() is None)
+    return ok and not pool.poisoned

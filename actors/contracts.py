@@ -166,6 +166,38 @@ class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
     tools: tuple[ToolUse, ...] = ()  # app tool calls with their results, in order (MEM-3)
 
 
+class StepCall(msgspec.Struct, frozen=True, kw_only=True):
+    """`ShardPort.run_step` as one message on the shards' direct lane (actors/runtime/lane.py)."""
+
+    step: StepInput
+    mirror: tuple[Mirrored, ...] = ()
+    learn_upto: int = 0
+
+
+class PollCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A gateway's event poll (`events_packed`) on a shard's lane; answered with the packed
+    `EventBatch` bytes."""
+
+    since: int
+    limit: int = 1000
+    wait: float = 0.0
+    follower: str = ""
+
+
+class TurnCall(msgspec.Struct, frozen=True, kw_only=True):
+    """`ShardPort.start_turn` on a shard's lane (a gateway's turn)."""
+
+    start: TurnStart
+    wait: bool = False
+
+
+class LaneAddress(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a shard's lane listens: a Unix socket, reachable from processes on `node` only."""
+
+    node: str
+    path: str
+
+
 # --- collaboration chains ------------------------------------------------------------------
 
 

@@ -164,14 +164,19 @@ class Database:
         loop = asyncio.get_running_loop()
         return await self._queue(loop, self._guarded, fn, False)
 
-    async def run_aside(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+    async def run_aside(
+        self,
+        fn: Callable[[duckdb.DuckDBPyConnection], T],
+        scope: Sequence[ReadScope] | None = None,
+    ) -> T:
         """`run` on another connection and thread (`ASIDE`), beside whatever the database thread is
         doing (a large read that need not wait for another: a pool's vectors beside its
         records, when a shard's first search loads both). It sees the committed state when it
         starts; when the journal holds writes the tables do not have yet, it runs as `run`
-        does (after they are applied) instead."""
+        does instead (with `scope`, the rows it reads: those writes are applied first only if
+        one of them is in it)."""
         if not self._aside_cons or (self.caught_up is not None and not self.caught_up()):
-            return await self.run(fn)
+            return await self.run(fn, scope)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._aside_pool(), self._aside_run, fn)
 

@@ -103,6 +103,11 @@ class TermStore:
         lengths = np.asarray(cols["n"], dtype=np.int64)
         return cols["entry"].tolist(), lengths, flat
 
+    async def load_aside(self, pool: str) -> TermsLoad:
+        """`read_load` beside the database thread (`Database.run_aside`), with its scope: a
+        pool's first load does not apply the journal's writes of other pools and chats."""
+        return await self.db.run_aside(lambda con: self.read_load(con, pool), load_scope(pool))
+
     @staticmethod
     def read_load(con, pool: str) -> TermsLoad:
         """A workspace pool's snapshot and the term rows written after it (on the database's
@@ -167,6 +172,11 @@ class TermStore:
     @staticmethod
     def delete(pool: str, entry_id: str) -> Write:
         return Delete(SEARCH_TERMS.name, entry_key(pool, entry_id))
+
+
+def load_scope(pool: str) -> tuple[ReadScope, ...]:
+    """What `TermStore.read_load` reads: the pool's snapshot and term rows."""
+    return (*_scope(pool), ReadScope(SEARCH_SNAPSHOTS.name, "pool", (pool,)))
 
 
 def _scope(pool: str) -> tuple[ReadScope]:

@@ -33,6 +33,7 @@ from typing import Any
 import ray
 
 from actors.runtime.directory_port import RayDirectory
+from actors.runtime.lane import LanedShard
 from actors.runtime.node_hub_handle import RayNodeHub
 from actors.runtime.placement import shard_of
 from actors.runtime.ports import RayShard
@@ -283,7 +284,10 @@ class Engine:
         self.prefix = prefix  # names the actors found by name (the node hub, peers)
         self.directory_port = RayDirectory(f"{prefix}-directory", NAMESPACE, directory)
         self.shard_ports = [
-            RayShard(f"{prefix}-shard-{k}", NAMESPACE, handle) for k, handle in enumerate(shards)
+            # A gateway's turn starts and event polls over the shard's lane where it can
+            # (actors/runtime/lane.py); everything else over Ray.
+            LanedShard(f"{prefix}-shard-{k}", NAMESPACE, handle)
+            for k, handle in enumerate(shards)
         ]
         self.node_hub = RayNodeHub(prefix, NAMESPACE)
 

@@ -17,9 +17,19 @@ from typing import Any
 
 import ray
 
+from actors.contracts import (
+    LaneAddress,
+    PollCall,
+    StepCall,
+    StepOutcome,
+    TurnCall,
+    TurnResult,
+)
 from actors.directory import DirectoryService
+from actors.runtime.lane import LaneServer, this_node
 from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
+from engine.chat_records import Turn
 from engine.errors import StorageError
 
 LOCK_WAIT = 60.0  # seconds a restarted store waits for a dying process to let go of its file
@@ -103,11 +113,30 @@ class PlacedShardService(PackedEvents, ShardService):
         file = Path(kwargs.get("db_path") or Path(data_dir) / f"shard-{index}.duckdb")
         guard_store(Path(data_dir), file, restarted=_reconstructed(), needs_key=True)
         super().__init__(data_dir, index, **kwargs)
+        self._lane: LaneServer | None = None
         tune_gc()
 
     def where(self) -> dict[str, Any]:
         """The node and process this shard runs in (tests, benchmarks, the serve banner)."""
         return _where() | {"shard": self.index}
+
+    async def lane_address(self) -> LaneAddress | None:
+        """Where sibling shards on this node ask for steps (actors/runtime/lane.py); opened on
+        the first ask, on this actor's event loop."""
+        if self._lane is None:
+            self._lane = LaneServer(this_node(), self)
+            self.kernel.on_close.append(self._lane.close)
+        return await self._lane.open()
+
+    # What the lane asks (actors/runtime/lane.py `LaneHost`): the calls it carries.
+    async def lane_step(self, call: StepCall) -> StepOutcome:
+        return await self.run_step(call.step, call.mirror, call.learn_upto)
+
+    async def lane_poll(self, call: PollCall) -> bytes:
+        return await self.events_packed(call.since, call.limit, call.wait, call.follower)
+
+    async def lane_turn(self, call: TurnCall) -> Turn | TurnResult:
+        return await self.start_turn(call.start, call.wait)
 
 
 class PlacedDirectoryService(DirectoryService):

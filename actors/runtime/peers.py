@@ -17,9 +17,9 @@ from collections.abc import Mapping
 
 from actors.ports import DirectoryPort, ShardPort
 from actors.runtime.directory_port import RayDirectory
+from actors.runtime.lane import LanedShard
 from actors.runtime.lock_guard import assert_no_pool_lock
 from actors.runtime.placement import shard_of
-from actors.runtime.ports import RayShard
 from engine.errors import Unavailable
 
 
@@ -54,7 +54,8 @@ class Peers:
         if port is None:
             if self.prefix is None:
                 raise Unavailable(f"shard {index} is not reachable from here", code="no_peers")
-            port = self._shards[index] = RayShard(f"{self.prefix}-shard-{index}", self.namespace)
+            # A sibling: its steps over the direct lane where it can (actors/runtime/lane.py).
+            port = self._shards[index] = LanedShard(f"{self.prefix}-shard-{index}", self.namespace)
         return port
 
     def directory(self) -> DirectoryPort:

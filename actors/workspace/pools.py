@@ -136,9 +136,7 @@ class WsPools(TermSnapshots):
                 asyncio.ensure_future(
                     db.run(lambda con: self.store.read_pool(con, pool_id), pool_scope(pool_id))
                 ),
-                asyncio.ensure_future(
-                    db.run_aside(lambda con: self.kernel.terms.read_load(con, pool_id))
-                ),
+                asyncio.ensure_future(self.kernel.terms.load_aside(pool_id)),
             ]
             try:
                 keyed = (await self.kernel.pool(pool_id)).stored

@@ -1,0 +1,362 @@
+"""A direct lane to a shard from the processes of its node: a bot's step asked by a sibling
+shard, a gateway's turn starts and event polls (issue 13).
+
+A collaboration hop asks the shard that holds the peer's memory for the peer's step, and in a
+chain whose bots live on both shards every other hop is such a call. Over Ray an actor-to-actor
+call went through both processes' core-worker threads: ~2.5 ms a round trip on a quiet 2-core
+host and 4-7 ms at p90 (two bare async actors, 2 KB each way), 3.5-13 ms while a chain ran
+under load, where the peer's step itself took 0.4 ms. Over a Unix socket between the same two
+event loops the round trip was 0.2 ms (p90 0.3 ms).
+
+So a shard listens on a socket of its own (`LaneServer`, in a directory only its user may
+enter, like Ray's own sockets) and its sibling shards send it their `run_step` calls there
+(`LanedShard`), one msgpack frame each way. A gateway on the same node does the same with the
+two calls every person's turn and every event it hands out wait for: `start_turn` and the event
+pump's long poll (then a chain's end reaches the websocket without a Ray hop either). The
+address is asked for once over Ray and only a process on the same node uses it; every other
+call, and any call for which no lane can be opened, goes over Ray as before. The answer is the
+same either way, or the engine's error as the class it was raised as. A lane that breaks while
+a call is under way fails that call with `Unavailable` (as a Ray call to a dead actor does: it
+may have run), and the next call asks for the address again (a restarted shard listens
+somewhere else). One connection per event loop: its futures belong to that loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import itertools
+import logging
+import os
+import shutil
+import struct
+import tempfile
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import msgspec
+
+from actors.contracts import (
+    EVENT_BATCH,
+    CallError,
+    EventBatch,
+    LaneAddress,
+    Mirrored,
+    PollCall,
+    StepCall,
+    StepInput,
+    StepOutcome,
+    TurnCall,
+    TurnResult,
+    TurnStart,
+)
+from actors.runtime.lock_guard import assert_no_pool_lock
+from actors.runtime.ports import RayShard, remote
+from engine.chat_records import Turn
+from engine.errors import OpenBotError, Unavailable
+from storage.stats import STATS
+
+log = logging.getLogger("openbot.lane")
+_HEAD = struct.Struct("<I")  # each frame: its length, then one msgpack message
+MAX_FRAME = 64 << 20
+RETRY_S = 5.0  # no lane could be opened: Ray until then
+LOST = "the engine is restarting; try again"
+# OPENBOT_SHARD_LANE=0: every step over Ray (to compare, or if a host forbids Unix sockets).
+ENABLED = os.environ.get("OPENBOT_SHARD_LANE", "1") != "0"
+
+
+class _Ask(msgspec.Struct, frozen=True, array_like=True):
+    id: int  # one of the calls:
+    step: StepCall | None = None
+    poll: PollCall | None = None
+    turn: TurnCall | None = None
+
+
+class _Answer(msgspec.Struct, frozen=True, array_like=True):
+    id: int  # one of the answers, or the error:
+    outcome: StepOutcome | None = None
+    events: bytes | None = None  # a packed EventBatch
+    turn: Turn | None = None
+    result: TurnResult | None = None
+    error: CallError | None = None
+
+
+class LaneHost(Protocol):
+    """What a shard answers on its lane (actors/runtime/hosting.py)."""
+
+    async def lane_step(self, call: StepCall) -> StepOutcome: ...
+
+    async def lane_poll(self, call: PollCall) -> bytes: ...
+
+    async def lane_turn(self, call: TurnCall) -> Turn | TurnResult: ...
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_asks = msgspec.msgpack.Decoder(_Ask)
+_answers = msgspec.msgpack.Decoder(_Answer)
+
+
+def _socket_root() -> str | None:
+    """Ray's temporary directory where it is short enough for a socket path (a shard that dies
+    without closing leaves its socket there, with Ray's own); else the system's."""
+    root = os.environ.get("RAY_TMPDIR", "")
+    return root if root and len(root) <= 80 and os.path.isdir(root) else None
+
+
+def _frame(message: Any) -> bytes:
+    body = _encode(message)
+    return _HEAD.pack(len(body)) + body
+
+
+async def _read(reader: asyncio.StreamReader) -> bytes:
+    (size,) = _HEAD.unpack(await reader.readexactly(_HEAD.size))
+    if size > MAX_FRAME:
+        raise ConnectionError(f"a lane frame of {size} bytes")
+    return await reader.readexactly(size)
+
+
+class LaneServer:
+    """A shard's end: every call is run as its own task (as Ray runs an async actor's calls),
+    in a fresh context, and answered when it ends, in whatever order they end."""
+
+    def __init__(self, node: str, host: LaneHost) -> None:
+        self.node = node
+        self._host = host
+        self._server: asyncio.AbstractServer | None = None
+        self._dir: str | None = None
+        self._address: LaneAddress | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def open(self) -> LaneAddress:
+        if self._address is None:
+            folder = tempfile.mkdtemp(prefix="oblane-", dir=_socket_root())  # mode 0700
+            path = os.path.join(folder, "s")
+            self._dir = folder
+            self._server = await asyncio.start_unix_server(self._serve, path)
+            os.chmod(path, 0o600)
+            self._address = LaneAddress(node=self.node, path=path)
+        return self._address
+
+    def close(self) -> None:
+        """Stop listening and drop the open connections (their callers' steps fail as a dead
+        actor's would); steps running here end on their own."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in list(self._writers):
+            writer.close()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+        self._address = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            while True:
+                ask = _asks.decode(await _read(reader))
+                task = asyncio.get_running_loop().create_task(
+                    self._answer(ask, writer), context=contextvars.Context()
+                )
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except (asyncio.IncompleteReadError, ConnectionError, msgspec.DecodeError):
+            pass  # the caller went away (or spoke nonsense): its open steps still end
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    async def _answer(self, ask: _Ask, writer: asyncio.StreamWriter) -> None:
+        host = self._host
+        try:
+            if ask.step is not None:
+                answer = _Answer(id=ask.id, outcome=await host.lane_step(ask.step))
+            elif ask.poll is not None:
+                answer = _Answer(id=ask.id, events=await host.lane_poll(ask.poll))
+            elif ask.turn is not None:
+                turn = await host.lane_turn(ask.turn)
+                if isinstance(turn, TurnResult):
+                    answer = _Answer(id=ask.id, result=turn)
+                else:
+                    answer = _Answer(id=ask.id, turn=turn)
+            else:
+                raise Unavailable("an empty lane call", code="engine_error")
+        except OpenBotError as e:
+            answer = _Answer(id=ask.id, error=CallError.of(e))
+        except Exception:
+            log.exception("a call over the lane failed")
+            failed = Unavailable("the engine failed to handle the request", code="engine_error")
+            answer = _Answer(id=ask.id, error=CallError.of(failed))
+        if not writer.is_closing():
+            writer.write(_frame(answer))
+
+
+class LaneClient:
+    """A connection to one shard's lane, opened on first use (one event loop's)."""
+
+    def __init__(self, address: Callable[[], Awaitable[LaneAddress | None]], node: str) -> None:
+        self._address = address
+        self.node = node
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task | None = None
+        self._waiting: dict[int, asyncio.Future[_Answer]] = {}
+        self._ids = itertools.count(1)
+        self._opening: asyncio.Lock | None = None
+        self._retry_at = 0.0
+        self.calls = 0  # calls answered over the lane (tests, benchmarks)
+
+    async def step(self, call: StepCall) -> StepOutcome | None:
+        """The step's outcome over the lane; None when there is no lane (ask over Ray)."""
+        answer = await self._ask(lambda i: _Ask(id=i, step=call))
+        return None if answer is None else answer.outcome
+
+    async def poll(self, call: PollCall) -> EventBatch | None:
+        answer = await self._ask(lambda i: _Ask(id=i, poll=call))
+        return None if answer is None else EVENT_BATCH.decode(answer.events or b"")
+
+    async def turn(self, call: TurnCall) -> Turn | TurnResult | None:
+        answer = await self._ask(lambda i: _Ask(id=i, turn=call))
+        return None if answer is None else (answer.result or answer.turn)
+
+    async def _ask(self, make: Callable[[int], _Ask]) -> _Answer | None:
+        writer = self._writer if self._writer is not None else await self._open()
+        if writer is None:
+            return None
+        ask = make(next(self._ids))
+        fut: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
+        self._waiting[ask.id] = fut
+        try:
+            writer.write(_frame(ask))
+            answer = await fut
+        finally:
+            self._waiting.pop(ask.id, None)
+        self.calls += 1
+        if answer.error is not None:
+            raise answer.error.error()
+        return answer
+
+    async def _open(self) -> asyncio.StreamWriter | None:
+        if time.monotonic() < self._retry_at:
+            return None
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:
+            if self._writer is not None:
+                return self._writer
+            try:
+                address = await self._address()
+                if address is None or address.node != self.node:
+                    self._retry_at = float("inf")  # another node (or no lane there): Ray only
+                    return None
+                reader, writer = await asyncio.open_unix_connection(address.path)
+            except (OSError, OpenBotError) as e:
+                log.info("no lane to a shard for now (%r): calls go over Ray", e)
+                self._retry_at = time.monotonic() + RETRY_S
+                return None
+            self._writer = writer
+            self._reader_task = asyncio.get_running_loop().create_task(self._read_answers(reader))
+            return writer
+
+    async def _read_answers(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                answer = _answers.decode(await _read(reader))
+                fut = self._waiting.get(answer.id)
+                if fut is not None and not fut.done():
+                    fut.set_result(answer)
+        except (asyncio.IncompleteReadError, ConnectionError, msgspec.DecodeError) as e:
+            log.info("the lane to a shard closed (%r)", e)
+        finally:
+            self._lost()
+
+    def _lost(self) -> None:
+        """The connection is gone: calls still waiting fail (they may have run), the next call
+        asks for the address again."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+        waiting, self._waiting = self._waiting, {}
+        for fut in waiting.values():
+            if not fut.done():
+                fut.set_exception(Unavailable(LOST, code="engine_unavailable"))
+
+    async def close(self) -> None:
+        task, self._reader_task = self._reader_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._lost()
+
+
+def this_node() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+
+
+class LanedShard(RayShard):
+    """`ShardPort` of a shard: steps (from a sibling shard), turn starts and event polls (from
+    a gateway) over the lane where one can be opened; every other call, and those without a
+    lane, over Ray."""
+
+    def __init__(self, name: str, namespace: str, handle: Any = None) -> None:
+        super().__init__(name, namespace, handle)
+        self._node: str | None = None
+        self._lanes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LaneClient] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def lane(self) -> LaneClient | None:
+        """This event loop's connection (None: lanes are turned off)."""
+        if not ENABLED:
+            return None
+        loop = asyncio.get_running_loop()
+        found = self._lanes.get(loop)
+        if found is None:
+            if self._node is None:
+                self._node = this_node()
+            found = self._lanes[loop] = LaneClient(self._lane_address, self._node)
+        return found
+
+    async def _lane_address(self) -> LaneAddress | None:
+        return await remote(self._actor().lane_address)
+
+    @staticmethod
+    def _counted(kind: str) -> None:
+        # Counted as the actor call it is (benchmarks report actor calls per delivery).
+        STATS.inc("openbot_actor_calls_total", help="Actor calls this process made")
+        STATS.inc(f"openbot_lane_{kind}_total", help=f"{kind.capitalize()} asked over a lane")
+
+    async def run_step(
+        self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0
+    ) -> StepOutcome:
+        assert_no_pool_lock("a step on another shard")
+        lane = self.lane()
+        call = StepCall(step=step, mirror=mirror, learn_upto=learn_upto)
+        outcome = None if lane is None else await lane.step(call)
+        if outcome is None:
+            return await super().run_step(step, mirror, learn_upto)
+        self._counted("steps")
+        return outcome
+
+    async def start_turn(self, start: TurnStart, wait: bool = False) -> Turn | TurnResult:
+        lane = self.lane()
+        turn = None if lane is None else await lane.turn(TurnCall(start=start, wait=wait))
+        if turn is None:
+            return await super().start_turn(start, wait)
+        self._counted("turns")
+        return turn
+
+    async def _poll(self, since: int, limit: int, wait: float, follower: str) -> EventBatch:
+        lane = self.lane()
+        call = PollCall(since=since, limit=limit, wait=wait, follower=follower)
+        batch = None if lane is None else await lane.poll(call)
+        if batch is None:
+            return await super()._poll(since, limit, wait, follower)
+        self._counted("polls")
+        return batch

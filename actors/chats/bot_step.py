@@ -22,6 +22,14 @@ import msgspec
 
 from actors.chats.requests import Requests
 from actors.chats.sent_gate import REFUSED, SendUnconfirmed, StepWrites
+from actors.chats.step_policy import (
+    NOT_HERE,
+    UNRECORDED_TOOLS,
+    WRITING_TOOLS,
+    may_request,
+    memory_reader,
+    reader_for,
+)
 from actors.contracts import Effect, StepInput, StepOutcome, ToolUse, WsAccess, WsQuery
 from actors.learning.memory_bot import MemoryBotRuntime
 from actors.models.registry import ModelError, measured
@@ -35,7 +43,6 @@ from engine.bot_policy import require_collaboration
 from engine.chat_records import Confession, Enrichment
 from engine.directory import Bot, bot_pool
 from engine.errors import OpenBotError
-from engine.memory import Reader
 from engine.models import Message, ToolCall
 from engine.prompt_budget import ScopedEntry, pack
 from engine.requests import parse_proposal
@@ -60,60 +67,6 @@ MEMORY_INSTRUCTIONS = (
 ENRICH_CONTEXT = 8_000
 SEARCH_HITS = 10
 _enc = msgspec.json.Encoder()
-
-
-# Not app tools, so their results are not recorded as chat items: `confide` (kept as
-# confessions), tools about the bot itself (its rules, its members: the owner's prompt is not
-# the chat's to read), and collaboration sends (their receipts become the chain's records and
-# the peer's reply a delivery item).
-UNRECORDED_TOOLS = frozenset(
-    {
-        "confide",
-        "workspace_get_self_rules",
-        "workspace_update_self_rules",
-        "workspace_create_agent",
-        "workspace_send_to_agent",
-        "workspace_post_to_group",
-    }
-)
-
-# Tools that change something outside the step's batch at once (the directory, requests).
-WRITING_TOOLS = frozenset(
-    {
-        "workspace_update_self_rules",
-        "workspace_create_agent",
-        "workspace_rename_agent",
-        "workspace_archive_agent",
-        "workspace_request_approval",
-    }
-)
-
-
-NOT_HERE = '{"error":"not_here","message":"ask for approval in a person\'s chat"}'
-
-
-def _may_request(step: StepInput) -> bool:
-    return step.chat.kind in ("direct", "group") and step.wake != "delivery"
-
-
-def memory_reader(step: StepInput) -> Reader:
-    """Whose view of the bot's memory its prompt carries: the step's reader; for a delivery
-    between bots, only what is for everyone who uses the bot in the chat's org."""
-    return reader_for(step) or Reader(user="\x00", org=step.chat.org, uses_bot=True)
-
-
-def reader_for(step: StepInput) -> Reader | None:
-    """Whose entries may shape this step: the person in a direct chat; in a group only the
-    channel's and `for:bot` entries (ENR-2); nobody's for a delivery between bots."""
-    if step.wake != "person":
-        return None
-    if step.chat.kind == "group" and step.channel:
-        return Reader(
-            user="\x00", org=step.chat.org, channels=frozenset({step.channel}), uses_bot=True
-        )
-    if step.chat.kind == "direct":
-        return Reader(user=step.operator, org=step.chat.org, uses_bot=True)
-    return None  # a review sees only what the bot proposed, never enrichment (ENR-3)
 
 
 class BotStepper:
@@ -372,7 +325,7 @@ class BotStepper:
         for a delivery, the send it answers, on another shard (sent_gate.py): the same."""
         args = _args(call)
         bot = step.bot
-        if call.name == "workspace_request_approval" and not _may_request(step):
+        if call.name == "workspace_request_approval" and not may_request(step):
             return NOT_HERE  # (asks the gate nothing)
         if sent is not None and call.name in WRITING_TOOLS and not await sent.stored():
             return REFUSED  # (`SendUnconfirmed` goes up: the step fails)

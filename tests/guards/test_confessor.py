@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.chats.bot_step import reader_for
+from actors.chats.step_policy import reader_for
 from actors.contracts import StepInput
 from engine.directory import Chat, Org, OrgSettings
 from engine.turns import CALM_ANSWER, confessor_messages
@@ -204,7 +204,7 @@ def test_ENR_2_in_a_channel_group_only_the_groups_and_bot_entries_shape_the_inpu
     """The reader of a group turn's enrichment admits `for:channel:<group>` and `for:bot`
     entries only — not the person's own entries, not another channel's.
 
-    Break tried: in `bot_step.reader_for`, the group reader's `user="\\x00"` →
+    Break tried: in `step_policy.reader_for`, the group reader's `user="\\x00"` →
     `user=step.operator` → the person's own entry is in the context."""
     group = Chat(id="chat_g", kind="group", owner="u_ann", org="o1", channel="c1")
     step = StepInput(

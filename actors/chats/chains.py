@@ -220,7 +220,10 @@ class ChainRunner(ChainControl):
             )
         self.records.know(achat)
         bounded(self._askers)[link.id] = asker  # links whose answer never came are dropped
-        request = self._texts[chain_id][link_id]["request"]
+        texts = self._texts.get(chain_id, {}).get(link_id)
+        if texts is None:  # the chain's first commit failed while the agent chat was found
+            return
+        request = texts["request"]
         started: list[tuple[str, str]] = []
         fut = None
         async with conv.lock(achat.id):

@@ -9,7 +9,8 @@ under load, where the peer's step itself took 0.4 ms. Over a Unix socket between
 event loops the round trip was 0.2 ms (p90 0.3 ms).
 
 So a shard listens on a socket of its own (`LaneServer`, in a directory only its user may
-enter, like Ray's own sockets) and its sibling shards send it their `run_step` calls there
+enter, like Ray's own sockets, named by the shard's pid: a killed shard's is removed by the
+next shard that opens a lane, `sweep`) and its sibling shards send it their `run_step` calls there
 (`LanedShard`), one msgpack frame each way. A gateway on the same node does the same with the
 two calls every person's turn and every event it hands out wait for: `start_turn` and the event
 pump's long poll (then a chain's end reaches the websocket without a Ray hop either). The

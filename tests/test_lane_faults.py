@@ -30,6 +30,7 @@ def base(monkeypatch):
     """A temp dir of the test's own (short: socket paths), used as the lanes' temp dir."""
     folder = tempfile.mkdtemp(prefix="obt-", dir="/tmp")
     monkeypatch.setattr(tempfile, "tempdir", folder)
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)  # set by a Ray session in this process
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
 

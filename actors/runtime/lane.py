@@ -105,6 +105,13 @@ _asks = msgspec.msgpack.Decoder(_Ask)
 _answers = msgspec.msgpack.Decoder(_Answer)
 
 
+def _socket_root() -> str | None:
+    """Ray's temporary directory where it is short enough for a socket path (a shard that dies
+    without closing leaves its socket there, with Ray's own); else the system's."""
+    root = os.environ.get("RAY_TMPDIR", "")
+    return root if root and len(root) <= 80 and os.path.isdir(root) else None
+
+
 def _frame(message: Any) -> bytes:
     body = _encode(message)
     return _HEAD.pack(len(body)) + body
@@ -188,14 +195,14 @@ class LaneServer:
         or where no socket could be opened (a path over the AF_UNIX limit, a host without
         Unix sockets): said once, never retried (a folder left by each try would pile up)."""
         if self._address is None and not self._closed:
-            base = tempfile.gettempdir()
+            base = _socket_root() or tempfile.gettempdir()
             sweep(base)
             if (
                 len(os.fsencode(os.path.join(base, f"{PREFIX}{os.getpid()}-xxxxxxxx", "s")))
                 > _PATH_MAX
             ):
                 return self._give_up(f"the socket's path under {base!r} is too long")
-            folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")  # 0700: this user only
+            folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base)  # 0700
             path = os.path.join(folder, "s")
             try:
                 self._server = await asyncio.start_unix_server(self._serve, path)

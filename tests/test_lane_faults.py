@@ -244,3 +244,32 @@ async def _parity(classes: list[type[OpenBotError]]) -> None:
     finally:
         await client.close()
         server.close()
+
+
+def test_a_shard_without_a_lane_is_asked_again_later(monkeypatch):
+    """A shard that answers no address (its lane closed as it stopped, or none could open) is
+    asked again after CLOSED_RETRY_S: the shard restarted under that name opens one."""
+    monkeypatch.setattr(lane_mod, "CLOSED_RETRY_S", 0.2)
+
+    async def main() -> None:
+        closed = LaneServer(NODE, Host(_ok))
+        closed.close()
+        restarted = LaneServer(NODE, Host(_ok))
+        servers = [closed]
+
+        async def address() -> LaneAddress | None:
+            return await servers[-1].open()
+
+        client = LaneClient(address, NODE)
+        try:
+            assert await client.step(_call("a")) is None  # over Ray
+            servers.append(restarted)
+            assert await client.step(_call("b")) is None  # not asked again yet
+            await asyncio.sleep(0.25)
+            outcome = await client.step(_call("c"))
+            assert outcome is not None and outcome.reply == "c"
+        finally:
+            await client.close()
+            restarted.close()
+
+    asyncio.run(main())

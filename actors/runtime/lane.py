@@ -66,6 +66,7 @@ log = logging.getLogger("openbot.lane")
 _HEAD = struct.Struct("<I")  # each frame: its length, then one msgpack message
 MAX_FRAME = 64 << 20
 RETRY_S = 5.0  # no lane could be opened: Ray until then
+CLOSED_RETRY_S = 60.0  # the shard has no lane (closed, or it could open none): asked again then
 LOST = "the engine is restarting; try again"
 PREFIX = "oblane-"  # a lane's folder in the temp dir: oblane-<pid of its shard>-<random>
 _PATH_MAX = 107  # a Unix socket's path, in bytes, without the final NUL (Linux: 108)
@@ -361,8 +362,11 @@ class LaneClient:
                 return self._writer
             try:
                 address = await self._address()
-                if address is None or address.node != self.node:
-                    self._retry_at = float("inf")  # another node (or no lane there): Ray only
+                if address is None:  # no lane there (closing, or none could open): Ray for
+                    self._retry_at = time.monotonic() + CLOSED_RETRY_S  # now; a restart opens
+                    return None
+                if address.node != self.node:
+                    self._retry_at = float("inf")  # another node: Ray only
                     return None
                 reader, writer = await asyncio.open_unix_connection(address.path)
             except (OSError, OpenBotError) as e:

@@ -10,6 +10,8 @@ between processes of the same version, and some are serialised to the HTTP API a
 
 from __future__ import annotations
 
+import importlib
+
 import msgspec
 
 from engine import errors
@@ -48,22 +50,45 @@ class RememberCall(msgspec.Struct, frozen=True, kw_only=True):
 class CallError(msgspec.Struct, frozen=True, kw_only=True):
     """One request's engine error inside the reply of a coalesced call (`remember_many`,
     `ws_create_memory_many`): every request of the call keeps its own answer, so one caller's
-    bad input fails that caller only. The error comes back as the class it was raised as."""
+    bad input fails that caller only; and a call's error over a shard's lane
+    (actors/runtime/lane.py). The error comes back as the class it was raised as."""
 
-    kind: str  # the class's name in engine/errors.py
+    kind: str  # the class's name
     message: str
     code: str
     details: dict = {}
+    module: str = ""  # the class's module (engine.errors when empty)
 
     @classmethod
     def of(cls, e: OpenBotError) -> CallError:
-        return cls(kind=type(e).__name__, message=e.message, code=e.code, details=e.details)
+        kind = type(e)
+        return cls(
+            kind=kind.__name__,
+            message=e.message,
+            code=e.code,
+            details=e.details,
+            module="" if kind.__module__ == errors.__name__ else kind.__module__,
+        )
 
     def error(self) -> OpenBotError:
-        kind = getattr(errors, self.kind, None)
+        """The error as raised, as Ray's pickling gives it back: a class of another module of
+        the engine (actors.models' ModelError, actors.learning's BudgetSpent) is imported as
+        pickle would; anything else comes back as Unavailable."""
+        kind = getattr(_module_of(self.module), self.kind, None)
         if not (isinstance(kind, type) and issubclass(kind, OpenBotError)):
             kind = errors.Unavailable
         return kind(self.message, code=self.code, details=dict(self.details))
+
+
+def _module_of(name: str):
+    if not name:
+        return errors
+    if name.split(".", 1)[0] not in ("engine", "actors", "storage", "gateway"):
+        return None  # only the engine's own modules are imported on a peer's word
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
 
 
 # A coalesced call: its requests, each one packed call (a RememberCall, a WsCreateCall) as it

@@ -9,7 +9,8 @@ under load, where the peer's step itself took 0.4 ms. Over a Unix socket between
 event loops the round trip was 0.2 ms (p90 0.3 ms).
 
 So a shard listens on a socket of its own (`LaneServer`, in a directory only its user may
-enter, like Ray's own sockets) and its sibling shards send it their `run_step` calls there
+enter, like Ray's own sockets, named by the shard's pid: a killed shard's is removed by the
+next shard that opens a lane, `sweep`) and its sibling shards send it their `run_step` calls there
 (`LanedShard`), one msgpack frame each way. A gateway on the same node does the same with the
 two calls every person's turn and every event it hands out wait for: `start_turn` and the event
 pump's long poll (then a chain's end reaches the websocket without a Ray hop either). The
@@ -30,6 +31,8 @@ import itertools
 import logging
 import os
 import shutil
+import socket
+import stat
 import struct
 import tempfile
 import time
@@ -63,7 +66,11 @@ log = logging.getLogger("openbot.lane")
 _HEAD = struct.Struct("<I")  # each frame: its length, then one msgpack message
 MAX_FRAME = 64 << 20
 RETRY_S = 5.0  # no lane could be opened: Ray until then
+CLOSED_RETRY_S = 60.0  # the shard has no lane (closed, or it could open none): asked again then
 LOST = "the engine is restarting; try again"
+PREFIX = "oblane-"  # a lane's folder in the temp dir: oblane-<pid of its shard>-<random>
+_PATH_MAX = 107  # a Unix socket's path, in bytes, without the final NUL (Linux: 108)
+STALE_S = 60.0  # an old-style folder (no pid) without a listener older than this is removed
 # OPENBOT_SHARD_LANE=0: every step over Ray (to compare, or if a host forbids Unix sockets).
 ENABLED = os.environ.get("OPENBOT_SHARD_LANE", "1") != "0"
 
@@ -111,6 +118,58 @@ def _frame(message: Any) -> bytes:
     return _HEAD.pack(len(body)) + body
 
 
+def sweep(base: str) -> int:
+    """Remove this user's lane folders in `base` that no shard will remove: their process is
+    gone (killed, crashed: `close` never ran) and nobody listens on their socket. Folders are
+    named by their shard's pid; one without a pid (older ones) goes when its socket refuses
+    connections and it is older than STALE_S. Answers how many were removed."""
+    removed = 0
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(PREFIX)]
+    except OSError:
+        return 0
+    uid = os.getuid()
+    for name in names:
+        folder = os.path.join(base, name)
+        try:
+            st = os.lstat(folder)
+        except OSError:
+            continue
+        if st.st_uid != uid or not stat.S_ISDIR(st.st_mode):
+            continue
+        pid = name[len(PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and "-" in name[len(PREFIX) :]:
+            if int(pid) == os.getpid() or _alive(int(pid)):
+                continue
+        elif time.time() - st.st_mtime < STALE_S:
+            continue
+        if _listening(os.path.join(folder, "s")):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process of that pid: not ours to judge
+    return True
+
+
+def _listening(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        try:
+            s.connect(path)
+        except OSError:
+            return False
+        return True
+
+
 async def _read(reader: asyncio.StreamReader) -> bytes:
     (size,) = _HEAD.unpack(await reader.readexactly(_HEAD.size))
     if size > MAX_FRAME:
@@ -130,20 +189,45 @@ class LaneServer:
         self._address: LaneAddress | None = None
         self._tasks: set[asyncio.Task] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._closed = False
 
-    async def open(self) -> LaneAddress:
-        if self._address is None:
-            folder = tempfile.mkdtemp(prefix="oblane-", dir=_socket_root())  # mode 0700
+    async def open(self) -> LaneAddress | None:
+        """The socket's address, opened on first use; None (every call over Ray) once closed,
+        or where no socket could be opened (a path over the AF_UNIX limit, a host without
+        Unix sockets): said once, never retried (a folder left by each try would pile up)."""
+        if self._address is None and not self._closed:
+            base = _socket_root() or tempfile.gettempdir()
+            sweep(base)
+            if (
+                len(os.fsencode(os.path.join(base, f"{PREFIX}{os.getpid()}-xxxxxxxx", "s")))
+                > _PATH_MAX
+            ):
+                return self._give_up(f"the socket's path under {base!r} is too long")
+            folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base)  # 0700
             path = os.path.join(folder, "s")
+            try:
+                self._server = await asyncio.start_unix_server(self._serve, path)
+                os.chmod(path, 0o600)
+            except (OSError, ValueError) as e:
+                if self._server is not None:
+                    self._server.close()
+                    self._server = None
+                shutil.rmtree(folder, ignore_errors=True)
+                return self._give_up(repr(e))
             self._dir = folder
-            self._server = await asyncio.start_unix_server(self._serve, path)
-            os.chmod(path, 0o600)
             self._address = LaneAddress(node=self.node, path=path)
         return self._address
 
+    def _give_up(self, why: str) -> None:
+        log.warning("no lane for this shard (%s): its calls go over Ray", why)
+        self._closed = True
+        return None
+
     def close(self) -> None:
         """Stop listening and drop the open connections (their callers' steps fail as a dead
-        actor's would); steps running here end on their own."""
+        actor's would); steps running here end on their own. For good: a later `open` answers
+        None (Ray), so no folder is made that nothing would remove."""
+        self._closed = True
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -171,28 +255,54 @@ class LaneServer:
             writer.close()
 
     async def _answer(self, ask: _Ask, writer: asyncio.StreamWriter) -> None:
-        host = self._host
+        """Every call is answered, whatever it raised (a caller waits for its answer): the
+        answer is encoded inside the guard, and one over MAX_FRAME fails that call only."""
+        stop: BaseException | None = None
         try:
-            if ask.step is not None:
-                answer = _Answer(id=ask.id, outcome=await host.lane_step(ask.step))
-            elif ask.poll is not None:
-                answer = _Answer(id=ask.id, events=await host.lane_poll(ask.poll))
-            elif ask.turn is not None:
-                turn = await host.lane_turn(ask.turn)
-                if isinstance(turn, TurnResult):
-                    answer = _Answer(id=ask.id, result=turn)
-                else:
-                    answer = _Answer(id=ask.id, turn=turn)
-            else:
-                raise Unavailable("an empty lane call", code="engine_error")
+            frame = _frame(await self._run(ask))
+            if len(frame) - _HEAD.size > MAX_FRAME:
+                raise Unavailable(
+                    f"an answer of {len(frame) - _HEAD.size} bytes, over the lane's limit "
+                    f"of {MAX_FRAME}",
+                    code="engine_error",
+                )
         except OpenBotError as e:
-            answer = _Answer(id=ask.id, error=CallError.of(e))
+            frame = _error_frame(ask.id, e)
         except Exception:
             log.exception("a call over the lane failed")
             failed = Unavailable("the engine failed to handle the request", code="engine_error")
-            answer = _Answer(id=ask.id, error=CallError.of(failed))
+            frame = _error_frame(ask.id, failed)
+        except BaseException as e:  # cancelled (the shard stops), or the process exits
+            stop = e
+            frame = _error_frame(ask.id, Unavailable(LOST, code="engine_unavailable"))
         if not writer.is_closing():
-            writer.write(_frame(answer))
+            writer.write(frame)
+        if stop is not None:
+            raise stop
+
+    async def _run(self, ask: _Ask) -> _Answer:
+        host = self._host
+        if ask.step is not None:
+            return _Answer(id=ask.id, outcome=await host.lane_step(ask.step))
+        if ask.poll is not None:
+            return _Answer(id=ask.id, events=await host.lane_poll(ask.poll))
+        if ask.turn is not None:
+            turn = await host.lane_turn(ask.turn)
+            if isinstance(turn, TurnResult):
+                return _Answer(id=ask.id, result=turn)
+            return _Answer(id=ask.id, turn=turn)
+        raise Unavailable("an empty lane call", code="engine_error")
+
+
+def _error_frame(ask: int, e: OpenBotError) -> bytes:
+    try:
+        return _frame(_Answer(id=ask, error=CallError.of(e)))
+    except (TypeError, ValueError, msgspec.EncodeError):  # details msgpack cannot carry
+        bare = CallError.of(e)
+        bare = CallError(
+            kind=bare.kind, module=bare.module, message=str(e.message), code=str(e.code)
+        )
+        return _frame(_Answer(id=ask, error=bare))
 
 
 class LaneClient:
@@ -227,10 +337,13 @@ class LaneClient:
         if writer is None:
             return None
         ask = make(next(self._ids))
+        frame = _frame(ask)
+        if len(frame) - _HEAD.size > MAX_FRAME:
+            return None  # not sent, so not run: over Ray (the shard would drop the lane)
         fut: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
         self._waiting[ask.id] = fut
         try:
-            writer.write(_frame(ask))
+            writer.write(frame)
             answer = await fut
         finally:
             self._waiting.pop(ask.id, None)
@@ -249,8 +362,11 @@ class LaneClient:
                 return self._writer
             try:
                 address = await self._address()
-                if address is None or address.node != self.node:
-                    self._retry_at = float("inf")  # another node (or no lane there): Ray only
+                if address is None:  # no lane there (closing, or none could open): Ray for
+                    self._retry_at = time.monotonic() + CLOSED_RETRY_S  # now; a restart opens
+                    return None
+                if address.node != self.node:
+                    self._retry_at = float("inf")  # another node: Ray only
                     return None
                 reader, writer = await asyncio.open_unix_connection(address.path)
             except (OSError, OpenBotError) as e:

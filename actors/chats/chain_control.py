@@ -39,7 +39,7 @@ class ChainControl:
 
     if TYPE_CHECKING:  # ChainRunner's (declared only: a definition here would shadow it)
 
-        async def _deliver(
+        def _spawn_delivery(
             self, chain_id: str, link_id: str, org: Org, after: Any = None
         ) -> None: ...
 
@@ -69,7 +69,7 @@ class ChainControl:
                 log.warning("chain %s not resumed: %s", chain.id, e.message)
                 continue
             for link in open_:
-                self._spawn(self._deliver(chain.id, link.id, org))
+                self._spawn_delivery(chain.id, link.id, org)  # (not if one runs already)
                 resumed += 1
         log.info("resumed %d deliveries", resumed)
         return resumed

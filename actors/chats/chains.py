@@ -46,6 +46,9 @@ class ChainRunner(ChainControl):
         self._askers: dict[str, Bot] = {}
         # link → (the peer as its send found it, the bot that sent it), until it is delivered.
         self._parties: dict[str, tuple[Bot, Bot]] = {}
+        # Links whose delivery task runs now: recovery at start (chain_control.py `recover`)
+        # may find a chain a first turn just began, its delivery already under way.
+        self._delivering: set[str] = set()
         self.registrar = Registrar(self.records, peers, self._spawn)
 
     def _spawn(self, coro) -> None:
@@ -177,10 +180,24 @@ class ChainRunner(ChainControl):
         """The sends' deliveries begin while their commit `fut` runs (the peers' steps overlap
         it; what they store waits for it), and this returns once it is durable."""
         for chain_id, link in started:
-            self._spawn(self._deliver(chain_id, link, org, fut))
+            self._spawn_delivery(chain_id, link, org, fut)
         await durable(fut)
 
     # --- delivering ---
+
+    def _spawn_delivery(self, chain_id: str, link_id: str, org: Org, after=None) -> None:
+        """One delivery task per link at a time (a second is not started, never run twice)."""
+        if link_id in self._delivering:
+            return
+        self._delivering.add(link_id)
+
+        async def one() -> None:
+            try:
+                await self._deliver(chain_id, link_id, org, after)
+            finally:
+                self._delivering.discard(link_id)
+
+        self._spawn(one())
 
     async def _deliver(self, chain_id: str, link_id: str, org: Org, after=None) -> None:
         if (chain := (await self.records.all()).get(chain_id)) is None:

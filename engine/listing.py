@@ -73,6 +73,12 @@ def page(records: Iterable[T], key: Callable[[T], str], cursor: str | None, limi
     return Page(items=chosen, nextCursor=encode_cursor(key(chosen[-1])) if more else None)
 
 
+def chain_key(created_at: int, chain_id: str) -> str:
+    """A collaboration chain's place in its listing (oldest first): the gateway names it in a
+    cursor and each shard reads its chains after it."""
+    return f"{created_at:015d}/{chain_id}"
+
+
 # --- what a person is shown ---
 
 

@@ -72,6 +72,12 @@ def period_key(period: str, now_ms: int) -> str:
     return f"day:{day:%Y-%m-%d}" if period == "day" else f"month:{day:%Y-%m}"
 
 
+def current_periods(now_ms: int) -> frozenset[str]:
+    """Every spend bucket a budget may ask about at `now_ms` (the day's and the month's): a
+    runtime keeps only these in memory, so its map does not grow with the days it has run."""
+    return frozenset(period_key(p, now_ms) for p in ("day", "month"))
+
+
 def next_period_start(period: str, now_ms: int) -> int:
     """When the budget period after the one holding `now_ms` begins, in epoch ms (MB-3: a job
     stopped by the budget runs again then)."""

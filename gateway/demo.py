@@ -125,10 +125,11 @@ class LiveView:
 
     async def links(self, chain_id: str) -> str:
         """The chain's links as the collaboration route shows them now; names its agent chats."""
-        resp = await self.http.get("/api/app/workspace/collaboration")
-        if not resp.is_success:
+        try:
+            chains = await _chains(self.http)
+        except DemoError:
             return "?"
-        chain = next((c for c in resp.json()["collaborations"] if c["id"] == chain_id), None)
+        chain = next((c for c in chains if c["id"] == chain_id), None)
         if chain is None:
             return "?"
         shown = []
@@ -244,9 +245,17 @@ async def _turn(http: httpx.AsyncClient, chat: str, body: dict) -> dict:
     return _check(resp, "turn")
 
 
+async def _chains(http: httpx.AsyncClient, cursor: str = "") -> list[dict]:
+    """Every chain the caller may see, page after page."""
+    q = {"limit": "200", "cursor": cursor}
+    page = _check(await http.get("/api/app/workspace/collaboration", params=q), "items")
+    more = await _chains(http, page["nextCursor"]) if page.get("nextCursor") else []
+    return page["items"] + more
+
+
 async def _chain_of(http: httpx.AsyncClient, chat: str, turn: str) -> dict | None:
-    listing = _check(await http.get("/api/app/workspace/collaboration"), "collaborations")
-    found = [c for c in listing["collaborations"] if c["rootChat"] == chat and c["topic"] == turn]
+    chains = await _chains(http)
+    found = [c for c in chains if c["rootChat"] == chat and c["topic"] == turn]
     return found[-1] if found else None
 
 

@@ -247,7 +247,11 @@ ROUTES: list[Op] = [
     Op("get", "/metrics", "Prometheus metrics", ok=PROMETHEUS, auth="admin"),
     # --- workspace ---
     Op(
-        "get", f"{WS}/collaboration", "Collaboration chains the caller may see", ok=s.Collaborations
+        "get",
+        f"{WS}/collaboration",
+        "Collaboration chains the caller may see, oldest first",
+        ok=Page[ChainView],
+        query=(CURSOR, PAGE),
     ),
     Op("post", f"{WS}/collaboration/{{id}}/stop", "Stop a whole collaboration chain", ok=ChainView),
     Op("get", f"{WS}/bots/{{bot}}/rules", "A bot's rules and revision", ok=s.RulesView),

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from actors.contracts import ChainView, NodeInfo, RevisionView
+from actors.contracts import NodeInfo, RevisionView
 from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.directory import Permission
 from engine.projects import ProjectView
@@ -94,10 +94,6 @@ class BotNode(_Doc):
 
 class Health(_Doc):
     ok: bool
-
-
-class Collaborations(_Doc):
-    collaborations: list[ChainView]
 
 
 class RulesView(_Doc):

@@ -3,6 +3,8 @@ rules. Chains live on the home shard of their root chat, so listing asks every s
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -10,6 +12,7 @@ from actors.ports import EnginePort, ShardPort
 from engine.bot_policy import parse_profile_patch, profile
 from engine.directory import Principal, chat_home, require_use
 from engine.errors import Forbidden, InvalidInput, NotFound, Unprocessable
+from engine.listing import Page, chain_key, decode_cursor, encode_cursor, parse_limit
 from engine.self_rules import Editor, parse_update, rules_view
 from gateway import wire
 from gateway.auth import Auth
@@ -22,13 +25,26 @@ class WorkspaceApi:
         self.auth = auth
 
     async def collaborations(self, request: Request) -> Response:
+        """One page (`{items, nextCursor}`, engine/listing.py) of the chains the caller may
+        see, oldest first: each shard answers its first `limit + 1` after the cursor, so the
+        merged page and whether another follows need nothing more."""
         principal = await self.auth.user(request)
         assert principal.user is not None
-        chains = []
-        for shard in self.engine.shard_ports:
-            chains.extend(await shard.collaborations(principal.user.id, principal.channels))
-        chains.sort(key=lambda c: (c.createdAt, c.id))
-        return json({"collaborations": chains})
+        cursor = request.query_params.get("cursor") or None
+        limit = parse_limit(request.query_params.get("limit"))
+        after = decode_cursor(cursor)
+        pages = await asyncio.gather(
+            *(
+                shard.collaborations(principal.user.id, principal.channels, after, limit + 1)
+                for shard in self.engine.shard_ports
+            )
+        )
+        chains = sorted((c for p in pages for c in p), key=lambda c: (c.createdAt, c.id))
+        shown = chains[:limit]
+        more = len(chains) > limit
+        last = shown[-1] if shown else None
+        next_cursor = encode_cursor(chain_key(last.createdAt, last.id)) if more and last else None
+        return json(Page(items=shown, nextCursor=next_cursor))
 
     async def stop_collaboration(self, request: Request) -> Response:
         principal = await self.auth.user(request)

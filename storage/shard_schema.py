@@ -118,6 +118,27 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE search_terms ADD COLUMN seq BIGINT DEFAULT 0;
     CREATE TABLE search_snapshots (pool VARCHAR, covers BIGINT, body BLOB);
     """,
+    # 11: collaboration chains read without loading them all (actors/chats/chain_rows.py): what
+    # a listing filters and sorts on, and whether a restart has work for the chain (`live`).
+    # Rows stored before count as live when running or still listing waiting work; the next
+    # write of each sets it exactly.
+    """
+    ALTER TABLE chains ADD COLUMN status VARCHAR;
+    ALTER TABLE chains ADD COLUMN owner VARCHAR;
+    ALTER TABLE chains ADD COLUMN channel VARCHAR;
+    ALTER TABLE chains ADD COLUMN topic VARCHAR;
+    ALTER TABLE chains ADD COLUMN created_at BIGINT;
+    ALTER TABLE chains ADD COLUMN live BOOLEAN;
+    UPDATE chains SET
+        status = json_extract_string(doc, '$.chain.status'),
+        owner = json_extract_string(doc, '$.chain.owner'),
+        channel = json_extract_string(doc, '$.channel'),
+        topic = json_extract_string(doc, '$.chain.topic'),
+        created_at = CAST(json_extract(doc, '$.chain.created_at') AS BIGINT),
+        live = json_extract_string(doc, '$.chain.status') = 'running'
+            OR coalesce(json_array_length(json_extract(doc, '$.learn')), 0) > 0
+            OR coalesce(json_array_length(json_extract(doc, '$.unregistered')), 0) > 0;
+    """,
 )
 
 POOLS = Table(
@@ -217,7 +238,19 @@ MODEL_SPEND = Table(
     ),
 )
 CHAINS = Table(
-    "chains", (("id", "VARCHAR"), ("org", "VARCHAR"), ("doc", "VARCHAR"), ("texts", "BLOB"))
+    "chains",
+    (
+        ("id", "VARCHAR"),
+        ("org", "VARCHAR"),
+        ("doc", "VARCHAR"),
+        ("texts", "BLOB"),
+        ("status", "VARCHAR"),
+        ("owner", "VARCHAR"),
+        ("channel", "VARCHAR"),
+        ("topic", "VARCHAR"),
+        ("created_at", "BIGINT"),
+        ("live", "BOOLEAN"),
+    ),
 )
 TABLES = (
     POOLS,

@@ -181,7 +181,7 @@ def test_every_route_family_answers_in_camel_case(server, model_stubs):
         chains = []
         while time.monotonic() < deadline:
             r = alice.get(f"{WS}/collaboration")
-            chains = r.json().get("collaborations", []) if r.status_code == 200 else []
+            chains = r.json().get("items", []) if r.status_code == 200 else []
             if any(c["status"] == "done" for c in chains):
                 break
             time.sleep(0.2)

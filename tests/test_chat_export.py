@@ -106,7 +106,7 @@ def chatted(world, admin, model_stubs, engine):
             _wait(
                 lambda: [
                     c
-                    for c in _ok(a.get(f"{WS}/collaboration"))["collaborations"]
+                    for c in _ok(a.get(f"{WS}/collaboration"))["items"]
                     if c["rootChat"] == direct and c["status"] == "done"
                 ]
             )

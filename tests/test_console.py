@@ -251,7 +251,7 @@ def test_a_running_chain_is_shown_and_stopped(world: World, admin, server, bot_m
     page.locator('[data-testid="chain-entry"][data-status="stopped"]').wait_for(timeout=10_000)
     assert page.get_by_test_id("chain-stop").first.is_disabled()
     with world.client("alice") as alice:
-        chains = _ok(alice.get("/api/app/workspace/collaboration"))["collaborations"]
+        chains = _ok(alice.get("/api/app/workspace/collaboration"))["items"]
     mine = [c for c in chains if c["rootChat"] == chat["id"]]
     assert [c["status"] for c in mine] == ["stopped"]
     # The reason, with the ids in it shown as names.

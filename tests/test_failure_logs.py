@@ -59,7 +59,7 @@ def _wait_chain(client, chat_id, until, timeout=30.0) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         r = client.get(f"{WS}/collaboration")
-        for c in r.json().get("collaborations", []) if r.status_code == 200 else []:
+        for c in r.json().get("items", []) if r.status_code == 200 else []:
             if c["rootChat"] == chat_id and until(c):
                 return c
         time.sleep(0.05)

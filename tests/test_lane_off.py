@@ -92,7 +92,7 @@ def _chain(world, admin, bot_model, engine) -> None:
             seen = await asyncio.wait_for(first, 20)
             while not (seen.type == "collaboration.changed" and seen.data["status"] == "done"):
                 seen = await asyncio.wait_for(it.__anext__(), 20)
-            chains = client.get("/api/app/workspace/collaboration").json()["collaborations"]
+            chains = client.get("/api/app/workspace/collaboration").json()["items"]
         await events.close()
         return next(c for c in chains if c["rootChat"] == chat["id"])
 

@@ -86,6 +86,7 @@ class Registrar:
                 links.discard(link)
                 if not links:
                     del unregistered[chain]
+                    self.records.settle(chain)  # (memory may let it go now)
 
     async def recover(self, lock: asyncio.Lock, kernel: Any) -> None:
         """After a restart: register again every agent chat a stored chain lists as not yet
@@ -93,10 +94,10 @@ class Registrar:
         those chains' rows without them, so the next restart asks nothing (one directory call
         and one transaction for all). `lock`: the runner's, under which chain rows are staged."""
         records = self.records
-        chains = await records.all()
+        await records.start()
         owed: dict[str, tuple[str, str, Chat]] = {}
         for chain_id, links in list(records.unregistered.items()):
-            chain = chains.get(chain_id)
+            chain = await records.get(chain_id)
             if chain is None:
                 continue
             try:
@@ -122,6 +123,6 @@ class Registrar:
         batch = Batch()
         async with lock:
             for chain_id in {chain for chain, _, _ in owed.values()}:
-                await records.stage(chains[chain_id], batch)
+                await records.stage(await records.need(chain_id), batch)
             fut = kernel.stage(batch)
         await durable(fut)

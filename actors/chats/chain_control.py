@@ -55,9 +55,8 @@ class ChainControl:
         a delivery already answered is not asked again)."""
         resumed = 0
         await self.registrar.recover(self._lock, self.kernel)
-        for chain in list((await self.records.all()).values()):
-            if chain.status != "running":
-                continue
+        await self.records.start()
+        for chain in self.records.running():
             open_ = [
                 k for k in rules.open_links(chain) if not any(c.parent == k.id for c in chain.links)
             ]
@@ -85,14 +84,14 @@ class ChainControl:
         self, chain_id: str, user: str, channels: frozenset[str]
     ) -> ChainView | None:
         """Stop a chain homed here that `user` may see; None when it is not here."""
-        chain = (await self.records.all()).get(chain_id)
+        chain = await self.records.get(chain_id)
         if chain is None or not self.records.may_see(chain, user, channels):
             return None
         return await self.stop(chain_id, user)
 
     async def stop(self, chain_id: str, by: str) -> ChainView:
         async with self._lock:
-            chain = (await self.records.all()).get(chain_id)
+            chain = await self.records.get(chain_id)
             if chain is None:
                 raise NotFound(f"no collaboration {chain_id}", code="collaboration_not_found")
             chain = rules.stop(chain, by=by, now=self.kernel.clock())
@@ -111,11 +110,12 @@ class ChainControl:
             await self._save(chain)  # the stored record no longer lists them
 
     async def running_for(self, topic: str) -> bool:
-        """Whether a chain started by this turn is still under way."""
-        return any(
-            c.topic == topic and c.status == "running" and rules.open_links(c)
-            for c in (await self.records.all()).values()
-        )
+        """Whether a chain started by this turn is still under way (an index by turn: this
+        runs on every turn of a chat, whatever the number of chains)."""
+        await self.records.start()
+        return self.records.under_way(topic)
 
-    async def listing(self, user: str, channels: frozenset[str]) -> list[ChainView]:
-        return await self.records.listing(user, channels)
+    async def listing(
+        self, user: str, channels: frozenset[str], after: str | None = None, limit: int = 200
+    ) -> list[ChainView]:
+        return await self.records.listing(user, channels, after, limit)

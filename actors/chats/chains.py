@@ -139,11 +139,10 @@ class ChainRunner(ChainControl):
         once it is durable."""
         started: list[tuple[str, str]] = []
         async with self._lock:
-            if restage is not None and (again := (await self.records.all()).get(restage)):
+            if restage is not None and (again := await self.records.get(restage)):
                 await self.records.stage(again, sink)  # (gone: its first commit failed)
             for effect in sends:
-                chains = await self.records.all()
-                current = chains.get(chain) if chain else None
+                current = await self.records.get(chain) if chain else None
                 if current is None:
                     root = chat if chat.kind != "agent" else None
                     if root is None:  # an agent chat's own sends belong to its chain
@@ -170,7 +169,7 @@ class ChainRunner(ChainControl):
                     )
                     started.append((updated.id, effect.link))
             if hold is not None and chain is not None:
-                links = getattr((await self.records.all()).get(chain), "links", ())
+                links = getattr(await self.records.get(chain), "links", ())
                 if links and not any(c.parent == hold and c.status == "sent" for c in links):
                     return None, started
             fut = self.conv.commit_soon(chat.id, chat_log, sink)
@@ -200,7 +199,7 @@ class ChainRunner(ChainControl):
         self._spawn(one())
 
     async def _deliver(self, chain_id: str, link_id: str, org: Org, after=None) -> None:
-        if (chain := (await self.records.all()).get(chain_id)) is None:
+        if (chain := await self.records.get(chain_id)) is None:
             return  # its first row failed to commit before this began (dropped)
         topic = chain.topic
         self._busy[topic] = self._busy.get(topic, 0) + 1
@@ -221,7 +220,7 @@ class ChainRunner(ChainControl):
         as it commits. The agent chat is made here and registered with the directory later
         (agent_chats.py): the hop asks the directory nothing."""
         conv = self.conv
-        chain = (await self.records.all()).get(chain_id)  # (None: its first commit failed)
+        chain = await self.records.get(chain_id)  # (None: its first commit failed)
         if chain is None or chain.status != "running":
             return
         link = rules.find_link(chain, link_id)
@@ -259,8 +258,8 @@ class ChainRunner(ChainControl):
                 # and delivers it again (if the send is stored), so nothing is lost or
                 # answered twice.
                 async with self._lock:
-                    chains = await self.records.all()
-                    chains[chain_id] = rules.attach_agent_chat(chains[chain_id], link.id, achat.id)
+                    current = await self.records.need(chain_id)
+                    self.records.put(rules.attach_agent_chat(current, link.id, achat.id))
                     if made_here:  # listed in the chain's row until the directory has it
                         self.records.unregistered.setdefault(chain_id, set()).add(link.id)
                     asked = conv.item(alog, chain.topic, "delivery", link.from_bot)
@@ -335,16 +334,17 @@ class ChainRunner(ChainControl):
         if sink.staged:
             return
         async with self._lock:
-            await self.records.stage((await self.records.all())[chain_id], sink)
+            await self.records.stage(await self.records.need(chain_id), sink)
             saved = self.conv.commit_soon(chat, log_, sink, riders)
         if saved is not None:
             await saved
 
     async def _maybe_answer(self, chain_id: str, link_id: str, reply: str, org: Org) -> None:
         """The peer's latest reply answers its link once none of its own sends is still open."""
-        chain = (await self.records.all())[chain_id]
+        chain = await self.records.need(chain_id)
         if any(c.parent == link_id and c.status == "sent" for c in chain.links):
             self._texts[chain_id].setdefault(link_id, {})["pending"] = reply
+            self.records.put(chain)  # (kept in memory until a row stores it)
             return
         await self._result(chain_id, link_id, reply, org)
 
@@ -363,7 +363,7 @@ class ChainRunner(ChainControl):
         parent's waiting answer go up is not committed alone: its row is `carried` up into the
         parent's transaction (after a cap, a linear chain's answers go up in one)."""
         conv = self.conv
-        chain = (await self.records.all())[chain_id]
+        chain = await self.records.need(chain_id)
         link = rules.find_link(chain, link_id)
         parent = rules.find_link(chain, link.parent) if link.parent else None
         target = await self.records.chat(
@@ -378,7 +378,7 @@ class ChainRunner(ChainControl):
             tlog = await conv.log(target.id)
             sink = carried or Batch()
             async with self._lock:
-                chain = (await self.records.all())[chain_id]
+                chain = await self.records.need(chain_id)
                 chain, decision = rules.on_result(
                     chain, link_id=link_id, text=text, now=self.kernel.clock()
                 )

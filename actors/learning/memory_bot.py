@@ -17,7 +17,7 @@ import msgspec
 from actors.models.registry import Model, ModelError, measured
 from actors.runtime.lock_guard import assert_no_pool_lock
 from engine.errors import OpenBotError
-from engine.memory_bot import MemoryBotSettings, period_key
+from engine.memory_bot import MemoryBotSettings, current_periods, period_key
 from engine.models import Completion, Message, ToolSpec, cost_micros
 from engine.turns import ANSWER_WAIT, CALM_ANSWER, REWRITE, confessor_messages
 from storage.chat_store import ChatStore, ModelCall
@@ -46,8 +46,11 @@ class MemoryBotRuntime:
         self.committer = committer
         self.clock = clock
         self._slots: dict[str, tuple[int, asyncio.Semaphore]] = {}
+        # (pool, period) → spend, of the current periods only (`_keep_current`): earlier ones
+        # are on disk and no budget asks about them again.
         self._spent: dict[tuple[str, str], tuple[int, int]] = {}
         self._dirty: set[tuple[str, str]] = set()
+        self._current: frozenset[str] = frozenset()
 
     def model(self, name: str | None) -> Model | None:
         return self.models.get(name) if name else None
@@ -65,7 +68,21 @@ class MemoryBotRuntime:
         async with sem:
             yield
 
+    def _keep_current(self) -> None:
+        """Forget the spend of periods that ended (unless not yet written: `spend_rows`)."""
+        current = current_periods(self.clock())
+        if current == self._current:
+            return
+        self._current = current
+        for key in [k for k in self._spent if k[1] not in current and k not in self._dirty]:
+            del self._spent[key]
+
+    def stats(self) -> dict[str, int]:
+        """How many (pool, period) spend totals memory holds (shard stats)."""
+        return {"spend_entries": len(self._spent)}
+
     async def _spend(self, pool: str, period: str) -> tuple[int, int]:
+        self._keep_current()
         key = (pool, period)
         if key not in self._spent:
             self._spent[key] = await self.chats.spend(pool, period)
@@ -99,6 +116,8 @@ class MemoryBotRuntime:
     def spend_rows(self) -> list:
         """Rows for the spend counted since the last call (include them in a batch)."""
         rows = [self.chats.spend_row(p, k, *self._spent[(p, k)]) for p, k in self._dirty]
+        for written in [k for k in self._dirty if k[1] not in self._current]:
+            del self._spent[written]  # (its period ended before it was written)
         self._dirty.clear()
         return rows
 

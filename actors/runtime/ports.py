@@ -336,8 +336,10 @@ class RayShard(NamedActor):
     async def attach_review(self, request_id: str, chat: str) -> RequestView:
         return await remote(self._actor().attach_review, request_id, chat)
 
-    async def collaborations(self, user: str, channels: frozenset[str]) -> list[ChainView]:
-        return await remote(self._actor().collaborations, user, channels)
+    async def collaborations(
+        self, user: str, channels: frozenset[str], after: str | None = None, limit: int = 200
+    ) -> list[ChainView]:
+        return await remote(self._actor().collaborations, user, channels, after, limit)
 
     async def find_agent_chat(self, chat_id: str) -> Chat | None:
         return await remote(self._actor().find_agent_chat, chat_id)

@@ -239,9 +239,11 @@ class ShardService(WsWrites, AgentChatLookup):
     async def post_item(self, chat: Chat, author: str, text: str) -> ItemView:
         return await self.chat_logs.say_view(chat, "bot", author, text)
 
-    async def collaborations(self, user: str, channels: frozenset[str]) -> list[ChainView]:
-        self.kernel.ensure_started()
-        return await self.chains.listing(user, channels)
+    async def collaborations(
+        self, user: str, channels: frozenset[str], after: str | None = None, limit: int = 200
+    ) -> list[ChainView]:
+        self.kernel.ensure_started()  # (one page, after the sort key `after`: engine/listing.py)
+        return await self.chains.listing(user, channels, after, limit)
 
     async def stop_collaboration(
         self, chain_id: str, user: str, channels: frozenset[str]
@@ -434,7 +436,7 @@ class ShardService(WsWrites, AgentChatLookup):
 
     async def stats(self) -> dict[str, int]:
         counts = {"workspace_pools": len(self.ws_pools), "chats": len(self.chat_logs)}
-        return counts | self.kernel.stats()
+        return counts | self.chains.records.stats() | self.memory_bot.stats() | self.kernel.stats()
 
     async def backup(self, dest_dir: str) -> str:
         return await self.kernel.backup(dest_dir)

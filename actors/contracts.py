@@ -30,6 +30,12 @@ from engine.workspace_search import Hit
 ACCESS_POLL_WAIT = 5.0
 
 
+def access_key(kind: str, key: str) -> str:
+    """What one directory change touches, as gateways drop their entries by it: `user:<id>`
+    (a principal), `token:<hash>`, `bot:<id>`, `org:<id>` or `channel:<id>`."""
+    return f"{kind}:{key}"
+
+
 # --- memory writes (gateway -> a pool's shard) ---------------------------------------------
 
 

@@ -26,7 +26,9 @@ from pathlib import Path
 import msgspec
 
 from actors.access_watch import AccessWatch
+from actors.contracts import access_key
 from actors.directory_chats import DirectoryChats, new_id
+from actors.directory_index import AccessIndex
 from engine.bot_policy import require_team
 from engine.directory import (
     MAX_CHANNEL_BOTS,
@@ -78,6 +80,7 @@ class DirectoryService(DirectoryChats):
         self._unwritten: dict[str, Chat] = {}  # agent chats visible, not yet written
         self._writing: set[asyncio.Task] = set()
         self.access = AccessWatch()  # what gateways cache of who may do what (access_watch.py)
+        self.access_index = AccessIndex(self.bots, self.channels)  # (directory_index.py)
 
     @contextlib.asynccontextmanager
     async def _changing(self) -> AsyncIterator[None]:
@@ -141,7 +144,9 @@ class DirectoryService(DirectoryChats):
     async def create_user(
         self, name: str, orgs: list[str], id: str | None = None
     ) -> tuple[User, str]:
-        async with self._write:
+        # Answered once every gateway applied it: none answers the new token from a miss it
+        # cached while a request with it was on its way (gateway/auth.py `_Misses`).
+        async with self._changing():
             for o in orgs:
                 self._get(self.orgs, o, "org")
             user = User(
@@ -293,10 +298,12 @@ class DirectoryService(DirectoryChats):
             self._get(self.users, user_id, "user")
             token = "obt_" + secrets.token_urlsafe(32)
             await self.store.replace_tokens(user_id, (hash_token(token), user_id, self.clock()))
-            for old in [h for h, u in self._tokens.items() if u == user_id]:
+            replaced = [h for h, u in self._tokens.items() if u == user_id]
+            for old in replaced:
                 del self._tokens[old]
             self._tokens[hash_token(token)] = user_id
-            revision = self.access.bump()
+            keys = [access_key("token", h) for h in (*replaced, hash_token(token))]
+            revision = self.access.bump([access_key("user", user_id), *keys])
         await self.access.settled(revision)
         return token
 

@@ -11,6 +11,8 @@ import secrets
 from collections.abc import Callable
 
 from actors.access_watch import AccessWatch
+from actors.contracts import access_key
+from actors.directory_index import AccessIndex
 from actors.directory_reads import DirectoryReads
 from engine.directory import Bot, Chat, agent_chat_id, bot_org, require_use
 from engine.directory import agent_chat as make_agent_chat
@@ -32,6 +34,7 @@ class DirectoryChats(DirectoryReads):
     store: DirectoryStore
     clock: Callable[[], int]
     access: AccessWatch
+    access_index: AccessIndex
     _write: asyncio.Lock
     _group_chats: dict[str, str]
     _unwritten: dict[str, Chat]  # agent chats visible here, not written yet
@@ -40,9 +43,13 @@ class DirectoryChats(DirectoryReads):
     async def _put(self, table: str, record, index: dict, **extra) -> None:
         """Store one record, then make it the current one (callers hold the write lock)."""
         await self.store.put(table, record, **extra)
+        before = index.get(record.id)
         index[record.id] = record
         if table != "chats":  # chats change no one's access
-            self.access.bump()
+            keys = self.access_index.changed(table, before, record)
+            if (token := extra.get("token")) is not None:  # (a cached miss of it is stale)
+                keys.append(access_key("token", token[0]))
+            self.access.bump(keys)
 
     async def create_chat(
         self,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.access_watch import POLL_WAIT, AccessWatch
+from actors.directory_index import AccessIndex
 from engine.directory import (
     Bot,
     Channel,
@@ -39,6 +40,7 @@ class DirectoryReads:
     chats: dict[str, Chat]
     _tokens: dict[str, str]
     access: AccessWatch
+    access_index: AccessIndex
 
     def _get(self, table: dict, key: str, what: str) -> Any:
         record = table.get(key)
@@ -51,8 +53,11 @@ class DirectoryReads:
         if user_id is None:
             return None
         user = self.users[user_id]
-        channels = frozenset(c.id for c in self.channels.values() if user_id in c.people)
-        bots = frozenset(b.id for b in self.bots.values() if may_use(b, user))
+        # The person's own records (directory_index.py), not every bot and channel.
+        channels = frozenset(self.access_index.channels_of(user_id))
+        bots = frozenset(
+            b for b in self.access_index.bots_of(user_id) if may_use(self.bots[b], user)
+        )
         return Principal(user=user, channels=channels, bots=bots)
 
     async def get_bot(self, bot_id: str) -> Bot:
@@ -95,8 +100,12 @@ class DirectoryReads:
     async def get_channel(self, channel_id: str) -> Channel:
         return self._get(self.channels, channel_id, "channel")
 
-    async def watch_access(self, watcher: str, since: int, wait: float = POLL_WAIT) -> int:
-        return await self.access.watch(watcher, since, wait)
+    async def watch_access(
+        self, watcher: str, since: int, wait: float = POLL_WAIT
+    ) -> tuple[int, tuple[str, ...] | None]:
+        """The access revision once it is past `since` (or `wait` passed), with the keys
+        changed since (None: drop everything; access_watch.py)."""
+        return await self.access.watch_changes(watcher, since, wait)
 
     async def authenticate_at(self, token_hash: str) -> tuple[int, Principal | None]:
         """`authenticate` with the access revision it reflects (gateway caches keep it)."""
@@ -117,7 +126,7 @@ class DirectoryReads:
         self, user_id: str, cursor: str | None, limit: int, kind: str | None = None
     ) -> Page:
         """The person's chats (their own, and their channels' group chats), oldest first."""
-        channels = frozenset(c.id for c in self.channels.values() if user_id in c.people)
+        channels = frozenset(self.access_index.channels_of(user_id))
         mine = (
             c
             for c in self.chats.values()
@@ -129,13 +138,17 @@ class DirectoryReads:
 
     async def list_user_bots(self, user_id: str, cursor: str | None, limit: int) -> Page:
         user = self._get(self.users, user_id, "user")
-        usable = (b for b in self.bots.values() if may_use(b, user))
+        usable = (
+            b
+            for b in map(self.bots.__getitem__, self.access_index.bots_of(user_id))
+            if may_use(b, user)
+        )
         got = page(usable, _id_key, cursor, limit)
         entries = [bot_entry(b, permission(b, user_id)) for b in got.items]  # type: ignore[arg-type]
         return Page(items=entries, nextCursor=got.nextCursor)
 
     async def list_user_channels(self, user_id: str, cursor: str | None, limit: int) -> Page:
-        mine = (c for c in self.channels.values() if user_id in c.people)
+        mine = (self.channels[c] for c in self.access_index.channels_of(user_id))
         got = page(mine, _id_key, cursor, limit)
         entries = [channel_entry(c, self.bots, self.users) for c in got.items]
         return Page(items=entries, nextCursor=got.nextCursor)

@@ -270,7 +270,7 @@ class DirectoryPort(Protocol):
     async def chat_context_at(self, chat_id: str) -> tuple[int, ChatContext]: ...
     async def watch_access(
         self, watcher: str, since: int, wait: float = ACCESS_POLL_WAIT
-    ) -> int: ...
+    ) -> tuple[int, tuple[str, ...] | None]: ...  # (the keys changed since; None: all)
 
     # admin
     async def create_org(

@@ -85,6 +85,7 @@ LIMIT = _q("limit", "at most this many (default 50)", type="integer", minimum=1,
 CURSOR = _q("cursor", "resume after this cursor (from an earlier page or frame)")
 ACCOUNT = _q("account", "only this account (a user id)")
 PAGE = _q("limit", "page size (default 50)", type="integer", minimum=1, maximum=200)
+PAGED = (CURSOR, PAGE)
 KIND = _q("kind", "only chats of this kind", enum=["direct", "group", "review", "agent"])
 ORG = _q("org", "only this org's records")
 USING = _q("using", "which retrievers (default all)", enum=["all", "keyword", "semantic"])
@@ -246,13 +247,7 @@ ROUTES: list[Op] = [
     Op("get", "/healthz", "Liveness", ok=s.Health, auth="none"),
     Op("get", "/metrics", "Prometheus metrics", ok=PROMETHEUS, auth="admin"),
     # --- workspace ---
-    Op(
-        "get",
-        f"{WS}/collaboration",
-        "Collaboration chains the caller may see, oldest first",
-        ok=Page[ChainView],
-        query=(CURSOR, PAGE),
-    ),
+    Op("get", f"{WS}/collaboration", "Chains the caller may see", ok=Page[ChainView], query=PAGED),
     Op("post", f"{WS}/collaboration/{{id}}/stop", "Stop a whole collaboration chain", ok=ChainView),
     Op("get", f"{WS}/bots/{{bot}}/rules", "A bot's rules and revision", ok=s.RulesView),
     Op(

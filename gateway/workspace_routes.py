@@ -8,6 +8,7 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import Response
 
+from actors.contracts import access_key
 from actors.ports import EnginePort, ShardPort
 from engine.bot_policy import parse_profile_patch, profile
 from engine.directory import Principal, chat_home, require_use
@@ -105,7 +106,7 @@ class WorkspaceApi:
         # The home shard checks that the group is idle and switches under the chat's turn
         # lock: no turn can start between the check and the switch (issue 12).
         channel = await home.switch_group_mode(chat.id, channel_id, body.mode, body.leader)
-        self.auth.directory_changed()
+        self.auth.directory_changed(access_key("channel", channel_id))
         return json(channel)
 
     async def bot_rules(self, request: Request) -> Response:
@@ -120,7 +121,7 @@ class WorkspaceApi:
         update = parse_update(wire.decode_any(await read_body(request)))
         editor = Editor(kind="user", id=principal.user.id)
         changed = await self.engine.directory_port.update_rules(bot.id, update, editor)
-        self.auth.directory_changed(bot.id)
+        self.auth.directory_changed(access_key("bot", bot.id))
         return json(rules_view(changed))
 
     async def bot_profile(self, request: Request) -> Response:
@@ -137,7 +138,7 @@ class WorkspaceApi:
             auto_record, ignored = parse_profile_patch(wire.decode_any(await read_body(request)))
             paused = bot.autoRecordPaused if auto_record is None else not auto_record
             bot = await directory.pause_auto_record(bot.id, paused, principal.user.id)
-            self.auth.directory_changed(bot.id)
+            self.auth.directory_changed(access_key("bot", bot.id))
         org = await directory.get_org(bot.org)
         return json(profile(bot, org, ignored))
 
@@ -152,5 +153,5 @@ class WorkspaceApi:
         body = wire.decode(raw, wire.Archive) if raw.strip() else wire.Archive()
         editor = Editor(kind="user", id=principal.user.id)
         bot = await directory.archive_bot(bot.id, body.archived, editor)
-        self.auth.directory_changed(bot.id)
+        self.auth.directory_changed(access_key("bot", bot.id))
         return json(profile(bot, await directory.get_org(bot.org)))

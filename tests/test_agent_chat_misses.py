@@ -22,9 +22,9 @@ class FakeDirectory:
         self.chats: dict[str, Chat] = {}
         self.asked = 0
 
-    async def watch_access(self, watcher: str, seen: int, wait: float) -> int:
+    async def watch_access(self, watcher: str, seen: int, wait: float) -> tuple[int, tuple]:
         await asyncio.sleep(wait)
-        return seen
+        return seen, ()
 
     async def chat_context_at(self, chat_id: str) -> tuple[int, ChatContext]:
         self.asked += 1

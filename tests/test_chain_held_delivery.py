@@ -82,9 +82,9 @@ def test_a_held_delivery_whose_answer_failed_is_written_after_the_pending_root(
             release.set()
             await asyncio.wait_for(turn, 10)
             await svc.chains_idle()
-            (chain,) = (await svc.chains.records.all()).values()
+            (chain,) = await svc.collaborations("u_ann", frozenset())
             (link,) = chain.links
-            achat = link.agent_chat
+            achat = link.agentChat
             live = [(i.kind, i.text) for i in await svc.chat_items(achat)] if achat else []
         finally:
             committer._commit_group = commit_group  # type: ignore[method-assign]
@@ -93,7 +93,7 @@ def test_a_held_delivery_whose_answer_failed_is_written_after_the_pending_root(
         # are there once each, the chain's row names the agent chat.
         async with reopened(tmp_path, models, directory) as restarted:
             await restarted.chains_idle()
-            (stored,) = (await restarted.chains.records.all()).values()
+            (stored,) = await restarted.collaborations("u_ann", frozenset())
             again = [(i.kind, i.text) for i in await restarted.chat_items(achat)] if achat else []
         return stepped, achat, live, stored, again
 
@@ -104,7 +104,7 @@ def test_a_held_delivery_whose_answer_failed_is_written_after_the_pending_root(
     kinds = [k for k, _ in live]
     assert kinds == ["delivery", "bot"], live  # the request and the peer's reply, stored
     assert live[1][1] == "Result received and merged into my work."
-    assert [link.agent_chat for link in stored.links] == [achat]
+    assert [link.agentChat for link in stored.links] == [achat]
     assert [k for k, _ in again][:2] == ["delivery", "bot"]
     assert [k for k, _ in again].count("delivery") == 1  # not delivered twice
 

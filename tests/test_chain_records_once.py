@@ -1,7 +1,7 @@
-"""A shard's chain records (actors/chats/chain_records.py): the live rows and each chain
-asked for read from the file once however many ask at once (recovery at start and the gateway's find_agent_chat may), and an agent chat
-made here is found here while the directory does not have it yet. In-process shard and
-directory on real DuckDB files, no Ray."""
+"""A shard's chain records (actors/chats/chain_records.py): the live rows and each chain asked for
+read from the file once however many ask at once (recovery at start and the gateway's
+find_agent_chat may), and an agent chat made here is found here while the directory does not
+have it yet. In-process shard and directory on real DuckDB files, no Ray."""
 
 from __future__ import annotations
 

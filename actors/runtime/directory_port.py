@@ -95,7 +95,9 @@ class RayDirectory(NamedActor):
     async def chat_context_at(self, chat_id: str) -> tuple[int, ChatContext]:
         return await remote(self._actor().chat_context_at, chat_id)
 
-    async def watch_access(self, watcher: str, since: int, wait: float = ACCESS_POLL_WAIT) -> int:
+    async def watch_access(
+        self, watcher: str, since: int, wait: float = ACCESS_POLL_WAIT
+    ) -> tuple[int, tuple[str, ...] | None]:
         return await remote(self._actor().watch_access, watcher, since, wait)
 
     async def create_org(

@@ -74,8 +74,9 @@ def page(records: Iterable[T], key: Callable[[T], str], cursor: str | None, limi
 
 
 def chain_key(created_at: int, chain_id: str) -> str:
-    """A collaboration chain's place in its listing (oldest first): the gateway names it in a
-    cursor and each shard reads its chains after it."""
+    """A collaboration chain's place in its listing, which runs newest first (an activity
+    list: what just happened is on the first page): the gateway names it in a cursor and each
+    shard reads its chains below it."""
     return f"{created_at:015d}/{chain_id}"
 
 

@@ -247,7 +247,7 @@ ROUTES: list[Op] = [
     Op("get", "/healthz", "Liveness", ok=s.Health, auth="none"),
     Op("get", "/metrics", "Prometheus metrics", ok=PROMETHEUS, auth="admin"),
     # --- workspace ---
-    Op("get", f"{WS}/collaboration", "Chains the caller may see", ok=Page[ChainView], query=PAGED),
+    Op("get", f"{WS}/collaboration", "Chains seen, newest first", ok=Page[ChainView], query=PAGED),
     Op("post", f"{WS}/collaboration/{{id}}/stop", "Stop a whole collaboration chain", ok=ChainView),
     Op("get", f"{WS}/bots/{{bot}}/rules", "A bot's rules and revision", ok=s.RulesView),
     Op(

@@ -27,7 +27,7 @@ class WorkspaceApi:
 
     async def collaborations(self, request: Request) -> Response:
         """One page (`{items, nextCursor}`, engine/listing.py) of the chains the caller may
-        see, oldest first: each shard answers its first `limit + 1` after the cursor, so the
+        see, newest first: each shard answers its first `limit + 1` after the cursor, so the
         merged page and whether another follows need nothing more."""
         principal = await self.auth.user(request)
         assert principal.user is not None
@@ -40,7 +40,8 @@ class WorkspaceApi:
                 for shard in self.engine.shard_ports
             )
         )
-        chains = sorted((c for p in pages for c in p), key=lambda c: (c.createdAt, c.id))
+        merged = (c for p in pages for c in p)
+        chains = sorted(merged, key=lambda c: (c.createdAt, c.id), reverse=True)
         shown = chains[:limit]
         more = len(chains) > limit
         last = shown[-1] if shown else None

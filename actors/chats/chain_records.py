@@ -207,9 +207,10 @@ class ChainRecords:
         channel = self.channel.get(chain.id)
         return Audience(org=chain.org, users=(chain.owner,), channels=(channel,) if channel else ())
 
-    async def stage(self, chain: Chain, sink: Any) -> None:
-        """Make `chain` the current state and add its row and event to `sink`. Callers hold
-        the runner's lock until the sink is submitted, so chain rows reach the disk in order."""
+    async def stage(self, chain: Chain, sink: Any, announce: bool = True) -> None:
+        """Make `chain` the current state and add its row and event (unless not `announce`:
+        a row's own bookkeeping) to `sink`. Callers hold the runner's lock until the sink is
+        submitted, so chain rows reach the disk in order."""
         before = self._chains.get(chain.id)
         if before is None and chain.id not in self._new:  # (a chain `begin` made is not read)
             before = await self.get(chain.id)
@@ -245,6 +246,8 @@ class ChainRecords:
             sealed,
         )
         sink.key(root.key).add(stored)
+        if not announce:
+            return
         # One announcement per chain and transaction, of its latest state: a hop stages its
         # chain twice (its request, then its sends), and after a cap every answer going up
         # rides in one batch (clients read the chain again on each; the rows merge anyway).
@@ -430,7 +433,7 @@ class ChainRecords:
         self, user: str, channels: frozenset[str], after: str | None, limit: int
     ) -> list[ChainView]:
         """The first `limit` chains `user` may see whose sort key (chain_rows.sort_key) is
-        above `after`, oldest first: one page read from the file, with memory's newer state
+        below `after`, newest first: one page read from the file, with memory's newer state
         (and chains whose first row is not committed yet) in their place."""
         await self.start()
         rows = await chain_rows.page(self.kernel.db, user, channels, after, limit)
@@ -440,9 +443,10 @@ class ChainRecords:
                 found[row.chain.id] = self.view(row.chain, await self._texts_of(row))
         for chain in list(self._chains.values()):
             key = chain_rows.sort_key(chain.created_at, chain.id)
-            if (after is None or key > after) and self.may_see(chain, user, channels):
+            if (after is None or key < after) and self.may_see(chain, user, channels):
                 found[chain.id] = self.view(chain)
-        return sorted(found.values(), key=lambda c: (c.createdAt, c.id))[:limit]
+        newest = sorted(found.values(), key=lambda c: (c.createdAt, c.id), reverse=True)
+        return newest[:limit]
 
     def may_see(self, chain: Chain, user: str, channels: frozenset[str]) -> bool:
         return chain.owner == user or self.channel.get(chain.id) in channels

@@ -33,7 +33,7 @@ def under_way(chain: Chain) -> bool:
     return chain.status == ChainStatus.RUNNING and bool(open_links(chain))
 
 
-sort_key = chain_key  # the listing order (oldest first), as a cursor names it
+sort_key = chain_key  # the listing order (newest first), as a cursor names it
 
 
 def row(
@@ -106,12 +106,12 @@ async def page(
     db: Any, user: str, channels: frozenset[str], after: str | None, limit: int
 ) -> list[Row]:
     """The first `limit` rows `user` may see (their own chains, their channels' chains) whose
-    sort key is above `after`, in listing order."""
-    created, chain_id = (-1, "") if after is None else _split(after)
+    sort key is below `after`, in listing order (newest first)."""
+    created, chain_id = (2**62, "") if after is None else _split(after)
     sql = (
-        "SELECT doc, texts FROM chains WHERE (owner = ? OR list_contains(?, channel))"
-        " AND (created_at > ? OR (created_at = ? AND id > ?))"
-        " ORDER BY created_at, id LIMIT ?"
+        "SELECT doc, texts FROM chains WHERE (owner = ? OR list_contains(?::VARCHAR[], channel))"
+        " AND (created_at < ? OR (created_at = ? AND id < ?))"
+        " ORDER BY created_at DESC, id DESC LIMIT ?"
     )
     params = [user, sorted(channels), created, created, chain_id, limit]
     rows = await db.run(lambda con: con.execute(sql, params).fetchall())
@@ -120,4 +120,4 @@ async def page(
 
 def _split(key: str) -> tuple[int, str]:
     created, _, chain_id = key.partition("/")
-    return (int(created) if created.isdigit() else -1), chain_id
+    return (int(created) if created.isdigit() else 0), chain_id

@@ -49,7 +49,7 @@ class ChainRunner(ChainControl):
         # Links whose delivery task runs now: recovery at start (chain_control.py `recover`)
         # may find a chain a first turn just began, its delivery already under way.
         self._delivering: set[str] = set()
-        self.registrar = Registrar(self.records, peers, self._spawn)
+        self.registrar = Registrar(self.records, peers, self._spawn, self._lock, kernel)
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)

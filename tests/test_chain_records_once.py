@@ -12,7 +12,7 @@ from actors.contracts import TurnStart
 from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
 from actors.shard.service import ShardService
-from engine.errors import NotFound
+from engine.errors import NotFound, Unavailable
 from tests.chain_kit import PEER_SCRIPT, asker_and_peer
 
 
@@ -31,8 +31,23 @@ class UnregisteredAgentChats:
         return await self.directory.get_chat(chat_id)
 
 
-def _with_a_chain(tmp_path: Path) -> tuple[dict, str, str]:
-    """A chain stored on shard 0 (Asker sent to Peer); its id and its agent chat's."""
+class RegistersNothing:
+    """The directory, unreachable for registrations: the chain's row keeps listing its agent
+    chat as not registered (what a shard stopped before registering it leaves)."""
+
+    def __init__(self, directory: DirectoryService) -> None:
+        self.directory = directory
+
+    def __getattr__(self, name: str):
+        return getattr(self.directory, name)
+
+    async def register_chats(self, chats, *args):
+        raise Unavailable("the directory is restarting (simulated)")
+
+
+def _with_a_chain(tmp_path: Path, register: bool = True) -> tuple[dict, str, str]:
+    """A chain stored on shard 0 (Asker sent to Peer); its id and its agent chat's. Without
+    `register` its agent chat is never registered with the directory."""
     script = tmp_path / "chain.toml"
     script.write_text(PEER_SCRIPT)
     models = {"s": ScriptedModel.from_file("s", str(script))}
@@ -40,7 +55,7 @@ def _with_a_chain(tmp_path: Path) -> tuple[dict, str, str]:
     async def run() -> tuple[str, str]:
         svc = ShardService(tmp_path, 0, models=models)
         directory = DirectoryService(tmp_path)
-        svc.peers.connect(directory=directory)
+        svc.peers.connect(directory=directory if register else RegistersNothing(directory))  # type: ignore[arg-type]
         try:
             org, asker, chat = await asker_and_peer(directory)
             start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
@@ -112,8 +127,9 @@ def test_concurrent_readers_load_the_chains_once(tmp_path: Path):
 
 def test_an_agent_chat_made_here_is_found_before_the_directory_has_it(tmp_path: Path):
     """The chain records' chat lookup and a learning job's (its project) fall back to the
-    agent chat this shard made when the directory does not have it yet."""
-    models, _, agent = _with_a_chain(tmp_path)
+    agent chat this shard made when the directory does not have it yet (after a restart too:
+    a chain whose agent chats are not registered is read at start)."""
+    models, _, agent = _with_a_chain(tmp_path, register=False)
 
     async def scenario():
         svc = ShardService(tmp_path, 0, models=models)

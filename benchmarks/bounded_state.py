@@ -5,8 +5,9 @@
 Chains: a shard's file holds `--ended` (10,000) ended collaboration chains, or 10; each round
 opens the shard again in a fresh Python process and reports the time until its start recovery
 ran (the chains a restart must read) and the process's RSS after it, side by side, medians over
-`--rounds`. The chains are written through the shard's own chain records (rows and sealed texts
-as a real chain stores them), in a few large transactions.
+`--rounds`; beside them the same start followed by reading, unsealing and keeping every chain
+(what a start that loads them all pays). The chains are written through the shard's own chain
+records (rows and sealed texts as a real chain stores them), in a few large transactions.
 
 Access: a directory with `--bots` (50,000) bots of `--people` people, and a caching gateway's
 auth (gateway/auth.py) over it, warmed by every person's token and a bot of each; then a member
@@ -84,10 +85,13 @@ async def _write_chains(path: Path, count: int) -> None:
         directory.store.db.close()
 
 
-def _restart_child(path: str) -> None:
-    """In a fresh process: open the shard, run its start recovery; print time and RSS."""
+def _restart_child(path: str, every: bool) -> None:
+    """In a fresh process: open the shard, run its start recovery (with `every`, then read
+    every chain row, decoded and unsealed, and keep them: what a start that loads every chain
+    costs); print time and RSS."""
 
     async def main() -> dict:
+        from actors.chats import chain_rows
         from actors.directory import DirectoryService
         from actors.shard.service import ShardService
 
@@ -96,8 +100,18 @@ def _restart_child(path: str) -> None:
         svc = ShardService(path, 0, models={})
         svc.peers.connect(directory=directory)
         await svc.kernel.started()
+        kept = []
+        if every:
+            records = svc.chains.records
+            rows = await svc.kernel.db.run(
+                lambda con: con.execute("SELECT doc, texts FROM chains").fetchall()
+            )
+            for doc, sealed in rows:
+                row = chain_rows._decode(doc, sealed)
+                kept.append((row.chain, await records._texts_of(row)))
         elapsed = time.perf_counter() - began
         stats = await svc.stats()
+        stats["chains_in_memory"] += len(kept)
         await svc.close()
         directory.store.db.close()
         return {"restart_s": elapsed, "chains_in_memory": stats["chains_in_memory"]}
@@ -123,28 +137,22 @@ def chains(ended: int, rounds: int) -> dict:
             began = time.perf_counter()
             asyncio.run(_write_chains(path, count))
             wrote = time.perf_counter() - began
-            runs = []
-            for _ in range(rounds):
-                child = subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "benchmarks.bounded_state",
-                        "--restart-child",
-                        str(path),
-                    ],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                )
-                runs.append(json.loads(child.stdout.strip().splitlines()[-1]))
-            results[count] = {
-                "written_s": round(wrote, 2),
-                "restart_s_median": round(statistics.median(r["restart_s"] for r in runs), 3),
-                "rss_mib_median": round(statistics.median(r["rss_mib"] for r in runs), 1),
-                "chains_in_memory": runs[-1]["chains_in_memory"],
-                "rounds": [(round(r["restart_s"], 3), round(r["rss_mib"], 1)) for r in runs],
-            }
+            results[count] = {"written_s": round(wrote, 2)}
+            for mode in ("restart", "restart_reading_every_chain"):
+                runs = []
+                for _ in range(rounds):
+                    me = [sys.executable, "-m", "benchmarks.bounded_state"]
+                    flag = "--every-chain-child" if mode != "restart" else "--restart-child"
+                    child = subprocess.run(
+                        [*me, flag, str(path)], capture_output=True, text=True, check=True
+                    )
+                    runs.append(json.loads(child.stdout.strip().splitlines()[-1]))
+                results[count][mode] = {
+                    "s_median": round(statistics.median(r["restart_s"] for r in runs), 3),
+                    "rss_mib_median": round(statistics.median(r["rss_mib"] for r in runs), 1),
+                    "chains_in_memory": runs[-1]["chains_in_memory"],
+                    "rounds": [(round(r["restart_s"], 3), round(r["rss_mib"], 1)) for r in runs],
+                }
     return results
 
 
@@ -281,9 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--only", choices=["chains", "access"])
     p.add_argument("--restart-child", help=argparse.SUPPRESS)
+    p.add_argument("--every-chain-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.restart_child:
-        _restart_child(args.restart_child)
+    if args.restart_child or args.every_chain_child:
+        _restart_child(args.restart_child or args.every_chain_child, bool(args.every_chain_child))
         return 0
     rounds = args.rounds or (1 if args.quick else 5)
     ended = args.ended or (1000 if args.quick else 10_000)

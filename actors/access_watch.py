@@ -66,6 +66,10 @@ class AccessWatch:
                 await asyncio.wait_for(changed.wait(), wait)
         return self.revision
 
+    def watchers(self) -> int:
+        """How many gateways have watched (live or not yet dropped)."""
+        return len(self._watchers)
+
     def changes(self, since: int) -> tuple[str, ...] | None:
         """The keys changed after revision `since`; None when they are not all known (the log
         no longer reaches back to it, a change named none, or `since` is ahead: a restart)."""

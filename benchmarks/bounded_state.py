@@ -178,7 +178,7 @@ class _CountingPort:
 
 async def _settled(directory) -> None:
     for _ in range(400):
-        if directory.access._watchers:
+        if directory.access.watchers():
             break
         await asyncio.sleep(0.005)
     await directory.access.settled(directory.access.revision)

@@ -71,7 +71,7 @@ async def _gateway(directory: DirectoryService, clock=time.monotonic) -> tuple[A
 async def _applied(directory: DirectoryService) -> None:
     """Until every watching gateway applied the directory's current revision."""
     for _ in range(200):
-        if directory.access._watchers:
+        if directory.access.watchers():
             break
         await asyncio.sleep(0.005)
     await directory.access.settled(directory.access.revision)

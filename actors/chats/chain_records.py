@@ -211,6 +211,7 @@ class ChainRecords:
         """Make `chain` the current state and add its row and event (unless not `announce`:
         a row's own bookkeeping) to `sink`. Callers hold the runner's lock until the sink is
         submitted, so chain rows reach the disk in order."""
+        await self.start()  # (the live rows first: a row read later never replaces this)
         before = self._chains.get(chain.id)
         if before is None and chain.id not in self._new:  # (a chain `begin` made is not read)
             before = await self.get(chain.id)

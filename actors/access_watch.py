@@ -32,8 +32,13 @@ KEPT = 4096  # changes whose keys are kept: a gateway further behind drops every
 
 
 class AccessWatch:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.revision = 0
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, start: int | None = None
+    ) -> None:
+        # Counted from the wall clock in microseconds, not 0: a restarted directory's revisions
+        # are above any its predecessor reached, so a gateway's `since` from before the restart
+        # is older than this log and it drops everything (`changes`).
+        self.revision = time.time_ns() // 1000 if start is None else start
         self.clock = clock
         self._changed: asyncio.Event | None = None
         self._acked: asyncio.Event | None = None

@@ -193,8 +193,7 @@ class Auth:
                 await asyncio.sleep(0.5)
                 continue
             if revision != self._applied:
-                self.drop(changed)
-                # A restarted directory counts from 0 again: whatever it says is current.
+                self.drop(changed)  # (None from a restarted directory: access_watch.py)
                 self._applied = revision
             self._heard = time.monotonic()
 

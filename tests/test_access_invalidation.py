@@ -16,8 +16,10 @@ from types import SimpleNamespace
 
 import pytest
 
+import actors.access_watch as access_watch
 import actors.directory as directory_mod
 import gateway.auth as auth_mod
+from actors.access_watch import AccessWatch
 from actors.directory import DirectoryService
 from engine.directory import Permission, Principal, may_use
 from engine.errors import Unauthenticated
@@ -221,3 +223,29 @@ def test_a_token_created_while_requests_with_it_are_in_flight_is_not_a_miss(
     assert made == token
     assert all(isinstance(a, Unauthenticated) for a in answers), answers
     assert [p.user.id for p in after] == ["u_late"] * 3
+
+
+def test_the_watch_names_changes_only_while_it_knows_them_all(monkeypatch):
+    """`changes` answers the keys changed since a revision, or None (drop everything) when it
+    cannot: older than its log, a change that named nothing, or a restarted directory (whose
+    revisions start above any its predecessor reached)."""
+    monkeypatch.setattr(access_watch, "KEPT", 3)
+    w = AccessWatch(start=100)
+    w.bump(["bot:a", "user:u"])
+    w.bump(["bot:b"])
+    assert w.changes(100) == ("bot:a", "bot:b", "user:u")
+    assert (w.changes(101), w.changes(102)) == (("bot:b",), ())
+    assert w.changes(99) is None  # older than what it ever logged
+    for k in range(3):
+        w.bump([f"bot:{k}"])
+    assert w.changes(101) is None and w.changes(102) == ("bot:0", "bot:1", "bot:2")
+    w.bump(None)
+    assert w.changes(104) is None
+    old = AccessWatch()
+    for k in range(3):
+        old.bump([f"bot:{k}"])
+    restarted = AccessWatch()
+    restarted.bump(["bot:x"])
+    while restarted.revision <= old.revision:  # (not needed when counted from the clock)
+        restarted.bump(["bot:y"])
+    assert restarted.changes(old.revision) is None

@@ -2,21 +2,20 @@
 
     .venv/bin/python -m benchmarks.bounded_state [--quick] [--rounds N] [--only chains|access]
 
-Chains: a shard's file holds `--ended` (10,000) ended collaboration chains, or 10; each round
-opens the shard again in a fresh Python process and reports the time until its start recovery
-ran (the chains a restart must read) and the process's RSS after it, side by side, medians over
-`--rounds`; beside them the same start followed by reading, unsealing and keeping every chain
-(what a start that loads them all pays). The chains are written through the shard's own chain
-records (rows and sealed texts as a real chain stores them), in a few large transactions.
+Chains: a shard's file holds `--ended` (10,000) ended collaboration chains, or 10; each round opens
+the shard again in a fresh Python process and reports the time until its start recovery ran (the
+chains a restart must read) and the process's RSS after it, side by side, medians over `--rounds`;
+beside them the same start followed by reading, unsealing and keeping every chain (what a start that
+loads them all pays). The chains are written through the shard's own chain records (rows and sealed
+texts as a real chain stores them), in a few large transactions.
 
-Access: a directory with `--bots` (50,000) bots of `--people` people, and a caching gateway's
-auth (gateway/auth.py) over it, warmed by every person's token and a bot of each; then a member
-is created (a bot making a bot) and `--requests` (1,000) requests are authenticated, each with
-its bot looked up. Reports the directory calls those requests made (bounded: the new member's
-owner and the new bot), the same after a change that drops everything (what any directory write
-cost every gateway before changes named what they touched), the calls for that many requests
-with one unknown token (misses are remembered), and the directory's time per authentication
-with its index beside a scan of every bot and channel.
+Access: a directory with `--bots` (50,000) bots of `--people` people, and a caching gateway's auth
+(gateway/auth.py) over it, warmed by every person's token and a bot of each; then a member is
+created (a bot making a bot) and `--requests` (1,000) requests are authenticated, each with its bot
+looked up. Reports the directory calls those requests made (bounded: the new member's owner and the
+new bot), the same after a change that names nothing (every gateway drops its whole cache), the
+calls for that many requests with one unknown token (misses are remembered), and the directory's
+time per authentication with its index beside a scan of every bot and channel.
 """
 
 from __future__ import annotations
@@ -231,7 +230,7 @@ async def _access(path: Path, bots: int, people: int, requests: int) -> dict:
         await directory.create_member(lead.id, "Helper", None, None)
         await _settled(directory)
         after_member = await requests_round()
-        auth.drop(None)  # what every directory write did to every gateway's cache
+        auth.drop(None)  # a change that names nothing: every entry goes
         after_global_drop = await requests_round()
         port.calls.clear()
         for _ in range(requests):

@@ -1,17 +1,17 @@
 """Bearer authentication and the gateway's cache of who may do what.
 
 Every request names its caller with `Authorization: Bearer <token>`: the admin token, or a user
-token the directory issued (stored there only as a hash). Principals and bot records are cached
-so that a request costs no directory call; each entry carries the directory's access revision it
-was read at (actors/access_watch.py). A background watch long-polls the directory and drops
-everything older as soon as the revision moves; an answer read before a change is never stored
-after it. A revocation (a token, a grant) returns only once this gateway has applied it, so no
-request that starts after it is served with the old access. When the watch stops answering the
-cache is bypassed (every request asks the directory) until it answers again. `ttl` bounds an
-entry's age besides; 0 turns caching off. Each entry is dropped by the access keys it depends on
-(its token and person, its bot, org or channel), so a change drops only what it touched; unknown
-tokens are remembered as misses (bounded, briefly) so a bad token does not reach the directory
-on every request.
+token the directory issued (stored there only as a hash). Principals and bot records are cached so
+that a request costs no directory call; each entry carries the directory's access revision it was
+read at (actors/access_watch.py). A background watch long-polls the directory and, as soon as the
+revision moves, drops the entries of what the changes touched (every entry when the directory cannot
+say); an answer read before a change is never stored after it. A revocation (a token, a grant)
+returns only once this gateway has applied it, so no request that starts after it is served with the
+old access. When the watch stops answering the cache is bypassed (every request asks the directory)
+until it answers again. `ttl` bounds an entry's age besides; 0 turns caching off. Each entry is kept
+with the access keys it depends on (its token and person, its bot, org or channel). Unknown tokens
+are remembered as misses (bounded, briefly) so a bad token does not reach the directory on every
+request.
 """
 
 from __future__ import annotations

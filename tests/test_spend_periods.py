@@ -41,10 +41,17 @@ def test_the_spend_map_keeps_only_the_current_periods(tmp_path: Path) -> None:
             await committer.submit(runtime.spend_rows())
             # each pool: today's total and this month's, nothing older
             assert runtime.stats()["spend_entries"] == 2 * len(pools), day
+        # A day ends between a charge and the write of its total: written, then dropped.
+        await runtime.charge(pools[0], settings, model, done)
+        now[0] += DAY_MS
+        await runtime.charge(pools[1], settings, model, done)
+        await committer.submit(runtime.spend_rows())
+        # today's total of the one pool charged today, and this month's of each pool
+        assert runtime.stats()["spend_entries"] == 1 + len(pools)
         # what ended was written before it was dropped: the first day's and month's totals
         assert await chats.spend(pools[0], "day:2026-01-01") == (5, 0)
         assert await chats.spend(pools[0], "month:2026-01") == (31 * 5, 0)
-        assert await chats.spend(pools[0], "month:2026-02") == (9 * 5, 0)
+        assert await chats.spend(pools[0], "month:2026-02") == (10 * 5, 0)
         await committer.close()
         db.close()
 

@@ -33,6 +33,7 @@ import msgspec
 from engine import tags as tagmod
 from engine.errors import Conflict, InvalidInput
 from engine.memory import Scope, Tier
+from engine.numbers import RevisionNumber
 from engine.prompt_budget import ScopedEntry
 
 MAX_CONTENT_CHARS = 2_000  # one fact, as for learned facts
@@ -511,7 +512,7 @@ class WsMemoryChange(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
     requestId: str
     id: str
-    expectedRevision: int
+    expectedRevision: RevisionNumber
     content: str | None = None
     tier: Tier | None = None
     topics: list[str] | None = None
@@ -522,7 +523,7 @@ class WsForget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     requestId: str
     id: str
-    expectedRevision: int
+    expectedRevision: RevisionNumber
 
 
 class WsEntryView(msgspec.Struct, frozen=True, kw_only=True):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import InvalidInput, Unavailable
+from gateway.nodes import MAX_FRAME as NODE_MAX_FRAME
 from gateway.ws_frames import FramingProtocol
 
 ADMIN_TOKEN_FILE = "admin.token"
@@ -31,6 +32,9 @@ UVICORN_WS = {
     "ws_ping_interval": 15.0,
     "ws_ping_timeout": 15.0,
     "ws_per_message_deflate": False,
+    # The largest frame any socket of this API takes (a node's answer): uvicorn buffers a message
+    # up to this size before a route can refuse it, so its own default (16 MiB) is not kept.
+    "ws_max_size": NODE_MAX_FRAME,
 }
 
 

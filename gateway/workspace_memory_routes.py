@@ -29,6 +29,7 @@ from engine.directory import Principal, User, check_id, require_use, resolve_org
 from engine.errors import InvalidInput, NotFound
 from engine.memory import Scope
 from engine.memory_export import render
+from engine.numbers import query_number
 from engine.projects import ProjectCreate
 from engine.scoped_memory import WsEntryView, WsForget, WsMemoryChange, WsMemoryCreate
 from engine.workspace_search import Hit, merge_hits
@@ -77,10 +78,7 @@ def decode_memory_write(body: bytes) -> WsMemoryCreate | WsMemoryChange:
     kind: type[WsMemoryCreate | WsMemoryChange] = (
         WsMemoryChange if "expectedRevision" in raw else WsMemoryCreate
     )
-    try:
-        return msgspec.convert(raw, type=kind)
-    except msgspec.ValidationError as e:
-        raise InvalidInput(str(e), code="invalid_body") from e
+    return wire.convert(raw, kind)
 
 
 def _one_line_param(request: Request, name: str) -> str | None:
@@ -178,12 +176,13 @@ class WorkspaceMemoryApi:
         status = status or params.get("status") or "active"
         if status not in STATUSES:
             raise InvalidInput("status must be active, forgotten or all", code="invalid_status")
-        try:
-            limit = int(params.get("limit") or DEFAULT_SEARCH_LIMIT)
-        except ValueError as e:
-            raise InvalidInput("limit must be a number", code="invalid_limit") from e
-        if not 1 <= limit <= MAX_SEARCH_LIMIT:
-            raise InvalidInput(f"limit must be 1-{MAX_SEARCH_LIMIT}", code="invalid_limit")
+        limit = query_number(
+            params.get("limit"),
+            field="limit",
+            low=1,
+            high=MAX_SEARCH_LIMIT,
+            default=DEFAULT_SEARCH_LIMIT,
+        )
         if project_id is not None and scope not in (None, "project"):
             raise InvalidInput("project is for project scope", code="invalid_query")
         me = access.account

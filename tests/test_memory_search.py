@@ -265,7 +265,7 @@ def test_bot_memory_q_and_limit_over_http(world):
         one = alice.get(f"/v1/bots/{world.bot}/memory", params={"q": "budget", "limit": 1})
         assert len(one.json()["entries"]) == 1
         bad = alice.get(f"/v1/bots/{world.bot}/memory", params={"q": "budget", "limit": "0"})
-        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_limit"
+        assert bad.status_code == 422 and bad.json()["error"]["code"] == "out_of_range"
         # Without q the listing is as before: every visible entry, no scores.
         listing = alice.get(f"/v1/bots/{world.bot}/memory").json()["entries"]
         assert len(listing) == 2 and "score" not in listing[0]

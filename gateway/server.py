@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import InvalidInput, Unavailable
-from gateway.ws_frames import FramingProtocol
+from gateway.socket_frames import FramingProtocol
 
 ADMIN_TOKEN_FILE = "admin.token"
 log = logging.getLogger("openbot")

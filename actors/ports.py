@@ -23,9 +23,9 @@ from actors.contracts import (
     TurnResult,
     TurnStart,
     Work,
-    WsAccess,
-    WsListing,
-    WsQuery,
+    WorkspaceAccess,
+    WorkspaceListing,
+    WorkspaceQuery,
 )
 from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.directory import (
@@ -42,8 +42,8 @@ from engine.directory import (
 )
 from engine.events import Event, ShardHead
 from engine.listing import Page
-from engine.memory import EntryView, Reader
-from engine.memory_bot import MemoryBotSettings, SettingsPatch
+from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
+from engine.memory_entries import EntryView, Reader
 from engine.models import Completion, Message, ToolSpec
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
 from engine.requests import RequestView
@@ -51,10 +51,10 @@ from engine.scoped_memory import (
     Decision,
     Extraction,
     SourceItem,
-    WsEntryView,
-    WsForget,
-    WsMemoryChange,
-    WsMemoryCreate,
+    WorkspaceEntryView,
+    WorkspaceForget,
+    WorkspaceMemoryChange,
+    WorkspaceMemoryCreate,
 )
 from engine.self_rules import Editor, RulesUpdate
 
@@ -107,9 +107,11 @@ class ShardPort(Protocol):
 
     async def post_item(self, chat: Chat, author: str, text: str) -> ItemView: ...
 
-    async def ws_entries(self, access: WsAccess, query: WsQuery) -> WsListing: ...
+    async def workspace_entries(
+        self, access: WorkspaceAccess, query: WorkspaceQuery
+    ) -> WorkspaceListing: ...
 
-    async def ws_extract(
+    async def workspace_extract(
         self,
         pool_id: str,
         contributor: str,
@@ -199,18 +201,24 @@ class ShardPort(Protocol):
     ) -> LearningJob | None: ...
 
     # the workspace: projects and scoped memories
-    async def ws_projects(self, user: str) -> list[ProjectView]: ...
-    async def ws_save_project(
+    async def workspace_projects(self, user: str) -> list[ProjectView]: ...
+    async def workspace_save_project(
         self, actor: str, org: str, request: ProjectCreate | ProjectChange, project_id: str
     ) -> ProjectView: ...
-    async def ws_has_entry(self, entry_id: str) -> bool: ...
-    async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView: ...
+    async def workspace_has_entry(self, entry_id: str) -> bool: ...
+    async def workspace_create_memory(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
+    ) -> WorkspaceEntryView: ...
     # The same answer as its JSON body (the HTTP answer as it is).
-    async def ws_create_memory_json(self, access: WsAccess, body: WsMemoryCreate) -> bytes: ...
-    async def ws_change_memory(
-        self, access: WsAccess, body: WsMemoryChange | WsForget
-    ) -> WsEntryView: ...
-    async def ws_revisions(self, access: WsAccess, entry_id: str) -> list[RevisionView]: ...
+    async def workspace_create_memory_json(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
+    ) -> bytes: ...
+    async def workspace_change_memory(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryChange | WorkspaceForget
+    ) -> WorkspaceEntryView: ...
+    async def workspace_revisions(
+        self, access: WorkspaceAccess, entry_id: str
+    ) -> list[RevisionView]: ...
 
 
 class DirectoryPort(Protocol):

@@ -27,9 +27,9 @@ from engine.events import Listener
 from gateway.auth import Auth, bearer_token
 from gateway.fanout import Hub
 from gateway.metrics import WS_CLIENTS
+from gateway.socket_frames import FRAMES
 from gateway.subscriber import Closed, Frame, Outlet, Subscriber
 from gateway.wire import check_json
-from gateway.ws_frames import FRAMES
 
 __all__ = ["EventsEndpoint", "Hub", "Subscriber"]
 
@@ -60,7 +60,7 @@ class EventsEndpoint:
     async def handle(self, websocket: WebSocket) -> None:
         await websocket.accept()
         sub: Subscriber | None = None
-        # The server's ready-made frame writer where it offers one (gateway/ws_frames.py).
+        # The server's ready-made frame writer where it offers one (gateway/socket_frames.py).
         writer = websocket.scope.get("extensions", {}).get(FRAMES)
         outlet = Outlet(websocket.send, writer=writer)
         WS_CLIENTS.labels("events").inc()

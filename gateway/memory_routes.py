@@ -15,8 +15,8 @@ from actors.ports import EnginePort, ShardPort
 from engine import tags as tagmod
 from engine import widening
 from engine.directory import Bot, Principal, bot_org, bot_pool, require_use, require_write
-from engine.memory import Reader
-from engine.memory_bot import SettingsPatch
+from engine.memory_bot_settings import SettingsPatch
+from engine.memory_entries import Reader
 from engine.numbers import query_number
 from gateway import wire
 from gateway.auth import Auth

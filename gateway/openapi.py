@@ -26,11 +26,16 @@ from engine.casing import camel_schema, plain_component_names
 from engine.chat_records import ItemView, LearningJob
 from engine.directory import Bot, Channel, Chat, Org, User
 from engine.listing import BotEntry, ChannelEntry, ChatEntry, Me, Page
-from engine.memory import EntryView, LogPage, MemoryPage
-from engine.memory_bot import MemoryBotSettings, SettingsPatch
+from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
+from engine.memory_entries import EntryView, LogPage, MemoryPage
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
 from engine.requests import RequestView
-from engine.scoped_memory import WsEntryView, WsForget, WsMemoryChange, WsMemoryCreate
+from engine.scoped_memory import (
+    WorkspaceEntryView,
+    WorkspaceForget,
+    WorkspaceMemoryChange,
+    WorkspaceMemoryCreate,
+)
 from engine.self_rules import RulesUpdate
 from gateway import openapi_shapes as s
 from gateway import wire
@@ -284,22 +289,22 @@ ROUTES: list[Op] = [
         "get",
         f"{WS}/memories",
         "Memories by scope, or a search",
-        ok=s.WsEntries,
+        ok=s.WorkspaceEntries,
         query=(SCOPE, BOT, PROJECT, SEARCH, STATUS, LIMIT, USING),
     ),
     Op(
         "post",
         f"{WS}/memories",
         "Create a memory (201), or change one (expectedRevision: 200)",
-        (WsMemoryCreate, WsMemoryChange),
-        {201: WsEntryView, 200: WsEntryView},
+        (WorkspaceMemoryCreate, WorkspaceMemoryChange),
+        {201: WorkspaceEntryView, 200: WorkspaceEntryView},
     ),
     Op(
         "post",
         f"{WS}/memories/forget",
         "Forget a memory by expectedRevision",
-        WsForget,
-        WsEntryView,
+        WorkspaceForget,
+        WorkspaceEntryView,
     ),
     Op(
         "get",

@@ -14,7 +14,7 @@ from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, T
 from engine.directory import Permission
 from engine.projects import ProjectView
 from engine.requests import RequestView
-from engine.scoped_memory import WsEntryView
+from engine.scoped_memory import WorkspaceEntryView
 
 
 class _Doc(msgspec.Struct, frozen=True, kw_only=True):
@@ -116,8 +116,8 @@ class Projects(_Doc):
     projects: list[ProjectView]
 
 
-class WsEntries(_Doc):
-    entries: list[WsEntryView]
+class WorkspaceEntries(_Doc):
+    entries: list[WorkspaceEntryView]
 
 
 class Revisions(_Doc):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from engine.errors import InvalidInput, Unavailable
 from gateway.nodes import MAX_FRAME as NODE_MAX_FRAME
-from gateway.ws_frames import FramingProtocol
+from gateway.socket_frames import FramingProtocol
 
 ADMIN_TOKEN_FILE = "admin.token"
 log = logging.getLogger("openbot")
@@ -28,7 +28,7 @@ log = logging.getLogger("openbot")
 # event frames are ~250 bytes, and compressing each one for each client cost ~3x the CPU of
 # framing it (8 of 11 us a frame, measured) plus a zlib state of ~260 KB per connection.
 UVICORN_WS = {
-    "ws": FramingProtocol,  # websockets-sansio offering ready-made event frames (ws_frames.py)
+    "ws": FramingProtocol,  # websockets-sansio offering ready-made event frames (socket_frames.py)
     "ws_ping_interval": 15.0,
     "ws_ping_timeout": 15.0,
     "ws_per_message_deflate": False,

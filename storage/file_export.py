@@ -30,15 +30,15 @@ from pathlib import Path
 
 import msgspec
 
-from engine import bot_memory as bm
 from engine import file_tree as ft
+from engine import memory_union as bm
 from engine.chat_records import LearningJob
 from engine.directory import Bot, Channel, Chat, Org, User
 from engine.errors import InvalidInput, NotFound, StorageError
-from engine.memory import Change, EntryMeta, LogRow, Reader, Who
-from engine.memory_bot import MemoryBotSettings
+from engine.memory_bot_settings import MemoryBotSettings
+from engine.memory_entries import Change, EntryMeta, LogRow, Reader, Who
 from engine.projects import Project
-from engine.scoped_memory import ForgetBarrier, Revision, WsEntry, content_fingerprint
+from engine.scoped_memory import ForgetBarrier, Revision, WorkspaceEntry, content_fingerprint
 from engine.visibility import Visibility
 from storage import chat_export
 from storage.crypto import KEY_FILE, Cipher, Keyring, aad, load_master_key
@@ -67,7 +67,7 @@ TRANSACTIONS = ".transactions"
 _enc = msgspec.json.Encoder()
 _dec: dict[type, msgspec.json.Decoder] = {
     k: msgspec.json.Decoder(k)
-    for k in (Org, User, Bot, Channel, Chat, Project, WsEntry, LearningJob, EntryMeta)
+    for k in (Org, User, Bot, Channel, Chat, Project, WorkspaceEntry, LearningJob, EntryMeta)
 }
 _barrier_dec = msgspec.json.Decoder(ForgetBarrier)
 _settings_dec = msgspec.json.Decoder(MemoryBotSettings)
@@ -87,7 +87,7 @@ def shard_of(key: str, shards: int) -> int:
 class _ShardRows:
     index: int
     keys: dict[str, Cipher] = field(default_factory=dict)
-    entries: dict[str, list[tuple[WsEntry, bytes]]] = field(default_factory=dict)
+    entries: dict[str, list[tuple[WorkspaceEntry, bytes]]] = field(default_factory=dict)
     seeds: dict[str, list[tuple[EntryMeta, bytes]]] = field(default_factory=dict)  # bot pools
     revisions: dict[str, list[tuple]] = field(default_factory=dict)
     barriers: dict[str, list[tuple[int, ForgetBarrier]]] = field(default_factory=dict)
@@ -140,7 +140,9 @@ class DataDirReader:
             for pool, wrapped in _rows(con, "SELECT pool, wrapped_key FROM pools"):
                 out.keys[pool] = self.keyring.unwrap_pool_key(pool, wrapped)
             for pool, meta, content in _rows(con, "SELECT pool, meta, content FROM ws_entries"):
-                out.entries.setdefault(pool, []).append((_dec[WsEntry].decode(meta), content))
+                out.entries.setdefault(pool, []).append(
+                    (_dec[WorkspaceEntry].decode(meta), content)
+                )
             for pool, meta, content in _rows(
                 con, "SELECT pool, meta, content FROM memory_entries WHERE pool LIKE 'bot:%'"
             ):
@@ -251,10 +253,14 @@ class DataDirReader:
         return tuple(out)
 
     def _bot_memory(
-        self, pool: str, account: str, records: list[WsEntry], seeds: list[tuple[EntryMeta, bytes]]
-    ) -> tuple[list[WsEntry], list[tuple[EntryMeta, bytes]]]:
+        self,
+        pool: str,
+        account: str,
+        records: list[WorkspaceEntry],
+        seeds: list[tuple[EntryMeta, bytes]],
+    ) -> tuple[list[WorkspaceEntry], list[tuple[EntryMeta, bytes]]]:
         """A bot pool's one memory as the account (its owner) sees it in the bot's org
-        (engine/bot_memory.py): records linked to the bot's org, learned entries under their
+        (engine/memory_union.py): records linked to the bot's org, learned entries under their
         own rule. What is for other people stays out of the owner's tree."""
         bot = self.bots.get(pool.removeprefix("bot:"))
         org = bot.org if bot is not None else None
@@ -292,7 +298,7 @@ class DataDirReader:
                 fields = msgspec.structs.asdict(entry)
                 del fields["content_fp"]
                 records.append(ft.MemoryRecord(**fields, content=content))
-            records += [_seed_record(pool, meta, sealed, cipher) for meta, sealed in seeds]
+            records += [_entry_record(pool, meta, sealed, cipher) for meta, sealed in seeds]
             for entry_id, revision, at, operator, change, body in revs:
                 before, after = WorkspaceStore.open_revision(cipher, pool, entry_id, revision, body)
                 revisions.append(
@@ -334,7 +340,7 @@ class DataDirReader:
             tombstones=tuple(tombstones),
             jobs=tuple(jobs),
             positions=tuple(p for s in self.shards for p in s.chats.positions.get(pool, ())),
-            seed=self._seed(pool, {r.id for r in records if r.memory is not None}),
+            seed=self._memory_bot_state(pool, {r.id for r in records if r.memory is not None}),
         )
 
     def _kept_for(self, account: str) -> list[ft.PoolSnapshot]:
@@ -353,17 +359,19 @@ class DataDirReader:
                         keeper = ft.entry_keeper(meta.tags, people)
                         if meta.id not in seen and keeper not in (None, bot.owner):
                             mine = self._keepers.setdefault(keeper, {}).setdefault(pool, [])
-                            mine.append(_seed_record(pool, meta, sealed, shard.keys[pool]))
+                            mine.append(_entry_record(pool, meta, sealed, shard.keys[pool]))
         return [
             ft.PoolSnapshot(
                 pool=pool,
                 records=tuple(records),
-                seed=self._seed(pool, {r.id for r in records}, log_only=True),
+                seed=self._memory_bot_state(pool, {r.id for r in records}, log_only=True),
             )
             for pool, records in sorted(self._keepers.get(account, {}).items())
         ]
 
-    def _seed(self, pool: str, kept: set[str], log_only: bool = False) -> ft.SeedPool | None:
+    def _memory_bot_state(
+        self, pool: str, kept: set[str], log_only: bool = False
+    ) -> ft.MemoryBotState | None:
         """A bot pool's seed-000 version, memory-bot settings and the log rows of the entries
         in the tree (the others are other people's); only the log rows with `log_only`."""
         for shard in self.shards:
@@ -384,8 +392,8 @@ class DataDirReader:
                         LogRow(version=v, at=at, who=Who(who), entry=entry, change=Change(change))
                     )
             if log_only:
-                return ft.SeedPool(log=tuple(log))
-            return ft.SeedPool(version=version, settings=settings, log=tuple(log))
+                return ft.MemoryBotState(log=tuple(log))
+            return ft.MemoryBotState(version=version, settings=settings, log=tuple(log))
         return None
 
     def _commands(self, account: str) -> Iterator[ft.CommandReceipt]:
@@ -418,7 +426,7 @@ class DataDirReader:
                     break
 
 
-def _seed_record(pool: str, meta: EntryMeta, sealed: bytes, cipher: Cipher) -> ft.MemoryRecord:
+def _entry_record(pool: str, meta: EntryMeta, sealed: bytes, cipher: Cipher) -> ft.MemoryRecord:
     """A learned (seed-000) entry of a bot's memory as a record of the tree."""
     content = cipher.open(sealed, aad(pool, meta.id)).decode()
     view = bm.as_record_view(meta, content, pool.removeprefix("bot:"))
@@ -600,7 +608,7 @@ def import_snapshots(
                 return None
             cipher, wrapped = keyring.new_pool_key(pool)
             stored = StoredPool(pool=pool, cipher=cipher, wrapped_key=wrapped)
-            seed = seeds.get(pool) or ft.SeedPool()
+            seed = seeds.get(pool) or ft.MemoryBotState()
             row = memory.pool_row(stored, seed.version, seed.settings)
             writes[shard_of(owner, shards)].append(row)
             keys[pool] = cipher
@@ -696,7 +704,7 @@ def _pool_rows(ws: WorkspaceStore, pool: ft.PoolSnapshot, cipher: Cipher) -> Ite
             row = (entry_key(pool.pool, r.id), pool.pool, r.id, _enc.encode(memory).decode())
             yield Insert(MEMORY_ENTRIES.name, (*row, sealed))
             continue
-        entry = WsEntry(**fields, content_fp=content_fingerprint(content, fp_key))
+        entry = WorkspaceEntry(**fields, content_fp=content_fingerprint(content, fp_key))
         yield ws.entry_row(entry, ws.seal(cipher, pool.pool, r.id, content), new=True)
     for rev in pool.revisions:
         yield ws.revision_row(pool.pool, rev, cipher)

@@ -76,7 +76,7 @@ MIGRATIONS: tuple[str, ...] = (
         key VARCHAR, pool VARCHAR, entry VARCHAR, model VARCHAR, fp VARCHAR, vec BLOB
     );
     """,
-    # 7: one memory per bot (MEM-1, engine/bot_memory.py): workspace bot-scope records join the
+    # 7: one memory per bot (MEM-1, engine/memory_union.py): workspace bot-scope records join the
     # bot's memory under its visibility rule. Records stored before get their system tags
     # `from:<first revision's operator>` and `for:bot`; `org:` (the bot's home org, kept in the
     # directory's file) is added when the shard loads the pool.

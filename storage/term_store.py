@@ -9,7 +9,7 @@ the first search after a shard opens need not decrypt and tokenize every record 
 A workspace pool's built index is also kept whole (`search_snapshots`, migration 10): its
 postings, sealed with the pool's data key, and `covers`, the highest `seq` of the term rows it
 was built from. Every term row of a workspace pool carries a `seq` from the pool's counter
-(`WsPool.next_seq`), so a load restores the snapshot and applies only the rows written after
+(`WorkspacePool.next_seq`), so a load restores the snapshot and applies only the rows written after
 it (`seq > covers`) instead of sorting every posting again. The snapshot holds term keys only
 (keyed hashes, as the rows do), record ids and counts: no word, and not readable without the
 pool's key either.

@@ -246,7 +246,7 @@ def test_mem1_fs1_learned_entries_are_in_the_owners_file_tree_and_come_back_as_t
 
     from actors.directory import DirectoryService
     from actors.shard.service import ShardService
-    from engine.memory import Reader
+    from engine.memory_entries import Reader
     from storage import file_export
 
     mem, bot_model = model_stubs["mem"], model_stubs["bot"]

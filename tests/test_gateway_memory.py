@@ -5,7 +5,7 @@ from __future__ import annotations
 import ray
 
 from engine.directory import bot_pool
-from engine.memory import AccessProof, EntryMeta, Layer, Source
+from engine.memory_entries import AccessProof, EntryMeta, Layer, Source
 
 REMEMBER = {"command": {"_tag": "Remember", "content": "Run the tests first.", "tags": ["testing"]}}
 

@@ -13,7 +13,7 @@ from actors.shard.kernel import ShardKernel
 from engine import commands
 from engine.errors import StorageError
 from engine.events import Audience, ChatItemCreated
-from engine.memory import Reader
+from engine.memory_entries import Reader
 from storage.group_commit import GroupCommitter
 
 R = Reader(user="u1", org="o1", uses_bot=True)

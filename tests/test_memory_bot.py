@@ -11,8 +11,8 @@ import pytest
 
 from actors.contracts import TurnStart
 from engine.directory import Org, OrgSettings
-from engine.memory import Reader
-from engine.memory_bot import Budget, SettingsPatch
+from engine.memory_bot_settings import Budget, SettingsPatch
+from engine.memory_entries import Reader
 from engine.turns import CALM_ANSWER
 from tests.openai_stub import OpenAIStub, completion
 from tests.shard_kit import ANN, BOT, CHAT, ORG, POOL, run_turn, shard_service

@@ -68,8 +68,8 @@ def test_document_is_valid_and_served(server):
     }
     body = memories["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert [s["$ref"].rsplit("/", 1)[1] for s in body["oneOf"]] == [
-        "WsMemoryCreate",
-        "WsMemoryChange",
+        "WorkspaceMemoryCreate",
+        "WorkspaceMemoryChange",
     ]
     for ws in ("/v1/events", "/v1/nodes"):
         op = paths[ws]["get"]

@@ -14,7 +14,7 @@ from actors.contracts import EVENT_BATCH
 from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.events import MemoryChanged
-from engine.memory import Reader
+from engine.memory_entries import Reader
 
 POOL = "bot:b1"
 ALICE = Reader(user="u1", org="o1", channels=frozenset({"c1", "c2"}), uses_bot=True)
@@ -74,7 +74,7 @@ def test_a_garbled_packed_workspace_write_is_invalid_input_and_stores_nothing(
             before = await svc.events_after(0, 1000, 0.0)
             for junk in (b"", b"\x81\xa3bad\x01", msgspec.msgpack.encode({"access": 1})):
                 with pytest.raises(InvalidInput):
-                    await svc.ws_create_memory_packed(junk)
+                    await svc.workspace_create_memory_packed(junk)
             assert await svc.events_after(0, 1000, 0.0) == before
         finally:
             await svc.close()

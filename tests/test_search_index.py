@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.shard.pool import Pool
-from engine.memory import EntryMeta, Reader, Status
+from engine.memory_entries import EntryMeta, Reader, Status
 from storage.crypto import Cipher
 from storage.memory_store import StoredPool
 from storage.search_index import Analyzer, Stats, TermIndex, _order_by_key, in_context

@@ -19,7 +19,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from actors.contracts import WsAccess, WsQuery
+from actors.contracts import WorkspaceAccess, WorkspaceQuery
 from actors.directory import DirectoryService
 from actors.models.embeddings import (
     EmbeddingError,
@@ -32,8 +32,8 @@ from actors.models.registry import load_models
 from actors.shard.service import ShardService
 from actors.workspace.vectors import PoolVectors
 from engine.errors import InvalidInput, Unavailable
-from engine.memory import Scope, Tier
-from engine.scoped_memory import WsEntry, WsMemoryChange, WsMemoryCreate
+from engine.memory_entries import Scope, Tier
+from engine.scoped_memory import WorkspaceEntry, WorkspaceMemoryChange, WorkspaceMemoryCreate
 from engine.workspace_search import cosine_top_k
 from gateway.live_server import LiveServer
 from gateway.server import load_settings
@@ -174,8 +174,8 @@ def test_search_settings_are_checked_against_the_models(tmp_path: Path):
 # --- the vector index -----------------------------------------------------------------------------
 
 
-def _entry(entry_id: str, fp: str = "fp") -> WsEntry:
-    return WsEntry(
+def _entry(entry_id: str, fp: str = "fp") -> WorkspaceEntry:
+    return WorkspaceEntry(
         id=entry_id,
         scope=Scope.USER,
         pool="user:u",
@@ -247,22 +247,22 @@ async def _close(svc: ShardService) -> None:
     svc.peers.directory().store.db.close()
 
 
-ANN = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
-BEN = WsAccess(account="u_ben", bots=frozenset({"b_2"}))
+ANN = WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}))
+BEN = WorkspaceAccess(account="u_ben", bots=frozenset({"b_2"}))
 
 
-async def _remember(svc: ShardService, who: WsAccess, content: str) -> str:
-    body = WsMemoryCreate(
+async def _remember(svc: ShardService, who: WorkspaceAccess, content: str) -> str:
+    body = WorkspaceMemoryCreate(
         requestId="r-" + secrets.token_hex(4),
         scope=Scope.USER,
         bot=next(iter(who.bots)),
         content=content,
     )
-    return (await svc.ws_create_memory(who, body)).id
+    return (await svc.workspace_create_memory(who, body)).id
 
 
 async def _search(svc: ShardService, q: str, *pools: str):
-    listing = await svc.ws_entries(ANN, WsQuery(pools=pools or ("user:u_ann",), q=q))
+    listing = await svc.workspace_entries(ANN, WorkspaceQuery(pools=pools or ("user:u_ann",), q=q))
     return (
         [h.id for h in listing.hits],
         [h.id for h in listing.semantic],
@@ -288,10 +288,10 @@ def test_shard_keeps_vectors_recomputes_edits_and_survives_a_dead_model(tmp_path
         assert set(entries) == {ids["auto"], ids["maps"]}
         assert emb.texts[4:] == ["car map"]  # only the query was embedded for the search
         # An edit changes the content: its vector is computed again.
-        change = WsMemoryChange(
+        change = WorkspaceMemoryChange(
             requestId="r-edit", id=ids["lunch"], expectedRevision=1, content="Lunch by car."
         )
-        await svc.ws_change_memory(ANN, change)
+        await svc.workspace_change_memory(ANN, change)
         await svc.workspace.semantic.idle()
         assert emb.texts[-1] == "Lunch by car."
         keyword, semantic, _ = await _search(svc, "automobile")
@@ -347,10 +347,10 @@ def test_an_edited_record_is_not_found_by_its_old_vector(tmp_path: Path):
         await svc.workspace.semantic.idle()
         assert (await _search(svc, "vehicle"))[1] == [auto]  # the query's vector is kept
         emb.down = True
-        change = WsMemoryChange(
+        change = WorkspaceMemoryChange(
             requestId="r-edit", id=auto, expectedRevision=1, content="Gardening on Sundays."
         )
-        await svc.ws_change_memory(ANN, change)
+        await svc.workspace_change_memory(ANN, change)
         keyword, semantic, entries = await _search(svc, "vehicle")
         assert semantic == [] and keyword == [] and entries == []
         await _close(svc)
@@ -448,15 +448,17 @@ def test_semantic_search_finds_the_learned_entries_the_caller_may_read(tmp_path:
                 ],
             )
             bot = BOT_POOL.removeprefix("bot:")
-            u1 = WsAccess(account="u1", bots=frozenset({bot}), orgs=("o1",))
-            u2 = WsAccess(account="u2", bots=frozenset({bot}), orgs=("o1",))
-            only = WsQuery(pools=(BOT_POOL,), projects=(), q="car", using="semantic")
-            listing = await svc.ws_entries(u1, only)
+            u1 = WorkspaceAccess(account="u1", bots=frozenset({bot}), orgs=("o1",))
+            u2 = WorkspaceAccess(account="u2", bots=frozenset({bot}), orgs=("o1",))
+            only = WorkspaceQuery(pools=(BOT_POOL,), projects=(), q="car", using="semantic")
+            listing = await svc.workspace_entries(u1, only)
             assert [h.id for h in listing.semantic] == ["mem_l1"]  # no "car" in it
             assert [e.id for e in listing.entries] == ["mem_l1"]  # and not u2's
-            hybrid = await svc.ws_entries(u1, WsQuery(pools=(BOT_POOL,), projects=(), q="car"))
+            hybrid = await svc.workspace_entries(
+                u1, WorkspaceQuery(pools=(BOT_POOL,), projects=(), q="car")
+            )
             assert [(h.id, h.kinds) for h in hybrid.fused] == [("mem_l1", ("semantic",))]
-            assert [e.id for e in (await svc.ws_entries(u2, only)).entries] == ["mem_l2"]
+            assert [e.id for e in (await svc.workspace_entries(u2, only)).entries] == ["mem_l2"]
             embedded = [t for t in emb.texts if "automobile" in t]
             assert sorted(embedded) == sorted(
                 ["Her automobile is a green hatchback", "His automobile is a red van"]

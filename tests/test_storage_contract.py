@@ -19,9 +19,9 @@ from engine import commands
 from engine.chat_records import Confession, LearningJob, Turn
 from engine.errors import Conflict, StorageError
 from engine.events import Audience, ChatItemCreated
-from engine.memory import Reader, Scope, Tier
+from engine.memory_entries import Reader, Scope, Tier
 from engine.projects import Project
-from engine.scoped_memory import ForgetBarrier, Revision, WsEntry
+from engine.scoped_memory import ForgetBarrier, Revision, WorkspaceEntry
 from storage.chat_store import ChatStore, Item
 from storage.crypto import Keyring
 from storage.database import Database
@@ -237,7 +237,7 @@ def test_a_workspace_pool_reads_back_records_revisions_barriers_and_projects(whe
             ws = WorkspaceStore(s.db, MASTER)
             mem = MemoryStore(s.db, s.keyring)
             pool = await mem.load("project:p1")
-            entry = WsEntry(
+            entry = WorkspaceEntry(
                 id="w1",
                 scope=Scope.PROJECT,
                 pool="project:p1",

@@ -21,11 +21,11 @@ from typing import Protocol
 import msgspec
 
 from actors.learning.jobs import job_event
-from actors.learning.memory_bot import BudgetSpent, MemoryBotRuntime
+from actors.learning.memory_bot_runtime import BudgetSpent, MemoryBotRuntime
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
-from actors.shard.bot_memory import BotMemory
 from actors.shard.kernel import ShardKernel, ignore_failure
+from actors.shard.memory_reader import MemoryReader
 from actors.shard.residency import unused
 from engine import scoped_memory as sm
 from engine import tags as tagmod
@@ -38,8 +38,8 @@ from engine.learning import (
     build_request,
     decide,
 )
-from engine.memory import Change, LogRow, Reader, Scope, Who
-from engine.memory_bot import next_period_start
+from engine.memory_bot_settings import next_period_start
+from engine.memory_entries import Change, LogRow, Reader, Scope, Who
 from engine.models import Completion, Message
 from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS, learning_system
 from storage.chat_store import ChatLog, ChatStore, ModelCall
@@ -65,7 +65,7 @@ class LearningRunner:
         kernel: ShardKernel,
         store: ChatStore,
         runtime: MemoryBotRuntime,
-        memory: BotMemory,
+        memory: MemoryReader,
         logs: EvidenceLogs,
         peers: Peers,
     ) -> None:
@@ -341,7 +341,7 @@ class LearningRunner:
         # (no pool lock is held across an actor call, ACL-9). The receipt of `learn:<job>:<upto>`
         # makes a repeat store nothing twice.
         _, ws = await self.memory.pools(job.pool)
-        ws_rejected: list[str] = []
+        workspace_rejected: list[str] = []
         async with pool.lock.shared():
             learned = await self._position(job.pool, job.chat) >= job.upto
             if not learned:
@@ -355,7 +355,7 @@ class LearningRunner:
                     new_ids=new_ids(),
                 )
         if not learned:
-            ws_rejected = await self._extract_scoped(job, first.new, evidence, now)
+            workspace_rejected = await self._extract_scoped(job, first.new, evidence, now)
         async with pool.lock.exclusive():
             if await self._position(job.pool, job.chat) >= job.upto:
                 pending = pool.pending  # LRN-5: applied meanwhile; never twice
@@ -374,7 +374,7 @@ class LearningRunner:
                     new_ids=new_ids(),
                 )
                 rejections = tuple(
-                    [f"{r.tool}: {r.reason}" for r in decision.rejected] + ws_rejected
+                    [f"{r.tool}: {r.reason}" for r in decision.rejected] + workspace_rejected
                 )
                 decision = msgspec.structs.replace(
                     decision,
@@ -486,7 +486,7 @@ class LearningRunner:
                 if owner is None:
                     refused += [f"learn_fact: no project {pool_id}"] * len(proposals)
                     continue
-            decisions = await self.peers.shard(self.peers.index_of(owner)).ws_extract(
+            decisions = await self.peers.shard(self.peers.index_of(owner)).workspace_extract(
                 pool_id, contributor, proposals, sources, f"learn:{job.id}:{job.upto}", now
             )
             refused += [f"learn_fact: {d.reason}" for d in decisions if d.outcome == "refused"]

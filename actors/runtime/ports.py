@@ -32,10 +32,10 @@ from actors.contracts import (
     StepOutcome,
     TurnResult,
     TurnStart,
-    WsAccess,
-    WsCreateCall,
-    WsListing,
-    WsQuery,
+    WorkspaceAccess,
+    WorkspaceCreateCall,
+    WorkspaceListing,
+    WorkspaceQuery,
 )
 from actors.runtime.coalesce import Coalescer
 from actors.runtime.follow import Follower
@@ -44,18 +44,18 @@ from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, T
 from engine.directory import Bot, Channel, Chat, Org
 from engine.errors import OpenBotError, Unavailable
 from engine.events import Event, ShardHead
-from engine.memory import EntryView, Reader
-from engine.memory_bot import MemoryBotSettings, SettingsPatch
+from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
+from engine.memory_entries import EntryView, Reader
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
 from engine.requests import RequestView
 from engine.scoped_memory import (
     Decision,
     Extraction,
     SourceItem,
-    WsEntryView,
-    WsForget,
-    WsMemoryChange,
-    WsMemoryCreate,
+    WorkspaceEntryView,
+    WorkspaceForget,
+    WorkspaceMemoryChange,
+    WorkspaceMemoryCreate,
 )
 from storage.stats import STATS
 
@@ -105,9 +105,9 @@ class _Writes:
     Remembers, and workspace memory creations, go many to a call while one is in flight; and
     its view of the shard's events, which their replies feed (actors/runtime/follow.py)."""
 
-    def __init__(self, remember: Coalescer, ws_create: Coalescer, follow: Follower) -> None:
+    def __init__(self, remember: Coalescer, workspace_create: Coalescer, follow: Follower) -> None:
         self.remember = remember
-        self.ws_create = ws_create
+        self.workspace_create = workspace_create
         self.follow = follow
 
 
@@ -131,7 +131,7 @@ class RayShard(NamedActor):
         if found is None:
             found = _Writes(
                 Coalescer(self._remember_many),
-                Coalescer(self._ws_create_many),
+                Coalescer(self._workspace_create_many),
                 Follower(self._poll),
             )
             self._writes[loop] = found
@@ -141,10 +141,10 @@ class RayShard(NamedActor):
         actor = self._actor()
         return await self._followed(call, actor.remember_many, actor.remember_many_followed)
 
-    async def _ws_create_many(self, call: bytes) -> bytes:
+    async def _workspace_create_many(self, call: bytes) -> bytes:
         actor = self._actor()
         return await self._followed(
-            call, actor.ws_create_memory_many, actor.ws_create_memory_many_followed
+            call, actor.workspace_create_memory_many, actor.workspace_create_memory_many_followed
         )
 
     async def _followed(self, call: bytes, plain: Any, followed: Any) -> bytes:
@@ -193,10 +193,12 @@ class RayShard(NamedActor):
     async def post_item(self, chat: Chat, author: str, text: str) -> ItemView:
         return await remote(self._actor().post_item, chat, author, text)
 
-    async def ws_entries(self, access: WsAccess, query: WsQuery) -> WsListing:
-        return await remote(self._actor().ws_entries, access, query)
+    async def workspace_entries(
+        self, access: WorkspaceAccess, query: WorkspaceQuery
+    ) -> WorkspaceListing:
+        return await remote(self._actor().workspace_entries, access, query)
 
-    async def ws_extract(
+    async def workspace_extract(
         self,
         pool_id: str,
         contributor: str,
@@ -206,7 +208,13 @@ class RayShard(NamedActor):
         now: int | None = None,
     ) -> list[Decision]:
         return await remote(
-            self._actor().ws_extract, pool_id, contributor, proposals, sources, request_id, now
+            self._actor().workspace_extract,
+            pool_id,
+            contributor,
+            proposals,
+            sources,
+            request_id,
+            now,
         )
 
     # --- what a gateway asks ---
@@ -357,31 +365,37 @@ class RayShard(NamedActor):
     ) -> LearningJob | None:
         return await remote(self._actor().retry_memory_job, job_id, pools, user, channels)
 
-    async def ws_projects(self, user: str) -> list[ProjectView]:
-        return await remote(self._actor().ws_projects, user)
+    async def workspace_projects(self, user: str) -> list[ProjectView]:
+        return await remote(self._actor().workspace_projects, user)
 
-    async def ws_save_project(
+    async def workspace_save_project(
         self, actor: str, org: str, request: ProjectCreate | ProjectChange, project_id: str
     ) -> ProjectView:
-        return await remote(self._actor().ws_save_project, actor, org, request, project_id)
+        return await remote(self._actor().workspace_save_project, actor, org, request, project_id)
 
-    async def ws_has_entry(self, entry_id: str) -> bool:
-        return await remote(self._actor().ws_has_entry, entry_id)
+    async def workspace_has_entry(self, entry_id: str) -> bool:
+        return await remote(self._actor().workspace_has_entry, entry_id)
 
-    async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView:
-        return WS_ENTRY_VIEW.decode(await self.ws_create_memory_json(access, body))
+    async def workspace_create_memory(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
+    ) -> WorkspaceEntryView:
+        return WS_ENTRY_VIEW.decode(await self.workspace_create_memory_json(access, body))
 
-    async def ws_create_memory_json(self, access: WsAccess, body: WsMemoryCreate) -> bytes:
+    async def workspace_create_memory_json(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
+    ) -> bytes:
         # One bytes each way (actors/shard/packed.py): Ray would pickle both Structs and the reply.
-        call = _packer.encode(WsCreateCall(access=access, body=body))
+        call = _packer.encode(WorkspaceCreateCall(access=access, body=body))
         if self.coalesce:
-            return await self.writes().ws_create.call(call)
-        return await remote(self._actor().ws_create_memory_packed, call)
+            return await self.writes().workspace_create.call(call)
+        return await remote(self._actor().workspace_create_memory_packed, call)
 
-    async def ws_change_memory(
-        self, access: WsAccess, body: WsMemoryChange | WsForget
-    ) -> WsEntryView:
-        return await remote(self._actor().ws_change_memory, access, body)
+    async def workspace_change_memory(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryChange | WorkspaceForget
+    ) -> WorkspaceEntryView:
+        return await remote(self._actor().workspace_change_memory, access, body)
 
-    async def ws_revisions(self, access: WsAccess, entry_id: str) -> list[RevisionView]:
-        return await remote(self._actor().ws_revisions, access, entry_id)
+    async def workspace_revisions(
+        self, access: WorkspaceAccess, entry_id: str
+    ) -> list[RevisionView]:
+        return await remote(self._actor().workspace_revisions, access, entry_id)

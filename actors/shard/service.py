@@ -4,7 +4,7 @@ A thin facade. `ShardKernel` (actors/shard/kernel.py) owns the file, the commit 
 event log, the keys and the loaded pools with their locks; each feature is built here with the
 kernel and the collaborators it names, and every method below hands a call to one of them:
 
-- the seed-000 memory API (actors/shard/seed_memory.py) over a bot's one memory (bot_memory.py);
+- the seed-000 memory API (actors/shard/memory_ops.py) over a bot's one memory (bot_memory.py);
 - chats: logs (actors/chats/chat_logs.py), direct and group turns (conversations.py,
   group_turns.py), bot steps (bot_step.py), collaboration chains (chains.py), requests;
 - learning executions (actors/learning/runs.py) with the memory-bot runtime;
@@ -33,12 +33,12 @@ from actors.contracts import (
     StepOutcome,
     TurnResult,
     TurnStart,
-    WsAccess,
-    WsListing,
-    WsQuery,
+    WorkspaceAccess,
+    WorkspaceListing,
+    WorkspaceQuery,
 )
 from actors.learning.jobs import find_job, jobs_for
-from actors.learning.memory_bot import MemoryBotRuntime
+from actors.learning.memory_bot_runtime import MemoryBotRuntime
 from actors.learning.runs import LearningRunner
 from actors.models.embeddings import Embedder, search_settings
 from actors.models.node_hub import where_runs
@@ -47,21 +47,22 @@ from actors.runtime import lock_guard
 from actors.runtime.node_hub_handle import RayNodeHub
 from actors.runtime.peers import Peers
 from actors.shard.agent_lookup import AgentChatLookup
-from actors.shard.bot_memory import BotMemory
 from actors.shard.kernel import ShardKernel, new_entry_id, now_ms
-from actors.shard.seed_memory import SeedMemory
-from actors.shard.ws_writes import WsWrites
-from actors.workspace.access import WsRules
-from actors.workspace.listing import WsListings
-from actors.workspace.pools import WsPools
+from actors.shard.memory_ops import MemoryOps
+from actors.shard.memory_reader import MemoryReader
+from actors.shard.workspace_writes import WorkspaceWrites
+from actors.workspace.access import WorkspaceRules
+from actors.workspace.listing import WorkspaceListings
+from actors.workspace.pools import WorkspacePools
 from actors.workspace.projects import Projects
-from actors.workspace.receipts import WsReceipts
+from actors.workspace.receipts import WorkspaceReceipts
 from actors.workspace.semantic import semantic_search
 from actors.workspace.service import Workspace
 from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.directory import Bot, Channel, Chat, Org
 from engine.events import Audience, Event, Payload, ShardHead
-from engine.memory import (
+from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
+from engine.memory_entries import (
     Context,
     EntryMeta,
     EntryView,
@@ -72,7 +73,6 @@ from engine.memory import (
     Status,
     Who,
 )
-from engine.memory_bot import MemoryBotSettings, SettingsPatch
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
 from engine.requests import RequestView
 from engine.scoped_memory import (
@@ -80,9 +80,9 @@ from engine.scoped_memory import (
     Extraction,
     ForgetBarrier,
     SourceItem,
-    WsEntryView,
-    WsForget,
-    WsMemoryChange,
+    WorkspaceEntryView,
+    WorkspaceForget,
+    WorkspaceMemoryChange,
 )
 from engine.turns import ANSWER_WAIT
 from storage.chat_store import ChatStore
@@ -92,7 +92,7 @@ from storage.workspace_store import WorkspaceStore
 __all__ = ["ShardService", "TurnStart"]
 
 
-class ShardService(WsWrites, AgentChatLookup):
+class ShardService(WorkspaceWrites, AgentChatLookup):
     def __init__(
         self,
         data_dir: str | Path,
@@ -137,7 +137,7 @@ class ShardService(WsWrites, AgentChatLookup):
             )
         fusion = search_settings(search, models_config)
         # The workspace's pools first: a bot's one memory reads its records through them.
-        self.ws_pools = WsPools(
+        self.workspace_pools = WorkspacePools(
             kernel,
             WorkspaceStore(kernel.db, kernel.master),
             peers,
@@ -145,22 +145,22 @@ class ShardService(WsWrites, AgentChatLookup):
         )
         self.semantic = semantic_search(
             kernel,
-            self.ws_pools,
+            self.workspace_pools,
             search,
             models_config,
             base_dir=Path(config_dir or "."),
             embedder=embedder,
         )
-        self.bot_memory = BotMemory(kernel, self.ws_pools)
-        self.memory = SeedMemory(kernel, self.bot_memory)
-        receipts = WsReceipts(kernel)
-        self.projects = Projects(kernel, self.ws_pools.store, receipts, peers)
-        rules = WsRules(self.ws_pools, self.projects, peers, index)
+        self.memory_reader = MemoryReader(kernel, self.workspace_pools)
+        self.memory = MemoryOps(kernel, self.memory_reader)
+        receipts = WorkspaceReceipts(kernel)
+        self.projects = Projects(kernel, self.workspace_pools.store, receipts, peers)
+        rules = WorkspaceRules(self.workspace_pools, self.projects, peers, index)
         self.workspace = Workspace(
-            kernel, self.ws_pools, self.projects, receipts, self.memory, rules, self.semantic
+            kernel, self.workspace_pools, self.projects, receipts, self.memory, rules, self.semantic
         )
-        self.listings = WsListings(
-            kernel, self.ws_pools, self.projects, rules, self.bot_memory, self.semantic
+        self.listings = WorkspaceListings(
+            kernel, self.workspace_pools, self.projects, rules, self.memory_reader, self.semantic
         )
         self.chats = chats = ChatStore(kernel.store)
         self.memory_bot = MemoryBotRuntime(
@@ -168,7 +168,7 @@ class ShardService(WsWrites, AgentChatLookup):
         )
         self.chat_logs = ChatLogs(kernel, chats)
         self.learning = LearningRunner(
-            kernel, chats, self.memory_bot, self.bot_memory, self.chat_logs, peers
+            kernel, chats, self.memory_bot, self.memory_reader, self.chat_logs, peers
         )
         self.requests = Requests(kernel, peers)
         self.chains = ChainRunner(kernel, self.chat_logs, peers)
@@ -319,7 +319,7 @@ class ShardService(WsWrites, AgentChatLookup):
         events, head = await self.kernel.events.page(seq, limit=limit, wait=wait)
         return head, events
 
-    # --- seed-000 memory API (actors/shard/seed_memory.py) ------------------------------------
+    # --- seed-000 memory API (actors/shard/memory_ops.py) ------------------------------------
 
     async def read_memory(
         self, pool_id: str, reader: Reader, tags: Sequence[str] = ()
@@ -433,7 +433,7 @@ class ShardService(WsWrites, AgentChatLookup):
         return STATS.snapshot()
 
     async def stats(self) -> dict[str, int]:
-        counts = {"workspace_pools": len(self.ws_pools), "chats": len(self.chat_logs)}
+        counts = {"workspace_pools": len(self.workspace_pools), "chats": len(self.chat_logs)}
         return counts | self.kernel.stats()
 
     async def backup(self, dest_dir: str) -> str:
@@ -449,10 +449,10 @@ class ShardService(WsWrites, AgentChatLookup):
 
     # --- workspace (issue 5) ---
 
-    async def ws_projects(self, user: str) -> list[ProjectView]:
+    async def workspace_projects(self, user: str) -> list[ProjectView]:
         return await self.projects.projects_of(user)
 
-    async def ws_save_project(
+    async def workspace_save_project(
         self, actor: str, org: str, request: ProjectCreate | ProjectChange, project_id: str
     ) -> ProjectView:
         return await self.projects.save_project(actor, org, request, project_id)
@@ -462,29 +462,33 @@ class ShardService(WsWrites, AgentChatLookup):
         if self.semantic is not None:
             await self.semantic.idle()
 
-    async def ws_entries(self, access: WsAccess, query: WsQuery) -> WsListing:
+    async def workspace_entries(
+        self, access: WorkspaceAccess, query: WorkspaceQuery
+    ) -> WorkspaceListing:
         return await self.listings.entries(access, query)
 
-    async def ws_change_memory(
-        self, access: WsAccess, body: WsMemoryChange | WsForget
-    ) -> WsEntryView:
+    async def workspace_change_memory(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryChange | WorkspaceForget
+    ) -> WorkspaceEntryView:
         return await self.workspace.change_memory(access, body)
 
-    async def ws_has_entry(self, entry_id: str) -> bool:
+    async def workspace_has_entry(self, entry_id: str) -> bool:
         return await self.workspace.has_entry(entry_id)
 
-    async def ws_revisions(self, access: WsAccess, entry_id: str) -> list[RevisionView]:
+    async def workspace_revisions(
+        self, access: WorkspaceAccess, entry_id: str
+    ) -> list[RevisionView]:
         return await self.workspace.revisions(access, entry_id)
 
-    async def ws_barriers(self, pool_id: str) -> list[ForgetBarrier]:
+    async def workspace_barriers(self, pool_id: str) -> list[ForgetBarrier]:
         return await self.workspace.barriers(pool_id)
 
-    async def ws_blocked(
+    async def workspace_blocked(
         self, pool_id: str, content: str, evidence: Sequence[str] = ()
     ) -> ForgetBarrier | None:
         return await self.workspace.blocked(pool_id, content, evidence)
 
-    async def ws_extract(
+    async def workspace_extract(
         self,
         pool_id: str,
         contributor: str,

@@ -43,10 +43,10 @@ from actors.models.embeddings import (
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, durable
 from actors.shard.residency import unused
-from actors.workspace.pools import UPKEEP_SLICE, WsPool, WsPools
+from actors.workspace.pools import UPKEEP_SLICE, WorkspacePool, WorkspacePools
 from actors.workspace.vectors import PoolVectors, unit_vector, widened
 from engine.errors import OpenBotError
-from engine.scoped_memory import WsEntry
+from engine.scoped_memory import WorkspaceEntry
 from engine.workspace_search import Hit
 from storage.bulk import paused_gc
 from storage.search_index import ranked
@@ -65,7 +65,7 @@ class SemanticSearch:
     def __init__(
         self,
         kernel: ShardKernel,
-        pools: WsPools,
+        pools: WorkspacePools,
         embedder: Embedder,
         *,
         min_score: float = DEFAULT_MIN_SCORE,
@@ -122,7 +122,7 @@ class SemanticSearch:
 
     # --- vectors -------------------------------------------------------------------------------
 
-    async def _vectors(self, pool: WsPool) -> PoolVectors:
+    async def _vectors(self, pool: WorkspacePool) -> PoolVectors:
         """The pool's vectors, loaded from the file on first use (call under the pool's lock)."""
         vectors = self._pools.get(pool.id)
         if vectors is None:
@@ -184,7 +184,9 @@ class SemanticSearch:
                 task.cancel()
         return True
 
-    async def _fill(self, pool: WsPool, vectors: PoolVectors, entries: Iterable[WsEntry]) -> None:
+    async def _fill(
+        self, pool: WorkspacePool, vectors: PoolVectors, entries: Iterable[WorkspaceEntry]
+    ) -> None:
         """Embed the records among `entries` whose vector is missing or stale (their current
         content), keep the vectors and queue their rows (call under the pool's lock)."""
         todo: list[tuple[str, str, str]] = []
@@ -215,7 +217,7 @@ class SemanticSearch:
 
     # --- a bot's learned entries (seed 000: one memory per bot) -------------------------------
 
-    async def learned(self, pool: WsPool) -> PoolVectors:
+    async def learned(self, pool: WorkspacePool) -> PoolVectors:
         """The vectors of bot pool `pool`'s learned entries, loaded on first use and kept apart
         from its records' (their rows are stored under `<pool>#learned`); a vector is current
         while its fingerprint is that of the entry's sealed content."""
@@ -236,7 +238,7 @@ class SemanticSearch:
         return vectors
 
     async def embed_learned(
-        self, pool: WsPool, vectors: PoolVectors, todo: Sequence[tuple[str, str, str]]
+        self, pool: WorkspacePool, vectors: PoolVectors, todo: Sequence[tuple[str, str, str]]
     ) -> None:
         """Embed (entry, fingerprint, text) of learned entries a search met without a current
         vector, keep the vectors and store them (no lock held: the caller opened the texts)."""
@@ -266,7 +268,7 @@ class SemanticSearch:
     # --- search --------------------------------------------------------------------------------
 
     async def search(
-        self, query: str, pools: Sequence[tuple[WsPool, Callable[[str], bool]]], depth: int
+        self, query: str, pools: Sequence[tuple[WorkspacePool, Callable[[str], bool]]], depth: int
     ) -> list[Hit]:
         """Up to `depth` records of `pools` nearest to `query`, best first, none below
         `min_score`; only ids the pool's `allowed` accepts (the caller's reading rights and
@@ -312,7 +314,7 @@ class SemanticSearch:
 
     def _top(
         self,
-        pool: WsPool,
+        pool: WorkspacePool,
         vectors: PoolVectors,
         unit: np.ndarray,
         depth: int,
@@ -331,7 +333,7 @@ class SemanticSearch:
         found = ranked(scores, ids, depth, allowed, floor=float(floor), row_ok=current)
         return [Hit(id=i, score=x, kinds=("semantic",)) for i, x in found]
 
-    async def _queue_all_missing(self, pool: WsPool) -> None:
+    async def _queue_all_missing(self, pool: WorkspacePool) -> None:
         """`_queue_missing` for every record, once the pool's vectors have loaded: in slices,
         the event loop free between them (at 100,000 records the walk took 0.15 to 0.5 s at
         once, and the searches that came meanwhile waited for it)."""
@@ -345,7 +347,7 @@ class SemanticSearch:
             self._queue_missing(pool, vectors, ids[at : at + UPKEEP_SLICE])
 
     def _queue_missing(
-        self, pool: WsPool, vectors: PoolVectors, ids: Iterable[str] | None = None
+        self, pool: WorkspacePool, vectors: PoolVectors, ids: Iterable[str] | None = None
     ) -> None:
         """Queue for the background the records of the pool (`ids`, all by default) without a
         current vector: searches then never wait for them."""
@@ -432,7 +434,7 @@ def _log_failure(fut: asyncio.Future[None]) -> None:
 
 def semantic_search(
     kernel: ShardKernel,
-    pools: WsPools,
+    pools: WorkspacePools,
     search: Mapping[str, object] | None,
     models: Mapping[str, Mapping] | None,
     *,

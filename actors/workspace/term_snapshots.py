@@ -1,6 +1,6 @@
 """The stored snapshot of a pool's keyword index (storage/term_store.py): taken once many term
 rows are not in the last one, and as the shard closes, so that a load restores the index whole
-instead of building it from every row (a mixin of `WsPools`, actors/workspace/pools.py)."""
+instead of building it from every row (a mixin of `WorkspacePools`, actors/workspace/pools.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel
-from actors.workspace.pool_state import WsPool
+from actors.workspace.pool_state import WorkspacePool
 from storage.search_index import TermIndex
 from storage.term_store import seal_snapshot
 
@@ -22,10 +22,10 @@ class TermSnapshots:
     # Term rows not in a pool's snapshot that make a new one worth storing.
     snapshot_rows: int
 
-    def loaded(self) -> Iterator[WsPool]:
+    def loaded(self) -> Iterator[WorkspacePool]:
         raise NotImplementedError
 
-    async def snapshot(self, pool: WsPool) -> None:
+    async def snapshot(self, pool: WorkspacePool) -> None:
         """Store the pool's keyword index whole, built from its committed term rows.
 
         `covers` is the highest seq of the rows read, in the same statement: rows commit in

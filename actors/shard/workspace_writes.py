@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import msgspec
 
-from actors.contracts import WsAccess
+from actors.contracts import WorkspaceAccess
 from actors.workspace.service import Workspace
-from engine.scoped_memory import WsEntryView, WsMemoryCreate
+from engine.scoped_memory import WorkspaceEntryView, WorkspaceMemoryCreate
 
 _json = msgspec.json.Encoder()
 
 
-class WsWrites:
+class WorkspaceWrites:
     workspace: Workspace  # built by ShardService
 
-    async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView:
+    async def workspace_create_memory(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
+    ) -> WorkspaceEntryView:
         return await self.workspace.create_memory(access, body)
 
-    async def ws_create_memory_json(self, access: WsAccess, body: WsMemoryCreate) -> bytes:
+    async def workspace_create_memory_json(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
+    ) -> bytes:
         return _json.encode(await self.workspace.create_memory(access, body))

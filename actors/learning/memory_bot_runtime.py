@@ -17,7 +17,7 @@ import msgspec
 from actors.models.registry import Model, ModelError, measured
 from actors.runtime.lock_guard import assert_no_pool_lock
 from engine.errors import OpenBotError
-from engine.memory_bot import MemoryBotSettings, period_key
+from engine.memory_bot_settings import MemoryBotSettings, period_key
 from engine.models import Completion, Message, ToolSpec, cost_micros
 from engine.turns import ANSWER_WAIT, CALM_ANSWER, REWRITE, confessor_messages
 from storage.chat_store import ChatStore, ModelCall

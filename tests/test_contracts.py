@@ -131,9 +131,9 @@ def test_every_port_has_the_same_methods_locally_and_over_ray():
     the shard itself calls) and the Ray proxy (what another process calls) take the same
     parameters as the Protocol, so a call that works in-process works across actors."""
     from actors.directory import DirectoryService
-    from actors.runtime.directory_port import RayDirectory
-    from actors.runtime.node_hub_handle import RayNodeHub
-    from actors.runtime.ports import RayShard
+    from actors.runtime.directory_proxy import RayDirectory
+    from actors.runtime.node_hub_proxy import RayNodeHub
+    from actors.runtime.shard_proxy import RayShard
     from actors.shard.service import ShardService
 
     pairs = [

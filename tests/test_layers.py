@@ -429,7 +429,7 @@ def test_ray_imports_are_found_wherever_they_are():
 def test_handle_uses_flag_handles_untyped_calls_and_runtime_imports():
     source = (
         "from actors.runtime.engine import Engine, call\n"
-        "import actors.runtime.ports\n"
+        "import actors.runtime.shard_proxy\n"
         "from actors.ports import EnginePort\n"
         "async def f(self, engine, shard):\n"
         "    await call(self.engine.directory.get_bot, 'b')\n"
@@ -443,7 +443,7 @@ def test_handle_uses_flag_handles_untyped_calls_and_runtime_imports():
     found = {what for _, what in handle_uses(source)}
     assert found == {
         "import of actors.runtime.engine",
-        "import of actors.runtime.ports",
+        "import of actors.runtime.shard_proxy",
         "call(self.engine.directory.get_bot, 'b')",
         "self.engine.directory",
         "shard.ping.remote",
@@ -452,7 +452,7 @@ def test_handle_uses_flag_handles_untyped_calls_and_runtime_imports():
     }
     assert {what for _, what in handle_uses(source, root=True)} == found - {
         "import of actors.runtime.engine",
-        "import of actors.runtime.ports",
+        "import of actors.runtime.shard_proxy",
     }
 
 

@@ -2,7 +2,7 @@
 prefix), created by whoever needs it first, and a `NodeHubPort` over its handle so that
 gateways and shards never name a Ray method or see a Ray error.
 
-Errors: calls map Ray's failures as every actor call does (actors/runtime/ports.py `remote`),
+Errors: calls map Ray's failures as every actor call does (actors/runtime/shard_proxy.py `remote`),
 except `run`, whose failures (the node left, failed or timed out) the caller turns into a model
 error of its own (actors/models/node_hub.py `NodeModel`).
 """
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from actors.contracts import NodeInfo, Work
-from actors.runtime.ports import remote
+from actors.runtime.shard_proxy import remote
 from engine.models import Completion, Message, ToolSpec
 
 

@@ -1,11 +1,11 @@
 """`DirectoryPort` (actors/ports.py) over the directory actor: typed methods that name the remote
 method as an attribute, with Ray's failures mapped as every actor call maps them
-(actors/runtime/ports.py `remote`)."""
+(actors/runtime/shard_proxy.py `remote`)."""
 
 from __future__ import annotations
 
 from actors.contracts import ACCESS_POLL_WAIT
-from actors.runtime.ports import NamedActor, remote
+from actors.runtime.shard_proxy import NamedActor, remote
 from engine.directory import (
     Bot,
     BotRules,

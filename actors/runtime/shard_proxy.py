@@ -222,8 +222,8 @@ class RayShard(NamedActor):
     async def start_turn(self, start: TurnStart, wait: bool = False) -> Turn | TurnResult:
         return await remote(self._actor().start_turn, start, wait)
 
-    async def verdict(self, chat: str, turn: str, user: str, accepted: bool, note: str) -> Turn:
-        return await remote(self._actor().verdict, chat, turn, user, accepted, note)
+    async def verdict(self, chat: str, turn_id: str, user: str, accepted: bool, note: str) -> Turn:
+        return await remote(self._actor().verdict, chat, turn_id, user, accepted, note)
 
     async def chat_items(self, chat: str) -> list[ItemView]:
         return await remote(self._actor().chat_items, chat)

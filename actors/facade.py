@@ -41,10 +41,12 @@ def answered_by(
     before_calls: Collection[str] = (),
 ) -> None:
     """Give `cls` a method for each call of `table` (see the module's docstring). `before(self)`
-    runs first in the calls named in `before_calls`."""
+    runs first in the calls named in `before_calls`. `cls.answered_by` keeps the table as
+    {call: (feature, method)}."""
     found = routes(table)
     if unknown := set(before_calls) - set(found):
         raise TypeError(f"before_calls not in the table: {sorted(unknown)}")
+    cls.answered_by = {**getattr(cls, "answered_by", {}), **found}  # type: ignore[attr-defined]
     for call, (feature, method) in found.items():
         if call in vars(cls):
             raise TypeError(f"{cls.__name__}.{call} is defined and in the table")

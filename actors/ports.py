@@ -1,8 +1,10 @@
 """The ports: what one actor (or a gateway) asks of another, as typed Protocols over the
-messages of actors/contracts.py. Each port has a local implementation (the service class, what a
-test or the actor itself calls) and a Ray one (actors/runtime/shard_proxy.py, what another process
-calls), with the same signatures (tests/test_contracts.py checks them). A gateway holds an
-`EnginePort` and never sees an actor handle. Imports engine/, actors.contracts and stdlib only.
+messages of actors/contracts.py. A port is the one declaration of an actor's calls: its local
+implementation is the service class (what a test or the actor itself calls), and its Ray proxy
+(what another process calls) is derived from it (actors/runtime/proxy.py). Adding a call is a
+line here and its implementation in the feature that answers it (named in the service's table,
+actors/facade.py). A gateway holds an `EnginePort` and never sees an actor handle. Imports
+engine/, actors.contracts and stdlib only.
 """
 
 from __future__ import annotations

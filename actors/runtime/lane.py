@@ -57,7 +57,8 @@ from actors.contracts import (
     TurnStart,
 )
 from actors.runtime.lock_guard import assert_no_pool_lock
-from actors.runtime.shard_proxy import RayShard, remote
+from actors.runtime.proxy import remote
+from actors.runtime.shard_proxy import RayShard
 from engine.chat_records import Turn
 from engine.errors import OpenBotError, Unavailable
 from storage.stats import STATS

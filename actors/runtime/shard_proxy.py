@@ -1,17 +1,13 @@
-"""The actor ports (actors/ports.py) over Ray actor handles: typed methods that name the
-remote method as an attribute, never as a string, and map Ray's failures as every actor call
-does (`remote`: the engine's own errors come back as themselves, Ray's as `Unavailable`).
-`RayShard` is here; `RayDirectory` in directory_port.py, `RayNodeHub` in node_hub_handle.py.
-
-Handles are found by name on first use and kept: a named actor that Ray restarts keeps its
-handle valid.
+"""`ShardPort` over a shard actor (`RayShard`, derived from the port: actors/runtime/proxy.py),
+with what a gateway does on its side of the calls it makes most: Remembers and workspace memory
+creations coalesced many to a call (actors/runtime/coalesce.py), and the shard's events followed
+through their replies and a long poll with one bytes reply (actors/runtime/follow.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -21,83 +17,22 @@ from actors.contracts import (
     EVENT_BATCH,
     FOLLOWED,
     WS_ENTRY_VIEW,
-    ChainView,
     EventBatch,
     FollowingCall,
-    Mirrored,
-    NodeInfo,
-    RevisionView,
-    SentRef,
-    StepInput,
-    StepOutcome,
-    TurnResult,
-    TurnStart,
     WorkspaceAccess,
     WorkspaceCreateCall,
-    WorkspaceListing,
-    WorkspaceQuery,
 )
+from actors.ports import ShardPort
 from actors.runtime.coalesce import Coalescer
 from actors.runtime.follow import Follower
-from actors.runtime.lock_guard import assert_no_pool_lock
-from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn
-from engine.directory import Bot, Channel, Chat, Org
-from engine.errors import OpenBotError, Unavailable
+from actors.runtime.proxy import NamedActor, remote
 from engine.events import Event, ShardHead
-from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
-from engine.memory_entries import EntryView, Reader
-from engine.projects import ProjectChange, ProjectCreate, ProjectView
-from engine.requests import RequestView
 from engine.scoped_memory import (
-    Decision,
-    Extraction,
-    SourceItem,
     WorkspaceEntryView,
-    WorkspaceForget,
-    WorkspaceMemoryChange,
     WorkspaceMemoryCreate,
 )
-from storage.stats import STATS
 
 _packer = msgspec.msgpack.Encoder()
-
-
-async def remote(method: Any, *args: Any, **kwargs: Any) -> Any:
-    """Await an actor method; the engine's own errors come back as themselves, Ray's failures
-    as `Unavailable`."""
-    import ray
-
-    STATS.inc("openbot_actor_calls_total", help="Actor calls this process made")
-    assert_no_pool_lock("an actor call")
-    try:
-        return await method.remote(*args, **kwargs)
-    except ray.exceptions.RayTaskError as e:
-        cause = e.cause
-        if isinstance(cause, OpenBotError):
-            raise cause from None
-        import logging
-
-        logging.getLogger("openbot").error("actor call failed: %s", e)
-        raise Unavailable("the engine failed to handle the request", code="engine_error") from e
-    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
-        raise Unavailable("the engine is restarting; try again", code="engine_unavailable") from e
-
-
-class NamedActor:
-    """An actor found by name on first use, or over the handle its creator already holds
-    (`Engine`: a gateway's ports)."""
-
-    def __init__(self, name: str, namespace: str, handle: Any = None) -> None:
-        self.name = name
-        self.namespace = namespace
-        self._handle: Any = handle
-
-    def _actor(self) -> Any:
-        if self._handle is None:
-            import ray
-
-            self._handle = ray.get_actor(self.name, namespace=self.namespace)
-        return self._handle
 
 
 class _Writes:
@@ -111,7 +46,7 @@ class _Writes:
         self.follow = follow
 
 
-class RayShard(NamedActor):
+class RayShard(NamedActor, ShardPort):
     """`ShardPort` over the shard actor named `name`."""
 
     coalesce = True  # False: one call per write (benchmarks compare the two)
@@ -169,87 +104,7 @@ class RayShard(NamedActor):
             await remote(self._actor().events_packed, since, limit, wait, follower)
         )
 
-    async def run_step(
-        self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0
-    ) -> StepOutcome:
-        return await remote(self._actor().run_step, step, mirror, learn_upto)
-
-    async def schedule_learning(
-        self, bot: Bot, chat: Chat, turn: str, upto: int, grant: str, org: Org, deferred: bool
-    ) -> str | None:
-        return await remote(
-            self._actor().schedule_learning, bot, chat, turn, upto, grant, org, deferred
-        )
-
-    async def release_learning(self, job_id: str, upto: int) -> bool:
-        return await remote(self._actor().release_learning, job_id, upto)
-
-    async def send_stored(self, ref: SentRef) -> bool:
-        return await remote(self._actor().send_stored, ref)
-
-    async def notify(self, chat: Chat, author: str, text: str) -> ItemView:
-        return await remote(self._actor().notify, chat, author, text)
-
-    async def post_item(self, chat: Chat, author: str, text: str) -> ItemView:
-        return await remote(self._actor().post_item, chat, author, text)
-
-    async def workspace_entries(
-        self, access: WorkspaceAccess, query: WorkspaceQuery
-    ) -> WorkspaceListing:
-        return await remote(self._actor().workspace_entries, access, query)
-
-    async def workspace_extract(
-        self,
-        pool_id: str,
-        contributor: str,
-        proposals: Sequence[Extraction],
-        sources: Sequence[SourceItem],
-        request_id: str,
-        now: int | None = None,
-    ) -> list[Decision]:
-        return await remote(
-            self._actor().workspace_extract,
-            pool_id,
-            contributor,
-            proposals,
-            sources,
-            request_id,
-            now,
-        )
-
-    # --- what a gateway asks ---
-
-    async def start_turn(self, start: TurnStart, wait: bool = False) -> Turn | TurnResult:
-        return await remote(self._actor().start_turn, start, wait)
-
-    async def verdict(self, chat: str, turn_id: str, user: str, accepted: bool, note: str) -> Turn:
-        return await remote(self._actor().verdict, chat, turn_id, user, accepted, note)
-
-    async def chat_items(self, chat: str) -> list[ItemView]:
-        return await remote(self._actor().chat_items, chat)
-
-    async def chat_item(self, chat: str, seq: int) -> ItemView | None:
-        return await remote(self._actor().chat_item, chat, seq)
-
-    async def delete_chat_items(self, chat: str, record: Chat | None = None) -> int:
-        return await remote(self._actor().delete_chat_items, chat, record)
-
-    async def confessions(self, chat: str) -> list[Confession]:
-        return await remote(self._actor().confessions, chat)
-
-    async def enrichments(self, chat: str) -> list[Enrichment]:
-        return await remote(self._actor().enrichments, chat)
-
-    async def switch_group_mode(
-        self, chat: str, channel: str, mode: str, leader: str | None
-    ) -> Channel:
-        return await remote(self._actor().switch_group_mode, chat, channel, mode, leader)
-
-    async def bot_node(self, model_name: str | None) -> NodeInfo:
-        return await remote(self._actor().bot_node, model_name)
-
-    async def event_head(self) -> ShardHead:
-        return await remote(self._actor().event_head)
+    # --- the calls that do more than hand on (every other call: the port's, over the actor) ---
 
     async def events_after(
         self, seq: int, limit: int = 1000, wait: float = 0.0
@@ -264,117 +119,10 @@ class RayShard(NamedActor):
         batch = EVENT_BATCH.decode(await remote(self._actor().events_packed, seq, limit, wait))
         return batch.head, batch.events
 
-    async def metrics(self) -> dict:
-        return await remote(self._actor().metrics)
-
-    async def backup(self, dest_dir: str) -> str:
-        return await remote(self._actor().backup, dest_dir)
-
-    async def read_memory_json(
-        self, pool_id: str, reader: Reader, tags: Sequence[str] = ()
-    ) -> tuple[str, int, bytes]:
-        return await remote(self._actor().read_memory_json, pool_id, reader, tags)
-
-    async def search_memory_json(self, pool_id: str, reader: Reader, q: str, limit: int) -> bytes:
-        return await remote(self._actor().search_memory_json, pool_id, reader, q, limit)
-
-    async def memory_log_json(self, pool_id: str, reader: Reader) -> bytes:
-        return await remote(self._actor().memory_log_json, pool_id, reader)
-
     async def remember_packed(self, call: bytes) -> bytes:
         if self.coalesce:
             return await self.writes().remember.call(call)
         return await remote(self._actor().remember_packed, call)
-
-    async def remember(
-        self,
-        pool_id: str,
-        reader: Reader,
-        content: str,
-        topics: Sequence[str] = (),
-        request_id: str | None = None,
-    ) -> EntryView:
-        return await remote(self._actor().remember, pool_id, reader, content, topics, request_id)
-
-    async def forget(
-        self,
-        pool_id: str,
-        reader: Reader,
-        entry_id: str,
-        request_id: str | None = None,
-        expected_revision: int | None = None,
-    ) -> EntryView:
-        return await remote(
-            self._actor().forget, pool_id, reader, entry_id, request_id, expected_revision
-        )
-
-    async def widen(
-        self, pool_id: str, entry_id: str, grant: str, requester: str
-    ) -> dict[str, object]:
-        return await remote(self._actor().widen, pool_id, entry_id, grant, requester)
-
-    async def purge(self, pool_id: str, tag: str) -> int:
-        return await remote(self._actor().purge, pool_id, tag)
-
-    async def memory_bot_settings(self, pool_id: str) -> MemoryBotSettings:
-        return await remote(self._actor().memory_bot_settings, pool_id)
-
-    async def patch_memory_bot_settings(
-        self, pool_id: str, patch: SettingsPatch
-    ) -> MemoryBotSettings:
-        return await remote(self._actor().patch_memory_bot_settings, pool_id, patch)
-
-    async def requests_of(
-        self, user: str, channels: frozenset[str], status: str | None = None
-    ) -> list[RequestView]:
-        return await remote(self._actor().requests_of, user, channels, status)
-
-    async def request(
-        self, request_id: str, user: str, channels: frozenset[str]
-    ) -> RequestView | None:
-        return await remote(self._actor().request, request_id, user, channels)
-
-    async def decide_request(
-        self, request_id: str, user: str, channels: frozenset[str], approved: bool, note: str
-    ) -> RequestView | None:
-        return await remote(
-            self._actor().decide_request, request_id, user, channels, approved, note
-        )
-
-    async def attach_review(self, request_id: str, chat: str) -> RequestView:
-        return await remote(self._actor().attach_review, request_id, chat)
-
-    async def collaborations(self, user: str, channels: frozenset[str]) -> list[ChainView]:
-        return await remote(self._actor().collaborations, user, channels)
-
-    async def find_agent_chat(self, chat_id: str) -> Chat | None:
-        return await remote(self._actor().find_agent_chat, chat_id)
-
-    async def stop_collaboration(
-        self, chain_id: str, user: str, channels: frozenset[str]
-    ) -> ChainView | None:
-        return await remote(self._actor().stop_collaboration, chain_id, user, channels)
-
-    async def memory_jobs(
-        self, pools: Sequence[str], user: str, channels: frozenset[str]
-    ) -> list[LearningJob]:
-        return await remote(self._actor().memory_jobs, pools, user, channels)
-
-    async def retry_memory_job(
-        self, job_id: str, pools: Sequence[str], user: str, channels: frozenset[str]
-    ) -> LearningJob | None:
-        return await remote(self._actor().retry_memory_job, job_id, pools, user, channels)
-
-    async def workspace_projects(self, user: str) -> list[ProjectView]:
-        return await remote(self._actor().workspace_projects, user)
-
-    async def workspace_save_project(
-        self, actor: str, org: str, request: ProjectCreate | ProjectChange, project_id: str
-    ) -> ProjectView:
-        return await remote(self._actor().workspace_save_project, actor, org, request, project_id)
-
-    async def workspace_has_entry(self, entry_id: str) -> bool:
-        return await remote(self._actor().workspace_has_entry, entry_id)
 
     async def workspace_create_memory(
         self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
@@ -389,13 +137,3 @@ class RayShard(NamedActor):
         if self.coalesce:
             return await self.writes().workspace_create.call(call)
         return await remote(self._actor().workspace_create_memory_packed, call)
-
-    async def workspace_change_memory(
-        self, access: WorkspaceAccess, body: WorkspaceMemoryChange | WorkspaceForget
-    ) -> WorkspaceEntryView:
-        return await remote(self._actor().workspace_change_memory, access, body)
-
-    async def workspace_revisions(
-        self, access: WorkspaceAccess, entry_id: str
-    ) -> list[RevisionView]:
-        return await remote(self._actor().workspace_revisions, access, entry_id)

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from actors.contracts import WS_ENTRY_VIEW, WorkspaceAccess, WorkspaceCreateCall
+from actors.contracts import WORKSPACE_ENTRY_VIEW, WorkspaceAccess, WorkspaceCreateCall
 from actors.directory import DirectoryService
 from actors.shard.service import ShardService
 from engine.casing import to_wire
@@ -45,7 +45,7 @@ def test_a_created_records_answer_is_the_body_the_gateway_would_encode(tmp_path:
         return alone, many
 
     alone, many = asyncio.run(main())
-    view = WS_ENTRY_VIEW.decode(alone)
+    view = WORKSPACE_ENTRY_VIEW.decode(alone)
     assert view.content == "Tea at 5." and view.layer is None
     assert alone == msgspec.json.encode(to_wire(view)) == many  # (a replay: the same bytes)
 

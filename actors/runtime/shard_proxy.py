@@ -16,7 +16,7 @@ from msgspec import Raw
 from actors.contracts import (
     EVENT_BATCH,
     FOLLOWED,
-    WS_ENTRY_VIEW,
+    WORKSPACE_ENTRY_VIEW,
     EventBatch,
     FollowingCall,
     WorkspaceAccess,
@@ -127,7 +127,7 @@ class RayShard(NamedActor, ShardPort):
     async def workspace_create_memory(
         self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
     ) -> WorkspaceEntryView:
-        return WS_ENTRY_VIEW.decode(await self.workspace_create_memory_json(access, body))
+        return WORKSPACE_ENTRY_VIEW.decode(await self.workspace_create_memory_json(access, body))
 
     async def workspace_create_memory_json(
         self, access: WorkspaceAccess, body: WorkspaceMemoryCreate

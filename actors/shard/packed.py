@@ -21,7 +21,7 @@ from actors.contracts import (
     COALESCED,
     FOLLOWING_CALL,
     HANDED_LIMIT,
-    WS_CREATE_CALL,
+    WORKSPACE_CREATE_CALL,
     CallError,
     EventBatch,
     Followed,
@@ -91,7 +91,7 @@ class PackedCalls:
         record as JSON: the HTTP body as it is (as `remember_packed`; RayShard decodes it for a
         typed caller)."""
         try:
-            c = WS_CREATE_CALL.decode(call)
+            c = WORKSPACE_CREATE_CALL.decode(call)
         except msgspec.DecodeError as e:
             raise InvalidInput(f"bad workspace write: {e}", code="invalid_body") from e
         return await self.workspace_create_memory_json(c.access, c.body)

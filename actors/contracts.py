@@ -326,10 +326,10 @@ class WorkspaceCreateCall(msgspec.Struct, frozen=True, kw_only=True):
     body: WorkspaceMemoryCreate
 
 
-WS_CREATE_CALL = msgspec.msgpack.Decoder(WorkspaceCreateCall)
+WORKSPACE_CREATE_CALL = msgspec.msgpack.Decoder(WorkspaceCreateCall)
 # A workspace creation's answer is the HTTP body itself (JSON, as a Remember's): the gateway
 # sends it on as it came, and decodes it only where a typed view is asked for.
-WS_ENTRY_VIEW = msgspec.json.Decoder(WorkspaceEntryView)
+WORKSPACE_ENTRY_VIEW = msgspec.json.Decoder(WorkspaceEntryView)
 
 
 class WorkspaceQuery(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,8 +1,10 @@
 """The ports: what one actor (or a gateway) asks of another, as typed Protocols over the
-messages of actors/contracts.py. Each port has a local implementation (the service class, what a
-test or the actor itself calls) and a Ray one (actors/runtime/ports.py, what another process
-calls), with the same signatures (tests/test_contracts.py checks them). A gateway holds an
-`EnginePort` and never sees an actor handle. Imports engine/, actors.contracts and stdlib only.
+messages of actors/contracts.py. A port is the one declaration of an actor's calls: its local
+implementation is the service class (what a test or the actor itself calls), and its Ray proxy
+(what another process calls) is derived from it (actors/runtime/proxy.py). Adding a call is a
+line here and its implementation in the feature that answers it (named in the service's table,
+actors/facade.py). A gateway holds an `EnginePort` and never sees an actor handle. Imports
+engine/, actors.contracts and stdlib only.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from engine.self_rules import Editor, RulesUpdate
 class NodeHubPort(Protocol):
     """The node hub (actors/models/node_hub.py): gateways register the nodes connected to them
     and pull their work; shards put work in and await the answer. `NodeHubService` is the local
-    implementation; actors/runtime/node_hub_handle.py reaches the one named hub actor."""
+    implementation; actors/runtime/node_hub_proxy.py reaches the one named hub actor."""
 
     async def register(self, node: str, memory_isolation: bool, memory_extraction: bool) -> int: ...
 
@@ -89,7 +91,7 @@ class ShardPort(Protocol):
     """What a shard asks of another shard (DESIGN §3: an account's pools live on one shard, so
     a bot's step, its learning and a pool's records are served where they are kept), and what
     a gateway asks of a shard (below the first block). `ShardService` is the local
-    implementation; actors/runtime/ports.py's `RayShard` reaches a shard actor."""
+    implementation; actors/runtime/shard_proxy.py's `RayShard` reaches a shard actor."""
 
     async def run_step(
         self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0
@@ -124,7 +126,9 @@ class ShardPort(Protocol):
     # --- what a gateway asks of a shard (gateway/: routes, the event hub, metrics) ---
     # turns and chat logs
     async def start_turn(self, start: TurnStart, wait: bool = False) -> Turn | TurnResult: ...
-    async def verdict(self, chat: str, turn: str, user: str, accepted: bool, note: str) -> Turn: ...
+    async def verdict(
+        self, chat: str, turn_id: str, user: str, accepted: bool, note: str
+    ) -> Turn: ...
     async def chat_items(self, chat: str) -> list[ItemView]: ...
     async def chat_item(self, chat: str, seq: int) -> ItemView | None: ...
     async def delete_chat_items(self, chat: str, record: Chat | None = None) -> int: ...
@@ -223,7 +227,7 @@ class ShardPort(Protocol):
 
 class DirectoryPort(Protocol):
     """What a shard asks of the directory, and what a gateway asks of it (below the first
-    block). `DirectoryService` is the local implementation; actors/runtime/directory_port.py's
+    block). `DirectoryService` is the local implementation; actors/runtime/directory_proxy.py's
     `RayDirectory` reaches the directory actor."""
 
     async def get_org(self, org_id: str) -> Org: ...

@@ -36,7 +36,6 @@ import msgspec
 
 from actors.contracts import RememberCall, WorkspaceAccess, WorkspaceCreateCall
 from actors.directory import DirectoryService
-from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.memory_entries import EntryMeta, Layer, Reader
 from engine.scoped_memory import WorkspaceMemoryCreate
@@ -148,10 +147,8 @@ async def run(args: argparse.Namespace) -> None:
         per = max(1, args.coalesced)
         if args.coalesced:
             kinds = {
-                # (PackedEvents is mixed in where Ray hosts the shard: its methods need only
-                # the service's parts)
-                "remember": many("remember", lambda c: PackedEvents.remember_many(svc, c)),
-                "ws": many("ws", lambda c: PackedEvents.workspace_create_memory_many(svc, c)),
+                "remember": many("remember", svc.remember_many),
+                "ws": many("ws", svc.workspace_create_memory_many),
             }
         if args.only:
             kinds = {args.only: kinds[args.only]}

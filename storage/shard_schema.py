@@ -238,7 +238,7 @@ TABLES = (
 
 # --- workspace (issue 5, migration 5) ---
 PROJECTS = Table("projects", (("id", "VARCHAR"), ("owner", "VARCHAR"), ("doc", "VARCHAR")))
-WS_ENTRIES = Table(
+WORKSPACE_ENTRIES = Table(
     "ws_entries",
     (
         ("key", "VARCHAR"),
@@ -248,7 +248,7 @@ WS_ENTRIES = Table(
         ("content", "BLOB"),
     ),
 )
-WS_REVISIONS = Table(
+WORKSPACE_REVISIONS = Table(
     "ws_revisions",
     (
         ("key", "VARCHAR"),
@@ -261,7 +261,7 @@ WS_REVISIONS = Table(
         ("body", "BLOB"),
     ),
 )
-WS_BARRIERS = Table(
+WORKSPACE_BARRIERS = Table(
     "ws_barriers",
     (
         ("key", "VARCHAR"),
@@ -271,10 +271,10 @@ WS_BARRIERS = Table(
         ("doc", "VARCHAR"),
     ),
 )
-TABLES = (*TABLES, PROJECTS, WS_ENTRIES, WS_REVISIONS, WS_BARRIERS)
+TABLES = (*TABLES, PROJECTS, WORKSPACE_ENTRIES, WORKSPACE_REVISIONS, WORKSPACE_BARRIERS)
 
 # --- semantic search (SC-7, migration 6) ---
-WS_VECTORS = Table(
+WORKSPACE_VECTORS = Table(
     "ws_vectors",
     (
         ("key", "VARCHAR"),
@@ -285,7 +285,7 @@ WS_VECTORS = Table(
         ("vec", "BLOB"),
     ),
 )
-TABLES = (*TABLES, WS_VECTORS)
+TABLES = (*TABLES, WORKSPACE_VECTORS)
 
 # --- keyword search (issue 11, migration 8) ---
 SEARCH_TERMS = Table(
@@ -303,7 +303,7 @@ SEARCH_SNAPSHOTS = Table(
     "search_snapshots", (("pool", "VARCHAR"), ("covers", "BIGINT"), ("body", "BLOB"))
 )
 TABLES = (*TABLES, SEARCH_TERMS, SEARCH_SNAPSHOTS)
-WS_VECTOR_BLOCKS = Table(
+WORKSPACE_VECTOR_BLOCKS = Table(
     "ws_vector_blocks",
     (
         ("key", "VARCHAR"),
@@ -314,7 +314,7 @@ WS_VECTOR_BLOCKS = Table(
         ("vecs", "BLOB"),
     ),
 )
-TABLES = (*TABLES, WS_VECTOR_BLOCKS)
+TABLES = (*TABLES, WORKSPACE_VECTOR_BLOCKS)
 # --- communication records and requests (issue 15, migration 9) ---
 COMMUNICATIONS = Table(
     "communications",

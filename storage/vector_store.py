@@ -37,7 +37,7 @@ from storage.bulk import paused_gc
 from storage.crypto import Cipher, aad
 from storage.database import Database
 from storage.group_commit import Put, Write
-from storage.shard_schema import WS_VECTOR_BLOCKS, WS_VECTORS
+from storage.shard_schema import WORKSPACE_VECTOR_BLOCKS, WORKSPACE_VECTORS
 from storage.workspace_store import entry_key
 
 
@@ -314,7 +314,7 @@ class VectorStore:
         plain = head + scale.tobytes() + codes.tobytes()
         sealed = cipher.seal(plain, _block_aad(pool, model, seq))
         key = f"{pool}\x00{model}\x00{seq:020d}"
-        return Put(WS_VECTOR_BLOCKS.name, (key, pool, model, seq, entries, sealed))
+        return Put(WORKSPACE_VECTOR_BLOCKS.name, (key, pool, model, seq, entries, sealed))
 
     @staticmethod
     def row(
@@ -326,4 +326,6 @@ class VectorStore:
         cipher: Cipher,
     ) -> Write:
         sealed = cipher.seal(pack(vector), _vector_aad(pool, entry_id, model))
-        return Put(WS_VECTORS.name, (entry_key(pool, entry_id), pool, entry_id, model, fp, sealed))
+        return Put(
+            WORKSPACE_VECTORS.name, (entry_key(pool, entry_id), pool, entry_id, model, fp, sealed)
+        )

@@ -29,7 +29,12 @@ from storage.crypto import Cipher, Keyring, aad
 from storage.database import Database, ReadScope
 from storage.group_commit import Insert, Put, Write
 from storage.sealed_doc import is_sealed, open_doc, seal_doc
-from storage.shard_schema import PROJECTS, WS_BARRIERS, WS_ENTRIES, WS_REVISIONS
+from storage.shard_schema import (
+    PROJECTS,
+    WORKSPACE_BARRIERS,
+    WORKSPACE_ENTRIES,
+    WORKSPACE_REVISIONS,
+)
 
 _enc = msgspec.json.Encoder()
 _entry_dec = msgspec.json.Decoder(WorkspaceEntry)
@@ -165,8 +170,8 @@ def pool_scope(pool: str) -> tuple[ReadScope, ...]:
     """The rows `read_pool` reads (keyed by pool, so no row leaves its pool): a pool's first
     load does not wait for the journal's writes of other pools and chats."""
     return (
-        ReadScope(WS_ENTRIES.name, "pool", (pool,)),
-        ReadScope(WS_BARRIERS.name, "pool", (pool,)),
+        ReadScope(WORKSPACE_ENTRIES.name, "pool", (pool,)),
+        ReadScope(WORKSPACE_BARRIERS.name, "pool", (pool,)),
     )
 
 
@@ -307,7 +312,7 @@ class WorkspaceStore:
             _enc.encode(entry).decode(),
             sealed,
         )
-        return Insert(WS_ENTRIES.name, row) if new else Put(WS_ENTRIES.name, row)
+        return Insert(WORKSPACE_ENTRIES.name, row) if new else Put(WORKSPACE_ENTRIES.name, row)
 
     @staticmethod
     def revision_row(pool: str, revision: Revision, cipher: Cipher) -> Write:
@@ -317,7 +322,7 @@ class WorkspaceStore:
         )
         key = f"{pool}\x00{revision.entry}\x00{revision.revision}"
         return Insert(
-            WS_REVISIONS.name,
+            WORKSPACE_REVISIONS.name,
             (
                 key,
                 pool,
@@ -335,7 +340,7 @@ class WorkspaceStore:
         """One barrier per change that left one: keyed by the record and the revision it made."""
         key = f"{barrier.pool}\x00{barrier.entry}\x00{revision}"
         doc = _enc.encode(barrier).decode()
-        return Insert(WS_BARRIERS.name, (key, barrier.pool, barrier.entry, barrier.at, doc))
+        return Insert(WORKSPACE_BARRIERS.name, (key, barrier.pool, barrier.entry, barrier.at, doc))
 
     @staticmethod
     def project_row(project: Project, cipher: Cipher) -> Write:

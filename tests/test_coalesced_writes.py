@@ -22,7 +22,6 @@ from actors.contracts import (
     WorkspaceQuery,
 )
 from actors.runtime.coalesce import Coalescer
-from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.errors import Conflict, NotFound, StorageError, Unavailable
 from engine.events import MemoryChanged
@@ -37,8 +36,7 @@ BEN = Reader(user="u_ben", org="o_1", uses_bot=True)
 _enc = msgspec.msgpack.Encoder()
 
 
-class Shard(PackedEvents, ShardService):
-    """What `PlacedShardService` is, without Ray's start-up guard."""
+Shard = ShardService  # what `PlacedShardService` is, without Ray's start-up guard
 
 
 def _call(content: str, rid: str | None = None, reader: Reader = ANN, **kw) -> bytes:

@@ -23,7 +23,6 @@ from actors.contracts import (
     RememberCall,
 )
 from actors.runtime.follow import Follower
-from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.events import Audience, Event, MemoryChanged, ShardHead
 from engine.memory_entries import Reader
@@ -34,8 +33,7 @@ ANN = Reader(user="u_ann", org="o_1", uses_bot=True)
 _enc = msgspec.msgpack.Encoder()
 
 
-class Shard(PackedEvents, ShardService):
-    """What `PlacedShardService` is, without Ray's start-up guard."""
+Shard = ShardService  # what `PlacedShardService` is, without Ray's start-up guard
 
 
 def _call(contents: list[str]) -> bytes:

@@ -132,7 +132,7 @@ def test_plain_documents_of_an_older_version_are_read_and_sealed(tmp_path: Path)
 
     d = DirectoryService(tmp_path)
     try:
-        assert d.bots["b_1"].rules.prompt == "old"
+        assert d.records.bots["b_1"].rules.prompt == "old"
         (doc,) = d.store.db.query("SELECT doc FROM bots WHERE id = 'b_1'")[0]
         assert is_sealed(doc)
     finally:

@@ -197,7 +197,7 @@ def test_snapshots_taken_among_concurrent_writes_leave_every_record_indexed_once
     import itertools
     import time
 
-    from actors.workspace import term_snapshots as pools_mod
+    from actors.workspace import pools as pools_mod
 
     seal = pools_mod._seal
 

@@ -24,7 +24,6 @@ from actors.contracts import (
     WorkspaceCreateCall,
     WorkspaceQuery,
 )
-from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.scoped_memory import WorkspaceMemoryCreate, content_fingerprint, normalize
 from storage.search_index import TermIndex, in_context
@@ -40,8 +39,7 @@ TEXTS = {
 }
 
 
-class Shard(PackedEvents, ShardService):
-    """What `PlacedShardService` is, without Ray's start-up guard."""
+Shard = ShardService  # what `PlacedShardService` is, without Ray's start-up guard
 
 
 def _create(name: str, rid: str | None = None) -> bytes:

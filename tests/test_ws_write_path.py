@@ -10,9 +10,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from actors.contracts import WS_ENTRY_VIEW, WorkspaceAccess, WorkspaceCreateCall
+from actors.contracts import WORKSPACE_ENTRY_VIEW, WorkspaceAccess, WorkspaceCreateCall
 from actors.directory import DirectoryService
-from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.casing import to_wire
 from engine.errors import InvalidInput
@@ -30,11 +29,8 @@ def test_a_created_records_answer_is_the_body_the_gateway_would_encode(tmp_path:
     """The shard answers a workspace creation with its HTTP body (JSON), which the gateway sends
     on as it is: the same bytes as its own encoding of the view (camelCase keys, nulls kept)."""
 
-    class Packed(PackedEvents, ShardService):
-        pass
-
     async def main() -> tuple[bytes, bytes]:
-        svc = Packed(tmp_path, 0)
+        svc = ShardService(tmp_path, 0)
         svc.peers.connect(directory=DirectoryService(tmp_path))
         body = WorkspaceMemoryCreate(
             requestId="r-1", scope=Scope.USER, bot="b_1", content="Tea at 5."
@@ -49,7 +45,7 @@ def test_a_created_records_answer_is_the_body_the_gateway_would_encode(tmp_path:
         return alone, many
 
     alone, many = asyncio.run(main())
-    view = WS_ENTRY_VIEW.decode(alone)
+    view = WORKSPACE_ENTRY_VIEW.decode(alone)
     assert view.content == "Tea at 5." and view.layer is None
     assert alone == msgspec.json.encode(to_wire(view)) == many  # (a replay: the same bytes)
 

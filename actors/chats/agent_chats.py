@@ -38,7 +38,7 @@ GATHER_S = 0.2
 
 
 class Registrar:
-    def __init__(self, records: Any, peers: Any, spawn: Callable[[Coroutine], None]) -> None:
+    def __init__(self, *, records: Any, peers: Any, spawn: Callable[[Coroutine], None]) -> None:
         self.records = records
         self.peers = peers
         self._spawn = spawn

@@ -79,6 +79,7 @@ _enc = msgspec.json.Encoder()
 class BotStepper:
     def __init__(
         self,
+        *,
         kernel: ShardKernel,
         runtime: MemoryBotRuntime,
         store: ChatStore,

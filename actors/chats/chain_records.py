@@ -39,7 +39,7 @@ class _Chains(dict[str, Chain]):
 
 
 class ChainRecords:
-    def __init__(self, kernel: Any, logs: Any, peers: Any) -> None:
+    def __init__(self, *, kernel: Any, logs: Any, peers: Any) -> None:
         self.kernel = kernel
         self.conv = logs
         self.peers = peers

@@ -49,6 +49,7 @@ TURN_WAIT = 180.0
 class Conversations:
     def __init__(
         self,
+        *,
         kernel: ShardKernel,
         logs: ChatLogs,
         runtime: MemoryBotRuntime,

@@ -33,11 +33,11 @@ class BudgetSpent(OpenBotError):
 class MemoryBotRuntime:
     def __init__(
         self,
+        *,
         models: Mapping[str, Model],
         chats: ChatStore,
         committer: GroupCommitter,
         clock: Callable[[], int],
-        *,
         answer_wait: float = ANSWER_WAIT,
     ) -> None:
         self.answer_wait = answer_wait

@@ -62,6 +62,7 @@ class EvidenceLogs(Protocol):
 class LearningRunner:
     def __init__(
         self,
+        *,
         kernel: ShardKernel,
         store: ChatStore,
         runtime: MemoryBotRuntime,

@@ -27,7 +27,6 @@ from actors.contracts import (
 )
 from actors.directory import DirectoryService
 from actors.runtime.lane import LaneServer, this_node
-from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.chat_records import Turn
 from engine.errors import StorageError
@@ -105,9 +104,8 @@ def guard_store(
         time.sleep(0.2)
 
 
-class PlacedShardService(PackedEvents, ShardService):
-    """The shard as Ray runs it: guarded start (see `guard_store`), `where`, and the event poll
-    with one bytes reply that gateways make over Ray (`events_packed`)."""
+class PlacedShardService(ShardService):
+    """The shard as Ray runs it: guarded start (see `guard_store`), `where`, and its lane."""
 
     def __init__(self, data_dir: str | Path, index: int, **kwargs: Any) -> None:
         file = Path(kwargs.get("db_path") or Path(data_dir) / f"shard-{index}.duckdb")

@@ -2,7 +2,7 @@
 
 A debug guard (`OPENBOT_LOCK_GUARD=1`; the test suite turns it on): the pool locks
 (actors/shard/rwlock.py) count which asyncio task holds them, and `assert_no_pool_lock` — called
-where the engine awaits another actor (every port, actors/runtime/ports.py and peers.py) or a
+where the engine awaits another actor (every port, actors/runtime/shard_proxy.py and peers.py) or a
 model — fails when the current task holds one. Here, below the shard, so that the runtime's
 calls check it without importing the shard.
 """

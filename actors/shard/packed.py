@@ -14,7 +14,6 @@ own answer or its own error back (`CallError`, actors/contracts.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -22,7 +21,7 @@ from actors.contracts import (
     COALESCED,
     FOLLOWING_CALL,
     HANDED_LIMIT,
-    WS_CREATE_CALL,
+    WORKSPACE_CREATE_CALL,
     CallError,
     EventBatch,
     Followed,
@@ -38,21 +37,25 @@ from engine.errors import InvalidInput
 from engine.scoped_memory import WorkspaceMemoryCreate
 
 _msgpack = msgspec.msgpack.Encoder()
+_json = msgspec.json.Encoder()
 
 
-class PackedEvents:
-    """Mixed into the shard as Ray hosts it (actors/runtime/hosting.py): a `ShardService`, which
-    builds `kernel`."""
+class PackedCalls:
+    """The shard's calls that carry one bytes each way, built by `ShardService` over its kernel,
+    its memory API and its workspace."""
 
-    kernel: ShardKernel
-    memory: MemoryOps
-    workspace: Workspace
+    def __init__(self, *, kernel: ShardKernel, memory: MemoryOps, workspace: Workspace) -> None:
+        self.kernel = kernel
+        self.memory = memory
+        self.workspace = workspace
 
-    if TYPE_CHECKING:  # ShardService's (declared only: a definition here would shadow it)
-
-        async def workspace_create_memory_json(
-            self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
-        ) -> bytes: ...
+    async def workspace_create_memory_json(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
+    ) -> bytes:
+        """A workspace memory creation answered with its HTTP body: the gateway sends on the
+        JSON the shard made, as it does a Remember's, instead of decoding a view and encoding
+        it again."""
+        return _json.encode(await self.workspace.create_memory(access, body))
 
     async def events_packed(
         self, seq: int, limit: int = 1000, wait: float = 0.0, follower: str = ""
@@ -85,10 +88,10 @@ class PackedEvents:
 
     async def workspace_create_memory_packed(self, call: bytes) -> bytes:
         """`workspace_create_memory` from one msgpack `WorkspaceCreateCall`, answered with the
-        record as JSON:
-        the HTTP body as it is (as `remember_packed`; RayShard decodes it for a typed caller)."""
+        record as JSON: the HTTP body as it is (as `remember_packed`; RayShard decodes it for a
+        typed caller)."""
         try:
-            c = WS_CREATE_CALL.decode(call)
+            c = WORKSPACE_CREATE_CALL.decode(call)
         except msgspec.DecodeError as e:
             raise InvalidInput(f"bad workspace write: {e}", code="invalid_body") from e
         return await self.workspace_create_memory_json(c.access, c.body)
@@ -107,9 +110,8 @@ class PackedEvents:
 
     async def workspace_create_memory_many(self, call: bytes) -> bytes:
         """Coalesced workspace memory creations: each request a packed `WorkspaceCreateCall`,
-        answered
-        as `workspace_create_memory_packed` would answer it alone; a pool's share is one commit
-        (actors/workspace/create_batch.py)."""
+        answered as `workspace_create_memory_packed` would answer it alone; a pool's share is one
+        commit (actors/workspace/create_batch.py)."""
         return _replies(await create_all(self.workspace, _requests(call)))
 
     async def workspace_create_memory_many_followed(self, call: bytes) -> bytes:

@@ -21,7 +21,9 @@ from engine.scoped_memory import WorkspaceEntry
 
 
 class WorkspaceRules:
-    def __init__(self, pools: WorkspacePools, projects: Projects, peers: Peers, index: int) -> None:
+    def __init__(
+        self, *, pools: WorkspacePools, projects: Projects, peers: Peers, index: int
+    ) -> None:
         self.pools = pools
         self.projects = projects
         self.peers = peers

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from actors.contracts import WS_CREATE_CALL, WorkspaceAccess
+from actors.contracts import WORKSPACE_CREATE_CALL, WorkspaceAccess
 from actors.shard.batch import Batch
 from actors.shard.kernel import durable
 from actors.shard.remember_batch import Answer, failed
@@ -58,7 +58,7 @@ async def create_all(ws: Workspace, calls: Sequence[bytes]) -> list[Answer]:
     by_pool: dict[str, list[_Request]] = {}
     for at, raw in enumerate(calls):
         try:
-            call = WS_CREATE_CALL.decode(raw)
+            call = WORKSPACE_CREATE_CALL.decode(raw)
             pool_id, key, print_ = await ws.create_check(call.access, call.body)
         except msgspec.DecodeError as e:
             answers[at] = InvalidInput(f"bad workspace write: {e}", code="invalid_body")

@@ -25,6 +25,7 @@ from engine.scoped_memory import WorkspaceEntry, WorkspaceEntryView
 class WorkspaceListings:
     def __init__(
         self,
+        *,
         kernel: ShardKernel,
         pools: WorkspacePools,
         projects: Projects,

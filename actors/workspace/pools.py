@@ -4,7 +4,9 @@ A `WorkspacePool` (actors/workspace/pool_state.py) is one pool's records (`bot:<
 `user:<accountId>`, `project:<id>`) as stored, with its lock and its pending commit.
 `WorkspacePools` is the registry both the workspace routes and a bot's one memory
 (actors/shard/memory_reader.py) read through; the seed-000 pool of the same name holds the pool's
-data key (`keyed`). Its keyword snapshots: actors/workspace/term_snapshots.py.
+data key (`keyed`). A pool's keyword index is stored whole (`snapshot`, storage/term_store.py)
+once many term rows are not in the last snapshot, and as the shard closes, so that a load restores
+it instead of building it from every row.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from actors.shard.residency import POOL_WEIGHT, unused
 from actors.shard.rwlock import PoolMutex
 from actors.shard.single_flight import SingleFlight
 from actors.workspace.pool_state import WorkspacePool, Written, committed
-from actors.workspace.term_snapshots import TermSnapshots
 from engine import memory_union as bm
 from engine import scoped_memory as sm
 from engine import tags as tagmod
@@ -37,8 +38,8 @@ from engine.scoped_memory import WorkspaceEntry
 from storage.bulk import paused_gc
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
-from storage.search_index import Postings, in_context
-from storage.term_store import TermsLoad, covered, open_snapshot, unindexed
+from storage.search_index import Postings, TermIndex, in_context
+from storage.term_store import TermsLoad, covered, open_snapshot, seal_snapshot, unindexed
 from storage.workspace_store import (
     LazyEntries,
     StoredWorkspacePool,
@@ -59,13 +60,13 @@ SNAPSHOT_ROWS = 2_000
 log = logging.getLogger("openbot.workspace")
 
 
-class WorkspacePools(TermSnapshots):
+class WorkspacePools:
     def __init__(
         self,
+        *,
         kernel: ShardKernel,
         store: WorkspaceStore,
         peers: Peers,
-        *,
         context_window_ms: int = CONTEXT_WINDOW_MS,  # [search] context_window_s; 0: off
     ) -> None:
         self.kernel = kernel
@@ -398,3 +399,57 @@ class WorkspacePools(TermSnapshots):
 
     def open(self, pool: WorkspacePool, entry_id: str) -> str:
         return self.store.open(pool.keyed.cipher, pool.id, entry_id, pool.stored.sealed[entry_id])
+
+    # --- keyword index snapshots ---
+
+    async def snapshot(self, pool: WorkspacePool) -> None:
+        """Store the pool's keyword index whole, built from its committed term rows.
+
+        `covers` is the highest seq of the rows read, in the same statement: rows commit in
+        the order their seqs are taken (each is staged as it is made: in a load, under the
+        pool's lock, held here, or as derived data at once), so every row up to it is among
+        them and a row not committed yet has a higher seq (the next load applies it). Built
+        from the rows, not the index in memory, which may hold writes not durable yet."""
+        if pool.snapshotting or pool.poisoned:
+            return
+        pool.snapshotting = True
+        terms, pool_id = self.kernel.terms, pool.id
+        try:
+            async with pool.lock:
+                await self.kernel.committer.drain()
+                ids, lengths, flat, covers = await self.kernel.db.run(
+                    lambda con: terms.read_all(con, pool_id)
+                )
+            if pool.poisoned or len(set(ids)) != len(ids):
+                return  # a write failed (the pool reloads), or a record listed twice
+            body = await asyncio.to_thread(
+                _seal, pool.keyed.cipher, pool_id, covers, ids, lengths, flat
+            )
+            await self.kernel.commit(Batch(writes=[terms.snapshot_row(pool_id, covers, body)]))
+            pool.snapshot_covers = max(pool.snapshot_covers, covers)
+            pool.terms_seq = max(pool.terms_seq, covers)
+        finally:
+            pool.snapshotting = False
+
+    async def snapshot_due(self) -> None:
+        """Store the snapshot of each pool in memory with many term rows written since its
+        last (the shard is closing: its next start loads them at once)."""
+        for pool in self.loaded():
+            if pool.poisoned:
+                continue
+            pool_id, covers = pool.id, pool.snapshot_covers
+            try:
+                since = await self.kernel.db.run(
+                    lambda con, p=pool_id, c=covers: self.kernel.terms.rows_since(con, p, c)
+                )
+                if since >= self.snapshot_rows:
+                    await self.snapshot(pool)
+            except Exception as e:  # derived data: the next load reads the rows instead
+                log.warning("keyword snapshot of %s not stored: %r", pool_id, e)
+
+
+def _seal(cipher, pool_id: str, covers: int, ids: list[str], lengths, flat) -> bytes:
+    """A snapshot of the index built from these rows, sealed (on a worker thread)."""
+    index = TermIndex()
+    index.build_flat(ids, lengths, flat, distinct=True)
+    return seal_snapshot(cipher, pool_id, covers, index.postings())

@@ -33,7 +33,12 @@ log = logging.getLogger("openbot.workspace")
 
 class Projects:
     def __init__(
-        self, kernel: ShardKernel, store: WorkspaceStore, receipts: WorkspaceReceipts, peers: Peers
+        self,
+        *,
+        kernel: ShardKernel,
+        store: WorkspaceStore,
+        receipts: WorkspaceReceipts,
+        peers: Peers,
     ) -> None:
         self.kernel = kernel
         self.store = store

@@ -64,10 +64,10 @@ LEARNED = "#learned"  # a bot pool's learned entries' vectors: `<pool>#learned`
 class SemanticSearch:
     def __init__(
         self,
+        *,
         kernel: ShardKernel,
         pools: WorkspacePools,
         embedder: Embedder,
-        *,
         min_score: float = DEFAULT_MIN_SCORE,
         inline_max: int = INLINE_MAX,
         retry_after: float = RETRY_AFTER,
@@ -448,4 +448,6 @@ def semantic_search(
         embedder = load_embedder(settings, models or {}, base_dir=base_dir)
     if embedder is None:
         return None
-    return SemanticSearch(kernel, pools, embedder, min_score=settings.min_score)
+    return SemanticSearch(
+        kernel=kernel, pools=pools, embedder=embedder, min_score=settings.min_score
+    )

@@ -60,6 +60,7 @@ def new_memory_id() -> str:
 class Workspace:
     def __init__(
         self,
+        *,
         kernel: ShardKernel,
         pools: WorkspacePools,
         projects: Projects,
@@ -67,7 +68,6 @@ class Workspace:
         memory: MemoryOps,
         rules: WorkspaceRules,
         semantic: SemanticSearch | None = None,
-        *,
         new_id: Callable[[], str] = new_memory_id,
     ) -> None:
         self.kernel = kernel

@@ -202,6 +202,18 @@ def test_demo_with_an_unknown_model_exits_non_zero():
     assert out.returncode == 1 and "cannot reach" in one_line_error(out)
 
 
+def test_demo_port_is_for_the_embedded_server_and_a_taken_one_fails_at_once():
+    out = run("demo", "--url", "http://127.0.0.1:1", "--token", "t", "--port", "8999")
+    assert out.returncode == 1 and "--port is for the embedded server" in one_line_error(out)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = run("demo", "--port", str(port), timeout=60)
+    line = one_line_error(out)
+    assert out.returncode == 1 and f"port {port} on 127.0.0.1 is not free" in line, line
+
+
 @pytest.mark.slow
 def test_a_failed_start_removes_what_it_made(tmp_path):
     """Past the port and the lock (Ray started, admin.token made), the engine refuses the data

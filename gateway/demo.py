@@ -14,9 +14,8 @@ Events carry ids only, so each `chat.item.created` line is completed with the it
 `GET /v1/chats/{id}/items`. The demo ends once the discussion and the chain are over.
 
 `run_demo` joins a running server; `embedded_server` starts one for the demo (local Ray, a
-temporary data directory, a free loopback port or the one given, the config in
-examples/openbot.toml whose `demo-bots` model answers from examples/demo-bots.toml) and removes
-it afterwards.
+temporary data directory, a loopback port, the config in examples/openbot.toml whose `demo-bots`
+model answers from examples/demo-bots.toml) and removes it afterwards.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import asyncio
 import contextlib
 import secrets
 import shutil
+import socket
 import tempfile
 import time
 from collections import Counter
@@ -125,10 +125,8 @@ class LiveView:
         return self.items.get(key)
 
     async def links(self, chain_id: str, status: str | None) -> str:
-        """The chain's links as the collaboration route shows them; names its agent chats. The
-        route answers with the chain as it is now, which may be past the event being shown (a
-        send announced while its answer is already in): a link's status is shown only when the
-        chain is still in the event's state, so a line never tells of what came later."""
+        """The chain's links (naming its agent chats), each link's status only while the chain is
+        still in the event's `status`: the route shows it now, maybe past the event shown."""
         resp = await self.http.get("/api/app/workspace/collaboration")
         if not resp.is_success:
             return "?"
@@ -455,16 +453,19 @@ def summary(result: DemoResult, names: dict[str, str]) -> list[str]:
 def embedded_server(
     config: str | Path | None = None, *, port: int = 0
 ) -> Iterator[tuple[str, str]]:
-    """A server for the length of the demo: local Ray, a temporary data directory, a loopback
-    port (`port`, else a free one) and the models of `config` (default examples/openbot.toml).
-    Yields the URL and the admin token; everything is stopped and removed afterwards."""
+    """A server for the demo (local Ray, temporary data, `port` or a free one, the models of
+    `config`); yields its URL and admin token, and stops and removes everything afterwards."""
     import actors.runtime.engine  # noqa: F401  (Ray's environment before ray is imported)
 
     path = Path(config) if config else DEFAULT_CONFIG
     if not path.exists():
         raise DemoError(f"no config at {path}: give --config (with a scripted model) or --url")
-    if port:
-        _check_port_free(port)  # before Ray starts: a taken port fails at once, leaving nothing
+    if port:  # a taken port fails at once, before Ray starts
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError as e:
+                raise DemoError(f"port {port} on 127.0.0.1 is not free ({e.strerror})") from e
     from actors.runtime.engine import Engine, ray_started, start_ray, stop_ray
     from gateway.app import create_app
     from gateway.live_server import LiveServer
@@ -497,13 +498,3 @@ def embedded_server(
             stop_ray()
         shutil.rmtree(data, ignore_errors=True)
         shutil.rmtree(ray_tmp, ignore_errors=True)
-
-
-def _check_port_free(port: int) -> None:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError as e:
-            raise DemoError(f"port {port} on 127.0.0.1 is not free ({e.strerror})") from e

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -88,6 +89,10 @@ def test_help_describes_every_command_and_option():
     assert "--model MODEL" in out.stdout and "a model named in the server's config" in out.stdout
     assert "(default: demo-bots)" in run("demo", "--help").stdout
     assert "(default: info)" in run("serve", "--help").stdout
+    # Help names only what a user of this repository has: no outside documents.
+    for path, parser in commands:
+        text = parser.format_help()
+        assert not re.search(r"DESIGN|SPEC|STACK-NOTES|seed[- ]?0", text), (path, text)
 
 
 def test_serve_on_a_busy_port_fails_at_once_and_leaves_nothing(tmp_path):

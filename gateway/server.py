@@ -78,6 +78,9 @@ def load_settings(
         file = whole.get("server", {})
         models = whole.get("models", {})
         search = whole.get("search", {})
+    else:
+        # No config: the built-in `local` model, so a first bot can chat without a model server.
+        models = {"local": {"kind": "local"}}
     env = os.environ
     s = ServeSettings()
     s.data_dir = Path(data_dir or env.get("OPENBOT_DATA_DIR") or file.get("data_dir") or s.data_dir)

@@ -9,7 +9,7 @@ caller may not read is never a hit and never pushes a readable one out of the li
 
 Terms come from `engine.text_terms` (case folding, stop words, CJK character bigrams), Latin
 words stemmed by Snowball's English stemmer (PyStemmer, a C extension). Ranking is Okapi BM25
-(k1 = 1.2, b = 0.75, Lucene's idf), any query term matching.
+(k1 and b below, Lucene's idf), any query term matching.
 
 Layout: postings are a compressed sparse row "base" (numpy: one slice of row numbers and term
 frequencies per term) plus per-term Python lists for entries added since (the "tail"), merged

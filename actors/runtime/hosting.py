@@ -12,6 +12,7 @@ import gc
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,11 @@ LOCK_WAIT = 60.0  # seconds a restarted store waits for a dying process to let g
 
 
 def _reconstructed() -> bool:
-    return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    # Ray's property reads its own deprecated `actor_id` and warns on every actor start; the
+    # answer is right, the warning is Ray's to itself and would be the first line `serve` prints.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
 
 def _where() -> dict[str, Any]:

@@ -6,11 +6,11 @@ Format 2 differs from format 1 in three places:
 - search terms (storage/term_store.py): hashed with each pool's own key (`pool_terms_key`)
   instead of one key for the whole shard. A hash cannot be turned back into its word, so each
   pool's records are opened and their words hashed under both keys: every stored key that is a
-  word of the pool's current text maps to that word's new key. A key of no current word (a
-  record is indexed with its neighbours' words too, and a neighbour may have been edited since)
-  becomes a keyed hash of the old key: it keeps its place in the record's length and term
-  counts, and it matches no query, as no search would have found that word in the text
-  either. Stored keyword snapshots are dropped (made again from the rows when next needed).
+  word of the pool's text (current, or an earlier revision's) maps to that word's new key. A
+  key of no such word (a record is indexed with its neighbours' words too, and a neighbour may
+  have been forgotten since) becomes a keyed hash of the old key: it keeps its place in the
+  record's length and term counts, and matches no query. Stored keyword snapshots are dropped
+  (made again from the rows when next needed).
 - vector blocks (storage/vector_store.py): sealed again with their list of records in the
   associated data.
 - collaboration chains (engine/collaboration.py): each link's message fingerprints keyed with
@@ -132,8 +132,8 @@ def _vocabulary(
     old: Analyzer,
     new: Analyzer,
 ) -> dict[int, int]:
-    """Old key -> new key of every word of the pool's current text (its workspace records and
-    its seed-000 entries: both are indexed under the pool's one key)."""
+    """Old key -> new key of every word of the pool's text (its workspace records and their
+    revisions, its seed-000 entries: all indexed under the pool's one key)."""
     if keyed is None:
         return {}
     words: set[str] = set()
@@ -145,6 +145,19 @@ def _vocabulary(
             except StorageError:
                 continue  # does not open for a search either
             words.update(text_terms(text))
+    # Earlier texts of edited records: a record indexed with a neighbour's words keeps the
+    # words the neighbour had then.
+    rows = con.execute(
+        "SELECT entry, revision, body FROM ws_revisions WHERE pool = ?", [pool]
+    ).fetchall()
+    for entry_id, revision, body in rows:
+        try:
+            sides = WorkspaceStore.open_revision(keyed, pool, entry_id, revision, body)
+        except StorageError:
+            continue
+        for text in sides:
+            if text:
+                words.update(text_terms(text))
     ordered = sorted(words)
     return dict(zip(old.term_keys(ordered), new.term_keys(ordered), strict=True))
 

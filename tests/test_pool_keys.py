@@ -378,3 +378,31 @@ def test_derived_keys_are_32_bytes_and_scoped():
     assert len(chain_fp_key(MASTER, "o1")) == 32
     assert chain_fp_key(MASTER, "o1") != chain_fp_key(MASTER, "o2")
     assert chain_fp_key(MASTER, "o1") != chain_fp_key(os.urandom(32), "o1")
+
+
+def test_pools_keyed_apart_searched_as_one_score_as_one_index_holding_every_row():
+    """`Stats.across` (actors/workspace/search.py `keyword_stats`): two pools whose terms are
+    hashed with keys of their own, each searched with the query hashed for it, score every
+    row as one index holding both pools' rows (under one key) does."""
+    from storage.search_index import Stats, TermIndex
+
+    keys = TermKeys(MASTER)
+    first = {"u1": "zork blip", "u2": "zork zork fleem", "u3": "zork gronk wibble"}
+    second = {"b1": "zork wibble", "b2": "fleem plonk quux", "b3": "quux zork zork"}
+
+    def index(rows: dict[str, str], an: Analyzer) -> TermIndex:
+        idx = TermIndex()
+        idx.build((i, an.keys(t)) for i, t in rows.items())
+        return idx
+
+    one_key = keys.of("user:u_ann")
+    a_an, b_an = keys.of("user:u_ann"), keys.of("project:p_1")
+    a, b = index(first, a_an), index(second, b_an)
+    both = index({**first, **second}, one_key)
+    for q in ("zork", "zork fleem", "wibble zork zork", "quux blip", "nothing"):
+        qa, qb = a_an.query(q), b_an.query(q)
+        sa, sb = Stats.across([(a.stats(qa), qa), (b.stats(qb), qb)])
+        got = dict(a.search(qa, 10, None, sa) + b.search(qb, 10, None, sb))
+        want = dict(both.search(one_key.query(q), 10))
+        assert got.keys() == want.keys(), q
+        assert all(abs(got[i] - want[i]) <= 1e-5 * want[i] for i in want), q

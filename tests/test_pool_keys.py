@@ -129,6 +129,55 @@ def test_one_word_in_two_pools_is_stored_under_two_keys(tmp_path: Path, master_k
     assert bot_found == [learned]
 
 
+def test_a_search_of_two_pools_hashes_the_query_for_each_and_ranks_them_as_one(
+    tmp_path: Path, master_key
+):
+    """Ann's user pool and a project's pool, searched at once: each pool's records are found
+    (the query hashed with each pool's key) and scored as one index holding both pools' records
+    would score them (`keyword_stats`)."""
+    from engine.projects import ProjectCreate
+    from storage.search_index import TermIndex
+
+    mine = ["zork blip", "zork zork fleem", "fleem gronk"]
+    shared = ["zork wibble", "fleem plonk quux", "quux zork zork", "gronk"]
+
+    async def main():
+        svc = ShardService(tmp_path, 0, search={"context_window_s": 0})
+        svc.peers.connect(directory=DirectoryService(tmp_path))
+        d = svc.peers.directory()
+        org = await d.create_org("Acme", "o_1")
+        await d.create_user("Ann", [org.id], "u_ann")
+        made = ProjectCreate(requestId="p1", name="Launch", members=[])
+        await svc.ws_save_project("u_ann", org.id, made, "p_1")
+        texts = {}
+        for t in mine:
+            texts[await _create(svc, ANN, t)] = t
+        for t in shared:
+            body = WsMemoryCreate(
+                requestId="r-" + secrets.token_hex(4),
+                scope=Scope.PROJECT,
+                bot="b_1",
+                project="p_1",
+                content=t,
+            )
+            texts[(await svc.ws_create_memory(ANN, body)).id] = t
+        out = {}
+        for q in ("zork", "fleem quux", "gronk zork blip"):
+            query = WsQuery(pools=("user:u_ann", "project:p_1"), q=q, limit=20)
+            out[q] = {h.id: h.score for h in (await svc.ws_entries(ANN, query)).hits}
+        await _close(svc)
+        return texts, out
+
+    texts, found = asyncio.run(main())
+    one = Analyzer(b"k" * 32)
+    both = TermIndex()
+    both.build((i, one.keys(t)) for i, t in texts.items())
+    for q, got in found.items():
+        want = dict(both.search(one.query(q), 20))
+        assert got.keys() == want.keys(), q
+        assert all(abs(got[i] - want[i]) <= 1e-4 * want[i] for i in want), q
+
+
 def test_term_keys_differ_by_pool_and_by_master_key():
     one, other = TermKeys(MASTER), TermKeys(bytes(32))
     word = one.of("user:u_ann").keys("quokka").tolist()

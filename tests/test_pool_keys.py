@@ -455,3 +455,38 @@ def test_pools_keyed_apart_searched_as_one_score_as_one_index_holding_every_row(
         want = dict(both.search(one_key.query(q), 10))
         assert got.keys() == want.keys(), q
         assert all(abs(got[i] - want[i]) <= 1e-5 * want[i] for i in want), q
+
+
+def test_a_chain_stores_its_links_fingerprints_keyed_with_its_orgs_key(tmp_path: Path, master_key):
+    """Through a real send (Asker to Peer, in-process shard): the chain's stored document
+    holds the message's fingerprint under the org's key, not a plain hash of the text."""
+    from actors.contracts import TurnStart
+    from actors.models.registry import ScriptedModel
+    from tests.chain_kit import PEER_SCRIPT, asker_and_peer
+
+    script = tmp_path / "chain.toml"
+    script.write_text(PEER_SCRIPT)
+    models = {"s": ScriptedModel.from_file("s", str(script))}
+
+    async def run():
+        svc = ShardService(tmp_path, 0, models=models)
+        directory = DirectoryService(tmp_path)
+        svc.peers.connect(directory=directory)
+        try:
+            org, asker, chat = await asker_and_peer(directory)
+            start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
+            await svc.start_turn(start, True)
+            await svc.chains_idle()
+            await svc.flush()
+            return org.id, [d for (d,) in svc.db.query("SELECT doc FROM chains")]
+        finally:
+            await svc.close()
+            directory.store.db.close()
+
+    org, docs = asyncio.run(run())
+    (doc,) = docs
+    (link,) = msgspec.json.decode(doc)["chain"]["links"]
+    key = chain_fp_key(MASTER, org)
+    assert link["fingerprint"] == co.fingerprint("x", key) != _unkeyed("x")
+    result = "Result received and merged into my work."  # Peer's answer (its default)
+    assert link["result_fingerprint"] == co.fingerprint(result, key) != _unkeyed(result)

@@ -310,7 +310,8 @@ class WsPools(TermSnapshots):
         the pottery workshop the turn before asked about, and "Did you go to the pottery
         workshop?" by a question about the bowl. Only keywords: the record's vector and text are
         its own; an edit indexes a record by its own words again."""
-        own = self.kernel.analyzer(pool.id).key_list(content)  # (lists: ~25 keys, numpy costs more)
+        # (lists: ~25 keys, numpy costs more)
+        own = self.kernel.analyzer(pool.id).key_list(content)
         before = further = None
         now = self.kernel.clock()
         stream = wc.stream_of(entry.contributor, entry.tags, entry.topics)

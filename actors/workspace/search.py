@@ -197,8 +197,7 @@ async def search(
 
 def keyword_stats(pools: Sequence[WsPool], keys_of: dict[str, list[int]]) -> dict[str, Stats]:
     """The BM25 statistics the user and project pools of a search are scored under: those of
-    one index holding all their records, each in its pool's keys (none when there is one such
-    pool). Hits of several
+    one index holding all their records, in each pool's keys (none for one pool). Hits of several
     pools are merged by score, and scores only compare under the same statistics: with each
     pool's own, a conversation kept in its own project ranked by its own document frequencies
     (the speakers' names in every turn count for nothing), and keyword recall@10 on LoCoMo-like

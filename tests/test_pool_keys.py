@@ -28,7 +28,7 @@ from actors.shard.service import ShardService
 from engine import collaboration as co
 from engine.errors import StorageError
 from engine.memory import Reader, Scope
-from engine.scoped_memory import WsMemoryCreate
+from engine.scoped_memory import WsMemoryChange, WsMemoryCreate
 from storage import key_upgrade
 from storage import vector_store as vs
 from storage.crypto import chain_fp_key
@@ -291,8 +291,13 @@ def _write_format_one(data: Path, monkeypatch) -> tuple[dict[str, object], list,
 
         async def main():
             svc = _shard(data)
-            for text in NOTES:
-                await _create(svc, ANN, text)
+            ids = [await _create(svc, ANN, text) for text in NOTES]
+            # Edited after its neighbours were indexed with its words: they keep the words
+            # (found by "pottery workshop", "bowl"), which only its revision still holds.
+            edit = WsMemoryChange(
+                requestId="edit", id=ids[1], expectedRevision=1, content="A quiet day at home."
+            )
+            await svc.ws_change_memory(ANN, edit)
             await _create(svc, BEN, "Ben's own billing note")
             for text in FACTS:
                 await svc.remember(BOT, ALICE, text, [])
@@ -337,6 +342,7 @@ def test_a_first_format_data_dir_opens_and_searches_as_before(
 ):
     before, vectors, old_rows = _write_format_one(tmp_path, monkeypatch)
     assert sum(len(v) for v in before.values()) > len(QUERIES)  # the queries find things
+    assert before["ws pottery workshop"] and before["ws bowl"]  # (the edited note's words)
     after, reloaded, rows = _reopened(tmp_path)
     assert after == before  # the same hits, the same scores
     assert _same_vectors(reloaded, vectors)

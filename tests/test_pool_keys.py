@@ -291,6 +291,7 @@ def _write_format_one(data: Path, monkeypatch) -> tuple[dict[str, object], list,
 
         async def main():
             svc = _shard(data)
+            svc.ws_pools.snapshot_rows = 1  # the close stores each pool's keyword snapshot
             ids = [await _create(svc, ANN, text) for text in NOTES]
             # Edited after its neighbours were indexed with its words: they keep the words
             # (found by "pottery workshop", "bowl"), which only its revision still holds.
@@ -312,6 +313,7 @@ def _write_format_one(data: Path, monkeypatch) -> tuple[dict[str, object], list,
         found, vectors, rows = _reopened(data, marked=False)
     con = duckdb.connect(str(data / "shard-0.duckdb"))
     con.execute("DELETE FROM shard_meta WHERE key = 'keys'")  # as the first format left it
+    assert con.execute("SELECT count(*) FROM search_snapshots").fetchall()[0][0] >= 2
     con.close()
     return found, vectors, rows
 

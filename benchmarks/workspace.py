@@ -254,10 +254,9 @@ async def seed_search(data: Path, records: int, embedder: InstantEmbedder) -> No
         batch.append(
             ws.store.entry_row(entry, ws.store.seal(cipher, pool_id, entry.id, content), new=True)
         )
+        keys = svc.kernel.analyzer(pool_id).keys(content)
         batch.append(  # the term hashes the workspace stores with each write (issue 11)
-            svc.kernel.terms.row(
-                pool_id, entry.id, entry.content_fp, svc.kernel.analyzer.keys(content), n + 1
-            )
+            svc.kernel.terms.row(pool_id, entry.id, entry.content_fp, keys, n + 1)
         )
         block.append((entry.id, entry.content_fp, embedder.vector(content)))
         if len(block) == 128 or n == records - 1:  # as the background embeds: in batches
@@ -338,7 +337,7 @@ async def bench_search(
     texts = [sentence(rnd, records + k) for k in range(2_000)]
     t0 = time.perf_counter()
     for k, text in enumerate(texts):
-        pool.index.put(f"mem_new_{k}", svc.kernel.analyzer.keys(text))
+        pool.index.put(f"mem_new_{k}", svc.kernel.analyzer(pool.id).keys(text))
     index_ms = (time.perf_counter() - t0) / len(texts) * 1000
     await _close(svc)
     return {

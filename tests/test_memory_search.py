@@ -548,7 +548,7 @@ def test_seed_term_rows_and_index_are_what_a_rebuild_from_the_sealed_content_giv
         await svc.add_entries(POOL, [(meta, "The billing team deploys on Fridays")])
         made["mem_bot1"] = "The billing team deploys on Fridays"
         pool = await svc.kernel.pool(POOL)
-        an = svc.kernel.analyzer
+        an = svc.kernel.analyzer(POOL)
         rows = await svc.kernel.terms.load(terms_pool(POOL))
         assert set(rows) == set(made)
         for entry_id, text in made.items():
@@ -569,8 +569,8 @@ def test_seed_term_rows_and_index_are_what_a_rebuild_from_the_sealed_content_giv
         svc = ShardService(tmp_path, 0)
         pool = await svc.kernel.pool(POOL)
         fresh = TermIndex()
-        fresh.build((i, svc.kernel.analyzer.keys(t)) for i, t in made.items())
-        q = svc.kernel.analyzer.query("deploying billing on friday lunch")
+        fresh.build((i, svc.kernel.analyzer(POOL).keys(t)) for i, t in made.items())
+        q = svc.kernel.analyzer(POOL).query("deploying billing on friday lunch")
         assert [i for i, _ in pool.terms.search(q, 10)] == [i for i, _ in live]
         assert dict(fresh.search(q, 10)).keys() == dict(live).keys()
         await svc.close()

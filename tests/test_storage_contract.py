@@ -380,15 +380,9 @@ def test_vector_blocks_read_back_as_unit_rows_old_and_new_formats(where: str):
             old = rnd.normal(size=(3, 16)).astype(np.float32)  # an earlier version's block
             new = rnd.normal(size=(4, 16)).astype(np.float32) * 7.0
             new[3] = 0.0
-            sealed_old = cipher.seal(pack(old.ravel()), _block_aad("user:u", "m:16", 1))
-            row_old = (
-                "user:u\x00m:16\x001",
-                "user:u",
-                "m:16",
-                1,
-                '[["a","f1"],["b","f2"],["c","f3"]]',
-                sealed_old,
-            )
+            listed = '[["a","f1"],["b","f2"],["c","f3"]]'
+            sealed_old = cipher.seal(pack(old.ravel()), _block_aad("user:u", "m:16", 1, listed))
+            row_old = ("user:u\x00m:16\x001", "user:u", "m:16", 1, listed, sealed_old)
             items = [
                 ("b", "f2b", new[0]),
                 ("d", "f4", new[1]),

@@ -51,7 +51,7 @@ async def _create(svc: ShardService, n: int, content: str) -> str:
 
 async def _ranking(svc: ShardService, q: str) -> dict[str, float]:
     pool = await svc.workspace_pools.pool(POOL)
-    return dict(pool.index.search(svc.kernel.analyzer.query(q), 1_000))
+    return dict(pool.index.search(svc.kernel.analyzer(POOL).query(q), 1_000))
 
 
 def _snapshots(data: Path) -> list[tuple]:

@@ -143,7 +143,7 @@ def test_a_record_others_may_read_is_never_indexed_with_a_narrower_ones_words(tm
         pool = await svc.workspace_pools.pool("bot:b_1")
         private = ("from:u_ann", "for:person:u_ann", "org:o_1")
         public = ("from:u_ben", "for:bot", "org:o_1")  # (Ann's own: the first record's stream)
-        analyzer = svc.workspace_pools.kernel.analyzer
+        analyzer = svc.workspace_pools.kernel.analyzer("bot:b_1")
 
         def write(entry_id: str, tags: tuple[str, ...], content: str) -> None:
             at = svc.workspace_pools.kernel.clock()
@@ -332,7 +332,7 @@ def test_bot_memory_search_ranks_learned_entries_and_records_as_one_index(tmp_pa
             await svc.remember("bot:b_1", ann, t, [])
         for t in records:
             await _create(svc, ANN, t, Scope.BOT)
-        analyzer = svc.workspace_pools.kernel.analyzer
+        analyzer = svc.workspace_pools.kernel.analyzer("bot:b_1")
         one = TermIndex()
         one.build((t, analyzer.keys(t)) for t in [*learned, *records])
         for q in ("zork", "zork fleem", "quux wibble"):

@@ -88,7 +88,8 @@ def test_a_calls_creations_are_indexed_once_with_both_neighbours_in_its_one_comm
         await committer.drain()
         assert committer.batches - batches == 1
         found = [await _found(svc, q) for q in ("bowl", "pottery workshop", "novels")]
-        keys = {k: svc.kernel.analyzer.key_list(t) for k, t in TEXTS.items()}
+        an = svc.kernel.analyzer("user:u_ann")
+        keys = {k: an.key_list(t) for k, t in TEXTS.items()}
         await svc.close()
         return found, keys
 

@@ -29,6 +29,7 @@ from engine.collaboration import Chain
 from engine.directory import Bot, Chat, Org, agent_chat
 from engine.errors import NotFound, OpenBotError
 from storage.chat_store import ChatLog
+from storage.crypto import chain_fp_key
 
 log = logging.getLogger("openbot.chains")
 
@@ -174,6 +175,7 @@ class ChainRunner:
                     to_bot=effect.target,
                     message=effect.message,
                     now=self.kernel.clock(),
+                    fp_key=chain_fp_key(self.kernel.master, current.org),
                 )
                 self._texts.setdefault(updated.id, {})[effect.link] = {"request": effect.message}
                 await self.records.stage(updated, sink)
@@ -396,7 +398,11 @@ class ChainRunner:
             async with self._lock:
                 chain = (await self.records.all())[chain_id]
                 chain, decision = rules.on_result(
-                    chain, link_id=link_id, text=text, now=self.kernel.clock()
+                    chain,
+                    link_id=link_id,
+                    text=text,
+                    now=self.kernel.clock(),
+                    fp_key=chain_fp_key(self.kernel.master, chain.org),
                 )
                 self._texts.setdefault(chain_id, {}).setdefault(link_id, {})["result"] = text
                 # The last row of this chain in `sink` wins (rows of one key merge in order),

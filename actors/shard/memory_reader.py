@@ -196,7 +196,7 @@ class MemoryReader:
         may not use is never a hit and never takes a usable hit's place."""
         if limit <= 0:
             return []
-        keys = self.kernel.analyzer.query(query)
+        keys = self.kernel.analyzer(pool_id).query(query)
         if not keys:
             return []
         async with self.read(pool_id, reader) as snap:
@@ -217,7 +217,7 @@ class MemoryReader:
         taken are decrypted."""
         if limit < 0:
             raise InvalidInput("limit must be >= 0")
-        keys = self.kernel.analyzer.query(query) if query.strip() else []
+        keys = self.kernel.analyzer(pool_id).query(query) if query.strip() else []
         async with self.read(pool_id, reader) as snap:
             usable = snap.usable()
             taken: dict[str, str] = {}

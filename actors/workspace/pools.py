@@ -210,7 +210,7 @@ class WorkspacePools:
         before migration 8, or imported) are tokenized now and their keys stored for next
         time."""
         current = pool.stored.entries
-        analyzer = self.kernel.analyzer
+        analyzer = self.kernel.analyzer(pool.id)
         index = pool.index
         # Above the snapshot's `covers` too: a row whose commit failed may have taken a seq the
         # snapshot covers, and a new row must never fall below what the next load applies.
@@ -285,7 +285,7 @@ class WorkspacePools:
                         continue
                     now = content_fp(entries, entry_id)
                     if now is not None and now != fp:
-                        keys = self.kernel.analyzer.keys(self.open(pool, entry_id))
+                        keys = self.kernel.analyzer(pool.id).keys(self.open(pool, entry_id))
                         pool.index.put(entry_id, keys)
                         rows.append(
                             self.kernel.terms.row(pool.id, entry_id, now, keys, pool.next_seq())
@@ -313,7 +313,8 @@ class WorkspacePools:
         the pottery workshop the turn before asked about, and "Did you go to the pottery
         workshop?" by a question about the bowl. Only keywords: the record's vector and text are
         its own; an edit indexes a record by its own words again."""
-        own = self.kernel.analyzer.key_list(content)  # (lists: ~25 keys, numpy costs more)
+        # (lists: ~25 keys, numpy costs more)
+        own = self.kernel.analyzer(pool.id).key_list(content)
         before = further = None
         now = self.kernel.clock()
         stream = wc.stream_of(entry.contributor, entry.tags, entry.topics)

@@ -113,21 +113,25 @@ async def search(
     hybrid = ws.semantic is not None and query.using == "all"
     # One list alone is cut at `limit`; fused lists go as deep as fusion needs.
     depth = fusion_depth(query.limit, ws.weights, floor=FUSION_DEPTH) if hybrid else query.limit
-    keys = ws.kernel.analyzer.query(query.q)
+    # Each pool hashes terms with its own key: the query is hashed once per pool searched.
+    keys_of = {p.id: ws.kernel.analyzer(p.id).query(query.q) for p in pools}
     allow = {p.id: record_filter(ws, p, access, query) for p in pools}
     owner: dict[str, WorkspacePool] = {}
     learned: dict[str, WorkspacePool] = {}  # learned entry id -> its bot pool
     keyword: list[Hit] = []
-    if query.using != "semantic" and keys:
-        shared = keyword_stats(pools, keys)
+    if query.using != "semantic" and any(keys_of.values()):
+        shared = keyword_stats(pools, keys_of)
         for pool in pools:
+            keys = keys_of[pool.id]
             if not pool.id.startswith("bot:"):
-                for entry_id, score in pool.index.search(keys, depth, allow[pool.id], shared):
+                hits = pool.index.search(keys, depth, allow[pool.id], shared.get(pool.id))
+                for entry_id, score in hits:
                     owner[entry_id] = pool
                     keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
                 continue
             # A bot pool: its records and learned entries (MEM-1) under the pool's own
-            # statistics, the same for every reader (see `keyword_stats`).
+            # statistics, the same for every reader (see `keyword_stats`). Both are keyed
+            # with the pool's one term key.
             reader = ws.rules.bot_reader(pool, access)
             async with ws.memory.read(pool.id, reader) as snap:
                 stats = Stats.of([pool.index.stats(keys), snap.pool.terms.stats(keys)])
@@ -191,9 +195,11 @@ async def search(
     )
 
 
-def keyword_stats(pools: Sequence[WorkspacePool], keys: list[int]) -> Stats | None:
+def keyword_stats(
+    pools: Sequence[WorkspacePool], keys_of: dict[str, list[int]]
+) -> dict[str, Stats]:
     """The BM25 statistics the user and project pools of a search are scored under: those of
-    one index holding all their records (None when there is one such pool). Hits of several
+    one index holding all their records, in each pool's keys (none for one pool). Hits of several
     pools are merged by score, and scores only compare under the same statistics: with each
     pool's own, a conversation kept in its own project ranked by its own document frequencies
     (the speakers' names in every turn count for nothing), and keyword recall@10 on LoCoMo-like
@@ -208,8 +214,11 @@ def keyword_stats(pools: Sequence[WorkspacePool], keys: list[int]) -> Stats | No
     tell how many of those the caller may not read contain it (access is decided from tags,
     never leaked by a ranking). Within a bot pool the hidden rows shift scores as before, the
     same for every reader; they move nothing outside it."""
-    parts = [p.index.stats(keys) for p in pools if not p.id.startswith("bot:")]
-    return Stats.of(parts) if len(parts) > 1 else None
+    combined = [p for p in pools if not p.id.startswith("bot:")]
+    if len(combined) < 2:
+        return {}
+    parts = [(p.index.stats(keys_of[p.id]), keys_of[p.id]) for p in combined]
+    return {p.id: s for p, s in zip(combined, Stats.across(parts), strict=True)}
 
 
 async def _learned_semantic(

@@ -128,6 +128,9 @@ class EventsEndpoint:
     async def handle(self, websocket: WebSocket) -> None:
         await websocket.accept()
         sub: Subscriber | None = None
+        # Revocations wait for this gateway (its sockets) once its watch runs: started before
+        # the token is read, so a change after that read is either waited for or re-checked.
+        self.auth.watch()
         seen = self._changes
         # The server's ready-made frame writer where it offers one (gateway/ws_frames.py).
         writer = websocket.scope.get("extensions", {}).get(FRAMES)
@@ -143,7 +146,6 @@ class EventsEndpoint:
             except InvalidInput as e:
                 raise Closed(4400, e.message) from e
             self._open[sub] = token
-            self.auth.watch()  # revocations wait for this gateway's sockets from here on
             while seen != self._changes:  # access changed while this client authenticated
                 seen = self._changes
                 try:

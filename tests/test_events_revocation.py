@@ -125,3 +125,47 @@ def test_a_replaced_token_closes_its_open_socket(engine, admin, world, gateway):
 
     code, reason = asyncio.run(scenario())
     assert code == REVOKED == 4403 and "replaced" in reason
+
+
+def test_a_grant_revoked_while_a_socket_authenticates_is_applied(
+    engine, admin, world, gateway, monkeypatch
+):
+    """The revocation lands after the socket read its token but before it subscribed (nothing
+    open to re-check yet): the socket reads its token again before it goes live."""
+    import threading
+
+    from gateway.fanout import Hub
+
+    world.grant("bob", "read")
+    other = _second_bot(admin, world)
+    authenticated, go = threading.Event(), threading.Event()
+    subscribe = Hub.subscribe
+
+    async def held(self, listener, cursor, outlet):
+        if not authenticated.is_set():
+            authenticated.set()
+            await asyncio.to_thread(go.wait, 30)
+        return await subscribe(self, listener, cursor, outlet)
+
+    monkeypatch.setattr(Hub, "subscribe", held)
+
+    async def scenario():
+        opening = asyncio.ensure_future(_open(gateway, world.tokens["bob"]))
+        try:
+            assert await asyncio.to_thread(authenticated.wait, 30)
+            r = await asyncio.to_thread(
+                admin.delete, f"/v1/admin/bots/{world.bot}/grants/{world.users['bob']}"
+            )
+            assert r.status_code == 200, r.text
+        finally:
+            go.set()
+        ws = await opening
+        try:
+            await _write(engine, world, world.bot, "written after the revocation")
+            control = await _write(engine, world, other, "still readable")
+            return await _until(ws, control)
+        finally:
+            await ws.close()
+
+    frames = asyncio.run(scenario())
+    assert [f["data"]["entry"] for f in frames if f["data"].get("bot") == world.bot] == []

@@ -51,8 +51,8 @@ UNCHECKED = 1011  # access changed and could not be re-read
 CLOSE_CODES: dict[int, str] = {
     4400: "bad frame, unknown message type or bad cursor",
     4401: "missing or bad token",
-    REVOKED: "the token stopped working while connected (replaced or revoked): connect with the "
-    "new one; also at the moment the revocation returns",
+    REVOKED: "the token stopped working while connected (replaced or revoked; closed by the time "
+    "the replacement returns): connect with the new one",
     4408: "no auth message in time",
     4409: "the cursor fell out of the kept window while catching up: reconnect",
     TOO_SLOW: "too slow: resume with your last cursor",
@@ -118,9 +118,6 @@ class EventsEndpoint:
         sub.outlet.end(code)
 
     def _relisten(self, sub: Subscriber, principal) -> None:
-        if principal.user is None:
-            self._end(sub, REVOKED)
-            return
         listener = _listener(principal)
         if listener != sub.listener:
             self.hub.relisten(sub, listener)

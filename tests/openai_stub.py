@@ -9,7 +9,7 @@ without sharing a letter. Its requests go to `stub.embedding_requests`; queue fa
 `stub.embedding_faults.append(...)` (an HTTP status, HANG, GARBAGE, SHORT, ("delay", seconds) or
 ("hold", entered, gate, seconds): `entered` (a threading.Event) is set when the request arrives,
 which is then answered when the test sets `gate` or after `seconds`, whichever comes first;
-`stub.embeddings_held` counts the requests held so far).
+`stub.embeddings_held` counts the requests being held).
 """
 
 from __future__ import annotations

@@ -169,3 +169,46 @@ def test_a_grant_revoked_while_a_socket_authenticates_is_applied(
 
     frames = asyncio.run(scenario())
     assert [f["data"]["entry"] for f in frames if f["data"].get("bot") == world.bot] == []
+
+
+def test_a_socket_whose_access_cannot_be_read_again_is_closed(
+    engine, admin, world, gateway, monkeypatch
+):
+    """Access changed and the socket's token cannot be read again (the directory fails for
+    it): the socket is closed (1011) rather than kept on what it may no longer hear."""
+    from engine.errors import Unavailable
+    from gateway.auth import Auth
+
+    world.grant("bob", "read")
+    bob = world.tokens["bob"]
+    principal_for = Auth.principal_for
+
+    async def failing(self, token):
+        if token == bob and failing.on:
+            raise Unavailable("the directory is unavailable")
+        return await principal_for(self, token)
+
+    failing.on = False
+    monkeypatch.setattr(Auth, "principal_for", failing)
+
+    async def scenario():
+        ws = await _open(gateway, bob)
+        try:
+            failing.on = True
+            r = await asyncio.to_thread(
+                admin.post,
+                "/v1/admin/grants",
+                json={"bot": world.bot, "user": world.users["carol"], "permission": "read"},
+            )
+            assert r.status_code == 201, r.text
+            await _write(engine, world, world.bot, "written after the change")
+            try:
+                async with asyncio.timeout(30):
+                    frame = await ws.recv()
+            except ConnectionClosed as e:
+                return e.rcvd.code if e.rcvd else None
+            pytest.fail(f"the socket got {frame}")
+        finally:
+            await ws.close()
+
+    assert asyncio.run(scenario()) == 1011

@@ -337,7 +337,7 @@ class SemanticSearch:
                     found = await self._embed([text for _, _, text in todo])
                 except EmbeddingError as e:
                     self._trip(e)
-                    for entry_id, _, _ in todo:  # still without a vector: the background's
+                    for entry_id, _, _ in todo:  # still without a vector: queued again
                         self._backlog.setdefault(pool.id, {})[entry_id] = None
                     found = None
                 async with self._lock(pool.id):

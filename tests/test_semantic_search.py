@@ -534,3 +534,47 @@ def test_a_vector_of_content_edited_while_the_model_ran_is_not_kept(tmp_path: Pa
             await _close(svc)
 
     asyncio.run(go())
+
+
+class HeldEmbedder(InProcessEmbedder):
+    """Holds a call whose texts mention HOLD until `gate` opens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.holding = asyncio.Event()
+
+    async def embed(self, texts):
+        if any("HOLD" in t for t in texts):
+            self.holding.set()
+            await self.gate.wait()
+        return await super().embed(texts)
+
+
+def test_a_record_a_failed_search_could_not_embed_is_embedded_later(tmp_path: Path):
+    """A search embeds a waiting record inline and the model fails: the record stays queued,
+    and the background embeds it once the model answers again."""
+
+    async def go() -> None:
+        emb = HeldEmbedder()
+        svc = _shard(tmp_path, emb)
+        semantic = svc.workspace.semantic
+        semantic.retry_after = 0.0  # the model may be asked again at once
+        try:
+            tea = await _remember(svc, ANN, "Green tea in the morning.")
+            await semantic.idle()
+            assert (await _search(svc, "beverage"))[1] == [tea]
+            await _remember(svc, ANN, "HOLD the background here.")
+            await asyncio.wait_for(emb.holding.wait(), 30)  # the background is busy
+            coffee = await _remember(svc, ANN, "Coffee after lunch.")  # so this one waits
+            emb.down = True
+            assert (await _search(svc, "beverage"))[1] == [tea]  # its inline embedding failed
+            emb.down = False
+            emb.gate.set()
+            await semantic.idle()
+            assert set((await _search(svc, "beverage"))[1]) == {tea, coffee}
+        finally:
+            emb.gate.set()
+            await _close(svc)
+
+    asyncio.run(go())

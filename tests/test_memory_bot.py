@@ -491,3 +491,61 @@ def test_a_failed_call_gives_its_reservation_back(tmp_path, fresh):
 
     confessions = asyncio.run(go())
     assert [c.calm for c in confessions] == [True, False]
+
+
+def test_a_spend_total_read_late_does_not_undo_a_charge(tmp_path, fresh, monkeypatch):
+    """Turn A reads the period's spend from disk, slowly; turn B reads it meanwhile, makes the
+    one call the budget allows and is charged; A's late read must not put the total back to
+    what the disk said: A is refused."""
+    from storage.chat_store import ChatStore
+
+    bot, mem = fresh
+    bot.routes.append(
+        lambda body: (
+            completion("OK.")
+            if body["messages"][-1]["role"] == "tool"
+            else completion(None, tool_calls=[CONFIDE])
+        )
+    )
+    mem.routes.append(lambda body: completion("OK.", usage=None) if body.get("tools") else None)
+    price = Price(input_micros_per_mtok=1_000_000)
+    models = {
+        "bot": OpenAIModel("bot", base_url=bot.url, model="bot-model"),
+        "mem": OpenAIModel("mem", base_url=mem.url, model="mem-model", price=price),
+    }
+    reading, go = asyncio.Event(), asyncio.Event()
+    spend = ChatStore.spend
+
+    async def slow_first(self, pool, period):
+        found = await spend(self, pool, period)
+        if not reading.is_set():
+            reading.set()
+            await go.wait()
+        return found
+
+    monkeypatch.setattr(ChatStore, "spend", slow_first)
+    a, b = (msgspec.structs.replace(CHAT, id=f"chat_{k}") for k in "ab")
+
+    async def start(svc, chat):
+        start = TurnStart(chat=chat, bot=BOT, org=ORG, operator=chat.owner, text="hi")
+        return await svc.start_turn(start)
+
+    async def go_():
+        svc = shard_service(tmp_path, fresh, models=models, answer_wait=60.0)
+        try:
+            patch = SettingsPatch(expected=0, budget=Budget(period="day", limitMicros=10))
+            await svc.patch_memory_bot_settings(POOL, patch)
+            turn_a = await start(svc, a)
+            await asyncio.wait_for(reading.wait(), 30)
+            turn_b = await start(svc, b)
+            await svc.wait_turn(b.id, turn_b.id)
+            go.set()
+            await svc.wait_turn(a.id, turn_a.id)
+            await svc.learning_idle()
+            return [(await svc.confessions(c.id))[0].calm for c in (a, b)]
+        finally:
+            go.set()
+            await svc.close()
+
+    assert asyncio.run(go_()) == [True, False]
+    assert len([r for r in mem.requests if not r.get("tools")]) == 1

@@ -6,7 +6,9 @@ so that a request costs no directory call; each entry carries the directory's ac
 was read at (actors/access_watch.py). A background watch long-polls the directory and drops
 everything older as soon as the revision moves; an answer read before a change is never stored
 after it. A revocation (a token, a grant) returns only once this gateway has applied it, so no
-request that starts after it is served with the old access. When the watch stops answering the
+request that starts after it is served with the old access; the hooks of `on_access_change`
+(open event sockets re-checking who they serve, gateway/events.py) run before that
+acknowledgement, so the same holds for them. When the watch stops answering the
 cache is bypassed (every request asks the directory) until it answers again. `ttl` bounds an
 entry's age besides; 0 turns caching off.
 """
@@ -18,6 +20,7 @@ import hmac
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import HTTPConnection
@@ -103,13 +106,25 @@ class Auth:
         self._heard = 0.0  # when the watch last answered (monotonic)
         self._watch: asyncio.Task[None] | None = None
         self._watcher = "gateway-" + secrets.token_hex(8)
+        self._hooks: list[Callable[[], Awaitable[None]]] = []
+
+    def on_access_change(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await `hook` whenever the directory's access revision moves, before this gateway
+        acknowledges the change: a revocation returns only once it has run (call `watch` to
+        have the watch running)."""
+        self._hooks.append(hook)
+
+    def watch(self) -> None:
+        """Follow the directory's access revision (whatever `ttl`): this gateway counts among
+        those a revocation waits for."""
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.get_running_loop().create_task(self._watching())
 
     def _caching(self) -> bool:
         """Whether the cache may be used now: on, and the watch answering."""
         if self.ttl <= 0:
             return False
-        if self._watch is None or self._watch.done():
-            self._watch = asyncio.get_running_loop().create_task(self._watching())
+        self.watch()
         return time.monotonic() - self._heard < TRUST
 
     async def _watching(self) -> None:
@@ -123,6 +138,7 @@ class Auth:
                 log.warning("directory watch failed: %r", e)
                 await asyncio.sleep(0.5)
                 continue
+            self._heard = time.monotonic()
             if revision != self._applied:
                 self._principals.drop()
                 self._bots.drop()
@@ -130,7 +146,12 @@ class Auth:
                 self._channels.drop()
                 # A restarted directory counts from 0 again: whatever it says is current.
                 self._applied = revision
-            self._heard = time.monotonic()
+                # Before the next poll, which acknowledges the change.
+                for hook in self._hooks:
+                    try:
+                        await hook()
+                    except Exception:
+                        log.exception("an access-change hook failed")
 
     async def principal_for(self, token: str) -> Principal:
         if hmac.compare_digest(token.encode(), self.admin_token.encode()):

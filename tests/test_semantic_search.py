@@ -13,6 +13,8 @@ import asyncio
 import json
 import random
 import secrets
+import threading
+import time
 from pathlib import Path
 
 import duckdb
@@ -468,3 +470,113 @@ def test_semantic_search_finds_the_learned_entries_the_caller_may_read(tmp_path:
 
     # A bound on the whole: a search that never returns fails here instead of hanging the run.
     asyncio.run(asyncio.wait_for(main(), timeout=60))
+
+
+# --- the model is never awaited under a pool's search lock (ACL-9) -------------------------------
+
+
+def test_a_search_answers_while_the_background_waits_on_a_slow_model(tmp_path: Path, emb_stub):
+    """The background embeds a new record through a real client whose server holds the request
+    (up to 2 s): a search of the same pool answers meanwhile, the request still held."""
+    entered, gate = threading.Event(), threading.Event()
+
+    async def go() -> None:
+        svc = _shard(tmp_path, _client(emb_stub))
+        try:
+            tea = await _remember(svc, ANN, "Green tea in the morning.")
+            await svc.workspace.semantic.idle()
+            assert (await _search(svc, "beverage"))[1] == [tea]  # vectors loaded, query known
+            emb_stub.embedding_faults.append(("hold", entered, gate, 2.0))
+            coffee = await _remember(svc, ANN, "Coffee after lunch.")
+            assert await asyncio.to_thread(entered.wait, 30)  # the background is on the model
+            started = time.perf_counter()
+            _, semantic, _ = await _search(svc, "beverage")
+            took = time.perf_counter() - started
+            assert emb_stub.embeddings_held == 1  # answered while the model still works
+            assert semantic == [tea] and took < 0.5
+            gate.set()
+            await svc.workspace.semantic.idle()
+            _, semantic, _ = await _search(svc, "beverage")
+            assert set(semantic) == {tea, coffee}  # what the model made is kept after all
+        finally:
+            gate.set()
+            emb_stub.embedding_faults.clear()
+            await _close(svc)
+
+    asyncio.run(go())
+
+
+def test_a_vector_of_content_edited_while_the_model_ran_is_not_kept(tmp_path: Path, emb_stub):
+    """The background embeds a record's first content, slowly; the record is edited and a search
+    embeds its new content meanwhile. The background's late vector (of the old content) must not
+    replace the new one: the record stays a semantic hit for its new content."""
+    entered, gate = threading.Event(), threading.Event()
+
+    async def go() -> None:
+        svc = _shard(tmp_path, _client(emb_stub))
+        try:
+            await _remember(svc, ANN, "Green tea in the morning.")
+            await svc.workspace.semantic.idle()
+            emb_stub.embedding_faults.append(("hold", entered, gate, 30.0))
+            rec = await _remember(svc, ANN, "Coffee after lunch.")
+            assert await asyncio.to_thread(entered.wait, 30)
+            change = WorkspaceMemoryChange(
+                requestId="r-edit", id=rec, expectedRevision=1, content="Maps and cartography."
+            )
+            await svc.workspace_change_memory(ANN, change)
+            assert (await _search(svc, "maps"))[1] == [rec]  # its new content, embedded inline
+            assert emb_stub.embeddings_held == 1
+            gate.set()
+            await svc.workspace.semantic.idle()
+            assert (await _search(svc, "maps"))[1] == [rec]
+            assert (await _search(svc, "beverage"))[1] != [rec]
+        finally:
+            gate.set()
+            emb_stub.embedding_faults.clear()
+            await _close(svc)
+
+    asyncio.run(go())
+
+
+class HeldEmbedder(InProcessEmbedder):
+    """Holds a call whose texts mention HOLD until `gate` opens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.holding = asyncio.Event()
+
+    async def embed(self, texts):
+        if any("HOLD" in t for t in texts):
+            self.holding.set()
+            await self.gate.wait()
+        return await super().embed(texts)
+
+
+def test_a_record_a_failed_search_could_not_embed_is_embedded_later(tmp_path: Path):
+    """A search embeds a waiting record inline and the model fails: the record stays queued,
+    and the background embeds it once the model answers again."""
+
+    async def go() -> None:
+        emb = HeldEmbedder()
+        svc = _shard(tmp_path, emb)
+        semantic = svc.workspace.semantic
+        semantic.retry_after = 0.0  # the model may be asked again at once
+        try:
+            tea = await _remember(svc, ANN, "Green tea in the morning.")
+            await semantic.idle()
+            assert (await _search(svc, "beverage"))[1] == [tea]
+            await _remember(svc, ANN, "HOLD the background here.")
+            await asyncio.wait_for(emb.holding.wait(), 30)  # the background is busy
+            coffee = await _remember(svc, ANN, "Coffee after lunch.")  # so this one waits
+            emb.down = True
+            assert (await _search(svc, "beverage"))[1] == [tea]  # its inline embedding failed
+            emb.down = False
+            emb.gate.set()
+            await semantic.idle()
+            assert set((await _search(svc, "beverage"))[1]) == {tea, coffee}
+        finally:
+            emb.gate.set()
+            await _close(svc)
+
+    asyncio.run(go())

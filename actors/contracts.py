@@ -307,7 +307,7 @@ USING = ("all", "keyword", "semantic")
 class WorkspaceAccess(msgspec.Struct, frozen=True, kw_only=True):
     """Who is asking: the signed-in account and the bots it uses (owner or grant).
 
-    `orgs` (the org the request names first) and `channels` make the seed-000 reader of a bot's
+    `orgs` (the org the request names first) and `channels` make the entry reader of a bot's
     one memory (engine/memory_union.py): a bot pool's entries are listed under its visibility rule.
     """
 

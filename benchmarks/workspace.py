@@ -18,13 +18,13 @@
    put into the pool's in-memory index).
 3. **writes over HTTP** — a local Ray session, one shard and a real gateway (uvicorn on
    127.0.0.1): workspace memory writes (`POST /api/app/workspace/memories`, bot scope) against
-   seed-000 Remember (`POST /v1/bots/{bot}/memory`, with a requestId like every workspace
+   Remember (`POST /v1/bots/{bot}/memory`, with a requestId like every workspace
    write) by the bot's owner, the same concurrency, each a closed loop of raw HTTP/1.1
    keep-alive requests from a child process (benchmarks/_load.py), in alternating rounds
    (Remember, workspace, Remember, workspace); the ratio is workspace over Remember, rounds
    summed. `--no-http` skips it.
 4. **export / import** — an account with 10,000 records written through `workspace_create_memory`
-   (receipts and revisions as in production): the seed-002 file tree of the stopped data
+   (receipts and revisions as in production): the account file tree of the stopped data
    directory (storage/file_export.py), written to disk; imported into a new data directory; and
    exported again (byte-identical is checked). The Markdown memory export (`GET /memory-export`:
    listing + `engine.memory_export.render`) is timed too.
@@ -524,7 +524,7 @@ async def seed_export(data: Path, records: int) -> dict:
     t0 = time.perf_counter()
     await asyncio.gather(*(write(n, sentence(rnd, n), rnd.choice(tiers)) for n in range(records)))
     write_s = time.perf_counter() - t0
-    # Side by side: as many Remember writes (seed-000 pinned entries) into the bot's pool, the
+    # Side by side: as many Remember writes (pinned entries) into the bot's pool, the
     # same 64 at a time, on the same shard (issue 11: workspace writes at least as fast).
     reader = Reader(user=ACCOUNT, org=ORG, uses_bot=True)
 
@@ -663,7 +663,7 @@ def main() -> None:
     )
     if "export_s" in export:
         print(
-            f"  seed-002 tree: export {export['export_s']} s ({export['files']} files, "
+            f"  account file tree: export {export['export_s']} s ({export['files']} files, "
             f"{export['tree_bytes']:,} bytes), import {export['import_s']} s, "
             f"round trip identical: {export['round_trip_identical']}"
         )

@@ -1,4 +1,4 @@
-"""CPU per write inside one shard, in this process (no Ray, no HTTP): seed-000 Remember and
+"""CPU per write inside one shard, in this process (no Ray, no HTTP): Remember and
 workspace memory writes (bot scope) side by side, as the HTTP benchmarks send them (each with a
 requestId), on a `ShardService` over a DuckDB file in a temp dir.
 

@@ -3,13 +3,13 @@
 Design (issue 15). Pool `bot:<id>` keeps its entries in two tables of the shard's file, because
 they are written by two different machineries with different bookkeeping:
 
-- `memory_entries` (seed 000): what the memory bot learned (facts, observations) and what a person
+- `memory_entries`: what the memory bot learned (facts, observations) and what a person
   pinned with Remember, with tags, sources and access proofs (`EntryMeta`);
-- `ws_entries` with pool `bot:<id>` (seed 002): records a person wrote (or a file tree imported)
+- `ws_entries` with pool `bot:<id>`: records a person wrote (or a file tree imported)
   through the workspace API, with revisions, forget barriers and review flags (`WorkspaceEntry`).
 
 They are one memory: every reader of a bot's memory reads the union, under one rule. Every entry
-of the union has an `EntryMeta`: a seed entry its own, a workspace record the one `as_meta`
+of the union has an `EntryMeta`: a memory entry its own, a workspace record the one `as_meta`
 derives from it: layer `pinned` (a person asked for it to be kept; pinned entries keep their own
 access rule, ACL-11), its stored system tags plus its topics, status `active` (or `retracted`
 once forgotten), tier, contributor and revision as stored. engine/visibility.py then decides over
@@ -25,12 +25,12 @@ loads the pool (the directory lives in another file); without a bot record they 
 
 The views, all built from the union and the reader's visibility:
 
-- seed 000 (`GET /v1/bots/:id/memory`, context and enrichment, `hasEntries`, references, search,
-  learning context): a workspace record appears as a pinned entry (`as_entry_view`);
-- seed 002 (`GET /api/app/workspace/memories?scope=bot`, its search, the Markdown export): a
-  seed entry appears as a record (`as_record_view`) with its evidence markers, `origin`
-  synthesized (explicit when pinned), status `forgotten` once invalidated or retracted, its
-  `layer` and its tags; it is listed only to readers its seed-000 rule admits;
+- the bot memory API (`GET /v1/bots/:id/memory`, context and enrichment, `hasEntries`, references,
+  search, learning context): a workspace record appears as a pinned entry (`as_entry_view`);
+- the workspace API (`GET /api/app/workspace/memories?scope=bot`, its search, the Markdown export):
+  a memory entry appears as a record (`as_record_view`) with its evidence markers, `origin`
+  synthesized (explicit when pinned), status `forgotten` once invalidated or retracted, its `layer`
+  and its tags; it is listed only to readers the entry rule admits;
 - the prompt (SC-5): the union as bot-scope `ScopedEntry`s under the step's reader.
 
 Writes stay with their machinery: the memory bot learns bot facts into `memory_entries` (so
@@ -121,7 +121,7 @@ def as_entry_view(record: WorkspaceEntry, content: str) -> EntryView:
 
 
 def as_record_view(meta: EntryMeta, content: str, bot: str) -> WorkspaceEntryView:
-    """A seed-000 entry of bot `bot` as a workspace record."""
+    """A memory entry of bot `bot` as a workspace record."""
     return WorkspaceEntryView(
         id=meta.id,
         scope=Scope.BOT,

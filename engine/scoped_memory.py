@@ -544,7 +544,7 @@ class WorkspaceEntryView(msgspec.Struct, frozen=True, kw_only=True):
     revision: int
     createdAt: int
     updatedAt: int
-    # In the bot's one memory (engine/memory_union.py): its seed-000 layer and its tags.
+    # In the bot's one memory (engine/memory_union.py): its entry layer and its tags.
     layer: str | None = None
     tags: tuple[str, ...] = ()
 

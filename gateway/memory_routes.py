@@ -1,4 +1,4 @@
-"""Seed-000 memory routes (DESIGN §9): read, search, remember, forget, widen, purge, the memory
+"""Bot memory routes (DESIGN §9): read, search, remember, forget, widen, purge, the memory
 log and the memory bot's settings. Reads are served from this gateway's `ReadCache`; every write
 drops the pool's cached pages around it, so a client reads its own writes."""
 

@@ -159,7 +159,7 @@ ROUTES: list[Op] = [
     Op(
         "get",
         "/v1/admin/export",
-        "The seed-002 file tree, {files: {path: text}}",
+        "The account file tree, {files: {path: text}}",
         ok=s.ExportTree,
         query=(ACCOUNT,),
         auth="admin",
@@ -200,7 +200,7 @@ ROUTES: list[Op] = [
         "Input rewrites: text, original, entries used",
         ok=s.Enrichments,
     ),
-    # --- seed-000 memory ---
+    # --- bot memory ---
     Op(
         "get",
         "/v1/bots/{bot}/memory",

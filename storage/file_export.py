@@ -9,7 +9,7 @@ fingerprints keyed again with this directory's master key), revisions, forget ba
 extraction jobs and idempotency receipts.
 
 What an account holds: its user record, the bots it owns (their memory pools: workspace records
-and seed-000 entries, with learning read positions), its user memory, the projects it owns
+and memory entries, with learning read positions), its user memory, the projects it owns
 (their memory pools), its workspace receipts, and the chats it keeps with their items and turns
 (storage/chat_export.py). Memory-bot settings stay out; imported pools start with the defaults.
 Users get new tokens on import (`import-tokens.json`, 0600): the tree never holds a credential.
@@ -88,7 +88,8 @@ class _ShardRows:
     index: int
     keys: dict[str, Cipher] = field(default_factory=dict)
     entries: dict[str, list[tuple[WorkspaceEntry, bytes]]] = field(default_factory=dict)
-    seeds: dict[str, list[tuple[EntryMeta, bytes]]] = field(default_factory=dict)  # bot pools
+    # bot pools' learned and pinned entries
+    memory_entries: dict[str, list[tuple[EntryMeta, bytes]]] = field(default_factory=dict)
     revisions: dict[str, list[tuple]] = field(default_factory=dict)
     barriers: dict[str, list[tuple[int, ForgetBarrier]]] = field(default_factory=dict)
     jobs: dict[str, list[LearningJob]] = field(default_factory=dict)
@@ -96,7 +97,7 @@ class _ShardRows:
     receipts: dict[str, list[tuple[str, str, bytes, int, str]]] = field(default_factory=dict)
     chats: chat_export.ChatShardRows = field(default_factory=chat_export.ChatShardRows)
     heads: dict[str, tuple[int, bytes | None]] = field(default_factory=dict)  # bot pools' rows
-    logs: dict[str, list[tuple]] = field(default_factory=dict)  # seed-000 change logs
+    logs: dict[str, list[tuple]] = field(default_factory=dict)  # entry change logs
 
 
 class DataDirReader:
@@ -146,7 +147,9 @@ class DataDirReader:
             for pool, meta, content in _rows(
                 con, "SELECT pool, meta, content FROM memory_entries WHERE pool LIKE 'bot:%'"
             ):
-                out.seeds.setdefault(pool, []).append((_dec[EntryMeta].decode(meta), content))
+                out.memory_entries.setdefault(pool, []).append(
+                    (_dec[EntryMeta].decode(meta), content)
+                )
             for row in _rows(
                 con,
                 "SELECT pool, entry, revision, at_ms, operator, change, body FROM ws_revisions",
@@ -257,7 +260,7 @@ class DataDirReader:
         pool: str,
         account: str,
         records: list[WorkspaceEntry],
-        seeds: list[tuple[EntryMeta, bytes]],
+        memory_entries: list[tuple[EntryMeta, bytes]],
     ) -> tuple[list[WorkspaceEntry], list[tuple[EntryMeta, bytes]]]:
         """A bot pool's one memory as the account (its owner) sees it in the bot's org
         (engine/memory_union.py): records linked to the bot's org, learned entries under their
@@ -270,14 +273,14 @@ class DataDirReader:
             )
             for r in records
         ]
-        metas = {m.id: m for m, _ in seeds}
+        metas = {m.id: m for m, _ in memory_entries}
         metas.update((r.id, bm.as_meta(r)) for r in linked)
         channels = frozenset(c.id for c in self.channels.values() if account in c.people)
         reader = Reader(user=account, org=org or "", channels=channels, uses_bot=True)
         vis = Visibility(reader, metas)
         return (
             [r for r in linked if vis.visible(r.id)],
-            [(m, sealed) for m, sealed in seeds if vis.visible(m.id)],
+            [(m, sealed) for m, sealed in memory_entries if vis.visible(m.id)],
         )
 
     def _pool(self, pool: str, account: str) -> ft.PoolSnapshot:
@@ -286,11 +289,13 @@ class DataDirReader:
             cipher = shard.keys.get(pool)
             rows = shard.entries.get(pool, [])
             revs = shard.revisions.get(pool, [])
-            seeds = shard.seeds.get(pool, [])
-            if (rows or revs or seeds) and cipher is None:
+            memory_entries = shard.memory_entries.get(pool, [])
+            if (rows or revs or memory_entries) and cipher is None:
                 raise StorageError(f"{pool} has records on shard {shard.index} but no key")
             if pool.startswith("bot:"):
-                kept, seeds = self._bot_memory(pool, account, [e for e, _ in rows], seeds)
+                kept, memory_entries = self._bot_memory(
+                    pool, account, [e for e, _ in rows], memory_entries
+                )
                 sealed_of = {e.id: s for e, s in rows}
                 rows = [(e, sealed_of[e.id]) for e in kept]
             for entry, sealed in rows:
@@ -298,7 +303,9 @@ class DataDirReader:
                 fields = msgspec.structs.asdict(entry)
                 del fields["content_fp"]
                 records.append(ft.MemoryRecord(**fields, content=content))
-            records += [_entry_record(pool, meta, sealed, cipher) for meta, sealed in seeds]
+            records += [
+                _entry_record(pool, meta, sealed, cipher) for meta, sealed in memory_entries
+            ]
             for entry_id, revision, at, operator, change, body in revs:
                 before, after = WorkspaceStore.open_revision(cipher, pool, entry_id, revision, body)
                 revisions.append(
@@ -352,10 +359,12 @@ class DataDirReader:
             for bot in self.bots.values():
                 pool = f"bot:{bot.id}"
                 for shard in self.shards:
-                    seeds = shard.seeds.get(pool, [])
+                    memory_entries = shard.memory_entries.get(pool, [])
                     ws = [e for e, _ in shard.entries.get(pool, [])]
-                    seen = {m.id for m, _ in self._bot_memory(pool, bot.owner, ws, seeds)[1]}
-                    for meta, sealed in seeds:
+                    seen = {
+                        m.id for m, _ in self._bot_memory(pool, bot.owner, ws, memory_entries)[1]
+                    }
+                    for meta, sealed in memory_entries:
                         keeper = ft.entry_keeper(meta.tags, people)
                         if meta.id not in seen and keeper not in (None, bot.owner):
                             mine = self._keepers.setdefault(keeper, {}).setdefault(pool, [])
@@ -372,7 +381,7 @@ class DataDirReader:
     def _memory_bot_state(
         self, pool: str, kept: set[str], log_only: bool = False
     ) -> ft.MemoryBotState | None:
-        """A bot pool's seed-000 version, memory-bot settings and the log rows of the entries
+        """A bot pool's version, memory-bot settings and the log rows of the entries
         in the tree (the others are other people's); only the log rows with `log_only`."""
         for shard in self.shards:
             if pool not in shard.heads:
@@ -427,7 +436,7 @@ class DataDirReader:
 
 
 def _entry_record(pool: str, meta: EntryMeta, sealed: bytes, cipher: Cipher) -> ft.MemoryRecord:
-    """A learned (seed-000) entry of a bot's memory as a record of the tree."""
+    """A learned entry of a bot's memory as a record of the tree."""
     content = cipher.open(sealed, aad(pool, meta.id)).decode()
     view = bm.as_record_view(meta, content, pool.removeprefix("bot:"))
     return ft.MemoryRecord(
@@ -450,7 +459,7 @@ def _entry_record(pool: str, meta: EntryMeta, sealed: bytes, cipher: Cipher) -> 
 
 
 def render_data_dir(data_dir: Path, account: str | None = None) -> dict[str, bytes]:
-    """The seed-002 tree of one account, or of every account, of a stopped data directory."""
+    """The account file tree of one account, or of every account, of a stopped data directory."""
     reader = DataDirReader(Path(data_dir))
     files: dict[str, bytes] = {}
     for a in [account] if account else reader.accounts():
@@ -599,7 +608,7 @@ def import_snapshots(
     keys: dict[str, Cipher] = {}
 
     # The pool's own state comes from its owner's tree; other trees add entries kept for them.
-    seeds = {p.pool: p.seed for s in snapshots for p in s.pools if p.seed and _own(s, p.pool)}
+    states = {p.pool: p.seed for s in snapshots for p in s.pools if p.seed and _own(s, p.pool)}
 
     def key(pool: str) -> Cipher | None:
         if pool not in keys:
@@ -608,8 +617,8 @@ def import_snapshots(
                 return None
             cipher, wrapped = keyring.new_pool_key(pool)
             stored = StoredPool(pool=pool, cipher=cipher, wrapped_key=wrapped)
-            seed = seeds.get(pool) or ft.MemoryBotState()
-            row = memory.pool_row(stored, seed.version, seed.settings)
+            state = states.get(pool) or ft.MemoryBotState()
+            row = memory.pool_row(stored, state.version, state.settings)
             writes[shard_of(owner, shards)].append(row)
             keys[pool] = cipher
         return keys[pool]
@@ -697,7 +706,7 @@ def _pool_rows(ws: WorkspaceStore, pool: ft.PoolSnapshot, cipher: Cipher) -> Ite
         fields = msgspec.structs.asdict(r)
         content = fields.pop("content")
         memory = fields.pop("memory")
-        if memory is not None:  # a learned entry of the bot's one memory: back to seed 000
+        if memory is not None:  # a learned entry of the bot's one memory: back to a memory entry
             if not pool.pool.startswith("bot:"):
                 raise InvalidInput(f"entry {r.id} is not of a bot pool", code="invalid_tree")
             sealed = cipher.seal(content.encode(), aad(pool.pool, r.id))

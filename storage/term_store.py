@@ -188,7 +188,7 @@ class TermStore:
 
     @staticmethod
     def row(pool: str, entry_id: str, fp: str, keys: np.ndarray, seq: int = 0) -> Write:
-        """A record's term row; `seq`: from its workspace pool's counter (a seed-000 pool's
+        """A record's term row; `seq`: from its workspace pool's counter (a entry pool's
         rows, never in a snapshot, keep 0)."""
         row = (entry_key(pool, entry_id), pool, entry_id, fp, pack_keys(keys), seq)
         return Put(SEARCH_TERMS.name, row)

@@ -176,7 +176,7 @@ def pool_scope(pool: str) -> tuple[ReadScope, ...]:
 
 
 def _content_aad(pool: str, entry_id: str) -> bytes:
-    # "ws" keeps a workspace record's ciphertext from opening as a seed-000 entry of the same
+    # "ws" keeps a workspace record's ciphertext from opening as a memory entry of the same
     # pool (they share the pool's data key), and the other way round.
     return aad(pool, f"ws\x00{entry_id}")
 

@@ -1,4 +1,4 @@
-"""The seed-002 file tree (FS-1, FS-2), pure: paths, line format, and `parse(render(s))`."""
+"""The account file tree (FS-1, FS-2), pure: paths, line format, and `parse(render(s))`."""
 
 from __future__ import annotations
 

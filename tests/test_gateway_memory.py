@@ -1,4 +1,4 @@
-"""The seed-000 memory routes end to end: real uvicorn, real Ray actors, real DuckDB files."""
+"""The bot memory routes end to end: real uvicorn, real Ray actors, real DuckDB files."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Ranked memory search on a shard and over HTTP (issue 11): workspace memories and the seed-000
+"""Ranked memory search on a shard and over HTTP (issue 11): workspace memories and
 bot memory. Stems and paraphrases meet, a Chinese query finds a Chinese record, forgetting and
 purging take hits away at once, the index survives a restart from stored term hashes, and no
 word of a record reaches the disk in the clear."""

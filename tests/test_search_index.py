@@ -1,4 +1,4 @@
-"""The keyword index (storage/search_index.py) and the seed-000 pool's search over it: BM25
+"""The keyword index (storage/search_index.py) and the entry pool's search over it: BM25
 ranking, stems, CJK, changes, and visibility checked against the independent oracle."""
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def test_term_counts_are_the_same_counted_in_python_or_numpy(monkeypatch):
     assert ranking() == mixed
 
 
-# --- a seed-000 pool: only what the reader may see --------------------------------------------
+# --- a entry pool: only what the reader may see --------------------------------------------
 
 
 def _pool(entries: dict[str, EntryMeta], texts: dict[str, str]) -> Pool:

@@ -75,7 +75,7 @@ class _Spy:
             return restore(index, postings)
 
         def spy_build(index, ids, lengths, flat, **kw):
-            if ids:  # (a seed-000 pool's empty index too)
+            if ids:  # (a entry pool's empty index too)
                 self.built.append(len(ids))
             return build(index, ids, lengths, flat, **kw)
 

@@ -3,7 +3,7 @@
 It owns the file, the group committer, the event log, the keyring (through the memory store),
 the receipts table, the keyword analyzer and term rows, the registry of loaded memory pools with
 their locks, the residency budget, the clock and the id maker. Every feature of the shard (chats,
-learning, workspace, requests, the seed-000 memory API) is built with the kernel and writes
+learning, workspace, requests, the bot memory API) is built with the kernel and writes
 through it:
 
 - `pool(id)` loads (once, single-flight) and counts a memory pool as used;
@@ -68,7 +68,7 @@ def new_entry_id() -> str:
 
 
 def terms_pool(pool_id: str) -> str:
-    """Where a seed-000 pool's term rows are kept: apart from the workspace pool of the same
+    """Where a entry pool's term rows are kept: apart from the workspace pool of the same
     name (`bot:<id>` is both)."""
     return f"seed:{pool_id}"
 

@@ -1,4 +1,4 @@
-"""The seed-000 memory API of a shard (API-1, API-2, MEM-1 … MEM-5, ACL-4, MB-2): remember,
+"""The bot memory API of a shard (API-1, API-2, MEM-1 … MEM-5, ACL-4, MB-2): remember,
 forget, purge, widen, the reads, the memory bot's settings and the entries it writes.
 
 Built on the kernel (pools, locks, the commit pipeline) and on `MemoryReader`, the one
@@ -47,7 +47,7 @@ _json = msgspec.json.Encoder()
 
 
 def _entry_view(snap: Snapshot, meta: EntryMeta) -> EntryView:
-    """An entry of a bot's one memory in the seed-000 format (API-1)."""
+    """An entry of a bot's one memory in the memory API's format (API-1)."""
     if (
         snap.ws is not None
         and meta.id in snap.ws.stored.entries

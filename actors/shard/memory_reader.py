@@ -1,12 +1,12 @@
 """The one visibility-checked read of a bot's memory (MEM-1, ENR-5; design in
 engine/memory_union.py).
 
-A bot's memory is the union of its seed-000 pool (`Pool`, the shard's) and its workspace bot-scope
+A bot's memory is the union of its entry pool (`Pool`, the shard's) and its workspace bot-scope
 records (`WorkspacePool`, the workspace's). Every reader goes through `MemoryReader`: context and
 enrichment, the HTTP views, search, the prompt, the learning context. Callers never read a pool and
 filter it themselves.
 
-Locking (ACL-9): a read holds the seed pool's shared lock while it checks visibility and opens
+Locking (ACL-9): a read holds the entry pool's shared lock while it checks visibility and opens
 content; the workspace records are read in the same synchronous stretch (their writes happen
 under the workspace pool's lock without an await in between), so a read never mixes old
 permissions with new content. Content is opened only for entries the check let through (ACL-8).
@@ -68,7 +68,7 @@ class Snapshot:
     pool: Pool
     ws: WorkspacePool | None
     reader: Reader
-    entries: Mapping[str, EntryMeta]  # seed entries and workspace records, by id
+    entries: Mapping[str, EntryMeta]  # memory entries and workspace records, by id
     records: Records
     visibility: Visibility
     open: Callable[[str], str]
@@ -106,7 +106,7 @@ def _best(snap: Snapshot, keys: list[int], limit: int) -> list[tuple[str, float]
     """The `limit` best BM25 hits (term keys `keys`) among the usable entries of `snap`, seed
     entries and workspace records alike, best first (call with the snapshot's lock held)."""
     reader = snap.reader
-    # Seed entries under the union's visibility (an observation may rest on a record).
+    # Memory entries under the union's visibility (an observation may rest on a record).
     candidates, vis = snap.pool.candidates(reader), snap.visibility
     # Two indexes of one pool merged by score: ranked under the pool's statistics, as the
     # workspace search ranks a bot pool (actors/workspace/search.py `keyword_stats`). Its
@@ -141,7 +141,7 @@ class MemoryReader:
 
     @staticmethod
     def union(pool: Pool, ws: WorkspacePool | None) -> Mapping[str, EntryMeta]:
-        """The pool's entries and its records as one mapping (seed entries win an id clash;
+        """The pool's entries and its records as one mapping (memory entries win an id clash;
         ids are random 96-bit, so it does not happen)."""
         if ws is None or not ws.stored.entries:
             return pool.entries
@@ -191,7 +191,7 @@ class MemoryReader:
         self, pool_id: str, reader: Reader, query: str, limit: int
     ) -> list[tuple[EntryMeta, str, float]]:
         """The `limit` best BM25 keyword hits (issue 11) among the usable entries the reader
-        may see, seed entries and workspace records alike: (entry, text, score), best first.
+        may see, memory entries and workspace records alike: (entry, text, score), best first.
         Each index's ranking is walked best first with every id checked, so what the reader
         may not use is never a hit and never takes a usable hit's place."""
         if limit <= 0:
@@ -274,6 +274,6 @@ class MemoryReader:
 
     def learning_state(self, pool: Pool, ws: WorkspacePool | None) -> Mapping[str, EntryMeta]:
         """What the memory bot's proposals are checked against (under the exclusive lock): the
-        whole union, so an observation may rest on a person's record; only seed entries are
+        whole union, so an observation may rest on a person's record; only memory entries are
         ever changed by it (see engine/memory_union.py)."""
         return self.union(pool, ws)

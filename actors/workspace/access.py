@@ -2,7 +2,7 @@
 
 A pool the caller may not read is "not found"; a change is announced to no one beyond who may
 read it: a project's members, the account itself for user memory, the users of a bot in its org
-for bot memory. A bot pool's records are read under the bot's seed-000 visibility rule.
+for bot memory. A bot pool's records are read under the bot's entry visibility rule.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class WorkspaceRules:
         return bm.record_visible(self.bot_reader(pool, access), entry)
 
     def bot_reader(self, pool: WorkspacePool, access: WorkspaceAccess) -> Reader:
-        """The seed-000 reader of a bot pool for a workspace caller: in the bot's home org when
+        """The entry reader of a bot pool for a workspace caller: in the bot's home org when
         the caller belongs to it (else the org the request named)."""
         org = pool.bot_org if pool.bot_org in access.orgs or not access.orgs else access.orgs[0]
         return Reader(user=access.account, org=org or "", channels=access.channels, uses_bot=True)

@@ -85,13 +85,13 @@ class WorkspaceListings:
     ) -> WorkspaceListing:
         """Every record of `pools` (and learned entry of their bots) the caller may read."""
         found: list[tuple[WorkspacePool, WorkspaceEntry]] = []
-        learned: list[WorkspaceEntryView] = []  # seed-000 entries of bot pools (one memory per bot)
+        learned: list[WorkspaceEntryView] = []  # memory entries of bot pools (one memory per bot)
         for pool in pools:
             if pool.id.startswith("bot:"):
-                records, seeds = await self._bot_memory(pool, access)
+                records, memory_entries = await self._bot_memory(pool, access)
                 learned += [
                     v
-                    for v in seeds
+                    for v in memory_entries
                     if (query.status == "all" or v.status == query.status)
                     and (query.contributor is None or v.contributor == query.contributor)
                 ]
@@ -113,8 +113,10 @@ class WorkspaceListings:
         """A bot pool's records and learned entries that `access` may see (its one memory)."""
         bot = sm.pool_owner(pool.id)
         records: list[WorkspaceEntry] = []
-        seeds: list[WorkspaceEntryView] = []
+        memory_entries: list[WorkspaceEntryView] = []
         async with self.memory.read(pool.id, self.rules.bot_reader(pool, access)) as snap:
             records = snap.visible_records()
-            seeds = [bm.as_record_view(m, snap.open(m.id), bot) for m in snap.visible_entries()]
-        return records, seeds
+            memory_entries = [
+                bm.as_record_view(m, snap.open(m.id), bot) for m in snap.visible_entries()
+            ]
+        return records, memory_entries

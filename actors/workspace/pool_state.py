@@ -32,7 +32,7 @@ class Written:
 @dataclass
 class WorkspacePool:
     stored: StoredWorkspacePool
-    keyed: StoredPool  # the seed-000 pool state that holds this pool's data key
+    keyed: StoredPool  # the entry pool state that holds this pool's data key
     fp_key: bytes
     lock: asyncio.Lock
     pending: asyncio.Future[None] | None = None

@@ -3,7 +3,7 @@
 A `WorkspacePool` (actors/workspace/pool_state.py) is one pool's records (`bot:<id>`,
 `user:<accountId>`, `project:<id>`) as stored, with its lock and its pending commit.
 `WorkspacePools` is the registry both the workspace routes and a bot's one memory
-(actors/shard/memory_reader.py) read through; the seed-000 pool of the same name holds the pool's
+(actors/shard/memory_reader.py) read through; the entry pool of the same name holds the pool's
 data key (`keyed`). A pool's keyword index is stored whole (`snapshot`, storage/term_store.py)
 once many term rows are not in the last snapshot, and as the shard closes, so that a load restores
 it instead of building it from every row.
@@ -128,7 +128,7 @@ class WorkspacePools:
     async def pool(self, pool_id: str) -> WorkspacePool:
         async def load() -> WorkspacePool:
             # The records and their stored term keys (with the vectors a search asks for at
-            # the same time: `Database.run_aside`), started before the seed-000 pool with the
+            # the same time: `Database.run_aside`), started before the entry pool with the
             # key loads; the keyword snapshot is opened while the records, the longest step,
             # are read. Two reads, not one state of the file: whatever differs (a record
             # without a current row, a row of a record gone) is indexed from the records.

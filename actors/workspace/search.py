@@ -3,7 +3,7 @@
 `GET /api/app/workspace/memories?q=` on a shard: BM25 keyword hits (storage/search_index.py)
 and semantic hits (actors/workspace/semantic.py) of the pools the caller may read, fused by
 weighted reciprocal rank (engine/workspace_search.py) and cut at `limit`. A bot pool's
-learned entries (seed 000, one memory per bot) are ranked with its records.
+learned entries (one memory per bot) are ranked with its records.
 
 Checked lazily, never listed: nothing here walks a pool's records to find what the caller may
 read (at 100,000 records that walk alone took most of a search's time). Each ranking covers

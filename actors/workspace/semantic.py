@@ -242,7 +242,7 @@ class SemanticSearch:
         if fut is not None:
             fut.add_done_callback(_log_failure)
 
-    # --- a bot's learned entries (seed 000: one memory per bot) -------------------------------
+    # --- a bot's learned entries (one memory per bot) -------------------------------
 
     async def learned(self, pool: WorkspacePool) -> PoolVectors:
         """The vectors of bot pool `pool`'s learned entries, loaded on first use and kept apart

@@ -207,7 +207,7 @@ class Workspace:
         body: WorkspaceMemoryChange | WorkspaceForget,
     ) -> WorkspaceEntryView:
         """A learned entry of the bot's one memory, through the workspace routes: forgetting it
-        is the seed-000 Forget (the caller's part: retracted when it is only theirs, API-2) by
+        is the memory API's Forget (the caller's part: retracted when it is only theirs, API-2) by
         `expectedRevision`; its words are the memory bot's to change, not an edit's."""
         reader = self.rules.bot_reader(pool, access)
         if isinstance(body, WorkspaceMemoryChange):

@@ -48,7 +48,7 @@ class MemoryRecord(msgspec.Struct, frozen=True, kw_only=True):
     origin: Origin = Origin.SYNTHESIZED
     revision: int = 1
     tags: tuple[str, ...] = ()  # a bot record's system tags (engine/memory_union.py)
-    # A learned (seed-000) entry of the bot's one memory: its whole metadata (layer, tags,
+    # A learned entry of the bot's one memory: its whole metadata (layer, tags,
     # sources, access proofs), so an import restores exactly who may see it (never wider).
     memory: EntryMeta | None = None
 
@@ -95,7 +95,7 @@ class ReadPosition(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class MemoryBotState(msgspec.Struct, frozen=True, kw_only=True):
-    """The seed-000 side of a bot's memory: the pool's version (API-3), its memory-bot
+    """The entry side of a bot's memory: the pool's version (API-3), its memory-bot
     settings and the change log of the entries in the tree."""
 
     version: int = 0

@@ -223,7 +223,7 @@ def _render_pool(pool: PoolSnapshot) -> dict[str, bytes]:
         files[".dreaming/read-positions.json"] = to_json(doc)
     if pool.seed is not None:
         if not pool.pool.startswith("bot:"):
-            raise InvalidInput(f"{pool.pool} has no seed-000 state", code="invalid_tree")
+            raise InvalidInput(f"{pool.pool} has no memory-bot state", code="invalid_tree")
         files[".dreaming/memory-bot.json"] = to_json(MemoryBotDoc(pool=pool.pool, seed=pool.seed))
     waiting = [j.updated_at for j in pool.jobs if j.status in OPEN_JOBS]
     files[".dreaming/next-refresh-at"] = to_text([iso(min(waiting)) if waiting else "none"])

@@ -48,9 +48,7 @@ def _record(client, bot: str, content: str, scope: str = "bot", **extra) -> dict
 # --- user memory is for the bots of the same account (SC-1) -------------------------------------
 
 
-def test_a_persons_user_memory_reaches_only_the_bots_of_their_own_account(
-    world, admin, bot_model
-):
+def test_a_persons_user_memory_reaches_only_the_bots_of_their_own_account(world, admin, bot_model):
     """Alice's user memory is in the prompt and the search tool of her own bot, and in neither
     of a bot Bob owns that she uses through a grant."""
     mine, mine_name = _bot(admin, world, "alice")
@@ -75,7 +73,7 @@ def test_a_persons_user_memory_reaches_only_the_bots_of_their_own_account(
     bot_model.routes.append(route)
     with world.client("alice") as alice:
         _record(alice, mine, secret, scope="user")
-        for bot, name in ((mine, mine_name), (theirs, theirs_name)):
+        for bot in (mine, theirs):
             chat = _ok(alice.post("/v1/chats", json={"bot": bot}), 201)
             _ok(alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "Hello"}))
             turn = {"text": "look it up"}

@@ -368,6 +368,9 @@ class RayShard(NamedActor):
     async def ws_has_entry(self, entry_id: str) -> bool:
         return await remote(self._actor().ws_has_entry, entry_id)
 
+    async def ws_purge_learned(self, bot: str, chat: str) -> int:
+        return await remote(self._actor().ws_purge_learned, bot, chat)
+
     async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView:
         return WS_ENTRY_VIEW.decode(await self.ws_create_memory_json(access, body))
 

@@ -28,6 +28,7 @@ from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, durable
 from actors.shard.seed_memory import SeedMemory
 from actors.workspace.access import WsRules
+from actors.workspace.bot_records import BotRecords
 from actors.workspace.pools import WsPool, WsPools
 from actors.workspace.projects import Projects
 from actors.workspace.receipts import RECEIPT_SCOPE, WsReceipts
@@ -79,6 +80,7 @@ class Workspace:
         self.semantic = semantic  # when configured (SC-7)
         self.store = pools.store
         self.new_id: Callable[[], str] = new_id
+        self.records = memory.records = BotRecords(self)  # the seed-000 routes reach records
 
     async def _locate(self, entry_id: str) -> str | None:
         for pool in self.pools.loaded():

@@ -39,6 +39,7 @@ from engine.scoped_memory import WsEntry
 from storage.group_commit import Delete, DeleteWhere, Write
 from storage.receipts import fingerprint, receipt_key
 from storage.shard_schema import (
+    RECEIPTS,
     SEARCH_SNAPSHOTS,
     WS_BARRIERS,
     WS_ENTRIES,
@@ -84,10 +85,13 @@ class BotRecords:
         """API-2's Forget of record `entry_id` of bot pool `pool_id`; with a `request_id` a
         retry returns the first answer."""
         ws = self.ws
+        # One request id per caller and bot (as a seed entry's Forget), within 128 characters.
         key = (
             None
             if request_id is None
-            else receipt_key(RECEIPT_SCOPE, reader.user, f"forget\x00{pool_id}\x00{request_id}")
+            else receipt_key(
+                RECEIPT_SCOPE, reader.user, "forget:" + fingerprint((pool_id, request_id))
+            )
         )
         print_ = fingerprint(("memory.forget.seed", pool_id, entry_id))
         pool = await ws.pools.pool(pool_id)
@@ -125,6 +129,7 @@ class BotRecords:
             gone = [e for e in pool.stored.entries.values() if tag in e.tags]
             fut = self._delete(pool, gone)
         await durable(fut)
+        await self._end_replays(pool, gone)
         return len(gone)
 
     async def purge_learned(self, bot: str, chat: str) -> int:
@@ -145,6 +150,7 @@ class BotRecords:
                 ]
                 fut = self._delete(pool, gone)
             await durable(fut)
+            await self._end_replays(pool, gone)
             count += len(gone)
         return count
 
@@ -168,6 +174,18 @@ class BotRecords:
             for entry, revision, at, change in await ws.store.revision_log(pool_id)
             if entry in seen
         ]
+
+    async def _end_replays(self, pool: WsPool, gone: list[WsEntry]) -> None:
+        """Stored answers of the pool's requests may quote what was just deleted: a purge ends
+        their replay, as it does a seed pool's (a repeat is then a new request)."""
+        if not gone:
+            return
+        ws = self.ws
+        keys = await ws.kernel.receipts.sealed_with(RECEIPT_SCOPE, pool.keyed.cipher, pool.id)
+        if keys:
+            await durable(
+                ws.kernel.stage(Batch(writes=[DeleteWhere(RECEIPTS.name, "key", tuple(keys))]))
+            )
 
     def _delete(self, pool: WsPool, gone: Iterable[WsEntry]):
         """Take `gone` out of the pool and stage the deletion of everything kept of them (call

@@ -343,7 +343,9 @@ class Workspace:
             if p.pool != pool_id or p.contributor != contributor:
                 raise InvalidInput("every proposal must be for this pool and bot", code="invalid")
         by_marker = {s.marker: s for s in sources}
-        key = receipt_key(RECEIPT_SCOPE, f"bot:{contributor}", request_id)
+        # One learning job extracts into several pools (the user's, the project's), maybe
+        # all on this shard, under one request id: each pool's answer is a receipt of its own.
+        key = receipt_key(RECEIPT_SCOPE, f"bot:{contributor}", f"{request_id}\x00{pool_id}")
         print_ = fingerprint(("memory.extract", pool_id, contributor, proposals, sources))
         pool = await self.pools.pool(pool_id)
         async with self.receipts.request(key), pool.lock:

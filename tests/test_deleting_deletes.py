@@ -10,6 +10,7 @@ reaches only the bots of their own account; the memory bot's settings are read w
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 
@@ -130,15 +131,43 @@ def test_forget_works_on_a_workspace_record_the_memory_lists(world):
         assert _forget(carol, world.bot, record["id"]).status_code in (403, 404)
 
 
-def test_purge_by_from_and_org_deletes_the_bots_workspace_records_too(world, admin):
+def _at_rest(engine, where, ids: set[str], pool: str) -> list[tuple]:
+    """What a backup of the stored data keeps of records `ids` of `pool` beside their rows:
+    search terms and vectors (sealed, but derived from their words)."""
+    from storage.data_dir_io import drain_journal, read_only
+
+    asyncio.run(engine.backup(where))
+    found: list[tuple] = []
+    for path in sorted(where.glob("shard-*.duckdb")):
+        drain_journal(path)
+        with read_only(path) as con:
+            found += con.execute(
+                "SELECT 'terms', entry FROM search_terms WHERE pool = ?", [pool]
+            ).fetchall()
+            found += con.execute(
+                "SELECT 'vectors', entry FROM ws_vectors WHERE pool = ?", [pool]
+            ).fetchall()
+            found += con.execute(
+                "SELECT 'block', entries FROM ws_vector_blocks WHERE pool = ?", [pool]
+            ).fetchall()
+    return [row for row in found if any(i in row[1] for i in ids)]
+
+
+def test_purge_by_from_and_org_deletes_the_bots_workspace_records_too(
+    world, admin, engine, tmp_path
+):
     """API-4 over every store of the bot's one memory: the records people wrote for the bot
     carry `from:<writer>` and `org:<bot's org>`; a purge by either deletes them with their
-    revisions, and neither `GET /memory` nor the workspace lists them any more."""
+    revisions, barriers, answers, search terms and vectors, and neither `GET /memory` nor the
+    workspace lists them any more."""
+    import ray
+
     world.grant("bob", "write")
     alice_id = world.users["alice"]
     with world.client("alice") as alice, world.client("bob") as bob:
         mine = _record(alice, world.bot, "Alice's note for the bot")
         theirs = _record(bob, world.bot, "Bob's note for the bot")
+        ray.get(engine.shard_for(alice_id).search_idle.remote())  # their vectors are stored
         pinned = _ok(
             alice.post(
                 f"/v1/bots/{world.bot}/memory",
@@ -147,9 +176,13 @@ def test_purge_by_from_and_org_deletes_the_bots_workspace_records_too(world, adm
             201,
         )
         assert {mine["id"], theirs["id"], pinned["id"]} <= set(_memory(alice, world.bot))
+        # Forgotten, it leaves a forget barrier (its fingerprint and evidence): purged too.
+        forget = {"requestId": _rid(), "id": mine["id"], "expectedRevision": 1}
+        _ok(alice.post(f"{WS}/memories/forget", json=forget))
         r = alice.post(f"/v1/bots/{world.bot}/memory/purge", json={"tag": f"from:{alice_id}"})
         assert _ok(r) == {"count": 2}
         assert set(_memory(alice, world.bot)) == {theirs["id"]}
+        assert _at_rest(engine, tmp_path / "after-from", {mine["id"]}, f"bot:{world.bot}") == []
         listed = _ok(alice.get(f"{WS}/memories", params={"scope": "bot", "status": "all"}))
         assert [e["id"] for e in listed["entries"]] == [theirs["id"]]
         r = alice.get(f"{WS}/memories/{mine['id']}/revisions")
@@ -168,8 +201,8 @@ def test_purge_by_from_and_org_deletes_the_bots_workspace_records_too(world, adm
     # barriers) has neither.
     for account in (alice_id, world.users["bob"]):
         files = _ok(admin.get("/v1/admin/export", params={"account": account}))["files"]
-        text = json.dumps(files)
-        assert "note for the bot" not in text, [p for p, t in files.items() if "note for" in t]
+        for gone in ("note for the bot", mine["id"], theirs["id"]):
+            assert gone not in json.dumps(files), [p for p, t in files.items() if gone in t]
 
 
 def test_the_memory_log_shows_workspace_record_changes(world):

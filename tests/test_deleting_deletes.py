@@ -236,7 +236,7 @@ def test_the_memory_log_shows_workspace_record_changes(world):
 
 
 def test_purging_a_chat_deletes_the_user_and_project_facts_learned_from_it(
-    world, admin, model_stubs, engine
+    world, admin, model_stubs, engine, tmp_path
 ):
     """The memory bot learned a bot fact, a user fact (the person's own words) and a project
     fact from each of two chats; purging `chat:<first>` deletes the three learned from it,
@@ -313,8 +313,21 @@ def test_purging_a_chat_deletes_the_user_and_project_facts_learned_from_it(
                 for e in _ok(alice.get(f"{WS}/memories", params={"scope": "user"}))["entries"]
                 if e["content"] == first
             )
+            bot_fact = next(
+                i for i, e in _memory(alice, bot).items() if e["content"] == f"Bot knows: {first}"
+            )
+            # A semantic search embeds the bot's learned entries (their vectors are stored).
+            _ok(alice.get(f"{WS}/memories", params={"scope": "bot", "q": "passport drawer"}))
+            learned = f"bot:{bot}#learned"
+            ray.get(engine.shard_for(alice_id).search_idle.remote())  # the records' vectors too
+            assert _at_rest(engine, tmp_path / "before", {bot_fact}, learned) != []
             r = alice.post(f"/v1/bots/{bot}/memory/purge", json={"tag": f"chat:{chats[0]}"})
             assert _ok(r) == {"count": 3}
+            assert _at_rest(engine, tmp_path / "after", {bot_fact}, learned) == []
+            assert (
+                _at_rest(engine, tmp_path / "after-user", {user_fact["id"]}, f"user:{alice_id}")
+                == []
+            )
             assert contents("user", status="all") == {second}
             assert contents("project", project=project["id"], status="all") == {
                 f"Team decided: {second}"

@@ -64,7 +64,7 @@ class BotRecordRoutes(Protocol):
     async def forget(
         self, pool_id: str, reader: Reader, entry_id: str, request_id: str | None
     ) -> EntryView: ...
-    async def purge(self, pool_id: str, tag: str) -> int: ...
+    async def purge(self, pool_id: str, tag: str, *, learned: bool = False) -> int: ...
     async def log(self, pool_id: str, reader: Reader) -> list[LogRow]: ...
 
 
@@ -260,7 +260,7 @@ class SeedMemory:
         await self.kernel.settle(pool, pending, reads_state=False)
         count = len(outcome.deletes)
         if self.records is not None and pool_id.startswith("bot:"):
-            count += await self.records.purge(pool_id, tag)  # the bot's records too
+            count += await self.records.purge(pool_id, tag, learned=count > 0)  # its records
         return count
 
     async def memory_log(self, pool_id: str, reader: Reader) -> LogPage:

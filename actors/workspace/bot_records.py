@@ -7,9 +7,10 @@ changes or reports on that memory reaches both:
 - Forget of a record the caller sees forgets it as the workspace's forget does, at its current
   revision (a record the caller does not see is "not yours", as a seed entry is);
 - a purge by a system tag deletes the records carrying it (`from:`, `org:`; records carry no
-  `chat:` or `channel:`) with everything kept of them: revisions, forget barriers, term rows;
-  the pool's keyword snapshot and vectors, which may hold them, are dropped and made again from
-  what remains;
+  `chat:` or `channel:`) with everything kept of them: revisions, forget barriers, term rows,
+  stored answers of the pool's requests; the pool's keyword snapshot and vectors, which may hold
+  them, are dropped and made again from what remains, and so are the vectors of the bot's
+  learned entries when the purge deleted some of those;
 - the memory log lists their revisions: `version` is the record's revision, `who` is `person`
   (a bot pool's records are written by people);
 - a purge of `chat:<id>` also deletes the user and project facts the bot's memory bot learned
@@ -29,7 +30,7 @@ from actors.shard.kernel import ShardKernel, durable
 from actors.workspace.access import WsRules
 from actors.workspace.pools import WsPool, WsPools
 from actors.workspace.receipts import RECEIPT_SCOPE, WsReceipts
-from actors.workspace.semantic import SemanticSearch
+from actors.workspace.semantic import LEARNED, SemanticSearch
 from engine import bot_memory as bm
 from engine import scoped_memory as sm
 from engine.errors import Conflict
@@ -122,12 +123,13 @@ class BotRecords:
         await durable(fut)
         return answer
 
-    async def purge(self, pool_id: str, tag: str) -> int:
-        """Delete the records of bot pool `pool_id` that carry system tag `tag`; their count."""
+    async def purge(self, pool_id: str, tag: str, *, learned: bool = False) -> int:
+        """Delete the records of bot pool `pool_id` that carry system tag `tag`; their count.
+        `learned`: the purge deleted learned entries of the pool too (their vectors go)."""
         pool = await self.ws.pools.pool(pool_id)
         async with pool.lock:
             gone = [e for e in pool.stored.entries.values() if tag in e.tags]
-            fut = self._delete(pool, gone)
+            fut = self._delete(pool, gone, learned=learned)
         await durable(fut)
         await self._end_replays(pool, gone)
         return len(gone)
@@ -187,12 +189,13 @@ class BotRecords:
                 ws.kernel.stage(Batch(writes=[DeleteWhere(RECEIPTS.name, "key", tuple(keys))]))
             )
 
-    def _delete(self, pool: WsPool, gone: Iterable[WsEntry]):
+    def _delete(self, pool: WsPool, gone: Iterable[WsEntry], *, learned: bool = False):
         """Take `gone` out of the pool and stage the deletion of everything kept of them (call
-        under the pool's lock); the commit to wait for, or None when there is nothing."""
+        under the pool's lock); with `learned`, the vectors of the bot's learned entries too
+        (`<pool>#learned`: some were just deleted). The commit to wait for, or None."""
         ws = self.ws
         gone = list(gone)
-        if not gone:
+        if not gone and not learned:
             return None
         stored, terms, audience = pool.stored, ws.kernel.terms, ws.rules.audience(pool.id)
         writes: list[Write] = []
@@ -223,9 +226,13 @@ class BotRecords:
         ids = {e.id for e in gone}
         stored.barriers = [b for b in stored.barriers if b.entry not in ids]
         # Derived data of the whole pool that may hold them: made again from what remains.
-        for table in (SEARCH_SNAPSHOTS, WS_VECTOR_BLOCKS, WS_VECTORS):
-            writes.append(DeleteWhere(table.name, "pool", (pool.id,)))
-        pool.snapshot_covers = -1
+        if gone:
+            for table in (SEARCH_SNAPSHOTS, WS_VECTOR_BLOCKS, WS_VECTORS):
+                writes.append(DeleteWhere(table.name, "pool", (pool.id,)))
+            pool.snapshot_covers = -1
+        if learned:
+            for table in (WS_VECTOR_BLOCKS, WS_VECTORS):
+                writes.append(DeleteWhere(table.name, "pool", (pool.id + LEARNED,)))
         if ws.semantic is not None:
             ws.semantic.evict(pool.id)
         fut = ws.kernel.stage(batch.fail(lambda: ws.pools.drop(pool)))

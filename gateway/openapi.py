@@ -222,11 +222,17 @@ ROUTES: list[Op] = [
     Op(
         "post",
         "/v1/bots/{bot}/memory/purge",
-        "Delete entries by one system tag",
+        "Delete entries by one system tag: learned and pinned entries and the bot's workspace "
+        "records; `chat:` also the user and project facts learned from that chat",
         wire.Purge,
         s.Count,
     ),
-    Op("get", "/v1/bots/{bot}/memory/bot", "Memory-bot settings", ok=MemoryBotSettings),
+    Op(
+        "get",
+        "/v1/bots/{bot}/memory/bot",
+        "Memory-bot settings (write on a non-linked bot)",
+        ok=MemoryBotSettings,
+    ),
     Op(
         "patch",
         "/v1/bots/{bot}/memory/bot",

@@ -108,8 +108,8 @@ def _forget(client, bot: str, entry: str, request_id: str | None = None):
 def test_forget_works_on_a_workspace_record_the_memory_lists(world):
     """API-2 on every entry `GET /memory` lists that the caller may forget: a record written
     through the workspace for the bot (seen by everyone who uses the bot in its org) is
-    forgotten by the seed-000 Forget, once per request id; one the caller does not see stays
-    `not_yours`."""
+    forgotten by the seed-000 Forget, once per request id; an id of no entry stays
+    `not_yours`, and someone who does not use the bot forgets nothing."""
     world.grant("bob", "read")
     with world.client("alice") as alice, world.client("bob") as bob:
         record = _record(alice, world.bot, "Standup is at nine")
@@ -127,6 +127,8 @@ def test_forget_works_on_a_workspace_record_the_memory_lists(world):
         assert gone["id"] == record["id"] and gone["revision"] == 2
         # Forgetting it again changes nothing and is no error.
         assert _forget(alice, world.bot, record["id"]).status_code == 200
+        r = _forget(bob, world.bot, "mem_" + secrets.token_hex(12))
+        assert r.status_code == 409 and r.json()["error"]["code"] == "not_yours"
     with world.client("carol") as carol:  # does not use the bot
         assert _forget(carol, world.bot, record["id"]).status_code in (403, 404)
 

@@ -227,12 +227,7 @@ ROUTES: list[Op] = [
         wire.Purge,
         s.Count,
     ),
-    Op(
-        "get",
-        "/v1/bots/{bot}/memory/bot",
-        "Memory-bot settings (write on a non-linked bot)",
-        ok=MemoryBotSettings,
-    ),
+    Op("get", "/v1/bots/{bot}/memory/bot", "Memory-bot settings", ok=MemoryBotSettings),
     Op(
         "patch",
         "/v1/bots/{bot}/memory/bot",

@@ -4,6 +4,7 @@ drops the pool's cached pages around it, so a client reads its own writes."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 import msgspec
@@ -117,10 +118,19 @@ class MemoryApi:
         tagmod.validate_purge_tag(body.tag)
         async with self._writing(bot_pool(bot.id)):
             count = await shard.purge(bot_pool(bot.id), body.tag)
+        if body.tag.startswith("chat:"):
+            # What the bot's memory bot learned from the chat for people and projects too:
+            # their pools are on any shard (API-5).
+            chat = body.tag.removeprefix("chat:")
+            found = await asyncio.gather(
+                *(s.workspace_purge_learned(bot.id, chat) for s in self.engine.shard_ports)
+            )
+            count += sum(found)
         return json({"count": count})
 
     async def get_memory_bot(self, request: Request) -> Response:
-        bot, shard, _ = await self._memory_call(request)
+        # The settings are the memory's management, as PATCH: write on a non-linked bot.
+        bot, shard, _ = await self._memory_call(request, write=True)
         return json(await shard.memory_bot_settings(bot_pool(bot.id)))
 
     async def patch_memory_bot(self, request: Request) -> Response:

@@ -227,7 +227,8 @@ ROUTES: list[Op] = [
     Op(
         "post",
         "/v1/bots/{bot}/memory/purge",
-        "Delete entries by one system tag",
+        "Delete entries by one system tag: learned and pinned entries and the bot's workspace "
+        "records; `chat:` also the user and project facts learned from that chat",
         wire.Purge,
         s.Count,
     ),

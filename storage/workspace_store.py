@@ -258,6 +258,29 @@ class WorkspaceStore:
         )
         return rows[0][0] if rows else None
 
+    async def contributed_pools(self, contributor: str) -> list[str]:
+        """The user and project pools on this shard holding records of bot `contributor`
+        (committed rows)."""
+        rows = await self.db.run(
+            lambda con: con.execute(
+                "SELECT DISTINCT pool FROM ws_entries WHERE pool NOT LIKE 'bot:%' "
+                "AND json_extract_string(meta, '$.contributor') = ?",
+                [contributor],
+            ).fetchall()
+        )
+        return [pool for (pool,) in rows]
+
+    async def revision_log(self, pool: str) -> list[tuple[str, int, int, str]]:
+        """(entry, revision, time, change) of every revision of the pool's records, oldest
+        first; their contents stay sealed."""
+        return await self.db.run(
+            lambda con: con.execute(
+                "SELECT entry, revision, at_ms, change FROM ws_revisions WHERE pool = ? "
+                "ORDER BY at_ms, entry, revision",
+                [pool],
+            ).fetchall()
+        )
+
     async def revisions(self, pool: str, entry_id: str, cipher: Cipher) -> list[Revision]:
         rows = await self.db.run(
             lambda con: con.execute(

@@ -213,15 +213,18 @@ class BotStepper:
     ) -> list[tuple[int, WorkspaceQuery]]:
         """Where the step's user and project memory lives: in a person's direct chat the
         person's own scope and the chat's project (membership is checked where the project
-        lives). The bot's own scope is its one memory, read here (`_bot_scope`)."""
+        lives). The bot's own scope is its one memory, read here (`_bot_scope`). A person's
+        user memory is for the bots of their own account (SC-1): a bot someone else owns, used
+        through a grant, never reads it."""
         peers = self.peers
         limit = SEARCH_HITS if q is not None else 200
         wanted: list[tuple[int, WorkspaceQuery]] = []
         if step.chat.kind in ("direct", "review"):
-            user_pool = WorkspaceQuery(
-                pools=(f"user:{step.operator}",), projects=(), q=q, limit=limit
-            )
-            wanted.append((peers.index_of(step.operator), user_pool))
+            if step.bot.owner == step.operator:
+                user_pool = WorkspaceQuery(
+                    pools=(f"user:{step.operator}",), projects=(), q=q, limit=limit
+                )
+                wanted.append((peers.index_of(step.operator), user_pool))
             if step.chat.project:
                 owner = await peers.directory().project_owner(step.chat.project)
                 if owner is not None:

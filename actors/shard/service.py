@@ -303,7 +303,7 @@ answered_by(
         "workspace": "workspace_create_memory:create_memory"
         " workspace_change_memory:change_memory workspace_has_entry:has_entry"
         " workspace_revisions:revisions workspace_barriers:barriers workspace_blocked:blocked"
-        " workspace_extract:extract",
+        " workspace_extract:extract workspace_purge_learned:purge_learned",
     },
     port=ShardPort,
     before=_started,

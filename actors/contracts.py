@@ -19,9 +19,9 @@ from engine.chat_records import ItemView, Turn
 from engine.directory import Bot, Channel, Chat, Org
 from engine.errors import OpenBotError
 from engine.events import Event, ShardHead
-from engine.memory import Reader
+from engine.memory_entries import Reader
 from engine.models import Message, ToolSpec
-from engine.scoped_memory import WsEntryView, WsMemoryCreate
+from engine.scoped_memory import WorkspaceEntryView, WorkspaceMemoryCreate
 from engine.workspace_search import Hit
 
 # --- the directory's access revision (gateways -> the directory; actors/access_watch.py) ---
@@ -55,7 +55,7 @@ class RememberCall(msgspec.Struct, frozen=True, kw_only=True):
 
 class CallError(msgspec.Struct, frozen=True, kw_only=True):
     """One request's engine error inside the reply of a coalesced call (`remember_many`,
-    `ws_create_memory_many`): every request of the call keeps its own answer, so one caller's
+    `workspace_create_memory_many`): every request of the call keeps its own answer, so one caller's
     bad input fails that caller only; and a call's error over a shard's lane
     (actors/runtime/lane.py). The error comes back as the class it was raised as."""
 
@@ -97,7 +97,7 @@ def _module_of(name: str):
         return None
 
 
-# A coalesced call: its requests, each one packed call (a RememberCall, a WsCreateCall) as it
+# A coalesced call: its requests, each one packed call (a RememberCall, a WorkspaceCreateCall) as it
 # would be sent alone, as one msgpack array of byte strings; each is decoded alone, so a
 # malformed one fails only itself. The reply: per request, in order, the answer's bytes or a
 # `CallError`.
@@ -310,11 +310,11 @@ HANDED_LIMIT = 1000  # events a write's reply carries at most (a poll answers fo
 USING = ("all", "keyword", "semantic")
 
 
-class WsAccess(msgspec.Struct, frozen=True, kw_only=True):
+class WorkspaceAccess(msgspec.Struct, frozen=True, kw_only=True):
     """Who is asking: the signed-in account and the bots it uses (owner or grant).
 
-    `orgs` (the org the request names first) and `channels` make the seed-000 reader of a bot's
-    one memory (engine/bot_memory.py): a bot pool's entries are listed under its visibility rule.
+    `orgs` (the org the request names first) and `channels` make the entry reader of a bot's
+    one memory (engine/memory_union.py): a bot pool's entries are listed under its visibility rule.
     """
 
     account: str
@@ -323,22 +323,22 @@ class WsAccess(msgspec.Struct, frozen=True, kw_only=True):
     channels: frozenset[str] = frozenset()
 
 
-class WsCreateCall(msgspec.Struct, frozen=True, kw_only=True):
-    """`ws_create_memory`'s arguments as ONE msgpack blob (`ws_create_memory_packed`,
+class WorkspaceCreateCall(msgspec.Struct, frozen=True, kw_only=True):
+    """`workspace_create_memory`'s arguments as ONE msgpack blob (`workspace_create_memory_packed`,
     actors/shard/packed.py): as for Remember, Ray pickles Structs on both sides of every call,
     while one bytes argument and one bytes reply cost it next to nothing."""
 
-    access: WsAccess
-    body: WsMemoryCreate
+    access: WorkspaceAccess
+    body: WorkspaceMemoryCreate
 
 
-WS_CREATE_CALL = msgspec.msgpack.Decoder(WsCreateCall)
+WORKSPACE_CREATE_CALL = msgspec.msgpack.Decoder(WorkspaceCreateCall)
 # A workspace creation's answer is the HTTP body itself (JSON, as a Remember's): the gateway
 # sends it on as it came, and decodes it only where a typed view is asked for.
-WS_ENTRY_VIEW = msgspec.json.Decoder(WsEntryView)
+WORKSPACE_ENTRY_VIEW = msgspec.json.Decoder(WorkspaceEntryView)
 
 
-class WsQuery(msgspec.Struct, frozen=True, kw_only=True):
+class WorkspaceQuery(msgspec.Struct, frozen=True, kw_only=True):
     """What to list on one shard. `pools` are bot and user pools the gateway routed here;
     `projects` names projects to include, or None for every project here the account is a
     member of. `contributor` keeps one bot's contributions; `q` searches the bodies."""
@@ -352,11 +352,11 @@ class WsQuery(msgspec.Struct, frozen=True, kw_only=True):
     using: str = "all"  # with q: all (hybrid when semantic search is on) | keyword | semantic
 
 
-class WsListing(msgspec.Struct, frozen=True, kw_only=True):
+class WorkspaceListing(msgspec.Struct, frozen=True, kw_only=True):
     """Records found on one shard; with a query, `hits` rank them. `names` are display names
     of the project pools listed (for the export's headings)."""
 
-    entries: list[WsEntryView]
+    entries: list[WorkspaceEntryView]
     hits: list[Hit] = []  # keyword hits among `fused` (with their BM25 scores)
     semantic: list[Hit] = []  # semantic hits among `fused` (with their cosines)
     fused: list[Hit] = []  # the ranking, best first; `entries` are in this order

@@ -1,8 +1,10 @@
 """The ports: what one actor (or a gateway) asks of another, as typed Protocols over the
-messages of actors/contracts.py. Each port has a local implementation (the service class, what a
-test or the actor itself calls) and a Ray one (actors/runtime/ports.py, what another process
-calls), with the same signatures (tests/test_contracts.py checks them). A gateway holds an
-`EnginePort` and never sees an actor handle. Imports engine/, actors.contracts and stdlib only.
+messages of actors/contracts.py. A port is the one declaration of an actor's calls: its local
+implementation is the service class (what a test or the actor itself calls), and its Ray proxy
+(what another process calls) is derived from it (actors/runtime/proxy.py). Adding a call is a
+line here and its implementation in the feature that answers it (named in the service's table,
+actors/facade.py). A gateway holds an `EnginePort` and never sees an actor handle. Imports
+engine/, actors.contracts and stdlib only.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from actors.contracts import (
     TurnResult,
     TurnStart,
     Work,
-    WsAccess,
-    WsListing,
-    WsQuery,
+    WorkspaceAccess,
+    WorkspaceListing,
+    WorkspaceQuery,
 )
 from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.directory import (
@@ -42,8 +44,8 @@ from engine.directory import (
 )
 from engine.events import Event, ShardHead
 from engine.listing import Page
-from engine.memory import EntryView, Reader
-from engine.memory_bot import MemoryBotSettings, SettingsPatch
+from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
+from engine.memory_entries import EntryView, Reader
 from engine.models import Completion, Message, ToolSpec
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
 from engine.requests import RequestView
@@ -51,10 +53,10 @@ from engine.scoped_memory import (
     Decision,
     Extraction,
     SourceItem,
-    WsEntryView,
-    WsForget,
-    WsMemoryChange,
-    WsMemoryCreate,
+    WorkspaceEntryView,
+    WorkspaceForget,
+    WorkspaceMemoryChange,
+    WorkspaceMemoryCreate,
 )
 from engine.self_rules import Editor, RulesUpdate
 
@@ -64,7 +66,7 @@ from engine.self_rules import Editor, RulesUpdate
 class NodeHubPort(Protocol):
     """The node hub (actors/models/node_hub.py): gateways register the nodes connected to them
     and pull their work; shards put work in and await the answer. `NodeHubService` is the local
-    implementation; actors/runtime/node_hub_handle.py reaches the one named hub actor."""
+    implementation; actors/runtime/node_hub_proxy.py reaches the one named hub actor."""
 
     async def register(self, node: str, memory_isolation: bool, memory_extraction: bool) -> int: ...
 
@@ -89,7 +91,7 @@ class ShardPort(Protocol):
     """What a shard asks of another shard (DESIGN §3: an account's pools live on one shard, so
     a bot's step, its learning and a pool's records are served where they are kept), and what
     a gateway asks of a shard (below the first block). `ShardService` is the local
-    implementation; actors/runtime/ports.py's `RayShard` reaches a shard actor."""
+    implementation; actors/runtime/shard_proxy.py's `RayShard` reaches a shard actor."""
 
     async def run_step(
         self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0
@@ -107,9 +109,11 @@ class ShardPort(Protocol):
 
     async def post_item(self, chat: Chat, author: str, text: str) -> ItemView: ...
 
-    async def ws_entries(self, access: WsAccess, query: WsQuery) -> WsListing: ...
+    async def workspace_entries(
+        self, access: WorkspaceAccess, query: WorkspaceQuery
+    ) -> WorkspaceListing: ...
 
-    async def ws_extract(
+    async def workspace_extract(
         self,
         pool_id: str,
         contributor: str,
@@ -122,7 +126,9 @@ class ShardPort(Protocol):
     # --- what a gateway asks of a shard (gateway/: routes, the event hub, metrics) ---
     # turns and chat logs
     async def start_turn(self, start: TurnStart, wait: bool = False) -> Turn | TurnResult: ...
-    async def verdict(self, chat: str, turn: str, user: str, accepted: bool, note: str) -> Turn: ...
+    async def verdict(
+        self, chat: str, turn_id: str, user: str, accepted: bool, note: str
+    ) -> Turn: ...
     async def chat_items(self, chat: str) -> list[ItemView]: ...
     async def chat_item(self, chat: str, seq: int) -> ItemView | None: ...
     async def delete_chat_items(self, chat: str, record: Chat | None = None) -> int: ...
@@ -141,7 +147,7 @@ class ShardPort(Protocol):
     async def metrics(self) -> dict: ...
     async def backup(self, dest_dir: str) -> str: ...
 
-    # a bot's seed-000 memory (the `_json` reads answer the HTTP body itself)
+    # a bot's bot memory (the `_json` reads answer the HTTP body itself)
     async def read_memory_json(
         self, pool_id: str, reader: Reader, tags: Sequence[str] = ()
     ) -> tuple[str, int, bytes]: ...
@@ -201,23 +207,31 @@ class ShardPort(Protocol):
     ) -> LearningJob | None: ...
 
     # the workspace: projects and scoped memories
-    async def ws_projects(self, user: str) -> list[ProjectView]: ...
-    async def ws_save_project(
+    async def workspace_projects(self, user: str) -> list[ProjectView]: ...
+    async def workspace_save_project(
         self, actor: str, org: str, request: ProjectCreate | ProjectChange, project_id: str
     ) -> ProjectView: ...
-    async def ws_has_entry(self, entry_id: str) -> bool: ...
-    async def ws_create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView: ...
+    async def workspace_has_entry(self, entry_id: str) -> bool: ...
+    # Deletes the user and project facts bot `bot` learned from `chat` (a purge of `chat:`).
+    async def workspace_purge_learned(self, bot: str, chat: str) -> int: ...
+    async def workspace_create_memory(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
+    ) -> WorkspaceEntryView: ...
     # The same answer as its JSON body (the HTTP answer as it is).
-    async def ws_create_memory_json(self, access: WsAccess, body: WsMemoryCreate) -> bytes: ...
-    async def ws_change_memory(
-        self, access: WsAccess, body: WsMemoryChange | WsForget
-    ) -> WsEntryView: ...
-    async def ws_revisions(self, access: WsAccess, entry_id: str) -> list[RevisionView]: ...
+    async def workspace_create_memory_json(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
+    ) -> bytes: ...
+    async def workspace_change_memory(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryChange | WorkspaceForget
+    ) -> WorkspaceEntryView: ...
+    async def workspace_revisions(
+        self, access: WorkspaceAccess, entry_id: str
+    ) -> list[RevisionView]: ...
 
 
 class DirectoryPort(Protocol):
     """What a shard asks of the directory, and what a gateway asks of it (below the first
-    block). `DirectoryService` is the local implementation; actors/runtime/directory_port.py's
+    block). `DirectoryService` is the local implementation; actors/runtime/directory_proxy.py's
     `RayDirectory` reaches the directory actor."""
 
     async def get_org(self, org_id: str) -> Org: ...

@@ -217,7 +217,7 @@ def remember_body(worker: int, seq: int, request_id: str | None = None) -> bytes
     return json.dumps(body).encode()
 
 
-def ws_memory_body(bot: str, nonce: str, worker: int, seq: int) -> bytes:
+def workspace_memory_body(bot: str, nonce: str, worker: int, seq: int) -> bytes:
     """A workspace memory of bot `bot` (`POST /api/app/workspace/memories`), a fresh requestId
     each time; content like `remember_body`'s."""
     content = (
@@ -246,17 +246,17 @@ async def http_load(
     concurrency: int,
     warmup: float,
     seconds: float,
-    ws_bot: str | None = None,
+    workspace_bot: str | None = None,
     request_ids: bool = False,
 ) -> dict[str, Any]:
     sizes = [0, 0]  # total body bytes, responses
-    fresh = remember or ws_bot is not None  # a new body per request
+    fresh = remember or workspace_bot is not None  # a new body per request
     fixed = None if fresh else build_request(method, host, port, path, token)
     nonce = os.urandom(4).hex()
 
     def request_body(index: int, seq: int) -> bytes:
-        if ws_bot is not None:
-            return ws_memory_body(ws_bot, nonce, index, seq)
+        if workspace_bot is not None:
+            return workspace_memory_body(workspace_bot, nonce, index, seq)
         return remember_body(index, seq, f"bench-{nonce}-{index}-{seq}" if request_ids else None)
 
     async def make_op(index: int):
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             concurrency=args.concurrency,
             warmup=args.warmup,
             seconds=args.seconds,
-            ws_bot=args.ws_memory,
+            workspace_bot=args.workspace_memory,
             request_ids=args.request_ids,
         )
     )

@@ -26,7 +26,7 @@ from pathlib import Path
 from actors.contracts import TurnStart
 from actors.shard.service import ShardService
 from engine.directory import Bot, Chat, Org, OrgSettings
-from engine.memory import EntryMeta, Layer
+from engine.memory_entries import EntryMeta, Layer
 from engine.models import Completion, Message, ToolCall, ToolSpec, Usage
 
 ZERO = Usage(input_tokens=0, output_tokens=0)

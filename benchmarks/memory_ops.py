@@ -216,7 +216,7 @@ def seed_pool(shard: Any, pool: str, org: str, reader: str, entries: int, visibl
     spread evenly through the pool. Returns the seconds it took."""
     import ray
 
-    from engine.memory import EntryMeta, Layer
+    from engine.memory_entries import EntryMeta, Layer
 
     step = max(1, entries // visible) if visible else entries + 1
     others = max(1, entries // 20)  # ~20 entries per fake user
@@ -342,7 +342,7 @@ def run_mode(
     import ray
 
     from actors.runtime.engine import Engine
-    from engine.memory import Reader
+    from engine.memory_entries import Reader
     from gateway.app import create_app
 
     mode = "on" if group_commit else "off"

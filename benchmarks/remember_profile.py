@@ -22,7 +22,7 @@ import tempfile
 import time
 
 from actors.shard.service import ShardService
-from engine.memory import EntryMeta, Layer, Reader
+from engine.memory_entries import EntryMeta, Layer, Reader
 from storage.stats import STATS
 
 ORG = "o1"

@@ -31,7 +31,7 @@ flight, one writer per conversation, round-robin, a project per conversation, se
 than the context window apart, the conversation in `topics`), `--content` with or without the
 speaker and the session's date (the references keep "Speaker: text").
 
-Also compares workspace memory writes with seed-000 Remember over HTTP (`--writes` of each, 8
+Also compares workspace memory writes with Remember over HTTP (`--writes` of each, 8
 clients at once). Reports recall@5, recall@10 (the share of a question's answer turns among the
 first k) and MRR (first answer turn within 10); writes benchmarks/results/retrieval.json.
 """
@@ -143,7 +143,7 @@ def references(convs: list[Conversation], embed_threads: int) -> dict[str, list[
 
 
 def write_rates(client, bot: str, n: int) -> dict:
-    """Workspace memory writes against seed-000 Remember over HTTP: `n` of each, 8 clients at
+    """Workspace memory writes against Remember over HTTP: `n` of each, 8 clients at
     once, the same server and account (side by side, Remember first)."""
     if n <= 0:
         return {}

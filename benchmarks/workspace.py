@@ -18,13 +18,13 @@
    put into the pool's in-memory index).
 3. **writes over HTTP** — a local Ray session, one shard and a real gateway (uvicorn on
    127.0.0.1): workspace memory writes (`POST /api/app/workspace/memories`, bot scope) against
-   seed-000 Remember (`POST /v1/bots/{bot}/memory`, with a requestId like every workspace
+   Remember (`POST /v1/bots/{bot}/memory`, with a requestId like every workspace
    write) by the bot's owner, the same concurrency, each a closed loop of raw HTTP/1.1
    keep-alive requests from a child process (benchmarks/_load.py), in alternating rounds
    (Remember, workspace, Remember, workspace); the ratio is workspace over Remember, rounds
    summed. `--no-http` skips it.
-4. **export / import** — an account with 10,000 records written through `ws_create_memory`
-   (receipts and revisions as in production): the seed-002 file tree of the stopped data
+4. **export / import** — an account with 10,000 records written through `workspace_create_memory`
+   (receipts and revisions as in production): the account file tree of the stopped data
    directory (storage/file_export.py), written to disk; imported into a new data directory; and
    exported again (byte-identical is checked). The Markdown memory export (`GET /memory-export`:
    listing + `engine.memory_export.render`) is timed too.
@@ -56,24 +56,24 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.contracts import WsAccess, WsQuery
+from actors.contracts import WorkspaceAccess, WorkspaceQuery
 from actors.directory import DirectoryService
 from actors.shard.batch import Batch
 from actors.shard.service import ShardService
 from actors.workspace.semantic import SemanticSearch
 from benchmarks._load import percentile
-from engine import bot_memory as bm
+from engine import memory_union as bm
 from engine import scoped_memory as sm
-from engine.memory import Reader, Scope
+from engine.memory_entries import Reader, Scope
 from engine.memory_export import render as render_markdown
 from engine.projects import ProjectCreate
 from engine.prompt_budget import BUDGET, ScopedEntry, pack
-from engine.scoped_memory import WsMemoryCreate
+from engine.scoped_memory import WorkspaceMemoryCreate
 from storage.vector_store import VectorStore
 
 ACCOUNT, BOT, ORG, PROJECT = "u_bench", "b_bench", "o_bench", "p_bench"
 POOLS = (f"bot:{BOT}", f"user:{ACCOUNT}", f"project:{PROJECT}")
-ACCESS = WsAccess(account=ACCOUNT, bots=frozenset({BOT}))
+ACCESS = WorkspaceAccess(account=ACCOUNT, bots=frozenset({BOT}))
 DAY_MS = 86_400_000
 NOW_MS = 1_760_000_000_000
 # Words for synthetic memories: a few common, most rare, so queries have varied selectivity.
@@ -218,7 +218,7 @@ async def _account(svc: ShardService) -> None:
     await d.create_org("Bench", ORG)
     await d.create_user("Bench", [ORG], ACCOUNT)
     await d.create_bot(name="Helper", org=ORG, owner=ACCOUNT, id=BOT)
-    await svc.ws_save_project(
+    await svc.workspace_save_project(
         ACCOUNT, ORG, ProjectCreate(requestId="bench-project", name="Bench"), PROJECT
     )
 
@@ -237,7 +237,7 @@ async def seed_search(data: Path, records: int, embedder: InstantEmbedder) -> No
     block: list = []
     for n in range(records):
         pool_id = POOLS[0]  # one pool holds them all: the issue's scale target
-        pool = await svc.ws_pools.pool(pool_id)
+        pool = await svc.workspace_pools.pool(pool_id)
         content = sentence(rnd, n)
         entry = sm.user_create(
             entry_id=f"mem_{n:07d}",
@@ -248,16 +248,15 @@ async def seed_search(data: Path, records: int, embedder: InstantEmbedder) -> No
             now=NOW_MS - rnd.randrange(365) * DAY_MS,
             tier=("profile", "log", "note")[n % 3],
             key=pool.fp_key,
-            tags=bm.record_tags(ACCOUNT, ORG),  # as `ws_create_memory` tags a bot record
+            tags=bm.record_tags(ACCOUNT, ORG),  # as `workspace_create_memory` tags a bot record
         ).entry
         cipher = pool.keyed.cipher
         batch.append(
             ws.store.entry_row(entry, ws.store.seal(cipher, pool_id, entry.id, content), new=True)
         )
+        keys = svc.kernel.analyzer(pool_id).keys(content)
         batch.append(  # the term hashes the workspace stores with each write (issue 11)
-            svc.kernel.terms.row(
-                pool_id, entry.id, entry.content_fp, svc.kernel.analyzer.keys(content), n + 1
-            )
+            svc.kernel.terms.row(pool_id, entry.id, entry.content_fp, keys, n + 1)
         )
         block.append((entry.id, entry.content_fp, embedder.vector(content)))
         if len(block) == 128 or n == records - 1:  # as the background embeds: in batches
@@ -266,7 +265,7 @@ async def seed_search(data: Path, records: int, embedder: InstantEmbedder) -> No
         if len(batch) >= 4_000 or n == records - 1:
             rows = Batch(writes=batch)
             for p in POOLS:
-                rows.key((await svc.ws_pools.pool(p)).keyed)
+                rows.key((await svc.workspace_pools.pool(p)).keyed)
             await svc.kernel.commit(rows)
             batch = []
     await _close(svc)
@@ -286,8 +285,8 @@ async def bench_search(
     rnd = random.Random(11)
     queries = [f"{rnd.choice(RARE)} {rnd.choice(COMMON)}" for _ in range(3 * runs + 1)]
 
-    def query(q: str) -> WsQuery:
-        return WsQuery(pools=POOLS[:1], projects=(), q=q, limit=50)
+    def query(q: str) -> WorkspaceQuery:
+        return WorkspaceQuery(pools=POOLS[:1], projects=(), q=q, limit=50)
 
     # cold: the first search loads the pools and their vectors from the file. Measured again
     # after `cold_runs - 1` more opens (a new query each), as one figure is at the mercy of
@@ -305,7 +304,7 @@ async def bench_search(
             assert isinstance(semantic, SemanticSearch)
             semantic.min_score = 0.1
         t0, c0 = time.perf_counter(), time.process_time()
-        listing = await svc.ws_entries(
+        listing = await svc.workspace_entries(
             ACCESS, query(f"{queries[0]} {RARE[k]}" if k else queries[0])
         )
         cold_runs.append((time.perf_counter() - t0, time.process_time() - c0))
@@ -314,9 +313,9 @@ async def bench_search(
     cold_s = cold_runs[0][0]
 
     async def both(k: int):
-        return await svc.ws_entries(ACCESS, query(queries[1 + k]))
+        return await svc.workspace_entries(ACCESS, query(queries[1 + k]))
 
-    pools = [(await svc.ws_pools.pool(POOLS[0]), lambda _: True)]
+    pools = [(await svc.workspace_pools.pool(POOLS[0]), lambda _: True)]
 
     async def semantic_only(k: int):
         return await semantic.search(queries[1 + runs + k], pools, 50)
@@ -327,7 +326,9 @@ async def bench_search(
     hits = []
 
     async def keyword(k: int):
-        hits.append(len((await svc.ws_entries(ACCESS, query(queries[1 + 2 * runs + k]))).hits))
+        hits.append(
+            len((await svc.workspace_entries(ACCESS, query(queries[1 + 2 * runs + k]))).hits)
+        )
 
     keyword_s = await _timed(runs, keyword)
     svc.listings.semantic = semantic
@@ -336,7 +337,7 @@ async def bench_search(
     texts = [sentence(rnd, records + k) for k in range(2_000)]
     t0 = time.perf_counter()
     for k, text in enumerate(texts):
-        pool.index.put(f"mem_new_{k}", svc.kernel.analyzer.keys(text))
+        pool.index.put(f"mem_new_{k}", svc.kernel.analyzer(pool.id).keys(text))
     index_ms = (time.perf_counter() - t0) / len(texts) * 1000
     await _close(svc)
     return {
@@ -426,7 +427,7 @@ def bench_http_writes(data: Path, args) -> dict:
             out = {"remember": (0, 0), "workspace": (0, 0)}
             for port in engine.shard_ports:
                 for w in list(port._writes.values()):
-                    for kind, c in (("remember", w.remember), ("workspace", w.ws_create)):
+                    for kind, c in (("remember", w.remember), ("workspace", w.workspace_create)):
                         calls, requests = out[kind]
                         out[kind] = (calls + c.calls, requests + c.requests)
             return out
@@ -508,7 +509,7 @@ async def seed_export(data: Path, records: int) -> dict:
     slots = asyncio.Semaphore(64)  # many people writing at once: group commit batches them
 
     async def write(n: int, content: str, tier: str) -> None:
-        body = WsMemoryCreate(
+        body = WorkspaceMemoryCreate(
             requestId=f"bench-{n}",
             scope=scopes[n % 3],
             bot=BOT,
@@ -517,13 +518,13 @@ async def seed_export(data: Path, records: int) -> dict:
             tier=tier,
         )
         async with slots:
-            await svc.ws_create_memory(ACCESS, body)
+            await svc.workspace_create_memory(ACCESS, body)
 
     tiers = ("profile", "log", "log", "note")
     t0 = time.perf_counter()
     await asyncio.gather(*(write(n, sentence(rnd, n), rnd.choice(tiers)) for n in range(records)))
     write_s = time.perf_counter() - t0
-    # Side by side: as many Remember writes (seed-000 pinned entries) into the bot's pool, the
+    # Side by side: as many Remember writes (pinned entries) into the bot's pool, the
     # same 64 at a time, on the same shard (issue 11: workspace writes at least as fast).
     reader = Reader(user=ACCOUNT, org=ORG, uses_bot=True)
 
@@ -535,7 +536,9 @@ async def seed_export(data: Path, records: int) -> dict:
     await asyncio.gather(*(remember(n, sentence(rnd, n)) for n in range(records)))
     remember_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    listing = await svc.ws_entries(ACCESS, WsQuery(pools=POOLS[:2], projects=None, limit=records))
+    listing = await svc.workspace_entries(
+        ACCESS, WorkspaceQuery(pools=POOLS[:2], projects=None, limit=records)
+    )
     text = render_markdown(listing.entries, account=ACCOUNT, pool_names=listing.names)
     markdown_s = time.perf_counter() - t0
     await _close(svc)
@@ -641,7 +644,7 @@ def main() -> None:
     )
     print(f"keyword indexing per write: {search['index_per_write_ms']} ms")
     print(
-        f"write {export['records']:,} records through ws_create_memory, 64 at a time: "
+        f"write {export['records']:,} records through workspace_create_memory, 64 at a time: "
         f"{export['write_s']} s ({export['writes_per_s']}/s; Remember on the same shard: "
         f"{export['remember_per_s']}/s)"
     )
@@ -660,7 +663,7 @@ def main() -> None:
     )
     if "export_s" in export:
         print(
-            f"  seed-002 tree: export {export['export_s']} s ({export['files']} files, "
+            f"  account file tree: export {export['export_s']} s ({export['files']} files, "
             f"{export['tree_bytes']:,} bytes), import {export['import_s']} s, "
             f"round trip identical: {export['round_trip_identical']}"
         )

@@ -1,4 +1,4 @@
-"""CPU per write inside one shard, in this process (no Ray, no HTTP): seed-000 Remember and
+"""CPU per write inside one shard, in this process (no Ray, no HTTP): Remember and
 workspace memory writes (bot scope) side by side, as the HTTP benchmarks send them (each with a
 requestId), on a `ShardService` over a DuckDB file in a temp dir.
 
@@ -34,17 +34,16 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from actors.contracts import RememberCall, WsAccess, WsCreateCall
+from actors.contracts import RememberCall, WorkspaceAccess, WorkspaceCreateCall
 from actors.directory import DirectoryService
-from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
-from engine.memory import EntryMeta, Layer, Reader
-from engine.scoped_memory import WsMemoryCreate
+from engine.memory_entries import EntryMeta, Layer, Reader
+from engine.scoped_memory import WorkspaceMemoryCreate
 
 ORG, ACCOUNT, BOT = "o_bench", "u_bench", "b_bench"
 POOL = f"bot:{BOT}"
 READER = Reader(user=ACCOUNT, org=ORG, uses_bot=True)
-ACCESS = WsAccess(account=ACCOUNT, bots=frozenset({BOT}))
+ACCESS = WorkspaceAccess(account=ACCOUNT, bots=frozenset({BOT}))
 TEXT = "the customer prefers short answers, metric units and a summary at the end; note {}"
 
 
@@ -111,10 +110,10 @@ async def run(args: argparse.Namespace) -> None:
 
         async def ws(n: int) -> None:
             i = next(serial)
-            body = WsMemoryCreate(
+            body = WorkspaceMemoryCreate(
                 requestId=f"w-{i}", scope="bot", bot=BOT, content=TEXT.format(i), tier="note"
             )
-            await svc.ws_create_memory(ACCESS, body)
+            await svc.workspace_create_memory(ACCESS, body)
 
         packer = msgspec.msgpack.Encoder()
 
@@ -130,10 +129,10 @@ async def run(args: argparse.Namespace) -> None:
                         request_id=f"r-{i}",
                     )
                 )
-            body = WsMemoryCreate(
+            body = WorkspaceMemoryCreate(
                 requestId=f"w-{i}", scope="bot", bot=BOT, content=TEXT.format(i), tier="note"
             )
-            return packer.encode(WsCreateCall(access=ACCESS, body=body))
+            return packer.encode(WorkspaceCreateCall(access=ACCESS, body=body))
 
         def many(kind: str, method: Callable[[bytes], Awaitable[bytes]]):
             # As a gateway sends them (actors/runtime/coalesce.py): `--coalesced` requests a
@@ -148,10 +147,8 @@ async def run(args: argparse.Namespace) -> None:
         per = max(1, args.coalesced)
         if args.coalesced:
             kinds = {
-                # (PackedEvents is mixed in where Ray hosts the shard: its methods need only
-                # the service's parts)
-                "remember": many("remember", lambda c: PackedEvents.remember_many(svc, c)),
-                "ws": many("ws", lambda c: PackedEvents.ws_create_memory_many(svc, c)),
+                "remember": many("remember", svc.remember_many),
+                "ws": many("ws", svc.workspace_create_memory_many),
             }
         if args.only:
             kinds = {args.only: kinds[args.only]}

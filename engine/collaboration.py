@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import hmac
 import unicodedata
 
 import msgspec
@@ -125,8 +126,18 @@ def normalize(text: str) -> str:
     return " ".join("".join(visible).split())
 
 
-def fingerprint(text: str) -> str:
-    return hashlib.sha256(normalize(text).encode()).hexdigest()[:32]
+def fingerprint(text: str, key: bytes) -> str:
+    """A message's fingerprint as stored on its link (the chain's document is not sealed):
+    keyed, so that a guess at a short message cannot be confirmed against it without the key.
+    The key is the caller's (engine holds none); `rekeyed` of the text's digest."""
+    return rekeyed(hashlib.sha256(normalize(text).encode()).hexdigest()[:32], key)
+
+
+def rekeyed(digest: str, key: bytes) -> str:
+    """The keyed fingerprint of a text whose unkeyed digest (`sha256(normalize(text))`, first
+    32 hex digits) is `digest`: what a link stored by a version without keyed fingerprints
+    becomes, with no need of the text."""
+    return hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 # Written as normalize() leaves them (case-folded, single spaces). Words that could be a real
@@ -296,16 +307,18 @@ def on_send(
     to_bot: str,
     message: str,
     now: int,
+    fp_key: bytes,
 ) -> tuple[Chain, Decision]:
     """Decide a `workspace_send_to_agent` call. Every outcome is recorded as a link, so the
-    client can show refused and suppressed requests too."""
+    client can show refused and suppressed requests too. `fp_key`: the chain's fingerprint
+    key (`fingerprint`)."""
     message = _check_text(message, "message")
     if from_bot == to_bot:
         raise InvalidInput("a bot cannot send to itself", code="self_send")
     if any(link.id == link_id for link in chain.links):
         raise Conflict(f"link {link_id!r} already exists", code="duplicate_link")
     depth = _sender_depth(chain, parent, from_bot)
-    fp = fingerprint(message)
+    fp = fingerprint(message, fp_key)
     link = Link(
         id=link_id,
         parent=parent,
@@ -353,9 +366,12 @@ def on_send(
     return record(LinkStatus.SENT, None)
 
 
-def on_result(chain: Chain, *, link_id: str, text: str, now: int) -> tuple[Chain, Decision]:
+def on_result(
+    chain: Chain, *, link_id: str, text: str, now: int, fp_key: bytes
+) -> tuple[Chain, Decision]:
     """Decide what becomes of a peer's final reply to link `link_id`. The link is answered
-    whatever the decision, so a result is recorded exactly once; a repeat changes nothing."""
+    whatever the decision, so a result is recorded exactly once; a repeat changes nothing.
+    `fp_key`: as for `on_send`."""
     text = _check_text(text, "result")
     link = find_link(chain, link_id)
     if link.status == LinkStatus.ANSWERED:
@@ -370,7 +386,7 @@ def on_result(chain: Chain, *, link_id: str, text: str, now: int) -> tuple[Chain
             link,
             status=LinkStatus.ANSWERED,
             reason=reason,
-            result_fingerprint=fingerprint(text),
+            result_fingerprint=fingerprint(text, fp_key),
             answered_at=now,
         )
         links = _replace_link(chain, answered)

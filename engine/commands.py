@@ -10,7 +10,7 @@ import msgspec
 
 from engine import tags as tagmod
 from engine.errors import Conflict, InvalidInput, TooLarge
-from engine.memory import Change, EntryMeta, Layer, LogRow, Reader, Status, Who
+from engine.memory_entries import Change, EntryMeta, Layer, LogRow, Reader, Status, Who
 from engine.visibility import Visibility
 
 MAX_CONTENT_CHARS = 8_000

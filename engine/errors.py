@@ -7,6 +7,7 @@
     ├── NotFound                 the thing named does not exist (or may not be known to the caller)
     ├── Conflict                 the request contradicts current state (stale version, not yours)
     ├── Unprocessable            well-formed but outside what the engine does (too many rounds)
+    │   └── OutOfRange           a number outside its field's bounds; `details.field` names it
     ├── TooLarge                 a body or field over its limit
     ├── RateLimited              too many requests or over budget
     └── Unavailable              a dependency is down or overloaded; retrying later may work
@@ -66,6 +67,14 @@ class Conflict(OpenBotError):
 
 class Unprocessable(OpenBotError):
     code = "unprocessable"
+
+
+class OutOfRange(Unprocessable):
+    code = "out_of_range"
+
+    @classmethod
+    def of(cls, field: str, message: str) -> OutOfRange:
+        return cls(f"{field}: {message}", details={"field": field})
 
 
 class TooLarge(OpenBotError):

@@ -15,7 +15,7 @@ import msgspec
 
 from engine import tags as tagmod
 from engine.errors import InvalidInput
-from engine.memory import EntryMeta, Layer, Reader
+from engine.memory_entries import EntryMeta, Layer, Reader
 from engine.visibility import Visibility, directly_visible
 
 # --- payloads (the `data` of a frame); new fields get defaults, types never change ---------------

@@ -18,7 +18,7 @@ import msgspec
 from engine import tags as tagmod
 from engine import widening
 from engine.errors import Conflict
-from engine.memory import (
+from engine.memory_entries import (
     AccessProof,
     EntryMeta,
     Layer,

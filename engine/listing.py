@@ -19,6 +19,7 @@ import msgspec
 
 from engine.directory import Bot, Channel, Chat, Permission, User
 from engine.errors import InvalidInput
+from engine.numbers import query_number
 
 T = TypeVar("T")
 DEFAULT_LIMIT = 50
@@ -53,11 +54,7 @@ def decode_cursor(cursor: str | None) -> str | None:
 
 
 def parse_limit(raw: str | None) -> int:
-    if raw is None or raw == "":
-        return DEFAULT_LIMIT
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
-        raise InvalidInput(f"limit must be a whole number 1-{MAX_LIMIT}", code="invalid_limit")
-    return int(raw)
+    return query_number(raw, field="limit", low=1, high=MAX_LIMIT, default=DEFAULT_LIMIT)
 
 
 def page(records: Iterable[T], key: Callable[[T], str], cursor: str | None, limit: int) -> Page[T]:

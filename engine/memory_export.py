@@ -17,7 +17,7 @@ import datetime
 import re
 from collections.abc import Iterable, Mapping
 
-from engine.scoped_memory import WsEntryView, WsStatus
+from engine.scoped_memory import WorkspaceEntryView, WorkspaceStatus
 
 _SCOPE_ORDER = {"bot": 0, "user": 1, "project": 2}
 _TIER_ORDER = {"profile": 0, "log": 1, "note": 2}
@@ -42,7 +42,7 @@ def _title(pool: str, names: Mapping[str, str]) -> str:
 
 
 def render(
-    entries: Iterable[WsEntryView],
+    entries: Iterable[WorkspaceEntryView],
     *,
     account: str,
     pool_names: Mapping[str, str] | None = None,
@@ -51,8 +51,8 @@ def render(
     """The Markdown document; forgotten records are left out."""
     pool_names = pool_names or {}
     bot_names = bot_names or {}
-    active = [e for e in entries if e.status == WsStatus.ACTIVE]
-    pools: dict[str, dict[str, list[WsEntryView]]] = {}
+    active = [e for e in entries if e.status == WorkspaceStatus.ACTIVE]
+    pools: dict[str, dict[str, list[WorkspaceEntryView]]] = {}
     for e in active:
         pools.setdefault(e.pool, {}).setdefault(e.contributor, []).append(e)
     out = [f"# Memory export for {account}", ""]

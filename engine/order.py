@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from engine.memory import EntryMeta, Layer
+from engine.memory_entries import EntryMeta, Layer
 
 _LAYER_RANK = {Layer.PINNED: 0, Layer.FACT: 1, Layer.OBSERVATION: 2}
 

@@ -25,6 +25,7 @@ import msgspec
 from engine.casing import camel_keys
 from engine.directory import check_id
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
+from engine.numbers import RevisionNumber
 
 MAX_NAME_CHARS = 200
 MAX_MEMBERS = 500
@@ -74,7 +75,7 @@ class ProjectChange(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     requestId: str
     id: str
-    expectedRevision: int
+    expectedRevision: RevisionNumber
     name: str | None = None
     members: list[str] | None = None
     channels: list[str] | None = None

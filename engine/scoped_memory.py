@@ -1,8 +1,8 @@
 """Workspace memory in three scopes (SPEC SC-1..SC-4, FS-2): records, extraction, forgetting.
 
-A record (`WsEntry`) lives in one pool: `bot:<botId>` (the bot itself), `user:<accountId>` (every
-bot of the account) or `project:<projectId>` (the project's members). Shared pools hold one record
-per contributing bot, and the rules below keep contributions from overwriting each other:
+A record (`WorkspaceEntry`) lives in one pool: `bot:<botId>` (the bot itself), `user:<accountId>`
+(every bot of the account) or `project:<projectId>` (the project's members). Shared pools hold one
+record per contributing bot, and the rules below keep contributions from overwriting each other:
 
 - the memory bot changes only its own bot's contributions, and never a record a person wrote or
   edited (`protected`);
@@ -32,7 +32,8 @@ import msgspec
 
 from engine import tags as tagmod
 from engine.errors import Conflict, InvalidInput
-from engine.memory import Scope, Tier
+from engine.memory_entries import Scope, Tier
+from engine.numbers import RevisionNumber
 from engine.prompt_budget import ScopedEntry
 
 MAX_CONTENT_CHARS = 2_000  # one fact, as for learned facts
@@ -40,7 +41,7 @@ MAX_TOPICS = 16
 MIN_QUOTE_CHARS = 4  # shorter quotes ("I", "ok") would let any content pass as the user's words
 
 
-class WsStatus(enum.StrEnum):
+class WorkspaceStatus(enum.StrEnum):
     ACTIVE = "active"
     FORGOTTEN = "forgotten"
 
@@ -52,7 +53,7 @@ class Origin(enum.StrEnum):
     SYNTHESIZED = "synthesized"
 
 
-class WsEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+class WorkspaceEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One memory record without its content. New fields get defaults (stored rows stay readable).
 
     `evidence` holds `"<chat>/<item>"` markers of the items it was extracted from. `revision`
@@ -72,11 +73,11 @@ class WsEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     evidence: tuple[str, ...] = ()
     protected: bool = False
     review: bool = False
-    status: WsStatus = WsStatus.ACTIVE
+    status: WorkspaceStatus = WorkspaceStatus.ACTIVE
     origin: Origin = Origin.SYNTHESIZED
     revision: int = 1
     # System tags of a bot-scope record (`from:`, `for:bot`, `org:`): who may read it as part of
-    # the bot's one memory (engine/bot_memory.py). Empty for user and project scope.
+    # the bot's one memory (engine/memory_union.py). Empty for user and project scope.
     tags: tuple[str, ...] = ()
 
 
@@ -153,9 +154,9 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     outcome: str
     code: str = ""
     reason: str = ""
-    entry: WsEntry | None = None
+    entry: WorkspaceEntry | None = None
     content: str | None = None
-    flagged: tuple[WsEntry, ...] = ()
+    flagged: tuple[WorkspaceEntry, ...] = ()
     revision: Revision | None = None
 
     @property
@@ -166,7 +167,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
 class Edit(msgspec.Struct, frozen=True, kw_only=True):
     """A person's change or forgetting: the record's new state, and what to keep about the old."""
 
-    entry: WsEntry
+    entry: WorkspaceEntry
     revision: Revision | None = None
     barrier: ForgetBarrier | None = None
 
@@ -338,7 +339,7 @@ def _check_quote(proposal: Extraction, sources: Mapping[str, SourceItem]) -> Non
 
 
 def propose_extraction(
-    entries: Mapping[str, WsEntry],
+    entries: Mapping[str, WorkspaceEntry],
     proposal: Extraction,
     barriers: Iterable[ForgetBarrier],
     now: int,
@@ -393,7 +394,7 @@ def _propose(entries, proposal, barriers, now, new_id, sources, contents, key) -
         raise _Refuse("forgotten", f"matches what was {barrier.reason} from {barrier.entry}")
     pool_entries = [e for e in entries.values() if e.pool == proposal.pool]
     dup = next(
-        (e for e in pool_entries if e.status == WsStatus.ACTIVE and e.content_fp == fp), None
+        (e for e in pool_entries if e.status == WorkspaceStatus.ACTIVE and e.content_fp == fp), None
     )
     if dup is not None:
         return Decision(outcome="duplicate", code="duplicate", reason=f"same as {dup.id}")
@@ -406,7 +407,7 @@ def _propose(entries, proposal, barriers, now, new_id, sources, contents, key) -
             raise _Refuse("not_yours", "a bot can only change its own contributions")
         if old.protected:
             raise _Refuse("protected", "a person wrote or edited this record")
-        if old.status != WsStatus.ACTIVE:
+        if old.status != WorkspaceStatus.ACTIVE:
             raise _Refuse("not_active", "a forgotten record is not brought back")
         record = msgspec.structs.replace(
             old,
@@ -423,7 +424,7 @@ def _propose(entries, proposal, barriers, now, new_id, sources, contents, key) -
         if fresh in entries:
             # Storing it would silently replace someone's record: the caller's ids are broken.
             raise Conflict(f"new id {fresh!r} is already taken", code="id_taken")
-        record = WsEntry(
+        record = WorkspaceEntry(
             id=fresh,
             scope=scope,
             pool=proposal.pool,
@@ -459,7 +460,7 @@ def _propose(entries, proposal, barriers, now, new_id, sources, contents, key) -
 
 
 def propose_all(
-    entries: Mapping[str, WsEntry],
+    entries: Mapping[str, WorkspaceEntry],
     proposals: Iterable[Extraction],
     barriers: Sequence[ForgetBarrier],
     now: int,
@@ -468,14 +469,14 @@ def propose_all(
     sources: Mapping[str, SourceItem],
     contents: Mapping[str, str] | None = None,
     key: bytes = b"",
-) -> tuple[list[Decision], dict[str, WsEntry], dict[str, str]]:
+) -> tuple[list[Decision], dict[str, WorkspaceEntry], dict[str, str]]:
     """Each proposal checked against the state the earlier ones left (one job's calls in order).
 
     Returns the decisions, and the records and contents to store (new or changed), by id.
     """
     state = dict(entries)
     text = dict(contents or {})
-    records: dict[str, WsEntry] = {}
+    records: dict[str, WorkspaceEntry] = {}
     changed_text: dict[str, str] = {}
     decisions = []
     for proposal in proposals:
@@ -494,7 +495,7 @@ def propose_all(
 # --- people's changes -----------------------------------------------------------------------------
 
 
-class WsMemoryCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class WorkspaceMemoryCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`POST /api/app/workspace/memories` without `id` (DESIGN §9)."""
 
     requestId: str
@@ -506,26 +507,26 @@ class WsMemoryCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     topics: list[str] = []
 
 
-class WsMemoryChange(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class WorkspaceMemoryChange(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`POST /api/app/workspace/memories` with `id` and `expectedRevision`; absent fields stay."""
 
     requestId: str
     id: str
-    expectedRevision: int
+    expectedRevision: RevisionNumber
     content: str | None = None
     tier: Tier | None = None
     topics: list[str] | None = None
 
 
-class WsForget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class WorkspaceForget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`POST /api/app/workspace/memories/forget`."""
 
     requestId: str
     id: str
-    expectedRevision: int
+    expectedRevision: RevisionNumber
 
 
-class WsEntryView(msgspec.Struct, frozen=True, kw_only=True):
+class WorkspaceEntryView(msgspec.Struct, frozen=True, kw_only=True):
     """The public record format: source (contributor, evidence), update time, revision (SC-2)."""
 
     id: str
@@ -539,17 +540,17 @@ class WsEntryView(msgspec.Struct, frozen=True, kw_only=True):
     origin: Origin
     protected: bool
     review: bool
-    status: WsStatus
+    status: WorkspaceStatus
     revision: int
     createdAt: int
     updatedAt: int
-    # In the bot's one memory (engine/bot_memory.py): its seed-000 layer and its tags.
+    # In the bot's one memory (engine/memory_union.py): its entry layer and its tags.
     layer: str | None = None
     tags: tuple[str, ...] = ()
 
 
-def view(entry: WsEntry, content: str) -> WsEntryView:
-    return WsEntryView(
+def view(entry: WorkspaceEntry, content: str) -> WorkspaceEntryView:
+    return WorkspaceEntryView(
         id=entry.id,
         scope=entry.scope,
         pool=entry.pool,
@@ -570,7 +571,7 @@ def view(entry: WsEntry, content: str) -> WsEntryView:
     )
 
 
-def _expect(entry: WsEntry, expected_revision: int) -> None:
+def _expect(entry: WorkspaceEntry, expected_revision: int) -> None:
     if expected_revision != entry.revision:
         raise Conflict(
             f"the record is at revision {entry.revision}, not {expected_revision}",
@@ -597,7 +598,7 @@ def user_create(
     It is stored under `contributor`, the bot the person wrote it through (FS-1). Barriers do not
     apply: a person may say again what they once had forgotten.
     """
-    record = WsEntry(
+    record = WorkspaceEntry(
         id=entry_id,
         scope=scope_of(pool),
         pool=pool,
@@ -618,7 +619,7 @@ def user_create(
 
 
 def user_edit(
-    entry: WsEntry,
+    entry: WorkspaceEntry,
     new_content: str | None,
     expected_revision: int,
     *,
@@ -637,7 +638,7 @@ def user_edit(
     A change that changes nothing returns the record as it is.
     """
     _expect(entry, expected_revision)
-    if entry.status != WsStatus.ACTIVE:
+    if entry.status != WorkspaceStatus.ACTIVE:
         raise Conflict("a forgotten record cannot be edited", code="forgotten")
     content = old_content if new_content is None else validate_content(new_content)
     new_tier = entry.tier if tier is None else Tier(tier)
@@ -678,7 +679,7 @@ def user_edit(
 
 
 def forget(
-    entry: WsEntry,
+    entry: WorkspaceEntry,
     expected_revision: int,
     *,
     operator: str,
@@ -688,11 +689,11 @@ def forget(
     """Forget a record: status `forgotten`, revision + 1, and a barrier from its fingerprint and
     evidence. The chat it came from is untouched (SC-3). Forgetting it again changes nothing."""
     _expect(entry, expected_revision)
-    if entry.status == WsStatus.FORGOTTEN:
+    if entry.status == WorkspaceStatus.FORGOTTEN:
         return Edit(entry=entry)
     record = msgspec.structs.replace(
         entry,
-        status=WsStatus.FORGOTTEN,
+        status=WorkspaceStatus.FORGOTTEN,
         review=False,  # nothing left to review on it; its rival may settle (`settled_reviews`)
         revision=entry.revision + 1,
         updated_at=now,
@@ -716,23 +717,23 @@ def forget(
     return Edit(entry=record, revision=rev, barrier=barrier)
 
 
-def _rivals(a: WsEntry, b: WsEntry) -> bool:
+def _rivals(a: WorkspaceEntry, b: WorkspaceEntry) -> bool:
     # A person's record counts as another contribution even under the same bot: the memory bot
     # must not quietly contradict what someone wrote by hand.
     return (
         a.id != b.id
         and a.pool == b.pool
-        and a.status == b.status == WsStatus.ACTIVE
+        and a.status == b.status == WorkspaceStatus.ACTIVE
         and (a.contributor != b.contributor or a.protected or b.protected)
         and bool(set(a.topics).intersection(b.topics))
     )
 
 
-def settled_reviews(entries: Mapping[str, WsEntry]) -> list[WsEntry]:
+def settled_reviews(entries: Mapping[str, WorkspaceEntry]) -> list[WorkspaceEntry]:
     """Records flagged `review` that no longer have an active rival (the other one was forgotten,
     edited onto another topic, or changed hands), with the flag cleared, to store after a change.
     """
-    active = [e for e in entries.values() if e.status == WsStatus.ACTIVE]
+    active = [e for e in entries.values() if e.status == WorkspaceStatus.ACTIVE]
     return [
         msgspec.structs.replace(e, review=False)
         for e in active
@@ -740,7 +741,7 @@ def settled_reviews(entries: Mapping[str, WsEntry]) -> list[WsEntry]:
     ]
 
 
-def source_marker(entry: WsEntry) -> str:
+def source_marker(entry: WorkspaceEntry) -> str:
     """The source shown with a record in a prompt (SC-5): the pool, and the contributing bot when
     the pool is shared."""
     if entry.pool == f"bot:{entry.contributor}":
@@ -748,7 +749,7 @@ def source_marker(entry: WsEntry) -> str:
     return f"{entry.pool} · {entry.contributor}"
 
 
-def to_scoped(entry: WsEntry, content: str) -> ScopedEntry:
+def to_scoped(entry: WorkspaceEntry, content: str) -> ScopedEntry:
     """The record as SC-5's prompt packing takes it."""
     return ScopedEntry(
         id=entry.id,

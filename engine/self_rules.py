@@ -15,6 +15,7 @@ import msgspec
 
 from engine.directory import Bot, BotRules, Permission, check_id, permission
 from engine.errors import Conflict, Forbidden, InvalidInput
+from engine.numbers import RevisionNumber, bound_error
 
 RULE_FIELDS = ("name", "description", "prompt", "duties", "boundaries", "tone", "preferences")
 MAX_FIELD = 8000
@@ -27,7 +28,7 @@ class RulesUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     A field left out (None) keeps its value; "" clears it (except `name`, which may not be blank).
     """
 
-    expectedRevision: int
+    expectedRevision: RevisionNumber
     name: str | None = None
     description: str | None = None
     prompt: str | None = None
@@ -47,6 +48,9 @@ def parse_update(args: object) -> RulesUpdate:
     try:
         return msgspec.convert(args, RulesUpdate)
     except msgspec.ValidationError as e:
+        bounds = bound_error(e)
+        if bounds is not None:
+            raise bounds from e
         raise InvalidInput(f"invalid rules update: {e}", code="invalid_update") from e
 
 

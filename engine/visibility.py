@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from engine import tags as tagmod
-from engine.memory import AccessProof, EntryMeta, Layer, Reader, Status
+from engine.memory_entries import AccessProof, EntryMeta, Layer, Reader, Status
 
 
 def grant_admits(reader: Reader, grant: str) -> bool:

@@ -32,7 +32,7 @@ import msgspec
 
 from engine import tags as tagmod
 from engine.errors import Conflict, InvalidInput
-from engine.memory import EntryMeta, Layer, Status
+from engine.memory_entries import EntryMeta, Layer, Status
 
 GRANT_KINDS = ("for:person", "for:channel", "for:bot")
 

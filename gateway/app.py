@@ -42,7 +42,7 @@ CAPABILITIES = (
     "bot-collaboration-v1",
     "bot-discussion-v1",
     "bot-projects-v1",
-    "bot-file-memory-v1",  # the seed-002 file tree: memory export, openbot export/import
+    "bot-file-memory-v1",  # the account file tree: memory export, openbot export/import
 )
 PLANNED: tuple[str, ...] = ()
 WS = "/api/app/workspace"

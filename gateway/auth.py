@@ -1,17 +1,19 @@
 """Bearer authentication and the gateway's cache of who may do what.
 
 Every request names its caller with `Authorization: Bearer <token>`: the admin token, or a user
-token the directory issued (stored there only as a hash). Principals and bot records are cached so
-that a request costs no directory call; each entry carries the directory's access revision it was
-read at (actors/access_watch.py). A background watch long-polls the directory and, as soon as the
-revision moves, drops the entries of what the changes touched (every entry when the directory cannot
-say); an answer read before a change is never stored after it. A revocation (a token, a grant)
-returns only once this gateway has applied it, so no request that starts after it is served with the
-old access. When the watch stops answering the cache is bypassed (every request asks the directory)
-until it answers again. `ttl` bounds an entry's age besides; 0 turns caching off. Each entry is kept
-with the access keys it depends on (its token and person, its bot, org or channel). Unknown tokens
-are remembered as misses (bounded, briefly) so a bad token does not reach the directory on every
-request.
+token the directory issued (stored there only as a hash). Principals and bot records are cached
+so that a request costs no directory call; each entry carries the directory's access revision it
+was read at (actors/access_watch.py). A background watch long-polls the directory and, as soon as
+the revision moves, drops the entries of what the changes touched (every entry when the directory
+cannot say); an answer read before a change is never stored after it. A revocation (a token, a
+grant) returns only once this gateway has applied it, so no request that starts after it is
+served with the old access; the hooks of `on_access_change` (open event sockets re-checking who
+they serve, gateway/events.py) run on every change before that acknowledgement, so the same holds
+for them. When the watch stops answering the cache is bypassed (every request asks the
+directory) until it answers again. `ttl` bounds an entry's age besides; 0 turns caching off.
+Each entry is kept with the access keys it depends on (its token and person, its bot, org or
+channel). Unknown tokens are remembered as misses (bounded, briefly) so a bad token does not
+reach the directory on every request.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from starlette.requests import HTTPConnection
@@ -172,13 +174,25 @@ class Auth:
         self._heard = 0.0  # when the watch last answered (monotonic)
         self._watch: asyncio.Task[None] | None = None
         self._watcher = "gateway-" + secrets.token_hex(8)
+        self._hooks: list[Callable[[], Awaitable[None]]] = []
+
+    def on_access_change(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await `hook` whenever the directory's access revision moves, before this gateway
+        acknowledges the change: a revocation returns only once it has run (call `watch` to
+        have the watch running)."""
+        self._hooks.append(hook)
+
+    def watch(self) -> None:
+        """Follow the directory's access revision (whatever `ttl`): this gateway counts among
+        those a revocation waits for."""
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.get_running_loop().create_task(self._watching())
 
     def _caching(self) -> bool:
         """Whether the cache may be used now: on, and the watch answering."""
         if self.ttl <= 0:
             return False
-        if self._watch is None or self._watch.done():
-            self._watch = asyncio.get_running_loop().create_task(self._watching())
+        self.watch()
         return time.monotonic() - self._heard < TRUST
 
     async def _watching(self) -> None:
@@ -192,10 +206,16 @@ class Auth:
                 log.warning("directory watch failed: %r", e)
                 await asyncio.sleep(0.5)
                 continue
+            self._heard = time.monotonic()
             if revision != self._applied:
                 self.drop(changed)  # (None from a restarted directory: access_watch.py)
                 self._applied = revision
-            self._heard = time.monotonic()
+                # Before the next poll, which acknowledges the change.
+                for hook in self._hooks:
+                    try:
+                        await hook()
+                    except Exception:
+                        log.exception("an access-change hook failed")
 
     def drop(self, changed: Iterable[str] | None) -> None:
         """Drop the entries that depend on the access keys `changed` (None: every entry)."""
@@ -271,7 +291,7 @@ class Auth:
         directory has them at the revision this gateway applied: from the cache when every
         part is there, else in one directory call whose parts are cached (the same watch
         drops them as soon as anything that could change them changed; a change to one of
-        them returns only once every gateway applied it, actors/directory.py `_changing`)."""
+        them returns only once every gateway applied it, actors/directory/records.py `changing`)."""
         caching = self._caching()
         if caching:
             ctx = self._cached_context(chat_id)

@@ -53,7 +53,7 @@ class ChatsApi:
         """A chat may select only a project its person is a member of (WS-7): its memory is
         packed into prompts and learned facts are written to it. Returns the project's org."""
         owner = await self.engine.directory_port.project_owner(project)
-        mine = [] if owner is None else await self.engine.shard_port(owner).ws_projects(user)
+        mine = [] if owner is None else await self.engine.shard_port(owner).workspace_projects(user)
         for p in mine:
             if p.id == project:
                 return p.org

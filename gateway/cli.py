@@ -9,7 +9,7 @@ openbot admin bot update ID [--name N] [--model M] [--avatar URL]
 openbot admin grant --bot B --user U --permission read|write
 openbot admin channel create --org ORG --person U… --bot B… [--id ID]
 openbot events [--url URL] [--token T] [--cursor C] [--count N]
-openbot demo [--url URL [--admin-token T]] [--model NAME] [--config FILE]
+openbot demo [--url URL [--admin-token T] | --port P] [--model NAME] [--config FILE]
 openbot backup DIR (--url URL [--token T] | --data-dir DIR) [--with-key]
 openbot export DIR [--url URL [--token T] | --data-dir DIR] [--account ID]
 openbot import DIR [--data-dir DIR] [--shards N]
@@ -64,11 +64,13 @@ def _demo(args: argparse.Namespace) -> int:
 
     try:
         if args.url:
+            if args.port:
+                raise CliError("openbot demo: --port is for the embedded server; not with --url")
             token = _admin_token(args.admin_token, args.data_dir)
             result = asyncio.run(run_demo(args.url, token, model=args.model, timeout=args.timeout))
         else:
             print("openbot demo: starting an embedded server (local Ray, temporary data)…")
-            with embedded_server(args.config) as (url, token):
+            with embedded_server(args.config, port=args.port or 0) as (url, token):
                 result = asyncio.run(run_demo(url, token, model=args.model, timeout=args.timeout))
     except DemoError as e:
         print(f"openbot demo: {e}", file=sys.stderr)
@@ -124,7 +126,7 @@ def _data_dir(given: str | None) -> Path:
 
 
 def _export(args: argparse.Namespace) -> int:
-    """The seed-002 file tree (FS-1, FS-2) into DIR: from a running server's consistent
+    """The account file tree (FS-1, FS-2) into DIR: from a running server's consistent
     snapshot (--url), else straight from a stopped server's data directory."""
     from storage.file_export import render_data_dir, write_tree
 

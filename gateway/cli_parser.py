@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--data-dir", help="with --url: read admin.token from this data directory")
     d.add_argument("--model", default="demo-bots", help="the bots' model on the server")
     d.add_argument("--config", help="the embedded server's config (default: examples/openbot.toml)")
+    d.add_argument(
+        "--port", type=int, help="the embedded server's port on 127.0.0.1 (default: a free one)"
+    )
     d.add_argument("--timeout", type=float, default=120.0, help="seconds for the whole demo")
 
     b = _parser(sub, "backup", "consistent snapshot into DIR (a new data directory)")
@@ -103,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="copy the master key into DIR too (default: left out; restore with the key given)",
     )
 
-    x = _parser(sub, "export", "the seed-002 file tree of accounts into DIR (new/empty)")
+    x = _parser(sub, "export", "accounts' memory, projects and chats as files in DIR (new/empty)")
     x.add_argument("dir", help="the directory to write (new or empty)")
     x.add_argument("--url", help="a running server (needs the admin token)")
     x.add_argument("--token", help="the admin token (or OPENBOT_ADMIN_TOKEN)")

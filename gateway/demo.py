@@ -14,8 +14,8 @@ Events carry ids only, so each `chat.item.created` line is completed with the it
 `GET /v1/chats/{id}/items`. The demo ends once the discussion and the chain are over.
 
 `run_demo` joins a running server; `embedded_server` starts one for the demo (local Ray, a
-temporary data directory, a free loopback port, the config in examples/openbot.toml whose
-`demo-bots` model answers from examples/demo-bots.toml) and removes it afterwards.
+temporary data directory, a loopback port, the config in examples/openbot.toml whose `demo-bots`
+model answers from examples/demo-bots.toml) and removes it afterwards.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import secrets
 import shutil
+import socket
 import tempfile
 import time
 from collections import Counter
@@ -123,8 +124,9 @@ class LiveView:
                     self.items[(chat, i["id"])] = i
         return self.items.get(key)
 
-    async def links(self, chain_id: str) -> str:
-        """The chain's links as the collaboration route shows them now; names its agent chats."""
+    async def links(self, chain_id: str, status: str | None) -> str:
+        """The chain's links (naming its agent chats), each link's status only while the chain is
+        still in the event's `status`: the route shows it now, maybe past the event shown."""
         try:
             chains = await _chains(self.http)
         except DemoError:
@@ -133,12 +135,12 @@ class LiveView:
         if chain is None:
             return "?"
         shown = []
+        current = chain["status"] == status
         for link in chain["links"]:
             if link.get("agentChat"):
                 self.chat_labels[link["agentChat"]] = f"agent:{self.name(link['toBot'])}"
-            shown.append(
-                f"{self.name(link['fromBot'])} -> {self.name(link['toBot'])} {link['status']}"
-            )
+            state = f" {link['status']}" if current else ""
+            shown.append(f"{self.name(link['fromBot'])} -> {self.name(link['toBot'])}{state}")
         return ", ".join(shown) or "no links"
 
     def name(self, who: str | None) -> str:
@@ -169,7 +171,7 @@ class LiveView:
         elif frame.type == "collaboration.changed":
             chat = data.get("chat") or "?"
             label = self.chat_labels.get(chat, chat)
-            links = await self.links(str(data.get("collaboration")))
+            links = await self.links(str(data.get("collaboration")), data.get("status"))
             line = (
                 f"{stamp}  {frame.type:<21} {label:<12} {data.get('collaboration')} "
                 f"{data.get('status')}: {links}"
@@ -457,15 +459,22 @@ def summary(result: DemoResult, names: dict[str, str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def embedded_server(config: str | Path | None = None) -> Iterator[tuple[str, str]]:
-    """A server for the length of the demo: local Ray, a temporary data directory, a free
-    loopback port and the models of `config` (default examples/openbot.toml). Yields the URL
-    and the admin token; everything is stopped and removed afterwards."""
+def embedded_server(
+    config: str | Path | None = None, *, port: int = 0
+) -> Iterator[tuple[str, str]]:
+    """A server for the demo (local Ray, temporary data, `port` or a free one, the models of
+    `config`); yields its URL and admin token, and stops and removes everything afterwards."""
     import actors.runtime.engine  # noqa: F401  (Ray's environment before ray is imported)
 
     path = Path(config) if config else DEFAULT_CONFIG
     if not path.exists():
         raise DemoError(f"no config at {path}: give --config (with a scripted model) or --url")
+    if port:  # a taken port fails at once, before Ray starts
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError as e:
+                raise DemoError(f"port {port} on 127.0.0.1 is not free ({e.strerror})") from e
     from actors.runtime.engine import Engine, ray_started, start_ray, stop_ray
     from gateway.app import create_app
     from gateway.live_server import LiveServer
@@ -487,7 +496,7 @@ def embedded_server(config: str | Path | None = None) -> Iterator[tuple[str, str
             config_dir=settings.config_dir,
         )
         token = "oba_" + secrets.token_urlsafe(32)
-        live = LiveServer(create_app(engine, token))
+        live = LiveServer(create_app(engine, token), port=port)
         yield live.url, token
     finally:
         if live is not None:

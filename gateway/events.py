@@ -7,9 +7,18 @@ what it missed from the shards' durable logs, then goes live; the switch happens
 await between "caught up" and "live", so nothing is skipped or sent twice. A client that reads
 too slowly falls behind a bounded backlog, is closed and resumes by cursor.
 
-Close codes: 4400 bad frame, unknown message type or bad cursor · 4401 missing or bad token ·
-4408 no auth message in time · 4429 too slow (resume with your last cursor) · 1009 frame too
-large · 1011 server error.
+Access is re-checked as it changes: when the directory's access revision moves, every open
+socket's token is read again before this gateway acknowledges the change (gateway/auth.py
+`on_access_change`), so by the time a revocation returns (a grant removed, a token replaced) the
+socket hears nothing more of what it lost, or is closed (4403). A periodic re-read besides
+covers a watch that is not answering.
+
+Close codes (`CLOSE_CODES`, also in the OpenAPI document's `EventFrame`): 4400 bad frame,
+unknown message type or bad cursor · 4401 missing or bad token · 4403 the token stopped working
+while connected (replaced or revoked: connect with the new one) · 4408 no auth message in time ·
+4409 cursor fell out of the kept window while catching up (reconnect) · 4429 too slow (resume
+with your last cursor) · 1009 frame too large · 1011 server error (or access could not be
+re-checked: reconnect).
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -27,15 +36,34 @@ from engine.events import Listener
 from gateway.auth import Auth, bearer_token
 from gateway.fanout import Hub
 from gateway.metrics import WS_CLIENTS
-from gateway.subscriber import Closed, Frame, Outlet, Subscriber
+from gateway.socket_frames import FRAMES
+from gateway.subscriber import TOO_SLOW, Closed, Frame, Outlet, Subscriber
 from gateway.wire import check_json
-from gateway.ws_frames import FRAMES
 
 __all__ = ["EventsEndpoint", "Hub", "Subscriber"]
 
 MAX_CLIENT_FRAME = 64 * 1024
 AUTH_TIMEOUT = 10.0
 LISTENER_REFRESH = 30.0
+REVOKED = 4403  # the token stopped working while the socket was open
+UNCHECKED = 1011  # access changed and could not be re-read
+# Every code this endpoint closes with (documented with `EventFrame`, gateway/openapi_shapes.py).
+CLOSE_CODES: dict[int, str] = {
+    4400: "bad frame, unknown message type or bad cursor",
+    4401: "missing or bad token",
+    REVOKED: "the token stopped working while connected (replaced or revoked; closed by the time "
+    "the replacement returns): connect with the new one",
+    4408: "no auth message in time",
+    4409: "the cursor fell out of the kept window while catching up: reconnect",
+    TOO_SLOW: "too slow: resume with your last cursor",
+    1009: "frame too large",
+    UNCHECKED: "server error, or access changed and could not be re-checked: reconnect",
+}
+_REASONS = {
+    TOO_SLOW: "too slow: reconnect with your last cursor",
+    REVOKED: "the token was replaced or revoked: connect with a valid token",
+    UNCHECKED: "access changed and could not be re-checked: reconnect",
+}
 
 
 class ClientMessage(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,11 +84,52 @@ class EventsEndpoint:
     hub: Hub
     auth: Auth
     refresh_every: float = LISTENER_REFRESH
+    _open: dict[Subscriber, str] = field(default_factory=dict, init=False)  # → its token
+    _changes: int = field(default=0, init=False)  # access changes this endpoint was told of
+
+    def __post_init__(self) -> None:
+        self.auth.on_access_change(self._recheck)
+
+    async def _recheck(self) -> None:
+        """Access changed: read every open socket's token again (once per token) and drop what
+        it may no longer hear, or close it; awaited before the change is acknowledged."""
+        self._changes += 1
+        by_token: dict[str, list[Subscriber]] = {}
+        for sub, token in list(self._open.items()):
+            by_token.setdefault(token, []).append(sub)
+        found = await asyncio.gather(
+            *(self.auth.principal_for(t) for t in by_token), return_exceptions=True
+        )
+        for subs, principal in zip(by_token.values(), found, strict=True):
+            for sub in subs:
+                if sub not in self._open:
+                    continue  # gone meanwhile
+                if isinstance(principal, Unauthenticated):
+                    self._end(sub, REVOKED)
+                elif isinstance(principal, BaseException):
+                    self._end(sub, UNCHECKED)
+                else:
+                    self._relisten(sub, principal)
+
+    def _end(self, sub: Subscriber, code: int) -> None:
+        """Stop writing to `sub` now; its connection closes with `code`."""
+        self._open.pop(sub, None)
+        self.hub.unsubscribe(sub)
+        sub.outlet.end(code)
+
+    def _relisten(self, sub: Subscriber, principal) -> None:
+        listener = _listener(principal)
+        if listener != sub.listener:
+            self.hub.relisten(sub, listener)
 
     async def handle(self, websocket: WebSocket) -> None:
         await websocket.accept()
         sub: Subscriber | None = None
-        # The server's ready-made frame writer where it offers one (gateway/ws_frames.py).
+        # Revocations wait for this gateway (its sockets) once its watch runs: started before
+        # the token is read, so a change after that read is either waited for or re-checked.
+        self.auth.watch()
+        seen = self._changes
+        # The server's ready-made frame writer where it offers one (gateway/socket_frames.py).
         writer = websocket.scope.get("extensions", {}).get(FRAMES)
         outlet = Outlet(websocket.send, writer=writer)
         WS_CLIENTS.labels("events").inc()
@@ -73,6 +142,13 @@ class EventsEndpoint:
                 )
             except InvalidInput as e:
                 raise Closed(4400, e.message) from e
+            self._open[sub] = token
+            while seen != self._changes:  # access changed while this client authenticated
+                seen = self._changes
+                try:
+                    self._relisten(sub, await self.auth.principal_for(token))
+                except Unauthenticated as e:
+                    raise Closed(REVOKED, _REASONS[REVOKED]) from e
             kind = "reset" if reset else "hello"
             # Text frames, like every event: a browser's `JSON.parse(ev.data)` needs a string.
             await websocket.send_text(
@@ -91,6 +167,7 @@ class EventsEndpoint:
             outlet.close()
             WS_CLIENTS.labels("events").dec()
             if sub is not None:
+                self._open.pop(sub, None)
                 self.hub.unsubscribe(sub)
 
     async def _authenticate(self, websocket: WebSocket):
@@ -120,10 +197,9 @@ class EventsEndpoint:
             try:
                 principal = await self.auth.principal_for(token)
             except Unauthenticated as e:
-                raise Closed(4401, e.message) from e
-            listener = _listener(principal)
-            if listener != sub.listener:
-                self.hub.relisten(sub, listener)
+                raise Closed(REVOKED, _REASONS[REVOKED]) from e
+            if sub in self._open:
+                self._relisten(sub, principal)
 
     async def _run(self, websocket: WebSocket, sub: Subscriber, token: str) -> None:
         # Frames are written by the hub (gateway/subscriber.py); this connection's own tasks only
@@ -137,9 +213,10 @@ class EventsEndpoint:
             while True:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 if ended in done:
-                    if sub.outlet.code is None:
+                    code = sub.outlet.code
+                    if code is None:
                         raise WebSocketDisconnect(1006)  # a send failed: the peer is gone
-                    raise Closed(sub.outlet.code, "too slow: reconnect with your last cursor")
+                    raise Closed(code, _REASONS.get(code, _REASONS[TOO_SLOW]))
                 for task in done & {reader, refresh}:
                     task.result()  # raises Closed or WebSocketDisconnect
                 if catch_up in done:

@@ -6,7 +6,7 @@ are (a `Listener`: user, orgs, channels, usable bots) and the groups are indexed
 channel and bot, so an event's audience is a few dict look-ups and one `admits` per group, not a
 check per client. A client that is live on every shard and not ahead of this hub ("in step")
 holds the hub's own position: every frame such clients get is the same text (its cursor is the
-hub's dispatch position), encoded once per event, framed once (gateway/ws_frames.py) and written
+hub's dispatch position), encoded once per event, framed once (gateway/socket_frames.py) and written
 to each of their sockets inline (gateway/subscriber.py). A client still replaying (it connected
 with a cursor) or whose cursor came from a faster gateway is served on its own positions until it
 is in step.
@@ -32,8 +32,8 @@ from engine.events import (
 )
 from gateway.metrics import EVENTS_DELIVERED
 from gateway.recent import RecentEvents
+from gateway.socket_frames import text_frame
 from gateway.subscriber import TOO_SLOW, Closed, Outlet, Subscriber, event_text
-from gateway.ws_frames import text_frame
 
 log = logging.getLogger("openbot.events")
 

@@ -1,4 +1,4 @@
-"""`GET /v1/admin/export[?account=ID]`: the seed-002 file tree of a running server (FS-1, FS-2).
+"""`GET /v1/admin/export[?account=ID]`: the account file tree of a running server (FS-1, FS-2).
 
 The tree is read from a consistent snapshot (`Engine.backup`, FS-4) taken into a scratch
 directory beside the data directory (a cluster shares it; the shards write there), rendered off

@@ -1,4 +1,5 @@
-"""uvicorn serving an app from a thread of this process, on a loopback port chosen by the OS.
+"""uvicorn serving an app from a thread of this process, on a loopback port (the OS's choice
+unless one is given).
 
 For tests and benchmarks that need a real HTTP and websocket server next to the Ray driver.
 The socket is made with IPPROTO_TCP explicitly: asyncio turns Nagle's algorithm off only for
@@ -14,11 +15,15 @@ from typing import Any
 
 
 class LiveServer:
-    def __init__(self, app: Any, **config: Any) -> None:
+    def __init__(self, app: Any, *, port: int = 0, **config: Any) -> None:
         import uvicorn
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.bind(("127.0.0.1", 0))
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            raise
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._sock = sock

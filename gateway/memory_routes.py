@@ -1,9 +1,10 @@
-"""Seed-000 memory routes (DESIGN §9): read, search, remember, forget, widen, purge, the memory
+"""Bot memory routes (DESIGN §9): read, search, remember, forget, widen, purge, the memory
 log and the memory bot's settings. Reads are served from this gateway's `ReadCache`; every write
 drops the pool's cached pages around it, so a client reads its own writes."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 import msgspec
@@ -15,9 +16,9 @@ from actors.ports import EnginePort, ShardPort
 from engine import tags as tagmod
 from engine import widening
 from engine.directory import Bot, Principal, bot_org, bot_pool, require_use, require_write
-from engine.errors import InvalidInput
-from engine.memory import Reader
-from engine.memory_bot import SettingsPatch
+from engine.memory_bot_settings import SettingsPatch
+from engine.memory_entries import Reader
+from engine.numbers import query_number
 from gateway import wire
 from gateway.auth import Auth
 from gateway.events import Hub
@@ -48,9 +49,9 @@ class MemoryApi:
     async def get_memory(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
         q = request.query_params.get("q")
+        limit = _limit(request.query_params.get("limit"))  # checked even where it is not used
         if q is not None and q.strip():
-            # Ranked keyword search (issue 11): never cached, the ranking is per query.
-            limit = _limit(request.query_params.get("limit"))
+            # Ranked keyword search: never cached, the ranking is per query.
             found = await shard.search_memory_json(bot_pool(bot.id), reader, q, limit)
             return Response(found, media_type="application/json")
         raw = request.query_params.get("tags")
@@ -117,10 +118,19 @@ class MemoryApi:
         tagmod.validate_purge_tag(body.tag)
         async with self._writing(bot_pool(bot.id)):
             count = await shard.purge(bot_pool(bot.id), body.tag)
+        if body.tag.startswith("chat:"):
+            # What the bot's memory bot learned from the chat for people and projects too:
+            # their pools are on any shard (API-5).
+            chat = body.tag.removeprefix("chat:")
+            found = await asyncio.gather(
+                *(s.workspace_purge_learned(bot.id, chat) for s in self.engine.shard_ports)
+            )
+            count += sum(found)
         return json({"count": count})
 
     async def get_memory_bot(self, request: Request) -> Response:
-        bot, shard, _ = await self._memory_call(request)
+        # The settings are the memory's management, as PATCH: write on a non-linked bot.
+        bot, shard, _ = await self._memory_call(request, write=True)
         return json(await shard.memory_bot_settings(bot_pool(bot.id)))
 
     async def patch_memory_bot(self, request: Request) -> Response:
@@ -134,13 +144,9 @@ MAX_MEMORY_SEARCH_LIMIT = 500
 
 
 def _limit(raw: str | None) -> int:
-    try:
-        limit = int(raw) if raw else MEMORY_SEARCH_LIMIT
-    except ValueError as e:
-        raise InvalidInput("limit must be a number", code="invalid_limit") from e
-    if not 1 <= limit <= MAX_MEMORY_SEARCH_LIMIT:
-        raise InvalidInput(f"limit must be 1-{MAX_MEMORY_SEARCH_LIMIT}", code="invalid_limit")
-    return limit
+    return query_number(
+        raw, field="limit", low=1, high=MAX_MEMORY_SEARCH_LIMIT, default=MEMORY_SEARCH_LIMIT
+    )
 
 
 def _reader(principal: Principal, request: Request, bot: Bot) -> Reader:

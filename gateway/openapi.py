@@ -26,11 +26,16 @@ from engine.casing import camel_schema, plain_component_names
 from engine.chat_records import ItemView, LearningJob
 from engine.directory import Bot, Channel, Chat, Org, User
 from engine.listing import BotEntry, ChannelEntry, ChatEntry, Me, Page
-from engine.memory import EntryView, LogPage, MemoryPage
-from engine.memory_bot import MemoryBotSettings, SettingsPatch
+from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
+from engine.memory_entries import EntryView, LogPage, MemoryPage
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
 from engine.requests import RequestView
-from engine.scoped_memory import WsEntryView, WsForget, WsMemoryChange, WsMemoryCreate
+from engine.scoped_memory import (
+    WorkspaceEntryView,
+    WorkspaceForget,
+    WorkspaceMemoryChange,
+    WorkspaceMemoryCreate,
+)
 from engine.self_rules import RulesUpdate
 from gateway import openapi_shapes as s
 from gateway import wire
@@ -155,7 +160,7 @@ ROUTES: list[Op] = [
     Op(
         "get",
         "/v1/admin/export",
-        "The seed-002 file tree, {files: {path: text}}",
+        "The account file tree, {files: {path: text}}",
         ok=s.ExportTree,
         query=(ACCOUNT,),
         auth="admin",
@@ -196,7 +201,7 @@ ROUTES: list[Op] = [
         "Input rewrites: text, original, entries used",
         ok=s.Enrichments,
     ),
-    # --- seed-000 memory ---
+    # --- bot memory ---
     Op(
         "get",
         "/v1/bots/{bot}/memory",
@@ -223,7 +228,8 @@ ROUTES: list[Op] = [
     Op(
         "post",
         "/v1/bots/{bot}/memory/purge",
-        "Delete entries by one system tag",
+        "Delete entries by one system tag: learned and pinned entries and the bot's workspace "
+        "records; `chat:` also the user and project facts learned from that chat",
         wire.Purge,
         s.Count,
     ),
@@ -283,22 +289,22 @@ ROUTES: list[Op] = [
         "get",
         f"{WS}/memories",
         "Memories by scope, or a search",
-        ok=s.WsEntries,
+        ok=s.WorkspaceEntries,
         query=(SCOPE, BOT, PROJECT, SEARCH, STATUS, LIMIT, USING),
     ),
     Op(
         "post",
         f"{WS}/memories",
         "Create a memory (201), or change one (expectedRevision: 200)",
-        (WsMemoryCreate, WsMemoryChange),
-        {201: WsEntryView, 200: WsEntryView},
+        (WorkspaceMemoryCreate, WorkspaceMemoryChange),
+        {201: WorkspaceEntryView, 200: WorkspaceEntryView},
     ),
     Op(
         "post",
         f"{WS}/memories/forget",
         "Forget a memory by expectedRevision",
-        WsForget,
-        WsEntryView,
+        WorkspaceForget,
+        WorkspaceEntryView,
     ),
     Op(
         "get",

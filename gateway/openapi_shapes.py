@@ -14,7 +14,7 @@ from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, T
 from engine.directory import Permission
 from engine.projects import ProjectView
 from engine.requests import RequestView
-from engine.scoped_memory import WsEntryView
+from engine.scoped_memory import WorkspaceEntryView
 
 
 class _Doc(msgspec.Struct, frozen=True, kw_only=True):
@@ -112,8 +112,8 @@ class Projects(_Doc):
     projects: list[ProjectView]
 
 
-class WsEntries(_Doc):
-    entries: list[WsEntryView]
+class WorkspaceEntries(_Doc):
+    entries: list[WorkspaceEntryView]
 
 
 class Revisions(_Doc):
@@ -140,7 +140,15 @@ class EventsAuth(_Doc):
 class EventFrame(_Doc):
     """`/v1/events`, server → client: one event. `type` is the event type (memory.changed,
     memory.job.changed, project.changed, collaboration.changed, chat.item.created); `cursor`
-    resumes after it (`?cursor=`)."""
+    resumes after it (`?cursor=`).
+
+    The server closes the socket with: 4400 bad frame, unknown message type or bad cursor;
+    4401 missing or bad token; 4403 the token stopped working while connected (replaced or
+    revoked; the socket is closed by the time the replacement returns): connect with the new
+    one; 4408 no auth message in time; 4409 cursor fell out of the kept window while catching
+    up: reconnect; 4429 too slow: resume with the last cursor; 1009 frame too large; 1011
+    server error, or access changed and could not be re-checked: reconnect. A removed grant
+    does not close it: by the time the removal returns, the bot's events stop."""
 
     type: str
     cursor: str

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from engine.memory import Reader
+from engine.memory_entries import Reader
 
 MAX_BYTES = 64 * 1024 * 1024
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import InvalidInput, Unavailable
-from gateway.ws_frames import FramingProtocol
+from gateway.nodes import MAX_FRAME as NODE_MAX_FRAME
+from gateway.socket_frames import FramingProtocol
 
 ADMIN_TOKEN_FILE = "admin.token"
 log = logging.getLogger("openbot")
@@ -27,10 +28,13 @@ log = logging.getLogger("openbot")
 # event frames are ~250 bytes, and compressing each one for each client cost ~3x the CPU of
 # framing it (8 of 11 us a frame, measured) plus a zlib state of ~260 KB per connection.
 UVICORN_WS = {
-    "ws": FramingProtocol,  # websockets-sansio offering ready-made event frames (ws_frames.py)
+    "ws": FramingProtocol,  # websockets-sansio offering ready-made event frames (socket_frames.py)
     "ws_ping_interval": 15.0,
     "ws_ping_timeout": 15.0,
     "ws_per_message_deflate": False,
+    # The largest frame any socket of this API takes (a node's answer): uvicorn buffers a message
+    # up to this size before a route can refuse it, so its own default (16 MiB) is not kept.
+    "ws_max_size": NODE_MAX_FRAME,
 }
 
 
@@ -74,6 +78,9 @@ def load_settings(
         file = whole.get("server", {})
         models = whole.get("models", {})
         search = whole.get("search", {})
+    else:
+        # No config: the built-in `local` model, so a first bot can chat without a model server.
+        models = {"local": {"kind": "local"}}
     env = os.environ
     s = ServeSettings()
     s.data_dir = Path(data_dir or env.get("OPENBOT_DATA_DIR") or file.get("data_dir") or s.data_dir)

@@ -8,7 +8,7 @@ queue, no task and no wake-up per client and frame. Only a send that does suspen
 reads slowly) hands its rest to a task, and the frames that follow wait behind it in a bounded
 queue, in order; a client that falls a whole queue behind is told to go and resume by cursor
 (close 4429), so one slow client never holds up the others. Where the server offers it
-(gateway/ws_frames.py), a frame goes to the socket as the bytes built once per event, past the
+(gateway/socket_frames.py), a frame goes to the socket as the bytes built once per event, past the
 ASGI send; a socket that cannot take them at once gets the ASGI send as before.
 """
 
@@ -26,7 +26,7 @@ import msgspec
 from engine.casing import to_wire
 from engine.events import Event, Listener, Position, ShardHead, admits, encode_cursor
 from gateway.metrics import EVENTS_DELIVERED, EVENTS_DROPPED
-from gateway.ws_frames import FrameWriter, text_frame
+from gateway.socket_frames import FrameWriter, text_frame
 
 QUEUE_LIMIT = 2048
 TOO_SLOW = 4429

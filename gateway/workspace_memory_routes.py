@@ -22,15 +22,21 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.contracts import USING, WsAccess, WsListing, WsQuery
+from actors.contracts import USING, WorkspaceAccess, WorkspaceListing, WorkspaceQuery
 from actors.ports import EnginePort, ShardPort
 from engine import projects as projmod
 from engine.directory import Principal, User, check_id, require_use, resolve_org
 from engine.errors import InvalidInput, NotFound
-from engine.memory import Scope
+from engine.memory_entries import Scope
 from engine.memory_export import render
+from engine.numbers import query_number
 from engine.projects import ProjectCreate
-from engine.scoped_memory import WsEntryView, WsForget, WsMemoryChange, WsMemoryCreate
+from engine.scoped_memory import (
+    WorkspaceEntryView,
+    WorkspaceForget,
+    WorkspaceMemoryChange,
+    WorkspaceMemoryCreate,
+)
 from engine.workspace_search import Hit, merge_hits
 from gateway import wire
 from gateway.auth import Auth
@@ -62,10 +68,10 @@ def account_project_id(owner: str, given: str) -> str:
     return "p_" + digest[:20]
 
 
-_create_dec = msgspec.json.Decoder(WsMemoryCreate)
+_create_dec = msgspec.json.Decoder(WorkspaceMemoryCreate)
 
 
-def decode_memory_write(body: bytes) -> WsMemoryCreate | WsMemoryChange:
+def decode_memory_write(body: bytes) -> WorkspaceMemoryCreate | WorkspaceMemoryChange:
     """`POST /memories` takes a create or a change; `expectedRevision` makes it a change."""
     try:  # a well-formed creation in one pass (unknown keys are refused: a change never is one)
         return _create_dec.decode(body)
@@ -74,13 +80,10 @@ def decode_memory_write(body: bytes) -> WsMemoryCreate | WsMemoryChange:
     raw = wire.decode_any(body)
     if not isinstance(raw, dict):
         raise InvalidInput("body must be a JSON object", code="invalid_body")
-    kind: type[WsMemoryCreate | WsMemoryChange] = (
-        WsMemoryChange if "expectedRevision" in raw else WsMemoryCreate
+    kind: type[WorkspaceMemoryCreate | WorkspaceMemoryChange] = (
+        WorkspaceMemoryChange if "expectedRevision" in raw else WorkspaceMemoryCreate
     )
-    try:
-        return msgspec.convert(raw, type=kind)
-    except msgspec.ValidationError as e:
-        raise InvalidInput(str(e), code="invalid_body") from e
+    return wire.convert(raw, kind)
 
 
 def _one_line_param(request: Request, name: str) -> str | None:
@@ -95,13 +98,13 @@ class WorkspaceMemoryApi:
         self.engine = engine
         self.auth = auth
 
-    async def _caller(self, request: Request) -> tuple[Principal, WsAccess]:
+    async def _caller(self, request: Request) -> tuple[Principal, WorkspaceAccess]:
         principal = await self.auth.user(request)
         assert principal.user is not None
         user = principal.user
         header = request.headers.get("openbot-org")
         orgs = ((resolve_org(user, header),) if header or user.orgs else ()) + tuple(user.orgs)
-        access = WsAccess(
+        access = WorkspaceAccess(
             account=user.id,
             bots=principal.bots,
             orgs=tuple(dict.fromkeys(orgs)),
@@ -118,7 +121,9 @@ class WorkspaceMemoryApi:
 
     async def _entry_shard(self, entry_id: str) -> ShardPort:
         check_id(entry_id, "memory id")
-        found = await asyncio.gather(*(s.ws_has_entry(entry_id) for s in self.engine.shard_ports))
+        found = await asyncio.gather(
+            *(s.workspace_has_entry(entry_id) for s in self.engine.shard_ports)
+        )
         for shard, has in zip(self.engine.shard_ports, found, strict=True):
             if has:
                 return shard
@@ -130,7 +135,9 @@ class WorkspaceMemoryApi:
         principal, access = await self._caller(request)
         me = access.account
         if request.method == "GET":
-            found = await asyncio.gather(*(s.ws_projects(me) for s in self.engine.shard_ports))
+            found = await asyncio.gather(
+                *(s.workspace_projects(me) for s in self.engine.shard_ports)
+            )
             projects = sorted(
                 (p for part in found for p in part), key=lambda p: (p.createdAt, p.id)
             )
@@ -146,23 +153,23 @@ class WorkspaceMemoryApi:
             else:
                 pid = derived_project_id(me, change.requestId)
             shard = self.engine.shard_port(me)
-            project = await shard.ws_save_project(me, org, change, pid)
+            project = await shard.workspace_save_project(me, org, change, pid)
             return json(project, 201)
         shard = await self._project_shard(change.id)
-        project = await shard.ws_save_project(me, "", change, change.id)
+        project = await shard.workspace_save_project(me, "", change, change.id)
         return json(project)
 
     # --- memories ---
 
     async def _collect(
         self,
-        access: WsAccess,
+        access: WorkspaceAccess,
         request: Request,
         user: User,
         *,
         status: str | None = None,
         search: bool = True,
-    ) -> tuple[list[WsEntryView], dict[str, str], list[Hit] | None]:
+    ) -> tuple[list[WorkspaceEntryView], dict[str, str], list[Hit] | None]:
         """The records the query names that the caller may read, in listing or hit order,
         display names of pools and bots, and with a query the ranking (score, retrievers)."""
         params = request.query_params
@@ -178,12 +185,13 @@ class WorkspaceMemoryApi:
         status = status or params.get("status") or "active"
         if status not in STATUSES:
             raise InvalidInput("status must be active, forgotten or all", code="invalid_status")
-        try:
-            limit = int(params.get("limit") or DEFAULT_SEARCH_LIMIT)
-        except ValueError as e:
-            raise InvalidInput("limit must be a number", code="invalid_limit") from e
-        if not 1 <= limit <= MAX_SEARCH_LIMIT:
-            raise InvalidInput(f"limit must be 1-{MAX_SEARCH_LIMIT}", code="invalid_limit")
+        limit = query_number(
+            params.get("limit"),
+            field="limit",
+            low=1,
+            high=MAX_SEARCH_LIMIT,
+            default=DEFAULT_SEARCH_LIMIT,
+        )
         if project_id is not None and scope not in (None, "project"):
             raise InvalidInput("project is for project scope", code="invalid_query")
         me = access.account
@@ -209,11 +217,11 @@ class WorkspaceMemoryApi:
             else:
                 projects = dict.fromkeys(range(len(shards)))
         asks = sorted(set(pools) | set(projects))
-        listings: list[WsListing] = await asyncio.gather(
+        listings: list[WorkspaceListing] = await asyncio.gather(
             *(
-                shards[k].ws_entries(
+                shards[k].workspace_entries(
                     access,
-                    WsQuery(
+                    WorkspaceQuery(
                         pools=tuple(pools.get(k, ())),
                         projects=projects.get(k, ()),
                         contributor=bot_id,
@@ -269,9 +277,9 @@ class WorkspaceMemoryApi:
                 }
             )
         body = decode_memory_write(await read_body(request))
-        if isinstance(body, WsMemoryChange):
+        if isinstance(body, WorkspaceMemoryChange):
             shard = await self._entry_shard(body.id)
-            return json(await shard.ws_change_memory(access, body))
+            return json(await shard.workspace_change_memory(access, body))
         projmod.check_request_id(body.requestId)
         bot = await self.auth.bot(body.bot)
         require_use(bot, principal.user)
@@ -284,21 +292,21 @@ class WorkspaceMemoryApi:
                 raise InvalidInput("project scope needs a project", code="project_required")
             shard = await self._project_shard(body.project)
         # The shard's answer is the body (as a Remember's): no decoding and encoding again here.
-        created = await shard.ws_create_memory_json(access, body)
+        created = await shard.workspace_create_memory_json(access, body)
         return Response(created, 201, media_type="application/json")
 
     async def forget(self, request: Request) -> Response:
         _, access = await self._caller(request)
-        body = wire.decode(await read_body(request), WsForget)
+        body = wire.decode(await read_body(request), WorkspaceForget)
         projmod.check_request_id(body.requestId)
         shard = await self._entry_shard(body.id)
-        return json(await shard.ws_change_memory(access, body))
+        return json(await shard.workspace_change_memory(access, body))
 
     async def revisions(self, request: Request) -> Response:
         _, access = await self._caller(request)
         entry_id = request.path_params["id"]
         shard = await self._entry_shard(entry_id)
-        return json({"revisions": await shard.ws_revisions(access, entry_id)})
+        return json({"revisions": await shard.workspace_revisions(access, entry_id)})
 
     async def export(self, request: Request) -> Response:
         principal, access = await self._caller(request)

@@ -23,7 +23,7 @@ from engine import file_tree as ft
 from engine.chat_records import Turn
 from engine.directory import Bot, Chat
 from engine.errors import InvalidInput, StorageError
-from engine.memory_bot import MemoryBotSettings
+from engine.memory_bot_settings import MemoryBotSettings
 from storage.crypto import Cipher, Keyring, aad
 from storage.group_commit import DeleteWhere, Insert, Write
 from storage.memory_store import MemoryStore, StoredPool

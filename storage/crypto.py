@@ -15,7 +15,9 @@ import os
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from engine.errors import InvalidInput, StorageError
 
@@ -143,6 +145,19 @@ class Keyring:
         cipher = Cipher(self._master.open(wrapped, b"pool-key\x00" + pool.encode()))
         self._pools[pool] = (bytes(wrapped), cipher)
         return cipher
+
+
+def derive_key(master_key: bytes, purpose: str, scope: str) -> bytes:
+    """A 32-byte secret for one purpose and one scope (a pool, an org), derived from the master
+    key (HKDF-SHA256, both in `info`): nothing more to store or back up, and what one scope's
+    secret makes says nothing of another's."""
+    info = f"openbot\x00{purpose}\x00{scope}".encode()
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(master_key)
+
+
+def chain_fp_key(master_key: bytes, org: str) -> bytes:
+    """An org's key for the message fingerprints of its collaboration chains."""
+    return derive_key(master_key, "chain fingerprints", org)
 
 
 def aad(pool: str, record: str) -> bytes:

@@ -9,7 +9,7 @@ fingerprints keyed again with this directory's master key), revisions, forget ba
 extraction jobs and idempotency receipts.
 
 What an account holds: its user record, the bots it owns (their memory pools: workspace records
-and seed-000 entries, with learning read positions), its user memory, the projects it owns
+and memory entries, with learning read positions), its user memory, the projects it owns
 (their memory pools), its workspace receipts, and the chats it keeps with their items and turns
 (storage/chat_export.py). Memory-bot settings stay out; imported pools start with the defaults.
 Users get new tokens on import (`import-tokens.json`, 0600): the tree never holds a credential.
@@ -30,15 +30,15 @@ from pathlib import Path
 
 import msgspec
 
-from engine import bot_memory as bm
 from engine import file_tree as ft
+from engine import memory_union as bm
 from engine.chat_records import LearningJob
 from engine.directory import Bot, Channel, Chat, Org, User
 from engine.errors import InvalidInput, NotFound, StorageError
-from engine.memory import Change, EntryMeta, LogRow, Reader, Who
-from engine.memory_bot import MemoryBotSettings
+from engine.memory_bot_settings import MemoryBotSettings
+from engine.memory_entries import Change, EntryMeta, LogRow, Reader, Who
 from engine.projects import Project
-from engine.scoped_memory import ForgetBarrier, Revision, WsEntry, content_fingerprint
+from engine.scoped_memory import ForgetBarrier, Revision, WorkspaceEntry, content_fingerprint
 from engine.visibility import Visibility
 from storage import chat_export
 from storage.crypto import KEY_FILE, Cipher, Keyring, aad, load_master_key
@@ -67,7 +67,7 @@ TRANSACTIONS = ".transactions"
 _enc = msgspec.json.Encoder()
 _dec: dict[type, msgspec.json.Decoder] = {
     k: msgspec.json.Decoder(k)
-    for k in (Org, User, Bot, Channel, Chat, Project, WsEntry, LearningJob, EntryMeta)
+    for k in (Org, User, Bot, Channel, Chat, Project, WorkspaceEntry, LearningJob, EntryMeta)
 }
 _barrier_dec = msgspec.json.Decoder(ForgetBarrier)
 _settings_dec = msgspec.json.Decoder(MemoryBotSettings)
@@ -87,8 +87,9 @@ def shard_of(key: str, shards: int) -> int:
 class _ShardRows:
     index: int
     keys: dict[str, Cipher] = field(default_factory=dict)
-    entries: dict[str, list[tuple[WsEntry, bytes]]] = field(default_factory=dict)
-    seeds: dict[str, list[tuple[EntryMeta, bytes]]] = field(default_factory=dict)  # bot pools
+    entries: dict[str, list[tuple[WorkspaceEntry, bytes]]] = field(default_factory=dict)
+    # bot pools' learned and pinned entries
+    memory_entries: dict[str, list[tuple[EntryMeta, bytes]]] = field(default_factory=dict)
     revisions: dict[str, list[tuple]] = field(default_factory=dict)
     barriers: dict[str, list[tuple[int, ForgetBarrier]]] = field(default_factory=dict)
     jobs: dict[str, list[LearningJob]] = field(default_factory=dict)
@@ -96,7 +97,7 @@ class _ShardRows:
     receipts: dict[str, list[tuple[str, str, bytes, int, str]]] = field(default_factory=dict)
     chats: chat_export.ChatShardRows = field(default_factory=chat_export.ChatShardRows)
     heads: dict[str, tuple[int, bytes | None]] = field(default_factory=dict)  # bot pools' rows
-    logs: dict[str, list[tuple]] = field(default_factory=dict)  # seed-000 change logs
+    logs: dict[str, list[tuple]] = field(default_factory=dict)  # entry change logs
 
 
 class DataDirReader:
@@ -140,11 +141,15 @@ class DataDirReader:
             for pool, wrapped in _rows(con, "SELECT pool, wrapped_key FROM pools"):
                 out.keys[pool] = self.keyring.unwrap_pool_key(pool, wrapped)
             for pool, meta, content in _rows(con, "SELECT pool, meta, content FROM ws_entries"):
-                out.entries.setdefault(pool, []).append((_dec[WsEntry].decode(meta), content))
+                out.entries.setdefault(pool, []).append(
+                    (_dec[WorkspaceEntry].decode(meta), content)
+                )
             for pool, meta, content in _rows(
                 con, "SELECT pool, meta, content FROM memory_entries WHERE pool LIKE 'bot:%'"
             ):
-                out.seeds.setdefault(pool, []).append((_dec[EntryMeta].decode(meta), content))
+                out.memory_entries.setdefault(pool, []).append(
+                    (_dec[EntryMeta].decode(meta), content)
+                )
             for row in _rows(
                 con,
                 "SELECT pool, entry, revision, at_ms, operator, change, body FROM ws_revisions",
@@ -251,10 +256,14 @@ class DataDirReader:
         return tuple(out)
 
     def _bot_memory(
-        self, pool: str, account: str, records: list[WsEntry], seeds: list[tuple[EntryMeta, bytes]]
-    ) -> tuple[list[WsEntry], list[tuple[EntryMeta, bytes]]]:
+        self,
+        pool: str,
+        account: str,
+        records: list[WorkspaceEntry],
+        memory_entries: list[tuple[EntryMeta, bytes]],
+    ) -> tuple[list[WorkspaceEntry], list[tuple[EntryMeta, bytes]]]:
         """A bot pool's one memory as the account (its owner) sees it in the bot's org
-        (engine/bot_memory.py): records linked to the bot's org, learned entries under their
+        (engine/memory_union.py): records linked to the bot's org, learned entries under their
         own rule. What is for other people stays out of the owner's tree."""
         bot = self.bots.get(pool.removeprefix("bot:"))
         org = bot.org if bot is not None else None
@@ -264,14 +273,14 @@ class DataDirReader:
             )
             for r in records
         ]
-        metas = {m.id: m for m, _ in seeds}
+        metas = {m.id: m for m, _ in memory_entries}
         metas.update((r.id, bm.as_meta(r)) for r in linked)
         channels = frozenset(c.id for c in self.channels.values() if account in c.people)
         reader = Reader(user=account, org=org or "", channels=channels, uses_bot=True)
         vis = Visibility(reader, metas)
         return (
             [r for r in linked if vis.visible(r.id)],
-            [(m, sealed) for m, sealed in seeds if vis.visible(m.id)],
+            [(m, sealed) for m, sealed in memory_entries if vis.visible(m.id)],
         )
 
     def _pool(self, pool: str, account: str) -> ft.PoolSnapshot:
@@ -280,11 +289,13 @@ class DataDirReader:
             cipher = shard.keys.get(pool)
             rows = shard.entries.get(pool, [])
             revs = shard.revisions.get(pool, [])
-            seeds = shard.seeds.get(pool, [])
-            if (rows or revs or seeds) and cipher is None:
+            memory_entries = shard.memory_entries.get(pool, [])
+            if (rows or revs or memory_entries) and cipher is None:
                 raise StorageError(f"{pool} has records on shard {shard.index} but no key")
             if pool.startswith("bot:"):
-                kept, seeds = self._bot_memory(pool, account, [e for e, _ in rows], seeds)
+                kept, memory_entries = self._bot_memory(
+                    pool, account, [e for e, _ in rows], memory_entries
+                )
                 sealed_of = {e.id: s for e, s in rows}
                 rows = [(e, sealed_of[e.id]) for e in kept]
             for entry, sealed in rows:
@@ -292,7 +303,9 @@ class DataDirReader:
                 fields = msgspec.structs.asdict(entry)
                 del fields["content_fp"]
                 records.append(ft.MemoryRecord(**fields, content=content))
-            records += [_seed_record(pool, meta, sealed, cipher) for meta, sealed in seeds]
+            records += [
+                _entry_record(pool, meta, sealed, cipher) for meta, sealed in memory_entries
+            ]
             for entry_id, revision, at, operator, change, body in revs:
                 before, after = WorkspaceStore.open_revision(cipher, pool, entry_id, revision, body)
                 revisions.append(
@@ -334,7 +347,7 @@ class DataDirReader:
             tombstones=tuple(tombstones),
             jobs=tuple(jobs),
             positions=tuple(p for s in self.shards for p in s.chats.positions.get(pool, ())),
-            seed=self._seed(pool, {r.id for r in records if r.memory is not None}),
+            seed=self._memory_bot_state(pool, {r.id for r in records if r.memory is not None}),
         )
 
     def _kept_for(self, account: str) -> list[ft.PoolSnapshot]:
@@ -346,25 +359,29 @@ class DataDirReader:
             for bot in self.bots.values():
                 pool = f"bot:{bot.id}"
                 for shard in self.shards:
-                    seeds = shard.seeds.get(pool, [])
+                    memory_entries = shard.memory_entries.get(pool, [])
                     ws = [e for e, _ in shard.entries.get(pool, [])]
-                    seen = {m.id for m, _ in self._bot_memory(pool, bot.owner, ws, seeds)[1]}
-                    for meta, sealed in seeds:
+                    seen = {
+                        m.id for m, _ in self._bot_memory(pool, bot.owner, ws, memory_entries)[1]
+                    }
+                    for meta, sealed in memory_entries:
                         keeper = ft.entry_keeper(meta.tags, people)
                         if meta.id not in seen and keeper not in (None, bot.owner):
                             mine = self._keepers.setdefault(keeper, {}).setdefault(pool, [])
-                            mine.append(_seed_record(pool, meta, sealed, shard.keys[pool]))
+                            mine.append(_entry_record(pool, meta, sealed, shard.keys[pool]))
         return [
             ft.PoolSnapshot(
                 pool=pool,
                 records=tuple(records),
-                seed=self._seed(pool, {r.id for r in records}, log_only=True),
+                seed=self._memory_bot_state(pool, {r.id for r in records}, log_only=True),
             )
             for pool, records in sorted(self._keepers.get(account, {}).items())
         ]
 
-    def _seed(self, pool: str, kept: set[str], log_only: bool = False) -> ft.SeedPool | None:
-        """A bot pool's seed-000 version, memory-bot settings and the log rows of the entries
+    def _memory_bot_state(
+        self, pool: str, kept: set[str], log_only: bool = False
+    ) -> ft.MemoryBotState | None:
+        """A bot pool's version, memory-bot settings and the log rows of the entries
         in the tree (the others are other people's); only the log rows with `log_only`."""
         for shard in self.shards:
             if pool not in shard.heads:
@@ -384,8 +401,8 @@ class DataDirReader:
                         LogRow(version=v, at=at, who=Who(who), entry=entry, change=Change(change))
                     )
             if log_only:
-                return ft.SeedPool(log=tuple(log))
-            return ft.SeedPool(version=version, settings=settings, log=tuple(log))
+                return ft.MemoryBotState(log=tuple(log))
+            return ft.MemoryBotState(version=version, settings=settings, log=tuple(log))
         return None
 
     def _commands(self, account: str) -> Iterator[ft.CommandReceipt]:
@@ -418,8 +435,8 @@ class DataDirReader:
                     break
 
 
-def _seed_record(pool: str, meta: EntryMeta, sealed: bytes, cipher: Cipher) -> ft.MemoryRecord:
-    """A learned (seed-000) entry of a bot's memory as a record of the tree."""
+def _entry_record(pool: str, meta: EntryMeta, sealed: bytes, cipher: Cipher) -> ft.MemoryRecord:
+    """A learned entry of a bot's memory as a record of the tree."""
     content = cipher.open(sealed, aad(pool, meta.id)).decode()
     view = bm.as_record_view(meta, content, pool.removeprefix("bot:"))
     return ft.MemoryRecord(
@@ -442,7 +459,7 @@ def _seed_record(pool: str, meta: EntryMeta, sealed: bytes, cipher: Cipher) -> f
 
 
 def render_data_dir(data_dir: Path, account: str | None = None) -> dict[str, bytes]:
-    """The seed-002 tree of one account, or of every account, of a stopped data directory."""
+    """The account file tree of one account, or of every account, of a stopped data directory."""
     reader = DataDirReader(Path(data_dir))
     files: dict[str, bytes] = {}
     for a in [account] if account else reader.accounts():
@@ -591,7 +608,7 @@ def import_snapshots(
     keys: dict[str, Cipher] = {}
 
     # The pool's own state comes from its owner's tree; other trees add entries kept for them.
-    seeds = {p.pool: p.seed for s in snapshots for p in s.pools if p.seed and _own(s, p.pool)}
+    states = {p.pool: p.seed for s in snapshots for p in s.pools if p.seed and _own(s, p.pool)}
 
     def key(pool: str) -> Cipher | None:
         if pool not in keys:
@@ -600,8 +617,8 @@ def import_snapshots(
                 return None
             cipher, wrapped = keyring.new_pool_key(pool)
             stored = StoredPool(pool=pool, cipher=cipher, wrapped_key=wrapped)
-            seed = seeds.get(pool) or ft.SeedPool()
-            row = memory.pool_row(stored, seed.version, seed.settings)
+            state = states.get(pool) or ft.MemoryBotState()
+            row = memory.pool_row(stored, state.version, state.settings)
             writes[shard_of(owner, shards)].append(row)
             keys[pool] = cipher
         return keys[pool]
@@ -689,14 +706,14 @@ def _pool_rows(ws: WorkspaceStore, pool: ft.PoolSnapshot, cipher: Cipher) -> Ite
         fields = msgspec.structs.asdict(r)
         content = fields.pop("content")
         memory = fields.pop("memory")
-        if memory is not None:  # a learned entry of the bot's one memory: back to seed 000
+        if memory is not None:  # a learned entry of the bot's one memory: back to a memory entry
             if not pool.pool.startswith("bot:"):
                 raise InvalidInput(f"entry {r.id} is not of a bot pool", code="invalid_tree")
             sealed = cipher.seal(content.encode(), aad(pool.pool, r.id))
             row = (entry_key(pool.pool, r.id), pool.pool, r.id, _enc.encode(memory).decode())
             yield Insert(MEMORY_ENTRIES.name, (*row, sealed))
             continue
-        entry = WsEntry(**fields, content_fp=content_fingerprint(content, fp_key))
+        entry = WorkspaceEntry(**fields, content_fp=content_fingerprint(content, fp_key))
         yield ws.entry_row(entry, ws.seal(cipher, pool.pool, r.id, content), new=True)
     for rev in pool.revisions:
         yield ws.revision_row(pool.pool, rev, cipher)

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from engine.commands import Outcome
-from engine.memory import EntryMeta, LogRow
-from engine.memory_bot import MemoryBotSettings
+from engine.memory_bot_settings import MemoryBotSettings
+from engine.memory_entries import EntryMeta, LogRow
 from storage.crypto import Cipher, Keyring, aad
 from storage.database import Database, ReadScope
 from storage.group_commit import DeleteWhere, Insert, Put, Write

@@ -9,7 +9,7 @@ caller may not read is never a hit and never pushes a readable one out of the li
 
 Terms come from `engine.text_terms` (case folding, stop words, CJK character bigrams), Latin
 words stemmed by Snowball's English stemmer (PyStemmer, a C extension). Ranking is Okapi BM25
-(k1 = 1.2, b = 0.75, Lucene's idf), any query term matching.
+(k1 and b below, Lucene's idf), any query term matching.
 
 Layout: postings are a compressed sparse row "base" (numpy: one slice of row numbers and term
 frequencies per term) plus per-term Python lists for entries added since (the "tail"), merged
@@ -62,12 +62,14 @@ text_terms = TermMaker(stem)  # one memo of word -> term for every pool of the p
 
 class Analyzer:
     """Text to term keys: the terms of `engine.text_terms`, each replaced by a keyed 64-bit
-    hash (BLAKE2b with the shard's secret key). Keys are what the index holds and what may be
-    stored (search_terms table): without the key a stored list says nothing of the words."""
+    hash (BLAKE2b with a secret key: each pool's own, storage/term_store.py `TermKeys`). Keys
+    are what the index holds and what may be stored (search_terms table): without the key a
+    stored list says nothing of the words."""
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, memo_max: int = _MEMO_MAX) -> None:
         self._key = key[:64]
         self._memo: dict[str, int] = {}
+        self._memo_max = memo_max
 
     def _hash(self, term: str) -> int:
         h = int.from_bytes(
@@ -75,10 +77,15 @@ class Analyzer:
             "little",
             signed=True,
         )
-        if len(self._memo) >= _MEMO_MAX:
+        if len(self._memo) >= self._memo_max:
             self._memo.clear()
         self._memo[term] = h
         return h
+
+    def term_keys(self, terms: Sequence[str]) -> list[int]:
+        """The keys of terms (as `text_terms` makes them), in their order."""
+        memo, miss = self._memo, self._hash
+        return [memo[t] if t in memo else miss(t) for t in terms]
 
     def keys(self, text: str) -> np.ndarray:
         """The text's term keys, sorted, repeats kept (their count is the term frequency; the
@@ -188,6 +195,31 @@ class Stats(NamedTuple):
             for key, n in p.df.items():
                 df[key] = df.get(key, 0) + n
         return Stats(sum(p.live for p in parts), sum(p.total_len for p in parts), df)
+
+    @staticmethod
+    def across(parts: Sequence[tuple[Stats, Sequence[int]]]) -> list[Stats]:
+        """`of` for indexes whose keys differ (pools hash terms with keys of their own): each
+        part is an index's statistics with the query's keys for that index (`Analyzer.query`
+        of one query: the same terms in the same order, so position k is one term in every
+        part). Returns, for each part, the combined statistics in that part's keys."""
+        total: dict[int, int] = {}
+        for stats, keys in parts:
+            seen: set[int] = set()
+            for slot, key in enumerate(keys):
+                if key in seen:
+                    continue
+                seen.add(key)
+                total[slot] = total.get(slot, 0) + stats.df.get(key, 0)
+        live = sum(s.live for s, _ in parts)
+        length = sum(s.total_len for s, _ in parts)
+        out = []
+        for _, keys in parts:
+            df: dict[int, int] = {}
+            for slot, key in enumerate(keys):
+                if key not in df and total.get(slot):
+                    df[key] = total[slot]
+            out.append(Stats(live, length, df))
+        return out
 
 
 class Postings(NamedTuple):

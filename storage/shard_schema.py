@@ -76,7 +76,7 @@ MIGRATIONS: tuple[str, ...] = (
         key VARCHAR, pool VARCHAR, entry VARCHAR, model VARCHAR, fp VARCHAR, vec BLOB
     );
     """,
-    # 7: one memory per bot (MEM-1, engine/bot_memory.py): workspace bot-scope records join the
+    # 7: one memory per bot (MEM-1, engine/memory_union.py): workspace bot-scope records join the
     # bot's memory under its visibility rule. Records stored before get their system tags
     # `from:<first revision's operator>` and `for:bot`; `org:` (the bot's home org, kept in the
     # directory's file) is added when the shard loads the pool.
@@ -271,7 +271,7 @@ TABLES = (
 
 # --- workspace (issue 5, migration 5) ---
 PROJECTS = Table("projects", (("id", "VARCHAR"), ("owner", "VARCHAR"), ("doc", "VARCHAR")))
-WS_ENTRIES = Table(
+WORKSPACE_ENTRIES = Table(
     "ws_entries",
     (
         ("key", "VARCHAR"),
@@ -281,7 +281,7 @@ WS_ENTRIES = Table(
         ("content", "BLOB"),
     ),
 )
-WS_REVISIONS = Table(
+WORKSPACE_REVISIONS = Table(
     "ws_revisions",
     (
         ("key", "VARCHAR"),
@@ -294,7 +294,7 @@ WS_REVISIONS = Table(
         ("body", "BLOB"),
     ),
 )
-WS_BARRIERS = Table(
+WORKSPACE_BARRIERS = Table(
     "ws_barriers",
     (
         ("key", "VARCHAR"),
@@ -304,10 +304,10 @@ WS_BARRIERS = Table(
         ("doc", "VARCHAR"),
     ),
 )
-TABLES = (*TABLES, PROJECTS, WS_ENTRIES, WS_REVISIONS, WS_BARRIERS)
+TABLES = (*TABLES, PROJECTS, WORKSPACE_ENTRIES, WORKSPACE_REVISIONS, WORKSPACE_BARRIERS)
 
 # --- semantic search (SC-7, migration 6) ---
-WS_VECTORS = Table(
+WORKSPACE_VECTORS = Table(
     "ws_vectors",
     (
         ("key", "VARCHAR"),
@@ -318,7 +318,7 @@ WS_VECTORS = Table(
         ("vec", "BLOB"),
     ),
 )
-TABLES = (*TABLES, WS_VECTORS)
+TABLES = (*TABLES, WORKSPACE_VECTORS)
 
 # --- keyword search (issue 11, migration 8) ---
 SEARCH_TERMS = Table(
@@ -336,7 +336,7 @@ SEARCH_SNAPSHOTS = Table(
     "search_snapshots", (("pool", "VARCHAR"), ("covers", "BIGINT"), ("body", "BLOB"))
 )
 TABLES = (*TABLES, SEARCH_TERMS, SEARCH_SNAPSHOTS)
-WS_VECTOR_BLOCKS = Table(
+WORKSPACE_VECTOR_BLOCKS = Table(
     "ws_vector_blocks",
     (
         ("key", "VARCHAR"),
@@ -347,7 +347,7 @@ WS_VECTOR_BLOCKS = Table(
         ("vecs", "BLOB"),
     ),
 )
-TABLES = (*TABLES, WS_VECTOR_BLOCKS)
+TABLES = (*TABLES, WORKSPACE_VECTOR_BLOCKS)
 # --- communication records and requests (issue 15, migration 9) ---
 COMMUNICATIONS = Table(
     "communications",

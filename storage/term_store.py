@@ -1,15 +1,16 @@
 """Stored search terms (issue 11; migration 8): what a pool's keyword index is rebuilt from.
 
 One row per record: the record's term keys (`storage.search_index.Analyzer`: sorted keyed
-hashes, never a word) and the content fingerprint they were made from. A row whose fingerprint
-no longer matches the record is stale and the terms are made again from the text. Kept so that
-the first search after a shard opens need not decrypt and tokenize every record of a pool
-(about 10 s per 100,000 records in Python, against a bulk read of these rows).
+hashes, never a word, each pool's under its own key: `pool_terms_key`) and the content
+fingerprint they were made from. A row whose fingerprint no longer matches the record is stale
+and the terms are made again from the text. Kept so that the first search after a shard opens
+need not decrypt and tokenize every record of a pool (about 10 s per 100,000 records in Python,
+against a bulk read of these rows).
 
 A workspace pool's built index is also kept whole (`search_snapshots`, migration 10): its
 postings, sealed with the pool's data key, and `covers`, the highest `seq` of the term rows it
 was built from. Every term row of a workspace pool carries a `seq` from the pool's counter
-(`WsPool.next_seq`), so a load restores the snapshot and applies only the rows written after
+(`WorkspacePool.next_seq`), so a load restores the snapshot and applies only the rows written after
 it (`seq > covers`) instead of sorting every posting again. The snapshot holds term keys only
 (keyed hashes, as the rows do), record ids and counts: no word, and not readable without the
 pool's key either.
@@ -19,18 +20,17 @@ This module only loads and builds rows; the shard's group commit writes them.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import NamedTuple
 
 import msgspec
 import numpy as np
 
-from storage.crypto import Cipher, aad
+from storage.crypto import Cipher, aad, derive_key
 from storage.database import Database, ReadScope
 from storage.group_commit import Delete, Put, Write
-from storage.search_index import Postings, TermIndex, pack_keys, unpack_keys
+from storage.search_index import Analyzer, Postings, TermIndex, pack_keys, unpack_keys
 from storage.shard_schema import SEARCH_SNAPSHOTS, SEARCH_TERMS
 from storage.workspace_store import entry_key
 
@@ -60,10 +60,38 @@ class TermsLoad(NamedTuple):
     last_seq: int  # the highest seq of the pool's rows (0: none)
 
 
-def terms_key(master_key: bytes) -> bytes:
-    """The shard's secret for term hashes, derived from the master key (nothing more to store
-    or back up)."""
-    return hmac.new(master_key, b"openbot search terms", hashlib.sha256).digest()
+def pool_terms_key(master_key: bytes, pool: str) -> bytes:
+    """A pool's secret for its term hashes, derived from the master key and the pool's id:
+    the same word hashes differently in every pool, so known words written in one pool and
+    their stored keys read back say nothing of another pool's rows. A seed-000 pool and the
+    workspace pool of the same id (`bot:<id>`: one bot's one memory, searched as one) share
+    it."""
+    return derive_key(master_key, "search terms", pool)
+
+
+class TermKeys:
+    """Each pool's analyzer (`Analyzer` under `pool_terms_key`): a text is hashed for the pool
+    it is stored or searched in, a query once per pool it searches. The analyzers of the
+    pools used last are kept with their memos (a pool's load hashes every word of it)."""
+
+    def __init__(self, master_key: bytes, keep: int = 8) -> None:
+        self._master = master_key
+        self._keep = keep
+        self._by_pool: OrderedDict[str, Analyzer] = OrderedDict()
+
+    def of(self, pool: str) -> Analyzer:
+        found = self._by_pool.get(pool)
+        if found is not None:
+            self._by_pool.move_to_end(pool)
+            return found
+        made = Analyzer(pool_terms_key(self._master, pool), memo_max=_MEMO_PER_POOL)
+        self._by_pool[pool] = made
+        if len(self._by_pool) > self._keep:
+            self._by_pool.popitem(last=False)
+        return made
+
+
+_MEMO_PER_POOL = 65_536  # words memoised per analyzer kept (8 kept: about one memo of before)
 
 
 class TermStore:
@@ -160,7 +188,7 @@ class TermStore:
 
     @staticmethod
     def row(pool: str, entry_id: str, fp: str, keys: np.ndarray, seq: int = 0) -> Write:
-        """A record's term row; `seq`: from its workspace pool's counter (a seed-000 pool's
+        """A record's term row; `seq`: from its workspace pool's counter (a entry pool's
         rows, never in a snapshot, keep 0)."""
         row = (entry_key(pool, entry_id), pool, entry_id, fp, pack_keys(keys), seq)
         return Put(SEARCH_TERMS.name, row)

@@ -2,12 +2,13 @@
 
 One block per embedding batch (`ws_vector_blocks`, migration 8): the embedding model's ident,
 the records' ids and content fingerprints when they were embedded, and their vectors as one
-matrix sealed with the pool's data key (embeddings can be inverted to much of the text they
-came from, so they are content, SEC-1). A pool's vectors load as a few hundred decryptions and
-one concatenation instead of one per record (100,000 records: seconds before). A later block's
-vector of a record replaces an earlier one; a vector whose model or fingerprint no longer
-matches is stale and is recomputed, never trusted. Rows of the older one-per-record table
-(`ws_vectors`, migration 6) are still read, before the blocks.
+matrix sealed with the pool's data key, the list of ids and fingerprints in its associated data
+(embeddings can be inverted to much of the text they came from, so they are content, SEC-1). A
+pool's vectors load as a few hundred decryptions and one concatenation instead of one per
+record (100,000 records: seconds before). A later block's vector of a record replaces an
+earlier one; a vector whose model or fingerprint no longer matches is stale and is recomputed,
+never trusted. Rows of the older one-per-record table (`ws_vectors`, migration 6) are still
+read, before the blocks.
 
 A block's matrix is stored as directions, one signed byte per dimension (`_I8`: each row
 scaled so that its largest component is +-127, with the factor that makes it a unit vector;
@@ -28,6 +29,7 @@ This module only loads and builds rows; the shard's group commit writes them.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Sequence
 
 import msgspec
@@ -37,7 +39,7 @@ from storage.bulk import paused_gc
 from storage.crypto import Cipher, aad
 from storage.database import Database
 from storage.group_commit import Put, Write
-from storage.shard_schema import WS_VECTOR_BLOCKS, WS_VECTORS
+from storage.shard_schema import WORKSPACE_VECTOR_BLOCKS, WORKSPACE_VECTORS
 from storage.workspace_store import entry_key
 
 
@@ -45,8 +47,25 @@ def _vector_aad(pool: str, entry_id: str, model: str) -> bytes:
     return aad(pool, f"ws-vec\x00{entry_id}\x00{model}")
 
 
-def _block_aad(pool: str, model: str, seq: int) -> bytes:
+def _block_aad(pool: str, model: str, seq: int, entries: str) -> bytes:
+    """A block's associated data: its place and its list of (record, fingerprint), as stored
+    (a block whose list was swapped for another's, or edited, does not open)."""
+    listed = hashlib.sha256(entries.encode()).hexdigest()
+    return aad(pool, f"ws-vecblock2\x00{model}\x00{seq}\x00{listed}")
+
+
+def legacy_block_aad(pool: str, model: str, seq: int) -> bytes:
+    """A block's associated data in the first block format (its list not covered): only to
+    seal such a block again (storage/key_upgrade.py)."""
     return aad(pool, f"ws-vecblock\x00{model}\x00{seq}")
+
+
+def reseal_block(
+    cipher: Cipher, pool: str, model: str, seq: int, entries: str, vecs: bytes
+) -> bytes:
+    """A block stored under `legacy_block_aad`, sealed again under `_block_aad`."""
+    plain = cipher.open(vecs, legacy_block_aad(pool, model, seq))
+    return cipher.seal(plain, _block_aad(pool, model, seq, entries))
 
 
 _entries_dec = msgspec.json.Decoder(list[tuple[str, str]])
@@ -124,7 +143,7 @@ def _assemble(
             block_ids, block_fps = zip(*pairs, strict=True)
             ids.extend(block_ids)
             fps.extend(block_fps)
-            parts.append((len(pairs), vecs, _block_aad(pool, model, seq)))
+            parts.append((len(pairs), vecs, _block_aad(pool, model, seq, entries)))
     if not ids:
         return empty
     plain = [len(blob) - _OVERHEAD for _, blob, _ in parts]
@@ -312,9 +331,9 @@ class VectorStore:
         codes, scale = quantize(np.stack([np.asarray(v, dtype=np.float32) for _, _, v in items]))
         head = _I8 + codes.shape[1].to_bytes(4, "little")
         plain = head + scale.tobytes() + codes.tobytes()
-        sealed = cipher.seal(plain, _block_aad(pool, model, seq))
+        sealed = cipher.seal(plain, _block_aad(pool, model, seq, entries))
         key = f"{pool}\x00{model}\x00{seq:020d}"
-        return Put(WS_VECTOR_BLOCKS.name, (key, pool, model, seq, entries, sealed))
+        return Put(WORKSPACE_VECTOR_BLOCKS.name, (key, pool, model, seq, entries, sealed))
 
     @staticmethod
     def row(
@@ -326,4 +345,6 @@ class VectorStore:
         cipher: Cipher,
     ) -> Write:
         sealed = cipher.seal(pack(vector), _vector_aad(pool, entry_id, model))
-        return Put(WS_VECTORS.name, (entry_key(pool, entry_id), pool, entry_id, model, fp, sealed))
+        return Put(
+            WORKSPACE_VECTORS.name, (entry_key(pool, entry_id), pool, entry_id, model, fp, sealed)
+        )

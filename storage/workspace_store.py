@@ -1,8 +1,8 @@
 """Workspace rows on a shard's DuckDB file (issue 5): projects, scoped memory records, their
 revisions and forget barriers.
 
-Records keep their metadata (`WsEntry`: pool, contributor, tier, topics, evidence markers, keyed
-content fingerprint, status, revision) in the clear so that access checks and barriers never
+Records keep their metadata (`WorkspaceEntry`: pool, contributor, tier, topics, evidence markers,
+keyed content fingerprint, status, revision) in the clear so that access checks and barriers never
 need a key; the content, and a revision's before/after, are sealed with the pool's data key
 (the same per-pool key as storage/memory_store.py, SEC-1). Content fingerprints are keyed per
 pool with a secret derived from the master key, so a stored fingerprint does not let anyone
@@ -23,16 +23,21 @@ from dataclasses import dataclass, field
 import msgspec
 
 from engine.projects import Project
-from engine.scoped_memory import ForgetBarrier, Revision, WsEntry
+from engine.scoped_memory import ForgetBarrier, Revision, WorkspaceEntry
 from storage.bulk import paused_gc
 from storage.crypto import Cipher, Keyring, aad
 from storage.database import Database, ReadScope
 from storage.group_commit import Insert, Put, Write
 from storage.sealed_doc import is_sealed, open_doc, seal_doc
-from storage.shard_schema import PROJECTS, WS_BARRIERS, WS_ENTRIES, WS_REVISIONS
+from storage.shard_schema import (
+    PROJECTS,
+    WORKSPACE_BARRIERS,
+    WORKSPACE_ENTRIES,
+    WORKSPACE_REVISIONS,
+)
 
 _enc = msgspec.json.Encoder()
-_entry_dec = msgspec.json.Decoder(WsEntry)
+_entry_dec = msgspec.json.Decoder(WorkspaceEntry)
 _barrier_dec = msgspec.json.Decoder(ForgetBarrier)
 _project_dec = msgspec.json.Decoder(Project)
 
@@ -52,7 +57,7 @@ class _Fp(msgspec.Struct):
 _fp_dec = msgspec.json.Decoder(_Fp)
 
 
-class LazyEntries(MutableMapping[str, WsEntry]):
+class LazyEntries(MutableMapping[str, WorkspaceEntry]):
     """A pool's records by id, each decoded from its stored JSON the first time it is read.
 
     Decoding 100,000 records' metadata took about 0.6 s of a pool's load (the first search
@@ -68,11 +73,11 @@ class LazyEntries(MutableMapping[str, WsEntry]):
     __slots__ = ("_d", "_raw", "link")
 
     def __init__(self, raw: dict[str, str] | None = None) -> None:
-        self._d: dict[str, WsEntry | str] = raw if raw is not None else {}
+        self._d: dict[str, WorkspaceEntry | str] = raw if raw is not None else {}
         self._raw = len(self._d)  # values still JSON (0: every one decoded)
-        self.link: Callable[[WsEntry], WsEntry] | None = None
+        self.link: Callable[[WorkspaceEntry], WorkspaceEntry] | None = None
 
-    def _decode(self, entry_id: str, raw: str) -> WsEntry:
+    def _decode(self, entry_id: str, raw: str) -> WorkspaceEntry:
         entry = _entry_dec.decode(raw)
         if self.link is not None:
             entry = self.link(entry)
@@ -80,7 +85,7 @@ class LazyEntries(MutableMapping[str, WsEntry]):
         self._raw -= 1
         return entry
 
-    def set_link(self, link: Callable[[WsEntry], WsEntry]) -> None:
+    def set_link(self, link: Callable[[WorkspaceEntry], WorkspaceEntry]) -> None:
         """Apply `link` to every record: those decoded already now, the others as they are."""
         self.link = link
         if self._raw != len(self._d):
@@ -88,7 +93,7 @@ class LazyEntries(MutableMapping[str, WsEntry]):
                 if type(v) is not str:
                     self._d[entry_id] = link(v)  # type: ignore[arg-type]
 
-    def __getitem__(self, entry_id: str) -> WsEntry:
+    def __getitem__(self, entry_id: str) -> WorkspaceEntry:
         v = self._d[entry_id]
         return self._decode(entry_id, v) if type(v) is str else v  # type: ignore[return-value]
 
@@ -103,7 +108,7 @@ class LazyEntries(MutableMapping[str, WsEntry]):
             return None
         return _fp_dec.decode(v).content_fp if type(v) is str else v.content_fp  # type: ignore[union-attr]
 
-    def __setitem__(self, entry_id: str, entry: WsEntry) -> None:
+    def __setitem__(self, entry_id: str, entry: WorkspaceEntry) -> None:
         if type(self._d.get(entry_id)) is str:
             self._raw -= 1
         self._d[entry_id] = entry
@@ -124,21 +129,21 @@ class LazyEntries(MutableMapping[str, WsEntry]):
     def __len__(self) -> int:
         return len(self._d)
 
-    def _decoded(self) -> dict[str, WsEntry]:
+    def _decoded(self) -> dict[str, WorkspaceEntry]:
         if self._raw:
             for entry_id, v in self._d.items():
                 if type(v) is str:
                     self._decode(entry_id, v)
         return self._d  # type: ignore[return-value]
 
-    def values(self) -> ValuesView[WsEntry]:  # type: ignore[override]
+    def values(self) -> ValuesView[WorkspaceEntry]:  # type: ignore[override]
         return self._decoded().values()
 
-    def items(self) -> ItemsView[str, WsEntry]:  # type: ignore[override]
+    def items(self) -> ItemsView[str, WorkspaceEntry]:  # type: ignore[override]
         return self._decoded().items()
 
 
-def content_fp(entries: MutableMapping[str, WsEntry], entry_id: str) -> str | None:
+def content_fp(entries: MutableMapping[str, WorkspaceEntry], entry_id: str) -> str | None:
     """A record's content fingerprint, decoding as little as the mapping allows."""
     if isinstance(entries, LazyEntries):
         return entries.fp(entry_id)
@@ -147,12 +152,12 @@ def content_fp(entries: MutableMapping[str, WsEntry], entry_id: str) -> str | No
 
 
 @dataclass
-class StoredWsPool:
+class StoredWorkspacePool:
     """One pool's workspace records as loaded: metadata (decoded when first read) and sealed
     content, and its barriers."""
 
     pool: str
-    entries: MutableMapping[str, WsEntry] = field(default_factory=LazyEntries)
+    entries: MutableMapping[str, WorkspaceEntry] = field(default_factory=LazyEntries)
     sealed: dict[str, bytes] = field(default_factory=dict)
     barriers: list[ForgetBarrier] = field(default_factory=list)
 
@@ -165,13 +170,13 @@ def pool_scope(pool: str) -> tuple[ReadScope, ...]:
     """The rows `read_pool` reads (keyed by pool, so no row leaves its pool): a pool's first
     load does not wait for the journal's writes of other pools and chats."""
     return (
-        ReadScope(WS_ENTRIES.name, "pool", (pool,)),
-        ReadScope(WS_BARRIERS.name, "pool", (pool,)),
+        ReadScope(WORKSPACE_ENTRIES.name, "pool", (pool,)),
+        ReadScope(WORKSPACE_BARRIERS.name, "pool", (pool,)),
     )
 
 
 def _content_aad(pool: str, entry_id: str) -> bytes:
-    # "ws" keeps a workspace record's ciphertext from opening as a seed-000 entry of the same
+    # "ws" keeps a workspace record's ciphertext from opening as a memory entry of the same
     # pool (they share the pool's data key), and the other way round.
     return aad(pool, f"ws\x00{entry_id}")
 
@@ -192,7 +197,7 @@ class WorkspaceStore:
 
     # --- loading ---
 
-    async def load_pool(self, pool: str) -> StoredWsPool:
+    async def load_pool(self, pool: str) -> StoredWorkspacePool:
         rows = await self.db.run(lambda con: self.read_pool(con, pool), pool_scope(pool))
         return self.stored_pool(pool, rows)
 
@@ -210,9 +215,9 @@ class WorkspaceStore:
         return cols, barriers
 
     @staticmethod
-    def stored_pool(pool: str, rows: tuple[dict, list]) -> StoredWsPool:
+    def stored_pool(pool: str, rows: tuple[dict, list]) -> StoredWorkspacePool:
         cols, barrier_rows = rows
-        stored = StoredWsPool(pool=pool)
+        stored = StoredWorkspacePool(pool=pool)
         if len(cols["id"]):
             with paused_gc():  # 100,000 records: see storage/bulk.py
                 ids = cols["id"].tolist()
@@ -243,7 +248,7 @@ class WorkspaceStore:
 
     async def entry_pool(self, entry_id: str) -> str | None:
         """The pool holding workspace record `entry_id` on this shard, if any (committed rows);
-        a bot's learned entries count too (one memory per bot, engine/bot_memory.py)."""
+        a bot's learned entries count too (one memory per bot, engine/memory_union.py)."""
         rows = await self.db.run(
             lambda con: con.execute(
                 "SELECT pool FROM ws_entries WHERE id = ? UNION ALL "
@@ -252,6 +257,29 @@ class WorkspaceStore:
             ).fetchall()
         )
         return rows[0][0] if rows else None
+
+    async def contributed_pools(self, contributor: str) -> list[str]:
+        """The user and project pools on this shard holding records of bot `contributor`
+        (committed rows)."""
+        rows = await self.db.run(
+            lambda con: con.execute(
+                "SELECT DISTINCT pool FROM ws_entries WHERE pool NOT LIKE 'bot:%' "
+                "AND json_extract_string(meta, '$.contributor') = ?",
+                [contributor],
+            ).fetchall()
+        )
+        return [pool for (pool,) in rows]
+
+    async def revision_log(self, pool: str) -> list[tuple[str, int, int, str]]:
+        """(entry, revision, time, change) of every revision of the pool's records, oldest
+        first; their contents stay sealed."""
+        return await self.db.run(
+            lambda con: con.execute(
+                "SELECT entry, revision, at_ms, change FROM ws_revisions WHERE pool = ? "
+                "ORDER BY at_ms, entry, revision",
+                [pool],
+            ).fetchall()
+        )
 
     async def revisions(self, pool: str, entry_id: str, cipher: Cipher) -> list[Revision]:
         rows = await self.db.run(
@@ -299,7 +327,7 @@ class WorkspaceStore:
     # --- rows ---
 
     @staticmethod
-    def entry_row(entry: WsEntry, sealed: bytes, *, new: bool) -> Write:
+    def entry_row(entry: WorkspaceEntry, sealed: bytes, *, new: bool) -> Write:
         row = (
             entry_key(entry.pool, entry.id),
             entry.pool,
@@ -307,7 +335,7 @@ class WorkspaceStore:
             _enc.encode(entry).decode(),
             sealed,
         )
-        return Insert(WS_ENTRIES.name, row) if new else Put(WS_ENTRIES.name, row)
+        return Insert(WORKSPACE_ENTRIES.name, row) if new else Put(WORKSPACE_ENTRIES.name, row)
 
     @staticmethod
     def revision_row(pool: str, revision: Revision, cipher: Cipher) -> Write:
@@ -317,7 +345,7 @@ class WorkspaceStore:
         )
         key = f"{pool}\x00{revision.entry}\x00{revision.revision}"
         return Insert(
-            WS_REVISIONS.name,
+            WORKSPACE_REVISIONS.name,
             (
                 key,
                 pool,
@@ -335,7 +363,7 @@ class WorkspaceStore:
         """One barrier per change that left one: keyed by the record and the revision it made."""
         key = f"{barrier.pool}\x00{barrier.entry}\x00{revision}"
         doc = _enc.encode(barrier).decode()
-        return Insert(WS_BARRIERS.name, (key, barrier.pool, barrier.entry, barrier.at, doc))
+        return Insert(WORKSPACE_BARRIERS.name, (key, barrier.pool, barrier.entry, barrier.at, doc))
 
     @staticmethod
     def project_row(project: Project, cipher: Cipher) -> Write:

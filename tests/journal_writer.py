@@ -15,7 +15,7 @@ import itertools
 import sys
 
 from actors.shard.service import ShardService
-from engine.memory import Reader
+from engine.memory_entries import Reader
 
 POOL = "bot:b_crash"
 READER = Reader(user="u_crash", org="o_crash", uses_bot=True)

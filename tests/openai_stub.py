@@ -6,8 +6,10 @@ request body is recorded in `stub.requests`, so tests see exactly what crossed H
 `POST /v1/embeddings` answers deterministic vectors (`embed_text`): a hashed bag of
 words in which the words of a small thesaurus share one direction, so "car" is near "automobile"
 without sharing a letter. Its requests go to `stub.embedding_requests`; queue failures with
-`stub.embedding_faults.append(...)` (an HTTP status, HANG, GARBAGE, SHORT or
-("delay", seconds)).
+`stub.embedding_faults.append(...)` (an HTTP status, HANG, GARBAGE, SHORT, ("delay", seconds) or
+("hold", entered, gate, seconds): `entered` (a threading.Event) is set when the request arrives,
+which is then answered when the test sets `gate` or after `seconds`, whichever comes first;
+`stub.embeddings_held` counts the requests being held).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class OpenAIStub:
         self.requests: list[dict] = []
         self.embedding_requests: list[dict] = []
         self.embedding_faults: deque = deque()
+        self.embeddings_held = 0  # embedding requests being held by a "hold" fault right now
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._complete, methods=["POST"]),
@@ -129,6 +132,16 @@ class OpenAIStub:
         fault = self.embedding_faults.popleft() if self.embedding_faults else None
         if isinstance(fault, tuple) and fault[0] == "delay":
             await asyncio.sleep(fault[1])
+            fault = None
+        if isinstance(fault, tuple) and fault[0] == "hold":
+            _, entered, gate, seconds = fault
+            self.embeddings_held += 1
+            entered.set()
+            try:
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(None, gate.wait, seconds)
+            finally:
+                self.embeddings_held -= 1
             fault = None
         if fault == self.HANG:
             await asyncio.sleep(3600)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from actors.models.registry import OpenAIModel
 from actors.shard.service import ShardService, TurnStart
 from engine.directory import Bot, Chat, Org, OrgSettings
-from engine.memory import Reader
+from engine.memory_entries import Reader
 
 ORG = Org(id="o1", name="o", settings=OrgSettings(botMemory=True, botMemoryModel="mem"))
 BOT = Bot(id="b1", name="Helper", org="o1", owner="u_owner", model="bot")

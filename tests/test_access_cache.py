@@ -238,7 +238,8 @@ def test_an_archived_bot_takes_no_turn_once_the_archive_returned(
     world, gateways, engine, monkeypatch
 ):
     """Archiving changes no one's access, but a turn's context holds the bot: the change
-    returns only once both gateways dropped what they held (actors/directory.py `_changing`)."""
+    returns only once both gateways dropped what they held (actors/directory/records.py
+    `changing`)."""
     chats = _bobs_chats(world, gateways, engine, monkeypatch)
 
     async def archive():

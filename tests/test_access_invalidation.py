@@ -1,5 +1,5 @@
 """The gateway's access cache dropped by what a change touched (gateway/auth.py, actors/
-access_watch.py, actors/directory_index.py): a member's creation drops only its bot's and its
+access_watch.py, actors/directory/index.py): a member's creation drops only its bot's and its
 owner's entries, everyone else stays cached; authenticating reads the person's own bots and
 channels from an index that follows grants, revocations and channels; unknown tokens are
 remembered as misses (bounded, briefly), and a token created while requests with it are in

@@ -58,7 +58,7 @@ def test_an_agent_chat_the_directory_missed_is_registered_after_a_restart(tmp_pa
             # The delivery is durable and listed in its chain; the directory never heard of it.
             items = [i.kind for i in await svc.chat_items(agent)]
             calls = (crashing.shown, crashing.refused)
-            return chain.status, agent, items, agent in directory.chats, calls
+            return chain.status, agent, items, agent in directory.records.chats, calls
         finally:  # the shard stops here with the registration still owed
             await svc.close()
             directory.store.db.close()
@@ -76,10 +76,10 @@ def test_an_agent_chat_the_directory_missed_is_registered_after_a_restart(tmp_pa
             await svc.chains_idle()
             [chain] = await svc.collaborations("u_ann", frozenset())
             link = chain.links[0]
-            root = directory.chats[chain.rootChat]
+            root = directory.records.chats[chain.rootChat]
             # What the shard made before the crash (its time is the link's; not in the view).
             expected = agent_chat(root, link.toBot, chain.id, link.id, 0)
-            return directory.chats.get(agent), expected
+            return directory.records.chats.get(agent), expected
         finally:
             await svc.close()
             directory.store.db.close()
@@ -100,7 +100,7 @@ def test_an_agent_chat_the_directory_missed_is_registered_after_a_restart(tmp_pa
     # Stored, not only in memory: a directory opened afresh has it.
     directory = DirectoryService(tmp_path)
     try:
-        assert directory.chats[agent] == registered
+        assert directory.records.chats[agent] == registered
     finally:
         directory.store.db.close()
 
@@ -141,13 +141,13 @@ def test_concurrent_registrations_of_the_same_chats_make_each_once(tmp_path: Pat
             makes = [directory.agent_chat(root, bot.id, "col_1", links[0]) for _ in range(6)]
             out = await asyncio.gather(*calls, *makes)
             counts, made = list(out[:30]), list(out[30:])
-            await asyncio.gather(*directory._writing)
-            kept = {c.id: c for c in directory.chats.values() if c.kind == "agent"}
+            await asyncio.gather(*directory.chat_registry._writing)
+            kept = {c.id: c for c in directory.records.chats.values() if c.kind == "agent"}
         finally:
             directory.store.db.close()
         reopened = DirectoryService(tmp_path)
         try:
-            stored = {c.id: c for c in reopened.chats.values() if c.kind == "agent"}
+            stored = {c.id: c for c in reopened.records.chats.values() if c.kind == "agent"}
         finally:
             reopened.store.db.close()
         return counts, kept, made, stored
@@ -172,17 +172,17 @@ def test_a_shown_chat_is_visible_at_once_and_written_soon(tmp_path: Path):
             shown = agent_chat(root, bot.id, "col_1", "dlv_shown", 1)
             assert await directory.register_chats([shown], False) == 1
             visible = (await directory.get_chat(shown.id)) == shown
-            await asyncio.gather(*directory._writing)  # the write that follows
+            await asyncio.gather(*directory.chat_registry._writing)  # the write that follows
             kept = agent_chat(root, bot.id, "col_1", "dlv_kept", 2)
             await directory.register_chats([kept])
         finally:
             directory.store.db.close()
         reopened = DirectoryService(tmp_path)
         try:
-            on_disk = shown.id in reopened.chats, kept.id in reopened.chats
+            on_disk = shown.id in reopened.records.chats, kept.id in reopened.records.chats
         finally:
             reopened.store.db.close()
-        return visible, not directory._unwritten, *on_disk
+        return visible, not directory.chat_registry._unwritten, *on_disk
 
     assert asyncio.run(scenario()) == (True, True, True, True)
 
@@ -251,7 +251,7 @@ def test_a_delivery_asks_the_directory_nothing_and_its_shard_finds_its_chat(tmp_
     assert all(c is not None and c.id == agent and c.kind == "agent" for c in found)
     assert found[0].owner == "u_ann" and found[0].chain == chain.id
     assert unknown is None
-    assert agent in directory.chats
+    assert agent in directory.records.chats
 
 
 def test_shown_chats_are_written_together_and_none_is_left_behind(tmp_path: Path):
@@ -280,14 +280,14 @@ def test_shown_chats_are_written_together_and_none_is_left_behind(tmp_path: Path
             shown = await asyncio.gather(
                 *(directory.register_chats([c], False) for c in [*chats, *chats[:8]])
             )
-            writers = len(directory._writing)
-            while directory._writing:
-                await asyncio.gather(*directory._writing)
+            writers = len(directory.chat_registry._writing)
+            while directory.chat_registry._writing:
+                await asyncio.gather(*directory.chat_registry._writing)
         finally:
             directory.store.db.close()
         reopened = DirectoryService(tmp_path)
         try:
-            on_disk = sum(c.id in reopened.chats for c in [*chats, late])
+            on_disk = sum(c.id in reopened.records.chats for c in [*chats, late])
         finally:
             reopened.store.db.close()
         assert sum(shown) == 32 and writes == [32, 1], (shown, writes)
@@ -318,7 +318,9 @@ def test_chats_written_together_replace_what_was_stored_under_their_ids(tmp_path
             directory.store.db.close()
         reopened = DirectoryService(tmp_path)
         try:
-            made = {c.id: c.created_at for c in reopened.chats.values() if c.kind == "agent"}
+            made = {
+                c.id: c.created_at for c in reopened.records.chats.values() if c.kind == "agent"
+            }
         finally:
             reopened.store.db.close()
         return rows, made

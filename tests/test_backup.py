@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from engine.errors import StorageError
-from engine.memory import Reader
+from engine.memory_entries import Reader
 from storage.event_log import backup_offline
 from tests.conftest import ADMIN, LiveServer
 

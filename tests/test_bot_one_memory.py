@@ -2,7 +2,7 @@
 
 A bot's learned facts and the records a person wrote for it through the workspace are one
 memory: every reader of the bot's memory sees both, each under its visibility rule, in the
-prompt, the seed-000 view, the workspace listing, search, the export and enrichment; nobody
+prompt, the memory view, the workspace listing, search, the export and enrichment; nobody
 sees more than before.
 """
 
@@ -94,7 +94,7 @@ def test_mem1_a_learned_bot_fact_is_in_every_view_of_the_bots_one_memory(
             ray.get(engine.shard_for(alice_id).learning_idle.remote())
             assert _job_done(alice, chat["id"])["status"] == "done"
 
-            # The seed-000 view.
+            # The memory view.
             (entry,) = _ok(alice.get(f"/v1/bots/{bot}/memory"))["entries"]
             assert entry["content"] == FACT and entry["layer"] == "fact"
             # The prompt of the next turn (SC-5).
@@ -135,7 +135,7 @@ def test_mem1_a_learned_bot_fact_is_in_every_view_of_the_bots_one_memory(
             r = bob.post(f"{WS}/memories/forget", json={**forget, "expectedRevision": 1})
             assert r.status_code == 404, r.text  # not his: not found
 
-        # The workspace routes reach the learned entry too: forgetting it is the seed-000
+        # The workspace routes reach the learned entry too: forgetting it is the memory API's
         # Forget (by revision); its words are the memory bot's, not an edit's.
         with world.client("alice") as alice:
             edit = {"requestId": "r-" + secrets.token_hex(4), "id": record["id"]}
@@ -159,7 +159,7 @@ def test_mem1_an_owners_workspace_bot_record_is_used_by_enrichment_and_never_wid
     world, admin, model_stubs
 ):
     """MEM-1/ENR-1/ENR-2: a bot-scope record the owner wrote through the workspace carries the
-    system tags `from:<owner>`, `for:bot`, `org:<bot's org>`: it is in the seed-000 view of
+    system tags `from:<owner>`, `for:bot`, `org:<bot's org>`: it is in the memory view of
     everyone who uses the bot in that org, its enrichment uses it; a user of the bot reading as
     another of their orgs does not see it, nor does someone who does not use the bot."""
     mem, bot_model = model_stubs["mem"], model_stubs["bot"]
@@ -238,7 +238,7 @@ def test_mem1_an_owners_workspace_bot_record_is_used_by_enrichment_and_never_wid
 def test_mem1_fs1_learned_entries_are_in_the_owners_file_tree_and_come_back_as_they_were(
     world, admin, model_stubs, engine, tmp_path
 ):
-    """MEM-1/FS-1/FS-2: the seed-002 file tree of a bot's owner carries the bot's learned
+    """MEM-1/FS-1/FS-2: the account file tree of a bot's owner carries the bot's learned
     entries the owner may see (memory lines, records.json with their tags, sources and access
     proofs); another person's learned fact stays out; an import restores them with the same
     rule, and exporting again gives the same bytes."""
@@ -246,7 +246,7 @@ def test_mem1_fs1_learned_entries_are_in_the_owners_file_tree_and_come_back_as_t
 
     from actors.directory import DirectoryService
     from actors.shard.service import ShardService
-    from engine.memory import Reader
+    from engine.memory_entries import Reader
     from storage import file_export
 
     mem, bot_model = model_stubs["mem"], model_stubs["bot"]

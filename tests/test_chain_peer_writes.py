@@ -120,11 +120,11 @@ class World:
         )
 
     def helpers(self, directory: DirectoryService | None = None) -> list[str]:
-        bots = (directory or self.directory).bots.values()
+        bots = (directory or self.directory).records.bots.values()
         return sorted(b.name for b in bots if b.creator == self.peer.id)
 
     def peer_rules(self, directory: DirectoryService | None = None) -> str:
-        return (directory or self.directory).bots[self.peer.id].rules.description
+        return (directory or self.directory).records.bots[self.peer.id].rules.description
 
     async def confessions(self, shard: ShardService) -> list[str]:
         """The chats of the confessions stored on `shard` (their text is sealed)."""

@@ -1,6 +1,6 @@
 """Chats in `openbot export` / `openbot import` (issue 14), on a real server and real DuckDB
 files: a direct chat whose bot collaborated (person, bot and delivery items, agent chats), a
-group chat over two rounds, and seed-000 memory are exported from a backup, imported into a new
+group chat over two rounds, and bot memory are exported from a backup, imported into a new
 data directory and exported again byte for byte; the imported directory serves the same items
 in the same order and holds no item text in the clear. A merge that clashes changes nothing,
 and an import interrupted before its commit point can simply be run again."""
@@ -133,7 +133,7 @@ def _tree_of(files: dict[str, bytes], account: str) -> dict[str, bytes]:
 
 
 def _views(client, world, kinds) -> dict:
-    """What the HTTP API shows of the chats and the seed-000 memory, per person."""
+    """What the HTTP API shows of the chats and the bot memory, per person."""
     out = {}
     for kind in kinds:
         out[kind] = _ok(client.get(f"/v1/chats/{world.chats[kind]}/items"))["items"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -88,6 +89,10 @@ def test_help_describes_every_command_and_option():
     assert "--model MODEL" in out.stdout and "a model named in the server's config" in out.stdout
     assert "(default: demo-bots)" in run("demo", "--help").stdout
     assert "(default: info)" in run("serve", "--help").stdout
+    # Help names only what a user of this repository has: no outside documents.
+    for path, parser in commands:
+        text = parser.format_help()
+        assert not re.search(r"DESIGN|SPEC|STACK-NOTES|seed[- ]?0", text), (path, text)
 
 
 def test_serve_on_a_busy_port_fails_at_once_and_leaves_nothing(tmp_path):
@@ -200,6 +205,18 @@ def test_demo_with_an_unknown_model_exits_non_zero():
     out = run("demo", "--url", f"http://127.0.0.1:{closed_port()}", "--token", "t",
               "--model", "nosuch")  # fmt: skip
     assert out.returncode == 1 and "cannot reach" in one_line_error(out)
+
+
+def test_demo_port_is_for_the_embedded_server_and_a_taken_one_fails_at_once():
+    out = run("demo", "--url", "http://127.0.0.1:1", "--token", "t", "--port", "8999")
+    assert out.returncode == 1 and "--port is for the embedded server" in one_line_error(out)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = run("demo", "--port", str(port), timeout=60)
+    line = one_line_error(out)
+    assert out.returncode == 1 and f"port {port} on 127.0.0.1 is not free" in line, line
 
 
 @pytest.mark.slow

@@ -17,17 +17,16 @@ from actors.contracts import (
     REPLIES,
     CallError,
     RememberCall,
-    WsAccess,
-    WsCreateCall,
-    WsQuery,
+    WorkspaceAccess,
+    WorkspaceCreateCall,
+    WorkspaceQuery,
 )
 from actors.runtime.coalesce import Coalescer
-from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.errors import Conflict, NotFound, StorageError, Unavailable
 from engine.events import MemoryChanged
-from engine.memory import Reader
-from engine.scoped_memory import WsMemoryCreate
+from engine.memory_entries import Reader
+from engine.scoped_memory import WorkspaceMemoryCreate
 from storage.group_commit import GroupCommitter
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
@@ -37,8 +36,7 @@ BEN = Reader(user="u_ben", org="o_1", uses_bot=True)
 _enc = msgspec.msgpack.Encoder()
 
 
-class Shard(PackedEvents, ShardService):
-    """What `PlacedShardService` is, without Ray's start-up guard."""
+Shard = ShardService  # what `PlacedShardService` is, without Ray's start-up guard
 
 
 def _call(content: str, rid: str | None = None, reader: Reader = ANN, **kw) -> bytes:
@@ -252,11 +250,11 @@ def test_calls_for_several_pools_and_a_pool_that_fails_to_load_fail_only_their_o
 
 
 def test_workspace_creations_in_one_call_each_get_their_own_answer(tmp_path: Path):
-    ann = WsAccess(account="u_ann", bots=frozenset({"b_ws"}))
+    ann = WorkspaceAccess(account="u_ann", bots=frozenset({"b_ws"}))
 
-    def create(content: str, rid: str, access: WsAccess = ann, scope: str = "user") -> bytes:
-        body = WsMemoryCreate(bot="b_ws", scope=scope, content=content, requestId=rid)
-        return _enc.encode(WsCreateCall(access=access, body=body))
+    def create(content: str, rid: str, access: WorkspaceAccess = ann, scope: str = "user") -> bytes:
+        body = WorkspaceMemoryCreate(bot="b_ws", scope=scope, content=content, requestId=rid)
+        return _enc.encode(WorkspaceCreateCall(access=access, body=body))
 
     async def go():
         svc = Shard(tmp_path, 0)
@@ -264,12 +262,12 @@ def test_workspace_creations_in_one_call_each_get_their_own_answer(tmp_path: Pat
         calls += [
             create("fact 0", "w0"),  # a repeat of the first: its answer, no second record
             create("another", "w0"),  # the same id for another request
-            create("nobody's", "w99", access=WsAccess(account="u_eve")),  # no use of the bot
+            create("nobody's", "w99", access=WorkspaceAccess(account="u_eve")),  # no use of the bot
             create("bad id", "has spaces and is not an id"),
             b"\x93junk",
         ]
-        replies = REPLIES.decode(await svc.ws_create_memory_many(_enc.encode(calls)))
-        again = REPLIES.decode(await svc.ws_create_memory_many(_enc.encode(calls[:2])))
+        replies = REPLIES.decode(await svc.workspace_create_memory_many(_enc.encode(calls)))
+        again = REPLIES.decode(await svc.workspace_create_memory_many(_enc.encode(calls[:2])))
         await svc.close()
         return replies, again
 
@@ -413,16 +411,18 @@ def test_a_failed_workspace_commit_fails_exactly_its_calls_creations(tmp_path: P
     """A pool's creations of one call are one batch: a failed commit fails them all, stores
     none of them, and nothing else (a replay of a committed creation, another call)."""
     failed = _fail_commits_with(monkeypatch, "mem_doomed")
-    ann = WsAccess(account="u_ann", bots=frozenset({"b_ws"}))
+    ann = WorkspaceAccess(account="u_ann", bots=frozenset({"b_ws"}))
     prefix = ["kept"]
     n = itertools.count()
 
     def create(i: int) -> bytes:
-        body = WsMemoryCreate(bot="b_ws", scope="user", content=f"fact {i}", requestId=f"f{i}")
-        return _enc.encode(WsCreateCall(access=ann, body=body))
+        body = WorkspaceMemoryCreate(
+            bot="b_ws", scope="user", content=f"fact {i}", requestId=f"f{i}"
+        )
+        return _enc.encode(WorkspaceCreateCall(access=ann, body=body))
 
     async def many(svc: Shard, calls: list[bytes]) -> list:
-        return REPLIES.decode(await svc.ws_create_memory_many(_enc.encode(calls)))
+        return REPLIES.decode(await svc.workspace_create_memory_many(_enc.encode(calls)))
 
     async def go():
         svc = Shard(tmp_path, 0)
@@ -438,7 +438,7 @@ def test_a_failed_workspace_commit_fails_exactly_its_calls_creations(tmp_path: P
         doomed = await doomed
         prefix[0] = "retry"
         retried = await many(svc, [create(3)])
-        listing = await svc.ws_entries(ann, WsQuery(pools=("user:u_ann",)))
+        listing = await svc.workspace_entries(ann, WorkspaceQuery(pools=("user:u_ann",)))
         await svc.close()
         return kept, doomed, fine, retried, listing
 

@@ -9,7 +9,7 @@ import pytest
 
 from actors.shard.service import ShardService
 from engine.errors import StorageError
-from engine.memory import Reader
+from engine.memory_entries import Reader
 from storage.group_commit import GroupCommitter
 
 R = Reader(user="u1", org="o1", uses_bot=True)

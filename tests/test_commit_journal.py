@@ -405,7 +405,7 @@ def test_a_journal_table_left_by_an_earlier_version_is_applied_once_and_dropped(
 def test_offline_backup_and_export_of_a_crashed_data_dir_include_thejournal_of(tmp_path):
     from actors.directory import DirectoryService
     from engine.directory import OrgSettings
-    from engine.memory import Reader
+    from engine.memory_entries import Reader
     from storage.file_export import render_data_dir
 
     data = tmp_path / "data"

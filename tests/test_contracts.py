@@ -1,5 +1,6 @@
 """The actors' boundary (actors/contracts.py, actors/ports.py, actors/runtime/): a gateway speaks
-to the actors through their messages and typed ports only, and only runtime/ touches Ray."""
+to the actors through their messages and typed ports only, only runtime/ touches Ray, and each
+port's Ray proxy is derived from the port (actors/runtime/proxy.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from actors.contracts import NodeInfo
 from actors.models.node_hub import NodeHubService, NodeModel
@@ -117,38 +120,197 @@ def test_node_model_runs_against_a_local_hub():
     asyncio.run(scenario())
 
 
-def _signature(fn) -> list[tuple[str, object, object]]:
-    sig = inspect.signature(fn)
-    # Ray adds `_ray_trace_ctx` to an actor class's methods once the class is made an actor in
-    # this process (an earlier test may have done it): not a parameter anyone passes.
-    return [
-        (p.name, p.kind, p.default) for p in sig.parameters.values() if p.name != "_ray_trace_ctx"
-    ]
-
-
-def test_every_port_has_the_same_methods_locally_and_over_ray():
-    """A port's two implementations answer the same calls: the local service (what a test or
-    the shard itself calls) and the Ray proxy (what another process calls) take the same
-    parameters as the Protocol, so a call that works in-process works across actors."""
+def _proxies_and_services():
     from actors.directory import DirectoryService
-    from actors.runtime.directory_port import RayDirectory
-    from actors.runtime.node_hub_handle import RayNodeHub
-    from actors.runtime.ports import RayShard
+    from actors.runtime.directory_proxy import RayDirectory
+    from actors.runtime.node_hub_proxy import RayNodeHub
+    from actors.runtime.shard_proxy import RayShard
     from actors.shard.service import ShardService
 
-    pairs = [
+    return [
         (ShardPort, ShardService, RayShard),
         (DirectoryPort, DirectoryService, RayDirectory),
         (NodeHubPort, NodeHubService, RayNodeHub),
     ]
-    for port, local, ray_proxy in pairs:
-        names = [n for n in vars(port) if not n.startswith("_")]
-        assert names, port
-        for name in names:
-            want = _signature(getattr(port, name))
+
+
+def test_every_port_call_is_answered_locally_and_over_ray():
+    """A port is the one declaration of an actor's calls: its Ray proxy is derived from it
+    (actors/runtime/proxy.py) and its local service answers each of them, so a call that works
+    in-process works across actors."""
+    from actors.runtime.proxy import port_calls
+
+    for port, local, ray_proxy in _proxies_and_services():
+        calls = port_calls(port)
+        assert calls, port
+        for name in calls:
             for impl in (local, ray_proxy):
-                assert _signature(getattr(impl, name)) == want, (impl.__name__, name)
-                assert inspect.iscoroutinefunction(getattr(impl, name)), (impl.__name__, name)
+                assert inspect.iscoroutinefunction(getattr(impl, name, None)), (impl, name)
+        assert port in ray_proxy.__mro__  # typed as the port
+
+
+def test_each_call_a_service_hands_on_meets_its_port(tmp_path: Path):
+    """A call a service's table hands on reaches a feature's method that takes the port's
+    parameters (a caller may name them), so the port stays the call's one declaration."""
+    from actors.directory import DirectoryService
+    from actors.shard.service import ShardService
+
+    def params(fn) -> list[tuple[str, object, object]]:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    async def scenario() -> None:
+        shard = ShardService(tmp_path / "s", 0, models={})
+        directory = DirectoryService(tmp_path / "d")
+        try:
+            for port, svc in ((ShardPort, shard), (DirectoryPort, directory)):
+                answered = type(svc).answered_by
+                assert answered, svc
+                for call, (feature, method) in answered.items():
+                    target = getattr(getattr(svc, feature), method)
+                    assert inspect.iscoroutinefunction(target), (call, feature, method)
+                    declared = getattr(port, call, None)
+                    if declared is not None:
+                        assert params(target) == params(declared)[1:], call
+        finally:
+            await shard.close()
+            directory.store.db.close()
+
+    asyncio.run(scenario())
+
+
+class _Ref:
+    """What `handle.method.remote(...)` gives: awaitable, with its outcome."""
+
+    def __init__(self, outcome: object) -> None:
+        self.outcome = outcome
+
+    def __await__(self):
+        if False:
+            yield
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+
+class _Handle:
+    """An actor handle that records each call and answers it with `outcome`."""
+
+    def __init__(self, outcome: object) -> None:
+        self.outcome = outcome
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    def __getattr__(self, name: str):
+        handle = self
+
+        class _Method:
+            @staticmethod
+            def remote(*args, **kwargs):
+                handle.calls.append((name, args, kwargs))
+                return _Ref(handle.outcome)
+
+        return _Method
+
+
+def test_a_derived_proxy_hands_each_call_on_and_maps_its_errors():
+    """A call the proxy does not define goes to the actor's method of the same name with the
+    caller's arguments; the engine's errors come back as themselves, Ray's as `Unavailable`."""
+    import ray
+
+    from actors.runtime.directory_proxy import RayDirectory
+    from engine.errors import NotFound, Unavailable
+
+    async def scenario() -> None:
+        handle = _Handle("bot")
+        port = RayDirectory("dir", "ns", handle)
+        assert await port.get_bot("b_1") == "bot"
+        assert await port.create_bot(name="Ada", org="o_1", owner="u_1") == "bot"
+        assert handle.calls == [
+            ("get_bot", ("b_1",), {}),
+            ("create_bot", (), {"name": "Ada", "org": "o_1", "owner": "u_1"}),
+        ]
+        missing = NotFound("no bot", code="bot_not_found")
+        handle.outcome = ray.exceptions.RayTaskError("get_bot", "trace", missing)
+        with pytest.raises(NotFound) as raised:
+            await port.get_bot("b_2")
+        assert raised.value is missing
+        handle.outcome = ray.exceptions.RayTaskError("get_bot", "trace", ValueError("bug"))
+        with pytest.raises(Unavailable) as failed:
+            await port.get_bot("b_3")
+        assert failed.value.code == "engine_error"
+        handle.outcome = ray.exceptions.RayActorError()
+        with pytest.raises(Unavailable) as gone:
+            await port.get_bot("b_4")
+        assert gone.value.code == "engine_unavailable"
+
+    asyncio.run(scenario())
+
+
+def test_a_proxy_keeps_the_calls_it_defines_and_its_subclasses_override():
+    """Only what a proxy leaves to the port is derived: a call it defines stays its own, and a
+    subclass's override (the shard's lane) wins over the derived one."""
+    from typing import Protocol
+
+    from actors.runtime.proxy import NamedActor
+    from actors.runtime.shard_proxy import RayShard
+
+    class Port(Protocol):
+        async def plain(self, x: int) -> int: ...
+        async def special(self, x: int) -> int: ...
+
+    class Proxy(NamedActor, Port):
+        async def special(self, x: int) -> int:
+            return -x
+
+    class Laned(Proxy):
+        async def plain(self, x: int) -> int:
+            return x * 10
+
+    async def scenario() -> None:
+        handle = _Handle(7)
+        assert await Proxy("p", "ns", handle).plain(1) == 7
+        assert await Proxy("p", "ns", handle).special(2) == -2
+        assert await Laned("p", "ns", handle).plain(3) == 30
+        assert [c[0] for c in handle.calls] == ["plain"]
+
+    asyncio.run(scenario())
+    assert str(inspect.signature(Proxy.plain)) == "(self, x: 'int') -> 'int'"
+    assert RayShard.events_after.__module__ == "actors.runtime.shard_proxy"  # its own
+
+
+def test_a_service_table_builds_each_call_once():
+    """actors/facade.py: each call of a service's table hands its arguments to the feature's
+    method (after the `before` hook where asked); a call answered twice, or defined on the
+    class and in the table, is refused when the class is built."""
+    from actors.facade import answered_by
+
+    class Feature:
+        async def listing(self, user: str, limit: int = 5) -> tuple[str, int]:
+            return user, limit
+
+    class Service:
+        def __init__(self) -> None:
+            self.feature = Feature()
+            self.started = 0
+
+        async def own(self) -> str:
+            return "own"
+
+    def start(svc: Service) -> None:
+        svc.started += 1
+
+    answered_by(
+        Service,
+        {"feature": "listing items:listing"},
+        before=start,
+        before_calls=("items",),
+    )
+    svc = Service()
+    assert asyncio.run(svc.listing("ann", limit=2)) == ("ann", 2) and svc.started == 0
+    assert asyncio.run(svc.items("bob")) == ("bob", 5) and svc.started == 1
+    with pytest.raises(TypeError, match="answered twice"):
+        answered_by(Service, {"feature": "a:listing", "other": "a"})
+    with pytest.raises(TypeError, match="defined and in the table"):
+        answered_by(Service, {"feature": "own:listing"})
 
 
 def test_the_engine_offers_every_member_of_the_port_a_gateway_holds():

@@ -65,7 +65,7 @@ def test_a_read_aside_sees_the_journal_and_does_not_wait_for_the_database_thread
 
 def test_a_small_read_aside_does_not_wait_for_a_large_one(tmp_path: Path):
     """A pool's vectors (tens of MB) are read aside while the same search's small reads (its
-    seed-000 pool, its keyword snapshot) are too: they do not queue behind them."""
+    entry pool, its keyword snapshot) are too: they do not queue behind them."""
 
     async def main() -> None:
         db = Database(tmp_path / "s.duckdb", [KV_SQL])

@@ -143,7 +143,7 @@ def test_a_capped_linear_chain_costs_one_transaction_a_hop(tmp_path: Path):
                 await svc.chains_idle()
                 out.append((svc.committer.transactions - tx, dict(counting.calls)))
             listing = await svc.collaborations("u_ann", frozenset())
-            registered = [k.agentChat in directory.chats for k in listing[-1].links[:8]]
+            registered = [k.agentChat in directory.records.chats for k in listing[-1].links[:8]]
             assert announced and max(announced) == 1, announced  # once per chain and batch
             return out[-1], listing[-1], registered
         finally:

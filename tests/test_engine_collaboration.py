@@ -45,6 +45,7 @@ def chain(now: int = 100) -> Chain:
 
 
 _ids = itertools.count(1)
+KEY = b"k" * 32  # the chain fingerprint key the actor layer passes
 
 
 def send(c: Chain, to: str, message: str, *, parent=None, frm=ROOT, now=200, link_id=None):
@@ -56,6 +57,7 @@ def send(c: Chain, to: str, message: str, *, parent=None, frm=ROOT, now=200, lin
         to_bot=to,
         message=message,
         now=now,
+        fp_key=KEY,
     )
 
 
@@ -69,12 +71,19 @@ def test_normalize_folds_case_width_and_whitespace():
     assert normalize("v1.2") != normalize("v12")
 
 
-def test_fingerprint_is_sha256_prefix_of_normalized_text():
+def test_fingerprint_is_keyed_and_cannot_be_confirmed_by_plain_sha256():
     import hashlib
 
-    assert fingerprint("Hello  World") == hashlib.sha256(b"hello world").hexdigest()[:32]
-    assert fingerprint("Hello World") == fingerprint(" hello world ")
-    assert len(fingerprint("x")) == 32
+    plain = hashlib.sha256(b"hello world").hexdigest()[:32]
+    one = fingerprint("Hello  World", KEY)
+    assert one == fingerprint(" hello world ", KEY)  # normalized first
+    assert len(one) == 32
+    # A guess at the text is not confirmed by an unkeyed hash, and another key (another org)
+    # gives another fingerprint.
+    assert one != plain and one != hashlib.sha256(b"Hello  World").hexdigest()[:32]
+    assert one != fingerprint("Hello World", b"j" * 32)
+    # A link stored with the unkeyed digest becomes the same keyed fingerprint (no text needed).
+    assert co.rekeyed(plain, KEY) == one
 
 
 @pytest.mark.parametrize(
@@ -149,7 +158,7 @@ def test_send_from_root_is_delivered_at_depth_one():
     assert d.link == find_link(c, "dl_a")
     assert d.link.status == "sent" and d.link.depth == 1 and d.link.parent is None
     assert d.link.from_bot == ROOT and d.link.to_bot == "b_peer"
-    assert d.link.fingerprint == fingerprint("please summarise the report")
+    assert d.link.fingerprint == fingerprint("please summarise the report", KEY)
     assert d.link.sent_at == 300
     assert c.deliveries == 1 and c.status == "running"
     assert c.revision == c0.revision + 1 and c.updated_at == 300
@@ -240,7 +249,7 @@ def test_same_text_to_another_bot_or_from_another_bot_is_not_a_duplicate():
 def test_duplicate_after_the_first_was_answered_is_still_suppressed():
     c, _ = send(chain(), "b_a", "check the deploy", link_id="dl_1")
     c, _ = send(c, "b_a", "and the logs", link_id="dl_2")
-    c, _ = on_result(c, link_id="dl_1", text="deploy is fine", now=300)
+    c, _ = on_result(c, link_id="dl_1", text="deploy is fine", now=300, fp_key=KEY)
     c, d = send(c, "b_a", "Check the deploy")
     assert d.action == "suppress" and d.reason == "duplicate"
 
@@ -259,7 +268,7 @@ def test_send_on_a_stopped_chain_is_refused_and_recorded():
 
 def test_send_on_a_done_chain_is_refused():
     c, _ = send(chain(), "b_peer", "work", link_id="dl_1")
-    c, _ = on_result(c, link_id="dl_1", text="here it is", now=300)
+    c, _ = on_result(c, link_id="dl_1", text="here it is", now=300, fp_key=KEY)
     assert c.status == "done"
     c, d = send(c, "b_peer", "more")
     assert d.action == "refuse" and d.reason == "chain done"
@@ -333,12 +342,12 @@ def test_results_count_as_deliveries_and_can_hit_the_cap():
     for i in range(half):
         c, _ = send(c, f"b_{i}", f"part {i}", link_id=f"dl_{i}")
     for i in range(half - 1):
-        c, d = on_result(c, link_id=f"dl_{i}", text=f"answer {i}", now=300)
+        c, d = on_result(c, link_id=f"dl_{i}", text=f"answer {i}", now=300, fp_key=KEY)
         assert d.action == "deliver"
     assert c.deliveries == MAX_DELIVERIES - 1
     c, _ = send(c, "b_x", "one more", link_id="dl_x")
     assert c.deliveries == MAX_DELIVERIES
-    c, d = on_result(c, link_id=f"dl_{half - 1}", text="last answer", now=400)
+    c, d = on_result(c, link_id=f"dl_{half - 1}", text="last answer", now=400, fp_key=KEY)
     assert d.action == "late" and d.reason == "32 deliveries reached"
     assert d.link.status == "answered" and d.link.reason == "32 deliveries reached"
     assert c.status == "capped" and c.deliveries == MAX_DELIVERIES
@@ -351,10 +360,10 @@ def test_result_is_delivered_and_counted():
     c, _ = send(chain(), "b_a", "task a", link_id="dl_a")
     c, _ = send(c, "b_b", "task b", link_id="dl_b")
     before = c
-    c, d = on_result(c, link_id="dl_a", text="Result A", now=700)
+    c, d = on_result(c, link_id="dl_a", text="Result A", now=700, fp_key=KEY)
     assert d.action == "deliver" and d.reason is None
     assert d.link.status == "answered" and d.link.answered_at == 700
-    assert d.link.result_fingerprint == fingerprint("result a")
+    assert d.link.result_fingerprint == fingerprint("result a", KEY)
     assert c.deliveries == before.deliveries + 1
     assert c.status == "running"  # dl_b is still open
     assert c.revision == before.revision + 1 and c.updated_at == 700
@@ -365,8 +374,8 @@ def test_chain_is_done_when_every_link_is_answered():
     c, _ = send(chain(), "b_a", "task a", link_id="dl_a")
     c, _ = send(c, "b_b", "task b", link_id="dl_b")
     c, _ = send(c, "b_b", "ok")  # suppressed: nothing to wait for
-    c, _ = on_result(c, link_id="dl_a", text="A", now=300)
-    c, d = on_result(c, link_id="dl_b", text="thanks", now=301)
+    c, _ = on_result(c, link_id="dl_a", text="A", now=300, fp_key=KEY)
+    c, d = on_result(c, link_id="dl_b", text="thanks", now=301, fp_key=KEY)
     assert d.action == "suppress"
     assert c.status == "done" and open_links(c) == ()
 
@@ -374,10 +383,10 @@ def test_chain_is_done_when_every_link_is_answered():
 def test_nested_results_finish_the_chain_only_at_the_top():
     c, _ = send(chain(), "b_a", "research", link_id="dl_1")
     c, _ = send(c, "b_b", "sources please", parent="dl_1", frm="b_a", link_id="dl_2")
-    c, d = on_result(c, link_id="dl_2", text="three sources", now=300)
+    c, d = on_result(c, link_id="dl_2", text="three sources", now=300, fp_key=KEY)
     assert d.action == "deliver" and d.link.to_bot == "b_b" and d.link.from_bot == "b_a"
     assert c.status == "running"
-    c, d = on_result(c, link_id="dl_1", text="the research", now=301)
+    c, d = on_result(c, link_id="dl_1", text="the research", now=301, fp_key=KEY)
     assert d.action == "deliver" and c.status == "done"
     assert c.deliveries == 4
 
@@ -385,8 +394,8 @@ def test_nested_results_finish_the_chain_only_at_the_top():
 def test_second_result_for_a_link_is_idempotent():
     c, _ = send(chain(), "b_a", "task", link_id="dl_a")
     c, _ = send(c, "b_b", "task b", link_id="dl_b")
-    c, first = on_result(c, link_id="dl_a", text="answer", now=300)
-    again, d = on_result(c, link_id="dl_a", text="another answer", now=400)
+    c, first = on_result(c, link_id="dl_a", text="answer", now=300, fp_key=KEY)
+    again, d = on_result(c, link_id="dl_a", text="another answer", now=400, fp_key=KEY)
     assert d.action == "suppress" and d.reason == "already answered"
     assert again is c and d.link == first.link
 
@@ -395,7 +404,7 @@ def test_bare_ack_result_is_suppressed_but_answers_the_link():
     c, _ = send(chain(), "b_a", "task", link_id="dl_a")
     c, _ = send(c, "b_b", "task b", link_id="dl_b")
     before = c
-    c, d = on_result(c, link_id="dl_a", text="好的\uff0c收到\uff01", now=300)
+    c, d = on_result(c, link_id="dl_a", text="好的\uff0c收到\uff01", now=300, fp_key=KEY)
     assert d.action == "suppress" and d.reason == "acknowledgement"
     assert d.link.status == "answered" and d.link.reason == "acknowledgement"
     assert c.deliveries == before.deliveries and c.revision == before.revision + 1
@@ -403,29 +412,29 @@ def test_bare_ack_result_is_suppressed_but_answers_the_link():
 
 def test_result_for_an_unknown_link_is_not_found():
     with pytest.raises(NotFound) as e:
-        on_result(chain(), link_id="dl_nope", text="x", now=1)
+        on_result(chain(), link_id="dl_nope", text="x", now=1, fp_key=KEY)
     assert e.value.code == "link_not_found"
 
 
 def test_result_for_a_suppressed_or_refused_link_conflicts():
     c, d = send(chain(), "b_a", "ok")
     with pytest.raises(Conflict) as e:
-        on_result(c, link_id=d.link.id, text="x", now=1)
+        on_result(c, link_id=d.link.id, text="x", now=1, fp_key=KEY)
     assert e.value.code == "link_not_sent"
     c = stop(c, by="u_1", now=2)
     c, d = send(c, "b_a", "more")
     with pytest.raises(Conflict):
-        on_result(c, link_id=d.link.id, text="x", now=3)
+        on_result(c, link_id=d.link.id, text="x", now=3, fp_key=KEY)
 
 
 def test_late_result_after_stop_is_recorded_and_wakes_nobody():
     c, _ = send(chain(), "b_a", "task", link_id="dl_a")
     c = stop(c, by="u_1", now=300)
     before = c
-    c, d = on_result(c, link_id="dl_a", text="here you go", now=400)
+    c, d = on_result(c, link_id="dl_a", text="here you go", now=400, fp_key=KEY)
     assert d.action == "late" and d.reason == "chain stopped"
     assert d.link.status == "answered" and d.link.answered_at == 400
-    assert d.link.result_fingerprint == fingerprint("here you go")
+    assert d.link.result_fingerprint == fingerprint("here you go", KEY)
     assert c.status == "stopped" and c.deliveries == before.deliveries
     assert c.revision == before.revision + 1
 
@@ -435,7 +444,7 @@ def test_result_on_a_capped_chain_is_late():
     for level in range(2, MAX_DEPTH + 2):
         c, d = send(c, f"b_{level}", f"level {level}", parent=d.link.id, frm=f"b_{level - 1}")
     assert c.status == "capped"
-    c, d = on_result(c, link_id="dl_top", text="partial answer", now=900)
+    c, d = on_result(c, link_id="dl_top", text="partial answer", now=900, fp_key=KEY)
     assert d.action == "late" and d.reason == "chain capped"
     assert c.status == "capped" and c.reason == "depth limit of 8 reached"
 
@@ -454,7 +463,7 @@ def test_stop_ends_a_running_chain_once():
 
 def test_stop_leaves_a_finished_chain_alone():
     c, _ = send(chain(), "b_a", "task", link_id="dl_a")
-    c, _ = on_result(c, link_id="dl_a", text="answer", now=300)
+    c, _ = on_result(c, link_id="dl_a", text="answer", now=300, fp_key=KEY)
     assert stop(c, by="u_1", now=400) is c
 
 
@@ -490,7 +499,7 @@ def test_find_link_unknown():
 def test_chain_round_trips_through_msgspec():
     c, _ = send(chain(), "b_a", "task", link_id="dl_a")
     c = attach_agent_chat(c, "dl_a", "chat_agent")
-    c, _ = on_result(c, link_id="dl_a", text="done it", now=300)
+    c, _ = on_result(c, link_id="dl_a", text="done it", now=300, fp_key=KEY)
     back = msgspec.json.decode(msgspec.json.encode(c), type=Chain)
     assert back == c
     assert msgspec.json.decode(msgspec.json.encode(c))["status"] == "done"
@@ -530,6 +539,7 @@ def test_caps_hold_and_stop_is_final_whatever_happens(data):
                 to_bot=to,
                 message=msg,
                 now=now,
+                fp_key=KEY,
             )
             assert d.action in ("deliver", "suppress", "refuse")
             assert d.link == find_link(c, f"dl_{step}")
@@ -539,7 +549,9 @@ def test_caps_hold_and_stop_is_final_whatever_happens(data):
             if not candidates:
                 continue
             link = data.draw(st.sampled_from(candidates))
-            c, d = on_result(c, link_id=link.id, text=data.draw(st.sampled_from(MESSAGES)), now=now)
+            c, d = on_result(
+                c, link_id=link.id, text=data.draw(st.sampled_from(MESSAGES)), now=now, fp_key=KEY
+            )
             assert d.action in ("deliver", "suppress", "late")
             assert find_link(c, link.id).status == "answered"
             delivered_results += d.action == "deliver"

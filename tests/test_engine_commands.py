@@ -10,7 +10,7 @@ import pytest
 from engine import commands
 from engine.commands import forget, purge, purge_selection, remember, validate_content, visible_log
 from engine.errors import Conflict, InvalidInput, TooLarge
-from engine.memory import (
+from engine.memory_entries import (
     AccessProof,
     Change,
     EntryMeta,

@@ -1,4 +1,4 @@
-"""The seed-002 file tree (FS-1, FS-2), pure: paths, line format, and `parse(render(s))`."""
+"""The account file tree (FS-1, FS-2), pure: paths, line format, and `parse(render(s))`."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from engine.file_tree import (
     render,
     unescape,
 )
-from engine.memory import Scope, Tier
+from engine.memory_entries import Scope, Tier
 from engine.projects import Project
-from engine.scoped_memory import Origin, Revision, WsStatus
+from engine.scoped_memory import Origin, Revision, WorkspaceStatus
 
 DAY = 86_400_000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -86,7 +86,7 @@ def _sample() -> AccountSnapshot:
                         "b_1",
                         "Old fact.",
                         T0 + 2 * DAY,
-                        status=WsStatus.FORGOTTEN,
+                        status=WorkspaceStatus.FORGOTTEN,
                         revision=2,
                         evidence=("chat_1/i-3",),
                     ),
@@ -309,7 +309,7 @@ def _snapshots(draw) -> AccountSnapshot:
         for _ in range(draw(st.integers(0, 5))):
             rid = f"m_{len(used)}"
             used.add(rid)
-            status = draw(st.sampled_from(list(WsStatus)))
+            status = draw(st.sampled_from(list(WorkspaceStatus)))
             revision = draw(st.integers(1, 4))
             content = draw(_text)
             contributor = (

@@ -169,8 +169,8 @@ def test_any_item_text_survives_the_transcript(text):
 
 
 def test_entries_kept_for_this_account_by_another_accounts_bot():
-    from engine.file_tree import MemoryRecord, SeedPool, entry_keeper
-    from engine.memory import EntryMeta, Layer, LogRow, Tier
+    from engine.file_tree import MemoryBotState, MemoryRecord, entry_keeper
+    from engine.memory_entries import EntryMeta, Layer, LogRow, Tier
 
     meta = EntryMeta(
         id="mem_1",
@@ -192,14 +192,14 @@ def test_entries_kept_for_this_account_by_another_accounts_bot():
         memory=meta,
     )
     log = (LogRow(version=3, at=T0, who="person", entry="mem_1", change="created"),)
-    kept = PoolSnapshot(pool="bot:b_9", records=(record,), seed=SeedPool(log=log))
+    kept = PoolSnapshot(pool="bot:b_9", records=(record,), seed=MemoryBotState(log=log))
     s = msgspec.structs.replace(_sample(), pools=(*_sample().pools, kept))
     files = render(s)
     assert files[BASE + "other-agents/b_9/memory/profile.md"] == b"- (2026-01-01) Ada keeps bees\n"
     assert parse(files) == [canonical(s)]
     # Only learned entries and their log: never another account's settings or records.
     for wrong in (
-        msgspec.structs.replace(kept, seed=SeedPool(version=4)),
+        msgspec.structs.replace(kept, seed=MemoryBotState(version=4)),
         msgspec.structs.replace(kept, records=(msgspec.structs.replace(record, memory=None),)),
     ):
         with pytest.raises(InvalidInput):

@@ -13,7 +13,7 @@ from engine.learning import (
     context_selection,
     decide,
 )
-from engine.memory import AccessProof, EntryMeta, Layer, Reader, Source, Status
+from engine.memory_entries import AccessProof, EntryMeta, Layer, Reader, Source, Status
 from engine.visibility import visible_ids
 
 AUD_A = Audience(chat="chat_1", org="o1", grant="for:person:a")

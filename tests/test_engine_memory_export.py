@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from engine.memory import Scope, Tier
+from engine.memory_entries import Scope, Tier
 from engine.memory_export import memory_line, render
-from engine.scoped_memory import Origin, WsEntryView, WsStatus
+from engine.scoped_memory import Origin, WorkspaceEntryView, WorkspaceStatus
 
 DAY = 86_400_000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 
-def _e(id, pool, contributor, content, at, tier=Tier.LOG, status=WsStatus.ACTIVE):
-    return WsEntryView(
+def _e(id, pool, contributor, content, at, tier=Tier.LOG, status=WorkspaceStatus.ACTIVE):
+    return WorkspaceEntryView(
         id=id,
         scope=Scope(pool.partition(":")[0]),
         pool=pool,
@@ -40,7 +40,7 @@ def test_render_groups_by_pool_then_contributor_and_leaves_out_forgotten():
         _e("m3", "project:p_1", "b_2", "Ship in May.", T0 + 2 * DAY),
         _e("m2", "user:u_1", "b_1", "Log line.", T0 + DAY),
         _e("m1", "user:u_1", "b_1", "Profile line.", T0 + 5 * DAY, tier=Tier.PROFILE),
-        _e("m0", "bot:b_1", "b_1", "Gone.", T0, status=WsStatus.FORGOTTEN),
+        _e("m0", "bot:b_1", "b_1", "Gone.", T0, status=WorkspaceStatus.FORGOTTEN),
         _e("m4", "bot:b_1", "b_1", "Short answers.", T0),
     ]
     text = render(

@@ -1,7 +1,7 @@
-"""The one check of a workspace record in a bot's memory (engine/bot_memory.py `record_visible`,
+"""The one check of a workspace record in a bot's memory (engine/memory_union.py `record_visible`,
 and `record_check`, its form for many records of one reader), against the independent oracle of
 tests/test_engine_visibility_oracle.py: listing, search and context of a bot's memory
-(actors/shard/bot_memory.py), the workspace's listing and search (actors/workspace/search.py)
+(actors/shard/memory_reader.py), the workspace's listing and search (actors/workspace/search.py)
 and its changes (actors/workspace/access.py) all ask it."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import bot_memory as bm
+from engine import memory_union as bm
 from engine import tags as tagmod
-from engine.memory import Reader, Scope, Tier
-from engine.scoped_memory import WsEntry, WsStatus
+from engine.memory_entries import Reader, Scope, Tier
+from engine.scoped_memory import WorkspaceEntry, WorkspaceStatus
 from tests.test_engine_visibility_oracle import (
     CHANNELS,
     GRANTS,
@@ -40,14 +40,14 @@ tag_sets = st.builds(
 
 
 @st.composite
-def pools(draw) -> list[WsEntry]:
+def pools(draw) -> list[WorkspaceEntry]:
     """Records of one bot pool: a few tag sets shared among them (as a real pool's are), each
     with topics of its own."""
     shared = draw(st.lists(tag_sets, min_size=1, max_size=4))
     out = []
     for k in range(draw(st.integers(0, 12))):
         out.append(
-            WsEntry(
+            WorkspaceEntry(
                 id=f"r{k}",
                 scope=Scope.BOT,
                 pool="bot:b",
@@ -57,7 +57,7 @@ def pools(draw) -> list[WsEntry]:
                 created_at=k,
                 updated_at=k,
                 topics=tuple(draw(st.lists(st.sampled_from(TOPICS), max_size=2, unique=True))),
-                status=draw(st.sampled_from([WsStatus.ACTIVE, WsStatus.FORGOTTEN])),
+                status=draw(st.sampled_from([WorkspaceStatus.ACTIVE, WorkspaceStatus.FORGOTTEN])),
                 tags=draw(st.sampled_from(shared)),
             )
         )

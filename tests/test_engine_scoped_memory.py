@@ -11,15 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import Conflict, InvalidInput
-from engine.memory import Scope, Tier
+from engine.memory_entries import Scope, Tier
 from engine.scoped_memory import (
     MIN_QUOTE_CHARS,
     Extraction,
     ForgetBarrier,
     Origin,
     SourceItem,
-    WsEntry,
-    WsStatus,
+    WorkspaceEntry,
+    WorkspaceStatus,
     content_fingerprint,
     forget,
     may_access,
@@ -92,8 +92,8 @@ def propose(entries, proposal, barriers=(), *, new_id=None, contents=None, now=T
     )
 
 
-def record(entry_id, pool, contributor, content, **kw) -> WsEntry:
-    return WsEntry(
+def record(entry_id, pool, contributor, content, **kw) -> WorkspaceEntry:
+    return WorkspaceEntry(
         id=entry_id,
         scope=scope_of(pool),
         pool=pool,
@@ -174,7 +174,7 @@ def test_a_new_fact_is_created_with_its_evidence():
     assert (e.protected, e.review, e.status, e.origin, e.revision) == (
         False,
         False,
-        WsStatus.ACTIVE,
+        WorkspaceStatus.ACTIVE,
         Origin.SYNTHESIZED,
         1,
     )
@@ -319,7 +319,7 @@ def test_the_memory_bot_never_changes_a_protected_record():
 
 
 def test_a_forgotten_record_is_not_revived_by_replacing_it():
-    gone = record("mem_1", BOT_POOL, "b_ada", "Ann likes jazz", status=WsStatus.FORGOTTEN)
+    gone = record("mem_1", BOT_POOL, "b_ada", "Ann likes jazz", status=WorkspaceStatus.FORGOTTEN)
     assert propose([gone], fact(replaces="mem_1")).code == "not_active"
     assert propose([], fact(replaces="mem_404")).code == "not_found"
     other_pool = record("mem_2", "bot:b_zed", "b_ada", "x")
@@ -398,7 +398,7 @@ def test_review_flags_settle_when_the_rival_is_gone_or_the_person_edits():
 def test_forget_records_a_barrier_and_the_old_content():
     e = record("mem_1", BOT_POOL, "b_ada", "Ann lives in Paris", evidence=("chat_1/i-1",))
     out = forget(e, 1, operator="u_ann", old_content="Ann lives in Paris", now=T0 + 5)
-    assert out.entry.status == WsStatus.FORGOTTEN and out.entry.revision == 2
+    assert out.entry.status == WorkspaceStatus.FORGOTTEN and out.entry.revision == 2
     assert out.barrier == ForgetBarrier(
         pool=BOT_POOL,
         fingerprint=e.content_fp,
@@ -448,7 +448,7 @@ def test_a_stale_revision_changes_nothing():
             call()
         assert err.value.code == "stale_revision"
         assert err.value.details == {"currentRevision": 3}
-    assert e.revision == 3 and e.status == WsStatus.ACTIVE and not e.protected
+    assert e.revision == 3 and e.status == WorkspaceStatus.ACTIVE and not e.protected
 
 
 def test_a_manual_revision_protects_the_record_and_bars_the_old_wording():
@@ -499,7 +499,7 @@ def test_a_revision_of_tier_or_topics_only_leaves_no_barrier():
 
 
 def test_a_forgotten_record_cannot_be_edited_and_bad_input_is_refused():
-    gone = record("mem_1", BOT_POOL, "b_ada", "x", status=WsStatus.FORGOTTEN)
+    gone = record("mem_1", BOT_POOL, "b_ada", "x", status=WorkspaceStatus.FORGOTTEN)
     with pytest.raises(Conflict):
         user_edit(gone, "y", 1, operator="u_ann", old_content="x", now=T0)
     e = record("mem_2", BOT_POOL, "b_ada", "x")

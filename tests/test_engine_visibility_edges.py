@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine import commands
-from engine.memory import AccessProof, EntryMeta, Layer, Reader, Source, Status
+from engine.memory_entries import AccessProof, EntryMeta, Layer, Reader, Source, Status
 from engine.visibility import visible_ids
 
 R = Reader(user="a", org="o1")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.memory import AccessProof, EntryMeta, Layer, Reader, Source, Status
+from engine.memory_entries import AccessProof, EntryMeta, Layer, Reader, Source, Status
 from engine.visibility import Visibility, visible_ids
 
 ORGS = ("o1", "o2")

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import Conflict, InvalidInput
-from engine.memory import AccessProof, EntryMeta, Layer, Reader, Source, Status
+from engine.memory_entries import AccessProof, EntryMeta, Layer, Reader, Source, Status
 from engine.widening import widen
 from tests.test_engine_visibility_oracle import (
     CHANNELS,

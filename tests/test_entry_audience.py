@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from engine import tags as tagmod
 from engine.events import NOBODY, Audience, entry_audience
-from engine.memory import EntryMeta, Reader
+from engine.memory_entries import EntryMeta, Reader
 from engine.visibility import Visibility
 from tests.test_engine_visibility_oracle import cases
 

@@ -23,10 +23,9 @@ from actors.contracts import (
     RememberCall,
 )
 from actors.runtime.follow import Follower
-from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.events import Audience, Event, MemoryChanged, ShardHead
-from engine.memory import Reader
+from engine.memory_entries import Reader
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
 POOL = "bot:b_follow"
@@ -34,8 +33,7 @@ ANN = Reader(user="u_ann", org="o_1", uses_bot=True)
 _enc = msgspec.msgpack.Encoder()
 
 
-class Shard(PackedEvents, ShardService):
-    """What `PlacedShardService` is, without Ray's start-up guard."""
+Shard = ShardService  # what `PlacedShardService` is, without Ray's start-up guard
 
 
 def _call(contents: list[str]) -> bytes:
@@ -168,18 +166,18 @@ def test_a_page_read_from_the_file_says_the_head_it_was_read_at(tmp_path: Path) 
 
 
 def test_followed_writes_answer_as_the_plain_calls_and_hand_their_events(tmp_path: Path) -> None:
-    """`remember_many_followed` and `ws_create_memory_many_followed` answer each request as
+    """`remember_many_followed` and `workspace_create_memory_many_followed` answer each request as
     the plain coalesced calls do (a bad one fails alone) and hand over the events after `seen`;
     a garbled call is invalid input and stores nothing."""
-    from actors.contracts import WsAccess, WsCreateCall
+    from actors.contracts import WorkspaceAccess, WorkspaceCreateCall
     from engine.errors import InvalidInput
-    from engine.scoped_memory import WsMemoryCreate
+    from engine.scoped_memory import WorkspaceMemoryCreate
 
-    ann = WsAccess(account="u_ann", bots=frozenset({"b_follow"}))
+    ann = WorkspaceAccess(account="u_ann", bots=frozenset({"b_follow"}))
 
-    def ws(content: str, rid: str, access: WsAccess = ann) -> bytes:
-        body = WsMemoryCreate(bot="b_follow", scope="user", content=content, requestId=rid)
-        return _enc.encode(WsCreateCall(access=access, body=body))
+    def ws(content: str, rid: str, access: WorkspaceAccess = ann) -> bytes:
+        body = WorkspaceMemoryCreate(bot="b_follow", scope="user", content=content, requestId=rid)
+        return _enc.encode(WorkspaceCreateCall(access=access, body=body))
 
     async def main() -> None:
         svc = Shard(tmp_path / "data", 0)
@@ -192,11 +190,13 @@ def test_followed_writes_answer_as_the_plain_calls_and_hand_their_events(tmp_pat
             assert msgspec.json.decode(replies[0])["content"] == "x"
             assert not isinstance(replies[1], bytes)  # empty content: its own error
             assert [e.seq for e in got.events.events] == [start + 1]
-            calls = [ws("fact", "w1"), ws("theirs", "w2", WsAccess(account="u_eve"))]
+            calls = [ws("fact", "w1"), ws("theirs", "w2", WorkspaceAccess(account="u_eve"))]
             asked = FollowingCall(
                 follower="f", seen=start + 1, call=msgspec.Raw(_enc.encode(calls))
             )
-            got = FOLLOWED.decode(await svc.ws_create_memory_many_followed(_enc.encode(asked)))
+            got = FOLLOWED.decode(
+                await svc.workspace_create_memory_many_followed(_enc.encode(asked))
+            )
             replies = REPLIES.decode(got.replies)
             assert msgspec.json.decode(replies[0])["content"] == "fact"
             assert not isinstance(replies[1], bytes)  # no use of the bot

@@ -316,7 +316,7 @@ def test_a_client_that_stops_reading_holds_up_no_one(monkeypatch):
 
 
 class Writer:
-    """A ready-made frame writer (gateway/ws_frames.py) answering what it is told to."""
+    """A ready-made frame writer (gateway/socket_frames.py) answering what it is told to."""
 
     def __init__(self) -> None:
         self.frames: list[bytes] = []
@@ -329,7 +329,7 @@ class Writer:
 
 
 def test_an_outlet_with_a_writer_writes_frames_past_asgi_until_the_socket_is_full():
-    from gateway.ws_frames import text_frame
+    from gateway.socket_frames import text_frame
 
     async def scenario():
         socket, writer = Socket(), Writer()

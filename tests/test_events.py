@@ -204,7 +204,7 @@ def test_a_grant_given_while_connected_applies_to_the_open_stream(engine, world)
     import ray
 
     from engine.directory import bot_pool
-    from engine.memory import EntryMeta, Layer
+    from engine.memory_entries import EntryMeta, Layer
 
     async def scenario():
         bob = EventClient(world.server.url, world.tokens["bob"])

@@ -13,8 +13,8 @@ import ray
 from websockets.asyncio.client import connect
 
 from engine.directory import bot_pool
-from engine.memory import EntryMeta, Layer
-from gateway.ws_frames import FrameWriter
+from engine.memory_entries import EntryMeta, Layer
+from gateway.socket_frames import FrameWriter
 from tests.conftest import World
 
 
@@ -72,7 +72,7 @@ def _add(engine, world: World, entry: str, tags: tuple[str, ...]) -> None:
 
 def test_shared_frames_reach_exactly_their_audience(engine, admin, server, world, monkeypatch):
     world.grant("bob", "read")  # bob may use the bot; carol, in the same org, may not
-    # Event frames go to the sockets as ready-made bytes (gateway/ws_frames.py): count them.
+    # Event frames go to the sockets as ready-made bytes (gateway/socket_frames.py): count them.
     written: list[bytes] = []
     write = FrameWriter.write
 

@@ -200,8 +200,8 @@ def test_export_import_export_is_byte_identical_and_the_import_serves(filled, ad
             (f"bot:{w.bot}", "old habit"),
             (f"project:{w.project}", "Ship on Friday"),
         ):
-            assert ray.get(shard.ws_blocked.remote(pool, text)) is not None
-        assert ray.get(shard.ws_blocked.remote(f"bot:{w.bot}", "A new habit.")) is None
+            assert ray.get(shard.workspace_blocked.remote(pool, text)) is not None
+        assert ray.get(shard.workspace_blocked.remote(f"bot:{w.bot}", "A new habit.")) is None
     finally:
         server.stop()
         imported.stop()

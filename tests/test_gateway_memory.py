@@ -1,11 +1,11 @@
-"""The seed-000 memory routes end to end: real uvicorn, real Ray actors, real DuckDB files."""
+"""The bot memory routes end to end: real uvicorn, real Ray actors, real DuckDB files."""
 
 from __future__ import annotations
 
 import ray
 
 from engine.directory import bot_pool
-from engine.memory import AccessProof, EntryMeta, Layer, Source
+from engine.memory_entries import AccessProof, EntryMeta, Layer, Source
 
 REMEMBER = {"command": {"_tag": "Remember", "content": "Run the tests first.", "tags": ["testing"]}}
 
@@ -186,6 +186,8 @@ def test_purge_needs_write_on_a_non_linked_bot(world, admin):
         assert r.status_code == 403 and r.json()["error"]["code"] == "linked"
         r = alice.patch(f"/v1/bots/{linked}/memory/bot", json={"expected": 0, "concurrency": 2})
         assert r.status_code == 403
+        r = alice.get(f"/v1/bots/{linked}/memory/bot")
+        assert r.status_code == 403 and r.json()["error"]["code"] == "linked", r.text
 
 
 def test_memory_bot_settings_versioned_patch(world):
@@ -210,7 +212,10 @@ def test_memory_bot_settings_versioned_patch(world):
         stale = alice.patch(url, json={"expected": 0, "concurrency": 3})
         assert stale.status_code == 409
         assert bob.patch(url, json={"expected": 1, "concurrency": 3}).status_code == 403
-        assert bob.get(url).json()["version"] == 1  # read is enough to read settings
+        # Reading the settings needs write, as changing them does.
+        r = bob.get(url)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "no_write", r.text
+        assert alice.get(url).json()["version"] == 1
         bad = alice.patch(url, json={"expected": 1, "budget": {"period": "week", "limitMicros": 1}})
         assert bad.status_code == 400
         cleared = alice.patch(url, json={"expected": 1, "budget": None, "concurrency": None})

@@ -13,7 +13,7 @@ from actors.shard.kernel import ShardKernel
 from engine import commands
 from engine.errors import StorageError
 from engine.events import Audience, ChatItemCreated
-from engine.memory import Reader
+from engine.memory_entries import Reader
 from storage.group_commit import GroupCommitter
 
 R = Reader(user="u1", org="o1", uses_bot=True)
@@ -39,7 +39,7 @@ def _fail_commits(monkeypatch) -> list[bool]:
 
 
 def _remember(kernel: ShardKernel, pool, entry_id: str, text: str):
-    """A Remember as the seed-000 API stages it (call under the pool's exclusive lock)."""
+    """A Remember as the memory API stages it (call under the pool's exclusive lock)."""
     outcome = commands.remember(
         pool=pool.id, entry_id=entry_id, reader=R, topics=(), now=1, version=pool.version
     )

@@ -204,7 +204,7 @@ async def _oversize() -> None:
 
 def _engine_errors() -> list[type[OpenBotError]]:
     # Every module that defines an error that may cross a shard's lane or Ray.
-    import actors.learning.memory_bot  # BudgetSpent
+    import actors.learning.memory_bot_runtime  # BudgetSpent
     import actors.models.embeddings  # EmbeddingError
     import actors.models.errors  # noqa: F401  ModelError
 

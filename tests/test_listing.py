@@ -133,10 +133,16 @@ def test_pagination_walks_every_record_once(world: World, admin):
         whole = _ok(a.get("/v1/bots", params={"limit": 200}))
         assert whole["nextCursor"] is None and len(whole["items"]) == 8
 
-        for bad in ({"limit": 0}, {"limit": 201}, {"limit": "x"}, {"cursor": "%%"}):
+        for bad in ({"limit": 0}, {"limit": 201}, {"limit": "x"}, {"limit": "²"}):
             r = a.get("/v1/bots", params=bad)
-            assert r.status_code == 400, (bad, r.text)
-            assert r.json()["error"]["code"] in ("invalid_limit", "invalid_cursor")
+            assert r.status_code == 422, (bad, r.text)
+            assert r.json()["error"] | {"message": ""} == {
+                "code": "out_of_range",
+                "field": "limit",
+                "message": "",
+            }
+        r = a.get("/v1/bots", params={"cursor": "%%"})
+        assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_cursor")
         assert a.get("/v1/chats", params={"kind": "nosuch"}).status_code == 400
 
     # Admin lists: one org's records, page by page.

@@ -103,3 +103,38 @@ def test_learning_sends_workspace_facts_outside_the_pool_lock(tmp_path, monkeypa
 
     asyncio.run(go())
     assert seen == [0]
+
+
+def test_the_search_locks_count_too(tmp_path, monkeypatch):
+    """A pool's semantic-search lock counts as a pool lock: the record texts the background
+    embeds are opened under it (and the model is called after it is released, or the guard
+    would fail the suite)."""
+    from actors.directory import DirectoryService
+    from actors.shard.service import ShardService
+    from actors.workspace.pools import WorkspacePools
+    from engine.memory_entries import Scope
+    from engine.scoped_memory import WorkspaceMemoryCreate
+    from tests.test_semantic_search import ANN, InProcessEmbedder
+
+    held: list[int] = []
+    opened = WorkspacePools.open
+
+    def open_(self, pool, entry_id):
+        held.append(lock_guard.held())
+        return opened(self, pool, entry_id)
+
+    monkeypatch.setattr(WorkspacePools, "open", open_)
+
+    async def go():
+        emb = InProcessEmbedder()
+        svc = ShardService(tmp_path, 0, embedder=emb, search={"context_window_s": 0})
+        svc.peers.connect(directory=DirectoryService(tmp_path))
+        body = WorkspaceMemoryCreate(requestId="r-1", scope=Scope.USER, bot="b_1", content="Tea.")
+        await svc.workspace_create_memory(ANN, body)
+        await svc.workspace.semantic.idle()
+        await svc.close()
+        svc.peers.directory().store.db.close()
+        assert emb.texts == ["Tea."]
+
+    assert _caught(go) == []
+    assert held and max(held) == 1

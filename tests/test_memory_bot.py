@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import msgspec
 import pytest
 
 from actors.contracts import TurnStart
+from actors.models.registry import OpenAIModel
 from engine.directory import Org, OrgSettings
-from engine.memory import Reader
-from engine.memory_bot import Budget, SettingsPatch
+from engine.memory_bot_settings import Budget, SettingsPatch, period_key
+from engine.memory_entries import Reader
+from engine.models import Price
 from engine.turns import CALM_ANSWER
 from tests.openai_stub import OpenAIStub, completion
 from tests.shard_kit import ANN, BOT, CHAT, ORG, POOL, run_turn, shard_service
@@ -394,3 +397,155 @@ def test_items_of_a_running_turn_appear_once_stored(tmp_path, fresh):
     during, after = asyncio.run(go())
     assert [i.kind for i in during] == ["person"]
     assert [i.kind for i in after] == ["person", "bot"]
+
+
+@pytest.mark.parametrize("turns", [10, 24])
+def test_concurrent_turns_spend_a_budget_of_one_call_once(tmp_path, fresh, turns):
+    """A budget of exactly one memory-bot call: `turns` chats of the bot confide at once, each
+    turn asking the memory bot for a confessor's answer. One call is made and charged; the
+    others find the budget spent (calm answers), and learning waits for the next period."""
+    bot, mem = fresh
+    gate = threading.Event()
+
+    def bot_answer(body):
+        if body["messages"][-1]["role"] == "tool":
+            return completion("OK.")
+        return completion(None, tool_calls=[CONFIDE])
+
+    def mem_answer(body):  # the confessor's calls (no tools) are held until the gate opens
+        return None if body.get("tools") else ("gate", gate, completion("Thank you."))
+
+    bot.routes.append(bot_answer)
+    mem.routes.append(mem_answer)
+    price = Price(input_micros_per_mtok=1_000_000)  # the stub's 10 input tokens: 10 micros
+    models = {
+        "bot": OpenAIModel("bot", base_url=bot.url, model="bot-model"),
+        "mem": OpenAIModel("mem", base_url=mem.url, model="mem-model", price=price),
+    }
+    chats = [msgspec.structs.replace(CHAT, id=f"chat_{k}") for k in range(turns)]
+
+    async def go():
+        svc = shard_service(tmp_path, fresh, models=models, answer_wait=120.0)
+        try:
+            patch = SettingsPatch(expected=0, budget=Budget(period="day", limitMicros=10))
+            await svc.patch_memory_bot_settings(POOL, patch)
+            started = [
+                await svc.start_turn(
+                    TurnStart(chat=c, bot=BOT, org=ORG, operator=c.owner, text="hi")
+                )
+                for c in chats
+            ]
+            # Every turn is either at the model or waiting for the budget, then the model answers.
+            for _ in range(6000):
+                if len(mem.requests) + svc.memory_bot.waiting >= turns:
+                    break
+                await asyncio.sleep(0.01)
+            gate.set()
+            for c, t in zip(chats, started, strict=True):
+                await svc.wait_turn(c.id, t.id)
+            await svc.learning_idle()
+            calm = [(await svc.confessions(c.id))[0].calm for c in chats]
+            jobs = await svc.learning_jobs(POOL)
+            spent = await svc.chats.spend(POOL, period_key("day", svc.kernel.clock()))
+            return calm, jobs, spent
+        finally:
+            gate.set()
+            await svc.close()
+
+    calm, jobs, spent = asyncio.run(go())
+    assert len(mem.requests) == 1
+    assert spent == (10, 0)
+    assert sorted(calm) == [False] + [True] * (turns - 1)
+    assert {j.status for j in jobs} == {"waiting"}
+
+
+def test_a_failed_call_gives_its_reservation_back(tmp_path, fresh):
+    """A budget of one call: the first confessor call fails (nothing charged), so the next
+    turn's call still fits and is answered."""
+    bot, mem = fresh
+    bot.answer(
+        completion(None, tool_calls=[CONFIDE]),
+        completion("OK."),
+        completion(None, tool_calls=[CONFIDE]),
+        completion("OK."),
+    )
+    mem.answer(400, completion("Thank you."))
+    price = Price(input_micros_per_mtok=1_000_000)
+    models = {
+        "bot": OpenAIModel("bot", base_url=bot.url, model="bot-model"),
+        "mem": OpenAIModel("mem", base_url=mem.url, model="mem-model", price=price),
+    }
+    # Learning (with tools) reports no usage: only the confessor's calls cost anything.
+    mem.routes.append(lambda body: completion("OK.", usage=None) if body.get("tools") else None)
+
+    async def go():
+        svc = shard_service(tmp_path, fresh, models=models)
+        try:
+            patch = SettingsPatch(expected=0, budget=Budget(period="day", limitMicros=10))
+            await svc.patch_memory_bot_settings(POOL, patch)
+            await run_turn(svc, "first")
+            await run_turn(svc, "second")
+            return await svc.confessions("chat_1")
+        finally:
+            await svc.close()
+
+    confessions = asyncio.run(go())
+    assert [c.calm for c in confessions] == [True, False]
+
+
+def test_a_spend_total_read_late_does_not_undo_a_charge(tmp_path, fresh, monkeypatch):
+    """Turn A reads the period's spend from disk, slowly; turn B reads it meanwhile, makes the
+    one call the budget allows and is charged; A's late read must not put the total back to
+    what the disk said: A is refused."""
+    from storage.chat_store import ChatStore
+
+    bot, mem = fresh
+    bot.routes.append(
+        lambda body: (
+            completion("OK.")
+            if body["messages"][-1]["role"] == "tool"
+            else completion(None, tool_calls=[CONFIDE])
+        )
+    )
+    mem.routes.append(lambda body: completion("OK.", usage=None) if body.get("tools") else None)
+    price = Price(input_micros_per_mtok=1_000_000)
+    models = {
+        "bot": OpenAIModel("bot", base_url=bot.url, model="bot-model"),
+        "mem": OpenAIModel("mem", base_url=mem.url, model="mem-model", price=price),
+    }
+    reading, go = asyncio.Event(), asyncio.Event()
+    spend = ChatStore.spend
+
+    async def slow_first(self, pool, period):
+        found = await spend(self, pool, period)
+        if not reading.is_set():
+            reading.set()
+            await go.wait()
+        return found
+
+    monkeypatch.setattr(ChatStore, "spend", slow_first)
+    a, b = (msgspec.structs.replace(CHAT, id=f"chat_{k}") for k in "ab")
+
+    async def start(svc, chat):
+        start = TurnStart(chat=chat, bot=BOT, org=ORG, operator=chat.owner, text="hi")
+        return await svc.start_turn(start)
+
+    async def go_():
+        svc = shard_service(tmp_path, fresh, models=models, answer_wait=60.0)
+        try:
+            patch = SettingsPatch(expected=0, budget=Budget(period="day", limitMicros=10))
+            await svc.patch_memory_bot_settings(POOL, patch)
+            turn_a = await start(svc, a)
+            await asyncio.wait_for(reading.wait(), 30)
+            turn_b = await start(svc, b)
+            await svc.wait_turn(b.id, turn_b.id)
+            go.set()
+            await svc.wait_turn(a.id, turn_a.id)
+            await svc.learning_idle()
+            return [(await svc.confessions(c.id))[0].calm for c in (a, b)]
+        finally:
+            go.set()
+            await svc.close()
+
+    assert asyncio.run(go_()) == [True, False]
+    assert len([r for r in mem.requests if not r.get("tools")]) == 1

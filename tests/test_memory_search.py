@@ -1,4 +1,4 @@
-"""Ranked memory search on a shard and over HTTP (issue 11): workspace memories and the seed-000
+"""Ranked memory search on a shard and over HTTP (issue 11): workspace memories and
 bot memory. Stems and paraphrases meet, a Chinese query finds a Chinese record, forgetting and
 purging take hits away at once, the index survives a restart from stored term hashes, and no
 word of a record reaches the disk in the clear."""
@@ -14,17 +14,17 @@ import duckdb
 import numpy as np
 import pytest
 
-from actors.contracts import WsAccess, WsQuery
+from actors.contracts import WorkspaceAccess, WorkspaceQuery
 from actors.directory import DirectoryService
 from actors.shard.service import ShardService
 from engine.errors import Conflict
-from engine.memory import Reader, Scope
-from engine.scoped_memory import WsForget, WsMemoryChange, WsMemoryCreate
+from engine.memory_entries import Reader, Scope
+from engine.scoped_memory import WorkspaceForget, WorkspaceMemoryChange, WorkspaceMemoryCreate
 from storage.search_index import TermIndex
 from tests.test_shard_service import fact
 
-ANN = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
-BEN = WsAccess(account="u_ben", bots=frozenset({"b_1"}))
+ANN = WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}))
+BEN = WorkspaceAccess(account="u_ben", bots=frozenset({"b_1"}))
 ALICE = Reader(user="u1", org="o1", uses_bot=True)
 BOB = Reader(user="u2", org="o1", uses_bot=True)
 POOL = "bot:b1"
@@ -45,16 +45,16 @@ async def _close(svc: ShardService) -> None:
     svc.peers.directory().store.db.close()
 
 
-async def _create(svc: ShardService, who: WsAccess, content: str) -> str:
-    body = WsMemoryCreate(
+async def _create(svc: ShardService, who: WorkspaceAccess, content: str) -> str:
+    body = WorkspaceMemoryCreate(
         requestId="r-" + secrets.token_hex(4), scope=Scope.USER, bot="b_1", content=content
     )
-    return (await svc.ws_create_memory(who, body)).id
+    return (await svc.workspace_create_memory(who, body)).id
 
 
-async def _found(svc: ShardService, q: str, who: WsAccess = ANN, **kw) -> list[str]:
-    query = WsQuery(pools=(f"user:{who.account}",), q=q, **kw)
-    return [h.id for h in (await svc.ws_entries(who, query)).fused]
+async def _found(svc: ShardService, q: str, who: WorkspaceAccess = ANN, **kw) -> list[str]:
+    query = WorkspaceQuery(pools=(f"user:{who.account}",), q=q, **kw)
+    return [h.id for h in (await svc.workspace_entries(who, query)).fused]
 
 
 def test_workspace_search_ranks_stems_paraphrases_and_chinese(tmp_path: Path):
@@ -73,7 +73,9 @@ def test_workspace_search_ranks_stems_paraphrases_and_chinese(tmp_path: Path):
         assert await _found(svc, "讨论预算") == [zh]
         assert await _found(svc, "明年") == [zh]
         # limit cuts the ranking; scores go down.
-        listing = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",), q="friday", limit=1))
+        listing = await svc.workspace_entries(
+            ANN, WorkspaceQuery(pools=("user:u_ann",), q="friday", limit=1)
+        )
         assert len(listing.entries) == 1 and listing.fused[0].kinds == ("keyword",)
         await _close(svc)
 
@@ -113,7 +115,9 @@ def test_records_written_in_a_row_are_found_by_their_neighbours_words(tmp_path: 
         found = await _found(svc, "bowl")  # its own words rank first, its neighbours' after
         assert found[0] == answer and set(found) == {asked, answer, after}
         assert await _found(svc, "rained") == [after, answer]  # the last one: one neighbour
-        listing = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",), q="bowl mug"))
+        listing = await svc.workspace_entries(
+            ANN, WorkspaceQuery(pools=("user:u_ann",), q="bowl mug")
+        )
         assert listing.entries[0].content == "Yes! I made a bowl and a little mug."
         await _close(svc)
         return asked, answer, after
@@ -124,9 +128,11 @@ def test_records_written_in_a_row_are_found_by_their_neighbours_words(tmp_path: 
         svc = _shard(tmp_path, context_s=120)
         found = await _found(svc, "bowl")
         assert found[0] == answer and set(found) == {asked, answer, after}
-        await svc.ws_change_memory(
+        await svc.workspace_change_memory(
             ANN,
-            WsMemoryChange(requestId="r-e", id=asked, expectedRevision=1, content="Tea later?"),
+            WorkspaceMemoryChange(
+                requestId="r-e", id=asked, expectedRevision=1, content="Tea later?"
+            ),
         )
         assert set(await _found(svc, "bowl")) == {answer, after}  # edited: its own words only
         await _close(svc)
@@ -141,9 +147,11 @@ def test_an_edited_record_is_not_given_its_successors_words(tmp_path: Path):
     async def main() -> None:
         svc = _shard(tmp_path, context_s=120)
         first = await _create(svc, ANN, "Did you go to the pottery workshop?")
-        await svc.ws_change_memory(
+        await svc.workspace_change_memory(
             ANN,
-            WsMemoryChange(requestId="r-e", id=first, expectedRevision=1, content="Tea later?"),
+            WorkspaceMemoryChange(
+                requestId="r-e", id=first, expectedRevision=1, content="Tea later?"
+            ),
         )
         second = await _create(svc, ANN, "Yes! I made a bowl and a little mug.")
         assert await _found(svc, "bowl") == [second]
@@ -159,11 +167,16 @@ def test_forget_and_edit_change_hits_at_once_and_the_index_survives_a_restart(tm
         a = await _create(svc, ANN, f"The {SECRET} recipe needs oranges.")
         b = await _create(svc, ANN, "Lunch is at noon.")
         assert await _found(svc, SECRET) == [a]
-        await svc.ws_change_memory(ANN, WsForget(requestId="r-f", id=a, expectedRevision=1))
+        await svc.workspace_change_memory(
+            ANN, WorkspaceForget(requestId="r-f", id=a, expectedRevision=1)
+        )
         assert await _found(svc, SECRET) == []  # at once, no commit wait, no reload
         assert await _found(svc, SECRET, status="forgotten") == [a]
-        await svc.ws_change_memory(
-            ANN, WsMemoryChange(requestId="r-e", id=b, expectedRevision=1, content="Lunch: soup.")
+        await svc.workspace_change_memory(
+            ANN,
+            WorkspaceMemoryChange(
+                requestId="r-e", id=b, expectedRevision=1, content="Lunch: soup."
+            ),
         )
         assert await _found(svc, "noon") == [] and await _found(svc, "soup") == [b]
         await _close(svc)
@@ -191,8 +204,8 @@ def test_forget_and_edit_change_hits_at_once_and_the_index_survives_a_restart(tm
 
         TermIndex.build_flat = spy  # type: ignore[method-assign]
         opened = []
-        real_open = svc.ws_pools.open
-        svc.ws_pools.open = lambda pool, i: opened.append(i) or real_open(pool, i)  # type: ignore[method-assign]
+        real_open = svc.workspace_pools.open
+        svc.workspace_pools.open = lambda pool, i: opened.append(i) or real_open(pool, i)  # type: ignore[method-assign]
         try:
             assert await _found(svc, "soup") == [b]
             assert await _found(svc, SECRET, status="all") == [a]
@@ -265,7 +278,7 @@ def test_bot_memory_q_and_limit_over_http(world):
         one = alice.get(f"/v1/bots/{world.bot}/memory", params={"q": "budget", "limit": 1})
         assert len(one.json()["entries"]) == 1
         bad = alice.get(f"/v1/bots/{world.bot}/memory", params={"q": "budget", "limit": "0"})
-        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_limit"
+        assert bad.status_code == 422 and bad.json()["error"]["code"] == "out_of_range"
         # Without q the listing is as before: every visible entry, no scores.
         listing = alice.get(f"/v1/bots/{world.bot}/memory").json()["entries"]
         assert len(listing) == 2 and "score" not in listing[0]
@@ -274,11 +287,11 @@ def test_bot_memory_q_and_limit_over_http(world):
 def test_new_request_ids_read_no_receipt_and_repeats_still_answer_after_a_restart(
     tmp_path: Path,
 ):
-    body = WsMemoryCreate(requestId="r-once", scope=Scope.USER, bot="b_1", content="Tea.")
+    body = WorkspaceMemoryCreate(requestId="r-once", scope=Scope.USER, bot="b_1", content="Tea.")
 
     async def first() -> str:
         svc = _shard(tmp_path)
-        entry = await svc.ws_create_memory(ANN, body)
+        entry = await svc.workspace_create_memory(ANN, body)
         await _close(svc)
         return entry.id
 
@@ -290,17 +303,21 @@ def test_new_request_ids_read_no_receipt_and_repeats_still_answer_after_a_restar
         real = svc.receipts.find
         svc.receipts.find = lambda *a: finds.append(a[0]) or real(*a)  # type: ignore[method-assign]
         fresh = [
-            WsMemoryCreate(requestId=f"r-{n}", scope=Scope.USER, bot="b_1", content=f"Note {n}.")
+            WorkspaceMemoryCreate(
+                requestId=f"r-{n}", scope=Scope.USER, bot="b_1", content=f"Note {n}."
+            )
             for n in range(24)
         ]
-        await asyncio.gather(*(svc.ws_create_memory(ANN, b) for b in fresh))
+        await asyncio.gather(*(svc.workspace_create_memory(ANN, b) for b in fresh))
         assert finds == []  # 24 new ids at once: no receipt read
-        assert (await svc.ws_create_memory(ANN, body)).id == first_id  # a repeat: the answer
-        other = WsMemoryCreate(requestId="r-once", scope=Scope.USER, bot="b_1", content="Coffee.")
+        assert (await svc.workspace_create_memory(ANN, body)).id == first_id  # a repeat: the answer
+        other = WorkspaceMemoryCreate(
+            requestId="r-once", scope=Scope.USER, bot="b_1", content="Coffee."
+        )
         with pytest.raises(Conflict):
-            await svc.ws_create_memory(ANN, other)
+            await svc.workspace_create_memory(ANN, other)
         assert len(finds) == 2
-        found = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",)))
+        found = await svc.workspace_entries(ANN, WorkspaceQuery(pools=("user:u_ann",)))
         assert len(found.entries) == 25  # nothing written twice
         await _close(svc)
 
@@ -336,7 +353,7 @@ def test_stored_terms_made_from_other_content_are_made_again_after_a_restart(
     async def again() -> None:
         svc = _shard(tmp_path)
         await _found(svc, "anything")  # loads the pool (and its stored terms as they are)
-        await svc.ws_pools.upkept()  # the check runs once the loading search is answered
+        await svc.workspace_pools.upkept()  # the check runs once the loading search is answered
         assert await _found(svc, "orchard pruning") == [a]
         assert a not in await _found(svc, "noon lunch")
         await svc.flush()
@@ -365,7 +382,7 @@ def test_enrichment_context_takes_what_the_input_is_about_first(tmp_path: Path):
         limit = 200  # room for about four entries
         plain, has = await svc.context_parts(POOL, ALICE, limit)
         assert has and wanted.id not in {i for i, _ in plain}  # memory order alone misses it
-        parts, has = await svc.bot_memory.context_for(
+        parts, has = await svc.memory_reader.context_for(
             POOL, ALICE, "When is the next deployment of billing?", limit
         )
         ids = [i for i, _ in parts]
@@ -374,7 +391,7 @@ def test_enrichment_context_takes_what_the_input_is_about_first(tmp_path: Path):
         order = [e.id for e in (await svc.read_memory(POOL, ALICE)).entries]
         assert ids == [i for i in order if i in ids]  # memory order
         assert ids[:-1] == [i for i, _ in plain][: len(ids) - 1]  # then filled as `context` does
-        unrelated, _ = await svc.bot_memory.context_for(POOL, ALICE, "quokka", limit)
+        unrelated, _ = await svc.memory_reader.context_for(POOL, ALICE, "quokka", limit)
         assert unrelated == plain
         assert filler  # (the entries above are what fills the limit)
         await svc.close()
@@ -498,8 +515,8 @@ def test_a_bot_pool_links_its_records_stored_without_an_org_tag_as_they_are_read
         await d.create_org("Nine", "o_9")
         await d.create_user("Nia", ["o_9"], "u_nia")
         await d.create_bot(name="Nine", org="o_9", owner="u_nia", id="b_9")
-        bot = (await svc.ws_pools.pool("bot:b_9")).stored.entries
-        user = (await svc.ws_pools.pool(pool)).stored.entries
+        bot = (await svc.workspace_pools.pool("bot:b_9")).stored.entries
+        user = (await svc.workspace_pools.pool(pool)).stored.entries
         assert isinstance(bot, LazyEntries) and set(bot) == {"old", "new"}
         assert "org:o_9" in bot["old"].tags and bot["old"].tags[-1] == "org:o_9"
         assert [t for t in bot["new"].tags if t.startswith("org:")] == ["org:o_1"]
@@ -517,7 +534,7 @@ def test_seed_term_rows_and_index_are_what_a_rebuild_from_the_sealed_content_giv
     gives and the fingerprint of that very seal, and the pool's index ranks like one rebuilt
     from storage after a restart."""
     from actors.shard.kernel import sealed_fp, terms_pool
-    from engine.memory import EntryMeta, Layer
+    from engine.memory_entries import EntryMeta, Layer
 
     texts = ["Deploy the billing service on Friday", "Soup for lunch at noon", "统一部署计划"]
 
@@ -531,7 +548,7 @@ def test_seed_term_rows_and_index_are_what_a_rebuild_from_the_sealed_content_giv
         await svc.add_entries(POOL, [(meta, "The billing team deploys on Fridays")])
         made["mem_bot1"] = "The billing team deploys on Fridays"
         pool = await svc.kernel.pool(POOL)
-        an = svc.kernel.analyzer
+        an = svc.kernel.analyzer(POOL)
         rows = await svc.kernel.terms.load(terms_pool(POOL))
         assert set(rows) == set(made)
         for entry_id, text in made.items():
@@ -552,8 +569,8 @@ def test_seed_term_rows_and_index_are_what_a_rebuild_from_the_sealed_content_giv
         svc = ShardService(tmp_path, 0)
         pool = await svc.kernel.pool(POOL)
         fresh = TermIndex()
-        fresh.build((i, svc.kernel.analyzer.keys(t)) for i, t in made.items())
-        q = svc.kernel.analyzer.query("deploying billing on friday lunch")
+        fresh.build((i, svc.kernel.analyzer(POOL).keys(t)) for i, t in made.items())
+        q = svc.kernel.analyzer(POOL).query("deploying billing on friday lunch")
         assert [i for i, _ in pool.terms.search(q, 10)] == [i for i, _ in live]
         assert dict(fresh.search(q, 10)).keys() == dict(live).keys()
         await svc.close()

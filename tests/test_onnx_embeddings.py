@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actors.contracts import WsAccess, WsQuery
+from actors.contracts import WorkspaceAccess, WorkspaceQuery
 from actors.directory import DirectoryService
 from actors.models.embeddings import OnnxEmbeddings, load_embedder, search_settings
 from actors.models.registry import load_models
 from actors.shard.service import ShardService
 from engine.errors import InvalidInput
-from engine.memory import Scope
-from engine.scoped_memory import WsMemoryCreate
+from engine.memory_entries import Scope
+from engine.scoped_memory import WorkspaceMemoryCreate
 
 MODELS = {"minilm": {"kind": "onnx"}}
-ANN = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
+ANN = WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}))
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +61,13 @@ def test_semantic_search_with_the_onnx_model_finds_a_record_sharing_no_word(
         svc.peers.connect(directory=DirectoryService(tmp_path))
         ids = []
         for text in ("The automobile needs new tyres.", "Lunch is at noon.", "Pay the rent."):
-            body = WsMemoryCreate(
+            body = WorkspaceMemoryCreate(
                 requestId="r-" + secrets.token_hex(4), scope=Scope.USER, bot="b_1", content=text
             )
-            ids.append((await svc.ws_create_memory(ANN, body)).id)
-        listing = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",), q="my car", limit=3))
+            ids.append((await svc.workspace_create_memory(ANN, body)).id)
+        listing = await svc.workspace_entries(
+            ANN, WorkspaceQuery(pools=("user:u_ann",), q="my car", limit=3)
+        )
         assert listing.fused[0].id == ids[0] and listing.fused[0].kinds == ("semantic",)
         await svc.close()
         svc.peers.directory().store.db.close()

@@ -15,6 +15,7 @@ from openapi_spec_validator import validate
 from schemathesis.specs.openapi.checks import response_schema_conformance
 from starlette.routing import Route, WebSocketRoute
 
+from gateway.events import CLOSE_CODES as EVENTS_CLOSE_CODES
 from gateway.openapi import ROUTES, openapi_document
 from tests.conftest import ADMIN, _ok
 
@@ -68,12 +69,15 @@ def test_document_is_valid_and_served(server):
     }
     body = memories["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert [s["$ref"].rsplit("/", 1)[1] for s in body["oneOf"]] == [
-        "WsMemoryCreate",
-        "WsMemoryChange",
+        "WorkspaceMemoryCreate",
+        "WorkspaceMemoryChange",
     ]
     for ws in ("/v1/events", "/v1/nodes"):
         op = paths[ws]["get"]
         assert "101" in op["responses"] and op["x-websocket"]["client"]["oneOf"]
+    # Every close code of the events socket is documented with its frames.
+    frames = doc["components"]["schemas"]["EventFrame"]["description"]
+    assert all(str(code) in frames.split() for code in EVENTS_CLOSE_CODES), frames
     schemas = doc["components"]["schemas"]
     assert {"EventFrame", "EventsAuth", "NodeWelcome", "NodeRequest"} <= set(schemas)
     assert paths["/healthz"]["get"]["security"] == []

@@ -1,6 +1,5 @@
-"""The event pump's poll with one bytes reply (actors/shard/packed.py, mixed into the shard as
-Ray hosts it): `events_packed` answers exactly what `events_after` does, as one msgpack
-`EventBatch`."""
+"""The event pump's poll with one bytes reply (actors/shard/packed.py): `events_packed`
+answers exactly what `events_after` does, as one msgpack `EventBatch`."""
 
 from __future__ import annotations
 
@@ -11,10 +10,9 @@ import msgspec
 import pytest
 
 from actors.contracts import EVENT_BATCH
-from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.events import MemoryChanged
-from engine.memory import Reader
+from engine.memory_entries import Reader
 
 POOL = "bot:b1"
 ALICE = Reader(user="u1", org="o1", channels=frozenset({"c1", "c2"}), uses_bot=True)
@@ -22,8 +20,7 @@ ALICE = Reader(user="u1", org="o1", channels=frozenset({"c1", "c2"}), uses_bot=T
 pytestmark = pytest.mark.usefixtures("no_env_key")
 
 
-class Shard(PackedEvents, ShardService):
-    """What `PlacedShardService` is, without Ray's start-up guard."""
+Shard = ShardService  # what `PlacedShardService` is, without Ray's start-up guard
 
 
 def test_events_packed_equals_events_after(tmp_path: Path) -> None:
@@ -74,7 +71,7 @@ def test_a_garbled_packed_workspace_write_is_invalid_input_and_stores_nothing(
             before = await svc.events_after(0, 1000, 0.0)
             for junk in (b"", b"\x81\xa3bad\x01", msgspec.msgpack.encode({"access": 1})):
                 with pytest.raises(InvalidInput):
-                    await svc.ws_create_memory_packed(junk)
+                    await svc.workspace_create_memory_packed(junk)
             assert await svc.events_after(0, 1000, 0.0) == before
         finally:
             await svc.close()

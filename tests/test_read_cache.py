@@ -7,7 +7,7 @@ import time
 import ray
 
 from engine.directory import bot_pool
-from engine.memory import EntryMeta, Layer, Reader
+from engine.memory_entries import EntryMeta, Layer, Reader
 from gateway.read_cache import ReadCache
 
 

@@ -14,7 +14,7 @@ from actors.contracts import RememberCall
 from actors.shard.service import ShardService
 from engine.casing import to_wire
 from engine.errors import Conflict, InvalidInput
-from engine.memory import Reader
+from engine.memory_entries import Reader
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
 POOL = "bot:b_packed"

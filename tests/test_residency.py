@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from actors.contracts import WsAccess, WsQuery
+from actors.contracts import WorkspaceAccess, WorkspaceQuery
 from actors.directory import DirectoryService
 from actors.shard.batch import Batch
 from actors.shard.residency import Residency, budget_from
 from actors.shard.service import ShardService
 from engine.directory import Chat
-from engine.memory import Reader, Scope
-from engine.scoped_memory import WsMemoryCreate
+from engine.memory_entries import Reader, Scope
+from engine.scoped_memory import WorkspaceMemoryCreate
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
 
@@ -211,16 +211,18 @@ def test_workspace_pools_are_evicted_with_their_hooks_and_reload(tmp_path: Path)
             await d.create_user(account, ["o1"], account)
             await d.create_bot(name=f"bot {n}", org="o1", owner=account, id=f"b{n}")
         for n, account in enumerate(accounts):
-            access = WsAccess(account=account, bots=frozenset({f"b{n}"}))
-            body = WsMemoryCreate(
+            access = WorkspaceAccess(account=account, bots=frozenset({f"b{n}"}))
+            body = WorkspaceMemoryCreate(
                 requestId=f"r{n}", scope=Scope.BOT, bot=f"b{n}", content=f"fact {n}"
             )
-            await svc.ws_create_memory(access, body)
-        loaded = len(svc.ws_pools)
+            await svc.workspace_create_memory(access, body)
+        loaded = len(svc.workspace_pools)
         listed = []
         for n, account in enumerate(accounts):
-            access = WsAccess(account=account, bots=frozenset({f"b{n}"}))
-            listing = await svc.ws_entries(access, WsQuery(pools=(f"bot:b{n}",), projects=()))
+            access = WorkspaceAccess(account=account, bots=frozenset({f"b{n}"}))
+            listing = await svc.workspace_entries(
+                access, WorkspaceQuery(pools=(f"bot:b{n}",), projects=())
+            )
             listed.append([e.content for e in listing.entries])
         await svc.close()
         svc.peers.directory().store.db.close()

@@ -249,7 +249,7 @@ def test_a_workspace_pools_rows_are_read_with_their_pending_writes(tmp_path: Pat
     """A workspace pool's first load (its records and forget barriers) reads a pending record
     of the pool (the journal is applied first), and another pool's waits for nothing."""
     from storage.group_commit import Insert
-    from storage.shard_schema import WS_ENTRIES
+    from storage.shard_schema import WORKSPACE_ENTRIES
     from storage.workspace_store import WorkspaceStore, entry_key, pool_scope
 
     async def main() -> None:
@@ -257,7 +257,7 @@ def test_a_workspace_pools_rows_are_read_with_their_pending_writes(tmp_path: Pat
         gc = GroupCommitter(db, TABLES, checkpoint_rows=10_000, checkpoint_idle=3600)
         store = WorkspaceStore(db, b"k" * 32)
         row = (entry_key("user:a", "e1"), "user:a", "e1", '{"id":"e1"}', b"sealed")
-        await gc.submit([Insert(WS_ENTRIES.name, row)])
+        await gc.submit([Insert(WORKSPACE_ENTRIES.name, row)])
         cols, barriers = await db.run(
             lambda con: store.read_pool(con, "user:b"), pool_scope("user:b")
         )

@@ -61,7 +61,7 @@ async def _plant(svc: ShardService) -> tuple[str, str]:
         Editor(kind="user", id="u_ann"),
     )
     create = ProjectCreate(requestId="p1", name=PROJECT_NAME, metadata={"goal": PROJECT_META})
-    await svc.ws_save_project("u_ann", org.id, create, "p_1")
+    await svc.workspace_save_project("u_ann", org.id, create, "p_1")
     # A delivery verdict's note, stored with its turn on the chat's shard.
     conv = svc.chat_logs
     chat = Chat(id="chat_1", kind="group", owner="u_ann", org=org.id, channel="c_1")
@@ -94,7 +94,7 @@ def test_project_bot_and_verdict_documents_are_sealed(tmp_path: Path):
     async def again():
         svc = _open(tmp_path)
         try:
-            projects = await svc.ws_projects("u_ann")
+            projects = await svc.workspace_projects("u_ann")
             bot = await svc.peers.directory().get_bot("b_1")
             org = await svc.peers.directory().get_org("o_1")
             log = await svc.chat_logs.log(chat_id)
@@ -132,7 +132,7 @@ def test_plain_documents_of_an_older_version_are_read_and_sealed(tmp_path: Path)
 
     d = DirectoryService(tmp_path)
     try:
-        assert d.bots["b_1"].rules.prompt == "old"
+        assert d.records.bots["b_1"].rules.prompt == "old"
         (doc,) = d.store.db.query("SELECT doc FROM bots WHERE id = 'b_1'")[0]
         assert is_sealed(doc)
     finally:

@@ -1,4 +1,4 @@
-"""The keyword index (storage/search_index.py) and the seed-000 pool's search over it: BM25
+"""The keyword index (storage/search_index.py) and the entry pool's search over it: BM25
 ranking, stems, CJK, changes, and visibility checked against the independent oracle."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.shard.pool import Pool
-from engine.memory import EntryMeta, Reader, Status
+from engine.memory_entries import EntryMeta, Reader, Status
 from storage.crypto import Cipher
 from storage.memory_store import StoredPool
 from storage.search_index import Analyzer, Stats, TermIndex, _order_by_key, in_context
@@ -223,7 +223,7 @@ def test_term_counts_are_the_same_counted_in_python_or_numpy(monkeypatch):
     assert ranking() == mixed
 
 
-# --- a seed-000 pool: only what the reader may see --------------------------------------------
+# --- a entry pool: only what the reader may see --------------------------------------------
 
 
 def _pool(entries: dict[str, EntryMeta], texts: dict[str, str]) -> Pool:

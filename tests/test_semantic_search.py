@@ -13,13 +13,15 @@ import asyncio
 import json
 import random
 import secrets
+import threading
+import time
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import pytest
 
-from actors.contracts import WsAccess, WsQuery
+from actors.contracts import WorkspaceAccess, WorkspaceQuery
 from actors.directory import DirectoryService
 from actors.models.embeddings import (
     EmbeddingError,
@@ -32,8 +34,8 @@ from actors.models.registry import load_models
 from actors.shard.service import ShardService
 from actors.workspace.vectors import PoolVectors
 from engine.errors import InvalidInput, Unavailable
-from engine.memory import Scope, Tier
-from engine.scoped_memory import WsEntry, WsMemoryChange, WsMemoryCreate
+from engine.memory_entries import Scope, Tier
+from engine.scoped_memory import WorkspaceEntry, WorkspaceMemoryChange, WorkspaceMemoryCreate
 from engine.workspace_search import cosine_top_k
 from gateway.live_server import LiveServer
 from gateway.server import load_settings
@@ -174,8 +176,8 @@ def test_search_settings_are_checked_against_the_models(tmp_path: Path):
 # --- the vector index -----------------------------------------------------------------------------
 
 
-def _entry(entry_id: str, fp: str = "fp") -> WsEntry:
-    return WsEntry(
+def _entry(entry_id: str, fp: str = "fp") -> WorkspaceEntry:
+    return WorkspaceEntry(
         id=entry_id,
         scope=Scope.USER,
         pool="user:u",
@@ -247,22 +249,22 @@ async def _close(svc: ShardService) -> None:
     svc.peers.directory().store.db.close()
 
 
-ANN = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
-BEN = WsAccess(account="u_ben", bots=frozenset({"b_2"}))
+ANN = WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}))
+BEN = WorkspaceAccess(account="u_ben", bots=frozenset({"b_2"}))
 
 
-async def _remember(svc: ShardService, who: WsAccess, content: str) -> str:
-    body = WsMemoryCreate(
+async def _remember(svc: ShardService, who: WorkspaceAccess, content: str) -> str:
+    body = WorkspaceMemoryCreate(
         requestId="r-" + secrets.token_hex(4),
         scope=Scope.USER,
         bot=next(iter(who.bots)),
         content=content,
     )
-    return (await svc.ws_create_memory(who, body)).id
+    return (await svc.workspace_create_memory(who, body)).id
 
 
 async def _search(svc: ShardService, q: str, *pools: str):
-    listing = await svc.ws_entries(ANN, WsQuery(pools=pools or ("user:u_ann",), q=q))
+    listing = await svc.workspace_entries(ANN, WorkspaceQuery(pools=pools or ("user:u_ann",), q=q))
     return (
         [h.id for h in listing.hits],
         [h.id for h in listing.semantic],
@@ -288,10 +290,10 @@ def test_shard_keeps_vectors_recomputes_edits_and_survives_a_dead_model(tmp_path
         assert set(entries) == {ids["auto"], ids["maps"]}
         assert emb.texts[4:] == ["car map"]  # only the query was embedded for the search
         # An edit changes the content: its vector is computed again.
-        change = WsMemoryChange(
+        change = WorkspaceMemoryChange(
             requestId="r-edit", id=ids["lunch"], expectedRevision=1, content="Lunch by car."
         )
-        await svc.ws_change_memory(ANN, change)
+        await svc.workspace_change_memory(ANN, change)
         await svc.workspace.semantic.idle()
         assert emb.texts[-1] == "Lunch by car."
         keyword, semantic, _ = await _search(svc, "automobile")
@@ -347,10 +349,10 @@ def test_an_edited_record_is_not_found_by_its_old_vector(tmp_path: Path):
         await svc.workspace.semantic.idle()
         assert (await _search(svc, "vehicle"))[1] == [auto]  # the query's vector is kept
         emb.down = True
-        change = WsMemoryChange(
+        change = WorkspaceMemoryChange(
             requestId="r-edit", id=auto, expectedRevision=1, content="Gardening on Sundays."
         )
-        await svc.ws_change_memory(ANN, change)
+        await svc.workspace_change_memory(ANN, change)
         keyword, semantic, entries = await _search(svc, "vehicle")
         assert semantic == [] and keyword == [] and entries == []
         await _close(svc)
@@ -430,7 +432,7 @@ def test_search_keeps_semantic_and_keyword_hits_and_only_what_the_caller_may_rea
 
 
 def test_semantic_search_finds_the_learned_entries_the_caller_may_read(tmp_path: Path):
-    """Issue 11 (left from issue 15): a bot's learned entries (seed 000, one memory per bot)
+    """Issue 11 (left from issue 15): a bot's learned entries (one memory per bot)
     are found by meaning too, not only by their words, and only by whom they are for; a learned
     entry is embedded when a search first meets it, once."""
     from tests.test_shard_service import POOL as BOT_POOL
@@ -448,15 +450,17 @@ def test_semantic_search_finds_the_learned_entries_the_caller_may_read(tmp_path:
                 ],
             )
             bot = BOT_POOL.removeprefix("bot:")
-            u1 = WsAccess(account="u1", bots=frozenset({bot}), orgs=("o1",))
-            u2 = WsAccess(account="u2", bots=frozenset({bot}), orgs=("o1",))
-            only = WsQuery(pools=(BOT_POOL,), projects=(), q="car", using="semantic")
-            listing = await svc.ws_entries(u1, only)
+            u1 = WorkspaceAccess(account="u1", bots=frozenset({bot}), orgs=("o1",))
+            u2 = WorkspaceAccess(account="u2", bots=frozenset({bot}), orgs=("o1",))
+            only = WorkspaceQuery(pools=(BOT_POOL,), projects=(), q="car", using="semantic")
+            listing = await svc.workspace_entries(u1, only)
             assert [h.id for h in listing.semantic] == ["mem_l1"]  # no "car" in it
             assert [e.id for e in listing.entries] == ["mem_l1"]  # and not u2's
-            hybrid = await svc.ws_entries(u1, WsQuery(pools=(BOT_POOL,), projects=(), q="car"))
+            hybrid = await svc.workspace_entries(
+                u1, WorkspaceQuery(pools=(BOT_POOL,), projects=(), q="car")
+            )
             assert [(h.id, h.kinds) for h in hybrid.fused] == [("mem_l1", ("semantic",))]
-            assert [e.id for e in (await svc.ws_entries(u2, only)).entries] == ["mem_l2"]
+            assert [e.id for e in (await svc.workspace_entries(u2, only)).entries] == ["mem_l2"]
             embedded = [t for t in emb.texts if "automobile" in t]
             assert sorted(embedded) == sorted(
                 ["Her automobile is a green hatchback", "His automobile is a red van"]
@@ -466,3 +470,113 @@ def test_semantic_search_finds_the_learned_entries_the_caller_may_read(tmp_path:
 
     # A bound on the whole: a search that never returns fails here instead of hanging the run.
     asyncio.run(asyncio.wait_for(main(), timeout=60))
+
+
+# --- the model is never awaited under a pool's search lock (ACL-9) -------------------------------
+
+
+def test_a_search_answers_while_the_background_waits_on_a_slow_model(tmp_path: Path, emb_stub):
+    """The background embeds a new record through a real client whose server holds the request
+    (up to 2 s): a search of the same pool answers meanwhile, the request still held."""
+    entered, gate = threading.Event(), threading.Event()
+
+    async def go() -> None:
+        svc = _shard(tmp_path, _client(emb_stub))
+        try:
+            tea = await _remember(svc, ANN, "Green tea in the morning.")
+            await svc.workspace.semantic.idle()
+            assert (await _search(svc, "beverage"))[1] == [tea]  # vectors loaded, query known
+            emb_stub.embedding_faults.append(("hold", entered, gate, 2.0))
+            coffee = await _remember(svc, ANN, "Coffee after lunch.")
+            assert await asyncio.to_thread(entered.wait, 30)  # the background is on the model
+            started = time.perf_counter()
+            _, semantic, _ = await _search(svc, "beverage")
+            took = time.perf_counter() - started
+            assert emb_stub.embeddings_held == 1  # answered while the model still works
+            assert semantic == [tea] and took < 0.5
+            gate.set()
+            await svc.workspace.semantic.idle()
+            _, semantic, _ = await _search(svc, "beverage")
+            assert set(semantic) == {tea, coffee}  # what the model made is kept after all
+        finally:
+            gate.set()
+            emb_stub.embedding_faults.clear()
+            await _close(svc)
+
+    asyncio.run(go())
+
+
+def test_a_vector_of_content_edited_while_the_model_ran_is_not_kept(tmp_path: Path, emb_stub):
+    """The background embeds a record's first content, slowly; the record is edited and a search
+    embeds its new content meanwhile. The background's late vector (of the old content) must not
+    replace the new one: the record stays a semantic hit for its new content."""
+    entered, gate = threading.Event(), threading.Event()
+
+    async def go() -> None:
+        svc = _shard(tmp_path, _client(emb_stub))
+        try:
+            await _remember(svc, ANN, "Green tea in the morning.")
+            await svc.workspace.semantic.idle()
+            emb_stub.embedding_faults.append(("hold", entered, gate, 30.0))
+            rec = await _remember(svc, ANN, "Coffee after lunch.")
+            assert await asyncio.to_thread(entered.wait, 30)
+            change = WorkspaceMemoryChange(
+                requestId="r-edit", id=rec, expectedRevision=1, content="Maps and cartography."
+            )
+            await svc.workspace_change_memory(ANN, change)
+            assert (await _search(svc, "maps"))[1] == [rec]  # its new content, embedded inline
+            assert emb_stub.embeddings_held == 1
+            gate.set()
+            await svc.workspace.semantic.idle()
+            assert (await _search(svc, "maps"))[1] == [rec]
+            assert (await _search(svc, "beverage"))[1] != [rec]
+        finally:
+            gate.set()
+            emb_stub.embedding_faults.clear()
+            await _close(svc)
+
+    asyncio.run(go())
+
+
+class HeldEmbedder(InProcessEmbedder):
+    """Holds a call whose texts mention HOLD until `gate` opens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.holding = asyncio.Event()
+
+    async def embed(self, texts):
+        if any("HOLD" in t for t in texts):
+            self.holding.set()
+            await self.gate.wait()
+        return await super().embed(texts)
+
+
+def test_a_record_a_failed_search_could_not_embed_is_embedded_later(tmp_path: Path):
+    """A search embeds a waiting record inline and the model fails: the record stays queued,
+    and the background embeds it once the model answers again."""
+
+    async def go() -> None:
+        emb = HeldEmbedder()
+        svc = _shard(tmp_path, emb)
+        semantic = svc.workspace.semantic
+        semantic.retry_after = 0.0  # the model may be asked again at once
+        try:
+            tea = await _remember(svc, ANN, "Green tea in the morning.")
+            await semantic.idle()
+            assert (await _search(svc, "beverage"))[1] == [tea]
+            await _remember(svc, ANN, "HOLD the background here.")
+            await asyncio.wait_for(emb.holding.wait(), 30)  # the background is busy
+            coffee = await _remember(svc, ANN, "Coffee after lunch.")  # so this one waits
+            emb.down = True
+            assert (await _search(svc, "beverage"))[1] == [tea]  # its inline embedding failed
+            emb.down = False
+            emb.gate.set()
+            await semantic.idle()
+            assert set((await _search(svc, "beverage"))[1]) == {tea, coffee}
+        finally:
+            emb.gate.set()
+            await _close(svc)
+
+    asyncio.run(go())

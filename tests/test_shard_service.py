@@ -14,8 +14,8 @@ import pytest
 
 from actors.shard.service import ShardService
 from engine.errors import Conflict, InvalidInput
-from engine.memory import AccessProof, EntryMeta, Layer, Reader, Source, Status
-from engine.memory_bot import SettingsPatch
+from engine.memory_bot_settings import SettingsPatch
+from engine.memory_entries import AccessProof, EntryMeta, Layer, Reader, Source, Status
 
 POOL = "bot:b1"
 ALICE = Reader(user="u1", org="o1", uses_bot=True)

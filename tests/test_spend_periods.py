@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
-from actors.learning.memory_bot import MemoryBotRuntime
-from engine.memory_bot import MemoryBotSettings
+from actors.learning.memory_bot_runtime import MemoryBotRuntime
+from engine.memory_bot_settings import MemoryBotSettings
 from engine.models import Completion, Price, Usage
 from storage.chat_store import ChatStore
 from storage.crypto import Keyring

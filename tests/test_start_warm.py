@@ -28,7 +28,7 @@ def test_a_shard_reads_its_projects_at_start_and_not_again(tmp_path, monkeypatch
         try:
             await svc.kernel.started()
             at_start = len(reads)
-            await svc.ws_projects("u1")  # the first use: already read
+            await svc.workspace_projects("u1")  # the first use: already read
             return at_start, len(reads)
         finally:
             await svc.close()

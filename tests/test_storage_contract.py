@@ -19,9 +19,9 @@ from engine import commands
 from engine.chat_records import Confession, LearningJob, Turn
 from engine.errors import Conflict, StorageError
 from engine.events import Audience, ChatItemCreated
-from engine.memory import Reader, Scope, Tier
+from engine.memory_entries import Reader, Scope, Tier
 from engine.projects import Project
-from engine.scoped_memory import ForgetBarrier, Revision, WsEntry
+from engine.scoped_memory import ForgetBarrier, Revision, WorkspaceEntry
 from storage.chat_store import ChatStore, Item
 from storage.crypto import Keyring
 from storage.database import Database
@@ -237,7 +237,7 @@ def test_a_workspace_pool_reads_back_records_revisions_barriers_and_projects(whe
             ws = WorkspaceStore(s.db, MASTER)
             mem = MemoryStore(s.db, s.keyring)
             pool = await mem.load("project:p1")
-            entry = WsEntry(
+            entry = WorkspaceEntry(
                 id="w1",
                 scope=Scope.PROJECT,
                 pool="project:p1",
@@ -380,15 +380,9 @@ def test_vector_blocks_read_back_as_unit_rows_old_and_new_formats(where: str):
             old = rnd.normal(size=(3, 16)).astype(np.float32)  # an earlier version's block
             new = rnd.normal(size=(4, 16)).astype(np.float32) * 7.0
             new[3] = 0.0
-            sealed_old = cipher.seal(pack(old.ravel()), _block_aad("user:u", "m:16", 1))
-            row_old = (
-                "user:u\x00m:16\x001",
-                "user:u",
-                "m:16",
-                1,
-                '[["a","f1"],["b","f2"],["c","f3"]]',
-                sealed_old,
-            )
+            listed = '[["a","f1"],["b","f2"],["c","f3"]]'
+            sealed_old = cipher.seal(pack(old.ravel()), _block_aad("user:u", "m:16", 1, listed))
+            row_old = ("user:u\x00m:16\x001", "user:u", "m:16", 1, listed, sealed_old)
             items = [
                 ("b", "f2b", new[0]),
                 ("d", "f4", new[1]),

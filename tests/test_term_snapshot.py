@@ -13,14 +13,14 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from actors.contracts import WsAccess
+from actors.contracts import WorkspaceAccess
 from actors.directory import DirectoryService
 from actors.shard.service import ShardService
-from engine.memory import Scope
-from engine.scoped_memory import WsMemoryChange, WsMemoryCreate
+from engine.memory_entries import Scope
+from engine.scoped_memory import WorkspaceMemoryChange, WorkspaceMemoryCreate
 from storage.search_index import TermIndex
 
-ANN = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
+ANN = WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}))
 POOL = "user:u_ann"
 SECRET = "quokkamarmalade"  # never on disk in the clear
 WORDS = [f"{a}{b}" for a in ("zan", "kor", "mel", "vit", "sup") for b in ("ax", "ol", "um", "er")]
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("no_env_key")
 def _shard(data: Path, snapshot_rows: int) -> ShardService:
     svc = ShardService(data, 0, search={"context_window_s": 0})
     svc.peers.connect(directory=DirectoryService(data))
-    svc.ws_pools.snapshot_rows = snapshot_rows
+    svc.workspace_pools.snapshot_rows = snapshot_rows
     return svc
 
 
@@ -45,13 +45,13 @@ def _text(rnd: random.Random, n: int) -> str:
 
 
 async def _create(svc: ShardService, n: int, content: str) -> str:
-    body = WsMemoryCreate(requestId=f"r-{n}", scope=Scope.USER, bot="b_1", content=content)
-    return (await svc.ws_create_memory(ANN, body)).id
+    body = WorkspaceMemoryCreate(requestId=f"r-{n}", scope=Scope.USER, bot="b_1", content=content)
+    return (await svc.workspace_create_memory(ANN, body)).id
 
 
 async def _ranking(svc: ShardService, q: str) -> dict[str, float]:
-    pool = await svc.ws_pools.pool(POOL)
-    return dict(pool.index.search(svc.kernel.analyzer.query(q), 1_000))
+    pool = await svc.workspace_pools.pool(POOL)
+    return dict(pool.index.search(svc.kernel.analyzer(POOL).query(q), 1_000))
 
 
 def _snapshots(data: Path) -> list[tuple]:
@@ -75,7 +75,7 @@ class _Spy:
             return restore(index, postings)
 
         def spy_build(index, ids, lengths, flat, **kw):
-            if ids:  # (a seed-000 pool's empty index too)
+            if ids:  # (a entry pool's empty index too)
                 self.built.append(len(ids))
             return build(index, ids, lengths, flat, **kw)
 
@@ -103,8 +103,9 @@ def test_a_load_restores_the_snapshot_applies_later_rows_and_ranks_as_a_full_bui
         svc = _shard(tmp_path, snapshot_rows=10_000)
         for n in range(40, 45):
             await _create(svc, n, _text(rnd, n))
-        await svc.ws_change_memory(  # a record in the snapshot, edited: its old words go
-            ANN, WsMemoryChange(requestId="e-1", id=ids[0], expectedRevision=1, content=SECRET)
+        await svc.workspace_change_memory(  # a record in the snapshot, edited: its old words go
+            ANN,
+            WorkspaceMemoryChange(requestId="e-1", id=ids[0], expectedRevision=1, content=SECRET),
         )
         await _close(svc)
 
@@ -150,17 +151,17 @@ def test_writes_made_while_a_snapshot_is_stored_are_found_after_a_restart(tmp_pa
     async def first() -> list[str]:
         svc = _shard(tmp_path, snapshot_rows=10_000)
         ids = [await _create(svc, n, f"Note {n} zanax") for n in range(32)]
-        pool = await svc.ws_pools.pool(POOL)
+        pool = await svc.workspace_pools.pool(POOL)
 
         async def edit(n: int, entry_id: str) -> None:
             await asyncio.sleep(0.001 * (n % 8))
-            change = WsMemoryChange(
+            change = WorkspaceMemoryChange(
                 requestId=f"e-{n}", id=entry_id, expectedRevision=1, content=f"Note {n} korol"
             )
-            await svc.ws_change_memory(ANN, change)
+            await svc.workspace_change_memory(ANN, change)
 
         edits = [edit(n, i) for n, i in enumerate(ids)]
-        await asyncio.gather(svc.ws_pools.snapshot(pool), *edits)
+        await asyncio.gather(svc.workspace_pools.snapshot(pool), *edits)
         await _close(svc)  # no new snapshot (threshold): the next load needs the later rows
         return ids
 
@@ -196,16 +197,16 @@ def test_snapshots_taken_among_concurrent_writes_leave_every_record_indexed_once
     import itertools
     import time
 
-    from actors.workspace import term_snapshots as pools_mod
+    from actors.workspace import pools as pools_mod
 
     seal = pools_mod._seal
 
     async def first() -> tuple[list[str], list[str]]:
         svc = ShardService(tmp_path, 0, search={"context_window_s": 60})
         svc.peers.connect(directory=DirectoryService(tmp_path))
-        svc.ws_pools.snapshot_rows = 10_000  # none at the close: only those taken here
+        svc.workspace_pools.snapshot_rows = 10_000  # none at the close: only those taken here
         old = [await _create(svc, n, f"Note {_word(n, 'old')}") for n in range(24)]
-        pool = await svc.ws_pools.pool(POOL)
+        pool = await svc.workspace_pools.pool(POOL)
         loop = asyncio.get_running_loop()
         sealing = [asyncio.Event() for _ in range(3)]
         taken = itertools.count()
@@ -219,10 +220,10 @@ def test_snapshots_taken_among_concurrent_writes_leave_every_record_indexed_once
 
         async def edit(n: int) -> None:
             await sealing[n // 8].wait()
-            change = WsMemoryChange(
+            change = WorkspaceMemoryChange(
                 requestId=f"e-{n}", id=old[n], expectedRevision=1, content=f"Now {_word(n, 'ed')}"
             )
-            await svc.ws_change_memory(ANN, change)
+            await svc.workspace_change_memory(ANN, change)
 
         async def create(n: int) -> str:
             await sealing[(n - 24) // 8].wait()
@@ -230,7 +231,7 @@ def test_snapshots_taken_among_concurrent_writes_leave_every_record_indexed_once
 
         async def snapshots() -> None:
             for _ in range(3):
-                await svc.ws_pools.snapshot(pool)
+                await svc.workspace_pools.snapshot(pool)
 
         done = await asyncio.gather(
             snapshots(), *(edit(n) for n in range(24)), *(create(n) for n in range(24, 48))
@@ -243,7 +244,7 @@ def test_snapshots_taken_among_concurrent_writes_leave_every_record_indexed_once
 
     async def again() -> dict[str, dict[str, float]]:
         svc = _shard(tmp_path, snapshot_rows=10_000)
-        pool = await svc.ws_pools.pool(POOL)
+        pool = await svc.workspace_pools.pool(POOL)
         rows = [i for i in pool.index.row_ids() if i is not None]
         assert sorted(rows) == sorted(old + new) and len(pool.index) == 48  # each once
         out = {}
@@ -286,8 +287,12 @@ def test_with_a_snapshot_a_record_in_no_row_is_indexed_and_one_gone_is_not(
         await _close(svc)
         svc = _shard(tmp_path, snapshot_rows=10_000)  # rows after it, none stored at close
         ids += [await _create(svc, n, f"Note {_word(n, 'w')}") for n in range(12, 15)]
-        edit = WsMemoryChange(requestId="e", id=ids[0], expectedRevision=1, content="Now edited")
-        await svc.ws_change_memory(ANN, edit)  # a row after it of a record in it: not counted twice
+        edit = WorkspaceMemoryChange(
+            requestId="e", id=ids[0], expectedRevision=1, content="Now edited"
+        )
+        await svc.workspace_change_memory(
+            ANN, edit
+        )  # a row after it of a record in it: not counted twice
         await _close(svc)
         return ids
 
@@ -302,7 +307,7 @@ def test_with_a_snapshot_a_record_in_no_row_is_indexed_and_one_gone_is_not(
 
     async def again() -> None:
         svc = _shard(tmp_path, snapshot_rows=10_000)
-        pool = await svc.ws_pools.pool(POOL)
+        pool = await svc.workspace_pools.pool(POOL)
         assert spy.restored == [12]
         assert sorted(i for i in pool.index.row_ids() if i is not None) == sorted(
             i for i in ids if i != gone
@@ -390,7 +395,7 @@ def test_rows_written_after_a_load_are_above_the_snapshot_even_past_the_last_sto
     async def first() -> list[str]:
         svc = _shard(tmp_path, snapshot_rows=10_000)
         ids = [await _create(svc, n, f"Note {n} zanax") for n in range(3)]
-        pool = await svc.ws_pools.pool(POOL)
+        pool = await svc.workspace_pools.pool(POOL)
         index = TermIndex()
         ids_, lengths, flat, _ = await svc.db.run(lambda con: TermStore.read_all(con, POOL))
         index.build_flat(ids_, lengths, flat)
@@ -403,8 +408,8 @@ def test_rows_written_after_a_load_are_above_the_snapshot_even_past_the_last_sto
 
     async def edit() -> None:
         svc = _shard(tmp_path, snapshot_rows=10_000)
-        change = WsMemoryChange(requestId="e-1", id=a, expectedRevision=1, content="korol")
-        await svc.ws_change_memory(ANN, change)
+        change = WorkspaceMemoryChange(requestId="e-1", id=a, expectedRevision=1, content="korol")
+        await svc.workspace_change_memory(ANN, change)
         await _close(svc)
 
     asyncio.run(edit())

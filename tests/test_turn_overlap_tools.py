@@ -89,10 +89,12 @@ def test_tools_that_write_wait_for_the_persons_item_and_a_retry_runs_them_once(
             with pytest.raises(StorageError):
                 await svc.start_turn(start, True)
             await asyncio.sleep(0.3)  # whatever the failed attempt would still do
-            members_after_failure = [b for b in directory.bots.values() if b.name == "Minion"]
+            members_after_failure = [
+                b for b in directory.records.bots.values() if b.name == "Minion"
+            ]
             requests_after_failure = await svc.requests_of("u_ann", frozenset())
             result = await svc.start_turn(start, True)
-            members = [b for b in directory.bots.values() if b.name == "Minion"]
+            members = [b for b in directory.records.bots.values() if b.name == "Minion"]
             requests = await svc.requests_of("u_ann", frozenset())
             return members_after_failure, requests_after_failure, result, members, requests
         finally:

@@ -61,7 +61,7 @@ def test_a_float32_block_among_int8_ones_loads_by_the_general_path(monkeypatch):
     blocks = _blocks(cipher, [4, 3])
     old = np.arange(2 * 24, dtype=np.float32).reshape(2, 24) + 1
     entries = msgspec.json.encode([("old0", "f0"), ("old1", "f1")]).decode()
-    sealed = cipher.seal(vs.pack(old.ravel()), vs._block_aad(POOL, MODEL, 0))
+    sealed = cipher.seal(vs.pack(old.ravel()), vs._block_aad(POOL, MODEL, 0, entries))
     rows = [(0, entries, sealed), *blocks]
     ids, _, mat, _, scale = vs._assemble(POOL, MODEL, cipher, [], rows)
     assert mat.dtype == np.float32 and ids[:2] == ["old0", "old1"] and len(ids) == 2 + 4 + 3

@@ -106,7 +106,7 @@ def test_learned_user_fact_goes_to_user_memory_and_stays_forgotten(
             )
             same = Extraction(pool=pool, contributor=bot, content=SAID, evidence=(source.marker,))
             decisions = ray.get(
-                shard.ws_extract.remote(pool, bot, [reworded, same], [source], "later-1")
+                shard.workspace_extract.remote(pool, bot, [reworded, same], [source], "later-1")
             )
             assert [(d.outcome, d.code) for d in decisions] == [
                 ("refused", "forgotten"),
@@ -122,7 +122,7 @@ def test_learned_user_fact_goes_to_user_memory_and_stays_forgotten(
 def test_extraction_checks_the_users_words_and_a_repeat_stores_once(
     world, admin, model_stubs, engine
 ):
-    """Direct `ws_extract`: a quote must be the person's, and one request id stores once."""
+    """Direct `workspace_extract`: a quote must be the person's, and one request id stores once."""
     alice_id = world.users["alice"]
     shard = engine.shard_for(alice_id)
     pool = f"user:{alice_id}"
@@ -140,13 +140,17 @@ def test_extraction_checks_the_users_words_and_a_repeat_stores_once(
             pool=pool, contributor=world.bot, content="Alice runs daily", evidence=(theirs.marker,)
         ),
     ]
-    first = ray.get(shard.ws_extract.remote(pool, world.bot, proposals, [mine, theirs], "job-a"))
+    first = ray.get(
+        shard.workspace_extract.remote(pool, world.bot, proposals, [mine, theirs], "job-a")
+    )
     assert [(d.outcome, d.code) for d in first] == [
         ("refused", "no_evidence"),
         ("created", ""),
         ("refused", "not_users_words"),
     ]
-    again = ray.get(shard.ws_extract.remote(pool, world.bot, proposals, [mine, theirs], "job-a"))
+    again = ray.get(
+        shard.workspace_extract.remote(pool, world.bot, proposals, [mine, theirs], "job-a")
+    )
     assert again == first  # the first answer, nothing stored twice
     with world.client("alice") as alice:
         assert [e["content"] for e in _list(alice, scope="user")] == ["I walk to work"]

@@ -261,13 +261,15 @@ def test_forget_by_version_keeps_revisions_and_a_barrier(team, engine):
 
     # The manual revision and the forgetting each left a barrier (SC-3), kept on disk.
     shard = engine.shard_for(alice_id)
-    barriers = ray.get(shard.ws_barriers.remote(pool))
+    barriers = ray.get(shard.workspace_barriers.remote(pool))
     mine = [b for b in barriers if b.entry == e["id"]]
     assert [b.reason for b in mine] == ["revised", "forgotten"]
-    blocked = ray.get(shard.ws_blocked.remote(pool, "my LOCKER code is 7788"))
+    blocked = ray.get(shard.workspace_blocked.remote(pool, "my LOCKER code is 7788"))
     assert blocked is not None and blocked.reason == "forgotten"
-    assert ray.get(shard.ws_blocked.remote(pool, "my locker code is 4521!")).reason == "revised"
-    assert ray.get(shard.ws_blocked.remote(pool, "Something else entirely.")) is None
+    assert (
+        ray.get(shard.workspace_blocked.remote(pool, "my locker code is 4521!")).reason == "revised"
+    )
+    assert ray.get(shard.workspace_blocked.remote(pool, "Something else entirely.")) is None
 
 
 def test_markdown_export_format(team):

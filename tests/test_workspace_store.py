@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from actors.contracts import WsAccess, WsQuery
+from actors.contracts import WorkspaceAccess, WorkspaceQuery
 from actors.directory import DirectoryService
 from actors.shard.service import ShardService
 from engine.errors import Conflict
-from engine.memory import Scope
+from engine.memory_entries import Scope
 from engine.projects import ProjectChange, ProjectCreate
-from engine.scoped_memory import WsForget, WsMemoryChange, WsMemoryCreate
+from engine.scoped_memory import WorkspaceForget, WorkspaceMemoryChange, WorkspaceMemoryCreate
 
 SECRET = "quokka-marker-5531"
 
@@ -41,31 +41,36 @@ def test_workspace_survives_a_restart(tmp_path: Path):
         org = await d.create_org("Acme", "o_1")
         await d.create_user("Ann", [org.id], "u_ann")
         await d.create_user("Ben", [org.id], "u_ben")
-        ann = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
-        p = await svc.ws_save_project(
+        ann = WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}))
+        p = await svc.workspace_save_project(
             "u_ann",
             org.id,
             ProjectCreate(requestId="p1", name="Launch", members=["u_ben"]),
             "p_launch",
         )
-        changed = await svc.ws_save_project(
+        changed = await svc.workspace_save_project(
             "u_ann",
             org.id,
             ProjectChange(requestId="p2", id=p.id, expectedRevision=1, name="Launch v2"),
             p.id,
         )
         assert changed.revision == 2
-        create = WsMemoryCreate(
+        create = WorkspaceMemoryCreate(
             requestId="m1", scope=Scope.PROJECT, bot="b_1", project=p.id, content=SECRET
         )
-        fact = await svc.ws_create_memory(ann, create)
-        note = await svc.ws_create_memory(
-            ann, WsMemoryCreate(requestId="m2", scope=Scope.USER, bot="b_1", content="Tea.")
+        fact = await svc.workspace_create_memory(ann, create)
+        note = await svc.workspace_create_memory(
+            ann, WorkspaceMemoryCreate(requestId="m2", scope=Scope.USER, bot="b_1", content="Tea.")
         )
-        await svc.ws_change_memory(
-            ann, WsMemoryChange(requestId="m3", id=note.id, expectedRevision=1, content="Coffee.")
+        await svc.workspace_change_memory(
+            ann,
+            WorkspaceMemoryChange(
+                requestId="m3", id=note.id, expectedRevision=1, content="Coffee."
+            ),
         )
-        await svc.ws_change_memory(ann, WsForget(requestId="m4", id=note.id, expectedRevision=2))
+        await svc.workspace_change_memory(
+            ann, WorkspaceForget(requestId="m4", id=note.id, expectedRevision=2)
+        )
         await _close(svc)
         return fact, create
 
@@ -75,33 +80,33 @@ def test_workspace_survives_a_restart(tmp_path: Path):
 
     async def second():
         svc = _open(tmp_path)
-        ann = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
-        ben = WsAccess(account="u_ben", bots=frozenset())
+        ann = WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}))
+        ben = WorkspaceAccess(account="u_ben", bots=frozenset())
         assert await svc.peers.directory().project_owner("p_launch") == "u_ann"
-        (project,) = await svc.ws_projects("u_ben")
+        (project,) = await svc.workspace_projects("u_ben")
         assert (project.name, project.revision) == ("Launch v2", 2)
-        listing = await svc.ws_entries(ben, WsQuery(projects=None))
+        listing = await svc.workspace_entries(ben, WorkspaceQuery(projects=None))
         assert [e.content for e in listing.entries] == [SECRET]
         # The same request again: the first answer, nothing new.
-        assert await svc.ws_create_memory(ann, create) == fact
-        assert len((await svc.ws_entries(ann, WsQuery(projects=None))).entries) == 1
+        assert await svc.workspace_create_memory(ann, create) == fact
+        assert len((await svc.workspace_entries(ann, WorkspaceQuery(projects=None))).entries) == 1
         with pytest.raises(Conflict):
-            await svc.ws_create_memory(
+            await svc.workspace_create_memory(
                 ann,
-                WsMemoryCreate(requestId="m1", scope=Scope.USER, bot="b_1", content="other"),
+                WorkspaceMemoryCreate(requestId="m1", scope=Scope.USER, bot="b_1", content="other"),
             )
-        user = WsQuery(pools=("user:u_ann",), status="all")
-        (note,) = (await svc.ws_entries(ann, user)).entries
+        user = WorkspaceQuery(pools=("user:u_ann",), status="all")
+        (note,) = (await svc.workspace_entries(ann, user)).entries
         assert (note.status, note.revision, note.content) == ("forgotten", 3, "Coffee.")
-        revs = await svc.ws_revisions(ann, note.id)
+        revs = await svc.workspace_revisions(ann, note.id)
         assert [(r.change, r.before, r.after) for r in revs] == [
             ("created", None, "Tea."),
             ("edited", "Tea.", "Coffee."),
             ("forgotten", "Coffee.", None),
         ]
-        barriers = await svc.ws_barriers("user:u_ann")
+        barriers = await svc.workspace_barriers("user:u_ann")
         assert [b.reason for b in barriers] == ["revised", "forgotten"]
-        assert (await svc.ws_blocked("user:u_ann", "coffee")).reason == "forgotten"
+        assert (await svc.workspace_blocked("user:u_ann", "coffee")).reason == "forgotten"
         await _close(svc)
 
     asyncio.run(second())
@@ -115,7 +120,7 @@ def test_mem1_migration_7_links_old_bot_records_into_the_bots_one_memory(tmp_pat
     import duckdb
     import msgspec
 
-    from engine.memory import Reader
+    from engine.memory_entries import Reader
 
     async def first() -> str:
         svc = _open(tmp_path)
@@ -124,9 +129,9 @@ def test_mem1_migration_7_links_old_bot_records_into_the_bots_one_memory(tmp_pat
         await d.create_org("Other", "o_2")
         await d.create_user("Ann", ["o_1"], "u_ann")
         await d.create_bot(name="Bo", org="o_1", owner="u_ann", id="b_1")
-        ann = WsAccess(account="u_ann", bots=frozenset({"b_1"}), orgs=("o_1",))
-        body = WsMemoryCreate(requestId="m1", scope=Scope.BOT, bot="b_1", content=SECRET)
-        made = await svc.ws_create_memory(ann, body)
+        ann = WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}), orgs=("o_1",))
+        body = WorkspaceMemoryCreate(requestId="m1", scope=Scope.BOT, bot="b_1", content=SECRET)
+        made = await svc.workspace_create_memory(ann, body)
         await _close(svc)
         return made.id
 
@@ -152,9 +157,9 @@ def test_mem1_migration_7_links_old_bot_records_into_the_bots_one_memory(tmp_pat
         assert set(page.entries[0].tags) == {"from:u_ann", "for:bot", "org:o_1"}
         elsewhere = Reader(user="u_ann", org="o_2", uses_bot=True)
         assert (await svc.read_memory("bot:b_1", elsewhere)).entries == ()
-        listing = await svc.ws_entries(
-            WsAccess(account="u_ann", bots=frozenset({"b_1"}), orgs=("o_1",)),
-            WsQuery(pools=("bot:b_1",)),
+        listing = await svc.workspace_entries(
+            WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}), orgs=("o_1",)),
+            WorkspaceQuery(pools=("bot:b_1",)),
         )
         assert [e.id for e in listing.entries] == [entry_id]
         await _close(svc)
@@ -166,7 +171,7 @@ def test_acl4_mem1_concurrent_widen_and_forget_by_revision_apply_once(tmp_path: 
     """24 concurrent requests each (ACL-4, MEM-1): a widening adds its grant once (one new
     version), and forgetting a learned entry through the workspace by `expectedRevision` wins
     once; the others see the change (not widened again / stale revision)."""
-    from engine.memory import AccessProof, EntryMeta, Layer, Reader, Source
+    from engine.memory_entries import AccessProof, EntryMeta, Layer, Reader, Source
 
     async def run() -> None:
         svc = _open(tmp_path)
@@ -195,10 +200,10 @@ def test_acl4_mem1_concurrent_widen_and_forget_by_revision_apply_once(tmp_path: 
         page = await svc.read_memory("bot:b_1", Reader(user="u_ben", org="o_1", uses_bot=True))
         assert [e.id for e in page.entries] == [pinned.id]
 
-        access = WsAccess(account="u_ann", bots=frozenset({"b_1"}), orgs=("o_1",))
+        access = WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}), orgs=("o_1",))
         forgets = [
-            svc.ws_change_memory(
-                access, WsForget(requestId=f"f{k}", id="mem_learned", expectedRevision=1)
+            svc.workspace_change_memory(
+                access, WorkspaceForget(requestId=f"f{k}", id="mem_learned", expectedRevision=1)
             )
             for k in range(24)
         ]
@@ -219,24 +224,26 @@ def test_loaded_records_decode_when_read_and_keep_their_order(tmp_path: Path):
     fingerprints and walks see the same records in the same order as a plain dict would."""
     from storage.workspace_store import LazyEntries, _enc
 
-    ann = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
+    ann = WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}))
 
     async def main() -> None:
         svc = _open(tmp_path)
         made = []
         for n in range(30):
-            body = WsMemoryCreate(
+            body = WorkspaceMemoryCreate(
                 requestId=f"r-lazy-{n}", scope=Scope.USER, bot="b_1", content=f"topic{n} note"
             )
-            made.append(await svc.ws_create_memory(ann, body))
+            made.append(await svc.workspace_create_memory(ann, body))
         await _close(svc)
         svc = _open(tmp_path)
         try:
             # A search decodes only the records its ranking reached.
-            listing = await svc.ws_entries(ann, WsQuery(pools=("user:u_ann",), q="topic7"))
+            listing = await svc.workspace_entries(
+                ann, WorkspaceQuery(pools=("user:u_ann",), q="topic7")
+            )
             found = [e.id for e in listing.entries]  # (the notes around it hold its words)
             assert sorted(found) == sorted([made[n].id for n in (6, 7, 8, 9)])
-            entries = (await svc.ws_pools.pool("user:u_ann")).stored.entries
+            entries = (await svc.workspace_pools.pool("user:u_ann")).stored.entries
             assert isinstance(entries, LazyEntries) and entries._raw == 26
             ids = [m.id for m in made]
             assert list(entries) == [i for i in entries] and sorted(entries) == sorted(ids)
@@ -271,11 +278,11 @@ def test_decoded_records_and_hits_are_not_tracked_by_the_cycle_collector():
     strings, numbers and tuples of strings: no cycle can run through them."""
     import gc
 
-    from engine.scoped_memory import WsEntry
+    from engine.scoped_memory import WorkspaceEntry
     from engine.workspace_search import Hit
     from storage.workspace_store import LazyEntries, _enc
 
-    entry = WsEntry(
+    entry = WorkspaceEntry(
         id="m1",
         scope=Scope.USER,
         pool="user:u",

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from actors.contracts import WsAccess, WsQuery
+from actors.contracts import WorkspaceAccess, WorkspaceQuery
 from actors.directory import DirectoryService
 from actors.shard.service import ShardService
-from engine import bot_memory as bm
+from engine import memory_union as bm
 from engine import write_context as wc
-from engine.memory import Reader, Scope, Tier
+from engine.memory_entries import Reader, Scope, Tier
 from engine.projects import ProjectCreate
-from engine.scoped_memory import WsEntry, WsMemoryCreate
+from engine.scoped_memory import WorkspaceEntry, WorkspaceMemoryCreate
 
-ANN = WsAccess(account="u_ann", bots=frozenset({"b_1"}), orgs=("o_1",))
-BEN = WsAccess(account="u_ben", bots=frozenset({"b_1"}), orgs=("o_1",))
+ANN = WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}), orgs=("o_1",))
+BEN = WorkspaceAccess(account="u_ben", bots=frozenset({"b_1"}), orgs=("o_1",))
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
 
@@ -43,9 +43,9 @@ async def _close(svc: ShardService) -> None:
 
 
 async def _create(
-    svc, who: WsAccess, content: str, scope=Scope.USER, topics=(), project=None
+    svc, who: WorkspaceAccess, content: str, scope=Scope.USER, topics=(), project=None
 ) -> str:
-    body = WsMemoryCreate(
+    body = WorkspaceMemoryCreate(
         requestId="r-" + secrets.token_hex(4),
         scope=scope,
         bot="b_1",
@@ -53,12 +53,12 @@ async def _create(
         topics=list(topics),
         project=project,
     )
-    return (await svc.ws_create_memory(who, body)).id
+    return (await svc.workspace_create_memory(who, body)).id
 
 
-async def _found(svc, q: str, pools: tuple[str, ...], who: WsAccess = ANN) -> list[str]:
-    query = WsQuery(pools=pools, q=q, using="keyword")
-    return [h.id for h in (await svc.ws_entries(who, query)).fused]
+async def _found(svc, q: str, pools: tuple[str, ...], who: WorkspaceAccess = ANN) -> list[str]:
+    query = WorkspaceQuery(pools=pools, q=q, using="keyword")
+    return [h.id for h in (await svc.workspace_entries(who, query)).fused]
 
 
 def test_conversations_written_at_once_keep_their_context_when_named_in_topics(tmp_path: Path):
@@ -138,16 +138,16 @@ def test_a_record_others_may_read_is_never_indexed_with_a_narrower_ones_words(tm
 
     async def main() -> None:
         svc = await _open(tmp_path)
-        svc.ws_pools.upkeep_delay = 3600  # no check of the pool against hand-made records
+        svc.workspace_pools.upkeep_delay = 3600  # no check of the pool against hand-made records
         await _create(svc, ANN, "Opening the pool.", Scope.BOT)
-        pool = await svc.ws_pools.pool("bot:b_1")
+        pool = await svc.workspace_pools.pool("bot:b_1")
         private = ("from:u_ann", "for:person:u_ann", "org:o_1")
         public = ("from:u_ben", "for:bot", "org:o_1")  # (Ann's own: the first record's stream)
-        analyzer = svc.ws_pools.kernel.analyzer
+        analyzer = svc.workspace_pools.kernel.analyzer("bot:b_1")
 
         def write(entry_id: str, tags: tuple[str, ...], content: str) -> None:
-            at = svc.ws_pools.kernel.clock()
-            entry = WsEntry(
+            at = svc.workspace_pools.kernel.clock()
+            entry = WorkspaceEntry(
                 id=entry_id,
                 scope=Scope.BOT,
                 pool="bot:b_1",
@@ -159,7 +159,7 @@ def test_a_record_others_may_read_is_never_indexed_with_a_narrower_ones_words(tm
                 tags=tags,
             )
             pool.stored.entries[entry_id] = entry
-            svc.ws_pools.indexed(pool, entry, content, new=True)
+            svc.workspace_pools.indexed(pool, entry, content, new=True)
 
         def found(q: str) -> list[str]:
             return [i for i, _ in pool.index.search(analyzer.query(q), 10)]
@@ -191,7 +191,9 @@ def test_keyword_hits_of_several_pools_rank_as_one_pools_would(tmp_path: Path):
 
     async def main() -> None:
         svc = await _open(tmp_path, context_s=0)
-        await svc.ws_save_project("u_ann", "o_1", ProjectCreate(requestId="p", name="P"), "p_1")
+        await svc.workspace_save_project(
+            "u_ann", "o_1", ProjectCreate(requestId="p", name="P"), "p_1"
+        )
         text: dict[str, str] = {}
         for t in first:
             text[await _create(svc, ANN, t)] = t
@@ -200,17 +202,19 @@ def test_keyword_hits_of_several_pools_rank_as_one_pools_would(tmp_path: Path):
         for t in [*first, *second]:
             text[await _create(svc, BEN, t)] = t
 
-        async def scores(q: str, who: WsAccess, projects: tuple[str, ...]) -> dict[str, float]:
+        async def scores(
+            q: str, who: WorkspaceAccess, projects: tuple[str, ...]
+        ) -> dict[str, float]:
             pools = (f"user:{who.account}",)
-            query = WsQuery(pools=pools, projects=projects, q=q, using="keyword")
-            listing = await svc.ws_entries(who, query)
+            query = WorkspaceQuery(pools=pools, projects=projects, q=q, using="keyword")
+            listing = await svc.workspace_entries(who, query)
             return {text[h.id]: round(h.score, 4) for h in listing.hits}
 
         for q in ("zork", "zork fleem", "wibble zork"):
             both = await scores(q, ANN, ("p_1",))
             assert len(both) > 1 and both == await scores(q, BEN, ()), q
-        query = WsQuery(pools=("user:u_ann",), projects=("p_1",), q="zork", using="keyword")
-        got = [h.id for h in (await svc.ws_entries(ANN, query)).fused]
+        query = WorkspaceQuery(pools=("user:u_ann",), projects=("p_1",), q="zork", using="keyword")
+        got = [h.id for h in (await svc.workspace_entries(ANN, query)).fused]
         assert text[got[0]] == "zork zork fleem"
         await _close(svc)
 
@@ -232,18 +236,20 @@ def test_hidden_bot_records_never_move_the_callers_other_hits(tmp_path: Path):
         await _create(svc, ANN, "quux plonk", Scope.BOT)  # the bot pool holds Ann's too
 
         async def ranking(q: str) -> list[tuple[str, float]]:
-            query = WsQuery(pools=pools, q=q, using="keyword")
-            return [(h.id, round(h.score, 5)) for h in (await svc.ws_entries(ANN, query)).hits]
+            query = WorkspaceQuery(pools=pools, q=q, using="keyword")
+            return [
+                (h.id, round(h.score, 5)) for h in (await svc.workspace_entries(ANN, query)).hits
+            ]
 
         queries = ("zork fleem", "fleem gronk", "zork wibble")
         before = {q: await ranking(q) for q in queries}
         # Ben's: a record for him alone (as a bot writes one in a DM with him), and what the
         # bot learned talking with him alone.
-        svc.ws_pools.upkeep_delay = 3600  # no check of the pool against the hand-made record
-        pool = await svc.ws_pools.pool("bot:b_1")
-        at = svc.ws_pools.kernel.clock()
+        svc.workspace_pools.upkeep_delay = 3600  # no check of the pool against the hand-made record
+        pool = await svc.workspace_pools.pool("bot:b_1")
+        at = svc.workspace_pools.kernel.clock()
         tags = ("from:u_ben", "for:person:u_ben", "org:o_1")
-        entry = WsEntry(
+        entry = WorkspaceEntry(
             id="m_ben",
             scope=Scope.BOT,
             pool="bot:b_1",
@@ -255,7 +261,7 @@ def test_hidden_bot_records_never_move_the_callers_other_hits(tmp_path: Path):
             tags=tags,
         )
         pool.stored.entries[entry.id] = entry
-        svc.ws_pools.indexed(pool, entry, "zork zork zork fleem", new=True)
+        svc.workspace_pools.indexed(pool, entry, "zork zork zork fleem", new=True)
         ben = Reader(user="u_ben", org="o_1", uses_bot=True)
         learned = [(await svc.remember("bot:b_1", ben, "zork zork wibble")).id for _ in range(3)]
         hidden = {"m_ben", *learned}
@@ -313,7 +319,7 @@ def test_streams_out_of_the_window_are_dropped_on_each_insert():
 def test_bot_memory_search_ranks_learned_entries_and_records_as_one_index(tmp_path: Path):
     """`GET /v1/bots/{bot}/memory?q=`: a bot's learned entries and its workspace records are
     two indexes merged by score; each hit scores as in one index holding every text."""
-    from engine.memory import Reader
+    from engine.memory_entries import Reader
     from storage.search_index import TermIndex
 
     learned = ["zork blip", "zork zork fleem", "zork gronk wibble", "fleem gronk"]
@@ -326,7 +332,7 @@ def test_bot_memory_search_ranks_learned_entries_and_records_as_one_index(tmp_pa
             await svc.remember("bot:b_1", ann, t, [])
         for t in records:
             await _create(svc, ANN, t, Scope.BOT)
-        analyzer = svc.ws_pools.kernel.analyzer
+        analyzer = svc.workspace_pools.kernel.analyzer("bot:b_1")
         one = TermIndex()
         one.build((t, analyzer.keys(t)) for t in [*learned, *records])
         for q in ("zork", "zork fleem", "quux wibble"):

@@ -41,6 +41,7 @@ GATHER_S = 0.2
 class Registrar:
     def __init__(
         self,
+        *,
         records: Any,
         peers: Any,
         spawn: Callable[[Coroutine], None],

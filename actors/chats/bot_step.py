@@ -30,19 +30,26 @@ from actors.chats.step_policy import (
     memory_reader,
     reader_for,
 )
-from actors.contracts import Effect, StepInput, StepOutcome, ToolUse, WsAccess, WsQuery
-from actors.learning.memory_bot import MemoryBotRuntime
+from actors.contracts import (
+    Effect,
+    StepInput,
+    StepOutcome,
+    ToolUse,
+    WorkspaceAccess,
+    WorkspaceQuery,
+)
+from actors.learning.memory_bot_runtime import MemoryBotRuntime
 from actors.models.registry import ModelError, measured
 from actors.runtime.lock_guard import assert_no_pool_lock
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, durable, ignore_failure
-from actors.shard.seed_memory import SeedMemory
-from engine.bot_memory import as_scoped
+from actors.shard.memory_ops import MemoryOps
 from engine.bot_policy import require_collaboration
 from engine.chat_records import Confession, Enrichment
 from engine.directory import Bot, bot_pool
 from engine.errors import OpenBotError
+from engine.memory_union import as_scoped
 from engine.models import Message, ToolCall
 from engine.prompt_budget import ScopedEntry, pack
 from engine.requests import parse_proposal
@@ -72,10 +79,11 @@ _enc = msgspec.json.Encoder()
 class BotStepper:
     def __init__(
         self,
+        *,
         kernel: ShardKernel,
         runtime: MemoryBotRuntime,
         store: ChatStore,
-        memory: SeedMemory,
+        memory: MemoryOps,
         requests: Requests,
         peers: Peers,
     ) -> None:
@@ -105,7 +113,7 @@ class BotStepper:
         with it (an enrichment, a confession)."""
         bot = step.bot
         pool = bot_pool(bot.id)
-        records = self.memory.bot_memory.records
+        records = self.memory.memory_reader.records
         if step.chat.kind != "review" and records.get(pool) is None:
             # A bot's first step loads its memory: its records' reads start beside the settings'
             # pool load instead of after it (each was 5-30 ms at a chain's first hops).
@@ -200,20 +208,27 @@ class BotStepper:
             return True
         return (await isolation())[0]
 
-    async def _scopes(self, step: StepInput, q: str | None = None) -> list[tuple[int, WsQuery]]:
+    async def _scopes(
+        self, step: StepInput, q: str | None = None
+    ) -> list[tuple[int, WorkspaceQuery]]:
         """Where the step's user and project memory lives: in a person's direct chat the
         person's own scope and the chat's project (membership is checked where the project
-        lives). The bot's own scope is its one memory, read here (`_bot_scope`)."""
+        lives). The bot's own scope is its one memory, read here (`_bot_scope`). A person's
+        user memory is for the bots of their own account (SC-1): a bot someone else owns, used
+        through a grant, never reads it."""
         peers = self.peers
         limit = SEARCH_HITS if q is not None else 200
-        wanted: list[tuple[int, WsQuery]] = []
+        wanted: list[tuple[int, WorkspaceQuery]] = []
         if step.chat.kind in ("direct", "review"):
-            user_pool = WsQuery(pools=(f"user:{step.operator}",), projects=(), q=q, limit=limit)
-            wanted.append((peers.index_of(step.operator), user_pool))
+            if step.bot.owner == step.operator:
+                user_pool = WorkspaceQuery(
+                    pools=(f"user:{step.operator}",), projects=(), q=q, limit=limit
+                )
+                wanted.append((peers.index_of(step.operator), user_pool))
             if step.chat.project:
                 owner = await peers.directory().project_owner(step.chat.project)
                 if owner is not None:
-                    project = WsQuery(projects=(step.chat.project,), q=q, limit=limit)
+                    project = WorkspaceQuery(projects=(step.chat.project,), q=q, limit=limit)
                     wanted.append((peers.index_of(owner), project))
         return wanted
 
@@ -223,14 +238,16 @@ class BotStepper:
         memory is theirs, not the room's. Nothing on a node that does not isolate (ND-2)."""
         if not await self.memory_allowed(step.bot):
             return ""
-        access = WsAccess(account=step.operator, bots=frozenset({step.bot.id}))
+        access = WorkspaceAccess(account=step.operator, bots=frozenset({step.bot.id}))
         peers = self.peers
         wanted = await self._scopes(step)
-        async with self.memory.bot_memory.read(bot_pool(step.bot.id), memory_reader(step)) as snap:
+        async with self.memory.memory_reader.read(
+            bot_pool(step.bot.id), memory_reader(step)
+        ) as snap:
             scoped = [as_scoped(m, snap.open(m.id)) for m in snap.usable()]
         for index, query in wanted:
             try:
-                listing = await peers.shard(index).ws_entries(access, query)
+                listing = await peers.shard(index).workspace_entries(access, query)
             except OpenBotError:  # a scope that cannot be read now is left out, not guessed
                 continue
             scoped.extend(
@@ -260,7 +277,7 @@ class BotStepper:
             return step.text
         pool = bot_pool(step.bot.id)
         # What the input is about first (the same ranked search as memory search, issue 11).
-        parts, has = await self.memory.bot_memory.context_for(
+        parts, has = await self.memory.memory_reader.context_for(
             pool, reader, step.text, ENRICH_CONTEXT
         )
         if not (has and parts):
@@ -435,10 +452,10 @@ class BotStepper:
         found = await self.memory.search_memory(bot_pool(step.bot.id), reader, query, SEARCH_HITS)
         ranked = [[{"id": i, "content": text} for i, text in found]]
         # The workspace scopes too: what did not fit the prompt is found here (SC-5).
-        access = WsAccess(account=step.operator, bots=frozenset({step.bot.id}))
-        for index, ws_query in await self._scopes(step, q=query):
+        access = WorkspaceAccess(account=step.operator, bots=frozenset({step.bot.id}))
+        for index, workspace_query in await self._scopes(step, q=query):
             try:
-                listing = await self.peers.shard(index).ws_entries(access, ws_query)
+                listing = await self.peers.shard(index).workspace_entries(access, workspace_query)
             except OpenBotError:
                 continue
             ranked.append([{"id": e.id, "content": e.content} for e in listing.entries])

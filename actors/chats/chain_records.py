@@ -37,7 +37,7 @@ RECENT = 64  # chains with no work kept after a read or a write (a stop, a late 
 
 
 class ChainRecords:
-    def __init__(self, kernel: Any, logs: Any, peers: Any) -> None:
+    def __init__(self, *, kernel: Any, logs: Any, peers: Any) -> None:
         self.kernel = kernel
         self.conv = logs
         self.peers = peers

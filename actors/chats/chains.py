@@ -18,26 +18,28 @@ import asyncio
 import logging
 
 from actors.chats.agent_chats import Registrar
-from actors.chats.chain_control import ChainControl
 from actors.chats.chain_records import ChainRecords, bounded
 from actors.chats.chat_logs import ChatLogs
-from actors.contracts import Effect, StepInput
+from actors.contracts import ChainView, Effect, SentRef, StepInput
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, durable
 from engine import collaboration as rules
+from engine.collaboration import Chain
 from engine.directory import Bot, Chat, Org, agent_chat
+from engine.errors import NotFound, OpenBotError
 from storage.chat_store import ChatLog
+from storage.crypto import chain_fp_key
 
 log = logging.getLogger("openbot.chains")
 
 
-class ChainRunner(ChainControl):
-    def __init__(self, kernel: ShardKernel, logs: ChatLogs, peers: Peers) -> None:
+class ChainRunner:
+    def __init__(self, *, kernel: ShardKernel, logs: ChatLogs, peers: Peers) -> None:
         self.kernel = kernel
         self.conv = logs  # the chats chains write to (root, agent and target chats)
         self.peers = peers
-        self.records = ChainRecords(kernel, logs, peers)
+        self.records = ChainRecords(kernel=kernel, logs=logs, peers=peers)
         self._texts, self._learn = self.records.texts, self.records.learn  # (shorter names)
         self._tasks: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
@@ -46,10 +48,12 @@ class ChainRunner(ChainControl):
         self._askers: dict[str, Bot] = {}
         # link → (the peer as its send found it, the bot that sent it), until it is delivered.
         self._parties: dict[str, tuple[Bot, Bot]] = {}
-        # Links whose delivery task runs now: recovery at start (chain_control.py `recover`)
+        # Links whose delivery task runs now: recovery at start (`recover`)
         # may find a chain a first turn just began, its delivery already under way.
         self._delivering: set[str] = set()
-        self.registrar = Registrar(self.records, peers, self._spawn, self._lock, kernel)
+        self.registrar = Registrar(
+            records=self.records, peers=peers, spawn=self._spawn, lock=self._lock, kernel=kernel
+        )
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -59,6 +63,21 @@ class ChainRunner(ChainControl):
     async def idle(self) -> None:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # --- a delivery's agent chat, asked for before the directory has it ---
+    # This shard makes each delivery's agent chat itself and registers it with the directory in
+    # the background (agent_chats.py): a hop asks the directory nothing. A reader that comes
+    # for such a chat before the directory has it (a client fetching an item its
+    # `chat.item.created` announced) is served by the gateway from here (gateway/auth.py
+    # `context`). A delivery's step on another shard asks here, before a tool of it writes,
+    # whether the send it answers is durable (sent_gate.py).
+
+    async def find_agent_chat(self, chat_id: str) -> Chat | None:
+        return await self.records.agent_chat(chat_id)
+
+    async def send_stored(self, ref: SentRef) -> bool:
+        """Whether the send of `ref` is durable (waits while it commits)."""
+        return await self.records.gate.stored(ref)
 
     # --- what bots asked for ---
 
@@ -157,6 +176,7 @@ class ChainRunner(ChainControl):
                     to_bot=effect.target,
                     message=effect.message,
                     now=self.kernel.clock(),
+                    fp_key=chain_fp_key(self.kernel.master, current.org),
                 )
                 self._texts.setdefault(updated.id, {})[effect.link] = {"request": effect.message}
                 await self.records.stage(updated, sink)
@@ -380,7 +400,11 @@ class ChainRunner(ChainControl):
             async with self._lock:
                 chain = await self.records.need(chain_id)
                 chain, decision = rules.on_result(
-                    chain, link_id=link_id, text=text, now=self.kernel.clock()
+                    chain,
+                    link_id=link_id,
+                    text=text,
+                    now=self.kernel.clock(),
+                    fp_key=chain_fp_key(self.kernel.master, chain.org),
                 )
                 self._texts.setdefault(chain_id, {}).setdefault(link_id, {})["result"] = text
                 # The last row of this chain in `sink` wins (rows of one key merge in order),
@@ -440,3 +464,83 @@ class ChainRunner(ChainControl):
         await self._maybe_release(chain.topic)
         if parent is not None:
             await self._maybe_answer(chain_id, parent.id, reply, org)
+
+    # --- a chain's life outside its hops: resuming after a restart, stopping, listing, and
+    # releasing a turn's waiting learning jobs once its chains are done (WS-4, CO-1, CO-2) ---
+
+    async def resume(self) -> None:
+        """`recover` at start; a chain that cannot resume must not stop the shard serving."""
+        try:
+            await self.recover()
+        except Exception:
+            log.exception("resuming collaboration chains failed")
+
+    async def recover(self) -> int:
+        """Resume the deliveries that were under way when the shard stopped (nothing is lost;
+        a delivery already answered is not asked again)."""
+        resumed = 0
+        await self.registrar.recover(self._lock, self.kernel)
+        await self.records.start()
+        for chain in self.records.running():
+            open_ = [
+                k for k in rules.open_links(chain) if not any(c.parent == k.id for c in chain.links)
+            ]
+            if not open_:
+                continue
+            try:
+                org = await self.peers.directory().get_org(chain.org)
+            except OpenBotError as e:  # one chain that cannot resume does not hold the others
+                log.warning("chain %s not resumed: %s", chain.id, e.message)
+                continue
+            for link in open_:
+                self._spawn_delivery(chain.id, link.id, org)  # (not if one runs already)
+                resumed += 1
+        log.info("resumed %d deliveries", resumed)
+        return resumed
+
+    async def _save(self, chain: Chain) -> None:
+        batch = Batch()
+        await self.records.stage(chain, batch)
+        await self.kernel.commit(batch)
+
+    # --- what people see and do ---
+
+    async def stop_visible(
+        self, chain_id: str, user: str, channels: frozenset[str]
+    ) -> ChainView | None:
+        """Stop a chain homed here that `user` may see; None when it is not here."""
+        chain = await self.records.get(chain_id)
+        if chain is None or not self.records.may_see(chain, user, channels):
+            return None
+        return await self.stop(chain_id, user)
+
+    async def stop(self, chain_id: str, by: str) -> ChainView:
+        async with self._lock:
+            chain = await self.records.get(chain_id)
+            if chain is None:
+                raise NotFound(f"no collaboration {chain_id}", code="collaboration_not_found")
+            chain = rules.stop(chain, by=by, now=self.kernel.clock())
+            await self._save(chain)
+        await self._maybe_release(chain.topic)
+        return self.records.view(chain)
+
+    async def _maybe_release(self, topic: str) -> None:
+        """Once no collaboration of this turn is under way, its waiting learning jobs run, once,
+        over everything that came back (CO-2)."""
+        waiting = self._learn.get(topic)
+        if not waiting or await self.running_for(topic) or self._busy.get(topic):
+            return
+        self._learn.pop(topic, None)
+        for chain in await self.records.release_learning(topic, waiting):
+            await self._save(chain)  # the stored record no longer lists them
+
+    async def running_for(self, topic: str) -> bool:
+        """Whether a chain started by this turn is still under way (an index by turn: this
+        runs on every turn of a chat, whatever the number of chains)."""
+        await self.records.start()
+        return self.records.under_way(topic)
+
+    async def listing(
+        self, user: str, channels: frozenset[str], after: str | None = None, limit: int = 200
+    ) -> list[ChainView]:
+        return await self.records.listing(user, channels, after, limit)

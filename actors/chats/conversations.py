@@ -30,7 +30,7 @@ from actors.chats.requests import Requests
 from actors.chats.turn_rules import learns, log_failure, step_failed
 from actors.contracts import Effect, Mirrored, StepInput, StepOutcome, TurnResult, TurnStart
 from actors.learning.jobs import job_event
-from actors.learning.memory_bot import MemoryBotRuntime
+from actors.learning.memory_bot_runtime import MemoryBotRuntime
 from actors.learning.runs import LearningRunner
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
@@ -49,6 +49,7 @@ TURN_WAIT = 180.0
 class Conversations:
     def __init__(
         self,
+        *,
         kernel: ShardKernel,
         logs: ChatLogs,
         runtime: MemoryBotRuntime,

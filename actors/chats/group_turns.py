@@ -30,7 +30,7 @@ logger = logging.getLogger("openbot.group")
 
 
 class GroupTurns:
-    def __init__(self, logs: ChatLogs, chains: ChainRunner, peers: Peers) -> None:
+    def __init__(self, *, logs: ChatLogs, chains: ChainRunner, peers: Peers) -> None:
         self.logs = logs
         self.chains = chains
         self.peers = peers

@@ -7,7 +7,7 @@ which are not recorded as chat items, and the reader a step's memory and enrichm
 from __future__ import annotations
 
 from actors.contracts import StepInput
-from engine.memory import Reader
+from engine.memory_entries import Reader
 
 # Not app tools, so their results are not recorded as chat items: `confide` (kept as
 # confessions), tools about the bot itself (its rules, its members: the owner's prompt is not

@@ -4,10 +4,11 @@ A job is stored before it runs and is driven from the database: at start every o
 again. Its one model step is recorded (request, result, cost) in the encrypted call log *before*
 anything is applied, so a restart reuses the recorded result instead of calling the model again.
 The memory changes, the chat's read position and the end of the job commit in one transaction
-(LRN-5). Jobs of one pool and chat run one at a time and re-check the read position under the
-pool's write lock, so the same evidence is never applied twice. No pool lock is held across the
-model call or the calls to the directory and other shards (user and project facts). A step over
-two minutes ends the job with a safe error and leaves the read position where it was.
+(LRN-5). Jobs of one pool and chat run one at a time, from reading the read position to
+committing the new one (`_run`'s lock; nothing else moves a position), so the same evidence is
+never applied twice. No pool lock is held across the model call or the calls to the directory
+and other shards (user and project facts). A step over two minutes ends the job with a safe
+error and leaves the read position where it was.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from typing import Protocol
 import msgspec
 
 from actors.learning.jobs import job_event
-from actors.learning.memory_bot import BudgetSpent, MemoryBotRuntime
+from actors.learning.memory_bot_runtime import BudgetSpent, MemoryBotRuntime
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
-from actors.shard.bot_memory import BotMemory
 from actors.shard.kernel import ShardKernel, ignore_failure
+from actors.shard.memory_reader import MemoryReader
 from actors.shard.residency import unused
 from engine import scoped_memory as sm
 from engine import tags as tagmod
@@ -38,8 +39,8 @@ from engine.learning import (
     build_request,
     decide,
 )
-from engine.memory import Change, LogRow, Reader, Scope, Who
-from engine.memory_bot import next_period_start
+from engine.memory_bot_settings import next_period_start
+from engine.memory_entries import Change, LogRow, Reader, Scope, Who
 from engine.models import Completion, Message
 from engine.turns import LEARNING_STEP_LIMIT, LEARNING_TOOLS, learning_system
 from storage.chat_store import ChatLog, ChatStore, ModelCall
@@ -62,10 +63,11 @@ class EvidenceLogs(Protocol):
 class LearningRunner:
     def __init__(
         self,
+        *,
         kernel: ShardKernel,
         store: ChatStore,
         runtime: MemoryBotRuntime,
-        memory: BotMemory,
+        memory: MemoryReader,
         logs: EvidenceLogs,
         peers: Peers,
     ) -> None:
@@ -339,100 +341,91 @@ class LearningRunner:
         # User and project facts go to the workspace pools (SC-1..SC-3) on other shards: they
         # are decided from the pool's state under its shared lock and sent after it is released
         # (no pool lock is held across an actor call, ACL-9). The receipt of `learn:<job>:<upto>`
-        # makes a repeat store nothing twice.
+        # makes a repeat store nothing twice. The read position `_execute` started from is
+        # still the chat's: nothing but this job moves it while `_run` holds the chat's lock.
         _, ws = await self.memory.pools(job.pool)
-        ws_rejected: list[str] = []
         async with pool.lock.shared():
-            learned = await self._position(job.pool, job.chat) >= job.upto
-            if not learned:
-                first = decide(
-                    calls,
-                    pool=job.pool,
-                    entries=self.memory.learning_state(pool, ws),
-                    evidence=evidence,
-                    audience=audience,
-                    now=now,
-                    new_ids=new_ids(),
-                )
-        if not learned:
-            ws_rejected = await self._extract_scoped(job, first.new, evidence, now)
+            first = decide(
+                calls,
+                pool=job.pool,
+                entries=self.memory.learning_state(pool, ws),
+                evidence=evidence,
+                audience=audience,
+                now=now,
+                new_ids=new_ids(),
+            )
+        workspace_rejected = await self._extract_scoped(job, first.new, evidence, now)
         async with pool.lock.exclusive():
-            if await self._position(job.pool, job.chat) >= job.upto:
-                pending = pool.pending  # LRN-5: applied meanwhile; never twice
-                done = msgspec.structs.replace(job, status="done", updated_at=self.kernel.clock())
-                batch = Batch(writes=[self.store.job_row(done)], events=[job_event(done)])
-                pending = self.kernel.stage(batch, pool)
-            else:
-                decision = decide(
-                    calls,
-                    pool=job.pool,
-                    # The latest state, under the write lock (LRN-8): the bot's one memory.
-                    entries=self.memory.learning_state(pool, ws),
-                    evidence=evidence,
-                    audience=audience,
-                    now=now,
-                    new_ids=new_ids(),
+            decision = decide(
+                calls,
+                pool=job.pool,
+                # The latest state, under the write lock (LRN-8): the bot's one memory.
+                entries=self.memory.learning_state(pool, ws),
+                evidence=evidence,
+                audience=audience,
+                now=now,
+                new_ids=new_ids(),
+            )
+            rejections = tuple(
+                [f"{r.tool}: {r.reason}" for r in decision.rejected] + workspace_rejected
+            )
+            decision = msgspec.structs.replace(
+                decision,
+                new=[(m, t) for m, t in decision.new if m.scope == Scope.BOT],
+                # A person's workspace records are never changed by the memory bot.
+                changed=[m for m in decision.changed if m.id in pool.entries],
+            )
+            version = pool.version + 1
+            log_rows = [
+                LogRow(
+                    version=version,
+                    at=now,
+                    who=Who.MEMORY_BOT,
+                    entry=m.id,
+                    change=Change.CREATED,
                 )
-                rejections = tuple(
-                    [f"{r.tool}: {r.reason}" for r in decision.rejected] + ws_rejected
+                for m, _ in decision.new
+            ] + [
+                LogRow(
+                    version=version,
+                    at=now,
+                    who=Who.MEMORY_BOT,
+                    entry=m.id,
+                    change=Change.INVALIDATED if m.status == "invalidated" else Change.UPDATED,
                 )
-                decision = msgspec.structs.replace(
-                    decision,
-                    new=[(m, t) for m, t in decision.new if m.scope == Scope.BOT],
-                    # A person's workspace records are never changed by the memory bot.
-                    changed=[m for m in decision.changed if m.id in pool.entries],
-                )
-                version = pool.version + 1
-                log_rows = [
-                    LogRow(
-                        version=version,
-                        at=now,
-                        who=Who.MEMORY_BOT,
-                        entry=m.id,
-                        change=Change.CREATED,
-                    )
-                    for m, _ in decision.new
-                ] + [
-                    LogRow(
-                        version=version,
-                        at=now,
-                        who=Who.MEMORY_BOT,
-                        entry=m.id,
-                        change=Change.INVALIDATED if m.status == "invalidated" else Change.UPDATED,
-                    )
-                    for m in decision.changed
-                ]
-                sealed = {
-                    m.id: self.kernel.store.seal_content(pool.stored, m.id, text)
-                    for m, text in decision.new
-                }
-                outcome = Outcome(
-                    version=version if log_rows else pool.version,
-                    upserts=tuple([m for m, _ in decision.new] + decision.changed),
-                    log=tuple(log_rows),
-                )
-                rejected = len(rejections)
-                done = msgspec.structs.replace(
-                    job,
-                    status="done",
-                    error=f"{rejected} proposed change(s) rejected" if rejected else None,
-                    rejections=rejections,
-                    updated_at=now,
-                )
-                self._positions.setdefault(job.pool, {})[job.chat] = job.upto
-                extra = [
-                    self.store.position_row(job.pool, job.chat, job.upto),
-                    self.store.job_row(done),
-                    *self.runtime.spend_rows(),
-                ]
-                pending = self.kernel.stage_outcome(
-                    pool,
-                    outcome,
-                    sealed,
-                    extra,
-                    [job_event(done)],
-                    texts={m.id: text for m, text in decision.new},
-                )
+                for m in decision.changed
+            ]
+            sealed = {
+                m.id: self.kernel.store.seal_content(pool.stored, m.id, text)
+                for m, text in decision.new
+            }
+            outcome = Outcome(
+                version=version if log_rows else pool.version,
+                upserts=tuple([m for m, _ in decision.new] + decision.changed),
+                log=tuple(log_rows),
+            )
+            rejected = len(rejections)
+            done = msgspec.structs.replace(
+                job,
+                status="done",
+                error=f"{rejected} proposed change(s) rejected" if rejected else None,
+                rejections=rejections,
+                updated_at=now,
+            )
+            self._positions.setdefault(job.pool, {})[job.chat] = job.upto
+            extra = [
+                self.store.position_row(job.pool, job.chat, job.upto),
+                self.store.job_row(done),
+                *self.runtime.spend_rows(),
+            ]
+            pending = self.kernel.stage_outcome(
+                pool,
+                outcome,
+                sealed,
+                extra,
+                [job_event(done)],
+                texts={m.id: text for m, text in decision.new},
+            )
         try:
             await self.kernel.settle(pool, pending, reads_state=False)
         except BaseException:
@@ -486,7 +479,7 @@ class LearningRunner:
                 if owner is None:
                     refused += [f"learn_fact: no project {pool_id}"] * len(proposals)
                     continue
-            decisions = await self.peers.shard(self.peers.index_of(owner)).ws_extract(
+            decisions = await self.peers.shard(self.peers.index_of(owner)).workspace_extract(
                 pool_id, contributor, proposals, sources, f"learn:{job.id}:{job.upto}", now
             )
             refused += [f"learn_fact: {d.reason}" for d in decisions if d.outcome == "refused"]

@@ -1,5 +1,6 @@
-"""Model clients: the `openai` kind (any OpenAI-compatible Chat Completions server, over httpx)
-and the `scripted` kind (deterministic answers from a TOML file, for demos and tests).
+"""Model clients: the `openai` kind (any OpenAI-compatible Chat Completions server, over httpx),
+the `scripted` kind (deterministic answers from a TOML file, for demos and tests) and the `local`
+kind (a small deterministic model built in, so a server started without a config can chat).
 
 Configured by name in the server config (DESIGN §6):
 
@@ -14,6 +15,9 @@ Configured by name in the server config (DESIGN §6):
     [models.demo]
     kind = "scripted"
     script = "examples/demo-script.toml"
+
+    [models.local]                     # built in; `openbot serve` without a config has it
+    kind = "local"
 
     [models.edge]                      # served by an external node (actors/models/node_hub.py)
     kind = "node"
@@ -306,6 +310,41 @@ class ScriptedModel:
         return pattern
 
 
+# The `local` kind: no network and no files, so the first chat on a fresh server works. As a bot
+# it repeats what it is told and confides what a person says about a move or a preference; as
+# the memory bot it answers a confession and learns such a sentence as a fact citing its item.
+_CONFIDED = "I want to get this person's situation right."
+LOCAL_SCRIPT = _Script(
+    rules=[
+        _Rule(
+            match=r'(?i)\{"chat":"(?P<chat>[^"]+)","item":"(?P<item>[^"]+)","kind":"person",'
+            r'"author":"[^"]*","text":"(?P<text>[^"]*(?:moved|prefer)[^"]*)"\}',
+            tool_calls=[
+                {
+                    "name": "learn_fact",
+                    "arguments": {
+                        "content": "{text}",
+                        "items": [{"chat": "{chat}", "item": "{item}"}],
+                        "topics": ["about-me"],
+                    },
+                }
+            ],
+        ),
+        _Rule(
+            match=r"(?i)\b(moved|prefer|always|never)\b",
+            tool_calls=[{"name": "confide", "arguments": {"text": _CONFIDED}}],
+        ),
+        _Rule(
+            match=f"^{re.escape(_CONFIDED)}$",
+            text="That is worth caring about. Tell them what you understood; ask if it is right.",
+        ),
+        _Rule(match=r"(?s)\A(?P<text>[^{].{0,499})", text="You said: {text}"),
+    ],
+    default="I am listening.",
+    after_tool="Thank you. I will keep that in mind.",
+)
+
+
 # --- measured calls ------------------------------------------------------------------------------
 
 
@@ -367,6 +406,8 @@ def load_models(
             )
         elif kind == "scripted":
             models[name] = ScriptedModel.from_file(name, base_dir / spec["script"])
+        elif kind == "local":
+            models[name] = ScriptedModel(name, LOCAL_SCRIPT)
         elif kind in ("sentence-transformers", "onnx"):
             continue  # an embedding model only (actors/models/embeddings.py, [search])
         elif kind == "node":

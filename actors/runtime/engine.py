@@ -32,12 +32,12 @@ from typing import Any
 
 import ray
 
-from actors.runtime.directory_port import RayDirectory
-from actors.runtime.lane import LanedShard
-from actors.runtime.node_hub_handle import RayNodeHub
+from actors.runtime.directory_proxy import RayDirectory
+from actors.runtime.lane import LanedRayShard
+from actors.runtime.node_hub_proxy import RayNodeHub
 from actors.runtime.placement import shard_of
-from actors.runtime.ports import RayShard
 from actors.runtime.ray_env import TOKEN_FILE, loopback_only, use_token_file
+from actors.runtime.shard_proxy import RayShard
 from engine.errors import InvalidInput, Unavailable
 
 NAMESPACE = "openbot"
@@ -286,7 +286,7 @@ class Engine:
         self.shard_ports = [
             # A gateway's turn starts and event polls over the shard's lane where it can
             # (actors/runtime/lane.py); everything else over Ray.
-            LanedShard(f"{prefix}-shard-{k}", NAMESPACE, handle)
+            LanedRayShard(f"{prefix}-shard-{k}", NAMESPACE, handle)
             for k, handle in enumerate(shards)
         ]
         self.node_hub = RayNodeHub(prefix, NAMESPACE)

@@ -12,6 +12,7 @@ import gc
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,6 @@ from actors.contracts import (
 )
 from actors.directory import DirectoryService
 from actors.runtime.lane import LaneServer, this_node
-from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.chat_records import Turn
 from engine.errors import StorageError
@@ -36,7 +36,11 @@ LOCK_WAIT = 60.0  # seconds a restarted store waits for a dying process to let g
 
 
 def _reconstructed() -> bool:
-    return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    # Ray's property reads its own deprecated `actor_id` and warns on every actor start; the
+    # answer is right, the warning is Ray's to itself and would be the first line `serve` prints.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
 
 def _where() -> dict[str, Any]:
@@ -105,9 +109,8 @@ def guard_store(
         time.sleep(0.2)
 
 
-class PlacedShardService(PackedEvents, ShardService):
-    """The shard as Ray runs it: guarded start (see `guard_store`), `where`, and the event poll
-    with one bytes reply that gateways make over Ray (`events_packed`)."""
+class PlacedShardService(ShardService):
+    """The shard as Ray runs it: guarded start (see `guard_store`), `where`, and its lane."""
 
     def __init__(self, data_dir: str | Path, index: int, **kwargs: Any) -> None:
         file = Path(kwargs.get("db_path") or Path(data_dir) / f"shard-{index}.duckdb")

@@ -11,7 +11,7 @@ event loops the round trip was 0.2 ms (p90 0.3 ms).
 So a shard listens on a socket of its own (`LaneServer`, in a directory only its user may
 enter, like Ray's own sockets, named by the shard's pid: a killed shard's is removed by the
 next shard that opens a lane, `sweep`) and its sibling shards send it their `run_step` calls there
-(`LanedShard`), one msgpack frame each way. A gateway on the same node does the same with the
+(`LanedRayShard`), one msgpack frame each way. A gateway on the same node does the same with the
 two calls every person's turn and every event it hands out wait for: `start_turn` and the event
 pump's long poll (then a chain's end reaches the websocket without a Ray hop either). The
 address is asked for once over Ray and only a process on the same node uses it; every other
@@ -57,7 +57,8 @@ from actors.contracts import (
     TurnStart,
 )
 from actors.runtime.lock_guard import assert_no_pool_lock
-from actors.runtime.ports import RayShard, remote
+from actors.runtime.proxy import remote
+from actors.runtime.shard_proxy import RayShard
 from engine.chat_records import Turn
 from engine.errors import OpenBotError, Unavailable
 from storage.stats import STATS
@@ -415,7 +416,7 @@ def this_node() -> str:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
 
 
-class LanedShard(RayShard):
+class LanedRayShard(RayShard):
     """`ShardPort` of a shard: steps (from a sibling shard), turn starts and event polls (from
     a gateway) over the lane where one can be opened; every other call, and those without a
     lane, over Ray."""

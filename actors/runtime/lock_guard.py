@@ -1,9 +1,10 @@
 """The pool-lock guard (ACL-9: never hold a pool lock across an actor or model call).
 
 A debug guard (`OPENBOT_LOCK_GUARD=1`; the test suite turns it on): the pool locks
-(actors/shard/rwlock.py) count which asyncio task holds them, and `assert_no_pool_lock` — called
-where the engine awaits another actor (every port, actors/runtime/ports.py and peers.py) or a
-model — fails when the current task holds one. Here, below the shard, so that the runtime's
+(actors/shard/rwlock.py) and the semantic-search locks (actors/workspace/semantic.py) count
+which asyncio task holds them, and `assert_no_pool_lock` — called where the engine awaits
+another actor (every port, actors/runtime/shard_proxy.py and peers.py) or a model (chat and
+embedding) — fails when the current task holds one. Here, below the shard, so that the runtime's
 calls check it without importing the shard.
 """
 

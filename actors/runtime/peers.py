@@ -6,9 +6,9 @@ typed port (actors/ports.py): `shard(i)` and `directory()` give the port, and as
 is where the pool-lock guard (ACL-9) checks that no pool lock is held across the call.
 
 Calls to this shard itself stay local: an actor awaiting its own handle would queue behind
-itself. Other actors are found by name, lazily (actors/runtime/ports.py), so an actor restarted
-by Ray is found again; `connect` wires local services instead (tests, benchmarks, a shard run
-without Ray), which the features then call directly.
+itself. Other actors are found by name, lazily (actors/runtime/shard_proxy.py), so an actor
+restarted by Ray is found again; `connect` wires local services instead (tests, benchmarks, a
+shard run without Ray), which the features then call directly.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from actors.ports import DirectoryPort, ShardPort
-from actors.runtime.directory_port import RayDirectory
-from actors.runtime.lane import LanedShard
+from actors.runtime.directory_proxy import RayDirectory
+from actors.runtime.lane import LanedRayShard
 from actors.runtime.lock_guard import assert_no_pool_lock
 from actors.runtime.placement import shard_of
 from engine.errors import Unavailable
@@ -55,7 +55,9 @@ class Peers:
             if self.prefix is None:
                 raise Unavailable(f"shard {index} is not reachable from here", code="no_peers")
             # A sibling: its steps over the direct lane where it can (actors/runtime/lane.py).
-            port = self._shards[index] = LanedShard(f"{self.prefix}-shard-{index}", self.namespace)
+            port = self._shards[index] = LanedRayShard(
+                f"{self.prefix}-shard-{index}", self.namespace
+            )
         return port
 
     def directory(self) -> DirectoryPort:

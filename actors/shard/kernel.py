@@ -3,7 +3,7 @@
 It owns the file, the group committer, the event log, the keyring (through the memory store),
 the receipts table, the keyword analyzer and term rows, the registry of loaded memory pools with
 their locks, the residency budget, the clock and the id maker. Every feature of the shard (chats,
-learning, workspace, requests, the seed-000 memory API) is built with the kernel and writes
+learning, workspace, requests, the bot memory API) is built with the kernel and writes
 through it:
 
 - `pool(id)` loads (once, single-flight) and counts a memory pool as used;
@@ -43,11 +43,12 @@ from storage.crypto import Keyring, load_master_key
 from storage.database import Database
 from storage.event_log import MARK_RESTORED, EventLog
 from storage.group_commit import FORGET_JOURNAL, GroupCommitter, Write
+from storage.key_upgrade import upgrade_keys
 from storage.memory_store import MemoryStore
 from storage.receipts import Receipts
 from storage.search_index import Analyzer, pack_keys, unpack_keys
 from storage.shard_schema import MIGRATIONS, TABLES
-from storage.term_store import TermStore, terms_key
+from storage.term_store import TermKeys, TermStore
 
 log = logging.getLogger("openbot")
 
@@ -67,7 +68,7 @@ def new_entry_id() -> str:
 
 
 def terms_pool(pool_id: str) -> str:
-    """Where a seed-000 pool's term rows are kept: apart from the workspace pool of the same
+    """Where a entry pool's term rows are kept: apart from the workspace pool of the same
     name (`bot:<id>` is both)."""
     return f"seed:{pool_id}"
 
@@ -125,8 +126,12 @@ class ShardKernel:
         self.store = MemoryStore(self.db, Keyring(self.master))
         self.receipts = Receipts(self.db)
         self.events = EventLog(self.db, retain=event_retain)
-        # Keyword search (issue 11): one analyzer and term table for memory and workspace pools.
-        self.analyzer = Analyzer(terms_key(self.master))
+        # Data written under the keys of earlier versions is brought to the current ones
+        # before anything reads it (after the journal is applied: its rows too).
+        upgrade_keys(self.db, self.master)
+        # Keyword search (issue 11): one term table for memory and workspace pools, each pool's
+        # terms hashed with its own key.
+        self.term_keys = TermKeys(self.master)
         self.terms = TermStore(self.db)
         self._loader: SingleFlight[Pool] = SingleFlight(self.resident)
         self._pools: dict[str, Pool] = self._loader.loaded
@@ -134,6 +139,11 @@ class ShardKernel:
     @property
     def keyring(self) -> Keyring:
         return self.store.keyring
+
+    def analyzer(self, pool_id: str) -> Analyzer:
+        """The keyword analyzer of a pool (its own term key; a seed-000 pool and the
+        workspace pool of the same id share one)."""
+        return self.term_keys.of(pool_id)
 
     # --- start ------------------------------------------------------------------------------
 
@@ -229,12 +239,13 @@ class ShardKernel:
                 ids.append(entry_id)
                 kept.append(blob)
         missing: list[Write] = []
+        analyzer = self.analyzer(pool.id)
         if len(ids) < len(sealed):
             have = set(ids)
             for entry_id, blob in sealed.items():
                 if entry_id in have:
                     continue
-                keys = self.analyzer.keys(self.store.open_content(pool.stored, entry_id))
+                keys = analyzer.keys(self.store.open_content(pool.stored, entry_id))
                 ids.append(entry_id)
                 kept.append(pack_keys(keys))
                 missing.append(terms.row(where, entry_id, sealed_fp(blob), keys))
@@ -258,13 +269,14 @@ class ShardKernel:
         rows: list[Write] = []
         terms = self.terms
         texts = texts or {}
+        analyzer = self.analyzer(pool.id)
         for entry_id, blob in (sealed or {}).items():
             if entry_id not in pool.entries:
                 continue
             text = texts.get(entry_id)
             if text is None:
                 text = self.store.open_content(pool.stored, entry_id)
-            keys = self.analyzer.keys(text)
+            keys = analyzer.keys(text)
             pool.terms.put(entry_id, keys)
             rows.append(terms.row(terms_pool(pool.id), entry_id, sealed_fp(blob), keys))
         for entry_id in outcome.deletes:

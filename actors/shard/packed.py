@@ -3,7 +3,7 @@
 Ray serialises each reply on its own, pickling anything that is not a plain value: a poll's list
 of Events is pickled by the shard and unpickled by the gateway on every poll, one per group
 commit under load. Here it is one msgpack `EventBatch` (actors/contracts.py), which the gateway
-decodes for next to nothing. (A Remember's packed call is `SeedMemory.remember_packed`.)
+decodes for next to nothing. (A Remember's packed call is `MemoryOps.remember_packed`.)
 
 And the coalesced calls (issue 13): a gateway sends the Remembers, and the workspace memory
 creations, that its clients make of one shard while its previous such call is in flight as ONE
@@ -14,7 +14,6 @@ own answer or its own error back (`CallError`, actors/contracts.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -22,35 +21,41 @@ from actors.contracts import (
     COALESCED,
     FOLLOWING_CALL,
     HANDED_LIMIT,
-    WS_CREATE_CALL,
+    WORKSPACE_CREATE_CALL,
     CallError,
     EventBatch,
     Followed,
     FollowingCall,
-    WsAccess,
+    WorkspaceAccess,
 )
 from actors.shard.kernel import ShardKernel
+from actors.shard.memory_ops import MemoryOps
 from actors.shard.remember_batch import Answer, remember_all
-from actors.shard.seed_memory import SeedMemory
 from actors.workspace.create_batch import create_all
 from actors.workspace.service import Workspace
 from engine.errors import InvalidInput
-from engine.scoped_memory import WsMemoryCreate
+from engine.scoped_memory import WorkspaceMemoryCreate
 
 _msgpack = msgspec.msgpack.Encoder()
+_json = msgspec.json.Encoder()
 
 
-class PackedEvents:
-    """Mixed into the shard as Ray hosts it (actors/runtime/hosting.py): a `ShardService`, which
-    builds `kernel`."""
+class PackedCalls:
+    """The shard's calls that carry one bytes each way, built by `ShardService` over its kernel,
+    its memory API and its workspace."""
 
-    kernel: ShardKernel
-    memory: SeedMemory
-    workspace: Workspace
+    def __init__(self, *, kernel: ShardKernel, memory: MemoryOps, workspace: Workspace) -> None:
+        self.kernel = kernel
+        self.memory = memory
+        self.workspace = workspace
 
-    if TYPE_CHECKING:  # ShardService's (declared only: a definition here would shadow it)
-
-        async def ws_create_memory_json(self, access: WsAccess, body: WsMemoryCreate) -> bytes: ...
+    async def workspace_create_memory_json(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
+    ) -> bytes:
+        """A workspace memory creation answered with its HTTP body: the gateway sends on the
+        JSON the shard made, as it does a Remember's, instead of decoding a view and encoding
+        it again."""
+        return _json.encode(await self.workspace.create_memory(access, body))
 
     async def events_packed(
         self, seq: int, limit: int = 1000, wait: float = 0.0, follower: str = ""
@@ -81,14 +86,15 @@ class PackedEvents:
             )
         )
 
-    async def ws_create_memory_packed(self, call: bytes) -> bytes:
-        """`ws_create_memory` from one msgpack `WsCreateCall`, answered with the record as JSON:
-        the HTTP body as it is (as `remember_packed`; RayShard decodes it for a typed caller)."""
+    async def workspace_create_memory_packed(self, call: bytes) -> bytes:
+        """`workspace_create_memory` from one msgpack `WorkspaceCreateCall`, answered with the
+        record as JSON: the HTTP body as it is (as `remember_packed`; RayShard decodes it for a
+        typed caller)."""
         try:
-            c = WS_CREATE_CALL.decode(call)
+            c = WORKSPACE_CREATE_CALL.decode(call)
         except msgspec.DecodeError as e:
             raise InvalidInput(f"bad workspace write: {e}", code="invalid_body") from e
-        return await self.ws_create_memory_json(c.access, c.body)
+        return await self.workspace_create_memory_json(c.access, c.body)
 
     async def remember_many(self, call: bytes) -> bytes:
         """Coalesced Remembers: each request a packed `RememberCall`, answered as `remember_packed`
@@ -102,14 +108,14 @@ class PackedEvents:
         replies = _replies(await remember_all(self.memory, _requests(c.call)))
         return await self._hand_over(replies, c.follower, c.seen)
 
-    async def ws_create_memory_many(self, call: bytes) -> bytes:
-        """Coalesced workspace memory creations: each request a packed `WsCreateCall`, answered
-        as `ws_create_memory_packed` would answer it alone; a pool's share is one commit
-        (actors/workspace/create_batch.py)."""
+    async def workspace_create_memory_many(self, call: bytes) -> bytes:
+        """Coalesced workspace memory creations: each request a packed `WorkspaceCreateCall`,
+        answered as `workspace_create_memory_packed` would answer it alone; a pool's share is one
+        commit (actors/workspace/create_batch.py)."""
         return _replies(await create_all(self.workspace, _requests(call)))
 
-    async def ws_create_memory_many_followed(self, call: bytes) -> bytes:
-        """`ws_create_memory_many` from a `FollowingCall`, its reply `Followed` by the events
+    async def workspace_create_memory_many_followed(self, call: bytes) -> bytes:
+        """`workspace_create_memory_many` from a `FollowingCall`, its reply `Followed` by the events
         after its `seen`."""
         c = _following(call)
         replies = _replies(await create_all(self.workspace, _requests(c.call)))

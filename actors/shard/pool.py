@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from actors.shard.rwlock import RWLock
 from engine import tags as tagmod
 from engine.commands import Outcome
-from engine.memory import EntryMeta, Reader
+from engine.memory_entries import EntryMeta, Reader
 from engine.visibility import Visibility
 from storage.memory_store import StoredPool, log_without
 from storage.search_index import TermIndex

@@ -7,7 +7,7 @@ under ONE hold of the pool's exclusive lock, and the rows and events of every on
 into ONE `Batch`, staged once: one group commit, one wake-up of the event pumps, instead of one
 of each per Remember.
 
-Each request is answered on its own, as `SeedMemory.remember` would answer it alone: a
+Each request is answered on its own, as `MemoryOps.remember` would answer it alone: a
 malformed call, bad content or a reused requestId fails that request only (it is decided before
 anything of it is applied, so it leaves nothing behind); a requestId seen before, earlier in the
 same call included, gets the first answer and writes nothing. A commit that fails fails exactly
@@ -25,11 +25,11 @@ import msgspec
 
 from actors.contracts import RememberCall
 from actors.shard.batch import Batch
+from actors.shard.memory_ops import MemoryOps
 from actors.shard.pool import Pool
-from actors.shard.seed_memory import SeedMemory
 from engine import commands
 from engine.errors import InvalidInput, OpenBotError, Unavailable
-from engine.memory import EntryView, view
+from engine.memory_entries import EntryView, view
 from storage.receipts import fingerprint, receipt_key
 
 log = logging.getLogger("openbot")
@@ -72,7 +72,7 @@ class _Request:
         self.pending: asyncio.Future[None] | None = None
 
 
-async def remember_all(memory: SeedMemory, calls: Sequence[bytes]) -> list[Answer]:
+async def remember_all(memory: MemoryOps, calls: Sequence[bytes]) -> list[Answer]:
     """Answer each packed `RememberCall` (the entry as JSON, the HTTP body) or say why not."""
     answers: list[Answer | None] = [None] * len(calls)
     by_pool: dict[str, list[_Request]] = {}
@@ -95,7 +95,7 @@ async def remember_all(memory: SeedMemory, calls: Sequence[bytes]) -> list[Answe
 
 
 async def _remember_in_pool(
-    memory: SeedMemory, requests: list[_Request]
+    memory: MemoryOps, requests: list[_Request]
 ) -> list[tuple[_Request, Answer]]:
     kernel = memory.kernel
     try:
@@ -138,9 +138,9 @@ async def _remember_in_pool(
 
 
 async def _decide(
-    memory: SeedMemory, pool: Pool, request: _Request, batch: Batch, mine: set[str]
+    memory: MemoryOps, pool: Pool, request: _Request, batch: Batch, mine: set[str]
 ) -> None:
-    """`SeedMemory.remember` under the lock, with the rows and events going into `batch`.
+    """`MemoryOps.remember` under the lock, with the rows and events going into `batch`.
     Everything that can refuse runs before anything is applied."""
     call, kernel = request.call, memory.kernel
     done = await memory.receipt(pool, request.key, request.print_)

@@ -2,9 +2,11 @@
 
 A thin facade. `ShardKernel` (actors/shard/kernel.py) owns the file, the commit pipeline, the
 event log, the keys and the loaded pools with their locks; each feature is built here with the
-kernel and the collaborators it names, and every method below hands a call to one of them:
+kernel and the collaborators it names, and the table at the end of this module says which feature
+answers each call (actors/facade.py builds it into methods once):
 
-- the seed-000 memory API (actors/shard/seed_memory.py) over a bot's one memory (bot_memory.py);
+- a bot's memory (actors/shard/memory_ops.py) over its one visibility-checked read
+  (memory_reader.py), and the calls that carry one bytes each way (packed.py);
 - chats: logs (actors/chats/chat_logs.py), direct and group turns (conversations.py,
   group_turns.py), bot steps (bot_step.py), collaboration chains (chains.py), requests;
 - learning executions (actors/learning/runs.py) with the memory-bot runtime;
@@ -15,7 +17,7 @@ kernel and the collaborators it names, and every method below hands a call to on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from actors.chats.bot_step import BotStepper
@@ -25,65 +27,35 @@ from actors.chats.conversations import Conversations
 from actors.chats.group_turns import GroupTurns
 from actors.chats.requests import Requests
 from actors.contracts import (
-    ChainView,
-    Mirrored,
     NodeInfo,
-    RevisionView,
-    StepInput,
-    StepOutcome,
-    TurnResult,
     TurnStart,
-    WsAccess,
-    WsListing,
-    WsQuery,
 )
+from actors.facade import answered_by
 from actors.learning.jobs import find_job, jobs_for
-from actors.learning.memory_bot import MemoryBotRuntime
+from actors.learning.memory_bot_runtime import MemoryBotRuntime
 from actors.learning.runs import LearningRunner
 from actors.models.embeddings import Embedder, search_settings
 from actors.models.node_hub import where_runs
 from actors.models.registry import Model, load_models
+from actors.ports import ShardPort
 from actors.runtime import lock_guard
-from actors.runtime.node_hub_handle import RayNodeHub
+from actors.runtime.node_hub_proxy import RayNodeHub
 from actors.runtime.peers import Peers
-from actors.shard.agent_lookup import AgentChatLookup
-from actors.shard.bot_memory import BotMemory
 from actors.shard.kernel import ShardKernel, new_entry_id, now_ms
-from actors.shard.seed_memory import SeedMemory
-from actors.shard.ws_writes import WsWrites
-from actors.workspace.access import WsRules
-from actors.workspace.listing import WsListings
-from actors.workspace.pools import WsPools
+from actors.shard.memory_ops import MemoryOps
+from actors.shard.memory_reader import MemoryReader
+from actors.shard.packed import PackedCalls
+from actors.workspace.access import WorkspaceRules
+from actors.workspace.listing import WorkspaceListings
+from actors.workspace.pools import WorkspacePools
 from actors.workspace.projects import Projects
-from actors.workspace.receipts import WsReceipts
+from actors.workspace.receipts import WorkspaceReceipts
 from actors.workspace.semantic import semantic_search
 from actors.workspace.service import Workspace
-from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn
-from engine.directory import Bot, Channel, Chat, Org
-from engine.events import Audience, Event, Payload, ShardHead
-from engine.memory import (
-    Context,
-    EntryMeta,
-    EntryView,
-    LogPage,
-    MemoryPage,
-    Reader,
-    SearchPage,
-    Status,
-    Who,
-)
-from engine.memory_bot import MemoryBotSettings, SettingsPatch
-from engine.projects import ProjectChange, ProjectCreate, ProjectView
-from engine.requests import RequestView
-from engine.scoped_memory import (
-    Decision,
-    Extraction,
-    ForgetBarrier,
-    SourceItem,
-    WsEntryView,
-    WsForget,
-    WsMemoryChange,
-)
+from engine.chat_records import ItemView, LearningJob
+from engine.directory import Chat
+from engine.events import Event, ShardHead
+from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
 from engine.turns import ANSWER_WAIT
 from storage.chat_store import ChatStore
 from storage.stats import STATS
@@ -92,7 +64,7 @@ from storage.workspace_store import WorkspaceStore
 __all__ = ["ShardService", "TurnStart"]
 
 
-class ShardService(WsWrites, AgentChatLookup):
+class ShardService:
     def __init__(
         self,
         data_dir: str | Path,
@@ -137,86 +109,101 @@ class ShardService(WsWrites, AgentChatLookup):
             )
         fusion = search_settings(search, models_config)
         # The workspace's pools first: a bot's one memory reads its records through them.
-        self.ws_pools = WsPools(
-            kernel,
-            WorkspaceStore(kernel.db, kernel.master),
-            peers,
+        self.workspace_pools = WorkspacePools(
+            kernel=kernel,
+            store=WorkspaceStore(kernel.db, kernel.master),
+            peers=peers,
             context_window_ms=int(fusion.context_window_s * 1000),
         )
         self.semantic = semantic_search(
             kernel,
-            self.ws_pools,
+            self.workspace_pools,
             search,
             models_config,
             base_dir=Path(config_dir or "."),
             embedder=embedder,
         )
-        self.bot_memory = BotMemory(kernel, self.ws_pools)
-        self.memory = SeedMemory(kernel, self.bot_memory)
-        receipts = WsReceipts(kernel)
-        self.projects = Projects(kernel, self.ws_pools.store, receipts, peers)
-        rules = WsRules(self.ws_pools, self.projects, peers, index)
-        self.workspace = Workspace(
-            kernel, self.ws_pools, self.projects, receipts, self.memory, rules, self.semantic
+        self.memory_reader = MemoryReader(kernel, self.workspace_pools)
+        self.memory = MemoryOps(kernel, self.memory_reader)
+        receipts = WorkspaceReceipts(kernel)
+        self.projects = Projects(
+            kernel=kernel, store=self.workspace_pools.store, receipts=receipts, peers=peers
         )
-        self.listings = WsListings(
-            kernel, self.ws_pools, self.projects, rules, self.bot_memory, self.semantic
+        rules = WorkspaceRules(
+            pools=self.workspace_pools, projects=self.projects, peers=peers, index=index
+        )
+        self.workspace = Workspace(
+            kernel=kernel,
+            pools=self.workspace_pools,
+            projects=self.projects,
+            receipts=receipts,
+            memory=self.memory,
+            rules=rules,
+            semantic=self.semantic,
+        )
+        self.packed = PackedCalls(kernel=kernel, memory=self.memory, workspace=self.workspace)
+        self.listings = WorkspaceListings(
+            kernel=kernel,
+            pools=self.workspace_pools,
+            projects=self.projects,
+            rules=rules,
+            memory=self.memory_reader,
+            semantic=self.semantic,
         )
         self.chats = chats = ChatStore(kernel.store)
         self.memory_bot = MemoryBotRuntime(
-            models, chats, kernel.committer, kernel.clock, answer_wait=answer_wait
+            models=models,
+            chats=chats,
+            committer=kernel.committer,
+            clock=kernel.clock,
+            answer_wait=answer_wait,
         )
         self.chat_logs = ChatLogs(kernel, chats)
         self.learning = LearningRunner(
-            kernel, chats, self.memory_bot, self.bot_memory, self.chat_logs, peers
+            kernel=kernel,
+            store=chats,
+            runtime=self.memory_bot,
+            memory=self.memory_reader,
+            logs=self.chat_logs,
+            peers=peers,
         )
         self.requests = Requests(kernel, peers)
-        self.chains = ChainRunner(kernel, self.chat_logs, peers)
+        self.chains = ChainRunner(kernel=kernel, logs=self.chat_logs, peers=peers)
         self.conversations = Conversations(
-            kernel,
-            self.chat_logs,
-            self.memory_bot,
-            self.learning,
-            BotStepper(kernel, self.memory_bot, chats, self.memory, self.requests, peers),
-            GroupTurns(self.chat_logs, self.chains, peers),
-            self.chains,
-            self.requests,
-            peers,
+            kernel=kernel,
+            logs=self.chat_logs,
+            runtime=self.memory_bot,
+            learning=self.learning,
+            stepper=BotStepper(
+                kernel=kernel,
+                runtime=self.memory_bot,
+                store=chats,
+                memory=self.memory,
+                requests=self.requests,
+                peers=peers,
+            ),
+            groups=GroupTurns(logs=self.chat_logs, chains=self.chains, peers=peers),
+            chains=self.chains,
+            requests=self.requests,
+            peers=peers,
         )
         # After a (re)start: open learning jobs (LRN-4), then collaboration chains.
         kernel.on_start(self.learning.recover)
         kernel.on_start(self.chains.resume)
 
-    # --- events ---
-
-    async def emit(self, items: Sequence[tuple[Payload, Audience]]) -> int:
-        return await self.kernel.emit(items)
+    # --- the calls with a body of their own; every other call is in the table below ---
 
     async def event_head(self) -> ShardHead:
         return self.kernel.events.head()
 
-    # --- chats and the memory bot (seed 000 §3-§5) ---
-
-    async def start_turn(self, start: TurnStart, wait: bool = False) -> Turn | TurnResult:
-        self.kernel.ensure_started()  # with `wait` (?wait=true): the ended turn, in one call
-        return await self.conversations.start_turn(start, wait)
-
-    async def wait_turn(self, chat: str, turn: str, timeout: float = 180.0) -> TurnResult:
-        return await self.conversations.wait_turn(chat, turn, timeout)
-
-    async def run_step(
-        self, step: StepInput, mirror: tuple[Mirrored, ...] = (), learn_upto: int = 0
-    ) -> StepOutcome:
+    async def events_after(
+        self, seq: int, limit: int = 1000, wait: float = 0.0
+    ) -> tuple[ShardHead, list[Event]]:
+        """Published events after `seq` (long-polls up to `wait` s when there are none yet)."""
+        # Polled continuously: after a restart the first poll starts recovery (jobs, chains).
         self.kernel.ensure_started()
-        return await self.conversations.run_step(step, mirror, learn_upto)
-
-    async def schedule_learning(
-        self, bot: Bot, chat: Chat, turn: str, upto: int, grant: str, org: Org, deferred: bool
-    ) -> str | None:
-        self.kernel.ensure_started()
-        return await self.conversations.schedule_learning(
-            bot, chat, turn, upto, grant, org, deferred
-        )
+        events, head = await self.kernel.events.page(seq, limit=limit, wait=wait)
+        return head, events
 
     async def memory_jobs(
         self, pools: Sequence[str], user: str, channels: frozenset[str]
@@ -229,82 +216,14 @@ class ShardService(WsWrites, AgentChatLookup):
         job = await find_job(self.chats, job_id, pools, user, channels)
         return None if job is None else await self.learning.retry(job)
 
-    async def release_learning(self, job_id: str, upto: int) -> bool:
-        return await self.learning.release(job_id, upto)
-
-    async def chat_item(self, chat: str, seq: int) -> ItemView | None:
-        self.kernel.ensure_started()
-        return await self.chat_logs.one_item(chat, seq)
-
     async def post_item(self, chat: Chat, author: str, text: str) -> ItemView:
         return await self.chat_logs.say_view(chat, "bot", author, text)
-
-    async def collaborations(
-        self, user: str, channels: frozenset[str], after: str | None = None, limit: int = 200
-    ) -> list[ChainView]:
-        self.kernel.ensure_started()  # (one page, after the sort key `after`: engine/listing.py)
-        return await self.chains.listing(user, channels, after, limit)
-
-    async def stop_collaboration(
-        self, chain_id: str, user: str, channels: frozenset[str]
-    ) -> ChainView | None:
-        return await self.chains.stop_visible(chain_id, user, channels)
-
-    # --- requests (approvals, ENR-3) ---
-
-    async def requests_of(
-        self, user: str, channels: frozenset[str], status: str | None = None
-    ) -> list[RequestView]:
-        return await self.requests.listing(user, channels, status)
-
-    async def request(self, request_id: str, user: str, channels: frozenset[str]):
-        return await self.requests.find_view(request_id, user, channels)
-
-    async def decide_request(
-        self, request_id: str, user: str, channels: frozenset[str], approved: bool, note: str
-    ) -> RequestView | None:
-        return await self.requests.decide(request_id, user, channels, approved, note)
 
     async def notify(self, chat: Chat, author: str, text: str) -> ItemView:
         return await self.chat_logs.say_view(chat, "notification", author, text)
 
-    async def attach_review(self, request_id: str, chat: str) -> RequestView:
-        return await self.requests.attach_review(request_id, chat)
-
-    async def verdict(self, chat: str, turn: str, user: str, accepted: bool, note: str) -> Turn:
-        return await self.conversations.verdict(chat, turn, user, accepted, note)
-
-    async def chat_busy(self, chat: str) -> bool:
-        """Whether a turn or a collaboration of this chat is under way."""
-        return await self.conversations.busy(chat)
-
-    async def switch_group_mode(
-        self, chat: str, channel: str, mode: str, leader: str | None
-    ) -> Channel:
-        self.kernel.ensure_started()
-        return await self.conversations.switch_mode(chat, channel, mode, leader)
-
     async def bot_node(self, model_name: str | None) -> NodeInfo:
         return await where_runs(self.memory_bot.model(model_name))
-
-    async def chains_idle(self) -> None:
-        await self.chains.idle()
-
-    async def chat_items(self, chat: str) -> list[ItemView]:
-        self.kernel.ensure_started()
-        return await self.chat_logs.items(chat)
-
-    async def delete_chat_items(self, chat: str, record: Chat | None = None) -> int:
-        return await self.chat_logs.delete_items(chat, record)
-
-    async def confessions(self, chat: str) -> list[Confession]:
-        return await self.chat_logs.confessions(chat)
-
-    async def enrichments(self, chat: str) -> list[Enrichment]:
-        return await self.chat_logs.enrichments(chat)
-
-    async def learning_jobs(self, pool_id: str) -> list[LearningJob]:
-        return await self.chats.jobs(pool_id)
 
     async def learning_idle(self) -> int:
         """Wait until no learning job runs; returns how many model steps were made so far."""
@@ -312,113 +231,17 @@ class ShardService(WsWrites, AgentChatLookup):
         await self.learning.idle()
         return self.learning.model_steps
 
-    async def events_after(
-        self, seq: int, limit: int = 1000, wait: float = 0.0
-    ) -> tuple[ShardHead, list[Event]]:
-        """Published events after `seq` (long-polls up to `wait` s when there are none yet)."""
-        # Polled continuously: after a restart the first poll starts recovery (jobs, chains).
-        self.kernel.ensure_started()
-        events, head = await self.kernel.events.page(seq, limit=limit, wait=wait)
-        return head, events
-
-    # --- seed-000 memory API (actors/shard/seed_memory.py) ------------------------------------
-
-    async def read_memory(
-        self, pool_id: str, reader: Reader, tags: Sequence[str] = ()
-    ) -> MemoryPage:
-        return await self.memory.read_memory(pool_id, reader, tags)
-
-    async def read_memory_json(
-        self, pool_id: str, reader: Reader, tags: Sequence[str] = ()
-    ) -> tuple[str, int, bytes]:
-        return await self.memory.read_memory_json(pool_id, reader, tags)
-
-    async def search_memory_json(self, pool_id: str, reader: Reader, q: str, limit: int) -> bytes:
-        return await self.memory.search_memory_json(pool_id, reader, q, limit)
-
-    async def search_memory_page(
-        self, pool_id: str, reader: Reader, q: str, limit: int
-    ) -> SearchPage:
-        return await self.memory.search_memory_page(pool_id, reader, q, limit)
-
-    async def memory_log_json(self, pool_id: str, reader: Reader) -> bytes:
-        return await self.memory.memory_log_json(pool_id, reader)
-
-    async def remember(
-        self,
-        pool_id: str,
-        reader: Reader,
-        content: str,
-        topics: Sequence[str] = (),
-        request_id: str | None = None,
-    ) -> EntryView:
-        return await self.memory.remember(pool_id, reader, content, topics, request_id)
-
-    async def remember_packed(self, call: bytes) -> bytes:  # a RememberCall in, JSON out
-        return await self.memory.remember_packed(call)
-
-    async def forget(
-        self,
-        pool_id: str,
-        reader: Reader,
-        entry_id: str,
-        request_id: str | None = None,
-        expected_revision: int | None = None,
-    ) -> EntryView:
-        return await self.memory.forget(pool_id, reader, entry_id, request_id, expected_revision)
-
-    async def purge(self, pool_id: str, tag: str) -> int:
-        return await self.memory.purge(pool_id, tag)
-
-    async def memory_log(self, pool_id: str, reader: Reader) -> LogPage:
-        return await self.memory.memory_log(pool_id, reader)
-
-    async def context(self, pool_id: str, reader: Reader, limit: int) -> Context:
-        return await self.memory.context(pool_id, reader, limit)
-
-    async def context_parts(
-        self, pool_id: str, reader: Reader, limit: int
-    ) -> tuple[list[tuple[str, str]], bool]:
-        return await self.memory.context_parts(pool_id, reader, limit)
-
-    async def has_entries(self, pool_id: str, reader: Reader) -> bool:
-        return await self.memory.has_entries(pool_id, reader)
-
-    async def validate_references(
-        self, pool_id: str, reader: Reader, entry_ids: Sequence[str]
-    ) -> bool:
-        return await self.memory.validate_references(pool_id, reader, entry_ids)
-
-    async def memory_texts(self, pool_id: str, reader: Reader) -> list[tuple[str, str]]:
-        return await self.memory.memory_texts(pool_id, reader)
-
-    async def search_memory(
-        self, pool_id: str, reader: Reader, query: str, limit: int = 10
-    ) -> list[tuple[str, str]]:
-        return await self.memory.search_memory(pool_id, reader, query, limit)
-
-    async def widen(
-        self, pool_id: str, entry_id: str, grant: str, requester: str
-    ) -> dict[str, object]:
-        return await self.memory.widen(pool_id, entry_id, grant, requester)
-
-    async def memory_bot_settings(self, pool_id: str) -> MemoryBotSettings:
-        return await self.memory.memory_bot_settings(pool_id)
-
-    async def add_entries(
-        self, pool_id: str, entries: Iterable[tuple[EntryMeta, str]], who: Who = Who.MEMORY_BOT
-    ) -> int:
-        return await self.memory.add_entries(pool_id, entries, who)
-
-    async def set_status(self, pool_id: str, entry_id: str, status: Status) -> int:
-        return await self.memory.set_status(pool_id, entry_id, status)
-
     async def patch_memory_bot_settings(
         self, pool_id: str, patch: SettingsPatch
     ) -> MemoryBotSettings:
         settings = await self.memory.patch_memory_bot_settings(pool_id, patch)
         self.learning.wake(pool_id)  # a new budget may let waiting learning run (MB-3)
         return settings
+
+    async def search_idle(self) -> None:
+        """Wait until the background has embedded what was written (benchmarks, tests)."""
+        if self.semantic is not None:
+            await self.semantic.idle()
 
     # --- lifecycle ---
 
@@ -435,66 +258,62 @@ class ShardService(WsWrites, AgentChatLookup):
         return STATS.snapshot()
 
     async def stats(self) -> dict[str, int]:
-        counts = {"workspace_pools": len(self.ws_pools), "chats": len(self.chat_logs)}
+        counts = {"workspace_pools": len(self.workspace_pools), "chats": len(self.chat_logs)}
         return counts | self.chains.records.stats() | self.memory_bot.stats() | self.kernel.stats()
-
-    async def backup(self, dest_dir: str) -> str:
-        return await self.kernel.backup(dest_dir)
-
-    async def flush(self) -> None:
-        await self.committer.drain()
 
     async def close(self) -> None:
         if self.semantic is not None:
             await self.semantic.close()
         await self.kernel.close()
 
-    # --- workspace (issue 5) ---
 
-    async def ws_projects(self, user: str) -> list[ProjectView]:
-        return await self.projects.projects_of(user)
+def _started(shard: ShardService) -> None:
+    shard.kernel.ensure_started()  # after a restart, the first such call starts recovery
 
-    async def ws_save_project(
-        self, actor: str, org: str, request: ProjectCreate | ProjectChange, project_id: str
-    ) -> ProjectView:
-        return await self.projects.save_project(actor, org, request, project_id)
 
-    async def search_idle(self) -> None:
-        """Wait until the background has embedded what was written (benchmarks, tests)."""
-        if self.semantic is not None:
-            await self.semantic.idle()
-
-    async def ws_entries(self, access: WsAccess, query: WsQuery) -> WsListing:
-        return await self.listings.entries(access, query)
-
-    async def ws_change_memory(
-        self, access: WsAccess, body: WsMemoryChange | WsForget
-    ) -> WsEntryView:
-        return await self.workspace.change_memory(access, body)
-
-    async def ws_has_entry(self, entry_id: str) -> bool:
-        return await self.workspace.has_entry(entry_id)
-
-    async def ws_revisions(self, access: WsAccess, entry_id: str) -> list[RevisionView]:
-        return await self.workspace.revisions(access, entry_id)
-
-    async def ws_barriers(self, pool_id: str) -> list[ForgetBarrier]:
-        return await self.workspace.barriers(pool_id)
-
-    async def ws_blocked(
-        self, pool_id: str, content: str, evidence: Sequence[str] = ()
-    ) -> ForgetBarrier | None:
-        return await self.workspace.blocked(pool_id, content, evidence)
-
-    async def ws_extract(
-        self,
-        pool_id: str,
-        contributor: str,
-        proposals: Sequence[Extraction],
-        sources: Sequence[SourceItem],
-        request_id: str,
-        now: int | None = None,
-    ) -> list[Decision]:
-        return await self.workspace.extract(
-            pool_id, contributor, proposals, sources, request_id, now
-        )
+# Every other shard call, by the feature that answers it (actors/facade.py): `call` is answered
+# by the feature's method of the same name, `call:method` by another.
+answered_by(
+    ShardService,
+    {
+        "kernel": "emit backup",
+        "committer": "flush:drain",
+        "chats": "learning_jobs:jobs",
+        # a bot's memory (memory_ops.py)
+        "memory": "read_memory read_memory_json search_memory_json search_memory_page"
+        " memory_log_json remember remember_packed forget purge memory_log context"
+        " context_parts has_entries validate_references memory_texts search_memory widen"
+        " memory_bot_settings add_entries set_status",
+        # one bytes each way (packed.py)
+        "packed": "events_packed remember_many remember_many_followed"
+        " workspace_create_memory_json workspace_create_memory_packed"
+        " workspace_create_memory_many workspace_create_memory_many_followed",
+        # turns, steps and chat logs
+        "conversations": "start_turn wait_turn run_step schedule_learning verdict chat_busy:busy"
+        " switch_group_mode:switch_mode",
+        "learning": "release_learning:release",
+        "chat_logs": "chat_item:one_item chat_items:items delete_chat_items:delete_items"
+        " confessions enrichments",
+        "chains": "collaborations:listing stop_collaboration:stop_visible chains_idle:idle"
+        " find_agent_chat send_stored",
+        "requests": "requests_of:listing request:find_view decide_request:decide attach_review",
+        # the workspace
+        "projects": "workspace_projects:projects_of workspace_save_project:save_project",
+        "listings": "workspace_entries:entries",
+        "workspace": "workspace_create_memory:create_memory"
+        " workspace_change_memory:change_memory workspace_has_entry:has_entry"
+        " workspace_revisions:revisions workspace_barriers:barriers workspace_blocked:blocked"
+        " workspace_extract:extract workspace_purge_learned:purge_learned",
+    },
+    port=ShardPort,
+    before=_started,
+    before_calls=[
+        "start_turn",
+        "run_step",
+        "schedule_learning",
+        "chat_item",
+        "chat_items",
+        "collaborations",
+        "switch_group_mode",
+    ],
+)

@@ -2,32 +2,34 @@
 
 A pool the caller may not read is "not found"; a change is announced to no one beyond who may
 read it: a project's members, the account itself for user memory, the users of a bot in its org
-for bot memory. A bot pool's records are read under the bot's seed-000 visibility rule.
+for bot memory. A bot pool's records are read under the bot's entry visibility rule.
 """
 
 from __future__ import annotations
 
-from actors.contracts import WsAccess
+from actors.contracts import WorkspaceAccess
 from actors.runtime.peers import Peers
-from actors.workspace.pools import WsPool, WsPools
+from actors.workspace.pools import WorkspacePool, WorkspacePools
 from actors.workspace.projects import Projects
-from engine import bot_memory as bm
+from engine import memory_union as bm
 from engine import projects as projmod
 from engine import scoped_memory as sm
 from engine.errors import NotFound
 from engine.events import NOBODY, Audience
-from engine.memory import Reader, Scope
-from engine.scoped_memory import WsEntry
+from engine.memory_entries import Reader, Scope
+from engine.scoped_memory import WorkspaceEntry
 
 
-class WsRules:
-    def __init__(self, pools: WsPools, projects: Projects, peers: Peers, index: int) -> None:
+class WorkspaceRules:
+    def __init__(
+        self, *, pools: WorkspacePools, projects: Projects, peers: Peers, index: int
+    ) -> None:
         self.pools = pools
         self.projects = projects
         self.peers = peers
         self.index = index  # this shard's
 
-    def readable(self, pool_id: str, access: WsAccess) -> bool:
+    def readable(self, pool_id: str, access: WorkspaceAccess) -> bool:
         scope, owner = sm.scope_of(pool_id), sm.pool_owner(pool_id)
         if scope == Scope.PROJECT:
             project = self.projects.known().get(owner)
@@ -36,7 +38,7 @@ class WsRules:
             return False  # not hosted here: the gateway routed it wrong
         return sm.may_access(pool_id, account=access.account, bots=access.bots, projects=())
 
-    def require(self, pool_id: str, access: WsAccess) -> None:
+    def require(self, pool_id: str, access: WorkspaceAccess) -> None:
         if not self.readable(pool_id, access):
             raise NotFound("no such memory", code="memory_not_found")
 
@@ -44,7 +46,7 @@ class WsRules:
         """Who may hear of a change in `pool_id` (never more than who may read it)."""
         scope, owner = sm.scope_of(pool_id), sm.pool_owner(pool_id)
         if scope == Scope.BOT:
-            # The records' `org:` tag (engine/bot_memory.py): users of the bot in its org.
+            # The records' `org:` tag (engine/memory_union.py): users of the bot in its org.
             pool = self.pools.get(pool_id)
             org = pool.bot_org if pool is not None else None
             return Audience(bot=owner) if org is None else Audience(org=org, bot=owner)
@@ -55,14 +57,14 @@ class WsRules:
             return NOBODY
         return Audience(org=project.org, users=project.members)
 
-    def sees(self, pool: WsPool, access: WsAccess, entry: WsEntry) -> bool:
+    def sees(self, pool: WorkspacePool, access: WorkspaceAccess, entry: WorkspaceEntry) -> bool:
         """A bot record is the caller's to read or change only when its tags admit them."""
         if entry.scope != Scope.BOT:
             return True
         return bm.record_visible(self.bot_reader(pool, access), entry)
 
-    def bot_reader(self, pool: WsPool, access: WsAccess) -> Reader:
-        """The seed-000 reader of a bot pool for a workspace caller: in the bot's home org when
+    def bot_reader(self, pool: WorkspacePool, access: WorkspaceAccess) -> Reader:
+        """The entry reader of a bot pool for a workspace caller: in the bot's home org when
         the caller belongs to it (else the org the request named)."""
         org = pool.bot_org if pool.bot_org in access.orgs or not access.orgs else access.orgs[0]
         return Reader(user=access.account, org=org or "", channels=access.channels, uses_bot=True)

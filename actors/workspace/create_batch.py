@@ -22,14 +22,14 @@ from collections.abc import Sequence
 
 import msgspec
 
-from actors.contracts import WS_CREATE_CALL, WsAccess
+from actors.contracts import WORKSPACE_CREATE_CALL, WorkspaceAccess
 from actors.shard.batch import Batch
 from actors.shard.kernel import durable
 from actors.shard.remember_batch import Answer, failed
-from actors.workspace.pools import WsPool
+from actors.workspace.pools import WorkspacePool
 from actors.workspace.service import Workspace
 from engine.errors import Conflict, InvalidInput, OpenBotError, Unavailable
-from engine.scoped_memory import WsMemoryCreate
+from engine.scoped_memory import WorkspaceMemoryCreate
 from storage.group_commit import Write
 from storage.search_index import in_context
 
@@ -39,7 +39,9 @@ _json = msgspec.json.Encoder()
 class _Request:
     __slots__ = ("access", "answer", "at", "body", "key", "own", "print_")
 
-    def __init__(self, at: int, access: WsAccess, body: WsMemoryCreate, key: str, print_: str):
+    def __init__(
+        self, at: int, access: WorkspaceAccess, body: WorkspaceMemoryCreate, key: str, print_: str
+    ):
         self.at = at
         self.access = access
         self.body = body
@@ -50,12 +52,13 @@ class _Request:
 
 
 async def create_all(ws: Workspace, calls: Sequence[bytes]) -> list[Answer]:
-    """Answer each packed `WsCreateCall` (the record as JSON: the HTTP body) or say why not."""
+    """Answer each packed `WorkspaceCreateCall` (the record as JSON: the HTTP body) or say why
+    not."""
     answers: list[Answer | None] = [None] * len(calls)
     by_pool: dict[str, list[_Request]] = {}
     for at, raw in enumerate(calls):
         try:
-            call = WS_CREATE_CALL.decode(raw)
+            call = WORKSPACE_CREATE_CALL.decode(raw)
             pool_id, key, print_ = await ws.create_check(call.access, call.body)
         except msgspec.DecodeError as e:
             answers[at] = InvalidInput(f"bad workspace write: {e}", code="invalid_body")
@@ -125,7 +128,7 @@ async def _create_in_pool(
 
 
 async def _decide(
-    ws: Workspace, pool: WsPool, request: _Request, batch: Batch, mine: dict[str, _Request]
+    ws: Workspace, pool: WorkspacePool, request: _Request, batch: Batch, mine: dict[str, _Request]
 ) -> None:
     first = mine.get(request.key)
     if first is not None:  # asked twice in this call
@@ -158,7 +161,7 @@ class _Gathering:
 
     __slots__ = ("pool",)
 
-    def __init__(self, pool: WsPool) -> None:
+    def __init__(self, pool: WorkspacePool) -> None:
         self.pool = pool
 
     async def __aenter__(self) -> None:
@@ -168,7 +171,7 @@ class _Gathering:
         self.pool.gathering = None
 
 
-def _gathered(ws: Workspace, pool: WsPool) -> list[Write]:
+def _gathered(ws: Workspace, pool: WorkspacePool) -> list[Write]:
     """Index the call's new records (`_Gathering`); the rows that store their keys."""
     assert pool.gathering is not None
     terms = ws.pools.kernel.terms

@@ -7,29 +7,30 @@ rank. Reads wait for the commit of the state they saw.
 
 from __future__ import annotations
 
-from actors.contracts import USING, WsAccess, WsListing, WsQuery
-from actors.shard.bot_memory import BotMemory
+from actors.contracts import USING, WorkspaceAccess, WorkspaceListing, WorkspaceQuery
 from actors.shard.kernel import ShardKernel
-from actors.workspace.access import WsRules
-from actors.workspace.pools import WsPool, WsPools
+from actors.shard.memory_reader import MemoryReader
+from actors.workspace.access import WorkspaceRules
+from actors.workspace.pools import WorkspacePool, WorkspacePools
 from actors.workspace.projects import Projects
 from actors.workspace.search import search as ranked_search
 from actors.workspace.semantic import SemanticSearch
-from engine import bot_memory as bm
+from engine import memory_union as bm
 from engine import projects as projmod
 from engine import scoped_memory as sm
 from engine.errors import InvalidInput
-from engine.scoped_memory import WsEntry, WsEntryView
+from engine.scoped_memory import WorkspaceEntry, WorkspaceEntryView
 
 
-class WsListings:
+class WorkspaceListings:
     def __init__(
         self,
+        *,
         kernel: ShardKernel,
-        pools: WsPools,
+        pools: WorkspacePools,
         projects: Projects,
-        rules: WsRules,
-        memory: BotMemory,
+        rules: WorkspaceRules,
+        memory: MemoryReader,
         semantic: SemanticSearch | None,
     ) -> None:
         self.kernel = kernel
@@ -40,7 +41,7 @@ class WsListings:
         self.semantic = semantic  # None: keyword search only
         self.weights = (1.0, 1.0)  # keyword, semantic: reciprocal rank fusion (issue 11)
 
-    async def entries(self, access: WsAccess, query: WsQuery) -> WsListing:
+    async def entries(self, access: WorkspaceAccess, query: WorkspaceQuery) -> WorkspaceListing:
         """The records of the asked pools that `access` may read (others are skipped; a named
         project the caller is not a member of is not found)."""
         if query.status not in ("active", "forgotten", "all"):
@@ -64,7 +65,7 @@ class WsListings:
         if query.q and self.semantic is not None and query.using != "keyword":
             for pool_id in pool_ids:  # their vectors load while their records do
                 self.semantic.prefetch(pool_id)
-        pools: list[WsPool] = []
+        pools: list[WorkspacePool] = []
         for pool_id in pool_ids:
             pools.append(await self.pools.pool(pool_id))
         if query.q:
@@ -76,17 +77,21 @@ class WsListings:
         return listing
 
     async def _listing(
-        self, access: WsAccess, query: WsQuery, pools: list[WsPool], names: dict[str, str]
-    ) -> WsListing:
+        self,
+        access: WorkspaceAccess,
+        query: WorkspaceQuery,
+        pools: list[WorkspacePool],
+        names: dict[str, str],
+    ) -> WorkspaceListing:
         """Every record of `pools` (and learned entry of their bots) the caller may read."""
-        found: list[tuple[WsPool, WsEntry]] = []
-        learned: list[WsEntryView] = []  # seed-000 entries of bot pools (one memory per bot)
+        found: list[tuple[WorkspacePool, WorkspaceEntry]] = []
+        learned: list[WorkspaceEntryView] = []  # memory entries of bot pools (one memory per bot)
         for pool in pools:
             if pool.id.startswith("bot:"):
-                records, seeds = await self._bot_memory(pool, access)
+                records, memory_entries = await self._bot_memory(pool, access)
                 learned += [
                     v
-                    for v in seeds
+                    for v in memory_entries
                     if (query.status == "all" or v.status == query.status)
                     and (query.contributor is None or v.contributor == query.contributor)
                 ]
@@ -100,16 +105,18 @@ class WsListings:
                 found.append((pool, entry))
         views = {entry.id: sm.view(entry, self.pools.open(pool, entry.id)) for pool, entry in found}
         views.update((v.id, v) for v in learned)
-        return WsListing(entries=list(views.values()), names=names)
+        return WorkspaceListing(entries=list(views.values()), names=names)
 
     async def _bot_memory(
-        self, pool: WsPool, access: WsAccess
-    ) -> tuple[list[WsEntry], list[WsEntryView]]:
+        self, pool: WorkspacePool, access: WorkspaceAccess
+    ) -> tuple[list[WorkspaceEntry], list[WorkspaceEntryView]]:
         """A bot pool's records and learned entries that `access` may see (its one memory)."""
         bot = sm.pool_owner(pool.id)
-        records: list[WsEntry] = []
-        seeds: list[WsEntryView] = []
+        records: list[WorkspaceEntry] = []
+        memory_entries: list[WorkspaceEntryView] = []
         async with self.memory.read(pool.id, self.rules.bot_reader(pool, access)) as snap:
             records = snap.visible_records()
-            seeds = [bm.as_record_view(m, snap.open(m.id), bot) for m in snap.visible_seeds()]
-        return records, seeds
+            memory_entries = [
+                bm.as_record_view(m, snap.open(m.id), bot) for m in snap.visible_entries()
+            ]
+        return records, memory_entries

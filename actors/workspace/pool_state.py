@@ -1,6 +1,6 @@
-"""One workspace memory pool as it is held in memory (`WsPool`), and what its writes keep.
+"""One workspace memory pool as it is held in memory (`WorkspacePool`), and what its writes keep.
 
-A `WsPool` is one pool's records (`bot:<id>`, `user:<accountId>`, `project:<id>`) as stored,
+A `WorkspacePool` is one pool's records (`bot:<id>`, `user:<accountId>`, `project:<id>`) as stored,
 with its lock, its pending commit and its keyword index; actors/workspace/pools.py loads, keeps
 and evicts them.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from storage.memory_store import StoredPool
 from storage.search_index import TermIndex
-from storage.workspace_store import StoredWsPool
+from storage.workspace_store import StoredWorkspacePool
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,9 @@ class Written:
 
 
 @dataclass
-class WsPool:
-    stored: StoredWsPool
-    keyed: StoredPool  # the seed-000 pool state that holds this pool's data key
+class WorkspacePool:
+    stored: StoredWorkspacePool
+    keyed: StoredPool  # the entry pool state that holds this pool's data key
     fp_key: bytes
     lock: asyncio.Lock
     pending: asyncio.Future[None] | None = None
@@ -45,7 +45,7 @@ class WsPool:
     # keys, entry -> [fp, own, before, after], indexed and stored once all are in.
     gathering: dict[str, list] | None = None
     bot_org: str | None = None  # a bot pool's bot's home org (its records' `org:` tag)
-    # Records as bot-memory entries (actors/shard/bot_memory.py), per record state.
+    # Records as bot-memory entries (actors/shard/memory_reader.py), per record state.
     metas: dict = field(default_factory=dict)
     # The seq of the pool's last term row (each new one takes the next: `next_seq`), and the
     # highest one its stored keyword snapshot covers (-1: none); storage/term_store.py.
@@ -62,7 +62,7 @@ class WsPool:
         return self.stored.pool
 
 
-def committed(pool: WsPool) -> bool:
+def committed(pool: WorkspacePool) -> bool:
     """Whether every change of the pool staged so far is durable (commits settle in order)."""
     fut = pool.pending
     ok = fut is None or (fut.done() and not fut.cancelled() and fut.exception() is None)

@@ -1,10 +1,12 @@
 """The workspace memory pools loaded on a shard: loading, residency, keyword index, content.
 
-A `WsPool` (actors/workspace/pool_state.py) is one pool's records (`bot:<id>`, `user:<accountId>`,
-`project:<id>`) as stored, with its lock and its pending commit. `WsPools` is the registry both
-the workspace routes and a bot's one memory (actors/shard/bot_memory.py) read through; the
-seed-000 pool of the same name holds the pool's data key (`keyed`). Its keyword snapshots:
-actors/workspace/term_snapshots.py.
+A `WorkspacePool` (actors/workspace/pool_state.py) is one pool's records (`bot:<id>`,
+`user:<accountId>`, `project:<id>`) as stored, with its lock and its pending commit.
+`WorkspacePools` is the registry both the workspace routes and a bot's one memory
+(actors/shard/memory_reader.py) read through; the entry pool of the same name holds the pool's
+data key (`keyed`). A pool's keyword index is stored whole (`snapshot`, storage/term_store.py)
+once many term rows are not in the last snapshot, and as the shard closes, so that a load restores
+it instead of building it from every row.
 """
 
 from __future__ import annotations
@@ -26,22 +28,21 @@ from actors.shard.kernel import ShardKernel, ignore_failure
 from actors.shard.residency import POOL_WEIGHT, unused
 from actors.shard.rwlock import PoolMutex
 from actors.shard.single_flight import SingleFlight
-from actors.workspace.pool_state import Written, WsPool, committed
-from actors.workspace.term_snapshots import TermSnapshots
-from engine import bot_memory as bm
+from actors.workspace.pool_state import WorkspacePool, Written, committed
+from engine import memory_union as bm
 from engine import scoped_memory as sm
 from engine import tags as tagmod
 from engine import write_context as wc
 from engine.errors import OpenBotError
-from engine.scoped_memory import WsEntry
+from engine.scoped_memory import WorkspaceEntry
 from storage.bulk import paused_gc
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
-from storage.search_index import Postings, in_context
-from storage.term_store import TermsLoad, covered, open_snapshot, unindexed
+from storage.search_index import Postings, TermIndex, in_context
+from storage.term_store import TermsLoad, covered, open_snapshot, seal_snapshot, unindexed
 from storage.workspace_store import (
     LazyEntries,
-    StoredWsPool,
+    StoredWorkspacePool,
     WorkspaceStore,
     content_fp,
     pool_scope,
@@ -59,13 +60,13 @@ SNAPSHOT_ROWS = 2_000
 log = logging.getLogger("openbot.workspace")
 
 
-class WsPools(TermSnapshots):
+class WorkspacePools:
     def __init__(
         self,
+        *,
         kernel: ShardKernel,
         store: WorkspaceStore,
         peers: Peers,
-        *,
         context_window_ms: int = CONTEXT_WINDOW_MS,  # [search] context_window_s; 0: off
     ) -> None:
         self.kernel = kernel
@@ -74,16 +75,16 @@ class WsPools(TermSnapshots):
         self.context_window_ms = context_window_ms
         # Asked before a pool leaves memory: False keeps it (semantic search's vectors in use).
         self.keepers: list[Callable[[str], bool]] = []
-        self._loader: SingleFlight[WsPool] = SingleFlight(self.resident)
+        self._loader: SingleFlight[WorkspacePool] = SingleFlight(self.resident)
         kernel.before_close.append(self._loader.close)
-        self._pools: dict[str, WsPool] = self._loader.loaded
+        self._pools: dict[str, WorkspacePool] = self._loader.loaded
         self.upkeep_delay = UPKEEP_DELAY_S
         self.snapshot_rows = SNAPSHOT_ROWS
         kernel.before_close.append(self.snapshot_due)
         self._upkeep: set[asyncio.Task[None]] = set()
         kernel.on_close.append(self.stop_upkeep)
 
-    def later(self, pool: WsPool, fn: Callable[[WsPool], object]) -> None:
+    def later(self, pool: WorkspacePool, fn: Callable[[WorkspacePool], object]) -> None:
         """Run `fn(pool)` on the event loop `upkeep_delay` seconds from now (checks of a pool
         that just loaded: see UPKEEP_DELAY_S), unless the pool has left memory by then. The
         wait holds no reference to the pool: it never keeps one from being evicted."""
@@ -114,20 +115,20 @@ class WsPools(TermSnapshots):
         for task in list(self._upkeep):
             task.cancel()
 
-    def get(self, pool_id: str) -> WsPool | None:
+    def get(self, pool_id: str) -> WorkspacePool | None:
         """The pool if it is in memory now."""
         return self._pools.get(pool_id)
 
-    def loaded(self) -> Iterator[WsPool]:
+    def loaded(self) -> Iterator[WorkspacePool]:
         return iter(list(self._pools.values()))
 
     def __len__(self) -> int:
         return len(self._pools)
 
-    async def pool(self, pool_id: str) -> WsPool:
-        async def load() -> WsPool:
+    async def pool(self, pool_id: str) -> WorkspacePool:
+        async def load() -> WorkspacePool:
             # The records and their stored term keys (with the vectors a search asks for at
-            # the same time: `Database.run_aside`), started before the seed-000 pool with the
+            # the same time: `Database.run_aside`), started before the entry pool with the
             # key loads; the keyword snapshot is opened while the records, the longest step,
             # are read. Two reads, not one state of the file: whatever differs (a record
             # without a current row, a row of a record gone) is indexed from the records.
@@ -147,7 +148,7 @@ class WsPools(TermSnapshots):
                     ignore_failure(read)  # (raised above where awaited)
             stored = self.store.stored_pool(pool_id, rows)
             bot_org = await self._link(stored) if pool_id.startswith("bot:") else None
-            pool = WsPool(
+            pool = WorkspacePool(
                 stored=stored,
                 keyed=keyed,
                 fp_key=self.store.fingerprint_key(pool_id),
@@ -161,7 +162,7 @@ class WsPools(TermSnapshots):
         self.resident(pool)
         return pool
 
-    def resident(self, pool: WsPool) -> None:
+    def resident(self, pool: WorkspacePool) -> None:
         """Count the pool as used now, at its current size."""
         pool_id, stored = pool.id, pool.stored
         if self._pools.get(pool_id) is pool:
@@ -203,13 +204,13 @@ class WsPools(TermSnapshots):
         )
         return TermsLoad(terms.covers, None, ids, lengths, flat, terms.last_seq), None
 
-    def _index(self, pool: WsPool, terms: TermsLoad, postings: Postings | None) -> None:
+    def _index(self, pool: WorkspacePool, terms: TermsLoad, postings: Postings | None) -> None:
         """Build the pool's keyword index: its stored snapshot restored (if any), then the
         term rows written since (`TermStore.read_load`); records without current keys (written
         before migration 8, or imported) are tokenized now and their keys stored for next
         time."""
         current = pool.stored.entries
-        analyzer = self.kernel.analyzer
+        analyzer = self.kernel.analyzer(pool.id)
         index = pool.index
         # Above the snapshot's `covers` too: a row whose commit failed may have taken a seq the
         # snapshot covers, and a new row must never fall below what the next load applies.
@@ -259,7 +260,7 @@ class WsPools(TermSnapshots):
             self.later(pool, self.snapshot)
         self.later(pool, lambda p: p.index.warm())
 
-    async def _check_terms(self, pool: WsPool, stored: int) -> None:
+    async def _check_terms(self, pool: WorkspacePool, stored: int) -> None:
         """Index again the records whose stored terms (the first `stored` rows of the index
         built at load) were not made from their content."""
         fps = await self.kernel.terms.fingerprints(pool.id)
@@ -284,7 +285,7 @@ class WsPools(TermSnapshots):
                         continue
                     now = content_fp(entries, entry_id)
                     if now is not None and now != fp:
-                        keys = self.kernel.analyzer.keys(self.open(pool, entry_id))
+                        keys = self.kernel.analyzer(pool.id).keys(self.open(pool, entry_id))
                         pool.index.put(entry_id, keys)
                         rows.append(
                             self.kernel.terms.row(pool.id, entry_id, now, keys, pool.next_seq())
@@ -298,7 +299,9 @@ class WsPools(TermSnapshots):
             if fut is not None:
                 ignore_failure(fut)
 
-    def indexed(self, pool: WsPool, entry: WsEntry, content: str, *, new: bool) -> list[Write]:
+    def indexed(
+        self, pool: WorkspacePool, entry: WorkspaceEntry, content: str, *, new: bool
+    ) -> list[Write]:
         """Index a record's new content; the rows that store term keys.
 
         Records written in sequence (a new one within `context_window_ms` of the last new one of
@@ -310,7 +313,8 @@ class WsPools(TermSnapshots):
         the pottery workshop the turn before asked about, and "Did you go to the pottery
         workshop?" by a question about the bowl. Only keywords: the record's vector and text are
         its own; an edit indexes a record by its own words again."""
-        own = self.kernel.analyzer.key_list(content)  # (lists: ~25 keys, numpy costs more)
+        # (lists: ~25 keys, numpy costs more)
+        own = self.kernel.analyzer(pool.id).key_list(content)
         before = further = None
         now = self.kernel.clock()
         stream = wc.stream_of(entry.contributor, entry.tags, entry.topics)
@@ -332,7 +336,7 @@ class WsPools(TermSnapshots):
         )
         return rows
 
-    def _with_next(self, pool: WsPool, last: Written, following: list[int]) -> list[Write]:
+    def _with_next(self, pool: WorkspacePool, last: Written, following: list[int]) -> list[Write]:
         """The previous record indexed again with the words of the one written after it, if it
         is still as it was written (not edited, forgotten or purged since); the row to store
         with the new record, if any. Its term row is derived data: it goes into the new
@@ -354,8 +358,8 @@ class WsPools(TermSnapshots):
         self._store_terms([row])
         return []
 
-    async def _link(self, stored: StoredWsPool) -> str | None:
-        """A bot pool's records as part of the bot's one memory (engine/bot_memory.py): records
+    async def _link(self, stored: StoredWorkspacePool) -> str | None:
+        """A bot pool's records as part of the bot's one memory (engine/memory_union.py): records
         stored before migration 7 read as written by the bot's owner for everyone who uses the
         bot, and every record without an `org:` gets the bot's home org. Returns that org (None
         when the bot is unknown: its records then stay hidden).
@@ -368,7 +372,7 @@ class WsPools(TermSnapshots):
             return None
         linked: dict[tuple[str, ...], tuple[str, ...]] = {}  # a pool's records share few tag sets
 
-        def link(entry: WsEntry) -> WsEntry:
+        def link(entry: WorkspaceEntry) -> WorkspaceEntry:
             new = linked.get(entry.tags)
             if new is None:
                 tags = entry.tags or (tagmod.author(bot.owner), tagmod.FOR_BOT)
@@ -384,15 +388,69 @@ class WsPools(TermSnapshots):
                     entries[entry_id] = link(entry)
         return bot.org
 
-    def drop(self, pool: WsPool) -> None:
+    def drop(self, pool: WorkspacePool) -> None:
         pool.poisoned = True
         if self._pools.get(pool.id) is pool:
             del self._pools[pool.id]
             self.kernel.residency.forget("ws:" + pool.id)
 
-    async def settle_read(self, pool: WsPool) -> None:
+    async def settle_read(self, pool: WorkspacePool) -> None:
         """A read waits for the commit of the state it saw; a failed one fails the read."""
         await self.kernel.settle(pool, pool.pending)
 
-    def open(self, pool: WsPool, entry_id: str) -> str:
+    def open(self, pool: WorkspacePool, entry_id: str) -> str:
         return self.store.open(pool.keyed.cipher, pool.id, entry_id, pool.stored.sealed[entry_id])
+
+    # --- keyword index snapshots ---
+
+    async def snapshot(self, pool: WorkspacePool) -> None:
+        """Store the pool's keyword index whole, built from its committed term rows.
+
+        `covers` is the highest seq of the rows read, in the same statement: rows commit in
+        the order their seqs are taken (each is staged as it is made: in a load, under the
+        pool's lock, held here, or as derived data at once), so every row up to it is among
+        them and a row not committed yet has a higher seq (the next load applies it). Built
+        from the rows, not the index in memory, which may hold writes not durable yet."""
+        if pool.snapshotting or pool.poisoned:
+            return
+        pool.snapshotting = True
+        terms, pool_id = self.kernel.terms, pool.id
+        try:
+            async with pool.lock:
+                await self.kernel.committer.drain()
+                ids, lengths, flat, covers = await self.kernel.db.run(
+                    lambda con: terms.read_all(con, pool_id)
+                )
+            if pool.poisoned or len(set(ids)) != len(ids):
+                return  # a write failed (the pool reloads), or a record listed twice
+            body = await asyncio.to_thread(
+                _seal, pool.keyed.cipher, pool_id, covers, ids, lengths, flat
+            )
+            await self.kernel.commit(Batch(writes=[terms.snapshot_row(pool_id, covers, body)]))
+            pool.snapshot_covers = max(pool.snapshot_covers, covers)
+            pool.terms_seq = max(pool.terms_seq, covers)
+        finally:
+            pool.snapshotting = False
+
+    async def snapshot_due(self) -> None:
+        """Store the snapshot of each pool in memory with many term rows written since its
+        last (the shard is closing: its next start loads them at once)."""
+        for pool in self.loaded():
+            if pool.poisoned:
+                continue
+            pool_id, covers = pool.id, pool.snapshot_covers
+            try:
+                since = await self.kernel.db.run(
+                    lambda con, p=pool_id, c=covers: self.kernel.terms.rows_since(con, p, c)
+                )
+                if since >= self.snapshot_rows:
+                    await self.snapshot(pool)
+            except Exception as e:  # derived data: the next load reads the rows instead
+                log.warning("keyword snapshot of %s not stored: %r", pool_id, e)
+
+
+def _seal(cipher, pool_id: str, covers: int, ids: list[str], lengths, flat) -> bytes:
+    """A snapshot of the index built from these rows, sealed (on a worker thread)."""
+    index = TermIndex()
+    index.build_flat(ids, lengths, flat, distinct=True)
+    return seal_snapshot(cipher, pool_id, covers, index.postings())

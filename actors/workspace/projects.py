@@ -17,7 +17,7 @@ import msgspec
 from actors.runtime.peers import Peers
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, durable, ignore_failure
-from actors.workspace.receipts import RECEIPT_SCOPE, WsReceipts
+from actors.workspace.receipts import RECEIPT_SCOPE, WorkspaceReceipts
 from engine import projects as projmod
 from engine.directory import check_id
 from engine.errors import Conflict, InvalidInput, NotFound
@@ -33,7 +33,12 @@ log = logging.getLogger("openbot.workspace")
 
 class Projects:
     def __init__(
-        self, kernel: ShardKernel, store: WorkspaceStore, receipts: WsReceipts, peers: Peers
+        self,
+        *,
+        kernel: ShardKernel,
+        store: WorkspaceStore,
+        receipts: WorkspaceReceipts,
+        peers: Peers,
     ) -> None:
         self.kernel = kernel
         self.store = store

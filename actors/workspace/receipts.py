@@ -23,7 +23,7 @@ from storage.receipts import Receipts, receipt_key
 RECEIPT_SCOPE = "ws"  # receipts of workspace writes: one requestId space per account and shard
 
 
-class WsReceipts:
+class WorkspaceReceipts:
     def __init__(self, kernel: ShardKernel) -> None:
         self.kernel = kernel
         # Receipts queued but not yet committed: key -> (fingerprint, answer, commit).

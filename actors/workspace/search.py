@@ -3,7 +3,7 @@
 `GET /api/app/workspace/memories?q=` on a shard: BM25 keyword hits (storage/search_index.py)
 and semantic hits (actors/workspace/semantic.py) of the pools the caller may read, fused by
 weighted reciprocal rank (engine/workspace_search.py) and cut at `limit`. A bot pool's
-learned entries (seed 000, one memory per bot) are ranked with its records.
+learned entries (one memory per bot) are ranked with its records.
 
 Checked lazily, never listed: nothing here walks a pool's records to find what the caller may
 read (at 100,000 records that walk alone took most of a search's time). Each ranking covers
@@ -28,17 +28,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from actors.contracts import WsAccess, WsListing, WsQuery
-from actors.shard.bot_memory import BotMemory
+from actors.contracts import WorkspaceAccess, WorkspaceListing, WorkspaceQuery
 from actors.shard.kernel import ShardKernel
+from actors.shard.memory_reader import MemoryReader
 from actors.shard.pool import Pool
-from actors.workspace.access import WsRules
-from actors.workspace.pools import WsPool, WsPools
+from actors.workspace.access import WorkspaceRules
+from actors.workspace.pools import WorkspacePool, WorkspacePools
 from actors.workspace.semantic import SemanticSearch
-from engine import bot_memory as bm
+from engine import memory_union as bm
 from engine import scoped_memory as sm
-from engine.memory import Reader, Status
-from engine.scoped_memory import WsEntryView, WsStatus
+from engine.memory_entries import Reader, Status
+from engine.scoped_memory import WorkspaceEntryView, WorkspaceStatus
 from engine.visibility import Visibility
 from engine.workspace_search import FUSION_DEPTH, Hit, fusion_depth, merge_hits
 from storage.memory_store import sealed_fp
@@ -46,12 +46,12 @@ from storage.search_index import Stats
 
 
 class Searcher(Protocol):
-    """What a ranked search reads (actors/workspace/listing.py's `WsListings`)."""
+    """What a ranked search reads (actors/workspace/listing.py's `WorkspaceListings`)."""
 
     kernel: ShardKernel
-    pools: WsPools
-    rules: WsRules
-    memory: BotMemory  # a bot's one memory: its records and learned entries (MEM-1)
+    pools: WorkspacePools
+    rules: WorkspaceRules
+    memory: MemoryReader  # a bot's one memory: its records and learned entries (MEM-1)
     semantic: SemanticSearch | None
     weights: tuple[float, float]
 
@@ -61,7 +61,7 @@ def _yes(_: str) -> bool:
 
 
 def record_filter(
-    ws: Searcher, pool: WsPool, access: WsAccess, query: WsQuery
+    ws: Searcher, pool: WorkspacePool, access: WorkspaceAccess, query: WorkspaceQuery
 ) -> Callable[[str], bool]:
     """Whether a record id of `pool` is one the query may return to the caller (the pool
     itself is readable: checked before)."""
@@ -83,7 +83,7 @@ def record_filter(
     return ok
 
 
-def learned_filter(pool: Pool, reader: Reader, query: WsQuery, vis: Visibility):
+def learned_filter(pool: Pool, reader: Reader, query: WorkspaceQuery, vis: Visibility):
     """The same for a bot pool's learned entries (call under the pool's lock; `vis` is of the
     union of its entries and records, for observations resting on a record)."""
     entries, bot = pool.entries, sm.pool_owner(pool.id)
@@ -95,7 +95,7 @@ def learned_filter(pool: Pool, reader: Reader, query: WsQuery, vis: Visibility):
             return False
         if status != "all":
             active = m.status == Status.ACTIVE
-            if active != (status == WsStatus.ACTIVE):
+            if active != (status == WorkspaceStatus.ACTIVE):
                 return False
         return contributor is None or (m.contributor or bot) == contributor
 
@@ -104,30 +104,34 @@ def learned_filter(pool: Pool, reader: Reader, query: WsQuery, vis: Visibility):
 
 async def search(
     ws: Searcher,
-    access: WsAccess,
-    query: WsQuery,
-    pools: Sequence[WsPool],
+    access: WorkspaceAccess,
+    query: WorkspaceQuery,
+    pools: Sequence[WorkspacePool],
     names: dict[str, str],
-) -> WsListing:
+) -> WorkspaceListing:
     assert query.q is not None
     hybrid = ws.semantic is not None and query.using == "all"
     # One list alone is cut at `limit`; fused lists go as deep as fusion needs.
     depth = fusion_depth(query.limit, ws.weights, floor=FUSION_DEPTH) if hybrid else query.limit
-    keys = ws.kernel.analyzer.query(query.q)
+    # Each pool hashes terms with its own key: the query is hashed once per pool searched.
+    keys_of = {p.id: ws.kernel.analyzer(p.id).query(query.q) for p in pools}
     allow = {p.id: record_filter(ws, p, access, query) for p in pools}
-    owner: dict[str, WsPool] = {}
-    learned: dict[str, WsPool] = {}  # learned entry id -> its bot pool
+    owner: dict[str, WorkspacePool] = {}
+    learned: dict[str, WorkspacePool] = {}  # learned entry id -> its bot pool
     keyword: list[Hit] = []
-    if query.using != "semantic" and keys:
-        shared = keyword_stats(pools, keys)
+    if query.using != "semantic" and any(keys_of.values()):
+        shared = keyword_stats(pools, keys_of)
         for pool in pools:
+            keys = keys_of[pool.id]
             if not pool.id.startswith("bot:"):
-                for entry_id, score in pool.index.search(keys, depth, allow[pool.id], shared):
+                hits = pool.index.search(keys, depth, allow[pool.id], shared.get(pool.id))
+                for entry_id, score in hits:
                     owner[entry_id] = pool
                     keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
                 continue
             # A bot pool: its records and learned entries (MEM-1) under the pool's own
-            # statistics, the same for every reader (see `keyword_stats`).
+            # statistics, the same for every reader (see `keyword_stats`). Both are keyed
+            # with the pool's one term key.
             reader = ws.rules.bot_reader(pool, access)
             async with ws.memory.read(pool.id, reader) as snap:
                 stats = Stats.of([pool.index.stats(keys), snap.pool.terms.stats(keys)])
@@ -160,7 +164,7 @@ async def search(
     # a record may have changed meanwhile, so the fused ranking is walked best first, each
     # record checked again in the same synchronous stretch as its content is opened.
     fused: list[Hit] = []
-    views: dict[str, WsEntryView] = {}
+    views: dict[str, WorkspaceEntryView] = {}
     everything = len(keyword) + len(semantic)
     for h in merge_hits(keyword, semantic, _yes, everything, weights=ws.weights):
         if len(fused) == query.limit:
@@ -182,7 +186,7 @@ async def search(
                     views[h.id] = bm.as_record_view(meta, snap.open(h.id), bot)
     fused = [h for h in fused if h.id in views]  # a learned entry gone while we waited: dropped
     top = {h.id for h in fused}
-    return WsListing(
+    return WorkspaceListing(
         entries=[views[h.id] for h in fused],
         hits=[h for h in keyword if h.id in top],
         semantic=[h for h in semantic if h.id in top],
@@ -191,9 +195,11 @@ async def search(
     )
 
 
-def keyword_stats(pools: Sequence[WsPool], keys: list[int]) -> Stats | None:
+def keyword_stats(
+    pools: Sequence[WorkspacePool], keys_of: dict[str, list[int]]
+) -> dict[str, Stats]:
     """The BM25 statistics the user and project pools of a search are scored under: those of
-    one index holding all their records (None when there is one such pool). Hits of several
+    one index holding all their records, in each pool's keys (none for one pool). Hits of several
     pools are merged by score, and scores only compare under the same statistics: with each
     pool's own, a conversation kept in its own project ranked by its own document frequencies
     (the speakers' names in every turn count for nothing), and keyword recall@10 on LoCoMo-like
@@ -208,12 +214,15 @@ def keyword_stats(pools: Sequence[WsPool], keys: list[int]) -> Stats | None:
     tell how many of those the caller may not read contain it (access is decided from tags,
     never leaked by a ranking). Within a bot pool the hidden rows shift scores as before, the
     same for every reader; they move nothing outside it."""
-    parts = [p.index.stats(keys) for p in pools if not p.id.startswith("bot:")]
-    return Stats.of(parts) if len(parts) > 1 else None
+    combined = [p for p in pools if not p.id.startswith("bot:")]
+    if len(combined) < 2:
+        return {}
+    parts = [(p.index.stats(keys_of[p.id]), keys_of[p.id]) for p in combined]
+    return {p.id: s for p, s in zip(combined, Stats.across(parts), strict=True)}
 
 
 async def _learned_semantic(
-    ws: Searcher, access: WsAccess, query: WsQuery, pool: WsPool, depth: int
+    ws: Searcher, access: WorkspaceAccess, query: WorkspaceQuery, pool: WorkspacePool, depth: int
 ) -> list[Hit]:
     """Semantic hits among the learned entries of bot pool `pool` the caller may read: those
     without a current vector (learned since, or never searched) are embedded first, up to the

@@ -16,6 +16,11 @@ Vectors:
 - valid only for the content fingerprint and the model they were made from: an edited record,
   or another model, means a new vector.
 
+The model is never awaited under a pool's search lock (ACL-9; the pool-lock guard counts these
+locks too): what to embed is chosen under the lock, the model is called without it, and the
+vectors are kept under the lock again only for records whose content is still the one embedded
+(`_pick`, `_keep`), so a slow provider delays the records waiting for it, never a search.
+
 When the embedding model fails, search answers with keyword hits (and semantic hits from the
 vectors it already has, for queries it has seen) and stops calling the model for `retry_after`
 seconds, so a dead endpoint does not add its timeout to every search.
@@ -40,13 +45,15 @@ from actors.models.embeddings import (
     load_embedder,
     search_settings,
 )
+from actors.runtime.lock_guard import assert_no_pool_lock
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, durable
 from actors.shard.residency import unused
-from actors.workspace.pools import UPKEEP_SLICE, WsPool, WsPools
+from actors.shard.rwlock import PoolMutex
+from actors.workspace.pools import UPKEEP_SLICE, WorkspacePool, WorkspacePools
 from actors.workspace.vectors import PoolVectors, unit_vector, widened
 from engine.errors import OpenBotError
-from engine.scoped_memory import WsEntry
+from engine.scoped_memory import WorkspaceEntry
 from engine.workspace_search import Hit
 from storage.bulk import paused_gc
 from storage.search_index import ranked
@@ -64,10 +71,10 @@ LEARNED = "#learned"  # a bot pool's learned entries' vectors: `<pool>#learned`
 class SemanticSearch:
     def __init__(
         self,
-        kernel: ShardKernel,
-        pools: WsPools,
-        embedder: Embedder,
         *,
+        kernel: ShardKernel,
+        pools: WorkspacePools,
+        embedder: Embedder,
         min_score: float = DEFAULT_MIN_SCORE,
         inline_max: int = INLINE_MAX,
         retry_after: float = RETRY_AFTER,
@@ -84,7 +91,7 @@ class SemanticSearch:
         self.store = VectorStore(kernel.db)
         self._pools: dict[str, PoolVectors] = {}
         self._loading: dict[str, asyncio.Future[Loaded]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, PoolMutex] = {}
         self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
         self._backlog: dict[str, dict[str, None]] = {}  # pool -> record ids, in arrival order
         self._task: asyncio.Task[None] | None = None
@@ -110,7 +117,7 @@ class SemanticSearch:
         if self._down():
             return None
         try:
-            (vector,) = await self.embedder.embed([query])
+            (vector,) = await self._embed([query])
         except EmbeddingError as e:
             self._trip(e)
             return None
@@ -122,7 +129,7 @@ class SemanticSearch:
 
     # --- vectors -------------------------------------------------------------------------------
 
-    async def _vectors(self, pool: WsPool) -> PoolVectors:
+    async def _vectors(self, pool: WorkspacePool) -> PoolVectors:
         """The pool's vectors, loaded from the file on first use (call under the pool's lock)."""
         vectors = self._pools.get(pool.id)
         if vectors is None:
@@ -164,8 +171,12 @@ class SemanticSearch:
         task.add_done_callback(_ignore)  # its error, if any, is raised where it is awaited
         self._loading[key] = task
 
-    def _lock(self, pool_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(pool_id, asyncio.Lock())
+    def _lock(self, pool_id: str) -> PoolMutex:
+        return self._locks.setdefault(pool_id, PoolMutex())
+
+    async def _embed(self, texts: list[str]) -> list[list[float]]:
+        assert_no_pool_lock("the embedding model")
+        return await self.embedder.embed(texts)
 
     def evict(self, pool_id: str) -> bool:
         """Drop a pool's vectors and lock as its workspace pool leaves memory (they are loaded
@@ -184,38 +195,56 @@ class SemanticSearch:
                 task.cancel()
         return True
 
-    async def _fill(self, pool: WsPool, vectors: PoolVectors, entries: Iterable[WsEntry]) -> None:
-        """Embed the records among `entries` whose vector is missing or stale (their current
-        content), keep the vectors and queue their rows (call under the pool's lock)."""
+    def _pick(
+        self, pool: WorkspacePool, vectors: PoolVectors, entries: Iterable[WorkspaceEntry]
+    ) -> list[tuple[str, str, str]]:
+        """(record, content fingerprint, text) of the records among `entries` whose vector is
+        missing or stale (call under the pool's lock: the texts are of their current content)."""
         todo: list[tuple[str, str, str]] = []
         for e in entries:
             current = pool.stored.entries.get(e.id)
             if current is None or vectors.fp(e.id) == current.content_fp:
                 continue
             todo.append((e.id, current.content_fp, self.pools.open(pool, e.id)))
-        if not todo:
-            return
-        found = await self.embedder.embed([text for _, _, text in todo])
-        await _widen(vectors)
-        cipher, model = pool.keyed.cipher, self.embedder.ident
+        return todo
+
+    async def _keep(
+        self,
+        pool: WorkspacePool,
+        vectors: PoolVectors,
+        todo: Sequence[tuple[str, str, str]],
+        found: Sequence[Sequence[float]],
+    ) -> None:
+        """Keep the vectors the model made for `todo` (picked by `_pick`, embedded without the
+        lock) and queue their rows; call under the pool's lock. Only records whose content is
+        still the one embedded: one edited meanwhile is queued again by its change, and a
+        vector of its old content must not replace the new one's."""
+        if self._pools.get(pool.id) is not vectors or pool.poisoned:
+            return  # evicted or reloaded meanwhile: its next load queues what is missing
+        entries = pool.stored.entries
         items = []
         for (entry_id, fp, _), vector in zip(todo, found, strict=True):
+            current = entries.get(entry_id)
+            if current is not None and current.content_fp == fp:
+                items.append((entry_id, fp, vector))
+        if not items:
+            return
+        await _widen(vectors)
+        for entry_id, fp, vector in items:
             vectors.put(entry_id, fp, vector)
-            items.append((entry_id, fp, vector))
         self._seq = max(self._seq + 1, time.time_ns())
+        cipher, model = pool.keyed.cipher, self.embedder.ident
         rows = [self.store.block(pool.id, model, self._seq, items, cipher)]
-        self.embedded += len(todo)
-        if pool.poisoned:
-            return  # its records are being reloaded from the file: keep nothing of them
+        self.embedded += len(items)
         # A cache of derived data: nothing waits for the commit, and a failure only means the
         # vectors are computed again after a restart.
         fut = self.kernel.stage(Batch().key(pool.keyed).extend(rows))
         if fut is not None:
             fut.add_done_callback(_log_failure)
 
-    # --- a bot's learned entries (seed 000: one memory per bot) -------------------------------
+    # --- a bot's learned entries (one memory per bot) -------------------------------
 
-    async def learned(self, pool: WsPool) -> PoolVectors:
+    async def learned(self, pool: WorkspacePool) -> PoolVectors:
         """The vectors of bot pool `pool`'s learned entries, loaded on first use and kept apart
         from its records' (their rows are stored under `<pool>#learned`); a vector is current
         while its fingerprint is that of the entry's sealed content."""
@@ -236,14 +265,14 @@ class SemanticSearch:
         return vectors
 
     async def embed_learned(
-        self, pool: WsPool, vectors: PoolVectors, todo: Sequence[tuple[str, str, str]]
+        self, pool: WorkspacePool, vectors: PoolVectors, todo: Sequence[tuple[str, str, str]]
     ) -> None:
         """Embed (entry, fingerprint, text) of learned entries a search met without a current
         vector, keep the vectors and store them (no lock held: the caller opened the texts)."""
         if not todo or self._down():
             return
         try:
-            found = await self.embedder.embed([text for _, _, text in todo])
+            found = await self._embed([text for _, _, text in todo])
         except EmbeddingError as e:
             self._trip(e)
             return
@@ -266,7 +295,7 @@ class SemanticSearch:
     # --- search --------------------------------------------------------------------------------
 
     async def search(
-        self, query: str, pools: Sequence[tuple[WsPool, Callable[[str], bool]]], depth: int
+        self, query: str, pools: Sequence[tuple[WorkspacePool, Callable[[str], bool]]], depth: int
     ) -> list[Hit]:
         """Up to `depth` records of `pools` nearest to `query`, best first, none below
         `min_score`; only ids the pool's `allowed` accepts (the caller's reading rights and
@@ -295,15 +324,26 @@ class SemanticSearch:
                         for i in (list(waiting) if len(waiting) <= 4 * budget else ())
                         if (e := pool.stored.entries.get(i)) is not None and allowed(i)
                     ]
+                    todo: list[tuple[str, str, str]] = []
                     if stale and len(stale) <= budget and not self._down():
                         budget -= len(stale)
-                        try:
-                            await self._fill(pool, vectors, stale)
-                        except EmbeddingError as e:
-                            self._trip(e)
-                        else:
-                            for e in stale:
-                                waiting.pop(e.id, None)
+                        todo = self._pick(pool, vectors, stale)
+                        for e in stale:
+                            waiting.pop(e.id, None)
+                    if not todo:
+                        hits.extend(self._top(pool, vectors, unit, depth, allowed))
+                        continue
+                try:
+                    found = await self._embed([text for _, _, text in todo])
+                except EmbeddingError as e:
+                    self._trip(e)
+                    for entry_id, _, _ in todo:  # still without a vector: queued again
+                        self._backlog.setdefault(pool.id, {})[entry_id] = None
+                    found = None
+                async with self._lock(pool.id):
+                    if found is not None:
+                        await self._keep(pool, vectors, todo, found)
+                    vectors = await self._vectors(pool)  # (the same, unless evicted meanwhile)
                     hits.extend(self._top(pool, vectors, unit, depth, allowed))
             except OpenBotError as e:  # a pool whose vectors cannot be read: keywords only
                 log.warning("semantic search skipped %s: %s", pool.id, e)
@@ -312,7 +352,7 @@ class SemanticSearch:
 
     def _top(
         self,
-        pool: WsPool,
+        pool: WorkspacePool,
         vectors: PoolVectors,
         unit: np.ndarray,
         depth: int,
@@ -331,7 +371,7 @@ class SemanticSearch:
         found = ranked(scores, ids, depth, allowed, floor=float(floor), row_ok=current)
         return [Hit(id=i, score=x, kinds=("semantic",)) for i, x in found]
 
-    async def _queue_all_missing(self, pool: WsPool) -> None:
+    async def _queue_all_missing(self, pool: WorkspacePool) -> None:
         """`_queue_missing` for every record, once the pool's vectors have loaded: in slices,
         the event loop free between them (at 100,000 records the walk took 0.15 to 0.5 s at
         once, and the searches that came meanwhile waited for it)."""
@@ -345,7 +385,7 @@ class SemanticSearch:
             self._queue_missing(pool, vectors, ids[at : at + UPKEEP_SLICE])
 
     def _queue_missing(
-        self, pool: WsPool, vectors: PoolVectors, ids: Iterable[str] | None = None
+        self, pool: WorkspacePool, vectors: PoolVectors, ids: Iterable[str] | None = None
     ) -> None:
         """Queue for the background the records of the pool (`ids`, all by default) without a
         current vector: searches then never wait for them."""
@@ -387,8 +427,14 @@ class SemanticSearch:
                 async with self._lock(pool_id):
                     if pool.poisoned:
                         continue
+                    vectors = await self._vectors(pool)
                     entries = [pool.stored.entries[i] for i in batch if i in pool.stored.entries]
-                    await self._fill(pool, await self._vectors(pool), entries)
+                    todo = self._pick(pool, vectors, entries)
+                if not todo:
+                    continue
+                found = await self._embed([text for _, _, text in todo])  # no lock held
+                async with self._lock(pool_id):
+                    await self._keep(pool, vectors, todo, found)
             except EmbeddingError as e:
                 self._trip(e)
             except OpenBotError as e:
@@ -432,7 +478,7 @@ def _log_failure(fut: asyncio.Future[None]) -> None:
 
 def semantic_search(
     kernel: ShardKernel,
-    pools: WsPools,
+    pools: WorkspacePools,
     search: Mapping[str, object] | None,
     models: Mapping[str, Mapping] | None,
     *,
@@ -446,4 +492,6 @@ def semantic_search(
         embedder = load_embedder(settings, models or {}, base_dir=base_dir)
     if embedder is None:
         return None
-    return SemanticSearch(kernel, pools, embedder, min_score=settings.min_score)
+    return SemanticSearch(
+        kernel=kernel, pools=pools, embedder=embedder, min_score=settings.min_score
+    )

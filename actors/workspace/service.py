@@ -1,7 +1,7 @@
 """Workspace scoped memory on a shard (issue 5; SPEC SC-1..SC-3, WA-1, WA-2).
 
 The records of the pools hosted here — `bot:<id>` (the bot's owner's shard), `user:<accountId>`
-(the account's shard) and `project:<id>` (the project owner's shard) — are kept by `WsPools`
+(the account's shard) and `project:<id>` (the project owner's shard) — are kept by `WorkspacePools`
 (actors/workspace/pools.py), loaded per pool on first use, content sealed with the pool's data
 key; projects by `Projects` (actors/workspace/projects.py).
 
@@ -11,7 +11,7 @@ go into the same batch and are published after commit, with audiences that admit
 read: a project's members, the account itself for user memory, whoever uses the bot for bot
 memory.
 
-Access: the gateway passes the caller's account and the bots they use (`WsAccess`); project
+Access: the gateway passes the caller's account and the bots they use (`WorkspaceAccess`); project
 membership is checked here, where the project is. A pool the caller may not read is "not found".
 """
 
@@ -23,33 +23,34 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
-from actors.contracts import RevisionView, WsAccess
+from actors.contracts import RevisionView, WorkspaceAccess
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, durable
-from actors.shard.seed_memory import SeedMemory
-from actors.workspace.access import WsRules
-from actors.workspace.pools import WsPool, WsPools
+from actors.shard.memory_ops import MemoryOps
+from actors.workspace.access import WorkspaceRules
+from actors.workspace.bot_records import BotRecords
+from actors.workspace.pools import WorkspacePool, WorkspacePools
 from actors.workspace.projects import Projects
-from actors.workspace.receipts import RECEIPT_SCOPE, WsReceipts
+from actors.workspace.receipts import RECEIPT_SCOPE, WorkspaceReceipts
 from actors.workspace.semantic import SemanticSearch
-from engine import bot_memory as bm
+from engine import memory_union as bm
 from engine import projects as projmod
 from engine import scoped_memory as sm
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
 from engine.events import Audience, MemoryChanged, Payload
-from engine.memory import Scope
+from engine.memory_entries import Scope
 from engine.scoped_memory import (
     ForgetBarrier,
-    WsEntry,
-    WsEntryView,
-    WsForget,
-    WsMemoryChange,
-    WsMemoryCreate,
+    WorkspaceEntry,
+    WorkspaceEntryView,
+    WorkspaceForget,
+    WorkspaceMemoryChange,
+    WorkspaceMemoryCreate,
 )
 from storage.group_commit import Write
 from storage.receipts import fingerprint, receipt_key
 
-_entry_view_dec = msgspec.json.Decoder(WsEntryView)
+_entry_view_dec = msgspec.json.Decoder(WorkspaceEntryView)
 _decisions_dec = msgspec.json.Decoder(list[sm.Decision])
 
 
@@ -60,14 +61,14 @@ def new_memory_id() -> str:
 class Workspace:
     def __init__(
         self,
-        kernel: ShardKernel,
-        pools: WsPools,
-        projects: Projects,
-        receipts: WsReceipts,
-        memory: SeedMemory,
-        rules: WsRules,
-        semantic: SemanticSearch | None = None,
         *,
+        kernel: ShardKernel,
+        pools: WorkspacePools,
+        projects: Projects,
+        receipts: WorkspaceReceipts,
+        memory: MemoryOps,
+        rules: WorkspaceRules,
+        semantic: SemanticSearch | None = None,
         new_id: Callable[[], str] = new_memory_id,
     ) -> None:
         self.kernel = kernel
@@ -79,6 +80,12 @@ class Workspace:
         self.semantic = semantic  # when configured (SC-7)
         self.store = pools.store
         self.new_id: Callable[[], str] = new_id
+        self.records = memory.records = BotRecords(self)  # the bot memory routes reach records
+
+    async def purge_learned(self, bot: str, chat: str) -> int:
+        """Delete the user and project facts of the pools here that bot `bot` learned from
+        chat `chat` (a purge of `chat:<id>`, API-5); their count."""
+        return await self.records.purge_learned(bot, chat)
 
     async def _locate(self, entry_id: str) -> str | None:
         for pool in self.pools.loaded():
@@ -95,7 +102,9 @@ class Workspace:
 
     # --- memory ---------------------------------------------------------------------------------
 
-    async def create_memory(self, access: WsAccess, body: WsMemoryCreate) -> WsEntryView:
+    async def create_memory(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
+    ) -> WorkspaceEntryView:
         pool_id, key, print_ = await self.create_check(access, body)
         pool = await self.pools.pool(pool_id)
         async with self.receipts.request(key), pool.lock:
@@ -107,7 +116,9 @@ class Workspace:
         await durable(fut)
         return answer
 
-    async def create_check(self, access: WsAccess, body: WsMemoryCreate) -> tuple[str, str, str]:
+    async def create_check(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
+    ) -> tuple[str, str, str]:
         """A creation's checks before its pool is locked: its pool, receipt key, fingerprint."""
         projmod.check_request_id(body.requestId)
         if body.bot not in access.bots:
@@ -119,8 +130,8 @@ class Workspace:
         return pool_id, key, fingerprint(("memory.create", body))
 
     def create_edit(
-        self, pool: WsPool, access: WsAccess, body: WsMemoryCreate
-    ) -> tuple[sm.Edit, WsEntryView]:
+        self, pool: WorkspacePool, access: WorkspaceAccess, body: WorkspaceMemoryCreate
+    ) -> tuple[sm.Edit, WorkspaceEntryView]:
         """A new record and its answer (under the pool's lock, after the receipt check); refuses
         before anything changes."""
         self.rules.require(pool.id, access)  # membership may have changed while waiting
@@ -146,14 +157,16 @@ class Workspace:
         )
         return edit, sm.view(edit.entry, body.content)
 
-    async def change_memory(self, access: WsAccess, body: WsMemoryChange | WsForget) -> WsEntryView:
+    async def change_memory(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryChange | WorkspaceForget
+    ) -> WorkspaceEntryView:
         """A person's edit (content, tier, topics) or forgetting, by `expectedRevision`."""
         projmod.check_request_id(body.requestId)
         pool_id = await self._locate(body.id)
         await self.projects.load()
         if pool_id is None or not self.rules.readable(pool_id, access):
             raise NotFound("no such memory", code="memory_not_found")
-        forgetting = isinstance(body, WsForget)
+        forgetting = isinstance(body, WorkspaceForget)
         key = receipt_key(RECEIPT_SCOPE, access.account, body.requestId)
         print_ = fingerprint(("memory.forget" if forgetting else "memory.change", body))
         pool = await self.pools.pool(pool_id)
@@ -170,7 +183,7 @@ class Workspace:
                 raise NotFound("no such memory", code="memory_not_found")
             old = self.pools.open(pool, entry.id)
             now = self.kernel.clock()
-            if isinstance(body, WsForget):
+            if isinstance(body, WorkspaceForget):
                 edit = sm.forget(
                     entry, body.expectedRevision, operator=access.account, old_content=old, now=now
                 )
@@ -195,15 +208,18 @@ class Workspace:
         return answer
 
     async def _change_learned(
-        self, pool: WsPool, access: WsAccess, body: WsMemoryChange | WsForget
-    ) -> WsEntryView:
+        self,
+        pool: WorkspacePool,
+        access: WorkspaceAccess,
+        body: WorkspaceMemoryChange | WorkspaceForget,
+    ) -> WorkspaceEntryView:
         """A learned entry of the bot's one memory, through the workspace routes: forgetting it
-        is the seed-000 Forget (the caller's part: retracted when it is only theirs, API-2) by
+        is the memory API's Forget (the caller's part: retracted when it is only theirs, API-2) by
         `expectedRevision`; its words are the memory bot's to change, not an edit's."""
         reader = self.rules.bot_reader(pool, access)
-        if isinstance(body, WsMemoryChange):
+        if isinstance(body, WorkspaceMemoryChange):
             seed = await self.kernel.pool(pool.id)
-            if body.id in seed.entries and self.memory.bot_memory.snapshot(
+            if body.id in seed.entries and self.memory.memory_reader.snapshot(
                 seed, pool, reader
             ).visibility.visible(body.id):
                 raise Conflict(
@@ -230,11 +246,11 @@ class Workspace:
 
     def _apply(
         self,
-        pool: WsPool,
+        pool: WorkspacePool,
         edit: sm.Edit,
         content: str,
         change: str,
-        receipt: tuple[str, str, WsEntryView],
+        receipt: tuple[str, str, WorkspaceEntryView],
         *,
         new: bool,
     ) -> asyncio.Future[None]:
@@ -249,7 +265,7 @@ class Workspace:
         return fut
 
     def change_batch(
-        self, pool: WsPool, edit: sm.Edit, content: str, change: str, *, new: bool
+        self, pool: WorkspacePool, edit: sm.Edit, content: str, change: str, *, new: bool
     ) -> Batch:
         """Make one person's change the pool's state (under the pool's lock): the batch that
         stores it (rows and events; the pool is dropped if it fails), its receipt not yet in."""
@@ -341,7 +357,9 @@ class Workspace:
             if p.pool != pool_id or p.contributor != contributor:
                 raise InvalidInput("every proposal must be for this pool and bot", code="invalid")
         by_marker = {s.marker: s for s in sources}
-        key = receipt_key(RECEIPT_SCOPE, f"bot:{contributor}", request_id)
+        # One learning job extracts into several pools (the user's, the project's), maybe
+        # all on this shard, under one request id: each pool's answer is a receipt of its own.
+        key = receipt_key(RECEIPT_SCOPE, f"bot:{contributor}", f"{request_id}\x00{pool_id}")
         print_ = fingerprint(("memory.extract", pool_id, contributor, proposals, sources))
         pool = await self.pools.pool(pool_id)
         async with self.receipts.request(key), pool.lock:
@@ -377,9 +395,9 @@ class Workspace:
 
     def _apply_extraction(
         self,
-        pool: WsPool,
+        pool: WorkspacePool,
         decisions: Sequence[sm.Decision],
-        records: dict[str, WsEntry],
+        records: dict[str, WorkspaceEntry],
         texts: dict[str, str],
         receipt: tuple[str, str, Sequence[sm.Decision]],
     ) -> asyncio.Future[None]:
@@ -425,7 +443,7 @@ class Workspace:
             self.pools.resident(pool)  # its size changed
         return fut
 
-    async def revisions(self, access: WsAccess, entry_id: str) -> list[RevisionView]:
+    async def revisions(self, access: WorkspaceAccess, entry_id: str) -> list[RevisionView]:
         pool_id = await self._locate(entry_id)
         await self.projects.load()
         if pool_id is None or not self.rules.readable(pool_id, access):

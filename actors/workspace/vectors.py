@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from engine.scoped_memory import WsEntry
+from engine.scoped_memory import WorkspaceEntry
 from engine.workspace_search import Hit
 from storage.bulk import paused_gc
 from storage.vector_store import unit_rows
@@ -152,12 +152,12 @@ class PoolVectors:
         self.ids, self.fps = list(ids), list(fps)
         self._row = row if row is not None and len(row) == len(ids) else None
 
-    def split(self, entries: Iterable[WsEntry]) -> tuple[list[int], list[WsEntry]]:
+    def split(self, entries: Iterable[WorkspaceEntry]) -> tuple[list[int], list[WorkspaceEntry]]:
         """The rows of the records among `entries` whose vector is current, and the records
         whose vector is missing or stale (one pass: this runs over every candidate)."""
         row, fps = self.row, self.fps
         rows: list[int] = []
-        stale: list[WsEntry] = []
+        stale: list[WorkspaceEntry] = []
         for e in entries:
             r = row.get(e.id)
             if r is not None and fps[r] == e.content_fp:

@@ -1,11 +1,11 @@
-"""The seed-002 file tree of an account (SPEC FS-1..FS-3, DESIGN §7): render and parse, pure.
+"""The account file tree of an account (SPEC FS-1..FS-3, DESIGN §7): render and parse, pure.
 
 `render(snapshot)` turns one account's `AccountSnapshot` into `{relative path: bytes}` under
 `bot-workspace/<accountId>/`; `parse(files)` reads such files back into snapshots. Both are
 deterministic (sorted keys and rows, `\\n` line ends, two-space JSON), so that export → import →
 export gives the same bytes: `parse(render(s)) == canonical(s)`.
 
-    account.json                                     identity records (not in seed 002, below)
+    account.json                                     identity records (see below)
     agents/<botId>/projects.json                     projects the bot takes part in (derived)
     agents/<botId>/memory/profile.md                 bot memory, `profile` tier
     agents/<botId>/memory/log/YYYY-MM.md             bot memory, `log` and `note` tiers
@@ -22,7 +22,7 @@ export gives the same bytes: `parse(render(s)) == canonical(s)`.
     <memory>/.dreaming/jobs/<jobId>.json             extraction jobs (bot memory only)
     <memory>/.dreaming/next-refresh-at               when open jobs wait since (ISO UTC) or none
     agents/<botId>/memory/.dreaming/read-positions.json  how far learning read each chat
-    agents/<botId>/memory/.dreaming/memory-bot.json  seed-000 version, settings, change log
+    agents/<botId>/memory/.dreaming/memory-bot.json  pool version, memory-bot settings, change log
     other-agents/<botId>/memory/…                    learned entries of another account's bot
                                                      kept for this one (its owner may not see
                                                      them; `entry_keeper` says whose they are)
@@ -42,9 +42,9 @@ record has no line: its text is in the tombstone its forgetting left (or, if the
 `records.json`'s `content`).
 
 Content fingerprints in the files are unkeyed (`content_fingerprint(text)`): the stored ones are
-keyed with a secret of the data directory's master key, which the export does not carry; an
-import keys them again from the text. `account.json` is an addition to seed 002: the directory
-records (the account, its orgs, the people it works with, its bots and channels) that seed 002
+keyed with a secret of the data directory's master key, which the export does not carry; an import
+keys them again from the text. `account.json` is an addition to the memory files: the directory
+records (the account, its orgs, the people it works with, its bots and channels) that the server
 keeps in a database, so that an import rebuilds a data directory that works.
 
 An account's tree holds what it owns: its bots (and their memory), its user memory, the projects
@@ -66,11 +66,11 @@ from engine.file_tree._model import (
     ChatSnapshot,
     ChatTurn,
     CommandReceipt,
+    MemoryBotState,
     MemoryJob,
     MemoryRecord,
     PoolSnapshot,
     ReadPosition,
-    SeedPool,
     Tombstone,
     canonical,
     day,
@@ -93,11 +93,11 @@ __all__ = [
     "ChatSnapshot",
     "ChatTurn",
     "CommandReceipt",
+    "MemoryBotState",
     "MemoryJob",
     "MemoryRecord",
     "PoolSnapshot",
     "ReadPosition",
-    "SeedPool",
     "Tombstone",
     "canonical",
     "day",

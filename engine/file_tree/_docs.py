@@ -10,9 +10,9 @@ import msgspec
 
 from engine.casing import camel_keys
 from engine.directory import Bot, Channel, Org, User
-from engine.file_tree._model import BotProject, ReadPosition, SeedPool
-from engine.memory import EntryMeta, Scope, Tier
-from engine.scoped_memory import Revision, WsStatus
+from engine.file_tree._model import BotProject, MemoryBotState, ReadPosition
+from engine.memory_entries import EntryMeta, Scope, Tier
+from engine.scoped_memory import Revision, WorkspaceStatus
 
 # --- file documents -------------------------------------------------------------------------------
 
@@ -44,7 +44,7 @@ class RecordDoc(msgspec.Struct, frozen=True, kw_only=True):
     version: int
     created_at: int = msgspec.field(name="createdAt")
     updated_at: int = msgspec.field(name="updatedAt")
-    status: WsStatus = WsStatus.ACTIVE
+    status: WorkspaceStatus = WorkspaceStatus.ACTIVE
     topics: tuple[str, ...] = ()
     source: tuple[str, ...] = ()
     protected: bool = False
@@ -94,9 +94,9 @@ class PositionsDoc(msgspec.Struct, frozen=True, kw_only=True):
     positions: tuple[ReadPosition, ...] = ()
 
 
-class SeedDoc(msgspec.Struct, frozen=True, kw_only=True):
+class MemoryBotDoc(msgspec.Struct, frozen=True, kw_only=True):
     pool: str
-    seed: SeedPool
+    seed: MemoryBotState
 
 
 class ProjectMeta(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,10 +14,10 @@ import msgspec
 
 from engine.directory import ID_RE, Bot, Channel, Chat, Org, User
 from engine.errors import InvalidInput
-from engine.memory import EntryMeta, LogRow, Scope, Tier
-from engine.memory_bot import MemoryBotSettings
+from engine.memory_bot_settings import MemoryBotSettings
+from engine.memory_entries import EntryMeta, LogRow, Scope, Tier
 from engine.projects import Project
-from engine.scoped_memory import Origin, Revision, WsStatus
+from engine.scoped_memory import Origin, Revision, WorkspaceStatus
 
 FORMAT = "openbot-file-tree/1"
 ROOT = "bot-workspace"
@@ -29,7 +29,8 @@ IGNORED = frozenset({".DS_Store", "Thumbs.db"})
 
 
 class MemoryRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """A workspace record with its plaintext content (`WsEntry` without the keyed fingerprint)."""
+    """A workspace record with its plaintext content (`WorkspaceEntry` without the keyed
+    fingerprint)."""
 
     id: str
     scope: Scope
@@ -43,11 +44,11 @@ class MemoryRecord(msgspec.Struct, frozen=True, kw_only=True):
     evidence: tuple[str, ...] = ()
     protected: bool = False
     review: bool = False
-    status: WsStatus = WsStatus.ACTIVE
+    status: WorkspaceStatus = WorkspaceStatus.ACTIVE
     origin: Origin = Origin.SYNTHESIZED
     revision: int = 1
-    tags: tuple[str, ...] = ()  # a bot record's system tags (engine/bot_memory.py)
-    # A learned (seed-000) entry of the bot's one memory: its whole metadata (layer, tags,
+    tags: tuple[str, ...] = ()  # a bot record's system tags (engine/memory_union.py)
+    # A learned entry of the bot's one memory: its whole metadata (layer, tags,
     # sources, access proofs), so an import restores exactly who may see it (never wider).
     memory: EntryMeta | None = None
 
@@ -93,8 +94,8 @@ class ReadPosition(msgspec.Struct, frozen=True, kw_only=True):
     seq: int
 
 
-class SeedPool(msgspec.Struct, frozen=True, kw_only=True):
-    """The seed-000 side of a bot's memory: the pool's version (API-3), its memory-bot
+class MemoryBotState(msgspec.Struct, frozen=True, kw_only=True):
+    """The entry side of a bot's memory: the pool's version (API-3), its memory-bot
     settings and the change log of the entries in the tree."""
 
     version: int = 0
@@ -109,7 +110,7 @@ class PoolSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     tombstones: tuple[Tombstone, ...] = ()
     jobs: tuple[MemoryJob, ...] = ()
     positions: tuple[ReadPosition, ...] = ()
-    seed: SeedPool | None = None  # bot pools; None is the default state
+    seed: MemoryBotState | None = None  # bot pools; None is the default state
 
 
 class ChatItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -213,7 +214,7 @@ def canonical(snapshot: AccountSnapshot) -> AccountSnapshot:
             jobs=by_id(p.jobs),
             positions=tuple(sorted(p.positions, key=lambda x: x.chat)),
             seed=None
-            if p.seed is None or p.seed == SeedPool()
+            if p.seed is None or p.seed == MemoryBotState()
             else msgspec.structs.replace(
                 p.seed, log=tuple(sorted(p.seed.log, key=lambda r: (r.version, r.entry)))
             ),

@@ -17,12 +17,12 @@ from engine.file_tree._docs import (
     BotProjectsDoc,
     GroupsDoc,
     MarkerDoc,
+    MemoryBotDoc,
     PositionsDoc,
     ProjectMeta,
     RecordDoc,
     RecordsDoc,
     RevisionsDoc,
-    SeedDoc,
     SourcesDoc,
     TombstoneDoc,
 )
@@ -45,7 +45,7 @@ from engine.file_tree._model import (
     segment,
     unescape,
 )
-from engine.memory import EntryMeta
+from engine.memory_entries import EntryMeta
 from engine.projects import Project
 from engine.scoped_memory import Origin, Revision
 
@@ -344,10 +344,10 @@ def _parse_pool(where: str, pool_id: str, files: dict[str, bytes]) -> PoolSnapsh
         positions = _decode(f"{where}/{ppath}", take(ppath), PositionsDoc)
         if positions.pool != pool_id:
             raise _bad(f"{where}/{ppath}", f"is for {positions.pool}, not {pool_id}")
-    seed: SeedDoc | None = None
+    seed: MemoryBotDoc | None = None
     spath = ".dreaming/memory-bot.json"
     if spath in files:
-        seed = _decode(f"{where}/{spath}", take(spath), SeedDoc)
+        seed = _decode(f"{where}/{spath}", take(spath), MemoryBotDoc)
         if seed.pool != pool_id or not pool_id.startswith("bot:"):
             raise _bad(f"{where}/{spath}", f"is for {seed.pool}, not {pool_id}")
     take(".dreaming/next-refresh-at")  # derived from the jobs

@@ -13,12 +13,12 @@ from engine.file_tree._docs import (
     BotProjectsDoc,
     GroupsDoc,
     MarkerDoc,
+    MemoryBotDoc,
     PositionsDoc,
     ProjectMeta,
     RecordDoc,
     RecordsDoc,
     RevisionsDoc,
-    SeedDoc,
     SourcesDoc,
     SourcesRow,
     TombstoneDoc,
@@ -40,9 +40,9 @@ from engine.file_tree._model import (
     record_file,
     segment,
 )
-from engine.memory_bot import MemoryBotSettings
+from engine.memory_bot_settings import MemoryBotSettings
 from engine.projects import Project
-from engine.scoped_memory import Revision, WsStatus, content_fingerprint
+from engine.scoped_memory import Revision, WorkspaceStatus, content_fingerprint
 
 
 def render(snapshot: AccountSnapshot) -> dict[str, bytes]:
@@ -158,7 +158,7 @@ def _render_pool(pool: PoolSnapshot) -> dict[str, bytes]:
             raise InvalidInput(f"record {r.id} is not of {pool.pool}", code="invalid_tree")
         segment(r.id, "memory id")
         file = content = None
-        if r.status == WsStatus.ACTIVE:
+        if r.status == WorkspaceStatus.ACTIVE:
             file = record_file(r)
             lines.setdefault(file, []).append(r)
         else:
@@ -223,8 +223,8 @@ def _render_pool(pool: PoolSnapshot) -> dict[str, bytes]:
         files[".dreaming/read-positions.json"] = to_json(doc)
     if pool.seed is not None:
         if not pool.pool.startswith("bot:"):
-            raise InvalidInput(f"{pool.pool} has no seed-000 state", code="invalid_tree")
-        files[".dreaming/memory-bot.json"] = to_json(SeedDoc(pool=pool.pool, seed=pool.seed))
+            raise InvalidInput(f"{pool.pool} has no memory-bot state", code="invalid_tree")
+        files[".dreaming/memory-bot.json"] = to_json(MemoryBotDoc(pool=pool.pool, seed=pool.seed))
     waiting = [j.updated_at for j in pool.jobs if j.status in OPEN_JOBS]
     files[".dreaming/next-refresh-at"] = to_text([iso(min(waiting)) if waiting else "none"])
     return files

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from engine.directory import Org, OrgSettings
-from engine.memory import AccessProof, EntryMeta, Layer, Reader, Source
+from engine.memory_entries import AccessProof, EntryMeta, Layer, Reader, Source
 from storage import crypto
 from tests.openai_stub import completion
 from tests.shard_kit import POOL

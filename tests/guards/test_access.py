@@ -7,7 +7,7 @@ import asyncio
 
 import msgspec
 
-from engine.memory import Reader, Status
+from engine.memory_entries import Reader, Status
 from tests.guards.kit import (
     BOB,
     CONFIDE,
@@ -29,7 +29,7 @@ def test_ACL_9_reads_wait_for_a_change_and_changes_wait_for_reads(tmp_path, fres
     Breaks tried: in `RWLock.shared`, `if self._writer or self._waiting_writers:` → `if False:`
     → "a read ran while a change held the lock"; in `RWLock.exclusive`, `if self._writer or
     self._readers or self._waiting_writers:` → `if False:` → "a change ran under a read"; in
-    `BotMemory.read`, `async with pool.lock.shared():` → `if True:` → "a read ran while a
+    `MemoryReader.read`, `async with pool.lock.shared():` → `if True:` → "a read ran while a
     change held the lock"."""
 
     async def go():
@@ -98,8 +98,8 @@ def test_ACL_8_reads_decrypt_only_what_the_reply_shows(tmp_path, fresh, monkeypa
     every candidate first) → "decrypted more than the reply shows" (mem_h1..h4 decrypted); the
     same line in `context_parts` → hidden ids among the decrypted; `has_entries` returning
     `any(vis.usable(i) and self.store.open_content(...) ...)` → `{'mem_a2'} == set()`. After
-    main's one-bot-memory read (actors/shard/bot_memory.py): `Snapshot.visible_seeds` filtering on
-    `self.open(i) and check(i)` → "decrypted more than the reply shows"."""
+    main's one-bot-memory read (actors/shard/memory_reader.py): `Snapshot.visible_entries`
+    filtering on `self.open(i) and check(i)` → "decrypted more than the reply shows"."""
     spy = CipherSpy(monkeypatch)
     entries = [
         (fact_meta("mem_a1", "u_ann", 10), "Ann drinks green tea"),

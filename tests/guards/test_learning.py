@@ -9,7 +9,7 @@ import json
 
 from actors.shard.service import ShardService, TurnStart
 from engine.directory import Org, OrgSettings
-from engine.memory_bot import SettingsPatch
+from engine.memory_bot_settings import SettingsPatch
 from engine.turns import CALM_ANSWER
 from tests.guards.kit import (
     CONFIDE,

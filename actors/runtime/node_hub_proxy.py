@@ -2,7 +2,7 @@
 prefix), created by whoever needs it first, and a `NodeHubPort` over its handle so that
 gateways and shards never name a Ray method or see a Ray error.
 
-Errors: calls map Ray's failures as every actor call does (actors/runtime/ports.py `remote`),
+Errors: calls map Ray's failures as every actor call does (actors/runtime/proxy.py `remote`),
 except `run`, whose failures (the node left, failed or timed out) the caller turns into a model
 error of its own (actors/models/node_hub.py `NodeModel`).
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from actors.contracts import NodeInfo, Work
-from actors.runtime.ports import remote
+from actors.ports import NodeHubPort
+from actors.runtime.proxy import ActorProxy
 from engine.models import Completion, Message, ToolSpec
 
 
@@ -28,7 +28,7 @@ def _hub_actor(prefix: str, namespace: str) -> Any:
     ).remote()
 
 
-class RayNodeHub:
+class RayNodeHub(ActorProxy, NodeHubPort):
     """`NodeHubPort` over the cluster's hub actor, found (or created) on first use."""
 
     def __init__(self, prefix: str, namespace: str = "openbot") -> None:
@@ -36,32 +36,12 @@ class RayNodeHub:
         self.namespace = namespace
         self._handle: Any = None
 
-    def _hub(self) -> Any:
+    def _actor(self) -> Any:
         if self._handle is None:
             self._handle = _hub_actor(self.prefix, self.namespace)
         return self._handle
 
-    async def register(self, node: str, memory_isolation: bool, memory_extraction: bool) -> int:
-        return await remote(self._hub().register, node, memory_isolation, memory_extraction)
-
-    async def unregister(self, node: str, session: int) -> None:
-        await remote(self._hub().unregister, node, session)
-
-    async def next_work(self, node: str, session: int, wait: float = 10.0) -> Work | None:
-        return await remote(self._hub().next_work, node, session, wait)
-
-    async def complete(
-        self, work_id: str, completion: Completion | None, error: str | None
-    ) -> bool:
-        return await remote(self._hub().complete, work_id, completion, error)
-
     async def run(
         self, node: str, messages: Sequence[Message], tools: Sequence[ToolSpec], timeout: float
     ) -> Completion:
-        return await self._hub().run.remote(node, list(messages), list(tools), timeout)
-
-    async def info(self, node: str) -> NodeInfo | None:
-        return await remote(self._hub().info, node)
-
-    async def nodes(self) -> list[NodeInfo]:
-        return await remote(self._hub().nodes)
+        return await self._actor().run.remote(node, list(messages), list(tools), timeout)

@@ -17,14 +17,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.contracts import REPLIES, CallError, WsAccess, WsCreateCall, WsQuery
-from actors.shard.packed import PackedEvents
+from actors.contracts import (
+    REPLIES,
+    CallError,
+    WorkspaceAccess,
+    WorkspaceCreateCall,
+    WorkspaceQuery,
+)
 from actors.shard.service import ShardService
-from engine.scoped_memory import WsMemoryCreate, content_fingerprint, normalize
+from engine.scoped_memory import WorkspaceMemoryCreate, content_fingerprint, normalize
 from storage.search_index import TermIndex, in_context
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
-ANN = WsAccess(account="u_ann", bots=frozenset({"b_ws"}))
+ANN = WorkspaceAccess(account="u_ann", bots=frozenset({"b_ws"}))
 _enc = msgspec.msgpack.Encoder()
 TEXTS = {
     "a": "Did you go to the pottery workshop?",
@@ -34,17 +39,18 @@ TEXTS = {
 }
 
 
-class Shard(PackedEvents, ShardService):
-    """What `PlacedShardService` is, without Ray's start-up guard."""
+Shard = ShardService  # what `PlacedShardService` is, without Ray's start-up guard
 
 
 def _create(name: str, rid: str | None = None) -> bytes:
-    body = WsMemoryCreate(bot="b_ws", scope="user", content=TEXTS[name], requestId=rid or name)
-    return _enc.encode(WsCreateCall(access=ANN, body=body))
+    body = WorkspaceMemoryCreate(
+        bot="b_ws", scope="user", content=TEXTS[name], requestId=rid or name
+    )
+    return _enc.encode(WorkspaceCreateCall(access=ANN, body=body))
 
 
 async def _found(svc: Shard, q: str) -> list[str]:
-    listing = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",), q=q))
+    listing = await svc.workspace_entries(ANN, WorkspaceQuery(pools=("user:u_ann",), q=q))
     return [h.id for h in listing.fused]
 
 
@@ -64,13 +70,13 @@ def test_a_calls_creations_are_indexed_once_with_both_neighbours_in_its_one_comm
         svc = Shard(tmp_path, 0, search={"context_window_s": 120})
         ids = iter(["mem_a", "mem_b", "mem_c", "mem_d"])
         svc.workspace.new_id = lambda: next(ids)
-        await svc.ws_create_memory_many(_enc.encode([_create("a")]))
+        await svc.workspace_create_memory_many(_enc.encode([_create("a")]))
         committer = svc.kernel.committer
         batches = committer.batches
         put.clear()
         # b, c, d in one call; a reused requestId between them is refused and takes no part.
         calls = [_create("b"), _create("c", "b"), _create("c"), _create("d")]
-        replies = REPLIES.decode(await svc.ws_create_memory_many(_enc.encode(calls)))
+        replies = REPLIES.decode(await svc.workspace_create_memory_many(_enc.encode(calls)))
         assert isinstance(replies[1], CallError) and replies[1].code == "request_id_reused"
         assert [msgspec.json.decode(replies[i])["id"] for i in (0, 2, 3)] == [
             "mem_b",
@@ -82,7 +88,8 @@ def test_a_calls_creations_are_indexed_once_with_both_neighbours_in_its_one_comm
         await committer.drain()
         assert committer.batches - batches == 1
         found = [await _found(svc, q) for q in ("bowl", "pottery workshop", "novels")]
-        keys = {k: svc.kernel.analyzer.key_list(t) for k, t in TEXTS.items()}
+        an = svc.kernel.analyzer("user:u_ann")
+        keys = {k: an.key_list(t) for k, t in TEXTS.items()}
         await svc.close()
         return found, keys
 
@@ -124,16 +131,18 @@ def test_the_previous_records_context_row_waits_for_nothing_and_shares_no_pendin
     async def go():
         svc = Shard(tmp_path, 0, search={"context_window_s": 120})
         committer = svc.kernel.committer
-        await svc.ws_create_memory_many(_enc.encode([_create("a")]))
+        await svc.workspace_create_memory_many(_enc.encode([_create("a")]))
         batches = committer.batches
-        await svc.ws_create_memory_many(_enc.encode([_create("b")]))
+        await svc.workspace_create_memory_many(_enc.encode([_create("b")]))
         done_before = committer.batches - batches
         batches = committer.batches
         # c's commit still pending when d comes: d's batch does not carry c's row.
-        pending = asyncio.ensure_future(svc.ws_create_memory_many(_enc.encode([_create("c")])))
+        pending = asyncio.ensure_future(
+            svc.workspace_create_memory_many(_enc.encode([_create("c")]))
+        )
         await asyncio.sleep(0)
         await asyncio.sleep(0)
-        await svc.ws_create_memory_many(_enc.encode([_create("d")]))
+        await svc.workspace_create_memory_many(_enc.encode([_create("d")]))
         await pending
         await committer.drain()
         found = await _found(svc, "rained")
@@ -187,12 +196,12 @@ def test_a_bug_while_indexing_a_calls_creations_fails_them_all_and_stores_none(
         svc = Shard(tmp_path, 0, search={"context_window_s": 120})
         ids = iter(["mem_a", "mem_bug_b", "mem_bug_c", "mem_d"])
         svc.workspace.new_id = lambda: next(ids)
-        await svc.ws_create_memory_many(_enc.encode([_create("a")]))
+        await svc.workspace_create_memory_many(_enc.encode([_create("a")]))
         failed = REPLIES.decode(
-            await svc.ws_create_memory_many(_enc.encode([_create("b"), _create("c")]))
+            await svc.workspace_create_memory_many(_enc.encode([_create("b"), _create("c")]))
         )
-        later = REPLIES.decode(await svc.ws_create_memory_many(_enc.encode([_create("d")])))
-        listing = await svc.ws_entries(ANN, WsQuery(pools=("user:u_ann",)))
+        later = REPLIES.decode(await svc.workspace_create_memory_many(_enc.encode([_create("d")])))
+        listing = await svc.workspace_entries(ANN, WorkspaceQuery(pools=("user:u_ann",)))
         found = await _found(svc, "novels")
         await svc.close()
         return failed, later, sorted(e.id for e in listing.entries), found

@@ -4,6 +4,14 @@ spend (MB-1 … MB-6), and the two quick answers it gives inside a turn — the 
 
 Only usage the provider confirmed is charged; an answer without usage is counted apart as
 unknown (MB-6). Model calls never happen under a pool lock (ACL-9).
+
+A budget is reserved before a call and settled after it, so concurrent calls cannot all pass
+one check and overshoot together: in its slot, a call takes a reservation in the same
+synchronous stretch as it checks what was spent and what other calls of the pool hold, and
+gives it back once its real cost is charged (or it failed). A reservation is the largest cost a
+call of the pool has had, or the whole rest of the budget while no cost is known yet. A call
+that does not fit beside the calls in flight waits for them (within its timeout) and checks
+again; one that finds the budget spent is refused (`BudgetSpent`).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import msgspec
 from actors.models.registry import Model, ModelError, measured
 from actors.runtime.lock_guard import assert_no_pool_lock
 from engine.errors import OpenBotError
-from engine.memory_bot import MemoryBotSettings, current_periods, period_key
+from engine.memory_bot_settings import MemoryBotSettings, current_periods, period_key
 from engine.models import Completion, Message, ToolSpec, cost_micros
 from engine.turns import ANSWER_WAIT, CALM_ANSWER, REWRITE, confessor_messages
 from storage.chat_store import ChatStore, ModelCall
@@ -30,14 +38,23 @@ class BudgetSpent(OpenBotError):
     code = "budget_spent"
 
 
+class _Held:
+    """What the calls in flight of one pool have reserved of its budget period."""
+
+    def __init__(self) -> None:
+        self.micros = 0
+        self.calls = 0
+        self.settled = asyncio.Event()  # replaced after each settle: waiters check again
+
+
 class MemoryBotRuntime:
     def __init__(
         self,
+        *,
         models: Mapping[str, Model],
         chats: ChatStore,
         committer: GroupCommitter,
         clock: Callable[[], int],
-        *,
         answer_wait: float = ANSWER_WAIT,
     ) -> None:
         self.answer_wait = answer_wait
@@ -51,6 +68,9 @@ class MemoryBotRuntime:
         self._spent: dict[tuple[str, str], tuple[int, int]] = {}
         self._dirty: set[tuple[str, str]] = set()
         self._current: frozenset[str] = frozenset()
+        self._held: dict[tuple[str, str], _Held] = {}  # (pool, period) -> reservations
+        self._largest: dict[str, int] = {}  # pool -> the largest cost one call had
+        self.waiting = 0  # calls waiting for others' reservations to settle (tests, metrics)
 
     def model(self, name: str | None) -> Model | None:
         return self.models.get(name) if name else None
@@ -85,7 +105,9 @@ class MemoryBotRuntime:
         self._keep_current()
         key = (pool, period)
         if key not in self._spent:
-            self._spent[key] = await self.chats.spend(pool, period)
+            loaded = await self.chats.spend(pool, period)
+            # Another call may have loaded and charged it meanwhile: its total stands.
+            self._spent.setdefault(key, loaded)
         return self._spent[key]
 
     async def check_budget(self, pool: str, settings: MemoryBotSettings) -> None:
@@ -96,12 +118,56 @@ class MemoryBotRuntime:
         if micros >= settings.budget.limitMicros:
             raise BudgetSpent("the memory bot's budget for this period is spent")
 
+    async def _reserve(self, pool: str, settings: MemoryBotSettings) -> tuple[str, int] | None:
+        """Reserve budget for one call (None: no budget); `BudgetSpent` once it is spent."""
+        if settings.budget is None:
+            return None
+        limit = settings.budget.limitMicros
+        while True:
+            period = period_key(settings.budget.period, self.clock())
+            # From the totals to the reservation nothing awaits: the check and the hold are one
+            # step, whichever calls of the pool run at once.
+            micros, _ = await self._spend(pool, period)
+            if micros >= limit:
+                raise BudgetSpent("the memory bot's budget for this period is spent")
+            held = self._held.get((pool, period))
+            largest = self._largest.get(pool)
+            need = limit - micros if largest is None else largest
+            if held is None or held.calls == 0 or micros + held.micros + need <= limit:
+                if held is None:
+                    held = self._held[(pool, period)] = _Held()
+                held.micros += need
+                held.calls += 1
+                return period, need
+            self.waiting += 1
+            try:
+                await held.settled.wait()
+            finally:
+                self.waiting -= 1
+
+    def _settle(self, pool: str, reserved: tuple[str, int] | None) -> None:
+        """Give back a reservation (after the call's cost was charged, or it failed)."""
+        if reserved is None:
+            return
+        period, micros = reserved
+        held = self._held.get((pool, period))
+        if held is None:
+            return
+        held.micros -= micros
+        held.calls -= 1
+        held.settled.set()
+        held.settled = asyncio.Event()
+        if held.calls == 0:
+            del self._held[(pool, period)]
+
     async def charge(
         self, pool: str, settings: MemoryBotSettings, model: Model, done: Completion
     ) -> int | None:
         """Count the cost of a call in every period a budget may ask about. The totals go to
         disk with the caller's next write (`spend_rows`), not in a transaction of their own."""
         cost = cost_micros(done.usage, model.price)
+        if cost is not None and cost > self._largest.get(pool, -1):
+            self._largest[pool] = cost
         for period in ("day", "month"):
             key = period_key(period, self.clock())
             micros, unknown = await self._spend(pool, key)
@@ -138,22 +204,32 @@ class MemoryBotRuntime:
         await self.check_budget(pool, settings)
         request = _enc.encode([msgspec.to_builtins(m) for m in messages]).decode()
 
+        reserved: tuple[str, int] | None = None
+
         async def run() -> Completion:
+            nonlocal reserved
             async with self.slot(pool, settings):
+                reserved = await self._reserve(pool, settings)
                 return await measured(model, messages, tools, timeout=timeout)
 
         step = len(log) + 1 if log is not None else 0
         try:
-            done = await asyncio.wait_for(run(), timeout)
-        except (TimeoutError, OpenBotError) as e:
-            if log is not None:
-                log.append(ModelCall(step=step, attempt=1, request=request, error=repr(e)[:200]))
-            if isinstance(e, TimeoutError):
-                raise ModelError(
-                    "the memory bot did not answer in time", code="model_timeout"
-                ) from e
-            raise
-        cost = await self.charge(pool, settings, model, done)
+            try:
+                done = await asyncio.wait_for(run(), timeout)
+            except BudgetSpent:
+                raise  # the model was not asked
+            except (TimeoutError, OpenBotError) as e:
+                if log is not None:
+                    error = repr(e)[:200]
+                    log.append(ModelCall(step=step, attempt=1, request=request, error=error))
+                if isinstance(e, TimeoutError):
+                    raise ModelError(
+                        "the memory bot did not answer in time", code="model_timeout"
+                    ) from e
+                raise
+            cost = await self.charge(pool, settings, model, done)
+        finally:
+            self._settle(pool, reserved)
         if log is not None:
             response = _enc.encode(done).decode()
             log.append(

@@ -64,7 +64,7 @@ class FramingProtocol(WebSocketsSansIOProtocol):
 
     async def run_asgi(self) -> None:
         # Frames as they are: only with nothing negotiated to apply to them, and only while
-        # uvicorn's protocol keeps the state the writer reads (tests/test_ws_frames.py).
+        # uvicorn's protocol keeps the state the writer reads (tests/test_socket_frames.py).
         if not self.conn.extensions and all(hasattr(self, name) for name in _STATE):
             scope: Any = self.scope
             scope.setdefault("extensions", {})[FRAMES] = FrameWriter(self)

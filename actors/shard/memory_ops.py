@@ -1,7 +1,7 @@
-"""The seed-000 memory API of a shard (API-1, API-2, MEM-1 … MEM-5, ACL-4, MB-2): remember,
+"""The bot memory API of a shard (API-1, API-2, MEM-1 … MEM-5, ACL-4, MB-2): remember,
 forget, purge, widen, the reads, the memory bot's settings and the entries it writes.
 
-Built on the kernel (pools, locks, the commit pipeline) and on `BotMemory`, the one
+Built on the kernel (pools, locks, the commit pipeline) and on `MemoryReader`, the one
 visibility-checked read of a bot's memory. Every change holds the pool's lock exclusively only
 while deciding and staging; every reply waits for the commit it depends on (`kernel.settle`).
 """
@@ -9,19 +9,20 @@ while deciding and staging; every reply waits for the commit it depends on (`ker
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import msgspec
 
 from actors.contracts import RememberCall
 from actors.shard.batch import Batch
-from actors.shard.bot_memory import BotMemory, Snapshot
 from actors.shard.kernel import ShardKernel
+from actors.shard.memory_reader import MemoryReader, Snapshot
 from actors.shard.pool import Pool
 from engine import commands, widening
-from engine.bot_memory import as_entry_view
 from engine.commands import Outcome
 from engine.errors import Conflict, InvalidInput, NotFound
-from engine.memory import (
+from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch, apply_patch
+from engine.memory_entries import (
     Change,
     Context,
     EntryMeta,
@@ -36,7 +37,7 @@ from engine.memory import (
     Who,
     view,
 )
-from engine.memory_bot import MemoryBotSettings, SettingsPatch, apply_patch
+from engine.memory_union import as_entry_view
 from storage.group_commit import DeleteWhere, Write
 from storage.receipts import Receipts, fingerprint, receipt_key
 from storage.shard_schema import RECEIPTS
@@ -46,8 +47,8 @@ _remember_dec = msgspec.msgpack.Decoder(RememberCall)
 _json = msgspec.json.Encoder()
 
 
-def _seed_view(snap: Snapshot, meta: EntryMeta) -> EntryView:
-    """An entry of a bot's one memory in the seed-000 format (API-1)."""
+def _entry_view(snap: Snapshot, meta: EntryMeta) -> EntryView:
+    """An entry of a bot's one memory in the memory API's format (API-1)."""
     if (
         snap.ws is not None
         and meta.id in snap.ws.stored.entries
@@ -57,10 +58,22 @@ def _seed_view(snap: Snapshot, meta: EntryMeta) -> EntryView:
     return view(meta, snap.open(meta.id))
 
 
-class SeedMemory:
-    def __init__(self, kernel: ShardKernel, bot_memory: BotMemory) -> None:
+class BotRecordRoutes(Protocol):
+    """The bot memory routes' reach into a bot's workspace records (actors/workspace/)."""
+
+    async def forget(
+        self, pool_id: str, reader: Reader, entry_id: str, request_id: str | None
+    ) -> EntryView: ...
+    async def purge(self, pool_id: str, tag: str, *, learned: bool = False) -> int: ...
+    async def log(self, pool_id: str, reader: Reader) -> list[LogRow]: ...
+
+
+class MemoryOps:
+    def __init__(self, kernel: ShardKernel, memory_reader: MemoryReader) -> None:
         self.kernel = kernel
-        self.bot_memory = bot_memory
+        self.memory_reader = memory_reader
+        # Set by the workspace that keeps the records (one memory per bot, MEM-1).
+        self.records: BotRecordRoutes | None = None
 
     async def read_memory(
         self, pool_id: str, reader: Reader, tags: Sequence[str] = ()
@@ -72,10 +85,10 @@ class SeedMemory:
         self, pool_id: str, reader: Reader, tags: Sequence[str]
     ) -> tuple[MemoryPage, int]:
         """The page, and the last event seq its state reflects (for the gateway's cache). A
-        bot's workspace records are part of it (one memory per bot, engine/bot_memory.py)."""
+        bot's workspace records are part of it (one memory per bot, engine/memory_union.py)."""
         want = set(tags)
-        async with self.bot_memory.read(pool_id, reader) as snap:
-            views = tuple(_seed_view(snap, m) for m in snap.visible() if want.issubset(m.tags))
+        async with self.memory_reader.read(pool_id, reader) as snap:
+            views = tuple(_entry_view(snap, m) for m in snap.visible() if want.issubset(m.tags))
             version = snap.pool.version
             staged = self.kernel.events.staged
         return MemoryPage(entries=views, version=version), staged
@@ -126,7 +139,7 @@ class SeedMemory:
     ) -> SearchPage:
         if limit < 1:
             raise InvalidInput("limit must be at least 1", code="invalid_limit")
-        hits = await self.bot_memory.ranked(pool_id, reader, q, limit)
+        hits = await self.memory_reader.ranked(pool_id, reader, q, limit)
         views = tuple(
             SearchHitView(
                 **msgspec.structs.asdict(view(meta, text)), score=score, foundBy=("keyword",)
@@ -198,17 +211,20 @@ class SeedMemory:
     ) -> EntryView:
         key = None if request_id is None else receipt_key(pool_id, reader.user, request_id)
         print_ = fingerprint(("forget", reader.org, entry_id))
-        pool, ws = await self.bot_memory.pools(pool_id)
+        pool, ws = await self.memory_reader.pools(pool_id)
+        if self.records is not None and ws is not None and entry_id in ws.stored.entries:
+            # A record a person wrote for the bot: forgotten as the workspace forgets it.
+            return await self.records.forget(pool_id, reader, entry_id, request_id)
         async with pool.lock.exclusive():
             done = await self.receipt(pool, key, print_)
             if done is not None:
                 pending = pool.pending
             else:
-                if entry_id not in pool.entries:  # a workspace record: forgotten through its route
+                if entry_id not in pool.entries:
                     raise Conflict("this entry is not yours to forget", code="not_yours")
                 outcome = commands.forget(
                     # Visibility over the bot's one memory (an observation may rest on a record).
-                    entries=self.bot_memory.learning_state(pool, ws),
+                    entries=self.memory_reader.learning_state(pool, ws),
                     entry_id=entry_id,
                     reader=reader,
                     now=self.kernel.clock(),
@@ -242,7 +258,10 @@ class SeedMemory:
                 pool.stored_receipts = set()
             pending = self.kernel.stage_outcome(pool, outcome, None, extra)
         await self.kernel.settle(pool, pending, reads_state=False)
-        return len(outcome.deletes)
+        count = len(outcome.deletes)
+        if self.records is not None and pool_id.startswith("bot:"):
+            count += await self.records.purge(pool_id, tag, learned=count > 0)  # its records
+        return count
 
     async def memory_log(self, pool_id: str, reader: Reader) -> LogPage:
         pool = await self.kernel.pool(pool_id)
@@ -250,6 +269,10 @@ class SeedMemory:
             rows = commands.visible_log(pool.stored.log, pool.entries, reader)
             version, pending = pool.version, pool.pending
         await self.kernel.settle(pool, pending)
+        if self.records is not None and pool_id.startswith("bot:"):
+            # The bot's records' revisions among them, by time (a stable sort keeps the order
+            # of changes made at one instant).
+            rows = sorted([*rows, *await self.records.log(pool_id, reader)], key=lambda r: r.at)
         return LogPage(changes=tuple(rows), version=version)
 
     async def context(self, pool_id: str, reader: Reader, limit: int) -> Context:
@@ -266,7 +289,7 @@ class SeedMemory:
         entry that does not fit, without decrypting any later one (ENR-5)."""
         if limit < 0:
             raise InvalidInput("limit must be >= 0")
-        async with self.bot_memory.read(pool_id, reader) as snap:
+        async with self.memory_reader.read(pool_id, reader) as snap:
             usable = snap.usable()
             parts: list[tuple[str, str]] = []
             size = 0
@@ -281,10 +304,10 @@ class SeedMemory:
 
     async def has_entries(self, pool_id: str, reader: Reader) -> bool:
         """Whether the reader has visible valid entries, fitting a limit or not (ENR-7)."""
-        pool, ws = await self.bot_memory.pools(pool_id)
+        pool, ws = await self.memory_reader.pools(pool_id)
         async with pool.lock.shared():
-            snap = self.bot_memory.snapshot(pool, ws, reader)
-            return bool(snap.visible_seeds(active=True) or snap.visible_records(active=True))
+            snap = self.memory_reader.snapshot(pool, ws, reader)
+            return bool(snap.visible_entries(active=True) or snap.visible_records(active=True))
 
     async def validate_references(
         self, pool_id: str, reader: Reader, entry_ids: Sequence[str]
@@ -292,21 +315,21 @@ class SeedMemory:
         """Whether a stored answer's entry references are all still allowed for the reader,
         from tags and sources only (ENR-8): entries pushed out of a text limit still count,
         lost access does not."""
-        pool, ws = await self.bot_memory.pools(pool_id)
+        pool, ws = await self.memory_reader.pools(pool_id)
         async with pool.lock.shared():
-            vis = self.bot_memory.snapshot(pool, ws, reader).visibility
+            vis = self.memory_reader.snapshot(pool, ws, reader).visibility
             return all(vis.usable(i) for i in entry_ids)
 
     async def memory_texts(self, pool_id: str, reader: Reader) -> list[tuple[str, str]]:
         """(id, text) of every usable entry of the pool the reader may see, in memory order:
         the one visibility-checked enumeration a search index serves a reader from (ENR-5)."""
-        return await self.bot_memory.texts(pool_id, reader)
+        return await self.memory_reader.texts(pool_id, reader)
 
     async def search_memory(
         self, pool_id: str, reader: Reader, query: str, limit: int = 10
     ) -> list[tuple[str, str]]:
         """(id, text) of the best keyword hits among the usable entries the reader may see."""
-        return await self.bot_memory.search(pool_id, reader, query, limit)
+        return await self.memory_reader.search(pool_id, reader, query, limit)
 
     async def widen(
         self, pool_id: str, entry_id: str, grant: str, requester: str
@@ -315,11 +338,11 @@ class SeedMemory:
         Conflict `widen_refused`, the same for an id that is not in the pool (so a refusal does
         not tell whether an entry exists). Tags only: the ciphertext is kept (LRN-8)."""
         widening.check_grant(grant)
-        pool, ws = await self.bot_memory.pools(pool_id)
+        pool, ws = await self.memory_reader.pools(pool_id)
         async with pool.lock.exclusive():
             if entry_id not in pool.entries:
                 raise widening.refused("no such entry in this memory")
-            state = self.bot_memory.learning_state(pool, ws)
+            state = self.memory_reader.learning_state(pool, ws)
             now = self.kernel.clock()
             changed = widening.widen(state, entry_id, grant, requester=requester, now=now)
             pending = None

@@ -1,5 +1,5 @@
-"""Ready-made event frames (gateway/ws_frames.py): the bytes are the frame websockets itself would
-write, the server offers the writer only on an open connection, frames written past ASGI and
+"""Ready-made event frames (gateway/socket_frames.py): the bytes are the frame websockets itself
+would write, the server offers the writer only on an open connection, frames written past ASGI and
 through it arrive whole and in order, and a socket that cannot take more sends the rest through
 ASGI, in order, once the client reads again. Real uvicorn (as the gateway runs it), real
 websocket clients."""
@@ -16,8 +16,8 @@ from websockets.asyncio.client import connect
 from websockets.frames import Frame, Opcode
 
 from gateway.live_server import LiveServer
+from gateway.socket_frames import FRAMES, FrameWriter, text_frame
 from gateway.subscriber import Outlet
-from gateway.ws_frames import FRAMES, FrameWriter, text_frame
 
 
 @pytest.mark.parametrize("n", [0, 1, 125, 126, 127, 65535, 65536, 70000])

@@ -17,8 +17,8 @@ from actors.models.registry import OpenAIModel
 from actors.shard.service import ShardService
 from engine.directory import Bot, Chat, Org, OrgSettings
 from engine.learning import REQUEST_LIMIT
-from engine.memory import Reader
-from engine.memory_bot import Budget, SettingsPatch
+from engine.memory_bot_settings import Budget, SettingsPatch
+from engine.memory_entries import Reader
 from engine.models import Price
 from tests.conftest import LiveServer
 from tests.openai_stub import OpenAIStub, completion

@@ -10,7 +10,7 @@ import pytest
 from engine.bot_policy import parse_profile_patch, permissions
 from engine.directory import Bot, Org, OrgSettings
 from engine.errors import Conflict, Forbidden, InvalidInput
-from engine.memory_bot import next_period_start, period_key
+from engine.memory_bot_settings import next_period_start, period_key
 from engine.requests import Proposal, decide, new_request, parse_proposal
 from engine.self_rules import Editor, RulesUpdate, set_archived, update_rules
 

@@ -3,13 +3,13 @@
 Design (issue 15). Pool `bot:<id>` keeps its entries in two tables of the shard's file, because
 they are written by two different machineries with different bookkeeping:
 
-- `memory_entries` (seed 000): what the memory bot learned (facts, observations) and what a person
+- `memory_entries`: what the memory bot learned (facts, observations) and what a person
   pinned with Remember, with tags, sources and access proofs (`EntryMeta`);
-- `ws_entries` with pool `bot:<id>` (seed 002): records a person wrote (or a file tree imported)
-  through the workspace API, with revisions, forget barriers and review flags (`WsEntry`).
+- `ws_entries` with pool `bot:<id>`: records a person wrote (or a file tree imported)
+  through the workspace API, with revisions, forget barriers and review flags (`WorkspaceEntry`).
 
 They are one memory: every reader of a bot's memory reads the union, under one rule. Every entry
-of the union has an `EntryMeta`: a seed entry its own, a workspace record the one `as_meta`
+of the union has an `EntryMeta`: a memory entry its own, a workspace record the one `as_meta`
 derives from it: layer `pinned` (a person asked for it to be kept; pinned entries keep their own
 access rule, ACL-11), its stored system tags plus its topics, status `active` (or `retracted`
 once forgotten), tier, contributor and revision as stored. engine/visibility.py then decides over
@@ -25,17 +25,18 @@ loads the pool (the directory lives in another file); without a bot record they 
 
 The views, all built from the union and the reader's visibility:
 
-- seed 000 (`GET /v1/bots/:id/memory`, context and enrichment, `hasEntries`, references, search,
-  learning context): a workspace record appears as a pinned entry (`as_entry_view`);
-- seed 002 (`GET /api/app/workspace/memories?scope=bot`, its search, the Markdown export): a
-  seed entry appears as a record (`as_record_view`) with its evidence markers, `origin`
-  synthesized (explicit when pinned), status `forgotten` once invalidated or retracted, its
-  `layer` and its tags; it is listed only to readers its seed-000 rule admits;
+- the bot memory API (`GET /v1/bots/:id/memory`, context and enrichment, `hasEntries`, references,
+  search, learning context): a workspace record appears as a pinned entry (`as_entry_view`);
+- the workspace API (`GET /api/app/workspace/memories?scope=bot`, its search, the Markdown export):
+  a memory entry appears as a record (`as_record_view`) with its evidence markers, `origin`
+  synthesized (explicit when pinned), status `forgotten` once invalidated or retracted, its `layer`
+  and its tags; it is listed only to readers the entry rule admits;
 - the prompt (SC-5): the union as bot-scope `ScopedEntry`s under the step's reader.
 
 Writes stay with their machinery: the memory bot learns bot facts into `memory_entries` (so
-`ws_extract` keeps refusing bot scope), people write records through the workspace routes. The
-memory bot never changes a workspace record (pinned: no `invalidate`; a topic rename leaves them).
+`workspace_extract` keeps refusing bot scope), people write records through the workspace routes.
+The memory bot never changes a workspace record (pinned: no `invalidate`; a topic rename leaves
+them).
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from engine import tags as tagmod
-from engine.memory import EntryMeta, EntryView, Layer, Reader, Scope, Status, Tier
+from engine.memory_entries import EntryMeta, EntryView, Layer, Reader, Scope, Status, Tier
 from engine.prompt_budget import ScopedEntry
-from engine.scoped_memory import Origin, WsEntry, WsEntryView, WsStatus, marker
+from engine.scoped_memory import Origin, WorkspaceEntry, WorkspaceEntryView, WorkspaceStatus, marker
 from engine.visibility import directly_visible
 
 
@@ -63,7 +64,7 @@ def link_tags(tags: Iterable[str], org: str | None) -> tuple[str, ...]:
     return (*tags, tagmod.org(org))
 
 
-def as_meta(record: WsEntry) -> EntryMeta:
+def as_meta(record: WorkspaceEntry) -> EntryMeta:
     """A workspace record as an entry of the bot's memory (pinned: its own access rule)."""
     return EntryMeta(
         id=record.id,
@@ -72,7 +73,7 @@ def as_meta(record: WsEntry) -> EntryMeta:
         tags=(*record.tags, *record.topics),
         created_at=record.created_at,
         updated_at=record.updated_at,
-        status=Status.ACTIVE if record.status == WsStatus.ACTIVE else Status.RETRACTED,
+        status=Status.ACTIVE if record.status == WorkspaceStatus.ACTIVE else Status.RETRACTED,
         scope=Scope.BOT,
         tier=record.tier,
         contributor=record.contributor,
@@ -81,7 +82,7 @@ def as_meta(record: WsEntry) -> EntryMeta:
     )
 
 
-def record_visible(reader: Reader, record: WsEntry) -> bool:
+def record_visible(reader: Reader, record: WorkspaceEntry) -> bool:
     """Whether `reader` may see a workspace record of a bot pool: the one check of a record in
     the union, for every reader of a bot's memory (its listing, search and context, the
     workspace's listing, search, changes and revisions). A record is pinned (`as_meta`): its own
@@ -90,13 +91,13 @@ def record_visible(reader: Reader, record: WsEntry) -> bool:
     return directly_visible(reader, as_meta(record))
 
 
-def record_check(reader: Reader) -> Callable[[WsEntry], bool]:
+def record_check(reader: Reader) -> Callable[[WorkspaceEntry], bool]:
     """`record_visible` for many records of one reader: a pool's records share a few tag sets,
     so each set is checked once. The answer is kept by the record's system tags, all that can
     decide (its topics never hold `org:` or `for:`: engine/tags.py rejects a topic with ':')."""
     memo: dict[tuple[str, ...], bool] = {}
 
-    def visible(record: WsEntry) -> bool:
+    def visible(record: WorkspaceEntry) -> bool:
         seen = memo.get(record.tags)
         if seen is None:
             seen = memo[record.tags] = record_visible(reader, record)
@@ -105,7 +106,7 @@ def record_check(reader: Reader) -> Callable[[WsEntry], bool]:
     return visible
 
 
-def as_entry_view(record: WsEntry, content: str) -> EntryView:
+def as_entry_view(record: WorkspaceEntry, content: str) -> EntryView:
     meta = as_meta(record)
     return EntryView(
         id=meta.id,
@@ -119,9 +120,9 @@ def as_entry_view(record: WsEntry, content: str) -> EntryView:
     )
 
 
-def as_record_view(meta: EntryMeta, content: str, bot: str) -> WsEntryView:
-    """A seed-000 entry of bot `bot` as a workspace record."""
-    return WsEntryView(
+def as_record_view(meta: EntryMeta, content: str, bot: str) -> WorkspaceEntryView:
+    """A memory entry of bot `bot` as a workspace record."""
+    return WorkspaceEntryView(
         id=meta.id,
         scope=Scope.BOT,
         pool=meta.pool,
@@ -133,7 +134,9 @@ def as_record_view(meta: EntryMeta, content: str, bot: str) -> WsEntryView:
         origin=Origin.EXPLICIT if meta.layer == Layer.PINNED else Origin.SYNTHESIZED,
         protected=meta.layer == Layer.PINNED,
         review=False,
-        status=WsStatus.ACTIVE if meta.status == Status.ACTIVE else WsStatus.FORGOTTEN,
+        status=WorkspaceStatus.ACTIVE
+        if meta.status == Status.ACTIVE
+        else WorkspaceStatus.FORGOTTEN,
         revision=meta.revision,
         createdAt=meta.created_at,
         updatedAt=meta.updated_at,

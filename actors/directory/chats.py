@@ -1,23 +1,17 @@
-"""The directory's chats (actors/directory.py holds the other records and writes): a person's
+"""The directory's chats (records.py holds the records): a person's
 direct or review chat with a bot, a channel's one group chat, and the `agent` chat of each
 delivery of a collaboration chain. Each is made once however many ask at the same time: the
-check for an existing chat and the write happen under the directory's one write lock."""
+check for an existing chat and the write happen under the records' one write lock."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
-from collections.abc import Callable
 
-from actors.access_watch import AccessWatch
-from actors.contracts import access_key
-from actors.directory_index import AccessIndex
-from actors.directory_reads import DirectoryReads
+from actors.directory.records import DirectoryRecords, new_id
 from engine.directory import Bot, Chat, agent_chat_id, bot_org, require_use
 from engine.directory import agent_chat as make_agent_chat
 from engine.errors import Forbidden, InvalidInput, NotFound, Unprocessable
-from storage.directory_store import DirectoryStore
 
 log = logging.getLogger("openbot.directory")
 # Shown agent chats are written together after this long: a chain's hops show one every few
@@ -26,30 +20,11 @@ log = logging.getLogger("openbot.directory")
 WRITE_GATHER_S = 0.1
 
 
-def new_id(prefix: str) -> str:
-    return prefix + secrets.token_hex(8)
-
-
-class DirectoryChats(DirectoryReads):
-    store: DirectoryStore
-    clock: Callable[[], int]
-    access: AccessWatch
-    access_index: AccessIndex
-    _write: asyncio.Lock
-    _group_chats: dict[str, str]
-    _unwritten: dict[str, Chat]  # agent chats visible here, not written yet
-    _writing: set[asyncio.Task]
-
-    async def _put(self, table: str, record, index: dict, **extra) -> None:
-        """Store one record, then make it the current one (callers hold the write lock)."""
-        await self.store.put(table, record, **extra)
-        before = index.get(record.id)
-        index[record.id] = record
-        if table != "chats":  # chats change no one's access
-            keys = self.access_index.changed(table, before, record)
-            if (token := extra.get("token")) is not None:  # (a cached miss of it is stale)
-                keys.append(access_key("token", token[0]))
-            self.access.bump(keys)
+class ChatRegistry:
+    def __init__(self, records: DirectoryRecords) -> None:
+        self.records = records
+        self._unwritten: dict[str, Chat] = {}  # agent chats visible here, not written yet
+        self._writing: set[asyncio.Task] = set()
 
     async def create_chat(
         self,
@@ -73,7 +48,7 @@ class DirectoryChats(DirectoryReads):
             raise InvalidInput("a chat needs exactly one of bot or channel", code="invalid_chat")
         if kind not in (None, "review", "direct", "group"):
             raise InvalidInput("kind may only be review", code="invalid_chat")
-        async with self._write:
+        async with self.records.lock:
             return await self._create_chat(user_id, org, bot, channel, project, kind, project_org)
 
     async def _create_chat(
@@ -86,9 +61,9 @@ class DirectoryChats(DirectoryReads):
         kind: str | None,
         project_org: str | None = None,
     ) -> Chat:
-        user = self._get(self.users, user_id, "user")
+        user = self.records.user(user_id)
         if bot is not None:
-            b = self._get(self.bots, bot, "bot")
+            b = self.records.bot(bot)
             require_use(b, user)
             if kind not in (None, "review", "direct"):
                 raise InvalidInput("kind may only be review", code="invalid_chat")
@@ -97,7 +72,7 @@ class DirectoryChats(DirectoryReads):
             home = b.owner
         else:
             assert channel is not None
-            ch = self.channels.get(channel)
+            ch = self.records.channels.get(channel)
             if ch is None or ch.org not in user.orgs:
                 # Another org's channel answers as one that does not exist: a probe learns
                 # nothing about other orgs' channel ids.
@@ -107,9 +82,9 @@ class DirectoryChats(DirectoryReads):
             if kind not in (None, "group"):
                 raise InvalidInput("a channel's chat is a group chat", code="invalid_chat")
             org, chat_kind, home = ch.org, "group", ch.id
-            existing = self._group_chats.get(ch.id)
+            existing = self.records.group_chats.get(ch.id)
             if existing is not None:
-                return self.chats[existing]
+                return self.records.chats[existing]
         if project is not None and project_org is not None and project_org != org:
             # As for a project you are not a member of: another org's project is not found.
             raise NotFound(f"no project {project}", code="project_not_found")
@@ -121,24 +96,24 @@ class DirectoryChats(DirectoryReads):
             bot=bot,
             channel=channel,
             project=project,
-            created_at=self.clock(),
+            created_at=self.records.clock(),
             home=home,
         )
-        await self._put("chats", chat, self.chats)
+        await self.records.put("chats", chat, self.records.chats)
         if channel is not None:
-            self._group_chats[channel] = chat.id
+            self.records.group_chats[channel] = chat.id
         return chat
 
     async def agent_chat(self, root: Chat, peer: str, chain: str, link: str) -> Chat:
         """The `agent` chat in which `peer` works on one delivery of a collaboration chain (made
         on first use; engine/directory.py `agent_chat`)."""
-        async with self._write:
-            self._get(self.bots, peer, "bot")
-            existing = self.chats.get(agent_chat_id(link))
+        async with self.records.lock:
+            self.records.bot(peer)
+            existing = self.records.chats.get(agent_chat_id(link))
             if existing is not None:
                 return existing
-            chat = make_agent_chat(root, peer, chain, link, self.clock())
-            await self._put("chats", chat, self.chats)
+            chat = make_agent_chat(root, peer, chain, link, self.records.clock())
+            await self.records.put("chats", chat, self.records.chats)
             return chat
 
     async def register_chats(self, chats: list[Chat], durable: bool = True) -> int:
@@ -159,7 +134,7 @@ class DirectoryChats(DirectoryReads):
                 self._writing.add(task)
                 task.add_done_callback(self._writing.discard)
             return len(new)
-        async with self._write:
+        async with self.records.lock:
             new = self._show(chats)
             if any(c.id in self._unwritten for c in chats):
                 await self._write_chats()
@@ -170,12 +145,12 @@ class DirectoryChats(DirectoryReads):
         for chat in chats:
             if chat.kind != "agent" or not chat.id.startswith(agent_chat_id("")):
                 raise InvalidInput(f"{chat.id!r} is not an agent chat", code="invalid_chat")
-            self._get(self.orgs, chat.org, "org")
-            self._get(self.bots, chat.bot or "", "bot")
+            self.records.org(chat.org)
+            self.records.bot(chat.bot or "")
         new: list[Chat] = []
         for chat in chats:
-            if chat.id not in self.chats:
-                self.chats[chat.id] = self._unwritten[chat.id] = chat
+            if chat.id not in self.records.chats:
+                self.records.chats[chat.id] = self._unwritten[chat.id] = chat
                 new.append(chat)
         return new
 
@@ -183,7 +158,7 @@ class DirectoryChats(DirectoryReads):
         """Store the chats that are visible but not written yet, in one transaction (callers
         hold the write lock); on failure they stay waiting for the next write."""
         waiting = dict(self._unwritten)
-        await self.store.put_many("chats", list(waiting.values()))
+        await self.records.store.put_many("chats", list(waiting.values()))
         for chat_id in waiting:
             self._unwritten.pop(chat_id, None)
 
@@ -193,7 +168,7 @@ class DirectoryChats(DirectoryReads):
         try:
             while True:
                 await asyncio.sleep(WRITE_GATHER_S)
-                async with self._write:
+                async with self.records.lock:
                     if not self._unwritten:
                         return
                     await self._write_chats()
@@ -206,19 +181,23 @@ class DirectoryChats(DirectoryReads):
         """One call per delivery of a collaboration chain: its `agent` chat (made on first
         use, as `agent_chat`), the peer bot that works in it and the bot that asked (the one
         the answer wakes), both read now."""
-        root = self._get(self.chats, root_id, "chat")
+        root = self.records.chat(root_id)
         chat = await self.agent_chat(root, peer, chain, link)
-        return chat, self._get(self.bots, peer, "bot"), self._get(self.bots, asker, "bot")
+        return (
+            chat,
+            self.records.bot(peer),
+            self.records.bot(asker),
+        )
 
     async def review_chat(self, request_id: str, user_id: str, org: str, bot_id: str) -> Chat:
         """The `review` chat in which `user_id` talks a request over with the bot (ENR-3): one
         per request and person, kept with the bot (its home is the bot owner's shard, where
         the request is)."""
-        async with self._write:  # check-then-create: one chat however many ask at once
-            bot = self._get(self.bots, bot_id, "bot")
-            require_use(bot, self._get(self.users, user_id, "user"))
+        async with self.records.lock:  # check-then-create: one chat however many ask at once
+            bot = self.records.bot(bot_id)
+            require_use(bot, self.records.user(user_id))
             chat_id = f"chat_review_{request_id}_{user_id}"
-            existing = self.chats.get(chat_id)
+            existing = self.records.chats.get(chat_id)
             if existing is not None:
                 return existing
             chat = Chat(
@@ -227,19 +206,19 @@ class DirectoryChats(DirectoryReads):
                 owner=user_id,
                 org=org,
                 bot=bot.id,
-                created_at=self.clock(),
+                created_at=self.records.clock(),
                 home=bot.owner,
             )
-            await self._put("chats", chat, self.chats)
+            await self.records.put("chats", chat, self.records.chats)
             return chat
 
     async def group_chat(self, channel_id: str) -> Chat:
         """The channel's group chat, created (owned by its first person) when it has none yet."""
-        ch = self._get(self.channels, channel_id, "channel")
-        existing = self._group_chats.get(ch.id)
+        ch = self.records.channel(channel_id)
+        existing = self.records.group_chats.get(ch.id)
         if existing is not None:
-            return self.chats[existing]
+            return self.records.chats[existing]
         if not ch.people:
             raise Unprocessable("the channel has no people", code="empty_channel")
-        async with self._write:
+        async with self.records.lock:
             return await self._create_chat(ch.people[0], None, None, ch.id, None, None)

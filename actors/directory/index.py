@@ -1,6 +1,6 @@
 """Who reaches what, kept beside the directory's records: each person's bots (owned or granted)
 and channels, so authenticating a token reads that person's few records instead of every bot
-and channel of the directory, and the access keys (contracts.py `access_key`) a change of a
+and channel of the directory, and the access keys (actors/contracts.py `access_key`) a change of a
 record touches, so gateways drop only what it changed."""
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
-"""The one visibility-checked read of a bot's memory (MEM-1, ENR-5; design in engine/bot_memory.py).
+"""The one visibility-checked read of a bot's memory (MEM-1, ENR-5; design in
+engine/memory_union.py).
 
-A bot's memory is the union of its seed-000 pool (`Pool`, the shard's) and its workspace
-bot-scope records (`WsPool`, the workspace's). Every reader goes through `BotMemory`: context and
-enrichment, the HTTP views, search, the prompt, the learning context. Callers never read a pool
-and filter it themselves.
+A bot's memory is the union of its entry pool (`Pool`, the shard's) and its workspace bot-scope
+records (`WorkspacePool`, the workspace's). Every reader goes through `MemoryReader`: context and
+enrichment, the HTTP views, search, the prompt, the learning context. Callers never read a pool and
+filter it themselves.
 
-Locking (ACL-9): a read holds the seed pool's shared lock while it checks visibility and opens
+Locking (ACL-9): a read holds the entry pool's shared lock while it checks visibility and opens
 content; the workspace records are read in the same synchronous stretch (their writes happen
 under the workspace pool's lock without an await in between), so a read never mixes old
 permissions with new content. Content is opened only for entries the check let through (ACL-8).
@@ -20,24 +21,24 @@ from dataclasses import dataclass
 
 from actors.shard.kernel import ShardKernel
 from actors.shard.pool import Pool
-from actors.workspace.pools import WsPool, WsPools
-from engine import bot_memory as bm
+from actors.workspace.pools import WorkspacePool, WorkspacePools
+from engine import memory_union as bm
 from engine.errors import InvalidInput
 from engine.learning import ContextEntry, context_entry, context_selection
-from engine.memory import EntryMeta, Reader
+from engine.memory_entries import EntryMeta, Reader
 from engine.order import in_memory_order
-from engine.scoped_memory import WsEntry, WsStatus
+from engine.scoped_memory import WorkspaceEntry, WorkspaceStatus
 from engine.visibility import Visibility
 from storage.search_index import Stats
 
-CONTEXT_HITS = 32  # ranked hits an input's context takes first (`BotMemory.context_for`)
+CONTEXT_HITS = 32  # ranked hits an input's context takes first (`MemoryReader.context_for`)
 
 
 class Records(Mapping[str, EntryMeta]):
     """A bot pool's workspace records as entries (`as_meta`), built on first use and kept on
     the pool per record state: reads never rebuild thousands of them."""
 
-    def __init__(self, ws: WsPool | None) -> None:
+    def __init__(self, ws: WorkspacePool | None) -> None:
         self.ws = ws
 
     def __getitem__(self, entry_id: str) -> EntryMeta:
@@ -65,24 +66,24 @@ class Snapshot:
     """The union of one bot pool as one reader may see it, valid while the read lock is held."""
 
     pool: Pool
-    ws: WsPool | None
+    ws: WorkspacePool | None
     reader: Reader
-    entries: Mapping[str, EntryMeta]  # seed entries and workspace records, by id
+    entries: Mapping[str, EntryMeta]  # memory entries and workspace records, by id
     records: Records
     visibility: Visibility
     open: Callable[[str], str]
 
-    def visible_records(self, *, active: bool = False) -> list[WsEntry]:
+    def visible_records(self, *, active: bool = False) -> list[WorkspaceEntry]:
         if self.ws is None:
             return []
-        visible = bm.record_check(self.reader)  # the one record check (engine/bot_memory.py)
+        visible = bm.record_check(self.reader)  # the one record check (engine/memory_union.py)
         return [
             r
             for r in self.ws.stored.entries.values()
-            if (not active or r.status == WsStatus.ACTIVE) and visible(r)
+            if (not active or r.status == WorkspaceStatus.ACTIVE) and visible(r)
         ]
 
-    def visible_seeds(self, *, active: bool = False) -> list[EntryMeta]:
+    def visible_entries(self, *, active: bool = False) -> list[EntryMeta]:
         vis, entries = self.visibility, self.pool.entries
         check = vis.usable if active else vis.visible
         return [entries[i] for i in self.pool.candidates(self.reader) if check(i)]
@@ -90,12 +91,12 @@ class Snapshot:
     def visible(self) -> list[EntryMeta]:
         """Entries the reader may see (history included), in memory order (MEM-5)."""
         records = [self.records[r.id] for r in self.visible_records()]
-        return in_memory_order([*self.visible_seeds(), *records])
+        return in_memory_order([*self.visible_entries(), *records])
 
     def usable(self) -> list[EntryMeta]:
         """Visible and active, in memory order: what context, prompts and search use."""
         records = [self.records[r.id] for r in self.visible_records(active=True)]
-        return in_memory_order([*self.visible_seeds(active=True), *records])
+        return in_memory_order([*self.visible_entries(active=True), *records])
 
     def is_record(self, entry_id: str) -> bool:
         return self.ws is not None and entry_id in self.ws.stored.entries
@@ -105,7 +106,7 @@ def _best(snap: Snapshot, keys: list[int], limit: int) -> list[tuple[str, float]
     """The `limit` best BM25 hits (term keys `keys`) among the usable entries of `snap`, seed
     entries and workspace records alike, best first (call with the snapshot's lock held)."""
     reader = snap.reader
-    # Seed entries under the union's visibility (an observation may rest on a record).
+    # Memory entries under the union's visibility (an observation may rest on a record).
     candidates, vis = snap.pool.candidates(reader), snap.visibility
     # Two indexes of one pool merged by score: ranked under the pool's statistics, as the
     # workspace search ranks a bot pool (actors/workspace/search.py `keyword_stats`). Its
@@ -121,32 +122,32 @@ def _best(snap: Snapshot, keys: list[int], limit: int) -> list[tuple[str, float]
 
         def usable(i: str) -> bool:
             r = records.get(i)
-            return r is not None and r.status == WsStatus.ACTIVE and visible(r)
+            return r is not None and r.status == WorkspaceStatus.ACTIVE and visible(r)
 
         found += snap.ws.index.search(keys, limit, usable, stats)
     found.sort(key=lambda hit: -hit[1])
     return found[:limit]
 
 
-class BotMemory:
-    def __init__(self, kernel: ShardKernel, records: WsPools) -> None:
+class MemoryReader:
+    def __init__(self, kernel: ShardKernel, records: WorkspacePools) -> None:
         self.kernel = kernel
         self.records = records
 
-    async def pools(self, pool_id: str) -> tuple[Pool, WsPool | None]:
+    async def pools(self, pool_id: str) -> tuple[Pool, WorkspacePool | None]:
         pool = await self.kernel.pool(pool_id)
         ws = await self.records.pool(pool_id) if pool_id.startswith("bot:") else None
         return pool, ws
 
     @staticmethod
-    def union(pool: Pool, ws: WsPool | None) -> Mapping[str, EntryMeta]:
-        """The pool's entries and its records as one mapping (seed entries win an id clash;
+    def union(pool: Pool, ws: WorkspacePool | None) -> Mapping[str, EntryMeta]:
+        """The pool's entries and its records as one mapping (memory entries win an id clash;
         ids are random 96-bit, so it does not happen)."""
         if ws is None or not ws.stored.entries:
             return pool.entries
         return ChainMap(pool.entries, Records(ws))  # type: ignore[arg-type]
 
-    def snapshot(self, pool: Pool, ws: WsPool | None, reader: Reader) -> Snapshot:
+    def snapshot(self, pool: Pool, ws: WorkspacePool | None, reader: Reader) -> Snapshot:
         """Call under `pool.lock.shared()` (or exclusive)."""
         entries = self.union(pool, ws)
         store = self.kernel.store
@@ -190,12 +191,12 @@ class BotMemory:
         self, pool_id: str, reader: Reader, query: str, limit: int
     ) -> list[tuple[EntryMeta, str, float]]:
         """The `limit` best BM25 keyword hits (issue 11) among the usable entries the reader
-        may see, seed entries and workspace records alike: (entry, text, score), best first.
+        may see, memory entries and workspace records alike: (entry, text, score), best first.
         Each index's ranking is walked best first with every id checked, so what the reader
         may not use is never a hit and never takes a usable hit's place."""
         if limit <= 0:
             return []
-        keys = self.kernel.analyzer.query(query)
+        keys = self.kernel.analyzer(pool_id).query(query)
         if not keys:
             return []
         async with self.read(pool_id, reader) as snap:
@@ -216,7 +217,7 @@ class BotMemory:
         taken are decrypted."""
         if limit < 0:
             raise InvalidInput("limit must be >= 0")
-        keys = self.kernel.analyzer.query(query) if query.strip() else []
+        keys = self.kernel.analyzer(pool_id).query(query) if query.strip() else []
         async with self.read(pool_id, reader) as snap:
             usable = snap.usable()
             taken: dict[str, str] = {}
@@ -271,8 +272,8 @@ class BotMemory:
             entries = [context_entry(m, open_(m.id)) for m in chosen]
         return entries, topics
 
-    def learning_state(self, pool: Pool, ws: WsPool | None) -> Mapping[str, EntryMeta]:
+    def learning_state(self, pool: Pool, ws: WorkspacePool | None) -> Mapping[str, EntryMeta]:
         """What the memory bot's proposals are checked against (under the exclusive lock): the
-        whole union, so an observation may rest on a person's record; only seed entries are
-        ever changed by it (see engine/bot_memory.py)."""
+        whole union, so an observation may rest on a person's record; only memory entries are
+        ever changed by it (see engine/memory_union.py)."""
         return self.union(pool, ws)

@@ -10,18 +10,17 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from actors.contracts import WS_ENTRY_VIEW, WsAccess, WsCreateCall
+from actors.contracts import WORKSPACE_ENTRY_VIEW, WorkspaceAccess, WorkspaceCreateCall
 from actors.directory import DirectoryService
-from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.casing import to_wire
 from engine.errors import InvalidInput
-from engine.memory import Scope
-from engine.scoped_memory import WsMemoryChange, WsMemoryCreate
+from engine.memory_entries import Scope
+from engine.scoped_memory import WorkspaceMemoryChange, WorkspaceMemoryCreate
 from gateway import wire
 from gateway.workspace_memory_routes import decode_memory_write
 
-ANN = WsAccess(account="u_ann", bots=frozenset({"b_1"}))
+ANN = WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}))
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
 
@@ -30,24 +29,23 @@ def test_a_created_records_answer_is_the_body_the_gateway_would_encode(tmp_path:
     """The shard answers a workspace creation with its HTTP body (JSON), which the gateway sends
     on as it is: the same bytes as its own encoding of the view (camelCase keys, nulls kept)."""
 
-    class Packed(PackedEvents, ShardService):
-        pass
-
     async def main() -> tuple[bytes, bytes]:
-        svc = Packed(tmp_path, 0)
+        svc = ShardService(tmp_path, 0)
         svc.peers.connect(directory=DirectoryService(tmp_path))
-        body = WsMemoryCreate(requestId="r-1", scope=Scope.USER, bot="b_1", content="Tea at 5.")
-        call = msgspec.msgpack.encode(WsCreateCall(access=ANN, body=body))
-        alone = await svc.ws_create_memory_packed(call)
+        body = WorkspaceMemoryCreate(
+            requestId="r-1", scope=Scope.USER, bot="b_1", content="Tea at 5."
+        )
+        call = msgspec.msgpack.encode(WorkspaceCreateCall(access=ANN, body=body))
+        alone = await svc.workspace_create_memory_packed(call)
         (many,) = msgspec.msgpack.decode(
-            await svc.ws_create_memory_many(msgspec.msgpack.encode([call]))
+            await svc.workspace_create_memory_many(msgspec.msgpack.encode([call]))
         )
         await svc.close()
         svc.peers.directory().store.db.close()
         return alone, many
 
     alone, many = asyncio.run(main())
-    view = WS_ENTRY_VIEW.decode(alone)
+    view = WORKSPACE_ENTRY_VIEW.decode(alone)
     assert view.content == "Tea at 5." and view.layer is None
     assert alone == msgspec.json.encode(to_wire(view)) == many  # (a replay: the same bytes)
 
@@ -57,7 +55,7 @@ def _slow(body: bytes):
     raw = wire.decode_any(body)
     if not isinstance(raw, dict):
         raise InvalidInput("body must be a JSON object", code="invalid_body")
-    kind = WsMemoryChange if "expectedRevision" in raw else WsMemoryCreate
+    kind = WorkspaceMemoryChange if "expectedRevision" in raw else WorkspaceMemoryCreate
     try:
         return msgspec.convert(raw, type=kind)
     except msgspec.ValidationError as e:
@@ -100,12 +98,12 @@ def test_a_bad_memory_write_is_refused_as_before(body: bytes, code: str | None):
 
 
 def test_request_locks_taken_together_exclude_each_other_and_are_released_on_cancel():
-    """`WsReceipts.requests` (a coalesced call's requestIds) waits for a key that a single
+    """`WorkspaceReceipts.requests` (a coalesced call's requestIds) waits for a key that a single
     write holds, never holds two bodies of one key at once (32 calls racing over 4 keys), and
     a call cancelled while waiting leaves no lock and no slot behind."""
-    from actors.workspace.receipts import WsReceipts
+    from actors.workspace.receipts import WorkspaceReceipts
 
-    receipts = WsReceipts(kernel=None)  # type: ignore[arg-type]  # (locks only)
+    receipts = WorkspaceReceipts(kernel=None)  # type: ignore[arg-type]  # (locks only)
     holders: dict[str, int] = {}
     clash = []
 

@@ -1,0 +1,139 @@
+"""`ShardPort` over a shard actor (`RayShard`, derived from the port: actors/runtime/proxy.py),
+with what a gateway does on its side of the calls it makes most: Remembers and workspace memory
+creations coalesced many to a call (actors/runtime/coalesce.py), and the shard's events followed
+through their replies and a long poll with one bytes reply (actors/runtime/follow.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import Any
+
+import msgspec
+from msgspec import Raw
+
+from actors.contracts import (
+    EVENT_BATCH,
+    FOLLOWED,
+    WORKSPACE_ENTRY_VIEW,
+    EventBatch,
+    FollowingCall,
+    WorkspaceAccess,
+    WorkspaceCreateCall,
+)
+from actors.ports import ShardPort
+from actors.runtime.coalesce import Coalescer
+from actors.runtime.follow import Follower
+from actors.runtime.proxy import NamedActor, remote
+from engine.events import Event, ShardHead
+from engine.scoped_memory import (
+    WorkspaceEntryView,
+    WorkspaceMemoryCreate,
+)
+
+_packer = msgspec.msgpack.Encoder()
+
+
+class _Writes:
+    """A gateway's coalesced writes to one shard, on one event loop (actors/runtime/coalesce.py):
+    Remembers, and workspace memory creations, go many to a call while one is in flight; and
+    its view of the shard's events, which their replies feed (actors/runtime/follow.py)."""
+
+    def __init__(self, remember: Coalescer, workspace_create: Coalescer, follow: Follower) -> None:
+        self.remember = remember
+        self.workspace_create = workspace_create
+        self.follow = follow
+
+
+class RayShard(NamedActor, ShardPort):
+    """`ShardPort` over the shard actor named `name`."""
+
+    coalesce = True  # False: one call per write (benchmarks compare the two)
+    follow = True  # False: events by the pump's poll only (one more Ray call per commit)
+
+    def __init__(self, name: str, namespace: str, handle: Any = None) -> None:
+        super().__init__(name, namespace, handle)
+        # Per event loop: a coalescer's futures belong to the loop it runs on.
+        self._writes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Writes] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def writes(self) -> _Writes:
+        """This loop's coalescers (their `calls` and `requests` say how well they coalesce)."""
+        loop = asyncio.get_running_loop()
+        found = self._writes.get(loop)
+        if found is None:
+            found = _Writes(
+                Coalescer(self._remember_many),
+                Coalescer(self._workspace_create_many),
+                Follower(self._poll),
+            )
+            self._writes[loop] = found
+        return found
+
+    async def _remember_many(self, call: bytes) -> bytes:
+        actor = self._actor()
+        return await self._followed(call, actor.remember_many, actor.remember_many_followed)
+
+    async def _workspace_create_many(self, call: bytes) -> bytes:
+        actor = self._actor()
+        return await self._followed(
+            call, actor.workspace_create_memory_many, actor.workspace_create_memory_many_followed
+        )
+
+    async def _followed(self, call: bytes, plain: Any, followed: Any) -> bytes:
+        """A coalesced write call; where this loop follows the shard's events, the reply brings
+        the ones published since (actors/runtime/follow.py)."""
+        follow = self.writes().follow
+        seen = follow.seen if self.follow else -1
+        if seen < 0:
+            return await remote(plain, call)
+        follower = follow.id
+        try:
+            asked = _packer.encode(FollowingCall(follower=follower, seen=seen, call=Raw(call)))
+            reply = FOLLOWED.decode(await remote(followed, asked))
+        except BaseException:
+            follow.lost()  # its reply may have carried events the shard thinks we have
+            raise
+        follow.take_reply(follower, seen, reply.events, reply.upto)
+        return reply.replies  # type: ignore[return-value]  (Raw: bytes-like for the decoder)
+
+    async def _poll(self, since: int, limit: int, wait: float, follower: str) -> EventBatch:
+        return EVENT_BATCH.decode(
+            await remote(self._actor().events_packed, since, limit, wait, follower)
+        )
+
+    # --- the calls that do more than hand on (every other call: the port's, over the actor) ---
+
+    async def events_after(
+        self, seq: int, limit: int = 1000, wait: float = 0.0
+    ) -> tuple[ShardHead, list[Event]]:
+        # Over Ray the poll comes back as one msgpack `EventBatch` (actors/shard/packed.py):
+        # Ray would pickle the list of Events on both sides of every poll. A long poll goes
+        # through this loop's follower, which write replies feed too (actors/runtime/follow.py).
+        if wait > 0 and self.follow:
+            got = await self.writes().follow.after(seq, limit, wait)
+            if got is not None:
+                return got
+        batch = EVENT_BATCH.decode(await remote(self._actor().events_packed, seq, limit, wait))
+        return batch.head, batch.events
+
+    async def remember_packed(self, call: bytes) -> bytes:
+        if self.coalesce:
+            return await self.writes().remember.call(call)
+        return await remote(self._actor().remember_packed, call)
+
+    async def workspace_create_memory(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
+    ) -> WorkspaceEntryView:
+        return WORKSPACE_ENTRY_VIEW.decode(await self.workspace_create_memory_json(access, body))
+
+    async def workspace_create_memory_json(
+        self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
+    ) -> bytes:
+        # One bytes each way (actors/shard/packed.py): Ray would pickle both Structs and the reply.
+        call = _packer.encode(WorkspaceCreateCall(access=access, body=body))
+        if self.coalesce:
+            return await self.writes().workspace_create.call(call)
+        return await remote(self._actor().workspace_create_memory_packed, call)

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 import actors.access_watch as access_watch
-import actors.directory as directory_mod
+import actors.directory.admin as directory_admin
 import gateway.auth as auth_mod
 from actors.access_watch import AccessWatch
 from actors.directory import DirectoryService
@@ -73,10 +73,10 @@ async def _gateway(directory: DirectoryService, clock=time.monotonic) -> tuple[A
 async def _applied(directory: DirectoryService) -> None:
     """Until every watching gateway applied the directory's current revision."""
     for _ in range(200):
-        if directory.access.watchers():
+        if directory.records.access.watchers():
             break
         await asyncio.sleep(0.005)
-    await directory.access.settled(directory.access.revision)
+    await directory.records.access.settled(directory.records.access.revision)
 
 
 async def _people(directory: DirectoryService):
@@ -127,11 +127,13 @@ def test_authentication_reads_an_index_that_follows_every_change(tmp_path: Path)
     """What `authenticate` answers equals what every bot and channel of the directory say."""
 
     def expected(directory: DirectoryService, user_id: str) -> Principal:
-        user = directory.users[user_id]
+        user = directory.records.users[user_id]
         return Principal(
             user=user,
-            channels=frozenset(c.id for c in directory.channels.values() if user_id in c.people),
-            bots=frozenset(b.id for b in directory.bots.values() if may_use(b, user)),
+            channels=frozenset(
+                c.id for c in directory.records.channels.values() if user_id in c.people
+            ),
+            bots=frozenset(b.id for b in directory.records.bots.values() if may_use(b, user)),
         )
 
     async def scenario():
@@ -196,7 +198,7 @@ def test_a_token_created_while_requests_with_it_are_in_flight_is_not_a_miss(
     that answers the created token, though news of the change reaches the gateway late."""
     token = "obt_made_while_asked_for"
     monkeypatch.setattr(
-        directory_mod, "secrets", SimpleNamespace(token_urlsafe=lambda n: token[4:])
+        directory_admin, "secrets", SimpleNamespace(token_urlsafe=lambda n: token[4:])
     )
 
     async def scenario():

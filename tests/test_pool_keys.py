@@ -386,7 +386,8 @@ def test_first_format_chain_fingerprints_are_keyed_with_the_org_key_on_open(tmp_
     try:
         db.run_sync(
             lambda con: con.execute(
-                "INSERT INTO chains VALUES ('ch_1', 'o1', ?, ?)", [_chain_doc(), b""]
+                "INSERT INTO chains (id, org, doc, texts) VALUES ('ch_1', 'o1', ?, ?)",
+                [_chain_doc(), b""],
             )
         )
         assert upgrade_keys(db, MASTER) is True

@@ -381,3 +381,23 @@ def test_import_joins_an_existing_org_only_when_told(world, admin, tmp_path, cap
     assert alice not in json.loads(Path(second).read_text())
     reader = file_export.DataDirReader(target)
     assert reader.users[bob].orgs == (world.org,) and list(reader.orgs) == [world.org]
+
+
+def test_a_tokens_file_is_never_written_through_an_existing_name(tmp_path, monkeypatch):
+    """The tokens file is created, never opened: a file or a symbolic link already at its name
+    (planted, or an older import's) fails the write and is left as it was."""
+    from storage import data_dir_io
+
+    monkeypatch.setattr(data_dir_io.secrets, "token_hex", lambda n: "f" * 2 * n)
+    monkeypatch.setattr(data_dir_io.time, "strftime", lambda fmt, t: "20260101T000000Z")
+    name = f"{data_dir_io.TOKENS_PREFIX}20260101T000000Z-ffffffff.json"
+    planted, elsewhere = tmp_path / name, tmp_path / "elsewhere"
+    planted.write_text('{"u_old": "obt_live"}')
+    with pytest.raises(FileExistsError):
+        data_dir_io.write_new_tokens(tmp_path, {"u_new": "obt_new"})
+    assert planted.read_text() == '{"u_old": "obt_live"}'
+    planted.unlink()
+    planted.symlink_to(elsewhere)
+    with pytest.raises(FileExistsError):
+        data_dir_io.write_new_tokens(tmp_path, {"u_new": "obt_new"})
+    assert not elsewhere.exists()

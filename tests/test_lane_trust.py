@@ -11,7 +11,6 @@ import asyncio
 import logging
 import os
 import shutil
-import sys
 import tempfile
 
 import pytest
@@ -214,5 +213,40 @@ def test_a_real_peer_of_another_user_is_refused_by_both_ends(base, caplog):
     ]
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
+def test_shards_under_an_unsafe_ray_tmpdir_run_a_cross_shard_chain_over_ray(
+    ray_session, tmp_path, model_stubs, bot_model, monkeypatch
+):
+    """End to end: shards whose RAY_TMPDIR anyone may write (no sticky bit) open no lane; the
+    gateway's turn, its event polls and the peer's step on the other shard all go over Ray."""
+    import secrets
+
+    import httpx
+
+    from actors.runtime import engine as engine_mod
+    from actors.runtime.engine import Engine
+    from gateway.app import create_app
+    from tests.conftest import ADMIN, LiveServer, World
+    from tests.test_lane_off import _chain
+
+    unsafe = tempfile.mkdtemp(prefix="obu-", dir="/tmp")
+    os.chmod(unsafe, 0o777)
+    env = {"env_vars": {"RAY_TMPDIR": unsafe}}
+    real = engine_mod.actor_options
+    monkeypatch.setattr(
+        engine_mod, "actor_options", lambda *a, **k: {**real(*a, **k), "runtime_env": env}
+    )
+    models = {"bot": {"kind": "openai", "base_url": model_stubs["bot"].url, "model": "b"}}
+    prefix = f"unsafe{secrets.token_hex(2)}"
+    eng = Engine.start(tmp_path / "data", shards=2, prefix=prefix, models_config=models)
+    live = LiveServer(create_app(eng, ADMIN, cache_ttl=0.0, listener_refresh=0.2))
+    admin = httpx.Client(
+        base_url=live.url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30
+    )
+    try:
+        _chain(World(admin, live), admin, bot_model, eng, lanes_off=False)
+        assert os.listdir(unsafe) == []  # no socket folder was made there
+    finally:
+        admin.close()
+        live.stop()
+        eng.stop()
+        shutil.rmtree(unsafe, ignore_errors=True)

@@ -27,9 +27,11 @@ PYTHON = "/usr/bin/python3"
 
 @pytest.fixture
 def base(monkeypatch):
-    """The lanes' temp dir (RAY_TMPDIR, as in a shard's process), short for socket paths."""
+    """The lanes' temp dir, Ray's (RAY_TMPDIR, as in a shard's process) and the system's alike;
+    short for socket paths."""
     folder = tempfile.mkdtemp(prefix="obt-", dir="/tmp")
     monkeypatch.setenv("RAY_TMPDIR", folder)
+    monkeypatch.setattr(tempfile, "tempdir", folder)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
 
@@ -97,6 +99,33 @@ def test_an_unsafe_runtime_folder_opens_no_lane_and_calls_go_over_ray(
             server.close()
 
     asyncio.run(main())
+
+
+def test_under_ray_s_0777_temp_dir_the_lane_goes_in_the_system_s(base, monkeypatch):
+    """Ray makes its temp dir 0777: the folder goes in the system's temp dir (sticky) then."""
+    ray_tmp = tempfile.mkdtemp(prefix="obr-", dir="/tmp")
+    os.chmod(ray_tmp, 0o777)
+    monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
+    os.chmod(base, 0o1777)
+    steps = _Steps()
+
+    async def main() -> None:
+        server = LaneServer(NODE, Host(steps))
+        client = _client(server)
+        try:
+            address = await server.open()
+            assert address is not None and address.path.startswith(base + os.sep)
+            outcome = await client.step(_call("a"))
+            assert outcome is not None and outcome.reply == "a"
+        finally:
+            await client.close()
+            server.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert steps.ran == ["a"]
 
 
 def test_the_shard_drops_a_connection_from_another_uid(base, caplog):
@@ -216,8 +245,9 @@ def test_a_real_peer_of_another_user_is_refused_by_both_ends(base, caplog):
 def test_shards_under_an_unsafe_ray_tmpdir_run_a_cross_shard_chain_over_ray(
     ray_session, tmp_path, model_stubs, bot_model, monkeypatch
 ):
-    """End to end: shards whose RAY_TMPDIR anyone may write (no sticky bit) open no lane; the
-    gateway's turn, its event polls and the peer's step on the other shard all go over Ray."""
+    """End to end: shards whose temp dirs (Ray's and the system's) anyone may write (no sticky
+    bit) open no lane; the gateway's turn, its event polls and the peer's step on the other
+    shard all go over Ray."""
     import secrets
 
     import httpx
@@ -230,7 +260,7 @@ def test_shards_under_an_unsafe_ray_tmpdir_run_a_cross_shard_chain_over_ray(
 
     unsafe = tempfile.mkdtemp(prefix="obu-", dir="/tmp")
     os.chmod(unsafe, 0o777)
-    env = {"env_vars": {"RAY_TMPDIR": unsafe}}
+    env = {"env_vars": {"RAY_TMPDIR": unsafe, "TMPDIR": unsafe}}
     real = engine_mod.actor_options
     monkeypatch.setattr(
         engine_mod, "actor_options", lambda *a, **k: {**real(*a, **k), "runtime_env": env}

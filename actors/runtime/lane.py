@@ -22,10 +22,10 @@ may have run), and the next call asks for the address again (a restarted shard l
 somewhere else). One connection per event loop: its futures belong to that loop.
 
 Trust: the folder is made only under a temp dir others cannot swap it out of (owned by this
-user or root, and not writable by others unless sticky); otherwise the shard opens no lane,
-with one warning. Each end checks the other's uid (`SO_PEERCRED`) and drops a connection from
-or to another user: the shard before reading a call, the caller before sending one (its calls
-then go over Ray).
+user or root, and not writable by others unless sticky): Ray's (which Ray leaves 0777), else
+the system's; with neither, the shard opens no lane, with one warning. Each end checks the
+other's uid (`SO_PEERCRED`) and drops a connection from or to another user: the shard before
+reading a call, the caller before sending one (its calls then go over Ray).
 """
 
 from __future__ import annotations
@@ -64,10 +64,9 @@ from actors.runtime.lane_folder import (
     PATH_MAX,
     PREFIX,
     PeerUid,
+    lane_root,
     peer_uid,
-    socket_root,
     sweep,
-    unsafe_root,
 )
 from actors.runtime.lock_guard import assert_no_pool_lock
 from actors.runtime.ports import RayShard, remote
@@ -149,9 +148,8 @@ class LaneServer:
         or where no socket could be opened (a path over the AF_UNIX limit, a host without
         Unix sockets): said once, never retried (a folder left by each try would pile up)."""
         if self._address is None and not self._closed:
-            base = socket_root() or tempfile.gettempdir()
-            unsafe = unsafe_root(base)
-            if unsafe is not None:
+            base, unsafe = lane_root()
+            if base is None:
                 return self._give_up(unsafe)
             sweep(base)
             if (

@@ -10,6 +10,7 @@ import shutil
 import socket
 import stat
 import struct
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,18 @@ from typing import Any
 PREFIX = "oblane-"  # a lane's folder in the temp dir: oblane-<pid of its shard>-<random>
 PATH_MAX = 107  # a Unix socket's path, in bytes, without the final NUL (Linux: 108)
 STALE_S = 60.0  # an old-style folder (no pid) without a listener older than this is removed
+
+
+def lane_root() -> tuple[str | None, str]:
+    """Where a shard makes its lane's folder: Ray's temp dir, else the system's, the first one
+    no other user could swap the folder out of (`unsafe_root`); None and why when neither."""
+    why = []
+    for base in dict.fromkeys(b for b in (socket_root(), tempfile.gettempdir()) if b):
+        unsafe = unsafe_root(base)
+        if unsafe is None:
+            return base, ""
+        why.append(unsafe)
+    return None, "; ".join(why)
 
 
 def socket_root() -> str | None:

@@ -46,7 +46,7 @@ def _write_legacy_grant(data_dir, bot_id: str, user_id: str) -> None:
     async def write() -> None:
         svc = DirectoryService(data_dir)
         try:
-            bot = svc.bots[bot_id]
+            bot = svc.records.bots[bot_id]
             legacy = msgspec.structs.replace(bot, grants={**bot.grants, user_id: Permission.READ})
             await svc.store.put("bots", legacy)
         finally:

@@ -12,7 +12,7 @@ openbot events [--url URL] [--token T] [--cursor C] [--count N]
 openbot demo [--url URL [--admin-token T] | --port P] [--model NAME] [--config FILE]
 openbot backup DIR (--url URL [--token T] | --data-dir DIR) [--with-key]
 openbot export DIR [--url URL [--token T] | --data-dir DIR] [--account ID]
-openbot import DIR [--data-dir DIR] [--shards N]
+openbot import DIR [--data-dir DIR] [--shards N] [--join-org ORG…]
 
 `--url`, `--token` and `--data-dir` of `admin` may come before or after its subcommand. Failures
 print one line on stderr and exit non-zero: 1 for a failed call or command, 2 for bad input.
@@ -148,8 +148,15 @@ def _export(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     from storage.file_export import import_tree
 
-    result = import_tree(Path(args.dir), _data_dir(args.data_dir), shards=args.shards)
+    result = import_tree(
+        Path(args.dir), _data_dir(args.data_dir), shards=args.shards, join_orgs=args.join_org
+    )
     print(msgspec.json.format(msgspec.json.encode(result), indent=2).decode())
+    print(
+        f"openbot import: the new users' tokens are in {result.tokens_file} (0600, this "
+        "import's only); hand them out, then delete the file",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -122,6 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=int(os.environ.get("OPENBOT_SHARDS") or 2),
         help="the shard count `openbot serve` will use",
     )
+    i.add_argument(
+        "--join-org",
+        action="append",
+        default=[],
+        metavar="ORG",
+        help="merging into a data directory that holds this org already: join it (repeat for "
+        "more; default: an org id taken there refuses the import with id_clash)",
+    )
 
     admin_token = "the admin token (or OPENBOT_ADMIN_TOKEN, or DATA_DIR/admin.token)"
     a = _parser(sub, "admin", "directory calls against a running server (admin token)")

@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 
 from engine.events import Audience, Event, Payload, ShardHead
-from storage.database import Database
+from storage.database import Database, new_private_dir
 from storage.group_commit import DeleteBelow, Insert, Write
 from storage.shard_schema import EVENTS
 
@@ -37,14 +37,14 @@ FOLLOWERS = 256  # followers whose handed-over events a shard remembers (a few p
 
 
 def backup_offline(data_dir: Path, dest_dir: Path, *, with_key: bool = False) -> list[str]:
-    """Snapshot a stopped server's data directory (no process may hold its files); the master
-    key only `with_key`."""
+    """Snapshot a stopped server's data directory (no process may hold its files) into a new
+    folder of mode 0700, files 0600; the master key only `with_key`."""
     from storage.crypto import KEY_FILE, write_key_copy
     from storage.data_dir_io import open_shard
     from storage.directory_store import MIGRATIONS as DIRECTORY_MIGRATIONS
     from storage.group_commit import FORGET_JOURNAL
 
-    dest_dir.mkdir(parents=True)
+    new_private_dir(dest_dir)
     files = []
     for path in sorted(data_dir.glob("*.duckdb")):
         if path.name.startswith("shard-"):

@@ -12,7 +12,8 @@ What an account holds: its user record, the bots it owns (their memory pools: wo
 and memory entries, with learning read positions), its user memory, the projects it owns
 (their memory pools), its workspace receipts, and the chats it keeps with their items and turns
 (storage/chat_export.py). Memory-bot settings stay out; imported pools start with the defaults.
-Users get new tokens on import (`import-tokens.json`, 0600): the tree never holds a credential.
+Users get new tokens on import, in a new file of that import's own
+(`import-tokens-<when>-<random>.json`, 0600): the tree never holds a credential.
 
 Files are written through a recovery log (FS-3): `.transactions/<id>.json` lists what is about
 to be written, each file is replaced atomically, then the log goes. A tree whose
@@ -21,7 +22,6 @@ to be written, each file is replaced atomically, then the log goes. A tree whose
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 from collections.abc import Iterable, Iterator, Sequence
@@ -42,7 +42,7 @@ from engine.scoped_memory import ForgetBarrier, Revision, WorkspaceEntry, conten
 from engine.visibility import Visibility
 from storage import chat_export
 from storage.crypto import KEY_FILE, Cipher, Keyring, aad, load_master_key
-from storage.data_dir_io import DIRECTORY_FILE, TOKENS_FILE
+from storage.data_dir_io import DIRECTORY_FILE, write_new_tokens
 from storage.data_dir_io import dir_cipher as _dir_cipher
 from storage.data_dir_io import drain_journal as _drain_journal
 from storage.data_dir_io import existing as _existing
@@ -550,19 +550,29 @@ def _merge(kind: str, into: dict, items: Iterable) -> None:
 
 
 def import_snapshots(
-    snapshots: Sequence[ft.AccountSnapshot], data_dir: Path, *, shards: int = 2
+    snapshots: Sequence[ft.AccountSnapshot],
+    data_dir: Path,
+    *,
+    shards: int = 2,
+    join_orgs: Sequence[str] = (),
 ) -> ImportResult:
     """Write the snapshots into `data_dir` as `shards` shards (the count `openbot serve
     --shards` will use). A data directory that already holds accounts gets them merged in
     (issue 14), with its own master key and shard count; any id the tree shares with it (a
-    user, bot, channel, project, chat, or an org that differs) refuses the whole import before
-    anything is written. The server must be stopped (its files are opened for writing).
-    Shards are written first, each in one transaction that first drops what an interrupted
-    import of the same ids left; the directory last: importing again after a crash is safe."""
+    user, bot, channel, project, chat or org) refuses the whole import before anything is
+    written, except the orgs named in `join_orgs` (`--join-org`), whose record there is kept.
+    The server must be stopped (its files are opened for writing). Shards are written first,
+    each in one transaction that first drops what an interrupted import of the same ids left;
+    the directory last: importing again after a crash is safe."""
     data_dir = Path(data_dir)
     if shards < 1:
         raise InvalidInput("shards must be at least 1", code="shard_count")
     existing = _existing(data_dir)
+    if existing is None and join_orgs:
+        raise InvalidInput(
+            f"--join-org {', '.join(join_orgs)}: {data_dir} holds no org to join",
+            code="join_org",
+        )
     if existing is not None:
         shards = existing.shards  # a merge writes where the running engine will look
     orgs: dict[str, Org] = {}
@@ -589,7 +599,9 @@ def import_snapshots(
 
     if existing is not None:
         accounts = [s.account.id for s in snapshots]
-        orgs, users = existing.check(accounts, orgs, users, bots, channels, projects, chats)
+        orgs, users = existing.check(
+            accounts, orgs, users, bots, channels, projects, chats, join_orgs
+        )
 
     def host(pool: str) -> str | None:
         kind, _, owner = pool.partition(":")
@@ -670,15 +682,8 @@ def import_snapshots(
     ]
     tokens = {u: "obt_" + secrets.token_urlsafe(32) for u in sorted(users)}
     # The tokens file before the directory (the import's commit point): a crash in between
-    # leaves tokens nobody holds yet, and importing again writes new ones.
-    tokens_file = data_dir / TOKENS_FILE
-    tmp = tokens_file.with_name(f".{TOKENS_FILE}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:  # the target's own users keep their tokens
-        json.dump({**(existing.tokens_doc if existing else {}), **tokens}, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, tokens_file)
+    # leaves tokens nobody holds yet, and importing again writes new ones to a new file.
+    tokens_file = write_new_tokens(data_dir, tokens)
     records_by_table = {"orgs": orgs, "users": users, "bots": bots, "channels": channels}
     records_by_table["chats"] = {i: c.chat for i, (_, c) in chats.items()}
     files.append(_write_directory(keyring, data_dir, records_by_table, projects, tokens))
@@ -777,6 +782,10 @@ def _write_directory(
     return str(path)
 
 
-def import_tree(tree_dir: Path, data_dir: Path, *, shards: int = 2) -> ImportResult:
-    """`openbot import`: parse the tree under `tree_dir` and write a new data directory."""
-    return import_snapshots(ft.parse(read_tree(tree_dir)), data_dir, shards=shards)
+def import_tree(
+    tree_dir: Path, data_dir: Path, *, shards: int = 2, join_orgs: Sequence[str] = ()
+) -> ImportResult:
+    """`openbot import`: parse the tree under `tree_dir` and write a new data directory (or
+    merge into one, joining only the orgs named in `join_orgs`)."""
+    snapshots = ft.parse(read_tree(tree_dir))
+    return import_snapshots(snapshots, data_dir, shards=shards, join_orgs=join_orgs)

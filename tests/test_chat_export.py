@@ -196,7 +196,8 @@ def test_chats_round_trip_and_the_import_serves_them_sealed(chatted, admin, tmp_
     from actors.runtime.engine import Engine
     from gateway.app import create_app
 
-    tokens = json.loads((new / file_export.TOKENS_FILE).read_text())
+    (tokens_file,) = new.glob("import-tokens-*.json")
+    tokens = json.loads(tokens_file.read_text())
     imported = Engine.start(new, shards=3, prefix="chats-" + secrets.token_hex(3))
     server = LiveServer(create_app(imported, ADMIN, cache_ttl=0.0))
     try:

@@ -19,6 +19,7 @@ from tests.openai_stub import bot_of, completion
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts" / "console"
+CONSOLE_FILES = Path(__file__).resolve().parent.parent / "gateway" / "console"
 ARGS = [
     "--headless",
     "--no-sandbox",
@@ -54,6 +55,11 @@ def page(browser, request, server) -> Iterator:
     pg.set_default_timeout(15_000)
     errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
+    # Whatever the page's policy refuses (a script, an image, the events socket) is an error.
+    pg.on(
+        "console",
+        lambda m: errors.append(m.text) if "Content Security Policy" in m.text else None,
+    )
     pg.errors = errors  # type: ignore[attr-defined]
     try:
         yield pg
@@ -143,7 +149,7 @@ def test_a_two_round_discussion_appears_live_once_and_resumes_after_a_drop(
     page.evaluate("window.openbotConsole.drop()")  # a network drop in the middle
     # A string expression, as outside checks write them: the page's policy must let it run.
     page.wait_for_function(
-        "document.querySelectorAll('[data-testid=item][data-kind=bot]').length >= 6",
+        "() => document.querySelectorAll('[data-testid=item][data-kind=bot]').length >= 6",
         timeout=20_000,
     )
     texts = bot_items.all_inner_texts()
@@ -410,10 +416,25 @@ def test_console_files_are_public_and_locked_down(server):
         index = c.get("/")
         assert index.status_code == 200 and 'data-testid="token-input"' in index.text
         policy = index.headers["content-security-policy"]
-        scripts = next(d for d in policy.split(";") if d.strip().startswith("script-src"))
-        assert "'self'" in scripts and "unsafe-inline" not in scripts
+        directives = {
+            name: set(values)
+            for name, *values in (d.split() for d in policy.split(";") if d.strip())
+        }
+        # Issue 24: no eval, images from this server or inline only, connections (the events
+        # websocket included) to this origin only; nothing from anywhere.
+        assert directives["default-src"] == {"'self'"}
+        assert directives["script-src"] == {"'self'"}
+        assert directives["img-src"] == {"'self'", "data:"}
+        assert directives["connect-src"] == {"'self'"}
+        assert directives["object-src"] == {"'none'"}
+        assert directives["frame-ancestors"] == {"'none'"}
+        assert "unsafe-eval" not in policy and "*" not in policy and "ws:" not in policy
         js = c.get("/console/app.js")
         assert js.status_code == 200 and "javascript" in js.headers["content-type"]
+        assert js.headers["content-security-policy"] == policy
+        # No eval in the console's own code either (the policy would refuse it at run time).
+        code = "".join(p.read_text() for p in CONSOLE_FILES.glob("*.js"))
+        assert not re.search(r"\beval\s*\(|new\s+Function\s*\(|\bFunction\s*\(", code)
         assert c.get("/console/nosuch.js").status_code == 404
         # Nothing but the console's own files: no way up into the package (401 or 404, as the
         # path is normalised to one outside the public ones).
@@ -493,3 +514,42 @@ def test_records_and_workspace_memory(world: World, admin, server, bot_model, me
     hit.wait_for()
     assert "release" in hit.inner_text() and name in hit.inner_text()
     page.locator('[data-testid="memory-job"][data-status="failed"]').first.wait_for()
+
+
+def test_the_browser_refuses_eval_foreign_images_and_foreign_sockets(browser, server):
+    """Issue 24: what the console's policy refuses, a real Chromium refuses: eval, an image
+    from another origin, a websocket to another origin; its own origin's websocket opens."""
+    context = browser.new_context()
+    try:
+        pg = context.new_page()
+        pg.goto(f"{server.url}/")
+        seen = pg.evaluate(
+            """async () => {
+                const refused = [];
+                document.addEventListener("securitypolicyviolation",
+                    (e) => refused.push(e.effectiveDirective));
+                // Later, as the page's own task: the driver's call itself may eval.
+                setTimeout(() => {
+                    try { eval("1"); refused.push("eval ran"); } catch (e) { refused.push(e.name); }
+                }, 0);
+                const img = new Image();
+                img.src = "http://127.0.0.2:9/avatar.png";
+                document.body.append(img);
+                try { new WebSocket("ws://127.0.0.2:9/"); } catch (e) { refused.push(e.name); }
+                const own = await new Promise((done) => {
+                    const ws = new WebSocket(`ws://${location.host}/v1/events`);
+                    ws.onopen = () => { done("open"); ws.close(); };
+                    ws.onclose = () => done("closed");
+                    ws.onerror = () => done("error");
+                });
+                for (let n = 0; n < 250 && refused.length < 4; n++) {
+                    await new Promise((r) => setTimeout(r, 20));
+                }
+                return { refused: refused.sort(), own };
+            }"""
+        )
+    finally:
+        context.close()
+    assert seen["refused"] == ["EvalError", "connect-src", "img-src", "script-src"], seen
+    # Its own origin's socket was let through (the server then closes it: no token).
+    assert seen["own"] in ("open", "closed"), seen

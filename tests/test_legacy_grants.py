@@ -46,7 +46,7 @@ def _write_legacy_grant(data_dir, bot_id: str, user_id: str) -> None:
     async def write() -> None:
         svc = DirectoryService(data_dir)
         try:
-            bot = svc.bots[bot_id]
+            bot = svc.records.bots[bot_id]
             legacy = msgspec.structs.replace(bot, grants={**bot.grants, user_id: Permission.READ})
             await svc.store.put("bots", legacy)
         finally:
@@ -89,7 +89,7 @@ def test_a_legacy_cross_org_grant_exposes_the_bot_nowhere(tmp_path, ray_session)
     async def principal():
         svc = DirectoryService(tmp_path)
         try:
-            assert svc.bots[bot].grants.get(mal["id"]) == Permission.READ  # the row is there
+            assert svc.records.bots[bot].grants.get(mal["id"]) == Permission.READ  # the row is there
             found = await svc.authenticate(hash_token(mal["token"]))
             listed = await svc.list_user_bots(mal["id"], None, 100)
             return found, listed

@@ -402,12 +402,13 @@ class Engine:
         """A consistent snapshot of every store into `dest_dir` (which must not exist yet), a
         data directory `openbot serve` can run on given the master key. The key is left out
         unless `with_key` (issue 12: a copy of the data is then not a copy of the key). Events
-        get a new epoch there. Each store is copied in one transaction of its own."""
+        get a new epoch there. Each store is copied in one transaction of its own. The folder
+        is 0700 and its files 0600, whatever the umask."""
         from storage.crypto import KEY_FILE, write_key_copy
+        from storage.database import new_private_dir
 
         try:
-            dest = Path(dest_dir).resolve()
-            dest.mkdir(parents=True)
+            dest = new_private_dir(Path(dest_dir).resolve())
         except FileExistsError as e:
             raise InvalidInput(f"{dest_dir} already exists", code="backup_exists") from e
         except (OSError, ValueError) as e:  # ValueError: a NUL in the path

@@ -64,7 +64,7 @@ MISS_TTL = 2.0
 
 class _Cache:
     """Entries read at a directory access revision, each with the access keys it depends on
-    (contracts.py `access_key`): a change drops the entries of the keys it names."""
+    (actors/contracts.py `access_key`): a change drops the entries of the keys it names."""
 
     def __init__(self, ttl: float, clock: Callable[[], float]) -> None:
         self.ttl = ttl

@@ -1,4 +1,4 @@
-"""The memory bot's spend totals in memory (actors/learning/memory_bot.py): only the current
+"""The memory bot's spend totals in memory (actors/learning/memory_bot_runtime.py): only the current
 day's and month's are kept, so a runtime that charges every day for a year holds no more than
 one that started today; totals of a period that ended are written before they are dropped."""
 

@@ -46,6 +46,7 @@ async def _write_chains(path: Path, count: int) -> None:
     from actors.shard.service import ShardService
     from engine import collaboration as rules
     from engine.directory import Bot, Chat, Org
+    from storage.crypto import chain_fp_key
 
     directory = DirectoryService(path)
     svc = ShardService(path, 0, models={})
@@ -56,6 +57,7 @@ async def _write_chains(path: Path, count: int) -> None:
         chat = Chat(id="chat_bench", kind="direct", owner="u_ann", org=org.id, bot=asker.id)
         records = svc.chains.records
         await records.start()
+        fp_key = chain_fp_key(svc.kernel.master, org.id)
         done = 0
         while done < count:
             batch = Batch()
@@ -71,8 +73,11 @@ async def _write_chains(path: Path, count: int) -> None:
                     to_bot="b_peer",
                     message=f"please look at item {i}",
                     now=now,
+                    fp_key=fp_key,
                 )
-                chain, _ = rules.on_result(chain, link_id=link, text=f"answer {i}", now=now)
+                chain, _ = rules.on_result(
+                    chain, link_id=link, text=f"answer {i}", now=now, fp_key=fp_key
+                )
                 records.texts[chain.id] = {
                     link: {"request": f"please look at item {i}", "result": f"answer {i}"}
                 }
@@ -177,10 +182,10 @@ class _CountingPort:
 
 async def _settled(directory) -> None:
     for _ in range(400):
-        if directory.access.watchers():
+        if directory.records.access.watchers():
             break
         await asyncio.sleep(0.005)
-    await directory.access.settled(directory.access.revision)
+    await directory.records.access.settled(directory.records.access.revision)
 
 
 async def _access(path: Path, bots: int, people: int, requests: int) -> dict:
@@ -239,12 +244,14 @@ async def _access(path: Path, bots: int, people: int, requests: int) -> dict:
         unknown = dict(port.calls)
 
         def scan(token_hash: str) -> Principal | None:
-            user_id = directory._tokens.get(token_hash)
+            user_id = directory.records.tokens.get(token_hash)
             if user_id is None:
                 return None
-            user = directory.users[user_id]
-            channels = frozenset(c.id for c in directory.channels.values() if user_id in c.people)
-            usable = frozenset(b.id for b in directory.bots.values() if may_use(b, user))
+            user = directory.records.users[user_id]
+            channels = frozenset(
+                c.id for c in directory.records.channels.values() if user_id in c.people
+            )
+            usable = frozenset(b.id for b in directory.records.bots.values() if may_use(b, user))
             return Principal(user=user, channels=channels, bots=usable)
 
         hashes = [hash_token(t) for t in tokens]

@@ -29,7 +29,9 @@ def test_the_spend_map_keeps_only_the_current_periods(tmp_path: Path) -> None:
         committer = GroupCommitter(db, TABLES, checkpoint_rows=10_000, checkpoint_idle=3600)
         chats = ChatStore(MemoryStore(db, Keyring(os.urandom(32))))
         now = [START]
-        runtime = MemoryBotRuntime({}, chats, committer, lambda: now[0])
+        runtime = MemoryBotRuntime(
+            models={}, chats=chats, committer=committer, clock=lambda: now[0]
+        )
         model = SimpleNamespace(name="m", price=Price(input_micros_per_mtok=10**6))
         settings = MemoryBotSettings()
         done = Completion(text="ok", usage=Usage(input_tokens=5, output_tokens=0))

@@ -43,6 +43,7 @@ def one_line_error(out: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.subprocess
 def test_an_unreachable_server_is_one_line_and_exit_1():
     url = f"http://127.0.0.1:{closed_port()}"
     # --url and --token after the subcommand.
@@ -74,6 +75,7 @@ def _commands(parser: argparse.ArgumentParser, path=()):
                 yield from _commands(sub, (*path, name))
 
 
+@pytest.mark.subprocess
 def test_help_describes_every_command_and_option():
     commands = list(_commands(build_parser()))
     assert len(commands) > 15
@@ -90,6 +92,7 @@ def test_help_describes_every_command_and_option():
     assert "(default: info)" in run("serve", "--help").stdout
 
 
+@pytest.mark.subprocess
 def test_serve_on_a_busy_port_fails_at_once_and_leaves_nothing(tmp_path):
     data = tmp_path / "new-data"
     with socket.socket() as busy:
@@ -106,6 +109,7 @@ def test_serve_on_a_busy_port_fails_at_once_and_leaves_nothing(tmp_path):
     assert not data.exists()  # no master.key, no admin.token, no directory
 
 
+@pytest.mark.subprocess
 def test_serve_on_a_data_dir_in_use_fails_at_once(tmp_path):
     from gateway.server import LOCK_FILE, DataDirLock
 
@@ -194,6 +198,7 @@ def test_events_says_when_connected_and_when_retrying(server, world):
     assert line.startswith("openbot events: cannot connect") and "retrying in" in line, line
 
 
+@pytest.mark.subprocess
 def test_demo_with_an_unknown_model_exits_non_zero():
     """Against a server that refuses the model: exit 1 (tests/test_demo.py runs the embedded
     variant); here the server is absent, which is a failure too."""

@@ -101,6 +101,7 @@ def _run_until_killed(data: Path, round_: int, acks: int, sent: set, acked: dict
     assert seen >= acks, f"the writer died early ({proc.returncode})"
 
 
+@pytest.mark.subprocess
 def test_a_shard_killed_mid_write_keeps_every_acknowledged_write_exactly_once(tmp_path):
     data = tmp_path / "data"
     sent: set[str] = set()

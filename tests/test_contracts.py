@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from actors.contracts import NodeInfo
 from actors.models.node_hub import NodeHubService, NodeModel
 from actors.ports import DirectoryPort, NodeHubPort, ShardPort
@@ -38,6 +40,7 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
+@pytest.mark.subprocess
 def test_gateway_loads_no_actor_implementation():
     """In a fresh interpreter: importing the app loads the contracts and the ports, never numpy,
     Ray, the Ray runtime (a server hands the app an `EnginePort`) nor the shards', chats',

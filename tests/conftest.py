@@ -114,6 +114,15 @@ def ray_session() -> Iterator[Path]:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+@pytest.fixture
+def ray_tmp() -> Iterator[str]:
+    """A folder for the Ray of a server a test starts (short: Ray's socket paths), removed
+    after the test."""
+    tmp = tempfile.mkdtemp(prefix="obt", dir="/tmp")
+    yield tmp
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("data")

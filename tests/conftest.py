@@ -319,3 +319,9 @@ def learning_bot(world, admin: httpx.Client, prefix: str) -> tuple[str, str]:
     )
     assert r.status_code == 201, r.text
     return r.json()["id"], name
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """`@pytest.mark.anyio` tests run on asyncio (the engine's loop), each in a loop of its own."""
+    return "asyncio"

@@ -47,17 +47,14 @@ def _remember(kernel: ShardKernel, pool, entry_id: str, text: str):
     return kernel.stage_outcome(pool, outcome, sealed)
 
 
-def test_a_batch_publishes_its_events_only_once_durable(tmp_path, kernel_args):
-    async def go():
-        kernel = ShardKernel(tmp_path, 0, **kernel_args)
-        fut = kernel.stage(Batch(events=[EVENT]))
-        before = kernel.events.published  # queued, not committed: nobody may hear of it yet
-        await fut
-        after = [e.data for e in await kernel.events.after(0)]
-        await kernel.close()
-        return before, after
-
-    before, after = asyncio.run(go())
+@pytest.mark.anyio
+async def test_a_batch_publishes_its_events_only_once_durable(tmp_path, kernel_args):
+    kernel = ShardKernel(tmp_path, 0, **kernel_args)
+    fut = kernel.stage(Batch(events=[EVENT]))
+    before = kernel.events.published  # queued, not committed: nobody may hear of it yet
+    await fut
+    after = [e.data for e in await kernel.events.after(0)]
+    await kernel.close()
     assert before == 0
     assert after == [EVENT[0]]
 
@@ -93,75 +90,68 @@ def test_commit_hooks_run_after_the_events_and_a_failing_one_skips_nothing(
     ]
 
 
-def test_a_failed_batch_drops_the_state_built_on_it(tmp_path, kernel_args, monkeypatch):
+@pytest.mark.anyio
+async def test_a_failed_batch_drops_the_state_built_on_it(tmp_path, kernel_args, monkeypatch):
     failing = _fail_commits(monkeypatch)
 
-    async def go():
-        kernel = ShardKernel(tmp_path, 0, **kernel_args)
-        pool = await kernel.pool("bot:b")
-        dropped: list[str] = []
-        async with pool.lock.exclusive():
-            fut = _remember(kernel, pool, "mem_1", "lost")
-        assert fut is not None
-        fut.add_done_callback(lambda f: f.exception())
-        hooked = kernel.stage(Batch(events=[EVENT]).fail(lambda: dropped.append("chat")))
-        assert hooked is not None
-        with pytest.raises(StorageError):
-            await kernel.settle(pool, fut, reads_state=False)
-        with pytest.raises(StorageError):
-            await hooked
-        failing[0] = False
-        reloaded = await kernel.pool("bot:b")
-        state = (pool.poisoned, reloaded is not pool, list(reloaded.entries), dropped)
-        published = kernel.events.published
-        await kernel.close()
-        return state, published
-
-    (poisoned, fresh, entries, dropped), published = asyncio.run(go())
+    kernel = ShardKernel(tmp_path, 0, **kernel_args)
+    pool = await kernel.pool("bot:b")
+    dropped: list[str] = []
+    async with pool.lock.exclusive():
+        fut = _remember(kernel, pool, "mem_1", "lost")
+    assert fut is not None
+    fut.add_done_callback(lambda f: f.exception())
+    hooked = kernel.stage(Batch(events=[EVENT]).fail(lambda: dropped.append("chat")))
+    assert hooked is not None
+    with pytest.raises(StorageError):
+        await kernel.settle(pool, fut, reads_state=False)
+    with pytest.raises(StorageError):
+        await hooked
+    failing[0] = False
+    reloaded = await kernel.pool("bot:b")
+    state = (pool.poisoned, reloaded is not pool, list(reloaded.entries), dropped)
+    published = kernel.events.published
+    await kernel.close()
+    poisoned, fresh, entries, dropped = state
     assert poisoned and fresh  # the failed change is never served
     assert entries == []
     assert dropped == ["chat"]  # the batch's own failure hook ran
     assert published == 0  # no event of a failed batch goes out
 
 
-def test_a_read_of_state_that_includes_a_failed_change_fails(tmp_path, monkeypatch):
+@pytest.mark.anyio
+async def test_a_read_of_state_that_includes_a_failed_change_fails(tmp_path, monkeypatch):
     _fail_commits(monkeypatch)
 
-    async def go():
-        kernel = ShardKernel(tmp_path, 0)
-        pool = await kernel.pool("bot:b")
-        async with pool.lock.exclusive():
-            fut = _remember(kernel, pool, "mem_1", "lost")
-        assert fut is not None
-        fut.add_done_callback(lambda f: f.exception())
-        # A read that saw the change in memory waits for its commit and must not answer.
-        async with pool.lock.shared():
-            pending = pool.pending
-        with pytest.raises(StorageError):
-            await kernel.settle(pool, pending)
-        await kernel.close()
-
-    asyncio.run(go())
+    kernel = ShardKernel(tmp_path, 0)
+    pool = await kernel.pool("bot:b")
+    async with pool.lock.exclusive():
+        fut = _remember(kernel, pool, "mem_1", "lost")
+    assert fut is not None
+    fut.add_done_callback(lambda f: f.exception())
+    # A read that saw the change in memory waits for its commit and must not answer.
+    async with pool.lock.shared():
+        pending = pool.pending
+    with pytest.raises(StorageError):
+        await kernel.settle(pool, pending)
+    await kernel.close()
 
 
-def test_concurrent_first_uses_of_a_pool_load_it_once(tmp_path, kernel_args):
+@pytest.mark.anyio
+async def test_concurrent_first_uses_of_a_pool_load_it_once(tmp_path, kernel_args):
     """24 callers at once on a new pool get one pool (one data key): two loads would seal with
     two keys and lose whatever the losing one sealed."""
 
-    async def go():
-        kernel = ShardKernel(tmp_path, 0, **kernel_args)
-        pools = await asyncio.gather(*(kernel.pool("bot:b") for _ in range(24)))
-        written = []
-        for n, pool in enumerate(pools):
-            async with pool.lock.exclusive():
-                written.append(_remember(kernel, pool, f"mem_{n}", f"text {n}"))
-        await asyncio.gather(*written)
-        ids = {id(p) for p in pools}
-        count = len((await kernel.pool("bot:b")).entries)
-        await kernel.close()
-        return ids, count
-
-    ids, count = asyncio.run(go())
+    kernel = ShardKernel(tmp_path, 0, **kernel_args)
+    pools = await asyncio.gather(*(kernel.pool("bot:b") for _ in range(24)))
+    written = []
+    for n, pool in enumerate(pools):
+        async with pool.lock.exclusive():
+            written.append(_remember(kernel, pool, f"mem_{n}", f"text {n}"))
+    await asyncio.gather(*written)
+    ids = {id(p) for p in pools}
+    count = len((await kernel.pool("bot:b")).entries)
+    await kernel.close()
     assert len(ids) == 1
     assert count == 24
 

@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import json
 
+import pytest
+
 from actors.shard.service import ShardService, TurnStart
 from engine.directory import Org, OrgSettings
 from engine.memory_bot import SettingsPatch
@@ -291,7 +293,8 @@ def test_SC_6_build_request_keeps_whole_json_under_the_limit_person_words_first(
     assert kinds.count("person") > 0
 
 
-def test_SC_6_the_learning_request_with_its_instructions_fits_60000(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_SC_6_the_learning_request_with_its_instructions_fits_60000(tmp_path, fresh):
     """Through the runner: system text + request ≤ 60,000 characters with a pool far larger.
 
     Break tried: in `LearningRunner._execute`, `overhead=len(LEARNING_SYSTEM)` → `overhead=0`
@@ -301,21 +304,18 @@ def test_SC_6_the_learning_request_with_its_instructions_fits_60000(tmp_path, fr
     mem.answer(completion("I hear you."))
     mem.routes.append(learning_route(completion("nothing new")))
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        try:
-            await svc.add_entries(
-                POOL,
-                [
-                    (fact_meta(f"mem_{k:04d}", "u_ann", 10 + k), f"{k:04d} " + "y" * 150)
-                    for k in range(400)
-                ],
-            )
-            await run_turn(svc, "I moved to Oslo")
-        finally:
-            await svc.close()
-
-    asyncio.run(go())
+    svc = shard_service(tmp_path, fresh)
+    try:
+        await svc.add_entries(
+            POOL,
+            [
+                (fact_meta(f"mem_{k:04d}", "u_ann", 10 + k), f"{k:04d} " + "y" * 150)
+                for k in range(400)
+            ],
+        )
+        await run_turn(svc, "I moved to Oslo")
+    finally:
+        await svc.close()
     (request,) = learning_requests(mem)
     total = sum(len(m["content"] or "") for m in request["messages"])
     assert 55_000 < total <= 60_000, total

@@ -325,3 +325,25 @@ def learning_bot(world, admin: httpx.Client, prefix: str) -> tuple[str, str]:
 def anyio_backend() -> str:
     """`@pytest.mark.anyio` tests run on asyncio (the engine's loop), each in a loop of its own."""
     return "asyncio"
+
+
+@pytest.fixture
+async def shards(tmp_path: Path, anyio_backend: str):
+    """Opens shard services on `tmp_path` (tests/shard_kit.py `Shards`) and closes them after."""
+    from tests.shard_kit import Shards
+
+    opened = Shards(tmp_path)
+    yield opened
+    await opened.close_all()
+
+
+@pytest.fixture
+def shard(shards):
+    """A shard service on `tmp_path` without models, connected to a directory service there."""
+    return shards(models={}, directory=True)
+
+
+@pytest.fixture
+def directory(shards):
+    """The directory service on `tmp_path` (the one `shard` is connected to)."""
+    return shards.directory_service()

@@ -53,10 +53,10 @@ def test_a_failed_first_write_does_not_lose_the_pools_key(tmp_path, monkeypatch)
 
 
 @pytest.mark.anyio
-async def test_state_built_on_a_failed_change_is_never_served(tmp_path, monkeypatch):
+async def test_state_built_on_a_failed_change_is_never_served(shards, monkeypatch):
     _failing_on(monkeypatch, "mem_x", times=10)
 
-    svc = ShardService(tmp_path, 0, new_id=_ids("mem_seed", "mem_x", "mem_y"))
+    svc = shards(new_id=_ids("mem_seed", "mem_x", "mem_y"))
     await svc.remember("bot:b", R, "seed")
     results = await asyncio.gather(
         svc.remember("bot:b", R, "x"),
@@ -65,7 +65,7 @@ async def test_state_built_on_a_failed_change_is_never_served(tmp_path, monkeypa
         return_exceptions=True,
     )
     after = await svc.read_memory("bot:b", R)  # reloaded from the file
-    await svc.close()
+    await shards.close(svc)
     x, y, read = results
     assert isinstance(x, StorageError)
     # The read saw x in memory; it must fail rather than show a change that is not on disk.
@@ -75,13 +75,13 @@ async def test_state_built_on_a_failed_change_is_never_served(tmp_path, monkeypa
 
 
 @pytest.mark.anyio
-async def test_a_purge_ends_the_replay_of_stored_answers(tmp_path):
-    svc = ShardService(tmp_path, 0)
+async def test_a_purge_ends_the_replay_of_stored_answers(shards):
+    svc = shards()
     first = await svc.remember("bot:b", R, "note", request_id="r1")
     assert await svc.purge("bot:b", "from:u1") == 1
     again = await svc.remember("bot:b", R, "note", request_id="r1")
     page = await svc.read_memory("bot:b", R)
-    await svc.close()
+    await shards.close(svc)
     assert again.id != first.id and [e.id for e in page.entries] == [again.id]
 
 
@@ -134,7 +134,7 @@ def test_a_failing_checkpoint_never_fails_a_durable_write(tmp_path, monkeypatch,
 
 @pytest.mark.anyio
 async def test_deleting_a_chats_history_commits_first_then_clears_and_announces(
-    tmp_path, monkeypatch
+    shards, monkeypatch
 ):
     """Issue 12 point 8: `delete_items` fails without changing anything when its commit
     fails, and once it commits the history is gone and `chat.items.deleted` is published."""
@@ -156,7 +156,7 @@ async def test_deleting_a_chats_history_commits_first_then_clears_and_announces(
 
     monkeypatch.setattr(GroupCommitter, "_append", append)
 
-    svc = ShardService(tmp_path, 0)
+    svc = shards()
     chat = Chat(id="chat_1", kind="direct", owner="u1", org="o1", bot="b1")
     conv = svc.chat_logs
     log = await conv.log(chat.id)
@@ -174,10 +174,10 @@ async def test_deleting_a_chats_history_commits_first_then_clears_and_announces(
     count = await svc.delete_chat_items(chat.id, chat)
     events = [e.data for e in await svc.events.after(seq)]
     gone = await svc.chat_items(chat.id)
-    await svc.close()
-    again = ShardService(tmp_path, 0)
+    await shards.close(svc)
+    again = shards()
     reloaded = await again.chat_items(chat.id)
-    await again.close()
+    await shards.close(again)
     assert kept == ["one", "two"]  # the failed delete changed nothing
     assert count == 2 and gone == [] and reloaded == []
     assert events == [ChatItemsDeleted(chat="chat_1", count=2)]

@@ -74,11 +74,10 @@ def test_a_task_started_under_a_lock_does_not_inherit_it():
 
 
 @pytest.mark.anyio
-async def test_learning_sends_workspace_facts_outside_the_pool_lock(tmp_path, monkeypatch):
+async def test_learning_sends_workspace_facts_outside_the_pool_lock(shards, monkeypatch):
     """`_extract_scoped` (calls to the directory and the workspace pool's shard) is awaited
     while the learning task holds no pool lock."""
     from actors.learning.runs import LearningRunner
-    from actors.shard.service import ShardService
 
     seen: list[int] = []
 
@@ -90,7 +89,7 @@ async def test_learning_sends_workspace_facts_outside_the_pool_lock(tmp_path, mo
 
     from engine.chat_records import LearningJob
 
-    svc = ShardService(tmp_path, 0)
+    svc = shards()
     pool = await svc.kernel.pool("bot:b1")
     job = LearningJob(
         id="job_1", pool="bot:b1", chat="chat_1", turn="t", upto=1, org="o1",
@@ -99,5 +98,5 @@ async def test_learning_sends_workspace_facts_outside_the_pool_lock(tmp_path, mo
     from engine.models import Completion
 
     await svc.learning._apply(job, pool, Completion(text="", tool_calls=[]), {})
-    await svc.close()
+    await shards.close(svc)
     assert seen == [0]

@@ -21,7 +21,7 @@ CONFIDE = ("confide", {"text": "Ann told me she moved to Oslo; I hope I got it r
 
 
 @pytest.mark.anyio
-async def test_confide_then_learn_a_fact_from_the_persons_item(tmp_path, fresh):
+async def test_confide_then_learn_a_fact_from_the_persons_item(shards, tmp_path, fresh):
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted, Ann."))
     learn = {
@@ -37,7 +37,7 @@ async def test_confide_then_learn_a_fact_from_the_persons_item(tmp_path, fresh):
         ),
     )
 
-    svc = shard_service(tmp_path, fresh)
+    svc = shards(stubs=fresh)
     result = await run_turn(svc, "I moved to Oslo last week")
     assert [(i.kind, i.text) for i in result.items] == [
         ("person", "I moved to Oslo last week"),
@@ -47,7 +47,7 @@ async def test_confide_then_learn_a_fact_from_the_persons_item(tmp_path, fresh):
     confessions = await svc.confessions("chat_1")
     jobs = await svc.learning_jobs(POOL)
     other = await svc.read_memory(POOL, Reader(user="u_bob", org="o1", uses_bot=True))
-    await svc.close()
+    await shards.close(svc)
     # SEC-1: items, confessions, learned content and the model call log are all sealed.
     for path in tmp_path.rglob("*"):
         if path.is_file():
@@ -76,21 +76,21 @@ async def test_confide_then_learn_a_fact_from_the_persons_item(tmp_path, fresh):
 
 
 @pytest.mark.anyio
-async def test_a_bot_that_never_confides_learns_nothing(tmp_path, fresh):
+async def test_a_bot_that_never_confides_learns_nothing(shards, fresh):
     bot, mem = fresh
     bot.answer(completion("Hello!"))
 
-    svc = shard_service(tmp_path, fresh)
+    svc = shards(stubs=fresh)
     await run_turn(svc, "I moved to Oslo")
     steps = await svc.learning_idle()
     page = await svc.read_memory(POOL, ANN)
-    await svc.close()
+    await shards.close(svc)
     assert steps == 0 and page.entries == () and mem.requests == []
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("case", ["no_model", "budget", "hang"])
-async def test_calm_answer_without_model_budget_or_in_time(tmp_path, fresh, case):
+async def test_calm_answer_without_model_budget_or_in_time(shards, fresh, case):
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("OK."))
     org = ORG
@@ -99,7 +99,7 @@ async def test_calm_answer_without_model_budget_or_in_time(tmp_path, fresh, case
     if case == "hang":
         mem.answer(OpenAIStub.HANG)
 
-    svc = shard_service(tmp_path, fresh, answer_wait=1.0)
+    svc = shards(stubs=fresh, answer_wait=1.0)
     if case == "budget":
         patch = SettingsPatch(expected=0, budget=Budget(period="day", limitMicros=0))
         await svc.patch_memory_bot_settings(POOL, patch)
@@ -108,7 +108,7 @@ async def test_calm_answer_without_model_budget_or_in_time(tmp_path, fresh, case
     await run_turn(svc, "hi", org=org)
     elapsed = loop.time() - t0
     confessions = await svc.confessions("chat_1")
-    await svc.close()
+    await shards.close(svc)
     assert confessions[0].answer == CALM_ANSWER and confessions[0].calm
     assert elapsed < 5
     if case != "hang":
@@ -117,12 +117,12 @@ async def test_calm_answer_without_model_budget_or_in_time(tmp_path, fresh, case
 
 @pytest.mark.anyio
 async def test_enrichment_uses_only_the_readers_entries_and_history_keeps_the_original(
-    tmp_path, fresh
+    shards, fresh
 ):
     bot, mem = fresh
     bot.answer(completion("Sure."))
 
-    svc = shard_service(tmp_path, fresh)
+    svc = shards(stubs=fresh)
     mine = await svc.remember(POOL, ANN, "Ann prefers trains to planes")
     rewrite = {
         "text": "Plan my trip to Oslo (I prefer trains)",
@@ -131,7 +131,7 @@ async def test_enrichment_uses_only_the_readers_entries_and_history_keeps_the_or
     mem.answer(completion(None, tool_calls=[("rewrite", rewrite)]))
     result = await run_turn(svc, "Plan my trip to Oslo")
     enrichments = await svc.enrichments("chat_1")
-    await svc.close()
+    await shards.close(svc)
     assert result.items[0].text == "Plan my trip to Oslo"  # history keeps the original (ENR-3)
     assert bot.requests[0]["messages"][-1]["content"] == "Plan my trip to Oslo (I prefer trains)"
     (record,) = enrichments
@@ -185,36 +185,36 @@ def test_restart_mid_execution_reuses_the_recorded_step_and_stores_once(tmp_path
 
 
 @pytest.mark.anyio
-async def test_purging_the_chat_removes_what_was_learned_deleting_history_does_not(tmp_path, fresh):
+async def test_purging_the_chat_removes_what_was_learned_deleting_history_does_not(shards, fresh):
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
     learn = {"content": "Ann lives in Oslo", "items": [{"chat": "chat_1", "item": "i-1"}]}
     mem.answer(completion("I hear you."), completion(None, tool_calls=[("learn_fact", learn)]))
 
-    svc = shard_service(tmp_path, fresh)
+    svc = shards(stubs=fresh)
     await run_turn(svc, "I moved to Oslo")
     assert await svc.delete_chat_items("chat_1") == 2
     after_delete = await svc.read_memory(POOL, ANN)
     items = await svc.chat_items("chat_1")
     purged = await svc.purge(POOL, "chat:chat_1")
     after_purge = await svc.read_memory(POOL, ANN)
-    await svc.close()
+    await shards.close(svc)
     assert len(after_delete.entries) == 1 and items == []
     assert purged == 1 and after_purge.entries == ()
 
 
 @pytest.mark.anyio
-async def test_garbage_from_the_memory_model_is_a_recorded_safe_error(tmp_path, fresh, caplog):
+async def test_garbage_from_the_memory_model_is_a_recorded_safe_error(shards, fresh, caplog):
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
     mem.answer(completion("I hear you."), *[OpenAIStub.GARBAGE] * 4)
 
-    svc = shard_service(tmp_path, fresh)
+    svc = shards(stubs=fresh)
     svc.learning.retry_delay = 0.0
     await run_turn(svc, "I moved to Oslo")
     page = await svc.read_memory(POOL, ANN)
     jobs = await svc.learning_jobs(POOL)
-    await svc.close()
+    await shards.close(svc)
     assert page.entries == ()
     # CO-3: tried again three times, then ended with the safe error.
     assert jobs[0].status == "failed" and jobs[0].attempts == 4
@@ -230,13 +230,13 @@ async def test_garbage_from_the_memory_model_is_a_recorded_safe_error(tmp_path, 
 
 
 @pytest.mark.anyio
-async def test_a_failed_turn_and_step_are_logged(tmp_path, fresh, caplog):
+async def test_a_failed_turn_and_step_are_logged(shards, fresh, caplog):
     bot, _ = fresh
     bot.answer(OpenAIStub.GARBAGE, OpenAIStub.GARBAGE, OpenAIStub.GARBAGE)
 
-    svc = shard_service(tmp_path, fresh)
+    svc = shards(stubs=fresh)
     result = await run_turn(svc, "hello")
-    await svc.close()
+    await shards.close(svc)
     assert result.turn.status == "failed"
     lines = [r.message for r in caplog.records if r.name == "openbot.turns"]
     assert any(
@@ -246,7 +246,7 @@ async def test_a_failed_turn_and_step_are_logged(tmp_path, fresh, caplog):
 
 
 @pytest.mark.anyio
-async def test_a_failed_learning_step_is_retried_and_then_succeeds(tmp_path, fresh):
+async def test_a_failed_learning_step_is_retried_and_then_succeeds(shards, fresh):
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
     learn = {"content": "Ann lives in Oslo", "items": [{"chat": CHAT.id, "item": "i-1"}]}
@@ -256,18 +256,18 @@ async def test_a_failed_learning_step_is_retried_and_then_succeeds(tmp_path, fre
         completion(None, tool_calls=[("learn_fact", learn)]),
     )
 
-    svc = shard_service(tmp_path, fresh)
+    svc = shards(stubs=fresh)
     svc.learning.retry_delay = 0.0
     await run_turn(svc, "I moved to Oslo")
     page = await svc.read_memory(POOL, ANN)
     jobs = await svc.learning_jobs(POOL)
-    await svc.close()
+    await shards.close(svc)
     assert [e.content for e in page.entries] == ["Ann lives in Oslo"]
     assert jobs[0].status == "done" and jobs[0].attempts == 2
 
 
 @pytest.mark.anyio
-async def test_auto_record_learns_after_every_turn_without_confide(tmp_path, fresh):
+async def test_auto_record_learns_after_every_turn_without_confide(shards, fresh):
     bot, mem = fresh
     bot.answer(completion("Nice."), completion("Sure."))
     learn = {"content": "Ann likes tea", "items": [{"chat": CHAT.id, "item": "i-1"}]}
@@ -276,18 +276,18 @@ async def test_auto_record_learns_after_every_turn_without_confide(tmp_path, fre
         ORG, settings=msgspec.structs.replace(ORG.settings, autoRecord=True)
     )
 
-    svc = shard_service(tmp_path, fresh)
+    svc = shards(stubs=fresh)
     await run_turn(svc, "I like tea", org=auto)
     page = await svc.read_memory(POOL, ANN)
     jobs = await svc.learning_jobs(POOL)
-    await svc.close()
+    await shards.close(svc)
     assert [e.content for e in page.entries] == ["Ann likes tea"]
     assert len(jobs) == 1 and jobs[0].status == "done"
 
 
 @pytest.mark.anyio
-async def test_context_api_has_entries_and_validate_references(tmp_path, fresh):
-    svc = shard_service(tmp_path, fresh)
+async def test_context_api_has_entries_and_validate_references(shards, fresh):
+    svc = shards(stubs=fresh)
     a = await svc.remember(POOL, ANN, "a" * 50)
     b = await svc.remember(POOL, ANN, "b" * 50)
     ctx = await svc.context(POOL, ANN, 60)  # only the newest fits
@@ -300,7 +300,7 @@ async def test_context_api_has_entries_and_validate_references(tmp_path, fresh):
     )
     await svc.forget(POOL, ANN, a.id)
     out += (await svc.validate_references(POOL, ANN, [a.id, b.id]),)  # a was taken back
-    await svc.close()
+    await shards.close(svc)
     ctx, has, stranger_has, valid_before, valid_after = out
     assert ctx.entries and len(ctx.entries) == 1 and ctx.hasEntries
     assert has and not stranger_has
@@ -308,27 +308,27 @@ async def test_context_api_has_entries_and_validate_references(tmp_path, fresh):
 
 
 @pytest.mark.anyio
-async def test_learning_sees_only_what_the_turns_person_may_see(tmp_path, fresh):
+async def test_learning_sees_only_what_the_turns_person_may_see(shards, fresh):
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
     mem.answer(completion("I hear you."), completion("nothing to learn"))
 
-    svc = shard_service(tmp_path, fresh)
+    svc = shards(stubs=fresh)
     await svc.remember(POOL, Reader(user="u_bob", org="o1", uses_bot=True), "Bob's secret plan")
     mine = await svc.remember(POOL, ANN, "Ann likes tea")
     await run_turn(svc, "I moved to Oslo")
-    await svc.close()
+    await shards.close(svc)
     request = json.loads(mem.requests[-1]["messages"][-1]["content"])
     assert [e["id"] for e in request["entries"]] == [mine.id]
     assert "secret" not in mem.requests[-1]["messages"][-1]["content"]
 
 
 @pytest.mark.anyio
-async def test_items_of_a_running_turn_appear_once_stored(tmp_path, fresh):
+async def test_items_of_a_running_turn_appear_once_stored(shards, fresh):
     bot, _ = fresh
     bot.answer(completion("Here you go."))
 
-    svc = shard_service(tmp_path, fresh)
+    svc = shards(stubs=fresh)
     gate = asyncio.Event()
     submit = svc.committer.submit
 
@@ -356,6 +356,6 @@ async def test_items_of_a_running_turn_appear_once_stored(tmp_path, fresh):
     gate.set()
     await svc.wait_turn("chat_1", turn.id)
     after = await svc.chat_items("chat_1")
-    await svc.close()
+    await shards.close(svc)
     assert [i.kind for i in during] == ["person"]
     assert [i.kind for i in after] == ["person", "bot"]

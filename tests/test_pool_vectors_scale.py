@@ -45,25 +45,24 @@ def test_scores_with_kept_factors_are_cosines_after_puts_and_growth():
 
 
 @pytest.mark.anyio
-async def test_a_later_block_wins_whatever_order_the_blocks_were_stored_in(tmp_path):
+async def test_a_later_block_wins_whatever_order_the_blocks_were_stored_in(shards):
     """Blocks are read unordered and ordered by seq in Python (no sort of blobs in DuckDB)."""
     import os
 
     from actors.shard.batch import Batch
-    from actors.shard.service import ShardService
     from storage.crypto import Cipher
     from storage.vector_store import VectorStore
 
     cipher = Cipher(os.urandom(32))
     early, late = np.eye(4, dtype=np.float32)[0], np.eye(4, dtype=np.float32)[1]
 
-    svc = ShardService(tmp_path, 0)
+    svc = shards()
     for seq, vec in ((7, late), (3, early)):  # the later seq stored first
         block = VectorStore.block("user:u", "m:4", seq, [("a", f"fp{seq}", vec)], cipher)
         await svc.kernel.commit(Batch(writes=[block]))
     await svc.flush()
     got = await VectorStore(svc.db).load_all("user:u", "m:4", cipher)
-    await svc.close()
+    await shards.close(svc)
     ids, fps, mat, _, scale = got
     assert ids == ["a"] and fps == ["fp7"]
     assert np.allclose(mat[0] * scale[0], late)

@@ -294,7 +294,7 @@ def test_SC_6_build_request_keeps_whole_json_under_the_limit_person_words_first(
 
 
 @pytest.mark.anyio
-async def test_SC_6_the_learning_request_with_its_instructions_fits_60000(tmp_path, fresh):
+async def test_SC_6_the_learning_request_with_its_instructions_fits_60000(shards, fresh):
     """Through the runner: system text + request ≤ 60,000 characters with a pool far larger.
 
     Break tried: in `LearningRunner._execute`, `overhead=len(LEARNING_SYSTEM)` → `overhead=0`
@@ -304,18 +304,13 @@ async def test_SC_6_the_learning_request_with_its_instructions_fits_60000(tmp_pa
     mem.answer(completion("I hear you."))
     mem.routes.append(learning_route(completion("nothing new")))
 
-    svc = shard_service(tmp_path, fresh)
-    try:
-        await svc.add_entries(
-            POOL,
-            [
-                (fact_meta(f"mem_{k:04d}", "u_ann", 10 + k), f"{k:04d} " + "y" * 150)
-                for k in range(400)
-            ],
-        )
-        await run_turn(svc, "I moved to Oslo")
-    finally:
-        await svc.close()
+    svc = shards(stubs=fresh)
+    await svc.add_entries(
+        POOL,
+        [(fact_meta(f"mem_{k:04d}", "u_ann", 10 + k), f"{k:04d} " + "y" * 150) for k in range(400)],
+    )
+    await run_turn(svc, "I moved to Oslo")
+    await shards.close(svc)
     (request,) = learning_requests(mem)
     total = sum(len(m["content"] or "") for m in request["messages"])
     assert 55_000 < total <= 60_000, total

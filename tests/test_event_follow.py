@@ -7,7 +7,6 @@ HTTP at the end."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import httpx
@@ -27,6 +26,7 @@ from actors.shard.packed import PackedEvents
 from actors.shard.service import ShardService
 from engine.events import Audience, Event, MemoryChanged, ShardHead
 from engine.memory import Reader
+from tests.waiting import settle, until
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
 POOL = "bot:b_follow"
@@ -96,11 +96,11 @@ async def test_a_followers_poll_waits_on_for_events_it_was_handed(tmp_path: Path
         await svc.remember(POOL, ANN, "first")
         head = svc.kernel.events.published
         poll = asyncio.create_task(svc.events_packed(head, 1000, 5.0, "f1"))
-        await asyncio.sleep(0.05)
+        await until(lambda: svc.kernel.events.waiting == 1, "f1's poll waits")
         reply = FOLLOWED.decode(await svc.remember_many_followed(_followed(["a", "b"], "f1", head)))
         assert [e.seq for e in reply.events.events] == [head + 1, head + 2]
         assert reply.events.head.head == head + 2
-        await asyncio.sleep(0.1)
+        await settle()
         assert not poll.done()  # everything new went to f1 with its reply
         # Another follower's poll, and a plain one, answer at once for the same events.
         other = EVENT_BATCH.decode(await svc.events_packed(head, 1000, 5.0, "f2"))
@@ -115,10 +115,10 @@ async def test_a_followers_poll_waits_on_for_events_it_was_handed(tmp_path: Path
         # Nothing new but what was handed: the poll waits its full wait, answers nothing.
         now = svc.kernel.events.published
         await svc.remember_many_followed(_followed(["c"], "f1", now))
-        t0 = time.monotonic()
+        waits = svc.kernel.events.waits
         timed = EVENT_BATCH.decode(await svc.events_packed(now, 1000, 0.3, "f1"))
         assert (timed.events, timed.since) == ([], now + 1)
-        assert 0.25 <= time.monotonic() - t0 < 2
+        assert svc.kernel.events.waits == waits + 1  # it waited (and answered at its end)
         # A new id (what a follower takes when a reply got lost) is answered at once.
         fresh = EVENT_BATCH.decode(await svc.events_packed(now, 1000, 5.0, "f1b"))
         assert ([e.seq for e in fresh.events], fresh.since) == ([now + 1], None)
@@ -138,17 +138,18 @@ async def test_a_page_read_from_the_file_says_the_head_it_was_read_at(tmp_path: 
         log = svc.kernel.events
         start = log.published - 5
         log._ring = []  # older than what is kept in memory: read from the file
-        gate = asyncio.Event()
+        gate, entered = asyncio.Event(), asyncio.Event()
         real_run = log.db.run
 
         async def held_run(fn):
+            entered.set()
             await gate.wait()
             return await real_run(fn)
 
         log.db.run = held_run  # type: ignore[method-assign]
         try:
             reading = asyncio.create_task(svc.events_packed(start, 1000, 0.0))
-            await asyncio.sleep(0.01)
+            await until(entered.is_set, "the page is being read")
             await svc.remember(POOL, ANN, "published while the page is read")
         finally:
             gate.set()
@@ -218,7 +219,8 @@ async def test_every_event_reaches_the_pump_once_in_order_with_fewer_poll_answer
         got: list[Event] = []
         stop = asyncio.Event()
         pump = asyncio.create_task(_pump(gw.follow, start, got, stop))
-        await asyncio.sleep(0.05)  # the pump's first poll is out: the writes follow now
+        # The pump's first poll is out: the writes follow now.
+        await until(lambda: svc.kernel.events.waiting == 1, "the pump's poll waits")
 
         async def writer(i: int) -> None:
             for round_ in range(4):
@@ -230,10 +232,7 @@ async def test_every_event_reaches_the_pump_once_in_order_with_fewer_poll_answer
         await asyncio.gather(*(writer(i) for i in range(24)))
         await gw.write(["its reply is lost"], drop_reply=True)
         last = svc.kernel.events.published
-        t0 = time.monotonic()
-        while (got[-1].seq if got else start) < last:
-            assert time.monotonic() - t0 < 2, "the pump fell behind"
-            await asyncio.sleep(0.01)
+        await until(lambda: (got[-1].seq if got else start) >= last, "the pump caught up")
         stop.set()
         await gw.write(["wakes the pump"])
         await asyncio.wait_for(pump, 5)
@@ -273,8 +272,7 @@ async def test_a_new_epoch_reaches_the_pump_and_nothing_of_it_is_mixed_in() -> N
     assert f.id != first_id  # the shard has no notes for the new id: its poll answers
     # The pump goes on from the new head; the next poll asks from there under the new id.
     task = asyncio.create_task(f.after(3, 1000, 5.0))
-    await asyncio.sleep(0.01)
-    assert asked[-1] == (3, f.id)
+    await until(lambda: asked[-1] == (3, f.id), "the poll from the new head")
     await answers.put(EventBatch(head=new, events=[]))
     assert await asyncio.wait_for(task, 1) == (new, [])
 
@@ -319,7 +317,8 @@ async def test_a_late_reply_from_the_old_epoch_does_not_reset_the_clients_again(
     assert await asyncio.wait_for(f.after(5, 1000, 5.0), 1) == (e2, [])
     f.take_reply(sent, 5, EventBatch(head=E1, events=[]), 5)
     task = asyncio.create_task(f.after(3, 1000, 5.0))
-    await asyncio.sleep(0.01)
+    await until(lambda: len(polls.asked) == 3, "the poll under e2")
+    await settle()
     assert not task.done()  # not told of e1 again: waits for the poll under e2
     polls.answers.put_nowait(EventBatch(head=e2, events=[_ev(4)]))
     assert await asyncio.wait_for(task, 1) == (e2, [_ev(4)])
@@ -335,7 +334,7 @@ async def test_many_events_for_a_waiting_pump_do_not_restart_its_poll() -> None:
     f = await _following(polls)
     limit = 2 * KEPT
     task = asyncio.create_task(f.after(5, limit, 5.0))
-    await asyncio.sleep(0.01)
+    await until(lambda: len(polls.asked) == 2, "the pump's poll")
     assert polls.asked[-1] == (5, f.id)
     many = [_ev(s) for s in range(6, 6 + KEPT + 1)]
     head = ShardHead(epoch="e1", oldest=1, head=many[-1].seq)
@@ -343,7 +342,7 @@ async def test_many_events_for_a_waiting_pump_do_not_restart_its_poll() -> None:
     assert await asyncio.wait_for(task, 1) == (head, many)
     assert f.seen == head.head
     again = asyncio.create_task(f.after(head.head, limit, 5.0))
-    await asyncio.sleep(0.01)
+    await settle()
     assert not again.done()
     assert [since for since, _ in polls.asked] == [5, 5]  # the first poll waits on
     polls.answers.put_nowait(EventBatch(head=head, events=many))
@@ -361,12 +360,12 @@ async def test_a_poll_answer_from_past_what_is_known_takes_a_new_id() -> None:
     f = await _following(polls)
     old = f.id
     task = asyncio.create_task(f.after(5, 1000, 5.0))
-    await asyncio.sleep(0.01)
+    await until(lambda: len(polls.asked) == 2, "the pump's poll")
     head = ShardHead(epoch="e1", oldest=1, head=8)
     polls.answers.put_nowait(EventBatch(head=head, events=[_ev(8)], since=7))
     assert await asyncio.wait_for(task, 1) == (E1, [])  # not a head past what it has
     task = asyncio.create_task(f.after(5, 1000, 5.0))
-    await asyncio.sleep(0.01)
+    await until(lambda: len(polls.asked) == 3, "the poll under a new id")
     assert polls.asked[-1][0] == 5 and polls.asked[-1][1] != old
     f.take_reply(old, 5, EventBatch(head=head, events=[_ev(6), _ev(7)]), 7)
     assert not task.done()
@@ -389,7 +388,7 @@ async def test_a_reply_says_how_far_its_events_go(tmp_path: Path, monkeypatch) -
         got: list[Event] = []
         stop = asyncio.Event()
         pump = asyncio.create_task(_pump(gw.follow, start, got, stop))
-        await asyncio.sleep(0.05)
+        await until(lambda: svc.kernel.events.waiting == 1, "the pump's poll waits")
         seen = gw.follow.seen
         reply = FOLLOWED.decode(
             await svc.remember_many_followed(_followed([f"n{i}" for i in range(5)], "other", seen))
@@ -399,10 +398,7 @@ async def test_a_reply_says_how_far_its_events_go(tmp_path: Path, monkeypatch) -
         for i in range(3):
             await gw.write([f"w{i}.{k}" for k in range(3)])
         last = svc.kernel.events.published
-        t0 = time.monotonic()
-        while (got[-1].seq if got else start) < last:
-            assert time.monotonic() - t0 < 3, "the pump fell behind"
-            await asyncio.sleep(0.01)
+        await until(lambda: (got[-1].seq if got else start) >= last, "the pump caught up")
         stop.set()
         await gw.write(["wakes the pump"])
         await asyncio.wait_for(pump, 5)
@@ -422,9 +418,9 @@ async def test_a_followers_note_keeps_the_most_it_was_handed(tmp_path: Path) -> 
         start = svc.kernel.events.published
         await svc.remember_many_followed(_followed(["a"], "f", start))
         svc.kernel.events.handed("f", start)  # the slower reply, from before "a"
-        t0 = time.monotonic()
+        waits = svc.kernel.events.waits
         batch = EVENT_BATCH.decode(await svc.events_packed(start, 1000, 0.3, "f"))
-        assert 0.25 <= time.monotonic() - t0 < 2
+        assert svc.kernel.events.waits == waits + 1  # it waited (and answered at its end)
         assert (batch.events, batch.since) == ([], start + 1)
     finally:
         await svc.close()

@@ -20,6 +20,7 @@ from engine.events import (
 from gateway.events import Subscriber
 from gateway.metrics import EVENTS_DROPPED
 from gateway.subscriber import Outlet
+from tests.waiting import until
 
 
 class Socket:
@@ -87,7 +88,7 @@ async def test_a_send_that_waits_keeps_order_and_a_full_backlog_ends_the_outlet(
     assert outlet.backlog == 4 and not outlet.ended.is_set()
     socket.blocked = False
     socket.opened.set()
-    await asyncio.sleep(0.05)
+    await until(lambda: outlet.backlog == 0, "the backlog sent")
     assert socket.texts == ["a", "b", "c", "d", "e"] and outlet.backlog == 0
     assert outlet.deliver("f") is True  # the socket takes frames at once again
 
@@ -173,7 +174,7 @@ async def test_a_client_joins_the_shared_frames_only_once_live_on_every_shard():
     assert not reset
     shards[1].hold = asyncio.get_running_loop().create_future()
     catch_up = asyncio.create_task(hub.catch_up(sub))
-    await asyncio.sleep(0.05)  # shard 0 replayed and live; shard 1's replay held
+    await until(lambda: sub.live[0], "shard 0 replayed and live")  # shard 1's replay held
     assert sub.live == [True, False]
     shards[0].append()  # a pump batch on shard 0 ends: the hub tries to step the client in
     await asyncio.sleep(0.05)
@@ -332,7 +333,7 @@ async def test_an_outlet_with_a_writer_writes_frames_past_asgi_until_the_socket_
     assert outlet.deliver_all(pair) == 0  # behind them too, one by one
     socket.blocked = False
     socket.opened.set()
-    await asyncio.sleep(0.05)
+    await until(lambda: outlet.backlog == 0, "the backlog sent")
     assert socket.texts == ["c", "d", "d1", "d2"] and outlet.backlog == 0
     assert outlet.deliver("e") is True and writer.frames[-1] == text_frame("e")
     assert outlet.deliver_all(pair) == 2  # the socket takes them: one write of both

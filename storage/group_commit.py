@@ -344,7 +344,7 @@ class GroupCommitter:
                 continue
             started = time.perf_counter()
             try:
-                await self._commit_group([w for w, _, _ in group])
+                await self.commit_group([w for w, _, _ in group])
                 STATS.observe(
                     "openbot_shard_commit_seconds",
                     time.perf_counter() - started,
@@ -364,7 +364,7 @@ class GroupCommitter:
                     if not self._orphans_failed([one]):
                         continue
                     try:
-                        await self._commit_group([one[0]])
+                        await self.commit_group([one[0]])
                     except Exception as e:
                         err = e if isinstance(e, OpenBotError) else StorageError(repr(e))
                         self._settle([one], err)
@@ -373,18 +373,22 @@ class GroupCommitter:
                 continue
             self._settle(group, None)
 
-    async def _commit_group(self, batches: Sequence[Sequence[Write]]) -> None:
+    async def commit_group(self, batches: Sequence[Sequence[Write]]) -> None:
+        """Makes one group of batches durable together: one journal record, or one transaction
+        without a journal. The one place every commit passes (tests hold or fail it here)."""
         if self.journal and self.sync_aside and self._file is not None:
             if self._syncer is None:
                 self._syncer = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix="journal"
                 )
             # (the flush loop waits for it: one append at a time, in order)
-            await asyncio.get_running_loop().run_in_executor(self._syncer, self._append, batches)
+            await asyncio.get_running_loop().run_in_executor(
+                self._syncer, self.append_record, batches
+            )
         elif self.journal:
             # On this thread: an append + fdatasync (~0.07 ms of CPU) costs less than the two
             # thread hand-offs of running it on the database thread.
-            self._append(batches)
+            self.append_record(batches)
         else:
             await self.db.run_write(lambda con: self._commit(batches, con))
 
@@ -450,7 +454,7 @@ class GroupCommitter:
         self.transactions += 1
         self.batches += len(batches)
 
-    def _append(self, batches: Sequence[Sequence[Write]]) -> None:
+    def append_record(self, batches: Sequence[Sequence[Write]]) -> None:
         """One journal record for the batches, durable when this returns (event loop, or the
         journal thread with `sync_aside`)."""
         writes = [w for batch in batches for w in batch]

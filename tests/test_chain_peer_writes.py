@@ -151,7 +151,7 @@ class World:
 def _fail_roots(shard: ShardService, doomed: set[str], delay: float, failed: list[str]):
     """Shard 0's commits: a doomed chat's root transaction (its turn's end with its chain's
     first row) takes `delay` (the peer's step overlaps it), then fails."""
-    commit_group = shard.committer._commit_group
+    commit_group = shard.committer.commit_group
 
     async def failing(batches) -> None:
         for writes in batches:
@@ -164,7 +164,7 @@ def _fail_roots(shard: ShardService, doomed: set[str], delay: float, failed: lis
                     raise StorageError("disk full (simulated)")
         await commit_group(batches)
 
-    shard.committer._commit_group = failing  # type: ignore[method-assign]
+    shard.committer.commit_group = failing  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize(
@@ -283,7 +283,7 @@ def test_read_only_tools_do_not_wait_for_the_send(tmp_path: Path):
         w = World(tmp_path)
         await w.setup(chats=2)
         home = w.shards[0]
-        commit_group = home.committer._commit_group
+        commit_group = home.committer.commit_group
         release = asyncio.Event()
 
         async def holding(batches) -> None:
@@ -301,7 +301,7 @@ def test_read_only_tools_do_not_wait_for_the_send(tmp_path: Path):
             was_asked.set()
             return await send_stored(ref)
 
-        home.committer._commit_group = holding  # type: ignore[method-assign]
+        home.committer.commit_group = holding  # type: ignore[method-assign]
         home.send_stored = noting  # type: ignore[method-assign]
         step = home.chains.records.step
         stepped: list[str] = []
@@ -334,7 +334,7 @@ def test_read_only_tools_do_not_wait_for_the_send(tmp_path: Path):
             return read_while_held, write_while_held, w.helpers(), asked
         finally:
             release.set()  # (a held commit never outlives the test)
-            home.committer._commit_group = commit_group  # type: ignore[method-assign]
+            home.committer.commit_group = commit_group  # type: ignore[method-assign]
             await w.close()
 
     read_while_held, write_while_held, helpers, asked = asyncio.run(scenario())
@@ -394,7 +394,7 @@ async def test_a_delivery_asked_again_after_a_restart_does_not_write_twice(tmp_p
     w = World(tmp_path)
     await w.setup()
     home = w.shards[0]
-    commit_group = home.committer._commit_group
+    commit_group = home.committer.commit_group
     failed: list[str] = []
 
     async def failing_hop(batches) -> None:
@@ -405,7 +405,7 @@ async def test_a_delivery_asked_again_after_a_restart_does_not_write_twice(tmp_p
                 raise StorageError("disk full (simulated)")
         await commit_group(batches)
 
-    home.committer._commit_group = failing_hop  # type: ignore[method-assign]
+    home.committer.commit_group = failing_hop  # type: ignore[method-assign]
     await home.start_turn(w.start(0), True)
     for _ in range(100):
         await home.chains_idle()
@@ -480,7 +480,7 @@ def test_a_home_shard_that_fails_to_answer_is_asked_again_then_fails_the_step(
         w = World(tmp_path)
         await w.setup()
         home, peer_shard = w.shards
-        commit_group = home.committer._commit_group
+        commit_group = home.committer.commit_group
         release = asyncio.Event()
 
         async def holding(batches) -> None:  # the delivery begins before the send is durable
@@ -507,7 +507,7 @@ def test_a_home_shard_that_fails_to_answer_is_asked_again_then_fails_the_step(
                 outcomes.append(outcome)
             return outcome
 
-        home.committer._commit_group = holding  # type: ignore[method-assign]
+        home.committer.commit_group = holding  # type: ignore[method-assign]
         home.send_stored = failing  # type: ignore[method-assign]
         home.chains.records.step = noting_step  # type: ignore[method-assign]
         try:
@@ -549,7 +549,7 @@ def test_a_delivery_asked_again_that_asks_for_another_member_gets_it(tmp_path: P
         w = World(tmp_path)
         await w.setup()
         home = w.shards[0]
-        commit_group = home.committer._commit_group
+        commit_group = home.committer.commit_group
         failed: list[str] = []
 
         async def failing_hop(batches) -> None:
@@ -560,7 +560,7 @@ def test_a_delivery_asked_again_that_asks_for_another_member_gets_it(tmp_path: P
                     raise StorageError("disk full (simulated)")
             await commit_group(batches)
 
-        home.committer._commit_group = failing_hop  # type: ignore[method-assign]
+        home.committer.commit_group = failing_hop  # type: ignore[method-assign]
         await home.start_turn(w.start(0), True)
         for _ in range(100):
             await home.chains_idle()

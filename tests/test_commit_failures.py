@@ -18,7 +18,7 @@ R = Reader(user="u1", org="o1", uses_bot=True)
 def _failing_on(monkeypatch, marker: str, times: int = 1):
     """Make every group commit (journal append) holding a row that mentions `marker` fail,
     `times` times."""
-    original = GroupCommitter._append
+    original = GroupCommitter.append_record
     left = itertools.count(times, -1)
 
     def append(self, batches):
@@ -27,7 +27,7 @@ def _failing_on(monkeypatch, marker: str, times: int = 1):
             raise StorageError("disk full (simulated)")
         return original(self, batches)
 
-    monkeypatch.setattr(GroupCommitter, "_append", append)
+    monkeypatch.setattr(GroupCommitter, "append_record", append)
 
 
 def _ids(*names):
@@ -143,7 +143,7 @@ async def test_deleting_a_chats_history_commits_first_then_clears_and_announces(
     from engine.events import ChatItemsDeleted
     from storage.group_commit import DeleteWhere
 
-    original = GroupCommitter._append
+    original = GroupCommitter.append_record
     fail = [True]
 
     def append(self, batches):
@@ -154,7 +154,7 @@ async def test_deleting_a_chats_history_commits_first_then_clears_and_announces(
             raise StorageError("disk full (simulated)")
         return original(self, batches)
 
-    monkeypatch.setattr(GroupCommitter, "_append", append)
+    monkeypatch.setattr(GroupCommitter, "append_record", append)
 
     svc = shards()
     chat = Chat(id="chat_1", kind="direct", owner="u1", org="o1", bot="b1")

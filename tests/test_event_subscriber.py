@@ -18,7 +18,7 @@ from engine.events import (
     decode_cursor,
 )
 from gateway.events import Subscriber
-from gateway.metrics import EVENTS_DROPPED
+from gateway.metrics import REGISTRY
 from gateway.subscriber import Outlet
 from tests.waiting import until
 
@@ -93,12 +93,12 @@ async def test_a_send_that_waits_keeps_order_and_a_full_backlog_ends_the_outlet(
     assert outlet.deliver("f") is True  # the socket takes frames at once again
 
     socket.blocked, socket.opened = True, asyncio.Event()
-    before = EVENTS_DROPPED._value.get()
+    before = REGISTRY.get_sample_value("openbot_events_dropped_total")
     for text in "ghijk":
         outlet.deliver(text)
     # g waits in the send, h i j fill the backlog, k does not fit: the client must go
     assert outlet.ended.is_set() and outlet.code == 4429
-    assert EVENTS_DROPPED._value.get() - before == 1
+    assert REGISTRY.get_sample_value("openbot_events_dropped_total") - before == 1
     assert outlet.deliver("l") is False
     outlet.close()
     await asyncio.sleep(0)

@@ -27,14 +27,14 @@ def kernel_args(request, tmp_path):
 
 def _fail_commits(monkeypatch) -> list[bool]:
     failing = [True]
-    original = GroupCommitter._append
+    original = GroupCommitter.append_record
 
     def append(self, batches):
         if failing[0]:
             raise StorageError("disk full (simulated)")
         return original(self, batches)
 
-    monkeypatch.setattr(GroupCommitter, "_append", append)
+    monkeypatch.setattr(GroupCommitter, "append_record", append)
     return failing
 
 

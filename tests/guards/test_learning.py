@@ -212,7 +212,7 @@ def test_LRN_5_learned_changes_read_position_and_job_end_commit_together(
     from engine.errors import StorageError
     from storage.group_commit import GroupCommitter
 
-    original = GroupCommitter._append
+    original = GroupCommitter.append_record
     failed = []
 
     def append(self, batches):
@@ -223,7 +223,7 @@ def test_LRN_5_learned_changes_read_position_and_job_end_commit_together(
             raise StorageError("disk full (simulated)")
         return original(self, batches)
 
-    monkeypatch.setattr(GroupCommitter, "_append", append)
+    monkeypatch.setattr(GroupCommitter, "append_record", append)
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
     mem.answer(completion("I hear you."))

@@ -31,14 +31,14 @@ class _Held:
 
     def __init__(self, monkeypatch) -> None:
         self.entered, self.release = threading.Event(), threading.Event()
-        original = group_commit._Merged.apply
+        original = group_commit.MergedWrites.apply
 
         def held_apply(merged, con):
             self.entered.set()
             assert self.release.wait(20)
             return original(merged, con)
 
-        monkeypatch.setattr(group_commit._Merged, "apply", held_apply)
+        monkeypatch.setattr(group_commit.MergedWrites, "apply", held_apply)
 
     async def wait_entered(self) -> None:
         loop = asyncio.get_running_loop()
@@ -94,7 +94,7 @@ async def test_commits_wait_for_a_checkpoint_past_the_slack(tmp_path, monkeypatc
         await gc.submit([Insert("kv", (f"k{n}", "g", n))])
         n += 1
     await held.wait_entered()
-    while len(gc._journaled) < rows * BACKGROUND_SLACK:  # these go on
+    while gc.unapplied < rows * BACKGROUND_SLACK:  # these go on
         await asyncio.wait_for(gc.submit([Insert("kv", (f"k{n}", "g", n))]), 5)
         n += 1
     late = asyncio.ensure_future(gc.submit([Insert("kv", (f"k{n}", "g", n))]))
@@ -103,7 +103,7 @@ async def test_commits_wait_for_a_checkpoint_past_the_slack(tmp_path, monkeypatc
     assert not late.done()  # backpressure: it waits for the checkpoint
     held.release.set()
     await asyncio.wait_for(late, 10)
-    assert len(gc._journaled) <= 1
+    assert gc.unapplied <= 1
     await gc.close()
     assert db.query("SELECT count(*), count(DISTINCT k) FROM kv") == [(n, n)]
     db.close()
@@ -118,7 +118,7 @@ async def test_an_idle_background_checkpoint_empties_thejournal_of(tmp_path):
     for n in range(3):
         await gc.submit([Insert("kv", (f"k{n}", "g", n))])
     for _ in range(100):
-        if journal_of(path).stat().st_size == HEADER and not gc._journaled:
+        if journal_of(path).stat().st_size == HEADER and gc.caught_up():
             break
         await asyncio.sleep(0.02)
     assert journal_of(path).stat().st_size == HEADER and gc.checkpoints >= 1

@@ -88,15 +88,15 @@ async def test_a_purge_ends_the_replay_of_stored_answers(shards):
 def test_a_failing_checkpoint_never_fails_a_durable_write(tmp_path, monkeypatch, caplog):
     """Issue 12 point 8: the journal row committed, so the write is acknowledged and its event
     published live; the failed checkpoint is logged and retried until it succeeds."""
-    original = GroupCommitter._checkpoint
+    original = GroupCommitter.apply_journal
     failures = itertools.count(3, -1)  # the first three checkpoints fail
 
     def checkpoint(self, con):
-        if self._journaled and next(failures) > 0:
+        if self.unapplied and next(failures) > 0:
             raise StorageError("disk full while applying the journal (simulated)")
         return original(self, con)
 
-    monkeypatch.setattr(GroupCommitter, "_checkpoint", checkpoint)
+    monkeypatch.setattr(GroupCommitter, "apply_journal", checkpoint)
     monkeypatch.setattr("storage.group_commit.CHECKPOINT_PAUSE", 0.0)
 
     async def go():

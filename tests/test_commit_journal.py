@@ -278,7 +278,7 @@ def test_a_record_appended_while_a_reads_checkpoint_runs_is_never_emptied_away(
 
     path = tmp_path / "a" / "t.duckdb"
     entered, release = threading.Event(), threading.Event()
-    original = group_commit._Merged.apply
+    original = group_commit.MergedWrites.apply
 
     def slow_apply(self, con):
         entered.set()
@@ -290,7 +290,7 @@ def test_a_record_appended_while_a_reads_checkpoint_runs_is_never_emptied_away(
         gc = GroupCommitter(db, [KV], checkpoint_rows=10_000, checkpoint_idle=3600)
         loop = asyncio.get_running_loop()
         await gc.submit([Insert("kv", ("k0", "g", 0))])
-        monkeypatch.setattr(group_commit._Merged, "apply", slow_apply)
+        monkeypatch.setattr(group_commit.MergedWrites, "apply", slow_apply)
         read = asyncio.ensure_future(db.run(lambda con: con.execute("SELECT 1").fetchall()))
         assert await loop.run_in_executor(None, entered.wait, 10)  # k0 is being applied
         await gc.submit([Insert("kv", ("k1", "g", 1))])  # durable while that runs

@@ -120,7 +120,7 @@ def test_incremental_changes_rank_like_a_fresh_build(texts, query, data):
         else:
             docs[i] = data.draw(st.lists(words, max_size=8).map(" ".join))
             inc.put(i, AN.keys(docs[i]))
-    inc._merge()
+    inc.merge()
     fresh = index(docs)
     a = dict(inc.search(AN.query(query), 100))
     b = dict(fresh.search(AN.query(query), 100))
@@ -165,7 +165,7 @@ def test_a_merge_lays_postings_out_as_one_stable_sort_would(built, written, data
     again: the arrays are exactly those one stable sort of everything gives (dead rows
     dropped), so rankings and their tie order are what they were. Checked on every merge:
     explicit, and `build_flat`'s into a non-empty index (given postings)."""
-    real = TermIndex._merge
+    real = TermIndex.merge
     merges: list[int] = []
 
     def checked(self, *given):
@@ -176,7 +176,7 @@ def test_a_merge_lays_postings_out_as_one_stable_sort_would(built, written, data
         assert not self._tail
         merges.append(len(given))
 
-    TermIndex._merge = checked  # type: ignore[method-assign]
+    TermIndex.merge = checked  # type: ignore[method-assign]
     try:
         ix = TermIndex()
         ix.build((f"b{n}", AN.keys(t)) for n, t in enumerate(built))
@@ -192,12 +192,12 @@ def test_a_merge_lays_postings_out_as_one_stable_sort_would(built, written, data
                 ix.remove(i)
             else:
                 ix.put(i, AN.keys(data.draw(st.lists(words, max_size=8).map(" ".join))))
-        ix._merge()
+        ix.merge()
         ix.put("y", AN.keys("alpha beta deploy"))
         more = [(f"x{n}", AN.keys(t)) for n, t in enumerate(written[:5])]
         ix.build([*more, ("y", AN.keys("soup deploy"))])  # into a non-empty index
     finally:
-        TermIndex._merge = real  # type: ignore[method-assign]
+        TermIndex.merge = real  # type: ignore[method-assign]
     assert merges[0] == 0 and (not ix._ids or merges[-1] == 3)
 
 
@@ -310,7 +310,7 @@ def test_a_loaded_index_then_changed_ranks_like_a_fresh_build():
     for n in range(50):
         docs[f"n{n}"] = " ".join(rng.choice(vocab, size=9))
         idx.put(f"n{n}", AN.keys(docs[f"n{n}"]))
-    idx._merge()
+    idx.merge()
     fresh = index(docs)
     for q in ("w1 w2", "w300", "w7 w8 w9 w10"):
         a, b = dict(idx.search(AN.query(q), 5_000)), dict(fresh.search(AN.query(q), 5_000))

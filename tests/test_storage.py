@@ -389,7 +389,7 @@ _VALUES = [
 
 
 def _old_check(tables: dict[str, Table], w) -> None:
-    """What `GroupCommitter._check` accepted before its one-pass fast path (the reference)."""
+    """What `GroupCommitter.check_writes` accepted before its one-pass fast path (the reference)."""
     from storage.group_commit import _PY_TYPES, Insert, _fits
 
     table = tables.get(w.table)
@@ -431,14 +431,14 @@ def test_the_row_check_accepts_and_refuses_exactly_what_it_did(tmp_path: Path) -
             _old_check(by_name, w)
         except StorageError:
             with pytest.raises(StorageError):
-                gc._check([w])
+                gc.check_writes([w])
         else:
-            gc._check([w])
+            gc.check_writes([w])
         checked += 1
     for bad in (Put("t_v_missing", ("a", 1)), Put("t_v", ("a",)), DeleteWhere("t_v", "no", ())):
         with pytest.raises((StorageError, ValueError)):
             _old_check(by_name, bad)
         with pytest.raises((StorageError, ValueError)):
-            gc._check([bad])
+            gc.check_writes([bad])
     assert checked == len(tables) * len(values) ** 2 * 2
     db.close()

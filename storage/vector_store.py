@@ -45,7 +45,7 @@ def _vector_aad(pool: str, entry_id: str, model: str) -> bytes:
     return aad(pool, f"ws-vec\x00{entry_id}\x00{model}")
 
 
-def _block_aad(pool: str, model: str, seq: int) -> bytes:
+def block_aad(pool: str, model: str, seq: int) -> bytes:
     return aad(pool, f"ws-vecblock\x00{model}\x00{seq}")
 
 
@@ -104,7 +104,7 @@ def _layout(rows: int, plain: int, head: bytes) -> tuple[str, int] | None:
 Loaded = tuple[list[str], list[str], np.ndarray, dict[str, int] | None, np.ndarray | None]
 
 
-def _assemble(
+def assemble_blocks(
     pool: str, model: str, cipher: Cipher, legacy: list[tuple], blocks: list[tuple]
 ) -> Loaded:
     """Stored rows and blocks as loaded vectors; see `VectorStore.load_all`."""
@@ -124,7 +124,7 @@ def _assemble(
             block_ids, block_fps = zip(*pairs, strict=True)
             ids.extend(block_ids)
             fps.extend(block_fps)
-            parts.append((len(pairs), vecs, _block_aad(pool, model, seq)))
+            parts.append((len(pairs), vecs, block_aad(pool, model, seq)))
     if not ids:
         return empty
     plain = [len(blob) - _OVERHEAD for _, blob, _ in parts]
@@ -296,7 +296,7 @@ class VectorStore:
         """`read`'s rows opened and put in one matrix on another thread (numpy and the
         cipher let the event loop run meanwhile)."""
         legacy, blocks = rows
-        return await asyncio.to_thread(_assemble, pool, model, cipher, legacy, blocks)
+        return await asyncio.to_thread(assemble_blocks, pool, model, cipher, legacy, blocks)
 
     @staticmethod
     def block(
@@ -312,7 +312,7 @@ class VectorStore:
         codes, scale = quantize(np.stack([np.asarray(v, dtype=np.float32) for _, _, v in items]))
         head = _I8 + codes.shape[1].to_bytes(4, "little")
         plain = head + scale.tobytes() + codes.tobytes()
-        sealed = cipher.seal(plain, _block_aad(pool, model, seq))
+        sealed = cipher.seal(plain, block_aad(pool, model, seq))
         key = f"{pool}\x00{model}\x00{seq:020d}"
         return Put(WS_VECTOR_BLOCKS.name, (key, pool, model, seq, entries, sealed))
 

@@ -69,6 +69,7 @@ async def test_an_unknown_agent_chat_is_asked_of_the_shards_once_while_it_is_a_m
     )
     found = await auth.context(chat_id)
     del engine.directory_port.chats[chat_id]
+    # private: empties the auth cache to force the miss under test; no public reset
     auth._chats.clear()
     await asyncio.sleep(0.35)  # the miss is forgotten: the shards are asked again
     with pytest.raises(NotFound):

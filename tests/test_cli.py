@@ -69,7 +69,9 @@ def test_options_before_and_after_admin_subcommands():
 
 def _commands(parser: argparse.ArgumentParser, path=()):
     yield path, parser
+    # private: argparse has no public walk over a parser's options
     for action in parser._actions:
+        # private: argparse has no public walk over subcommands
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
                 yield from _commands(sub, (*path, name))
@@ -81,7 +83,9 @@ def test_help_describes_every_command_and_option():
     assert len(commands) > 15
     for path, parser in commands:
         assert parser.description, path
+        # private: argparse has no public walk over a parser's options
         for action in parser._actions:
+            # private: argparse has no public walk over a parser's options
             if isinstance(action, argparse._HelpAction):
                 continue
             assert action.help, (path, action.dest)

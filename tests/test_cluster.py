@@ -104,6 +104,7 @@ def test_a_store_waits_for_another_process_to_let_go_of_its_file(tmp_path):
 
 
 def test_a_data_directory_keeps_its_shard_count(tmp_path):
+    # private: the start-up check alone, without a cluster
     from actors.runtime.engine import _check_shard_files
     from engine.errors import InvalidInput
 

@@ -168,6 +168,7 @@ def test_a_turn_waits_for_a_switch_under_way(tmp_path):
                 org=org.id, people=[user.id], bots=[b.id for b in bots]
             )
             chat = await d.group_chat(channel.id)
+            # private: holds the directory's write lock to make its store slow
             async with d._write:  # the directory is slow to store the switch
                 switch = asyncio.create_task(
                     svc.switch_group_mode(chat.id, channel.id, "delivery", bots[0].id)

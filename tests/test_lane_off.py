@@ -104,4 +104,5 @@ def _chain(world, admin, bot_model, engine) -> None:
     assert _here("openbot_lane_turns_total") == turns
     # (This process's poll counter may still move: another engine's long poll, begun over its
     # lane before the switch went off, can end meanwhile.) This engine's ports opened no lane.
+    # private: the port's open lanes; no public count
     assert [len(port._lanes) for port in engine.shard_ports] == [0] * len(engine.shard_ports)

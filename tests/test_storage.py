@@ -390,6 +390,7 @@ _VALUES = [
 
 def _old_check(tables: dict[str, Table], w) -> None:
     """What `GroupCommitter.check_writes` accepted before its one-pass fast path (the reference)."""
+    # private: the reference check is built from the module's own type table
     from storage.group_commit import _PY_TYPES, Insert, _fits
 
     table = tables.get(w.table)

@@ -22,6 +22,7 @@ from storage.database import Database, ReadScope
 from storage.group_commit import BACKGROUND_SLACK, GroupCommitter, Insert
 from storage.journal_file import HEADER, scan
 from tests.journal_kit import KV, KV_SQL, crash_copy, journal_of
+from tests.waiting import until
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
 
@@ -186,8 +187,7 @@ async def test_the_event_loop_serves_while_the_journal_syncs_and_answers_after(
     timer = threading.Timer(1.0, release.set)  # lets go even if the loop is stuck
     timer.start()
     write = asyncio.ensure_future(gc.submit([Insert("kv", ("k1", "g", 1))]))
-    while not holding.is_set():
-        await asyncio.sleep(0.001)
+    await until(holding.is_set, "the checkpoint holds")
     for _ in range(20):  # the loop runs while the sync is held
         await asyncio.sleep(0.005)
         if not release.is_set():

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.client import EventClient
 from tests.conftest import ADMIN, _ok
+from tests.waiting import until
 
 pytestmark = pytest.mark.ray
 
@@ -129,8 +130,7 @@ def test_websocket_clients_and_events_delivered(server, world):
         async with EventClient(server.url, world.tokens["alice"]) as events:
             stream = events.__aiter__()
             first = asyncio.ensure_future(stream.__anext__())
-            while events.cursor is None:  # connected: its hello frame arrived
-                await asyncio.sleep(0.02)
+            await until(lambda: events.cursor is not None, "connected: its hello frame")
             during = await asyncio.to_thread(scrape, server)
             with world.client("alice") as alice:
                 cmd = {"command": {"_tag": "Remember", "content": "for the stream"}}

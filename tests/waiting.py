@@ -7,7 +7,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-TIMEOUT = 20.0
+TIMEOUT = 60.0
 
 
 async def until(cond: Callable[[], object], what: str = "", timeout: float = TIMEOUT) -> None:

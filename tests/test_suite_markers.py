@@ -75,3 +75,11 @@ def test_the_suite_ignores_the_callers_ray_and_openbot_variables():
         OPENBOT_SHARDS="7",
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.anyio
+async def test_the_shard_fixture_is_connected_to_the_directory_fixture(shard, directory, tmp_path):
+    org = await directory.create_org("Acme", id="o_acme")
+    assert shard.peers.directory() is directory and org.id == "o_acme"
+    assert await shard.ping() == 0
+    assert {"directory.duckdb", "shard-0.duckdb"} <= {p.name for p in tmp_path.glob("*.duckdb")}

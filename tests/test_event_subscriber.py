@@ -37,6 +37,15 @@ class Socket:
         self.texts.append(message["text"])
 
 
+async def _dispatched(hub, *shards) -> None:
+    """Until the hub's pumps have handed out every event the shards hold."""
+
+    def level() -> bool:
+        return all(hub.heads[s.k] is not None and hub.heads[s.k].head == len(s.log) for s in shards)
+
+    await until(level, "the pumps dispatched every event")
+
+
 def _event(seq, users=("u1",), org="o1"):
     data = MemoryChanged(pool="bot:b", entry=f"m{seq}", version=seq, change="created", bot="b")
     return Event(seq=seq, at=seq, data=data, audience=Audience(org=org, users=users))
@@ -177,14 +186,14 @@ async def test_a_client_joins_the_shared_frames_only_once_live_on_every_shard():
     await until(lambda: sub.live[0], "shard 0 replayed and live")  # shard 1's replay held
     assert sub.live == [True, False]
     shards[0].append()  # a pump batch on shard 0 ends: the hub tries to step the client in
-    await asyncio.sleep(0.05)
+    await _dispatched(hub, shards[0])
     shards[1].append()  # dispatched on shard 1 while the client still replays there
-    await asyncio.sleep(0.05)
+    await _dispatched(hub, shards[1])
     shards[1].hold.set_result(None)
     await catch_up
     assert sub.in_step
     shards[1].append()  # now a shared frame
-    await asyncio.sleep(0.05)
+    await _dispatched(hub, shards[1])
     await hub.stop()
     entries = [msgspec.json.decode(t)["data"]["entry"] for t in socket.texts]
     assert [e for e in entries if e.startswith("s0")] == [f"s0-{i}" for i in range(1, 5)]
@@ -221,10 +230,10 @@ async def test_a_cursor_from_a_faster_gateway_joins_the_shared_frames_once_the_h
     await hub.catch_up(sub)
     assert sub.live == [True, True] and not sub.in_step
     hold.set_result(None)  # the pumps dispatch 4 and 5: not again to this client
-    await asyncio.sleep(0.05)
+    await _dispatched(hub, *shards)
     assert sub.in_step
     shards[1].append()
-    await asyncio.sleep(0.05)
+    await _dispatched(hub, shards[1])
     await hub.stop()
     assert [msgspec.json.decode(t)["data"]["entry"] for t in socket.texts] == ["s1-6"]
 
@@ -262,7 +271,7 @@ async def test_a_client_going_live_while_a_batch_is_handed_out_misses_none_of_it
     for _ in range(5):
         shard.append()  # seq 4..8, one batch
     shard.pump_hold.set_result(None)
-    await asyncio.sleep(0.05)
+    await _dispatched(hub, shard)
     await joined[0]
     await hub.stop()
     got = [msgspec.json.decode(t)["data"]["entry"] for t in late.texts]
@@ -293,7 +302,7 @@ async def test_a_client_that_stops_reading_holds_up_no_one(monkeypatch):
         subs.append(sub)
     for _ in range(20):
         shard.append()
-        await asyncio.sleep(0.01)
+        await _dispatched(hub, shard)
     await hub.stop()
     assert len(fast.texts) == 20 and not subs[1].outlet.ended.is_set()
     assert subs[0].outlet.ended.is_set() and subs[0].outlet.code == 4429
@@ -374,7 +383,7 @@ async def test_a_client_resuming_from_a_recent_cursor_replays_from_the_hub(monke
 
     for user in ("u1", "u2", "u1", "u1", "u2"):
         shard.append(user)  # seq 4..8, handed out by the pump
-    await asyncio.sleep(0.05)
+    await _dispatched(hub, shard)
 
     def entries(socket: Socket) -> list[str]:
         return [msgspec.json.decode(t)["data"]["entry"] for t in socket.texts]
@@ -387,7 +396,7 @@ async def test_a_client_resuming_from_a_recent_cursor_replays_from_the_hub(monke
     assert entries(old) == ["s0-3", "s0-4", "s0-6", "s0-7"]
     for _ in range(6):
         shard.append()  # seq 9..14: the hub trims what it holds to the last 4 (11..14)
-    await asyncio.sleep(0.05)
+    await _dispatched(hub, shard)
     trimmed, _ = await resume(8)
     assert shard.replays == 2
     assert entries(trimmed) == [f"s0-{i}" for i in range(9, 15)]
@@ -395,7 +404,7 @@ async def test_a_client_resuming_from_a_recent_cursor_replays_from_the_hub(monke
     assert shard.replays == 2
     assert entries(held) == ["s0-12", "s0-13", "s0-14"]
     shard.append()  # live: one frame each, after the replay
-    await asyncio.sleep(0.05)
+    await _dispatched(hub, shard)
     await hub.stop()
     for socket in (recent, old, trimmed, held):
         assert entries(socket)[-1] == "s0-15"
@@ -417,7 +426,7 @@ def test_a_long_replay_from_the_hub_lets_others_run_and_misses_nothing(monkeypat
         await hub.start()
         for _ in range(10):
             shard.append()
-        await asyncio.sleep(0.05)
+        await _dispatched(hub, shard)
         socket = Socket()
         sub, _ = await hub.subscribe(
             Listener(user="u1", orgs=frozenset()),
@@ -485,7 +494,7 @@ def test_several_frames_for_a_client_in_one_batch_go_out_in_one_write(monkeypatc
         for user in ("u1", "u2", "u1", "u1"):
             shard.append(user)  # seq 1..4, one batch
         shard.pump_hold.set_result(None)
-        await asyncio.sleep(0.05)
+        await _dispatched(hub, shard)
         await hub.stop()
         return [_writes(writer) for writer in writers]
 

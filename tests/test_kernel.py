@@ -15,6 +15,7 @@ from engine.errors import StorageError
 from engine.events import Audience, ChatItemCreated
 from engine.memory import Reader
 from storage.group_commit import GroupCommitter
+from tests.waiting import until
 
 R = Reader(user="u1", org="o1", uses_bot=True)
 EVENT = (ChatItemCreated(chat="chat_1", item="i-1", kind="person"), Audience(users=("u1",)))
@@ -199,14 +200,18 @@ def test_a_feature_runs_on_a_kernel_alone_and_numbers_concurrent_items_once(tmp_
     assert events == 24  # one chat.item.created each, published with its commit
 
 
-def _slow_loads(kernel: ShardKernel, delay: float) -> None:
+def _held_loads(kernel: ShardKernel) -> tuple[asyncio.Event, asyncio.Event]:
+    """Pool loads that wait for `release` once `started`: (started, release)."""
     load = kernel.store.load
+    started, release = asyncio.Event(), asyncio.Event()
 
-    async def slow(pool_id):
-        await asyncio.sleep(delay)
+    async def held(pool_id):
+        started.set()
+        await release.wait()
         return await load(pool_id)
 
-    kernel.store.load = slow  # type: ignore[method-assign]
+    kernel.store.load = held  # type: ignore[method-assign]
+    return started, release
 
 
 def test_a_load_whose_only_caller_was_cancelled_counts_as_resident(tmp_path, kernel_args):
@@ -215,15 +220,13 @@ def test_a_load_whose_only_caller_was_cancelled_counts_as_resident(tmp_path, ker
 
     async def go():
         kernel = ShardKernel(tmp_path, 0, **kernel_args)
-        _slow_loads(kernel, 0.05)
+        started, release = _held_loads(kernel)
         before = len(kernel.residency)
         caller = asyncio.create_task(kernel.pool("bot:b"))
-        await asyncio.sleep(0.01)
+        await until(started.is_set, "the load runs")
         caller.cancel()
-        for _ in range(200):
-            if kernel.is_loaded("bot:b"):
-                break
-            await asyncio.sleep(0.01)
+        release.set()
+        await until(lambda: kernel.is_loaded("bot:b"), "the pool loaded")
         state = (caller.cancelled(), kernel.is_loaded("bot:b"), len(kernel.residency) - before)
         await kernel.close()
         return state
@@ -237,10 +240,11 @@ def test_close_waits_for_a_load_whose_caller_was_cancelled(tmp_path, kernel_args
 
     async def go():
         kernel = ShardKernel(tmp_path, 0, **kernel_args)
-        _slow_loads(kernel, 0.2)
+        started, release = _held_loads(kernel)
         caller = asyncio.create_task(kernel.pool("bot:b"))
-        await asyncio.sleep(0.01)
+        await until(started.is_set, "the load runs")
         caller.cancel()
+        release.set()  # the load goes on while close runs: close must wait for it
         await kernel.close()
         me = asyncio.current_task()
         left = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
@@ -264,16 +268,20 @@ def test_a_chat_log_load_left_by_its_cancelled_caller_is_resident_and_awaited_by
         store = ChatStore(kernel.store)
         load = store.load
 
-        async def slow(chat):
-            await asyncio.sleep(0.2)
+        started, release = asyncio.Event(), asyncio.Event()
+
+        async def held(chat):
+            started.set()
+            await release.wait()
             return await load(chat)
 
-        store.load = slow  # type: ignore[method-assign]
+        store.load = held  # type: ignore[method-assign]
         logs = ChatLogs(kernel, store)
         before = len(kernel.residency)
         caller = asyncio.create_task(logs.log("chat_1"))
-        await asyncio.sleep(0.01)
+        await until(started.is_set, "the load runs")
         caller.cancel()
+        release.set()  # the load goes on while close runs: close must wait for it
         await kernel.close()
         me = asyncio.current_task()
         left = [t for t in asyncio.all_tasks() if t is not me and not t.done()]

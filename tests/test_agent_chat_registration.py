@@ -184,7 +184,7 @@ def test_a_shown_chat_is_visible_at_once_and_written_soon(tmp_path: Path):
         finally:
             reopened.store.db.close()
         # private: the directory's queue of unwritten chats; no public view
-        return visible, not directory._unwritten, *on_disk
+        return visible, not directory.chat_registry._unwritten, *on_disk
 
     assert asyncio.run(scenario()) == (True, True, True, True)
 

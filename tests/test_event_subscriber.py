@@ -325,7 +325,7 @@ class Writer:
 
 @pytest.mark.anyio
 async def test_an_outlet_with_a_writer_writes_frames_past_asgi_until_the_socket_is_full():
-    from gateway.workspace_frames import text_frame
+    from gateway.socket_frames import text_frame
 
     socket, writer = Socket(), Writer()
     outlet = Outlet(socket.send, writer=writer)  # type: ignore[arg-type]

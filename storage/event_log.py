@@ -96,6 +96,10 @@ class EventLog:
         # Follower (a gateway's view of this log) → the last seq it was handed with a reply of
         # its own (a coalesced write's, `handed`): its waiting poll need not answer for those.
         self._handed: dict[str, int] = {}
+        # Polls waiting for new events now, and polls that waited so far: what a caller (a
+        # test) can wait on or check instead of timing a poll.
+        self.waiting = 0
+        self.waits = 0
 
     @property
     def staged(self) -> int:
@@ -180,22 +184,27 @@ class EventLog:
         if wait <= 0 or not self._covered(seq, follower):
             return
         deadline = asyncio.get_running_loop().time() + wait
-        while True:
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                return
-            try:
-                # (not `wait_for`: on 3.11 it can swallow a cancellation that comes as the
-                # event is set, and the poll would wait on after its caller left)
-                async with asyncio.timeout(remaining):
-                    await self._new.wait()
-            except TimeoutError:
-                return
-            # The writes that this publish answers reply in this turn of the loop: let them
-            # record what they handed over before deciding whether this poll must answer.
-            await asyncio.sleep(0)
-            if not self._covered(seq, follower):
-                return
+        self.waiting += 1
+        self.waits += 1
+        try:
+            while True:
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    return
+                try:
+                    # (not `wait_for`: on 3.11 it can swallow a cancellation that comes as the
+                    # event is set, and the poll would wait on after its caller left)
+                    async with asyncio.timeout(remaining):
+                        await self._new.wait()
+                except TimeoutError:
+                    return
+                # The writes that this publish answers reply in this turn of the loop: let them
+                # record what they handed over before deciding whether this poll must answer.
+                await asyncio.sleep(0)
+                if not self._covered(seq, follower):
+                    return
+        finally:
+            self.waiting -= 1
 
     async def _read(self, seq: int, limit: int) -> tuple[list[Event], ShardHead]:
         if seq >= self.published:

@@ -267,6 +267,7 @@ def test_every_route_family_answers_in_camel_case(server, model_stubs):
 
 
 def test_node_frames_in_either_casing():
+    # private: the node protocol's decoder, fed frames directly
     from gateway.nodes import Hello, Result, _decode
 
     old = msgspec.json.encode(

@@ -156,7 +156,7 @@ def test_a_request_id_writes_once_within_a_call_across_calls_and_after_a_restart
 
 def _fail_commits_with(monkeypatch, marker: str) -> list[int]:
     """Every journal append holding a row that mentions `marker` fails (counted)."""
-    original = GroupCommitter._append
+    original = GroupCommitter.append_record
     failed: list[int] = []
 
     def append(self, batches):
@@ -166,7 +166,7 @@ def _fail_commits_with(monkeypatch, marker: str) -> list[int]:
             raise StorageError("disk full (simulated)")
         return original(self, batches)
 
-    monkeypatch.setattr(GroupCommitter, "_append", append)
+    monkeypatch.setattr(GroupCommitter, "append_record", append)
     return failed
 
 

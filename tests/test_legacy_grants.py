@@ -89,9 +89,7 @@ def test_a_legacy_cross_org_grant_exposes_the_bot_nowhere(tmp_path, ray_session)
     async def principal():
         svc = DirectoryService(tmp_path)
         try:
-            assert (
-                svc.records.bots[bot].grants.get(mal["id"]) == Permission.READ
-            )  # the row is there
+            assert svc.records.bots[bot].grants.get(mal["id"]) == Permission.READ  # row is there
             found = await svc.authenticate(hash_token(mal["token"]))
             listed = await svc.list_user_bots(mal["id"], None, 100)
             return found, listed

@@ -241,7 +241,7 @@ def _format_one(monkeypatch) -> None:
     legacy = Analyzer(legacy_terms_key(MASTER))
     monkeypatch.setattr(TermKeys, "of", lambda self, pool: legacy)
     monkeypatch.setattr(
-        vs, "_block_aad", lambda pool, model, seq, entries: vs.legacy_block_aad(pool, model, seq)
+        vs, "block_aad", lambda pool, model, seq, entries: vs.legacy_block_aad(pool, model, seq)
     )
 
 

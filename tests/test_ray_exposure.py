@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 
 import grpc
 import httpx
@@ -71,9 +70,8 @@ def _refuses_without_token(lst: Listener, token: str) -> str:
 
 
 @pytest.mark.slow
-def test_no_socket_of_the_server_listens_beyond_loopback_or_without_auth(tmp_path):
+def test_no_socket_of_the_server_listens_beyond_loopback_or_without_auth(tmp_path, ray_tmp):
     data = tmp_path / "data"
-    ray_tmp = tempfile.mkdtemp(prefix="obx", dir="/tmp")
     # A careless shell: auth switched off and nothing keeping Ray on loopback. The server
     # must not depend on its caller's environment for either.
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}

@@ -199,6 +199,7 @@ def test_snapshots_taken_among_concurrent_writes_leave_every_record_indexed_once
 
     from actors.workspace import pools as pools_mod
 
+    # private: wraps the pool's sealing to see what is sealed
     seal = pools_mod._seal
 
     async def first() -> tuple[list[str], list[str]]:

@@ -244,16 +244,19 @@ def test_loaded_records_decode_when_read_and_keep_their_order(tmp_path: Path):
             found = [e.id for e in listing.entries]  # (the notes around it hold its words)
             assert sorted(found) == sorted([made[n].id for n in (6, 7, 8, 9)])
             entries = (await svc.workspace_pools.pool("user:u_ann")).stored.entries
+            # private: counts the entries not decoded yet (the laziness under test)
             assert isinstance(entries, LazyEntries) and entries._raw == 26
             ids = [m.id for m in made]
             assert list(entries) == [i for i in entries] and sorted(entries) == sorted(ids)
             plain = {i: entries[i] for i in ids}  # decoded on read, once
+            # private: counts the entries not decoded yet (the laziness under test)
             assert entries._raw == 0 and entries[ids[2]] is plain[ids[2]]
             assert entries.fp(ids[2]) == plain[ids[2]].content_fp
         finally:
             await _close(svc)
         # Partly decoded: the same answers as a plain dict, in the same order.
         lazy = LazyEntries({i: _enc.encode(e).decode() for i, e in plain.items()})
+        # private: counts the entries not decoded yet (the laziness under test)
         assert lazy.fp(ids[0]) == plain[ids[0]].content_fp and lazy._raw == 30
         assert lazy.get(ids[0]) == plain[ids[0]] and lazy.get("nope") is None
         assert "nope" not in lazy and ids[1] in lazy and lazy.fp("nope") is None
@@ -264,7 +267,9 @@ def test_loaded_records_decode_when_read_and_keep_their_order(tmp_path: Path):
         del want[ids[1]]
         want[ids[3]] = plain[ids[4]]
         want["new"] = plain[ids[0]]
+        # private: counts the entries not decoded yet (the laziness under test)
         assert lazy.keys() == want.keys() and lazy._raw == 27
+        # private: counts the entries not decoded yet (the laziness under test)
         assert list(lazy.items()) == list(want.items()) and lazy._raw == 0
         assert lazy.pop(ids[0]) == plain[ids[0]] and len(lazy) == len(want) - 1
 

@@ -119,14 +119,17 @@ def test_request_locks_taken_together_exclude_each_other_and_are_released_on_can
     async def main() -> None:
         keys = ["a", "b", "c", "d"]
         await asyncio.gather(*(call([keys[i % 4], keys[(i * 3) % 4], "a"]) for i in range(32)))
+        # private: the receipts' lock table, checked empty after cancellation
         assert not clash and receipts._request_locks == {}
         async with receipts.request("b"):
             waiting = asyncio.ensure_future(call(["a", "b"]))
             await asyncio.sleep(0.01)
+            # private: the receipts' lock table, checked empty after cancellation
             assert not waiting.done() and receipts._request_locks["a"][0].locked()
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
+        # private: the receipts' lock table, checked empty after cancellation
         assert receipts._request_locks == {}
 
     asyncio.run(main())

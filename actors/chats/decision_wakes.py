@@ -30,51 +30,49 @@ class DecisionWakes:
     def __init__(self, *, logs: ChatLogs, chains: ChainRunner) -> None:
         self.logs = logs
         self.chains = chains
-        self.steps = 0  # wake-up steps this process stored (tests, `requests_idle`)
 
-    async def wake(self, w: DecisionWake) -> bool:
+    async def wake(self, wake: DecisionWake) -> bool:
         """Store the decision's notice and the bot's answer to it, once; False when they were
         stored already (nothing runs)."""
-        logs, chat = self.logs, w.chat
+        logs, chat = self.logs, wake.chat
         log = await logs.log(chat.id)
         async with logs.lock(chat.id):
             if not logs.holds(log):  # a failed commit dropped it while this waited
                 log = await logs.log(chat.id)
-            mine = [i for i in log.items if i.turn == w.turn]
+            mine = [i for i in log.items if i.turn == wake.turn]
             if len(mine) > 1:  # the notice and the answer: the step is stored
                 return False
             if mine:  # the notice only: the step never stored its answer (a restart)
                 notice = mine[0]
-                turn = log.turns.get(w.turn) or _turn(w, notice.at)
+                turn = log.turns.get(wake.turn) or _turn(wake, notice.at)
             else:
-                turn = _turn(w, self.logs.kernel.clock())
-                notice = logs.item(log, w.turn, "notification", w.operator)
+                turn = _turn(wake, logs.kernel.clock())
+                notice = logs.item(log, wake.turn, "notification", wake.operator)
                 batch = Batch(writes=[logs.store.put_turn(log, turn)])
-                logs.append(log, chat, [(notice, w.notice)], batch)
+                logs.append(log, chat, [(notice, wake.notice)], batch)
                 await logs.commit(chat.id, batch)
             step = StepInput(
                 chat=chat,
-                bot=w.bot,
-                org=w.org,
-                operator=w.operator,
-                turn=w.turn,
-                text=w.text,
+                bot=wake.bot,
+                org=wake.org,
+                operator=wake.operator,
+                turn=wake.turn,
+                text=wake.text,
                 wake="decision",
-                history=logs.history(log, notice.seq, me=w.bot.id if chat.channel else None),
+                history=logs.history(log, notice.seq, me=wake.bot.id if chat.channel else None),
                 channel=chat.channel,
             )
             records = self.chains.records
-            outcome = await records.step(w.bot, step)
+            outcome = await records.step(wake.bot, step)
             step_failed(step, outcome)
             batch = Batch()
-            records.reply(log, chat, w.turn, w.bot, outcome, batch)
+            records.reply(log, chat, wake.turn, wake.bot, outcome, batch)
             done = msgspec.structs.replace(turn, status=outcome.status, error=outcome.error)
             batch.add(logs.store.put_turn(log, done))
             await logs.commit(chat.id, batch)
-            self.steps += 1
         if outcome.effects:  # what it asked for, as any step's (WS-4)
             await self.chains.on_effects(
-                chat, w.org, w.turn, w.bot, outcome.effects, parent=None, chain=None
+                chat, wake.org, wake.turn, wake.bot, outcome.effects, parent=None, chain=None
             )
         return True
 

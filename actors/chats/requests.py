@@ -197,7 +197,7 @@ class Requests:
             )
             await self._save(decided)
         task = self._spawn_wake(decided.id)
-        if wait and task is not None:
+        if wait:
             # Past the wait it is still due and goes on without the caller.
             await asyncio.wait([task], timeout=WAKE_WAIT)
             decided = (await self._all())[decided.id]
@@ -205,7 +205,7 @@ class Requests:
 
     # --- waking the bot with a decision ---
 
-    def _spawn_wake(self, request_id: str) -> asyncio.Task[None] | None:
+    def _spawn_wake(self, request_id: str) -> asyncio.Task[None]:
         """One wake-up task per request at a time."""
         if (running := self._waking.get(request_id)) is not None:
             return running

@@ -16,6 +16,7 @@ from typing import Protocol
 from actors.contracts import (
     ACCESS_POLL_WAIT,
     ChainView,
+    DecisionWake,
     Mirrored,
     NodeInfo,
     RevisionView,
@@ -48,7 +49,7 @@ from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
 from engine.memory_entries import EntryView, Reader
 from engine.models import Completion, Message, ToolSpec
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
-from engine.requests import RequestView
+from engine.requests import Proposal, RequestView
 from engine.scoped_memory import (
     Decision,
     Extraction,
@@ -106,6 +107,8 @@ class ShardPort(Protocol):
     async def send_stored(self, ref: SentRef) -> bool: ...
 
     async def notify(self, chat: Chat, author: str, text: str) -> ItemView: ...
+
+    async def wake_on_decision(self, wake: DecisionWake) -> bool: ...
 
     async def post_item(self, chat: Chat, author: str, text: str) -> ItemView: ...
 
@@ -189,8 +192,17 @@ class ShardPort(Protocol):
         self, request_id: str, user: str, channels: frozenset[str]
     ) -> RequestView | None: ...
     async def decide_request(
-        self, request_id: str, user: str, channels: frozenset[str], approved: bool, note: str
+        self,
+        request_id: str,
+        user: str,
+        channels: frozenset[str],
+        approved: bool,
+        note: str,
+        wait: bool = False,
     ) -> RequestView | None: ...
+    async def open_request(
+        self, chat: Chat, bot: str, user: str, proposal: Proposal
+    ) -> RequestView: ...
     async def attach_review(self, request_id: str, chat: str) -> RequestView: ...
     async def collaborations(self, user: str, channels: frozenset[str]) -> list[ChainView]: ...
     async def find_agent_chat(self, chat_id: str) -> Chat | None: ...

@@ -107,7 +107,7 @@ def create_app(
     ws = WorkspaceApi(engine, auth)
     wm = WorkspaceMemoryApi(engine, auth)
     lists = ListingApi(engine, auth)
-    rq = RequestsApi(engine, auth)
+    rq = RequestsApi(engine, auth, chats)
     r: Callable[..., Route] = Route
     routes = [
         r("/v1/admin/orgs", lists.admin_list("orgs"), methods=["GET"]),
@@ -136,6 +136,7 @@ def create_app(
         r("/v1/chats/{chat}/turns/{turn}/verdict", chats.verdict, methods=["POST"]),
         r("/v1/chats/{chat}/confessions", chats.confessions, methods=["GET"]),
         r("/v1/chats/{chat}/enrichments", chats.enrichments, methods=["GET"]),
+        r("/v1/chats/{chat}/requests", rq.open, methods=["POST"]),
         r("/v1/requests", rq.listing, methods=["GET"]),
         r("/v1/requests/{id}", rq.get, methods=["GET"]),
         r("/v1/requests/{id}/decision", rq.decide, methods=["POST"]),

@@ -89,6 +89,10 @@ class ChatsApi:
         home = self.engine.shard_port(chat_home(chat, bot.owner))
         return ChatAccess(principal, chat, bot, None, home, ctx.org)
 
+    async def access(self, request: Request) -> ChatAccess:
+        """Who may act in the chat and where it lives, as for posting a turn."""
+        return await self._chat(request)
+
     async def post_turn(self, request: Request) -> Response:
         access = await self._chat(request)
         chat, principal = access.chat, access.principal

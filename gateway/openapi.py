@@ -368,15 +368,25 @@ ROUTES: list[Op] = [
 REQUEST_STATUS = _q(
     "status", "only requests in this state", enum=["pending", "approved", "rejected"]
 )
+DECIDE_WAIT = _q("wait", "true: answer once the woken bot's step is stored", type="boolean")
 ROUTES += [
     Op("get", "/v1/requests", "The caller's requests", ok=s.Requests, query=(REQUEST_STATUS,)),
     Op("get", "/v1/requests/{id}", "A request: what the bot proposed", ok=RequestView),
     Op(
         "post",
+        "/v1/chats/{chat}/requests",
+        "Open a request in a direct chat or a group (201); its decision wakes the bot",
+        wire.OpenRequest,
+        RequestView,
+        201,
+    ),
+    Op(
+        "post",
         "/v1/requests/{id}/decision",
-        "Approve or reject a request, once (409 already_decided)",
+        "Approve or reject a request, once (409 already_decided); wakes the bot in its chat",
         wire.Decision,
         RequestView,
+        query=(DECIDE_WAIT,),
     ),
     Op("post", "/v1/requests/{id}/review", "Open the request's review chat", ok={201: Chat}),
     Op("get", f"{WS}/bots/{{bot}}", "A bot's profile and server permissions", ok=BotProfile),

@@ -231,6 +231,16 @@ class Decision(_Body):
     note: str = ""
 
 
+class OpenRequest(_Body):
+    """A person's own request in a chat (ENR-3): what they propose, for the people the bot's
+    tool would ask; `bot`: the group's bot to wake with the decision (a group's only bot when
+    left out; a direct chat's bot)."""
+
+    proposal: str
+    title: str = ""
+    bot: str | None = None
+
+
 class Archive(_Body):
     archived: bool = True
 

@@ -24,6 +24,7 @@ from actors.chats.bot_step import BotStepper
 from actors.chats.chains import ChainRunner
 from actors.chats.chat_logs import ChatLogs
 from actors.chats.conversations import Conversations
+from actors.chats.decision_wakes import DecisionWakes
 from actors.chats.group_turns import GroupTurns
 from actors.chats.requests import Requests
 from actors.contracts import (
@@ -187,9 +188,12 @@ class ShardService:
             requests=self.requests,
             peers=peers,
         )
-        # After a (re)start: open learning jobs (LRN-4), then collaboration chains.
+        self.decision_wakes = DecisionWakes(logs=self.chat_logs, chains=self.chains)
+        # After a (re)start: open learning jobs (LRN-4), collaboration chains, then decided
+        # requests whose bot was not woken yet (ENR-3).
         kernel.on_start(self.learning.recover)
         kernel.on_start(self.chains.resume)
+        kernel.on_start(self.requests.resume)
 
     # --- the calls with a body of their own; every other call is in the table below ---
 
@@ -296,7 +300,9 @@ answered_by(
         " confessions enrichments",
         "chains": "collaborations:listing stop_collaboration:stop_visible chains_idle:idle"
         " find_agent_chat send_stored",
-        "requests": "requests_of:listing request:find_view decide_request:decide attach_review",
+        "requests": "requests_of:listing request:find_view decide_request:decide attach_review"
+        " open_request:open requests_idle:idle",
+        "decision_wakes": "wake_on_decision:wake",
         # the workspace
         "projects": "workspace_projects:projects_of workspace_save_project:save_project",
         "listings": "workspace_entries:entries",
@@ -315,5 +321,7 @@ answered_by(
         "chat_items",
         "collaborations",
         "switch_group_mode",
+        "decide_request",
+        "wake_on_decision",
     ],
 )

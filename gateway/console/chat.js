@@ -1,11 +1,12 @@
 // A chat: its items live from chat.item.created (each event names one item, which is fetched
 // once; items are kept by id, so a replayed or doubled event never shows twice), the composer
 // (@mentions, rounds), the collaboration chains of the chat, and its confessions, enrichments
-// and memory jobs.
+// and memory jobs, and its requests (requests.js).
 
 import { get, post } from "./api.js";
 import { avatar, clear, h, pick, time } from "./dom.js";
 import { jobCard } from "./memory.js";
+import { loadRequests, openRequest } from "./requests.js";
 import { avatarOf, nameOf, state } from "./state.js";
 
 const WS = "/api/app/workspace";
@@ -95,8 +96,19 @@ export class ChatView {
     );
     this.chainList = h("ul", { testid: "chain-list" });
     this.records = h("div", { testid: "chat-records" });
+    this.requestList = h("ul", { testid: "request-list" });
+    const asks = chat?.kind === "direct" || chat?.kind === "group";
     clear(
       this.side,
+      h("h2", {}, "Requests"),
+      asks
+        ? h(
+            "button",
+            { testid: "request-open", title: "Ask for approval of what the message box says", onclick: () => this.ask() },
+            "Ask for approval",
+          )
+        : null,
+      this.requestList,
       h("h2", {}, "Collaboration"),
       this.chainList,
       h("h2", {}, "Confessions, enrichments, memory jobs"),
@@ -104,11 +116,29 @@ export class ChatView {
       this.records,
     );
     this.layout.append(this.side);
-    await Promise.all([this.loadItems(), this.loadChains()]);
+    await Promise.all([this.loadItems(), this.loadChains(), this.loadRequests()]);
   }
 
   async refresh() {
-    await Promise.all([this.loadItems(), this.loadChains()]);
+    await Promise.all([this.loadItems(), this.loadChains(), this.loadRequests()]);
+  }
+
+  loadRequests() {
+    return loadRequests(this.requestList, this.chatId);
+  }
+
+  // The composer's text as a request of the person's own (a group's picked bot wakes).
+  async ask() {
+    const text = this.input.value.trim();
+    if (!text) return;
+    this.error.textContent = "";
+    try {
+      await openRequest(this.chatId, text, [...this.mentions][0]);
+      this.input.value = "";
+      await this.loadRequests();
+    } catch (e) {
+      this.error.textContent = e.message;
+    }
   }
 
   toggleMention(bot, button) {
@@ -216,6 +246,7 @@ export class ChatView {
     if (frame.type === "chat.item.created" && d.chat === this.chatId) this.fetchItem(d.item);
     else if (frame.type === "chat.items.deleted" && d.chat === this.chatId) this.dropItems();
     else if (frame.type === "collaboration.changed") this.loadChains().catch(() => {});
+    else if (frame.type === "request.changed" && d.chat === this.chatId) this.loadRequests().catch(() => {});
     else if (frame.type === "memory.job.changed" && this.records.childElementCount) this.loadRecords().catch(() => {});
   }
 }

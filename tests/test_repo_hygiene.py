@@ -88,6 +88,7 @@ def test_no_run_labels_branch_names_or_load_diaries():
     assert not _hits(_documents() + _source(), LABELS)
 
 
+@pytest.mark.subprocess  # git lists the commits
 def test_no_commit_hashes_in_prose():
     git = shutil.which("git")
     if git is None or not (ROOT / ".git").exists():

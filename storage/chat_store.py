@@ -57,6 +57,8 @@ class ModelCall(msgspec.Struct, frozen=True, kw_only=True):
     response: str | None = None
     cost_micros: int | None = None
     error: str | None = None
+    # The memory entries the request was given, each checked for the reader it answers.
+    entries: tuple[str, ...] = ()
 
 
 _enc = msgspec.json.Encoder()

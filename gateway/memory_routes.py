@@ -121,7 +121,7 @@ class MemoryApi:
 
     async def get_memory_bot(self, request: Request) -> Response:
         bot, shard, _ = await self._memory_call(request)
-        return json(await shard.memory_bot_settings(bot_pool(bot.id)))
+        return json(await shard.memory_bot_view(bot_pool(bot.id)))
 
     async def patch_memory_bot(self, request: Request) -> Response:
         bot, shard, _ = await self._memory_call(request, write=True)

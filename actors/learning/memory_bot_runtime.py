@@ -162,6 +162,16 @@ class MemoryBotRuntime:
             self._dirty.add((pool, key))
         return cost
 
+    async def totals(self, pool: str) -> list[tuple[str, int, int]]:
+        """(period, confirmed micros, calls with unknown usage) of the current day and month,
+        counting what was charged but not yet written (MB-6)."""
+        out = []
+        for period in ("day", "month"):
+            key = period_key(period, self.clock())
+            micros, unknown = await self._spend(pool, key)
+            out.append((key, micros, unknown))
+        return out
+
     def spend_rows(self) -> list:
         """Rows for the spend counted since the last call (include them in a batch)."""
         rows = [self.chats.spend_row(p, k, *self._spent[(p, k)]) for p, k in self._dirty]

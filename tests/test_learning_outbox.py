@@ -94,3 +94,39 @@ def test_lrn5_user_fact_and_read_position_move_together_across_a_crash(
     assert position == 2 and staged == []
     assert steps == 0 and len(mem.requests) == calls  # nothing learned again (LRN-4)
     assert [(j.status, j.rejections) for j in jobs] == [("done", ())]
+
+
+def test_lrn5_staged_facts_a_pool_refused_for_now_are_sent_again(tmp_path, fresh):
+    """The user pool's shard fails the first send (away for a moment): the staged fact is sent
+    again while the shard runs, without waiting for a restart."""
+    from engine.errors import Unavailable
+
+    bot, mem = fresh
+    bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
+    learn = {"content": SAID, "items": [{"chat": CHAT.id, "item": "i-1"}], "scope": "user"}
+    mem.answer(completion("I hear you."), completion(None, tool_calls=[("learn_fact", learn)]))
+
+    async def go():
+        svc = shard_service(tmp_path, fresh)
+        svc.learning.retry_delay = 0.0
+        extract, failed = svc.workspace_extract, []
+
+        async def away_once(*args, **kwargs):
+            if not failed:
+                failed.append(True)
+                raise Unavailable("the shard is restarting")
+            return await extract(*args, **kwargs)
+
+        svc.workspace_extract = away_once
+        try:
+            turn = await svc.start_turn(
+                TurnStart(chat=CHAT, bot=BOT, org=ORG, operator="u_ann", text=SAID)
+            )
+            await svc.wait_turn(CHAT.id, turn.id)
+            await svc.learning_idle()
+            return failed, await _user_facts(svc), await svc.chats.outbox()
+        finally:
+            await svc.close()
+
+    failed, facts, staged = asyncio.run(go())
+    assert failed == [True] and facts == [SAID] and staged == []

@@ -459,8 +459,9 @@ class LearningRunner:
             # Reload what was really stored.
             self._positions.get(job.pool, {}).pop(job.chat, None)
             raise
-        if staged is not None:
-            await self._send_staged(pool.stored, staged, done)
+        if staged is not None and not await self._send_staged(pool.stored, staged, done):
+            # Off the chat's path: its next job need not wait for a shard to come back.
+            self._spawn_task(f"outbox:{job.id}", self._send_later(pool.stored, staged, done))
 
     async def _stage_scoped(
         self, job: LearningJob, new, evidence, now: int
@@ -555,6 +556,14 @@ class LearningRunner:
         assert fut is not None
         await fut
         return True
+
+    async def _send_later(self, stored, staged: outbox.StagedFacts, job: LearningJob) -> None:
+        """Try a set that could not be sent again, a few times (CO-3's pace); past that it
+        waits for the next start."""
+        for attempt in range(AUTO_RETRIES):
+            await asyncio.sleep(self.retry_delay * 2**attempt)
+            if await self._send_staged(stored, staged, job):
+                return
 
     async def _resend(self, job_id: str, pool_id: str, sealed: bytes) -> None:
         """At start: send a set a stopped shard left staged (its step had committed)."""

@@ -19,7 +19,8 @@ import asyncio
 import logging
 import os
 import secrets
-from typing import Protocol
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 import msgspec
 
@@ -125,7 +126,7 @@ class LearningRunner:
     def _spawn(self, job: LearningJob) -> None:
         self._spawn_task(job.id, self._run(job))
 
-    def _spawn_task(self, key: str, work) -> None:
+    def _spawn_task(self, key: str, work: Coroutine[Any, Any, None]) -> None:
         if key in self._tasks:
             work.close()
             return
@@ -348,10 +349,10 @@ class LearningRunner:
         def new_ids():
             return (f"mem_{secrets.token_hex(12)}" for _ in iter(int, 1))
 
-        # User and project facts go to the workspace pools (SC-1..SC-3) on other shards: they
-        # are decided from the pool's state under its shared lock and sent after it is released
-        # (no pool lock is held across an actor call, ACL-9). The receipt of `learn:<job>:<upto>`
-        # makes a repeat store nothing twice.
+        # User and project facts go to the workspace pools (SC-1..SC-3), maybe on other shards:
+        # they are decided from the pool's state under its shared lock, staged in the commit
+        # that moves the read position (LRN-5) and sent once it is stored, outside any pool
+        # lock (ACL-9); each pool's receipt makes a repeat store nothing twice.
         _, ws = await self.memory.pools(job.pool)
         workspace_rejected: list[str] = []
         staged: outbox.StagedFacts | None = None
@@ -444,7 +445,6 @@ class LearningRunner:
                     # were learned up to; they reach their pools after this commit.
                     payload = outbox.encode(staged)
                     extra.append(self.store.outbox_row(pool.stored, job.id, payload, now))
-
                 pending = self.kernel.stage_outcome(
                     pool,
                     outcome,

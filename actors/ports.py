@@ -45,7 +45,7 @@ from engine.directory import (
 )
 from engine.events import Event, ShardHead
 from engine.listing import Page
-from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
+from engine.memory_bot_settings import MemoryBotSettings, MemoryBotView, SettingsPatch
 from engine.memory_entries import EntryView, Reader
 from engine.models import Completion, Message, ToolSpec
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
@@ -180,6 +180,7 @@ class ShardPort(Protocol):
     ) -> dict[str, object]: ...
     async def purge(self, pool_id: str, tag: str) -> int: ...
     async def memory_bot_settings(self, pool_id: str) -> MemoryBotSettings: ...
+    async def memory_bot_view(self, pool_id: str) -> MemoryBotView: ...
     async def patch_memory_bot_settings(
         self, pool_id: str, patch: SettingsPatch
     ) -> MemoryBotSettings: ...

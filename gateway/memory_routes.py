@@ -131,7 +131,7 @@ class MemoryApi:
     async def get_memory_bot(self, request: Request) -> Response:
         # The settings are the memory's management, as PATCH: write on a non-linked bot.
         bot, shard, _ = await self._memory_call(request, write=True)
-        return json(await shard.memory_bot_settings(bot_pool(bot.id)))
+        return json(await shard.memory_bot_view(bot_pool(bot.id)))
 
     async def patch_memory_bot(self, request: Request) -> Response:
         bot, shard, _ = await self._memory_call(request, write=True)

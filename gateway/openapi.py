@@ -26,7 +26,7 @@ from engine.casing import camel_schema, plain_component_names
 from engine.chat_records import ItemView, LearningJob
 from engine.directory import Bot, Channel, Chat, Org, User
 from engine.listing import BotEntry, ChannelEntry, ChatEntry, Me, Page
-from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
+from engine.memory_bot_settings import MemoryBotSettings, MemoryBotView, SettingsPatch
 from engine.memory_entries import EntryView, LogPage, MemoryPage
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
 from engine.requests import RequestView
@@ -232,7 +232,12 @@ ROUTES: list[Op] = [
         wire.Purge,
         s.Count,
     ),
-    Op("get", "/v1/bots/{bot}/memory/bot", "Memory-bot settings", ok=MemoryBotSettings),
+    Op(
+        "get",
+        "/v1/bots/{bot}/memory/bot",
+        "Memory-bot settings and this day's and month's spend",
+        ok=MemoryBotView,
+    ),
     Op(
         "patch",
         "/v1/bots/{bot}/memory/bot",

@@ -118,6 +118,11 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE search_terms ADD COLUMN seq BIGINT DEFAULT 0;
     CREATE TABLE search_snapshots (pool VARCHAR, covers BIGINT, body BLOB);
     """,
+    # 11: user and project facts a learning step decided, staged (sealed with the bot's pool
+    # key) in the commit that moves the chat's read position, until their pools stored them.
+    """
+    CREATE TABLE learn_outbox (job VARCHAR, pool VARCHAR, at_ms BIGINT, payload BLOB);
+    """,
 )
 
 POOLS = Table(
@@ -330,3 +335,10 @@ REQUESTS = Table(
     "requests", (("id", "VARCHAR"), ("bot", "VARCHAR"), ("doc", "VARCHAR"), ("proposal", "BLOB"))
 )
 TABLES = (*TABLES, COMMUNICATIONS, REQUESTS)
+
+# --- staged learned facts (migration 11) ---
+LEARN_OUTBOX = Table(
+    "learn_outbox",
+    (("job", "VARCHAR"), ("pool", "VARCHAR"), ("at_ms", "BIGINT"), ("payload", "BLOB")),
+)
+TABLES = (*TABLES, LEARN_OUTBOX)

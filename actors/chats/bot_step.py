@@ -72,6 +72,7 @@ MEMORY_INSTRUCTIONS = (
     "workspace_memory_search."
 )
 ENRICH_CONTEXT = 8_000
+CONFIDE_CONTEXT = 4_000  # characters of memory the confessor may be given
 SEARCH_HITS = 10
 _enc = msgspec.json.Encoder()
 
@@ -317,8 +318,14 @@ class BotStepper:
         text = str(_args(call).get("text", "")).strip()
         if not text:
             return None
+        pool = bot_pool(step.bot.id)
         answer, calm = await self.runtime.confessor_answer(
-            bot_pool(step.bot.id), settings, step.org.settings.botMemoryModel, text, batch.calls
+            pool,
+            settings,
+            step.org.settings.botMemoryModel,
+            text,
+            batch.calls,
+            await self._confessor_memory(step, pool, text),
         )
         record = Confession(
             turn=step.turn, text=text, answer=answer, calm=calm, at=self.kernel.clock()
@@ -327,6 +334,21 @@ class BotStepper:
         # A delivery asked again after a restart confides again under the same key: replaced.
         batch.writes.append(Put(*row) if step.sent is not None else row)
         return answer
+
+    async def _confessor_memory(
+        self, step: StepInput, pool: str, text: str
+    ) -> list[tuple[str, str]]:
+        """What the confessor may know of the bot's memory: the entries the reader of this
+        step (the person, or the channel, it works for) may see, by the same checks as an
+        enrichment (ENR-2); nothing for a delivery between bots or with memory off."""
+        reader = reader_for(step)
+        org = step.org.settings
+        if reader is None or not (org.botMemory and org.botMemoryModel):
+            return []
+        if not await self.memory_allowed(step.bot):
+            return []
+        parts, _ = await self.memory.memory_reader.context_for(pool, reader, text, CONFIDE_CONTEXT)
+        return parts
 
     async def _workspace_tool(
         self,

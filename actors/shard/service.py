@@ -56,7 +56,13 @@ from actors.workspace.service import Workspace
 from engine.chat_records import ItemView, LearningJob
 from engine.directory import Chat
 from engine.events import Event, ShardHead
-from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
+from engine.memory_bot_settings import (
+    MemoryBotSettings,
+    MemoryBotView,
+    SettingsPatch,
+    SpendView,
+)
+from engine.memory_bot_settings import view as settings_view
 from engine.turns import ANSWER_WAIT
 from storage.chat_store import ChatStore
 from storage.stats import STATS
@@ -234,6 +240,13 @@ class ShardService:
         await self.kernel.started()
         await self.learning.idle()
         return self.learning.model_steps
+
+    async def memory_bot_view(self, pool_id: str) -> MemoryBotView:
+        """The memory bot's settings with its spend this day and month (MB-2, MB-6)."""
+        settings = await self.memory.memory_bot_settings(pool_id)
+        totals = await self.memory_bot.totals(pool_id)
+        spend = tuple(SpendView(period=p, micros=m, unknownCalls=u) for p, m, u in totals)
+        return settings_view(settings, spend)
 
     async def patch_memory_bot_settings(
         self, pool_id: str, patch: SettingsPatch

@@ -249,7 +249,8 @@ def test_ws7_the_owner_hears_chat_updated_and_others_do_not(world, server):
                     "change": "project",
                     "project": project["id"],
                 }
-                # Bob's next chat.updated is about his own chat, not alice's.
+                # Bob's next chat.updated is about his own chat, not alice's; setting the
+                # project a chat already has changes nothing and announces nothing.
                 _ok(
                     await asyncio.to_thread(
                         bob.patch, f"/v1/chats/{bobs['id']}", json={"project": None}
@@ -262,7 +263,8 @@ def test_ws7_the_owner_hears_chat_updated_and_others_do_not(world, server):
                     )
                 )
                 frame = msgspec.json.decode(await asyncio.wait_for(_next_update(b), 20))
-                assert frame["data"]["chat"] == bobs["id"], frame
+                # His first: the real change (revision 2), not the no-op before it.
+                assert (frame["data"]["chat"], frame["data"]["revision"]) == (bobs["id"], 2)
 
     asyncio.run(scenario())
 
@@ -343,3 +345,143 @@ def test_ws7_a_caching_gateway_uses_the_new_project_at_the_next_turn(
         _ok(alice.patch(f"/v1/chats/{chat['id']}", json={"project": second["id"]}))
         _ok(alice.post(turns, json={"text": "When?"}))
         assert "Second meets at ten." in prompts[-1] and "First" not in prompts[-1]
+
+
+def test_ws7_a_caching_gateway_never_keeps_a_changed_chat(world, admin, bot_model, caching):
+    """The chat's old record is not used once its change returned, even when the org and bot
+    it is read with are cached again meanwhile (by a turn in another chat with the bot)."""
+    tag = secrets.token_hex(3)
+    name = f"Kept{tag}"
+    bot = _ok(
+        admin.post(
+            "/v1/admin/bots",
+            json={"name": name, "org": world.org, "owner": world.users["alice"], "model": "bot"},
+        )
+    )["id"]
+    prompts: list[str] = []
+
+    def route(body):
+        system = body["messages"][0]["content"]
+        if system.startswith(f"You are {name}."):
+            prompts.append(system)
+            return completion("Noted.")
+        return None
+
+    bot_model.routes.append(route)
+    with user_client(caching, world.tokens["alice"]) as alice, world.client("alice") as elsewhere:
+        first = _project(alice, "One")
+        second = _project(alice, "Two")
+        _remember(alice, bot, first["id"], "One meets at nine.")
+        _remember(alice, bot, second["id"], "Two meets at ten.")
+        chat = _ok(alice.post("/v1/chats", json={"bot": bot, "project": first["id"]}))
+        other = _ok(alice.post("/v1/chats", json={"bot": bot}))
+        _ok(alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "When?"}))
+        assert "One meets at nine." in prompts[-1]
+        # Changed through another gateway: returns once the caching one applied it.
+        patched = elsewhere.patch(f"/v1/chats/{chat['id']}", json={"project": second["id"]})
+        _ok(patched)
+        _ok(alice.post(f"/v1/chats/{other['id']}/turns?wait=true", json={"text": "Hi"}))
+        _ok(alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "When?"}))
+        assert "Two meets at ten." in prompts[-1] and "One" not in prompts[-1]
+
+
+def test_ws7_the_directory_checks_owner_use_kind_and_org_itself(tmp_path):
+    """Whoever calls the directory (not only the gateway's checks): only the chat's owner, who
+    still uses its bot, changes a direct chat's project, and only to one of the chat's org."""
+    from actors.directory import DirectoryService
+    from engine.directory import Permission
+    from engine.errors import Forbidden, NotFound, Unprocessable
+
+    async def scenario() -> None:
+        d = DirectoryService(tmp_path)
+        try:
+            org = await d.create_org("o", "o_1")
+            await d.create_user("Ann", [org.id], "u_ann")
+            await d.create_user("Bo", [org.id], "u_bo")
+            bot = await d.create_bot(name="B", org=org.id, owner="u_bo")
+            await d.grant(bot.id, "u_ann", Permission.READ)
+            chat = await d.create_chat("u_ann", None, bot=bot.id)
+            with pytest.raises(Forbidden):
+                await d.set_chat_project(chat.id, "u_bo", None, None)
+            with pytest.raises(NotFound):
+                await d.set_chat_project(chat.id, "u_ann", "p_1", "o_other")
+            done = await d.set_chat_project(chat.id, "u_ann", "p_1", org.id)
+            assert (done.project, done.revision) == ("p_1", 2)
+            await d.revoke_grant(bot.id, "u_ann")
+            with pytest.raises(Forbidden):
+                await d.set_chat_project(chat.id, "u_ann", None, None)
+            assert (await d.get_chat(chat.id)).project == "p_1"
+            channel = await d.create_channel(org=org.id, people=["u_ann"], bots=[bot.id])
+            group = await d.group_chat(channel.id)
+            with pytest.raises(Unprocessable):
+                await d.set_chat_project(group.id, "u_ann", "p_1", org.id)
+        finally:
+            d.store.db.close()
+
+    asyncio.run(scenario())
+
+
+def test_ws7_a_chat_read_before_a_change_is_not_cached_after_it():
+    """A gateway's chat read that the directory answered before a change this gateway already
+    applied is used for that request only: kept, it would be served (with an org and bot cached
+    afresh by another chat) after the change returned."""
+    from engine.directory import Bot, Chat, ChatContext, Org
+    from gateway.auth import Auth
+
+    org = Org(id="o_1", name="o")
+    bot = Bot(id="b_1", name="B", org="o_1", owner="u_ann")
+
+    def chat(chat_id: str, project: str | None, revision: int = 1) -> Chat:
+        return Chat(
+            id=chat_id,
+            kind="direct",
+            owner="u_ann",
+            org="o_1",
+            bot="b_1",
+            project=project,
+            revision=revision,
+        )
+
+    class Directory:
+        """The directory at access revision 5; `stale` answers one read from revision 4."""
+
+        def __init__(self) -> None:
+            self.applied = asyncio.Event()
+            self.stale: dict[str, tuple[int, ChatContext]] = {}
+            self.reads: list[str] = []
+
+        async def watch_access(self, watcher: str, since: int, wait: float) -> int:
+            if since >= 5:
+                self.applied.set()
+                await asyncio.sleep(wait)
+            return 5
+
+        async def chat_context_at(self, chat_id: str) -> tuple[int, ChatContext]:
+            self.reads.append(chat_id)
+            if chat_id in self.stale:
+                return self.stale.pop(chat_id)
+            now = chat(chat_id, "p_new", 2) if chat_id == "chat_x" else chat(chat_id, None)
+            return 5, ChatContext(chat=now, org=org, bot=bot)
+
+    class Engine:
+        directory_port = Directory()
+
+    async def scenario() -> None:
+        engine = Engine()
+        auth = Auth(engine, "admin", ttl=60.0)  # type: ignore[arg-type]
+        auth.watch()
+        await asyncio.wait_for(engine.directory_port.applied.wait(), 5)
+        engine.directory_port.stale["chat_x"] = (
+            4,
+            ChatContext(chat=chat("chat_x", "p_old"), org=org, bot=bot),
+        )
+        assert (await auth.context("chat_x")).chat.project == "p_old"  # that request's read
+        await auth.context("chat_y")  # the org and the bot cached at revision 5
+        assert (await auth.context("chat_x")).chat.project == "p_new"
+        assert engine.directory_port.reads == ["chat_x", "chat_y", "chat_x"]
+        # An answer about an older revision that arrives late (a slower change's) is not kept.
+        auth.know_chat(chat("chat_x", "p_old"))
+        assert (await auth.context("chat_x")).chat.project == "p_new"
+        assert len(engine.directory_port.reads) == 3
+
+    asyncio.run(scenario())

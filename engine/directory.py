@@ -92,6 +92,9 @@ class Chat(msgspec.Struct, frozen=True, kw_only=True):
     # (group), the root chat's home (agent). Empty in rows written before it existed.
     home: str = ""
     chain: str | None = None  # agent chats: the collaboration chain they serve
+    # Moves with every change to the record after it was made (its project, WS-7), so a
+    # client that hears of changes out of order keeps the newest.
+    revision: int = 1
 
 
 class ChatContext(msgspec.Struct, frozen=True, kw_only=True):

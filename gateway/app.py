@@ -131,6 +131,7 @@ def create_app(
         r("/v1/admin/backup", admin.backup, methods=["POST"]),
         r("/v1/admin/export", FileExportApi(engine, auth).export, methods=["GET"]),
         r("/v1/chats", chats.create_chat, methods=["POST"]),
+        r("/v1/chats/{chat}", chats.patch_chat, methods=["PATCH"]),
         r("/v1/chats/{chat}/turns", chats.post_turn, methods=["POST"]),
         r("/v1/chats/{chat}/items", chats.chat_items, methods=["GET", "DELETE"]),
         r("/v1/chats/{chat}/turns/{turn}/verdict", chats.verdict, methods=["POST"]),

@@ -95,9 +95,9 @@ class Auth:
         self._principals = _Cache(ttl)
         self._bots = _Cache(ttl)
         # A turn's context in parts (gateway/chat_routes.py): orgs, and channels with their
-        # bots, at the access revision like bots; chat records never change once made, so
-        # they are kept as they are (bounded) and a new chat's first turn asks nothing when
-        # its bot and org are known.
+        # bots, at the access revision like bots; chat records change only by a change that
+        # moves the access revision (a chat's project, WS-7), so they are kept until it moves
+        # (bounded) and a new chat's first turn asks nothing when its bot and org are known.
         self._orgs = _Cache(ttl)
         self._channels = _Cache(ttl)
         self._chats: dict[str, Chat] = {}
@@ -144,6 +144,7 @@ class Auth:
                 self._bots.drop()
                 self._orgs.drop()
                 self._channels.drop()
+                self._chats.clear()
                 # A restarted directory counts from 0 again: whatever it says is current.
                 self._applied = revision
                 # Before the next poll, which acknowledges the change.
@@ -196,11 +197,13 @@ class Auth:
         return bot
 
     def know_chat(self, chat: Chat) -> None:
-        """A chat record this gateway made or read (they never change once made)."""
+        """A chat record this gateway made, changed or read (the newest revision is kept)."""
         if self.ttl > 0:
             if len(self._chats) >= 50_000:
                 self._chats.clear()
-            self._chats[chat.id] = chat
+            held = self._chats.get(chat.id)
+            if held is None or held.revision <= chat.revision:
+                self._chats[chat.id] = chat
 
     async def context(self, chat_id: str) -> ChatContext:
         """The chat with its org and its bot or its channel and the channel's bots, as the
@@ -216,7 +219,8 @@ class Auth:
         revision, ctx = await self._context_at(chat_id)
         if caching:
             floor = self._applied
-            self.know_chat(ctx.chat)
+            if revision >= floor:  # not read before a change this gateway already applied
+                self.know_chat(ctx.chat)
             self._orgs.put(ctx.org.id, revision, ctx.org, floor)
             if ctx.bot is not None:
                 self._bots.put(ctx.bot.id, revision, ctx.bot, floor)

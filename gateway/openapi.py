@@ -167,6 +167,13 @@ ROUTES: list[Op] = [
     # --- chats ---
     Op("post", "/v1/chats", "Start a direct or group chat", wire.CreateChat, Chat, 201),
     Op(
+        "patch",
+        "/v1/chats/{chat}",
+        "Set, change or clear (null) a direct chat's project (WS-7); announced as chat.updated",
+        wire.PatchChat,
+        Chat,
+    ),
+    Op(
         "post",
         "/v1/chats/{chat}/turns",
         "A turn: 202 at once, or 200 once it ended (?wait=true)",

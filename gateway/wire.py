@@ -169,6 +169,12 @@ class CreateChat(_Body):
     kind: str | None = None
 
 
+class PatchChat(_Body):
+    """A chat's current project (WS-7): a project id, or null to clear it."""
+
+    project: str | None
+
+
 class Remember(
     msgspec.Struct,
     frozen=True,

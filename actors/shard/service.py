@@ -310,7 +310,7 @@ answered_by(
         " switch_group_mode:switch_mode",
         "learning": "release_learning:release",
         "chat_logs": "chat_item:one_item chat_items:items delete_chat_items:delete_items"
-        " confessions enrichments",
+        " confessions enrichments chat_updated:announce_update",
         "chains": "collaborations:listing stop_collaboration:stop_visible chains_idle:idle"
         " find_agent_chat send_stored",
         "requests": "requests_of:listing request:find_view decide_request:decide attach_review"

@@ -3,9 +3,10 @@
 // (@mentions, rounds), the collaboration chains of the chat, and its confessions, enrichments
 // and memory jobs, and its requests (requests.js).
 
-import { get, post } from "./api.js";
+import { api, get, post } from "./api.js";
 import { avatar, clear, h, pick, time } from "./dom.js";
-import { jobCard } from "./memory.js";
+import { jobCard, offers } from "./memory.js";
+import { loadProjects } from "./projects.js";
 import { loadRequests, openRequest } from "./requests.js";
 import { avatarOf, nameOf, state } from "./state.js";
 
@@ -89,6 +90,7 @@ export class ChatView {
                 ),
               )
             : null,
+          this.projectPicker(chat),
         ),
         this.list,
         h("div", { class: "composer" }, h("div", {}, this.input, this.error), this.rounds, this.sendButton),
@@ -139,6 +141,42 @@ export class ChatView {
     } catch (e) {
       this.error.textContent = e.message;
     }
+  }
+
+  // WS-7: a direct chat's current project, chosen among the person's projects (set, changed
+  // or cleared here; chat.updated keeps every open console in step).
+  projectPicker(chat) {
+    if (!chat || !["direct", "review"].includes(chat.kind) || !offers("bot-projects-v1")) return null;
+    this.project = h("select", {
+      testid: "chat-project",
+      title: "The chat's current project: its memory goes into the bot's prompt",
+      onchange: () => this.setProject(this.project.value || null),
+    });
+    this.projectError = h("span", { class: "error small", testid: "chat-project-error" });
+    loadProjects()
+      .then((projects) => {
+        clear(
+          this.project,
+          h("option", { value: "" }, "no project"),
+          projects.map((p) => h("option", { value: p.id }, p.name)),
+        );
+        this.project.value = this.chat?.project ?? "";
+      })
+      .catch((e) => (this.projectError.textContent = e.message));
+    return h("label", { class: "small" }, "project ", this.project, this.projectError);
+  }
+
+  async setProject(project) {
+    this.projectError.textContent = "";
+    try {
+      const chat = await api("PATCH", `/v1/chats/${encodeURIComponent(this.chatId)}`, { project });
+      const held = state.chats.get(this.chatId);
+      if (held && (held.revision ?? 1) < chat.revision)
+        state.chats.set(this.chatId, { ...held, project: chat.project, revision: chat.revision });
+    } catch (e) {
+      this.projectError.textContent = e.message;
+    }
+    this.project.value = this.chat?.project ?? "";
   }
 
   toggleMention(bot, button) {
@@ -245,6 +283,8 @@ export class ChatView {
     const d = frame.data || {};
     if (frame.type === "chat.item.created" && d.chat === this.chatId) this.fetchItem(d.item);
     else if (frame.type === "chat.items.deleted" && d.chat === this.chatId) this.dropItems();
+    else if (frame.type === "chat.updated" && d.chat === this.chatId && this.project)
+      this.project.value = this.chat?.project ?? "";
     else if (frame.type === "collaboration.changed") this.loadChains().catch(() => {});
     else if (frame.type === "request.changed" && d.chat === this.chatId) this.loadRequests().catch(() => {});
     else if (frame.type === "memory.job.changed" && this.records.childElementCount) this.loadRecords().catch(() => {});

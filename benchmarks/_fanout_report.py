@@ -18,7 +18,7 @@ TARGETS = {
     "duplicated": 0,
     "p99_ms_max": 50.0,
     "vs_socketio_min": 2.0,
-    "cpu_vs_socketio_max": 2.0,  # server CPU per 1,000 deliveries, burst (issue 13)
+    "cpu_vs_socketio_max": 2.0,  # server CPU per 1,000 deliveries, burst
 }
 SERVER_ROLES = ("gateway", "shard", "directory", "ray_system", "ref_server")
 

@@ -1,4 +1,4 @@
-"""Retrieval quality of memory search through the public API (issue 11).
+"""Retrieval quality of memory search through the public API.
 
     .venv/bin/python -m benchmarks.retrieval [--data synthetic|locomo-like] [--quick]
         [--conversations N] [--turns N]

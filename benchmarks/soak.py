@@ -1,4 +1,4 @@
-"""Soak: the server's resident memory under long, churning load (issue 12 point 9).
+"""Soak: the server's resident memory under long, churning load.
 
     python -m benchmarks.soak            # 10 minutes, 10,000 accounts
     python -m benchmarks.soak --quick    # about a minute

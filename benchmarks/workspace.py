@@ -1,4 +1,4 @@
-"""Workspace memory (issue 5): prompt packing, keyword and semantic search, export and import.
+"""Workspace memory: prompt packing, keyword and semantic search, export and import.
 
     .venv/bin/python -m benchmarks.workspace [--quick] [--dim N] [--records N] [--no-http]
 
@@ -13,8 +13,8 @@
    on, which is what one shard does for `GET /memories?q=`. `cold` is the first search after the
    shard opened (pools and vectors loaded from the file and decrypted), timed over
    `--cold-runs` opens (3; each with its CPU time). Every query is a new
-   one, so the query-vector cache never answers. All records are in one pool (issue 11's scale
-   target); `index_per_write_ms` is what keyword indexing adds to a write (term keys made and
+   one, so the query-vector cache never answers. All records are in one pool (the scale search
+   targets); `index_per_write_ms` is what keyword indexing adds to a write (term keys made and
    put into the pool's in-memory index).
 3. **writes over HTTP** — a local Ray session, one shard and a real gateway (uvicorn on
    127.0.0.1): workspace memory writes (`POST /api/app/workspace/memories`, bot scope) against
@@ -255,7 +255,7 @@ async def seed_search(data: Path, records: int, embedder: InstantEmbedder) -> No
             ws.store.entry_row(entry, ws.store.seal(cipher, pool_id, entry.id, content), new=True)
         )
         keys = svc.kernel.analyzer(pool_id).keys(content)
-        batch.append(  # the term hashes the workspace stores with each write (issue 11)
+        batch.append(  # the term hashes the workspace stores with each write
             svc.kernel.terms.row(pool_id, entry.id, entry.content_fp, keys, n + 1)
         )
         block.append((entry.id, entry.content_fp, embedder.vector(content)))
@@ -525,7 +525,7 @@ async def seed_export(data: Path, records: int) -> dict:
     await asyncio.gather(*(write(n, sentence(rnd, n), rnd.choice(tiers)) for n in range(records)))
     write_s = time.perf_counter() - t0
     # Side by side: as many Remember writes (pinned entries) into the bot's pool, the
-    # same 64 at a time, on the same shard (issue 11: workspace writes at least as fast).
+    # same 64 at a time, on the same shard (workspace writes at least as fast).
     reader = Reader(user=ACCOUNT, org=ORG, uses_bot=True)
 
     async def remember(n: int, content: str) -> None:

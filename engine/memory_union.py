@@ -1,7 +1,7 @@
 """One memory per bot (MEM-1, SC-1): one model of a bot's entries, and its two views.
 
-Design (issue 15). Pool `bot:<id>` keeps its entries in two tables of the shard's file, because
-they are written by two different machineries with different bookkeeping:
+Pool `bot:<id>` keeps its entries in two tables of the shard's file, because they are
+written by two different machineries with different bookkeeping:
 
 - `memory_entries`: what the memory bot learned (facts, observations) and what a person
   pinned with Remember, with tags, sources and access proofs (`EntryMeta`);

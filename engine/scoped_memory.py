@@ -1,4 +1,4 @@
-"""Workspace memory in three scopes (SPEC SC-1..SC-4, FS-2): records, extraction, forgetting.
+"""Workspace memory in three scopes (SC-1..SC-4, FS-2): records, extraction, forgetting.
 
 A record (`WorkspaceEntry`) lives in one pool: `bot:<botId>` (the bot itself), `user:<accountId>`
 (every bot of the account) or `project:<projectId>` (the project's members). Shared pools hold one
@@ -496,7 +496,7 @@ def propose_all(
 
 
 class WorkspaceMemoryCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """`POST /api/app/workspace/memories` without `id` (DESIGN §9)."""
+    """`POST /api/app/workspace/memories` without `id` (docs/design.md §9)."""
 
     requestId: str
     scope: Scope

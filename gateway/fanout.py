@@ -1,5 +1,5 @@
 """The gateway's side of the event log: one subscription per shard per gateway process, and each
-event decided and encoded once for everyone who may hear of it (DESIGN §8).
+event decided and encoded once for everyone who may hear of it (docs/design.md §8).
 
 Per shard one pump long-polls the shard for published events. Clients are grouped by who they
 are (a `Listener`: user, orgs, channels, usable bots) and the groups are indexed by user,

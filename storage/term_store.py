@@ -1,4 +1,4 @@
-"""Stored search terms (issue 11; migration 8): what a pool's keyword index is rebuilt from.
+"""Stored search terms (migration 8): what a pool's keyword index is rebuilt from.
 
 One row per record: the record's term keys (`storage.search_index.Analyzer`: sorted keyed
 hashes, never a word, each pool's under its own key: `pool_terms_key`) and the content
@@ -63,7 +63,7 @@ class TermsLoad(NamedTuple):
 def pool_terms_key(master_key: bytes, pool: str) -> bytes:
     """A pool's secret for its term hashes, derived from the master key and the pool's id:
     the same word hashes differently in every pool, so known words written in one pool and
-    their stored keys read back say nothing of another pool's rows. A seed-000 pool and the
+    their stored keys read back say nothing of another pool's rows. A bot memory pool and the
     workspace pool of the same id (`bot:<id>`: one bot's one memory, searched as one) share
     it."""
     return derive_key(master_key, "search terms", pool)

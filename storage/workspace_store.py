@@ -1,4 +1,4 @@
-"""Workspace rows on a shard's DuckDB file (issue 5): projects, scoped memory records, their
+"""Workspace rows on a shard's DuckDB file: projects, scoped memory records, their
 revisions and forget barriers.
 
 Records keep their metadata (`WorkspaceEntry`: pool, contributor, tier, topics, evidence markers,
@@ -368,7 +368,7 @@ class WorkspaceStore:
     @staticmethod
     def project_row(project: Project, cipher: Cipher) -> Write:
         """The project's row; its document (name, metadata, members) sealed with the key of
-        its pool `project:<id>` (issue 12)."""
+        its pool `project:<id>`."""
         pool = f"project:{project.id}"
         doc = seal_doc(cipher, pool, PROJECTS.name, project.id, _enc.encode(project))
         return Put(PROJECTS.name, (project.id, project.owner, doc))

@@ -1,4 +1,4 @@
-"""The workspace memory write path over HTTP (issue 11: as fast as Remember): a creation's
+"""The workspace memory write path over HTTP (as fast as Remember): a creation's
 answer is its HTTP body from the shard on, and a well-formed creation is decoded in one pass,
 with every other body decoded (and refused) as before."""
 

@@ -1,4 +1,4 @@
-"""Embedding models for semantic search (SPEC SC-7, DESIGN §6).
+"""Embedding models for semantic search (SC-7, docs/design.md §6).
 
 An embedding model is declared like any model and chosen by the `[search]` table:
 

@@ -1,4 +1,4 @@
-"""Coalescing a caller's requests to one actor method (issue 13): many requests, one Ray call.
+"""Coalescing a caller's requests to one actor method: many requests, one Ray call.
 
 A Ray call costs about 0.7 ms of CPU on each side whatever it carries, as much as a Remember's
 own work in the shard. A `Coalescer` (one per actor method and event loop, kept by `RayShard`)

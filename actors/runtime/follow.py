@@ -1,4 +1,4 @@
-"""A gateway's view of one shard's event log on one event loop (issue 13): the events come from
+"""A gateway's view of one shard's event log on one event loop: the events come from
 two places, the event pump's long poll and the replies of this gateway's coalesced writes.
 
 Under a load of writes every group commit used to cost two Ray calls per gateway: the coalesced

@@ -1,5 +1,5 @@
 """A direct lane to a shard from the processes of its node: a bot's step asked by a sibling
-shard, a gateway's turn starts and event polls (issue 13).
+shard, a gateway's turn starts and event polls.
 
 A collaboration hop asks the shard that holds the peer's memory for the peer's step, and in a
 chain whose bots live on both shards every other hop is such a call. Over Ray an actor-to-actor

@@ -1,4 +1,4 @@
-"""What a shard keeps loaded: least-recently-used eviction under a budget (issue 12 point 9).
+"""What a shard keeps loaded: least-recently-used eviction under a budget.
 
 A shard loads memory pools, workspace pools and chat logs on first use and would otherwise keep
 them for good: memory grew with every account ever touched. Each loaded thing is registered

@@ -1,4 +1,4 @@
-"""Workspace projects on a shard (issue 5; SPEC WS-7): those whose owner's account lives here.
+"""Workspace projects on a shard (WS-7): those whose owner's account lives here.
 
 All of them are loaded once (they are few and small), with their members and linked channels.
 Edits carry `expectedRevision` (engine/projects.py decides); nothing is written when it refuses.

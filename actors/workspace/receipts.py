@@ -1,4 +1,4 @@
-"""Workspace writes' requestId receipts on a shard (issue 5).
+"""Workspace writes' requestId receipts on a shard.
 
 Every workspace write takes a `requestId`: its receipt (the request's fingerprint and the
 sealed answer) goes into the same group-commit batch as the change, so a repeat returns the

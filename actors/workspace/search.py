@@ -1,4 +1,4 @@
-"""Ranked search of the workspace memory on one shard (issue 11; SPEC SC-7, MEM-1, ACL-9).
+"""Ranked search of the workspace memory on one shard (SC-7, MEM-1, ACL-9).
 
 `GET /api/app/workspace/memories?q=` on a shard: BM25 keyword hits (storage/search_index.py)
 and semantic hits (actors/workspace/semantic.py) of the pools the caller may read, fused by

@@ -1,4 +1,4 @@
-"""The semantic half of workspace search on a shard (SPEC SC-7, DESIGN §6).
+"""The semantic half of workspace search on a shard (SC-7, docs/design.md §6).
 
 `Workspace.entries` hands this the records it already found readable for the caller (pools the
 caller may not read are never candidates) and gets back the nearest by cosine; keyword hits and

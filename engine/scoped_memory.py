@@ -194,10 +194,10 @@ def pool_of(scope: Scope | str, *, bot: str, account: str, project: str | None =
 _SCOPE_OF = {"bot": Scope.BOT, "user": Scope.USER, "project": Scope.PROJECT}
 
 
-@functools.lru_cache(maxsize=8192)  # ~10 times a write, for a few pools (errors: not cached)
+@functools.lru_cache(maxsize=8192)  # many times a write, for a few pools (errors: not cached)
 def scope_of(pool: str) -> Scope:
     kind, sep, rest = pool.partition(":")
-    scope = _SCOPE_OF.get(kind)  # a dict, not `Scope(kind)`: this runs ~10 times a write
+    scope = _SCOPE_OF.get(kind)  # a dict, not `Scope(kind)`: this runs many times a write
     if not sep or not rest or scope is None:
         raise InvalidInput(f"{pool!r} is not a workspace pool", code="invalid_pool")
     return scope
@@ -231,8 +231,8 @@ def normalize(text: str) -> str:
     collapsed. Rewording still changes it; that is what evidence barriers are for.
 
     (Every workspace write runs this: ASCII text, the common case, loses its punctuation as
-    bytes, ~10 µs less than `str.translate` with a table; and `split`/`join` splits on exactly
-    the characters the regex `\\s` matches, for a few µs less than the regex.)"""
+    bytes, cheaper than `str.translate` with a table; and `split`/`join` splits on exactly the
+    characters the regex `\\s` matches, cheaper than the regex.)"""
     text = unicodedata.normalize("NFKC", text).casefold()
     if text.isascii():
         text = text.encode().translate(None, _ASCII_PUNCTUATION).decode()

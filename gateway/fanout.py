@@ -38,7 +38,7 @@ from gateway.subscriber import TOO_SLOW, Closed, Outlet, Subscriber, event_text
 log = logging.getLogger("openbot.events")
 
 POLL_WAIT = 10.0
-YIELD_EVERY = 256  # frames written before the pump lets other tasks run (~2-4 ms)
+YIELD_EVERY = 256  # frames written before the pump lets other tasks run
 CATCH_UP_CLOSE = 4409
 REPLAY_BATCH = 1000  # events a catch-up replays per step (a shard call, or a slice held here)
 

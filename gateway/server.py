@@ -25,8 +25,8 @@ log = logging.getLogger("openbot")
 # Protocol-level pings notice dead peers (docs/design.md §8 heartbeats). websockets' sans-I/O
 # protocol writes a frame without a task or a wait while the socket takes it (the fan-out relies on
 # that, gateway/subscriber.py), and ours also takes ready-made event frames. No permessage-deflate:
-# event frames are ~250 bytes, and compressing each one for each client cost ~3x the CPU of
-# framing it (8 of 11 us a frame, measured) plus a zlib state of ~260 KB per connection.
+# event frames are small, and compressing each one for each client costs more CPU than framing
+# it, plus a zlib state per connection (docs/benchmarks.md, "Design measurements").
 UVICORN_WS = {
     "ws": FramingProtocol,  # websockets-sansio offering ready-made event frames (socket_frames.py)
     "ws_ping_interval": 15.0,

@@ -4,8 +4,8 @@ One row per record: the record's term keys (`storage.search_index.Analyzer`: sor
 hashes, never a word, each pool's under its own key: `pool_terms_key`) and the content
 fingerprint they were made from. A row whose fingerprint no longer matches the record is stale
 and the terms are made again from the text. Kept so that the first search after a shard opens
-need not decrypt and tokenize every record of a pool (about 10 s per 100,000 records in Python,
-against a bulk read of these rows).
+need not decrypt and tokenize every record of a pool in Python, far slower than a bulk read of
+these rows.
 
 A workspace pool's built index is also kept whole (`search_snapshots`, migration 10): its
 postings, sealed with the pool's data key, and `covers`, the highest `seq` of the term rows it

@@ -60,8 +60,8 @@ _fp_dec = msgspec.json.Decoder(_Fp)
 class LazyEntries(MutableMapping[str, WorkspaceEntry]):
     """A pool's records by id, each decoded from its stored JSON the first time it is read.
 
-    Decoding 100,000 records' metadata took about 0.6 s of a pool's load (the first search
-    after a shard opens), while a search reads the few hundred records its ranking reaches.
+    Decoding every record's metadata would be a large part of a big pool's load (the first
+    search after a shard opens), while a search reads the few hundred records its ranking reaches.
     One dict holds both kinds of value in load order (a decoded record replaces its JSON in
     place, so iteration order is that of a plain dict); `fp` reads a record's content
     fingerprint alone, for the walks that compare every record with derived data.

@@ -1,6 +1,6 @@
 """A grant across orgs left in an older directory (a bot works in its own org).
 
-Such a row was written before grants were checked against the bot's org. It stays in the file;
+Such a row comes from a directory written without the org check on grants. It stays in the file;
 nothing may honour it: `may_use`, the bots a token may use, the `/v1/bots` listing, the bot's
 routes and the event stream all treat the bot as unknown to the grantee.
 """

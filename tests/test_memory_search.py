@@ -412,7 +412,7 @@ def test_records_without_stored_terms_are_indexed_even_beside_rows_of_records_go
 ):
     """A pool's load indexes from the stored term rows, dropping rows of records that are gone
     and tokenizing records that have none. With one of each, the counts agree: the missing
-    record must still be found (it was not, when the check compared counts before dropping)."""
+    record must still be found (a check comparing counts before dropping would miss it)."""
 
     async def first() -> tuple[str, str]:
         svc = _shard(tmp_path)

@@ -51,7 +51,7 @@ def test_a_created_records_answer_is_the_body_the_gateway_would_encode(tmp_path:
 
 
 def _slow(body: bytes):
-    """How every body was decoded before the one-pass path (the reference)."""
+    """Every body decoded the general way, without the one-pass path (the reference)."""
     raw = wire.decode_any(body)
     if not isinstance(raw, dict):
         raise InvalidInput("body must be a JSON object", code="invalid_body")

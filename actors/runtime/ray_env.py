@@ -21,7 +21,7 @@ import sys
 
 # Ray's documented switch for multi-node clusters on Windows and macOS (set to 1 there to allow
 # them). Off, Ray keeps a node's address on loopback instead of looking up the host's, on Linux
-# too (measured: docs/design.md §14). Ray reads it once, when `ray` is imported.
+# too (docs/design.md §14). Ray reads it once, when `ray` is imported.
 CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 JOINING = bool(os.environ.get("OPENBOT_RAY_ADDRESS") or os.environ.get("RAY_ADDRESS"))

@@ -373,8 +373,8 @@ class SemanticSearch:
 
     async def _queue_all_missing(self, pool: WorkspacePool) -> None:
         """`_queue_missing` for every record, once the pool's vectors have loaded: in slices,
-        the event loop free between them (at 100,000 records the walk took 0.15 to 0.5 s at
-        once, and the searches that came meanwhile waited for it)."""
+        the event loop free between them (a large pool's walk at once would keep the searches
+        that came meanwhile waiting for it)."""
         vectors = self._pools.get(pool.id)
         ids = list(pool.stored.entries)
         for at in range(0, len(ids), UPKEEP_SLICE):

@@ -89,9 +89,9 @@ class NodeHubPort(Protocol):
 
 
 class ShardPort(Protocol):
-    """What a shard asks of another shard (DESIGN §3: an account's pools live on one shard, so
-    a bot's step, its learning and a pool's records are served where they are kept), and what
-    a gateway asks of a shard (below the first block). `ShardService` is the local
+    """What a shard asks of another shard (docs/design.md §3: an account's pools live on one
+    shard, so a bot's step, its learning and a pool's records are served where they are kept),
+    and what a gateway asks of a shard (below the first block). `ShardService` is the local
     implementation; actors/runtime/shard_proxy.py's `RayShard` reaches a shard actor."""
 
     async def run_step(

@@ -1,4 +1,4 @@
-"""Events (DESIGN §8, contract): what changed, never the content, and who may hear of it.
+"""Events (docs/design.md §8, contract): what changed, never the content, and who may hear of it.
 
 An event is stored with an `Audience` computed when it is written, from the same rules that
 decide visibility; the gateway checks each client against it, on live delivery and again on

@@ -1,4 +1,4 @@
-"""Requests (approvals): something a bot proposes that a person must approve (SPEC ENR-3).
+"""Requests (approvals): something a bot proposes that a person must approve (ENR-3).
 
 A bot proposes with its `workspace_request_approval` tool; the request keeps exactly what the
 bot proposed and where (the chat, the turn, the person of that turn or the channel), never the

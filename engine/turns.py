@@ -1,5 +1,5 @@
-"""The model-facing side of a turn (DESIGN §5, §6): the bot's tools, the memory bot's prompts,
-the calm answer, and the checks on an enrichment. Pure: the actors do the calls.
+"""The model-facing side of a turn (docs/design.md §5, §6): the bot's tools, the memory bot's
+prompts, the calm answer, and the checks on an enrichment. Pure: the actors do the calls.
 """
 
 from __future__ import annotations

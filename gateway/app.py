@@ -1,5 +1,5 @@
 """The Starlette application: every route group's table, the middleware stack, capabilities and
-the OpenAPI document (DESIGN §9). The handlers live in one module per group: admin_routes,
+the OpenAPI document (docs/design.md §9). The handlers live in one module per group: admin_routes,
 chat_routes, memory_routes, listing_routes, request_routes, workspace_routes and
 workspace_memory_routes."""
 

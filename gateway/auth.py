@@ -33,7 +33,7 @@ from engine.errors import Forbidden, NotFound, OpenBotError, Unauthenticated
 from gateway.errors import error_response, status_of
 from storage.directory_store import hash_token
 
-# The only HTTP paths answered without a token (issue 12): exact paths, and path prefixes (the
+# The only HTTP paths answered without a token: exact paths, and path prefixes (the
 # web console's static files go here). Everything else, known route or not, needs a valid
 # admin or user token before any endpoint runs; endpoints then check what the caller may do.
 PUBLIC_PATHS: frozenset[str] = frozenset({"/healthz", "/"})  # "/": the console's page

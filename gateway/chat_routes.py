@@ -92,7 +92,7 @@ class ChatsApi:
         ctx = await self.auth.context(request.path_params["chat"])
         chat = ctx.chat
         if chat.org not in principal.user.orgs:
-            # Another org's chat answers like an id nobody has (issue 12).
+            # Another org's chat answers like an id nobody has.
             raise NotFound(f"no chat {chat.id!r}", code="chat_not_found")
         if chat.kind == "group":
             if chat.channel not in principal.channels:

@@ -376,7 +376,7 @@ ROUTES: list[Op] = [
     Op("get", "/", "The web console", ok=Text("text/html"), auth="none"),
 ]
 
-# Requests (approvals) and bot profiles (issue 15: ENR-3, WS-1, WS-3).
+# Requests (approvals) and bot profiles (ENR-3, WS-1, WS-3).
 REQUEST_STATUS = _q(
     "status", "only requests in this state", enum=["pending", "approved", "rejected"]
 )
@@ -521,6 +521,6 @@ def openapi_document() -> dict[str, Any]:
 
 
 def _as_json(doc: dict[str, Any]) -> dict[str, Any]:
-    # The wire is camelCase (issue 14): property names, `required` and defaults as served,
+    # The wire is camelCase: property names, `required` and defaults as served,
     # component names without msgspec's `_` (`Page_Bot_` → `PageBot`).
     return plain_component_names(camel_schema(msgspec.json.decode(msgspec.json.encode(doc))))

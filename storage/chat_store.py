@@ -197,7 +197,7 @@ class ChatStore:
     def put_turn(self, log: ChatLog, turn: Turn) -> Put | Insert:
         op = Put if turn.id in log.turns else Insert  # a new row needs no delete first
         log.turns[turn.id] = turn
-        # Sealed: a delivery verdict's note is the person's own words (issue 12).
+        # Sealed: a delivery verdict's note is the person's own words.
         meta = seal_doc(log.cipher, f"chat:{log.chat}", TURNS.name, turn.id, _enc.encode(turn))
         row = (turn.id, turn.chat, turn.operator, turn.status, meta, turn.at)
         return op(TURNS.name, row)

@@ -1,4 +1,4 @@
-"""Chats in `openbot export` / `openbot import` (issue 14), on a real server and real DuckDB
+"""Chats in `openbot export` / `openbot import`, on a real server and real DuckDB
 files: a direct chat whose bot collaborated (person, bot and delivery items, agent chats), a
 group chat over two rounds, and bot memory are exported from a backup, imported into a new
 data directory and exported again byte for byte; the imported directory serves the same items

@@ -1,4 +1,4 @@
-"""The web console in a real browser (issue 14, DESIGN §11): Playwright drives Debian's Chromium
+"""The web console in a real browser (docs/design.md §11): Playwright drives Debian's Chromium
 (/usr/bin/chromium; `./run test` installs it where missing, never a downloaded build) against the
 real server fixture, with the bots' model served by the loopback stub. Only the contract's test
 hooks (`data-testid`) are used to find things. Each test leaves a screenshot in
@@ -418,7 +418,7 @@ def test_console_files_are_public_and_locked_down(server):
             name: set(values)
             for name, *values in (d.split() for d in policy.split(";") if d.strip())
         }
-        # Issue 24: no eval, images from this server or inline only, connections (the events
+        # No eval, images from this server or inline only, connections (the events
         # websocket included) to this origin only; nothing from anywhere.
         assert directives["default-src"] == {"'self'"}
         assert directives["script-src"] == {"'self'"}
@@ -515,7 +515,7 @@ def test_records_and_workspace_memory(world: World, admin, server, bot_model, me
 
 
 def test_the_browser_refuses_eval_foreign_images_and_foreign_sockets(browser, server):
-    """Issue 24: what the console's policy refuses, a real Chromium refuses: eval, an image
+    """What the console's policy refuses, a real Chromium refuses: eval, an image
     from another origin, a websocket to another origin; its own origin's websocket opens."""
     context = browser.new_context()
     try:

@@ -1,6 +1,7 @@
 """The console's project pages, capabilities and node hint in a real browser (WS-7, ND-1,
-ND-3; DESIGN §11): the same Playwright and Chromium as tests/test_console.py (its fixtures), the
-real server fixture, only `data-testid` hooks. Screenshots go to `artifacts/console/`."""
+ND-3; docs/design.md §11): the same Playwright and Chromium as tests/test_console.py (its
+fixtures), the real server fixture, only `data-testid` hooks. Screenshots go to
+`artifacts/console/`."""
 
 from __future__ import annotations
 

@@ -264,7 +264,7 @@ def test_admin_cli_against_a_running_server(server, world):
     user = cli("user", "create", "--name", "Cli", "--org", org)
     assert user["token"].startswith("obt_")
     bot = cli("bot", "create", "--name", "cb", "--org", org, "--owner", user["id"])["id"]
-    # A grantee is a person of the bot's org (issue 12: no grant across orgs).
+    # A grantee is a person of the bot's org (no grant across orgs).
     reader = cli("user", "create", "--name", "Reader", "--org", org)["id"]
     assert cli("grant", "--bot", bot, "--user", reader, "--permission", "read")
     channel = cli("channel", "create", "--org", org, "--person", user["id"], "--bot", bot)

@@ -1,4 +1,4 @@
-"""Issue 15, the learning side: the owner's instructions reach the learning step (MB-2), every
+"""The learning side: the owner's instructions reach the learning step (MB-2), every
 attempt keeps its sealed call record and is listed (LRN-4), and a job stopped by the budget runs
 again at the start of the next period without waiting for another job (MB-3)."""
 

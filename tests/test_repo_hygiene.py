@@ -79,7 +79,6 @@ def test_documents_point_only_at_files_in_the_repo():
     assert not _hits(_documents(), OUTSIDE)
 
 
-@pytest.mark.xfail(strict=True, reason="source comments are rewritten in a later commit")
 def test_source_points_only_at_files_in_the_repo():
     assert not _hits(_source(), OUTSIDE)
 

@@ -1,5 +1,5 @@
 """The memory bot's learning step writes user- and project-scope facts into the workspace pools
-(issue 5; SPEC SC-1..SC-3, SC-6): user facts only in the user's own words, never back once
+(SC-1..SC-3, SC-6): user facts only in the user's own words, never back once
 forgotten (reworded or not), bot facts still in the bot's pool."""
 
 from __future__ import annotations

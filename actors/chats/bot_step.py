@@ -1,7 +1,7 @@
-"""One bot's step in a chat, on the shard that holds the bot's memory (DESIGN §5 steps 2-4).
+"""One bot's step in a chat, on the shard that holds the bot's memory (docs/design.md §5 steps 2-4).
 
 Direct chats, each participant of a group round and each peer of a collaboration chain run the
-same step: enrichment of a person's input (ENR), the bot's model with its tools (DESIGN §6),
+same step: enrichment of a person's input (ENR), the bot's model with its tools (docs/design.md §6),
 `confide` with the memory bot's answer. The step does not add chat items itself: the chat's
 home shard stores the reply. What the step records (confessions, enrichment records, the model
 call log, spend) goes into the caller's batch, so a direct turn still commits in one transaction.
@@ -277,7 +277,7 @@ class BotStepper:
         if not await self.memory_allowed(step.bot):
             return step.text
         pool = bot_pool(step.bot.id)
-        # What the input is about first (the same ranked search as memory search, issue 11).
+        # What the input is about first (the same ranked search as memory search).
         parts, has = await self.memory.memory_reader.context_for(
             pool, reader, step.text, ENRICH_CONTEXT
         )
@@ -461,7 +461,7 @@ class BotStepper:
         return _enc.encode({"receipt": link, "group": channel.id, "status": "posted"}).decode()
 
     async def _search(self, step: StepInput, query: str) -> str:
-        """`workspace_memory_search`: the same ranked search as the memory routes (issue 11),
+        """`workspace_memory_search`: the same ranked search as the memory routes,
         over the bot's one memory (entries the step's reader may use) and the person's and the
         project's scopes; each source's ranking kept, the sources taken in turn."""
         reader = reader_for(step)

@@ -1,4 +1,4 @@
-// A bot's memory panel (seed-000 memory: layer, topics, who can see each entry; Remember and
+// A bot's memory panel (bot memory: layer, topics, who can see each entry; Remember and
 // Forget; live from memory.changed) and the workspace view (scoped memory with search, memory
 // jobs with their reasons, every collaboration chain).
 

@@ -1,4 +1,4 @@
-// Projects (WS-7, seed-002 "project and memory pages"): the person's projects, and one project's
+// Projects (WS-7): the person's projects, and one project's
 // page with its members, linked channels, memories with each one's revision history, and the
 // Markdown export of its memory. Live from project.changed and memory.changed.
 

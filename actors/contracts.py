@@ -197,6 +197,20 @@ class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
     tools: tuple[ToolUse, ...] = ()  # app tool calls with their results, in order (MEM-3)
 
 
+class DecisionWake(msgspec.Struct, frozen=True, kw_only=True):
+    """A decided request wakes its bot in the chat it came from (ENR-3): the request's shard
+    asks the chat's home shard, which stores the notice and the bot's step under `turn` once."""
+
+    request: str
+    turn: str  # engine.requests.decision_turn: the same for every wake-up of the decision
+    chat: Chat
+    bot: Bot
+    org: Org
+    operator: str  # the person who decided
+    notice: str  # the notification the chat shows
+    text: str  # the step's input: the decision and the proposal
+
+
 class StepCall(msgspec.Struct, frozen=True, kw_only=True):
     """`ShardPort.run_step` as one message on the shards' direct lane (actors/runtime/lane.py)."""
 

@@ -107,6 +107,7 @@ class ChatEntry(msgspec.Struct, frozen=True, kw_only=True):
     project: str | None = None
     chain: str | None = None
     createdAt: int = 0
+    revision: int = 1  # moves with each change to the chat (its project, WS-7)
     bots: list[Member] = []
     people: list[Member] = []
 
@@ -182,6 +183,7 @@ def chat_entry(
         project=chat.project,
         chain=chat.chain,
         createdAt=chat.created_at,
+        revision=chat.revision,
         bots=members,
         people=people,
     )

@@ -23,6 +23,31 @@ class MemoryBotSettings(msgspec.Struct, frozen=True, kw_only=True):
     budget: Budget | None = None
 
 
+class SpendView(msgspec.Struct, frozen=True, kw_only=True):
+    """What the memory bot's calls cost in one budget period (MB-6): `micros` is the cost the
+    provider confirmed with its usage; a call answered without usage is not guessed at but
+    counted in `unknownCalls`."""
+
+    period: str  # day:YYYY-MM-DD | month:YYYY-MM (UTC)
+    micros: int
+    unknownCalls: int
+
+
+class MemoryBotView(msgspec.Struct, frozen=True, kw_only=True):
+    """The settings as `GET /v1/bots/:botId/memory/bot` shows them, with the current day's and
+    month's spend (read only; a PATCH never carries it)."""
+
+    version: int = 0
+    instructions: str = ""
+    concurrency: int | None = None
+    budget: Budget | None = None
+    spend: tuple[SpendView, ...] = ()
+
+
+def view(settings: MemoryBotSettings, spend: tuple[SpendView, ...]) -> MemoryBotView:
+    return MemoryBotView(**msgspec.structs.asdict(settings), spend=spend)
+
+
 _UNSET = msgspec.UNSET
 
 

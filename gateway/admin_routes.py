@@ -1,4 +1,5 @@
-"""Admin routes (DESIGN §9): the directory's orgs, users, bots, grants and channels, and backups.
+"""Admin routes (docs/design.md §9): the directory's orgs, users, bots, grants and channels,
+and backups.
 Every route takes the admin token; a model name is checked against the server's config here, so a
 typo fails at creation rather than at the bot's first turn."""
 

@@ -38,7 +38,7 @@ from engine.errors import Forbidden, NotFound, OpenBotError, Unauthenticated
 from gateway.errors import error_response, status_of
 from storage.directory_store import hash_token
 
-# The only HTTP paths answered without a token (issue 12): exact paths, and path prefixes (the
+# The only HTTP paths answered without a token: exact paths, and path prefixes (the
 # web console's static files go here). Everything else, known route or not, needs a valid
 # admin or user token before any endpoint runs; endpoints then check what the caller may do.
 PUBLIC_PATHS: frozenset[str] = frozenset({"/healthz", "/"})  # "/": the console's page
@@ -162,8 +162,9 @@ class Auth:
         self._principals = _Cache(ttl, clock)
         self._bots = _Cache(ttl, clock)
         # A turn's context in parts (gateway/chat_routes.py): orgs, and channels with their
-        # bots, at the access revision like bots; chat records never change once made, so
-        # they are kept as they are (bounded) and a new chat's first turn asks nothing when
+        # bots, at the access revision like bots; chat records change only by a change that
+        # moves the access revision (a chat's project, WS-7), so they are kept until it moves
+        # a change that names no keys (bounded), and a new chat's first turn asks nothing when
         # its bot and org are known.
         self._orgs = _Cache(ttl, clock)
         self._channels = _Cache(ttl, clock)
@@ -208,7 +209,9 @@ class Auth:
                 continue
             self._heard = time.monotonic()
             if revision != self._applied:
-                self.drop(changed)  # (None from a restarted directory: access_watch.py)
+                # (None from a restarted directory, or a chat's project changed: every
+                # entry, chats too; access_watch.py)
+                self.drop(changed)
                 self._applied = revision
                 # Before the next poll, which acknowledges the change.
                 for hook in self._hooks:
@@ -224,6 +227,7 @@ class Auth:
             for cache in caches:
                 cache.drop()
             self._misses.drop()
+            self._chats.clear()
             return
         for key in changed:
             for cache in caches:
@@ -280,11 +284,13 @@ class Auth:
         return bot
 
     def know_chat(self, chat: Chat) -> None:
-        """A chat record this gateway made or read (they never change once made)."""
+        """A chat record this gateway made, changed or read (the newest revision is kept)."""
         if self.ttl > 0:
             if len(self._chats) >= 50_000:
                 self._chats.clear()
-            self._chats[chat.id] = chat
+            held = self._chats.get(chat.id)
+            if held is None or held.revision <= chat.revision:
+                self._chats[chat.id] = chat
 
     async def context(self, chat_id: str) -> ChatContext:
         """The chat with its org and its bot or its channel and the channel's bots, as the
@@ -300,7 +306,8 @@ class Auth:
         revision, ctx = await self._context_at(chat_id)
         if caching:
             floor = self._applied
-            self.know_chat(ctx.chat)
+            if revision >= floor:  # not read before a change this gateway already applied
+                self.know_chat(ctx.chat)
             self._orgs.put(ctx.org.id, revision, ctx.org, floor, (access_key("org", ctx.org.id),))
             if ctx.bot is not None:
                 self._bots.put(ctx.bot.id, revision, ctx.bot, floor, _bot_keys(ctx.bot.id))

@@ -1,4 +1,5 @@
-"""`openbot`: the command line (DESIGN §10). `openbot COMMAND --help` describes each command.
+"""`openbot`: the command line (docs/design.md §10). `openbot COMMAND --help` describes each
+command.
 
 openbot serve [--config FILE] [--data-dir DIR] [--host H] [--port P] [--shards N]
               [--ray-address ADDR] [--placement auto|spread|pinned|local] [--log-level L]

@@ -1,5 +1,5 @@
-"""The web console (DESIGN §11): static files shipped inside the package, served at `/` and under
-`/console/`. No build step: plain HTML, CSS and JavaScript modules. The pages are public (they
+"""The web console (docs/design.md §11): static files shipped inside the package, served at `/` and
+under `/console/`. No build step: plain HTML, CSS and JavaScript modules. The pages are public (they
 hold no data); everything they show comes from the API with the token the person signs in with.
 """
 

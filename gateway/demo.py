@@ -1,5 +1,5 @@
 """`openbot demo`: three scripted bots discuss in a group, then two of them collaborate, while the
-terminal shows the live event stream (DESIGN §10).
+terminal shows the live event stream (docs/design.md §10).
 
 Everything goes through the public API, as any client would: the admin routes create an org, a
 person and three bots in a group channel; the person opens the group chat, listens on

@@ -1,4 +1,4 @@
-"""Bot memory routes (DESIGN §9): read, search, remember, forget, widen, purge, the memory
+"""Bot memory routes (docs/design.md §9): read, search, remember, forget, widen, purge, the memory
 log and the memory bot's settings. Reads are served from this gateway's `ReadCache`; every write
 drops the pool's cached pages around it, so a client reads its own writes."""
 
@@ -131,7 +131,7 @@ class MemoryApi:
     async def get_memory_bot(self, request: Request) -> Response:
         # The settings are the memory's management, as PATCH: write on a non-linked bot.
         bot, shard, _ = await self._memory_call(request, write=True)
-        return json(await shard.memory_bot_settings(bot_pool(bot.id)))
+        return json(await shard.memory_bot_view(bot_pool(bot.id)))
 
     async def patch_memory_bot(self, request: Request) -> Response:
         bot, shard, _ = await self._memory_call(request, write=True)
@@ -150,7 +150,7 @@ def _limit(raw: str | None) -> int:
 
 
 def _reader(principal: Principal, request: Request, bot: Bot) -> Reader:
-    """The caller reading or writing through `bot`: in the bot's org (issue 12: a Remember is
+    """The caller reading or writing through `bot`: in the bot's org (a Remember is
     tagged `org:<the bot's org>`, never with an org the bot does not work in)."""
     assert principal.user is not None
     org = bot_org(bot, principal.user, request.headers.get("openbot-org"))

@@ -139,8 +139,8 @@ class EventsAuth(_Doc):
 
 class EventFrame(_Doc):
     """`/v1/events`, server → client: one event. `type` is the event type (memory.changed,
-    memory.job.changed, project.changed, collaboration.changed, chat.item.created); `cursor`
-    resumes after it (`?cursor=`).
+    memory.job.changed, project.changed, collaboration.changed, chat.item.created,
+    chat.items.deleted, chat.updated, request.changed); `cursor` resumes after it (`?cursor=`).
 
     The server closes the socket with: 4400 bad frame, unknown message type or bad cursor;
     4401 missing or bad token; 4403 the token stopped working while connected (replaced or

@@ -1,5 +1,6 @@
-"""Workspace routes for the signed-in account (SPEC §11 WA-1): collaboration chains and bots'
-rules. Chains live on the home shard of their root chat, so listing asks every shard."""
+"""Workspace routes for the signed-in account (docs/requirements.md §11, WA-1): collaboration
+chains and bots' rules. Chains live on the home shard of their root chat, so listing asks
+every shard."""
 
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ class WorkspaceApi:
         chat = await directory.group_chat(channel_id)
         home = self.engine.shard_port(chat_home(chat))
         # The home shard checks that the group is idle and switches under the chat's turn
-        # lock: no turn can start between the check and the switch (issue 12).
+        # lock: no turn can start between the check and the switch.
         channel = await home.switch_group_mode(chat.id, channel_id, body.mode, body.leader)
         self.auth.directory_changed(access_key("channel", channel_id))
         return json(channel)

@@ -1,4 +1,4 @@
-"""Chats in `openbot export` / `openbot import` (issue 14): reading them from a stopped data
+"""Chats in `openbot export` / `openbot import`: reading them from a stopped data
 directory's files and writing them into a data directory (storage/file_export.py drives both).
 
 A chat's items, turns and delivery records live on its home shard (`shard_of(home)`: the bot

@@ -1,6 +1,6 @@
 """Offline access to a stopped data directory's DuckDB files, for export and import
 (storage/file_export.py): read-only opening, row reads, the master key and the directory's
-record key, what an import target already holds (the merge check, issue 14), and writing rows
+record key, what an import target already holds (the merge check), and writing rows
 in one transaction."""
 
 from __future__ import annotations

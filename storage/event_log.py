@@ -1,4 +1,4 @@
-"""A shard's durable event log (DESIGN §8).
+"""A shard's durable event log (docs/design.md §8).
 
 Events get shard-wide sequence numbers when they are queued and are written in the same group
 commit transaction as the change they describe; they are *published* (handed to listeners) only

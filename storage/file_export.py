@@ -1,4 +1,4 @@
-"""`openbot export` / `openbot import` on data directories (FS-1..FS-3, DESIGN §7).
+"""`openbot export` / `openbot import` on data directories (FS-1..FS-3, docs/design.md §7).
 
 Export reads a *stopped* server's data directory (or a consistent copy of a running one: see
 `Engine.backup`) straight from its DuckDB files, opened read-only, decrypts with the master key
@@ -557,13 +557,13 @@ def import_snapshots(
     join_orgs: Sequence[str] = (),
 ) -> ImportResult:
     """Write the snapshots into `data_dir` as `shards` shards (the count `openbot serve
-    --shards` will use). A data directory that already holds accounts gets them merged in
-    (issue 14), with its own master key and shard count; any id the tree shares with it (a
-    user, bot, channel, project, chat or org) refuses the whole import before anything is
-    written, except the orgs named in `join_orgs` (`--join-org`), whose record there is kept.
-    The server must be stopped (its files are opened for writing). Shards are written first,
-    each in one transaction that first drops what an interrupted import of the same ids left;
-    the directory last: importing again after a crash is safe."""
+     --shards` will use). A data directory that already holds accounts gets them merged in
+    , with its own master key and shard count; any id the tree shares with it (a
+     user, bot, channel, project, chat or org) refuses the whole import before anything is
+     written, except the orgs named in `join_orgs` (`--join-org`), whose record there is kept.
+     The server must be stopped (its files are opened for writing). Shards are written first,
+     each in one transaction that first drops what an interrupted import of the same ids left;
+     the directory last: importing again after a crash is safe."""
     data_dir = Path(data_dir)
     if shards < 1:
         raise InvalidInput("shards must be at least 1", code="shard_count")

@@ -26,7 +26,7 @@ its journal in memory.
 
 A checkpoint that fails is logged and retried (at the next idle moment, read or threshold, with
 a short pause after each failure); it never fails the writes whose journal record is durable:
-they are durable, their callers are answered and their events published (issue 12 point 8).
+they are durable, their callers are answered and their events published.
 
 Earlier versions kept the journal as rows of a `commit_journal` table; a file that still has
 some is applied (and the table dropped) when opened.

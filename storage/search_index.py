@@ -1,4 +1,4 @@
-"""The in-memory BM25 keyword index of one memory pool (SC-7, issue 11).
+"""The in-memory BM25 keyword index of one memory pool (SC-7).
 
 Store-agnostic: it knows entries only by id. Its owner builds it from the pool's decrypted
 texts when the pool loads (`build`) and tells it of every change (`put` for new or edited text,

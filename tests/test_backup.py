@@ -39,7 +39,7 @@ def test_backup_while_serving_restores_data_and_resets_old_cursors(
             return json.loads(await ws.recv())
 
     cursor = asyncio.run(first_frame(world.server.url))["cursor"]
-    # By default the key stays out of the copy (issue 12), and the copy will not start on a
+    # By default the key stays out of the copy, and the copy will not start on a
     # key of its own: the entries would be unreadable.
     keyless = tmp_path / "keyless"
     r = admin.post("/v1/admin/backup", json={"dir": str(keyless)})
@@ -78,7 +78,7 @@ def test_backup_while_serving_restores_data_and_resets_old_cursors(
 
 
 def _assert_private(folder: Path) -> None:
-    """Issue 24: a backup is its owner's alone, whatever the umask it was made with."""
+    """A backup is its owner's alone, whatever the umask it was made with."""
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()}
     assert modes and set(modes.values()) == {0o600}, modes

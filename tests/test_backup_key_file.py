@@ -1,4 +1,4 @@
-"""Issue 12: keys live outside the data. A real `openbot serve` with `OPENBOT_MASTER_KEY_FILE`
+"""Keys live outside the data. A real `openbot serve` with `OPENBOT_MASTER_KEY_FILE`
 outside its data directory; `openbot backup` leaves the key out unless `--with-key`; the key-less
 copy refuses to start without its key (rather than seal with a new one) and serves everything
 once the key is supplied."""

@@ -1,4 +1,4 @@
-"""Issue 15, the workspace side, through the public API: the sent side of bot-to-bot
+"""The workspace side, through the public API: the sent side of bot-to-bot
 communication (UI-1), the server's team/collaboration permission on the bot profile and the
 auto-record pause (WS-1), a creator's rename and archive rights and archiving (WS-3)."""
 

@@ -1,4 +1,4 @@
-"""One JSON casing (issue 14): every response body and event frame of the real server has
+"""One JSON casing: every response body and event frame of the real server has
 camelCase keys; old snake_case names are still accepted on input.
 
 The walk fails on any key with `_` except `_tag` (the memory command union, a contract) and

@@ -1,5 +1,5 @@
 """A collaboration peer's writing tools take effect only once the send it answers is durable
-(issue 13: nothing is ever a side effect of a failed write).
+(nothing is ever a side effect of a failed write).
 
 The peer's step starts while the send that made its link commits (actors/chats/chains.py) and
 runs on the peer's own shard: its rules, the members it creates and its confessions must wait

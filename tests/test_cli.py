@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 
 from gateway.cli import build_parser
 from tests.conftest import ADMIN
+from tests.test_repo_hygiene import OUTSIDE
 
 CLI = [sys.executable, "-m", "gateway.cli"]
 
@@ -97,7 +97,7 @@ def test_help_describes_every_command_and_option():
     # Help names only what a user of this repository has: no outside documents.
     for path, parser in commands:
         text = parser.format_help()
-        assert not re.search(r"DESIGN|SPEC|STACK-NOTES|seed[- ]?0", text), (path, text)
+        assert not OUTSIDE.search(text), (path, text)
 
 
 @pytest.mark.subprocess
@@ -213,6 +213,7 @@ def test_demo_with_an_unknown_model_exits_non_zero():
     assert out.returncode == 1 and "cannot reach" in one_line_error(out)
 
 
+@pytest.mark.subprocess
 def test_demo_port_is_for_the_embedded_server_and_a_taken_one_fails_at_once():
     out = run("demo", "--url", "http://127.0.0.1:1", "--token", "t", "--port", "8999")
     assert out.returncode == 1 and "--port is for the embedded server" in one_line_error(out)

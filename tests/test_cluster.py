@@ -1,4 +1,4 @@
-"""Cluster mode on a 2-node `ray.cluster_utils` cluster (issue 7): accounts on both shards served
+"""Cluster mode on a 2-node `ray.cluster_utils` cluster: accounts on both shards served
 through one gateway; killing the node that holds one shard and bringing a node back loses no
 acknowledged write, and resuming event clients see every event once.
 

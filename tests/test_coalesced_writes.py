@@ -1,4 +1,4 @@
-"""Coalesced writes, in process (issue 13): many Remembers (or workspace memory creations) in one
+"""Coalesced writes, in process: many Remembers (or workspace memory creations) in one
 call to a shard, each answered on its own (actors/shard/remember_batch.py, packed.py), and the
 gateway-side `Coalescer` that makes such calls (actors/runtime/coalesce.py). Over real Ray and
 HTTP: tests/test_coalesced_http.py."""

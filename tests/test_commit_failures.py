@@ -86,7 +86,7 @@ async def test_a_purge_ends_the_replay_of_stored_answers(shards):
 
 
 def test_a_failing_checkpoint_never_fails_a_durable_write(tmp_path, monkeypatch, caplog):
-    """Issue 12 point 8: the journal row committed, so the write is acknowledged and its event
+    """The journal row committed, so the write is acknowledged and its event
     published live; the failed checkpoint is logged and retried until it succeeds."""
     original = GroupCommitter.apply_journal
     failures = itertools.count(3, -1)  # the first three checkpoints fail
@@ -136,7 +136,7 @@ def test_a_failing_checkpoint_never_fails_a_durable_write(tmp_path, monkeypatch,
 async def test_deleting_a_chats_history_commits_first_then_clears_and_announces(
     shards, monkeypatch
 ):
-    """Issue 12 point 8: `delete_items` fails without changing anything when its commit
+    """`delete_items` fails without changing anything when its commit
     fails, and once it commits the history is gone and `chat.items.deleted` is published."""
     from actors.shard.batch import Batch
     from engine.directory import Chat

@@ -1,4 +1,4 @@
-"""The web console in a real browser (issue 14, DESIGN §11): Playwright drives Debian's Chromium
+"""The web console in a real browser (docs/design.md §11): Playwright drives Debian's Chromium
 (/usr/bin/chromium; `./run test` installs it where missing, never a downloaded build) against the
 real server fixture, with the bots' model served by the loopback stub. Only the contract's test
 hooks (`data-testid`) are used to find things. Each test leaves a screenshot in
@@ -418,7 +418,7 @@ def test_console_files_are_public_and_locked_down(server):
             name: set(values)
             for name, *values in (d.split() for d in policy.split(";") if d.strip())
         }
-        # Issue 24: no eval, images from this server or inline only, connections (the events
+        # No eval, images from this server or inline only, connections (the events
         # websocket included) to this origin only; nothing from anywhere.
         assert directives["default-src"] == {"'self'"}
         assert directives["script-src"] == {"'self'"}
@@ -515,7 +515,7 @@ def test_records_and_workspace_memory(world: World, admin, server, bot_model, me
 
 
 def test_the_browser_refuses_eval_foreign_images_and_foreign_sockets(browser, server):
-    """Issue 24: what the console's policy refuses, a real Chromium refuses: eval, an image
+    """What the console's policy refuses, a real Chromium refuses: eval, an image
     from another origin, a websocket to another origin; its own origin's websocket opens."""
     context = browser.new_context()
     try:
@@ -551,3 +551,51 @@ def test_the_browser_refuses_eval_foreign_images_and_foreign_sockets(browser, se
     assert seen["refused"] == ["EvalError", "connect-src", "img-src", "script-src"], seen
     # Its own origin's socket was let through (the server then closes it: no token).
     assert seen["own"] in ("open", "closed"), seen
+
+
+def test_enr3_a_person_asks_for_approval_and_the_decision_wakes_the_bot(
+    world: World, admin, server, bot_model, page
+):
+    """ENR-3: "Ask for approval" opens a request with the composer's text; Approve decides it
+    once, and the bot's answer to the decision arrives in the chat live."""
+    bot = _ok(
+        admin.post(
+            "/v1/admin/bots",
+            json={
+                "name": f"Clerk{secrets.token_hex(3)}",
+                "org": world.org,
+                "owner": world.users["alice"],
+                "model": "bot",
+            },
+        )
+    )
+
+    def route(body):
+        if bot_of(body) != bot["name"]:
+            return None
+        if str(body["messages"][-1]["content"]).startswith("[request "):
+            return completion("Booking the room as approved.")
+        return completion("OK.")
+
+    bot_model.routes.append(route)
+    with world.client("alice") as alice:
+        chat = _ok(alice.post("/v1/chats", json={"bot": bot["id"]}))
+    _sign_in(page, server.url, world.tokens["alice"])
+    page.locator(f'[data-testid="chat-entry"][data-chat-id="{chat["id"]}"]').click()
+    page.get_by_test_id("message-input").fill("Book the big meeting room on Friday")
+    page.get_by_test_id("request-open").click()
+    entry = page.locator('[data-testid="request-list"] [data-testid="request-entry"]')
+    entry.first.wait_for(timeout=10_000)
+    assert entry.first.get_attribute("data-status") == "pending"
+    assert "Book the big meeting room on Friday" in entry.first.inner_text()
+    entry.first.get_by_test_id("request-approve").click()
+    page.locator('[data-testid="request-entry"][data-status="approved"]').wait_for(timeout=10_000)
+    answer = page.locator('[data-testid="item"][data-kind="bot"]')
+    answer.first.wait_for(timeout=20_000)
+    assert answer.first.inner_text().endswith("Booking the room as approved.")
+    notice = page.locator('[data-testid="item"][data-kind="notification"]')
+    assert notice.first.inner_text() == "Request “Book the big meeting room on Friday” approved."
+    with world.client("alice") as alice:
+        (req,) = [q for q in _ok(alice.get("/v1/requests"))["requests"] if q["chat"] == chat["id"]]
+    assert req["openedBy"] == world.users["alice"] and req["status"] == "approved"
+    assert page.get_by_test_id("request-approve").count() == 0

@@ -1,4 +1,4 @@
-"""Deleting deletes, and memory reaches only whom it is for (seed 000 purge and forget, SPEC
+"""Deleting deletes, and memory reaches only whom it is for (bot memory purge and forget,
 API-2 … API-5, SC-1), through the real HTTP API.
 
 Purge by `from:`, `org:` or `chat:` covers every store of the bot's one memory: its learned and
@@ -108,7 +108,7 @@ def _forget(client, bot: str, entry: str, request_id: str | None = None):
 def test_forget_works_on_a_workspace_record_the_memory_lists(world):
     """API-2 on every entry `GET /memory` lists that the caller may forget: a record written
     through the workspace for the bot (seen by everyone who uses the bot in its org) is
-    forgotten by the seed-000 Forget, once per request id; an id of no entry stays
+    forgotten by the memory API's Forget, once per request id; an id of no entry stays
     `not_yours`, and someone who does not use the bot forgets nothing."""
     world.grant("bob", "read")
     with world.client("alice") as alice, world.client("bob") as bob:

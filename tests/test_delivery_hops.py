@@ -1,4 +1,4 @@
-"""What a collaboration delivery costs on its shard (issue 13), in this process (no Ray): a new
+"""What a collaboration delivery costs on its shard, in this process (no Ray): a new
 agent chat is made without reading the database (a read made the shard apply its whole commit
 journal first), and the delivery's writes go in few transactions, with one directory call."""
 

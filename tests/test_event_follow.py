@@ -1,4 +1,4 @@
-"""Events that come with a gateway's write replies (issue 13; actors/runtime/follow.py,
+"""Events that come with a gateway's write replies (actors/runtime/follow.py,
 actors/shard/packed.py, storage/event_log.py): a coalesced write's reply brings the events
 published since the gateway's `seen`, and the shard's answer to that gateway's waiting poll waits
 on for events it was not handed. In process, against a real shard on a DuckDB file; over Ray and

@@ -1,4 +1,4 @@
-"""Issue 14: a log line for every failed turn, step, learning job and chain, in the served
+"""A log line for every failed turn, step, learning job and chain, in the served
 process's output. The shards are Ray actors: their warnings go to the workers' stderr, which
 Ray keeps in its session's log files (and `openbot serve` shows through `log_to_driver`), so
 the tests read those files for the line naming the failed thing."""

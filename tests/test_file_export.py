@@ -294,7 +294,7 @@ def _day(view: dict) -> str:
 
 
 def test_import_merges_an_account_into_a_data_dir_with_another(world, admin, tmp_path):
-    """Issue 14: an exported account merges into a data directory that already holds another
+    """An exported account merges into a data directory that already holds another
     account (its master key and shard count kept); a second import of the same account is
     refused for its id clashes and changes nothing."""
     from tests.conftest import World
@@ -341,7 +341,7 @@ def test_import_merges_an_account_into_a_data_dir_with_another(world, admin, tmp
 
 
 def test_import_joins_an_existing_org_only_when_told(world, admin, tmp_path, capsys):
-    """Issue 24: a tree whose org has the id, name and settings of one the target holds is
+    """A tree whose org has the id, name and settings of one the target holds is
     refused (`id_clash`, nothing written) unless `--join-org` names that org; each import's
     tokens go to a new 0600 file of its own (umask 022), whose path is printed."""
     alice, bob = world.users["alice"], world.users["bob"]

@@ -1,4 +1,4 @@
-"""Whom the lane trusts (actors/runtime/lane.py, issue 24): no socket folder under a temp dir
+"""Whom the lane trusts (actors/runtime/lane.py): no socket folder under a temp dir
 another user could swap it out of (the shard's calls go over Ray, with one warning), and each
 end drops a connection whose other end is another user (`SO_PEERCRED`): the shard before it
 reads a call, the caller before it sends one (its calls then go over Ray). The uid check is

@@ -1,6 +1,6 @@
-"""A grant across orgs left in an older directory (issue 12: a bot works in its own org).
+"""A grant across orgs left in an older directory (a bot works in its own org).
 
-Such a row was written before grants were checked against the bot's org. It stays in the file;
+Such a row comes from a directory written without the org check on grants. It stays in the file;
 nothing may honour it: `may_use`, the bots a token may use, the `/v1/bots` listing, the bot's
 routes and the event stream all treat the bot as unknown to the grantee.
 """
@@ -89,7 +89,8 @@ def test_a_legacy_cross_org_grant_exposes_the_bot_nowhere(tmp_path, ray_session)
     async def principal():
         svc = DirectoryService(tmp_path)
         try:
-            assert svc.records.bots[bot].grants.get(mal["id"]) == Permission.READ  # row is there
+            # the row is there
+            assert svc.records.bots[bot].grants.get(mal["id"]) == Permission.READ
             found = await svc.authenticate(hash_token(mal["token"]))
             listed = await svc.list_user_bots(mal["id"], None, 100)
             return found, listed

@@ -1,4 +1,4 @@
-"""The pool-lock guard (issue 12 point 8, ACL-9): no pool lock is held across an actor call or
+"""The pool-lock guard (ACL-9): no pool lock is held across an actor call or
 a model call. The suite runs with the guard on (tests/conftest.py), in this process and in the
 actors, and fails at the end if any turn, learning run, group round, chain or extraction held
 one; these tests check the guard itself, and that the learning step's workspace extraction runs

@@ -24,7 +24,7 @@ async def _node(server, isolation: bool, answers: list, seen: list, ready: async
         caps = {"memoryIsolation": isolation, "memoryExtraction": isolation}
         await ws.send(json.dumps({"type": "hello", "node": "edge-1", "capabilities": caps}))
         raw = await ws.recv()
-        assert isinstance(raw, str)  # text frames, every one (issue 12)
+        assert isinstance(raw, str)  # text frames, every one
         welcome = json.loads(raw)
         assert welcome["type"] == "welcome" and welcome["node"] == "edge-1"
         ready.set()

@@ -1,4 +1,4 @@
-"""No two pools share a key (issue 24 item 3): search terms are hashed with each pool's own key,
+"""No two pools share a key: search terms are hashed with each pool's own key,
 a vector block's associated data covers its list of records, and a file written in the first key
 format (one term key per shard, blocks without their list covered, unkeyed chain fingerprints)
 is brought to the current one when it opens: once, in one transaction, searching as before.

@@ -1,4 +1,4 @@
-"""Issue 12: the embedded Ray of a real `openbot serve` is reachable from no other host and
+"""The embedded Ray of a real `openbot serve` is reachable from no other host and
 answers no caller without its token. Every listening TCP socket of the server's whole process
 tree (gateway, gcs_server, raylet, agents, actor workers) must be on loopback, and every Ray
 server among them must refuse a call that carries no token or a wrong one."""

@@ -1,5 +1,5 @@
 """`ShardService.remember_packed`: a Remember as one packed `RememberCall`, answered with the HTTP
-body (issue 13: one bytes argument and one bytes reply cost Ray far less than five arguments and
+body (one bytes argument and one bytes reply cost Ray far less than five arguments and
 a Struct). Same semantics as `remember`: the body is the wire JSON of the entry, a requestId
 answers once however many ask at the same time, bad input changes nothing."""
 

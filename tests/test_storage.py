@@ -1,5 +1,6 @@
 """storage/: the DuckDB wrapper and its migrations, group commit, envelope encryption, and the
-directory file's token hashing (DESIGN §7, SEC-1). Real DuckDB files under tmp_path, no Ray."""
+directory file's token hashing (docs/design.md §7, SEC-1). Real DuckDB files under tmp_path, no
+Ray."""
 
 from __future__ import annotations
 
@@ -370,7 +371,7 @@ def test_directory_stores_token_hashes_only(tmp_path: Path) -> None:
     # Positive controls: what *is* stored in the clear can be found by this scan.
     assert hash_token(token).encode() in raw
     assert user_id.encode() in raw
-    assert b"Zed Directoryname" not in raw  # documents are sealed (issue 12)
+    assert b"Zed Directoryname" not in raw  # documents are sealed
 
     async def reopen() -> None:
         svc = DirectoryService(tmp_path)

@@ -365,7 +365,7 @@ def test_search_terms_read_back_and_delete(where: str):
 
 
 def test_vector_blocks_read_back_as_unit_rows_old_and_new_formats(where: str):
-    """Issue 11: vector blocks are stored as int8 directions (a quarter of float32's bytes)
+    """Vector blocks are stored as int8 directions (a quarter of float32's bytes)
     and read back as unit float32 rows close to the originals; blocks stored as float32 by
     an earlier version still load beside them; a later block's vector of a record wins, a
     zero vector stays zero (never a hit), and nothing of the vectors is stored in the clear."""

@@ -1,4 +1,4 @@
-"""Workspace storage across a restart (issue 5; DESIGN §7): ShardService and DirectoryService
+"""Workspace storage across a restart (docs/design.md §7): ShardService and DirectoryService
 driven directly (no Ray), on real DuckDB files. Projects, records, revisions, barriers, receipts
 and the project → owner index come back; content is sealed at rest."""
 
@@ -113,7 +113,7 @@ def test_workspace_survives_a_restart(tmp_path: Path):
 
 
 def test_mem1_migration_7_links_old_bot_records_into_the_bots_one_memory(tmp_path: Path):
-    """MEM-1 (issue 15): a workspace bot record stored before migration 7 has no system tags.
+    """MEM-1: a workspace bot record stored before migration 7 has no system tags.
     The migration stamps `from:<its first revision's operator>` and `for:bot`, and loading the
     pool adds `org:<the bot's org>` from the directory: it is then part of the bot's memory for
     whoever uses the bot in that org, and for nobody in another org."""
@@ -219,7 +219,7 @@ def test_acl4_mem1_concurrent_widen_and_forget_by_revision_apply_once(tmp_path: 
 
 
 def test_loaded_records_decode_when_read_and_keep_their_order(tmp_path: Path):
-    """Issue 11: a pool's records load as stored JSON and are decoded when first read (the
+    """A pool's records load as stored JSON and are decoded when first read (the
     first search after a shard opens reads a few hundred of 100,000); reads, writes, deletes,
     fingerprints and walks see the same records in the same order as a plain dict would."""
     from storage.workspace_store import LazyEntries, _enc
@@ -277,7 +277,7 @@ def test_loaded_records_decode_when_read_and_keep_their_order(tmp_path: Path):
 
 
 def test_decoded_records_and_hits_are_not_tracked_by_the_cycle_collector():
-    """Issue 11: every search decodes the records its rankings reach (about 1,700 of a 100,000
+    """Every search decodes the records its rankings reach (about 1,700 of a 100,000
     record pool at first) and they stay decoded; tracked by the cyclic GC they made gen-2
     collections of 50-100 ms in the middle of searches (hybrid p99). Records and hits hold only
     strings, numbers and tuples of strings: no cycle can run through them."""

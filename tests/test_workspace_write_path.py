@@ -1,4 +1,4 @@
-"""The workspace memory write path over HTTP (issue 11: as fast as Remember): a creation's
+"""The workspace memory write path over HTTP (as fast as Remember): a creation's
 answer is its HTTP body from the shard on, and a well-formed creation is decoded in one pass,
 with every other body decoded (and refused) as before."""
 
@@ -51,7 +51,7 @@ def test_a_created_records_answer_is_the_body_the_gateway_would_encode(tmp_path:
 
 
 def _slow(body: bytes):
-    """How every body was decoded before the one-pass path (the reference)."""
+    """Every body decoded the general way, without the one-pass path (the reference)."""
     raw = wire.decode_any(body)
     if not isinstance(raw, dict):
         raise InvalidInput("body must be a JSON object", code="invalid_body")

@@ -289,7 +289,7 @@ class DirectoryAdmin:
             await self.records.put("bots", bot, self.records.bots)
             return bot
 
-    # --- workspace projects (issue 5) ---
+    # --- workspace projects ---
 
     async def register_project(self, project_id: str, owner: str) -> str:
         """Record that `owner`'s shard holds project `project_id` (a repeat is a no-op); an id

@@ -179,6 +179,16 @@ class MemoryBotRuntime:
             self._dirty.add((pool, key))
         return cost
 
+    async def totals(self, pool: str) -> list[tuple[str, int, int]]:
+        """(period, confirmed micros, calls with unknown usage) of the current day and month,
+        counting what was charged but not yet written (MB-6)."""
+        out = []
+        for period in ("day", "month"):
+            key = period_key(period, self.clock())
+            micros, unknown = await self._spend(pool, key)
+            out.append((key, micros, unknown))
+        return out
+
     def spend_rows(self) -> list:
         """Rows for the spend counted since the last call (include them in a batch)."""
         rows = [self.chats.spend_row(p, k, *self._spent[(p, k)]) for p, k in self._dirty]
@@ -197,9 +207,11 @@ class MemoryBotRuntime:
         *,
         timeout: float,
         log: list[ModelCall] | None = None,
+        entries: Sequence[str] = (),
     ) -> Completion:
         """One budgeted model call in a slot; `timeout` covers the wait for the slot too. With
-        `log`, the request and its result or error are added to it (the encrypted call log)."""
+        `log`, the request and its result or error are added to it (the encrypted call log),
+        with the ids of the memory `entries` the request was given."""
         assert_no_pool_lock("a memory-bot model call")
         await self.check_budget(pool, settings)
         request = _enc.encode([msgspec.to_builtins(m) for m in messages]).decode()
@@ -221,7 +233,15 @@ class MemoryBotRuntime:
             except (TimeoutError, OpenBotError) as e:
                 if log is not None:
                     error = repr(e)[:200]
-                    log.append(ModelCall(step=step, attempt=1, request=request, error=error))
+                    log.append(
+                        ModelCall(
+                            step=step,
+                            attempt=1,
+                            request=request,
+                            error=error,
+                            entries=tuple(entries),
+                        )
+                    )
                 if isinstance(e, TimeoutError):
                     raise ModelError(
                         "the memory bot did not answer in time", code="model_timeout"
@@ -234,7 +254,12 @@ class MemoryBotRuntime:
             response = _enc.encode(done).decode()
             log.append(
                 ModelCall(
-                    step=step, attempt=1, request=request, response=response, cost_micros=cost
+                    step=step,
+                    attempt=1,
+                    request=request,
+                    response=response,
+                    cost_micros=cost,
+                    entries=tuple(entries),
                 )
             )
         return done
@@ -246,8 +271,11 @@ class MemoryBotRuntime:
         model_name: str | None,
         text: str,
         log: list[ModelCall] | None = None,
+        memory: Sequence[tuple[str, str]] = (),
     ) -> tuple[str, bool]:
-        """The answer to `confide` and whether it is the fixed calm answer (LRN-2, MB-1/3/4)."""
+        """The answer to `confide` and whether it is the fixed calm answer (LRN-2, MB-1/3/4).
+        `memory`: (id, text) of the bot's entries the confession's reader may see; their ids
+        go into the call's record."""
         model = self.model(model_name)
         if model is None:
             return CALM_ANSWER, True
@@ -256,9 +284,10 @@ class MemoryBotRuntime:
                 pool,
                 settings,
                 model,
-                confessor_messages(text, settings.instructions),
+                confessor_messages(text, settings.instructions, memory),
                 timeout=self.answer_wait,
                 log=log,
+                entries=[i for i, _ in memory],
             )
         except OpenBotError:
             return CALM_ANSWER, True

@@ -1,12 +1,11 @@
 """A direct lane to a shard from the processes of its node: a bot's step asked by a sibling
-shard, a gateway's turn starts and event polls (issue 13).
+shard, a gateway's turn starts and event polls.
 
 A collaboration hop asks the shard that holds the peer's memory for the peer's step, and in a
 chain whose bots live on both shards every other hop is such a call. Over Ray an actor-to-actor
-call went through both processes' core-worker threads: ~2.5 ms a round trip on a quiet 2-core
-host and 4-7 ms at p90 (two bare async actors, 2 KB each way), 3.5-13 ms while a chain ran
-under load, where the peer's step itself took 0.4 ms. Over a Unix socket between the same two
-event loops the round trip was 0.2 ms (p90 0.3 ms).
+call goes through both processes' core-worker threads, and its round trip costs many times
+the peer's step itself, more so under load; a Unix socket between the same two event loops
+costs a small fraction of that (docs/benchmarks.md, "Design measurements").
 
 So a shard listens on a socket of its own (`LaneServer`, in a directory only its user may
 enter, like Ray's own sockets, named by the shard's pid: a killed shard's is removed by the

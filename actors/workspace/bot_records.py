@@ -1,7 +1,7 @@
 """A bot's workspace records in the bot memory routes of its one memory (API-2 … API-5, MEM-1).
 
 A bot's memory is its seed pool and the records people wrote for it through the workspace
-(engine/bot_memory.py); `GET /v1/bots/:id/memory` lists both, so every seed-000 route that
+(engine/bot_memory.py); `GET /v1/bots/:id/memory` lists both, so every bot memory route that
 changes or reports on that memory reaches both:
 
 - Forget of a record the caller sees forgets it as the workspace's forget does, at its current

@@ -1,4 +1,4 @@
-"""Workspace scoped memory on a shard (issue 5; SPEC SC-1..SC-3, WA-1, WA-2).
+"""Workspace scoped memory on a shard (SC-1..SC-3, WA-1, WA-2).
 
 The records of the pools hosted here — `bot:<id>` (the bot's owner's shard), `user:<accountId>`
 (the account's shard) and `project:<id>` (the project owner's shard) — are kept by `WorkspacePools`

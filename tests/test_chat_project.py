@@ -450,11 +450,13 @@ def test_ws7_a_chat_read_before_a_change_is_not_cached_after_it():
             self.stale: dict[str, tuple[int, ChatContext]] = {}
             self.reads: list[str] = []
 
-        async def watch_access(self, watcher: str, since: int, wait: float) -> int:
+        async def watch_access(
+            self, watcher: str, since: int, wait: float
+        ) -> tuple[int, tuple[str, ...] | None]:
             if since >= 5:
                 self.applied.set()
                 await asyncio.sleep(wait)
-            return 5
+            return 5, None  # (what changed is not named: everything)
 
         async def chat_context_at(self, chat_id: str) -> tuple[int, ChatContext]:
             self.reads.append(chat_id)

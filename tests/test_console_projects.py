@@ -146,7 +146,7 @@ def test_ws7_project_page_members_groups_memory_history_export_and_chat_project(
         # Cleared elsewhere: the picker follows chat.updated.
         _ok(alice.patch(f"/v1/chats/{chat['id']}", json={"project": None}))
     page.wait_for_function(
-        "document.querySelector('[data-testid=chat-project]').value === ''", timeout=5_000
+        "() => document.querySelector('[data-testid=chat-project]').value === ''", timeout=5_000
     )
     assert page.get_by_test_id("chat-project-error").inner_text() == ""
 
@@ -191,7 +191,8 @@ def test_nd1_nd3_capabilities_are_shown_and_a_node_without_isolation_gets_a_hint
 
     page.locator(f'[data-testid="bot-entry"][data-bot-id="{made["Iso"]}"]').click()
     page.wait_for_function(
-        "document.querySelector('[data-testid=node-status]')?.dataset.memoryInjected === 'true'"
+        "() => document.querySelector('[data-testid=node-status]')"
+        "?.dataset.memoryInjected === 'true'"
     )
     assert "memory isolated" in page.get_by_test_id("node-status").inner_text()
     assert page.get_by_test_id("node-upgrade-hint").count() == 0

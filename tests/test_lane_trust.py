@@ -191,6 +191,7 @@ sys.stdin.read()
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not ROOT or not os.path.exists(PYTHON), reason="needs root to be nobody")
 def test_a_real_peer_of_another_user_is_refused_by_both_ends(base, caplog):
     os.chmod(base, 0o711)  # nobody may pass through (not list, not write)

@@ -75,17 +75,17 @@ def test_a_task_started_under_a_lock_does_not_inherit_it():
 
 @pytest.mark.anyio
 async def test_learning_sends_workspace_facts_outside_the_pool_lock(shards, monkeypatch):
-    """`_extract_scoped` (calls to the directory and the workspace pool's shard) is awaited
-    while the learning task holds no pool lock."""
+    """`_stage_scoped` (calls to the directory for the facts' pools) is awaited while the
+    learning task holds no pool lock; the staged facts are sent after the commit."""
     from actors.learning.runs import LearningRunner
 
     seen: list[int] = []
 
-    async def extract(self, job, new, evidence, now):
+    async def stage(self, job, new, evidence, now):
         seen.append(lock_guard.held())
-        return []
+        return None, []
 
-    monkeypatch.setattr(LearningRunner, "_extract_scoped", extract)
+    monkeypatch.setattr(LearningRunner, "_stage_scoped", stage)
 
     from engine.chat_records import LearningJob
 

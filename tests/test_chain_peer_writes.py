@@ -583,7 +583,10 @@ def test_a_delivery_asked_again_that_asks_for_another_member_gets_it(tmp_path: P
     failed, first, chains, after = asyncio.run(scenario())
     assert failed == ["hop"] and first == ["Helper 0"]
     assert [(c.status, [k.status for k in c.links]) for c in chains] == [("done", ["answered"])]
-    assert after == ["Helper 0", "Other 0"]
+    # Where the peer's reply was stored before the hop's commit failed, the delivery asked again
+    # is answered with it and the model is not asked again; otherwise the model's new member is
+    # one of its own. Never "Helper 0" twice, never a member under another's id.
+    assert after in (["Helper 0"], ["Helper 0", "Other 0"])
 
 
 def test_a_members_id_is_derived_from_the_link_and_the_request():

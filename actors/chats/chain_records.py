@@ -47,6 +47,9 @@ class ChainRecords:
         kernel.before_close.append(self._once.close)  # (a load whose caller was cancelled)
         kernel.before_close.append(self._reads.close)
         self._started = False
+        # Chains read from the file at start, as an earlier run left them: only these can have
+        # a delivery that no task of this run carries on (a chain begun in this run has one).
+        self.from_before: set[str] = set()
         self._link_chain: dict[str, str] = {}  # link → its chain (the chains in memory)
         self.texts: dict[str, dict[str, dict[str, str]]] = {}
         self.channel: dict[str, str | None] = {}
@@ -80,7 +83,8 @@ class ChainRecords:
                 self.learn[row.chain.topic] = list(row.learn)
             if row.unregistered:
                 self.unregistered[row.chain.id] = set(row.unregistered)
-            await self._keep(row)
+            if await self._keep(row) is row.chain:
+                self.from_before.add(row.chain.id)
         return True
 
     async def _texts_of(self, row: chain_rows.Row) -> dict[str, dict[str, str]]:

@@ -482,6 +482,8 @@ class ChainRunner:
         await self.registrar.recover(self._lock, self.kernel)
         await self.records.start()
         for chain in self.records.running():
+            if chain.id not in self.records.from_before:
+                continue  # begun by this run, whose own tasks deliver it
             open_ = [
                 k for k in rules.open_links(chain) if not any(c.parent == k.id for c in chain.links)
             ]

@@ -243,7 +243,9 @@ class DataDirReader:
     def _chat(self, chat: Chat) -> ft.ChatSnapshot:
         home = shard_of(chat_export.home_of(chat, self.bots, chat.owner), len(self.shards))
         shard = next((s for s in self.shards if s.index == home), _ShardRows(home))
-        return chat_export.snapshot(chat, shard.chats, shard.keys.get(f"chat:{chat.id}"))
+        snap = chat_export.snapshot(chat, shard.chats, shard.keys.get(f"chat:{chat.id}"))
+        extra = chat_export.records(chat, [(s.chats, s.keys) for s in self.shards])
+        return msgspec.structs.replace(snap, **extra)
 
     def _bot_projects(self, bot: str) -> tuple[ft.BotProject, ...]:
         out = []
@@ -541,6 +543,7 @@ class ImportResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     tokens_file: str | None = None
     skipped_receipts: int = 0
     skipped_entries: int = 0
+    skipped_requests: int = 0
 
 
 def _merge(kind: str, into: dict, items: Iterable) -> None:
@@ -660,10 +663,27 @@ def import_snapshots(
             assert owner is not None
             writes[shard_of(owner, shards)].append(row)
             stale.append(row.row[0])
+    job_shards = {
+        j.id: shard_of(owner, shards)
+        for s in snapshots
+        for p in s.pools
+        if (owner := host(p.pool)) is not None
+        for j in p.jobs
+    }
+    skipped_requests = 0
     for account, c in chats.values():  # sealed again at its home shard, with a new key
         home = chat_export.home_of(c.chat, bots, account)
-        writes[shard_of(home, shards)].extend(chat_export.chat_writes(c, keyring, memory))
-    deletes = chat_export.stale_rows(keys, chats)
+        rows = chat_export.chat_writes(c, keyring, memory, master, job_shards)
+        writes[shard_of(home, shards)].extend(rows)
+        for r in c.requests:  # on the bot's shard, under its new pool key
+            cipher = key(f"bot:{r.request.bot}")
+            if cipher is None:  # its bot is not in this import: no key to seal it with
+                skipped_requests += 1
+                continue
+            writes[shard_of(bots[r.request.bot].owner, shards)].append(
+                chat_export.request_row(r, cipher)
+            )
+    deletes = chat_export.stale_rows(keys, chats, [c for _, c in chats.values()])
     deletes.append(DeleteWhere("receipts", "key", tuple(stale)))
     files = [
         _write_shard(data_dir / f"shard-{k}.duckdb", writes[k], deletes) for k in range(shards)
@@ -690,6 +710,7 @@ def import_snapshots(
         tokens_file=str(tokens_file),
         skipped_receipts=skipped,
         skipped_entries=skipped_entries,
+        skipped_requests=skipped_requests,
     )
 
 

@@ -12,7 +12,7 @@ openbot events [--url URL] [--token T] [--cursor C] [--count N]
 openbot demo [--url URL [--admin-token T] | --port P] [--model NAME] [--config FILE]
 openbot backup DIR (--url URL [--token T] | --data-dir DIR) [--with-key]
 openbot export DIR [--url URL [--token T] | --data-dir DIR] [--account ID]
-openbot import DIR [--data-dir DIR] [--shards N]
+openbot import DIR [--data-dir DIR] [--shards N] | DIR --url URL [--token T] [--tokens-file F]
 
 `--url`, `--token` and `--data-dir` of `admin` may come before or after its subcommand. Failures
 print one line on stderr and exit non-zero: 1 for a failed call or command, 2 for bad input.
@@ -146,8 +146,25 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from storage.file_export import import_tree
+    """A tree into a stopped server's data directory, or merged into a running one (--url)."""
+    from storage.file_export import import_tree, read_tree
 
+    if args.url:
+        if args.data_dir:
+            raise CliError("openbot import: --url or --data-dir, not both")
+        files = {p: data.decode() for p, data in sorted(read_tree(Path(args.dir)).items())}
+        with _admin_client(args) as client:
+            resp = client.post("/v1/admin/import", json={"files": files}, timeout=600)
+        if not resp.is_success:
+            return _answer(resp)
+        body = resp.json()
+        tokens = body.pop("tokens", {})
+        # Created, never replaced: a token exists in the clear only here, once.
+        fd = os.open(args.tokens_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(tokens, f, indent=2)
+        print(json.dumps({**body, "tokensFile": args.tokens_file}, indent=2))
+        return 0
     result = import_tree(Path(args.dir), _data_dir(args.data_dir), shards=args.shards)
     print(msgspec.json.format(msgspec.json.encode(result), indent=2).decode())
     return 0

@@ -240,6 +240,10 @@ class Backup(_Body):
     withKey: bool = False  # copy the master key too (left out by default: issue 12)
 
 
+class TreeImport(_Body):
+    files: dict[str, str]  # the tree, as `GET /v1/admin/export` answers it
+
+
 class UserCreated(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     name: str

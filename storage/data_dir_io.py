@@ -207,3 +207,59 @@ def write_shard(path: Path, writes: list[Write], deletes: Sequence[DeleteWhere])
         committer.release()
         db.close()
     return str(path)
+
+
+# The tables an import writes (storage/file_export.py), by file kind.
+IMPORTED_SHARD_TABLES = (
+    "pools",
+    "memory_entries",
+    "memory_log",
+    "receipts",
+    "chat_items",
+    "turns",
+    "confessions",
+    "enrichments",
+    "learning_jobs",
+    "learn_positions",
+    "chains",
+    "projects",
+    "ws_entries",
+    "ws_revisions",
+    "ws_barriers",
+    "communications",
+    "requests",
+)
+IMPORTED_DIRECTORY_TABLES = (
+    "orgs",
+    "users",
+    "bots",
+    "channels",
+    "chats",
+    "project_owners",
+    "tokens",
+)
+
+
+def added_rows(before: Path, after: Path, tables: Sequence[str]) -> list[tuple[str, list[tuple]]]:
+    """The rows of `tables` that the DuckDB file `after` (a copy of `before` an import merged
+    into) holds beyond `before`'s: what the import added, to be applied elsewhere."""
+    out: list[tuple[str, list[tuple]]] = []
+    con = duckdb.connect(":memory:")
+    try:
+        for name, path in (("a", before), ("b", after)):
+            quoted = str(path).replace("'", "''")
+            con.execute(f"ATTACH '{quoted}' AS {name} (READ_ONLY)")
+        for table in tables:
+            try:
+                added = con.execute(
+                    f"SELECT * FROM b.{table} EXCEPT ALL SELECT * FROM a.{table}"
+                ).fetchall()
+            except duckdb.CatalogException:
+                continue
+            if added:
+                out.append((table, added))
+    except duckdb.Error as e:
+        raise StorageError(f"cannot compare {before} with {after}: {e}") from e
+    finally:
+        con.close()
+    return out

@@ -258,3 +258,39 @@ def test_fs1_fs2_fs3_offline_import_serves_the_whole_state(whole, admin, tmp_pat
         server.stop()
         imported.stop()
     _scan(new)
+
+
+def test_fs1_fs2_fs3_import_url_merges_into_a_running_server(whole, admin, tmp_path):
+    """Round trip through `openbot import --url` into a running server that has data of its
+    own: the same whole state is served, its own records stay, sealed at rest; the same tree
+    again is `id_clash` and changes nothing."""
+    import httpx
+
+    from actors.runtime.engine import Engine
+    from gateway.app import create_app
+
+    w = whole
+    tree, data = _trees(admin, w, tmp_path), tmp_path / "running"
+    target = Engine.start(data, shards=3, prefix="live-" + secrets.token_hex(3))
+    server = LiveServer(create_app(target, ADMIN, cache_ttl=0.0))
+    try:
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {ADMIN}"}) as t:
+            org = _ok(t.post("/v1/admin/orgs", json={"name": "theirs"}))["id"]
+            own = _ok(t.post("/v1/admin/users", json={"name": "zed", "orgs": [org]}))
+        tokens_file = tmp_path / "tokens.json"
+        cmd = ["import", str(tree), "--url", server.url, "--token", ADMIN]
+        assert main([*cmd, "--tokens-file", str(tokens_file)]) == 0
+        assert tokens_file.stat().st_mode & 0o777 == 0o600
+        tokens = json.loads(tokens_file.read_text())
+        _compare(w, server, tokens)
+        with user_client(server, own["token"]) as z:
+            assert _ok(z.get("/v1/me"))["id"] == own["id"]
+        # Again: every id is taken; refused whole, nothing changes, no tokens file.
+        again = tmp_path / "tokens-again.json"
+        assert main([*cmd, "--tokens-file", str(again)]) == 1
+        assert not again.exists()
+        _compare(w, server, tokens)
+    finally:
+        server.stop()
+        target.stop()
+    _scan(data)

@@ -72,19 +72,29 @@ class ChainRecords:
         )
         chains = _Chains()
         for doc, texts in rows:
-            record = msgspec.json.decode(doc)
-            chain = msgspec.convert(record["chain"], Chain)
-            chains[chain.id] = chain
-            self._link_chain.update((link.id, chain.id) for link in chain.links)
-            self.channel[chain.id] = record.get("channel")
-            if record.get("learn"):
-                self.learn[chain.topic] = [tuple(x) for x in record["learn"]]
-            if record.get("unregistered"):
-                self.unregistered[chain.id] = set(record["unregistered"])
-            root = await self.conv.log(chain.root_chat)
-            opened = root.cipher.open(texts, aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}"))
-            self.texts[chain.id] = _texts_dec.decode(opened)
+            await self._take(chains, doc, texts)
         return chains
+
+    async def _take(self, chains: dict[str, Chain], doc: str, texts: bytes) -> None:
+        record = msgspec.json.decode(doc)
+        chain = msgspec.convert(record["chain"], Chain)
+        chains[chain.id] = chain
+        self._link_chain.update((link.id, chain.id) for link in chain.links)
+        self.channel[chain.id] = record.get("channel")
+        if record.get("learn"):
+            self.learn[chain.topic] = [tuple(x) for x in record["learn"]]
+        if record.get("unregistered"):
+            self.unregistered[chain.id] = set(record["unregistered"])
+        root = await self.conv.log(chain.root_chat)
+        opened = root.cipher.open(texts, aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}"))
+        self.texts[chain.id] = _texts_dec.decode(opened)
+
+    async def adopt(self, rows: list[tuple[str, bytes]]) -> None:
+        """Chains an import stored on this shard (new ids; rows (doc, texts)): known from
+        now on. Before the first load there is nothing to do (the load reads them)."""
+        chains = await self.all()
+        for doc, texts in rows:
+            await self._take(chains, doc, texts)
 
     def audience(self, chain: Chain) -> Audience:
         channel = self.channel.get(chain.id)

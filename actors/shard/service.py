@@ -41,6 +41,7 @@ from actors.ports import ShardPort
 from actors.runtime import lock_guard
 from actors.runtime.node_hub_proxy import RayNodeHub
 from actors.runtime.peers import Peers
+from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, new_entry_id, now_ms
 from actors.shard.memory_ops import MemoryOps
 from actors.shard.memory_reader import MemoryReader
@@ -58,6 +59,7 @@ from engine.events import Event, ShardHead
 from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
 from engine.turns import ANSWER_WAIT
 from storage.chat_store import ChatStore
+from storage.group_commit import Insert
 from storage.stats import STATS
 from storage.workspace_store import WorkspaceStore
 
@@ -224,6 +226,21 @@ class ShardService:
 
     async def bot_node(self, model_name: str | None) -> NodeInfo:
         return await where_runs(self.memory_bot.model(model_name))
+
+    async def import_rows(self, rows: list[tuple[str, list[tuple]]]) -> int:
+        """The rows an import into the running server made for this shard (`POST
+        /v1/admin/import`: new ids only, checked before), in one transaction; then what keeps
+        a whole table in memory learns of them. Returns how many rows were stored."""
+        await self.kernel.started()
+        batch = Batch()
+        for table, added in rows:
+            batch.extend(Insert(table, tuple(row)) for row in added)
+        await self.kernel.commit(batch)
+        self.projects.drop()
+        await self.requests.reload()
+        chains = [(row[2], row[3]) for table, added in rows if table == "chains" for row in added]
+        await self.chains.records.adopt(chains)
+        return len(batch.writes)
 
     async def learning_idle(self) -> int:
         """Wait until no learning job runs; returns how many model steps were made so far."""

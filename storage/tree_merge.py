@@ -1,0 +1,60 @@
+"""An import into a running server (`POST /v1/admin/import`, `openbot import --url`): the
+offline import (storage/file_export.py `import_snapshots`, with its `id_clash` rule and its
+re-sealing) merges the tree into a copy of the server's consistent snapshot (`Engine.backup`,
+with the key); the rows it added there, table by table, are what the server's actors then
+store: each shard's in one transaction of that shard, the directory's last (the commit point,
+as offline: rows of ids the directory never got belong to nothing, and importing again
+deletes them first). The copy has the server's master key and shard count, so the rows are
+sealed and placed as the server would have made them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine import file_tree as ft
+from storage.data_dir_io import (
+    DIRECTORY_FILE,
+    IMPORTED_DIRECTORY_TABLES,
+    IMPORTED_SHARD_TABLES,
+    added_rows,
+    drain_journal,
+)
+from storage.file_export import ImportResult, import_snapshots
+
+Rows = list[tuple[str, list[tuple]]]
+
+
+@dataclass
+class Merged:
+    result: ImportResult
+    tokens: dict[str, str]  # the new users' tokens (user → token)
+    shards: dict[int, Rows]  # by shard index
+    directory: Rows
+
+
+def merge_rows(snapshots: Sequence[ft.AccountSnapshot], before: Path, after: Path) -> Merged:
+    """Import `snapshots` into a copy (`after`) of the snapshot `before`, and what it added."""
+    shard_files = sorted(before.glob("shard-*.duckdb"))
+    for path in shard_files:
+        drain_journal(path)  # so that the copy differs from it only by the import
+    shutil.copytree(before, after)
+    result = import_snapshots(snapshots, after)
+    shards = {}
+    for path in shard_files:
+        rows = added_rows(path, after / path.name, IMPORTED_SHARD_TABLES)
+        if rows:
+            shards[int(path.stem.removeprefix("shard-"))] = rows
+    directory = added_rows(
+        before / DIRECTORY_FILE, after / DIRECTORY_FILE, IMPORTED_DIRECTORY_TABLES
+    )
+    tokens: dict[str, str] = {}
+    if result.tokens_file:
+        written = Path(result.tokens_file)
+        old = before / written.name
+        kept = json.loads(old.read_text()) if old.exists() else {}
+        tokens = {u: t for u, t in json.loads(written.read_text()).items() if kept.get(u) != t}
+    return Merged(result=result, tokens=tokens, shards=shards, directory=directory)

@@ -10,8 +10,10 @@ extraction jobs and idempotency receipts.
 
 What an account holds: its user record, the bots it owns (their memory pools: workspace records
 and memory entries, with learning read positions), its user memory, the projects it owns
-(their memory pools), its workspace receipts, and the chats it keeps with their items and turns
-(storage/chat_export.py). Memory-bot settings stay out; imported pools start with the defaults.
+(their memory pools), its workspace receipts, and the chats it keeps with their items, turns,
+confessions, enrichments, the chains rooted in them and the requests made in them
+(storage/chat_export.py). A running server imports through storage/tree_merge.py.
+Memory-bot settings stay out; imported pools start with the defaults.
 Users get new tokens on import (`import-tokens.json`, 0600): the tree never holds a credential.
 
 Files are written through a recovery log (FS-3): `.transactions/<id>.json` lists what is about

@@ -6,6 +6,7 @@ everything a person can read through the API is the same on both sides."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
@@ -208,6 +209,28 @@ def _compare(w, server: LiveServer, tokens: dict[str, str]) -> None:
             assert target[name][key] == source[name][key], (name, key)
 
 
+def _check_fingerprints(data: Path, w) -> None:
+    """The imported chain's fingerprints are keyed with the new directory's key, as the
+    server would have made them (its duplicate check compares them)."""
+    import duckdb
+
+    from engine.collaboration import fingerprint
+    from storage.crypto import chain_fp_key, load_master_key
+
+    found = []
+    for path in data.glob("shard-*.duckdb"):
+        con = duckdb.connect(str(path), read_only=True)
+        try:
+            found += con.execute("SELECT org, doc FROM chains").fetchall()
+        finally:
+            con.close()
+    ((org, doc),) = found
+    key = chain_fp_key(load_master_key(data), org)
+    (link,) = json.loads(doc)["chain"]["links"]
+    assert link["fingerprint"] == fingerprint("Green?", key)
+    assert link["result_fingerprint"] == fingerprint(REPLY, key)
+
+
 def _scan(data: Path) -> None:
     for path in (p for p in data.rglob("*") if p.is_file()):
         raw = path.read_bytes()
@@ -249,6 +272,7 @@ def test_fs1_fs2_fs3_offline_import_serves_the_whole_state(whole, admin, tmp_pat
     assert main(["export", str(again), "--data-dir", str(new)]) == 0
     assert read_tree(again) == read_tree(tree)
     _scan(new)
+    _check_fingerprints(new, w)
     tokens = json.loads((new / file_export.TOKENS_FILE).read_text())
     imported = Engine.start(new, shards=3, prefix="whole-" + secrets.token_hex(3))
     server = LiveServer(create_app(imported, ADMIN, cache_ttl=0.0))
@@ -277,6 +301,9 @@ def test_fs1_fs2_fs3_import_url_merges_into_a_running_server(whole, admin, tmp_p
         with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {ADMIN}"}) as t:
             org = _ok(t.post("/v1/admin/orgs", json={"name": "theirs"}))["id"]
             own = _ok(t.post("/v1/admin/users", json={"name": "zed", "orgs": [org]}))
+        with user_client(server, own["token"]) as z:  # every shard reads its tables now
+            for path in ("/v1/requests", f"{WS}/collaboration", f"{WS}/projects"):
+                _ok(z.get(path))
         tokens_file = tmp_path / "tokens.json"
         cmd = ["import", str(tree), "--url", server.url, "--token", ADMIN]
         assert main([*cmd, "--tokens-file", str(tokens_file)]) == 0
@@ -290,6 +317,12 @@ def test_fs1_fs2_fs3_import_url_merges_into_a_running_server(whole, admin, tmp_p
         assert main([*cmd, "--tokens-file", str(again)]) == 1
         assert not again.exists()
         _compare(w, server, tokens)
+        # The directory's own check, for an id taken after the tree was checked.
+        from engine.errors import InvalidInput
+
+        with pytest.raises(InvalidInput) as taken:
+            asyncio.run(target.directory_port.import_records([("users", [(own["id"], "-")])]))
+        assert taken.value.code == "id_clash"
     finally:
         server.stop()
         target.stop()

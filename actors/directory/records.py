@@ -108,9 +108,10 @@ class DirectoryRecords:
             for table, added in rows:
                 for row in added:
                     if table in tables:
-                        record = self.store.decode(table, row[0], row[1])
-                        records.append((tables[table], record))
-                        taken = record.id in tables[table]
+                        taken = row[0] in tables[table]
+                        if not taken:
+                            record = self.store.decode(table, row[0], row[1])
+                            records.append((tables[table], record))
                     else:
                         taken = table == "project_owners" and row[0] in self.project_owners
                     if taken:

@@ -182,7 +182,9 @@ class ShardPort(Protocol):
     ) -> MemoryBotSettings: ...
 
     # rows an import into the running server made for this shard (`POST /v1/admin/import`)
-    async def import_rows(self, rows: list[tuple[str, list[tuple]]]) -> int: ...
+    async def import_rows(
+        self, rows: list[tuple[str, list[tuple]]], removed: list[tuple[str, str, tuple]] = ()
+    ) -> int: ...
 
     # requests, collaborations, learning jobs
     async def requests_of(

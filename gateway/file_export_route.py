@@ -30,13 +30,15 @@ from gateway import wire
 from gateway.auth import Auth
 from gateway.json_response import json, read_body
 from storage.file_export import render_data_dir
-from storage.tree_merge import merge_rows
+from storage.tree_merge import Merged, merge_rows
 
 
 class FileExportApi:
     def __init__(self, engine: EnginePort, auth: Auth) -> None:
         self.engine = engine
         self.auth = auth
+        # One import at a time through this gateway: a second one sees the first's ids.
+        self._importing = asyncio.Lock()
 
     async def export(self, request: Request) -> Response:
         await self.auth.admin(request)
@@ -57,17 +59,8 @@ class FileExportApi:
         body = wire.decode(await read_body(request), wire.TreeImport)
         files = {path: text.encode() for path, text in body.files.items()}
         snapshots = await asyncio.to_thread(ft.parse, files)  # invalid_tree before any copy
-        scratch = tempfile.mkdtemp(prefix=".import-", dir=self.engine.data_dir)
-        try:
-            before, after = Path(scratch) / "before", Path(scratch) / "after"
-            await self.engine.backup(before, with_key=True)  # scratch, removed below
-            merged = await asyncio.to_thread(merge_rows, snapshots, before, after)
-            shards = self.engine.shard_ports
-            for index, rows in sorted(merged.shards.items()):
-                await shards[index].import_rows(rows)
-            await self.engine.directory_port.import_records(merged.directory)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        async with self._importing:
+            merged = await self._merge(snapshots)
         self.auth.directory_changed()
         r = merged.result
         answer = {
@@ -80,3 +73,17 @@ class FileExportApi:
             "tokens": merged.tokens,
         }
         return json(answer, 201)
+
+    async def _merge(self, snapshots: list[ft.AccountSnapshot]) -> Merged:
+        scratch = tempfile.mkdtemp(prefix=".import-", dir=self.engine.data_dir)
+        try:
+            before, after = Path(scratch) / "before", Path(scratch) / "after"
+            await self.engine.backup(before, with_key=True)  # scratch, removed below
+            merged = await asyncio.to_thread(merge_rows, snapshots, before, after)
+            shards = self.engine.shard_ports
+            for index, (rows, removed) in sorted(merged.shards.items()):
+                await shards[index].import_rows(rows, removed)
+            await self.engine.directory_port.import_records(merged.directory)  # commit point
+            return merged
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)

@@ -240,10 +240,14 @@ IMPORTED_DIRECTORY_TABLES = (
 )
 
 
-def added_rows(before: Path, after: Path, tables: Sequence[str]) -> list[tuple[str, list[tuple]]]:
-    """The rows of `tables` that the DuckDB file `after` (a copy of `before` an import merged
-    into) holds beyond `before`'s: what the import added, to be applied elsewhere."""
-    out: list[tuple[str, list[tuple]]] = []
+def changed_rows(
+    before: Path, after: Path, tables: Sequence[str]
+) -> tuple[list[tuple[str, list[tuple]]], list[tuple[str, str, tuple]]]:
+    """What an import merged into `after` (a copy of the DuckDB file `before`) changed there,
+    to be applied elsewhere: the rows of `tables` it added, and the keys (first column) of
+    the rows it deleted (what an interrupted import of the same ids left)."""
+    added: list[tuple[str, list[tuple]]] = []
+    removed: list[tuple[str, str, tuple]] = []
     con = duckdb.connect(":memory:")
     try:
         for name, path in (("a", before), ("b", after)):
@@ -251,15 +255,21 @@ def added_rows(before: Path, after: Path, tables: Sequence[str]) -> list[tuple[s
             con.execute(f"ATTACH '{quoted}' AS {name} (READ_ONLY)")
         for table in tables:
             try:
-                added = con.execute(
+                new = con.execute(
                     f"SELECT * FROM b.{table} EXCEPT ALL SELECT * FROM a.{table}"
                 ).fetchall()
+                gone = con.execute(
+                    f"SELECT * FROM a.{table} EXCEPT ALL SELECT * FROM b.{table}"
+                ).fetchall()
+                column = con.execute(f"SELECT * FROM a.{table} LIMIT 0").description[0][0]
             except duckdb.CatalogException:
                 continue
-            if added:
-                out.append((table, added))
+            if new:
+                added.append((table, new))
+            if gone:
+                removed.append((table, column, tuple(sorted({row[0] for row in gone}))))
     except duckdb.Error as e:
         raise StorageError(f"cannot compare {before} with {after}: {e}") from e
     finally:
         con.close()
-    return out
+    return added, removed

@@ -1,11 +1,12 @@
 """An import into a running server (`POST /v1/admin/import`, `openbot import --url`): the
 offline import (storage/file_export.py `import_snapshots`, with its `id_clash` rule and its
 re-sealing) merges the tree into a copy of the server's consistent snapshot (`Engine.backup`,
-with the key); the rows it added there, table by table, are what the server's actors then
-store: each shard's in one transaction of that shard, the directory's last (the commit point,
-as offline: rows of ids the directory never got belong to nothing, and importing again
-deletes them first). The copy has the server's master key and shard count, so the rows are
-sealed and placed as the server would have made them."""
+with the key); what it changed there, table by table, is what the server's actors then store:
+each shard's in one transaction of that shard, the directory's last (the commit point, as
+offline: rows of ids the directory never got belong to nothing, and importing again deletes
+them first: what the import deleted in the copy is deleted on the shards too). The copy has
+the server's master key and shard count, so the rows are sealed and placed as the server
+would have made them."""
 
 from __future__ import annotations
 
@@ -20,19 +21,20 @@ from storage.data_dir_io import (
     DIRECTORY_FILE,
     IMPORTED_DIRECTORY_TABLES,
     IMPORTED_SHARD_TABLES,
-    added_rows,
+    changed_rows,
     drain_journal,
 )
 from storage.file_export import ImportResult, import_snapshots
 
 Rows = list[tuple[str, list[tuple]]]
+Removed = list[tuple[str, str, tuple]]  # (table, key column, keys)
 
 
 @dataclass
 class Merged:
     result: ImportResult
     tokens: dict[str, str]  # the new users' tokens (user → token)
-    shards: dict[int, Rows]  # by shard index
+    shards: dict[int, tuple[Rows, Removed]]  # by shard index
     directory: Rows
 
 
@@ -45,10 +47,10 @@ def merge_rows(snapshots: Sequence[ft.AccountSnapshot], before: Path, after: Pat
     result = import_snapshots(snapshots, after)
     shards = {}
     for path in shard_files:
-        rows = added_rows(path, after / path.name, IMPORTED_SHARD_TABLES)
-        if rows:
-            shards[int(path.stem.removeprefix("shard-"))] = rows
-    directory = added_rows(
+        added, removed = changed_rows(path, after / path.name, IMPORTED_SHARD_TABLES)
+        if added or removed:
+            shards[int(path.stem.removeprefix("shard-"))] = (added, removed)
+    directory, _ = changed_rows(  # (an import deletes nothing there)
         before / DIRECTORY_FILE, after / DIRECTORY_FILE, IMPORTED_DIRECTORY_TABLES
     )
     tokens: dict[str, str] = {}

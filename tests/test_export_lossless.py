@@ -284,13 +284,15 @@ def test_fs1_fs2_fs3_offline_import_serves_the_whole_state(whole, admin, tmp_pat
     _scan(new)
 
 
-def test_fs1_fs2_fs3_import_url_merges_into_a_running_server(whole, admin, tmp_path):
+def test_fs1_fs2_fs3_import_url_merges_into_a_running_server(whole, admin, tmp_path, monkeypatch):
     """Round trip through `openbot import --url` into a running server that has data of its
-    own: the same whole state is served, its own records stay, sealed at rest; the same tree
-    again is `id_clash` and changes nothing."""
+    own: the same whole state is served, its own records stay, sealed at rest. An import cut
+    off before the directory stored its records (FS-3) simply runs again; the same tree once
+    imported is `id_clash` and changes nothing."""
     import httpx
 
     from actors.runtime.engine import Engine
+    from engine.errors import InvalidInput, StorageError
     from gateway.app import create_app
 
     w = whole
@@ -306,6 +308,13 @@ def test_fs1_fs2_fs3_import_url_merges_into_a_running_server(whole, admin, tmp_p
                 _ok(z.get(path))
         tokens_file = tmp_path / "tokens.json"
         cmd = ["import", str(tree), "--url", server.url, "--token", ADMIN]
+
+        async def cut_off(self, rows):
+            raise StorageError("the directory's commit failed")
+
+        with monkeypatch.context() as m:  # the shards stored their rows, the directory not
+            m.setattr(type(target.directory_port), "import_records", cut_off)
+            assert main([*cmd, "--tokens-file", str(tmp_path / "cut.json")]) == 1
         assert main([*cmd, "--tokens-file", str(tokens_file)]) == 0
         assert tokens_file.stat().st_mode & 0o777 == 0o600
         tokens = json.loads(tokens_file.read_text())
@@ -318,10 +327,14 @@ def test_fs1_fs2_fs3_import_url_merges_into_a_running_server(whole, admin, tmp_p
         assert not again.exists()
         _compare(w, server, tokens)
         # The directory's own check, for an id taken after the tree was checked.
-        from engine.errors import InvalidInput
 
         with pytest.raises(InvalidInput) as taken:
             asyncio.run(target.directory_port.import_records([("users", [(own["id"], "-")])]))
+        assert taken.value.code == "id_clash"
+        # A shard's own: a second key for a pool it holds would leave rows unreadable.
+        pool_row = (f"bot:{w.asker}", 0, b"-", None)
+        with pytest.raises(InvalidInput) as taken:
+            asyncio.run(target.shard_port(w.users["alice"]).import_rows([("pools", [pool_row])]))
         assert taken.value.code == "id_clash"
     finally:
         server.stop()

@@ -152,7 +152,10 @@ def _import(args: argparse.Namespace) -> int:
     if args.url:
         if args.data_dir:
             raise CliError("openbot import: --url or --data-dir, not both")
-        files = {p: data.decode() for p, data in sorted(read_tree(Path(args.dir)).items())}
+        try:
+            files = {p: data.decode() for p, data in sorted(read_tree(Path(args.dir)).items())}
+        except UnicodeDecodeError as e:
+            raise InvalidInput(f"{args.dir}: a file of the tree is not UTF-8 ({e.reason})") from e
         with _admin_client(args) as client:
             resp = client.post("/v1/admin/import", json={"files": files}, timeout=600)
         if not resp.is_success:

@@ -340,3 +340,13 @@ def test_fs1_fs2_fs3_import_url_merges_into_a_running_server(whole, admin, tmp_p
         server.stop()
         target.stop()
     _scan(data)
+
+
+def test_fs3_import_url_refuses_a_tree_that_is_not_utf8_before_calling(tmp_path, capsys):
+    account = tmp_path / "tree" / "bot-workspace" / "u_1"
+    account.mkdir(parents=True)
+    (account / "account.json").write_bytes(b'{"format": "\xff"}')
+    tokens = tmp_path / "tokens.json"
+    cmd = ["import", str(tmp_path / "tree"), "--url", "http://127.0.0.1:9", "--token", "x"]
+    assert main([*cmd, "--tokens-file", str(tokens)]) == 2
+    assert "not UTF-8" in capsys.readouterr().err and not tokens.exists()

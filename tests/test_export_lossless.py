@@ -118,13 +118,16 @@ def whole(world, admin, model_stubs, engine):
             _ok(a.post(f"/v1/bots/{asker}/memory", json=remember))
             direct = _ok(a.post("/v1/chats", json={"bot": asker}))["id"]
             _ok(a.post(f"/v1/chats/{direct}/turns?wait=true", json={"text": ASK}))
-            _wait(
+            (chain,) = _wait(
                 lambda: [
                     c
                     for c in _ok(a.get(f"{WS}/collaboration"))["collaborations"]
                     if c["rootChat"] == direct and c["status"] == "done"
                 ]
             )
+            # The agent chat reaches the directory a moment after its delivery.
+            agent = chain["links"][0]["agentChat"]
+            _wait(lambda: agent in {c["id"] for c in _ok(a.get("/v1/chats"))["items"]})
             (req,) = [q for q in _ok(a.get("/v1/requests"))["requests"] if q["chat"] == direct]
             _ok(a.post(f"/v1/requests/{req['id']}/decision", json={"approved": True, "note": NOTE}))
             group = _ok(b.post("/v1/chats", json={"channel": channel}))["id"]

@@ -30,6 +30,12 @@ from engine.workspace_search import Hit
 ACCESS_POLL_WAIT = 5.0
 
 
+def access_key(kind: str, key: str) -> str:
+    """What one directory change touches, as gateways drop their entries by it: `user:<id>`
+    (a principal), `token:<hash>`, `bot:<id>`, `org:<id>` or `channel:<id>`."""
+    return f"{kind}:{key}"
+
+
 # --- memory writes (gateway -> a pool's shard) ---------------------------------------------
 
 
@@ -189,6 +195,20 @@ class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
     effects: tuple[Effect, ...] = ()
     confided: bool = False
     tools: tuple[ToolUse, ...] = ()  # app tool calls with their results, in order (MEM-3)
+
+
+class DecisionWake(msgspec.Struct, frozen=True, kw_only=True):
+    """A decided request wakes its bot in the chat it came from (ENR-3): the request's shard
+    asks the chat's home shard, which stores the notice and the bot's step under `turn` once."""
+
+    request: str
+    turn: str  # engine.requests.decision_turn: the same for every wake-up of the decision
+    chat: Chat
+    bot: Bot
+    org: Org
+    operator: str  # the person who decided
+    notice: str  # the notification the chat shows
+    text: str  # the step's input: the decision and the proposal
 
 
 class StepCall(msgspec.Struct, frozen=True, kw_only=True):

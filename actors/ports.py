@@ -16,6 +16,7 @@ from typing import Protocol
 from actors.contracts import (
     ACCESS_POLL_WAIT,
     ChainView,
+    DecisionWake,
     Mirrored,
     NodeInfo,
     RevisionView,
@@ -44,11 +45,11 @@ from engine.directory import (
 )
 from engine.events import Event, ShardHead
 from engine.listing import Page
-from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
+from engine.memory_bot_settings import MemoryBotSettings, MemoryBotView, SettingsPatch
 from engine.memory_entries import EntryView, Reader
 from engine.models import Completion, Message, ToolSpec
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
-from engine.requests import RequestView
+from engine.requests import Proposal, RequestView
 from engine.scoped_memory import (
     Decision,
     Extraction,
@@ -88,9 +89,9 @@ class NodeHubPort(Protocol):
 
 
 class ShardPort(Protocol):
-    """What a shard asks of another shard (DESIGN §3: an account's pools live on one shard, so
-    a bot's step, its learning and a pool's records are served where they are kept), and what
-    a gateway asks of a shard (below the first block). `ShardService` is the local
+    """What a shard asks of another shard (docs/design.md §3: an account's pools live on one
+    shard, so a bot's step, its learning and a pool's records are served where they are kept),
+    and what a gateway asks of a shard (below the first block). `ShardService` is the local
     implementation; actors/runtime/shard_proxy.py's `RayShard` reaches a shard actor."""
 
     async def run_step(
@@ -106,6 +107,8 @@ class ShardPort(Protocol):
     async def send_stored(self, ref: SentRef) -> bool: ...
 
     async def notify(self, chat: Chat, author: str, text: str) -> ItemView: ...
+
+    async def wake_on_decision(self, wake: DecisionWake) -> bool: ...
 
     async def post_item(self, chat: Chat, author: str, text: str) -> ItemView: ...
 
@@ -132,6 +135,7 @@ class ShardPort(Protocol):
     async def chat_items(self, chat: str) -> list[ItemView]: ...
     async def chat_item(self, chat: str, seq: int) -> ItemView | None: ...
     async def delete_chat_items(self, chat: str, record: Chat | None = None) -> int: ...
+    async def chat_updated(self, chat: Chat, change: str) -> int: ...
     async def confessions(self, chat: str) -> list[Confession]: ...
     async def enrichments(self, chat: str) -> list[Enrichment]: ...
     async def switch_group_mode(
@@ -177,6 +181,7 @@ class ShardPort(Protocol):
     ) -> dict[str, object]: ...
     async def purge(self, pool_id: str, tag: str) -> int: ...
     async def memory_bot_settings(self, pool_id: str) -> MemoryBotSettings: ...
+    async def memory_bot_view(self, pool_id: str) -> MemoryBotView: ...
     async def patch_memory_bot_settings(
         self, pool_id: str, patch: SettingsPatch
     ) -> MemoryBotSettings: ...
@@ -194,10 +199,21 @@ class ShardPort(Protocol):
         self, request_id: str, user: str, channels: frozenset[str]
     ) -> RequestView | None: ...
     async def decide_request(
-        self, request_id: str, user: str, channels: frozenset[str], approved: bool, note: str
+        self,
+        request_id: str,
+        user: str,
+        channels: frozenset[str],
+        approved: bool,
+        note: str,
+        wait: bool = False,
     ) -> RequestView | None: ...
+    async def open_request(
+        self, chat: Chat, bot: str, user: str, proposal: Proposal
+    ) -> RequestView: ...
     async def attach_review(self, request_id: str, chat: str) -> RequestView: ...
-    async def collaborations(self, user: str, channels: frozenset[str]) -> list[ChainView]: ...
+    async def collaborations(
+        self, user: str, channels: frozenset[str], after: str | None = None, limit: int = 200
+    ) -> list[ChainView]: ...
     async def find_agent_chat(self, chat_id: str) -> Chat | None: ...
     async def stop_collaboration(
         self, chain_id: str, user: str, channels: frozenset[str]
@@ -215,6 +231,8 @@ class ShardPort(Protocol):
         self, actor: str, org: str, request: ProjectCreate | ProjectChange, project_id: str
     ) -> ProjectView: ...
     async def workspace_has_entry(self, entry_id: str) -> bool: ...
+    # Deletes the user and project facts bot `bot` learned from `chat` (a purge of `chat:`).
+    async def workspace_purge_learned(self, bot: str, chat: str) -> int: ...
     async def workspace_create_memory(
         self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
     ) -> WorkspaceEntryView: ...
@@ -285,7 +303,7 @@ class DirectoryPort(Protocol):
     async def chat_context_at(self, chat_id: str) -> tuple[int, ChatContext]: ...
     async def watch_access(
         self, watcher: str, since: int, wait: float = ACCESS_POLL_WAIT
-    ) -> int: ...
+    ) -> tuple[int, tuple[str, ...] | None]: ...  # (the keys changed since; None: all)
 
     # admin
     async def create_org(
@@ -340,6 +358,9 @@ class DirectoryPort(Protocol):
         project_org: str | None = None,
     ) -> Chat: ...
     async def chat_context(self, chat_id: str) -> ChatContext: ...
+    async def set_chat_project(
+        self, chat_id: str, user_id: str, project: str | None, project_org: str | None
+    ) -> Chat: ...
     async def review_chat(self, request_id: str, user_id: str, org: str, bot_id: str) -> Chat: ...
     async def pause_auto_record(self, bot_id: str, paused: bool, user: str) -> Bot: ...
     async def list_chats(

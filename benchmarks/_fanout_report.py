@@ -1,5 +1,5 @@
 """Scoring and reporting for benchmarks/fanout.py: loss, duplicates and latency per phase,
-the verdicts against the issue's targets, and the printed table."""
+the verdicts against the fan-out targets, and the printed table."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ TARGETS = {
     "duplicated": 0,
     "p99_ms_max": 50.0,
     "vs_socketio_min": 2.0,
-    "cpu_vs_socketio_max": 2.0,  # server CPU per 1,000 deliveries, burst (issue 13)
+    "cpu_vs_socketio_max": 2.0,  # server CPU per 1,000 deliveries, burst
 }
 SERVER_ROLES = ("gateway", "shard", "directory", "ray_system", "ref_server")
 
@@ -205,7 +205,7 @@ def _pcts(values: list[float]) -> dict[str, float]:
 
 
 def verdicts(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str]]:
-    """(what, target, measured, PASS/MISS/-) for the issue's targets, on OpenBot."""
+    """(what, target, measured, PASS/MISS/-) for the fan-out targets, on OpenBot."""
     ob = results.get("openbot", {})
     sio = results.get("socketio", {})
     rows: list[tuple[str, str, str, str]] = []

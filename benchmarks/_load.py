@@ -1,8 +1,9 @@
 """Load generation for the benchmarks: a closed-loop driver and a raw HTTP/1.1 keep-alive client.
 
-httpx costs more CPU per request than the server it measures (STACK-NOTES), so HTTP load comes from
-a minimal client on `asyncio.open_connection`: one persistent connection per simulated client,
-requests written as prebuilt bytes, responses read by Content-Length (chunked is handled too).
+httpx costs more CPU per request than the server it measures (docs/design.md §14), so HTTP load
+comes from a minimal client on `asyncio.open_connection`: one persistent connection per simulated
+client, requests written as prebuilt bytes, responses read by Content-Length (chunked is handled
+too).
 
 HTTP load is generated in a child process (`python -m benchmarks._load http ...`) so that the
 client does not share the server's GIL; it prints one JSON summary on stdout. `closed_loop` is also

@@ -1,4 +1,4 @@
-"""Retrieval quality of memory search through the public API (issue 11).
+"""Retrieval quality of memory search through the public API.
 
     .venv/bin/python -m benchmarks.retrieval [--data synthetic|locomo-like] [--quick]
         [--conversations N] [--turns N]
@@ -19,13 +19,12 @@ Setup: a local Ray session, one shard, a real gateway (uvicorn on 127.0.0.1) wit
 embeddings (`kind = "onnx"`, all-MiniLM-L6-v2 int8); one account writes every turn, in order,
 as a workspace memory (`POST /api/app/workspace/memories`, content "Speaker: text"), then asks
 every question with `GET /api/app/workspace/memories?q=…&limit=10` three ways: `using=keyword`,
-`using=semantic` and the default hybrid. In the same run, on the same texts and questions: a
-plain BM25 (bm25s, its own tokenizer with English stop words, no stemming) and a dense-only
-ranking (the same embedding model, exact cosine over every turn) as references, and two plain
-reciprocal-rank fusions (k = 60, each list 1,000 deep): of those two references (what the issue's
-table calls plain RRF) and of the API's own keyword and semantic lists (`using=keyword` and
-`using=semantic` asked again with `limit=500`), against which the default hybrid is measured.
-
+`using=semantic` and the default hybrid. In the same run, on the same texts and questions: a plain
+BM25 (bm25s, its own tokenizer with English stop words, no stemming) and a dense-only ranking (the
+same embedding model, exact cosine over every turn) as references, and two plain reciprocal-rank
+fusions (k = 60, each list 1,000 deep): of those two references (plain RRF) and of the API's own
+keyword and semantic lists (`using=keyword` and `using=semantic` asked again with `limit=500`),
+against which the default hybrid is measured.
 `--write-order` writes the turns another way (benchmarks/_write_orders.py: N requests in
 flight, one writer per conversation, round-robin, a project per conversation, sessions more
 than the context window apart, the conversation in `topics`), `--content` with or without the

@@ -1,4 +1,4 @@
-"""Soak: the server's resident memory under long, churning load (issue 12 point 9).
+"""Soak: the server's resident memory under long, churning load.
 
     python -m benchmarks.soak            # 10 minutes, 10,000 accounts
     python -m benchmarks.soak --quick    # about a minute
@@ -9,7 +9,7 @@ accounts (a user and a bot each) through the admin API, then drives writes and r
 public HTTP API on loopback: Remember, memory reads and chat turns, by accounts drawn from an
 active window of `--active` accounts that slides over all of them (churn: accounts go quiet and
 come back). Every `--sample` seconds it records the resident memory of the server's whole process
-tree (the serve process, Ray's gcs/raylet and every actor worker): RSS (what the issue measured)
+tree (the serve process, Ray's gcs/raylet and every actor worker): RSS (what most monitors show)
 and PSS (shared pages counted once).
 
 It reports the samples and, after the warm-up (the first third of the run), the growth: the

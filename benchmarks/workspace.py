@@ -1,4 +1,4 @@
-"""Workspace memory (issue 5): prompt packing, keyword and semantic search, export and import.
+"""Workspace memory: prompt packing, keyword and semantic search, export and import.
 
     .venv/bin/python -m benchmarks.workspace [--quick] [--dim N] [--records N] [--no-http]
 
@@ -11,11 +11,11 @@
    with a zero-latency in-process embedding function (`--dim` dimensions, 384 by default, like
    a small sentence-embedding model); `both` is `Workspace.entries` with `q` and semantic search
    on, which is what one shard does for `GET /memories?q=`. `cold` is the first search after the
-   shard opened (pools and vectors loaded from the file and decrypted), timed over
-   `--cold-runs` opens (3; each with its CPU time). Every query is a new
-   one, so the query-vector cache never answers. All records are in one pool (issue 11's scale
-   target); `index_per_write_ms` is what keyword indexing adds to a write (term keys made and
-   put into the pool's in-memory index).
+   shard opened (pools and vectors loaded from the file and decrypted), timed over `--cold-runs`
+   opens (3; each with its CPU time). Every query is a new one, so the query-vector cache never
+   answers. All records are in one pool (the scale the search targets are set at);
+   `index_per_write_ms` is what keyword indexing adds to a write (term keys made and put into the
+   pool's in-memory index).
 3. **writes over HTTP** — a local Ray session, one shard and a real gateway (uvicorn on
    127.0.0.1): workspace memory writes (`POST /api/app/workspace/memories`, bot scope) against
    Remember (`POST /v1/bots/{bot}/memory`, with a requestId like every workspace
@@ -236,7 +236,7 @@ async def seed_search(data: Path, records: int, embedder: InstantEmbedder) -> No
     batch: list = []
     block: list = []
     for n in range(records):
-        pool_id = POOLS[0]  # one pool holds them all: the issue's scale target
+        pool_id = POOLS[0]  # one pool holds them all: the scale the search targets are set at
         pool = await svc.workspace_pools.pool(pool_id)
         content = sentence(rnd, n)
         entry = sm.user_create(
@@ -255,7 +255,7 @@ async def seed_search(data: Path, records: int, embedder: InstantEmbedder) -> No
             ws.store.entry_row(entry, ws.store.seal(cipher, pool_id, entry.id, content), new=True)
         )
         keys = svc.kernel.analyzer(pool_id).keys(content)
-        batch.append(  # the term hashes the workspace stores with each write (issue 11)
+        batch.append(  # the term hashes the workspace stores with each write
             svc.kernel.terms.row(pool_id, entry.id, entry.content_fp, keys, n + 1)
         )
         block.append((entry.id, entry.content_fp, embedder.vector(content)))
@@ -281,7 +281,8 @@ async def bench_search(
     svc = _open(data, embedder)
     semantic = svc.workspace.semantic
     assert isinstance(semantic, SemanticSearch)
-    semantic.min_score = 0.1  # two query words against ~15: a shared word scores ~0.18
+    semantic.min_score = 0.1  # two query words against a record's many: one shared word scores
+    # under the default floor
     rnd = random.Random(11)
     queries = [f"{rnd.choice(RARE)} {rnd.choice(COMMON)}" for _ in range(3 * runs + 1)]
 
@@ -525,7 +526,7 @@ async def seed_export(data: Path, records: int) -> dict:
     await asyncio.gather(*(write(n, sentence(rnd, n), rnd.choice(tiers)) for n in range(records)))
     write_s = time.perf_counter() - t0
     # Side by side: as many Remember writes (pinned entries) into the bot's pool, the
-    # same 64 at a time, on the same shard (issue 11: workspace writes at least as fast).
+    # same 64 at a time, on the same shard (workspace writes at least as fast).
     reader = Reader(user=ACCOUNT, org=ORG, uses_bot=True)
 
     async def remember(n: int, content: str) -> None:

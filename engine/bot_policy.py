@@ -1,4 +1,4 @@
-"""What a bot may do with other bots, decided by the server (SPEC WS-1, WS-3, WS-6).
+"""What a bot may do with other bots, decided by the server (WS-1, WS-3, WS-6).
 
 Team and collaboration are server policy: the org's `collaboration` setting (on by default)
 and the bot's own state (archived, temporary). A client's old per-bot switches are not part of

@@ -1,4 +1,4 @@
-"""One JSON casing on the wire (issue 14): camelCase keys out, old snake_case names accepted in.
+"""One JSON casing on the wire: camelCase keys out, old snake_case names accepted in.
 
 Internal Structs, DuckDB columns and stored blobs keep their snake_case names (renaming them
 would break data files already written); the gateway and the export turn keys into camelCase

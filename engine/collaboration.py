@@ -1,4 +1,4 @@
-"""Collaboration chains (SPEC WS-4, CO-1): what happens when bots send work to each other.
+"""Collaboration chains (WS-4, CO-1): what happens when bots send work to each other.
 
 A chain starts when a bot in a chat calls `workspace_send_to_agent`. Each send is a *link*: the
 caller gets a delivery receipt (the link id) at once, the peer works in an `agent` chat, and the

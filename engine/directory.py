@@ -1,4 +1,5 @@
-"""Directory records (DESIGN §4) and the access policy over them (DESIGN §9 "Who may do what").
+"""Directory records (docs/design.md §4) and the access policy over them (docs/design.md §9,
+"Who may do what").
 
 These are the stored shapes as well as the wire shapes of the admin routes; new fields get
 defaults so stored rows stay readable.
@@ -92,6 +93,9 @@ class Chat(msgspec.Struct, frozen=True, kw_only=True):
     # (group), the root chat's home (agent). Empty in rows written before it existed.
     home: str = ""
     chain: str | None = None  # agent chats: the collaboration chain they serve
+    # Moves with every change to the record after it was made (its project, WS-7), so a
+    # client that hears of changes out of order keeps the newest.
+    revision: int = 1
 
 
 class ChatContext(msgspec.Struct, frozen=True, kw_only=True):
@@ -161,7 +165,7 @@ def permission(bot: Bot, user_id: str) -> Permission | None:
 
 
 def _require_same_org(bot: Bot, user: User) -> None:
-    """A bot works in its own org (issue 12): a person of another org cannot use it, whatever
+    """A bot works in its own org: a person of another org cannot use it, whatever
     grant an older directory may hold. To them it is as unknown as a free id."""
     if bot.org not in user.orgs:
         raise NotFound(f"no bot {bot.id!r}", code="bot_not_found")

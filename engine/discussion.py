@@ -1,4 +1,4 @@
-"""Who speaks in a group turn, in which order, for how many rounds (SPEC WS-5, DESIGN §5 step 7).
+"""Who speaks in a group turn, in which order, for how many rounds (WS-5, docs/design.md §5 step 7).
 
 A normal message is one round; a discussion is two unless the sender asks for 1-12 rounds, by
 option or in the text (English or Chinese). When nobody is named every member takes part, and

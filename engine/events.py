@@ -1,4 +1,4 @@
-"""Events (DESIGN §8, contract): what changed, never the content, and who may hear of it.
+"""Events (docs/design.md §8, contract): what changed, never the content, and who may hear of it.
 
 An event is stored with an `Audience` computed when it is written, from the same rules that
 decide visibility; the gateway checks each client against it, on live delivery and again on
@@ -62,6 +62,17 @@ class ChatItemsDeleted(msgspec.Struct, frozen=True, kw_only=True, tag="chat.item
     count: int
 
 
+class ChatUpdated(msgspec.Struct, frozen=True, kw_only=True, tag="chat.updated"):
+    """A chat's record changed (`PATCH /v1/chats/:id`): `change` names what (`project`), and
+    `project` is the chat's project now (an id, or null when cleared). Clients keep the highest
+    `revision` they heard of."""
+
+    chat: str
+    revision: int
+    change: str
+    project: str | None = None
+
+
 class RequestChanged(msgspec.Struct, frozen=True, kw_only=True, tag="request.changed"):
     """A request (approval) was made, decided or got a review chat (ENR-3)."""
 
@@ -79,6 +90,7 @@ Payload = (
     | CollaborationChanged
     | ChatItemCreated
     | ChatItemsDeleted
+    | ChatUpdated
     | RequestChanged
 )
 EVENT_TYPES = tuple(t.__struct_config__.tag for t in Payload.__args__)  # type: ignore[attr-defined]

@@ -1,12 +1,13 @@
-"""What the memory bot learns from, and which of its proposals the server accepts (SPEC §3).
+"""What the memory bot learns from, and which of its proposals the server accepts
+(docs/requirements.md §3).
 
 The model sees evidence (the chat's items up to the source turn) and the pool's first 300 valid
 entries; it proposes `learn_fact`, `learn_observation`, `invalidate` and `rename_topic` calls
-(DESIGN §6). Everything that decides visibility is set here by the server, never taken from the
-model: system tags come from the turn's stored operator and the chat (LRN-6), access proofs from
+(docs/design.md §6). Everything that decides visibility is set here by the server, never taken from
+the model: system tags come from the turn's stored operator and the chat (LRN-6), access proofs from
 the items' audience (ACL-5), an observation's audience from its sources (ACL-3). Each call is
-checked on its own against the latest state; a bad call is rejected with a reason and the valid
-rest still applies.
+checked on its own against the latest state; a bad call is rejected with a reason and the valid rest
+still applies.
 """
 
 from __future__ import annotations

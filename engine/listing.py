@@ -70,6 +70,13 @@ def page(records: Iterable[T], key: Callable[[T], str], cursor: str | None, limi
     return Page(items=chosen, nextCursor=encode_cursor(key(chosen[-1])) if more else None)
 
 
+def chain_key(created_at: int, chain_id: str) -> str:
+    """A collaboration chain's place in its listing, which runs newest first (an activity
+    list: what just happened is on the first page): the gateway names it in a cursor and each
+    shard reads its chains below it."""
+    return f"{created_at:015d}/{chain_id}"
+
+
 # --- what a person is shown ---
 
 
@@ -100,6 +107,7 @@ class ChatEntry(msgspec.Struct, frozen=True, kw_only=True):
     project: str | None = None
     chain: str | None = None
     createdAt: int = 0
+    revision: int = 1  # moves with each change to the chat (its project, WS-7)
     bots: list[Member] = []
     people: list[Member] = []
 
@@ -175,6 +183,7 @@ def chat_entry(
         project=chat.project,
         chain=chat.chain,
         createdAt=chat.created_at,
+        revision=chat.revision,
         bots=members,
         people=people,
     )

@@ -23,6 +23,31 @@ class MemoryBotSettings(msgspec.Struct, frozen=True, kw_only=True):
     budget: Budget | None = None
 
 
+class SpendView(msgspec.Struct, frozen=True, kw_only=True):
+    """What the memory bot's calls cost in one budget period (MB-6): `micros` is the cost the
+    provider confirmed with its usage; a call answered without usage is not guessed at but
+    counted in `unknownCalls`."""
+
+    period: str  # day:YYYY-MM-DD | month:YYYY-MM (UTC)
+    micros: int
+    unknownCalls: int
+
+
+class MemoryBotView(msgspec.Struct, frozen=True, kw_only=True):
+    """The settings as `GET /v1/bots/:botId/memory/bot` shows them, with the current day's and
+    month's spend (read only; a PATCH never carries it)."""
+
+    version: int = 0
+    instructions: str = ""
+    concurrency: int | None = None
+    budget: Budget | None = None
+    spend: tuple[SpendView, ...] = ()
+
+
+def view(settings: MemoryBotSettings, spend: tuple[SpendView, ...]) -> MemoryBotView:
+    return MemoryBotView(**msgspec.structs.asdict(settings), spend=spend)
+
+
 _UNSET = msgspec.UNSET
 
 
@@ -70,6 +95,12 @@ def period_key(period: str, now_ms: int) -> str:
     """The spend bucket `now_ms` falls in: `day:YYYY-MM-DD` or `month:YYYY-MM` (UTC)."""
     day = _utc(now_ms)
     return f"day:{day:%Y-%m-%d}" if period == "day" else f"month:{day:%Y-%m}"
+
+
+def current_periods(now_ms: int) -> frozenset[str]:
+    """Every spend bucket a budget may ask about at `now_ms` (the day's and the month's): a
+    runtime keeps only these in memory, so its map does not grow with the days it has run."""
+    return frozenset(period_key(p, now_ms) for p in ("day", "month"))
 
 
 def next_period_start(period: str, now_ms: int) -> int:

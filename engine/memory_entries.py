@@ -1,4 +1,4 @@
-"""Memory entries without their content (DESIGN §4).
+"""Memory entries without their content (docs/design.md §4).
 
 An `EntryMeta` is everything the server needs to decide who sees an entry: tags, sources, access
 proofs, status and the people who forgot it. The content is kept apart, encrypted, and is only
@@ -159,7 +159,7 @@ class MemoryPage(msgspec.Struct, frozen=True, kw_only=True):
 
 class SearchHitView(EntryView, frozen=True, kw_only=True):
     """An entry found by `GET /v1/bots/{bot}/memory?q=`: its fused score and the retrievers
-    that found it (issue 11)."""
+    that found it."""
 
     score: float
     foundBy: tuple[str, ...]

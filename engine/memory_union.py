@@ -1,7 +1,7 @@
 """One memory per bot (MEM-1, SC-1): one model of a bot's entries, and its two views.
 
-Design (issue 15). Pool `bot:<id>` keeps its entries in two tables of the shard's file, because
-they are written by two different machineries with different bookkeeping:
+Pool `bot:<id>` keeps its entries in two tables of the shard's file, because they are
+written by two different machineries with different bookkeeping:
 
 - `memory_entries`: what the memory bot learned (facts, observations) and what a person
   pinned with Remember, with tags, sources and access proofs (`EntryMeta`);
@@ -17,9 +17,9 @@ the union, so a workspace record is seen exactly by whom its tags admit, and an 
 rest on one.
 
 The system tags of a workspace bot record (decided here, set by the server only):
-`from:<writer>`, `for:bot`, `org:<the bot's home org>` (`record_tags`). Before, any user of the
-bot read these records in every org; now users of the bot in the bot's org do: never wider.
-Records stored before this design carry none: migration 7 stamps `from:` (the first revision's
+`from:<writer>`, `for:bot`, `org:<the bot's home org>` (`record_tags`): users of the bot in the
+bot's org read these records, never users of it in another org. Records stored without these
+tags get them from migration 7, which stamps `from:` (the first revision's
 operator) and `for:bot` on them, and the shard adds `org:` from the bot's directory record when it
 loads the pool (the directory lives in another file); without a bot record they stay hidden.
 

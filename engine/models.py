@@ -1,4 +1,5 @@
-"""What the engine says to a model and what it gets back (DESIGN §6), independent of the wire.
+"""What the engine says to a model and what it gets back, independent of the wire
+(docs/design.md §6).
 
 The `openai` kind maps these to Chat Completions; the `scripted` kind answers from a file.
 Prices and usage are integers: tokens, and micro-USD (MB-6).

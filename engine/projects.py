@@ -1,4 +1,5 @@
-"""Projects (SPEC WS-7, DESIGN §4): who belongs, which groups are linked, and how a project changes.
+"""Projects (WS-7, docs/design.md §4): who belongs, which groups are linked, and how a project
+changes.
 
 A project exists on its own, with members (user ids) and linked channels. Its id never changes,
 whatever happens to its name. Two rules keep project memory from leaking to outsiders:
@@ -53,7 +54,7 @@ class Project(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ProjectCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """`POST /api/app/workspace/projects` without `expectedRevision` (DESIGN §9).
+    """`POST /api/app/workspace/projects` without `expectedRevision` (docs/design.md §9).
 
     `id`, when given, is the account's own key for the project: the project's id is derived
     from it and the account (the answer carries it), so no create reveals another account's

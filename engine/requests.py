@@ -1,15 +1,23 @@
-"""Requests (approvals): something a bot proposes that a person must approve (SPEC ENR-3).
+"""Requests (approvals): something a bot proposes that a person must approve (ENR-3).
 
 A bot proposes with its `workspace_request_approval` tool; the request keeps exactly what the
 bot proposed and where (the chat, the turn, the person of that turn or the channel), never the
 input the memory bot rewrote for it: a request and its review see only the proposal. A person
-who may see it decides once (approved or rejected), and may talk it over with the bot in a
-review chat, which has no enrichment and no `confide`.
+may open one too, in a chat where the bot's tool may (their own direct chat, a group of theirs),
+for the same people to decide; it keeps the person's words as they wrote them. A person who may
+see it decides once (approved or rejected), and may talk it over with the bot in a review chat,
+which has no enrichment and no `confide`.
+
+The decision wakes the bot in the chat the request came from: one step with the decision as
+its input. `wake` is "due" from the decision's own commit until that step is stored, then
+"done"; a request decided before wake-ups existed has none.
 
 Pure: callers pass ids and times.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import msgspec
 
@@ -39,6 +47,8 @@ class ApprovalRequest(msgspec.Struct, frozen=True, kw_only=True):
     decidedBy: str | None = None
     note: str | None = None
     reviewChats: tuple[str, ...] = ()
+    openedBy: str | None = None  # a person who opened it; None: the bot proposed it
+    wake: str | None = None  # due | done (see the module's doc)
 
 
 class RequestView(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,6 +70,8 @@ class RequestView(msgspec.Struct, frozen=True, kw_only=True):
     decidedBy: str | None
     note: str | None
     reviewChats: tuple[str, ...]
+    openedBy: str | None = None
+    wake: str | None = None
 
 
 class Proposal(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,6 +107,7 @@ def new_request(
     channel: str | None,
     proposal: Proposal,
     now: int,
+    opened_by: str | None = None,
 ) -> ApprovalRequest:
     title = proposal.title.strip() or proposal.proposal.strip().splitlines()[0][:80]
     return ApprovalRequest(
@@ -108,6 +121,7 @@ def new_request(
         title=title,
         createdAt=now,
         updatedAt=now,
+        openedBy=opened_by,
     )
 
 
@@ -135,7 +149,36 @@ def decide(
         updatedAt=now,
         decidedBy=user,
         note=note or None,
+        wake="due",  # stored with the decision: the wake-up is never lost (`woken`)
     )
+
+
+def woken(request: ApprovalRequest) -> ApprovalRequest:
+    """The decision's step is stored in its chat: it is never run again."""
+    return msgspec.structs.replace(request, wake="done")
+
+
+def decision_notice(request: ApprovalRequest) -> str:
+    """The notification the chat shows (never as the person's words)."""
+    return f"Request “{request.title}” {request.status}" + (
+        f": {request.note}" if request.note else "."
+    )
+
+
+def decision_input(request: ApprovalRequest, proposal: str) -> str:
+    """What the woken bot's step gets as its input: the decision and the proposal as it was
+    made (ENR-3: never an enrichment), since the bot's history does not hold its tool calls."""
+    by = "you" if request.openedBy is None else request.openedBy
+    return (
+        f"[request {request.id} {request.status} by {request.decidedBy}] "
+        f"{decision_notice(request)}\nProposed by {by}: {proposal}"
+    )
+
+
+def decision_turn(request_id: str) -> str:
+    """The turn of a decision's step in its chat, named after the request: a second wake-up
+    of the same decision (after a restart) finds it instead of stepping again."""
+    return "turn_" + hashlib.sha256(f"decision\x00{request_id}".encode()).hexdigest()[:16]
 
 
 def with_review_chat(request: ApprovalRequest, chat: str, now: int) -> ApprovalRequest:

@@ -1,4 +1,4 @@
-"""Workspace memory in three scopes (SPEC SC-1..SC-4, FS-2): records, extraction, forgetting.
+"""Workspace memory in three scopes (SC-1..SC-4, FS-2): records, extraction, forgetting.
 
 A record (`WorkspaceEntry`) lives in one pool: `bot:<botId>` (the bot itself), `user:<accountId>`
 (every bot of the account) or `project:<projectId>` (the project's members). Shared pools hold one
@@ -194,10 +194,10 @@ def pool_of(scope: Scope | str, *, bot: str, account: str, project: str | None =
 _SCOPE_OF = {"bot": Scope.BOT, "user": Scope.USER, "project": Scope.PROJECT}
 
 
-@functools.lru_cache(maxsize=8192)  # ~10 times a write, for a few pools (errors: not cached)
+@functools.lru_cache(maxsize=8192)  # many times a write, for a few pools (errors: not cached)
 def scope_of(pool: str) -> Scope:
     kind, sep, rest = pool.partition(":")
-    scope = _SCOPE_OF.get(kind)  # a dict, not `Scope(kind)`: this runs ~10 times a write
+    scope = _SCOPE_OF.get(kind)  # a dict, not `Scope(kind)`: this runs many times a write
     if not sep or not rest or scope is None:
         raise InvalidInput(f"{pool!r} is not a workspace pool", code="invalid_pool")
     return scope
@@ -231,8 +231,8 @@ def normalize(text: str) -> str:
     collapsed. Rewording still changes it; that is what evidence barriers are for.
 
     (Every workspace write runs this: ASCII text, the common case, loses its punctuation as
-    bytes, ~10 µs less than `str.translate` with a table; and `split`/`join` splits on exactly
-    the characters the regex `\\s` matches, for a few µs less than the regex.)"""
+    bytes, cheaper than `str.translate` with a table; and `split`/`join` splits on exactly the
+    characters the regex `\\s` matches, cheaper than the regex.)"""
     text = unicodedata.normalize("NFKC", text).casefold()
     if text.isascii():
         text = text.encode().translate(None, _ASCII_PUNCTUATION).decode()
@@ -496,7 +496,7 @@ def propose_all(
 
 
 class WorkspaceMemoryCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """`POST /api/app/workspace/memories` without `id` (DESIGN §9)."""
+    """`POST /api/app/workspace/memories` without `id` (docs/design.md §9)."""
 
     requestId: str
     scope: Scope

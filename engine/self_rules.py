@@ -1,4 +1,4 @@
-"""A bot's own rules: reading and changing them (SPEC WS-2) and setting a new member's (WS-3).
+"""A bot's own rules: reading and changing them (WS-2) and setting a new member's (WS-3).
 
 Who may change a bot's rules: the bot itself (unless it is a temporary assistant) and people with
 write on it. The bot that created a member sets its first rules and then loses that right, so a

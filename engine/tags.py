@@ -1,4 +1,4 @@
-"""The tag grammar of memory entries (SPEC MEM-3, DESIGN §4).
+"""The tag grammar of memory entries (MEM-3, docs/design.md §4).
 
 A tag with a `:` is a *system tag*: only the server sets it, never a model and never a caller of
 the public API, because system tags decide who sees an entry. Every other tag is a *topic*:

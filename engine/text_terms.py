@@ -1,4 +1,4 @@
-"""The terms of a text for keyword search (SC-7, issue 11): what a record is indexed under and
+"""The terms of a text for keyword search (SC-7): what a record is indexed under and
 what a query looks for.
 
 - Text is NFKC-normalized and case-folded, so full-width `DEPLOY`, `Deploy` and `deploy` are

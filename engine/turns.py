@@ -1,5 +1,5 @@
-"""The model-facing side of a turn (DESIGN §5, §6): the bot's tools, the memory bot's prompts,
-the calm answer, and the checks on an enrichment. Pure: the actors do the calls.
+"""The model-facing side of a turn (docs/design.md §5, §6): the bot's tools, the memory bot's
+prompts, the calm answer, and the checks on an enrichment. Pure: the actors do the calls.
 """
 
 from __future__ import annotations
@@ -193,7 +193,11 @@ def learning_system(instructions: str) -> str:
     return LEARNING_SYSTEM + (OWNER_RULES + instructions if instructions else "")
 
 
-def confessor_messages(text: str, instructions: str) -> list[Message]:
+def confessor_messages(
+    text: str, instructions: str, entries: Iterable[tuple[str, str]] = ()
+) -> list[Message]:
+    """`entries`: (id, text) of the bot's memory the person it works for may see; the caller
+    checked them, so the answer may draw on them."""
     system = (
         "A bot you look after is telling you how its work is going. Answer like a confessor: "
         "listen, do not judge, say that mistakes are part of work, ask it to tell the person "
@@ -201,6 +205,11 @@ def confessor_messages(text: str, instructions: str) -> list[Message]:
     )
     if instructions:
         system += f"\nRules from the bot's owner about privacy and sharing: {instructions}"
+    known = [t for _, t in entries]
+    if known:
+        system += "\nWhat you remember of this work, to understand it better:\n" + "\n".join(
+            f"- {t}" for t in known
+        )
     return [Message(role="system", content=system), Message(role="user", content=text)]
 
 

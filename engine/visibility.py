@@ -1,4 +1,5 @@
-"""Who may see a memory entry: a pure function of tags, sources and access proofs (SPEC §2).
+"""Who may see a memory entry: a pure function of tags, sources and access proofs
+(docs/requirements.md §2).
 
 The rules, in the order they are applied:
 

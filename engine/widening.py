@@ -1,4 +1,4 @@
-"""Requests to widen an entry's visibility (SPEC ACL-4): they pass every source's rule or fail.
+"""Requests to widen an entry's visibility (ACL-4): they pass every source's rule or fail.
 
 A request names an entry and one grant tag to add (`for:person:<u>`, `for:channel:<c>`,
 `for:bot`). It is accepted only when every reader the new grant admits is admitted by the rule of

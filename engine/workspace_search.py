@@ -1,4 +1,4 @@
-"""Ranking workspace and bot memory search (SPEC SC-7, issue 11): fusing what the retrievers
+"""Ranking workspace and bot memory search (SC-7): fusing what the retrievers
 found.
 
 Keyword hits (BM25, storage/search_index.py) and semantic hits (cosine,

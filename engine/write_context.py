@@ -1,4 +1,4 @@
-"""Which earlier record a new workspace record is read with: its write stream (issue 11).
+"""Which earlier record a new workspace record is read with: its write stream.
 
 A new record written soon after the last new one of its stream is indexed with that one's
 words too (storage/search_index.py `in_context`), and that one with the new one's: the turns of

@@ -1,4 +1,5 @@
-"""Admin routes (DESIGN §9): the directory's orgs, users, bots, grants and channels, and backups.
+"""Admin routes (docs/design.md §9): the directory's orgs, users, bots, grants and channels,
+and backups.
 Every route takes the admin token; a model name is checked against the server's config here, so a
 typo fails at creation rather than at the bot's first turn."""
 
@@ -8,6 +9,7 @@ from msgspec import UNSET
 from starlette.requests import Request
 from starlette.responses import Response
 
+from actors.contracts import access_key
 from actors.ports import EnginePort
 from engine.errors import Unprocessable
 from gateway import wire
@@ -64,7 +66,7 @@ class AdminApi:
             rules=body.rules,
             avatar=body.avatar,
         )
-        self.auth.directory_changed(bot.id)  # the owner's principal now lists this bot
+        self.auth.directory_changed(access_key("bot", bot.id), access_key("user", bot.owner))
         return json(bot, 201)
 
     async def patch_bot(self, request: Request) -> Response:
@@ -75,28 +77,28 @@ class AdminApi:
         }
         self._check_model(changes.get("model"))
         bot = await self.engine.directory_port.patch_bot(request.path_params["id"], changes)
-        self.auth.directory_changed(bot.id)
+        self.auth.directory_changed(access_key("bot", bot.id))
         return json(bot)
 
     async def create_grant(self, request: Request) -> Response:
         await self.auth.admin(request)
         body = wire.decode(await read_body(request), wire.CreateGrant)
         await self.engine.directory_port.grant(body.bot, body.user, body.permission)
-        self.auth.directory_changed(body.bot)
+        self.auth.directory_changed(access_key("bot", body.bot), access_key("user", body.user))
         return json({"bot": body.bot, "user": body.user, "permission": body.permission}, 201)
 
     async def revoke_grant(self, request: Request) -> Response:
         await self.auth.admin(request)
         bot, user = request.path_params["bot"], request.path_params["user"]
         await self.engine.directory_port.revoke_grant(bot, user)
-        self.auth.directory_changed(bot)
+        self.auth.directory_changed(access_key("bot", bot), access_key("user", user))
         return json({"bot": bot, "user": user, "revoked": True})
 
     async def new_token(self, request: Request) -> Response:
         await self.auth.admin(request)
         user = request.path_params["id"]
         token = await self.engine.directory_port.new_token(user)
-        self.auth.directory_changed()
+        self.auth.directory_changed(access_key("user", user))
         return json({"id": user, "token": token})
 
     async def create_channel(self, request: Request) -> Response:
@@ -111,7 +113,8 @@ class AdminApi:
             mode=body.mode,
             leader=body.leader,
         )
-        self.auth.directory_changed()
+        people = (access_key("user", u) for u in channel.people)
+        self.auth.directory_changed(access_key("channel", channel.id), *people)
         return json(channel, 201)
 
     async def backup(self, request: Request) -> Response:

@@ -1,5 +1,5 @@
 """The Starlette application: every route group's table, the middleware stack, capabilities and
-the OpenAPI document (DESIGN §9). The handlers live in one module per group: admin_routes,
+the OpenAPI document (docs/design.md §9). The handlers live in one module per group: admin_routes,
 chat_routes, memory_routes, listing_routes, request_routes, workspace_routes and
 workspace_memory_routes."""
 
@@ -107,7 +107,7 @@ def create_app(
     ws = WorkspaceApi(engine, auth)
     wm = WorkspaceMemoryApi(engine, auth)
     lists = ListingApi(engine, auth)
-    rq = RequestsApi(engine, auth)
+    rq = RequestsApi(engine, auth, chats)
     trees = FileExportApi(engine, auth)
     r: Callable[..., Route] = Route
     routes = [
@@ -133,11 +133,13 @@ def create_app(
         r("/v1/admin/export", trees.export, methods=["GET"]),
         r("/v1/admin/import", trees.import_tree, methods=["POST"]),
         r("/v1/chats", chats.create_chat, methods=["POST"]),
+        r("/v1/chats/{chat}", chats.patch_chat, methods=["PATCH"]),
         r("/v1/chats/{chat}/turns", chats.post_turn, methods=["POST"]),
         r("/v1/chats/{chat}/items", chats.chat_items, methods=["GET", "DELETE"]),
         r("/v1/chats/{chat}/turns/{turn}/verdict", chats.verdict, methods=["POST"]),
         r("/v1/chats/{chat}/confessions", chats.confessions, methods=["GET"]),
         r("/v1/chats/{chat}/enrichments", chats.enrichments, methods=["GET"]),
+        r("/v1/chats/{chat}/requests", rq.open, methods=["POST"]),
         r("/v1/requests", rq.listing, methods=["GET"]),
         r("/v1/requests/{id}", rq.get, methods=["GET"]),
         r("/v1/requests/{id}/decision", rq.decide, methods=["POST"]),

@@ -3,14 +3,17 @@
 Every request names its caller with `Authorization: Bearer <token>`: the admin token, or a user
 token the directory issued (stored there only as a hash). Principals and bot records are cached
 so that a request costs no directory call; each entry carries the directory's access revision it
-was read at (actors/access_watch.py). A background watch long-polls the directory and drops
-everything older as soon as the revision moves; an answer read before a change is never stored
-after it. A revocation (a token, a grant) returns only once this gateway has applied it, so no
-request that starts after it is served with the old access; the hooks of `on_access_change`
-(open event sockets re-checking who they serve, gateway/events.py) run before that
-acknowledgement, so the same holds for them. When the watch stops answering the
-cache is bypassed (every request asks the directory) until it answers again. `ttl` bounds an
-entry's age besides; 0 turns caching off.
+was read at (actors/access_watch.py). A background watch long-polls the directory and, as soon as
+the revision moves, drops the entries of what the changes touched (every entry when the directory
+cannot say); an answer read before a change is never stored after it. A revocation (a token, a
+grant) returns only once this gateway has applied it, so no request that starts after it is
+served with the old access; the hooks of `on_access_change` (open event sockets re-checking who
+they serve, gateway/events.py) run on every change before that acknowledgement, so the same holds
+for them. When the watch stops answering the cache is bypassed (every request asks the
+directory) until it answers again. `ttl` bounds an entry's age besides; 0 turns caching off.
+Each entry is kept with the access keys it depends on (its token and person, its bot, org or
+channel). Unknown tokens are remembered as misses (bounded, briefly) so a bad token does not
+reach the directory on every request.
 """
 
 from __future__ import annotations
@@ -20,20 +23,22 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from actors.contracts import ACCESS_POLL_WAIT as POLL_WAIT
+from actors.contracts import access_key
 from actors.ports import EnginePort
 from engine.directory import Bot, Channel, Chat, ChatContext, Org, Principal, agent_chat_id
 from engine.errors import Forbidden, NotFound, OpenBotError, Unauthenticated
 from gateway.errors import error_response, status_of
 from storage.directory_store import hash_token
 
-# The only HTTP paths answered without a token (issue 12): exact paths, and path prefixes (the
+# The only HTTP paths answered without a token: exact paths, and path prefixes (the
 # web console's static files go here). Everything else, known route or not, needs a valid
 # admin or user token before any endpoint runs; endpoints then check what the caller may do.
 PUBLIC_PATHS: frozenset[str] = frozenset({"/healthz", "/"})  # "/": the console's page
@@ -50,33 +55,88 @@ TRUST = POLL_WAIT + 0.5  # seconds the cache is used after the watch last answer
 # Seconds an agent chat id no shard knew is not asked of every shard again (the directory is
 # still asked first, so a chat registered meanwhile is found at once).
 AGENT_MISS_TTL = 1.0
+# Unknown tokens answered 401 without asking the directory again: the most recent few, for a
+# short while (a client retrying a bad token costs one directory call per MISS_TTL). A token's
+# creation or replacement drops its miss (the watch names its hash) before the call returns.
+MISSES = 4096
+MISS_TTL = 2.0
 
 
 class _Cache:
-    """Entries read at a directory access revision; none older than `floor` is served or kept."""
+    """Entries read at a directory access revision, each with the access keys it depends on
+    (actors/contracts.py `access_key`): a change drops the entries of the keys it names."""
 
-    def __init__(self, ttl: float) -> None:
+    def __init__(self, ttl: float, clock: Callable[[], float]) -> None:
         self.ttl = ttl
-        self._items: dict[str, tuple[float, int, Any]] = {}
+        self.clock = clock
+        self._items: dict[str, tuple[float, Any, tuple[str, ...]]] = {}
+        self._by_key: dict[str, set[str]] = {}  # access key → entries that depend on it
 
-    def get(self, key: str, floor: int) -> Any:
+    def get(self, key: str) -> Any:
         hit = self._items.get(key)
-        if hit is None or hit[0] < time.monotonic() or hit[1] < floor:
+        if hit is None or hit[0] < self.clock():
             return None
-        return hit[2]
+        return hit[1]
 
-    def put(self, key: str, revision: int, value: Any, floor: int) -> None:
+    def put(self, key: str, revision: int, value: Any, floor: int, keys: tuple[str, ...]) -> None:
         if revision < floor:
             return  # read before a change this gateway already applied
         if len(self._items) > 50_000:
+            self.drop()
+        self._pop(key)
+        self._items[key] = (self.clock() + self.ttl, value, keys)
+        for k in keys:
+            self._by_key.setdefault(k, set()).add(key)
+
+    def _pop(self, key: str) -> None:
+        hit = self._items.pop(key, None)
+        for k in hit[2] if hit is not None else ():
+            held = self._by_key.get(k)
+            if held is not None:
+                held.discard(key)
+                if not held:
+                    del self._by_key[k]
+
+    def drop(self, access: str | None = None) -> None:
+        """Drop the entries that depend on access key `access` (None: every entry)."""
+        if access is None:
             self._items.clear()
-        self._items[key] = (time.monotonic() + self.ttl, revision, value)
+            self._by_key.clear()
+            return
+        for key in list(self._by_key.get(access, ())):
+            self._pop(key)
+
+
+class _Misses:
+    """Token hashes the directory did not know, at the revision it said so: the `MISSES` most
+    recent, each for `MISS_TTL` seconds."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self._until: OrderedDict[str, float] = OrderedDict()
+
+    def known(self, key: str) -> bool:
+        until = self._until.get(key)
+        if until is None:
+            return False
+        if until < self.clock():
+            del self._until[key]
+            return False
+        return True
+
+    def add(self, key: str, revision: int, floor: int) -> None:
+        if revision < floor:
+            return  # the token may have been made by a change this gateway applied since
+        self._until[key] = self.clock() + MISS_TTL
+        self._until.move_to_end(key)
+        while len(self._until) > MISSES:
+            self._until.popitem(last=False)
 
     def drop(self, key: str | None = None) -> None:
         if key is None:
-            self._items.clear()
+            self._until.clear()
         else:
-            self._items.pop(key, None)
+            self._until.pop(key, None)
 
 
 def bearer_token(conn: HTTPConnection) -> str:
@@ -88,18 +148,27 @@ def bearer_token(conn: HTTPConnection) -> str:
 
 
 class Auth:
-    def __init__(self, engine: EnginePort, admin_token: str, ttl: float = 60.0) -> None:
+    def __init__(
+        self,
+        engine: EnginePort,
+        admin_token: str,
+        ttl: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.engine = engine
         self.admin_token = admin_token
         self.ttl = ttl
-        self._principals = _Cache(ttl)
-        self._bots = _Cache(ttl)
+        self.clock = clock  # (entries' ages and misses; the watch's trust runs on real time)
+        self._principals = _Cache(ttl, clock)
+        self._bots = _Cache(ttl, clock)
         # A turn's context in parts (gateway/chat_routes.py): orgs, and channels with their
-        # bots, at the access revision like bots; chat records never change once made, so
-        # they are kept as they are (bounded) and a new chat's first turn asks nothing when
+        # bots, at the access revision like bots; chat records change only by a change that
+        # moves the access revision (a chat's project, WS-7), so they are kept until it moves
+        # a change that names no keys (bounded), and a new chat's first turn asks nothing when
         # its bot and org are known.
-        self._orgs = _Cache(ttl)
-        self._channels = _Cache(ttl)
+        self._orgs = _Cache(ttl, clock)
+        self._channels = _Cache(ttl, clock)
+        self._misses = _Misses(clock)
         self._chats: dict[str, Chat] = {}
         self._agent_misses: dict[str, float] = {}  # agent chat id → until when it is a miss
         self._applied = 0  # the directory access revision the caches reflect
@@ -130,7 +199,7 @@ class Auth:
     async def _watching(self) -> None:
         while True:
             try:
-                revision = await self.engine.directory_port.watch_access(
+                revision, changed = await self.engine.directory_port.watch_access(
                     self._watcher, self._applied, POLL_WAIT
                 )
             except Exception as e:  # the directory is restarting: no cache until it answers
@@ -140,11 +209,9 @@ class Auth:
                 continue
             self._heard = time.monotonic()
             if revision != self._applied:
-                self._principals.drop()
-                self._bots.drop()
-                self._orgs.drop()
-                self._channels.drop()
-                # A restarted directory counts from 0 again: whatever it says is current.
+                # (None from a restarted directory, or a chat's project changed: every
+                # entry, chats too; access_watch.py)
+                self.drop(changed)
                 self._applied = revision
                 # Before the next poll, which acknowledges the change.
                 for hook in self._hooks:
@@ -153,18 +220,39 @@ class Auth:
                     except Exception:
                         log.exception("an access-change hook failed")
 
+    def drop(self, changed: Iterable[str] | None) -> None:
+        """Drop the entries that depend on the access keys `changed` (None: every entry)."""
+        caches = (self._principals, self._bots, self._orgs, self._channels)
+        if changed is None:
+            for cache in caches:
+                cache.drop()
+            self._misses.drop()
+            self._chats.clear()
+            return
+        for key in changed:
+            for cache in caches:
+                cache.drop(key)
+            if key.startswith("token:"):
+                self._misses.drop(key.removeprefix("token:"))
+
     async def principal_for(self, token: str) -> Principal:
         if hmac.compare_digest(token.encode(), self.admin_token.encode()):
             return Principal(admin=True)
         key = hash_token(token)
         caching = self._caching()
-        principal = self._principals.get(key, self._applied) if caching else None
+        principal = self._principals.get(key) if caching else None
         if principal is None:
+            if caching and self._misses.known(key):
+                raise Unauthenticated("unknown token", code="bad_token")
             revision, principal = await self.engine.directory_port.authenticate_at(key)
             if principal is None:
+                if caching:
+                    self._misses.add(key, revision, self._applied)
                 raise Unauthenticated("unknown token", code="bad_token")
             if caching:
-                self._principals.put(key, revision, principal, self._applied)
+                user = (access_key("user", principal.user.id),) if principal.user else ()
+                keys = (access_key("token", key), *user)
+                self._principals.put(key, revision, principal, self._applied, keys)
         return principal
 
     async def caller(self, conn: HTTPConnection) -> Principal:
@@ -188,26 +276,28 @@ class Auth:
 
     async def bot(self, bot_id: str) -> Bot:
         caching = self._caching()
-        bot = self._bots.get(bot_id, self._applied) if caching else None
+        bot = self._bots.get(bot_id) if caching else None
         if bot is None:
             revision, bot = await self.engine.directory_port.bot_at(bot_id)
             if caching:
-                self._bots.put(bot_id, revision, bot, self._applied)
+                self._bots.put(bot_id, revision, bot, self._applied, _bot_keys(bot_id))
         return bot
 
     def know_chat(self, chat: Chat) -> None:
-        """A chat record this gateway made or read (they never change once made)."""
+        """A chat record this gateway made, changed or read (the newest revision is kept)."""
         if self.ttl > 0:
             if len(self._chats) >= 50_000:
                 self._chats.clear()
-            self._chats[chat.id] = chat
+            held = self._chats.get(chat.id)
+            if held is None or held.revision <= chat.revision:
+                self._chats[chat.id] = chat
 
     async def context(self, chat_id: str) -> ChatContext:
         """The chat with its org and its bot or its channel and the channel's bots, as the
         directory has them at the revision this gateway applied: from the cache when every
         part is there, else in one directory call whose parts are cached (the same watch
         drops them as soon as anything that could change them changed; a change to one of
-        them returns only once every gateway applied it, actors/directory.py `_changing`)."""
+        them returns only once every gateway applied it, actors/directory/records.py `changing`)."""
         caching = self._caching()
         if caching:
             ctx = self._cached_context(chat_id)
@@ -216,12 +306,18 @@ class Auth:
         revision, ctx = await self._context_at(chat_id)
         if caching:
             floor = self._applied
-            self.know_chat(ctx.chat)
-            self._orgs.put(ctx.org.id, revision, ctx.org, floor)
+            if revision >= floor:  # not read before a change this gateway already applied
+                self.know_chat(ctx.chat)
+            self._orgs.put(ctx.org.id, revision, ctx.org, floor, (access_key("org", ctx.org.id),))
             if ctx.bot is not None:
-                self._bots.put(ctx.bot.id, revision, ctx.bot, floor)
+                self._bots.put(ctx.bot.id, revision, ctx.bot, floor, _bot_keys(ctx.bot.id))
             if ctx.channel is not None:
-                self._channels.put(ctx.channel.id, revision, (ctx.channel, ctx.members), floor)
+                # (the channel's entry holds its bots: a change of any of them drops it)
+                keys = (access_key("channel", ctx.channel.id),)
+                keys += tuple(k for b in ctx.members for k in _bot_keys(b.id))
+                self._channels.put(
+                    ctx.channel.id, revision, (ctx.channel, ctx.members), floor, keys
+                )
         return ctx
 
     async def _context_at(self, chat_id: str) -> tuple[int, ChatContext]:
@@ -254,28 +350,29 @@ class Auth:
         chat = self._chats.get(chat_id)
         if chat is None:
             return None
-        floor = self._applied
-        org: Org | None = self._orgs.get(chat.org, floor)
+        org: Org | None = self._orgs.get(chat.org)
         if org is None:
             return None
         if chat.channel is not None:
-            held: tuple[Channel, tuple[Bot, ...]] | None = self._channels.get(chat.channel, floor)
+            held: tuple[Channel, tuple[Bot, ...]] | None = self._channels.get(chat.channel)
             if held is None:
                 return None
             return ChatContext(chat=chat, org=org, channel=held[0], members=held[1])
         bot: Bot | None = None
         if chat.bot is not None:
-            bot = self._bots.get(chat.bot, floor)
+            bot = self._bots.get(chat.bot)
             if bot is None:
                 return None
         return ChatContext(chat=chat, org=org, bot=bot)
 
-    def directory_changed(self, bot_id: str | None = None) -> None:
-        """Drop what an admin change through this gateway made stale at once (the watch
-        brings the same news about one actor call later)."""
-        self._principals.drop()
-        if bot_id is not None:
-            self._bots.drop(bot_id)
+    def directory_changed(self, *changed: str) -> None:
+        """Drop what a change through this gateway made stale at once, by the access keys it
+        touched (the watch brings the same news about one actor call later)."""
+        self.drop(changed)
+
+
+def _bot_keys(bot_id: str) -> tuple[str, ...]:
+    return (access_key("bot", bot_id),)
 
 
 class TokenRequired:

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from actors.contracts import TurnStart
 from actors.ports import EnginePort, ShardPort
-from engine.directory import chat_home, require_use, resolve_org
+from engine.directory import chat_home, check_id, require_use, resolve_org
 from engine.errors import Forbidden, InvalidInput, NotFound, OpenBotError
 from gateway import wire
 from gateway.auth import Auth
@@ -49,6 +49,28 @@ class ChatsApi:
         self.auth.know_chat(chat)  # its first turn asks the directory nothing more
         return json(chat, 201)
 
+    async def patch_chat(self, request: Request) -> Response:
+        """`PATCH /v1/chats/{chat}` with `{"project": id | null}`: set, change or clear the
+        current project of the caller's direct (or review) chat (WS-7), under the rule of
+        creation: only a project the person is a member of, of the chat's org; anything else
+        is "not found". Who may read the chat hears `chat.updated` with the new revision."""
+        access = await self._chat(request, owner_only=True)
+        body = wire.decode(await read_body(request), wire.PatchChat)
+        user = access.principal.user
+        assert user is not None
+        project_org = None
+        if body.project is not None:
+            check_id(body.project, "project id")
+            project_org = await self._require_project_member(body.project, user.id)
+        before = access.chat.revision
+        chat = await self.engine.directory_port.set_chat_project(
+            access.chat.id, user.id, body.project, project_org
+        )
+        self.auth.know_chat(chat)
+        if chat.revision != before:
+            await access.home.chat_updated(chat, "project")
+        return json(chat)
+
     async def _require_project_member(self, project: str, user: str) -> str:
         """A chat may select only a project its person is a member of (WS-7): its memory is
         packed into prompts and learned facts are written to it. Returns the project's org."""
@@ -70,7 +92,7 @@ class ChatsApi:
         ctx = await self.auth.context(request.path_params["chat"])
         chat = ctx.chat
         if chat.org not in principal.user.orgs:
-            # Another org's chat answers like an id nobody has (issue 12).
+            # Another org's chat answers like an id nobody has.
             raise NotFound(f"no chat {chat.id!r}", code="chat_not_found")
         if chat.kind == "group":
             if chat.channel not in principal.channels:
@@ -88,6 +110,10 @@ class ChatsApi:
             require_use(bot, principal.user)
         home = self.engine.shard_port(chat_home(chat, bot.owner))
         return ChatAccess(principal, chat, bot, None, home, ctx.org)
+
+    async def access(self, request: Request) -> ChatAccess:
+        """Who may act in the chat and where it lives, as for posting a turn."""
+        return await self._chat(request)
 
     async def post_turn(self, request: Request) -> Response:
         access = await self._chat(request)

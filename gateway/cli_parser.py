@@ -123,9 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     i.add_argument("--token", help="the admin token with --url (or OPENBOT_ADMIN_TOKEN)")
     i.add_argument(
-        "--tokens-file",
-        default="import-tokens.json",
-        help="with --url: the new file (0600) the new users' tokens are written to",
+        "--tokens-dir",
+        default=".",
+        help="with --url: where the new file (0600) of the new users' tokens is made",
     )
     i.add_argument("--data-dir", help="the new data directory (default ./data; must be empty)")
     i.add_argument(
@@ -133,6 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=int(os.environ.get("OPENBOT_SHARDS") or 2),
         help="the shard count `openbot serve` will use",
+    )
+    i.add_argument(
+        "--join-org",
+        action="append",
+        default=[],
+        metavar="ORG",
+        help="merging into a data directory that holds this org already: join it (repeat for "
+        "more; default: an org id taken there refuses the import with id_clash)",
     )
 
     admin_token = "the admin token (or OPENBOT_ADMIN_TOKEN, or DATA_DIR/admin.token)"

@@ -1,5 +1,5 @@
-"""The web console (DESIGN §11): static files shipped inside the package, served at `/` and under
-`/console/`. No build step: plain HTML, CSS and JavaScript modules. The pages are public (they
+"""The web console (docs/design.md §11): static files shipped inside the package, served at `/` and
+under `/console/`. No build step: plain HTML, CSS and JavaScript modules. The pages are public (they
 hold no data); everything they show comes from the API with the token the person signs in with.
 """
 
@@ -14,15 +14,18 @@ from starlette.staticfiles import StaticFiles
 
 CONSOLE_DIR = Path(__file__).parent / "console"
 ASSET_PREFIX = "/console"
-# What a browser may load while showing the console: its own scripts only (no inline script, so
-# nothing injected into the page can run). 'unsafe-eval' is there for browser test drivers, whose
-# string expressions (Playwright's wait_for_function) are evaluated in the page; inline styles
-# for the same reason (a driver hides the caret with one). Avatars are image URLs from anywhere.
+# What a browser may load while showing the console: its own scripts only (no inline script and
+# no eval, so nothing injected into the page can run), images from this server or inline (data:)
+# only, and connections (fetch, the events websocket: CSP 'self' covers ws/wss of this origin)
+# to this origin only, so an injected element can neither beacon out nor load a tracker. Inline
+# styles stay allowed: browser test drivers hide the caret with one.
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; object-src 'none'; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'"
+)
 _HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'self'; script-src 'self' 'unsafe-eval'; style-src 'self' 'unsafe-inline'; "
-        "img-src * data:; connect-src 'self' ws: wss:; frame-ancestors 'none'; base-uri 'none'"
-    ),
+    "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-cache",
 }

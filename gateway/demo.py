@@ -1,5 +1,5 @@
 """`openbot demo`: three scripted bots discuss in a group, then two of them collaborate, while the
-terminal shows the live event stream (DESIGN §10).
+terminal shows the live event stream (docs/design.md §10).
 
 Everything goes through the public API, as any client would: the admin routes create an org, a
 person and three bots in a group channel; the person opens the group chat, listens on
@@ -127,10 +127,11 @@ class LiveView:
     async def links(self, chain_id: str, status: str | None) -> str:
         """The chain's links (naming its agent chats), each link's status only while the chain is
         still in the event's `status`: the route shows it now, maybe past the event shown."""
-        resp = await self.http.get("/api/app/workspace/collaboration")
-        if not resp.is_success:
+        try:
+            chains = await _chains(self.http)
+        except DemoError:
             return "?"
-        chain = next((c for c in resp.json()["collaborations"] if c["id"] == chain_id), None)
+        chain = next((c for c in chains if c["id"] == chain_id), None)
         if chain is None:
             return "?"
         shown = []
@@ -246,9 +247,17 @@ async def _turn(http: httpx.AsyncClient, chat: str, body: dict) -> dict:
     return _check(resp, "turn")
 
 
+async def _chains(http: httpx.AsyncClient, cursor: str = "") -> list[dict]:
+    """Every chain the caller may see, page after page."""
+    q = {"limit": "200", "cursor": cursor}
+    page = _check(await http.get("/api/app/workspace/collaboration", params=q), "items")
+    more = await _chains(http, page["nextCursor"]) if page.get("nextCursor") else []
+    return page["items"] + more
+
+
 async def _chain_of(http: httpx.AsyncClient, chat: str, turn: str) -> dict | None:
-    listing = _check(await http.get("/api/app/workspace/collaboration"), "collaborations")
-    found = [c for c in listing["collaborations"] if c["rootChat"] == chat and c["topic"] == turn]
+    chains = await _chains(http)
+    found = [c for c in chains if c["rootChat"] == chat and c["topic"] == turn]
     return found[-1] if found else None
 
 

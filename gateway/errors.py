@@ -1,4 +1,4 @@
-"""Errors on the wire (DESIGN §9): `{"error": {"code", "message"}}` with the right status.
+"""Errors on the wire (docs/design.md §9): `{"error": {"code", "message"}}` with the right status.
 
 The only place that knows HTTP status codes.
 """
@@ -87,7 +87,7 @@ class ContainErrors:
     """ASGI middleware (outermost): an unexpected error ends as a 500 answer, and goes no
     further. Starlette's own last handler answers 500 too but then re-raises, and uvicorn,
     seeing the exception, drops the connection: a keep-alive client's next request on it was
-    reset (issue 12). Here the error is logged and the connection stays usable."""
+    reset. Here the error is logged and the connection stays usable."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

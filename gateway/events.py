@@ -1,4 +1,4 @@
-"""`GET /v1/events`: the live, resumable event stream (DESIGN §8, contract).
+"""`GET /v1/events`: the live, resumable event stream (docs/design.md §8, contract).
 
 Per gateway process one `Hub` (gateway/fanout.py) long-polls every shard for published events,
 decides each event's audience once and writes its frame, encoded once, to every connected client

@@ -1,5 +1,5 @@
 """The gateway's side of the event log: one subscription per shard per gateway process, and each
-event decided and encoded once for everyone who may hear of it (DESIGN §8).
+event decided and encoded once for everyone who may hear of it (docs/design.md §8).
 
 Per shard one pump long-polls the shard for published events. Clients are grouped by who they
 are (a `Listener`: user, orgs, channels, usable bots) and the groups are indexed by user,
@@ -38,7 +38,7 @@ from gateway.subscriber import TOO_SLOW, Closed, Outlet, Subscriber, event_text
 log = logging.getLogger("openbot.events")
 
 POLL_WAIT = 10.0
-YIELD_EVERY = 256  # frames written before the pump lets other tasks run (~2-4 ms)
+YIELD_EVERY = 256  # frames written before the pump lets other tasks run
 CATCH_UP_CLOSE = 4409
 REPLAY_BATCH = 1000  # events a catch-up replays per step (a shard call, or a slice held here)
 

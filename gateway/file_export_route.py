@@ -8,7 +8,8 @@ the event loop, and removed. The answer is `{"files": {path: text}}` (every file
 
 An import takes the same `{"files": {path: text}}` (`openbot import DIR --url …` sends it),
 merges it into a scratch copy of such a snapshot exactly as an offline import would (`id_clash`
-when an id is taken, every text sealed again under the server's keys) and has each shard store
+when an id is taken, an org joined only when `joinOrgs` names it, every text sealed again under
+the server's keys) and has each shard store
 the rows that added, the directory last. The answer is the import's summary with the new users'
 tokens (`tokens`, user → token: shown once, never stored in the clear).
 """
@@ -57,7 +58,7 @@ class FileExportApi:
         body = wire.decode(await read_body(request), wire.TreeImport)
         files = {path: text.encode() for path, text in body.files.items()}
         snapshots = await asyncio.to_thread(ft.parse, files)  # invalid_tree before any copy
-        merged = await self._merge(snapshots)
+        merged = await self._merge(snapshots, body.joinOrgs)
         self.auth.directory_changed()
         r = merged.result
         answer = {
@@ -71,12 +72,12 @@ class FileExportApi:
         }
         return json(answer, 201)
 
-    async def _merge(self, snapshots: list[ft.AccountSnapshot]) -> Merged:
+    async def _merge(self, snapshots: list[ft.AccountSnapshot], join_orgs: list[str]) -> Merged:
         scratch = tempfile.mkdtemp(prefix=".import-", dir=self.engine.data_dir)
         try:
             before, after = Path(scratch) / "before", Path(scratch) / "after"
             await self.engine.backup(before, with_key=True)  # scratch, removed below
-            merged = await asyncio.to_thread(merge_rows, snapshots, before, after)
+            merged = await asyncio.to_thread(merge_rows, snapshots, before, after, join_orgs)
             shards = self.engine.shard_ports
             for index, (rows, removed) in sorted(merged.shards.items()):
                 await shards[index].import_rows(rows, removed)

@@ -1,6 +1,6 @@
 """JSON answers and bounded request bodies, shared by every route module.
 
-`BodyLimits` checks every HTTP request body before routing (issue 12): over `wire.MAX_BODY`
+`BodyLimits` checks every HTTP request body before routing: over `wire.MAX_BODY`
 bytes → 413, JSON nested deeper than `wire.MAX_DEPTH` → 400 `too_deep`, so no route, present
 or future, can hand a parser a body that makes it recurse out of the stack. The rest of an
 oversized body is read and dropped (up to `DRAIN`) so that the keep-alive connection stays
@@ -26,7 +26,7 @@ DRAIN = 16 * wire.MAX_BODY  # beyond this an oversized body is not read: the con
 
 
 def json(obj: Any, status: int = 200) -> Response:
-    """A JSON answer, its keys in camelCase (issue 14: one casing on the wire)."""
+    """A JSON answer, its keys in camelCase (one casing on the wire)."""
     return Response(_enc.encode(to_wire(obj)), status_code=status, media_type="application/json")
 
 

@@ -1,9 +1,10 @@
-"""Bot memory routes (DESIGN §9): read, search, remember, forget, widen, purge, the memory
+"""Bot memory routes (docs/design.md §9): read, search, remember, forget, widen, purge, the memory
 log and the memory bot's settings. Reads are served from this gateway's `ReadCache`; every write
 drops the pool's cached pages around it, so a client reads its own writes."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 import msgspec
@@ -117,11 +118,20 @@ class MemoryApi:
         tagmod.validate_purge_tag(body.tag)
         async with self._writing(bot_pool(bot.id)):
             count = await shard.purge(bot_pool(bot.id), body.tag)
+        if body.tag.startswith("chat:"):
+            # What the bot's memory bot learned from the chat for people and projects too:
+            # their pools are on any shard (API-5).
+            chat = body.tag.removeprefix("chat:")
+            found = await asyncio.gather(
+                *(s.workspace_purge_learned(bot.id, chat) for s in self.engine.shard_ports)
+            )
+            count += sum(found)
         return json({"count": count})
 
     async def get_memory_bot(self, request: Request) -> Response:
-        bot, shard, _ = await self._memory_call(request)
-        return json(await shard.memory_bot_settings(bot_pool(bot.id)))
+        # The settings are the memory's management, as PATCH: write on a non-linked bot.
+        bot, shard, _ = await self._memory_call(request, write=True)
+        return json(await shard.memory_bot_view(bot_pool(bot.id)))
 
     async def patch_memory_bot(self, request: Request) -> Response:
         bot, shard, _ = await self._memory_call(request, write=True)
@@ -140,7 +150,7 @@ def _limit(raw: str | None) -> int:
 
 
 def _reader(principal: Principal, request: Request, bot: Bot) -> Reader:
-    """The caller reading or writing through `bot`: in the bot's org (issue 12: a Remember is
+    """The caller reading or writing through `bot`: in the bot's org (a Remember is
     tagged `org:<the bot's org>`, never with an org the bot does not work in)."""
     assert principal.user is not None
     org = bot_org(bot, principal.user, request.headers.get("openbot-org"))

@@ -137,7 +137,7 @@ class NodesEndpoint:
 
 
 async def _send(ws: WebSocket, frame: dict) -> None:
-    # text frames, as on /v1/events; camelCase keys like every answer (issue 14)
+    # text frames, as on /v1/events; camelCase keys like every answer
     await ws.send_text(_enc.encode(to_wire(frame)).decode())
 
 

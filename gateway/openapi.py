@@ -26,7 +26,7 @@ from engine.casing import camel_schema, plain_component_names
 from engine.chat_records import ItemView, LearningJob
 from engine.directory import Bot, Channel, Chat, Org, User
 from engine.listing import BotEntry, ChannelEntry, ChatEntry, Me, Page
-from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
+from engine.memory_bot_settings import MemoryBotSettings, MemoryBotView, SettingsPatch
 from engine.memory_entries import EntryView, LogPage, MemoryPage
 from engine.projects import ProjectChange, ProjectCreate, ProjectView
 from engine.requests import RequestView
@@ -90,6 +90,7 @@ LIMIT = _q("limit", "at most this many (default 50)", type="integer", minimum=1,
 CURSOR = _q("cursor", "resume after this cursor (from an earlier page or frame)")
 ACCOUNT = _q("account", "only this account (a user id)")
 PAGE = _q("limit", "page size (default 50)", type="integer", minimum=1, maximum=200)
+PAGED = (CURSOR, PAGE)
 KIND = _q("kind", "only chats of this kind", enum=["direct", "group", "review", "agent"])
 ORG = _q("org", "only this org's records")
 USING = _q("using", "which retrievers (default all)", enum=["all", "keyword", "semantic"])
@@ -168,7 +169,7 @@ ROUTES: list[Op] = [
         "post",
         "/v1/admin/import",
         "Merge a file tree ({files: {path: text}}, as exported) into this server; id_clash "
-        "when an id is taken",
+        "when an id is taken (an org only joined when joinOrgs names it)",
         wire.TreeImport,
         s.ImportDone,
         201,
@@ -176,6 +177,13 @@ ROUTES: list[Op] = [
     ),
     # --- chats ---
     Op("post", "/v1/chats", "Start a direct or group chat", wire.CreateChat, Chat, 201),
+    Op(
+        "patch",
+        "/v1/chats/{chat}",
+        "Set, change or clear (null) a direct chat's project (WS-7); announced as chat.updated",
+        wire.PatchChat,
+        Chat,
+    ),
     Op(
         "post",
         "/v1/chats/{chat}/turns",
@@ -237,11 +245,17 @@ ROUTES: list[Op] = [
     Op(
         "post",
         "/v1/bots/{bot}/memory/purge",
-        "Delete entries by one system tag",
+        "Delete entries by one system tag: learned and pinned entries and the bot's workspace "
+        "records; `chat:` also the user and project facts learned from that chat",
         wire.Purge,
         s.Count,
     ),
-    Op("get", "/v1/bots/{bot}/memory/bot", "Memory-bot settings", ok=MemoryBotSettings),
+    Op(
+        "get",
+        "/v1/bots/{bot}/memory/bot",
+        "Memory-bot settings and this day's and month's spend",
+        ok=MemoryBotView,
+    ),
     Op(
         "patch",
         "/v1/bots/{bot}/memory/bot",
@@ -261,9 +275,7 @@ ROUTES: list[Op] = [
     Op("get", "/healthz", "Liveness", ok=s.Health, auth="none"),
     Op("get", "/metrics", "Prometheus metrics", ok=PROMETHEUS, auth="admin"),
     # --- workspace ---
-    Op(
-        "get", f"{WS}/collaboration", "Collaboration chains the caller may see", ok=s.Collaborations
-    ),
+    Op("get", f"{WS}/collaboration", "Chains seen, newest first", ok=Page[ChainView], query=PAGED),
     Op("post", f"{WS}/collaboration/{{id}}/stop", "Stop a whole collaboration chain", ok=ChainView),
     Op("get", f"{WS}/bots/{{bot}}/rules", "A bot's rules and revision", ok=s.RulesView),
     Op(
@@ -373,19 +385,29 @@ ROUTES: list[Op] = [
     Op("get", "/", "The web console", ok=Text("text/html"), auth="none"),
 ]
 
-# Requests (approvals) and bot profiles (issue 15: ENR-3, WS-1, WS-3).
+# Requests (approvals) and bot profiles (ENR-3, WS-1, WS-3).
 REQUEST_STATUS = _q(
     "status", "only requests in this state", enum=["pending", "approved", "rejected"]
 )
+DECIDE_WAIT = _q("wait", "true: answer once the woken bot's step is stored", type="boolean")
 ROUTES += [
     Op("get", "/v1/requests", "The caller's requests", ok=s.Requests, query=(REQUEST_STATUS,)),
     Op("get", "/v1/requests/{id}", "A request: what the bot proposed", ok=RequestView),
     Op(
         "post",
+        "/v1/chats/{chat}/requests",
+        "Open a request in a direct chat or a group (201); its decision wakes the bot",
+        wire.OpenRequest,
+        RequestView,
+        201,
+    ),
+    Op(
+        "post",
         "/v1/requests/{id}/decision",
-        "Approve or reject a request, once (409 already_decided)",
+        "Approve or reject a request, once (409 already_decided); wakes the bot in its chat",
         wire.Decision,
         RequestView,
+        query=(DECIDE_WAIT,),
     ),
     Op("post", "/v1/requests/{id}/review", "Open the request's review chat", ok={201: Chat}),
     Op("get", f"{WS}/bots/{{bot}}", "A bot's profile and server permissions", ok=BotProfile),
@@ -508,6 +530,6 @@ def openapi_document() -> dict[str, Any]:
 
 
 def _as_json(doc: dict[str, Any]) -> dict[str, Any]:
-    # The wire is camelCase (issue 14): property names, `required` and defaults as served,
+    # The wire is camelCase: property names, `required` and defaults as served,
     # component names without msgspec's `_` (`Page_Bot_` → `PageBot`).
     return plain_component_names(camel_schema(msgspec.json.decode(msgspec.json.encode(doc))))

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from actors.contracts import ChainView, NodeInfo, RevisionView
+from actors.contracts import NodeInfo, RevisionView
 from engine.chat_records import Confession, Enrichment, ItemView, LearningJob, Turn
 from engine.directory import Permission
 from engine.projects import ProjectView
@@ -106,10 +106,6 @@ class Health(_Doc):
     ok: bool
 
 
-class Collaborations(_Doc):
-    collaborations: list[ChainView]
-
-
 class RulesView(_Doc):
     id: str
     name: str
@@ -153,8 +149,8 @@ class EventsAuth(_Doc):
 
 class EventFrame(_Doc):
     """`/v1/events`, server → client: one event. `type` is the event type (memory.changed,
-    memory.job.changed, project.changed, collaboration.changed, chat.item.created); `cursor`
-    resumes after it (`?cursor=`).
+    memory.job.changed, project.changed, collaboration.changed, chat.item.created,
+    chat.items.deleted, chat.updated, request.changed); `cursor` resumes after it (`?cursor=`).
 
     The server closes the socket with: 4400 bad frame, unknown message type or bad cursor;
     4401 missing or bad token; 4403 the token stopped working while connected (replaced or

@@ -22,11 +22,11 @@ ADMIN_TOKEN_FILE = "admin.token"
 log = logging.getLogger("openbot")
 
 # How uvicorn serves websockets (here, in the benchmarks and in the tests' live servers).
-# Protocol-level pings notice dead peers (DESIGN §8 heartbeats). websockets' sans-I/O protocol
-# writes a frame without a task or a wait while the socket takes it (the fan-out relies on that,
-# gateway/subscriber.py), and ours also takes ready-made event frames. No permessage-deflate:
-# event frames are ~250 bytes, and compressing each one for each client cost ~3x the CPU of
-# framing it (8 of 11 us a frame, measured) plus a zlib state of ~260 KB per connection.
+# Protocol-level pings notice dead peers (docs/design.md §8 heartbeats). websockets' sans-I/O
+# protocol writes a frame without a task or a wait while the socket takes it (the fan-out relies on
+# that, gateway/subscriber.py), and ours also takes ready-made event frames. No permessage-deflate:
+# event frames are small, and compressing each one for each client costs more CPU than framing
+# it, plus a zlib state per connection (docs/benchmarks.md, "Design measurements").
 UVICORN_WS = {
     "ws": FramingProtocol,  # websockets-sansio offering ready-made event frames (socket_frames.py)
     "ws_ping_interval": 15.0,
@@ -48,7 +48,7 @@ class ServeSettings:
     placement: str = "auto"  # actors/runtime/engine.py: auto, spread, pinned or local
     group_commit: bool = True
     actor_prefix: str = "openbot"
-    models: dict | None = None  # the config's [models.*] tables (DESIGN §6)
+    models: dict | None = None  # the config's [models.*] tables (docs/design.md §6)
     search: dict | None = None  # the config's [search] table: embedding_model, min_score (SC-7)
     config_dir: str | None = None
     cache_records: int | None = None  # records each shard keeps loaded (actors/shard/residency.py)

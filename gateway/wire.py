@@ -1,4 +1,4 @@
-"""Request bodies of the HTTP API (DESIGN §9) as msgspec Structs, and their decoding.
+"""Request bodies of the HTTP API (docs/design.md §9) as msgspec Structs, and their decoding.
 
 Unknown fields are refused, so a typo is an error rather than a silently ignored option.
 """
@@ -18,7 +18,7 @@ from engine.numbers import bound_error, check_numbers, field_of
 
 MAX_BODY = 1024 * 1024
 # JSON parsers and everything after them recurse per level: msgspec raises RecursionError near
-# 1,000 levels (issue 12: a 500 and a reset connection). No body of this API needs more than a
+# 1,000 levels (a 500 and a reset connection). No body of this API needs more than a
 # handful, so anything deeper is refused before any parser sees it.
 MAX_DEPTH = 32
 T = TypeVar("T")
@@ -169,6 +169,12 @@ class CreateChat(_Body):
     kind: str | None = None
 
 
+class PatchChat(_Body):
+    """A chat's current project (WS-7): a project id, or null to clear it."""
+
+    project: str | None
+
+
 class Remember(
     msgspec.Struct,
     frozen=True,
@@ -231,17 +237,28 @@ class Decision(_Body):
     note: str = ""
 
 
+class OpenRequest(_Body):
+    """A person's own request in a chat (ENR-3): what they propose, for the people the bot's
+    tool would ask; `bot`: the group's bot to wake with the decision (a group's only bot when
+    left out; a direct chat's bot)."""
+
+    proposal: str
+    title: str = ""
+    bot: str | None = None
+
+
 class Archive(_Body):
     archived: bool = True
 
 
 class Backup(_Body):
     dir: str
-    withKey: bool = False  # copy the master key too (left out by default: issue 12)
+    withKey: bool = False  # copy the master key too (left out by default)
 
 
 class TreeImport(_Body):
     files: dict[str, str]  # the tree, as `GET /v1/admin/export` answers it
+    joinOrgs: list[str] = []  # orgs the server holds already that the tree joins (--join-org)
 
 
 class UserCreated(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,4 +1,4 @@
-"""Workspace projects and memories for the signed-in account (issue 5; SPEC §11 WA-1, WA-2).
+"""Workspace projects and memories for the signed-in account (docs/requirements.md §11 WA-1, WA-2).
 
     GET|POST /api/app/workspace/projects              list · create · change by expectedRevision
     GET|POST /api/app/workspace/memories              by scope / search · create · change
@@ -59,7 +59,7 @@ def derived_project_id(owner: str, request_id: str) -> str:
 
 def account_project_id(owner: str, given: str) -> str:
     """The id of a project created with an explicit `id`: that id is the account's own key,
-    namespaced by the account (issue 12). Two accounts giving the same id get two projects,
+    namespaced by the account. Two accounts giving the same id get two projects,
     so creating one never answers "already exists" for another account's (or org's) project:
     a probe cannot tell a taken id from a free one. The same account and id always give the
     same project (a second create with a new requestId is 409 `exists`)."""

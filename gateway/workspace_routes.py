@@ -1,15 +1,20 @@
-"""Workspace routes for the signed-in account (SPEC §11 WA-1): collaboration chains and bots'
-rules. Chains live on the home shard of their root chat, so listing asks every shard."""
+"""Workspace routes for the signed-in account (docs/requirements.md §11, WA-1): collaboration
+chains and bots' rules. Chains live on the home shard of their root chat, so listing asks
+every shard."""
 
 from __future__ import annotations
+
+import asyncio
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from actors.contracts import access_key
 from actors.ports import EnginePort, ShardPort
 from engine.bot_policy import parse_profile_patch, profile
 from engine.directory import Principal, chat_home, require_use
 from engine.errors import Forbidden, InvalidInput, NotFound, Unprocessable
+from engine.listing import Page, chain_key, decode_cursor, encode_cursor, parse_limit
 from engine.self_rules import Editor, parse_update, rules_view
 from gateway import wire
 from gateway.auth import Auth
@@ -22,13 +27,27 @@ class WorkspaceApi:
         self.auth = auth
 
     async def collaborations(self, request: Request) -> Response:
+        """One page (`{items, nextCursor}`, engine/listing.py) of the chains the caller may
+        see, newest first: each shard answers its first `limit + 1` after the cursor, so the
+        merged page and whether another follows need nothing more."""
         principal = await self.auth.user(request)
         assert principal.user is not None
-        chains = []
-        for shard in self.engine.shard_ports:
-            chains.extend(await shard.collaborations(principal.user.id, principal.channels))
-        chains.sort(key=lambda c: (c.createdAt, c.id))
-        return json({"collaborations": chains})
+        cursor = request.query_params.get("cursor") or None
+        limit = parse_limit(request.query_params.get("limit"))
+        after = decode_cursor(cursor)
+        pages = await asyncio.gather(
+            *(
+                shard.collaborations(principal.user.id, principal.channels, after, limit + 1)
+                for shard in self.engine.shard_ports
+            )
+        )
+        merged = (c for p in pages for c in p)
+        chains = sorted(merged, key=lambda c: (c.createdAt, c.id), reverse=True)
+        shown = chains[:limit]
+        more = len(chains) > limit
+        last = shown[-1] if shown else None
+        next_cursor = encode_cursor(chain_key(last.createdAt, last.id)) if more and last else None
+        return json(Page(items=shown, nextCursor=next_cursor))
 
     async def stop_collaboration(self, request: Request) -> Response:
         principal = await self.auth.user(request)
@@ -87,9 +106,9 @@ class WorkspaceApi:
         chat = await directory.group_chat(channel_id)
         home = self.engine.shard_port(chat_home(chat))
         # The home shard checks that the group is idle and switches under the chat's turn
-        # lock: no turn can start between the check and the switch (issue 12).
+        # lock: no turn can start between the check and the switch.
         channel = await home.switch_group_mode(chat.id, channel_id, body.mode, body.leader)
-        self.auth.directory_changed()
+        self.auth.directory_changed(access_key("channel", channel_id))
         return json(channel)
 
     async def bot_rules(self, request: Request) -> Response:
@@ -104,7 +123,7 @@ class WorkspaceApi:
         update = parse_update(wire.decode_any(await read_body(request)))
         editor = Editor(kind="user", id=principal.user.id)
         changed = await self.engine.directory_port.update_rules(bot.id, update, editor)
-        self.auth.directory_changed(bot.id)
+        self.auth.directory_changed(access_key("bot", bot.id))
         return json(rules_view(changed))
 
     async def bot_profile(self, request: Request) -> Response:
@@ -121,7 +140,7 @@ class WorkspaceApi:
             auto_record, ignored = parse_profile_patch(wire.decode_any(await read_body(request)))
             paused = bot.autoRecordPaused if auto_record is None else not auto_record
             bot = await directory.pause_auto_record(bot.id, paused, principal.user.id)
-            self.auth.directory_changed(bot.id)
+            self.auth.directory_changed(access_key("bot", bot.id))
         org = await directory.get_org(bot.org)
         return json(profile(bot, org, ignored))
 
@@ -136,5 +155,5 @@ class WorkspaceApi:
         body = wire.decode(raw, wire.Archive) if raw.strip() else wire.Archive()
         editor = Editor(kind="user", id=principal.user.id)
         bot = await directory.archive_bot(bot.id, body.archived, editor)
-        self.auth.directory_changed(bot.id)
+        self.auth.directory_changed(access_key("bot", bot.id))
         return json(profile(bot, await directory.get_org(bot.org)))

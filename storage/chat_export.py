@@ -1,4 +1,4 @@
-"""Chats in `openbot export` / `openbot import` (issue 14): reading them from a stopped data
+"""Chats in `openbot export` / `openbot import`: reading them from a stopped data
 directory's files and writing them into a data directory (storage/file_export.py drives both).
 
 A chat's items, turns and delivery records live on its home shard (`shard_of(home)`: the bot
@@ -28,7 +28,7 @@ import msgspec
 from engine import collaboration
 from engine import file_tree as ft
 from engine.chat_records import Confession, Enrichment, Turn
-from engine.collaboration import Chain
+from engine.collaboration import Chain, ChainStatus
 from engine.directory import Bot, Chat
 from engine.errors import InvalidInput, StorageError
 from engine.memory_bot_settings import MemoryBotSettings
@@ -295,7 +295,16 @@ def _chain_row(
         for t in record.texts
     }  # fmt: skip
     sealed = cipher.seal(_enc.encode(texts), aad(scope, f"chain\x00{chain.id}"))
-    return Insert(CHAINS.name, (chain.id, chain.org, _enc.encode(doc).decode(), sealed))
+    # The columns a shard reads chains by without loading them all, set as a shard sets them
+    # (actors/chats/chain_rows.py): `live` marks the rows a start has work for.
+    live = (
+        (chain.status == ChainStatus.RUNNING and bool(collaboration.open_links(chain)))
+        or bool(doc["learn"])
+        or bool(record.unregistered)
+    )
+    row = (chain.id, chain.org, _enc.encode(doc).decode(), sealed)
+    row += (chain.status, chain.owner, record.channel, chain.topic, chain.created_at, live)
+    return Insert(CHAINS.name, row)
 
 
 def request_row(record: ft.RequestRecord, cipher: Cipher) -> Insert:

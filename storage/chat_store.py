@@ -16,7 +16,7 @@ import msgspec
 from engine.chat_records import AttemptRecord, Confession, Enrichment, LearningJob, Turn
 from storage.crypto import Cipher, aad
 from storage.database import ReadScope
-from storage.group_commit import DeleteWhere, Insert, Put, Write
+from storage.group_commit import Delete, DeleteWhere, Insert, Put, Write
 from storage.memory_store import MemoryStore, StoredPool, pool_scope
 from storage.sealed_doc import is_sealed, open_doc, seal_doc
 from storage.shard_schema import (
@@ -24,6 +24,7 @@ from storage.shard_schema import (
     COMMUNICATIONS,
     CONFESSIONS,
     ENRICHMENTS,
+    LEARN_OUTBOX,
     LEARN_POSITIONS,
     LEARNING_JOBS,
     MODEL_CALLS,
@@ -56,6 +57,8 @@ class ModelCall(msgspec.Struct, frozen=True, kw_only=True):
     response: str | None = None
     cost_micros: int | None = None
     error: str | None = None
+    # The memory entries the request was given, each checked for the reader it answers.
+    entries: tuple[str, ...] = ()
 
 
 _enc = msgspec.json.Encoder()
@@ -194,7 +197,7 @@ class ChatStore:
     def put_turn(self, log: ChatLog, turn: Turn) -> Put | Insert:
         op = Put if turn.id in log.turns else Insert  # a new row needs no delete first
         log.turns[turn.id] = turn
-        # Sealed: a delivery verdict's note is the person's own words (issue 12).
+        # Sealed: a delivery verdict's note is the person's own words.
         meta = seal_doc(log.cipher, f"chat:{log.chat}", TURNS.name, turn.id, _enc.encode(turn))
         row = (turn.id, turn.chat, turn.operator, turn.status, meta, turn.at)
         return op(TURNS.name, row)
@@ -301,6 +304,28 @@ class ChatStore:
         key = f"{job}\x00{call.step}\x00{call.attempt}"
         sealed = stored.cipher.seal(_enc.encode(call), aad(stored.pool, f"call\x00{key}"))
         return Put(MODEL_CALLS.name, (key, job, at, sealed))
+
+    @staticmethod
+    def outbox_row(stored: StoredPool, job: str, payload: bytes, at: int) -> Put:
+        """Facts a learning step staged for other pools (LRN-5), sealed with the bot's pool key:
+        stored in the commit that moves the read position, deleted once their pools hold them."""
+        sealed = stored.cipher.seal(payload, aad(stored.pool, f"outbox\x00{job}"))
+        return Put(LEARN_OUTBOX.name, (job, stored.pool, at, sealed))
+
+    @staticmethod
+    def outbox_done(job: str) -> Delete:
+        return Delete(LEARN_OUTBOX.name, job)
+
+    async def outbox(self) -> list[tuple[str, str, bytes]]:
+        """Every staged fact set not yet applied: (job, bot pool, sealed payload)."""
+        rows = await self.db.run(
+            lambda con: con.execute("SELECT job, pool, payload FROM learn_outbox").fetchall()
+        )
+        return [(j, p, bytes(b)) for j, p, b in rows]
+
+    @staticmethod
+    def open_outbox(stored: StoredPool, job: str, sealed: bytes) -> bytes:
+        return stored.cipher.open(sealed, aad(stored.pool, f"outbox\x00{job}"))
 
     async def spend(self, pool: str, period: str) -> tuple[int, int]:
         rows = await self.db.run(

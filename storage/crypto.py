@@ -1,4 +1,4 @@
-"""Envelope encryption (DESIGN §7, SEC-1).
+"""Envelope encryption (docs/design.md §7, SEC-1).
 
 A master key wraps one data key per pool; content is AES-GCM-256 under the pool's data key with
 `pool` and the record id as associated data, so a ciphertext moved to another row or pool does not

@@ -1,12 +1,15 @@
 """Offline access to a stopped data directory's DuckDB files, for export and import
 (storage/file_export.py): read-only opening, row reads, the master key and the directory's
-record key, what an import target already holds (the merge check, issue 14), and writing rows
+record key, what an import target already holds (the merge check), and writing rows
 in one transaction."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import secrets
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +29,7 @@ from storage.shard_schema import MIGRATIONS as SHARD_MIGRATIONS
 from storage.shard_schema import TABLES as SHARD_TABLES
 
 DIRECTORY_FILE = "directory.duckdb"
-TOKENS_FILE = "import-tokens.json"
+TOKENS_PREFIX = "import-tokens-"  # one new file per import: import-tokens-<when>-<random>.json
 _org_dec = msgspec.json.Decoder(Org)
 
 
@@ -108,11 +111,21 @@ class Existing:
     shards: int
     ids: dict[str, set[str]]
     orgs: dict[str, Org]
-    tokens_doc: dict[str, str]
 
-    def check(self, accounts, orgs, users, bots, channels, projects, chats):
+    def check(self, accounts, orgs, users, bots, channels, projects, chats, join_orgs=()):
         """The orgs and users still to write (shared ones the target keeps); `id_clash` when
-        an account, bot, channel, project or chat id is taken or a shared org differs."""
+        an account, bot, channel, project, chat or org id is taken. An org the target holds is
+        joined only when named in `join_orgs` (its record there stays as it is): ids alone
+        never make an imported account a member of another tenant's org."""
+        join = set(join_orgs)
+        unknown = sorted(join - (set(orgs) & set(self.orgs)))
+        if unknown:
+            raise InvalidInput(
+                f"--join-org {', '.join(unknown)}: not an org of both the tree and the data "
+                "directory; nothing was imported",
+                code="join_org",
+                details={"orgs": unknown},
+            )
         clashes = [f"user {a}" for a in sorted(set(accounts) & self.ids["user"])]
         for kind, new in (
             ("bot", bots),
@@ -122,7 +135,8 @@ class Existing:
         ):
             clashes += [f"{kind} {i}" for i in sorted(set(new) & self.ids[kind])]
         clashes += [
-            f"org {i} (differs)" for i, o in sorted(orgs.items()) if self.orgs.get(i, o) != o
+            f"org {i} (give --join-org {i} to join it)"
+            for i in sorted(set(orgs) & set(self.orgs) - join)
         ]
         if clashes:
             raise InvalidInput(
@@ -167,10 +181,27 @@ def existing(data_dir: Path) -> Existing | None:
             i: _org_dec.decode(open_record(cipher, "orgs", i, doc))
             for i, doc in rows(con, "SELECT id, doc FROM orgs")
         }
-    tokens_doc: dict[str, str] = {}
-    with contextlib.suppress(OSError, ValueError):
-        tokens_doc = json.loads((data_dir / TOKENS_FILE).read_text())
-    return Existing(max(len(shard_files), 1), ids, orgs, tokens_doc)
+    return Existing(max(len(shard_files), 1), ids, orgs)
+
+
+def write_new_tokens(data_dir: Path, tokens: dict[str, str]) -> Path:
+    """This import's tokens, and only them, in a file of their own created for them (O_EXCL,
+    0600 whatever the umask): an earlier import's file is never opened, so live tokens do not
+    pile up in one place. Answers the file's path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = data_dir / f"{TOKENS_PREFIX}{stamp}-{secrets.token_hex(4)}.json"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    with os.fdopen(os.open(path, flags, 0o600), "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        json.dump(tokens, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    dir_fd = os.open(data_dir, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the file's name is durable before the directory commits the import
+    finally:
+        os.close(dir_fd)
+    return path
 
 
 def insert_all(

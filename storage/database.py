@@ -223,7 +223,7 @@ class Database:
     async def snapshot(self, dest: str | Path, then: Sequence[str] = ()) -> None:
         """Copy the whole database, as of one transaction, to a new file at `dest`, then run
         `then` against the copy (its tables are named `snap.<table>`). Safe while serving: the
-        copy runs on the database thread between writes (FS-4)."""
+        copy runs on the database thread between writes (FS-4). The copy is left 0600."""
         dest = str(dest)
         if Path(dest).exists():
             raise StorageError(f"{dest} already exists")
@@ -239,6 +239,9 @@ class Database:
                 con.execute("DETACH snap")
 
         await self.run(copy)
+        # Only its owner reads a copy, whatever the umask (DuckDB creates it with the
+        # process's); `new_private_dir` keeps others out of the folder meanwhile.
+        os.chmod(dest, 0o600)
 
     def close(self) -> None:
         if self._aside is not None:
@@ -257,3 +260,12 @@ class Database:
             self.call(_close)
         finally:
             self._executor.shutdown(wait=True)
+
+
+def new_private_dir(path: str | Path) -> Path:
+    """A new folder (FileExistsError if there is one) only its owner may enter, whatever the
+    umask: where backups are written."""
+    path = Path(path)
+    path.mkdir(parents=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path

@@ -30,12 +30,12 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE channels (id VARCHAR, doc VARCHAR);
     CREATE TABLE chats (id VARCHAR, doc VARCHAR);
     """,
-    # 2: workspace projects (issue 5): which account owns a project id, so that the gateway
+    # 2: workspace projects: which account owns a project id, so that the gateway
     # finds the shard that holds the project and its memory pool.
     """
     CREATE TABLE project_owners (id VARCHAR, owner VARCHAR);
     """,
-    # 3: the data key that seals the records' documents (issue 12), wrapped by the master key.
+    # 3: the data key that seals the records' documents, wrapped by the master key.
     """
     CREATE TABLE dir_keys (scope VARCHAR, wrapped BLOB);
     """,
@@ -188,7 +188,7 @@ class DirectoryStore:
 
         await self.db.run(write)
 
-    # --- project owners (issue 5) ---
+    # --- project owners ---
 
     def load_project_owners(self) -> dict[str, str]:
         return dict(self.db.query("SELECT id, owner FROM project_owners"))

@@ -1,4 +1,4 @@
-"""A shard's durable event log (DESIGN §8).
+"""A shard's durable event log (docs/design.md §8).
 
 Events get shard-wide sequence numbers when they are queued and are written in the same group
 commit transaction as the change they describe; they are *published* (handed to listeners) only
@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 
 from engine.events import Audience, Event, Payload, ShardHead
-from storage.database import Database
+from storage.database import Database, new_private_dir
 from storage.group_commit import DeleteBelow, Insert, Write
 from storage.shard_schema import EVENTS
 
@@ -37,14 +37,14 @@ FOLLOWERS = 256  # followers whose handed-over events a shard remembers (a few p
 
 
 def backup_offline(data_dir: Path, dest_dir: Path, *, with_key: bool = False) -> list[str]:
-    """Snapshot a stopped server's data directory (no process may hold its files); the master
-    key only `with_key`."""
+    """Snapshot a stopped server's data directory (no process may hold its files) into a new
+    folder of mode 0700, files 0600; the master key only `with_key`."""
     from storage.crypto import KEY_FILE, write_key_copy
     from storage.data_dir_io import open_shard
     from storage.directory_store import MIGRATIONS as DIRECTORY_MIGRATIONS
     from storage.group_commit import FORGET_JOURNAL
 
-    dest_dir.mkdir(parents=True)
+    new_private_dir(dest_dir)
     files = []
     for path in sorted(data_dir.glob("*.duckdb")):
         if path.name.startswith("shard-"):
@@ -96,6 +96,10 @@ class EventLog:
         # Follower (a gateway's view of this log) → the last seq it was handed with a reply of
         # its own (a coalesced write's, `handed`): its waiting poll need not answer for those.
         self._handed: dict[str, int] = {}
+        # Polls waiting for new events now, and polls that waited so far: what a caller (a
+        # test) can wait on or check instead of timing a poll.
+        self.waiting = 0
+        self.waits = 0
 
     @property
     def staged(self) -> int:
@@ -180,22 +184,27 @@ class EventLog:
         if wait <= 0 or not self._covered(seq, follower):
             return
         deadline = asyncio.get_running_loop().time() + wait
-        while True:
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                return
-            try:
-                # (not `wait_for`: on 3.11 it can swallow a cancellation that comes as the
-                # event is set, and the poll would wait on after its caller left)
-                async with asyncio.timeout(remaining):
-                    await self._new.wait()
-            except TimeoutError:
-                return
-            # The writes that this publish answers reply in this turn of the loop: let them
-            # record what they handed over before deciding whether this poll must answer.
-            await asyncio.sleep(0)
-            if not self._covered(seq, follower):
-                return
+        self.waiting += 1
+        self.waits += 1
+        try:
+            while True:
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    return
+                try:
+                    # (not `wait_for`: on 3.11 it can swallow a cancellation that comes as the
+                    # event is set, and the poll would wait on after its caller left)
+                    async with asyncio.timeout(remaining):
+                        await self._new.wait()
+                except TimeoutError:
+                    return
+                # The writes that this publish answers reply in this turn of the loop: let them
+                # record what they handed over before deciding whether this poll must answer.
+                await asyncio.sleep(0)
+                if not self._covered(seq, follower):
+                    return
+        finally:
+            self.waiting -= 1
 
     async def _read(self, seq: int, limit: int) -> tuple[list[Event], ShardHead]:
         if seq >= self.published:

@@ -1,4 +1,4 @@
-"""`openbot export` / `openbot import` on data directories (FS-1..FS-3, DESIGN §7).
+"""`openbot export` / `openbot import` on data directories (FS-1..FS-3, docs/design.md §7).
 
 Export reads a *stopped* server's data directory (or a consistent copy of a running one: see
 `Engine.backup`) straight from its DuckDB files, opened read-only, decrypts with the master key
@@ -13,8 +13,11 @@ and memory entries, with learning read positions), its user memory, the projects
 (their memory pools), its workspace receipts, and the chats it keeps with their items, turns,
 confessions, enrichments, the chains rooted in them and the requests made in them
 (storage/chat_export.py). A running server imports through storage/tree_merge.py.
-Memory-bot settings stay out; imported pools start with the defaults.
-Users get new tokens on import (`import-tokens.json`, 0600): the tree never holds a credential.
+Memory-bot settings stay out; imported pools start with the defaults. The staged learned facts
+(`learn_outbox`) stay out too: transient, they reach their user and project pools moments after
+the learning step that staged them (a stopped server's, when it starts again), and the export
+holds those pools as they are then. Users get new tokens on import, in a new file of that
+import's own (`import-tokens-<when>-<random>.json`, 0600): the tree never holds a credential.
 
 Files are written through a recovery log (FS-3): `.transactions/<id>.json` lists what is about
 to be written, each file is replaced atomically, then the log goes. A tree whose
@@ -23,7 +26,6 @@ to be written, each file is replaced atomically, then the log goes. A tree whose
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 from collections.abc import Iterable, Iterator, Sequence
@@ -44,7 +46,7 @@ from engine.scoped_memory import ForgetBarrier, Revision, WorkspaceEntry, conten
 from engine.visibility import Visibility
 from storage import chat_export
 from storage.crypto import KEY_FILE, Cipher, Keyring, aad, load_master_key
-from storage.data_dir_io import DIRECTORY_FILE, TOKENS_FILE
+from storage.data_dir_io import DIRECTORY_FILE, write_new_tokens
 from storage.data_dir_io import dir_cipher as _dir_cipher
 from storage.data_dir_io import drain_journal as _drain_journal
 from storage.data_dir_io import existing as _existing
@@ -555,19 +557,29 @@ def _merge(kind: str, into: dict, items: Iterable) -> None:
 
 
 def import_snapshots(
-    snapshots: Sequence[ft.AccountSnapshot], data_dir: Path, *, shards: int = 2
+    snapshots: Sequence[ft.AccountSnapshot],
+    data_dir: Path,
+    *,
+    shards: int = 2,
+    join_orgs: Sequence[str] = (),
 ) -> ImportResult:
     """Write the snapshots into `data_dir` as `shards` shards (the count `openbot serve
-    --shards` will use). A data directory that already holds accounts gets them merged in
-    (issue 14), with its own master key and shard count; any id the tree shares with it (a
-    user, bot, channel, project, chat, or an org that differs) refuses the whole import before
-    anything is written. The server must be stopped (its files are opened for writing).
-    Shards are written first, each in one transaction that first drops what an interrupted
-    import of the same ids left; the directory last: importing again after a crash is safe."""
+     --shards` will use). A data directory that already holds accounts gets them merged in
+    , with its own master key and shard count; any id the tree shares with it (a
+     user, bot, channel, project, chat or org) refuses the whole import before anything is
+     written, except the orgs named in `join_orgs` (`--join-org`), whose record there is kept.
+     The server must be stopped (its files are opened for writing). Shards are written first,
+     each in one transaction that first drops what an interrupted import of the same ids left;
+     the directory last: importing again after a crash is safe."""
     data_dir = Path(data_dir)
     if shards < 1:
         raise InvalidInput("shards must be at least 1", code="shard_count")
     existing = _existing(data_dir)
+    if existing is None and join_orgs:
+        raise InvalidInput(
+            f"--join-org {', '.join(join_orgs)}: {data_dir} holds no org to join",
+            code="join_org",
+        )
     if existing is not None:
         shards = existing.shards  # a merge writes where the running engine will look
     orgs: dict[str, Org] = {}
@@ -594,7 +606,9 @@ def import_snapshots(
 
     if existing is not None:
         accounts = [s.account.id for s in snapshots]
-        orgs, users = existing.check(accounts, orgs, users, bots, channels, projects, chats)
+        orgs, users = existing.check(
+            accounts, orgs, users, bots, channels, projects, chats, join_orgs
+        )
 
     def host(pool: str) -> str | None:
         kind, _, owner = pool.partition(":")
@@ -692,15 +706,8 @@ def import_snapshots(
     ]
     tokens = {u: "obt_" + secrets.token_urlsafe(32) for u in sorted(users)}
     # The tokens file before the directory (the import's commit point): a crash in between
-    # leaves tokens nobody holds yet, and importing again writes new ones.
-    tokens_file = data_dir / TOKENS_FILE
-    tmp = tokens_file.with_name(f".{TOKENS_FILE}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:  # the target's own users keep their tokens
-        json.dump({**(existing.tokens_doc if existing else {}), **tokens}, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, tokens_file)
+    # leaves tokens nobody holds yet, and importing again writes new ones to a new file.
+    tokens_file = write_new_tokens(data_dir, tokens)
     records_by_table = {"orgs": orgs, "users": users, "bots": bots, "channels": channels}
     records_by_table["chats"] = {i: c.chat for i, (_, c) in chats.items()}
     files.append(_write_directory(keyring, data_dir, records_by_table, projects, tokens))
@@ -800,6 +807,10 @@ def _write_directory(
     return str(path)
 
 
-def import_tree(tree_dir: Path, data_dir: Path, *, shards: int = 2) -> ImportResult:
-    """`openbot import`: parse the tree under `tree_dir` and write a new data directory."""
-    return import_snapshots(ft.parse(read_tree(tree_dir)), data_dir, shards=shards)
+def import_tree(
+    tree_dir: Path, data_dir: Path, *, shards: int = 2, join_orgs: Sequence[str] = ()
+) -> ImportResult:
+    """`openbot import`: parse the tree under `tree_dir` and write a new data directory (or
+    merge into one, joining only the orgs named in `join_orgs`)."""
+    snapshots = ft.parse(read_tree(tree_dir))
+    return import_snapshots(snapshots, data_dir, shards=shards, join_orgs=join_orgs)

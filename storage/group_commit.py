@@ -26,7 +26,7 @@ its journal in memory.
 
 A checkpoint that fails is logged and retried (at the next idle moment, read or threshold, with
 a short pause after each failure); it never fails the writes whose journal record is durable:
-they are durable, their callers are answered and their events published (issue 12 point 8).
+they are durable, their callers are answered and their events published.
 
 Earlier versions kept the journal as rows of a `commit_journal` table; a file that still has
 some is applied (and the table dropped) when opened.
@@ -166,7 +166,10 @@ def decode_writes(blob: bytes) -> list[Write]:
     return out
 
 
-class _Merged:
+class MergedWrites:
+    """The journal's writes folded into the last row per key, applied in one pass (a
+    checkpoint); tests hold `apply` to run a checkpoint slowly."""
+
     def __init__(self, tables: Mapping[str, Table]) -> None:
         self.tables = tables
         self.rows: dict[str, dict[object, tuple | None]] = {}
@@ -344,7 +347,7 @@ class GroupCommitter:
                 continue
             started = time.perf_counter()
             try:
-                await self._commit_group([w for w, _, _ in group])
+                await self.commit_group([w for w, _, _ in group])
                 STATS.observe(
                     "openbot_shard_commit_seconds",
                     time.perf_counter() - started,
@@ -364,7 +367,7 @@ class GroupCommitter:
                     if not self._orphans_failed([one]):
                         continue
                     try:
-                        await self._commit_group([one[0]])
+                        await self.commit_group([one[0]])
                     except Exception as e:
                         err = e if isinstance(e, OpenBotError) else StorageError(repr(e))
                         self._settle([one], err)
@@ -373,18 +376,22 @@ class GroupCommitter:
                 continue
             self._settle(group, None)
 
-    async def _commit_group(self, batches: Sequence[Sequence[Write]]) -> None:
+    async def commit_group(self, batches: Sequence[Sequence[Write]]) -> None:
+        """Makes one group of batches durable together: one journal record, or one transaction
+        without a journal. The one place every commit passes (tests hold or fail it here)."""
         if self.journal and self.sync_aside and self._file is not None:
             if self._syncer is None:
                 self._syncer = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix="journal"
                 )
             # (the flush loop waits for it: one append at a time, in order)
-            await asyncio.get_running_loop().run_in_executor(self._syncer, self._append, batches)
+            await asyncio.get_running_loop().run_in_executor(
+                self._syncer, self.append_record, batches
+            )
         elif self.journal:
             # On this thread: an append + fdatasync (~0.07 ms of CPU) costs less than the two
             # thread hand-offs of running it on the database thread.
-            self._append(batches)
+            self.append_record(batches)
         else:
             await self.db.run_write(lambda con: self._commit(batches, con))
 
@@ -443,18 +450,18 @@ class GroupCommitter:
 
     def _commit(self, batches: Sequence[Sequence[Write]], con: duckdb.DuckDBPyConnection) -> None:
         """Without the journal: the batches in one transaction (database thread)."""
-        merged = _Merged(self.tables)
+        merged = MergedWrites(self.tables)
         for writes in batches:
             merged.add(writes)
         self._transaction(con, merged.apply)
         self.transactions += 1
         self.batches += len(batches)
 
-    def _append(self, batches: Sequence[Sequence[Write]]) -> None:
+    def append_record(self, batches: Sequence[Sequence[Write]]) -> None:
         """One journal record for the batches, durable when this returns (event loop, or the
         journal thread with `sync_aside`)."""
         writes = [w for batch in batches for w in batch]
-        self._check(writes)  # a malformed row fails its caller now, not a later checkpoint
+        self.check_writes(writes)  # a malformed row fails its caller now, not a later checkpoint
         blob = encode_writes(writes)  # in memory too: a file and `:memory:` fail alike
         with self._lock:
             seq = self._journal_seq + 1
@@ -475,7 +482,7 @@ class GroupCommitter:
             con.rollback()
             raise
 
-    def _check(self, writes: Sequence[Write]) -> None:
+    def check_writes(self, writes: Sequence[Write]) -> None:
         exact = self._exact
         for w in writes:
             table = self.tables.get(w.table)
@@ -534,7 +541,7 @@ class GroupCommitter:
         self._journaled = [(seq, decode_writes(blob)) for seq, blob in pending]
         if pending:
             self._journal_seq = pending[-1][0]
-        self._checkpoint(con)  # what a crash left is applied before anything reads
+        self.apply_journal(con)  # what a crash left is applied before anything reads
         self._file.reset()  # records a crash left after their checkpoint committed
 
     def _apply_legacy_journal(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -544,7 +551,7 @@ class GroupCommitter:
         ).fetchall()
         if not found[0][0]:
             return
-        merged = _Merged(self.tables)
+        merged = MergedWrites(self.tables)
         for _, blob in con.execute(f"SELECT seq, batch FROM {JOURNAL} ORDER BY seq").fetchall():
             merged.add(decode_writes(blob))
 
@@ -553,6 +560,11 @@ class GroupCommitter:
             con.execute(f"DROP TABLE {JOURNAL}")
 
         self._transaction(con, apply)
+
+    @property
+    def unapplied(self) -> int:
+        """Journal records not applied to their tables yet."""
+        return len(self._journaled)
 
     def caught_up(self) -> bool:
         """Whether every committed write is in the tables (no journal record to apply)."""
@@ -608,7 +620,7 @@ class GroupCommitter:
     def _try_checkpoint(self, con: duckdb.DuckDBPyConnection, when: str) -> bool:
         """Checkpoint; on failure log it, keep the journal for a later retry, return False."""
         try:
-            self._checkpoint(con)
+            self.apply_journal(con)
         except Exception as e:
             self.checkpoint_failures += 1
             self._paused_until = time.monotonic() + CHECKPOINT_PAUSE
@@ -621,7 +633,7 @@ class GroupCommitter:
             return False
         return True
 
-    def _checkpoint(self, con: duckdb.DuckDBPyConnection) -> None:
+    def apply_journal(self, con: duckdb.DuckDBPyConnection) -> None:
         """Apply the journal's records to their tables (one transaction, with the last applied
         seq), then drop them; empty the file if no record came in meanwhile (database thread).
 
@@ -632,7 +644,7 @@ class GroupCommitter:
         with self._lock:
             taken = list(self._journaled)
         if taken:
-            merged = _Merged(self.tables)
+            merged = MergedWrites(self.tables)
             for _, writes in taken:
                 merged.add(writes)
             last = taken[-1][0]

@@ -46,7 +46,7 @@ log = logging.getLogger("openbot")
 
 KEYS_FORMAT = "2"
 _MARK = "keys"
-_SEED = "seed:"  # the prefix of a seed-000 pool's term rows (actors/shard/kernel.py `terms_pool`)
+_SEED = "seed:"  # the prefix of a bot memory pool's term rows (actors/shard/kernel.py `terms_pool`)
 
 
 def legacy_terms_key(master_key: bytes) -> bytes:
@@ -133,7 +133,7 @@ def _vocabulary(
     new: Analyzer,
 ) -> dict[int, int]:
     """Old key -> new key of every word of the pool's text (its workspace records and their
-    revisions, its seed-000 entries: all indexed under the pool's one key)."""
+    revisions, its learned entries: all indexed under the pool's one key)."""
     if keyed is None:
         return {}
     words: set[str] = set()

@@ -8,11 +8,12 @@ neither.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 
 import msgspec
 
-from engine.errors import Conflict, InvalidInput
+from engine.errors import Conflict, InvalidInput, StorageError
 from storage.crypto import Cipher, aad
 from storage.database import Database
 from storage.group_commit import Insert
@@ -52,6 +53,24 @@ class Receipts:
             ).fetchall()
         )
         return {k for (k,) in rows}
+
+    async def sealed_with(self, scope: str, cipher: Cipher, pool: str) -> list[str]:
+        """The keys of receipt scope `scope`'s stored answers sealed with pool `pool`'s key (a
+        receipt does not name its pool: each is tried, off the event loop)."""
+        rows = await self.db.run(
+            lambda con: con.execute(
+                "SELECT key, response FROM receipts WHERE scope = ?", [scope]
+            ).fetchall()
+        )
+
+        def opens(key: str, sealed: bytes) -> bool:
+            try:
+                cipher.open(sealed, aad(pool, "receipt\x00" + key))
+            except StorageError:
+                return False
+            return True
+
+        return await asyncio.to_thread(lambda: [k for k, sealed in rows if opens(k, sealed)])
 
     async def find(self, key: str, print_: str, cipher: Cipher, scope: str) -> bytes | None:
         """The stored answer for `key`, None if there is none; a different request → Conflict."""

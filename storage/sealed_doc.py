@@ -1,4 +1,4 @@
-"""Record documents sealed at rest (SEC-1, issue 12 point 7).
+"""Record documents sealed at rest (SEC-1).
 
 Some tables keep a whole record as one JSON text column: the directory's orgs, users, bots
 (names, rules, prompts), channels and chats; a shard's projects (names, metadata) and turns

@@ -1,4 +1,4 @@
-"""The in-memory BM25 keyword index of one memory pool (SC-7, issue 11).
+"""The in-memory BM25 keyword index of one memory pool (SC-7).
 
 Store-agnostic: it knows entries only by id. Its owner builds it from the pool's decrypted
 texts when the pool loads (`build`) and tells it of every change (`put` for new or edited text,
@@ -337,7 +337,7 @@ class TermIndex:
             dtype=np.int64,
             count=run_keys.size,
         )
-        self._merge(tids, run_rows, tf)
+        self.merge(tids, run_rows, tf)
 
     def restore(self, snap: Postings) -> None:
         """Take over a built index's postings (`postings`, e.g. from a stored snapshot) into
@@ -406,7 +406,7 @@ class TermIndex:
         self._tail_postings += len(counted)
         self._set_len(row, len(keys))
         if self._tail_postings > max(20_000, self._rows.size // 4):
-            self._merge()
+            self.merge()
 
     def remove(self, entry_id: str) -> None:
         """Forget an entry (deleted, or about to be re-indexed); unknown ids are ignored."""
@@ -419,7 +419,7 @@ class TermIndex:
         self._live_len -= float(self._len[row])
         self._dead += 1
         if self._dead > max(1_000, len(self._ids) // 4):
-            self._merge()
+            self.merge()
 
     def _new_row(self, entry_id: str) -> int:
         row = len(self._ids)
@@ -439,7 +439,7 @@ class TermIndex:
         self._len[row] = length
         self._live_len += length
 
-    def _merge(
+    def merge(
         self,
         term_ids: np.ndarray | None = None,
         rows: np.ndarray | None = None,

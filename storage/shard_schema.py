@@ -57,7 +57,7 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE chains (id VARCHAR, org VARCHAR, doc VARCHAR, texts BLOB);
     """,
-    # 5: workspace (issue 5): projects, scoped memory records (content sealed with the pool's
+    # 5: workspace: projects, scoped memory records (content sealed with the pool's
     # data key), their revisions (before/after sealed) and forget barriers. Receipts as in 1.
     """
     CREATE TABLE projects (id VARCHAR, owner VARCHAR, doc VARCHAR);
@@ -93,7 +93,7 @@ MIGRATIONS: tuple[str, ...] = (
     WHERE ws_entries.key = r.k AND ws_entries.pool LIKE 'bot:%'
       AND json_extract(ws_entries.meta, '$.tags') IS NULL;
     """,
-    # 8: keyword search (issue 11): each record's search terms as sorted keyed 64-bit hashes
+    # 8: keyword search: each record's search terms as sorted keyed 64-bit hashes
     # (no word in the clear, SEC-1), with the content fingerprint they were made from, so a
     # pool's keyword index loads without decrypting and tokenizing every record. And vectors in
     # blocks, one per embedding batch (a matrix sealed as one): a pool's vectors load in bulk.
@@ -103,7 +103,7 @@ MIGRATIONS: tuple[str, ...] = (
         key VARCHAR, pool VARCHAR, model VARCHAR, seq BIGINT, entries VARCHAR, vecs BLOB
     );
     """,
-    # 9: issue 15: which chat items are bot-to-bot communication and in which direction (UI-1),
+    # 9: which chat items are bot-to-bot communication and in which direction (UI-1),
     # and requests (approvals) with their proposal sealed with the bot's pool key (ENR-3).
     """
     CREATE TABLE communications (
@@ -111,12 +111,38 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE TABLE requests (id VARCHAR, bot VARCHAR, doc VARCHAR, proposal BLOB);
     """,
-    # 10: issue 11: a workspace pool's keyword index kept whole (postings of keyed term hashes,
+    # 10: a workspace pool's keyword index kept whole (postings of keyed term hashes,
     # sealed with the pool's key), and each term row's place in its pool's order of writes, so
     # a load restores the snapshot and applies only the rows written since (storage/term_store).
     """
     ALTER TABLE search_terms ADD COLUMN seq BIGINT DEFAULT 0;
     CREATE TABLE search_snapshots (pool VARCHAR, covers BIGINT, body BLOB);
+    """,
+    # 11: user and project facts a learning step decided, staged (sealed with the bot's pool
+    # key) in the commit that moves the chat's read position, until their pools stored them.
+    """
+    CREATE TABLE learn_outbox (job VARCHAR, pool VARCHAR, at_ms BIGINT, payload BLOB);
+    """,
+    # 12: collaboration chains read without loading them all (actors/chats/chain_rows.py): what
+    # a listing filters and sorts on, and whether a restart has work for the chain (`live`).
+    # Rows stored before count as live when running or still listing waiting work; the next
+    # write of each sets it exactly.
+    """
+    ALTER TABLE chains ADD COLUMN status VARCHAR;
+    ALTER TABLE chains ADD COLUMN owner VARCHAR;
+    ALTER TABLE chains ADD COLUMN channel VARCHAR;
+    ALTER TABLE chains ADD COLUMN topic VARCHAR;
+    ALTER TABLE chains ADD COLUMN created_at BIGINT;
+    ALTER TABLE chains ADD COLUMN live BOOLEAN;
+    UPDATE chains SET
+        status = json_extract_string(doc, '$.chain.status'),
+        owner = json_extract_string(doc, '$.chain.owner'),
+        channel = json_extract_string(doc, '$.channel'),
+        topic = json_extract_string(doc, '$.chain.topic'),
+        created_at = CAST(json_extract(doc, '$.chain.created_at') AS BIGINT),
+        live = json_extract_string(doc, '$.chain.status') = 'running'
+            OR coalesce(json_array_length(json_extract(doc, '$.learn')), 0) > 0
+            OR coalesce(json_array_length(json_extract(doc, '$.unregistered')), 0) > 0;
     """,
 )
 
@@ -217,7 +243,19 @@ MODEL_SPEND = Table(
     ),
 )
 CHAINS = Table(
-    "chains", (("id", "VARCHAR"), ("org", "VARCHAR"), ("doc", "VARCHAR"), ("texts", "BLOB"))
+    "chains",
+    (
+        ("id", "VARCHAR"),
+        ("org", "VARCHAR"),
+        ("doc", "VARCHAR"),
+        ("texts", "BLOB"),
+        ("status", "VARCHAR"),
+        ("owner", "VARCHAR"),
+        ("channel", "VARCHAR"),
+        ("topic", "VARCHAR"),
+        ("created_at", "BIGINT"),
+        ("live", "BOOLEAN"),
+    ),
 )
 TABLES = (
     POOLS,
@@ -236,7 +274,7 @@ TABLES = (
     CHAINS,
 )
 
-# --- workspace (issue 5, migration 5) ---
+# --- workspace (migration 5) ---
 PROJECTS = Table("projects", (("id", "VARCHAR"), ("owner", "VARCHAR"), ("doc", "VARCHAR")))
 WORKSPACE_ENTRIES = Table(
     "ws_entries",
@@ -287,7 +325,7 @@ WORKSPACE_VECTORS = Table(
 )
 TABLES = (*TABLES, WORKSPACE_VECTORS)
 
-# --- keyword search (issue 11, migration 8) ---
+# --- keyword search (migration 8) ---
 SEARCH_TERMS = Table(
     "search_terms",
     (
@@ -315,7 +353,7 @@ WORKSPACE_VECTOR_BLOCKS = Table(
     ),
 )
 TABLES = (*TABLES, WORKSPACE_VECTOR_BLOCKS)
-# --- communication records and requests (issue 15, migration 9) ---
+# --- communication records and requests (migration 9) ---
 COMMUNICATIONS = Table(
     "communications",
     (
@@ -330,3 +368,10 @@ REQUESTS = Table(
     "requests", (("id", "VARCHAR"), ("bot", "VARCHAR"), ("doc", "VARCHAR"), ("proposal", "BLOB"))
 )
 TABLES = (*TABLES, COMMUNICATIONS, REQUESTS)
+
+# --- staged learned facts (migration 11) ---
+LEARN_OUTBOX = Table(
+    "learn_outbox",
+    (("job", "VARCHAR"), ("pool", "VARCHAR"), ("at_ms", "BIGINT"), ("payload", "BLOB")),
+)
+TABLES = (*TABLES, LEARN_OUTBOX)

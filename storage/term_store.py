@@ -1,11 +1,11 @@
-"""Stored search terms (issue 11; migration 8): what a pool's keyword index is rebuilt from.
+"""Stored search terms (migration 8): what a pool's keyword index is rebuilt from.
 
 One row per record: the record's term keys (`storage.search_index.Analyzer`: sorted keyed
 hashes, never a word, each pool's under its own key: `pool_terms_key`) and the content
 fingerprint they were made from. A row whose fingerprint no longer matches the record is stale
 and the terms are made again from the text. Kept so that the first search after a shard opens
-need not decrypt and tokenize every record of a pool (about 10 s per 100,000 records in Python,
-against a bulk read of these rows).
+need not decrypt and tokenize every record of a pool in Python, far slower than a bulk read of
+these rows.
 
 A workspace pool's built index is also kept whole (`search_snapshots`, migration 10): its
 postings, sealed with the pool's data key, and `covers`, the highest `seq` of the term rows it
@@ -63,7 +63,7 @@ class TermsLoad(NamedTuple):
 def pool_terms_key(master_key: bytes, pool: str) -> bytes:
     """A pool's secret for its term hashes, derived from the master key and the pool's id:
     the same word hashes differently in every pool, so known words written in one pool and
-    their stored keys read back say nothing of another pool's rows. A seed-000 pool and the
+    their stored keys read back say nothing of another pool's rows. A bot memory pool and the
     workspace pool of the same id (`bot:<id>`: one bot's one memory, searched as one) share
     it."""
     return derive_key(master_key, "search terms", pool)

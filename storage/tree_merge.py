@@ -38,13 +38,19 @@ class Merged:
     directory: Rows
 
 
-def merge_rows(snapshots: Sequence[ft.AccountSnapshot], before: Path, after: Path) -> Merged:
-    """Import `snapshots` into a copy (`after`) of the snapshot `before`, and what it added."""
+def merge_rows(
+    snapshots: Sequence[ft.AccountSnapshot],
+    before: Path,
+    after: Path,
+    join_orgs: Sequence[str] = (),
+) -> Merged:
+    """Import `snapshots` into a copy (`after`) of the snapshot `before` (joining only the
+    orgs `join_orgs` names), and what it added."""
     shard_files = sorted(before.glob("shard-*.duckdb"))
     for path in shard_files:
         drain_journal(path)  # so that the copy differs from it only by the import
     shutil.copytree(before, after)
-    result = import_snapshots(snapshots, after)
+    result = import_snapshots(snapshots, after, join_orgs=join_orgs)
     shards = {}
     for path in shard_files:
         added, removed = changed_rows(path, after / path.name, IMPORTED_SHARD_TABLES)
@@ -53,10 +59,7 @@ def merge_rows(snapshots: Sequence[ft.AccountSnapshot], before: Path, after: Pat
     directory, _ = changed_rows(  # (an import deletes nothing there)
         before / DIRECTORY_FILE, after / DIRECTORY_FILE, IMPORTED_DIRECTORY_TABLES
     )
-    tokens: dict[str, str] = {}
-    if result.tokens_file:
-        written = Path(result.tokens_file)
-        old = before / written.name
-        kept = json.loads(old.read_text()) if old.exists() else {}
-        tokens = {u: t for u, t in json.loads(written.read_text()).items() if kept.get(u) != t}
+    # The import's own new file holds its new users' tokens, and only them; the caller hands
+    # them out (the scratch copy, the file with it, is removed).
+    tokens = json.loads(Path(result.tokens_file).read_text()) if result.tokens_file else {}
     return Merged(result=result, tokens=tokens, shards=shards, directory=directory)

@@ -47,7 +47,7 @@ def _vector_aad(pool: str, entry_id: str, model: str) -> bytes:
     return aad(pool, f"ws-vec\x00{entry_id}\x00{model}")
 
 
-def _block_aad(pool: str, model: str, seq: int, entries: str) -> bytes:
+def block_aad(pool: str, model: str, seq: int, entries: str) -> bytes:
     """A block's associated data: its place and its list of (record, fingerprint), as stored
     (a block whose list was swapped for another's, or edited, does not open)."""
     listed = hashlib.sha256(entries.encode()).hexdigest()
@@ -63,9 +63,9 @@ def legacy_block_aad(pool: str, model: str, seq: int) -> bytes:
 def reseal_block(
     cipher: Cipher, pool: str, model: str, seq: int, entries: str, vecs: bytes
 ) -> bytes:
-    """A block stored under `legacy_block_aad`, sealed again under `_block_aad`."""
+    """A block stored under `legacy_block_aad`, sealed again under `block_aad`."""
     plain = cipher.open(vecs, legacy_block_aad(pool, model, seq))
-    return cipher.seal(plain, _block_aad(pool, model, seq, entries))
+    return cipher.seal(plain, block_aad(pool, model, seq, entries))
 
 
 _entries_dec = msgspec.json.Decoder(list[tuple[str, str]])
@@ -123,7 +123,7 @@ def _layout(rows: int, plain: int, head: bytes) -> tuple[str, int] | None:
 Loaded = tuple[list[str], list[str], np.ndarray, dict[str, int] | None, np.ndarray | None]
 
 
-def _assemble(
+def assemble_blocks(
     pool: str, model: str, cipher: Cipher, legacy: list[tuple], blocks: list[tuple]
 ) -> Loaded:
     """Stored rows and blocks as loaded vectors; see `VectorStore.load_all`."""
@@ -143,7 +143,7 @@ def _assemble(
             block_ids, block_fps = zip(*pairs, strict=True)
             ids.extend(block_ids)
             fps.extend(block_fps)
-            parts.append((len(pairs), vecs, _block_aad(pool, model, seq, entries)))
+            parts.append((len(pairs), vecs, block_aad(pool, model, seq, entries)))
     if not ids:
         return empty
     plain = [len(blob) - _OVERHEAD for _, blob, _ in parts]
@@ -315,7 +315,7 @@ class VectorStore:
         """`read`'s rows opened and put in one matrix on another thread (numpy and the
         cipher let the event loop run meanwhile)."""
         legacy, blocks = rows
-        return await asyncio.to_thread(_assemble, pool, model, cipher, legacy, blocks)
+        return await asyncio.to_thread(assemble_blocks, pool, model, cipher, legacy, blocks)
 
     @staticmethod
     def block(
@@ -331,7 +331,7 @@ class VectorStore:
         codes, scale = quantize(np.stack([np.asarray(v, dtype=np.float32) for _, _, v in items]))
         head = _I8 + codes.shape[1].to_bytes(4, "little")
         plain = head + scale.tobytes() + codes.tobytes()
-        sealed = cipher.seal(plain, _block_aad(pool, model, seq, entries))
+        sealed = cipher.seal(plain, block_aad(pool, model, seq, entries))
         key = f"{pool}\x00{model}\x00{seq:020d}"
         return Put(WORKSPACE_VECTOR_BLOCKS.name, (key, pool, model, seq, entries, sealed))
 

@@ -1,4 +1,4 @@
-"""Workspace rows on a shard's DuckDB file (issue 5): projects, scoped memory records, their
+"""Workspace rows on a shard's DuckDB file: projects, scoped memory records, their
 revisions and forget barriers.
 
 Records keep their metadata (`WorkspaceEntry`: pool, contributor, tier, topics, evidence markers,
@@ -60,8 +60,8 @@ _fp_dec = msgspec.json.Decoder(_Fp)
 class LazyEntries(MutableMapping[str, WorkspaceEntry]):
     """A pool's records by id, each decoded from its stored JSON the first time it is read.
 
-    Decoding 100,000 records' metadata took about 0.6 s of a pool's load (the first search
-    after a shard opens), while a search reads the few hundred records its ranking reaches.
+    Decoding every record's metadata would be a large part of a big pool's load (the first
+    search after a shard opens), while a search reads the few hundred records its ranking reaches.
     One dict holds both kinds of value in load order (a decoded record replaces its JSON in
     place, so iteration order is that of a plain dict); `fp` reads a record's content
     fingerprint alone, for the walks that compare every record with derived data.
@@ -258,6 +258,29 @@ class WorkspaceStore:
         )
         return rows[0][0] if rows else None
 
+    async def contributed_pools(self, contributor: str) -> list[str]:
+        """The user and project pools on this shard holding records of bot `contributor`
+        (committed rows)."""
+        rows = await self.db.run(
+            lambda con: con.execute(
+                "SELECT DISTINCT pool FROM ws_entries WHERE pool NOT LIKE 'bot:%' "
+                "AND json_extract_string(meta, '$.contributor') = ?",
+                [contributor],
+            ).fetchall()
+        )
+        return [pool for (pool,) in rows]
+
+    async def revision_log(self, pool: str) -> list[tuple[str, int, int, str]]:
+        """(entry, revision, time, change) of every revision of the pool's records, oldest
+        first; their contents stay sealed."""
+        return await self.db.run(
+            lambda con: con.execute(
+                "SELECT entry, revision, at_ms, change FROM ws_revisions WHERE pool = ? "
+                "ORDER BY at_ms, entry, revision",
+                [pool],
+            ).fetchall()
+        )
+
     async def revisions(self, pool: str, entry_id: str, cipher: Cipher) -> list[Revision]:
         rows = await self.db.run(
             lambda con: con.execute(
@@ -345,7 +368,7 @@ class WorkspaceStore:
     @staticmethod
     def project_row(project: Project, cipher: Cipher) -> Write:
         """The project's row; its document (name, metadata, members) sealed with the key of
-        its pool `project:<id>` (issue 12)."""
+        its pool `project:<id>`."""
         pool = f"project:{project.id}"
         doc = seal_doc(cipher, pool, PROJECTS.name, project.id, _enc.encode(project))
         return Put(PROJECTS.name, (project.id, project.owner, doc))

@@ -12,32 +12,114 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import hypothesis
 import pytest
+
+# The suite runs the same whatever the caller's shell holds: a user's RAY_TMPDIR, RAY_ADDRESS or
+# OPENBOT_* settings (meant for their own server) would move Ray's files, join their cluster or
+# change the engine under test. Cleared before actors.runtime.ray_env reads them at import.
+for _name in [n for n in os.environ if n.startswith(("RAY_", "OPENBOT_"))]:
+    del os.environ[_name]
 
 # The pool-lock guard (actors/runtime/lock_guard.py): a pool lock held across an actor or model
 # call fails at once, here and in the actors (they inherit the environment at Ray's start).
 os.environ["OPENBOT_LOCK_GUARD"] = "1"
 
-import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
-from actors.runtime import lock_guard
-from gateway.live_server import LiveServer
+import actors.runtime.engine  # noqa: E402, F401  (sets Ray's environment before anything imports ray)
+from actors.runtime import lock_guard  # noqa: E402
+from gateway.live_server import LiveServer  # noqa: E402
 
 ADMIN = "test-admin-" + secrets.token_hex(8)
 # Learning retries (CO-3) wait seconds in production; the actors inherit this at Ray's start.
 os.environ.setdefault("OPENBOT_LEARNING_RETRY_DELAY", "0.05")
 
 
+# Markers by what a test needs, from its fixtures (their whole closure): `-m unit` is the inner
+# loop, pure and in-process tests only. A test that starts processes in its own body (a
+# subprocess, a Ray of its own) says so with a module or test marker, and the guard below fails
+# any `unit` test that starts one anyway.
+NEEDS = {
+    "ray_session": "ray",
+    "server": "server",
+    "browser": "browser",
+}
+NOT_UNIT = {"ray", "server", "browser", "subprocess", "slow", "cluster", "property"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the markers set here
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in NEEDS.items():
+            if fixture in names:
+                item.add_marker(marker)
+        # Hypothesis searches of hundreds of examples: pure, but most of the in-process CPU.
+        if hypothesis.is_hypothesis_test(getattr(item, "obj", None)):
+            item.add_marker("property")
+        if not any(item.get_closest_marker(name) for name in NOT_UNIT):
+            item.add_marker("unit")
+
+
+class StartedAProcess(BaseException):
+    """Raised where a `unit` test starts Ray or a process: a BaseException, so that code under
+    test that catches Exception cannot hide it."""
+
+
+@pytest.fixture(autouse=True)
+def _unit_stays_in_process(request: pytest.FixtureRequest) -> Iterator[list[str]]:
+    """In a `unit` test, starting Ray, a subprocess or a process raises at once; what was
+    refused is listed (and fails the test at teardown, should the code under test catch it)."""
+    started: list[str] = []
+    if request.node.get_closest_marker("unit") is None:
+        yield started
+        return
+    import multiprocessing.process
+    import subprocess
+
+    import ray
+
+    def refuse(what: str):
+        def refused(*args, **kwargs):
+            started.append(what)
+            raise StartedAProcess(
+                f"a `unit` test started {what}: mark it (ray, subprocess, slow) in its module"
+            )
+
+        return refused
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ray, "init", refuse("Ray"))
+    mp.setattr(subprocess.Popen, "_execute_child", refuse("a subprocess"))
+    mp.setattr(multiprocessing.process.BaseProcess, "start", refuse("a process"))
+    try:
+        yield started
+    finally:
+        mp.undo()
+    assert not started, f"a `unit` test started {started}"
+
+
 @pytest.fixture(scope="session")
-def ray_session() -> Iterator[None]:
+def ray_session() -> Iterator[Path]:
+    """The session's local Ray; its temporary folder (logs under session_*/logs)."""
     import ray
 
     from actors.runtime.engine import start_ray
 
     # Ray's unix socket paths must stay short, so not under pytest's long tmp paths.
     tmp = tempfile.mkdtemp(prefix="obr", dir="/tmp")
+    os.environ["RAY_TMPDIR"] = tmp  # lane sockets and anything else started later go there too
     start_ray(tmp_dir=tmp)
-    yield
+    yield Path(tmp)
     ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_tmp() -> Iterator[str]:
+    """A folder for the Ray of a server a test starts (short: Ray's socket paths), removed
+    after the test."""
+    tmp = tempfile.mkdtemp(prefix="obt", dir="/tmp")
+    yield tmp
     shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -237,3 +319,31 @@ def learning_bot(world, admin: httpx.Client, prefix: str) -> tuple[str, str]:
     )
     assert r.status_code == 201, r.text
     return r.json()["id"], name
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """`@pytest.mark.anyio` tests run on asyncio (the engine's loop), each in a loop of its own."""
+    return "asyncio"
+
+
+@pytest.fixture
+async def shards(tmp_path: Path, anyio_backend: str):
+    """Opens shard services on `tmp_path` (tests/shard_kit.py `Shards`) and closes them after."""
+    from tests.shard_kit import Shards
+
+    opened = Shards(tmp_path)
+    yield opened
+    await opened.close_all()
+
+
+@pytest.fixture
+def shard(shards):
+    """A shard service on `tmp_path` without models, connected to a directory service there."""
+    return shards(models={}, directory=True)
+
+
+@pytest.fixture
+def directory(shards):
+    """The directory service on `tmp_path` (the one `shard` is connected to)."""
+    return shards.directory_service()

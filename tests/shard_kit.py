@@ -4,6 +4,7 @@ and a turn run to its end (learning included)."""
 
 from __future__ import annotations
 
+from actors.directory import DirectoryService
 from actors.models.registry import OpenAIModel
 from actors.shard.service import ShardService, TurnStart
 from engine.directory import Bot, Chat, Org, OrgSettings
@@ -32,3 +33,39 @@ async def run_turn(svc, text, chat=CHAT, org=ORG):
     result = await svc.wait_turn(chat.id, turn.id)
     await svc.learning_idle()
     return result
+
+
+class Shards:
+    """Shard services on one test's folder, each closed after the test unless the test closed it
+    (`await shards.close(svc)`, before reading its files or opening it again)."""
+
+    def __init__(self, path) -> None:
+        self.path = path
+        self.open: list[ShardService] = []
+        self.directory: DirectoryService | None = None
+
+    def __call__(self, *, stubs=None, directory: bool = False, **kw) -> ShardService:
+        """A ShardService on the folder: on the `stubs` models when given; connected to the
+        folder's one DirectoryService when `directory`."""
+        svc = shard_service(self.path, stubs, **kw) if stubs else ShardService(self.path, 0, **kw)
+        if directory:
+            svc.peers.connect(directory=self.directory_service())
+        self.open.append(svc)
+        return svc
+
+    def directory_service(self) -> DirectoryService:
+        """The folder's one DirectoryService, opened on first use."""
+        if self.directory is None:
+            self.directory = DirectoryService(self.path)
+        return self.directory
+
+    async def close(self, svc: ShardService) -> None:
+        self.open.remove(svc)
+        await svc.close()
+
+    async def close_all(self) -> None:
+        while self.open:
+            await self.close(self.open[-1])
+        if self.directory is not None:
+            self.directory.store.db.close()
+            self.directory = None

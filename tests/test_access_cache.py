@@ -196,11 +196,11 @@ class SlowWatch:
     def __getattr__(self, name: str):
         return getattr(self._port, name)
 
-    async def watch_access(self, watcher: str, since: int, wait: float = 5.0) -> int:
-        revision = await self._port.watch_access(watcher, since, wait)
+    async def watch_access(self, watcher: str, since: int, wait: float = 5.0):
+        revision, changed = await self._port.watch_access(watcher, since, wait)
         if revision != since:
             await asyncio.sleep(0.3)
-        return revision
+        return revision, changed
 
 
 def _bobs_chats(world, gateways, engine, monkeypatch) -> list[str]:
@@ -238,7 +238,8 @@ def test_an_archived_bot_takes_no_turn_once_the_archive_returned(
     world, gateways, engine, monkeypatch
 ):
     """Archiving changes no one's access, but a turn's context holds the bot: the change
-    returns only once both gateways dropped what they held (actors/directory.py `_changing`)."""
+    returns only once both gateways dropped what they held (actors/directory/records.py
+    `changing`)."""
     chats = _bobs_chats(world, gateways, engine, monkeypatch)
 
     async def archive():

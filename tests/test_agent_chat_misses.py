@@ -22,9 +22,9 @@ class FakeDirectory:
         self.chats: dict[str, Chat] = {}
         self.asked = 0
 
-    async def watch_access(self, watcher: str, seen: int, wait: float) -> int:
+    async def watch_access(self, watcher: str, seen: int, wait: float) -> tuple[int, tuple]:
         await asyncio.sleep(wait)
-        return seen
+        return seen, ()
 
     async def chat_context_at(self, chat_id: str) -> tuple[int, ChatContext]:
         self.asked += 1
@@ -49,34 +49,32 @@ class FakeEngine:
         self.shard_ports = [FakeShard() for _ in range(shards)]
 
 
-def test_an_unknown_agent_chat_is_asked_of_the_shards_once_while_it_is_a_miss(monkeypatch):
+@pytest.mark.anyio
+async def test_an_unknown_agent_chat_is_asked_of_the_shards_once_while_it_is_a_miss(monkeypatch):
     monkeypatch.setattr(auth_mod, "AGENT_MISS_TTL", 0.3)
     chat_id = "chat_agent_dlv_nobody"
 
-    async def scenario():
-        engine = FakeEngine(3)
-        auth = Auth(engine, "admin-token")  # type: ignore[arg-type]
-        errors = []
-        for _ in range(24):
-            with pytest.raises(NotFound) as caught:
-                await auth.context(chat_id)
-            errors.append((caught.value.code, caught.value.message))
-        shard_calls = [s.asked for s in engine.shard_ports]
-        directory_calls = engine.directory_port.asked
-        # Registered in the directory meanwhile: found at once, miss or not.
-        engine.directory_port.chats[chat_id] = Chat(
-            id=chat_id, kind="agent", owner="u_ann", org=ORG.id, bot="b_1"
-        )
-        found = await auth.context(chat_id)
-        del engine.directory_port.chats[chat_id]
-        auth._chats.clear()
-        await asyncio.sleep(0.35)  # the miss is forgotten: the shards are asked again
-        with pytest.raises(NotFound):
+    engine = FakeEngine(3)
+    auth = Auth(engine, "admin-token")  # type: ignore[arg-type]
+    errors = []
+    for _ in range(24):
+        with pytest.raises(NotFound) as caught:
             await auth.context(chat_id)
-        again = [s.asked for s in engine.shard_ports]
-        return errors, shard_calls, directory_calls, found, again
-
-    errors, shard_calls, directory_calls, found, again = asyncio.run(scenario())
+        errors.append((caught.value.code, caught.value.message))
+    shard_calls = [s.asked for s in engine.shard_ports]
+    directory_calls = engine.directory_port.asked
+    # Registered in the directory meanwhile: found at once, miss or not.
+    engine.directory_port.chats[chat_id] = Chat(
+        id=chat_id, kind="agent", owner="u_ann", org=ORG.id, bot="b_1"
+    )
+    found = await auth.context(chat_id)
+    del engine.directory_port.chats[chat_id]
+    # private: empties the auth cache to force the miss under test; no public reset
+    auth._chats.clear()
+    await asyncio.sleep(0.35)  # the miss is forgotten: the shards are asked again
+    with pytest.raises(NotFound):
+        await auth.context(chat_id)
+    again = [s.asked for s in engine.shard_ports]
     assert set(errors) == {("chat_not_found", f"no chat {chat_id}")}
     assert shard_calls == [1, 1, 1]
     assert directory_calls == 24

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from actors.contracts import TurnStart
 from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
@@ -121,38 +123,36 @@ def test_an_agent_chat_the_directory_missed_is_registered_after_a_restart(tmp_pa
     assert asyncio.run(third_start()) == 0
 
 
-def test_concurrent_registrations_of_the_same_chats_make_each_once(tmp_path: Path):
+@pytest.mark.anyio
+async def test_concurrent_registrations_of_the_same_chats_make_each_once(tmp_path: Path):
     """30 shards' worth of concurrent registrations (and the directory's own `agent_chat`) of
     overlapping agent chats: each chat is new for exactly one of them and keeps its first
     record."""
 
-    async def scenario() -> tuple[list[int], dict[str, Chat], list[Chat], dict[str, Chat]]:
-        directory = DirectoryService(tmp_path)
-        try:
-            org = await ann_org(directory)
-            bot = await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
-            root = await directory.create_chat("u_ann", None, bot=bot.id)
-            links = [f"dlv_{k:04d}" for k in range(6)]
+    directory = DirectoryService(tmp_path)
+    try:
+        org = await ann_org(directory)
+        bot = await directory.create_bot(name="Peer", org=org.id, owner="u_ann", model="s")
+        root = await directory.create_chat("u_ann", None, bot=bot.id)
+        links = [f"dlv_{k:04d}" for k in range(6)]
 
-            def chats(at: int) -> list[Chat]:  # the same ids, a different record each caller
-                return [agent_chat(root, bot.id, "col_1", link, at) for link in links]
+        def chats(at: int) -> list[Chat]:  # the same ids, a different record each caller
+            return [agent_chat(root, bot.id, "col_1", link, at) for link in links]
 
-            calls = [directory.register_chats(chats(1000 + k), k % 2 == 0) for k in range(30)]
-            makes = [directory.agent_chat(root, bot.id, "col_1", links[0]) for _ in range(6)]
-            out = await asyncio.gather(*calls, *makes)
-            counts, made = list(out[:30]), list(out[30:])
-            await asyncio.gather(*directory.chat_registry._writing)
-            kept = {c.id: c for c in directory.records.chats.values() if c.kind == "agent"}
-        finally:
-            directory.store.db.close()
-        reopened = DirectoryService(tmp_path)
-        try:
-            stored = {c.id: c for c in reopened.records.chats.values() if c.kind == "agent"}
-        finally:
-            reopened.store.db.close()
-        return counts, kept, made, stored
-
-    counts, kept, made, stored = asyncio.run(scenario())
+        calls = [directory.register_chats(chats(1000 + k), k % 2 == 0) for k in range(30)]
+        makes = [directory.agent_chat(root, bot.id, "col_1", links[0]) for _ in range(6)]
+        out = await asyncio.gather(*calls, *makes)
+        counts, made = list(out[:30]), list(out[30:])
+        # private: the directory's writes in flight; no public wait for them yet
+        await asyncio.gather(*directory.chat_registry._writing)
+        kept = {c.id: c for c in directory.records.chats.values() if c.kind == "agent"}
+    finally:
+        directory.store.db.close()
+    reopened = DirectoryService(tmp_path)
+    try:
+        stored = {c.id: c for c in reopened.records.chats.values() if c.kind == "agent"}
+    finally:
+        reopened.store.db.close()
     assert len(kept) == 6
     assert sum(counts) + (1 if kept["chat_agent_dlv_0000"].created_at > 10**12 else 0) == 6
     assert all(m == kept["chat_agent_dlv_0000"] for m in made)  # every caller saw the one record
@@ -172,6 +172,7 @@ def test_a_shown_chat_is_visible_at_once_and_written_soon(tmp_path: Path):
             shown = agent_chat(root, bot.id, "col_1", "dlv_shown", 1)
             assert await directory.register_chats([shown], False) == 1
             visible = (await directory.get_chat(shown.id)) == shown
+            # private: the directory's writes in flight; no public wait for them yet
             await asyncio.gather(*directory.chat_registry._writing)  # the write that follows
             kept = agent_chat(root, bot.id, "col_1", "dlv_kept", 2)
             await directory.register_chats([kept])
@@ -182,6 +183,7 @@ def test_a_shown_chat_is_visible_at_once_and_written_soon(tmp_path: Path):
             on_disk = shown.id in reopened.records.chats, kept.id in reopened.records.chats
         finally:
             reopened.store.db.close()
+        # private: the directory's queue of unwritten chats; no public view
         return visible, not directory.chat_registry._unwritten, *on_disk
 
     assert asyncio.run(scenario()) == (True, True, True, True)
@@ -280,8 +282,11 @@ def test_shown_chats_are_written_together_and_none_is_left_behind(tmp_path: Path
             shown = await asyncio.gather(
                 *(directory.register_chats([c], False) for c in [*chats, *chats[:8]])
             )
+            # private: the directory's writes in flight; no public wait for them yet
             writers = len(directory.chat_registry._writing)
+            # private: the directory's writes in flight; no public wait for them yet
             while directory.chat_registry._writing:
+                # private: the directory's writes in flight; no public wait for them yet
                 await asyncio.gather(*directory.chat_registry._writing)
         finally:
             directory.store.db.close()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -37,7 +39,7 @@ def test_backup_while_serving_restores_data_and_resets_old_cursors(
             return json.loads(await ws.recv())
 
     cursor = asyncio.run(first_frame(world.server.url))["cursor"]
-    # By default the key stays out of the copy (issue 12), and the copy will not start on a
+    # By default the key stays out of the copy, and the copy will not start on a
     # key of its own: the entries would be unreadable.
     keyless = tmp_path / "keyless"
     r = admin.post("/v1/admin/backup", json={"dir": str(keyless)})
@@ -50,8 +52,13 @@ def test_backup_while_serving_restores_data_and_resets_old_cursors(
     assert refused.value.code == "no_master_key" and not (keyless / "master.key").exists()
 
     dest = tmp_path / "backup"
-    r = admin.post("/v1/admin/backup", json={"dir": str(dest), "withKey": True})
+    old_umask = os.umask(0o022)  # the gateway makes the folder here, in this process
+    try:
+        r = admin.post("/v1/admin/backup", json={"dir": str(dest), "withKey": True})
+    finally:
+        os.umask(old_umask)
     assert r.status_code == 201, r.text
+    _assert_private(dest)
     names = {p.name for p in dest.iterdir()}
     assert {"directory.duckdb", "shard-0.duckdb", "shard-1.duckdb", "master.key"} <= names
     assert stat.S_IMODE((dest / "master.key").stat().st_mode) == 0o600
@@ -70,6 +77,13 @@ def test_backup_while_serving_restores_data_and_resets_old_cursors(
         restored.stop()
 
 
+def _assert_private(folder: Path) -> None:
+    """A backup is its owner's alone, whatever the umask it was made with."""
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()}
+    assert modes and set(modes.values()) == {0o600}, modes
+
+
 def test_offline_backup_of_a_stopped_data_directory(tmp_path):
     from actors.shard.service import ShardService
 
@@ -83,7 +97,12 @@ def test_offline_backup_of_a_stopped_data_directory(tmp_path):
         return epoch
 
     epoch = asyncio.run(write())
-    files = backup_offline(tmp_path / "data", tmp_path / "keyless")
+    old_umask = os.umask(0o022)  # what most processes run with: new files 0644, folders 0755
+    try:
+        files = backup_offline(tmp_path / "data", tmp_path / "keyless")
+    finally:
+        os.umask(old_umask)
+    _assert_private(tmp_path / "keyless")
     assert {f.rsplit("/", 1)[1] for f in files} == {"shard-0.duckdb"}  # the key stays out
     files = backup_offline(tmp_path / "data", tmp_path / "copy", with_key=True)
     assert {f.rsplit("/", 1)[1] for f in files} == {"shard-0.duckdb", "master.key"}

@@ -1,4 +1,4 @@
-"""Issue 12: keys live outside the data. A real `openbot serve` with `OPENBOT_MASTER_KEY_FILE`
+"""Keys live outside the data. A real `openbot serve` with `OPENBOT_MASTER_KEY_FILE`
 outside its data directory; `openbot backup` leaves the key out unless `--with-key`; the key-less
 copy refuses to start without its key (rather than seal with a new one) and serves everything
 once the key is supplied."""
@@ -10,7 +10,6 @@ import os
 import stat
 import subprocess
 import sys
-import tempfile
 
 import httpx
 import pytest
@@ -34,9 +33,8 @@ def _backup(url: str, dest, *flags: str) -> dict:
 
 
 @pytest.mark.slow
-def test_key_file_outside_the_data_and_key_less_backups(tmp_path):
+def test_key_file_outside_the_data_and_key_less_backups(tmp_path, ray_tmp):
     data, key = tmp_path / "data", tmp_path / "keys" / "master.key"
-    ray_tmp = tempfile.mkdtemp(prefix="obk", dir="/tmp")
     server = Serve(data, ray_tmp, env=_env(OPENBOT_MASTER_KEY_FILE=str(key)))
     try:
         admin = {"Authorization": f"Bearer {ADMIN}"}

@@ -1,4 +1,4 @@
-"""One memory per bot (issue 15; SPEC MEM-1, SC-1, SC-5, ENR-1, ENR-2, ENR-5, ACL-1, ACL-7).
+"""One memory per bot (MEM-1, SC-1, SC-5, ENR-1, ENR-2, ENR-5, ACL-1, ACL-7).
 
 A bot's learned facts and the records a person wrote for it through the workspace are one
 memory: every reader of the bot's memory sees both, each under its visibility rule, in the

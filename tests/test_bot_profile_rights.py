@@ -1,4 +1,4 @@
-"""Issue 15, the workspace side, through the public API: the sent side of bot-to-bot
+"""The workspace side, through the public API: the sent side of bot-to-bot
 communication (UI-1), the server's team/collaboration permission on the bot profile and the
 auto-record pause (WS-1), a creator's rename and archive rights and archiving (WS-3)."""
 
@@ -39,7 +39,7 @@ def _items(client, chat_id) -> list[dict]:
 
 
 def _chain_of(client, chat_id) -> dict | None:
-    for c in client.get(f"{WS}/collaboration").json()["collaborations"]:
+    for c in client.get(f"{WS}/collaboration").json()["items"]:
         if c["rootChat"] == chat_id and c["status"] == "done":
             return c
     return None
@@ -185,7 +185,7 @@ def test_ws1_team_and_collaboration_are_server_policy_shown_on_the_profile(world
         assert _tool_results(bot_model, asker["name"])[-1]["error"] == "collaboration_off"
         assert alice.post(f"/v1/chats/{chat}/turns?wait=true", json={"text": "Post"}).is_success
         assert _tool_results(bot_model, asker["name"])[-1]["error"] == "collaboration_off"
-        chains = alice.get(f"{WS}/collaboration").json()["collaborations"]
+        chains = alice.get(f"{WS}/collaboration").json()["items"]
         assert all(c["rootChat"] != chat for c in chains)
         led = admin.post(
             "/v1/admin/channels",

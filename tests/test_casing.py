@@ -1,4 +1,4 @@
-"""One JSON casing (issue 14): every response body and event frame of the real server has
+"""One JSON casing: every response body and event frame of the real server has
 camelCase keys; old snake_case names are still accepted on input.
 
 The walk fails on any key with `_` except `_tag` (the memory command union, a contract) and
@@ -181,7 +181,7 @@ def test_every_route_family_answers_in_camel_case(server, model_stubs):
         chains = []
         while time.monotonic() < deadline:
             r = alice.get(f"{WS}/collaboration")
-            chains = r.json().get("collaborations", []) if r.status_code == 200 else []
+            chains = r.json().get("items", []) if r.status_code == 200 else []
             if any(c["status"] == "done" for c in chains):
                 break
             time.sleep(0.2)
@@ -267,6 +267,7 @@ def test_every_route_family_answers_in_camel_case(server, model_stubs):
 
 
 def test_node_frames_in_either_casing():
+    # private: the node protocol's decoder, fed frames directly
     from gateway.nodes import Hello, Result, _decode
 
     old = msgspec.json.encode(

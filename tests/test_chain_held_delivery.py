@@ -43,7 +43,7 @@ def test_a_held_delivery_whose_answer_failed_is_written_after_the_pending_root(
         svc = ShardService(tmp_path, 0, models=models)
         svc.peers.connect(directory=directory)
         committer = svc.committer
-        commit_group = committer._commit_group
+        commit_group = committer.commit_group
         release = asyncio.Event()
         failed = asyncio.Event()
         held: list[str] = []
@@ -70,7 +70,7 @@ def test_a_held_delivery_whose_answer_failed_is_written_after_the_pending_root(
                 raise StorageError("read failed (simulated)")
             return await chat_of(chat_id)
 
-        committer._commit_group = holding_root  # type: ignore[method-assign]
+        committer.commit_group = holding_root  # type: ignore[method-assign]
         records.step = noting_step  # type: ignore[method-assign]
         records.chat = failing_chat  # type: ignore[method-assign]
         try:
@@ -82,18 +82,18 @@ def test_a_held_delivery_whose_answer_failed_is_written_after_the_pending_root(
             release.set()
             await asyncio.wait_for(turn, 10)
             await svc.chains_idle()
-            (chain,) = (await svc.chains.records.all()).values()
+            (chain,) = await svc.collaborations("u_ann", frozenset())
             (link,) = chain.links
-            achat = link.agent_chat
+            achat = link.agentChat
             live = [(i.kind, i.text) for i in await svc.chat_items(achat)] if achat else []
         finally:
-            committer._commit_group = commit_group  # type: ignore[method-assign]
+            committer.commit_group = commit_group  # type: ignore[method-assign]
             await svc.close()
         # After a restart (its recovery sends the stored answer up): the delivery and its reply
         # are there once each, the chain's row names the agent chat.
         async with reopened(tmp_path, models, directory) as restarted:
             await restarted.chains_idle()
-            (stored,) = (await restarted.chains.records.all()).values()
+            (stored,) = await restarted.collaborations("u_ann", frozenset())
             again = [(i.kind, i.text) for i in await restarted.chat_items(achat)] if achat else []
         return stepped, achat, live, stored, again
 
@@ -104,7 +104,7 @@ def test_a_held_delivery_whose_answer_failed_is_written_after_the_pending_root(
     kinds = [k for k, _ in live]
     assert kinds == ["delivery", "bot"], live  # the request and the peer's reply, stored
     assert live[1][1] == "Result received and merged into my work."
-    assert [link.agent_chat for link in stored.links] == [achat]
+    assert [link.agentChat for link in stored.links] == [achat]
     assert [k for k, _ in again][:2] == ["delivery", "bot"]
     assert [k for k, _ in again].count("delivery") == 1  # not delivered twice
 
@@ -131,6 +131,7 @@ def test_a_delivery_of_a_chain_dropped_before_it_began_returns(tmp_path: Path, c
                 return fut
             return submit(writes, *args)
 
+        # private: wraps the one delivery step to see the order of deliveries
         deliver = svc.chains._deliver
         outcomes: list[BaseException | None] = []
 
@@ -143,6 +144,7 @@ def test_a_delivery_of_a_chain_dropped_before_it_began_returns(tmp_path: Path, c
             outcomes.append(None)
 
         committer.submit = failing_submit  # type: ignore[method-assign]
+        # private: wraps the one delivery step to see the order of deliveries
         svc.chains._deliver = noting_deliver  # type: ignore[method-assign]
         try:
             start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")

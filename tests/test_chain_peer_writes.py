@@ -1,5 +1,5 @@
 """A collaboration peer's writing tools take effect only once the send it answers is durable
-(issue 13: nothing is ever a side effect of a failed write).
+(nothing is ever a side effect of a failed write).
 
 The peer's step starts while the send that made its link commits (actors/chats/chains.py) and
 runs on the peer's own shard: its rules, the members it creates and its confessions must wait
@@ -151,7 +151,7 @@ class World:
 def _fail_roots(shard: ShardService, doomed: set[str], delay: float, failed: list[str]):
     """Shard 0's commits: a doomed chat's root transaction (its turn's end with its chain's
     first row) takes `delay` (the peer's step overlaps it), then fails."""
-    commit_group = shard.committer._commit_group
+    commit_group = shard.committer.commit_group
 
     async def failing(batches) -> None:
         for writes in batches:
@@ -164,7 +164,7 @@ def _fail_roots(shard: ShardService, doomed: set[str], delay: float, failed: lis
                     raise StorageError("disk full (simulated)")
         await commit_group(batches)
 
-    shard.committer._commit_group = failing  # type: ignore[method-assign]
+    shard.committer.commit_group = failing  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize(
@@ -218,35 +218,42 @@ def test_a_failed_send_leaves_nothing_of_the_peers_writing_tools(
     assert confessed == [] and confessed_home == []  # no confession on its shard
 
 
-def test_a_stored_send_applies_the_peers_writing_tools_once_also_after_a_restart(tmp_path: Path):
-    async def scenario():
-        w = World(tmp_path)
-        await w.setup()
-        home, peer_shard = w.shards
-        turn = await home.start_turn(w.start(0), True)
-        chains = await w.settle(home)
-        seen = (w.helpers(), w.peer_rules(), len(await w.confessions(peer_shard)))
-        sent = SentRef(shard=0, chain=chains[0].id, link=chains[0].links[0].id)
-        on_disk = await _asked_from_the_file(home, sent)  # the delivery's step is over
-        await w.close()
-        # Both shards and the directory again, from their files: recovery asks nothing twice.
-        again = World(tmp_path)
-        again.peer, again.ann = w.peer, w.ann
-        try:
-            for svc in again.shards:
-                await svc.kernel.started()
-            restarted = await again.settle(again.shards[0])
-            after = (
-                again.helpers(),
-                again.peer_rules(),
-                len(await again.confessions(again.shards[1])),
-            )
-            on_disk_again = await _asked_from_the_file(again.shards[0], sent)
-        finally:
-            await again.close()
-        return turn, chains, seen, restarted, after, (on_disk, on_disk_again)
-
-    turn, chains, seen, restarted, after, on_disk = asyncio.run(scenario())
+@pytest.mark.anyio
+async def test_a_stored_send_applies_the_peers_writing_tools_once_also_after_a_restart(
+    tmp_path: Path,
+):
+    w = World(tmp_path)
+    await w.setup()
+    home, peer_shard = w.shards
+    turn = await home.start_turn(w.start(0), True)
+    chains = await w.settle(home)
+    seen = (w.helpers(), w.peer_rules(), len(await w.confessions(peer_shard)))
+    sent = SentRef(shard=0, chain=chains[0].id, link=chains[0].links[0].id)
+    on_disk = await _asked_from_the_file(home, sent)  # the delivery's step is over
+    await w.close()
+    # Both shards and the directory again, from their files: recovery asks nothing twice.
+    again = World(tmp_path)
+    again.peer, again.ann = w.peer, w.ann
+    try:
+        for svc in again.shards:
+            await svc.kernel.started()
+        restarted = await again.settle(again.shards[0])
+        after = (
+            again.helpers(),
+            again.peer_rules(),
+            len(await again.confessions(again.shards[1])),
+        )
+        on_disk_again = await _asked_from_the_file(again.shards[0], sent)
+    finally:
+        await again.close()
+    turn, chains, seen, restarted, after, on_disk = (
+        turn,
+        chains,
+        seen,
+        restarted,
+        after,
+        (on_disk, on_disk_again),
+    )
     assert turn.turn.status == "done"
     assert [(c.status, [k.status for k in c.links]) for c in chains] == [("done", ["answered"])]
     assert seen == (["Helper 0"], "changed by 0", 1)
@@ -259,6 +266,7 @@ def test_a_stored_send_applies_the_peers_writing_tools_once_also_after_a_restart
 async def _asked_from_the_file(home: ShardService, sent: SentRef) -> list[bool]:
     """`send_stored` for the stored send, another link of its chain and another chain, with no
     commit future left to wait for (the file answers: SendGate._on_disk)."""
+    # private: the send gate's open futures; no public view of what waits
     assert not home.chains.records.gate._open
     asks = (
         sent,
@@ -276,7 +284,7 @@ def test_read_only_tools_do_not_wait_for_the_send(tmp_path: Path):
         w = World(tmp_path)
         await w.setup(chats=2)
         home = w.shards[0]
-        commit_group = home.committer._commit_group
+        commit_group = home.committer.commit_group
         release = asyncio.Event()
 
         async def holding(batches) -> None:
@@ -294,7 +302,7 @@ def test_read_only_tools_do_not_wait_for_the_send(tmp_path: Path):
             was_asked.set()
             return await send_stored(ref)
 
-        home.committer._commit_group = holding  # type: ignore[method-assign]
+        home.committer.commit_group = holding  # type: ignore[method-assign]
         home.send_stored = noting  # type: ignore[method-assign]
         step = home.chains.records.step
         stepped: list[str] = []
@@ -327,7 +335,7 @@ def test_read_only_tools_do_not_wait_for_the_send(tmp_path: Path):
             return read_while_held, write_while_held, w.helpers(), asked
         finally:
             release.set()  # (a held commit never outlives the test)
-            home.committer._commit_group = commit_group  # type: ignore[method-assign]
+            home.committer.commit_group = commit_group  # type: ignore[method-assign]
             await w.close()
 
     read_while_held, write_while_held, helpers, asked = asyncio.run(scenario())
@@ -378,51 +386,48 @@ def test_24_concurrent_sends_half_failing_leave_exactly_the_stored_halfs_writes(
     assert sorted(confessed) == sorted(k.agentChat for c in chains for k in c.links)
 
 
-def test_a_delivery_asked_again_after_a_restart_does_not_write_twice(tmp_path: Path):
+@pytest.mark.anyio
+async def test_a_delivery_asked_again_after_a_restart_does_not_write_twice(tmp_path: Path):
     """The send is stored and the peer's tools ran, but the hop's own transaction (its reply
     and answer) failed, as if shard 0 stopped then: after a restart the delivery is asked again
     (nothing of it is stored) and the peer's writes are not made a second time."""
 
-    async def scenario():
-        w = World(tmp_path)
-        await w.setup()
-        home = w.shards[0]
-        commit_group = home.committer._commit_group
-        failed: list[str] = []
+    w = World(tmp_path)
+    await w.setup()
+    home = w.shards[0]
+    commit_group = home.committer.commit_group
+    failed: list[str] = []
 
-        async def failing_hop(batches) -> None:
-            for writes in batches:
-                tables = {getattr(x, "table", "") for x in writes}
-                if not failed and "chains" in tables and "turns" not in tables:
-                    failed.append("hop")
-                    raise StorageError("disk full (simulated)")
-            await commit_group(batches)
+    async def failing_hop(batches) -> None:
+        for writes in batches:
+            tables = {getattr(x, "table", "") for x in writes}
+            if not failed and "chains" in tables and "turns" not in tables:
+                failed.append("hop")
+                raise StorageError("disk full (simulated)")
+        await commit_group(batches)
 
-        home.committer._commit_group = failing_hop  # type: ignore[method-assign]
-        await home.start_turn(w.start(0), True)
-        for _ in range(100):
-            await home.chains_idle()
-            if failed:
-                break
-            await asyncio.sleep(0.02)
-        first = (w.helpers(), w.peer_rules(), len(await w.confessions(w.shards[1])))
-        await w.close()
-        again = World(tmp_path)
-        again.peer, again.ann = w.peer, w.ann
-        try:
-            for svc in again.shards:
-                await svc.kernel.started()
-            chains = await again.settle(again.shards[0])
-            after = (
-                again.helpers(),
-                again.peer_rules(),
-                len(await again.confessions(again.shards[1])),
-            )
-        finally:
-            await again.close()
-        return failed, first, chains, after
-
-    failed, first, chains, after = asyncio.run(scenario())
+    home.committer.commit_group = failing_hop  # type: ignore[method-assign]
+    await home.start_turn(w.start(0), True)
+    for _ in range(100):
+        await home.chains_idle()
+        if failed:
+            break
+        await asyncio.sleep(0.02)
+    first = (w.helpers(), w.peer_rules(), len(await w.confessions(w.shards[1])))
+    await w.close()
+    again = World(tmp_path)
+    again.peer, again.ann = w.peer, w.ann
+    try:
+        for svc in again.shards:
+            await svc.kernel.started()
+        chains = await again.settle(again.shards[0])
+        after = (
+            again.helpers(),
+            again.peer_rules(),
+            len(await again.confessions(again.shards[1])),
+        )
+    finally:
+        await again.close()
     assert failed == ["hop"]
     assert first == (["Helper 0"], "changed by 0", 1)
     assert [(c.status, [k.status for k in c.links]) for c in chains] == [("done", ["answered"])]
@@ -476,7 +481,7 @@ def test_a_home_shard_that_fails_to_answer_is_asked_again_then_fails_the_step(
         w = World(tmp_path)
         await w.setup()
         home, peer_shard = w.shards
-        commit_group = home.committer._commit_group
+        commit_group = home.committer.commit_group
         release = asyncio.Event()
 
         async def holding(batches) -> None:  # the delivery begins before the send is durable
@@ -503,7 +508,7 @@ def test_a_home_shard_that_fails_to_answer_is_asked_again_then_fails_the_step(
                 outcomes.append(outcome)
             return outcome
 
-        home.committer._commit_group = holding  # type: ignore[method-assign]
+        home.committer.commit_group = holding  # type: ignore[method-assign]
         home.send_stored = failing  # type: ignore[method-assign]
         home.chains.records.step = noting_step  # type: ignore[method-assign]
         try:
@@ -545,7 +550,7 @@ def test_a_delivery_asked_again_that_asks_for_another_member_gets_it(tmp_path: P
         w = World(tmp_path)
         await w.setup()
         home = w.shards[0]
-        commit_group = home.committer._commit_group
+        commit_group = home.committer.commit_group
         failed: list[str] = []
 
         async def failing_hop(batches) -> None:
@@ -556,7 +561,7 @@ def test_a_delivery_asked_again_that_asks_for_another_member_gets_it(tmp_path: P
                     raise StorageError("disk full (simulated)")
             await commit_group(batches)
 
-        home.committer._commit_group = failing_hop  # type: ignore[method-assign]
+        home.committer.commit_group = failing_hop  # type: ignore[method-assign]
         await home.start_turn(w.start(0), True)
         for _ in range(100):
             await home.chains_idle()

@@ -1,7 +1,7 @@
-"""A shard's chain records (actors/chats/chain_records.py): read from the file once however
-many ask at once (recovery at start and the gateway's find_agent_chat may), and an agent chat
-made here is found here while the directory does not have it yet. In-process shard and
-directory on real DuckDB files, no Ray."""
+"""A shard's chain records (actors/chats/chain_records.py): the live rows and each chain asked for
+read from the file once however many ask at once (recovery at start and the gateway's
+find_agent_chat may), and an agent chat made here is found here while the directory does not
+have it yet. In-process shard and directory on real DuckDB files, no Ray."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from actors.contracts import TurnStart
 from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
 from actors.shard.service import ShardService
-from engine.errors import NotFound
+from engine.errors import NotFound, Unavailable
 from tests.chain_kit import PEER_SCRIPT, asker_and_peer
 
 
@@ -31,8 +31,23 @@ class UnregisteredAgentChats:
         return await self.directory.get_chat(chat_id)
 
 
-def _with_a_chain(tmp_path: Path) -> tuple[dict, str, str]:
-    """A chain stored on shard 0 (Asker sent to Peer); its id and its agent chat's."""
+class RegistersNothing:
+    """The directory, unreachable for registrations: the chain's row keeps listing its agent
+    chat as not registered (what a shard stopped before registering it leaves)."""
+
+    def __init__(self, directory: DirectoryService) -> None:
+        self.directory = directory
+
+    def __getattr__(self, name: str):
+        return getattr(self.directory, name)
+
+    async def register_chats(self, chats, *args):
+        raise Unavailable("the directory is restarting (simulated)")
+
+
+def _with_a_chain(tmp_path: Path, register: bool = True) -> tuple[dict, str, str]:
+    """A chain stored on shard 0 (Asker sent to Peer); its id and its agent chat's. Without
+    `register` its agent chat is never registered with the directory."""
     script = tmp_path / "chain.toml"
     script.write_text(PEER_SCRIPT)
     models = {"s": ScriptedModel.from_file("s", str(script))}
@@ -40,7 +55,7 @@ def _with_a_chain(tmp_path: Path) -> tuple[dict, str, str]:
     async def run() -> tuple[str, str]:
         svc = ShardService(tmp_path, 0, models=models)
         directory = DirectoryService(tmp_path)
-        svc.peers.connect(directory=directory)
+        svc.peers.connect(directory=directory if register else RegistersNothing(directory))  # type: ignore[arg-type]
         try:
             org, asker, chat = await asker_and_peer(directory)
             start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
@@ -64,7 +79,8 @@ def _with_a_chain(tmp_path: Path) -> tuple[dict, str, str]:
 
 
 def test_concurrent_readers_load_the_chains_once(tmp_path: Path):
-    """24 readers at once after a restart: one read of the chains table, and what the first
+    """24 readers at once after a restart: one read of the live rows and one of the chain
+    asked for (it ended: not live), and what the first
     reader changed in memory (as staging a chain does) is not overwritten by a later read."""
     models, chain_id, _ = _with_a_chain(tmp_path)
 
@@ -78,38 +94,42 @@ def test_concurrent_readers_load_the_chains_once(tmp_path: Path):
 
         async def counting(fn, *args, **kwargs):
             code = getattr(fn, "__code__", None)
-            if code is not None and "SELECT doc, texts FROM chains" in code.co_consts:
-                loads.append(1)
+            consts = " ".join(str(c) for c in code.co_consts) if code is not None else ""
+            for query in ("WHERE live", "WHERE id = ?"):
+                if f"SELECT doc, texts FROM chains {query}" in consts:
+                    loads.append(query)
             return await original(fn, *args, **kwargs)
 
         db.run = counting
         changed: list[int] = []
 
         async def reader(i: int):
-            chains = await records.all()
-            if not changed:  # the first to have them changes a text, as a hop would
+            chain = await records.get(chain_id)
+            if not changed:  # the first to have it changes a text, as a hop would
                 changed.append(i)
                 records.texts[chain_id] = {"changed": {"by": str(i)}}
-            return chains
+            return chain
 
         try:
             got = await asyncio.gather(*(reader(i) for i in range(24)))
-            return got, len(loads), records.texts[chain_id], changed
+            return got, loads, records.texts[chain_id], changed
         finally:
             db.run = original
             await svc.close()
             directory.store.db.close()
 
     got, loads, texts, changed = asyncio.run(scenario())
-    assert loads == 1
-    assert all(g is got[0] and chain_id in g for g in got)
+    # the live rows at start; the chain itself, unless live (an agent chat not confirmed)
+    assert loads.count("WHERE live") == 1 and loads.count("WHERE id = ?") <= 1, loads
+    assert all(g is got[0] and g.id == chain_id for g in got)
     assert texts == {"changed": {"by": str(changed[0])}}
 
 
 def test_an_agent_chat_made_here_is_found_before_the_directory_has_it(tmp_path: Path):
     """The chain records' chat lookup and a learning job's (its project) fall back to the
-    agent chat this shard made when the directory does not have it yet."""
-    models, _, agent = _with_a_chain(tmp_path)
+    agent chat this shard made when the directory does not have it yet (after a restart too:
+    a chain whose agent chats are not registered is read at start)."""
+    models, _, agent = _with_a_chain(tmp_path, register=False)
 
     async def scenario():
         svc = ShardService(tmp_path, 0, models=models)

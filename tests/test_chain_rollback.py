@@ -42,7 +42,7 @@ def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_dupli
         svc = ShardService(tmp_path, 0, models=models)
         svc.peers.connect(directory=directory)
         committer = svc.committer
-        commit_group = committer._commit_group
+        commit_group = committer.commit_group
         failed: list[str] = []
 
         async def failing_root(batches) -> None:
@@ -60,7 +60,7 @@ def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_dupli
             await asyncio.sleep(step_delay)
             return await step(bot, step_input, *sent)
 
-        committer._commit_group = failing_root  # type: ignore[method-assign]
+        committer.commit_group = failing_root  # type: ignore[method-assign]
         svc.chains.records.step = slow_step  # type: ignore[method-assign]
         try:
             start = TurnStart(
@@ -88,7 +88,7 @@ def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_dupli
                 await asyncio.sleep(0.02)
             items = [i.kind for i in await svc.chat_items(chat.id)]
         finally:
-            committer._commit_group = commit_group  # type: ignore[method-assign]
+            committer.commit_group = commit_group  # type: ignore[method-assign]
             await svc.close()
         async with reopened(tmp_path, models, directory) as restarted:
             stored = await restarted.collaborations("u_ann", frozenset())
@@ -135,7 +135,7 @@ def test_24_turns_at_once_keep_exactly_the_chains_whose_first_commit_succeeded(t
         svc = ShardService(tmp_path, 0, models=models)
         svc.peers.connect(directory=directory)
         committer = svc.committer
-        commit_group = committer._commit_group
+        commit_group = committer.commit_group
 
         async def failing(batches) -> None:
             """A doomed chat's turn's end (a turn's row beside its chain's first row) fails
@@ -151,7 +151,7 @@ def test_24_turns_at_once_keep_exactly_the_chains_whose_first_commit_succeeded(t
                     raise StorageError("disk full (simulated)")
             await commit_group(batches)
 
-        committer._commit_group = failing  # type: ignore[method-assign]
+        committer.commit_group = failing  # type: ignore[method-assign]
         try:
             starts = [
                 TurnStart(chat=c, bot=asker, org=org, operator="u_ann", text="start") for c in chats
@@ -167,7 +167,7 @@ def test_24_turns_at_once_keep_exactly_the_chains_whose_first_commit_succeeded(t
                 await asyncio.sleep(0.02)
             busy = [await svc.chat_busy(c.id) for c in chats]
         finally:
-            committer._commit_group = commit_group  # type: ignore[method-assign]
+            committer.commit_group = commit_group  # type: ignore[method-assign]
             await svc.close()
         async with reopened(tmp_path, models, directory) as restarted:
             stored = await restarted.collaborations("u_ann", frozenset())

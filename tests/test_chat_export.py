@@ -1,4 +1,4 @@
-"""Chats in `openbot export` / `openbot import` (issue 14), on a real server and real DuckDB
+"""Chats in `openbot export` / `openbot import`, on a real server and real DuckDB
 files: a direct chat whose bot collaborated (person, bot and delivery items, agent chats), a
 group chat over two rounds, and bot memory are exported from a backup, imported into a new
 data directory and exported again byte for byte; the imported directory serves the same items
@@ -106,7 +106,7 @@ def chatted(world, admin, model_stubs, engine):
             (chain,) = _wait(
                 lambda: [
                     c
-                    for c in _ok(a.get(f"{WS}/collaboration"))["collaborations"]
+                    for c in _ok(a.get(f"{WS}/collaboration"))["items"]
                     if c["rootChat"] == direct and c["status"] == "done"
                 ]
             )
@@ -199,7 +199,8 @@ def test_chats_round_trip_and_the_import_serves_them_sealed(chatted, admin, tmp_
     from actors.runtime.engine import Engine
     from gateway.app import create_app
 
-    tokens = json.loads((new / file_export.TOKENS_FILE).read_text())
+    (tokens_file,) = new.glob("import-tokens-*.json")
+    tokens = json.loads(tokens_file.read_text())
     imported = Engine.start(new, shards=3, prefix="chats-" + secrets.token_hex(3))
     server = LiveServer(create_app(imported, ADMIN, cache_ttl=0.0))
     try:

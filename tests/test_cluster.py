@@ -1,4 +1,4 @@
-"""Cluster mode on a 2-node `ray.cluster_utils` cluster (issue 7): accounts on both shards served
+"""Cluster mode on a 2-node `ray.cluster_utils` cluster: accounts on both shards served
 through one gateway; killing the node that holds one shard and bringing a node back loses no
 acknowledged write, and resuming event clients see every event once.
 
@@ -73,6 +73,7 @@ def test_a_shard_refuses_to_start_without_the_master_key(tmp_path, monkeypatch):
     guard_store(tmp_path, tmp_path / "directory.duckdb", restarted=False, needs_key=False)
 
 
+@pytest.mark.subprocess
 def test_a_store_waits_for_another_process_to_let_go_of_its_file(tmp_path):
     from actors.runtime.hosting import guard_store
     from engine.errors import StorageError
@@ -103,6 +104,7 @@ def test_a_store_waits_for_another_process_to_let_go_of_its_file(tmp_path):
 
 
 def test_a_data_directory_keeps_its_shard_count(tmp_path):
+    # private: the start-up check alone, without a cluster
     from actors.runtime.engine import _check_shard_files
     from engine.errors import InvalidInput
 

@@ -1,4 +1,4 @@
-"""Coalesced writes end to end (issue 13): real uvicorn, real Ray actors, real DuckDB files. A
+"""Coalesced writes end to end: real uvicorn, real Ray actors, real DuckDB files. A
 burst of Remembers (and workspace memory creations) to one shard goes in few Ray calls
 (actors/runtime/coalesce.py), and every request still gets its own answer: a bad body, a caller
 without access or a reused requestId fails that request only; a requestId writes once; each

@@ -1,4 +1,4 @@
-"""Coalesced writes, in process (issue 13): many Remembers (or workspace memory creations) in one
+"""Coalesced writes, in process: many Remembers (or workspace memory creations) in one
 call to a shard, each answered on its own (actors/shard/remember_batch.py, packed.py), and the
 gateway-side `Coalescer` that makes such calls (actors/runtime/coalesce.py). Over real Ray and
 HTTP: tests/test_coalesced_http.py."""
@@ -156,7 +156,7 @@ def test_a_request_id_writes_once_within_a_call_across_calls_and_after_a_restart
 
 def _fail_commits_with(monkeypatch, marker: str) -> list[int]:
     """Every journal append holding a row that mentions `marker` fails (counted)."""
-    original = GroupCommitter._append
+    original = GroupCommitter.append_record
     failed: list[int] = []
 
     def append(self, batches):
@@ -166,7 +166,7 @@ def _fail_commits_with(monkeypatch, marker: str) -> list[int]:
             raise StorageError("disk full (simulated)")
         return original(self, batches)
 
-    monkeypatch.setattr(GroupCommitter, "_append", append)
+    monkeypatch.setattr(GroupCommitter, "append_record", append)
     return failed
 
 

@@ -53,7 +53,7 @@ def _chains(client) -> list[dict]:
     if r.status_code == 503:  # a shard is restarting: ask again
         return []
     assert r.status_code == 200, r.text
-    return r.json()["collaborations"]
+    return r.json()["items"]
 
 
 def _wait_chain(client, chat_id, until, timeout=30.0) -> dict:

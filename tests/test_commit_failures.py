@@ -18,7 +18,7 @@ R = Reader(user="u1", org="o1", uses_bot=True)
 def _failing_on(monkeypatch, marker: str, times: int = 1):
     """Make every group commit (journal append) holding a row that mentions `marker` fail,
     `times` times."""
-    original = GroupCommitter._append
+    original = GroupCommitter.append_record
     left = itertools.count(times, -1)
 
     def append(self, batches):
@@ -27,7 +27,7 @@ def _failing_on(monkeypatch, marker: str, times: int = 1):
             raise StorageError("disk full (simulated)")
         return original(self, batches)
 
-    monkeypatch.setattr(GroupCommitter, "_append", append)
+    monkeypatch.setattr(GroupCommitter, "append_record", append)
 
 
 def _ids(*names):
@@ -52,23 +52,21 @@ def test_a_failed_first_write_does_not_lose_the_pools_key(tmp_path, monkeypatch)
     assert [e.content for e in asyncio.run(go()).entries] == ["kept"]
 
 
-def test_state_built_on_a_failed_change_is_never_served(tmp_path, monkeypatch):
+@pytest.mark.anyio
+async def test_state_built_on_a_failed_change_is_never_served(shards, monkeypatch):
     _failing_on(monkeypatch, "mem_x", times=10)
 
-    async def go():
-        svc = ShardService(tmp_path, 0, new_id=_ids("mem_seed", "mem_x", "mem_y"))
-        await svc.remember("bot:b", R, "seed")
-        results = await asyncio.gather(
-            svc.remember("bot:b", R, "x"),
-            svc.remember("bot:b", R, "y"),
-            svc.read_memory("bot:b", R),
-            return_exceptions=True,
-        )
-        after = await svc.read_memory("bot:b", R)  # reloaded from the file
-        await svc.close()
-        return results, after
-
-    (x, y, read), after = asyncio.run(go())
+    svc = shards(new_id=_ids("mem_seed", "mem_x", "mem_y"))
+    await svc.remember("bot:b", R, "seed")
+    results = await asyncio.gather(
+        svc.remember("bot:b", R, "x"),
+        svc.remember("bot:b", R, "y"),
+        svc.read_memory("bot:b", R),
+        return_exceptions=True,
+    )
+    after = await svc.read_memory("bot:b", R)  # reloaded from the file
+    await shards.close(svc)
+    x, y, read = results
     assert isinstance(x, StorageError)
     # The read saw x in memory; it must fail rather than show a change that is not on disk.
     assert isinstance(read, StorageError) or "x" not in [e.content for e in read.entries]
@@ -76,32 +74,29 @@ def test_state_built_on_a_failed_change_is_never_served(tmp_path, monkeypatch):
     assert sorted(e.content for e in after.entries) == ["seed", "y"]
 
 
-def test_a_purge_ends_the_replay_of_stored_answers(tmp_path):
-    async def go():
-        svc = ShardService(tmp_path, 0)
-        first = await svc.remember("bot:b", R, "note", request_id="r1")
-        assert await svc.purge("bot:b", "from:u1") == 1
-        again = await svc.remember("bot:b", R, "note", request_id="r1")
-        page = await svc.read_memory("bot:b", R)
-        await svc.close()
-        return first, again, page
-
-    first, again, page = asyncio.run(go())
+@pytest.mark.anyio
+async def test_a_purge_ends_the_replay_of_stored_answers(shards):
+    svc = shards()
+    first = await svc.remember("bot:b", R, "note", request_id="r1")
+    assert await svc.purge("bot:b", "from:u1") == 1
+    again = await svc.remember("bot:b", R, "note", request_id="r1")
+    page = await svc.read_memory("bot:b", R)
+    await shards.close(svc)
     assert again.id != first.id and [e.id for e in page.entries] == [again.id]
 
 
 def test_a_failing_checkpoint_never_fails_a_durable_write(tmp_path, monkeypatch, caplog):
-    """Issue 12 point 8: the journal row committed, so the write is acknowledged and its event
+    """The journal row committed, so the write is acknowledged and its event
     published live; the failed checkpoint is logged and retried until it succeeds."""
-    original = GroupCommitter._checkpoint
+    original = GroupCommitter.apply_journal
     failures = itertools.count(3, -1)  # the first three checkpoints fail
 
     def checkpoint(self, con):
-        if self._journaled and next(failures) > 0:
+        if self.unapplied and next(failures) > 0:
             raise StorageError("disk full while applying the journal (simulated)")
         return original(self, con)
 
-    monkeypatch.setattr(GroupCommitter, "_checkpoint", checkpoint)
+    monkeypatch.setattr(GroupCommitter, "apply_journal", checkpoint)
     monkeypatch.setattr("storage.group_commit.CHECKPOINT_PAUSE", 0.0)
 
     async def go():
@@ -137,15 +132,18 @@ def test_a_failing_checkpoint_never_fails_a_durable_write(tmp_path, monkeypatch,
     assert sorted(e.content for e in after.entries) == ["note 0", "note 1"]
 
 
-def test_deleting_a_chats_history_commits_first_then_clears_and_announces(tmp_path, monkeypatch):
-    """Issue 12 point 8: `delete_items` fails without changing anything when its commit
+@pytest.mark.anyio
+async def test_deleting_a_chats_history_commits_first_then_clears_and_announces(
+    shards, monkeypatch
+):
+    """`delete_items` fails without changing anything when its commit
     fails, and once it commits the history is gone and `chat.items.deleted` is published."""
     from actors.shard.batch import Batch
     from engine.directory import Chat
     from engine.events import ChatItemsDeleted
     from storage.group_commit import DeleteWhere
 
-    original = GroupCommitter._append
+    original = GroupCommitter.append_record
     fail = [True]
 
     def append(self, batches):
@@ -156,34 +154,30 @@ def test_deleting_a_chats_history_commits_first_then_clears_and_announces(tmp_pa
             raise StorageError("disk full (simulated)")
         return original(self, batches)
 
-    monkeypatch.setattr(GroupCommitter, "_append", append)
+    monkeypatch.setattr(GroupCommitter, "append_record", append)
 
-    async def go():
-        svc = ShardService(tmp_path, 0)
-        chat = Chat(id="chat_1", kind="direct", owner="u1", org="o1", bot="b1")
-        conv = svc.chat_logs
-        log = await conv.log(chat.id)
-        sink = Batch()
-        items = [(conv.item(log, None, "person", "u1"), "one")]
-        conv.append(log, chat, items, sink)
-        items = [(conv.item(log, None, "person", "u1"), "two")]
-        conv.append(log, chat, items, sink)
-        await conv.commit(chat.id, sink)
-        with pytest.raises(StorageError):
-            await svc.delete_chat_items(chat.id, chat)
-        kept = [i.text for i in await svc.chat_items(chat.id)]
-        fail[0] = False
-        seq = svc.events.published
-        count = await svc.delete_chat_items(chat.id, chat)
-        events = [e.data for e in await svc.events.after(seq)]
-        gone = await svc.chat_items(chat.id)
-        await svc.close()
-        again = ShardService(tmp_path, 0)
-        reloaded = await again.chat_items(chat.id)
-        await again.close()
-        return kept, count, events, gone, reloaded
-
-    kept, count, events, gone, reloaded = asyncio.run(go())
+    svc = shards()
+    chat = Chat(id="chat_1", kind="direct", owner="u1", org="o1", bot="b1")
+    conv = svc.chat_logs
+    log = await conv.log(chat.id)
+    sink = Batch()
+    items = [(conv.item(log, None, "person", "u1"), "one")]
+    conv.append(log, chat, items, sink)
+    items = [(conv.item(log, None, "person", "u1"), "two")]
+    conv.append(log, chat, items, sink)
+    await conv.commit(chat.id, sink)
+    with pytest.raises(StorageError):
+        await svc.delete_chat_items(chat.id, chat)
+    kept = [i.text for i in await svc.chat_items(chat.id)]
+    fail[0] = False
+    seq = svc.events.published
+    count = await svc.delete_chat_items(chat.id, chat)
+    events = [e.data for e in await svc.events.after(seq)]
+    gone = await svc.chat_items(chat.id)
+    await shards.close(svc)
+    again = shards()
+    reloaded = await again.chat_items(chat.id)
+    await shards.close(again)
     assert kept == ["one", "two"]  # the failed delete changed nothing
     assert count == 2 and gone == [] and reloaded == []
     assert events == [ChatItemsDeleted(chat="chat_1", count=2)]

@@ -41,6 +41,7 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
+@pytest.mark.subprocess
 def test_gateway_loads_no_actor_implementation():
     """In a fresh interpreter: importing the app loads the contracts and the ports, never numpy,
     Ray, the Ray runtime (a server hands the app an `EnginePort`) nor the shards', chats',

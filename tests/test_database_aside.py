@@ -23,86 +23,80 @@ def _keys(con) -> list[str]:
     return sorted(k for (k,) in con.execute("SELECT k FROM kv").fetchall())
 
 
-def test_a_read_aside_sees_the_journal_and_does_not_wait_for_the_database_thread(
+@pytest.mark.anyio
+async def test_a_read_aside_sees_the_journal_and_does_not_wait_for_the_database_thread(
     tmp_path: Path,
 ):
-    async def main() -> None:
-        db = Database(tmp_path / "s.duckdb", [KV_SQL])
-        # The journal is applied to the tables only before a read (or at close).
-        gc = GroupCommitter(db, [KV], checkpoint_rows=10_000, checkpoint_idle=3600)
+    db = Database(tmp_path / "s.duckdb", [KV_SQL])
+    # The journal is applied to the tables only before a read (or at close).
+    gc = GroupCommitter(db, [KV], checkpoint_rows=10_000, checkpoint_idle=3600)
+    try:
+        await gc.submit([Put("kv", ("a", "g", 1))])
+        assert not gc.caught_up()  # in the journal, not in the tables yet
+        assert await db.run_aside(_keys) == ["a"]  # so read after it is applied
+        assert gc.caught_up()
+
+        started, release = threading.Event(), threading.Event()
+
+        def busy(con) -> None:
+            started.set()
+            release.wait(10)
+
+        held = asyncio.ensure_future(db.run(busy))  # the database thread, busy
+        await asyncio.to_thread(started.wait, 10)
         try:
-            await gc.submit([Put("kv", ("a", "g", 1))])
-            assert not gc.caught_up()  # in the journal, not in the tables yet
-            assert await db.run_aside(_keys) == ["a"]  # so read after it is applied
-            assert gc.caught_up()
-
-            started, release = threading.Event(), threading.Event()
-
-            def busy(con) -> None:
-                started.set()
-                release.wait(10)
-
-            held = asyncio.ensure_future(db.run(busy))  # the database thread, busy
-            await asyncio.to_thread(started.wait, 10)
-            try:
-                assert await asyncio.wait_for(db.run_aside(_keys), 5) == ["a"]
-            finally:
-                release.set()
-                await held
-            # Several at once, beside writes: each sees a committed state.
-            writes = [gc.submit([Put("kv", (f"w{n}", "g", n))]) for n in range(24)]
-            reads = [db.run_aside(_keys) for _ in range(24)]
-            seen = await asyncio.gather(*reads)
-            await asyncio.gather(*writes)
-            assert all(s[0] == "a" and set(s) <= {"a", *(f"w{n}" for n in range(24))} for s in seen)
-            assert len(await db.run_aside(_keys)) == 25
+            assert await asyncio.wait_for(db.run_aside(_keys), 5) == ["a"]
         finally:
-            await gc.close()
-            db.close()
+            release.set()
+            await held
+        # Several at once, beside writes: each sees a committed state.
+        writes = [gc.submit([Put("kv", (f"w{n}", "g", n))]) for n in range(24)]
+        reads = [db.run_aside(_keys) for _ in range(24)]
+        seen = await asyncio.gather(*reads)
+        await asyncio.gather(*writes)
+        assert all(s[0] == "a" and set(s) <= {"a", *(f"w{n}" for n in range(24))} for s in seen)
+        assert len(await db.run_aside(_keys)) == 25
+    finally:
+        await gc.close()
+        db.close()
 
-    asyncio.run(main())
 
-
-def test_a_small_read_aside_does_not_wait_for_a_large_one(tmp_path: Path):
+@pytest.mark.anyio
+async def test_a_small_read_aside_does_not_wait_for_a_large_one(tmp_path: Path):
     """A pool's vectors (tens of MB) are read aside while the same search's small reads (its
     entry pool, its keyword snapshot) are too: they do not queue behind them."""
 
-    async def main() -> None:
-        db = Database(tmp_path / "s.duckdb", [KV_SQL])
+    db = Database(tmp_path / "s.duckdb", [KV_SQL])
+    try:
+        await db.run(lambda con: con.execute("INSERT INTO kv VALUES ('a', 'g', 1)"))
+        started, release = threading.Event(), threading.Event()
+
+        def large(con) -> list[str]:
+            started.set()
+            release.wait(10)
+            return _keys(con)
+
+        held = asyncio.ensure_future(db.run_aside(large))
+        await asyncio.to_thread(started.wait, 10)
         try:
-            await db.run(lambda con: con.execute("INSERT INTO kv VALUES ('a', 'g', 1)"))
-            started, release = threading.Event(), threading.Event()
-
-            def large(con) -> list[str]:
-                started.set()
-                release.wait(10)
-                return _keys(con)
-
-            held = asyncio.ensure_future(db.run_aside(large))
-            await asyncio.to_thread(started.wait, 10)
-            try:
-                assert await asyncio.wait_for(db.run_aside(_keys), 5) == ["a"]
-            finally:
-                release.set()
-            assert await held == ["a"]
-            # Many at once: each runs on a connection no other uses meanwhile.
-            assert await asyncio.gather(*(db.run_aside(_keys) for _ in range(24))) == [["a"]] * 24
+            assert await asyncio.wait_for(db.run_aside(_keys), 5) == ["a"]
         finally:
-            db.close()
+            release.set()
+        assert await held == ["a"]
+        # Many at once: each runs on a connection no other uses meanwhile.
+        assert await asyncio.gather(*(db.run_aside(_keys) for _ in range(24))) == [["a"]] * 24
+    finally:
+        db.close()
 
-    asyncio.run(main())
 
-
-def test_an_in_memory_database_reads_on_its_thread(tmp_path: Path):
-    async def main() -> None:
-        db = Database(":memory:", [KV_SQL])
-        try:
-            await db.run(lambda con: con.execute("INSERT INTO kv VALUES ('m', 'g', 1)"))
-            assert await db.run_aside(_keys) == ["m"]
-        finally:
-            db.close()
-
-    asyncio.run(main())
+@pytest.mark.anyio
+async def test_an_in_memory_database_reads_on_its_thread(tmp_path: Path):
+    db = Database(":memory:", [KV_SQL])
+    try:
+        await db.run(lambda con: con.execute("INSERT INTO kv VALUES ('m', 'g', 1)"))
+        assert await db.run_aside(_keys) == ["m"]
+    finally:
+        db.close()
 
 
 def _both(between: threading.Event | None = None, go: threading.Event | None = None):
@@ -164,30 +158,29 @@ def test_a_read_aside_of_several_statements_sees_one_state(tmp_path: Path, how: 
     assert a == b == 1
 
 
-def test_reads_aside_stay_consistent_beside_24_concurrent_writers_and_checkpoints(tmp_path: Path):
-    async def main() -> list[tuple[int, int]]:
-        db = Database(tmp_path / "s.duckdb", [KV_SQL])
-        # Every commit is followed by a checkpoint beside the next commits.
-        gc = GroupCommitter(db, [KV], checkpoint_rows=1, background=True, sync_aside=True)
-        seen: list[tuple[int, int]] = []
-        try:
+@pytest.mark.anyio
+async def test_reads_aside_stay_consistent_beside_24_concurrent_writers_and_checkpoints(
+    tmp_path: Path,
+):
+    db = Database(tmp_path / "s.duckdb", [KV_SQL])
+    # Every commit is followed by a checkpoint beside the next commits.
+    gc = GroupCommitter(db, [KV], checkpoint_rows=1, background=True, sync_aside=True)
+    seen: list[tuple[int, int]] = []
+    try:
 
-            async def reader() -> None:
-                for _ in range(16):
-                    seen.append(await db.run_aside(_both()))
-                    seen.append(await db.run(_both(), SCOPE))
+        async def reader() -> None:
+            for _ in range(16):
+                seen.append(await db.run_aside(_both()))
+                seen.append(await db.run(_both(), SCOPE))
 
-            async def writer(k: int) -> None:
-                for n in range(k, 72, 24):
-                    await gc.submit(_pair(n))
+        async def writer(k: int) -> None:
+            for n in range(k, 72, 24):
+                await gc.submit(_pair(n))
 
-            await asyncio.gather(*(writer(k) for k in range(24)), *(reader() for _ in range(6)))
-            seen.append(await db.run(_both()))
-        finally:
-            await gc.close()
-            db.close()
-        return seen
-
-    seen = asyncio.run(main())
+        await asyncio.gather(*(writer(k) for k in range(24)), *(reader() for _ in range(6)))
+        seen.append(await db.run(_both()))
+    finally:
+        await gc.close()
+        db.close()
     assert seen[-1] == (72, 72)
     assert all(a == b for a, b in seen), [s for s in seen if s[0] != s[1]]

@@ -1,4 +1,4 @@
-"""What a collaboration delivery costs on its shard (issue 13), in this process (no Ray): a new
+"""What a collaboration delivery costs on its shard, in this process (no Ray): a new
 agent chat is made without reading the database (a read made the shard apply its whole commit
 journal first), and the delivery's writes go in few transactions, with one directory call."""
 
@@ -180,7 +180,7 @@ def test_a_delivery_overlaps_its_sends_commit_but_stores_nothing_if_it_fails(tmp
         directory = DirectoryService(tmp_path)
         svc.peers.connect(directory=directory)
         committer = svc.committer
-        commit_group = committer._commit_group
+        commit_group = committer.commit_group
         doomed: list[list] = []
         try:
             org = await ann_org(directory)
@@ -205,7 +205,7 @@ def test_a_delivery_overlaps_its_sends_commit_but_stores_nothing_if_it_fails(tmp
                     raise StorageError("disk full (simulated)")
                 await commit_group(batches)
 
-            committer._commit_group = slow_failing  # type: ignore[method-assign]
+            committer.commit_group = slow_failing  # type: ignore[method-assign]
             chat = await directory.create_chat("u_ann", None, bot=bots[0].id)
             start = TurnStart(chat=chat, bot=bots[0], org=org, operator="u_ann", text="start")
             await svc.start_turn(start, True)
@@ -216,7 +216,7 @@ def test_a_delivery_overlaps_its_sends_commit_but_stores_nothing_if_it_fails(tmp
             stored = [[i.kind for i in await svc.chat_items(f"chat_agent_{k.id}")] for k in second]
             return [k.id for k in second], stored, chain.id
         finally:
-            committer._commit_group = commit_group  # type: ignore[method-assign]
+            committer.commit_group = commit_group  # type: ignore[method-assign]
             await svc.close()
             directory.store.db.close()
 
@@ -265,7 +265,7 @@ def test_a_person_turns_first_delivery_starts_while_its_commit_runs(tmp_path: Pa
         directory = DirectoryService(tmp_path)
         svc.peers.connect(directory=directory)
         committer = svc.committer
-        commit_group = committer._commit_group
+        commit_group = committer.commit_group
         seen: list[str] = []
         run_step = svc.conversations.run_step
 
@@ -285,7 +285,7 @@ def test_a_person_turns_first_delivery_starts_while_its_commit_runs(tmp_path: Pa
             if root:
                 seen.append("root commit ends")
 
-        committer._commit_group = slow_root  # type: ignore[method-assign]
+        committer.commit_group = slow_root  # type: ignore[method-assign]
         svc.conversations.run_step = noted_step  # type: ignore[method-assign]
         try:
             org = await ann_org(directory)
@@ -300,7 +300,7 @@ def test_a_person_turns_first_delivery_starts_while_its_commit_runs(tmp_path: Pa
             [chain] = await svc.collaborations("u_ann", frozenset())
             return seen, chain.status, chain.deliveries
         finally:
-            committer._commit_group = commit_group  # type: ignore[method-assign]
+            committer.commit_group = commit_group  # type: ignore[method-assign]
             await svc.close()
             directory.store.db.close()
 
@@ -336,7 +336,7 @@ def test_a_peer_posts_nothing_for_a_person_turn_that_was_never_stored(tmp_path: 
         svc = ShardService(tmp_path, 0, models={"s": ScriptedModel.from_file("s", str(script))})
         svc.peers.connect(directory=directory)
         committer = svc.committer
-        commit_group = committer._commit_group
+        commit_group = committer.commit_group
         seen: list[str] = []
         posted: list[str] = []
 
@@ -355,7 +355,7 @@ def test_a_peer_posts_nothing_for_a_person_turn_that_was_never_stored(tmp_path: 
         async def noted_post(effect, bot, org_) -> None:
             posted.append(effect.message)
 
-        committer._commit_group = failing_root  # type: ignore[method-assign]
+        committer.commit_group = failing_root  # type: ignore[method-assign]
         svc.chains.records.post = noted_post  # type: ignore[method-assign]
         try:
             chat = await directory.create_chat("u_ann", None, bot=bots[0].id)
@@ -365,7 +365,7 @@ def test_a_peer_posts_nothing_for_a_person_turn_that_was_never_stored(tmp_path: 
             await svc.chains_idle()
             return seen, posted
         finally:
-            committer._commit_group = commit_group  # type: ignore[method-assign]
+            committer.commit_group = commit_group  # type: ignore[method-assign]
             await svc.close()
             directory.store.db.close()
 

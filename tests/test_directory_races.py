@@ -1,4 +1,4 @@
-"""Check-then-act under 24 concurrent requests (issue 12): every revisioned or unique write has
+"""Check-then-act under 24 concurrent requests: every revisioned or unique write has
 exactly one winner and a 409 for the others, idempotent opens give everyone the same answer,
 and no acknowledged edit is lost. Real server, real actors, real DuckDB files; the requests are
 sent at once from one asyncio loop."""

@@ -1,4 +1,4 @@
-"""Pure rules of issue 15: budget periods (MB-3), the creator's rights (WS-3), the server's
+"""Pure rules: budget periods (MB-3), the creator's rights (WS-3), the server's
 bot permissions (WS-1) and requests deciding once (ENR-3)."""
 
 from __future__ import annotations

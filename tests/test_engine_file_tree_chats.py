@@ -1,4 +1,4 @@
-"""Chats in the file tree (issue 14), pure: paths, the transcript, camelCase keys, and
+"""Chats in the file tree, pure: paths, the transcript, camelCase keys, and
 `parse(render(s)) == canonical(s)` for chats with items, turns and read positions."""
 
 from __future__ import annotations

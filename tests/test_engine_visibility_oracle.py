@@ -1,4 +1,5 @@
-"""Visibility (SPEC §2) checked against an independent oracle written from the SPEC text.
+"""Visibility (docs/requirements.md §2) checked against an independent oracle written from the
+requirements text.
 
 The oracle below is deliberately naive: a plain recursive definition that carries the path of
 entries it is checking, so that a cycle shows up as an entry met again on its own path. It shares
@@ -150,7 +151,8 @@ def cases(draw) -> tuple[dict[str, EntryMeta], Reader]:
             )
         else:
             sources = often("links", st.just(()), mixed)
-        # At most one proof per item: the SPEC does not say what two conflicting proofs mean.
+        # At most one proof per item: docs/requirements.md does not say what two conflicting
+        # proofs mean.
         proofs = []
         for chat, item in sorted({(s.chat, s.item) for s in sources if s.chat and s.item}):
             org = often("proofs", st.just("o1"), st.sampled_from([None, *ORGS]))  # None: no proof

@@ -1,7 +1,7 @@
-"""Widening requests (SPEC ACL-4) checked against the visibility oracle.
+"""Widening requests (ACL-4) checked against the visibility oracle.
 
-The oracle of tests/test_engine_visibility_oracle.py (written from the SPEC text, sharing no code
-with the engine) decides who sees what before and after an accepted request. The property: an
+The oracle of tests/test_engine_visibility_oracle.py (written from docs/requirements.md, sharing no
+code with the engine) decides who sees what before and after an accepted request. The property: an
 accepted request never lets a reader see an entry unless that reader may see every source of it
 under the source's own rule (for a pinned entry: its own rule, or its author sharing it), never
 hides anything, and changes no other entry except through that one.

@@ -1,4 +1,4 @@
-"""Fan-out to many clients of one gateway (issue 13). Frames are encoded once per event and the
+"""Fan-out to many clients of one gateway. Frames are encoded once per event and the
 same text goes to every client in step with the hub, so these prove that sharing never widens an
 audience, and that clients joining, replaying and going live while events flow get each of their
 events exactly once, in order. Real uvicorn, real websocket clients, real shards."""

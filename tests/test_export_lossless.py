@@ -1,4 +1,4 @@
-"""A lossless export (FS-1..FS-3, DESIGN §7 "round trip"): a data directory built through the
+"""A lossless export (FS-1..FS-3,): a data directory built through the
 real API (direct and group chats, bot memory, workspace records, a project, a confession, an
 enrichment, a collaboration chain and a decided approval request) is exported, imported into a
 fresh data directory (offline) and into a running server (`openbot import --url`), and
@@ -12,10 +12,12 @@ import secrets
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from engine import file_tree as ft
 from gateway.cli import main
-from storage import file_export
+from storage.data_dir_io import TOKENS_PREFIX
 from storage.file_export import read_tree, render_data_dir, write_tree
 from tests.conftest import ADMIN, LiveServer, learning_bot, user_client
 from tests.openai_stub import bot_of, completion
@@ -276,7 +278,8 @@ def test_fs1_fs2_fs3_offline_import_serves_the_whole_state(whole, admin, tmp_pat
     assert read_tree(again) == read_tree(tree)
     _scan(new)
     _check_fingerprints(new, w)
-    tokens = json.loads((new / file_export.TOKENS_FILE).read_text())
+    (tokens_file,) = new.glob(f"{TOKENS_PREFIX}*.json")
+    tokens = json.loads(tokens_file.read_text())
     imported = Engine.start(new, shards=3, prefix="whole-" + secrets.token_hex(3))
     server = LiveServer(create_app(imported, ADMIN, cache_ttl=0.0))
     try:
@@ -287,11 +290,14 @@ def test_fs1_fs2_fs3_offline_import_serves_the_whole_state(whole, admin, tmp_pat
     _scan(new)
 
 
-def test_fs1_fs2_fs3_import_url_merges_into_a_running_server(whole, admin, tmp_path, monkeypatch):
+def test_fs1_fs2_fs3_import_url_merges_into_a_running_server(
+    whole, admin, tmp_path, monkeypatch, capsys
+):
     """Round trip through `openbot import --url` into a running server that has data of its
-    own: the same whole state is served, its own records stay, sealed at rest. An import cut
-    off before the directory stored its records (FS-3) simply runs again; the same tree once
-    imported is `id_clash` and changes nothing."""
+    own: the same whole state is served, its own records stay, sealed at rest. The tree's org
+    exists there already: refused unless `--join-org` names it. An import cut off before the
+    directory stored its records (FS-3) simply runs again; the same tree once imported is
+    `id_clash` and changes nothing."""
     import httpx
 
     from actors.runtime.engine import Engine
@@ -300,34 +306,46 @@ def test_fs1_fs2_fs3_import_url_merges_into_a_running_server(whole, admin, tmp_p
 
     w = whole
     tree, data = _trees(admin, w, tmp_path), tmp_path / "running"
+    (org_record,) = [o for s in ft.parse(read_tree(tree)) for o in s.orgs if o.id == w.org][:1]
     target = Engine.start(data, shards=3, prefix="live-" + secrets.token_hex(3))
     server = LiveServer(create_app(target, ADMIN, cache_ttl=0.0))
     try:
         with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {ADMIN}"}) as t:
+            shared = {"id": w.org, "name": org_record.name}
+            shared["settings"] = msgspec.to_builtins(org_record.settings)
+            _ok(t.post("/v1/admin/orgs", json=shared))
             org = _ok(t.post("/v1/admin/orgs", json={"name": "theirs"}))["id"]
             own = _ok(t.post("/v1/admin/users", json={"name": "zed", "orgs": [org]}))
         with user_client(server, own["token"]) as z:  # every shard reads its tables now
             for path in ("/v1/requests", f"{WS}/collaboration", f"{WS}/projects"):
                 _ok(z.get(path))
-        tokens_file = tmp_path / "tokens.json"
         cmd = ["import", str(tree), "--url", server.url, "--token", ADMIN]
+        dirs = {n: tmp_path / n for n in ("refused", "cut", "done", "again")}
+        for d in dirs.values():
+            d.mkdir()
+        capsys.readouterr()
+        assert main([*cmd, "--tokens-dir", str(dirs["refused"])]) == 1
+        assert "id_clash" in capsys.readouterr().err and not list(dirs["refused"].iterdir())
+        cmd += ["--join-org", w.org]
 
         async def cut_off(self, rows):
             raise StorageError("the directory's commit failed")
 
         with monkeypatch.context() as m:  # the shards stored their rows, the directory not
             m.setattr(type(target.directory_port), "import_records", cut_off)
-            assert main([*cmd, "--tokens-file", str(tmp_path / "cut.json")]) == 1
-        assert main([*cmd, "--tokens-file", str(tokens_file)]) == 0
+            assert main([*cmd, "--tokens-dir", str(dirs["cut"])]) == 1
+        assert not list(dirs["cut"].iterdir())
+        assert main([*cmd, "--tokens-dir", str(dirs["done"])]) == 0
+        (tokens_file,) = dirs["done"].glob(f"{TOKENS_PREFIX}*.json")
         assert tokens_file.stat().st_mode & 0o777 == 0o600
+        assert str(tokens_file) in capsys.readouterr().err
         tokens = json.loads(tokens_file.read_text())
         _compare(w, server, tokens)
         with user_client(server, own["token"]) as z:
             assert _ok(z.get("/v1/me"))["id"] == own["id"]
         # Again: every id is taken; refused whole, nothing changes, no tokens file.
-        again = tmp_path / "tokens-again.json"
-        assert main([*cmd, "--tokens-file", str(again)]) == 1
-        assert not again.exists()
+        assert main([*cmd, "--tokens-dir", str(dirs["again"])]) == 1
+        assert not list(dirs["again"].iterdir())
         _compare(w, server, tokens)
         # The directory's own check, for an id taken after the tree was checked.
 
@@ -349,7 +367,8 @@ def test_fs3_import_url_refuses_a_tree_that_is_not_utf8_before_calling(tmp_path,
     account = tmp_path / "tree" / "bot-workspace" / "u_1"
     account.mkdir(parents=True)
     (account / "account.json").write_bytes(b'{"format": "\xff"}')
-    tokens = tmp_path / "tokens.json"
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
     cmd = ["import", str(tmp_path / "tree"), "--url", "http://127.0.0.1:9", "--token", "x"]
-    assert main([*cmd, "--tokens-file", str(tokens)]) == 2
-    assert "not UTF-8" in capsys.readouterr().err and not tokens.exists()
+    assert main([*cmd, "--tokens-dir", str(tokens)]) == 2
+    assert "not UTF-8" in capsys.readouterr().err and not list(tokens.iterdir())

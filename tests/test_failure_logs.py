@@ -1,11 +1,10 @@
-"""Issue 14: a log line for every failed turn, step, learning job and chain, in the served
+"""A log line for every failed turn, step, learning job and chain, in the served
 process's output. The shards are Ray actors: their warnings go to the workers' stderr, which
 Ray keeps in its session's log files (and `openbot serve` shows through `log_to_driver`), so
 the tests read those files for the line naming the failed thing."""
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import time
@@ -26,9 +25,9 @@ def mem_model(model_stubs):
     stub.routes.clear()
 
 
-def _worker_output() -> str:
-    """Everything the session's actors wrote to stderr and stdout so far."""
-    base = Path(os.environ["RAY_TMPDIR"])
+def _worker_output(base: Path) -> str:
+    """Everything the session's actors wrote to stderr and stdout so far, in the folder the
+    session's Ray was started in (whatever RAY_TMPDIR the caller had)."""
     text = []
     for path in base.glob("session_*/logs/worker-*"):
         if path.suffix in (".err", ".out"):
@@ -36,10 +35,20 @@ def _worker_output() -> str:
     return "\n".join(text)
 
 
-def _logged(pattern: str, timeout: float = 20.0) -> str:
+@pytest.fixture
+def logged(ray_session: Path):
+    """Waits for a line matching a pattern in the actors' output; answers the line."""
+
+    def find(pattern: str) -> str:
+        return _logged(ray_session, pattern)
+
+    return find
+
+
+def _logged(base: Path, pattern: str, timeout: float = 20.0) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        m = re.search(pattern, _worker_output())
+        m = re.search(pattern, _worker_output(base))
         if m:
             return m.group(0)
         time.sleep(0.2)
@@ -59,14 +68,14 @@ def _wait_chain(client, chat_id, until, timeout=30.0) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         r = client.get(f"{WS}/collaboration")
-        for c in r.json().get("collaborations", []) if r.status_code == 200 else []:
+        for c in r.json().get("items", []) if r.status_code == 200 else []:
             if c["rootChat"] == chat_id and until(c):
                 return c
         time.sleep(0.05)
     raise AssertionError("the chain never reached the state")
 
 
-def test_a_failed_direct_turn_and_its_step_are_logged(world, admin, bot_model):
+def test_a_failed_direct_turn_and_its_step_are_logged(world, admin, bot_model, logged):
     bot = _bot(world, admin, f"Broken{secrets.token_hex(3)}")
     bot_model.routes.append(lambda body: 500 if bot_of(body) == bot["name"] else None)
     with world.client("alice") as alice:
@@ -75,11 +84,11 @@ def test_a_failed_direct_turn_and_its_step_are_logged(world, admin, bot_model):
         assert r.status_code == 200, r.text
     turn = r.json()["turn"]
     assert turn["status"] == "failed"
-    _logged(rf"step of bot {bot['id']} in chat {chat} \(turn {turn['id']}\) failed: .+")
-    _logged(rf"turn {turn['id']} in chat {chat} failed: .+")
+    logged(rf"step of bot {bot['id']} in chat {chat} \(turn {turn['id']}\) failed: .+")
+    logged(rf"turn {turn['id']} in chat {chat} failed: .+")
 
 
-def test_a_failed_group_turn_and_each_failed_step_are_logged(world, admin, bot_model):
+def test_a_failed_group_turn_and_each_failed_step_are_logged(world, admin, bot_model, logged):
     tag = secrets.token_hex(3)
     bots = [_bot(world, admin, f"Down{k}{tag}") for k in range(2)]
     names = {b["name"] for b in bots}
@@ -99,11 +108,11 @@ def test_a_failed_group_turn_and_each_failed_step_are_logged(world, admin, bot_m
     turn = r.json()["turn"]
     assert turn["status"] == "failed"
     for b in bots:
-        _logged(rf"step of bot {b['id']} in chat {chat} \(turn {turn['id']}\) failed: .+")
-    _logged(rf"group turn {turn['id']} in chat {chat} failed: 2 step\(s\) failed")
+        logged(rf"step of bot {b['id']} in chat {chat} \(turn {turn['id']}\) failed: .+")
+    logged(rf"group turn {turn['id']} in chat {chat} failed: 2 step\(s\) failed")
 
 
-def test_a_failed_learning_job_is_logged(world, admin, bot_model, mem_model):
+def test_a_failed_learning_job_is_logged(world, admin, bot_model, mem_model, logged):
     bot, name = learning_bot(world, admin, "Learner")
     bot_model.routes.append(lambda body: completion("Noted.") if bot_of(body) == name else None)
     mem_model.routes.append(
@@ -120,10 +129,10 @@ def test_a_failed_learning_job_is_logged(world, admin, bot_model, mem_model):
                 break
             time.sleep(0.1)
     assert jobs and jobs[0]["status"] == "failed", jobs
-    _logged(rf"learning job {re.escape(jobs[0]['id'])} \(bot:{bot}, chat {chat}\) failed: .+")
+    logged(rf"learning job {re.escape(jobs[0]['id'])} \(bot:{bot}, chat {chat}\) failed: .+")
 
 
-def test_a_stopped_and_a_capped_chain_are_logged(world, admin, bot_model):
+def test_a_stopped_and_a_capped_chain_are_logged(world, admin, bot_model, logged):
     tag = secrets.token_hex(3)
     boss, slow = _bot(world, admin, f"Boss{tag}"), _bot(world, admin, f"Slow{tag}")
     ping, pong = _bot(world, admin, f"Ping{tag}"), _bot(world, admin, f"Pong{tag}")
@@ -157,5 +166,5 @@ def test_a_stopped_and_a_capped_chain_are_logged(world, admin, bot_model):
         alice.post(f"/v1/chats/{loop}/turns?wait=true", json={"text": "Go"})
         capped = _wait_chain(alice, loop, lambda c: c["status"] != "running")
     assert capped["status"] == "capped"
-    _logged(rf"collaboration {running['id']} stopped: .+")
-    _logged(rf"collaboration {capped['id']} capped: .+")
+    logged(rf"collaboration {running['id']} stopped: .+")
+    logged(rf"collaboration {capped['id']} capped: .+")

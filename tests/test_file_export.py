@@ -5,9 +5,12 @@ imported directory serves the same memory."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
+import stat
 import zlib
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -173,7 +176,8 @@ def test_export_import_export_is_byte_identical_and_the_import_serves(filled, ad
     from actors.runtime.engine import Engine
     from gateway.app import create_app
 
-    tokens = json.loads((new / file_export.TOKENS_FILE).read_text())
+    (tokens_file,) = new.glob("import-tokens-*.json")
+    tokens = json.loads(tokens_file.read_text())
     imported = Engine.start(new, shards=2, prefix="imported-" + secrets.token_hex(3))
     server = LiveServer(create_app(imported, ADMIN, cache_ttl=0.0))
     try:
@@ -290,7 +294,7 @@ def _day(view: dict) -> str:
 
 
 def test_import_merges_an_account_into_a_data_dir_with_another(world, admin, tmp_path):
-    """Issue 14: an exported account merges into a data directory that already holds another
+    """An exported account merges into a data directory that already holds another
     account (its master key and shard count kept); a second import of the same account is
     refused for its id clashes and changes nothing."""
     from tests.conftest import World
@@ -319,8 +323,14 @@ def test_import_merges_an_account_into_a_data_dir_with_another(world, admin, tmp
     assert (target / "master.key").read_bytes() == key_before
     assert render_data_dir(target, alice) == mine
     assert render_data_dir(target, dana) == theirs
-    tokens = json.loads((target / file_export.TOKENS_FILE).read_text())
-    assert alice in tokens and dana in tokens
+    # Each import wrote its own users' tokens to a new file; the first one's is untouched.
+    files = {str(p) for p in target.glob("import-tokens-*.json")}
+    assert result.tokens_file in files and len(files) == 2
+    first = json.loads(Path(*(files - {result.tokens_file})).read_text())
+    second = json.loads(Path(result.tokens_file).read_text())
+    assert dana in first and alice not in first
+    assert alice in second and dana not in second
+    assert all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in files)
 
     before = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
     with pytest.raises(file_export.InvalidInput) as clash:
@@ -328,3 +338,66 @@ def test_import_merges_an_account_into_a_data_dir_with_another(world, admin, tmp
     assert clash.value.code == "id_clash" and f"user {alice}" in clash.value.message
     assert f"bot {world.bot}" in clash.value.details["clashes"]
     assert {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()} == before
+
+
+def test_import_joins_an_existing_org_only_when_told(world, admin, tmp_path, capsys):
+    """A tree whose org has the id, name and settings of one the target holds is
+    refused (`id_clash`, nothing written) unless `--join-org` names that org; each import's
+    tokens go to a new 0600 file of its own (umask 022), whose path is printed."""
+    alice, bob = world.users["alice"], world.users["bob"]
+    bobs = {"name": "bob's bot", "org": world.org, "owner": bob}
+    _ok(admin.post("/v1/admin/bots", json=bobs))
+    backup = tmp_path / "backup"
+    _ok(admin.post("/v1/admin/backup", json={"dir": str(backup), "withKey": True}))
+    file_export.write_tree(tmp_path / "a", render_data_dir(backup, alice))
+    file_export.write_tree(tmp_path / "b", render_data_dir(backup, bob))
+    target = tmp_path / "target"
+    old_umask = os.umask(0o022)
+    try:
+        first = file_export.import_tree(tmp_path / "a", target)
+        before = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
+        with pytest.raises(file_export.InvalidInput) as clash:
+            file_export.import_tree(tmp_path / "b", target)
+        assert clash.value.code == "id_clash"
+        assert any(c.startswith(f"org {world.org} ") for c in clash.value.details["clashes"])
+        assert {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()} == before
+        wrong = ["import", str(tmp_path / "b"), "--data-dir", str(target), "--join-org", "o_x"]
+        assert main(wrong) == 2  # an org not in both: refused, nothing written
+        assert {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()} == before
+        capsys.readouterr()
+
+        told = ["import", str(tmp_path / "b"), "--data-dir", str(target)]
+        assert main([*told, "--join-org", world.org]) == 0
+    finally:
+        os.umask(old_umask)
+    out = capsys.readouterr()
+    second = json.loads(out.out)["tokensFile"]
+    assert second in out.err and second != first.tokens_file
+    assert stat.S_IMODE(os.stat(second).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(first.tokens_file).st_mode) == 0o600
+    assert json.loads(Path(first.tokens_file).read_text()).keys() >= {alice}
+    assert bob not in json.loads(Path(first.tokens_file).read_text())
+    assert bob in json.loads(Path(second).read_text())
+    assert alice not in json.loads(Path(second).read_text())
+    reader = file_export.DataDirReader(target)
+    assert reader.users[bob].orgs == (world.org,) and list(reader.orgs) == [world.org]
+
+
+def test_a_tokens_file_is_never_written_through_an_existing_name(tmp_path, monkeypatch):
+    """The tokens file is created, never opened: a file or a symbolic link already at its name
+    (planted, or an older import's) fails the write and is left as it was."""
+    from storage import data_dir_io
+
+    monkeypatch.setattr(data_dir_io.secrets, "token_hex", lambda n: "f" * 2 * n)
+    monkeypatch.setattr(data_dir_io.time, "strftime", lambda fmt, t: "20260101T000000Z")
+    name = f"{data_dir_io.TOKENS_PREFIX}20260101T000000Z-ffffffff.json"
+    planted, elsewhere = tmp_path / name, tmp_path / "elsewhere"
+    planted.write_text('{"u_old": "obt_live"}')
+    with pytest.raises(FileExistsError):
+        data_dir_io.write_new_tokens(tmp_path, {"u_new": "obt_new"})
+    assert planted.read_text() == '{"u_old": "obt_live"}'
+    planted.unlink()
+    planted.symlink_to(elsewhere)
+    with pytest.raises(FileExistsError):
+        data_dir_io.write_new_tokens(tmp_path, {"u_new": "obt_new"})
+    assert not elsewhere.exists()

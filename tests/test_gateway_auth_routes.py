@@ -1,4 +1,4 @@
-"""Issue 12: every route needs a token except the explicit public allowlist (`/healthz`, and
+"""Every route needs a token except the explicit public allowlist (`/healthz`, and
 what the console adds to `gateway.auth.PUBLIC_PATHS`/`PUBLIC_PREFIXES`). The routes are taken
 from the running app itself, so a route added later is covered without editing this test."""
 

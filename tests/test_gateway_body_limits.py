@@ -1,4 +1,4 @@
-"""Issue 12: no body makes the server fail. JSON nested 1,000 deep used to answer 500 (a
+"""No body makes the server fail. JSON nested 1,000 deep used to answer 500 (a
 RecursionError in the parser) and sometimes reset the keep-alive connection. Now every route
 that takes a body (found from the running app, so new routes are covered) answers 400
 `too_deep`, an oversized body 413, nothing changes, and the same connection serves the next

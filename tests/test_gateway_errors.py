@@ -158,7 +158,7 @@ def test_capabilities_and_openapi(server):
 
     from tests.conftest import ADMIN
 
-    with httpx.Client(base_url=server.url) as stranger:  # no token: nothing (issue 12)
+    with httpx.Client(base_url=server.url) as stranger:  # no token: nothing
         assert stranger.get("/v1/capabilities").status_code == 401
         assert stranger.get("/openapi.json").status_code == 401
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {ADMIN}"}) as c:

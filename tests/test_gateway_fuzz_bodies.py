@@ -1,4 +1,4 @@
-"""Issue 12: bad input never gives a 5xx. Every route that takes a body (found from the running
+"""Bad input never gives a 5xx. Every route that takes a body (found from the running
 app), with real ids in its path where the route names a bot or an org, gets odd JSON (lone
 surrogates, NUL, huge numbers, NaN, wrong shapes, invalid UTF-8) and random JSON values from
 hypothesis, with the admin token and a user token; every answer is below 500 and the same

@@ -186,18 +186,20 @@ def test_purge_needs_write_on_a_non_linked_bot(world, admin):
         assert r.status_code == 403 and r.json()["error"]["code"] == "linked"
         r = alice.patch(f"/v1/bots/{linked}/memory/bot", json={"expected": 0, "concurrency": 2})
         assert r.status_code == 403
+        r = alice.get(f"/v1/bots/{linked}/memory/bot")
+        assert r.status_code == 403 and r.json()["error"]["code"] == "linked", r.text
 
 
 def test_memory_bot_settings_versioned_patch(world):
     world.grant("bob", "read")
     url = f"/v1/bots/{world.bot}/memory/bot"
     with world.client("alice") as alice, world.client("bob") as bob:
-        assert alice.get(url).json() == {
-            "version": 0,
-            "instructions": "",
-            "concurrency": None,
-            "budget": None,
-        }
+        got = alice.get(url).json()
+        spend = got.pop("spend")
+        assert got == {"version": 0, "instructions": "", "concurrency": None, "budget": None}
+        # MB-6: this day's and month's confirmed cost and the calls without usage, apart.
+        assert [s["period"].split(":")[0] for s in spend] == ["day", "month"]
+        assert all(s["micros"] == 0 and s["unknownCalls"] == 0 for s in spend)
         body = {
             "expected": 0,
             "instructions": "Decisions of the team may be shared with the team.",
@@ -210,7 +212,10 @@ def test_memory_bot_settings_versioned_patch(world):
         stale = alice.patch(url, json={"expected": 0, "concurrency": 3})
         assert stale.status_code == 409
         assert bob.patch(url, json={"expected": 1, "concurrency": 3}).status_code == 403
-        assert bob.get(url).json()["version"] == 1  # read is enough to read settings
+        # Reading the settings needs write, as changing them does.
+        r = bob.get(url)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "no_write", r.text
+        assert alice.get(url).json()["version"] == 1
         bad = alice.patch(url, json={"expected": 1, "budget": {"period": "week", "limitMicros": 1}})
         assert bad.status_code == 400
         cleared = alice.patch(url, json={"expected": 1, "budget": None, "concurrency": None})
@@ -259,7 +264,7 @@ def test_admin_cli_against_a_running_server(server, world):
     user = cli("user", "create", "--name", "Cli", "--org", org)
     assert user["token"].startswith("obt_")
     bot = cli("bot", "create", "--name", "cb", "--org", org, "--owner", user["id"])["id"]
-    # A grantee is a person of the bot's org (issue 12: no grant across orgs).
+    # A grantee is a person of the bot's org (no grant across orgs).
     reader = cli("user", "create", "--name", "Reader", "--org", org)["id"]
     assert cli("grant", "--bot", bot, "--user", reader, "--permission", "read")
     channel = cli("channel", "create", "--org", org, "--person", user["id"], "--bot", bot)

@@ -1,4 +1,4 @@
-"""Issue 12: every websocket message is a text frame, so that a browser's `JSON.parse(ev.data)`
+"""Every websocket message is a text frame, so that a browser's `JSON.parse(ev.data)`
 gets a string, never a Blob: `hello`, `reset` and events on /v1/events (the /v1/nodes frames
 are checked in tests/test_nodes.py). A real websocket client returns `str` for text frames and
 `bytes` for binary ones."""

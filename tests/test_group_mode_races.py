@@ -1,4 +1,4 @@
-"""A group's mode switch is atomic with respect to its turns (WS-6, issue 12): the shard that
+"""A group's mode switch is atomic with respect to its turns (WS-6): the shard that
 keeps the group's chat checks that it is idle and switches under the chat's turn lock, and a
 turn re-reads the mode under that lock. So a turn never runs in a mode the group has left, and
 no switch lands while a turn runs. Real server and actors; the bots' model is a loopback stub

@@ -1,4 +1,4 @@
-"""Fewer hops (issue 13): what a turn costs in actor calls made by the gateway.
+"""Fewer hops: what a turn costs in actor calls made by the gateway.
 
 The gateway's calls are counted at its ports (`EnginePort.directory_port`, `shard_ports`), by
 the actor method's name: a direct or group turn with `?wait=true` is one directory call for its

@@ -15,6 +15,7 @@ from engine.errors import StorageError
 from engine.events import Audience, ChatItemCreated
 from engine.memory_entries import Reader
 from storage.group_commit import GroupCommitter
+from tests.waiting import until
 
 R = Reader(user="u1", org="o1", uses_bot=True)
 EVENT = (ChatItemCreated(chat="chat_1", item="i-1", kind="person"), Audience(users=("u1",)))
@@ -27,14 +28,14 @@ def kernel_args(request, tmp_path):
 
 def _fail_commits(monkeypatch) -> list[bool]:
     failing = [True]
-    original = GroupCommitter._append
+    original = GroupCommitter.append_record
 
     def append(self, batches):
         if failing[0]:
             raise StorageError("disk full (simulated)")
         return original(self, batches)
 
-    monkeypatch.setattr(GroupCommitter, "_append", append)
+    monkeypatch.setattr(GroupCommitter, "append_record", append)
     return failing
 
 
@@ -47,17 +48,14 @@ def _remember(kernel: ShardKernel, pool, entry_id: str, text: str):
     return kernel.stage_outcome(pool, outcome, sealed)
 
 
-def test_a_batch_publishes_its_events_only_once_durable(tmp_path, kernel_args):
-    async def go():
-        kernel = ShardKernel(tmp_path, 0, **kernel_args)
-        fut = kernel.stage(Batch(events=[EVENT]))
-        before = kernel.events.published  # queued, not committed: nobody may hear of it yet
-        await fut
-        after = [e.data for e in await kernel.events.after(0)]
-        await kernel.close()
-        return before, after
-
-    before, after = asyncio.run(go())
+@pytest.mark.anyio
+async def test_a_batch_publishes_its_events_only_once_durable(tmp_path, kernel_args):
+    kernel = ShardKernel(tmp_path, 0, **kernel_args)
+    fut = kernel.stage(Batch(events=[EVENT]))
+    before = kernel.events.published  # queued, not committed: nobody may hear of it yet
+    await fut
+    after = [e.data for e in await kernel.events.after(0)]
+    await kernel.close()
     assert before == 0
     assert after == [EVENT[0]]
 
@@ -93,75 +91,68 @@ def test_commit_hooks_run_after_the_events_and_a_failing_one_skips_nothing(
     ]
 
 
-def test_a_failed_batch_drops_the_state_built_on_it(tmp_path, kernel_args, monkeypatch):
+@pytest.mark.anyio
+async def test_a_failed_batch_drops_the_state_built_on_it(tmp_path, kernel_args, monkeypatch):
     failing = _fail_commits(monkeypatch)
 
-    async def go():
-        kernel = ShardKernel(tmp_path, 0, **kernel_args)
-        pool = await kernel.pool("bot:b")
-        dropped: list[str] = []
-        async with pool.lock.exclusive():
-            fut = _remember(kernel, pool, "mem_1", "lost")
-        assert fut is not None
-        fut.add_done_callback(lambda f: f.exception())
-        hooked = kernel.stage(Batch(events=[EVENT]).fail(lambda: dropped.append("chat")))
-        assert hooked is not None
-        with pytest.raises(StorageError):
-            await kernel.settle(pool, fut, reads_state=False)
-        with pytest.raises(StorageError):
-            await hooked
-        failing[0] = False
-        reloaded = await kernel.pool("bot:b")
-        state = (pool.poisoned, reloaded is not pool, list(reloaded.entries), dropped)
-        published = kernel.events.published
-        await kernel.close()
-        return state, published
-
-    (poisoned, fresh, entries, dropped), published = asyncio.run(go())
+    kernel = ShardKernel(tmp_path, 0, **kernel_args)
+    pool = await kernel.pool("bot:b")
+    dropped: list[str] = []
+    async with pool.lock.exclusive():
+        fut = _remember(kernel, pool, "mem_1", "lost")
+    assert fut is not None
+    fut.add_done_callback(lambda f: f.exception())
+    hooked = kernel.stage(Batch(events=[EVENT]).fail(lambda: dropped.append("chat")))
+    assert hooked is not None
+    with pytest.raises(StorageError):
+        await kernel.settle(pool, fut, reads_state=False)
+    with pytest.raises(StorageError):
+        await hooked
+    failing[0] = False
+    reloaded = await kernel.pool("bot:b")
+    state = (pool.poisoned, reloaded is not pool, list(reloaded.entries), dropped)
+    published = kernel.events.published
+    await kernel.close()
+    poisoned, fresh, entries, dropped = state
     assert poisoned and fresh  # the failed change is never served
     assert entries == []
     assert dropped == ["chat"]  # the batch's own failure hook ran
     assert published == 0  # no event of a failed batch goes out
 
 
-def test_a_read_of_state_that_includes_a_failed_change_fails(tmp_path, monkeypatch):
+@pytest.mark.anyio
+async def test_a_read_of_state_that_includes_a_failed_change_fails(tmp_path, monkeypatch):
     _fail_commits(monkeypatch)
 
-    async def go():
-        kernel = ShardKernel(tmp_path, 0)
-        pool = await kernel.pool("bot:b")
-        async with pool.lock.exclusive():
-            fut = _remember(kernel, pool, "mem_1", "lost")
-        assert fut is not None
-        fut.add_done_callback(lambda f: f.exception())
-        # A read that saw the change in memory waits for its commit and must not answer.
-        async with pool.lock.shared():
-            pending = pool.pending
-        with pytest.raises(StorageError):
-            await kernel.settle(pool, pending)
-        await kernel.close()
-
-    asyncio.run(go())
+    kernel = ShardKernel(tmp_path, 0)
+    pool = await kernel.pool("bot:b")
+    async with pool.lock.exclusive():
+        fut = _remember(kernel, pool, "mem_1", "lost")
+    assert fut is not None
+    fut.add_done_callback(lambda f: f.exception())
+    # A read that saw the change in memory waits for its commit and must not answer.
+    async with pool.lock.shared():
+        pending = pool.pending
+    with pytest.raises(StorageError):
+        await kernel.settle(pool, pending)
+    await kernel.close()
 
 
-def test_concurrent_first_uses_of_a_pool_load_it_once(tmp_path, kernel_args):
+@pytest.mark.anyio
+async def test_concurrent_first_uses_of_a_pool_load_it_once(tmp_path, kernel_args):
     """24 callers at once on a new pool get one pool (one data key): two loads would seal with
     two keys and lose whatever the losing one sealed."""
 
-    async def go():
-        kernel = ShardKernel(tmp_path, 0, **kernel_args)
-        pools = await asyncio.gather(*(kernel.pool("bot:b") for _ in range(24)))
-        written = []
-        for n, pool in enumerate(pools):
-            async with pool.lock.exclusive():
-                written.append(_remember(kernel, pool, f"mem_{n}", f"text {n}"))
-        await asyncio.gather(*written)
-        ids = {id(p) for p in pools}
-        count = len((await kernel.pool("bot:b")).entries)
-        await kernel.close()
-        return ids, count
-
-    ids, count = asyncio.run(go())
+    kernel = ShardKernel(tmp_path, 0, **kernel_args)
+    pools = await asyncio.gather(*(kernel.pool("bot:b") for _ in range(24)))
+    written = []
+    for n, pool in enumerate(pools):
+        async with pool.lock.exclusive():
+            written.append(_remember(kernel, pool, f"mem_{n}", f"text {n}"))
+    await asyncio.gather(*written)
+    ids = {id(p) for p in pools}
+    count = len((await kernel.pool("bot:b")).entries)
+    await kernel.close()
     assert len(ids) == 1
     assert count == 24
 
@@ -209,14 +200,18 @@ def test_a_feature_runs_on_a_kernel_alone_and_numbers_concurrent_items_once(tmp_
     assert events == 24  # one chat.item.created each, published with its commit
 
 
-def _slow_loads(kernel: ShardKernel, delay: float) -> None:
+def _held_loads(kernel: ShardKernel) -> tuple[asyncio.Event, asyncio.Event]:
+    """Pool loads that wait for `release` once `started`: (started, release)."""
     load = kernel.store.load
+    started, release = asyncio.Event(), asyncio.Event()
 
-    async def slow(pool_id):
-        await asyncio.sleep(delay)
+    async def held(pool_id):
+        started.set()
+        await release.wait()
         return await load(pool_id)
 
-    kernel.store.load = slow  # type: ignore[method-assign]
+    kernel.store.load = held  # type: ignore[method-assign]
+    return started, release
 
 
 def test_a_load_whose_only_caller_was_cancelled_counts_as_resident(tmp_path, kernel_args):
@@ -225,15 +220,13 @@ def test_a_load_whose_only_caller_was_cancelled_counts_as_resident(tmp_path, ker
 
     async def go():
         kernel = ShardKernel(tmp_path, 0, **kernel_args)
-        _slow_loads(kernel, 0.05)
+        started, release = _held_loads(kernel)
         before = len(kernel.residency)
         caller = asyncio.create_task(kernel.pool("bot:b"))
-        await asyncio.sleep(0.01)
+        await until(started.is_set, "the load runs")
         caller.cancel()
-        for _ in range(200):
-            if kernel.is_loaded("bot:b"):
-                break
-            await asyncio.sleep(0.01)
+        release.set()
+        await until(lambda: kernel.is_loaded("bot:b"), "the pool loaded")
         state = (caller.cancelled(), kernel.is_loaded("bot:b"), len(kernel.residency) - before)
         await kernel.close()
         return state
@@ -247,10 +240,11 @@ def test_close_waits_for_a_load_whose_caller_was_cancelled(tmp_path, kernel_args
 
     async def go():
         kernel = ShardKernel(tmp_path, 0, **kernel_args)
-        _slow_loads(kernel, 0.2)
+        started, release = _held_loads(kernel)
         caller = asyncio.create_task(kernel.pool("bot:b"))
-        await asyncio.sleep(0.01)
+        await until(started.is_set, "the load runs")
         caller.cancel()
+        release.set()  # the load goes on while close runs: close must wait for it
         await kernel.close()
         me = asyncio.current_task()
         left = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
@@ -274,16 +268,20 @@ def test_a_chat_log_load_left_by_its_cancelled_caller_is_resident_and_awaited_by
         store = ChatStore(kernel.store)
         load = store.load
 
-        async def slow(chat):
-            await asyncio.sleep(0.2)
+        started, release = asyncio.Event(), asyncio.Event()
+
+        async def held(chat):
+            started.set()
+            await release.wait()
             return await load(chat)
 
-        store.load = slow  # type: ignore[method-assign]
+        store.load = held  # type: ignore[method-assign]
         logs = ChatLogs(kernel, store)
         before = len(kernel.residency)
         caller = asyncio.create_task(logs.log("chat_1"))
-        await asyncio.sleep(0.01)
+        await until(started.is_set, "the load runs")
         caller.cancel()
+        release.set()  # the load goes on while close runs: close must wait for it
         await kernel.close()
         me = asyncio.current_task()
         left = [t for t in asyncio.all_tasks() if t is not me and not t.done()]

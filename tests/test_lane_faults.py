@@ -65,6 +65,7 @@ def _socket_in(folder: str, listen: bool) -> socket.socket | None:
     return None
 
 
+@pytest.mark.subprocess
 def test_folders_of_killed_shards_are_swept_and_a_closed_server_opens_none(base):
     asyncio.run(_swept(base))
 

@@ -12,9 +12,9 @@
 - one concept per module: a module past 600 lines gets a warning (is it still one concept?), a
   module past 900 lines fails.
 
-Issue 13 is removing today's violations in actors/ in several steps, so each rule names the
-violations still allowed (the ALLOWED_* lists below) and a second test checks that every entry is
-still a real violation: the lists can only shrink. When a test says an entry is fixed, delete it.
+Where a rule still has violations in actors/, it names the violations still allowed (the
+ALLOWED_* lists below) and a second test checks that every entry is still a real violation:
+the lists can only shrink. When a test says an entry is fixed, delete it.
 """
 
 from __future__ import annotations

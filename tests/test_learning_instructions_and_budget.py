@@ -1,4 +1,4 @@
-"""Issue 15, the learning side: the owner's instructions reach the learning step (MB-2), every
+"""The learning side: the owner's instructions reach the learning step (MB-2), every
 attempt keeps its sealed call record and is listed (LRN-4), and a job stopped by the budget runs
 again at the start of the next period without waiting for another job (MB-3)."""
 
@@ -222,3 +222,49 @@ def test_mb3_memory_jobs_show_when_a_budget_stopped_job_runs_again(world, admin,
         stopped.date() + datetime.timedelta(days=1), datetime.time(), datetime.UTC
     )
     assert job["wakeAt"] == int(next_day.timestamp() * 1000)
+
+
+def test_mb6_usage_the_provider_did_not_report_is_counted_apart_not_charged(tmp_path, fresh):
+    """MB-6: the confessor's call reports its usage and is charged; the learning step's call
+    reports none: it costs nothing and is counted as unknown, in the settings view (the
+    `GET /v1/bots/:botId/memory/bot` body), before and after a restart."""
+    from tests.shard_kit import BOT, CHAT, ORG, POOL, shard_service
+
+    bot, mem = fresh
+    bot.answer(
+        completion(None, tool_calls=[("confide", {"text": "I hope I got it right"})]),
+        completion("Noted."),
+    )
+    # The confessor's call has no tools: usage reported. The learning step's: none reported.
+    mem.routes.append(
+        lambda body: completion("OK.", usage=None) if body.get("tools") else completion("I hear.")
+    )
+    price = Price(input_micros_per_mtok=1_000_000)  # the stub's 10 input tokens: 10 micros
+    models = {
+        "bot": OpenAIModel("bot", base_url=bot.url, model="bot-model"),
+        "mem": OpenAIModel("mem", base_url=mem.url, model="mem-model", price=price),
+    }
+
+    async def go():
+        svc = shard_service(tmp_path, fresh, models=models)
+        try:
+            start = TurnStart(chat=CHAT, bot=BOT, org=ORG, operator="u_ann", text="hi")
+            turn = await svc.start_turn(start)
+            await svc.wait_turn(CHAT.id, turn.id)
+            await svc.learning_idle()
+            before = await svc.memory_bot_view(POOL)
+        finally:
+            await svc.close()
+        again = shard_service(tmp_path, fresh, models=models)
+        try:
+            return before, await again.memory_bot_view(POOL)
+        finally:
+            await again.close()
+
+    before, after = asyncio.run(go())
+    assert len([r for r in mem.requests if r.get("tools")]) == 1  # the learning step was asked
+    for view in (before, after):
+        assert [(s.period.split(":")[0], s.micros, s.unknownCalls) for s in view.spend] == [
+            ("day", 10, 1),
+            ("month", 10, 1),
+        ]

@@ -8,6 +8,7 @@ import asyncio
 import ray
 
 from tests.openai_stub import OpenAIStub, completion
+from tests.waiting import until
 
 
 def _after_restart(call, attempts=50):
@@ -46,8 +47,7 @@ def test_killed_shard_resumes_learning_and_stores_the_fact_once(engine, world, a
         assert r.status_code == 200, r.text
 
     async def until_the_learning_call_arrived():
-        while len(mem.requests) < requests_before + 2:
-            await asyncio.sleep(0.05)  # another process's HTTP request: nothing to await on
+        await until(lambda: len(mem.requests) >= requests_before + 2, "two memory model calls")
 
     asyncio.run(asyncio.wait_for(until_the_learning_call_arrived(), 20))
     shard = engine.shard_for(world.users["alice"])

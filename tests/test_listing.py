@@ -1,4 +1,4 @@
-"""Listing routes (issue 14): `GET /v1/chats|bots|channels`, `/v1/me` and the admin lists, with
+"""Listing routes: `GET /v1/chats|bots|channels`, `/v1/me` and the admin lists, with
 cursor pagination ({items, nextCursor}), over real HTTP against the real directory actor; a user
 sees only what they may."""
 

@@ -1,4 +1,4 @@
-"""The pool-lock guard (issue 12 point 8, ACL-9): no pool lock is held across an actor call or
+"""The pool-lock guard (ACL-9): no pool lock is held across an actor call or
 a model call. The suite runs with the guard on (tests/conftest.py), in this process and in the
 actors, and fails at the end if any turn, learning run, group round, chain or extraction held
 one; these tests check the guard itself, and that the learning step's workspace extraction runs
@@ -73,11 +73,11 @@ def test_a_task_started_under_a_lock_does_not_inherit_it():
     assert _caught(go) == []
 
 
-def test_learning_sends_workspace_facts_outside_the_pool_lock(tmp_path, monkeypatch):
+@pytest.mark.anyio
+async def test_learning_sends_workspace_facts_outside_the_pool_lock(shards, monkeypatch):
     """`_extract_scoped` (calls to the directory and the workspace pool's shard) is awaited
     while the learning task holds no pool lock."""
     from actors.learning.runs import LearningRunner
-    from actors.shard.service import ShardService
 
     seen: list[int] = []
 
@@ -87,21 +87,19 @@ def test_learning_sends_workspace_facts_outside_the_pool_lock(tmp_path, monkeypa
 
     monkeypatch.setattr(LearningRunner, "_extract_scoped", extract)
 
-    async def go():
-        from engine.chat_records import LearningJob
+    from engine.chat_records import LearningJob
 
-        svc = ShardService(tmp_path, 0)
-        pool = await svc.kernel.pool("bot:b1")
-        job = LearningJob(
-            id="job_1", pool="bot:b1", chat="chat_1", turn="t", upto=1, org="o1",
-            grant="for:person:u1",
-        )  # fmt: skip
-        from engine.models import Completion
+    svc = shards()
+    pool = await svc.kernel.pool("bot:b1")
+    job = LearningJob(
+        id="job_1", pool="bot:b1", chat="chat_1", turn="t", upto=1, org="o1",
+        grant="for:person:u1",
+    )  # fmt: skip
+    from engine.models import Completion
 
-        await svc.learning._apply(job, pool, Completion(text="", tool_calls=[]), {})
-        await svc.close()
-
-    asyncio.run(go())
+    # private: the learning runner's apply step, replaced to fail or called alone
+    await svc.learning._apply(job, pool, Completion(text="", tool_calls=[]), {})
+    await shards.close(svc)
     assert seen == [0]
 
 

@@ -19,11 +19,13 @@ from engine.models import Price
 from engine.turns import CALM_ANSWER
 from tests.openai_stub import OpenAIStub, completion
 from tests.shard_kit import ANN, BOT, CHAT, ORG, POOL, run_turn, shard_service
+from tests.waiting import TIMEOUT, until
 
 CONFIDE = ("confide", {"text": "Ann told me she moved to Oslo; I hope I got it right"})
 
 
-def test_confide_then_learn_a_fact_from_the_persons_item(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_confide_then_learn_a_fact_from_the_persons_item(shards, tmp_path, fresh):
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted, Ann."))
     learn = {
@@ -39,21 +41,17 @@ def test_confide_then_learn_a_fact_from_the_persons_item(tmp_path, fresh):
         ),
     )
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        result = await run_turn(svc, "I moved to Oslo last week")
-        assert [(i.kind, i.text) for i in result.items] == [
-            ("person", "I moved to Oslo last week"),
-            ("bot", "Noted, Ann."),
-        ]
-        page = await svc.read_memory(POOL, ANN)
-        confessions = await svc.confessions("chat_1")
-        jobs = await svc.learning_jobs(POOL)
-        other = await svc.read_memory(POOL, Reader(user="u_bob", org="o1", uses_bot=True))
-        await svc.close()
-        return page, confessions, jobs, other
-
-    page, confessions, jobs, other = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    result = await run_turn(svc, "I moved to Oslo last week")
+    assert [(i.kind, i.text) for i in result.items] == [
+        ("person", "I moved to Oslo last week"),
+        ("bot", "Noted, Ann."),
+    ]
+    page = await svc.read_memory(POOL, ANN)
+    confessions = await svc.confessions("chat_1")
+    jobs = await svc.learning_jobs(POOL)
+    other = await svc.read_memory(POOL, Reader(user="u_bob", org="o1", uses_bot=True))
+    await shards.close(svc)
     # SEC-1: items, confessions, learned content and the model call log are all sealed.
     for path in tmp_path.rglob("*"):
         if path.is_file():
@@ -81,24 +79,22 @@ def test_confide_then_learn_a_fact_from_the_persons_item(tmp_path, fresh):
     assert [e["kind"] for e in request["evidence"]] == ["person", "bot"]
 
 
-def test_a_bot_that_never_confides_learns_nothing(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_a_bot_that_never_confides_learns_nothing(shards, fresh):
     bot, mem = fresh
     bot.answer(completion("Hello!"))
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        await run_turn(svc, "I moved to Oslo")
-        steps = await svc.learning_idle()
-        page = await svc.read_memory(POOL, ANN)
-        await svc.close()
-        return steps, page
-
-    steps, page = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    await run_turn(svc, "I moved to Oslo")
+    steps = await svc.learning_idle()
+    page = await svc.read_memory(POOL, ANN)
+    await shards.close(svc)
     assert steps == 0 and page.entries == () and mem.requests == []
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("case", ["no_model", "budget", "hang"])
-def test_calm_answer_without_model_budget_or_in_time(tmp_path, fresh, case):
+async def test_calm_answer_without_model_budget_or_in_time(shards, fresh, case):
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("OK."))
     org = ORG
@@ -107,44 +103,38 @@ def test_calm_answer_without_model_budget_or_in_time(tmp_path, fresh, case):
     if case == "hang":
         mem.answer(OpenAIStub.HANG)
 
-    async def go():
-        svc = shard_service(tmp_path, fresh, answer_wait=1.0)
-        if case == "budget":
-            patch = SettingsPatch(expected=0, budget=Budget(period="day", limitMicros=0))
-            await svc.patch_memory_bot_settings(POOL, patch)
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
+    svc = shards(stubs=fresh, answer_wait=1.0)
+    if case == "budget":
+        patch = SettingsPatch(expected=0, budget=Budget(period="day", limitMicros=0))
+        await svc.patch_memory_bot_settings(POOL, patch)
+    # A hung memory model is not waited for past `answer_wait`: the turn ends well inside the
+    # bound (without the answer wait it never would).
+    async with asyncio.timeout(TIMEOUT):
         await run_turn(svc, "hi", org=org)
-        elapsed = loop.time() - t0
-        confessions = await svc.confessions("chat_1")
-        await svc.close()
-        return confessions, elapsed
-
-    confessions, elapsed = asyncio.run(go())
+    confessions = await svc.confessions("chat_1")
+    await shards.close(svc)
     assert confessions[0].answer == CALM_ANSWER and confessions[0].calm
-    assert elapsed < 5
     if case != "hang":
         assert mem.requests == []
 
 
-def test_enrichment_uses_only_the_readers_entries_and_history_keeps_the_original(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_enrichment_uses_only_the_readers_entries_and_history_keeps_the_original(
+    shards, fresh
+):
     bot, mem = fresh
     bot.answer(completion("Sure."))
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        mine = await svc.remember(POOL, ANN, "Ann prefers trains to planes")
-        rewrite = {
-            "text": "Plan my trip to Oslo (I prefer trains)",
-            "entries": [mine.id, "mem_not_hers"],
-        }
-        mem.answer(completion(None, tool_calls=[("rewrite", rewrite)]))
-        result = await run_turn(svc, "Plan my trip to Oslo")
-        enrichments = await svc.enrichments("chat_1")
-        await svc.close()
-        return mine, result, enrichments
-
-    mine, result, enrichments = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    mine = await svc.remember(POOL, ANN, "Ann prefers trains to planes")
+    rewrite = {
+        "text": "Plan my trip to Oslo (I prefer trains)",
+        "entries": [mine.id, "mem_not_hers"],
+    }
+    mem.answer(completion(None, tool_calls=[("rewrite", rewrite)]))
+    result = await run_turn(svc, "Plan my trip to Oslo")
+    enrichments = await svc.enrichments("chat_1")
+    await shards.close(svc)
     assert result.items[0].text == "Plan my trip to Oslo"  # history keeps the original (ENR-3)
     assert bot.requests[0]["messages"][-1]["content"] == "Plan my trip to Oslo (I prefer trains)"
     (record,) = enrichments
@@ -169,12 +159,14 @@ def test_restart_mid_execution_reuses_the_recorded_step_and_stores_once(tmp_path
             stuck.set()
             await asyncio.Event().wait()  # the process dies here, before anything is applied
 
+        # private: the learning runner's apply step, replaced to fail or called alone
         svc.learning._apply = never_apply
         turn = await svc.start_turn(
             TurnStart(chat=CHAT, bot=BOT, org=ORG, operator="u_ann", text="I moved to Oslo")
         )
         await svc.wait_turn("chat_1", turn.id)
         await stuck.wait()
+        # private: the learning runner's tasks, cancelled to simulate a crash
         for task in list(svc.learning._tasks.values()):
             task.cancel()
         await svc.committer.drain()
@@ -197,43 +189,37 @@ def test_restart_mid_execution_reuses_the_recorded_step_and_stores_once(tmp_path
     assert jobs[0].status == "done" and jobs[0].attempts == 2
 
 
-def test_purging_the_chat_removes_what_was_learned_deleting_history_does_not(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_purging_the_chat_removes_what_was_learned_deleting_history_does_not(shards, fresh):
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
     learn = {"content": "Ann lives in Oslo", "items": [{"chat": "chat_1", "item": "i-1"}]}
     mem.answer(completion("I hear you."), completion(None, tool_calls=[("learn_fact", learn)]))
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        await run_turn(svc, "I moved to Oslo")
-        assert await svc.delete_chat_items("chat_1") == 2
-        after_delete = await svc.read_memory(POOL, ANN)
-        items = await svc.chat_items("chat_1")
-        purged = await svc.purge(POOL, "chat:chat_1")
-        after_purge = await svc.read_memory(POOL, ANN)
-        await svc.close()
-        return after_delete, items, purged, after_purge
-
-    after_delete, items, purged, after_purge = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    await run_turn(svc, "I moved to Oslo")
+    assert await svc.delete_chat_items("chat_1") == 2
+    after_delete = await svc.read_memory(POOL, ANN)
+    items = await svc.chat_items("chat_1")
+    purged = await svc.purge(POOL, "chat:chat_1")
+    after_purge = await svc.read_memory(POOL, ANN)
+    await shards.close(svc)
     assert len(after_delete.entries) == 1 and items == []
     assert purged == 1 and after_purge.entries == ()
 
 
-def test_garbage_from_the_memory_model_is_a_recorded_safe_error(tmp_path, fresh, caplog):
+@pytest.mark.anyio
+async def test_garbage_from_the_memory_model_is_a_recorded_safe_error(shards, fresh, caplog):
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
     mem.answer(completion("I hear you."), *[OpenAIStub.GARBAGE] * 4)
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        svc.learning.retry_delay = 0.0
-        await run_turn(svc, "I moved to Oslo")
-        page = await svc.read_memory(POOL, ANN)
-        jobs = await svc.learning_jobs(POOL)
-        await svc.close()
-        return page, jobs
-
-    page, jobs = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    svc.learning.retry_delay = 0.0
+    await run_turn(svc, "I moved to Oslo")
+    page = await svc.read_memory(POOL, ANN)
+    jobs = await svc.learning_jobs(POOL)
+    await shards.close(svc)
     assert page.entries == ()
     # CO-3: tried again three times, then ended with the safe error.
     assert jobs[0].status == "failed" and jobs[0].attempts == 4
@@ -248,17 +234,14 @@ def test_garbage_from_the_memory_model_is_a_recorded_safe_error(tmp_path, fresh,
     assert lines.count(final) == 1, lines
 
 
-def test_a_failed_turn_and_step_are_logged(tmp_path, fresh, caplog):
+@pytest.mark.anyio
+async def test_a_failed_turn_and_step_are_logged(shards, fresh, caplog):
     bot, _ = fresh
     bot.answer(OpenAIStub.GARBAGE, OpenAIStub.GARBAGE, OpenAIStub.GARBAGE)
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        result = await run_turn(svc, "hello")
-        await svc.close()
-        return result
-
-    result = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    result = await run_turn(svc, "hello")
+    await shards.close(svc)
     assert result.turn.status == "failed"
     lines = [r.message for r in caplog.records if r.name == "openbot.turns"]
     assert any(
@@ -267,7 +250,8 @@ def test_a_failed_turn_and_step_are_logged(tmp_path, fresh, caplog):
     assert any(m.startswith(f"turn {result.turn.id} in chat chat_1 failed") for m in lines), lines
 
 
-def test_a_failed_learning_step_is_retried_and_then_succeeds(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_a_failed_learning_step_is_retried_and_then_succeeds(shards, fresh):
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
     learn = {"content": "Ann lives in Oslo", "items": [{"chat": CHAT.id, "item": "i-1"}]}
@@ -277,21 +261,18 @@ def test_a_failed_learning_step_is_retried_and_then_succeeds(tmp_path, fresh):
         completion(None, tool_calls=[("learn_fact", learn)]),
     )
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        svc.learning.retry_delay = 0.0
-        await run_turn(svc, "I moved to Oslo")
-        page = await svc.read_memory(POOL, ANN)
-        jobs = await svc.learning_jobs(POOL)
-        await svc.close()
-        return page, jobs
-
-    page, jobs = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    svc.learning.retry_delay = 0.0
+    await run_turn(svc, "I moved to Oslo")
+    page = await svc.read_memory(POOL, ANN)
+    jobs = await svc.learning_jobs(POOL)
+    await shards.close(svc)
     assert [e.content for e in page.entries] == ["Ann lives in Oslo"]
     assert jobs[0].status == "done" and jobs[0].attempts == 2
 
 
-def test_auto_record_learns_after_every_turn_without_confide(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_auto_record_learns_after_every_turn_without_confide(shards, fresh):
     bot, mem = fresh
     bot.answer(completion("Nice."), completion("Sure."))
     learn = {"content": "Ann likes tea", "items": [{"chat": CHAT.id, "item": "i-1"}]}
@@ -300,101 +281,86 @@ def test_auto_record_learns_after_every_turn_without_confide(tmp_path, fresh):
         ORG, settings=msgspec.structs.replace(ORG.settings, autoRecord=True)
     )
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        await run_turn(svc, "I like tea", org=auto)
-        page = await svc.read_memory(POOL, ANN)
-        jobs = await svc.learning_jobs(POOL)
-        await svc.close()
-        return page, jobs
-
-    page, jobs = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    await run_turn(svc, "I like tea", org=auto)
+    page = await svc.read_memory(POOL, ANN)
+    jobs = await svc.learning_jobs(POOL)
+    await shards.close(svc)
     assert [e.content for e in page.entries] == ["Ann likes tea"]
     assert len(jobs) == 1 and jobs[0].status == "done"
 
 
-def test_context_api_has_entries_and_validate_references(tmp_path, fresh):
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        a = await svc.remember(POOL, ANN, "a" * 50)
-        b = await svc.remember(POOL, ANN, "b" * 50)
-        ctx = await svc.context(POOL, ANN, 60)  # only the newest fits
-        stranger = Reader(user="u_x", org="o1", uses_bot=True)
-        out = (
-            ctx,
-            await svc.has_entries(POOL, ANN),
-            await svc.has_entries(POOL, stranger),
-            await svc.validate_references(POOL, ANN, [a.id, b.id]),  # pushed out still counts
-        )
-        await svc.forget(POOL, ANN, a.id)
-        out += (await svc.validate_references(POOL, ANN, [a.id, b.id]),)  # a was taken back
-        await svc.close()
-        return out
-
-    ctx, has, stranger_has, valid_before, valid_after = asyncio.run(go())
+@pytest.mark.anyio
+async def test_context_api_has_entries_and_validate_references(shards, fresh):
+    svc = shards(stubs=fresh)
+    a = await svc.remember(POOL, ANN, "a" * 50)
+    b = await svc.remember(POOL, ANN, "b" * 50)
+    ctx = await svc.context(POOL, ANN, 60)  # only the newest fits
+    stranger = Reader(user="u_x", org="o1", uses_bot=True)
+    out = (
+        ctx,
+        await svc.has_entries(POOL, ANN),
+        await svc.has_entries(POOL, stranger),
+        await svc.validate_references(POOL, ANN, [a.id, b.id]),  # pushed out still counts
+    )
+    await svc.forget(POOL, ANN, a.id)
+    out += (await svc.validate_references(POOL, ANN, [a.id, b.id]),)  # a was taken back
+    await shards.close(svc)
+    ctx, has, stranger_has, valid_before, valid_after = out
     assert ctx.entries and len(ctx.entries) == 1 and ctx.hasEntries
     assert has and not stranger_has
     assert valid_before and not valid_after
 
 
-def test_learning_sees_only_what_the_turns_person_may_see(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_learning_sees_only_what_the_turns_person_may_see(shards, fresh):
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
     mem.answer(completion("I hear you."), completion("nothing to learn"))
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        await svc.remember(POOL, Reader(user="u_bob", org="o1", uses_bot=True), "Bob's secret plan")
-        mine = await svc.remember(POOL, ANN, "Ann likes tea")
-        await run_turn(svc, "I moved to Oslo")
-        await svc.close()
-        return mine
-
-    mine = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    await svc.remember(POOL, Reader(user="u_bob", org="o1", uses_bot=True), "Bob's secret plan")
+    mine = await svc.remember(POOL, ANN, "Ann likes tea")
+    await run_turn(svc, "I moved to Oslo")
+    await shards.close(svc)
     request = json.loads(mem.requests[-1]["messages"][-1]["content"])
     assert [e["id"] for e in request["entries"]] == [mine.id]
     assert "secret" not in mem.requests[-1]["messages"][-1]["content"]
 
 
-def test_items_of_a_running_turn_appear_once_stored(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_items_of_a_running_turn_appear_once_stored(shards, fresh):
     bot, _ = fresh
     bot.answer(completion("Here you go."))
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        gate = asyncio.Event()
-        submit = svc.committer.submit
+    svc = shards(stubs=fresh)
+    gate = asyncio.Event()
+    submit = svc.committer.submit
 
-        def slow_end_of_turn(writes, after=None):
-            fut = submit(writes, after)
-            if not any(getattr(w, "table", "") == "turns" and w.row[3] == "done" for w in writes):
-                return fut
-            held = asyncio.get_running_loop().create_future()
+    def slow_end_of_turn(writes, after=None):
+        fut = submit(writes, after)
+        if not any(getattr(w, "table", "") == "turns" and w.row[3] == "done" for w in writes):
+            return fut
+        held = asyncio.get_running_loop().create_future()
 
-            async def release():
-                await gate.wait()
-                await fut
-                held.set_result(None)
+        async def release():
+            await gate.wait()
+            await fut
+            held.set_result(None)
 
-            held.task = asyncio.ensure_future(release())
-            return held
+        held.task = asyncio.ensure_future(release())
+        return held
 
-        svc.committer.submit = slow_end_of_turn
-        org = Org(id="o1", name="o", settings=OrgSettings(botMemory=False))
-        turn = await svc.start_turn(
-            TurnStart(chat=CHAT, bot=BOT, org=org, operator="u_ann", text="hi")
-        )
-        log = await svc.chat_logs.log("chat_1")
-        while len(log.items) < 2:  # the reply is in memory, its commit is held back
-            await asyncio.sleep(0.01)
-        during = await svc.chat_items("chat_1")
-        gate.set()
-        await svc.wait_turn("chat_1", turn.id)
-        after = await svc.chat_items("chat_1")
-        await svc.close()
-        return during, after
-
-    during, after = asyncio.run(go())
+    svc.committer.submit = slow_end_of_turn
+    org = Org(id="o1", name="o", settings=OrgSettings(botMemory=False))
+    turn = await svc.start_turn(TurnStart(chat=CHAT, bot=BOT, org=org, operator="u_ann", text="hi"))
+    log = await svc.chat_logs.log("chat_1")
+    await until(lambda: len(log.items) >= 2, "the reply in memory, its commit held back")
+    during = await svc.chat_items("chat_1")
+    gate.set()
+    await svc.wait_turn("chat_1", turn.id)
+    after = await svc.chat_items("chat_1")
+    await shards.close(svc)
     assert [i.kind for i in during] == ["person"]
     assert [i.kind for i in after] == ["person", "bot"]
 

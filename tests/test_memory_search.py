@@ -1,4 +1,4 @@
-"""Ranked memory search on a shard and over HTTP (issue 11): workspace memories and
+"""Ranked memory search on a shard and over HTTP: workspace memories and
 bot memory. Stems and paraphrases meet, a Chinese query finds a Chinese record, forgetting and
 purging take hits away at once, the index survives a restart from stored term hashes, and no
 word of a record reaches the disk in the clear."""
@@ -365,7 +365,7 @@ def test_stored_terms_made_from_other_content_are_made_again_after_a_restart(
 
 
 def test_enrichment_context_takes_what_the_input_is_about_first(tmp_path: Path):
-    """ENR-1/ENR-5 with issue 11: the memory bot's context for an input is chosen by the same
+    """ENR-1/ENR-5: the memory bot's context for an input is chosen by the same
     ranked search as memory search. An entry that shares only a stem with the input ("deploys"
     for "deployment") and comes last in memory order is in the context although earlier entries
     fill the limit; the context stays in memory order, within the limit, and holds nothing the
@@ -412,7 +412,7 @@ def test_records_without_stored_terms_are_indexed_even_beside_rows_of_records_go
 ):
     """A pool's load indexes from the stored term rows, dropping rows of records that are gone
     and tokenizing records that have none. With one of each, the counts agree: the missing
-    record must still be found (it was not, when the check compared counts before dropping)."""
+    record must still be found (a check comparing counts before dropping would miss it)."""
 
     async def first() -> tuple[str, str]:
         svc = _shard(tmp_path)

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.client import EventClient
 from tests.conftest import ADMIN, _ok
+from tests.waiting import until
 
 pytestmark = pytest.mark.ray
 
@@ -129,8 +130,7 @@ def test_websocket_clients_and_events_delivered(server, world):
         async with EventClient(server.url, world.tokens["alice"]) as events:
             stream = events.__aiter__()
             first = asyncio.ensure_future(stream.__anext__())
-            while events.cursor is None:  # connected: its hello frame arrived
-                await asyncio.sleep(0.02)
+            await until(lambda: events.cursor is not None, "connected: its hello frame")
             during = await asyncio.to_thread(scrape, server)
             with world.client("alice") as alice:
                 cmd = {"command": {"_tag": "Remember", "content": "for the stream"}}
@@ -150,7 +150,7 @@ def test_websocket_clients_and_events_delivered(server, world):
 
 
 def test_a_full_client_queue_counts_dropped_events():
-    from gateway.metrics import EVENTS_DROPPED
+    from gateway.metrics import REGISTRY
     from gateway.subscriber import Outlet
 
     async def scenario():
@@ -160,11 +160,14 @@ def test_a_full_client_queue_counts_dropped_events():
             await gate.wait()
 
         outlet = Outlet(slow_socket, limit=1)
-        before = EVENTS_DROPPED._value.get()
+        before = REGISTRY.get_sample_value("openbot_events_dropped_total")
         outlet.deliver("one")  # waits in the send
         outlet.deliver("two")  # queued
         outlet.deliver("three")  # does not fit
-        assert EVENTS_DROPPED._value.get() - before == 1 and outlet.ended.is_set()
+        assert (
+            REGISTRY.get_sample_value("openbot_events_dropped_total") - before == 1
+            and outlet.ended.is_set()
+        )
         outlet.close()
 
     asyncio.run(scenario())

@@ -24,7 +24,7 @@ async def _node(server, isolation: bool, answers: list, seen: list, ready: async
         caps = {"memoryIsolation": isolation, "memoryExtraction": isolation}
         await ws.send(json.dumps({"type": "hello", "node": "edge-1", "capabilities": caps}))
         raw = await ws.recv()
-        assert isinstance(raw, str)  # text frames, every one (issue 12)
+        assert isinstance(raw, str)  # text frames, every one
         welcome = json.loads(raw)
         assert welcome["type"] == "welcome" and welcome["node"] == "edge-1"
         ready.set()
@@ -103,3 +103,72 @@ def test_nodes_need_the_admin_token_and_a_hello(server, world):
             assert closed.value.rcvd.code == 4400
 
     asyncio.run(scenario())
+
+
+def test_a_node_with_isolation_but_no_extraction_gets_no_learning_requests(
+    world, admin, server, engine
+):
+    """ND-2: `memoryIsolation` and `memoryExtraction` are two capabilities. A node that isolates
+    memory but cannot run extraction, serving the org's memory model, is sent no learning
+    request: the job fails with the reason instead."""
+    import time
+
+    import ray
+
+    r = admin.patch(
+        f"/v1/admin/orgs/{world.org}",
+        json={"settings": {"botMemoryModel": "edge", "autoRecord": True}},
+    )
+    assert r.status_code == 200, r.text
+    bot = admin.post(
+        "/v1/admin/bots",
+        json={"name": "Plain", "org": world.org, "owner": world.users["alice"], "model": "bot"},
+    ).json()["id"]
+
+    async def node(seen: list, ready: asyncio.Event) -> None:
+        headers = {"Authorization": f"Bearer {ADMIN}"}
+        async with connect(_ws_url(server), additional_headers=headers) as ws:
+            caps = {"memoryIsolation": True, "memoryExtraction": False}
+            await ws.send(json.dumps({"type": "hello", "node": "edge-1", "capabilities": caps}))
+            assert json.loads(await ws.recv())["type"] == "welcome"
+            ready.set()
+            async for raw in ws:
+                frame = json.loads(raw)
+                seen.append(frame)
+                await ws.send(json.dumps({"type": "result", "id": frame["id"], "text": "ok"}))
+
+    def job_of(alice, chat: str) -> dict:
+        deadline = time.monotonic() + 30
+        while True:
+            jobs = alice.get("/api/app/workspace/memory-jobs").json()["jobs"]
+            mine = [j for j in jobs if j["chat"] == chat]
+            if mine and mine[0]["status"] in ("done", "failed"):
+                return mine[0]
+            assert time.monotonic() < deadline, jobs
+            time.sleep(0.05)
+
+    async def scenario() -> tuple[list, dict]:
+        seen: list = []
+        ready = asyncio.Event()
+        task = asyncio.create_task(node(seen, ready))
+        await asyncio.wait_for(ready.wait(), 10)
+        with world.client("alice") as alice:
+            status = (await asyncio.to_thread(alice.get, f"/v1/bots/{bot}/node")).json()
+            assert status["node"]["id"] == "builtin"  # the bot itself runs here
+            chat = (await asyncio.to_thread(alice.post, "/v1/chats", json={"bot": bot})).json()
+            r = await asyncio.to_thread(
+                alice.post,
+                f"/v1/chats/{chat['id']}/turns?wait=true",
+                json={"text": "My locker code is 4711, please remember it"},
+            )
+            assert r.status_code == 200, r.text
+            shard = engine.shard_for(world.users["alice"])
+            await asyncio.to_thread(ray.get, shard.learning_idle.remote())
+            job = await asyncio.to_thread(job_of, alice, chat["id"])
+        task.cancel()
+        return seen, job
+
+    seen, job = asyncio.run(scenario())
+    assert job["status"] == "failed" and "extraction" in (job["error"] or ""), job
+    learning = [f for f in seen if any(t["name"] == "learn_fact" for t in f.get("tools") or ())]
+    assert learning == [], learning

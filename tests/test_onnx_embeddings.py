@@ -1,4 +1,4 @@
-"""Local embeddings on ONNX Runtime (`kind = "onnx"`, issue 11): all-MiniLM-L6-v2 int8 from the
+"""Local embeddings on ONNX Runtime (`kind = "onnx"`): all-MiniLM-L6-v2 int8 from the
 PyPI package, nothing downloaded; configured as one model line and found by semantic search."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Org boundaries in the admin API and the routes that use bots (issue 12).
+"""Org boundaries in the admin API and the routes that use bots.
 
 A bot's owner and grantees, and a channel's people and bots, belong to the org of the bot or
 channel (422 and nothing stored otherwise). A person of another org cannot use a bot, and its

@@ -60,20 +60,18 @@ def test_events_packed_equals_events_after(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_a_garbled_packed_workspace_write_is_invalid_input_and_stores_nothing(
+@pytest.mark.anyio
+async def test_a_garbled_packed_workspace_write_is_invalid_input_and_stores_nothing(
     tmp_path: Path,
 ) -> None:
     from engine.errors import InvalidInput
 
-    async def main() -> None:
-        svc = Shard(tmp_path / "data", 0)
-        try:
-            before = await svc.events_after(0, 1000, 0.0)
-            for junk in (b"", b"\x81\xa3bad\x01", msgspec.msgpack.encode({"access": 1})):
-                with pytest.raises(InvalidInput):
-                    await svc.workspace_create_memory_packed(junk)
-            assert await svc.events_after(0, 1000, 0.0) == before
-        finally:
-            await svc.close()
-
-    asyncio.run(main())
+    svc = Shard(tmp_path / "data", 0)
+    try:
+        before = await svc.events_after(0, 1000, 0.0)
+        for junk in (b"", b"\x81\xa3bad\x01", msgspec.msgpack.encode({"access": 1})):
+            with pytest.raises(InvalidInput):
+                await svc.workspace_create_memory_packed(junk)
+        assert await svc.events_after(0, 1000, 0.0) == before
+    finally:
+        await svc.close()

@@ -1,4 +1,4 @@
-"""No two pools share a key (issue 24 item 3): search terms are hashed with each pool's own key,
+"""No two pools share a key: search terms are hashed with each pool's own key,
 a vector block's associated data covers its list of records, and a file written in the first key
 format (one term key per shard, blocks without their list covered, unkeyed chain fingerprints)
 is brought to the current one when it opens: once, in one transaction, searching as before.
@@ -241,7 +241,7 @@ def _format_one(monkeypatch) -> None:
     legacy = Analyzer(legacy_terms_key(MASTER))
     monkeypatch.setattr(TermKeys, "of", lambda self, pool: legacy)
     monkeypatch.setattr(
-        vs, "_block_aad", lambda pool, model, seq, entries: vs.legacy_block_aad(pool, model, seq)
+        vs, "block_aad", lambda pool, model, seq, entries: vs.legacy_block_aad(pool, model, seq)
     )
 
 
@@ -386,7 +386,8 @@ def test_first_format_chain_fingerprints_are_keyed_with_the_org_key_on_open(tmp_
     try:
         db.run_sync(
             lambda con: con.execute(
-                "INSERT INTO chains VALUES ('ch_1', 'o1', ?, ?)", [_chain_doc(), b""]
+                "INSERT INTO chains (id, org, doc, texts) VALUES ('ch_1', 'o1', ?, ?)",
+                [_chain_doc(), b""],
             )
         )
         assert upgrade_keys(db, MASTER) is True

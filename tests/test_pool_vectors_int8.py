@@ -4,10 +4,10 @@ into at load; the first new vector widens them once, and nothing moves."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import numpy as np
+import pytest
 
 from actors.workspace import vectors as vmod
 from actors.workspace.vectors import PoolVectors
@@ -70,12 +70,12 @@ def test_the_first_new_vector_widens_the_rows_once_and_keeps_every_score():
     assert v.row["new"] == n and v.fp(ids[4]) == "fp2"
 
 
-def test_a_pool_of_int8_blocks_loads_int8_and_ranks_as_before(tmp_path):
+@pytest.mark.anyio
+async def test_a_pool_of_int8_blocks_loads_int8_and_ranks_as_before(shards):
     """Through the store: blocks written as the background writes them load as one int8
     matrix with each row's factor, and a search ranks the records as the widened float32
     matrix did."""
     from actors.shard.batch import Batch
-    from actors.shard.service import ShardService
     from storage.crypto import Cipher
     from storage.vector_store import VectorStore
 
@@ -84,17 +84,14 @@ def test_a_pool_of_int8_blocks_loads_int8_and_ranks_as_before(tmp_path):
     raw = rnd.normal(size=(300, 24)).astype(np.float32)
     items = [(f"r{k}", f"fp{k}", raw[k]) for k in range(300)]
 
-    async def main():
-        svc = ShardService(tmp_path, 0)
-        for seq, at in enumerate(range(0, 300, 128)):
-            block = VectorStore.block("user:u", "m:24", seq, items[at : at + 128], cipher)
-            await svc.kernel.commit(Batch(writes=[block]))
-        await svc.flush()
-        got = await VectorStore(svc.db).load_all("user:u", "m:24", cipher)
-        await svc.close()
-        return got
-
-    ids, fps, mat, row, scale = asyncio.run(main())
+    svc = shards()
+    for seq, at in enumerate(range(0, 300, 128)):
+        block = VectorStore.block("user:u", "m:24", seq, items[at : at + 128], cipher)
+        await svc.kernel.commit(Batch(writes=[block]))
+    await svc.flush()
+    got = await VectorStore(svc.db).load_all("user:u", "m:24", cipher)
+    await shards.close(svc)
+    ids, fps, mat, row, scale = got
     assert mat.dtype == np.int8 and mat.shape == (300, 24) and scale is not None
     assert ids == [f"r{k}" for k in range(300)] and row is None
     v = PoolVectors()

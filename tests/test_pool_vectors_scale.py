@@ -5,6 +5,7 @@ after rows are overwritten and the matrix grows."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from actors.workspace.vectors import PoolVectors
 
@@ -43,29 +44,25 @@ def test_scores_with_kept_factors_are_cosines_after_puts_and_growth():
     assert np.allclose(sorted(h.score for h in few), sorted([got[5], got[7]]), atol=1e-6)
 
 
-def test_a_later_block_wins_whatever_order_the_blocks_were_stored_in(tmp_path):
+@pytest.mark.anyio
+async def test_a_later_block_wins_whatever_order_the_blocks_were_stored_in(shards):
     """Blocks are read unordered and ordered by seq in Python (no sort of blobs in DuckDB)."""
-    import asyncio
     import os
 
     from actors.shard.batch import Batch
-    from actors.shard.service import ShardService
     from storage.crypto import Cipher
     from storage.vector_store import VectorStore
 
     cipher = Cipher(os.urandom(32))
     early, late = np.eye(4, dtype=np.float32)[0], np.eye(4, dtype=np.float32)[1]
 
-    async def main():
-        svc = ShardService(tmp_path, 0)
-        for seq, vec in ((7, late), (3, early)):  # the later seq stored first
-            block = VectorStore.block("user:u", "m:4", seq, [("a", f"fp{seq}", vec)], cipher)
-            await svc.kernel.commit(Batch(writes=[block]))
-        await svc.flush()
-        got = await VectorStore(svc.db).load_all("user:u", "m:4", cipher)
-        await svc.close()
-        return got
-
-    ids, fps, mat, _, scale = asyncio.run(main())
+    svc = shards()
+    for seq, vec in ((7, late), (3, early)):  # the later seq stored first
+        block = VectorStore.block("user:u", "m:4", seq, [("a", f"fp{seq}", vec)], cipher)
+        await svc.kernel.commit(Batch(writes=[block]))
+    await svc.flush()
+    got = await VectorStore(svc.db).load_all("user:u", "m:4", cipher)
+    await shards.close(svc)
+    ids, fps, mat, _, scale = got
     assert ids == ["a"] and fps == ["fp7"]
     assert np.allclose(mat[0] * scale[0], late)

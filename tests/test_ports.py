@@ -76,14 +76,12 @@ def test_an_unreachable_sibling_fails_that_bots_step_only(tmp_path: Path):
     assert replies == {("Ann's", "Ben's")[home]: f"from shard {home}"}
 
 
-def test_peers_without_actors_say_so():
-    async def go() -> None:
-        own = object()
-        peers = Peers(own, 0, prefix=None, count=2, namespace="openbot")  # type: ignore[arg-type]
-        assert peers.shard(0) is own  # itself: always local
-        for ask in (lambda: peers.shard(1), peers.directory):
-            with pytest.raises(Unavailable) as caught:
-                ask()
-            assert caught.value.code == "no_peers"
-
-    asyncio.run(go())
+@pytest.mark.anyio
+async def test_peers_without_actors_say_so():
+    own = object()
+    peers = Peers(own, 0, prefix=None, count=2, namespace="openbot")  # type: ignore[arg-type]
+    assert peers.shard(0) is own  # itself: always local
+    for ask in (lambda: peers.shard(1), peers.directory):
+        with pytest.raises(Unavailable) as caught:
+            ask()
+        assert caught.value.code == "no_peers"

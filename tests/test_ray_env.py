@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.subprocess  # each case runs in a fresh interpreter
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -1,4 +1,4 @@
-"""Issue 12: the embedded Ray of a real `openbot serve` is reachable from no other host and
+"""The embedded Ray of a real `openbot serve` is reachable from no other host and
 answers no caller without its token. Every listening TCP socket of the server's whole process
 tree (gateway, gcs_server, raylet, agents, actor workers) must be on loopback, and every Ray
 server among them must refuse a call that carries no token or a wrong one."""
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 
 import grpc
 import httpx
@@ -71,9 +70,8 @@ def _refuses_without_token(lst: Listener, token: str) -> str:
 
 
 @pytest.mark.slow
-def test_no_socket_of_the_server_listens_beyond_loopback_or_without_auth(tmp_path):
+def test_no_socket_of_the_server_listens_beyond_loopback_or_without_auth(tmp_path, ray_tmp):
     data = tmp_path / "data"
-    ray_tmp = tempfile.mkdtemp(prefix="obx", dir="/tmp")
     # A careless shell: auth switched off and nothing keeping Ray on loopback. The server
     # must not depend on its caller's environment for either.
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}

@@ -1,5 +1,5 @@
 """`ShardService.remember_packed`: a Remember as one packed `RememberCall`, answered with the HTTP
-body (issue 13: one bytes argument and one bytes reply cost Ray far less than five arguments and
+body (one bytes argument and one bytes reply cost Ray far less than five arguments and
 a Struct). Same semantics as `remember`: the body is the wire JSON of the entry, a requestId
 answers once however many ask at the same time, bad input changes nothing."""
 
@@ -11,7 +11,6 @@ import msgspec
 import pytest
 
 from actors.contracts import RememberCall
-from actors.shard.service import ShardService
 from engine.casing import to_wire
 from engine.errors import Conflict, InvalidInput
 from engine.memory_entries import Reader
@@ -28,42 +27,37 @@ def _packed(content: str, request_id: str | None = None) -> bytes:
     return msgspec.msgpack.encode(call)
 
 
-def test_the_body_is_the_entry_as_the_gateway_would_send_it(tmp_path):
-    async def go():
-        svc = ShardService(tmp_path, 0, models={})
-        body = await svc.remember_packed(_packed("packed note"))
-        page = await svc.read_memory(POOL, ANN)
-        await svc.close()
-        return body, page
-
-    body, page = asyncio.run(go())
+@pytest.mark.anyio
+async def test_the_body_is_the_entry_as_the_gateway_would_send_it(shards):
+    svc = shards(models={})
+    body = await svc.remember_packed(_packed("packed note"))
+    page = await svc.read_memory(POOL, ANN)
+    await shards.close(svc)
     [entry] = page.entries
     assert body == msgspec.json.encode(to_wire(entry))  # what `json(entry, 201)` would send
     assert msgspec.json.decode(body)["content"] == "packed note"
 
 
-def test_a_request_id_answers_once_for_24_concurrent_callers_and_bad_input_changes_nothing(
+@pytest.mark.anyio
+async def test_a_request_id_answers_once_for_24_concurrent_callers_and_bad_input_changes_nothing(
+    shards,
     tmp_path,
 ):
-    async def go():
-        svc = ShardService(tmp_path, 0, models={})
-        bodies = await asyncio.gather(
-            *(svc.remember_packed(_packed("once", "req-1")) for _ in range(24))
-        )
-        with pytest.raises(Conflict) as reused:
-            await svc.remember_packed(_packed("something else", "req-1"))
-        with pytest.raises(InvalidInput):
-            await svc.remember_packed(b"\x93not a call")
-        with pytest.raises(InvalidInput):
-            await svc.remember_packed(_packed(""))  # empty content: refused by the engine
-        page = await svc.read_memory(POOL, ANN)
-        await svc.close()
-        again = ShardService(tmp_path, 0, models={})  # and after a restart
-        later = await again.remember_packed(_packed("once", "req-1"))
-        await again.close()
-        return bodies, reused.value, page, later
-
-    bodies, reused, page, later = asyncio.run(go())
+    svc = shards(models={})
+    bodies = await asyncio.gather(
+        *(svc.remember_packed(_packed("once", "req-1")) for _ in range(24))
+    )
+    with pytest.raises(Conflict) as reused:
+        await svc.remember_packed(_packed("something else", "req-1"))
+    with pytest.raises(InvalidInput):
+        await svc.remember_packed(b"\x93not a call")
+    with pytest.raises(InvalidInput):
+        await svc.remember_packed(_packed(""))  # empty content: refused by the engine
+    page = await svc.read_memory(POOL, ANN)
+    await shards.close(svc)
+    again = shards(models={})  # and after a restart
+    later = await again.remember_packed(_packed("once", "req-1"))
+    await shards.close(again)
     assert len(set(bodies)) == 1 and later == bodies[0]
-    assert reused.code == "request_id_reused"
+    assert reused.value.code == "request_id_reused"
     assert [e.content for e in page.entries] == ["once"]

@@ -127,14 +127,14 @@ def test_enr3_request_and_review_see_only_the_proposal_never_the_enrichment(worl
         assert alice.post(decision, json={"approved": "yes"}).status_code == 400
         assert alice.post(decision, json={"approved": True, "note": "x" * 4001}).status_code == 400
         assert alice.get(f"/v1/requests/{req['id']}").json()["status"] == "pending"
-        ok = alice.post(decision, json={"approved": True, "note": "Go ahead"})
+        ok = alice.post(decision + "?wait=true", json={"approved": True, "note": "Go ahead"})
         assert ok.status_code == 200, ok.text
         assert ok.json()["status"] == "approved" and ok.json()["decidedBy"] == world.users["alice"]
         again = alice.post(decision, json={"approved": False})
         assert again.status_code == 409
         assert again.json()["error"]["code"] == "already_decided"
         assert alice.get("/v1/requests?status=approved").json()["requests"][-1]["id"] == req["id"]
-        told = alice.get(f"/v1/chats/{chat}/items").json()["items"][-1]
+        told = alice.get(f"/v1/chats/{chat}/items").json()["items"][-2]  # then the bot's answer
         assert (
             told["kind"] == "notification" and told["text"] == "Request “Laptop” approved: Go ahead"
         )

@@ -1,4 +1,4 @@
-"""Bounded memory (issue 12 point 9): a shard keeps its pools and chat logs under a budget,
+"""Bounded memory: a shard keeps its pools and chat logs under a budget,
 least recently used first out, never one in use; whatever was evicted loads again correctly.
 Real ShardService on real DuckDB files, no Ray."""
 

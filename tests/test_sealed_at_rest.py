@@ -1,4 +1,4 @@
-"""Issue 12 point 7: project names and metadata, bot rules and prompts (also in the WAL) and a
+"""Project names and metadata, bot rules and prompts (also in the WAL) and a
 delivery verdict's note are sealed at rest. The whole data directory (DuckDB files, their WAL,
 the group committer's journal) is scanned for planted strings before and after a checkpoint,
 and after a restart everything reads back."""

@@ -13,6 +13,8 @@ from actors.shard.pool import Pool
 from engine.memory_entries import EntryMeta, Reader, Status
 from storage.crypto import Cipher
 from storage.memory_store import StoredPool
+
+# private: `_order_by_key` is checked against a plain sort
 from storage.search_index import Analyzer, Stats, TermIndex, _order_by_key, in_context
 from tests.test_engine_visibility_oracle import cases, oracle_visible
 
@@ -120,7 +122,7 @@ def test_incremental_changes_rank_like_a_fresh_build(texts, query, data):
         else:
             docs[i] = data.draw(st.lists(words, max_size=8).map(" ".join))
             inc.put(i, AN.keys(docs[i]))
-    inc._merge()
+    inc.merge()
     fresh = index(docs)
     a = dict(inc.search(AN.query(query), 100))
     b = dict(fresh.search(AN.query(query), 100))
@@ -136,6 +138,8 @@ def test_incremental_changes_rank_like_a_fresh_build(texts, query, data):
 def _merged_by_sorting_everything(ix: TermIndex, extra=None):
     """The layout the merge had before it placed new postings by `searchsorted` (one stable
     sort of the base, the tail and the given postings, in that order): the reference."""
+    # private: the reference reads the index's own arrays (base, tail, alive rows, vocabulary):
+    # what a merge lays out is not visible through the public API, only through rankings.
     parts_t = [np.repeat(np.arange(ix._indptr.size - 1), np.diff(ix._indptr))]
     parts_r, parts_f = [ix._rows], [ix._tfs]
     for tid, (r, f) in ix._tail.items():
@@ -165,7 +169,7 @@ def test_a_merge_lays_postings_out_as_one_stable_sort_would(built, written, data
     again: the arrays are exactly those one stable sort of everything gives (dead rows
     dropped), so rankings and their tie order are what they were. Checked on every merge:
     explicit, and `build_flat`'s into a non-empty index (given postings)."""
-    real = TermIndex._merge
+    real = TermIndex.merge
     merges: list[int] = []
 
     def checked(self, *given):
@@ -176,7 +180,7 @@ def test_a_merge_lays_postings_out_as_one_stable_sort_would(built, written, data
         assert not self._tail
         merges.append(len(given))
 
-    TermIndex._merge = checked  # type: ignore[method-assign]
+    TermIndex.merge = checked  # type: ignore[method-assign]
     try:
         ix = TermIndex()
         ix.build((f"b{n}", AN.keys(t)) for n, t in enumerate(built))
@@ -192,12 +196,13 @@ def test_a_merge_lays_postings_out_as_one_stable_sort_would(built, written, data
                 ix.remove(i)
             else:
                 ix.put(i, AN.keys(data.draw(st.lists(words, max_size=8).map(" ".join))))
-        ix._merge()
+        ix.merge()
         ix.put("y", AN.keys("alpha beta deploy"))
         more = [(f"x{n}", AN.keys(t)) for n, t in enumerate(written[:5])]
         ix.build([*more, ("y", AN.keys("soup deploy"))])  # into a non-empty index
     finally:
-        TermIndex._merge = real  # type: ignore[method-assign]
+        TermIndex.merge = real  # type: ignore[method-assign]
+    # private: the index's rows, dead ones included
     assert merges[0] == 0 and (not ix._ids or merges[-1] == 3)
 
 
@@ -216,6 +221,7 @@ def test_term_counts_are_the_same_counted_in_python_or_numpy(monkeypatch):
         return dict(ix.search(AN.query("alpha gamma soup beta"), 10))
 
     mixed = ranking()
+    # private: the threshold between the Python and numpy counting paths
     assert AN.keys(long).size > search_index._SMALL  # the long text takes the numpy path
     monkeypatch.setattr(search_index, "_SMALL", 10**9)
     assert ranking() == mixed
@@ -297,6 +303,7 @@ def test_a_loaded_index_then_changed_ranks_like_a_fresh_build():
         np.array([k.size for k in keys.values()], dtype=np.int64),
         np.concatenate(list(keys.values())),
     )
+    # private: checks the load leaves the row map unbuilt (lazy)
     assert idx._row_map is None  # not made by the load
     assert "d00007" in idx and idx.row_of("d00007") == 7 and "nope" not in idx
     for n in range(0, 3_000, 7):
@@ -310,7 +317,7 @@ def test_a_loaded_index_then_changed_ranks_like_a_fresh_build():
     for n in range(50):
         docs[f"n{n}"] = " ".join(rng.choice(vocab, size=9))
         idx.put(f"n{n}", AN.keys(docs[f"n{n}"]))
-    idx._merge()
+    idx.merge()
     fresh = index(docs)
     for q in ("w1 w2", "w300", "w7 w8 w9 w10"):
         a, b = dict(idx.search(AN.query(q), 5_000)), dict(fresh.search(AN.query(q), 5_000))

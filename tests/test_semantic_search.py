@@ -1,4 +1,4 @@
-"""Semantic search over workspace memory (SPEC SC-7, DESIGN §6).
+"""Semantic search over workspace memory (SC-7, docs/design.md §6).
 
 The embeddings client against the tests' OpenAI-compatible server (batches, order, errors);
 the `[search]` configuration; a shard driven directly (vectors kept across a restart, recomputed
@@ -432,9 +432,9 @@ def test_search_keeps_semantic_and_keyword_hits_and_only_what_the_caller_may_rea
 
 
 def test_semantic_search_finds_the_learned_entries_the_caller_may_read(tmp_path: Path):
-    """Issue 11 (left from issue 15): a bot's learned entries (one memory per bot)
-    are found by meaning too, not only by their words, and only by whom they are for; a learned
-    entry is embedded when a search first meets it, once."""
+    """A bot's learned entries (one memory per bot) are found by meaning too, not only by their
+    words, and only by whom they are for; a learned entry is embedded when a search first meets it,
+    once."""
     from tests.test_shard_service import POOL as BOT_POOL
     from tests.test_shard_service import fact
 

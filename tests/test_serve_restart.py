@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -62,9 +61,8 @@ class Serve:
 
 
 @pytest.mark.slow
-def test_serve_keeps_everything_across_restart_and_encrypts_at_rest(tmp_path):
+def test_serve_keeps_everything_across_restart_and_encrypts_at_rest(tmp_path, ray_tmp):
     data = tmp_path / "data"
-    ray_tmp = tempfile.mkdtemp(prefix="obs", dir="/tmp")
     admin = {"Authorization": f"Bearer {ADMIN}"}
     server = Serve(data, ray_tmp)
     try:

@@ -362,7 +362,7 @@ def test_a_peer_on_the_other_shard_is_asked_over_the_lane(world, admin, bot_mode
             while not (seen.type == "collaboration.changed" and seen.data["status"] == "done"):
                 seen = await asyncio.wait_for(it.__anext__(), 10)
             assert seen.data["chat"] == chat["id"]
-            chains = client.get("/api/app/workspace/collaboration").json()["collaborations"]
+            chains = client.get("/api/app/workspace/collaboration").json()["items"]
         await events.close()
         return next(c for c in chains if c["rootChat"] == chat["id"])
 

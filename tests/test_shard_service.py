@@ -1,6 +1,6 @@
 """ShardService driven directly (no Ray): memory API round trips, durability across a restart,
 encryption at rest, provenance (facts and observations), purge, conflicts, concurrency and
-context() (SPEC §1, §2, §6; DESIGN §7)."""
+context() (docs/requirements.md §1, §2, §6; docs/design.md §7)."""
 
 from __future__ import annotations
 

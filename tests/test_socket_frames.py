@@ -74,83 +74,77 @@ async def _next_outlet(room: Room) -> tuple[Outlet, FrameWriter | None, WebSocke
     raise AssertionError("the server never accepted the connection")
 
 
-def test_frames_written_past_asgi_and_through_it_arrive_whole_and_in_order(room):
+@pytest.mark.anyio
+async def test_frames_written_past_asgi_and_through_it_arrive_whole_and_in_order(room):
     room, url = room
 
-    async def scenario():
-        async with connect(url) as ws:
-            outlet, writer, websocket = await _next_outlet(room)
-            assert writer is not None  # the gateway's uvicorn offers the extension
-            texts = [f'{{"n":{i},"pad":"{"x" * (i * 37 % 300)}"}}' for i in range(200)]
+    async with connect(url) as ws:
+        outlet, writer, websocket = await _next_outlet(room)
+        assert writer is not None  # the gateway's uvicorn offers the extension
+        texts = [f'{{"n":{i},"pad":"{"x" * (i * 37 % 300)}"}}' for i in range(200)]
 
-            async def send_all():
-                written = []
-                for i, text in enumerate(texts):
-                    if i % 3 == 0:
-                        # Through ASGI, as a hello or a replay frame may go: same stream.
-                        await websocket.send_text(text)
-                        written.append("asgi")
-                    else:
-                        written.append(outlet.deliver(text, text_frame(text)))
-                return written
+        async def send_all():
+            written = []
+            for i, text in enumerate(texts):
+                if i % 3 == 0:
+                    # Through ASGI, as a hello or a replay frame may go: same stream.
+                    await websocket.send_text(text)
+                    written.append("asgi")
+                else:
+                    written.append(outlet.deliver(text, text_frame(text)))
+            return written
 
-            written = room.call(send_all)
-            assert all(w is True for w in written if w != "asgi")
-            got = [await asyncio.wait_for(ws.recv(), 10) for _ in texts]
-            assert got == texts
-
-    asyncio.run(scenario())
+        written = room.call(send_all)
+        assert all(w is True for w in written if w != "asgi")
+        got = [await asyncio.wait_for(ws.recv(), 10) for _ in texts]
+        assert got == texts
 
 
-def test_a_full_socket_falls_back_to_asgi_sends_and_keeps_order(room):
+@pytest.mark.anyio
+async def test_a_full_socket_falls_back_to_asgi_sends_and_keeps_order(room):
     room, url = room
 
-    async def scenario():
-        async with connect(url, max_size=None, max_queue=None) as ws:
-            outlet, writer, _ = await _next_outlet(room)
-            assert writer is not None
-            # The client stops reading (its transport is paused): the server's buffers fill.
-            ws.transport.pause_reading()
-            big = "y" * 60_000
-
-            def fill():
-                texts, direct = [], 0
-                for i in range(2_000):
-                    text = f"{i:05d}{big}"
-                    texts.append(text)
-                    if not outlet.deliver(text):
-                        break
-                    direct += 1
-                # One more, queued behind the send that waits for room: order must hold.
-                texts.append("last")
-                outlet.deliver("last")
-                return texts, direct, outlet.backlog
-
-            texts, direct, backlog = room.call(fill)
-            assert 0 < direct < 2_000 and backlog == 2  # the waiting send and "last"
-            ws.transport.resume_reading()
-            got = [await asyncio.wait_for(ws.recv(), 30) for _ in texts]
-            assert got == texts
-            assert room.call(lambda: outlet.backlog) == 0 and not outlet.ended.is_set()
-
-    asyncio.run(scenario())
-
-
-def test_the_writer_stops_at_a_closed_connection(room):
-    room, url = room
-
-    async def scenario():
-        async with connect(url) as ws:
-            outlet, writer, _ = await _next_outlet(room)
-            await ws.close()
+    async with connect(url, max_size=None, max_queue=None) as ws:
+        outlet, writer, _ = await _next_outlet(room)
         assert writer is not None
-        for _ in range(200):
-            if room.call(lambda: writer.write(text_frame("late"))) is None:
-                break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("the writer kept writing to a closed connection")
-        assert room.call(lambda: outlet.deliver("late")) is False
-        assert room.call(lambda: (outlet.ended.is_set(), outlet.code)) == (True, None)
+        # The client stops reading (its transport is paused): the server's buffers fill.
+        ws.transport.pause_reading()
+        big = "y" * 60_000
 
-    asyncio.run(scenario())
+        def fill():
+            texts, direct = [], 0
+            for i in range(2_000):
+                text = f"{i:05d}{big}"
+                texts.append(text)
+                if not outlet.deliver(text):
+                    break
+                direct += 1
+            # One more, queued behind the send that waits for room: order must hold.
+            texts.append("last")
+            outlet.deliver("last")
+            return texts, direct, outlet.backlog
+
+        texts, direct, backlog = room.call(fill)
+        assert 0 < direct < 2_000 and backlog == 2  # the waiting send and "last"
+        ws.transport.resume_reading()
+        got = [await asyncio.wait_for(ws.recv(), 30) for _ in texts]
+        assert got == texts
+        assert room.call(lambda: outlet.backlog) == 0 and not outlet.ended.is_set()
+
+
+@pytest.mark.anyio
+async def test_the_writer_stops_at_a_closed_connection(room):
+    room, url = room
+
+    async with connect(url) as ws:
+        outlet, writer, _ = await _next_outlet(room)
+        await ws.close()
+    assert writer is not None
+    for _ in range(200):
+        if room.call(lambda: writer.write(text_frame("late"))) is None:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("the writer kept writing to a closed connection")
+    assert room.call(lambda: outlet.deliver("late")) is False
+    assert room.call(lambda: (outlet.ended.is_set(), outlet.code)) == (True, None)

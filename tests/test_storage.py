@@ -1,5 +1,6 @@
 """storage/: the DuckDB wrapper and its migrations, group commit, envelope encryption, and the
-directory file's token hashing (DESIGN §7, SEC-1). Real DuckDB files under tmp_path, no Ray."""
+directory file's token hashing (docs/design.md §7, SEC-1). Real DuckDB files under tmp_path, no
+Ray."""
 
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def test_failed_migration_is_rolled_back_and_reported(tmp_path: Path) -> None:
     db.close()
 
 
-def test_duckdb_errors_become_storage_errors(tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_duckdb_errors_become_storage_errors(tmp_path: Path) -> None:
     db = Database(tmp_path / "c.duckdb", [KV_SQL])
     with pytest.raises(StorageError) as info:
         db.query("SELECT * FROM missing_table")
@@ -70,42 +72,38 @@ def test_duckdb_errors_become_storage_errors(tmp_path: Path) -> None:
     with pytest.raises(StorageError):
         db.query("INSERT INTO kv VALUES (?, ?, ?)", ["k", "g", "not a number"])
 
-    async def main() -> None:
-        with pytest.raises(StorageError):
-            await db.run(lambda con: con.execute("SELEC nonsense"))
-        assert await db.run(lambda con: con.execute("SELECT 41 + 1").fetchall()) == [(42,)]
-
-    asyncio.run(main())
+    with pytest.raises(StorageError):
+        await db.run(lambda con: con.execute("SELEC nonsense"))
+    assert await db.run(lambda con: con.execute("SELECT 41 + 1").fetchall()) == [(42,)]
     db.close()
 
 
 # --------------------------------------------------------------------------- group commit
 
 
-def test_writes_that_arrive_in_the_next_turn_of_the_loop_join_the_commit(tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_writes_that_arrive_in_the_next_turn_of_the_loop_join_the_commit(
+    tmp_path: Path,
+) -> None:
     """An actor hands each call to its event loop on its own: the writer waits one turn of the
     loop before it takes a group, so writes staged by calls that arrived meanwhile share the
     commit (fewer syncs and event polls per write) instead of each starting the next one."""
 
-    async def main() -> GroupCommitter:
-        db = Database(tmp_path / "t.duckdb", [KV_SQL])
-        gc = GroupCommitter(db, [KV], enabled=True)
-        loop = asyncio.get_running_loop()
-        futs = [gc.submit([Put("kv", ("first", "g", 0))])]  # wakes the writer
+    db = Database(tmp_path / "t.duckdb", [KV_SQL])
+    gc = GroupCommitter(db, [KV], enabled=True)
+    loop = asyncio.get_running_loop()
+    futs = [gc.submit([Put("kv", ("first", "g", 0))])]  # wakes the writer
 
-        def later(i: int) -> None:  # as a call handed over by another thread would
-            futs.append(gc.submit([Put("kv", (f"k{i}", "g", i))]))
+    def later(i: int) -> None:  # as a call handed over by another thread would
+        futs.append(gc.submit([Put("kv", (f"k{i}", "g", i))]))
 
-        for i in range(5):
-            loop.call_soon(later, i)
-        await asyncio.sleep(0)
-        await asyncio.gather(*futs)
-        await gc.close()
-        assert _rows(db).keys() == {"first", *(f"k{i}" for i in range(5))}
-        db.close()
-        return gc
-
-    gc = asyncio.run(main())
+    for i in range(5):
+        loop.call_soon(later, i)
+    await asyncio.sleep(0)
+    await asyncio.gather(*futs)
+    await gc.close()
+    assert _rows(db).keys() == {"first", *(f"k{i}" for i in range(5))}
+    db.close()
     assert (gc.batches, gc.transactions) == (6, 1)
 
 
@@ -131,65 +129,59 @@ def test_group_commit_merges_batches_into_few_transactions(tmp_path: Path) -> No
     assert rows == {f"k{i}": ("g", i) for i in range(200)}
 
 
-def test_group_commit_disabled_is_one_transaction_per_batch(tmp_path: Path) -> None:
-    async def main() -> GroupCommitter:
-        db = Database(tmp_path / "h.duckdb", [KV_SQL])
-        gc = GroupCommitter(db, [KV], enabled=False)
-        await asyncio.gather(*(gc.submit([Put("kv", (f"k{i}", "g", i))]) for i in range(30)))
-        assert len(_rows(db)) == 30
-        await gc.close()
-        db.close()
-        return gc
-
-    gc = asyncio.run(main())
+@pytest.mark.anyio
+async def test_group_commit_disabled_is_one_transaction_per_batch(tmp_path: Path) -> None:
+    db = Database(tmp_path / "h.duckdb", [KV_SQL])
+    gc = GroupCommitter(db, [KV], enabled=False)
+    await asyncio.gather(*(gc.submit([Put("kv", (f"k{i}", "g", i))]) for i in range(30)))
+    assert len(_rows(db)) == 30
+    await gc.close()
+    db.close()
     assert gc.transactions == gc.batches == 30
 
 
-def test_put_replaces_by_key_and_delete_removes(tmp_path: Path) -> None:
-    async def main() -> None:
-        db = Database(tmp_path / "p.duckdb", [KV_SQL])
-        gc = GroupCommitter(db, [KV])
-        await gc.submit([Put("kv", ("a", "g", 1)), Put("kv", ("b", "g", 1))])
-        await gc.submit([Put("kv", ("a", "h", 2))])  # a later transaction
-        assert _rows(db) == {"a": ("h", 2), "b": ("g", 1)}
-        # Within one group: the last Put of a key wins, a Delete after a Put removes it.
-        t = gc.transactions
-        f1 = gc.submit([Put("kv", ("a", "x", 3))])
-        f2 = gc.submit([Put("kv", ("a", "y", 4)), Put("kv", ("c", "y", 4))])
-        f3 = gc.submit([Delete("kv", "b")])
-        await asyncio.gather(f1, f2, f3)
-        assert gc.transactions == t + 1
-        assert _rows(db) == {"a": ("y", 4), "c": ("y", 4)}
-        assert await gc.submit([]) is None  # an empty batch resolves at once
-        await gc.close()
-        db.close()
-
-    asyncio.run(main())
+@pytest.mark.anyio
+async def test_put_replaces_by_key_and_delete_removes(tmp_path: Path) -> None:
+    db = Database(tmp_path / "p.duckdb", [KV_SQL])
+    gc = GroupCommitter(db, [KV])
+    await gc.submit([Put("kv", ("a", "g", 1)), Put("kv", ("b", "g", 1))])
+    await gc.submit([Put("kv", ("a", "h", 2))])  # a later transaction
+    assert _rows(db) == {"a": ("h", 2), "b": ("g", 1)}
+    # Within one group: the last Put of a key wins, a Delete after a Put removes it.
+    t = gc.transactions
+    f1 = gc.submit([Put("kv", ("a", "x", 3))])
+    f2 = gc.submit([Put("kv", ("a", "y", 4)), Put("kv", ("c", "y", 4))])
+    f3 = gc.submit([Delete("kv", "b")])
+    await asyncio.gather(f1, f2, f3)
+    assert gc.transactions == t + 1
+    assert _rows(db) == {"a": ("y", 4), "c": ("y", 4)}
+    assert await gc.submit([]) is None  # an empty batch resolves at once
+    await gc.close()
+    db.close()
 
 
-def test_delete_where_then_put_in_one_group_keeps_the_later_row(tmp_path: Path) -> None:
-    async def main() -> None:
-        db = Database(tmp_path / "w.duckdb", [KV_SQL])
-        gc = GroupCommitter(db, [KV])
-        await gc.submit([Put("kv", (k, "doomed", 0)) for k in ("a", "b", "c")])
-        t = gc.transactions
-        futs = [
-            gc.submit([Put("kv", ("early", "doomed", 1))]),  # before the delete: goes with it
-            gc.submit([DeleteWhere("kv", "grp", ("doomed",))]),
-            gc.submit([Put("kv", ("a", "doomed", 2)), Put("kv", ("late", "doomed", 3))]),
-        ]
-        await asyncio.gather(*futs)
-        assert gc.transactions == t + 1  # one group
-        assert _rows(db) == {"a": ("doomed", 2), "late": ("doomed", 3)}
-        # An empty DeleteWhere deletes nothing.
-        await gc.submit([DeleteWhere("kv", "grp", ())])
-        assert len(_rows(db)) == 2
-        await gc.close()
-        db.close()
-
-    asyncio.run(main())
+@pytest.mark.anyio
+async def test_delete_where_then_put_in_one_group_keeps_the_later_row(tmp_path: Path) -> None:
+    db = Database(tmp_path / "w.duckdb", [KV_SQL])
+    gc = GroupCommitter(db, [KV])
+    await gc.submit([Put("kv", (k, "doomed", 0)) for k in ("a", "b", "c")])
+    t = gc.transactions
+    futs = [
+        gc.submit([Put("kv", ("early", "doomed", 1))]),  # before the delete: goes with it
+        gc.submit([DeleteWhere("kv", "grp", ("doomed",))]),
+        gc.submit([Put("kv", ("a", "doomed", 2)), Put("kv", ("late", "doomed", 3))]),
+    ]
+    await asyncio.gather(*futs)
+    assert gc.transactions == t + 1  # one group
+    assert _rows(db) == {"a": ("doomed", 2), "late": ("doomed", 3)}
+    # An empty DeleteWhere deletes nothing.
+    await gc.submit([DeleteWhere("kv", "grp", ())])
+    assert len(_rows(db)) == 2
+    await gc.close()
+    db.close()
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize(
     "bad",
     [
@@ -199,27 +191,24 @@ def test_delete_where_then_put_in_one_group_keeps_the_later_row(tmp_path: Path) 
     ],
     ids=["arity", "type", "column"],
 )
-def test_a_bad_batch_fails_only_its_own_future(tmp_path: Path, bad) -> None:
-    async def main() -> None:
-        db = Database(tmp_path / "bad.duckdb", [KV_SQL])
-        gc = GroupCommitter(db, [KV])
-        futs = [gc.submit([Put("kv", (f"k{i}", "g", i))]) for i in range(3)]
-        futs.append(gc.submit([bad, Put("kv", ("with-bad", "g", 9))]))
-        futs += [gc.submit([Put("kv", (f"k{i}", "g", i))]) for i in range(3, 6)]
-        results = await asyncio.gather(*futs, return_exceptions=True)
-        assert all(r is None for i, r in enumerate(results) if i != 3), results
-        assert isinstance(results[3], StorageError), results[3]
-        assert _rows(db) == {f"k{i}": ("g", i) for i in range(6)}  # nothing of the bad batch
-        assert gc.batches == 6  # only committed batches count
-        # The writer keeps working afterwards, also for a lone bad batch.
-        with pytest.raises(StorageError):
-            await gc.submit([bad])
-        await gc.submit([Put("kv", ("after", "g", 7))])
-        assert "after" in _rows(db)
-        await gc.close()
-        db.close()
-
-    asyncio.run(main())
+async def test_a_bad_batch_fails_only_its_own_future(tmp_path: Path, bad) -> None:
+    db = Database(tmp_path / "bad.duckdb", [KV_SQL])
+    gc = GroupCommitter(db, [KV])
+    futs = [gc.submit([Put("kv", (f"k{i}", "g", i))]) for i in range(3)]
+    futs.append(gc.submit([bad, Put("kv", ("with-bad", "g", 9))]))
+    futs += [gc.submit([Put("kv", (f"k{i}", "g", i))]) for i in range(3, 6)]
+    results = await asyncio.gather(*futs, return_exceptions=True)
+    assert all(r is None for i, r in enumerate(results) if i != 3), results
+    assert isinstance(results[3], StorageError), results[3]
+    assert _rows(db) == {f"k{i}": ("g", i) for i in range(6)}  # nothing of the bad batch
+    assert gc.batches == 6  # only committed batches count
+    # The writer keeps working afterwards, also for a lone bad batch.
+    with pytest.raises(StorageError):
+        await gc.submit([bad])
+    await gc.submit([Put("kv", ("after", "g", 7))])
+    assert "after" in _rows(db)
+    await gc.close()
+    db.close()
 
 
 def _journal_records(db_path: Path) -> list[int]:
@@ -260,28 +249,26 @@ def test_journaled_writes_are_read_at_once_and_survive_a_crash(tmp_path: Path) -
     copy.close()
 
 
-def test_the_journal_is_applied_after_enough_rows_and_when_idle(tmp_path: Path) -> None:
-    async def main() -> None:
-        db = Database(tmp_path / "k.duckdb", [KV_SQL])
-        gc = GroupCommitter(db, [KV], checkpoint_rows=3, checkpoint_idle=0.05)
-        for i in range(3):
-            await gc.submit([Put("kv", (f"k{i}", "g", i))])
-        for _ in range(300):  # the third row reached checkpoint_rows: applied once answered
-            if gc.checkpoints == 1:
-                break
-            await asyncio.sleep(0.01)
-        assert gc.checkpoints == 1
-        await gc.submit([Put("kv", ("late", "g", 9))])
-        for _ in range(100):
-            if gc.checkpoints == 2:
-                break
-            await asyncio.sleep(0.02)
-        assert gc.checkpoints == 2  # applied once writes went quiet
-        assert _journal_records(tmp_path / "k.duckdb") == []  # applied and emptied
-        await gc.close()
-        db.close()
-
-    asyncio.run(main())
+@pytest.mark.anyio
+async def test_the_journal_is_applied_after_enough_rows_and_when_idle(tmp_path: Path) -> None:
+    db = Database(tmp_path / "k.duckdb", [KV_SQL])
+    gc = GroupCommitter(db, [KV], checkpoint_rows=3, checkpoint_idle=0.05)
+    for i in range(3):
+        await gc.submit([Put("kv", (f"k{i}", "g", i))])
+    for _ in range(300):  # the third row reached checkpoint_rows: applied once answered
+        if gc.checkpoints == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert gc.checkpoints == 1
+    await gc.submit([Put("kv", ("late", "g", 9))])
+    for _ in range(100):
+        if gc.checkpoints == 2:
+            break
+        await asyncio.sleep(0.02)
+    assert gc.checkpoints == 2  # applied once writes went quiet
+    assert _journal_records(tmp_path / "k.duckdb") == []  # applied and emptied
+    await gc.close()
+    db.close()
 
 
 # --------------------------------------------------------------------------- crypto
@@ -384,7 +371,7 @@ def test_directory_stores_token_hashes_only(tmp_path: Path) -> None:
     # Positive controls: what *is* stored in the clear can be found by this scan.
     assert hash_token(token).encode() in raw
     assert user_id.encode() in raw
-    assert b"Zed Directoryname" not in raw  # documents are sealed (issue 12)
+    assert b"Zed Directoryname" not in raw  # documents are sealed
 
     async def reopen() -> None:
         svc = DirectoryService(tmp_path)
@@ -403,7 +390,8 @@ _VALUES = [
 
 
 def _old_check(tables: dict[str, Table], w) -> None:
-    """What `GroupCommitter._check` accepted before its one-pass fast path (the reference)."""
+    """What `GroupCommitter.check_writes` accepted before its one-pass fast path (the reference)."""
+    # private: the reference check is built from the module's own type table
     from storage.group_commit import _PY_TYPES, Insert, _fits
 
     table = tables.get(w.table)
@@ -445,14 +433,14 @@ def test_the_row_check_accepts_and_refuses_exactly_what_it_did(tmp_path: Path) -
             _old_check(by_name, w)
         except StorageError:
             with pytest.raises(StorageError):
-                gc._check([w])
+                gc.check_writes([w])
         else:
-            gc._check([w])
+            gc.check_writes([w])
         checked += 1
     for bad in (Put("t_v_missing", ("a", 1)), Put("t_v", ("a",)), DeleteWhere("t_v", "no", ())):
         with pytest.raises((StorageError, ValueError)):
             _old_check(by_name, bad)
         with pytest.raises((StorageError, ValueError)):
-            gc._check([bad])
+            gc.check_writes([bad])
     assert checked == len(tables) * len(values) ** 2 * 2
     db.close()

@@ -365,12 +365,12 @@ def test_search_terms_read_back_and_delete(where: str):
 
 
 def test_vector_blocks_read_back_as_unit_rows_old_and_new_formats(where: str):
-    """Issue 11: vector blocks are stored as int8 directions (a quarter of float32's bytes)
+    """Vector blocks are stored as int8 directions (a quarter of float32's bytes)
     and read back as unit float32 rows close to the originals; blocks stored as float32 by
     an earlier version still load beside them; a later block's vector of a record wins, a
     zero vector stays zero (never a hit), and nothing of the vectors is stored in the clear."""
     from storage.crypto import Cipher
-    from storage.vector_store import _block_aad, pack
+    from storage.vector_store import block_aad, pack
 
     async def go() -> None:
         async with opened(where) as stores:
@@ -381,7 +381,7 @@ def test_vector_blocks_read_back_as_unit_rows_old_and_new_formats(where: str):
             new = rnd.normal(size=(4, 16)).astype(np.float32) * 7.0
             new[3] = 0.0
             listed = '[["a","f1"],["b","f2"],["c","f3"]]'
-            sealed_old = cipher.seal(pack(old.ravel()), _block_aad("user:u", "m:16", 1, listed))
+            sealed_old = cipher.seal(pack(old.ravel()), block_aad("user:u", "m:16", 1, listed))
             row_old = ("user:u\x00m:16\x001", "user:u", "m:16", 1, listed, sealed_old)
             items = [
                 ("b", "f2b", new[0]),

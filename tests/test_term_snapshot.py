@@ -1,4 +1,4 @@
-"""The stored snapshot of a workspace pool's keyword index (issue 11; storage/term_store.py):
+"""The stored snapshot of a workspace pool's keyword index (storage/term_store.py):
 a load restores it and applies only the term rows written after it, and ranks exactly as an
 index built from every row; writes made while one is stored are never lost from it; a damaged
 one is not used; nothing in it reads in the clear."""
@@ -199,6 +199,7 @@ def test_snapshots_taken_among_concurrent_writes_leave_every_record_indexed_once
 
     from actors.workspace import pools as pools_mod
 
+    # private: wraps the pool's sealing to see what is sealed
     seal = pools_mod._seal
 
     async def first() -> tuple[list[str], list[str]]:

@@ -1,4 +1,4 @@
-"""Tool results as sources (issue 15; SPEC MEM-3, LRN-9, ACL-5).
+"""Tool results as sources (MEM-3, LRN-9, ACL-5).
 
 A bot's app tool calls and their results are stored as `tool_result` chat items of the turn,
 authored by the tool. Learning may cite one beside what a person said, and the fact then carries

@@ -29,7 +29,7 @@ def _held_person_commit(monkeypatch, *, fail: bool, marker: str = "") -> dict:
     """The journal append holding the person's item (the first with a turn row, or with one
     that mentions `marker`) waits 0.3 s (on the journal thread), then fails if `fail`; `seen`
     records when it ended."""
-    original = GroupCommitter._append
+    original = GroupCommitter.append_record
     seen: dict = {}
 
     def append(self, batches):
@@ -44,7 +44,7 @@ def _held_person_commit(monkeypatch, *, fail: bool, marker: str = "") -> dict:
                 raise StorageError("disk full (simulated)")
         return original(self, batches)
 
-    monkeypatch.setattr(GroupCommitter, "_append", append)
+    monkeypatch.setattr(GroupCommitter, "append_record", append)
     return seen
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+# private: the turn id scheme, to name the turn a held commit belongs to
 from actors.chats.conversations import _turn_id
 from actors.contracts import TurnStart
 from actors.directory import DirectoryService

@@ -39,14 +39,14 @@ def _blocks(cipher: Cipher, sizes: list[int], dim: int = 24, seed: int = 5) -> l
 def _general(monkeypatch, cipher, legacy, blocks):
     with monkeypatch.context() as m:
         m.setattr(vs, "_open_int8", lambda *a: None)
-        return vs._assemble(POOL, MODEL, cipher, legacy, blocks)
+        return vs.assemble_blocks(POOL, MODEL, cipher, legacy, blocks)
 
 
 @pytest.mark.parametrize("sizes", [[1], [128, 128, 37], [5, 1, 128, 64, 2, 128, 9]])
 def test_int8_blocks_open_in_place_as_the_general_path_does(monkeypatch, sizes):
     cipher = Cipher(os.urandom(32))
     blocks = _blocks(cipher, sizes)
-    ids, fps, mat, row, scale = vs._assemble(POOL, MODEL, cipher, [], blocks)
+    ids, fps, mat, row, scale = vs.assemble_blocks(POOL, MODEL, cipher, [], blocks)
     want = _general(monkeypatch, cipher, [], blocks)
     assert mat.dtype == np.int8 and mat.flags.c_contiguous
     assert (ids, fps) == (want[0], want[1])
@@ -61,9 +61,9 @@ def test_a_float32_block_among_int8_ones_loads_by_the_general_path(monkeypatch):
     blocks = _blocks(cipher, [4, 3])
     old = np.arange(2 * 24, dtype=np.float32).reshape(2, 24) + 1
     entries = msgspec.json.encode([("old0", "f0"), ("old1", "f1")]).decode()
-    sealed = cipher.seal(vs.pack(old.ravel()), vs._block_aad(POOL, MODEL, 0, entries))
+    sealed = cipher.seal(vs.pack(old.ravel()), vs.block_aad(POOL, MODEL, 0, entries))
     rows = [(0, entries, sealed), *blocks]
-    ids, _, mat, _, scale = vs._assemble(POOL, MODEL, cipher, [], rows)
+    ids, _, mat, _, scale = vs.assemble_blocks(POOL, MODEL, cipher, [], rows)
     assert mat.dtype == np.float32 and ids[:2] == ["old0", "old1"] and len(ids) == 2 + 4 + 3
     unit = old / np.linalg.norm(old, axis=1, keepdims=True)
     assert np.allclose(mat[:2] * scale[:2, None], unit, atol=1e-6)
@@ -77,4 +77,4 @@ def test_a_damaged_block_fails_its_check(monkeypatch):
     bad[-1] ^= 1
     blocks[0] = (seq, entries, bytes(bad))
     with pytest.raises(StorageError):
-        vs._assemble(POOL, MODEL, cipher, [], blocks)
+        vs.assemble_blocks(POOL, MODEL, cipher, [], blocks)

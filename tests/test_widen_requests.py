@@ -1,5 +1,5 @@
-"""Requests to widen an entry's visibility over HTTP and from the memory bot (issue 15; SPEC
-ACL-4, API-1, API-2, MEM-3): every source's rule decides; no reason, model instruction or bot
+"""Requests to widen an entry's visibility over HTTP and from the memory bot
+(ACL-4, API-1, API-2, MEM-3): every source's rule decides; no reason, model instruction or bot
 ownership skips it."""
 
 from __future__ import annotations

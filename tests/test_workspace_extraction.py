@@ -1,5 +1,5 @@
 """The memory bot's learning step writes user- and project-scope facts into the workspace pools
-(issue 5; SPEC SC-1..SC-3, SC-6): user facts only in the user's own words, never back once
+(SC-1..SC-3, SC-6): user facts only in the user's own words, never back once
 forgotten (reworded or not), bot facts still in the bot's pool."""
 
 from __future__ import annotations
@@ -202,5 +202,52 @@ def test_user_fact_from_a_group_chat_is_refused(world, admin, model_stubs, engin
             assert job.grant.startswith("for:channel:")
             assert job.status == "done" and job.error == "1 proposed change(s) rejected"
             assert _list(alice, scope="user") == []
+    finally:
+        mem.routes.clear()
+
+
+def test_lrn5_user_and_project_facts_of_one_step_on_one_shard_are_both_stored(
+    world, admin, model_stubs, engine
+):
+    """One step learns a user fact and a project fact whose pools live on the same shard (the
+    project is Alice's): each pool's group is sent under a receipt of its own, so neither is
+    taken for a repeat of the other."""
+    mem, bot_model = model_stubs["mem"], model_stubs["bot"]
+    settings = {"botMemoryModel": "mem", "autoRecord": True}
+    admin.patch(f"/v1/admin/orgs/{world.org}", json={"settings": settings})
+    alice_id = world.users["alice"]
+    bot = admin.post(
+        "/v1/admin/bots",
+        json={"name": "Planner", "org": world.org, "owner": alice_id, "model": "bot"},
+    ).json()["id"]
+    bot_model.answer(completion("Noted."))
+    said = "I drink green tea and the launch moves to Friday"
+    chat_box: dict = {}
+
+    def mem_route(body):
+        if "You keep a bot's memory" not in body["messages"][0]["content"]:
+            return None
+        items = [{"chat": chat_box["id"], "item": "i-1"}]
+        calls = [
+            ("learn_fact", {"content": "I drink green tea", "items": items, "scope": "user"}),
+            ("learn_fact", {"content": "Launch on Friday", "items": items, "scope": "project"}),
+        ]
+        return completion(None, tool_calls=calls)
+
+    mem.routes.append(mem_route)
+    try:
+        with world.client("alice") as alice:
+            r = alice.post(f"{WS}/projects", json={"requestId": secrets.token_hex(6), "name": "L"})
+            assert r.status_code == 201, r.text
+            project = r.json()["id"]
+            chat = alice.post("/v1/chats", json={"bot": bot, "project": project}).json()
+            chat_box["id"] = chat["id"]
+            alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": said})
+            ray.get(engine.shard_for(alice_id).learning_idle.remote())
+            job = _job(alice, chat["id"])
+            assert (job["status"], job["error"]) == ("done", None), job
+            assert [e["content"] for e in _list(alice, scope="user")] == ["I drink green tea"]
+            facts = _list(alice, scope="project", project=project)
+            assert [e["content"] for e in facts] == ["Launch on Friday"]
     finally:
         mem.routes.clear()

@@ -1,4 +1,4 @@
-"""Workspace memories end to end (issue 5; SPEC SC-1..SC-3, FS-2, WA-1, WA-2, EV-1): real
+"""Workspace memories end to end (SC-1..SC-3, FS-2, WA-1, WA-2, EV-1): real
 server, actors and files. Who sees what: bot memory whoever uses the bot, user memory only the
 account, project memory only the project's members — through the API, search, export, events."""
 

@@ -1,4 +1,4 @@
-"""Workspace projects end to end (issue 5, SPEC WS-7, WA-1, WA-2): real server, actors, files."""
+"""Workspace projects end to end (WS-7, WA-1, WA-2): real server, actors, files."""
 
 from __future__ import annotations
 

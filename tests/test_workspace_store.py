@@ -1,4 +1,4 @@
-"""Workspace storage across a restart (issue 5; DESIGN §7): ShardService and DirectoryService
+"""Workspace storage across a restart (docs/design.md §7): ShardService and DirectoryService
 driven directly (no Ray), on real DuckDB files. Projects, records, revisions, barriers, receipts
 and the project → owner index come back; content is sealed at rest."""
 
@@ -113,7 +113,7 @@ def test_workspace_survives_a_restart(tmp_path: Path):
 
 
 def test_mem1_migration_7_links_old_bot_records_into_the_bots_one_memory(tmp_path: Path):
-    """MEM-1 (issue 15): a workspace bot record stored before migration 7 has no system tags.
+    """MEM-1: a workspace bot record stored before migration 7 has no system tags.
     The migration stamps `from:<its first revision's operator>` and `for:bot`, and loading the
     pool adds `org:<the bot's org>` from the directory: it is then part of the bot's memory for
     whoever uses the bot in that org, and for nobody in another org."""
@@ -219,7 +219,7 @@ def test_acl4_mem1_concurrent_widen_and_forget_by_revision_apply_once(tmp_path: 
 
 
 def test_loaded_records_decode_when_read_and_keep_their_order(tmp_path: Path):
-    """Issue 11: a pool's records load as stored JSON and are decoded when first read (the
+    """A pool's records load as stored JSON and are decoded when first read (the
     first search after a shard opens reads a few hundred of 100,000); reads, writes, deletes,
     fingerprints and walks see the same records in the same order as a plain dict would."""
     from storage.workspace_store import LazyEntries, _enc
@@ -244,16 +244,19 @@ def test_loaded_records_decode_when_read_and_keep_their_order(tmp_path: Path):
             found = [e.id for e in listing.entries]  # (the notes around it hold its words)
             assert sorted(found) == sorted([made[n].id for n in (6, 7, 8, 9)])
             entries = (await svc.workspace_pools.pool("user:u_ann")).stored.entries
+            # private: counts the entries not decoded yet (the laziness under test)
             assert isinstance(entries, LazyEntries) and entries._raw == 26
             ids = [m.id for m in made]
             assert list(entries) == [i for i in entries] and sorted(entries) == sorted(ids)
             plain = {i: entries[i] for i in ids}  # decoded on read, once
+            # private: counts the entries not decoded yet (the laziness under test)
             assert entries._raw == 0 and entries[ids[2]] is plain[ids[2]]
             assert entries.fp(ids[2]) == plain[ids[2]].content_fp
         finally:
             await _close(svc)
         # Partly decoded: the same answers as a plain dict, in the same order.
         lazy = LazyEntries({i: _enc.encode(e).decode() for i, e in plain.items()})
+        # private: counts the entries not decoded yet (the laziness under test)
         assert lazy.fp(ids[0]) == plain[ids[0]].content_fp and lazy._raw == 30
         assert lazy.get(ids[0]) == plain[ids[0]] and lazy.get("nope") is None
         assert "nope" not in lazy and ids[1] in lazy and lazy.fp("nope") is None
@@ -264,7 +267,9 @@ def test_loaded_records_decode_when_read_and_keep_their_order(tmp_path: Path):
         del want[ids[1]]
         want[ids[3]] = plain[ids[4]]
         want["new"] = plain[ids[0]]
+        # private: counts the entries not decoded yet (the laziness under test)
         assert lazy.keys() == want.keys() and lazy._raw == 27
+        # private: counts the entries not decoded yet (the laziness under test)
         assert list(lazy.items()) == list(want.items()) and lazy._raw == 0
         assert lazy.pop(ids[0]) == plain[ids[0]] and len(lazy) == len(want) - 1
 
@@ -272,7 +277,7 @@ def test_loaded_records_decode_when_read_and_keep_their_order(tmp_path: Path):
 
 
 def test_decoded_records_and_hits_are_not_tracked_by_the_cycle_collector():
-    """Issue 11: every search decodes the records its rankings reach (about 1,700 of a 100,000
+    """Every search decodes the records its rankings reach (about 1,700 of a 100,000
     record pool at first) and they stay decoded; tracked by the cyclic GC they made gen-2
     collections of 50-100 ms in the middle of searches (hybrid p99). Records and hits hold only
     strings, numbers and tuples of strings: no cycle can run through them."""

@@ -1,4 +1,4 @@
-"""What a workspace memory creation costs the shard (issue 11: workspace writes over HTTP at least
+"""What a workspace memory creation costs the shard (workspace writes over HTTP at least
 as fast as Remember), without changing what it stores: a coalesced call's creations are each
 indexed once, with both their neighbours, and stored in the call's one commit; the previous
 record's context row goes with them when nothing of the pool is pending."""

@@ -1,4 +1,4 @@
-"""The workspace memory write path over HTTP (issue 11: as fast as Remember): a creation's
+"""The workspace memory write path over HTTP (as fast as Remember): a creation's
 answer is its HTTP body from the shard on, and a well-formed creation is decoded in one pass,
 with every other body decoded (and refused) as before."""
 
@@ -51,7 +51,7 @@ def test_a_created_records_answer_is_the_body_the_gateway_would_encode(tmp_path:
 
 
 def _slow(body: bytes):
-    """How every body was decoded before the one-pass path (the reference)."""
+    """Every body decoded the general way, without the one-pass path (the reference)."""
     raw = wire.decode_any(body)
     if not isinstance(raw, dict):
         raise InvalidInput("body must be a JSON object", code="invalid_body")
@@ -119,14 +119,17 @@ def test_request_locks_taken_together_exclude_each_other_and_are_released_on_can
     async def main() -> None:
         keys = ["a", "b", "c", "d"]
         await asyncio.gather(*(call([keys[i % 4], keys[(i * 3) % 4], "a"]) for i in range(32)))
+        # private: the receipts' lock table, checked empty after cancellation
         assert not clash and receipts._request_locks == {}
         async with receipts.request("b"):
             waiting = asyncio.ensure_future(call(["a", "b"]))
             await asyncio.sleep(0.01)
+            # private: the receipts' lock table, checked empty after cancellation
             assert not waiting.done() and receipts._request_locks["a"][0].locked()
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
+        # private: the receipts' lock table, checked empty after cancellation
         assert receipts._request_locks == {}
 
     asyncio.run(main())

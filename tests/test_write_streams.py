@@ -1,4 +1,4 @@
-"""Which records a new workspace record is read with (engine/write_context.py; issue 11): the
+"""Which records a new workspace record is read with (engine/write_context.py): the
 last one of its write stream — same contributor, visibility and topics in one pool — so that
 conversations written at once keep their own context and a record is never found by the words
 of one its reader may not see; and keyword hits of several pools ranked as one pool's."""

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from actors.chats.chain_rows import under_way
 from actors.shard.batch import Batch
 from actors.shard.kernel import durable
 from engine.collaboration import find_link
@@ -38,10 +39,19 @@ GATHER_S = 0.2
 
 
 class Registrar:
-    def __init__(self, *, records: Any, peers: Any, spawn: Callable[[Coroutine], None]) -> None:
+    def __init__(
+        self,
+        *,
+        records: Any,
+        peers: Any,
+        spawn: Callable[[Coroutine], None],
+        lock: asyncio.Lock | None = None,
+        kernel: Any = None,
+    ) -> None:
         self.records = records
         self.peers = peers
         self._spawn = spawn
+        self._lock, self._kernel = lock, kernel  # (the runner's: chain rows are staged under it)
         self._waiting: dict[str, tuple[str, str, Chat]] = {}  # chat id → (chain, link, chat)
         self._running = False
         self._retry: asyncio.TimerHandle | None = None
@@ -72,8 +82,28 @@ class Registrar:
                 except OpenBotError as e:  # refused: asking again would be refused again
                     log.error("agent chats %s refused by the directory: %s", list(taken), e.message)
                 self._confirmed(taken)
+                await self._store_registered(taken)
         finally:
             self._running = False
+
+    async def _store_registered(self, taken: dict[str, tuple[str, str, Chat]]) -> None:
+        """Store again, in one transaction, the ended chains whose agent chats are all
+        registered now: their rows stop listing them and no longer count as live, so a restart
+        does not read them (chain_rows.py). A chain under way is stored by its next hop."""
+        if self._lock is None:
+            return
+        chains = {c for c, _, _ in taken.values() if c not in self.records.unregistered}
+        batch = Batch()
+        try:
+            async with self._lock:
+                for chain_id in sorted(chains):
+                    chain = await self.records.get(chain_id)
+                    if chain is not None and not under_way(chain):
+                        await self.records.stage(chain, batch, announce=False)
+                fut = self._kernel.stage(batch) if batch.writes else None
+            await durable(fut)
+        except OpenBotError as e:  # the rows still list them: a restart registers them again
+            log.warning("registered agent chats not stored: %s", e.message)
 
     def _confirmed(self, taken: dict[str, tuple[str, str, Chat]]) -> None:
         unregistered = self.records.unregistered
@@ -86,6 +116,7 @@ class Registrar:
                 links.discard(link)
                 if not links:
                     del unregistered[chain]
+                    self.records.settle(chain)  # (memory may let it go now)
 
     async def recover(self, lock: asyncio.Lock, kernel: Any) -> None:
         """After a restart: register again every agent chat a stored chain lists as not yet
@@ -93,10 +124,10 @@ class Registrar:
         those chains' rows without them, so the next restart asks nothing (one directory call
         and one transaction for all). `lock`: the runner's, under which chain rows are staged."""
         records = self.records
-        chains = await records.all()
+        await records.start()
         owed: dict[str, tuple[str, str, Chat]] = {}
         for chain_id, links in list(records.unregistered.items()):
-            chain = chains.get(chain_id)
+            chain = await records.get(chain_id)
             if chain is None:
                 continue
             try:
@@ -122,6 +153,6 @@ class Registrar:
         batch = Batch()
         async with lock:
             for chain_id in {chain for chain, _, _ in owed.values()}:
-                await records.stage(chains[chain_id], batch)
+                await records.stage(await records.need(chain_id), batch)
             fut = kernel.stage(batch)
         await durable(fut)

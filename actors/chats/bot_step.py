@@ -1,7 +1,7 @@
-"""One bot's step in a chat, on the shard that holds the bot's memory (DESIGN §5 steps 2-4).
+"""One bot's step in a chat, on the shard that holds the bot's memory (docs/design.md §5 steps 2-4).
 
 Direct chats, each participant of a group round and each peer of a collaboration chain run the
-same step: enrichment of a person's input (ENR), the bot's model with its tools (DESIGN §6),
+same step: enrichment of a person's input (ENR), the bot's model with its tools (docs/design.md §6),
 `confide` with the memory bot's answer. The step does not add chat items itself: the chat's
 home shard stores the reply. What the step records (confessions, enrichment records, the model
 call log, spend) goes into the caller's batch, so a direct turn still commits in one transaction.
@@ -72,6 +72,7 @@ MEMORY_INSTRUCTIONS = (
     "workspace_memory_search."
 )
 ENRICH_CONTEXT = 8_000
+CONFIDE_CONTEXT = 4_000  # characters of memory the confessor may be given
 SEARCH_HITS = 10
 _enc = msgspec.json.Encoder()
 
@@ -213,15 +214,18 @@ class BotStepper:
     ) -> list[tuple[int, WorkspaceQuery]]:
         """Where the step's user and project memory lives: in a person's direct chat the
         person's own scope and the chat's project (membership is checked where the project
-        lives). The bot's own scope is its one memory, read here (`_bot_scope`)."""
+        lives). The bot's own scope is its one memory, read here (`_bot_scope`). A person's
+        user memory is for the bots of their own account (SC-1): a bot someone else owns, used
+        through a grant, never reads it."""
         peers = self.peers
         limit = SEARCH_HITS if q is not None else 200
         wanted: list[tuple[int, WorkspaceQuery]] = []
         if step.chat.kind in ("direct", "review"):
-            user_pool = WorkspaceQuery(
-                pools=(f"user:{step.operator}",), projects=(), q=q, limit=limit
-            )
-            wanted.append((peers.index_of(step.operator), user_pool))
+            if step.bot.owner == step.operator:
+                user_pool = WorkspaceQuery(
+                    pools=(f"user:{step.operator}",), projects=(), q=q, limit=limit
+                )
+                wanted.append((peers.index_of(step.operator), user_pool))
             if step.chat.project:
                 owner = await peers.directory().project_owner(step.chat.project)
                 if owner is not None:
@@ -273,7 +277,7 @@ class BotStepper:
         if not await self.memory_allowed(step.bot):
             return step.text
         pool = bot_pool(step.bot.id)
-        # What the input is about first (the same ranked search as memory search, issue 11).
+        # What the input is about first (the same ranked search as memory search).
         parts, has = await self.memory.memory_reader.context_for(
             pool, reader, step.text, ENRICH_CONTEXT
         )
@@ -314,8 +318,14 @@ class BotStepper:
         text = str(_args(call).get("text", "")).strip()
         if not text:
             return None
+        pool = bot_pool(step.bot.id)
         answer, calm = await self.runtime.confessor_answer(
-            bot_pool(step.bot.id), settings, step.org.settings.botMemoryModel, text, batch.calls
+            pool,
+            settings,
+            step.org.settings.botMemoryModel,
+            text,
+            batch.calls,
+            await self._confessor_memory(step, pool, text),
         )
         record = Confession(
             turn=step.turn, text=text, answer=answer, calm=calm, at=self.kernel.clock()
@@ -324,6 +334,21 @@ class BotStepper:
         # A delivery asked again after a restart confides again under the same key: replaced.
         batch.writes.append(Put(*row) if step.sent is not None else row)
         return answer
+
+    async def _confessor_memory(
+        self, step: StepInput, pool: str, text: str
+    ) -> list[tuple[str, str]]:
+        """What the confessor may know of the bot's memory: the entries the reader of this
+        step (the person, or the channel, it works for) may see, by the same checks as an
+        enrichment (ENR-2); nothing for a delivery between bots or with memory off."""
+        reader = reader_for(step)
+        org = step.org.settings
+        if reader is None or not (org.botMemory and org.botMemoryModel):
+            return []
+        if not await self.memory_allowed(step.bot):
+            return []
+        parts, _ = await self.memory.memory_reader.context_for(pool, reader, text, CONFIDE_CONTEXT)
+        return parts
 
     async def _workspace_tool(
         self,
@@ -436,7 +461,7 @@ class BotStepper:
         return _enc.encode({"receipt": link, "group": channel.id, "status": "posted"}).decode()
 
     async def _search(self, step: StepInput, query: str) -> str:
-        """`workspace_memory_search`: the same ranked search as the memory routes (issue 11),
+        """`workspace_memory_search`: the same ranked search as the memory routes,
         over the bot's one memory (entries the step's reader may use) and the person's and the
         project's scopes; each source's ranking kept, the sources taken in turn."""
         reader = reader_for(step)

@@ -1,16 +1,24 @@
 """A shard's collaboration chains as stored: each chain's record (structure as JSON; request and
-result texts sealed with the root chat's key), read once from the shard's file, and the chat
-records chains meet (chat records never change once made, so a result finds the chat it goes to
-without asking the directory; bounded)."""
+result texts sealed with the root chat's key), and the chat records chains meet (chat records
+never change once made, so a result finds the chat it goes to without asking the directory;
+bounded).
+
+Memory holds the chains that have work: those under way (a send not answered yet), those with
+rows not committed yet or changes not stored yet, and those listing agent chats the directory
+may not have; besides them, a few recently read (`RECENT`). Any other chain is read from the
+shard's file when asked for (chain_rows.py), so a restart reads only the live rows and memory
+does not grow with the chains a shard has ever run."""
 
 from __future__ import annotations
 
 import logging
 import secrets
+from collections import OrderedDict
 from typing import Any
 
 import msgspec
 
+from actors.chats import chain_rows
 from actors.chats.sent_gate import SendGate
 from actors.contracts import ChainView, Effect, LinkView, StepInput, StepOutcome
 from actors.shard.batch import Batch
@@ -21,21 +29,11 @@ from engine.errors import NotFound, OpenBotError
 from engine.events import Audience, CollaborationChanged
 from storage.chat_store import ChatLog, Item
 from storage.crypto import aad
-from storage.group_commit import Put
-from storage.shard_schema import CHAINS
 
 log = logging.getLogger("openbot.chains")
 _enc = msgspec.json.Encoder()
-_texts_dec = msgspec.json.Decoder(dict[str, dict[str, str]])
 KNOWN_CHATS = 10_000
-
-
-class _Chains(dict[str, Chain]):
-    """The chains by id; a chain that is not here (its first commit failed and memory dropped
-    it while a delivery of it was under way) is a clear error, not a KeyError."""
-
-    def __missing__(self, chain_id: str) -> Chain:
-        raise NotFound(f"collaboration {chain_id} was not stored", code="collaboration_not_found")
+RECENT = 64  # chains with no work kept after a read or a write (a stop, a late answer)
 
 
 class ChainRecords:
@@ -43,10 +41,13 @@ class ChainRecords:
         self.kernel = kernel
         self.conv = logs
         self.peers = peers
-        self._loaded: dict[str, Chain] | None = None
-        self._once: SingleFlight[dict[str, Chain]] = SingleFlight()
+        self._chains: dict[str, Chain] = {}  # the chains in memory (see the module's doc)
+        self._once: SingleFlight[bool] = SingleFlight()
+        self._reads: SingleFlight[Chain | None] = SingleFlight()
         kernel.before_close.append(self._once.close)  # (a load whose caller was cancelled)
-        self._link_chain: dict[str, str] = {}  # link → its chain (every chain's links)
+        kernel.before_close.append(self._reads.close)
+        self._started = False
+        self._link_chain: dict[str, str] = {}  # link → its chain (the chains in memory)
         self.texts: dict[str, dict[str, dict[str, str]]] = {}
         self.channel: dict[str, str | None] = {}
         self.learn: dict[str, list[tuple[int, str]]] = {}  # turn → jobs waiting for it
@@ -57,59 +58,191 @@ class ChainRecords:
         # Chains made here with no row on disk yet → their rows staged and not failed: a chain
         # whose every row failed (its first with the turn's end) is dropped from memory too.
         self._unstored: dict[str, int] = {}
+        self._staged: dict[str, int] = {}  # chain → its rows staged, not committed or failed
+        self._changed: set[str] = set()  # chains changed in memory since their last row
+        self._new: set[str] = set()  # chains `begin` made, not staged yet
+        self._under_way: dict[str, set[str]] = {}  # turn → its chains under way
+        self._recent: OrderedDict[str, None] = OrderedDict()  # chains with no work, oldest first
         self.gate = SendGate(kernel)  # what a delivery's writing tools wait for (sent_gate.py)
 
-    async def all(self) -> dict[str, Chain]:
-        if self._loaded is None:
-            # Read once however many ask at once (recovery at start, find_agent_chat): a
-            # second read would overwrite texts, learning and unregistered links changed since.
-            self._loaded = await self._once.get("chains", self._load)
-        return self._loaded
+    # --- memory ---
 
-    async def _load(self) -> dict[str, Chain]:
-        rows = await self.kernel.db.run(
-            lambda con: con.execute("SELECT doc, texts FROM chains").fetchall()
-        )
-        chains = _Chains()
-        for doc, texts in rows:
-            await self._take(chains, doc, texts)
-        return chains
+    async def start(self) -> None:
+        """Read the live rows, once however many ask at once (recovery at start,
+        find_agent_chat): a second read would overwrite what changed since."""
+        if not self._started:
+            await self._once.get("live", self._load_live)
+            self._started = True
 
-    async def _take(self, chains: dict[str, Chain], doc: str, texts: bytes) -> None:
-        record = msgspec.json.decode(doc)
-        chain = msgspec.convert(record["chain"], Chain)
-        chains[chain.id] = chain
-        self._link_chain.update((link.id, chain.id) for link in chain.links)
-        self.channel[chain.id] = record.get("channel")
-        if record.get("learn"):
-            self.learn[chain.topic] = [tuple(x) for x in record["learn"]]
-        if record.get("unregistered"):
-            self.unregistered[chain.id] = set(record["unregistered"])
+    async def _load_live(self) -> bool:
+        for row in await chain_rows.live(self.kernel.db):
+            if row.learn:
+                self.learn[row.chain.topic] = list(row.learn)
+            if row.unregistered:
+                self.unregistered[row.chain.id] = set(row.unregistered)
+            await self._keep(row)
+        return True
+
+    async def _texts_of(self, row: chain_rows.Row) -> dict[str, dict[str, str]]:
+        chain = row.chain
         root = await self.conv.log(chain.root_chat)
-        opened = root.cipher.open(texts, aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}"))
-        self.texts[chain.id] = _texts_dec.decode(opened)
+        opened = root.cipher.open(
+            row.sealed, aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}")
+        )
+        return chain_rows.open_texts(opened)
 
-    async def adopt(self, rows: list[tuple[str, bytes]]) -> None:
-        """Chains an import stored on this shard (new ids; rows (doc, texts)): known from
-        now on. Before the first load there is nothing to do (the load reads them)."""
-        chains = await self.all()
-        for doc, texts in rows:
-            await self._take(chains, doc, texts)
+    async def _keep(self, row: chain_rows.Row) -> Chain:
+        chain = row.chain
+        texts = await self._texts_of(row)
+        known = self._chains.get(chain.id)
+        if known is not None:  # staged while this was read: memory is ahead of the row
+            return known
+        self.texts[chain.id] = texts
+        self.channel[chain.id] = row.channel
+        self._set(chain)
+        return chain
+
+    async def get(self, chain_id: str) -> Chain | None:
+        """The chain, from memory or else from the file; None when none is stored."""
+        await self.start()
+        chain = self._chains.get(chain_id)
+        if chain is not None:
+            if chain_id in self._recent:
+                self._recent.move_to_end(chain_id)
+            return chain
+        try:
+            return await self._reads.get(chain_id, lambda: self._read(chain_id))
+        finally:
+            self._reads.loaded.pop(chain_id, None)
+
+    async def _read(self, chain_id: str) -> Chain | None:
+        row = await chain_rows.one(self.kernel.db, chain_id)
+        return None if row is None else await self._keep(row)
+
+    async def need(self, chain_id: str) -> Chain:
+        """`get` for a chain that must exist: gone (its first commit failed and memory dropped
+        it while a delivery of it was under way) is a clear error."""
+        chain = await self.get(chain_id)
+        if chain is None:
+            raise NotFound(
+                f"collaboration {chain_id} was not stored", code="collaboration_not_found"
+            )
+        return chain
+
+    def put(self, chain: Chain) -> None:
+        """A change in memory that a later `stage` stores (kept in memory until then)."""
+        self._changed.add(chain.id)
+        self._set(chain)
+
+    def _set(self, chain: Chain) -> None:
+        self._chains[chain.id] = chain
+        self._link_chain.update((link.id, chain.id) for link in chain.links)
+        running = self._under_way.setdefault(chain.topic, set())
+        if chain_rows.under_way(chain):
+            running.add(chain.id)
+        else:
+            running.discard(chain.id)
+        if not running:
+            del self._under_way[chain.topic]
+        self.settle(chain.id)
+
+    def _has_work(self, chain_id: str) -> bool:
+        chain = self._chains.get(chain_id)
+        return (
+            (chain is not None and chain_rows.under_way(chain))
+            or chain_id in self._staged
+            or chain_id in self._changed
+            or chain_id in self.unregistered
+        )
+
+    def settle(self, chain_id: str) -> None:
+        """Keep a chain with work; one without joins the recent ones, the oldest of which
+        leave memory (the file has them as memory had them)."""
+        if chain_id not in self._chains:
+            return
+        if self._has_work(chain_id):
+            self._recent.pop(chain_id, None)
+        else:
+            self._recent[chain_id] = None
+            self._recent.move_to_end(chain_id)
+        while len(self._recent) > RECENT:
+            oldest, _ = self._recent.popitem(last=False)
+            if not self._has_work(oldest):
+                self._forget(oldest)
+
+    def _forget(self, chain_id: str) -> None:
+        chain = self._chains.pop(chain_id, None)
+        for link in chain.links if chain is not None else ():
+            if self._link_chain.get(link.id) == chain_id:
+                del self._link_chain[link.id]
+        if chain is not None and (running := self._under_way.get(chain.topic)):
+            running.discard(chain_id)
+            if not running:
+                del self._under_way[chain.topic]
+        self._recent.pop(chain_id, None)
+        for kept in (self.texts, self.channel):
+            kept.pop(chain_id, None)
+
+    def stats(self) -> dict[str, int]:
+        """How many chains memory holds (shard stats)."""
+        return {"chains_in_memory": len(self._chains)}
+
+    def running(self) -> list[Chain]:
+        """The chains under way (every one is in memory)."""
+        return [self._chains[c] for ids in self._under_way.values() for c in ids]
+
+    def under_way(self, topic: str) -> bool:
+        """Whether a chain started by this turn is still under way."""
+        return bool(self._under_way.get(topic))
+
+    async def of_topic(self, topic: str) -> list[Chain]:
+        """Every chain started by this turn, in memory or not."""
+        await self.start()
+        ids = {c.id for c in self._chains.values() if c.topic == topic}
+        ids.update(await chain_rows.of_topic(self.kernel.db, topic))
+        found = [await self.get(c) for c in sorted(ids)]
+        return [c for c in found if c is not None]
+
+    async def adopt(self, chain_ids: list[str]) -> None:
+        """Chains an import stored on this shard (new ids): those with work join memory as a
+        start would take them; the others are read from the file when asked for. Before the
+        start there is nothing to do (it reads the live rows, these among them)."""
+        if not self._started:
+            return
+        for chain_id in chain_ids:
+            row = await chain_rows.one(self.kernel.db, chain_id)
+            if row is None or not (
+                chain_rows.under_way(row.chain) or row.learn or row.unregistered
+            ):
+                continue
+            if row.learn:
+                self.learn[row.chain.topic] = list(row.learn)
+            if row.unregistered:
+                self.unregistered[chain_id] = set(row.unregistered)
+            await self._keep(row)
 
     def audience(self, chain: Chain) -> Audience:
         channel = self.channel.get(chain.id)
         return Audience(org=chain.org, users=(chain.owner,), channels=(channel,) if channel else ())
 
-    async def stage(self, chain: Chain, sink: Any) -> None:
-        """Make `chain` the current state and add its row and event to `sink`. Callers hold
-        the runner's lock until the sink is submitted, so chain rows reach the disk in order."""
-        chains = await self.all()
-        before = chains.get(chain.id)
+    async def stage(self, chain: Chain, sink: Any, announce: bool = True) -> None:
+        """Make `chain` the current state and add its row and event (unless not `announce`:
+        a row's own bookkeeping) to `sink`. Callers hold the runner's lock until the sink is
+        submitted, so chain rows reach the disk in order."""
+        await self.start()  # (the live rows first: a row read later never replaces this)
+        before = self._chains.get(chain.id)
+        if before is None and chain.id not in self._new:  # (a chain `begin` made is not read)
+            before = await self.get(chain.id)
+        self._new.discard(chain.id)
         ended = chain.status in (ChainStatus.STOPPED, ChainStatus.CAPPED)
         if ended and (before is None or before.status != chain.status):
             log.warning("collaboration %s %s: %s", chain.id, chain.status, chain.reason)
-        chains[chain.id] = chain
-        self._link_chain.update((link.id, chain.id) for link in chain.links)
+        # Counted before the first `await`: a chain with a row on its way stays in memory.
+        self._staged[chain.id] = self._staged.get(chain.id, 0) + 1
+        self._changed.discard(chain.id)
+        self._set(chain)
+        sink.done(lambda: self._row_settled(chain.id))
+        sink.fail(lambda: self._row_settled(chain.id))
         if before is None:
             self._unstored[chain.id] = 0
         if chain.id in self._unstored:
@@ -121,18 +254,19 @@ class ChainRecords:
             _enc.encode(self.texts.get(chain.id, {})),
             aad(f"chat:{chain.root_chat}", f"chain\x00{chain.id}"),
         )
-        doc = _enc.encode(
-            {
-                "chain": chain,
-                "channel": self.channel.get(chain.id),
-                "learn": self.learn.get(chain.topic, []),
-                "unregistered": sorted(self.unregistered.get(chain.id, ())),
-            }
-        ).decode()
         event = CollaborationChanged(
             collaboration=chain.id, status=chain.status, chat=chain.root_chat
         )
-        sink.key(root.key).add(Put(CHAINS.name, (chain.id, chain.org, doc, sealed)))
+        stored = chain_rows.row(
+            chain,
+            self.channel.get(chain.id),
+            self.learn.get(chain.topic, []),
+            sorted(self.unregistered.get(chain.id, ())),
+            sealed,
+        )
+        sink.key(root.key).add(stored)
+        if not announce:
+            return
         # One announcement per chain and transaction, of its latest state: a hop stages its
         # chain twice (its request, then its sends), and after a cap every answer going up
         # rides in one batch (clients read the chain again on each; the rows merge anyway).
@@ -142,6 +276,14 @@ class ChainRecords:
             if not (isinstance(p, CollaborationChanged) and p.collaboration == chain.id)
         ]
         sink.emit(event, self.audience(chain))
+
+    def _row_settled(self, chain_id: str) -> None:
+        left = self._staged.get(chain_id, 0) - 1
+        if left > 0:
+            self._staged[chain_id] = left
+        else:
+            self._staged.pop(chain_id, None)
+            self.settle(chain_id)
 
     def _row_failed(self, chain_id: str) -> None:
         """A row of a chain with none on disk failed: once every row staged for it has
@@ -154,10 +296,9 @@ class ChainRecords:
             self._unstored[chain_id] = left - 1
             return
         del self._unstored[chain_id]
-        if self._loaded is not None:
-            self._loaded.pop(chain_id, None)
-        for kept in (self.texts, self.channel, self.unregistered):
-            kept.pop(chain_id, None)
+        self._changed.discard(chain_id)
+        self.unregistered.pop(chain_id, None)
+        self._forget(chain_id)
 
     def begin(self, chat: Chat, turn: str, bot: str) -> Chain:
         """A new chain rooted in `chat` (not stored yet: its first send stages it)."""
@@ -172,6 +313,9 @@ class ChainRecords:
             now=self.kernel.clock(),
         )
         self.channel[chain.id] = chat.channel
+        if len(self._new) >= KNOWN_CHATS:  # (begun, and their first send refused as invalid)
+            self._new.clear()
+        self._new.add(chain.id)
         self.know(chat)
         return chain
 
@@ -182,13 +326,14 @@ class ChainRecords:
 
     async def agent_chat(self, chat_id: str) -> Chat | None:
         """The `agent` chat of one of this shard's deliveries, made here (agent_chats.py),
-        whether or not the directory has it yet; None if no chain here has it."""
+        whether or not the directory has it yet; None if no chain in memory has it (a chain
+        whose agent chats the directory may lack is kept in memory until it has them)."""
         known = self.chats.get(chat_id)
         if known is not None:
             return known if known.kind == "agent" else None
-        chains = await self.all()  # fills `_link_chain`
+        await self.start()
         # The chat is named after its link (agent_chat_id): one chain to look in, not all.
-        chain = chains.get(self._link_chain.get(chat_id.removeprefix(agent_chat_id("")), ""))
+        chain = self._chains.get(self._link_chain.get(chat_id.removeprefix(agent_chat_id("")), ""))
         for link in chain.links if chain is not None else ():
             if link.agent_chat == chat_id:
                 root = await self.chat(chain.root_chat)
@@ -282,7 +427,7 @@ class ChainRecords:
         over the root chat as it is now (CO-2); returns the turn's chains (to store again)."""
         peers = self.peers
         upto = 0
-        chains = [c for c in (await self.all()).values() if c.topic == topic]
+        chains = await self.of_topic(topic)
         if chains:
             root = await self.conv.log(chains[0].root_chat)
             upto = root.items[-1].seq if root.items else 0
@@ -303,19 +448,30 @@ class ChainRecords:
         except OpenBotError as e:
             log.warning("post to group %s failed: %s", effect.target, e.message)
 
-    async def listing(self, user: str, channels: frozenset[str]) -> list[ChainView]:
-        chains = await self.all()
-        return [
-            self.view(c)
-            for c in sorted(chains.values(), key=lambda c: (c.created_at, c.id))
-            if self.may_see(c, user, channels)
-        ]
+    async def listing(
+        self, user: str, channels: frozenset[str], after: str | None, limit: int
+    ) -> list[ChainView]:
+        """The first `limit` chains `user` may see whose sort key (chain_rows.sort_key) is
+        below `after`, newest first: one page read from the file, with memory's newer state
+        (and chains whose first row is not committed yet) in their place."""
+        await self.start()
+        rows = await chain_rows.page(self.kernel.db, user, channels, after, limit)
+        found: dict[str, ChainView] = {}
+        for row in rows:  # (read for this answer only: memory keeps none of them)
+            if row.chain.id not in self._chains:
+                found[row.chain.id] = self.view(row.chain, await self._texts_of(row))
+        for chain in list(self._chains.values()):
+            key = chain_rows.sort_key(chain.created_at, chain.id)
+            if (after is None or key < after) and self.may_see(chain, user, channels):
+                found[chain.id] = self.view(chain)
+        newest = sorted(found.values(), key=lambda c: (c.createdAt, c.id), reverse=True)
+        return newest[:limit]
 
     def may_see(self, chain: Chain, user: str, channels: frozenset[str]) -> bool:
         return chain.owner == user or self.channel.get(chain.id) in channels
 
-    def view(self, chain: Chain) -> ChainView:
-        texts = self.texts.get(chain.id, {})
+    def view(self, chain: Chain, texts: dict[str, dict[str, str]] | None = None) -> ChainView:
+        texts = self.texts.get(chain.id, {}) if texts is None else texts
         return ChainView(
             id=chain.id,
             status=chain.status,

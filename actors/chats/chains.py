@@ -51,7 +51,9 @@ class ChainRunner:
         # Links whose delivery task runs now: recovery at start (`recover`)
         # may find a chain a first turn just began, its delivery already under way.
         self._delivering: set[str] = set()
-        self.registrar = Registrar(records=self.records, peers=peers, spawn=self._spawn)
+        self.registrar = Registrar(
+            records=self.records, peers=peers, spawn=self._spawn, lock=self._lock, kernel=kernel
+        )
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -156,11 +158,10 @@ class ChainRunner:
         once it is durable."""
         started: list[tuple[str, str]] = []
         async with self._lock:
-            if restage is not None and (again := (await self.records.all()).get(restage)):
+            if restage is not None and (again := await self.records.get(restage)):
                 await self.records.stage(again, sink)  # (gone: its first commit failed)
             for effect in sends:
-                chains = await self.records.all()
-                current = chains.get(chain) if chain else None
+                current = await self.records.get(chain) if chain else None
                 if current is None:
                     root = chat if chat.kind != "agent" else None
                     if root is None:  # an agent chat's own sends belong to its chain
@@ -188,7 +189,7 @@ class ChainRunner:
                     )
                     started.append((updated.id, effect.link))
             if hold is not None and chain is not None:
-                links = getattr((await self.records.all()).get(chain), "links", ())
+                links = getattr(await self.records.get(chain), "links", ())
                 if links and not any(c.parent == hold and c.status == "sent" for c in links):
                     return None, started
             fut = self.conv.commit_soon(chat.id, chat_log, sink)
@@ -218,7 +219,7 @@ class ChainRunner:
         self._spawn(one())
 
     async def _deliver(self, chain_id: str, link_id: str, org: Org, after=None) -> None:
-        if (chain := (await self.records.all()).get(chain_id)) is None:
+        if (chain := await self.records.get(chain_id)) is None:
             return  # its first row failed to commit before this began (dropped)
         topic = chain.topic
         self._busy[topic] = self._busy.get(topic, 0) + 1
@@ -239,7 +240,7 @@ class ChainRunner:
         as it commits. The agent chat is made here and registered with the directory later
         (agent_chats.py): the hop asks the directory nothing."""
         conv = self.conv
-        chain = (await self.records.all()).get(chain_id)  # (None: its first commit failed)
+        chain = await self.records.get(chain_id)  # (None: its first commit failed)
         if chain is None or chain.status != "running":
             return
         link = rules.find_link(chain, link_id)
@@ -277,8 +278,8 @@ class ChainRunner:
                 # and delivers it again (if the send is stored), so nothing is lost or
                 # answered twice.
                 async with self._lock:
-                    chains = await self.records.all()
-                    chains[chain_id] = rules.attach_agent_chat(chains[chain_id], link.id, achat.id)
+                    current = await self.records.need(chain_id)
+                    self.records.put(rules.attach_agent_chat(current, link.id, achat.id))
                     if made_here:  # listed in the chain's row until the directory has it
                         self.records.unregistered.setdefault(chain_id, set()).add(link.id)
                     asked = conv.item(alog, chain.topic, "delivery", link.from_bot)
@@ -353,16 +354,17 @@ class ChainRunner:
         if sink.staged:
             return
         async with self._lock:
-            await self.records.stage((await self.records.all())[chain_id], sink)
+            await self.records.stage(await self.records.need(chain_id), sink)
             saved = self.conv.commit_soon(chat, log_, sink, riders)
         if saved is not None:
             await saved
 
     async def _maybe_answer(self, chain_id: str, link_id: str, reply: str, org: Org) -> None:
         """The peer's latest reply answers its link once none of its own sends is still open."""
-        chain = (await self.records.all())[chain_id]
+        chain = await self.records.need(chain_id)
         if any(c.parent == link_id and c.status == "sent" for c in chain.links):
             self._texts[chain_id].setdefault(link_id, {})["pending"] = reply
+            self.records.put(chain)  # (kept in memory until a row stores it)
             return
         await self._result(chain_id, link_id, reply, org)
 
@@ -381,7 +383,7 @@ class ChainRunner:
         parent's waiting answer go up is not committed alone: its row is `carried` up into the
         parent's transaction (after a cap, a linear chain's answers go up in one)."""
         conv = self.conv
-        chain = (await self.records.all())[chain_id]
+        chain = await self.records.need(chain_id)
         link = rules.find_link(chain, link_id)
         parent = rules.find_link(chain, link.parent) if link.parent else None
         target = await self.records.chat(
@@ -396,7 +398,7 @@ class ChainRunner:
             tlog = await conv.log(target.id)
             sink = carried or Batch()
             async with self._lock:
-                chain = (await self.records.all())[chain_id]
+                chain = await self.records.need(chain_id)
                 chain, decision = rules.on_result(
                     chain,
                     link_id=link_id,
@@ -478,9 +480,8 @@ class ChainRunner:
         a delivery already answered is not asked again)."""
         resumed = 0
         await self.registrar.recover(self._lock, self.kernel)
-        for chain in list((await self.records.all()).values()):
-            if chain.status != "running":
-                continue
+        await self.records.start()
+        for chain in self.records.running():
             open_ = [
                 k for k in rules.open_links(chain) if not any(c.parent == k.id for c in chain.links)
             ]
@@ -508,14 +509,14 @@ class ChainRunner:
         self, chain_id: str, user: str, channels: frozenset[str]
     ) -> ChainView | None:
         """Stop a chain homed here that `user` may see; None when it is not here."""
-        chain = (await self.records.all()).get(chain_id)
+        chain = await self.records.get(chain_id)
         if chain is None or not self.records.may_see(chain, user, channels):
             return None
         return await self.stop(chain_id, user)
 
     async def stop(self, chain_id: str, by: str) -> ChainView:
         async with self._lock:
-            chain = (await self.records.all()).get(chain_id)
+            chain = await self.records.get(chain_id)
             if chain is None:
                 raise NotFound(f"no collaboration {chain_id}", code="collaboration_not_found")
             chain = rules.stop(chain, by=by, now=self.kernel.clock())
@@ -534,11 +535,12 @@ class ChainRunner:
             await self._save(chain)  # the stored record no longer lists them
 
     async def running_for(self, topic: str) -> bool:
-        """Whether a chain started by this turn is still under way."""
-        return any(
-            c.topic == topic and c.status == "running" and rules.open_links(c)
-            for c in (await self.records.all()).values()
-        )
+        """Whether a chain started by this turn is still under way (an index by turn: this
+        runs on every turn of a chat, whatever the number of chains)."""
+        await self.records.start()
+        return self.records.under_way(topic)
 
-    async def listing(self, user: str, channels: frozenset[str]) -> list[ChainView]:
-        return await self.records.listing(user, channels)
+    async def listing(
+        self, user: str, channels: frozenset[str], after: str | None = None, limit: int = 200
+    ) -> list[ChainView]:
+        return await self.records.listing(user, channels, after, limit)

@@ -20,7 +20,7 @@ from actors.shard.residency import CHAT_WEIGHT, unused
 from actors.shard.single_flight import SingleFlight
 from engine.chat_records import Communication, Confession, Enrichment, ItemView
 from engine.directory import Chat
-from engine.events import Audience, ChatItemCreated, ChatItemsDeleted
+from engine.events import Audience, ChatItemCreated, ChatItemsDeleted, ChatUpdated
 from engine.models import Message
 from storage.chat_store import ChatLog, ChatStore, Item
 from storage.shard_schema import CONFESSIONS, ENRICHMENTS
@@ -288,6 +288,14 @@ class ChatLogs:
             await self.kernel.commit(batch.fail(lambda: self.forget(chat)))
             self.store.clear_items(log)
         return count
+
+    async def announce_update(self, chat: Chat, change: str) -> int:
+        """Tell who may read `chat` (its record as the directory just stored it) that it
+        changed: a `chat.updated` event in this, its home shard's, log. Returns its seq."""
+        event = ChatUpdated(
+            chat=chat.id, revision=chat.revision, change=change, project=chat.project
+        )
+        return await self.kernel.emit([(event, self.audience(chat))])
 
     async def confessions(self, chat: str) -> list[Confession]:
         return await self.store.records(CONFESSIONS.name, await self.log(chat))

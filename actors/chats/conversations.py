@@ -1,4 +1,4 @@
-"""Chats on their home shard: a turn end to end (DESIGN §5).
+"""Chats on their home shard: a turn end to end (docs/design.md §5).
 
 1. The person's item is stored with the turn, whose operator is the person (LRN-6).
 2. Each speaking bot takes a step (actors/chats/bot_step.py) on the shard that holds its memory:

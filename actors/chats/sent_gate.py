@@ -1,4 +1,4 @@
-"""A collaboration peer's writing tools wait for the send they answer (issue 13).
+"""A collaboration peer's writing tools wait for the send they answer.
 
 A delivery's step starts while the send that made its link is still committing on the chain's
 home shard (actors/chats/chains.py: the peer's step overlaps that commit; what the hop stores

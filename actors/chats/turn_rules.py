@@ -25,7 +25,7 @@ def step_failed(step: StepInput, outcome: StepOutcome) -> None:
 
 def learns(org: Org, chat: Chat, confided: bool, bot: Bot | None = None) -> bool:
     """A turn is learned from when the bot confided, or after every person turn with the org's
-    autoRecord unless the bot's owner paused it (WS-1) (DESIGN "Learning triggers"); never with
+    autoRecord unless the bot's owner paused it (WS-1) (docs/design.md §6); never with
     botMemory off, never in review chats."""
     if not org.settings.botMemory or chat.kind in ("review", "agent"):
         return False

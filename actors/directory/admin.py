@@ -15,6 +15,7 @@ import secrets
 
 import msgspec
 
+from actors.contracts import access_key
 from actors.directory.records import DirectoryRecords, new_id
 from engine.bot_policy import require_team
 from engine.directory import (
@@ -67,7 +68,9 @@ class DirectoryAdmin:
     async def create_user(
         self, name: str, orgs: list[str], id: str | None = None
     ) -> tuple[User, str]:
-        async with self.records.lock:
+        # Answered once every gateway applied it: none answers the new token from a miss it
+        # cached while a request with it was on its way (gateway/auth.py `_Misses`).
+        async with self.records.changing():
             for o in orgs:
                 self.records.org(o)
             user = User(
@@ -226,10 +229,12 @@ class DirectoryAdmin:
             await self.records.store.replace_tokens(
                 user_id, (hash_token(token), user_id, self.records.clock())
             )
-            for old in [h for h, u in self.records.tokens.items() if u == user_id]:
+            replaced = [h for h, u in self.records.tokens.items() if u == user_id]
+            for old in replaced:
                 del self.records.tokens[old]
             self.records.tokens[hash_token(token)] = user_id
-            revision = self.records.access.bump()
+            keys = [access_key("token", h) for h in (*replaced, hash_token(token))]
+            revision = self.records.access.bump([access_key("user", user_id), *keys])
         await self.records.access.settled(revision)
         return token
 
@@ -284,7 +289,7 @@ class DirectoryAdmin:
             await self.records.put("bots", bot, self.records.bots)
             return bot
 
-    # --- workspace projects (issue 5) ---
+    # --- workspace projects ---
 
     async def register_project(self, project_id: str, owner: str) -> str:
         """Record that `owner`'s shard holds project `project_id` (a repeat is a no-op); an id

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import msgspec
+
 from actors.directory.records import DirectoryRecords, new_id
 from engine.directory import Bot, Chat, agent_chat_id, bot_org, require_use
 from engine.directory import agent_chat as make_agent_chat
@@ -103,6 +105,43 @@ class ChatRegistry:
         if channel is not None:
             self.records.group_chats[channel] = chat.id
         return chat
+
+    async def set_project(
+        self, chat_id: str, user_id: str, project: str | None, project_org: str | None
+    ) -> Chat:
+        """Set, change or clear (None) the current project of a person's direct or review chat
+        (WS-7); the chat as stored now, its revision one higher (the same record when nothing
+        changes). The gateway checked that the person is a member of `project` (of org
+        `project_org`) where the project lives; here: the chat is the person's, they still
+        use its bot, and the project is of the chat's org (its memory goes into the prompt).
+
+        A gateway keeps chat records with what it caches of access, so the change bumps the
+        access revision and answers once every live gateway dropped the old record: no turn
+        that starts after this returned packs the old project's memory."""
+        async with self.records.changing():
+            chat = self.records.chat(chat_id)
+            user = self.records.user(user_id)
+            if chat.org not in user.orgs:
+                raise NotFound(f"no chat {chat_id!r}", code="chat_not_found")
+            if chat.owner != user_id:
+                raise Forbidden("only the chat's owner may change it", code="not_chat_owner")
+            if chat.kind not in ("direct", "review") or chat.bot is None:
+                # A group works in the projects its channel is linked to (every person of it a
+                # member); an agent chat keeps the project of the chat it serves.
+                raise Unprocessable(
+                    "only a direct or review chat selects a project; link a group's channel "
+                    "to the project instead",
+                    code="chat_kind_has_no_project",
+                )
+            require_use(self.records.bot(chat.bot), user)
+            if project is not None and project_org != chat.org:
+                raise NotFound(f"no project {project}", code="project_not_found")
+            if chat.project == project:
+                return chat
+            changed = msgspec.structs.replace(chat, project=project, revision=chat.revision + 1)
+            await self.records.put("chats", changed, self.records.chats)
+            self.records.access.bump()
+            return changed
 
     async def agent_chat(self, root: Chat, peer: str, chain: str, link: str) -> Chat:
         """The `agent` chat in which `peer` works on one delivery of a collaboration chain (made

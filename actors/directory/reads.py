@@ -39,8 +39,11 @@ class DirectoryReads:
         if user_id is None:
             return None
         user = self.records.users[user_id]
-        channels = frozenset(c.id for c in self.records.channels.values() if user_id in c.people)
-        bots = frozenset(b.id for b in self.records.bots.values() if may_use(b, user))
+        # The person's own records (index.py), not every bot and channel.
+        channels = frozenset(self.records.index.channels_of(user_id))
+        bots = frozenset(
+            b for b in self.records.index.bots_of(user_id) if may_use(self.records.bots[b], user)
+        )
         return Principal(user=user, channels=channels, bots=bots)
 
     async def get_bot(self, bot_id: str) -> Bot:
@@ -85,8 +88,12 @@ class DirectoryReads:
     async def get_channel(self, channel_id: str) -> Channel:
         return self.records.channel(channel_id)
 
-    async def watch_access(self, watcher: str, since: int, wait: float = POLL_WAIT) -> int:
-        return await self.records.access.watch(watcher, since, wait)
+    async def watch_access(
+        self, watcher: str, since: int, wait: float = POLL_WAIT
+    ) -> tuple[int, tuple[str, ...] | None]:
+        """The access revision once it is past `since` (or `wait` passed), with the keys
+        changed since (None: drop everything; access_watch.py)."""
+        return await self.records.access.watch_changes(watcher, since, wait)
 
     async def authenticate_at(self, token_hash: str) -> tuple[int, Principal | None]:
         """`authenticate` with the access revision it reflects (gateway caches keep it)."""
@@ -107,7 +114,7 @@ class DirectoryReads:
         self, user_id: str, cursor: str | None, limit: int, kind: str | None = None
     ) -> Page:
         """The person's chats (their own, and their channels' group chats), oldest first."""
-        channels = frozenset(c.id for c in self.records.channels.values() if user_id in c.people)
+        channels = frozenset(self.records.index.channels_of(user_id))
         mine = (
             c
             for c in self.records.chats.values()
@@ -122,13 +129,17 @@ class DirectoryReads:
 
     async def list_user_bots(self, user_id: str, cursor: str | None, limit: int) -> Page:
         user = self.records.user(user_id)
-        usable = (b for b in self.records.bots.values() if may_use(b, user))
+        usable = (
+            b
+            for b in map(self.records.bots.__getitem__, self.records.index.bots_of(user_id))
+            if may_use(b, user)
+        )
         got = page(usable, _id_key, cursor, limit)
         entries = [bot_entry(b, permission(b, user_id)) for b in got.items]  # type: ignore[arg-type]
         return Page(items=entries, nextCursor=got.nextCursor)
 
     async def list_user_channels(self, user_id: str, cursor: str | None, limit: int) -> Page:
-        mine = (c for c in self.records.channels.values() if user_id in c.people)
+        mine = (self.records.channels[c] for c in self.records.index.channels_of(user_id))
         got = page(mine, _id_key, cursor, limit)
         entries = [channel_entry(c, self.records.bots, self.records.users) for c in got.items]
         return Page(items=entries, nextCursor=got.nextCursor)

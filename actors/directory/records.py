@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from actors.access_watch import AccessWatch
+from actors.contracts import access_key
+from actors.directory.index import AccessIndex
 from engine.directory import Bot, Channel, Chat, Org, User, check_id
 from engine.errors import Conflict, InvalidInput, NotFound, Unprocessable
 from storage.crypto import Keyring, load_master_key
@@ -47,6 +49,7 @@ class DirectoryRecords:
         # One writer at a time: a change's checks and its write with nothing in between.
         self.lock = asyncio.Lock()
         self.access = AccessWatch()  # what gateways cache of who may do what (access_watch.py)
+        self.index = AccessIndex(self.bots, self.channels)  # who reaches what (index.py)
 
     def get(self, table: dict, key: str, what: str) -> Any:
         record = table.get(key)
@@ -72,9 +75,13 @@ class DirectoryRecords:
     async def put(self, table: str, record, index: dict, **extra) -> None:
         """Store one record, then make it the current one (callers hold the write lock)."""
         await self.store.put(table, record, **extra)
+        before = index.get(record.id)
         index[record.id] = record
         if table != "chats":  # chats change no one's access
-            self.access.bump()
+            keys = self.index.changed(table, before, record)
+            if (token := extra.get("token")) is not None:  # (a cached miss of it is stale)
+                keys.append(access_key("token", token[0]))
+            self.access.bump(keys)
 
     @contextlib.asynccontextmanager
     async def changing(self) -> AsyncIterator[None]:

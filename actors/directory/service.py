@@ -55,7 +55,7 @@ answered_by(
         " get_channel watch_access authenticate_at bot_at chat_context_at list_chats"
         " list_user_bots list_user_channels list_records",
         "chat_registry": "create_chat agent_chat register_chats delivery_chat review_chat"
-        " group_chat",
+        " group_chat set_chat_project:set_project",
         "admin": "create_org patch_org create_user create_bot patch_bot grant create_channel"
         " set_mode revoke_grant new_token update_rules create_member archive_bot"
         " pause_auto_record register_project project_owner workspace_people",

@@ -25,7 +25,7 @@ import msgspec
 from actors.models.registry import Model, ModelError, measured
 from actors.runtime.lock_guard import assert_no_pool_lock
 from engine.errors import OpenBotError
-from engine.memory_bot_settings import MemoryBotSettings, period_key
+from engine.memory_bot_settings import MemoryBotSettings, current_periods, period_key
 from engine.models import Completion, Message, ToolSpec, cost_micros
 from engine.turns import ANSWER_WAIT, CALM_ANSWER, REWRITE, confessor_messages
 from storage.chat_store import ChatStore, ModelCall
@@ -63,8 +63,11 @@ class MemoryBotRuntime:
         self.committer = committer
         self.clock = clock
         self._slots: dict[str, tuple[int, asyncio.Semaphore]] = {}
+        # (pool, period) → spend, of the current periods only (`_keep_current`): earlier ones
+        # are on disk and no budget asks about them again.
         self._spent: dict[tuple[str, str], tuple[int, int]] = {}
         self._dirty: set[tuple[str, str]] = set()
+        self._current: frozenset[str] = frozenset()
         self._held: dict[tuple[str, str], _Held] = {}  # (pool, period) -> reservations
         self._largest: dict[str, int] = {}  # pool -> the largest cost one call had
         self.waiting = 0  # calls waiting for others' reservations to settle (tests, metrics)
@@ -85,7 +88,21 @@ class MemoryBotRuntime:
         async with sem:
             yield
 
+    def _keep_current(self) -> None:
+        """Forget the spend of periods that ended (unless not yet written: `spend_rows`)."""
+        current = current_periods(self.clock())
+        if current == self._current:
+            return
+        self._current = current
+        for key in [k for k in self._spent if k[1] not in current and k not in self._dirty]:
+            del self._spent[key]
+
+    def stats(self) -> dict[str, int]:
+        """How many (pool, period) spend totals memory holds (shard stats)."""
+        return {"spend_entries": len(self._spent)}
+
     async def _spend(self, pool: str, period: str) -> tuple[int, int]:
+        self._keep_current()
         key = (pool, period)
         if key not in self._spent:
             loaded = await self.chats.spend(pool, period)
@@ -162,9 +179,21 @@ class MemoryBotRuntime:
             self._dirty.add((pool, key))
         return cost
 
+    async def totals(self, pool: str) -> list[tuple[str, int, int]]:
+        """(period, confirmed micros, calls with unknown usage) of the current day and month,
+        counting what was charged but not yet written (MB-6)."""
+        out = []
+        for period in ("day", "month"):
+            key = period_key(period, self.clock())
+            micros, unknown = await self._spend(pool, key)
+            out.append((key, micros, unknown))
+        return out
+
     def spend_rows(self) -> list:
         """Rows for the spend counted since the last call (include them in a batch)."""
         rows = [self.chats.spend_row(p, k, *self._spent[(p, k)]) for p, k in self._dirty]
+        for written in [k for k in self._dirty if k[1] not in self._current]:
+            del self._spent[written]  # (its period ended before it was written)
         self._dirty.clear()
         return rows
 
@@ -178,9 +207,11 @@ class MemoryBotRuntime:
         *,
         timeout: float,
         log: list[ModelCall] | None = None,
+        entries: Sequence[str] = (),
     ) -> Completion:
         """One budgeted model call in a slot; `timeout` covers the wait for the slot too. With
-        `log`, the request and its result or error are added to it (the encrypted call log)."""
+        `log`, the request and its result or error are added to it (the encrypted call log),
+        with the ids of the memory `entries` the request was given."""
         assert_no_pool_lock("a memory-bot model call")
         await self.check_budget(pool, settings)
         request = _enc.encode([msgspec.to_builtins(m) for m in messages]).decode()
@@ -202,7 +233,15 @@ class MemoryBotRuntime:
             except (TimeoutError, OpenBotError) as e:
                 if log is not None:
                     error = repr(e)[:200]
-                    log.append(ModelCall(step=step, attempt=1, request=request, error=error))
+                    log.append(
+                        ModelCall(
+                            step=step,
+                            attempt=1,
+                            request=request,
+                            error=error,
+                            entries=tuple(entries),
+                        )
+                    )
                 if isinstance(e, TimeoutError):
                     raise ModelError(
                         "the memory bot did not answer in time", code="model_timeout"
@@ -215,7 +254,12 @@ class MemoryBotRuntime:
             response = _enc.encode(done).decode()
             log.append(
                 ModelCall(
-                    step=step, attempt=1, request=request, response=response, cost_micros=cost
+                    step=step,
+                    attempt=1,
+                    request=request,
+                    response=response,
+                    cost_micros=cost,
+                    entries=tuple(entries),
                 )
             )
         return done
@@ -227,8 +271,11 @@ class MemoryBotRuntime:
         model_name: str | None,
         text: str,
         log: list[ModelCall] | None = None,
+        memory: Sequence[tuple[str, str]] = (),
     ) -> tuple[str, bool]:
-        """The answer to `confide` and whether it is the fixed calm answer (LRN-2, MB-1/3/4)."""
+        """The answer to `confide` and whether it is the fixed calm answer (LRN-2, MB-1/3/4).
+        `memory`: (id, text) of the bot's entries the confession's reader may see; their ids
+        go into the call's record."""
         model = self.model(model_name)
         if model is None:
             return CALM_ANSWER, True
@@ -237,9 +284,10 @@ class MemoryBotRuntime:
                 pool,
                 settings,
                 model,
-                confessor_messages(text, settings.instructions),
+                confessor_messages(text, settings.instructions, memory),
                 timeout=self.answer_wait,
                 log=log,
+                entries=[i for i, _ in memory],
             )
         except OpenBotError:
             return CALM_ANSWER, True

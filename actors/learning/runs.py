@@ -4,10 +4,13 @@ A job is stored before it runs and is driven from the database: at start every o
 again. Its one model step is recorded (request, result, cost) in the encrypted call log *before*
 anything is applied, so a restart reuses the recorded result instead of calling the model again.
 The memory changes, the chat's read position and the end of the job commit in one transaction
-(LRN-5). Jobs of one pool and chat run one at a time and re-check the read position under the
-pool's write lock, so the same evidence is never applied twice. No pool lock is held across the
-model call or the calls to the directory and other shards (user and project facts). A step over
-two minutes ends the job with a safe error and leaves the read position where it was.
+(LRN-5); the user and project facts it decided for other pools are staged in that same commit
+and sent to their pools after it, idempotently, again at every start until stored
+(actors/learning/outbox.py). Jobs of one pool and chat run one at a time, from reading the read
+position to committing the new one (`_run`'s lock; nothing else moves a position), so the same
+evidence is never applied twice. No pool lock is held across the model call or the calls to the
+directory and other shards (user and project facts). A step over two minutes ends the job with a
+safe error and leaves the read position where it was.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import asyncio
 import logging
 import os
 import secrets
-from typing import Protocol
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 import msgspec
 
+from actors.learning import outbox
 from actors.learning.jobs import job_event
 from actors.learning.memory_bot_runtime import BudgetSpent, MemoryBotRuntime
 from actors.runtime.peers import Peers
@@ -99,7 +104,10 @@ class LearningRunner:
         self.wake(job.pool)
 
     async def recover(self) -> int:
-        """Run every job that was open when the shard stopped."""
+        """Run every job that was open when the shard stopped, and send the facts staged by
+        steps that committed but whose pools had not stored them yet (LRN-5)."""
+        for job_id, pool_id, sealed in await self.store.outbox():
+            self._spawn_task(f"outbox:{job_id}", self._resend(job_id, pool_id, sealed))
         jobs = await self.store.open_jobs()
         for job in jobs:
             self._recovered.add(job.id)
@@ -116,11 +124,15 @@ class LearningRunner:
             await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
 
     def _spawn(self, job: LearningJob) -> None:
-        if job.id in self._tasks:
+        self._spawn_task(job.id, self._run(job))
+
+    def _spawn_task(self, key: str, work: Coroutine[Any, Any, None]) -> None:
+        if key in self._tasks:
+            work.close()
             return
-        task = asyncio.create_task(self._run(job))
-        self._tasks[job.id] = task
-        task.add_done_callback(lambda _t, k=job.id: self._tasks.pop(k, None))
+        task = asyncio.create_task(work)
+        self._tasks[key] = task
+        task.add_done_callback(lambda _t, k=key: self._tasks.pop(k, None))
 
     def _queue_save(self, job: LearningJob):
         """Queue the job's row and event; group commit keeps them in order with what follows."""
@@ -337,117 +349,120 @@ class LearningRunner:
         def new_ids():
             return (f"mem_{secrets.token_hex(12)}" for _ in iter(int, 1))
 
-        # User and project facts go to the workspace pools (SC-1..SC-3) on other shards: they
-        # are decided from the pool's state under its shared lock and sent after it is released
-        # (no pool lock is held across an actor call, ACL-9). The receipt of `learn:<job>:<upto>`
-        # makes a repeat store nothing twice.
+        # User and project facts go to the workspace pools (SC-1..SC-3), maybe on other shards:
+        # they are decided from the pool's state under its shared lock, staged in the commit
+        # that moves the read position (LRN-5) and sent once it is stored, outside any pool
+        # lock (ACL-9); each pool's receipt makes a repeat store nothing twice.
         _, ws = await self.memory.pools(job.pool)
-        workspace_rejected: list[str] = []
         async with pool.lock.shared():
-            learned = await self._position(job.pool, job.chat) >= job.upto
-            if not learned:
-                first = decide(
-                    calls,
-                    pool=job.pool,
-                    entries=self.memory.learning_state(pool, ws),
-                    evidence=evidence,
-                    audience=audience,
-                    now=now,
-                    new_ids=new_ids(),
-                )
-        if not learned:
-            workspace_rejected = await self._extract_scoped(job, first.new, evidence, now)
+            first = decide(
+                calls,
+                pool=job.pool,
+                entries=self.memory.learning_state(pool, ws),
+                evidence=evidence,
+                audience=audience,
+                now=now,
+                new_ids=new_ids(),
+            )
+        # The read position `_execute` started from is still the chat's: nothing but this job
+        # moves it while `_run` holds the chat's lock.
+        staged, workspace_rejected = await self._stage_scoped(job, first.new, evidence, now)
         async with pool.lock.exclusive():
-            if await self._position(job.pool, job.chat) >= job.upto:
-                pending = pool.pending  # LRN-5: applied meanwhile; never twice
-                done = msgspec.structs.replace(job, status="done", updated_at=self.kernel.clock())
-                batch = Batch(writes=[self.store.job_row(done)], events=[job_event(done)])
-                pending = self.kernel.stage(batch, pool)
-            else:
-                decision = decide(
-                    calls,
-                    pool=job.pool,
-                    # The latest state, under the write lock (LRN-8): the bot's one memory.
-                    entries=self.memory.learning_state(pool, ws),
-                    evidence=evidence,
-                    audience=audience,
-                    now=now,
-                    new_ids=new_ids(),
+            decision = decide(
+                calls,
+                pool=job.pool,
+                # The latest state, under the write lock (LRN-8): the bot's one memory.
+                entries=self.memory.learning_state(pool, ws),
+                evidence=evidence,
+                audience=audience,
+                now=now,
+                new_ids=new_ids(),
+            )
+            rejections = tuple(
+                [f"{r.tool}: {r.reason}" for r in decision.rejected] + workspace_rejected
+            )
+            decision = msgspec.structs.replace(
+                decision,
+                new=[(m, t) for m, t in decision.new if m.scope == Scope.BOT],
+                # A person's workspace records are never changed by the memory bot.
+                changed=[m for m in decision.changed if m.id in pool.entries],
+            )
+            version = pool.version + 1
+            log_rows = [
+                LogRow(
+                    version=version,
+                    at=now,
+                    who=Who.MEMORY_BOT,
+                    entry=m.id,
+                    change=Change.CREATED,
                 )
-                rejections = tuple(
-                    [f"{r.tool}: {r.reason}" for r in decision.rejected] + workspace_rejected
+                for m, _ in decision.new
+            ] + [
+                LogRow(
+                    version=version,
+                    at=now,
+                    who=Who.MEMORY_BOT,
+                    entry=m.id,
+                    change=Change.INVALIDATED if m.status == "invalidated" else Change.UPDATED,
                 )
-                decision = msgspec.structs.replace(
-                    decision,
-                    new=[(m, t) for m, t in decision.new if m.scope == Scope.BOT],
-                    # A person's workspace records are never changed by the memory bot.
-                    changed=[m for m in decision.changed if m.id in pool.entries],
-                )
-                version = pool.version + 1
-                log_rows = [
-                    LogRow(
-                        version=version,
-                        at=now,
-                        who=Who.MEMORY_BOT,
-                        entry=m.id,
-                        change=Change.CREATED,
-                    )
-                    for m, _ in decision.new
-                ] + [
-                    LogRow(
-                        version=version,
-                        at=now,
-                        who=Who.MEMORY_BOT,
-                        entry=m.id,
-                        change=Change.INVALIDATED if m.status == "invalidated" else Change.UPDATED,
-                    )
-                    for m in decision.changed
-                ]
-                sealed = {
-                    m.id: self.kernel.store.seal_content(pool.stored, m.id, text)
-                    for m, text in decision.new
-                }
-                outcome = Outcome(
-                    version=version if log_rows else pool.version,
-                    upserts=tuple([m for m, _ in decision.new] + decision.changed),
-                    log=tuple(log_rows),
-                )
-                rejected = len(rejections)
-                done = msgspec.structs.replace(
-                    job,
-                    status="done",
-                    error=f"{rejected} proposed change(s) rejected" if rejected else None,
-                    rejections=rejections,
-                    updated_at=now,
-                )
-                self._positions.setdefault(job.pool, {})[job.chat] = job.upto
-                extra = [
-                    self.store.position_row(job.pool, job.chat, job.upto),
-                    self.store.job_row(done),
-                    *self.runtime.spend_rows(),
-                ]
-                pending = self.kernel.stage_outcome(
-                    pool,
-                    outcome,
-                    sealed,
-                    extra,
-                    [job_event(done)],
-                    texts={m.id: text for m, text in decision.new},
-                )
+                for m in decision.changed
+            ]
+            sealed = {
+                m.id: self.kernel.store.seal_content(pool.stored, m.id, text)
+                for m, text in decision.new
+            }
+            outcome = Outcome(
+                version=version if log_rows else pool.version,
+                upserts=tuple([m for m, _ in decision.new] + decision.changed),
+                log=tuple(log_rows),
+            )
+            rejected = len(rejections)
+            done = msgspec.structs.replace(
+                job,
+                status="done",
+                error=f"{rejected} proposed change(s) rejected" if rejected else None,
+                rejections=rejections,
+                updated_at=now,
+            )
+            self._positions.setdefault(job.pool, {})[job.chat] = job.upto
+            extra = [
+                self.store.position_row(job.pool, job.chat, job.upto),
+                self.store.job_row(done),
+                *self.runtime.spend_rows(),
+            ]
+            if staged is not None:
+                # LRN-5: the facts for other pools commit with the read position they
+                # were learned up to; they reach their pools after this commit.
+                payload = outbox.encode(staged)
+                extra.append(self.store.outbox_row(pool.stored, job.id, payload, now))
+            pending = self.kernel.stage_outcome(
+                pool,
+                outcome,
+                sealed,
+                extra,
+                [job_event(done)],
+                texts={m.id: text for m, text in decision.new},
+            )
         try:
             await self.kernel.settle(pool, pending, reads_state=False)
         except BaseException:
             # Reload what was really stored.
             self._positions.get(job.pool, {}).pop(job.chat, None)
             raise
+        if staged is not None and not await self._send_staged(pool.stored, staged, done):
+            # Off the chat's path: its next job need not wait for a shard to come back.
+            self._spawn_task(f"outbox:{job.id}", self._send_later(pool.stored, staged, done))
 
-    async def _extract_scoped(self, job: LearningJob, new, evidence, now: int) -> list[str]:
-        """Send the user- and project-scope facts among `new` to the shards holding those
-        workspace pools; why each refused one was refused. User scope needs the turn's one
-        person (a direct chat); project scope needs the chat's project."""
+    async def _stage_scoped(
+        self, job: LearningJob, new, evidence, now: int
+    ) -> tuple[outbox.StagedFacts | None, list[str]]:
+        """The user- and project-scope facts among `new`, grouped by the workspace pool that
+        keeps them, to stage with the step (nothing is sent yet); why each one refused here was
+        refused. User scope needs the turn's one person (a direct chat); project scope needs
+        the chat's project."""
         scoped = [(m, t) for m, t in new if m.scope != Scope.BOT]
         if not scoped:
-            return []
+            return None, []
         contributor = job.pool.removeprefix("bot:")
         user = (
             job.grant.removeprefix("for:person:") if job.grant.startswith("for:person:") else None
@@ -476,19 +491,76 @@ class LearningRunner:
                     topics=tagmod.topics_of(meta.tags),
                 )
             )
-        sources = [
+        if not by_pool:
+            return None, refused
+        sources = tuple(
             sm.SourceItem(chat=e.chat, item=e.item, kind=e.kind, author=e.author, text=e.text)
             for e in evidence.values()
-        ]
-        for pool_id, proposals in by_pool.items():
-            owner = sm.pool_owner(pool_id)
-            if pool_id.startswith("project:"):
-                owner = await self.peers.directory().project_owner(owner)
-                if owner is None:
-                    refused += [f"learn_fact: no project {pool_id}"] * len(proposals)
-                    continue
-            decisions = await self.peers.shard(self.peers.index_of(owner)).workspace_extract(
-                pool_id, contributor, proposals, sources, f"learn:{job.id}:{job.upto}", now
+        )
+        groups = tuple(
+            outbox.StagedGroup(pool=pool_id, proposals=tuple(proposals), sources=sources)
+            for pool_id, proposals in by_pool.items()
+        )
+        return outbox.StagedFacts(job=job.id, upto=job.upto, at=now, groups=groups), refused
+
+    async def _send_staged(self, stored, staged: outbox.StagedFacts, job: LearningJob) -> bool:
+        """Send each staged group to the shard holding its pool, under its own receipt, then
+        delete the set with the job's refusals added, in one batch. A set that cannot be sent
+        now stays staged for the next start (whether it was stored there is unknown; the
+        receipts make sending it again harmless). True once the set is gone."""
+        contributor = stored.pool.removeprefix("bot:")
+        refused: list[str] = []
+        try:
+            for index, group in enumerate(staged.groups):
+                owner = sm.pool_owner(group.pool)
+                if group.pool.startswith("project:"):
+                    owner = await self.peers.directory().project_owner(owner)
+                    if owner is None:
+                        refused += [f"learn_fact: no project {group.pool}"] * len(group.proposals)
+                        continue
+                shard = self.peers.shard(self.peers.index_of(owner))
+                decisions = await shard.workspace_extract(
+                    group.pool,
+                    contributor,
+                    list(group.proposals),
+                    list(group.sources),
+                    staged.request_id(index),
+                    staged.at,
+                )
+                refused += [f"learn_fact: {d.reason}" for d in decisions if d.outcome == "refused"]
+        except Exception as e:  # a shard away or failing: sent again at the next start
+            log.warning("learned facts of job %s stay staged: %r", staged.job, e)
+            return False
+        batch = Batch(writes=[self.store.outbox_done(staged.job)])
+        if refused:
+            rejections = (*job.rejections, *refused)
+            job = msgspec.structs.replace(
+                job,
+                rejections=rejections,
+                error=f"{len(rejections)} proposed change(s) rejected",
+                updated_at=self.kernel.clock(),
             )
-            refused += [f"learn_fact: {d.reason}" for d in decisions if d.outcome == "refused"]
-        return refused
+            batch.writes.append(self.store.job_row(job))
+            batch.events.append(job_event(job))
+        fut = self.kernel.stage(batch)
+        assert fut is not None
+        await fut
+        return True
+
+    async def _send_later(self, stored, staged: outbox.StagedFacts, job: LearningJob) -> None:
+        """Try a set that could not be sent again, a few times (CO-3's pace); past that it
+        waits for the next start."""
+        for attempt in range(AUTO_RETRIES):
+            await asyncio.sleep(self.retry_delay * 2**attempt)
+            if await self._send_staged(stored, staged, job):
+                return
+
+    async def _resend(self, job_id: str, pool_id: str, sealed: bytes) -> None:
+        """At start: send a set a stopped shard left staged (its step had committed)."""
+        try:
+            stored = (await self.kernel.pool(pool_id)).stored
+            staged = outbox.decode(self.store.open_outbox(stored, job_id, sealed))
+            job = next(j for j in await self.store.jobs(pool_id) if j.id == job_id)
+            await self._send_staged(stored, staged, job)
+        except Exception:
+            log.exception("staged facts of learning job %s could not be sent", job_id)

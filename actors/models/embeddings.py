@@ -1,4 +1,4 @@
-"""Embedding models for semantic search (SPEC SC-7, DESIGN §6).
+"""Embedding models for semantic search (SC-7, docs/design.md §6).
 
 An embedding model is declared like any model and chosen by the `[search]` table:
 
@@ -13,7 +13,7 @@ An embedding model is declared like any model and chosen by the `[search]` table
     max_input_chars = 6000               # optional: longer texts are cut before embedding
 
     [models.onnx]
-    kind = "onnx"                        # local; `pip install 'openbot-engine[onnx]'` (~60 MB)
+    kind = "onnx"                        # local; `pip install 'openbot-engine[onnx]'`
     # model = "path/to/model.onnx"       # optional: another BERT-style ONNX sentence encoder
     # tokenizer = "path/tokenizer.json"  # optional: its tokenizer (Hugging Face tokenizers)
     threads = 1                          # optional: ONNX Runtime threads per call
@@ -50,7 +50,7 @@ import msgspec
 from actors.models.registry import RETRY_STATUS, ModelError
 from engine.errors import InvalidInput
 
-DEFAULT_MIN_SCORE = 0.2  # MiniLM-class cosines of a paraphrased question and its answer: ~0.2-0.5
+DEFAULT_MIN_SCORE = 0.2  # the low end of MiniLM cosines of a paraphrased question and its answer
 DEFAULT_BATCH = 64
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_MAX_INPUT_CHARS = 6_000  # under 8,191 tokens for any script, with room to spare

@@ -141,7 +141,7 @@ class NodeFailed(Exception):
 
 
 class NodeModel:
-    """A bot model served by an external node (DESIGN §6 configuration, kind `node`)."""
+    """A bot model served by an external node (docs/design.md §6 configuration, kind `node`)."""
 
     def __init__(self, name: str, node: str, hub: NodeHubPort) -> None:
         self.name = name

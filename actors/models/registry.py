@@ -2,7 +2,7 @@
 the `scripted` kind (deterministic answers from a TOML file, for demos and tests) and the `local`
 kind (a small deterministic model built in, so a server started without a config can chat).
 
-Configured by name in the server config (DESIGN §6):
+Configured by name in the server config (docs/design.md §6):
 
     [models.local]
     kind = "openai"

@@ -1,7 +1,7 @@
-"""Coalescing a caller's requests to one actor method (issue 13): many requests, one Ray call.
+"""Coalescing a caller's requests to one actor method: many requests, one Ray call.
 
-A Ray call costs about 0.7 ms of CPU on each side whatever it carries, as much as a Remember's
-own work in the shard. A `Coalescer` (one per actor method and event loop, kept by `RayShard`)
+A Ray call costs CPU on each side whatever it carries, as much as a Remember's own work in the
+shard. A `Coalescer` (one per actor method and event loop, kept by `RayShard`)
 sends the first request at once when none of its calls is in flight, so an idle caller waits
 for nothing extra; requests that come while a call is in flight queue and all go in the next
 call, as soon as one returns (Nagle-like, no timer). Under load a call carries as many requests

@@ -1,8 +1,8 @@
 """The one place that starts or joins Ray and creates the engine's actors.
 
 On one machine Ray is started small and quiet, bound to loopback and with Ray's token auth on
-(actors/runtime/ray_env.py, STACK-NOTES): no dashboard, the token in the data directory, every
-actor with `num_cpus=0` so that actors never wait for a CPU. With an address, it joins an
+(actors/runtime/ray_env.py, docs/design.md §14): no dashboard, the token in the data directory,
+every actor with `num_cpus=0` so that actors never wait for a CPU. With an address, it joins an
 existing cluster.
 
 All other code talks to actors through `Engine`, which names them and routes accounts to shards.
@@ -401,13 +401,14 @@ class Engine:
     async def backup(self, dest_dir: str | Path, *, with_key: bool = False) -> list[str]:
         """A consistent snapshot of every store into `dest_dir` (which must not exist yet), a
         data directory `openbot serve` can run on given the master key. The key is left out
-        unless `with_key` (issue 12: a copy of the data is then not a copy of the key). Events
-        get a new epoch there. Each store is copied in one transaction of its own."""
+        unless `with_key` (a copy of the data is then not a copy of the key). Events
+        get a new epoch there. Each store is copied in one transaction of its own. The folder
+        is 0700 and its files 0600, whatever the umask."""
         from storage.crypto import KEY_FILE, write_key_copy
+        from storage.database import new_private_dir
 
         try:
-            dest = Path(dest_dir).resolve()
-            dest.mkdir(parents=True)
+            dest = new_private_dir(Path(dest_dir).resolve())
         except FileExistsError as e:
             raise InvalidInput(f"{dest_dir} already exists", code="backup_exists") from e
         except (OSError, ValueError) as e:  # ValueError: a NUL in the path

@@ -1,12 +1,12 @@
-"""A gateway's view of one shard's event log on one event loop (issue 13): the events come from
+"""A gateway's view of one shard's event log on one event loop: the events come from
 two places, the event pump's long poll and the replies of this gateway's coalesced writes.
 
-Under a load of writes every group commit used to cost two Ray calls per gateway: the coalesced
-write call, and one answer to the pump's long poll (`events_packed`) carrying that commit's
-events. Now a coalesced write says which events its gateway has (`seen`) and its reply brings
-the ones published after that (`remember_many_followed`, actors/shard/packed.py); the shard
+Under a load of writes each group commit would otherwise cost two Ray calls per gateway: the
+coalesced write call, and one answer to the pump's long poll (`events_packed`) carrying that
+commit's events. So a coalesced write says which events its gateway has (`seen`) and its reply
+brings the ones published after that (`remember_many_followed`, actors/shard/packed.py); the shard
 notes that this follower has them, and its poll then waits on for events it was not handed
-(storage/event_log.py). The pump asks `after` as it asked the shard before; what it gets is the
+(storage/event_log.py). The pump asks `after` as it would of the shard alone; what it gets is the
 same published log, in order, each event once.
 
 Every batch, from a poll or a reply, is the complete published log in (since, to], so it is

@@ -1,12 +1,11 @@
 """A direct lane to a shard from the processes of its node: a bot's step asked by a sibling
-shard, a gateway's turn starts and event polls (issue 13).
+shard, a gateway's turn starts and event polls.
 
 A collaboration hop asks the shard that holds the peer's memory for the peer's step, and in a
 chain whose bots live on both shards every other hop is such a call. Over Ray an actor-to-actor
-call went through both processes' core-worker threads: ~2.5 ms a round trip on a quiet 2-core
-host and 4-7 ms at p90 (two bare async actors, 2 KB each way), 3.5-13 ms while a chain ran
-under load, where the peer's step itself took 0.4 ms. Over a Unix socket between the same two
-event loops the round trip was 0.2 ms (p90 0.3 ms).
+call goes through both processes' core-worker threads, and its round trip costs many times
+the peer's step itself, more so under load; a Unix socket between the same two event loops
+costs a small fraction of that (docs/benchmarks.md, "Design measurements").
 
 So a shard listens on a socket of its own (`LaneServer`, in a directory only its user may
 enter, like Ray's own sockets, named by the shard's pid: a killed shard's is removed by the
@@ -20,6 +19,12 @@ same either way, or the engine's error as the class it was raised as. A lane tha
 a call is under way fails that call with `Unavailable` (as a Ray call to a dead actor does: it
 may have run), and the next call asks for the address again (a restarted shard listens
 somewhere else). One connection per event loop: its futures belong to that loop.
+
+Trust: the folder is made only under a temp dir others cannot swap it out of (owned by this
+user or root, and not writable by others unless sticky): Ray's (which Ray leaves 0777), else
+the system's; with neither, the shard opens no lane, with one warning. Each end checks the
+other's uid (`SO_PEERCRED`) and drops a connection from or to another user: the shard before
+reading a call, the caller before sending one (its calls then go over Ray).
 """
 
 from __future__ import annotations
@@ -31,8 +36,6 @@ import itertools
 import logging
 import os
 import shutil
-import socket
-import stat
 import struct
 import tempfile
 import time
@@ -56,6 +59,14 @@ from actors.contracts import (
     TurnResult,
     TurnStart,
 )
+from actors.runtime.lane_folder import (
+    PATH_MAX,
+    PREFIX,
+    PeerUid,
+    lane_root,
+    peer_uid,
+    sweep,
+)
 from actors.runtime.lock_guard import assert_no_pool_lock
 from actors.runtime.proxy import remote
 from actors.runtime.shard_proxy import RayShard
@@ -69,9 +80,6 @@ MAX_FRAME = 64 << 20
 RETRY_S = 5.0  # no lane could be opened: Ray until then
 CLOSED_RETRY_S = 60.0  # the shard has no lane (closed, or it could open none): asked again then
 LOST = "the engine is restarting; try again"
-PREFIX = "oblane-"  # a lane's folder in the temp dir: oblane-<pid of its shard>-<random>
-_PATH_MAX = 107  # a Unix socket's path, in bytes, without the final NUL (Linux: 108)
-STALE_S = 60.0  # an old-style folder (no pid) without a listener older than this is removed
 # OPENBOT_SHARD_LANE=0: every step over Ray (to compare, or if a host forbids Unix sockets).
 ENABLED = os.environ.get("OPENBOT_SHARD_LANE", "1") != "0"
 
@@ -107,68 +115,9 @@ _asks = msgspec.msgpack.Decoder(_Ask)
 _answers = msgspec.msgpack.Decoder(_Answer)
 
 
-def _socket_root() -> str | None:
-    """Ray's temporary directory where it is short enough for a socket path (a shard that dies
-    without closing leaves its socket there, with Ray's own); else the system's."""
-    root = os.environ.get("RAY_TMPDIR", "")
-    return root if root and len(root) <= 80 and os.path.isdir(root) else None
-
-
 def _frame(message: Any) -> bytes:
     body = _encode(message)
     return _HEAD.pack(len(body)) + body
-
-
-def sweep(base: str) -> int:
-    """Remove this user's lane folders in `base` that no shard will remove: their process is
-    gone (killed, crashed: `close` never ran) and nobody listens on their socket. Folders are
-    named by their shard's pid; one without a pid (older ones) goes when its socket refuses
-    connections and it is older than STALE_S. Answers how many were removed."""
-    removed = 0
-    try:
-        names = [n for n in os.listdir(base) if n.startswith(PREFIX)]
-    except OSError:
-        return 0
-    uid = os.getuid()
-    for name in names:
-        folder = os.path.join(base, name)
-        try:
-            st = os.lstat(folder)
-        except OSError:
-            continue
-        if st.st_uid != uid or not stat.S_ISDIR(st.st_mode):
-            continue
-        pid = name[len(PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and "-" in name[len(PREFIX) :]:
-            if int(pid) == os.getpid() or _alive(int(pid)):
-                continue
-        elif time.time() - st.st_mtime < STALE_S:
-            continue
-        if _listening(os.path.join(folder, "s")):
-            continue
-        shutil.rmtree(folder, ignore_errors=True)
-        removed += 1
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's process of that pid: not ours to judge
-    return True
-
-
-def _listening(path: str) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(0.2)
-        try:
-            s.connect(path)
-        except OSError:
-            return False
-        return True
 
 
 async def _read(reader: asyncio.StreamReader) -> bytes:
@@ -182,9 +131,11 @@ class LaneServer:
     """A shard's end: every call is run as its own task (as Ray runs an async actor's calls),
     in a fresh context, and answered when it ends, in whatever order they end."""
 
-    def __init__(self, node: str, host: LaneHost) -> None:
+    def __init__(self, node: str, host: LaneHost, *, peer: PeerUid = peer_uid) -> None:
         self.node = node
         self._host = host
+        self._peer = peer  # a test may stand in for another user
+        self._refused = 0
         self._server: asyncio.AbstractServer | None = None
         self._dir: str | None = None
         self._address: LaneAddress | None = None
@@ -197,11 +148,13 @@ class LaneServer:
         or where no socket could be opened (a path over the AF_UNIX limit, a host without
         Unix sockets): said once, never retried (a folder left by each try would pile up)."""
         if self._address is None and not self._closed:
-            base = _socket_root() or tempfile.gettempdir()
+            base, unsafe = lane_root()
+            if base is None:
+                return self._give_up(unsafe)
             sweep(base)
             if (
                 len(os.fsencode(os.path.join(base, f"{PREFIX}{os.getpid()}-xxxxxxxx", "s")))
-                > _PATH_MAX
+                > PATH_MAX
             ):
                 return self._give_up(f"the socket's path under {base!r} is too long")
             folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base)  # 0700
@@ -240,6 +193,14 @@ class LaneServer:
         self._address = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        uid = self._peer(writer.get_extra_info("socket"))
+        if uid != os.getuid():
+            self._refused += 1
+            level = logging.WARNING if self._refused == 1 else logging.DEBUG
+            log.log(level, "the lane refused a connection from uid %s (%d so far)", uid,
+                    self._refused)  # fmt: skip
+            writer.close()
+            return
         self._writers.add(writer)
         try:
             while True:
@@ -309,9 +270,16 @@ def _error_frame(ask: int, e: OpenBotError) -> bytes:
 class LaneClient:
     """A connection to one shard's lane, opened on first use (one event loop's)."""
 
-    def __init__(self, address: Callable[[], Awaitable[LaneAddress | None]], node: str) -> None:
+    def __init__(
+        self,
+        address: Callable[[], Awaitable[LaneAddress | None]],
+        node: str,
+        *,
+        peer: PeerUid = peer_uid,
+    ) -> None:
         self._address = address
         self.node = node
+        self._peer = peer  # a test may stand in for another user
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task | None = None
         self._waiting: dict[int, asyncio.Future[_Answer]] = {}
@@ -373,6 +341,13 @@ class LaneClient:
             except (OSError, OpenBotError) as e:
                 log.info("no lane to a shard for now (%r): calls go over Ray", e)
                 self._retry_at = time.monotonic() + RETRY_S
+                return None
+            uid = self._peer(writer.get_extra_info("socket"))
+            if uid != os.getuid():  # not the shard: nothing is sent to it
+                writer.close()
+                log.warning("the lane at %s is held by uid %s: calls go over Ray", address.path,
+                            uid)  # fmt: skip
+                self._retry_at = time.monotonic() + CLOSED_RETRY_S
                 return None
             self._writer = writer
             self._reader_task = asyncio.get_running_loop().create_task(self._read_answers(reader))

@@ -1,9 +1,9 @@
 """How a shard reaches the other actors: its sibling shards and the directory.
 
-A group chat's home shard runs the rounds, but each bot's step runs on the shard that holds
-the bot's memory (DESIGN §3: an account's pools live on one shard). Every call goes through a
-typed port (actors/ports.py): `shard(i)` and `directory()` give the port, and asking for it
-is where the pool-lock guard (ACL-9) checks that no pool lock is held across the call.
+A group chat's home shard runs the rounds, but each bot's step runs on the shard that holds the
+bot's memory (docs/design.md §3: an account's pools live on one shard). Every call goes through a
+typed port (actors/ports.py): `shard(i)` and `directory()` give the port, and asking for it is where
+the pool-lock guard (ACL-9) checks that no pool lock is held across the call.
 
 Calls to this shard itself stay local: an actor awaiting its own handle would queue behind
 itself. Other actors are found by name, lazily (actors/runtime/shard_proxy.py), so an actor

@@ -4,7 +4,7 @@ Ray reads some of these when it is imported, not when `ray.init` runs, so every 
 imports Ray for the engine imports this first (`actors/__init__.py` does), and `start_ray`
 refuses to start a local Ray when `ray` came first (it would bind to the host's address).
 
-The embedded instance is closed twice over (issue 12): its servers bind to 127.0.0.1 only
+The embedded instance is closed twice over: its servers bind to 127.0.0.1 only
 (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` keeps Ray from replacing the loopback node address with
 the host's), and Ray's token authentication is on (`RAY_AUTH_MODE=token`; `start_ray` gives it a
 token file of its own, mode 0600), so that neither another host nor another local user can
@@ -21,7 +21,7 @@ import sys
 
 # Ray's documented switch for multi-node clusters on Windows and macOS (set to 1 there to allow
 # them). Off, Ray keeps a node's address on loopback instead of looking up the host's, on Linux
-# too (measured: STACK-NOTES). Ray reads it once, when `ray` is imported.
+# too (docs/design.md §14). Ray reads it once, when `ray` is imported.
 CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 JOINING = bool(os.environ.get("OPENBOT_RAY_ADDRESS") or os.environ.get("RAY_ADDRESS"))

@@ -129,7 +129,7 @@ class ShardKernel:
         # Data written under the keys of earlier versions is brought to the current ones
         # before anything reads it (after the journal is applied: its rows too).
         upgrade_keys(self.db, self.master)
-        # Keyword search (issue 11): one term table for memory and workspace pools, each pool's
+        # Keyword search: one term table for memory and workspace pools, each pool's
         # terms hashed with its own key.
         self.term_keys = TermKeys(self.master)
         self.terms = TermStore(self.db)
@@ -141,7 +141,7 @@ class ShardKernel:
         return self.store.keyring
 
     def analyzer(self, pool_id: str) -> Analyzer:
-        """The keyword analyzer of a pool (its own term key; a seed-000 pool and the
+        """The keyword analyzer of a pool (its own term key; a bot memory pool and the
         workspace pool of the same id share one)."""
         return self.term_keys.of(pool_id)
 

@@ -9,6 +9,7 @@ while deciding and staging; every reply waits for the commit it depends on (`ker
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import msgspec
 
@@ -57,10 +58,22 @@ def _entry_view(snap: Snapshot, meta: EntryMeta) -> EntryView:
     return view(meta, snap.open(meta.id))
 
 
+class BotRecordRoutes(Protocol):
+    """The bot memory routes' reach into a bot's workspace records (actors/workspace/)."""
+
+    async def forget(
+        self, pool_id: str, reader: Reader, entry_id: str, request_id: str | None
+    ) -> EntryView: ...
+    async def purge(self, pool_id: str, tag: str, *, learned: bool = False) -> int: ...
+    async def log(self, pool_id: str, reader: Reader) -> list[LogRow]: ...
+
+
 class MemoryOps:
     def __init__(self, kernel: ShardKernel, memory_reader: MemoryReader) -> None:
         self.kernel = kernel
         self.memory_reader = memory_reader
+        # Set by the workspace that keeps the records (one memory per bot, MEM-1).
+        self.records: BotRecordRoutes | None = None
 
     async def read_memory(
         self, pool_id: str, reader: Reader, tags: Sequence[str] = ()
@@ -199,12 +212,15 @@ class MemoryOps:
         key = None if request_id is None else receipt_key(pool_id, reader.user, request_id)
         print_ = fingerprint(("forget", reader.org, entry_id))
         pool, ws = await self.memory_reader.pools(pool_id)
+        if self.records is not None and ws is not None and entry_id in ws.stored.entries:
+            # A record a person wrote for the bot: forgotten as the workspace forgets it.
+            return await self.records.forget(pool_id, reader, entry_id, request_id)
         async with pool.lock.exclusive():
             done = await self.receipt(pool, key, print_)
             if done is not None:
                 pending = pool.pending
             else:
-                if entry_id not in pool.entries:  # a workspace record: forgotten through its route
+                if entry_id not in pool.entries:
                     raise Conflict("this entry is not yours to forget", code="not_yours")
                 outcome = commands.forget(
                     # Visibility over the bot's one memory (an observation may rest on a record).
@@ -242,7 +258,10 @@ class MemoryOps:
                 pool.stored_receipts = set()
             pending = self.kernel.stage_outcome(pool, outcome, None, extra)
         await self.kernel.settle(pool, pending, reads_state=False)
-        return len(outcome.deletes)
+        count = len(outcome.deletes)
+        if self.records is not None and pool_id.startswith("bot:"):
+            count += await self.records.purge(pool_id, tag, learned=count > 0)  # its records
+        return count
 
     async def memory_log(self, pool_id: str, reader: Reader) -> LogPage:
         pool = await self.kernel.pool(pool_id)
@@ -250,6 +269,10 @@ class MemoryOps:
             rows = commands.visible_log(pool.stored.log, pool.entries, reader)
             version, pending = pool.version, pool.pending
         await self.kernel.settle(pool, pending)
+        if self.records is not None and pool_id.startswith("bot:"):
+            # The bot's records' revisions among them, by time (a stable sort keeps the order
+            # of changes made at one instant).
+            rows = sorted([*rows, *await self.records.log(pool_id, reader)], key=lambda r: r.at)
         return LogPage(changes=tuple(rows), version=version)
 
     async def context(self, pool_id: str, reader: Reader, limit: int) -> Context:

@@ -190,7 +190,7 @@ class MemoryReader:
     async def ranked(
         self, pool_id: str, reader: Reader, query: str, limit: int
     ) -> list[tuple[EntryMeta, str, float]]:
-        """The `limit` best BM25 keyword hits (issue 11) among the usable entries the reader
+        """The `limit` best BM25 keyword hits among the usable entries the reader
         may see, memory entries and workspace records alike: (entry, text, score), best first.
         Each index's ranking is walked best first with every id checked, so what the reader
         may not use is never a hit and never takes a usable hit's place."""
@@ -206,7 +206,7 @@ class MemoryReader:
     async def context_for(
         self, pool_id: str, reader: Reader, query: str, limit: int
     ) -> tuple[list[tuple[str, str]], bool]:
-        """The memory bot's context for one input (ENR-1, ENR-5, issue 11): (id, text) of
+        """The memory bot's context for one input (ENR-1, ENR-5): (id, text) of
         usable entries the reader may see, at most `limit` characters joined by newlines, in
         memory order, and whether any usable entry exists (ENR-7).
 

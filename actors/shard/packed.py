@@ -1,11 +1,11 @@
-"""The event pump's poll and workspace memory writes with one bytes each way (issue 13).
+"""The event pump's poll and workspace memory writes with one bytes each way.
 
 Ray serialises each reply on its own, pickling anything that is not a plain value: a poll's list
 of Events is pickled by the shard and unpickled by the gateway on every poll, one per group
 commit under load. Here it is one msgpack `EventBatch` (actors/contracts.py), which the gateway
 decodes for next to nothing. (A Remember's packed call is `MemoryOps.remember_packed`.)
 
-And the coalesced calls (issue 13): a gateway sends the Remembers, and the workspace memory
+And the coalesced calls: a gateway sends the Remembers, and the workspace memory
 creations, that its clients make of one shard while its previous such call is in flight as ONE
 call (actors/runtime/coalesce.py), each request packed as it would be sent alone; each gets its
 own answer or its own error back (`CallError`, actors/contracts.py).

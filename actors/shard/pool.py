@@ -32,7 +32,7 @@ class Pool:
         self._by_grant: dict[str, set[str]] = {}
         for meta in stored.entries.values():
             self._index(meta)
-        # Keyword search (issue 11): filled by the shard from stored term keys at load and
+        # Keyword search: filled by the shard from stored term keys at load and
         # kept current by it on every change (in memory only).
         self.terms = TermIndex()
 

@@ -1,4 +1,4 @@
-"""Many Remembers from one coalesced call (issue 13): each keeps its own answer, a pool's share
+"""Many Remembers from one coalesced call: each keeps its own answer, a pool's share
 is one commit.
 
 A gateway sends the Remembers its clients make of one shard while its previous call is in flight

@@ -1,12 +1,11 @@
-"""What a shard keeps loaded: least-recently-used eviction under a budget (issue 12 point 9).
+"""What a shard keeps loaded: least-recently-used eviction under a budget.
 
-A shard loads memory pools, workspace pools and chat logs on first use and would otherwise keep
-them for good: memory grew with every account ever touched. Each loaded thing is registered
-here with a weight in records (a fixed part for the object itself, plus the entries, log rows
-and items it holds; measured: a record ~1.4 KB, an empty pool ~3.5 KB, a chat ~0.8 KB), touched
-on every use,
-and, while the total is over the budget, the least recently used are offered for eviction,
-oldest first, until the total is back under 90% of the budget.
+A shard loads memory pools, workspace pools and chat logs on first use and would otherwise keep them
+for good: memory would grow with every account ever touched. Each loaded thing is registered here
+with a weight in records (a fixed part for the object itself, plus the entries, log rows and items
+it holds: an empty pool weighs about as much as a few records), touched on every use, and, while the
+total is over the budget, the least recently used are offered for eviction, oldest first, until the
+total is back under 90% of the budget.
 
 Eviction is asked, never forced: the owner's `evict` callback says no while the thing is in use
 (a lock held or awaited, a commit pending, a coroutine holding a reference; see `unused`) and it
@@ -24,7 +23,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Callable
 
-DEFAULT_BUDGET = 50_000  # records kept loaded per shard (~70 MB)
+DEFAULT_BUDGET = 50_000  # records kept loaded per shard
 POOL_WEIGHT = 3  # what a loaded pool costs before its records, in records
 CHAT_WEIGHT = 2
 SCAN = 64  # things offered per eviction round at most (the rest wait for the next touch)

@@ -25,6 +25,7 @@ from actors.chats.bot_step import BotStepper
 from actors.chats.chains import ChainRunner
 from actors.chats.chat_logs import ChatLogs
 from actors.chats.conversations import Conversations
+from actors.chats.decision_wakes import DecisionWakes
 from actors.chats.group_turns import GroupTurns
 from actors.chats.requests import Requests
 from actors.contracts import (
@@ -58,7 +59,13 @@ from engine.chat_records import ItemView, LearningJob
 from engine.directory import Chat
 from engine.errors import InvalidInput
 from engine.events import Event, ShardHead
-from engine.memory_bot_settings import MemoryBotSettings, SettingsPatch
+from engine.memory_bot_settings import (
+    MemoryBotSettings,
+    MemoryBotView,
+    SettingsPatch,
+    SpendView,
+)
+from engine.memory_bot_settings import view as settings_view
 from engine.turns import ANSWER_WAIT
 from storage.chat_store import ChatStore
 from storage.group_commit import DeleteWhere, Insert
@@ -192,9 +199,12 @@ class ShardService:
             peers=peers,
         )
         self._importing = asyncio.Lock()
-        # After a (re)start: open learning jobs (LRN-4), then collaboration chains.
+        self.decision_wakes = DecisionWakes(logs=self.chat_logs, chains=self.chains)
+        # After a (re)start: open learning jobs (LRN-4), collaboration chains, then decided
+        # requests whose bot was not woken yet (ENR-3).
         kernel.on_start(self.learning.recover)
         kernel.on_start(self.chains.resume)
+        kernel.on_start(self.requests.resume)
 
     # --- the calls with a body of their own; every other call is in the table below ---
 
@@ -269,7 +279,7 @@ class ShardService:
                 self.kernel.evict(pool)
         self.projects.drop()
         await self.requests.reload()
-        chains = [(row[2], row[3]) for table, added in rows if table == "chains" for row in added]
+        chains = [row[0] for table, added in rows if table == "chains" for row in added]
         await self.chains.records.adopt(chains)
         return len(batch.writes)
 
@@ -278,6 +288,13 @@ class ShardService:
         await self.kernel.started()
         await self.learning.idle()
         return self.learning.model_steps
+
+    async def memory_bot_view(self, pool_id: str) -> MemoryBotView:
+        """The memory bot's settings with its spend this day and month (MB-2, MB-6)."""
+        settings = await self.memory.memory_bot_settings(pool_id)
+        totals = await self.memory_bot.totals(pool_id)
+        spend = tuple(SpendView(period=p, micros=m, unknownCalls=u) for p, m, u in totals)
+        return settings_view(settings, spend)
 
     async def patch_memory_bot_settings(
         self, pool_id: str, patch: SettingsPatch
@@ -307,7 +324,7 @@ class ShardService:
 
     async def stats(self) -> dict[str, int]:
         counts = {"workspace_pools": len(self.workspace_pools), "chats": len(self.chat_logs)}
-        return counts | self.kernel.stats()
+        return counts | self.chains.records.stats() | self.memory_bot.stats() | self.kernel.stats()
 
     async def close(self) -> None:
         if self.semantic is not None:
@@ -341,17 +358,19 @@ answered_by(
         " switch_group_mode:switch_mode",
         "learning": "release_learning:release",
         "chat_logs": "chat_item:one_item chat_items:items delete_chat_items:delete_items"
-        " confessions enrichments",
+        " confessions enrichments chat_updated:announce_update",
         "chains": "collaborations:listing stop_collaboration:stop_visible chains_idle:idle"
         " find_agent_chat send_stored",
-        "requests": "requests_of:listing request:find_view decide_request:decide attach_review",
+        "requests": "requests_of:listing request:find_view decide_request:decide attach_review"
+        " open_request:open requests_idle:idle",
+        "decision_wakes": "wake_on_decision:wake",
         # the workspace
         "projects": "workspace_projects:projects_of workspace_save_project:save_project",
         "listings": "workspace_entries:entries",
         "workspace": "workspace_create_memory:create_memory"
         " workspace_change_memory:change_memory workspace_has_entry:has_entry"
         " workspace_revisions:revisions workspace_barriers:barriers workspace_blocked:blocked"
-        " workspace_extract:extract",
+        " workspace_extract:extract workspace_purge_learned:purge_learned",
     },
     port=ShardPort,
     before=_started,
@@ -363,5 +382,7 @@ answered_by(
         "chat_items",
         "collaborations",
         "switch_group_mode",
+        "decide_request",
+        "wake_on_decision",
     ],
 )

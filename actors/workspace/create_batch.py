@@ -1,4 +1,4 @@
-"""Many workspace memory creations from one coalesced call (issue 13): each keeps its own answer,
+"""Many workspace memory creations from one coalesced call: each keeps its own answer,
 a pool's share is one commit.
 
 As for Remember (actors/shard/remember_batch.py): a gateway sends the creations its clients make

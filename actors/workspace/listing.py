@@ -1,4 +1,4 @@
-"""Listing and searching the workspace records on a shard (issue 5, issue 11; SC-7).
+"""Listing and searching the workspace records on a shard (SC-7).
 
 What a caller may read of the asked pools, with a bot pool's learned entries (its one memory,
 MEM-1) beside its records; with a query, BM25 keyword hits and semantic hits fused by reciprocal
@@ -39,7 +39,7 @@ class WorkspaceListings:
         self.rules = rules
         self.memory = memory
         self.semantic = semantic  # None: keyword search only
-        self.weights = (1.0, 1.0)  # keyword, semantic: reciprocal rank fusion (issue 11)
+        self.weights = (1.0, 1.0)  # keyword, semantic: reciprocal rank fusion
 
     async def entries(self, access: WorkspaceAccess, query: WorkspaceQuery) -> WorkspaceListing:
         """The records of the asked pools that `access` may read (others are skipped; a named

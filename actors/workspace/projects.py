@@ -1,4 +1,4 @@
-"""Workspace projects on a shard (issue 5; SPEC WS-7): those whose owner's account lives here.
+"""Workspace projects on a shard (WS-7): those whose owner's account lives here.
 
 All of them are loaded once (they are few and small), with their members and linked channels.
 Edits carry `expectedRevision` (engine/projects.py decides); nothing is written when it refuses.
@@ -52,8 +52,8 @@ class Projects:
 
     async def _warm(self) -> None:
         """Read the projects at start (the first use after a (re)start), not in the first
-        turn that packs a prompt (seen: ~18 ms of a chain's first step). A failure only
-        leaves it to that turn."""
+        turn that packs a prompt (it would be a large share of a chain's first step). A
+        failure only leaves it to that turn."""
         try:
             await self.load()
         except Exception:

@@ -1,4 +1,4 @@
-"""Workspace writes' requestId receipts on a shard (issue 5).
+"""Workspace writes' requestId receipts on a shard.
 
 Every workspace write takes a `requestId`: its receipt (the request's fingerprint and the
 sealed answer) goes into the same group-commit batch as the change, so a repeat returns the
@@ -88,7 +88,7 @@ class WorkspaceReceipts:
         if known is None:
             known = await self._receipt_keys()
         if key not in known:
-            return None  # a new request id: nothing to read (the common case, ~1 ms saved)
+            return None  # a new request id, the common case: no read of the receipts
         return await self.kernel.receipts.find(key, print_, keyed.cipher, keyed.pool)
 
     async def _receipt_keys(self) -> set[str]:

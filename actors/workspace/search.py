@@ -1,4 +1,4 @@
-"""Ranked search of the workspace memory on one shard (issue 11; SPEC SC-7, MEM-1, ACL-9).
+"""Ranked search of the workspace memory on one shard (SC-7, MEM-1, ACL-9).
 
 `GET /api/app/workspace/memories?q=` on a shard: BM25 keyword hits (storage/search_index.py)
 and semantic hits (actors/workspace/semantic.py) of the pools the caller may read, fused by
@@ -6,7 +6,7 @@ weighted reciprocal rank (engine/workspace_search.py) and cut at `limit`. A bot 
 learned entries (one memory per bot) are ranked with its records.
 
 Checked lazily, never listed: nothing here walks a pool's records to find what the caller may
-read (at 100,000 records that walk alone took most of a search's time). Each ranking covers
+read (in a large pool that walk alone would be most of a search's time). Each ranking covers
 the whole pool and is walked best first, every id checked by the caller's filter (status,
 contributor, and for a bot pool the record's visibility to the caller) until enough pass. The
 scores do not depend on who reads — BM25's document frequencies and average length are over
@@ -202,9 +202,9 @@ def keyword_stats(
     one index holding all their records, in each pool's keys (none for one pool). Hits of several
     pools are merged by score, and scores only compare under the same statistics: with each
     pool's own, a conversation kept in its own project ranked by its own document frequencies
-    (the speakers' names in every turn count for nothing), and keyword recall@10 on LoCoMo-like
-    dialogs, one project per conversation, was 0.548 against 0.691 in one pool; with these,
-    0.680 (benchmarks/retrieval_lab.py --write-order per-project, quick set, BM25 1.2/0.75).
+    (the speakers' names in every turn count for nothing), and keyword recall with one project
+    per conversation fell well below that of one pool; with these statistics it is close to it
+    (docs/benchmarks.md, "Design measurements").
 
     Only pools whose every record the caller may read are combined: whoever searches a user or
     project pool reads all of it. A bot pool's records and learned entries may be hidden from

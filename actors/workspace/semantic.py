@@ -1,4 +1,4 @@
-"""The semantic half of workspace search on a shard (SPEC SC-7, DESIGN §6).
+"""The semantic half of workspace search on a shard (SC-7, docs/design.md §6).
 
 `Workspace.entries` hands this the records it already found readable for the caller (pools the
 caller may not read are never candidates) and gets back the nearest by cosine; keyword hits and
@@ -373,8 +373,8 @@ class SemanticSearch:
 
     async def _queue_all_missing(self, pool: WorkspacePool) -> None:
         """`_queue_missing` for every record, once the pool's vectors have loaded: in slices,
-        the event loop free between them (at 100,000 records the walk took 0.15 to 0.5 s at
-        once, and the searches that came meanwhile waited for it)."""
+        the event loop free between them (a large pool's walk at once would keep the searches
+        that came meanwhile waiting for it)."""
         vectors = self._pools.get(pool.id)
         ids = list(pool.stored.entries)
         for at in range(0, len(ids), UPKEEP_SLICE):

@@ -1,4 +1,4 @@
-"""Workspace scoped memory on a shard (issue 5; SPEC SC-1..SC-3, WA-1, WA-2).
+"""Workspace scoped memory on a shard (SC-1..SC-3, WA-1, WA-2).
 
 The records of the pools hosted here — `bot:<id>` (the bot's owner's shard), `user:<accountId>`
 (the account's shard) and `project:<id>` (the project owner's shard) — are kept by `WorkspacePools`
@@ -28,6 +28,7 @@ from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, durable
 from actors.shard.memory_ops import MemoryOps
 from actors.workspace.access import WorkspaceRules
+from actors.workspace.bot_records import BotRecords
 from actors.workspace.pools import WorkspacePool, WorkspacePools
 from actors.workspace.projects import Projects
 from actors.workspace.receipts import RECEIPT_SCOPE, WorkspaceReceipts
@@ -79,6 +80,12 @@ class Workspace:
         self.semantic = semantic  # when configured (SC-7)
         self.store = pools.store
         self.new_id: Callable[[], str] = new_id
+        self.records = memory.records = BotRecords(self)  # the bot memory routes reach records
+
+    async def purge_learned(self, bot: str, chat: str) -> int:
+        """Delete the user and project facts of the pools here that bot `bot` learned from
+        chat `chat` (a purge of `chat:<id>`, API-5); their count."""
+        return await self.records.purge_learned(bot, chat)
 
     async def _locate(self, entry_id: str) -> str | None:
         for pool in self.pools.loaded():
@@ -350,7 +357,9 @@ class Workspace:
             if p.pool != pool_id or p.contributor != contributor:
                 raise InvalidInput("every proposal must be for this pool and bot", code="invalid")
         by_marker = {s.marker: s for s in sources}
-        key = receipt_key(RECEIPT_SCOPE, f"bot:{contributor}", request_id)
+        # One learning job extracts into several pools (the user's, the project's), maybe
+        # all on this shard, under one request id: each pool's answer is a receipt of its own.
+        key = receipt_key(RECEIPT_SCOPE, f"bot:{contributor}", f"{request_id}\x00{pool_id}")
         print_ = fingerprint(("memory.extract", pool_id, contributor, proposals, sources))
         pool = await self.pools.pool(pool_id)
         async with self.receipts.request(key), pool.lock:

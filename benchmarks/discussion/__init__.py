@@ -29,7 +29,7 @@ of this process on 127.0.0.1, set up through the admin API):
 
 Target: engine overhead <= 5 ms per bot turn on this machine (2 cores): p50 per step (floor and
 discussion) and 1000 / (bot steps per second) under concurrency (groups); <= 8 ms p50 per
-delivery for chains (issue 13).
+delivery for chains.
 CPU time per step is by process: the shard actors, the directory actor and this process (the
 gateway's thread, the Ray driver and the HTTP client). Writes benchmarks/results/discussion.json.
 """

@@ -11,7 +11,7 @@ from typing import Any
 from benchmarks._load import descendant_cpu, percentile
 
 TARGET_MS = 5.0
-CHAIN_TARGET_MS = 8.0  # issue 13: a collaboration delivery, p50
+CHAIN_TARGET_MS = 8.0  # a collaboration delivery, p50
 
 
 def chain_verdict(ms: float) -> str:

@@ -144,7 +144,8 @@ async def one_chain(http: Any, ws: Any, engine: Any, root_bot: str, kind: str) -
         raise RuntimeError(f"root turn: {resp.status_code} {resp.text[:300]}")
     await asyncio.gather(*[s.chains_idle.remote() for s in engine.shards])
     t_idle = time.perf_counter()
-    listing = (await http.get("/api/app/workspace/collaboration")).json()["collaborations"]
+    page = await http.get("/api/app/workspace/collaboration", params={"limit": "200"})
+    listing = page.json()["items"]  # (newest first: the chain just run is on the first page)
     chain = next(c for c in listing if c["id"] == chain_id)
     if chain["status"] != status:
         raise RuntimeError(f"chain {chain_id}: event said {status}, listing {chain['status']}")

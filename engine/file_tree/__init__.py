@@ -1,4 +1,4 @@
-"""The account file tree of an account (SPEC FS-1..FS-3, DESIGN §7): render and parse, pure.
+"""The account file tree of an account (FS-1..FS-3, docs/design.md §7): render and parse, pure.
 
 `render(snapshot)` turns one account's `AccountSnapshot` into `{relative path: bytes}` under
 `bot-workspace/<accountId>/`; `parse(files)` reads such files back into snapshots. Both are

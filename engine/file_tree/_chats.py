@@ -1,4 +1,4 @@
-"""Chats in the tree (issue 14): `chats/<chatId>/` in the tree of the chat's person.
+"""Chats in the tree: `chats/<chatId>/` in the tree of the chat's person.
 
     chats/<chatId>/chat.json     the chat record, its group's channel record (a group chat),
                                  its members (derived), and the last item number ever used

@@ -115,7 +115,7 @@ ENC = msgspec.json.Encoder()
 
 
 def to_json(doc: object) -> bytes:
-    """A file of the tree: camelCase keys like the API (issue 14); parsing takes either."""
+    """A file of the tree: camelCase keys like the API; parsing takes either."""
     return msgspec.json.format(ENC.encode(camel_keys(msgspec.to_builtins(doc))), indent=2) + b"\n"
 
 

@@ -116,7 +116,7 @@ export class AdminView {
       field("Org", this.orgSelect("org")),
       field("Owner", h("select", { name: "owner" }, users.map((u) => h("option", { value: u.id, data: { orgs: (u.orgs || []).join(" ") } }, `${u.name} (${u.id})`)))),
       field("Model", h("input", { name: "model", placeholder: "a model name from the server config" })),
-      field("Avatar URL", h("input", { name: "avatar", placeholder: "https://…" })),
+      field("Avatar", h("input", { name: "avatar", placeholder: "data:image/png;base64,… or /path" })),
       field("Prompt", h("textarea", { name: "prompt", rows: 2 })),
       h("button", { class: "primary", type: "submit", disabled: !users.length }, "Create bot"),
     );

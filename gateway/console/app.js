@@ -3,7 +3,9 @@
 //   #/chats/<id>          a chat (group or direct): items, composer, chains, records
 //   #/bots/<id>/memory    a bot's memory panel
 //   #/bots/<id>/chat      opens a direct chat with the bot
-//   #/workspace           workspace memory search, memory jobs, every chain
+//   #/workspace           workspace memory search, memory jobs, every chain, capabilities
+//   #/projects            the person's projects (when the server offers bot-projects-v1)
+//   #/projects/<id>       a project: members, linked groups, memory with history, export
 //   #/admin               the admin view (admin token)
 
 import { AdminView } from "./admin.js";
@@ -11,7 +13,8 @@ import { ApiError, get, listAll, post, session } from "./api.js";
 import { ChatView } from "./chat.js";
 import { avatar, clear, h } from "./dom.js";
 import { EventStream } from "./events.js";
-import { MemoryPanel, WorkspaceView } from "./memory.js";
+import { loadCapabilities, MemoryPanel, offers, WorkspaceView } from "./memory.js";
+import { ProjectPage, ProjectsView } from "./projects.js";
 import { learn, state } from "./state.js";
 
 const root = document.getElementById("root");
@@ -53,7 +56,9 @@ async function start() {
   state.me = me;
   learn(me.id, me.name);
   document.getElementById("who").textContent = `${me.name} (${me.id})`;
-  nav([["Workspace", "#/workspace"]]);
+  // ND-1: features are shown by what the server announces.
+  await loadCapabilities().catch(() => {});
+  nav([["Workspace", "#/workspace"], ...(offers("bot-projects-v1") ? [["Projects", "#/projects"]] : [])]);
   signinForm.remove();
   clear(
     root,
@@ -98,7 +103,7 @@ function startAdmin() {
 
 function nav(links) {
   const el = document.getElementById("nav");
-  clear(el, ...links.map(([label, href]) => h("a", { href }, label)));
+  clear(el, ...links.map(([label, href]) => h("a", { href, testid: `nav-${label.toLowerCase()}` }, label)));
   el.append(h("button", { testid: "sign-out", onclick: signOut }, "Sign out"));
 }
 
@@ -247,6 +252,12 @@ async function route() {
   } else if (hash === "#/workspace") {
     layout.classList.add("wide");
     state.view = new WorkspaceView(main);
+  } else if (hash === "#/projects") {
+    layout.classList.add("wide");
+    state.view = new ProjectsView(main);
+  } else if ((m = hash.match(/^#\/projects\/([^/]+)$/))) {
+    layout.classList.add("wide");
+    state.view = new ProjectPage(main, decodeURIComponent(m[1]));
   } else {
     layout.classList.add("wide");
     clear(
@@ -272,6 +283,11 @@ function onEvent(frame) {
   if (frame.type === "chat.item.created" && d.chat && !state.chats.has(d.chat)) {
     // A chat this person can read that the list does not have yet (a new group, an agent chat).
     reloadChats().catch(() => {});
+  }
+  if (frame.type === "chat.updated" && state.chats.has(d.chat)) {
+    // Changes may be heard out of order: the highest revision wins.
+    const chat = state.chats.get(d.chat);
+    if ((chat.revision ?? 1) < d.revision) state.chats.set(d.chat, { ...chat, project: d.project, revision: d.revision });
   }
   state.view?.onEvent?.(frame);
 }

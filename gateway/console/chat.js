@@ -1,11 +1,13 @@
 // A chat: its items live from chat.item.created (each event names one item, which is fetched
 // once; items are kept by id, so a replayed or doubled event never shows twice), the composer
 // (@mentions, rounds), the collaboration chains of the chat, and its confessions, enrichments
-// and memory jobs.
+// and memory jobs, and its requests (requests.js).
 
-import { get, post } from "./api.js";
+import { api, get, post } from "./api.js";
 import { avatar, clear, h, pick, time } from "./dom.js";
-import { jobCard } from "./memory.js";
+import { jobCard, offers } from "./memory.js";
+import { loadProjects } from "./projects.js";
+import { loadRequests, openRequest } from "./requests.js";
 import { avatarOf, nameOf, state } from "./state.js";
 
 const WS = "/api/app/workspace";
@@ -88,6 +90,7 @@ export class ChatView {
                 ),
               )
             : null,
+          this.projectPicker(chat),
         ),
         this.list,
         h("div", { class: "composer" }, h("div", {}, this.input, this.error), this.rounds, this.sendButton),
@@ -95,8 +98,19 @@ export class ChatView {
     );
     this.chainList = h("ul", { testid: "chain-list" });
     this.records = h("div", { testid: "chat-records" });
+    this.requestList = h("ul", { testid: "request-list" });
+    const asks = chat?.kind === "direct" || chat?.kind === "group";
     clear(
       this.side,
+      h("h2", {}, "Requests"),
+      asks
+        ? h(
+            "button",
+            { testid: "request-open", title: "Ask for approval of what the message box says", onclick: () => this.ask() },
+            "Ask for approval",
+          )
+        : null,
+      this.requestList,
       h("h2", {}, "Collaboration"),
       this.chainList,
       h("h2", {}, "Confessions, enrichments, memory jobs"),
@@ -104,11 +118,65 @@ export class ChatView {
       this.records,
     );
     this.layout.append(this.side);
-    await Promise.all([this.loadItems(), this.loadChains()]);
+    await Promise.all([this.loadItems(), this.loadChains(), this.loadRequests()]);
   }
 
   async refresh() {
-    await Promise.all([this.loadItems(), this.loadChains()]);
+    await Promise.all([this.loadItems(), this.loadChains(), this.loadRequests()]);
+  }
+
+  loadRequests() {
+    return loadRequests(this.requestList, this.chatId);
+  }
+
+  // The composer's text as a request of the person's own (a group's picked bot wakes).
+  async ask() {
+    const text = this.input.value.trim();
+    if (!text) return;
+    this.error.textContent = "";
+    try {
+      await openRequest(this.chatId, text, [...this.mentions][0]);
+      this.input.value = "";
+      await this.loadRequests();
+    } catch (e) {
+      this.error.textContent = e.message;
+    }
+  }
+
+  // WS-7: a direct chat's current project, chosen among the person's projects (set, changed
+  // or cleared here; chat.updated keeps every open console in step).
+  projectPicker(chat) {
+    if (!chat || !["direct", "review"].includes(chat.kind) || !offers("bot-projects-v1")) return null;
+    this.project = h("select", {
+      testid: "chat-project",
+      title: "The chat's current project: its memory goes into the bot's prompt",
+      onchange: () => this.setProject(this.project.value || null),
+    });
+    this.projectError = h("span", { class: "error small", testid: "chat-project-error" });
+    loadProjects()
+      .then((projects) => {
+        clear(
+          this.project,
+          h("option", { value: "" }, "no project"),
+          projects.map((p) => h("option", { value: p.id }, p.name)),
+        );
+        this.project.value = this.chat?.project ?? "";
+      })
+      .catch((e) => (this.projectError.textContent = e.message));
+    return h("label", { class: "small" }, "project ", this.project, this.projectError);
+  }
+
+  async setProject(project) {
+    this.projectError.textContent = "";
+    try {
+      const chat = await api("PATCH", `/v1/chats/${encodeURIComponent(this.chatId)}`, { project });
+      const held = state.chats.get(this.chatId);
+      if (held && (held.revision ?? 1) < chat.revision)
+        state.chats.set(this.chatId, { ...held, project: chat.project, revision: chat.revision });
+    } catch (e) {
+      this.projectError.textContent = e.message;
+    }
+    this.project.value = this.chat?.project ?? "";
   }
 
   toggleMention(bot, button) {
@@ -215,7 +283,10 @@ export class ChatView {
     const d = frame.data || {};
     if (frame.type === "chat.item.created" && d.chat === this.chatId) this.fetchItem(d.item);
     else if (frame.type === "chat.items.deleted" && d.chat === this.chatId) this.dropItems();
+    else if (frame.type === "chat.updated" && d.chat === this.chatId && this.project)
+      this.project.value = this.chat?.project ?? "";
     else if (frame.type === "collaboration.changed") this.loadChains().catch(() => {});
+    else if (frame.type === "request.changed" && d.chat === this.chatId) this.loadRequests().catch(() => {});
     else if (frame.type === "memory.job.changed" && this.records.childElementCount) this.loadRecords().catch(() => {});
   }
 }

@@ -29,10 +29,11 @@ export function clear(el, ...children) {
   return el;
 }
 
-// An image URL is shown only when it is http(s) or an inline image.
+// An image is shown only when inline (data:image/…) or from this server (a path): the page's
+// policy loads no image from elsewhere, so such an avatar shows its letter instead.
 export function safeImage(url) {
   if (typeof url !== "string") return null;
-  return /^(https?:\/\/|data:image\/)/i.test(url) ? url : null;
+  return /^(data:image\/|\/(?![\/\\]))/i.test(url) ? url : null;
 }
 
 export function avatar(name, url, size = 16) {

@@ -1,6 +1,7 @@
-// The live event stream (/v1/events, DESIGN §8): authenticate with the first message, remember
-// the cursor of every frame, and after a drop reconnect with ?cursor= so the server replays what
-// was missed (no gap, no duplicate). Events carry ids only: listeners fetch what they name.
+// The live event stream (/v1/events, docs/design.md §8): authenticate with the first message,
+// remember the cursor of every frame, and after a drop reconnect with ?cursor= so the server
+// replays what was missed (no gap, no duplicate). Events carry ids only: listeners fetch what they
+// name.
 
 const CURSOR_KEY = "openbot.cursor";
 

@@ -1,4 +1,4 @@
-// A bot's memory panel (seed-000 memory: layer, topics, who can see each entry; Remember and
+// A bot's memory panel (bot memory: layer, topics, who can see each entry; Remember and
 // Forget; live from memory.changed) and the workspace view (scoped memory with search, memory
 // jobs with their reasons, every collaboration chain).
 
@@ -38,6 +38,7 @@ export class MemoryPanel {
     const name = bot?.name || nameOf(this.botId);
     this.list = h("ul", { testid: "memory-list" });
     this.error = h("div", { class: "error", role: "alert" });
+    this.node = h("div", { class: "small", testid: "node-status" });
     this.content = h("textarea", { testid: "remember-input", rows: 2, placeholder: "Something to remember" });
     this.topics = h("input", { testid: "remember-topics", placeholder: "topics, comma separated" });
     clear(
@@ -59,11 +60,45 @@ export class MemoryPanel {
           this.topics,
           h("button", { class: "primary", type: "submit", testid: "remember" }, "Remember"),
         ),
+        this.node,
         this.error,
         this.list,
       ),
     );
-    await this.load();
+    await Promise.all([this.load(), this.loadNode()]);
+  }
+
+  // ND-2, ND-3: where the bot's model runs. Memory is used only on a node that isolates it;
+  // otherwise an upgrade hint, and no word of isolation or extraction being on.
+  async loadNode() {
+    let status;
+    try {
+      status = await get(`/v1/bots/${encodeURIComponent(this.botId)}/node`);
+    } catch (e) {
+      clear(this.node, e.message);
+      return;
+    }
+    const node = status.node || {};
+    this.node.dataset.memoryInjected = String(Boolean(status.memoryInjected));
+    if (status.memoryInjected) {
+      clear(
+        this.node,
+        `Runs on node ${node.id}: memory isolated`,
+        status.extraction ? " · background extraction on" : " · no background extraction",
+      );
+      return;
+    }
+    clear(
+      this.node,
+      h(
+        "div",
+        { class: "hint", testid: "node-upgrade-hint", data: { nodeId: node.id || "" } },
+        h("b", {}, "Upgrade hint: "),
+        `node ${node.id || "?"}${node.connected === false ? " (not connected)" : ""}: `,
+        node.hint ||
+          "it does not isolate memory, so this bot chats without its memory. Upgrade it to a node that reports memory isolation.",
+      ),
+    );
   }
 
   refresh() {
@@ -210,6 +245,23 @@ export function jobCard(j) {
   );
 }
 
+// `GET /v1/capabilities`, read once per sign-in (again when `fresh`: nodes come and go).
+export async function loadCapabilities(fresh = false) {
+  if (!state.capabilities || fresh) {
+    const caps = await get("/v1/capabilities");
+    state.capabilities = {
+      capabilities: caps.capabilities || [],
+      unavailable: caps.unavailable || [],
+      nodes: caps.nodes || [],
+    };
+  }
+  return state.capabilities;
+}
+
+export function offers(capability) {
+  return Boolean(state.capabilities?.capabilities.includes(capability));
+}
+
 export class WorkspaceView {
   constructor(main) {
     this.main = main;
@@ -232,6 +284,7 @@ export class WorkspaceView {
     this.results = h("ul", { testid: "ws-results" });
     this.jobs = h("div", { testid: "memory-jobs" });
     this.chains = h("ul", { testid: "chain-list" });
+    this.capabilities = h("div", { testid: "capabilities" });
     this.error = h("div", { class: "error" });
     clear(
       this.main,
@@ -260,9 +313,44 @@ export class WorkspaceView {
         this.jobs,
         h("h2", {}, "Collaboration chains"),
         this.chains,
+        h("h2", {}, "Server capabilities and execution nodes"),
+        this.capabilities,
       ),
     );
-    await Promise.all([this.search(), this.loadJobs(), this.loadChains()]);
+    await Promise.all([this.search(), this.loadJobs(), this.loadChains(), this.loadCapabilities()]);
+  }
+
+  // ND-1: what the server offers, and each execution node with what it isolates (ND-3: a node
+  // that does not isolate gets its upgrade hint, never a claim).
+  async loadCapabilities() {
+    const caps = await loadCapabilities(true);
+    clear(
+      this.capabilities,
+      h(
+        "ul",
+        { class: "row", testid: "capability-list" },
+        caps.capabilities.map((c) => h("li", { class: "badge live", testid: "capability", data: { capability: c } }, c)),
+        caps.unavailable.map((c) =>
+          h("li", { class: "badge", testid: "capability", data: { capability: c, unavailable: "true" } }, `${c} (not yet)`),
+        ),
+      ),
+      h(
+        "ul",
+        { testid: "node-list" },
+        caps.nodes.map((n) =>
+          h(
+            "li",
+            { class: "card", testid: "node-entry", data: { nodeId: n.id, isolated: String(Boolean(n.memoryIsolation)) } },
+            h("b", {}, n.id),
+            n.connected === false ? h("span", { class: "badge failed" }, "not connected") : null,
+            " ",
+            n.memoryIsolation
+              ? `memory isolated${n.memoryExtraction ? " · extraction on" : ""}`
+              : h("span", { class: "hint", testid: "node-upgrade-hint" }, n.hint || "Upgrade this node to isolate memory."),
+          ),
+        ),
+      ),
+    );
   }
 
   refresh() {

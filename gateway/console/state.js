@@ -6,6 +6,7 @@ export const state = {
   chats: new Map(),
   channels: [],
   bots: new Map(),
+  capabilities: null, // GET /v1/capabilities: {capabilities, unavailable, nodes}
   names: new Map(), // id -> {name, avatar} of bots, people, channels
   view: null,
   stream: null,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+import pytest
 
 from engine.memory_entries import Reader, Status
 from tests.guards.kit import (
@@ -18,12 +19,13 @@ from tests.guards.kit import (
     pinned_meta,
 )
 from tests.openai_stub import completion
-from tests.shard_kit import ANN, POOL, run_turn, shard_service
+from tests.shard_kit import ANN, POOL, run_turn
 
 # --- ACL-9: the pool's lock -------------------------------------------------------------------
 
 
-def test_ACL_9_reads_wait_for_a_change_and_changes_wait_for_reads(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_ACL_9_reads_wait_for_a_change_and_changes_wait_for_reads(shards, fresh):
     """While a change holds the pool's lock no read runs; while a read holds it no change runs.
 
     Breaks tried: in `RWLock.shared`, `if self._writer or self._waiting_writers:` → `if False:`
@@ -32,56 +34,45 @@ def test_ACL_9_reads_wait_for_a_change_and_changes_wait_for_reads(tmp_path, fres
     `MemoryReader.read`, `async with pool.lock.shared():` → `if True:` → "a read ran while a
     change held the lock"."""
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        try:
-            first = await svc.remember(POOL, ANN, "Ann drinks green tea")
-            pool = await svc.kernel.pool(POOL)
-            async with pool.lock.exclusive():  # a change deciding and queueing
-                reads = [
-                    asyncio.create_task(svc.read_memory(POOL, ANN)),
-                    asyncio.create_task(svc.context(POOL, ANN, 1_000)),
-                    asyncio.create_task(svc.has_entries(POOL, ANN)),
-                    asyncio.create_task(svc.memory_log(POOL, ANN)),
-                ]
-                await asyncio.sleep(0.2)
-                pending = [t for t in reads if not t.done()]
-                assert pending == reads, "a read ran while a change held the lock"
-            await asyncio.gather(*reads)
-            async with pool.lock.shared():  # a read checking visibility and decrypting
-                changes = [
-                    asyncio.create_task(svc.remember(POOL, ANN, "Ann moved to Oslo")),
-                    asyncio.create_task(svc.set_status(POOL, first.id, Status.INVALIDATED)),
-                    asyncio.create_task(svc.forget(POOL, ANN, first.id)),
-                ]
-                await asyncio.sleep(0.2)
-                assert not any(t.done() for t in changes), "a change ran under a read"
-            await asyncio.gather(*changes, return_exceptions=True)
-        finally:
-            await svc.close()
-
-    asyncio.run(go())
+    svc = shards(stubs=fresh)
+    first = await svc.remember(POOL, ANN, "Ann drinks green tea")
+    pool = await svc.kernel.pool(POOL)
+    async with pool.lock.exclusive():  # a change deciding and queueing
+        reads = [
+            asyncio.create_task(svc.read_memory(POOL, ANN)),
+            asyncio.create_task(svc.context(POOL, ANN, 1_000)),
+            asyncio.create_task(svc.has_entries(POOL, ANN)),
+            asyncio.create_task(svc.memory_log(POOL, ANN)),
+        ]
+        await asyncio.sleep(0.2)
+        pending = [t for t in reads if not t.done()]
+        assert pending == reads, "a read ran while a change held the lock"
+    await asyncio.gather(*reads)
+    async with pool.lock.shared():  # a read checking visibility and decrypting
+        changes = [
+            asyncio.create_task(svc.remember(POOL, ANN, "Ann moved to Oslo")),
+            asyncio.create_task(svc.set_status(POOL, first.id, Status.INVALIDATED)),
+            asyncio.create_task(svc.forget(POOL, ANN, first.id)),
+        ]
+        await asyncio.sleep(0.2)
+        assert not any(t.done() for t in changes), "a change ran under a read"
+    await asyncio.gather(*changes, return_exceptions=True)
 
 
-def test_ACL_9_24_concurrent_retries_of_one_request_store_one_entry(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_ACL_9_24_concurrent_retries_of_one_request_store_one_entry(shards, fresh):
     """The receipt check and the write are one atomic step under the exclusive lock.
 
     Break tried: `async with pool.lock.exclusive():` in `ShardService.remember` → `if True:` →
     `assert 24 == 1`: each retry missed the receipt while it was read from disk."""
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        try:
-            # The pool's stored receipts are not read yet: the first check awaits the disk.
-            answers = await asyncio.gather(
-                *(svc.remember(POOL, ANN, "Ann likes trains", request_id="r1") for _ in range(24))
-            )
-            page = await svc.read_memory(POOL, ANN)
-        finally:
-            await svc.close()
-        return answers, page
-
-    answers, page = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    # The pool's stored receipts are not read yet: the first check awaits the disk.
+    answers = await asyncio.gather(
+        *(svc.remember(POOL, ANN, "Ann likes trains", request_id="r1") for _ in range(24))
+    )
+    page = await svc.read_memory(POOL, ANN)
+    await shards.close(svc)
     assert len({a.id for a in answers}) == 1
     assert [e.content for e in page.entries] == ["Ann likes trains"]
 
@@ -89,7 +80,8 @@ def test_ACL_9_24_concurrent_retries_of_one_request_store_one_entry(tmp_path, fr
 # --- ACL-8: visibility never decrypts ----------------------------------------------------------
 
 
-def test_ACL_8_reads_decrypt_only_what_the_reply_shows(tmp_path, fresh, monkeypatch):
+@pytest.mark.anyio
+async def test_ACL_8_reads_decrypt_only_what_the_reply_shows(shards, fresh, monkeypatch):
     """Visibility is decided from tags, sources and proofs; content is decrypted only for the
     entries the reply carries, and checking an observation's sources never decrypts them.
 
@@ -117,35 +109,27 @@ def test_ACL_8_reads_decrypt_only_what_the_reply_shows(tmp_path, fresh, monkeypa
     ]
     hidden = {"mem_h1", "mem_h2", "mem_h3", "mem_h4", "mem_h5", "mem_b1"}
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        try:
-            await svc.add_entries(POOL, entries)
-        finally:
-            await svc.close()
-        svc = shard_service(tmp_path, fresh)  # loaded from disk: nothing decrypted in memory yet
-        try:
-            out = {}
-            spy.reset()
-            out["page"] = await svc.read_memory(POOL, ANN)
-            out["page_opened"] = spy.entries(spy.opened)
-            spy.reset()
-            # Only the observation: its source is checked, never decrypted.
-            out["obs"] = await svc.read_memory(POOL, ANN, tags=["insight"])
-            out["obs_opened"] = spy.entries(spy.opened)
-            spy.reset()
-            out["ctx"] = await svc.context(POOL, ANN, len("Ann drinks green tea"))
-            out["ctx_opened"] = spy.entries(spy.opened)
-            spy.reset()
-            out["has"] = await svc.has_entries(POOL, ANN)
-            out["refs"] = await svc.validate_references(POOL, ANN, ["mem_a1", "mem_a2"])
-            out["log"] = await svc.memory_log(POOL, ANN)
-            out["meta_opened"] = spy.entries(spy.opened)
-        finally:
-            await svc.close()
-        return out
-
-    out = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    await svc.add_entries(POOL, entries)
+    await shards.close(svc)
+    svc = shards(stubs=fresh)  # loaded from disk: nothing decrypted in memory yet
+    out = {}
+    spy.reset()
+    out["page"] = await svc.read_memory(POOL, ANN)
+    out["page_opened"] = spy.entries(spy.opened)
+    spy.reset()
+    # Only the observation: its source is checked, never decrypted.
+    out["obs"] = await svc.read_memory(POOL, ANN, tags=["insight"])
+    out["obs_opened"] = spy.entries(spy.opened)
+    spy.reset()
+    out["ctx"] = await svc.context(POOL, ANN, len("Ann drinks green tea"))
+    out["ctx_opened"] = spy.entries(spy.opened)
+    spy.reset()
+    out["has"] = await svc.has_entries(POOL, ANN)
+    out["refs"] = await svc.validate_references(POOL, ANN, ["mem_a1", "mem_a2"])
+    out["log"] = await svc.memory_log(POOL, ANN)
+    out["meta_opened"] = spy.entries(spy.opened)
+    await shards.close(svc)
     shown = {e.id for e in out["page"].entries}
     assert shown == {"mem_a1", "mem_a2"}
     assert out["page_opened"] == shown, "decrypted more than the reply shows"
@@ -161,8 +145,9 @@ def test_ACL_8_reads_decrypt_only_what_the_reply_shows(tmp_path, fresh, monkeypa
 # --- LRN-8: tag and status changes leave the ciphertext alone ------------------------------------
 
 
-def test_LRN_8_status_and_topic_changes_never_decrypt_or_reseal_content(
-    tmp_path, fresh, monkeypatch
+@pytest.mark.anyio
+async def test_LRN_8_status_and_topic_changes_never_decrypt_or_reseal_content(
+    shards, fresh, monkeypatch
 ):
     """`set_status`, and learning's `invalidate` and `rename_topic`, rewrite metadata only: the
     stored ciphertext is carried over byte for byte and the content is neither decrypted for the
@@ -180,39 +165,31 @@ def test_LRN_8_status_and_topic_changes_never_decrypt_or_reseal_content(
     calls = [("rename_topic", {"from": "tea", "to": "drinks"}), ("invalidate", {"entry": "mem_f2"})]
     mem.routes.append(learning_route(completion(None, tool_calls=calls)))
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        try:
-            await svc.add_entries(
-                POOL,
-                [
-                    (fact_meta("mem_f1", "u_ann", 10), "Ann drinks green tea"),
-                    (fact_meta("mem_f2", "u_ann", 11), "Ann drinks tea at nine"),
-                    (fact_meta("mem_f3", "u_ann", 12), "Ann dislikes black tea"),
-                ],
-            )
-            pool = await svc.kernel.pool(POOL)
-            before = dict(pool.stored.sealed)
-            spy.reset()
-            await svc.set_status(POOL, "mem_f1", Status.INVALIDATED)
-            status_touched = (spy.entries(spy.opened), spy.entries(spy.sealed))
-            after_status = dict(pool.stored.sealed)
-            spy.reset()
-            await run_turn(svc, "I moved to Oslo, not Bergen")
-            learn_sealed = spy.entries(spy.sealed)
-            jobs = await svc.learning_jobs(POOL)
-        finally:
-            await svc.close()
-        svc = shard_service(tmp_path, fresh)  # what is on disk
-        try:
-            pool = await svc.kernel.pool(POOL)
-            on_disk = {i: pool.stored.sealed[i] for i in before}
-            page = await svc.read_memory(POOL, ANN)
-        finally:
-            await svc.close()
-        return before, status_touched, after_status, learn_sealed, jobs, on_disk, page
-
-    before, status_touched, after_status, learn_sealed, jobs, on_disk, page = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    await svc.add_entries(
+        POOL,
+        [
+            (fact_meta("mem_f1", "u_ann", 10), "Ann drinks green tea"),
+            (fact_meta("mem_f2", "u_ann", 11), "Ann drinks tea at nine"),
+            (fact_meta("mem_f3", "u_ann", 12), "Ann dislikes black tea"),
+        ],
+    )
+    pool = await svc.kernel.pool(POOL)
+    before = dict(pool.stored.sealed)
+    spy.reset()
+    await svc.set_status(POOL, "mem_f1", Status.INVALIDATED)
+    status_touched = (spy.entries(spy.opened), spy.entries(spy.sealed))
+    after_status = dict(pool.stored.sealed)
+    spy.reset()
+    await run_turn(svc, "I moved to Oslo, not Bergen")
+    learn_sealed = spy.entries(spy.sealed)
+    jobs = await svc.learning_jobs(POOL)
+    await shards.close(svc)
+    svc = shards(stubs=fresh)  # what is on disk
+    pool = await svc.kernel.pool(POOL)
+    on_disk = {i: pool.stored.sealed[i] for i in before}
+    page = await svc.read_memory(POOL, ANN)
+    await shards.close(svc)
     assert status_touched == (set(), set()), "a status change touched the content"
     assert after_status == before
     assert jobs[-1].status == "done", jobs

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from actors.chats.step_policy import reader_for
 from actors.contracts import StepInput
 from engine.directory import Chat, Org, OrgSettings
@@ -27,8 +29,9 @@ from tests.shard_kit import ANN, BOT, ORG, POOL, run_turn, shard_service
 # --- SEC-1 and LRN-2: the confessor and the encrypted call log -----------------------------------
 
 
-def test_SEC_1_confide_and_enrichment_calls_go_to_the_encrypted_call_log(
-    tmp_path, fresh, monkeypatch
+@pytest.mark.anyio
+async def test_SEC_1_confide_and_enrichment_calls_go_to_the_encrypted_call_log(
+    shards, fresh, monkeypatch
 ):
     """The memory bot's model requests and results for the input rewrite and for `confide` are
     stored, sealed with the pool's key, in the call log of the turn (SEC-1).
@@ -41,21 +44,15 @@ def test_SEC_1_confide_and_enrichment_calls_go_to_the_encrypted_call_log(
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Sorry, Ann."))
     mem.answer(completion("I hear you. Tell Ann directly and put it right."))
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        try:
-            mine = await svc.remember(POOL, ANN, "Ann prefers trains")
-            mem.routes.append(route_rewrite("Plan my trip to Oslo by train", [mine.id]))
-            mem.routes.append(learning_route(completion("nothing to learn")))
-            result = await run_turn(svc, "Plan my trip to Oslo")
-            pool = await svc.kernel.pool(POOL)
-            store = svc.conversations.store
-            calls = [await store.model_call(pool.stored, result.turn.id, s) for s in (1, 2, 3)]
-        finally:
-            await svc.close()
-        return result, calls
-
-    result, calls = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    mine = await svc.remember(POOL, ANN, "Ann prefers trains")
+    mem.routes.append(route_rewrite("Plan my trip to Oslo by train", [mine.id]))
+    mem.routes.append(learning_route(completion("nothing to learn")))
+    result = await run_turn(svc, "Plan my trip to Oslo")
+    pool = await svc.kernel.pool(POOL)
+    store = svc.conversations.store
+    calls = [await store.model_call(pool.stored, result.turn.id, s) for s in (1, 2, 3)]
+    await shards.close(svc)
     assert calls[0] is not None and calls[1] is not None, calls
     rewrite, confide = calls[0], calls[1]
     assert "Plan my trip to Oslo" in rewrite.request and "Oslo by train" in rewrite.response
@@ -65,7 +62,8 @@ def test_SEC_1_confide_and_enrichment_calls_go_to_the_encrypted_call_log(
     assert len(sealed) == 2, "call records not sealed with the pool's key"
 
 
-def test_LRN_2_the_confessor_listens_without_judging_and_gives_no_task(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_LRN_2_the_confessor_listens_without_judging_and_gives_no_task(shards, fresh):
     """The confessor's instructions (and the fixed calm answer) say what LRN-2 asks, and are
     what the memory model actually receives on `confide`.
 
@@ -75,14 +73,9 @@ def test_LRN_2_the_confessor_listens_without_judging_and_gives_no_task(tmp_path,
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Sorry, Ann."))
     mem.answer(completion("I hear you."))
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        try:
-            await run_turn(svc, "hi", org=OFF)  # botMemory off: answers still come (LRN-10)
-        finally:
-            await svc.close()
-
-    asyncio.run(go())
+    svc = shards(stubs=fresh)
+    await run_turn(svc, "hi", org=OFF)  # botMemory off: answers still come (LRN-10)
+    await shards.close(svc)
     (request,) = [b for b in mem.requests if not b.get("tools")]
     system = request["messages"][0]["content"]
     assert request["messages"][0]["role"] == "system"

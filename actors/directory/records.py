@@ -111,14 +111,13 @@ class DirectoryRecords:
         }
         async with self.changing():
             clashes: list[str] = []
-            records: list[tuple[dict, Any]] = []
+            records: list[tuple[str, Any]] = []
             for table, added in rows:
                 for row in added:
                     if table in tables:
                         taken = row[0] in tables[table]
                         if not taken:
-                            record = self.store.decode(table, row[0], row[1])
-                            records.append((tables[table], record))
+                            records.append((table, self.store.decode(table, row[0], row[1])))
                     else:
                         taken = table == "project_owners" and row[0] in self.project_owners
                     if taken:
@@ -132,8 +131,10 @@ class DirectoryRecords:
                     details={"clashes": clashes},
                 )
             await self.store.insert_rows(rows)
-            for index, record in records:
-                index[record.id] = record
+            for table, record in records:
+                tables[table][record.id] = record
+                if table in ("bots", "channels"):  # who reaches them (index.py)
+                    self.index.changed(table, None, record)
                 if isinstance(record, Chat) and record.kind == "group":
                     self.group_chats[record.channel] = record.id
             for table, added in rows:

@@ -25,6 +25,7 @@ from storage.directory_store import KEY_SCOPE as DIR_KEY
 from storage.directory_store import open_record
 from storage.group_commit import DeleteWhere, GroupCommitter, Write
 from storage.journal_file import HEADER
+from storage.key_upgrade import upgrade_keys
 from storage.shard_schema import MIGRATIONS as SHARD_MIGRATIONS
 from storage.shard_schema import TABLES as SHARD_TABLES
 
@@ -230,9 +231,15 @@ def insert_all(
     db.run_sync(write)
 
 
-def write_shard(path: Path, writes: list[Write], deletes: Sequence[DeleteWhere]) -> str:
+def write_shard(
+    path: Path, writes: list[Write], deletes: Sequence[DeleteWhere], master_key: bytes
+) -> str:
     db, committer = open_shard(path)  # a crash's journal goes in before the imported rows
     try:
+        # The rows are made under the current key format (a chain's fingerprints keyed per
+        # org): the file reaches it first (a new file is only marked), so a start does not
+        # key them a second time.
+        upgrade_keys(db, master_key)
         insert_all(db, [(w.table, w.row) for w in writes], deletes)  # type: ignore[union-attr]
     finally:
         committer.release()

@@ -702,7 +702,8 @@ def import_snapshots(
     deletes = chat_export.stale_rows(keys, chats, [c for _, c in chats.values()])
     deletes.append(DeleteWhere("receipts", "key", tuple(stale)))
     files = [
-        _write_shard(data_dir / f"shard-{k}.duckdb", writes[k], deletes) for k in range(shards)
+        _write_shard(data_dir / f"shard-{k}.duckdb", writes[k], deletes, master)
+        for k in range(shards)
     ]
     tokens = {u: "obt_" + secrets.token_urlsafe(32) for u in sorted(users)}
     # The tokens file before the directory (the import's commit point): a crash in between

@@ -25,7 +25,6 @@ from storage.directory_store import KEY_SCOPE as DIR_KEY
 from storage.directory_store import open_record
 from storage.group_commit import DeleteWhere, GroupCommitter, Write
 from storage.journal_file import HEADER
-from storage.key_upgrade import upgrade_keys
 from storage.shard_schema import MIGRATIONS as SHARD_MIGRATIONS
 from storage.shard_schema import TABLES as SHARD_TABLES
 
@@ -234,6 +233,8 @@ def insert_all(
 def write_shard(
     path: Path, writes: list[Write], deletes: Sequence[DeleteWhere], master_key: bytes
 ) -> str:
+    from storage.key_upgrade import upgrade_keys  # (numpy: only where rows are written)
+
     db, committer = open_shard(path)  # a crash's journal goes in before the imported rows
     try:
         # The rows are made under the current key format (a chain's fingerprints keyed per

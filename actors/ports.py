@@ -186,6 +186,11 @@ class ShardPort(Protocol):
         self, pool_id: str, patch: SettingsPatch
     ) -> MemoryBotSettings: ...
 
+    # rows an import into the running server made for this shard (`POST /v1/admin/import`)
+    async def import_rows(
+        self, rows: list[tuple[str, list[tuple]]], removed: list[tuple[str, str, tuple]] = ()
+    ) -> int: ...
+
     # requests, collaborations, learning jobs
     async def requests_of(
         self, user: str, channels: frozenset[str], status: str | None = None
@@ -337,6 +342,8 @@ class DirectoryPort(Protocol):
         leader: str | None = None,
     ) -> Channel: ...
     async def backup(self, dest_dir: str) -> str: ...
+    # the directory rows of an import into the running server (its commit point)
+    async def import_records(self, rows: list[tuple[str, list[tuple]]]) -> int: ...
 
     # chats, bots and listings for a person
     async def create_chat(

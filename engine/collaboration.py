@@ -129,8 +129,14 @@ def normalize(text: str) -> str:
 def fingerprint(text: str, key: bytes) -> str:
     """A message's fingerprint as stored on its link (the chain's document is not sealed):
     keyed, so that a guess at a short message cannot be confirmed against it without the key.
-    The key is the caller's (engine holds none); `rekeyed` of the text's digest."""
-    return rekeyed(hashlib.sha256(normalize(text).encode()).hexdigest()[:32], key)
+    The key is the caller's (engine holds none); `rekeyed` of the text's `digest`."""
+    return rekeyed(digest(text), key)
+
+
+def digest(text: str) -> str:
+    """A message's unkeyed digest: what an export keeps of a fingerprint (the key stays with
+    the data directory; an import keys it again with `rekeyed`)."""
+    return hashlib.sha256(normalize(text).encode()).hexdigest()[:32]
 
 
 def rekeyed(digest: str, key: bytes) -> str:

@@ -108,6 +108,7 @@ def create_app(
     wm = WorkspaceMemoryApi(engine, auth)
     lists = ListingApi(engine, auth)
     rq = RequestsApi(engine, auth, chats)
+    trees = FileExportApi(engine, auth)
     r: Callable[..., Route] = Route
     routes = [
         r("/v1/admin/orgs", lists.admin_list("orgs"), methods=["GET"]),
@@ -129,7 +130,8 @@ def create_app(
         r("/v1/admin/users/{id}/token", admin.new_token, methods=["POST"]),
         r("/v1/admin/channels", admin.create_channel, methods=["POST"]),
         r("/v1/admin/backup", admin.backup, methods=["POST"]),
-        r("/v1/admin/export", FileExportApi(engine, auth).export, methods=["GET"]),
+        r("/v1/admin/export", trees.export, methods=["GET"]),
+        r("/v1/admin/import", trees.import_tree, methods=["POST"]),
         r("/v1/chats", chats.create_chat, methods=["POST"]),
         r("/v1/chats/{chat}", chats.patch_chat, methods=["PATCH"]),
         r("/v1/chats/{chat}/turns", chats.post_turn, methods=["POST"]),

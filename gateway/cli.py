@@ -14,6 +14,7 @@ openbot demo [--url URL [--admin-token T] | --port P] [--model NAME] [--config F
 openbot backup DIR (--url URL [--token T] | --data-dir DIR) [--with-key]
 openbot export DIR [--url URL [--token T] | --data-dir DIR] [--account ID]
 openbot import DIR [--data-dir DIR] [--shards N] [--join-org ORG…]
+openbot import DIR --url URL [--token T] [--tokens-dir D] [--join-org ORG…]
 
 `--url`, `--token` and `--data-dir` of `admin` may come before or after its subcommand. Failures
 print one line on stderr and exit non-zero: 1 for a failed call or command, 2 for bad input.
@@ -147,18 +148,42 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from storage.file_export import import_tree
+    """A tree into a stopped server's data directory, or merged into a running one (--url)."""
+    from storage.data_dir_io import write_new_tokens
+    from storage.file_export import import_tree, read_tree
 
+    if args.url:
+        if args.data_dir:
+            raise CliError("openbot import: --url or --data-dir, not both")
+        try:
+            files = {p: data.decode() for p, data in sorted(read_tree(Path(args.dir)).items())}
+        except UnicodeDecodeError as e:
+            raise InvalidInput(f"{args.dir}: a file of the tree is not UTF-8 ({e.reason})") from e
+        with _admin_client(args) as client:
+            body = {"files": files, "joinOrgs": list(args.join_org or ())}
+            resp = client.post("/v1/admin/import", json=body, timeout=600)
+        if not resp.is_success:
+            return _answer(resp)
+        answer = resp.json()
+        # A new file of this import's own: a token exists in the clear only there, once.
+        path = write_new_tokens(Path(args.tokens_dir), answer.pop("tokens", {}))
+        print(json.dumps({**answer, "tokensFile": str(path)}, indent=2))
+        _tokens_note(str(path))
+        return 0
     result = import_tree(
         Path(args.dir), _data_dir(args.data_dir), shards=args.shards, join_orgs=args.join_org
     )
     print(msgspec.json.format(msgspec.json.encode(result), indent=2).decode())
+    _tokens_note(str(result.tokens_file))
+    return 0
+
+
+def _tokens_note(path: str) -> None:
     print(
-        f"openbot import: the new users' tokens are in {result.tokens_file} (0600, this "
+        f"openbot import: the new users' tokens are in {path} (0600, this "
         "import's only); hand them out, then delete the file",
         file=sys.stderr,
     )
-    return 0
 
 
 def _parse_value(text: str):

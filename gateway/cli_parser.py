@@ -113,8 +113,20 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--data-dir", help="a stopped server's data directory (default ./data)")
     x.add_argument("--account", help="only this account (user id); default every account")
 
-    i = _parser(sub, "import", "a new data directory from an exported file tree")
+    i = _parser(
+        sub, "import", "an exported file tree into a data directory, or into a running server"
+    )
     i.add_argument("dir", help="the exported tree")
+    i.add_argument(
+        "--url",
+        help="merge into this running server (POST /v1/admin/import; needs the admin token)",
+    )
+    i.add_argument("--token", help="the admin token with --url (or OPENBOT_ADMIN_TOKEN)")
+    i.add_argument(
+        "--tokens-dir",
+        default=".",
+        help="with --url: where the new file (0600) of the new users' tokens is made",
+    )
     i.add_argument("--data-dir", help="the new data directory (default ./data; must be empty)")
     i.add_argument(
         "--shards",

@@ -165,6 +165,16 @@ ROUTES: list[Op] = [
         query=(ACCOUNT,),
         auth="admin",
     ),
+    Op(
+        "post",
+        "/v1/admin/import",
+        "Merge a file tree ({files: {path: text}}, as exported) into this server; id_clash "
+        "when an id is taken (an org only joined when joinOrgs names it)",
+        wire.TreeImport,
+        s.ImportDone,
+        201,
+        auth="admin",
+    ),
     # --- chats ---
     Op("post", "/v1/chats", "Start a direct or group chat", wire.CreateChat, Chat, 201),
     Op(

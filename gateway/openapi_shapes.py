@@ -47,6 +47,16 @@ class ExportTree(_Doc):
     files: dict[str, str]  # path inside the tree → UTF-8 text
 
 
+class ImportDone(_Doc):
+    accounts: list[str]
+    records: int
+    projects: int
+    skippedReceipts: int
+    skippedEntries: int
+    skippedRequests: int
+    tokens: dict[str, str]  # each new user's token (user id → token), shown once
+
+
 class Count(_Doc):
     count: int
 

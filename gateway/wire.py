@@ -256,6 +256,11 @@ class Backup(_Body):
     withKey: bool = False  # copy the master key too (left out by default)
 
 
+class TreeImport(_Body):
+    files: dict[str, str]  # the tree, as `GET /v1/admin/export` answers it
+    joinOrgs: list[str] = []  # orgs the server holds already that the tree joins (--join-org)
+
+
 class UserCreated(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     name: str

@@ -10,6 +10,12 @@ shard the target's shard count gives, so the plaintext exists only in the export
 
 How far each bot's learning has read a chat (`learn_positions`) belongs to the bot's memory and
 goes with its pool (on the bot owner's shard).
+
+A chat's confessions and enrichments are kept where each bot's memory is (a group's on several
+shards, each sealed with that shard's key of the chat): the export gathers them from every
+shard, the import writes them all on the home shard (the chat's routes read the home shard and
+its bots' shards). Chains live on their root chat's home shard, texts sealed with its key;
+requests on their bot's shard, proposals sealed with the bot's pool key.
 """
 
 from __future__ import annotations
@@ -19,24 +25,35 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from engine import collaboration
 from engine import file_tree as ft
-from engine.chat_records import Turn
+from engine.chat_records import Confession, Enrichment, Turn
+from engine.collaboration import Chain, ChainStatus
 from engine.directory import Bot, Chat
 from engine.errors import InvalidInput, StorageError
 from engine.memory_bot_settings import MemoryBotSettings
-from storage.crypto import Cipher, Keyring, aad
+from engine.requests import ApprovalRequest
+from storage.crypto import Cipher, Keyring, aad, chain_fp_key
 from storage.group_commit import DeleteWhere, Insert, Write
 from storage.memory_store import MemoryStore, StoredPool
 from storage.sealed_doc import open_doc, seal_doc
 from storage.shard_schema import (
+    CHAINS,
     CHAT_ITEMS,
     COMMUNICATIONS,
+    CONFESSIONS,
+    ENRICHMENTS,
     LEARN_POSITIONS,
     POOLS,
+    REQUESTS,
     TURNS,
 )
 
 _turn_dec = msgspec.json.Decoder(Turn)
+_conf_dec = msgspec.json.Decoder(Confession)
+_enr_dec = msgspec.json.Decoder(Enrichment)
+_request_dec = msgspec.json.Decoder(ApprovalRequest)
+_texts_dec = msgspec.json.Decoder(dict[str, dict[str, str]])
 _enc = msgspec.json.Encoder()
 
 
@@ -49,6 +66,10 @@ class ChatShardRows:
     turns: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     comms: dict[str, dict[int, tuple[str, str]]] = field(default_factory=dict)
     positions: dict[str, list[ft.ReadPosition]] = field(default_factory=dict)
+    # table → chat → (key, payload) of its confessions or enrichments (sealed)
+    records: dict[str, dict[str, list[tuple[str, bytes]]]] = field(default_factory=dict)
+    chains: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)  # root chat → rows
+    requests: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)  # chat → rows
 
 
 def read_shard(rows: Callable[[str], list[tuple]]) -> ChatShardRows:
@@ -66,6 +87,15 @@ def read_shard(rows: Callable[[str], list[tuple]]) -> ChatShardRows:
         out.comms.setdefault(chat, {})[seq] = (direction, peer)
     for pool, chat, seq in rows("SELECT pool, chat, seq FROM learn_positions"):
         out.positions.setdefault(pool, []).append(ft.ReadPosition(chat=chat, seq=seq))
+    for table in (CONFESSIONS.name, ENRICHMENTS.name):
+        mine = out.records.setdefault(table, {})
+        for key, chat, payload in rows(f"SELECT key, chat, payload FROM {table} ORDER BY key"):
+            mine.setdefault(chat, []).append((key, payload))
+    for doc, texts in rows("SELECT doc, texts FROM chains ORDER BY id"):
+        root = msgspec.json.decode(doc)["chain"]["root_chat"]
+        out.chains.setdefault(root, []).append((doc, texts))
+    for doc, proposal in rows("SELECT doc, proposal FROM requests ORDER BY id"):
+        out.requests.setdefault(_request_dec.decode(doc).chat, []).append((doc, proposal))
     return out
 
 
@@ -123,11 +153,91 @@ def snapshot(
     return ft.ChatSnapshot(chat=chat, last_seq=last, items=tuple(out_items), turns=tuple(out_turns))
 
 
+def records(
+    chat: Chat, shards: Iterable[tuple[ChatShardRows, dict[str, Cipher]]]
+) -> dict[str, tuple]:
+    """The chat's confessions, enrichments, chains and requests from every shard (`shards`:
+    each shard's rows with its pool keys), as `ChatSnapshot` fields."""
+    scope = f"chat:{chat.id}"
+    out: dict[str, list] = {"confessions": [], "enrichments": [], "chains": [], "requests": []}
+    for rows, keys in shards:
+        for table, field_, dec in (
+            (CONFESSIONS.name, "confessions", _conf_dec),
+            (ENRICHMENTS.name, "enrichments", _enr_dec),
+        ):
+            for key, payload in rows.records.get(table, {}).get(chat.id, []):
+                cipher = _need(keys, scope, table)
+                raw = cipher.open(payload, aad(scope, f"{table}\x00{key}"))
+                out[field_].append(dec.decode(raw))
+        for doc, texts in rows.chains.get(chat.id, []):
+            record = msgspec.json.decode(doc)
+            chain = msgspec.convert(record["chain"], Chain)
+            cipher = _need(keys, scope, CHAINS.name)
+            opened = _texts_dec.decode(cipher.open(texts, aad(scope, f"chain\x00{chain.id}")))
+            out["chains"].append(_chain_record(chain, record, opened))
+        for doc, proposal in rows.requests.get(chat.id, []):
+            request = _request_dec.decode(doc)
+            pool = f"bot:{request.bot}"
+            cipher = _need(keys, pool, REQUESTS.name)
+            text = cipher.open(proposal, aad(pool, f"request\x00{request.id}")).decode()
+            out["requests"].append(ft.RequestRecord(request=request, proposal=text))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _need(keys: dict[str, Cipher], pool: str, table: str) -> Cipher:
+    cipher = keys.get(pool)
+    if cipher is None:
+        raise StorageError(f"{table} rows of {pool} but no key on their shard")
+    return cipher
+
+
+def _chain_record(chain: Chain, record: dict, texts: dict[str, dict[str, str]]) -> ft.ChainRecord:
+    """A stored chain as the tree keeps it: fingerprints unkeyed from the texts (the stored
+    ones are keyed with the data directory's secret), waiting learning jobs by id (where
+    they are stored depends on the shard count)."""
+    links = []
+    for link in chain.links:
+        t = texts.get(link.id, {})
+        request, result = t.get("request"), t.get("result")
+        links.append(
+            msgspec.structs.replace(
+                link,
+                fingerprint="" if request is None else collaboration.digest(request),
+                result_fingerprint=None
+                if link.result_fingerprint is None
+                else ("" if result is None else collaboration.digest(result)),
+            )
+        )
+    return ft.ChainRecord(
+        chain=msgspec.structs.replace(chain, links=tuple(links)),
+        channel=record.get("channel"),
+        learn=tuple(job for _, job in record.get("learn") or ()),
+        unregistered=tuple(record.get("unregistered") or ()),
+        texts=tuple(
+            ft.LinkTexts(
+                link=link,
+                request=t.get("request"),
+                result=t.get("result"),
+                pending=t.get("pending"),
+            )
+            for link, t in sorted(texts.items())
+        ),
+    )
+
+
 # --- import ---------------------------------------------------------------------------------------
 
 
-def chat_writes(c: ft.ChatSnapshot, keyring: Keyring, memory: MemoryStore) -> list[Write]:
-    """The rows of one chat on its home shard, sealed with a new chat key."""
+def chat_writes(
+    c: ft.ChatSnapshot,
+    keyring: Keyring,
+    memory: MemoryStore,
+    master: bytes,
+    job_shards: dict[str, int],
+) -> list[Write]:
+    """The rows of one chat on its home shard, sealed with a new chat key: items, turns,
+    confessions, enrichments and the chains rooted in it (fingerprints keyed with `master`'s
+    key of the chain's org; `job_shards`: where each waiting learning job is now)."""
     chat = c.chat
     scope = f"chat:{chat.id}"
     cipher, wrapped = keyring.new_pool_key(scope)
@@ -144,7 +254,65 @@ def chat_writes(c: ft.ChatSnapshot, keyring: Keyring, memory: MemoryStore) -> li
         turn = Turn(chat=chat.id, **msgspec.structs.asdict(t))
         meta = seal_doc(cipher, scope, TURNS.name, t.id, _enc.encode(turn))
         writes.append(Insert(TURNS.name, (t.id, chat.id, t.operator, t.status, meta, t.at)))
+    for table, rows in ((CONFESSIONS.name, c.confessions), (ENRICHMENTS.name, c.enrichments)):
+        per_turn: dict[str, int] = {}
+        for r in rows:  # one key per record (a group's came from several shards)
+            n = per_turn[r.turn] = per_turn.get(r.turn, -1) + 1
+            key = f"{chat.id}\x00{r.turn}\x00{n}"
+            sealed = cipher.seal(_enc.encode(r), aad(scope, f"{table}\x00{key}"))
+            writes.append(Insert(table, (key, chat.id, r.turn, r.at, sealed)))
+    for record in c.chains:
+        writes.append(_chain_row(record, cipher, scope, master, job_shards))
     return writes
+
+
+def _chain_row(
+    record: ft.ChainRecord, cipher: Cipher, scope: str, master: bytes, job_shards: dict[str, int]
+) -> Insert:
+    chain = record.chain
+    key = chain_fp_key(master, chain.org)
+
+    def keyed(digest: str | None) -> str | None:
+        return digest and collaboration.rekeyed(digest, key)
+
+    links = tuple(
+        msgspec.structs.replace(
+            link,
+            fingerprint=keyed(link.fingerprint) or "",
+            result_fingerprint=keyed(link.result_fingerprint),
+        )
+        for link in chain.links
+    )
+    doc = {
+        "chain": msgspec.structs.replace(chain, links=links),
+        "channel": record.channel,
+        "learn": [[job_shards[j], j] for j in record.learn if j in job_shards],
+        "unregistered": list(record.unregistered),
+    }
+    texts = {
+        t.link: {k: v for k, v in (("request", t.request), ("result", t.result),
+                                   ("pending", t.pending)) if v is not None}
+        for t in record.texts
+    }  # fmt: skip
+    sealed = cipher.seal(_enc.encode(texts), aad(scope, f"chain\x00{chain.id}"))
+    # The columns a shard reads chains by without loading them all, set as a shard sets them
+    # (actors/chats/chain_rows.py): `live` marks the rows a start has work for.
+    live = (
+        (chain.status == ChainStatus.RUNNING and bool(collaboration.open_links(chain)))
+        or bool(doc["learn"])
+        or bool(record.unregistered)
+    )
+    row = (chain.id, chain.org, _enc.encode(doc).decode(), sealed)
+    row += (chain.status, chain.owner, record.channel, chain.topic, chain.created_at, live)
+    return Insert(CHAINS.name, row)
+
+
+def request_row(record: ft.RequestRecord, cipher: Cipher) -> Insert:
+    """A request on its bot's shard, its proposal sealed with the bot's (new) pool key."""
+    request = record.request
+    pool = f"bot:{request.bot}"
+    sealed = cipher.seal(record.proposal.encode(), aad(pool, f"request\x00{request.id}"))
+    return Insert(REQUESTS.name, (request.id, request.bot, _enc.encode(request).decode(), sealed))
 
 
 def position_writes(pool: str, positions: Iterable[ft.ReadPosition]) -> Iterator[Write]:
@@ -164,7 +332,9 @@ def collect(snapshots: Iterable[ft.AccountSnapshot]) -> dict[str, tuple[str, ft.
     return out
 
 
-def stale_rows(pools: Iterable[str], chats: Iterable[str]) -> list[DeleteWhere]:
+def stale_rows(
+    pools: Iterable[str], chats: Iterable[str], snapshots: Iterable[ft.ChatSnapshot] = ()
+) -> list[DeleteWhere]:
     """Deletes of rows an interrupted import of the same ids may have left on a shard (none of
     these ids is in the target's directory, so no row of them belongs to anything there): run
     before the inserts, in the same transaction, they make importing again after a crash
@@ -195,4 +365,8 @@ def stale_rows(pools: Iterable[str], chats: Iterable[str]) -> list[DeleteWhere]:
     ]
     projects = tuple(p.removeprefix("project:") for p in pools if p.startswith("project:"))
     out.append(DeleteWhere("projects", "id", projects))
+    snapshots = list(snapshots)
+    chains = tuple(sorted(r.chain.id for c in snapshots for r in c.chains))
+    requests = tuple(sorted(r.request.id for c in snapshots for r in c.requests))
+    out += [DeleteWhere(CHAINS.name, "id", chains), DeleteWhere(REQUESTS.name, "id", requests)]
     return [d for d in out if d.values]

@@ -230,11 +230,85 @@ def insert_all(
     db.run_sync(write)
 
 
-def write_shard(path: Path, writes: list[Write], deletes: Sequence[DeleteWhere]) -> str:
+def write_shard(
+    path: Path, writes: list[Write], deletes: Sequence[DeleteWhere], master_key: bytes
+) -> str:
+    from storage.key_upgrade import upgrade_keys  # (numpy: only where rows are written)
+
     db, committer = open_shard(path)  # a crash's journal goes in before the imported rows
     try:
+        # The rows are made under the current key format (a chain's fingerprints keyed per
+        # org): the file reaches it first (a new file is only marked), so a start does not
+        # key them a second time.
+        upgrade_keys(db, master_key)
         insert_all(db, [(w.table, w.row) for w in writes], deletes)  # type: ignore[union-attr]
     finally:
         committer.release()
         db.close()
     return str(path)
+
+
+# The tables an import writes (storage/file_export.py), by file kind.
+IMPORTED_SHARD_TABLES = (
+    "pools",
+    "memory_entries",
+    "memory_log",
+    "receipts",
+    "chat_items",
+    "turns",
+    "confessions",
+    "enrichments",
+    "learning_jobs",
+    "learn_positions",
+    "chains",
+    "projects",
+    "ws_entries",
+    "ws_revisions",
+    "ws_barriers",
+    "communications",
+    "requests",
+)
+IMPORTED_DIRECTORY_TABLES = (
+    "orgs",
+    "users",
+    "bots",
+    "channels",
+    "chats",
+    "project_owners",
+    "tokens",
+)
+
+
+def changed_rows(
+    before: Path, after: Path, tables: Sequence[str]
+) -> tuple[list[tuple[str, list[tuple]]], list[tuple[str, str, tuple]]]:
+    """What an import merged into `after` (a copy of the DuckDB file `before`) changed there,
+    to be applied elsewhere: the rows of `tables` it added, and the keys (first column) of
+    the rows it deleted (what an interrupted import of the same ids left)."""
+    added: list[tuple[str, list[tuple]]] = []
+    removed: list[tuple[str, str, tuple]] = []
+    con = duckdb.connect(":memory:")
+    try:
+        for name, path in (("a", before), ("b", after)):
+            quoted = str(path).replace("'", "''")
+            con.execute(f"ATTACH '{quoted}' AS {name} (READ_ONLY)")
+        for table in tables:
+            try:
+                new = con.execute(
+                    f"SELECT * FROM b.{table} EXCEPT ALL SELECT * FROM a.{table}"
+                ).fetchall()
+                gone = con.execute(
+                    f"SELECT * FROM a.{table} EXCEPT ALL SELECT * FROM b.{table}"
+                ).fetchall()
+                column = con.execute(f"SELECT * FROM a.{table} LIMIT 0").description[0][0]
+            except duckdb.CatalogException:
+                continue
+            if new:
+                added.append((table, new))
+            if gone:
+                removed.append((table, column, tuple(sorted({row[0] for row in gone}))))
+    except duckdb.Error as e:
+        raise StorageError(f"cannot compare {before} with {after}: {e}") from e
+    finally:
+        con.close()
+    return added, removed

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from engine.directory import Bot, Channel, Chat, Org, User
+from engine.errors import StorageError
 from storage.crypto import Cipher, Keyring
 from storage.database import Database
 from storage.sealed_doc import is_sealed, open_doc, seal_doc
@@ -48,6 +49,10 @@ KINDS: dict[str, type[msgspec.Struct]] = {
     "channels": Channel,
     "chats": Chat,
 }
+
+
+# The tables an import writes, with their column counts.
+IMPORT_TABLES = {t: 2 for t in KINDS} | {"project_owners": 2, "tokens": 3}
 
 
 def hash_token(token: str) -> str:
@@ -151,6 +156,31 @@ class DirectoryStore:
             try:
                 con.execute("DELETE FROM tokens WHERE user_id = ?", [user_id])
                 con.execute("INSERT INTO tokens VALUES (?, ?, ?)", list(token))
+                con.commit()
+            except BaseException:
+                con.rollback()
+                raise
+
+        await self.db.run(write)
+
+    def decode(self, table: str, record_id: str, doc: str) -> Any:
+        """A stored record's document (sealed with this directory's key) as its Struct."""
+        return self._decoders[table].decode(open_record(self.cipher, table, record_id, doc))
+
+    async def insert_rows(self, rows: list[tuple[str, list[tuple]]]) -> None:
+        """Rows an import made, as stored (`IMPORT_TABLES`), in one transaction."""
+        for table, _ in rows:
+            if table not in IMPORT_TABLES:
+                raise StorageError(f"an import does not write {table}")
+
+        def write(con):
+            con.begin()
+            try:
+                for table, added in rows:
+                    marks = ", ".join("?" * IMPORT_TABLES[table])
+                    con.executemany(
+                        f"INSERT INTO {table} VALUES ({marks})", [list(r) for r in added]
+                    )
                 con.commit()
             except BaseException:
                 con.rollback()

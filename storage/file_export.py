@@ -10,10 +10,14 @@ extraction jobs and idempotency receipts.
 
 What an account holds: its user record, the bots it owns (their memory pools: workspace records
 and memory entries, with learning read positions), its user memory, the projects it owns
-(their memory pools), its workspace receipts, and the chats it keeps with their items and turns
-(storage/chat_export.py). Memory-bot settings stay out; imported pools start with the defaults.
-Users get new tokens on import, in a new file of that import's own
-(`import-tokens-<when>-<random>.json`, 0600): the tree never holds a credential.
+(their memory pools), its workspace receipts, and the chats it keeps with their items, turns,
+confessions, enrichments, the chains rooted in them and the requests made in them
+(storage/chat_export.py). A running server imports through storage/tree_merge.py.
+Memory-bot settings stay out; imported pools start with the defaults. The staged learned facts
+(`learn_outbox`) stay out too: transient, they reach their user and project pools moments after
+the learning step that staged them (a stopped server's, when it starts again), and the export
+holds those pools as they are then. Users get new tokens on import, in a new file of that
+import's own (`import-tokens-<when>-<random>.json`, 0600): the tree never holds a credential.
 
 Files are written through a recovery log (FS-3): `.transactions/<id>.json` lists what is about
 to be written, each file is replaced atomically, then the log goes. A tree whose
@@ -243,7 +247,9 @@ class DataDirReader:
     def _chat(self, chat: Chat) -> ft.ChatSnapshot:
         home = shard_of(chat_export.home_of(chat, self.bots, chat.owner), len(self.shards))
         shard = next((s for s in self.shards if s.index == home), _ShardRows(home))
-        return chat_export.snapshot(chat, shard.chats, shard.keys.get(f"chat:{chat.id}"))
+        snap = chat_export.snapshot(chat, shard.chats, shard.keys.get(f"chat:{chat.id}"))
+        extra = chat_export.records(chat, [(s.chats, s.keys) for s in self.shards])
+        return msgspec.structs.replace(snap, **extra)
 
     def _bot_projects(self, bot: str) -> tuple[ft.BotProject, ...]:
         out = []
@@ -541,6 +547,7 @@ class ImportResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     tokens_file: str | None = None
     skipped_receipts: int = 0
     skipped_entries: int = 0
+    skipped_requests: int = 0
 
 
 def _merge(kind: str, into: dict, items: Iterable) -> None:
@@ -672,13 +679,31 @@ def import_snapshots(
             assert owner is not None
             writes[shard_of(owner, shards)].append(row)
             stale.append(row.row[0])
+    job_shards = {
+        j.id: shard_of(owner, shards)
+        for s in snapshots
+        for p in s.pools
+        if (owner := host(p.pool)) is not None
+        for j in p.jobs
+    }
+    skipped_requests = 0
     for account, c in chats.values():  # sealed again at its home shard, with a new key
         home = chat_export.home_of(c.chat, bots, account)
-        writes[shard_of(home, shards)].extend(chat_export.chat_writes(c, keyring, memory))
-    deletes = chat_export.stale_rows(keys, chats)
+        rows = chat_export.chat_writes(c, keyring, memory, master, job_shards)
+        writes[shard_of(home, shards)].extend(rows)
+        for r in c.requests:  # on the bot's shard, under its new pool key
+            cipher = key(f"bot:{r.request.bot}")
+            if cipher is None:  # its bot is not in this import: no key to seal it with
+                skipped_requests += 1
+                continue
+            writes[shard_of(bots[r.request.bot].owner, shards)].append(
+                chat_export.request_row(r, cipher)
+            )
+    deletes = chat_export.stale_rows(keys, chats, [c for _, c in chats.values()])
     deletes.append(DeleteWhere("receipts", "key", tuple(stale)))
     files = [
-        _write_shard(data_dir / f"shard-{k}.duckdb", writes[k], deletes) for k in range(shards)
+        _write_shard(data_dir / f"shard-{k}.duckdb", writes[k], deletes, master)
+        for k in range(shards)
     ]
     tokens = {u: "obt_" + secrets.token_urlsafe(32) for u in sorted(users)}
     # The tokens file before the directory (the import's commit point): a crash in between
@@ -695,6 +720,7 @@ def import_snapshots(
         tokens_file=str(tokens_file),
         skipped_receipts=skipped,
         skipped_entries=skipped_entries,
+        skipped_requests=skipped_requests,
     )
 
 

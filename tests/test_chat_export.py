@@ -103,7 +103,7 @@ def chatted(world, admin, model_stubs, engine):
         with world.client("alice") as a, world.client("bob") as b:
             direct = _ok(a.post("/v1/chats", json={"bot": asker}))["id"]
             _ok(a.post(f"/v1/chats/{direct}/turns?wait=true", json={"text": ASK}))
-            _wait(
+            (chain,) = _wait(
                 lambda: [
                     c
                     for c in _ok(a.get(f"{WS}/collaboration"))["items"]
@@ -111,6 +111,9 @@ def chatted(world, admin, model_stubs, engine):
                 ]
             )
             _wait(lambda: len(_ok(a.get(f"/v1/chats/{direct}/items"))["items"]) >= 5)
+            # The agent chat reaches the directory a moment after its delivery.
+            agent = chain["links"][0]["agentChat"]
+            _wait(lambda: agent in {c["id"] for c in _ok(a.get("/v1/chats"))["items"]})
             group = _ok(b.post("/v1/chats", json={"channel": channel}))["id"]
             turn = {"text": GROUP, "rounds": 2}
             _ok(b.post(f"/v1/chats/{group}/turns?wait=true", json=turn))

@@ -219,3 +219,92 @@ def test_any_author_survives_the_transcript(author):
     s = msgspec.structs.replace(s, chats=(s.chats[0], msgspec.structs.replace(chat, items=items)))
     (back,) = parse(render(s))
     assert back == canonical(s)
+
+
+def _with_records() -> AccountSnapshot:
+    from engine.chat_records import Confession, Enrichment
+    from engine.collaboration import Chain, Link
+    from engine.file_tree import ChainRecord, LinkTexts, RequestRecord
+    from engine.requests import ApprovalRequest
+
+    s = _sample()
+    direct = s.chats[1]
+    link = Link(
+        id="dl_1", parent=None, from_bot="b_1", to_bot="b_9", depth=1, fingerprint="ab" * 16,
+        status="answered", result_fingerprint="cd" * 16, sent_at=T0, answered_at=T0 + 3,
+    )  # fmt: skip
+    chain = Chain(
+        id="col_1", org="o_1", owner="u_2", root_chat="chat_d", topic="t_2", root_bot="b_1",
+        status="done", deliveries=1, links=(link,), created_at=T0, updated_at=T0 + 3,
+    )  # fmt: skip
+    request = ApprovalRequest(
+        id="req_1", bot="b_1", org="o_1", chat="chat_d", turn="t_2", owner="u_2",
+        title="Laptop", status="approved", revision=2, createdAt=T0, updatedAt=T0 + 4,
+        decidedBy="u_2", note="go", reviewChats=("chat_r",),
+    )  # fmt: skip
+    direct = msgspec.structs.replace(
+        direct,
+        confessions=(
+            Confession(turn="t_2", text="unsure\nabout it", answer="fine", calm=False, at=T0 + 1),
+            Confession(turn="t_2", text="again", answer="ok", calm=True, at=T0 + 1),
+        ),
+        enrichments=(
+            Enrichment(turn="t_2", text="hi (budget)", original="hi", entries=["m_1"], at=T0),
+        ),
+        chains=(
+            ChainRecord(
+                chain=chain,
+                channel=None,
+                learn=("job_1",),
+                unregistered=("dl_1",),
+                texts=(LinkTexts(link="dl_1", request="Green?", result="green"),),
+            ),
+        ),
+        requests=(RequestRecord(request=request, proposal="Buy the X1."),),
+    )
+    return msgspec.structs.replace(s, chats=(s.chats[0], direct))
+
+
+def test_fs1_a_chats_confessions_enrichments_chains_and_requests_round_trip():
+    """FS-1/FS-2: the records of a chat's turns are files of the chat, camelCase, texts in the
+    clear (the owner's copy), and parse back to the same snapshot."""
+    s = _with_records()
+    files = render(s)
+    root = f"{BASE}chats/chat_d/"
+    names = sorted(p.removeprefix(root) for p in files if p.startswith(root))
+    assert names == [
+        "chains.json",
+        "chat.json",
+        "confessions.json",
+        "enrichments.json",
+        "items.json",
+        "items.md",
+        "requests.json",
+        "turns.json",
+    ]
+    group = sorted(p.rsplit("/", 1)[1] for p in files if p.startswith(f"{BASE}chats/chat_g/"))
+    assert group == ["chat.json", "items.json", "items.md", "turns.json"]  # none: no file
+    chains = json.loads(files[root + "chains.json"])
+    assert chains["chains"][0]["chain"]["rootChat"] == "chat_d"
+    assert json.loads(files[root + "requests.json"])["requests"][0]["proposal"] == "Buy the X1."
+    assert parse(files) == [canonical(s)]
+
+
+def test_fs1_a_chain_or_request_of_another_chat_is_refused():
+    s = _with_records()
+    direct = s.chats[1]
+    (record,) = direct.chains
+    moved = msgspec.structs.replace(
+        record, chain=msgspec.structs.replace(record.chain, root_chat="chat_g")
+    )
+    bad = msgspec.structs.replace(
+        s, chats=(s.chats[0], msgspec.structs.replace(direct, chains=(moved,)))
+    )
+    with pytest.raises(InvalidInput, match="rooted in chat_g"):
+        render(bad)
+    files = render(s)
+    path = f"{BASE}chats/chat_d/requests.json"
+    files[path] = files[path].replace(b'"chat": "chat_d"', b'"chat": "chat_g"', 1)
+    with pytest.raises(InvalidInput) as refused:
+        parse(files)
+    assert refused.value.code == "invalid_tree"

@@ -207,6 +207,24 @@ class ChainRecords:
         found = [await self.get(c) for c in sorted(ids)]
         return [c for c in found if c is not None]
 
+    async def adopt(self, chain_ids: list[str]) -> None:
+        """Chains an import stored on this shard (new ids): those with work join memory as a
+        start would take them; the others are read from the file when asked for. Before the
+        start there is nothing to do (it reads the live rows, these among them)."""
+        if not self._started:
+            return
+        for chain_id in chain_ids:
+            row = await chain_rows.one(self.kernel.db, chain_id)
+            if row is None or not (
+                chain_rows.under_way(row.chain) or row.learn or row.unregistered
+            ):
+                continue
+            if row.learn:
+                self.learn[row.chain.topic] = list(row.learn)
+            if row.unregistered:
+                self.unregistered[chain_id] = set(row.unregistered)
+            await self._keep(row)
+
     def audience(self, chain: Chain) -> Audience:
         channel = self.channel.get(chain.id)
         return Audience(org=chain.org, users=(chain.owner,), channels=(channel,) if channel else ())

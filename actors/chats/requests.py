@@ -68,6 +68,11 @@ class Requests:
                 self._requests = loaded
         return self._requests
 
+    async def reload(self) -> None:
+        """Read the stored requests again at next use (an import added some)."""
+        async with self._lock:
+            self._requests = None
+
     async def _proposal(self, request: ApprovalRequest) -> str:
         stored = (await self.kernel.pool(bot_pool(request.bot))).stored
         record = aad(stored.pool, f"request\x00{request.id}")

@@ -59,6 +59,7 @@ answered_by(
         "admin": "create_org patch_org create_user create_bot patch_bot grant create_channel"
         " set_mode revoke_grant new_token update_rules create_member archive_bot"
         " pause_auto_record register_project project_owner workspace_people",
+        "records": "import_records",
     },
     port=DirectoryPort,
 )

@@ -17,6 +17,7 @@ answers each call (actors/facade.py builds it into methods once):
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -42,6 +43,7 @@ from actors.ports import ShardPort
 from actors.runtime import lock_guard
 from actors.runtime.node_hub_proxy import RayNodeHub
 from actors.runtime.peers import Peers
+from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel, new_entry_id, now_ms
 from actors.shard.memory_ops import MemoryOps
 from actors.shard.memory_reader import MemoryReader
@@ -55,6 +57,7 @@ from actors.workspace.semantic import semantic_search
 from actors.workspace.service import Workspace
 from engine.chat_records import ItemView, LearningJob
 from engine.directory import Chat
+from engine.errors import InvalidInput
 from engine.events import Event, ShardHead
 from engine.memory_bot_settings import (
     MemoryBotSettings,
@@ -65,6 +68,7 @@ from engine.memory_bot_settings import (
 from engine.memory_bot_settings import view as settings_view
 from engine.turns import ANSWER_WAIT
 from storage.chat_store import ChatStore
+from storage.group_commit import DeleteWhere, Insert
 from storage.stats import STATS
 from storage.workspace_store import WorkspaceStore
 
@@ -194,6 +198,7 @@ class ShardService:
             requests=self.requests,
             peers=peers,
         )
+        self._importing = asyncio.Lock()
         self.decision_wakes = DecisionWakes(logs=self.chat_logs, chains=self.chains)
         # After a (re)start: open learning jobs (LRN-4), collaboration chains, then decided
         # requests whose bot was not woken yet (ENR-3).
@@ -234,6 +239,49 @@ class ShardService:
 
     async def bot_node(self, model_name: str | None) -> NodeInfo:
         return await where_runs(self.memory_bot.model(model_name))
+
+    async def import_rows(
+        self, rows: list[tuple[str, list[tuple]]], removed: list[tuple[str, str, tuple]] = ()
+    ) -> int:
+        """The rows an import into the running server made for this shard (`POST
+        /v1/admin/import`: new ids only, checked before), in one transaction with the deletes
+        of what an interrupted import of the same ids left (`removed`: table, key column,
+        keys); then what keeps a whole table in memory learns of them. Returns how many rows
+        were stored."""
+        await self.kernel.started()
+        batch = Batch()
+        for table, column, keys in removed:
+            batch.add(DeleteWhere(table, column, tuple(keys)))
+        for table, added in rows:
+            batch.extend(Insert(table, tuple(row)) for row in added)
+        gone = {k for table, _, keys in removed if table == "pools" for k in keys}
+        pools = [
+            r[0] for table, added in rows if table == "pools" for r in added if r[0] not in gone
+        ]
+        async with self._importing:  # the check and the commit with no other import between
+            taken = await self.db.run(
+                lambda con: con.execute(
+                    "SELECT DISTINCT pool FROM pools WHERE pool IN (SELECT unnest($1))", [pools]
+                ).fetchall()
+            )
+            if taken:
+                # Two pool keys for one pool would leave one set of rows unreadable.
+                raise InvalidInput(
+                    f"shard {self.index} already holds {sorted(p for (p,) in taken)[:20]}",
+                    code="id_clash",
+                )
+            await self.kernel.commit(batch)
+        for pool in {*gone, *pools}:  # read with the imported keys from now on
+            if pool.startswith("chat:"):
+                self.chat_logs.forget(pool.removeprefix("chat:"))
+            else:
+                self.workspace_pools.evict(pool)
+                self.kernel.evict(pool)
+        self.projects.drop()
+        await self.requests.reload()
+        chains = [row[0] for table, added in rows if table == "chains" for row in added]
+        await self.chains.records.adopt(chains)
+        return len(batch.writes)
 
     async def learning_idle(self) -> int:
         """Wait until no learning job runs; returns how many model steps were made so far."""

@@ -27,6 +27,8 @@ export gives the same bytes: `parse(render(s)) == canonical(s)`.
                                                      kept for this one (its owner may not see
                                                      them; `entry_keeper` says whose they are)
     chats/<chatId>/chat.json, items.md, items.json, turns.json   a chat (engine/file_tree/_chats.py)
+    chats/<chatId>/confessions.json, enrichments.json            its turns' confessions, rewrites
+    chats/<chatId>/chains.json, requests.json                    chains rooted in it, approvals
     .commands/<hash>.json                            idempotency receipts (requestId → answer)
 
 `<memory>` is `agents/<botId>/memory`, `user-memory` or `projects/<projectId>/memory`.
@@ -49,7 +51,8 @@ keeps in a database, so that an import rebuilds a data directory that works.
 
 An account's tree holds what it owns: its bots (and their memory), its user memory, the projects
 it owns (and their memory), its receipts, and its chats (those it is the person of: its direct
-and review chats with any bot, the group chats it started, the agent chats serving them); so the
+and review chats with any bot, the group chats it started, the agent chats serving them, with
+their confessions, enrichments, the chains rooted in them and the requests made in them); so the
 trees of several accounts never claim the same file or record. Parsing is strict about structure
 (an unexpected or missing file, a line count or date that does not match `records.json`, a path
 that is not a safe id: InvalidInput `invalid_tree` naming the file) and lenient about what people
@@ -62,15 +65,18 @@ from engine.file_tree._model import (
     ROOT,
     AccountSnapshot,
     BotProject,
+    ChainRecord,
     ChatItem,
     ChatSnapshot,
     ChatTurn,
     CommandReceipt,
+    LinkTexts,
     MemoryBotState,
     MemoryJob,
     MemoryRecord,
     PoolSnapshot,
     ReadPosition,
+    RequestRecord,
     Tombstone,
     canonical,
     day,
@@ -89,15 +95,18 @@ __all__ = [
     "ROOT",
     "AccountSnapshot",
     "BotProject",
+    "ChainRecord",
     "ChatItem",
     "ChatSnapshot",
     "ChatTurn",
     "CommandReceipt",
+    "LinkTexts",
     "MemoryBotState",
     "MemoryJob",
     "MemoryRecord",
     "PoolSnapshot",
     "ReadPosition",
+    "RequestRecord",
     "Tombstone",
     "canonical",
     "day",

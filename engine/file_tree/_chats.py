@@ -6,10 +6,16 @@
     chats/<chatId>/items.json    every item's kind, author, time, turn and, for a real delivery
                                  between bots (UI-1), its direction and peer; no text
     chats/<chatId>/turns.json    the turns: operator, status, rounds, error, delivery goal/verdict
+    chats/<chatId>/confessions.json  what its bots confided and the answers (API-6), if any
+    chats/<chatId>/enrichments.json  each rewrite of a person's input: text, original, entries
+    chats/<chatId>/chains.json   the collaboration chains rooted in it (CO-1): structure, texts
+    chats/<chatId>/requests.json the requests (approvals) its bots made in it, with proposals
 
 A line's text is escaped as memory lines are (one item, one line) and is taken as the item's
 text when edited; ids, dates and authors must match `items.json`. Item texts are sealed at rest:
-they are plaintext only here, in the export directory.
+they are plaintext only here, in the export directory. So are confessions, enrichments, chain
+texts and proposals; the four last files exist only when the chat has some. A chain's message
+fingerprints are unkeyed digests here (`collaboration.digest`), keyed again on import.
 """
 
 from __future__ import annotations
@@ -19,10 +25,21 @@ from typing import Any
 
 import msgspec
 
+from engine.chat_records import Confession, Enrichment
 from engine.directory import Channel, Chat
 from engine.errors import InvalidInput
 from engine.file_tree._docs import to_json, to_text
-from engine.file_tree._model import ChatItem, ChatSnapshot, ChatTurn, day, escape, segment, unescape
+from engine.file_tree._model import (
+    ChainRecord,
+    ChatItem,
+    ChatSnapshot,
+    ChatTurn,
+    RequestRecord,
+    day,
+    escape,
+    segment,
+    unescape,
+)
 
 ITEM_LINE = re.compile(r"^- \((\d{4}-\d{2}-\d{2})\) i-(\d+) (\S+):(?: (.*))?$")
 _TOKEN = re.compile(r"[^\s:\\]{1,128}")
@@ -62,6 +79,36 @@ class ItemsDoc(msgspec.Struct, frozen=True, kw_only=True):
 class TurnsDoc(msgspec.Struct, frozen=True, kw_only=True):
     chat: str
     turns: tuple[ChatTurn, ...] = ()
+
+
+class ConfessionsDoc(msgspec.Struct, frozen=True, kw_only=True):
+    chat: str
+    confessions: tuple[Confession, ...] = ()
+
+
+class EnrichmentsDoc(msgspec.Struct, frozen=True, kw_only=True):
+    chat: str
+    enrichments: tuple[Enrichment, ...] = ()
+
+
+class ChainsDoc(msgspec.Struct, frozen=True, kw_only=True):
+    chat: str
+    chains: tuple[ChainRecord, ...] = ()
+
+
+class RequestsDoc(msgspec.Struct, frozen=True, kw_only=True):
+    chat: str
+    requests: tuple[RequestRecord, ...] = ()
+
+
+# The optional files of a chat: name → (document, its list field).
+RECORD_FILES: dict[str, tuple[type, str]] = {
+    "confessions.json": (ConfessionsDoc, "confessions"),
+    "enrichments.json": (EnrichmentsDoc, "enrichments"),
+    "chains.json": (ChainsDoc, "chains"),
+    "requests.json": (RequestsDoc, "requests"),
+}
+CHAT_FILES = frozenset({"chat.json", "items.md", "items.json", "turns.json", *RECORD_FILES})
 
 
 def chat_root(chat_id: str) -> str:
@@ -116,12 +163,30 @@ def render_chat(c: ChatSnapshot, channels: dict[str, Channel]) -> dict[str, byte
         )
         for i in c.items
     )
-    return {
+    _check_records(chat.id, c, lambda why: InvalidInput(why, code="invalid_tree"))
+    files = {
         "chat.json": to_json(doc),
         "items.md": to_text([title, "", *(item_line(i) for i in c.items)]),
         "items.json": to_json(ItemsDoc(chat=chat.id, items=items)),
         "turns.json": to_json(TurnsDoc(chat=chat.id, turns=c.turns)),
     }
+    for name, (kind, field) in RECORD_FILES.items():
+        rows = getattr(c, field)
+        if rows:
+            files[name] = to_json(kind(chat=chat.id, **{field: rows}))
+    return files
+
+
+def _check_records(chat_id: str, c: ChatSnapshot, bad: Any) -> None:
+    """Chains and requests name the chat they belong to: this one."""
+    for r in c.chains:
+        if r.chain.root_chat != chat_id:
+            raise bad(f"chain {r.chain.id} is rooted in {r.chain.root_chat}, not {chat_id}")
+        segment(r.chain.id, "chain id")
+    for q in c.requests:
+        if q.request.chat != chat_id:
+            raise bad(f"request {q.request.id} was made in {q.request.chat}, not {chat_id}")
+        segment(q.request.id, "request id")
 
 
 def parse_chat(
@@ -129,7 +194,7 @@ def parse_chat(
 ) -> tuple[ChatSnapshot, Channel | None]:
     """One chat's files (`decode(path, data, kind)`, `bad(path, why)` from the parser) back
     into its snapshot and its channel record."""
-    extra = sorted(set(files) - {"chat.json", "items.md", "items.json", "turns.json"})
+    extra = sorted(set(files) - CHAT_FILES)
     if extra:
         raise bad(where, f"unexpected files: {', '.join(extra[:5])}")
 
@@ -171,7 +236,17 @@ def parse_chat(
         )
     if len({i.seq for i in out}) != len(out):
         raise bad(f"{where}/items.json", "an item number twice")
-    snap = ChatSnapshot(chat=doc.chat, last_seq=doc.last_seq, items=tuple(out), turns=turns.turns)
+    records: dict[str, Any] = {}
+    for name, (kind, field) in RECORD_FILES.items():
+        if name in files:
+            rdoc = decode(f"{where}/{name}", files[name], kind)
+            if rdoc.chat != chat_id:
+                raise bad(f"{where}/{name}", "the file names another chat")
+            records[field] = getattr(rdoc, field)
+    snap = ChatSnapshot(
+        chat=doc.chat, last_seq=doc.last_seq, items=tuple(out), turns=turns.turns, **records
+    )
+    _check_records(chat_id, snap, lambda why: bad(where, why))
     return snap, doc.channel
 
 

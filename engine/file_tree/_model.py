@@ -12,11 +12,14 @@ from typing import Any
 
 import msgspec
 
+from engine.chat_records import Confession, Enrichment
+from engine.collaboration import Chain
 from engine.directory import ID_RE, Bot, Channel, Chat, Org, User
 from engine.errors import InvalidInput
 from engine.memory_bot_settings import MemoryBotSettings
 from engine.memory_entries import EntryMeta, LogRow, Scope, Tier
 from engine.projects import Project
+from engine.requests import ApprovalRequest
 from engine.scoped_memory import Origin, Revision, WorkspaceStatus
 
 FORMAT = "openbot-file-tree/1"
@@ -141,14 +144,50 @@ class ChatTurn(msgspec.Struct, frozen=True, kw_only=True):
     verdict_note: str | None = None
 
 
+class LinkTexts(msgspec.Struct, frozen=True, kw_only=True):
+    """The texts of one link of a chain: the request sent, the result that came back, and an
+    answer waiting to go up (sealed with the root chat's key where they are stored)."""
+
+    link: str
+    request: str | None = None
+    result: str | None = None
+    pending: str | None = None
+
+
+class ChainRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A collaboration chain rooted in the chat (engine/collaboration.py), with its links'
+    message fingerprints unkeyed (`collaboration.digest`; "" when the text is unknown), the
+    group channel it answers to, the learning jobs waiting for it (job ids) and the links whose
+    agent chat the directory may not have yet."""
+
+    chain: Chain
+    channel: str | None = None
+    learn: tuple[str, ...] = ()
+    unregistered: tuple[str, ...] = ()
+    texts: tuple[LinkTexts, ...] = ()
+
+
+class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A request (approval) a bot made in the chat, with its proposal (ENR-3)."""
+
+    request: ApprovalRequest
+    proposal: str
+
+
 class ChatSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """A chat, its items in order and its turns. `last_seq` is the last item number ever used
-    (numbers are never reused, even after the history was deleted)."""
+    (numbers are never reused, even after the history was deleted). Confessions and
+    enrichments of its turns, the chains rooted in it and the requests its bots made in it go
+    with it."""
 
     chat: Chat
     last_seq: int = 0
     items: tuple[ChatItem, ...] = ()
     turns: tuple[ChatTurn, ...] = ()
+    confessions: tuple[Confession, ...] = ()
+    enrichments: tuple[Enrichment, ...] = ()
+    chains: tuple[ChainRecord, ...] = ()
+    requests: tuple[RequestRecord, ...] = ()
 
 
 class CommandReceipt(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -238,6 +277,17 @@ def canonical(snapshot: AccountSnapshot) -> AccountSnapshot:
                 c,
                 items=tuple(sorted(c.items, key=lambda i: i.seq)),
                 turns=tuple(sorted(c.turns, key=lambda t: (t.at, t.id))),
+                confessions=tuple(
+                    sorted(c.confessions, key=lambda r: (r.at, r.turn, r.text, r.answer))
+                ),
+                enrichments=tuple(
+                    sorted(c.enrichments, key=lambda r: (r.at, r.turn, r.text, r.original))
+                ),
+                chains=tuple(
+                    msgspec.structs.replace(r, texts=tuple(sorted(r.texts, key=lambda t: t.link)))
+                    for r in sorted(c.chains, key=lambda r: r.chain.id)
+                ),
+                requests=tuple(sorted(c.requests, key=lambda r: r.request.id)),
             )
             for c in sorted(snapshot.chats, key=lambda c: c.chat.id)
         ),

@@ -220,12 +220,15 @@ def test_a_delivery_asks_the_directory_nothing_and_its_shard_finds_its_chat(tmp_
         log = svc.kernel.events
         publish = log.publish
         announced: list[str] = []
+        asked_before: list = []
         found_then: list = []
 
         def published(events) -> None:
             for e in events:
                 chat = getattr(e.data, "chat", "")
                 if chat.startswith("chat_agent_") and getattr(e.data, "item", None):
+                    if not announced:  # what the directory was asked before the hop went out
+                        asked_before.extend(counting.calls)
                     announced.append(chat)
                     found_then.append(asyncio.ensure_future(svc.find_agent_chat(chat)))
             publish(events)
@@ -235,12 +238,11 @@ def test_a_delivery_asks_the_directory_nothing_and_its_shard_finds_its_chat(tmp_
             org, asker, chat = await asker_and_peer(directory)
             start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
             await svc.start_turn(start, True)
-            calls_during = list(counting.calls)
             await svc.chains_idle()
             found = await asyncio.gather(*found_then)
             unknown = await svc.find_agent_chat("chat_agent_dlv_nobody")
             [chain] = await svc.collaborations("u_ann", frozenset())
-            return calls_during, counting.calls, announced, found, unknown, chain, directory
+            return asked_before, counting.calls, announced, found, unknown, chain, directory
         finally:
             log.publish = publish  # type: ignore[method-assign]
             await svc.close()

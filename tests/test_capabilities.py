@@ -103,7 +103,7 @@ def test_nd1_bot_collaboration_v1_is_announced_and_a_bot_hands_work_to_another(
 
                 await asyncio.wait_for(delivered(), 30)  # the asker was woken and answered
                 items = _ok(alice.get(f"/v1/chats/{chat['id']}/items"))["items"]
-                chains = _ok(alice.get(f"{WS}/collaboration"))["collaborations"]
+                chains = _ok(alice.get(f"{WS}/collaboration"))["items"]
         return chat, items, chains
 
     chat, items, chains = asyncio.run(scenario())

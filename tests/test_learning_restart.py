@@ -57,9 +57,9 @@ def test_killed_shard_resumes_learning_and_stores_the_fact_once(engine, world, a
         entries = alice.get(f"/v1/bots/{bot}/memory").json()["entries"]
     assert [e["content"] for e in entries] == ["Alice moved to Oslo"]
     # The restarted actor makes the step again (the first was never recorded). Under a loaded
-    # suite a second call was seen once, its cause not yet known; the fact is still stored once
-    # and the job ends in its first attempt (below), which is what a restart must keep.
+    # suite its first call can fail in transit while Ray restarts the actor; that attempt is
+    # then tried again (CO-3), one call per attempt, and the fact is still stored once.
     assert steps in (1, 2)
     jobs = ray.get(shard.learning_jobs.remote(f"bot:{bot}"))
     # The killed attempt never reached the disk (its state is stored with the recorded step).
-    assert [(j.status, j.attempts) for j in jobs] == [("done", 1)]
+    assert [(j.status, j.attempts) for j in jobs] == [("done", steps)]

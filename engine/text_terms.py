@@ -30,7 +30,8 @@ _NO_SPACE = (
     "\uf900-\ufaff"  # CJK compatibility ideographs
     "\U00020000-\U0003134f"  # CJK extensions B-G
 )
-_TOKEN = re.compile(rf"([{_NO_SPACE}]+)|[^\W_{_NO_SPACE}]+")
+# A word, or (group 1) a run of a script written without spaces (its terms: its letter pairs).
+TOKEN = re.compile(rf"([{_NO_SPACE}]+)|[^\W_{_NO_SPACE}]+")
 _LATIN = re.compile(r"^[a-z\u00c0-\u024f]+$")
 
 # English function words and the question words that start most queries ("when did …").
@@ -68,7 +69,8 @@ class TermMaker:
         self._stem = stem
         self._memo: dict[str, str | None] = {}
 
-    def _word(self, word: str) -> str | None:
+    def word(self, word: str) -> str | None:
+        """What one folded word becomes: None (too short, or a stop word), or its term."""
         if (len(word) < 2 and not word.isdigit()) or word in STOP_WORDS:
             term = None
         elif self._stem is not None and _LATIN.match(word):
@@ -83,7 +85,7 @@ class TermMaker:
     def __call__(self, text: str) -> list[str]:
         """The terms of `text` in order, repeats kept (they count in a ranking)."""
         folded = fold(text)
-        memo, miss = self._memo, self._word
+        memo, miss = self._memo, self.word
         if folded.isascii() or _HAS_NO_SPACE.search(folded) is None:
             # Folded ASCII has no capitals: its words are runs of [a-z0-9] (a smaller pattern,
             # and no search for CJK first; most notes are ASCII).
@@ -94,7 +96,7 @@ class TermMaker:
                     out.append(t)
             return out
         out = []
-        for m in _TOKEN.finditer(folded):
+        for m in TOKEN.finditer(folded):
             run = m.group(1)
             if run is None:
                 w = m.group(0)

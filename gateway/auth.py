@@ -330,7 +330,7 @@ class Auth:
         except NotFound as e:
             if e.code != "chat_not_found" or not chat_id.startswith(agent_chat_id("")):
                 raise
-            if self._agent_misses.get(chat_id, 0.0) > time.monotonic():
+            if self._agent_misses.get(chat_id, 0.0) > self.clock():
                 raise
             found = await asyncio.gather(
                 *(s.find_agent_chat(chat_id) for s in self.engine.shard_ports),
@@ -341,7 +341,7 @@ class Auth:
                 if self.ttl > 0:
                     if len(self._agent_misses) >= 10_000:
                         self._agent_misses.clear()
-                    self._agent_misses[chat_id] = time.monotonic() + AGENT_MISS_TTL
+                    self._agent_misses[chat_id] = self.clock() + AGENT_MISS_TTL
                 raise
             await directory.register_chats([made], False)
             return await directory.chat_context_at(chat_id)

@@ -59,7 +59,7 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True, tag="error", tag_field=
     message: str = "the node failed"
 
 
-def _decode(raw: bytes | str, kind: Any) -> Any:
+def decode_frame(raw: bytes | str, kind: Any) -> Any:
     """Frames in either casing: camelCase (what the server sends) or the old snake_case."""
     return msgspec.convert(fit(msgspec.json.decode(raw), kind), kind)
 
@@ -77,7 +77,7 @@ class NodesEndpoint:
             await ws.close(4401, "nodes connect with the admin token")
             return
         try:
-            hello = _decode(_checked(await asyncio.wait_for(_receive(ws), HELLO_WAIT)), Hello)
+            hello = decode_frame(_checked(await asyncio.wait_for(_receive(ws), HELLO_WAIT)), Hello)
         except (
             TimeoutError,
             msgspec.DecodeError,
@@ -98,7 +98,7 @@ class NodesEndpoint:
             while True:
                 raw = await _receive(ws)
                 try:
-                    answer = _decode(_checked(raw), Result | Failure)
+                    answer = decode_frame(_checked(raw), Result | Failure)
                 except (msgspec.DecodeError, msgspec.ValidationError, OpenBotError):
                     await ws.close(4400, "answers are result or error frames")
                     return

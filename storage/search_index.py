@@ -104,7 +104,8 @@ class Analyzer:
         return [memo[t] if t in memo else miss(t) for t in text_terms.query(query)]
 
 
-_SMALL = 512  # keys below this many are counted in Python (np.unique costs ~20 µs at any size)
+# Keys below this many are counted in Python (np.unique costs ~20 µs at any size).
+PYTHON_COUNT_MAX = 512
 
 
 def _runs(keys: list[int]) -> list[tuple[int, int]]:
@@ -120,7 +121,7 @@ def _unique(keys: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(uniq.tolist(), counts.tolist(), strict=True))
 
 
-def _order_by_key(keys: np.ndarray) -> np.ndarray:
+def order_by_key(keys: np.ndarray) -> np.ndarray:
     """`np.argsort(keys, kind="stable")` for int64 keys, in a fraction of its time (a pool's
     load sorts about a million postings). A plain sort of numbers is many times faster than an
     argsort here, so each position rides in the low bits of its key's high bits and one sort
@@ -234,6 +235,23 @@ class Postings(NamedTuple):
     tfs: np.ndarray  # float32
 
 
+class Layout(NamedTuple):
+    """How an index lies now (`TermIndex.layout`), for checks and diagnosis: the base's
+    postings by term id (`indptr` slices of `rows` and `tfs`), the tail not merged yet (term
+    id -> its rows and frequencies), which row slots are alive, how many terms and how many
+    rows it has made (dead ones included), and whether its id -> row map is made yet. The
+    arrays are the index's own, not copies: read them, do not change them."""
+
+    indptr: np.ndarray
+    rows: np.ndarray
+    tfs: np.ndarray
+    tail: dict[int, tuple[list[int], list[int]]]
+    alive: np.ndarray
+    terms: int
+    row_slots: int
+    row_map_made: bool
+
+
 class TermIndex:
     def __init__(self) -> None:
         # Term key -> term id. The base's terms are `_keys` (sorted: term id t is `_keys[t]`);
@@ -320,7 +338,7 @@ class TermIndex:
         tf = np.diff(np.append(starts, all_keys.size)).astype(np.float32)
         run_keys, run_rows = all_keys[starts], owners[starts]
         if fresh:
-            order = _order_by_key(run_keys)  # by term; rows stay in order
+            order = order_by_key(run_keys)  # by term; rows stay in order
             sorted_keys = run_keys[order]
             new_term = np.ones(sorted_keys.size, dtype=bool)
             new_term[1:] = sorted_keys[1:] != sorted_keys[:-1]
@@ -355,6 +373,20 @@ class TermIndex:
         self._keys = snap.keys
         self._vocab_map = None
         self._indptr, self._rows, self._tfs = snap.indptr, snap.rows, snap.tfs
+
+    def layout(self) -> Layout:
+        """The index's arrays as they lie (nothing is made or merged to answer)."""
+        vocab = self._vocab_map
+        return Layout(
+            self._indptr,
+            self._rows,
+            self._tfs,
+            self._tail,
+            self._alive,
+            len(vocab) if vocab is not None else self._keys.size,
+            len(self._ids),
+            self._row_map is not None,
+        )
 
     def postings(self) -> Postings:
         """The index as arrays, for a snapshot: only of an index built in one go (`build`,
@@ -393,9 +425,9 @@ class TermIndex:
         row = self._new_row(entry_id)
         vocab, tail = self._vocab, self._tail
         if type(keys) is list:
-            counted = _runs(keys) if len(keys) <= _SMALL else _unique(np.asarray(keys))
+            counted = _runs(keys) if len(keys) <= PYTHON_COUNT_MAX else _unique(np.asarray(keys))
         else:
-            counted = _runs(keys.tolist()) if keys.size <= _SMALL else _unique(keys)
+            counted = _runs(keys.tolist()) if keys.size <= PYTHON_COUNT_MAX else _unique(keys)
         for term, tf in counted:
             tid = vocab.setdefault(term, len(vocab))
             slot = tail.get(tid)

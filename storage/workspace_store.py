@@ -85,6 +85,11 @@ class LazyEntries(MutableMapping[str, WorkspaceEntry]):
         self._raw -= 1
         return entry
 
+    @property
+    def undecoded(self) -> int:
+        """How many records are still their stored JSON (0: every one decoded)."""
+        return self._raw
+
     def set_link(self, link: Callable[[WorkspaceEntry], WorkspaceEntry]) -> None:
         """Apply `link` to every record: those decoded already now, the others as they are."""
         self.link = link

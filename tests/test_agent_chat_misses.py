@@ -9,10 +9,9 @@ import asyncio
 
 import pytest
 
-import gateway.auth as auth_mod
 from engine.directory import Chat, ChatContext, Org
 from engine.errors import NotFound
-from gateway.auth import Auth
+from gateway.auth import AGENT_MISS_TTL, Auth
 
 ORG = Org(id="o_1", name="o")
 
@@ -50,12 +49,12 @@ class FakeEngine:
 
 
 @pytest.mark.anyio
-async def test_an_unknown_agent_chat_is_asked_of_the_shards_once_while_it_is_a_miss(monkeypatch):
-    monkeypatch.setattr(auth_mod, "AGENT_MISS_TTL", 0.3)
+async def test_an_unknown_agent_chat_is_asked_of_the_shards_once_while_it_is_a_miss():
     chat_id = "chat_agent_dlv_nobody"
 
     engine = FakeEngine(3)
-    auth = Auth(engine, "admin-token")  # type: ignore[arg-type]
+    now = [0.0]
+    auth = Auth(engine, "admin-token", clock=lambda: now[0])  # type: ignore[arg-type]
     errors = []
     for _ in range(24):
         with pytest.raises(NotFound) as caught:
@@ -69,9 +68,12 @@ async def test_an_unknown_agent_chat_is_asked_of_the_shards_once_while_it_is_a_m
     )
     found = await auth.context(chat_id)
     del engine.directory_port.chats[chat_id]
-    # private: empties the auth cache to force the miss under test; no public reset
-    auth._chats.clear()
-    await asyncio.sleep(0.35)  # the miss is forgotten: the shards are asked again
+    auth.drop(None)  # nothing cached: the chat is looked up again
+    now[0] = AGENT_MISS_TTL * 0.99  # still a miss: the shards are not asked
+    with pytest.raises(NotFound):
+        await auth.context(chat_id)
+    still = [s.asked for s in engine.shard_ports]
+    now[0] = AGENT_MISS_TTL * 1.01  # the miss is forgotten: the shards are asked again
     with pytest.raises(NotFound):
         await auth.context(chat_id)
     again = [s.asked for s in engine.shard_ports]
@@ -79,4 +81,4 @@ async def test_an_unknown_agent_chat_is_asked_of_the_shards_once_while_it_is_a_m
     assert shard_calls == [1, 1, 1]
     assert directory_calls == 24
     assert found.chat.id == chat_id
-    assert again == [2, 2, 2]
+    assert still == [1, 1, 1] and again == [2, 2, 2]

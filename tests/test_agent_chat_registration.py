@@ -143,8 +143,7 @@ async def test_concurrent_registrations_of_the_same_chats_make_each_once(tmp_pat
         makes = [directory.agent_chat(root, bot.id, "col_1", links[0]) for _ in range(6)]
         out = await asyncio.gather(*calls, *makes)
         counts, made = list(out[:30]), list(out[30:])
-        # private: the directory's writes in flight; no public wait for them yet
-        await asyncio.gather(*directory.chat_registry._writing)
+        await directory.chat_registry.written()
         kept = {c.id: c for c in directory.records.chats.values() if c.kind == "agent"}
     finally:
         directory.store.db.close()
@@ -172,8 +171,7 @@ def test_a_shown_chat_is_visible_at_once_and_written_soon(tmp_path: Path):
             shown = agent_chat(root, bot.id, "col_1", "dlv_shown", 1)
             assert await directory.register_chats([shown], False) == 1
             visible = (await directory.get_chat(shown.id)) == shown
-            # private: the directory's writes in flight; no public wait for them yet
-            await asyncio.gather(*directory.chat_registry._writing)  # the write that follows
+            await directory.chat_registry.written()  # the write that follows
             kept = agent_chat(root, bot.id, "col_1", "dlv_kept", 2)
             await directory.register_chats([kept])
         finally:
@@ -183,8 +181,7 @@ def test_a_shown_chat_is_visible_at_once_and_written_soon(tmp_path: Path):
             on_disk = shown.id in reopened.records.chats, kept.id in reopened.records.chats
         finally:
             reopened.store.db.close()
-        # private: the directory's queue of unwritten chats; no public view
-        return visible, not directory.chat_registry._unwritten, *on_disk
+        return visible, directory.chat_registry.unwritten() == 0, *on_disk
 
     assert asyncio.run(scenario()) == (True, True, True, True)
 
@@ -284,12 +281,8 @@ def test_shown_chats_are_written_together_and_none_is_left_behind(tmp_path: Path
             shown = await asyncio.gather(
                 *(directory.register_chats([c], False) for c in [*chats, *chats[:8]])
             )
-            # private: the directory's writes in flight; no public wait for them yet
-            writers = len(directory.chat_registry._writing)
-            # private: the directory's writes in flight; no public wait for them yet
-            while directory.chat_registry._writing:
-                # private: the directory's writes in flight; no public wait for them yet
-                await asyncio.gather(*directory.chat_registry._writing)
+            writers = directory.chat_registry.writers()
+            await directory.chat_registry.written()
         finally:
             directory.store.db.close()
         reopened = DirectoryService(tmp_path)

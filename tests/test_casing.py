@@ -267,8 +267,7 @@ def test_every_route_family_answers_in_camel_case(server, model_stubs):
 
 
 def test_node_frames_in_either_casing():
-    # private: the node protocol's decoder, fed frames directly
-    from gateway.nodes import Hello, Result, _decode
+    from gateway.nodes import Hello, Result, decode_frame
 
     old = msgspec.json.encode(
         {"type": "hello", "node": "n", "capabilities": {"memory_isolation": True}}
@@ -276,8 +275,8 @@ def test_node_frames_in_either_casing():
     new = msgspec.json.encode(
         {"type": "hello", "node": "n", "capabilities": {"memoryIsolation": True}}
     )
-    assert _decode(old, Hello) == _decode(new, Hello)
-    assert _decode(new, Hello).capabilities.memory_isolation is True
+    assert decode_frame(old, Hello) == decode_frame(new, Hello)
+    assert decode_frame(new, Hello).capabilities.memory_isolation is True
     result = {"type": "result", "id": "w", "toolCalls": [{"id": "c", "name": "f", "arguments": ""}]}
-    decoded = _decode(msgspec.json.encode(result), Result)
+    decoded = decode_frame(msgspec.json.encode(result), Result)
     assert decoded.tool_calls[0].name == "f"

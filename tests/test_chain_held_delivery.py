@@ -131,7 +131,7 @@ def test_a_delivery_of_a_chain_dropped_before_it_began_returns(tmp_path: Path, c
                 return fut
             return submit(writes, *args)
 
-        # private: wraps the one delivery step to see the order of deliveries
+        # private: wraps the delivery step: that it ran and returned has no public trace
         deliver = svc.chains._deliver
         outcomes: list[BaseException | None] = []
 
@@ -144,7 +144,7 @@ def test_a_delivery_of_a_chain_dropped_before_it_began_returns(tmp_path: Path, c
             outcomes.append(None)
 
         committer.submit = failing_submit  # type: ignore[method-assign]
-        # private: wraps the one delivery step to see the order of deliveries
+        # private: wraps the delivery step: that it ran and returned has no public trace
         svc.chains._deliver = noting_deliver  # type: ignore[method-assign]
         try:
             start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")

@@ -266,8 +266,7 @@ async def test_a_stored_send_applies_the_peers_writing_tools_once_also_after_a_r
 async def _asked_from_the_file(home: ShardService, sent: SentRef) -> list[bool]:
     """`send_stored` for the stored send, another link of its chain and another chain, with no
     commit future left to wait for (the file answers: SendGate._on_disk)."""
-    # private: the send gate's open futures; no public view of what waits
-    assert not home.chains.records.gate._open
+    assert home.chains.records.gate.pending() == []
     asks = (
         sent,
         msgspec.structs.replace(sent, link="dlv_0000000000000000"),

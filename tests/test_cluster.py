@@ -104,15 +104,14 @@ def test_a_store_waits_for_another_process_to_let_go_of_its_file(tmp_path):
 
 
 def test_a_data_directory_keeps_its_shard_count(tmp_path):
-    # private: the start-up check alone, without a cluster
-    from actors.runtime.engine import _check_shard_files
+    from actors.runtime.engine import check_shard_files
     from engine.errors import InvalidInput
 
     for k in range(3):
         (tmp_path / f"shard-{k}.duckdb").write_bytes(b"")
-    _check_shard_files(tmp_path, 3)
+    check_shard_files(tmp_path, 3)
     with pytest.raises(InvalidInput) as e:
-        _check_shard_files(tmp_path, 2)
+        check_shard_files(tmp_path, 2)
     assert e.value.code == "shard_count"
 
 

@@ -11,10 +11,10 @@ import time
 
 from tests import test_console as console
 from tests.conftest import World, _ok
+from tests.test_console import ARTIFACTS, _sign_in
 
 # The browser fixtures of the console tests (module-scoped there, so one browser here too).
 browser, page = console.browser, console.page
-ARTIFACTS, _sign_in = console.ARTIFACTS, console._sign_in
 
 
 def _project_world(world: World, admin) -> tuple[dict, dict, dict]:

@@ -135,7 +135,7 @@ async def test_a_page_read_from_the_file_says_the_head_it_was_read_at(tmp_path: 
             await svc.remember(POOL, ANN, f"n{i}")
         log = svc.kernel.events
         start = log.published - 5
-        # private: empties the in-memory ring so the page is read from the file
+        # private: empties the in-memory ring (else RING writes) so the page is read from the file
         log._ring = []  # older than what is kept in memory: read from the file
         gate, entered = asyncio.Event(), asyncio.Event()
         real_run = log.db.run
@@ -457,6 +457,5 @@ async def test_remembers_over_http_each_reach_a_live_client_once(world, engine) 
     assert sorted(f.data["entry"] for f in got) == sorted(ids)
     cursors = [f.cursor for f in got]
     assert len(set(cursors)) == 24
-    # private: the port's followers; the count of handed events is not exported
-    handed = sum(w.follow.handed for port in engine.shard_ports for w in port._writes.values())
+    handed = sum(port.handed_events() for port in engine.shard_ports)
     assert handed > 0

@@ -23,7 +23,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from engine.errors import InvalidInput, TooLarge
-from gateway.wire import _deepest, check_json
+from gateway.wire import check_json
 
 SIZES = (16 * 1024, 64 * 1024, 256 * 1024, 1024 * 1024)
 OPEN = b"[" * 40  # more openers than the depth limit, so the string scan runs
@@ -96,7 +96,12 @@ def _reference_depth(text: bytes) -> int:
 def test_the_sliced_scan_agrees_with_a_byte_loop(parts, pad):
     """Slice edges fall anywhere: padding moves the same text across them."""
     text = b" " * pad + b"".join(parts)
-    assert _deepest(text) == _reference_depth(text)
+    want = _reference_depth(text)
+    check_json(text, depth=want)  # as deep as it is: taken
+    if want:
+        with pytest.raises(InvalidInput) as deeper:  # one level less: refused
+            check_json(text, depth=want - 1)
+        assert deeper.value.code == "too_deep"
 
 
 def test_the_body_check_measures_depth_as_a_parser_would():

@@ -105,4 +105,4 @@ def _chain(world, admin, bot_model, engine, *, lanes_off: bool = True) -> None:
     # (This process's poll counter may still move: another engine's long poll, begun over its
     # lane before the switch went off, can end meanwhile.) This engine's ports opened no lane.
     if lanes_off:
-        assert [len(port._lanes) for port in engine.shard_ports] == [0] * len(engine.shard_ports)
+        assert [port.lanes_open() for port in engine.shard_ports] == [0] * len(engine.shard_ports)

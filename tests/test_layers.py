@@ -4,6 +4,8 @@
 - no import cycle inside actors/, counting `TYPE_CHECKING` and function-level imports;
 - no `other._private` access in actors/ and gateway/: a single-underscore attribute is read or
   written only on `self`/`cls` (or `super()`), and no module imports another's `_name`;
+- tests/ reaches at most TEST_PRIVATE_MAX private names of other objects or modules, each with
+  a `# private: <why>` comment;
 - only actors/runtime/ imports `ray` (in actors/, gateway/, storage/ and engine/);
 - gateway/ reaches actors only through typed ports: no `.remote`, no `call(handle.method, ...)`,
   no `Engine` handle attributes, no actors/runtime/ import outside the composition roots;
@@ -236,6 +238,50 @@ def test_no_private_access_across_modules():
 def test_allowed_private_access_is_still_used():
     found = private_problems(ROOT, ("actors", "gateway"))
     assert sorted(ALLOWED_PRIVATE - set(found)) == [], "fixed: delete from ALLOWED_PRIVATE"
+
+
+# --- few private reaches in tests/, each explained ---------------------------------------------
+
+# A test checks behaviour through public seams (a method, a view, an injected clock). Where none
+# fits, the reach says why on its line or in the comment right above it (`# private: <why>`).
+# A test module's own helpers (`from tests.x import _helper`) are the suite's, not a reach.
+TEST_PRIVATE_MAX = 20
+WHY = "# private:"
+
+
+def reaches_in_test(source: str) -> Iterator[tuple[int, str, bool]]:
+    """(line, what, explained) for each private reach of a test module's source."""
+    lines = source.splitlines()
+    for line, what, _ in sorted(private_access(source)):
+        if what.startswith(("from tests.", "from tests import ")):
+            continue
+        explained = WHY in lines[line - 1]
+        above = line - 2
+        while not explained and above >= 0 and lines[above].strip().startswith("#"):
+            explained = WHY in lines[above]
+            above -= 1
+        yield line, what, explained
+
+
+def private_reaches_in_tests(root: Path) -> list[tuple[str, bool]]:
+    out = []
+    for path in sorted((root / "tests").rglob("*.py")):
+        rel = _rel(path, root)
+        for line, what, explained in reaches_in_test(path.read_text()):
+            out.append((f"{rel}:{line} {what}", explained))
+    return out
+
+
+def test_tests_reach_few_private_names_and_say_why():
+    found = private_reaches_in_tests(ROOT)
+    listing = "\n".join(where for where, _ in found)
+    assert len(found) <= TEST_PRIVATE_MAX, (
+        f"{len(found)} private reaches in tests/ (at most {TEST_PRIVATE_MAX}): test through a "
+        f"public seam (add one to the product if it is worth having)\n{listing}"
+    )
+    assert [where for where, explained in found if not explained] == [], (
+        f"say why on the line or right above it: {WHY} <why>"
+    )
 
 
 # --- only actors/runtime/ touches Ray ----------------------------------------------------------
@@ -475,6 +521,25 @@ def test_private_access_flags_other_objects_and_private_imports():
         ("shard.x._y", "_y"),
         ("getattr(shard, '_queue')", "_queue"),
     }
+
+
+def test_private_reaches_in_tests_skip_test_helpers_and_need_a_why():
+    source = (
+        "from tests.conftest import _ok\n"
+        "from storage.x import _enc, public\n"
+        "# private: the ring is the only way to a file read\n"
+        "log._ring = []\n"
+        "# a comment that says nothing about it\n"
+        "\n"
+        "shard._pool.clear()\n"
+        "x = shard._queue  # private: the queue has no view\n"
+    )
+    assert list(reaches_in_test(source)) == [
+        (2, "from storage.x import _enc", False),
+        (4, "log._ring", True),
+        (7, "shard._pool", False),
+        (8, "shard._queue", True),
+    ]
 
 
 def test_ray_imports_are_found_wherever_they_are():

@@ -42,8 +42,7 @@ async def _die_between_commits(tmp_path, stubs, *, user_pool_stored: bool):
     turn = await svc.start_turn(TurnStart(chat=CHAT, bot=BOT, org=ORG, operator="u_ann", text=SAID))
     await svc.wait_turn(CHAT.id, turn.id)
     await asyncio.wait_for(dying.wait(), 30)
-    for task in list(svc.learning._tasks.values()):
-        task.cancel()
+    svc.learning.abandon()
     await svc.committer.drain()
     on_disk = (await svc.chats.position(POOL, CHAT.id), await svc.chats.outbox())
     stored_before = await _user_facts(svc) if user_pool_stored else []

@@ -97,8 +97,7 @@ async def test_learning_sends_workspace_facts_outside_the_pool_lock(shards, monk
     )  # fmt: skip
     from engine.models import Completion
 
-    # private: the learning runner's apply step, replaced to fail or called alone
-    await svc.learning._apply(job, pool, Completion(text="", tool_calls=[]), {})
+    await svc.learning.apply_step(job, pool, Completion(text="", tool_calls=[]), {})
     await shards.close(svc)
     assert seen == [0]
 

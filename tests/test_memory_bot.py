@@ -159,16 +159,13 @@ def test_restart_mid_execution_reuses_the_recorded_step_and_stores_once(tmp_path
             stuck.set()
             await asyncio.Event().wait()  # the process dies here, before anything is applied
 
-        # private: the learning runner's apply step, replaced to fail or called alone
-        svc.learning._apply = never_apply
+        svc.learning.apply_step = never_apply  # type: ignore[method-assign]
         turn = await svc.start_turn(
             TurnStart(chat=CHAT, bot=BOT, org=ORG, operator="u_ann", text="I moved to Oslo")
         )
         await svc.wait_turn("chat_1", turn.id)
         await stuck.wait()
-        # private: the learning runner's tasks, cancelled to simulate a crash
-        for task in list(svc.learning._tasks.values()):
-            task.cancel()
+        svc.learning.abandon()  # the process dies
         await svc.committer.drain()
         svc.db.close()
 

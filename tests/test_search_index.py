@@ -13,9 +13,7 @@ from actors.shard.pool import Pool
 from engine.memory_entries import EntryMeta, Reader, Status
 from storage.crypto import Cipher
 from storage.memory_store import StoredPool
-
-# private: `_order_by_key` is checked against a plain sort
-from storage.search_index import Analyzer, Stats, TermIndex, _order_by_key, in_context
+from storage.search_index import Analyzer, Stats, TermIndex, in_context, order_by_key
 from tests.test_engine_visibility_oracle import cases, oracle_visible
 
 AN = Analyzer(b"k" * 32)
@@ -138,11 +136,10 @@ def test_incremental_changes_rank_like_a_fresh_build(texts, query, data):
 def _merged_by_sorting_everything(ix: TermIndex, extra=None):
     """The layout the merge had before it placed new postings by `searchsorted` (one stable
     sort of the base, the tail and the given postings, in that order): the reference."""
-    # private: the reference reads the index's own arrays (base, tail, alive rows, vocabulary):
-    # what a merge lays out is not visible through the public API, only through rankings.
-    parts_t = [np.repeat(np.arange(ix._indptr.size - 1), np.diff(ix._indptr))]
-    parts_r, parts_f = [ix._rows], [ix._tfs]
-    for tid, (r, f) in ix._tail.items():
+    lay = ix.layout()
+    parts_t = [np.repeat(np.arange(lay.indptr.size - 1), np.diff(lay.indptr))]
+    parts_r, parts_f = [lay.rows], [lay.tfs]
+    for tid, (r, f) in lay.tail.items():
         parts_t.append(np.full(len(r), tid, dtype=np.int64))
         parts_r.append(np.asarray(r, dtype=np.int32))
         parts_f.append(np.asarray(f, dtype=np.float32))
@@ -151,10 +148,10 @@ def _merged_by_sorting_everything(ix: TermIndex, extra=None):
         parts_r.append(extra[1])
         parts_f.append(extra[2])
     all_t, all_r, all_f = (np.concatenate(p) for p in (parts_t, parts_r, parts_f))
-    keep = ix._alive[all_r]
+    keep = lay.alive[all_r]
     all_t, all_r, all_f = all_t[keep], all_r[keep], all_f[keep]
     order = np.argsort(all_t, kind="stable")
-    counts = np.bincount(all_t, minlength=len(ix._vocab))
+    counts = np.bincount(all_t, minlength=lay.terms)
     return np.concatenate(([0], np.cumsum(counts))), all_r[order], all_f[order]
 
 
@@ -175,9 +172,10 @@ def test_a_merge_lays_postings_out_as_one_stable_sort_would(built, written, data
     def checked(self, *given):
         want = _merged_by_sorting_everything(self, given or None)
         real(self, *given)
-        for got, expected in zip((self._indptr, self._rows, self._tfs), want, strict=True):
+        lay = self.layout()
+        for got, expected in zip((lay.indptr, lay.rows, lay.tfs), want, strict=True):
             assert np.array_equal(got, expected)
-        assert not self._tail
+        assert not lay.tail
         merges.append(len(given))
 
     TermIndex.merge = checked  # type: ignore[method-assign]
@@ -202,8 +200,7 @@ def test_a_merge_lays_postings_out_as_one_stable_sort_would(built, written, data
         ix.build([*more, ("y", AN.keys("soup deploy"))])  # into a non-empty index
     finally:
         TermIndex.merge = real  # type: ignore[method-assign]
-    # private: the index's rows, dead ones included
-    assert merges[0] == 0 and (not ix._ids or merges[-1] == 3)
+    assert merges[0] == 0 and (not ix.layout().row_slots or merges[-1] == 3)
 
 
 def test_term_counts_are_the_same_counted_in_python_or_numpy(monkeypatch):
@@ -221,11 +218,10 @@ def test_term_counts_are_the_same_counted_in_python_or_numpy(monkeypatch):
         return dict(ix.search(AN.query("alpha gamma soup beta"), 10))
 
     mixed = ranking()
-    # private: the threshold between the Python and numpy counting paths
-    assert AN.keys(long).size > search_index._SMALL  # the long text takes the numpy path
-    monkeypatch.setattr(search_index, "_SMALL", 10**9)
+    assert AN.keys(long).size > search_index.PYTHON_COUNT_MAX  # the long text: numpy's count
+    monkeypatch.setattr(search_index, "PYTHON_COUNT_MAX", 10**9)
     assert ranking() == mixed
-    monkeypatch.setattr(search_index, "_SMALL", -1)
+    monkeypatch.setattr(search_index, "PYTHON_COUNT_MAX", -1)
     assert ranking() == mixed
 
 
@@ -284,9 +280,9 @@ def test_postings_are_ordered_as_a_stable_argsort_would():
     for n in (1, 100, 5_000, 200_000):
         distinct = rng.integers(-(2**63), 2**63 - 1, size=max(1, n // 4), dtype=np.int64)
         keys = rng.choice(distinct, size=n)
-        assert (_order_by_key(keys) == np.argsort(keys, kind="stable")).all()
+        assert (order_by_key(keys) == np.argsort(keys, kind="stable")).all()
     near = np.array([5, 4, 5, 4, -1, 3] * 2_000, dtype=np.int64)  # same high bits, other keys
-    assert (_order_by_key(near) == np.argsort(near, kind="stable")).all()
+    assert (order_by_key(near) == np.argsort(near, kind="stable")).all()
 
 
 def test_a_loaded_index_then_changed_ranks_like_a_fresh_build():
@@ -303,8 +299,7 @@ def test_a_loaded_index_then_changed_ranks_like_a_fresh_build():
         np.array([k.size for k in keys.values()], dtype=np.int64),
         np.concatenate(list(keys.values())),
     )
-    # private: checks the load leaves the row map unbuilt (lazy)
-    assert idx._row_map is None  # not made by the load
+    assert not idx.layout().row_map_made  # not made by the load
     assert "d00007" in idx and idx.row_of("d00007") == 7 and "nope" not in idx
     for n in range(0, 3_000, 7):
         i = f"d{n:05d}"

@@ -199,8 +199,7 @@ def test_snapshots_taken_among_concurrent_writes_leave_every_record_indexed_once
 
     from actors.workspace import pools as pools_mod
 
-    # private: wraps the pool's sealing to see what is sealed
-    seal = pools_mod._seal
+    seal = pools_mod.seal_snapshot  # (on the worker thread that builds the snapshot)
 
     async def first() -> tuple[list[str], list[str]]:
         svc = ShardService(tmp_path, 0, search={"context_window_s": 60})
@@ -217,7 +216,7 @@ def test_snapshots_taken_among_concurrent_writes_leave_every_record_indexed_once
             time.sleep(0.05)
             return seal(*args)
 
-        monkeypatch.setattr(pools_mod, "_seal", slow_seal)
+        monkeypatch.setattr(pools_mod, "seal_snapshot", slow_seal)
 
         async def edit(n: int) -> None:
             await sealing[n // 8].wait()

@@ -13,12 +13,10 @@ def old_terms(text: str) -> list[str]:
     folded = tt.fold(text)
     maker = tt.TermMaker()
     out: list[str] = []
-    # private: the reference tokenizer is built from the module's own pattern
-    for m in tt._TOKEN.finditer(folded):
+    for m in tt.TOKEN.finditer(folded):
         run = m.group(1)
         if run is None:
-            # private: the reference tokenizer is built from the module's own word maker
-            w = maker._word(m.group(0))
+            w = maker.word(m.group(0))
             if w is not None:
                 out.append(w)
         elif len(run) == 1:

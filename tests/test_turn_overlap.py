@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from actors.chats.conversations import _turn_id
+from actors.chats.conversations import request_turn_id
 from actors.contracts import TurnStart
 from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
@@ -134,7 +134,7 @@ def test_the_same_request_again_is_acknowledged_only_once_the_item_is_durable(
     the chat, and answers with it only once it is durable (the same error if it failed); in a
     new chat it finds the turn after that commit settled, and when it failed, tries again from
     what is stored instead of answering with the turn memory held."""
-    seen = _held_person_commit(monkeypatch, fail=fail, marker=_turn_id("chat_r", "r-1"))
+    seen = _held_person_commit(monkeypatch, fail=fail, marker=request_turn_id("chat_r", "r-1"))
 
     async def scenario():
         svc, directory, _model = _service(tmp_path)

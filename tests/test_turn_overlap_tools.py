@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-# private: the turn id scheme, to name the turn a held commit belongs to
-from actors.chats.conversations import _turn_id
+from actors.chats.conversations import request_turn_id
 from actors.contracts import TurnStart
 from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
@@ -73,7 +72,7 @@ def test_tools_that_write_wait_for_the_persons_item_and_a_retry_runs_them_once(
     """The person's commit fails while the bot's step (overlapping it) calls
     workspace_create_agent and workspace_request_approval: neither happens; the retry (same
     requestId) makes exactly one member and one request."""
-    seen = _held_person_commit(monkeypatch, fail=True, marker=_turn_id("chat_r", "r-1"))
+    seen = _held_person_commit(monkeypatch, fail=True, marker=request_turn_id("chat_r", "r-1"))
 
     async def scenario():
         svc, directory = _service(tmp_path, TOOLS_SCRIPT)
@@ -112,7 +111,7 @@ def test_tools_that_write_wait_for_the_persons_item_and_a_retry_runs_them_once(
 def test_a_cancelled_caller_leaves_the_turn_to_end(tmp_path: Path, monkeypatch):
     """The caller goes away (cancelled) while the person's item commits and the bot's model
     runs: the commit succeeds, so the turn still ends (it never stays `running`)."""
-    _held_person_commit(monkeypatch, fail=False, marker=_turn_id("chat_r", "r-2"))
+    _held_person_commit(monkeypatch, fail=False, marker=request_turn_id("chat_r", "r-2"))
 
     async def scenario():
         svc, directory = _service(tmp_path, PEER_SCRIPT, delay=0.2)
@@ -127,7 +126,7 @@ def test_a_cancelled_caller_leaves_the_turn_to_end(tmp_path: Path, monkeypatch):
             with pytest.raises(asyncio.CancelledError):
                 await caller
             await asyncio.sleep(0.5)
-            result = await svc.wait_turn(chat.id, _turn_id(chat.id, "r-2"))
+            result = await svc.wait_turn(chat.id, request_turn_id(chat.id, "r-2"))
             return result
         finally:
             await svc.close()
@@ -142,7 +141,7 @@ def test_a_failed_attempts_task_does_not_drop_its_retrys(tmp_path: Path, monkeyp
     """The failed attempt's step is cancelled but takes a while to end; by then its retry
     (same requestId) runs its own task under the same turn id. Waiting for the turn waits
     for the retry's task, not the turn as stored mid-way (`running`)."""
-    _held_person_commit(monkeypatch, fail=True, marker=_turn_id("chat_r", "r-3"))
+    _held_person_commit(monkeypatch, fail=True, marker=request_turn_id("chat_r", "r-3"))
 
     async def scenario():
         svc, directory = _service(tmp_path, PEER_SCRIPT, delay=1.0, linger=0.4)

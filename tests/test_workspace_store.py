@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from actors.contracts import WorkspaceAccess, WorkspaceQuery
@@ -222,7 +223,7 @@ def test_loaded_records_decode_when_read_and_keep_their_order(tmp_path: Path):
     """A pool's records load as stored JSON and are decoded when first read (the
     first search after a shard opens reads a few hundred of 100,000); reads, writes, deletes,
     fingerprints and walks see the same records in the same order as a plain dict would."""
-    from storage.workspace_store import LazyEntries, _enc
+    from storage.workspace_store import LazyEntries
 
     ann = WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}))
 
@@ -244,20 +245,17 @@ def test_loaded_records_decode_when_read_and_keep_their_order(tmp_path: Path):
             found = [e.id for e in listing.entries]  # (the notes around it hold its words)
             assert sorted(found) == sorted([made[n].id for n in (6, 7, 8, 9)])
             entries = (await svc.workspace_pools.pool("user:u_ann")).stored.entries
-            # private: counts the entries not decoded yet (the laziness under test)
-            assert isinstance(entries, LazyEntries) and entries._raw == 26
+            assert isinstance(entries, LazyEntries) and entries.undecoded == 26
             ids = [m.id for m in made]
             assert list(entries) == [i for i in entries] and sorted(entries) == sorted(ids)
             plain = {i: entries[i] for i in ids}  # decoded on read, once
-            # private: counts the entries not decoded yet (the laziness under test)
-            assert entries._raw == 0 and entries[ids[2]] is plain[ids[2]]
+            assert entries.undecoded == 0 and entries[ids[2]] is plain[ids[2]]
             assert entries.fp(ids[2]) == plain[ids[2]].content_fp
         finally:
             await _close(svc)
         # Partly decoded: the same answers as a plain dict, in the same order.
-        lazy = LazyEntries({i: _enc.encode(e).decode() for i, e in plain.items()})
-        # private: counts the entries not decoded yet (the laziness under test)
-        assert lazy.fp(ids[0]) == plain[ids[0]].content_fp and lazy._raw == 30
+        lazy = LazyEntries({i: msgspec.json.encode(e).decode() for i, e in plain.items()})
+        assert lazy.fp(ids[0]) == plain[ids[0]].content_fp and lazy.undecoded == 30
         assert lazy.get(ids[0]) == plain[ids[0]] and lazy.get("nope") is None
         assert "nope" not in lazy and ids[1] in lazy and lazy.fp("nope") is None
         del lazy[ids[1]]
@@ -267,10 +265,8 @@ def test_loaded_records_decode_when_read_and_keep_their_order(tmp_path: Path):
         del want[ids[1]]
         want[ids[3]] = plain[ids[4]]
         want["new"] = plain[ids[0]]
-        # private: counts the entries not decoded yet (the laziness under test)
-        assert lazy.keys() == want.keys() and lazy._raw == 27
-        # private: counts the entries not decoded yet (the laziness under test)
-        assert list(lazy.items()) == list(want.items()) and lazy._raw == 0
+        assert lazy.keys() == want.keys() and lazy.undecoded == 27
+        assert list(lazy.items()) == list(want.items()) and lazy.undecoded == 0
         assert lazy.pop(ids[0]) == plain[ids[0]] and len(lazy) == len(want) - 1
 
     asyncio.run(main())
@@ -285,7 +281,7 @@ def test_decoded_records_and_hits_are_not_tracked_by_the_cycle_collector():
 
     from engine.scoped_memory import WorkspaceEntry
     from engine.workspace_search import Hit
-    from storage.workspace_store import LazyEntries, _enc
+    from storage.workspace_store import LazyEntries
 
     entry = WorkspaceEntry(
         id="m1",
@@ -299,7 +295,7 @@ def test_decoded_records_and_hits_are_not_tracked_by_the_cycle_collector():
         topics=("a",),
         tags=("from:u",),
     )
-    decoded = LazyEntries({"m1": _enc.encode(entry).decode()})["m1"]
+    decoded = LazyEntries({"m1": msgspec.json.encode(entry).decode()})["m1"]
     assert decoded == entry
     assert not gc.is_tracked(decoded) and not gc.is_tracked(entry)
     assert not gc.is_tracked(Hit(id="m1", score=1.0, kinds=("keyword",)))

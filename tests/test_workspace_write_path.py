@@ -19,6 +19,7 @@ from engine.memory_entries import Scope
 from engine.scoped_memory import WorkspaceMemoryChange, WorkspaceMemoryCreate
 from gateway import wire
 from gateway.workspace_memory_routes import decode_memory_write
+from tests.waiting import until
 
 ANN = WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}))
 
@@ -119,17 +120,16 @@ def test_request_locks_taken_together_exclude_each_other_and_are_released_on_can
     async def main() -> None:
         keys = ["a", "b", "c", "d"]
         await asyncio.gather(*(call([keys[i % 4], keys[(i * 3) % 4], "a"]) for i in range(32)))
-        # private: the receipts' lock table, checked empty after cancellation
-        assert not clash and receipts._request_locks == {}
+        assert not clash and receipts.requests_in_flight() == {}
         async with receipts.request("b"):
             waiting = asyncio.ensure_future(call(["a", "b"]))
-            await asyncio.sleep(0.01)
-            # private: the receipts' lock table, checked empty after cancellation
-            assert not waiting.done() and receipts._request_locks["a"][0].locked()
+            # The call holds "a" and waits for "b", which this request holds.
+            await until(lambda: receipts.requests_in_flight().get("b") == (True, 2))
+            assert not waiting.done()
+            assert receipts.requests_in_flight() == {"a": (True, 1), "b": (True, 2)}
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
-        # private: the receipts' lock table, checked empty after cancellation
-        assert receipts._request_locks == {}
+        assert receipts.requests_in_flight() == {}
 
     asyncio.run(main())

@@ -142,7 +142,7 @@ class Conversations:
             if not self.logs.holds(log):  # a failed commit dropped it while this waited
                 log = await self.logs.log(start.chat.id)
             turn_id = (
-                _turn_id(start.chat.id, start.request_id)
+                request_turn_id(start.chat.id, start.request_id)
                 if start.request_id
                 else "turn_" + secrets.token_hex(8)
             )
@@ -467,7 +467,9 @@ def _mirrored(chat: str, m: Mirrored) -> Item:
     return Item(chat=chat, seq=m.seq, turn=m.turn, kind=m.kind, author=m.author, at=m.at)
 
 
-def _turn_id(chat: str, request_id: str) -> str:
+def request_turn_id(chat: str, request_id: str) -> str:
+    """The id of the turn a start with `request_id` makes in `chat`: a repeat of the request
+    names the same turn."""
     if len(request_id) > 128:
         raise InvalidInput("requestId must be at most 128 characters", code="invalid_id")
     return "turn_" + hashlib.sha256(f"{chat}\x00{request_id}".encode()).hexdigest()[:16]

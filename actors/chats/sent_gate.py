@@ -86,6 +86,10 @@ class SendGate:
         if after is not None and self._open.get(link) is after:
             del self._open[link]
 
+    def pending(self) -> list[str]:
+        """The links whose send's commit a delivery may still wait for here."""
+        return list(self._open)
+
     async def stored(self, ref: SentRef) -> bool:
         """Whether the send of `ref` is durable: waits for its commit if it is still running."""
         fut = self._open.get(ref.link)

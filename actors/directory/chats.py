@@ -28,6 +28,21 @@ class ChatRegistry:
         self._unwritten: dict[str, Chat] = {}  # agent chats visible here, not written yet
         self._writing: set[asyncio.Task] = set()
 
+    def unwritten(self) -> int:
+        """Agent chats shown (visible here) and not on disk yet."""
+        return len(self._unwritten)
+
+    def writers(self) -> int:
+        """Background writers of shown chats in flight (at most one at a time)."""
+        return len(self._writing)
+
+    async def written(self) -> None:
+        """Wait until the background writers of shown chats are done (a chat shown while one
+        runs is its to write): everything shown so far is on disk, or stays waiting for a
+        durable registration if the write failed."""
+        while self._writing:
+            await asyncio.gather(*self._writing)
+
     async def create_chat(
         self,
         user_id: str,

@@ -123,6 +123,12 @@ class LearningRunner:
         while self._tasks:
             await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
 
+    def abandon(self) -> None:
+        """Cancel every running job where it stands, as a process that stops does: what a
+        job committed stays, and `recover` (at the next start) resumes it from there."""
+        for task in list(self._tasks.values()):
+            task.cancel()
+
     def _spawn(self, job: LearningJob) -> None:
         self._spawn_task(job.id, self._run(job))
 
@@ -325,7 +331,7 @@ class LearningRunner:
                 response=_completion_enc.encode(completion).decode(),
             )
             self._record_call(pool.stored, job, call)
-        await self._apply(job, pool, completion, {(e.chat, e.item): e for e in evidence})
+        await self.apply_step(job, pool, completion, {(e.chat, e.item): e for e in evidence})
 
     def _record_call(self, stored, job: LearningJob, call: ModelCall) -> None:
         """Queue an attempt's call record with the job row. Queued, not awaited: it commits
@@ -341,7 +347,9 @@ class LearningRunner:
         assert recorded_fut is not None
         ignore_failure(recorded_fut)
 
-    async def _apply(self, job: LearningJob, pool, completion: Completion, evidence) -> None:
+    async def apply_step(self, job: LearningJob, pool, completion: Completion, evidence) -> None:
+        """Apply a model step's tool calls to the bot's pool, and stage the user and project
+        facts it decided for their pools (`evidence`: the step's chat items by (chat, item))."""
         calls = [(c.name, c.arguments.encode()) for c in completion.tool_calls]
         audience = Audience(chat=job.chat, org=job.org, grant=job.grant, channel=job.channel)
         now = self.kernel.clock()

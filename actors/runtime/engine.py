@@ -107,7 +107,7 @@ def _shard_group(prefix: str, shards: int, lifetime: str | None, timeout: float)
     return group
 
 
-def _check_shard_files(data_dir: Path, shards: int) -> None:
+def check_shard_files(data_dir: Path, shards: int) -> None:
     """Accounts map to shards by crc32 mod the shard count, so a data directory keeps the count
     it was made with: shard files beyond `shards` mean it was made with more."""
     extra = sorted(
@@ -327,7 +327,7 @@ class Engine:
             raise InvalidInput("shards must be at least 1", code="shard_count")
         data_dir = str(Path(data_dir).resolve())
         Path(data_dir).mkdir(parents=True, exist_ok=True)
-        _check_shard_files(Path(data_dir), shards)
+        check_shard_files(Path(data_dir), shards)
         from storage.crypto import load_master_key, require_key_for_sealed_data
 
         require_key_for_sealed_data(Path(data_dir))

@@ -415,6 +415,10 @@ class LanedRayShard(RayShard):
             found = self._lanes[loop] = LaneClient(self._lane_address, self._node)
         return found
 
+    def lanes_open(self) -> int:
+        """Lane connections this proxy opened (one per event loop that asked for one)."""
+        return len(self._lanes)
+
     async def _lane_address(self) -> LaneAddress | None:
         return await remote(self._actor().lane_address)
 

@@ -34,6 +34,11 @@ class WorkspaceReceipts:
         self._known_loading: asyncio.Future[set[str]] | None = None
         self._queued_receipts: set[str] = set()
 
+    def requests_in_flight(self) -> dict[str, tuple[bool, int]]:
+        """Each receipt key a request holds or waits for: (whether it is held, how many hold
+        or wait for it). A key nothing asks for is not listed (the table does not grow)."""
+        return {key: (slot[0].locked(), slot[1]) for key, slot in self._request_locks.items()}
+
     @contextlib.asynccontextmanager
     async def request(self, key: str):
         """Requests with one receipt key run one at a time (whatever pool they touch), so two

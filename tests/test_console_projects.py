@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import re
 import secrets
-import time
 
 from tests import test_console as console
 from tests.conftest import World, _ok
 from tests.test_console import ARTIFACTS, _sign_in
+from tests.waiting import wait_until
 
 # The browser fixtures of the console tests (module-scoped there, so one browser here too).
 browser, page = console.browser, console.page
@@ -139,10 +139,10 @@ def test_ws7_project_page_members_groups_memory_history_export_and_chat_project(
         picker = page.get_by_test_id("chat-project")
         picker.locator(f'option[value="{project["id"]}"]').wait_for(state="attached")
         picker.select_option(project["id"])
-        deadline = time.monotonic() + 10
-        while _listed_project(alice, chat["id"]) != project["id"]:
-            assert time.monotonic() < deadline, "the console never set the chat's project"
-            time.sleep(0.05)
+        wait_until(
+            lambda: _listed_project(alice, chat["id"]) == project["id"],
+            "the console sets the chat's project",
+        )
         # Cleared elsewhere: the picker follows chat.updated.
         _ok(alice.patch(f"/v1/chats/{chat['id']}", json={"project": None}))
     page.wait_for_function(

@@ -18,6 +18,7 @@ from storage.crypto import KEY_FILE, Cipher, Keyring, aad, load_master_key
 from storage.database import Database
 from storage.directory_store import hash_token
 from storage.group_commit import Delete, DeleteWhere, GroupCommitter, Put, Table
+from tests.waiting import until
 
 KV = Table("kv", (("k", "VARCHAR"), ("grp", "VARCHAR"), ("n", "BIGINT")))
 KV_SQL = "CREATE TABLE kv (k VARCHAR, grp VARCHAR, n BIGINT)"
@@ -255,17 +256,10 @@ async def test_the_journal_is_applied_after_enough_rows_and_when_idle(tmp_path: 
     gc = GroupCommitter(db, [KV], checkpoint_rows=3, checkpoint_idle=0.05)
     for i in range(3):
         await gc.submit([Put("kv", (f"k{i}", "g", i))])
-    for _ in range(300):  # the third row reached checkpoint_rows: applied once answered
-        if gc.checkpoints == 1:
-            break
-        await asyncio.sleep(0.01)
-    assert gc.checkpoints == 1
+    # The third row reached checkpoint_rows: applied once answered.
+    await until(lambda: gc.checkpoints == 1, "a checkpoint after checkpoint_rows")
     await gc.submit([Put("kv", ("late", "g", 9))])
-    for _ in range(100):
-        if gc.checkpoints == 2:
-            break
-        await asyncio.sleep(0.02)
-    assert gc.checkpoints == 2  # applied once writes went quiet
+    await until(lambda: gc.checkpoints == 2, "a checkpoint once writes went quiet")
     assert _journal_records(tmp_path / "k.duckdb") == []  # applied and emptied
     await gc.close()
     db.close()

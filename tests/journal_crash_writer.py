@@ -10,6 +10,8 @@ no close, no final checkpoint, no flush of anything but what was written):
   apply     mid-apply: a checkpoint's rows are in its DuckDB transaction, not committed
   applied   mid-checkpoint: the rows and the last applied seq committed, the journal file not
             emptied yet (it still holds the applied records)
+  external  none: DuckDB checkpoints its own file at every commit, and the test kills the
+            process whenever it likes
 
 The recovery at start applies the journal too, so `apply` / `applied` with nth 1 on a data
 directory a crash left records in kill the process during its own recovery.
@@ -34,7 +36,7 @@ from storage.group_commit import MergedWrites
 from storage.journal_file import HEADER, JournalFile, frame
 from tests.journal_writer import POOL, READER, content
 
-POINTS = ("append", "synced", "apply", "applied")
+POINTS = ("append", "synced", "apply", "applied", "external")
 
 
 def die() -> None:
@@ -88,7 +90,7 @@ def arm(point: str, nth: int) -> None:
             reset(self)
 
         JournalFile.reset = applied_not_emptied  # type: ignore[method-assign]
-    else:
+    elif point != "external":
         raise SystemExit(f"unknown point {point!r} (one of {', '.join(POINTS)})")
 
 
@@ -104,8 +106,10 @@ def report_published() -> None:
     EventLog.publish = printed  # type: ignore[method-assign]
 
 
-async def main(data_dir: str, round_: str, callers: int) -> None:
+async def main(data_dir: str, round_: str, callers: int, point: str) -> None:
     svc = ShardService(data_dir, 0, models={})
+    if point == "external":
+        await svc.db.run_write(lambda con: con.execute("SET checkpoint_threshold = '1KB'"))
     # Frequent checkpoints, so apply and emptying points come soon and beside appends.
     svc.committer.checkpoint_rows = 3
     svc.committer.checkpoint_idle = 0.005
@@ -126,4 +130,4 @@ if __name__ == "__main__":
     data, round_, callers, point, nth = sys.argv[1:6]
     arm(point, int(nth))
     report_published()
-    asyncio.run(main(data, round_, int(callers)))
+    asyncio.run(main(data, round_, int(callers), point))

@@ -3,10 +3,12 @@ a DuckDB file in a temp dir, a pool seeded like `benchmarks.memory_ops` (`--entr
 entries), then `--count` Remembers from `--callers` concurrent callers, optionally under cProfile.
 
     .venv/bin/python -m benchmarks.remember_profile [--count 2000] [--callers 8] [--profile]
+        [--no-journal]
 
 Prints Remembers per second, CPU ms per Remember (all threads, and the event loop's), writes
-per group commit, and with `--profile` the top functions by cumulative and by own time. A
-script for finding costs, not a test.
+per group commit, and with `--profile` the top functions by cumulative and by own time.
+`--no-journal` makes each group commit a DuckDB transaction instead of a journal record (what
+the journal saves). A script for finding costs, not a test.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ async def run(args: argparse.Namespace) -> None:
             if chunk:
                 await svc.add_entries(POOL, chunk)
         committer = svc.kernel.committer
+        committer.journal = args.journal
         tx0, b0 = committer.transactions, committer.batches
         counter = iter(range(args.count))
 
@@ -99,7 +102,8 @@ async def run(args: argparse.Namespace) -> None:
         tx, b = committer.transactions - tx0, committer.batches - b0
         s1, n1 = commit_seconds()
         print(
-            f"{args.count} Remembers, {args.callers} callers, {args.entries} entries: "
+            f"{args.count} Remembers, {args.callers} callers, {args.entries} entries, "
+            f"journal {'on' if args.journal else 'off'}: "
             f"{args.count / wall:.0f}/s, {1000 * cpu / args.count:.2f} ms CPU each "
             f"({1000 * loop_cpu / args.count:.2f} ms on the event loop's thread), "
             f"{b / max(tx, 1):.1f} writes per commit ({tx} commits); "
@@ -122,6 +126,12 @@ def main() -> None:
     p.add_argument("--callers", type=int, default=8)
     p.add_argument("--entries", type=int, default=10_000)
     p.add_argument("--profile", action="store_true")
+    p.add_argument(
+        "--no-journal",
+        dest="journal",
+        action="store_false",
+        help="each group commit a DuckDB transaction, not a journal record",
+    )
     p.add_argument("--top", type=int, default=35)
     asyncio.run(run(p.parse_args()))
 

@@ -446,3 +446,31 @@ def test_offline_backup_and_export_of_a_crashed_data_dir_include_thejournal_of(t
         return sorted(e.content for e in page.entries)
 
     assert asyncio.run(read()) == texts
+
+
+def test_a_backup_while_serving_holds_the_writes_only_the_journal_had(tmp_path):
+    data, copy = tmp_path / "data", tmp_path / "copy"
+    texts = [f"only in the journal {n}" for n in range(3)]
+
+    async def write() -> None:
+        svc = ShardService(data, 0, models={})
+        svc.committer.checkpoint_rows = 10_000
+        svc.committer.checkpoint_idle = 3600
+        for text in texts:
+            await svc.remember(POOL, READER, text)
+        assert svc.committer.unapplied  # acknowledged, not in the tables yet
+        copy.mkdir()
+        await svc.kernel.backup(str(copy))
+        await svc.close()
+
+    asyncio.run(write())
+    shutil.copy(data / "master.key", copy / "master.key")
+    assert not journal_of(copy / "shard-0.duckdb").exists()
+
+    async def read() -> list[str]:
+        svc = ShardService(copy, 0, models={})
+        page = await svc.read_memory(POOL, READER)
+        await svc.close()
+        return sorted(e.content for e in page.entries)
+
+    assert asyncio.run(read()) == texts

@@ -120,6 +120,9 @@ class ShardKernel:
         self._started: asyncio.Task[None] | None = None
         self.master = load_master_key(Path(data_dir))
         self.db = Database(db_path or Path(data_dir) / f"shard-{index}.duckdb", MIGRATIONS)
+        # Opening the committer applies what a crash left in the journal; everything below
+        # reads after it (the event log's head must count the events the journal held, or new
+        # events would reuse seqs already published).
         self.committer = GroupCommitter(
             self.db, TABLES, enabled=group_commit, background=True, sync_aside=True
         )

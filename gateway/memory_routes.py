@@ -15,7 +15,15 @@ from actors.contracts import RememberCall
 from actors.ports import EnginePort, ShardPort
 from engine import tags as tagmod
 from engine import widening
-from engine.directory import Bot, Principal, bot_org, bot_pool, require_use, require_write
+from engine.directory import (
+    Bot,
+    Principal,
+    bot_org,
+    bot_orgs,
+    bot_pool,
+    require_use,
+    require_write,
+)
 from engine.memory_bot_settings import SettingsPatch
 from engine.memory_entries import Reader
 from engine.numbers import query_number
@@ -131,7 +139,7 @@ class MemoryApi:
     async def get_memory_bot(self, request: Request) -> Response:
         # The settings are the memory's management, as PATCH: write on a non-linked bot.
         bot, shard, _ = await self._memory_call(request, write=True)
-        return json(await shard.memory_bot_view(bot_pool(bot.id)))
+        return json(await shard.memory_bot_view(bot_pool(bot.id), bot_orgs(bot)))
 
     async def patch_memory_bot(self, request: Request) -> Response:
         bot, shard, _ = await self._memory_call(request, write=True)

@@ -239,7 +239,7 @@ class BotStepper:
         memory is theirs, not the room's. Nothing on a node that does not isolate (ND-2)."""
         if not await self.memory_allowed(step.bot):
             return ""
-        access = WorkspaceAccess(account=step.operator, bots=frozenset({step.bot.id}))
+        access = _workspace_access(step)
         peers = self.peers
         wanted = await self._scopes(step)
         async with self.memory.memory_reader.read(
@@ -289,6 +289,7 @@ class BotStepper:
             org.settings.botMemoryModel,
             enrichment_messages(step.text, parts, settings.instructions),
             batch.calls,
+            org=step.chat.org,
         )
         call = next((c for c in (done.tool_calls if done else ()) if c.name == "rewrite"), None)
         rewrite = accept_rewrite(call.arguments, {i for i, _ in parts}) if call else None
@@ -326,6 +327,7 @@ class BotStepper:
             text,
             batch.calls,
             await self._confessor_memory(step, pool, text),
+            org=step.chat.org,
         )
         record = Confession(
             turn=step.turn, text=text, answer=answer, calm=calm, at=self.kernel.clock()
@@ -474,7 +476,7 @@ class BotStepper:
         found = await self.memory.search_memory(bot_pool(step.bot.id), reader, query, SEARCH_HITS)
         ranked = [[{"id": i, "content": text} for i, text in found]]
         # The workspace scopes too: what did not fit the prompt is found here (SC-5).
-        access = WorkspaceAccess(account=step.operator, bots=frozenset({step.bot.id}))
+        access = _workspace_access(step)
         for index, workspace_query in await self._scopes(step, q=query):
             try:
                 listing = await self.peers.shard(index).workspace_entries(access, workspace_query)
@@ -485,6 +487,18 @@ class BotStepper:
         for rank in range(SEARCH_HITS):
             hits.extend(source[rank] for source in ranked if rank < len(source))
         return _enc.encode({"entries": hits[:SEARCH_HITS]}).decode()
+
+
+def _workspace_access(step: StepInput) -> WorkspaceAccess:
+    """The workspace as the step's operator sees it through the bot, in the chat's org: a
+    shared bot's records of its other orgs never reach this chat's prompt or search."""
+    bot = step.bot.id
+    return WorkspaceAccess(
+        account=step.operator,
+        bots=frozenset({bot}),
+        orgs=(step.chat.org,),
+        bot_orgs={bot: step.chat.org},
+    )
 
 
 def _args(call: ToolCall) -> dict:

@@ -17,6 +17,7 @@ from engine.directory import (
     User,
     may_use,
     permission,
+    works_in,
 )
 from engine.errors import NotFound
 from engine.listing import Page, bot_entry, channel_entry, chat_entry, chat_sees, page
@@ -160,6 +161,8 @@ class DirectoryReads:
             chosen = [records[org]] if org in records else []
         elif table == "users":
             chosen = [u for u in self.records.users.values() if org in u.orgs]
+        elif table == "bots":  # its own and those shared with it
+            chosen = [b for b in self.records.bots.values() if works_in(b, org)]
         else:
             chosen = [r for r in records.values() if r.org == org]
         return page(chosen, _id_key, cursor, limit)

@@ -20,6 +20,7 @@ from websockets.asyncio.client import connect
 from engine.directory import bot_pool
 from engine.memory_entries import EntryMeta, Layer
 from tests.conftest import _ok, user_client
+from tests.openai_stub import completion
 
 WS = "/api/app/workspace"
 FANOUT = 24
@@ -403,3 +404,52 @@ def test_mb1_chats_created_while_the_share_stops_take_no_turn_after(shared):
             r = dave.post(f"/v1/chats/{chat['id']}/turns", json={"text": "hi"})
             assert _code(r, 404) == "bot_not_found"
         assert _code(create(), 404) == "bot_not_found"
+
+
+def test_mb1_the_memory_model_comes_from_the_org_of_the_chat(shared, admin, engine, model_stubs):
+    """The home org has no memory model, X has `mem` and records long-term facts: dave's turn
+    in X is learned from by `mem` and the fact is tagged `org:X`, seen by erin in X and not by
+    her in the home org; alice's turn in the home org asks no memory model."""
+    import ray
+
+    said = f"My locker number is {secrets.token_hex(3)}"
+    settings = {"botMemoryModel": "mem", "autoRecord": True}
+    _ok(admin.patch(f"/v1/admin/orgs/{shared.x}", json={"settings": settings}))
+    _ok(admin.patch(f"/v1/admin/orgs/{shared.home}", json={"settings": {"botMemoryModel": None}}))
+    _ok(shared.share())
+    _ok(shared.grant("dave"))
+    _ok(shared.grant("erin"))
+    asked: list[str] = []
+
+    def learner(body):
+        if not any(t["function"]["name"] == "learn_fact" for t in body.get("tools", [])):
+            return None
+        request = json.loads(body["messages"][-1]["content"])
+        mine = [e for e in request["evidence"] if e["kind"] == "person" and said in e["text"]]
+        if not mine:
+            return None
+        asked.extend(e["chat"] for e in mine)
+        items = [{"chat": e["chat"], "item": e["item"]} for e in mine]
+        fact = {"content": f"Shared fact: {said}", "items": items}
+        return completion(None, tool_calls=[("learn_fact", fact)])
+
+    model_stubs["mem"].routes.append(learner)
+    try:
+        chats = {}
+        for who in ("dave", "alice"):
+            with shared.client(who) as c:
+                chat = _ok(c.post("/v1/chats", json={"bot": shared.bot}))
+                chats[who] = chat
+                _ok(c.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": said}))
+        ray.get(engine.shard_for(shared.world.users["alice"]).learning_idle.remote())
+    finally:
+        model_stubs["mem"].routes.remove(learner)
+    assert chats["dave"]["org"] == shared.x and chats["alice"]["org"] == shared.home
+    assert set(asked) == {chats["dave"]["id"]}  # the home org's chat asked no memory model
+    path = f"/v1/bots/{shared.bot}/memory"
+    with shared.client("dave") as dave:
+        (fact,) = _ok(dave.get(path))["entries"]
+    assert fact["layer"] == "fact" and f"org:{shared.x}" in fact["tags"]
+    assert f"org:{shared.home}" not in fact["tags"]
+    with shared.client("alice") as alice:
+        assert fact["id"] not in {e["id"] for e in _ok(alice.get(path))["entries"]}

@@ -150,6 +150,9 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
     user: User | None = None
     channels: frozenset[str] = frozenset()
     bots: frozenset[str] = frozenset()  # bots the user may use (owner, read or write grant)
+    # `bot\x00org` for each of those bots and each org of the user's it does not work in (a
+    # shared bot, or one no longer shared): its memory of that org is no news for them.
+    unshared: frozenset[str] = frozenset()
 
 
 MAX_CHANNEL_BOTS = 8

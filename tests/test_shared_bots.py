@@ -319,31 +319,41 @@ async def _until(ws, entry: str) -> list[str]:
 
 def test_mb1_an_event_of_one_orgs_memory_is_heard_only_in_that_org(engine, shared, server):
     """Events of the bot's memory go to who uses it in the entry's org: dave (X) hears X's
-    entries and not the home org's; alice (home) hears the home org's and not X's."""
+    entries and not the home org's; alice (home) hears the home org's and not X's. Once the
+    share stopped, erin (both orgs) hears the home org's entries and no longer X's."""
     _ok(shared.share())
     _ok(shared.grant("dave"))
+    _ok(shared.grant("erin"))
 
     async def scenario():
         dave = await _open(server, shared.users["dave"]["token"])
         alice = await _open(server, shared.world.tokens["alice"])
+        erin = await _open(server, shared.users["erin"]["token"])
         try:
             x1 = await _write(engine, shared, shared.x, "for X")
             home = await _write(engine, shared, shared.home, "for home")
             x2 = await _write(engine, shared, shared.x, "for X again")
-            heard_by_dave = await _until(dave, x2)
-            heard_by_alice = await _until(alice, home)
+            heard = {"dave": await _until(dave, x2), "alice": await _until(alice, home)}
+            heard["erin"] = await _until(erin, x2)
             x3 = await _write(engine, shared, shared.x, "for X once more")
             home2 = await _write(engine, shared, shared.home, "for home again")
-            heard_by_alice += await _until(alice, home2)
+            heard["alice"] += await _until(alice, home2)
+            r = await asyncio.to_thread(shared.unshare)
+            assert r.status_code == 200, r.text
+            x4 = await _write(engine, shared, shared.x, "for X after the share stopped")
+            home3 = await _write(engine, shared, shared.home, "for home after")
+            heard["erin after"] = await _until(erin, home3)
         finally:
-            await dave.close()
-            await alice.close()
-        return (x1, x2, x3, home, home2), heard_by_dave, heard_by_alice
+            for ws in (dave, alice, erin):
+                await ws.close()
+        return (x1, x2, x3, x4), (home, home2, home3), heard
 
-    (x1, x2, x3, home, home2), dave_heard, alice_heard = asyncio.run(scenario())
-    assert x1 in dave_heard and x2 in dave_heard and home not in dave_heard
-    assert home in alice_heard and home2 in alice_heard
-    assert not {x1, x2, x3} & set(alice_heard)
+    (x1, x2, x3, x4), (home, home2, home3), heard = asyncio.run(scenario())
+    assert x1 in heard["dave"] and x2 in heard["dave"] and home not in heard["dave"]
+    assert home in heard["alice"] and home2 in heard["alice"]
+    assert not {x1, x2, x3} & set(heard["alice"])
+    assert {x1, x2, home} <= set(heard["erin"])
+    assert home3 in heard["erin after"] and x4 not in heard["erin after"]
 
 
 def _many(calls) -> list:

@@ -45,7 +45,10 @@ class DirectoryReads:
         bots = frozenset(
             b for b in self.records.index.bots_of(user_id) if may_use(self.records.bots[b], user)
         )
-        return Principal(user=user, channels=channels, bots=bots)
+        unshared = frozenset(
+            f"{b}\x00{o}" for b in bots for o in user.orgs if not works_in(self.records.bots[b], o)
+        )
+        return Principal(user=user, channels=channels, bots=bots, unshared=unshared)
 
     async def get_bot(self, bot_id: str) -> Bot:
         return self.records.bot(bot_id)

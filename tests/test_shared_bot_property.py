@@ -219,3 +219,21 @@ def test_mb1_no_entry_of_one_org_reaches_work_in_another(graph):
             for r in kept:
                 if admits(rules.audience(pool, r), listener):
                     assert _org(r.tags) in user.orgs and _org(r.tags) in bot_orgs(bot)
+
+
+def test_mb1_managing_a_shared_bot_needs_its_home_org():
+    """A write grant held by a person of a shared org only (a directory row written before the
+    rule, or by hand) still does not let them purge or change the memory bot: those act on
+    every org's memory."""
+    from engine.directory import Bot, User, require_use, require_write
+    from engine.errors import Forbidden
+
+    bot = Bot(id="b1", name="B", org="o0", owner="u0", grants={"u1": "write"}, sharedOrgs=("o1",))
+    away = User(id="u1", name="Away", orgs=("o1",))
+    require_use(bot, away, "o1")
+    try:
+        require_write(bot, away)
+    except Forbidden as e:
+        assert e.code == "home_org_only"
+    else:
+        raise AssertionError("write from a shared org was let through")

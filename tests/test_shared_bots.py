@@ -463,3 +463,30 @@ def test_mb1_the_memory_model_comes_from_the_org_of_the_chat(shared, admin, engi
     assert f"org:{shared.home}" not in fact["tags"]
     with shared.client("alice") as alice:
         assert fact["id"] not in {e["id"] for e in _ok(alice.get(path))["entries"]}
+
+
+@pytest.fixture(scope="module")
+def caching(engine):
+    """A second gateway that caches who may do what for a minute and re-reads it only when the
+    directory says so."""
+    from gateway.app import create_app
+    from gateway.live_server import LiveServer
+    from tests.conftest import ADMIN
+
+    live = LiveServer(create_app(engine, ADMIN, cache_ttl=60.0, listener_refresh=3600))
+    yield live
+    live.stop()
+
+
+def test_mb1_a_stopped_share_is_applied_by_every_gateway_before_it_returns(shared, caching):
+    """dave's access is cached by another gateway than the one the admin stops the share on:
+    once the DELETE returned, that gateway refuses him too."""
+    _ok(shared.share())
+    _ok(shared.grant("dave"))
+    with user_client(caching, shared.users["dave"]["token"]) as dave:
+        chat = _ok(dave.post("/v1/chats", json={"bot": shared.bot}))["id"]
+        _ok(dave.get(f"/v1/bots/{shared.bot}/memory"))  # cached there now
+        _ok(shared.unshare())  # through the other gateway
+        assert _code(dave.get(f"/v1/bots/{shared.bot}/memory"), 404) == "bot_not_found"
+        r = dave.post(f"/v1/chats/{chat}/turns", json={"text": "hi"})
+        assert _code(r, 404) == "bot_not_found"

@@ -237,3 +237,55 @@ def test_mb1_managing_a_shared_bot_needs_its_home_org():
         assert e.code == "home_org_only"
     else:
         raise AssertionError("write from a shared org was let through")
+
+
+def test_mb1_concurrent_directory_changes_are_each_one_step():
+    """In one directory, all at once: 24 shares with distinct orgs and 24 with one org all
+    land (the org once); then 24 stops of one share: exactly one answers, the others find no
+    share; and 24 chat creations racing a stop either made their chat in the shared org before
+    it or were refused, never a chat in an org the bot no longer works in."""
+
+    async def go(path):
+        d = DirectoryService(path)
+        try:
+            orgs = [f"c{k}" for k in range(24)]
+            for o in ("home", "x", *orgs):
+                await d.admin.create_org(o, id=o)
+            await d.admin.create_user("owner", ["home"], id="u0")
+            await d.admin.create_user("dave", ["x"], id="u1")
+            await d.admin.create_bot(name="b", org="home", owner="u0", id="b1")
+            await asyncio.gather(
+                *(d.admin.share_bot("b1", o) for o in orgs),
+                *(d.admin.share_bot("b1", "x") for _ in range(24)),
+            )
+            shared = d.records.bots["b1"].sharedOrgs
+            await d.admin.grant("b1", "u1", Permission.READ)
+            stops = await asyncio.gather(
+                *(d.admin.unshare_bot("b1", "x") for _ in range(24)), return_exceptions=True
+            )
+            await d.admin.share_bot("b1", "x")
+            await d.admin.grant("b1", "u1", Permission.READ)
+            made = await asyncio.gather(
+                *(d.chat_registry.create_chat("u1", None, bot="b1") for _ in range(24)),
+                d.admin.unshare_bot("b1", "x"),
+                *(d.chat_registry.create_chat("u1", None, bot="b1") for _ in range(24)),
+                return_exceptions=True,
+            )
+            return orgs, shared, stops, made
+        finally:
+            d.store.db.close()
+
+    with tempfile.TemporaryDirectory(prefix="obshare") as path:
+        orgs, shared, stops, made = asyncio.run(go(path))
+    assert sorted(shared) == sorted(["x", *orgs])
+    assert len([s for s in stops if not isinstance(s, BaseException)]) == 1
+    assert all(s.code == "share_not_found" for s in stops if isinstance(s, BaseException))
+    chats, stop, after = made[:24], made[24], made[25:]
+    assert not isinstance(stop, BaseException)
+    for result in (*chats, *after):
+        if isinstance(result, BaseException):
+            assert getattr(result, "code", None) == "bot_not_found", result
+        else:
+            assert result.org == "x"
+    # The ones asked after the stop was queued behind its lock are all refused.
+    assert all(isinstance(r, BaseException) for r in after)

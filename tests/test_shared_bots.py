@@ -200,12 +200,20 @@ def test_mb1_memory_written_in_an_org_reaches_only_work_in_that_org(shared, mode
         assert got["search"] == expected & {home_text, x_text}, (who, org, got)
 
     # The prompt: each org's chat packs its own org's records only.
+    # The prompt and the bot's own memory search: each org's chat gets its own org's records.
     prompts: list[str] = []
+    found: list[str] = []
 
     def route(body):
         if not body["messages"][0]["content"].startswith(f"You are {shared.name}."):
             return None
+        last = body["messages"][-1]
+        if last["role"] == "tool":
+            found.append(last["content"])
+            return completion("Found.")
         prompts.append(body["messages"][0]["content"])
+        if "look it up" in str(last["content"]):
+            return completion(None, tool_calls=[("workspace_memory_search", {"query": "vault"})])
         return None
 
     model_stubs["bot"].routes.append(route)
@@ -218,9 +226,12 @@ def test_mb1_memory_written_in_an_org_reaches_only_work_in_that_org(shared, mode
             headers = {"OpenBot-Org": org} if org else {}
             with shared.client(who) as c:
                 chat = _ok(c.post("/v1/chats", json={"bot": shared.bot}, headers=headers))
-                _ok(c.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "hi"}))
+                turns = f"/v1/chats/{chat['id']}/turns?wait=true"
+                _ok(c.post(turns, json={"text": "look it up"}))
             system = prompts[-1]
             assert {t for t in home_only | x_only if t in system} == expected, (who, system)
+            hits = {e["content"] for e in json.loads(found[-1])["entries"]}
+            assert hits == expected & {home_text, x_text}, (who, hits)
     finally:
         model_stubs["bot"].routes.remove(route)
 

@@ -239,7 +239,7 @@ class BotStepper:
         memory is theirs, not the room's. Nothing on a node that does not isolate (ND-2)."""
         if not await self.memory_allowed(step.bot):
             return ""
-        access = _workspace_access(step)
+        access = WorkspaceAccess(account=step.operator, bots=frozenset({step.bot.id}))
         peers = self.peers
         wanted = await self._scopes(step)
         async with self.memory.memory_reader.read(
@@ -476,7 +476,7 @@ class BotStepper:
         found = await self.memory.search_memory(bot_pool(step.bot.id), reader, query, SEARCH_HITS)
         ranked = [[{"id": i, "content": text} for i, text in found]]
         # The workspace scopes too: what did not fit the prompt is found here (SC-5).
-        access = _workspace_access(step)
+        access = WorkspaceAccess(account=step.operator, bots=frozenset({step.bot.id}))
         for index, workspace_query in await self._scopes(step, q=query):
             try:
                 listing = await self.peers.shard(index).workspace_entries(access, workspace_query)
@@ -487,18 +487,6 @@ class BotStepper:
         for rank in range(SEARCH_HITS):
             hits.extend(source[rank] for source in ranked if rank < len(source))
         return _enc.encode({"entries": hits[:SEARCH_HITS]}).decode()
-
-
-def _workspace_access(step: StepInput) -> WorkspaceAccess:
-    """The workspace as the step's operator sees it through the bot, in the chat's org: a
-    shared bot's records of its other orgs never reach this chat's prompt or search."""
-    bot = step.bot.id
-    return WorkspaceAccess(
-        account=step.operator,
-        bots=frozenset({bot}),
-        orgs=(step.chat.org,),
-        bot_orgs={bot: step.chat.org},
-    )
 
 
 def _args(call: ToolCall) -> dict:

@@ -158,8 +158,9 @@ def _limit(raw: str | None) -> int:
 
 
 def _reader(principal: Principal, request: Request, bot: Bot) -> Reader:
-    """The caller reading or writing through `bot`: in the bot's org (a Remember is
-    tagged `org:<the bot's org>`, never with an org the bot does not work in)."""
+    """The caller reading or writing through `bot`: in the org they work in with it
+    (engine/directory.py `bot_org`; a Remember is tagged `org:<that org>`, never with an org
+    the bot does not work in)."""
     assert principal.user is not None
     org = bot_org(bot, principal.user, request.headers.get("openbot-org"))
     return Reader(user=principal.user.id, org=org, channels=principal.channels, uses_bot=True)

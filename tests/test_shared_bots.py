@@ -501,3 +501,14 @@ def test_mb1_a_stopped_share_is_applied_by_every_gateway_before_it_returns(share
         assert _code(dave.get(f"/v1/bots/{shared.bot}/memory"), 404) == "bot_not_found"
         r = dave.post(f"/v1/chats/{chat}/turns", json={"text": "hi"})
         assert _code(r, 404) == "bot_not_found"
+
+
+def test_mb1_an_owners_export_holds_the_orgs_it_shares_its_bot_with(shared, admin):
+    """The account file tree of the bot's owner keeps the share and the org it names, so an
+    import elsewhere knows where the bot's memory of that org was written."""
+    _ok(shared.share())
+    tree = _ok(admin.get("/v1/admin/export", params={"account": shared.world.users["alice"]}))
+    (doc,) = [json.loads(t) for p, t in tree["files"].items() if p.endswith("account.json")]
+    (bot,) = [b for b in doc["bots"] if b["id"] == shared.bot]
+    assert bot["sharedOrgs"] == [shared.x]
+    assert shared.x in {o["id"] for o in doc["orgs"]}

@@ -329,12 +329,16 @@ class WorkspaceAccess(msgspec.Struct, frozen=True, kw_only=True):
 
     `orgs` (the org the request names first) and `channels` make the entry reader of a bot's
     one memory (engine/memory_union.py): a bot pool's entries are listed under its visibility rule.
+    `bot_orgs`, when given, is the org the caller works in with each bot (a shared bot works in
+    several, engine/directory.py `bot_org`); a bot it does not name is read in no org.
+    Without it (None), the home org rule of `WorkspaceRules.bot_reader`.
     """
 
     account: str
     bots: frozenset[str] = frozenset()
     orgs: tuple[str, ...] = ()
     channels: frozenset[str] = frozenset()
+    bot_orgs: dict[str, str] | None = None
 
 
 class WorkspaceCreateCall(msgspec.Struct, frozen=True, kw_only=True):

@@ -68,6 +68,9 @@ class Bot(msgspec.Struct, frozen=True, kw_only=True):
     avatar: str | None = None  # an image URL clients show next to the bot (UI-1)
     archived: bool = False  # WS-3: takes no turns and is no collaboration target
     autoRecordPaused: bool = False  # WS-1: "auto-record long-term facts" paused for this bot
+    # Other orgs an admin shared the bot with (MB-1): it works in each of them too, its memory
+    # written there tagged with that org and seen only by work there.
+    sharedOrgs: tuple[str, ...] = ()
 
 
 class Channel(msgspec.Struct, frozen=True, kw_only=True):
@@ -147,6 +150,9 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
     user: User | None = None
     channels: frozenset[str] = frozenset()
     bots: frozenset[str] = frozenset()  # bots the user may use (owner, read or write grant)
+    # `bot\x00org` for each of those bots and each org of the user's it does not work in (a
+    # shared bot, or one no longer shared): its memory of that org is no news for them.
+    unshared: frozenset[str] = frozenset()
 
 
 MAX_CHANNEL_BOTS = 8
@@ -164,44 +170,77 @@ def permission(bot: Bot, user_id: str) -> Permission | None:
     return bot.grants.get(user_id)
 
 
+def bot_orgs(bot: Bot) -> tuple[str, ...]:
+    """The orgs a bot works in: its home org, then the orgs it is shared with."""
+    return (bot.org, *(o for o in bot.sharedOrgs if o != bot.org))
+
+
+def works_in(bot: Bot, org: str) -> bool:
+    return org == bot.org or org in bot.sharedOrgs
+
+
 def _require_same_org(bot: Bot, user: User) -> None:
-    """A bot works in its own org: a person of another org cannot use it, whatever
-    grant an older directory may hold. To them it is as unknown as a free id."""
-    if bot.org not in user.orgs:
+    """A bot works in its own org and the orgs it is shared with: a person of none of them
+    cannot use it, whatever grant an older directory may hold. To them it is as unknown as a
+    free id."""
+    if not any(works_in(bot, o) for o in user.orgs):
         raise NotFound(f"no bot {bot.id!r}", code="bot_not_found")
 
 
-def require_use(bot: Bot, user: User) -> None:
+def require_use(bot: Bot, user: User, org: str | None = None) -> None:
     """Using a bot (turns, Remember, Forget, reading one's own memory) needs read or write, and
-    the user must be a person of the bot's org."""
+    the user must be a person of an org the bot works in. With `org` (a chat's), the bot must
+    still work in that org: a chat of an org the bot is no longer shared with takes no turn."""
     _require_same_org(bot, user)
     if permission(bot, user.id) is None:
         raise Forbidden("you have no access to this bot", code="no_access")
+    if org is not None and not (works_in(bot, org) and org in user.orgs):
+        raise Forbidden(f"this bot does not work in org {org!r}", code="org_not_shared")
 
 
 def require_write(bot: Bot, user: User) -> None:
-    """Purge and memory-bot settings need write on a bot that is not a linked bot."""
+    """Purge and memory-bot settings need write on a bot that is not a linked bot. They act on
+    the bot's memory in every org, so only a person of its home org may: sharing a bot never
+    lets another org purge or re-budget it."""
     _require_same_org(bot, user)
     if bot.linked:
         raise Forbidden("a linked bot's memory is managed where it is linked from", code="linked")
     if permission(bot, user.id) != Permission.WRITE:
         raise Forbidden("you need write on this bot", code="no_write")
+    if bot.org not in user.orgs:
+        raise Forbidden("only people of the bot's home org manage it", code="home_org_only")
 
 
 def may_use(bot: Bot, user: User) -> bool:
-    return bot.org in user.orgs and permission(bot, user.id) is not None
+    return any(works_in(bot, o) for o in user.orgs) and permission(bot, user.id) is not None
 
 
 def bot_org(bot: Bot, user: User, requested: str | None) -> str:
-    """The org a user works in with a bot: the bot's own org. `requested` (the `OpenBot-Org`
-    header), when given, must be one of the user's orgs and the bot's org: memory written
-    through the bot is tagged `org:<bot's org>`, never with an org the bot does not work in."""
+    """The org a user works in with a bot: `requested` (the `OpenBot-Org` header) when given,
+    which must be one of the user's orgs and one the bot works in; else the bot's home org when
+    the user is a person of it, else the first of the user's orgs the bot is shared with.
+    Memory written through the bot is tagged `org:<that org>`, never with an org the bot does
+    not work in."""
     if requested:
         resolve_org(user, requested)
     _require_same_org(bot, user)
-    if requested and requested != bot.org:
-        raise Forbidden(f"this bot works in org {bot.org!r}, not {requested!r}", code="wrong_org")
-    return bot.org
+    if requested:
+        if not works_in(bot, requested):
+            raise Forbidden(
+                f"this bot works in org {bot.org!r}, not {requested!r}", code="wrong_org"
+            )
+        return requested
+    if bot.org in user.orgs:
+        return bot.org
+    return next(o for o in user.orgs if works_in(bot, o))
+
+
+def work_org(bot: Bot, user: User, requested: str | None) -> str | None:
+    """`bot_org`, or None where the user does not work with the bot in the requested org."""
+    try:
+        return bot_org(bot, user, requested)
+    except (Forbidden, NotFound):
+        return None
 
 
 def resolve_org(user: User, requested: str | None) -> str:

@@ -125,6 +125,8 @@ class Listener(msgspec.Struct, frozen=True, kw_only=True):
     orgs: frozenset[str]
     channels: frozenset[str] = frozenset()
     bots: frozenset[str] = frozenset()  # bots the user may use (read or write)
+    # `bot\x00org`: an org of the user's that one of those bots does not work in (Principal)
+    unshared: frozenset[str] = frozenset()
 
 
 def admits(audience: Audience, listener: Listener) -> bool:
@@ -132,7 +134,12 @@ def admits(audience: Audience, listener: Listener) -> bool:
         return False
     if listener.user in audience.users:
         return True
-    if audience.bot is not None and audience.bot in listener.bots:
+    # Using a shared bot in one org is no way into its memory of another org of theirs.
+    if (
+        audience.bot is not None
+        and audience.bot in listener.bots
+        and f"{audience.bot}\x00{audience.org}" not in listener.unshared
+    ):
         return True
     return any(c in listener.channels for c in audience.channels)
 

@@ -31,6 +31,9 @@ class SpendView(msgspec.Struct, frozen=True, kw_only=True):
     period: str  # day:YYYY-MM-DD | month:YYYY-MM (UTC)
     micros: int
     unknownCalls: int
+    # Confirmed micros by the org of the chat each call served (a shared bot works in several;
+    # `micros`, their sum, is what the one budget checks).
+    orgs: dict[str, int] = {}
 
 
 class MemoryBotView(msgspec.Struct, frozen=True, kw_only=True):

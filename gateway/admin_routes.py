@@ -94,6 +94,22 @@ class AdminApi:
         self.auth.directory_changed(access_key("bot", bot), access_key("user", user))
         return json({"bot": bot, "user": user, "revoked": True})
 
+    async def share_bot(self, request: Request) -> Response:
+        """Let a bot work in another org too (its people still need a grant to use it)."""
+        await self.auth.admin(request)
+        body = wire.decode(await read_body(request), wire.ShareBot)
+        bot = await self.engine.directory_port.share_bot(request.path_params["bot"], body.org)
+        self.auth.drop(None)  # who may use the bot changed for every person of the org
+        return json(bot)
+
+    async def unshare_bot(self, request: Request) -> Response:
+        """Answered once every gateway stopped serving the bot in that org (a revocation)."""
+        await self.auth.admin(request)
+        bot_id, org = request.path_params["bot"], request.path_params["org"]
+        bot = await self.engine.directory_port.unshare_bot(bot_id, org)
+        self.auth.drop(None)
+        return json(bot)
+
     async def new_token(self, request: Request) -> Response:
         await self.auth.admin(request)
         user = request.path_params["id"]

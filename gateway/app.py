@@ -127,6 +127,8 @@ def create_app(
         r("/v1/admin/bots/{id}", admin.patch_bot, methods=["PATCH"]),
         r("/v1/admin/grants", admin.create_grant, methods=["POST"]),
         r("/v1/admin/bots/{bot}/grants/{user}", admin.revoke_grant, methods=["DELETE"]),
+        r("/v1/admin/bots/{bot}/orgs", admin.share_bot, methods=["POST"]),
+        r("/v1/admin/bots/{bot}/orgs/{org}", admin.unshare_bot, methods=["DELETE"]),
         r("/v1/admin/users/{id}/token", admin.new_token, methods=["POST"]),
         r("/v1/admin/channels", admin.create_channel, methods=["POST"]),
         r("/v1/admin/backup", admin.backup, methods=["POST"]),

@@ -107,7 +107,7 @@ class ChatsApi:
         if bot is None:
             raise InvalidInput("this chat has no bot", code="invalid_chat")
         if chat.kind != "agent":
-            require_use(bot, principal.user)
+            require_use(bot, principal.user, chat.org)
         home = self.engine.shard_port(chat_home(chat, bot.owner))
         return ChatAccess(principal, chat, bot, None, home, ctx.org)
 

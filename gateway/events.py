@@ -230,7 +230,11 @@ class EventsEndpoint:
 def _listener(principal) -> Listener:
     user = principal.user
     return Listener(
-        user=user.id, orgs=frozenset(user.orgs), channels=principal.channels, bots=principal.bots
+        user=user.id,
+        orgs=frozenset(user.orgs),
+        channels=principal.channels,
+        bots=principal.bots,
+        unshared=principal.unshared,
     )
 
 

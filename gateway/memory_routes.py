@@ -15,7 +15,15 @@ from actors.contracts import RememberCall
 from actors.ports import EnginePort, ShardPort
 from engine import tags as tagmod
 from engine import widening
-from engine.directory import Bot, Principal, bot_org, bot_pool, require_use, require_write
+from engine.directory import (
+    Bot,
+    Principal,
+    bot_org,
+    bot_orgs,
+    bot_pool,
+    require_use,
+    require_write,
+)
 from engine.memory_bot_settings import SettingsPatch
 from engine.memory_entries import Reader
 from engine.numbers import query_number
@@ -131,7 +139,7 @@ class MemoryApi:
     async def get_memory_bot(self, request: Request) -> Response:
         # The settings are the memory's management, as PATCH: write on a non-linked bot.
         bot, shard, _ = await self._memory_call(request, write=True)
-        return json(await shard.memory_bot_view(bot_pool(bot.id)))
+        return json(await shard.memory_bot_view(bot_pool(bot.id), bot_orgs(bot)))
 
     async def patch_memory_bot(self, request: Request) -> Response:
         bot, shard, _ = await self._memory_call(request, write=True)
@@ -150,8 +158,9 @@ def _limit(raw: str | None) -> int:
 
 
 def _reader(principal: Principal, request: Request, bot: Bot) -> Reader:
-    """The caller reading or writing through `bot`: in the bot's org (a Remember is
-    tagged `org:<the bot's org>`, never with an org the bot does not work in)."""
+    """The caller reading or writing through `bot`: in the org they work in with it
+    (engine/directory.py `bot_org`; a Remember is tagged `org:<that org>`, never with an org
+    the bot does not work in)."""
     assert principal.user is not None
     org = bot_org(bot, principal.user, request.headers.get("openbot-org"))
     return Reader(user=principal.user.id, org=org, channels=principal.channels, uses_bot=True)

@@ -138,6 +138,15 @@ ROUTES: list[Op] = [
     ),
     # Revocations answer once every gateway applied them (actors/access_watch.py).
     Op("delete", "/v1/admin/bots/{bot}/grants/{user}", "Revoke", ok=s.GrantRevoked, auth="admin"),
+    Op(
+        "post",
+        "/v1/admin/bots/{bot}/orgs",
+        "Share a bot with another org (again: no change)",
+        wire.ShareBot,
+        Bot,
+        auth="admin",
+    ),
+    Op("delete", "/v1/admin/bots/{bot}/orgs/{org}", "Stop sharing a bot", ok=Bot, auth="admin"),
     Op("post", "/v1/admin/users/{id}/token", "New token", ok=s.TokenIssued, auth="admin"),
     Op(
         "post",

@@ -152,6 +152,10 @@ class CreateGrant(_Body):
     permission: Permission
 
 
+class ShareBot(_Body):
+    org: str
+
+
 class CreateChannel(_Body):
     org: str
     people: list[str]

@@ -25,7 +25,7 @@ from starlette.responses import Response
 from actors.contracts import USING, WorkspaceAccess, WorkspaceListing, WorkspaceQuery
 from actors.ports import EnginePort, ShardPort
 from engine import projects as projmod
-from engine.directory import Principal, User, check_id, require_use, resolve_org
+from engine.directory import Principal, User, check_id, require_use, resolve_org, work_org
 from engine.errors import InvalidInput, NotFound
 from engine.memory_entries import Scope
 from engine.memory_export import render
@@ -104,11 +104,15 @@ class WorkspaceMemoryApi:
         user = principal.user
         header = request.headers.get("openbot-org")
         orgs = ((resolve_org(user, header),) if header or user.orgs else ()) + tuple(user.orgs)
+        # The org the caller works in with each bot (a shared bot works in several): its
+        # records of the other orgs are read in none of this request's listings.
+        works = {b: work_org(await self.auth.bot(b), user, header) for b in sorted(principal.bots)}
         access = WorkspaceAccess(
             account=user.id,
             bots=principal.bots,
             orgs=tuple(dict.fromkeys(orgs)),
             channels=principal.channels,
+            bot_orgs={b: org for b, org in works.items() if org is not None},
         )
         return principal, access
 

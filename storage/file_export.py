@@ -223,6 +223,7 @@ class DataDirReader:
         users = [self.users[u] for u in sorted(named - {account}) if u in self.users]
         org_ids = {*user.orgs, *(b.org for b in bots), *(c.org for c in channels)}
         org_ids |= {p.org for p in projects} | {o for u in users for o in u.orgs}
+        org_ids |= {o for b in bots for o in b.sharedOrgs}  # where its memory was written
         pools = [f"bot:{b}" for b in sorted(bot_ids)] + [f"user:{account}"]
         pools += [f"project:{p.id}" for p in projects]
         kept = self._kept_for(account)

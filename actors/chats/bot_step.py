@@ -289,6 +289,7 @@ class BotStepper:
             org.settings.botMemoryModel,
             enrichment_messages(step.text, parts, settings.instructions),
             batch.calls,
+            org=step.chat.org,
         )
         call = next((c for c in (done.tool_calls if done else ()) if c.name == "rewrite"), None)
         rewrite = accept_rewrite(call.arguments, {i for i, _ in parts}) if call else None
@@ -326,6 +327,7 @@ class BotStepper:
             text,
             batch.calls,
             await self._confessor_memory(step, pool, text),
+            org=step.chat.org,
         )
         record = Confession(
             turn=step.turn, text=text, answer=answer, calm=calm, at=self.kernel.clock()

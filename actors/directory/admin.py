@@ -5,8 +5,9 @@ Writes are compare-and-set: every change checks what it depends on (an id is fre
 is current) and stores its record under the records' one write lock (records.py), so no other
 change slips in at the store's `await` between the check and the write.
 
-Org boundaries: a bot's owner and grantees, and a channel's people and bots, belong to the org
-of the bot or channel (422 `not_in_org`, `bot_not_in_org`).
+Org boundaries: a bot's owner, and a channel's people and bots, belong to the org of the bot or
+channel (422 `not_in_org`, `bot_not_in_org`); a bot's grantees belong to an org it works in (its
+own, or one an admin shared it with), and only people of its home org may hold write.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from engine.directory import (
     OrgSettings,
     Permission,
     User,
+    bot_orgs,
     check_id,
     permission,
 )
@@ -138,10 +140,56 @@ class DirectoryAdmin:
     async def grant(self, bot_id: str, user_id: str, permission: Permission) -> Bot:
         async with self.records.lock:
             bot = self.records.bot(bot_id)
-            self.records.require_in_org(user_id, bot.org, "grantee")
+            user = self.records.user(user_id)
+            if not any(o in user.orgs for o in bot_orgs(bot)):
+                self.records.require_in_org(user_id, bot.org, "grantee")  # raises not_in_org
+            if permission == Permission.WRITE and bot.org not in user.orgs:
+                # Write changes the bot for every org it works in (rules, purge, budget).
+                raise Unprocessable(
+                    f"grantee {user_id!r} of a shared org may hold read, not write",
+                    code="write_needs_home_org",
+                    details={"user": user_id, "org": bot.org},
+                )
             bot = msgspec.structs.replace(bot, grants={**bot.grants, user_id: permission})
             await self.records.put("bots", bot, self.records.bots)
             return bot
+
+    async def share_bot(self, bot_id: str, org_id: str) -> Bot:
+        """Let the bot work in another org too (MB-1). Sharing it again, or with its home org,
+        changes nothing. Check and write under the one write lock: concurrent shares all land."""
+        async with self.records.lock:
+            bot = self.records.bot(bot_id)
+            self.records.org(org_id)
+            if org_id in bot_orgs(bot):
+                return bot
+            bot = msgspec.structs.replace(bot, sharedOrgs=(*bot.sharedOrgs, org_id))
+            await self.records.put("bots", bot, self.records.bots)
+            # Who may use the bot changed for every person of the org: cached principals go.
+            self.records.access.bump()
+            return bot
+
+    async def unshare_bot(self, bot_id: str, org_id: str) -> Bot:
+        """Stop the bot working in `org_id`: its chats there take no more turns and its memory
+        written there is seen by no one (no work happens in that org with it any more). Grants
+        of people who belong to none of the orgs it still works in go with it, so sharing it
+        again later gives them nothing back. Answered once every gateway dropped what it cached
+        (a revocation)."""
+        async with self.records.lock:
+            bot = self.records.bot(bot_id)
+            if org_id not in bot.sharedOrgs:
+                raise NotFound(f"{bot_id!r} is not shared with {org_id!r}", code="share_not_found")
+            remaining = tuple(o for o in bot.sharedOrgs if o != org_id)
+            kept = {bot.org, *remaining}
+            grants = {
+                u: p
+                for u, p in bot.grants.items()
+                if u in self.records.users and kept & set(self.records.users[u].orgs)
+            }
+            bot = msgspec.structs.replace(bot, sharedOrgs=remaining, grants=grants)
+            await self.records.put("bots", bot, self.records.bots)
+            revision = self.records.access.bump()
+        await self.records.access.settled(revision)
+        return bot
 
     async def create_channel(
         self,

@@ -58,8 +58,9 @@ class ChatRegistry:
         one group chat, so every member who opens it gets the same conversation (opening it is
         idempotent: concurrent opens all get the one chat).
 
-        A direct chat works in the bot's org; `org`, when given (the `OpenBot-Org` header),
-        must be one of the user's orgs and the bot's. A selected project (whose membership the
+        A direct chat works in an org of the bot's (engine/directory.py `bot_org`: its home
+        org, or one it is shared with); `org`, when given (the `OpenBot-Org` header), must be
+        one of the user's orgs and one the bot works in. A selected project (whose membership the
         gateway checked) must be of the chat's org: its memory goes into the bot's prompt."""
         if (bot is None) == (channel is None):
             raise InvalidInput("a chat needs exactly one of bot or channel", code="invalid_chat")
@@ -148,7 +149,7 @@ class ChatRegistry:
                     "to the project instead",
                     code="chat_kind_has_no_project",
                 )
-            require_use(self.records.bot(chat.bot), user)
+            require_use(self.records.bot(chat.bot), user, chat.org)
             if project is not None and project_org != chat.org:
                 raise NotFound(f"no project {project}", code="project_not_found")
             if chat.project == project:
@@ -249,7 +250,7 @@ class ChatRegistry:
         the request is)."""
         async with self.records.lock:  # check-then-create: one chat however many ask at once
             bot = self.records.bot(bot_id)
-            require_use(bot, self.records.user(user_id))
+            require_use(bot, self.records.user(user_id), org)
             chat_id = f"chat_review_{request_id}_{user_id}"
             existing = self.records.chats.get(chat_id)
             if existing is not None:

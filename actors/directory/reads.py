@@ -17,6 +17,7 @@ from engine.directory import (
     User,
     may_use,
     permission,
+    works_in,
 )
 from engine.errors import NotFound
 from engine.listing import Page, bot_entry, channel_entry, chat_entry, chat_sees, page
@@ -44,7 +45,10 @@ class DirectoryReads:
         bots = frozenset(
             b for b in self.records.index.bots_of(user_id) if may_use(self.records.bots[b], user)
         )
-        return Principal(user=user, channels=channels, bots=bots)
+        unshared = frozenset(
+            f"{b}\x00{o}" for b in bots for o in user.orgs if not works_in(self.records.bots[b], o)
+        )
+        return Principal(user=user, channels=channels, bots=bots, unshared=unshared)
 
     async def get_bot(self, bot_id: str) -> Bot:
         return self.records.bot(bot_id)
@@ -160,6 +164,8 @@ class DirectoryReads:
             chosen = [records[org]] if org in records else []
         elif table == "users":
             chosen = [u for u in self.records.users.values() if org in u.orgs]
+        elif table == "bots":  # its own and those shared with it
+            chosen = [b for b in self.records.bots.values() if works_in(b, org)]
         else:
             chosen = [r for r in records.values() if r.org == org]
         return page(chosen, _id_key, cursor, limit)

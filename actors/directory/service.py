@@ -57,8 +57,8 @@ answered_by(
         "chat_registry": "create_chat agent_chat register_chats delivery_chat review_chat"
         " group_chat set_chat_project:set_project",
         "admin": "create_org patch_org create_user create_bot patch_bot grant create_channel"
-        " set_mode revoke_grant new_token update_rules create_member archive_bot"
-        " pause_auto_record register_project project_owner workspace_people",
+        " set_mode revoke_grant share_bot unshare_bot new_token update_rules create_member"
+        " archive_bot pause_auto_record register_project project_owner workspace_people",
         "records": "import_records",
     },
     port=DirectoryPort,

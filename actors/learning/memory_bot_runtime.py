@@ -3,7 +3,10 @@ spend (MB-1 … MB-6), and the two quick answers it gives inside a turn — the 
 `confide` and the input rewrite — each bounded by 15 s including the wait for a slot (MB-4).
 
 Only usage the provider confirmed is charged; an answer without usage is counted apart as
-unknown (MB-6). Model calls never happen under a pool lock (ACL-9).
+unknown (MB-6). A shared bot's memory bot has one budget for every org it works in; each call is
+counted in the pool's total (what the budget checks) and in the total of the chat's org
+(`org_spend_key`), so what each org spent can be shown. Model calls never happen under a pool
+lock (ACL-9).
 
 A budget is reserved before a call and settled after it, so concurrent calls cannot all pass
 one check and overshoot together: in its slot, a call takes a reservation in the same
@@ -32,6 +35,11 @@ from storage.chat_store import ChatStore, ModelCall
 from storage.group_commit import GroupCommitter
 
 _enc = msgspec.json.Encoder()
+
+
+def org_spend_key(pool: str, org: str) -> str:
+    """Where one org's part of a pool's spend is counted (never checked against a budget)."""
+    return f"{pool}\x00org:{org}"
 
 
 class BudgetSpent(OpenBotError):
@@ -161,22 +169,30 @@ class MemoryBotRuntime:
             del self._held[(pool, period)]
 
     async def charge(
-        self, pool: str, settings: MemoryBotSettings, model: Model, done: Completion
+        self,
+        pool: str,
+        settings: MemoryBotSettings,
+        model: Model,
+        done: Completion,
+        org: str | None = None,
     ) -> int | None:
-        """Count the cost of a call in every period a budget may ask about. The totals go to
-        disk with the caller's next write (`spend_rows`), not in a transaction of their own."""
+        """Count the cost of a call in every period a budget may ask about, for the pool and
+        for `org` (the chat's). The totals go to disk with the caller's next write
+        (`spend_rows`), not in a transaction of their own."""
         cost = cost_micros(done.usage, model.price)
         if cost is not None and cost > self._largest.get(pool, -1):
             self._largest[pool] = cost
+        counted = (pool,) if org is None else (pool, org_spend_key(pool, org))
         for period in ("day", "month"):
             key = period_key(period, self.clock())
-            micros, unknown = await self._spend(pool, key)
-            if cost is None:
-                unknown += 1
-            else:
-                micros += cost
-            self._spent[(pool, key)] = (micros, unknown)
-            self._dirty.add((pool, key))
+            for where in counted:
+                micros, unknown = await self._spend(where, key)
+                if cost is None:
+                    unknown += 1
+                else:
+                    micros += cost
+                self._spent[(where, key)] = (micros, unknown)
+                self._dirty.add((where, key))
         return cost
 
     async def totals(self, pool: str) -> list[tuple[str, int, int]]:
@@ -188,6 +204,14 @@ class MemoryBotRuntime:
             micros, unknown = await self._spend(pool, key)
             out.append((key, micros, unknown))
         return out
+
+    async def org_totals(self, pool: str, orgs: Sequence[str]) -> list[dict[str, int]]:
+        """Confirmed micros of each org in `orgs`, for the current day and month in the order
+        of `totals`."""
+        return [
+            {o: (await self._spend(org_spend_key(pool, o), key))[0] for o in orgs}
+            for key in (period_key(p, self.clock()) for p in ("day", "month"))
+        ]
 
     def spend_rows(self) -> list:
         """Rows for the spend counted since the last call (include them in a batch)."""
@@ -208,10 +232,12 @@ class MemoryBotRuntime:
         timeout: float,
         log: list[ModelCall] | None = None,
         entries: Sequence[str] = (),
+        org: str | None = None,
     ) -> Completion:
         """One budgeted model call in a slot; `timeout` covers the wait for the slot too. With
         `log`, the request and its result or error are added to it (the encrypted call log),
-        with the ids of the memory `entries` the request was given."""
+        with the ids of the memory `entries` the request was given. `org`: the chat's, whose
+        part of the spend it is."""
         assert_no_pool_lock("a memory-bot model call")
         await self.check_budget(pool, settings)
         request = _enc.encode([msgspec.to_builtins(m) for m in messages]).decode()
@@ -247,7 +273,7 @@ class MemoryBotRuntime:
                         "the memory bot did not answer in time", code="model_timeout"
                     ) from e
                 raise
-            cost = await self.charge(pool, settings, model, done)
+            cost = await self.charge(pool, settings, model, done, org)
         finally:
             self._settle(pool, reserved)
         if log is not None:
@@ -272,6 +298,7 @@ class MemoryBotRuntime:
         text: str,
         log: list[ModelCall] | None = None,
         memory: Sequence[tuple[str, str]] = (),
+        org: str | None = None,
     ) -> tuple[str, bool]:
         """The answer to `confide` and whether it is the fixed calm answer (LRN-2, MB-1/3/4).
         `memory`: (id, text) of the bot's entries the confession's reader may see; their ids
@@ -288,6 +315,7 @@ class MemoryBotRuntime:
                 timeout=self.answer_wait,
                 log=log,
                 entries=[i for i, _ in memory],
+                org=org,
             )
         except OpenBotError:
             return CALM_ANSWER, True
@@ -301,6 +329,7 @@ class MemoryBotRuntime:
         model_name: str | None,
         messages: Sequence[Message],
         log: list[ModelCall] | None = None,
+        org: str | None = None,
     ) -> Completion | None:
         """The enrichment call; None (input unchanged) on any failure or timeout (ENR, MB-4)."""
         model = self.model(model_name)
@@ -308,7 +337,14 @@ class MemoryBotRuntime:
             return None
         try:
             return await self.call(
-                pool, settings, model, messages, (REWRITE,), timeout=self.answer_wait, log=log
+                pool,
+                settings,
+                model,
+                messages,
+                (REWRITE,),
+                timeout=self.answer_wait,
+                log=log,
+                org=org,
             )
         except OpenBotError:
             return None

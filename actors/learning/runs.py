@@ -313,7 +313,13 @@ class LearningRunner:
             self.model_steps += 1
             try:
                 completion = await self.runtime.call(
-                    job.pool, settings, model, messages, LEARNING_TOOLS, timeout=self.step_limit
+                    job.pool,
+                    settings,
+                    model,
+                    messages,
+                    LEARNING_TOOLS,
+                    timeout=self.step_limit,
+                    org=job.org,
                 )
             except BudgetSpent:
                 raise  # the model was not asked: nothing to record

@@ -289,11 +289,16 @@ class ShardService:
         await self.learning.idle()
         return self.learning.model_steps
 
-    async def memory_bot_view(self, pool_id: str) -> MemoryBotView:
-        """The memory bot's settings with its spend this day and month (MB-2, MB-6)."""
+    async def memory_bot_view(self, pool_id: str, orgs: tuple[str, ...] = ()) -> MemoryBotView:
+        """The memory bot's settings with its spend this day and month (MB-2, MB-6), and the
+        part of it each of `orgs` (the orgs the bot works in) spent."""
         settings = await self.memory.memory_bot_settings(pool_id)
         totals = await self.memory_bot.totals(pool_id)
-        spend = tuple(SpendView(period=p, micros=m, unknownCalls=u) for p, m, u in totals)
+        by_org = await self.memory_bot.org_totals(pool_id, orgs)
+        spend = tuple(
+            SpendView(period=p, micros=m, unknownCalls=u, orgs=o)
+            for (p, m, u), o in zip(totals, by_org, strict=True)
+        )
         return settings_view(settings, spend)
 
     async def patch_memory_bot_settings(

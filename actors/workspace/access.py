@@ -14,6 +14,7 @@ from actors.workspace.projects import Projects
 from engine import memory_union as bm
 from engine import projects as projmod
 from engine import scoped_memory as sm
+from engine import tags as tagmod
 from engine.errors import NotFound
 from engine.events import NOBODY, Audience
 from engine.memory_entries import Reader, Scope
@@ -42,10 +43,17 @@ class WorkspaceRules:
         if not self.readable(pool_id, access):
             raise NotFound("no such memory", code="memory_not_found")
 
-    def audience(self, pool_id: str) -> Audience:
-        """Who may hear of a change in `pool_id` (never more than who may read it)."""
+    def audience(self, pool_id: str, entry: WorkspaceEntry | None = None) -> Audience:
+        """Who may hear of a change in `pool_id` (never more than who may read it): for a bot
+        record, users of the bot in the org its `org:` tag names (a shared bot's record
+        written in another org is heard of there only)."""
         scope, owner = sm.scope_of(pool_id), sm.pool_owner(pool_id)
         if scope == Scope.BOT:
+            orgs = tagmod.orgs_of(entry.tags) if entry is not None else set()
+            if len(orgs) > 1:
+                return NOBODY
+            if orgs:
+                return Audience(org=orgs.pop(), bot=owner)
             # The records' `org:` tag (engine/memory_union.py): users of the bot in its org.
             pool = self.pools.get(pool_id)
             org = pool.bot_org if pool is not None else None
@@ -64,7 +72,15 @@ class WorkspaceRules:
         return bm.record_visible(self.bot_reader(pool, access), entry)
 
     def bot_reader(self, pool: WorkspacePool, access: WorkspaceAccess) -> Reader:
-        """The entry reader of a bot pool for a workspace caller: in the bot's home org when
-        the caller belongs to it (else the org the request named)."""
-        org = pool.bot_org if pool.bot_org in access.orgs or not access.orgs else access.orgs[0]
+        """The entry reader of a bot pool for a workspace caller: in the org the caller works
+        in with the bot (`bot_orgs`, from the directory: a shared bot's records of another org
+        stay out); without it, in the bot's home org when the caller belongs to it (else the
+        org the request named)."""
+        bot = sm.pool_owner(pool.id)
+        if access.bot_orgs is not None:
+            org = access.bot_orgs.get(bot) or NOBODY.org
+        elif pool.bot_org in access.orgs or not access.orgs:
+            org = pool.bot_org
+        else:
+            org = access.orgs[0]
         return Reader(user=access.account, org=org or "", channels=access.channels, uses_bot=True)

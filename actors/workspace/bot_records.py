@@ -199,7 +199,7 @@ class BotRecords:
         gone = list(gone)
         if not gone and not learned:
             return None
-        stored, terms, audience = pool.stored, ws.kernel.terms, ws.rules.audience(pool.id)
+        stored, terms = pool.stored, ws.kernel.terms
         writes: list[Write] = []
         batch = Batch(writes=writes)
         for entry in gone:
@@ -219,7 +219,7 @@ class BotRecords:
                     change="purged",
                     bot=entry.contributor,
                 ),
-                audience,
+                ws.rules.audience(pool.id, entry),
             )
             del stored.entries[entry.id]
             stored.sealed.pop(entry.id, None)

@@ -37,7 +37,7 @@ from engine import memory_union as bm
 from engine import projects as projmod
 from engine import scoped_memory as sm
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
-from engine.events import Audience, MemoryChanged, Payload
+from engine.events import NOBODY, Audience, MemoryChanged, Payload
 from engine.memory_entries import Scope
 from engine.scoped_memory import (
     ForgetBarrier,
@@ -140,9 +140,11 @@ class Workspace:
             raise Conflict(f"new id {entry_id!r} is already taken", code="id_taken")
         tags: tuple[str, ...] = ()
         if body.scope == Scope.BOT:
-            if pool.bot_org is None:
+            # Tagged with the org the person works in with the bot (a shared bot's other org).
+            org = self.rules.bot_reader(pool, access).org
+            if pool.bot_org is None or org == NOBODY.org:
                 raise NotFound("no such bot", code="bot_not_found")
-            tags = bm.record_tags(access.account, pool.bot_org)
+            tags = bm.record_tags(access.account, org)
         edit = sm.user_create(
             entry_id=entry_id,
             pool=pool.id,
@@ -273,7 +275,7 @@ class Workspace:
         entry = edit.entry
         writes: list[Write] = []
         events: list[tuple[Payload, Audience]] = []
-        audience = self.rules.audience(pool.id)
+        audience = self.rules.audience(pool.id, entry)
         if edit.revision is not None:  # something changed
             sealed = (
                 self.store.seal(keyed.cipher, pool.id, entry.id, content)
@@ -318,7 +320,7 @@ class Workspace:
                             change="reviewed",
                             bot=settled.contributor,
                         ),
-                        audience,
+                        self.rules.audience(pool.id, settled),
                     )
                 )
         return Batch(writes=list(writes), events=events).fail(lambda: self.pools.drop(pool))
@@ -403,10 +405,10 @@ class Workspace:
     ) -> asyncio.Future[None]:
         """Queue what an extraction created, updated or flagged (under the pool's lock)."""
         stored, keyed = pool.stored, pool.keyed
-        audience = self.rules.audience(pool.id)
         writes: list[Write] = []
         events: list[tuple[Payload, Audience]] = []
         for entry_id, entry in records.items():
+            audience = self.rules.audience(pool.id, entry)
             new = entry_id not in stored.entries
             if entry_id in texts:
                 sealed = self.store.seal(keyed.cipher, pool.id, entry_id, texts[entry_id])

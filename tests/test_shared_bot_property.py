@@ -1,4 +1,4 @@
-"""Bots shared across orgs (MB-1, seed 000 "org:<organizationId>: only work in that org sees
+"""Bots shared across orgs (MB-1: "org:<organizationId>", only work in that org sees
 it"), over random org/grant graphs: orgs, people of one or more of them, bots each with a home
 org and some orgs it is shared with, grants, and shares stopped after the memory was written.
 

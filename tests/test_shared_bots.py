@@ -1,4 +1,4 @@
-"""Bots shared across orgs (MB-1, seed 000 "memory bot settings"), through the HTTP API of a real
+"""Bots shared across orgs (MB-1, memory bot settings), through the HTTP API of a real
 server: an admin shares a bot of one org with another (`POST /v1/admin/bots/{bot}/orgs`) and
 stops sharing it (`DELETE /v1/admin/bots/{bot}/orgs/{org}`); a person of the other org with a
 read grant works with the bot there. Memory written while working in an org carries `org:<it>`

@@ -1,5 +1,5 @@
 """Bots shared across orgs (MB-1: "org:<organizationId>", only work in that org sees
-it"), over random org/grant graphs: orgs, people of one or more of them, bots each with a home
+it), over random org/grant graphs: orgs, people of one or more of them, bots each with a home
 org and some orgs it is shared with, grants, and shares stopped after the memory was written.
 
 The directory is a real one (in this process, on a DuckDB file); every piece of memory is made

@@ -355,10 +355,12 @@ WORKSPACE_ENTRY_VIEW = msgspec.json.Decoder(WorkspaceEntryView)
 class WorkspaceQuery(msgspec.Struct, frozen=True, kw_only=True):
     """What to list on one shard. `pools` are bot and user pools the gateway routed here;
     `projects` names projects to include, or None for every project here the account is a
-    member of. `contributor` keeps one bot's contributions; `q` searches the bodies."""
+    member of (with `linked`, only those linking that channel: a group chat's projects, SC-5).
+    `contributor` keeps one bot's contributions; `q` searches the bodies."""
 
     pools: tuple[str, ...] = ()
     projects: tuple[str, ...] | None = ()
+    linked: str | None = None
     contributor: str | None = None
     q: str | None = None
     status: str = "active"  # active | forgotten | all

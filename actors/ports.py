@@ -113,7 +113,7 @@ class ShardPort(Protocol):
     async def post_item(self, chat: Chat, author: str, text: str) -> ItemView: ...
 
     async def workspace_entries(
-        self, access: WorkspaceAccess, query: WorkspaceQuery
+        self, access: WorkspaceAccess, query: WorkspaceQuery, reader: Reader | None = None
     ) -> WorkspaceListing: ...
 
     async def workspace_extract(

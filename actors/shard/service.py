@@ -345,9 +345,9 @@ answered_by(
         "committer": "flush:drain",
         "chats": "learning_jobs:jobs",
         # a bot's memory (memory_ops.py)
-        "memory": "read_memory read_memory_json search_memory_json search_memory_page"
+        "memory": "read_memory read_memory_json"
         " memory_log_json remember remember_packed forget purge memory_log context"
-        " context_parts has_entries validate_references memory_texts search_memory widen"
+        " context_parts has_entries validate_references memory_texts widen"
         " memory_bot_settings add_entries set_status",
         # one bytes each way (packed.py)
         "packed": "events_packed remember_many remember_many_followed"
@@ -366,7 +366,7 @@ answered_by(
         "decision_wakes": "wake_on_decision:wake",
         # the workspace
         "projects": "workspace_projects:projects_of workspace_save_project:save_project",
-        "listings": "workspace_entries:entries",
+        "listings": "workspace_entries:entries search_memory_json search_memory_page",
         "workspace": "workspace_create_memory:create_memory"
         " workspace_change_memory:change_memory workspace_has_entry:has_entry"
         " workspace_revisions:revisions workspace_barriers:barriers workspace_blocked:blocked"

@@ -379,6 +379,26 @@ class WorkspaceListing(msgspec.Struct, frozen=True, kw_only=True):
     names: dict[str, str] = {}
 
 
+class ChatHit(msgspec.Struct, frozen=True, kw_only=True):
+    """One chat item found by a chat history search: its fused score and the retrievers that
+    found it."""
+
+    chat: str
+    item: ItemView
+    score: float
+    foundBy: tuple[str, ...]
+
+
+class ChatFound(msgspec.Struct, frozen=True, kw_only=True):
+    """Chat items found on one shard, ranked as a `WorkspaceListing` is (hit ids are
+    `<chat>/<item id>`)."""
+
+    items: list[ChatHit] = []
+    hits: list[Hit] = []
+    semantic: list[Hit] = []
+    fused: list[Hit] = []
+
+
 class RevisionView(msgspec.Struct, frozen=True, kw_only=True):
     """One row of `GET /memories/:id/revisions`: who (a user or a bot), when, before/after."""
 

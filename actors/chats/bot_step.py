@@ -339,6 +339,9 @@ class BotStepper:
                 return await self._manage_member(call.name, step, args)
             if call.name == "workspace_memory_search":
                 return await self._search(step, str(args.get("query", "")))
+            if call.name == "workspace_chat_search":
+                found = await self.scoped.search_chats(step, str(args.get("query", "")))
+                return _enc.encode({"items": found}).decode()
             if call.name == "workspace_send_to_agent":
                 return await self._send(step, args, effects)
             if call.name == "workspace_request_approval":

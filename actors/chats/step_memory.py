@@ -17,17 +17,20 @@ from __future__ import annotations
 
 import asyncio
 
+from actors.chats.step_policy import reader_for
 from actors.contracts import StepInput, WorkspaceAccess, WorkspaceListing, WorkspaceQuery
 from actors.runtime.peers import Peers
 from actors.shard.memory_reader import CONTEXT_HITS, MemoryReader
 from engine.directory import bot_pool
 from engine.errors import OpenBotError
+from engine.listing import MAX_LIMIT
 from engine.memory_entries import Reader
 from engine.memory_union import as_scoped
 from engine.prompt_budget import ScopedEntry, pack
 from engine.scoped_memory import WorkspaceEntryView
 from engine.workspace_search import combine
 
+CHAT_HITS = 10  # items `workspace_chat_search` answers with
 PACK_HITS = 64  # ranked entries the prompt offers first when not everything fits
 LISTED = 200  # entries of a workspace scope read for the prompt
 
@@ -157,3 +160,55 @@ class StepMemory:
         first = [e.id for e in await self.ranked(step, reader, text, CONTEXT_HITS, scopes=False)]
         parts, has, _ = await self.memory.context_for(pool, reader, limit, first)
         return parts, has
+
+    async def chats_readable(self, step: StepInput) -> list[tuple[str, str]]:
+        """(chat id, home key) of the chats whose history `workspace_chat_search` searches:
+        in a group, the group's own chat; in a person's direct chat, the chats of that person
+        (by the chat routes' listing rule) in the chat's org that this bot takes part in. A
+        person's other chats are never the room's; a delivery between bots searches none."""
+        if reader_for(step) is None:
+            return []
+        chat = step.chat
+        if chat.kind == "group":
+            return [(chat.id, chat.home or (chat.channel or ""))]
+        if chat.kind != "direct":
+            return []
+        directory, bot = self.peers.directory(), step.bot.id
+        found: list[tuple[str, str]] = []
+        cursor: str | None = None
+        while True:
+            page = await directory.list_chats(step.operator, cursor, MAX_LIMIT)
+            for c in page.items:
+                if c.org != chat.org:
+                    continue
+                if c.kind in ("direct", "review") and c.bot == bot:
+                    found.append((c.id, step.bot.owner))  # its home: the bot's owner
+                elif c.kind == "group" and c.channel and any(m.id == bot for m in c.bots):
+                    found.append((c.id, c.channel))  # its home: the channel
+            cursor = page.nextCursor
+            if cursor is None:
+                return found
+
+    async def search_chats(self, step: StepInput, query: str) -> list[dict]:
+        """`workspace_chat_search`: the history of `chats_readable`, ranked by each home
+        shard as `GET /v1/search` ranks it, best first."""
+        if not query.strip():
+            return []
+        homes: dict[int, list[str]] = {}
+        for chat_id, key in await self.chats_readable(step):
+            homes.setdefault(self.peers.index_of(key), []).append(chat_id)
+        found = await asyncio.gather(
+            *(self.peers.shard(i).search_chats(c, query, CHAT_HITS) for i, c in homes.items())
+        )
+        hits = {h.chat + "/" + h.item.id: h for part in found for h in part.items}
+        ranked = combine([(x.hits, x.semantic, x.fused) for x in found], CHAT_HITS)
+        return [
+            {
+                "chat": hits[h.id].chat,
+                "item": hits[h.id].item.id,
+                "author": hits[h.id].item.author,
+                "text": hits[h.id].item.text,
+            }
+            for h in ranked
+            if h.id in hits
+        ]

@@ -24,6 +24,7 @@ from pathlib import Path
 from actors.chats.bot_step import BotStepper
 from actors.chats.chains import ChainRunner
 from actors.chats.chat_logs import ChatLogs
+from actors.chats.chat_search import ChatSearch
 from actors.chats.conversations import Conversations
 from actors.chats.decision_wakes import DecisionWakes
 from actors.chats.group_turns import GroupTurns
@@ -170,6 +171,9 @@ class ShardService:
             answer_wait=answer_wait,
         )
         self.chat_logs = ChatLogs(kernel, chats)
+        self.chat_search = ChatSearch(
+            kernel=kernel, logs=self.chat_logs, store=chats, semantic=self.semantic
+        )
         self.learning = LearningRunner(
             kernel=kernel,
             store=chats,
@@ -357,6 +361,7 @@ answered_by(
         "conversations": "start_turn wait_turn run_step schedule_learning verdict chat_busy:busy"
         " switch_group_mode:switch_mode",
         "learning": "release_learning:release",
+        "chat_search": "search_chats:search",
         "chat_logs": "chat_item:one_item chat_items:items delete_chat_items:delete_items"
         " confessions enrichments chat_updated:announce_update",
         "chains": "collaborations:listing stop_collaboration:stop_visible chains_idle:idle"
@@ -380,6 +385,7 @@ answered_by(
         "schedule_learning",
         "chat_item",
         "chat_items",
+        "search_chats",
         "collaborations",
         "switch_group_mode",
         "decide_request",

@@ -122,6 +122,43 @@ def test_the_prompt_beyond_its_budget_takes_what_the_input_finds_first(world, ad
         assert sum(f"{n} A line" in system for n in range(50)) < 50  # it did not all fit
 
 
+def test_enrichment_beyond_its_context_takes_what_the_input_finds_first(world, admin, model_stubs):
+    """The memory bot's enrichment context, when the bot's memory does not fit it, holds the
+    entries the input ranks first by the memory search (semantic ones included)."""
+    mem = model_stubs["mem"]
+    r = admin.patch(f"/v1/admin/orgs/{world.org}", json={"settings": {"botMemoryModel": "mem"}})
+    assert r.status_code == 200, r.text
+    bot = _bot(admin, world, f"Enricher{secrets.token_hex(3)}")
+    token = secrets.token_hex(4)
+    asked: list[dict] = []
+
+    def route(body):
+        if token in body["messages"][-1]["content"] and "Rewrite" in body["messages"][0]["content"]:
+            asked.append(json.loads(body["messages"][-1]["content"]))
+            return completion("No rewrite.")
+        return None
+
+    mem.routes.append(route)
+    filler = "A line about the weather and nothing else, repeated to fill the context. " * 6
+    try:
+        with world.client("alice") as alice:
+            for text in TEXTS:
+                _remember(alice, scope="bot", bot=bot, content=text, tier="log")
+            for n in range(30):
+                _remember(alice, scope="bot", bot=bot, content=f"{n} {filler}", tier="log")
+            chat = _ok(alice.post("/v1/chats", json={"bot": bot}))["id"]
+            text = f"{QUERY} {token}"
+            _ok(alice.post(f"/v1/chats/{chat}/turns?wait=true", json={"text": text}))
+            ranked = _ok(alice.get(f"/v1/bots/{bot}/memory", params={"q": text, "limit": 50}))
+    finally:
+        mem.routes.remove(route)
+    (given,) = asked
+    context = {e["content"] for e in given["entries"]}
+    top = [e["content"] for e in ranked["entries"]][:4]
+    assert top and set(top) <= context
+    assert sum("weather" in c for c in context) < 30  # not all fit
+
+
 def test_chat_search_ranks_items_as_the_workspace_ranks_the_same_texts(world, admin):
     bot = _bot(admin, world, f"Echo{secrets.token_hex(3)}")
     with world.client("alice") as alice:

@@ -108,14 +108,11 @@ class StepMemory:
         own pool as `reader` may use it, and with `scopes` the person's and the projects'."""
         if not q.strip():
             return []
-        wanted = await self.scopes(step, q, limit, bot=True)
-        if not scopes:
-            own = self.peers.index_of(step.bot.owner)
-            wanted = [
-                (i, WorkspaceQuery(pools=(bot_pool(step.bot.id),), projects=(), q=q, limit=limit))
-                for i, _ in wanted
-                if i == own
-            ]
+        if scopes:
+            wanted = await self.scopes(step, q, limit, bot=True)
+        else:
+            own = WorkspaceQuery(pools=(bot_pool(step.bot.id),), projects=(), q=q, limit=limit)
+            wanted = [(self.peers.index_of(step.bot.owner), own)]
         listings = await self._listings(step, reader, wanted)
         views = {e.id: e for listing in listings for e in listing.entries}
         hits = combine([(x.hits, x.semantic, x.fused) for x in listings], limit)

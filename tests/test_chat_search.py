@@ -150,6 +150,7 @@ def test_the_bot_tool_searches_its_chats_with_this_person_only(world, admin, mod
         )
     )["id"]
     _grant(admin, bot, users["bob"])
+    _grant(admin, bot, users["carol"])
     channel = _ok(
         admin.post(
             "/v1/admin/channels",
@@ -162,6 +163,8 @@ def test_the_bot_tool_searches_its_chats_with_this_person_only(world, admin, mod
         elsewhere = _ok(alice.post("/v1/chats", json={"bot": _bot(admin, world)}))["id"]
         bobs = _ok(bob.post("/v1/chats", json={"bot": bot}))["id"]
         group = _ok(alice.post("/v1/chats", json={"channel": channel}))["id"]
+        carols = _ok(carol.post("/v1/chats", json={"bot": bot}))["id"]
+        _say(carol, carols, "Carol's own brompton, not the group's")
         _say(alice, first, "My brompton bicycle is green")
         _say(alice, elsewhere, "brompton remark to the other bot")
         _say(bob, bobs, "Bob's brompton secret")
@@ -189,6 +192,7 @@ def test_the_bot_tool_searches_its_chats_with_this_person_only(world, admin, mod
         direct = tool(alice, second)
         assert {first, group} <= {h["chat"] for h in direct} <= {first, group, second}
         assert any(h["text"] == "My brompton bicycle is green" for h in direct)
-        in_group = tool(carol, group)
+        in_group = tool(carol, group)  # carol's direct chat with the bot is hers, not the room's
         assert {h["chat"] for h in in_group} == {group}
+        assert {h["chat"] for h in tool(carol, carols)} == {carols, group}
         assert {h["chat"] for h in tool(bob, bobs)} == {bobs}

@@ -17,11 +17,12 @@ from tests.openai_stub import completion
 pytestmark = pytest.mark.ray
 
 WS = "/api/app/workspace"
-# Texts that share the query's words in different measure (no two score alike).
+# Texts that share the query's words in different measure: no two score alike by BM25 or by
+# cosine under the stub's embedding (a tie would be broken by ids, which differ between paths).
 TEXTS = [
     "The harbour ferry leaves at dawn",
     "Ferry tickets for the harbour ferry are sold at the harbour kiosk",
-    "A ferry strike is planned",
+    "A ferry strike is planned for the spring",
     "The lighthouse keeper rows across the harbour every evening after supper",
     "Bus timetable for the airport",
     "Harbour",
@@ -68,7 +69,7 @@ class Stub:
         return self.seen[-1]["messages"][0]["content"]
 
 
-def test_every_memory_path_orders_a_query_the_same_way(world, admin, bot_model):
+def test_every_memory_path_orders_a_query_the_same_way(world, admin, bot_model, engine):
     name = f"Ranker{secrets.token_hex(3)}"
     bot = _bot(admin, world, name)
     stub = Stub(bot_model, name)
@@ -82,6 +83,7 @@ def test_every_memory_path_orders_a_query_the_same_way(world, admin, bot_model):
                 assert r.status_code == 201, r.text
             else:
                 _remember(alice, scope="bot", bot=bot, content=text, tier="note")
+        _embedded(engine)
         q = {"q": QUERY, "limit": 50}
         workspace = _ok(alice.get(f"{WS}/memories", params={**q, "scope": "bot", "bot": bot}))
         memory = _ok(alice.get(f"/v1/bots/{bot}/memory", params=q))
@@ -97,11 +99,21 @@ def test_every_memory_path_orders_a_query_the_same_way(world, admin, bot_model):
         assert found == ranked[: len(found)] and len(found) == min(10, len(ranked))
 
 
+def _embedded(engine) -> None:
+    """Every shard's background embedding done: all records have their vectors, so each
+    search below ranks the same vectors (a search embeds inline only the newest writes)."""
+    import ray
+
+    ray.get([s.search_idle.remote() for s in engine.shards], timeout=60)
+
+
 def _tool(query: str) -> str:
     return f"workspace_memory_search {query}"
 
 
-def test_the_prompt_beyond_its_budget_takes_what_the_input_finds_first(world, admin, bot_model):
+def test_the_prompt_beyond_its_budget_takes_what_the_input_finds_first(
+    world, admin, bot_model, engine
+):
     """More log entries than the budget holds: the ones the turn's input ranks first are in
     the prompt (the same order as the memory search), the newest filler is not all there."""
     name = f"Packer{secrets.token_hex(3)}"
@@ -113,6 +125,7 @@ def test_the_prompt_beyond_its_budget_takes_what_the_input_finds_first(world, ad
             _remember(alice, scope="bot", bot=bot, content=text, tier="log")
         for n in range(50):  # newer: first in the packing order without a query
             _remember(alice, scope="bot", bot=bot, content=f"{n} {filler}", tier="log")
+        _embedded(engine)
         chat = _ok(alice.post("/v1/chats", json={"bot": bot}))["id"]
         _ok(alice.post(f"/v1/chats/{chat}/turns?wait=true", json={"text": QUERY}))
         system = stub.system()
@@ -122,7 +135,9 @@ def test_the_prompt_beyond_its_budget_takes_what_the_input_finds_first(world, ad
         assert sum(f"{n} A line" in system for n in range(50)) < 50  # it did not all fit
 
 
-def test_enrichment_beyond_its_context_takes_what_the_input_finds_first(world, admin, model_stubs):
+def test_enrichment_beyond_its_context_takes_what_the_input_finds_first(
+    world, admin, model_stubs, engine
+):
     """The memory bot's enrichment context, when the bot's memory does not fit it, holds the
     entries the input ranks first by the memory search (semantic ones included)."""
     mem = model_stubs["mem"]
@@ -146,6 +161,7 @@ def test_enrichment_beyond_its_context_takes_what_the_input_finds_first(world, a
                 _remember(alice, scope="bot", bot=bot, content=text, tier="log")
             for n in range(30):
                 _remember(alice, scope="bot", bot=bot, content=f"{n} {filler}", tier="log")
+            _embedded(engine)
             chat = _ok(alice.post("/v1/chats", json={"bot": bot}))["id"]
             text = f"{QUERY} {token}"
             _ok(alice.post(f"/v1/chats/{chat}/turns?wait=true", json={"text": text}))
@@ -159,7 +175,7 @@ def test_enrichment_beyond_its_context_takes_what_the_input_finds_first(world, a
     assert sum("weather" in c for c in context) < 30  # not all fit
 
 
-def test_chat_search_ranks_items_as_the_workspace_ranks_the_same_texts(world, admin):
+def test_chat_search_ranks_items_as_the_workspace_ranks_the_same_texts(world, admin, engine):
     bot = _bot(admin, world, f"Echo{secrets.token_hex(3)}")
     with world.client("alice") as alice:
         chat = _ok(alice.post("/v1/chats", json={"bot": bot}))["id"]
@@ -167,12 +183,15 @@ def test_chat_search_ranks_items_as_the_workspace_ranks_the_same_texts(world, ad
             turn = _ok(alice.post(f"/v1/chats/{chat}/turns?wait=true", json={"text": text}))
             for item in turn["items"]:
                 _remember(alice, scope="user", bot=bot, content=item["text"], tier="note")
-        q = {"q": QUERY, "limit": 50}
-        items = _ok(alice.get(f"/v1/chats/{chat}/items", params=q))["items"]
-        records = _ok(alice.get(f"{WS}/memories", params={**q, "scope": "user"}))["entries"]
-        assert [i["text"] for i in items] == [r["content"] for r in records]
-        assert [i["foundBy"] for i in items] == [r["foundBy"] for r in records]
-        assert [round(i["score"], 6) for i in items] == [round(r["score"], 6) for r in records]
+        _embedded(engine)
+        for using in ("keyword", "all"):
+            q = {"q": QUERY, "limit": 50, "using": using}
+            items = _ok(alice.get(f"/v1/chats/{chat}/items", params=q))["items"]
+            records = _ok(alice.get(f"{WS}/memories", params={**q, "scope": "user"}))["entries"]
+            found = [(i["text"], i["foundBy"]) for i in items]
+            assert found and found == [(r["content"], r["foundBy"]) for r in records], using
+            assert [i["score"] for i in items] == pytest.approx([r["score"] for r in records])
+        assert any("semantic" in i["foundBy"] for i in items)  # hybrid: both retrievers
 
 
 def test_a_group_linked_to_a_project_packs_and_searches_its_memory(world, admin, bot_model):
@@ -225,11 +244,18 @@ def test_a_group_linked_to_a_project_packs_and_searches_its_memory(world, admin,
             content="The unlinked budget is secret.",
             tier="note",
         )
+        # Alice's own entry of the bot's memory: hers, never the room's.
+        r = alice.post(
+            f"/v1/bots/{bot}/memory",
+            json={"command": {"_tag": "Remember", "content": "Alice's own budget worry."}},
+        )
+        assert r.status_code == 201, r.text
         group = _ok(carol.post("/v1/chats", json={"channel": linked}))["id"]
         _ok(carol.post(f"/v1/chats/{group}/turns?wait=true", json={"text": "Hello"}))
         assert "Codename Bluebird." in stub.system()
+        assert "worry" not in stub.system()
         _ok(
-            carol.post(
+            alice.post(
                 f"/v1/chats/{group}/turns?wait=true", json={"text": "tool:" + _tool("budget")}
             )
         )

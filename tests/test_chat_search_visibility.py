@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import _ok, user_client
@@ -53,6 +53,15 @@ world_shape = st.fixed_dictionaries(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(shape=world_shape)
+@example(  # a grantee's chat with a bot, then the grant revoked: listed, no longer readable
+    shape={
+        "owners": [0],
+        "grants": {(0, 1)},
+        "channels": [({0, 1}, {0})],
+        "chats": [(1, "bot", 0, ["zorblax"]), (0, "channel", 0, ["zorblax"])],
+        "revoked": {(0, 1)},
+    }
+)
 def test_search_returns_only_and_all_readable_items(admin, server, shape):
     org = _ok(admin.post("/v1/admin/orgs", json={"name": f"o {secrets.token_hex(3)}"}))["id"]
     people = [_ok(admin.post("/v1/admin/users", json={"name": n, "orgs": [org]})) for n in PEOPLE]

@@ -384,10 +384,12 @@ def test_enrichment_context_takes_what_the_input_is_about_first(tmp_path: Path):
         assert has and wanted.id not in {i for i, _ in plain}  # memory order alone misses it
         found = await svc.search_memory_page(POOL, ALICE, "When is the next deployment?", 32)
         first = [e.id for e in found.entries]
+        # An id the reader may not use, first: checked again, it takes no room.
         parts, has, whole = await svc.memory_reader.context_for(
-            POOL, ALICE, limit, [*first, hidden.id]
+            POOL, ALICE, limit, [hidden.id, *first]
         )
         assert not whole
+        assert parts == (await svc.memory_reader.context_for(POOL, ALICE, limit, first))[0]
         ids = [i for i, _ in parts]
         assert has and wanted.id in ids and hidden.id not in ids
         assert len("\n".join(t for _, t in parts)) <= limit

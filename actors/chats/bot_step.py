@@ -340,6 +340,10 @@ class BotStepper:
             if call.name == "workspace_memory_search":
                 return await self._search(step, str(args.get("query", "")))
             if call.name == "workspace_chat_search":
+                if not await self.memory_allowed(step.bot):  # other chats' words: as memory
+                    return _enc.encode(
+                        {"error": "memory_not_isolated", "message": "memory is off on this node"}
+                    ).decode()
                 found = await self.scoped.search_chats(step, str(args.get("query", "")))
                 return _enc.encode({"items": found}).decode()
             if call.name == "workspace_send_to_agent":

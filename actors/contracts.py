@@ -359,10 +359,12 @@ WORKSPACE_ENTRY_VIEW = msgspec.json.Decoder(WorkspaceEntryView)
 class WorkspaceQuery(msgspec.Struct, frozen=True, kw_only=True):
     """What to list on one shard. `pools` are bot and user pools the gateway routed here;
     `projects` names projects to include, or None for every project here the account is a
-    member of. `contributor` keeps one bot's contributions; `q` searches the bodies."""
+    member of (with `linked`, only those linking that channel: a group chat's projects, SC-5).
+    `contributor` keeps one bot's contributions; `q` searches the bodies."""
 
     pools: tuple[str, ...] = ()
     projects: tuple[str, ...] | None = ()
+    linked: str | None = None
     contributor: str | None = None
     q: str | None = None
     status: str = "active"  # active | forgotten | all
@@ -379,6 +381,26 @@ class WorkspaceListing(msgspec.Struct, frozen=True, kw_only=True):
     semantic: list[Hit] = []  # semantic hits among `fused` (with their cosines)
     fused: list[Hit] = []  # the ranking, best first; `entries` are in this order
     names: dict[str, str] = {}
+
+
+class ChatHit(msgspec.Struct, frozen=True, kw_only=True):
+    """One chat item found by a chat history search: its fused score and the retrievers that
+    found it."""
+
+    chat: str
+    item: ItemView
+    score: float
+    foundBy: tuple[str, ...]
+
+
+class ChatFound(msgspec.Struct, frozen=True, kw_only=True):
+    """Chat items found on one shard, ranked as a `WorkspaceListing` is (hit ids are
+    `<chat>/<item id>`)."""
+
+    items: list[ChatHit] = []
+    hits: list[Hit] = []
+    semantic: list[Hit] = []
+    fused: list[Hit] = []
 
 
 class RevisionView(msgspec.Struct, frozen=True, kw_only=True):

@@ -10,8 +10,9 @@ whole or not at all:
 3. `note` entries are never packed: they are found by `workspace_memory_search`.
 
 An entry that does not fit is left out and the next ones are still tried; what is left out stays
-stored and searchable. Pure: the caller passes entries with their content, already filtered to
-what the reader may see.
+stored and searchable. When not everything fits, the entries the turn's input finds (`first`,
+ranked by the one memory search) are offered before rules 1-2. Pure: the caller passes entries
+with their content, already filtered to what the reader may see.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Packed(msgspec.Struct, frozen=True, kw_only=True):
     text: str
     included: tuple[str, ...]
     omitted: tuple[str, ...]
+    overflow: bool = False  # a profile or log entry did not fit
 
 
 def line(entry: ScopedEntry) -> str:
@@ -74,13 +76,39 @@ def candidate_order(entries: Sequence[ScopedEntry]) -> list[ScopedEntry]:
     return order
 
 
-def pack(entries: Sequence[ScopedEntry], *, instructions: str = "", budget: int = BUDGET) -> Packed:
-    """The memory part of a prompt within `budget` characters, whole entries only."""
+def pack(
+    entries: Sequence[ScopedEntry],
+    *,
+    instructions: str = "",
+    budget: int = BUDGET,
+    first: Sequence[str] = (),
+) -> Packed:
+    """The memory part of a prompt within `budget` characters, whole entries only; `first`
+    (entry ids, best first) goes before the rest when not everything fits."""
+    packed = _pack(entries, candidate_order(entries), instructions, budget)
+    if not first or not packed.overflow:
+        return packed
+    ranked = {e.id: e for e in entries}
+    head = [ranked[i] for i in dict.fromkeys(first) if i in ranked]
+    seen = {e.id for e in head}
+    order = head + [e for e in candidate_order(entries) if e.id not in seen]
+    return _pack(entries, order, instructions, budget)
+
+
+def _pack(
+    entries: Sequence[ScopedEntry],
+    order: Sequence[ScopedEntry],
+    instructions: str,
+    budget: int,
+) -> Packed:
     used = len(instructions)
     chosen: dict[str, list[ScopedEntry]] = {s: [] for s in SCOPES}
     included: list[str] = []
     omitted: list[str] = [e.id for e in entries if e.tier not in ("profile", "log")]
-    for entry in candidate_order(entries):
+    overflow = False
+    for entry in order:
+        if entry.tier not in ("profile", "log"):
+            continue  # a note found by the input is still for `workspace_memory_search`
         if entry.scope not in chosen:
             omitted.append(entry.id)
             continue
@@ -89,6 +117,7 @@ def pack(entries: Sequence[ScopedEntry], *, instructions: str = "", budget: int 
             cost += len(HEADINGS[entry.scope]) + 2  # the heading, a blank line before it
         if used + cost > budget:
             omitted.append(entry.id)
+            overflow = True
             continue
         used += cost
         chosen[entry.scope].append(entry)
@@ -101,4 +130,4 @@ def pack(entries: Sequence[ScopedEntry], *, instructions: str = "", budget: int 
             )
     text = "".join(parts)
     assert len(text) <= budget, "packing accounted for every character"
-    return Packed(text=text, included=tuple(included), omitted=tuple(omitted))
+    return Packed(text=text, included=tuple(included), omitted=tuple(omitted), overflow=overflow)

@@ -88,6 +88,12 @@ WORKSPACE_TOOLS = (
         {"query": _S, "scope": _S},
         ["query"],
     ),
+    _tool(
+        "workspace_chat_search",
+        "Search the history of your chats with the people of this chat.",
+        {"query": _S},
+        ["query"],
+    ),
 )
 
 REWRITE = ToolSpec(

@@ -138,5 +138,26 @@ def merge_hits(
     return [Hit(id=i, score=fused[i], kinds=kinds[i]) for i in order[:limit]]
 
 
+def combine(
+    rankings: Sequence[tuple[Sequence[Hit], Sequence[Hit], Sequence[Hit]]], limit: int
+) -> list[Hit]:
+    """One ranking from the rankings of several shards, each (its keyword hits, its semantic
+    hits, its fused ranking), as every search path that asks more than one shard combines
+    them: one shard ranked everything, so its fusion is exact; several are fused again by
+    their per-retriever scores."""
+    if len(rankings) == 1:
+        return list(rankings[0][2][:limit])
+    return merge_hits(
+        [h for keyword, _, _ in rankings for h in keyword],
+        [h for _, semantic, _ in rankings for h in semantic],
+        _everything,
+        limit,
+    )
+
+
+def _everything(_: str) -> bool:
+    return True
+
+
 def _by_score(hit: Hit) -> tuple[float, str]:
     return (-hit.score, hit.id)

@@ -117,6 +117,7 @@ def create_app(
         r("/v1/admin/channels", lists.admin_list("channels"), methods=["GET"]),
         r("/v1/me", lists.me, methods=["GET"]),
         r("/v1/chats", lists.chats, methods=["GET"]),
+        r("/v1/search", chats.search.everywhere, methods=["GET"]),
         r("/v1/bots", lists.bots, methods=["GET"]),
         r("/v1/channels", lists.channels, methods=["GET"]),
         r("/v1/chats/{chat}/items/{item}", chats.chat_item, methods=["GET"]),

@@ -12,11 +12,12 @@ from starlette.responses import Response
 
 from actors.contracts import TurnStart
 from actors.ports import EnginePort, ShardPort
-from engine.directory import chat_home, check_id, require_use, resolve_org
+from engine.directory import Principal, chat_home, check_id, require_use, resolve_org
 from engine.errors import Forbidden, InvalidInput, NotFound, OpenBotError
 from gateway import wire
 from gateway.auth import Auth
 from gateway.chat_access import ChatAccess, require_chat_owner
+from gateway.chat_search_routes import ChatSearchApi
 from gateway.json_response import json, read_body
 
 
@@ -24,6 +25,7 @@ class ChatsApi:
     def __init__(self, engine: EnginePort, auth: Auth) -> None:
         self.engine = engine
         self.auth = auth
+        self.search = ChatSearchApi(engine, auth, self)
 
     async def create_chat(self, request: Request) -> Response:
         principal = await self.auth.user(request)
@@ -82,14 +84,19 @@ class ChatsApi:
         raise NotFound(f"no project {project}", code="project_not_found")
 
     async def _chat(self, request: Request, *, owner_only: bool = False) -> ChatAccess:
+        principal = await self.auth.user(request)
+        return await self.readable(principal, request.path_params["chat"], owner_only=owner_only)
+
+    async def readable(
+        self, principal: Principal, chat_id: str, *, owner_only: bool = False
+    ) -> ChatAccess:
         """The chat and where it lives, for who may read it: a direct, review or agent chat's
         owner (API-6); any person of a group chat's channel (confessions and enrichments stay
-        with the owner)."""
-        principal = await self.auth.user(request)
+        with the owner). The one read rule of every chat route, chat search included."""
         assert principal.user is not None
         user = principal.user.id
         # One directory call: the chat with its org and its bot or channel and bots.
-        ctx = await self.auth.context(request.path_params["chat"])
+        ctx = await self.auth.context(chat_id)
         chat = ctx.chat
         if chat.org not in principal.user.orgs:
             # Another org's chat answers like an id nobody has.
@@ -182,6 +189,8 @@ class ChatsApi:
             for shard in await self._member_shards(access):
                 await shard.delete_chat_items(access.chat.id)
             return json({"count": count})
+        if request.query_params.get("q") is not None:
+            return await self.search.in_chat(request, access)  # `?q=`: a ranked search
         items = await access.home.chat_items(access.chat.id)
         return json({"items": [await self._shown(i) for i in items]})
 
@@ -197,6 +206,9 @@ class ChatsApi:
         if item is None:
             raise NotFound(f"no item {wanted} in this chat", code="item_not_found")
         return json(await self._shown(item))
+
+    async def shown(self, item):
+        return await self._shown(item)
 
     async def _shown(self, item):
         """A delivery's communication record names its peer as clients show it (UI-1)."""

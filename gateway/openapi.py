@@ -94,6 +94,11 @@ PAGED = (CURSOR, PAGE)
 KIND = _q("kind", "only chats of this kind", enum=["direct", "group", "review", "agent"])
 ORG = _q("org", "only this org's records")
 USING = _q("using", "which retrievers (default all)", enum=["all", "keyword", "semantic"])
+CHAT_Q = _q("q", "search words (1-1000 characters): a ranked search of the chat's items")
+CHAT_SEARCH = Param(
+    "q", "search words (1-1000 characters)", {"type": "string", "maxLength": 1000}, True
+)
+CHAT_LIMIT = _q("limit", "at most this many (default 20)", type="integer", minimum=1, maximum=100)
 PROMETHEUS = Text("text/plain; version=0.0.4")  # the Prometheus exposition format
 WS = "/api/app/workspace"
 
@@ -201,7 +206,21 @@ ROUTES: list[Op] = [
         {202: s.TurnAccepted, 200: TurnResult},
         query=(WAIT,),
     ),
-    Op("get", "/v1/chats/{chat}/items", "The chat's items", ok=s.Items),
+    Op(
+        "get",
+        "/v1/chats/{chat}/items",
+        "The chat's items; with ?q= a ranked search whose items also carry chat, score and "
+        "foundBy, in pages (ChatSearchPage)",
+        ok=s.Items,
+        query=(CHAT_Q, CHAT_LIMIT, CURSOR, USING),
+    ),
+    Op(
+        "get",
+        "/v1/search",
+        "Search the items of every chat the caller may read (ranked, in pages)",
+        ok=s.ChatSearchPage,
+        query=(CHAT_SEARCH, CHAT_LIMIT, CURSOR, USING),
+    ),
     Op(
         "delete",
         "/v1/chats/{chat}/items",

@@ -81,6 +81,19 @@ class Items(_Doc):
     items: list[ItemView]
 
 
+class ChatSearchHit(ItemView, frozen=True, kw_only=True):
+    """A chat item found by a chat history search: its chat, fused score and retrievers."""
+
+    chat: str
+    score: float
+    foundBy: list[str]
+
+
+class ChatSearchPage(_Doc):
+    items: list[ChatSearchHit]
+    nextCursor: str | None
+
+
 class Confessions(_Doc):
     confessions: list[Confession]
 

@@ -37,7 +37,7 @@ from engine.scoped_memory import (
     WorkspaceMemoryChange,
     WorkspaceMemoryCreate,
 )
-from engine.workspace_search import Hit, merge_hits
+from engine.workspace_search import Hit, combine
 from gateway import wire
 from gateway.auth import Auth
 from gateway.json_response import json, read_body
@@ -242,15 +242,7 @@ class WorkspaceMemoryApi:
         for listing in listings:
             names.update(listing.names)
         if q is not None:
-            if len(listings) == 1:  # one shard ranked everything: its fusion is exact
-                hits = listings[0].fused[:limit]
-            else:  # each shard's best, fused again by their per-retriever scores
-                hits = merge_hits(
-                    [h for listing in listings for h in listing.hits],
-                    [h for listing in listings for h in listing.semantic],
-                    allowed=lambda i: i in views,
-                    limit=limit,
-                )
+            hits = combine([(x.hits, x.semantic, x.fused) for x in listings], limit)
             return [views[h.id] for h in hits], names, hits
         ordered = sorted(
             views.values(),

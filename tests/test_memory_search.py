@@ -382,16 +382,21 @@ def test_enrichment_context_takes_what_the_input_is_about_first(tmp_path: Path):
         limit = 200  # room for about four entries
         plain, has = await svc.context_parts(POOL, ALICE, limit)
         assert has and wanted.id not in {i for i, _ in plain}  # memory order alone misses it
-        parts, has = await svc.memory_reader.context_for(
-            POOL, ALICE, "When is the next deployment of billing?", limit
+        found = await svc.search_memory_page(POOL, ALICE, "When is the next deployment?", 32)
+        first = [e.id for e in found.entries]
+        # An id the reader may not use, first: checked again, it takes no room.
+        parts, has, whole = await svc.memory_reader.context_for(
+            POOL, ALICE, limit, [hidden.id, *first]
         )
+        assert not whole
+        assert parts == (await svc.memory_reader.context_for(POOL, ALICE, limit, first))[0]
         ids = [i for i, _ in parts]
         assert has and wanted.id in ids and hidden.id not in ids
         assert len("\n".join(t for _, t in parts)) <= limit
         order = [e.id for e in (await svc.read_memory(POOL, ALICE)).entries]
         assert ids == [i for i in order if i in ids]  # memory order
         assert ids[:-1] == [i for i, _ in plain][: len(ids) - 1]  # then filled as `context` does
-        unrelated, _ = await svc.memory_reader.context_for(POOL, ALICE, "quokka", limit)
+        unrelated, _, _ = await svc.memory_reader.context_for(POOL, ALICE, limit)
         assert unrelated == plain
         assert filler  # (the entries above are what fills the limit)
         await svc.close()

@@ -22,6 +22,7 @@ import msgspec
 
 from actors.chats.requests import Requests
 from actors.chats.sent_gate import REFUSED, SendUnconfirmed, StepWrites
+from actors.chats.step_memory import StepMemory
 from actors.chats.step_policy import (
     NOT_HERE,
     UNRECORDED_TOOLS,
@@ -35,8 +36,6 @@ from actors.contracts import (
     StepInput,
     StepOutcome,
     ToolUse,
-    WorkspaceAccess,
-    WorkspaceQuery,
 )
 from actors.learning.memory_bot_runtime import MemoryBotRuntime
 from actors.models.registry import ModelError, measured
@@ -49,9 +48,7 @@ from engine.bot_policy import require_collaboration
 from engine.chat_records import Confession, Enrichment
 from engine.directory import Bot, bot_pool
 from engine.errors import OpenBotError
-from engine.memory_union import as_scoped
 from engine.models import Message, ToolCall
-from engine.prompt_budget import ScopedEntry, pack
 from engine.requests import parse_proposal
 from engine.self_rules import Editor, parse_update, rules_view
 from engine.turns import (
@@ -94,6 +91,7 @@ class BotStepper:
         self.memory = memory
         self.requests = requests
         self.peers = peers
+        self.scoped = StepMemory(memory=memory.memory_reader, peers=peers)
         # A send's target by name, for FIND_TTL seconds: the delivery reads the peer again
         # (and an archived one is asked nothing), so this only saves the lookup's actor call.
         self._found: dict[tuple[str, str], tuple[float, Bot]] = {}
@@ -209,64 +207,13 @@ class BotStepper:
             return True
         return (await isolation())[0]
 
-    async def _scopes(
-        self, step: StepInput, q: str | None = None
-    ) -> list[tuple[int, WorkspaceQuery]]:
-        """Where the step's user and project memory lives: in a person's direct chat the
-        person's own scope and the chat's project (membership is checked where the project
-        lives). The bot's own scope is its one memory, read here (`_bot_scope`). A person's
-        user memory is for the bots of their own account (SC-1): a bot someone else owns, used
-        through a grant, never reads it."""
-        peers = self.peers
-        limit = SEARCH_HITS if q is not None else 200
-        wanted: list[tuple[int, WorkspaceQuery]] = []
-        if step.chat.kind in ("direct", "review"):
-            if step.bot.owner == step.operator:
-                user_pool = WorkspaceQuery(
-                    pools=(f"user:{step.operator}",), projects=(), q=q, limit=limit
-                )
-                wanted.append((peers.index_of(step.operator), user_pool))
-            if step.chat.project:
-                owner = await peers.directory().project_owner(step.chat.project)
-                if owner is not None:
-                    project = WorkspaceQuery(projects=(step.chat.project,), q=q, limit=limit)
-                    wanted.append((peers.index_of(owner), project))
-        return wanted
-
     async def _packed_memory(self, step: StepInput) -> str:
-        """SC-5: the bot's, the person's and the chat's project memory in one 16,000-character
-        budget. A group or a delivery between bots sees only the bot's own scope: a person's
-        memory is theirs, not the room's. Nothing on a node that does not isolate (ND-2)."""
+        """SC-5: the bot's, the person's and the chat's project memory (a group's: its linked
+        projects') in one budget (actors/chats/step_memory.py). Nothing on a node that does
+        not isolate (ND-2)."""
         if not await self.memory_allowed(step.bot):
             return ""
-        access = WorkspaceAccess(account=step.operator, bots=frozenset({step.bot.id}))
-        peers = self.peers
-        wanted = await self._scopes(step)
-        async with self.memory.memory_reader.read(
-            bot_pool(step.bot.id), memory_reader(step)
-        ) as snap:
-            scoped = [as_scoped(m, snap.open(m.id)) for m in snap.usable()]
-        for index, query in wanted:
-            try:
-                listing = await peers.shard(index).workspace_entries(access, query)
-            except OpenBotError:  # a scope that cannot be read now is left out, not guessed
-                continue
-            scoped.extend(
-                ScopedEntry(
-                    id=e.id,
-                    scope=str(e.scope),
-                    tier=str(e.tier),
-                    content=e.content,
-                    updated_at=e.updatedAt,
-                    source=e.pool
-                    if e.pool == f"bot:{e.contributor}"
-                    else f"{e.pool} · {e.contributor}",
-                )
-                for e in listing.entries
-            )
-        if not scoped:
-            return ""
-        return pack(scoped, instructions=MEMORY_INSTRUCTIONS).text
+        return await self.scoped.packed(step, memory_reader(step), MEMORY_INSTRUCTIONS)
 
     async def _enrich(self, step: StepInput, log: LogOf, batch: Batch, settings) -> str:
         """ENR-1 … ENR-4: the memory bot may rewrite the input from entries this reader may see."""
@@ -277,10 +224,8 @@ class BotStepper:
         if not await self.memory_allowed(step.bot):
             return step.text
         pool = bot_pool(step.bot.id)
-        # What the input is about first (the same ranked search as memory search).
-        parts, has = await self.memory.memory_reader.context_for(
-            pool, reader, step.text, ENRICH_CONTEXT
-        )
+        # What the input is about first (the one memory search, when not all fits).
+        parts, has = await self.scoped.context(step, reader, step.text, ENRICH_CONTEXT)
         if not (has and parts):
             return step.text
         done = await self.runtime.rewrite(
@@ -349,7 +294,7 @@ class BotStepper:
             return []
         if not await self.memory_allowed(step.bot):
             return []
-        parts, _ = await self.memory.memory_reader.context_for(pool, reader, text, CONFIDE_CONTEXT)
+        parts, _ = await self.scoped.context(step, reader, text, CONFIDE_CONTEXT)
         return parts
 
     async def _workspace_tool(
@@ -396,6 +341,13 @@ class BotStepper:
                 return await self._manage_member(call.name, step, args)
             if call.name == "workspace_memory_search":
                 return await self._search(step, str(args.get("query", "")))
+            if call.name == "workspace_chat_search":
+                if not await self.memory_allowed(step.bot):  # other chats' words: as memory
+                    return _enc.encode(
+                        {"error": "memory_not_isolated", "message": "memory is off on this node"}
+                    ).decode()
+                found = await self.scoped.search_chats(step, str(args.get("query", "")))
+                return _enc.encode({"items": found}).decode()
             if call.name == "workspace_send_to_agent":
                 return await self._send(step, args, effects)
             if call.name == "workspace_request_approval":
@@ -463,9 +415,9 @@ class BotStepper:
         return _enc.encode({"receipt": link, "group": channel.id, "status": "posted"}).decode()
 
     async def _search(self, step: StepInput, query: str) -> str:
-        """`workspace_memory_search`: the same ranked search as the memory routes,
-        over the bot's one memory (entries the step's reader may use) and the person's and the
-        project's scopes; each source's ranking kept, the sources taken in turn."""
+        """`workspace_memory_search`: the one memory search (the memory routes' ranking) over
+        the bot's one memory as the step's reader may use it and the person's and the
+        project's scopes, ranked together (actors/chats/step_memory.py)."""
         reader = reader_for(step)
         if not await self.memory_allowed(step.bot):
             return _enc.encode(
@@ -473,20 +425,9 @@ class BotStepper:
             ).decode()
         if reader is None or not query.strip():
             return _enc.encode({"entries": []}).decode()
-        found = await self.memory.search_memory(bot_pool(step.bot.id), reader, query, SEARCH_HITS)
-        ranked = [[{"id": i, "content": text} for i, text in found]]
-        # The workspace scopes too: what did not fit the prompt is found here (SC-5).
-        access = WorkspaceAccess(account=step.operator, bots=frozenset({step.bot.id}))
-        for index, workspace_query in await self._scopes(step, q=query):
-            try:
-                listing = await self.peers.shard(index).workspace_entries(access, workspace_query)
-            except OpenBotError:
-                continue
-            ranked.append([{"id": e.id, "content": e.content} for e in listing.entries])
-        hits: list[dict] = []
-        for rank in range(SEARCH_HITS):
-            hits.extend(source[rank] for source in ranked if rank < len(source))
-        return _enc.encode({"entries": hits[:SEARCH_HITS]}).decode()
+        found = await self.scoped.ranked(step, reader, query, SEARCH_HITS)
+        entries = [{"id": e.id, "content": e.content} for e in found]
+        return _enc.encode({"entries": entries}).decode()
 
 
 def _args(call: ToolCall) -> dict:

@@ -31,8 +31,6 @@ from engine.memory_entries import (
     LogRow,
     MemoryPage,
     Reader,
-    SearchHitView,
-    SearchPage,
     Status,
     Who,
     view,
@@ -128,26 +126,6 @@ class MemoryOps:
         it until a later `memory.changed` for this pool reaches it."""
         page, staged = await self.page(pool_id, reader, tags)
         return self.kernel.events.epoch, staged, _json.encode(page)
-
-    async def search_memory_json(self, pool_id: str, reader: Reader, q: str, limit: int) -> bytes:
-        """`GET /v1/bots/{bot}/memory?q=`: the `limit` best keyword (BM25) hits among the
-        active entries the reader may see, best first, as the HTTP body."""
-        return _json.encode(await self.search_memory_page(pool_id, reader, q, limit))
-
-    async def search_memory_page(
-        self, pool_id: str, reader: Reader, q: str, limit: int
-    ) -> SearchPage:
-        if limit < 1:
-            raise InvalidInput("limit must be at least 1", code="invalid_limit")
-        hits = await self.memory_reader.ranked(pool_id, reader, q, limit)
-        views = tuple(
-            SearchHitView(
-                **msgspec.structs.asdict(view(meta, text)), score=score, foundBy=("keyword",)
-            )
-            for meta, text, score in hits
-        )
-        pool = await self.kernel.pool(pool_id)
-        return SearchPage(entries=views, version=pool.version)
 
     async def memory_log_json(self, pool_id: str, reader: Reader) -> bytes:
         return _json.encode(await self.memory_log(pool_id, reader))
@@ -324,12 +302,6 @@ class MemoryOps:
         """(id, text) of every usable entry of the pool the reader may see, in memory order:
         the one visibility-checked enumeration a search index serves a reader from (ENR-5)."""
         return await self.memory_reader.texts(pool_id, reader)
-
-    async def search_memory(
-        self, pool_id: str, reader: Reader, query: str, limit: int = 10
-    ) -> list[tuple[str, str]]:
-        """(id, text) of the best keyword hits among the usable entries the reader may see."""
-        return await self.memory_reader.search(pool_id, reader, query, limit)
 
     async def widen(
         self, pool_id: str, entry_id: str, grant: str, requester: str

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import ChainMap
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from actors.shard.kernel import ShardKernel
@@ -29,7 +29,6 @@ from engine.memory_entries import EntryMeta, Reader
 from engine.order import in_memory_order
 from engine.scoped_memory import WorkspaceEntry, WorkspaceStatus
 from engine.visibility import Visibility
-from storage.search_index import Stats
 
 CONTEXT_HITS = 32  # ranked hits an input's context takes first (`MemoryReader.context_for`)
 
@@ -101,32 +100,17 @@ class Snapshot:
     def is_record(self, entry_id: str) -> bool:
         return self.ws is not None and entry_id in self.ws.stored.entries
 
-
-def _best(snap: Snapshot, keys: list[int], limit: int) -> list[tuple[str, float]]:
-    """The `limit` best BM25 hits (term keys `keys`) among the usable entries of `snap`, seed
-    entries and workspace records alike, best first (call with the snapshot's lock held)."""
-    reader = snap.reader
-    # Memory entries under the union's visibility (an observation may rest on a record).
-    candidates, vis = snap.pool.candidates(reader), snap.visibility
-    # Two indexes of one pool merged by score: ranked under the pool's statistics, as the
-    # workspace search ranks a bot pool (actors/workspace/search.py `keyword_stats`). Its
-    # hidden rows count in them, the same for every reader, as in each index's own before;
-    # never another pool's.
-    stats = None
-    if snap.ws is not None:
-        stats = Stats.of([snap.pool.terms.stats(keys), snap.ws.index.stats(keys)])
-    found = snap.pool.terms.search(keys, limit, lambda i: i in candidates and vis.usable(i), stats)
-    if snap.ws is not None:
-        visible = bm.record_check(reader)
-        records = snap.ws.stored.entries
-
-        def usable(i: str) -> bool:
-            r = records.get(i)
-            return r is not None and r.status == WorkspaceStatus.ACTIVE and visible(r)
-
-        found += snap.ws.index.search(keys, limit, usable, stats)
-    found.sort(key=lambda hit: -hit[1])
-    return found[:limit]
+    def usable_id(self, entry_id: str) -> bool:
+        """Whether one entry or record is visible to the reader and active, checked alone (a
+        ranking found it; nothing walks the pool)."""
+        if self.ws is not None:
+            record = self.ws.stored.entries.get(entry_id)
+            if record is not None:
+                active = record.status == WorkspaceStatus.ACTIVE
+                return active and bm.record_check(self.reader)(record)
+        if entry_id not in self.pool.entries:
+            return False
+        return entry_id in self.pool.candidates(self.reader) and self.visibility.usable(entry_id)
 
 
 class MemoryReader:
@@ -187,37 +171,24 @@ class MemoryReader:
         async with self.read(pool_id, reader) as snap:
             return [(m.id, snap.open(m.id)) for m in snap.usable()]
 
-    async def ranked(
-        self, pool_id: str, reader: Reader, query: str, limit: int
-    ) -> list[tuple[EntryMeta, str, float]]:
-        """The `limit` best BM25 keyword hits among the usable entries the reader
-        may see, memory entries and workspace records alike: (entry, text, score), best first.
-        Each index's ranking is walked best first with every id checked, so what the reader
-        may not use is never a hit and never takes a usable hit's place."""
-        if limit <= 0:
-            return []
-        keys = self.kernel.analyzer(pool_id).query(query)
-        if not keys:
-            return []
-        async with self.read(pool_id, reader) as snap:
-            found = _best(snap, keys, limit)
-            return [(snap.entries[i], snap.open(i), score) for i, score in found]
-
     async def context_for(
-        self, pool_id: str, reader: Reader, query: str, limit: int
-    ) -> tuple[list[tuple[str, str]], bool]:
+        self,
+        pool_id: str,
+        reader: Reader,
+        limit: int,
+        first: Sequence[str] = (),
+    ) -> tuple[list[tuple[str, str]], bool, bool]:
         """The memory bot's context for one input (ENR-1, ENR-5): (id, text) of
         usable entries the reader may see, at most `limit` characters joined by newlines, in
-        memory order, and whether any usable entry exists (ENR-7).
+        memory order, whether any usable entry exists (ENR-7), and whether all of them fit.
 
-        When they do not all fit, the entries the input's ranked search finds (the same
-        ranking as `ranked`: BM25 over the bot's one memory, stems and any word matching) are
-        taken first, best first, each whole where it fits; the room left is filled in memory
-        order as `context` does, stopping at the first that does not fit. Only the entries
-        taken are decrypted."""
+        When they do not all fit, `first` (what the input's ranked search found, best first:
+        the caller ranks with the one memory search, actors/workspace/search.py, before this
+        read, as a ranking may await the embedding model) is taken first, each checked again
+        and whole where it fits; the room left is filled in memory order, stopping at the
+        first that does not fit. Only the entries taken are decrypted."""
         if limit < 0:
             raise InvalidInput("limit must be >= 0")
-        keys = self.kernel.analyzer(pool_id).query(query) if query.strip() else []
         async with self.read(pool_id, reader) as snap:
             usable = snap.usable()
             taken: dict[str, str] = {}
@@ -233,20 +204,14 @@ class MemoryReader:
                 size += extra
                 return True
 
-            if keys:
-                for entry_id, _ in _best(snap, keys, CONTEXT_HITS):
+            for entry_id in first[:CONTEXT_HITS]:
+                if entry_id not in taken and snap.usable_id(entry_id):
                     take(entry_id)
             for meta in usable:
                 if meta.id not in taken and not take(meta.id):
                     break
             parts = [(m.id, taken[m.id]) for m in usable if m.id in taken]
-        return parts, bool(usable)
-
-    async def search(
-        self, pool_id: str, reader: Reader, query: str, limit: int
-    ) -> list[tuple[str, str]]:
-        """(id, text) of the best keyword hits among the usable entries (`ranked`)."""
-        return [(m.id, text) for m, text, _ in await self.ranked(pool_id, reader, query, limit)]
+        return parts, bool(usable), len(parts) == len(usable)
 
     async def learning_context(
         self, pool_id: str, reader: Reader

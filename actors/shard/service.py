@@ -24,6 +24,7 @@ from pathlib import Path
 from actors.chats.bot_step import BotStepper
 from actors.chats.chains import ChainRunner
 from actors.chats.chat_logs import ChatLogs
+from actors.chats.chat_search import ChatSearch
 from actors.chats.conversations import Conversations
 from actors.chats.decision_wakes import DecisionWakes
 from actors.chats.group_turns import GroupTurns
@@ -170,6 +171,9 @@ class ShardService:
             answer_wait=answer_wait,
         )
         self.chat_logs = ChatLogs(kernel, chats)
+        self.chat_search = ChatSearch(
+            kernel=kernel, logs=self.chat_logs, store=chats, semantic=self.semantic
+        )
         self.learning = LearningRunner(
             kernel=kernel,
             store=chats,
@@ -350,9 +354,9 @@ answered_by(
         "committer": "flush:drain",
         "chats": "learning_jobs:jobs",
         # a bot's memory (memory_ops.py)
-        "memory": "read_memory read_memory_json search_memory_json search_memory_page"
+        "memory": "read_memory read_memory_json"
         " memory_log_json remember remember_packed forget purge memory_log context"
-        " context_parts has_entries validate_references memory_texts search_memory widen"
+        " context_parts has_entries validate_references memory_texts widen"
         " memory_bot_settings add_entries set_status",
         # one bytes each way (packed.py)
         "packed": "events_packed remember_many remember_many_followed"
@@ -362,6 +366,7 @@ answered_by(
         "conversations": "start_turn wait_turn run_step schedule_learning verdict chat_busy:busy"
         " switch_group_mode:switch_mode",
         "learning": "release_learning:release",
+        "chat_search": "search_chats:search",
         "chat_logs": "chat_item:one_item chat_items:items delete_chat_items:delete_items"
         " confessions enrichments chat_updated:announce_update",
         "chains": "collaborations:listing stop_collaboration:stop_visible chains_idle:idle"
@@ -371,7 +376,7 @@ answered_by(
         "decision_wakes": "wake_on_decision:wake",
         # the workspace
         "projects": "workspace_projects:projects_of workspace_save_project:save_project",
-        "listings": "workspace_entries:entries",
+        "listings": "workspace_entries:entries search_memory_json search_memory_page",
         "workspace": "workspace_create_memory:create_memory"
         " workspace_change_memory:change_memory workspace_has_entry:has_entry"
         " workspace_revisions:revisions workspace_barriers:barriers workspace_blocked:blocked"
@@ -385,6 +390,7 @@ answered_by(
         "schedule_learning",
         "chat_item",
         "chat_items",
+        "search_chats",
         "collaborations",
         "switch_group_mode",
         "decide_request",

@@ -7,6 +7,8 @@ rank. Reads wait for the commit of the state they saw.
 
 from __future__ import annotations
 
+import msgspec
+
 from actors.contracts import USING, WorkspaceAccess, WorkspaceListing, WorkspaceQuery
 from actors.shard.kernel import ShardKernel
 from actors.shard.memory_reader import MemoryReader
@@ -19,7 +21,10 @@ from engine import memory_union as bm
 from engine import projects as projmod
 from engine import scoped_memory as sm
 from engine.errors import InvalidInput
+from engine.memory_entries import Reader, SearchHitView, SearchPage, view
 from engine.scoped_memory import WorkspaceEntry, WorkspaceEntryView
+
+_json = msgspec.json.Encoder()
 
 
 class WorkspaceListings:
@@ -41,9 +46,12 @@ class WorkspaceListings:
         self.semantic = semantic  # None: keyword search only
         self.weights = (1.0, 1.0)  # keyword, semantic: reciprocal rank fusion
 
-    async def entries(self, access: WorkspaceAccess, query: WorkspaceQuery) -> WorkspaceListing:
+    async def entries(
+        self, access: WorkspaceAccess, query: WorkspaceQuery, reader: Reader | None = None
+    ) -> WorkspaceListing:
         """The records of the asked pools that `access` may read (others are skipped; a named
-        project the caller is not a member of is not found)."""
+        project the caller is not a member of is not found). `reader`, when given, is whose
+        view of a bot pool is searched (a bot's step: the person or the group it works for)."""
         if query.status not in ("active", "forgotten", "all"):
             raise InvalidInput("status must be active, forgotten or all", code="invalid_status")
         if query.using not in USING:
@@ -55,6 +63,7 @@ class WorkspaceListings:
                 projmod.pool(p.id): p.name
                 for p in projects.values()
                 if projmod.can_read(p, access.account)
+                and (query.linked is None or query.linked in p.channels)
             }
         else:
             names = {}
@@ -69,12 +78,39 @@ class WorkspaceListings:
         for pool_id in pool_ids:
             pools.append(await self.pools.pool(pool_id))
         if query.q:
-            listing = await ranked_search(self, access, query, pools, names)
+            listing = await ranked_search(self, access, query, pools, names, reader)
         else:
             listing = await self._listing(access, query, pools, names)
         for pool in pools:
             await self.pools.settle_read(pool)
         return listing
+
+    async def search_memory_page(
+        self, pool_id: str, reader: Reader, q: str, limit: int
+    ) -> SearchPage:
+        """`GET /v1/bots/{bot}/memory?q=`: the bot's one memory as `reader` may use it (active
+        entries only), ranked by the one memory search; each hit checked again when opened."""
+        if limit < 1:
+            raise InvalidInput("limit must be at least 1", code="invalid_limit")
+        bot = sm.pool_owner(pool_id)
+        access = WorkspaceAccess(
+            account=reader.user, bots=frozenset({bot}), orgs=(reader.org,), channels=reader.channels
+        )
+        query = WorkspaceQuery(pools=(pool_id,), projects=(), q=q, limit=limit)
+        listing = await self.entries(access, query, reader)
+        views: list[SearchHitView] = []
+        async with self.memory.read(pool_id, reader) as snap:
+            for h in listing.fused:
+                if snap.usable_id(h.id):
+                    found = view(snap.entries[h.id], snap.open(h.id))
+                    fields = msgspec.structs.asdict(found)
+                    views.append(SearchHitView(**fields, score=h.score, foundBy=h.kinds))
+            version = snap.pool.version
+        return SearchPage(entries=tuple(views), version=version)
+
+    async def search_memory_json(self, pool_id: str, reader: Reader, q: str, limit: int) -> bytes:
+        """`search_memory_page` as the HTTP body."""
+        return _json.encode(await self.search_memory_page(pool_id, reader, q, limit))
 
     async def _listing(
         self,

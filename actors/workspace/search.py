@@ -60,15 +60,29 @@ def _yes(_: str) -> bool:
     return True
 
 
+def bot_reader(
+    ws: Searcher, pool: WorkspacePool, access: WorkspaceAccess, reader: Reader | None = None
+) -> Reader:
+    """Whose view of a bot pool a search ranks: `reader` when the caller already has one (a
+    bot's step, the bot memory route), else the workspace caller's."""
+    return reader if reader is not None else ws.rules.bot_reader(pool, access)
+
+
 def record_filter(
-    ws: Searcher, pool: WorkspacePool, access: WorkspaceAccess, query: WorkspaceQuery
+    ws: Searcher,
+    pool: WorkspacePool,
+    access: WorkspaceAccess,
+    query: WorkspaceQuery,
+    reader: Reader | None = None,
 ) -> Callable[[str], bool]:
     """Whether a record id of `pool` is one the query may return to the caller (the pool
     itself is readable: checked before)."""
     entries = pool.stored.entries
     status, contributor = query.status, query.contributor
     visible = (
-        bm.record_check(ws.rules.bot_reader(pool, access)) if pool.id.startswith("bot:") else None
+        bm.record_check(bot_reader(ws, pool, access, reader))
+        if pool.id.startswith("bot:")
+        else None
     )
 
     def ok(entry_id: str) -> bool:
@@ -108,14 +122,18 @@ async def search(
     query: WorkspaceQuery,
     pools: Sequence[WorkspacePool],
     names: dict[str, str],
+    reader: Reader | None = None,
 ) -> WorkspaceListing:
+    """The one ranking of every memory search (docs/search.md): the workspace routes, a bot's
+    memory route, its `workspace_memory_search` tool, enrichment and the prompt beyond its
+    budget all come here. `reader`, when given, is whose view of a bot pool is ranked."""
     assert query.q is not None
     hybrid = ws.semantic is not None and query.using == "all"
     # One list alone is cut at `limit`; fused lists go as deep as fusion needs.
     depth = fusion_depth(query.limit, ws.weights, floor=FUSION_DEPTH) if hybrid else query.limit
     # Each pool hashes terms with its own key: the query is hashed once per pool searched.
     keys_of = {p.id: ws.kernel.analyzer(p.id).query(query.q) for p in pools}
-    allow = {p.id: record_filter(ws, p, access, query) for p in pools}
+    allow = {p.id: record_filter(ws, p, access, query, reader) for p in pools}
     owner: dict[str, WorkspacePool] = {}
     learned: dict[str, WorkspacePool] = {}  # learned entry id -> its bot pool
     keyword: list[Hit] = []
@@ -132,13 +150,13 @@ async def search(
             # A bot pool: its records and learned entries (MEM-1) under the pool's own
             # statistics, the same for every reader (see `keyword_stats`). Both are keyed
             # with the pool's one term key.
-            reader = ws.rules.bot_reader(pool, access)
-            async with ws.memory.read(pool.id, reader) as snap:
+            who = bot_reader(ws, pool, access, reader)
+            async with ws.memory.read(pool.id, who) as snap:
                 stats = Stats.of([pool.index.stats(keys), snap.pool.terms.stats(keys)])
                 for entry_id, score in pool.index.search(keys, depth, allow[pool.id], stats):
                     owner[entry_id] = pool
                     keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
-                ok = learned_filter(snap.pool, reader, query, snap.visibility)
+                ok = learned_filter(snap.pool, who, query, snap.visibility)
                 for entry_id, score in snap.pool.terms.search(keys, depth, ok, stats):
                     learned[entry_id] = pool
                     keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
@@ -155,7 +173,7 @@ async def search(
                         break
         for pool in pools:
             if pool.id.startswith("bot:"):
-                for h in await _learned_semantic(ws, access, query, pool, depth):
+                for h in await _learned_semantic(ws, access, query, pool, depth, reader):
                     learned[h.id] = pool
                     semantic.append(h)
         semantic.sort(key=lambda h: (-h.score, h.id))
@@ -176,10 +194,10 @@ async def search(
             fused.append(h)
             views[h.id] = sm.view(pool.stored.entries[h.id], ws.pools.open(pool, h.id))
     for pool in {learned[h.id].id: learned[h.id] for h in fused if h.id in learned}.values():
-        reader = ws.rules.bot_reader(pool, access)
+        who = bot_reader(ws, pool, access, reader)
         bot = sm.pool_owner(pool.id)
-        async with ws.memory.read(pool.id, reader) as snap:
-            ok = learned_filter(snap.pool, reader, query, snap.visibility)
+        async with ws.memory.read(pool.id, who) as snap:
+            ok = learned_filter(snap.pool, who, query, snap.visibility)
             for h in fused:
                 if learned.get(h.id) is pool and ok(h.id):
                     meta = snap.pool.entries[h.id]
@@ -222,7 +240,12 @@ def keyword_stats(
 
 
 async def _learned_semantic(
-    ws: Searcher, access: WorkspaceAccess, query: WorkspaceQuery, pool: WorkspacePool, depth: int
+    ws: Searcher,
+    access: WorkspaceAccess,
+    query: WorkspaceQuery,
+    pool: WorkspacePool,
+    depth: int,
+    reader: Reader | None = None,
 ) -> list[Hit]:
     """Semantic hits among the learned entries of bot pool `pool` the caller may read: those
     without a current vector (learned since, or never searched) are embedded first, up to the
@@ -233,9 +256,9 @@ async def _learned_semantic(
     if unit is None:
         return []
     vectors = await semantic.learned(pool)
-    reader = ws.rules.bot_reader(pool, access)
-    async with ws.memory.read(pool.id, reader) as snap:
-        ok = learned_filter(snap.pool, reader, query, snap.visibility)
+    who = bot_reader(ws, pool, access, reader)
+    async with ws.memory.read(pool.id, who) as snap:
+        ok = learned_filter(snap.pool, who, query, snap.visibility)
         sealed = snap.pool.stored.sealed
         found = [(i, sealed_fp(sealed[i])) for i in snap.pool.entries if i in sealed and ok(i)]
         todo = [(i, fp, snap.open(i)) for i, fp in found if vectors.fp(i) != fp]

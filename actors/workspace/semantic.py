@@ -288,6 +288,19 @@ class SemanticSearch:
         if fut is not None:
             fut.add_done_callback(_log_failure)
 
+    async def embed_texts(self, texts: Sequence[str]) -> list[list[float]] | None:
+        """Vectors of `texts` (chat items, which keep theirs in memory only), or None while the
+        model is unavailable (the same breaker as every search's)."""
+        if not texts or self._down():
+            return None
+        try:
+            found = await self._embed(list(texts))
+        except EmbeddingError as e:
+            self._trip(e)
+            return None
+        self.embedded += len(texts)
+        return found
+
     async def query_vector(self, query: str) -> np.ndarray | None:
         """The query's unit vector (cached), or None when the model is unavailable."""
         return await self._query(query) if query.strip() else None

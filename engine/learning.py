@@ -12,6 +12,7 @@ still applies.
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import msgspec
@@ -249,7 +250,9 @@ def decide(
 ) -> Decision:
     """Check each proposed call (`name`, JSON arguments) against the latest state."""
     out = Decision(new=[], changed=[], rejected=[])
-    state = dict(entries)  # grows with accepted entries, so later calls may build on them
+    # Grows with accepted entries, so later calls may build on them; an overlay, not a copy:
+    # the pool may hold many thousands of entries and a call reads a few of them.
+    state: ChainMap[str, EntryMeta] = ChainMap({}, entries)  # type: ignore[arg-type]
     for name, raw in calls:
         kind = PROPOSALS.get(name)
         if kind is None:

@@ -17,6 +17,7 @@ what the reader may see.
 from __future__ import annotations
 
 import datetime
+import functools
 from collections.abc import Iterable, Sequence
 
 import msgspec
@@ -41,11 +42,19 @@ class Packed(msgspec.Struct, frozen=True, kw_only=True):
     omitted: tuple[str, ...]
 
 
+DAY_MS = 86_400_000
+
+
+@functools.lru_cache(maxsize=1024)
+def _day(day: int) -> str:
+    """The UTC date of day number `day` since the epoch (a prompt's lines share a few)."""
+    return (datetime.date(1970, 1, 1) + datetime.timedelta(days=day)).isoformat()
+
+
 def line(entry: ScopedEntry) -> str:
     """`- (YYYY-MM-DD) content [source]`, the memory line of FS-2 plus its source marker."""
-    day = datetime.datetime.fromtimestamp(entry.updated_at / 1000, datetime.UTC).date()
     marker = f" [{entry.source}]" if entry.source else ""
-    return f"- ({day.isoformat()}) {entry.content}{marker}"
+    return f"- ({_day(entry.updated_at // DAY_MS)}) {entry.content}{marker}"
 
 
 def _newest_first(entries: Iterable[ScopedEntry]) -> list[ScopedEntry]:
@@ -77,27 +86,28 @@ def candidate_order(entries: Sequence[ScopedEntry]) -> list[ScopedEntry]:
 def pack(entries: Sequence[ScopedEntry], *, instructions: str = "", budget: int = BUDGET) -> Packed:
     """The memory part of a prompt within `budget` characters, whole entries only."""
     used = len(instructions)
-    chosen: dict[str, list[ScopedEntry]] = {s: [] for s in SCOPES}
+    chosen: dict[str, list[str]] = {s: [] for s in SCOPES}  # lines
     included: list[str] = []
     omitted: list[str] = [e.id for e in entries if e.tier not in ("profile", "log")]
     for entry in candidate_order(entries):
         if entry.scope not in chosen:
             omitted.append(entry.id)
             continue
-        cost = len(line(entry)) + 1  # the line and its newline
+        text = line(entry)
+        cost = len(text) + 1  # the line and its newline
         if not chosen[entry.scope]:
             cost += len(HEADINGS[entry.scope]) + 2  # the heading, a blank line before it
         if used + cost > budget:
             omitted.append(entry.id)
             continue
         used += cost
-        chosen[entry.scope].append(entry)
+        chosen[entry.scope].append(text)
         included.append(entry.id)
     parts = [instructions] if instructions else []
     for scope in SCOPES:
         if chosen[scope]:
             parts.append(
-                "\n" + HEADINGS[scope] + "\n" + "".join(line(e) + "\n" for e in chosen[scope])
+                "\n" + HEADINGS[scope] + "\n" + "".join(text + "\n" for text in chosen[scope])
             )
     text = "".join(parts)
     assert len(text) <= budget, "packing accounted for every character"

@@ -133,6 +133,13 @@ def build_request(
     person items. The JSON structure always stays whole.
     """
     budget = limit - overhead
+    whole = _enc.encode(
+        LearningRequest(evidence=list(evidence), entries=list(entries), topics=dict(topics))
+    )
+    # What the sizing below keeps when everything fits: all of it (each list's elements cost
+    # their bytes and one comma each, one more than the commas between them).
+    if len(whole) + bool(entries) + bool(evidence) <= budget:
+        return whole.decode(), list(evidence)
     sizes_e = [len(_enc.encode(e)) + 1 for e in entries]
     sizes_i = [len(_enc.encode(i)) + 1 for i in evidence]
     base = len(_enc.encode(LearningRequest(evidence=[], entries=[], topics=dict(topics))))

@@ -174,7 +174,7 @@ class MemoryReader:
             reader=reader,
             entries=entries,
             records=Records(ws),
-            visibility=Visibility(reader, entries),
+            visibility=Visibility(reader, entries, pool.known(reader)),
             open=open_,
         )
 

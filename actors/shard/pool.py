@@ -19,6 +19,7 @@ from storage.search_index import TermIndex
 
 VIEWS = 8  # readers whose views a pool keeps (`Pool.view`)
 TEXTS = 4096  # opened contents a pool keeps (`Pool.open`); past it, it starts afresh
+KNOWN = 16_384  # visibility checks kept per reader (`Pool.known`); past it, afresh
 
 
 class Pool:
@@ -36,6 +37,8 @@ class Pool:
         # pool: a turn's reads (enrichment, prompt, confession, learning) ask the same again.
         self._views: dict[tuple[Reader, bool], tuple[int, list[EntryMeta]]] = {}
         self._changes = 0  # bumped by every `apply`: the state the views were built on
+        # Per recent reader, each entry's own visibility checks (engine/visibility.py `known`).
+        self._known: dict[Reader, dict[str, tuple[EntryMeta, bool | None]]] = {}
         # Content opened for a read, by entry, while its sealed bytes stay the same: a turn
         # reads the same entries several times, and the next turn most of them again. Only
         # what a visibility check let through is ever opened (ACL-8); purges drop it.
@@ -96,6 +99,16 @@ class Pool:
         if len(self._views) > VIEWS:
             del self._views[next(iter(self._views))]
         return list(hit[1])
+
+    def known(self, reader: Reader) -> dict[str, tuple[EntryMeta, bool | None]]:
+        """The reader's kept visibility checks, for `Visibility(..., known=)`."""
+        known = self._known.pop(reader, None)
+        if known is None or len(known) > KNOWN:
+            known = {}
+        self._known[reader] = known  # the most recently used last
+        if len(self._known) > VIEWS:
+            del self._known[next(iter(self._known))]
+        return known
 
     def open(self, entry_id: str, opener: Callable[[StoredPool, str], str]) -> str:
         """An entry's content, opened by `opener` once per sealed version."""

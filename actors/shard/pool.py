@@ -110,6 +110,11 @@ class Pool:
             del self._known[next(iter(self._known))]
         return known
 
+    @property
+    def opened(self) -> frozenset[str]:
+        """Entries whose content the pool holds opened (`open`)."""
+        return frozenset(self._texts)
+
     def open(self, entry_id: str, opener: Callable[[StoredPool, str], str]) -> str:
         """An entry's content, opened by `opener` once per sealed version."""
         sealed = self.stored.sealed[entry_id]

@@ -36,6 +36,15 @@ from engine.models import Completion, Message, ToolCall, ToolSpec, Usage
 ZERO = Usage(input_tokens=0, output_tokens=0)
 
 
+class _Evidence(msgspec.Struct):
+    evidence: list[dict] = []
+
+
+# The model reads the evidence only: the context entries are skipped, not built (a model's own
+# reading is not the engine's time).
+_evidence_only = msgspec.json.Decoder(_Evidence)
+
+
 class InstantModel:
     """A zero-latency stand-in for both models (not a test double of the HTTP path: the
     `openai` kind is measured by the tests; this isolates the engine's own time)."""
@@ -59,8 +68,8 @@ class InstantModel:
                 usage=ZERO,
             )
         if "learn_fact" in names:
-            request = msgspec.json.decode(last.content or "{}")
-            person = [e for e in request["evidence"] if e["kind"] == "person"][-1]
+            request = _evidence_only.decode(last.content or "{}")
+            person = [e for e in request.evidence if e["kind"] == "person"][-1]
             args = json.dumps(
                 {
                     "content": f"They said: {person['text'][:80]}",

@@ -93,14 +93,26 @@ def provable(entries: Mapping[str, EntryMeta]) -> set[str]:
     return {i for i in entries if check(i, frozenset())}
 
 
-def context_selection(entries: Mapping[str, EntryMeta]) -> tuple[list[EntryMeta], dict[str, int]]:
-    """The first 300 valid entries in memory order, and topic counts over all valid ones."""
-    valid = [entries[i] for i in provable(entries)]
+def context_selection(
+    entries: Mapping[str, EntryMeta], *, ordered: bool = False
+) -> tuple[list[EntryMeta], dict[str, int]]:
+    """The first 300 valid entries in memory order, and topic counts over all valid ones.
+    `ordered`: `entries` iterate in memory order already (a read's usable entries)."""
+    ok = provable(entries)
+    if ordered:
+        valid = [m for i, m in entries.items() if i in ok]
+        counts = _topic_counts(valid)
+        return valid[:CONTEXT_ENTRIES], counts
+    valid = [entries[i] for i in ok]
+    return in_memory_order(valid)[:CONTEXT_ENTRIES], _topic_counts(valid)
+
+
+def _topic_counts(valid: Iterable[EntryMeta]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for entry in valid:
         for topic in tagmod.topics_of(entry.tags):
             counts[topic] = counts.get(topic, 0) + 1
-    return in_memory_order(valid)[:CONTEXT_ENTRIES], dict(sorted(counts.items()))
+    return dict(sorted(counts.items()))
 
 
 def context_entry(entry: EntryMeta, content: str) -> ContextEntry:

@@ -303,3 +303,31 @@ def test_a_request_that_fits_whole_is_what_sizing_each_element_would_keep():
         for limit in range(max(2, whole - 4), whole + 6):
             got = build_request(items, entries, {"t": 1}, limit=limit)
             assert got == _sized_request(items, entries, {"t": 1}, limit), (limit, whole)
+
+
+def test_context_selection_of_entries_in_memory_order_needs_no_sort():
+    """Entries given in memory order (`ordered`) select as the sorting path does."""
+    from engine.order import in_memory_order
+
+    entries = {
+        f"p{n}": EntryMeta(
+            id=f"p{n}",
+            pool="bot:b",
+            layer=Layer.PINNED,
+            tags=("for:person:a", "org:o1", f"t{n % 3}"),
+            created_at=n,
+            updated_at=n,
+        )
+        for n in range(320)
+    }
+    entries["bad"] = EntryMeta(
+        id="bad",
+        pool="bot:b",
+        layer=Layer.FACT,
+        tags=("for:person:a", "org:o1", "t"),
+        sources=(Source(chat="c", item="i"),),
+        created_at=999,
+        updated_at=999,
+    )
+    ordered = {m.id: m for m in in_memory_order(entries.values())}
+    assert context_selection(ordered, ordered=True) == context_selection(entries)

@@ -71,6 +71,7 @@ def test_opened_content_goes_with_its_entry(tmp_path: Path):
             await svc.add_entries(POOL, [(fact("f1"), "likes tea"), (fact("f2", chat="k2"), "y")])
             context = await svc.context(POOL, ALICE, 100_000)
             pool = await svc.kernel.pool(POOL)
+            await svc.memory_reader.learning_context(POOL, ALICE)  # its learning forms too
             before = pool.opened
             await svc.purge(POOL, "chat:k1")
             return context.text, before, pool.opened

@@ -247,7 +247,9 @@ class BotStepper:
         async with self.memory.memory_reader.read(
             bot_pool(step.bot.id), memory_reader(step)
         ) as snap:
-            scoped = [as_scoped(m, snap.open(m.id)) for m in snap.usable()]
+            scoped: list[ScopedEntry] = snap.pool.derive(
+                "prompt", snap.usable(), as_scoped, snap.open
+            )
         for index, query in wanted:
             try:
                 listing = await peers.shard(index).workspace_entries(access, query)

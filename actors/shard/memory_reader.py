@@ -275,10 +275,10 @@ class MemoryReader:
             if cached is None or cached[0] != key:
                 snap = self.snapshot(pool, ws, reader)
                 seen = {m.id: m for m in snap.usable()}
-                cached = (key, *context_selection(seen), snap.open)
+                cached = (key, *context_selection(seen, ordered=True), snap.open)
                 pool.learning_view = cached
             _, chosen, topics, open_ = cached
-            entries = [context_entry(m, open_(m.id)) for m in chosen]
+            entries = pool.derive("learning", chosen, context_entry, open_)
         return entries, topics
 
     def learning_state(self, pool: Pool, ws: WorkspacePool | None) -> Mapping[str, EntryMeta]:

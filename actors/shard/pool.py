@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from actors.shard.rwlock import RWLock
 from engine import tags as tagmod
@@ -17,8 +18,10 @@ from engine.visibility import Visibility
 from storage.memory_store import StoredPool, log_without
 from storage.search_index import TermIndex
 
+T = TypeVar("T")
 VIEWS = 8  # readers whose views a pool keeps (`Pool.view`)
 TEXTS = 4096  # opened contents a pool keeps (`Pool.open`); past it, it starts afresh
+DERIVED = ("prompt", "learning")  # the kinds `Pool.derive` keeps
 KNOWN = 16_384  # visibility checks kept per reader (`Pool.known`); past it, afresh
 
 
@@ -43,6 +46,9 @@ class Pool:
         # reads the same entries several times, and the next turn most of them again. Only
         # what a visibility check let through is ever opened (ACL-8); purges drop it.
         self._texts: dict[str, tuple[bytes, str]] = {}
+        # What reads make of an entry and its content (its prompt and learning forms), by
+        # kind and entry, while the entry object and its sealed content are the same.
+        self._derived: dict[tuple[str, str], tuple[EntryMeta, bytes, object]] = {}
         self._by_grant: dict[str, set[str]] = {}
         for meta in stored.entries.values():
             self._index(meta)
@@ -112,8 +118,8 @@ class Pool:
 
     @property
     def opened(self) -> frozenset[str]:
-        """Entries whose content the pool holds opened (`open`)."""
-        return frozenset(self._texts)
+        """Entries whose content the pool holds opened (`open`, `derive`)."""
+        return frozenset([*self._texts, *(entry_id for _, entry_id in self._derived)])
 
     def open(self, entry_id: str, opener: Callable[[StoredPool, str], str]) -> str:
         """An entry's content, opened by `opener` once per sealed version."""
@@ -127,6 +133,37 @@ class Pool:
         self._texts[entry_id] = (sealed, text)
         return text
 
+    def derive(
+        self,
+        kind: str,
+        metas: Sequence[EntryMeta],
+        build: Callable[[EntryMeta, str], T],
+        open_: Callable[[str], str],
+    ) -> list[T]:
+        """`build(meta, content)` for each entry (`open_` opens content), kept per `kind` for
+        the pool's own entries; what else the read holds (workspace records) is built anew."""
+        derived, sealed_of = self._derived, self.stored.sealed
+        out: list[T] = []
+        for meta in metas:
+            key = (kind, meta.id)
+            hit = derived.get(key)
+            sealed = sealed_of.get(meta.id)
+            if hit is not None and hit[0] is meta and hit[1] is sealed:
+                out.append(hit[2])  # type: ignore[arg-type]
+                continue
+            value = build(meta, open_(meta.id))
+            if sealed is not None:
+                if len(derived) >= 2 * TEXTS:
+                    derived.clear()
+                derived[key] = (meta, sealed, value)
+            out.append(value)
+        return out
+
+    def _forget_opened(self, entry_id: str) -> None:
+        self._texts.pop(entry_id, None)
+        for kind in DERIVED:
+            self._derived.pop((kind, entry_id), None)
+
     def apply(self, outcome: Outcome, sealed: dict[str, bytes] | None = None) -> None:
         """Make an outcome the pool's in-memory state (after its writes were queued)."""
         stored = self.stored
@@ -139,14 +176,14 @@ class Pool:
             self._index(meta)
             if sealed and meta.id in sealed:
                 stored.sealed[meta.id] = sealed[meta.id]
-                self._texts.pop(meta.id, None)
+                self._forget_opened(meta.id)
         if outcome.deletes:
             for entry_id in outcome.deletes:
                 old = stored.entries.pop(entry_id, None)
                 if old is not None:
                     self._unindex(old)
                 stored.sealed.pop(entry_id, None)
-                self._texts.pop(entry_id, None)
+                self._forget_opened(entry_id)
             stored.log = log_without(stored.log, outcome.deletes)
         # The same order as a reload gives (storage sorts by version, then entry id).
         stored.log.extend(sorted(outcome.log, key=lambda r: (r.version, r.entry)))

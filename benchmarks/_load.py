@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             concurrency=args.concurrency,
             warmup=args.warmup,
             seconds=args.seconds,
-            workspace_bot=args.workspace_memory,
+            workspace_bot=args.ws_memory,
             request_ids=args.request_ids,
         )
     )

@@ -198,6 +198,26 @@ async def run(entries: int, turns: int, concurrency: int, root: Path) -> dict:
 
 
 P50_MAX_MS = 3.5  # at the larger pool, answered in one call
+
+
+def fdatasync_ms(directory: Path, n: int = 30) -> float:
+    """The p50 of a small append and fdatasync in `directory`: every commit waits for one, so
+    on a shared disk it bounds the wall time of a turn from below."""
+    path = directory / "sync-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        times = []
+        for _ in range(n):
+            os.write(fd, b"x" * 2048)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            times.append((time.perf_counter() - t0) * 1000)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return statistics.median(times)
+
+
 GROWTH_MAX = 1.25  # the larger pool's p50 over the smaller's
 
 
@@ -210,7 +230,9 @@ def main() -> None:
     turns = 40 if args.quick else args.turns
     root = Path(tempfile.mkdtemp(prefix="oblearn"))
     try:
+        sync_before = fdatasync_ms(root)
         results = [asyncio.run(run(n, turns, args.concurrency, root)) for n in (1_000, 10_000)]
+        sync_after = fdatasync_ms(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(
@@ -219,6 +241,10 @@ def main() -> None:
     )
     print("  wait: one call answered at the turn's end (`?wait=true`)")
     print("  ack:  acknowledged once the person's item is durable, then waited for")
+    print(
+        f"  disk: fdatasync p50 {sync_before:.2f} ms before, {sync_after:.2f} ms after (each "
+        "commit waits for one; a turn's wall time includes its commits')"
+    )
     head = ("pool", "mode", "p50 ms", "p99 ms", "cpu ms", "txn/turn", "learning/s", "load")
     line = "{:>8} {:>5} {:>8} {:>8} {:>8} {:>9} {:>11} {:>10}"
     print(line.format(*head))
@@ -254,7 +280,8 @@ def main() -> None:
     print("(engine time: enrichment + bot step + learning, models answering at once)")
     out = Path(__file__).parent / "results" / "learning.json"
     out.parent.mkdir(exist_ok=True)
-    doc = {"machine": platform.platform(), "results": results}
+    doc = {"machine": platform.platform(), "fdatasync_ms": [sync_before, sync_after]}
+    doc["results"] = results
     out.write_text(json.dumps(doc, indent=2))
     print(f"wrote {out}")
 

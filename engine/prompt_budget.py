@@ -63,22 +63,28 @@ def _newest_first(entries: Iterable[ScopedEntry]) -> list[ScopedEntry]:
 
 def candidate_order(entries: Sequence[ScopedEntry]) -> list[ScopedEntry]:
     """The order in which entries are offered to the budget (rules 1-3)."""
-    profiles = {
-        s: _newest_first(e for e in entries if e.scope == s and e.tier == "profile") for s in SCOPES
-    }
-    order: list[ScopedEntry] = []
-    while any(profiles.values()):
+    profiles: dict[str, list[ScopedEntry]] = {s: [] for s in SCOPES}
+    logs: dict[str, list[ScopedEntry]] = {s: [] for s in SCOPES}
+    # A scope's latest update among what can be packed (None: nothing).
+    latest: dict[str, int | None] = dict.fromkeys(SCOPES)
+    for e in entries:  # one pass: a prompt packs every turn
+        if e.scope not in latest or e.tier == "note":
+            continue  # (notes are never packed)
+        last = latest[e.scope]
+        if last is None or e.updated_at > last:
+            latest[e.scope] = e.updated_at
+        if e.tier == "profile":
+            profiles[e.scope].append(e)
+        elif e.tier == "log":
+            logs[e.scope].append(e)
+    for by_scope in (profiles, logs):
         for scope in SCOPES:
-            if profiles[scope]:
-                order.append(profiles[scope].pop(0))
-    logs = {
-        s: _newest_first(e for e in entries if e.scope == s and e.tier == "log") for s in SCOPES
-    }
-    latest = {  # a scope's latest update among what can be packed (notes never are)
-        s: max((e.updated_at for e in entries if e.scope == s and e.tier != "note"), default=0)
-        for s in SCOPES
-    }
-    for scope in sorted(SCOPES, key=lambda s: (-latest[s], SCOPES.index(s))):
+            by_scope[scope] = _newest_first(by_scope[scope])
+    order: list[ScopedEntry] = []
+    rounds = max(len(v) for v in profiles.values())
+    for k in range(rounds):  # round robin, one profile from each scope in turn
+        order.extend(profiles[scope][k] for scope in SCOPES if k < len(profiles[scope]))
+    for scope in sorted(SCOPES, key=lambda s: (-(latest[s] or 0), SCOPES.index(s))):
         order.extend(logs[scope])
     return order
 

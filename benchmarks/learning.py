@@ -6,8 +6,10 @@ and learning executions per second, with a zero-latency model, on pools of 1,000
 Runs a real shard (DuckDB files, group commit, encryption) in this process without Ray or HTTP,
 so the figures are the engine's time, not the network's. The models answer instantly from
 Python: the bot confides on every turn, the memory bot answers the confession, leaves the input
-unchanged, and learns one fact citing the person's newest item. Target: p50 <= 10 ms per turn.
-Writes benchmarks/results/learning.json.
+unchanged, and learns one fact citing the person's newest item. Targets: p50 at most 3.5 ms per
+turn at 10,000 entries and at most 1.25 x the 1,000-entry figure; one commit for the turn's own
+writes (its learning execution commits apart, after the turn). Writes
+benchmarks/results/learning.json.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
+
 from actors.contracts import TurnStart
 from actors.shard.service import ShardService
 from engine.directory import Bot, Chat, Org, OrgSettings
@@ -30,6 +34,15 @@ from engine.memory_entries import EntryMeta, Layer
 from engine.models import Completion, Message, ToolCall, ToolSpec, Usage
 
 ZERO = Usage(input_tokens=0, output_tokens=0)
+
+
+class _Evidence(msgspec.Struct):
+    evidence: list[dict] = []
+
+
+# The model reads the evidence only: the context entries are skipped, not built (a model's own
+# reading is not the engine's time).
+_evidence_only = msgspec.json.Decoder(_Evidence)
 
 
 class InstantModel:
@@ -55,8 +68,8 @@ class InstantModel:
                 usage=ZERO,
             )
         if "learn_fact" in names:
-            request = json.loads(last.content or "{}")
-            person = [e for e in request["evidence"] if e["kind"] == "person"][-1]
+            request = _evidence_only.decode(last.content or "{}")
+            person = [e for e in request.evidence if e["kind"] == "person"][-1]
             args = json.dumps(
                 {
                     "content": f"They said: {person['text'][:80]}",
@@ -96,6 +109,15 @@ async def seed(svc: ShardService, entries: int) -> None:
             batch = []
     if batch:
         await svc.add_entries("bot:b1", batch)
+    # The seed's journal records are applied to the tables when the shard is idle: before the
+    # turns, so that no turn pays for applying thousands of seeded rows.
+    await svc.committer.drain()
+    while svc.committer.unapplied:
+        await asyncio.sleep(0.05)
+
+
+MODES = ("wait", "ack")  # one call answered at the turn's end; acknowledged, then waited for
+BLOCK = 5  # sequential turns per mode in turn, so load on the machine falls on both alike
 
 
 async def run(entries: int, turns: int, concurrency: int, root: Path) -> dict:
@@ -108,56 +130,95 @@ async def run(entries: int, turns: int, concurrency: int, root: Path) -> dict:
         for k in range(concurrency)
     ]
 
-    async def one_turn(chat: Chat, n: int) -> float:
+    async def one_turn(chat: Chat, n: int, mode: str = "wait") -> float:
         t0 = time.perf_counter()
-        turn = await svc.start_turn(
-            TurnStart(
-                chat=chat,
-                bot=BOT,
-                org=ORG,
-                operator="u_0",
-                text=f"Note {n}: I prefer tea in the morning",
-            )
+        start = TurnStart(
+            chat=chat,
+            bot=BOT,
+            org=ORG,
+            operator="u_0",
+            text=f"Note {n}: I prefer tea in the morning",
         )
-        await svc.wait_turn(chat.id, turn.id)
+        if mode == "wait":  # as `POST …/turns?wait=true`: the reply in one call
+            await svc.start_turn(start, True)
+        else:  # as `POST …/turns`: acknowledged once the person's item is durable
+            turn = await svc.start_turn(start)
+            await svc.wait_turn(chat.id, turn.id)
         while svc.learning._tasks:  # this turn's learning execution
             await asyncio.gather(*list(svc.learning._tasks.values()), return_exceptions=True)
         return (time.perf_counter() - t0) * 1000
 
     for n in range(5):  # warm-up
-        await one_turn(chats[0], -n)
-    cpu0, txn0 = time.process_time(), svc.committer.transactions
-    latencies = [await one_turn(chats[0], n) for n in range(turns)]
-    cpu_ms = (time.process_time() - cpu0) * 1000 / turns  # this process: loop + DB thread
-    txn_per_turn = (svc.committer.transactions - txn0) / turns
+        await one_turn(chats[0], -n, MODES[n % 2])
+    load = [os.getloadavg()[0]]
+    latencies: dict[str, list[float]] = {m: [] for m in MODES}
+    cpu = dict.fromkeys(MODES, 0.0)
+    txns = dict.fromkeys(MODES, 0)
+    for block in range(0, turns * len(MODES), BLOCK):
+        mode = MODES[(block // BLOCK) % len(MODES)]
+        cpu0, txn0 = time.process_time(), svc.committer.transactions
+        for n in range(block, block + BLOCK):
+            latencies[mode].append(await one_turn(chats[0], n, mode))
+        cpu[mode] += time.process_time() - cpu0  # this process: loop, journal and DB threads
+        txns[mode] += svc.committer.transactions - txn0
     # Throughput: `concurrency` chats in parallel, each running turns back to back.
     t0 = time.perf_counter()
 
     async def chat_loop(chat: Chat) -> int:
         count = 0
         for n in range(max(1, turns // concurrency)):
-            await one_turn(chat, 1000 + n)
+            await one_turn(chat, 10_000 + n)
             count += 1
         return count
 
     counts = await asyncio.gather(*[chat_loop(c) for c in chats])
     elapsed = time.perf_counter() - t0
+    load.append(os.getloadavg()[0])
     jobs = await svc.learning_jobs("bot:b1")
     failed = [j for j in jobs if j.status != "done"]
     await svc.close()
-    latencies.sort()
-    return {
+    out: dict = {
         "entries": entries,
         "turns": turns,
-        "p50_ms": round(statistics.median(latencies), 2),
-        "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 2),
         "learning_per_s": round(sum(counts) / elapsed, 1),
-        "cpu_ms_per_turn": round(cpu_ms, 2),
-        "txn_per_turn": round(txn_per_turn, 2),
         "concurrency": concurrency,
         "jobs": len(jobs),
         "jobs_not_done": len(failed),
+        "load": load,
     }
+    for mode in MODES:
+        lat = sorted(latencies[mode])
+        out[mode] = {
+            "p50_ms": round(statistics.median(lat), 2),
+            "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2),
+            "cpu_ms_per_turn": round(cpu[mode] * 1000 / len(lat), 2),
+            "txn_per_turn": round(txns[mode] / len(lat), 2),
+        }
+    return out
+
+
+P50_MAX_MS = 3.5  # at the larger pool, answered in one call
+
+
+def fdatasync_ms(directory: Path, n: int = 30) -> float:
+    """The p50 of a small append and fdatasync in `directory`: every commit waits for one, so
+    on a shared disk it bounds the wall time of a turn from below."""
+    path = directory / "sync-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        times = []
+        for _ in range(n):
+            os.write(fd, b"x" * 2048)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            times.append((time.perf_counter() - t0) * 1000)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return statistics.median(times)
+
+
+GROWTH_MAX = 1.25  # the larger pool's p50 over the smaller's
 
 
 def main() -> None:
@@ -169,26 +230,58 @@ def main() -> None:
     turns = 40 if args.quick else args.turns
     root = Path(tempfile.mkdtemp(prefix="oblearn"))
     try:
+        sync_before = fdatasync_ms(root)
         results = [asyncio.run(run(n, turns, args.concurrency, root)) for n in (1_000, 10_000)]
+        sync_after = fdatasync_ms(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(
-        f"learning: {turns} sequential turns per pool, then {args.concurrency} chats in "
-        f"parallel; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.1f}"
+        f"learning: {turns} sequential turns per pool and call mode (in blocks of {BLOCK}), "
+        f"then {args.concurrency} chats in parallel; {os.cpu_count()} CPUs"
     )
-    head = ("pool", "p50 ms/turn", "p99 ms/turn", "cpu ms/turn", "txn/turn", "learning/s", "result")
-    line = "{:>8} {:>12} {:>12} {:>12} {:>9} {:>11} {:>7}"
+    print("  wait: one call answered at the turn's end (`?wait=true`)")
+    print("  ack:  acknowledged once the person's item is durable, then waited for")
+    print(
+        f"  disk: fdatasync p50 {sync_before:.2f} ms before, {sync_after:.2f} ms after (each "
+        "commit waits for one; a turn's wall time includes its commits')"
+    )
+    head = ("pool", "mode", "p50 ms", "p99 ms", "cpu ms", "txn/turn", "learning/s", "load")
+    line = "{:>8} {:>5} {:>8} {:>8} {:>8} {:>9} {:>11} {:>10}"
     print(line.format(*head))
     for r in results:
-        ok = "PASS" if r["p50_ms"] <= 10 else "MISS"
-        row = (r["entries"], r["p50_ms"], r["p99_ms"], r["cpu_ms_per_turn"], r["txn_per_turn"])
-        print(line.format(*row, r["learning_per_s"], ok))
+        for mode in MODES:
+            m = r[mode]
+            row = (r["entries"], mode, m["p50_ms"], m["p99_ms"], m["cpu_ms_per_turn"])
+            load = "{:.1f}-{:.1f}".format(*r["load"])
+            print(line.format(*row, m["txn_per_turn"], r["learning_per_s"], load))
         if r["jobs_not_done"]:
             print(f"  WARNING: {r['jobs_not_done']} of {r['jobs']} jobs did not end done")
-    print("target: p50 <= 10 ms per turn (engine time: enrichment + bot step + learning)")
+    small, large = results[0]["wait"], results[-1]["wait"]
+    growth = large["p50_ms"] / small["p50_ms"]
+    checks = [
+        (
+            f"p50 per turn at {results[-1]['entries']:,} entries <= {P50_MAX_MS} ms",
+            large["p50_ms"],
+            large["p50_ms"] <= P50_MAX_MS,
+        ),
+        (
+            f"p50 at {results[-1]['entries']:,} / at {results[0]['entries']:,} <= {GROWTH_MAX}",
+            round(growth, 2),
+            growth <= GROWTH_MAX,
+        ),
+        (
+            "transactions per turn <= 2 (the turn's one commit, its learning execution's)",
+            large["txn_per_turn"],
+            large["txn_per_turn"] <= 2.0,
+        ),
+    ]
+    for what, value, ok in checks:
+        print(f"target: {what}: {value} {'PASS' if ok else 'FAIL'}")
+    print("(engine time: enrichment + bot step + learning, models answering at once)")
     out = Path(__file__).parent / "results" / "learning.json"
     out.parent.mkdir(exist_ok=True)
-    doc = {"machine": platform.platform(), "load": os.getloadavg(), "results": results}
+    doc = {"machine": platform.platform(), "fdatasync_ms": [sync_before, sync_after]}
+    doc["results"] = results
     out.write_text(json.dumps(doc, indent=2))
     print(f"wrote {out}")
 

@@ -12,6 +12,7 @@ still applies.
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import msgspec
@@ -92,14 +93,26 @@ def provable(entries: Mapping[str, EntryMeta]) -> set[str]:
     return {i for i in entries if check(i, frozenset())}
 
 
-def context_selection(entries: Mapping[str, EntryMeta]) -> tuple[list[EntryMeta], dict[str, int]]:
-    """The first 300 valid entries in memory order, and topic counts over all valid ones."""
-    valid = [entries[i] for i in provable(entries)]
+def context_selection(
+    entries: Mapping[str, EntryMeta], *, ordered: bool = False
+) -> tuple[list[EntryMeta], dict[str, int]]:
+    """The first 300 valid entries in memory order, and topic counts over all valid ones.
+    `ordered`: `entries` iterate in memory order already (a read's usable entries)."""
+    ok = provable(entries)
+    if ordered:
+        valid = [m for i, m in entries.items() if i in ok]
+        counts = _topic_counts(valid)
+        return valid[:CONTEXT_ENTRIES], counts
+    valid = [entries[i] for i in ok]
+    return in_memory_order(valid)[:CONTEXT_ENTRIES], _topic_counts(valid)
+
+
+def _topic_counts(valid: Iterable[EntryMeta]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for entry in valid:
         for topic in tagmod.topics_of(entry.tags):
             counts[topic] = counts.get(topic, 0) + 1
-    return in_memory_order(valid)[:CONTEXT_ENTRIES], dict(sorted(counts.items()))
+    return dict(sorted(counts.items()))
 
 
 def context_entry(entry: EntryMeta, content: str) -> ContextEntry:
@@ -132,6 +145,13 @@ def build_request(
     person items. The JSON structure always stays whole.
     """
     budget = limit - overhead
+    whole = _enc.encode(
+        LearningRequest(evidence=list(evidence), entries=list(entries), topics=dict(topics))
+    )
+    # What the sizing below keeps when everything fits: all of it (each list's elements cost
+    # their bytes and one comma each, one more than the commas between them).
+    if len(whole) + bool(entries) + bool(evidence) <= budget:
+        return whole.decode(), list(evidence)
     sizes_e = [len(_enc.encode(e)) + 1 for e in entries]
     sizes_i = [len(_enc.encode(i)) + 1 for i in evidence]
     base = len(_enc.encode(LearningRequest(evidence=[], entries=[], topics=dict(topics))))
@@ -249,7 +269,9 @@ def decide(
 ) -> Decision:
     """Check each proposed call (`name`, JSON arguments) against the latest state."""
     out = Decision(new=[], changed=[], rejected=[])
-    state = dict(entries)  # grows with accepted entries, so later calls may build on them
+    # Grows with accepted entries, so later calls may build on them; an overlay, not a copy:
+    # the pool may hold many thousands of entries and a call reads a few of them.
+    state: ChainMap[str, EntryMeta] = ChainMap({}, entries)  # type: ignore[arg-type]
     for name, raw in calls:
         kind = PROPOSALS.get(name)
         if kind is None:

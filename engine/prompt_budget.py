@@ -18,6 +18,7 @@ with their content, already filtered to what the reader may see.
 from __future__ import annotations
 
 import datetime
+import functools
 from collections.abc import Iterable, Sequence
 
 import msgspec
@@ -43,11 +44,19 @@ class Packed(msgspec.Struct, frozen=True, kw_only=True):
     overflow: bool = False  # a profile or log entry did not fit
 
 
+DAY_MS = 86_400_000
+
+
+@functools.lru_cache(maxsize=1024)
+def _day(day: int) -> str:
+    """The UTC date of day number `day` since the epoch (a prompt's lines share a few)."""
+    return (datetime.date(1970, 1, 1) + datetime.timedelta(days=day)).isoformat()
+
+
 def line(entry: ScopedEntry) -> str:
     """`- (YYYY-MM-DD) content [source]`, the memory line of FS-2 plus its source marker."""
-    day = datetime.datetime.fromtimestamp(entry.updated_at / 1000, datetime.UTC).date()
     marker = f" [{entry.source}]" if entry.source else ""
-    return f"- ({day.isoformat()}) {entry.content}{marker}"
+    return f"- ({_day(entry.updated_at // DAY_MS)}) {entry.content}{marker}"
 
 
 def _newest_first(entries: Iterable[ScopedEntry]) -> list[ScopedEntry]:
@@ -56,22 +65,28 @@ def _newest_first(entries: Iterable[ScopedEntry]) -> list[ScopedEntry]:
 
 def candidate_order(entries: Sequence[ScopedEntry]) -> list[ScopedEntry]:
     """The order in which entries are offered to the budget (rules 1-3)."""
-    profiles = {
-        s: _newest_first(e for e in entries if e.scope == s and e.tier == "profile") for s in SCOPES
-    }
-    order: list[ScopedEntry] = []
-    while any(profiles.values()):
+    profiles: dict[str, list[ScopedEntry]] = {s: [] for s in SCOPES}
+    logs: dict[str, list[ScopedEntry]] = {s: [] for s in SCOPES}
+    # A scope's latest update among what can be packed (None: nothing).
+    latest: dict[str, int | None] = dict.fromkeys(SCOPES)
+    for e in entries:  # one pass: a prompt packs every turn
+        if e.scope not in latest or e.tier == "note":
+            continue  # (notes are never packed)
+        last = latest[e.scope]
+        if last is None or e.updated_at > last:
+            latest[e.scope] = e.updated_at
+        if e.tier == "profile":
+            profiles[e.scope].append(e)
+        elif e.tier == "log":
+            logs[e.scope].append(e)
+    for by_scope in (profiles, logs):
         for scope in SCOPES:
-            if profiles[scope]:
-                order.append(profiles[scope].pop(0))
-    logs = {
-        s: _newest_first(e for e in entries if e.scope == s and e.tier == "log") for s in SCOPES
-    }
-    latest = {  # a scope's latest update among what can be packed (notes never are)
-        s: max((e.updated_at for e in entries if e.scope == s and e.tier != "note"), default=0)
-        for s in SCOPES
-    }
-    for scope in sorted(SCOPES, key=lambda s: (-latest[s], SCOPES.index(s))):
+            by_scope[scope] = _newest_first(by_scope[scope])
+    order: list[ScopedEntry] = []
+    rounds = max(len(v) for v in profiles.values())
+    for k in range(rounds):  # round robin, one profile from each scope in turn
+        order.extend(profiles[scope][k] for scope in SCOPES if k < len(profiles[scope]))
+    for scope in sorted(SCOPES, key=lambda s: (-(latest[s] or 0), SCOPES.index(s))):
         order.extend(logs[scope])
     return order
 
@@ -102,7 +117,7 @@ def _pack(
     budget: int,
 ) -> Packed:
     used = len(instructions)
-    chosen: dict[str, list[ScopedEntry]] = {s: [] for s in SCOPES}
+    chosen: dict[str, list[str]] = {s: [] for s in SCOPES}  # lines
     included: list[str] = []
     omitted: list[str] = [e.id for e in entries if e.tier not in ("profile", "log")]
     overflow = False
@@ -112,7 +127,8 @@ def _pack(
         if entry.scope not in chosen:
             omitted.append(entry.id)
             continue
-        cost = len(line(entry)) + 1  # the line and its newline
+        text = line(entry)
+        cost = len(text) + 1  # the line and its newline
         if not chosen[entry.scope]:
             cost += len(HEADINGS[entry.scope]) + 2  # the heading, a blank line before it
         if used + cost > budget:
@@ -120,13 +136,13 @@ def _pack(
             overflow = True
             continue
         used += cost
-        chosen[entry.scope].append(entry)
+        chosen[entry.scope].append(text)
         included.append(entry.id)
     parts = [instructions] if instructions else []
     for scope in SCOPES:
         if chosen[scope]:
             parts.append(
-                "\n" + HEADINGS[scope] + "\n" + "".join(line(e) + "\n" for e in chosen[scope])
+                "\n" + HEADINGS[scope] + "\n" + "".join(text + "\n" for text in chosen[scope])
             )
     text = "".join(parts)
     assert len(text) <= budget, "packing accounted for every character"

@@ -79,17 +79,26 @@ class Visibility:
     Build one per read (the memo is only valid for the pool state it was built on).
     """
 
-    def __init__(self, reader: Reader, entries: Mapping[str, EntryMeta]) -> None:
+    def __init__(
+        self,
+        reader: Reader,
+        entries: Mapping[str, EntryMeta],
+        known: dict[str, tuple[EntryMeta, bool | None]] | None = None,
+    ) -> None:
         self.reader = reader
         self.entries = entries
         self._memo: dict[str, bool] = {}
+        # Each entry's own checks (`_local`) by id, with the entry they were made on: they
+        # depend on that entry and the reader alone, so a caller may keep them across reads
+        # (for this reader) and they hold while the entry object is the same.
+        self._known = known
 
     def visible(self, entry_id: str) -> bool:
         """Whether the reader may see this entry (including as history)."""
         memo = self._memo.get(entry_id)
         if memo is None:
             entry = self.entries.get(entry_id)
-            local = None if entry is None else self._local(entry)
+            local = None if entry is None else self._local_of(entry)
             # Pinned entries and facts need no recursion; only observations walk their sources.
             memo = self._resolve(entry_id) if local is None else local
             self._memo[entry_id] = memo
@@ -99,6 +108,17 @@ class Visibility:
         """Visible and active: what a conclusion may rest on (ACL-10)."""
         entry = self.entries.get(entry_id)
         return entry is not None and entry.status == Status.ACTIVE and self.visible(entry_id)
+
+    def _local_of(self, entry: EntryMeta) -> bool | None:
+        known = self._known
+        if known is None:
+            return self._local(entry)
+        hit = known.get(entry.id)
+        if hit is not None and hit[0] is entry:
+            return hit[1]
+        local = self._local(entry)
+        known[entry.id] = (entry, local)
+        return local
 
     def _local(self, entry: EntryMeta) -> bool | None:
         """Everything but the recursion: False if hidden, True if visible, None if it depends on
@@ -124,7 +144,7 @@ class Visibility:
             entry_id, next_source = stack[-1]
             if next_source == 0 and entry_id not in on_path:
                 entry = self.entries.get(entry_id)
-                local = None if entry is None else self._local(entry)
+                local = None if entry is None else self._local_of(entry)
                 if entry is None or local is not None:
                     memo[entry_id] = bool(local)
                     stack.pop()

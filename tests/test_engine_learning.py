@@ -247,3 +247,87 @@ def test_request_stays_under_the_limit_whole_and_keeps_person_words_first():
     assert sum(i.kind == "person" for i in kept) == 20  # every person item made it
     assert len(kept) < 40 and parsed["entries"] == []  # the rest had to give way
     assert [i.item for i in kept] == sorted((i.item for i in kept), key=lambda s: int(s[2:]))
+
+
+def _sized_request(evidence, entries, topics, limit):
+    """`build_request` by element sizes alone (its general path), to check its shortcut."""
+    import msgspec
+
+    from engine.learning import LearningRequest
+
+    enc = msgspec.json.Encoder()
+    sizes_e = [len(enc.encode(e)) + 1 for e in entries]
+    sizes_i = [len(enc.encode(i)) + 1 for i in evidence]
+    room = limit - len(enc.encode(LearningRequest(evidence=[], entries=[], topics=dict(topics))))
+    keep = set()
+    for k in sorted(range(len(evidence)), key=lambda k: (evidence[k].kind != "person", -k)):
+        if sizes_i[k] <= room:
+            keep.add(k)
+            room -= sizes_i[k]
+    n = 0
+    for size in sizes_e:
+        if size > room:
+            break
+        n += 1
+        room -= size
+    kept = [evidence[k] for k in sorted(keep)]
+    req = LearningRequest(evidence=kept, entries=list(entries[:n]), topics=dict(topics))
+    text = enc.encode(req).decode()
+    if len(text) > limit:
+        text = enc.encode(LearningRequest(evidence=kept, entries=list(entries[:n]), topics={}))
+        text = text.decode()
+    return text, kept
+
+
+def test_a_request_that_fits_whole_is_what_sizing_each_element_would_keep():
+    """Around the limit (and with non-ASCII text, whose bytes outnumber its characters) the
+    request built at once is the one the element-wise sizing builds."""
+    for n_items, n_entries, text in itertools.product((0, 1, 3), (0, 1, 4), ("w" * 40, "é" * 25)):
+        items = [
+            EvidenceItem(chat="c", item=f"i-{k}", kind="person", author="a", text=text)
+            for k in range(n_items)
+        ]
+        entries = [
+            ContextEntry(
+                id=f"e{k}",
+                layer="fact",
+                tier="log",
+                scope="bot",
+                content=text,
+                topics=("t",),
+                status="active",
+            )
+            for k in range(n_entries)
+        ]
+        whole = len(_sized_request(items, entries, {"t": 1}, 100_000)[0].encode())
+        for limit in range(max(2, whole - 4), whole + 6):
+            got = build_request(items, entries, {"t": 1}, limit=limit)
+            assert got == _sized_request(items, entries, {"t": 1}, limit), (limit, whole)
+
+
+def test_context_selection_of_entries_in_memory_order_needs_no_sort():
+    """Entries given in memory order (`ordered`) select as the sorting path does."""
+    from engine.order import in_memory_order
+
+    entries = {
+        f"p{n}": EntryMeta(
+            id=f"p{n}",
+            pool="bot:b",
+            layer=Layer.PINNED,
+            tags=("for:person:a", "org:o1", f"t{n % 3}"),
+            created_at=n,
+            updated_at=n,
+        )
+        for n in range(320)
+    }
+    entries["bad"] = EntryMeta(
+        id="bad",
+        pool="bot:b",
+        layer=Layer.FACT,
+        tags=("for:person:a", "org:o1", "t"),
+        sources=(Source(chat="c", item="i"),),
+        created_at=999,
+        updated_at=999,
+    )
+    ordered = {m.id: m for m in in_memory_order(entries.values())}
+    assert context_selection(ordered, ordered=True) == context_selection(entries)

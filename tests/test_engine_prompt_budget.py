@@ -57,3 +57,48 @@ def test_round_robin_then_logs_by_latest_scope_and_leftovers_stay_out():
     assert packed.text.startswith("Use what helps.\n## Bot memory\n- (")
     tight = pack(entries, budget=len("\n## Bot memory\n") + len(line(entries[1])) + 1)
     assert tight.included == ("bp2",)
+
+
+def _order_by_passes(entries):
+    """Rules 1-3 as separate passes per scope and tier: the oracle of `candidate_order`."""
+    from engine.prompt_budget import SCOPES
+
+    def newest(es):
+        return sorted(es, key=lambda e: (-e.updated_at, e.id))
+
+    profiles = {
+        s: newest(e for e in entries if e.scope == s and e.tier == "profile") for s in SCOPES
+    }
+    order = []
+    while any(profiles.values()):
+        for scope in SCOPES:
+            if profiles[scope]:
+                order.append(profiles[scope].pop(0))
+    logs = {s: newest(e for e in entries if e.scope == s and e.tier == "log") for s in SCOPES}
+    latest = {
+        s: max((e.updated_at for e in entries if e.scope == s and e.tier != "note"), default=0)
+        for s in SCOPES
+    }
+    for scope in sorted(SCOPES, key=lambda s: (-latest[s], SCOPES.index(s))):
+        order.extend(logs[scope])
+    return order
+
+
+def test_candidate_order_in_one_pass_is_the_order_of_the_rules():
+    import random
+
+    from engine.prompt_budget import ScopedEntry, candidate_order
+
+    rng = random.Random(5)
+    for _ in range(300):
+        entries = [
+            ScopedEntry(
+                id=f"e{k}",
+                scope=rng.choice(["bot", "user", "project", "other"]),
+                tier=rng.choice(["profile", "log", "note", "odd"]),
+                content="x",
+                updated_at=rng.randint(-5, 5),
+            )
+            for k in range(rng.randint(0, 12))
+        ]
+        assert candidate_order(entries) == _order_by_passes(entries)

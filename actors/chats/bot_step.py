@@ -170,7 +170,9 @@ class BotStepper:
                             confided = True
                             confessions += 1
                     else:
-                        result = await self._workspace_tool(call, step, effects, batch.after, sent)
+                        result = await self._workspace_tool(
+                            call, step, effects, batch.durable_before, sent
+                        )
                 except SendUnconfirmed as e:  # unknown is not "not stored": the step fails
                     return StepOutcome(
                         status="failed",
@@ -302,10 +304,10 @@ class BotStepper:
         call: ToolCall,
         step: StepInput,
         effects: list[Effect],
-        after=None,
+        after: Callable[[], asyncio.Future[None] | None] | None = None,
         sent: StepWrites | None = None,
     ):
-        """`after`: the commit the step's own rows wait for (a direct turn's person item).
+        """`after()`: the commit the step's own rows wait for (a direct turn's person item).
         Tools that write elsewhere at once wait for it first: a turn whose item failed to
         store leaves no member, rules change or request behind for its retry to repeat. `sent`:
         for a delivery, the send it answers, on another shard (sent_gate.py): the same."""
@@ -317,7 +319,7 @@ class BotStepper:
             return REFUSED  # (`SendUnconfirmed` goes up: the step fails)
         try:
             if call.name in WRITING_TOOLS:
-                await durable(after)
+                await durable(after() if after is not None else None)
             if call.name == "workspace_get_self_rules":
                 return _enc.encode(rules_view(bot)).decode()
             if call.name == "workspace_update_self_rules":

@@ -115,10 +115,10 @@ class Conversations:
 
     async def start_turn(self, start: TurnStart, wait: bool = False) -> Turn | TurnResult:
         """Store the person's item and start the turn; with `wait`, answer once it ended."""
-        turn = await self._start_turn(start)
+        turn = await self._start_turn(start, wait)
         return await self.wait_turn(start.chat.id, turn.id) if wait else turn
 
-    async def _start_turn(self, start: TurnStart) -> Turn:
+    async def _start_turn(self, start: TurnStart, wait: bool = False) -> Turn:
         text = start.text
         if not isinstance(text, str) or not text.strip():
             raise InvalidInput("text must be a non-empty string", code="invalid_text")
@@ -173,9 +173,16 @@ class Conversations:
             # The person's item is durable before the turn is acknowledged.
             batch = Batch(writes=[self.store.put_turn(log, turn)])
             self.logs.append(log, start.chat, [(item, text)], batch)
+            held: Batch | None = None
             if plan is not None:
                 await self.logs.commit(start.chat.id, batch)
                 stored = None
+            elif wait:
+                # The caller is answered at the turn's end: the person's item commits with
+                # it, one transaction for the whole turn. `stored` settles with that commit.
+                held, stored = batch, asyncio.get_running_loop().create_future()
+                self._storing[turn_id] = stored
+                stored.add_done_callback(partial(_drop, self._storing, turn_id))
             else:  # a direct turn's step starts while it commits (below)
                 stored = self.logs.commit_soon(start.chat.id, log, batch)
                 if stored is not None:
@@ -187,7 +194,11 @@ class Conversations:
             # The bot's step overlaps the person's commit: what the turn stores goes `after`
             # it (with it or later, never without it), and the turn is acknowledged only
             # once it is durable.
-            task = asyncio.create_task(self._run(start, turn, item, stored))
+            task = asyncio.create_task(
+                self._run(start, turn, item, stored)
+                if held is None
+                else self._run_held(start, turn, item, held, stored)
+            )
         self._tasks[turn.id] = task
         # A retry of a failed turn stores its own task under the same id: only this one goes.
         task.add_done_callback(partial(_drop, self._tasks, turn.id))
@@ -248,19 +259,60 @@ class Conversations:
         items = [self.logs.view(log, i) for i in log.items if i.turn == turn_id]
         return TurnResult(turn=turn, items=items)
 
+    async def _run_held(
+        self, start: TurnStart, turn: Turn, person_item: Item, held: Batch, stored: asyncio.Future
+    ) -> None:
+        """`_run` with the person's item still in `held`: `stored` settles as that commits
+        (or fails with what ended the turn first, so its caller is never left waiting)."""
+        try:
+            await self._run(start, turn, person_item, held=held, stored=stored)
+        except BaseException as e:
+            if not stored.done():
+                err = e if isinstance(e, Exception) else Unavailable("the turn was stopped")
+                stored.set_exception(err)
+            raise
+        finally:
+            if not stored.done():
+                stored.set_exception(Unavailable("the turn ended without storing its items"))
+
+    def _release(
+        self, chat: str, log: ChatLog, held: Batch, stored: asyncio.Future | None
+    ) -> asyncio.Future[None] | None:
+        """Commit what a held turn batch holds so far (the person's item first); the batch
+        goes on empty, `after` that commit, as an acknowledged turn's does."""
+        part = Batch(
+            writes=held.writes,
+            events=held.events,
+            keys=held.keys,
+            on_failure=held.on_failure,
+            on_commit=held.on_commit,
+        )
+        held.writes, held.events, held.keys = [], [], []
+        held.on_failure, held.on_commit = [], []
+        fut = self.logs.commit_soon(chat, log, part)
+        if fut is not None and stored is not None:
+            fut.add_done_callback(partial(_settle_from, stored))
+        return fut
+
     async def _run(
         self,
         start: TurnStart,
         turn: Turn,
         person_item: Item,
         after: asyncio.Future[None] | None = None,
+        *,
+        held: Batch | None = None,
+        stored: asyncio.Future[None] | None = None,
     ) -> None:
         """A direct (or review) turn: one step; its end, items, confessions and learning job
-        commit in one transaction, `after` the person's item (`_start_turn`)."""
+        commit in one transaction, `after` the person's item (`_start_turn`), or with it
+        (`held`: its batch, and the future `stored` to settle once that commit is durable)."""
         chat, org, bot = start.chat, start.org, start.bot
         assert bot is not None
         log = await self.logs.log(chat.id)
-        batch = Batch(after=after)
+        batch = Batch(after=after) if held is None else held
+        if held is not None:
+            held.release = partial(self._release, chat.id, log, held, stored)
         effects: tuple[Effect, ...] = ()
         job = None
         async with self.logs.lock(chat.id):
@@ -322,6 +374,8 @@ class Conversations:
                     started = []
                 else:
                     await self.logs.commit(chat.id, batch)
+                if stored is not None and not stored.done():
+                    stored.set_result(None)
             finally:
                 if job is not None:  # stored (or not at all): the jobs table answers from now
                     self._scheduled.discard(job.id)
@@ -456,6 +510,17 @@ class Conversations:
 def _drop(held: dict, key: str, fut: asyncio.Future) -> None:
     if held.get(key) is fut:
         del held[key]
+
+
+def _settle_from(target: asyncio.Future, source: asyncio.Future) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:
+        target.set_exception(source.exception())  # type: ignore[arg-type]
+    else:
+        target.set_result(None)
 
 
 def _cancel_unless_stored(task: asyncio.Task, stored: asyncio.Future) -> None:

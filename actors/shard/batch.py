@@ -36,6 +36,17 @@ class Batch:
     # Set by the kernel when the batch is staged: a batch is submitted once, and code holding
     # one it may or may not have submitted asks this (not whether it has failure hooks).
     staged: bool = False
+    # A batch held to commit at the end of what builds it (a direct turn answered at its end):
+    # `release()` commits what it holds so far and makes that commit its `after`, for work
+    # that must not happen before it is durable (a tool that writes elsewhere at once).
+    release: Callable[[], asyncio.Future[None] | None] | None = None
+
+    def durable_before(self) -> asyncio.Future[None] | None:
+        """The commit that must be durable before anything outside this batch is written."""
+        if self.release is not None:
+            release, self.release = self.release, None
+            self.after = release()
+        return self.after
 
     def add(self, *writes: Write) -> Batch:
         self.writes.extend(writes)

@@ -87,15 +87,24 @@ class Snapshot:
         check = vis.usable if active else vis.visible
         return [entries[i] for i in self.pool.candidates(self.reader) if check(i)]
 
+    def _in_order(self, active: bool) -> list[EntryMeta]:
+        records = [self.records[r.id] for r in self.visible_records(active=active)]
+        if records:
+            return in_memory_order([*self.visible_entries(active=active), *records])
+        if self.ws is not None and self.ws.stored.entries:
+            # Hidden records may still decide an observation's visibility: not kept.
+            return in_memory_order(self.visible_entries(active=active))
+        return self.pool.view(
+            self.reader, active, lambda: in_memory_order(self.visible_entries(active=active))
+        )
+
     def visible(self) -> list[EntryMeta]:
         """Entries the reader may see (history included), in memory order (MEM-5)."""
-        records = [self.records[r.id] for r in self.visible_records()]
-        return in_memory_order([*self.visible_entries(), *records])
+        return self._in_order(active=False)
 
     def usable(self) -> list[EntryMeta]:
         """Visible and active, in memory order: what context, prompts and search use."""
-        records = [self.records[r.id] for r in self.visible_records(active=True)]
-        return in_memory_order([*self.visible_entries(active=True), *records])
+        return self._in_order(active=True)
 
     def is_record(self, entry_id: str) -> bool:
         return self.ws is not None and entry_id in self.ws.stored.entries
@@ -139,7 +148,7 @@ class MemoryReader:
 
         def open_(entry_id: str) -> str:
             if entry_id in pool.stored.sealed:
-                return store.open_content(pool.stored, entry_id)
+                return pool.open(entry_id, store.open_content)
             assert ws is not None
             return records.open(ws, entry_id)
 
@@ -149,7 +158,7 @@ class MemoryReader:
             reader=reader,
             entries=entries,
             records=Records(ws),
-            visibility=Visibility(reader, entries),
+            visibility=Visibility(reader, entries, pool.known(reader)),
             open=open_,
         )
 
@@ -231,10 +240,10 @@ class MemoryReader:
             if cached is None or cached[0] != key:
                 snap = self.snapshot(pool, ws, reader)
                 seen = {m.id: m for m in snap.usable()}
-                cached = (key, *context_selection(seen), snap.open)
+                cached = (key, *context_selection(seen, ordered=True), snap.open)
                 pool.learning_view = cached
             _, chosen, topics, open_ = cached
-            entries = [context_entry(m, open_(m.id)) for m in chosen]
+            entries = pool.derive("learning", chosen, context_entry, open_)
         return entries, topics
 
     def learning_state(self, pool: Pool, ws: WorkspacePool | None) -> Mapping[str, EntryMeta]:

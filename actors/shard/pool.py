@@ -7,7 +7,8 @@ that could possibly admit the reader instead of the whole pool (a side table, in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from actors.shard.rwlock import RWLock
 from engine import tags as tagmod
@@ -16,6 +17,12 @@ from engine.memory_entries import EntryMeta, Reader
 from engine.visibility import Visibility
 from storage.memory_store import StoredPool, log_without
 from storage.search_index import TermIndex
+
+T = TypeVar("T")
+VIEWS = 8  # readers whose views a pool keeps (`Pool.view`)
+TEXTS = 4096  # opened contents a pool keeps (`Pool.open`); past it, it starts afresh
+DERIVED = ("prompt", "learning")  # the kinds `Pool.derive` keeps
+KNOWN = 16_384  # visibility checks kept per reader (`Pool.known`); past it, afresh
 
 
 class Pool:
@@ -29,6 +36,19 @@ class Pool:
         self.stored_receipts: set[str] | None = None  # keys on disk when loaded (None: not read)
         # The learning context (LRN-7) of one pool version: recomputing it walks every entry.
         self.learning_view: tuple | None = None  # (version, reader, entries, topic counts)
+        # The entries recent readers may see (or use), in memory order, at one state of the
+        # pool: a turn's reads (enrichment, prompt, confession, learning) ask the same again.
+        self._views: dict[tuple[Reader, bool], tuple[int, list[EntryMeta]]] = {}
+        self._changes = 0  # bumped by every `apply`: the state the views were built on
+        # Per recent reader, each entry's own visibility checks (engine/visibility.py `known`).
+        self._known: dict[Reader, dict[str, tuple[EntryMeta, bool | None]]] = {}
+        # Content opened for a read, by entry, while its sealed bytes stay the same: a turn
+        # reads the same entries several times, and the next turn most of them again. Only
+        # what a visibility check let through is ever opened (ACL-8); purges drop it.
+        self._texts: dict[str, tuple[bytes, str]] = {}
+        # What reads make of an entry and its content (its prompt and learning forms), by
+        # kind and entry, while the entry object and its sealed content are the same.
+        self._derived: dict[tuple[str, str], tuple[EntryMeta, bytes, object]] = {}
         self._by_grant: dict[str, set[str]] = {}
         for meta in stored.entries.values():
             self._index(meta)
@@ -71,9 +91,83 @@ class Pool:
             out |= self._by_grant.get(key, set())
         return out
 
+    def view(
+        self, reader: Reader, active: bool, build: Callable[[], list[EntryMeta]]
+    ) -> list[EntryMeta]:
+        """`build()` (the entries `reader` may see, or use with `active`, in memory order), kept
+        until the pool next changes; call under the pool's lock, with nothing else in the
+        union (workspace records change apart from the pool)."""
+        key = (reader, active)
+        hit = self._views.pop(key, None)
+        if hit is None or hit[0] != self._changes:
+            hit = (self._changes, build())
+        self._views[key] = hit  # the most recently used last
+        if len(self._views) > VIEWS:
+            del self._views[next(iter(self._views))]
+        return list(hit[1])
+
+    def known(self, reader: Reader) -> dict[str, tuple[EntryMeta, bool | None]]:
+        """The reader's kept visibility checks, for `Visibility(..., known=)`."""
+        known = self._known.pop(reader, None)
+        if known is None or len(known) > KNOWN:
+            known = {}
+        self._known[reader] = known  # the most recently used last
+        if len(self._known) > VIEWS:
+            del self._known[next(iter(self._known))]
+        return known
+
+    @property
+    def opened(self) -> frozenset[str]:
+        """Entries whose content the pool holds opened (`open`, `derive`)."""
+        return frozenset([*self._texts, *(entry_id for _, entry_id in self._derived)])
+
+    def open(self, entry_id: str, opener: Callable[[StoredPool, str], str]) -> str:
+        """An entry's content, opened by `opener` once per sealed version."""
+        sealed = self.stored.sealed[entry_id]
+        hit = self._texts.get(entry_id)
+        if hit is not None and hit[0] is sealed:
+            return hit[1]
+        text = opener(self.stored, entry_id)
+        if len(self._texts) >= TEXTS:
+            self._texts.clear()
+        self._texts[entry_id] = (sealed, text)
+        return text
+
+    def derive(
+        self,
+        kind: str,
+        metas: Sequence[EntryMeta],
+        build: Callable[[EntryMeta, str], T],
+        open_: Callable[[str], str],
+    ) -> list[T]:
+        """`build(meta, content)` for each entry (`open_` opens content), kept per `kind` for
+        the pool's own entries; what else the read holds (workspace records) is built anew."""
+        derived, sealed_of = self._derived, self.stored.sealed
+        out: list[T] = []
+        for meta in metas:
+            key = (kind, meta.id)
+            hit = derived.get(key)
+            sealed = sealed_of.get(meta.id)
+            if hit is not None and hit[0] is meta and hit[1] is sealed:
+                out.append(hit[2])  # type: ignore[arg-type]
+                continue
+            value = build(meta, open_(meta.id))
+            if sealed is not None:
+                if len(derived) >= 2 * TEXTS:
+                    derived.clear()
+                derived[key] = (meta, sealed, value)
+            out.append(value)
+        return out
+
+    def _forget_opened(self, entry_id: str) -> None:
+        self._texts.pop(entry_id, None)
+        for kind in DERIVED:
+            self._derived.pop((kind, entry_id), None)
+
     def apply(self, outcome: Outcome, sealed: dict[str, bytes] | None = None) -> None:
         """Make an outcome the pool's in-memory state (after its writes were queued)."""
         stored = self.stored
+        self._changes += 1
         for meta in outcome.upserts:
             old = stored.entries.get(meta.id)
             if old is not None:
@@ -82,12 +176,14 @@ class Pool:
             self._index(meta)
             if sealed and meta.id in sealed:
                 stored.sealed[meta.id] = sealed[meta.id]
+                self._forget_opened(meta.id)
         if outcome.deletes:
             for entry_id in outcome.deletes:
                 old = stored.entries.pop(entry_id, None)
                 if old is not None:
                     self._unindex(old)
                 stored.sealed.pop(entry_id, None)
+                self._forget_opened(entry_id)
             stored.log = log_without(stored.log, outcome.deletes)
         # The same order as a reload gives (storage sorts by version, then entry id).
         stored.log.extend(sorted(outcome.log, key=lambda r: (r.version, r.entry)))

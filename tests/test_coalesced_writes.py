@@ -452,3 +452,62 @@ def test_a_failed_workspace_commit_fails_exactly_its_calls_creations(tmp_path: P
     assert msgspec.json.decode(retried[0])["id"].startswith("mem_retry_")
     contents = sorted(e.content for e in listing.entries)
     assert contents == sorted(f"fact {i}" for i in (0, 1, 2, 3, 7, 8))
+
+
+class HeldShard:
+    """Each call waits until the test releases it (by its index); records the calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[bytes]] = []
+        self.gates: list[asyncio.Event] = []
+
+    async def send(self, call: bytes) -> bytes:
+        requests = COALESCED.decode(call)
+        self.calls.append(requests)
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        return _enc.encode([r[::-1] for r in requests])
+
+
+async def _turns(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def test_two_calls_in_flight_the_next_requests_go_while_the_first_call_waits():
+    async def go():
+        shard = HeldShard()
+        co = Coalescer(shard.send, max_calls=2)
+        first = asyncio.ensure_future(co.call(b"a"))
+        await _turns()
+        # The first call is held (its group syncing): the next request goes in a call of its
+        # own at once, instead of waiting for the first to come back.
+        second = asyncio.ensure_future(co.call(b"b"))
+        await _turns()
+        assert shard.calls == [[b"a"], [b"b"]]
+        queued = [asyncio.ensure_future(co.call(r)) for r in (b"c", b"d", b"e")]
+        await _turns()
+        assert len(shard.calls) == 2  # at most two in flight: these wait for one to return
+        shard.gates[1].set()  # the second returns first: its task takes all that queued
+        await _turns()
+        assert shard.calls[2] == [b"c", b"d", b"e"]
+        assert await second == b"b" and not first.done()
+        shard.gates[0].set()
+        shard.gates[2].set()
+        return await first, await asyncio.gather(*queued), co
+
+    first, queued, co = asyncio.run(go())
+    assert (first, queued) == (b"a", [b"c", b"d", b"e"])
+    assert (co.calls, co.requests) == (3, 5)
+
+
+def test_a_gateways_write_coalescers_keep_two_calls_in_flight():
+    from actors.runtime.shard_proxy import RayShard
+
+    async def go():
+        port = RayShard("s", "ns", handle=object())
+        w = port.writes()
+        return w.remember.max_calls, w.workspace_create.max_calls
+
+    assert asyncio.run(go()) == (2, 2)

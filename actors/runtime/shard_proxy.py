@@ -50,6 +50,11 @@ class RayShard(NamedActor, ShardPort):
     """`ShardPort` over the shard actor named `name`."""
 
     coalesce = True  # False: one call per write (benchmarks compare the two)
+    # Coalesced calls of one kind in flight at once: the shard answers a call only once its
+    # group's journal record is synced, and with one call in flight nothing reaches it
+    # meanwhile; with two, the next call's writes are decided and queued while that sync runs
+    # and form the next group the moment it ends (actors/runtime/coalesce.py).
+    write_calls = 2
     follow = True  # False: events by the pump's poll only (one more Ray call per commit)
 
     def __init__(self, name: str, namespace: str, handle: Any = None) -> None:
@@ -65,8 +70,8 @@ class RayShard(NamedActor, ShardPort):
         found = self._writes.get(loop)
         if found is None:
             found = _Writes(
-                Coalescer(self._remember_many),
-                Coalescer(self._workspace_create_many),
+                Coalescer(self._remember_many, max_calls=self.write_calls),
+                Coalescer(self._workspace_create_many, max_calls=self.write_calls),
                 Follower(self._poll),
             )
             self._writes[loop] = found

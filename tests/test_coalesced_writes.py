@@ -511,3 +511,36 @@ def test_a_gateways_write_coalescers_keep_two_calls_in_flight():
         return w.remember.max_calls, w.workspace_create.max_calls
 
     assert asyncio.run(go()) == (2, 2)
+
+
+def test_a_second_call_waits_until_as_many_requests_wait_as_the_first_carries():
+    async def go():
+        shard = HeldShard()
+        co = Coalescer(shard.send, max_calls=2)
+        a = asyncio.ensure_future(co.call(b"a"))
+        await _turns()
+        b = asyncio.ensure_future(co.call(b"b"))
+        await _turns()
+        burst = [asyncio.ensure_future(co.call(f"x{i}".encode())) for i in range(3)]
+        await _turns()
+        shard.gates[0].set()  # the first returns: its task takes the burst (3) in one call
+        await _turns()
+        shard.gates[1].set()  # the second returns with nothing queued: two calls end, one left
+        await _turns()
+        assert shard.calls[2] == [b"x0", b"x1", b"x2"] and len(shard.calls) == 3
+        # One call of 3 in flight: 2 waiting requests do not make a call of their own ...
+        late = [asyncio.ensure_future(co.call(f"y{i}".encode())) for i in range(2)]
+        await _turns()
+        assert len(shard.calls) == 3
+        # ... the third does: a call as large as the one in flight.
+        late.append(asyncio.ensure_future(co.call(b"y2")))
+        await _turns()
+        assert shard.calls[3] == [b"y0", b"y1", b"y2"]
+        shard.gates[2].set()
+        shard.gates[3].set()
+        return await a, await b, await asyncio.gather(*burst), await asyncio.gather(*late)
+
+    a, b, burst, late = asyncio.run(go())
+    assert (a, b) == (b"a", b"b")
+    assert burst == [f"x{i}".encode()[::-1] for i in range(3)]
+    assert late == [f"y{i}".encode()[::-1] for i in range(3)]

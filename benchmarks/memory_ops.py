@@ -131,10 +131,10 @@ def uncoalesced(engine: Any, run: Any) -> dict[str, Any]:
             port.coalesce = True
 
 
-def one_call(engine: Any, run: Any, calls: int = 1) -> dict[str, Any]:
+def write_calls(engine: Any, run: Any, calls: int) -> dict[str, Any]:
     """Run a scenario with `calls` coalesced calls of a kind in flight per shard (instead of
     `RayShard.write_calls`): with one, no write reaches the shard while its previous call's
-    group syncs."""
+    group syncs; with two, the next call's writes are decided meanwhile."""
     ports = engine.shard_ports
     kept = [(port, port.write_calls) for port in ports]
     coalescers = [
@@ -186,7 +186,7 @@ def remember_ab(
         "coalesced": run,
         "not_coalesced": lambda: uncoalesced(engine, run),
         "events_polled": lambda: polled(engine, run),
-        "one_call": lambda: one_call(engine, run),
+        "two_calls": lambda: write_calls(engine, run, 2),
     }
     if ping is not None:  # the ceiling, in the same rounds
         ways["ping"] = ping
@@ -681,7 +681,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=lambda s: set(s.split(",")),
         default=None,
         help="run only these in the alternating rounds (comma-separated: coalesced, "
-        "not_coalesced, events_polled, one_call, ping, workspace)",
+        "not_coalesced, events_polled, two_calls, ping, workspace)",
     )
     p.add_argument(
         "--only",

@@ -502,15 +502,71 @@ def test_two_calls_in_flight_the_next_requests_go_while_the_first_call_waits():
     assert (co.calls, co.requests) == (3, 5)
 
 
-def test_a_gateways_write_coalescers_keep_two_calls_in_flight():
+class FakeActor:
+    """A shard actor's handle for `RayShard` without Ray: the coalesced Remember calls, plain
+    and followed, held until the test answers them; the event poll never answers."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, asyncio.Future]] = []
+        self.remember_many = self._method("plain")
+        self.remember_many_followed = self._method("followed")
+        self.events_packed = self._method("poll")
+
+    def _method(self, kind: str):
+        actor = self
+
+        class Method:
+            @staticmethod
+            def remote(*args):
+                fut = asyncio.get_running_loop().create_future()
+                actor.sent.append((kind, fut))
+                return fut
+
+        return Method()
+
+
+def test_of_two_write_calls_in_flight_only_one_brings_events_back():
+    from actors.contracts import EventBatch, Followed
     from actors.runtime.shard_proxy import RayShard
+    from engine.events import ShardHead
 
     async def go():
-        port = RayShard("s", "ns", handle=object())
-        w = port.writes()
-        return w.remember.max_calls, w.workspace_create.max_calls
+        actor = FakeActor()
+        port = RayShard("s", "ns", handle=actor)
+        port.write_calls = 2
+        pump = asyncio.ensure_future(port.events_after(0, wait=30))  # a pump follows here
+        await _turns()
+        a = asyncio.ensure_future(port.remember_packed(b"a"))
+        await _turns()
+        b = asyncio.ensure_future(port.remember_packed(b"b"))
+        await _turns()
+        kinds = [k for k, _ in actor.sent]
+        # Both replies would carry the same events (both calls say the same `seen`): the
+        # second call goes plain.
+        assert kinds == ["poll", "followed", "plain"]
+        head = ShardHead(epoch="e", oldest=0, head=0)
+        followed_fut, plain_fut = actor.sent[1][1], actor.sent[2][1]
+        plain_fut.set_result(_enc.encode([b"b!"]))
+        followed_fut.set_result(
+            _enc.encode(
+                Followed(
+                    replies=msgspec.Raw(_enc.encode([b"a!"])),
+                    events=EventBatch(head=head, events=[]),
+                    upto=0,
+                )
+            )
+        )
+        got = (await a, await b)
+        # The next write brings events again.
+        c = asyncio.ensure_future(port.remember_packed(b"c"))
+        await _turns()
+        assert actor.sent[-1][0] == "followed"
+        pump.cancel()
+        c.cancel()
+        await asyncio.gather(pump, c, return_exceptions=True)
+        return got
 
-    assert asyncio.run(go()) == (2, 2)
+    assert asyncio.run(go()) == (b"a!", b"b!")
 
 
 def test_a_second_call_waits_until_as_many_requests_wait_as_the_first_carries():

@@ -21,12 +21,21 @@ Scenarios, each `--concurrency` closed-loop clients for `--seconds` after `--war
   http_remember_polled  coalesced, but each commit's events reach the gateway by its event
                  pump's poll only, not with the write replies (actors/runtime/follow.py; with
                  the floors only: the side-by-side comparison)
+  http_workspace_write  POST /api/app/workspace/memories, a bot-scope memory of the bot by its
+                 owner, a fresh requestId each (load from a child process)
 The reads run before the writes so they see exactly the seeded pool. Two floors run once, in the
 first mode (`--no-baselines` skips them): GET /healthz (HTTP, no actor call) and shard.ping() (an
 actor call, no work).
 
+`--ab-rounds N` (3 with `--quick`) runs, in the first mode, N rounds that alternate Remember
+(coalesced; not coalesced; events polled; two coalesced calls in flight), shard.ping() and the
+workspace write (`--ab-ways` picks some), and sums each over the rounds: on a machine whose load
+changes, the fairer side by side. The ratio targets (Remember >= 1.0 x shard.ping(), workspace
+write >= 1.0 x Remember) come from those rounds, else from the single windows.
+
 Prints a table with each scenario's target and PASS/MISS and CPU per request by process role,
-and writes the figures to benchmarks/results/memory_ops.json.
+the ratio targets with PASS/FAIL and the load at each round's start, and writes the figures to
+benchmarks/results/memory_ops.json (`--check`: exit 1 if a target is missed).
 """
 
 from __future__ import annotations

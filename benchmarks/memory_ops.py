@@ -646,10 +646,11 @@ def print_table(modes: list[dict[str, Any]], args: argparse.Namespace) -> None:
                     if isinstance(v, dict)
                 )
             )
+        gc = "on" if m["group_commit"] else "off"
         for label, r in m.get("ratios", {}).items():
             print(
-                f"target {label} >= {r['min']:g} x: {r['ratio']:.2f} x ({r['from']}) -> "
-                f"{r['verdict']}"
+                f"group commit {gc}: target {label} >= {r['min']:g} x: {r['ratio']:.2f} x "
+                f"({r['from']}) -> {r['verdict']}"
             )
     print(
         "cpu ms/op: CPU time per request of the shard actors and of this process (the gateway "

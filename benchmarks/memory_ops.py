@@ -21,12 +21,21 @@ Scenarios, each `--concurrency` closed-loop clients for `--seconds` after `--war
   http_remember_polled  coalesced, but each commit's events reach the gateway by its event
                  pump's poll only, not with the write replies (actors/runtime/follow.py; with
                  the floors only: the side-by-side comparison)
+  http_workspace_write  POST /api/app/workspace/memories, a bot-scope memory of the bot by its
+                 owner, a fresh requestId each (load from a child process)
 The reads run before the writes so they see exactly the seeded pool. Two floors run once, in the
 first mode (`--no-baselines` skips them): GET /healthz (HTTP, no actor call) and shard.ping() (an
 actor call, no work).
 
+`--ab-rounds N` (3 with `--quick`) runs, in the first mode, N rounds that alternate Remember
+(coalesced; not coalesced; events polled; two coalesced calls in flight), shard.ping() and the
+workspace write (`--ab-ways` picks some), and sums each over the rounds: on a machine whose load
+changes, the fairer side by side. The ratio targets (Remember >= 1.0 x shard.ping(), workspace
+write >= 1.0 x Remember) come from those rounds, else from the single windows.
+
 Prints a table with each scenario's target and PASS/MISS and CPU per request by process role,
-and writes the figures to benchmarks/results/memory_ops.json.
+the ratio targets with PASS/FAIL and the load at each round's start, and writes the figures to
+benchmarks/results/memory_ops.json (`--check`: exit 1 if a target is missed).
 """
 
 from __future__ import annotations
@@ -61,6 +70,13 @@ TARGETS: dict[str, dict[str, float] | None] = {
     "http_remember": {"throughput_min": 800.0},
     "http_remember_single": None,
     "http_remember_polled": None,
+    "http_workspace_write": None,
+}
+# Targets on ratios of two scenarios measured side by side in the same rounds (`--ab-rounds`,
+# or the single windows without them): (numerator, denominator, minimum ratio).
+RATIO_TARGETS: dict[str, tuple[str, str, float]] = {
+    "Remember / shard.ping()": ("coalesced", "ping", 1.0),
+    "workspace write / Remember": ("workspace", "coalesced", 1.0),
 }
 LABELS = {
     "http_health": "baseline: GET /healthz",
@@ -70,6 +86,7 @@ LABELS = {
     "http_remember": "Remember (HTTP POST)",
     "http_remember_single": "Remember, not coalesced",
     "http_remember_polled": "Remember, events polled",
+    "http_workspace_write": "workspace write (HTTP)",
 }
 
 
@@ -123,6 +140,32 @@ def uncoalesced(engine: Any, run: Any) -> dict[str, Any]:
             port.coalesce = True
 
 
+def write_calls(engine: Any, run: Any, calls: int) -> dict[str, Any]:
+    """Run a scenario with `calls` coalesced calls of a kind in flight per shard (instead of
+    `RayShard.write_calls`): with one, no write reaches the shard while its previous call's
+    group syncs; with two, the next call's writes are decided meanwhile."""
+    ports = engine.shard_ports
+    kept = [(port, port.write_calls) for port in ports]
+    coalescers = [
+        c
+        for port in ports
+        for w in list(port._writes.values())
+        for c in (w.remember, w.workspace_create)
+    ]
+    kept_c = [(c, c.max_calls) for c in coalescers]
+    for port in ports:
+        port.write_calls = calls
+    for c in coalescers:
+        c.max_calls = calls
+    try:
+        return run()
+    finally:
+        for port, n in kept:
+            port.write_calls = n
+        for c, n in kept_c:
+            c.max_calls = n
+
+
 def polled(engine: Any, run: Any) -> dict[str, Any]:
     """Run a scenario with the coalesced writes' replies carrying no events: the gateway gets
     each commit's events by its pump's poll alone (actors/runtime/follow.py)."""
@@ -137,21 +180,34 @@ def polled(engine: Any, run: Any) -> dict[str, Any]:
 
 
 def remember_ab(
-    engine: Any, run: Any, rounds: int, ping: Any = None
+    engine: Any,
+    run: Any,
+    rounds: int,
+    ping: Any = None,
+    workspace: Any = None,
+    only: set[str] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Remember with the gateway's coalescing on and off, and coalesced with the events polled
     (not with the write replies), in alternating rounds, summed: a fairer side by side than one
-    window each on a machine whose load changes."""
+    window each on a machine whose load changes. With `ping` and `workspace`: the ceiling and
+    the workspace write in the same rounds (the ratio targets)."""
     ways = {
         "coalesced": run,
         "not_coalesced": lambda: uncoalesced(engine, run),
         "events_polled": lambda: polled(engine, run),
+        "two_calls": lambda: write_calls(engine, run, 2),
     }
     if ping is not None:  # the ceiling, in the same rounds
         ways["ping"] = ping
+    if workspace is not None:
+        ways["workspace"] = workspace
+    if only:
+        ways = {k: v for k, v in ways.items() if k in only}
     sums = {k: {"count": 0, "seconds": 0.0, "ops": 0, "shard": 0.0, "driver": 0.0}
             for k in ways}  # fmt: skip
+    loads = []
     for _ in range(rounds):
+        loads.append(round(os.getloadavg()[0], 2))
         for name in sums:
             cpu0 = cpu_by_role()
             r = ways[name]()
@@ -174,6 +230,37 @@ def remember_ab(
         for name in ways:
             if name != "ping":
                 out[name]["of_ping"] = round(out[name]["per_s"] / out["ping"]["per_s"], 3)
+    out["loadavg_1m_per_round"] = loads  # type: ignore[assignment]
+    return out
+
+
+def ratio_verdicts(m: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The ratio targets of one mode: from the alternating rounds where they ran, else from the
+    single windows (a rougher side by side on a busy machine)."""
+    ab = m.get("remember_ab") or {}
+    sc = m["scenarios"]
+    single = {
+        "coalesced": "http_remember",
+        "ping": "actor_ping",
+        "workspace": "http_workspace_write",
+    }
+    out: dict[str, dict[str, Any]] = {}
+    for label, (num, den, minimum) in RATIO_TARGETS.items():
+        if num in ab and den in ab:
+            a, b, source = ab[num]["per_s"], ab[den]["per_s"], "alternating rounds"
+        else:
+            a = sc.get(single[num], {}).get("throughput_per_s")
+            b = sc.get(single[den], {}).get("throughput_per_s")
+            source = "single windows"
+        if not a or not b:
+            continue
+        ratio = a / b
+        out[label] = {
+            "ratio": round(ratio, 3),
+            "min": minimum,
+            "verdict": "PASS" if ratio >= minimum else "FAIL",
+            "from": source,
+        }
     return out
 
 
@@ -252,7 +339,13 @@ def seed_pool(shard: Any, pool: str, org: str, reader: str, entries: int, visibl
 
 
 def http_scenario(
-    port: int, token: str, path: str, *, remember: bool, args: argparse.Namespace
+    port: int,
+    token: str,
+    path: str,
+    *,
+    remember: bool,
+    args: argparse.Namespace,
+    workspace_bot: str | None = None,
 ) -> dict[str, Any]:
     cmd = [
         sys.executable,
@@ -272,6 +365,8 @@ def http_scenario(
     ]
     if remember:
         cmd += ["--method", "POST", "--remember", "--expect", "201"]
+    elif workspace_bot is not None:
+        cmd += ["--method", "POST", "--ws-memory", workspace_bot, "--expect", "201"]
     env = {**os.environ, "OPENBOT_BENCH_TOKEN": token}
     proc = subprocess.run(
         cmd,
@@ -386,6 +481,17 @@ def run_mode(
             flush=True,
         )
 
+        def workspace_write() -> dict[str, Any]:
+            # The bot's owner writes the bot's workspace memories (a fresh requestId each).
+            return http_scenario(
+                server.port,
+                owner["token"],
+                "/api/app/workspace/memories",
+                remember=False,
+                args=args,
+                workspace_bot=bot,
+            )
+
         direct_reader = Reader(user=reader["id"], org=org, channels=frozenset(), uses_bot=True)
         runs = [
             ("http_read", lambda: http_scenario(
@@ -393,6 +499,7 @@ def run_mode(
             ("actor_read", lambda: actor_scenario(shard, pool, direct_reader, args)),
             ("http_remember", lambda: http_scenario(
                 server.port, reader["token"], path, remember=True, args=args)),
+            ("http_workspace_write", workspace_write),
         ]  # fmt: skip
         if baselines:  # the floors: HTTP without an actor call, an actor call without work
             runs.append(("http_remember_single", lambda: uncoalesced(engine, lambda: http_scenario(
@@ -423,7 +530,7 @@ def run_mode(
                 # per request, which contention from other processes inflates far less than
                 # latency.
                 result["cpu_ms_per_op"] = cpu_per_op(cpu0, cpu1, result["ops_incl_warmup"])
-            if name.startswith("http_remember") and "failed" not in result:
+            if name.startswith(("http_remember", "http_workspace")) and "failed" not in result:
                 txns = after["transactions"] - before["transactions"]
                 batches = after["batches"] - before["batches"]
                 ops = result["ops_incl_warmup"]
@@ -447,8 +554,11 @@ def run_mode(
                     server.port, reader["token"], path, remember=True, args=args),
                 args.ab_rounds,
                 ping=lambda: actor_scenario(shard, pool, direct_reader, args, ping=True),
+                workspace=workspace_write,
+                only=args.ab_ways,
             )  # fmt: skip
             print(f"[gc {mode}] remember A/B: {out['remember_ab']}", flush=True)
+        out["ratios"] = ratio_verdicts(out)
         final = admin.get_as(reader["token"], path)
         out["setup"]["visible_after_remember"] = len(final["entries"])
     finally:
@@ -523,6 +633,25 @@ def print_table(modes: list[dict[str, Any]], args: argparse.Namespace) -> None:
                     f"and driver {cpu.get('driver', 0):.2f}, ray system "
                     f"{cpu.get('ray_system', 0):.2f}"
                 )
+    for m in modes:
+        ab = m.get("remember_ab")
+        if ab:
+            print(
+                f"alternating rounds (loads at each round's start: "
+                f"{ab.get('loadavg_1m_per_round')}): "
+                + ", ".join(
+                    f"{k} {v['per_s']:.0f}/s (shard {v['shard_cpu_ms']:.2f} ms, gateway "
+                    f"{v['gateway_cpu_ms']:.2f} ms)"
+                    for k, v in ab.items()
+                    if isinstance(v, dict)
+                )
+            )
+        gc = "on" if m["group_commit"] else "off"
+        for label, r in m.get("ratios", {}).items():
+            print(
+                f"group commit {gc}: target {label} >= {r['min']:g} x: {r['ratio']:.2f} x "
+                f"({r['from']}) -> {r['verdict']}"
+            )
     print(
         "cpu ms/op: CPU time per request of the shard actors and of this process (the gateway "
         "thread and Ray driver; for actor calls also the load)."
@@ -552,8 +681,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--ab-rounds",
         type=int,
-        default=0,
-        help="also run Remember with coalescing on and off in N alternating rounds (first mode)",
+        default=None,
+        help="also run Remember with coalescing on and off, shard.ping() and the workspace write "
+        "in N alternating rounds (first mode; the ratio targets come from them; default 3 with "
+        "--quick, else 0)",
+    )
+    p.add_argument(
+        "--ab-ways",
+        type=lambda s: set(s.split(",")),
+        default=None,
+        help="run only these in the alternating rounds (comma-separated: coalesced, "
+        "not_coalesced, events_polled, two_calls, ping, workspace)",
     )
     p.add_argument(
         "--only",
@@ -574,6 +712,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.seconds = 1.0 if args.quick else 5.0
     if args.warmup is None:
         args.warmup = 0.3 if args.quick else 1.0
+    if args.ab_rounds is None:
+        args.ab_rounds = 3 if args.quick else 0
     if not 0 < args.seconds <= 60 or not 0 <= args.warmup <= 10:
         p.error("--seconds must be in (0, 60] and --warmup in [0, 10]")
     return args
@@ -624,6 +764,7 @@ def main(argv: list[str] | None = None) -> int:
             "quick": args.quick,
         },
         "targets": TARGETS,
+        "ratio_targets": RATIO_TARGETS,
         "modes": {("gc_on" if m["group_commit"] else "gc_off"): m for m in results},
         "total_s": round(total, 1),
     }
@@ -631,6 +772,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out} (total {total:.0f}s)")
     verdicts = [r["verdict"] for m in results for r in m["scenarios"].values()]
+    verdicts += [
+        "MISS" for m in results for r in m.get("ratios", {}).values() if r["verdict"] == "FAIL"
+    ]
     if any(m.get("failed") for m in results):
         verdicts.append("ERROR")
     if "ERROR" in verdicts or (args.check and "MISS" in verdicts):

@@ -452,3 +452,151 @@ def test_a_failed_workspace_commit_fails_exactly_its_calls_creations(tmp_path: P
     assert msgspec.json.decode(retried[0])["id"].startswith("mem_retry_")
     contents = sorted(e.content for e in listing.entries)
     assert contents == sorted(f"fact {i}" for i in (0, 1, 2, 3, 7, 8))
+
+
+class HeldShard:
+    """Each call waits until the test releases it (by its index); records the calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[bytes]] = []
+        self.gates: list[asyncio.Event] = []
+
+    async def send(self, call: bytes) -> bytes:
+        requests = COALESCED.decode(call)
+        self.calls.append(requests)
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        return _enc.encode([r[::-1] for r in requests])
+
+
+async def _turns(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def test_two_calls_in_flight_the_next_requests_go_while_the_first_call_waits():
+    async def go():
+        shard = HeldShard()
+        co = Coalescer(shard.send, max_calls=2)
+        first = asyncio.ensure_future(co.call(b"a"))
+        await _turns()
+        # The first call is held (its group syncing): the next request goes in a call of its
+        # own at once, instead of waiting for the first to come back.
+        second = asyncio.ensure_future(co.call(b"b"))
+        await _turns()
+        assert shard.calls == [[b"a"], [b"b"]]
+        queued = [asyncio.ensure_future(co.call(r)) for r in (b"c", b"d", b"e")]
+        await _turns()
+        assert len(shard.calls) == 2  # at most two in flight: these wait for one to return
+        shard.gates[1].set()  # the second returns first: its task takes all that queued
+        await _turns()
+        assert shard.calls[2] == [b"c", b"d", b"e"]
+        assert await second == b"b" and not first.done()
+        shard.gates[0].set()
+        shard.gates[2].set()
+        return await first, await asyncio.gather(*queued), co
+
+    first, queued, co = asyncio.run(go())
+    assert (first, queued) == (b"a", [b"c", b"d", b"e"])
+    assert (co.calls, co.requests) == (3, 5)
+
+
+class FakeActor:
+    """A shard actor's handle for `RayShard` without Ray: the coalesced Remember calls, plain
+    and followed, held until the test answers them; the event poll never answers."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, asyncio.Future]] = []
+        self.remember_many = self._method("plain")
+        self.remember_many_followed = self._method("followed")
+        self.events_packed = self._method("poll")
+
+    def _method(self, kind: str):
+        actor = self
+
+        class Method:
+            @staticmethod
+            def remote(*args):
+                fut = asyncio.get_running_loop().create_future()
+                actor.sent.append((kind, fut))
+                return fut
+
+        return Method()
+
+
+def test_of_two_write_calls_in_flight_only_one_brings_events_back():
+    from actors.contracts import EventBatch, Followed
+    from actors.runtime.shard_proxy import RayShard
+    from engine.events import ShardHead
+
+    async def go():
+        actor = FakeActor()
+        port = RayShard("s", "ns", handle=actor)
+        port.write_calls = 2
+        pump = asyncio.ensure_future(port.events_after(0, wait=30))  # a pump follows here
+        await _turns()
+        a = asyncio.ensure_future(port.remember_packed(b"a"))
+        await _turns()
+        b = asyncio.ensure_future(port.remember_packed(b"b"))
+        await _turns()
+        kinds = [k for k, _ in actor.sent]
+        # Both replies would carry the same events (both calls say the same `seen`): the
+        # second call goes plain.
+        assert kinds == ["poll", "followed", "plain"]
+        head = ShardHead(epoch="e", oldest=0, head=0)
+        followed_fut, plain_fut = actor.sent[1][1], actor.sent[2][1]
+        plain_fut.set_result(_enc.encode([b"b!"]))
+        followed_fut.set_result(
+            _enc.encode(
+                Followed(
+                    replies=msgspec.Raw(_enc.encode([b"a!"])),
+                    events=EventBatch(head=head, events=[]),
+                    upto=0,
+                )
+            )
+        )
+        got = (await a, await b)
+        # The next write brings events again.
+        c = asyncio.ensure_future(port.remember_packed(b"c"))
+        await _turns()
+        assert actor.sent[-1][0] == "followed"
+        pump.cancel()
+        c.cancel()
+        await asyncio.gather(pump, c, return_exceptions=True)
+        return got
+
+    assert asyncio.run(go()) == (b"a!", b"b!")
+
+
+def test_a_second_call_waits_until_as_many_requests_wait_as_the_first_carries():
+    async def go():
+        shard = HeldShard()
+        co = Coalescer(shard.send, max_calls=2)
+        a = asyncio.ensure_future(co.call(b"a"))
+        await _turns()
+        b = asyncio.ensure_future(co.call(b"b"))
+        await _turns()
+        burst = [asyncio.ensure_future(co.call(f"x{i}".encode())) for i in range(3)]
+        await _turns()
+        shard.gates[0].set()  # the first returns: its task takes the burst (3) in one call
+        await _turns()
+        shard.gates[1].set()  # the second returns with nothing queued: two calls end, one left
+        await _turns()
+        assert shard.calls[2] == [b"x0", b"x1", b"x2"] and len(shard.calls) == 3
+        # One call of 3 in flight: 2 waiting requests do not make a call of their own ...
+        late = [asyncio.ensure_future(co.call(f"y{i}".encode())) for i in range(2)]
+        await _turns()
+        assert len(shard.calls) == 3
+        # ... the third does: a call as large as the one in flight.
+        late.append(asyncio.ensure_future(co.call(b"y2")))
+        await _turns()
+        assert shard.calls[3] == [b"y0", b"y1", b"y2"]
+        shard.gates[2].set()
+        shard.gates[3].set()
+        return await a, await b, await asyncio.gather(*burst), await asyncio.gather(*late)
+
+    a, b, burst, late = asyncio.run(go())
+    assert (a, b) == (b"a", b"b")
+    assert burst == [f"x{i}".encode()[::-1] for i in range(3)]
+    assert late == [f"y{i}".encode()[::-1] for i in range(3)]

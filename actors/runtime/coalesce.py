@@ -5,7 +5,9 @@ shard. A `Coalescer` (one per actor method and event loop, kept by `RayShard`)
 sends the first request at once when none of its calls is in flight, so an idle caller waits
 for nothing extra; requests that come while a call is in flight queue and all go in the next
 call, as soon as one returns (Nagle-like, no timer). Under load a call carries as many requests
-as came during the previous round trip.
+as came during the previous round trip. With `max_calls` above one, another call goes while
+some are in flight once as many requests wait as the smallest of those carries: the shard
+decides and queues its writes while the earlier call's group syncs, and calls keep their size.
 
 The call is one msgpack array of the requests, each packed as it would be sent alone; the reply
 says, per request and in order, its answer's bytes or its own error (`CallError`,
@@ -40,6 +42,7 @@ class Coalescer:
         self.max_calls = max_calls  # calls in flight at once
         self._queue: list[tuple[bytes, asyncio.Future[bytes]]] = []
         self._calls = 0
+        self._sizes: list[int] = []  # requests carried by each call in flight
         # The loop keeps only weak references to tasks: a running call must not be collected
         # while its callers wait on it.
         self._running: set[asyncio.Task[None]] = set()
@@ -52,7 +55,14 @@ class Coalescer:
         assert_no_pool_lock("an actor call")
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._queue.append((request, fut))
-        if self._calls < self.max_calls:
+        # Another call goes while others are in flight only once as many requests wait as the
+        # smallest of them carries: calls keep their size (a Ray call's cost is per call), and
+        # an idle caller's second request still goes at once.
+        # (A call whose task has not taken its requests yet takes these too.)
+        if self._calls < self.max_calls and (
+            not self._calls
+            or (len(self._sizes) == self._calls and len(self._queue) >= min(self._sizes))
+        ):
             self._calls += 1
             task = asyncio.get_running_loop().create_task(self._run())
             self._running.add(task)
@@ -66,7 +76,11 @@ class Coalescer:
                 del self._queue[: len(taken)]
                 taken = [(r, f) for r, f in taken if not f.done()]  # cancelled while queued
                 if taken:
-                    await self._one_call(taken)
+                    self._sizes.append(len(taken))
+                    try:
+                        await self._one_call(taken)
+                    finally:
+                        self._sizes.remove(len(taken))
         finally:
             self._calls -= 1
 

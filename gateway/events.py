@@ -86,6 +86,7 @@ class EventsEndpoint:
     refresh_every: float = LISTENER_REFRESH
     _open: dict[Subscriber, str] = field(default_factory=dict, init=False)  # → its token
     _changes: int = field(default=0, init=False)  # access changes this endpoint was told of
+    _refresher: asyncio.Task[None] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.auth.on_access_change(self._recheck)
@@ -94,6 +95,21 @@ class EventsEndpoint:
         """Access changed: read every open socket's token again (once per token) and drop what
         it may no longer hear, or close it; awaited before the change is acknowledged."""
         self._changes += 1
+        await self._reread()
+
+    def _refresh_soon(self) -> None:
+        """Re-read who every client is now and then (one task for all of them, not one per
+        connection): grants and channels added since a client connected apply from then on; a
+        token that stopped working ends its stream (4403)."""
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_all())
+
+    async def _refresh_all(self) -> None:
+        while self._open:
+            await asyncio.sleep(self.refresh_every)
+            await self._reread()
+
+    async def _reread(self) -> None:
         by_token: dict[str, list[Subscriber]] = {}
         for sub, token in list(self._open.items()):
             by_token.setdefault(token, []).append(sub)
@@ -154,7 +170,8 @@ class EventsEndpoint:
             await websocket.send_text(
                 _enc.encode(Frame(type=kind, cursor=sub.cursor(), at=_now())).decode()
             )
-            await self._run(websocket, sub, token)
+            self._refresh_soon()
+            await self._run(websocket, sub)
         except Closed as c:
             outlet.close()
             await _close(websocket, c.code, c.reason)
@@ -189,42 +206,54 @@ class EventsEndpoint:
             raise Closed(4401, "events are per user; use a user token")
         return principal, token
 
-    async def _refresh(self, sub: Subscriber, token: str) -> None:
-        """Re-read who the client is now and then: grants and channels added since it connected
-        apply from then on; a token that stopped working ends the stream."""
-        while True:
-            await asyncio.sleep(self.refresh_every)
-            try:
-                principal = await self.auth.principal_for(token)
-            except Unauthenticated as e:
-                raise Closed(REVOKED, _REASONS[REVOKED]) from e
-            if sub in self._open:
-                self._relisten(sub, principal)
+    async def _run(self, websocket: WebSocket, sub: Subscriber) -> None:
+        """Replay what the client missed, then read its messages until it goes or its outlet
+        is over. Frames are written by the hub (gateway/subscriber.py); the outlet ending (a
+        slow or gone client, a revocation) interrupts the read, so no task waits per
+        connection besides this one."""
+        outlet = sub.outlet
+        async with _Interrupted(outlet):
+            await self.hub.catch_up(sub)
+            if not outlet.over:
+                await _read_client(websocket)
+        if outlet.over:
+            code = outlet.code
+            if code is None:
+                raise WebSocketDisconnect(1006)  # a send failed: the peer is gone
+            raise Closed(code, _REASONS.get(code, _REASONS[TOO_SLOW]))
 
-    async def _run(self, websocket: WebSocket, sub: Subscriber, token: str) -> None:
-        # Frames are written by the hub (gateway/subscriber.py); this connection's own tasks only
-        # replay, read, re-check the token and wait for the outlet to give up.
-        catch_up = asyncio.create_task(self.hub.catch_up(sub))
-        reader = asyncio.create_task(_read_client(websocket))
-        ended = asyncio.create_task(sub.outlet.ended.wait())
-        refresh = asyncio.create_task(self._refresh(sub, token))
-        tasks = {catch_up, reader, ended, refresh}
-        try:
-            while True:
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                if ended in done:
-                    code = sub.outlet.code
-                    if code is None:
-                        raise WebSocketDisconnect(1006)  # a send failed: the peer is gone
-                    raise Closed(code, _REASONS.get(code, _REASONS[TOO_SLOW]))
-                for task in done & {reader, refresh}:
-                    task.result()  # raises Closed or WebSocketDisconnect
-                if catch_up in done:
-                    catch_up.result()
-                    tasks.discard(catch_up)
-        finally:
-            for task in tasks:
-                task.cancel()
+
+class _Interrupted:
+    """Within the block, the outlet ending cancels this task's wait and the block ends quietly
+    (as `asyncio.timeout` does for a deadline); a cancellation from elsewhere goes through."""
+
+    __slots__ = ("_cancelling", "_fired", "_outlet", "_task")
+
+    def __init__(self, outlet: Outlet) -> None:
+        self._outlet = outlet
+        self._fired = False
+
+    async def __aenter__(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._outlet.on_end(self._fire)
+
+    def _fire(self) -> None:
+        # Ended by this very task (a write failing while it replays): it looks at the outlet
+        # before it waits again, and nothing is pending to cancel.
+        if asyncio.current_task() is not self._task:
+            self._fired = True
+            self._task.cancel()
+
+    async def __aexit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        self._outlet.on_end(None)
+        if self._fired:
+            self._fired = False
+            if self._task.uncancel() <= self._cancelling and kind is asyncio.CancelledError:
+                return True
+        return False
 
 
 def _listener(principal) -> Listener:

@@ -29,6 +29,9 @@ import time
 from dataclasses import dataclass, field
 
 import msgspec
+from starlette._utils import get_route_path
+from starlette.applications import Starlette
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from engine.errors import InvalidInput, OpenBotError, TooLarge, Unauthenticated
@@ -40,7 +43,9 @@ from gateway.socket_frames import FRAMES
 from gateway.subscriber import TOO_SLOW, Closed, Frame, Outlet, Subscriber
 from gateway.wire import check_json
 
-__all__ = ["EventsEndpoint", "Hub", "Subscriber"]
+__all__ = ["EventsEndpoint", "Hub", "StreamFirst", "Subscriber"]
+
+PATH = "/v1/events"
 
 MAX_CLIENT_FRAME = 64 * 1024
 AUTH_TIMEOUT = 10.0
@@ -147,6 +152,8 @@ class EventsEndpoint:
         seen = self._changes
         # The server's ready-made frame writer where it offers one (gateway/socket_frames.py).
         writer = websocket.scope.get("extensions", {}).get(FRAMES)
+        if writer is not None:
+            writer.forget_handshake()
         outlet = Outlet(websocket.send, writer=writer)
         WS_CLIENTS.labels("events").inc()
         try:
@@ -159,6 +166,10 @@ class EventsEndpoint:
             except InvalidInput as e:
                 raise Closed(4400, e.message) from e
             self._open[sub] = token
+            headers = websocket.scope.get("headers")
+            if isinstance(headers, list):
+                # Read (token, cursor) and not needed again; held for the connection's life.
+                headers.clear()
             while seen != self._changes:  # access changed while this client authenticated
                 seen = self._changes
                 try:
@@ -254,6 +265,25 @@ class _Interrupted:
             if self._task.uncancel() <= self._cancelling and kind is asyncio.CancelledError:
                 return True
         return False
+
+
+class StreamFirst(Starlette):
+    """The gateway's Starlette app, handing the event stream's websockets straight to their
+    endpoint. The middlewares let websockets through untouched, but each would stay suspended
+    for the connection's whole life: a chain of frames per connected client. HTTP requests go
+    down the middleware stack as in Starlette."""
+
+    events: EventsEndpoint | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope["app"] = self
+        events = self.events
+        if events is not None and scope["type"] == "websocket" and get_route_path(scope) == PATH:
+            await events.handle(WebSocket(scope, receive, send))
+            return
+        if self.middleware_stack is None:
+            self.middleware_stack = self.build_middleware_stack()
+        await self.middleware_stack(scope, receive, send)
 
 
 def _listener(principal) -> Listener:

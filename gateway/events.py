@@ -50,6 +50,8 @@ PATH = "/v1/events"
 MAX_CLIENT_FRAME = 64 * 1024
 AUTH_TIMEOUT = 10.0
 LISTENER_REFRESH = 30.0
+REREAD_SLICE = 1000  # sockets re-checked before the re-read lets others run
+REREAD_CALLS = 16  # tokens read at once by a re-read
 REVOKED = 4403  # the token stopped working while the socket was open
 UNCHECKED = 1011  # access changed and could not be re-read
 # Every code this endpoint closes with (documented with `EventFrame`, gateway/openapi_shapes.py).
@@ -115,22 +117,39 @@ class EventsEndpoint:
             await self._reread()
 
     async def _reread(self) -> None:
+        """Every open socket's token read again, once per token, a few tokens at a time (a
+        token the cache no longer holds is a directory call, and requests wait behind those);
+        each socket's listener is compared with the one its token gives now, built once per
+        token (tens of thousands of sockets re-read at once must not stall the loop)."""
         by_token: dict[str, list[Subscriber]] = {}
         for sub, token in list(self._open.items()):
             by_token.setdefault(token, []).append(sub)
-        found = await asyncio.gather(
-            *(self.auth.principal_for(t) for t in by_token), return_exceptions=True
-        )
-        for subs, principal in zip(by_token.values(), found, strict=True):
-            for sub in subs:
-                if sub not in self._open:
-                    continue  # gone meanwhile
-                if isinstance(principal, Unauthenticated):
-                    self._end(sub, REVOKED)
-                elif isinstance(principal, BaseException):
-                    self._end(sub, UNCHECKED)
-                else:
-                    self._relisten(sub, principal)
+        tokens = list(by_token)
+        done = 0
+        for start in range(0, len(tokens), REREAD_CALLS):
+            some = tokens[start : start + REREAD_CALLS]
+            found = await asyncio.gather(
+                *(self.auth.principal_for(t) for t in some), return_exceptions=True
+            )
+            for token, principal in zip(some, found, strict=True):
+                subs = by_token[token]
+                self._apply(subs, principal)
+                done += len(subs)
+            if done >= REREAD_SLICE:
+                done = 0
+                await asyncio.sleep(0)  # others run between slices; gone sockets are skipped
+
+    def _apply(self, subs: list[Subscriber], principal: object) -> None:
+        listener = None if isinstance(principal, BaseException) else _listener(principal)
+        for sub in subs:
+            if sub not in self._open:
+                continue  # gone meanwhile
+            if isinstance(principal, Unauthenticated):
+                self._end(sub, REVOKED)
+            elif listener is None:
+                self._end(sub, UNCHECKED)
+            elif listener != sub.listener:
+                self.hub.relisten(sub, listener)
 
     def _end(self, sub: Subscriber, code: int) -> None:
         """Stop writing to `sub` now; its connection closes with `code`."""

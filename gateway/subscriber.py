@@ -109,7 +109,17 @@ class Outlet:
     Kept small: one of these lives per connected client, so its queue and its `ended` event
     exist only once something needs them."""
 
-    __slots__ = ("_drainer", "_ended", "_limit", "_send", "_waiting", "_writer", "code", "over")
+    __slots__ = (
+        "_drainer",
+        "_ended",
+        "_limit",
+        "_on_end",
+        "_send",
+        "_waiting",
+        "_writer",
+        "code",
+        "over",
+    )
 
     def __init__(
         self, send: Send, limit: int | None = None, writer: FrameWriter | None = None
@@ -119,14 +129,15 @@ class Outlet:
         self._limit = QUEUE_LIMIT if limit is None else limit
         self._waiting: collections.deque[str] | None = None  # behind a send that waits
         self._drainer: asyncio.Task[None] | None = None
-        self._ended: asyncio.Event | Callable[[], None] | None = None
+        self._ended: asyncio.Event | None = None
+        self._on_end: Callable[[], None] | None = None
         self.code: int | None = None
         self.over = False
 
     @property
     def ended(self) -> asyncio.Event:
         """Set once the outlet is over (for callers that wait on it rather than on `on_end`)."""
-        if not isinstance(self._ended, asyncio.Event):
+        if self._ended is None:
             self._ended = asyncio.Event()
             if self.over:
                 self._ended.set()
@@ -134,7 +145,7 @@ class Outlet:
 
     def on_end(self, callback: Callable[[], None] | None) -> None:
         """Call `callback` (once) when the outlet is over; None: call nothing."""
-        self._ended = callback
+        self._on_end = callback
 
     def deliver(self, text: str, frame: bytes | None = None) -> bool:
         """Send `text` now if the socket takes it, else queue it behind the send that waits.
@@ -191,17 +202,15 @@ class Outlet:
             self.code = code
             self.over = True
             self._waiting = None
-            ended = self._ended
-            if isinstance(ended, asyncio.Event):
-                ended.set()
-            elif ended is not None:
-                self._ended = None
-                ended()
+            if self._ended is not None:
+                self._ended.set()
+            callback, self._on_end = self._on_end, None
+            if callback is not None:
+                callback()
 
     def close(self) -> None:
         """Stop writing (the connection is being torn down); `on_end` is not called."""
-        if not isinstance(self._ended, asyncio.Event):
-            self._ended = None
+        self._on_end = None
         self.end(self.code)
         if self._drainer is not None:
             self._drainer.cancel()

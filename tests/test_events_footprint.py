@@ -16,9 +16,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from engine.errors import Unauthenticated
-from gateway.events import PATH, EventsEndpoint, StreamFirst
+from gateway.events import PATH, REREAD_CALLS, EventsEndpoint, StreamFirst
 from gateway.fanout import Hub
 from gateway.live_server import LiveServer
+from gateway.subscriber import Outlet
 from tests.test_event_subscriber import FakeShard
 
 
@@ -29,6 +30,7 @@ class StubAuth:
     def __init__(self) -> None:
         self.valid: dict[str, SimpleNamespace] = {}
         self.reads = 0
+        self.reading = self.most_at_once = 0
 
     def add(self, token: str, user: str) -> None:
         self.valid[token] = SimpleNamespace(
@@ -43,10 +45,15 @@ class StubAuth:
 
     async def principal_for(self, token: str):
         self.reads += 1
+        self.reading += 1
+        self.most_at_once = max(self.most_at_once, self.reading)
         try:
+            await asyncio.sleep(0.002)  # as a directory call would take a while
             return self.valid[token]
         except KeyError:
             raise Unauthenticated("unknown token") from None
+        finally:
+            self.reading -= 1
 
 
 @pytest.fixture
@@ -151,3 +158,40 @@ def test_an_outlet_that_gives_up_closes_its_connection_with_its_code(stream):
     codes, left = asyncio.run(scenario())
     assert codes == [4429, 4429]
     assert not left
+
+
+def test_an_outlet_tells_both_its_waiters_and_its_handler_once() -> None:
+    calls: list[int] = []
+    outlet = Outlet(_never_sent)
+    outlet.on_end(lambda: calls.append(outlet.code))
+    ended = outlet.ended  # someone waits on the event too: the handler is still told
+    outlet.end(4429)
+    outlet.end(4403)
+    assert calls == [4429] and ended.is_set() and outlet.code == 4429
+    quiet = Outlet(_never_sent)
+    quiet.on_end(lambda: calls.append(0))
+    quiet.close()  # torn down by its own handler: nothing to interrupt
+    assert calls == [4429] and quiet.over
+
+
+async def _never_sent(message: dict) -> None:
+    raise AssertionError("nothing is sent")
+
+
+def test_a_reread_asks_a_few_tokens_at_a_time(stream):
+    for i in range(40):
+        stream.auth.add(f"t{i}", f"u{i}")
+
+    async def scenario() -> None:
+        socks = [await _open(stream.live, f"t{i}") for i in range(40)]
+        stream.auth.most_at_once = 0  # from here on only re-reads ask
+        reads = stream.auth.reads
+        deadline = asyncio.get_running_loop().time() + 15
+        while stream.auth.reads < reads + 80:  # two rounds of re-reads
+            assert asyncio.get_running_loop().time() < deadline, "no re-read"
+            await asyncio.sleep(0.05)
+        for ws in socks:
+            await ws.close()
+
+    asyncio.run(scenario())
+    assert 1 < stream.auth.most_at_once <= REREAD_CALLS

@@ -23,7 +23,8 @@ from gateway.auth import Auth, TokenRequired
 from gateway.chat_routes import ChatsApi
 from gateway.console_routes import console_routes
 from gateway.errors import HANDLERS, ContainErrors
-from gateway.events import EventsEndpoint, Hub
+from gateway.events import PATH as EVENTS_PATH
+from gateway.events import EventsEndpoint, Hub, StreamFirst
 from gateway.file_export_route import FileExportApi
 from gateway.json_response import BodyLimits, json
 from gateway.listing_routes import ListingApi
@@ -100,6 +101,7 @@ def create_app(
         raise InvalidInput("an admin token is required")
     auth = Auth(engine, admin_token, ttl=cache_ttl)
     hub = Hub(engine)
+    events = EventsEndpoint(hub, auth, listener_refresh)
     admin = AdminApi(engine, auth)
     chats = ChatsApi(engine, auth)
     memory = MemoryApi(engine, auth, hub)
@@ -172,7 +174,7 @@ def create_app(
         r("/openapi.json", api.openapi, methods=["GET"]),
         r("/healthz", api.health, methods=["GET"]),
         r("/metrics", MetricsApi(engine, auth).metrics, methods=["GET"]),
-        WebSocketRoute("/v1/events", EventsEndpoint(hub, auth, listener_refresh).handle),
+        WebSocketRoute(EVENTS_PATH, events.handle),  # (served ahead of the middlewares)
         WebSocketRoute("/v1/nodes", NodesEndpoint(auth, engine.node_hub).handle),
         *console_routes(),
     ]
@@ -182,7 +184,7 @@ def create_app(
         yield
         await hub.stop()
 
-    app = Starlette(
+    app = StreamFirst(
         routes=routes,
         exception_handlers=HANDLERS,
         lifespan=lifespan,
@@ -197,4 +199,5 @@ def create_app(
     )
     app.router = PrefixRouter(routes, lifespan=lifespan)  # the same routes, fewer regexes tried
     app.state.hub = hub
+    app.events = events
     return app

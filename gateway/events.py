@@ -29,6 +29,9 @@ import time
 from dataclasses import dataclass, field
 
 import msgspec
+from starlette._utils import get_route_path
+from starlette.applications import Starlette
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from engine.errors import InvalidInput, OpenBotError, TooLarge, Unauthenticated
@@ -40,11 +43,15 @@ from gateway.socket_frames import FRAMES
 from gateway.subscriber import TOO_SLOW, Closed, Frame, Outlet, Subscriber
 from gateway.wire import check_json
 
-__all__ = ["EventsEndpoint", "Hub", "Subscriber"]
+__all__ = ["EventsEndpoint", "Hub", "StreamFirst", "Subscriber"]
+
+PATH = "/v1/events"
 
 MAX_CLIENT_FRAME = 64 * 1024
 AUTH_TIMEOUT = 10.0
 LISTENER_REFRESH = 30.0
+REREAD_SLICE = 1000  # sockets re-checked before the re-read lets others run
+REREAD_CALLS = 16  # tokens read at once by a re-read
 REVOKED = 4403  # the token stopped working while the socket was open
 UNCHECKED = 1011  # access changed and could not be re-read
 # Every code this endpoint closes with (documented with `EventFrame`, gateway/openapi_shapes.py).
@@ -86,6 +93,7 @@ class EventsEndpoint:
     refresh_every: float = LISTENER_REFRESH
     _open: dict[Subscriber, str] = field(default_factory=dict, init=False)  # → its token
     _changes: int = field(default=0, init=False)  # access changes this endpoint was told of
+    _refresher: asyncio.Task[None] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.auth.on_access_change(self._recheck)
@@ -94,22 +102,54 @@ class EventsEndpoint:
         """Access changed: read every open socket's token again (once per token) and drop what
         it may no longer hear, or close it; awaited before the change is acknowledged."""
         self._changes += 1
+        await self._reread()
+
+    def _refresh_soon(self) -> None:
+        """Re-read who every client is now and then (one task for all of them, not one per
+        connection): grants and channels added since a client connected apply from then on; a
+        token that stopped working ends its stream (4403)."""
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_all())
+
+    async def _refresh_all(self) -> None:
+        while self._open:
+            await asyncio.sleep(self.refresh_every)
+            await self._reread()
+
+    async def _reread(self) -> None:
+        """Every open socket's token read again, once per token, a few tokens at a time (a
+        token the cache no longer holds is a directory call, and requests wait behind those);
+        each socket's listener is compared with the one its token gives now, built once per
+        token (tens of thousands of sockets re-read at once must not stall the loop)."""
         by_token: dict[str, list[Subscriber]] = {}
         for sub, token in list(self._open.items()):
             by_token.setdefault(token, []).append(sub)
-        found = await asyncio.gather(
-            *(self.auth.principal_for(t) for t in by_token), return_exceptions=True
-        )
-        for subs, principal in zip(by_token.values(), found, strict=True):
-            for sub in subs:
-                if sub not in self._open:
-                    continue  # gone meanwhile
-                if isinstance(principal, Unauthenticated):
-                    self._end(sub, REVOKED)
-                elif isinstance(principal, BaseException):
-                    self._end(sub, UNCHECKED)
-                else:
-                    self._relisten(sub, principal)
+        tokens = list(by_token)
+        done = 0
+        for start in range(0, len(tokens), REREAD_CALLS):
+            some = tokens[start : start + REREAD_CALLS]
+            found = await asyncio.gather(
+                *(self.auth.principal_for(t) for t in some), return_exceptions=True
+            )
+            for token, principal in zip(some, found, strict=True):
+                subs = by_token[token]
+                self._apply(subs, principal)
+                done += len(subs)
+            if done >= REREAD_SLICE:
+                done = 0
+                await asyncio.sleep(0)  # others run between slices; gone sockets are skipped
+
+    def _apply(self, subs: list[Subscriber], principal: object) -> None:
+        listener = None if isinstance(principal, BaseException) else _listener(principal)
+        for sub in subs:
+            if sub not in self._open:
+                continue  # gone meanwhile
+            if isinstance(principal, Unauthenticated):
+                self._end(sub, REVOKED)
+            elif listener is None:
+                self._end(sub, UNCHECKED)
+            elif listener != sub.listener:
+                self.hub.relisten(sub, listener)
 
     def _end(self, sub: Subscriber, code: int) -> None:
         """Stop writing to `sub` now; its connection closes with `code`."""
@@ -131,6 +171,8 @@ class EventsEndpoint:
         seen = self._changes
         # The server's ready-made frame writer where it offers one (gateway/socket_frames.py).
         writer = websocket.scope.get("extensions", {}).get(FRAMES)
+        if writer is not None:
+            writer.forget_handshake()
         outlet = Outlet(websocket.send, writer=writer)
         WS_CLIENTS.labels("events").inc()
         try:
@@ -143,6 +185,10 @@ class EventsEndpoint:
             except InvalidInput as e:
                 raise Closed(4400, e.message) from e
             self._open[sub] = token
+            headers = websocket.scope.get("headers")
+            if isinstance(headers, list):
+                # Read (token, cursor) and not needed again; held for the connection's life.
+                headers.clear()
             while seen != self._changes:  # access changed while this client authenticated
                 seen = self._changes
                 try:
@@ -154,7 +200,8 @@ class EventsEndpoint:
             await websocket.send_text(
                 _enc.encode(Frame(type=kind, cursor=sub.cursor(), at=_now())).decode()
             )
-            await self._run(websocket, sub, token)
+            self._refresh_soon()
+            await self._run(websocket, sub)
         except Closed as c:
             outlet.close()
             await _close(websocket, c.code, c.reason)
@@ -189,42 +236,73 @@ class EventsEndpoint:
             raise Closed(4401, "events are per user; use a user token")
         return principal, token
 
-    async def _refresh(self, sub: Subscriber, token: str) -> None:
-        """Re-read who the client is now and then: grants and channels added since it connected
-        apply from then on; a token that stopped working ends the stream."""
-        while True:
-            await asyncio.sleep(self.refresh_every)
-            try:
-                principal = await self.auth.principal_for(token)
-            except Unauthenticated as e:
-                raise Closed(REVOKED, _REASONS[REVOKED]) from e
-            if sub in self._open:
-                self._relisten(sub, principal)
+    async def _run(self, websocket: WebSocket, sub: Subscriber) -> None:
+        """Replay what the client missed, then read its messages until it goes or its outlet
+        is over. Frames are written by the hub (gateway/subscriber.py); the outlet ending (a
+        slow or gone client, a revocation) interrupts the read, so no task waits per
+        connection besides this one."""
+        outlet = sub.outlet
+        async with _Interrupted(outlet):
+            await self.hub.catch_up(sub)
+            if not outlet.over:
+                await _read_client(websocket)
+        if outlet.over:
+            code = outlet.code
+            if code is None:
+                raise WebSocketDisconnect(1006)  # a send failed: the peer is gone
+            raise Closed(code, _REASONS.get(code, _REASONS[TOO_SLOW]))
 
-    async def _run(self, websocket: WebSocket, sub: Subscriber, token: str) -> None:
-        # Frames are written by the hub (gateway/subscriber.py); this connection's own tasks only
-        # replay, read, re-check the token and wait for the outlet to give up.
-        catch_up = asyncio.create_task(self.hub.catch_up(sub))
-        reader = asyncio.create_task(_read_client(websocket))
-        ended = asyncio.create_task(sub.outlet.ended.wait())
-        refresh = asyncio.create_task(self._refresh(sub, token))
-        tasks = {catch_up, reader, ended, refresh}
-        try:
-            while True:
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                if ended in done:
-                    code = sub.outlet.code
-                    if code is None:
-                        raise WebSocketDisconnect(1006)  # a send failed: the peer is gone
-                    raise Closed(code, _REASONS.get(code, _REASONS[TOO_SLOW]))
-                for task in done & {reader, refresh}:
-                    task.result()  # raises Closed or WebSocketDisconnect
-                if catch_up in done:
-                    catch_up.result()
-                    tasks.discard(catch_up)
-        finally:
-            for task in tasks:
-                task.cancel()
+
+class _Interrupted:
+    """Within the block, the outlet ending cancels this task's wait and the block ends quietly
+    (as `asyncio.timeout` does for a deadline); a cancellation from elsewhere goes through."""
+
+    __slots__ = ("_cancelling", "_fired", "_outlet", "_task")
+
+    def __init__(self, outlet: Outlet) -> None:
+        self._outlet = outlet
+        self._fired = False
+
+    async def __aenter__(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._outlet.on_end(self._fire)
+
+    def _fire(self) -> None:
+        # Ended by this very task (a write failing while it replays): it looks at the outlet
+        # before it waits again, and nothing is pending to cancel.
+        if asyncio.current_task() is not self._task:
+            self._fired = True
+            self._task.cancel()
+
+    async def __aexit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        self._outlet.on_end(None)
+        if self._fired:
+            self._fired = False
+            if self._task.uncancel() <= self._cancelling and kind is asyncio.CancelledError:
+                return True
+        return False
+
+
+class StreamFirst(Starlette):
+    """The gateway's Starlette app, handing the event stream's websockets straight to their
+    endpoint. The middlewares let websockets through untouched, but each would stay suspended
+    for the connection's whole life: a chain of frames per connected client. HTTP requests go
+    down the middleware stack as in Starlette."""
+
+    events: EventsEndpoint | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope["app"] = self
+        events = self.events
+        if events is not None and scope["type"] == "websocket" and get_route_path(scope) == PATH:
+            await events.handle(WebSocket(scope, receive, send))
+            return
+        if self.middleware_stack is None:
+            self.middleware_stack = self.build_middleware_stack()
+        await self.middleware_stack(scope, receive, send)
 
 
 def _listener(principal) -> Listener:

@@ -27,6 +27,7 @@ class LiveServer:
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._sock = sock
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
         from gateway.server import UVICORN_WS
 
         options = {"log_level": "warning", "lifespan": "off", "timeout_graceful_shutdown": 1}
@@ -40,7 +41,11 @@ class LiveServer:
             self.thread.join(0.01)
 
     def _run(self) -> None:
-        asyncio.run(self.server.serve(sockets=[self._sock]))
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.server.serve(sockets=[self._sock])
 
     def stop(self) -> None:
         self.server.should_exit = True

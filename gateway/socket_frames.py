@@ -58,6 +58,16 @@ class FrameWriter:
         p.transport.write(frame)
         return True
 
+    def forget_handshake(self) -> None:
+        """Drop the handshake's parsed request and response once the connection is accepted:
+        uvicorn keeps both for the connection's life but reads them only until then, and they
+        are a good part of what an idle connection holds. The request's headers are emptied
+        too: websockets' parser keeps the request for the connection's life as well."""
+        p = self._p
+        if p.handshake_complete and p.request is not None:
+            p.request.headers.clear()
+            p.request = p.response = None
+
 
 class FramingProtocol(WebSocketsSansIOProtocol):
     """uvicorn's websockets-sansio protocol offering the `openbot.ws.frames` extension."""
@@ -71,4 +81,12 @@ class FramingProtocol(WebSocketsSansIOProtocol):
         await super().run_asgi()
 
 
-_STATE = ("disconnected", "close_sent", "writable", "transport")
+_STATE = (
+    "disconnected",
+    "close_sent",
+    "writable",
+    "transport",
+    "handshake_complete",
+    "request",
+    "response",
+)

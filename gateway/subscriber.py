@@ -62,6 +62,8 @@ def event_text(event: Event, cursor: str) -> str:
 class Subscriber:
     """One connected client: who it is, where it stands per shard, and its outlet."""
 
+    __slots__ = ("in_step", "listener", "live", "outlet", "positions")
+
     def __init__(self, listener: Listener, positions: list[Position], outlet: Outlet) -> None:
         self.listener = listener
         self.positions = positions
@@ -100,8 +102,24 @@ class Subscriber:
 
 
 class Outlet:
-    """Frames for one websocket, in order; `ended` is set once it can take no more (the client
-    fell `limit` frames behind: `code` 4429; or a send failed: the connection is gone)."""
+    """Frames for one websocket, in order; `over` once it can take no more (the client fell
+    `limit` frames behind: `code` 4429; or a send failed: the connection is gone), and then
+    `on_end` is called (the connection's handler is woken without a task of its own waiting).
+
+    Kept small: one of these lives per connected client, so its queue and its `ended` event
+    exist only once something needs them."""
+
+    __slots__ = (
+        "_drainer",
+        "_ended",
+        "_limit",
+        "_on_end",
+        "_send",
+        "_waiting",
+        "_writer",
+        "code",
+        "over",
+    )
 
     def __init__(
         self, send: Send, limit: int | None = None, writer: FrameWriter | None = None
@@ -109,31 +127,49 @@ class Outlet:
         self._send = send
         self._writer = writer
         self._limit = QUEUE_LIMIT if limit is None else limit
-        self._waiting: collections.deque[str] = collections.deque()
+        self._waiting: collections.deque[str] | None = None  # behind a send that waits
         self._drainer: asyncio.Task[None] | None = None
-        self.ended = asyncio.Event()
+        self._ended: asyncio.Event | None = None
+        self._on_end: Callable[[], None] | None = None
         self.code: int | None = None
+        self.over = False
+
+    @property
+    def ended(self) -> asyncio.Event:
+        """Set once the outlet is over (for callers that wait on it rather than on `on_end`)."""
+        if self._ended is None:
+            self._ended = asyncio.Event()
+            if self.over:
+                self._ended.set()
+        return self._ended
+
+    def on_end(self, callback: Callable[[], None] | None) -> None:
+        """Call `callback` (once) when the outlet is over; None: call nothing."""
+        self._on_end = callback
 
     def deliver(self, text: str, frame: bytes | None = None) -> bool:
         """Send `text` now if the socket takes it, else queue it behind the send that waits.
         `frame`: `text` as a websocket frame, if the caller built it (once for many outlets).
         True if it was written at once (the caller counts those; queued ones count when sent)."""
-        if self.ended.is_set():
+        if self.over:
             return False
         if self._drainer is not None:
-            if len(self._waiting) >= self._limit:
+            waiting = self._waiting
+            if waiting is None:
+                waiting = self._waiting = collections.deque()
+            if len(waiting) >= self._limit:
                 EVENTS_DROPPED.inc()
                 self.end(TOO_SLOW)
                 return False
-            self._waiting.append(text)
+            waiting.append(text)
             return False
         if self._writer is not None:
             written = self._writer.write(text_frame(text) if frame is None else frame)
+            if written:
+                return True
             if written is None:  # closing or gone: as an ASGI send that fails
                 self.end(None)
                 return False
-            if written:
-                return True
             # The socket is full: the ASGI send below waits for room, in a task.
         coro = self._send({"type": "websocket.send", "text": text})
         try:
@@ -151,7 +187,7 @@ class Outlet:
         once; how many were written at once."""
         writer = self._writer
         if len(frames) > 1 and writer is not None and self._drainer is None:
-            if self.ended.is_set():
+            if self.over:
                 return 0
             written = writer.write(b"".join(frame for _, frame in frames))
             if written is None:
@@ -162,26 +198,32 @@ class Outlet:
         return sum(self.deliver(text, frame) for text, frame in frames)
 
     def end(self, code: int | None) -> None:
-        if not self.ended.is_set():
+        if not self.over:
             self.code = code
-            self._waiting.clear()
-            self.ended.set()
+            self.over = True
+            self._waiting = None
+            if self._ended is not None:
+                self._ended.set()
+            callback, self._on_end = self._on_end, None
+            if callback is not None:
+                callback()
 
     def close(self) -> None:
-        """Stop writing (the connection is being torn down)."""
+        """Stop writing (the connection is being torn down); `on_end` is not called."""
+        self._on_end = None
         self.end(self.code)
         if self._drainer is not None:
             self._drainer.cancel()
 
     @property
     def backlog(self) -> int:
-        return len(self._waiting) + (self._drainer is not None)
+        return len(self._waiting or ()) + (self._drainer is not None)
 
     async def _drain(self, coro: Coroutine[Any, Any, None], waits_on: Any) -> None:
         try:
             await _finish(coro, waits_on)
             EVENTS_DELIVERED.inc()
-            while self._waiting and not self.ended.is_set():
+            while self._waiting and not self.over:
                 await self._send({"type": "websocket.send", "text": self._waiting.popleft()})
                 EVENTS_DELIVERED.inc()
         except asyncio.CancelledError:

@@ -119,12 +119,17 @@ class Follower:
                 task = self._task
                 if task is None:
                     task = self._task = asyncio.create_task(self._run(self.hi, limit, wait))
-                self._wake = asyncio.get_running_loop().create_future()
-                try:
-                    await asyncio.wait((task, self._wake), return_when=asyncio.FIRST_COMPLETED)
-                except BaseException:
-                    self._forget()  # the pump stops: so do its poll and the replies' events
-                    raise
+                    # The poll's end wakes the pump as a reply's events do: one future, so a
+                    # reply's events reach the pump in one step of the loop, ahead of the
+                    # answers to the writes that brought them.
+                    task.add_done_callback(self._poll_done)
+                if not task.done():
+                    self._wake = asyncio.get_running_loop().create_future()
+                    try:
+                        await self._wake
+                    except BaseException:
+                        self._forget()  # the pump stops: so do its poll and the replies' events
+                        raise
                 if not task.done():
                     continue  # a write's reply brought events; the poll waits on
                 self._task = None
@@ -168,6 +173,9 @@ class Follower:
         self._restart(-1)
         self.head = None
         self._following = False
+
+    def _poll_done(self, _task: asyncio.Task[None]) -> None:
+        self._set_wake()
 
     def _set_wake(self) -> None:
         if self._wake is not None and not self._wake.done():

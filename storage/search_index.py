@@ -523,7 +523,9 @@ class TermIndex:
 
     def _df(self, rows: np.ndarray) -> int:
         """A term's document frequency: its live rows."""
-        return int(np.count_nonzero(self._alive[rows])) if self._live != len(self._ids) else rows.size
+        if self._live == len(self._ids):
+            return rows.size
+        return int(np.count_nonzero(self._alive[rows]))
 
     def _postings(self, tid: int) -> tuple[np.ndarray, np.ndarray]:
         rows, tfs = self._rows, self._tfs

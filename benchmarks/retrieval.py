@@ -53,6 +53,7 @@ import numpy as np
 
 import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
 from benchmarks._conversations import Conversation
+from benchmarks._halves import ORDERS as HALF_ORDERS
 from benchmarks._write_orders import CONTENTS, ORDERS, SLOW_WINDOW_S, write_through_api
 from engine.workspace_search import Hit, merge_hits
 
@@ -264,6 +265,51 @@ def through_api(
     return out
 
 
+def locomo_halves(args) -> None:
+    """LoCoMo's tuning half (conversations 1-5) and held-out half (6-10), each write order
+    (benchmarks/_halves.py); `--quick`: two conversations of each half."""
+    from benchmarks import _halves
+    from benchmarks._locomo import load
+
+    convs = load(args.file, caption=args.caption)
+    parts = _halves.halves(convs, args.quick)
+    orders = tuple(o for o in args.orders.split(",") if o)
+    for half, part in parts.items():
+        turns = sum(len(c.turns) for c in part)
+        print(f"{half}: {len(part)} conversations, {turns} turns", flush=True)
+    os.environ.pop("OPENBOT_MASTER_KEY", None)
+    root = Path(tempfile.mkdtemp(prefix="obret"))
+    t0 = time.perf_counter()
+    try:
+        api = _halves.through_api(parts, root / "data", args.threads, orders, args.content)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    vectors = _halves.embedder(args.threads)
+    refs = {half: _halves.references(part, vectors) for half, part in parts.items()}
+    figures = _halves.report(parts, api, refs, orders)
+    load_avg = os.getloadavg()
+    print(
+        f"\nwrites {api['write_s']} s, embedding caught up {api['embed_wait_s']} s after; "
+        f"run {time.perf_counter() - t0:.0f} s; load average {load_avg[0]:.2f}"
+    )
+    out = (
+        Path(__file__).parent
+        / "results"
+        / ("retrieval-locomo-halves" + ("-quick" if args.quick else "") + ".json")
+    )
+    out.parent.mkdir(exist_ok=True)
+    doc = {
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load": load_avg,
+        "content": args.content,
+        "orders": orders,
+        "halves": figures,
+    }
+    out.write_text(json.dumps(doc, indent=2))
+    print(f"wrote {out}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--data", default="synthetic", choices=("synthetic", "locomo-like", "locomo"))
@@ -276,14 +322,17 @@ def main() -> None:
     p.add_argument("--writes", type=int, default=500, help="writes of each kind compared")
     p.add_argument("--write-order", default="sequential", choices=ORDERS)
     p.add_argument("--content", default="speaker", choices=CONTENTS)
+    p.add_argument(
+        "--orders",
+        default=",".join(HALF_ORDERS),
+        help="--data locomo: write orders, comma-separated (default: %(default)s)",
+    )
     args = p.parse_args()
     if args.data == "locomo":
-        from benchmarks._locomo import load
-
         if not args.file:
             p.error("--data locomo needs --file PATH (LoCoMo's data/locomo10.json)")
-        convs = load(args.file, caption=args.caption)[: 3 if args.quick else args.conversations]
-        n = len(convs)
+        locomo_halves(args)
+        return
     else:
         if args.data == "locomo-like":
             from benchmarks._locomo_like import make

@@ -20,6 +20,7 @@ from engine import projects as projmod
 from engine import scoped_memory as sm
 from engine.errors import InvalidInput
 from engine.scoped_memory import WorkspaceEntry, WorkspaceEntryView
+from engine.workspace_search import FUSION_WEIGHTS
 
 
 class WorkspaceListings:
@@ -39,7 +40,7 @@ class WorkspaceListings:
         self.rules = rules
         self.memory = memory
         self.semantic = semantic  # None: keyword search only
-        self.weights = (1.0, 1.0)  # keyword, semantic: reciprocal rank fusion
+        self.weights = FUSION_WEIGHTS  # keyword, semantic: reciprocal rank fusion
 
     async def entries(self, access: WorkspaceAccess, query: WorkspaceQuery) -> WorkspaceListing:
         """The records of the asked pools that `access` may read (others are skipped; a named

@@ -20,7 +20,6 @@ any is. Both per question kind (LoCoMo's categories).
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
 import secrets
@@ -124,14 +123,10 @@ def references(part: list[Conversation], vectors) -> dict[str, list[list[str]]]:
 
 
 def embedder(threads: int):
-    from actors.models.embeddings import OnnxEmbeddings
+    """The reference model's vectors (cached in /tmp by benchmarks/retrieval_lab.py)."""
+    from benchmarks.retrieval_lab import vectors as cached
 
-    model = OnnxEmbeddings("reference", threads=threads, batch_size=64)
-
-    def vectors(texts: list[str]) -> np.ndarray:
-        return np.asarray(asyncio.run(model.embed(texts)), dtype=np.float32)
-
-    return vectors
+    return lambda texts: cached(texts, threads)
 
 
 def through_api(
@@ -220,6 +215,20 @@ def through_api(
         engine.stop()
         ray.shutdown()
     return out
+
+
+def save_api(api: dict, path: str) -> None:
+    import json
+
+    doc = {"|".join(k) if isinstance(k, tuple) else k: v for k, v in api.items()}
+    Path(path).write_text(json.dumps(doc))
+
+
+def load_api(path: str) -> dict:
+    import json
+
+    doc = json.loads(Path(path).read_text())
+    return {tuple(k.split("|")) if "|" in k else k: v for k, v in doc.items()}
 
 
 def measures(rankings: list[list[str]], part: list[Conversation]) -> dict:

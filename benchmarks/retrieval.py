@@ -278,12 +278,17 @@ def locomo_halves(args) -> None:
         turns = sum(len(c.turns) for c in part)
         print(f"{half}: {len(part)} conversations, {turns} turns", flush=True)
     os.environ.pop("OPENBOT_MASTER_KEY", None)
-    root = Path(tempfile.mkdtemp(prefix="obret"))
     t0 = time.perf_counter()
-    try:
-        api = _halves.through_api(parts, root / "data", args.threads, orders, args.content)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    if args.saved and Path(args.saved).exists():
+        api = _halves.load_api(args.saved)
+    else:
+        root = Path(tempfile.mkdtemp(prefix="obret"))
+        try:
+            api = _halves.through_api(parts, root / "data", args.threads, orders, args.content)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        if args.saved:
+            _halves.save_api(api, args.saved)
     vectors = _halves.embedder(args.threads)
     refs = {half: _halves.references(part, vectors) for half, part in parts.items()}
     figures = _halves.report(parts, api, refs, orders)
@@ -326,6 +331,10 @@ def main() -> None:
         "--orders",
         default=",".join(HALF_ORDERS),
         help="--data locomo: write orders, comma-separated (default: %(default)s)",
+    )
+    p.add_argument(
+        "--saved",
+        help="--data locomo: keep the API's rankings in this file, or report from it if it exists",
     )
     args = p.parse_args()
     if args.data == "locomo":

@@ -84,9 +84,9 @@ async def _close(svc: ShardService) -> None:
 
 
 def _body(thread: str, position: int, content: str, **kw) -> WorkspaceMemoryCreate:
+    kw.setdefault("scope", Scope.USER)
     return WorkspaceMemoryCreate(
         requestId="r-" + secrets.token_hex(4),
-        scope=Scope.USER,
         bot="b_1",
         content=content,
         thread=thread,
@@ -200,3 +200,40 @@ def test_a_bad_thread_is_refused():
         from engine.scoped_memory import validate_thread
 
         validate_thread(" ")
+
+
+def test_a_forgotten_turn_lends_no_words_and_threads_are_per_writer(tmp_path: Path):
+    """A turn written next to a forgotten one is not found by the forgotten words; in a bot
+    pool, Ann's and Ben's turns of one thread name are two threads (different readers)."""
+    from engine.scoped_memory import WorkspaceForget
+
+    ben = WorkspaceAccess(account="u_ben", bots=frozenset({"b_1"}), orgs=("o_1",))
+
+    async def main() -> None:
+        svc = await _open(tmp_path)
+        await svc.peers.directory().create_user("Ben", ["o_1"], "u_ben")
+        gone = await svc.workspace_create_memory(ANN, _body("t", 1, "The secret walrus plan."))
+        forget = WorkspaceForget(
+            requestId="r-" + secrets.token_hex(4), id=gone.id, expectedRevision=gone.revision
+        )
+        await svc.workspace_change_memory(ANN, forget)
+        after = await svc.workspace_create_memory(ANN, _body("t", 2, "Sounds good to me."))
+
+        async def found(who, pools, text: str) -> list[str]:
+            query = WorkspaceQuery(pools=pools, q=text, using="keyword")
+            return [h.id for h in (await svc.workspace_entries(who, query)).fused]
+
+        assert after.id not in await found(ANN, USER, "walrus")
+        bot = ("bot:b_1",)
+        a = await svc.workspace_create_memory(
+            ANN, _body("shared", 1, "Ann: the marmot ate my lunch.", **{"scope": Scope.BOT})
+        )
+        b = await svc.workspace_create_memory(
+            ben, _body("shared", 2, "Ben: what a day.", **{"scope": Scope.BOT})
+        )
+        assert a.id in await found(ANN, bot, "marmot")
+        assert b.id not in await found(ben, bot, "marmot")
+        assert b.id not in await found(ANN, bot, "marmot")
+        await _close(svc)
+
+    asyncio.run(main())

@@ -8,9 +8,10 @@ import random
 import secrets
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from actors.contracts import WorkspaceAccess, WorkspaceQuery
+from actors.contracts import WorkspaceAccess, WorkspaceCreateCall, WorkspaceQuery
 from actors.directory import DirectoryService
 from actors.shard.service import ShardService
 from engine import write_context as wc
@@ -122,7 +123,20 @@ async def _written(data: Path, order: str) -> list[list[tuple[str, float]]]:
     elif order == "reversed":
         for t, n, text in reversed(turns):
             label[(await svc.workspace_create_memory(ANN, _body(t, n, text))).id] = f"{t}{n}"
-    else:  # all at once, in a shuffled order: coalesced calls, concurrent writes
+    elif order == "coalesced":  # shuffled, five to a call: one commit per call
+        shuffled = random.Random(5).sample(turns, len(turns))
+        for at in range(0, len(shuffled), 5):
+            chunk = shuffled[at : at + 5]
+            calls = [
+                msgspec.msgpack.encode(WorkspaceCreateCall(access=ANN, body=_body(t, n, text)))
+                for t, n, text in chunk
+            ]
+            replies = msgspec.msgpack.decode(
+                await svc.workspace_create_memory_many(msgspec.msgpack.encode(calls))
+            )
+            for (t, n, _), reply in zip(chunk, replies, strict=True):
+                label[msgspec.json.decode(reply)["id"]] = f"{t}{n}"
+    else:  # all at once, in a shuffled order: concurrent writes
 
         async def one(t: str, n: int, text: str) -> None:
             view = await svc.workspace_create_memory(ANN, _body(t, n, text))
@@ -136,14 +150,14 @@ async def _written(data: Path, order: str) -> list[list[tuple[str, float]]]:
 
 
 def test_same_hits_for_in_order_and_interleaved_writes(tmp_path: Path):
-    """Three conversations written in order, round-robin, backwards and all at once: every
-    query finds the same records with the same scores."""
+    """Three conversations written in order, round-robin, backwards, all at once and in
+    shuffled coalesced calls: every query finds the same records with the same scores."""
 
     async def main() -> None:
         ref = await _written(tmp_path / "in-order", "in-order")
         # Context at work: the answer found by its question's words.
         assert ("a1", ref[0][1][1]) in ref[0]
-        for order in ("round-robin", "reversed", "concurrent"):
+        for order in ("round-robin", "reversed", "concurrent", "coalesced"):
             assert await _written(tmp_path / order, order) == ref, order
 
     asyncio.run(main())

@@ -2,10 +2,16 @@
 
     .venv/bin/python -m benchmarks.retrieval [--data synthetic|locomo-like] [--quick]
         [--conversations N] [--turns N]
-    .venv/bin/python -m benchmarks.retrieval --data locomo --file PATH/locomo10.json [--caption]
+    .venv/bin/python -m benchmarks.retrieval --data locomo --file PATH/locomo10.json [--quick]
+        [--orders sequential,round-robin,concurrent-32] [--saved FILE] [--caption]
 
 `--data locomo` reads the real LoCoMo file you downloaded (benchmarks/_locomo.py; not shipped
-here, CC BY-NC): ten conversations, 5,882 turns, 1,536 questions (adversarial ones left out).
+here, CC BY-NC): ten conversations, 5,882 turns, 1,536 questions (adversarial ones left out),
+reported as a tuning half (conversations 1-5) and a held-out half (6-10), each turn naming its
+conversation as its thread, for each write order, beside BM25, dense and RRF baselines
+(benchmarks/_halves.py; `--quick`: two conversations of each half; `--saved FILE` keeps the
+API's rankings, and reports from them again without the API when FILE exists). The rest of
+this description is the generated sets'.
 
 Data (seeded, generated; no PyPI package ships LoCoMo-style dialogs with evidence labels):
 - `synthetic` (benchmarks/_conversations.py): small talk around facts said once, often as the

@@ -8,9 +8,8 @@ many requests in flight, index every turn with the same neighbours as one writin
 order. A thread's neighbours are by the same contributor with the same visibility, like a
 stream's.
 
-A record that names no thread falls back to its write stream:
-
-A new record written soon after the last new one of its stream is indexed with that one's
+A record that names no thread falls back to its write stream, which does depend on timing: a
+new record written soon after the last new one of its stream is indexed with that one's
 words too (storage/search_index.py `in_context`), and that one with the new one's: the turns of
 a conversation kept as memories find each other's questions (actors/workspace/pools.py
 `indexed`). A stream is what the server knows of a write, per pool:
@@ -22,7 +21,8 @@ a conversation kept as memories find each other's questions (actors/workspace/po
   a record its reader may not see; and two people writing to one bot pool at once are two
   streams;
 - the record's topics: a client writing several conversations at once (round-robin, or with
-  many requests in flight) keeps each conversation's context by naming it in `topics`.
+  many requests in flight) keeps each conversation's context by naming it in `topics` (in
+  arrival order; naming the thread keeps the conversation's own order).
 
 Measured by benchmarks/retrieval_lab.py --write-order (quick LoCoMo-like set, keyword / hybrid
 recall@10): in order 0.703 / 0.759, no context 0.714 / 0.736; round-robin across conversations

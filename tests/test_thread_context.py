@@ -251,3 +251,39 @@ def test_a_forgotten_turn_lends_no_words_and_threads_are_per_writer(tmp_path: Pa
         await _close(svc)
 
     asyncio.run(main())
+
+
+def test_a_record_learned_from_a_chat_is_in_that_chats_thread():
+    from engine.memory_entries import Tier
+    from engine.scoped_memory import Origin, WorkspaceEntry
+
+    def entry(**kw) -> WorkspaceEntry:
+        return WorkspaceEntry(
+            id="m",
+            scope=Scope.USER,
+            pool="user:u_ann",
+            contributor="b_1",
+            tier=Tier.LOG,
+            content_fp="fp",
+            created_at=50,
+            updated_at=50,
+            **kw,
+        )
+
+    assert wc.placed(entry(evidence=("c_1/i_9", "c_2/i_1"))) == ("chat:c_1", 50)
+    assert wc.placed(entry(thread="talk", position=3, evidence=("c_1/i_9",))) == ("talk", 3)
+    assert wc.placed(entry()) is None
+    assert wc.placed(entry(evidence=("c_1/i_9",), origin=Origin.EXPLICIT)) is None
+
+
+def test_the_same_hits_when_few_records_keys_are_kept(tmp_path: Path, monkeypatch):
+    """Neighbours' keys are a bounded cache: records read again when it was cleared rank the
+    same."""
+    from actors.workspace import pools
+
+    async def main() -> None:
+        ref = await _written(tmp_path / "all-kept", "round-robin")
+        monkeypatch.setattr(pools, "THREAD_KEYS_CACHED", 2)
+        assert await _written(tmp_path / "two-kept", "round-robin") == ref
+
+    asyncio.run(main())

@@ -103,10 +103,20 @@ SLOW_WINDOW_S = 0.5  # `slow` through the API: the server's context window, and 
 SLOW_GAP_S = 0.7  # between sessions (the pace of 120 s and more, scaled down)
 
 
-def write_through_api(client, convs: list[Conversation], order: str, content: str, bot: str):
+def write_through_api(
+    client,
+    convs: list[Conversation],
+    order: str,
+    content: str,
+    bot: str,
+    threaded: bool = False,
+    tag: str = "",
+):
     """Write every turn as a workspace memory the way `order` says (benchmarks/retrieval.py;
     real requests in flight for `concurrent-N` and `parallel`, real pauses for `slow`);
-    returns memory id -> turn id."""
+    returns memory id -> turn id. `threaded`: each turn names its conversation as `thread`
+    and its place there as `position`."""
+    place = {t.id: (c, k) for c, conv in enumerate(convs) for k, t in enumerate(conv.turns)}
     import threading
     import time
     from concurrent.futures import ThreadPoolExecutor
@@ -125,7 +135,7 @@ def write_through_api(client, convs: list[Conversation], order: str, content: st
 
     def one(a: Arrival) -> None:
         body: dict = {
-            "requestId": f"r-{a.turn.id}",
+            "requestId": f"r{tag}-{a.turn.id}",
             "scope": "user",
             "bot": bot,
             "content": a.content,
@@ -134,6 +144,9 @@ def write_through_api(client, convs: list[Conversation], order: str, content: st
             body.update(scope="project", project=projects[a.project])
         if a.topics:
             body["topics"] = list(a.topics)
+        if threaded:
+            c, k = place[a.turn.id]
+            body.update(thread=f"conversation-{c}", position=k)
         resp = client.post("/api/app/workspace/memories", json=body)
         resp.raise_for_status()
         with lock:

@@ -2,10 +2,16 @@
 
     .venv/bin/python -m benchmarks.retrieval [--data synthetic|locomo-like] [--quick]
         [--conversations N] [--turns N]
-    .venv/bin/python -m benchmarks.retrieval --data locomo --file PATH/locomo10.json [--caption]
+    .venv/bin/python -m benchmarks.retrieval --data locomo --file PATH/locomo10.json [--quick]
+        [--orders sequential,round-robin,concurrent-32] [--saved FILE] [--caption]
 
 `--data locomo` reads the real LoCoMo file you downloaded (benchmarks/_locomo.py; not shipped
-here, CC BY-NC): ten conversations, 5,882 turns, 1,536 questions (adversarial ones left out).
+here, CC BY-NC): ten conversations, 5,882 turns, 1,536 questions (adversarial ones left out),
+reported as a tuning half (conversations 1-5) and a held-out half (6-10), each turn naming its
+conversation as its thread, for each write order, beside BM25, dense and RRF baselines
+(benchmarks/_halves.py; `--quick`: two conversations of each half; `--saved FILE` keeps the
+API's rankings, and reports from them again without the API when FILE exists). The rest of
+this description is the generated sets'.
 
 Data (seeded, generated; no PyPI package ships LoCoMo-style dialogs with evidence labels):
 - `synthetic` (benchmarks/_conversations.py): small talk around facts said once, often as the
@@ -53,6 +59,7 @@ import numpy as np
 
 import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
 from benchmarks._conversations import Conversation
+from benchmarks._halves import ORDERS as HALF_ORDERS
 from benchmarks._write_orders import CONTENTS, ORDERS, SLOW_WINDOW_S, write_through_api
 from engine.workspace_search import Hit, merge_hits
 
@@ -264,6 +271,56 @@ def through_api(
     return out
 
 
+def locomo_halves(args) -> None:
+    """LoCoMo's tuning half (conversations 1-5) and held-out half (6-10), each write order
+    (benchmarks/_halves.py); `--quick`: two conversations of each half."""
+    from benchmarks import _halves
+    from benchmarks._locomo import load
+
+    convs = load(args.file, caption=args.caption)
+    parts = _halves.halves(convs, args.quick)
+    orders = tuple(o for o in args.orders.split(",") if o)
+    for half, part in parts.items():
+        turns = sum(len(c.turns) for c in part)
+        print(f"{half}: {len(part)} conversations, {turns} turns", flush=True)
+    os.environ.pop("OPENBOT_MASTER_KEY", None)
+    t0 = time.perf_counter()
+    if args.saved and Path(args.saved).exists():
+        api = _halves.load_api(args.saved)
+    else:
+        root = Path(tempfile.mkdtemp(prefix="obret"))
+        try:
+            api = _halves.through_api(parts, root / "data", args.threads, orders, args.content)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        if args.saved:
+            _halves.save_api(api, args.saved)
+    vectors = _halves.embedder(args.threads)
+    refs = {half: _halves.references(part, vectors) for half, part in parts.items()}
+    figures = _halves.report(parts, api, refs, orders)
+    load_avg = os.getloadavg()
+    print(
+        f"\nwrites {api['write_s']} s, embedding caught up {api['embed_wait_s']} s after; "
+        f"run {time.perf_counter() - t0:.0f} s; load average {load_avg[0]:.2f}"
+    )
+    out = (
+        Path(__file__).parent
+        / "results"
+        / ("retrieval-locomo-halves" + ("-quick" if args.quick else "") + ".json")
+    )
+    out.parent.mkdir(exist_ok=True)
+    doc = {
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load": load_avg,
+        "content": args.content,
+        "orders": orders,
+        "halves": figures,
+    }
+    out.write_text(json.dumps(doc, indent=2))
+    print(f"wrote {out}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--data", default="synthetic", choices=("synthetic", "locomo-like", "locomo"))
@@ -276,14 +333,21 @@ def main() -> None:
     p.add_argument("--writes", type=int, default=500, help="writes of each kind compared")
     p.add_argument("--write-order", default="sequential", choices=ORDERS)
     p.add_argument("--content", default="speaker", choices=CONTENTS)
+    p.add_argument(
+        "--orders",
+        default=",".join(HALF_ORDERS),
+        help="--data locomo: write orders, comma-separated (default: %(default)s)",
+    )
+    p.add_argument(
+        "--saved",
+        help="--data locomo: keep the API's rankings in this file, or report from it if it exists",
+    )
     args = p.parse_args()
     if args.data == "locomo":
-        from benchmarks._locomo import load
-
         if not args.file:
             p.error("--data locomo needs --file PATH (LoCoMo's data/locomo10.json)")
-        convs = load(args.file, caption=args.caption)[: 3 if args.quick else args.conversations]
-        n = len(convs)
+        locomo_halves(args)
+        return
     else:
         if args.data == "locomo-like":
             from benchmarks._locomo_like import make

@@ -79,6 +79,10 @@ class WorkspaceEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # System tags of a bot-scope record (`from:`, `for:bot`, `org:`): who may read it as part of
     # the bot's one memory (engine/memory_union.py). Empty for user and project scope.
     tags: tuple[str, ...] = ()
+    # The conversation the record is a turn of and its place there ("": none): its keyword
+    # context comes from the thread's neighbours in that order (engine/write_context.py).
+    thread: str = ""
+    position: int = 0
 
 
 class ForgetBarrier(msgspec.Struct, frozen=True, kw_only=True):
@@ -285,6 +289,24 @@ def validate_content(content: object) -> str:
             f"content is over {MAX_CONTENT_CHARS} characters", code="content_too_long"
         )
     return content
+
+
+MAX_THREAD = 200
+_POSITION_MAX = 2**62
+
+
+def validate_thread(thread: str | None) -> str:
+    if thread is None:
+        return ""
+    if not thread.strip() or len(thread) > MAX_THREAD:
+        raise InvalidInput(f"a thread is 1-{MAX_THREAD} characters", code="invalid_thread")
+    return thread
+
+
+def validate_position(position: int) -> int:
+    if not -_POSITION_MAX <= position <= _POSITION_MAX:
+        raise InvalidInput("position out of range", code="invalid_position")
+    return position
 
 
 def validate_topics(topics: Iterable[str]) -> tuple[str, ...]:
@@ -505,6 +527,10 @@ class WorkspaceMemoryCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_un
     project: str | None = None
     tier: Tier = Tier.PROFILE
     topics: list[str] = []
+    # The conversation this is a turn of and its place in it (any increasing number: a
+    # message's sequence number or time); without `position`, the write's time.
+    thread: str | None = None
+    position: int | None = None
 
 
 class WorkspaceMemoryChange(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -592,6 +618,8 @@ def user_create(
     topics: Iterable[str] = (),
     key: bytes = b"",
     tags: tuple[str, ...] = (),
+    thread: str | None = None,
+    position: int | None = None,
 ) -> Edit:
     """A record a person writes: explicit, and protected from the memory bot from the start.
 
@@ -611,6 +639,8 @@ def user_create(
         created_at=now,
         updated_at=now,
         tags=tags,
+        thread=validate_thread(thread),
+        position=now if position is None else validate_position(position),
     )
     rev = Revision(
         entry=entry_id, revision=1, operator=operator, at=now, change="created", after=content

@@ -26,6 +26,10 @@ from engine.errors import InvalidInput
 
 FUSION_DEPTH = 1_000  # per list and shard; see fusion_depth
 RRF_K = 10  # small: recall@10 wants each list's best near the top (benchmarks/retrieval.py)
+# Keyword's list weighs more than semantic's: a record is indexed with its thread's words, a
+# vector holds its own text only. Chosen on LoCoMo's tuning half and kept because it held on
+# the held-out half (docs/search.md).
+FUSION_WEIGHTS = (1.5, 1.0)
 
 
 class Hit(msgspec.Struct, frozen=True, kw_only=True, gc=False):

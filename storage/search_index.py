@@ -15,9 +15,9 @@ Layout: postings are a compressed sparse row "base" (numpy: one slice of row num
 frequencies per term) plus per-term Python lists for entries added since (the "tail"), merged
 into the base once the tail holds a quarter as many postings; so a write costs a few list
 appends and a search a few numpy slices. Rows are never reused: an edited entry gets a new row
-and its old one is dead (masked out of every ranking, dropped at the next merge). Like Lucene
-between merges, dead postings still count in document frequencies until then, a slight skew of
-idf and nothing else.
+and its old one is dead (masked out of every ranking, dropped at the next merge). Document
+frequencies count live rows only: a record is indexed again each time its thread's order gives
+it a new neighbour, and a ranking must not depend on how often that happened.
 
 Why not bm25s or tantivy: bm25s builds a static index (every write would rebuild it), tantivy
 needs a commit and a searcher reload before a write is visible (milliseconds per write, against
@@ -550,8 +550,14 @@ class TermIndex:
     def stats(self, query: Sequence[int]) -> Stats:
         """The index's BM25 statistics for the query: `Stats.of` adds those of several indexes
         searched as one (`scores(..., stats)`)."""
-        df = {key: self._postings(tid)[0].size for key, tid in self._terms(sorted(set(query)))}
+        df = {key: self._df(self._postings(tid)[0]) for key, tid in self._terms(sorted(set(query)))}
         return Stats(self._live, self._live_len, df)
+
+    def _df(self, rows: np.ndarray) -> int:
+        """A term's document frequency: its live rows."""
+        if self._live == len(self._ids):
+            return rows.size
+        return int(np.count_nonzero(self._alive[rows]))
 
     def _postings(self, tid: int) -> tuple[np.ndarray, np.ndarray]:
         rows, tfs = self._rows, self._tfs
@@ -583,7 +589,7 @@ class TermIndex:
             rows, tfs = self._postings(tid)
             if not rows.size:
                 continue
-            df = rows.size if stats is None else stats.df.get(key, rows.size)
+            df = self._df(rows) if stats is None else stats.df.get(key, rows.size)
             idf = math.log(1.0 + (max(live, df) - df + 0.5) / (df + 0.5))
             norm = K1 * (1.0 - B + B * lens[rows] / avgdl)
             scores[rows] += idf * tfs * (K1 + 1.0) / (tfs + norm)

@@ -79,7 +79,15 @@ def _sample() -> AccountSnapshot:
                 pool="bot:b_1",
                 records=(
                     _rec("m1", "bot:b_1", "b_1", "Short answers.", T0, tier=Tier.PROFILE),
-                    _rec("m2", "bot:b_1", "b_1", "Met in Lyon.", T0 + 40 * DAY),
+                    _rec(
+                        "m2",
+                        "bot:b_1",
+                        "b_1",
+                        "Met in Lyon.",
+                        T0 + 40 * DAY,
+                        thread="trip",
+                        position=7,
+                    ),
                     _rec(
                         "m3",
                         "bot:b_1",

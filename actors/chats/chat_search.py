@@ -26,7 +26,7 @@ from actors.shard.kernel import ShardKernel
 from actors.workspace.semantic import SemanticSearch
 from actors.workspace.vectors import PoolVectors
 from engine.errors import InvalidInput
-from engine.workspace_search import FUSION_DEPTH, Hit, fusion_depth, merge_hits
+from engine.workspace_search import FUSION_DEPTH, FUSION_WEIGHTS, Hit, fusion_depth, merge_hits
 from storage.chat_store import ChatLog, ChatStore, Item
 from storage.search_index import Stats, TermIndex
 
@@ -58,7 +58,7 @@ class ChatSearch:
         self.logs = logs
         self.store = store
         self.semantic = semantic
-        self.weights = (1.0, 1.0)  # keyword, semantic: as the workspace search's
+        self.weights = FUSION_WEIGHTS  # keyword, semantic: as the workspace search's
         self.keep = keep
         self._kept: OrderedDict[str, _Indexed] = OrderedDict()
 

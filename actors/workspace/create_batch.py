@@ -176,8 +176,12 @@ def _gathered(ws: Workspace, pool: WorkspacePool) -> list[Write]:
     assert pool.gathering is not None
     terms = ws.pools.kernel.terms
     rows: list[Write] = []
-    for entry_id, (fp, own, before, after, further) in pool.gathering.items():
-        keys = in_context(own, before, after, further)
+    for entry_id, slot in pool.gathering.items():
+        fp, own, before, after, further = slot[:5]
+        if len(slot) > 5:  # a thread's record: its neighbours as the thread now orders them
+            keys = ws.pools.thread_keys(pool, slot[5], entry_id, slot[6], own)
+        else:
+            keys = in_context(own, before, after, further)
         pool.index.put(entry_id, keys)
         rows.append(terms.row(pool.id, entry_id, fp, keys, pool.next_seq()))
     pool.gathering.clear()

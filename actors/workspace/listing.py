@@ -23,6 +23,7 @@ from engine import scoped_memory as sm
 from engine.errors import InvalidInput
 from engine.memory_entries import Reader, SearchHitView, SearchPage, view
 from engine.scoped_memory import WorkspaceEntry, WorkspaceEntryView
+from engine.workspace_search import FUSION_WEIGHTS
 
 _json = msgspec.json.Encoder()
 
@@ -44,7 +45,7 @@ class WorkspaceListings:
         self.rules = rules
         self.memory = memory
         self.semantic = semantic  # None: keyword search only
-        self.weights = (1.0, 1.0)  # keyword, semantic: reciprocal rank fusion
+        self.weights = FUSION_WEIGHTS  # keyword, semantic: reciprocal rank fusion
 
     async def entries(
         self, access: WorkspaceAccess, query: WorkspaceQuery, reader: Reader | None = None

@@ -41,6 +41,13 @@ class WorkspacePool:
     # The last new record of each write stream (engine/write_context.py): context for the
     # stream's next one, and it for it.
     last_written: dict = field(default_factory=dict)
+    # Each thread's records in its order (engine/write_context.py `Thread`), made from the
+    # stored records at the first threaded write after a load (`threads_ready`), and the own
+    # term keys of the threaded records read so far, entry -> (content fp, keys).
+    threads: dict = field(default_factory=dict)
+    threads_ready: bool = False
+    thread_own: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
+    thread_seq: int = 0
     # While a coalesced call's creations are decided (actors/workspace/create_batch.py): their
     # keys, entry -> [fp, own, before, after], indexed and stored once all are in.
     gathering: dict[str, list] | None = None

@@ -57,6 +57,7 @@ UPKEEP_SLICE = 1_024  # records such a check walks between two turns of the even
 # A pool's keyword index is stored whole again once this many term rows are not in its snapshot
 # (below it, a load applies them in a few ms).
 SNAPSHOT_ROWS = 2_000
+THREAD_KEYS_CACHED = 4_096  # threaded records' own term keys kept per pool (pool_state.py)
 log = logging.getLogger("openbot.workspace")
 
 
@@ -315,6 +316,9 @@ class WorkspacePools:
         its own; an edit indexes a record by its own words again."""
         # (lists: ~25 keys, numpy costs more)
         own = self.kernel.analyzer(pool.id).key_list(content)
+        placed = wc.placed(entry)
+        if placed is not None:
+            return self._threaded(pool, entry, own, placed, new=new)
         before = further = None
         now = self.kernel.clock()
         stream = wc.stream_of(entry.contributor, entry.tags, entry.topics)
@@ -335,6 +339,131 @@ class WorkspacePools:
             self.kernel.terms.row(pool.id, entry.id, entry.content_fp, keys, pool.next_seq())
         )
         return rows
+
+    def _threaded(
+        self,
+        pool: WorkspacePool,
+        entry: WorkspaceEntry,
+        own: list[int],
+        placed: tuple[str, int],
+        *,
+        new: bool,
+    ) -> list[Write]:
+        """Index a record of a thread with its neighbours in the thread's order, and those
+        whose context it changes again (engine/write_context.py `Thread`): where and when it
+        was written does not matter, only its thread and position. An edit keeps its place,
+        so its neighbours are indexed with its new words."""
+        thread = self._threads(pool).setdefault(
+            wc.thread_of(entry.contributor, entry.tags, placed[0]), wc.Thread()
+        )
+        self._cache_own(pool, entry.id, entry.content_fp, own)
+        if entry.id in thread:
+            changed = thread.touching(entry.id)
+        else:
+            pool.thread_seq += 1
+            changed = thread.insert(entry.id, placed[1], pool.thread_seq)
+        rows: list[Write] = []
+        for other in changed:
+            if pool.gathering is not None and other in pool.gathering:
+                continue  # indexed once its call is complete
+            rows += self._in_thread_again(pool, thread, other, entry, own)
+        if new and pool.gathering is not None:
+            pool.gathering[entry.id] = [entry.content_fp, own, None, None, None, thread, entry]
+            return rows
+        keys = self.thread_keys(pool, thread, entry.id, entry, own)
+        pool.index.put(entry.id, keys)
+        rows.append(
+            self.kernel.terms.row(pool.id, entry.id, entry.content_fp, keys, pool.next_seq())
+        )
+        return rows
+
+    def thread_keys(
+        self,
+        pool: WorkspacePool,
+        thread: wc.Thread,
+        entry_id: str,
+        current: WorkspaceEntry,
+        current_own: list[int],
+    ) -> list[int]:
+        """The keys a threaded record is indexed under (`in_context` of its neighbours);
+        `current` is the record being written, with its own keys (not stored yet)."""
+        at = (current, current_own)
+        own = self._own(pool, entry_id, at) or []
+        before, after, further = (self._own(pool, n, at) for n in thread.around(entry_id))
+        return in_context(own, before, after, further)
+
+    def _own(
+        self,
+        pool: WorkspacePool,
+        entry_id: str | None,
+        current: tuple[WorkspaceEntry, list[int]],
+    ) -> list[int] | None:
+        """A threaded record's own keys, if it is active (a forgotten neighbour lends no
+        words); read and analyzed again when its content changed since it was cached. The
+        record being written, and those of a call not complete yet, are not stored yet: their
+        keys are those given."""
+        if entry_id is None:
+            return None
+        if entry_id == current[0].id:
+            return current[1] if current[0].status == sm.WorkspaceStatus.ACTIVE else None
+        gathered = pool.gathering.get(entry_id) if pool.gathering is not None else None
+        if gathered is not None:
+            return gathered[1]
+        entry = pool.stored.entries.get(entry_id)
+        if entry is None or entry.status != sm.WorkspaceStatus.ACTIVE:
+            return None
+        cached = pool.thread_own.get(entry_id)
+        if cached is not None and cached[0] == entry.content_fp:
+            return cached[1]
+        own = self.kernel.analyzer(pool.id).key_list(self.open(pool, entry_id))
+        self._cache_own(pool, entry_id, entry.content_fp, own)
+        return own
+
+    @staticmethod
+    def _cache_own(pool: WorkspacePool, entry_id: str, fp: str, own: list[int]) -> None:
+        # A bounded cache: a miss costs one record opened and analyzed again, while keeping
+        # every threaded record's keys would grow with the pool.
+        if len(pool.thread_own) >= THREAD_KEYS_CACHED:
+            pool.thread_own.clear()
+        pool.thread_own[entry_id] = (fp, own)
+
+    def _in_thread_again(
+        self,
+        pool: WorkspacePool,
+        thread: wc.Thread,
+        entry_id: str,
+        current: WorkspaceEntry,
+        current_own: list[int],
+    ) -> list[Write]:
+        """A neighbour indexed again (its context changed); its row as for `_with_next`."""
+        entry = pool.stored.entries.get(entry_id)
+        if entry is None or entry_id not in pool.index:
+            return []
+        keys = self.thread_keys(pool, thread, entry_id, current, current_own)
+        pool.index.put(entry_id, keys)
+        row = self.kernel.terms.row(pool.id, entry_id, entry.content_fp, keys, pool.next_seq())
+        if committed(pool):
+            return [row]
+        self._store_terms([row])
+        return []
+
+    def _threads(self, pool: WorkspacePool) -> dict:
+        """The pool's threads, made from its stored records at the first threaded write after
+        a load (ties of position in the order the records were created)."""
+        if not pool.threads_ready:
+            placed = []
+            for entry in pool.stored.entries.values():
+                where = wc.placed(entry)
+                if where is not None:
+                    placed.append((entry.created_at, entry.id, entry, where))
+            placed.sort(key=lambda p: (p[0], p[1]))
+            for _, entry_id, entry, (name, position) in placed:
+                pool.thread_seq += 1
+                pool.threads.setdefault(
+                    wc.thread_of(entry.contributor, entry.tags, name), wc.Thread()
+                ).insert(entry_id, position, pool.thread_seq)
+            pool.threads_ready = True
+        return pool.threads
 
     def _with_next(self, pool: WorkspacePool, last: Written, following: list[int]) -> list[Write]:
         """The previous record indexed again with the words of the one written after it, if it

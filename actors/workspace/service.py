@@ -156,6 +156,8 @@ class Workspace:
             topics=body.topics,
             key=pool.fp_key,
             tags=tags,
+            thread=body.thread,
+            position=body.position,
         )
         return edit, sm.view(edit.entry, body.content)
 

@@ -54,6 +54,8 @@ class RecordDoc(msgspec.Struct, frozen=True, kw_only=True):
     content: str | None = None
     tags: tuple[str, ...] = ()
     memory: EntryMeta | None = None
+    thread: str | None = None  # None: in no thread
+    position: int | None = None
 
 
 class RecordsDoc(msgspec.Struct, frozen=True, kw_only=True):

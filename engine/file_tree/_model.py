@@ -51,6 +51,8 @@ class MemoryRecord(msgspec.Struct, frozen=True, kw_only=True):
     origin: Origin = Origin.SYNTHESIZED
     revision: int = 1
     tags: tuple[str, ...] = ()  # a bot record's system tags (engine/memory_union.py)
+    thread: str = ""  # the conversation it is a turn of, and its place there
+    position: int = 0
     # A learned entry of the bot's one memory: its whole metadata (layer, tags,
     # sources, access proofs), so an import restores exactly who may see it (never wider).
     memory: EntryMeta | None = None

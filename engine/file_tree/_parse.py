@@ -322,6 +322,8 @@ def _parse_pool(where: str, pool_id: str, files: dict[str, bytes]) -> PoolSnapsh
                 revision=r.version,
                 tags=_system_tags(f"{where}/.dreaming/records.json", r.tags),
                 memory=_memory(f"{where}/.dreaming/records.json", pool_id, r),
+                thread=r.thread or "",
+                position=r.position or 0,
             )
         )
     revisions: list[Revision] = []

@@ -184,6 +184,8 @@ def _render_pool(pool: PoolSnapshot) -> dict[str, bytes]:
                 content=content,
                 tags=r.tags,
                 memory=r.memory,
+                thread=r.thread or None,
+                position=r.position if r.thread else None,
             )
         )
         files[f".dreaming/{r.origin.value}/{r.id}.json"] = to_json(MarkerDoc(entry=r.id))

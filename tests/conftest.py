@@ -62,8 +62,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for fixture, marker in NEEDS.items():
             if fixture in names:
                 item.add_marker(marker)
-        # Hypothesis searches of hundreds of examples: pure, but most of the in-process CPU.
-        if hypothesis.is_hypothesis_test(getattr(item, "obj", None)):
+        # Hypothesis searches of hundreds of examples: in-process, but most of its CPU. One
+        # that needs Ray, a server or a process keeps that marker only (it runs with those).
+        if hypothesis.is_hypothesis_test(getattr(item, "obj", None)) and not any(
+            item.get_closest_marker(name) for name in NOT_UNIT
+        ):
             item.add_marker("property")
         if not any(item.get_closest_marker(name) for name in NOT_UNIT):
             item.add_marker("unit")

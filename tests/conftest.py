@@ -25,6 +25,15 @@ for _name in [n for n in os.environ if n.startswith(("RAY_", "OPENBOT_"))]:
 # call fails at once, here and in the actors (they inherit the environment at Ray's start).
 os.environ["OPENBOT_LOCK_GUARD"] = "1"
 
+# Tests' folders (tmp_path) in memory where the host has room: every commit syncs its journal
+# and DuckDB syncs its files, which a disk makes waits and a tmpfs makes free; what the files
+# hold is the same. A root the caller chose (or a small or missing /dev/shm) is left as it is.
+_SHM = Path("/dev/shm")
+if "PYTEST_DEBUG_TEMPROOT" not in os.environ and _SHM.is_dir() and os.access(_SHM, os.W_OK):
+    _free = shutil.disk_usage(_SHM).free
+    if _free >= 2 << 30:
+        os.environ["PYTEST_DEBUG_TEMPROOT"] = str(_SHM)
+
 import actors.runtime.engine  # noqa: E402, F401  (sets Ray's environment before anything imports ray)
 from actors.runtime import lock_guard  # noqa: E402
 from gateway.live_server import LiveServer  # noqa: E402
@@ -53,8 +62,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for fixture, marker in NEEDS.items():
             if fixture in names:
                 item.add_marker(marker)
-        # Hypothesis searches of hundreds of examples: pure, but most of the in-process CPU.
-        if hypothesis.is_hypothesis_test(getattr(item, "obj", None)):
+        # Hypothesis searches of hundreds of examples: in-process, but most of its CPU. One
+        # that needs Ray, a server or a process keeps that marker only (it runs with those).
+        if hypothesis.is_hypothesis_test(getattr(item, "obj", None)) and not any(
+            item.get_closest_marker(name) for name in NOT_UNIT
+        ):
             item.add_marker("property")
         if not any(item.get_closest_marker(name) for name in NOT_UNIT):
             item.add_marker("unit")

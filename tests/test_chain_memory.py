@@ -15,7 +15,7 @@ import httpx
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from actors.chats.chain_records import RECENT
+from actors.chats import chain_records
 from actors.contracts import TurnStart
 from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
@@ -72,14 +72,14 @@ async def _pages(svc: ShardService, directory: DirectoryService, token: str, lim
 
 def test_a_restart_reads_no_ended_chain_and_the_listing_pages_through_all(tmp_path: Path):
     models = _models(tmp_path)
-    n = 12
+    n = 7
 
     async def scenario():
         directory, token, ran = await _run_chains(tmp_path, models, n)
         async with reopened(tmp_path, models, directory) as svc:
             await svc.chains_idle()
             at_start = (await svc.stats())["chains_in_memory"]
-            pages = await _pages(svc, directory, token, 5)
+            pages = await _pages(svc, directory, token, 3)
             after_listing = (await svc.stats())["chains_in_memory"]
             oldest = pages[-1]["items"][-1]
             stopped = await svc.stop_collaboration(oldest["id"], "u_ann", frozenset())
@@ -89,7 +89,7 @@ def test_a_restart_reads_no_ended_chain_and_the_listing_pages_through_all(tmp_pa
     ran, at_start, pages, after_listing, oldest, stopped, asked = asyncio.run(scenario())
     assert ran["chains_in_memory"] == n  # (fewer than RECENT: the recent ones stay)
     assert at_start == 0  # every chain ended: none is read at start
-    assert [len(p["items"]) for p in pages] == [5, 5, 2]
+    assert [len(p["items"]) for p in pages] == [3, 3, 1]
     ids = [c["id"] for p in pages for c in p["items"]]
     assert len(set(ids)) == n == len(ids)  # every chain once
     keys = [(c["createdAt"], c["id"]) for p in pages for c in p["items"]]
@@ -100,9 +100,11 @@ def test_a_restart_reads_no_ended_chain_and_the_listing_pages_through_all(tmp_pa
     assert asked == 1  # read when asked for
 
 
-def test_memory_keeps_a_bounded_number_of_ended_chains(tmp_path: Path):
+def test_memory_keeps_a_bounded_number_of_ended_chains(tmp_path: Path, monkeypatch):
+    # A small bound: a memory that grows with every chain run shows past it as well as past 64.
+    monkeypatch.setattr(chain_records, "RECENT", 4)
     models = _models(tmp_path)
-    n = RECENT + 8
+    n = chain_records.RECENT + 4
 
     async def scenario():
         directory, _, ran = await _run_chains(tmp_path, models, n)
@@ -110,7 +112,7 @@ def test_memory_keeps_a_bounded_number_of_ended_chains(tmp_path: Path):
         return ran
 
     ran = asyncio.run(scenario())
-    assert ran["chains_in_memory"] == RECENT
+    assert ran["chains_in_memory"] == chain_records.RECENT
 
 
 def test_a_turn_with_a_chain_under_way_is_known_from_the_index(tmp_path: Path):

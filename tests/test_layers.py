@@ -435,7 +435,7 @@ SOFT, HARD = 600, 900
 
 
 def python_files(root: Path) -> Iterator[Path]:
-    for path in root.rglob("*.py"):
+    for path in sorted(root.rglob("*.py")):  # (a directory lists in its own order)
         parts = path.relative_to(root).parts[:-1]
         if not any(p.startswith(".") or p in SKIP_DIRS for p in parts):
             yield path

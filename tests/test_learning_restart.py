@@ -4,21 +4,25 @@ job runs again from the database, and the fact is stored once."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import ray
 
 from tests.openai_stub import OpenAIStub, completion
-from tests.waiting import until
+from tests.waiting import TIMEOUT, until
 
 
-def _after_restart(call, attempts=50):
-    """Calls made while Ray restarts the actor fail as unavailable: try again."""
-    for _ in range(attempts):
+def _after_restart(call, timeout=TIMEOUT):
+    """Calls made while Ray restarts the actor fail as unavailable, at once and for as long as
+    the restart takes (longer on a loaded host): try again until the bound."""
+    deadline = time.monotonic() + timeout
+    while True:
         try:
             return call()
         except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
-            continue
-    return call()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def test_killed_shard_resumes_learning_and_stores_the_fact_once(engine, world, admin, model_stubs):
@@ -46,10 +50,7 @@ def test_killed_shard_resumes_learning_and_stores_the_fact_once(engine, world, a
         r = alice.post(f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "I moved to Oslo"})
         assert r.status_code == 200, r.text
 
-    async def until_the_learning_call_arrived():
-        await until(lambda: len(mem.requests) >= requests_before + 2, "two memory model calls")
-
-    asyncio.run(asyncio.wait_for(until_the_learning_call_arrived(), 20))
+    asyncio.run(until(lambda: len(mem.requests) >= requests_before + 2, "two memory model calls"))
     shard = engine.shard_for(world.users["alice"])
     ray.kill(shard, no_restart=False)  # a crash; Ray restarts the actor (max_restarts=-1)
     steps = _after_restart(lambda: ray.get(shard.learning_idle.remote(), timeout=60))

@@ -66,6 +66,16 @@ def test_markers_follow_the_fixtures_and_unit_selects_in_process_tests():
 
 
 @pytest.mark.subprocess
+def test_a_search_against_the_server_stays_out_of_the_parallel_tier():
+    """`./run test` spreads `unit or property` over workers, each a process of its own: a
+    Hypothesis search that needs the session's Ray and gateway must run with the others."""
+    spread = _pytest("--collect-only", "-m", "unit or property", "tests/test_openapi.py")
+    serial = _pytest("--collect-only", "-m", "not (unit or property)", "tests/test_openapi.py")
+    assert not [line for line in spread.stdout.splitlines() if "::" in line], spread.stdout
+    assert "tests/test_openapi.py::test_no_server_error" in serial.stdout, serial.stdout
+
+
+@pytest.mark.subprocess
 def test_the_suite_ignores_the_callers_ray_and_openbot_variables():
     out = _pytest(
         "tests/test_suite_markers.py::test_the_callers_ray_and_openbot_variables_are_gone",

@@ -17,7 +17,7 @@ from engine.errors import Forbidden, InvalidInput, NotFound, OpenBotError
 from gateway import wire
 from gateway.auth import Auth
 from gateway.chat_access import ChatAccess, require_chat_owner
-from gateway.chat_search_routes import ChatSearchApi
+from gateway.chat_search_routes import ChatSearchApi, paging
 from gateway.json_response import json, read_body
 
 
@@ -191,6 +191,7 @@ class ChatsApi:
             return json({"count": count})
         if request.query_params.get("q") is not None:
             return await self.search.in_chat(request, access)  # `?q=`: a ranked search
+        paging(request.query_params)  # the whole history; page numbers still must be in bounds
         items = await access.home.chat_items(access.chat.id)
         return json({"items": [await self._shown(i) for i in items]})
 

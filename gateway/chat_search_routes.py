@@ -57,6 +57,7 @@ class Asked(msgspec.Struct, frozen=True):
 
 def _asked(request: Request) -> Asked:
     params = request.query_params
+    offset, limit = paging(params)
     q = params.get("q") or ""
     if not q.strip():
         raise InvalidInput("q must not be empty", code="invalid_query")
@@ -65,13 +66,18 @@ def _asked(request: Request) -> Asked:
     using = params.get("using") or "all"
     if using not in USING:
         raise InvalidInput("using must be all, keyword or semantic", code="invalid_using")
+    return Asked(q=q, using=using, offset=offset, limit=limit)
+
+
+def paging(params) -> tuple[int, int]:
+    """`cursor` and `limit` of a search page, each within its bounds (422 naming it)."""
     limit = query_number(
         params.get("limit"), field="limit", low=1, high=MAX_LIMIT, default=DEFAULT_LIMIT
     )
     offset = query_number(
         params.get("cursor"), field="cursor", low=0, high=MAX_DEPTH - limit, default=0
     )
-    return Asked(q=q, using=using, offset=offset, limit=limit)
+    return offset, limit
 
 
 class ChatSearchApi:

@@ -62,8 +62,9 @@ def test_the_body_check_is_linear_in_the_body(shape):
     small, large = SHAPES[shape](64 * 1024), SHAPES[shape](1024 * 1024)
     assert len(large) <= 1024 * 1024
     ratio = _check_seconds(large) / max(_check_seconds(small), 1e-5)
-    # 16 times the bytes: a linear check stays near 16, a quadratic one near 256.
-    assert ratio <= 20, (shape, ratio)
+    # 16 times the bytes: a linear check stays near 16 (caches and a busy host move it some), a
+    # quadratic one near 256.
+    assert ratio <= 48, (shape, ratio)
 
 
 def _reference_depth(text: bytes) -> int:

@@ -117,8 +117,11 @@ async def test_ACL_8_reads_decrypt_only_what_the_reply_shows(shards, fresh, monk
     spy.reset()
     out["page"] = await svc.read_memory(POOL, ANN)
     out["page_opened"] = spy.entries(spy.opened)
+    # Only the observation, on a fresh load (a read keeps what it opened): its source is
+    # checked, never decrypted.
+    await shards.close(svc)
+    svc = shards(stubs=fresh)
     spy.reset()
-    # Only the observation: its source is checked, never decrypted.
     out["obs"] = await svc.read_memory(POOL, ANN, tags=["insight"])
     out["obs_opened"] = spy.entries(spy.opened)
     spy.reset()

@@ -28,6 +28,7 @@ import itertools
 import os
 import signal
 import sys
+import threading
 
 from actors.shard.service import ShardService
 from engine.events import MemoryChanged
@@ -94,13 +95,25 @@ def arm(point: str, nth: int) -> None:
         raise SystemExit(f"unknown point {point!r} (one of {', '.join(POINTS)})")
 
 
+_SAYING = threading.Lock()
+
+
+def say(*parts: object) -> None:
+    """One whole line per write: `print` writes its parts one by one, and a line of another
+    thread flushed in between would leave a torn one where the kill lands."""
+    line = " ".join(map(str, parts)) + "\n"
+    with _SAYING:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
 def report_published() -> None:
     publish = EventLog.publish
 
     def printed(self: EventLog, events) -> None:
         for event in events:
             if isinstance(event.data, MemoryChanged):
-                print("pub", event.seq, event.data.entry, flush=True)
+                say("pub", event.seq, event.data.entry)
         publish(self, events)
 
     EventLog.publish = printed  # type: ignore[method-assign]
@@ -118,11 +131,11 @@ async def main(data_dir: str, round_: str, callers: int, point: str) -> None:
     async def caller(w: int) -> None:
         while True:
             request_id = f"r{round_}-{w}-{next(counter)}"
-            print("sent", request_id, flush=True)
+            say("sent", request_id)
             entry = await svc.remember(POOL, READER, content(request_id), (), request_id)
-            print("ack", request_id, entry.id, flush=True)
+            say("ack", request_id, entry.id)
 
-    print("ready", flush=True)
+    say("ready")
     await asyncio.gather(*(caller(w) for w in range(callers)))
 
 

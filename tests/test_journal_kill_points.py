@@ -96,13 +96,16 @@ def _crash(data: Path, round_: int, point: str, nth: int, seen: Seen) -> None:
     acks = 0
     try:
         for line in proc.stdout:
+            if not line.endswith("\n"):
+                break  # cut short by the kill: never acted on
             seen.take(line)
             acks += line.startswith("ack ")
             if point == "external" and acks >= nth:
                 proc.kill()  # SIGKILL
                 break
-        for line in proc.stdout.read().splitlines():  # written before it died
-            seen.take(line)
+        for line in proc.stdout.read().splitlines(keepends=True):  # written before it died
+            if line.endswith("\n"):  # a line the kill cut short was never acted on
+                seen.take(line)
         proc.wait(timeout=30)
     finally:
         watchdog.cancel()

@@ -334,10 +334,7 @@ class WorkspacePools:
             pool.gathering[entry.id] = [entry.content_fp, own, before, None, further]
             return rows
         keys = in_context(own, before, further=further)
-        pool.index.put(entry.id, keys)
-        rows.append(
-            self.kernel.terms.row(pool.id, entry.id, entry.content_fp, keys, pool.next_seq())
-        )
+        rows.append(self._put(pool, entry.id, entry.content_fp, keys))
         return rows
 
     def _threaded(
@@ -371,11 +368,13 @@ class WorkspacePools:
             pool.gathering[entry.id] = [entry.content_fp, own, None, None, None, thread, entry]
             return rows
         keys = self.thread_keys(pool, thread, entry.id, entry, own)
-        pool.index.put(entry.id, keys)
-        rows.append(
-            self.kernel.terms.row(pool.id, entry.id, entry.content_fp, keys, pool.next_seq())
-        )
+        rows.append(self._put(pool, entry.id, entry.content_fp, keys))
         return rows
+
+    def _put(self, pool: WorkspacePool, entry_id: str, fp, keys) -> Write:
+        """A record's keys in the pool's index, and the row that stores them."""
+        pool.index.put(entry_id, keys)
+        return self.kernel.terms.row(pool.id, entry_id, fp, keys, pool.next_seq())
 
     def thread_keys(
         self,

@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.python_source import parse_source
+
 pytestmark = pytest.mark.subprocess  # each case runs in a fresh interpreter
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _imports_ray(path: Path) -> bool:
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_source(path.read_text())):
         if isinstance(node, ast.Import) and any(a.name == "ray" for a in node.names):
             return True
     return False

@@ -18,6 +18,7 @@ from actors.contracts import NodeInfo
 from actors.models.node_hub import NodeHubService, NodeModel
 from actors.ports import DirectoryPort, NodeHubPort, ShardPort
 from engine.models import Completion, Message
+from tests.python_source import parse_source
 
 ROOT = Path(__file__).resolve().parent.parent
 # The actors' implementation: a gateway process never needs it (the actors run elsewhere).
@@ -33,7 +34,7 @@ IMPLEMENTATION = (
 
 def _imports(path: Path) -> set[str]:
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_source(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

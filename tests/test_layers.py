@@ -27,6 +27,8 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.python_source import parse_source
+
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ["engine", "storage", "actors", "gateway"]  # each may import only those before it
 PURE_THIRD_PARTY = {"msgspec"}
@@ -35,7 +37,7 @@ SKIP_DIRS = {"node_modules", "build", "dist", "__pycache__"}  # and every dot-di
 
 def _imports(path: Path) -> set[str]:
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_source(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -94,7 +96,7 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     for name, path in files.items():
         here = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_source(path.read_text())):
             if isinstance(node, ast.Import):
                 targets.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom):
@@ -199,7 +201,7 @@ def private_access(source: str) -> Iterator[tuple[int, str, str]]:
     """(line, what, attribute) for each `x._name` on anything but self/cls/super(), read or
     written, also spelled `getattr(x, "_name")`, and each `from m import _name` (a
     module-private name taken across modules)."""
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse_source(source)):
         if isinstance(node, ast.Attribute) and _private(node.attr) and not _own(node.value):
             yield node.lineno, ast.unparse(node), node.attr
         elif (
@@ -293,7 +295,7 @@ ALLOWED_RAY: set[str] = set()
 
 
 def imports_ray(source: str) -> bool:
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse_source(source)):
         if isinstance(node, ast.Import) and any(
             a.name == "ray" or a.name.startswith("ray.") for a in node.names
         ):
@@ -344,7 +346,7 @@ def _is_engine(node: ast.expr) -> bool:
 
 def handle_uses(source: str, *, root: bool = False) -> Iterator[tuple[int, str]]:
     """(line, what) for each way `source` reaches an actor other than through a typed port."""
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse_source(source)):
         if isinstance(node, ast.Attribute):
             if node.attr == "remote" or (node.attr in ENGINE_HANDLES and _is_engine(node.value)):
                 yield node.lineno, ast.unparse(node)
@@ -387,7 +389,7 @@ def _classes(root: Path, prefixes: tuple[str, ...]) -> Iterator[tuple[str, ast.C
     for path in python_files(root):
         rel = _rel(path, root)
         if rel.startswith(prefixes):
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(parse_source(path.read_text())):
                 if isinstance(node, ast.ClassDef):
                     yield rel, node
 

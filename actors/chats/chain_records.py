@@ -25,7 +25,7 @@ from actors.shard.batch import Batch
 from actors.shard.single_flight import SingleFlight
 from engine.collaboration import Chain, ChainStatus, Link, find_link, new_chain
 from engine.directory import Bot, Chat, Org, agent_chat, agent_chat_id
-from engine.errors import NotFound, OpenBotError
+from engine.errors import NotFound, OpenBotError, StorageError
 from engine.events import Audience, CollaborationChanged
 from storage.chat_store import ChatLog, Item
 from storage.crypto import aad
@@ -61,6 +61,8 @@ class ChainRecords:
         # Chains made here with no row on disk yet → their rows staged and not failed: a chain
         # whose every row failed (its first with the turn's end) is dropped from memory too.
         self._unstored: dict[str, int] = {}
+        # Chains dropped so: a delivery still holding one stores nothing more of it.
+        self._dropped: set[str] = set()
         self._staged: dict[str, int] = {}  # chain → its rows staged, not committed or failed
         self._changed: set[str] = set()  # chains changed in memory since their last row
         self._new: set[str] = set()  # chains `begin` made, not staged yet
@@ -234,6 +236,8 @@ class ChainRecords:
         a row's own bookkeeping) to `sink`. Callers hold the runner's lock until the sink is
         submitted, so chain rows reach the disk in order."""
         await self.start()  # (the live rows first: a row read later never replaces this)
+        if chain.id in self._dropped:
+            raise StorageError("the chain's first write could not be stored")
         before = self._chains.get(chain.id)
         if before is None and chain.id not in self._new:  # (a chain `begin` made is not read)
             before = await self.get(chain.id)
@@ -300,6 +304,7 @@ class ChainRecords:
             self._unstored[chain_id] = left - 1
             return
         del self._unstored[chain_id]
+        self._dropped.add(chain_id)
         self._changed.discard(chain_id)
         self.unregistered.pop(chain_id, None)
         self._forget(chain_id)

@@ -67,3 +67,21 @@ def test_ray_imported_first_with_the_switch_already_off_is_accepted():
     switch = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token"}
     assert _run(code, **switch) == "True False"
     assert _run(code, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1", RAY_AUTH_MODE="token") == "False True"
+
+
+def test_the_embedded_ray_runs_its_actors_at_the_servers_priority(ray_tmp):
+    """Ray nices its workers to 15 by default: the shards would then starve behind any busy
+    process on the machine, while the gateway waiting on them does not."""
+    code = (
+        "import os\n"
+        "import actors.runtime.engine as e\n"
+        f"e.start_ray(None, tmp_dir={ray_tmp!r})\n"
+        "import ray\n"
+        "@ray.remote\n"
+        "class Probe:\n"
+        "    def nice(self):\n"
+        "        return os.nice(0)\n"
+        "print(ray.get(Probe.remote().nice.remote()), os.nice(0))\n"
+    )
+    worker, driver = _run(code).split()
+    assert worker == driver

@@ -24,6 +24,9 @@ import sys
 # too (docs/design.md §14). Ray reads it once, when `ray` is imported.
 CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
+# Ray's setting for its workers' niceness (Ray's job manager sets it to 0 for the jobs it runs).
+WORKER_NICENESS = "RAY_worker_niceness"
+
 JOINING = bool(os.environ.get("OPENBOT_RAY_ADDRESS") or os.environ.get("RAY_ADDRESS"))
 EMBEDDED = not JOINING and "ray" not in sys.modules
 
@@ -31,6 +34,10 @@ if EMBEDDED:
     os.environ[CLUSTER_SWITCH] = "0"
     os.environ["RAY_AUTH_MODE"] = "token"  # never `disabled`, whatever the caller's shell says
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray starts its workers at nice 15, so that a driver keeps the CPU from its tasks. Here the
+    # workers are the shards, the database of the gateway in front of them: niced, any other
+    # busy process on the machine starves every write. They run at the server's own priority.
+    os.environ.setdefault(WORKER_NICENESS, "0")
 
 # The switch as Ray read (or, not imported yet, will read) it: taken now, since a later change of
 # the environment does not reach an imported Ray. Ray counts it on only as "true" or "1", and on

@@ -27,12 +27,18 @@ def _has_chain_row(batches) -> bool:
 
 @pytest.mark.parametrize(
     ("root_delay", "step_delay"),
-    [(0.2, 0.0), (0.0, 0.3)],
-    ids=["fails-after-the-peer-answered", "fails-while-the-peer-works"],
+    [(0.2, 0.0), (0.0, 0.3), (0.0, None)],
+    ids=[
+        "fails-after-the-peer-answered",
+        "fails-while-the-peer-works",
+        "the-peer-delivers-after-the-drop",
+    ],
 )
 def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_duplicate(
-    tmp_path: Path, caplog, root_delay: float, step_delay: float
+    tmp_path: Path, caplog, root_delay: float, step_delay: float | None
 ):
+    """`step_delay` None: the peer's delivery is held until the failed turn has returned (its
+    chain dropped), then let go: it must not store the chain again."""
     script = tmp_path / "peer.toml"
     script.write_text(PEER_SCRIPT)
     models = {"s": ScriptedModel.from_file("s", str(script))}
@@ -56,9 +62,13 @@ def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_dupli
             await commit_group(batches)
 
         step = svc.chains.records.step
+        dropped = asyncio.Event()
 
         async def slow_step(bot, step_input, *sent):
-            await asyncio.sleep(step_delay)
+            if step_delay is None:
+                await dropped.wait()
+            else:
+                await asyncio.sleep(step_delay)
             return await step(bot, step_input, *sent)
 
         committer.commit_group = failing_root  # type: ignore[method-assign]
@@ -69,6 +79,7 @@ def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_dupli
             )
             with contextlib.suppress(StorageError):
                 await svc.start_turn(start, True)
+            dropped.set()
             await svc.chains_idle()
             after_failure = await svc.collaborations("u_ann", frozenset())
             busy = await svc.chat_busy(chat.id)

@@ -145,18 +145,24 @@ async def _first_frame(ws_url: str, body: bytes) -> tuple[int | None, float]:
             return (e.rcvd.code if e.rcvd else None), time.perf_counter() - start
 
 
+# Ordinary JSON of the same sizes: what the gateway's answers and the prober's waits look like
+# on this machine at this moment, so that the bounds below hold on a busy host as on an idle one.
+PLAIN = {"plain string": lambda n: _fill(b'{"text":"', b"a", n, b'"}')}
+
+
 def test_adversarial_bodies_never_stall_the_gateway(server, world):
     """Every shape at every size, to a public path, a token route and the events socket's first
-    message, while a prober reads /healthz: each answer within 1 s, the prober never held up
-    more than 0.5 s."""
+    message, while a prober reads /healthz: each answer, and each of the prober's waits, within
+    a few times what ordinary bodies of the same sizes take in the same run (and within 1 s and
+    0.5 s on an idle machine). A check that stalls on a shape takes seconds at 1 MiB."""
     ws_url = server.url.replace("http://", "ws://") + "/v1/events"
     token_path = f"/v1/bots/{world.bot}/memory"
 
-    async def scenario() -> tuple[list[float], list[tuple]]:
+    async def scenario(shapes: dict) -> tuple[list[float], list[tuple]]:
         stop, waits, answers = asyncio.Event(), [], []
         prober = asyncio.create_task(_probe(server.url, stop, waits))
         try:
-            for name, make in SHAPES.items():
+            for name, make in shapes.items():
                 for size in SIZES:
                     body = make(size)
                     for path, token in (("/healthz", None), (token_path, world.tokens["alice"])):
@@ -169,13 +175,16 @@ def test_adversarial_bodies_never_stall_the_gateway(server, world):
             await prober
         return waits, answers
 
-    waits, answers = asyncio.run(scenario())
+    plain_waits, plain = asyncio.run(scenario(PLAIN))
+    waits, answers = asyncio.run(scenario(SHAPES))
+    answer_bound = max(1.0, 5 * max(a[-1] for a in plain))
+    wait_bound = max(0.5, 5 * max(plain_waits))
     for name, size, path, status, took in answers:
-        assert took <= 1.0, (name, size, path, took)
+        assert took <= answer_bound, (name, size, path, took, answer_bound)
         assert status is not None and not 500 <= status < 600, (name, size, path, status)
         if path == "/v1/events":  # refused as a frame: too deep (4400) or over 64 KiB (1009)
             assert status in (4400, 1009), (name, size, status)
-    assert len(waits) >= 10 and max(waits) <= 0.5, max(waits)
+    assert len(waits) >= 10 and max(waits) <= wait_bound, (max(waits), wait_bound)
 
 
 # ---- numbers ---------------------------------------------------------------------------------

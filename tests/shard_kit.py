@@ -59,6 +59,13 @@ class Shards:
             self.directory = DirectoryService(self.path)
         return self.directory
 
+    def close_directory(self) -> None:
+        """Closes the folder's DirectoryService: the next `directory_service()` opens it again
+        from its files, as after a restart (close the shards connected to it first)."""
+        if self.directory is not None:
+            self.directory.store.db.close()
+            self.directory = None
+
     async def close(self, svc: ShardService) -> None:
         self.open.remove(svc)
         await svc.close()
@@ -66,6 +73,4 @@ class Shards:
     async def close_all(self) -> None:
         while self.open:
             await self.close(self.open[-1])
-        if self.directory is not None:
-            self.directory.store.db.close()
-            self.directory = None
+        self.close_directory()

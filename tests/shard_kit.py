@@ -17,13 +17,13 @@ ANN = Reader(user="u_ann", org="o1", uses_bot=True)
 POOL = "bot:b1"
 
 
-def shard_service(path, stubs, **kw) -> ShardService:
+def shard_service(path, stubs, index: int = 0, **kw) -> ShardService:
     bot, mem = stubs
     models = kw.pop("models", None) or {
         "bot": OpenAIModel("bot", base_url=bot.url, model="bot-model"),
         "mem": OpenAIModel("mem", base_url=mem.url, model="mem-model"),
     }
-    return ShardService(path, 0, models=models, answer_wait=kw.pop("answer_wait", 2.0), **kw)
+    return ShardService(path, index, models=models, answer_wait=kw.pop("answer_wait", 2.0), **kw)
 
 
 async def run_turn(svc, text, chat=CHAT, org=ORG):
@@ -44,10 +44,15 @@ class Shards:
         self.open: list[ShardService] = []
         self.directory: DirectoryService | None = None
 
-    def __call__(self, *, stubs=None, directory: bool = False, **kw) -> ShardService:
-        """A ShardService on the folder: on the `stubs` models when given; connected to the
-        folder's one DirectoryService when `directory`."""
-        svc = shard_service(self.path, stubs, **kw) if stubs else ShardService(self.path, 0, **kw)
+    def __call__(
+        self, *, stubs=None, directory: bool = False, index: int = 0, **kw
+    ) -> ShardService:
+        """The folder's shard `index` (of `shard_count`, one by default): on the `stubs` models
+        when given; connected to the folder's one DirectoryService when `directory`."""
+        if stubs:
+            svc = shard_service(self.path, stubs, index, **kw)
+        else:
+            svc = ShardService(self.path, index, **kw)
         if directory:
             svc.peers.connect(directory=self.directory_service())
         self.open.append(svc)

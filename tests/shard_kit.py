@@ -45,14 +45,13 @@ class Shards:
         self.directory: DirectoryService | None = None
 
     def __call__(
-        self, *, stubs=None, directory: bool = False, index: int = 0, **kw
+        self, *, stubs=None, directory: bool = False, index: int = 0, path=None, **kw
     ) -> ShardService:
-        """The folder's shard `index` (of `shard_count`, one by default): on the `stubs` models
-        when given; connected to the folder's one DirectoryService when `directory`."""
-        if stubs:
-            svc = shard_service(self.path, stubs, index, **kw)
-        else:
-            svc = ShardService(self.path, index, **kw)
+        """The folder's shard `index` (of `shard_count`, one by default), or one on `path` (a
+        copy of the folder): on the `stubs` models when given; connected to the folder's one
+        DirectoryService when `directory`."""
+        path = self.path if path is None else path
+        svc = shard_service(path, stubs, index, **kw) if stubs else ShardService(path, index, **kw)
         if directory:
             svc.peers.connect(directory=self.directory_service())
         self.open.append(svc)

@@ -17,13 +17,13 @@ ANN = Reader(user="u_ann", org="o1", uses_bot=True)
 POOL = "bot:b1"
 
 
-def shard_service(path, stubs, **kw) -> ShardService:
+def shard_service(path, stubs, index: int = 0, **kw) -> ShardService:
     bot, mem = stubs
     models = kw.pop("models", None) or {
         "bot": OpenAIModel("bot", base_url=bot.url, model="bot-model"),
         "mem": OpenAIModel("mem", base_url=mem.url, model="mem-model"),
     }
-    return ShardService(path, 0, models=models, answer_wait=kw.pop("answer_wait", 2.0), **kw)
+    return ShardService(path, index, models=models, answer_wait=kw.pop("answer_wait", 2.0), **kw)
 
 
 async def run_turn(svc, text, chat=CHAT, org=ORG):
@@ -44,10 +44,14 @@ class Shards:
         self.open: list[ShardService] = []
         self.directory: DirectoryService | None = None
 
-    def __call__(self, *, stubs=None, directory: bool = False, **kw) -> ShardService:
-        """A ShardService on the folder: on the `stubs` models when given; connected to the
-        folder's one DirectoryService when `directory`."""
-        svc = shard_service(self.path, stubs, **kw) if stubs else ShardService(self.path, 0, **kw)
+    def __call__(
+        self, *, stubs=None, directory: bool = False, index: int = 0, path=None, **kw
+    ) -> ShardService:
+        """The folder's shard `index` (of `shard_count`, one by default), or one on `path` (a
+        copy of the folder): on the `stubs` models when given; connected to the folder's one
+        DirectoryService when `directory`."""
+        path = self.path if path is None else path
+        svc = shard_service(path, stubs, index, **kw) if stubs else ShardService(path, index, **kw)
         if directory:
             svc.peers.connect(directory=self.directory_service())
         self.open.append(svc)
@@ -59,6 +63,13 @@ class Shards:
             self.directory = DirectoryService(self.path)
         return self.directory
 
+    def close_directory(self) -> None:
+        """Closes the folder's DirectoryService: the next `directory_service()` opens it again
+        from its files, as after a restart (close the shards connected to it first)."""
+        if self.directory is not None:
+            self.directory.store.db.close()
+            self.directory = None
+
     async def close(self, svc: ShardService) -> None:
         self.open.remove(svc)
         await svc.close()
@@ -66,6 +77,4 @@ class Shards:
     async def close_all(self) -> None:
         while self.open:
             await self.close(self.open[-1])
-        if self.directory is not None:
-            self.directory.store.db.close()
-            self.directory = None
+        self.close_directory()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -90,40 +89,35 @@ async def _people(directory: DirectoryService):
     return org, tokens, lead, bobs
 
 
-def test_a_member_creation_drops_only_its_bot_and_its_owners_entries(tmp_path: Path):
-    async def scenario():
-        directory = DirectoryService(tmp_path)
-        try:
-            _, tokens, lead, bobs = await _people(directory)
-            auth, port = await _gateway(directory)
-            for _ in range(2):  # cached on the first round, answered from it on the second
-                for token in tokens.values():
-                    await auth.principal_for(token)
-                for bot in (lead.id, bobs.id):
-                    await auth.bot(bot)
-            warm = dict(port.calls)
-            port.calls.clear()
-            member = await directory.create_member(lead.id, "Helper", None, None)
-            await _applied(directory)
-            for name in ("bob", "carol"):
-                await auth.principal_for(tokens[name])
-            await auth.bot(lead.id)
-            await auth.bot(bobs.id)
-            others = dict(port.calls)
-            alice = await auth.principal_for(tokens["alice"])
-            await auth.bot(member.id)
-            return warm, others, dict(port.calls), alice, member
-        finally:
-            directory.store.db.close()
-
-    warm, others, after, alice, member = asyncio.run(scenario())
+@pytest.mark.anyio
+async def test_a_member_creation_drops_only_its_bot_and_its_owners_entries(directory):
+    _, tokens, lead, bobs = await _people(directory)
+    auth, port = await _gateway(directory)
+    for _ in range(2):  # cached on the first round, answered from it on the second
+        for token in tokens.values():
+            await auth.principal_for(token)
+        for bot in (lead.id, bobs.id):
+            await auth.bot(bot)
+    warm = dict(port.calls)
+    port.calls.clear()
+    member = await directory.create_member(lead.id, "Helper", None, None)
+    await _applied(directory)
+    for name in ("bob", "carol"):
+        await auth.principal_for(tokens[name])
+    await auth.bot(lead.id)
+    await auth.bot(bobs.id)
+    others = dict(port.calls)
+    alice = await auth.principal_for(tokens["alice"])
+    await auth.bot(member.id)
+    after = dict(port.calls)
     assert warm == {"authenticate_at": 3, "bot_at": 2}
     assert others == {}, others  # bob's, carol's, and both bots' entries stayed cached
     assert after == {"authenticate_at": 1, "bot_at": 1}  # the owner's principal, the new bot
     assert member.id in alice.bots
 
 
-def test_authentication_reads_an_index_that_follows_every_change(tmp_path: Path):
+@pytest.mark.anyio
+async def test_authentication_reads_an_index_that_follows_every_change(directory):
     """What `authenticate` answers equals what every bot and channel of the directory say."""
 
     def expected(directory: DirectoryService, user_id: str) -> Principal:
@@ -136,62 +130,49 @@ def test_authentication_reads_an_index_that_follows_every_change(tmp_path: Path)
             bots=frozenset(b.id for b in directory.records.bots.values() if may_use(b, user)),
         )
 
-    async def scenario():
-        directory = DirectoryService(tmp_path)
-        try:
-            org, tokens, lead, bobs = await _people(directory)
-            other = await directory.create_org("p", "o_2")
-            await directory.create_user("dave", [other.id], "u_dave")
-            await directory.create_bot(name="Elsewhere", org=other.id, owner="u_dave")
-            await directory.grant(bobs.id, "u_alice", Permission.WRITE)
-            await directory.grant(bobs.id, "u_carol", Permission.READ)
-            await directory.revoke_grant(lead.id, "u_carol")
-            await directory.grant(bobs.id, "u_carol", Permission.WRITE)  # (level change)
-            await directory.create_channel(org=org.id, people=["u_alice", "u_bob"], bots=[])
-            await directory.create_member(lead.id, "Helper", None, None)
-            got = {}
-            for name, token in tokens.items():
-                got[name] = (await directory.authenticate(hash_token(token)), f"u_{name}")
-            return [(p, expected(directory, u)) for p, u in got.values()]
-        finally:
-            directory.store.db.close()
-
-    for got, want in asyncio.run(scenario()):
+    org, tokens, lead, bobs = await _people(directory)
+    other = await directory.create_org("p", "o_2")
+    await directory.create_user("dave", [other.id], "u_dave")
+    await directory.create_bot(name="Elsewhere", org=other.id, owner="u_dave")
+    await directory.grant(bobs.id, "u_alice", Permission.WRITE)
+    await directory.grant(bobs.id, "u_carol", Permission.READ)
+    await directory.revoke_grant(lead.id, "u_carol")
+    await directory.grant(bobs.id, "u_carol", Permission.WRITE)  # (level change)
+    await directory.create_channel(org=org.id, people=["u_alice", "u_bob"], bots=[])
+    await directory.create_member(lead.id, "Helper", None, None)
+    found = {}
+    for name, token in tokens.items():
+        found[name] = (await directory.authenticate(hash_token(token)), f"u_{name}")
+    for got, want in [(p, expected(directory, u)) for p, u in found.values()]:
         assert got == want
 
 
-def test_an_unknown_token_is_a_bounded_short_lived_miss(tmp_path: Path, monkeypatch):
+@pytest.mark.anyio
+async def test_an_unknown_token_is_a_bounded_short_lived_miss(directory, monkeypatch):
     monkeypatch.setattr(auth_mod, "MISSES", 4)
     now = [1000.0]
-
-    async def scenario():
-        directory = DirectoryService(tmp_path)
-        try:
-            await _people(directory)
-            auth, port = await _gateway(directory, clock=lambda: now[0])
-            asked = []
-            for token in ("obt_a", "obt_a", "obt_a"):
-                with pytest.raises(Unauthenticated):
-                    await auth.principal_for(token)
-                asked.append(port.calls["authenticate_at"])
-            now[0] += auth_mod.MISS_TTL + 0.1  # forgotten: asked again, then a miss again
-            for _ in range(2):
-                with pytest.raises(Unauthenticated):
-                    await auth.principal_for("obt_a")
-                asked.append(port.calls["authenticate_at"])
-            for token in ("obt_b", "obt_c", "obt_d", "obt_e", "obt_a"):  # 4 kept: a's dropped
-                with pytest.raises(Unauthenticated):
-                    await auth.principal_for(token)
-            asked.append(port.calls["authenticate_at"])
-            return asked
-        finally:
-            directory.store.db.close()
-
-    assert asyncio.run(scenario()) == [1, 1, 1, 2, 2, 7]
+    await _people(directory)
+    auth, port = await _gateway(directory, clock=lambda: now[0])
+    asked = []
+    for token in ("obt_a", "obt_a", "obt_a"):
+        with pytest.raises(Unauthenticated):
+            await auth.principal_for(token)
+        asked.append(port.calls["authenticate_at"])
+    now[0] += auth_mod.MISS_TTL + 0.1  # forgotten: asked again, then a miss again
+    for _ in range(2):
+        with pytest.raises(Unauthenticated):
+            await auth.principal_for("obt_a")
+        asked.append(port.calls["authenticate_at"])
+    for token in ("obt_b", "obt_c", "obt_d", "obt_e", "obt_a"):  # 4 kept: a's dropped
+        with pytest.raises(Unauthenticated):
+            await auth.principal_for(token)
+    asked.append(port.calls["authenticate_at"])
+    assert asked == [1, 1, 1, 2, 2, 7]
 
 
-def test_a_token_created_while_requests_with_it_are_in_flight_is_not_a_miss(
-    tmp_path: Path, monkeypatch
+@pytest.mark.anyio
+async def test_a_token_created_while_requests_with_it_are_in_flight_is_not_a_miss(
+    directory, monkeypatch
 ):
     """24 requests with a token read the directory before the token exists, and answer after
     its creation returned: each is refused (it was unknown when it asked), none leaves a miss
@@ -200,28 +181,19 @@ def test_a_token_created_while_requests_with_it_are_in_flight_is_not_a_miss(
     monkeypatch.setattr(
         directory_admin, "secrets", SimpleNamespace(token_urlsafe=lambda n: token[4:])
     )
-
-    async def scenario():
-        directory = DirectoryService(tmp_path)
-        try:
-            org = await directory.create_org("o", "o_1")
-            auth, port = await _gateway(directory)
-            port.hold = asyncio.Event()
-            port.read = 0
-            port.slow = 0.2
-            in_flight = [asyncio.ensure_future(auth.principal_for(token)) for _ in range(24)]
-            while port.read < 24:  # every one has its answer from before the token
-                await asyncio.sleep(0.001)
-            _, made = await directory.create_user("late", [org.id], "u_late")
-            port.hold.set()
-            port.hold = None
-            answers = await asyncio.gather(*in_flight, return_exceptions=True)
-            after = [await auth.principal_for(token) for _ in range(3)]
-            return made, answers, after
-        finally:
-            directory.store.db.close()
-
-    made, answers, after = asyncio.run(scenario())
+    org = await directory.create_org("o", "o_1")
+    auth, port = await _gateway(directory)
+    port.hold = asyncio.Event()
+    port.read = 0
+    port.slow = 0.2
+    in_flight = [asyncio.ensure_future(auth.principal_for(token)) for _ in range(24)]
+    while port.read < 24:  # every one has its answer from before the token
+        await asyncio.sleep(0.001)
+    _, made = await directory.create_user("late", [org.id], "u_late")
+    port.hold.set()
+    port.hold = None
+    answers = await asyncio.gather(*in_flight, return_exceptions=True)
+    after = [await auth.principal_for(token) for _ in range(3)]
     assert made == token
     assert all(isinstance(a, Unauthenticated) for a in answers), answers
     assert [p.user.id for p in after] == ["u_late"] * 3

@@ -16,7 +16,8 @@ from storage.event_log import backup_offline
 from tests.conftest import ADMIN, LiveServer
 
 
-def test_backup_while_serving_restores_data_and_resets_old_cursors(
+@pytest.mark.anyio
+async def test_backup_while_serving_restores_data_and_resets_old_cursors(
     world, admin, tmp_path, data_dir
 ):
     from websockets.asyncio.client import connect
@@ -38,7 +39,7 @@ def test_backup_while_serving_restores_data_and_resets_old_cursors(
         async with connect(ws_url, additional_headers=headers) as ws:
             return json.loads(await ws.recv())
 
-    cursor = asyncio.run(first_frame(world.server.url))["cursor"]
+    cursor = (await first_frame(world.server.url))["cursor"]
     # By default the key stays out of the copy, and the copy will not start on a
     # key of its own: the entries would be unreadable.
     keyless = tmp_path / "keyless"
@@ -71,7 +72,7 @@ def test_backup_while_serving_restores_data_and_resets_old_cursors(
         world.server = server
         with world.client("alice") as alice:
             assert alice.get(url).json() == before
-        assert asyncio.run(first_frame(server.url, cursor))["type"] == "reset"
+        assert (await first_frame(server.url, cursor))["type"] == "reset"
     finally:
         server.stop()
         restored.stop()
@@ -84,36 +85,28 @@ def _assert_private(folder: Path) -> None:
     assert modes and set(modes.values()) == {0o600}, modes
 
 
-def test_offline_backup_of_a_stopped_data_directory(tmp_path):
-    from actors.shard.service import ShardService
-
+@pytest.mark.anyio
+async def test_offline_backup_of_a_stopped_data_directory(shards, tmp_path):
     reader = Reader(user="u1", org="o1", uses_bot=True)
-
-    async def write():
-        svc = ShardService(tmp_path / "data", 0)
-        await svc.remember("bot:b", reader, "offline copy")
-        epoch = svc.events.epoch
-        await svc.close()
-        return epoch
-
-    epoch = asyncio.run(write())
+    svc = shards(path=tmp_path / "data")
+    await svc.remember("bot:b", reader, "offline copy")
+    epoch = svc.events.epoch
+    await shards.close(svc)
+    # The offline backup is a command of its own (it runs its own loop): in a thread here.
     old_umask = os.umask(0o022)  # what most processes run with: new files 0644, folders 0755
     try:
-        files = backup_offline(tmp_path / "data", tmp_path / "keyless")
+        files = await asyncio.to_thread(backup_offline, tmp_path / "data", tmp_path / "keyless")
     finally:
         os.umask(old_umask)
     _assert_private(tmp_path / "keyless")
     assert {f.rsplit("/", 1)[1] for f in files} == {"shard-0.duckdb"}  # the key stays out
-    files = backup_offline(tmp_path / "data", tmp_path / "copy", with_key=True)
+    files = await asyncio.to_thread(
+        backup_offline, tmp_path / "data", tmp_path / "copy", with_key=True
+    )
     assert {f.rsplit("/", 1)[1] for f in files} == {"shard-0.duckdb", "master.key"}
 
-    async def read():
-        svc = ShardService(tmp_path / "copy", 0)
-        page = await svc.read_memory("bot:b", reader)
-        new_epoch = svc.events.epoch
-        await svc.close()
-        return page, new_epoch
-
-    page, new_epoch = asyncio.run(read())
+    svc = shards(path=tmp_path / "copy")
+    page = await svc.read_memory("bot:b", reader)
+    new_epoch = svc.events.epoch
     assert [e.content for e in page.entries] == ["offline copy"]
     assert new_epoch != epoch

@@ -26,6 +26,7 @@ from actors.shard.service import ShardService
 from engine.directory import OrgSettings
 from engine.errors import Conflict, StorageError, Unavailable
 from engine.self_rules import Editor, parse_update
+from tests.shard_kit import Shards
 
 # The Asker hands "start N" on to the Peer; the Peer, asked to "make N", reads its rules,
 # creates "Helper N", changes its rules (revision 1: one such change can ever succeed) and
@@ -88,13 +89,11 @@ def _models(tmp_path: Path, text: str) -> dict:
 class World:
     """Shard 0 (Ann: her chats, the chains) and shard 1 (Ben: the Peer's steps)."""
 
-    def __init__(self, tmp_path: Path, script: str = SCRIPT) -> None:
-        self.path = tmp_path
-        self.models = _models(tmp_path, script)
-        self.directory = DirectoryService(tmp_path)
-        self.shards = [
-            ShardService(tmp_path, k, shard_count=2, models=self.models) for k in range(2)
-        ]
+    def __init__(self, opened: Shards, script: str = SCRIPT) -> None:
+        self.opened = opened
+        self.models = _models(opened.path, script)
+        self.directory = opened.directory_service()
+        self.shards = [opened(index=k, shard_count=2, models=self.models) for k in range(2)]
         for svc in self.shards:
             svc.peers.connect(directory=self.directory, shards=dict(enumerate(self.shards)))
 
@@ -143,9 +142,10 @@ class World:
         raise AssertionError("chains still running")
 
     async def close(self) -> None:
+        """Both shards and the directory closed, to open them again from their files."""
         for svc in self.shards:
-            await svc.close()
-        self.directory.store.db.close()
+            await self.opened.close(svc)
+        self.opened.close_directory()
 
 
 def _fail_roots(shard: ShardService, doomed: set[str], delay: float, failed: list[str]):
@@ -172,44 +172,32 @@ def _fail_roots(shard: ShardService, doomed: set[str], delay: float, failed: lis
     [(0.3, 0.0), (0.0, 0.3)],
     ids=["fails-while-the-peer-works", "fails-before-the-peer-steps"],
 )
-def test_a_failed_send_leaves_nothing_of_the_peers_writing_tools(
-    tmp_path: Path, root_delay: float, step_delay: float
+@pytest.mark.anyio
+async def test_a_failed_send_leaves_nothing_of_the_peers_writing_tools(
+    shards, root_delay: float, step_delay: float
 ):
-    async def scenario():
-        w = World(tmp_path)
-        await w.setup()
-        home, peer_shard = w.shards
-        failed: list[str] = []
-        _fail_roots(home, {w.chats[0].id}, root_delay, failed)
-        step = home.chains.records.step
-        stepped: list[str] = []
+    w = World(shards)
+    await w.setup()
+    home, peer_shard = w.shards
+    failed: list[str] = []
+    _fail_roots(home, {w.chats[0].id}, root_delay, failed)
+    step = home.chains.records.step
+    stepped: list[str] = []
 
-        async def slow_step(bot, step_input, *sent):
-            await asyncio.sleep(step_delay)
-            outcome = await step(bot, step_input, *sent)
-            stepped.append(bot.name)
-            return outcome
+    async def slow_step(bot, step_input, *sent):
+        await asyncio.sleep(step_delay)
+        outcome = await step(bot, step_input, *sent)
+        stepped.append(bot.name)
+        return outcome
 
-        home.chains.records.step = slow_step  # type: ignore[method-assign]
-        try:
-            with contextlib.suppress(StorageError):
-                await home.start_turn(w.start(0), True)
-            await w.settle(home)
-            await asyncio.sleep(0.1)
-            chains = await home.collaborations(w.ann, frozenset())
-            return (
-                failed,
-                stepped,
-                chains,
-                w.helpers(),
-                w.peer_rules(),
-                await w.confessions(peer_shard),
-                await w.confessions(home),
-            )
-        finally:
-            await w.close()
-
-    failed, stepped, chains, helpers, rules, confessed, confessed_home = asyncio.run(scenario())
+    home.chains.records.step = slow_step  # type: ignore[method-assign]
+    with contextlib.suppress(StorageError):
+        await home.start_turn(w.start(0), True)
+    await w.settle(home)
+    await asyncio.sleep(0.1)
+    chains = await home.collaborations(w.ann, frozenset())
+    helpers, rules = w.helpers(), w.peer_rules()
+    confessed, confessed_home = await w.confessions(peer_shard), await w.confessions(home)
     assert failed == [failed[0]]
     assert stepped == ["Peer"]  # the peer did work on the delivery (its writes were refused)
     assert chains == []
@@ -219,10 +207,8 @@ def test_a_failed_send_leaves_nothing_of_the_peers_writing_tools(
 
 
 @pytest.mark.anyio
-async def test_a_stored_send_applies_the_peers_writing_tools_once_also_after_a_restart(
-    tmp_path: Path,
-):
-    w = World(tmp_path)
+async def test_a_stored_send_applies_the_peers_writing_tools_once_also_after_a_restart(shards):
+    w = World(shards)
     await w.setup()
     home, peer_shard = w.shards
     turn = await home.start_turn(w.start(0), True)
@@ -232,28 +218,17 @@ async def test_a_stored_send_applies_the_peers_writing_tools_once_also_after_a_r
     on_disk = await _asked_from_the_file(home, sent)  # the delivery's step is over
     await w.close()
     # Both shards and the directory again, from their files: recovery asks nothing twice.
-    again = World(tmp_path)
+    again = World(shards)
     again.peer, again.ann = w.peer, w.ann
-    try:
-        for svc in again.shards:
-            await svc.kernel.started()
-        restarted = await again.settle(again.shards[0])
-        after = (
-            again.helpers(),
-            again.peer_rules(),
-            len(await again.confessions(again.shards[1])),
-        )
-        on_disk_again = await _asked_from_the_file(again.shards[0], sent)
-    finally:
-        await again.close()
-    turn, chains, seen, restarted, after, on_disk = (
-        turn,
-        chains,
-        seen,
-        restarted,
-        after,
-        (on_disk, on_disk_again),
+    for svc in again.shards:
+        await svc.kernel.started()
+    restarted = await again.settle(again.shards[0])
+    after = (
+        again.helpers(),
+        again.peer_rules(),
+        len(await again.confessions(again.shards[1])),
     )
+    on_disk = (on_disk, await _asked_from_the_file(again.shards[0], sent))
     assert turn.turn.status == "done"
     assert [(c.status, [k.status for k in c.links]) for c in chains] == [("done", ["answered"])]
     assert seen == (["Helper 0"], "changed by 0", 1)
@@ -275,46 +250,47 @@ async def _asked_from_the_file(home: ShardService, sent: SentRef) -> list[bool]:
     return [await home.send_stored(ref) for ref in asks]
 
 
-def test_read_only_tools_do_not_wait_for_the_send(tmp_path: Path):
+@pytest.mark.anyio
+async def test_read_only_tools_do_not_wait_for_the_send(shards, monkeypatch):
     """The root send's commit is held: a peer that only reads answers meanwhile, asking the
     home shard nothing; a peer that writes waits for the commit, then writes."""
 
-    async def scenario():
-        w = World(tmp_path)
-        await w.setup(chats=2)
-        home = w.shards[0]
-        commit_group = home.committer.commit_group
-        release = asyncio.Event()
+    w = World(shards)
+    await w.setup(chats=2)
+    home = w.shards[0]
+    commit_group = home.committer.commit_group
+    release = asyncio.Event()
 
-        async def holding(batches) -> None:
-            rows = any(getattr(x, "table", "") == "chains" for b in batches for x in b)
-            if rows and not release.is_set():
-                await release.wait()
-            await commit_group(batches)
+    async def holding(batches) -> None:
+        rows = any(getattr(x, "table", "") == "chains" for b in batches for x in b)
+        if rows and not release.is_set():
+            await release.wait()
+        await commit_group(batches)
 
-        asked: list[str] = []
-        was_asked, was_stepped = asyncio.Event(), asyncio.Event()
-        send_stored = home.send_stored
+    asked: list[str] = []
+    was_asked, was_stepped = asyncio.Event(), asyncio.Event()
+    send_stored = home.send_stored
 
-        async def noting(ref):
-            asked.append(ref.link)
-            was_asked.set()
-            return await send_stored(ref)
+    async def noting(ref):
+        asked.append(ref.link)
+        was_asked.set()
+        return await send_stored(ref)
 
-        home.committer.commit_group = holding  # type: ignore[method-assign]
-        home.send_stored = noting  # type: ignore[method-assign]
-        step = home.chains.records.step
-        stepped: list[str] = []
-        tools: list[tuple[str, str]] = []
+    home.send_stored = noting  # type: ignore[method-assign]
+    step = home.chains.records.step
+    stepped: list[str] = []
+    tools: list[tuple[str, str]] = []
 
-        async def noting_step(bot, step_input, *sent):
-            outcome = await step(bot, step_input, *sent)
-            stepped.append(step_input.text.rsplit(" ", 2)[-2])
-            tools.extend((t.tool, t.result) for t in outcome.tools)
-            was_stepped.set()
-            return outcome
+    async def noting_step(bot, step_input, *sent):
+        outcome = await step(bot, step_input, *sent)
+        stepped.append(step_input.text.rsplit(" ", 2)[-2])
+        tools.extend((t.tool, t.result) for t in outcome.tools)
+        was_stepped.set()
+        return outcome
 
-        home.chains.records.step = noting_step  # type: ignore[method-assign]
+    home.chains.records.step = noting_step  # type: ignore[method-assign]
+    with monkeypatch.context() as m:  # the shard closes with its own commits again
+        m.setattr(home.committer, "commit_group", holding)
         try:
             reading = asyncio.create_task(home.start_turn(w.start(0, "peek"), True))
             await asyncio.wait_for(was_stepped.wait(), 30)
@@ -331,13 +307,9 @@ def test_read_only_tools_do_not_wait_for_the_send(tmp_path: Path):
             release.set()
             await writing
             await w.settle(home)
-            return read_while_held, write_while_held, w.helpers(), asked
         finally:
             release.set()  # (a held commit never outlives the test)
-            home.committer.commit_group = commit_group  # type: ignore[method-assign]
-            await w.close()
-
-    read_while_held, write_while_held, helpers, asked = asyncio.run(scenario())
+    helpers = w.helpers()
     # Answered, nothing asked (an approval is not_here before the gate), root still held.
     assert read_while_held[:3] == (["look"], [], False)
     approval = [r for t, r in read_while_held[3] if t == "workspace_request_approval"]
@@ -348,35 +320,23 @@ def test_read_only_tools_do_not_wait_for_the_send(tmp_path: Path):
     assert len(asked) == 1  # one question per step, however many tools write
 
 
-def test_24_concurrent_sends_half_failing_leave_exactly_the_stored_halfs_writes(tmp_path: Path):
+@pytest.mark.anyio
+async def test_24_concurrent_sends_half_failing_leave_exactly_the_stored_halfs_writes(shards):
     """24 of Ann's chats each start a chain at once; every other root send fails to commit.
     Exactly the stored half's peers created their helpers (once each), the rules change that
     won came from a stored send, and the peer's shard holds only their confessions."""
-
-    async def scenario():
-        w = World(tmp_path)
-        await w.setup(chats=24)
-        home, peer_shard = w.shards
-        doomed = {c.id for c in w.chats[::2]}
-        failed: list[str] = []
-        _fail_roots(home, doomed, 0.05, failed)
-        try:
-            results = await asyncio.gather(
-                *(home.start_turn(w.start(n), True) for n in range(24)), return_exceptions=True
-            )
-            chains = await w.settle(home)
-            await asyncio.sleep(0.1)
-            return (
-                results,
-                chains,
-                w.helpers(),
-                w.peer_rules(),
-                await w.confessions(peer_shard),
-            )
-        finally:
-            await w.close()
-
-    results, chains, helpers, rules, confessed = asyncio.run(scenario())
+    w = World(shards)
+    await w.setup(chats=24)
+    home, peer_shard = w.shards
+    doomed = {c.id for c in w.chats[::2]}
+    failed: list[str] = []
+    _fail_roots(home, doomed, 0.05, failed)
+    results = await asyncio.gather(
+        *(home.start_turn(w.start(n), True) for n in range(24)), return_exceptions=True
+    )
+    chains = await w.settle(home)
+    await asyncio.sleep(0.1)
+    helpers, rules, confessed = w.helpers(), w.peer_rules(), await w.confessions(peer_shard)
     stored = [n for n in range(24) if n % 2]
     assert [isinstance(r, Exception) for r in results] == [n % 2 == 0 for n in range(24)]
     assert len(chains) == 12 and all(c.status == "done" for c in chains)
@@ -386,12 +346,12 @@ def test_24_concurrent_sends_half_failing_leave_exactly_the_stored_halfs_writes(
 
 
 @pytest.mark.anyio
-async def test_a_delivery_asked_again_after_a_restart_does_not_write_twice(tmp_path: Path):
+async def test_a_delivery_asked_again_after_a_restart_does_not_write_twice(shards):
     """The send is stored and the peer's tools ran, but the hop's own transaction (its reply
     and answer) failed, as if shard 0 stopped then: after a restart the delivery is asked again
     (nothing of it is stored) and the peer's writes are not made a second time."""
 
-    w = World(tmp_path)
+    w = World(shards)
     await w.setup()
     home = w.shards[0]
     commit_group = home.committer.commit_group
@@ -414,117 +374,94 @@ async def test_a_delivery_asked_again_after_a_restart_does_not_write_twice(tmp_p
         await asyncio.sleep(0.02)
     first = (w.helpers(), w.peer_rules(), len(await w.confessions(w.shards[1])))
     await w.close()
-    again = World(tmp_path)
+    again = World(shards)
     again.peer, again.ann = w.peer, w.ann
-    try:
-        for svc in again.shards:
-            await svc.kernel.started()
-        chains = await again.settle(again.shards[0])
-        after = (
-            again.helpers(),
-            again.peer_rules(),
-            len(await again.confessions(again.shards[1])),
-        )
-    finally:
-        await again.close()
+    for svc in again.shards:
+        await svc.kernel.started()
+    chains = await again.settle(again.shards[0])
+    after = (
+        again.helpers(),
+        again.peer_rules(),
+        len(await again.confessions(again.shards[1])),
+    )
     assert failed == ["hop"]
     assert first == (["Helper 0"], "changed by 0", 1)
     assert [(c.status, [k.status for k in c.links]) for c in chains] == [("done", ["answered"])]
     assert after == first
 
 
-def test_24_concurrent_creates_under_one_id_make_one_member_and_return_it(tmp_path: Path):
+@pytest.mark.anyio
+async def test_24_concurrent_creates_under_one_id_make_one_member_and_return_it(shards):
     """A member asked for again under the id a delivery derives from its link (as 24 copies
     of the delivery asked at once would) is made once; later asks return it as it is now (a
     rename since is kept, not overwritten); another creator may not take the id."""
-
-    async def scenario():
-        w = World(tmp_path)
-        await w.setup()
-        d = w.directory
-        try:
-            first = await d.create_member(w.peer.id, "Helper", None, None, "b_from_link")
-            renamed = await d.update_rules(
-                first.id,
-                parse_update({"expectedRevision": first.revision, "name": "Renamed"}),
-                Editor(kind="bot", id=w.peer.id),
-            )
-            again = await asyncio.gather(
-                *(
-                    d.create_member(w.peer.id, "Helper", None, None, "b_from_link")
-                    for _ in range(24)
-                )
-            )
-            with pytest.raises(Conflict):
-                await d.create_member(w.asker.id, "Other", None, None, "b_from_link")
-            return renamed, again, w.helpers()
-        finally:
-            await w.close()
-
-    renamed, again, helpers = asyncio.run(scenario())
+    w = World(shards)
+    await w.setup()
+    d = w.directory
+    first = await d.create_member(w.peer.id, "Helper", None, None, "b_from_link")
+    renamed = await d.update_rules(
+        first.id,
+        parse_update({"expectedRevision": first.revision, "name": "Renamed"}),
+        Editor(kind="bot", id=w.peer.id),
+    )
+    again = await asyncio.gather(
+        *(d.create_member(w.peer.id, "Helper", None, None, "b_from_link") for _ in range(24))
+    )
+    with pytest.raises(Conflict):
+        await d.create_member(w.asker.id, "Other", None, None, "b_from_link")
+    helpers = w.helpers()
     assert renamed.revision == 2
     assert {(b.id, b.name, b.revision) for b in again} == {("b_from_link", "Renamed", 2)}
     assert helpers == ["Renamed"]
 
 
 @pytest.mark.parametrize("failures", [1, len(RETRY_PAUSES) + 1], ids=["once", "every-time"])
-def test_a_home_shard_that_fails_to_answer_is_asked_again_then_fails_the_step(
-    tmp_path: Path, failures: int
+@pytest.mark.anyio
+async def test_a_home_shard_that_fails_to_answer_is_asked_again_then_fails_the_step(
+    shards, failures: int
 ):
     """The root send IS stored, but the home shard's `send_stored` fails (the engine's
     `engine_error`) `failures` times. Asked again, it answers: the peer's writes are all made.
     Failing every time, the step fails with `send_unconfirmed` (a failure the delivery records,
     not an answer believing "not stored") and nothing is written."""
 
-    async def scenario():
-        w = World(tmp_path)
-        await w.setup()
-        home, peer_shard = w.shards
-        commit_group = home.committer.commit_group
-        release = asyncio.Event()
+    w = World(shards)
+    await w.setup()
+    home, peer_shard = w.shards
+    commit_group = home.committer.commit_group
+    release = asyncio.Event()
 
-        async def holding(batches) -> None:  # the delivery begins before the send is durable
-            if any(getattr(x, "table", "") == "chains" for b in batches for x in b):
-                await release.wait()
-            await commit_group(batches)
+    async def holding(batches) -> None:  # the delivery begins before the send is durable
+        if any(getattr(x, "table", "") == "chains" for b in batches for x in b):
+            await release.wait()
+        await commit_group(batches)
 
-        asked: list[str] = []
-        send_stored = home.send_stored
+    asked: list[str] = []
+    send_stored = home.send_stored
 
-        async def failing(ref):
-            asked.append(ref.link)
-            release.set()  # the send commits (it is stored): only the answer fails
-            if len(asked) <= failures:
-                raise Unavailable("the engine failed to handle the request", code="engine_error")
-            return await send_stored(ref)
+    async def failing(ref):
+        asked.append(ref.link)
+        release.set()  # the send commits (it is stored): only the answer fails
+        if len(asked) <= failures:
+            raise Unavailable("the engine failed to handle the request", code="engine_error")
+        return await send_stored(ref)
 
-        step = home.chains.records.step
-        outcomes: list = []
+    step = home.chains.records.step
+    outcomes: list = []
 
-        async def noting_step(bot, step_input, *sent):
-            outcome = await step(bot, step_input, *sent)
-            if bot.name == "Peer":  # (not the Asker woken by its answer)
-                outcomes.append(outcome)
-            return outcome
+    async def noting_step(bot, step_input, *sent):
+        outcome = await step(bot, step_input, *sent)
+        if bot.name == "Peer":  # (not the Asker woken by its answer)
+            outcomes.append(outcome)
+        return outcome
 
-        home.committer.commit_group = holding  # type: ignore[method-assign]
-        home.send_stored = failing  # type: ignore[method-assign]
-        home.chains.records.step = noting_step  # type: ignore[method-assign]
-        try:
-            await home.start_turn(w.start(0), True)
-            chains = await w.settle(home)
-            return (
-                outcomes,
-                asked,
-                chains,
-                w.helpers(),
-                w.peer_rules(),
-                await w.confessions(peer_shard),
-            )
-        finally:
-            await w.close()
+    home.committer.commit_group = holding  # type: ignore[method-assign]
+    home.send_stored = failing  # type: ignore[method-assign]
+    home.chains.records.step = noting_step  # type: ignore[method-assign]
+    await home.start_turn(w.start(0), True)
+    chains = await w.settle(home)
+    helpers, rules, confessed = w.helpers(), w.peer_rules(), await w.confessions(peer_shard)
 
-    outcomes, asked, chains, helpers, rules, confessed = asyncio.run(scenario())
     assert [(c.status, [k.status for k in c.links]) for c in chains] == [("done", ["answered"])]
     if failures == 1:  # asked again (not cached as "not stored"): every write made
         assert [o.status for o in outcomes] == ["done"]
@@ -540,46 +477,42 @@ def test_a_home_shard_that_fails_to_answer_is_asked_again_then_fails_the_step(
         assert (helpers, rules, confessed) == ([], "", [])
 
 
-def test_a_delivery_asked_again_that_asks_for_another_member_gets_it(tmp_path: Path):
+@pytest.mark.anyio
+async def test_a_delivery_asked_again_that_asks_for_another_member_gets_it(shards):
     """As test_a_delivery_asked_again_after_a_restart_does_not_write_twice, but the model asked
     again creates "Other 0" where it first created "Helper 0": it gets a member of its own
     (not "Helper 0" under the id of the delivery's first member)."""
 
-    async def scenario():
-        w = World(tmp_path)
-        await w.setup()
-        home = w.shards[0]
-        commit_group = home.committer.commit_group
-        failed: list[str] = []
+    w = World(shards)
+    await w.setup()
+    home = w.shards[0]
+    commit_group = home.committer.commit_group
+    failed: list[str] = []
 
-        async def failing_hop(batches) -> None:
-            for writes in batches:
-                tables = {getattr(x, "table", "") for x in writes}
-                if not failed and "chains" in tables and "turns" not in tables:
-                    failed.append("hop")
-                    raise StorageError("disk full (simulated)")
-            await commit_group(batches)
+    async def failing_hop(batches) -> None:
+        for writes in batches:
+            tables = {getattr(x, "table", "") for x in writes}
+            if not failed and "chains" in tables and "turns" not in tables:
+                failed.append("hop")
+                raise StorageError("disk full (simulated)")
+        await commit_group(batches)
 
-        home.committer.commit_group = failing_hop  # type: ignore[method-assign]
-        await home.start_turn(w.start(0), True)
-        for _ in range(100):
-            await home.chains_idle()
-            if failed:
-                break
-            await asyncio.sleep(0.02)
-        first = w.helpers()
-        await w.close()
-        again = World(tmp_path, SCRIPT.replace('name = "Helper {n}"', 'name = "Other {n}"'))
-        again.peer, again.ann = w.peer, w.ann
-        try:
-            for svc in again.shards:
-                await svc.kernel.started()
-            chains = await again.settle(again.shards[0])
-            return failed, first, chains, again.helpers()
-        finally:
-            await again.close()
+    home.committer.commit_group = failing_hop  # type: ignore[method-assign]
+    await home.start_turn(w.start(0), True)
+    for _ in range(100):
+        await home.chains_idle()
+        if failed:
+            break
+        await asyncio.sleep(0.02)
+    first = w.helpers()
+    await w.close()
+    again = World(shards, SCRIPT.replace('name = "Helper {n}"', 'name = "Other {n}"'))
+    again.peer, again.ann = w.peer, w.ann
+    for svc in again.shards:
+        await svc.kernel.started()
+    chains = await again.settle(again.shards[0])
+    after = again.helpers()
 
-    failed, first, chains, after = asyncio.run(scenario())
     assert failed == ["hop"] and first == ["Helper 0"]
     assert [(c.status, [k.status for k in c.links]) for c in chains] == [("done", ["answered"])]
     # Where the peer's reply was stored before the hop's commit failed, the delivery asked again

@@ -151,7 +151,8 @@ def fay(world, admin, server):
         yield client, other["id"]
 
 
-def test_ws7_refusals_change_nothing_and_announce_nothing(world, admin, server, fay):
+@pytest.mark.anyio
+async def test_ws7_refusals_change_nothing_and_announce_nothing(world, admin, server, fay):
     """A project the person is not a member of (another account's), one of another org, a
     missing one: 404 as at creation; another person's chat: 403; a group chat: 422; a bad
     body: 400. The chat keeps its project and no event goes out; the next real change is
@@ -159,114 +160,109 @@ def test_ws7_refusals_change_nothing_and_announce_nothing(world, admin, server, 
     fay_client, other_org = fay
     world.grant("bob", "read")
 
-    async def scenario() -> None:
-        with (
-            world.client("alice") as alice,
-            world.client("bob") as bob,
-            world.client("carol") as carol,
-        ):
-            mine = _project(alice, "Mine", members=[world.users["bob"]])
-            carols = _project(carol, "Carol's")
-            chat = _ok(alice.post("/v1/chats", json={"bot": world.bot, "project": mine["id"]}))
-            path = f"/v1/chats/{chat['id']}"
-            async with Socket(server.url, world.tokens["alice"]) as sock:
-                # Another account's project alice is not a member of, and one that does not
-                # exist: not found, whatever exists.
-                r = await asyncio.to_thread(alice.patch, path, json={"project": carols["id"]})
-                assert _error(r, 404) == "project_not_found"
-                r = await asyncio.to_thread(alice.patch, path, json={"project": "p_nosuch"})
-                assert _error(r, 404) == "project_not_found"
-                # Bob is a member of the project and uses the bot, but the chat is alice's.
-                r = await asyncio.to_thread(bob.patch, path, json={"project": None})
-                assert _error(r, 403) == "not_chat_owner"
-                # Carol's own project, on a chat that is not hers.
-                r = await asyncio.to_thread(carol.patch, path, json={"project": carols["id"]})
-                assert _error(r, 403) == "not_chat_owner"
-                for bad in ({}, {"project": 7}, {"project": None, "name": "x"}):
-                    r = await asyncio.to_thread(alice.patch, path, json=bad)
-                    assert _error(r, 400) in ("invalid_body", "invalid_json"), bad
-                r = await asyncio.to_thread(alice.patch, path, json={"project": "../x"})
-                assert r.status_code == 400, r.text
-                assert _listed_project(alice, chat["id"]) == mine["id"]
-                # The next chat.updated is the next real change: the refusals sent none.
-                _ok(await asyncio.to_thread(alice.patch, path, json={"project": None}))
-                (event,) = await sock.chat_updates(chat["id"], 1)
-                assert event == {
-                    "chat": chat["id"],
-                    "revision": 2,
-                    "change": "project",
-                    "project": None,
-                }
-            # A group chat works in its channel's linked projects: it selects none.
-            channel = _ok(
-                admin.post(
-                    "/v1/admin/channels",
-                    json={"org": world.org, "people": [world.users["alice"]], "bots": [world.bot]},
-                )
-            )
-            group = _ok(alice.post("/v1/chats", json={"channel": channel["id"]}))
-            r = alice.patch(f"/v1/chats/{group['id']}", json={"project": mine["id"]})
-            assert _error(r, 422) == "chat_kind_has_no_project"
-
-        # A project of another org, though fay is a member: not found, as at creation.
-        there = _ok(
-            fay_client.post(
-                f"{WS}/projects",
-                json={"requestId": secrets.token_hex(6), "name": "There"},
-                headers={"OpenBot-Org": other_org},
+    with (
+        world.client("alice") as alice,
+        world.client("bob") as bob,
+        world.client("carol") as carol,
+    ):
+        mine = _project(alice, "Mine", members=[world.users["bob"]])
+        carols = _project(carol, "Carol's")
+        chat = _ok(alice.post("/v1/chats", json={"bot": world.bot, "project": mine["id"]}))
+        path = f"/v1/chats/{chat['id']}"
+        async with Socket(server.url, world.tokens["alice"]) as sock:
+            # Another account's project alice is not a member of, and one that does not
+            # exist: not found, whatever exists.
+            r = await asyncio.to_thread(alice.patch, path, json={"project": carols["id"]})
+            assert _error(r, 404) == "project_not_found"
+            r = await asyncio.to_thread(alice.patch, path, json={"project": "p_nosuch"})
+            assert _error(r, 404) == "project_not_found"
+            # Bob is a member of the project and uses the bot, but the chat is alice's.
+            r = await asyncio.to_thread(bob.patch, path, json={"project": None})
+            assert _error(r, 403) == "not_chat_owner"
+            # Carol's own project, on a chat that is not hers.
+            r = await asyncio.to_thread(carol.patch, path, json={"project": carols["id"]})
+            assert _error(r, 403) == "not_chat_owner"
+            for bad in ({}, {"project": 7}, {"project": None, "name": "x"}):
+                r = await asyncio.to_thread(alice.patch, path, json=bad)
+                assert _error(r, 400) in ("invalid_body", "invalid_json"), bad
+            r = await asyncio.to_thread(alice.patch, path, json={"project": "../x"})
+            assert r.status_code == 400, r.text
+            assert _listed_project(alice, chat["id"]) == mine["id"]
+            # The next chat.updated is the next real change: the refusals sent none.
+            _ok(await asyncio.to_thread(alice.patch, path, json={"project": None}))
+            (event,) = await sock.chat_updates(chat["id"], 1)
+            assert event == {
+                "chat": chat["id"],
+                "revision": 2,
+                "change": "project",
+                "project": None,
+            }
+        # A group chat works in its channel's linked projects: it selects none.
+        channel = _ok(
+            admin.post(
+                "/v1/admin/channels",
+                json={"org": world.org, "people": [world.users["alice"]], "bots": [world.bot]},
             )
         )
-        here = _project(fay_client, "Here")
-        assert there["org"] == other_org and here["org"] == world.org
-        chat = _ok(fay_client.post("/v1/chats", json={"bot": world.bot}))
-        r = fay_client.patch(f"/v1/chats/{chat['id']}", json={"project": there["id"]})
-        assert _error(r, 404) == "project_not_found"
-        assert _listed_project(fay_client, chat["id"]) is None
-        ok = _ok(fay_client.patch(f"/v1/chats/{chat['id']}", json={"project": here["id"]}))
-        assert ok["project"] == here["id"]
+        group = _ok(alice.post("/v1/chats", json={"channel": channel["id"]}))
+        r = alice.patch(f"/v1/chats/{group['id']}", json={"project": mine["id"]})
+        assert _error(r, 422) == "chat_kind_has_no_project"
 
-    asyncio.run(scenario())
+    # A project of another org, though fay is a member: not found, as at creation.
+    there = _ok(
+        fay_client.post(
+            f"{WS}/projects",
+            json={"requestId": secrets.token_hex(6), "name": "There"},
+            headers={"OpenBot-Org": other_org},
+        )
+    )
+    here = _project(fay_client, "Here")
+    assert there["org"] == other_org and here["org"] == world.org
+    chat = _ok(fay_client.post("/v1/chats", json={"bot": world.bot}))
+    r = fay_client.patch(f"/v1/chats/{chat['id']}", json={"project": there["id"]})
+    assert _error(r, 404) == "project_not_found"
+    assert _listed_project(fay_client, chat["id"]) is None
+    ok = _ok(fay_client.patch(f"/v1/chats/{chat['id']}", json={"project": here["id"]}))
+    assert ok["project"] == here["id"]
 
 
-def test_ws7_the_owner_hears_chat_updated_and_others_do_not(world, server):
+@pytest.mark.anyio
+async def test_ws7_the_owner_hears_chat_updated_and_others_do_not(world, server):
     world.grant("bob", "read")
 
-    async def scenario() -> None:
-        with world.client("alice") as alice, world.client("bob") as bob:
-            project = _project(alice, "Heard")
-            chat = _ok(alice.post("/v1/chats", json={"bot": world.bot}))
-            bobs = _ok(bob.post("/v1/chats", json={"bot": world.bot}))
-            async with (
-                Socket(server.url, world.tokens["alice"]) as a,
-                Socket(server.url, world.tokens["bob"]) as b,
-            ):
-                path = f"/v1/chats/{chat['id']}"
-                _ok(await asyncio.to_thread(alice.patch, path, json={"project": project["id"]}))
-                (event,) = await a.chat_updates(chat["id"], 1)
-                assert event == {
-                    "chat": chat["id"],
-                    "revision": 2,
-                    "change": "project",
-                    "project": project["id"],
-                }
-                # Bob's next chat.updated is about his own chat, not alice's; setting the
-                # project a chat already has changes nothing and announces nothing.
-                _ok(
-                    await asyncio.to_thread(
-                        bob.patch, f"/v1/chats/{bobs['id']}", json={"project": None}
-                    )
+    with world.client("alice") as alice, world.client("bob") as bob:
+        project = _project(alice, "Heard")
+        chat = _ok(alice.post("/v1/chats", json={"bot": world.bot}))
+        bobs = _ok(bob.post("/v1/chats", json={"bot": world.bot}))
+        async with (
+            Socket(server.url, world.tokens["alice"]) as a,
+            Socket(server.url, world.tokens["bob"]) as b,
+        ):
+            path = f"/v1/chats/{chat['id']}"
+            _ok(await asyncio.to_thread(alice.patch, path, json={"project": project["id"]}))
+            (event,) = await a.chat_updates(chat["id"], 1)
+            assert event == {
+                "chat": chat["id"],
+                "revision": 2,
+                "change": "project",
+                "project": project["id"],
+            }
+            # Bob's next chat.updated is about his own chat, not alice's; setting the
+            # project a chat already has changes nothing and announces nothing.
+            _ok(
+                await asyncio.to_thread(
+                    bob.patch, f"/v1/chats/{bobs['id']}", json={"project": None}
                 )
-                mine = _ok(bob.post(f"{WS}/projects", json={"requestId": "b1", "name": "B"}))
-                _ok(
-                    await asyncio.to_thread(
-                        bob.patch, f"/v1/chats/{bobs['id']}", json={"project": mine["id"]}
-                    )
+            )
+            mine = _ok(bob.post(f"{WS}/projects", json={"requestId": "b1", "name": "B"}))
+            _ok(
+                await asyncio.to_thread(
+                    bob.patch, f"/v1/chats/{bobs['id']}", json={"project": mine["id"]}
                 )
-                frame = msgspec.json.decode(await asyncio.wait_for(_next_update(b), 20))
-                # His first: the real change (revision 2), not the no-op before it.
-                assert (frame["data"]["chat"], frame["data"]["revision"]) == (bobs["id"], 2)
-
-    asyncio.run(scenario())
+            )
+            frame = msgspec.json.decode(await asyncio.wait_for(_next_update(b), 20))
+            # His first: the real change (revision 2), not the no-op before it.
+            assert (frame["data"]["chat"], frame["data"]["revision"]) == (bobs["id"], 2)
 
 
 async def _next_update(sock: Socket) -> bytes:
@@ -276,31 +272,29 @@ async def _next_update(sock: Socket) -> bytes:
             return raw
 
 
-def test_ws7_concurrent_changes_leave_one_value_and_one_event_each(world, server):
+@pytest.mark.anyio
+async def test_ws7_concurrent_changes_leave_one_value_and_one_event_each(world, server):
     """24 changes at once, each to another project: each answers its own revision, one event
     each, and the chat ends with the project of the highest revision, as the last answer,
     the listing and the events all say."""
 
-    async def scenario() -> None:
-        with world.client("alice") as alice:
-            projects = [_project(alice, f"P{k}")["id"] for k in range(CONCURRENT)]
-            chat = _ok(alice.post("/v1/chats", json={"bot": world.bot}))
-            path = f"/v1/chats/{chat['id']}"
-            async with Socket(server.url, world.tokens["alice"]) as sock:
-                answers = await asyncio.gather(
-                    *(asyncio.to_thread(alice.patch, path, json={"project": p}) for p in projects)
-                )
-                events = await sock.chat_updates(chat["id"], CONCURRENT)
-            stored = _listed_project(alice, chat["id"])
-        bodies = [_ok(a) for a in answers]
-        revisions = sorted(b["revision"] for b in bodies)
-        assert revisions == list(range(2, CONCURRENT + 2))
-        assert sorted(e["revision"] for e in events) == revisions
-        by_revision = {e["revision"]: e["project"] for e in events}
-        assert by_revision == {b["revision"]: b["project"] for b in bodies}
-        assert stored == by_revision[max(by_revision)]
-
-    asyncio.run(scenario())
+    with world.client("alice") as alice:
+        projects = [_project(alice, f"P{k}")["id"] for k in range(CONCURRENT)]
+        chat = _ok(alice.post("/v1/chats", json={"bot": world.bot}))
+        path = f"/v1/chats/{chat['id']}"
+        async with Socket(server.url, world.tokens["alice"]) as sock:
+            answers = await asyncio.gather(
+                *(asyncio.to_thread(alice.patch, path, json={"project": p}) for p in projects)
+            )
+            events = await sock.chat_updates(chat["id"], CONCURRENT)
+        stored = _listed_project(alice, chat["id"])
+    bodies = [_ok(a) for a in answers]
+    revisions = sorted(b["revision"] for b in bodies)
+    assert revisions == list(range(2, CONCURRENT + 2))
+    assert sorted(e["revision"] for e in events) == revisions
+    by_revision = {e["revision"]: e["project"] for e in events}
+    assert by_revision == {b["revision"]: b["project"] for b in bodies}
+    assert stored == by_revision[max(by_revision)]
 
 
 @pytest.fixture(scope="module")
@@ -385,43 +379,38 @@ def test_ws7_a_caching_gateway_never_keeps_a_changed_chat(world, admin, bot_mode
         assert "Two meets at ten." in prompts[-1] and "One" not in prompts[-1]
 
 
-def test_ws7_the_directory_checks_owner_use_kind_and_org_itself(tmp_path):
+@pytest.mark.anyio
+async def test_ws7_the_directory_checks_owner_use_kind_and_org_itself(directory):
     """Whoever calls the directory (not only the gateway's checks): only the chat's owner, who
     still uses its bot, changes a direct chat's project, and only to one of the chat's org."""
-    from actors.directory import DirectoryService
     from engine.directory import Permission
     from engine.errors import Forbidden, NotFound, Unprocessable
 
-    async def scenario() -> None:
-        d = DirectoryService(tmp_path)
-        try:
-            org = await d.create_org("o", "o_1")
-            await d.create_user("Ann", [org.id], "u_ann")
-            await d.create_user("Bo", [org.id], "u_bo")
-            bot = await d.create_bot(name="B", org=org.id, owner="u_bo")
-            await d.grant(bot.id, "u_ann", Permission.READ)
-            chat = await d.create_chat("u_ann", None, bot=bot.id)
-            with pytest.raises(Forbidden):
-                await d.set_chat_project(chat.id, "u_bo", None, None)
-            with pytest.raises(NotFound):
-                await d.set_chat_project(chat.id, "u_ann", "p_1", "o_other")
-            done = await d.set_chat_project(chat.id, "u_ann", "p_1", org.id)
-            assert (done.project, done.revision) == ("p_1", 2)
-            await d.revoke_grant(bot.id, "u_ann")
-            with pytest.raises(Forbidden):
-                await d.set_chat_project(chat.id, "u_ann", None, None)
-            assert (await d.get_chat(chat.id)).project == "p_1"
-            channel = await d.create_channel(org=org.id, people=["u_ann"], bots=[bot.id])
-            group = await d.group_chat(channel.id)
-            with pytest.raises(Unprocessable):
-                await d.set_chat_project(group.id, "u_ann", "p_1", org.id)
-        finally:
-            d.store.db.close()
-
-    asyncio.run(scenario())
+    d = directory
+    org = await d.create_org("o", "o_1")
+    await d.create_user("Ann", [org.id], "u_ann")
+    await d.create_user("Bo", [org.id], "u_bo")
+    bot = await d.create_bot(name="B", org=org.id, owner="u_bo")
+    await d.grant(bot.id, "u_ann", Permission.READ)
+    chat = await d.create_chat("u_ann", None, bot=bot.id)
+    with pytest.raises(Forbidden):
+        await d.set_chat_project(chat.id, "u_bo", None, None)
+    with pytest.raises(NotFound):
+        await d.set_chat_project(chat.id, "u_ann", "p_1", "o_other")
+    done = await d.set_chat_project(chat.id, "u_ann", "p_1", org.id)
+    assert (done.project, done.revision) == ("p_1", 2)
+    await d.revoke_grant(bot.id, "u_ann")
+    with pytest.raises(Forbidden):
+        await d.set_chat_project(chat.id, "u_ann", None, None)
+    assert (await d.get_chat(chat.id)).project == "p_1"
+    channel = await d.create_channel(org=org.id, people=["u_ann"], bots=[bot.id])
+    group = await d.group_chat(channel.id)
+    with pytest.raises(Unprocessable):
+        await d.set_chat_project(group.id, "u_ann", "p_1", org.id)
 
 
-def test_ws7_a_chat_read_before_a_change_is_not_cached_after_it():
+@pytest.mark.anyio
+async def test_ws7_a_chat_read_before_a_change_is_not_cached_after_it():
     """A gateway's chat read that the directory answered before a change this gateway already
     applied is used for that request only: kept, it would be served (with an org and bot cached
     afresh by another chat) after the change returned."""
@@ -468,22 +457,19 @@ def test_ws7_a_chat_read_before_a_change_is_not_cached_after_it():
     class Engine:
         directory_port = Directory()
 
-    async def scenario() -> None:
-        engine = Engine()
-        auth = Auth(engine, "admin", ttl=60.0)  # type: ignore[arg-type]
-        auth.watch()
-        await asyncio.wait_for(engine.directory_port.applied.wait(), 5)
-        engine.directory_port.stale["chat_x"] = (
-            4,
-            ChatContext(chat=chat("chat_x", "p_old"), org=org, bot=bot),
-        )
-        assert (await auth.context("chat_x")).chat.project == "p_old"  # that request's read
-        await auth.context("chat_y")  # the org and the bot cached at revision 5
-        assert (await auth.context("chat_x")).chat.project == "p_new"
-        assert engine.directory_port.reads == ["chat_x", "chat_y", "chat_x"]
-        # An answer about an older revision that arrives late (a slower change's) is not kept.
-        auth.know_chat(chat("chat_x", "p_old"))
-        assert (await auth.context("chat_x")).chat.project == "p_new"
-        assert len(engine.directory_port.reads) == 3
-
-    asyncio.run(scenario())
+    engine = Engine()
+    auth = Auth(engine, "admin", ttl=60.0)  # type: ignore[arg-type]
+    auth.watch()
+    await asyncio.wait_for(engine.directory_port.applied.wait(), 5)
+    engine.directory_port.stale["chat_x"] = (
+        4,
+        ChatContext(chat=chat("chat_x", "p_old"), org=org, bot=bot),
+    )
+    assert (await auth.context("chat_x")).chat.project == "p_old"  # that request's read
+    await auth.context("chat_y")  # the org and the bot cached at revision 5
+    assert (await auth.context("chat_x")).chat.project == "p_new"
+    assert engine.directory_port.reads == ["chat_x", "chat_y", "chat_x"]
+    # An answer about an older revision that arrives late (a slower change's) is not kept.
+    auth.know_chat(chat("chat_x", "p_old"))
+    assert (await auth.context("chat_x")).chat.project == "p_new"
+    assert len(engine.directory_port.reads) == 3

@@ -101,25 +101,23 @@ async def _serve_one(hub: NodeHubPort, node: str, session: int, answer: str) -> 
     assert await hub.complete(work.id, Completion(text=answer, model=node), None)
 
 
-def test_node_model_runs_against_a_local_hub():
+@pytest.mark.anyio
+async def test_node_model_runs_against_a_local_hub():
     """The node hub's port with its local implementation, no Ray: a bot's model of kind `node`
     hands its work to the hub, a connected node answers it."""
 
-    async def scenario() -> None:
-        hub = NodeHubService()
-        model = NodeModel("edge", "edge-1", hub)
-        assert await model.isolation() == (False, False)  # not connected
-        session = await hub.register("edge-1", True, False)
-        assert await model.isolation() == (True, False)
-        node = asyncio.create_task(_serve_one(hub, "edge-1", session, "hi there"))
-        done = await model.complete([Message(role="user", content="hello")], timeout=5.0)
-        await node
-        assert done.text == "hi there"
-        nodes = await hub.nodes()
-        assert [n.id for n in nodes] == ["builtin", "edge-1"]
-        assert isinstance(nodes[1], NodeInfo) and nodes[1].hint is not None
-
-    asyncio.run(scenario())
+    hub = NodeHubService()
+    model = NodeModel("edge", "edge-1", hub)
+    assert await model.isolation() == (False, False)  # not connected
+    session = await hub.register("edge-1", True, False)
+    assert await model.isolation() == (True, False)
+    node = asyncio.create_task(_serve_one(hub, "edge-1", session, "hi there"))
+    done = await model.complete([Message(role="user", content="hello")], timeout=5.0)
+    await node
+    assert done.text == "hi there"
+    nodes = await hub.nodes()
+    assert [n.id for n in nodes] == ["builtin", "edge-1"]
+    assert isinstance(nodes[1], NodeInfo) and nodes[1].hint is not None
 
 
 def _proxies_and_services():
@@ -151,33 +149,23 @@ def test_every_port_call_is_answered_locally_and_over_ray():
         assert port in ray_proxy.__mro__  # typed as the port
 
 
-def test_each_call_a_service_hands_on_meets_its_port(tmp_path: Path):
+@pytest.mark.anyio
+async def test_each_call_a_service_hands_on_meets_its_port(shard, directory):
     """A call a service's table hands on reaches a feature's method that takes the port's
     parameters (a caller may name them), so the port stays the call's one declaration."""
-    from actors.directory import DirectoryService
-    from actors.shard.service import ShardService
 
     def params(fn) -> list[tuple[str, object, object]]:
         return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
-    async def scenario() -> None:
-        shard = ShardService(tmp_path / "s", 0, models={})
-        directory = DirectoryService(tmp_path / "d")
-        try:
-            for port, svc in ((ShardPort, shard), (DirectoryPort, directory)):
-                answered = type(svc).answered_by
-                assert answered, svc
-                for call, (feature, method) in answered.items():
-                    target = getattr(getattr(svc, feature), method)
-                    assert inspect.iscoroutinefunction(target), (call, feature, method)
-                    declared = getattr(port, call, None)
-                    if declared is not None:
-                        assert params(target) == params(declared)[1:], call
-        finally:
-            await shard.close()
-            directory.store.db.close()
-
-    asyncio.run(scenario())
+    for port, svc in ((ShardPort, shard), (DirectoryPort, directory)):
+        answered = type(svc).answered_by
+        assert answered, svc
+        for call, (feature, method) in answered.items():
+            target = getattr(getattr(svc, feature), method)
+            assert inspect.iscoroutinefunction(target), (call, feature, method)
+            declared = getattr(port, call, None)
+            if declared is not None:
+                assert params(target) == params(declared)[1:], call
 
 
 class _Ref:
@@ -213,7 +201,8 @@ class _Handle:
         return _Method
 
 
-def test_a_derived_proxy_hands_each_call_on_and_maps_its_errors():
+@pytest.mark.anyio
+async def test_a_derived_proxy_hands_each_call_on_and_maps_its_errors():
     """A call the proxy does not define goes to the actor's method of the same name with the
     caller's arguments; the engine's errors come back as themselves, Ray's as `Unavailable`."""
     import ray
@@ -221,33 +210,31 @@ def test_a_derived_proxy_hands_each_call_on_and_maps_its_errors():
     from actors.runtime.directory_proxy import RayDirectory
     from engine.errors import NotFound, Unavailable
 
-    async def scenario() -> None:
-        handle = _Handle("bot")
-        port = RayDirectory("dir", "ns", handle)
-        assert await port.get_bot("b_1") == "bot"
-        assert await port.create_bot(name="Ada", org="o_1", owner="u_1") == "bot"
-        assert handle.calls == [
-            ("get_bot", ("b_1",), {}),
-            ("create_bot", (), {"name": "Ada", "org": "o_1", "owner": "u_1"}),
-        ]
-        missing = NotFound("no bot", code="bot_not_found")
-        handle.outcome = ray.exceptions.RayTaskError("get_bot", "trace", missing)
-        with pytest.raises(NotFound) as raised:
-            await port.get_bot("b_2")
-        assert raised.value is missing
-        handle.outcome = ray.exceptions.RayTaskError("get_bot", "trace", ValueError("bug"))
-        with pytest.raises(Unavailable) as failed:
-            await port.get_bot("b_3")
-        assert failed.value.code == "engine_error"
-        handle.outcome = ray.exceptions.RayActorError()
-        with pytest.raises(Unavailable) as gone:
-            await port.get_bot("b_4")
-        assert gone.value.code == "engine_unavailable"
-
-    asyncio.run(scenario())
+    handle = _Handle("bot")
+    port = RayDirectory("dir", "ns", handle)
+    assert await port.get_bot("b_1") == "bot"
+    assert await port.create_bot(name="Ada", org="o_1", owner="u_1") == "bot"
+    assert handle.calls == [
+        ("get_bot", ("b_1",), {}),
+        ("create_bot", (), {"name": "Ada", "org": "o_1", "owner": "u_1"}),
+    ]
+    missing = NotFound("no bot", code="bot_not_found")
+    handle.outcome = ray.exceptions.RayTaskError("get_bot", "trace", missing)
+    with pytest.raises(NotFound) as raised:
+        await port.get_bot("b_2")
+    assert raised.value is missing
+    handle.outcome = ray.exceptions.RayTaskError("get_bot", "trace", ValueError("bug"))
+    with pytest.raises(Unavailable) as failed:
+        await port.get_bot("b_3")
+    assert failed.value.code == "engine_error"
+    handle.outcome = ray.exceptions.RayActorError()
+    with pytest.raises(Unavailable) as gone:
+        await port.get_bot("b_4")
+    assert gone.value.code == "engine_unavailable"
 
 
-def test_a_proxy_keeps_the_calls_it_defines_and_its_subclasses_override():
+@pytest.mark.anyio
+async def test_a_proxy_keeps_the_calls_it_defines_and_its_subclasses_override():
     """Only what a proxy leaves to the port is derived: a call it defines stays its own, and a
     subclass's override (the shard's lane) wins over the derived one."""
     from typing import Protocol
@@ -267,19 +254,17 @@ def test_a_proxy_keeps_the_calls_it_defines_and_its_subclasses_override():
         async def plain(self, x: int) -> int:
             return x * 10
 
-    async def scenario() -> None:
-        handle = _Handle(7)
-        assert await Proxy("p", "ns", handle).plain(1) == 7
-        assert await Proxy("p", "ns", handle).special(2) == -2
-        assert await Laned("p", "ns", handle).plain(3) == 30
-        assert [c[0] for c in handle.calls] == ["plain"]
-
-    asyncio.run(scenario())
+    handle = _Handle(7)
+    assert await Proxy("p", "ns", handle).plain(1) == 7
+    assert await Proxy("p", "ns", handle).special(2) == -2
+    assert await Laned("p", "ns", handle).plain(3) == 30
+    assert [c[0] for c in handle.calls] == ["plain"]
     assert str(inspect.signature(Proxy.plain)) == "(self, x: 'int') -> 'int'"
     assert RayShard.events_after.__module__ == "actors.runtime.shard_proxy"  # its own
 
 
-def test_a_service_table_builds_each_call_once():
+@pytest.mark.anyio
+async def test_a_service_table_builds_each_call_once():
     """actors/facade.py: each call of a service's table hands its arguments to the feature's
     method (after the `before` hook where asked); a call answered twice, or defined on the
     class and in the table, is refused when the class is built."""
@@ -307,8 +292,8 @@ def test_a_service_table_builds_each_call_once():
         before_calls=("items",),
     )
     svc = Service()
-    assert asyncio.run(svc.listing("ann", limit=2)) == ("ann", 2) and svc.started == 0
-    assert asyncio.run(svc.items("bob")) == ("bob", 5) and svc.started == 1
+    assert await svc.listing("ann", limit=2) == ("ann", 2) and svc.started == 0
+    assert await svc.items("bob") == ("bob", 5) and svc.started == 1
     with pytest.raises(TypeError, match="answered twice"):
         answered_by(Service, {"feature": "a:listing", "other": "a"})
     with pytest.raises(TypeError, match="defined and in the table"):

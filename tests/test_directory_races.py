@@ -11,6 +11,7 @@ import secrets
 from collections import Counter
 
 import httpx
+import pytest
 
 from tests.conftest import ADMIN
 from tests.openai_stub import completion
@@ -19,20 +20,14 @@ N = 24
 WS = "/api/app/workspace"
 
 
-def burst(url: str, token: str, requests: list[tuple[str, str, dict | None]]) -> list:
+async def burst(url: str, token: str, requests: list[tuple[str, str, dict | None]]) -> list:
     """Send every request at once (one connection each) and return the responses in order."""
-
-    async def go():
-        limits = httpx.Limits(max_connections=len(requests), max_keepalive_connections=0)
-        headers = {"Authorization": f"Bearer {token}"}
-        async with httpx.AsyncClient(
-            base_url=url, headers=headers, timeout=120, limits=limits
-        ) as c:
-            return await asyncio.gather(
-                *(c.request(method, path, json=body) for method, path, body in requests)
-            )
-
-    return asyncio.run(go())
+    limits = httpx.Limits(max_connections=len(requests), max_keepalive_connections=0)
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120, limits=limits) as c:
+        return await asyncio.gather(
+            *(c.request(method, path, json=body) for method, path, body in requests)
+        )
 
 
 def codes(responses) -> Counter:
@@ -53,7 +48,8 @@ def one_winner(responses, won: int, lost: str) -> httpx.Response:
 # --- bots' rules -----------------------------------------------------------------------------
 
 
-def test_rules_edits_naming_one_revision_have_one_winner(world):
+@pytest.mark.anyio
+async def test_rules_edits_naming_one_revision_have_one_winner(world):
     url, path = world.server.url, f"{WS}/bots/{world.bot}/rules"
     with world.client("alice") as alice:
         revision = alice.get(path).json()["revision"]
@@ -61,14 +57,15 @@ def test_rules_edits_naming_one_revision_have_one_winner(world):
         ("PATCH", path, {"expectedRevision": revision, "description": f"edit {k}"})
         for k in range(N)
     ]
-    winner = one_winner(burst(url, world.tokens["alice"], edits), 200, "stale_revision")
+    winner = one_winner(await burst(url, world.tokens["alice"], edits), 200, "stale_revision")
     with world.client("alice") as alice:
         now = alice.get(path).json()
     assert now["revision"] == revision + 1
     assert now["rules"]["description"] == winner.json()["rules"]["description"]
 
 
-def test_no_acknowledged_rules_edit_is_lost(world):
+@pytest.mark.anyio
+async def test_no_acknowledged_rules_edit_is_lost(world):
     """24 editors, each retrying on 409 until its edit is in: 24 acknowledgements, each with a
     revision of its own, and the last state is the last acknowledged one."""
     url, path = world.server.url, f"{WS}/bots/{world.bot}/rules"
@@ -82,24 +79,20 @@ def test_no_acknowledged_rules_edit_is_lost(world):
                 return r.json()
             assert r.status_code == 409 and r.json()["error"]["code"] == "stale_revision"
 
-    async def go():
-        headers = {"Authorization": f"Bearer {world.tokens['alice']}"}
-        limits = httpx.Limits(max_connections=N)
-        async with httpx.AsyncClient(
-            base_url=url, headers=headers, timeout=120, limits=limits
-        ) as c:
-            start = (await c.get(path)).json()["revision"]
-            acks = await asyncio.gather(*(editor(c, k) for k in range(N)))
-            return start, acks, (await c.get(path)).json()
-
-    start, acks, final = asyncio.run(go())
+    headers = {"Authorization": f"Bearer {world.tokens['alice']}"}
+    limits = httpx.Limits(max_connections=N)
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120, limits=limits) as c:
+        start = (await c.get(path)).json()["revision"]
+        acks = await asyncio.gather(*(editor(c, k) for k in range(N)))
+        final = (await c.get(path)).json()
     revisions = sorted(a["revision"] for a in acks)
     assert revisions == list(range(start + 1, start + N + 1))
     last = max(acks, key=lambda a: a["revision"])
     assert final["revision"] == start + N and final["rules"]["duties"] == last["rules"]["duties"]
 
 
-def test_self_rules_tool_naming_one_revision_has_one_winner(world, admin, bot_model):
+@pytest.mark.anyio
+async def test_self_rules_tool_naming_one_revision_has_one_winner(world, admin, bot_model):
     """The bot's own `workspace_update_self_rules`, called in 24 chats at once with one
     `expectedRevision`: one change, 23 stale answers to the model, revision + 1."""
     name = "Selfie" + secrets.token_hex(3)
@@ -127,7 +120,7 @@ def test_self_rules_tool_naming_one_revision_has_one_winner(world, admin, bot_mo
         ("POST", f"/v1/chats/{chat}/turns?wait=true", {"text": f"chat-{k}"})
         for k, chat in enumerate(chats)
     ]
-    answers = burst(world.server.url, world.tokens["alice"], turns)
+    answers = await burst(world.server.url, world.tokens["alice"], turns)
     assert all(r.status_code == 200 for r in answers), [r.text[:200] for r in answers]
     assert len(results) == N
     assert Counter(r.get("error") for r in results) == Counter({None: 1, "stale_revision": N - 1})
@@ -140,7 +133,8 @@ def test_self_rules_tool_naming_one_revision_has_one_winner(world, admin, bot_mo
 # --- chats ----------------------------------------------------------------------------------
 
 
-def test_concurrent_opens_of_a_channel_get_one_group_chat(world, admin):
+@pytest.mark.anyio
+async def test_concurrent_opens_of_a_channel_get_one_group_chat(world, admin):
     channel = admin.post(
         "/v1/admin/channels",
         json={"org": world.org, "people": list(world.users.values()), "bots": [world.bot]},
@@ -150,20 +144,15 @@ def test_concurrent_opens_of_a_channel_get_one_group_chat(world, admin):
     for k in range(N):
         by_user[names[k % len(names)]].append(k)
 
-    async def go():
-        async def opener(name: str, count: int):
-            headers = {"Authorization": f"Bearer {world.tokens[name]}"}
-            async with httpx.AsyncClient(
-                base_url=world.server.url, headers=headers, timeout=60
-            ) as c:
-                return await asyncio.gather(
-                    *(c.post("/v1/chats", json={"channel": channel}) for _ in range(count))
-                )
+    async def opener(name: str, count: int):
+        headers = {"Authorization": f"Bearer {world.tokens[name]}"}
+        async with httpx.AsyncClient(base_url=world.server.url, headers=headers, timeout=60) as c:
+            return await asyncio.gather(
+                *(c.post("/v1/chats", json={"channel": channel}) for _ in range(count))
+            )
 
-        parts = await asyncio.gather(*(opener(n, len(ks)) for n, ks in by_user.items()))
-        return [r for part in parts for r in part]
-
-    answers = asyncio.run(go())
+    parts = await asyncio.gather(*(opener(n, len(ks)) for n, ks in by_user.items()))
+    answers = [r for part in parts for r in part]
     assert all(r.is_success for r in answers), [r.text for r in answers]
     assert len({r.json()["id"] for r in answers}) == 1
 
@@ -171,19 +160,23 @@ def test_concurrent_opens_of_a_channel_get_one_group_chat(world, admin):
 # --- explicit ids in the admin API -----------------------------------------------------------
 
 
-def _admin_creates(server, path: str, body: dict) -> list:
-    return burst(server.url, ADMIN, [("POST", path, body)] * N)
+async def _admin_creates(server, path: str, body: dict) -> list:
+    return await burst(server.url, ADMIN, [("POST", path, body)] * N)
 
 
-def test_one_explicit_org_id_has_one_winner(server):
+@pytest.mark.anyio
+async def test_one_explicit_org_id_has_one_winner(server):
     oid = "o_race" + secrets.token_hex(4)
-    one_winner(_admin_creates(server, "/v1/admin/orgs", {"id": oid, "name": "x"}), 201, "exists")
+    one_winner(
+        await _admin_creates(server, "/v1/admin/orgs", {"id": oid, "name": "x"}), 201, "exists"
+    )
 
 
-def test_one_explicit_user_id_has_one_winner_and_one_token(server, world):
+@pytest.mark.anyio
+async def test_one_explicit_user_id_has_one_winner_and_one_token(server, world):
     uid = "u_race" + secrets.token_hex(4)
     body = {"id": uid, "name": "racer", "orgs": [world.org]}
-    answers = _admin_creates(server, "/v1/admin/users", body)
+    answers = await _admin_creates(server, "/v1/admin/users", body)
     winner = one_winner(answers, 201, "exists")
     token = winner.json()["token"]
     with httpx.Client(
@@ -192,20 +185,23 @@ def test_one_explicit_user_id_has_one_winner_and_one_token(server, world):
         assert c.get(f"{WS}/projects").status_code == 200
 
 
-def test_one_explicit_bot_id_has_one_winner(server, world):
+@pytest.mark.anyio
+async def test_one_explicit_bot_id_has_one_winner(server, world):
     bid = "b_race" + secrets.token_hex(4)
     body = {"id": bid, "name": "r", "org": world.org, "owner": world.users["alice"]}
-    winner = one_winner(_admin_creates(server, "/v1/admin/bots", body), 201, "exists")
+    winner = one_winner(await _admin_creates(server, "/v1/admin/bots", body), 201, "exists")
     assert winner.json()["id"] == bid
 
 
-def test_one_explicit_channel_id_has_one_winner(server, world):
+@pytest.mark.anyio
+async def test_one_explicit_channel_id_has_one_winner(server, world):
     cid = "c_race" + secrets.token_hex(4)
     body = {"id": cid, "org": world.org, "people": [world.users["alice"]], "bots": []}
-    one_winner(_admin_creates(server, "/v1/admin/channels", body), 201, "exists")
+    one_winner(await _admin_creates(server, "/v1/admin/channels", body), 201, "exists")
 
 
-def test_concurrent_org_patches_are_all_kept(server, admin):
+@pytest.mark.anyio
+async def test_concurrent_org_patches_are_all_kept(server, admin):
     """Each patch merges one key into the current settings; three patches of three keys sent at
     once to each of 24 orgs: every org ends with all three."""
     orgs = [admin.post("/v1/admin/orgs", json={"name": f"p{k}"}).json()["id"] for k in range(N)]
@@ -213,7 +209,7 @@ def test_concurrent_org_patches_are_all_kept(server, admin):
     patches = [
         ("PATCH", f"/v1/admin/orgs/{oid}", {"settings": key}) for oid in orgs for key in keys
     ]
-    answers = burst(server.url, ADMIN, patches)
+    answers = await burst(server.url, ADMIN, patches)
     assert all(r.status_code == 200 for r in answers)
     for oid in orgs:
         now = admin.patch(f"/v1/admin/orgs/{oid}", json={"settings": {}}).json()["settings"]
@@ -225,7 +221,8 @@ def test_concurrent_org_patches_are_all_kept(server, admin):
         }, oid
 
 
-def test_concurrent_grants_to_one_bot_are_all_kept(server, world, admin):
+@pytest.mark.anyio
+async def test_concurrent_grants_to_one_bot_are_all_kept(server, world, admin):
     """Each grant rewrites the bot's record: without compare-and-set, concurrent grants to
     different people lose each other."""
     users = [
@@ -236,7 +233,7 @@ def test_concurrent_grants_to_one_bot_are_all_kept(server, world, admin):
         ("POST", "/v1/admin/grants", {"bot": world.bot, "user": u["id"], "permission": "read"})
         for u in users
     ]
-    assert all(r.status_code == 201 for r in burst(server.url, ADMIN, grants))
+    assert all(r.status_code == 201 for r in await burst(server.url, ADMIN, grants))
     for u in users:
         with httpx.Client(
             base_url=server.url, headers={"Authorization": f"Bearer {u['token']}"}, timeout=30
@@ -247,25 +244,30 @@ def test_concurrent_grants_to_one_bot_are_all_kept(server, world, admin):
 # --- workspace projects and memories ---------------------------------------------------------
 
 
-def test_one_explicit_project_id_has_one_winner(world):
+@pytest.mark.anyio
+async def test_one_explicit_project_id_has_one_winner(world):
     key = "p_race" + secrets.token_hex(4)
     creates = [
         ("POST", f"{WS}/projects", {"requestId": f"r{k}", "id": key, "name": f"P{k}"})
         for k in range(N)
     ]
-    one_winner(burst(world.server.url, world.tokens["alice"], creates), 201, "exists")
+    one_winner(await burst(world.server.url, world.tokens["alice"], creates), 201, "exists")
     with world.client("alice") as alice:
         assert len(alice.get(f"{WS}/projects").json()["projects"]) == 1
 
 
-def test_one_request_id_makes_one_project(world):
+@pytest.mark.anyio
+async def test_one_request_id_makes_one_project(world):
     body = {"requestId": "same-" + secrets.token_hex(4), "name": "Once"}
-    answers = burst(world.server.url, world.tokens["alice"], [("POST", f"{WS}/projects", body)] * N)
+    answers = await burst(
+        world.server.url, world.tokens["alice"], [("POST", f"{WS}/projects", body)] * N
+    )
     assert all(r.status_code == 201 for r in answers)
     assert len({r.json()["id"] for r in answers}) == 1
 
 
-def test_project_changes_naming_one_revision_have_one_winner(world):
+@pytest.mark.anyio
+async def test_project_changes_naming_one_revision_have_one_winner(world):
     with world.client("alice") as alice:
         p = alice.post(f"{WS}/projects", json={"requestId": "c0", "name": "Base"}).json()
     changes = [
@@ -285,14 +287,15 @@ def test_project_changes_naming_one_revision_have_one_winner(world):
         for k in range(N)
     ]
     winner = one_winner(
-        burst(world.server.url, world.tokens["alice"], changes), 200, "stale_revision"
+        await burst(world.server.url, world.tokens["alice"], changes), 200, "stale_revision"
     )
     with world.client("alice") as alice:
         (now,) = alice.get(f"{WS}/projects").json()["projects"]
     assert now["revision"] == 2 and now["name"] == winner.json()["name"]
 
 
-def test_memory_changes_naming_one_revision_have_one_winner(world):
+@pytest.mark.anyio
+async def test_memory_changes_naming_one_revision_have_one_winner(world):
     with world.client("alice") as alice:
         entry = alice.post(
             f"{WS}/memories",
@@ -311,10 +314,11 @@ def test_memory_changes_naming_one_revision_have_one_winner(world):
         )
         for k in range(N)
     ]
-    one_winner(burst(world.server.url, world.tokens["alice"], changes), 200, "stale_revision")
+    one_winner(await burst(world.server.url, world.tokens["alice"], changes), 200, "stale_revision")
 
 
-def test_forgets_naming_one_revision_have_one_winner(world):
+@pytest.mark.anyio
+async def test_forgets_naming_one_revision_have_one_winner(world):
     with world.client("alice") as alice:
         entry = alice.post(
             f"{WS}/memories",
@@ -328,26 +332,30 @@ def test_forgets_naming_one_revision_have_one_winner(world):
         )
         for k in range(N)
     ]
-    one_winner(burst(world.server.url, world.tokens["alice"], forgets), 200, "stale_revision")
+    one_winner(await burst(world.server.url, world.tokens["alice"], forgets), 200, "stale_revision")
 
 
-def test_memory_bot_settings_naming_one_version_have_one_winner(world):
+@pytest.mark.anyio
+async def test_memory_bot_settings_naming_one_version_have_one_winner(world):
     path = f"/v1/bots/{world.bot}/memory/bot"
     with world.client("alice") as alice:
         version = alice.get(path).json()["version"]
     patches = [("PATCH", path, {"expected": version, "instructions": f"i{k}"}) for k in range(N)]
-    one_winner(burst(world.server.url, world.tokens["alice"], patches), 200, "version_mismatch")
+    one_winner(
+        await burst(world.server.url, world.tokens["alice"], patches), 200, "version_mismatch"
+    )
     with world.client("alice") as alice:
         assert alice.get(path).json()["version"] == version + 1
 
 
-def test_one_request_id_remembers_once(world):
+@pytest.mark.anyio
+async def test_one_request_id_remembers_once(world):
     path = f"/v1/bots/{world.bot}/memory"
     body = {
         "requestId": "rem-" + secrets.token_hex(4),
         "command": {"_tag": "Remember", "content": "x"},
     }
-    answers = burst(world.server.url, world.tokens["alice"], [("POST", path, body)] * N)
+    answers = await burst(world.server.url, world.tokens["alice"], [("POST", path, body)] * N)
     assert all(r.status_code == 201 for r in answers), [r.text for r in answers]
     assert len({r.json()["id"] for r in answers}) == 1
     with world.client("alice") as alice:
@@ -357,34 +365,24 @@ def test_one_request_id_remembers_once(world):
 # --- the directory service itself (the calls shards make: the bot's own tool, projects) -------
 
 
-def _service(tmp_path):
-    from actors.directory import DirectoryService
-
-    return DirectoryService(tmp_path)
-
-
-def test_self_rules_calls_naming_one_revision_have_one_winner(tmp_path):
+@pytest.mark.anyio
+async def test_self_rules_calls_naming_one_revision_have_one_winner(directory):
     """What `workspace_update_self_rules` calls on the directory, 24 at once: one change."""
     from engine.errors import Conflict
     from engine.self_rules import Editor, RulesUpdate
 
-    svc = _service(tmp_path)
-
-    async def go():
-        org = await svc.create_org("o")
-        user, _ = await svc.create_user("u", [org.id])
-        bot = await svc.create_bot(name="b", org=org.id, owner=user.id)
-        me = Editor(kind="self", id=bot.id)
-        return await asyncio.gather(
-            *(
-                svc.update_rules(bot.id, RulesUpdate(expectedRevision=1, tone=f"t{k}"), me)
-                for k in range(N)
-            ),
-            return_exceptions=True,
-        )
-
-    answers = asyncio.run(go())
-    svc.store.db.close()
+    svc = directory
+    org = await svc.create_org("o")
+    user, _ = await svc.create_user("u", [org.id])
+    bot = await svc.create_bot(name="b", org=org.id, owner=user.id)
+    me = Editor(kind="self", id=bot.id)
+    answers = await asyncio.gather(
+        *(
+            svc.update_rules(bot.id, RulesUpdate(expectedRevision=1, tone=f"t{k}"), me)
+            for k in range(N)
+        ),
+        return_exceptions=True,
+    )
     won = [a for a in answers if not isinstance(a, BaseException)]
     assert len(won) == 1 and won[0].revision == 2
     assert all(
@@ -392,20 +390,16 @@ def test_self_rules_calls_naming_one_revision_have_one_winner(tmp_path):
     )
 
 
-def test_one_project_id_registers_one_owner(tmp_path):
+@pytest.mark.anyio
+async def test_one_project_id_registers_one_owner(directory):
     """Shards register the projects they create; one id from 24 accounts at once: one owner."""
     from engine.errors import Conflict
 
-    svc = _service(tmp_path)
-
-    async def go():
-        return await asyncio.gather(
-            *(svc.register_project("p_one", f"u_{k}") for k in range(N)), return_exceptions=True
-        )
-
-    answers = asyncio.run(go())
+    svc = directory
+    answers = await asyncio.gather(
+        *(svc.register_project("p_one", f"u_{k}") for k in range(N)), return_exceptions=True
+    )
     owners = [a for a in answers if isinstance(a, str)]
     assert len(owners) == 1
     assert all(isinstance(a, Conflict) for a in answers if not isinstance(a, str))
-    assert asyncio.run(svc.project_owner("p_one")) == owners[0]
-    svc.store.db.close()
+    assert await svc.project_owner("p_one") == owners[0]

@@ -82,27 +82,25 @@ async def _wait_idle(c: httpx.AsyncClient, channel: str, mode: str, leader: str 
     raise AssertionError("the group never became idle")
 
 
-def test_no_switch_while_a_turn_runs(slow_group):
+@pytest.mark.anyio
+async def test_no_switch_while_a_turn_runs(slow_group):
     world, channel, chat, bots = slow_group
 
-    async def go():
-        async with _client(world) as c:
-            r = await c.post(f"/v1/chats/{chat}/turns", json={"text": "work on it"})
-            assert r.status_code == 202, r.text
-            path, body = _switch(channel, "delivery", bots[0])
-            answers = await asyncio.gather(*(c.post(path, json=body) for _ in range(N)))
-            group = await c.get(f"{WS}/bots/{bots[0]}/rules")  # any read, the group is unchanged
-            assert group.status_code == 200
-            await _wait_idle(c, channel, "discussion", None)
-            return answers
-
-    answers = asyncio.run(go())
+    async with _client(world) as c:
+        r = await c.post(f"/v1/chats/{chat}/turns", json={"text": "work on it"})
+        assert r.status_code == 202, r.text
+        path, body = _switch(channel, "delivery", bots[0])
+        answers = await asyncio.gather(*(c.post(path, json=body) for _ in range(N)))
+        group = await c.get(f"{WS}/bots/{bots[0]}/rules")  # any read, the group is unchanged
+        assert group.status_code == 200
+        await _wait_idle(c, channel, "discussion", None)
     assert [(r.status_code, r.json()["error"]["code"]) for r in answers] == [
         (409, "group_busy")
     ] * N
 
 
-def test_a_turn_never_runs_in_a_mode_the_group_left(slow_group):
+@pytest.mark.anyio
+async def test_a_turn_never_runs_in_a_mode_the_group_left(slow_group):
     """One turn posted in the middle of 24 switches to delivery, again and again: when any
     switch was acknowledged, the turn ran as a delivery goal (it started after the switch);
     when the turn ran as a discussion, no switch was acknowledged (they all met a busy
@@ -132,87 +130,70 @@ def test_a_turn_never_runs_in_a_mode_the_group_left(slow_group):
         await _wait_idle(c, channel, "discussion", None)
         return switched, goal
 
-    async def go():
-        async with _client(world) as c:
-            return [await once(c) for _ in range(ROUNDS)]
-
-    outcomes = asyncio.run(go())
+    async with _client(world) as c:
+        outcomes = [await once(c) for _ in range(ROUNDS)]
     for switched, goal in outcomes:
         assert (switched > 0) == (goal == "delivering"), (switched, goal)
 
 
-def test_a_turn_waits_for_a_switch_under_way(tmp_path):
+@pytest.mark.anyio
+async def test_a_turn_waits_for_a_switch_under_way(shards, tmp_path):
     """Deterministic interleaving on one shard (no Ray): a switch that found the group idle
     holds the chat's turn lock until the directory has stored the new mode, so a turn asked
     for meanwhile starts after it, in the new mode, even though its caller read the old one."""
     from actors.contracts import TurnStart
-    from actors.directory import DirectoryService
     from actors.models.registry import ScriptedModel
-    from actors.shard.service import ShardService
 
     script = tmp_path / "script.toml"
     script.write_text('default = "ok"\n')
 
-    async def go():
-        svc = ShardService(tmp_path, 0, models={"talk": ScriptedModel.from_file("talk", script)})
-        d = DirectoryService(tmp_path)
-        svc.peers.connect(directory=d)
-        try:
-            org = await d.create_org("o")
-            user, _ = await d.create_user("u", [org.id])
-            bots = [
-                await d.create_bot(name=f"B{k}", org=org.id, owner=user.id, model="talk")
-                for k in range(2)
-            ]
-            channel = await d.create_channel(
-                org=org.id, people=[user.id], bots=[b.id for b in bots]
-            )
-            chat = await d.group_chat(channel.id)
-            async with d.records.lock:  # the directory is slow to store the switch
-                switch = asyncio.create_task(
-                    svc.switch_group_mode(chat.id, channel.id, "delivery", bots[0].id)
-                )
-                await asyncio.sleep(0.05)
-                start = TurnStart(
-                    chat=chat,
-                    bot=None,
-                    org=org,
-                    operator=user.id,
-                    text="go",
-                    channel=channel,  # read before the switch: discussion
-                    members=tuple(bots),
-                )
-                turn = asyncio.create_task(svc.start_turn(start))
-                await asyncio.sleep(0.05)
-                assert not turn.done()  # it waits for the switch
-            switched = await switch
-            started = await turn
-            assert switched.mode == "delivery"
-            assert started.goal == "delivering"
-            result = await svc.wait_turn(chat.id, started.id)
-            assert result.turn.status == "done"
-        finally:
-            await svc.close()
-            d.store.db.close()
-
-    asyncio.run(go())
+    svc = shards(models={"talk": ScriptedModel.from_file("talk", script)}, directory=True)
+    d = shards.directory_service()
+    org = await d.create_org("o")
+    user, _ = await d.create_user("u", [org.id])
+    bots = [
+        await d.create_bot(name=f"B{k}", org=org.id, owner=user.id, model="talk") for k in range(2)
+    ]
+    channel = await d.create_channel(org=org.id, people=[user.id], bots=[b.id for b in bots])
+    chat = await d.group_chat(channel.id)
+    async with d.records.lock:  # the directory is slow to store the switch
+        switch = asyncio.create_task(
+            svc.switch_group_mode(chat.id, channel.id, "delivery", bots[0].id)
+        )
+        await asyncio.sleep(0.05)
+        start = TurnStart(
+            chat=chat,
+            bot=None,
+            org=org,
+            operator=user.id,
+            text="go",
+            channel=channel,  # read before the switch: discussion
+            members=tuple(bots),
+        )
+        turn = asyncio.create_task(svc.start_turn(start))
+        await asyncio.sleep(0.05)
+        assert not turn.done()  # it waits for the switch
+    switched = await switch
+    started = await turn
+    assert switched.mode == "delivery"
+    assert started.goal == "delivering"
+    result = await svc.wait_turn(chat.id, started.id)
+    assert result.turn.status == "done"
 
 
-def test_one_verdict_per_delivered_result(slow_group):
+@pytest.mark.anyio
+async def test_one_verdict_per_delivered_result(slow_group):
     """24 people's verdicts on one delivered result at once: one is recorded, the others get
     409 `already_decided`."""
     world, channel, chat, bots = slow_group
 
-    async def go():
-        async with _client(world) as c:
-            await _wait_idle(c, channel, "delivery", bots[0])
-            r = await c.post(f"/v1/chats/{chat}/turns?wait=true", json={"text": "deliver"})
-            assert r.status_code == 200 and r.json()["turn"]["goal"] == "delivering", r.text
-            path = f"/v1/chats/{chat}/turns/{r.json()['turn']['id']}/verdict"
-            return await asyncio.gather(
-                *(c.post(path, json={"accepted": True, "note": f"n{k}"}) for k in range(N))
-            )
-
-    answers = asyncio.run(go())
+    async with _client(world) as c:
+        await _wait_idle(c, channel, "delivery", bots[0])
+        r = await c.post(f"/v1/chats/{chat}/turns?wait=true", json={"text": "deliver"})
+        assert r.status_code == 200 and r.json()["turn"]["goal"] == "delivering", r.text
+        path = f"/v1/chats/{chat}/turns/{r.json()['turn']['id']}/verdict"
+        answers = await asyncio.gather(
+            *(c.post(path, json={"accepted": True, "note": f"n{k}"}) for k in range(N))
+        )
     got = sorted((r.status_code, r.json().get("error", {}).get("code")) for r in answers)
     assert got == [(200, None)] + [(409, "already_decided")] * (N - 1), got

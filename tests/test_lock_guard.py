@@ -15,12 +15,12 @@ from actors.runtime.lock_guard import PoolLockHeld, assert_no_pool_lock
 from actors.shard.rwlock import PoolMutex, RWLock
 
 
-def _caught(fn) -> list[str]:
+async def _caught(fn) -> list[str]:
     """Run `fn` and give back what the guard recorded meanwhile (taken out of the session's
     list, which must end empty)."""
     start = len(lock_guard.violations)
     try:
-        asyncio.run(fn())
+        await fn()
     finally:
         caught = lock_guard.violations[start:]
         del lock_guard.violations[start:]
@@ -31,8 +31,9 @@ def test_the_guard_is_on_in_the_test_suite():
     assert lock_guard.GUARD
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("mode", ["shared", "exclusive"])
-def test_a_call_under_a_pool_lock_fails_and_one_after_it_passes(mode):
+async def test_a_call_under_a_pool_lock_fails_and_one_after_it_passes(mode):
     async def go():
         lock = RWLock()
         async with getattr(lock, mode)():
@@ -40,10 +41,11 @@ def test_a_call_under_a_pool_lock_fails_and_one_after_it_passes(mode):
                 assert_no_pool_lock("a call to the directory (get_chat)")
         assert_no_pool_lock("a call to the directory (get_chat)")  # released: fine
 
-    assert _caught(go) == ["a pool lock is held across a call to the directory (get_chat)"]
+    assert await _caught(go) == ["a pool lock is held across a call to the directory (get_chat)"]
 
 
-def test_the_workspace_pool_mutex_counts_too_and_nesting_is_counted():
+@pytest.mark.anyio
+async def test_the_workspace_pool_mutex_counts_too_and_nesting_is_counted():
     async def go():
         lock, other = PoolMutex(), RWLock()
         async with lock:
@@ -54,10 +56,11 @@ def test_the_workspace_pool_mutex_counts_too_and_nesting_is_counted():
         assert lock_guard.held() == 0
         assert_no_pool_lock("a model call")
 
-    assert len(_caught(go)) == 1
+    assert len(await _caught(go)) == 1
 
 
-def test_a_task_started_under_a_lock_does_not_inherit_it():
+@pytest.mark.anyio
+async def test_a_task_started_under_a_lock_does_not_inherit_it():
     """Only the task that holds the lock is held to it: work it spawns runs on its own."""
 
     async def go():
@@ -70,7 +73,7 @@ def test_a_task_started_under_a_lock_does_not_inherit_it():
         await asyncio.sleep(0)
         assert_no_pool_lock("a model call")
 
-    assert _caught(go) == []
+    assert await _caught(go) == []
 
 
 @pytest.mark.anyio
@@ -102,12 +105,11 @@ async def test_learning_sends_workspace_facts_outside_the_pool_lock(shards, monk
     assert seen == [0]
 
 
-def test_the_search_locks_count_too(tmp_path, monkeypatch):
+@pytest.mark.anyio
+async def test_the_search_locks_count_too(shards, monkeypatch):
     """A pool's semantic-search lock counts as a pool lock: the record texts the background
     embeds are opened under it (and the model is called after it is released, or the guard
     would fail the suite)."""
-    from actors.directory import DirectoryService
-    from actors.shard.service import ShardService
     from actors.workspace.pools import WorkspacePools
     from engine.memory_entries import Scope
     from engine.scoped_memory import WorkspaceMemoryCreate
@@ -124,14 +126,12 @@ def test_the_search_locks_count_too(tmp_path, monkeypatch):
 
     async def go():
         emb = InProcessEmbedder()
-        svc = ShardService(tmp_path, 0, embedder=emb, search={"context_window_s": 0})
-        svc.peers.connect(directory=DirectoryService(tmp_path))
+        svc = shards(embedder=emb, search={"context_window_s": 0}, directory=True)
         body = WorkspaceMemoryCreate(requestId="r-1", scope=Scope.USER, bot="b_1", content="Tea.")
         await svc.workspace_create_memory(ANN, body)
         await svc.workspace.semantic.idle()
-        await svc.close()
-        svc.peers.directory().store.db.close()
+        await shards.close(svc)
         assert emb.texts == ["Tea."]
 
-    assert _caught(go) == []
+    assert await _caught(go) == []
     assert held and max(held) == 1

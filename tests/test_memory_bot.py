@@ -145,42 +145,39 @@ async def test_enrichment_uses_only_the_readers_entries_and_history_keeps_the_or
     ]
 
 
-def test_restart_mid_execution_reuses_the_recorded_step_and_stores_once(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_restart_mid_execution_reuses_the_recorded_step_and_stores_once(
+    shards, tmp_path, fresh
+):
     bot, mem = fresh
     bot.answer(completion(None, tool_calls=[CONFIDE]), completion("Noted."))
     learn = {"content": "Ann lives in Oslo", "items": [{"chat": "chat_1", "item": "i-1"}]}
     mem.answer(completion("I hear you."), completion(None, tool_calls=[("learn_fact", learn)]))
 
-    async def crash_after_the_model_step():
-        svc = shard_service(tmp_path, fresh)
-        stuck = asyncio.Event()
+    # Built by hand: it dies below (its files left as a crash leaves them), never closed.
+    svc = shard_service(tmp_path, fresh)
+    stuck = asyncio.Event()
 
-        async def never_apply(*args, **kwargs):
-            stuck.set()
-            await asyncio.Event().wait()  # the process dies here, before anything is applied
+    async def never_apply(*args, **kwargs):
+        stuck.set()
+        await asyncio.Event().wait()  # the process dies here, before anything is applied
 
-        svc.learning.apply_step = never_apply  # type: ignore[method-assign]
-        turn = await svc.start_turn(
-            TurnStart(chat=CHAT, bot=BOT, org=ORG, operator="u_ann", text="I moved to Oslo")
-        )
-        await svc.wait_turn("chat_1", turn.id)
-        await stuck.wait()
-        svc.learning.abandon()  # the process dies
-        await svc.committer.drain()
-        svc.db.close()
+    svc.learning.apply_step = never_apply  # type: ignore[method-assign]
+    turn = await svc.start_turn(
+        TurnStart(chat=CHAT, bot=BOT, org=ORG, operator="u_ann", text="I moved to Oslo")
+    )
+    await svc.wait_turn("chat_1", turn.id)
+    await stuck.wait()
+    svc.learning.abandon()  # the process dies
+    await svc.committer.drain()
+    svc.db.close()
 
-    async def restart():
-        svc = shard_service(tmp_path, fresh)
-        await svc.ping()  # the first call resumes open jobs
-        steps = await svc.learning_idle()
-        page = await svc.read_memory(POOL, ANN)
-        jobs = await svc.learning_jobs(POOL)
-        await svc.close()
-        return steps, page, jobs
-
-    asyncio.run(crash_after_the_model_step())
     calls_before = len(mem.requests)
-    steps, page, jobs = asyncio.run(restart())
+    svc = shards(stubs=fresh)
+    await svc.ping()  # the first call resumes open jobs
+    steps = await svc.learning_idle()
+    page = await svc.read_memory(POOL, ANN)
+    jobs = await svc.learning_jobs(POOL)
     assert len(mem.requests) == calls_before and steps == 0, jobs  # not called again (LRN-4)
     assert [e.content for e in page.entries] == ["Ann lives in Oslo"], jobs
     assert jobs[0].status == "done" and jobs[0].attempts == 2
@@ -363,7 +360,8 @@ async def test_items_of_a_running_turn_appear_once_stored(shards, fresh):
 
 
 @pytest.mark.parametrize("turns", [10, 24])
-def test_concurrent_turns_spend_a_budget_of_one_call_once(tmp_path, fresh, turns):
+@pytest.mark.anyio
+async def test_concurrent_turns_spend_a_budget_of_one_call_once(shards, fresh, turns):
     """A budget of exactly one memory-bot call: `turns` chats of the bot confide at once, each
     turn asking the memory bot for a confessor's answer. One call is made and charged; the
     others find the budget spent (calm answers), and learning waits for the next period."""
@@ -387,42 +385,36 @@ def test_concurrent_turns_spend_a_budget_of_one_call_once(tmp_path, fresh, turns
     }
     chats = [msgspec.structs.replace(CHAT, id=f"chat_{k}") for k in range(turns)]
 
-    async def go():
-        svc = shard_service(tmp_path, fresh, models=models, answer_wait=120.0)
-        try:
-            patch = SettingsPatch(expected=0, budget=Budget(period="day", limitMicros=10))
-            await svc.patch_memory_bot_settings(POOL, patch)
-            started = [
-                await svc.start_turn(
-                    TurnStart(chat=c, bot=BOT, org=ORG, operator=c.owner, text="hi")
-                )
-                for c in chats
-            ]
-            # Every turn is either at the model or waiting for the budget, then the model answers.
-            for _ in range(6000):
-                if len(mem.requests) + svc.memory_bot.waiting >= turns:
-                    break
-                await asyncio.sleep(0.01)
-            gate.set()
-            for c, t in zip(chats, started, strict=True):
-                await svc.wait_turn(c.id, t.id)
-            await svc.learning_idle()
-            calm = [(await svc.confessions(c.id))[0].calm for c in chats]
-            jobs = await svc.learning_jobs(POOL)
-            spent = await svc.chats.spend(POOL, period_key("day", svc.kernel.clock()))
-            return calm, jobs, spent
-        finally:
-            gate.set()
-            await svc.close()
-
-    calm, jobs, spent = asyncio.run(go())
+    svc = shards(stubs=fresh, models=models, answer_wait=120.0)
+    try:
+        patch = SettingsPatch(expected=0, budget=Budget(period="day", limitMicros=10))
+        await svc.patch_memory_bot_settings(POOL, patch)
+        started = [
+            await svc.start_turn(TurnStart(chat=c, bot=BOT, org=ORG, operator=c.owner, text="hi"))
+            for c in chats
+        ]
+        # Every turn is either at the model or waiting for the budget, then the model answers.
+        for _ in range(6000):
+            if len(mem.requests) + svc.memory_bot.waiting >= turns:
+                break
+            await asyncio.sleep(0.01)
+        gate.set()
+        for c, t in zip(chats, started, strict=True):
+            await svc.wait_turn(c.id, t.id)
+        await svc.learning_idle()
+        calm = [(await svc.confessions(c.id))[0].calm for c in chats]
+        jobs = await svc.learning_jobs(POOL)
+        spent = await svc.chats.spend(POOL, period_key("day", svc.kernel.clock()))
+    finally:
+        gate.set()  # (the stub's held calls never outlive the test)
     assert len(mem.requests) == 1
     assert spent == (10, 0)
     assert sorted(calm) == [False] + [True] * (turns - 1)
     assert {j.status for j in jobs} == {"waiting"}
 
 
-def test_a_failed_call_gives_its_reservation_back(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_a_failed_call_gives_its_reservation_back(shards, fresh):
     """A budget of one call: the first confessor call fails (nothing charged), so the next
     turn's call still fits and is answered."""
     bot, mem = fresh
@@ -441,22 +433,17 @@ def test_a_failed_call_gives_its_reservation_back(tmp_path, fresh):
     # Learning (with tools) reports no usage: only the confessor's calls cost anything.
     mem.routes.append(lambda body: completion("OK.", usage=None) if body.get("tools") else None)
 
-    async def go():
-        svc = shard_service(tmp_path, fresh, models=models)
-        try:
-            patch = SettingsPatch(expected=0, budget=Budget(period="day", limitMicros=10))
-            await svc.patch_memory_bot_settings(POOL, patch)
-            await run_turn(svc, "first")
-            await run_turn(svc, "second")
-            return await svc.confessions("chat_1")
-        finally:
-            await svc.close()
-
-    confessions = asyncio.run(go())
+    svc = shards(stubs=fresh, models=models)
+    patch = SettingsPatch(expected=0, budget=Budget(period="day", limitMicros=10))
+    await svc.patch_memory_bot_settings(POOL, patch)
+    await run_turn(svc, "first")
+    await run_turn(svc, "second")
+    confessions = await svc.confessions("chat_1")
     assert [c.calm for c in confessions] == [True, False]
 
 
-def test_a_spend_total_read_late_does_not_undo_a_charge(tmp_path, fresh, monkeypatch):
+@pytest.mark.anyio
+async def test_a_spend_total_read_late_does_not_undo_a_charge(shards, fresh, monkeypatch):
     """Turn A reads the period's spend from disk, slowly; turn B reads it meanwhile, makes the
     one call the budget allows and is charged; A's late read must not put the total back to
     what the disk said: A is refused."""
@@ -493,22 +480,19 @@ def test_a_spend_total_read_late_does_not_undo_a_charge(tmp_path, fresh, monkeyp
         start = TurnStart(chat=chat, bot=BOT, org=ORG, operator=chat.owner, text="hi")
         return await svc.start_turn(start)
 
-    async def go_():
-        svc = shard_service(tmp_path, fresh, models=models, answer_wait=60.0)
-        try:
-            patch = SettingsPatch(expected=0, budget=Budget(period="day", limitMicros=10))
-            await svc.patch_memory_bot_settings(POOL, patch)
-            turn_a = await start(svc, a)
-            await asyncio.wait_for(reading.wait(), 30)
-            turn_b = await start(svc, b)
-            await svc.wait_turn(b.id, turn_b.id)
-            go.set()
-            await svc.wait_turn(a.id, turn_a.id)
-            await svc.learning_idle()
-            return [(await svc.confessions(c.id))[0].calm for c in (a, b)]
-        finally:
-            go.set()
-            await svc.close()
-
-    assert asyncio.run(go_()) == [True, False]
+    svc = shards(stubs=fresh, models=models, answer_wait=60.0)
+    try:
+        patch = SettingsPatch(expected=0, budget=Budget(period="day", limitMicros=10))
+        await svc.patch_memory_bot_settings(POOL, patch)
+        turn_a = await start(svc, a)
+        await asyncio.wait_for(reading.wait(), 30)
+        turn_b = await start(svc, b)
+        await svc.wait_turn(b.id, turn_b.id)
+        go.set()
+        await svc.wait_turn(a.id, turn_a.id)
+        await svc.learning_idle()
+        calm = [(await svc.confessions(c.id))[0].calm for c in (a, b)]
+    finally:
+        go.set()  # (a held read never outlives the test)
+    assert calm == [True, False]
     assert len([r for r in mem.requests if not r.get("tools")]) == 1

@@ -4,9 +4,6 @@ opened for a read does not outlive its entry. In-process shard on real DuckDB fi
 
 from __future__ import annotations
 
-import asyncio
-from pathlib import Path
-
 import pytest
 
 from actors.shard.service import ShardService
@@ -28,32 +25,26 @@ async def _ids(svc: ShardService, reader: Reader) -> tuple[list[str], list[str]]
     return used, seen
 
 
-def test_the_next_read_sees_each_change_to_a_kept_view(tmp_path: Path):
-    async def scenario():
-        svc = ShardService(tmp_path, 0)
-        try:
-            e1 = (await svc.remember(POOL, ALICE, "I drink tea")).id
-            e2 = (await svc.remember(POOL, ALICE, "I live in Oslo")).id
-            await svc.add_entries(POOL, [(fact("f1"), "likes tea"), (observation("o1", "f1"), "x")])
-            first = await _ids(svc, ALICE)
-            await svc.forget(POOL, ALICE, e2)  # the same entry, now forgotten by its reader
-            forgotten = await _ids(svc, ALICE)
-            e3 = (await svc.remember(POOL, ALICE, "I moved to Bergen")).id
-            added = await _ids(svc, ALICE)
-            await svc.purge(POOL, "chat:k1")  # the fact, and the observation resting on it
-            purged = await _ids(svc, ALICE)
-            bob = [await _ids(svc, BOB)]
-            await svc.widen(POOL, e1, "for:bot", "u1")  # the same entry, for all who use the bot
-            bob.append(await _ids(svc, BOB))
-            await svc.forget(POOL, BOB, e1)  # kept for the others: only Bob no longer sees it
-            bob.append(await _ids(svc, BOB))
-            alice = await _ids(svc, ALICE)
-            assert e1 in alice[0] and e1 in alice[1]
-            return (e1, e2, e3), first, forgotten, added, purged, bob
-        finally:
-            await svc.close()
-
-    (e1, e2, e3), first, forgotten, added, purged, bob = asyncio.run(scenario())
+@pytest.mark.anyio
+async def test_the_next_read_sees_each_change_to_a_kept_view(shards):
+    svc = shards()
+    e1 = (await svc.remember(POOL, ALICE, "I drink tea")).id
+    e2 = (await svc.remember(POOL, ALICE, "I live in Oslo")).id
+    await svc.add_entries(POOL, [(fact("f1"), "likes tea"), (observation("o1", "f1"), "x")])
+    first = await _ids(svc, ALICE)
+    await svc.forget(POOL, ALICE, e2)  # the same entry, now forgotten by its reader
+    forgotten = await _ids(svc, ALICE)
+    e3 = (await svc.remember(POOL, ALICE, "I moved to Bergen")).id
+    added = await _ids(svc, ALICE)
+    await svc.purge(POOL, "chat:k1")  # the fact, and the observation resting on it
+    purged = await _ids(svc, ALICE)
+    bob = [await _ids(svc, BOB)]
+    await svc.widen(POOL, e1, "for:bot", "u1")  # the same entry, for all who use the bot
+    bob.append(await _ids(svc, BOB))
+    await svc.forget(POOL, BOB, e1)  # kept for the others: only Bob no longer sees it
+    bob.append(await _ids(svc, BOB))
+    alice = await _ids(svc, ALICE)
+    assert e1 in alice[0] and e1 in alice[1]
     assert sorted(first[0]) == sorted([e1, e2, "f1", "o1"]) == sorted(first[1])
     # Forgotten: retracted, so no longer used, and still seen as history.
     assert sorted(forgotten[0]) == sorted([e1, "f1", "o1"])
@@ -64,20 +55,15 @@ def test_the_next_read_sees_each_change_to_a_kept_view(tmp_path: Path):
     assert bob == [([], []), ([e1], [e1]), ([], [])]
 
 
-def test_opened_content_goes_with_its_entry(tmp_path: Path):
-    async def scenario():
-        svc = ShardService(tmp_path, 0)
-        try:
-            await svc.add_entries(POOL, [(fact("f1"), "likes tea"), (fact("f2", chat="k2"), "y")])
-            context = await svc.context(POOL, ALICE, 100_000)
-            pool = await svc.kernel.pool(POOL)
-            await svc.memory_reader.learning_context(POOL, ALICE)  # its learning forms too
-            before = pool.opened
-            await svc.purge(POOL, "chat:k1")
-            return context.text, before, pool.opened
-        finally:
-            await svc.close()
-
-    text, before, after = asyncio.run(scenario())
+@pytest.mark.anyio
+async def test_opened_content_goes_with_its_entry(shards):
+    svc = shards()
+    await svc.add_entries(POOL, [(fact("f1"), "likes tea"), (fact("f2", chat="k2"), "y")])
+    context = await svc.context(POOL, ALICE, 100_000)
+    pool = await svc.kernel.pool(POOL)
+    await svc.memory_reader.learning_context(POOL, ALICE)  # its learning forms too
+    before = pool.opened
+    await svc.purge(POOL, "chat:k1")
+    text, after = context.text, pool.opened
     assert "likes tea" in text
     assert before == {"f1", "f2"} and after == {"f2"}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -29,17 +28,15 @@ def _model(stub, **kw):
 TOOL = ToolSpec(name="confide", description="say how the work goes", parameters={"type": "object"})
 
 
-def test_openai_kind_sends_tools_and_reads_tool_calls_and_usage(stub):
+@pytest.mark.anyio
+async def test_openai_kind_sends_tools_and_reads_tool_calls_and_usage(stub):
     stub.answer(completion("hi", tool_calls=[("confide", {"text": "I am stuck"})], usage=(120, 30)))
     model = _model(stub, price=Price(input_micros_per_mtok=150_000, output_micros_per_mtok=600_000))
 
-    async def go():
-        try:
-            return await model.complete([Message(role="user", content="hello")], [TOOL])
-        finally:
-            await model.close()
-
-    out = asyncio.run(go())
+    try:
+        out = await model.complete([Message(role="user", content="hello")], [TOOL])
+    finally:
+        await model.close()
     sent = stub.requests[-1]
     assert sent["model"] == "qwen3-8b" and sent["messages"] == [
         {"role": "user", "content": "hello"}
@@ -50,36 +47,37 @@ def test_openai_kind_sends_tools_and_reads_tool_calls_and_usage(stub):
     assert cost_micros(out.usage, model.price) == 36  # 120*0.15 + 30*0.6 = 36 micro-USD
 
 
-def test_missing_usage_is_unknown_not_free(stub):
+@pytest.mark.anyio
+async def test_missing_usage_is_unknown_not_free(stub):
     stub.answer(completion("x", usage=None))
     model = _model(stub)
-    out = asyncio.run(model.complete([Message(role="user", content="x")]))
+    out = await model.complete([Message(role="user", content="x")])
     assert out.usage is None and cost_micros(out.usage, model.price) is None
 
 
-def test_retries_then_errors_cleanly(stub):
+@pytest.mark.anyio
+async def test_retries_then_errors_cleanly(stub):
     stub.answer(503, completion("after retry"))
-    assert (
-        asyncio.run(_model(stub).complete([Message(role="user", content="x")])).text
-        == "after retry"
-    )
+    assert (await _model(stub).complete([Message(role="user", content="x")])).text == "after retry"
     stub.answer(400)
     with pytest.raises(ModelError):
-        asyncio.run(_model(stub).complete([Message(role="user", content="x")]))
+        await _model(stub).complete([Message(role="user", content="x")])
     stub.answer(OpenAIStub.GARBAGE)
     with pytest.raises(ModelError) as info:
-        asyncio.run(_model(stub).complete([Message(role="user", content="x")]))
+        await _model(stub).complete([Message(role="user", content="x")])
     assert info.value.code == "model_garbage"
 
 
-def test_a_hanging_model_times_out(stub):
+@pytest.mark.anyio
+async def test_a_hanging_model_times_out(stub):
     stub.answer(OpenAIStub.HANG)
     with pytest.raises(ModelError) as info:
-        asyncio.run(_model(stub).complete([Message(role="user", content="x")], timeout=0.3))
+        await _model(stub).complete([Message(role="user", content="x")], timeout=0.3)
     assert info.value.code == "model_timeout"
 
 
-def test_scripted_kind_is_deterministic(tmp_path):
+@pytest.mark.anyio
+async def test_scripted_kind_is_deterministic(tmp_path):
     script = tmp_path / "s.toml"
     script.write_text(
         'default = "Fine."\n'
@@ -94,17 +92,13 @@ def test_scripted_kind_is_deterministic(tmp_path):
     models = load_models({"demo": {"kind": "scripted", "script": "s.toml"}}, base_dir=tmp_path)
     model = models["demo"]
     assert isinstance(model, ScriptedModel)
-    out = asyncio.run(model.complete([Message(role="user", content="I moved to Oslo")]))
+    out = await model.complete([Message(role="user", content="I moved to Oslo")])
     assert out.text == "Noted." and json.loads(out.tool_calls[0].arguments) == {
         "text": "They moved"
     }
-    assert (
-        asyncio.run(model.complete([Message(role="user", content="broken")]))
-        .tool_calls[0]
-        .arguments
-        == "{not json"
-    )
-    assert asyncio.run(model.complete([Message(role="user", content="other")])).text == "Fine."
+    broken = await model.complete([Message(role="user", content="broken")])
+    assert broken.tool_calls[0].arguments == "{not json"
+    assert (await model.complete([Message(role="user", content="other")])).text == "Fine."
 
 
 def test_bad_model_config_is_a_clear_error(tmp_path):
@@ -119,9 +113,8 @@ def test_bad_model_config_is_a_clear_error(tmp_path):
             load_models({"m": spec}, base_dir=tmp_path)
 
 
-def test_scripted_rules_per_bot_come_before_the_shared_ones(tmp_path):
-    import asyncio
-
+@pytest.mark.anyio
+async def test_scripted_rules_per_bot_come_before_the_shared_ones(tmp_path):
     from actors.models.registry import ScriptedModel
     from engine.models import Message
 
@@ -134,17 +127,17 @@ def test_scripted_rules_per_bot_come_before_the_shared_ones(tmp_path):
     )
     model = ScriptedModel.from_file("s", script)
 
-    def ask(name: str, text: str) -> str | None:
+    async def ask(name: str, text: str) -> str | None:
         messages = [
             Message(role="system", content=f"You are {name}.\nBe brief."),
             Message(role="user", content=text),
         ]
-        return asyncio.run(model.complete(messages)).text
+        return (await model.complete(messages)).text
 
-    assert ask("Ada", "hello there") == "Ada says hello"
-    assert ask("Bo", "hello there") == "shared hello"
-    assert ask("Bo", "nothing") == "Bo default"
-    assert ask("Cy", "nothing") == "shared default"
+    assert await ask("Ada", "hello there") == "Ada says hello"
+    assert await ask("Bo", "hello there") == "shared hello"
+    assert await ask("Bo", "nothing") == "Bo default"
+    assert await ask("Cy", "nothing") == "shared default"
     bad = tmp_path / "bad.toml"
     bad.write_text('[[bots.Ada.rules]]\nmatch = "("\n')
     import pytest

@@ -8,7 +8,6 @@ old behaviours put back in this test only (`_format_one`), and the file's marker
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import os
@@ -21,7 +20,6 @@ import numpy as np
 import pytest
 
 from actors.contracts import WorkspaceAccess, WorkspaceQuery
-from actors.directory import DirectoryService
 from actors.shard.batch import Batch
 from actors.shard.kernel import terms_pool
 from actors.shard.service import ShardService
@@ -39,6 +37,7 @@ from storage.search_index import Analyzer
 from storage.shard_schema import MIGRATIONS
 from storage.term_store import TermKeys
 from storage.vector_store import VectorStore
+from tests.shard_kit import Shards
 
 ANN = WorkspaceAccess(account="u_ann", bots=frozenset({"b_1"}))
 BEN = WorkspaceAccess(account="u_ben", bots=frozenset({"b_1"}))
@@ -64,15 +63,8 @@ def master_key(monkeypatch) -> bytes:
     return MASTER
 
 
-def _shard(data: Path) -> ShardService:
-    svc = ShardService(data, 0, search={"context_window_s": 120})
-    svc.peers.connect(directory=DirectoryService(data))
-    return svc
-
-
-async def _close(svc: ShardService) -> None:
-    await svc.close()
-    svc.peers.directory().store.db.close()
+def _shard(shards: Shards) -> ShardService:
+    return shards(search={"context_window_s": 120}, directory=True)
 
 
 async def _create(svc: ShardService, who: WorkspaceAccess, content: str) -> str:
@@ -100,25 +92,23 @@ async def _found(svc: ShardService) -> dict[str, object]:
 # --- per-pool term keys ---------------------------------------------------------------------
 
 
-def test_one_word_in_two_pools_is_stored_under_two_keys(tmp_path: Path, master_key):
-    async def main():
-        svc = _shard(tmp_path)
-        a = await _create(svc, ANN, "quokka")
-        b = await _create(svc, BEN, "quokka")
-        learned = (await svc.remember(BOT, ALICE, "quokka", [])).id
-        await svc.flush()
-        stored = {
-            "ann": (await svc.kernel.terms.load("user:u_ann"))[a][1],
-            "ben": (await svc.kernel.terms.load("user:u_ben"))[b][1],
-            "bot": (await svc.kernel.terms.load(terms_pool(BOT)))[learned][1],
-        }
-        # Each pool finds its own record by the word (the query hashed for that pool).
-        found = (await _hits(svc, ANN, "quokka"), await _hits(svc, BEN, "quokka"))
-        page = await svc.search_memory_page(BOT, ALICE, "quokka", 10)
-        await _close(svc)
-        return stored, found, [e.id for e in page.entries], (a, b, learned)
+@pytest.mark.anyio
+async def test_one_word_in_two_pools_is_stored_under_two_keys(shards, master_key):
+    svc = _shard(shards)
+    a = await _create(svc, ANN, "quokka")
+    b = await _create(svc, BEN, "quokka")
+    learned = (await svc.remember(BOT, ALICE, "quokka", [])).id
+    await svc.flush()
+    stored = {
+        "ann": (await svc.kernel.terms.load("user:u_ann"))[a][1],
+        "ben": (await svc.kernel.terms.load("user:u_ben"))[b][1],
+        "bot": (await svc.kernel.terms.load(terms_pool(BOT)))[learned][1],
+    }
+    # Each pool finds its own record by the word (the query hashed for that pool).
+    found = (await _hits(svc, ANN, "quokka"), await _hits(svc, BEN, "quokka"))
+    page = await svc.search_memory_page(BOT, ALICE, "quokka", 10)
+    bot_found = [e.id for e in page.entries]
 
-    stored, found, bot_found, (a, b, learned) = asyncio.run(main())
     assert all(len(k) == 1 for k in stored.values())
     keys = {int(k[0]) for k in stored.values()}
     assert len(keys) == 3  # one word, three pools, three stored keys
@@ -129,8 +119,9 @@ def test_one_word_in_two_pools_is_stored_under_two_keys(tmp_path: Path, master_k
     assert bot_found == [learned]
 
 
-def test_a_search_of_two_pools_hashes_the_query_for_each_and_ranks_them_as_one(
-    tmp_path: Path, master_key
+@pytest.mark.anyio
+async def test_a_search_of_two_pools_hashes_the_query_for_each_and_ranks_them_as_one(
+    shards, master_key
 ):
     """Ann's user pool and a project's pool, searched at once: each pool's records are found
     (the query hashed with each pool's key) and scored as one index holding both pools' records
@@ -141,34 +132,29 @@ def test_a_search_of_two_pools_hashes_the_query_for_each_and_ranks_them_as_one(
     mine = ["zork blip", "zork zork fleem", "fleem gronk"]
     shared = ["zork wibble", "fleem plonk quux", "quux zork zork", "gronk"]
 
-    async def main():
-        svc = ShardService(tmp_path, 0, search={"context_window_s": 0})
-        svc.peers.connect(directory=DirectoryService(tmp_path))
-        d = svc.peers.directory()
-        org = await d.create_org("Acme", "o_1")
-        await d.create_user("Ann", [org.id], "u_ann")
-        made = ProjectCreate(requestId="p1", name="Launch", members=[])
-        await svc.workspace_save_project("u_ann", org.id, made, "p_1")
-        texts = {}
-        for t in mine:
-            texts[await _create(svc, ANN, t)] = t
-        for t in shared:
-            body = WorkspaceMemoryCreate(
-                requestId="r-" + secrets.token_hex(4),
-                scope=Scope.PROJECT,
-                bot="b_1",
-                project="p_1",
-                content=t,
-            )
-            texts[(await svc.workspace_create_memory(ANN, body)).id] = t
-        out = {}
-        for q in ("zork", "fleem quux", "gronk zork blip"):
-            query = WorkspaceQuery(pools=("user:u_ann", "project:p_1"), q=q, limit=20)
-            out[q] = {h.id: h.score for h in (await svc.workspace_entries(ANN, query)).hits}
-        await _close(svc)
-        return texts, out
+    svc = shards(search={"context_window_s": 0}, directory=True)
+    d = svc.peers.directory()
+    org = await d.create_org("Acme", "o_1")
+    await d.create_user("Ann", [org.id], "u_ann")
+    made = ProjectCreate(requestId="p1", name="Launch", members=[])
+    await svc.workspace_save_project("u_ann", org.id, made, "p_1")
+    texts = {}
+    for t in mine:
+        texts[await _create(svc, ANN, t)] = t
+    for t in shared:
+        body = WorkspaceMemoryCreate(
+            requestId="r-" + secrets.token_hex(4),
+            scope=Scope.PROJECT,
+            bot="b_1",
+            project="p_1",
+            content=t,
+        )
+        texts[(await svc.workspace_create_memory(ANN, body)).id] = t
+    found = {}
+    for q in ("zork", "fleem quux", "gronk zork blip"):
+        query = WorkspaceQuery(pools=("user:u_ann", "project:p_1"), q=q, limit=20)
+        found[q] = {h.id: h.score for h in (await svc.workspace_entries(ANN, query)).hits}
 
-    texts, found = asyncio.run(main())
     one = Analyzer(b"k" * 32)
     both = TermIndex()
     both.build((i, one.keys(t)) for i, t in texts.items())
@@ -194,41 +180,34 @@ def _items(prefix: str, n: int, seed: int) -> list[tuple[str, str, np.ndarray]]:
     return [(f"{prefix}{k}", f"fp-{prefix}{k}", rnd.normal(size=8)) for k in range(n)]
 
 
-def test_a_vector_block_with_a_swapped_entry_list_fails_to_open(tmp_path: Path, master_key):
+@pytest.mark.anyio
+async def test_a_vector_block_with_a_swapped_entry_list_fails_to_open(shards, master_key):
     """Two blocks of one pool of the same size: the first's sealed vectors stored with the
     second's list would give the second's records the first's vectors, were the list not in
     the block's associated data."""
-
-    async def main():
-        svc = _shard(tmp_path)
-        await _create(svc, ANN, "a record, for the pool's key")
-        cipher = (await svc.kernel.pool("user:u_ann")).stored.cipher
-        one = VectorStore.block("user:u_ann", MODEL, 1, _items("a", 3, 1), cipher)
-        two = VectorStore.block("user:u_ann", MODEL, 2, _items("b", 3, 2), cipher)
-        await svc.kernel.commit(Batch(writes=[one, two]))
-        await svc.flush()
-        store = VectorStore(svc.db)
-        ids = (await store.load_all("user:u_ann", MODEL, cipher))[0]
-        key, pool, model, seq, _, sealed = one.row
-        swapped = (key, pool, model, seq, two.row[4], sealed)
-        await svc.kernel.commit(Batch(writes=[Put("ws_vector_blocks", swapped)]))
-        await svc.flush()
-        try:
-            with pytest.raises(StorageError):
-                await store.load_all("user:u_ann", MODEL, cipher)
-            # An edited list (one fingerprint changed) fails too.
-            edited = one.row[4].replace("fp-a1", "fp-b1")
-            await svc.kernel.commit(
-                Batch(writes=[Put("ws_vector_blocks", (key, pool, model, seq, edited, sealed))])
-            )
-            await svc.flush()
-            with pytest.raises(StorageError):
-                await store.load_all("user:u_ann", MODEL, cipher)
-        finally:
-            await _close(svc)
-        return ids
-
-    ids = asyncio.run(main())
+    svc = _shard(shards)
+    await _create(svc, ANN, "a record, for the pool's key")
+    cipher = (await svc.kernel.pool("user:u_ann")).stored.cipher
+    one = VectorStore.block("user:u_ann", MODEL, 1, _items("a", 3, 1), cipher)
+    two = VectorStore.block("user:u_ann", MODEL, 2, _items("b", 3, 2), cipher)
+    await svc.kernel.commit(Batch(writes=[one, two]))
+    await svc.flush()
+    store = VectorStore(svc.db)
+    ids = (await store.load_all("user:u_ann", MODEL, cipher))[0]
+    key, pool, model, seq, _, sealed = one.row
+    swapped = (key, pool, model, seq, two.row[4], sealed)
+    await svc.kernel.commit(Batch(writes=[Put("ws_vector_blocks", swapped)]))
+    await svc.flush()
+    with pytest.raises(StorageError):
+        await store.load_all("user:u_ann", MODEL, cipher)
+    # An edited list (one fingerprint changed) fails too.
+    edited = one.row[4].replace("fp-a1", "fp-b1")
+    await svc.kernel.commit(
+        Batch(writes=[Put("ws_vector_blocks", (key, pool, model, seq, edited, sealed))])
+    )
+    await svc.flush()
+    with pytest.raises(StorageError):
+        await store.load_all("user:u_ann", MODEL, cipher)
     assert ids == ["a0", "a1", "a2", "b0", "b1", "b2"]
 
 
@@ -282,88 +261,83 @@ def _chain_doc() -> str:
     return msgspec.json.encode({"chain": chain, "channel": None}).decode()
 
 
-def _write_format_one(data: Path, monkeypatch) -> tuple[dict[str, object], list, dict]:
+async def _write_format_one(shards: Shards, monkeypatch) -> tuple[dict[str, object], list, dict]:
     """A data directory in the first key format: Ann's notes (written in sequence), a bot's
     learned facts, a vector block and a chain row; what its searches found then, the block's
     loaded vectors and the stored term rows."""
     with monkeypatch.context() as m:
         _format_one(m)
-
-        async def main():
-            svc = _shard(data)
-            svc.workspace_pools.snapshot_rows = 1  # the close stores each pool's keyword snapshot
-            ids = [await _create(svc, ANN, text) for text in NOTES]
-            # Edited after its neighbours were indexed with its words: they keep the words
-            # (found by "pottery workshop", "bowl"), which only its revision still holds.
-            edit = WorkspaceMemoryChange(
-                requestId="edit", id=ids[1], expectedRevision=1, content="A quiet day at home."
-            )
-            await svc.workspace_change_memory(ANN, edit)
-            await _create(svc, BEN, "Ben's own billing note")
-            for text in FACTS:
-                await svc.remember(BOT, ALICE, text, [])
-            cipher = (await svc.kernel.pool("user:u_ann")).stored.cipher
-            block = VectorStore.block("user:u_ann", MODEL, 1, _items("v", 4, 3), cipher)
-            await svc.kernel.commit(Batch(writes=[block]))
-            await _close(svc)
-
-        asyncio.run(main())
+        svc = _shard(shards)
+        svc.workspace_pools.snapshot_rows = 1  # the close stores each pool's keyword snapshot
+        ids = [await _create(svc, ANN, text) for text in NOTES]
+        # Edited after its neighbours were indexed with its words: they keep the words
+        # (found by "pottery workshop", "bowl"), which only its revision still holds.
+        edit = WorkspaceMemoryChange(
+            requestId="edit", id=ids[1], expectedRevision=1, content="A quiet day at home."
+        )
+        await svc.workspace_change_memory(ANN, edit)
+        await _create(svc, BEN, "Ben's own billing note")
+        for text in FACTS:
+            await svc.remember(BOT, ALICE, text, [])
+        cipher = (await svc.kernel.pool("user:u_ann")).stored.cipher
+        block = VectorStore.block("user:u_ann", MODEL, 1, _items("v", 4, 3), cipher)
+        await svc.kernel.commit(Batch(writes=[block]))
+        await shards.close(svc)
         # What the first format's code found, its indexes loaded from the stored rows (as the
         # upgraded file's will be: an index written to in place counts dead rows a while).
-        found, vectors, rows = _reopened(data, marked=False)
-    con = duckdb.connect(str(data / "shard-0.duckdb"))
+        found, vectors, rows = await _reopened(shards, marked=False)
+    con = duckdb.connect(str(shards.path / "shard-0.duckdb"))
     con.execute("DELETE FROM shard_meta WHERE key = 'keys'")  # as the first format left it
     assert con.execute("SELECT count(*) FROM search_snapshots").fetchall()[0][0] >= 2
     con.close()
     return found, vectors, rows
 
 
-def _reopened(data: Path, marked: bool = True) -> tuple[dict[str, object], list, dict]:
-    async def main():
-        svc = _shard(data)
-        try:
-            found = await _found(svc)
-            cipher = (await svc.kernel.pool("user:u_ann")).stored.cipher
-            vectors = await VectorStore(svc.db).load_all("user:u_ann", MODEL, cipher)
-            rows = await svc.kernel.terms.load("user:u_ann")
-            assert not marked or keys_format(svc.db) == KEYS_FORMAT
-            await svc.flush()
-            return found, vectors, rows
-        finally:
-            await _close(svc)
-
-    return asyncio.run(main())
+async def _reopened(shards: Shards, marked: bool = True) -> tuple[dict[str, object], list, dict]:
+    """The folder's shard opened again: its searches' hits, the block's vectors, the term rows;
+    closed again after, for the next open or a direct read of its file."""
+    svc = _shard(shards)
+    found = await _found(svc)
+    cipher = (await svc.kernel.pool("user:u_ann")).stored.cipher
+    vectors = await VectorStore(svc.db).load_all("user:u_ann", MODEL, cipher)
+    rows = await svc.kernel.terms.load("user:u_ann")
+    assert not marked or keys_format(svc.db) == KEYS_FORMAT
+    await svc.flush()
+    await shards.close(svc)
+    return found, vectors, rows
 
 
 def _same_vectors(a, b) -> bool:
     return a[0] == b[0] and a[1] == b[1] and np.array_equal(a[2], b[2])
 
 
-def test_a_first_format_data_dir_opens_and_searches_as_before(
-    tmp_path: Path, master_key, monkeypatch
+@pytest.mark.anyio
+async def test_a_first_format_data_dir_opens_and_searches_as_before(
+    shards, master_key, monkeypatch
 ):
-    before, vectors, old_rows = _write_format_one(tmp_path, monkeypatch)
+    before, vectors, old_rows = await _write_format_one(shards, monkeypatch)
     assert sum(len(v) for v in before.values()) > len(QUERIES)  # the queries find things
     assert before["ws pottery workshop"] and before["ws bowl"]  # (the edited note's words)
-    after, reloaded, rows = _reopened(tmp_path)
+    after, reloaded, rows = await _reopened(shards)
     assert after == before  # the same hits, the same scores
     assert _same_vectors(reloaded, vectors)
     # Every term row hashed again, under the pool's key.
     assert rows.keys() == old_rows.keys()
     assert all(not np.array_equal(rows[i][1], old_rows[i][1]) for i in rows)
     # Once: opened again, nothing is rewritten.
-    again, reloaded, rows_again = _reopened(tmp_path)
+    again, reloaded, rows_again = await _reopened(shards)
     assert again == before and _same_vectors(reloaded, vectors)
     assert all(np.array_equal(rows_again[i][1], rows[i][1]) for i in rows)
 
 
-def test_an_upgrade_cut_short_is_done_whole_at_the_next_open(
-    tmp_path: Path, master_key, monkeypatch
+@pytest.mark.anyio
+async def test_an_upgrade_cut_short_is_done_whole_at_the_next_open(
+    shards, tmp_path: Path, master_key, monkeypatch
 ):
     """A crash inside the upgrade's transaction (after its terms and blocks were rewritten,
     before the chains and the marker) leaves the first format whole; the next open does it
     all."""
-    before, vectors, old_rows = _write_format_one(tmp_path, monkeypatch)
+    before, vectors, old_rows = await _write_format_one(shards, monkeypatch)
 
     def crash(con, master_key):
         raise RuntimeError("crashed")
@@ -377,7 +351,7 @@ def test_an_upgrade_cut_short_is_done_whole_at_the_next_open(
     assert keys_format(db) == "1"
     db.close()
     assert all(terms[i] == old_rows[i][1].tobytes() for i in old_rows)  # rolled back
-    after, reloaded, _ = _reopened(tmp_path)
+    after, reloaded, _ = await _reopened(shards)
     assert after == before and _same_vectors(reloaded, vectors)
 
 
@@ -406,30 +380,25 @@ def test_first_format_chain_fingerprints_are_keyed_with_the_org_key_on_open(tmp_
     assert chain.links[0].status == "answered" and chain.links[0].to_bot == "b2"
 
 
-def test_a_block_of_the_first_format_does_not_open_once_upgraded(
-    tmp_path: Path, master_key, monkeypatch
+@pytest.mark.anyio
+async def test_a_block_of_the_first_format_does_not_open_once_upgraded(
+    shards, master_key, monkeypatch
 ):
     """After the upgrade only the current associated data opens a block: a block sealed the
     first format's way (its list not covered) is refused, not read as it was."""
-    _write_format_one(tmp_path, monkeypatch)
-    _reopened(tmp_path)
+    await _write_format_one(shards, monkeypatch)
+    await _reopened(shards)
 
-    async def main():
-        svc = _shard(tmp_path)
-        try:
-            cipher = (await svc.kernel.pool("user:u_ann")).stored.cipher
-            items = _items("w", 2, 4)
-            with monkeypatch.context() as m:
-                _format_one(m)
-                old = VectorStore.block("user:u_ann", MODEL, 5, items, cipher)
-            await svc.kernel.commit(Batch(writes=[old]))
-            await svc.flush()
-            with pytest.raises(StorageError):
-                await VectorStore(svc.db).load_all("user:u_ann", MODEL, cipher)
-        finally:
-            await _close(svc)
-
-    asyncio.run(main())
+    svc = _shard(shards)
+    cipher = (await svc.kernel.pool("user:u_ann")).stored.cipher
+    items = _items("w", 2, 4)
+    with monkeypatch.context() as m:
+        _format_one(m)
+        old = VectorStore.block("user:u_ann", MODEL, 5, items, cipher)
+    await svc.kernel.commit(Batch(writes=[old]))
+    await svc.flush()
+    with pytest.raises(StorageError):
+        await VectorStore(svc.db).load_all("user:u_ann", MODEL, cipher)
 
 
 def test_derived_keys_are_32_bytes_and_scoped():
@@ -466,7 +435,10 @@ def test_pools_keyed_apart_searched_as_one_score_as_one_index_holding_every_row(
         assert all(abs(got[i] - want[i]) <= 1e-5 * want[i] for i in want), q
 
 
-def test_a_chain_stores_its_links_fingerprints_keyed_with_its_orgs_key(tmp_path: Path, master_key):
+@pytest.mark.anyio
+async def test_a_chain_stores_its_links_fingerprints_keyed_with_its_orgs_key(
+    shards, tmp_path: Path, master_key
+):
     """Through a real send (Asker to Peer, in-process shard): the chain's stored document
     holds the message's fingerprint under the org's key, not a plain hash of the text."""
     from actors.contracts import TurnStart
@@ -477,25 +449,15 @@ def test_a_chain_stores_its_links_fingerprints_keyed_with_its_orgs_key(tmp_path:
     script.write_text(PEER_SCRIPT)
     models = {"s": ScriptedModel.from_file("s", str(script))}
 
-    async def run():
-        svc = ShardService(tmp_path, 0, models=models)
-        directory = DirectoryService(tmp_path)
-        svc.peers.connect(directory=directory)
-        try:
-            org, asker, chat = await asker_and_peer(directory)
-            start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
-            await svc.start_turn(start, True)
-            await svc.chains_idle()
-            await svc.flush()
-            return org.id, [d for (d,) in svc.db.query("SELECT doc FROM chains")]
-        finally:
-            await svc.close()
-            directory.store.db.close()
-
-    org, docs = asyncio.run(run())
-    (doc,) = docs
+    svc = shards(models=models, directory=True)
+    org, asker, chat = await asker_and_peer(shards.directory_service())
+    start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
+    await svc.start_turn(start, True)
+    await svc.chains_idle()
+    await svc.flush()
+    (doc,) = [d for (d,) in svc.db.query("SELECT doc FROM chains")]
     (link,) = msgspec.json.decode(doc)["chain"]["links"]
-    key = chain_fp_key(MASTER, org)
+    key = chain_fp_key(MASTER, org.id)
     assert link["fingerprint"] == co.fingerprint("x", key) != _unkeyed("x")
     result = "Result received and merged into my work."  # Peer's answer (its default)
     assert link["result_fingerprint"] == co.fingerprint(result, key) != _unkeyed(result)

@@ -4,74 +4,65 @@ without patching anything."""
 
 from __future__ import annotations
 
-import asyncio
-from pathlib import Path
-
 import pytest
 
 from actors.contracts import TurnStart
-from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
 from actors.runtime.peers import Peers
 from actors.runtime.placement import shard_of
-from actors.shard.service import ShardService
 from engine.errors import Unavailable
+from tests.shard_kit import Shards
 
 
 def _account_on(shard: int, stem: str) -> str:
     return next(f"{stem}{n}" for n in range(100) if shard_of(f"{stem}{n}", 2) == shard)
 
 
-async def _group_turn(tmp_path: Path, *, wire_sibling: bool) -> tuple[int, dict[str, str]]:
+async def _group_turn(opened: Shards, *, wire_sibling: bool) -> tuple[int, dict[str, str]]:
     """A group of two bots whose owners live on different shards; each shard's model says
     which shard it runs on. Returns the home shard of the group's chat and the turn's bot
     replies by their owner."""
     shards = []
     for k in range(2):
-        script = tmp_path / f"script-{k}.toml"
+        script = opened.path / f"script-{k}.toml"
         script.write_text(f'default = "from shard {k}"\n')
         model = {"talk": ScriptedModel.from_file("talk", script)}
-        shards.append(ShardService(tmp_path, k, shard_count=2, models=model))
-    d = DirectoryService(tmp_path)
+        shards.append(opened(index=k, shard_count=2, models=model))
+    d = opened.directory_service()
     for svc in shards:
         svc.peers.connect(directory=d, shards=dict(enumerate(shards)) if wire_sibling else None)
-    try:
-        org = await d.create_org("o")
-        ann, _ = await d.create_user("Ann", [org.id], _account_on(0, "u_ann"))
-        ben, _ = await d.create_user("Ben", [org.id], _account_on(1, "u_ben"))
-        mine = await d.create_bot(name="Mine", org=org.id, owner=ann.id, model="talk")
-        theirs = await d.create_bot(name="Theirs", org=org.id, owner=ben.id, model="talk")
-        channel = await d.create_channel(
-            org=org.id, people=[ann.id, ben.id], bots=[mine.id, theirs.id]
-        )
-        chat = await d.group_chat(channel.id)
-        start = TurnStart(
-            chat=chat,
-            bot=None,
-            org=org,
-            operator=ann.id,
-            text="hello both",
-            channel=channel,
-            members=(mine, theirs),
-        )
-        home = shards[shard_of(chat.home, 2)]  # the group's chat lives with its channel
-        turn = await home.start_turn(start)
-        result = await home.wait_turn(chat.id, turn.id)
-        names = {mine.id: "Ann's", theirs.id: "Ben's"}
-        return home.index, {names[i.author]: i.text for i in result.items if i.kind == "bot"}
-    finally:
-        for svc in shards:
-            await svc.close()
-        d.store.db.close()
+    org = await d.create_org("o")
+    ann, _ = await d.create_user("Ann", [org.id], _account_on(0, "u_ann"))
+    ben, _ = await d.create_user("Ben", [org.id], _account_on(1, "u_ben"))
+    mine = await d.create_bot(name="Mine", org=org.id, owner=ann.id, model="talk")
+    theirs = await d.create_bot(name="Theirs", org=org.id, owner=ben.id, model="talk")
+    channel = await d.create_channel(org=org.id, people=[ann.id, ben.id], bots=[mine.id, theirs.id])
+    chat = await d.group_chat(channel.id)
+    start = TurnStart(
+        chat=chat,
+        bot=None,
+        org=org,
+        operator=ann.id,
+        text="hello both",
+        channel=channel,
+        members=(mine, theirs),
+    )
+    home = shards[shard_of(chat.home, 2)]  # the group's chat lives with its channel
+    turn = await home.start_turn(start)
+    result = await home.wait_turn(chat.id, turn.id)
+    names = {mine.id: "Ann's", theirs.id: "Ben's"}
+    return home.index, {names[i.author]: i.text for i in result.items if i.kind == "bot"}
 
 
-def test_a_group_step_runs_on_the_bot_owners_shard_through_its_port(tmp_path: Path):
-    _, replies = asyncio.run(_group_turn(tmp_path, wire_sibling=True))
+@pytest.mark.anyio
+async def test_a_group_step_runs_on_the_bot_owners_shard_through_its_port(shards):
+    _, replies = await _group_turn(shards, wire_sibling=True)
     assert replies == {"Ann's": "from shard 0", "Ben's": "from shard 1"}
 
 
-def test_an_unreachable_sibling_fails_that_bots_step_only(tmp_path: Path):
-    home, replies = asyncio.run(_group_turn(tmp_path, wire_sibling=False))
+@pytest.mark.anyio
+async def test_an_unreachable_sibling_fails_that_bots_step_only(shards):
+    home, replies = await _group_turn(shards, wire_sibling=False)
     # Only the bot whose owner's shard is the home answered: the other shard is not reachable.
     assert replies == {("Ann's", "Ben's")[home]: f"from shard {home}"}
 

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-from pathlib import Path
 
 import pytest
 
 from actors.contracts import WorkspaceAccess, WorkspaceQuery
-from actors.directory import DirectoryService
 from actors.shard.batch import Batch
 from actors.shard.residency import Residency, budget_from
-from actors.shard.service import ShardService
 from engine.directory import Chat
 from engine.memory_entries import Reader, Scope
 from engine.scoped_memory import WorkspaceMemoryCreate
@@ -66,26 +63,23 @@ def test_the_budget_comes_from_config_then_environment(monkeypatch):
 # --- pools -------------------------------------------------------------------------------------
 
 
-def test_pools_stay_under_budget_and_reload_correctly(tmp_path: Path):
-    async def go():
-        svc = ShardService(tmp_path, 0, cache_records=40)
-        for n in range(60):
-            await svc.remember(f"bot:b{n}", _reader(n), f"note {n}")
-        loaded = svc.kernel.pool_count
-        total = svc.residency.total
-        # Everything reads back (most pools load again), and writes go on after eviction.
-        pages = [await svc.read_memory(f"bot:b{n}", _reader(n)) for n in range(60)]
-        for n in range(60):
-            await svc.remember(f"bot:b{n}", _reader(n), f"again {n}")
-        logs = [await svc.memory_log(f"bot:b{n}", _reader(n)) for n in range(60)]
-        evictions = svc.residency.evictions
-        await svc.close()
-        again = ShardService(tmp_path, 0)
-        after = [await again.read_memory(f"bot:b{n}", _reader(n)) for n in range(60)]
-        await again.close()
-        return loaded, total, pages, logs, evictions, after
+@pytest.mark.anyio
+async def test_pools_stay_under_budget_and_reload_correctly(shards):
+    svc = shards(cache_records=40)
+    for n in range(60):
+        await svc.remember(f"bot:b{n}", _reader(n), f"note {n}")
+    loaded = svc.kernel.pool_count
+    total = svc.residency.total
+    # Everything reads back (most pools load again), and writes go on after eviction.
+    pages = [await svc.read_memory(f"bot:b{n}", _reader(n)) for n in range(60)]
+    for n in range(60):
+        await svc.remember(f"bot:b{n}", _reader(n), f"again {n}")
+    logs = [await svc.memory_log(f"bot:b{n}", _reader(n)) for n in range(60)]
+    evictions = svc.residency.evictions
+    await shards.close(svc)
+    again = shards()
+    after = [await again.read_memory(f"bot:b{n}", _reader(n)) for n in range(60)]
 
-    loaded, total, pages, logs, evictions, after = asyncio.run(go())
     assert loaded < 30 and total <= 40 and evictions > 60
     assert [[e.content for e in p.entries] for p in pages] == [[f"note {n}"] for n in range(60)]
     assert all([c.version for c in log.changes] == [1, 2] for log in logs)
@@ -94,71 +88,64 @@ def test_pools_stay_under_budget_and_reload_correctly(tmp_path: Path):
     ]
 
 
-def test_a_pool_in_use_is_never_evicted(tmp_path: Path):
+@pytest.mark.anyio
+async def test_a_pool_in_use_is_never_evicted(shards):
     """A pool whose lock is held, or that a coroutine holds between awaits (as learning does
     across its model call), stays the one object every caller gets."""
+    svc = shards(cache_records=10)
+    held = await svc.kernel.pool("bot:held")  # kept in a local, as a running step would
+    locked = await svc.kernel.pool("bot:locked")
+    release = asyncio.Event()
 
-    async def go():
-        svc = ShardService(tmp_path, 0, cache_records=10)
-        held = await svc.kernel.pool("bot:held")  # kept in a local, as a running step would
-        locked = await svc.kernel.pool("bot:locked")
-        release = asyncio.Event()
+    async def hold_lock(pool):
+        async with pool.lock.shared():
+            await release.wait()
 
-        async def hold_lock(pool):
-            async with pool.lock.shared():
-                await release.wait()
+    task = asyncio.create_task(hold_lock(locked))
+    await asyncio.sleep(0)
+    del locked
+    for n in range(50):
+        await svc.remember(f"bot:x{n}", _reader(n), "churn")
+    same_held = svc.kernel.loaded_pool("bot:held") is held
+    locked_kept = svc.kernel.is_loaded("bot:locked")
+    release.set()
+    await task
+    for n in range(50, 60):
+        await svc.remember(f"bot:x{n}", _reader(n), "churn")
+    locked_gone = not svc.kernel.is_loaded("bot:locked")  # unused now: evicted with the others
 
-        task = asyncio.create_task(hold_lock(locked))
-        await asyncio.sleep(0)
-        del locked
-        for n in range(50):
-            await svc.remember(f"bot:x{n}", _reader(n), "churn")
-        same_held = svc.kernel.loaded_pool("bot:held") is held
-        locked_kept = svc.kernel.is_loaded("bot:locked")
-        release.set()
-        await task
-        for n in range(50, 60):
-            await svc.remember(f"bot:x{n}", _reader(n), "churn")
-        locked_gone = not svc.kernel.is_loaded("bot:locked")  # unused now: evicted with the others
-        await svc.close()
-        return same_held, locked_kept, locked_gone
-
-    assert asyncio.run(go()) == (True, True, True)
+    assert (same_held, locked_kept, locked_gone) == (True, True, True)
 
 
-def test_concurrent_requests_during_eviction_lose_nothing(tmp_path: Path):
+@pytest.mark.anyio
+async def test_concurrent_requests_during_eviction_lose_nothing(shards):
     """24+ requests at once over a few pools while a tiny budget evicts all the time: every
     acknowledged write is there, once, in order, now and after a restart."""
     pools = [f"bot:c{n}" for n in range(6)]
     rng = random.Random(7)
+    svc = shards(cache_records=8)
+    written: dict[str, list[str]] = {p: [] for p in pools}
 
-    async def go():
-        svc = ShardService(tmp_path, 0, cache_records=8)
-        written: dict[str, list[str]] = {p: [] for p in pools}
+    async def write(k: int):
+        pool = rng.choice(pools)
+        entry = await svc.remember(pool, _reader(0), f"w{k}")
+        written[pool].append(entry.id)
 
-        async def write(k: int):
-            pool = rng.choice(pools)
-            entry = await svc.remember(pool, _reader(0), f"w{k}")
-            written[pool].append(entry.id)
+    async def read(k: int):
+        await svc.read_memory(rng.choice(pools), _reader(0))
 
-        async def read(k: int):
-            await svc.read_memory(rng.choice(pools), _reader(0))
+    for burst in range(4):
+        jobs = [write(burst * 100 + k) for k in range(24)]
+        jobs += [read(k) for k in range(8)]
+        rng.shuffle(jobs)
+        await asyncio.gather(*jobs)
+    now = {p: await svc.read_memory(p, _reader(0)) for p in pools}
+    logs = {p: await svc.memory_log(p, _reader(0)) for p in pools}
+    evictions = svc.residency.evictions
+    await shards.close(svc)
+    again = shards()
+    after = {p: await again.read_memory(p, _reader(0)) for p in pools}
 
-        for burst in range(4):
-            jobs = [write(burst * 100 + k) for k in range(24)]
-            jobs += [read(k) for k in range(8)]
-            rng.shuffle(jobs)
-            await asyncio.gather(*jobs)
-        now = {p: await svc.read_memory(p, _reader(0)) for p in pools}
-        logs = {p: await svc.memory_log(p, _reader(0)) for p in pools}
-        evictions = svc.residency.evictions
-        await svc.close()
-        again = ShardService(tmp_path, 0)
-        after = {p: await again.read_memory(p, _reader(0)) for p in pools}
-        await again.close()
-        return written, now, logs, evictions, after
-
-    written, now, logs, evictions, after = asyncio.run(go())
     assert evictions > 0
     for p in pools:
         assert sorted(e.id for e in now[p].entries) == sorted(written[p])
@@ -170,71 +157,64 @@ def test_concurrent_requests_during_eviction_lose_nothing(tmp_path: Path):
 # --- chat logs and workspace pools ---------------------------------------------------------------
 
 
-def test_chat_logs_are_evicted_and_reload(tmp_path: Path):
-    async def go():
-        svc = ShardService(tmp_path, 0, cache_records=12)
-        conv = svc.chat_logs
-        for n in range(30):
-            chat = Chat(id=f"chat_{n}", kind="direct", owner="u1", org="o1", bot="b1")
-            log = await conv.log(chat.id)
-            sink = Batch()
-            conv.append(log, chat, [(conv.item(log, None, "person", "u1"), f"hi {n}")], sink)
-            await conv.commit(chat.id, sink)
-        loaded = len(conv)
-        texts = [[i.text for i in await svc.chat_items(f"chat_{n}")] for n in range(30)]
-        # A second item in an evicted chat continues its numbering.
-        chat = Chat(id="chat_0", kind="direct", owner="u1", org="o1", bot="b1")
+@pytest.mark.anyio
+async def test_chat_logs_are_evicted_and_reload(shards):
+    svc = shards(cache_records=12)
+    conv = svc.chat_logs
+    for n in range(30):
+        chat = Chat(id=f"chat_{n}", kind="direct", owner="u1", org="o1", bot="b1")
         log = await conv.log(chat.id)
         sink = Batch()
-        conv.append(log, chat, [(conv.item(log, None, "person", "u1"), "more")], sink)
+        conv.append(log, chat, [(conv.item(log, None, "person", "u1"), f"hi {n}")], sink)
         await conv.commit(chat.id, sink)
-        first = [(i.id, i.text) for i in await svc.chat_items("chat_0")]
-        await svc.close()
-        return loaded, texts, first
+    loaded = len(conv)
+    texts = [[i.text for i in await svc.chat_items(f"chat_{n}")] for n in range(30)]
+    # A second item in an evicted chat continues its numbering.
+    chat = Chat(id="chat_0", kind="direct", owner="u1", org="o1", bot="b1")
+    log = await conv.log(chat.id)
+    sink = Batch()
+    conv.append(log, chat, [(conv.item(log, None, "person", "u1"), "more")], sink)
+    await conv.commit(chat.id, sink)
+    first = [(i.id, i.text) for i in await svc.chat_items("chat_0")]
 
-    loaded, texts, first = asyncio.run(go())
     assert loaded < 15
     assert texts == [[f"hi {n}"] for n in range(30)]
     assert first == [("i-1", "hi 0"), ("i-2", "more")]
 
 
-def test_workspace_pools_are_evicted_with_their_hooks_and_reload(tmp_path: Path):
-    async def go():
-        svc = ShardService(tmp_path, 0, cache_records=15)
-        svc.peers.connect(directory=DirectoryService(tmp_path))
-        dropped: list[str] = []
-        svc.kernel.on_evict.append(dropped.append)
-        accounts = [f"u{n}" for n in range(20)]
-        d = svc.peers.directory()
-        await d.create_org("Acme", "o1")
-        for n, account in enumerate(accounts):
-            await d.create_user(account, ["o1"], account)
-            await d.create_bot(name=f"bot {n}", org="o1", owner=account, id=f"b{n}")
-        for n, account in enumerate(accounts):
-            access = WorkspaceAccess(account=account, bots=frozenset({f"b{n}"}))
-            body = WorkspaceMemoryCreate(
-                requestId=f"r{n}", scope=Scope.BOT, bot=f"b{n}", content=f"fact {n}"
-            )
-            await svc.workspace_create_memory(access, body)
-        loaded = len(svc.workspace_pools)
-        listed = []
-        for n, account in enumerate(accounts):
-            access = WorkspaceAccess(account=account, bots=frozenset({f"b{n}"}))
-            listing = await svc.workspace_entries(
-                access, WorkspaceQuery(pools=(f"bot:b{n}",), projects=())
-            )
-            listed.append([e.content for e in listing.entries])
-        await svc.close()
-        svc.peers.directory().store.db.close()
-        return loaded, dropped, listed
+@pytest.mark.anyio
+async def test_workspace_pools_are_evicted_with_their_hooks_and_reload(shards):
+    svc = shards(cache_records=15, directory=True)
+    dropped: list[str] = []
+    svc.kernel.on_evict.append(dropped.append)
+    accounts = [f"u{n}" for n in range(20)]
+    d = svc.peers.directory()
+    await d.create_org("Acme", "o1")
+    for n, account in enumerate(accounts):
+        await d.create_user(account, ["o1"], account)
+        await d.create_bot(name=f"bot {n}", org="o1", owner=account, id=f"b{n}")
+    for n, account in enumerate(accounts):
+        access = WorkspaceAccess(account=account, bots=frozenset({f"b{n}"}))
+        body = WorkspaceMemoryCreate(
+            requestId=f"r{n}", scope=Scope.BOT, bot=f"b{n}", content=f"fact {n}"
+        )
+        await svc.workspace_create_memory(access, body)
+    loaded = len(svc.workspace_pools)
+    listed = []
+    for n, account in enumerate(accounts):
+        access = WorkspaceAccess(account=account, bots=frozenset({f"b{n}"}))
+        listing = await svc.workspace_entries(
+            access, WorkspaceQuery(pools=(f"bot:b{n}",), projects=())
+        )
+        listed.append([e.content for e in listing.entries])
 
-    loaded, dropped, listed = asyncio.run(go())
     assert loaded < 10
     assert "bot:b0" in dropped  # the hook heard of it (search indexes drop their part)
     assert listed == [[f"fact {n}"] for n in range(20)]
 
 
-def test_a_chat_load_that_ends_after_an_eviction_installs_nothing_old(tmp_path, monkeypatch):
+@pytest.mark.anyio
+async def test_a_chat_load_that_ends_after_an_eviction_installs_nothing_old(shards, monkeypatch):
     """A load of a new chat that is still reading while another request loads it, writes a
     turn and sees it evicted must not come back with its older state and a second key (found
     by benchmarks/soak.py: the chat's turns then failed their integrity check on reload)."""
@@ -243,14 +223,14 @@ def test_a_chat_load_that_ends_after_an_eviction_installs_nothing_old(tmp_path, 
     from storage.chat_store import ChatStore
 
     original = ChatStore.load
-    gate: list[asyncio.Event] = []
+    gate = asyncio.Event()
     calls: list[str] = []
 
     async def slow_load(self, chat):
         log = await original(self, chat)
         calls.append(chat)
         if len(calls) == 1:
-            await gate[0].wait()  # the first load is slow to come back
+            await gate.wait()  # the first load is slow to come back
         return log
 
     monkeypatch.setattr(ChatStore, "load", slow_load)
@@ -262,58 +242,53 @@ def test_a_chat_load_that_ends_after_an_eviction_installs_nothing_old(tmp_path, 
         t = await svc.start_turn(TurnStart(chat=chat, bot=bot, org=org, operator="u1", text=text))
         await svc.wait_turn(chat.id, t.id)
 
-    async def go():
-        gate.append(asyncio.Event())
-        svc = ShardService(tmp_path, 0)
-        slow = asyncio.create_task(svc.chat_logs.log(chat.id))
-        await asyncio.sleep(0.05)
-        first = asyncio.create_task(turn(svc, "first"))
-        await asyncio.wait({first}, timeout=3)  # done, unless it waits for the slow load
-        svc.residency.shrink(0)  # whatever is idle leaves memory
-        gate[0].set()
-        await slow
-        await first
-        await turn(svc, "second")
-        svc.residency.shrink(0)
-        items = await svc.chat_items(chat.id)
-        await svc.close()
-        return [(i.id, i.text) for i in items if i.kind == "person"]
+    svc = shards()
+    slow = asyncio.create_task(svc.chat_logs.log(chat.id))
+    await asyncio.sleep(0.05)
+    first = asyncio.create_task(turn(svc, "first"))
+    await asyncio.wait({first}, timeout=3)  # done, unless it waits for the slow load
+    svc.residency.shrink(0)  # whatever is idle leaves memory
+    gate.set()
+    await slow
+    await first
+    await turn(svc, "second")
+    svc.residency.shrink(0)
+    items = await svc.chat_items(chat.id)
 
-    assert asyncio.run(go()) == [("i-1", "first"), ("i-3", "second")]
+    assert [(i.id, i.text) for i in items if i.kind == "person"] == [
+        ("i-1", "first"),
+        ("i-3", "second"),
+    ]
 
 
-def test_concurrent_turns_on_new_chats_while_evicting_keep_one_key(tmp_path: Path):
+@pytest.mark.anyio
+async def test_concurrent_turns_on_new_chats_while_evicting_keep_one_key(shards):
     """24 turns at a time on new chats (several per chat) while a tiny budget evicts chat logs
     all the time: every turn is stored once, under one key, and reads back after a reload."""
     from actors.contracts import TurnStart
     from engine.directory import Bot, Org
 
     org = Org(id="o1", name="o")
+    svc = shards(cache_records=12)
+    errors: list[BaseException] = []
 
-    async def go():
-        svc = ShardService(tmp_path, 0, cache_records=12)
-        errors: list[BaseException] = []
+    async def turn(n: int, k: int) -> None:
+        bot = Bot(id=f"b{n}", name="b", org="o1", owner=f"u{n}")
+        chat = Chat(id=f"chat_{n}", kind="direct", owner=f"u{n}", org="o1", bot=bot.id)
+        start = TurnStart(chat=chat, bot=bot, org=org, operator=f"u{n}", text=f"hi {k}")
+        try:
+            t = await svc.start_turn(start)
+            await svc.wait_turn(chat.id, t.id)
+        except Exception as e:
+            errors.append(e)
 
-        async def turn(n: int, k: int) -> None:
-            bot = Bot(id=f"b{n}", name="b", org="o1", owner=f"u{n}")
-            chat = Chat(id=f"chat_{n}", kind="direct", owner=f"u{n}", org="o1", bot=bot.id)
-            start = TurnStart(chat=chat, bot=bot, org=org, operator=f"u{n}", text=f"hi {k}")
-            try:
-                t = await svc.start_turn(start)
-                await svc.wait_turn(chat.id, t.id)
-            except Exception as e:
-                errors.append(e)
+    for burst in range(6):
+        await asyncio.gather(*(turn(burst * 4 + k % 4, k) for k in range(24)))
+    svc.residency.shrink(0)  # everything idle goes, then every chat loads again
+    texts = {
+        n: sorted(i.text for i in await svc.chat_items(f"chat_{n}") if i.kind == "person")
+        for n in range(24)
+    }
 
-        for burst in range(6):
-            await asyncio.gather(*(turn(burst * 4 + k % 4, k) for k in range(24)))
-        svc.residency.shrink(0)  # everything idle goes, then every chat loads again
-        texts = {
-            n: sorted(i.text for i in await svc.chat_items(f"chat_{n}") if i.kind == "person")
-            for n in range(24)
-        }
-        await svc.close()
-        return errors, texts
-
-    errors, texts = asyncio.run(go())
     assert errors == []
     assert all(len(t) == 6 for t in texts.values()), texts

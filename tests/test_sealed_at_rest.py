@@ -5,14 +5,12 @@ and after a restart everything reads back."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import duckdb
 import msgspec
 import pytest
 
-from actors.directory import DirectoryService
 from actors.shard.batch import Batch
 from actors.shard.service import ShardService
 from engine.chat_records import Turn
@@ -20,6 +18,7 @@ from engine.directory import BotRules, Chat, OrgSettings
 from engine.projects import ProjectCreate
 from engine.self_rules import Editor, RulesUpdate
 from storage.sealed_doc import is_sealed
+from tests.shard_kit import Shards
 
 PROJECT_NAME = "narwhal-4471-project-name"
 PROJECT_META = "ibex-2209-project-metadata"
@@ -43,10 +42,8 @@ def _scan(data: Path, when: str) -> None:
             assert secret.encode() not in raw, (when, path.name, secret)
 
 
-def _open(data: Path) -> ShardService:
-    svc = ShardService(data, 0)
-    svc.peers.connect(directory=DirectoryService(data))  # what the features call without Ray
-    return svc
+def _open(shards: Shards) -> ShardService:
+    return shards(directory=True)  # the directory: what the features call without Ray
 
 
 async def _plant(svc: ShardService) -> tuple[str, str]:
@@ -75,53 +72,40 @@ async def _plant(svc: ShardService) -> tuple[str, str]:
     return chat.id, turn.id
 
 
-def test_project_bot_and_verdict_documents_are_sealed(tmp_path: Path):
-    async def first():
-        svc = _open(tmp_path)
-        ids = await _plant(svc)
-        await svc.flush()
-        _scan(tmp_path, "before checkpoint")  # WAL and the commit journal
-        await svc.db.run(lambda con: con.execute("CHECKPOINT"))
-        await svc.peers.directory().store.db.run(lambda con: con.execute("CHECKPOINT"))
-        _scan(tmp_path, "after checkpoint")
-        await svc.close()
-        svc.peers.directory().store.db.close()
-        return ids
-
-    chat_id, turn_id = asyncio.run(first())
+@pytest.mark.anyio
+async def test_project_bot_and_verdict_documents_are_sealed(shards, tmp_path: Path):
+    svc = _open(shards)
+    chat_id, turn_id = await _plant(svc)
+    await svc.flush()
+    _scan(tmp_path, "before checkpoint")  # WAL and the commit journal
+    await svc.db.run(lambda con: con.execute("CHECKPOINT"))
+    await svc.peers.directory().store.db.run(lambda con: con.execute("CHECKPOINT"))
+    _scan(tmp_path, "after checkpoint")
+    await shards.close(svc)
+    shards.close_directory()
     _scan(tmp_path, "after close")
 
-    async def again():
-        svc = _open(tmp_path)
-        try:
-            projects = await svc.workspace_projects("u_ann")
-            bot = await svc.peers.directory().get_bot("b_1")
-            org = await svc.peers.directory().get_org("o_1")
-            log = await svc.chat_logs.log(chat_id)
-            return projects, bot, org, log.turns[turn_id]
-        finally:
-            await svc.close()
-            svc.peers.directory().store.db.close()
-
-    projects, bot, org, turn = asyncio.run(again())
+    svc = _open(shards)
+    projects = await svc.workspace_projects("u_ann")
+    bot = await svc.peers.directory().get_bot("b_1")
+    org = await svc.peers.directory().get_org("o_1")
+    turn = (await svc.chat_logs.log(chat_id)).turns[turn_id]
     assert [(p.name, p.metadata) for p in projects] == [(PROJECT_NAME, {"goal": PROJECT_META})]
     assert (bot.rules.prompt, bot.rules.duties) == (NEW_PROMPT, BOT_DUTIES)
     assert org.name == ORG_NAME
     assert (turn.goal, turn.verdict_note) == ("accepted", NOTE)
 
 
-def test_plain_documents_of_an_older_version_are_read_and_sealed(tmp_path: Path):
+@pytest.mark.anyio
+async def test_plain_documents_of_an_older_version_are_read_and_sealed(
+    shards, directory, tmp_path: Path
+):
     """A directory written before sealing: its plain rows still load and are rewritten sealed."""
-
-    async def make():
-        d = DirectoryService(tmp_path)
-        org = await d.create_org("Acme", "o_1")
-        await d.create_user("Ann", [org.id], "u_ann")
-        rules = BotRules(name="helper", prompt=BOT_PROMPT)
-        await d.create_bot(name="helper", org=org.id, owner="u_ann", id="b_1", rules=rules)
-        d.store.db.close()
-
-    asyncio.run(make())
+    org = await directory.create_org("Acme", "o_1")
+    await directory.create_user("Ann", [org.id], "u_ann")
+    rules = BotRules(name="helper", prompt=BOT_PROMPT)
+    await directory.create_bot(name="helper", org=org.id, owner="u_ann", id="b_1", rules=rules)
+    shards.close_directory()
     path = str(tmp_path / "directory.duckdb")
     con = duckdb.connect(path)  # what an older version stored: the plain JSON document
     from engine.directory import Bot
@@ -130,31 +114,23 @@ def test_plain_documents_of_an_older_version_are_read_and_sealed(tmp_path: Path)
     con.execute("UPDATE bots SET doc = ? WHERE id = 'b_1'", [msgspec.json.encode(plain).decode()])
     con.close()
 
-    d = DirectoryService(tmp_path)
-    try:
-        assert d.records.bots["b_1"].rules.prompt == "old"
-        (doc,) = d.store.db.query("SELECT doc FROM bots WHERE id = 'b_1'")[0]
-        assert is_sealed(doc)
-    finally:
-        d.store.db.close()
+    d = shards.directory_service()
+    assert d.records.bots["b_1"].rules.prompt == "old"
+    (doc,) = d.store.db.query("SELECT doc FROM bots WHERE id = 'b_1'")[0]
+    assert is_sealed(doc)
 
 
-def test_plain_turns_of_an_older_version_are_read_and_sealed(tmp_path: Path):
-    async def make():
-        svc = ShardService(tmp_path, 0)
-        await _turn_with_note(svc)
-        await svc.close()
-
-    async def _turn_with_note(svc):
-        conv = svc.chat_logs
-        chat = Chat(id="chat_1", kind="direct", owner="u_ann", org="o_1", bot="b_1")
-        log = await conv.log(chat.id)
-        turn = Turn(id="turn_1", chat=chat.id, operator="u_ann", status="done", at=1)
-        sink = Batch(writes=[conv.store.put_turn(log, turn)])
-        conv.append(log, chat, [(conv.item(log, turn.id, "person", "u_ann"), "hi")], sink)
-        await conv.commit(chat.id, sink)
-
-    asyncio.run(make())
+@pytest.mark.anyio
+async def test_plain_turns_of_an_older_version_are_read_and_sealed(shards, tmp_path: Path):
+    svc = shards()
+    conv = svc.chat_logs
+    chat = Chat(id="chat_1", kind="direct", owner="u_ann", org="o_1", bot="b_1")
+    log = await conv.log(chat.id)
+    turn = Turn(id="turn_1", chat=chat.id, operator="u_ann", status="done", at=1)
+    sink = Batch(writes=[conv.store.put_turn(log, turn)])
+    conv.append(log, chat, [(conv.item(log, turn.id, "person", "u_ann"), "hi")], sink)
+    await conv.commit(chat.id, sink)
+    await shards.close(svc)
     con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))  # as an older version stored it
     plain = Turn(
         id="turn_1", chat="chat_1", operator="u_ann", status="done", at=1, verdict_note=NOTE
@@ -164,14 +140,9 @@ def test_plain_turns_of_an_older_version_are_read_and_sealed(tmp_path: Path):
     )
     con.close()
 
-    async def again():
-        svc = ShardService(tmp_path, 0)
-        log = await svc.chat_logs.log("chat_1")
-        await svc.flush()
-        rows = await svc.db.run(lambda con: con.execute("SELECT meta FROM turns").fetchall())
-        await svc.close()
-        return log.turns["turn_1"].verdict_note, rows
-
-    note, rows = asyncio.run(again())
-    assert note == NOTE
+    svc = shards()
+    log = await svc.chat_logs.log("chat_1")
+    await svc.flush()
+    rows = await svc.db.run(lambda con: con.execute("SELECT meta FROM turns").fetchall())
+    assert log.turns["turn_1"].verdict_note == NOTE
     assert [is_sealed(meta) for (meta,) in rows] == [True]

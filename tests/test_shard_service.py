@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -16,6 +15,7 @@ from actors.shard.service import ShardService
 from engine.errors import Conflict, InvalidInput
 from engine.memory_bot_settings import SettingsPatch
 from engine.memory_entries import AccessProof, EntryMeta, Layer, Reader, Source, Status
+from tests.shard_kit import Shards
 
 POOL = "bot:b1"
 ALICE = Reader(user="u1", org="o1", uses_bot=True)
@@ -29,8 +29,9 @@ pytestmark = pytest.mark.usefixtures("no_env_key")
 class Env:
     """A data dir plus a clock and an id source that keep counting across restarts."""
 
-    def __init__(self, data: Path) -> None:
-        self.data = data
+    def __init__(self, shards: Shards) -> None:
+        self.shards = shards
+        self.data = shards.path / "data"
         self._t = itertools.count(1_000)
         self._ids = itertools.count(1)
 
@@ -41,22 +42,19 @@ class Env:
         return f"mem_{next(self._ids):04d}"
 
     def service(self, **kw) -> ShardService:
-        return ShardService(self.data, 0, clock=self.clock, new_id=self.new_id, **kw)
+        return self.shards(path=self.data, clock=self.clock, new_id=self.new_id, **kw)
 
-    def run(self, body: Callable[[ShardService], Awaitable]):
-        async def main():
-            svc = self.service()
-            try:
-                return await body(svc)
-            finally:
-                await svc.close()
-
-        return asyncio.run(main())
+    async def run(self, body: Callable[[ShardService], Awaitable]):
+        """`body` on a ShardService of its own, closed after it: each run opens the files anew."""
+        svc = self.service()
+        result = await body(svc)
+        await self.shards.close(svc)
+        return result
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Env:
-    return Env(tmp_path / "data")
+def env(shards: Shards) -> Env:
+    return Env(shards)
 
 
 def fact(entry_id: str, user: str = "u1", chat: str = "k1", now: int = 10) -> EntryMeta:
@@ -95,7 +93,8 @@ async def snapshot(svc: ShardService) -> tuple:
     )
 
 
-def test_memory_api_round_trip_survives_restart(env: Env) -> None:
+@pytest.mark.anyio
+async def test_memory_api_round_trip_survives_restart(env: Env) -> None:
     async def first(svc: ShardService) -> tuple:
         e1 = await svc.remember(POOL, ALICE, "I drink tea", ["drinks", "tea"])
         assert e1.layer == Layer.PINNED and e1.status == Status.ACTIVE
@@ -129,8 +128,8 @@ def test_memory_api_round_trip_survives_restart(env: Env) -> None:
         assert ctx.text == "I drink tea" and ctx.entries == (e1.id,)
         return await snapshot(svc)
 
-    before = env.run(first)
-    after = env.run(snapshot)  # a new ShardService on the same directory
+    before = await env.run(first)
+    after = await env.run(snapshot)  # a new ShardService on the same directory
     assert after == before
     assert after[0].version == 4 and after[2].instructions == "hi"
 
@@ -145,7 +144,7 @@ def test_memory_api_round_trip_survives_restart(env: Env) -> None:
         assert (await svc.memory_log(POOL, ALICE)).changes == ()
         assert len((await svc.read_memory(POOL, BOB)).entries) == 1
 
-    env.run(purge)
+    await env.run(purge)
 
     async def reopened(svc: ShardService) -> None:
         page = await svc.read_memory(POOL, ALICE)
@@ -154,10 +153,11 @@ def test_memory_api_round_trip_survives_restart(env: Env) -> None:
         assert len((await svc.memory_log(POOL, BOB)).changes) == 1
         assert svc.db.query("SELECT count(*) FROM memory_log") == [(1,)]
 
-    env.run(reopened)
+    await env.run(reopened)
 
 
-def test_no_plaintext_at_rest(env: Env) -> None:
+@pytest.mark.anyio
+async def test_no_plaintext_at_rest(env: Env) -> None:
     async def body(svc: ShardService) -> None:
         e = await svc.remember(POOL, ALICE, f"pinned {MARKER} text", ["zebra-topic-7781"])
         await svc.add_entries(POOL, [(fact("mem_f1"), f"fact {MARKER}")])
@@ -167,7 +167,7 @@ def test_no_plaintext_at_rest(env: Env) -> None:
         await svc.forget(POOL, ALICE, e.id)
         await svc.set_status(POOL, "mem_f1", Status.INVALIDATED)
 
-    env.run(body)
+    await env.run(body)
     files = [p for p in env.data.rglob("*") if p.is_file()]
     assert any(p.suffix == ".duckdb" for p in files)
     raw = b"".join(p.read_bytes() for p in files)
@@ -180,10 +180,11 @@ def test_no_plaintext_at_rest(env: Env) -> None:
         assert contents == {f"pinned {MARKER} text", f"fact {MARKER}"}
         assert MARKER in (await svc.memory_bot_settings(POOL)).instructions
 
-    env.run(readable)
+    await env.run(readable)
 
 
-def test_facts_observations_invalidation_and_purge(env: Env) -> None:
+@pytest.mark.anyio
+async def test_facts_observations_invalidation_and_purge(env: Env) -> None:
     async def body(svc: ShardService) -> None:
         v = await svc.add_entries(
             POOL, [(fact("mem_f1"), "said: I like tea"), (observation("mem_o1", "mem_f1"), "tea")]
@@ -225,10 +226,11 @@ def test_facts_observations_invalidation_and_purge(env: Env) -> None:
         assert svc.db.query("SELECT id FROM memory_entries") == [("mem_f2",)]
         assert svc.db.query("SELECT entry FROM memory_log") == [("mem_f2",)]
 
-    env.run(body)
+    await env.run(body)
 
 
-def test_add_entries_rejects_entries_that_do_not_fit(env: Env) -> None:
+@pytest.mark.anyio
+async def test_add_entries_rejects_entries_that_do_not_fit(env: Env) -> None:
     async def body(svc: ShardService) -> None:
         await svc.add_entries(POOL, [(fact("mem_f1"), "x")])
         with pytest.raises(InvalidInput):
@@ -238,10 +240,11 @@ def test_add_entries_rejects_entries_that_do_not_fit(env: Env) -> None:
             await svc.add_entries(POOL, [(other, "y")])
         assert (await svc.read_memory(POOL, ALICE)).version == 1
 
-    env.run(body)
+    await env.run(body)
 
 
-def test_same_entry_id_in_two_pools_survives_restart(env: Env) -> None:
+@pytest.mark.anyio
+async def test_same_entry_id_in_two_pools_survives_restart(env: Env) -> None:
     other = "bot:b2"
 
     async def write(svc: ShardService) -> None:
@@ -249,16 +252,17 @@ def test_same_entry_id_in_two_pools_survives_restart(env: Env) -> None:
         meta = msgspec.structs.replace(fact("mem_same"), pool=other)
         await svc.add_entries(other, [(meta, "in b2")])
 
-    env.run(write)
+    await env.run(write)
 
     async def read(svc: ShardService) -> None:
         assert [e.content for e in (await svc.read_memory(POOL, ALICE)).entries] == ["in b1"]
         assert [e.content for e in (await svc.read_memory(other, ALICE)).entries] == ["in b2"]
 
-    env.run(read)
+    await env.run(read)
 
 
-def test_forget_by_another_user_is_a_conflict(env: Env) -> None:
+@pytest.mark.anyio
+async def test_forget_by_another_user_is_a_conflict(env: Env) -> None:
     async def body(svc: ShardService) -> None:
         e = await svc.remember(POOL, ALICE, "mine")
         before = await snapshot(svc)
@@ -274,10 +278,11 @@ def test_forget_by_another_user_is_a_conflict(env: Env) -> None:
         assert again.status == Status.RETRACTED
         assert (await svc.read_memory(POOL, ALICE)).version == 2
 
-    env.run(body)
+    await env.run(body)
 
 
-def test_concurrent_remembers_and_reads(env: Env) -> None:
+@pytest.mark.anyio
+async def test_concurrent_remembers_and_reads(env: Env) -> None:
     async def body(svc: ShardService) -> None:
         writes = [svc.remember(POOL, ALICE, f"note {i}") for i in range(50)]
         results = await asyncio.gather(*writes)
@@ -302,7 +307,7 @@ def test_concurrent_remembers_and_reads(env: Env) -> None:
         for page in out[2::4]:
             assert len(page.changes) == page.version
 
-    env.run(body)
+    await env.run(body)
 
     async def after(svc: ShardService) -> None:
         page = await svc.read_memory(POOL, ALICE)
@@ -310,10 +315,11 @@ def test_concurrent_remembers_and_reads(env: Env) -> None:
         log = (await svc.memory_log(POOL, ALICE)).changes
         assert [r.version for r in log] == list(range(1, 81))
 
-    env.run(after)
+    await env.run(after)
 
 
-def test_context_limit_and_usable_entries(env: Env) -> None:
+@pytest.mark.anyio
+async def test_context_limit_and_usable_entries(env: Env) -> None:
     async def body(svc: ShardService) -> None:
         empty = await svc.context(POOL, ALICE, 100)
         assert (empty.text, empty.entries, empty.hasEntries) == ("", (), False)
@@ -337,4 +343,4 @@ def test_context_limit_and_usable_entries(env: Env) -> None:
             await svc.context(POOL, ALICE, -1)
         assert (await svc.context(POOL, BOB, 1_000)).text == "bob only"
 
-    env.run(body)
+    await env.run(body)

@@ -3,17 +3,15 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from actors.shard.service import ShardService
 from storage.workspace_store import WorkspaceStore
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
 
 
-def test_a_shard_reads_its_projects_at_start_and_not_again(tmp_path, monkeypatch):
+@pytest.mark.anyio
+async def test_a_shard_reads_its_projects_at_start_and_not_again(shards, monkeypatch):
     original = WorkspaceStore.load_projects
     reads = []
 
@@ -23,14 +21,8 @@ def test_a_shard_reads_its_projects_at_start_and_not_again(tmp_path, monkeypatch
 
     monkeypatch.setattr(WorkspaceStore, "load_projects", counted)
 
-    async def go() -> tuple[int, int]:
-        svc = ShardService(tmp_path, 0)
-        try:
-            await svc.kernel.started()
-            at_start = len(reads)
-            await svc.workspace_projects("u1")  # the first use: already read
-            return at_start, len(reads)
-        finally:
-            await svc.close()
-
-    assert asyncio.run(go()) == (1, 1)
+    svc = shards()
+    await svc.kernel.started()
+    at_start = len(reads)
+    await svc.workspace_projects("u1")  # the first use: already read
+    assert (at_start, len(reads)) == (1, 1)

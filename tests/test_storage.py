@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from actors.directory import DirectoryService
 from engine.errors import InvalidInput, OpenBotError, StorageError
 from storage.crypto import KEY_FILE, Cipher, Keyring, aad, load_master_key
 from storage.database import Database
@@ -108,19 +107,16 @@ async def test_writes_that_arrive_in_the_next_turn_of_the_loop_join_the_commit(
     assert (gc.batches, gc.transactions) == (6, 1)
 
 
-def test_group_commit_merges_batches_into_few_transactions(tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_group_commit_merges_batches_into_few_transactions(tmp_path: Path) -> None:
     path = tmp_path / "g.duckdb"
 
-    async def main() -> GroupCommitter:
-        db = Database(path, [KV_SQL])
-        gc = GroupCommitter(db, [KV], enabled=True)
-        futs = [gc.submit([Put("kv", (f"k{i}", "g", i))]) for i in range(200)]
-        await asyncio.gather(*futs)
-        await gc.close()
-        db.close()
-        return gc
-
-    gc = asyncio.run(main())
+    db = Database(path, [KV_SQL])
+    gc = GroupCommitter(db, [KV], enabled=True)
+    futs = [gc.submit([Put("kv", (f"k{i}", "g", i))]) for i in range(200)]
+    await asyncio.gather(*futs)
+    await gc.close()
+    db.close()
     assert gc.batches == 200
     assert gc.transactions < gc.batches
     assert gc.transactions <= 2  # all 200 were queued before the writer first ran
@@ -218,30 +214,27 @@ def _journal_records(db_path: Path) -> list[int]:
     return [seq for seq, _ in scan(Path(str(db_path) + ".journal").read_bytes())[0]]
 
 
-def test_journaled_writes_are_read_at_once_and_survive_a_crash(tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_journaled_writes_are_read_at_once_and_survive_a_crash(tmp_path: Path) -> None:
     """A commit is one journal record; reads apply the journal first; a crash (the files copied
     as they are, never closed) loses nothing: the copy applies its journal when opened."""
     import shutil
 
     path = tmp_path / "j.duckdb"
 
-    async def write() -> GroupCommitter:
-        db = Database(path, [KV_SQL])
-        gc = GroupCommitter(db, [KV], checkpoint_rows=10_000, checkpoint_idle=3600)
-        for i in range(5):
-            await gc.submit([Put("kv", (f"k{i}", "g", i)), Delete("kv", "k0")])
-        await gc.submit([DeleteWhere("kv", "grp", ("nothing",))])
-        assert gc.checkpoints == 0 and gc.transactions == 6
-        assert _journal_records(path) == [1, 2, 3, 4, 5, 6]
-        for f in tmp_path.iterdir():  # the crash: what is on disk now, the writer still open
-            shutil.copy(f, tmp_path.parent / ("crashed-" + f.name))
-        assert _rows(db) == {f"k{i}": ("g", i) for i in range(1, 5)}  # a read catches up
-        assert gc.checkpoints == 1
-        await gc.close()
-        db.close()
-        return gc
-
-    asyncio.run(write())
+    db = Database(path, [KV_SQL])
+    gc = GroupCommitter(db, [KV], checkpoint_rows=10_000, checkpoint_idle=3600)
+    for i in range(5):
+        await gc.submit([Put("kv", (f"k{i}", "g", i)), Delete("kv", "k0")])
+    await gc.submit([DeleteWhere("kv", "grp", ("nothing",))])
+    assert gc.checkpoints == 0 and gc.transactions == 6
+    assert _journal_records(path) == [1, 2, 3, 4, 5, 6]
+    for f in tmp_path.iterdir():  # the crash: what is on disk now, the writer still open
+        shutil.copy(f, tmp_path.parent / ("crashed-" + f.name))
+    assert _rows(db) == {f"k{i}": ("g", i) for i in range(1, 5)}  # a read catches up
+    assert gc.checkpoints == 1
+    await gc.close()
+    db.close()
     copy = Database(tmp_path.parent / "crashed-j.duckdb", [KV_SQL])
     GroupCommitter(copy, [KV])  # opening applies the journal the crash left
     assert _journal_records(tmp_path.parent / "crashed-j.duckdb") == []  # applied, emptied
@@ -350,15 +343,12 @@ def test_malformed_env_master_key_is_invalid_input(tmp_path, monkeypatch, value)
 # --------------------------------------------------------------------------- directory store
 
 
-def test_directory_stores_token_hashes_only(tmp_path: Path) -> None:
-    async def main() -> tuple[str, str]:
-        svc = DirectoryService(tmp_path)
-        org = await svc.create_org("Acme", id="o_acme")
-        user, token = await svc.create_user("Zed Directoryname", [org.id])
-        svc.store.db.close()
-        return user.id, token
-
-    user_id, token = asyncio.run(main())
+@pytest.mark.anyio
+async def test_directory_stores_token_hashes_only(shards, directory, tmp_path: Path) -> None:
+    org = await directory.create_org("Acme", id="o_acme")
+    user, token = await directory.create_user("Zed Directoryname", [org.id])
+    user_id = user.id
+    shards.close_directory()
     raw = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
     assert token.encode() not in raw
     assert token.split("_", 1)[1].encode() not in raw  # not even without its prefix
@@ -367,14 +357,10 @@ def test_directory_stores_token_hashes_only(tmp_path: Path) -> None:
     assert user_id.encode() in raw
     assert b"Zed Directoryname" not in raw  # documents are sealed
 
-    async def reopen() -> None:
-        svc = DirectoryService(tmp_path)
-        principal = await svc.authenticate(hash_token(token))
-        assert principal is not None and principal.user.id == user_id
-        assert await svc.authenticate(token) is None  # the raw token is not a key
-        svc.store.db.close()
-
-    asyncio.run(reopen())
+    svc = shards.directory_service()  # opened again from its file
+    principal = await svc.authenticate(hash_token(token))
+    assert principal is not None and principal.user.id == user_id
+    assert await svc.authenticate(token) is None  # the raw token is not a key
 
 
 _VALUES = [

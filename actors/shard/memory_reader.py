@@ -119,7 +119,7 @@ class Snapshot:
                 return active and bm.record_check(self.reader)(record)
         if entry_id not in self.pool.entries:
             return False
-        return entry_id in self.pool.candidates(self.reader) and self.visibility.usable(entry_id)
+        return self.pool.candidate(self.reader, entry_id) and self.visibility.usable(entry_id)
 
 
 class MemoryReader:
@@ -240,7 +240,8 @@ class MemoryReader:
             if cached is None or cached[0] != key:
                 snap = self.snapshot(pool, ws, reader)
                 seen = {m.id: m for m in snap.usable()}
-                cached = (key, *context_selection(seen, ordered=True), snap.open)
+                selection = context_selection(seen, ordered=True, known=pool.proven)
+                cached = (key, *selection, snap.open)
                 pool.learning_view = cached
             _, chosen, topics, open_ = cached
             entries = pool.derive("learning", chosen, context_entry, open_)

@@ -198,10 +198,14 @@ async def search(
         bot = sm.pool_owner(pool.id)
         async with ws.memory.read(pool.id, who) as snap:
             ok = learned_filter(snap.pool, who, query, snap.visibility)
-            for h in fused:
-                if learned.get(h.id) is pool and ok(h.id):
-                    meta = snap.pool.entries[h.id]
-                    views[h.id] = bm.as_record_view(meta, snap.open(h.id), bot)
+            found = [
+                snap.pool.entries[h.id] for h in fused if learned.get(h.id) is pool and ok(h.id)
+            ]
+            # Kept per entry state: the next searches of a turn find most of the same hits.
+            for v in snap.pool.derive(
+                "record", found, lambda m, text, bot=bot: bm.as_record_view(m, text, bot), snap.open
+            ):
+                views[v.id] = v
     fused = [h for h in fused if h.id in views]  # a learned entry gone while we waited: dropped
     top = {h.id for h in fused}
     return WorkspaceListing(

@@ -645,16 +645,19 @@ class TermIndex:
             return None
         live, whole = (self._live, self._live_len) if stats is None else stats[:2]
         avgdl = max(whole / max(live, 1), 1e-9)
-        lens = self._len
-        touched = np.unique(np.concatenate([rows for _, rows, _ in postings]))
-        sums = np.zeros(touched.size, dtype=np.float32)
-        for key, rows, tfs in postings:
-            if not rows.size:
-                continue
+        idfs = []
+        for key, rows, _ in postings:
             df = self._df(rows) if stats is None else stats.df.get(key, rows.size)
-            idf = math.log(1.0 + (max(live, df) - df + 0.5) / (df + 0.5))
-            norm = K1 * (1.0 - B + B * lens[rows] / avgdl)
-            sums[np.searchsorted(touched, rows)] += idf * tfs * (K1 + 1.0) / (tfs + norm)
+            idfs.append(math.log(1.0 + (max(live, df) - df + 0.5) / (df + 0.5)))
+        # Every posting at once, in term order; each row's sum is then added up in that order
+        # (`add.at` is unbuffered), as the dense scores add one term after another.
+        rows = np.concatenate([r for _, r, _ in postings])
+        tfs = np.concatenate([t for _, _, t in postings])
+        idf = np.repeat(np.asarray(idfs, dtype=np.float32), [r.size for _, r, _ in postings])
+        norm = K1 * (1.0 - B + B * self._len[rows] / avgdl)
+        touched, at = np.unique(rows, return_inverse=True)
+        sums = np.zeros(touched.size, dtype=np.float32)
+        np.add.at(sums, at, idf * tfs * (K1 + 1.0) / (tfs + norm))
         keep = self._alive[touched]
         return touched[keep], sums[keep]
 

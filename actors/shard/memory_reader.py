@@ -186,6 +186,8 @@ class MemoryReader:
         reader: Reader,
         limit: int,
         first: Sequence[str] = (),
+        *,
+        partial: bool = True,
     ) -> tuple[list[tuple[str, str]], bool, bool]:
         """The memory bot's context for one input (ENR-1, ENR-5): (id, text) of
         usable entries the reader may see, at most `limit` characters joined by newlines, in
@@ -195,11 +197,20 @@ class MemoryReader:
         the caller ranks with the one memory search, actors/workspace/search.py, before this
         read, as a ranking may await the embedding model) is taken first, each checked again
         and whole where it fits; the room left is filled in memory order, stopping at the
-        first that does not fit. Only the entries taken are decrypted."""
+        first that does not fit. Only the entries taken are decrypted.
+
+        Without `partial` (and without `first`), a context that does not all fit is not made:
+        no parts, only whether any usable entry exists (the caller ranks and asks again)."""
         if limit < 0:
             raise InvalidInput("limit must be >= 0")
         async with self.read(pool_id, reader) as snap:
             usable = snap.usable()
+            if not partial and not first:
+                size = -1  # the newline before the first part is not there
+                for meta in usable:
+                    size += len(snap.open(meta.id)) + 1
+                    if size > limit:
+                        return [], True, False
             taken: dict[str, str] = {}
             size = 0
 

@@ -206,11 +206,15 @@ class MemoryReader:
         async with self.read(pool_id, reader) as snap:
             usable = snap.usable()
             if not partial and not first:
+                whole: list[tuple[str, str]] = []
                 size = -1  # the newline before the first part is not there
                 for meta in usable:
-                    size += len(snap.open(meta.id)) + 1
+                    text = snap.open(meta.id)
+                    size += len(text) + 1
                     if size > limit:
                         return [], True, False
+                    whole.append((meta.id, text))
+                return whole, bool(whole), True
             taken: dict[str, str] = {}
             size = 0
 

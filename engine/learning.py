@@ -12,7 +12,7 @@ still applies.
 
 from __future__ import annotations
 
-from collections import ChainMap
+from collections import ChainMap, Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import msgspec
@@ -62,11 +62,28 @@ class LearningRequest(msgspec.Struct, frozen=True, kw_only=True):
     topics: dict[str, int]
 
 
-def provable(entries: Mapping[str, EntryMeta]) -> set[str]:
+def _fact_provable(entry: EntryMeta) -> bool:
+    items = {(p.chat, p.item) for p in entry.proofs}
+    return bool(entry.sources) and all(
+        s.is_item and (s.chat, s.item) in items for s in entry.sources
+    )
+
+
+def provable(
+    entries: Mapping[str, EntryMeta],
+    known: dict[str, tuple[EntryMeta, bool]] | None = None,
+    among: Iterable[str] | None = None,
+) -> set[str]:
     """Active entries whose provenance holds for someone: facts with a proof for every item,
     observations whose sources are all provable (no cycles, nothing missing). What fails is
-    left out of learning input together with what depends on it (ACL-11)."""
+    left out of learning input together with what depends on it (ACL-11).
+
+    `known`: a caller's memo of the checks that depend on the entry alone (pinned entries and
+    facts), by id with the entry they were made on, kept across calls while it is the same.
+    `among`: only these ids are asked about (what they rest on is still checked), not every
+    entry of `entries`."""
     memo: dict[str, bool] = {}
+    own = {} if known is None else known
 
     def check(entry_id: str, path: frozenset[str]) -> bool:
         if entry_id in memo:
@@ -77,10 +94,12 @@ def provable(entries: Mapping[str, EntryMeta]) -> set[str]:
         if entry.layer == Layer.PINNED:
             ok = True
         elif entry.layer == Layer.FACT:
-            items = {(p.chat, p.item) for p in entry.proofs}
-            ok = bool(entry.sources) and all(
-                s.is_item and (s.chat, s.item) in items for s in entry.sources
-            )
+            hit = own.get(entry_id)
+            if hit is not None and hit[0] is entry:
+                ok = hit[1]
+            else:
+                ok = _fact_provable(entry)
+                own[entry_id] = (entry, ok)
         else:
             ok = bool(entry.sources) and all(
                 s.is_entry and check(s.entry, path | {entry_id})  # type: ignore[arg-type]
@@ -90,15 +109,20 @@ def provable(entries: Mapping[str, EntryMeta]) -> set[str]:
         return ok
 
     # Observation chains are short in practice; the frozenset path keeps cycles finite.
-    return {i for i in entries if check(i, frozenset())}
+    root = frozenset[str]()
+    return {i for i in (entries if among is None else among) if check(i, root)}
 
 
 def context_selection(
-    entries: Mapping[str, EntryMeta], *, ordered: bool = False
+    entries: Mapping[str, EntryMeta],
+    *,
+    ordered: bool = False,
+    known: dict[str, tuple[EntryMeta, bool]] | None = None,
 ) -> tuple[list[EntryMeta], dict[str, int]]:
     """The first 300 valid entries in memory order, and topic counts over all valid ones.
-    `ordered`: `entries` iterate in memory order already (a read's usable entries)."""
-    ok = provable(entries)
+    `ordered`: `entries` iterate in memory order already (a read's usable entries); `known`:
+    see `provable`."""
+    ok = provable(entries, known)
     if ordered:
         valid = [m for i, m in entries.items() if i in ok]
         counts = _topic_counts(valid)
@@ -108,10 +132,11 @@ def context_selection(
 
 
 def _topic_counts(valid: Iterable[EntryMeta]) -> dict[str, int]:
+    # Entries share a few tag sets: each set's topics are counted once, times its entries.
     counts: dict[str, int] = {}
-    for entry in valid:
-        for topic in tagmod.topics_of(entry.tags):
-            counts[topic] = counts.get(topic, 0) + 1
+    for tags, n in Counter([entry.tags for entry in valid]).items():
+        for topic in tagmod.topics_of(tags):
+            counts[topic] = counts.get(topic, 0) + n
     return dict(sorted(counts.items()))
 
 
@@ -378,7 +403,7 @@ def _check(call, pool, state, evidence, audience, now, new_ids, contributor):
             raise _Reject("confidence must be in [0, 1]")
         if not call.entries:
             raise _Reject("an observation needs at least one source entry")
-        valid = provable(state)
+        valid = provable(state, among=call.entries)  # its sources, not the whole pool
         grants: list[str] = []
         orgs: set[str] = set()
         inherited: list[str] = []

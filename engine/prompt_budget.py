@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import operator
 from collections.abc import Iterable, Sequence
 
 import msgspec
@@ -45,6 +46,8 @@ class Packed(msgspec.Struct, frozen=True, kw_only=True):
 
 
 DAY_MS = 86_400_000
+_ID = operator.attrgetter("id")
+_UPDATED = operator.attrgetter("updated_at")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -60,7 +63,10 @@ def line(entry: ScopedEntry) -> str:
 
 
 def _newest_first(entries: Iterable[ScopedEntry]) -> list[ScopedEntry]:
-    return sorted(entries, key=lambda e: (-e.updated_at, e.id))
+    # By (-updated_at, id) as two stable sorts on plain attributes (no key tuple per entry):
+    # a prompt packs every turn.
+    by_id = sorted(entries, key=_ID)
+    return sorted(by_id, key=_UPDATED, reverse=True)
 
 
 def candidate_order(entries: Sequence[ScopedEntry]) -> list[ScopedEntry]:

@@ -7,6 +7,7 @@ lowercase letters, digits and dashes.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -104,4 +105,13 @@ def grants_of(tags: Iterable[str]) -> tuple[str, ...]:
 
 
 def topics_of(tags: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(tags, tuple):
+        return _topics_of(tags)
+    return tuple(t for t in tags if not is_system(t))
+
+
+@functools.lru_cache(maxsize=4096)
+def _topics_of(tags: tuple[str, ...]) -> tuple[str, ...]:
+    # A pool's entries share a few tag sets, and a turn reads their topics several times
+    # (learning's topic counts walk every valid entry).
     return tuple(t for t in tags if not is_system(t))

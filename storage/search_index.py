@@ -50,6 +50,9 @@ K1 = 0.9
 B = 0.4
 _stemmer = Stemmer.Stemmer("english")
 _MEMO_MAX = 500_000
+# A query's postings at most this fraction of the rows are scored sparsely (`_sparse_scores`).
+SPARSE_RATIO = 8
+JOINED_MAX = 4_096  # terms whose joined postings an index keeps (`_postings`)
 
 
 def stem(words: Sequence[str]) -> list[str]:
@@ -264,6 +267,9 @@ class TermIndex:
         self._tfs = np.zeros(0, dtype=np.float32)
         self._tail: dict[int, tuple[list[int], list[int]]] = {}
         self._tail_postings = 0
+        # A queried term's postings as arrays (base and tail joined), with the tail's length
+        # they were made at: the tail only grows until a merge, which drops them.
+        self._joined: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
         self._ids: list[str | None] = []
         # id -> row, made from `_ids` when first needed (a search reads `_ids` only; at
         # 100,000 records the map costs a first search after a pool's load tens of ms).
@@ -531,6 +537,7 @@ class TermIndex:
         self._tfs = merged_f
         self._tail = {}
         self._tail_postings = 0
+        self._joined = {}
         self._dead = 0
 
     # --- searching ------------------------------------------------------------------------------
@@ -568,8 +575,14 @@ class TermIndex:
             rows, tfs = rows[:0], tfs[:0]
         extra = self._tail.get(tid)
         if extra is not None:
+            hit = self._joined.get(tid)
+            if hit is not None and hit[0] == len(extra[0]):
+                return hit[1], hit[2]
             rows = np.concatenate((rows, np.asarray(extra[0], dtype=np.int32)))
             tfs = np.concatenate((tfs, np.asarray(extra[1], dtype=np.float32)))
+            if len(self._joined) >= JOINED_MAX:
+                self._joined.clear()
+            self._joined[tid] = (len(extra[0]), rows, tfs)
         return rows, tfs
 
     def scores(self, query: Sequence[int], stats: Stats | None = None) -> np.ndarray | None:
@@ -608,10 +621,45 @@ class TermIndex:
         `scores`)."""
         if depth <= 0:
             return []
+        sparse = self._sparse_scores(query, stats)
+        if sparse is not None:
+            return ranked_rows(*sparse, self._ids, depth, allowed)
         scores = self.scores(query, stats)
         if scores is None:
             return []
         return ranked(scores, self._ids, depth, allowed)
+
+    def _sparse_scores(
+        self, query: Sequence[int], stats: Stats | None
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """`scores` for the rows the query's terms occur in only, as (rows, scores) with the
+        rows ascending and dead ones left out: the same float32 sums in the same term order,
+        without arrays as long as the index (a few postings among many rows). None when the
+        postings are too many for that to pay (then `scores` is used)."""
+        terms = self._terms(query)
+        if not terms or not self._live:
+            return None
+        postings = [(key, *self._postings(tid)) for key, tid in terms]
+        total = sum(rows.size for _, rows, _ in postings)
+        if total * SPARSE_RATIO > len(self._ids):
+            return None
+        live, whole = (self._live, self._live_len) if stats is None else stats[:2]
+        avgdl = max(whole / max(live, 1), 1e-9)
+        idfs = []
+        for key, rows, _ in postings:
+            df = self._df(rows) if stats is None else stats.df.get(key, rows.size)
+            idfs.append(math.log(1.0 + (max(live, df) - df + 0.5) / (df + 0.5)))
+        # Every posting at once, in term order; each row's sum is then added up in that order
+        # (`add.at` is unbuffered), as the dense scores add one term after another.
+        rows = np.concatenate([r for _, r, _ in postings])
+        tfs = np.concatenate([t for _, _, t in postings])
+        idf = np.repeat(np.asarray(idfs, dtype=np.float32), [r.size for _, r, _ in postings])
+        norm = K1 * (1.0 - B + B * self._len[rows] / avgdl)
+        touched, at = np.unique(rows, return_inverse=True)
+        sums = np.zeros(touched.size, dtype=np.float32)
+        np.add.at(sums, at, idf * tfs * (K1 + 1.0) / (tfs + norm))
+        keep = self._alive[touched]
+        return touched[keep], sums[keep]
 
     def row_ids(self) -> list[str | None]:
         return self._ids
@@ -634,35 +682,53 @@ def ranked(
     few times `depth` are sorted, unless the caller may read too few of them: then the whole
     ranking is."""
     hit = np.flatnonzero(scores > floor)
-    if not hit.size or depth <= 0:
+    return ranked_rows(hit, scores[hit], ids, depth, allowed, floor, row_ok)
+
+
+def ranked_rows(
+    rows: np.ndarray,
+    scores: np.ndarray,
+    ids: Sequence[str | None],
+    depth: int,
+    allowed: Callable[[str], bool] | None,
+    floor: float = 0.0,
+    row_ok: Callable[[int], bool] | None = None,
+) -> list[tuple[str, float]]:
+    """`ranked` of the rows `rows` (ascending) scored `scores` (rows not given score 0)."""
+    above = scores > floor
+    if not above.all():
+        rows, scores = rows[above], scores[above]
+    if not rows.size or depth <= 0:
         return []
     chunk = max(4 * depth, 256)
-    if hit.size > 2 * chunk:
-        top = hit[np.argpartition(-scores[hit], chunk)[:chunk]]
-        order = top[np.lexsort((top, -scores[top]))]
-        out = _walk(order, scores, ids, depth, allowed, row_ok)
+    if rows.size > 2 * chunk:
+        top = np.argpartition(-scores, chunk)[:chunk]
+        order = top[np.lexsort((rows[top], -scores[top]))]
+        out = _walk(rows[order], scores[order], ids, depth, allowed, row_ok)
         if len(out) >= depth:
             return out
-    return _walk(hit[np.lexsort((hit, -scores[hit]))], scores, ids, depth, allowed, row_ok)
+    order = np.lexsort((rows, -scores))
+    return _walk(rows[order], scores[order], ids, depth, allowed, row_ok)
 
 
 def _walk(
-    order: np.ndarray,
+    rows: np.ndarray,
     scores: np.ndarray,
     ids: Sequence[str | None],
     depth: int,
     allowed: Callable[[str], bool] | None,
     row_ok: Callable[[int], bool] | None = None,
 ) -> list[tuple[str, float]]:
+    """The allowed ones of `rows` (best first, `scores` theirs), up to `depth`."""
     out: list[tuple[str, float]] = []
-    for r in order.tolist():
+    for r, score in zip(rows.tolist(), scores.tolist(), strict=True):
         entry_id = ids[r]
         if (
             entry_id is not None
             and (row_ok is None or row_ok(r))
             and (allowed is None or allowed(entry_id))
         ):
-            out.append((entry_id, float(scores[r])))
+            out.append((entry_id, score))
             if len(out) >= depth:
                 break
     return out

@@ -67,3 +67,35 @@ async def test_opened_content_goes_with_its_entry(shards):
     text, after = context.text, pool.opened
     assert "likes tea" in text
     assert before == {"f1", "f2"} and after == {"f2"}
+
+
+def test_a_ranked_hit_shows_its_entry_as_it_is_now(tmp_path: Path):
+    """The record form of a learned entry a search returns is kept between searches while the
+    entry is the same; a change to it (forgotten, purged) shows in the next search."""
+    from actors.contracts import WorkspaceAccess, WorkspaceQuery
+
+    access = WorkspaceAccess(account="u1", bots=frozenset({"b1"}), orgs=("o1",))
+
+    async def hits(svc: ShardService, status: str = "all") -> dict[str, str]:
+        query = WorkspaceQuery(pools=(POOL,), projects=(), q="tea", limit=10, status=status)
+        listing = await svc.workspace_entries(access, query, ALICE)
+        return {e.id: str(e.status) for e in listing.entries}
+
+    async def scenario():
+        svc = ShardService(tmp_path, 0)
+        try:
+            e1 = (await svc.remember(POOL, ALICE, "I drink tea")).id
+            e2 = (await svc.remember(POOL, ALICE, "green tea in the morning")).id
+            first = [await hits(svc), await hits(svc)]
+            await svc.forget(POOL, ALICE, e1)
+            forgotten = await hits(svc)
+            await svc.purge(POOL, "from:u1")
+            purged = await hits(svc)
+            return (e1, e2), first, forgotten, purged
+        finally:
+            await svc.close()
+
+    (e1, e2), first, forgotten, purged = asyncio.run(scenario())
+    assert first[0] == first[1] == {e1: "active", e2: "active"}
+    assert forgotten == {e1: "forgotten", e2: "active"}
+    assert purged == {}

@@ -398,6 +398,17 @@ def test_enrichment_context_takes_what_the_input_is_about_first(tmp_path: Path):
         assert ids[:-1] == [i for i, _ in plain][: len(ids) - 1]  # then filled as `context` does
         unrelated, _, _ = await svc.memory_reader.context_for(POOL, ALICE, limit)
         assert unrelated == plain
+        # Only asked whether it all fits: to the character, and nothing made when it does not.
+        reader = svc.memory_reader
+        everything, _, _ = await reader.context_for(POOL, ALICE, 1_000_000)
+        exact = len("\n".join(t for _, t in everything))
+        assert await reader.context_for(POOL, ALICE, exact, partial=False) == (
+            everything,
+            True,
+            True,
+        )
+        assert await reader.context_for(POOL, ALICE, exact - 1, partial=False) == ([], True, False)
+        assert await reader.context_for(POOL, ALICE, limit, partial=False) == ([], True, False)
         assert filler  # (the entries above are what fills the limit)
         await svc.close()
 

@@ -153,8 +153,10 @@ class StepMemory:
         """The enrichment or confessor context of the bot's memory for `text`: in memory order
         when it all fits; else what the one memory search finds for `text` first."""
         pool = bot_pool(step.bot.id)
-        parts, has, whole = await self.memory.context_for(pool, reader, limit)
-        if whole or not text.strip():
+        # With something to rank by, a context that does not all fit is only asked about.
+        partial = not text.strip()
+        parts, has, whole = await self.memory.context_for(pool, reader, limit, partial=partial)
+        if whole or partial:
             return parts, has
         first = [e.id for e in await self.ranked(step, reader, text, CONTEXT_HITS, scopes=False)]
         parts, has, _ = await self.memory.context_for(pool, reader, limit, first)

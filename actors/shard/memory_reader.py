@@ -119,7 +119,7 @@ class Snapshot:
                 return active and bm.record_check(self.reader)(record)
         if entry_id not in self.pool.entries:
             return False
-        return entry_id in self.pool.candidates(self.reader) and self.visibility.usable(entry_id)
+        return self.pool.candidate(self.reader, entry_id) and self.visibility.usable(entry_id)
 
 
 class MemoryReader:
@@ -186,6 +186,8 @@ class MemoryReader:
         reader: Reader,
         limit: int,
         first: Sequence[str] = (),
+        *,
+        partial: bool = True,
     ) -> tuple[list[tuple[str, str]], bool, bool]:
         """The memory bot's context for one input (ENR-1, ENR-5): (id, text) of
         usable entries the reader may see, at most `limit` characters joined by newlines, in
@@ -195,11 +197,24 @@ class MemoryReader:
         the caller ranks with the one memory search, actors/workspace/search.py, before this
         read, as a ranking may await the embedding model) is taken first, each checked again
         and whole where it fits; the room left is filled in memory order, stopping at the
-        first that does not fit. Only the entries taken are decrypted."""
+        first that does not fit. Only the entries taken are decrypted.
+
+        Without `partial` (and without `first`), a context that does not all fit is not made:
+        no parts, only whether any usable entry exists (the caller ranks and asks again)."""
         if limit < 0:
             raise InvalidInput("limit must be >= 0")
         async with self.read(pool_id, reader) as snap:
             usable = snap.usable()
+            if not partial and not first:
+                whole: list[tuple[str, str]] = []
+                size = -1  # the newline before the first part is not there
+                for meta in usable:
+                    text = snap.open(meta.id)
+                    size += len(text) + 1
+                    if size > limit:
+                        return [], True, False
+                    whole.append((meta.id, text))
+                return whole, bool(whole), True
             taken: dict[str, str] = {}
             size = 0
 
@@ -240,7 +255,8 @@ class MemoryReader:
             if cached is None or cached[0] != key:
                 snap = self.snapshot(pool, ws, reader)
                 seen = {m.id: m for m in snap.usable()}
-                cached = (key, *context_selection(seen, ordered=True), snap.open)
+                selection = context_selection(seen, ordered=True, known=pool.proven)
+                cached = (key, *selection, snap.open)
                 pool.learning_view = cached
             _, chosen, topics, open_ = cached
             entries = pool.derive("learning", chosen, context_entry, open_)

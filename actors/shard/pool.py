@@ -21,7 +21,7 @@ from storage.search_index import TermIndex
 T = TypeVar("T")
 VIEWS = 8  # readers whose views a pool keeps (`Pool.view`)
 TEXTS = 4096  # opened contents a pool keeps (`Pool.open`); past it, it starts afresh
-DERIVED = ("prompt", "learning")  # the kinds `Pool.derive` keeps
+DERIVED = ("prompt", "learning", "record")  # the kinds `Pool.derive` keeps
 KNOWN = 16_384  # visibility checks kept per reader (`Pool.known`); past it, afresh
 
 
@@ -36,6 +36,9 @@ class Pool:
         self.stored_receipts: set[str] | None = None  # keys on disk when loaded (None: not read)
         # The learning context (LRN-7) of one pool version: recomputing it walks every entry.
         self.learning_view: tuple | None = None  # (version, reader, entries, topic counts)
+        # The provenance checks that depend on one entry alone (engine/learning.py `provable`),
+        # kept while the entry object is the same: the learning context asks them every turn.
+        self._proven: dict[str, tuple[EntryMeta, bool]] = {}
         # The entries recent readers may see (or use), in memory order, at one state of the
         # pool: a turn's reads (enrichment, prompt, confession, learning) ask the same again.
         self._views: dict[tuple[Reader, bool], tuple[int, list[EntryMeta]]] = {}
@@ -80,16 +83,24 @@ class Pool:
                 if not ids:
                     del self._by_grant[grant]
 
-    def candidates(self, reader: Reader) -> set[str]:
-        """Entries whose audience could admit the reader; visibility still decides."""
+    @staticmethod
+    def _grant_keys(reader: Reader) -> list[str]:
         keys = [tagmod.person(reader.user)]
         keys += [tagmod.channel_grant(c) for c in reader.channels]
         if reader.uses_bot:
             keys.append(tagmod.FOR_BOT)
+        return keys
+
+    def candidates(self, reader: Reader) -> set[str]:
+        """Entries whose audience could admit the reader; visibility still decides."""
         out: set[str] = set()
-        for key in keys:
+        for key in self._grant_keys(reader):
             out |= self._by_grant.get(key, set())
         return out
+
+    def candidate(self, reader: Reader, entry_id: str) -> bool:
+        """Whether one entry is among `candidates(reader)`, without building them."""
+        return any(entry_id in self._by_grant.get(k, ()) for k in self._grant_keys(reader))
 
     def view(
         self, reader: Reader, active: bool, build: Callable[[], list[EntryMeta]]
@@ -115,6 +126,13 @@ class Pool:
         if len(self._known) > VIEWS:
             del self._known[next(iter(self._known))]
         return known
+
+    @property
+    def proven(self) -> dict[str, tuple[EntryMeta, bool]]:
+        """The kept provenance checks, for `provable(..., known=)`."""
+        if len(self._proven) > KNOWN:
+            self._proven = {}
+        return self._proven
 
     @property
     def opened(self) -> frozenset[str]:

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from actors.contracts import WorkspaceAccess, WorkspaceListing, WorkspaceQuery
 from actors.shard.kernel import ShardKernel
-from actors.shard.memory_reader import MemoryReader
+from actors.shard.memory_reader import MemoryReader, Snapshot
 from actors.shard.pool import Pool
 from actors.workspace.access import WorkspaceRules
 from actors.workspace.pools import WorkspacePool, WorkspacePools
@@ -137,6 +137,10 @@ async def search(
     owner: dict[str, WorkspacePool] = {}
     learned: dict[str, WorkspacePool] = {}  # learned entry id -> its bot pool
     keyword: list[Hit] = []
+    # One bot pool and no semantic search: nothing awaits between the keyword walk and the
+    # answer, so its learned hits are opened in the walk's own locked stretch, not read again.
+    alone = len(pools) == 1 and (ws.semantic is None or query.using == "keyword")
+    views: dict[str, WorkspaceEntryView] = {}
     if query.using != "semantic" and any(keys_of.values()):
         shared = keyword_stats(pools, keys_of)
         for pool in pools:
@@ -157,9 +161,12 @@ async def search(
                     owner[entry_id] = pool
                     keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
                 ok = learned_filter(snap.pool, who, query, snap.visibility)
-                for entry_id, score in snap.pool.terms.search(keys, depth, ok, stats):
+                found = snap.pool.terms.search(keys, depth, ok, stats)
+                for entry_id, score in found:
                     learned[entry_id] = pool
                     keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
+                if alone:
+                    views.update(_learned_views(snap, pool, [i for i, _ in found]))
         keyword.sort(key=lambda h: -h.score)
         keyword = keyword[:depth]
     semantic: list[Hit] = []
@@ -182,7 +189,6 @@ async def search(
     # a record may have changed meanwhile, so the fused ranking is walked best first, each
     # record checked again in the same synchronous stretch as its content is opened.
     fused: list[Hit] = []
-    views: dict[str, WorkspaceEntryView] = {}
     everything = len(keyword) + len(semantic)
     for h in merge_hits(keyword, semantic, _yes, everything, weights=ws.weights):
         if len(fused) == query.limit:
@@ -193,15 +199,13 @@ async def search(
         elif pool is not None and allow[pool.id](h.id):
             fused.append(h)
             views[h.id] = sm.view(pool.stored.entries[h.id], ws.pools.open(pool, h.id))
-    for pool in {learned[h.id].id: learned[h.id] for h in fused if h.id in learned}.values():
+    again = {} if alone else {learned[h.id].id: learned[h.id] for h in fused if h.id in learned}
+    for pool in again.values():
         who = bot_reader(ws, pool, access, reader)
-        bot = sm.pool_owner(pool.id)
         async with ws.memory.read(pool.id, who) as snap:
             ok = learned_filter(snap.pool, who, query, snap.visibility)
-            for h in fused:
-                if learned.get(h.id) is pool and ok(h.id):
-                    meta = snap.pool.entries[h.id]
-                    views[h.id] = bm.as_record_view(meta, snap.open(h.id), bot)
+            found = [h.id for h in fused if learned.get(h.id) is pool and ok(h.id)]
+            views.update(_learned_views(snap, pool, found))
     fused = [h for h in fused if h.id in views]  # a learned entry gone while we waited: dropped
     top = {h.id for h in fused}
     return WorkspaceListing(
@@ -211,6 +215,20 @@ async def search(
         fused=fused,
         names=names,
     )
+
+
+def _learned_views(
+    snap: Snapshot, pool: WorkspacePool, ids: Sequence[str]
+) -> dict[str, WorkspaceEntryView]:
+    """Learned entries of bot pool `pool` as records (call under its read lock, with `ids`
+    checked in the same stretch); kept per entry state (`Pool.derive`): a turn's next
+    searches find most of the same hits."""
+    bot = sm.pool_owner(pool.id)
+    metas = [snap.pool.entries[i] for i in ids]
+    made = snap.pool.derive(
+        "record", metas, lambda m, text: bm.as_record_view(m, text, bot), snap.open
+    )
+    return {v.id: v for v in made}
 
 
 def keyword_stats(

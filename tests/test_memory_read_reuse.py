@@ -69,7 +69,8 @@ async def test_opened_content_goes_with_its_entry(shards):
     assert before == {"f1", "f2"} and after == {"f2"}
 
 
-def test_a_ranked_hit_shows_its_entry_as_it_is_now(tmp_path: Path):
+@pytest.mark.anyio
+async def test_a_ranked_hit_shows_its_entry_as_it_is_now(shards):
     """The record form of a learned entry a search returns is kept between searches while the
     entry is the same; a change to it (forgotten, purged) shows in the next search."""
     from actors.contracts import WorkspaceAccess, WorkspaceQuery
@@ -81,21 +82,14 @@ def test_a_ranked_hit_shows_its_entry_as_it_is_now(tmp_path: Path):
         listing = await svc.workspace_entries(access, query, ALICE)
         return {e.id: str(e.status) for e in listing.entries}
 
-    async def scenario():
-        svc = ShardService(tmp_path, 0)
-        try:
-            e1 = (await svc.remember(POOL, ALICE, "I drink tea")).id
-            e2 = (await svc.remember(POOL, ALICE, "green tea in the morning")).id
-            first = [await hits(svc), await hits(svc)]
-            await svc.forget(POOL, ALICE, e1)
-            forgotten = await hits(svc)
-            await svc.purge(POOL, "from:u1")
-            purged = await hits(svc)
-            return (e1, e2), first, forgotten, purged
-        finally:
-            await svc.close()
-
-    (e1, e2), first, forgotten, purged = asyncio.run(scenario())
+    svc = shards()
+    e1 = (await svc.remember(POOL, ALICE, "I drink tea")).id
+    e2 = (await svc.remember(POOL, ALICE, "green tea in the morning")).id
+    first = [await hits(svc), await hits(svc)]
+    await svc.forget(POOL, ALICE, e1)
+    forgotten = await hits(svc)
+    await svc.purge(POOL, "from:u1")
+    purged = await hits(svc)
     assert first[0] == first[1] == {e1: "active", e2: "active"}
     assert forgotten == {e1: "forgotten", e2: "active"}
     assert purged == {}

@@ -31,7 +31,9 @@ actor call, no work).
 (coalesced; not coalesced; events polled; two coalesced calls in flight), shard.ping() and the
 workspace write (`--ab-ways` picks some), and sums each over the rounds: on a machine whose load
 changes, the fairer side by side. The ratio targets (Remember >= 1.0 x shard.ping(), workspace
-write >= 1.0 x Remember) come from those rounds, else from the single windows.
+write >= 1.0 x Remember) come from those rounds, else from the single windows. GET memory >= 0.75 x
+GET /healthz comes from N alternating rounds of the two of its own, right after the single read
+windows and before any write (the reads must see the seeded pool alone).
 
 Prints a table with each scenario's target and PASS/MISS and CPU per request by process role,
 the ratio targets with PASS/FAIL and the load at each round's start, and writes the figures to
@@ -77,6 +79,8 @@ TARGETS: dict[str, dict[str, float] | None] = {
 RATIO_TARGETS: dict[str, tuple[str, str, float]] = {
     "Remember / shard.ping()": ("coalesced", "ping", 1.0),
     "workspace write / Remember": ("workspace", "coalesced", 1.0),
+    # In rounds of their own, before any write: the reads see the seeded pool alone.
+    "GET memory / GET /healthz": ("read", "health", 0.75),
 }
 LABELS = {
     "http_health": "baseline: GET /healthz",
@@ -186,6 +190,7 @@ def remember_ab(
     ping: Any = None,
     workspace: Any = None,
     only: set[str] | None = None,
+    more: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Remember with the gateway's coalescing on and off, and coalesced with the events polled
     (not with the write replies), in alternating rounds, summed: a fairer side by side than one
@@ -201,6 +206,7 @@ def remember_ab(
         ways["ping"] = ping
     if workspace is not None:
         ways["workspace"] = workspace
+    ways |= more or {}
     if only:
         ways = {k: v for k, v in ways.items() if k in only}
     sums = {k: {"count": 0, "seconds": 0.0, "ops": 0, "shard": 0.0, "driver": 0.0}
@@ -237,12 +243,14 @@ def remember_ab(
 def ratio_verdicts(m: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The ratio targets of one mode: from the alternating rounds where they ran, else from the
     single windows (a rougher side by side on a busy machine)."""
-    ab = m.get("remember_ab") or {}
+    ab = {**(m.get("read_ab") or {}), **(m.get("remember_ab") or {})}
     sc = m["scenarios"]
     single = {
         "coalesced": "http_remember",
         "ping": "actor_ping",
         "workspace": "http_workspace_write",
+        "read": "http_read",
+        "health": "http_health",
     }
     out: dict[str, dict[str, Any]] = {}
     for label, (num, den, minimum) in RATIO_TARGETS.items():
@@ -492,6 +500,11 @@ def run_mode(
                 workspace_bot=bot,
             )
 
+        def health() -> dict[str, Any]:
+            return http_scenario(
+                server.port, reader["token"], "/healthz", remember=False, args=args
+            )
+
         direct_reader = Reader(user=reader["id"], org=org, channels=frozenset(), uses_bot=True)
         runs = [
             ("http_read", lambda: http_scenario(
@@ -507,10 +520,10 @@ def run_mode(
             runs.append(("http_remember_polled", lambda: polled(engine, lambda: http_scenario(
                 server.port, reader["token"], path, remember=True, args=args))))  # fmt: skip
             runs[:0] = [
-                ("http_health", lambda: http_scenario(
-                    server.port, reader["token"], "/healthz", remember=False, args=args)),
+                ("http_health", health),
                 ("actor_ping", lambda: actor_scenario(shard, pool, direct_reader, args, ping=True)),
             ]  # fmt: skip
+        runs_by_name = dict(runs)
         if args.only:
             runs = [(name, run) for name, run in runs if name in args.only]
         for name, run in runs:
@@ -548,6 +561,13 @@ def run_mode(
             result["target"], result["verdict"] = verdict(name, result)
             out["scenarios"][name] = result
             print(f"[gc {mode}] {name}: {short(result)}", flush=True)
+            if name == "http_read" and baselines and args.ab_rounds and "failed" not in result:
+                out["read_ab"] = remember_ab(
+                    engine, runs_by_name["http_read"], args.ab_rounds,
+                    only={"read", "health"},
+                    more={"read": runs_by_name["http_read"], "health": health},
+                )  # fmt: skip
+                print(f"[gc {mode}] read A/B: {out['read_ab']}", flush=True)
         if baselines and args.ab_rounds:
             out["remember_ab"] = remember_ab(
                 engine, lambda: http_scenario(
@@ -634,8 +654,9 @@ def print_table(modes: list[dict[str, Any]], args: argparse.Namespace) -> None:
                     f"{cpu.get('ray_system', 0):.2f}"
                 )
     for m in modes:
-        ab = m.get("remember_ab")
-        if ab:
+        for ab in (m.get("read_ab"), m.get("remember_ab")):
+            if not ab:
+                continue
             print(
                 f"alternating rounds (loads at each round's start: "
                 f"{ab.get('loadavg_1m_per_round')}): "

@@ -16,6 +16,7 @@ one; returned on every response).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
 import secrets
@@ -73,6 +74,21 @@ EVENTS_DROPPED = Counter(
 )
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+# A request's id when the client sends none: unique, not secret (it names a request in the logs),
+# so a counter after a random prefix per process instead of a read of the OS's randomness each.
+_ID_PREFIX = secrets.token_hex(4)
+_ids = itertools.count()
+# The metric series of each (method, route, status): `labels()` checks and locks on every call,
+# a dict lookup does not (a series, once made, stays).
+_series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+
+
+def _series_of(method: str, route: str, status: str) -> tuple[Any, Any]:
+    found = _series.get((method, route, status))
+    if found is None:
+        found = (REQUESTS.labels(method, route, status), LATENCY.labels(method, route))
+        _series[(method, route, status)] = found
+    return found
 
 
 def route_of(scope: dict) -> str:
@@ -92,7 +108,7 @@ class RequestLog:
             await self.app(scope, receive, send)
             return
         given = _header(scope, b"x-request-id")
-        rid = given if given and _REQUEST_ID.fullmatch(given) else secrets.token_hex(8)
+        rid = given if given and _REQUEST_ID.fullmatch(given) else f"{_ID_PREFIX}{next(_ids):08x}"
         status = 500
         started = time.perf_counter()
         logged = False
@@ -102,8 +118,9 @@ class RequestLog:
             logged = True
             seconds = time.perf_counter() - started
             route, method = route_of(scope), scope["method"]
-            REQUESTS.labels(method, route, str(status)).inc()
-            LATENCY.labels(method, route).observe(seconds)
+            requests, latency = _series_of(method, route, str(status))
+            requests.inc()
+            latency.observe(seconds)
             access_log.info("%s %s %d %.1fms rid=%s", method, route, status, seconds * 1000, rid)
 
         async def send_with_id(message: dict) -> None:

@@ -183,6 +183,7 @@ def test_access_log_line_and_request_id(server, world, caplog):
         assert len(new_id) == 16 and new_id != "x" * 200  # an unusable id is replaced
         missing = alice.get("/v1/no/such/route")
         assert missing.status_code == 404 and missing.headers["x-request-id"]
+        assert missing.headers["x-request-id"] != new_id  # each made id names one request
     lines = [r.getMessage() for r in caplog.records if r.name == "openbot.access"]
     mine = [line for line in lines if "rid=trace-42.a" in line]
     assert len(mine) == 1

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from actors.directory import DirectoryService
 from actors.shard.service import ShardService
 from engine.directory import Bot, Chat, Org, OrgSettings
+from tests.shard_kit import Shards
 
 PEER_SCRIPT = """
 default = "Result received and merged into my work."
@@ -36,14 +37,10 @@ async def asker_and_peer(directory: DirectoryService) -> tuple[Org, Bot, Chat]:
 
 
 @contextlib.asynccontextmanager
-async def reopened(path, models, directory: DirectoryService) -> AsyncIterator[ShardService]:
-    """Shard 0 of `path` opened again after a close (a restart), started; on leaving, it and
-    the directory's database are closed."""
-    svc = ShardService(path, 0, models=models)
-    svc.peers.connect(directory=directory)
-    try:
-        await svc.kernel.started()
-        yield svc
-    finally:
-        await svc.close()
-        directory.store.db.close()
+async def reopened(shards: Shards, models) -> AsyncIterator[ShardService]:
+    """Shard 0 of the folder opened again after a close (a restart), on the folder's directory,
+    started; closed on leaving (by the `shards` fixture, should the block fail)."""
+    svc = shards(models=models, directory=True)
+    await svc.kernel.started()
+    yield svc
+    await shards.close(svc)

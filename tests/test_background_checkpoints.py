@@ -46,36 +46,34 @@ class _Held:
         assert await loop.run_in_executor(None, self.entered.wait, 10)
 
 
-def test_a_commit_is_durable_while_a_background_checkpoint_runs(tmp_path, monkeypatch):
+@pytest.mark.anyio
+async def test_a_commit_is_durable_while_a_background_checkpoint_runs(tmp_path, monkeypatch):
     """With `background`, the threshold checkpoint after k0 runs on the database thread while
     k1 commits (without it, k1 waits for that checkpoint and the wait below times out); a crash
     copy taken then holds both records, and reopening applies each exactly once."""
     path = tmp_path / "a" / "t.duckdb"
 
-    async def main() -> None:
-        db = Database(path, [KV_SQL])
-        gc = GroupCommitter(db, [KV], checkpoint_rows=1, checkpoint_idle=3600, background=True)
-        held = _Held(monkeypatch)
-        await gc.submit([Insert("kv", ("k0", "g", 0))])
-        await held.wait_entered()  # the checkpoint of k0 is applying it, held
-        await asyncio.wait_for(gc.submit([Insert("kv", ("k1", "g", 1))]), 5)
-        assert [seq for seq, _ in scan(journal_of(path).read_bytes())[0]] == [1, 2]
-        crash_copy(path.parent, tmp_path / "a-crash")
-        held.release.set()
-        await gc.close()
-        assert db.query("SELECT k, count(*) FROM kv GROUP BY k ORDER BY k") == [
-            ("k0", 1),
-            ("k1", 1),
-        ]
-        assert journal_of(path).stat().st_size == HEADER  # close applied and emptied it
-        db.close()
-
-    asyncio.run(main())
+    db = Database(path, [KV_SQL])
+    gc = GroupCommitter(db, [KV], checkpoint_rows=1, checkpoint_idle=3600, background=True)
+    held = _Held(monkeypatch)
+    await gc.submit([Insert("kv", ("k0", "g", 0))])
+    await held.wait_entered()  # the checkpoint of k0 is applying it, held
+    await asyncio.wait_for(gc.submit([Insert("kv", ("k1", "g", 1))]), 5)
+    assert [seq for seq, _ in scan(journal_of(path).read_bytes())[0]] == [1, 2]
+    crash_copy(path.parent, tmp_path / "a-crash")
+    held.release.set()
+    await gc.close()
+    assert db.query("SELECT k, count(*) FROM kv GROUP BY k ORDER BY k") == [
+        ("k0", 1),
+        ("k1", 1),
+    ]
+    assert journal_of(path).stat().st_size == HEADER  # close applied and emptied it
+    db.close()
     monkeypatch.undo()
     db = Database(tmp_path / "a-crash" / "t.duckdb", [KV_SQL])
     gc = GroupCommitter(db, [KV], checkpoint_rows=10_000, checkpoint_idle=3600)
     assert db.query("SELECT k, count(*) FROM kv GROUP BY k ORDER BY k") == [("k0", 1), ("k1", 1)]
-    asyncio.run(gc.close())
+    await gc.close()
     db.close()
 
 

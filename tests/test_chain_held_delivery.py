@@ -10,10 +10,10 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+import pytest
+
 from actors.contracts import TurnStart
-from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
-from actors.shard.service import ShardService
 from engine.errors import StorageError
 from tests.chain_kit import PEER_SCRIPT, asker_and_peer, reopened
 
@@ -28,8 +28,9 @@ def _models(tmp_path: Path) -> dict:
     return {"s": ScriptedModel.from_file("s", str(script))}
 
 
-def test_a_held_delivery_whose_answer_failed_is_written_after_the_pending_root(
-    tmp_path: Path, caplog
+@pytest.mark.anyio
+async def test_a_held_delivery_whose_answer_failed_is_written_after_the_pending_root(
+    shards, tmp_path: Path, caplog, monkeypatch
 ):
     """The root send's commit is held; the peer answers (its reply held for the answer's
     transaction, the chain restaged into it while its first row is unstored: a failure hook);
@@ -38,10 +39,9 @@ def test_a_held_delivery_whose_answer_failed_is_written_after_the_pending_root(
     models = _models(tmp_path)
 
     async def scenario():
-        directory = DirectoryService(tmp_path)
+        directory = shards.directory_service()
         org, asker, chat = await asker_and_peer(directory)
-        svc = ShardService(tmp_path, 0, models=models)
-        svc.peers.connect(directory=directory)
+        svc = shards(models=models, directory=True)
         committer = svc.committer
         commit_group = committer.commit_group
         release = asyncio.Event()
@@ -70,10 +70,10 @@ def test_a_held_delivery_whose_answer_failed_is_written_after_the_pending_root(
                 raise StorageError("read failed (simulated)")
             return await chat_of(chat_id)
 
-        committer.commit_group = holding_root  # type: ignore[method-assign]
         records.step = noting_step  # type: ignore[method-assign]
         records.chat = failing_chat  # type: ignore[method-assign]
-        try:
+        with monkeypatch.context() as m:  # the shard closes with its own commits again
+            m.setattr(committer, "commit_group", holding_root)
             start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
             turn = asyncio.create_task(svc.start_turn(start, True))
             await asyncio.wait_for(failed.wait(), 10)
@@ -86,19 +86,17 @@ def test_a_held_delivery_whose_answer_failed_is_written_after_the_pending_root(
             (link,) = chain.links
             achat = link.agentChat
             live = [(i.kind, i.text) for i in await svc.chat_items(achat)] if achat else []
-        finally:
-            committer.commit_group = commit_group  # type: ignore[method-assign]
-            await svc.close()
+        await shards.close(svc)
         # After a restart (its recovery sends the stored answer up): the delivery and its reply
         # are there once each, the chain's row names the agent chat.
-        async with reopened(tmp_path, models, directory) as restarted:
+        async with reopened(shards, models) as restarted:
             await restarted.chains_idle()
             (stored,) = await restarted.collaborations("u_ann", frozenset())
             again = [(i.kind, i.text) for i in await restarted.chat_items(achat)] if achat else []
         return stepped, achat, live, stored, again
 
     with caplog.at_level("ERROR"):
-        stepped, achat, live, stored, again = asyncio.run(scenario())
+        stepped, achat, live, stored, again = await scenario()
     assert stepped == ["Peer"]
     assert achat is not None
     kinds = [k for k, _ in live]
@@ -109,16 +107,18 @@ def test_a_held_delivery_whose_answer_failed_is_written_after_the_pending_root(
     assert [k for k, _ in again].count("delivery") == 1  # not delivered twice
 
 
-def test_a_delivery_of_a_chain_dropped_before_it_began_returns(tmp_path: Path, caplog):
+@pytest.mark.anyio
+async def test_a_delivery_of_a_chain_dropped_before_it_began_returns(
+    shards, tmp_path: Path, caplog, monkeypatch
+):
     """The root send's commit fails at once (as when the shard is closing): its failure hooks
     drop the chain before the delivery task first runs; the delivery returns, no error."""
     models = _models(tmp_path)
 
     async def scenario():
-        directory = DirectoryService(tmp_path)
+        directory = shards.directory_service()
         org, asker, chat = await asker_and_peer(directory)
-        svc = ShardService(tmp_path, 0, models=models)
-        svc.peers.connect(directory=directory)
+        svc = shards(models=models, directory=True)
         committer = svc.committer
         submit = committer.submit
         failed: list[str] = []
@@ -143,24 +143,21 @@ def test_a_delivery_of_a_chain_dropped_before_it_began_returns(tmp_path: Path, c
                 raise
             outcomes.append(None)
 
-        committer.submit = failing_submit  # type: ignore[method-assign]
         # private: wraps the delivery step: that it ran and returned has no public trace
         svc.chains._deliver = noting_deliver  # type: ignore[method-assign]
-        try:
+        with monkeypatch.context() as m:  # the shard closes with its own commits again
+            m.setattr(committer, "submit", failing_submit)
             start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
             with contextlib.suppress(StorageError):
                 await svc.start_turn(start, True)
             await svc.chains_idle()
             busy = await svc.chat_busy(chat.id)
             chains = await svc.collaborations("u_ann", frozenset())
-        finally:
-            committer.submit = submit  # type: ignore[method-assign]
-            await svc.close()
-            directory.store.db.close()
+        await shards.close(svc)  # (while the log is watched)
         return failed, outcomes, busy, chains
 
     with caplog.at_level("ERROR"):
-        failed, outcomes, busy, chains = asyncio.run(scenario())
+        failed, outcomes, busy, chains = await scenario()
     assert failed == ["root"]
     assert outcomes == [None]  # the delivery ran and returned: nothing escaped its task
     assert not [r for r in caplog.records if "delivery" in r.getMessage()]

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
+import pytest
 from starlette.applications import Starlette
 from starlette.routing import Route
 
@@ -23,6 +24,7 @@ from actors.shard.service import ShardService
 from gateway.auth import Auth
 from gateway.workspace_routes import WorkspaceApi
 from tests.chain_kit import PEER_SCRIPT, asker_and_peer, reopened
+from tests.shard_kit import Shards
 
 ADMIN = "admin-token-for-this-test"
 
@@ -33,22 +35,20 @@ def _models(tmp_path: Path) -> dict:
     return {"s": ScriptedModel.from_file("s", str(script))}
 
 
-async def _run_chains(tmp_path: Path, models: dict, n: int) -> tuple[DirectoryService, str, dict]:
+async def _run_chains(shards: Shards, models: dict, n: int) -> tuple[DirectoryService, str, dict]:
     """`n` turns of Ann's, each a chain (Asker asks Peer, Peer answers: done); Ann's token and
-    the shard's stats after them."""
-    directory = DirectoryService(tmp_path)
-    svc = ShardService(tmp_path, 0, models=models)
-    svc.peers.connect(directory=directory)
-    try:
-        org, asker, chat = await asker_and_peer(directory)
-        token = await directory.new_token("u_ann")
-        for _ in range(n):
-            start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
-            await svc.start_turn(start, True)
-            await svc.chains_idle()
-        return directory, token, await svc.stats()
-    finally:
-        await svc.close()
+    the shard's stats after them (the shard closed, to be opened again)."""
+    directory = shards.directory_service()
+    svc = shards(models=models, directory=True)
+    org, asker, chat = await asker_and_peer(directory)
+    token = await directory.new_token("u_ann")
+    for _ in range(n):
+        start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
+        await svc.start_turn(start, True)
+        await svc.chains_idle()
+    stats = await svc.stats()
+    await shards.close(svc)
+    return directory, token, stats
 
 
 async def _pages(svc: ShardService, directory: DirectoryService, token: str, limit: int):
@@ -70,23 +70,22 @@ async def _pages(svc: ShardService, directory: DirectoryService, token: str, lim
     raise AssertionError(f"no last page: {pages[-1]}")
 
 
-def test_a_restart_reads_no_ended_chain_and_the_listing_pages_through_all(tmp_path: Path):
+@pytest.mark.anyio
+async def test_a_restart_reads_no_ended_chain_and_the_listing_pages_through_all(
+    shards, tmp_path: Path
+):
     models = _models(tmp_path)
     n = 7
 
-    async def scenario():
-        directory, token, ran = await _run_chains(tmp_path, models, n)
-        async with reopened(tmp_path, models, directory) as svc:
-            await svc.chains_idle()
-            at_start = (await svc.stats())["chains_in_memory"]
-            pages = await _pages(svc, directory, token, 3)
-            after_listing = (await svc.stats())["chains_in_memory"]
-            oldest = pages[-1]["items"][-1]
-            stopped = await svc.stop_collaboration(oldest["id"], "u_ann", frozenset())
-            asked = (await svc.stats())["chains_in_memory"]
-        return ran, at_start, pages, after_listing, oldest, stopped, asked
-
-    ran, at_start, pages, after_listing, oldest, stopped, asked = asyncio.run(scenario())
+    directory, token, ran = await _run_chains(shards, models, n)
+    async with reopened(shards, models) as svc:
+        await svc.chains_idle()
+        at_start = (await svc.stats())["chains_in_memory"]
+        pages = await _pages(svc, directory, token, 3)
+        after_listing = (await svc.stats())["chains_in_memory"]
+        oldest = pages[-1]["items"][-1]
+        stopped = await svc.stop_collaboration(oldest["id"], "u_ann", frozenset())
+        asked = (await svc.stats())["chains_in_memory"]
     assert ran["chains_in_memory"] == n  # (fewer than RECENT: the recent ones stay)
     assert at_start == 0  # every chain ended: none is read at start
     assert [len(p["items"]) for p in pages] == [3, 3, 1]
@@ -100,55 +99,43 @@ def test_a_restart_reads_no_ended_chain_and_the_listing_pages_through_all(tmp_pa
     assert asked == 1  # read when asked for
 
 
-def test_memory_keeps_a_bounded_number_of_ended_chains(tmp_path: Path, monkeypatch):
+@pytest.mark.anyio
+async def test_memory_keeps_a_bounded_number_of_ended_chains(shards, tmp_path: Path, monkeypatch):
     # A small bound: a memory that grows with every chain run shows past it as well as past 64.
     monkeypatch.setattr(chain_records, "RECENT", 4)
     models = _models(tmp_path)
     n = chain_records.RECENT + 4
 
-    async def scenario():
-        directory, _, ran = await _run_chains(tmp_path, models, n)
-        directory.store.db.close()
-        return ran
-
-    ran = asyncio.run(scenario())
+    _, _, ran = await _run_chains(shards, models, n)
     assert ran["chains_in_memory"] == chain_records.RECENT
 
 
-def test_a_turn_with_a_chain_under_way_is_known_from_the_index(tmp_path: Path):
+@pytest.mark.anyio
+async def test_a_turn_with_a_chain_under_way_is_known_from_the_index(shards, tmp_path: Path):
     """While the peer works the turn's chain is under way; once it answered it is not; a
     turn that started no chain never is."""
     models = _models(tmp_path)
 
-    async def scenario():
-        directory = DirectoryService(tmp_path)
-        svc = ShardService(tmp_path, 0, models=models)
-        svc.peers.connect(directory=directory)
-        records = svc.chains.records
-        step = records.step
-        release, stepping = asyncio.Event(), asyncio.Event()
+    directory = shards.directory_service()
+    svc = shards(models=models, directory=True)
+    records = svc.chains.records
+    step = records.step
+    release, stepping = asyncio.Event(), asyncio.Event()
 
-        async def held_step(bot, step_input, *sent):
-            stepping.set()
-            await release.wait()
-            return await step(bot, step_input, *sent)
+    async def held_step(bot, step_input, *sent):
+        stepping.set()
+        await release.wait()
+        return await step(bot, step_input, *sent)
 
-        records.step = held_step  # type: ignore[method-assign]
-        try:
-            org, asker, chat = await asker_and_peer(directory)
-            start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
-            await svc.start_turn(start, True)
-            await asyncio.wait_for(stepping.wait(), 10)
-            (chain,) = await svc.collaborations("u_ann", frozenset())
-            during = await svc.chains.running_for(chain.topic)
-            other = await svc.chains.running_for("turn_that_started_nothing")
-            release.set()
-            await svc.chains_idle()
-            after = await svc.chains.running_for(chain.topic)
-            return during, other, after
-        finally:
-            await svc.close()
-            directory.store.db.close()
-
-    during, other, after = asyncio.run(scenario())
+    records.step = held_step  # type: ignore[method-assign]
+    org, asker, chat = await asker_and_peer(directory)
+    start = TurnStart(chat=chat, bot=asker, org=org, operator="u_ann", text="start")
+    await svc.start_turn(start, True)
+    await asyncio.wait_for(stepping.wait(), 10)
+    (chain,) = await svc.collaborations("u_ann", frozenset())
+    during = await svc.chains.running_for(chain.topic)
+    other = await svc.chains.running_for("turn_that_started_nothing")
+    release.set()
+    await svc.chains_idle()
+    after = await svc.chains.running_for(chain.topic)
     assert (during, other, after) == (True, False, False)

@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 
 from actors.contracts import TurnStart
-from actors.directory import DirectoryService
 from actors.models.registry import ScriptedModel
-from actors.shard.service import ShardService
 from engine.errors import StorageError
 from tests.chain_kit import PEER_SCRIPT, asker_and_peer, reopened
 
@@ -34,8 +32,9 @@ def _has_chain_row(batches) -> bool:
         "the-peer-delivers-after-the-drop",
     ],
 )
-def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_duplicate(
-    tmp_path: Path, caplog, root_delay: float, step_delay: float | None
+@pytest.mark.anyio
+async def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_duplicate(
+    shards, tmp_path: Path, caplog, monkeypatch, root_delay: float, step_delay: float | None
 ):
     """`step_delay` None: the peer's delivery is held until the failed turn has returned (its
     chain dropped), then let go: it must not store the chain again."""
@@ -44,10 +43,9 @@ def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_dupli
     models = {"s": ScriptedModel.from_file("s", str(script))}
 
     async def scenario():
-        directory = DirectoryService(tmp_path)
+        directory = shards.directory_service()
         org, asker, chat = await asker_and_peer(directory)
-        svc = ShardService(tmp_path, 0, models=models)
-        svc.peers.connect(directory=directory)
+        svc = shards(models=models, directory=True)
         committer = svc.committer
         commit_group = committer.commit_group
         failed: list[str] = []
@@ -71,9 +69,9 @@ def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_dupli
                 await asyncio.sleep(step_delay)
             return await step(bot, step_input, *sent)
 
-        committer.commit_group = failing_root  # type: ignore[method-assign]
         svc.chains.records.step = slow_step  # type: ignore[method-assign]
-        try:
+        with monkeypatch.context() as m:  # the shard closes with its own commits again
+            m.setattr(committer, "commit_group", failing_root)
             start = TurnStart(
                 chat=chat, bot=asker, org=org, operator="u_ann", text="start", request_id="r1"
             )
@@ -99,17 +97,23 @@ def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_dupli
                     break
                 await asyncio.sleep(0.02)
             items = [i.kind for i in await svc.chat_items(chat.id)]
-        finally:
-            committer.commit_group = commit_group  # type: ignore[method-assign]
-            await svc.close()
-        async with reopened(tmp_path, models, directory) as restarted:
+        await shards.close(svc)  # (while the log is watched)
+        async with reopened(shards, models) as restarted:
             stored = await restarted.collaborations("u_ann", frozenset())
         return (failed, after_failure, busy, retried, after_retry, second, chains, items, stored)
 
     with caplog.at_level("WARNING"):
-        failed, after_failure, busy, retried, after_retry, second, chains, items, stored = (
-            asyncio.run(scenario())
-        )
+        (
+            failed,
+            after_failure,
+            busy,
+            retried,
+            after_retry,
+            second,
+            chains,
+            items,
+            stored,
+        ) = await scenario()
     # A delivery under way when the chain went fails as its commit does (its rows went after
     # the failed one, and its agent chat is dropped with them), never on a missing chain; one
     # that reaches the chain's texts only after the drop (a loaded host) ends quietly.
@@ -131,7 +135,10 @@ def test_a_chain_whose_first_commit_failed_is_dropped_and_a_retry_does_not_dupli
     assert [c.id for c in stored] == [c.id for c in chains]  # memory matched the disk
 
 
-def test_24_turns_at_once_keep_exactly_the_chains_whose_first_commit_succeeded(tmp_path: Path):
+@pytest.mark.anyio
+async def test_24_turns_at_once_keep_exactly_the_chains_whose_first_commit_succeeded(
+    shards, tmp_path: Path, monkeypatch
+):
     """Half of 24 concurrent person turns (each in its own chat, each starting a chain) fail to
     commit their end: memory then holds exactly the other half's chains, as the disk does."""
     script = tmp_path / "peer.toml"
@@ -139,14 +146,13 @@ def test_24_turns_at_once_keep_exactly_the_chains_whose_first_commit_succeeded(t
     models = {"s": ScriptedModel.from_file("s", str(script))}
 
     async def scenario():
-        directory = DirectoryService(tmp_path)
+        directory = shards.directory_service()
         org, asker, first = await asker_and_peer(directory)
         chats = [first] + [
             await directory.create_chat("u_ann", None, bot=asker.id) for _ in range(23)
         ]
         doomed = {c.id for c in chats[::2]}
-        svc = ShardService(tmp_path, 0, models=models)
-        svc.peers.connect(directory=directory)
+        svc = shards(models=models, directory=True)
         committer = svc.committer
         commit_group = committer.commit_group
 
@@ -164,8 +170,8 @@ def test_24_turns_at_once_keep_exactly_the_chains_whose_first_commit_succeeded(t
                     raise StorageError("disk full (simulated)")
             await commit_group(batches)
 
-        committer.commit_group = failing  # type: ignore[method-assign]
-        try:
+        with monkeypatch.context() as m:  # the shard closes with its own commits again
+            m.setattr(committer, "commit_group", failing)
             starts = [
                 TurnStart(chat=c, bot=asker, org=org, operator="u_ann", text="start") for c in chats
             ]
@@ -179,14 +185,12 @@ def test_24_turns_at_once_keep_exactly_the_chains_whose_first_commit_succeeded(t
                     break
                 await asyncio.sleep(0.02)
             busy = [await svc.chat_busy(c.id) for c in chats]
-        finally:
-            committer.commit_group = commit_group  # type: ignore[method-assign]
-            await svc.close()
-        async with reopened(tmp_path, models, directory) as restarted:
+        await shards.close(svc)
+        async with reopened(shards, models) as restarted:
             stored = await restarted.collaborations("u_ann", frozenset())
         return doomed, chats, results, chains, busy, stored
 
-    doomed, chats, results, chains, busy, stored = asyncio.run(scenario())
+    doomed, chats, results, chains, busy, stored = await scenario()
     kept = {c.id for c in chats} - doomed
     failed = {c.id for c, r in zip(chats, results, strict=True) if isinstance(r, Exception)}
     assert failed == doomed

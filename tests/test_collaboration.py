@@ -76,7 +76,8 @@ def _wait_items(client, chat_id, n, timeout=20.0) -> list[dict]:
     raise AssertionError(f"chat {chat_id} has {items}")
 
 
-def test_a_send_returns_a_receipt_and_the_reply_wakes_the_sender(world, admin, bot_model):
+@pytest.mark.anyio
+async def test_a_send_returns_a_receipt_and_the_reply_wakes_the_sender(world, admin, bot_model):
     bots = _bots(world, admin, "Asker", "Helper")
     asker, helper = bots["Asker"], bots["Helper"]
 
@@ -95,44 +96,38 @@ def test_a_send_returns_a_receipt_and_the_reply_wakes_the_sender(world, admin, b
 
     bot_model.routes.append(route)
 
-    async def scenario():
-        events = EventClient(world.server.url, world.tokens["alice"])
-        it = aiter(events)
-        first = asyncio.ensure_future(it.__anext__())
-        await asyncio.sleep(0.3)  # connected and live before the turn
-        with world.client("alice") as alice:
-            chat = alice.post("/v1/chats", json={"bot": asker["id"]}).json()
-            r = await asyncio.to_thread(
-                alice.post, f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "Check CI"}
-            )
-            assert r.status_code == 200, r.text
-            turn_items = r.json()["items"]
-            # The turn's items: the person's, the reply, and what the bot sent (UI-1).
-            assert [i["kind"] for i in turn_items] == ["person", "bot", "delivery"]
-            assert turn_items[2]["communication"]["direction"] == "sent"
-            # The receipt came back at once, in the same step.
-            tool_msgs = [
-                m
-                for b in bot_model.requests
-                if bot_of(b) == asker["name"]
-                for m in b["messages"]
-                if m["role"] == "tool"
-            ]
-            assert tool_msgs and '"receipt":"dlv_' in tool_msgs[-1]["content"]
-            chain = await asyncio.to_thread(
-                _wait_chain, alice, chat["id"], lambda c: c["status"] == "done"
-            )
-            seen = [await asyncio.wait_for(first, 10)]
-            while not (
-                seen[-1].type == "collaboration.changed" and seen[-1].data["status"] == "done"
-            ):
-                seen.append(await asyncio.wait_for(it.__anext__(), 10))
-            assert seen[-1].data["chat"] == chat["id"]
-            items = await asyncio.to_thread(_wait_items, alice, chat["id"], 5)
-        await events.close()
-        return chat, chain, items
-
-    _, chain, items = asyncio.run(scenario())
+    events = EventClient(world.server.url, world.tokens["alice"])
+    it = aiter(events)
+    first = asyncio.ensure_future(it.__anext__())
+    await asyncio.sleep(0.3)  # connected and live before the turn
+    with world.client("alice") as alice:
+        chat = alice.post("/v1/chats", json={"bot": asker["id"]}).json()
+        r = await asyncio.to_thread(
+            alice.post, f"/v1/chats/{chat['id']}/turns?wait=true", json={"text": "Check CI"}
+        )
+        assert r.status_code == 200, r.text
+        turn_items = r.json()["items"]
+        # The turn's items: the person's, the reply, and what the bot sent (UI-1).
+        assert [i["kind"] for i in turn_items] == ["person", "bot", "delivery"]
+        assert turn_items[2]["communication"]["direction"] == "sent"
+        # The receipt came back at once, in the same step.
+        tool_msgs = [
+            m
+            for b in bot_model.requests
+            if bot_of(b) == asker["name"]
+            for m in b["messages"]
+            if m["role"] == "tool"
+        ]
+        assert tool_msgs and '"receipt":"dlv_' in tool_msgs[-1]["content"]
+        chain = await asyncio.to_thread(
+            _wait_chain, alice, chat["id"], lambda c: c["status"] == "done"
+        )
+        seen = [await asyncio.wait_for(first, 10)]
+        while not (seen[-1].type == "collaboration.changed" and seen[-1].data["status"] == "done"):
+            seen.append(await asyncio.wait_for(it.__anext__(), 10))
+        assert seen[-1].data["chat"] == chat["id"]
+        items = await asyncio.to_thread(_wait_items, alice, chat["id"], 5)
+    await events.close()
     assert chain["deliveries"] == 2 and chain["rootBot"] == asker["id"]
     (link,) = chain["links"]
     assert link["toBot"] == helper["id"] and link["status"] == "answered"
@@ -483,7 +478,8 @@ def test_learning_waits_for_the_collaboration_and_runs_once(
     assert [e["kind"] for e in evidence] == ["person", "bot", "delivery", "delivery", "bot"]
 
 
-def test_a_deliverys_items_are_readable_as_soon_as_they_are_announced(
+@pytest.mark.anyio
+async def test_a_deliverys_items_are_readable_as_soon_as_they_are_announced(
     world, admin, bot_model, monkeypatch, engine
 ):
     """A hop asks the directory nothing (its agent chat is registered later, gathered): a
@@ -510,30 +506,26 @@ def test_a_deliverys_items_are_readable_as_soon_as_they_are_announced(
 
     bot_model.routes.append(route)
 
-    async def scenario() -> list[tuple[str, int, str]]:
-        events = EventClient(world.server.url, world.tokens["alice"])
-        it = aiter(events)
-        first = asyncio.ensure_future(it.__anext__())
-        await asyncio.sleep(0.3)  # connected and live before the turn
-        read: list[tuple[str, int, str]] = []
-        with world.client("alice") as alice:
-            chat = alice.post("/v1/chats", json={"bot": asker["id"]}).json()["id"]
-            r = await asyncio.to_thread(
-                alice.post, f"/v1/chats/{chat}/turns?wait=true", json={"text": "Check CI"}
-            )
-            assert r.status_code == 200, r.text
-            frame = await asyncio.wait_for(first, 10)
-            while not (frame.type == "collaboration.changed" and frame.data["status"] == "done"):
-                agent = frame.data.get("chat", "")
-                if frame.type == "chat.item.created" and agent.startswith("chat_agent_"):
-                    got = await asyncio.to_thread(
-                        alice.get, f"/v1/chats/{agent}/items/{frame.data['item']}"
-                    )
-                    read.append((agent, got.status_code, got.json().get("kind", "")))
-                frame = await asyncio.wait_for(it.__anext__(), 10)
-        await events.close()
-        return read
-
-    read = asyncio.run(scenario())
+    events = EventClient(world.server.url, world.tokens["alice"])
+    it = aiter(events)
+    first = asyncio.ensure_future(it.__anext__())
+    await asyncio.sleep(0.3)  # connected and live before the turn
+    read: list[tuple[str, int, str]] = []
+    with world.client("alice") as alice:
+        chat = alice.post("/v1/chats", json={"bot": asker["id"]}).json()["id"]
+        r = await asyncio.to_thread(
+            alice.post, f"/v1/chats/{chat}/turns?wait=true", json={"text": "Check CI"}
+        )
+        assert r.status_code == 200, r.text
+        frame = await asyncio.wait_for(first, 10)
+        while not (frame.type == "collaboration.changed" and frame.data["status"] == "done"):
+            agent = frame.data.get("chat", "")
+            if frame.type == "chat.item.created" and agent.startswith("chat_agent_"):
+                got = await asyncio.to_thread(
+                    alice.get, f"/v1/chats/{agent}/items/{frame.data['item']}"
+                )
+                read.append((agent, got.status_code, got.json().get("kind", "")))
+            frame = await asyncio.wait_for(it.__anext__(), 10)
+    await events.close()
     assert [(status, kind) for _, status, kind in read] == [(200, "delivery"), (200, "bot")]
     assert counted["find_agent_chat"] >= 1  # served before the directory had it

@@ -125,21 +125,18 @@ def test_learning_jobs_by_status(server, admin, world):
     assert grew >= 1
 
 
-def test_websocket_clients_and_events_delivered(server, world):
-    async def go():
-        async with EventClient(server.url, world.tokens["alice"]) as events:
-            stream = events.__aiter__()
-            first = asyncio.ensure_future(stream.__anext__())
-            await until(lambda: events.cursor is not None, "connected: its hello frame")
-            during = await asyncio.to_thread(scrape, server)
-            with world.client("alice") as alice:
-                cmd = {"command": {"_tag": "Remember", "content": "for the stream"}}
-                await asyncio.to_thread(alice.post, f"/v1/bots/{world.bot}/memory", json=cmd)
-            frame = await asyncio.wait_for(first, 30)
-            return during, frame
-
+@pytest.mark.anyio
+async def test_websocket_clients_and_events_delivered(server, world):
     before = scrape(server)
-    during, frame = asyncio.run(go())
+    async with EventClient(server.url, world.tokens["alice"]) as events:
+        stream = events.__aiter__()
+        first = asyncio.ensure_future(stream.__anext__())
+        await until(lambda: events.cursor is not None, "connected: its hello frame")
+        during = await asyncio.to_thread(scrape, server)
+        with world.client("alice") as alice:
+            cmd = {"command": {"_tag": "Remember", "content": "for the stream"}}
+            await asyncio.to_thread(alice.post, f"/v1/bots/{world.bot}/memory", json=cmd)
+        frame = await asyncio.wait_for(first, 30)
     assert frame.type == "memory.changed"
     clients = "openbot_websocket_clients"
     assert total(during, clients, endpoint="events") >= 1
@@ -149,28 +146,26 @@ def test_websocket_clients_and_events_delivered(server, world):
     assert total(after, clients, endpoint="events") == total(before, clients, endpoint="events")
 
 
-def test_a_full_client_queue_counts_dropped_events():
+@pytest.mark.anyio
+async def test_a_full_client_queue_counts_dropped_events():
     from gateway.metrics import REGISTRY
     from gateway.subscriber import Outlet
 
-    async def scenario():
-        gate = asyncio.Event()
+    gate = asyncio.Event()
 
-        async def slow_socket(message: dict) -> None:
-            await gate.wait()
+    async def slow_socket(message: dict) -> None:
+        await gate.wait()
 
-        outlet = Outlet(slow_socket, limit=1)
-        before = REGISTRY.get_sample_value("openbot_events_dropped_total")
-        outlet.deliver("one")  # waits in the send
-        outlet.deliver("two")  # queued
-        outlet.deliver("three")  # does not fit
-        assert (
-            REGISTRY.get_sample_value("openbot_events_dropped_total") - before == 1
-            and outlet.ended.is_set()
-        )
-        outlet.close()
-
-    asyncio.run(scenario())
+    outlet = Outlet(slow_socket, limit=1)
+    before = REGISTRY.get_sample_value("openbot_events_dropped_total")
+    outlet.deliver("one")  # waits in the send
+    outlet.deliver("two")  # queued
+    outlet.deliver("three")  # does not fit
+    assert (
+        REGISTRY.get_sample_value("openbot_events_dropped_total") - before == 1
+        and outlet.ended.is_set()
+    )
+    outlet.close()
 
 
 def test_access_log_line_and_request_id(server, world, caplog):

@@ -37,7 +37,8 @@ async def _node(server, isolation: bool, answers: list, seen: list, ready: async
             await ws.send(json.dumps({"type": "result", "id": frame["id"], "text": text}))
 
 
-def test_a_node_without_isolation_chats_without_memory(world, admin, server, model_stubs):
+@pytest.mark.anyio
+async def test_a_node_without_isolation_chats_without_memory(world, admin, server, model_stubs):
     mem = model_stubs["mem"]
     admin.patch(f"/v1/admin/orgs/{world.org}", json={"settings": {"botMemoryModel": "mem"}})
     bot = admin.post(
@@ -57,26 +58,23 @@ def test_a_node_without_isolation_chats_without_memory(world, admin, server, mod
             f"/v1/bots/{bot}/memory", json={"command": {"_tag": "Remember", "content": secret}}
         )
 
-    async def scenario():
-        seen: list = []
-        ready = asyncio.Event()
-        node = asyncio.create_task(_node(server, False, ["plain answer"], seen, ready))
-        await asyncio.wait_for(ready.wait(), 10)
-        with world.client("alice") as alice:
-            caps = (await asyncio.to_thread(alice.get, "/v1/capabilities")).json()
-            edge = next(n for n in caps["nodes"] if n["id"] == "edge-1")
-            builtin = next(n for n in caps["nodes"] if n["id"] == "builtin")
-            status = (await asyncio.to_thread(alice.get, f"/v1/bots/{bot}/node")).json()
-            before = len(mem.requests)
-            r = await asyncio.to_thread(
-                alice.post,
-                f"/v1/chats/{chat['id']}/turns?wait=true",
-                json={"text": "what is my locker code?"},
-            )
-        node.cancel()
-        return seen, edge, builtin, status, before, r.json()
-
-    seen, edge, builtin, status, before, result = asyncio.run(scenario())
+    seen: list = []
+    ready = asyncio.Event()
+    node = asyncio.create_task(_node(server, False, ["plain answer"], seen, ready))
+    await asyncio.wait_for(ready.wait(), 10)
+    with world.client("alice") as alice:
+        caps = (await asyncio.to_thread(alice.get, "/v1/capabilities")).json()
+        edge = next(n for n in caps["nodes"] if n["id"] == "edge-1")
+        builtin = next(n for n in caps["nodes"] if n["id"] == "builtin")
+        status = (await asyncio.to_thread(alice.get, f"/v1/bots/{bot}/node")).json()
+        before = len(mem.requests)
+        r = await asyncio.to_thread(
+            alice.post,
+            f"/v1/chats/{chat['id']}/turns?wait=true",
+            json={"text": "what is my locker code?"},
+        )
+    node.cancel()
+    result = r.json()
     assert builtin["memoryIsolation"] and builtin["memoryExtraction"]
     assert edge["memoryIsolation"] is False and "Upgrade" in edge["hint"]
     assert status["node"]["connected"] and status["memoryInjected"] is False
@@ -88,24 +86,23 @@ def test_a_node_without_isolation_chats_without_memory(world, admin, server, mod
     assert any(t["name"] == "confide" for t in seen[-1]["tools"])
 
 
-def test_nodes_need_the_admin_token_and_a_hello(server, world):
-    async def scenario():
-        user = {"Authorization": f"Bearer {world.tokens['alice']}"}
-        async with connect(_ws_url(server), additional_headers=user) as ws:
-            with pytest.raises(ConnectionClosed) as closed:
-                await ws.recv()
-            assert closed.value.rcvd.code == 4401
-        admin = {"Authorization": f"Bearer {ADMIN}"}
-        async with connect(_ws_url(server), additional_headers=admin) as ws:
-            await ws.send("not json")
-            with pytest.raises(ConnectionClosed) as closed:
-                await ws.recv()
-            assert closed.value.rcvd.code == 4400
-
-    asyncio.run(scenario())
+@pytest.mark.anyio
+async def test_nodes_need_the_admin_token_and_a_hello(server, world):
+    user = {"Authorization": f"Bearer {world.tokens['alice']}"}
+    async with connect(_ws_url(server), additional_headers=user) as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd.code == 4401
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    async with connect(_ws_url(server), additional_headers=admin) as ws:
+        await ws.send("not json")
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd.code == 4400
 
 
-def test_a_node_with_isolation_but_no_extraction_gets_no_learning_requests(
+@pytest.mark.anyio
+async def test_a_node_with_isolation_but_no_extraction_gets_no_learning_requests(
     world, admin, server, engine
 ):
     """ND-2: `memoryIsolation` and `memoryExtraction` are two capabilities. A node that isolates
@@ -147,28 +144,24 @@ def test_a_node_with_isolation_but_no_extraction_gets_no_learning_requests(
             assert time.monotonic() < deadline, jobs
             time.sleep(0.05)
 
-    async def scenario() -> tuple[list, dict]:
-        seen: list = []
-        ready = asyncio.Event()
-        task = asyncio.create_task(node(seen, ready))
-        await asyncio.wait_for(ready.wait(), 10)
-        with world.client("alice") as alice:
-            status = (await asyncio.to_thread(alice.get, f"/v1/bots/{bot}/node")).json()
-            assert status["node"]["id"] == "builtin"  # the bot itself runs here
-            chat = (await asyncio.to_thread(alice.post, "/v1/chats", json={"bot": bot})).json()
-            r = await asyncio.to_thread(
-                alice.post,
-                f"/v1/chats/{chat['id']}/turns?wait=true",
-                json={"text": "My locker code is 4711, please remember it"},
-            )
-            assert r.status_code == 200, r.text
-            shard = engine.shard_for(world.users["alice"])
-            await asyncio.to_thread(ray.get, shard.learning_idle.remote())
-            job = await asyncio.to_thread(job_of, alice, chat["id"])
-        task.cancel()
-        return seen, job
-
-    seen, job = asyncio.run(scenario())
+    seen: list = []
+    ready = asyncio.Event()
+    task = asyncio.create_task(node(seen, ready))
+    await asyncio.wait_for(ready.wait(), 10)
+    with world.client("alice") as alice:
+        status = (await asyncio.to_thread(alice.get, f"/v1/bots/{bot}/node")).json()
+        assert status["node"]["id"] == "builtin"  # the bot itself runs here
+        chat = (await asyncio.to_thread(alice.post, "/v1/chats", json={"bot": bot})).json()
+        r = await asyncio.to_thread(
+            alice.post,
+            f"/v1/chats/{chat['id']}/turns?wait=true",
+            json={"text": "My locker code is 4711, please remember it"},
+        )
+        assert r.status_code == 200, r.text
+        shard = engine.shard_for(world.users["alice"])
+        await asyncio.to_thread(ray.get, shard.learning_idle.remote())
+        job = await asyncio.to_thread(job_of, alice, chat["id"])
+    task.cancel()
     assert job["status"] == "failed" and "extraction" in (job["error"] or ""), job
     learning = [f for f in seen if any(t["name"] == "learn_fact" for t in f.get("tools") or ())]
     assert learning == [], learning

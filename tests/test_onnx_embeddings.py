@@ -3,7 +3,6 @@ PyPI package, nothing downloaded; configured as one model line and found by sema
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from pathlib import Path
 
@@ -11,10 +10,8 @@ import numpy as np
 import pytest
 
 from actors.contracts import WorkspaceAccess, WorkspaceQuery
-from actors.directory import DirectoryService
 from actors.models.embeddings import OnnxEmbeddings, load_embedder, search_settings
 from actors.models.registry import load_models
-from actors.shard.service import ShardService
 from engine.errors import InvalidInput
 from engine.memory_entries import Scope
 from engine.scoped_memory import WorkspaceMemoryCreate
@@ -30,16 +27,17 @@ def minilm() -> OnnxEmbeddings:
     return embedder
 
 
-def test_one_config_line_gives_unit_sentence_vectors_that_know_synonyms(minilm):
+@pytest.mark.anyio
+async def test_one_config_line_gives_unit_sentence_vectors_that_know_synonyms(minilm):
     assert load_models(MODELS) == {}  # an embedding model only, accepted by the model table
     texts = ["The automobile needs new tyres.", "my car", "Lunch is at noon.", ""]
-    vectors = np.asarray(asyncio.run(minilm.embed(texts)))
+    vectors = np.asarray(await minilm.embed(texts))
     assert vectors.shape == (4, 384)
     assert np.allclose(np.linalg.norm(vectors[:3], axis=1), 1.0, atol=1e-4)
     sims = vectors[:3] @ vectors[1]
     assert sims[0] > 0.25 and sims[0] > 2 * sims[2]  # "car": near "automobile", not lunch
     # Batching and ordering do not change a text's vector.
-    again = np.asarray(asyncio.run(minilm.embed(texts[::-1])))[::-1]
+    again = np.asarray(await minilm.embed(texts[::-1]))[::-1]
     assert np.allclose(again, vectors, atol=1e-4)
     assert minilm.ident.startswith("onnx:model.onnx:")
 
@@ -51,25 +49,20 @@ def test_a_missing_model_file_is_a_config_error(tmp_path: Path):
     assert info.value.code == "bad_config" and "nowhere.onnx" in info.value.message
 
 
-def test_semantic_search_with_the_onnx_model_finds_a_record_sharing_no_word(
-    tmp_path: Path, minilm, monkeypatch
+@pytest.mark.anyio
+async def test_semantic_search_with_the_onnx_model_finds_a_record_sharing_no_word(
+    shards, minilm, monkeypatch
 ):
     monkeypatch.delenv("OPENBOT_MASTER_KEY", raising=False)
 
-    async def main() -> None:
-        svc = ShardService(tmp_path, 0, embedder=minilm)
-        svc.peers.connect(directory=DirectoryService(tmp_path))
-        ids = []
-        for text in ("The automobile needs new tyres.", "Lunch is at noon.", "Pay the rent."):
-            body = WorkspaceMemoryCreate(
-                requestId="r-" + secrets.token_hex(4), scope=Scope.USER, bot="b_1", content=text
-            )
-            ids.append((await svc.workspace_create_memory(ANN, body)).id)
-        listing = await svc.workspace_entries(
-            ANN, WorkspaceQuery(pools=("user:u_ann",), q="my car", limit=3)
+    svc = shards(embedder=minilm, directory=True)
+    ids = []
+    for text in ("The automobile needs new tyres.", "Lunch is at noon.", "Pay the rent."):
+        body = WorkspaceMemoryCreate(
+            requestId="r-" + secrets.token_hex(4), scope=Scope.USER, bot="b_1", content=text
         )
-        assert listing.fused[0].id == ids[0] and listing.fused[0].kinds == ("semantic",)
-        await svc.close()
-        svc.peers.directory().store.db.close()
-
-    asyncio.run(main())
+        ids.append((await svc.workspace_create_memory(ANN, body)).id)
+    listing = await svc.workspace_entries(
+        ANN, WorkspaceQuery(pools=("user:u_ann",), q="my car", limit=3)
+    )
+    assert listing.fused[0].id == ids[0] and listing.fused[0].kinds == ("semantic",)

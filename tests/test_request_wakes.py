@@ -9,6 +9,7 @@ import asyncio
 import secrets
 
 import httpx
+import pytest
 import ray
 
 from tests.openai_stub import OpenAIStub, bot_of, completion
@@ -122,21 +123,19 @@ def test_enr3_a_decision_wakes_the_bot_once_with_the_decision(world, admin, bot_
         assert alice.get(f"/v1/chats/{chat}/items").json()["items"][-1] == answer
 
 
-def test_enr3_concurrent_decisions_wake_the_bot_once(engine, world, admin, bot_model):
+@pytest.mark.anyio
+async def test_enr3_concurrent_decisions_wake_the_bot_once(engine, world, admin, bot_model):
     """ENR-3: 24 concurrent decisions: one wins, and the bot is woken exactly once."""
     bot, script = _bot(world, admin, bot_model)
     with world.client("alice") as alice:
         chat, req = _proposed(alice, bot)
 
-    async def decide_all():
-        headers = {"Authorization": f"Bearer {world.tokens['alice']}"}
-        async with httpx.AsyncClient(base_url=world.server.url, headers=headers, timeout=60) as c:
-            url = f"/v1/requests/{req['id']}/decision"
-            return await asyncio.gather(
-                *[c.post(url, json={"approved": k % 2 == 0, "note": f"n{k}"}) for k in range(24)]
-            )
-
-    answers = asyncio.run(decide_all())
+    headers = {"Authorization": f"Bearer {world.tokens['alice']}"}
+    async with httpx.AsyncClient(base_url=world.server.url, headers=headers, timeout=60) as c:
+        url = f"/v1/requests/{req['id']}/decision"
+        answers = await asyncio.gather(
+            *[c.post(url, json={"approved": k % 2 == 0, "note": f"n{k}"}) for k in range(24)]
+        )
     assert sorted(a.status_code for a in answers) == [200] + [409] * 23
     (winner,) = [a.json() for a in answers if a.status_code == 200]
     shard = engine.shard_for(world.users["alice"])

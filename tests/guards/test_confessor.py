@@ -4,8 +4,6 @@ reader (ENR-2)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from actors.chats.step_policy import reader_for
@@ -24,7 +22,7 @@ from tests.guards.kit import (
     tool_names,
 )
 from tests.openai_stub import completion
-from tests.shard_kit import ANN, BOT, ORG, POOL, run_turn, shard_service
+from tests.shard_kit import ANN, BOT, ORG, POOL, run_turn
 
 # --- SEC-1 and LRN-2: the confessor and the encrypted call log -----------------------------------
 
@@ -107,7 +105,8 @@ AUTO_OFF = Org(
 )
 
 
-def test_LRN_10_review_chats_have_no_confide_and_learn_nothing(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_LRN_10_review_chats_have_no_confide_and_learn_nothing(shards, fresh):
     """A review chat offers no `confide`; a bot that calls it anyway gets no confessor, and the
     turn is never learned from, even with autoRecord on.
 
@@ -119,25 +118,18 @@ def test_LRN_10_review_chats_have_no_confide_and_learn_nothing(tmp_path, fresh):
     mem.routes.append(learning_route(completion(None, tool_calls=[("learn_fact", LEARN)])))
     review = Chat(id="chat_1", kind="review", owner="u_ann", org="o1", bot="b1")
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        try:
-            await run_turn(svc, "Please review this", chat=review, org=AUTO)
-            return (
-                await svc.confessions("chat_1"),
-                await svc.learning_jobs(POOL),
-                await svc.read_memory(POOL, ANN),
-            )
-        finally:
-            await svc.close()
-
-    confessions, jobs, page = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    await run_turn(svc, "Please review this", chat=review, org=AUTO)
+    confessions = await svc.confessions("chat_1")
+    jobs = await svc.learning_jobs(POOL)
+    page = await svc.read_memory(POOL, ANN)
     assert "confide" not in tool_names(bot.requests[0])
     assert confessions == [] and jobs == [] and page.entries == ()
     assert mem.requests == []
 
 
-def test_LRN_10_bot_memory_off_still_answers_confide_but_learns_nothing(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_LRN_10_bot_memory_off_still_answers_confide_but_learns_nothing(shards, fresh):
     """With `botMemory` off the confessor still answers, and no learning execution is made.
 
     Break tried: in `conversations.learns`, dropping `not org.settings.botMemory or` → a job
@@ -147,25 +139,18 @@ def test_LRN_10_bot_memory_off_still_answers_confide_but_learns_nothing(tmp_path
     mem.answer(completion("I hear you."))
     mem.routes.append(learning_route(completion(None, tool_calls=[("learn_fact", LEARN)])))
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        try:
-            await run_turn(svc, "I moved to Oslo", org=AUTO_OFF)
-            return (
-                await svc.confessions("chat_1"),
-                await svc.learning_jobs(POOL),
-                await svc.read_memory(POOL, ANN),
-            )
-        finally:
-            await svc.close()
-
-    confessions, jobs, page = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    await run_turn(svc, "I moved to Oslo", org=AUTO_OFF)
+    confessions = await svc.confessions("chat_1")
+    jobs = await svc.learning_jobs(POOL)
+    page = await svc.read_memory(POOL, ANN)
     assert [(c.answer, c.calm) for c in confessions] == [("I hear you.", False)]
     assert jobs == [] and page.entries == ()
     assert learning_requests(mem) == []
 
 
-def test_ENR_4_bot_memory_off_leaves_the_input_unchanged(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_ENR_4_bot_memory_off_leaves_the_input_unchanged(shards, fresh):
     """With `botMemory` off the memory bot is not asked to rewrite and the bot's model gets the
     person's own words, with no enrichment record.
 
@@ -175,17 +160,11 @@ def test_ENR_4_bot_memory_off_leaves_the_input_unchanged(tmp_path, fresh):
     bot, mem = fresh
     bot.answer(completion("Sure."))
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        try:
-            mine = await svc.remember(POOL, ANN, "Ann prefers trains")
-            mem.routes.append(route_rewrite("Plan my trip to Oslo by train", [mine.id]))
-            await run_turn(svc, "Plan my trip to Oslo", org=OFF)
-            return await svc.enrichments("chat_1")
-        finally:
-            await svc.close()
-
-    enrichments = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    mine = await svc.remember(POOL, ANN, "Ann prefers trains")
+    mem.routes.append(route_rewrite("Plan my trip to Oslo by train", [mine.id]))
+    await run_turn(svc, "Plan my trip to Oslo", org=OFF)
+    enrichments = await svc.enrichments("chat_1")
     assert bot.requests[0]["messages"][-1]["content"] == "Plan my trip to Oslo"
     assert enrichments == [] and mem.requests == []
 
@@ -193,7 +172,10 @@ def test_ENR_4_bot_memory_off_leaves_the_input_unchanged(tmp_path, fresh):
 # --- ENR-2: a group's reader ----------------------------------------------------------------------
 
 
-def test_ENR_2_in_a_channel_group_only_the_groups_and_bot_entries_shape_the_input(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_ENR_2_in_a_channel_group_only_the_groups_and_bot_entries_shape_the_input(
+    shards, fresh
+):
     """The reader of a group turn's enrichment admits `for:channel:<group>` and `for:bot`
     entries only — not the person's own entries, not another channel's.
 
@@ -206,24 +188,18 @@ def test_ENR_2_in_a_channel_group_only_the_groups_and_bot_entries_shape_the_inpu
     reader = reader_for(step)
     assert reader is not None
 
-    async def go():
-        svc = shard_service(tmp_path, fresh)
-        try:
-            await svc.add_entries(
-                POOL,
-                [
-                    (
-                        pinned_meta("mem_p1", ("for:person:u_ann", "org:o1"), 1),
-                        "Ann's private note",
-                    ),
-                    (pinned_meta("mem_c1", ("for:channel:c1", "org:o1"), 2), "the group's plan"),
-                    (pinned_meta("mem_c2", ("for:channel:c2", "org:o1"), 3), "another group"),
-                    (pinned_meta("mem_bt", ("for:bot", "org:o1"), 4), "the bot's own habit"),
-                ],
-            )
-            return await svc.context_parts(POOL, reader, 10_000)
-        finally:
-            await svc.close()
-
-    parts, has = asyncio.run(go())
+    svc = shards(stubs=fresh)
+    await svc.add_entries(
+        POOL,
+        [
+            (
+                pinned_meta("mem_p1", ("for:person:u_ann", "org:o1"), 1),
+                "Ann's private note",
+            ),
+            (pinned_meta("mem_c1", ("for:channel:c1", "org:o1"), 2), "the group's plan"),
+            (pinned_meta("mem_c2", ("for:channel:c2", "org:o1"), 3), "another group"),
+            (pinned_meta("mem_bt", ("for:bot", "org:o1"), 4), "the bot's own habit"),
+        ],
+    )
+    parts, has = await svc.context_parts(POOL, reader, 10_000)
     assert {i for i, _ in parts} == {"mem_c1", "mem_bt"} and has

@@ -3,13 +3,13 @@ extraction runs only where the node offers it."""
 
 from __future__ import annotations
 
-import asyncio
+import pytest
 
 from actors.models.registry import OpenAIModel
 from engine.models import Completion, Price
 from tests.guards.kit import CONFIDE, route_rewrite
 from tests.openai_stub import completion
-from tests.shard_kit import ANN, POOL, run_turn, shard_service
+from tests.shard_kit import ANN, POOL, run_turn
 
 # --- ND-2: memory only on nodes that isolate it; extraction only where offered ---------------
 
@@ -35,7 +35,8 @@ class NodeStub:
         return Completion(text=self.answer)
 
 
-def test_ND_2_extraction_runs_only_on_a_node_reporting_memory_extraction(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_ND_2_extraction_runs_only_on_a_node_reporting_memory_extraction(shards, fresh):
     """The memory model on a node with `memory_extraction: false` never gets a learning
     request (the job ends with a clear error); with it true, learning runs.
 
@@ -51,18 +52,12 @@ def test_ND_2_extraction_runs_only_on_a_node_reporting_memory_extraction(tmp_pat
     node = NodeStub("mem", isolation=True, extraction=False, answer="I hear you.")
     models = {"bot": OpenAIModel("bot", base_url=bot.url, model="bot-model"), "mem": node}
 
-    async def go():
-        svc = shard_service(tmp_path, fresh, models=models)
-        try:
-            await run_turn(svc, "I moved to Oslo")
-            first = await svc.learning_jobs(POOL), list(node.calls)
-            node.flags = (True, True)
-            await run_turn(svc, "and I like trains")
-            return first, await svc.learning_jobs(POOL), list(node.calls)
-        finally:
-            await svc.close()
-
-    (jobs, calls), jobs2, calls2 = asyncio.run(go())
+    svc = shards(stubs=fresh, models=models)
+    await run_turn(svc, "I moved to Oslo")
+    jobs, calls = await svc.learning_jobs(POOL), list(node.calls)
+    node.flags = (True, True)
+    await run_turn(svc, "and I like trains")
+    jobs2, calls2 = await svc.learning_jobs(POOL), list(node.calls)
     assert [(j.status, j.error) for j in jobs] == [
         ("failed", "the memory model's node cannot run extraction")
     ]
@@ -70,7 +65,8 @@ def test_ND_2_extraction_runs_only_on_a_node_reporting_memory_extraction(tmp_pat
     assert any("learn_fact" in c for c in calls2) and "done" in [j.status for j in jobs2]
 
 
-def test_ND_2_memory_reaches_a_bot_only_on_a_node_reporting_memory_isolation(tmp_path, fresh):
+@pytest.mark.anyio
+async def test_ND_2_memory_reaches_a_bot_only_on_a_node_reporting_memory_isolation(shards, fresh):
     """A bot whose model runs on a node without `memory_isolation` gets no enrichment and no
     memory in its prompt; the same bot on an isolating node does.
 
@@ -80,21 +76,15 @@ def test_ND_2_memory_reaches_a_bot_only_on_a_node_reporting_memory_isolation(tmp
     node = NodeStub("bot", isolation=False, extraction=False, answer="Sure.")
     models = {"bot": node, "mem": OpenAIModel("mem", base_url=mem.url, model="mem-model")}
 
-    async def go():
-        svc = shard_service(tmp_path, fresh, models=models)
-        try:
-            mine = await svc.remember(POOL, ANN, "Ann prefers trains")
-            mem.routes.append(route_rewrite("Plan my trip to Oslo by train", [mine.id]))
-            await run_turn(svc, "Plan my trip to Oslo")
-            first = list(node.calls)
-            node.flags = (True, False)
-            node.calls.clear()
-            await run_turn(svc, "Plan my trip to Oslo")
-            return first, list(node.calls)
-        finally:
-            await svc.close()
-
-    first, second = asyncio.run(go())
+    svc = shards(stubs=fresh, models=models)
+    mine = await svc.remember(POOL, ANN, "Ann prefers trains")
+    mem.routes.append(route_rewrite("Plan my trip to Oslo by train", [mine.id]))
+    await run_turn(svc, "Plan my trip to Oslo")
+    first = list(node.calls)
+    node.flags = (True, False)
+    node.calls.clear()
+    await run_turn(svc, "Plan my trip to Oslo")
+    second = list(node.calls)
     seen = "\n".join(str(x) for x in first[0])
     assert "Plan my trip to Oslo by train" not in seen and "trains" not in seen
     assert "Plan my trip to Oslo by train" in "\n".join(str(x) for x in second[0])

@@ -11,6 +11,13 @@ Terms come from `engine.text_terms` (case folding, stop words, CJK character big
 words stemmed by Snowball's English stemmer (PyStemmer, a C extension). Ranking is Okapi BM25
 (k1 and b below, Lucene's idf), any query term matching.
 
+A record's label (`engine.text_terms.split_label`: "Caroline: …", who speaks in a transcript)
+is indexed under label keys of its own, apart from the words of the rest, and a query asks for
+each of its terms both as a word and, at twice the weight, as a label: "what does Caroline
+paint?" prefers what Caroline said to what was said to her. A record indexed with its
+neighbours' words (`in_context`) does not take their labels: in a dialog every neighbour is
+the other speaker, whose name would otherwise weigh more in a turn than its own speaker's.
+
 Layout: postings are a compressed sparse row "base" (numpy: one slice of row numbers and term
 frequencies per term) plus per-term Python lists for entries added since (the "tail"), merged
 into the base once the tail holds a quarter as many postings; so a write costs a few list
@@ -50,6 +57,17 @@ K1 = 0.9
 B = 0.4
 _stemmer = Stemmer.Stemmer("english")
 _MEMO_MAX = 500_000
+# A label key's top 16 bits (`is_label_key`). A word's key has them by chance once in 65,536
+# words: such a word is not lent to a neighbour (`in_context`), and is still its record's own.
+LABEL_MARK = 0x1ABE
+_LOW_48 = (1 << 48) - 1
+# A query term counts this many times as a label (once as a word): who a record is said by
+# or about weighs more than a word of it. Chosen on LoCoMo's tuning half (docs/search.md).
+LABEL_QUERY_WEIGHT = 2
+
+
+def is_label_key(key: int) -> bool:
+    return key >> 48 == LABEL_MARK
 
 
 def stem(words: Sequence[str]) -> list[str]:
@@ -82,10 +100,22 @@ class Analyzer:
         self._memo[term] = h
         return h
 
+    def _label_hash(self, term: str) -> int:
+        # `\x01` is in no term: a label's key is never a word's.
+        h = self._hash("\x01label\x00" + term)
+        key = (h & _LOW_48) | (LABEL_MARK << 48)
+        self._memo["\x01label\x00" + term] = key
+        return key
+
     def term_keys(self, terms: Sequence[str]) -> list[int]:
         """The keys of terms (as `text_terms` makes them), in their order."""
         memo, miss = self._memo, self._hash
         return [memo[t] if t in memo else miss(t) for t in terms]
+
+    def label_keys(self, terms: Sequence[str]) -> list[int]:
+        """The keys of terms as a label's (`is_label_key`), in their order."""
+        memo, miss = self._memo, self._label_hash
+        return [memo.get("\x01label\x00" + t) or miss(t) for t in terms]
 
     def keys(self, text: str) -> np.ndarray:
         """The text's term keys, sorted, repeats kept (their count is the term frequency; the
@@ -93,15 +123,23 @@ class Analyzer:
         return np.array(self.key_list(text), dtype=np.int64)
 
     def key_list(self, text: str) -> list[int]:
-        """`keys` as a list (a write's few tens of keys: cheaper to merge and count)."""
+        """`keys` as a list (a write's few tens of keys: cheaper to merge and count): its
+        label's as label keys, the rest's as words."""
         memo, miss = self._memo, self._hash
-        out = [memo[t] if t in memo else miss(t) for t in text_terms(text)]
+        label, rest = text_terms.labelled(text)
+        out = [memo[t] if t in memo else miss(t) for t in rest]
+        if label:
+            out += self.label_keys(label)
         out.sort()  # a note has tens of terms: a list sorts them faster than numpy
         return out
 
     def query(self, query: str) -> list[int]:
+        """The query's keys: each term as a word, then each as a label `LABEL_QUERY_WEIGHT`
+        times (a repeated key adds its score again, `TermIndex.scores`)."""
         memo, miss = self._memo, self._hash
-        return [memo[t] if t in memo else miss(t) for t in text_terms.query(query)]
+        terms = text_terms.query(query)
+        words = [memo[t] if t in memo else miss(t) for t in terms]
+        return words + self.label_keys(terms) * LABEL_QUERY_WEIGHT
 
 
 # Keys below this many are counted in Python (np.unique costs ~20 µs at any size).
@@ -167,9 +205,16 @@ def in_context(
     if before is None and after is None:
         return own
     four = own + own
-    keys = four + four + (before or []) * 2 + (after or []) * 2 + (further or [])
+    keys = four + four + _lent(before) * 2 + _lent(after) * 2 + _lent(further)
     keys.sort()
     return keys
+
+
+def _lent(keys: list[int] | None) -> list[int]:
+    """A neighbour's keys without its label's (see the module's description)."""
+    if not keys:
+        return []
+    return [k for k in keys if k >> 48 != LABEL_MARK]
 
 
 def pack_keys(keys: np.ndarray | list[int]) -> bytes:

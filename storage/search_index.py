@@ -12,11 +12,14 @@ words stemmed by Snowball's English stemmer (PyStemmer, a C extension). Ranking 
 (k1 and b below, Lucene's idf), any query term matching.
 
 A record's label (`engine.text_terms.split_label`: "Caroline: …", who speaks in a transcript)
-is indexed under label keys of its own, apart from the words of the rest, and a query asks for
-each of its terms both as a word and, at twice the weight, as a label: "what does Caroline
-paint?" prefers what Caroline said to what was said to her. A record indexed with its
-neighbours' words (`in_context`) does not take their labels: in a dialog every neighbour is
-the other speaker, whose name would otherwise weigh more in a turn than its own speaker's.
+is indexed under label keys of its own, not as words, and a query asks for each of its terms
+both as a word and, at twice the weight, as a label: "what does Caroline paint?" prefers what
+Caroline said to what was said to her. A label scores the same in a record of any length, and
+a query term that is a label ranks the records matching the rest of the query without finding
+any alone (unless the query is nothing else): a name would otherwise fill the list with the
+speaker's shortest small talk. A record indexed with its neighbours' words (`in_context`) does
+not take their labels: in a dialog every neighbour is the other speaker, whose name would
+otherwise weigh more in a turn than its own speaker's.
 
 Layout: postings are a compressed sparse row "base" (numpy: one slice of row numbers and term
 frequencies per term) plus per-term Python lists for entries added since (the "tail"), merged
@@ -64,6 +67,7 @@ _LOW_48 = (1 << 48) - 1
 # A query term counts this many times as a label (once as a word): who a record is said by
 # or about weighs more than a word of it. Chosen on LoCoMo's tuning half (docs/search.md).
 LABEL_QUERY_WEIGHT = 2
+LABEL_NORM = K1
 
 
 def is_label_key(key: int) -> bool:
@@ -101,9 +105,10 @@ class Analyzer:
         return h
 
     def _label_hash(self, term: str) -> int:
-        # `\x01` is in no term: a label's key is never a word's.
-        h = self._hash("\x01label\x00" + term)
-        key = (h & _LOW_48) | (LABEL_MARK << 48)
+        # The word's key with the label mark for its top bits: a search tells the query's
+        # words that are labels by it (`TermIndex.scores`). (`\x01` is in no term.)
+        word = self._memo[term] if term in self._memo else self._hash(term)
+        key = (word & _LOW_48) | (LABEL_MARK << 48)
         self._memo["\x01label\x00" + term] = key
         return key
 
@@ -630,14 +635,32 @@ class TermIndex:
         live, total = (self._live, self._live_len) if stats is None else stats[:2]
         avgdl = max(total / max(live, 1), 1e-9)
         lens = self._len
+        # The query's terms that are labels here (names: "what does Caroline paint?") rank
+        # the records that match the rest of the query, and find none alone unless the query
+        # is nothing else: a name alone would fill the list with the speaker's small talk.
+        if stats is None:
+            labels = {k & _LOW_48 for k, _ in terms if k >> 48 == LABEL_MARK}
+        else:
+            labels = {k & _LOW_48 for k, n_ in stats.df.items() if n_ and k >> 48 == LABEL_MARK}
+        rest = labels and any(k >> 48 != LABEL_MARK and k & _LOW_48 not in labels for k in query)
+        matched = np.zeros(n, dtype=bool) if rest else None
         for key, tid in terms:
             rows, tfs = self._postings(tid)
             if not rows.size:
                 continue
             df = self._df(rows) if stats is None else stats.df.get(key, rows.size)
             idf = math.log(1.0 + (max(live, df) - df + 0.5) / (df + 0.5))
-            norm = K1 * (1.0 - B + B * lens[rows] / avgdl)
+            if key >> 48 == LABEL_MARK:
+                # A label scores the same in a short record as in a long one: else a speaker's
+                # shortest small talk outranks what they said about the query's subject.
+                norm = LABEL_NORM
+            else:
+                norm = K1 * (1.0 - B + B * lens[rows] / avgdl)
+                if matched is not None and key & _LOW_48 not in labels:
+                    matched[rows] = True
             scores[rows] += idf * tfs * (K1 + 1.0) / (tfs + norm)
+        if matched is not None:
+            scores[~matched] = 0.0
         scores[~self._alive[:n]] = 0.0
         return scores
 

@@ -406,10 +406,28 @@ def test_a_query_naming_a_label_prefers_the_records_under_it():
         }
     )
     assert ids(idx, "What does Caroline paint?")[:2] == ["said", "told"]
-    assert ids(idx, "Melanie")[:2] == ["other", "told"]  # the label, and the shorter first
     keys = AN.key_list("Caroline: I paint.")
     assert sorted(map(is_label_key, keys)) == [False, True]  # "paint" a word, "caroline" a label
     assert not any(map(is_label_key, AN.key_list("I paint, Caroline.")))
+
+
+def test_a_label_alone_finds_records_only_when_the_query_is_nothing_else():
+    """A name ranks the records matching the rest of the query; it finds none alone unless
+    the query asks for nothing else (else the speaker's small talk fills the list). A label
+    scores the same in a short record as in a long one."""
+    docs = {
+        "hi": "Caroline: Hey! How have you been?",
+        "long": "Caroline: Big news, we bought a used car so I can stop taking two buses to work.",
+        "bike": "Melanie: A car!",
+    }
+    idx = index(docs)
+    assert ids(idx, "Which vehicle did Caroline purchase?") == []  # nothing but the name matches
+    assert ids(idx, "Which car did Caroline get?") == ["long", "bike"]  # the name ranks, not finds
+    assert ids(idx, "Which vehicle did Melanie purchase?") == []
+    alone = dict(idx.search(AN.query("Caroline"), 10))
+    assert alone.keys() == {"hi", "long"} and math.isclose(alone["hi"], alone["long"])
+    # A name that is no label here is a word like any other.
+    assert ids(idx, "zork Caroline") == [] and ids(index({"n": "Hey Caroline"}), "zork Caroline")
 
 
 def test_a_neighbour_lends_its_words_but_not_its_label():

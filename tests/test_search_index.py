@@ -448,3 +448,19 @@ def test_a_neighbour_lends_its_words_but_not_its_label():
     index.put("n", in_context(n, a, further=q))
     assert index.search(analyzer.query("Caroline bowl"), 10)[0][0] == "a"
     assert [i for i, _ in index.search(analyzer.query("Caroline"), 10)] == ["a"]
+
+
+def test_indexes_searched_as_one_agree_on_which_query_words_are_labels():
+    """Under shared statistics (`Stats.of`), a pool where a query's name is no label filters
+    as the pool where it is one: the hits are those of one index holding both pools."""
+    first = {"c1": "Caroline: I bought a car.", "c2": "Caroline: Hello there!"}
+    second = {"m1": "Melanie: Caroline has a car.", "m2": "Melanie: Caroline says hello."}
+    a, b, both = index(first), index(second), index({**first, **second})
+    for q in ("Caroline car", "Caroline", "Caroline zork", "car"):
+        keys = AN.query(q)
+        stats = Stats.of([a.stats(keys), b.stats(keys)])
+        got = dict(a.search(keys, 10, None, stats) + b.search(keys, 10, None, stats))
+        want = dict(both.search(keys, 10))
+        assert got.keys() == want.keys(), q
+        assert all(math.isclose(got[i], want[i], rel_tol=1e-5) for i in want)
+    assert set(ids(both, "Caroline car")) == {"c1", "m1"}

@@ -644,7 +644,10 @@ class TermIndex:
             labels = {k & _LOW_48 for k, n_ in stats.df.items() if n_ and k >> 48 == LABEL_MARK}
         rest = labels and any(k >> 48 != LABEL_MARK and k & _LOW_48 not in labels for k in query)
         matched = np.zeros(n, dtype=bool) if rest else None
-        for key, tid in terms:
+        times: dict[int, int] = {}  # a key asked for twice (a label) is scored once, doubled
+        for key, _ in terms:
+            times[key] = times.get(key, 0) + 1
+        for key, tid in dict(terms).items():
             rows, tfs = self._postings(tid)
             if not rows.size:
                 continue
@@ -658,7 +661,7 @@ class TermIndex:
                 norm = K1 * (1.0 - B + B * lens[rows] / avgdl)
                 if matched is not None and key & _LOW_48 not in labels:
                     matched[rows] = True
-            scores[rows] += idf * tfs * (K1 + 1.0) / (tfs + norm)
+            scores[rows] += (times[key] * idf) * tfs * (K1 + 1.0) / (tfs + norm)
         if matched is not None:
             scores[~matched] = 0.0
         scores[~self._alive[:n]] = 0.0

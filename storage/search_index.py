@@ -60,14 +60,15 @@ K1 = 0.9
 B = 0.4
 _stemmer = Stemmer.Stemmer("english")
 _MEMO_MAX = 500_000
-# A label key's top 16 bits (`is_label_key`). A word's key has them by chance once in 65,536
-# words: such a word is not lent to a neighbour (`in_context`), and is still its record's own.
+# A label key's top 16 bits (`is_label_key`); its low 48 are its word's. A word's key has
+# them by chance once in 65,536 words: such a word is scored as a label would be and not lent
+# to a neighbour (`in_context`), a difference too rare and too small to matter in a ranking.
 LABEL_MARK = 0x1ABE
 _LOW_48 = (1 << 48) - 1
 # A query term counts this many times as a label (once as a word): who a record is said by
 # or about weighs more than a word of it. Chosen on LoCoMo's tuning half (docs/search.md).
 LABEL_QUERY_WEIGHT = 2
-LABEL_NORM = K1
+LABEL_NORM = K1  # a label's BM25 length norm: a record of average length's, whatever its own
 
 
 def is_label_key(key: int) -> bool:

@@ -5,6 +5,7 @@ embedding model, exact cosine instead of the shard's int8 vectors).
     .venv/bin/python -m benchmarks.retrieval_lab [--data synthetic|locomo-like] [--quick]
         [--write-order all|sequential,round-robin,...] [--policy pool,stream,own,...]
         [--content speaker|plain|dated]
+    .venv/bin/python -m benchmarks.retrieval_lab --data locomo --file PATH --halves [--held-out]
 
 Keyword hits come from storage/search_index.py's TermIndex, each turn indexed as a shard indexes
 records written in a row (actors/workspace/pools.py: `in_context`, own words four times, the
@@ -14,6 +15,12 @@ all-MiniLM-L6-v2 (kind onnx) vectors of what the records hold (`--content`), cac
 between runs. Fusions: engine/workspace_search.py's RRF and the candidates tried against it
 (weighted RRF, convex combinations of min-max or z-normalised scores); results also go to
 /tmp/oblab-<data>.json.
+
+With `--halves` (and `--data locomo --file PATH`), instead: keyword, semantic and hybrid
+recall@10 per question kind on LoCoMo's tuning half (benchmarks/_halves.py), computed as a shard
+ranks threaded records (each turn indexed with its conversation's turns around it, `in_context`;
+the shard's fusion, engine/workspace_search.py), in seconds once the vectors are cached; the
+held-out half only with `--held-out`, to report a change already chosen on the tuning half.
 
 With `--write-order`, instead: keyword and hybrid (the shard's RRF) recall for each way a
 harness may write the turns (benchmarks/_write_orders.py), each turn indexed as a shard would
@@ -216,6 +223,51 @@ def by_write_order(args, convs, qs, sem, evidence, kinds) -> None:
     print(f"load {os.getloadavg()}")
 
 
+def thread_keyword_lists(convs, questions) -> list[list[Hit]]:
+    """Keyword hits as a shard ranks records naming their conversation as their thread: each
+    turn indexed with the turn before, the one after and the second before it in its own
+    conversation (actors/workspace/pools.py `thread_keys`)."""
+    analyzer = Analyzer(b"k" * 32)
+    index = TermIndex()
+    for conv in convs:
+        own = [analyzer.key_list(t.content) for t in conv.turns]
+        for n, turn in enumerate(conv.turns):
+            before = own[n - 1] if n else None
+            after = own[n + 1] if n + 1 < len(own) else None
+            further = own[n - 2] if n > 1 else None
+            index.put(turn.id, in_context(own[n], before, after, further))
+    return [
+        [Hit(id=i, score=s, kinds=("keyword",)) for i, s in index.search(analyzer.query(q), DEPTH)]
+        for q in questions
+    ]
+
+
+def by_half(args, convs) -> None:
+    from actors.models.embeddings import DEFAULT_MIN_SCORE
+    from benchmarks._halves import halves, measures
+
+    parts = halves(convs, quick=False)
+    if not args.held_out:
+        parts.pop("held-out (6-10)")
+    yes = lambda _: True  # noqa: E731
+    for half, part in parts.items():
+        turns = [t for c in part for t in c.turns]
+        questions = [q.text for c in part for q in c.questions]
+        dvec = vectors([t.content for t in turns], args.threads)
+        qvec = vectors(questions, args.threads)
+        kw = thread_keyword_lists(part, questions)
+        sem = semantic_lists([t.id for t in turns], dvec, qvec, DEFAULT_MIN_SCORE)
+        hy = [
+            wsr.merge_hits(a, b, yes, 10, weights=wsr.FUSION_WEIGHTS)
+            for a, b in zip(kw, sem, strict=True)
+        ]
+        print(f"{half}: {len(questions)} questions, recall@10 / hit@10")
+        for name, lists in (("keyword", kw), ("semantic", sem), ("hybrid", hy)):
+            m = measures([[h.id for h in hits[:10]] for hits in lists], part)
+            cells = "  ".join(f"{k} {v[0]:.3f} / {v[1]:.3f}" for k, v in m.items())
+            print(f"  {name:<9} {cells}", flush=True)
+
+
 def semantic_lists(ids, dvec, qvec, min_score=0.2) -> list[list[Hit]]:
     sims = qvec @ dvec.T
     out = []
@@ -302,8 +354,15 @@ def main() -> None:
     p.add_argument("--policy", default="pool,stream,own", help="with --write-order")
     p.add_argument("--content", default="speaker", choices=("speaker", "plain", "dated"))
     p.add_argument("--caption", action="store_true", help="--data locomo: photo captions too")
+    p.add_argument("--halves", action="store_true", help="--data locomo: the tuning half")
+    p.add_argument("--held-out", action="store_true", help="with --halves: the held-out half too")
     args = p.parse_args()
     convs = load(args.data, args.quick, args.file, args.caption)
+    if args.halves:
+        if args.data != "locomo":
+            raise SystemExit("--halves needs --data locomo")
+        by_half(args, convs)
+        return
     turns = [t for c in convs for t in c.turns]
     qs = [q for c in convs for q in c.questions]
     ids = [t.id for t in turns]

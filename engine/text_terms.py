@@ -11,6 +11,11 @@ what a query looks for.
 - Runs of scripts written without spaces (Han, hiragana, katakana) become overlapping character
   bigrams (`讨论会` → `讨论`, `论会`; a lone character is its own term): a query's bigrams are
   found in any record that contains the same two characters in a row, with no dictionary.
+- A text may start with a label: one to three words before a colon, as a transcript names who
+  speaks ("Caroline: …", "Caroline (8 May): …") or a note its subject ("Deploy: …").
+  `labelled` tells its terms apart from the rest (a bracketed part of it, such as a date, is
+  part of the rest): the keyword index weighs who or what a record is about apart from what it
+  says (storage/search_index.py).
 
 Pure: no I/O, no library but the standard one.
 """
@@ -55,6 +60,29 @@ _WORD = re.compile(rf"[^\W_{_NO_SPACE}]+")
 _HAS_NO_SPACE = re.compile(rf"[{_NO_SPACE}]")
 _ASCII_WORD = re.compile(r"[a-z0-9]+")  # `_WORD` on casefolded ASCII text
 _CACHE_MAX = 500_000
+# A label: up to 60 characters without a line break or colon, then a colon and a space.
+_LABEL = re.compile(r"\A\s*([^\n:\uff1a]{1,60}?)\s*[:\uff1a]\s")  # (full-width colon too)
+_BRACKETED = re.compile(r"\([^()]*\)|\[[^\[\]]*\]")
+# What a name or a heading is written with: it starts with a letter and has no punctuation
+# but dots, apostrophes and hyphens ("Dr. O'Neil-Smith"; not "Well, I said").
+_NAME = re.compile(r"\A[^\W\d_][\w.'\u2019 -]*\Z")
+LABEL_WORDS_MAX = 3
+
+
+def split_label(text: str) -> tuple[str, str]:
+    """(the text's label, the rest): ("", text) when it starts with none. A label is one to
+    three words before a colon and a space, bracketed parts aside (they stay in the rest),
+    written as a name or a heading: not starting with a small letter, no commas or the like."""
+    m = _LABEL.match(text)
+    if m is None:
+        return "", text
+    head = m.group(1)
+    aside = _BRACKETED.findall(head)
+    label = _BRACKETED.sub(" ", head).strip()
+    words = label.split()
+    if not words or len(words) > LABEL_WORDS_MAX or not _NAME.match(label) or label[0].islower():
+        return "", text
+    return " ".join(words), " ".join([*aside, text[m.end() :]])
 
 
 def fold(text: str) -> str:
@@ -112,6 +140,11 @@ class TermMaker:
     def query(self, query: str) -> list[str]:
         """A query's distinct terms, in order (a query of stop words only has none)."""
         return list(dict.fromkeys(self(query)))
+
+    def labelled(self, text: str) -> tuple[list[str], list[str]]:
+        """(the terms of the text's label, the terms of the rest): see `split_label`."""
+        label, rest = split_label(text)
+        return (self(label) if label else []), self(rest)
 
 
 def terms(text: str, stem: Stemmer | None = None) -> list[str]:

@@ -11,6 +11,16 @@ Terms come from `engine.text_terms` (case folding, stop words, CJK character big
 words stemmed by Snowball's English stemmer (PyStemmer, a C extension). Ranking is Okapi BM25
 (k1 and b below, Lucene's idf), any query term matching.
 
+A record's label (`engine.text_terms.split_label`: "Caroline: …", who speaks in a transcript)
+is indexed under label keys of its own, not as words, and a query asks for each of its terms
+both as a word and, at twice the weight, as a label: "what does Caroline paint?" prefers what
+Caroline said to what was said to her. A label scores the same in a record of any length, and
+a query term that is a label ranks the records matching the rest of the query without finding
+any alone (unless the query is nothing else): a name would otherwise fill the list with the
+speaker's shortest small talk. A record indexed with its neighbours' words (`in_context`) does
+not take their labels: in a dialog every neighbour is the other speaker, whose name would
+otherwise weigh more in a turn than its own speaker's.
+
 Layout: postings are a compressed sparse row "base" (numpy: one slice of row numbers and term
 frequencies per term) plus per-term Python lists for entries added since (the "tail"), merged
 into the base once the tail holds a quarter as many postings; so a write costs a few list
@@ -41,11 +51,8 @@ from engine.text_terms import TermMaker
 
 # BM25's term saturation and length normalisation: Anserini's short-passage values (k1 0.9,
 # b 0.4) rather than the classic 1.2 / 0.75. Dialog turns and notes are short, and the longer
-# ones are those that tell something: full length normalisation buried them. Keyword
-# recall@10 (benchmarks/retrieval_lab.py, own words only / with neighbours' words):
-# LoCoMo-like 0.497 / 0.662 -> 0.682 / 0.683, synthetic 0.573 / 0.711 -> 0.575 / 0.723; so
-# recall no longer depends on the order a harness writes records in (own words only is what
-# a record written among other conversations' gets).
+# ones are those that tell something: full length normalisation buried them (docs/search.md,
+# "Context weights").
 K1 = 0.9
 B = 0.4
 _stemmer = Stemmer.Stemmer("english")
@@ -53,6 +60,20 @@ _MEMO_MAX = 500_000
 # A query's postings at most this fraction of the rows are scored sparsely (`_sparse_scores`).
 SPARSE_RATIO = 8
 JOINED_MAX = 4_096  # terms whose joined postings an index keeps (`_postings`)
+
+# A label key's top 16 bits (`is_label_key`); its low 48 are its word's. A word's key has
+# them by chance once in 65,536 words: such a word is scored as a label would be and not lent
+# to a neighbour (`in_context`), a difference too rare and too small to matter in a ranking.
+LABEL_MARK = 0x1ABE
+_LOW_48 = (1 << 48) - 1
+# A query term counts this many times as a label (once as a word): who a record is said by
+# or about weighs more than a word of it. Chosen on LoCoMo's tuning half (docs/search.md).
+LABEL_QUERY_WEIGHT = 2
+LABEL_NORM = K1  # a label's BM25 length norm: a record of average length's, whatever its own
+
+
+def is_label_key(key: int) -> bool:
+    return key >> 48 == LABEL_MARK
 
 
 def stem(words: Sequence[str]) -> list[str]:
@@ -85,10 +106,23 @@ class Analyzer:
         self._memo[term] = h
         return h
 
+    def _label_hash(self, term: str) -> int:
+        # The word's key with the label mark for its top bits: a search tells the query's
+        # words that are labels by it (`TermIndex.scores`). (`\x01` is in no term.)
+        word = self._memo[term] if term in self._memo else self._hash(term)
+        key = (word & _LOW_48) | (LABEL_MARK << 48)
+        self._memo["\x01label\x00" + term] = key
+        return key
+
     def term_keys(self, terms: Sequence[str]) -> list[int]:
         """The keys of terms (as `text_terms` makes them), in their order."""
         memo, miss = self._memo, self._hash
         return [memo[t] if t in memo else miss(t) for t in terms]
+
+    def label_keys(self, terms: Sequence[str]) -> list[int]:
+        """The keys of terms as a label's (`is_label_key`), in their order."""
+        memo, miss = self._memo, self._label_hash
+        return [memo.get("\x01label\x00" + t) or miss(t) for t in terms]
 
     def keys(self, text: str) -> np.ndarray:
         """The text's term keys, sorted, repeats kept (their count is the term frequency; the
@@ -96,15 +130,23 @@ class Analyzer:
         return np.array(self.key_list(text), dtype=np.int64)
 
     def key_list(self, text: str) -> list[int]:
-        """`keys` as a list (a write's few tens of keys: cheaper to merge and count)."""
+        """`keys` as a list (a write's few tens of keys: cheaper to merge and count): its
+        label's as label keys, the rest's as words."""
         memo, miss = self._memo, self._hash
-        out = [memo[t] if t in memo else miss(t) for t in text_terms(text)]
+        label, rest = text_terms.labelled(text)
+        out = [memo[t] if t in memo else miss(t) for t in rest]
+        if label:
+            out += self.label_keys(label)
         out.sort()  # a note has tens of terms: a list sorts them faster than numpy
         return out
 
     def query(self, query: str) -> list[int]:
+        """The query's keys: each term as a word, then each as a label `LABEL_QUERY_WEIGHT`
+        times (a repeated key adds its score again, `TermIndex.scores`)."""
         memo, miss = self._memo, self._hash
-        return [memo[t] if t in memo else miss(t) for t in text_terms.query(query)]
+        terms = text_terms.query(query)
+        words = [memo[t] if t in memo else miss(t) for t in terms]
+        return words + self.label_keys(terms) * LABEL_QUERY_WEIGHT
 
 
 # Keys below this many are counted in Python (np.unique costs ~20 µs at any size).
@@ -157,22 +199,20 @@ def in_context(
     those of the record before its `before` (`further`) once, so that its own words weigh
     most and a record still ranks above its neighbours for its own words.
 
-    Measured by benchmarks/retrieval_lab.py, records written in order, keyword / hybrid
-    recall@10 (BM25 k1 0.9, b 0.4): own words twice and each neighbour's once (before this
-    change) on the real LoCoMo dialogs 0.663 / 0.679, LoCoMo-like 0.683 / 0.726, synthetic
-    0.723 / 0.832; with the second record before too, at half a neighbour's weight, 0.697 /
-    0.701, 0.671 / 0.729, 0.718 / 0.839. Both second neighbours (before and after) at that
-    weight: 0.699 / 0.704, 0.687 / 0.734, 0.720 / 0.825; at a neighbour's weight: 0.710 /
-    0.709, 0.710 / 0.745, 0.711 / 0.798 (a dialog's answer is often two turns from the
-    question's words; a list of notes is not a dialog). Own words twice and neighbours once
-    against once (earlier, k1 1.2 / b 0.75): 0.497 own words only, 0.595 with neighbours'
-    words at the same weight, 0.662 with own words counted twice, on LoCoMo-like dialogs."""
+    The weights were chosen on the retrieval lab's sets (docs/search.md, "Context weights")."""
     if before is None and after is None:
         return own
     four = own + own
-    keys = four + four + (before or []) * 2 + (after or []) * 2 + (further or [])
+    keys = four + four + _lent(before) * 2 + _lent(after) * 2 + _lent(further)
     keys.sort()
     return keys
+
+
+def _lent(keys: list[int] | None) -> list[int]:
+    """A neighbour's keys without its label's (see the module's description)."""
+    if not keys:
+        return []
+    return [k for k in keys if k >> 48 != LABEL_MARK]
 
 
 def pack_keys(keys: np.ndarray | list[int]) -> bytes:
@@ -598,16 +638,49 @@ class TermIndex:
         live, total = (self._live, self._live_len) if stats is None else stats[:2]
         avgdl = max(total / max(live, 1), 1e-9)
         lens = self._len
-        for key, tid in terms:
+        labels, rest, times = self._label_rule(query, terms, stats)
+        matched = np.zeros(n, dtype=bool) if rest else None
+        for key, tid in dict(terms).items():
             rows, tfs = self._postings(tid)
             if not rows.size:
                 continue
             df = self._df(rows) if stats is None else stats.df.get(key, rows.size)
             idf = math.log(1.0 + (max(live, df) - df + 0.5) / (df + 0.5))
-            norm = K1 * (1.0 - B + B * lens[rows] / avgdl)
-            scores[rows] += idf * tfs * (K1 + 1.0) / (tfs + norm)
+            if key >> 48 == LABEL_MARK:
+                # A label scores the same in a short record as in a long one: else a speaker's
+                # shortest small talk outranks what they said about the query's subject.
+                norm = LABEL_NORM
+            else:
+                norm = K1 * (1.0 - B + B * lens[rows] / avgdl)
+                if matched is not None and key & _LOW_48 not in labels:
+                    matched[rows] = True
+            scores[rows] += (times[key] * idf) * tfs * (K1 + 1.0) / (tfs + norm)
+        if matched is not None:
+            scores[~matched] = 0.0
         scores[~self._alive[:n]] = 0.0
         return scores
+
+    def _label_rule(
+        self, query: Sequence[int], terms: list[tuple[int, int]], stats: Stats | None
+    ) -> tuple[set[int], bool, dict[int, int]]:
+        """The query's words that are labels here, whether the rest of the query is more than
+        them (then only records matching the rest score), and how often each key is asked for
+        (a key asked for twice, a label, is scored once, doubled).
+
+        The query's terms that are labels here (names: "what does Caroline paint?") rank the
+        records that match the rest of the query, and find none alone unless the query is
+        nothing else: a name alone would fill the list with the speaker's small talk."""
+        if stats is None:
+            labels = {k & _LOW_48 for k, _ in terms if k >> 48 == LABEL_MARK}
+        else:
+            labels = {k & _LOW_48 for k, n_ in stats.df.items() if n_ and k >> 48 == LABEL_MARK}
+        rest = bool(labels) and any(
+            k >> 48 != LABEL_MARK and k & _LOW_48 not in labels for k in query
+        )
+        times: dict[int, int] = {}
+        for key, _ in terms:
+            times[key] = times.get(key, 0) + 1
+        return labels, rest, times
 
     def search(
         self,
@@ -639,26 +712,38 @@ class TermIndex:
         terms = self._terms(query)
         if not terms or not self._live:
             return None
-        postings = [(key, *self._postings(tid)) for key, tid in terms]
+        labels, rest, times = self._label_rule(query, terms, stats)
+        postings = [(key, *self._postings(tid)) for key, tid in dict(terms).items()]
         total = sum(rows.size for _, rows, _ in postings)
         if total * SPARSE_RATIO > len(self._ids):
             return None
         live, whole = (self._live, self._live_len) if stats is None else stats[:2]
         avgdl = max(whole / max(live, 1), 1e-9)
-        idfs = []
+        weights, norms, counted = [], [], []
         for key, rows, _ in postings:
             df = self._df(rows) if stats is None else stats.df.get(key, rows.size)
-            idfs.append(math.log(1.0 + (max(live, df) - df + 0.5) / (df + 0.5)))
+            idf = math.log(1.0 + (max(live, df) - df + 0.5) / (df + 0.5))
+            weights.append(np.float32(times[key] * idf))
+            if key >> 48 == LABEL_MARK:
+                norms.append(np.full(rows.size, LABEL_NORM, dtype=np.float32))
+            else:
+                norms.append(K1 * (1.0 - B + B * self._len[rows] / avgdl))
+            counted.append(not rest or (key & _LOW_48 not in labels and key >> 48 != LABEL_MARK))
         # Every posting at once, in term order; each row's sum is then added up in that order
         # (`add.at` is unbuffered), as the dense scores add one term after another.
+        sizes = [r.size for _, r, _ in postings]
         rows = np.concatenate([r for _, r, _ in postings])
         tfs = np.concatenate([t for _, _, t in postings])
-        idf = np.repeat(np.asarray(idfs, dtype=np.float32), [r.size for _, r, _ in postings])
-        norm = K1 * (1.0 - B + B * self._len[rows] / avgdl)
+        weight = np.repeat(np.asarray(weights, dtype=np.float32), sizes)
+        norm = np.concatenate(norms)
         touched, at = np.unique(rows, return_inverse=True)
         sums = np.zeros(touched.size, dtype=np.float32)
-        np.add.at(sums, at, idf * tfs * (K1 + 1.0) / (tfs + norm))
+        np.add.at(sums, at, weight * tfs * (K1 + 1.0) / (tfs + norm))
         keep = self._alive[touched]
+        if rest:  # only the records matching the query's words that are no label
+            matched = np.zeros(touched.size, dtype=bool)
+            matched[at[np.repeat(np.asarray(counted), sizes)]] = True
+            keep &= matched
         return touched[keep], sums[keep]
 
     def row_ids(self) -> list[str | None]:

@@ -13,7 +13,14 @@ from actors.shard.pool import Pool
 from engine.memory_entries import EntryMeta, Reader, Status
 from storage.crypto import Cipher
 from storage.memory_store import StoredPool
-from storage.search_index import Analyzer, Stats, TermIndex, in_context, order_by_key
+from storage.search_index import (
+    Analyzer,
+    Stats,
+    TermIndex,
+    in_context,
+    is_label_key,
+    order_by_key,
+)
 from tests.test_engine_visibility_oracle import cases, oracle_visible
 
 AN = Analyzer(b"k" * 32)
@@ -384,3 +391,76 @@ def test_a_longer_record_holding_every_query_word_is_not_buried_by_its_length():
         }
     )
     assert ids(idx, "Which bowl came out of the pottery class?")[:2] == ["told", "asked"]
+
+
+def test_a_query_naming_a_label_prefers_the_records_under_it():
+    """A record's label ("Caroline: …", who speaks) is indexed apart from its words, and a
+    query asks for each term as a label too, at twice a word's weight: "what does Caroline
+    paint?" finds what Caroline said before what was said to her, though the reply to her
+    names her and is the shorter."""
+    idx = index(
+        {
+            "said": "Caroline: I paint landscapes in the evening, mostly lakes and hills.",
+            "told": "Melanie: Caroline, you paint so well!",
+            "other": "Melanie: I went hiking.",
+        }
+    )
+    assert ids(idx, "What does Caroline paint?")[:2] == ["said", "told"]
+    keys = AN.key_list("Caroline: I paint.")
+    assert sorted(map(is_label_key, keys)) == [False, True]  # "paint" a word, "caroline" a label
+    assert not any(map(is_label_key, AN.key_list("I paint, Caroline.")))
+
+
+def test_a_label_alone_finds_records_only_when_the_query_is_nothing_else():
+    """A name ranks the records matching the rest of the query; it finds none alone unless
+    the query asks for nothing else (else the speaker's small talk fills the list). A label
+    scores the same in a short record as in a long one."""
+    docs = {
+        "hi": "Caroline: Hey! How have you been?",
+        "long": "Caroline: Big news, we bought a used car so I can stop taking two buses to work.",
+        "bike": "Melanie: A car!",
+    }
+    idx = index(docs)
+    assert ids(idx, "Which vehicle did Caroline purchase?") == []  # nothing but the name matches
+    assert ids(idx, "Which car did Caroline get?") == ["long", "bike"]  # the name ranks, not finds
+    assert ids(idx, "Which vehicle did Melanie purchase?") == []
+    alone = dict(idx.search(AN.query("Caroline"), 10))
+    assert alone.keys() == {"hi", "long"} and math.isclose(alone["hi"], alone["long"])
+    # A name that is no label here is a word like any other.
+    assert ids(idx, "zork Caroline") == [] and ids(index({"n": "Hey Caroline"}), "zork Caroline")
+
+
+def test_a_neighbour_lends_its_words_but_not_its_label():
+    """`in_context`: in a dialog each neighbour is the other speaker; a turn indexed with its
+    label would weigh the other speaker's name more than its own speaker's."""
+    analyzer = Analyzer(b"k" * 32)
+    q = analyzer.key_list("Melanie: Did you go to the pottery workshop?")
+    a = analyzer.key_list("Caroline: Yes! I made a bowl.")
+    n = analyzer.key_list("Melanie: It rained.")
+    keys = in_context(a, q, n, q)
+    mine = [k for k in a if is_label_key(k)]
+    assert mine and [k for k in keys if is_label_key(k)] == sorted(mine * 4)
+    lent = [k for k in q if not is_label_key(k)]
+    assert all(keys.count(k) == 3 for k in lent)  # twice as the turn before, once as further
+    index = TermIndex()
+    index.put("q", in_context(q, None, a))
+    index.put("a", keys)
+    index.put("n", in_context(n, a, further=q))
+    assert index.search(analyzer.query("Caroline bowl"), 10)[0][0] == "a"
+    assert [i for i, _ in index.search(analyzer.query("Caroline"), 10)] == ["a"]
+
+
+def test_indexes_searched_as_one_agree_on_which_query_words_are_labels():
+    """Under shared statistics (`Stats.of`), a pool where a query's name is no label filters
+    as the pool where it is one: the hits are those of one index holding both pools."""
+    first = {"c1": "Caroline: I bought a car.", "c2": "Caroline: Hello there!"}
+    second = {"m1": "Melanie: Caroline has a car.", "m2": "Melanie: Caroline says hello."}
+    a, b, both = index(first), index(second), index({**first, **second})
+    for q in ("Caroline car", "Caroline", "Caroline zork", "car"):
+        keys = AN.query(q)
+        stats = Stats.of([a.stats(keys), b.stats(keys)])
+        got = dict(a.search(keys, 10, None, stats) + b.search(keys, 10, None, stats))
+        want = dict(both.search(keys, 10))
+        assert got.keys() == want.keys(), q
+        assert all(math.isclose(got[i], want[i], rel_tol=1e-5) for i in want)
+    assert set(ids(both, "Caroline car")) == {"c1", "m1"}

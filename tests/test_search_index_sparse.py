@@ -48,6 +48,24 @@ def test_a_few_touched_rows_rank_and_score_as_the_whole_index_does():
         assert idx.search(keys, 10, odd) == _dense(idx, keys, 10, allowed=odd), q
 
 
+def test_labels_score_as_the_whole_index_scores_them():
+    """Records under a label (`Caroline: …`) and queries naming it: the label's own weight and
+    length norm, and the rule that a name alone finds nothing when the query says more."""
+    rng = random.Random(11)
+    idx = TermIndex()
+    for k in range(3_000):
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9)))
+        if k % 40 == 0:
+            text = f"{'Caroline' if k % 80 else 'Melanie'}: {text} rare"
+        idx.put(f"e{k}", AN.keys(text))
+    for q in ["Caroline rare", "Caroline", "what does Melanie say rare", "Melanie w3", "rare"]:
+        keys = AN.query(q)
+        for depth in (1, 10, 200):
+            assert idx.search(keys, depth) == _dense(idx, keys, depth), (q, depth)
+        stats = idx.stats(keys)
+        assert idx.search(keys, 5, stats=stats) == _dense(idx, keys, 5, stats), q
+
+
 def test_the_sparse_path_is_the_one_taken_for_rare_words(monkeypatch):
     idx, _ = _index(random.Random(3), 2_000)
     calls = []

@@ -37,3 +37,26 @@ ascii_heavy = st.text(
 @given(st.one_of(ascii_heavy, st.text(max_size=40)))
 def test_terms_are_the_same_with_and_without_the_ascii_fast_path(text):
     assert tt.TermMaker()(text) == old_terms(text)
+
+
+def test_a_label_is_a_name_or_heading_before_a_colon():
+    """`split_label`: one to three words before a colon and a space, written as a name or a
+    heading; a bracketed part (a date) stays with the rest."""
+    assert tt.split_label("Caroline: I paint.") == ("Caroline", "I paint.")
+    dated = "Caroline (8 May 2023): I paint."
+    assert tt.split_label(dated) == ("Caroline", "(8 May 2023) I paint.")
+    assert tt.split_label("[2023-05-08] Dr. O'Neil: hi") == ("Dr. O'Neil", "[2023-05-08] hi")
+    assert tt.split_label("王小明: 你好") == ("王小明", "你好")
+    for plain in (
+        "Meet at 10:30 on Friday",  # no space after the colon
+        "https://example.org: a link",
+        "so I told him: no way",  # starts with a small letter
+        "Well, I said: no",  # a comma: a sentence, not a name
+        "The summary of the call: short",  # four words
+        "2023: a good year",  # a number
+        "Caroline:",  # nothing after it
+    ):
+        assert tt.split_label(plain) == ("", plain)
+    maker = tt.TermMaker()
+    assert maker.labelled("Caroline: painting sunsets") == (["caroline"], ["painting", "sunsets"])
+    assert maker.labelled("painting sunsets") == ([], ["painting", "sunsets"])

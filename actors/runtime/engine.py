@@ -393,9 +393,19 @@ class Engine:
     models: frozenset[str] | None = None  # the configured model names; None: not known here
 
     def where(self, timeout: float = 30.0) -> dict[str, Any]:
-        """Where the actors run: {"directory": {...}, "shards": [{shard, node, ip, pid, ...}]}."""
+        """Where the actors run: {"directory": {...}, "shards": [{shard, node, ip, pid, ...}]}.
+        `Unavailable` while an actor is down or restarting."""
         refs = [self.directory.where.remote(), *[s.where.remote() for s in self.shards]]
-        directory, *shards = ray.get(refs, timeout=timeout)
+        try:
+            directory, *shards = ray.get(refs, timeout=timeout)
+        except (
+            ray.exceptions.RayActorError,
+            ray.exceptions.ActorUnavailableError,
+            ray.exceptions.GetTimeoutError,
+        ) as e:
+            raise Unavailable(
+                "an actor is down or restarting; try again", code="engine_unavailable"
+            ) from e
         return {"placement": self.placement, "directory": directory, "shards": shards}
 
     async def backup(self, dest_dir: str | Path, *, with_key: bool = False) -> list[str]:

@@ -556,7 +556,9 @@ async def seed_export(data: Path, records: int) -> dict:
 
 def bench_tree(data: Path, root: Path) -> dict:
     try:
-        from storage.file_export import import_tree, render_data_dir, write_tree
+        from storage.file_export import render_data_dir
+        from storage.file_import import import_tree
+        from storage.tree_files import write_tree
     except ImportError:  # TODO(export): the tree export/import is not in this tree yet
         return {"tree": "storage/file_export.py not available: Markdown export only"}
     out, imported, again = root / "tree", root / "imported", root / "tree-again"

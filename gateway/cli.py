@@ -130,7 +130,8 @@ def _data_dir(given: str | None) -> Path:
 def _export(args: argparse.Namespace) -> int:
     """The account file tree (FS-1, FS-2) into DIR: from a running server's consistent
     snapshot (--url), else straight from a stopped server's data directory."""
-    from storage.file_export import render_data_dir, write_tree
+    from storage.file_export import render_data_dir
+    from storage.tree_files import write_tree
 
     if args.url:
         params = {"account": args.account} if args.account else None
@@ -150,7 +151,8 @@ def _export(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     """A tree into a stopped server's data directory, or merged into a running one (--url)."""
     from storage.data_dir_io import write_new_tokens
-    from storage.file_export import import_tree, read_tree
+    from storage.file_import import import_tree
+    from storage.tree_files import read_tree
 
     if args.url:
         if args.data_dir:

@@ -1,5 +1,6 @@
 """Chats in `openbot export` / `openbot import`: reading them from a stopped data
-directory's files and writing them into a data directory (storage/file_export.py drives both).
+directory's files and writing them into a data directory (storage/file_export.py and
+storage/file_import.py drive them).
 
 A chat's items, turns and delivery records live on its home shard (`shard_of(home)`: the bot
 owner for direct, review and agent chats of a direct root, the channel for a group), sealed with

@@ -1,7 +1,7 @@
 """Offline access to a stopped data directory's DuckDB files, for export and import
-(storage/file_export.py): read-only opening, row reads, the master key and the directory's
-record key, what an import target already holds (the merge check), and writing rows
-in one transaction."""
+(storage/file_export.py, storage/file_import.py): read-only opening, row reads, the master key
+and the directory's record key, what an import target already holds (the merge check), and
+writing rows in one transaction."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from storage.shard_schema import MIGRATIONS as SHARD_MIGRATIONS
 from storage.shard_schema import TABLES as SHARD_TABLES
 
 DIRECTORY_FILE = "directory.duckdb"
+RECEIPT_SCOPE = "ws"  # the workspace's receipts (actors/workspace/service.py RECEIPT_SCOPE)
 TOKENS_PREFIX = "import-tokens-"  # one new file per import: import-tokens-<when>-<random>.json
 _org_dec = msgspec.json.Decoder(Org)
 
@@ -248,7 +249,7 @@ def write_shard(
     return str(path)
 
 
-# The tables an import writes (storage/file_export.py), by file kind.
+# The tables an import writes (storage/file_import.py), by file kind.
 IMPORTED_SHARD_TABLES = (
     "pools",
     "memory_entries",
@@ -312,3 +313,10 @@ def changed_rows(
     finally:
         con.close()
     return added, removed
+
+
+def shard_of(key: str, shards: int) -> int:
+    """As actors/runtime/placement.py (storage cannot import actors): crc32 mod the shard count."""
+    import zlib
+
+    return zlib.crc32(key.encode()) % shards

@@ -1,5 +1,5 @@
 """An import into a running server (`POST /v1/admin/import`, `openbot import --url`): the
-offline import (storage/file_export.py `import_snapshots`, with its `id_clash` rule and its
+offline import (storage/file_import.py `import_snapshots`, with its `id_clash` rule and its
 re-sealing) merges the tree into a copy of the server's consistent snapshot (`Engine.backup`,
 with the key); what it changed there, table by table, is what the server's actors then store:
 each shard's in one transaction of that shard, the directory's last (the commit point, as
@@ -24,7 +24,7 @@ from storage.data_dir_io import (
     changed_rows,
     drain_journal,
 )
-from storage.file_export import ImportResult, import_snapshots
+from storage.file_import import ImportResult, import_snapshots
 
 Rows = list[tuple[str, list[tuple]]]
 Removed = list[tuple[str, str, tuple]]  # (table, key column, keys)

@@ -247,7 +247,9 @@ def test_mem1_fs1_learned_entries_are_in_the_owners_file_tree_and_come_back_as_t
     from actors.directory import DirectoryService
     from actors.shard.service import ShardService
     from engine.memory_entries import Reader
-    from storage import file_export
+    from storage import file_import
+    from storage.file_export import render_data_dir
+    from storage.tree_files import write_tree
 
     mem, bot_model = model_stubs["mem"], model_stubs["bot"]
     admin.patch(
@@ -302,7 +304,7 @@ def test_mem1_fs1_learned_entries_are_in_the_owners_file_tree_and_come_back_as_t
         bot_model.routes.remove(bot_route)
     backup = tmp_path / "backup"
     _ok(admin.post("/v1/admin/backup", json={"dir": str(backup), "withKey": True}), 201)
-    first = file_export.render_data_dir(backup, alice_id)
+    first = render_data_dir(backup, alice_id)
     base = f"bot-workspace/{alice_id}/agents/{bot}/memory"
     lines = "".join(d.decode() for p, d in first.items() if p.startswith(f"{base}/log/"))
     assert f") {alice_id} lives in Lyon\n" in lines
@@ -313,9 +315,9 @@ def test_mem1_fs1_learned_entries_are_in_the_owners_file_tree_and_come_back_as_t
     assert record["memory"]["proofs"][0]["audience"] == [f"for:person:{alice_id}"]
     assert f"{base}/.dreaming/synthesized/{record['id']}.json" in first
 
-    file_export.write_tree(tmp_path / "tree", first)
-    file_export.import_tree(tmp_path / "tree", tmp_path / "new", shards=1)
-    assert file_export.render_data_dir(tmp_path / "new") == first
+    write_tree(tmp_path / "tree", first)
+    file_import.import_tree(tmp_path / "tree", tmp_path / "new", shards=1)
+    assert render_data_dir(tmp_path / "new") == first
 
     async def serve() -> None:
         svc = ShardService(tmp_path / "new", 0)

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from engine.errors import InvalidInput
 from gateway.cli import main
-from storage import file_export
-from storage.file_export import read_tree, render_data_dir
+from storage import file_import, tree_files
+from storage.file_export import render_data_dir
+from storage.tree_files import read_tree
 from tests.conftest import ADMIN, LiveServer, World, learning_bot, user_client
 from tests.openai_stub import bot_of, completion
 
@@ -221,7 +223,7 @@ def _tree(admin, tmp_path: Path, account: str, name: str) -> Path:
     backup = tmp_path / f"backup-{name}"
     if not backup.exists():
         _ok(admin.post("/v1/admin/backup", json={"dir": str(backup), "withKey": True}))
-    file_export.write_tree(tmp_path / name, render_data_dir(backup, account))
+    tree_files.write_tree(tmp_path / name, render_data_dir(backup, account))
     return tmp_path / name
 
 
@@ -247,17 +249,17 @@ def test_a_chat_id_clash_refuses_the_merge_and_writes_nothing(world, admin, tmp_
     tree_a = _tree(admin, tmp_path, alice, "a")
     tree_d = _tree(admin, tmp_path, dana, "d")
     target = tmp_path / "target"
-    file_export.import_tree(tree_d, target, shards=2)
+    file_import.import_tree(tree_d, target, shards=2)
     _rename_chat(tree_a, mine, theirs)  # Alice's chat now has the id of Dana's
     before = _files(target)
-    with pytest.raises(file_export.InvalidInput) as clash:
-        file_export.import_tree(tree_a, target)
+    with pytest.raises(InvalidInput) as clash:
+        file_import.import_tree(tree_a, target)
     assert clash.value.code == "id_clash"
     assert clash.value.details["clashes"] == [f"chat {theirs}"]
     assert _files(target) == before
     # The same tree under its own chat id merges; both accounts read back as exported.
     _rename_chat(tree_a, theirs, mine)
-    file_export.import_tree(tree_a, target)
+    file_import.import_tree(tree_a, target)
     assert render_data_dir(target, alice) == read_tree(tree_a)
     assert render_data_dir(target, dana) == read_tree(tree_d)
 
@@ -275,16 +277,16 @@ def test_an_interrupted_merge_can_run_again_and_writes_each_row_once(
     tree_a = _tree(admin, tmp_path, alice, "a")
     tree_d = _tree(admin, tmp_path, dana, "d")
     target = tmp_path / "target"
-    file_export.import_tree(tree_d, target, shards=2)
+    file_import.import_tree(tree_d, target, shards=2)
 
     def crash(*args, **kwargs):
         raise OSError("power cut before the directory was written")
 
     with monkeypatch.context() as m:
-        m.setattr(file_export, "_write_directory", crash)
+        m.setattr(file_import, "_write_directory", crash)
         with pytest.raises(OSError):
-            file_export.import_tree(tree_a, target)
+            file_import.import_tree(tree_a, target)
     assert render_data_dir(target, dana) == read_tree(tree_d)  # nothing of Alice's is there
-    file_export.import_tree(tree_a, target)
+    file_import.import_tree(tree_a, target)
     assert render_data_dir(target, alice) == read_tree(tree_a)  # every row once
     assert f"bot-workspace/{alice}/chats/{chat}/items.md" in read_tree(tree_a)

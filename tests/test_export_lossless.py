@@ -17,7 +17,8 @@ import pytest
 from engine import file_tree as ft
 from gateway.cli import main
 from storage.data_dir_io import TOKENS_PREFIX
-from storage.file_export import read_tree, render_data_dir, write_tree
+from storage.file_export import render_data_dir
+from storage.tree_files import read_tree, write_tree
 from tests.conftest import ADMIN, LiveServer, learning_bot, user_client
 from tests.openai_stub import bot_of, completion
 

@@ -16,9 +16,11 @@ import msgspec
 import pytest
 
 from actors.runtime.placement import shard_of
+from engine.errors import InvalidInput
 from gateway.cli import main
-from storage import file_export
-from storage.file_export import read_tree, render_data_dir
+from storage import data_dir_io, file_import, tree_files
+from storage.file_export import DataDirReader, render_data_dir
+from storage.tree_files import read_tree
 from tests.conftest import ADMIN, LiveServer, user_client
 
 WS = "/api/app/workspace"
@@ -275,15 +277,15 @@ def test_extraction_jobs_are_exported_and_come_back(world, admin, model_stubs, e
     assert doc["turn"] and "error" in doc
     assert mine[f"agents/{bot}/memory/.dreaming/next-refresh-at"] == b"none\n"
     # One account alone round-trips too.
-    file_export.write_tree(tmp_path / "tree", first)
-    file_export.import_tree(tmp_path / "tree", tmp_path / "new", shards=3)
+    tree_files.write_tree(tmp_path / "tree", first)
+    file_import.import_tree(tmp_path / "tree", tmp_path / "new", shards=3)
     assert render_data_dir(tmp_path / "new") == first
 
 
 def test_storage_routes_accounts_as_the_actors_do():
     for key in ("u_1", "u_abc", "p_x" * 9, "用户"):
         for n in (1, 2, 3, 7):
-            assert file_export.shard_of(key, n) == shard_of(key, n) == zlib.crc32(key.encode()) % n
+            assert data_dir_io.shard_of(key, n) == shard_of(key, n) == zlib.crc32(key.encode()) % n
 
 
 def _day(view: dict) -> str:
@@ -308,13 +310,13 @@ def test_import_merges_an_account_into_a_data_dir_with_another(world, admin, tmp
     backup = tmp_path / "backup"
     _ok(admin.post("/v1/admin/backup", json={"dir": str(backup), "withKey": True}))
     mine, theirs = render_data_dir(backup, alice), render_data_dir(backup, dana)
-    file_export.write_tree(tmp_path / "a", mine)
-    file_export.write_tree(tmp_path / "d", theirs)
+    tree_files.write_tree(tmp_path / "a", mine)
+    tree_files.write_tree(tmp_path / "d", theirs)
     target = tmp_path / "target"
-    file_export.import_tree(tmp_path / "d", target, shards=2)
+    file_import.import_tree(tmp_path / "d", target, shards=2)
     key_before = (target / "master.key").read_bytes()
 
-    result = file_export.import_tree(tmp_path / "a", target, shards=5)  # shard count: target's
+    result = file_import.import_tree(tmp_path / "a", target, shards=5)  # shard count: target's
     assert result.accounts == [alice]
     assert sorted(p.name for p in target.glob("shard-*.duckdb")) == [
         "shard-0.duckdb",
@@ -333,8 +335,8 @@ def test_import_merges_an_account_into_a_data_dir_with_another(world, admin, tmp
     assert all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in files)
 
     before = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
-    with pytest.raises(file_export.InvalidInput) as clash:
-        file_export.import_tree(tmp_path / "a", target)
+    with pytest.raises(InvalidInput) as clash:
+        file_import.import_tree(tmp_path / "a", target)
     assert clash.value.code == "id_clash" and f"user {alice}" in clash.value.message
     assert f"bot {world.bot}" in clash.value.details["clashes"]
     assert {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()} == before
@@ -349,15 +351,15 @@ def test_import_joins_an_existing_org_only_when_told(world, admin, tmp_path, cap
     _ok(admin.post("/v1/admin/bots", json=bobs))
     backup = tmp_path / "backup"
     _ok(admin.post("/v1/admin/backup", json={"dir": str(backup), "withKey": True}))
-    file_export.write_tree(tmp_path / "a", render_data_dir(backup, alice))
-    file_export.write_tree(tmp_path / "b", render_data_dir(backup, bob))
+    tree_files.write_tree(tmp_path / "a", render_data_dir(backup, alice))
+    tree_files.write_tree(tmp_path / "b", render_data_dir(backup, bob))
     target = tmp_path / "target"
     old_umask = os.umask(0o022)
     try:
-        first = file_export.import_tree(tmp_path / "a", target)
+        first = file_import.import_tree(tmp_path / "a", target)
         before = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
-        with pytest.raises(file_export.InvalidInput) as clash:
-            file_export.import_tree(tmp_path / "b", target)
+        with pytest.raises(InvalidInput) as clash:
+            file_import.import_tree(tmp_path / "b", target)
         assert clash.value.code == "id_clash"
         assert any(c.startswith(f"org {world.org} ") for c in clash.value.details["clashes"])
         assert {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()} == before
@@ -379,7 +381,7 @@ def test_import_joins_an_existing_org_only_when_told(world, admin, tmp_path, cap
     assert bob not in json.loads(Path(first.tokens_file).read_text())
     assert bob in json.loads(Path(second).read_text())
     assert alice not in json.loads(Path(second).read_text())
-    reader = file_export.DataDirReader(target)
+    reader = DataDirReader(target)
     assert reader.users[bob].orgs == (world.org,) and list(reader.orgs) == [world.org]
 
 

@@ -33,7 +33,7 @@ export gives the same bytes: `parse(render(s)) == canonical(s)`.
 
 `<memory>` is `agents/<botId>/memory`, `user-memory` or `projects/<projectId>/memory`.
 `.transactions/` holds the writer's recovery log while files are being written and is empty
-afterwards, so it has no entries here (storage/file_export.py manages it).
+afterwards, so it has no entries here (storage/tree_files.py manages it).
 
 Memory lines read `- (YYYY-MM-DD) content`: the record's last update in UTC. Active records only;
 inside a file oldest first (update time, then id), matched to `records.json` by that order. The

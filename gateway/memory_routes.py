@@ -91,7 +91,7 @@ class MemoryApi:
 
     async def post_memory(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
-        body = wire.decode(await read_body(request), wire.MemoryCommand)
+        body = wire.decode_memory_command(await read_body(request))
         command = body.command
         pool = bot_pool(bot.id)
         async with self._writing(pool):

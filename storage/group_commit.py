@@ -134,6 +134,7 @@ class _AnyType(frozenset):
 
 
 _ANY: frozenset[type] = _AnyType()
+PASSED_SHAPES = 1024  # row shapes `check_writes` remembers as passed
 _EXACT: dict[str, frozenset[type]] = {k: frozenset(v) for k, v in _PY_TYPES.items()}
 
 
@@ -246,6 +247,9 @@ class GroupCommitter:
         self._exact = {
             t.name: tuple(_EXACT.get(kind, _ANY) for _, kind in t.columns) for t in tables
         }
+        # (table, type of each value) of rows that passed `check_writes`: a few per table
+        # (a column that may be None doubles them), bounded all the same.
+        self._passed: set[tuple] = set()
         self.enabled = enabled
         self.max_batches = max_batches if enabled else 1
         self.journal = journal
@@ -484,11 +488,19 @@ class GroupCommitter:
 
     def check_writes(self, writes: Sequence[Write]) -> None:
         exact = self._exact
+        passed = self._passed
         for w in writes:
+            kind = type(w)
+            if kind is Put or kind is Insert:
+                # Whether a row passes depends on its table and its values' types alone: a
+                # row shaped like one that passed before passes (its table exists, its length
+                # and every value's type fit), without a look at each value.
+                shape = (w.table, *map(type, w.row))
+                if shape in passed:
+                    continue
             table = self.tables.get(w.table)
             if table is None:
                 raise StorageError(f"no table {w.table!r}")
-            kind = type(w)
             if kind is Put or kind is Insert:
                 row = w.row
                 types = exact[w.table]
@@ -499,6 +511,8 @@ class GroupCommitter:
                     if value is not None and type(value) not in ok:
                         self._check_row(table, row)
                         break
+                if len(passed) < PASSED_SHAPES:
+                    passed.add(shape)
             elif kind is DeleteWhere or kind is DeleteBelow:
                 table.index(w.column)  # type: ignore[union-attr]
 

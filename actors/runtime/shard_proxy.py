@@ -54,9 +54,10 @@ class RayShard(NamedActor, ShardPort):
     # group's journal record is synced, and with one call in flight nothing reaches it
     # meanwhile; with two, the next call's writes are decided and queued while that sync runs
     # (actors/runtime/coalesce.py), so the shard and the gateway work at once instead of in
-    # turn. Each call then carries fewer writes; `memory_ops --ab-ways coalesced,one_call`
-    # compares the two.
-    write_calls = 2
+    # turn. But each call then carries fewer writes, and each call costs CPU on both sides
+    # whatever it carries: where the CPUs are the limit, one call in flight gives more writes
+    # per CPU-second. `memory_ops` compares the two in the same rounds (`two_calls`).
+    write_calls = 1
     follow = True  # False: events by the pump's poll only (one more Ray call per commit)
 
     def __init__(self, name: str, namespace: str, handle: Any = None) -> None:

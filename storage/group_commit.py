@@ -178,28 +178,49 @@ class MergedWrites:
         self.wheres: list[DeleteWhere | DeleteBelow] = []
 
     def add(self, writes: Sequence[Write]) -> None:
+        # Runs on the database thread for every row of a checkpoint, holding the GIL the event
+        # loop waits for: the two common kinds by their exact type first, in a few steps.
+        rows_by, fresh_by = self.rows, self.fresh
         for w in writes:
-            if isinstance(w, Put):
-                self.rows.setdefault(w.table, {})[w.row[0]] = w.row
-            elif isinstance(w, Insert):
-                rows = self.rows.setdefault(w.table, {})
-                if w.row[0] not in rows:
-                    self.fresh.setdefault(w.table, set()).add(w.row[0])
-                rows[w.row[0]] = w.row
-            elif isinstance(w, Delete):
-                self.rows.setdefault(w.table, {})[w.key] = None
+            kind = type(w)
+            if kind is Insert or kind is Put:
+                table, row = w
+                rows = rows_by.get(table)
+                if rows is None:
+                    rows = rows_by[table] = {}
+                key = row[0]
+                if kind is Insert and key not in rows:
+                    fresh = fresh_by.get(table)
+                    if fresh is None:
+                        fresh = fresh_by[table] = set()
+                    fresh.add(key)
+                rows[key] = row
             else:
-                self.wheres.append(w)
-                col = self.tables[w.table].index(w.column)
-                if isinstance(w, DeleteWhere):
-                    values = set(w.values)
-                    hit = lambda v, values=values: v in values  # noqa: E731
-                else:
-                    hit = lambda v, below=w.value: v < below  # noqa: E731
-                pending = self.rows.get(w.table, {})
-                for key, row in pending.items():
-                    if row is not None and hit(row[col]):
-                        pending[key] = None
+                self._add_other(w)
+
+    def _add_other(self, w: Write) -> None:
+        """One write of another kind than `add` takes itself (deletes, or a subclass)."""
+        if isinstance(w, Put):
+            self.rows.setdefault(w.table, {})[w.row[0]] = w.row
+        elif isinstance(w, Insert):
+            rows = self.rows.setdefault(w.table, {})
+            if w.row[0] not in rows:
+                self.fresh.setdefault(w.table, set()).add(w.row[0])
+            rows[w.row[0]] = w.row
+        elif isinstance(w, Delete):
+            self.rows.setdefault(w.table, {})[w.key] = None
+        else:
+            self.wheres.append(w)
+            col = self.tables[w.table].index(w.column)
+            if isinstance(w, DeleteWhere):
+                values = set(w.values)
+                hit = lambda v, values=values: v in values  # noqa: E731
+            else:
+                hit = lambda v, below=w.value: v < below  # noqa: E731
+            pending = self.rows.get(w.table, {})
+            for key, row in pending.items():
+                if row is not None and hit(row[col]):
+                    pending[key] = None
 
     def apply(self, con: duckdb.DuckDBPyConnection) -> None:
         # DuckDB's appender inserts, and deletes by key, at a fraction of a statement's cost

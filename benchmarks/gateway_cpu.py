@@ -9,6 +9,12 @@ Prints the CPU microseconds per request of each round. On a busy machine count i
 instead: run it under `valgrind --tool=callgrind` with `--rounds 1` at two `--requests` and
 divide the difference of the totals by the difference of the counts. /healthz answers with no
 actor call, so this is the floor every route of the gateway pays.
+
+`--read`: also `GET /v1/bots/:botId/memory` as `benchmarks.memory_ops` reads it (a reader's page
+of a 10,000-entry pool, 1% visible, served from the gateway's cache after the first read),
+alternating with /healthz under the same token, on a real engine (Ray, two shards, in a temp
+dir). The requests run on the server's own event loop, so the figure is that thread's CPU: the
+Ray driver's threads and the load generator are left out (neither works for a cached read).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import asyncio
 import cProfile
 import io
+import os
 import pstats
 import time
 import types
@@ -60,25 +67,89 @@ class Kept(asyncio.Transport):
         pass
 
 
-async def serve(app: Any, requests: int, prof: cProfile.Profile | None) -> float:
-    """CPU seconds per request for `requests` requests on one connection."""
+async def serve(
+    app: Any,
+    requests: int,
+    prof: cProfile.Profile | None,
+    request: bytes = REQUEST,
+    clock: Any = time.process_time,
+    warmup: int = 0,
+) -> float:
+    """CPU seconds (`clock`) per request for `requests` requests on one connection, after
+    `warmup` ones."""
     config = Config(app, lifespan="off", log_level="warning", access_log=False)
     config.load()
     state = ServerState()
     protocol = HttpToolsProtocol(config=config, server_state=state, app_state={})
     protocol.connection_made(Kept())
-    cpu0 = time.process_time()
+    for n in range(warmup):
+        protocol.data_received(request)
+        while state.total_requests <= n:
+            await asyncio.sleep(0)
+    cpu0 = clock()
     if prof is not None:
         prof.enable()
-    for n in range(requests):
-        protocol.data_received(REQUEST)
+    for n in range(warmup, warmup + requests):
+        protocol.data_received(request)
         while state.total_requests <= n:
             await asyncio.sleep(0)
     if prof is not None:
         prof.disable()
-    cpu = time.process_time() - cpu0
+    cpu = clock() - cpu0
     protocol.connection_lost(None)
     return cpu / requests
+
+
+def read_rounds(args: argparse.Namespace) -> None:
+    """`--read`: GET memory against /healthz, alternating, on the server's loop thread."""
+    import secrets
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from actors.runtime.engine import Engine, start_ray
+    from benchmarks.memory_ops import Admin, seed_pool
+    from gateway.live_server import LiveServer
+
+    ray_tmp = tempfile.mkdtemp(prefix="obg", dir="/tmp")  # short: Ray's socket paths
+    start_ray(tmp_dir=ray_tmp)
+    data = tempfile.mkdtemp(prefix="obg-data-")
+    engine = Engine.start(Path(data), shards=2, group_commit=True, prefix="gwcpu")
+    token = "bench-admin-" + secrets.token_hex(8)
+    app = create_app(engine, token)
+    server = LiveServer(app, lifespan="auto")
+    admin = Admin(server.port, token)
+    try:
+        org = admin.post("/v1/admin/orgs", {"name": "bench org"})["id"]
+        owner = admin.post("/v1/admin/users", {"name": "owner", "orgs": [org]})
+        reader = admin.post("/v1/admin/users", {"name": "reader", "orgs": [org]})
+        bot = admin.post("/v1/admin/bots", {"name": "bench bot", "org": org, "owner": owner["id"]})
+        grant = {"bot": bot["id"], "user": reader["id"], "permission": "read"}
+        admin.post("/v1/admin/grants", grant)
+        pool = f"bot:{bot['id']}"
+        seed_pool(engine.shard_for(owner["id"]), pool, org, reader["id"], 10_000, 100)
+        auth = f"authorization: Bearer {reader['token']}\r\n"
+        requests = {
+            "GET memory": f"GET /v1/bots/{bot['id']}/memory HTTP/1.1\r\nhost: b\r\n{auth}\r\n",
+            "GET /healthz": f"GET /healthz HTTP/1.1\r\nhost: b\r\n{auth}\r\n",
+        }
+        assert server.loop is not None
+        for _ in range(args.rounds):
+            for name, request in requests.items():
+                run = serve(app, args.requests, None, request.encode(), time.thread_time, 20)
+                per = asyncio.run_coroutine_threadsafe(run, server.loop).result()
+                load = os.getloadavg()[0]
+                print(f"{name}: {per * 1e6:.1f} us of the server thread's CPU per request "
+                      f"(load {load:.1f})", flush=True)  # fmt: skip
+    finally:
+        admin.close()
+        server.stop()
+        engine.stop()
+        import ray
+
+        ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def main() -> None:
@@ -86,7 +157,11 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=5000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--read", action="store_true", help="GET memory against /healthz (Ray)")
     args = p.parse_args()
+    if args.read:
+        read_rounds(args)
+        return
     engine = types.SimpleNamespace(shard_ports=[], node_hub=None)  # /healthz calls no actor
     app = create_app(engine, "bench-admin-token")  # type: ignore[arg-type]
     for _ in range(args.rounds):

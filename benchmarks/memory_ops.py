@@ -192,16 +192,23 @@ def remember_ab(
     only: set[str] | None = None,
     more: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """Remember with the gateway's coalescing on and off, and coalesced with the events polled
-    (not with the write replies), in alternating rounds, summed: a fairer side by side than one
-    window each on a machine whose load changes. With `ping` and `workspace`: the ceiling and
-    the workspace write in the same rounds (the ratio targets)."""
+    """Remember with the gateway's coalescing on and off, coalesced with the events polled
+    (not with the write replies), and coalesced with the other number of calls in flight than
+    the default (`RayShard.write_calls`: one_call or two_calls), in alternating rounds, summed:
+    a fairer side by side than one window each on a machine whose load changes. With `ping`
+    and `workspace`: the ceiling and the workspace write in the same rounds (the ratio
+    targets)."""
+    from actors.runtime.shard_proxy import RayShard
+
     ways = {
         "coalesced": run,
         "not_coalesced": lambda: uncoalesced(engine, run),
         "events_polled": lambda: polled(engine, run),
+        "one_call": lambda: write_calls(engine, run, 1),
         "two_calls": lambda: write_calls(engine, run, 2),
     }
+    if only is None:  # (the way that equals the default is "coalesced" itself)
+        del ways["one_call" if RayShard.write_calls == 1 else "two_calls"]
     if ping is not None:  # the ceiling, in the same rounds
         ways["ping"] = ping
     if workspace is not None:
@@ -712,7 +719,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=lambda s: set(s.split(",")),
         default=None,
         help="run only these in the alternating rounds (comma-separated: coalesced, "
-        "not_coalesced, events_polled, two_calls, ping, workspace)",
+        "not_coalesced, events_polled, one_call, two_calls, ping, workspace)",
     )
     p.add_argument(
         "--only",

@@ -56,14 +56,18 @@ class MemoryApi:
 
     async def get_memory(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
-        q = request.query_params.get("q")
-        limit = _limit(request.query_params.get("limit"))  # checked even where it is not used
-        if q is not None and q.strip():
-            # Ranked keyword search: never cached, the ranking is per query.
-            found = await shard.search_memory_json(bot_pool(bot.id), reader, q, limit)
-            return Response(found, media_type="application/json")
-        raw = request.query_params.get("tags")
-        wanted = tuple(sorted({t.strip() for t in raw.split(",") if t.strip()})) if raw else ()
+        wanted: tuple[str, ...] = ()
+        if request.scope.get("query_string"):  # (parsing even an empty one costs a read more)
+            query = request.query_params
+            q = query.get("q")
+            limit = _limit(query.get("limit"))  # checked even where it is not used
+            if q is not None and q.strip():
+                # Ranked keyword search: never cached, the ranking is per query.
+                found = await shard.search_memory_json(bot_pool(bot.id), reader, q, limit)
+                return Response(found, media_type="application/json")
+            raw = query.get("tags")
+            if raw:
+                wanted = tuple(sorted({t.strip() for t in raw.split(",") if t.strip()}))
         pool = bot_pool(bot.id)
         key = ReadCache.key(pool, reader, wanted)
         body = self.cache.get(key)
@@ -87,7 +91,7 @@ class MemoryApi:
 
     async def post_memory(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
-        body = wire.decode(await read_body(request), wire.MemoryCommand)
+        body = wire.decode_memory_command(await read_body(request))
         command = body.command
         pool = bot_pool(bot.id)
         async with self._writing(pool):

@@ -292,6 +292,20 @@ def decode(body: bytes, kind: type[T]) -> T:
     return convert(camel_keys(raw) if kind is Any else fit(raw, kind), kind)
 
 
+_memory_command = msgspec.json.Decoder(MemoryCommand)
+
+
+def decode_memory_command(body: bytes) -> MemoryCommand:
+    """`decode(body, MemoryCommand)`, a well-formed command in one pass: no field of it holds
+    a number (nothing for `check_numbers` to refuse) and unknown keys are refused, so a body
+    this takes reads the same either way; anything else (old snake_case names, an error to
+    name) goes the general way."""
+    try:
+        return _memory_command.decode(body)
+    except msgspec.DecodeError:
+        return decode(body, MemoryCommand)
+
+
 def convert(raw: Any, kind: type[T]) -> T:
     """A decoded JSON value as `kind`: a number outside its field's bounds is `OutOfRange`
     (422, the field named), any other mismatch `invalid_body`."""

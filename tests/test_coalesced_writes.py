@@ -525,10 +525,20 @@ class FakeActor:
         return Method()
 
 
-def test_of_two_write_calls_in_flight_only_one_brings_events_back():
+def test_two_write_calls_in_flight_both_bring_events_back_and_each_event_comes_once():
     from actors.contracts import EventBatch, Followed
     from actors.runtime.shard_proxy import RayShard
-    from engine.events import ShardHead
+    from engine.events import NOBODY, Event, MemoryChanged, ShardHead
+
+    def event(seq: int) -> Event:
+        data = MemoryChanged(pool="bot:b", bot="b", entry=f"m{seq}", version=seq, change="created")
+        return Event(seq=seq, at=seq, data=data, audience=NOBODY)
+
+    def followed(reply: bytes, events: list[Event], head: int) -> bytes:
+        batch = EventBatch(head=ShardHead(epoch="e", oldest=0, head=head), events=events)
+        return _enc.encode(
+            Followed(replies=msgspec.Raw(_enc.encode([reply])), events=batch, upto=head)
+        )
 
     async def go():
         actor = FakeActor()
@@ -540,33 +550,20 @@ def test_of_two_write_calls_in_flight_only_one_brings_events_back():
         await _turns()
         b = asyncio.ensure_future(port.remember_packed(b"b"))
         await _turns()
-        kinds = [k for k, _ in actor.sent]
-        # Both replies would carry the same events (both calls say the same `seen`): the
-        # second call goes plain.
-        assert kinds == ["poll", "followed", "plain"]
-        head = ShardHead(epoch="e", oldest=0, head=0)
-        followed_fut, plain_fut = actor.sent[1][1], actor.sent[2][1]
-        plain_fut.set_result(_enc.encode([b"b!"]))
-        followed_fut.set_result(
-            _enc.encode(
-                Followed(
-                    replies=msgspec.Raw(_enc.encode([b"a!"])),
-                    events=EventBatch(head=head, events=[]),
-                    upto=0,
-                )
-            )
-        )
+        # Both follow: a call sent plain would leave its commit's events to the pump's poll,
+        # one more Ray call per commit.
+        assert [k for k, _ in actor.sent] == ["poll", "followed", "followed"]
+        # Both said the same `seen`: the second's reply (answered first) carries the first
+        # call's event too, and the first's reply comes after with that event again.
+        actor.sent[2][1].set_result(followed(b"b!", [event(1), event(2)], 2))
+        actor.sent[1][1].set_result(followed(b"a!", [event(1)], 1))
         got = (await a, await b)
-        # The next write brings events again.
-        c = asyncio.ensure_future(port.remember_packed(b"c"))
-        await _turns()
-        assert actor.sent[-1][0] == "followed"
-        pump.cancel()
-        c.cancel()
-        await asyncio.gather(pump, c, return_exceptions=True)
-        return got
+        head, events = await pump
+        return got, [e.seq for e in events], head.head
 
-    assert asyncio.run(go()) == (b"a!", b"b!")
+    got, seqs, head = asyncio.run(go())
+    assert got == (b"a!", b"b!")
+    assert (seqs, head) == ([1, 2], 2)  # each event once, in order
 
 
 def test_a_second_call_waits_until_as_many_requests_wait_as_the_first_carries():

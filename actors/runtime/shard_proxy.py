@@ -44,9 +44,6 @@ class _Writes:
         self.remember = remember
         self.workspace_create = workspace_create
         self.follow = follow
-        # A write call whose reply brings events is in flight: another one sent meanwhile
-        # would carry the same events again (both say the same `seen`), so it goes plain.
-        self.handing = False
 
 
 class RayShard(NamedActor, ShardPort):
@@ -56,9 +53,10 @@ class RayShard(NamedActor, ShardPort):
     # Coalesced calls of one kind in flight at once. The shard answers a call only once its
     # group's journal record is synced, and with one call in flight nothing reaches it
     # meanwhile; with two, the next call's writes are decided and queued while that sync runs
-    # (actors/runtime/coalesce.py). But each call then carries fewer writes, and on a machine
-    # short of CPU the calls cost more than the overlap saves (docs/benchmarks.md): one by
-    # default, `memory_ops --ab-ways` compares the two.
+    # (actors/runtime/coalesce.py), so the shard and the gateway work at once instead of in
+    # turn. But each call then carries fewer writes, and each call costs CPU on both sides
+    # whatever it carries: where the CPUs are the limit, one call in flight gives more writes
+    # per CPU-second. `memory_ops` compares the two in the same rounds (`two_calls`).
     write_calls = 1
     follow = True  # False: events by the pump's poll only (one more Ray call per commit)
 
@@ -99,22 +97,21 @@ class RayShard(NamedActor, ShardPort):
 
     async def _followed(self, call: bytes, plain: Any, followed: Any) -> bytes:
         """A coalesced write call; where this loop follows the shard's events, the reply brings
-        the ones published since (actors/runtime/follow.py)."""
-        writes = self.writes()
-        follow = writes.follow
-        seen = follow.seen if self.follow and not writes.handing else -1
+        the ones published since (actors/runtime/follow.py). Every call in flight follows: two
+        sent with the same `seen` bring some events twice, which the follower takes once, while
+        a call that went plain would leave its commit's events to one more call, the pump's
+        poll."""
+        follow = self.writes().follow
+        seen = follow.seen if self.follow else -1
         if seen < 0:
             return await remote(plain, call)
         follower = follow.id
-        writes.handing = True
         try:
             asked = _packer.encode(FollowingCall(follower=follower, seen=seen, call=Raw(call)))
             reply = FOLLOWED.decode(await remote(followed, asked))
         except BaseException:
             follow.lost()  # its reply may have carried events the shard thinks we have
             raise
-        finally:
-            writes.handing = False
         follow.take_reply(follower, seen, reply.events, reply.upto)
         return reply.replies  # type: ignore[return-value]  (Raw: bytes-like for the decoder)
 

@@ -29,13 +29,19 @@ SCOPES = ("bot", "user", "project")
 HEADINGS = {"bot": "## Bot memory", "user": "## What the user told you", "project": "## Project"}
 
 
-class ScopedEntry(msgspec.Struct, frozen=True, kw_only=True):
+class ScopedEntry(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     id: str
     scope: str  # bot | user | project
     tier: str  # profile | log | note
     content: str
     updated_at: int  # epoch ms
     source: str = ""  # the source marker, e.g. "bot:b_1" or "project:p_1 · b_2"
+
+    @functools.cached_property
+    def prompt_line(self) -> str:
+        """Its prompt line (`line`), made once per entry: a reader keeps an entry's
+        `ScopedEntry` while the entry is unchanged, and every turn packs it again."""
+        return line(self)
 
 
 class Packed(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,14 +112,32 @@ def pack(
 ) -> Packed:
     """The memory part of a prompt within `budget` characters, whole entries only; `first`
     (entry ids, best first) goes before the rest when not everything fits."""
-    packed = _pack(entries, candidate_order(entries), instructions, budget)
-    if not first or not packed.overflow:
-        return packed
+    order = candidate_order(entries)
+    if not first or not overflows(entries, instructions=instructions, budget=budget):
+        return _pack(entries, order, instructions, budget)
     ranked = {e.id: e for e in entries}
     head = [ranked[i] for i in dict.fromkeys(first) if i in ranked]
     seen = {e.id for e in head}
-    order = head + [e for e in candidate_order(entries) if e.id not in seen]
+    order = head + [e for e in order if e.id not in seen]
     return _pack(entries, order, instructions, budget)
+
+
+def overflows(
+    entries: Sequence[ScopedEntry], *, instructions: str = "", budget: int = BUDGET
+) -> bool:
+    """Whether `pack` leaves a profile or log entry out (`Packed.overflow`), without packing:
+    exactly when all of them and their headings together exceed the budget (packing takes
+    every entry that fits, so when all fit, all are taken)."""
+    used = len(instructions)
+    headed: set[str] = set()
+    for entry in entries:
+        if entry.scope not in HEADINGS or entry.tier not in ("profile", "log"):
+            continue
+        used += len(entry.prompt_line) + 1
+        if entry.scope not in headed:
+            headed.add(entry.scope)
+            used += len(HEADINGS[entry.scope]) + 2
+    return used > budget
 
 
 def _pack(
@@ -133,7 +157,7 @@ def _pack(
         if entry.scope not in chosen:
             omitted.append(entry.id)
             continue
-        text = line(entry)
+        text = entry.prompt_line
         cost = len(text) + 1  # the line and its newline
         if not chosen[entry.scope]:
             cost += len(HEADINGS[entry.scope]) + 2  # the heading, a blank line before it

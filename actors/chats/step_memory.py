@@ -26,7 +26,7 @@ from engine.errors import OpenBotError
 from engine.listing import MAX_LIMIT
 from engine.memory_entries import Reader
 from engine.memory_union import as_scoped
-from engine.prompt_budget import ScopedEntry, pack
+from engine.prompt_budget import ScopedEntry, overflows, pack
 from engine.scoped_memory import WorkspaceEntryView
 from engine.workspace_search import combine
 
@@ -141,9 +141,8 @@ class StepMemory:
             )
         if not scoped:
             return ""
-        packed = pack(scoped, instructions=instructions)
-        if not packed.overflow or step.wake != "person":
-            return packed.text
+        if step.wake != "person" or not overflows(scoped, instructions=instructions):
+            return pack(scoped, instructions=instructions).text
         first = [e.id for e in await self.ranked(step, reader, step.text, PACK_HITS)]
         return pack(scoped, instructions=instructions, first=first).text
 

@@ -93,3 +93,36 @@ async def test_a_ranked_hit_shows_its_entry_as_it_is_now(shards):
     assert first[0] == first[1] == {e1: "active", e2: "active"}
     assert forgotten == {e1: "forgotten", e2: "active"}
     assert purged == {}
+
+
+@pytest.mark.anyio
+async def test_a_context_over_kept_contents_follows_each_change(shards):
+    """The contents a bot's contexts walk are kept with the reader's view: each change (a new
+    entry, a purge, a forget) shows in the next context, whether it all fits, is cut, or is
+    led by ranked hits."""
+    svc = shards()
+    read = svc.memory_reader.context_for
+    await svc.add_entries(POOL, [(fact("f1", now=10), "a" * 10), (fact("f2", now=20), "b" * 10)])
+
+    async def contexts() -> tuple:
+        whole = await read(POOL, ALICE, 1_000, partial=False)
+        cut = await read(POOL, ALICE, 15)
+        led = await read(POOL, ALICE, 15, ["f1"])
+        return whole, cut, led
+
+    before = await contexts()
+    assert await contexts() == before  # asked again: the same, from what was kept
+    await svc.add_entries(POOL, [(fact("f3", chat="k2", now=30), "c" * 3)])
+    added = await contexts()
+    await svc.purge(POOL, "chat:k2")
+    purged = await contexts()
+    e4 = (await svc.remember(POOL, ALICE, "d" * 4)).id
+    remembered = await contexts()
+    await svc.forget(POOL, ALICE, e4)
+    forgotten = await contexts()
+    a, b, c, d = ("f1", "a" * 10), ("f2", "b" * 10), ("f3", "c" * 3), (e4, "d" * 4)
+    assert before == (([b, a], True, True), ([b], True, False), ([a], True, False))
+    assert added == (([c, b, a], True, True), ([c, b], True, False), ([c, a], True, False))
+    assert purged == before and forgotten == before
+    assert remembered == (([d, b, a], True, True), ([d, b], True, False), ([d, a], True, False))
+    assert await read(POOL, ALICE, 15, partial=False) == ([], True, False)  # not all fits

@@ -106,6 +106,15 @@ class Snapshot:
         """Visible and active, in memory order: what context, prompts and search use."""
         return self._in_order(active=True)
 
+    def usable_texts(self) -> tuple[list[tuple[str, str]], int] | None:
+        """(id, content) of `usable()` and their length joined by newlines (-1: none), kept
+        with the pool's view; None when the union holds records (they change apart from it)."""
+        if self.ws is not None and self.ws.stored.entries:
+            return None
+        return self.pool.view_texts(
+            self.reader, lambda: [(m.id, self.open(m.id)) for m in self.usable()]
+        )
+
     def is_record(self, entry_id: str) -> bool:
         return self.ws is not None and entry_id in self.ws.stored.entries
 
@@ -197,13 +206,19 @@ class MemoryReader:
         the caller ranks with the one memory search, actors/workspace/search.py, before this
         read, as a ranking may await the embedding model) is taken first, each checked again
         and whole where it fits; the room left is filled in memory order, stopping at the
-        first that does not fit. Only the entries taken are decrypted.
+        first that does not fit. Over a bot's entry pool alone, the usable entries' contents
+        are opened once per pool state and reader and kept with its view (`usable_texts`):
+        a turn's prompt opens them all anyway, and its contexts ask again; with records in
+        the union, only the entries taken are decrypted.
 
         Without `partial` (and without `first`), a context that does not all fit is not made:
         no parts, only whether any usable entry exists (the caller ranks and asks again)."""
         if limit < 0:
             raise InvalidInput("limit must be >= 0")
         async with self.read(pool_id, reader) as snap:
+            kept = snap.usable_texts()
+            if kept is not None:
+                return self._context_of(snap, *kept, limit, first, partial)
             usable = snap.usable()
             if not partial and not first:
                 whole: list[tuple[str, str]] = []
@@ -236,6 +251,40 @@ class MemoryReader:
                     break
             parts = [(m.id, taken[m.id]) for m in usable if m.id in taken]
         return parts, bool(usable), len(parts) == len(usable)
+
+    @staticmethod
+    def _context_of(
+        snap: Snapshot,
+        texts: list[tuple[str, str]],
+        joined: int,
+        limit: int,
+        first: Sequence[str],
+        partial: bool,
+    ) -> tuple[list[tuple[str, str]], bool, bool]:
+        """`context_for` over the usable entries' kept contents (`Snapshot.usable_texts`)."""
+        if joined <= limit:
+            return list(texts), bool(texts), True
+        if not partial and not first:
+            return [], True, False
+        taken: dict[str, str] = {}
+        size = 0
+        for entry_id in first[:CONTEXT_HITS]:
+            if entry_id not in taken and snap.usable_id(entry_id):
+                text = snap.open(entry_id)
+                extra = len(text) + (1 if taken else 0)
+                if size + extra <= limit:
+                    taken[entry_id] = text
+                    size += extra
+        for entry_id, text in texts:
+            if entry_id in taken:
+                continue
+            extra = len(text) + (1 if taken else 0)
+            if size + extra > limit:
+                break
+            taken[entry_id] = text
+            size += extra
+        parts = [(i, t) for i, t in texts if i in taken]
+        return parts, True, len(parts) == len(texts)
 
     async def learning_context(
         self, pool_id: str, reader: Reader

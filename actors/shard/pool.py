@@ -42,6 +42,9 @@ class Pool:
         # The entries recent readers may see (or use), in memory order, at one state of the
         # pool: a turn's reads (enrichment, prompt, confession, learning) ask the same again.
         self._views: dict[tuple[Reader, bool], tuple[int, list[EntryMeta]]] = {}
+        # The same usable views with their content and joined length: a turn's contexts
+        # (enrichment, confession) ask whether it all fits, then walk it, each again.
+        self._texts_of: dict[Reader, tuple[int, list[tuple[str, str]], int]] = {}
         self._changes = 0  # bumped by every `apply`: the state the views were built on
         # Per recent reader, each entry's own visibility checks (engine/visibility.py `known`).
         self._known: dict[Reader, dict[str, tuple[EntryMeta, bool | None]]] = {}
@@ -116,6 +119,20 @@ class Pool:
         if len(self._views) > VIEWS:
             del self._views[next(iter(self._views))]
         return list(hit[1])
+
+    def view_texts(
+        self, reader: Reader, build: Callable[[], list[tuple[str, str]]]
+    ) -> tuple[list[tuple[str, str]], int]:
+        """`build()` ((id, content) of what `reader` may use, in memory order) and the length of
+        those contents joined by newlines, kept until the pool next changes (as `view`)."""
+        hit = self._texts_of.pop(reader, None)
+        if hit is None or hit[0] != self._changes:
+            texts = build()
+            hit = (self._changes, texts, sum(len(t) for _, t in texts) + len(texts) - 1)
+        self._texts_of[reader] = hit  # the most recently used last
+        if len(self._texts_of) > VIEWS:
+            del self._texts_of[next(iter(self._texts_of))]
+        return hit[1], hit[2]
 
     def known(self, reader: Reader) -> dict[str, tuple[EntryMeta, bool | None]]:
         """The reader's kept visibility checks, for `Visibility(..., known=)`."""

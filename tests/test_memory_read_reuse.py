@@ -116,6 +116,7 @@ async def test_a_context_over_kept_contents_follows_each_change(shards):
     added = await contexts()
     await svc.purge(POOL, "chat:k2")
     purged = await contexts()
+    exact = await read(POOL, ALICE, 21, partial=False)  # "bbbbbbbbbb\naaaaaaaaaa": it fits
     e4 = (await svc.remember(POOL, ALICE, "d" * 4)).id
     remembered = await contexts()
     await svc.forget(POOL, ALICE, e4)
@@ -124,5 +125,31 @@ async def test_a_context_over_kept_contents_follows_each_change(shards):
     assert before == (([b, a], True, True), ([b], True, False), ([a], True, False))
     assert added == (([c, b, a], True, True), ([c, b], True, False), ([c, a], True, False))
     assert purged == before and forgotten == before
+    assert exact == ([b, a], True, True)
     assert remembered == (([d, b, a], True, True), ([d, b], True, False), ([d, a], True, False))
     assert await read(POOL, ALICE, 15, partial=False) == ([], True, False)  # not all fits
+
+
+@pytest.mark.anyio
+async def test_a_kept_view_follows_a_change_to_what_an_observation_rests_on(shards):
+    """A change to one entry moves a kept view in place only when nothing rests on it: an
+    observation citing a forgotten fact leaves the reader's view with it."""
+    svc = shards()
+    await svc.add_entries(POOL, [(fact("f1"), "likes tea"), (observation("o1", "f1"), "x")])
+    await svc.add_entries(POOL, [(fact("f2", chat="k2", now=15), "y")])
+    assert sorted((await _ids(svc, ALICE))[0]) == ["f1", "f2", "o1"]
+    await svc.forget(POOL, ALICE, "f1")
+    assert (await _ids(svc, ALICE))[0] == ["f2"]
+
+
+@pytest.mark.anyio
+async def test_a_view_kept_across_more_changes_than_remembered_is_made_afresh(shards):
+    from actors.shard.pool import EDITS
+
+    svc = shards()
+    await svc.add_entries(POOL, [(fact("f0", now=1), "zero")])
+    assert (await _ids(svc, ALICE))[0] == ["f0"]
+    for n in range(1, EDITS + 2):  # one at a time, with no read between them
+        await svc.add_entries(POOL, [(fact(f"f{n}", chat=f"k{n}", now=n + 1), f"n{n}")])
+    used = (await _ids(svc, ALICE))[0]
+    assert used == [f"f{n}" for n in range(EDITS + 1, -1, -1)]

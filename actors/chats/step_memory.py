@@ -122,9 +122,7 @@ class StepMemory:
         """SC-5: the bot's, the person's and the project's memory in one budget; when it does
         not all fit, what the input finds is offered first (`engine.prompt_budget.pack`)."""
         async with self.memory.read(bot_pool(step.bot.id), reader) as snap:
-            scoped: list[ScopedEntry] = snap.pool.derive(
-                "prompt", snap.usable(), as_scoped, snap.open
-            )
+            scoped: list[ScopedEntry] = snap.usable_made("prompt", as_scoped)
         for listing in await self._listings(step, reader, await self.scopes(step)):
             scoped.extend(
                 ScopedEntry(

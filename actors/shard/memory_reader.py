@@ -18,9 +18,10 @@ import contextlib
 from collections import ChainMap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from actors.shard.kernel import ShardKernel
-from actors.shard.pool import Pool
+from actors.shard.pool import KeptView, Pool
 from actors.workspace.pools import WorkspacePool, WorkspacePools
 from engine import memory_union as bm
 from engine.errors import InvalidInput
@@ -30,6 +31,7 @@ from engine.order import in_memory_order
 from engine.scoped_memory import WorkspaceEntry, WorkspaceStatus
 from engine.visibility import Visibility
 
+T = TypeVar("T")
 CONTEXT_HITS = 32  # ranked hits an input's context takes first (`MemoryReader.context_for`)
 
 
@@ -94,9 +96,26 @@ class Snapshot:
         if self.ws is not None and self.ws.stored.entries:
             # Hidden records may still decide an observation's visibility: not kept.
             return in_memory_order(self.visible_entries(active=active))
-        return self.pool.view(
-            self.reader, active, lambda: in_memory_order(self.visible_entries(active=active))
+        return list(self._kept(active).metas)
+
+    def _kept(self, active: bool) -> KeptView:
+        """The pool's kept view for this reader (call only with no records in the union)."""
+        pool, reader, vis = self.pool, self.reader, self.visibility
+        check = vis.usable if active else vis.visible
+        return pool.kept(
+            reader,
+            active,
+            lambda: in_memory_order(self.visible_entries(active=active)),
+            lambda entry_id: pool.candidate(reader, entry_id) and check(entry_id),
         )
+
+    def usable_made(self, kind: str, build: Callable[[EntryMeta, str], T]) -> list[T]:
+        """`build(entry, content)` for each of `usable()`, in its order: kept per entry state
+        (`Pool.derive`), and over a bot's entry pool alone also as a list with its view."""
+        pool, open_ = self.pool, self.open
+        if self.ws is not None and self.ws.stored.entries:
+            return pool.derive(kind, self.usable(), build, open_)
+        return list(self._kept(True).make(kind, lambda m: pool.derive(kind, (m,), build, open_)[0]))
 
     def visible(self) -> list[EntryMeta]:
         """Entries the reader may see (history included), in memory order (MEM-5)."""
@@ -111,9 +130,8 @@ class Snapshot:
         with the pool's view; None when the union holds records (they change apart from it)."""
         if self.ws is not None and self.ws.stored.entries:
             return None
-        return self.pool.view_texts(
-            self.reader, lambda: [(m.id, self.open(m.id)) for m in self.usable()]
-        )
+        kept, open_ = self._kept(True), self.open
+        return kept.make("text", lambda m: (m.id, open_(m.id))), kept.joined
 
     def is_record(self, entry_id: str) -> bool:
         return self.ws is not None and entry_id in self.ws.stored.entries

@@ -7,13 +7,16 @@ that could possibly admit the reader instead of the whole pool (a side table, in
 from __future__ import annotations
 
 import asyncio
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from actors.shard.rwlock import RWLock
 from engine import tags as tagmod
 from engine.commands import Outcome
 from engine.memory_entries import EntryMeta, Reader
+from engine.order import order_key
 from engine.visibility import Visibility
 from storage.memory_store import StoredPool, log_without
 from storage.search_index import TermIndex
@@ -23,6 +26,62 @@ VIEWS = 8  # readers whose views a pool keeps (`Pool.view`)
 TEXTS = 4096  # opened contents a pool keeps (`Pool.open`); past it, it starts afresh
 DERIVED = ("prompt", "learning", "record")  # the kinds `Pool.derive` keeps
 KNOWN = 16_384  # visibility checks kept per reader (`Pool.known`); past it, afresh
+EDITS = 64  # changes a pool remembers to bring a kept view up to date (`Pool.kept`)
+
+
+@dataclass(eq=False)
+class KeptView:
+    """The entries one reader may see (or use), in memory order, at pool state `changes`, with
+    lists made from them position by position (`made`: kind -> (maker, values)); `joined`: the
+    length of the "text" kind's contents joined by newlines."""
+
+    changes: int
+    metas: list[EntryMeta]
+    made: dict[str, tuple[Callable[[EntryMeta], Any], list]] = field(default_factory=dict)
+    joined: int = -1
+
+    def make(self, kind: str, maker: Callable[[EntryMeta], T]) -> list[T]:
+        """The `kind` list, made with `maker` for each entry on first use and then kept."""
+        hit = self.made.get(kind)
+        if hit is None:
+            hit = self.made[kind] = (maker, [maker(m) for m in self.metas])
+            if kind == "text":
+                self.joined = sum(len(t) for _, t in hit[1]) + len(hit[1]) - 1
+        return hit[1]
+
+    def catch_up(
+        self,
+        olds: dict[str, EntryMeta | None],
+        entries: dict[str, EntryMeta],
+        admits: Callable[[str], bool],
+    ) -> None:
+        """Move the changed entries (`olds`: as they were in this view's state) to where they
+        are now (`entries`), each admitted again (`admits`), the rest staying as they are."""
+        metas = self.metas
+        for old in olds.values():
+            if old is not None:
+                at = bisect_left(metas, order_key(old), key=order_key)
+                if at < len(metas) and metas[at] is old:
+                    self._remove(at)
+        for entry_id in olds:
+            meta = entries.get(entry_id)
+            if meta is not None and admits(entry_id):
+                self._insert(bisect_left(metas, order_key(meta), key=order_key), meta)
+
+    def _remove(self, at: int) -> None:
+        del self.metas[at]
+        for kind, (_, values) in self.made.items():
+            gone = values.pop(at)
+            if kind == "text":
+                self.joined -= len(gone[1]) + 1
+
+    def _insert(self, at: int, meta: EntryMeta) -> None:
+        self.metas.insert(at, meta)
+        for kind, (maker, values) in self.made.items():
+            value = maker(meta)
+            values.insert(at, value)
+            if kind == "text":
+                self.joined += len(value[1]) + 1
 
 
 class Pool:
@@ -41,10 +100,14 @@ class Pool:
         self._proven: dict[str, tuple[EntryMeta, bool]] = {}
         # The entries recent readers may see (or use), in memory order, at one state of the
         # pool: a turn's reads (enrichment, prompt, confession, learning) ask the same again.
-        self._views: dict[tuple[Reader, bool], tuple[int, list[EntryMeta]]] = {}
-        # The same usable views with their content and joined length: a turn's contexts
-        # (enrichment, confession) ask whether it all fits, then walk it, each again.
-        self._texts_of: dict[Reader, tuple[int, list[tuple[str, str]], int]] = {}
+        # A change that no entry's visibility rests on but the changed ones' own (no
+        # observation cites them) is applied to them in place (`kept`): a turn's write
+        # does not make the next turn's reads walk the whole pool again.
+        self._views: dict[tuple[Reader, bool], KeptView] = {}
+        # The last changes, each as (`_changes` after it, the entries as they were before it,
+        # by id; None when an observation cites one of them: kept views are built afresh).
+        self._edits: list[tuple[int, dict[str, EntryMeta | None] | None]] = []
+        self._cited: dict[str, int] = {}  # entry id -> entries naming it as a source
         self._changes = 0  # bumped by every `apply`: the state the views were built on
         # Per recent reader, each entry's own visibility checks (engine/visibility.py `known`).
         self._known: dict[Reader, dict[str, tuple[EntryMeta, bool | None]]] = {}
@@ -77,6 +140,9 @@ class Pool:
     def _index(self, meta: EntryMeta) -> None:
         for grant in tagmod.grants_of(meta.tags):
             self._by_grant.setdefault(grant, set()).add(meta.id)
+        for source in meta.sources:
+            if source.entry is not None:
+                self._cited[source.entry] = self._cited.get(source.entry, 0) + 1
 
     def _unindex(self, meta: EntryMeta) -> None:
         for grant in tagmod.grants_of(meta.tags):
@@ -85,6 +151,13 @@ class Pool:
                 ids.discard(meta.id)
                 if not ids:
                     del self._by_grant[grant]
+        for source in meta.sources:
+            if source.entry is not None:
+                left = self._cited[source.entry] - 1
+                if left:
+                    self._cited[source.entry] = left
+                else:
+                    del self._cited[source.entry]
 
     @staticmethod
     def _grant_keys(reader: Reader) -> list[str]:
@@ -111,28 +184,49 @@ class Pool:
         """`build()` (the entries `reader` may see, or use with `active`, in memory order), kept
         until the pool next changes; call under the pool's lock, with nothing else in the
         union (workspace records change apart from the pool)."""
+        return list(self.kept(reader, active, build, None).metas)
+
+    def kept(
+        self,
+        reader: Reader,
+        active: bool,
+        build: Callable[[], list[EntryMeta]],
+        admits: Callable[[str], bool] | None,
+    ) -> KeptView:
+        """The kept view of `view`, brought up to date: by the changes since it was made when
+        no other entry's visibility rests on them (`admits(id)`: whether the reader may see,
+        or use, an entry now), else by `build()`. Callers read it, never change it."""
         key = (reader, active)
         hit = self._views.pop(key, None)
-        if hit is None or hit[0] != self._changes:
-            hit = (self._changes, build())
+        if hit is not None and hit.changes != self._changes:
+            olds = None if admits is None else self._changed_since(hit.changes)
+            if olds is None:
+                hit = None
+            else:
+                hit.catch_up(olds, self.entries, admits)  # type: ignore[arg-type]
+                hit.changes = self._changes
+        if hit is None:
+            hit = KeptView(self._changes, build())
         self._views[key] = hit  # the most recently used last
         if len(self._views) > VIEWS:
             del self._views[next(iter(self._views))]
-        return list(hit[1])
+        return hit
 
-    def view_texts(
-        self, reader: Reader, build: Callable[[], list[tuple[str, str]]]
-    ) -> tuple[list[tuple[str, str]], int]:
-        """`build()` ((id, content) of what `reader` may use, in memory order) and the length of
-        those contents joined by newlines, kept until the pool next changes (as `view`)."""
-        hit = self._texts_of.pop(reader, None)
-        if hit is None or hit[0] != self._changes:
-            texts = build()
-            hit = (self._changes, texts, sum(len(t) for _, t in texts) + len(texts) - 1)
-        self._texts_of[reader] = hit  # the most recently used last
-        if len(self._texts_of) > VIEWS:
-            del self._texts_of[next(iter(self._texts_of))]
-        return hit[1], hit[2]
+    def _changed_since(self, changes: int) -> dict[str, EntryMeta | None] | None:
+        """Each entry changed after state `changes`, as it was then; None when a change is
+        not local or no longer remembered."""
+        olds: dict[str, EntryMeta | None] = {}
+        edits = self._edits
+        if not edits or edits[0][0] > changes + 1:
+            return None
+        for at, before in edits:
+            if at <= changes:
+                continue
+            if before is None:
+                return None
+            for entry_id, old in before.items():
+                olds.setdefault(entry_id, old)
+        return olds
 
     def known(self, reader: Reader) -> dict[str, tuple[EntryMeta, bool | None]]:
         """The reader's kept visibility checks, for `Visibility(..., known=)`."""
@@ -203,6 +297,12 @@ class Pool:
         """Make an outcome the pool's in-memory state (after its writes were queued)."""
         stored = self.stored
         self._changes += 1
+        changed = [m.id for m in outcome.upserts] + list(outcome.deletes)
+        local = not any(i in self._cited for i in changed)  # what rests on them: before
+        before = {i: stored.entries.get(i) for i in changed} if local else None
+        self._edits.append((self._changes, before))
+        if len(self._edits) > EDITS:
+            del self._edits[0]
         for meta in outcome.upserts:
             old = stored.entries.get(meta.id)
             if old is not None:

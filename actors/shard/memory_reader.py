@@ -15,6 +15,7 @@ permissions with new content. Content is opened only for entries the check let t
 from __future__ import annotations
 
 import contextlib
+from bisect import bisect_right
 from collections import ChainMap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -125,13 +126,14 @@ class Snapshot:
         """Visible and active, in memory order: what context, prompts and search use."""
         return self._in_order(active=True)
 
-    def usable_texts(self) -> tuple[list[tuple[str, str]], int] | None:
-        """(id, content) of `usable()` and their length joined by newlines (-1: none), kept
-        with the pool's view; None when the union holds records (they change apart from it)."""
+    def usable_texts(self) -> KeptView | None:
+        """The pool's kept view of `usable()` with its "text" kind made ((id, content) of each,
+        and `joined`); None when the union holds records (they change apart from the pool)."""
         if self.ws is not None and self.ws.stored.entries:
             return None
         kept, open_ = self._kept(True), self.open
-        return kept.make("text", lambda m: (m.id, open_(m.id))), kept.joined
+        kept.make("text", lambda m: (m.id, open_(m.id)))
+        return kept
 
     def is_record(self, entry_id: str) -> bool:
         return self.ws is not None and entry_id in self.ws.stored.entries
@@ -236,7 +238,7 @@ class MemoryReader:
         async with self.read(pool_id, reader) as snap:
             kept = snap.usable_texts()
             if kept is not None:
-                return self._context_of(snap, *kept, limit, first, partial)
+                return self._context_of(snap.pool, kept, limit, first, partial)
             usable = snap.usable()
             if not partial and not first:
                 whole: list[tuple[str, str]] = []
@@ -272,37 +274,43 @@ class MemoryReader:
 
     @staticmethod
     def _context_of(
-        snap: Snapshot,
-        texts: list[tuple[str, str]],
-        joined: int,
-        limit: int,
-        first: Sequence[str],
-        partial: bool,
+        pool: Pool, kept: KeptView, limit: int, first: Sequence[str], partial: bool
     ) -> tuple[list[tuple[str, str]], bool, bool]:
-        """`context_for` over the usable entries' kept contents (`Snapshot.usable_texts`)."""
+        """`context_for` over a kept view of the usable entries and their contents: positions
+        and running lengths stand for the walk (the same parts, found by bisection)."""
+        texts, joined = kept.made["text"][1], kept.joined
         if joined <= limit:
             return list(texts), bool(texts), True
         if not partial and not first:
             return [], True, False
-        taken: dict[str, str] = {}
+        taken: dict[int, None] = {}  # positions, in the order taken
         size = 0
         for entry_id in first[:CONTEXT_HITS]:
-            if entry_id not in taken and snap.usable_id(entry_id):
-                text = snap.open(entry_id)
-                extra = len(text) + (1 if taken else 0)
+            meta = pool.entries.get(entry_id)
+            at = None if meta is None else kept.at(meta)  # usable: in the view
+            if at is not None and at not in taken:
+                extra = len(texts[at][1]) + (1 if taken else 0)
                 if size + extra <= limit:
-                    taken[entry_id] = text
+                    taken[at] = None
                     size += extra
-        for entry_id, text in texts:
-            if entry_id in taken:
-                continue
-            extra = len(text) + (1 if taken else 0)
-            if size + extra > limit:
-                break
-            taken[entry_id] = text
-            size += extra
-        parts = [(i, t) for i, t in texts if i in taken]
-        return parts, True, len(parts) == len(texts)
+        # The room left, in memory order until the first that does not fit: each entry costs
+        # its length and a newline (the first part has none), `ends` are their running sums.
+        ends, count = kept.ends(), len(texts)
+        stop, start = count, 0
+        if not taken:
+            stop = bisect_right(ends, limit + 1)
+        else:
+            for at in [*sorted(taken), count]:
+                base = ends[start - 1] if start else 0
+                end = bisect_right(ends, limit - size + base, start, at)
+                if end < at:
+                    stop = end
+                    break
+                if at > start:
+                    size += ends[at - 1] - base
+                start = at + 1
+        parts = texts[:stop] + [texts[at] for at in sorted(taken) if at >= stop]
+        return parts, True, len(parts) == count
 
     async def learning_context(
         self, pool_id: str, reader: Reader

@@ -7,9 +7,11 @@ that could possibly admit the reader instead of the whole pool (a side table, in
 from __future__ import annotations
 
 import asyncio
+import operator
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, TypeVar
 
 from actors.shard.rwlock import RWLock
@@ -39,6 +41,21 @@ class KeptView:
     metas: list[EntryMeta]
     made: dict[str, tuple[Callable[[EntryMeta], Any], list]] = field(default_factory=dict)
     joined: int = -1
+    _ends: list[int] | None = None
+
+    def at(self, meta: EntryMeta) -> int | None:
+        """Where `meta` (this very entry object) is in the view, if it is."""
+        metas = self.metas
+        at = bisect_left(metas, order_key(meta), key=order_key)
+        return at if at < len(metas) and metas[at] is meta else None
+
+    def ends(self) -> list[int]:
+        """For each position, the length of the "text" kind's contents up to it, each with a
+        newline: made once per state, for walks that stop where a limit is reached."""
+        if self._ends is None:
+            lengths = map(len, map(operator.itemgetter(1), self.made["text"][1]))
+            self._ends = list(map(operator.add, accumulate(lengths), range(1, len(self.metas) + 1)))
+        return self._ends
 
     def make(self, kind: str, maker: Callable[[EntryMeta], T]) -> list[T]:
         """The `kind` list, made with `maker` for each entry on first use and then kept."""
@@ -59,16 +76,16 @@ class KeptView:
         are now (`entries`), each admitted again (`admits`), the rest staying as they are."""
         metas = self.metas
         for old in olds.values():
-            if old is not None:
-                at = bisect_left(metas, order_key(old), key=order_key)
-                if at < len(metas) and metas[at] is old:
-                    self._remove(at)
+            at = None if old is None else self.at(old)
+            if at is not None:
+                self._remove(at)
         for entry_id in olds:
             meta = entries.get(entry_id)
             if meta is not None and admits(entry_id):
                 self._insert(bisect_left(metas, order_key(meta), key=order_key), meta)
 
     def _remove(self, at: int) -> None:
+        self._ends = None
         del self.metas[at]
         for kind, (_, values) in self.made.items():
             gone = values.pop(at)
@@ -76,6 +93,7 @@ class KeptView:
                 self.joined -= len(gone[1]) + 1
 
     def _insert(self, at: int, meta: EntryMeta) -> None:
+        self._ends = None
         self.metas.insert(at, meta)
         for kind, (maker, values) in self.made.items():
             value = maker(meta)

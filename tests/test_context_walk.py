@@ -1,4 +1,4 @@
-"""A context over a kept view (actors/shard/memory_reader.py `_context_of`) takes the same parts
+"""A context over a kept view (actors/shard/memory_reader.py `context_of_kept`) takes the same parts
 as walking the usable entries one by one: ranked hits first, each whole where it fits, then the
 room left in memory order up to the first entry that does not fit."""
 
@@ -68,5 +68,5 @@ def test_a_context_over_a_kept_view_takes_what_the_walk_takes(lengths, limit, pi
     view.make("text", lambda m: (m.id, by_id[m.id]))
     pool = types.SimpleNamespace(entries={m.id: m for m in metas})
     first = [f"m{k:02d}" if k >= 0 else "gone" for k in picks]
-    got = MemoryReader._context_of(pool, view, limit, first, partial)  # type: ignore[arg-type]
+    got = MemoryReader.context_of_kept(pool, view, limit, first, partial)  # type: ignore[arg-type]
     assert got == _walk(texts, limit, first, partial)

@@ -153,3 +153,35 @@ async def test_a_view_kept_across_more_changes_than_remembered_is_made_afresh(sh
         await svc.add_entries(POOL, [(fact(f"f{n}", chat=f"k{n}", now=n + 1), f"n{n}")])
     used = (await _ids(svc, ALICE))[0]
     assert used == [f"f{n}" for n in range(EDITS + 1, -1, -1)]
+
+
+@pytest.mark.anyio
+async def test_the_learning_context_kept_with_a_view_is_the_selection_made_afresh(shards):
+    """LRN-7's context kept with the reader's view (each entry's provenance and learning form)
+    is, after every change, what selecting from the whole read again gives."""
+    from engine.learning import context_entry, context_selection
+
+    svc = shards()
+    reader = svc.memory_reader
+
+    async def both() -> tuple:
+        kept = await reader.learning_context(POOL, ALICE)
+        pool, ws = await reader.pools(POOL)
+        snap = reader.snapshot(pool, ws, ALICE)
+        chosen, topics = context_selection({m.id: m for m in snap.usable()}, ordered=True)
+        return kept, ([context_entry(m, snap.open(m.id)) for m in chosen], topics)
+
+    await svc.add_entries(POOL, [(fact("f1"), "likes tea"), (fact("f2", chat="k2"), "y")])
+    steps = [await both()]
+    e1 = (await svc.remember(POOL, ALICE, "I drink tea")).id
+    steps.append(await both())
+    await svc.add_entries(POOL, [(observation("o1", "f1"), "so: tea")])  # rests on f1
+    steps.append(await both())
+    await svc.forget(POOL, ALICE, e1)
+    steps.append(await both())
+    await svc.purge(POOL, "chat:k1")
+    steps.append(await both())
+    for kept, afresh in steps:
+        assert kept == afresh
+    assert [e.id for e in steps[2][0][0]] == [e1, "f1", "f2", "o1"]
+    assert [e.id for e in steps[4][0][0]] == ["f2"]

@@ -19,6 +19,7 @@ from bisect import bisect_right
 from collections import ChainMap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress, islice
 from typing import TypeVar
 
 from actors.shard.kernel import ShardKernel
@@ -26,7 +27,14 @@ from actors.shard.pool import KeptView, Pool
 from actors.workspace.pools import WorkspacePool, WorkspacePools
 from engine import memory_union as bm
 from engine.errors import InvalidInput
-from engine.learning import ContextEntry, context_entry, context_selection
+from engine.learning import (
+    CONTEXT_ENTRIES,
+    ContextEntry,
+    context_entry,
+    context_selection,
+    provable_alone,
+    topic_counts,
+)
 from engine.memory_entries import EntryMeta, Reader
 from engine.order import in_memory_order
 from engine.scoped_memory import WorkspaceEntry, WorkspaceStatus
@@ -125,6 +133,12 @@ class Snapshot:
     def usable(self) -> list[EntryMeta]:
         """Visible and active, in memory order: what context, prompts and search use."""
         return self._in_order(active=True)
+
+    def usable_kept(self) -> KeptView | None:
+        """The pool's kept view of `usable()`; None when the union holds records."""
+        if self.ws is not None and self.ws.stored.entries:
+            return None
+        return self._kept(True)
 
     def usable_texts(self) -> KeptView | None:
         """The pool's kept view of `usable()` with its "text" kind made ((id, content) of each,
@@ -238,7 +252,7 @@ class MemoryReader:
         async with self.read(pool_id, reader) as snap:
             kept = snap.usable_texts()
             if kept is not None:
-                return self._context_of(snap.pool, kept, limit, first, partial)
+                return self.context_of_kept(snap.pool, kept, limit, first, partial)
             usable = snap.usable()
             if not partial and not first:
                 whole: list[tuple[str, str]] = []
@@ -273,7 +287,7 @@ class MemoryReader:
         return parts, bool(usable), len(parts) == len(usable)
 
     @staticmethod
-    def _context_of(
+    def context_of_kept(
         pool: Pool, kept: KeptView, limit: int, first: Sequence[str], partial: bool
     ) -> tuple[list[tuple[str, str]], bool, bool]:
         """`context_for` over a kept view of the usable entries and their contents: positions
@@ -320,6 +334,19 @@ class MemoryReader:
         The selection is kept per pool state and reader (recomputing it walks every entry)."""
         pool, ws = await self.pools(pool_id)
         async with pool.lock.shared():
+            snap = self.snapshot(pool, ws, reader)
+            kept = snap.usable_kept()
+            if kept is not None:
+                # Each entry's provenance and learning form are kept with the reader's view,
+                # so a change costs what it changed; unless an observation rests on others.
+                known, open_ = pool.proven, snap.open
+                proven = kept.make("proven", lambda m: provable_alone(m, known))
+                if None not in proven:
+                    made = kept.make(
+                        "learning", lambda m: pool.derive("learning", (m,), context_entry, open_)[0]
+                    )
+                    chosen = list(islice(compress(made, proven), CONTEXT_ENTRIES))
+                    return chosen, topic_counts(compress(kept.metas, proven))
             records = (
                 ()
                 if ws is None
@@ -328,7 +355,6 @@ class MemoryReader:
             key = (pool.version, records, reader)
             cached = pool.learning_view
             if cached is None or cached[0] != key:
-                snap = self.snapshot(pool, ws, reader)
                 seen = {m.id: m for m in snap.usable()}
                 selection = context_selection(seen, ordered=True, known=pool.proven)
                 cached = (key, *selection, snap.open)

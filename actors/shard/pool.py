@@ -42,12 +42,18 @@ class KeptView:
     made: dict[str, tuple[Callable[[EntryMeta], Any], list]] = field(default_factory=dict)
     joined: int = -1
     _ends: list[int] | None = None
+    _keys: list[tuple] | None = None  # each entry's `order_key`, once made
+
+    def where(self, meta: EntryMeta) -> int:
+        """Where `meta` belongs in the view (memory order)."""
+        if self._keys is None:
+            self._keys = list(map(order_key, self.metas))
+        return bisect_left(self._keys, order_key(meta))
 
     def at(self, meta: EntryMeta) -> int | None:
         """Where `meta` (this very entry object) is in the view, if it is."""
-        metas = self.metas
-        at = bisect_left(metas, order_key(meta), key=order_key)
-        return at if at < len(metas) and metas[at] is meta else None
+        at = self.where(meta)
+        return at if at < len(self.metas) and self.metas[at] is meta else None
 
     def ends(self) -> list[int]:
         """For each position, the length of the "text" kind's contents up to it, each with a
@@ -74,7 +80,6 @@ class KeptView:
     ) -> None:
         """Move the changed entries (`olds`: as they were in this view's state) to where they
         are now (`entries`), each admitted again (`admits`), the rest staying as they are."""
-        metas = self.metas
         for old in olds.values():
             at = None if old is None else self.at(old)
             if at is not None:
@@ -82,11 +87,13 @@ class KeptView:
         for entry_id in olds:
             meta = entries.get(entry_id)
             if meta is not None and admits(entry_id):
-                self._insert(bisect_left(metas, order_key(meta), key=order_key), meta)
+                self._insert(self.where(meta), meta)
 
     def _remove(self, at: int) -> None:
         self._ends = None
         del self.metas[at]
+        if self._keys is not None:
+            del self._keys[at]
         for kind, (_, values) in self.made.items():
             gone = values.pop(at)
             if kind == "text":
@@ -95,6 +102,8 @@ class KeptView:
     def _insert(self, at: int, meta: EntryMeta) -> None:
         self._ends = None
         self.metas.insert(at, meta)
+        if self._keys is not None:
+            self._keys.insert(at, order_key(meta))
         for kind, (maker, values) in self.made.items():
             value = maker(meta)
             values.insert(at, value)

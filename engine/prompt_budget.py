@@ -43,6 +43,11 @@ class ScopedEntry(msgspec.Struct, frozen=True, kw_only=True, dict=True):
         `ScopedEntry` while the entry is unchanged, and every turn packs it again."""
         return line(self)
 
+    @functools.cached_property
+    def prompt_cost(self) -> int:
+        """Its line's length and a newline."""
+        return len(self.prompt_line) + 1
+
 
 class Packed(msgspec.Struct, frozen=True, kw_only=True):
     text: str
@@ -53,6 +58,8 @@ class Packed(msgspec.Struct, frozen=True, kw_only=True):
 
 DAY_MS = 86_400_000
 _ID = operator.attrgetter("id")
+_LINE = operator.attrgetter("prompt_line")
+PACKED = ("profile", "log")  # the tiers a prompt packs
 _UPDATED = operator.attrgetter("updated_at")
 
 
@@ -75,32 +82,88 @@ def _newest_first(entries: Iterable[ScopedEntry]) -> list[ScopedEntry]:
     return sorted(by_id, key=_UPDATED, reverse=True)
 
 
+class Prepared:
+    """Entries grouped by scope and tier, each group in its packing order, with what packing
+    them all would cost: made once, then asked whether they overflow and packed."""
+
+    def __init__(self, entries: Sequence[ScopedEntry]) -> None:
+        self.entries = entries
+        profiles: dict[str, list[ScopedEntry]] = {s: [] for s in SCOPES}
+        logs: dict[str, list[ScopedEntry]] = {s: [] for s in SCOPES}
+        # A scope's latest update among what can be packed (None: nothing).
+        latest: dict[str, int | None] = dict.fromkeys(SCOPES)
+        need = 0  # the lines of every profile and log entry, with their headings
+        for e in entries:  # one pass: a prompt packs every turn
+            scope, tier = e.scope, e.tier
+            if scope not in latest or tier == "note":
+                continue  # (notes are never packed)
+            last = latest[scope]
+            if last is None or e.updated_at > last:
+                latest[scope] = e.updated_at
+            if tier == "profile":
+                profiles[scope].append(e)
+            elif tier == "log":
+                logs[scope].append(e)
+            else:
+                continue
+            need += e.prompt_cost
+        for by_scope in (profiles, logs):
+            for scope in SCOPES:
+                by_scope[scope] = _newest_first(by_scope[scope])
+        for scope in SCOPES:
+            if profiles[scope] or logs[scope]:
+                need += len(HEADINGS[scope]) + 2  # the heading, a blank line before it
+        self.profiles, self.logs, self.latest, self.need = profiles, logs, latest, need
+
+    def order(self) -> list[ScopedEntry]:
+        """The order in which entries are offered to the budget (rules 1-3)."""
+        profiles, logs, latest = self.profiles, self.logs, self.latest
+        order: list[ScopedEntry] = []
+        rounds = max(len(v) for v in profiles.values())
+        for k in range(rounds):  # round robin, one profile from each scope in turn
+            order.extend(profiles[scope][k] for scope in SCOPES if k < len(profiles[scope]))
+        for scope in sorted(SCOPES, key=lambda s: (-(latest[s] or 0), SCOPES.index(s))):
+            order.extend(logs[scope])
+        return order
+
+    def overflows(self, *, instructions: str = "", budget: int = BUDGET) -> bool:
+        """Whether `pack` leaves a profile or log entry out (`Packed.overflow`): exactly when
+        all of them and their headings together exceed the budget (packing takes every entry
+        that fits, so when all fit, all are taken)."""
+        return len(instructions) + self.need > budget
+
+    def pack(
+        self, *, instructions: str = "", budget: int = BUDGET, first: Sequence[str] = ()
+    ) -> Packed:
+        """See `pack`."""
+        entries = self.entries
+        if not self.overflows(instructions=instructions, budget=budget):
+            return self._whole(instructions)
+        order = self.order()
+        if first:
+            ranked = {e.id: e for e in entries}
+            head = [ranked[i] for i in dict.fromkeys(first) if i in ranked]
+            seen = {e.id for e in head}
+            order = head + [e for e in order if e.id not in seen]
+        return _pack(entries, order, instructions, budget)
+
+    def _whole(self, instructions: str) -> Packed:
+        """Everything packed (it all fits): each scope's profiles, then its logs."""
+        parts = [instructions] if instructions else []
+        for scope in SCOPES:
+            chosen = self.profiles[scope] + self.logs[scope]
+            if chosen:
+                lines = "\n".join(map(_LINE, chosen))
+                parts.append(f"\n{HEADINGS[scope]}\n{lines}\n")
+        omitted = [e.id for e in self.entries if e.tier not in PACKED]
+        text = "".join(parts)
+        included = tuple(map(_ID, self.order()))
+        return Packed(text=text, included=included, omitted=tuple(omitted), overflow=False)
+
+
 def candidate_order(entries: Sequence[ScopedEntry]) -> list[ScopedEntry]:
     """The order in which entries are offered to the budget (rules 1-3)."""
-    profiles: dict[str, list[ScopedEntry]] = {s: [] for s in SCOPES}
-    logs: dict[str, list[ScopedEntry]] = {s: [] for s in SCOPES}
-    # A scope's latest update among what can be packed (None: nothing).
-    latest: dict[str, int | None] = dict.fromkeys(SCOPES)
-    for e in entries:  # one pass: a prompt packs every turn
-        if e.scope not in latest or e.tier == "note":
-            continue  # (notes are never packed)
-        last = latest[e.scope]
-        if last is None or e.updated_at > last:
-            latest[e.scope] = e.updated_at
-        if e.tier == "profile":
-            profiles[e.scope].append(e)
-        elif e.tier == "log":
-            logs[e.scope].append(e)
-    for by_scope in (profiles, logs):
-        for scope in SCOPES:
-            by_scope[scope] = _newest_first(by_scope[scope])
-    order: list[ScopedEntry] = []
-    rounds = max(len(v) for v in profiles.values())
-    for k in range(rounds):  # round robin, one profile from each scope in turn
-        order.extend(profiles[scope][k] for scope in SCOPES if k < len(profiles[scope]))
-    for scope in sorted(SCOPES, key=lambda s: (-(latest[s] or 0), SCOPES.index(s))):
-        order.extend(logs[scope])
-    return order
+    return Prepared(entries).order()
 
 
 def pack(
@@ -112,32 +175,14 @@ def pack(
 ) -> Packed:
     """The memory part of a prompt within `budget` characters, whole entries only; `first`
     (entry ids, best first) goes before the rest when not everything fits."""
-    order = candidate_order(entries)
-    if not first or not overflows(entries, instructions=instructions, budget=budget):
-        return _pack(entries, order, instructions, budget)
-    ranked = {e.id: e for e in entries}
-    head = [ranked[i] for i in dict.fromkeys(first) if i in ranked]
-    seen = {e.id for e in head}
-    order = head + [e for e in order if e.id not in seen]
-    return _pack(entries, order, instructions, budget)
+    return Prepared(entries).pack(instructions=instructions, budget=budget, first=first)
 
 
 def overflows(
     entries: Sequence[ScopedEntry], *, instructions: str = "", budget: int = BUDGET
 ) -> bool:
-    """Whether `pack` leaves a profile or log entry out (`Packed.overflow`), without packing:
-    exactly when all of them and their headings together exceed the budget (packing takes
-    every entry that fits, so when all fit, all are taken)."""
-    used = len(instructions)
-    headed: set[str] = set()
-    for entry in entries:
-        if entry.scope not in HEADINGS or entry.tier not in ("profile", "log"):
-            continue
-        used += len(entry.prompt_line) + 1
-        if entry.scope not in headed:
-            headed.add(entry.scope)
-            used += len(HEADINGS[entry.scope]) + 2
-    return used > budget
+    """Whether `pack` leaves a profile or log entry out (`Packed.overflow`), without packing."""
+    return Prepared(entries).overflows(instructions=instructions, budget=budget)
 
 
 def _pack(

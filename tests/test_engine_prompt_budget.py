@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.prompt_budget import BUDGET, ScopedEntry, line, overflows, pack
+from engine.prompt_budget import BUDGET, ScopedEntry, candidate_order, line, overflows, pack
 
 entry_st = st.builds(
     ScopedEntry,
@@ -146,3 +146,18 @@ def test_overflows_at_the_edge_counts_headings_and_newlines():
         plain = pack(entries, instructions="hi", budget=budget)
         assert plain.overflow == (budget < whole)
         assert overflows(entries, instructions="hi", budget=budget) == plain.overflow
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(entry_st, max_size=40, unique_by=lambda e: e.id),
+    st.text(max_size=200),
+    st.integers(2_000, 200_000),
+)
+def test_what_all_fits_is_packed_as_the_entry_by_entry_walk_packs_it(entries, instructions, budget):
+    """When everything fits, the pack is made from the groups at once: the same pack as
+    offering each entry in the rules' order."""
+    from engine.prompt_budget import _pack  # private: the entry-by-entry walk it stands for
+
+    walked = _pack(entries, candidate_order(entries), instructions, budget)
+    assert pack(entries, instructions=instructions, budget=budget) == walked

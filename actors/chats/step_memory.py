@@ -26,7 +26,7 @@ from engine.errors import OpenBotError
 from engine.listing import MAX_LIMIT
 from engine.memory_entries import Reader
 from engine.memory_union import as_scoped
-from engine.prompt_budget import ScopedEntry, overflows, pack
+from engine.prompt_budget import Prepared, ScopedEntry
 from engine.scoped_memory import WorkspaceEntryView
 from engine.workspace_search import combine
 
@@ -139,10 +139,11 @@ class StepMemory:
             )
         if not scoped:
             return ""
-        if step.wake != "person" or not overflows(scoped, instructions=instructions):
-            return pack(scoped, instructions=instructions).text
+        prepared = Prepared(scoped)
+        if step.wake != "person" or not prepared.overflows(instructions=instructions):
+            return prepared.pack(instructions=instructions).text
         first = [e.id for e in await self.ranked(step, reader, step.text, PACK_HITS)]
-        return pack(scoped, instructions=instructions, first=first).text
+        return prepared.pack(instructions=instructions, first=first).text
 
     async def context(
         self, step: StepInput, reader: Reader, text: str, limit: int

@@ -21,6 +21,7 @@ import datetime
 import functools
 import operator
 from collections.abc import Iterable, Sequence
+from itertools import groupby
 
 import msgspec
 
@@ -59,6 +60,8 @@ class Packed(msgspec.Struct, frozen=True, kw_only=True):
 DAY_MS = 86_400_000
 _ID = operator.attrgetter("id")
 _LINE = operator.attrgetter("prompt_line")
+_COST = operator.attrgetter("prompt_cost")
+_SCOPE_TIER = operator.attrgetter("scope", "tier")
 PACKED = ("profile", "log")  # the tiers a prompt packs
 _UPDATED = operator.attrgetter("updated_at")
 
@@ -93,23 +96,25 @@ class Prepared:
         # A scope's latest update among what can be packed (None: nothing).
         latest: dict[str, int | None] = dict.fromkeys(SCOPES)
         need = 0  # the lines of every profile and log entry, with their headings
-        for e in entries:  # one pass: a prompt packs every turn
-            scope, tier = e.scope, e.tier
+        self.unpacked = False  # whether any entry is of a tier never packed
+        # Grouped by sorting (stable: each group keeps the entries' order) and summed in C:
+        # a prompt packs every turn.
+        for (scope, tier), group in groupby(sorted(entries, key=_SCOPE_TIER), key=_SCOPE_TIER):
+            if tier not in PACKED:
+                self.unpacked = True
             if scope not in latest or tier == "note":
                 continue  # (notes are never packed)
-            last = latest[scope]
-            if last is None or e.updated_at > last:
-                latest[scope] = e.updated_at
+            members = list(group)
+            newest, last = max(map(_UPDATED, members)), latest[scope]
+            if last is None or newest > last:
+                latest[scope] = newest
             if tier == "profile":
-                profiles[scope].append(e)
+                profiles[scope] = _newest_first(members)
             elif tier == "log":
-                logs[scope].append(e)
+                logs[scope] = _newest_first(members)
             else:
                 continue
-            need += e.prompt_cost
-        for by_scope in (profiles, logs):
-            for scope in SCOPES:
-                by_scope[scope] = _newest_first(by_scope[scope])
+            need += sum(map(_COST, members))
         for scope in SCOPES:
             if profiles[scope] or logs[scope]:
                 need += len(HEADINGS[scope]) + 2  # the heading, a blank line before it
@@ -155,7 +160,7 @@ class Prepared:
             if chosen:
                 lines = "\n".join(map(_LINE, chosen))
                 parts.append(f"\n{HEADINGS[scope]}\n{lines}\n")
-        omitted = [e.id for e in self.entries if e.tier not in PACKED]
+        omitted = [e.id for e in self.entries if e.tier not in PACKED] if self.unpacked else ()
         text = "".join(parts)
         included = tuple(map(_ID, self.order()))
         return Packed(text=text, included=included, omitted=tuple(omitted), overflow=False)

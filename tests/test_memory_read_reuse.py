@@ -1,4 +1,4 @@
-"""What a shard keeps between reads of a bot's memory (actors/shard/pool.py `view`, `known`,
+"""What a shard keeps between reads of a bot's memory (actors/shard/pool.py `kept`, `known`,
 `open`): every change is seen by the next read of a reader whose view was kept, and content
 opened for a read does not outlive its entry. In-process shard on real DuckDB files, no Ray."""
 

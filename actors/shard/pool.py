@@ -24,7 +24,7 @@ from storage.memory_store import StoredPool, log_without
 from storage.search_index import TermIndex
 
 T = TypeVar("T")
-VIEWS = 8  # readers whose views a pool keeps (`Pool.view`)
+VIEWS = 8  # readers whose views a pool keeps (`Pool.kept`)
 TEXTS = 4096  # opened contents a pool keeps (`Pool.open`); past it, it starts afresh
 DERIVED = ("prompt", "learning", "record")  # the kinds `Pool.derive` keeps
 KNOWN = 16_384  # visibility checks kept per reader (`Pool.known`); past it, afresh
@@ -205,32 +205,27 @@ class Pool:
         """Whether one entry is among `candidates(reader)`, without building them."""
         return any(entry_id in self._by_grant.get(k, ()) for k in self._grant_keys(reader))
 
-    def view(
-        self, reader: Reader, active: bool, build: Callable[[], list[EntryMeta]]
-    ) -> list[EntryMeta]:
-        """`build()` (the entries `reader` may see, or use with `active`, in memory order), kept
-        until the pool next changes; call under the pool's lock, with nothing else in the
-        union (workspace records change apart from the pool)."""
-        return list(self.kept(reader, active, build, None).metas)
-
     def kept(
         self,
         reader: Reader,
         active: bool,
         build: Callable[[], list[EntryMeta]],
-        admits: Callable[[str], bool] | None,
+        admits: Callable[[str], bool],
     ) -> KeptView:
-        """The kept view of `view`, brought up to date: by the changes since it was made when
-        no other entry's visibility rests on them (`admits(id)`: whether the reader may see,
-        or use, an entry now), else by `build()`. Callers read it, never change it."""
+        """`build()` (the entries `reader` may see, or use with `active`, in memory order) kept
+        across reads and brought up to date: by the changes since it was made when no other
+        entry's visibility rests on them (`admits(id)`: whether the reader may see, or use, an
+        entry now), else by `build()` again. Call under the pool's lock, with nothing else in
+        the union (workspace records change apart from the pool); callers read the view,
+        never change it."""
         key = (reader, active)
         hit = self._views.pop(key, None)
         if hit is not None and hit.changes != self._changes:
-            olds = None if admits is None else self._changed_since(hit.changes)
+            olds = self._changed_since(hit.changes)
             if olds is None:
                 hit = None
             else:
-                hit.catch_up(olds, self.entries, admits)  # type: ignore[arg-type]
+                hit.catch_up(olds, self.entries, admits)
                 hit.changes = self._changes
         if hit is None:
             hit = KeptView(self._changes, build())

@@ -60,7 +60,9 @@ class ContextEntry(msgspec.Struct, frozen=True, kw_only=True):
 
 class LearningRequest(msgspec.Struct, frozen=True, kw_only=True):
     evidence: list[EvidenceItem]
-    entries: list[ContextEntry]
+    # An entry may come encoded already (`msgspec.Raw` of its JSON): a reader keeps each
+    # entry's form while it is unchanged, and the request is made every turn.
+    entries: list[ContextEntry | msgspec.Raw]
     topics: dict[str, int]
 
 
@@ -160,6 +162,11 @@ def topic_counts(valid: Iterable[EntryMeta]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def encoded_entry(entry: ContextEntry) -> msgspec.Raw:
+    """An entry's JSON in a request (`LearningRequest.entries`), made once."""
+    return msgspec.Raw(_enc.encode(entry))
+
+
 def context_entry(entry: EntryMeta, content: str) -> ContextEntry:
     return ContextEntry(
         id=entry.id,
@@ -177,7 +184,7 @@ _enc = msgspec.json.Encoder()
 
 def build_request(
     evidence: Sequence[EvidenceItem],
-    entries: Sequence[ContextEntry],
+    entries: Sequence[ContextEntry | msgspec.Raw],
     topics: Mapping[str, int],
     *,
     limit: int = REQUEST_LIMIT,

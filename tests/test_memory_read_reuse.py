@@ -159,17 +159,20 @@ async def test_a_view_kept_across_more_changes_than_remembered_is_made_afresh(sh
 async def test_the_learning_context_kept_with_a_view_is_the_selection_made_afresh(shards):
     """LRN-7's context kept with the reader's view (each entry's provenance and learning form)
     is, after every change, what selecting from the whole read again gives."""
-    from engine.learning import context_entry, context_selection
+    from engine.learning import context_entry, context_selection, encoded_entry
 
     svc = shards()
     reader = svc.memory_reader
 
     async def both() -> tuple:
         kept = await reader.learning_context(POOL, ALICE)
+        as_json = await reader.learning_context(POOL, ALICE, encoded=True)
         pool, ws = await reader.pools(POOL)
         snap = reader.snapshot(pool, ws, ALICE)
         chosen, topics = context_selection({m.id: m for m in snap.usable()}, ordered=True)
-        return kept, ([context_entry(m, snap.open(m.id)) for m in chosen], topics)
+        afresh = [context_entry(m, snap.open(m.id)) for m in chosen]
+        assert as_json == ([encoded_entry(e) for e in afresh], topics)  # kept apart: the same
+        return kept, (afresh, topics)
 
     await svc.add_entries(POOL, [(fact("f1"), "likes tea"), (fact("f2", chat="k2"), "y")])
     steps = [await both()]

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from itertools import compress, islice
 from typing import TypeVar
 
+import msgspec
+
 from actors.shard.kernel import ShardKernel
 from actors.shard.pool import KeptView, Pool
 from actors.workspace.pools import WorkspacePool, WorkspacePools
@@ -32,6 +34,7 @@ from engine.learning import (
     ContextEntry,
     context_entry,
     context_selection,
+    encoded_entry,
     provable_alone,
     topic_counts,
 )
@@ -327,11 +330,12 @@ class MemoryReader:
         return parts, True, len(parts) == count
 
     async def learning_context(
-        self, pool_id: str, reader: Reader
-    ) -> tuple[list[ContextEntry], dict[str, int]]:
+        self, pool_id: str, reader: Reader, *, encoded: bool = False
+    ) -> tuple[list[ContextEntry] | list[msgspec.Raw], dict[str, int]]:
         """LRN-7 over the bot's one memory as the turn's audience may see it: the first 300
         valid entries in memory order with their text, and topic counts over all valid ones.
-        The selection is kept per pool state and reader (recomputing it walks every entry)."""
+        The selection is kept per pool state and reader (recomputing it walks every entry).
+        With `encoded`, each entry comes as its JSON in a learning request (`encoded_entry`)."""
         pool, ws = await self.pools(pool_id)
         async with pool.lock.shared():
             snap = self.snapshot(pool, ws, reader)
@@ -342,9 +346,14 @@ class MemoryReader:
                 known, open_ = pool.proven, snap.open
                 proven = kept.make("proven", lambda m: provable_alone(m, known))
                 if None not in proven:
-                    made = kept.make(
-                        "learning", lambda m: pool.derive("learning", (m,), context_entry, open_)[0]
-                    )
+
+                    def form(m: EntryMeta) -> ContextEntry:
+                        return pool.derive("learning", (m,), context_entry, open_)[0]
+
+                    if encoded:
+                        made = kept.make("learning_json", lambda m: encoded_entry(form(m)))
+                    else:
+                        made = kept.make("learning", form)
                     chosen = list(islice(compress(made, proven), CONTEXT_ENTRIES))
                     return chosen, topic_counts(compress(kept.metas, proven))
             records = (
@@ -361,7 +370,7 @@ class MemoryReader:
                 pool.learning_view = cached
             _, chosen, topics, open_ = cached
             entries = pool.derive("learning", chosen, context_entry, open_)
-        return entries, topics
+        return ([encoded_entry(e) for e in entries] if encoded else entries), topics
 
     def learning_state(self, pool: Pool, ws: WorkspacePool | None) -> Mapping[str, EntryMeta]:
         """What the memory bot's proposals are checked against (under the exclusive lock): the

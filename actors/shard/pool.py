@@ -89,6 +89,11 @@ class KeptView:
             if meta is not None and admits(entry_id):
                 self._insert(self.where(meta), meta)
 
+    def forget_made(self) -> None:
+        """Drop the lists made from the entries (their contents among them)."""
+        self.made.clear()
+        self.joined, self._ends = -1, None
+
     def _remove(self, at: int) -> None:
         self._ends = None
         del self.metas[at]
@@ -269,8 +274,10 @@ class Pool:
 
     @property
     def opened(self) -> frozenset[str]:
-        """Entries whose content the pool holds opened (`open`, `derive`)."""
-        return frozenset([*self._texts, *(entry_id for _, entry_id in self._derived)])
+        """Entries whose content the pool holds opened (`open`, `derive`, lists kept with views)."""
+        made = (v.metas for v in self._views.values() if set(v.made) - {"proven"})
+        kept = (m.id for metas in made for m in metas)
+        return frozenset([*self._texts, *(entry_id for _, entry_id in self._derived), *kept])
 
     def open(self, entry_id: str, opener: Callable[[StoredPool, str], str]) -> str:
         """An entry's content, opened by `opener` once per sealed version."""
@@ -335,6 +342,8 @@ class Pool:
                 stored.sealed[meta.id] = sealed[meta.id]
                 self._forget_opened(meta.id)
         if outcome.deletes:
+            for view in self._views.values():  # what was made of a deleted entry goes with it
+                view.forget_made()
             for entry_id in outcome.deletes:
                 old = stored.entries.pop(entry_id, None)
                 if old is not None:

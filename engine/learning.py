@@ -12,6 +12,7 @@ still applies.
 
 from __future__ import annotations
 
+import operator
 from collections import ChainMap, Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
@@ -32,6 +33,7 @@ from engine.memory_entries import (
 from engine.order import in_memory_order
 
 CONTEXT_ENTRIES = 300  # LRN-7
+_TAGS = operator.attrgetter("tags")
 REQUEST_LIMIT = 60_000  # SC-6: under the 65,000-character tool bridge
 MAX_FACT_CHARS = 2_000
 
@@ -58,7 +60,9 @@ class ContextEntry(msgspec.Struct, frozen=True, kw_only=True):
 
 class LearningRequest(msgspec.Struct, frozen=True, kw_only=True):
     evidence: list[EvidenceItem]
-    entries: list[ContextEntry]
+    # An entry may come encoded already (`msgspec.Raw` of its JSON): a reader keeps each
+    # entry's form while it is unchanged, and the request is made every turn.
+    entries: list[ContextEntry | msgspec.Raw]
     topics: dict[str, int]
 
 
@@ -125,19 +129,42 @@ def context_selection(
     ok = provable(entries, known)
     if ordered:
         valid = [m for i, m in entries.items() if i in ok]
-        counts = _topic_counts(valid)
+        counts = topic_counts(valid)
         return valid[:CONTEXT_ENTRIES], counts
     valid = [entries[i] for i in ok]
-    return in_memory_order(valid)[:CONTEXT_ENTRIES], _topic_counts(valid)
+    return in_memory_order(valid)[:CONTEXT_ENTRIES], topic_counts(valid)
 
 
-def _topic_counts(valid: Iterable[EntryMeta]) -> dict[str, int]:
+def provable_alone(
+    entry: EntryMeta, known: dict[str, tuple[EntryMeta, bool]] | None = None
+) -> bool | None:
+    """`provable` of one active entry when it depends on that entry alone (pinned entries,
+    facts, observations that cite an item or nothing); None for an observation resting on
+    other entries. `known`: as for `provable`."""
+    if entry.status != Status.ACTIVE:
+        return False
+    if (
+        entry.layer == Layer.OBSERVATION
+        and entry.sources
+        and all(s.is_entry for s in entry.sources)
+    ):
+        return None
+    return bool(provable({entry.id: entry}, known, (entry.id,)))
+
+
+def topic_counts(valid: Iterable[EntryMeta]) -> dict[str, int]:
+    """Topic counts over valid entries (LRN-7)."""
     # Entries share a few tag sets: each set's topics are counted once, times its entries.
     counts: dict[str, int] = {}
-    for tags, n in Counter([entry.tags for entry in valid]).items():
+    for tags, n in Counter(map(_TAGS, valid)).items():
         for topic in tagmod.topics_of(tags):
             counts[topic] = counts.get(topic, 0) + n
     return dict(sorted(counts.items()))
+
+
+def encoded_entry(entry: ContextEntry) -> msgspec.Raw:
+    """An entry's JSON in a request (`LearningRequest.entries`), made once."""
+    return msgspec.Raw(_enc.encode(entry))
 
 
 def context_entry(entry: EntryMeta, content: str) -> ContextEntry:
@@ -157,7 +184,7 @@ _enc = msgspec.json.Encoder()
 
 def build_request(
     evidence: Sequence[EvidenceItem],
-    entries: Sequence[ContextEntry],
+    entries: Sequence[ContextEntry | msgspec.Raw],
     topics: Mapping[str, int],
     *,
     limit: int = REQUEST_LIMIT,

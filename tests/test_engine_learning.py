@@ -12,6 +12,7 @@ from engine.learning import (
     build_request,
     context_selection,
     decide,
+    encoded_entry,
 )
 from engine.memory_entries import AccessProof, EntryMeta, Layer, Reader, Source, Status
 from engine.visibility import visible_ids
@@ -303,6 +304,9 @@ def test_a_request_that_fits_whole_is_what_sizing_each_element_would_keep():
         for limit in range(max(2, whole - 4), whole + 6):
             got = build_request(items, entries, {"t": 1}, limit=limit)
             assert got == _sized_request(items, entries, {"t": 1}, limit), (limit, whole)
+            # Entries a reader kept encoded make the same request, sized the same way.
+            raw = [encoded_entry(e) for e in entries]
+            assert build_request(items, raw, {"t": 1}, limit=limit) == got, (limit, whole)
 
 
 def test_context_selection_of_entries_in_memory_order_needs_no_sort():

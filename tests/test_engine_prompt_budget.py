@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.prompt_budget import BUDGET, ScopedEntry, line, pack
+from engine.prompt_budget import BUDGET, ScopedEntry, candidate_order, line, overflows, pack
 
 entry_st = st.builds(
     ScopedEntry,
@@ -102,3 +102,62 @@ def test_candidate_order_in_one_pass_is_the_order_of_the_rules():
             for k in range(rng.randint(0, 12))
         ]
         assert candidate_order(entries) == _order_by_passes(entries)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(entry_st, max_size=40, unique_by=lambda e: e.id),
+    st.text(max_size=2000),
+    st.integers(2_000, 20_000),
+    st.lists(st.integers(0, 39), max_size=10),
+)
+def test_overflows_is_the_packs_own_verdict_and_first_changes_only_an_overflow(
+    entries, instructions, budget, picks
+):
+    """The prompt asks `overflows` before it ranks, and `pack` with ranked ids skips its
+    unranked pass on it: both stand for packing, so they must agree with it exactly."""
+    plain = pack(entries, instructions=instructions, budget=budget)
+    assert overflows(entries, instructions=instructions, budget=budget) == plain.overflow
+    first = [entries[k].id for k in picks if k < len(entries)]
+    ranked = pack(entries, instructions=instructions, budget=budget, first=first)
+    if not plain.overflow or not first:
+        assert ranked == plain
+    else:  # the ranked ids are offered before the rules' order, and only they move
+        offered = [i for i in dict.fromkeys(first) if i in ranked.included]
+        assert list(ranked.included[: len(offered)]) == offered
+
+
+def test_an_entry_s_prompt_line_is_its_line_made_once():
+    entry = ScopedEntry(
+        id="m1", scope="bot", tier="log", content="tea", updated_at=0, source="bot:b1"
+    )
+    assert entry.prompt_line == line(entry) == "- (1970-01-01) tea [bot:b1]"
+    assert entry.prompt_line is entry.prompt_line
+
+
+def test_overflows_at_the_edge_counts_headings_and_newlines():
+    entries = [
+        ScopedEntry(id="b", scope="bot", tier="log", content="bb", updated_at=0),
+        ScopedEntry(id="u", scope="user", tier="profile", content="uu", updated_at=0),
+        ScopedEntry(id="n", scope="bot", tier="note", content="n" * 100, updated_at=0),
+    ]
+    whole = len(pack(entries, instructions="hi").text)
+    for budget in (whole - 1, whole, whole + 1):
+        plain = pack(entries, instructions="hi", budget=budget)
+        assert plain.overflow == (budget < whole)
+        assert overflows(entries, instructions="hi", budget=budget) == plain.overflow
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(entry_st, max_size=40, unique_by=lambda e: e.id),
+    st.text(max_size=200),
+    st.integers(2_000, 200_000),
+)
+def test_what_all_fits_is_packed_as_the_entry_by_entry_walk_packs_it(entries, instructions, budget):
+    """When everything fits, the pack is made from the groups at once: the same pack as
+    offering each entry in the rules' order."""
+    from engine.prompt_budget import _pack  # private: the entry-by-entry walk it stands for
+
+    walked = _pack(entries, candidate_order(entries), instructions, budget)
+    assert pack(entries, instructions=instructions, budget=budget) == walked

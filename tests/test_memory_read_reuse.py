@@ -1,4 +1,4 @@
-"""What a shard keeps between reads of a bot's memory (actors/shard/pool.py `view`, `known`,
+"""What a shard keeps between reads of a bot's memory (actors/shard/pool.py `kept`, `known`,
 `open`): every change is seen by the next read of a reader whose view was kept, and content
 opened for a read does not outlive its entry. In-process shard on real DuckDB files, no Ray."""
 
@@ -93,3 +93,98 @@ async def test_a_ranked_hit_shows_its_entry_as_it_is_now(shards):
     assert first[0] == first[1] == {e1: "active", e2: "active"}
     assert forgotten == {e1: "forgotten", e2: "active"}
     assert purged == {}
+
+
+@pytest.mark.anyio
+async def test_a_context_over_kept_contents_follows_each_change(shards):
+    """The contents a bot's contexts walk are kept with the reader's view: each change (a new
+    entry, a purge, a forget) shows in the next context, whether it all fits, is cut, or is
+    led by ranked hits."""
+    svc = shards()
+    read = svc.memory_reader.context_for
+    await svc.add_entries(POOL, [(fact("f1", now=10), "a" * 10), (fact("f2", now=20), "b" * 10)])
+
+    async def contexts() -> tuple:
+        whole = await read(POOL, ALICE, 1_000, partial=False)
+        cut = await read(POOL, ALICE, 15)
+        led = await read(POOL, ALICE, 15, ["f1"])
+        return whole, cut, led
+
+    before = await contexts()
+    assert await contexts() == before  # asked again: the same, from what was kept
+    await svc.add_entries(POOL, [(fact("f3", chat="k2", now=30), "c" * 3)])
+    added = await contexts()
+    await svc.purge(POOL, "chat:k2")
+    purged = await contexts()
+    exact = await read(POOL, ALICE, 21, partial=False)  # "bbbbbbbbbb\naaaaaaaaaa": it fits
+    e4 = (await svc.remember(POOL, ALICE, "d" * 4)).id
+    remembered = await contexts()
+    await svc.forget(POOL, ALICE, e4)
+    forgotten = await contexts()
+    a, b, c, d = ("f1", "a" * 10), ("f2", "b" * 10), ("f3", "c" * 3), (e4, "d" * 4)
+    assert before == (([b, a], True, True), ([b], True, False), ([a], True, False))
+    assert added == (([c, b, a], True, True), ([c, b], True, False), ([c, a], True, False))
+    assert purged == before and forgotten == before
+    assert exact == ([b, a], True, True)
+    assert remembered == (([d, b, a], True, True), ([d, b], True, False), ([d, a], True, False))
+    assert await read(POOL, ALICE, 15, partial=False) == ([], True, False)  # not all fits
+
+
+@pytest.mark.anyio
+async def test_a_kept_view_follows_a_change_to_what_an_observation_rests_on(shards):
+    """A change to one entry moves a kept view in place only when nothing rests on it: an
+    observation citing a forgotten fact leaves the reader's view with it."""
+    svc = shards()
+    await svc.add_entries(POOL, [(fact("f1"), "likes tea"), (observation("o1", "f1"), "x")])
+    await svc.add_entries(POOL, [(fact("f2", chat="k2", now=15), "y")])
+    assert sorted((await _ids(svc, ALICE))[0]) == ["f1", "f2", "o1"]
+    await svc.forget(POOL, ALICE, "f1")
+    assert (await _ids(svc, ALICE))[0] == ["f2"]
+
+
+@pytest.mark.anyio
+async def test_a_view_kept_across_more_changes_than_remembered_is_made_afresh(shards):
+    from actors.shard.pool import EDITS
+
+    svc = shards()
+    await svc.add_entries(POOL, [(fact("f0", now=1), "zero")])
+    assert (await _ids(svc, ALICE))[0] == ["f0"]
+    for n in range(1, EDITS + 2):  # one at a time, with no read between them
+        await svc.add_entries(POOL, [(fact(f"f{n}", chat=f"k{n}", now=n + 1), f"n{n}")])
+    used = (await _ids(svc, ALICE))[0]
+    assert used == [f"f{n}" for n in range(EDITS + 1, -1, -1)]
+
+
+@pytest.mark.anyio
+async def test_the_learning_context_kept_with_a_view_is_the_selection_made_afresh(shards):
+    """LRN-7's context kept with the reader's view (each entry's provenance and learning form)
+    is, after every change, what selecting from the whole read again gives."""
+    from engine.learning import context_entry, context_selection, encoded_entry
+
+    svc = shards()
+    reader = svc.memory_reader
+
+    async def both() -> tuple:
+        kept = await reader.learning_context(POOL, ALICE)
+        as_json = await reader.learning_context(POOL, ALICE, encoded=True)
+        pool, ws = await reader.pools(POOL)
+        snap = reader.snapshot(pool, ws, ALICE)
+        chosen, topics = context_selection({m.id: m for m in snap.usable()}, ordered=True)
+        afresh = [context_entry(m, snap.open(m.id)) for m in chosen]
+        assert as_json == ([encoded_entry(e) for e in afresh], topics)  # kept apart: the same
+        return kept, (afresh, topics)
+
+    await svc.add_entries(POOL, [(fact("f1"), "likes tea"), (fact("f2", chat="k2"), "y")])
+    steps = [await both()]
+    e1 = (await svc.remember(POOL, ALICE, "I drink tea")).id
+    steps.append(await both())
+    await svc.add_entries(POOL, [(observation("o1", "f1"), "so: tea")])  # rests on f1
+    steps.append(await both())
+    await svc.forget(POOL, ALICE, e1)
+    steps.append(await both())
+    await svc.purge(POOL, "chat:k1")
+    steps.append(await both())
+    for kept, afresh in steps:
+        assert kept == afresh
+    assert [e.id for e in steps[2][0][0]] == [e1, "f1", "f2", "o1"]
+    assert [e.id for e in steps[4][0][0]] == ["f2"]

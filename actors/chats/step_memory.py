@@ -26,7 +26,7 @@ from engine.errors import OpenBotError
 from engine.listing import MAX_LIMIT
 from engine.memory_entries import Reader
 from engine.memory_union import as_scoped
-from engine.prompt_budget import ScopedEntry, pack
+from engine.prompt_budget import Prepared, ScopedEntry
 from engine.scoped_memory import WorkspaceEntryView
 from engine.workspace_search import combine
 
@@ -122,9 +122,7 @@ class StepMemory:
         """SC-5: the bot's, the person's and the project's memory in one budget; when it does
         not all fit, what the input finds is offered first (`engine.prompt_budget.pack`)."""
         async with self.memory.read(bot_pool(step.bot.id), reader) as snap:
-            scoped: list[ScopedEntry] = snap.pool.derive(
-                "prompt", snap.usable(), as_scoped, snap.open
-            )
+            scoped: list[ScopedEntry] = snap.usable_made("prompt", as_scoped)
         for listing in await self._listings(step, reader, await self.scopes(step)):
             scoped.extend(
                 ScopedEntry(
@@ -141,11 +139,11 @@ class StepMemory:
             )
         if not scoped:
             return ""
-        packed = pack(scoped, instructions=instructions)
-        if not packed.overflow or step.wake != "person":
-            return packed.text
+        prepared = Prepared(scoped)
+        if step.wake != "person" or not prepared.overflows(instructions=instructions):
+            return prepared.pack(instructions=instructions).text
         first = [e.id for e in await self.ranked(step, reader, step.text, PACK_HITS)]
-        return pack(scoped, instructions=instructions, first=first).text
+        return prepared.pack(instructions=instructions, first=first).text
 
     async def context(
         self, step: StepInput, reader: Reader, text: str, limit: int

@@ -240,7 +240,11 @@ class MemoryBotRuntime:
         part of the spend it is."""
         assert_no_pool_lock("a memory-bot model call")
         await self.check_budget(pool, settings)
-        request = _enc.encode([msgspec.to_builtins(m) for m in messages]).decode()
+        # Only a logged call keeps its request: a learning step's request is recorded apart,
+        # and encoding it again (thousands of characters of JSON, every quote escaped) is waste.
+        request = (
+            "" if log is None else _enc.encode([msgspec.to_builtins(m) for m in messages]).decode()
+        )
 
         reserved: tuple[str, int] | None = None
 

@@ -303,7 +303,7 @@ class LearningRunner:
                 uses_bot=True,
             )
             # ENR-5: the pool's one visibility-checked read (the bot's whole memory).
-            entries, topics = await self.memory.learning_context(job.pool, reader)
+            entries, topics = await self.memory.learning_context(job.pool, reader, encoded=True)
             system = learning_system(settings.instructions)  # MB-2
             request, _ = build_request(evidence, entries, topics, overhead=len(system))
             messages = [

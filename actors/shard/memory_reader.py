@@ -15,21 +15,35 @@ permissions with new content. Content is opened only for entries the check let t
 from __future__ import annotations
 
 import contextlib
+from bisect import bisect_right
 from collections import ChainMap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress, islice
+from typing import TypeVar
+
+import msgspec
 
 from actors.shard.kernel import ShardKernel
-from actors.shard.pool import Pool
+from actors.shard.pool import KeptView, Pool
 from actors.workspace.pools import WorkspacePool, WorkspacePools
 from engine import memory_union as bm
 from engine.errors import InvalidInput
-from engine.learning import ContextEntry, context_entry, context_selection
+from engine.learning import (
+    CONTEXT_ENTRIES,
+    ContextEntry,
+    context_entry,
+    context_selection,
+    encoded_entry,
+    provable_alone,
+    topic_counts,
+)
 from engine.memory_entries import EntryMeta, Reader
 from engine.order import in_memory_order
 from engine.scoped_memory import WorkspaceEntry, WorkspaceStatus
 from engine.visibility import Visibility
 
+T = TypeVar("T")
 CONTEXT_HITS = 32  # ranked hits an input's context takes first (`MemoryReader.context_for`)
 
 
@@ -94,9 +108,26 @@ class Snapshot:
         if self.ws is not None and self.ws.stored.entries:
             # Hidden records may still decide an observation's visibility: not kept.
             return in_memory_order(self.visible_entries(active=active))
-        return self.pool.view(
-            self.reader, active, lambda: in_memory_order(self.visible_entries(active=active))
+        return list(self._kept(active).metas)
+
+    def _kept(self, active: bool) -> KeptView:
+        """The pool's kept view for this reader (call only with no records in the union)."""
+        pool, reader, vis = self.pool, self.reader, self.visibility
+        check = vis.usable if active else vis.visible
+        return pool.kept(
+            reader,
+            active,
+            lambda: in_memory_order(self.visible_entries(active=active)),
+            lambda entry_id: pool.candidate(reader, entry_id) and check(entry_id),
         )
+
+    def usable_made(self, kind: str, build: Callable[[EntryMeta, str], T]) -> list[T]:
+        """`build(entry, content)` for each of `usable()`, in its order: kept per entry state
+        (`Pool.derive`), and over a bot's entry pool alone also as a list with its view."""
+        pool, open_ = self.pool, self.open
+        if self.ws is not None and self.ws.stored.entries:
+            return pool.derive(kind, self.usable(), build, open_)
+        return list(self._kept(True).make(kind, lambda m: pool.derive(kind, (m,), build, open_)[0]))
 
     def visible(self) -> list[EntryMeta]:
         """Entries the reader may see (history included), in memory order (MEM-5)."""
@@ -105,6 +136,21 @@ class Snapshot:
     def usable(self) -> list[EntryMeta]:
         """Visible and active, in memory order: what context, prompts and search use."""
         return self._in_order(active=True)
+
+    def usable_kept(self) -> KeptView | None:
+        """The pool's kept view of `usable()`; None when the union holds records."""
+        if self.ws is not None and self.ws.stored.entries:
+            return None
+        return self._kept(True)
+
+    def usable_texts(self) -> KeptView | None:
+        """The pool's kept view of `usable()` with its "text" kind made ((id, content) of each,
+        and `joined`); None when the union holds records (they change apart from the pool)."""
+        if self.ws is not None and self.ws.stored.entries:
+            return None
+        kept, open_ = self._kept(True), self.open
+        kept.make("text", lambda m: (m.id, open_(m.id)))
+        return kept
 
     def is_record(self, entry_id: str) -> bool:
         return self.ws is not None and entry_id in self.ws.stored.entries
@@ -197,13 +243,19 @@ class MemoryReader:
         the caller ranks with the one memory search, actors/workspace/search.py, before this
         read, as a ranking may await the embedding model) is taken first, each checked again
         and whole where it fits; the room left is filled in memory order, stopping at the
-        first that does not fit. Only the entries taken are decrypted.
+        first that does not fit. Over a bot's entry pool alone, the usable entries' contents
+        are opened once per pool state and reader and kept with its view (`usable_texts`):
+        a turn's prompt opens them all anyway, and its contexts ask again; with records in
+        the union, only the entries taken are decrypted.
 
         Without `partial` (and without `first`), a context that does not all fit is not made:
         no parts, only whether any usable entry exists (the caller ranks and asks again)."""
         if limit < 0:
             raise InvalidInput("limit must be >= 0")
         async with self.read(pool_id, reader) as snap:
+            kept = snap.usable_texts()
+            if kept is not None:
+                return self.context_of_kept(snap.pool, kept, limit, first, partial)
             usable = snap.usable()
             if not partial and not first:
                 whole: list[tuple[str, str]] = []
@@ -237,14 +289,73 @@ class MemoryReader:
             parts = [(m.id, taken[m.id]) for m in usable if m.id in taken]
         return parts, bool(usable), len(parts) == len(usable)
 
+    @staticmethod
+    def context_of_kept(
+        pool: Pool, kept: KeptView, limit: int, first: Sequence[str], partial: bool
+    ) -> tuple[list[tuple[str, str]], bool, bool]:
+        """`context_for` over a kept view of the usable entries and their contents: positions
+        and running lengths stand for the walk (the same parts, found by bisection)."""
+        texts, joined = kept.made["text"][1], kept.joined
+        if joined <= limit:
+            return list(texts), bool(texts), True
+        if not partial and not first:
+            return [], True, False
+        taken: dict[int, None] = {}  # positions, in the order taken
+        size = 0
+        for entry_id in first[:CONTEXT_HITS]:
+            meta = pool.entries.get(entry_id)
+            at = None if meta is None else kept.at(meta)  # usable: in the view
+            if at is not None and at not in taken:
+                extra = len(texts[at][1]) + (1 if taken else 0)
+                if size + extra <= limit:
+                    taken[at] = None
+                    size += extra
+        # The room left, in memory order until the first that does not fit: each entry costs
+        # its length and a newline (the first part has none), `ends` are their running sums.
+        ends, count = kept.ends(), len(texts)
+        stop, start = count, 0
+        if not taken:
+            stop = bisect_right(ends, limit + 1)
+        else:
+            for at in [*sorted(taken), count]:
+                base = ends[start - 1] if start else 0
+                end = bisect_right(ends, limit - size + base, start, at)
+                if end < at:
+                    stop = end
+                    break
+                if at > start:
+                    size += ends[at - 1] - base
+                start = at + 1
+        parts = texts[:stop] + [texts[at] for at in sorted(taken) if at >= stop]
+        return parts, True, len(parts) == count
+
     async def learning_context(
-        self, pool_id: str, reader: Reader
-    ) -> tuple[list[ContextEntry], dict[str, int]]:
+        self, pool_id: str, reader: Reader, *, encoded: bool = False
+    ) -> tuple[list[ContextEntry] | list[msgspec.Raw], dict[str, int]]:
         """LRN-7 over the bot's one memory as the turn's audience may see it: the first 300
         valid entries in memory order with their text, and topic counts over all valid ones.
-        The selection is kept per pool state and reader (recomputing it walks every entry)."""
+        The selection is kept per pool state and reader (recomputing it walks every entry).
+        With `encoded`, each entry comes as its JSON in a learning request (`encoded_entry`)."""
         pool, ws = await self.pools(pool_id)
         async with pool.lock.shared():
+            snap = self.snapshot(pool, ws, reader)
+            kept = snap.usable_kept()
+            if kept is not None:
+                # Each entry's provenance and learning form are kept with the reader's view,
+                # so a change costs what it changed; unless an observation rests on others.
+                known, open_ = pool.proven, snap.open
+                proven = kept.make("proven", lambda m: provable_alone(m, known))
+                if None not in proven:
+
+                    def form(m: EntryMeta) -> ContextEntry:
+                        return pool.derive("learning", (m,), context_entry, open_)[0]
+
+                    if encoded:
+                        made = kept.make("learning_json", lambda m: encoded_entry(form(m)))
+                    else:
+                        made = kept.make("learning", form)
+                    chosen = list(islice(compress(made, proven), CONTEXT_ENTRIES))
+                    return chosen, topic_counts(compress(kept.metas, proven))
             records = (
                 ()
                 if ws is None
@@ -253,14 +364,13 @@ class MemoryReader:
             key = (pool.version, records, reader)
             cached = pool.learning_view
             if cached is None or cached[0] != key:
-                snap = self.snapshot(pool, ws, reader)
                 seen = {m.id: m for m in snap.usable()}
                 selection = context_selection(seen, ordered=True, known=pool.proven)
                 cached = (key, *selection, snap.open)
                 pool.learning_view = cached
             _, chosen, topics, open_ = cached
             entries = pool.derive("learning", chosen, context_entry, open_)
-        return entries, topics
+        return ([encoded_entry(e) for e in entries] if encoded else entries), topics
 
     def learning_state(self, pool: Pool, ws: WorkspacePool | None) -> Mapping[str, EntryMeta]:
         """What the memory bot's proposals are checked against (under the exclusive lock): the

@@ -7,22 +7,113 @@ that could possibly admit the reader instead of the whole pool (a side table, in
 from __future__ import annotations
 
 import asyncio
+import operator
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any, TypeVar
 
 from actors.shard.rwlock import RWLock
 from engine import tags as tagmod
 from engine.commands import Outcome
 from engine.memory_entries import EntryMeta, Reader
+from engine.order import order_key
 from engine.visibility import Visibility
 from storage.memory_store import StoredPool, log_without
 from storage.search_index import TermIndex
 
 T = TypeVar("T")
-VIEWS = 8  # readers whose views a pool keeps (`Pool.view`)
+VIEWS = 8  # readers whose views a pool keeps (`Pool.kept`)
 TEXTS = 4096  # opened contents a pool keeps (`Pool.open`); past it, it starts afresh
 DERIVED = ("prompt", "learning", "record")  # the kinds `Pool.derive` keeps
 KNOWN = 16_384  # visibility checks kept per reader (`Pool.known`); past it, afresh
+EDITS = 64  # changes a pool remembers to bring a kept view up to date (`Pool.kept`)
+
+
+@dataclass(eq=False)
+class KeptView:
+    """The entries one reader may see (or use), in memory order, at pool state `changes`, with
+    lists made from them position by position (`made`: kind -> (maker, values)); `joined`: the
+    length of the "text" kind's contents joined by newlines."""
+
+    changes: int
+    metas: list[EntryMeta]
+    made: dict[str, tuple[Callable[[EntryMeta], Any], list]] = field(default_factory=dict)
+    joined: int = -1
+    _ends: list[int] | None = None
+    _keys: list[tuple] | None = None  # each entry's `order_key`, once made
+
+    def where(self, meta: EntryMeta) -> int:
+        """Where `meta` belongs in the view (memory order)."""
+        if self._keys is None:
+            self._keys = list(map(order_key, self.metas))
+        return bisect_left(self._keys, order_key(meta))
+
+    def at(self, meta: EntryMeta) -> int | None:
+        """Where `meta` (this very entry object) is in the view, if it is."""
+        at = self.where(meta)
+        return at if at < len(self.metas) and self.metas[at] is meta else None
+
+    def ends(self) -> list[int]:
+        """For each position, the length of the "text" kind's contents up to it, each with a
+        newline: made once per state, for walks that stop where a limit is reached."""
+        if self._ends is None:
+            lengths = map(len, map(operator.itemgetter(1), self.made["text"][1]))
+            self._ends = list(map(operator.add, accumulate(lengths), range(1, len(self.metas) + 1)))
+        return self._ends
+
+    def make(self, kind: str, maker: Callable[[EntryMeta], T]) -> list[T]:
+        """The `kind` list, made with `maker` for each entry on first use and then kept."""
+        hit = self.made.get(kind)
+        if hit is None:
+            hit = self.made[kind] = (maker, [maker(m) for m in self.metas])
+            if kind == "text":
+                self.joined = sum(len(t) for _, t in hit[1]) + len(hit[1]) - 1
+        return hit[1]
+
+    def catch_up(
+        self,
+        olds: dict[str, EntryMeta | None],
+        entries: dict[str, EntryMeta],
+        admits: Callable[[str], bool],
+    ) -> None:
+        """Move the changed entries (`olds`: as they were in this view's state) to where they
+        are now (`entries`), each admitted again (`admits`), the rest staying as they are."""
+        for old in olds.values():
+            at = None if old is None else self.at(old)
+            if at is not None:
+                self._remove(at)
+        for entry_id in olds:
+            meta = entries.get(entry_id)
+            if meta is not None and admits(entry_id):
+                self._insert(self.where(meta), meta)
+
+    def forget_made(self) -> None:
+        """Drop the lists made from the entries (their contents among them)."""
+        self.made.clear()
+        self.joined, self._ends = -1, None
+
+    def _remove(self, at: int) -> None:
+        self._ends = None
+        del self.metas[at]
+        if self._keys is not None:
+            del self._keys[at]
+        for kind, (_, values) in self.made.items():
+            gone = values.pop(at)
+            if kind == "text":
+                self.joined -= len(gone[1]) + 1
+
+    def _insert(self, at: int, meta: EntryMeta) -> None:
+        self._ends = None
+        self.metas.insert(at, meta)
+        if self._keys is not None:
+            self._keys.insert(at, order_key(meta))
+        for kind, (maker, values) in self.made.items():
+            value = maker(meta)
+            values.insert(at, value)
+            if kind == "text":
+                self.joined += len(value[1]) + 1
 
 
 class Pool:
@@ -41,7 +132,14 @@ class Pool:
         self._proven: dict[str, tuple[EntryMeta, bool]] = {}
         # The entries recent readers may see (or use), in memory order, at one state of the
         # pool: a turn's reads (enrichment, prompt, confession, learning) ask the same again.
-        self._views: dict[tuple[Reader, bool], tuple[int, list[EntryMeta]]] = {}
+        # A change that no entry's visibility rests on but the changed ones' own (no
+        # observation cites them) is applied to them in place (`kept`): a turn's write
+        # does not make the next turn's reads walk the whole pool again.
+        self._views: dict[tuple[Reader, bool], KeptView] = {}
+        # The last changes, each as (`_changes` after it, the entries as they were before it,
+        # by id; None when an observation cites one of them: kept views are built afresh).
+        self._edits: list[tuple[int, dict[str, EntryMeta | None] | None]] = []
+        self._cited: dict[str, int] = {}  # entry id -> entries naming it as a source
         self._changes = 0  # bumped by every `apply`: the state the views were built on
         # Per recent reader, each entry's own visibility checks (engine/visibility.py `known`).
         self._known: dict[Reader, dict[str, tuple[EntryMeta, bool | None]]] = {}
@@ -74,6 +172,9 @@ class Pool:
     def _index(self, meta: EntryMeta) -> None:
         for grant in tagmod.grants_of(meta.tags):
             self._by_grant.setdefault(grant, set()).add(meta.id)
+        for source in meta.sources:
+            if source.entry is not None:
+                self._cited[source.entry] = self._cited.get(source.entry, 0) + 1
 
     def _unindex(self, meta: EntryMeta) -> None:
         for grant in tagmod.grants_of(meta.tags):
@@ -82,6 +183,13 @@ class Pool:
                 ids.discard(meta.id)
                 if not ids:
                     del self._by_grant[grant]
+        for source in meta.sources:
+            if source.entry is not None:
+                left = self._cited[source.entry] - 1
+                if left:
+                    self._cited[source.entry] = left
+                else:
+                    del self._cited[source.entry]
 
     @staticmethod
     def _grant_keys(reader: Reader) -> list[str]:
@@ -102,20 +210,50 @@ class Pool:
         """Whether one entry is among `candidates(reader)`, without building them."""
         return any(entry_id in self._by_grant.get(k, ()) for k in self._grant_keys(reader))
 
-    def view(
-        self, reader: Reader, active: bool, build: Callable[[], list[EntryMeta]]
-    ) -> list[EntryMeta]:
-        """`build()` (the entries `reader` may see, or use with `active`, in memory order), kept
-        until the pool next changes; call under the pool's lock, with nothing else in the
-        union (workspace records change apart from the pool)."""
+    def kept(
+        self,
+        reader: Reader,
+        active: bool,
+        build: Callable[[], list[EntryMeta]],
+        admits: Callable[[str], bool],
+    ) -> KeptView:
+        """`build()` (the entries `reader` may see, or use with `active`, in memory order) kept
+        across reads and brought up to date: by the changes since it was made when no other
+        entry's visibility rests on them (`admits(id)`: whether the reader may see, or use, an
+        entry now), else by `build()` again. Call under the pool's lock, with nothing else in
+        the union (workspace records change apart from the pool); callers read the view,
+        never change it."""
         key = (reader, active)
         hit = self._views.pop(key, None)
-        if hit is None or hit[0] != self._changes:
-            hit = (self._changes, build())
+        if hit is not None and hit.changes != self._changes:
+            olds = self._changed_since(hit.changes)
+            if olds is None:
+                hit = None
+            else:
+                hit.catch_up(olds, self.entries, admits)
+                hit.changes = self._changes
+        if hit is None:
+            hit = KeptView(self._changes, build())
         self._views[key] = hit  # the most recently used last
         if len(self._views) > VIEWS:
             del self._views[next(iter(self._views))]
-        return list(hit[1])
+        return hit
+
+    def _changed_since(self, changes: int) -> dict[str, EntryMeta | None] | None:
+        """Each entry changed after state `changes`, as it was then; None when a change is
+        not local or no longer remembered."""
+        olds: dict[str, EntryMeta | None] = {}
+        edits = self._edits
+        if not edits or edits[0][0] > changes + 1:
+            return None
+        for at, before in edits:
+            if at <= changes:
+                continue
+            if before is None:
+                return None
+            for entry_id, old in before.items():
+                olds.setdefault(entry_id, old)
+        return olds
 
     def known(self, reader: Reader) -> dict[str, tuple[EntryMeta, bool | None]]:
         """The reader's kept visibility checks, for `Visibility(..., known=)`."""
@@ -136,8 +274,10 @@ class Pool:
 
     @property
     def opened(self) -> frozenset[str]:
-        """Entries whose content the pool holds opened (`open`, `derive`)."""
-        return frozenset([*self._texts, *(entry_id for _, entry_id in self._derived)])
+        """Entries whose content the pool holds opened (`open`, `derive`, lists kept with views)."""
+        made = (v.metas for v in self._views.values() if set(v.made) - {"proven"})
+        kept = (m.id for metas in made for m in metas)
+        return frozenset([*self._texts, *(entry_id for _, entry_id in self._derived), *kept])
 
     def open(self, entry_id: str, opener: Callable[[StoredPool, str], str]) -> str:
         """An entry's content, opened by `opener` once per sealed version."""
@@ -186,6 +326,12 @@ class Pool:
         """Make an outcome the pool's in-memory state (after its writes were queued)."""
         stored = self.stored
         self._changes += 1
+        changed = [m.id for m in outcome.upserts] + list(outcome.deletes)
+        local = not any(i in self._cited for i in changed)  # what rests on them: before
+        before = {i: stored.entries.get(i) for i in changed} if local else None
+        self._edits.append((self._changes, before))
+        if len(self._edits) > EDITS:
+            del self._edits[0]
         for meta in outcome.upserts:
             old = stored.entries.get(meta.id)
             if old is not None:
@@ -196,6 +342,8 @@ class Pool:
                 stored.sealed[meta.id] = sealed[meta.id]
                 self._forget_opened(meta.id)
         if outcome.deletes:
+            for view in self._views.values():  # what was made of a deleted entry goes with it
+                view.forget_made()
             for entry_id in outcome.deletes:
                 old = stored.entries.pop(entry_id, None)
                 if old is not None:

@@ -1,0 +1,72 @@
+"""A context over a kept view (actors/shard/memory_reader.py `context_of_kept`) takes the same parts
+as walking the usable entries one by one: ranked hits first, each whole where it fits, then the
+room left in memory order up to the first entry that does not fit."""
+
+from __future__ import annotations
+
+import types
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors.shard.memory_reader import CONTEXT_HITS, MemoryReader
+from actors.shard.pool import KeptView
+from engine.memory_entries import EntryMeta, Layer
+from engine.order import in_memory_order
+
+
+def _walk(texts, limit, first, partial):
+    """The walk, entry by entry (what `context_for` does over records)."""
+    if not partial and not first:
+        whole, size = [], -1
+        for entry_id, text in texts:
+            size += len(text) + 1
+            if size > limit:
+                return [], True, False
+            whole.append((entry_id, text))
+        return whole, bool(whole), True
+    by_id = dict(texts)
+    taken: dict[str, str] = {}
+    size = 0
+
+    def take(entry_id: str) -> bool:
+        nonlocal size
+        extra = len(by_id[entry_id]) + (1 if taken else 0)
+        if size + extra > limit:
+            return False
+        taken[entry_id] = by_id[entry_id]
+        size += extra
+        return True
+
+    for entry_id in first[:CONTEXT_HITS]:
+        if entry_id not in taken and entry_id in by_id:
+            take(entry_id)
+    for entry_id, _ in texts:
+        if entry_id not in taken and not take(entry_id):
+            break
+    parts = [(i, t) for i, t in texts if i in taken]
+    return parts, bool(texts), len(parts) == len(texts)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.integers(0, 30), max_size=25),
+    st.integers(0, 200),
+    st.lists(st.integers(-3, 30), max_size=40),
+    st.booleans(),
+)
+def test_a_context_over_a_kept_view_takes_what_the_walk_takes(lengths, limit, picks, partial):
+    metas = in_memory_order(
+        EntryMeta(
+            id=f"m{n:02d}", pool="bot:b1", layer=Layer.FACT, tags=(), created_at=n % 7, updated_at=0
+        )
+        for n in range(len(lengths))
+    )
+    texts = [(m.id, "x" * length) for m, length in zip(metas, lengths, strict=True)]
+    view = KeptView(changes=0, metas=list(metas))
+    by_id = dict(texts)
+    view.make("text", lambda m: (m.id, by_id[m.id]))
+    pool = types.SimpleNamespace(entries={m.id: m for m in metas})
+    first = [f"m{k:02d}" if k >= 0 else "gone" for k in picks]
+    got = MemoryReader.context_of_kept(pool, view, limit, first, partial)  # type: ignore[arg-type]
+    assert got == _walk(texts, limit, first, partial)

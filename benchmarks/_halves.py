@@ -105,14 +105,20 @@ def plain_bm25(docs: list[str], queries: list[str], depth: int = 1000) -> list[l
     return out
 
 
-def references(part: list[Conversation], vectors) -> dict[str, list[list[str]]]:
+def references(
+    part: list[Conversation], vectors, content: str = "speaker"
+) -> dict[str, list[list[str]]]:
+    """BM25, dense and their RRF over the texts the API was given (`content`)."""
+    from benchmarks._write_orders import arrivals
     from benchmarks.retrieval import plain_rrf
 
     turns = [t for c in part for t in c.turns]
     questions = [q.text for c in part for q in c.questions]
     ids = [t.id for t in turns]
-    plain = [[ids[j] for j in row] for row in plain_bm25([t.content for t in turns], questions)]
-    d = vectors([t.content for t in turns])
+    held = {a.turn.id: a.content for a in arrivals(part, "sequential", content)}
+    texts = [held[t.id] for t in turns]
+    plain = [[ids[j] for j in row] for row in plain_bm25(texts, questions)]
+    d = vectors(texts)
     q = vectors(questions)
     dense = [[ids[j] for j in np.argsort(-row)[:1000]] for row in q @ d.T]
     return {

@@ -14,11 +14,13 @@ reach the shard.
 - `topics`: `round-robin` with each turn's conversation named in its `topics`.
 
 `content` is what a turn's record holds: `speaker` ("Caroline: text", the default), `plain`
-(the text alone) or `dated` ("[2023-05-08] Caroline: text", the session's date first).
+(the text alone), `dated` ("[2023-05-08] Caroline: text", the session's date first) or
+`speaker-date` ("Caroline (8 May 2023): text", the date in the speaker's label).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 from dataclasses import dataclass
 
@@ -34,7 +36,7 @@ ORDERS = (
     "slow",
     "topics",
 )
-CONTENTS = ("speaker", "plain", "dated")
+CONTENTS = ("speaker", "plain", "dated", "speaker-date")
 STEP_MS = 5  # between two writes of one writer
 SESSION_GAP_MS = 180_000  # `slow`: more than the default context window (120 s)
 
@@ -55,7 +57,19 @@ def _content(turn: Turn, conv: Conversation, how: str) -> str:
     if how == "dated" and conv.dates:
         session = int(turn.id.split("-s")[1].split("-")[0])
         return f"[{conv.dates[session]}] {turn.content}"
+    if how == "speaker-date" and conv.dates:
+        session = int(turn.id.split("-s")[1].split("-")[0])
+        return f"{turn.speaker} ({_long_date(conv.dates[session])}): {turn.text}"
     return turn.content
+
+
+def _long_date(iso: str) -> str:
+    """'2023-05-08' -> '8 May 2023' (the text itself if it is no ISO date)."""
+    try:
+        day = dt.date.fromisoformat(iso)
+    except ValueError:
+        return iso
+    return f"{day.day} {day:%B} {day.year}"
 
 
 def arrivals(

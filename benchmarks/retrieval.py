@@ -34,7 +34,8 @@ against which the default hybrid is measured.
 `--write-order` writes the turns another way (benchmarks/_write_orders.py: N requests in
 flight, one writer per conversation, round-robin, a project per conversation, sessions more
 than the context window apart, the conversation in `topics`), `--content` with or without the
-speaker and the session's date (the references keep "Speaker: text").
+speaker and the session's date (the references keep "Speaker: text"; with `--data locomo`,
+they read the same texts as the API).
 
 Also compares workspace memory writes with Remember over HTTP (`--writes` of each, 8
 clients at once). Reports recall@5, recall@10 (the share of a question's answer turns among the
@@ -296,7 +297,7 @@ def locomo_halves(args) -> None:
         if args.saved:
             _halves.save_api(api, args.saved)
     vectors = _halves.embedder(args.threads)
-    refs = {half: _halves.references(part, vectors) for half, part in parts.items()}
+    refs = {half: _halves.references(part, vectors, args.content) for half, part in parts.items()}
     figures = _halves.report(parts, api, refs, orders)
     load_avg = os.getloadavg()
     print(

@@ -4,7 +4,7 @@ embedding model, exact cosine instead of the shard's int8 vectors).
 
     .venv/bin/python -m benchmarks.retrieval_lab [--data synthetic|locomo-like] [--quick]
         [--write-order all|sequential,round-robin,...] [--policy pool,stream,own,...]
-        [--content speaker|plain|dated]
+        [--content speaker|plain|dated|speaker-date]
     .venv/bin/python -m benchmarks.retrieval_lab --data locomo --file PATH --halves [--held-out]
 
 Keyword hits come from storage/search_index.py's TermIndex, each turn indexed as a shard indexes
@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._conversations import Conversation
+from benchmarks._write_orders import CONTENTS
 from engine import workspace_search as wsr
 from engine import write_context as wc
 from engine.workspace_search import Hit
@@ -223,14 +224,15 @@ def by_write_order(args, convs, qs, sem, evidence, kinds) -> None:
     print(f"load {os.getloadavg()}")
 
 
-def thread_keyword_lists(convs, questions) -> list[list[Hit]]:
+def thread_keyword_lists(convs, questions, texts=None) -> list[list[Hit]]:
     """Keyword hits as a shard ranks records naming their conversation as their thread: each
     turn indexed with the turn before, the one after and the second before it in its own
-    conversation (actors/workspace/pools.py `thread_keys`)."""
+    conversation (actors/workspace/pools.py `thread_keys`); `texts`: each turn's record, by id
+    (else "Speaker: text")."""
     analyzer = Analyzer(b"k" * 32)
     index = TermIndex()
     for conv in convs:
-        own = [analyzer.key_list(t.content) for t in conv.turns]
+        own = [analyzer.key_list(texts[t.id] if texts else t.content) for t in conv.turns]
         for n, turn in enumerate(conv.turns):
             before = own[n - 1] if n else None
             after = own[n + 1] if n + 1 < len(own) else None
@@ -245,6 +247,7 @@ def thread_keyword_lists(convs, questions) -> list[list[Hit]]:
 def by_half(args, convs) -> None:
     from actors.models.embeddings import DEFAULT_MIN_SCORE
     from benchmarks._halves import halves, measures
+    from benchmarks._write_orders import arrivals
 
     parts = halves(convs, quick=False)
     if not args.held_out:
@@ -253,9 +256,10 @@ def by_half(args, convs) -> None:
     for half, part in parts.items():
         turns = [t for c in part for t in c.turns]
         questions = [q.text for c in part for q in c.questions]
-        dvec = vectors([t.content for t in turns], args.threads)
+        texts = {a.turn.id: a.content for a in arrivals(part, "sequential", args.content)}
+        dvec = vectors([texts[t.id] for t in turns], args.threads)
         qvec = vectors(questions, args.threads)
-        kw = thread_keyword_lists(part, questions)
+        kw = thread_keyword_lists(part, questions, texts)
         sem = semantic_lists([t.id for t in turns], dvec, qvec, DEFAULT_MIN_SCORE)
         hy = [
             wsr.merge_hits(a, b, yes, 10, weights=wsr.FUSION_WEIGHTS)
@@ -352,7 +356,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--write-order", help="all, or a comma list of benchmarks/_write_orders.py's")
     p.add_argument("--policy", default="pool,stream,own", help="with --write-order")
-    p.add_argument("--content", default="speaker", choices=("speaker", "plain", "dated"))
+    p.add_argument("--content", default="speaker", choices=CONTENTS)
     p.add_argument("--caption", action="store_true", help="--data locomo: photo captions too")
     p.add_argument("--halves", action="store_true", help="--data locomo: the tuning half")
     p.add_argument("--held-out", action="store_true", help="with --halves: the held-out half too")

@@ -69,6 +69,11 @@ _LOW_48 = (1 << 48) - 1
 # A query term counts this many times as a label (once as a word): who a record is said by
 # or about weighs more than a word of it. Chosen on LoCoMo's tuning half (docs/search.md).
 LABEL_QUERY_WEIGHT = 2
+# A query term that is a label here counts half as much as a word: where a name stands in a
+# record's words it mostly addresses the other speaker ("Thanks, Nate!"), and such greetings
+# crowded out what was said about the query's subject. Chosen on LoCoMo's tuning half
+# (docs/search.md).
+LABEL_WORD_WEIGHT = 0.5
 LABEL_NORM = K1  # a label's BM25 length norm: a record of average length's, whatever its own
 
 
@@ -662,10 +667,11 @@ class TermIndex:
 
     def _label_rule(
         self, query: Sequence[int], terms: list[tuple[int, int]], stats: Stats | None
-    ) -> tuple[set[int], bool, dict[int, int]]:
+    ) -> tuple[set[int], bool, dict[int, float]]:
         """The query's words that are labels here, whether the rest of the query is more than
-        them (then only records matching the rest score), and how often each key is asked for
-        (a key asked for twice, a label, is scored once, doubled).
+        them (then only records matching the rest score), and how much each key weighs: how
+        often it is asked for (a key asked for twice, a label, is scored once, doubled), a word
+        that is a label here `LABEL_WORD_WEIGHT` of that.
 
         The query's terms that are labels here (names: "what does Caroline paint?") rank the
         records that match the rest of the query, and find none alone unless the query is
@@ -677,9 +683,12 @@ class TermIndex:
         rest = bool(labels) and any(
             k >> 48 != LABEL_MARK and k & _LOW_48 not in labels for k in query
         )
-        times: dict[int, int] = {}
+        times: dict[int, float] = {}
         for key, _ in terms:
             times[key] = times.get(key, 0) + 1
+        for key in times:
+            if key >> 48 != LABEL_MARK and key & _LOW_48 in labels:
+                times[key] *= LABEL_WORD_WEIGHT
         return labels, rest, times
 
     def search(

@@ -411,6 +411,26 @@ def test_a_query_naming_a_label_prefers_the_records_under_it():
     assert not any(map(is_label_key, AN.key_list("I paint, Caroline.")))
 
 
+def test_a_name_among_a_records_words_weighs_less_than_its_label():
+    """A query's name that is a label here counts half as much as a word: in a record's words
+    a name mostly addresses the other speaker ("Thanks, Nate!"), so what Nate said about the
+    query's subject ranks above a short thanks to him, though the thanks holds the rarer word."""
+    idx = index(
+        {
+            "thanks": "Joanna: Thanks, Nate! Appreciate it.",
+            "said": "Nate: I appreciate the quiet of the lake at dawn, when only the birds are up.",
+            "n1": "Nate: Morning!",
+            "n2": "Nate: The game went well.",
+            "j1": "Joanna: I wrote a new script.",
+            "j2": "Joanna: See you soon.",
+        }
+    )
+    assert ids(idx, "What does Nate appreciate?") == ["said", "thanks"]
+    # A name that is no label here keeps a word's full weight.
+    plain = index({"t": "Thanks, Nate! Appreciate it.", "s": "I appreciate the quiet lake."})
+    assert ids(plain, "What does Nate appreciate?") == ["t", "s"]
+
+
 def test_a_label_alone_finds_records_only_when_the_query_is_nothing_else():
     """A name ranks the records matching the rest of the query; it finds none alone unless
     the query asks for nothing else (else the speaker's small talk fills the list). A label

@@ -50,7 +50,8 @@ from benchmarks._write_orders import CONTENTS
 from engine import workspace_search as wsr
 from engine import write_context as wc
 from engine.workspace_search import Hit
-from storage.search_index import Analyzer, Stats, TermIndex, in_context
+from storage.search_index import Stats, TermIndex
+from storage.term_keys import Analyzer, in_context
 
 DEPTH = 1_000
 

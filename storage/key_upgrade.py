@@ -37,7 +37,7 @@ from engine import collaboration
 from engine.errors import StorageError
 from storage.crypto import Cipher, Keyring, aad, chain_fp_key
 from storage.database import Database
-from storage.search_index import Analyzer, text_terms, unpack_keys
+from storage.term_keys import Analyzer, text_terms, unpack_keys
 from storage.term_store import pool_terms_key
 from storage.vector_store import reseal_block
 from storage.workspace_store import WorkspaceStore

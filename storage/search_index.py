@@ -7,9 +7,9 @@ ever reach the disk (SEC-1). Who may read what is not its business either: a sea
 ranking best first and keeps only ids the caller's `allowed` lets through, so an entry the
 caller may not read is never a hit and never pushes a readable one out of the list.
 
-Terms come from `engine.text_terms` (case folding, stop words, CJK character bigrams), Latin
-words stemmed by Snowball's English stemmer (PyStemmer, a C extension). Ranking is Okapi BM25
-(k1 and b below, Lucene's idf), any query term matching.
+It holds term keys (storage/term_keys.py: the terms of `engine.text_terms`, case folding,
+stop words, CJK character bigrams, Latin words stemmed, each as a keyed hash). Ranking is Okapi
+BM25 (k1 and b below, Lucene's idf), any query term matching.
 
 A record's label (`engine.text_terms.split_label`: "Caroline: …", who speaks in a transcript)
 is indexed under label keys of its own, not as words, and a query asks for each of its terms
@@ -17,9 +17,9 @@ both as a word and, at twice the weight, as a label: "what does Caroline paint?"
 Caroline said to what was said to her. A label scores the same in a record of any length, and
 a query term that is a label ranks the records matching the rest of the query without finding
 any alone (unless the query is nothing else): a name would otherwise fill the list with the
-speaker's shortest small talk. A record indexed with its neighbours' words (`in_context`) does
-not take their labels: in a dialog every neighbour is the other speaker, whose name would
-otherwise weigh more in a turn than its own speaker's.
+speaker's shortest small talk. A record indexed with its neighbours' words
+(`term_keys.in_context`) does not take their labels: in a dialog every neighbour is the other
+speaker, whose name would otherwise weigh more in a turn than its own speaker's.
 
 Layout: postings are a compressed sparse row "base" (numpy: one slice of row numbers and term
 frequencies per term) plus per-term Python lists for entries added since (the "tail"), merged
@@ -37,7 +37,6 @@ bm25s ranking on the same data as a reference.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import _count_elements  # type: ignore[attr-defined]  # Counter's C helper
 from collections.abc import Callable, Iterable, Sequence
@@ -45,9 +44,8 @@ from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
-import Stemmer
 
-from engine.text_terms import TermMaker
+from storage.term_keys import LABEL_MARK, WORD_MASK
 
 # BM25's term saturation and length normalisation: Anserini's short-passage values (k1 0.9,
 # b 0.4) rather than the classic 1.2 / 0.75. Dialog turns and notes are short, and the longer
@@ -55,103 +53,16 @@ from engine.text_terms import TermMaker
 # "Context weights").
 K1 = 0.9
 B = 0.4
-_stemmer = Stemmer.Stemmer("english")
-_MEMO_MAX = 500_000
 # A query's postings at most this fraction of the rows are scored sparsely (`_sparse_scores`).
 SPARSE_RATIO = 8
 JOINED_MAX = 4_096  # terms whose joined postings an index keeps (`_postings`)
 
-# A label key's top 16 bits (`is_label_key`); its low 48 are its word's. A word's key has
-# them by chance once in 65,536 words: such a word is scored as a label would be and not lent
-# to a neighbour (`in_context`), a difference too rare and too small to matter in a ranking.
-LABEL_MARK = 0x1ABE
-_LOW_48 = (1 << 48) - 1
-# A query term counts this many times as a label (once as a word): who a record is said by
-# or about weighs more than a word of it. Chosen on LoCoMo's tuning half (docs/search.md).
-LABEL_QUERY_WEIGHT = 2
 # A query term that is a label here counts half as much as a word: where a name stands in a
 # record's words it mostly addresses the other speaker ("Thanks, Nate!"), and such greetings
 # crowded out what was said about the query's subject. Chosen on LoCoMo's tuning half
 # (docs/search.md).
 LABEL_WORD_WEIGHT = 0.5
 LABEL_NORM = K1  # a label's BM25 length norm: a record of average length's, whatever its own
-
-
-def is_label_key(key: int) -> bool:
-    return key >> 48 == LABEL_MARK
-
-
-def stem(words: Sequence[str]) -> list[str]:
-    """Snowball English stems (used on the shard's event loop only: not thread-safe)."""
-    return _stemmer.stemWords(list(words))
-
-
-text_terms = TermMaker(stem)  # one memo of word -> term for every pool of the process
-
-
-class Analyzer:
-    """Text to term keys: the terms of `engine.text_terms`, each replaced by a keyed 64-bit
-    hash (BLAKE2b with a secret key: each pool's own, storage/term_store.py `TermKeys`). Keys
-    are what the index holds and what may be stored (search_terms table): without the key a
-    stored list says nothing of the words."""
-
-    def __init__(self, key: bytes, memo_max: int = _MEMO_MAX) -> None:
-        self._key = key[:64]
-        self._memo: dict[str, int] = {}
-        self._memo_max = memo_max
-
-    def _hash(self, term: str) -> int:
-        h = int.from_bytes(
-            hashlib.blake2b(term.encode(), key=self._key, digest_size=8).digest(),
-            "little",
-            signed=True,
-        )
-        if len(self._memo) >= self._memo_max:
-            self._memo.clear()
-        self._memo[term] = h
-        return h
-
-    def _label_hash(self, term: str) -> int:
-        # The word's key with the label mark for its top bits: a search tells the query's
-        # words that are labels by it (`TermIndex.scores`). (`\x01` is in no term.)
-        word = self._memo[term] if term in self._memo else self._hash(term)
-        key = (word & _LOW_48) | (LABEL_MARK << 48)
-        self._memo["\x01label\x00" + term] = key
-        return key
-
-    def term_keys(self, terms: Sequence[str]) -> list[int]:
-        """The keys of terms (as `text_terms` makes them), in their order."""
-        memo, miss = self._memo, self._hash
-        return [memo[t] if t in memo else miss(t) for t in terms]
-
-    def label_keys(self, terms: Sequence[str]) -> list[int]:
-        """The keys of terms as a label's (`is_label_key`), in their order."""
-        memo, miss = self._memo, self._label_hash
-        return [memo.get("\x01label\x00" + t) or miss(t) for t in terms]
-
-    def keys(self, text: str) -> np.ndarray:
-        """The text's term keys, sorted, repeats kept (their count is the term frequency; the
-        order of the words is not kept)."""
-        return np.array(self.key_list(text), dtype=np.int64)
-
-    def key_list(self, text: str) -> list[int]:
-        """`keys` as a list (a write's few tens of keys: cheaper to merge and count): its
-        label's as label keys, the rest's as words."""
-        memo, miss = self._memo, self._hash
-        label, rest = text_terms.labelled(text)
-        out = [memo[t] if t in memo else miss(t) for t in rest]
-        if label:
-            out += self.label_keys(label)
-        out.sort()  # a note has tens of terms: a list sorts them faster than numpy
-        return out
-
-    def query(self, query: str) -> list[int]:
-        """The query's keys: each term as a word, then each as a label `LABEL_QUERY_WEIGHT`
-        times (a repeated key adds its score again, `TermIndex.scores`)."""
-        memo, miss = self._memo, self._hash
-        terms = text_terms.query(query)
-        words = [memo[t] if t in memo else miss(t) for t in terms]
-        return words + self.label_keys(terms) * LABEL_QUERY_WEIGHT
 
 
 # Keys below this many are counted in Python (np.unique costs ~20 µs at any size).
@@ -191,41 +102,6 @@ def order_by_key(keys: np.ndarray) -> np.ndarray:
     if n > 1 and not (ranked[1:] >= ranked[:-1]).all():
         return np.argsort(keys, kind="stable")
     return order
-
-
-def in_context(
-    own: list[int],
-    before: list[int] | None = None,
-    after: list[int] | None = None,
-    further: list[int] | None = None,
-) -> list[int]:
-    """The keys a record is indexed under among the records written around it (its own keys
-    alone when it has no neighbour): its own keys four times, each neighbour's twice and
-    those of the record before its `before` (`further`) once, so that its own words weigh
-    most and a record still ranks above its neighbours for its own words.
-
-    The weights were chosen on the retrieval lab's sets (docs/search.md, "Context weights")."""
-    if before is None and after is None:
-        return own
-    four = own + own
-    keys = four + four + _lent(before) * 2 + _lent(after) * 2 + _lent(further)
-    keys.sort()
-    return keys
-
-
-def _lent(keys: list[int] | None) -> list[int]:
-    """A neighbour's keys without its label's (see the module's description)."""
-    if not keys:
-        return []
-    return [k for k in keys if k >> 48 != LABEL_MARK]
-
-
-def pack_keys(keys: np.ndarray | list[int]) -> bytes:
-    return np.asarray(keys, dtype="<i8").tobytes()
-
-
-def unpack_keys(raw: bytes) -> np.ndarray:
-    return np.frombuffer(raw, dtype="<i8")
 
 
 class Stats(NamedTuple):
@@ -657,7 +533,7 @@ class TermIndex:
                 norm = LABEL_NORM
             else:
                 norm = K1 * (1.0 - B + B * lens[rows] / avgdl)
-                if matched is not None and key & _LOW_48 not in labels:
+                if matched is not None and key & WORD_MASK not in labels:
                     matched[rows] = True
             scores[rows] += (times[key] * idf) * tfs * (K1 + 1.0) / (tfs + norm)
         if matched is not None:
@@ -677,17 +553,17 @@ class TermIndex:
         records that match the rest of the query, and find none alone unless the query is
         nothing else: a name alone would fill the list with the speaker's small talk."""
         if stats is None:
-            labels = {k & _LOW_48 for k, _ in terms if k >> 48 == LABEL_MARK}
+            labels = {k & WORD_MASK for k, _ in terms if k >> 48 == LABEL_MARK}
         else:
-            labels = {k & _LOW_48 for k, n_ in stats.df.items() if n_ and k >> 48 == LABEL_MARK}
+            labels = {k & WORD_MASK for k, n_ in stats.df.items() if n_ and k >> 48 == LABEL_MARK}
         rest = bool(labels) and any(
-            k >> 48 != LABEL_MARK and k & _LOW_48 not in labels for k in query
+            k >> 48 != LABEL_MARK and k & WORD_MASK not in labels for k in query
         )
         times: dict[int, float] = {}
         for key, _ in terms:
             times[key] = times.get(key, 0) + 1
         for key in times:
-            if key >> 48 != LABEL_MARK and key & _LOW_48 in labels:
+            if key >> 48 != LABEL_MARK and key & WORD_MASK in labels:
                 times[key] *= LABEL_WORD_WEIGHT
         return labels, rest, times
 
@@ -737,7 +613,7 @@ class TermIndex:
                 norms.append(np.full(rows.size, LABEL_NORM, dtype=np.float32))
             else:
                 norms.append(K1 * (1.0 - B + B * self._len[rows] / avgdl))
-            counted.append(not rest or (key & _LOW_48 not in labels and key >> 48 != LABEL_MARK))
+            counted.append(not rest or (key & WORD_MASK not in labels and key >> 48 != LABEL_MARK))
         # Every posting at once, in term order; each row's sum is then added up in that order
         # (`add.at` is unbuffered), as the dense scores add one term after another.
         sizes = [r.size for _, r, _ in postings]

@@ -1,6 +1,6 @@
 """Stored search terms (migration 8): what a pool's keyword index is rebuilt from.
 
-One row per record: the record's term keys (`storage.search_index.Analyzer`: sorted keyed
+One row per record: the record's term keys (`storage.term_keys.Analyzer`: sorted keyed
 hashes, never a word, each pool's under its own key: `pool_terms_key`) and the content
 fingerprint they were made from. A row whose fingerprint no longer matches the record is stale
 and the terms are made again from the text. Kept so that the first search after a shard opens
@@ -30,8 +30,9 @@ import numpy as np
 from storage.crypto import Cipher, aad, derive_key
 from storage.database import Database, ReadScope
 from storage.group_commit import Delete, Put, Write
-from storage.search_index import Analyzer, Postings, TermIndex, pack_keys, unpack_keys
+from storage.search_index import Postings, TermIndex
 from storage.shard_schema import SEARCH_SNAPSHOTS, SEARCH_TERMS
+from storage.term_keys import Analyzer, pack_keys, unpack_keys
 from storage.workspace_store import entry_key
 
 _SNAP = b"OBTS1"  # a snapshot's plaintext starts with this (its format's version)

@@ -33,8 +33,8 @@ from storage.crypto import chain_fp_key
 from storage.database import Database
 from storage.group_commit import Put
 from storage.key_upgrade import KEYS_FORMAT, keys_format, legacy_terms_key, upgrade_keys
-from storage.search_index import Analyzer
 from storage.shard_schema import MIGRATIONS
+from storage.term_keys import Analyzer
 from storage.term_store import TermKeys
 from storage.vector_store import VectorStore
 from tests.shard_kit import Shards

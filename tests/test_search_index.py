@@ -13,14 +13,8 @@ from actors.shard.pool import Pool
 from engine.memory_entries import EntryMeta, Reader, Status
 from storage.crypto import Cipher
 from storage.memory_store import StoredPool
-from storage.search_index import (
-    Analyzer,
-    Stats,
-    TermIndex,
-    in_context,
-    is_label_key,
-    order_by_key,
-)
+from storage.search_index import Stats, TermIndex, order_by_key
+from storage.term_keys import Analyzer, in_context, is_label_key
 from tests.test_engine_visibility_oracle import cases, oracle_visible
 
 AN = Analyzer(b"k" * 32)

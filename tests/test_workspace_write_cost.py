@@ -26,7 +26,8 @@ from actors.contracts import (
 )
 from actors.shard.service import ShardService
 from engine.scoped_memory import WorkspaceMemoryCreate, content_fingerprint, normalize
-from storage.search_index import TermIndex, in_context
+from storage.search_index import TermIndex
+from storage.term_keys import in_context
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
 ANN = WorkspaceAccess(account="u_ann", bots=frozenset({"b_ws"}))

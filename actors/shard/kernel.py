@@ -46,8 +46,8 @@ from storage.group_commit import FORGET_JOURNAL, GroupCommitter, Write
 from storage.key_upgrade import upgrade_keys
 from storage.memory_store import MemoryStore
 from storage.receipts import Receipts
-from storage.search_index import Analyzer, pack_keys, unpack_keys
 from storage.shard_schema import MIGRATIONS, TABLES
+from storage.term_keys import Analyzer, pack_keys, unpack_keys
 from storage.term_store import TermKeys, TermStore
 
 log = logging.getLogger("openbot")

@@ -31,7 +31,7 @@ from actors.workspace.service import Workspace
 from engine.errors import Conflict, InvalidInput, OpenBotError, Unavailable
 from engine.scoped_memory import WorkspaceMemoryCreate
 from storage.group_commit import Write
-from storage.search_index import in_context
+from storage.term_keys import in_context
 
 _json = msgspec.json.Encoder()
 

@@ -38,7 +38,8 @@ from engine.scoped_memory import WorkspaceEntry
 from storage.bulk import paused_gc
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
-from storage.search_index import Postings, TermIndex, in_context
+from storage.search_index import Postings, TermIndex
+from storage.term_keys import in_context
 from storage.term_store import TermsLoad, covered, open_snapshot, seal_snapshot, unindexed
 from storage.workspace_store import (
     LazyEntries,

@@ -1,0 +1,140 @@
+"""Text to the keys a keyword index holds: each term of `engine.text_terms` (Latin words
+stemmed by Snowball's English stemmer, PyStemmer) replaced by a keyed 64-bit hash, with a
+record's label (`engine.text_terms.split_label`: "Caroline: …", who speaks in a transcript)
+under label keys of its own; a record's keys among its neighbours' (`in_context`); keys packed
+for storage. The index that ranks by them is storage/search_index.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+import Stemmer
+
+from engine.text_terms import TermMaker
+
+_stemmer = Stemmer.Stemmer("english")
+_MEMO_MAX = 500_000
+
+# A label key's top 16 bits (`is_label_key`); its low 48 are its word's. A word's key has
+# them by chance once in 65,536 words: such a word is scored as a label would be and not lent
+# to a neighbour (`in_context`), a difference too rare and too small to matter in a ranking.
+LABEL_MARK = 0x1ABE
+WORD_MASK = (1 << 48) - 1
+# A query term counts this many times as a label (once as a word): who a record is said by
+# or about weighs more than a word of it. Chosen on LoCoMo's tuning half (docs/search.md).
+LABEL_QUERY_WEIGHT = 2
+
+
+def is_label_key(key: int) -> bool:
+    return key >> 48 == LABEL_MARK
+
+
+def stem(words: Sequence[str]) -> list[str]:
+    """Snowball English stems (used on the shard's event loop only: not thread-safe)."""
+    return _stemmer.stemWords(list(words))
+
+
+text_terms = TermMaker(stem)  # one memo of word -> term for every pool of the process
+
+
+class Analyzer:
+    """Text to term keys: the terms of `engine.text_terms`, each replaced by a keyed 64-bit
+    hash (BLAKE2b with a secret key: each pool's own, storage/term_store.py `TermKeys`). Keys
+    are what the index holds and what may be stored (search_terms table): without the key a
+    stored list says nothing of the words."""
+
+    def __init__(self, key: bytes, memo_max: int = _MEMO_MAX) -> None:
+        self._key = key[:64]
+        self._memo: dict[str, int] = {}
+        self._memo_max = memo_max
+
+    def _hash(self, term: str) -> int:
+        h = int.from_bytes(
+            hashlib.blake2b(term.encode(), key=self._key, digest_size=8).digest(),
+            "little",
+            signed=True,
+        )
+        if len(self._memo) >= self._memo_max:
+            self._memo.clear()
+        self._memo[term] = h
+        return h
+
+    def _label_hash(self, term: str) -> int:
+        # The word's key with the label mark for its top bits: a search tells the query's
+        # words that are labels by it (`TermIndex.scores`). (`\x01` is in no term.)
+        word = self._memo[term] if term in self._memo else self._hash(term)
+        key = (word & WORD_MASK) | (LABEL_MARK << 48)
+        self._memo["\x01label\x00" + term] = key
+        return key
+
+    def term_keys(self, terms: Sequence[str]) -> list[int]:
+        """The keys of terms (as `text_terms` makes them), in their order."""
+        memo, miss = self._memo, self._hash
+        return [memo[t] if t in memo else miss(t) for t in terms]
+
+    def label_keys(self, terms: Sequence[str]) -> list[int]:
+        """The keys of terms as a label's (`is_label_key`), in their order."""
+        memo, miss = self._memo, self._label_hash
+        return [memo.get("\x01label\x00" + t) or miss(t) for t in terms]
+
+    def keys(self, text: str) -> np.ndarray:
+        """The text's term keys, sorted, repeats kept (their count is the term frequency; the
+        order of the words is not kept)."""
+        return np.array(self.key_list(text), dtype=np.int64)
+
+    def key_list(self, text: str) -> list[int]:
+        """`keys` as a list (a write's few tens of keys: cheaper to merge and count): its
+        label's as label keys, the rest's as words."""
+        memo, miss = self._memo, self._hash
+        label, rest = text_terms.labelled(text)
+        out = [memo[t] if t in memo else miss(t) for t in rest]
+        if label:
+            out += self.label_keys(label)
+        out.sort()  # a note has tens of terms: a list sorts them faster than numpy
+        return out
+
+    def query(self, query: str) -> list[int]:
+        """The query's keys: each term as a word, then each as a label `LABEL_QUERY_WEIGHT`
+        times (a repeated key adds its score again, `TermIndex.scores`)."""
+        memo, miss = self._memo, self._hash
+        terms = text_terms.query(query)
+        words = [memo[t] if t in memo else miss(t) for t in terms]
+        return words + self.label_keys(terms) * LABEL_QUERY_WEIGHT
+
+
+def in_context(
+    own: list[int],
+    before: list[int] | None = None,
+    after: list[int] | None = None,
+    further: list[int] | None = None,
+) -> list[int]:
+    """The keys a record is indexed under among the records written around it (its own keys
+    alone when it has no neighbour): its own keys four times, each neighbour's twice and
+    those of the record before its `before` (`further`) once, so that its own words weigh
+    most and a record still ranks above its neighbours for its own words.
+
+    The weights were chosen on the retrieval lab's sets (docs/search.md, "Context weights")."""
+    if before is None and after is None:
+        return own
+    four = own + own
+    keys = four + four + _lent(before) * 2 + _lent(after) * 2 + _lent(further)
+    keys.sort()
+    return keys
+
+
+def _lent(keys: list[int] | None) -> list[int]:
+    """A neighbour's keys without its label's (see the module's description)."""
+    if not keys:
+        return []
+    return [k for k in keys if k >> 48 != LABEL_MARK]
+
+
+def pack_keys(keys: np.ndarray | list[int]) -> bytes:
+    return np.asarray(keys, dtype="<i8").tobytes()
+
+
+def unpack_keys(raw: bytes) -> np.ndarray:
+    return np.frombuffer(raw, dtype="<i8")

@@ -141,3 +141,18 @@ def test_serve_joins_the_cluster_named_by_ray_address(monkeypatch):
     assert load_settings().ray_address == "10.0.0.2:6379"  # ours wins over Ray's
     s = load_settings(ray_address="10.0.0.3:6379", placement="pinned", shards=8)
     assert (s.ray_address, s.placement, s.shards) == ("10.0.0.3:6379", "pinned", 8)
+
+
+def test_where_is_unavailable_while_an_actor_is_gone(ray_session, tmp_path):
+    """`Engine.where` answers with the engine's own error, not Ray's, when an actor is down
+    (the cluster scenario polls it while a shard restarts)."""
+    import secrets
+
+    from actors.runtime.engine import Engine
+    from engine.errors import Unavailable
+
+    eng = Engine.start(tmp_path / "data", shards=1, prefix="where-" + secrets.token_hex(3))
+    assert len(eng.where()["shards"]) == 1
+    eng.stop()  # the actors are killed without restart
+    with pytest.raises(Unavailable):
+        eng.where(timeout=10)

@@ -46,33 +46,45 @@ def _pytest(*args: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.subprocess
-def test_markers_follow_the_fixtures_and_unit_selects_in_process_tests():
+@pytest.fixture(scope="module")
+def markers() -> dict[str, set[str]]:
+    """The markers of a few tests that need different things, from one collection in a fresh
+    interpreter (as `./run test` collects)."""
     out = _pytest(
         "--collect-only",
-        "-m",
-        "unit",
+        "-p",
+        "tests.marker_listing",
         "tests/test_failure_logs.py",  # the session's gateway and Ray
         "tests/test_events_restart.py",  # the session's Ray, no gateway of the session
         "tests/test_ray_env.py",  # a fresh interpreter per case
         "tests/test_engine_file_tree_chats.py",  # pure: examples and Hypothesis searches
+        "tests/test_openapi.py",  # Hypothesis searches against the session's server
     )
-    listed = [line for line in out.stdout.splitlines() if "::" in line]
+    listed = [line.split(" ", 2) for line in out.stdout.splitlines() if line.startswith("MARKERS ")]
     assert listed, out.stdout + out.stderr
-    assert all(line.startswith("tests/test_engine_file_tree_chats.py::") for line in listed), listed
-    props = _pytest("--collect-only", "-m", "property", "tests/test_engine_file_tree_chats.py")
-    searches = [line for line in props.stdout.splitlines() if "::" in line]
-    assert searches and not set(searches) & set(listed), (searches, listed)
+    return {nodeid: set(names.split()) for _, nodeid, names in listed}
+
+
+def _file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
 
 
 @pytest.mark.subprocess
-def test_a_search_against_the_server_stays_out_of_the_parallel_tier():
+def test_markers_follow_the_fixtures_and_unit_selects_in_process_tests(markers):
+    unit = {nodeid for nodeid, names in markers.items() if "unit" in names}
+    assert unit and {_file(nodeid) for nodeid in unit} == {"tests/test_engine_file_tree_chats.py"}
+    searches = {nodeid for nodeid, names in markers.items() if "property" in names}
+    assert searches and not searches & unit, (searches, unit)
+    assert {_file(nodeid) for nodeid in searches} == {"tests/test_engine_file_tree_chats.py"}
+
+
+@pytest.mark.subprocess
+def test_a_search_against_the_server_stays_out_of_the_parallel_tier(markers):
     """`./run test` spreads `unit or property` over workers, each a process of its own: a
     Hypothesis search that needs the session's Ray and gateway must run with the others."""
-    spread = _pytest("--collect-only", "-m", "unit or property", "tests/test_openapi.py")
-    serial = _pytest("--collect-only", "-m", "not (unit or property)", "tests/test_openapi.py")
-    assert not [line for line in spread.stdout.splitlines() if "::" in line], spread.stdout
-    assert "tests/test_openapi.py::test_no_server_error" in serial.stdout, serial.stdout
+    openapi = {n: names for n, names in markers.items() if _file(n) == "tests/test_openapi.py"}
+    assert "server" in openapi["tests/test_openapi.py::test_no_server_error"], openapi
+    assert not [n for n, names in openapi.items() if names & {"unit", "property"}], openapi
 
 
 @pytest.mark.subprocess

@@ -8,8 +8,9 @@ so a gateway drops only those entries about one actor call after the change (eve
 further behind than the kept log, or the directory restarted). A change that takes access away (a
 revoked token, a removed grant) is answered only once every live gateway has acknowledged its
 revision (`settled`): when the revocation returns, no gateway serves the old access any more. A
-gateway that does not acknowledge in time is dropped from the live set; it stops trusting its cache
-on its own once its polls stop coming back (gateway/auth.py).
+gateway that stops says so (`leave`) and is not waited for; one that vanishes without a word and
+does not acknowledge in time is dropped from the live set, and stops trusting its cache on its own
+once its polls stop coming back (gateway/auth.py).
 """
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ class AccessWatch:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), wait)
         return self.revision
+
+    def leave(self, watcher: str) -> None:
+        """A gateway that stops: no revocation waits for it any more (a pending one re-counts
+        the live watchers at once)."""
+        if self._watchers.pop(watcher, None) is not None and self._acked is not None:
+            self._acked.set()
+            self._acked = None
 
     def watchers(self) -> int:
         """How many gateways have watched (live or not yet dropped)."""

@@ -308,6 +308,7 @@ class DirectoryPort(Protocol):
     async def watch_access(
         self, watcher: str, since: int, wait: float = ACCESS_POLL_WAIT
     ) -> tuple[int, tuple[str, ...] | None]: ...  # (the keys changed since; None: all)
+    async def unwatch_access(self, watcher: str) -> None: ...  # a gateway that stops
 
     # admin
     async def create_org(

@@ -183,6 +183,7 @@ def create_app(
     async def lifespan(app: Starlette):
         yield
         await hub.stop()
+        await auth.close()
 
     app = StreamFirst(
         routes=routes,

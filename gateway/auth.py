@@ -19,6 +19,7 @@ reach the directory on every request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import secrets
@@ -175,6 +176,7 @@ class Auth:
         self._heard = 0.0  # when the watch last answered (monotonic)
         self._watch: asyncio.Task[None] | None = None
         self._watcher = "gateway-" + secrets.token_hex(8)
+        self._closed = False
         self._hooks: list[Callable[[], Awaitable[None]]] = []
 
     def on_access_change(self, hook: Callable[[], Awaitable[None]]) -> None:
@@ -186,8 +188,26 @@ class Auth:
     def watch(self) -> None:
         """Follow the directory's access revision (whatever `ttl`): this gateway counts among
         those a revocation waits for."""
+        if self._closed:
+            return
         if self._watch is None or self._watch.done():
             self._watch = asyncio.get_running_loop().create_task(self._watching())
+
+    async def close(self) -> None:
+        """Stop watching and tell the directory, so that no revocation waits for a gateway
+        that is gone; the cache is not used from here on."""
+        self._closed = True
+        self._heard = 0.0
+        watch, self._watch = self._watch, None
+        if watch is None:
+            return
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        try:  # a directory that is gone or slow has nobody to wait for it anyway
+            await asyncio.wait_for(self.engine.directory_port.unwatch_access(self._watcher), 5)
+        except Exception as e:
+            log.warning("leaving the directory watch failed: %r", e)
 
     def _caching(self) -> bool:
         """Whether the cache may be used now: on, and the watch answering."""

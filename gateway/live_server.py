@@ -30,7 +30,7 @@ class LiveServer:
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
         from gateway.server import UVICORN_WS
 
-        options = {"log_level": "warning", "lifespan": "off", "timeout_graceful_shutdown": 1}
+        options = {"log_level": "warning", "lifespan": "auto", "timeout_graceful_shutdown": 1}
         options |= UVICORN_WS
         self.server = uvicorn.Server(uvicorn.Config(app, **(options | config)))
         self.thread = threading.Thread(target=self._run, daemon=True)

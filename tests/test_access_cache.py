@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from actors.access_watch import ACK_WAIT
 from gateway.app import create_app
 from gateway.live_server import LiveServer
 from tests.conftest import ADMIN, count_gateway_calls
@@ -256,3 +257,20 @@ def test_an_archived_bot_takes_no_turn_once_the_archive_returned(
     late = [(status, g) for started, status, g in results if started > changed]
     assert len(late) >= IN_FLIGHT and {g for _, g in late} == {0, 1}
     assert all(status == 409 for status, _ in late), late
+
+
+def test_a_stopped_gateway_is_not_waited_for(world, admin, engine):
+    """A caching gateway that stops leaves the directory's watch: a revocation right after
+    returns at once, not after waiting for the gone gateway's acknowledgement (ACK_WAIT)."""
+    world.grant("bob", "read")
+    gone = LiveServer(create_app(engine, ADMIN, cache_ttl=60.0))
+    try:
+        with httpx.Client(base_url=gone.url, timeout=30) as c:
+            headers = {"Authorization": f"Bearer {world.tokens['bob']}"}
+            assert c.get(f"/v1/bots/{world.bot}/memory", headers=headers).status_code == 200
+    finally:
+        gone.stop()
+    started = time.monotonic()
+    r = admin.delete(f"/v1/admin/bots/{world.bot}/grants/{world.users['bob']}")
+    assert r.status_code == 200, r.text
+    assert time.monotonic() - started < ACK_WAIT / 2

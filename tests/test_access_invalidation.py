@@ -57,6 +57,9 @@ class Port:
             await asyncio.sleep(self.slow)
         return answer
 
+    async def unwatch_access(self, watcher: str) -> None:
+        await self.directory.unwatch_access(watcher)
+
 
 async def _gateway(directory: DirectoryService, clock=time.monotonic) -> tuple[Auth, Port]:
     """A caching gateway's auth whose watch has answered (its cache is trusted)."""
@@ -223,3 +226,20 @@ def test_the_watch_names_changes_only_while_it_knows_them_all(monkeypatch):
     while restarted.revision <= old.revision:  # (not needed when counted from the clock)
         restarted.bump(["bot:y"])
     assert restarted.changes(old.revision) is None
+
+
+@pytest.mark.anyio
+async def test_a_gateway_that_closes_leaves_the_watch(directory):
+    """`Auth.close` tells the directory: the gateway is no longer among those a revocation
+    waits for, and a revocation already waiting for it stops waiting."""
+    auth, _ = await _gateway(directory)
+    assert directory.records.access.watchers() == 1
+    await auth.close()
+    assert directory.records.access.watchers() == 0
+    w = AccessWatch(start=0)
+    await w.watch("late", 0, wait=0)  # a live gateway, about to fall behind the revision
+    waiting = asyncio.ensure_future(w.settled(w.bump(), timeout=3600))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    w.leave("late")
+    await asyncio.wait_for(waiting, 1)

@@ -99,6 +99,10 @@ class DirectoryReads:
         changed since (None: drop everything; access_watch.py)."""
         return await self.records.access.watch_changes(watcher, since, wait)
 
+    async def unwatch_access(self, watcher: str) -> None:
+        """A gateway that stops watching: revocations no longer wait for it."""
+        self.records.access.leave(watcher)
+
     async def authenticate_at(self, token_hash: str) -> tuple[int, Principal | None]:
         """`authenticate` with the access revision it reflects (gateway caches keep it)."""
         return self.records.access.revision, await self.authenticate(token_hash)

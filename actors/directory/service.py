@@ -52,7 +52,7 @@ answered_by(
     DirectoryService,
     {
         "reads": "authenticate get_bot find_bot get_org get_chat chat_context get_user"
-        " get_channel watch_access authenticate_at bot_at chat_context_at list_chats"
+        " get_channel watch_access unwatch_access authenticate_at bot_at chat_context_at list_chats"
         " list_user_bots list_user_channels list_records",
         "chat_registry": "create_chat agent_chat register_chats delivery_chat review_chat"
         " group_chat set_chat_project:set_project",

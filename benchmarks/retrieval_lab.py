@@ -273,11 +273,21 @@ def by_half(args, convs) -> None:
         dvec = vectors([texts[t.id] for t in turns], args.threads, args.embedding)
         qvec = vectors(questions, args.threads, args.embedding, query=True)
         kw = thread_keyword_lists(part, questions, texts)
-        sem = semantic_lists([t.id for t in turns], dvec, qvec, args.min_score)
+        ids = [t.id for t in turns]
+        if args.sentences is not None:
+            cos = sentence_cosines(args, [texts[t.id] for t in turns], dvec, qvec)
+            sem = semantic_lists(ids, None, None, args.min_score, sims=cos)
+        else:
+            sem = semantic_lists(ids, dvec, qvec, args.min_score)
         hy = [
             wsr.merge_hits(a, b, yes, 10, weights=wsr.FUSION_WEIGHTS)
             for a, b in zip(kw, sem, strict=True)
         ]
+        if args.expand:
+            extra = expansion_lists(args, part, questions, texts)
+            w = (*wsr.FUSION_WEIGHTS, args.expand[3])
+            hy = [rrf(lists, w, wsr.RRF_K) for lists in zip(kw, sem, extra, strict=True)]
+            hy = [[Hit(id=i, score=0.0, kinds=()) for i in ranked] for ranked in hy]
         print(f"{half}: {len(questions)} questions, recall@10 / hit@10")
         for name, lists in (("keyword", kw), ("semantic", sem), ("hybrid", hy)):
             m = measures([[h.id for h in hits[:10]] for hits in lists], part)
@@ -285,8 +295,44 @@ def by_half(args, convs) -> None:
             print(f"  {name:<9} {cells}", flush=True)
 
 
-def semantic_lists(ids, dvec, qvec, min_score=0.2) -> list[list[Hit]]:
-    sims = qvec @ dvec.T
+def expansion_lists(args, part, questions, texts) -> list[list[Hit]]:
+    """Keyword hits of each question's expansion (benchmarks/_lab_signals.py: `--expand
+    MIN_COS,PER_WORD,MAX_SHARE,WEIGHT`), ranked as `thread_keyword_lists` ranks."""
+    import Stemmer
+
+    from benchmarks._lab_signals import Vocabulary, words
+
+    min_cos, per_word, max_share, _ = args.expand
+    asked = sorted({w for q in questions for w in words(q)})
+    known = dict(zip(asked, vectors(asked, args.threads), strict=True))
+
+    def embed(ws: list[str]) -> np.ndarray:
+        if all(w in known for w in ws):
+            return np.stack([known[w] for w in ws])
+        return vectors(ws, args.threads)
+
+    records = [texts[t.id] for c in part for t in c.turns]
+    vocab = Vocabulary(records, embed, Stemmer.Stemmer("english").stemWords)
+    queries = [vocab.expand(q, min_cos, int(per_word), max_share) for q in questions]
+    found = thread_keyword_lists(part, [q or "" for q in queries], texts)
+    return [hits if q else [] for q, hits in zip(queries, found, strict=True)]
+
+
+def sentence_cosines(args, records, dvec, qvec) -> np.ndarray:
+    """Cosines with each record's best sentence counted in (`--sentences SHARE`)."""
+    from benchmarks._lab_signals import best_sentence, sentences
+
+    parts, owner = [], []
+    for row, text in enumerate(records):
+        for sentence in sentences(text):
+            parts.append(sentence)
+            owner.append(row)
+    svec = vectors(parts, args.threads)
+    return best_sentence(qvec @ dvec.T, qvec, svec, owner, args.sentences)
+
+
+def semantic_lists(ids, dvec, qvec, min_score=0.2, sims=None) -> list[list[Hit]]:
+    sims = qvec @ dvec.T if sims is None else sims
     out = []
     for row in sims:
         top = np.argpartition(-row, DEPTH)[:DEPTH]
@@ -375,6 +421,14 @@ def main() -> None:
     p.add_argument("--held-out", action="store_true", help="with --halves: the held-out half too")
     p.add_argument("--embedding", default="minilm", choices=("minilm", "e5-small"))
     p.add_argument("--min-score", type=float, help="semantic floor (default: the shard's)")
+    p.add_argument(
+        "--expand",
+        type=lambda v: tuple(float(x) for x in v.split(",")),
+        help="with --halves: word expansion MIN_COS,PER_WORD,MAX_SHARE,WEIGHT (0.55,3,0.02,1)",
+    )
+    p.add_argument(
+        "--sentences", type=float, help="with --halves: share of a best sentence's cosine (0.3)"
+    )
     args = p.parse_args()
     if args.min_score is None:
         from actors.models.embeddings import DEFAULT_MIN_SCORE

@@ -296,8 +296,16 @@ def by_half(args, convs) -> None:
 
 
 def expansion_lists(args, part, questions, texts) -> list[list[Hit]]:
-    """Keyword hits of each question's expansion (benchmarks/_lab_signals.py: `--expand
-    MIN_COS,PER_WORD,MAX_SHARE,WEIGHT`), ranked as `thread_keyword_lists` ranks."""
+    """Keyword hits of each question's expansion, ranked as `thread_keyword_lists` ranks."""
+    records = [texts[t.id] for c in part for t in c.turns]
+    queries = expansions(args, records, questions)
+    found = thread_keyword_lists(part, [q or "" for q in queries], texts)
+    return [hits if q else [] for q, hits in zip(queries, found, strict=True)]
+
+
+def expansions(args, records: list[str], questions: list[str]) -> list[str]:
+    """Each question's expansion over the records' words (benchmarks/_lab_signals.py:
+    `--expand MIN_COS,PER_WORD,MAX_SHARE,WEIGHT`; "" for none)."""
     import Stemmer
 
     from benchmarks._lab_signals import Vocabulary, words
@@ -311,11 +319,8 @@ def expansion_lists(args, part, questions, texts) -> list[list[Hit]]:
             return np.stack([known[w] for w in ws])
         return vectors(ws, args.threads)
 
-    records = [texts[t.id] for c in part for t in c.turns]
     vocab = Vocabulary(records, embed, Stemmer.Stemmer("english").stemWords)
-    queries = [vocab.expand(q, min_cos, int(per_word), max_share) for q in questions]
-    found = thread_keyword_lists(part, [q or "" for q in queries], texts)
-    return [hits if q else [] for q, hits in zip(queries, found, strict=True)]
+    return [vocab.expand(q, min_cos, int(per_word), max_share) for q in questions]
 
 
 def sentence_cosines(args, records, dvec, qvec) -> np.ndarray:
@@ -424,7 +429,7 @@ def main() -> None:
     p.add_argument(
         "--expand",
         type=lambda v: tuple(float(x) for x in v.split(",")),
-        help="with --halves: word expansion MIN_COS,PER_WORD,MAX_SHARE,WEIGHT (0.55,3,0.02,1)",
+        help="word expansion MIN_COS,PER_WORD,MAX_SHARE,WEIGHT (0.55,3,0.02,1)",
     )
     p.add_argument(
         "--sentences", type=float, help="with --halves: share of a best sentence's cosine (0.3)"
@@ -464,6 +469,19 @@ def main() -> None:
     runs = {f"keyword ({c})": [[h.id for h in hits] for hits in kw[c]] for c in kw}
     runs["semantic"] = [[h.id for h in hits] for hits in sem]
     yes = lambda _: True  # noqa: E731
+    shard = [
+        wsr.merge_hits(a, b, yes, 10, weights=wsr.FUSION_WEIGHTS)
+        for a, b in zip(kw["both"], sem, strict=True)
+    ]
+    runs["shard's fusion (both)"] = [[h.id for h in hits] for hits in shard]
+    if args.expand:  # a third keyword list: the expansions' hits (benchmarks/_lab_signals.py)
+        queries = expansions(args, [content[t.id] for t in turns], questions)
+        found = keyword_lists(convs, [q or "" for q in queries], "both")
+        extra = [hits if q else [] for q, hits in zip(queries, found, strict=True)]
+        w = (*wsr.FUSION_WEIGHTS, args.expand[3])
+        runs["shard's fusion + expansion (both)"] = [
+            rrf(lists, w, wsr.RRF_K) for lists in zip(kw["both"], sem, extra, strict=True)
+        ]
     for c in kw:
         pairs = list(zip(kw[c], sem, strict=True))
         for k in (10, 60):

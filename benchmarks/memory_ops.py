@@ -33,7 +33,9 @@ workspace write (`--ab-ways` picks some), and sums each over the rounds: on a ma
 changes, the fairer side by side. The ratio targets (Remember >= 1.0 x shard.ping(), workspace
 write >= 1.0 x Remember) come from those rounds, else from the single windows. GET memory >= 0.75 x
 GET /healthz comes from N alternating rounds of the two of its own, right after the single read
-windows and before any write (the reads must see the seeded pool alone).
+windows and before any write (the reads must see the seeded pool alone); the same rounds read the
+page from a second gateway without the shortcut for cached pages (`read_whole_stack`, reported
+beside the target: gateway/cached_reads.py).
 
 Prints a table with each scenario's target and PASS/MISS and CPU per request by process role,
 the ratio targets with PASS/FAIL and the load at each round's start, and writes the figures to
@@ -386,11 +388,25 @@ def run_mode(
             out["scenarios"][name] = result
             print(f"[gc {mode}] {name}: {short(result)}", flush=True)
             if name == "http_read" and baselines and args.ab_rounds and "failed" not in result:
-                out["read_ab"] = remember_ab(
-                    engine, runs_by_name["http_read"], args.ab_rounds,
-                    only={"read", "health"},
-                    more={"read": runs_by_name["http_read"], "health": health},
-                )  # fmt: skip
+                # The same read from a second gateway on the same engine without the shortcut
+                # for cached pages (gateway/cached_reads.py): what the shortcut saves.
+                whole = LiveServer(
+                    create_app(engine, admin_token, cache_ttl=args.cache_ttl, cached_reads=False),
+                    lifespan="auto",
+                )
+                try:
+                    out["read_ab"] = remember_ab(
+                        engine, runs_by_name["http_read"], args.ab_rounds,
+                        only={"read", "read_whole_stack", "health"},
+                        more={
+                            "read": runs_by_name["http_read"],
+                            "read_whole_stack": lambda port=whole.port: http_scenario(
+                                port, reader["token"], path, remember=False, args=args),
+                            "health": health,
+                        },
+                    )  # fmt: skip
+                finally:
+                    whole.stop()
                 print(f"[gc {mode}] read A/B: {out['read_ab']}", flush=True)
         if baselines and args.ab_rounds:
             out["remember_ab"] = remember_ab(
@@ -496,6 +512,13 @@ def print_table(modes: list[dict[str, Any]], args: argparse.Namespace) -> None:
             print(
                 f"group commit {gc}: target {label} >= {r['min']:g} x: {r['ratio']:.2f} x "
                 f"({r['from']}) -> {r['verdict']}"
+            )
+        rounds = m.get("read_ab") or {}
+        if "read_whole_stack" in rounds and rounds.get("health", {}).get("per_s"):
+            ratio = rounds["read_whole_stack"]["per_s"] / rounds["health"]["per_s"]
+            print(
+                f"group commit {gc}: GET memory without the cached-read shortcut / GET /healthz: "
+                f"{ratio:.2f} x (alternating rounds; beside the target, not one)"
             )
     print(
         "cpu ms/op: CPU time per request of the shard actors and of this process (the gateway "

@@ -13,8 +13,10 @@ actor call, so this is the floor every route of the gateway pays.
 `--read`: also `GET /v1/bots/:botId/memory` as `benchmarks.memory_ops` reads it (a reader's page
 of a 10,000-entry pool, 1% visible, served from the gateway's cache after the first read),
 alternating with /healthz under the same token, on a real engine (Ray, two shards, in a temp
-dir). The requests run on the server's own event loop, so the figure is that thread's CPU: the
-Ray driver's threads and the load generator are left out (neither works for a cached read).
+dir); and the same read by a second app on the same engine without the shortcut for cached
+pages (gateway/cached_reads.py), down the whole middleware stack and router. The requests run on
+the server's own event loop, so the figure is that thread's CPU: the Ray driver's threads and
+the load generator are left out (neither works for a cached read).
 """
 
 from __future__ import annotations
@@ -129,14 +131,17 @@ def read_rounds(args: argparse.Namespace) -> None:
         pool = f"bot:{bot['id']}"
         seed_pool(engine.shard_for(owner["id"]), pool, org, reader["id"], 10_000, 100)
         auth = f"authorization: Bearer {reader['token']}\r\n"
+        read = f"GET /v1/bots/{bot['id']}/memory HTTP/1.1\r\nhost: b\r\n{auth}\r\n"
+        whole = create_app(engine, token, cached_reads=False)
         requests = {
-            "GET memory": f"GET /v1/bots/{bot['id']}/memory HTTP/1.1\r\nhost: b\r\n{auth}\r\n",
-            "GET /healthz": f"GET /healthz HTTP/1.1\r\nhost: b\r\n{auth}\r\n",
+            "GET memory": (app, read),
+            "GET memory, whole stack": (whole, read),
+            "GET /healthz": (app, f"GET /healthz HTTP/1.1\r\nhost: b\r\n{auth}\r\n"),
         }
         assert server.loop is not None
         for _ in range(args.rounds):
-            for name, request in requests.items():
-                run = serve(app, args.requests, None, request.encode(), time.thread_time, 20)
+            for name, (served, request) in requests.items():
+                run = serve(served, args.requests, None, request.encode(), time.thread_time, 20)
                 per = asyncio.run_coroutine_threadsafe(run, server.loop).result()
                 load = os.getloadavg()[0]
                 print(f"{name}: {per * 1e6:.1f} us of the server thread's CPU per request "

@@ -33,7 +33,9 @@ workspace write (`--ab-ways` picks some), and sums each over the rounds: on a ma
 changes, the fairer side by side. The ratio targets (Remember >= 1.0 x shard.ping(), workspace
 write >= 1.0 x Remember) come from those rounds, else from the single windows. GET memory >= 0.75 x
 GET /healthz comes from N alternating rounds of the two of its own, right after the single read
-windows and before any write (the reads must see the seeded pool alone).
+windows and before any write (the reads must see the seeded pool alone); the same rounds read the
+page from a second gateway without the shortcut for cached pages (`read_whole_stack`, reported
+beside the target: gateway/cached_reads.py).
 
 Prints a table with each scenario's target and PASS/MISS and CPU per request by process role,
 the ratio targets with PASS/FAIL and the load at each round's start, and writes the figures to
@@ -56,7 +58,17 @@ from pathlib import Path
 from typing import Any
 
 import actors.runtime.engine  # noqa: F401  (sets Ray's environment before anything imports ray)
-from benchmarks._load import closed_loop, descendant_cpu, machine
+from benchmarks._load import closed_loop, machine
+from benchmarks._rounds import (
+    RATIO_TARGETS,
+    coalesced,
+    cpu_by_role,
+    cpu_per_op,
+    polled,
+    ratio_verdicts,
+    remember_ab,
+    uncoalesced,
+)
 from gateway.live_server import LiveServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,14 +86,6 @@ TARGETS: dict[str, dict[str, float] | None] = {
     "http_remember_polled": None,
     "http_workspace_write": None,
 }
-# Targets on ratios of two scenarios measured side by side in the same rounds (`--ab-rounds`,
-# or the single windows without them): (numerator, denominator, minimum ratio).
-RATIO_TARGETS: dict[str, tuple[str, str, float]] = {
-    "Remember / shard.ping()": ("coalesced", "ping", 1.0),
-    "workspace write / Remember": ("workspace", "coalesced", 1.0),
-    # In rounds of their own, before any write: the reads see the seeded pool alone.
-    "GET memory / GET /healthz": ("read", "health", 0.75),
-}
 LABELS = {
     "http_health": "baseline: GET /healthz",
     "actor_ping": "baseline: shard.ping()",
@@ -92,191 +96,6 @@ LABELS = {
     "http_remember_polled": "Remember, events polled",
     "http_workspace_write": "workspace write (HTTP)",
 }
-
-
-# --- CPU accounting -----------------------------------------------------------------------------
-
-
-def cpu_by_role() -> dict[str, float]:
-    """CPU seconds so far by role ("driver": this process, the gateway's thread, Ray's driver and,
-    for actor calls, the load; the others: its descendants)."""
-    out = {"driver": 0.0, "shard": 0.0, "directory": 0.0, "ray_system": 0.0}
-    for pid, (cmd, cpu) in descendant_cpu().items():
-        if pid == os.getpid():
-            role = "driver"
-        elif "benchmarks._load" in cmd:
-            continue  # the HTTP load generator reports its own CPU
-        elif "ShardService" in cmd:
-            role = "shard"
-        elif "DirectoryService" in cmd:
-            role = "directory"
-        else:
-            role = "ray_system"  # gcs, raylet, idle workers, monitors
-        out[role] += cpu
-    return out
-
-
-def cpu_per_op(before: dict[str, float], after: dict[str, float], ops: int) -> dict[str, float]:
-    if not ops:
-        return {}
-    return {k: round((after[k] - before[k]) / ops * 1000, 3) for k in before}
-
-
-def coalesced() -> tuple[float, int]:
-    """Requests and Ray calls of the gateway's coalescers so far (it runs in this process)."""
-    from storage.stats import STATS
-
-    for h in STATS.snapshot()["histograms"]:
-        if h[0] == "openbot_coalesced_requests":
-            return h[-2], h[-1]
-    return 0.0, 0
-
-
-def uncoalesced(engine: Any, run: Any) -> dict[str, Any]:
-    """Run a scenario with the gateway's coalescing off: one Ray call per write."""
-    ports = engine.shard_ports
-    for port in ports:
-        port.coalesce = False
-    try:
-        return run()
-    finally:
-        for port in ports:
-            port.coalesce = True
-
-
-def write_calls(engine: Any, run: Any, calls: int) -> dict[str, Any]:
-    """Run a scenario with `calls` coalesced calls of a kind in flight per shard (instead of
-    `RayShard.write_calls`): with one, no write reaches the shard while its previous call's
-    group syncs; with two, the next call's writes are decided meanwhile."""
-    ports = engine.shard_ports
-    kept = [(port, port.write_calls) for port in ports]
-    coalescers = [
-        c
-        for port in ports
-        for w in list(port._writes.values())
-        for c in (w.remember, w.workspace_create)
-    ]
-    kept_c = [(c, c.max_calls) for c in coalescers]
-    for port in ports:
-        port.write_calls = calls
-    for c in coalescers:
-        c.max_calls = calls
-    try:
-        return run()
-    finally:
-        for port, n in kept:
-            port.write_calls = n
-        for c, n in kept_c:
-            c.max_calls = n
-
-
-def polled(engine: Any, run: Any) -> dict[str, Any]:
-    """Run a scenario with the coalesced writes' replies carrying no events: the gateway gets
-    each commit's events by its pump's poll alone (actors/runtime/follow.py)."""
-    ports = engine.shard_ports
-    for port in ports:
-        port.follow = False
-    try:
-        return run()
-    finally:
-        for port in ports:
-            port.follow = True
-
-
-def remember_ab(
-    engine: Any,
-    run: Any,
-    rounds: int,
-    ping: Any = None,
-    workspace: Any = None,
-    only: set[str] | None = None,
-    more: dict[str, Any] | None = None,
-) -> dict[str, dict[str, float]]:
-    """Remember with the gateway's coalescing on and off, coalesced with the events polled
-    (not with the write replies), and coalesced with the other number of calls in flight than
-    the default (`RayShard.write_calls`: one_call or two_calls), in alternating rounds, summed:
-    a fairer side by side than one window each on a machine whose load changes. With `ping`
-    and `workspace`: the ceiling and the workspace write in the same rounds (the ratio
-    targets)."""
-    from actors.runtime.shard_proxy import RayShard
-
-    ways = {
-        "coalesced": run,
-        "not_coalesced": lambda: uncoalesced(engine, run),
-        "events_polled": lambda: polled(engine, run),
-        "one_call": lambda: write_calls(engine, run, 1),
-        "two_calls": lambda: write_calls(engine, run, 2),
-    }
-    if only is None:  # (the way that equals the default is "coalesced" itself)
-        del ways["one_call" if RayShard.write_calls == 1 else "two_calls"]
-    if ping is not None:  # the ceiling, in the same rounds
-        ways["ping"] = ping
-    if workspace is not None:
-        ways["workspace"] = workspace
-    ways |= more or {}
-    if only:
-        ways = {k: v for k, v in ways.items() if k in only}
-    sums = {k: {"count": 0, "seconds": 0.0, "ops": 0, "shard": 0.0, "driver": 0.0}
-            for k in ways}  # fmt: skip
-    loads = []
-    for _ in range(rounds):
-        loads.append(round(os.getloadavg()[0], 2))
-        for name in sums:
-            cpu0 = cpu_by_role()
-            r = ways[name]()
-            cpu1 = cpu_by_role()
-            t = sums[name]
-            t["count"] += r["count"]
-            t["seconds"] += r["seconds"]
-            t["ops"] += r["ops_incl_warmup"]
-            t["shard"] += cpu1["shard"] - cpu0["shard"]
-            t["driver"] += cpu1["driver"] - cpu0["driver"]
-    out = {
-        name: {
-            "per_s": round(t["count"] / t["seconds"], 1),
-            "shard_cpu_ms": round(t["shard"] / t["ops"] * 1000, 3),
-            "gateway_cpu_ms": round(t["driver"] / t["ops"] * 1000, 3),
-        }
-        for name, t in sums.items()
-    }
-    if "ping" in out:
-        for name in ways:
-            if name != "ping":
-                out[name]["of_ping"] = round(out[name]["per_s"] / out["ping"]["per_s"], 3)
-    out["loadavg_1m_per_round"] = loads  # type: ignore[assignment]
-    return out
-
-
-def ratio_verdicts(m: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The ratio targets of one mode: from the alternating rounds where they ran, else from the
-    single windows (a rougher side by side on a busy machine)."""
-    ab = {**(m.get("read_ab") or {}), **(m.get("remember_ab") or {})}
-    sc = m["scenarios"]
-    single = {
-        "coalesced": "http_remember",
-        "ping": "actor_ping",
-        "workspace": "http_workspace_write",
-        "read": "http_read",
-        "health": "http_health",
-    }
-    out: dict[str, dict[str, Any]] = {}
-    for label, (num, den, minimum) in RATIO_TARGETS.items():
-        if num in ab and den in ab:
-            a, b, source = ab[num]["per_s"], ab[den]["per_s"], "alternating rounds"
-        else:
-            a = sc.get(single[num], {}).get("throughput_per_s")
-            b = sc.get(single[den], {}).get("throughput_per_s")
-            source = "single windows"
-        if not a or not b:
-            continue
-        ratio = a / b
-        out[label] = {
-            "ratio": round(ratio, 3),
-            "min": minimum,
-            "verdict": "PASS" if ratio >= minimum else "FAIL",
-            "from": source,
-        }
-    return out
 
 
 # --- the server --------------------------------------------------------------------------------
@@ -569,11 +388,25 @@ def run_mode(
             out["scenarios"][name] = result
             print(f"[gc {mode}] {name}: {short(result)}", flush=True)
             if name == "http_read" and baselines and args.ab_rounds and "failed" not in result:
-                out["read_ab"] = remember_ab(
-                    engine, runs_by_name["http_read"], args.ab_rounds,
-                    only={"read", "health"},
-                    more={"read": runs_by_name["http_read"], "health": health},
-                )  # fmt: skip
+                # The same read from a second gateway on the same engine without the shortcut
+                # for cached pages (gateway/cached_reads.py): what the shortcut saves.
+                whole = LiveServer(
+                    create_app(engine, admin_token, cache_ttl=args.cache_ttl, cached_reads=False),
+                    lifespan="auto",
+                )
+                try:
+                    out["read_ab"] = remember_ab(
+                        engine, runs_by_name["http_read"], args.ab_rounds,
+                        only={"read", "read_whole_stack", "health"},
+                        more={
+                            "read": runs_by_name["http_read"],
+                            "read_whole_stack": lambda port=whole.port: http_scenario(
+                                port, reader["token"], path, remember=False, args=args),
+                            "health": health,
+                        },
+                    )  # fmt: skip
+                finally:
+                    whole.stop()
                 print(f"[gc {mode}] read A/B: {out['read_ab']}", flush=True)
         if baselines and args.ab_rounds:
             out["remember_ab"] = remember_ab(
@@ -679,6 +512,13 @@ def print_table(modes: list[dict[str, Any]], args: argparse.Namespace) -> None:
             print(
                 f"group commit {gc}: target {label} >= {r['min']:g} x: {r['ratio']:.2f} x "
                 f"({r['from']}) -> {r['verdict']}"
+            )
+        rounds = m.get("read_ab") or {}
+        if "read_whole_stack" in rounds and rounds.get("health", {}).get("per_s"):
+            ratio = rounds["read_whole_stack"]["per_s"] / rounds["health"]["per_s"]
+            print(
+                f"group commit {gc}: GET memory without the cached-read shortcut / GET /healthz: "
+                f"{ratio:.2f} x (alternating rounds; beside the target, not one)"
             )
     print(
         "cpu ms/op: CPU time per request of the shard actors and of this process (the gateway "

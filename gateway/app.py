@@ -20,6 +20,7 @@ from engine.directory import require_use
 from engine.errors import InvalidInput
 from gateway.admin_routes import AdminApi
 from gateway.auth import Auth, TokenRequired
+from gateway.cached_reads import CachedReads
 from gateway.chat_routes import ChatsApi
 from gateway.console_routes import console_routes
 from gateway.errors import HANDLERS, ContainErrors
@@ -95,8 +96,15 @@ class DiscoveryApi:
 
 
 def create_app(
-    engine: EnginePort, admin_token: str, *, cache_ttl: float = 60.0, listener_refresh: float = 30.0
+    engine: EnginePort,
+    admin_token: str,
+    *,
+    cache_ttl: float = 60.0,
+    listener_refresh: float = 30.0,
+    cached_reads: bool = True,
 ) -> Starlette:
+    """The gateway's app. `cached_reads=False` leaves out the shortcut for cached memory pages
+    (gateway/cached_reads.py): every read takes the whole stack (benchmarks compare the two)."""
     if not admin_token:
         raise InvalidInput("an admin token is required")
     auth = Auth(engine, admin_token, ttl=cache_ttl)
@@ -112,6 +120,7 @@ def create_app(
     rq = RequestsApi(engine, auth, chats)
     trees = FileExportApi(engine, auth)
     r: Callable[..., Route] = Route
+    read_memory = r("/v1/bots/{bot}/memory", memory.get_memory, methods=["GET"])
     routes = [
         r("/v1/admin/orgs", lists.admin_list("orgs"), methods=["GET"]),
         r("/v1/admin/users", lists.admin_list("users"), methods=["GET"]),
@@ -149,7 +158,7 @@ def create_app(
         r("/v1/requests/{id}", rq.get, methods=["GET"]),
         r("/v1/requests/{id}/decision", rq.decide, methods=["POST"]),
         r("/v1/requests/{id}/review", rq.review, methods=["POST"]),
-        r("/v1/bots/{bot}/memory", memory.get_memory, methods=["GET"]),
+        read_memory,
         r("/v1/bots/{bot}/memory", memory.post_memory, methods=["POST"]),
         r("/v1/bots/{bot}/memory/log", memory.memory_log, methods=["GET"]),
         r("/v1/bots/{bot}/memory/{id}/widen", memory.widen, methods=["POST"]),
@@ -189,11 +198,13 @@ def create_app(
         routes=routes,
         exception_handlers=HANDLERS,
         lifespan=lifespan,
-        # Outermost first: errors contained (the connection survives them); no token → 401
-        # before a body is even read; then the body limits.
+        # Outermost first: errors contained (the connection survives them); a current cached
+        # memory page answered at once; no token → 401 before a body is even read; then the
+        # body limits.
         middleware=[
             Middleware(RequestLog),  # every answer logged and counted, with its request id
             Middleware(ContainErrors),
+            *([Middleware(CachedReads, memory=memory, route=read_memory)] if cached_reads else []),
             Middleware(TokenRequired, auth=auth),
             Middleware(BodyLimits),
         ],

@@ -140,12 +140,18 @@ class _Misses:
             self._until.pop(key, None)
 
 
-def bearer_token(conn: HTTPConnection) -> str:
-    header = conn.headers.get("authorization", "")
+def bearer(header: str) -> str | None:
+    """The token of an `Authorization` header's value (None unless it is `Bearer <token>`)."""
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def bearer_token(conn: HTTPConnection) -> str:
+    token = bearer(conn.headers.get("authorization", ""))
+    if token is None:
         raise Unauthenticated("send Authorization: Bearer <token>", code="missing_token")
-    return token.strip()
+    return token
 
 
 class Auth:
@@ -274,6 +280,16 @@ class Auth:
                 keys = (access_key("token", key), *user)
                 self._principals.put(key, revision, principal, self._applied, keys)
         return principal
+
+    def known(self, token: str) -> Principal | None:
+        """The user `token` names, when the cache holds it and may be used now; None means
+        "ask `principal_for`" (an unknown or uncached token, no trusted cache; the admin token
+        is never cached). It never asks the directory."""
+        return self._principals.get(hash_token(token)) if self._caching() else None
+
+    def known_bot(self, bot_id: str) -> Bot | None:
+        """`bot`'s record when the cache holds it and may be used now, else None."""
+        return self._bots.get(bot_id) if self._caching() else None
 
     async def caller(self, conn: HTTPConnection) -> Principal:
         """The request's principal, resolved once per request."""

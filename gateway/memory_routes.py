@@ -24,6 +24,7 @@ from engine.directory import (
     require_use,
     require_write,
 )
+from engine.errors import OpenBotError
 from engine.memory_bot_settings import SettingsPatch
 from engine.memory_entries import Reader
 from engine.numbers import query_number
@@ -51,8 +52,27 @@ class MemoryApi:
         assert principal.user is not None
         bot = await self.auth.bot(request.path_params["bot"])
         (require_write if write else require_use)(bot, principal.user)
-        reader = _reader(principal, request, bot)
+        reader = _reader(principal, request.headers.get("openbot-org"), bot)
         return bot, self.engine.shard_port(bot.owner), reader
+
+    def cached_page(self, token: str, bot_id: str, org: str | None) -> bytes | None:
+        """What `get_memory` answers without a query, when this gateway's caches hold all of
+        it: the token's user and the bot (gateway/auth.py), and the reader's page, still
+        current (gateway/read_cache.py). The same checks run as on the route: a user token,
+        use of the bot, the org (`org`: the OpenBot-Org header). None: take the route, which
+        answers whatever this cannot, errors included. Never awaits, never asks an actor."""
+        principal = self.auth.known(token)
+        if principal is None or principal.user is None:
+            return None
+        bot = self.auth.known_bot(bot_id)
+        if bot is None:
+            return None
+        try:
+            require_use(bot, principal.user)
+            reader = _reader(principal, org, bot)
+        except OpenBotError:
+            return None
+        return self.cache.get(ReadCache.key(bot_pool(bot.id), reader, ()))
 
     async def get_memory(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
@@ -161,10 +181,10 @@ def _limit(raw: str | None) -> int:
     )
 
 
-def _reader(principal: Principal, request: Request, bot: Bot) -> Reader:
+def _reader(principal: Principal, requested: str | None, bot: Bot) -> Reader:
     """The caller reading or writing through `bot`: in the org they work in with it
-    (engine/directory.py `bot_org`; a Remember is tagged `org:<that org>`, never with an org
-    the bot does not work in)."""
+    (engine/directory.py `bot_org`, `requested`: the OpenBot-Org header; a Remember is tagged
+    `org:<that org>`, never with an org the bot does not work in)."""
     assert principal.user is not None
-    org = bot_org(bot, principal.user, request.headers.get("openbot-org"))
+    org = bot_org(bot, principal.user, requested)
     return Reader(user=principal.user.id, org=org, channels=principal.channels, uses_bot=True)

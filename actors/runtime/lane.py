@@ -77,7 +77,10 @@ from storage.stats import STATS
 log = logging.getLogger("openbot.lane")
 _HEAD = struct.Struct("<I")  # each frame: its length, then one msgpack message
 MAX_FRAME = 64 << 20
-RETRY_S = 5.0  # no lane could be opened: Ray until then
+# No lane could be opened (mostly a shard Ray is restarting): Ray until then. Short, so that a
+# restarted shard has its callers back on the lane about a second after it answers again; each
+# try costs one failed actor call.
+RETRY_S = 1.0
 CLOSED_RETRY_S = 60.0  # the shard has no lane (closed, or it could open none): asked again then
 LOST = "the engine is restarting; try again"
 # OPENBOT_SHARD_LANE=0: every step over Ray (to compare, or if a host forbids Unix sockets).

@@ -24,6 +24,8 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.protocol import State
 
 FRAMES = "openbot.ws.frames"
+# Read once: an Enum member looked up on its class costs as much as the rest of a write's checks.
+_OPEN = State.OPEN
 
 
 def text_frame(text: str) -> bytes:
@@ -49,13 +51,12 @@ class FrameWriter:
         """True: written. False: the socket's buffer is full (send through ASGI, which waits
         for room). None: the connection is closing or gone (nothing more reaches the client)."""
         p = self._p
-        if p.disconnected or p.close_sent or p.conn.state is not State.OPEN:
-            return None
-        if p.transport.is_closing():
+        transport = p.transport
+        if p.disconnected or p.close_sent or p.conn.state is not _OPEN or transport.is_closing():
             return None
         if not p.writable.is_set():
             return False
-        p.transport.write(frame)
+        transport.write(frame)
         return True
 
     def forget_handshake(self) -> None:

@@ -44,14 +44,18 @@ def fit(lo: dict[str, Any], hi: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Per role, CPU µs per delivery and per event from two bursts of the same events with
     different fan-outs (`lo`, `hi`: a burst phase of benchmarks.fanout's report)."""
     d_lo, d_hi = lo["delivered"], hi["delivered"]
-    events = hi["events"]
+    e_lo, e_hi = lo["events"], hi["events"]  # the same unless a POST failed
+    det = d_hi * e_lo - d_lo * e_hi
+    if not det or not e_hi:
+        raise ValueError("two bursts with different fan-outs are needed")
     out: dict[str, dict[str, float]] = {}
     for role in SERVER_ROLES:
         c_lo, c_hi = lo["cpu_s"][role], hi["cpu_s"][role]
         if max(c_lo, c_hi) < IDLE_S:
             continue
-        per_delivery = (c_hi - c_lo) / (d_hi - d_lo) if d_hi != d_lo else 0.0
-        per_event = (c_hi - per_delivery * d_hi) / events if events else 0.0
+        # cpu = per_event x events + per_delivery x deliveries, for both bursts
+        per_delivery = (c_hi * e_lo - c_lo * e_hi) / det
+        per_event = (c_hi - per_delivery * d_hi) / e_hi
         out[role] = {
             "us_per_delivery": round(per_delivery * 1e6, 2),
             "us_per_event": round(per_event * 1e6, 1),

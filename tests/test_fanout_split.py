@@ -26,3 +26,5 @@ def test_the_fit_recovers_what_a_delivery_and_an_event_cost():
     assert split["shard"] == {"us_per_delivery": 0.0, "us_per_event": 300.0}
     # at 20 deliveries per event: 200/20 + 9 and 300/20 ms per 1,000 deliveries
     assert per_1k(split, 20) == {"gateway": 19.0, "shard": 15.0}
+    # a burst with a few failed POSTs has fewer events and deliveries: the same costs
+    assert fit(_burst(1990, 2, per_event, per_delivery), hi) == split

@@ -14,7 +14,7 @@ from engine.memory_entries import EntryMeta, Reader, Status
 from storage.crypto import Cipher
 from storage.memory_store import StoredPool
 from storage.search_index import Stats, TermIndex, order_by_key
-from storage.term_keys import Analyzer, in_context, is_label_key
+from storage.term_keys import Analyzer, Counted, in_context, is_label_key
 from tests.test_engine_visibility_oracle import cases, oracle_visible
 
 AN = Analyzer(b"k" * 32)
@@ -453,10 +453,12 @@ def test_a_neighbour_lends_its_words_but_not_its_label():
     a = analyzer.key_list("Caroline: Yes! I made a bowl.")
     n = analyzer.key_list("Melanie: It rained.")
     keys = in_context(a, q, n, q)
+    assert isinstance(keys, Counted)
+    flat = keys.expanded()
     mine = [k for k in a if is_label_key(k)]
-    assert mine and [k for k in keys if is_label_key(k)] == sorted(mine * 4)
+    assert mine and [k for k in flat if is_label_key(k)] == sorted(mine * 4)
     lent = [k for k in q if not is_label_key(k)]
-    assert all(keys.count(k) == 3 for k in lent)  # twice as the turn before, once as further
+    assert all(flat.count(k) == 3 for k in lent)  # twice as the turn before, once as further
     index = TermIndex()
     index.put("q", in_context(q, None, a))
     index.put("a", keys)

@@ -111,8 +111,9 @@ class Analyzer:
 class Counted:
     """Keys as the index counts them (`in_context`): each distinct key once, ascending, with
     its count (the term frequency), and the counts' total (the record's length). What the
-    sorted list of repeated keys says, without making the list (counting it was most of the
-    cost of a write in context)."""
+    sorted list of repeated keys says, without making that list: a record in context repeats
+    tens of keys several times over, and sorting and counting them would be most of what its
+    indexing costs."""
 
     __slots__ = ("keys", "length", "tfs")
 

@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from storage.term_keys import LABEL_MARK, WORD_MASK
+from storage.term_keys import LABEL_MARK, WORD_MASK, Counted
 
 # BM25's term saturation and length normalisation: Anserini's short-passage values (k1 0.9,
 # b 0.4) rather than the classic 1.2 / 0.75. Dialog turns and notes are short, and the longer
@@ -344,17 +344,24 @@ class TermIndex:
         self._live += len(ids)
         self._live_len += float(lengths.sum())
 
-    def put(self, entry_id: str, keys: np.ndarray | list[int]) -> None:
+    def put(self, entry_id: str, keys: np.ndarray | list[int] | Counted) -> None:
         """Index a new entry, or an entry's new text (its old text is forgotten), by the term
-        keys `Analyzer.keys` (or `key_list`) made of it."""
+        keys `Analyzer.keys` (or `key_list`, or `in_context`) made of it."""
         if entry_id in self._row:
             self.remove(entry_id)
         row = self._new_row(entry_id)
         vocab, tail = self._vocab, self._tail
-        if type(keys) is list:
-            counted = _runs(keys) if len(keys) <= PYTHON_COUNT_MAX else _unique(np.asarray(keys))
+        if type(keys) is Counted:
+            counted, length = zip(keys.keys, keys.tfs, strict=True), keys.length
+            postings = len(keys.keys)
         else:
-            counted = _runs(keys.tolist()) if keys.size <= PYTHON_COUNT_MAX else _unique(keys)
+            length = len(keys)
+            if type(keys) is list:
+                big = length > PYTHON_COUNT_MAX
+                counted = _unique(np.asarray(keys)) if big else _runs(keys)
+            else:
+                counted = _runs(keys.tolist()) if length <= PYTHON_COUNT_MAX else _unique(keys)
+            postings = len(counted)
         for term, tf in counted:
             tid = vocab.setdefault(term, len(vocab))
             slot = tail.get(tid)
@@ -362,8 +369,8 @@ class TermIndex:
                 slot = tail[tid] = ([], [])
             slot[0].append(row)
             slot[1].append(tf)
-        self._tail_postings += len(counted)
-        self._set_len(row, len(keys))
+        self._tail_postings += postings
+        self._set_len(row, length)
         if self._tail_postings > max(20_000, self._rows.size // 4):
             self.merge()
 

@@ -8,7 +8,10 @@ for storage. The index that ranks by them is storage/search_index.py.
 from __future__ import annotations
 
 import hashlib
+from bisect import bisect_left
+from collections import _count_elements  # type: ignore[attr-defined]  # Counter's C helper
 from collections.abc import Sequence
+from operator import add
 
 import numpy as np
 import Stemmer
@@ -105,34 +108,71 @@ class Analyzer:
         return words + self.label_keys(terms) * LABEL_QUERY_WEIGHT
 
 
+class Counted:
+    """Keys as the index counts them (`in_context`): each distinct key once, ascending, with
+    its count (the term frequency), and the counts' total (the record's length). What the
+    sorted list of repeated keys says, without making that list: a record in context repeats
+    tens of keys several times over, and sorting and counting them would be most of what its
+    indexing costs."""
+
+    __slots__ = ("keys", "length", "tfs")
+
+    def __init__(self, keys: list[int], tfs: list[int], length: int) -> None:
+        self.keys = keys
+        self.tfs = tfs
+        self.length = length
+
+    def expanded(self) -> list[int]:
+        """The sorted list of keys with repeats this stands for."""
+        return [k for k, n in zip(self.keys, self.tfs, strict=True) for _ in range(n)]
+
+
 def in_context(
     own: list[int],
     before: list[int] | None = None,
     after: list[int] | None = None,
     further: list[int] | None = None,
-) -> list[int]:
+) -> list[int] | Counted:
     """The keys a record is indexed under among the records written around it (its own keys
     alone when it has no neighbour): its own keys four times, each neighbour's twice and
     those of the record before its `before` (`further`) once, so that its own words weigh
-    most and a record still ranks above its neighbours for its own words.
+    most and a record still ranks above its neighbours for its own words. Every list sorted
+    (as `Analyzer.key_list` makes them).
 
     The weights were chosen on the retrieval lab's sets (docs/search.md, "Context weights")."""
     if before is None and after is None:
         return own
-    four = own + own
-    keys = four + four + _lent(before) * 2 + _lent(after) * 2 + _lent(further)
-    keys.sort()
-    return keys
+    # Counted twice over (own twice, each neighbour once), doubled, then `further` once: the
+    # same counts as the whole repeated list, from half as many elements, all in C.
+    counts: dict[int, int] = {}
+    _count_elements(counts, own + own + _lent(before) + _lent(after))
+    twice = counts.values()
+    counts = dict(zip(counts, map(add, twice, twice), strict=True))
+    if further:
+        _count_elements(counts, _lent(further))
+    keys = sorted(counts)
+    tfs = list(map(counts.__getitem__, keys))
+    return Counted(keys, tfs, sum(tfs))
+
+
+_LABELS_FROM, _LABELS_TO = LABEL_MARK << 48, (LABEL_MARK + 1) << 48
 
 
 def _lent(keys: list[int] | None) -> list[int]:
-    """A neighbour's keys without its label's (see the module's description)."""
+    """A neighbour's keys (sorted) without its label's (see the module's description): in a
+    sorted list those are one block."""
     if not keys:
         return []
-    return [k for k in keys if k >> 48 != LABEL_MARK]
+    lo = bisect_left(keys, _LABELS_FROM)
+    if lo == len(keys) or keys[lo] >= _LABELS_TO:
+        return keys
+    return keys[:lo] + keys[bisect_left(keys, _LABELS_TO, lo) :]
 
 
-def pack_keys(keys: np.ndarray | list[int]) -> bytes:
+def pack_keys(keys: np.ndarray | list[int] | Counted) -> bytes:
+    """Keys as stored: sorted, repeats kept, 8 bytes each (little-endian)."""
+    if type(keys) is Counted:
+        return np.array(keys.keys, dtype="<i8").repeat(keys.tfs).tobytes()
     return np.asarray(keys, dtype="<i8").tobytes()
 
 

@@ -32,7 +32,7 @@ from storage.database import Database, ReadScope
 from storage.group_commit import Delete, Put, Write
 from storage.search_index import Postings, TermIndex
 from storage.shard_schema import SEARCH_SNAPSHOTS, SEARCH_TERMS
-from storage.term_keys import Analyzer, pack_keys, unpack_keys
+from storage.term_keys import Analyzer, Counted, pack_keys, unpack_keys
 from storage.workspace_store import entry_key
 
 _SNAP = b"OBTS1"  # a snapshot's plaintext starts with this (its format's version)
@@ -188,7 +188,9 @@ class TermStore:
         )
 
     @staticmethod
-    def row(pool: str, entry_id: str, fp: str, keys: np.ndarray, seq: int = 0) -> Write:
+    def row(
+        pool: str, entry_id: str, fp: str, keys: np.ndarray | list[int] | Counted, seq: int = 0
+    ) -> Write:
         """A record's term row; `seq`: from its workspace pool's counter (a entry pool's
         rows, never in a snapshot, keep 0)."""
         row = (entry_key(pool, entry_id), pool, entry_id, fp, pack_keys(keys), seq)

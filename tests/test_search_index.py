@@ -14,7 +14,7 @@ from engine.memory_entries import EntryMeta, Reader, Status
 from storage.crypto import Cipher
 from storage.memory_store import StoredPool
 from storage.search_index import Stats, TermIndex, order_by_key
-from storage.term_keys import Analyzer, in_context, is_label_key
+from storage.term_keys import Analyzer, Counted, in_context, is_label_key
 from tests.test_engine_visibility_oracle import cases, oracle_visible
 
 AN = Analyzer(b"k" * 32)
@@ -346,8 +346,9 @@ def test_a_record_in_context_ranks_first_for_its_own_words_and_is_found_by_its_n
     assert {i for i, _ in index.search(analyzer.query("pottery workshop"), 10)} == {"q", "a", "n"}
     assert list(in_context(own["n"])) == list(own["n"])  # no neighbour: its own keys as they are
     q, n = own["q"], own["n"]
-    assert in_context(q, n) == sorted([*q, *q, *q, *q, *n, *n])
-    assert in_context(q, n, None, own["a"]) == sorted([*q, *q, *q, *q, *n, *n, *own["a"]])
+    assert in_context(q, n).expanded() == sorted([*q, *q, *q, *q, *n, *n])  # type: ignore[union-attr]
+    both = sorted([*q, *q, *q, *q, *n, *n, *own["a"]])
+    assert in_context(q, n, None, own["a"]).expanded() == both  # type: ignore[union-attr]
 
 
 def test_indexes_searched_as_one_score_as_one_index_holding_every_row():
@@ -452,10 +453,12 @@ def test_a_neighbour_lends_its_words_but_not_its_label():
     a = analyzer.key_list("Caroline: Yes! I made a bowl.")
     n = analyzer.key_list("Melanie: It rained.")
     keys = in_context(a, q, n, q)
+    assert isinstance(keys, Counted)
+    flat = keys.expanded()
     mine = [k for k in a if is_label_key(k)]
-    assert mine and [k for k in keys if is_label_key(k)] == sorted(mine * 4)
+    assert mine and [k for k in flat if is_label_key(k)] == sorted(mine * 4)
     lent = [k for k in q if not is_label_key(k)]
-    assert all(keys.count(k) == 3 for k in lent)  # twice as the turn before, once as further
+    assert all(flat.count(k) == 3 for k in lent)  # twice as the turn before, once as further
     index = TermIndex()
     index.put("q", in_context(q, None, a))
     index.put("a", keys)

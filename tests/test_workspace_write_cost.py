@@ -102,10 +102,10 @@ def test_a_calls_creations_are_indexed_once_with_both_neighbours_in_its_one_comm
     # What is stored is what was indexed: each record's own keys, each neighbour's, and those
     # of the second record before it (`in_context`).
     want = {
-        "mem_a": in_context(keys["a"], None, keys["b"]),
-        "mem_b": in_context(keys["b"], keys["a"], keys["c"]),
-        "mem_c": in_context(keys["c"], keys["b"], keys["d"], keys["a"]),
-        "mem_d": in_context(keys["d"], keys["c"], None, keys["b"]),
+        "mem_a": in_context(keys["a"], None, keys["b"]).expanded(),
+        "mem_b": in_context(keys["b"], keys["a"], keys["c"]).expanded(),
+        "mem_c": in_context(keys["c"], keys["b"], keys["d"], keys["a"]).expanded(),
+        "mem_d": in_context(keys["d"], keys["c"], None, keys["b"]).expanded(),
     }
     con = duckdb.connect(str(tmp_path / "shard-0.duckdb"), read_only=True)
     rows = con.execute("SELECT entry, terms, seq FROM search_terms").fetchall()

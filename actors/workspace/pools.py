@@ -39,7 +39,7 @@ from storage.bulk import paused_gc
 from storage.group_commit import Write
 from storage.memory_store import StoredPool
 from storage.search_index import Postings, TermIndex
-from storage.term_keys import in_context
+from storage.term_keys import Counted, in_context
 from storage.term_store import TermsLoad, covered, open_snapshot, seal_snapshot, unindexed
 from storage.workspace_store import (
     LazyEntries,
@@ -384,7 +384,7 @@ class WorkspacePools:
         entry_id: str,
         current: WorkspaceEntry,
         current_own: list[int],
-    ) -> list[int]:
+    ) -> list[int] | Counted:
         """The keys a threaded record is indexed under (`in_context` of its neighbours);
         `current` is the record being written, with its own keys (not stored yet)."""
         at = (current, current_own)

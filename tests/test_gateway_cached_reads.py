@@ -10,14 +10,12 @@ import time
 
 import httpx
 import pytest
-import ray
 
-from engine.directory import bot_pool
-from engine.memory_entries import EntryMeta, Layer
 from gateway import wire
 from gateway.app import create_app
 from gateway.live_server import LiveServer
 from tests.conftest import ADMIN, count_gateway_calls
+from tests.test_read_cache import write_elsewhere
 
 REMEMBER = "Remember"
 
@@ -121,19 +119,10 @@ def test_a_change_made_elsewhere_replaces_the_cached_page(world, caching, counte
     """A change that does not go through this gateway (straight to the shard) reaches it by the
     event stream; the page read before it is not served once the gateway has seen it."""
     url = f"/v1/bots/{world.bot}/memory"
-    alice_id = world.users["alice"]
     with _client(caching, world.tokens["alice"]) as alice:
         _remember(alice, world.bot, "first")
         _warm(alice, url, counted)
-        meta = EntryMeta(
-            id="mem_cached_elsewhere",
-            pool=bot_pool(world.bot),
-            layer=Layer.PINNED,
-            tags=(f"for:person:{alice_id}", f"org:{world.org}"),
-            created_at=1,
-            updated_at=1,
-        )
-        ray.get(engine.shard_for(alice_id).add_entries.remote(bot_pool(world.bot), [(meta, "2")]))
+        write_elsewhere(engine, world, "mem_cached_elsewhere", "2")
         deadline = time.monotonic() + 5
         while _contents(alice.get(url)) != {"first", "2"}:  # one long-poll return away
             assert time.monotonic() < deadline, "the change never reached the cached page"
@@ -154,37 +143,41 @@ def test_a_revoked_reader_is_refused_though_their_page_is_current(world, caching
             assert r.status_code == 403 and r.json()["error"]["code"] == "no_access", r.text
 
 
-def test_the_org_header_is_checked_on_every_read(world, caching, counted):
+@pytest.fixture
+def alice_cached(world, caching, counted):
+    """alice's client on the caching gateway and her memory's URL, a note of hers written and
+    her page cached."""
     url = f"/v1/bots/{world.bot}/memory"
     with _client(caching, world.tokens["alice"]) as alice:
         _remember(alice, world.bot, "note")
         _warm(alice, url, counted)
-        for _ in range(3):
-            r = alice.get(url, headers={"OpenBot-Org": "o_elsewhere"})
-            assert r.status_code == 403 and r.json()["error"]["code"] == "not_in_org", r.text
+        yield alice, url
 
 
-def test_a_query_or_a_body_takes_the_whole_route(world, caching, counted):
-    url = f"/v1/bots/{world.bot}/memory"
-    with _client(caching, world.tokens["alice"]) as alice:
-        _remember(alice, world.bot, "note")
-        _warm(alice, url, counted)
-        assert _contents(alice.get(url, params={"tags": "no-such-tag"})) == set()
-        r = alice.request("GET", url, content=b"[" * (wire.MAX_BODY + 1))
-        assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large", r.text
-        assert _contents(alice.get(url)) == {"note"}
+def test_the_org_header_is_checked_on_every_read(alice_cached):
+    alice, url = alice_cached
+    for _ in range(3):
+        r = alice.get(url, headers={"OpenBot-Org": "o_elsewhere"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "not_in_org", r.text
 
 
-def test_a_replaced_token_is_refused_though_its_page_is_current(world, caching, counted, admin):
-    url = f"/v1/bots/{world.bot}/memory"
-    with _client(caching, world.tokens["alice"]) as alice:
-        _remember(alice, world.bot, "note")
-        _warm(alice, url, counted)
-        r = admin.post(f"/v1/admin/users/{world.users['alice']}/token")
-        assert r.status_code == 200, r.text
-        new = r.json()["token"]
-        for _ in range(3):
-            r = alice.get(url)
-            assert r.status_code == 401 and r.json()["error"]["code"] == "bad_token", r.text
+def test_a_query_or_a_body_takes_the_whole_route(alice_cached):
+    alice, url = alice_cached
+    assert _contents(alice.get(url, params={"tags": "no-such-tag"})) == set()
+    r = alice.request("GET", url, content=b"[" * (wire.MAX_BODY + 1))
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large", r.text
+    assert _contents(alice.get(url)) == {"note"}
+
+
+def test_a_replaced_token_is_refused_though_its_page_is_current(
+    alice_cached, world, caching, admin
+):
+    alice, url = alice_cached
+    r = admin.post(f"/v1/admin/users/{world.users['alice']}/token")
+    assert r.status_code == 200, r.text
+    new = r.json()["token"]
+    for _ in range(3):
+        r = alice.get(url)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "bad_token", r.text
     with _client(caching, new) as again:
         assert _contents(again.get(url)) == {"note"}

@@ -81,6 +81,21 @@ def test_keys_separate_readers_and_filters_and_the_size_is_capped():
     assert cache.get(k1) is None and cache.get(k2) == b"abcdef"
 
 
+def write_elsewhere(engine, world, entry_id: str, content: str) -> None:
+    """A pinned entry for alice in the world's bot's memory, written straight to the shard (as
+    the memory bot does), not through any gateway."""
+    alice = world.users["alice"]
+    meta = EntryMeta(
+        id=entry_id,
+        pool=bot_pool(world.bot),
+        layer=Layer.PINNED,
+        tags=(f"for:person:{alice}", f"org:{world.org}"),
+        created_at=1,
+        updated_at=1,
+    )
+    ray.get(engine.shard_for(alice).add_entries.remote(bot_pool(world.bot), [(meta, content)]))
+
+
 def test_a_change_made_elsewhere_reaches_the_cached_page(engine, world):
     """A change that did not go through this gateway (here: the memory bot, straight to the
     shard) invalidates the page through the event stream."""
@@ -89,17 +104,7 @@ def test_a_change_made_elsewhere_reaches_the_cached_page(engine, world):
         alice.post(url, json={"command": {"_tag": "Remember", "content": "first"}})
         assert len(alice.get(url).json()["entries"]) == 1
         assert len(alice.get(url).json()["entries"]) == 1  # cached by now
-        alice_id, org = world.users["alice"], world.org
-        meta = EntryMeta(
-            id="mem_from_elsewhere",
-            pool=bot_pool(world.bot),
-            layer=Layer.PINNED,
-            tags=(f"for:person:{alice_id}", f"org:{org}"),
-            created_at=1,
-            updated_at=1,
-        )
-        shard = engine.shard_for(alice_id)
-        ray.get(shard.add_entries.remote(bot_pool(world.bot), [(meta, "second")]))
+        write_elsewhere(engine, world, "mem_from_elsewhere", "second")
         deadline = time.monotonic() + 2
         while True:  # the event takes one long-poll return to reach the hub
             entries = alice.get(url).json()["entries"]

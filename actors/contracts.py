@@ -236,6 +236,26 @@ class TurnCall(msgspec.Struct, frozen=True, kw_only=True):
     wait: bool = False
 
 
+class PackedCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A coalesced write call on a shard's lane: one of `PACKED_WRITES` with its packed requests,
+    answered with the packed replies, as over Ray (actors/shard/packed.py)."""
+
+    method: str
+    call: bytes
+
+
+# The shard's bytes-in, bytes-out write calls that a lane may carry (a gateway's coalesced
+# Remembers and workspace memory creations); the lane refuses any other name.
+PACKED_WRITES = frozenset(
+    {
+        "remember_many",
+        "remember_many_followed",
+        "workspace_create_memory_many",
+        "workspace_create_memory_many_followed",
+    }
+)
+
+
 class LaneAddress(msgspec.Struct, frozen=True, kw_only=True):
     """Where a shard's lane listens: a Unix socket, reachable from processes on `node` only."""
 

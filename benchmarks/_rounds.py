@@ -112,6 +112,18 @@ def polled(engine: Any, run: Any) -> dict[str, Any]:
             port.follow = True
 
 
+def over_ray(run: Any) -> dict[str, Any]:
+    """Run a scenario with the shards' lanes off in this process: the gateway's coalesced
+    writes (and its event polls) go over Ray, as they do to a shard on another node."""
+    from actors.runtime import lane
+
+    kept, lane.ENABLED = lane.ENABLED, False
+    try:
+        return run()
+    finally:
+        lane.ENABLED = kept
+
+
 def remember_ab(
     engine: Any,
     run: Any,
@@ -122,8 +134,9 @@ def remember_ab(
     more: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Remember with the gateway's coalescing on and off, coalesced with the events polled
-    (not with the write replies), and coalesced with the other number of calls in flight than
-    the default (`RayShard.write_calls`: one_call or two_calls), in alternating rounds, summed:
+    (not with the write replies), coalesced with the other number of calls in flight than
+    the default (`RayShard.write_calls`: one_call or two_calls), and coalesced over Ray instead
+    of the shard's lane (over_ray), in alternating rounds, summed:
     a fairer side by side than one window each on a machine whose load changes. With `ping`
     and `workspace`: the ceiling and the workspace write in the same rounds (the ratio
     targets)."""
@@ -135,6 +148,7 @@ def remember_ab(
         "events_polled": lambda: polled(engine, run),
         "one_call": lambda: write_calls(engine, run, 1),
         "two_calls": lambda: write_calls(engine, run, 2),
+        "over_ray": lambda: over_ray(run),
     }
     if only is None:  # (the way that equals the default is "coalesced" itself)
         del ways["one_call" if RayShard.write_calls == 1 else "two_calls"]

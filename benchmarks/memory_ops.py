@@ -28,14 +28,15 @@ first mode (`--no-baselines` skips them): GET /healthz (HTTP, no actor call) and
 actor call, no work).
 
 `--ab-rounds N` (3 with `--quick`) runs, in the first mode, N rounds that alternate Remember
-(coalesced; not coalesced; events polled; two coalesced calls in flight), shard.ping() and the
-workspace write (`--ab-ways` picks some), and sums each over the rounds: on a machine whose load
-changes, the fairer side by side. The ratio targets (Remember >= 1.0 x shard.ping(), workspace
-write >= 1.0 x Remember) come from those rounds, else from the single windows. GET memory >= 0.75 x
-GET /healthz comes from N alternating rounds of the two of its own, right after the single read
-windows and before any write (the reads must see the seeded pool alone); the same rounds read the
-page from a second gateway without the shortcut for cached pages (`read_whole_stack`, reported
-beside the target: gateway/cached_reads.py).
+(coalesced; not coalesced; events polled; two coalesced calls in flight; coalesced over Ray
+instead of the shard's lane), shard.ping() and the workspace write (`--ab-ways` picks some), and
+sums each over the rounds: on a machine whose load changes, the fairer side by side. The ratio
+targets (Remember >= 1.0 x shard.ping(), workspace write >= 1.0 x Remember) come from those
+rounds, else from the single windows. GET memory >= 0.75 x GET /healthz comes from N alternating
+rounds of the two of its own, right after the single read windows and before any write (the
+reads must see the seeded pool alone); the same rounds read the page from a second gateway
+without the shortcut for cached pages (`read_whole_stack`, reported beside the target:
+gateway/cached_reads.py).
 
 Prints a table with each scenario's target and PASS/MISS and CPU per request by process role,
 the ratio targets with PASS/FAIL and the load at each round's start, and writes the figures to
@@ -559,7 +560,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=lambda s: set(s.split(",")),
         default=None,
         help="run only these in the alternating rounds (comma-separated: coalesced, "
-        "not_coalesced, events_polled, one_call, two_calls, ping, workspace)",
+        "not_coalesced, events_polled, one_call, two_calls, over_ray, ping, workspace)",
     )
     p.add_argument(
         "--only",

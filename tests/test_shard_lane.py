@@ -17,6 +17,7 @@ from actors.contracts import (
     EventBatch,
     LaneAddress,
     Mirrored,
+    PackedCall,
     PollCall,
     StepCall,
     StepInput,
@@ -30,7 +31,7 @@ from actors.runtime.lane import LaneClient, LaneServer
 from actors.runtime.placement import shard_of
 from engine.chat_records import Turn
 from engine.directory import Bot, BotRules, Chat, Org, OrgSettings
-from engine.errors import Conflict, Unavailable
+from engine.errors import Conflict, InvalidInput, Unavailable
 from engine.events import ShardHead
 from engine.models import Message
 from gateway.client import EventClient
@@ -371,3 +372,45 @@ def test_a_peer_on_the_other_shard_is_asked_over_the_lane(world, admin, bot_mode
     assert _lane_steps(engine, home) >= before + 1  # the peer's step
     assert _here("openbot_lane_turns_total") >= turns + 1  # the gateway's turn start
     assert _here("openbot_lane_polls_total") >= polls + 1  # and its event pump
+
+
+def test_a_gateways_coalesced_writes_go_over_the_lane(world):
+    """A Remember and a workspace memory creation leave the gateway as coalesced calls on the
+    shard's lane, and come back answered as over Ray."""
+    writes = _here("openbot_lane_writes_total")
+    with world.client("alice") as alice:
+        body = {"command": {"_tag": "Remember", "content": "The lane carries this note."}}
+        r = alice.post(f"/v1/bots/{world.bot}/memory", json=body)
+        assert r.status_code == 201, r.text
+        memory = {
+            "requestId": secrets.token_hex(8),
+            "scope": "bot",
+            "bot": world.bot,
+            "content": "The lane carries this memory too.",
+        }
+        r = alice.post("/api/app/workspace/memories", json=memory)
+        assert r.status_code == 201, r.text
+        page = alice.get(f"/v1/bots/{world.bot}/memory").json()
+    assert _here("openbot_lane_writes_total") >= writes + 2
+    texts = [e["content"] for e in page["entries"]]
+    assert "The lane carries this note." in texts
+
+
+def test_a_lane_carries_only_the_shards_write_calls(engine):
+    """The lane answers the packed write calls by name; any other name is refused there and
+    runs nothing."""
+
+    async def scenario() -> None:
+        port = engine.shard_ports[0]
+        lane = port.lane()
+        try:
+            with pytest.raises(InvalidInput):
+                await lane.packed(PackedCall(method="purge", call=b""))
+            with pytest.raises(InvalidInput):
+                await lane.packed(PackedCall(method="lane_packed", call=b""))
+            replies = await lane.packed(PackedCall(method="remember_many", call=b"\x90"))
+            assert replies is not None
+        finally:
+            await lane.close()
+
+    asyncio.run(scenario())

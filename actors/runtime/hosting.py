@@ -19,7 +19,9 @@ from typing import Any
 import ray
 
 from actors.contracts import (
+    PACKED_WRITES,
     LaneAddress,
+    PackedCall,
     PollCall,
     StepCall,
     StepOutcome,
@@ -30,7 +32,7 @@ from actors.directory import DirectoryService
 from actors.runtime.lane import LaneServer, this_node
 from actors.shard.service import ShardService
 from engine.chat_records import Turn
-from engine.errors import StorageError
+from engine.errors import InvalidInput, StorageError
 
 LOCK_WAIT = 60.0  # seconds a restarted store waits for a dying process to let go of its file
 
@@ -140,6 +142,11 @@ class PlacedShardService(ShardService):
 
     async def lane_turn(self, call: TurnCall) -> Turn | TurnResult:
         return await self.start_turn(call.start, call.wait)
+
+    async def lane_packed(self, call: PackedCall) -> bytes:
+        if call.method not in PACKED_WRITES:
+            raise InvalidInput(f"{call.method!r} is not a lane's call", code="invalid_body")
+        return await getattr(self, call.method)(call.call)
 
 
 class PlacedDirectoryService(DirectoryService):

@@ -51,6 +51,7 @@ from actors.contracts import (
     EventBatch,
     LaneAddress,
     Mirrored,
+    PackedCall,
     PollCall,
     StepCall,
     StepInput,
@@ -92,12 +93,13 @@ class _Ask(msgspec.Struct, frozen=True, array_like=True):
     step: StepCall | None = None
     poll: PollCall | None = None
     turn: TurnCall | None = None
+    packed: PackedCall | None = None
 
 
 class _Answer(msgspec.Struct, frozen=True, array_like=True):
     id: int  # one of the answers, or the error:
     outcome: StepOutcome | None = None
-    events: bytes | None = None  # a packed EventBatch
+    events: bytes | None = None  # a packed EventBatch, or a packed call's replies
     turn: Turn | None = None
     result: TurnResult | None = None
     error: CallError | None = None
@@ -111,6 +113,8 @@ class LaneHost(Protocol):
     async def lane_poll(self, call: PollCall) -> bytes: ...
 
     async def lane_turn(self, call: TurnCall) -> Turn | TurnResult: ...
+
+    async def lane_packed(self, call: PackedCall) -> bytes: ...
 
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -256,6 +260,8 @@ class LaneServer:
             if isinstance(turn, TurnResult):
                 return _Answer(id=ask.id, result=turn)
             return _Answer(id=ask.id, turn=turn)
+        if ask.packed is not None:
+            return _Answer(id=ask.id, events=await host.lane_packed(ask.packed))
         raise Unavailable("an empty lane call", code="engine_error")
 
 
@@ -303,6 +309,11 @@ class LaneClient:
     async def turn(self, call: TurnCall) -> Turn | TurnResult | None:
         answer = await self._ask(lambda i: _Ask(id=i, turn=call))
         return None if answer is None else (answer.result or answer.turn)
+
+    async def packed(self, call: PackedCall) -> bytes | None:
+        """A coalesced write call's packed replies; None when there is no lane."""
+        answer = await self._ask(lambda i: _Ask(id=i, packed=call))
+        return None if answer is None else (answer.events or b"")
 
     async def _ask(self, make: Callable[[int], _Ask]) -> _Answer | None:
         writer = self._writer if self._writer is not None else await self._open()
@@ -395,9 +406,9 @@ def this_node() -> str:
 
 
 class LanedRayShard(RayShard):
-    """`ShardPort` of a shard: steps (from a sibling shard), turn starts and event polls (from
-    a gateway) over the lane where one can be opened; every other call, and those without a
-    lane, over Ray."""
+    """`ShardPort` of a shard: steps (from a sibling shard), turn starts, event polls and
+    coalesced writes (from a gateway) over the lane where one can be opened; every other call,
+    and those without a lane, over Ray."""
 
     def __init__(self, name: str, namespace: str, handle: Any = None) -> None:
         super().__init__(name, namespace, handle)
@@ -450,6 +461,14 @@ class LanedRayShard(RayShard):
             return await super().start_turn(start, wait)
         self._counted("turns")
         return turn
+
+    async def _packed(self, method: str, call: bytes) -> bytes:
+        lane = self.lane()
+        replies = None if lane is None else await lane.packed(PackedCall(method=method, call=call))
+        if replies is None:
+            return await super()._packed(method, call)
+        self._counted("writes")
+        return replies
 
     async def _poll(self, since: int, limit: int, wait: float, follower: str) -> EventBatch:
         lane = self.lane()

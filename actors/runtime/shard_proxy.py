@@ -86,16 +86,18 @@ class RayShard(NamedActor, ShardPort):
         return sum(w.follow.handed for w in list(self._writes.values()))
 
     async def _remember_many(self, call: bytes) -> bytes:
-        actor = self._actor()
-        return await self._followed(call, actor.remember_many, actor.remember_many_followed)
+        return await self._followed(call, "remember_many", "remember_many_followed")
 
     async def _workspace_create_many(self, call: bytes) -> bytes:
-        actor = self._actor()
         return await self._followed(
-            call, actor.workspace_create_memory_many, actor.workspace_create_memory_many_followed
+            call, "workspace_create_memory_many", "workspace_create_memory_many_followed"
         )
 
-    async def _followed(self, call: bytes, plain: Any, followed: Any) -> bytes:
+    async def _packed(self, method: str, call: bytes) -> bytes:
+        """One of the shard's `PACKED_WRITES` (a laned proxy sends it over the lane)."""
+        return await remote(getattr(self._actor(), method), call)
+
+    async def _followed(self, call: bytes, plain: str, followed: str) -> bytes:
         """A coalesced write call; where this loop follows the shard's events, the reply brings
         the ones published since (actors/runtime/follow.py). Every call in flight follows: two
         sent with the same `seen` bring some events twice, which the follower takes once, while
@@ -104,11 +106,11 @@ class RayShard(NamedActor, ShardPort):
         follow = self.writes().follow
         seen = follow.seen if self.follow else -1
         if seen < 0:
-            return await remote(plain, call)
+            return await self._packed(plain, call)
         follower = follow.id
         try:
             asked = _packer.encode(FollowingCall(follower=follower, seen=seen, call=Raw(call)))
-            reply = FOLLOWED.decode(await remote(followed, asked))
+            reply = FOLLOWED.decode(await self._packed(followed, asked))
         except BaseException:
             follow.lost()  # its reply may have carried events the shard thinks we have
             raise

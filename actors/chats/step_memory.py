@@ -98,7 +98,10 @@ class StepMemory:
             except OpenBotError:  # a scope that cannot be read now is left out, not guessed
                 return None
 
-        found = await asyncio.gather(*(one(i, q) for i, q in wanted))
+        if len(wanted) == 1:  # (awaited as it is: no task, no turn of the loop)
+            found = [await one(*wanted[0])]
+        else:
+            found = await asyncio.gather(*(one(i, q) for i, q in wanted))
         return [x for x in found if x is not None]
 
     async def ranked(

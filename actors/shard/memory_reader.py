@@ -304,7 +304,7 @@ class MemoryReader:
         size = 0
         for entry_id in first[:CONTEXT_HITS]:
             meta = pool.entries.get(entry_id)
-            at = None if meta is None else kept.at(meta)  # usable: in the view
+            at = None if meta is None else kept.position(meta)  # usable: in the view
             if at is not None and at not in taken:
                 extra = len(texts[at][1]) + (1 if taken else 0)
                 if size + extra <= limit:

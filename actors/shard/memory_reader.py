@@ -28,15 +28,16 @@ from actors.shard.kernel import ShardKernel
 from actors.shard.pool import KeptView, Pool
 from actors.workspace.pools import WorkspacePool, WorkspacePools
 from engine import memory_union as bm
+from engine import tags as tagmod
 from engine.errors import InvalidInput
 from engine.learning import (
     CONTEXT_ENTRIES,
     ContextEntry,
     context_entry,
     context_selection,
+    counted_topics,
     encoded_entry,
     provable_alone,
-    topic_counts,
 )
 from engine.memory_entries import EntryMeta, Reader
 from engine.order import in_memory_order
@@ -355,7 +356,8 @@ class MemoryReader:
                     else:
                         made = kept.make("learning", form)
                     chosen = list(islice(compress(made, proven), CONTEXT_ENTRIES))
-                    return chosen, topic_counts(compress(kept.metas, proven))
+                    topics = kept.make("topics", lambda m: tagmod.topics_of(m.tags))
+                    return chosen, counted_topics(compress(topics, proven))
             records = (
                 ()
                 if ws is None

@@ -40,9 +40,16 @@ class _Evidence(msgspec.Struct):
     evidence: list[dict] = []
 
 
-# The model reads the evidence only: the context entries are skipped, not built (a model's own
-# reading is not the engine's time).
 _evidence_only = msgspec.json.Decoder(_Evidence)
+
+
+def _evidence_of(request: str) -> list[dict]:
+    """The learning request's evidence, read without the context entries after it: a model's
+    own reading is not the engine's time (a real model reads in another process). The request
+    starts with its evidence, and a quote inside a string is always escaped, so the first
+    `],"entries":` ends the evidence list."""
+    end = request.find('],"entries":')
+    return _evidence_only.decode(request if end < 0 else request[: end + 1] + "}").evidence
 
 
 class InstantModel:
@@ -68,8 +75,8 @@ class InstantModel:
                 usage=ZERO,
             )
         if "learn_fact" in names:
-            request = _evidence_only.decode(last.content or "{}")
-            person = [e for e in request.evidence if e["kind"] == "person"][-1]
+            evidence = _evidence_of(last.content or "{}")
+            person = [e for e in evidence if e["kind"] == "person"][-1]
             args = json.dumps(
                 {
                     "content": f"They said: {person['text'][:80]}",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import operator
 from collections import ChainMap, Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import chain
 
 import msgspec
 
@@ -160,6 +161,12 @@ def topic_counts(valid: Iterable[EntryMeta]) -> dict[str, int]:
         for topic in tagmod.topics_of(tags):
             counts[topic] = counts.get(topic, 0) + n
     return dict(sorted(counts.items()))
+
+
+def counted_topics(topics: Iterable[tuple[str, ...]]) -> dict[str, int]:
+    """`topic_counts` from each valid entry's topics (`tags.topics_of`), as a reader's kept
+    view holds them: the topics are counted, not the entries' tag sets."""
+    return dict(sorted(Counter(chain.from_iterable(topics)).items()))
 
 
 def encoded_entry(entry: ContextEntry) -> msgspec.Raw:

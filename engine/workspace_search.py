@@ -106,6 +106,8 @@ def merge_hits(
     """
     if limit <= 0:
         return []
+    if isinstance(semantic_hits, Sequence) and not semantic_hits:
+        return _one_list(keyword_hits, allowed, limit, k, weights[0])
     verdict: dict[str, bool] = {}
 
     def ok(hit: Hit) -> bool:
@@ -140,6 +142,24 @@ def merge_hits(
                 kinds[hit_id] = (kind,)
     order = sorted(fused, key=lambda i: (-fused[i], best[i], i))
     return [Hit(id=i, score=fused[i], kinds=kinds[i]) for i in order[:limit]]
+
+
+def _one_list(
+    hits: Iterable[Hit], allowed: Callable[[str], bool], limit: int, k: int, weight: float
+) -> list[Hit]:
+    """`merge_hits` of keyword hits alone: each rank scores less than the one before, so the
+    fused order is the list's own, and the walk stops at `limit`."""
+    out: list[Hit] = []
+    listed: set[str] = set()
+    for hit in sorted(hits, key=_by_score):
+        hit_id = hit.id
+        if hit_id in listed or not allowed(hit_id):
+            continue
+        listed.add(hit_id)
+        out.append(Hit(id=hit_id, score=weight / (k + len(out) + 1), kinds=("keyword",)))
+        if len(out) == limit:
+            break
+    return out
 
 
 def combine(

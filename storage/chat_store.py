@@ -71,6 +71,23 @@ _enr_dec = msgspec.json.Decoder(Enrichment)
 _call_dec = msgspec.json.Decoder(ModelCall)
 
 
+def call_record(call: ModelCall) -> bytes:
+    """A model call as stored (sealed): its JSON without the request, a newline, then the
+    request as it is. Inside the JSON the request (thousands of characters, itself JSON) would
+    be escaped character by character on every write; the JSON encoder never writes a raw
+    newline, so the first one ends the record's JSON."""
+    head = _enc.encode(msgspec.structs.replace(call, request=""))
+    return b"\n".join((head, call.request.encode()))
+
+
+def open_call(plain: bytes) -> ModelCall:
+    """`call_record` read back; a record with the request inside its JSON (no newline) as
+    well."""
+    head, newline, request = plain.partition(b"\n")
+    call = _call_dec.decode(head)
+    return msgspec.structs.replace(call, request=request.decode()) if newline else call
+
+
 @dataclass
 class ChatLog:
     """A chat as its shard holds it: sealed item texts, in order."""
@@ -272,7 +289,7 @@ class ChatStore:
             ).fetchall()
         )
         calls = [
-            (at, _call_dec.decode(stored.cipher.open(p, aad(stored.pool, f"call\x00{k}"))))
+            (at, open_call(stored.cipher.open(p, aad(stored.pool, f"call\x00{k}"))))
             for k, at, p in rows
         ]
         return sorted(calls, key=lambda c: (c[1].step, c[1].attempt, c[0]))
@@ -302,7 +319,7 @@ class ChatStore:
         # One row per attempt: rows written before attempts were kept apart (`job\x00step`)
         # still read back, since the record itself carries its step and attempt.
         key = f"{job}\x00{call.step}\x00{call.attempt}"
-        sealed = stored.cipher.seal(_enc.encode(call), aad(stored.pool, f"call\x00{key}"))
+        sealed = stored.cipher.seal(call_record(call), aad(stored.pool, f"call\x00{key}"))
         return Put(MODEL_CALLS.name, (key, job, at, sealed))
 
     @staticmethod

@@ -70,3 +70,42 @@ def test_a_context_over_a_kept_view_takes_what_the_walk_takes(lengths, limit, pi
     first = [f"m{k:02d}" if k >= 0 else "gone" for k in picks]
     got = MemoryReader.context_of_kept(pool, view, limit, first, partial)  # type: ignore[arg-type]
     assert got == _walk(texts, limit, first, partial)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 6), min_size=1, max_size=20),
+    st.lists(st.tuples(st.integers(0, 40), st.booleans()), max_size=8),
+)
+def test_a_kept_views_positions_follow_its_changes(ages, edits):
+    """A context finds its ranked hits by the view's map of positions: after the view is
+    brought up to date (entries moved, added, gone) the map answers as bisecting the view
+    does, and a context over it still takes what the walk takes."""
+
+    def meta(n: int, age: int) -> EntryMeta:
+        return EntryMeta(
+            id=f"m{n:02d}", pool="bot:b1", layer=Layer.FACT, tags=(), created_at=age, updated_at=0
+        )
+
+    entries = {m.id: m for m in (meta(n, age) for n, age in enumerate(ages))}
+    view = KeptView(changes=0, metas=in_memory_order(entries.values()))
+    view.make("text", lambda m: (m.id, m.id))
+    assert all(view.position(m) == k for k, m in enumerate(view.metas))  # the map is made
+    olds: dict[str, EntryMeta | None] = {}
+    for n, keep in edits:
+        entry_id = f"m{n:02d}"
+        olds.setdefault(entry_id, entries.get(entry_id))
+        if keep:
+            entries[entry_id] = meta(n, n % 5)
+        else:
+            entries.pop(entry_id, None)
+    view.catch_up(olds, entries, lambda entry_id: True)
+    assert view.metas == in_memory_order(entries.values())
+    for m in [*entries.values(), *(o for o in olds.values() if o is not None)]:
+        assert view.position(m) == view.at(m)
+    texts = [(m.id, m.id) for m in view.metas]
+    pool = types.SimpleNamespace(entries=entries)
+    first = sorted(entries)[::2]
+    for limit in (0, 7, 20, 1000):
+        got = MemoryReader.context_of_kept(pool, view, limit, first, True)  # type: ignore[arg-type]
+        assert got == _walk(texts, limit, first, True)

@@ -5,16 +5,22 @@ from __future__ import annotations
 import itertools
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from engine.learning import (
     Audience,
     ContextEntry,
     EvidenceItem,
     build_request,
     context_selection,
+    counted_topics,
     decide,
     encoded_entry,
+    topic_counts,
 )
 from engine.memory_entries import AccessProof, EntryMeta, Layer, Reader, Source, Status
+from engine.tags import topics_of
 from engine.visibility import visible_ids
 
 AUD_A = Audience(chat="chat_1", org="o1", grant="for:person:a")
@@ -335,3 +341,31 @@ def test_context_selection_of_entries_in_memory_order_needs_no_sort():
     )
     ordered = {m.id: m for m in in_memory_order(entries.values())}
     assert context_selection(ordered, ordered=True) == context_selection(entries)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.sampled_from(["a", "b", "b", "seed", "org:o1", "for:person:u", "c"]), max_size=5
+        ),
+        max_size=12,
+    )
+)
+def test_topics_counted_from_each_entrys_topics_are_the_topic_counts(tag_lists):
+    """LRN-7's topic counts, from the topics a reader's kept view holds per entry, equal those
+    counted over the entries' tag sets (a topic named twice in one entry counts twice)."""
+    valid = [
+        EntryMeta(
+            id=f"m{n}",
+            pool="bot:b1",
+            layer=Layer.PINNED,
+            tags=tuple(tags),
+            created_at=n,
+            updated_at=n,
+        )
+        for n, tags in enumerate(tag_lists)
+    ]
+    counted = counted_topics(topics_of(m.tags) for m in valid)
+    assert counted == topic_counts(valid)
+    assert list(counted) == sorted(counted)

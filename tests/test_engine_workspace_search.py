@@ -196,3 +196,26 @@ def test_no_record_below_fusion_depth_in_every_list_is_among_the_first_hits(
     whole = merge_hits(keyword, semantic, lambda _: True, limit, k=5, weights=weights)
     within = {h.id for h in keyword[:depth]} | {h.id for h in semantic[:depth]}
     assert {h.id for h in whole} <= within
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcdefgh"), st.sampled_from([0.5, 1.0, 2.0, 3.5])),
+        max_size=20,
+    ),
+    st.frozensets(st.sampled_from("abcdefgh")),
+    st.integers(1, 10),
+    st.sampled_from([(1.0, 1.0), (1.5, 1.0)]),
+)
+def test_keyword_hits_alone_fuse_as_the_merge_of_two_lists_does(found, hidden, limit, weights):
+    """With no semantic list, the fused ranking is the keyword list's own order (duplicates
+    once, at their better rank; ties by id; hidden records left out), scored as the merge of
+    two lists scores it."""
+    hits = [Hit(id=i, score=s, kinds=("keyword",)) for i, s in found]
+
+    def allowed(entry_id: str) -> bool:
+        return entry_id not in hidden
+
+    alone = merge_hits(hits, [], allowed, limit, weights=weights)
+    assert alone == merge_hits(hits, iter(()), allowed, limit, weights=weights)

@@ -98,7 +98,10 @@ class StepMemory:
             except OpenBotError:  # a scope that cannot be read now is left out, not guessed
                 return None
 
-        found = await asyncio.gather(*(one(i, q) for i, q in wanted))
+        if len(wanted) == 1:  # (awaited as it is: no task, no turn of the loop)
+            found = [await one(*wanted[0])]
+        else:
+            found = await asyncio.gather(*(one(i, q) for i, q in wanted))
         return [x for x in found if x is not None]
 
     async def ranked(
@@ -151,12 +154,14 @@ class StepMemory:
         """The enrichment or confessor context of the bot's memory for `text`: in memory order
         when it all fits; else what the one memory search finds for `text` first."""
         pool = bot_pool(step.bot.id)
-        # With something to rank by, a context that does not all fit is only asked about.
-        partial = not text.strip()
-        parts, has, whole = await self.memory.context_for(pool, reader, limit, partial=partial)
-        if whole or partial:
+        # The memory-order fill costs the read little more than asking whether all fits, and
+        # it is the context whenever the ranking finds nothing: then it is not read again.
+        parts, has, whole = await self.memory.context_for(pool, reader, limit)
+        if whole or not text.strip():
             return parts, has
         first = [e.id for e in await self.ranked(step, reader, text, CONTEXT_HITS, scopes=False)]
+        if not first:
+            return parts, has
         parts, has, _ = await self.memory.context_for(pool, reader, limit, first)
         return parts, has
 

@@ -28,15 +28,16 @@ from actors.shard.kernel import ShardKernel
 from actors.shard.pool import KeptView, Pool
 from actors.workspace.pools import WorkspacePool, WorkspacePools
 from engine import memory_union as bm
+from engine import tags as tagmod
 from engine.errors import InvalidInput
 from engine.learning import (
     CONTEXT_ENTRIES,
     ContextEntry,
     context_entry,
     context_selection,
+    counted_topics,
     encoded_entry,
     provable_alone,
-    topic_counts,
 )
 from engine.memory_entries import EntryMeta, Reader
 from engine.order import in_memory_order
@@ -304,7 +305,7 @@ class MemoryReader:
         size = 0
         for entry_id in first[:CONTEXT_HITS]:
             meta = pool.entries.get(entry_id)
-            at = None if meta is None else kept.at(meta)  # usable: in the view
+            at = None if meta is None else kept.position(meta)  # usable: in the view
             if at is not None and at not in taken:
                 extra = len(texts[at][1]) + (1 if taken else 0)
                 if size + extra <= limit:
@@ -355,7 +356,8 @@ class MemoryReader:
                     else:
                         made = kept.make("learning", form)
                     chosen = list(islice(compress(made, proven), CONTEXT_ENTRIES))
-                    return chosen, topic_counts(compress(kept.metas, proven))
+                    topics = kept.make("topics", lambda m: tagmod.topics_of(m.tags))
+                    return chosen, counted_topics(compress(topics, proven))
             records = (
                 ()
                 if ws is None

@@ -43,6 +43,7 @@ class KeptView:
     joined: int = -1
     _ends: list[int] | None = None
     _keys: list[tuple] | None = None  # each entry's `order_key`, once made
+    _positions: dict[str, int] | None = None  # id -> position, made once per state
 
     def where(self, meta: EntryMeta) -> int:
         """Where `meta` belongs in the view (memory order)."""
@@ -54,6 +55,14 @@ class KeptView:
         """Where `meta` (this very entry object) is in the view, if it is."""
         at = self.where(meta)
         return at if at < len(self.metas) and self.metas[at] is meta else None
+
+    def position(self, meta: EntryMeta) -> int | None:
+        """`at`, by a map of the view's ids made once per state: a context looks up each of
+        its ranked hits, and bisecting for each costs its `order_key`."""
+        if self._positions is None:
+            self._positions = {m.id: k for k, m in enumerate(self.metas)}
+        at = self._positions.get(meta.id)
+        return at if at is not None and self.metas[at] is meta else None
 
     def ends(self) -> list[int]:
         """For each position, the length of the "text" kind's contents up to it, each with a
@@ -95,7 +104,7 @@ class KeptView:
         self.joined, self._ends = -1, None
 
     def _remove(self, at: int) -> None:
-        self._ends = None
+        self._ends = self._positions = None
         del self.metas[at]
         if self._keys is not None:
             del self._keys[at]
@@ -105,7 +114,7 @@ class KeptView:
                 self.joined -= len(gone[1]) + 1
 
     def _insert(self, at: int, meta: EntryMeta) -> None:
-        self._ends = None
+        self._ends = self._positions = None
         self.metas.insert(at, meta)
         if self._keys is not None:
             self._keys.insert(at, order_key(meta))

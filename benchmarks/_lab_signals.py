@@ -77,8 +77,9 @@ class Vocabulary:
 
         With `query_vec` (the whole query's unit vector) and `query_share`, a word's candidates
         are taken by their cosine with it plus `query_share` times their cosine with the whole
-        query: of a word's neighbours, those the question is about come first ("done" in "what
-        martial arts has John done?" brings "taekwondo" before "finished")."""
+        query: of a word's neighbours, those the question is about come first ("outdoor" in "what
+        outdoor activities has John done with his colleagues?" brings "hiking" before
+        "street")."""
         mine = words(query)
         stems = set(self._stem(mine))
         asked = [w for w in mine if w not in self.names and self._df[w] <= max_share * self.records]

@@ -1,12 +1,15 @@
 """Signals the retrieval lab measures that no search path has (benchmarks/retrieval_lab.py
-`--halves --expand` and `--sentences`): chosen and compared on LoCoMo's tuning half, reported
-for both halves in docs/search.md.
+`--halves --expand`, `--feedback` and `--sentences`): chosen and compared on LoCoMo's tuning
+half, reported for both halves in docs/search.md.
 
 - **Word expansion.** Each rarer word of a query brings the pool's words nearest to it by
   embedding (a word of another stem, itself rare in the pool): "martial arts" brings
   "kickboxing", "video games" brings "valorant". The added words, with the query's names, are
   searched as a third keyword list and fused with the other two: a record that answers a list
   question in words the question does not use is found by keywords too.
+- **Keyword feedback.** The words the first keyword hits share (RM3's weighting: a hit's
+  rank, the word's share of the record, its rarity), with the query's names, searched as
+  another keyword list: records that say what the first hits say in their words.
 - **Sentence vectors.** A record of several sentences is also scored by its best sentence's
   cosine (each sentence with the record's label), so one relevant sentence among small talk
   counts for more than in the whole record's mean-pooled vector.
@@ -14,6 +17,7 @@ for both halves in docs/search.md.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -58,20 +62,39 @@ class Vocabulary:
         self._embed = embed
         self._stem = stem
 
-    def expand(self, query: str, min_cos: float, per_word: int, max_share: float) -> str:
+    def expand(
+        self,
+        query: str,
+        min_cos: float,
+        per_word: int,
+        max_share: float,
+        query_vec: np.ndarray | None = None,
+        query_share: float = 0.0,
+    ) -> str:
         """The query's names and, for each of its words in at most `max_share` of the records,
         up to `per_word` pool words at cosine `min_cos` or more, of another stem than every
-        query word's and themselves in at most `max_share` of the records ("" when none)."""
+        query word's and themselves in at most `max_share` of the records ("" when none).
+
+        With `query_vec` (the whole query's unit vector) and `query_share`, a word's candidates
+        are taken by their cosine with it plus `query_share` times their cosine with the whole
+        query: of a word's neighbours, those the question is about come first ("outdoor" in "what
+        outdoor activities has John done with his colleagues?" brings "hiking" before
+        "street")."""
         mine = words(query)
         stems = set(self._stem(mine))
         asked = [w for w in mine if w not in self.names and self._df[w] <= max_share * self.records]
         added: list[str] = []
+        to_query = None
+        if query_vec is not None and query_share:
+            to_query = query_share * (self.vectors @ query_vec)
         if asked:
             for vec in self._embed(asked):
                 sims = self.vectors @ vec
+                near = np.flatnonzero(sims >= min_cos)
+                rank = sims[near] if to_query is None else sims[near] + to_query[near]
                 n = 0
-                for j in np.argsort(-sims)[:50]:
-                    if sims[j] < min_cos or n >= per_word:
+                for j in near[np.argsort(-rank, kind="stable")]:
+                    if n >= per_word:
                         break
                     word = self.words[j]
                     if self.stems[j] in stems or word in added:
@@ -80,6 +103,52 @@ class Vocabulary:
                         continue
                     added.append(word)
                     n += 1
+        if not added:
+            return ""
+        return " ".join([w for w in mine if w in self.names] + added)
+
+
+class Feedback:
+    """Keyword pseudo-relevance feedback: the words the first keyword hits share, weighed as
+    RM3 weighs a feedback document's terms (its rank's weight times the word's share of the
+    record times its idf), searched as a list of their own. `records`: the pool's texts,
+    indexed by their row; labels' words are names, never added."""
+
+    def __init__(self, records: Sequence[str], stem: Callable[[list[str]], list[str]]) -> None:
+        df: Counter[str] = Counter()
+        names: set[str] = set()
+        self.bodies: list[list[str]] = []
+        for text in records:
+            label, body = text_terms.split_label(text)
+            names.update(label.lower().split())
+            self.bodies.append(words(body))
+            df.update(set(self.bodies[-1]))
+        self.names = frozenset(names)
+        self.bodies = [[w for w in b if w not in self.names] for b in self.bodies]
+        self.df = df
+        self.records = len(records)
+        self._stem = stem
+
+    def query(self, query: str, rows: Sequence[int], per_query: int, max_share: float) -> str:
+        """The query's names and up to `per_query` words of the records at `rows` (the first
+        keyword hits, best first), each in at most `max_share` of the records and of another
+        stem than the query's words and the other added words ("" when none)."""
+        mine = words(query)
+        weight: Counter[str] = Counter()
+        for rank, row in enumerate(rows):
+            body = self.bodies[row]
+            for word, n in Counter(body).items():
+                df = self.df[word]
+                if df <= max_share * self.records:
+                    weight[word] += n / len(body) * math.log(self.records / df) / (rank + 1)
+        ranked = [w for w, _ in sorted(weight.items(), key=lambda kv: (-kv[1], kv[0]))]
+        ranked = ranked[: 3 * per_query]
+        stems = set(self._stem(mine))
+        added: list[str] = []
+        for word, stem in zip(ranked, self._stem(ranked), strict=True):
+            if len(added) < per_query and stem not in stems:
+                added.append(word)
+                stems.add(stem)
         if not added:
             return ""
         return " ".join([w for w in mine if w in self.names] + added)

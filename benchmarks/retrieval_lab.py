@@ -6,10 +6,11 @@ embedding model, exact cosine instead of the shard's int8 vectors).
         [--write-order all|sequential,round-robin,...] [--policy pool,stream,own,...]
         [--content speaker|plain|dated|speaker-date]
     .venv/bin/python -m benchmarks.retrieval_lab --data locomo --file PATH --halves [--held-out]
-        [--embedding minilm|e5-small] [--sentences SHARE] [--expand MIN_COS,PER_WORD,MAX_SHARE,W]
+        [--embedding minilm|e5-small] [--sentences SHARE]
+        [--expand MIN_COS,PER_WORD,MAX_SHARE,W[,QUERY_SHARE]] [--feedback TOP,WORDS,MAX_SHARE,W]
 
-`--expand` and `--sentences`: signals no search path has yet (benchmarks/_lab_signals.py);
-`--expand` also applies to the generated sets.
+`--expand`, `--feedback` and `--sentences`: signals no search path has yet
+(benchmarks/_lab_signals.py); `--expand` and `--feedback` also apply to the generated sets.
 
 Keyword hits come from storage/search_index.py's TermIndex, each turn indexed as a shard indexes
 records written in a row (actors/workspace/pools.py: `in_context`, own words four times, the
@@ -287,10 +288,15 @@ def by_half(args, convs) -> None:
             wsr.merge_hits(a, b, yes, 10, weights=wsr.FUSION_WEIGHTS)
             for a, b in zip(kw, sem, strict=True)
         ]
+        lists, w = [kw, sem], [*wsr.FUSION_WEIGHTS]
         if args.expand:
-            extra = expansion_lists(args, part, questions, texts)
-            w = (*wsr.FUSION_WEIGHTS, args.expand[3])
-            hy = [rrf(lists, w, wsr.RRF_K) for lists in zip(kw, sem, extra, strict=True)]
+            lists.append(expansion_lists(args, part, questions, texts))
+            w.append(args.expand[3])
+        if args.feedback:
+            lists.append(feedback_lists(args, part, questions, texts, kw))
+            w.append(args.feedback[3])
+        if len(lists) > 2:
+            hy = [rrf(each, w, wsr.RRF_K) for each in zip(*lists, strict=True)]
             hy = [[Hit(id=i, score=0.0, kinds=()) for i in ranked] for ranked in hy]
         print(f"{half}: {len(questions)} questions, recall@10 / hit@10")
         for name, lists in (("keyword", kw), ("semantic", sem), ("hybrid", hy)):
@@ -307,14 +313,42 @@ def expansion_lists(args, part, questions, texts) -> list[list[Hit]]:
     return [hits if q else [] for q, hits in zip(queries, found, strict=True)]
 
 
+def feedback_lists(args, part, questions, texts, kw) -> list[list[Hit]]:
+    """Keyword hits of each question's feedback query, ranked as `thread_keyword_lists`
+    ranks."""
+    turns = [t for c in part for t in c.turns]
+    queries = feedback_queries(args, [texts[t.id] for t in turns], turns, questions, kw)
+    found = thread_keyword_lists(part, [q or "" for q in queries], texts)
+    return [hits if q else [] for q, hits in zip(queries, found, strict=True)]
+
+
+def feedback_queries(args, records: list[str], turns, questions, kw) -> list[str]:
+    """Each question's feedback query from its first keyword hits `kw` (benchmarks/_lab_signals.py
+    `Feedback`: `--feedback TOP,WORDS,MAX_SHARE,WEIGHT`; "" for none); `records`: the text of
+    each of `turns`."""
+    import Stemmer
+
+    from benchmarks._lab_signals import Feedback
+
+    top, per_query, max_share, _ = args.feedback
+    row = {t.id: n for n, t in enumerate(turns)}
+    fb = Feedback(records, Stemmer.Stemmer("english").stemWords)
+    return [
+        fb.query(q, [row[h.id] for h in hits[: int(top)]], int(per_query), max_share)
+        for q, hits in zip(questions, kw, strict=True)
+    ]
+
+
 def expansions(args, records: list[str], questions: list[str]) -> list[str]:
     """Each question's expansion over the records' words (benchmarks/_lab_signals.py:
-    `--expand MIN_COS,PER_WORD,MAX_SHARE,WEIGHT`; "" for none)."""
+    `--expand MIN_COS,PER_WORD,MAX_SHARE,WEIGHT[,QUERY_SHARE]`; "" for none)."""
     import Stemmer
 
     from benchmarks._lab_signals import Vocabulary, words
 
-    min_cos, per_word, max_share, _ = args.expand
+    min_cos, per_word, max_share, _, *rest = args.expand
+    query_share = rest[0] if rest else 0.0
+    qvecs = vectors(questions, args.threads, query=True) if query_share else None
     asked = sorted({w for q in questions for w in words(q)})
     known = dict(zip(asked, vectors(asked, args.threads), strict=True))
 
@@ -324,7 +358,12 @@ def expansions(args, records: list[str], questions: list[str]) -> list[str]:
         return vectors(ws, args.threads)
 
     vocab = Vocabulary(records, embed, Stemmer.Stemmer("english").stemWords)
-    return [vocab.expand(q, min_cos, int(per_word), max_share) for q in questions]
+    return [
+        vocab.expand(
+            q, min_cos, int(per_word), max_share, None if qvecs is None else qvecs[n], query_share
+        )
+        for n, q in enumerate(questions)
+    ]
 
 
 def sentence_cosines(args, records, dvec, qvec) -> np.ndarray:
@@ -433,7 +472,12 @@ def main() -> None:
     p.add_argument(
         "--expand",
         type=lambda v: tuple(float(x) for x in v.split(",")),
-        help="word expansion MIN_COS,PER_WORD,MAX_SHARE,WEIGHT (0.55,3,0.02,1)",
+        help="word expansion MIN_COS,PER_WORD,MAX_SHARE,WEIGHT[,QUERY_SHARE] (0.55,3,0.02,1)",
+    )
+    p.add_argument(
+        "--feedback",
+        type=lambda v: tuple(float(x) for x in v.split(",")),
+        help="keyword feedback TOP,WORDS,MAX_SHARE,WEIGHT (5,5,0.1,0.5)",
     )
     p.add_argument(
         "--sentences", type=float, help="with --halves: share of a best sentence's cosine (0.3)"
@@ -478,13 +522,26 @@ def main() -> None:
         for a, b in zip(kw["both"], sem, strict=True)
     ]
     runs["shard's fusion (both)"] = [[h.id for h in hits] for hits in shard]
-    if args.expand:  # a third keyword list: the expansions' hits (benchmarks/_lab_signals.py)
-        queries = expansions(args, [content[t.id] for t in turns], questions)
-        found = keyword_lists(convs, [q or "" for q in queries], "both")
-        extra = [hits if q else [] for q, hits in zip(queries, found, strict=True)]
-        w = (*wsr.FUSION_WEIGHTS, args.expand[3])
-        runs["shard's fusion + expansion (both)"] = [
-            rrf(lists, w, wsr.RRF_K) for lists in zip(kw["both"], sem, extra, strict=True)
+    # More keyword lists, each of other queries (benchmarks/_lab_signals.py): the expansions'
+    # hits, the feedback queries' hits.
+    records = [content[t.id] for t in turns]
+    lists, w, named = [kw["both"], sem], [*wsr.FUSION_WEIGHTS], []
+    for name, weight, queries in (
+        ("expansion", args.expand, args.expand and expansions(args, records, questions)),
+        (
+            "feedback",
+            args.feedback,
+            args.feedback and feedback_queries(args, records, turns, questions, kw["both"]),
+        ),
+    ):
+        if queries:
+            found = keyword_lists(convs, [q or "" for q in queries], "both")
+            lists.append([hits if q else [] for q, hits in zip(queries, found, strict=True)])
+            w.append(weight[3])
+            named.append(name)
+    if named:
+        runs[f"shard's fusion + {' + '.join(named)} (both)"] = [
+            rrf(each, w, wsr.RRF_K) for each in zip(*lists, strict=True)
         ]
     for c in kw:
         pairs = list(zip(kw[c], sem, strict=True))

@@ -3,7 +3,7 @@
 import numpy as np
 import Stemmer
 
-from benchmarks._lab_signals import Vocabulary, best_sentence, sentences
+from benchmarks._lab_signals import Feedback, Vocabulary, best_sentence, sentences
 
 # Hand-made directions: "arts" sits near "kickboxing" and "karate", "art" (its own stem) nearer
 # still; "hello" is everywhere and near "greetings".
@@ -62,3 +62,76 @@ def test_best_sentence_lifts_a_record_by_its_best_sentence_only():
     svec = np.array([[1.0, 0.0], [0.0, 1.0]])
     cos = best_sentence(whole, np.array([[0.9, 0.1]]), svec, [0, 0], 0.5)
     assert np.allclose(cos, [[0.2 + 0.5 * (0.9 - 0.2), 0.5]])
+
+
+# "done" has two neighbours: "finished" (its nearest) and "taekwondo", which is also near the
+# martial sense of the whole query.
+SENSES = {
+    "done": [1, 0, 0],
+    "finished": [0.95, 0.3, 0],
+    "taekwondo": [0.8, 0, 0.6],
+}
+MARTIAL = np.array([0.0, 0.0, 1.0], dtype=np.float32)
+
+
+def embed_senses(words: list[str]) -> np.ndarray:
+    vecs = np.array([SENSES.get(w, [0.0, 1.0, 0.0]) for w in words], dtype=np.float32)
+    return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+
+
+SENSE_RECORDS = [
+    "John (1 May 2023): I finished the report.",
+    "John (2 May 2023): Taekwondo tonight!",
+    "John (3 May 2023): All done here.",
+] + [f"Maria (4 May 2023): filler {n}" for n in range(40)]
+
+
+def test_expansion_with_the_query_vector_prefers_the_query_sense():
+    v = Vocabulary(SENSE_RECORDS, embed_senses, Stemmer.Stemmer("english").stemWords)
+    query = "What has John done?"
+    assert v.expand(query, 0.5, 1, 0.1) == "john finished"
+    assert v.expand(query, 0.5, 1, 0.1, MARTIAL, 0.5) == "john taekwondo"
+    assert v.expand(query, 0.5, 1, 0.1, MARTIAL, 0.0) == "john finished"
+
+
+def test_expansion_with_the_query_vector_keeps_the_word_cosine_floor():
+    v = Vocabulary(SENSE_RECORDS, embed_senses, Stemmer.Stemmer("english").stemWords)
+    # "taekwondo" is at cosine 0.8 of "done": above 0.9 only "finished" may come, however
+    # near the query "taekwondo" is.
+    assert v.expand("What has John done?", 0.9, 1, 0.1, MARTIAL, 5.0) == "john finished"
+
+
+FEEDBACK_RECORDS = [
+    "Maria (1 May 2023): hello, kickboxing and sparring today",
+    "Maria (2 May 2023): hello, sparring after aikido class",
+    "John (2 May 2023): hello, painting the fence and paints",
+] + [f"John (3 May 2023): hello number {n}" for n in range(40)]
+
+
+def feedback() -> Feedback:
+    return Feedback(FEEDBACK_RECORDS, Stemmer.Stemmer("english").stemWords)
+
+
+def test_feedback_adds_the_first_hits_rare_words_with_the_query_names():
+    got = feedback().query("What martial arts has Maria done?", [0, 1], 2, 0.1).split()
+    assert got[0] == "maria"  # the query's names stay; no label's word is ever added
+    assert got[1] == "sparring"  # in both hits
+    assert got[2] == "kickboxing"  # in the first hit only: weighs more than the second's
+    assert "hello" not in got  # in every record
+    assert feedback().query("What did Maria do?", [], 2, 0.1) == ""
+
+
+def test_feedback_weighs_a_hit_by_its_rank():
+    # "aikido" (second hit) sorts before "kickboxing" (first hit) by name: rank decides.
+    assert feedback().query("Maria?", [0, 1], 2, 0.1) == "maria sparring kickboxing"
+
+
+def test_feedback_skips_words_common_in_the_pool():
+    # "sparring" is in 2 of 43 records: above a share of 0.03.
+    assert feedback().query("Maria?", [0, 1], 1, 0.03) == "maria kickboxing"
+
+
+def test_feedback_skips_words_of_the_query_stems():
+    got = feedback().query("What does John paint?", [2], 3, 0.1).split()
+    assert "painting" not in got and "paints" not in got
+    assert "fence" in got

@@ -126,11 +126,20 @@ async def _remember_in_pool(
         if batch.writes:
             fut = kernel.stage(batch, pool)
     done: list[tuple[_Request, Answer]] = []
+    # Each commit waited for once (the call's own, mostly all of them), however many depend on it.
+    settled: dict[int, Exception | None] = {}
     for request in decided:
-        try:
-            await kernel.settle(pool, fut if request.own else request.pending, reads_state=False)
-        except Exception as e:
-            done.append((request, failed(e)))
+        wait = fut if request.own else request.pending
+        if id(wait) not in settled:
+            try:
+                await kernel.settle(pool, wait, reads_state=False)
+            except Exception as e:
+                settled[id(wait)] = e
+            else:
+                settled[id(wait)] = None
+        error = settled[id(wait)]
+        if error is not None:
+            done.append((request, failed(error)))
         else:
             assert request.answer is not None
             done.append((request, _json.encode(request.answer)))

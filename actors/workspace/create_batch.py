@@ -183,6 +183,6 @@ def _gathered(ws: Workspace, pool: WorkspacePool) -> list[Write]:
         else:
             keys = in_context(own, before, after, further)
         pool.index.put(entry_id, keys)
-        rows.append(terms.row(pool.id, entry_id, fp, keys, pool.next_seq()))
+        rows.append(terms.row(pool.id, entry_id, fp, keys, pool.next_seq(), new=True))
     pool.gathering.clear()
     return rows

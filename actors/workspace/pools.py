@@ -335,7 +335,7 @@ class WorkspacePools:
             pool.gathering[entry.id] = [entry.content_fp, own, before, None, further]
             return rows
         keys = in_context(own, before, further=further)
-        rows.append(self._put(pool, entry.id, entry.content_fp, keys))
+        rows.append(self._put(pool, entry.id, entry.content_fp, keys, new=new))
         return rows
 
     def _threaded(
@@ -369,13 +369,14 @@ class WorkspacePools:
             pool.gathering[entry.id] = [entry.content_fp, own, None, None, None, thread, entry]
             return rows
         keys = self.thread_keys(pool, thread, entry.id, entry, own)
-        rows.append(self._put(pool, entry.id, entry.content_fp, keys))
+        rows.append(self._put(pool, entry.id, entry.content_fp, keys, new=new))
         return rows
 
-    def _put(self, pool: WorkspacePool, entry_id: str, fp, keys) -> Write:
-        """A record's keys in the pool's index, and the row that stores them."""
+    def _put(self, pool: WorkspacePool, entry_id: str, fp, keys, *, new: bool) -> Write:
+        """A record's keys in the pool's index, and the row that stores them (`new`: of a
+        record just created)."""
         pool.index.put(entry_id, keys)
-        return self.kernel.terms.row(pool.id, entry_id, fp, keys, pool.next_seq())
+        return self.kernel.terms.row(pool.id, entry_id, fp, keys, pool.next_seq(), new=new)
 
     def thread_keys(
         self,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Container, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -39,7 +38,7 @@ from engine.commands import Outcome
 from engine.errors import StorageError
 from engine.events import NOBODY, Audience, MemoryChanged, Payload, entry_audience, union
 from storage.bulk import small_pages
-from storage.crypto import Keyring, load_master_key
+from storage.crypto import Keyring, load_master_key, random_bytes
 from storage.database import Database
 from storage.event_log import MARK_RESTORED, EventLog
 from storage.group_commit import FORGET_JOURNAL, GroupCommitter, Write
@@ -64,7 +63,7 @@ def now_ms() -> int:
 
 
 def new_entry_id() -> str:
-    return "mem_" + secrets.token_hex(12)
+    return "mem_" + random_bytes(12).hex()
 
 
 def terms_pool(pool_id: str) -> str:

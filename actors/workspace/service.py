@@ -18,7 +18,6 @@ membership is checked here, where the project is. A pool the caller may not read
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -47,6 +46,7 @@ from engine.scoped_memory import (
     WorkspaceMemoryChange,
     WorkspaceMemoryCreate,
 )
+from storage.crypto import random_bytes
 from storage.group_commit import Write
 from storage.receipts import fingerprint, receipt_key
 
@@ -55,7 +55,7 @@ _decisions_dec = msgspec.json.Decoder(list[sm.Decision])
 
 
 def new_memory_id() -> str:
-    return "mem_" + secrets.token_hex(12)
+    return "mem_" + random_bytes(12).hex()
 
 
 class Workspace:

@@ -317,7 +317,7 @@ class ShardKernel:
             for i in [*(m.id for m in outcome.upserts), *outcome.deletes]
             if i in entries
         }
-        fresh = [m.id for m in outcome.upserts if m.id not in entries]
+        fresh = {m.id for m in outcome.upserts if m.id not in entries}
         pool.apply(outcome, sealed)
         writes.extend(self._term_rows(pool, outcome, sealed, texts, fresh))
         changes = {row.entry: row.change for row in outcome.log}

@@ -269,10 +269,19 @@ class Workspace:
         return fut
 
     def change_batch(
-        self, pool: WorkspacePool, edit: sm.Edit, content: str, change: str, *, new: bool
+        self,
+        pool: WorkspacePool,
+        edit: sm.Edit,
+        content: str,
+        change: str,
+        *,
+        new: bool,
+        into: Batch | None = None,
     ) -> Batch:
         """Make one person's change the pool's state (under the pool's lock): the batch that
-        stores it (rows and events; the pool is dropped if it fails), its receipt not yet in."""
+        stores it (rows and events; the pool is dropped if it fails), its receipt not yet in.
+        With `into`, its rows and events join that batch (a coalesced call's; its caller sees
+        to the failure hook) and it is returned."""
         stored, keyed = pool.stored, pool.keyed
         entry = edit.entry
         writes: list[Write] = []
@@ -325,7 +334,11 @@ class Workspace:
                         self.rules.audience(pool.id, settled),
                     )
                 )
-        return Batch(writes=list(writes), events=events).fail(lambda: self.pools.drop(pool))
+        if into is not None:
+            into.writes.extend(writes)
+            into.events.extend(events)
+            return into
+        return Batch(writes=writes, events=events).fail(lambda: self.pools.drop(pool))
 
     async def extract(
         self,

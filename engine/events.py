@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -154,21 +155,33 @@ def entry_audience(bot_id: str | None, entry_id: str, entries: Mapping[str, Entr
     entry = entries.get(entry_id)
     if entry is None:
         return NOBODY
+    if entry.layer == Layer.PINNED:
+        tags, gone = entry.tags, entry.forgotten_by
+        if type(tags) is tuple and type(gone) is frozenset:  # (hashable: as decoded)
+            return _pinned_audience(bot_id, tags, gone)
+        return _audience(bot_id, entry, lambda r: directly_visible(r, entry))
+    return _audience(bot_id, entry, lambda r: Visibility(r, entries).visible(entry_id))
+
+
+@functools.lru_cache(maxsize=4096)
+def _pinned_audience(
+    bot_id: str | None, tags: tuple[str, ...], forgotten_by: frozenset[str]
+) -> Audience:
+    """A pinned entry's audience: its visibility is rules 1 and 2 alone (engine/visibility.py),
+    which read only its tags and who forgot it, so entries alike in those (a person's notes
+    on one topic) share one answer (this runs for every entry a write changes)."""
+    entry = EntryMeta(
+        id="", pool="", layer=Layer.PINNED, tags=tags, created_at=0, updated_at=0,
+        forgotten_by=forgotten_by,
+    )  # fmt: skip
+    return _audience(bot_id, entry, lambda r: directly_visible(r, entry))
+
+
+def _audience(bot_id: str | None, entry: EntryMeta, sees: Callable[[Reader], bool]) -> Audience:
     orgs = tagmod.orgs_of(entry.tags)
     if len(orgs) != 1:
         return NOBODY
     (org,) = orgs
-    # A pinned entry's visibility is rules 1 and 2 alone (engine/visibility.py): no memo of
-    # the pool to build per grant (this runs for every entry a write changes).
-    if entry.layer == Layer.PINNED:
-
-        def sees(reader: Reader) -> bool:
-            return directly_visible(reader, entry)
-    else:
-
-        def sees(reader: Reader) -> bool:
-            return Visibility(reader, entries).visible(entry_id)
-
     users: list[str] = []
     channels: list[str] = []
     bot = None

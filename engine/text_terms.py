@@ -59,6 +59,9 @@ Stemmer = Callable[[Sequence[str]], Sequence[str]]
 _WORD = re.compile(rf"[^\W_{_NO_SPACE}]+")
 _HAS_NO_SPACE = re.compile(rf"[{_NO_SPACE}]")
 _ASCII_WORD = re.compile(r"[a-z0-9]+")  # `_WORD` on casefolded ASCII text
+# `_ASCII_WORD.findall` as a translation and a split (both in C, no regex engine): every other
+# ASCII character becomes a space.
+_ASCII_SPACES = str.maketrans({c: " " for c in range(128) if not _ASCII_WORD.fullmatch(chr(c))})
 _CACHE_MAX = 500_000
 # A label: up to 60 characters without a line break or colon, then a colon and a space.
 _LABEL = re.compile(r"\A\s*([^\n:\uff1a]{1,60}?)\s*[:\uff1a]\s")  # (full-width colon too)
@@ -73,6 +76,8 @@ def split_label(text: str) -> tuple[str, str]:
     """(the text's label, the rest): ("", text) when it starts with none. A label is one to
     three words before a colon and a space, bracketed parts aside (they stay in the rest),
     written as a name or a heading: not starting with a small letter, no commas or the like."""
+    if ":" not in text and "\uff1a" not in text:  # (no colon: no label, without the regex)
+        return "", text
     m = _LABEL.match(text)
     if m is None:
         return "", text
@@ -118,7 +123,9 @@ class TermMaker:
             # Folded ASCII has no capitals: its words are runs of [a-z0-9] (a smaller pattern,
             # and no search for CJK first; most notes are ASCII).
             out = []
-            for w in (_ASCII_WORD if folded.isascii() else _WORD).findall(folded):
+            ascii_ = folded.isascii()
+            words = folded.translate(_ASCII_SPACES).split() if ascii_ else _WORD.findall(folded)
+            for w in words:
                 t = memo[w] if w in memo else miss(w)
                 if t is not None:
                     out.append(t)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import os
+import threading
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
@@ -23,6 +24,38 @@ from engine.errors import InvalidInput, StorageError
 
 KEY_FILE = "master.key"
 _NONCE = 12
+_RANDOM_BLOCK = 4096  # bytes of the OS's randomness read at once (`random_bytes`)
+
+
+class _RandomBytes:
+    """Bytes of the OS's CSPRNG, read a block at a time: every write seals several values
+    (each a fresh nonce) and names a new record, and one `os.urandom` call (a system call)
+    each cost more than the sealing. Each byte is handed out once, under a lock (sealing
+    also runs on worker threads); a forked child drops what its parent read, so the two never
+    hand out the same bytes (the same nonce under the same key would break AES-GCM)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._block = b""
+        self._at = 0
+
+    def __call__(self, n: int) -> bytes:
+        with self._lock:
+            at = self._at
+            if at + n > len(self._block):
+                self._block = os.urandom(max(_RANDOM_BLOCK, n))
+                at = 0
+            self._at = at + n
+            return self._block[at : at + n]
+
+    def drop(self) -> None:
+        self._lock = threading.Lock()  # (a lock held by another thread at the fork stays held)
+        self._block = b""
+        self._at = 0
+
+
+random_bytes = _RandomBytes()
+os.register_at_fork(after_in_child=random_bytes.drop)
 
 
 def _decode_key(text: str) -> bytes:
@@ -97,7 +130,7 @@ class Cipher:
         self._aead = AESGCM(key)
 
     def seal(self, plaintext: bytes, aad: bytes) -> bytes:
-        nonce = os.urandom(_NONCE)
+        nonce = random_bytes(_NONCE)
         return nonce + self._aead.encrypt(nonce, plaintext, aad)
 
     def open(self, blob: bytes, aad: bytes) -> bytes:

@@ -29,7 +29,7 @@ import numpy as np
 
 from storage.crypto import Cipher, aad, derive_key
 from storage.database import Database, ReadScope
-from storage.group_commit import Delete, Put, Write
+from storage.group_commit import Delete, Insert, Put, Write
 from storage.search_index import Postings, TermIndex
 from storage.shard_schema import SEARCH_SNAPSHOTS, SEARCH_TERMS
 from storage.term_keys import Analyzer, Counted, pack_keys, unpack_keys
@@ -189,12 +189,19 @@ class TermStore:
 
     @staticmethod
     def row(
-        pool: str, entry_id: str, fp: str, keys: np.ndarray | list[int] | Counted, seq: int = 0
+        pool: str,
+        entry_id: str,
+        fp: str,
+        keys: np.ndarray | list[int] | Counted,
+        seq: int = 0,
+        *,
+        new: bool = False,
     ) -> Write:
         """A record's term row; `seq`: from its workspace pool's counter (a entry pool's
-        rows, never in a snapshot, keep 0)."""
+        rows, never in a snapshot, keep 0). `new`: the record was just created, so no row of
+        it can be stored yet (an insert: nothing to delete first when the journal is applied)."""
         row = (entry_key(pool, entry_id), pool, entry_id, fp, pack_keys(keys), seq)
-        return Put(SEARCH_TERMS.name, row)
+        return Insert(SEARCH_TERMS.name, row) if new else Put(SEARCH_TERMS.name, row)
 
     @staticmethod
     def snapshot_row(pool: str, covers: int, body: bytes) -> Write:

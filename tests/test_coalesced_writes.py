@@ -155,12 +155,14 @@ def test_a_request_id_writes_once_within_a_call_across_calls_and_after_a_restart
 
 
 def _fail_commits_with(monkeypatch, marker: str) -> list[int]:
-    """Every journal append holding a row that mentions `marker` fails (counted)."""
+    """Every journal append holding a row that mentions `marker` fails (counted). Term rows
+    do not count: a record's batch carries the one of the record written before it (indexed
+    again with its words), which is another write's."""
     original = GroupCommitter.append_record
     failed: list[int] = []
 
     def append(self, batches):
-        rows = [w for batch in batches for w in batch]
+        rows = [w for batch in batches for w in batch if w.table != "search_terms"]
         if any(marker in repr(getattr(w, "row", "")) for w in rows):
             failed.append(len(rows))
             raise StorageError("disk full (simulated)")

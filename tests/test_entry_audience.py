@@ -51,3 +51,26 @@ def test_the_audience_of_every_entry_is_what_it_was(case, bot):
     entries, _ = case
     for entry_id in [*entries, "missing"]:
         assert entry_audience(bot, entry_id, entries) == old_entry_audience(bot, entry_id, entries)
+
+
+def test_pinned_entries_alike_but_for_who_forgot_them_have_their_own_audiences():
+    """Pinned entries share an audience computed once per (bot, tags, forgotten_by): one that
+    a person forgot does not tell them, whatever an entry with the same tags was told."""
+    from engine.memory_entries import Layer
+
+    tags = ("from:u_ann", "for:person:u_ann", "for:person:u_bob", "org:o1", "for:bot")
+
+    def entry(i: str, gone: frozenset[str] = frozenset()) -> EntryMeta:
+        return EntryMeta(
+            id=i, pool="bot:b1", layer=Layer.PINNED, tags=tags, created_at=1, updated_at=1,
+            forgotten_by=gone,
+        )  # fmt: skip
+
+    entries = {"a": entry("a"), "b": entry("b", frozenset({"u_bob"})), "c": entry("c")}
+    got = {i: entry_audience("b1", i, entries) for i in ("a", "b", "c")}
+    assert got["a"].users == ("u_ann", "u_bob") and got["a"].bot == "b1"
+    assert got["b"].users == ("u_ann",)
+    assert got["c"] == got["a"]
+    for i in entries:
+        assert got[i] == old_entry_audience("b1", i, entries)
+    assert entry_audience("b2", "a", entries).bot == "b2"  # the bot is part of the key too

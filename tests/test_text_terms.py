@@ -60,3 +60,22 @@ def test_a_label_is_a_name_or_heading_before_a_colon():
     maker = tt.TermMaker()
     assert maker.labelled("Caroline: painting sunsets") == (["caroline"], ["painting", "sunsets"])
     assert maker.labelled("painting sunsets") == ([], ["painting", "sunsets"])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(st.characters(max_codepoint=127), max_size=80))
+def test_ascii_words_are_split_without_the_regex_as_the_regex_splits_them(text):
+    """Folded ASCII text's words come from a translation and a split: the same words, in
+    the same order, as `[a-z0-9]+` finds (whatever the text, capitals and controls too)."""
+    # private: the fast path is checked against the pattern it stands for
+    spaces, word, label = tt._ASCII_SPACES, tt._ASCII_WORD, tt._LABEL
+    for t in (text, text.casefold()):
+        assert t.translate(spaces).split() == word.findall(t)
+    if label.match(text) is None:  # the colon check before it agrees
+        assert tt.split_label(text) == ("", text)
+
+
+def test_a_label_before_a_full_width_colon_is_still_found():
+    assert tt.split_label("Caroline\uff1a hi there") == ("Caroline", "hi there")
+    assert tt.split_label("Caroline: hi there") == ("Caroline", "hi there")
+    assert tt.split_label("no colon here at all") == ("", "no colon here at all")

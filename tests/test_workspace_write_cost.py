@@ -1,7 +1,7 @@
 """What a workspace memory creation costs the shard (workspace writes over HTTP at least
 as fast as Remember), without changing what it stores: a coalesced call's creations are each
 indexed once, with both their neighbours, and stored in the call's one commit; the previous
-record's context row goes with them when nothing of the pool is pending."""
+record's context row goes with them, pending or not."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ from actors.contracts import (
     WorkspaceQuery,
 )
 from actors.shard.service import ShardService
+from engine.errors import StorageError
 from engine.scoped_memory import WorkspaceMemoryCreate, content_fingerprint, normalize
+from storage.group_commit import GroupCommitter
 from storage.search_index import TermIndex
 from storage.term_keys import in_context
 
@@ -123,11 +125,12 @@ def test_a_calls_creations_are_indexed_once_with_both_neighbours_in_its_one_comm
     assert asyncio.run(again()) == found  # from the stored rows, as before the restart
 
 
-def test_the_previous_records_context_row_waits_for_nothing_and_shares_no_pending_fate(
+def test_the_previous_records_context_row_goes_with_the_next_record_even_while_pending(
     tmp_path: Path,
 ):
     """One creation at a time: the previous record's row (with the new one's words) goes into
-    the new record's batch when the pool's commits are all done, else into one of its own."""
+    the new record's batch, whether or not the previous record's commit is done: no batch of
+    its own."""
 
     async def go():
         svc = Shard(tmp_path, 0, search={"context_window_s": 120})
@@ -137,7 +140,7 @@ def test_the_previous_records_context_row_waits_for_nothing_and_shares_no_pendin
         await svc.workspace_create_memory_many(_enc.encode([_create("b")]))
         done_before = committer.batches - batches
         batches = committer.batches
-        # c's commit still pending when d comes: d's batch does not carry c's row.
+        # c's commit still pending when d comes: d's batch carries c's row all the same.
         pending = asyncio.ensure_future(
             svc.workspace_create_memory_many(_enc.encode([_create("c")]))
         )
@@ -152,8 +155,58 @@ def test_the_previous_records_context_row_waits_for_nothing_and_shares_no_pendin
 
     done_before, batches, found = asyncio.run(go())
     assert done_before == 1
-    assert batches == 3  # c's, d's and c's context row on its own
+    assert batches == 2  # c's, and d's with c's context row
     assert found[0] != found[-1] and len(found) == 3  # c, and b and d by c's words
+
+
+def test_when_the_previous_records_commit_fails_the_next_one_is_kept_without_it(
+    tmp_path: Path, monkeypatch
+):
+    """c's commit fails while d, whose batch carries c's context row, is decided: d is
+    acknowledged and kept, c is not, and the row naming c is skipped when the pool loads."""
+    plain = GroupCommitter.append_record
+
+    def append(self, batches):
+        rows = [w for batch in batches for w in batch]
+        # c's own rows (its context row, in d's batch, is a search_terms row)
+        if any(w.table != "search_terms" and "mem_c" in repr(getattr(w, "row", "")) for w in rows):
+            raise StorageError("disk full (simulated)")
+        return plain(self, batches)
+
+    monkeypatch.setattr(GroupCommitter, "append_record", append)
+
+    async def go():
+        svc = Shard(tmp_path, 0, search={"context_window_s": 120})
+        ids = iter(["mem_a", "mem_b", "mem_c", "mem_d"])
+        svc.workspace.new_id = lambda: next(ids)
+        for name in "ab":
+            await svc.workspace_create_memory_many(_enc.encode([_create(name)]))
+        pending = asyncio.ensure_future(
+            svc.workspace_create_memory_many(_enc.encode([_create("c")]))
+        )
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        d = REPLIES.decode(await svc.workspace_create_memory_many(_enc.encode([_create("d")])))
+        c = REPLIES.decode(await pending)
+        await svc.close()
+        again = Shard(tmp_path, 0, search={"context_window_s": 120})
+        listing = await again.workspace_entries(ANN, WorkspaceQuery(pools=("user:u_ann",)))
+        found = {q: await _found(again, q) for q in ("rained", "novels", "bowl")}
+        await again.close()
+        con = duckdb.connect(str(tmp_path / "shard-0.duckdb"), read_only=True)
+        rows = sorted(e for (e,) in con.execute("SELECT entry FROM search_terms").fetchall())
+        con.close()
+        return c, d, sorted(e.id for e in listing.entries), found, rows
+
+    c, d, ids, found, rows = asyncio.run(go())
+    assert isinstance(c[0], CallError)
+    assert msgspec.json.decode(d[0])["id"] == "mem_d"
+    assert ids == ["mem_a", "mem_b", "mem_d"]
+    assert "mem_c" in rows  # the context row d's batch carried, naming a record not stored
+    # c's words: only where d was indexed with them (c was its neighbour when it was written)
+    assert found["rained"] == ["mem_d"]
+    assert found["novels"][0] == "mem_d"
+    assert found["bowl"][0] == "mem_b"
 
 
 def _normalize_as_first_written(text: str) -> str:

@@ -23,9 +23,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Container, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -39,7 +38,7 @@ from engine.commands import Outcome
 from engine.errors import StorageError
 from engine.events import NOBODY, Audience, MemoryChanged, Payload, entry_audience, union
 from storage.bulk import small_pages
-from storage.crypto import Keyring, load_master_key
+from storage.crypto import Keyring, load_master_key, random_bytes
 from storage.database import Database
 from storage.event_log import MARK_RESTORED, EventLog
 from storage.group_commit import FORGET_JOURNAL, GroupCommitter, Write
@@ -64,7 +63,7 @@ def now_ms() -> int:
 
 
 def new_entry_id() -> str:
-    return "mem_" + secrets.token_hex(12)
+    return "mem_" + random_bytes(12).hex()
 
 
 def terms_pool(pool_id: str) -> str:
@@ -265,26 +264,29 @@ class ShardKernel:
         outcome: Outcome,
         sealed: dict[str, bytes] | None,
         texts: Mapping[str, str] | None = None,
+        fresh: Container[str] = (),
     ):
         """Keep the keyword index current with an applied outcome: new content indexed,
         deleted entries gone (in memory at once); the rows that store it. `texts`: the
-        plaintext of (some of) the new content, as the writer had it (else it is opened)."""
+        plaintext of (some of) the new content, as the writer had it (else it is opened).
+        `fresh`: entries the outcome creates (no term row of theirs is stored yet)."""
         rows: list[Write] = []
         terms = self.terms
         texts = texts or {}
-        analyzer = self.analyzer(pool.id)
+        where = terms_pool(pool.id)
         for entry_id, blob in (sealed or {}).items():
             if entry_id not in pool.entries:
                 continue
             text = texts.get(entry_id)
             if text is None:
                 text = self.store.open_content(pool.stored, entry_id)
-            keys = analyzer.keys(text)
+            keys = self.analyzer(pool.id).key_list(text)  # (a list: `put` counts it in Python)
             pool.terms.put(entry_id, keys)
-            rows.append(terms.row(terms_pool(pool.id), entry_id, sealed_fp(blob), keys))
+            fp = sealed_fp(blob)
+            rows.append(terms.row(where, entry_id, fp, keys, new=entry_id in fresh))
         for entry_id in outcome.deletes:
             pool.terms.remove(entry_id)
-            rows.append(terms.delete(terms_pool(pool.id), entry_id))
+            rows.append(terms.delete(where, entry_id))
         return rows
 
     # --- the commit pipeline ------------------------------------------------------------------
@@ -306,37 +308,40 @@ class ShardKernel:
         instead (several writes, one commit: the caller stages it) and None is returned.
         `texts`: the plaintext sealed into `sealed`, where the caller has it (the keyword index
         is made from it instead of opening the seal again)."""
-        batch = Batch(writes=[*self.store.outcome_writes(pool.stored, outcome, sealed), *extra])
+        writes = self.store.outcome_writes(pool.stored, outcome, sealed)
+        writes.extend(extra)
         bot = pool.id[4:] if pool.id.startswith("bot:") else None
+        entries = pool.entries
         before = {
-            i: entry_audience(bot, i, pool.entries)
+            i: entry_audience(bot, i, entries)
             for i in [*(m.id for m in outcome.upserts), *outcome.deletes]
-            if i in pool.entries
+            if i in entries
         }
+        fresh = {m.id for m in outcome.upserts if m.id not in entries}
         pool.apply(outcome, sealed)
-        batch.extend(self._term_rows(pool, outcome, sealed, texts))
+        writes.extend(self._term_rows(pool, outcome, sealed, texts, fresh))
         changes = {row.entry: row.change for row in outcome.log}
+        events: list[tuple[Payload, Audience]] = []
         for meta in outcome.upserts:
-            audience = entry_audience(bot, meta.id, pool.entries)
+            audience = entry_audience(bot, meta.id, entries)
             if meta.id in before:  # an edit also tells those who could see the old version
                 audience = union([before[meta.id], audience])
             change = changes.get(meta.id, "updated")
-            batch.emit(
-                MemoryChanged(
-                    pool=pool.id, bot=bot, entry=meta.id, version=outcome.version, change=change
-                ),
-                audience,
+            data = MemoryChanged(
+                pool=pool.id, bot=bot, entry=meta.id, version=outcome.version, change=change
             )
+            events.append((data, audience))
         for entry_id in outcome.deletes:
             data = MemoryChanged(
                 pool=pool.id, bot=bot, entry=entry_id, version=outcome.version, change="purged"
             )
-            batch.emit(data, before.get(entry_id, NOBODY))
-        batch.events.extend(more_events)
-        if into is not None:
-            into.extend(batch.writes)
-            into.events.extend(batch.events)
+            events.append((data, before.get(entry_id, NOBODY)))
+        events.extend(more_events)
+        if into is not None:  # (no batch of its own: a write of a coalesced call)
+            into.writes.extend(writes)
+            into.events.extend(events)
             return None
+        batch = Batch(writes=writes, events=events)
         return self.stage(batch, pool)
 
     def stage(self, batch: Batch, pool: Pool | None = None) -> asyncio.Future[None] | None:

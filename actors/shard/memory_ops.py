@@ -110,10 +110,15 @@ class MemoryOps:
         raw = await self.kernel.receipts.find(key, print_, pool.stored.cipher, pool.id)
         return None if raw is None else _view_dec.decode(raw)
 
-    def receipt_rows(self, pool: Pool, key: str | None, print_: str, answer: EntryView):
+    def receipt_rows(
+        self, pool: Pool, key: str | None, print_: str, answer: EntryView, raw: bytes | None = None
+    ):
+        """The receipt's row (none without a requestId); `raw`: the answer as JSON, if the
+        caller has it encoded already (for its reply)."""
         if key is None:
             return ()
-        raw = msgspec.json.encode(answer)
+        if raw is None:
+            raw = msgspec.json.encode(answer)
         pool.receipts[key] = (print_, raw)
         return (Receipts.row(key, print_, raw, pool.stored.cipher, pool.id, self.kernel.clock()),)
 

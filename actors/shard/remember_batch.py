@@ -49,7 +49,7 @@ def failed(e: Exception) -> OpenBotError:
 
 
 class _Request:
-    __slots__ = ("answer", "at", "call", "key", "own", "pending", "print_")
+    __slots__ = ("answer", "at", "call", "key", "own", "pending", "print_", "reply")
 
     def __init__(self, at: int, call: RememberCall) -> None:
         self.at = at
@@ -66,6 +66,7 @@ class _Request:
             else fingerprint(("remember", call.reader.org, call.content, call.topics))
         )
         self.answer: EntryView | None = None
+        self.reply: bytes | None = None  # the answer as JSON, once encoded
         # The commit the answer depends on: this call's own, or (a replay of a request
         # answered by an earlier call) the pool's pending one when it was read.
         self.own = False
@@ -126,11 +127,22 @@ async def _remember_in_pool(
         if batch.writes:
             fut = kernel.stage(batch, pool)
     done: list[tuple[_Request, Answer]] = []
+    # Each commit waited for once (the call's own, mostly all of them), however many depend on it.
+    settled: dict[int, Exception | None] = {}
     for request in decided:
-        try:
-            await kernel.settle(pool, fut if request.own else request.pending, reads_state=False)
-        except Exception as e:
-            done.append((request, failed(e)))
+        wait = fut if request.own else request.pending
+        if id(wait) not in settled:
+            try:
+                await kernel.settle(pool, wait, reads_state=False)
+            except Exception as e:
+                settled[id(wait)] = e
+            else:
+                settled[id(wait)] = None
+        error = settled[id(wait)]
+        if error is not None:
+            done.append((request, failed(error)))
+        elif request.reply is not None:
+            done.append((request, request.reply))
         else:
             assert request.answer is not None
             done.append((request, _json.encode(request.answer)))
@@ -161,7 +173,8 @@ async def _decide(
     )
     sealed = {entry_id: kernel.store.seal_content(pool.stored, entry_id, call.content)}
     request.answer = view(outcome.upserts[0], call.content)
-    extra = memory.receipt_rows(pool, request.key, request.print_, request.answer)
+    request.reply = _json.encode(request.answer)  # the receipt's and the reply's bytes
+    extra = memory.receipt_rows(pool, request.key, request.print_, request.answer, request.reply)
     kernel.stage_outcome(pool, outcome, sealed, extra, into=batch, texts={entry_id: call.content})
     request.own = True
     if request.key is not None:

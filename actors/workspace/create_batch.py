@@ -144,11 +144,9 @@ async def _decide(
         request.answer = raw
         return
     edit, answer = ws.create_edit(pool, request.access, request.body)
-    part = ws.change_batch(pool, edit, request.body.content, "created", new=True)
-    batch.extend(part.writes)
-    batch.events.extend(part.events)
+    ws.change_batch(pool, edit, request.body.content, "created", new=True, into=batch)
     if not batch.on_failure:
-        batch.on_failure.extend(part.on_failure)  # drop the pool (the same hook for each)
+        batch.fail(lambda: ws.pools.drop(pool))  # (the one hook for every request of the call)
     request.answer, request.own = _json.encode(answer), True
     mine[request.key] = request
 
@@ -183,6 +181,6 @@ def _gathered(ws: Workspace, pool: WorkspacePool) -> list[Write]:
         else:
             keys = in_context(own, before, after, further)
         pool.index.put(entry_id, keys)
-        rows.append(terms.row(pool.id, entry_id, fp, keys, pool.next_seq()))
+        rows.append(terms.row(pool.id, entry_id, fp, keys, pool.next_seq(), new=True))
     pool.gathering.clear()
     return rows

@@ -67,10 +67,3 @@ class WorkspacePool:
     @property
     def id(self) -> str:
         return self.stored.pool
-
-
-def committed(pool: WorkspacePool) -> bool:
-    """Whether every change of the pool staged so far is durable (commits settle in order)."""
-    fut = pool.pending
-    ok = fut is None or (fut.done() and not fut.cancelled() and fut.exception() is None)
-    return ok and not pool.poisoned

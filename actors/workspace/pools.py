@@ -28,7 +28,7 @@ from actors.shard.kernel import ShardKernel, ignore_failure
 from actors.shard.residency import POOL_WEIGHT, unused
 from actors.shard.rwlock import PoolMutex
 from actors.shard.single_flight import SingleFlight
-from actors.workspace.pool_state import WorkspacePool, Written, committed
+from actors.workspace.pool_state import WorkspacePool, Written
 from engine import memory_union as bm
 from engine import scoped_memory as sm
 from engine import tags as tagmod
@@ -335,7 +335,7 @@ class WorkspacePools:
             pool.gathering[entry.id] = [entry.content_fp, own, before, None, further]
             return rows
         keys = in_context(own, before, further=further)
-        rows.append(self._put(pool, entry.id, entry.content_fp, keys))
+        rows.append(self._put(pool, entry.id, entry.content_fp, keys, new=new))
         return rows
 
     def _threaded(
@@ -369,13 +369,14 @@ class WorkspacePools:
             pool.gathering[entry.id] = [entry.content_fp, own, None, None, None, thread, entry]
             return rows
         keys = self.thread_keys(pool, thread, entry.id, entry, own)
-        rows.append(self._put(pool, entry.id, entry.content_fp, keys))
+        rows.append(self._put(pool, entry.id, entry.content_fp, keys, new=new))
         return rows
 
-    def _put(self, pool: WorkspacePool, entry_id: str, fp, keys) -> Write:
-        """A record's keys in the pool's index, and the row that stores them."""
+    def _put(self, pool: WorkspacePool, entry_id: str, fp, keys, *, new: bool) -> Write:
+        """A record's keys in the pool's index, and the row that stores them (`new`: of a
+        record just created)."""
         pool.index.put(entry_id, keys)
-        return self.kernel.terms.row(pool.id, entry_id, fp, keys, pool.next_seq())
+        return self.kernel.terms.row(pool.id, entry_id, fp, keys, pool.next_seq(), new=new)
 
     def thread_keys(
         self,
@@ -441,11 +442,7 @@ class WorkspacePools:
             return []
         keys = self.thread_keys(pool, thread, entry_id, current, current_own)
         pool.index.put(entry_id, keys)
-        row = self.kernel.terms.row(pool.id, entry_id, entry.content_fp, keys, pool.next_seq())
-        if committed(pool):
-            return [row]
-        self._store_terms([row])
-        return []
+        return [self.kernel.terms.row(pool.id, entry_id, entry.content_fp, keys, pool.next_seq())]
 
     def _threads(self, pool: WorkspacePool) -> dict:
         """The pool's threads, made from its stored records at the first threaded write after
@@ -468,10 +465,11 @@ class WorkspacePools:
     def _with_next(self, pool: WorkspacePool, last: Written, following: list[int]) -> list[Write]:
         """The previous record indexed again with the words of the one written after it, if it
         is still as it was written (not edited, forgotten or purged since); the row to store
-        with the new record, if any. Its term row is derived data: it goes into the new
-        record's batch only when every commit of the pool is done (else it is stored on its
-        own: the new write does not share the fate of a commit that may still fail). One of
-        the same coalesced call is indexed once, with both neighbours (`gathering`)."""
+        with the new record, if any: it goes into the new record's batch, whether or not the
+        previous record's commit is still pending. That commit comes first (commits keep their
+        order) and the new one does not depend on it: if it fails, the row it leaves names a
+        record that is not stored, which a load skips (as it skips any row of a record gone).
+        One of the same coalesced call is indexed once, with both neighbours (`gathering`)."""
         gathered = pool.gathering.get(last.entry_id) if pool.gathering is not None else None
         if gathered is not None:
             gathered[3] = following
@@ -481,11 +479,7 @@ class WorkspacePools:
             return []
         keys = in_context(last.own, last.before, following, last.further)
         pool.index.put(last.entry_id, keys)
-        row = self.kernel.terms.row(pool.id, last.entry_id, last.fp, keys, pool.next_seq())
-        if committed(pool):
-            return [row]
-        self._store_terms([row])
-        return []
+        return [self.kernel.terms.row(pool.id, last.entry_id, last.fp, keys, pool.next_seq())]
 
     async def _link(self, stored: StoredWorkspacePool) -> str | None:
         """A bot pool's records as part of the bot's one memory (engine/memory_union.py): records

@@ -18,7 +18,6 @@ membership is checked here, where the project is. A pool the caller may not read
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -47,6 +46,7 @@ from engine.scoped_memory import (
     WorkspaceMemoryChange,
     WorkspaceMemoryCreate,
 )
+from storage.crypto import random_bytes
 from storage.group_commit import Write
 from storage.receipts import fingerprint, receipt_key
 
@@ -55,7 +55,7 @@ _decisions_dec = msgspec.json.Decoder(list[sm.Decision])
 
 
 def new_memory_id() -> str:
-    return "mem_" + secrets.token_hex(12)
+    return "mem_" + random_bytes(12).hex()
 
 
 class Workspace:
@@ -269,10 +269,19 @@ class Workspace:
         return fut
 
     def change_batch(
-        self, pool: WorkspacePool, edit: sm.Edit, content: str, change: str, *, new: bool
+        self,
+        pool: WorkspacePool,
+        edit: sm.Edit,
+        content: str,
+        change: str,
+        *,
+        new: bool,
+        into: Batch | None = None,
     ) -> Batch:
         """Make one person's change the pool's state (under the pool's lock): the batch that
-        stores it (rows and events; the pool is dropped if it fails), its receipt not yet in."""
+        stores it (rows and events; the pool is dropped if it fails), its receipt not yet in.
+        With `into`, its rows and events join that batch (a coalesced call's; its caller sees
+        to the failure hook) and it is returned."""
         stored, keyed = pool.stored, pool.keyed
         entry = edit.entry
         writes: list[Write] = []
@@ -325,7 +334,11 @@ class Workspace:
                         self.rules.audience(pool.id, settled),
                     )
                 )
-        return Batch(writes=list(writes), events=events).fail(lambda: self.pools.drop(pool))
+        if into is not None:
+            into.writes.extend(writes)
+            into.events.extend(events)
+            return into
+        return Batch(writes=writes, events=events).fail(lambda: self.pools.drop(pool))
 
     async def extract(
         self,

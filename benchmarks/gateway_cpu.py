@@ -29,6 +29,8 @@ import os
 import pstats
 import time
 import types
+from collections.abc import Callable
+from itertools import count
 from typing import Any
 
 from uvicorn.config import Config
@@ -41,15 +43,20 @@ REQUEST = b"GET /healthz HTTP/1.1\r\nhost: bench\r\n\r\n"
 
 
 class Kept(asyncio.Transport):
-    """A transport that keeps the sizes of what is written (no socket)."""
+    """A transport that keeps the sizes of what is written and the statuses answered (no
+    socket)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.written = 0
         self.closed = False
+        self.statuses: dict[int, int] = {}
 
     def write(self, data: Any) -> None:
         self.written += len(data)
+        if data[:9] == b"HTTP/1.1 ":
+            status = int(data[9:12])
+            self.statuses[status] = self.statuses.get(status, 0) + 1
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 50000)}.get(
@@ -69,47 +76,80 @@ class Kept(asyncio.Transport):
         pass
 
 
+class Answered(HttpToolsProtocol):
+    """uvicorn's protocol, telling when it has answered a request."""
+
+    answered: asyncio.Future[None] | None = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.answered is not None and not self.answered.done():
+            self.answered.set_result(None)
+
+
+Request = bytes | Callable[[int], bytes]  # the same bytes each time, or the nth request's
+
+
 async def serve(
     app: Any,
     requests: int,
     prof: cProfile.Profile | None,
-    request: bytes = REQUEST,
+    request: Request = REQUEST,
     clock: Any = time.process_time,
     warmup: int = 0,
+    connections: int = 1,
+    expect: int | None = None,
 ) -> float:
-    """CPU seconds (`clock`) per request for `requests` requests on one connection, after
-    `warmup` ones."""
+    """CPU seconds (`clock`) per request for `requests` requests over `connections`
+    connections (each sends its next request once its last one is answered), after `warmup`
+    ones each; every answer's status is `expect` when given."""
     config = Config(app, lifespan="off", log_level="warning", access_log=False)
     config.load()
-    state = ServerState()
-    protocol = HttpToolsProtocol(config=config, server_state=state, app_state={})
-    protocol.connection_made(Kept())
-    for n in range(warmup):
-        protocol.data_received(request)
-        while state.total_requests <= n:
-            await asyncio.sleep(0)
+    made = count()
+
+    def nth() -> bytes:
+        return request(next(made)) if callable(request) else request
+
+    async def one(protocol: Answered, first: int, n: int) -> None:
+        for _ in range(first, first + n):
+            protocol.answered = asyncio.get_running_loop().create_future()
+            protocol.data_received(nth())
+            await protocol.answered  # (no polling: a wait that spins would be counted)
+
+    opened = []
+    for _ in range(connections):
+        protocol = Answered(config=config, server_state=ServerState(), app_state={})
+        transport = Kept()
+        protocol.connection_made(transport)
+        opened.append((protocol, transport))
+    await asyncio.gather(*(one(p, 0, warmup) for p, _ in opened))
+    share = [requests // connections + (k < requests % connections) for k in range(connections)]
     cpu0 = clock()
     if prof is not None:
         prof.enable()
-    for n in range(warmup, warmup + requests):
-        protocol.data_received(request)
-        while state.total_requests <= n:
-            await asyncio.sleep(0)
+    runs = [one(p, warmup, n) for (p, _), n in zip(opened, share, strict=True)]
+    await asyncio.gather(*runs)
     if prof is not None:
         prof.disable()
     cpu = clock() - cpu0
-    protocol.connection_lost(None)
+    for protocol, transport in opened:
+        protocol.connection_lost(None)
+        wrong = {k: v for k, v in transport.statuses.items() if expect is not None and k != expect}
+        if wrong:
+            raise RuntimeError(f"answered {wrong}, expected {expect}")
     return cpu / requests
 
 
-def read_rounds(args: argparse.Namespace) -> None:
-    """`--read`: GET memory against /healthz, alternating, on the server's loop thread."""
+def engine_rounds(args: argparse.Namespace) -> None:
+    """`--read` and `--write`: requests against /healthz, alternating, on the server's loop
+    thread, over a real engine."""
     import secrets
     import shutil
     import tempfile
     from pathlib import Path
 
     from actors.runtime.engine import Engine, start_ray
+    from benchmarks._load import remember_body, workspace_memory_body
     from benchmarks.memory_ops import Admin, seed_pool
     from gateway.live_server import LiveServer
 
@@ -129,23 +169,60 @@ def read_rounds(args: argparse.Namespace) -> None:
         grant = {"bot": bot["id"], "user": reader["id"], "permission": "read"}
         admin.post("/v1/admin/grants", grant)
         pool = f"bot:{bot['id']}"
-        seed_pool(engine.shard_for(owner["id"]), pool, org, reader["id"], 10_000, 100)
+        entries = 10_000 if args.read else 100
+        seed_pool(engine.shard_for(owner["id"]), pool, org, reader["id"], entries, 100)
         auth = f"authorization: Bearer {reader['token']}\r\n"
         read = f"GET /v1/bots/{bot['id']}/memory HTTP/1.1\r\nhost: b\r\n{auth}\r\n"
-        whole = create_app(engine, token, cached_reads=False)
-        requests = {
-            "GET memory": (app, read),
-            "GET memory, whole stack": (whole, read),
-            "GET /healthz": (app, f"GET /healthz HTTP/1.1\r\nhost: b\r\n{auth}\r\n"),
-        }
+        health = f"GET /healthz HTTP/1.1\r\nhost: b\r\n{auth}\r\n".encode()
+        # name → (app, request, expected status, connections)
+        requests: dict[str, tuple[Any, Request, int, int]] = {}
+        if args.read:
+            whole = create_app(engine, token, cached_reads=False)
+            requests["GET memory"] = (app, read.encode(), 200, 1)
+            requests["GET memory, whole stack"] = (whole, read.encode(), 200, 1)
+        if args.write:
+            nonce = secrets.token_hex(4)
+            head = "host: b\r\ncontent-type: application/json\r\n"
+
+            def post(path: str, who: dict, body: bytes) -> bytes:
+                return (
+                    f"POST {path} HTTP/1.1\r\n{head}authorization: Bearer {who['token']}\r\n"
+                    f"content-length: {len(body)}\r\n\r\n"
+                ).encode() + body
+
+            memory = f"/v1/bots/{bot['id']}/memory"
+            space = "/api/app/workspace/memories"
+            k = args.connections
+
+            def remember(n: int) -> bytes:
+                return post(memory, reader, remember_body(0, n))
+
+            def workspace(n: int) -> bytes:
+                return post(space, owner, workspace_memory_body(bot["id"], nonce, 0, n))
+
+            requests["POST Remember"] = (app, remember, 201, k)
+            requests["POST workspace memory"] = (app, workspace, 201, k)
+            # The event pump runs, as on a serving gateway (a read starts it): the writes'
+            # replies bring their events, which it takes.
+            admin.get_as(reader["token"], memory)
+        requests["GET /healthz"] = (app, health, 200, 1)
         assert server.loop is not None
+        loop = server.loop
         for _ in range(args.rounds):
-            for name, (served, request) in requests.items():
-                run = serve(served, args.requests, None, request.encode(), time.thread_time, 20)
-                per = asyncio.run_coroutine_threadsafe(run, server.loop).result()
+            for name, (served, request, status, k) in requests.items():
+                run = serve(served, args.requests, None, request, time.thread_time, 20, k, status)
+                per = asyncio.run_coroutine_threadsafe(run, loop).result()
                 load = os.getloadavg()[0]
                 print(f"{name}: {per * 1e6:.1f} us of the server thread's CPU per request "
                       f"(load {load:.1f})", flush=True)  # fmt: skip
+        if args.profile:
+            for name, (served, request, status, k) in requests.items():
+                prof = cProfile.Profile()
+                run = serve(served, args.requests, prof, request, time.thread_time, 20, k, status)
+                asyncio.run_coroutine_threadsafe(run, loop).result()
+                out = io.StringIO()
+                pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
+                print(f"--- {name}\n{out.getvalue()}", flush=True)
     finally:
         admin.close()
         server.stop()
@@ -162,10 +239,15 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=5000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--top", type=int, default=30, help="functions --profile lists")
     p.add_argument("--read", action="store_true", help="GET memory against /healthz (Ray)")
+    p.add_argument("--write", action="store_true", help="POST Remember, workspace memory (Ray)")
+    p.add_argument(
+        "--connections", type=int, default=8, help="--write: connections writing at once"
+    )
     args = p.parse_args()
-    if args.read:
-        read_rounds(args)
+    if args.read or args.write:
+        engine_rounds(args)
         return
     engine = types.SimpleNamespace(shard_ports=[], node_hub=None)  # /healthz calls no actor
     app = create_app(engine, "bench-admin-token")  # type: ignore[arg-type]
@@ -176,7 +258,7 @@ def main() -> None:
         prof = cProfile.Profile()
         asyncio.run(serve(app, args.requests, prof))
         out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
         print(out.getvalue())
 
 

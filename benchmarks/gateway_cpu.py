@@ -99,21 +99,25 @@ async def serve(
     warmup: int = 0,
     connections: int = 1,
     expect: int | None = None,
-) -> float:
-    """CPU seconds (`clock`) per request for `requests` requests over `connections`
-    connections (each sends its next request once its last one is answered), after `warmup`
-    ones each; every answer's status is `expect` when given."""
+) -> tuple[float, float]:
+    """CPU seconds (`clock`, and the whole process's) per request for `requests` requests over
+    `connections` connections (each sends its next request once its last one is answered),
+    after `warmup` ones each; every answer's status is `expect` when given."""
     config = Config(app, lifespan="off", log_level="warning", access_log=False)
     config.load()
     made = count()
+    share = [requests // connections + (k < requests % connections) for k in range(connections)]
 
     def nth() -> bytes:
         return request(next(made)) if callable(request) else request
 
-    async def one(protocol: Answered, first: int, n: int) -> None:
-        for _ in range(first, first + n):
+    # Made before the clock starts: they are the load generator's work.
+    bodies = [[nth() for _ in range(n)] for n in share]
+
+    async def one(protocol: Answered, sent: list[bytes]) -> None:
+        for data in sent:
             protocol.answered = asyncio.get_running_loop().create_future()
-            protocol.data_received(nth())
+            protocol.data_received(data)
             await protocol.answered  # (no polling: a wait that spins would be counted)
 
     opened = []
@@ -122,22 +126,21 @@ async def serve(
         transport = Kept()
         protocol.connection_made(transport)
         opened.append((protocol, transport))
-    await asyncio.gather(*(one(p, 0, warmup) for p, _ in opened))
-    share = [requests // connections + (k < requests % connections) for k in range(connections)]
-    cpu0 = clock()
+    await asyncio.gather(*(one(p, [nth() for _ in range(warmup)]) for p, _ in opened))
+    cpu0, all0 = clock(), time.process_time()
     if prof is not None:
         prof.enable()
-    runs = [one(p, warmup, n) for (p, _), n in zip(opened, share, strict=True)]
+    runs = [one(p, sent) for (p, _), sent in zip(opened, bodies, strict=True)]
     await asyncio.gather(*runs)
     if prof is not None:
         prof.disable()
-    cpu = clock() - cpu0
+    cpu, whole = clock() - cpu0, time.process_time() - all0
     for protocol, transport in opened:
         protocol.connection_lost(None)
         wrong = {k: v for k, v in transport.statuses.items() if expect is not None and k != expect}
         if wrong:
             raise RuntimeError(f"answered {wrong}, expected {expect}")
-    return cpu / requests
+    return cpu / requests, whole / requests
 
 
 def engine_rounds(args: argparse.Namespace) -> None:
@@ -211,13 +214,14 @@ def engine_rounds(args: argparse.Namespace) -> None:
         for _ in range(args.rounds):
             for name, (served, request, status, k) in requests.items():
                 run = serve(served, args.requests, None, request, time.thread_time, 20, k, status)
-                per = asyncio.run_coroutine_threadsafe(run, loop).result()
+                per, whole = asyncio.run_coroutine_threadsafe(run, loop).result()
                 load = os.getloadavg()[0]
-                print(f"{name}: {per * 1e6:.1f} us of the server thread's CPU per request "
-                      f"(load {load:.1f})", flush=True)  # fmt: skip
+                print(f"{name}: {per * 1e6:.1f} us of the server thread's CPU per request, "
+                      f"{whole * 1e6:.1f} us of the process's (load {load:.1f})",
+                      flush=True)  # fmt: skip
         if args.profile:
             for name, (served, request, status, k) in requests.items():
-                prof = cProfile.Profile()
+                prof = cProfile.Profile(time.thread_time)  # (not the waits for the GIL)
                 run = serve(served, args.requests, prof, request, time.thread_time, 20, k, status)
                 asyncio.run_coroutine_threadsafe(run, loop).result()
                 out = io.StringIO()
@@ -234,6 +238,81 @@ def engine_rounds(args: argparse.Namespace) -> None:
         shutil.rmtree(data, ignore_errors=True)
 
 
+class _Directory:
+    """Who the token names and the bot, as the directory answers them; its watch answers
+    once, then waits (no change), so the gateway trusts its cache as when serving."""
+
+    def __init__(self, principal: Any, bot: Any) -> None:
+        self.principal = principal
+        self.bot = bot
+        self.watched = False
+
+    async def authenticate_at(self, key: str) -> tuple[int, Any]:
+        return 1, self.principal
+
+    async def bot_at(self, bot_id: str) -> tuple[int, Any]:
+        return 1, self.bot
+
+    async def watch_access(self, watcher: str, applied: int, wait: float) -> tuple[int, Any]:
+        if self.watched:
+            await asyncio.sleep(wait)
+        self.watched = True
+        return 1, []
+
+    async def unwatch_access(self, watcher: str) -> None:
+        pass
+
+
+class _Shard:
+    """A shard that answers every Remember with the same created entry (no Ray, no storage)."""
+
+    created = b'{"id":"m1","content":"bench","tags":["bench"]}'
+
+    async def remember_packed(self, call: bytes) -> bytes:
+        return self.created
+
+
+def fake_write_rounds(args: argparse.Namespace) -> None:
+    """`--fake-write`: POST Remember against /healthz on a directory and a shard in this
+    process that answer at once, no Ray: the gateway's own work per write, without the actor
+    call, the coalescing and the events; counted by callgrind as /healthz is."""
+    from engine.directory import Bot, Principal, User
+
+    user = User(id="u1", name="user", orgs=("o1",))
+    bot = Bot(id="b1", name="bot", org="o1", owner="u1")
+    shard = _Shard()
+    engine = types.SimpleNamespace(
+        shard_ports=[shard],
+        node_hub=None,
+        directory_port=_Directory(Principal(user=user, bots=frozenset({"b1"})), bot),
+        shard_port=lambda account: shard,
+        shard_index=lambda account: 0,
+    )
+    app = create_app(engine, "bench-admin-token")  # type: ignore[arg-type]
+    body = (
+        b'{"command":{"_tag":"Remember","content":"the customer prefers short answers",'
+        b'"tags":["bench"]}}'
+    )
+    post = (
+        b"POST /v1/bots/b1/memory HTTP/1.1\r\nhost: b\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer user-token\r\ncontent-length: %d\r\n\r\n" % len(body)
+    ) + body
+    requests = {"POST Remember (no actor)": (post, 201), "GET /healthz": (REQUEST, 200)}
+    if args.only:
+        requests = {k: v for k, v in requests.items() if args.only in k}
+    for _ in range(args.rounds):
+        for name, (request, status) in requests.items():
+            run = serve(app, args.requests, None, request, warmup=20, expect=status)
+            per, _ = asyncio.run(run)
+            print(f"{name}: {per * 1e6:.1f} us of CPU per request", flush=True)
+    if args.profile:
+        prof = cProfile.Profile()
+        asyncio.run(serve(app, args.requests, prof, post, warmup=20, expect=201))
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
+        print(out.getvalue())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=5000)
@@ -245,14 +324,19 @@ def main() -> None:
     p.add_argument(
         "--connections", type=int, default=8, help="--write: connections writing at once"
     )
+    p.add_argument("--only", help="--fake-write: only the requests whose name has this")
+    p.add_argument("--fake-write", action="store_true", help="POST Remember, no actor (no Ray)")
     args = p.parse_args()
+    if args.fake_write:
+        fake_write_rounds(args)
+        return
     if args.read or args.write:
         engine_rounds(args)
         return
     engine = types.SimpleNamespace(shard_ports=[], node_hub=None)  # /healthz calls no actor
     app = create_app(engine, "bench-admin-token")  # type: ignore[arg-type]
     for _ in range(args.rounds):
-        per = asyncio.run(serve(app, args.requests, None))
+        per, _ = asyncio.run(serve(app, args.requests, None))
         print(f"GET /healthz: {per * 1e6:.1f} us of CPU per request", flush=True)
     if args.profile:
         prof = cProfile.Profile()

@@ -264,18 +264,23 @@ class _Directory:
 
 
 class _Shard:
-    """A shard that answers every Remember with the same created entry (no Ray, no storage)."""
+    """A shard that answers every Remember and workspace memory with the same created entry
+    (no Ray, no storage)."""
 
     created = b'{"id":"m1","content":"bench","tags":["bench"]}'
 
     async def remember_packed(self, call: bytes) -> bytes:
         return self.created
 
+    async def workspace_create_memory_json(self, access: Any, body: Any) -> bytes:
+        return self.created
+
 
 def fake_write_rounds(args: argparse.Namespace) -> None:
-    """`--fake-write`: POST Remember against /healthz on a directory and a shard in this
-    process that answer at once, no Ray: the gateway's own work per write, without the actor
-    call, the coalescing and the events; counted by callgrind as /healthz is."""
+    """`--fake-write`: POST Remember and a workspace memory against /healthz on a directory and
+    a shard in this process that answer at once, no Ray: the gateway's own work per write,
+    without the actor call, the coalescing and the events; counted by callgrind as /healthz
+    is (`--only` picks one; `--profile` profiles the first)."""
     from engine.directory import Bot, Principal, User
 
     user = User(id="u1", name="user", orgs=("o1",))
@@ -293,11 +298,22 @@ def fake_write_rounds(args: argparse.Namespace) -> None:
         b'{"command":{"_tag":"Remember","content":"the customer prefers short answers",'
         b'"tags":["bench"]}}'
     )
-    post = (
-        b"POST /v1/bots/b1/memory HTTP/1.1\r\nhost: b\r\ncontent-type: application/json\r\n"
-        b"authorization: Bearer user-token\r\ncontent-length: %d\r\n\r\n" % len(body)
-    ) + body
-    requests = {"POST Remember (no actor)": (post, 201), "GET /healthz": (REQUEST, 200)}
+
+    def post(path: bytes, body: bytes) -> bytes:
+        return (
+            b"POST %s HTTP/1.1\r\nhost: b\r\ncontent-type: application/json\r\n"
+            b"authorization: Bearer user-token\r\ncontent-length: %d\r\n\r\n" % (path, len(body))
+        ) + body
+
+    memory = (
+        b'{"requestId":"r1","scope":"bot","bot":"b1",'
+        b'"content":"the customer prefers short answers"}'
+    )
+    requests = {
+        "POST Remember (no actor)": (post(b"/v1/bots/b1/memory", body), 201),
+        "POST workspace memory (no actor)": (post(b"/api/app/workspace/memories", memory), 201),
+        "GET /healthz": (REQUEST, 200),
+    }
     if args.only:
         requests = {k: v for k, v in requests.items() if args.only in k}
     for _ in range(args.rounds):
@@ -307,7 +323,8 @@ def fake_write_rounds(args: argparse.Namespace) -> None:
             print(f"{name}: {per * 1e6:.1f} us of CPU per request", flush=True)
     if args.profile:
         prof = cProfile.Profile()
-        asyncio.run(serve(app, args.requests, prof, post, warmup=20, expect=201))
+        request = next(iter(requests.values()))[0]
+        asyncio.run(serve(app, args.requests, prof, request, warmup=20, expect=201))
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
         print(out.getvalue())

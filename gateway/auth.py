@@ -151,14 +151,24 @@ def bearer_token(conn: HTTPConnection) -> str:
     return scope_bearer(conn.scope)
 
 
+def first_header(scope: Scope, name: bytes) -> str | None:
+    """The value of the scope's first header `name` (lower case), as `request.headers.get`
+    reads it, without building the request's header map."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def org_header(conn: HTTPConnection) -> str | None:
+    """The `OpenBot-Org` header: the org the caller works in for this request."""
+    return first_header(conn.scope, b"openbot-org")
+
+
 def scope_bearer(scope: Scope) -> str:
     """The token of the scope's first `Authorization` header (Unauthenticated without one)."""
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            token = bearer(value.decode("latin-1"))
-            break
-    else:
-        token = None
+    header = first_header(scope, b"authorization")
+    token = bearer(header) if header is not None else None
     if token is None:
         raise Unauthenticated("send Authorization: Bearer <token>", code="missing_token")
     return token

@@ -28,7 +28,7 @@ from engine.memory_bot_settings import SettingsPatch
 from engine.memory_entries import Reader
 from engine.numbers import query_number
 from gateway import wire
-from gateway.auth import Auth
+from gateway.auth import Auth, org_header
 from gateway.events import Hub
 from gateway.json_response import json, read_body
 from gateway.read_cache import ReadCache
@@ -51,7 +51,7 @@ class MemoryApi:
         assert principal.user is not None
         bot = await self.auth.bot(request.path_params["bot"])
         (require_write if write else require_use)(bot, principal.user)
-        reader = _reader(principal, request.headers.get("openbot-org"), bot)
+        reader = _reader(principal, org_header(request), bot)
         return bot, self.engine.shard_port(bot.owner), reader
 
     def cached_page(self, token: str, bot_id: str, org: str | None) -> bytes | None:

@@ -4,6 +4,7 @@ gateway's app with its whole middleware stack (request log, errors, token check,
 router), one request after another.
 
     .venv/bin/python -m benchmarks.gateway_cpu [--requests 5000] [--rounds 3] [--profile]
+        [--read | --write [--connections 8] | --fake-write [--only NAME]]
 
 Prints the CPU microseconds per request of each round. On a busy machine count instructions
 instead: run it under `valgrind --tool=callgrind` with `--rounds 1` at two `--requests` and
@@ -17,6 +18,16 @@ dir); and the same read by a second app on the same engine without the shortcut 
 pages (gateway/cached_reads.py), down the whole middleware stack and router. The requests run on
 the server's own event loop, so the figure is that thread's CPU: the Ray driver's threads and
 the load generator are left out (neither works for a cached read).
+
+`--write`: `POST /v1/bots/:botId/memory` (Remember) and `POST /api/app/workspace/memories` (a
+bot's memory, by its owner), each body fresh, over `--connections` connections at once so that
+the shard calls coalesce, alternating with /healthz on the same real engine, with the event
+pump running (the writes' replies bring their events). Prints the server thread's CPU per
+request and the whole process's (Ray's threads too).
+
+`--fake-write`: both writes against a directory and a shard in this process that answer at
+once (no Ray): the gateway's own work per write, countable under callgrind like /healthz
+(`--only` names one of the requests).
 """
 
 from __future__ import annotations

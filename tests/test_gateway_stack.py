@@ -24,6 +24,7 @@ from gateway.errors import HANDLERS
 from gateway.json_response import read_body
 from gateway.live_server import LiveServer
 from gateway.metrics import REGISTRY
+from gateway.routing import Endpoint
 from gateway.wire import MAX_DEPTH
 from tests.conftest import ADMIN
 
@@ -70,9 +71,9 @@ def gateway():
     app = create_app(engine, ADMIN)  # type: ignore[arg-type]
     app.router.routes.extend(
         [
-            Route("/test/boom", _boom, methods=["POST"]),
-            Route("/test/refuse", _refuse, methods=["GET"]),
-            Route("/test/echo", _echo, methods=["POST"]),
+            Endpoint("/test/boom", _boom, methods=["POST"]),
+            Endpoint("/test/refuse", _refuse, methods=["GET"]),
+            Endpoint("/test/echo", _echo, methods=["POST"]),
         ]
     )
     live = LiveServer(app)
@@ -108,6 +109,8 @@ def test_an_unexpected_error_is_the_gateways_500_and_the_connection_stays(gatewa
 
 
 def test_router_and_endpoint_refusals_in_the_gateways_error_shape(gateway):
+    """The router's 404 and 405, and an endpoint's own error (its route has no wrapper of its
+    own: `RouterErrors` answers it)."""
     live, _ = gateway
     with _client(live) as c:
         r = c.get("/test/nothing-here")

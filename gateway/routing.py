@@ -27,6 +27,7 @@ errors with the app's handlers): the endpoint's errors go up to the app's `Route
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -122,6 +123,8 @@ class Endpoint(Route):
     per-request wrapper: its errors go up to the app's `RouterErrors`."""
 
     def __init__(self, path: str, endpoint: Handler, **kwargs: Any) -> None:
+        if not inspect.iscoroutinefunction(endpoint):
+            raise TypeError(f"{path}: an Endpoint's endpoint is an async function")
         super().__init__(path, endpoint, **kwargs)
         self.app = _answer(endpoint)
 

@@ -162,3 +162,14 @@ def test_a_route_without_the_body_limits_checks_what_it_reads():
             assert (r.status_code, r.text) == (200, "3")
     finally:
         live.stop()
+
+
+def test_an_endpoint_must_be_async():
+    """`Endpoint` awaits its endpoint with no wrapper: a plain function is refused when the app
+    is built, not answered with a 500 on every request."""
+
+    def plain(request: Request) -> Response:
+        return Response("no")
+
+    with pytest.raises(TypeError, match="async"):
+        Endpoint("/plain", plain, methods=["GET"])  # type: ignore[arg-type]

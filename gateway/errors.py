@@ -116,13 +116,15 @@ class ContainErrors:
 class RouterErrors:
     """ASGI middleware (innermost, around the router), in place of Starlette's
     `ExceptionMiddleware`: the handlers of `HANDLERS` but `Exception`'s (that one is
-    `ContainErrors`'s) answer what the router raises (an unknown route's 404, a method's 405),
-    and every route's own wrapper answers what its endpoint raises with the same handlers,
-    found in the scope as Starlette's routes look for them.
+    `ContainErrors`'s) answer what the router raises (an unknown route's 404, a method's 405)
+    and what an `Endpoint` raises (gateway/routing.py: it has no wrapper of its own); a plain
+    Starlette route's wrapper finds the same handlers in the scope.
 
-    Unlike Starlette's, it does not follow each message sent: nothing here can fail once an
-    answer started (an endpoint's error after its start leaves the route's wrapper as an error
-    no handler takes, which goes on to `ContainErrors`). Websockets keep Starlette's layer."""
+    Unlike Starlette's, it does not follow each message sent to know whether an answer started:
+    an endpoint fails before its answer starts (it returns its whole answer, sent after). An
+    error after a start (a streamed answer failing) would be answered once more: the server
+    refuses that second start and its error goes on to `ContainErrors`, which logs it.
+    Websockets keep Starlette's layer."""
 
     def __init__(self, app: ASGIApp, handlers: dict) -> None:
         self.app = app
@@ -150,4 +152,4 @@ class RouterErrors:
                 raise
             response = await handler(Request(scope, receive), exc)
             await response(scope, receive, send)
-            exc.__traceback__ = None  # (an exception instance raised again keeps no frames)
+            exc.__traceback__ = None  # (one instance raised on many requests piles up frames)

@@ -17,8 +17,8 @@ route a path of that key can match; a path of any other key is compared with eve
 
 A route that does not take the request's method can at most match in part (405), which counts
 only when no route matches in full: such routes are matched only then, in order, so a request
-tries the routes that take its method first (a Remember's POST, behind two GET routes of its
-path, is matched once).
+tries the routes that take its method first (a Remember's POST, listed after two GET routes
+its path may match, is matched once).
 
 `Endpoint` is a `Route` whose endpoint is called without Starlette's per-request wrapper (a
 function and a tracker of sent messages, made for each request, that answer the endpoint's
@@ -93,7 +93,7 @@ class PrefixRouter(Router):
             if match is Match.FULL:
                 return route, child_scope, match
             if match is Match.PARTIAL:
-                other.append(route)  # (none so far: only a method refuses a Route in part)
+                other.append(route)  # (not a Route's: one taking the method matches or not)
         for route in other:
             match, child_scope = route.matches(scope)
             if match is not Match.NONE:

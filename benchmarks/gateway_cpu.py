@@ -4,6 +4,7 @@ gateway's app with its whole middleware stack (request log, errors, token check,
 router), one request after another.
 
     .venv/bin/python -m benchmarks.gateway_cpu [--requests 5000] [--rounds 3] [--profile]
+        [--read | --write [--connections 8] | --fake-write [--only NAME]]
 
 Prints the CPU microseconds per request of each round. On a busy machine count instructions
 instead: run it under `valgrind --tool=callgrind` with `--rounds 1` at two `--requests` and
@@ -17,6 +18,16 @@ dir); and the same read by a second app on the same engine without the shortcut 
 pages (gateway/cached_reads.py), down the whole middleware stack and router. The requests run on
 the server's own event loop, so the figure is that thread's CPU: the Ray driver's threads and
 the load generator are left out (neither works for a cached read).
+
+`--write`: `POST /v1/bots/:botId/memory` (Remember) and `POST /api/app/workspace/memories` (a
+bot's memory, by its owner), each body fresh, over `--connections` connections at once so that
+the shard calls coalesce, alternating with /healthz on the same real engine, with the event
+pump running (the writes' replies bring their events). Prints the server thread's CPU per
+request and the whole process's (Ray's threads too).
+
+`--fake-write`: both writes against a directory and a shard in this process that answer at
+once (no Ray): the gateway's own work per write, countable under callgrind like /healthz
+(`--only` names one of the requests).
 """
 
 from __future__ import annotations
@@ -29,6 +40,8 @@ import os
 import pstats
 import time
 import types
+from collections.abc import Callable
+from itertools import count
 from typing import Any
 
 from uvicorn.config import Config
@@ -41,15 +54,20 @@ REQUEST = b"GET /healthz HTTP/1.1\r\nhost: bench\r\n\r\n"
 
 
 class Kept(asyncio.Transport):
-    """A transport that keeps the sizes of what is written (no socket)."""
+    """A transport that keeps the sizes of what is written and the statuses answered (no
+    socket)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.written = 0
         self.closed = False
+        self.statuses: dict[int, int] = {}
 
     def write(self, data: Any) -> None:
         self.written += len(data)
+        if data[:9] == b"HTTP/1.1 ":
+            status = int(data[9:12])
+            self.statuses[status] = self.statuses.get(status, 0) + 1
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 50000)}.get(
@@ -69,47 +87,83 @@ class Kept(asyncio.Transport):
         pass
 
 
+class Answered(HttpToolsProtocol):
+    """uvicorn's protocol, telling when it has answered a request."""
+
+    answered: asyncio.Future[None] | None = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.answered is not None and not self.answered.done():
+            self.answered.set_result(None)
+
+
+Request = bytes | Callable[[int], bytes]  # the same bytes each time, or the nth request's
+
+
 async def serve(
     app: Any,
     requests: int,
     prof: cProfile.Profile | None,
-    request: bytes = REQUEST,
+    request: Request = REQUEST,
     clock: Any = time.process_time,
     warmup: int = 0,
-) -> float:
-    """CPU seconds (`clock`) per request for `requests` requests on one connection, after
-    `warmup` ones."""
+    connections: int = 1,
+    expect: int | None = None,
+) -> tuple[float, float]:
+    """CPU seconds (`clock`, and the whole process's) per request for `requests` requests over
+    `connections` connections (each sends its next request once its last one is answered),
+    after `warmup` ones each; every answer's status is `expect` when given."""
     config = Config(app, lifespan="off", log_level="warning", access_log=False)
     config.load()
-    state = ServerState()
-    protocol = HttpToolsProtocol(config=config, server_state=state, app_state={})
-    protocol.connection_made(Kept())
-    for n in range(warmup):
-        protocol.data_received(request)
-        while state.total_requests <= n:
-            await asyncio.sleep(0)
-    cpu0 = clock()
+    made = count()
+    share = [requests // connections + (k < requests % connections) for k in range(connections)]
+
+    def nth() -> bytes:
+        return request(next(made)) if callable(request) else request
+
+    # Made before the clock starts: they are the load generator's work.
+    bodies = [[nth() for _ in range(n)] for n in share]
+
+    async def one(protocol: Answered, sent: list[bytes]) -> None:
+        for data in sent:
+            protocol.answered = asyncio.get_running_loop().create_future()
+            protocol.data_received(data)
+            await protocol.answered  # (no polling: a wait that spins would be counted)
+
+    opened = []
+    for _ in range(connections):
+        protocol = Answered(config=config, server_state=ServerState(), app_state={})
+        transport = Kept()
+        protocol.connection_made(transport)
+        opened.append((protocol, transport))
+    await asyncio.gather(*(one(p, [nth() for _ in range(warmup)]) for p, _ in opened))
+    cpu0, all0 = clock(), time.process_time()
     if prof is not None:
         prof.enable()
-    for n in range(warmup, warmup + requests):
-        protocol.data_received(request)
-        while state.total_requests <= n:
-            await asyncio.sleep(0)
+    runs = [one(p, sent) for (p, _), sent in zip(opened, bodies, strict=True)]
+    await asyncio.gather(*runs)
     if prof is not None:
         prof.disable()
-    cpu = clock() - cpu0
-    protocol.connection_lost(None)
-    return cpu / requests
+    cpu, whole = clock() - cpu0, time.process_time() - all0
+    for protocol, transport in opened:
+        protocol.connection_lost(None)
+        wrong = {k: v for k, v in transport.statuses.items() if expect is not None and k != expect}
+        if wrong:
+            raise RuntimeError(f"answered {wrong}, expected {expect}")
+    return cpu / requests, whole / requests
 
 
-def read_rounds(args: argparse.Namespace) -> None:
-    """`--read`: GET memory against /healthz, alternating, on the server's loop thread."""
+def engine_rounds(args: argparse.Namespace) -> None:
+    """`--read` and `--write`: requests against /healthz, alternating, on the server's loop
+    thread, over a real engine."""
     import secrets
     import shutil
     import tempfile
     from pathlib import Path
 
     from actors.runtime.engine import Engine, start_ray
+    from benchmarks._load import remember_body, workspace_memory_body
     from benchmarks.memory_ops import Admin, seed_pool
     from gateway.live_server import LiveServer
 
@@ -129,23 +183,61 @@ def read_rounds(args: argparse.Namespace) -> None:
         grant = {"bot": bot["id"], "user": reader["id"], "permission": "read"}
         admin.post("/v1/admin/grants", grant)
         pool = f"bot:{bot['id']}"
-        seed_pool(engine.shard_for(owner["id"]), pool, org, reader["id"], 10_000, 100)
+        entries = 10_000 if args.read else 100
+        seed_pool(engine.shard_for(owner["id"]), pool, org, reader["id"], entries, 100)
         auth = f"authorization: Bearer {reader['token']}\r\n"
         read = f"GET /v1/bots/{bot['id']}/memory HTTP/1.1\r\nhost: b\r\n{auth}\r\n"
-        whole = create_app(engine, token, cached_reads=False)
-        requests = {
-            "GET memory": (app, read),
-            "GET memory, whole stack": (whole, read),
-            "GET /healthz": (app, f"GET /healthz HTTP/1.1\r\nhost: b\r\n{auth}\r\n"),
-        }
+        health = f"GET /healthz HTTP/1.1\r\nhost: b\r\n{auth}\r\n".encode()
+        # name → (app, request, expected status, connections)
+        requests: dict[str, tuple[Any, Request, int, int]] = {}
+        if args.read:
+            whole = create_app(engine, token, cached_reads=False)
+            requests["GET memory"] = (app, read.encode(), 200, 1)
+            requests["GET memory, whole stack"] = (whole, read.encode(), 200, 1)
+        if args.write:
+            nonce = secrets.token_hex(4)
+            head = "host: b\r\ncontent-type: application/json\r\n"
+
+            def post(path: str, who: dict, body: bytes) -> bytes:
+                return (
+                    f"POST {path} HTTP/1.1\r\n{head}authorization: Bearer {who['token']}\r\n"
+                    f"content-length: {len(body)}\r\n\r\n"
+                ).encode() + body
+
+            memory = f"/v1/bots/{bot['id']}/memory"
+            space = "/api/app/workspace/memories"
+            k = args.connections
+
+            def remember(n: int) -> bytes:
+                return post(memory, reader, remember_body(0, n))
+
+            def workspace(n: int) -> bytes:
+                return post(space, owner, workspace_memory_body(bot["id"], nonce, 0, n))
+
+            requests["POST Remember"] = (app, remember, 201, k)
+            requests["POST workspace memory"] = (app, workspace, 201, k)
+            # The event pump runs, as on a serving gateway (a read starts it): the writes'
+            # replies bring their events, which it takes.
+            admin.get_as(reader["token"], memory)
+        requests["GET /healthz"] = (app, health, 200, 1)
         assert server.loop is not None
+        loop = server.loop
         for _ in range(args.rounds):
-            for name, (served, request) in requests.items():
-                run = serve(served, args.requests, None, request.encode(), time.thread_time, 20)
-                per = asyncio.run_coroutine_threadsafe(run, server.loop).result()
+            for name, (served, request, status, k) in requests.items():
+                run = serve(served, args.requests, None, request, time.thread_time, 20, k, status)
+                per, whole = asyncio.run_coroutine_threadsafe(run, loop).result()
                 load = os.getloadavg()[0]
-                print(f"{name}: {per * 1e6:.1f} us of the server thread's CPU per request "
-                      f"(load {load:.1f})", flush=True)  # fmt: skip
+                print(f"{name}: {per * 1e6:.1f} us of the server thread's CPU per request, "
+                      f"{whole * 1e6:.1f} us of the process's (load {load:.1f})",
+                      flush=True)  # fmt: skip
+        if args.profile:
+            for name, (served, request, status, k) in requests.items():
+                prof = cProfile.Profile(time.thread_time)  # (not the waits for the GIL)
+                run = serve(served, args.requests, prof, request, time.thread_time, 20, k, status)
+                asyncio.run_coroutine_threadsafe(run, loop).result()
+                out = io.StringIO()
+                pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
+                print(f"--- {name}\n{out.getvalue()}", flush=True)
     finally:
         admin.close()
         server.stop()
@@ -157,26 +249,128 @@ def read_rounds(args: argparse.Namespace) -> None:
         shutil.rmtree(data, ignore_errors=True)
 
 
+class _Directory:
+    """Who the token names and the bot, as the directory answers them; its watch answers
+    once, then waits (no change), so the gateway trusts its cache as when serving."""
+
+    def __init__(self, principal: Any, bot: Any) -> None:
+        self.principal = principal
+        self.bot = bot
+        self.watched = False
+
+    async def authenticate_at(self, key: str) -> tuple[int, Any]:
+        return 1, self.principal
+
+    async def bot_at(self, bot_id: str) -> tuple[int, Any]:
+        return 1, self.bot
+
+    async def watch_access(self, watcher: str, applied: int, wait: float) -> tuple[int, Any]:
+        if self.watched:
+            await asyncio.sleep(wait)
+        self.watched = True
+        return 1, []
+
+    async def unwatch_access(self, watcher: str) -> None:
+        pass
+
+
+class _Shard:
+    """A shard that answers every Remember and workspace memory with the same created entry
+    (no Ray, no storage)."""
+
+    created = b'{"id":"m1","content":"bench","tags":["bench"]}'
+
+    async def remember_packed(self, call: bytes) -> bytes:
+        return self.created
+
+    async def workspace_create_memory_json(self, access: Any, body: Any) -> bytes:
+        return self.created
+
+
+def fake_write_rounds(args: argparse.Namespace) -> None:
+    """`--fake-write`: POST Remember and a workspace memory against /healthz on a directory and
+    a shard in this process that answer at once, no Ray: the gateway's own work per write,
+    without the actor call, the coalescing and the events; counted by callgrind as /healthz
+    is (`--only` picks one; `--profile` profiles the first)."""
+    from engine.directory import Bot, Principal, User
+
+    user = User(id="u1", name="user", orgs=("o1",))
+    bot = Bot(id="b1", name="bot", org="o1", owner="u1")
+    shard = _Shard()
+    engine = types.SimpleNamespace(
+        shard_ports=[shard],
+        node_hub=None,
+        directory_port=_Directory(Principal(user=user, bots=frozenset({"b1"})), bot),
+        shard_port=lambda account: shard,
+        shard_index=lambda account: 0,
+    )
+    app = create_app(engine, "bench-admin-token")  # type: ignore[arg-type]
+    body = (
+        b'{"command":{"_tag":"Remember","content":"the customer prefers short answers",'
+        b'"tags":["bench"]}}'
+    )
+
+    def post(path: bytes, body: bytes) -> bytes:
+        return (
+            b"POST %s HTTP/1.1\r\nhost: b\r\ncontent-type: application/json\r\n"
+            b"authorization: Bearer user-token\r\ncontent-length: %d\r\n\r\n" % (path, len(body))
+        ) + body
+
+    memory = (
+        b'{"requestId":"r1","scope":"bot","bot":"b1",'
+        b'"content":"the customer prefers short answers"}'
+    )
+    requests = {
+        "POST Remember (no actor)": (post(b"/v1/bots/b1/memory", body), 201),
+        "POST workspace memory (no actor)": (post(b"/api/app/workspace/memories", memory), 201),
+        "GET /healthz": (REQUEST, 200),
+    }
+    if args.only:
+        requests = {k: v for k, v in requests.items() if args.only in k}
+    for _ in range(args.rounds):
+        for name, (request, status) in requests.items():
+            run = serve(app, args.requests, None, request, warmup=20, expect=status)
+            per, _ = asyncio.run(run)
+            print(f"{name}: {per * 1e6:.1f} us of CPU per request", flush=True)
+    if args.profile:
+        prof = cProfile.Profile()
+        request = next(iter(requests.values()))[0]
+        asyncio.run(serve(app, args.requests, prof, request, warmup=20, expect=201))
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
+        print(out.getvalue())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=5000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--top", type=int, default=30, help="functions --profile lists")
     p.add_argument("--read", action="store_true", help="GET memory against /healthz (Ray)")
+    p.add_argument("--write", action="store_true", help="POST Remember, workspace memory (Ray)")
+    p.add_argument(
+        "--connections", type=int, default=8, help="--write: connections writing at once"
+    )
+    p.add_argument("--only", help="--fake-write: only the requests whose name has this")
+    p.add_argument("--fake-write", action="store_true", help="POST Remember, no actor (no Ray)")
     args = p.parse_args()
-    if args.read:
-        read_rounds(args)
+    if args.fake_write:
+        fake_write_rounds(args)
+        return
+    if args.read or args.write:
+        engine_rounds(args)
         return
     engine = types.SimpleNamespace(shard_ports=[], node_hub=None)  # /healthz calls no actor
     app = create_app(engine, "bench-admin-token")  # type: ignore[arg-type]
     for _ in range(args.rounds):
-        per = asyncio.run(serve(app, args.requests, None))
+        per, _ = asyncio.run(serve(app, args.requests, None))
         print(f"GET /healthz: {per * 1e6:.1f} us of CPU per request", flush=True)
     if args.profile:
         prof = cProfile.Profile()
         asyncio.run(serve(app, args.requests, prof))
         out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
         print(out.getvalue())
 
 

@@ -34,7 +34,7 @@ from gateway.metrics import MetricsApi, RequestLog
 from gateway.nodes import NodesEndpoint
 from gateway.openapi import openapi_document
 from gateway.request_routes import RequestsApi
-from gateway.routing import PrefixRouter
+from gateway.routing import Endpoint, PrefixRouter
 from gateway.workspace_memory_routes import WorkspaceMemoryApi
 from gateway.workspace_routes import WorkspaceApi
 
@@ -119,7 +119,7 @@ def create_app(
     lists = ListingApi(engine, auth)
     rq = RequestsApi(engine, auth, chats)
     trees = FileExportApi(engine, auth)
-    r: Callable[..., Route] = Route
+    r: Callable[..., Route] = Endpoint
     read_memory = r("/v1/bots/{bot}/memory", memory.get_memory, methods=["GET"])
     routes = [
         r("/v1/admin/orgs", lists.admin_list("orgs"), methods=["GET"]),

@@ -148,7 +148,27 @@ def bearer(header: str) -> str | None:
 
 
 def bearer_token(conn: HTTPConnection) -> str:
-    token = bearer(conn.headers.get("authorization", ""))
+    return scope_bearer(conn.scope)
+
+
+def first_header(scope: Scope, name: bytes) -> str | None:
+    """The value of the scope's first header `name` (lower case), as `request.headers.get`
+    reads it, without building the request's header map."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def org_header(conn: HTTPConnection) -> str | None:
+    """The `OpenBot-Org` header: the org the caller works in for this request."""
+    return first_header(conn.scope, b"openbot-org")
+
+
+def scope_bearer(scope: Scope) -> str:
+    """The token of the scope's first `Authorization` header (Unauthenticated without one)."""
+    header = first_header(scope, b"authorization")
+    token = bearer(header) if header is not None else None
     if token is None:
         raise Unauthenticated("send Authorization: Bearer <token>", code="missing_token")
     return token
@@ -293,10 +313,15 @@ class Auth:
 
     async def caller(self, conn: HTTPConnection) -> Principal:
         """The request's principal, resolved once per request."""
-        principal = conn.scope.get(_PRINCIPAL)
+        return await self.caller_of(conn.scope)
+
+    async def caller_of(self, scope: Scope) -> Principal:
+        """`caller` for an ASGI scope (its first `Authorization` header, as `conn.headers`
+        reads it, without building the request's header map)."""
+        principal = scope.get(_PRINCIPAL)
         if principal is None:
-            principal = await self.principal_for(bearer_token(conn))
-            conn.scope[_PRINCIPAL] = principal
+            principal = await self.principal_for(scope_bearer(scope))
+            scope[_PRINCIPAL] = principal
         return principal
 
     async def user(self, conn: HTTPConnection) -> Principal:
@@ -424,7 +449,7 @@ class TokenRequired:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not is_public(scope["path"]):
             try:
-                await self.auth.caller(HTTPConnection(scope))
+                await self.auth.caller_of(scope)
             except OpenBotError as e:  # a bad token, or the directory unavailable (503)
                 response = error_response(status_of(e), e.code, e.message, e.details)
                 await response(scope, receive, send)

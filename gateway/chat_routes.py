@@ -15,7 +15,7 @@ from actors.ports import EnginePort, ShardPort
 from engine.directory import Principal, chat_home, check_id, require_use, resolve_org
 from engine.errors import Forbidden, InvalidInput, NotFound, OpenBotError
 from gateway import wire
-from gateway.auth import Auth
+from gateway.auth import Auth, org_header
 from gateway.chat_access import ChatAccess, require_chat_owner
 from gateway.chat_search_routes import ChatSearchApi, paging
 from gateway.json_response import json, read_body
@@ -36,7 +36,7 @@ class ChatsApi:
             project_org = await self._require_project_member(body.project, principal.user.id)
         # The directory decides the chat's org (the bot's or the channel's) and checks the
         # header against it.
-        requested = request.headers.get("openbot-org") or None
+        requested = org_header(request) or None
         if requested is not None and body.channel is not None:
             resolve_org(principal.user, requested)
         chat = await self.engine.directory_port.create_chat(

@@ -9,6 +9,7 @@ import logging
 
 import msgspec
 from starlette.exceptions import HTTPException
+from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -110,3 +111,45 @@ class ContainErrors:
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             if not started:
                 await error_response(500, "internal", "internal error")(scope, receive, send)
+
+
+class RouterErrors:
+    """ASGI middleware (innermost, around the router), in place of Starlette's
+    `ExceptionMiddleware`: the handlers of `HANDLERS` but `Exception`'s (that one is
+    `ContainErrors`'s) answer what the router raises (an unknown route's 404, a method's 405)
+    and what an `Endpoint` raises (gateway/routing.py: it has no wrapper of its own); a plain
+    Starlette route's wrapper finds the same handlers in the scope.
+
+    Unlike Starlette's, it does not follow each message sent to know whether an answer started:
+    an endpoint fails before its answer starts (it returns its whole answer, sent after). An
+    error after a start (a streamed answer failing) would be answered once more: the server
+    refuses that second start and its error goes on to `ContainErrors`, which logs it.
+    Websockets keep Starlette's layer."""
+
+    def __init__(self, app: ASGIApp, handlers: dict) -> None:
+        self.app = app
+        kept = {k: v for k, v in handlers.items() if k not in (500, Exception)}
+        by_class = {k: v for k, v in kept.items() if not isinstance(k, int)}
+        self.handlers = (by_class, {k: v for k, v in kept.items() if isinstance(k, int)})
+        self.sockets = ExceptionMiddleware(app, handlers=kept)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.sockets(scope, receive, send)
+            return
+        scope["starlette.exception_handlers"] = self.handlers
+        try:
+            await self.app(scope, receive, send)
+        except Exception as exc:
+            handler = None
+            if isinstance(exc, HTTPException):
+                handler = self.handlers[1].get(exc.status_code)
+            for cls in type(exc).__mro__ if handler is None else ():
+                handler = self.handlers[0].get(cls)
+                if handler is not None:
+                    break
+            if handler is None:
+                raise
+            response = await handler(Request(scope, receive), exc)
+            await response(scope, receive, send)
+            exc.__traceback__ = None  # (one instance raised on many requests piles up frames)

@@ -31,12 +31,13 @@ from dataclasses import dataclass, field
 import msgspec
 from starlette._utils import get_route_path
 from starlette.applications import Starlette
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from engine.errors import InvalidInput, OpenBotError, TooLarge, Unauthenticated
 from engine.events import Listener
 from gateway.auth import Auth, bearer_token
+from gateway.errors import RouterErrors
 from gateway.fanout import Hub
 from gateway.metrics import WS_CLIENTS
 from gateway.socket_frames import FRAMES
@@ -303,6 +304,15 @@ class StreamFirst(Starlette):
         if self.middleware_stack is None:
             self.middleware_stack = self.build_middleware_stack()
         await self.middleware_stack(scope, receive, send)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        """The app's middlewares around the router, without Starlette's outermost layer (its
+        500 answer: `ContainErrors`, among the app's own, gives it and keeps the connection)
+        and with `RouterErrors` for its exception layer."""
+        app: ASGIApp = RouterErrors(self.router, self.exception_handlers)
+        for cls, args, kwargs in reversed(self.user_middleware):
+            app = cls(app, *args, **kwargs)
+        return app
 
 
 def _listener(principal) -> Listener:

@@ -30,7 +30,15 @@ def json(obj: Any, status: int = 200) -> Response:
     return Response(_enc.encode(to_wire(obj)), status_code=status, media_type="application/json")
 
 
+CHECKED = "openbot.body"  # where `BodyLimits` leaves the body it read and checked
+
+
 async def read_body(request: Request) -> bytes:
+    """The request's body, within `wire.MAX_BODY` bytes and `wire.MAX_DEPTH` levels: as
+    `BodyLimits` checked it, or read and checked here (an app without that middleware)."""
+    checked = request.scope.get(CHECKED)
+    if checked is not None:
+        return checked
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > wire.MAX_BODY:
         raise TooLarge(f"request body over {wire.MAX_BODY} bytes", code="body_too_large")
@@ -80,6 +88,8 @@ class BodyLimits:
         except OpenBotError as e:
             await error_response(status_of(e), e.code, e.message, e.details)(scope, receive, send)
             return
+        if disconnected is None:
+            scope[CHECKED] = whole
         replayed = False
 
         async def replay() -> Message:

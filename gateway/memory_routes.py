@@ -5,7 +5,6 @@ drops the pool's cached pages around it, so a client reads its own writes."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import msgspec
 from starlette.requests import Request
@@ -29,7 +28,7 @@ from engine.memory_bot_settings import SettingsPatch
 from engine.memory_entries import Reader
 from engine.numbers import query_number
 from gateway import wire
-from gateway.auth import Auth
+from gateway.auth import Auth, org_header
 from gateway.events import Hub
 from gateway.json_response import json, read_body
 from gateway.read_cache import ReadCache
@@ -52,7 +51,7 @@ class MemoryApi:
         assert principal.user is not None
         bot = await self.auth.bot(request.path_params["bot"])
         (require_write if write else require_use)(bot, principal.user)
-        reader = _reader(principal, request.headers.get("openbot-org"), bot)
+        reader = _reader(principal, org_header(request), bot)
         return bot, self.engine.shard_port(bot.owner), reader
 
     def cached_page(self, token: str, bot_id: str, org: str | None) -> bytes | None:
@@ -99,22 +98,15 @@ class MemoryApi:
             self.cache.put(key, shard_index, epoch, fill, body, generation)
         return Response(body, media_type="application/json")
 
-    @contextlib.asynccontextmanager
-    async def _writing(self, pool: str):
-        """Around a write: this gateway's cached pages of the pool go, before and after, so its
-        clients read their own writes even before the change's event arrives."""
-        self.cache.forget_pool(pool)
-        try:
-            yield
-        finally:
-            self.cache.forget_pool(pool)
+    def _writing(self, pool: str) -> _Writing:
+        return _Writing(self.cache, pool)
 
     async def post_memory(self, request: Request) -> Response:
         bot, shard, reader = await self._memory_call(request)
         body = wire.decode_memory_command(await read_body(request))
         command = body.command
         pool = bot_pool(bot.id)
-        async with self._writing(pool):
+        with self._writing(pool):
             if isinstance(command, wire.Remember):
                 remember = RememberCall(
                     pool=pool,
@@ -135,7 +127,7 @@ class MemoryApi:
         body = wire.decode(await read_body(request), wire.Widen)
         widening.check_grant(body.to)
         pool = bot_pool(bot.id)
-        async with self._writing(pool):
+        with self._writing(pool):
             done = await shard.widen(pool, request.path_params["id"], body.to, reader.user)
         return json(done)
 
@@ -148,7 +140,7 @@ class MemoryApi:
         bot, shard, _ = await self._memory_call(request, write=True)
         body = wire.decode(await read_body(request), wire.Purge)
         tagmod.validate_purge_tag(body.tag)
-        async with self._writing(bot_pool(bot.id)):
+        with self._writing(bot_pool(bot.id)):
             count = await shard.purge(bot_pool(bot.id), body.tag)
         if body.tag.startswith("chat:"):
             # What the bot's memory bot learned from the chat for people and projects too:
@@ -169,6 +161,24 @@ class MemoryApi:
         bot, shard, _ = await self._memory_call(request, write=True)
         patch = wire.decode(await read_body(request), SettingsPatch)
         return json(await shard.patch_memory_bot_settings(bot_pool(bot.id), patch))
+
+
+class _Writing:
+    """Around a write: this gateway's cached pages of the pool go, before and after, so its
+    clients read their own writes even before the change's event arrives. (A plain context
+    manager: an async one costs a generator and its steps on every write.)"""
+
+    __slots__ = ("cache", "pool")
+
+    def __init__(self, cache: ReadCache, pool: str) -> None:
+        self.cache = cache
+        self.pool = pool
+
+    def __enter__(self) -> None:
+        self.cache.forget_pool(self.pool)
+
+    def __exit__(self, *exc: object) -> None:
+        self.cache.forget_pool(self.pool)
 
 
 MEMORY_SEARCH_LIMIT = 20

@@ -13,18 +13,34 @@ route): the routes a path may match are listed once per key, the path up to its 
 first two segments). A route whose prefix the path starts with has a prefix that is either a
 start of the path's key or starts with that key (a longer prefix runs on past the key's end,
 which is a `/` or the path's end), so the list for each key of a route's prefix holds every
-route a path of that key can match; a path of any other key is compared with every prefix."""
+route a path of that key can match; a path of any other key is compared with every prefix.
+
+A route that does not take the request's method can at most match in part (405), which counts
+only when no route matches in full: such routes are matched only then, in order, so a request
+tries the routes that take its method first (a Remember's POST, listed after two GET routes
+its path may match, is matched once).
+
+`Endpoint` is a `Route` whose endpoint is called without Starlette's per-request wrapper (a
+function and a tracker of sent messages, made for each request, that answer the endpoint's
+errors with the app's handlers): the endpoint's errors go up to the app's `RouterErrors`
+(gateway/errors.py), which answers them with the same handlers."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 from starlette._utils import get_route_path
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Match, Mount, Route, Router, WebSocketRoute
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 
 def literal_prefix(route: BaseRoute) -> str:
     """What every path the route matches starts with ("" when that is not known)."""
-    if type(route) in (Route, WebSocketRoute, Mount):
+    if type(route) in (Route, Endpoint, WebSocketRoute, Mount):
         return route.path.split("{", 1)[0]  # type: ignore[attr-defined]
     return ""
 
@@ -64,16 +80,25 @@ class PrefixRouter(Router):
         """The route Starlette's scan would hand the request to (a full match, else the first
         partial one), its child scope and the kind of match; None if no route matches."""
         path = get_route_path(scope)
-        partial = None
+        method = scope.get("method") if scope["type"] == "http" else None
+        other: list[BaseRoute] = []  # routes that do not take the method: a 405 at most
         for prefix, route in self._prefixed(path):
             if not path.startswith(prefix):
+                continue
+            methods = route.methods if method is not None and isinstance(route, Route) else None
+            if methods and method not in methods:
+                other.append(route)
                 continue
             match, child_scope = route.matches(scope)
             if match is Match.FULL:
                 return route, child_scope, match
-            if match is Match.PARTIAL and partial is None:
-                partial = (route, child_scope, match)
-        return partial
+            if match is Match.PARTIAL:
+                other.append(route)  # (not a Route's: one taking the method matches or not)
+        for route in other:
+            match, child_scope = route.matches(scope)
+            if match is not Match.NONE:
+                return route, child_scope, match
+        return None
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -88,3 +113,25 @@ class PrefixRouter(Router):
         scope["route"] = route
         scope.update(child_scope)
         await route.handle(scope, receive, send)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Endpoint(Route):
+    """A `Route` to an async endpoint (`Request` → `Response`), answered without Starlette's
+    per-request wrapper: its errors go up to the app's `RouterErrors`."""
+
+    def __init__(self, path: str, endpoint: Handler, **kwargs: Any) -> None:
+        if not inspect.iscoroutinefunction(endpoint):
+            raise TypeError(f"{path}: an Endpoint's endpoint is an async function")
+        super().__init__(path, endpoint, **kwargs)
+        self.app = _answer(endpoint)
+
+
+def _answer(endpoint: Handler) -> ASGIApp:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        response = await endpoint(Request(scope, receive, send))
+        await response(scope, receive, send)
+
+    return app

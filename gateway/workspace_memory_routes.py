@@ -39,7 +39,7 @@ from engine.scoped_memory import (
 )
 from engine.workspace_search import Hit, combine
 from gateway import wire
-from gateway.auth import Auth
+from gateway.auth import Auth, org_header
 from gateway.json_response import json, read_body
 
 SCOPES = ("bot", "user", "project")
@@ -102,7 +102,7 @@ class WorkspaceMemoryApi:
         principal = await self.auth.user(request)
         assert principal.user is not None
         user = principal.user
-        header = request.headers.get("openbot-org")
+        header = org_header(request)
         orgs = ((resolve_org(user, header),) if header or user.orgs else ()) + tuple(user.orgs)
         # The org the caller works in with each bot (a shared bot works in several): its
         # records of the other orgs are read in none of this request's listings.
@@ -150,7 +150,7 @@ class WorkspaceMemoryApi:
         projmod.check_request_id(change.requestId)
         if isinstance(change, ProjectCreate):
             assert principal.user is not None
-            org = resolve_org(principal.user, request.headers.get("openbot-org"))
+            org = resolve_org(principal.user, org_header(request))
             if change.id is not None:
                 pid = account_project_id(me, change.id)
                 change = msgspec.structs.replace(change, id=None)

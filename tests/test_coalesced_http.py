@@ -24,6 +24,12 @@ def _coalesced() -> tuple[float, int]:
     return 0.0, 0
 
 
+def _lane_writes() -> float:
+    """Coalesced write calls this process (the gateway) sent over a shard's lane."""
+    counters = STATS.snapshot()["counters"]
+    return sum(v for n, _, v in counters if n == "openbot_lane_writes_total")
+
+
 def _client(world, name: str) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {world.tokens[name]}"}
     return httpx.AsyncClient(base_url=world.server.url, headers=headers, timeout=30)
@@ -64,12 +70,12 @@ def test_30_concurrent_remembers_each_get_their_own_answer_and_events_come_once(
         first = asyncio.ensure_future(stream.__anext__())
         await asyncio.sleep(0.3)  # connected and live
         clients = {n: _client(world, n) for n in ("alice", "bob", "carol")}
-        before = _coalesced()
+        before, laned = _coalesced(), _lane_writes()
         try:
             responses = await asyncio.gather(
                 *(clients[who].post(url, json=body) for who, body, _, _ in plan)
             )
-            after = _coalesced()
+            after, laned = _coalesced(), _lane_writes() - laned
             page = (await clients["alice"].get(url)).json()
             retried = await clients["alice"].post(url, json=remember("once", f"{tag}-once"))
             frames = [await asyncio.wait_for(first, 10)]
@@ -86,9 +92,9 @@ def test_30_concurrent_remembers_each_get_their_own_answer_and_events_come_once(
             for c in clients.values():
                 await c.aclose()
             await events.close()
-        return responses, before, after, page, retried, frames, created
+        return responses, before, after, laned, page, retried, frames, created
 
-    responses, before, after, page, retried, frames, created = asyncio.run(scenario())
+    responses, before, after, laned, page, retried, frames, created = asyncio.run(scenario())
     reused = []
     for (who, body, status, code), r in zip(plan, responses, strict=True):
         if status == 0:
@@ -119,6 +125,7 @@ def test_30_concurrent_remembers_each_get_their_own_answer_and_events_come_once(
     # The burst went in fewer calls than requests (the first alone, the rest as they queued).
     requests, calls = after[0] - before[0], after[1] - before[1]
     assert calls < requests, (requests, calls)
+    assert laned == calls, (laned, calls)  # every call of the burst went over the shard's lane
 
 
 def test_concurrent_workspace_memory_writes_each_get_their_own_answer(world):

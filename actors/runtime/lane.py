@@ -99,10 +99,11 @@ class _Ask(msgspec.Struct, frozen=True, array_like=True):
 class _Answer(msgspec.Struct, frozen=True, array_like=True):
     id: int  # one of the answers, or the error:
     outcome: StepOutcome | None = None
-    events: bytes | None = None  # a packed EventBatch, or a packed call's replies
+    events: bytes | None = None  # a packed EventBatch
     turn: Turn | None = None
     result: TurnResult | None = None
     error: CallError | None = None
+    replies: bytes | None = None  # a packed write call's replies
 
 
 class LaneHost(Protocol):
@@ -261,7 +262,7 @@ class LaneServer:
                 return _Answer(id=ask.id, result=turn)
             return _Answer(id=ask.id, turn=turn)
         if ask.packed is not None:
-            return _Answer(id=ask.id, events=await host.lane_packed(ask.packed))
+            return _Answer(id=ask.id, replies=await host.lane_packed(ask.packed))
         raise Unavailable("an empty lane call", code="engine_error")
 
 
@@ -313,7 +314,7 @@ class LaneClient:
     async def packed(self, call: PackedCall) -> bytes | None:
         """A coalesced write call's packed replies; None when there is no lane."""
         answer = await self._ask(lambda i: _Ask(id=i, packed=call))
-        return None if answer is None else (answer.events or b"")
+        return None if answer is None else (answer.replies or b"")
 
     async def _ask(self, make: Callable[[int], _Ask]) -> _Answer | None:
         writer = self._writer if self._writer is not None else await self._open()

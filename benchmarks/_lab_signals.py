@@ -13,6 +13,13 @@ half, reported for both halves in docs/search.md.
 - **Sentence vectors.** A record of several sentences is also scored by its best sentence's
   cosine (each sentence with the record's label), so one relevant sentence among small talk
   counts for more than in the whole record's mean-pooled vector.
+- **Dense feedback.** The query's vector moved toward the mean vector of the first fused hits
+  (Rocchio), the fused list's first candidates ranked again by it: records that say what the
+  first hits say, in other words than the query's. No second pass over the pool.
+- **Vector neighbours.** The fused list's candidates whose vectors are near two or more of the
+  first hits: the other items of a list question's answer look like its first items.
+- **Flat keyword lists.** A keyword list whose tenth score is near its first barely tells its
+  records apart; the semantic list may then weigh more.
 """
 
 from __future__ import annotations
@@ -173,3 +180,52 @@ def best_sentence(
     for col, row in enumerate(owner):
         np.maximum(best[:, row], sims[:, col], out=best[:, row])
     return whole + share * (best - whole)
+
+
+def dense_feedback(
+    query_vec: np.ndarray,
+    first: Sequence[int],
+    candidates: Sequence[int],
+    vectors: np.ndarray,
+    share: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The `candidates` (rows of `vectors`, unit vectors) ordered by cosine with the query's
+    vector plus `share` times the mean vector of the `first` hits, renormalised; with those
+    cosines. Without first hits the query's own vector ranks them."""
+    query = np.asarray(query_vec, dtype=np.float64)
+    if len(first):
+        query = query + share * vectors[list(first)].mean(axis=0)
+        norm = np.linalg.norm(query)
+        query = query / norm if norm else query
+    rows = np.asarray(candidates, dtype=np.int64)
+    cos = vectors[rows] @ query if len(rows) else np.zeros(0)
+    order = np.argsort(-cos, kind="stable")
+    return rows[order], cos[order]
+
+
+def vector_neighbours(
+    first: Sequence[int],
+    candidates: Sequence[int],
+    vectors: np.ndarray,
+    min_cos: float,
+    need: int = 2,
+) -> list[int]:
+    """The `candidates` at cosine `min_cos` or more with at least `need` of the `first` hits
+    (a record is not its own neighbour), those near the most first hits first, then by the sum
+    of those cosines."""
+    if not len(first) or not len(candidates):
+        return []
+    sims = vectors[list(candidates)] @ vectors[list(first)].T
+    for n, row in enumerate(candidates):
+        sims[n, [j for j, f in enumerate(first) if f == row]] = -1.0
+    near = sims >= min_cos
+    count = near.sum(axis=1)
+    total = np.where(near, sims, 0.0).sum(axis=1)
+    chosen = [n for n in range(len(candidates)) if count[n] >= need]
+    chosen.sort(key=lambda n: (-count[n], -total[n], n))
+    return [candidates[n] for n in chosen]
+
+
+def flat(scores: Sequence[float], share: float, place: int = 10) -> bool:
+    """Whether a ranked list's score at `place` is at least `share` of its first."""
+    return len(scores) >= place and scores[0] > 0 and scores[place - 1] >= share * scores[0]

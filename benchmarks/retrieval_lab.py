@@ -8,9 +8,12 @@ embedding model, exact cosine instead of the shard's int8 vectors).
     .venv/bin/python -m benchmarks.retrieval_lab --data locomo --file PATH --halves [--held-out]
         [--embedding minilm|e5-small] [--sentences SHARE]
         [--expand MIN_COS,PER_WORD,MAX_SHARE,W[,QUERY_SHARE]] [--feedback TOP,WORDS,MAX_SHARE,W]
+        [--dense-feedback TOP,SHARE,CANDIDATES[,W]] [--neighbours TOP,MIN_COS,CANDIDATES,W]
+        [--flat-dense SHARE,W]
 
-`--expand`, `--feedback` and `--sentences`: signals no search path has yet
-(benchmarks/_lab_signals.py); `--expand` and `--feedback` also apply to the generated sets.
+`--expand`, `--feedback`, `--sentences`, `--dense-feedback`, `--neighbours` and `--flat-dense`:
+signals no search path has yet (benchmarks/_lab_signals.py); all but `--sentences` also apply
+to the generated sets.
 
 Keyword hits come from storage/search_index.py's TermIndex, each turn indexed as a shard indexes
 records written in a row (actors/workspace/pools.py: `in_context`, own words four times, the
@@ -295,14 +298,69 @@ def by_half(args, convs) -> None:
         if args.feedback:
             lists.append(feedback_lists(args, part, questions, texts, kw))
             w.append(args.feedback[3])
-        if len(lists) > 2:
-            hy = [rrf(each, w, wsr.RRF_K) for each in zip(*lists, strict=True)]
+        if len(lists) > 2 or refused(args):
+            hy = refused_lists(args, lists, w, ids, dvec, qvec)
             hy = [[Hit(id=i, score=0.0, kinds=()) for i in ranked] for ranked in hy]
         print(f"{half}: {len(questions)} questions, recall@10 / hit@10")
         for name, lists in (("keyword", kw), ("semantic", sem), ("hybrid", hy)):
             m = measures([[h.id for h in hits[:10]] for hits in lists], part)
             cells = "  ".join(f"{k} {v[0]:.3f} / {v[1]:.3f}" for k, v in m.items())
             print(f"  {name:<9} {cells}", flush=True)
+
+
+def refused(args) -> bool:
+    """Whether a signal fuses the lists again from their first fusion's hits."""
+    return bool(args.dense_feedback or args.neighbours or args.flat_dense)
+
+
+def refused_lists(args, lists, weights, ids, dvec, qvec) -> list[list[str]]:
+    """The first 10 ids of each question's lists (keyword, semantic, then any others) fused by
+    RRF at `weights`, with the signals that read the first fusion (benchmarks/_lab_signals.py):
+    `--flat-dense SHARE,W` the semantic list at weight W when the keyword list's tenth score is
+    at least SHARE of its first; `--dense-feedback TOP,SHARE,CANDIDATES[,W]` the first
+    CANDIDATES fused hits ranked by cosine with the query's vector plus SHARE times the mean of
+    the first TOP hits' vectors, instead of the semantic list (W 0 or none) or as another list
+    at weight W; `--neighbours TOP,MIN_COS,CANDIDATES,W` those of the first CANDIDATES at cosine
+    MIN_COS or more with two or more of the first TOP hits, as another list at weight W."""
+    from benchmarks._lab_signals import dense_feedback, flat, vector_neighbours
+
+    row = {i: n for n, i in enumerate(ids)}
+    out = []
+    for n, each in enumerate(zip(*lists, strict=True)):
+        each, w = list(each), list(weights)
+        if args.flat_dense and flat([h.score for h in each[0]], args.flat_dense[0]):
+            w[1] = args.flat_dense[1]
+        first = rrf(each, w, wsr.RRF_K, limit=DEPTH)
+        if args.dense_feedback:
+            top, share, cands, *weight = args.dense_feedback
+            got, cos = dense_feedback(
+                qvec[n],
+                [row[i] for i in first[: int(top)]],
+                [row[i] for i in first[: int(cands)]],
+                dvec,
+                share,
+            )
+            hits = [
+                Hit(id=ids[r], score=float(c), kinds=("semantic",))
+                for r, c in zip(got, cos, strict=True)
+            ]
+            if weight and weight[0]:
+                each.append(hits)
+                w.append(weight[0])
+            else:
+                each[1] = hits
+        if args.neighbours:
+            top, min_cos, cands, weight = args.neighbours
+            near = vector_neighbours(
+                [row[i] for i in first[: int(top)]],
+                [row[i] for i in first[: int(cands)]],
+                dvec,
+                min_cos,
+            )
+            each.append([Hit(id=ids[r], score=0.0, kinds=("semantic",)) for r in near])
+            w.append(weight)
+        out.append(rrf(each, w, wsr.RRF_K))
+    return out
 
 
 def expansion_lists(args, part, questions, texts) -> list[list[Hit]]:
@@ -482,6 +540,21 @@ def main() -> None:
     p.add_argument(
         "--sentences", type=float, help="with --halves: share of a best sentence's cosine (0.3)"
     )
+    p.add_argument(
+        "--dense-feedback",
+        type=lambda v: tuple(float(x) for x in v.split(",")),
+        help="Rocchio re-ranking TOP,SHARE,CANDIDATES[,WEIGHT] (3,0.6,300)",
+    )
+    p.add_argument(
+        "--neighbours",
+        type=lambda v: tuple(float(x) for x in v.split(",")),
+        help="vector neighbours of the first hits TOP,MIN_COS,CANDIDATES,WEIGHT (10,0.5,100,0.25)",
+    )
+    p.add_argument(
+        "--flat-dense",
+        type=lambda v: tuple(float(x) for x in v.split(",")),
+        help="semantic weight for a flat keyword list SHARE,WEIGHT (0.7,1.25)",
+    )
     args = p.parse_args()
     if args.min_score is None:
         from actors.models.embeddings import DEFAULT_MIN_SCORE
@@ -539,10 +612,12 @@ def main() -> None:
             lists.append([hits if q else [] for q, hits in zip(queries, found, strict=True)])
             w.append(weight[3])
             named.append(name)
+    if refused(args):
+        named += [n for n in ("dense_feedback", "neighbours", "flat_dense") if getattr(args, n)]
     if named:
-        runs[f"shard's fusion + {' + '.join(named)} (both)"] = [
-            rrf(each, w, wsr.RRF_K) for each in zip(*lists, strict=True)
-        ]
+        runs[f"shard's fusion + {' + '.join(named)} (both)"] = refused_lists(
+            args, lists, w, ids, dvec, qvec
+        )
     for c in kw:
         pairs = list(zip(kw[c], sem, strict=True))
         for k in (10, 60):

@@ -3,7 +3,15 @@
 import numpy as np
 import Stemmer
 
-from benchmarks._lab_signals import Feedback, Vocabulary, best_sentence, sentences
+from benchmarks._lab_signals import (
+    Feedback,
+    Vocabulary,
+    best_sentence,
+    dense_feedback,
+    flat,
+    sentences,
+    vector_neighbours,
+)
 
 # Hand-made directions: "arts" sits near "kickboxing" and "karate", "art" (its own stem) nearer
 # still; "hello" is everywhere and near "greetings".
@@ -135,3 +143,57 @@ def test_feedback_skips_words_of_the_query_stems():
     got = feedback().query("What does John paint?", [2], 3, 0.1).split()
     assert "painting" not in got and "paints" not in got
     assert "fence" in got
+
+
+def unit(rows: list[list[float]]) -> np.ndarray:
+    vecs = np.array(rows, dtype=np.float64)
+    return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+
+
+# Row 0 is the query's best match; rows 1 and 2 share its topic (axis 1) but not the query's
+# words (axis 0); row 3 is off topic.
+TOPIC = unit([[1, 1, 0], [0.3, 1, 0], [0.5, 0.2, 1], [0.6, 0, 1]])
+QUERY = np.array([1.0, 0.0, 0.0])
+
+
+def test_dense_feedback_moves_the_query_toward_the_first_hits():
+    alone, _ = dense_feedback(QUERY, [0], [1, 2, 3], TOPIC, 0.0)
+    assert list(alone) == [3, 2, 1]  # by the query's own vector
+    moved, cos = dense_feedback(QUERY, [0], [1, 2, 3], TOPIC, 1.0)
+    assert list(moved) == [1, 3, 2]  # the first hit's topic lifts row 1
+    assert np.all(np.diff(cos) <= 0)
+    query = QUERY + TOPIC[0]
+    assert np.isclose(cos[0], TOPIC[1] @ query / np.linalg.norm(query))
+
+
+def test_dense_feedback_ranks_only_the_candidates_and_without_first_hits_by_the_query():
+    got, _ = dense_feedback(QUERY, [], [2, 1], TOPIC, 1.0)
+    assert list(got) == [2, 1]
+    got, cos = dense_feedback(QUERY, [0], [], TOPIC, 1.0)
+    assert len(got) == 0 and len(cos) == 0
+
+
+# Rows 0-2 near each other (cosines above 0.98), row 3 less near them (0.70-0.78), row 4 near
+# none of them.
+CLUSTER = unit([[1, 0, 0], [0.9, 0.1, 0], [0.9, 0, 0.1], [0.7, 0.7, 0.1], [0, 0, 1]])
+
+
+def test_vector_neighbours_need_two_first_hits_and_skip_themselves():
+    # Row 1 is a first hit: near the other first hit only (itself not counted), so not listed.
+    assert vector_neighbours([0, 1], [1, 2, 3, 4], CLUSTER, 0.6) == [2, 3]
+    assert vector_neighbours([0, 1], [1, 2, 3, 4], CLUSTER, 0.6, need=1) == [2, 3, 1]
+    assert vector_neighbours([0, 1], [1, 2, 3, 4], CLUSTER, 0.75) == [2]  # row 3: one only
+    assert vector_neighbours([0, 1], [1, 2, 3, 4], CLUSTER, 0.999) == []
+    assert vector_neighbours([], [1, 2], CLUSTER, 0.5) == []
+
+
+def test_vector_neighbours_near_the_most_first_hits_come_first():
+    # Row 2 is near all three first hits; row 3 near the two others.
+    assert vector_neighbours([0, 1, 3], [3, 2], CLUSTER, 0.6) == [2, 3]
+
+
+def test_flat_compares_the_tenth_score_with_the_first():
+    assert flat([10.0] + [6.0] * 9, 0.5)
+    assert not flat([10.0] + [6.0] * 8 + [4.0], 0.5)
+    assert not flat([10.0] * 9, 0.5)  # fewer than ten hits: not flat
+    assert flat([10.0, 9.0, 8.0], 0.5, place=3)

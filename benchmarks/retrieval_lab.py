@@ -298,8 +298,8 @@ def by_half(args, convs) -> None:
         if args.feedback:
             lists.append(feedback_lists(args, part, questions, texts, kw))
             w.append(args.feedback[3])
-        if len(lists) > 2 or refused(args):
-            hy = refused_lists(args, lists, w, ids, dvec, qvec)
+        if len(lists) > 2 or fuses_twice(args):
+            hy = fused_twice(args, lists, w, ids, dvec, qvec)
             hy = [[Hit(id=i, score=0.0, kinds=()) for i in ranked] for ranked in hy]
         print(f"{half}: {len(questions)} questions, recall@10 / hit@10")
         for name, lists in (("keyword", kw), ("semantic", sem), ("hybrid", hy)):
@@ -308,12 +308,12 @@ def by_half(args, convs) -> None:
             print(f"  {name:<9} {cells}", flush=True)
 
 
-def refused(args) -> bool:
+def fuses_twice(args) -> bool:
     """Whether a signal fuses the lists again from their first fusion's hits."""
     return bool(args.dense_feedback or args.neighbours or args.flat_dense)
 
 
-def refused_lists(args, lists, weights, ids, dvec, qvec) -> list[list[str]]:
+def fused_twice(args, lists, weights, ids, dvec, qvec) -> list[list[str]]:
     """The first 10 ids of each question's lists (keyword, semantic, then any others) fused by
     RRF at `weights`, with the signals that read the first fusion (benchmarks/_lab_signals.py):
     `--flat-dense SHARE,W` the semantic list at weight W when the keyword list's tenth score is
@@ -612,10 +612,10 @@ def main() -> None:
             lists.append([hits if q else [] for q, hits in zip(queries, found, strict=True)])
             w.append(weight[3])
             named.append(name)
-    if refused(args):
+    if fuses_twice(args):
         named += [n for n in ("dense_feedback", "neighbours", "flat_dense") if getattr(args, n)]
     if named:
-        runs[f"shard's fusion + {' + '.join(named)} (both)"] = refused_lists(
+        runs[f"shard's fusion + {' + '.join(named)} (both)"] = fused_twice(
             args, lists, w, ids, dvec, qvec
         )
     for c in kw:

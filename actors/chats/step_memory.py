@@ -21,6 +21,7 @@ from actors.chats.step_policy import reader_for
 from actors.contracts import StepInput, WorkspaceAccess, WorkspaceListing, WorkspaceQuery
 from actors.runtime.peers import Peers
 from actors.shard.memory_reader import CONTEXT_HITS, MemoryReader
+from actors.workspace.search import context_first
 from engine.directory import bot_pool
 from engine.errors import OpenBotError
 from engine.listing import MAX_LIMIT
@@ -28,7 +29,7 @@ from engine.memory_entries import Reader
 from engine.memory_union import as_scoped
 from engine.prompt_budget import Prepared, ScopedEntry
 from engine.scoped_memory import WorkspaceEntryView
-from engine.workspace_search import combine
+from engine.workspace_search import FUSION_WEIGHTS, combine
 
 CHAT_HITS = 10  # items `workspace_chat_search` answers with
 PACK_HITS = 64  # ranked entries the prompt offers first when not everything fits
@@ -36,9 +37,12 @@ LISTED = 200  # entries of a workspace scope read for the prompt
 
 
 class StepMemory:
-    def __init__(self, *, memory: MemoryReader, peers: Peers) -> None:
+    def __init__(self, *, memory: MemoryReader, peers: Peers, keyword_only: bool = False) -> None:
         self.memory = memory
         self.peers = peers
+        # No semantic search on this shard: a ranking awaits nothing, so a context of the bot's
+        # own pool ranks inside its one read (`context`).
+        self.keyword_only = keyword_only
 
     async def scopes(
         self, step: StepInput, q: str | None = None, limit: int = LISTED, *, bot: bool = False
@@ -154,6 +158,17 @@ class StepMemory:
         """The enrichment or confessor context of the bot's memory for `text`: in memory order
         when it all fits; else what the one memory search finds for `text` first."""
         pool = bot_pool(step.bot.id)
+        if self.keyword_only and self.peers.index_of(step.bot.owner) == self.peers.index:
+            # The ranking `ranked(..., scopes=False)` makes, found in the read that fills the
+            # context, and only when not all fits: no listing, no second read.
+            keys = self.memory.kernel.analyzer(pool).query(text) if text.strip() else []
+            parts, has, _ = await self.memory.context_for(
+                pool,
+                reader,
+                limit,
+                rank=lambda snap: context_first(snap, keys, CONTEXT_HITS, FUSION_WEIGHTS),
+            )
+            return parts, has
         # The memory-order fill costs the read little more than asking whether all fits, and
         # it is the context whenever the ranking finds nothing: then it is not read again.
         parts, has, whole = await self.memory.context_for(pool, reader, limit)

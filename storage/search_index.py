@@ -504,13 +504,18 @@ class TermIndex:
         extra = self._tail.get(tid)
         if extra is not None:
             hit = self._joined.get(tid)
-            if hit is not None and hit[0] == len(extra[0]):
+            count = len(extra[0])
+            if hit is not None and hit[0] == count:
                 return hit[1], hit[2]
-            rows = np.concatenate((rows, np.asarray(extra[0], dtype=np.int32)))
-            tfs = np.concatenate((tfs, np.asarray(extra[1], dtype=np.float32)))
+            # A term's tail only grows until a merge (which drops these): what it had when
+            # last joined is still its start, so only the postings added since are converted
+            # (a list converts element by element; a turn adds one posting to a common word).
+            done, rows, tfs = (0, rows, tfs) if hit is None else hit
+            rows = np.concatenate((rows, np.asarray(extra[0][done:], dtype=np.int32)))
+            tfs = np.concatenate((tfs, np.asarray(extra[1][done:], dtype=np.float32)))
             if len(self._joined) >= JOINED_MAX:
                 self._joined.clear()
-            self._joined[tid] = (len(extra[0]), rows, tfs)
+            self._joined[tid] = (count, rows, tfs)
         return rows, tfs
 
     def scores(self, query: Sequence[int], stats: Stats | None = None) -> np.ndarray | None:

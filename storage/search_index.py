@@ -616,23 +616,24 @@ class TermIndex:
             return None
         live, whole = (self._live, self._live_len) if stats is None else stats[:2]
         avgdl = max(whole / max(live, 1), 1e-9)
-        weights, norms, counted = [], [], []
+        weights, labelled, counted = [], [], []
         for key, rows, _ in postings:
             df = self._df(rows) if stats is None else stats.df.get(key, rows.size)
             idf = math.log(1.0 + (max(live, df) - df + 0.5) / (df + 0.5))
             weights.append(np.float32(times[key] * idf))
-            if key >> 48 == LABEL_MARK:
-                norms.append(np.full(rows.size, LABEL_NORM, dtype=np.float32))
-            else:
-                norms.append(K1 * (1.0 - B + B * self._len[rows] / avgdl))
+            labelled.append(key >> 48 == LABEL_MARK)
             counted.append(not rest or (key & WORD_MASK not in labels and key >> 48 != LABEL_MARK))
         # Every posting at once, in term order; each row's sum is then added up in that order
-        # (`add.at` is unbuffered), as the dense scores add one term after another.
+        # (`add.at` is unbuffered), as the dense scores add one term after another. The length
+        # norms too, element by element the same float32 operations as one term's at a time
+        # (a few terms of a few postings each: the calls, not the postings, are the cost).
         sizes = [r.size for _, r, _ in postings]
         rows = np.concatenate([r for _, r, _ in postings])
         tfs = np.concatenate([t for _, _, t in postings])
         weight = np.repeat(np.asarray(weights, dtype=np.float32), sizes)
-        norm = np.concatenate(norms)
+        norm = K1 * (1.0 - B + B * self._len[rows] / avgdl)
+        if any(labelled):
+            norm[np.repeat(np.asarray(labelled), sizes)] = LABEL_NORM
         touched, at = np.unique(rows, return_inverse=True)
         sums = np.zeros(touched.size, dtype=np.float32)
         np.add.at(sums, at, weight * tfs * (K1 + 1.0) / (tfs + norm))

@@ -5,7 +5,9 @@ The prompt's memory (the bot's, the person's and the project's scopes packed in 
 function as the workspace and bot memory routes (actors/workspace/search.py): each shard's
 listing is asked the step's query, and several shards' rankings are combined as the workspace
 route combines them (`engine.workspace_search.combine`). So every path orders one query the same
-way for the same reader and the same pools.
+way for the same reader and the same pools. An enrichment or confessor context asks the bot's own
+pool alone; on a shard without semantic search it ranks inside the read that fills it, by the
+same keyword walk and fusion (`actors.workspace.search.context_first`), and asks no listing.
 
 Which scopes a step sees: in a person's direct chat, the person's own scope (when the bot is of
 their account, SC-1) and the chat's project; in a group chat, the projects its channel is linked
@@ -20,7 +22,7 @@ import asyncio
 from actors.chats.step_policy import reader_for
 from actors.contracts import StepInput, WorkspaceAccess, WorkspaceListing, WorkspaceQuery
 from actors.runtime.peers import Peers
-from actors.shard.memory_reader import CONTEXT_HITS, MemoryReader
+from actors.shard.memory_reader import CONTEXT_HITS, MemoryReader, Snapshot
 from actors.workspace.search import context_first
 from engine.directory import bot_pool
 from engine.errors import OpenBotError
@@ -161,13 +163,13 @@ class StepMemory:
         if self.keyword_only and self.peers.index_of(step.bot.owner) == self.peers.index:
             # The ranking `ranked(..., scopes=False)` makes, found in the read that fills the
             # context, and only when not all fits: no listing, no second read.
-            keys = self.memory.kernel.analyzer(pool).query(text) if text.strip() else []
-            parts, has, _ = await self.memory.context_for(
-                pool,
-                reader,
-                limit,
-                rank=lambda snap: context_first(snap, keys, CONTEXT_HITS, FUSION_WEIGHTS),
-            )
+            analyzer = self.memory.kernel.analyzer(pool)
+
+            def rank(snap: Snapshot) -> list[str]:
+                keys = analyzer.query(text) if text.strip() else []
+                return context_first(snap, keys, CONTEXT_HITS, FUSION_WEIGHTS)
+
+            parts, has, _ = await self.memory.context_for(pool, reader, limit, rank=rank)
             return parts, has
         # The memory-order fill costs the read little more than asking whether all fits, and
         # it is the context whenever the ranking finds nothing: then it is not read again.

@@ -18,6 +18,7 @@ of a linked channel is one, engine/projects.py). A person's memory is never the 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from actors.chats.step_policy import reader_for
 from actors.contracts import StepInput, WorkspaceAccess, WorkspaceListing, WorkspaceQuery
@@ -165,9 +166,9 @@ class StepMemory:
             # context, and only when not all fits: no listing, no second read.
             analyzer = self.memory.kernel.analyzer(pool)
 
-            def rank(snap: Snapshot) -> list[str]:
+            def rank(snap: Snapshot, usable: Callable[[str], bool] | None) -> list[str]:
                 keys = analyzer.query(text) if text.strip() else []
-                return context_first(snap, keys, CONTEXT_HITS, FUSION_WEIGHTS)
+                return context_first(snap, keys, CONTEXT_HITS, FUSION_WEIGHTS, usable)
 
             parts, has, _ = await self.memory.context_for(pool, reader, limit, rank=rank)
             return parts, has

@@ -237,18 +237,24 @@ def bot_keyword(
 
 
 def context_first(
-    snap: Snapshot, keys: list[int], limit: int, weights: tuple[float, float]
+    snap: Snapshot,
+    keys: list[int],
+    limit: int,
+    weights: tuple[float, float],
+    usable: Callable[[str], bool] | None = None,
 ) -> list[str]:
     """The ids `search` ranks first, at most `limit`, for a query of the bot pool `snap` reads
     alone, for its reader, on a shard without semantic search (`keys`: the query's, by the
     pool's analyzer): found in the caller's locked stretch of that read, so that an enrichment
-    or confessor context ranks and takes its entries in one read, with no listing made."""
+    or confessor context ranks and takes its entries in one read, with no listing made.
+    `usable`: whether the reader may use a learned entry, when the read holds that answer
+    already (the reader's kept view); else each hit is checked as `search` checks it."""
     pool = snap.ws
     if not keys or pool is None:
         return []
     query = WorkspaceQuery(pools=(pool.id,), projects=(), limit=limit)
     allow = _record_check(pool, query, snap.reader)
-    ok = learned_filter(snap.pool, snap.reader, query, snap.visibility)
+    ok = usable or learned_filter(snap.pool, snap.reader, query, snap.visibility)
     records, found = bot_keyword(snap, pool, keys, limit, allow, ok)
     # As `search` lists them: records first, then learned entries, ordered by score alone
     # (a stable sort) and cut at the depth, then fused as one list.

@@ -254,7 +254,11 @@ def context_first(
         return []
     query = WorkspaceQuery(pools=(pool.id,), projects=(), limit=limit)
     allow = _record_check(pool, query, snap.reader)
-    ok = usable or learned_filter(snap.pool, snap.reader, query, snap.visibility)
+    ok = (
+        usable
+        if usable is not None
+        else learned_filter(snap.pool, snap.reader, query, snap.visibility)
+    )
     records, found = bot_keyword(snap, pool, keys, limit, allow, ok)
     # As `search` lists them: records first, then learned entries, ordered by score alone
     # (a stable sort) and cut at the depth, then fused as one list.

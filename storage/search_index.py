@@ -504,13 +504,18 @@ class TermIndex:
         extra = self._tail.get(tid)
         if extra is not None:
             hit = self._joined.get(tid)
-            if hit is not None and hit[0] == len(extra[0]):
+            count = len(extra[0])
+            if hit is not None and hit[0] == count:
                 return hit[1], hit[2]
-            rows = np.concatenate((rows, np.asarray(extra[0], dtype=np.int32)))
-            tfs = np.concatenate((tfs, np.asarray(extra[1], dtype=np.float32)))
+            # A term's tail only grows until a merge (which drops these): what it had when
+            # last joined is still its start, so only the postings added since are converted
+            # (a list converts element by element; a turn adds one posting to a common word).
+            done, rows, tfs = (0, rows, tfs) if hit is None else hit
+            rows = np.concatenate((rows, np.asarray(extra[0][done:], dtype=np.int32)))
+            tfs = np.concatenate((tfs, np.asarray(extra[1][done:], dtype=np.float32)))
             if len(self._joined) >= JOINED_MAX:
                 self._joined.clear()
-            self._joined[tid] = (len(extra[0]), rows, tfs)
+            self._joined[tid] = (count, rows, tfs)
         return rows, tfs
 
     def scores(self, query: Sequence[int], stats: Stats | None = None) -> np.ndarray | None:
@@ -611,23 +616,24 @@ class TermIndex:
             return None
         live, whole = (self._live, self._live_len) if stats is None else stats[:2]
         avgdl = max(whole / max(live, 1), 1e-9)
-        weights, norms, counted = [], [], []
+        weights, labelled, counted = [], [], []
         for key, rows, _ in postings:
             df = self._df(rows) if stats is None else stats.df.get(key, rows.size)
             idf = math.log(1.0 + (max(live, df) - df + 0.5) / (df + 0.5))
             weights.append(np.float32(times[key] * idf))
-            if key >> 48 == LABEL_MARK:
-                norms.append(np.full(rows.size, LABEL_NORM, dtype=np.float32))
-            else:
-                norms.append(K1 * (1.0 - B + B * self._len[rows] / avgdl))
+            labelled.append(key >> 48 == LABEL_MARK)
             counted.append(not rest or (key & WORD_MASK not in labels and key >> 48 != LABEL_MARK))
         # Every posting at once, in term order; each row's sum is then added up in that order
-        # (`add.at` is unbuffered), as the dense scores add one term after another.
+        # (`add.at` is unbuffered), as the dense scores add one term after another. The length
+        # norms too, element by element the same float32 operations as one term's at a time
+        # (a few terms of a few postings each: the calls, not the postings, are the cost).
         sizes = [r.size for _, r, _ in postings]
         rows = np.concatenate([r for _, r, _ in postings])
         tfs = np.concatenate([t for _, _, t in postings])
         weight = np.repeat(np.asarray(weights, dtype=np.float32), sizes)
-        norm = np.concatenate(norms)
+        norm = K1 * (1.0 - B + B * self._len[rows] / avgdl)
+        if any(labelled):
+            norm[np.repeat(np.asarray(labelled), sizes)] = LABEL_NORM
         touched, at = np.unique(rows, return_inverse=True)
         sums = np.zeros(touched.size, dtype=np.float32)
         np.add.at(sums, at, weight * tfs * (K1 + 1.0) / (tfs + norm))

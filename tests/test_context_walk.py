@@ -4,8 +4,6 @@ room left in memory order up to the first entry that does not fit."""
 
 from __future__ import annotations
 
-import types
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -66,9 +64,8 @@ def test_a_context_over_a_kept_view_takes_what_the_walk_takes(lengths, limit, pi
     view = KeptView(changes=0, metas=list(metas))
     by_id = dict(texts)
     view.make("text", lambda m: (m.id, by_id[m.id]))
-    pool = types.SimpleNamespace(entries={m.id: m for m in metas})
     first = [f"m{k:02d}" if k >= 0 else "gone" for k in picks]
-    got = MemoryReader.context_of_kept(pool, view, limit, first, partial)  # type: ignore[arg-type]
+    got = MemoryReader.context_of_kept(view, limit, first, partial)
     assert got == _walk(texts, limit, first, partial)
 
 
@@ -104,8 +101,7 @@ def test_a_kept_views_positions_follow_its_changes(ages, edits):
     for m in [*entries.values(), *(o for o in olds.values() if o is not None)]:
         assert view.position(m) == view.at(m)
     texts = [(m.id, m.id) for m in view.metas]
-    pool = types.SimpleNamespace(entries=entries)
     first = sorted(entries)[::2]
     for limit in (0, 7, 20, 1000):
-        got = MemoryReader.context_of_kept(pool, view, limit, first, True)  # type: ignore[arg-type]
+        got = MemoryReader.context_of_kept(view, limit, first, True)
         assert got == _walk(texts, limit, first, True)

@@ -91,3 +91,31 @@ def test_joined_postings_follow_new_rows_and_merges():
         idx.put(entry_id, AN.keys(" ".join(["tea"] * (4 + k))))
     found = [i for i, _ in idx.search(AN.query("tea"), 10)]
     assert found[0] == "f" and sorted(found) == ["a", "b", "c", "d", "e", "f"]
+
+
+def test_joined_postings_searched_between_writes_are_those_joined_at_once():
+    """A term's postings joined at one search and extended by the next with only what the tail
+    gained since give the hits and scores of an index holding the same writes searched once."""
+    rng = random.Random(5)
+    writes: list[tuple[str, str | None]] = []  # (id, text) put, (id, None) removed
+    searched = TermIndex()
+
+    def replayed() -> TermIndex:
+        idx = TermIndex()
+        for entry_id, text in writes:
+            idx.put(entry_id, AN.keys(text)) if text is not None else idx.remove(entry_id)
+        return idx
+
+    queries = [AN.query(q) for q in ("tea", "rare tea w1", "w2 w3", "w4")]
+    for step in range(400):
+        entry_id = f"e{rng.randrange(120)}"
+        if rng.random() < 0.15:
+            writes.append((entry_id, None))
+            searched.remove(entry_id)
+        else:
+            text = " ".join(rng.choice([*WORDS[:6], "tea", "rare"]) for _ in range(4))
+            writes.append((entry_id, text))
+            searched.put(entry_id, AN.keys(text))
+        if step % 3 == 0:
+            keys = rng.choice(queries)
+            assert searched.search(keys, 50) == replayed().search(keys, 50), step

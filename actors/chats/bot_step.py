@@ -84,6 +84,7 @@ class BotStepper:
         memory: MemoryOps,
         requests: Requests,
         peers: Peers,
+        keyword_only: bool = False,
     ) -> None:
         self.kernel = kernel
         self.runtime = runtime
@@ -91,7 +92,9 @@ class BotStepper:
         self.memory = memory
         self.requests = requests
         self.peers = peers
-        self.scoped = StepMemory(memory=memory.memory_reader, peers=peers)
+        self.scoped = StepMemory(
+            memory=memory.memory_reader, peers=peers, keyword_only=keyword_only
+        )
         # A send's target by name, for FIND_TTL seconds: the delivery reads the peer again
         # (and an archived one is asked nothing), so this only saves the lookup's actor call.
         self._found: dict[tuple[str, str], tuple[float, Bot]] = {}

@@ -5,7 +5,9 @@ The prompt's memory (the bot's, the person's and the project's scopes packed in 
 function as the workspace and bot memory routes (actors/workspace/search.py): each shard's
 listing is asked the step's query, and several shards' rankings are combined as the workspace
 route combines them (`engine.workspace_search.combine`). So every path orders one query the same
-way for the same reader and the same pools.
+way for the same reader and the same pools. An enrichment or confessor context asks the bot's own
+pool alone; on a shard without semantic search it ranks inside the read that fills it, by the
+same keyword walk and fusion (`actors.workspace.search.context_first`), and asks no listing.
 
 Which scopes a step sees: in a person's direct chat, the person's own scope (when the bot is of
 their account, SC-1) and the chat's project; in a group chat, the projects its channel is linked
@@ -16,11 +18,13 @@ of a linked channel is one, engine/projects.py). A person's memory is never the 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from actors.chats.step_policy import reader_for
 from actors.contracts import StepInput, WorkspaceAccess, WorkspaceListing, WorkspaceQuery
 from actors.runtime.peers import Peers
-from actors.shard.memory_reader import CONTEXT_HITS, MemoryReader
+from actors.shard.memory_reader import CONTEXT_HITS, MemoryReader, Snapshot
+from actors.workspace.search import context_first
 from engine.directory import bot_pool
 from engine.errors import OpenBotError
 from engine.listing import MAX_LIMIT
@@ -28,7 +32,7 @@ from engine.memory_entries import Reader
 from engine.memory_union import as_scoped
 from engine.prompt_budget import Prepared, ScopedEntry
 from engine.scoped_memory import WorkspaceEntryView
-from engine.workspace_search import combine
+from engine.workspace_search import FUSION_WEIGHTS, combine
 
 CHAT_HITS = 10  # items `workspace_chat_search` answers with
 PACK_HITS = 64  # ranked entries the prompt offers first when not everything fits
@@ -36,9 +40,12 @@ LISTED = 200  # entries of a workspace scope read for the prompt
 
 
 class StepMemory:
-    def __init__(self, *, memory: MemoryReader, peers: Peers) -> None:
+    def __init__(self, *, memory: MemoryReader, peers: Peers, keyword_only: bool = False) -> None:
         self.memory = memory
         self.peers = peers
+        # No semantic search on this shard: a ranking awaits nothing, so a context of the bot's
+        # own pool ranks inside its one read (`context`).
+        self.keyword_only = keyword_only
 
     async def scopes(
         self, step: StepInput, q: str | None = None, limit: int = LISTED, *, bot: bool = False
@@ -154,6 +161,17 @@ class StepMemory:
         """The enrichment or confessor context of the bot's memory for `text`: in memory order
         when it all fits; else what the one memory search finds for `text` first."""
         pool = bot_pool(step.bot.id)
+        if self.keyword_only and self.peers.index_of(step.bot.owner) == self.peers.index:
+            # The ranking `ranked(..., scopes=False)` makes, found in the read that fills the
+            # context, and only when not all fits: no listing, no second read.
+            analyzer = self.memory.kernel.analyzer(pool)
+
+            def rank(snap: Snapshot, usable: Callable[[str], bool] | None) -> list[str]:
+                keys = analyzer.query(text) if text.strip() else []
+                return context_first(snap, keys, CONTEXT_HITS, FUSION_WEIGHTS, usable)
+
+            parts, has, _ = await self.memory.context_for(pool, reader, limit, rank=rank)
+            return parts, has
         # The memory-order fill costs the read little more than asking whether all fits, and
         # it is the context whenever the ranking finds nothing: then it is not read again.
         parts, has, whole = await self.memory.context_for(pool, reader, limit)

@@ -235,6 +235,7 @@ class MemoryReader:
         first: Sequence[str] = (),
         *,
         partial: bool = True,
+        rank: Callable[[Snapshot, Callable[[str], bool] | None], Sequence[str]] | None = None,
     ) -> tuple[list[tuple[str, str]], bool, bool]:
         """The memory bot's context for one input (ENR-1, ENR-5): (id, text) of
         usable entries the reader may see, at most `limit` characters joined by newlines, in
@@ -249,6 +250,12 @@ class MemoryReader:
         a turn's prompt opens them all anyway, and its contexts ask again; with records in
         the union, only the entries taken are decrypted.
 
+        `rank(snapshot, usable)`, when given instead of `first`, ranks in this read's locked
+        stretch, only when not all fit (a ranking that awaits nothing: keyword search alone);
+        `usable` tells whether the reader may use an entry of the pool, by the kept view's ids
+        (None with records in the union). What it finds goes first as `first` would; when it
+        finds nothing, the memory-order fill is the context.
+
         Without `partial` (and without `first`), a context that does not all fit is not made:
         no parts, only whether any usable entry exists (the caller ranks and asks again)."""
         if limit < 0:
@@ -256,7 +263,9 @@ class MemoryReader:
         async with self.read(pool_id, reader) as snap:
             kept = snap.usable_texts()
             if kept is not None:
-                return self.context_of_kept(snap.pool, kept, limit, first, partial)
+                if rank is not None and kept.joined > limit:
+                    first = rank(snap, kept.positions().__contains__)
+                return self.context_of_kept(kept, limit, first, partial)
             usable = snap.usable()
             if not partial and not first:
                 whole: list[tuple[str, str]] = []
@@ -268,31 +277,42 @@ class MemoryReader:
                         return [], True, False
                     whole.append((meta.id, text))
                 return whole, bool(whole), True
-            taken: dict[str, str] = {}
-            size = 0
-
-            def take(entry_id: str) -> bool:
-                nonlocal size
-                text = snap.open(entry_id)
-                extra = len(text) + (1 if taken else 0)
-                if size + extra > limit:
-                    return False
-                taken[entry_id] = text
-                size += extra
-                return True
-
-            for entry_id in first[:CONTEXT_HITS]:
-                if entry_id not in taken and snap.usable_id(entry_id):
-                    take(entry_id)
-            for meta in usable:
-                if meta.id not in taken and not take(meta.id):
-                    break
-            parts = [(m.id, taken[m.id]) for m in usable if m.id in taken]
+            parts = self._filled(snap, usable, limit, first)
+            if rank is not None and len(parts) < len(usable):
+                found = rank(snap, None)
+                if found:
+                    parts = self._filled(snap, usable, limit, found)
         return parts, bool(usable), len(parts) == len(usable)
 
     @staticmethod
+    def _filled(
+        snap: Snapshot, usable: list[EntryMeta], limit: int, first: Sequence[str]
+    ) -> list[tuple[str, str]]:
+        """`context_for`'s parts over the union's `usable` entries (records among them)."""
+        taken: dict[str, str] = {}
+        size = 0
+
+        def take(entry_id: str) -> bool:
+            nonlocal size
+            text = snap.open(entry_id)
+            extra = len(text) + (1 if taken else 0)
+            if size + extra > limit:
+                return False
+            taken[entry_id] = text
+            size += extra
+            return True
+
+        for entry_id in first[:CONTEXT_HITS]:
+            if entry_id not in taken and snap.usable_id(entry_id):
+                take(entry_id)
+        for meta in usable:
+            if meta.id not in taken and not take(meta.id):
+                break
+        return [(m.id, taken[m.id]) for m in usable if m.id in taken]
+
+    @staticmethod
     def context_of_kept(
-        pool: Pool, kept: KeptView, limit: int, first: Sequence[str], partial: bool
+        kept: KeptView, limit: int, first: Sequence[str], partial: bool
     ) -> tuple[list[tuple[str, str]], bool, bool]:
         """`context_for` over a kept view of the usable entries and their contents: positions
         and running lengths stand for the walk (the same parts, found by bisection)."""
@@ -303,9 +323,9 @@ class MemoryReader:
             return [], True, False
         taken: dict[int, None] = {}  # positions, in the order taken
         size = 0
+        positions = kept.positions()  # the view is of the pool's state: its ids are usable
         for entry_id in first[:CONTEXT_HITS]:
-            meta = pool.entries.get(entry_id)
-            at = None if meta is None else kept.position(meta)  # usable: in the view
+            at = positions.get(entry_id)
             if at is not None and at not in taken:
                 extra = len(texts[at][1]) + (1 if taken else 0)
                 if size + extra <= limit:

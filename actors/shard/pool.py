@@ -59,10 +59,15 @@ class KeptView:
     def position(self, meta: EntryMeta) -> int | None:
         """`at`, by a map of the view's ids made once per state: a context looks up each of
         its ranked hits, and bisecting for each costs its `order_key`."""
+        at = self.positions().get(meta.id)
+        return at if at is not None and self.metas[at] is meta else None
+
+    def positions(self) -> dict[str, int]:
+        """Each entry's position by its id, made once per state (read it, do not change it):
+        an id is in the view exactly when the reader may see (or use) that entry now."""
         if self._positions is None:
             self._positions = {m.id: k for k, m in enumerate(self.metas)}
-        at = self._positions.get(meta.id)
-        return at if at is not None and self.metas[at] is meta else None
+        return self._positions
 
     def ends(self) -> list[int]:
         """For each position, the length of the "text" kind's contents up to it, each with a

@@ -196,6 +196,7 @@ class ShardService:
                 memory=self.memory,
                 requests=self.requests,
                 peers=peers,
+                keyword_only=self.semantic is None,
             ),
             groups=GroupTurns(logs=self.chat_logs, chains=self.chains, peers=peers),
             chains=self.chains,

@@ -77,13 +77,17 @@ def record_filter(
 ) -> Callable[[str], bool]:
     """Whether a record id of `pool` is one the query may return to the caller (the pool
     itself is readable: checked before)."""
+    who = bot_reader(ws, pool, access, reader) if pool.id.startswith("bot:") else None
+    return _record_check(pool, query, who)
+
+
+def _record_check(
+    pool: WorkspacePool, query: WorkspaceQuery, who: Reader | None
+) -> Callable[[str], bool]:
+    """`record_filter` with the reader of a bot pool given (`who`; None for other pools)."""
     entries = pool.stored.entries
     status, contributor = query.status, query.contributor
-    visible = (
-        bm.record_check(bot_reader(ws, pool, access, reader))
-        if pool.id.startswith("bot:")
-        else None
-    )
+    visible = bm.record_check(who) if who is not None else None
 
     def ok(entry_id: str) -> bool:
         e = entries.get(entry_id)
@@ -156,12 +160,11 @@ async def search(
             # with the pool's one term key.
             who = bot_reader(ws, pool, access, reader)
             async with ws.memory.read(pool.id, who) as snap:
-                stats = Stats.of([pool.index.stats(keys), snap.pool.terms.stats(keys)])
-                for entry_id, score in pool.index.search(keys, depth, allow[pool.id], stats):
+                ok = learned_filter(snap.pool, who, query, snap.visibility)
+                records, found = bot_keyword(snap, pool, keys, depth, allow[pool.id], ok)
+                for entry_id, score in records:
                     owner[entry_id] = pool
                     keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
-                ok = learned_filter(snap.pool, who, query, snap.visibility)
-                found = snap.pool.terms.search(keys, depth, ok, stats)
                 for entry_id, score in found:
                     learned[entry_id] = pool
                     keyword.append(Hit(id=entry_id, score=score, kinds=("keyword",)))
@@ -215,6 +218,55 @@ async def search(
         fused=fused,
         names=names,
     )
+
+
+def bot_keyword(
+    snap: Snapshot,
+    pool: WorkspacePool,
+    keys: list[int],
+    depth: int,
+    allow: Callable[[str], bool],
+    ok: Callable[[str], bool],
+) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """A bot pool's keyword hits, its records' (`allow`) and its learned entries' (`ok`), each
+    best first, both under the pool's own statistics (see `keyword_stats`): call under the
+    pool's read lock (`snap`, of `pool`'s id)."""
+    stats = Stats.of([pool.index.stats(keys), snap.pool.terms.stats(keys)])
+    records = pool.index.search(keys, depth, allow, stats)
+    return records, snap.pool.terms.search(keys, depth, ok, stats)
+
+
+def context_first(
+    snap: Snapshot,
+    keys: list[int],
+    limit: int,
+    weights: tuple[float, float],
+    usable: Callable[[str], bool] | None = None,
+) -> list[str]:
+    """The ids `search` ranks first, at most `limit`, for a query of the bot pool `snap` reads
+    alone, for its reader, on a shard without semantic search (`keys`: the query's, by the
+    pool's analyzer): found in the caller's locked stretch of that read, so that an enrichment
+    or confessor context ranks and takes its entries in one read, with no listing made.
+    `usable`: whether the reader may use a learned entry, when the read holds that answer
+    already (the reader's kept view); else each hit is checked as `search` checks it."""
+    pool = snap.ws
+    if not keys or pool is None:
+        return []
+    query = WorkspaceQuery(pools=(pool.id,), projects=(), limit=limit)
+    allow = _record_check(pool, query, snap.reader)
+    ok = (
+        usable
+        if usable is not None
+        else learned_filter(snap.pool, snap.reader, query, snap.visibility)
+    )
+    records, found = bot_keyword(snap, pool, keys, limit, allow, ok)
+    # As `search` lists them: records first, then learned entries, ordered by score alone
+    # (a stable sort) and cut at the depth, then fused as one list.
+    keyword = [Hit(id=i, score=score, kinds=("keyword",)) for i, score in (*records, *found)]
+    keyword.sort(key=lambda h: -h.score)
+    keyword = keyword[:limit]
+    fused = merge_hits(keyword, [], _yes, len(keyword), weights=weights)
+    return [h.id for h in fused[:limit]]
 
 
 def _learned_views(

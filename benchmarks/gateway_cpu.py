@@ -57,6 +57,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.app import create_app
+from gateway.server import tune_gc
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nhost: bench\r\n\r\n"
 
@@ -228,6 +229,7 @@ def engine_rounds(args: argparse.Namespace) -> None:
             # replies bring their events, which it takes.
             admin.get_as(reader["token"], memory)
         requests["GET /healthz"] = (app, health, 200, 1)
+        tune_gc()
         assert server.loop is not None
         loop = server.loop
         for _ in range(args.rounds):
@@ -313,6 +315,7 @@ def fake_write_rounds(args: argparse.Namespace) -> None:
         shard_index=lambda account: 0,
     )
     app = create_app(engine, "bench-admin-token")  # type: ignore[arg-type]
+    tune_gc()  # as `openbot serve` collects garbage
     body = (
         b'{"command":{"_tag":"Remember","content":"the customer prefers short answers",'
         b'"tags":["bench"]}}'
@@ -435,6 +438,7 @@ async def _hub_events(args: argparse.Namespace, prof: cProfile.Profile | None) -
 
 def event_rounds(args: argparse.Namespace) -> None:
     """`--events`: the hub's CPU per event (`--profile`: one more round, profiled)."""
+    tune_gc()
     for _ in range(args.rounds):
         per = asyncio.run(_hub_events(args, None))
         print(f"event to {args.clients_per_user} clients: {per * 1e6:.1f} us of CPU per event")
@@ -475,6 +479,7 @@ def main() -> None:
         return
     engine = types.SimpleNamespace(shard_ports=[], node_hub=None)  # /healthz calls no actor
     app = create_app(engine, "bench-admin-token")  # type: ignore[arg-type]
+    tune_gc()
     for _ in range(args.rounds):
         per, _ = asyncio.run(serve(app, args.requests, None))
         print(f"GET /healthz: {per * 1e6:.1f} us of CPU per request", flush=True)

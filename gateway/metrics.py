@@ -39,6 +39,7 @@ from starlette.responses import Response
 
 from actors.ports import EnginePort
 from gateway.auth import Auth
+from gateway.errors import unexpected
 
 access_log = logging.getLogger("openbot.access")
 disable_created_metrics()  # the *_created series only double the output
@@ -138,6 +139,13 @@ def route_of(scope: dict) -> str:
 
 
 class RequestLog:
+    """The outermost layer of every HTTP request: its id, its access log line and figures, and
+    an unexpected error contained (gateway/errors.py `unexpected`): it ends as a 500 answer
+    when none started, and goes no further. Starlette's own last handler answers 500 too but
+    then re-raises, and uvicorn, seeing the exception, drops the connection: a keep-alive
+    client's next request on it was reset. One layer for both, with one send wrapper, since
+    every request pays for each layer it goes through."""
+
     def __init__(self, app: Any) -> None:
         self.app = app
 
@@ -147,7 +155,7 @@ class RequestLog:
             return
         given = _header(scope, b"x-request-id")
         rid = given if given and _REQUEST_ID.fullmatch(given) else f"{_ID_PREFIX}{next(_ids):08x}"
-        status = 500
+        status = 0  # until the answer starts
         started = time.perf_counter()
         logged = False
 
@@ -155,9 +163,9 @@ class RequestLog:
             nonlocal logged
             logged = True
             seconds = time.perf_counter() - started
-            route, method = route_of(scope), scope["method"]
-            HTTP.record(method, route, status, seconds)
-            access_log.info("%s %s %d %.1fms rid=%s", method, route, status, seconds * 1000, rid)
+            route, method, answered = route_of(scope), scope["method"], status or 500
+            HTTP.record(method, route, answered, seconds)
+            access_log.info("%s %s %d %.1fms rid=%s", method, route, answered, seconds * 1000, rid)
 
         async def send_with_id(message: dict) -> None:
             nonlocal status
@@ -172,8 +180,12 @@ class RequestLog:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception:
+            answer = unexpected(scope)
+            if not status:
+                await answer(scope, receive, send_with_id)
         finally:
-            if not logged:  # failed before the answer was complete (a 500 follows)
+            if not logged:  # failed before the answer was complete
                 record()
 
 

@@ -173,3 +173,21 @@ def test_an_endpoint_must_be_async():
 
     with pytest.raises(TypeError, match="async"):
         Endpoint("/plain", plain, methods=["GET"])  # type: ignore[arg-type]
+
+
+def test_a_json_answer_from_bytes_has_the_headers_starlette_would_give_it():
+    """`JsonBytes` (gateway/json_response.py) answers as `Response(body, status,
+    media_type="application/json")`: the same body and headers, in order, for every status
+    (no content-length where no body may go)."""
+    from gateway.json_response import JsonBytes
+
+    for status in (100, 200, 201, 204, 304, 400, 404, 500):
+        body = b'{"id":"m1"}' if status not in (204, 304) else b""
+        ours = JsonBytes(body, status)
+        theirs = Response(body, status, media_type="application/json")
+        assert (ours.status_code, ours.body, ours.raw_headers) == (
+            theirs.status_code,
+            theirs.body,
+            theirs.raw_headers,
+        ), status
+        assert ours.headers["content-type"] == "application/json" and ours.background is None

@@ -57,7 +57,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.app import create_app
-from gateway.server import tune_gc
+from gateway.server import proxy_options, tune_gc
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nhost: bench\r\n\r\n"
 
@@ -123,7 +123,7 @@ async def serve(
     """CPU seconds (`clock`, and the whole process's) per request for `requests` requests over
     `connections` connections (each sends its next request once its last one is answered),
     after `warmup` ones each; every answer's status is `expect` when given."""
-    config = Config(app, lifespan="off", log_level="warning", access_log=False)
+    config = Config(app, lifespan="off", log_level="warning", access_log=False, **proxy_options())
     config.load()
     made = count()
     share = [requests // connections + (k < requests % connections) for k in range(connections)]

@@ -4,7 +4,8 @@ gateway's app with its whole middleware stack (request log, errors, token check,
 router), one request after another.
 
     .venv/bin/python -m benchmarks.gateway_cpu [--requests 5000] [--rounds 3] [--profile]
-        [--read | --write [--connections 8] | --fake-write [--only NAME]]
+        [--read | --write [--connections 8] | --fake-write [--only NAME]
+         | --events [--users 50] [--clients-per-user 20] [--batch 16]]
 
 Prints the CPU microseconds per request of each round. On a busy machine count instructions
 instead: run it under `valgrind --tool=callgrind` with `--rounds 1` at two `--requests` and

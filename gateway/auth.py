@@ -62,8 +62,8 @@ AGENT_MISS_TTL = 1.0
 MISSES = 4096
 MISS_TTL = 2.0
 # Tokens whose hash (the directory's key for them) this gateway keeps at hand: a token comes
-# back on every request of its client, and hashing it again each time was a good part of a
-# cached request's work. Emptied when full: at worst a token is hashed once more.
+# back on every request of its client, and hashing it each time is a good part of the work of a
+# request answered from the caches. Emptied when full: at worst a token is hashed once more.
 HASHED = 10_000
 
 

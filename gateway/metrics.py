@@ -143,7 +143,7 @@ class RequestLog:
     an unexpected error contained (gateway/errors.py `unexpected`): it ends as a 500 answer
     when none started, and goes no further. Starlette's own last handler answers 500 too but
     then re-raises, and uvicorn, seeing the exception, drops the connection: a keep-alive
-    client's next request on it was reset. One layer for both, with one send wrapper, since
+    client's next request on it would be reset. One layer for both, with one send wrapper, since
     every request pays for each layer it goes through."""
 
     def __init__(self, app: Any) -> None:

@@ -4,7 +4,8 @@ gateway's app with its whole middleware stack (request log, errors, token check,
 router), one request after another.
 
     .venv/bin/python -m benchmarks.gateway_cpu [--requests 5000] [--rounds 3] [--profile]
-        [--read | --write [--connections 8] | --fake-write [--only NAME]]
+        [--read | --write [--connections 8] | --fake-write [--only NAME]
+         | --events [--users 50] [--clients-per-user 20] [--batch 16]]
 
 Prints the CPU microseconds per request of each round. On a busy machine count instructions
 instead: run it under `valgrind --tool=callgrind` with `--rounds 1` at two `--requests` and
@@ -28,6 +29,14 @@ request and the whole process's (Ray's threads too).
 `--fake-write`: both writes against a directory and a shard in this process that answer at
 once (no Ray): the gateway's own work per write, countable under callgrind like /healthz
 (`--only` names one of the requests).
+
+`--events`: the hub's work per published event, without a server: `--requests` events (a
+Remember's `memory.changed` each, for one user of `--users`, round robin) handed to the hub's
+pump by a shard in this process, in batches of `--batch` (as write replies bring them), to
+`--clients-per-user` subscribers of each user whose sockets take every frame at once. Per event:
+the audience, the frame's encoding, and the writes of its deliveries (the writes themselves
+counted as a bare `transport.write` would be: a call that keeps the length). Countable under
+callgrind as the requests are.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.app import create_app
+from gateway.server import proxy_options, tune_gc
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nhost: bench\r\n\r\n"
 
@@ -114,7 +124,7 @@ async def serve(
     """CPU seconds (`clock`, and the whole process's) per request for `requests` requests over
     `connections` connections (each sends its next request once its last one is answered),
     after `warmup` ones each; every answer's status is `expect` when given."""
-    config = Config(app, lifespan="off", log_level="warning", access_log=False)
+    config = Config(app, lifespan="off", log_level="warning", access_log=False, **proxy_options())
     config.load()
     made = count()
     share = [requests // connections + (k < requests % connections) for k in range(connections)]
@@ -220,6 +230,7 @@ def engine_rounds(args: argparse.Namespace) -> None:
             # replies bring their events, which it takes.
             admin.get_as(reader["token"], memory)
         requests["GET /healthz"] = (app, health, 200, 1)
+        tune_gc()
         assert server.loop is not None
         loop = server.loop
         for _ in range(args.rounds):
@@ -305,6 +316,7 @@ def fake_write_rounds(args: argparse.Namespace) -> None:
         shard_index=lambda account: 0,
     )
     app = create_app(engine, "bench-admin-token")  # type: ignore[arg-type]
+    tune_gc()  # as `openbot serve` collects garbage
     body = (
         b'{"command":{"_tag":"Remember","content":"the customer prefers short answers",'
         b'"tags":["bench"]}}'
@@ -341,6 +353,104 @@ def fake_write_rounds(args: argparse.Namespace) -> None:
         print(out.getvalue())
 
 
+class _Socket:
+    """A connection's frame writer that takes every frame at once (no socket)."""
+
+    __slots__ = ("written",)
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def write(self, frame: bytes) -> bool:
+        self.written += len(frame)
+        return True
+
+
+class _EventLog:
+    """One shard's event log for the hub's pump: the batches, then nothing (the pump waits)."""
+
+    def __init__(self, batches: list[list[Any]]) -> None:
+        self.batches = batches
+        self.go = asyncio.Event()
+        self.done: asyncio.Future[None] | None = None
+
+    async def event_head(self) -> Any:
+        from engine.events import ShardHead
+
+        return ShardHead(epoch="e0", oldest=1, head=0)
+
+    async def events_after(self, seq: int, limit: int, wait: float) -> tuple[Any, list[Any]]:
+        from engine.events import ShardHead
+
+        await self.go.wait()
+        if not self.batches:
+            assert self.done is not None
+            self.done.set_result(None)
+            await asyncio.sleep(3600)
+        batch = self.batches.pop(0)
+        return ShardHead(epoch="e0", oldest=1, head=batch[-1].seq), batch
+
+
+async def _hub_events(args: argparse.Namespace, prof: cProfile.Profile | None) -> float:
+    """CPU seconds per event for `--requests` events through a hub's pump (see `--events`)."""
+    from engine.events import Audience, Event, Listener, MemoryChanged
+    from gateway.fanout import Hub
+    from gateway.subscriber import Outlet
+
+    users = [f"u{k}" for k in range(args.users)]
+    events = [
+        Event(
+            seq=n,
+            at=1_700_000_000_000 + n,
+            data=MemoryChanged(pool="bot:b1", entry=f"m{n}", version=1, change="created"),
+            audience=Audience(org="o1", users=(users[n % len(users)],)),
+        )
+        for n in range(1, args.requests + 1)
+    ]
+    batches = [events[k : k + args.batch] for k in range(0, len(events), args.batch)]
+    log = _EventLog(batches)
+    log.done = asyncio.get_running_loop().create_future()
+    hub = Hub(types.SimpleNamespace(shard_ports=[log]))  # type: ignore[arg-type]
+    sockets = []
+
+    async def unused(message: dict) -> None:
+        raise AssertionError("every frame goes to the socket as bytes")
+
+    for user in users:
+        listener = Listener(user=user, orgs=frozenset({"o1"}), bots=frozenset({"b1"}))
+        for _ in range(args.clients_per_user):
+            socket = _Socket()
+            sub, _ = await hub.subscribe(listener, None, Outlet(unused, writer=socket))  # type: ignore[arg-type]
+            await hub.catch_up(sub)
+            sockets.append(socket)
+    cpu0 = time.process_time()
+    if prof is not None:
+        prof.enable()
+    log.go.set()
+    await log.done
+    if prof is not None:
+        prof.disable()
+    cpu = time.process_time() - cpu0
+    await hub.stop()
+    if any(s.written == 0 for s in sockets):
+        raise RuntimeError("a client got no frame")
+    return cpu / args.requests
+
+
+def event_rounds(args: argparse.Namespace) -> None:
+    """`--events`: the hub's CPU per event (`--profile`: one more round, profiled)."""
+    tune_gc()
+    for _ in range(args.rounds):
+        per = asyncio.run(_hub_events(args, None))
+        print(f"event to {args.clients_per_user} clients: {per * 1e6:.1f} us of CPU per event")
+    if args.profile:
+        prof = cProfile.Profile()
+        asyncio.run(_hub_events(args, prof))
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
+        print(out.getvalue())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=5000)
@@ -354,7 +464,14 @@ def main() -> None:
     )
     p.add_argument("--only", help="--fake-write: only the requests whose name has this")
     p.add_argument("--fake-write", action="store_true", help="POST Remember, no actor (no Ray)")
+    p.add_argument("--events", action="store_true", help="the hub's work per event (no server)")
+    p.add_argument("--users", type=int, default=50, help="--events: users")
+    p.add_argument("--clients-per-user", type=int, default=20, help="--events: clients per user")
+    p.add_argument("--batch", type=int, default=16, help="--events: events per pump batch")
     args = p.parse_args()
+    if args.events:
+        event_rounds(args)
+        return
     if args.fake_write:
         fake_write_rounds(args)
         return
@@ -363,6 +480,7 @@ def main() -> None:
         return
     engine = types.SimpleNamespace(shard_ports=[], node_hub=None)  # /healthz calls no actor
     app = create_app(engine, "bench-admin-token")  # type: ignore[arg-type]
+    tune_gc()
     for _ in range(args.rounds):
         per, _ = asyncio.run(serve(app, args.requests, None))
         print(f"GET /healthz: {per * 1e6:.1f} us of CPU per request", flush=True)

@@ -23,7 +23,7 @@ from gateway.auth import Auth, TokenRequired
 from gateway.cached_reads import CachedReads
 from gateway.chat_routes import ChatsApi
 from gateway.console_routes import console_routes
-from gateway.errors import HANDLERS, ContainErrors
+from gateway.errors import HANDLERS
 from gateway.events import PATH as EVENTS_PATH
 from gateway.events import EventsEndpoint, Hub, StreamFirst
 from gateway.file_export_route import FileExportApi
@@ -198,12 +198,11 @@ def create_app(
         routes=routes,
         exception_handlers=HANDLERS,
         lifespan=lifespan,
-        # Outermost first: errors contained (the connection survives them); a current cached
-        # memory page answered at once; no token → 401 before a body is even read; then the
-        # body limits.
+        # Outermost first: every answer logged and counted, and errors contained (the
+        # connection survives them); a current cached memory page answered at once; no token →
+        # 401 before a body is even read; then the body limits.
         middleware=[
-            Middleware(RequestLog),  # every answer logged and counted, with its request id
-            Middleware(ContainErrors),
+            Middleware(RequestLog),  # (with its request id)
             *([Middleware(CachedReads, memory=memory, route=read_memory)] if cached_reads else []),
             Middleware(TokenRequired, auth=auth),
             Middleware(BodyLimits),

@@ -61,6 +61,10 @@ AGENT_MISS_TTL = 1.0
 # creation or replacement drops its miss (the watch names its hash) before the call returns.
 MISSES = 4096
 MISS_TTL = 2.0
+# Tokens whose hash (the directory's key for them) this gateway keeps at hand: a token comes
+# back on every request of its client, and hashing it each time is a good part of the work of a
+# request answered from the caches. Emptied when full: at worst a token is hashed once more.
+HASHED = 10_000
 
 
 class _Cache:
@@ -184,6 +188,8 @@ class Auth:
     ) -> None:
         self.engine = engine
         self.admin_token = admin_token
+        self._admin = admin_token.encode()
+        self._hashed: dict[str, str] = {}  # token → hash_token(token), at most HASHED
         self.ttl = ttl
         self.clock = clock  # (entries' ages and misses; the watch's trust runs on real time)
         self._principals = _Cache(ttl, clock)
@@ -282,9 +288,9 @@ class Auth:
                 self._misses.drop(key.removeprefix("token:"))
 
     async def principal_for(self, token: str) -> Principal:
-        if hmac.compare_digest(token.encode(), self.admin_token.encode()):
+        if hmac.compare_digest(token.encode(), self._admin):
             return Principal(admin=True)
-        key = hash_token(token)
+        key = self.key_of(token)
         caching = self._caching()
         principal = self._principals.get(key) if caching else None
         if principal is None:
@@ -305,7 +311,21 @@ class Auth:
         """The user `token` names, when the cache holds it and may be used now; None means
         "ask `principal_for`" (an unknown or uncached token, no trusted cache; the admin token
         is never cached). It never asks the directory."""
-        return self._principals.get(hash_token(token)) if self._caching() else None
+        return self._principals.get(self.key_of(token)) if self._caching() else None
+
+    def key_of(self, token: str) -> str:
+        """`hash_token(token)`: what the directory knows the token by."""
+        key = self._hashed.get(token)
+        if key is None:
+            if len(self._hashed) >= HASHED:
+                self._hashed.clear()
+            key = self._hashed[token] = hash_token(token)
+        return key
+
+    @property
+    def hashed(self) -> int:
+        """How many tokens' hashes are kept at hand (at most `HASHED`)."""
+        return len(self._hashed)
 
     def known_bot(self, bot_id: str) -> Bot | None:
         """`bot`'s record when the cache holds it and may be used now, else None."""

@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.casing import camel_keys
 from engine.errors import (
@@ -84,46 +84,24 @@ HANDLERS = {
 }
 
 
-class ContainErrors:
-    """ASGI middleware (outermost): an unexpected error ends as a 500 answer, and goes no
-    further. Starlette's own last handler answers 500 too but then re-raises, and uvicorn,
-    seeing the exception, drops the connection: a keep-alive client's next request on it was
-    reset. Here the error is logged and the connection stays usable."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracked)
-        except Exception:
-            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
-            if not started:
-                await error_response(500, "internal", "internal error")(scope, receive, send)
+def unexpected(scope: Scope) -> Response:
+    """An error no handler answers, logged; the 500 to answer it with, if no answer started
+    (gateway/metrics.py `RequestLog` contains it there: the connection stays usable)."""
+    log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+    return error_response(500, "internal", "internal error")
 
 
 class RouterErrors:
     """ASGI middleware (innermost, around the router), in place of Starlette's
     `ExceptionMiddleware`: the handlers of `HANDLERS` but `Exception`'s (that one is
-    `ContainErrors`'s) answer what the router raises (an unknown route's 404, a method's 405)
-    and what an `Endpoint` raises (gateway/routing.py: it has no wrapper of its own); a plain
-    Starlette route's wrapper finds the same handlers in the scope.
+    `RequestLog`'s, gateway/metrics.py) answer what the router raises (an unknown route's 404,
+    a method's 405) and what an `Endpoint` raises (gateway/routing.py: it has no wrapper of
+    its own); a plain Starlette route's wrapper finds the same handlers in the scope.
 
     Unlike Starlette's, it does not follow each message sent to know whether an answer started:
     an endpoint fails before its answer starts (it returns its whole answer, sent after). An
     error after a start (a streamed answer failing) would be answered once more: the server
-    refuses that second start and its error goes on to `ContainErrors`, which logs it.
+    refuses that second start and its error goes on to `RequestLog`, which logs it.
     Websockets keep Starlette's layer."""
 
     def __init__(self, app: ASGIApp, handlers: dict) -> None:

@@ -307,7 +307,7 @@ class StreamFirst(Starlette):
 
     def build_middleware_stack(self) -> ASGIApp:
         """The app's middlewares around the router, without Starlette's outermost layer (its
-        500 answer: `ContainErrors`, among the app's own, gives it and keeps the connection)
+        500 answer: `RequestLog`, among the app's own, gives it and keeps the connection)
         and with `RouterErrors` for its exception layer."""
         app: ASGIApp = RouterErrors(self.router, self.exception_handlers)
         for cls, args, kwargs in reversed(self.user_middleware):

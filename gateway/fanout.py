@@ -32,8 +32,8 @@ from engine.events import (
 )
 from gateway.metrics import EVENTS_DELIVERED
 from gateway.recent import RecentEvents
-from gateway.socket_frames import text_frame
-from gateway.subscriber import TOO_SLOW, Closed, Outlet, Subscriber, event_text
+from gateway.socket_frames import utf8_frame
+from gateway.subscriber import TOO_SLOW, Closed, Outlet, Subscriber, event_json
 
 log = logging.getLogger("openbot.events")
 
@@ -156,8 +156,8 @@ class Hub:
                     budget += 1
                     if sub.in_step:
                         if text is None:
-                            text = event_text(event, self._cursor_at(k, event.seq))
-                            frame = text_frame(text)
+                            encoded = event_json(event, self._cursor_at(k, event.seq))
+                            text, frame = encoded.decode(), utf8_frame(encoded)
                         if again:
                             later.setdefault(sub.outlet, []).append((text, frame))
                         else:

@@ -25,9 +25,29 @@ _enc = msgspec.json.Encoder()
 DRAIN = 16 * wire.MAX_BODY  # beyond this an oversized body is not read: the connection closes
 
 
+_CONTENT_TYPE = (b"content-type", b"application/json")
+
+
+class JsonBytes(Response):
+    """A JSON answer from bytes already encoded, with the headers Starlette's `Response` gives
+    it (`content-length` where a body may go, then `content-type`), made at once: Starlette
+    works them out from its arguments on every answer."""
+
+    media_type = "application/json"
+
+    def __init__(self, body: bytes, status_code: int = 200) -> None:
+        self.status_code = status_code
+        self.background = None
+        self.body = body
+        if status_code < 200 or status_code in (204, 304):
+            self.raw_headers = [_CONTENT_TYPE]
+        else:
+            self.raw_headers = [(b"content-length", b"%d" % len(body)), _CONTENT_TYPE]
+
+
 def json(obj: Any, status: int = 200) -> Response:
     """A JSON answer, its keys in camelCase (one casing on the wire)."""
-    return Response(_enc.encode(to_wire(obj)), status_code=status, media_type="application/json")
+    return JsonBytes(_enc.encode(to_wire(obj)), status)
 
 
 CHECKED = "openbot.body"  # where `BodyLimits` leaves the body it read and checked

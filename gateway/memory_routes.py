@@ -30,7 +30,7 @@ from engine.numbers import query_number
 from gateway import wire
 from gateway.auth import Auth, org_header
 from gateway.events import Hub
-from gateway.json_response import json, read_body
+from gateway.json_response import JsonBytes, json, read_body
 from gateway.read_cache import ReadCache
 
 _packer = msgspec.msgpack.Encoder()
@@ -96,7 +96,7 @@ class MemoryApi:
             epoch, fill, body = await shard.read_memory_json(pool, reader, wanted)
             shard_index = self.engine.shard_index(bot.owner)
             self.cache.put(key, shard_index, epoch, fill, body, generation)
-        return Response(body, media_type="application/json")
+        return JsonBytes(body)
 
     def _writing(self, pool: str) -> _Writing:
         return _Writing(self.cache, pool)
@@ -117,7 +117,7 @@ class MemoryApi:
                 )
                 # One bytes each way (remember_packed): the reply is the HTTP body.
                 created = await shard.remember_packed(_packer.encode(remember))
-                return Response(created, 201, media_type="application/json")
+                return JsonBytes(created, 201)
             entry = await shard.forget(pool, reader, command.id, body.requestId)
             return json(entry)
 

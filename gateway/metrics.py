@@ -16,6 +16,7 @@ one; returned on every response).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 import logging
 import re
@@ -32,11 +33,13 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.ports import EnginePort
 from gateway.auth import Auth
+from gateway.errors import unexpected
 
 access_log = logging.getLogger("openbot.access")
 disable_created_metrics()  # the *_created series only double the output
@@ -44,18 +47,65 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SCRAPE_TIMEOUT = 10.0
 
-REQUESTS = Counter(
-    "openbot_http_requests",
-    "HTTP requests by method, route template and status",
-    ["method", "route", "status"],
-    registry=REGISTRY,
-)
-LATENCY = Histogram(
-    "openbot_http_request_seconds",
-    "HTTP request latency by method and route template",
-    ["method", "route"],
-    registry=REGISTRY,
-)
+REQUESTS_NAME, REQUESTS_LABELS = "openbot_http_requests", ["method", "route", "status"]
+REQUESTS_HELP = "HTTP requests by method, route template and status"
+LATENCY_NAME, LATENCY_LABELS = "openbot_http_request_seconds", ["method", "route"]
+LATENCY_HELP = "HTTP request latency by method and route template"
+BUCKETS = Histogram.DEFAULT_BUCKETS  # seconds (the last is +Inf)
+
+
+class HttpFigures:
+    """Requests by method, route template and status, and their latency by method and route,
+    rendered as a prometheus_client `Counter` and `Histogram` of these names render (the same
+    samples, labels and order), but kept as plain numbers: a request's record is one dict
+    look-up and three additions, where the client library's children take a lock and make
+    several calls per observation on every request. Written from the event loop that serves
+    (one per gateway process), so it takes no lock."""
+
+    def __init__(self) -> None:
+        # (method, route, status) → [its count, the latency row of (method, route)]
+        self.requests: dict[tuple[str, str, int], list[Any]] = {}
+        # (method, route) → a count per bucket (not cumulative), then the sum of the seconds
+        self.latency: dict[tuple[str, str], list[float]] = {}
+
+    def record(self, method: str, route: str, status: int, seconds: float) -> None:
+        series = self.requests.get((method, route, status))
+        if series is None:
+            series = self._series(method, route, status)
+        series[0] += 1
+        row = series[1]
+        row[bisect.bisect_left(BUCKETS, seconds)] += 1  # the first bound it is <= to
+        row[-1] += seconds
+
+    def _series(self, method: str, route: str, status: int) -> list[Any]:
+        row = self.latency.get((method, route))
+        if row is None:
+            row = self.latency[(method, route)] = [0] * (len(BUCKETS) + 1)
+        series = self.requests[(method, route, status)] = [0, row]
+        return series
+
+    def describe(self):
+        yield CounterMetricFamily(REQUESTS_NAME, REQUESTS_HELP, labels=REQUESTS_LABELS)
+        yield HistogramMetricFamily(LATENCY_NAME, LATENCY_HELP, labels=LATENCY_LABELS)
+
+    def collect(self):
+        requests = CounterMetricFamily(REQUESTS_NAME, REQUESTS_HELP, labels=REQUESTS_LABELS)
+        for (method, route, status), (n, _) in list(self.requests.items()):
+            requests.add_metric([method, route, str(status)], float(n))
+        yield requests
+        latency = HistogramMetricFamily(LATENCY_NAME, LATENCY_HELP, labels=LATENCY_LABELS)
+        for labels, row in list(self.latency.items()):  # (in the order they were first seen)
+            cumulative = 0.0
+            buckets = []
+            for bound, n in zip(BUCKETS, row, strict=False):
+                cumulative += n
+                buckets.append((floatToGoString(bound), cumulative))
+            latency.add_metric(labels, buckets, row[-1])
+        yield latency
+
+
+HTTP = HttpFigures()
+REGISTRY.register(HTTP)  # type: ignore[arg-type]
 WS_CLIENTS = Gauge(
     "openbot_websocket_clients",
     "Connected websocket clients by endpoint",
@@ -78,17 +128,6 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 # so a counter after a random prefix per process instead of a read of the OS's randomness each.
 _ID_PREFIX = secrets.token_hex(4)
 _ids = itertools.count()
-# The metric series of each (method, route, status): `labels()` checks and locks on every call,
-# a dict lookup does not (a series, once made, stays).
-_series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
-
-
-def _series_of(method: str, route: str, status: str) -> tuple[Any, Any]:
-    found = _series.get((method, route, status))
-    if found is None:
-        found = (REQUESTS.labels(method, route, status), LATENCY.labels(method, route))
-        _series[(method, route, status)] = found
-    return found
 
 
 def route_of(scope: dict) -> str:
@@ -100,6 +139,13 @@ def route_of(scope: dict) -> str:
 
 
 class RequestLog:
+    """The outermost layer of every HTTP request: its id, its access log line and figures, and
+    an unexpected error contained (gateway/errors.py `unexpected`): it ends as a 500 answer
+    when none started, and goes no further. Starlette's own last handler answers 500 too but
+    then re-raises, and uvicorn, seeing the exception, drops the connection: a keep-alive
+    client's next request on it would be reset. One layer for both, with one send wrapper, since
+    every request pays for each layer it goes through."""
+
     def __init__(self, app: Any) -> None:
         self.app = app
 
@@ -109,7 +155,7 @@ class RequestLog:
             return
         given = _header(scope, b"x-request-id")
         rid = given if given and _REQUEST_ID.fullmatch(given) else f"{_ID_PREFIX}{next(_ids):08x}"
-        status = 500
+        status = 0  # until the answer starts
         started = time.perf_counter()
         logged = False
 
@@ -117,11 +163,9 @@ class RequestLog:
             nonlocal logged
             logged = True
             seconds = time.perf_counter() - started
-            route, method = route_of(scope), scope["method"]
-            requests, latency = _series_of(method, route, str(status))
-            requests.inc()
-            latency.observe(seconds)
-            access_log.info("%s %s %d %.1fms rid=%s", method, route, status, seconds * 1000, rid)
+            route, method, answered = route_of(scope), scope["method"], status or 500
+            HTTP.record(method, route, answered, seconds)
+            access_log.info("%s %s %d %.1fms rid=%s", method, route, answered, seconds * 1000, rid)
 
         async def send_with_id(message: dict) -> None:
             nonlocal status
@@ -136,8 +180,12 @@ class RequestLog:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception:
+            answer = unexpected(scope)
+            if not status:
+                await answer(scope, receive, send_with_id)
         finally:
-            if not logged:  # failed before the answer was complete (a 500 follows)
+            if not logged:  # failed before the answer was complete
                 record()
 
 

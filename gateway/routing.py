@@ -108,11 +108,14 @@ class PrefixRouter(Router):
         if chosen is None:  # (a redirect or a 404: Starlette's own scan finds no route either)
             await super().app(scope, receive, send)
             return
-        route, child_scope, _ = chosen
+        route, child_scope, match = chosen
         scope.setdefault("router", self)
         scope["route"] = route
         scope.update(child_scope)
-        await route.handle(scope, receive, send)
+        if match is Match.FULL and type(route) is Endpoint:
+            await route.app(scope, receive, send)  # (`handle` would check the method again)
+        else:
+            await route.handle(scope, receive, send)
 
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -38,6 +38,15 @@ UVICORN_WS = {
 }
 
 
+def proxy_options() -> dict[str, bool]:
+    """uvicorn's forwarded-headers layer (a request's client address and scheme taken from a
+    proxy's X-Forwarded-For and X-Forwarded-Proto) only where the operator names the proxies
+    to trust, in uvicorn's own FORWARDED_ALLOW_IPS. The gateway reads neither the client nor
+    the scheme (only a redirect's absolute Location shows the scheme), and the layer is a pass
+    over the headers and one more frame on every request."""
+    return {} if os.environ.get("FORWARDED_ALLOW_IPS") else {"proxy_headers": False}
+
+
 @dataclass
 class ServeSettings:
     data_dir: Path = Path("./data")
@@ -281,7 +290,8 @@ def serve(settings: ServeSettings, *, log_level: str = "info") -> None:
     try:
         # The access log is gateway/metrics.py's (route templates and request ids), not
         # uvicorn's.
-        config = uvicorn.Config(app, log_level=log_level, access_log=False, **UVICORN_WS)
+        options = UVICORN_WS | proxy_options()
+        config = uvicorn.Config(app, log_level=log_level, access_log=False, **options)
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()

@@ -30,7 +30,11 @@ _OPEN = State.OPEN
 
 def text_frame(text: str) -> bytes:
     """One unmasked, unfragmented text frame (RFC 6455 §5.2) carrying `text`."""
-    data = text.encode()
+    return utf8_frame(text.encode())
+
+
+def utf8_frame(data: bytes) -> bytes:
+    """`text_frame` of a text already encoded as UTF-8."""
     n = len(data)
     if n < 126:
         return bytes((0x81, n)) + data

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from engine.casing import to_wire
+from engine.casing import camel, to_wire
 from engine.events import Event, Listener, Position, ShardHead, admits, encode_cursor
 from gateway.metrics import EVENTS_DELIVERED, EVENTS_DROPPED
 from gateway.socket_frames import FrameWriter, text_frame
@@ -51,12 +51,76 @@ class Closed(Exception):
         self.reason = reason
 
 
+class _Encoded(msgspec.Struct, frozen=True, kw_only=True):
+    """A `Frame` whose data is JSON already."""
+
+    type: str
+    cursor: str
+    at: int
+    data: msgspec.Raw
+
+
+# Payload type → (its tag, the length of its JSON's `{"type":"<tag>"` start), or None when its
+# own JSON is not its frame's data (see `_plan`). Decided once per type, not per key per event.
+_PLANS: dict[type, tuple[str, int] | None] = {}
+_SCALARS = (
+    msgspec.inspect.StrType,
+    msgspec.inspect.IntType,
+    msgspec.inspect.FloatType,
+    msgspec.inspect.BoolType,
+    msgspec.inspect.NoneType,
+    msgspec.inspect.LiteralType,
+)
+
+
+def _scalar(t: msgspec.inspect.Type) -> bool:
+    while isinstance(t, msgspec.inspect.Metadata):
+        t = t.type
+    if isinstance(t, msgspec.inspect.UnionType):
+        return all(_scalar(option) for option in t.types)
+    return isinstance(t, _SCALARS)
+
+
+def _plan(kind: type) -> tuple[str, int] | None:
+    """For a payload Struct whose fields all hold scalars under names camelCase leaves as they
+    are, `to_wire` only drops its tag: its own JSON after the tag is the frame's data, key for
+    key and in the same order. Anything else (a nested value, a snake_case name, an array-like
+    Struct) takes the general way."""
+    info = msgspec.inspect.type_info(kind)
+    if (
+        not isinstance(info, msgspec.inspect.StructType)
+        or info.array_like
+        or info.tag_field != "type"
+        or not isinstance(info.tag, str)
+    ):
+        return None
+    for f in info.fields:
+        if camel(f.encode_name) != f.encode_name or not _scalar(f.type):
+            return None
+    return info.tag, len(_enc.encode({"type": info.tag})) - 1
+
+
+def event_json(event: Event, cursor: str) -> bytes:
+    """The text frame of `event` as JSON bytes (keys in camelCase, the payload's tag as the
+    frame type)."""
+    kind = type(event.data)
+    plan = _PLANS.get(kind, False)
+    if plan is False:
+        plan = _PLANS[kind] = _plan(kind)
+    if plan is None:
+        data = to_wire(event.data)
+        data.pop("type", None)
+        frame = Frame(type=event.data.__struct_config__.tag, cursor=cursor, at=event.at, data=data)
+        return _enc.encode(frame)
+    tag, start = plan
+    own = _enc.encode(event.data)  # `{"type":"<tag>"` then `,"field":…` or nothing, then `}`
+    body = b"{" + own[start + 1 :] if len(own) > start + 1 else b"{}"
+    return _enc.encode(_Encoded(type=tag, cursor=cursor, at=event.at, data=msgspec.Raw(body)))
+
+
 def event_text(event: Event, cursor: str) -> str:
-    """The text frame of `event` (keys in camelCase, the payload's tag as the frame type)."""
-    data = to_wire(event.data)
-    data.pop("type", None)
-    frame = Frame(type=event.data.__struct_config__.tag, cursor=cursor, at=event.at, data=data)
-    return _enc.encode(frame).decode()
+    """`event_json` as text."""
+    return event_json(event, cursor).decode()
 
 
 class Subscriber:

@@ -243,3 +243,14 @@ async def test_a_gateway_that_closes_leaves_the_watch(directory):
     assert not waiting.done()
     w.leave("late")
     await asyncio.wait_for(waiting, 1)
+
+
+def test_token_hashes_are_kept_at_hand_within_a_bound(monkeypatch):
+    """The hash a token is known by is kept per token, so a client's next request does not
+    hash it again; at most `HASHED` of them (random tokens cannot grow the gateway)."""
+    monkeypatch.setattr(auth_mod, "HASHED", 8)
+    auth = Auth(SimpleNamespace(directory_port=None, shard_ports=[]), ADMIN)  # type: ignore[arg-type]
+    for n in range(50):
+        token = f"obt_{n}"
+        assert auth.key_of(token) == hash_token(token) == auth.key_of(token)
+        assert 1 <= auth.hashed <= 8

@@ -171,15 +171,16 @@ def test_websocket_messages_have_the_same_limits(server, world):
 
 def test_an_unexpected_error_is_a_500_that_keeps_the_connection():
     """Starlette re-raises after its 500 and uvicorn then drops the connection (the reset of
-    the report); `ContainErrors` stops the error there. A tiny app with the gateway's error
+    the report); `RequestLog` stops the error there. A tiny app with the gateway's error
     handling and a route that fails, on a real uvicorn."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
 
-    from gateway.errors import HANDLERS, ContainErrors
+    from gateway.errors import HANDLERS
     from gateway.live_server import LiveServer
+    from gateway.metrics import RequestLog
 
     async def boom(request):
         await request.body()
@@ -189,9 +190,7 @@ def test_an_unexpected_error_is_a_500_that_keeps_the_connection():
         return PlainTextResponse("ok")
 
     routes = [Route("/boom", boom, methods=["POST"]), Route("/ok", ok)]
-    app = Starlette(
-        routes=routes, exception_handlers=HANDLERS, middleware=[Middleware(ContainErrors)]
-    )
+    app = Starlette(routes=routes, exception_handlers=HANDLERS, middleware=[Middleware(RequestLog)])
     live = LiveServer(app)
     try:
         with httpx.Client(base_url=live.url, timeout=10) as c:

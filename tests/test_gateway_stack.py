@@ -173,3 +173,45 @@ def test_an_endpoint_must_be_async():
 
     with pytest.raises(TypeError, match="async"):
         Endpoint("/plain", plain, methods=["GET"])  # type: ignore[arg-type]
+
+
+def test_a_json_answer_from_bytes_has_the_headers_starlette_would_give_it():
+    """`JsonBytes` (gateway/json_response.py) answers as `Response(body, status,
+    media_type="application/json")`: the same body and headers, in order, for every status
+    (no content-length where no body may go)."""
+    from gateway.json_response import JsonBytes
+
+    for status in (100, 200, 201, 204, 304, 400, 404, 500):
+        body = b'{"id":"m1"}' if status not in (204, 304) else b""
+        ours = JsonBytes(body, status)
+        theirs = Response(body, status, media_type="application/json")
+        assert (ours.status_code, ours.body, ours.raw_headers) == (
+            theirs.status_code,
+            theirs.body,
+            theirs.raw_headers,
+        ), status
+        assert ours.headers["content-type"] == "application/json" and ours.background is None
+
+
+@pytest.mark.parametrize("trusted", [None, "127.0.0.1"])
+def test_forwarded_headers_count_only_from_the_proxies_the_operator_names(monkeypatch, trusted):
+    """A proxy's `X-Forwarded-Proto` shows in what the scheme reaches (a redirect's Location)
+    only where FORWARDED_ALLOW_IPS names the proxy; otherwise the server ignores it (and pays
+    nothing for it on every request)."""
+
+    async def page(request: Request) -> Response:
+        return Response("ok")
+
+    if trusted is None:
+        monkeypatch.delenv("FORWARDED_ALLOW_IPS", raising=False)
+    else:
+        monkeypatch.setenv("FORWARDED_ALLOW_IPS", trusted)
+    live = LiveServer(Starlette(routes=[Route("/page", page)]))
+    try:
+        with httpx.Client(base_url=live.url, timeout=10) as c:
+            r = c.get("/page/", headers={"X-Forwarded-Proto": "https"})
+    finally:
+        live.stop()
+    assert r.status_code == 307
+    scheme = "https" if trusted else "http"
+    assert r.headers["location"] == f"{scheme}://127.0.0.1:{live.port}/page"

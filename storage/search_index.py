@@ -23,11 +23,15 @@ speaker, whose name would otherwise weigh more in a turn than its own speaker's.
 
 Layout: postings are a compressed sparse row "base" (numpy: one slice of row numbers and term
 frequencies per term) plus per-term Python lists for entries added since (the "tail"), merged
-into the base once the tail holds a quarter as many postings; so a write costs a few list
-appends and a search a few numpy slices. Rows are never reused: an edited entry gets a new row
-and its old one is dead (masked out of every ranking, dropped at the next merge). Document
-frequencies count live rows only: a record is indexed again each time its thread's order gives
-it a new neighbour, and a ranking must not depend on how often that happened.
+into the base once the tail holds a quarter as many postings. A write only extends flat lists
+(its keys, their frequencies, its row: a few calls in C, not a dict lookup and two appends per
+term); the first search after it files them under their terms in the tail, in the order they
+were written, so what a search reads is what filing each write at once would have made. So a
+write costs a few list extends and a search a few numpy slices. Rows are never reused: an
+edited entry gets a new row and its old one is dead (masked out of every ranking, dropped at
+the next merge). Document frequencies count live rows only: a record is indexed again each
+time its thread's order gives it a new neighbour, and a ranking must not depend on how often
+that happened.
 
 Why not bm25s or tantivy: bm25s builds a static index (every write would rebuild it), tantivy
 needs a commit and a searcher reload before a write is visible (milliseconds per write, against
@@ -40,7 +44,7 @@ from __future__ import annotations
 import math
 from collections import _count_elements  # type: ignore[attr-defined]  # Counter's C helper
 from collections.abc import Callable, Iterable, Sequence
-from itertools import chain
+from itertools import chain, repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -67,19 +71,6 @@ LABEL_NORM = K1  # a label's BM25 length norm: a record of average length's, wha
 
 # Keys below this many are counted in Python (np.unique costs ~20 µs at any size).
 PYTHON_COUNT_MAX = 512
-
-
-def _runs(keys: list[int]) -> list[tuple[int, int]]:
-    """(key, count) of each distinct key, in order of first appearance (counted in C: half
-    the cost of a Python loop, on every write)."""
-    counts: dict[int, int] = {}
-    _count_elements(counts, keys)
-    return list(counts.items())
-
-
-def _unique(keys: np.ndarray) -> list[tuple[int, int]]:
-    uniq, counts = np.unique(keys, return_counts=True)
-    return list(zip(uniq.tolist(), counts.tolist(), strict=True))
 
 
 def order_by_key(keys: np.ndarray) -> np.ndarray:
@@ -187,7 +178,13 @@ class TermIndex:
         self._rows = np.zeros(0, dtype=np.int32)
         self._tfs = np.zeros(0, dtype=np.float32)
         self._tail: dict[int, tuple[list[int], list[int]]] = {}
-        self._tail_postings = 0
+        self._tail_postings = 0  # the tail's and the unfiled postings'
+        # Postings written and not filed in the tail yet (`_file`): their term keys and
+        # frequencies end to end, and each write's row and how many of them are its.
+        self._unfiled_keys: list[int] = []
+        self._unfiled_tfs: list[int] = []
+        self._unfiled_rows: list[int] = []
+        self._unfiled_sizes: list[int] = []
         # A queried term's postings as arrays (base and tail joined), with the tail's length
         # they were made at: the tail only grows until a merge, which drops them.
         self._joined: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
@@ -302,7 +299,9 @@ class TermIndex:
         self._indptr, self._rows, self._tfs = snap.indptr, snap.rows, snap.tfs
 
     def layout(self) -> Layout:
-        """The index's arrays as they lie (nothing is made or merged to answer)."""
+        """The index's arrays as they lie (nothing is made or merged to answer; postings
+        written since the last search are filed in the tail first, as a search would)."""
+        self._file()
         vocab = self._vocab_map
         return Layout(
             self._indptr,
@@ -318,7 +317,9 @@ class TermIndex:
     def postings(self) -> Postings:
         """The index as arrays, for a snapshot: only of an index built in one go (`build`,
         `build_flat` into an empty one) and not changed since."""
-        if self._vocab_map or self._tail or self._dead or self._live != len(self._ids):
+        if self._vocab_map or self._tail or self._unfiled_sizes or self._dead:
+            raise ValueError("only a freshly built index")
+        if self._live != len(self._ids):
             raise ValueError("only a freshly built index")
         n = len(self._ids)
         ids = self._ids
@@ -350,29 +351,52 @@ class TermIndex:
         if entry_id in self._row:
             self.remove(entry_id)
         row = self._new_row(entry_id)
-        vocab, tail = self._vocab, self._tail
         if type(keys) is Counted:
-            counted, length = zip(keys.keys, keys.tfs, strict=True), keys.length
-            postings = len(keys.keys)
+            self._unfiled_keys += keys.keys
+            self._unfiled_tfs += keys.tfs
+            length, postings = keys.length, len(keys.keys)
         else:
             length = len(keys)
-            if type(keys) is list:
-                big = length > PYTHON_COUNT_MAX
-                counted = _unique(np.asarray(keys)) if big else _runs(keys)
+            if length > PYTHON_COUNT_MAX:
+                uniq, counts = np.unique(np.asarray(keys), return_counts=True)
+                self._unfiled_keys += uniq.tolist()
+                self._unfiled_tfs += counts.tolist()
+                postings = uniq.size
             else:
-                counted = _runs(keys.tolist()) if length <= PYTHON_COUNT_MAX else _unique(keys)
-            postings = len(counted)
-        for term, tf in counted:
+                # Counted in C (half the cost of a Python loop, on every write): each distinct
+                # key once, in order of first appearance.
+                counted: dict[int, int] = {}
+                _count_elements(counted, keys if type(keys) is list else keys.tolist())
+                self._unfiled_keys += counted
+                self._unfiled_tfs += counted.values()
+                postings = len(counted)
+        self._unfiled_rows.append(row)
+        self._unfiled_sizes.append(postings)
+        self._tail_postings += postings
+        self._set_len(row, length)
+        if self._tail_postings > max(20_000, self._rows.size // 4):
+            self.merge()
+
+    def _file(self) -> None:
+        """File the postings written since the last search under their terms in the tail, in
+        the order they were written (what `put` filing each at once would have made)."""
+        sizes = self._unfiled_sizes
+        if not sizes:
+            return
+        owners = chain.from_iterable(map(repeat, self._unfiled_rows, sizes))
+        vocab, tail = self._vocab, self._tail
+        for term, row, tf in zip(self._unfiled_keys, owners, self._unfiled_tfs, strict=True):
             tid = vocab.setdefault(term, len(vocab))
             slot = tail.get(tid)
             if slot is None:
                 slot = tail[tid] = ([], [])
             slot[0].append(row)
             slot[1].append(tf)
-        self._tail_postings += postings
-        self._set_len(row, length)
-        if self._tail_postings > max(20_000, self._rows.size // 4):
-            self.merge()
+        self._drop_unfiled()
+
+    def _drop_unfiled(self) -> None:
+        self._unfiled_keys, self._unfiled_tfs = [], []
+        self._unfiled_rows, self._unfiled_sizes = [], []
 
     def remove(self, entry_id: str) -> None:
         """Forget an entry (deleted, or about to be re-indexed); unknown ids are ignored."""
@@ -428,6 +452,17 @@ class TermIndex:
             parts_t.append(np.repeat(tids, lengths))
             parts_r.append(np.fromiter(chain.from_iterable(r for r, _ in slots), np.int32, n))
             parts_f.append(np.fromiter(chain.from_iterable(f for _, f in slots), np.float32, n))
+        if self._unfiled_sizes:  # written after everything in the tail: placed after it
+            vocab, keys = self._vocab, self._unfiled_keys
+            n = len(keys)
+            parts_t.append(
+                np.fromiter((vocab.setdefault(k, len(vocab)) for k in keys), np.int64, n)
+            )
+            parts_r.append(
+                np.repeat(np.asarray(self._unfiled_rows, dtype=np.int32), self._unfiled_sizes)
+            )
+            parts_f.append(np.asarray(self._unfiled_tfs, dtype=np.float32))
+            self._drop_unfiled()
         if term_ids is not None and rows is not None and tfs is not None:
             parts_t.append(np.asarray(term_ids, dtype=np.int64))
             parts_r.append(np.asarray(rows, dtype=np.int32))
@@ -472,6 +507,7 @@ class TermIndex:
 
     def _terms(self, query: Sequence[int]) -> list[tuple[int, int]]:
         """(key, term id) of each query key in the index, in the query's order."""
+        self._file()
         vocab = self._vocab_map
         if vocab is not None:
             return [(t, vocab[t]) for t in query if t in vocab]

@@ -454,10 +454,10 @@ class TermIndex:
             parts_f.append(np.fromiter(chain.from_iterable(f for _, f in slots), np.float32, n))
         if self._unfiled_sizes:  # written after everything in the tail: placed after it
             vocab, keys = self._vocab, self._unfiled_keys
-            n = len(keys)
-            parts_t.append(
-                np.fromiter((vocab.setdefault(k, len(vocab)) for k in keys), np.int64, n)
-            )
+            for k in dict.fromkeys(keys):  # new terms numbered as filing them would
+                if k not in vocab:
+                    vocab[k] = len(vocab)
+            parts_t.append(np.fromiter(map(vocab.__getitem__, keys), np.int64, len(keys)))
             parts_r.append(
                 np.repeat(np.asarray(self._unfiled_rows, dtype=np.int32), self._unfiled_sizes)
             )

@@ -133,3 +133,30 @@ def test_request_locks_taken_together_exclude_each_other_and_are_released_on_can
         assert receipts.requests_in_flight() == {}
 
     asyncio.run(main())
+
+
+def test_a_request_cancelled_as_it_is_handed_the_key_hands_it_on():
+    """The holder of a requestId's turn leaves and hands it to the first waiter, which is
+    cancelled before it runs: the turn goes on to the next waiter (nobody is left waiting
+    for a key nobody holds), and nothing is left behind."""
+    from actors.workspace.receipts import WorkspaceReceipts
+
+    receipts = WorkspaceReceipts(kernel=None)  # type: ignore[arg-type]  # (locks only)
+    got: list[str] = []
+
+    async def wait_for(name: str) -> None:
+        async with receipts.request("k"):
+            got.append(name)
+
+    async def main() -> None:
+        async with receipts.request("k"):
+            first = asyncio.ensure_future(wait_for("first"))
+            second = asyncio.ensure_future(wait_for("second"))
+            await until(lambda: receipts.requests_in_flight().get("k") == (True, 3))
+        first.cancel()  # handed the turn on the way out above, not run yet
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await asyncio.wait_for(second, 5)
+        assert got == ["second"] and receipts.requests_in_flight() == {}
+
+    asyncio.run(main())

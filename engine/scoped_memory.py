@@ -185,7 +185,7 @@ def marker(chat: str, item: str) -> str:
 
 def pool_of(scope: Scope | str, *, bot: str, account: str, project: str | None = None) -> str:
     """The pool a scope means for a bot of `account` (in `project`, for project scope)."""
-    scope = Scope(scope)
+    scope = scope if type(scope) is Scope else Scope(scope)  # (an enum call costs a write more)
     if scope == Scope.BOT:
         return f"bot:{bot}"
     if scope == Scope.USER:
@@ -656,7 +656,7 @@ def user_create(
         scope=scope_of(pool),
         pool=pool,
         contributor=contributor,
-        tier=Tier(tier),
+        tier=tier if type(tier) is Tier else Tier(tier),
         topics=validate_topics(topics),
         content_fp=content_fingerprint(validate_content(content), key),
         protected=True,

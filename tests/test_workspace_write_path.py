@@ -160,3 +160,36 @@ def test_a_request_cancelled_as_it_is_handed_the_key_hands_it_on():
         assert got == ["second"] and receipts.requests_in_flight() == {}
 
     asyncio.run(main())
+
+
+def test_a_bot_records_audience_is_kept_by_pool_and_tags_and_a_projects_never():
+    """Who hears of a change: a bot record's audience depends on its pool and tags alone and
+    is kept; a project's follows its members as they change (never kept)."""
+    from types import SimpleNamespace
+
+    from actors.workspace.access import WorkspaceRules
+    from engine import scoped_memory as sm
+    from engine.events import NOBODY, Audience
+
+    members = {"p1": SimpleNamespace(org="o_p", members=("u_a",))}
+    projects = SimpleNamespace(known=lambda: members)
+    rules = WorkspaceRules(
+        pools=SimpleNamespace(get=lambda _pool: None), projects=projects, peers=None, index=0
+    )
+
+    def record(pool: str, tags: tuple[str, ...]) -> sm.WorkspaceEntry:
+        return sm.user_create(
+            entry_id="mem_1", pool=pool, contributor="b1", content="x", operator="u_a", now=1,
+            tags=tags,
+        ).entry  # fmt: skip
+
+    one = ("from:u_a", "for:bot", "org:o1")
+    for _ in range(2):  # asked again: the same answer
+        assert rules.audience("bot:b1", record("bot:b1", one)) == Audience(org="o1", bot="b1")
+        assert rules.audience("bot:b2", record("bot:b2", one)) == Audience(org="o1", bot="b2")
+        two = record("bot:b1", (*one, "org:o2"))
+        assert rules.audience("bot:b1", two) == NOBODY
+    in_project = record("project:p1", ())
+    assert rules.audience("project:p1", in_project) == Audience(org="o_p", users=("u_a",))
+    members["p1"] = SimpleNamespace(org="o_p", members=("u_a", "u_b"))
+    assert rules.audience("project:p1", in_project) == Audience(org="o_p", users=("u_a", "u_b"))

@@ -20,6 +20,8 @@ from engine.events import NOBODY, Audience
 from engine.memory_entries import Reader, Scope
 from engine.scoped_memory import WorkspaceEntry
 
+TAG_AUDIENCES = 4_096  # bot records' audiences kept, by pool and tags
+
 
 class WorkspaceRules:
     def __init__(
@@ -29,6 +31,7 @@ class WorkspaceRules:
         self.projects = projects
         self.peers = peers
         self.index = index  # this shard's
+        self._by_tags: dict[tuple[str, tuple[str, ...]], Audience] = {}  # (`audience`)
 
     def readable(self, pool_id: str, access: WorkspaceAccess) -> bool:
         scope, owner = sm.scope_of(pool_id), sm.pool_owner(pool_id)
@@ -47,13 +50,21 @@ class WorkspaceRules:
         """Who may hear of a change in `pool_id` (never more than who may read it): for a bot
         record, users of the bot in the org its `org:` tag names (a shared bot's record
         written in another org is heard of there only)."""
+        if entry is not None:
+            # A bot record's tags decide alone, and a pool's records share few tag sets: the
+            # answer is kept (every write asks).
+            known = self._by_tags.get((pool_id, entry.tags))
+            if known is not None:
+                return known
         scope, owner = sm.scope_of(pool_id), sm.pool_owner(pool_id)
         if scope == Scope.BOT:
             orgs = tagmod.orgs_of(entry.tags) if entry is not None else set()
-            if len(orgs) > 1:
-                return NOBODY
-            if orgs:
-                return Audience(org=orgs.pop(), bot=owner)
+            if orgs and entry is not None:
+                if len(self._by_tags) >= TAG_AUDIENCES:
+                    self._by_tags.clear()
+                audience = NOBODY if len(orgs) > 1 else Audience(org=orgs.pop(), bot=owner)
+                self._by_tags[(pool_id, entry.tags)] = audience
+                return audience
             # The records' `org:` tag (engine/memory_union.py): users of the bot in its org.
             pool = self.pools.get(pool_id)
             org = pool.bot_org if pool is not None else None

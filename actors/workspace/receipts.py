@@ -121,20 +121,22 @@ class _Turn:
     """One receipt key's turn: held by one request at a time, the others queued in order. (Not
     an `asyncio.Lock` per key: a write takes a new key each time, and making, taking and
     dropping a lock for it cost more than its receipt check; a key nobody waits for needs no
-    future.)"""
+    future.) Made held, by the request that asks for it first."""
 
     __slots__ = ("held", "users", "waiters")
 
     def __init__(self) -> None:
-        self.held = False
-        self.users = 0  # requests holding or waiting for it
-        self.waiters: deque[asyncio.Future[None]] = deque()
+        self.held = True
+        self.users = 1  # requests holding or waiting for it
+        self.waiters: deque[asyncio.Future[None]] | None = None
 
     async def take(self) -> None:
         if not self.held:
             self.held = True
             return
         fut = asyncio.get_running_loop().create_future()
+        if self.waiters is None:
+            self.waiters = deque()
         self.waiters.append(fut)
         try:
             await fut
@@ -147,8 +149,9 @@ class _Turn:
 
     def give(self) -> None:
         """Hand the turn to the first request still waiting (it stays held), else free it."""
-        while self.waiters:
-            fut = self.waiters.popleft()
+        waiters = self.waiters
+        while waiters:
+            fut = waiters.popleft()
             if not fut.done():
                 fut.set_result(None)
                 return
@@ -169,32 +172,44 @@ class _Held:
         self.taken = 0
 
     async def __aenter__(self) -> None:
-        table = self.table
-        turns = []
-        for key in self.keys:
+        table, keys = self.table, self.keys
+        for at, key in enumerate(keys):
             turn = table.get(key)
-            if turn is None:
-                turn = table[key] = _Turn()
+            if turn is None:  # nobody's: taken at once (the common case, no await)
+                table[key] = _Turn()
+                self.taken = at + 1
+                continue
+            # Held by another request: this and every later key asked for (so each stays in
+            # the table), then taken in order.
             turn.users += 1
-            turns.append(turn)
-        try:
-            for turn in turns:
-                await turn.take()
-                self.taken += 1
-        except BaseException:
-            self._leave(turns)
-            raise
+            turns = [turn]
+            for later in keys[at + 1 :]:
+                other = table.get(later)
+                if other is None:
+                    other = table[later] = _Turn()
+                    other.held = False
+                else:
+                    other.users += 1
+                turns.append(other)
+            try:
+                for turn in turns:
+                    await turn.take()
+                    self.taken += 1
+            except BaseException:
+                self._leave()
+                raise
+            return
 
     async def __aexit__(self, *exc: object) -> None:
-        table = self.table
-        self._leave([table[key] for key in self.keys])
+        self._leave()
 
-    def _leave(self, turns: list[_Turn]) -> None:
-        table = self.table
-        for at, (key, turn) in enumerate(zip(self.keys, turns, strict=True)):
-            if at < self.taken:
+    def _leave(self) -> None:
+        table, taken = self.table, self.taken
+        for at, key in enumerate(self.keys):
+            turn = table[key]
+            if at < taken:
                 turn.give()
             turn.users -= 1
-            if turn.users == 0:
+            if not turn.users:
                 del table[key]
         self.taken = 0

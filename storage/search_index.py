@@ -348,9 +348,17 @@ class TermIndex:
     def put(self, entry_id: str, keys: np.ndarray | list[int] | Counted) -> None:
         """Index a new entry, or an entry's new text (its old text is forgotten), by the term
         keys `Analyzer.keys` (or `key_list`, or `in_context`) made of it."""
-        if entry_id in self._row:
+        row_map = self._row
+        if entry_id in row_map:
             self.remove(entry_id)
-        row = self._new_row(entry_id)
+        ids = self._ids
+        row = len(ids)
+        ids.append(entry_id)
+        row_map[entry_id] = row
+        if row >= self._len.size:
+            self._grow()
+        self._alive[row] = True
+        self._live += 1
         if type(keys) is Counted:
             self._unfiled_keys += keys.keys
             self._unfiled_tfs += keys.tfs
@@ -373,7 +381,8 @@ class TermIndex:
         self._unfiled_rows.append(row)
         self._unfiled_sizes.append(postings)
         self._tail_postings += postings
-        self._set_len(row, length)
+        self._len[row] = length
+        self._live_len += length
         if self._tail_postings > max(20_000, self._rows.size // 4):
             self.merge()
 
@@ -411,23 +420,13 @@ class TermIndex:
         if self._dead > max(1_000, len(self._ids) // 4):
             self.merge()
 
-    def _new_row(self, entry_id: str) -> int:
-        row = len(self._ids)
-        self._ids.append(entry_id)
-        self._row[entry_id] = row
-        if row >= self._len.size:
-            size = max(1_024, 2 * self._len.size)
-            self._len = np.resize(self._len, size)
-            alive = np.zeros(size, dtype=bool)
-            alive[: self._alive.size] = self._alive
-            self._alive = alive
-        self._alive[row] = True
-        self._live += 1
-        return row
-
-    def _set_len(self, row: int, length: int) -> None:
-        self._len[row] = length
-        self._live_len += length
+    def _grow(self) -> None:
+        """Room for twice as many rows (`put`)."""
+        size = max(1_024, 2 * self._len.size)
+        self._len = np.resize(self._len, size)
+        alive = np.zeros(size, dtype=bool)
+        alive[: self._alive.size] = self._alive
+        self._alive = alive
 
     def merge(
         self,

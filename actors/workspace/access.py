@@ -87,11 +87,14 @@ class WorkspaceRules:
         in with the bot (`bot_orgs`, from the directory: a shared bot's records of another org
         stay out); without it, in the bot's home org when the caller belongs to it (else the
         org the request named)."""
-        bot = sm.pool_owner(pool.id)
+        org = self.bot_org(pool, access)
+        return Reader(user=access.account, org=org, channels=access.channels, uses_bot=True)
+
+    @staticmethod
+    def bot_org(pool: WorkspacePool, access: WorkspaceAccess) -> str:
+        """`bot_reader`'s org alone (what a new bot record is tagged with)."""
         if access.bot_orgs is not None:
-            org = access.bot_orgs.get(bot) or NOBODY.org
-        elif pool.bot_org in access.orgs or not access.orgs:
-            org = pool.bot_org
-        else:
-            org = access.orgs[0]
-        return Reader(user=access.account, org=org or "", channels=access.channels, uses_bot=True)
+            return access.bot_orgs.get(sm.pool_owner(pool.id)) or NOBODY.org
+        if pool.bot_org in access.orgs or not access.orgs:
+            return pool.bot_org or ""
+        return access.orgs[0]

@@ -153,7 +153,7 @@ class Workspace:
         tags: tuple[str, ...] = ()
         if body.scope == Scope.BOT:
             # Tagged with the org the person works in with the bot (a shared bot's other org).
-            org = self.rules.bot_reader(pool, access).org
+            org = self.rules.bot_org(pool, access)
             if pool.bot_org is None or org == NOBODY.org:
                 raise NotFound("no such bot", code="bot_not_found")
             tags = bm.record_tags(access.account, org)

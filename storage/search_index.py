@@ -95,6 +95,20 @@ def order_by_key(keys: np.ndarray) -> np.ndarray:
     return order
 
 
+def stable_order(ids: np.ndarray) -> np.ndarray:
+    """`np.argsort(ids, kind="stable")` for small non-negative ints (term ids): each position
+    rides in the low bits below its id and one plain sort orders both, faster than a stable
+    argsort (a merge orders every posting written since the last one: in write order, not by
+    term)."""
+    n = ids.size
+    bits = max(1, (n - 1).bit_length())
+    if n < 64 or int(ids.max()).bit_length() + bits > 62:
+        return np.argsort(ids, kind="stable")
+    mixed = (ids.astype(np.int64) << bits) | np.arange(n, dtype=np.int64)
+    mixed.sort()
+    return mixed & ((1 << bits) - 1)
+
+
 class Stats(NamedTuple):
     """What BM25 scores a query by besides a row's own terms: live rows, their total length,
     and each query key's document frequency."""
@@ -476,7 +490,7 @@ class TermIndex:
             new_f = np.concatenate(parts_f)
             keep = alive[new_r]
             new_t, new_r, new_f = new_t[keep], new_r[keep], new_f[keep]
-            order = np.argsort(new_t, kind="stable")
+            order = stable_order(new_t)
             new_t, new_r, new_f = new_t[order], new_r[order], new_f[order]
             # Each new posting goes after the base's postings of its term (and the new ones
             # before it): its place in the merged arrays.

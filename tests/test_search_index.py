@@ -13,7 +13,7 @@ from actors.shard.pool import Pool
 from engine.memory_entries import EntryMeta, Reader, Status
 from storage.crypto import Cipher
 from storage.memory_store import StoredPool
-from storage.search_index import Stats, TermIndex, order_by_key
+from storage.search_index import Stats, TermIndex, order_by_key, stable_order
 from storage.term_keys import Analyzer, Counted, in_context, is_label_key
 from tests.test_engine_visibility_oracle import cases, oracle_visible
 
@@ -539,3 +539,12 @@ def test_a_search_right_after_a_write_finds_it():
     assert ids(ix, "airship") == ["m9"]
     assert ids(ix, "zeppelin") == ["m8"]  # a neighbour's word; m9's old text is forgotten
     assert "m8" in ids(ix, "cafeteria")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 300), max_size=3_000), st.integers(0, 40))
+def test_stable_order_is_a_stable_argsort(ids, shift):
+    """A merge orders the postings written since the last one by term with `stable_order`:
+    exactly what a stable argsort gives (ties in written order), at any size and id range."""
+    a = np.asarray(ids, dtype=np.int64) << shift
+    assert np.array_equal(stable_order(a), np.argsort(a, kind="stable"))

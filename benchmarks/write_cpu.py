@@ -20,7 +20,9 @@ settings).
 `--coalesced N`: N requests per call, as a gateway's coalesced calls bring them (HTTP: about 4
 with 8 clients). On a machine too busy for CPU times, count instructions instead: run one kind
 (`--only ws --rounds 1`) under `valgrind --tool=callgrind` at two `--count`s and divide the
-difference of the totals by the difference of the counts (deterministic, whatever the load).
+difference of the totals by the difference of the counts (deterministic, whatever the load),
+with `OPENBLAS_NUM_THREADS=1`: OpenBLAS's idle worker threads spin for as long as the
+scheduler lets them, a count that changes from run to run.
 """
 
 from __future__ import annotations

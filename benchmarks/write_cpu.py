@@ -14,10 +14,15 @@ To compare two versions of the code on a busy machine, run this in both checkout
 other, more than once, and compare the best figures: CPU time is far less inflated by other
 processes than wall time, but not immune (cache misses, frequency).
 
+The collector is set as a shard actor sets it once started (`--default-gc`: the interpreter's
+settings).
+
 `--coalesced N`: N requests per call, as a gateway's coalesced calls bring them (HTTP: about 4
 with 8 clients). On a machine too busy for CPU times, count instructions instead: run one kind
 (`--only ws --rounds 1`) under `valgrind --tool=callgrind` at two `--count`s and divide the
-difference of the totals by the difference of the counts (deterministic, whatever the load).
+difference of the totals by the difference of the counts (deterministic, whatever the load),
+with `OPENBLAS_NUM_THREADS=1`: OpenBLAS's idle worker threads spin for as long as the
+scheduler lets them, a count that changes from run to run.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import msgspec
 
 from actors.contracts import RememberCall, WorkspaceAccess, WorkspaceCreateCall
 from actors.directory import DirectoryService
+from actors.runtime.hosting import tune_gc
 from actors.shard.service import ShardService
 from engine.memory_entries import EntryMeta, Layer, Reader
 from engine.scoped_memory import WorkspaceMemoryCreate
@@ -102,6 +108,12 @@ async def run(args: argparse.Namespace) -> None:
         await directory.create_user("Bench", [ORG], ACCOUNT)
         await directory.create_bot(name="Helper", org=ORG, owner=ACCOUNT, id=BOT)
         await seed(svc, args.entries)
+        if not args.default_gc:
+            # As a shard actor runs (actors/runtime/hosting.py): what start-up made frozen,
+            # full collections rarer. With the interpreter's defaults, when a full collection
+            # comes depends on how many objects survive, and one more or fewer in a window
+            # moves its CPU more than a change to the write path does.
+            tune_gc()
         serial = iter(range(10**9))
 
         async def remember(n: int) -> None:
@@ -195,6 +207,11 @@ def main() -> None:
     p.add_argument("--only", choices=["remember", "ws"], default=None, help="one kind only")
     p.add_argument(
         "--coalesced", type=int, default=0, help="requests per coalesced call (0: one by one)"
+    )
+    p.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="keep the interpreter's collector settings (not a shard actor's)",
     )
     asyncio.run(run(p.parse_args()))
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 import functools
-import hmac
+import hashlib
 import re
 import unicodedata
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
@@ -185,7 +185,7 @@ def marker(chat: str, item: str) -> str:
 
 def pool_of(scope: Scope | str, *, bot: str, account: str, project: str | None = None) -> str:
     """The pool a scope means for a bot of `account` (in `project`, for project scope)."""
-    scope = Scope(scope)
+    scope = scope if type(scope) is Scope else Scope(scope)  # (an enum call costs a write more)
     if scope == Scope.BOT:
         return f"bot:{bot}"
     if scope == Scope.USER:
@@ -261,14 +261,39 @@ _ASCII_PUNCTUATION = bytes(c for c in range(128) if _PUNCTUATION[c] is None)
 
 
 def content_fingerprint(text: str, key: bytes = b"") -> str:
-    """A fingerprint of `normalize(text)`.
+    """A fingerprint of `normalize(text)`: HMAC-SHA256 under `key`.
 
     Fingerprints are stored beside encrypted content; with a per-pool secret `key` they do not let
     anyone confirm a guessed fact by hashing it. The same key must be used for a pool's records and
     barriers.
     """
-    digest = hmac.digest(key, normalize(text).encode(), "sha256").hex()  # (one C call)
-    return f"fp1:{digest}"
+    return f"fp1:{hmac_sha256_hex(key, normalize(text).encode())}"
+
+
+_IPAD = bytes(x ^ 0x36 for x in range(256))  # HMAC's pads, as `bytes.translate` tables
+_OPAD = bytes(x ^ 0x5C for x in range(256))
+_HMAC_KEYS_MAX = 4_096
+_hmac_keys: dict[bytes, tuple] = {}  # key -> (inner, outer) SHA-256 states
+
+
+def hmac_sha256_hex(key: bytes, msg: bytes) -> str:
+    """`hmac.digest(key, msg, "sha256").hex()`, from SHA-256 states with the key's pads already
+    hashed (kept per key): a one-shot HMAC sets the key up again on every call, which cost a
+    workspace write more than hashing its text."""
+    pads = _hmac_keys.get(key)
+    if pads is None:
+        block = (hashlib.sha256(key).digest() if len(key) > 64 else key).ljust(64, b"\0")
+        if len(_hmac_keys) >= _HMAC_KEYS_MAX:
+            _hmac_keys.clear()
+        pads = _hmac_keys[key] = (
+            hashlib.sha256(block.translate(_IPAD)),
+            hashlib.sha256(block.translate(_OPAD)),
+        )
+    inner = pads[0].copy()
+    inner.update(msg)
+    outer = pads[1].copy()
+    outer.update(inner.digest())
+    return outer.hexdigest()
 
 
 def _squash(text: str) -> str:
@@ -631,7 +656,7 @@ def user_create(
         scope=scope_of(pool),
         pool=pool,
         contributor=contributor,
-        tier=Tier(tier),
+        tier=tier if type(tier) is Tier else Tier(tier),
         topics=validate_topics(topics),
         content_fp=content_fingerprint(validate_content(content), key),
         protected=True,

@@ -23,11 +23,15 @@ speaker, whose name would otherwise weigh more in a turn than its own speaker's.
 
 Layout: postings are a compressed sparse row "base" (numpy: one slice of row numbers and term
 frequencies per term) plus per-term Python lists for entries added since (the "tail"), merged
-into the base once the tail holds a quarter as many postings; so a write costs a few list
-appends and a search a few numpy slices. Rows are never reused: an edited entry gets a new row
-and its old one is dead (masked out of every ranking, dropped at the next merge). Document
-frequencies count live rows only: a record is indexed again each time its thread's order gives
-it a new neighbour, and a ranking must not depend on how often that happened.
+into the base once the tail holds a quarter as many postings. A write only extends flat lists
+(its keys, their frequencies, its row: a few calls in C, not a dict lookup and two appends per
+term); the first search after it files them under their terms in the tail, in the order they
+were written, so what a search reads is what filing each write at once would have made. So a
+write costs a few list extends and a search a few numpy slices. Rows are never reused: an
+edited entry gets a new row and its old one is dead (masked out of every ranking, dropped at
+the next merge). Document frequencies count live rows only: a record is indexed again each
+time its thread's order gives it a new neighbour, and a ranking must not depend on how often
+that happened.
 
 Why not bm25s or tantivy: bm25s builds a static index (every write would rebuild it), tantivy
 needs a commit and a searcher reload before a write is visible (milliseconds per write, against
@@ -40,7 +44,7 @@ from __future__ import annotations
 import math
 from collections import _count_elements  # type: ignore[attr-defined]  # Counter's C helper
 from collections.abc import Callable, Iterable, Sequence
-from itertools import chain
+from itertools import chain, repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -69,19 +73,6 @@ LABEL_NORM = K1  # a label's BM25 length norm: a record of average length's, wha
 PYTHON_COUNT_MAX = 512
 
 
-def _runs(keys: list[int]) -> list[tuple[int, int]]:
-    """(key, count) of each distinct key, in order of first appearance (counted in C: half
-    the cost of a Python loop, on every write)."""
-    counts: dict[int, int] = {}
-    _count_elements(counts, keys)
-    return list(counts.items())
-
-
-def _unique(keys: np.ndarray) -> list[tuple[int, int]]:
-    uniq, counts = np.unique(keys, return_counts=True)
-    return list(zip(uniq.tolist(), counts.tolist(), strict=True))
-
-
 def order_by_key(keys: np.ndarray) -> np.ndarray:
     """`np.argsort(keys, kind="stable")` for int64 keys, in a fraction of its time (a pool's
     load sorts about a million postings). A plain sort of numbers is many times faster than an
@@ -102,6 +93,20 @@ def order_by_key(keys: np.ndarray) -> np.ndarray:
     if n > 1 and not (ranked[1:] >= ranked[:-1]).all():
         return np.argsort(keys, kind="stable")
     return order
+
+
+def stable_order(ids: np.ndarray) -> np.ndarray:
+    """`np.argsort(ids, kind="stable")` for small non-negative ints (term ids): each position
+    rides in the low bits below its id and one plain sort orders both, faster than a stable
+    argsort (a merge orders every posting written since the last one: in write order, not by
+    term)."""
+    n = ids.size
+    bits = max(1, (n - 1).bit_length())
+    if n < 64 or int(ids.max()).bit_length() + bits > 62:
+        return np.argsort(ids, kind="stable")
+    mixed = (ids.astype(np.int64) << bits) | np.arange(n, dtype=np.int64)
+    mixed.sort()
+    return mixed & ((1 << bits) - 1)
 
 
 class Stats(NamedTuple):
@@ -187,7 +192,13 @@ class TermIndex:
         self._rows = np.zeros(0, dtype=np.int32)
         self._tfs = np.zeros(0, dtype=np.float32)
         self._tail: dict[int, tuple[list[int], list[int]]] = {}
-        self._tail_postings = 0
+        self._tail_postings = 0  # the tail's and the unfiled postings'
+        # Postings written and not filed in the tail yet (`_file`): their term keys and
+        # frequencies end to end, and each write's row and how many of them are its.
+        self._unfiled_keys: list[int] = []
+        self._unfiled_tfs: list[int] = []
+        self._unfiled_rows: list[int] = []
+        self._unfiled_sizes: list[int] = []
         # A queried term's postings as arrays (base and tail joined), with the tail's length
         # they were made at: the tail only grows until a merge, which drops them.
         self._joined: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
@@ -302,7 +313,9 @@ class TermIndex:
         self._indptr, self._rows, self._tfs = snap.indptr, snap.rows, snap.tfs
 
     def layout(self) -> Layout:
-        """The index's arrays as they lie (nothing is made or merged to answer)."""
+        """The index's arrays as they lie (nothing is made or merged to answer; postings
+        written since the last search are filed in the tail first, as a search would)."""
+        self._file()
         vocab = self._vocab_map
         return Layout(
             self._indptr,
@@ -318,7 +331,9 @@ class TermIndex:
     def postings(self) -> Postings:
         """The index as arrays, for a snapshot: only of an index built in one go (`build`,
         `build_flat` into an empty one) and not changed since."""
-        if self._vocab_map or self._tail or self._dead or self._live != len(self._ids):
+        if self._vocab_map or self._tail or self._unfiled_sizes or self._dead:
+            raise ValueError("only a freshly built index")
+        if self._live != len(self._ids):
             raise ValueError("only a freshly built index")
         n = len(self._ids)
         ids = self._ids
@@ -347,32 +362,64 @@ class TermIndex:
     def put(self, entry_id: str, keys: np.ndarray | list[int] | Counted) -> None:
         """Index a new entry, or an entry's new text (its old text is forgotten), by the term
         keys `Analyzer.keys` (or `key_list`, or `in_context`) made of it."""
-        if entry_id in self._row:
+        row_map = self._row
+        if entry_id in row_map:
             self.remove(entry_id)
-        row = self._new_row(entry_id)
-        vocab, tail = self._vocab, self._tail
+        ids = self._ids
+        row = len(ids)
+        ids.append(entry_id)
+        row_map[entry_id] = row
+        if row >= self._len.size:
+            self._grow()
+        self._alive[row] = True
+        self._live += 1
         if type(keys) is Counted:
-            counted, length = zip(keys.keys, keys.tfs, strict=True), keys.length
-            postings = len(keys.keys)
+            self._unfiled_keys += keys.keys
+            self._unfiled_tfs += keys.tfs
+            length, postings = keys.length, len(keys.keys)
         else:
             length = len(keys)
-            if type(keys) is list:
-                big = length > PYTHON_COUNT_MAX
-                counted = _unique(np.asarray(keys)) if big else _runs(keys)
+            if length > PYTHON_COUNT_MAX:
+                uniq, counts = np.unique(np.asarray(keys), return_counts=True)
+                self._unfiled_keys += uniq.tolist()
+                self._unfiled_tfs += counts.tolist()
+                postings = uniq.size
             else:
-                counted = _runs(keys.tolist()) if length <= PYTHON_COUNT_MAX else _unique(keys)
-            postings = len(counted)
-        for term, tf in counted:
+                # Counted in C (half the cost of a Python loop, on every write): each distinct
+                # key once, in order of first appearance.
+                counted: dict[int, int] = {}
+                _count_elements(counted, keys if type(keys) is list else keys.tolist())
+                self._unfiled_keys += counted
+                self._unfiled_tfs += counted.values()
+                postings = len(counted)
+        self._unfiled_rows.append(row)
+        self._unfiled_sizes.append(postings)
+        self._tail_postings += postings
+        self._len[row] = length
+        self._live_len += length
+        if self._tail_postings > max(20_000, self._rows.size // 4):
+            self.merge()
+
+    def _file(self) -> None:
+        """File the postings written since the last search under their terms in the tail, in
+        the order they were written (what `put` filing each at once would have made)."""
+        sizes = self._unfiled_sizes
+        if not sizes:
+            return
+        owners = chain.from_iterable(map(repeat, self._unfiled_rows, sizes))
+        vocab, tail = self._vocab, self._tail
+        for term, row, tf in zip(self._unfiled_keys, owners, self._unfiled_tfs, strict=True):
             tid = vocab.setdefault(term, len(vocab))
             slot = tail.get(tid)
             if slot is None:
                 slot = tail[tid] = ([], [])
             slot[0].append(row)
             slot[1].append(tf)
-        self._tail_postings += postings
-        self._set_len(row, length)
-        if self._tail_postings > max(20_000, self._rows.size // 4):
-            self.merge()
+        self._drop_unfiled()
+
+    def _drop_unfiled(self) -> None:
+        self._unfiled_keys, self._unfiled_tfs = [], []
+        self._unfiled_rows, self._unfiled_sizes = [], []
 
     def remove(self, entry_id: str) -> None:
         """Forget an entry (deleted, or about to be re-indexed); unknown ids are ignored."""
@@ -387,23 +434,13 @@ class TermIndex:
         if self._dead > max(1_000, len(self._ids) // 4):
             self.merge()
 
-    def _new_row(self, entry_id: str) -> int:
-        row = len(self._ids)
-        self._ids.append(entry_id)
-        self._row[entry_id] = row
-        if row >= self._len.size:
-            size = max(1_024, 2 * self._len.size)
-            self._len = np.resize(self._len, size)
-            alive = np.zeros(size, dtype=bool)
-            alive[: self._alive.size] = self._alive
-            self._alive = alive
-        self._alive[row] = True
-        self._live += 1
-        return row
-
-    def _set_len(self, row: int, length: int) -> None:
-        self._len[row] = length
-        self._live_len += length
+    def _grow(self) -> None:
+        """Room for twice as many rows (`put`)."""
+        size = max(1_024, 2 * self._len.size)
+        self._len = np.resize(self._len, size)
+        alive = np.zeros(size, dtype=bool)
+        alive[: self._alive.size] = self._alive
+        self._alive = alive
 
     def merge(
         self,
@@ -428,6 +465,17 @@ class TermIndex:
             parts_t.append(np.repeat(tids, lengths))
             parts_r.append(np.fromiter(chain.from_iterable(r for r, _ in slots), np.int32, n))
             parts_f.append(np.fromiter(chain.from_iterable(f for _, f in slots), np.float32, n))
+        if self._unfiled_sizes:  # written after everything in the tail: placed after it
+            vocab, keys = self._vocab, self._unfiled_keys
+            for k in dict.fromkeys(keys):  # new terms numbered as filing them would
+                if k not in vocab:
+                    vocab[k] = len(vocab)
+            parts_t.append(np.fromiter(map(vocab.__getitem__, keys), np.int64, len(keys)))
+            parts_r.append(
+                np.repeat(np.asarray(self._unfiled_rows, dtype=np.int32), self._unfiled_sizes)
+            )
+            parts_f.append(np.asarray(self._unfiled_tfs, dtype=np.float32))
+            self._drop_unfiled()
         if term_ids is not None and rows is not None and tfs is not None:
             parts_t.append(np.asarray(term_ids, dtype=np.int64))
             parts_r.append(np.asarray(rows, dtype=np.int32))
@@ -442,7 +490,7 @@ class TermIndex:
             new_f = np.concatenate(parts_f)
             keep = alive[new_r]
             new_t, new_r, new_f = new_t[keep], new_r[keep], new_f[keep]
-            order = np.argsort(new_t, kind="stable")
+            order = stable_order(new_t)
             new_t, new_r, new_f = new_t[order], new_r[order], new_f[order]
             # Each new posting goes after the base's postings of its term (and the new ones
             # before it): its place in the merged arrays.
@@ -472,6 +520,7 @@ class TermIndex:
 
     def _terms(self, query: Sequence[int]) -> list[tuple[int, int]]:
         """(key, term id) of each query key in the index, in the query's order."""
+        self._file()
         vocab = self._vocab_map
         if vocab is not None:
             return [(t, vocab[t]) for t in query if t in vocab]

@@ -289,6 +289,46 @@ def test_workspace_creations_in_one_call_each_get_their_own_answer(tmp_path: Pat
     assert [msgspec.json.decode(r) for r in again] == views[:2]
 
 
+def test_each_creation_of_a_call_is_checked_for_its_own_caller_and_pool(tmp_path: Path):
+    """A call's requests from one caller to one pool are checked once; any other caller or
+    pool, in any order, is checked on its own: one may write, the next may not."""
+    ann = WorkspaceAccess(account="u_ann", bots=frozenset({"b_ws"}))
+    eve = WorkspaceAccess(account="u_eve", bots=frozenset({"b_eve"}))
+
+    def create(rid: str, access: WorkspaceAccess, bot: str = "b_ws") -> bytes:
+        body = WorkspaceMemoryCreate(bot=bot, scope="user", content=f"fact {rid}", requestId=rid)
+        return _enc.encode(WorkspaceCreateCall(access=access, body=body))
+
+    calls = [
+        create("a1", ann),
+        create("a2", ann, bot="b_eve"),  # the same caller, a bot it does not use
+        create("e1", eve, bot="b_ws"),  # another caller, the first one's bot
+        create("a3", ann),
+        create("e2", eve),  # may write its own user pool through its own bot
+        create("a4", ann),
+    ]
+
+    async def go(path: Path, together: bool):
+        svc = Shard(path, 0)
+        if together:
+            replies = REPLIES.decode(await svc.workspace_create_memory_many(_enc.encode(calls)))
+        else:
+            replies = []
+            for c in calls:
+                replies += REPLIES.decode(await svc.workspace_create_memory_many(_enc.encode([c])))
+        await svc.close()
+        return [
+            (r.kind, r.code) if isinstance(r, CallError) else msgspec.json.decode(r)["pool"]
+            for r in replies
+        ]
+
+    together = asyncio.run(go(tmp_path / "one", True))
+    assert together == asyncio.run(go(tmp_path / "each", False))  # as each alone
+    assert together[:2] == ["user:u_ann", ("Forbidden", "no_access")]
+    assert together[2] == ("Forbidden", "no_access") and together[3] == "user:u_ann"
+    assert together[5] == "user:u_ann" and together[4] != together[3]
+
+
 # --- the gateway's side: the Coalescer -------------------------------------------------------
 
 

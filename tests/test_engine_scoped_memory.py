@@ -3,6 +3,7 @@ forget barriers, manual revision and stale revisions."""
 
 from __future__ import annotations
 
+import hmac
 import itertools
 
 import msgspec
@@ -22,6 +23,7 @@ from engine.scoped_memory import (
     WorkspaceStatus,
     content_fingerprint,
     forget,
+    hmac_sha256_hex,
     may_access,
     normalize,
     pool_of,
@@ -136,6 +138,22 @@ def test_fingerprint_is_stable_under_case_spacing_and_punctuation(words, data):
     noisy = "".join(w.upper() + g for w, g in zip(words, gaps, strict=True))
     assert normalize(noisy) == normalize(plain)
     assert content_fingerprint(noisy) == content_fingerprint(plain)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    key=st.one_of(st.binary(max_size=130), st.sampled_from([b"", b"k" * 64, b"k" * 65])),
+    msgs=st.lists(st.binary(max_size=300), min_size=1, max_size=3),
+)
+def test_fingerprints_are_hmac_sha256_whatever_the_key(key, msgs):
+    """The kept per-key SHA-256 states give exactly HMAC-SHA256 (a key longer than a block
+    hashed first, a short one padded), message after message under one key, so a stored
+    fingerprint still matches."""
+    for msg in msgs:
+        assert hmac_sha256_hex(key, msg) == hmac.digest(key, msg, "sha256").hex()
+    text = "Ann lives in Paris."
+    expected = "fp1:" + hmac.digest(key, b"ann lives in paris", "sha256").hex()
+    assert content_fingerprint(text, key) == expected
 
 
 def test_quote_ok():

@@ -13,7 +13,7 @@ from actors.shard.pool import Pool
 from engine.memory_entries import EntryMeta, Reader, Status
 from storage.crypto import Cipher
 from storage.memory_store import StoredPool
-from storage.search_index import Stats, TermIndex, order_by_key
+from storage.search_index import Stats, TermIndex, order_by_key, stable_order
 from storage.term_keys import Analyzer, Counted, in_context, is_label_key
 from tests.test_engine_visibility_oracle import cases, oracle_visible
 
@@ -481,3 +481,70 @@ def test_indexes_searched_as_one_agree_on_which_query_words_are_labels():
         assert got.keys() == want.keys(), q
         assert all(math.isclose(got[i], want[i], rel_tol=1e-5) for i in want)
     assert set(ids(both, "Caroline car")) == {"c1", "m1"}
+
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("put"),
+            st.integers(0, 9),
+            st.lists(words, max_size=10).map(" ".join),
+            st.integers(0, 3),  # 0: as counts in context, else as the sorted key list
+        ),
+        st.tuples(st.just("remove"), st.integers(0, 9), st.just(""), st.just(0)),
+        st.tuples(st.just("merge"), st.just(0), st.just(""), st.just(0)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=_OPS, built=st.lists(st.lists(words, max_size=8).map(" ".join), max_size=6))
+def test_writes_filed_at_the_next_search_rank_as_if_filed_at_once(ops, built):
+    """A write's postings wait, unfiled, for the next search (or merge): an index searched
+    after every write (each filed at once) and one searched only at the end lie exactly
+    alike (tail, base, terms, rows) and answer every query alike, scores and tie order."""
+    at_once, later = TermIndex(), TermIndex()
+    for ix in (at_once, later):
+        ix.build((f"b{n}", AN.keys(t)) for n, t in enumerate(built))
+    before = AN.key_list("alpha beta soup")
+    for kind, n, text, form in ops:
+        for ix in (at_once, later):
+            if kind == "put":
+                own = AN.key_list(text)
+                ix.put(f"r{n}", in_context(own, before, None, None) if not form else own)
+            elif kind == "remove":
+                ix.remove(f"r{n}")
+            else:
+                ix.merge()
+        at_once.layout()  # files what was just written
+    for q in ("alpha", "beta soup deploy", "gamma alpha friday", "zeppelin"):
+        query = AN.query(q)
+        assert later.stats(query) == at_once.stats(query)
+        assert later.search(query, 50) == at_once.search(query, 50)
+    a, b = at_once.layout(), later.layout()
+    assert a.tail == b.tail and a.terms == b.terms and a.row_slots == b.row_slots
+    for x, y in ((a.indptr, b.indptr), (a.rows, b.rows), (a.tfs, b.tfs), (a.alive, b.alive)):
+        assert np.array_equal(x, y)
+
+
+def test_a_search_right_after_a_write_finds_it():
+    """Unfiled postings are read: a write is found by the very next search, before any
+    merge, and its old text is not."""
+    ix = index()
+    ix.put("m9", AN.keys("the zeppelin lands at noon"))
+    assert ids(ix, "zeppelin") == ["m9"]
+    ix.put("m9", AN.key_list("the airship lands"))
+    ix.put("m8", in_context(AN.key_list("cafeteria soup"), AN.key_list("zeppelin")))
+    assert ids(ix, "airship") == ["m9"]
+    assert ids(ix, "zeppelin") == ["m8"]  # a neighbour's word; m9's old text is forgotten
+    assert "m8" in ids(ix, "cafeteria")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 300), max_size=3_000), st.integers(0, 40))
+def test_stable_order_is_a_stable_argsort(ids, shift):
+    """A merge orders the postings written since the last one by term with `stable_order`:
+    exactly what a stable argsort gives (ties in written order), at any size and id range."""
+    a = np.asarray(ids, dtype=np.int64) << shift
+    assert np.array_equal(stable_order(a), np.argsort(a, kind="stable"))

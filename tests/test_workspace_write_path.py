@@ -133,3 +133,63 @@ def test_request_locks_taken_together_exclude_each_other_and_are_released_on_can
         assert receipts.requests_in_flight() == {}
 
     asyncio.run(main())
+
+
+def test_a_request_cancelled_as_it_is_handed_the_key_hands_it_on():
+    """The holder of a requestId's turn leaves and hands it to the first waiter, which is
+    cancelled before it runs: the turn goes on to the next waiter (nobody is left waiting
+    for a key nobody holds), and nothing is left behind."""
+    from actors.workspace.receipts import WorkspaceReceipts
+
+    receipts = WorkspaceReceipts(kernel=None)  # type: ignore[arg-type]  # (locks only)
+    got: list[str] = []
+
+    async def wait_for(name: str) -> None:
+        async with receipts.request("k"):
+            got.append(name)
+
+    async def main() -> None:
+        async with receipts.request("k"):
+            first = asyncio.ensure_future(wait_for("first"))
+            second = asyncio.ensure_future(wait_for("second"))
+            await until(lambda: receipts.requests_in_flight().get("k") == (True, 3))
+        first.cancel()  # handed the turn on the way out above, not run yet
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await asyncio.wait_for(second, 5)
+        assert got == ["second"] and receipts.requests_in_flight() == {}
+
+    asyncio.run(main())
+
+
+def test_a_bot_records_audience_is_kept_by_pool_and_tags_and_a_projects_never():
+    """Who hears of a change: a bot record's audience depends on its pool and tags alone and
+    is kept; a project's follows its members as they change (never kept)."""
+    from types import SimpleNamespace
+
+    from actors.workspace.access import WorkspaceRules
+    from engine import scoped_memory as sm
+    from engine.events import NOBODY, Audience
+
+    members = {"p1": SimpleNamespace(org="o_p", members=("u_a",))}
+    projects = SimpleNamespace(known=lambda: members)
+    rules = WorkspaceRules(
+        pools=SimpleNamespace(get=lambda _pool: None), projects=projects, peers=None, index=0
+    )
+
+    def record(pool: str, tags: tuple[str, ...]) -> sm.WorkspaceEntry:
+        return sm.user_create(
+            entry_id="mem_1", pool=pool, contributor="b1", content="x", operator="u_a", now=1,
+            tags=tags,
+        ).entry  # fmt: skip
+
+    one = ("from:u_a", "for:bot", "org:o1")
+    for _ in range(2):  # asked again: the same answer
+        assert rules.audience("bot:b1", record("bot:b1", one)) == Audience(org="o1", bot="b1")
+        assert rules.audience("bot:b2", record("bot:b2", one)) == Audience(org="o1", bot="b2")
+        two = record("bot:b1", (*one, "org:o2"))
+        assert rules.audience("bot:b1", two) == NOBODY
+    in_project = record("project:p1", ())
+    assert rules.audience("project:p1", in_project) == Audience(org="o_p", users=("u_a",))
+    members["p1"] = SimpleNamespace(org="o_p", members=("u_a", "u_b"))
+    assert rules.audience("project:p1", in_project) == Audience(org="o_p", users=("u_a", "u_b"))

@@ -20,6 +20,8 @@ from engine.events import NOBODY, Audience
 from engine.memory_entries import Reader, Scope
 from engine.scoped_memory import WorkspaceEntry
 
+TAG_AUDIENCES = 4_096  # bot records' audiences kept, by pool and tags
+
 
 class WorkspaceRules:
     def __init__(
@@ -29,6 +31,7 @@ class WorkspaceRules:
         self.projects = projects
         self.peers = peers
         self.index = index  # this shard's
+        self._by_tags: dict[tuple[str, tuple[str, ...]], Audience] = {}  # (`audience`)
 
     def readable(self, pool_id: str, access: WorkspaceAccess) -> bool:
         scope, owner = sm.scope_of(pool_id), sm.pool_owner(pool_id)
@@ -47,13 +50,21 @@ class WorkspaceRules:
         """Who may hear of a change in `pool_id` (never more than who may read it): for a bot
         record, users of the bot in the org its `org:` tag names (a shared bot's record
         written in another org is heard of there only)."""
+        if entry is not None:
+            # A bot record's tags decide alone, and a pool's records share few tag sets: the
+            # answer is kept (every write asks).
+            known = self._by_tags.get((pool_id, entry.tags))
+            if known is not None:
+                return known
         scope, owner = sm.scope_of(pool_id), sm.pool_owner(pool_id)
         if scope == Scope.BOT:
             orgs = tagmod.orgs_of(entry.tags) if entry is not None else set()
-            if len(orgs) > 1:
-                return NOBODY
-            if orgs:
-                return Audience(org=orgs.pop(), bot=owner)
+            if orgs and entry is not None:
+                if len(self._by_tags) >= TAG_AUDIENCES:
+                    self._by_tags.clear()
+                audience = NOBODY if len(orgs) > 1 else Audience(org=orgs.pop(), bot=owner)
+                self._by_tags[(pool_id, entry.tags)] = audience
+                return audience
             # The records' `org:` tag (engine/memory_union.py): users of the bot in its org.
             pool = self.pools.get(pool_id)
             org = pool.bot_org if pool is not None else None
@@ -76,11 +87,14 @@ class WorkspaceRules:
         in with the bot (`bot_orgs`, from the directory: a shared bot's records of another org
         stay out); without it, in the bot's home org when the caller belongs to it (else the
         org the request named)."""
-        bot = sm.pool_owner(pool.id)
+        org = self.bot_org(pool, access)
+        return Reader(user=access.account, org=org, channels=access.channels, uses_bot=True)
+
+    @staticmethod
+    def bot_org(pool: WorkspacePool, access: WorkspaceAccess) -> str:
+        """`bot_reader`'s org alone (what a new bot record is tagged with)."""
         if access.bot_orgs is not None:
-            org = access.bot_orgs.get(bot) or NOBODY.org
-        elif pool.bot_org in access.orgs or not access.orgs:
-            org = pool.bot_org
-        else:
-            org = access.orgs[0]
-        return Reader(user=access.account, org=org or "", channels=access.channels, uses_bot=True)
+            return access.bot_orgs.get(sm.pool_owner(pool.id)) or NOBODY.org
+        if pool.bot_org in access.orgs or not access.orgs:
+            return pool.bot_org or ""
+        return access.orgs[0]

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from storage.memory_store import StoredPool
 from storage.search_index import TermIndex
 from storage.workspace_store import StoredWorkspacePool
 
 
-@dataclass(frozen=True)
-class Written:
+class Written(NamedTuple):
     """A new record as its successor in sequence sees it: whose, when, its own term keys,
-    those of the record before it and of the one before that (None: none in sequence)."""
+    those of the record before it and of the one before that (None: none in sequence). (A
+    tuple: one is made per write, a frozen dataclass costs several times as much.)"""
 
     contributor: str | None
     at: int
@@ -60,10 +61,13 @@ class WorkspacePool:
     snapshot_covers: int = -1
     snapshotting: bool = False
 
+    # The pool's id (`stored.pool`, which never changes): an attribute, as every step of a
+    # write reads it, several times.
+    id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.id = self.stored.pool
+
     def next_seq(self) -> int:
         self.terms_seq += 1
         return self.terms_seq
-
-    @property
-    def id(self) -> str:
-        return self.stored.pool

@@ -11,8 +11,8 @@ again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Sequence
 
 from actors.shard.batch import Batch
 from actors.shard.kernel import ShardKernel
@@ -28,7 +28,7 @@ class WorkspaceReceipts:
         self.kernel = kernel
         # Receipts queued but not yet committed: key -> (fingerprint, answer, commit).
         self._inflight: dict[str, tuple[str, bytes, asyncio.Future[None]]] = {}
-        self._request_locks: dict[str, list] = {}
+        self._request_locks: dict[str, _Turn] = {}
         # Workspace receipt keys on disk (None: not read yet) and those queued before the read.
         self._known_receipts: set[str] | None = None
         self._known_loading: asyncio.Future[set[str]] | None = None
@@ -37,46 +37,17 @@ class WorkspaceReceipts:
     def requests_in_flight(self) -> dict[str, tuple[bool, int]]:
         """Each receipt key a request holds or waits for: (whether it is held, how many hold
         or wait for it). A key nothing asks for is not listed (the table does not grow)."""
-        return {key: (slot[0].locked(), slot[1]) for key, slot in self._request_locks.items()}
+        return {key: (turn.held, turn.users) for key, turn in self._request_locks.items()}
 
-    @contextlib.asynccontextmanager
-    async def request(self, key: str):
+    def request(self, key: str) -> _Held:
         """Requests with one receipt key run one at a time (whatever pool they touch), so two
         different bodies under one requestId cannot both pass the receipt check."""
-        slot = self._request_locks.setdefault(key, [asyncio.Lock(), 0])
-        slot[1] += 1
-        try:
-            async with slot[0]:
-                yield
-        finally:
-            slot[1] -= 1
-            if slot[1] == 0:
-                del self._request_locks[key]
+        return _Held(self._request_locks, (key,))
 
-    @contextlib.asynccontextmanager
-    async def requests(self, keys: Iterable[str]):
+    def requests(self, keys: Iterable[str]) -> _Held:
         """`request` for several keys at once (a coalesced call's), taken in sorted order as
-        nested `request`s would take them, in one context (one per key cost a coalesced
-        creation more than its receipt check)."""
-        locks = self._request_locks
-        slots = []
-        for key in sorted(set(keys)):
-            slot = locks.setdefault(key, [asyncio.Lock(), 0])
-            slot[1] += 1
-            slots.append((key, slot))
-        taken = 0
-        try:
-            for _, slot in slots:
-                await slot[0].acquire()
-                taken += 1
-            yield
-        finally:
-            for at, (key, slot) in enumerate(slots):
-                if at < taken:
-                    slot[0].release()
-                slot[1] -= 1
-                if slot[1] == 0:
-                    del locks[key]
+        nested `request`s would take them, in one context."""
+        return _Held(self._request_locks, sorted(set(keys)))
 
     async def replay(self, key: str, print_: str, keyed: StoredPool) -> bytes | None:
         """The first answer to this request, or None when it is new (call under `request`)."""
@@ -144,3 +115,101 @@ class WorkspaceReceipts:
 
         fut.add_done_callback(done)
         return fut
+
+
+class _Turn:
+    """One receipt key's turn: held by one request at a time, the others queued in order. (Not
+    an `asyncio.Lock` per key: a write takes a new key each time, and making, taking and
+    dropping a lock for it cost more than its receipt check; a key nobody waits for needs no
+    future.) Made held, by the request that asks for it first."""
+
+    __slots__ = ("held", "users", "waiters")
+
+    def __init__(self) -> None:
+        self.held = True
+        self.users = 1  # requests holding or waiting for it
+        self.waiters: deque[asyncio.Future[None]] | None = None
+
+    async def take(self) -> None:
+        if not self.held:
+            self.held = True
+            return
+        fut = asyncio.get_running_loop().create_future()
+        if self.waiters is None:
+            self.waiters = deque()
+        self.waiters.append(fut)
+        try:
+            await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.give()  # handed the turn as it was cancelled: hand it on
+            else:
+                self.waiters.remove(fut)
+            raise
+
+    def give(self) -> None:
+        """Hand the turn to the first request still waiting (it stays held), else free it."""
+        waiters = self.waiters
+        while waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self.held = False
+
+
+class _Held:
+    """`WorkspaceReceipts.request(s)`: the keys' turns taken in order on entry (each waited
+    for while another request holds it), given back on exit, and a key's entry dropped once
+    no request holds or waits for it. Cancelled while waiting: the turns taken so far are
+    given back."""
+
+    __slots__ = ("keys", "table", "taken")
+
+    def __init__(self, table: dict[str, _Turn], keys: Sequence[str]) -> None:
+        self.table = table
+        self.keys = keys
+        self.taken = 0
+
+    async def __aenter__(self) -> None:
+        table, keys = self.table, self.keys
+        for at, key in enumerate(keys):
+            turn = table.get(key)
+            if turn is None:  # nobody's: taken at once (the common case, no await)
+                table[key] = _Turn()
+                self.taken = at + 1
+                continue
+            # Held by another request: this and every later key asked for (so each stays in
+            # the table), then taken in order.
+            turn.users += 1
+            turns = [turn]
+            for later in keys[at + 1 :]:
+                other = table.get(later)
+                if other is None:
+                    other = table[later] = _Turn()
+                    other.held = False
+                else:
+                    other.users += 1
+                turns.append(other)
+            try:
+                for turn in turns:
+                    await turn.take()
+                    self.taken += 1
+            except BaseException:
+                self._leave()
+                raise
+            return
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        table, taken = self.table, self.taken
+        for at, key in enumerate(self.keys):
+            turn = table[key]
+            if at < taken:
+                turn.give()
+            turn.users -= 1
+            if not turn.users:
+                del table[key]
+        self.taken = 0

@@ -120,28 +120,40 @@ class Workspace:
         self, access: WorkspaceAccess, body: WorkspaceMemoryCreate
     ) -> tuple[str, str, str]:
         """A creation's checks before its pool is locked: its pool, receipt key, fingerprint."""
+        key, print_ = self.create_receipt(access, body)
+        return await self.create_pool(access, body), key, print_
+
+    @staticmethod
+    def create_receipt(access: WorkspaceAccess, body: WorkspaceMemoryCreate) -> tuple[str, str]:
+        """A creation's receipt key and fingerprint, its requestId checked."""
         projmod.check_request_id(body.requestId)
+        key = receipt_key(RECEIPT_SCOPE, access.account, body.requestId)
+        return key, fingerprint(("memory.create", body))
+
+    async def create_pool(self, access: WorkspaceAccess, body: WorkspaceMemoryCreate) -> str:
+        """The pool a creation writes to, if the caller may write there (`create_check`'s
+        checks of who asks, not of the request itself)."""
         if body.bot not in access.bots:
             raise Forbidden("you have no access to this bot", code="no_access")
         pool_id = sm.pool_of(body.scope, bot=body.bot, account=access.account, project=body.project)
         await self.projects.load()
         self.rules.require(pool_id, access)
-        key = receipt_key(RECEIPT_SCOPE, access.account, body.requestId)
-        return pool_id, key, fingerprint(("memory.create", body))
+        return pool_id
 
     def create_edit(
         self, pool: WorkspacePool, access: WorkspaceAccess, body: WorkspaceMemoryCreate
     ) -> tuple[sm.Edit, WorkspaceEntryView]:
         """A new record and its answer (under the pool's lock, after the receipt check); refuses
         before anything changes."""
-        self.rules.require(pool.id, access)  # membership may have changed while waiting
+        if pool.id.startswith("project:"):  # membership may have changed while waiting
+            self.rules.require(pool.id, access)  # (who may use a bot or a user pool may not)
         entry_id = self.new_id()
         if entry_id in pool.stored.entries:
             raise Conflict(f"new id {entry_id!r} is already taken", code="id_taken")
         tags: tuple[str, ...] = ()
         if body.scope == Scope.BOT:
             # Tagged with the org the person works in with the bot (a shared bot's other org).
-            org = self.rules.bot_reader(pool, access).org
+            org = self.rules.bot_org(pool, access)
             if pool.bot_org is None or org == NOBODY.org:
                 raise NotFound("no such bot", code="bot_not_found")
             tags = bm.record_tags(access.account, org)

@@ -132,6 +132,7 @@ def remember_ab(
     workspace: Any = None,
     only: set[str] | None = None,
     more: dict[str, Any] | None = None,
+    shard_stats: Any = None,
 ) -> dict[str, dict[str, float]]:
     """Remember with the gateway's coalescing on and off, coalesced with the events polled
     (not with the write replies), coalesced with the other number of calls in flight than
@@ -139,7 +140,8 @@ def remember_ab(
     of the shard's lane (over_ray), in alternating rounds, summed:
     a fairer side by side than one window each on a machine whose load changes. With `ping`
     and `workspace`: the ceiling and the workspace write in the same rounds (the ratio
-    targets)."""
+    targets). With `shard_stats` (the written shard's `stats()`): each way's evictions, so a
+    way that pays for reloading what another way pushed out of the residency budget shows."""
     from actors.runtime.shard_proxy import RayShard
 
     ways = {
@@ -159,16 +161,19 @@ def remember_ab(
     ways |= more or {}
     if only:
         ways = {k: v for k, v in ways.items() if k in only}
-    sums = {k: {"count": 0, "seconds": 0.0, "ops": 0, "shard": 0.0, "driver": 0.0}
+    sums = {k: {"count": 0, "seconds": 0.0, "ops": 0, "shard": 0.0, "driver": 0.0, "evictions": 0}
             for k in ways}  # fmt: skip
     loads = []
     for _ in range(rounds):
         loads.append(round(os.getloadavg()[0], 2))
         for name in sums:
+            evicted = shard_stats()["evictions"] if shard_stats else 0
             cpu0 = cpu_by_role()
             r = ways[name]()
             cpu1 = cpu_by_role()
             t = sums[name]
+            if shard_stats:
+                t["evictions"] += shard_stats()["evictions"] - evicted
             t["count"] += r["count"]
             t["seconds"] += r["seconds"]
             t["ops"] += r["ops_incl_warmup"]
@@ -180,6 +185,7 @@ def remember_ab(
             "shard_cpu_ms": round(t["shard"] / t["ops"] * 1000, 3),
             "gateway_cpu_ms": round(t["driver"] / t["ops"] * 1000, 3),
         }
+        | ({"evictions": t["evictions"]} if shard_stats else {})
         for name, t in sums.items()
     }
     if "ping" in out:

@@ -417,6 +417,7 @@ def run_mode(
                 ping=lambda: actor_scenario(shard, pool, direct_reader, args, ping=True),
                 workspace=workspace_write,
                 only=args.ab_ways,
+                shard_stats=lambda: ray.get(shard.stats.remote()),
             )  # fmt: skip
             print(f"[gc {mode}] remember A/B: {out['remember_ab']}", flush=True)
         out["ratios"] = ratio_verdicts(out)
@@ -503,7 +504,9 @@ def print_table(modes: list[dict[str, Any]], args: argparse.Namespace) -> None:
                 f"{ab.get('loadavg_1m_per_round')}): "
                 + ", ".join(
                     f"{k} {v['per_s']:.0f}/s (shard {v['shard_cpu_ms']:.2f} ms, gateway "
-                    f"{v['gateway_cpu_ms']:.2f} ms)"
+                    f"{v['gateway_cpu_ms']:.2f} ms"
+                    + (f", {v['evictions']} evictions" if v.get("evictions") else "")
+                    + ")"
                     for k, v in ab.items()
                     if isinstance(v, dict)
                 )

@@ -189,7 +189,7 @@ async def run(args: argparse.Namespace) -> None:
                     line.append(
                         f"{name} {min(cpus):.3f} ms CPU/write best, "
                         f"{statistics.median(cpus):.3f} median, event loop {min(loops):.3f} "
-                        f"({rs[0][1]:.1f} per commit)"
+                        f"({rs[0][1]:.1f} per commit; rounds {[round(c, 3) for c in cpus]})"
                     )
                 print("  ".join(line), flush=True)
         await svc.close()

@@ -513,6 +513,11 @@ def evaluate(rankings, evidence, kinds=None):
     return out
 
 
+def floats(value: str) -> tuple[float, ...]:
+    """A comma list of numbers, as the signals' options take their settings."""
+    return tuple(float(x) for x in value.split(","))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--data", default="locomo-like", choices=("synthetic", "locomo-like", "locomo"))
@@ -529,12 +534,12 @@ def main() -> None:
     p.add_argument("--min-score", type=float, help="semantic floor (default: the shard's)")
     p.add_argument(
         "--expand",
-        type=lambda v: tuple(float(x) for x in v.split(",")),
+        type=floats,
         help="word expansion MIN_COS,PER_WORD,MAX_SHARE,WEIGHT[,QUERY_SHARE] (0.55,3,0.02,1)",
     )
     p.add_argument(
         "--feedback",
-        type=lambda v: tuple(float(x) for x in v.split(",")),
+        type=floats,
         help="keyword feedback TOP,WORDS,MAX_SHARE,WEIGHT (5,5,0.1,0.5)",
     )
     p.add_argument(
@@ -542,17 +547,17 @@ def main() -> None:
     )
     p.add_argument(
         "--dense-feedback",
-        type=lambda v: tuple(float(x) for x in v.split(",")),
+        type=floats,
         help="Rocchio re-ranking TOP,SHARE,CANDIDATES[,WEIGHT] (3,0.6,300)",
     )
     p.add_argument(
         "--neighbours",
-        type=lambda v: tuple(float(x) for x in v.split(",")),
+        type=floats,
         help="vector neighbours of the first hits TOP,MIN_COS,CANDIDATES,WEIGHT (10,0.5,100,0.25)",
     )
     p.add_argument(
         "--flat-dense",
-        type=lambda v: tuple(float(x) for x in v.split(",")),
+        type=floats,
         help="semantic weight for a flat keyword list SHARE,WEIGHT (0.7,1.25)",
     )
     args = p.parse_args()

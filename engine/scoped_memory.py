@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import enum
 import functools
-import hashlib
 import re
-import unicodedata
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 
 import msgspec
 
 from engine import tags as tagmod
 from engine.errors import Conflict, InvalidInput
+from engine.fingerprints import content_fingerprint
 from engine.memory_entries import Scope, Tier
 from engine.numbers import RevisionNumber
 from engine.prompt_budget import ScopedEntry
@@ -228,72 +227,6 @@ def may_access(pool: str, *, account: str, bots: Container[str], projects: Conta
 # --- content --------------------------------------------------------------------------------------
 
 _WS = re.compile(r"\s+")
-
-
-def normalize(text: str) -> str:
-    """Casefolded, compatibility-normalized (full-width forms), punctuation removed, whitespace
-    collapsed. Rewording still changes it; that is what evidence barriers are for.
-
-    (Every workspace write runs this: ASCII text, the common case, loses its punctuation as
-    bytes, cheaper than `str.translate` with a table; and `split`/`join` splits on exactly the
-    characters the regex `\\s` matches, cheaper than the regex.)"""
-    text = unicodedata.normalize("NFKC", text).casefold()
-    if text.isascii():
-        text = text.encode().translate(None, _ASCII_PUNCTUATION).decode()
-    else:
-        text = text.translate(_PUNCTUATION)
-    return " ".join(text.split())
-
-
-class _Punctuation(dict):
-    """A `str.translate` table that deletes Unicode punctuation (categories P*), filled in as
-    characters are met: one C-level lookup per character instead of a Python call (this runs
-    on every write)."""
-
-    def __missing__(self, code: int) -> int | None:
-        kept = None if unicodedata.category(chr(code)).startswith("P") else code
-        self[code] = kept
-        return kept
-
-
-_PUNCTUATION = _Punctuation()
-_ASCII_PUNCTUATION = bytes(c for c in range(128) if _PUNCTUATION[c] is None)
-
-
-def content_fingerprint(text: str, key: bytes = b"") -> str:
-    """A fingerprint of `normalize(text)`: HMAC-SHA256 under `key`.
-
-    Fingerprints are stored beside encrypted content; with a per-pool secret `key` they do not let
-    anyone confirm a guessed fact by hashing it. The same key must be used for a pool's records and
-    barriers.
-    """
-    return f"fp1:{hmac_sha256_hex(key, normalize(text).encode())}"
-
-
-_IPAD = bytes(x ^ 0x36 for x in range(256))  # HMAC's pads, as `bytes.translate` tables
-_OPAD = bytes(x ^ 0x5C for x in range(256))
-_HMAC_KEYS_MAX = 4_096
-_hmac_keys: dict[bytes, tuple] = {}  # key -> (inner, outer) SHA-256 states
-
-
-def hmac_sha256_hex(key: bytes, msg: bytes) -> str:
-    """`hmac.digest(key, msg, "sha256").hex()`, from SHA-256 states with the key's pads already
-    hashed (kept per key): a one-shot HMAC sets the key up again on every call, which cost a
-    workspace write more than hashing its text."""
-    pads = _hmac_keys.get(key)
-    if pads is None:
-        block = (hashlib.sha256(key).digest() if len(key) > 64 else key).ljust(64, b"\0")
-        if len(_hmac_keys) >= _HMAC_KEYS_MAX:
-            _hmac_keys.clear()
-        pads = _hmac_keys[key] = (
-            hashlib.sha256(block.translate(_IPAD)),
-            hashlib.sha256(block.translate(_OPAD)),
-        )
-    inner = pads[0].copy()
-    inner.update(msg)
-    outer = pads[1].copy()
-    outer.update(inner.digest())
-    return outer.hexdigest()
 
 
 def _squash(text: str) -> str:

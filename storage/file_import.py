@@ -20,8 +20,9 @@ from engine import file_tree as ft
 from engine.chat_records import LearningJob
 from engine.directory import Bot, Channel, Org, User
 from engine.errors import InvalidInput
+from engine.fingerprints import content_fingerprint
 from engine.projects import Project
-from engine.scoped_memory import ForgetBarrier, WorkspaceEntry, content_fingerprint
+from engine.scoped_memory import ForgetBarrier, WorkspaceEntry
 from storage import chat_export
 from storage.crypto import KEY_FILE, Cipher, Keyring, aad, load_master_key
 from storage.data_dir_io import DIRECTORY_FILE, RECEIPT_SCOPE, shard_of, write_new_tokens

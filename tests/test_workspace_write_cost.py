@@ -26,7 +26,8 @@ from actors.contracts import (
 )
 from actors.shard.service import ShardService
 from engine.errors import StorageError
-from engine.scoped_memory import WorkspaceMemoryCreate, content_fingerprint, normalize
+from engine.fingerprints import content_fingerprint, normalize
+from engine.scoped_memory import WorkspaceMemoryCreate
 from storage.group_commit import GroupCommitter
 from storage.search_index import TermIndex
 from storage.term_keys import in_context

@@ -37,6 +37,7 @@ from engine import projects as projmod
 from engine import scoped_memory as sm
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
 from engine.events import NOBODY, Audience, MemoryChanged, Payload
+from engine.fingerprints import content_fingerprint
 from engine.memory_entries import Scope
 from engine.scoped_memory import (
     ForgetBarrier,
@@ -494,5 +495,5 @@ class Workspace:
     ) -> ForgetBarrier | None:
         """The barrier that keeps `content` (or anything citing `evidence`) out of the pool."""
         pool = await self.pools.pool(pool_id)
-        fp = sm.content_fingerprint(content, pool.fp_key)
+        fp = content_fingerprint(content, pool.fp_key)
         return sm.blocked_by(pool_id, fp, evidence, pool.stored.barriers)

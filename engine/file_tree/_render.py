@@ -40,9 +40,10 @@ from engine.file_tree._model import (
     record_file,
     segment,
 )
+from engine.fingerprints import content_fingerprint
 from engine.memory_bot_settings import MemoryBotSettings
 from engine.projects import Project
-from engine.scoped_memory import Revision, WorkspaceStatus, content_fingerprint
+from engine.scoped_memory import Revision, WorkspaceStatus
 
 
 def render(snapshot: AccountSnapshot) -> dict[str, bytes]:

@@ -260,20 +260,11 @@ def engine_rounds(args: argparse.Namespace) -> None:
         shutil.rmtree(data, ignore_errors=True)
 
 
-class _Directory:
-    """Who the token names and the bot, as the directory answers them; its watch answers
-    once, then waits (no change), so the gateway trusts its cache as when serving."""
+class QuietAccessWatch:
+    """A directory's access watch with nothing to report: it answers once, then waits out
+    each poll (no change), so a gateway trusts its caches as when serving."""
 
-    def __init__(self, principal: Any, bot: Any) -> None:
-        self.principal = principal
-        self.bot = bot
-        self.watched = False
-
-    async def authenticate_at(self, key: str) -> tuple[int, Any]:
-        return 1, self.principal
-
-    async def bot_at(self, bot_id: str) -> tuple[int, Any]:
-        return 1, self.bot
+    watched = False
 
     async def watch_access(self, watcher: str, applied: int, wait: float) -> tuple[int, Any]:
         if self.watched:
@@ -283,6 +274,20 @@ class _Directory:
 
     async def unwatch_access(self, watcher: str) -> None:
         pass
+
+
+class _Directory(QuietAccessWatch):
+    """Who the token names and the bot, as the directory answers them."""
+
+    def __init__(self, principal: Any, bot: Any) -> None:
+        self.principal = principal
+        self.bot = bot
+
+    async def authenticate_at(self, key: str) -> tuple[int, Any]:
+        return 1, self.principal
+
+    async def bot_at(self, bot_id: str) -> tuple[int, Any]:
+        return 1, self.bot
 
 
 class _Shard:

@@ -8,7 +8,6 @@ app without the body limits still checks what it reads."""
 
 from __future__ import annotations
 
-import asyncio
 import types
 
 import httpx
@@ -18,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from benchmarks.gateway_cpu import QuietAccessWatch
 from engine.errors import Forbidden
 from gateway.app import create_app
 from gateway.errors import HANDLERS
@@ -29,25 +29,15 @@ from gateway.wire import MAX_DEPTH
 from tests.conftest import ADMIN
 
 
-class _Directory:
+class _Directory(QuietAccessWatch):
     """Knows no user token; its access watch answers once, then waits."""
 
     def __init__(self) -> None:
         self.asked: list[str] = []
-        self.watched = False
 
     async def authenticate_at(self, key: str):
         self.asked.append(key)
         return 1, None
-
-    async def watch_access(self, watcher: str, applied: int, wait: float):
-        if self.watched:
-            await asyncio.sleep(wait)
-        self.watched = True
-        return 1, []
-
-    async def unwatch_access(self, watcher: str) -> None:
-        pass
 
 
 async def _boom(request: Request) -> Response:

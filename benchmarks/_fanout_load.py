@@ -73,6 +73,11 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def waits() -> int:
+    """How often this process went to sleep waiting (its event loop woke as often)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+
+
 async def stdin_lines() -> asyncio.StreamReader:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 24)
@@ -387,7 +392,7 @@ async def run_clients(cfg: dict[str, Any]) -> None:
         }
     )
 
-    cpu0 = cpu_s()
+    cpu0, waits0 = cpu_s(), waits()
     lines = await stdin_lines()
     drop_task: asyncio.Task[None] | None = None
     pending_drops: set[asyncio.Task[None]] = set()
@@ -452,15 +457,17 @@ async def run_clients(cfg: dict[str, Any]) -> None:
             emit(await settle(cmd["ids"], cmd["quiet"], cmd["deadline"]))
         elif cmd["cmd"] == "report":
             break
-    cpu1 = cpu_s()
+    cpu1, woke = cpu_s(), waits() - waits0
     if drop_task is not None:
         drop_task.cancel()
     records = [c.record() for c in clients]  # before closing: the closes below are not counted
     await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
     if session is not None:
         await session.close()
-    Path(cfg["out"]).write_bytes(msgspec.json.encode({"clients": records, "cpu_s": cpu1 - cpu0}))
-    emit({"event": "reported", "cpu_s": round(cpu1 - cpu0, 3)})
+    Path(cfg["out"]).write_bytes(
+        msgspec.json.encode({"clients": records, "cpu_s": cpu1 - cpu0, "wakeups": woke})
+    )
+    emit({"event": "reported", "cpu_s": round(cpu1 - cpu0, 3), "wakeups": woke})
 
 
 # --- producer ----------------------------------------------------------------------------------

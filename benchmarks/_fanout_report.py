@@ -197,11 +197,18 @@ def _busy(p: dict[str, Any]) -> str:
     b = burst_busy(p)
     cpu = b["total"] * p["wall_s"]
     per_cpu_s = p["delivered"] / cpu if cpu > 0 else 0.0
-    return (
+    out = (
         f"server {b['server']:.2f} + clients {b['clients']:.2f} + producer "
         f"{b['producer']:.2f} = {b['total']:.2f}  over {p['wall_s']:.2f} s; "
         f"{per_cpu_s:,.0f} deliveries per CPU-second"
     )
+    if p.get("client_wakeups") is not None and p["delivered"]:
+        per_1k = 1000 / p["delivered"]
+        out += (
+            f"; clients per 1,000: {p['cpu_s']['clients'] * 1000 * per_1k:.1f} ms CPU, "
+            f"{p['client_wakeups'] * per_1k:.0f} wakeups"
+        )
+    return out
 
 
 def _pcts(values: list[float]) -> dict[str, float]:
@@ -426,7 +433,9 @@ def print_table(results: dict[str, dict[str, Any]], args: argparse.Namespace) ->
         "  a system whose total is near the CPU count is CPU-bound; one well below it waits "
         f"(latency-bound: {args.burst_concurrency} POSTs in flight, each answered after its "
         "commit or hand-over). Deliveries per CPU-second (all roles) bound what the CPUs "
-        "would give if nothing waited, and move less with other load than deliv/s."
+        "would give if nothing waited, and move less with other load than deliv/s. A client "
+        "process pays more per frame the more often it wakes for few frames (a server that "
+        "writes them out slowly): compare wakeups before blaming a client."
     )
     print()
     for system, r in results.items():

@@ -209,6 +209,22 @@ def cpu_by_role() -> dict[str, float]:
     return out
 
 
+def wakeups(children: list[Child]) -> int:
+    """How often these processes went to sleep waiting (voluntary context switches, from /proc):
+    a client process pays one event-loop wakeup each time, and that, more than each frame's own
+    handling, is what a frame costs it when frames come one by one (`benchmarks.fanout_clients`)."""
+    total = 0
+    for child in children:
+        try:
+            with open(f"/proc/{child.proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
 # --- the OpenBot gateway -----------------------------------------------------------------------
 
 
@@ -363,6 +379,7 @@ def run_load(
         for name, cmd in plan:
             load = os.getloadavg()[0]
             cpu0 = cpu_by_role()
+            woke0 = wakeups(clients)
             t_phase = time.perf_counter()
             if name == "fixed" and args.drop_percent > 0:
                 for c in clients:
@@ -391,6 +408,7 @@ def run_load(
                 c.send(settle_cmd)
             settled = [c.recv(args.deadline + 60) for c in clients]
             cpu1 = cpu_by_role()
+            woke1 = wakeups(clients)
             if profiler is not None and name == "burst":
                 profiler.stop()
             phases[name] = {
@@ -400,6 +418,7 @@ def run_load(
                 "settle": settled,
                 "wall_s": round(time.perf_counter() - t_phase, 2),
                 "cpu_s": {k: round(cpu1[k] - cpu0[k], 3) for k in cpu0},
+                "client_wakeups": woke1 - woke0,
                 "loadavg_1m_at_start": round(load, 2),
             }
             reasons = ",".join(sorted({s["reason"] for s in settled}))

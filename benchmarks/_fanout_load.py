@@ -11,7 +11,8 @@ time taken by the producer and a receive time taken by a client compare directly
 Clients (`system` picks the client library):
   openbot     `gateway.client.EventClient` (the project's own reconnecting client; resumes by
               cursor), subclassed only to count connections and close codes
-  websockets  a raw `websockets` client that reconnects with the same back-off (no resume)
+  websockets  a raw `websockets` client that reconnects with the same back-off (no resume);
+              also against OpenBot with `"client": "raw"` in the config
   socketio    `socketio.AsyncClient`, websocket transport only, its own reconnection with the
               same base delay (no resume)
 All three decode frames with the same msgspec decoder, so client-side cost is alike.
@@ -222,11 +223,15 @@ def _openbot_client_class():
 
 class WebsocketsClient(BenchClient):
     """A raw `websockets` client against the broadcast reference: reconnects with EventClient's
-    back-off, but there is nothing to resume (the reference keeps no log)."""
+    back-off, but there is nothing to resume (the reference keeps no log). With a `token` it
+    subscribes to OpenBot's stream instead (`--openbot-client raw`: the same server with either
+    client, to tell a client's cost from the server's)."""
 
-    def __init__(self, index: int, user: int, url: str) -> None:
+    def __init__(self, index: int, user: int, url: str, token: str | None = None) -> None:
         super().__init__(index, user)
-        self.url = f"{url.replace('http://', 'ws://', 1)}/events?user={user}"
+        base = url.replace("http://", "ws://", 1)
+        self.url = f"{base}/events?user={user}" if token is None else f"{base}/v1/events"
+        self.headers = None if token is None else {"Authorization": f"Bearer {token}"}
         self.ws: Any = None
         self.closed = False
 
@@ -245,7 +250,9 @@ class WebsocketsClient(BenchClient):
         delay = 0.05
         while not self.closed:
             try:
-                self.ws = await connect(self.url, open_timeout=10, max_size=2**22)
+                self.ws = await connect(
+                    self.url, additional_headers=self.headers, open_timeout=10, max_size=2**22
+                )
                 self.connects += 1
                 async for raw in self.ws:
                     t = time.monotonic_ns()
@@ -353,7 +360,9 @@ async def run_clients(cfg: dict[str, Any]) -> None:
     url = cfg["url"]
     rng = random.Random(cfg.get("seed", 0))
     session = None
-    if system == "openbot":
+    if system == "openbot" and cfg.get("client") == "raw":
+        clients = [WebsocketsClient(c["index"], c["user"], url, c["token"]) for c in cfg["clients"]]
+    elif system == "openbot":
         cls = _openbot_client_class()
         clients: list[BenchClient] = [
             cls(c["index"], c["user"], url, c["token"]) for c in cfg["clients"]

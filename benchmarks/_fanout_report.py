@@ -362,6 +362,8 @@ def print_table(results: dict[str, dict[str, Any]], args: argparse.Namespace) ->
         f"clients dropped every {args.drop_every:g}s; burst: {args.burst} events, "
         f"{args.burst_concurrency} in flight; {os.cpu_count()} CPUs"
     )
+    if getattr(args, "openbot_client", "eventclient") == "raw":
+        print("OpenBot's clients: the raw websockets client (no EventClient, no resume)")
     head = (
         f"{'system':<21}{'phase':<7}{'events':>7}{'deliv.':>8}{'lost':>6}{'dup':>5}"
         f"{'deliv/s':>9}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'POST p50/p99 ms':>17}"

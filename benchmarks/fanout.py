@@ -311,6 +311,7 @@ def run_load(
         for k in range(args.client_procs):
             cfg = {
                 "system": system,
+                "client": args.openbot_client,
                 "url": url,
                 "clients": everyone[k :: args.client_procs],
                 "seed": args.seed * 100 + k,
@@ -596,6 +597,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--drop-every", type=float, default=None, help="s between drop rounds")
     p.add_argument("--deadline", type=float, default=None, help="max s to wait for stragglers")
     p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument(
+        "--openbot-client",
+        choices=("eventclient", "raw"),
+        default="eventclient",
+        help="OpenBot's clients: gateway.client.EventClient, or the raw websockets client the "
+        "reference gets (no resume: use with --drop-percent 0), to tell a client's CPU from "
+        "what the server's pace makes it",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
@@ -668,6 +677,7 @@ def main(argv: list[str] | None = None) -> int:
             "burst_events": args.burst,
             "burst_concurrency": args.burst_concurrency,
             "drop_percent": args.drop_percent,
+            "openbot_client": args.openbot_client,
             "drop_every_s": args.drop_every,
             "seed": args.seed,
             "quick": args.quick,

@@ -202,13 +202,22 @@ def _busy(p: dict[str, Any]) -> str:
         f"{b['producer']:.2f} = {b['total']:.2f}  over {p['wall_s']:.2f} s; "
         f"{per_cpu_s:,.0f} deliveries per CPU-second"
     )
-    if p.get("client_wakeups") is not None and p["delivered"]:
-        per_1k = 1000 / p["delivered"]
-        out += (
-            f"; clients per 1,000: {p['cpu_s']['clients'] * 1000 * per_1k:.1f} ms CPU, "
-            f"{p['client_wakeups'] * per_1k:.0f} wakeups"
-        )
+    cost = client_cost(p)
+    if cost is not None:
+        out += f"; clients per 1,000: {cost['cpu_ms']:.1f} ms CPU, {cost['wakeups']:.0f} wakeups"
     return out
+
+
+def client_cost(p: dict[str, Any]) -> dict[str, float] | None:
+    """The client processes' CPU (ms) and wakeups per 1,000 deliveries of a phase: the more
+    often they wake for few frames, the more each frame costs them."""
+    if p.get("client_wakeups") is None or not p.get("delivered"):
+        return None
+    per_1k = 1000 / p["delivered"]
+    return {
+        "cpu_ms": round(p["cpu_s"]["clients"] * 1000 * per_1k, 2),
+        "wakeups": round(p["client_wakeups"] * per_1k, 1),
+    }
 
 
 def _pcts(values: list[float]) -> dict[str, float]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks._fanout_report import verdicts
+from benchmarks._fanout_report import client_cost, verdicts
 
 
 def _system(rate: float, cpu: float, p99: float = 10.0, kib: float | None = None) -> dict:
@@ -61,3 +61,10 @@ def test_the_latency_target_depends_on_the_clients_and_memory_is_judged_at_10k()
     assert _named(at_10k, "gateway memory")[2:] == ("20.5 KiB", "MISS")
     at_10k = verdicts({"openbot": _system(1, 1.0, p99=49.0, kib=20.0)}, 10_000)
     assert _named(at_10k, "gateway memory")[3] == "PASS"
+
+
+def test_the_clients_cost_is_given_per_1000_deliveries_with_their_wakeups() -> None:
+    phase = {"delivered": 40_000, "cpu_s": {"clients": 1.2}, "client_wakeups": 2_000}
+    assert client_cost(phase) == {"cpu_ms": 30.0, "wakeups": 50.0}
+    assert client_cost({"delivered": 40_000, "cpu_s": {"clients": 1.2}}) is None  # not counted
+    assert client_cost(phase | {"delivered": 0}) is None

@@ -1,11 +1,12 @@
 """The fan-out benchmark's client side alone: CPU per received frame of each client kind, fed by
 one fixed-rate frame source, so that no server's speed enters the comparison.
 
-    cd /work/main && .venv/bin/python -m benchmarks.fanout_clients [--clients 500] [--frames 200]
+    cd /work/main && .venv/bin/python -m benchmarks.fanout_clients [--rates 500,2000,8000]
 
 The source (a child process) accepts websocket connections with `websockets` and, once every
 client is connected, writes ready-made text frames straight to the sockets: event i goes to the
-`--group` clients of user i mod (clients / group), at `--rate` events/s, every client's copy
+`--group` clients of user i mod (clients / group), at each of `--rates` events/s in turn, every
+client's copy
 the same bytes (as both servers of `benchmarks.fanout` send them). `--per-write K` puts K
 consecutive frames of a user in one write, as a gateway that coalesces a stretch does.
 
@@ -17,8 +18,13 @@ Client kinds (`--kinds`): the fan-out benchmark's own client processes
 (`python -m benchmarks._fanout_load clients`), `openbot` (EventClient) and `websockets` (the raw
 client), each in one process holding every client. Runs alternate kind by kind and shape by
 shape, `--repeat` times; the table gives each combination's median CPU per 1,000 frames (user +
-system time of the client process from its first frame command to its last frame) and the
-source's, with the 1-minute load average.
+system time of the client process from its first frame command to its last frame) and its
+wakeups (voluntary context switches: the times its event loop slept and woke again), each run's
+line also the source's CPU and the 1-minute load average.
+
+Why the rates: a client process's CPU per frame depends far more on how frames come (a wakeup
+and a socket read for each, or many frames per read) than on which client reads them, so two
+kinds compare only at one pace, and a client behind a slower server pays more per frame.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ def frames_of(shape: str, count: int) -> tuple[bytes, list[bytes], list[str]]:
     """The hello frame's text, `count` event frames' texts and their entry ids."""
     from gateway.socket_frames import utf8_frame
 
-    ids = [f"mem_{i:06d}{os.urandom(6).hex()}" for i in range(count)]
+    ids = [f"mem_{i:012x}{os.urandom(6).hex()}" for i in range(count)]  # as long as the real ones
     if shape == "reference":
         from benchmarks import _fanout_refs as refs
 
@@ -141,7 +147,7 @@ async def send_all(
 
 
 def one_run(
-    args: argparse.Namespace, source: Child, kind: str, shape: str, logdir: Path
+    args: argparse.Namespace, source: Child, kind: str, shape: str, rate: float, logdir: Path
 ) -> dict[str, Any]:
     users = args.clients // args.group
     source.send({"cmd": "shape", "shape": shape, "frames": args.frames * users})
@@ -164,7 +170,7 @@ def one_run(
         if ready["ready"] != args.clients:
             raise RuntimeError(f"{kind}: {ready}")
         load = os.getloadavg()[0]
-        source.send({"cmd": "run", "rate": args.rate, "per_write": args.per_write})
+        source.send({"cmd": "run", "rate": rate, "per_write": args.per_write})
         sent = source.recv(600)
         ids = shaped["ids"]
         per_user = {u: ids[u::users] for u in range(users)}
@@ -179,6 +185,7 @@ def one_run(
     return {
         "kind": kind,
         "shape": shape,
+        "rate": rate,
         "frame_bytes": shaped["bytes"],
         "frames": got,
         "missing": settled["missing"],
@@ -199,12 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=500, help="clients, all in one process")
     p.add_argument("--group", type=int, default=10, help="clients per user (an event's audience)")
     p.add_argument("--frames", type=int, default=200, help="events per user")
-    p.add_argument("--rate", type=float, default=1000.0, help="events per second")
+    p.add_argument("--rates", default="1000", help="events per second, comma-separated")
     p.add_argument("--per-write", type=int, default=1, help="frames of one user per write")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--shapes", default=",".join(SHAPES))
     args = p.parse_args(argv)
+    rates = [float(r) for r in args.rates.split(",")]
     raise_nofile()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fanout-clients-") as tmp:
@@ -213,31 +221,41 @@ def main(argv: list[str] | None = None) -> int:
         try:
             args.port = source.recv(30)["port"]
             for _ in range(args.repeat):
-                for shape in args.shapes.split(","):
-                    for kind in args.kinds.split(","):
-                        row = one_run(args, source, kind, shape, logdir)
-                        rows.append(row)
-                        print(
-                            f"  {kind:<10} {shape:<9} {row['frames']} frames "
-                            f"({row['frame_bytes']} B, {row['missing']} missing): client "
-                            f"{row['client_ms_per_1k']:.1f} ms/1k, "
-                            f"{row['wakeups_per_1k']:.0f} wakeups/1k, source "
-                            f"{row['source_ms_per_1k']:.1f}, load {row['load']:.2f}",
-                            flush=True,
-                        )
+                for rate, shape, kind in _combinations(rates, args):
+                    row = one_run(args, source, kind, shape, rate, logdir)
+                    rows.append(row)
+                    print(
+                        f"  {rate:>6g}/s {kind:<10} {shape:<9} {row['frames']} frames "
+                        f"({row['frame_bytes']} B, {row['missing']} missing): client "
+                        f"{row['client_ms_per_1k']:.1f} ms/1k, "
+                        f"{row['wakeups_per_1k']:.0f} wakeups/1k, source "
+                        f"{row['source_ms_per_1k']:.1f}, load {row['load']:.2f}",
+                        flush=True,
+                    )
         finally:
             source.stop()
     print(
         f"\nclient CPU per 1,000 frames, median of {args.repeat} ({args.clients} clients in one "
-        f"process, {args.group} per event, {args.rate:g} events/s, {args.per_write} per write)"
+        f"process, {args.group} per event, {args.per_write} per write)"
     )
-    for shape in args.shapes.split(","):
-        for kind in args.kinds.split(","):
-            mine = [r for r in rows if r["kind"] == kind and r["shape"] == shape]
-            ms = statistics.median(r["client_ms_per_1k"] for r in mine)
-            woke = statistics.median(r["wakeups_per_1k"] for r in mine)
-            print(f"  {kind:<10} client, {shape:<9} frames: {ms:5.1f} ms CPU, {woke:4.0f} wakeups")
+    for rate, shape, kind in _combinations(rates, args):
+        mine = [r for r in rows if (r["rate"], r["shape"], r["kind"]) == (rate, shape, kind)]
+        ms = statistics.median(r["client_ms_per_1k"] for r in mine)
+        woke = statistics.median(r["wakeups_per_1k"] for r in mine)
+        print(
+            f"  {rate:>6g} events/s, {kind:<10} client, {shape:<9} frames: {ms:5.1f} ms CPU, "
+            f"{woke:4.0f} wakeups"
+        )
     return 0
+
+
+def _combinations(rates: list[float], args: argparse.Namespace) -> list[tuple[float, str, str]]:
+    return [
+        (rate, shape, kind)
+        for rate in rates
+        for shape in args.shapes.split(",")
+        for kind in args.kinds.split(",")
+    ]
 
 
 if __name__ == "__main__":

@@ -368,9 +368,12 @@ def test_with_a_snapshot_records_gone_and_rows_listed_twice_are_sorted_out_at_lo
     con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))
     con.execute("DELETE FROM ws_entries WHERE id = ?", [a])  # gone, still in the snapshot
     (row,) = con.execute("SELECT * FROM search_terms WHERE entry = ?", [c]).fetchall()
-    (other,) = con.execute("SELECT terms FROM search_terms WHERE entry = ?", [b]).fetchone()
-    for seq, terms in ((100, other), (101, other)):  # c twice after the snapshot, wrong terms
-        con.execute("INSERT INTO search_terms VALUES (?, ?, ?, ?, ?, ?)", [*row[:4], terms, seq])
+    other = con.execute("SELECT terms, tfs FROM search_terms WHERE entry = ?", [b]).fetchone()
+    for seq in (100, 101):  # c twice after the snapshot, wrong terms
+        con.execute(
+            "INSERT INTO search_terms VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [*row[:4], other[0], seq, other[1]],
+        )
     con.close()
 
     async def again() -> None:

@@ -163,6 +163,8 @@ def remember_ab(
         ways = {k: v for k, v in ways.items() if k in only}
     sums = {k: {"count": 0, "seconds": 0.0, "ops": 0, "shard": 0.0, "driver": 0.0, "evictions": 0}
             for k in ways}  # fmt: skip
+    # Each round's shard CPU per request, by way: a cost that grows over a run shows here.
+    per_round: dict[str, list[float]] = {k: [] for k in ways}
     loads = []
     for _ in range(rounds):
         loads.append(round(os.getloadavg()[0], 2))
@@ -179,11 +181,14 @@ def remember_ab(
             t["ops"] += r["ops_incl_warmup"]
             t["shard"] += cpu1["shard"] - cpu0["shard"]
             t["driver"] += cpu1["driver"] - cpu0["driver"]
+            shard_ms = (cpu1["shard"] - cpu0["shard"]) / max(r["ops_incl_warmup"], 1) * 1000
+            per_round[name].append(round(shard_ms, 3))
     out = {
         name: {
             "per_s": round(t["count"] / t["seconds"], 1),
             "shard_cpu_ms": round(t["shard"] / t["ops"] * 1000, 3),
             "gateway_cpu_ms": round(t["driver"] / t["ops"] * 1000, 3),
+            "shard_cpu_ms_per_round": per_round[name],
         }
         | ({"evictions": t["evictions"]} if shard_stats else {})
         for name, t in sums.items()

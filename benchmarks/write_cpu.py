@@ -5,6 +5,7 @@ requestId), on a `ShardService` over a DuckDB file in a temp dir.
     .venv/bin/python -m benchmarks.write_cpu [--count 2000] [--callers 2 8] [--rounds 3]
                                              [--entries 10000] [--profile ws|remember]
                                              [--coalesced 8] [--only ws|remember]
+                                             [--cache-records N]
 
 For each caller count, `--rounds` alternating rounds (Remember, workspace, ...) of `--count`
 writes each; prints the CPU of this process per write (all threads: event loop, database
@@ -101,7 +102,7 @@ async def measure(
 
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        svc = ShardService(tmp, 0, models={})
+        svc = ShardService(tmp, 0, models={}, cache_records=args.cache_records)
         directory = DirectoryService(tmp)
         svc.peers.connect(directory=directory)
         await directory.create_org("Bench", ORG)
@@ -207,6 +208,13 @@ def main() -> None:
     p.add_argument("--only", choices=["remember", "ws"], default=None, help="one kind only")
     p.add_argument(
         "--coalesced", type=int, default=0, help="requests per coalesced call (0: one by one)"
+    )
+    p.add_argument(
+        "--cache-records",
+        type=int,
+        default=None,
+        help="the shard's residency budget (records kept loaded; the default's otherwise): "
+        "below the two pools' records together, each round loads the other kind's pool again",
     )
     p.add_argument(
         "--default-gc",

@@ -573,11 +573,22 @@ class GroupCommitter:
                 f"only up to {applied}: records are missing",
                 code="journal_damaged",
             )
-        self._journaled = [(seq, decode_writes(blob)) for seq, blob in pending]
+        self._journaled = [(seq, self._fitted(decode_writes(blob))) for seq, blob in pending]
         if pending:
             self._journal_seq = pending[-1][0]
         self.apply_journal(con)  # what a crash left is applied before anything reads
         self._file.reset()  # records a crash left after their checkpoint committed
+
+    def _fitted(self, writes: list[Write]) -> list[Write]:
+        """A found record's rows as the tables are now: a row journaled before a migration
+        added columns to its table gets them empty (as the migration left its stored rows)."""
+        for at, w in enumerate(writes):
+            if type(w) is Put or type(w) is Insert:
+                table = self.tables.get(w.table)
+                if table is not None and len(w.row) < len(table.columns):
+                    pad = (None,) * (len(table.columns) - len(w.row))
+                    writes[at] = type(w)(w.table, (*w.row, *pad))
+        return writes
 
     def _apply_legacy_journal(self, con: duckdb.DuckDBPyConnection) -> None:
         """Rows of the journal table of earlier versions: applied, and the table dropped."""
@@ -588,7 +599,7 @@ class GroupCommitter:
             return
         merged = MergedWrites(self.tables)
         for _, blob in con.execute(f"SELECT seq, batch FROM {JOURNAL} ORDER BY seq").fetchall():
-            merged.add(decode_writes(blob))
+            merged.add(self._fitted(decode_writes(blob)))
 
         def apply(con: duckdb.DuckDBPyConnection) -> None:
             merged.apply(con)

@@ -37,7 +37,7 @@ from engine import collaboration
 from engine.errors import StorageError
 from storage.crypto import Cipher, Keyring, aad, chain_fp_key
 from storage.database import Database
-from storage.term_keys import Analyzer, text_terms, unpack_keys
+from storage.term_keys import Analyzer, text_terms, unpack_row
 from storage.term_store import pool_terms_key
 from storage.vector_store import reseal_block
 from storage.workspace_store import WorkspaceStore
@@ -104,17 +104,18 @@ def _terms(
         mapping = _vocabulary(con, scope, cipher(scope), old, new)
         for row_pool in row_pools:
             rows = con.execute(
-                "SELECT key, pool, entry, fp, terms, seq FROM search_terms WHERE pool = ?",
+                "SELECT key, pool, entry, fp, terms, seq, tfs FROM search_terms WHERE pool = ?",
                 [row_pool],
             ).fetchall()
             out = []
-            for key, pool, entry, fp, blob, seq in rows:
+            for key, pool, entry, fp, blob, seq, tfs in rows:
                 keys = [
                     mapping[k] if k in mapping else _orphan(new, k)
-                    for k in unpack_keys(blob).tolist()
+                    for k in unpack_row(blob, tfs).tolist()
                 ]
                 keys.sort()
-                out.append((key, pool, entry, fp, np.asarray(keys, dtype="<i8").tobytes(), seq))
+                packed = np.asarray(keys, dtype="<i8").tobytes()
+                out.append((key, pool, entry, fp, packed, seq, None))
             con.execute("DELETE FROM search_terms WHERE pool = ?", [row_pool])
             if out:
                 appender = con.appender("search_terms")

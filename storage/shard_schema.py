@@ -144,6 +144,12 @@ MIGRATIONS: tuple[str, ...] = (
             OR coalesce(json_array_length(json_extract(doc, '$.learn')), 0) > 0
             OR coalesce(json_array_length(json_extract(doc, '$.unregistered')), 0) > 0;
     """,
+    # 13: a term row of a record indexed among its neighbours stores each distinct key once
+    # with its count (`tfs`: uint16 little-endian, one per key of `terms`) instead of every
+    # repeat; NULL: `terms` holds the repeats (each key's count is how often it occurs).
+    """
+    ALTER TABLE search_terms ADD COLUMN tfs BLOB;
+    """,
 )
 
 POOLS = Table(
@@ -335,6 +341,7 @@ SEARCH_TERMS = Table(
         ("fp", "VARCHAR"),
         ("terms", "BLOB"),
         ("seq", "BIGINT"),  # migration 10
+        ("tfs", "BLOB"),  # migration 13
     ),
 )
 SEARCH_SNAPSHOTS = Table(

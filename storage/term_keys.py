@@ -178,3 +178,40 @@ def pack_keys(keys: np.ndarray | list[int] | Counted) -> bytes:
 
 def unpack_keys(raw: bytes) -> np.ndarray:
     return np.frombuffer(raw, dtype="<i8")
+
+
+TF_MAX = 65_535  # the largest count a term row's `tfs` holds (uint16)
+
+
+def pack_row(keys: np.ndarray | list[int] | Counted) -> tuple[bytes, bytes | None]:
+    """Keys as a term row stores them, (terms, tfs): counted keys (a record among its
+    neighbours) as each distinct key once and its count, a few times smaller than every
+    repeat (each byte of a row is written to the journal, then to DuckDB's log, then again by
+    each DuckDB checkpoint that rewrites its table's last row group); others, or a count too
+    large, as every repeat and no counts."""
+    if type(keys) is Counted and keys.tfs and max(keys.tfs) <= TF_MAX:
+        return np.array(keys.keys, dtype="<i8").tobytes(), np.array(keys.tfs, dtype="<u2").tobytes()
+    return pack_keys(keys), None
+
+
+def unpack_row(terms: bytes, tfs: bytes | None) -> np.ndarray:
+    """A stored row's keys, sorted, repeats kept (as `pack_keys` packs them)."""
+    keys = unpack_keys(terms)
+    return keys if tfs is None else np.repeat(keys, np.frombuffer(tfs, dtype="<u2"))
+
+
+def unpack_rows(
+    counts: np.ndarray, terms: list[bytes], tfs: list[bytes]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows' keys end to end, repeats kept, and how many each row has: `counts` the keys each
+    row's `terms` holds, `tfs` each row's counts with ones for a row without them (as
+    `storage.term_store.TFS` reads them)."""
+    keys = unpack_keys(b"".join(terms))
+    reps = np.frombuffer(b"".join(tfs), dtype="<u2")
+    if reps.size != keys.size:
+        raise ValueError("term rows whose keys and counts differ in number")
+    if not keys.size or bool((reps == 1).all()):
+        return np.asarray(counts, dtype=np.int64), keys
+    ends = np.cumsum(np.concatenate(([0], reps)), dtype=np.int64)
+    bounds = np.cumsum(np.concatenate(([0], counts)), dtype=np.int64)
+    return ends[bounds[1:]] - ends[bounds[:-1]], np.repeat(keys, reps)

@@ -32,10 +32,12 @@ from storage.database import Database, ReadScope
 from storage.group_commit import Delete, Insert, Put, Write
 from storage.search_index import Postings, TermIndex
 from storage.shard_schema import SEARCH_SNAPSHOTS, SEARCH_TERMS
-from storage.term_keys import Analyzer, Counted, pack_keys, unpack_keys
+from storage.term_keys import Analyzer, Counted, pack_row, unpack_keys, unpack_row, unpack_rows
 from storage.workspace_store import entry_key
 
 _SNAP = b"OBTS1"  # a snapshot's plaintext starts with this (its format's version)
+# A row's counts as `unpack_rows` takes them: ones for a row that stores every repeat.
+TFS = "coalesce(tfs, repeat('\\x01\\x00'::BLOB, octet_length(terms) // 8))"
 
 
 class _Snap(msgspec.Struct, array_like=True):
@@ -105,13 +107,15 @@ class TermStore:
         return {e: (fp, unpack_keys(raw)) for e, fp, raw in zip(entries, fps, blobs, strict=True)}
 
     async def load_raw(self, pool: str) -> tuple[list[str], list[str], list[bytes]]:
-        """The pool's rows as columns: entries, fingerprints, packed term keys."""
+        """The pool's rows as columns: entries, fingerprints, packed term keys (every repeat,
+        as `pack_keys` packs them)."""
 
         def read(con):
-            cols = con.execute(
-                "SELECT entry, fp, terms FROM search_terms WHERE pool = ?", [pool]
-            ).fetchnumpy()
-            return cols["entry"].tolist(), cols["fp"].tolist(), cols["terms"].tolist()
+            rows = con.execute(
+                "SELECT entry, fp, terms, tfs FROM search_terms WHERE pool = ?", [pool]
+            ).fetchall()
+            blobs = [t if n is None else unpack_row(t, n).tobytes() for _, _, t, n in rows]
+            return [r[0] for r in rows], [r[1] for r in rows], blobs
 
         return await self.db.run(read, _scope(pool))
 
@@ -125,12 +129,11 @@ class TermStore:
     def read_flat(con, pool: str) -> tuple[list[str], np.ndarray, np.ndarray]:
         """`load_flat` on the database's thread (a caller may read more in the same call)."""
         cols = con.execute(
-            "SELECT entry, octet_length(terms) // 8 AS n, terms FROM search_terms WHERE pool = ?",
+            f"SELECT entry, octet_length(terms) // 8 AS n, terms, {TFS} AS tfs "
+            "FROM search_terms WHERE pool = ?",
             [pool],
         ).fetchnumpy()
-        flat = unpack_keys(b"".join(cols["terms"].tolist()))
-        lengths = np.asarray(cols["n"], dtype=np.int64)
-        return cols["entry"].tolist(), lengths, flat
+        return cols["entry"].tolist(), *_flat(cols)
 
     async def load_aside(self, pool: str) -> TermsLoad:
         """`read_load` beside the database thread (`Database.run_aside`), with its scope: a
@@ -146,15 +149,14 @@ class TermStore:
         ).fetchall()
         covers, body = snap[0] if len(snap) == 1 else (-1, None)
         cols = con.execute(
-            "SELECT entry, octet_length(terms) // 8 AS n, terms FROM search_terms "
-            "WHERE pool = ? AND seq > ?",
+            f"SELECT entry, octet_length(terms) // 8 AS n, terms, {TFS} AS tfs "
+            "FROM search_terms WHERE pool = ? AND seq > ?",
             [pool, covers],
         ).fetchnumpy()
         ((last,),) = con.execute(
             "SELECT coalesce(max(seq), 0) FROM search_terms WHERE pool = ?", [pool]
         ).fetchall()
-        flat = unpack_keys(b"".join(cols["terms"].tolist()))
-        lengths = np.asarray(cols["n"], dtype=np.int64)
+        lengths, flat = _flat(cols)
         return TermsLoad(covers, body, cols["entry"].tolist(), lengths, flat, last)
 
     @staticmethod
@@ -162,12 +164,11 @@ class TermStore:
         """Every term row of a pool (what a snapshot is built from) and their highest seq, in
         one statement: one state of the file, whatever commits around it."""
         cols = con.execute(
-            "SELECT entry, octet_length(terms) // 8 AS n, terms, max(seq) OVER () AS last "
-            "FROM search_terms WHERE pool = ?",
+            f"SELECT entry, octet_length(terms) // 8 AS n, terms, {TFS} AS tfs, "
+            "max(seq) OVER () AS last FROM search_terms WHERE pool = ?",
             [pool],
         ).fetchnumpy()
-        flat = unpack_keys(b"".join(cols["terms"].tolist()))
-        lengths = np.asarray(cols["n"], dtype=np.int64)
+        lengths, flat = _flat(cols)
         last = int(cols["last"][0]) if len(cols["last"]) else 0
         return cols["entry"].tolist(), lengths, flat, last
 
@@ -200,7 +201,8 @@ class TermStore:
         """A record's term row; `seq`: from its workspace pool's counter (a entry pool's
         rows, never in a snapshot, keep 0). `new`: the record was just created, so no row of
         it can be stored yet (an insert: nothing to delete first when the journal is applied)."""
-        row = (entry_key(pool, entry_id), pool, entry_id, fp, pack_keys(keys), seq)
+        terms, tfs = pack_row(keys)
+        row = (entry_key(pool, entry_id), pool, entry_id, fp, terms, seq, tfs)
         return Insert(SEARCH_TERMS.name, row) if new else Put(SEARCH_TERMS.name, row)
 
     @staticmethod
@@ -210,6 +212,13 @@ class TermStore:
     @staticmethod
     def delete(pool: str, entry_id: str) -> Write:
         return Delete(SEARCH_TERMS.name, entry_key(pool, entry_id))
+
+
+def _flat(cols: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """How many keys each row read has (repeats kept) and all of them end to end."""
+    return unpack_rows(
+        np.asarray(cols["n"], dtype=np.int64), cols["terms"].tolist(), cols["tfs"].tolist()
+    )
 
 
 def load_scope(pool: str) -> tuple[ReadScope, ...]:

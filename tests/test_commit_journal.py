@@ -25,7 +25,14 @@ from actors.shard.service import ShardService
 from engine.errors import StorageError
 from storage.database import Database
 from storage.event_log import backup_offline
-from storage.group_commit import FORGET_JOURNAL, GroupCommitter, Insert, Put, encode_writes
+from storage.group_commit import (
+    FORGET_JOURNAL,
+    GroupCommitter,
+    Insert,
+    Put,
+    Table,
+    encode_writes,
+)
 from storage.journal_file import HEADER, JournalFile, frame, scan
 from tests.journal_kit import KV, KV_SQL, crash_copy, journal_of
 from tests.journal_writer import POOL, READER, content
@@ -385,6 +392,25 @@ def test_a_restored_copy_never_applies_the_journal_of_the_original(tmp_path, cap
     _close(db, gc)
     db, gc = _reopen(tmp_path / "b-crash" / "t.duckdb")
     assert _kv(db) == [("k1", "g", 1), ("k3", "g", 3)]
+    _close(db, gc)
+
+
+def test_a_record_journaled_before_a_column_was_added_is_applied_with_it_empty(tmp_path):
+    """A journal left by a crash of an earlier version, opened after a migration that added
+    a column to its table: its rows are stored with the new column empty (as the migration
+    left the table's stored rows), not refused with the checkpoint stuck."""
+    path = tmp_path / "a" / "t.duckdb"
+    groups = [[Put("kv", ("old", "g", 1))], [Insert("kv", ("older", "g", 2))]]
+    _written(path, groups, checkpoint_rows=10_000, checkpoint_idle=3600)
+    crashed = tmp_path / "a-crash" / "t.duckdb"
+    wider = Table("kv", (*KV.columns, ("extra", "BLOB")))
+    db = Database(crashed, [KV_SQL, "ALTER TABLE kv ADD COLUMN extra BLOB"])
+    gc = GroupCommitter(db, [wider], checkpoint_rows=10_000, checkpoint_idle=3600)
+    assert db.query("SELECT k, grp, n, extra FROM kv ORDER BY k") == [
+        ("old", "g", 1, None),
+        ("older", "g", 2, None),
+    ]
+    assert journal_of(crashed).stat().st_size == HEADER
     _close(db, gc)
 
 

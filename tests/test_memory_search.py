@@ -443,7 +443,7 @@ def test_records_without_stored_terms_are_indexed_even_beside_rows_of_records_go
         (row,) = con.execute("SELECT * FROM search_terms WHERE entry = ?", [b]).fetchall()
         con.execute("DELETE FROM search_terms WHERE entry = ?", [a])  # a: no row
         ghost = (row[0].replace(b, "gone"), row[1], "gone", *row[3:])  # a record gone since
-        con.execute("INSERT INTO search_terms VALUES (?, ?, ?, ?, ?, ?)", list(ghost))
+        con.execute("INSERT INTO search_terms VALUES (?, ?, ?, ?, ?, ?, ?)", list(ghost))
 
     _terms_rows(tmp_path, edit)
 
@@ -475,7 +475,7 @@ def test_a_record_listed_twice_in_stored_terms_is_indexed_from_its_text(tmp_path
     def edit(con) -> None:
         (row,) = con.execute("SELECT * FROM search_terms WHERE entry = ?", [b]).fetchall()
         twin = (row[0].replace(b, a), row[1], a, *row[3:])  # a second row of a, with b's words
-        con.execute("INSERT INTO search_terms VALUES (?, ?, ?, ?, ?, ?)", list(twin))
+        con.execute("INSERT INTO search_terms VALUES (?, ?, ?, ?, ?, ?, ?)", list(twin))
 
     _terms_rows(tmp_path, edit)
 
@@ -517,7 +517,7 @@ def test_a_bot_pool_links_its_records_stored_without_an_org_tag_as_they_are_read
         con.executemany("INSERT INTO ws_entries VALUES (?, ?, ?, ?, ?)", rows)
         for k, n in (("old", 1), ("new", 2)):  # their terms (the content is another pool's)
             con.execute(
-                "INSERT INTO search_terms SELECT ?, 'bot:b_9', ?, fp, terms, ? "
+                "INSERT INTO search_terms SELECT ?, 'bot:b_9', ?, fp, terms, ?, tfs "
                 "FROM search_terms WHERE entry = ?",
                 [f"bot:b_9\x00{k}", k, n, a],
             )

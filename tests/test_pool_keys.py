@@ -34,7 +34,7 @@ from storage.database import Database
 from storage.group_commit import Put
 from storage.key_upgrade import KEYS_FORMAT, keys_format, legacy_terms_key, upgrade_keys
 from storage.shard_schema import MIGRATIONS
-from storage.term_keys import Analyzer
+from storage.term_keys import Analyzer, unpack_row
 from storage.term_store import TermKeys
 from storage.vector_store import VectorStore
 from tests.shard_kit import Shards
@@ -347,10 +347,11 @@ async def test_an_upgrade_cut_short_is_done_whole_at_the_next_open(
         m.setattr(key_upgrade, "_chains", crash)
         with pytest.raises(RuntimeError):
             upgrade_keys(db, MASTER)
-    terms = dict(db.query("SELECT entry, terms FROM search_terms WHERE pool = 'user:u_ann'"))
+    stored = db.query("SELECT entry, terms, tfs FROM search_terms WHERE pool = 'user:u_ann'")
+    terms = {e: unpack_row(t, n) for e, t, n in stored}
     assert keys_format(db) == "1"
     db.close()
-    assert all(terms[i] == old_rows[i][1].tobytes() for i in old_rows)  # rolled back
+    assert all(np.array_equal(terms[i], old_rows[i][1]) for i in old_rows)  # rolled back
     after, reloaded, _ = await _reopened(shards)
     assert after == before and _same_vectors(reloaded, vectors)
 

@@ -30,6 +30,7 @@ from storage.group_commit import GroupCommitter, Put, Write
 from storage.memory_store import MemoryStore
 from storage.receipts import Receipts, fingerprint, receipt_key
 from storage.shard_schema import CONFESSIONS, LEARN_POSITIONS, MIGRATIONS, TABLES, TURNS
+from storage.term_keys import TF_MAX, Counted, in_context
 from storage.term_store import TermStore
 from storage.vector_store import VectorStore
 from storage.workspace_store import WorkspaceStore
@@ -360,6 +361,49 @@ def test_search_terms_read_back_and_delete(where: str):
             await s.commit([TermStore.delete("user:u", "m1")])
             assert sorted(await TermStore(s.db).load("user:u")) == ["m2"]
             assert await TermStore(s.db).load("user:other") == {}
+
+    run(go())
+
+
+def test_counted_term_rows_read_back_as_every_repeat_beside_plain_ones(where: str):
+    """A record indexed among its neighbours stores each distinct key once with its count;
+    every way rows are read (a pool's load, its snapshot's build, a memory pool's rows) gives
+    the same sorted keys with their repeats as a row storing every repeat would, rows of both
+    kinds mixed in one read, in the order the rows are read."""
+    rnd = np.random.default_rng(7)
+
+    def keys(n: int) -> list[int]:
+        return sorted(rnd.integers(-(2**63), 2**63 - 1, size=n, dtype=np.int64).tolist())
+
+    rows: dict[str, list[int] | Counted] = {}
+    for i in range(40):
+        own, before, after = keys(int(rnd.integers(0, 6))), keys(3), keys(int(rnd.integers(0, 4)))
+        rows[f"m{i}"] = in_context(own, before, after) if i % 3 else own
+    rows["big"] = Counted([5, 9], [TF_MAX + 1, 2], TF_MAX + 3)  # a count past uint16: repeats
+    expanded = {e: k.expanded() if isinstance(k, Counted) else k for e, k in rows.items()}
+
+    async def go() -> None:
+        async with opened(where) as stores:
+            s = stores[0]
+            await s.commit([TermStore.row("user:u", e, "fp", k) for e, k in rows.items()])
+            assert any(isinstance(k, Counted) for k in rows.values())
+            s = await restart(stores)
+            terms = TermStore(s.db)
+            loaded = await terms.load("user:u")
+            assert {e: k.tolist() for e, (_, k) in loaded.items()} == expanded
+            for read in (
+                lambda con: terms.read_flat(con, "user:u"),
+                lambda con: terms.read_all(con, "user:u")[:3],
+                lambda con: (lambda t: (t.ids, t.lengths, t.flat))(terms.read_load(con, "user:u")),
+            ):
+                ids, lengths, flat = await s.db.run(read)
+                assert sum(lengths) == flat.size
+                ends = np.cumsum(lengths).tolist()
+                got = {
+                    e: flat[end - n : end].tolist()
+                    for e, n, end in zip(ids, lengths.tolist(), ends, strict=True)
+                }
+                assert got == expanded
 
     run(go())
 

@@ -368,9 +368,12 @@ def test_with_a_snapshot_records_gone_and_rows_listed_twice_are_sorted_out_at_lo
     con = duckdb.connect(str(tmp_path / "shard-0.duckdb"))
     con.execute("DELETE FROM ws_entries WHERE id = ?", [a])  # gone, still in the snapshot
     (row,) = con.execute("SELECT * FROM search_terms WHERE entry = ?", [c]).fetchall()
-    (other,) = con.execute("SELECT terms FROM search_terms WHERE entry = ?", [b]).fetchone()
-    for seq, terms in ((100, other), (101, other)):  # c twice after the snapshot, wrong terms
-        con.execute("INSERT INTO search_terms VALUES (?, ?, ?, ?, ?, ?)", [*row[:4], terms, seq])
+    other = con.execute("SELECT terms, tfs FROM search_terms WHERE entry = ?", [b]).fetchone()
+    for seq in (100, 101):  # c twice after the snapshot, wrong terms
+        con.execute(
+            "INSERT INTO search_terms VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [*row[:4], other[0], seq, other[1]],
+        )
     con.close()
 
     async def again() -> None:
@@ -421,3 +424,61 @@ def test_rows_written_after_a_load_are_above_the_snapshot_even_past_the_last_sto
         await _close(svc)
 
     asyncio.run(again())
+
+
+def test_a_pool_evicted_and_loaded_again_is_neither_checked_nor_snapshotted_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A pool the residency budget evicts and loads again and again (two pools over the
+    budget, used in turn) must not pay a walk of every record and a new snapshot of the whole
+    index at each load, a cost that grows with the pool: its term rows are checked once per
+    shard (every row written since is the shard's own), and a snapshot is stored again only
+    once the rows after it are a share of the records. Counted, not timed."""
+    from actors.workspace import pools as pools_mod
+    from storage.term_store import TermStore
+
+    checks: list[str] = []
+    fingerprints = TermStore.fingerprints
+
+    async def counted(self, pool):
+        checks.append(pool)
+        return await fingerprints(self, pool)
+
+    monkeypatch.setattr(TermStore, "fingerprints", counted)
+    share = pools_mod.SNAPSHOT_SHARE
+    rnd = random.Random(5)
+
+    async def go() -> list[int]:
+        svc = _shard(tmp_path, snapshot_rows=2)
+        pools = svc.workspace_pools
+        pools.upkeep_delay = 0
+        n = 0
+        for n in range(8 * share):
+            await _create(svc, n, _text(rnd, n))
+        covers = []
+
+        async def reload() -> None:
+            await svc.kernel.committer.drain()
+            assert pools.evict(POOL)
+            await pools.pool(POOL)
+            await pools.upkept()
+            covers.append(max((c for _, c in _snapshots_of(svc)), default=-1))
+
+        await reload()  # every row since the last snapshot (none): a snapshot
+        for _ in range(3):  # fewer new rows than a share of the records: none
+            await _create(svc, n := n + 1, _text(rnd, n))
+            await reload()
+        for _ in range(3 * share):  # then as many as a share: one again
+            await _create(svc, n := n + 1, _text(rnd, n))
+        await reload()
+        await _close(svc)
+        return covers
+
+    covers = asyncio.run(go())
+    assert covers[0] == covers[1] == covers[2] == covers[3] and covers[0] > 0
+    assert covers[4] > covers[3]
+    assert checks == [POOL]  # the first load's check only
+
+
+def _snapshots_of(svc: ShardService) -> list[tuple]:
+    return svc.db.query("SELECT pool, covers FROM search_snapshots")

@@ -30,7 +30,7 @@ from engine.fingerprints import content_fingerprint, normalize
 from engine.scoped_memory import WorkspaceMemoryCreate
 from storage.group_commit import GroupCommitter
 from storage.search_index import TermIndex
-from storage.term_keys import in_context
+from storage.term_keys import in_context, unpack_row
 
 pytestmark = pytest.mark.usefixtures("no_env_key")
 ANN = WorkspaceAccess(account="u_ann", bots=frozenset({"b_ws"}))
@@ -111,11 +111,16 @@ def test_a_calls_creations_are_indexed_once_with_both_neighbours_in_its_one_comm
         "mem_d": in_context(keys["d"], keys["c"], None, keys["b"]).expanded(),
     }
     con = duckdb.connect(str(tmp_path / "shard-0.duckdb"), read_only=True)
-    rows = con.execute("SELECT entry, terms, seq FROM search_terms").fetchall()
+    rows = con.execute("SELECT entry, terms, seq, tfs FROM search_terms").fetchall()
     con.close()
-    stored = {e: np.frombuffer(t, dtype="<i8").tolist() for e, t, _ in rows}
+    stored = {e: unpack_row(t, n).tolist() for e, t, _, n in rows}
     assert stored == want
-    assert len({seq for _, _, seq in rows}) == 4  # each row its own seq (snapshots: term_store)
+    assert len({seq for _, _, seq, _ in rows}) == 4  # each row its own seq (snapshots: term_store)
+    # Each distinct key once with its count: a fraction of the bytes of every repeat.
+    for e, t, _, n in rows:
+        distinct = sorted(set(want[e]))
+        assert np.frombuffer(t, dtype="<i8").tolist() == distinct
+        assert np.frombuffer(n, dtype="<u2").tolist() == [want[e].count(k) for k in distinct]
 
     async def again() -> list[list[str]]:
         svc = Shard(tmp_path, 0, search={"context_window_s": 120})

@@ -58,6 +58,11 @@ UPKEEP_SLICE = 1_024  # records such a check walks between two turns of the even
 # A pool's keyword index is stored whole again once this many term rows are not in its snapshot
 # (below it, a load applies them in a few ms).
 SNAPSHOT_ROWS = 2_000
+# ... and, after a load, once they are this share of its records: a snapshot reads, builds and
+# writes the whole index, so a pool the residency budget evicts and loads again and again (two
+# pools over it, used in turn) would pay for one at each load, a cost that grows with the pool.
+SNAPSHOT_SHARE = 4
+CHECKED_POOLS = 65_536  # pools whose term rows this shard checked (`_check_terms`) kept
 THREAD_KEYS_CACHED = 4_096  # threaded records' own term keys kept per pool (pool_state.py)
 log = logging.getLogger("openbot.workspace")
 
@@ -82,6 +87,10 @@ class WorkspacePools:
         self._pools: dict[str, WorkspacePool] = self._loader.loaded
         self.upkeep_delay = UPKEEP_DELAY_S
         self.snapshot_rows = SNAPSHOT_ROWS
+        # Pools whose term rows were checked against their records since the shard opened
+        # (`_check_terms`): every row written since is this shard's own, made with its record
+        # in the same commit, so a load after an eviction need not walk every record again.
+        self._checked: set[str] = set()
         kernel.before_close.append(self.snapshot_due)
         self._upkeep: set[asyncio.Task[None]] = set()
         kernel.on_close.append(self.stop_upkeep)
@@ -257,8 +266,9 @@ class WorkspacePools:
         # than the record's is all but impossible; still, check once the search that loaded
         # the pool is answered (a walk of every record). The snapshot is made again then when
         # many rows were not in it, and the maps a write needs are made.
-        self.later(pool, lambda p: self._check_terms(p, stored))
-        if len(ids) >= self.snapshot_rows:
+        if pool.id not in self._checked:
+            self.later(pool, lambda p: self._check_terms(p, stored))
+        if len(ids) >= max(self.snapshot_rows, len(current) // SNAPSHOT_SHARE):
             self.later(pool, self.snapshot)
         self.later(pool, lambda p: p.index.warm())
 
@@ -293,6 +303,9 @@ class WorkspacePools:
                             self.kernel.terms.row(pool.id, entry_id, now, keys, pool.next_seq())
                         )
             self._store_terms(rows)
+        if len(self._checked) >= CHECKED_POOLS:
+            self._checked.clear()
+        self._checked.add(pool.id)
 
     def _store_terms(self, rows: list[Write]) -> None:
         if rows:

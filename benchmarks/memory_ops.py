@@ -29,7 +29,8 @@ actor call, no work).
 
 `--ab-rounds N` (3 with `--quick`) runs, in the first mode, N rounds that alternate Remember
 (coalesced; not coalesced; events polled; two coalesced calls in flight; coalesced over Ray
-instead of the shard's lane), shard.ping() and the workspace write (`--ab-ways` picks some), and
+instead of the shard's lane; with a requestId each, as every workspace memory carries one),
+shard.ping() and the workspace write (`--ab-ways` picks some), and
 sums each over the rounds: on a machine whose load changes, the fairer side by side. The ratio
 targets (Remember >= 1.0 x shard.ping(), workspace write >= 1.0 x Remember) come from those
 rounds, else from the single windows. GET memory >= 0.75 x GET /healthz comes from N alternating
@@ -181,6 +182,7 @@ def http_scenario(
     remember: bool,
     args: argparse.Namespace,
     workspace_bot: str | None = None,
+    request_ids: bool = False,
 ) -> dict[str, Any]:
     cmd = [
         sys.executable,
@@ -200,6 +202,7 @@ def http_scenario(
     ]
     if remember:
         cmd += ["--method", "POST", "--remember", "--expect", "201"]
+        cmd += ["--request-ids"] if request_ids else []
     elif workspace_bot is not None:
         cmd += ["--method", "POST", "--ws-memory", workspace_bot, "--expect", "201"]
     env = {**os.environ, "OPENBOT_BENCH_TOKEN": token}
@@ -416,6 +419,11 @@ def run_mode(
                 args.ab_rounds,
                 ping=lambda: actor_scenario(shard, pool, direct_reader, args, ping=True),
                 workspace=workspace_write,
+                # A workspace memory always carries a requestId (its receipt is stored with
+                # it); a Remember only when its client asks: this way is the like for like.
+                more={"with_ids": lambda: http_scenario(
+                    server.port, reader["token"], path, remember=True, args=args,
+                    request_ids=True)},
                 only=args.ab_ways,
                 shard_stats=lambda: ray.get(shard.stats.remote()),
             )  # fmt: skip
@@ -517,6 +525,13 @@ def print_table(modes: list[dict[str, Any]], args: argparse.Namespace) -> None:
                 f"group commit {gc}: target {label} >= {r['min']:g} x: {r['ratio']:.2f} x "
                 f"({r['from']}) -> {r['verdict']}"
             )
+        writes = m.get("remember_ab") or {}
+        if writes.get("workspace", {}).get("per_s") and writes.get("with_ids", {}).get("per_s"):
+            ratio = writes["workspace"]["per_s"] / writes["with_ids"]["per_s"]
+            print(
+                f"group commit {gc}: workspace write / Remember with a requestId: {ratio:.2f} x "
+                "(alternating rounds; like for like, beside the target)"
+            )
         rounds = m.get("read_ab") or {}
         if "read_whole_stack" in rounds and rounds.get("health", {}).get("per_s"):
             ratio = rounds["read_whole_stack"]["per_s"] / rounds["health"]["per_s"]
@@ -563,7 +578,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=lambda s: set(s.split(",")),
         default=None,
         help="run only these in the alternating rounds (comma-separated: coalesced, "
-        "not_coalesced, events_polled, one_call, two_calls, over_ray, ping, workspace)",
+        "not_coalesced, events_polled, one_call, two_calls, over_ray, with_ids, ping, "
+        "workspace)",
     )
     p.add_argument(
         "--only",

@@ -134,6 +134,12 @@ class _AnyType(frozenset):
 
 
 _ANY: frozenset[type] = _AnyType()
+_COMMIT_SECONDS = STATS.histogram(
+    "openbot_shard_commit_seconds", help="One group commit (a transaction of queued batches)"
+)
+_COMMIT_BATCHES = STATS.histogram(
+    "openbot_shard_commit_batches", buckets=SIZES, help="Batches merged into one group commit"
+)
 PASSED_SHAPES = 1024  # row shapes `check_writes` remembers as passed
 _EXACT: dict[str, frozenset[type]] = {k: frozenset(v) for k, v in _PY_TYPES.items()}
 
@@ -414,17 +420,8 @@ class GroupCommitter:
             started = time.perf_counter()
             try:
                 await self.commit_group([w for w, _, _ in group])
-                STATS.observe(
-                    "openbot_shard_commit_seconds",
-                    time.perf_counter() - started,
-                    help="One group commit (a transaction of queued batches)",
-                )
-                STATS.observe(
-                    "openbot_shard_commit_batches",
-                    len(group),
-                    buckets=SIZES,
-                    help="Batches merged into one group commit",
-                )
+                _COMMIT_SECONDS.observe(time.perf_counter() - started)
+                _COMMIT_BATCHES.observe(len(group))
             except Exception:  # a bad row is a bug, but must not stop the writer
                 if len(group) == 1:
                     self._settle(group, StorageError("the write could not be stored"))

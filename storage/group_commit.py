@@ -483,6 +483,11 @@ class GroupCommitter:
         """Fail the batches whose earlier batch failed (in order, so theirs fail too); the
         rest. A pending earlier batch is in this group: groups settle before the next is
         taken (a pending one from elsewhere is refused rather than stored before it)."""
+        for _, _, after in group:
+            if after is not None:
+                break
+        else:
+            return group  # (the common case: nothing depends on another batch)
         kept = []
         taken = {id(fut) for _, fut, _ in group}
         for entry in group:

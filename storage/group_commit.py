@@ -35,7 +35,6 @@ some is applied (and the table dropped) when opened.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import secrets
 import threading
@@ -49,6 +48,7 @@ import msgspec
 from engine.errors import OpenBotError, StorageError
 from storage.database import Database, ReadScope
 from storage.journal_file import HEADER, ID_BYTES, JournalFile
+from storage.journal_thread import JournalThread, resolve
 from storage.stats import SIZES, STATS
 
 
@@ -134,6 +134,12 @@ class _AnyType(frozenset):
 
 
 _ANY: frozenset[type] = _AnyType()
+_COMMIT_SECONDS = STATS.histogram(
+    "openbot_shard_commit_seconds", help="One group commit (a transaction of queued batches)"
+)
+_COMMIT_BATCHES = STATS.histogram(
+    "openbot_shard_commit_batches", buckets=SIZES, help="Batches merged into one group commit"
+)
 PASSED_SHAPES = 1024  # row shapes `check_writes` remembers as passed
 _EXACT: dict[str, frozenset[type]] = {k: frozenset(v) for k, v in _PY_TYPES.items()}
 
@@ -286,7 +292,7 @@ class GroupCommitter:
         # a hop's step on the same shard waited behind it). Callers are still answered only
         # once their record is synced.
         self.sync_aside = sync_aside
-        self._syncer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._syncer: JournalThread | None = None
         self.checkpoints = 0
         self.checkpoint_failures = 0
         self.reads_without_catch_up = 0  # scoped reads no journal record touched
@@ -304,7 +310,12 @@ class GroupCommitter:
         db.pending_in = self._pending_in
         # (writes, future, the earlier batch's future it depends on or None)
         self._queue: list[tuple[Sequence[Write], asyncio.Future[None], asyncio.Future | None]] = []
-        self._wakeup: asyncio.Event | None = None
+        # What the idle flush loop awaits: True when `checkpoint_idle` passed without writes,
+        # False when a batch came. A bare future and one timer per idle stretch, not a task and
+        # a timer per commit: the idle wait is on every commit's path.
+        self._wake: asyncio.Future[bool] | None = None
+        self._idle_due: float | None = None  # loop time of the idle checkpoint, if one is due
+        self._idle_timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self._last: asyncio.Future[None] | None = None
         # Set by `close`: later writes are refused (their journal is closing), never queued
@@ -332,14 +343,54 @@ class GroupCommitter:
         self._queue.append((writes, fut, after))
         self._last = fut
         if self._task is None or self._task.done():
-            self._wakeup = asyncio.Event()
             self._task = loop.create_task(self._flush_loop())
-        assert self._wakeup is not None
-        self._wakeup.set()
+        else:
+            self._kick(loop)
         return fut
 
+    def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wake the idle flush loop a turn from now, not at once: writes whose calls arrive
+        in the meantime (an actor hands each call to the loop on its own) join its commit."""
+        wake = self._wake
+        if wake is not None and not wake.done():
+            self._wake = None
+            loop.call_soon(resolve, wake, False)
+
+    def _idle_check(self) -> None:
+        """The idle timer: wake the waiting flush loop for its idle checkpoint, or wait on if
+        a write came since the timer was set (one timer per idle stretch)."""
+        self._idle_timer = None
+        wake = self._wake
+        if wake is None or wake.done():
+            return  # busy: the next idle wait sets the timer again
+        due = self._idle_due
+        if due is None:
+            return  # nothing journaled when it went idle: it waits for a batch only
+        loop = asyncio.get_running_loop()
+        if loop.time() >= due:
+            self._wake = None
+            wake.set_result(True)
+        else:
+            self._idle_timer = loop.call_at(due, self._idle_check)
+
+    async def _idle(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Wait for a batch (False), or until `checkpoint_idle` passed without one (True; only
+        while some journal record is not applied, else no timer)."""
+        wake = self._wake = loop.create_future()
+        self._idle_due = None
+        if self._journaled:
+            due = self._idle_due = loop.time() + self.checkpoint_idle
+            timer = self._idle_timer
+            if timer is not None and timer.when() > due:  # (`checkpoint_idle` was shortened)
+                timer.cancel()
+                timer = self._idle_timer = None
+            if timer is None:
+                self._idle_timer = loop.call_at(due, self._idle_check)
+        return await wake
+
     async def _flush_loop(self) -> None:
-        assert self._wakeup is not None
+        loop = asyncio.get_running_loop()
+        woken = False
         while True:
             if self._checkpoint_due(BACKGROUND_SLACK if self.background else 1):
                 # The loop appends nothing meanwhile, so this checkpoint empties the file.
@@ -349,22 +400,18 @@ class GroupCommitter:
                 # meanwhile (the idle one, or the one above past the slack).
                 self._checkpoint_beside("after a commit")
             if not self._queue:
-                self._wakeup.clear()
-                if self._journaled:
-                    try:
-                        await asyncio.wait_for(self._wakeup.wait(), self.checkpoint_idle)
-                    except TimeoutError:
-                        if self.background:
-                            self._checkpoint_beside("when idle")
-                        else:
-                            await self._checkpoint_quietly("when idle")
-                        continue
-                else:
-                    await self._wakeup.wait()
-            if self.enabled and len(self._queue) < self.max_batches:
+                if await self._idle(loop):
+                    if self.background:
+                        self._checkpoint_beside("when idle")
+                    else:
+                        await self._checkpoint_quietly("when idle")
+                    continue
+                woken = True  # (a turn after the batch came: `_kick`)
+            if not woken and self.enabled and len(self._queue) < self.max_batches:
                 # One more turn of the event loop: writes whose calls arrived meanwhile (an actor
                 # hands each call to the loop on its own) join this commit instead of the next.
                 await asyncio.sleep(0)
+            woken = False
             group = self._queue[: self.max_batches]
             del self._queue[: len(group)]
             group = self._orphans_failed(group)
@@ -373,17 +420,8 @@ class GroupCommitter:
             started = time.perf_counter()
             try:
                 await self.commit_group([w for w, _, _ in group])
-                STATS.observe(
-                    "openbot_shard_commit_seconds",
-                    time.perf_counter() - started,
-                    help="One group commit (a transaction of queued batches)",
-                )
-                STATS.observe(
-                    "openbot_shard_commit_batches",
-                    len(group),
-                    buckets=SIZES,
-                    help="Batches merged into one group commit",
-                )
+                _COMMIT_SECONDS.observe(time.perf_counter() - started)
+                _COMMIT_BATCHES.observe(len(group))
             except Exception:  # a bad row is a bug, but must not stop the writer
                 if len(group) == 1:
                     self._settle(group, StorageError("the write could not be stored"))
@@ -406,13 +444,9 @@ class GroupCommitter:
         without a journal. The one place every commit passes (tests hold or fail it here)."""
         if self.journal and self.sync_aside and self._file is not None:
             if self._syncer is None:
-                self._syncer = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="journal"
-                )
+                self._syncer = JournalThread()
             # (the flush loop waits for it: one append at a time, in order)
-            await asyncio.get_running_loop().run_in_executor(
-                self._syncer, self.append_record, batches
-            )
+            await self._syncer.run(self.append_record, batches)
         elif self.journal:
             # On this thread: an append + fdatasync (~0.07 ms of CPU) costs less than the two
             # thread hand-offs of running it on the database thread.
@@ -449,6 +483,11 @@ class GroupCommitter:
         """Fail the batches whose earlier batch failed (in order, so theirs fail too); the
         rest. A pending earlier batch is in this group: groups settle before the next is
         taken (a pending one from elsewhere is refused rather than stored before it)."""
+        for _, _, after in group:
+            if after is not None:
+                break
+        else:
+            return group  # (the common case: nothing depends on another batch)
         kept = []
         taken = {id(fut) for _, fut, _ in group}
         for entry in group:
@@ -729,15 +768,19 @@ class GroupCommitter:
         # that came in while an earlier one committed was left waiting forever, or once the
         # loop had stopped acknowledged with no journal file to hold it); later ones fail.
         self._closing = True
+        loop = asyncio.get_running_loop()
         while self._queue or (self._last is not None and not self._last.done()):
             if self._task is None or self._task.done():  # (a loop that died restarts)
-                self._task = asyncio.get_running_loop().create_task(self._flush_loop())
-            if self._wakeup is not None:
-                self._wakeup.set()
+                self._task = loop.create_task(self._flush_loop())
+            else:
+                self._kick(loop)
             await self.drain()
         if self._task is not None and not self._task.done():
             self._task.cancel()
             await asyncio.wait([self._task])
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         if self._checkpointing is not None and not self._checkpointing.done():
             await asyncio.wait([self._checkpointing])
         if self._journaled:  # a stopped data directory needs no journal to be read
@@ -745,7 +788,7 @@ class GroupCommitter:
             await self.db.run_write(lambda con: self._try_checkpoint(con, "at close"))
         await self.db.run_write(lambda con: self.release())
         if self._syncer is not None:
-            self._syncer.shutdown(wait=True)
+            self._syncer.stop()
             self._syncer = None
 
     def release(self) -> None:

@@ -40,15 +40,25 @@ class Stats:
         help: str = "",
         **labels: str,
     ) -> None:
-        key = (name, tuple(sorted(labels.items())))
-        h = self.histograms.get(key)
-        if h is None:
-            h = self.histograms[key] = [buckets, [0] * (len(buckets) + 1), 0.0, 0]
+        h = self._series((name, tuple(sorted(labels.items()))), buckets, help)
         h[1][bisect.bisect_left(h[0], value)] += 1
         h[2] += value
         h[3] += 1
+
+    def histogram(
+        self, name: str, /, buckets: tuple[float, ...] = SECONDS, help: str = "", **labels: str
+    ) -> Histogram:
+        """One histogram series to observe often (a commit's, a lock's): its key is made once,
+        not on every `observe`. It appears in `snapshot` once something was observed."""
+        return Histogram(self, (name, tuple(sorted(labels.items()))), buckets, help)
+
+    def _series(self, key: tuple[str, Labels], buckets: tuple[float, ...], help: str) -> list:
+        h = self.histograms.get(key)
+        if h is None:
+            h = self.histograms[key] = [buckets, [0] * (len(buckets) + 1), 0.0, 0]
         if help:
-            self.help.setdefault(name, help)
+            self.help.setdefault(key[0], help)
+        return h
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -59,6 +69,26 @@ class Stats:
             ],
             "help": dict(self.help),
         }
+
+
+class Histogram:
+    """A series of `Stats.histogram`."""
+
+    __slots__ = ("_buckets", "_help", "_key", "_series", "_stats")
+
+    def __init__(
+        self, stats: Stats, key: tuple[str, Labels], buckets: tuple[float, ...], help: str
+    ) -> None:
+        self._stats, self._key, self._buckets, self._help = stats, key, buckets, help
+        self._series: list | None = None
+
+    def observe(self, value: float) -> None:
+        h = self._series
+        if h is None:
+            h = self._series = self._stats._series(self._key, self._buckets, self._help)
+        h[1][bisect.bisect_left(h[0], value)] += 1
+        h[2] += value
+        h[3] += 1
 
 
 STATS = Stats()

@@ -403,7 +403,9 @@ class ShardKernel:
         whose own rows committed is acknowledged."""
         if fut is not None:
             try:
-                await asyncio.shield(fut)
+                # (shielded: a caller that goes away leaves its commit alone; one settled
+                # already needs no waiting, nor a future and callbacks to wait with)
+                await (fut if fut.done() else asyncio.shield(fut))
             except BaseException:
                 if isinstance(state, Pool):
                     self.poison(state)

@@ -21,6 +21,8 @@ from storage.stats import STATS
 
 WAIT = "openbot_pool_lock_wait_seconds"
 WAIT_HELP = "Time a pool lock (ACL-9) was waited for, by mode"
+_SHARED_WAIT = STATS.histogram(WAIT, help=WAIT_HELP, mode="shared")
+_EXCLUSIVE_WAIT = STATS.histogram(WAIT, help=WAIT_HELP, mode="exclusive")
 
 
 class PoolMutex(asyncio.Lock):
@@ -76,7 +78,7 @@ class RWLock:
                     )
             finally:
                 self._waiting -= 1
-        STATS.observe(WAIT, time.perf_counter() - started, help=WAIT_HELP, mode="shared")
+        _SHARED_WAIT.observe(time.perf_counter() - started)
         self._readers += 1
         if GUARD:
             lock_taken()
@@ -111,7 +113,7 @@ class RWLock:
                     task.add_done_callback(self._wakers.discard)
         else:
             self._writer = True
-        STATS.observe(WAIT, time.perf_counter() - started, help=WAIT_HELP, mode="exclusive")
+        _EXCLUSIVE_WAIT.observe(time.perf_counter() - started)
         if GUARD:
             lock_taken()
         try:

@@ -5,6 +5,7 @@ and the project → owner index come back; content is sealed at rest."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import msgspec
@@ -15,7 +16,15 @@ from actors.shard.service import ShardService
 from engine.errors import Conflict
 from engine.memory_entries import Scope
 from engine.projects import ProjectChange, ProjectCreate
-from engine.scoped_memory import WorkspaceForget, WorkspaceMemoryChange, WorkspaceMemoryCreate
+from engine.scoped_memory import (
+    Revision,
+    WorkspaceForget,
+    WorkspaceMemoryChange,
+    WorkspaceMemoryCreate,
+)
+from storage.crypto import Cipher, aad
+from storage.receipts import Receipts, receipt_key
+from storage.workspace_store import WorkspaceStore
 from tests.shard_kit import Shards
 
 SECRET = "quokka-marker-5531"
@@ -275,3 +284,36 @@ def test_decoded_records_and_hits_are_not_tracked_by_the_cycle_collector():
     assert decoded == entry
     assert not gc.is_tracked(decoded) and not gc.is_tracked(entry)
     assert not gc.is_tracked(Hit(id="m1", score=1.0, kinds=("keyword",)))
+
+
+def test_receipt_and_revision_rows_keep_the_stored_format():
+    """Rows written now open as rows written by earlier versions did, and the other way round:
+    a receipt's columns are its key's parts and its answer opens under `aad(scope, "receipt"
+    + key)`; a revision's body is the JSON pair (before, after) under its own associated data."""
+    cipher = Cipher(os.urandom(32))
+    key = receipt_key("ws", "u_ann", "r-1\x00user:u_ann")
+    answer = b'{"id":"mem_1","content":"Tea at 5."}'
+    table, row = Receipts.row(key, "f" * 64, answer, cipher, "user:u_ann", 7)
+    assert (table, row[:4], row[5]) == ("receipts", (key, "ws", "r-1\x00user:u_ann", "f" * 64), 7)
+    assert cipher.open(row[4], aad("user:u_ann", "receipt\x00" + key)) == answer
+
+    for before, after in ((None, "Tea at 5."), ("Tea at 5.", "Tea at 6."), ("Tea at 6.", None)):
+        rev = Revision(entry="mem_1", revision=3, operator="u_ann", at=9, change="edited",
+                       before=before, after=after)  # fmt: skip
+        table, row = WorkspaceStore.revision_row("user:u_ann", rev, cipher)
+        assert table == "ws_revisions"
+        assert row[:7] == (
+            "user:u_ann\x00mem_1\x003",
+            "user:u_ann",
+            "mem_1",
+            3,
+            9,
+            "u_ann",
+            "edited",
+        )
+        opened = cipher.open(row[7], aad("user:u_ann", "ws-rev\x00mem_1\x003"))
+        assert opened == msgspec.json.encode([before, after])
+        assert WorkspaceStore.open_revision(cipher, "user:u_ann", "mem_1", 3, row[7]) == (
+            before,
+            after,
+        )

@@ -88,12 +88,15 @@ def split_label(text: str) -> tuple[str, str]:
     if m is None:
         return "", text
     head = m.group(1)
-    aside = _BRACKETED.findall(head)
-    label = _BRACKETED.sub(" ", head).strip()
+    if "(" in head or "[" in head:
+        aside = _BRACKETED.findall(head)
+        label = _BRACKETED.sub(" ", head).strip()
+    else:  # (nothing bracketed: no pattern to run)
+        aside, label = [], head.strip()
     words = label.split()
     if not words or len(words) > LABEL_WORDS_MAX or not _NAME.match(label) or label[0].islower():
         return "", text
-    return " ".join(words), " ".join([*aside, text[m.end() :]])
+    return " ".join(words), " ".join([*aside, text[m.end() :]]) if aside else text[m.end() :]
 
 
 def fold(text: str) -> str:

@@ -104,7 +104,11 @@ class Analyzer:
             memo, miss = self._memo, self._hash
             out = [memo[t] if t in memo else miss(t) for t in text_terms(rest)]
         if label:
-            out += self.label_keys(text_terms(label))
+            out += (
+                self._label_word_keys(label)
+                if label.isascii()
+                else self.label_keys(text_terms(label))
+            )
         out.sort()  # a note has tens of terms: a list sorts them faster than numpy
         return out
 
@@ -121,6 +125,25 @@ class Analyzer:
         except KeyError:  # a word not seen yet (in this pool, since the memo was last cleared)
             keys = [known[w] if w in known else self._word_key(w) for w in words]
         return list(filter(_has_term, keys))
+
+    def _label_word_keys(self, label: str) -> list[int]:
+        """The label keys of an ASCII label's terms, in their order (memoised with the words,
+        each under a byte no word has first)."""
+        known, out = self._words, []
+        for w in label.encode().translate(ASCII_WORDS).split():
+            marked = b"\x01" + w
+            key = known[marked] if marked in known else self._label_word_key(w, marked)
+            if key is not None:
+                out.append(key)
+        return out
+
+    def _label_word_key(self, word: bytes, marked: bytes) -> int | None:
+        term = text_terms.term(word.decode())
+        key = None if term is None else self.label_keys([term])[0]
+        if len(self._words) >= self._memo_max:
+            self._words.clear()
+        self._words[marked] = key
+        return key
 
     def _word_key(self, word: bytes) -> int | None:
         term = text_terms.term(word.decode())

@@ -44,9 +44,13 @@ def test_keys_stay_right_and_the_memo_bounded_when_it_is_cleared():
     text is being keyed, and every key is still the term's."""
     small, slow = Analyzer(KEY, memo_max=4), Analyzer(KEY)
     for i in range(300):
-        text = f"Deploy: deploying note {i} with words w{i % 7} v{i % 11} and stemmed deploys"
+        text = f"Speaker{i}: deploying note {i} with words w{i % 7} v{i % 11}, stemmed deploys"
         assert small.key_list(text) == reference(slow, text)
-        assert small.memoised() <= 2 * 4
+        assert small.memoised() <= 2 * (4 + 1)  # (a label key goes in after its word)
+    for i in range(100):  # new labels, the same words
+        text = f"Speaker{i}: deploying"
+        assert small.key_list(text) == reference(slow, text)
+        assert small.memoised() <= 2 * (4 + 1)
     assert tt.split_label("Deploy: x") == ("Deploy", "x")
 
 

@@ -63,7 +63,7 @@ _ASCII_WORD = re.compile(r"[a-z0-9]+")  # `_WORD` on casefolded ASCII text
 # ASCII character becomes a space.
 _ASCII_SPACES = str.maketrans({c: " " for c in range(128) if not _ASCII_WORD.fullmatch(chr(c))})
 # `bytes.translate` table for ASCII text: its capitals made small (all that NFKC and case
-# folding do to ASCII) and every character `_ASCII_SPACES` turns into a space a space, so that
+# folding do to ASCII), and a space for every character `_ASCII_SPACES` makes one, so that
 # `text.encode().translate(ASCII_WORDS).split()` is its folded words, as bytes.
 ASCII_WORDS = bytes(
     c + 32 if 65 <= c <= 90 else c if _ASCII_WORD.fullmatch(chr(c)) else 32 for c in range(256)

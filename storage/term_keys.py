@@ -228,9 +228,14 @@ def pack_keys(keys: np.ndarray | list[int] | Counted) -> bytes:
     """Keys as stored: sorted, repeats kept, 8 bytes each (little-endian)."""
     if type(keys) is Counted:
         return np.array(keys.keys, dtype="<i8").repeat(keys.tfs).tobytes()
-    if type(keys) is list:  # (a write's few tens: `struct` packs them faster than numpy)
+    if type(keys) is list and len(keys) <= _STRUCT_MAX:
         return pack(f"<{len(keys)}q", *keys)
     return np.asarray(keys, dtype="<i8").tobytes()
+
+
+# A write's few tens of keys are packed by `struct`, in a fraction of numpy's time for so few;
+# longer lists by numpy (no argument per key).
+_STRUCT_MAX = 512
 
 
 def unpack_keys(raw: bytes) -> np.ndarray:
@@ -248,7 +253,9 @@ def pack_row(keys: np.ndarray | list[int] | Counted) -> tuple[bytes, bytes | Non
     large, as every repeat and no counts."""
     if type(keys) is Counted and keys.tfs and max(keys.tfs) <= TF_MAX:
         n = len(keys.keys)
-        return pack(f"<{n}q", *keys.keys), pack(f"<{n}H", *keys.tfs)
+        if n <= _STRUCT_MAX:
+            return pack(f"<{n}q", *keys.keys), pack(f"<{n}H", *keys.tfs)
+        return np.array(keys.keys, dtype="<i8").tobytes(), np.array(keys.tfs, dtype="<u2").tobytes()
     return pack_keys(keys), None
 
 

@@ -55,7 +55,13 @@ def test_keys_stay_right_and_the_memo_bounded_when_it_is_cleared():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40), st.integers(1, 300))
+@given(
+    st.one_of(
+        st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40),
+        st.lists(st.integers(-(2**63), 2**63 - 1), min_size=500, max_size=600),
+    ),
+    st.integers(1, 300),
+)
 def test_rows_pack_keys_as_little_endian_int64_and_counts_as_uint16(keys, tf):
     keys.sort()
     assert pack_keys(keys) == np.asarray(keys, dtype="<i8").tobytes()

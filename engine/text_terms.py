@@ -62,6 +62,12 @@ _ASCII_WORD = re.compile(r"[a-z0-9]+")  # `_WORD` on casefolded ASCII text
 # `_ASCII_WORD.findall` as a translation and a split (both in C, no regex engine): every other
 # ASCII character becomes a space.
 _ASCII_SPACES = str.maketrans({c: " " for c in range(128) if not _ASCII_WORD.fullmatch(chr(c))})
+# `bytes.translate` table for ASCII text: its capitals made small (all that NFKC and case
+# folding do to ASCII), and a space for every character `_ASCII_SPACES` makes one, so that
+# `text.encode().translate(ASCII_WORDS).split()` is its folded words, as bytes.
+ASCII_WORDS = bytes(
+    c + 32 if 65 <= c <= 90 else c if _ASCII_WORD.fullmatch(chr(c)) else 32 for c in range(256)
+)
 _CACHE_MAX = 500_000
 # A label: up to 60 characters without a line break or colon, then a colon and a space.
 _LABEL = re.compile(r"\A\s*([^\n:\uff1a]{1,60}?)\s*[:\uff1a]\s")  # (full-width colon too)
@@ -82,12 +88,15 @@ def split_label(text: str) -> tuple[str, str]:
     if m is None:
         return "", text
     head = m.group(1)
-    aside = _BRACKETED.findall(head)
-    label = _BRACKETED.sub(" ", head).strip()
+    if "(" in head or "[" in head:
+        aside = _BRACKETED.findall(head)
+        label = _BRACKETED.sub(" ", head).strip()
+    else:  # (nothing bracketed: no pattern to run)
+        aside, label = [], head.strip()
     words = label.split()
     if not words or len(words) > LABEL_WORDS_MAX or not _NAME.match(label) or label[0].islower():
         return "", text
-    return " ".join(words), " ".join([*aside, text[m.end() :]])
+    return " ".join(words), " ".join([*aside, text[m.end() :]]) if aside else text[m.end() :]
 
 
 def fold(text: str) -> str:
@@ -114,6 +123,11 @@ class TermMaker:
             self._memo.clear()
         self._memo[word] = term
         return term
+
+    def term(self, word: str) -> str | None:
+        """`word` through the memo: what one folded word becomes."""
+        memo = self._memo
+        return memo[word] if word in memo else self.word(word)
 
     def __call__(self, text: str) -> list[str]:
         """The terms of `text` in order, repeats kept (they count in a ranking)."""

@@ -11,12 +11,14 @@ import hashlib
 from bisect import bisect_left
 from collections import _count_elements  # type: ignore[attr-defined]  # Counter's C helper
 from collections.abc import Sequence
-from operator import add
+from functools import partial
+from operator import add, is_not
+from struct import pack
 
 import numpy as np
 import Stemmer
 
-from engine.text_terms import TermMaker
+from engine.text_terms import ASCII_WORDS, TermMaker, split_label
 
 _stemmer = Stemmer.Stemmer("english")
 _MEMO_MAX = 500_000
@@ -41,6 +43,7 @@ def stem(words: Sequence[str]) -> list[str]:
 
 
 text_terms = TermMaker(stem)  # one memo of word -> term for every pool of the process
+_has_term = partial(is_not, None)
 
 
 class Analyzer:
@@ -53,6 +56,9 @@ class Analyzer:
         self._key = key[:64]
         self._memo: dict[str, int] = {}
         self._memo_max = memo_max
+        # Folded ASCII word -> its term's key (None: a word with no term). A write's words are
+        # split and looked up as bytes, in C (`key_list`), without a term list in between.
+        self._words: dict[bytes, int | None] = {}
 
     def _hash(self, term: str) -> int:
         h = int.from_bytes(
@@ -91,13 +97,62 @@ class Analyzer:
     def key_list(self, text: str) -> list[int]:
         """`keys` as a list (a write's few tens of keys: cheaper to merge and count): its
         label's as label keys, the rest's as words."""
-        memo, miss = self._memo, self._hash
-        label, rest = text_terms.labelled(text)
-        out = [memo[t] if t in memo else miss(t) for t in rest]
+        label, rest = split_label(text)
+        if rest.isascii():  # (most notes)
+            out = self._word_keys(rest.encode().translate(ASCII_WORDS).split())
+        else:
+            memo, miss = self._memo, self._hash
+            out = [memo[t] if t in memo else miss(t) for t in text_terms(rest)]
         if label:
-            out += self.label_keys(label)
+            out += (
+                self._label_word_keys(label)
+                if label.isascii()
+                else self.label_keys(text_terms(label))
+            )
         out.sort()  # a note has tens of terms: a list sorts them faster than numpy
         return out
+
+    def memoised(self) -> int:
+        """How many words and terms this analyzer holds the keys of (each memo is bounded by
+        `memo_max`)."""
+        return len(self._memo) + len(self._words)
+
+    def _word_keys(self, words: list[bytes]) -> list[int]:
+        """The keys of the terms of folded ASCII words, in their order."""
+        known = self._words
+        try:
+            keys = list(map(known.__getitem__, words))
+        except KeyError:  # a word not seen yet (in this pool, since the memo was last cleared)
+            keys = [known[w] if w in known else self._word_key(w) for w in words]
+        return list(filter(_has_term, keys))
+
+    def _label_word_keys(self, label: str) -> list[int]:
+        """The label keys of an ASCII label's terms, in their order (memoised with the words,
+        each under a byte no word has first)."""
+        known, out = self._words, []
+        for w in label.encode().translate(ASCII_WORDS).split():
+            marked = b"\x01" + w
+            key = known[marked] if marked in known else self._label_word_key(w, marked)
+            if key is not None:
+                out.append(key)
+        return out
+
+    def _label_word_key(self, word: bytes, marked: bytes) -> int | None:
+        term = text_terms.term(word.decode())
+        key = None if term is None else self.label_keys([term])[0]
+        if len(self._words) >= self._memo_max:
+            self._words.clear()
+        self._words[marked] = key
+        return key
+
+    def _word_key(self, word: bytes) -> int | None:
+        term = text_terms.term(word.decode())
+        memo = self._memo
+        key = None if term is None else memo[term] if term in memo else self._hash(term)
+        if len(self._words) >= self._memo_max:
+            self._words.clear()
+        self._words[word] = key
+        return key
 
     def query(self, query: str) -> list[int]:
         """The query's keys: each term as a word, then each as a label `LABEL_QUERY_WEIGHT`
@@ -173,7 +228,14 @@ def pack_keys(keys: np.ndarray | list[int] | Counted) -> bytes:
     """Keys as stored: sorted, repeats kept, 8 bytes each (little-endian)."""
     if type(keys) is Counted:
         return np.array(keys.keys, dtype="<i8").repeat(keys.tfs).tobytes()
+    if type(keys) is list and len(keys) <= _STRUCT_MAX:
+        return pack(f"<{len(keys)}q", *keys)
     return np.asarray(keys, dtype="<i8").tobytes()
+
+
+# A write's few tens of keys are packed by `struct`, in a fraction of numpy's time for so few;
+# longer lists by numpy (no argument per key).
+_STRUCT_MAX = 512
 
 
 def unpack_keys(raw: bytes) -> np.ndarray:
@@ -190,6 +252,9 @@ def pack_row(keys: np.ndarray | list[int] | Counted) -> tuple[bytes, bytes | Non
     each DuckDB checkpoint that rewrites its table's last row group); others, or a count too
     large, as every repeat and no counts."""
     if type(keys) is Counted and keys.tfs and max(keys.tfs) <= TF_MAX:
+        n = len(keys.keys)
+        if n <= _STRUCT_MAX:
+            return pack(f"<{n}q", *keys.keys), pack(f"<{n}H", *keys.tfs)
         return np.array(keys.keys, dtype="<i8").tobytes(), np.array(keys.tfs, dtype="<u2").tobytes()
     return pack_keys(keys), None
 

@@ -40,10 +40,7 @@ class Stats:
         help: str = "",
         **labels: str,
     ) -> None:
-        h = self._series((name, tuple(sorted(labels.items()))), buckets, help)
-        h[1][bisect.bisect_left(h[0], value)] += 1
-        h[2] += value
-        h[3] += 1
+        _add(self._series((name, tuple(sorted(labels.items()))), buckets, help), value)
 
     def histogram(
         self, name: str, /, buckets: tuple[float, ...] = SECONDS, help: str = "", **labels: str
@@ -86,9 +83,14 @@ class Histogram:
         h = self._series
         if h is None:
             h = self._series = self._stats._series(self._key, self._buckets, self._help)
-        h[1][bisect.bisect_left(h[0], value)] += 1
-        h[2] += value
-        h[3] += 1
+        _add(h, value)
+
+
+def _add(h: list, value: float) -> None:
+    """Count `value` into a series: [buckets, counts per bucket, sum, count]."""
+    h[1][bisect.bisect_left(h[0], value)] += 1
+    h[2] += value
+    h[3] += 1
 
 
 STATS = Stats()

@@ -139,16 +139,17 @@ class Analyzer:
 
     def _label_word_key(self, word: bytes, marked: bytes) -> int | None:
         term = text_terms.term(word.decode())
-        key = None if term is None else self.label_keys([term])[0]
-        if len(self._words) >= self._memo_max:
-            self._words.clear()
-        self._words[marked] = key
-        return key
+        return self._keep(marked, None if term is None else self.label_keys([term])[0])
 
     def _word_key(self, word: bytes) -> int | None:
         term = text_terms.term(word.decode())
         memo = self._memo
-        key = None if term is None else memo[term] if term in memo else self._hash(term)
+        return self._keep(
+            word, None if term is None else memo[term] if term in memo else self._hash(term)
+        )
+
+    def _keep(self, word: bytes, key: int | None) -> int | None:
+        """Memoise a word's key (the memo bounded as the term memo is)."""
         if len(self._words) >= self._memo_max:
             self._words.clear()
         self._words[word] = key

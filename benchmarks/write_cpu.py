@@ -4,7 +4,7 @@ requestId), on a `ShardService` over a DuckDB file in a temp dir.
 
     .venv/bin/python -m benchmarks.write_cpu [--count 2000] [--callers 2 8] [--rounds 3]
                                              [--entries 10000] [--profile ws|remember]
-                                             [--coalesced 8] [--only ws|remember]
+                                             [--coalesced 8] [--only ws|remember|plain]
                                              [--cache-records N]
 
 For each caller count, `--rounds` alternating rounds (Remember, workspace, ...) of `--count`
@@ -20,8 +20,9 @@ settings).
 
 `--coalesced N`: N requests per call, as a gateway's coalesced calls bring them (HTTP: about 4
 with 8 clients). On a machine too busy for CPU times, count instructions instead: run one kind
-(`--only ws --rounds 1`) under `valgrind --tool=callgrind` at two `--count`s and divide the
-difference of the totals by the difference of the counts (deterministic, whatever the load),
+(`--only ws --rounds 1`; `plain` is a Remember without a requestId) under `valgrind
+--tool=callgrind` at two `--count`s and divide the difference of the totals by the difference
+of the counts (deterministic, whatever the load),
 with `OPENBLAS_NUM_THREADS=1`: OpenBLAS's idle worker threads spin for as long as the
 scheduler lets them, a count that changes from run to run.
 """
@@ -142,6 +143,12 @@ async def run(args: argparse.Namespace) -> None:
                         request_id=f"r-{i}",
                     )
                 )
+            if kind == "plain":
+                return packer.encode(
+                    RememberCall(
+                        pool=POOL, reader=READER, content=TEXT.format(i), topics=("bench",)
+                    )
+                )
             body = WorkspaceMemoryCreate(
                 requestId=f"w-{i}", scope="bot", bot=BOT, content=TEXT.format(i), tier="note"
             )
@@ -156,11 +163,16 @@ async def run(args: argparse.Namespace) -> None:
 
             return write
 
-        kinds = {"remember": remember, "ws": ws}
+        async def plain(n: int) -> None:
+            i = next(serial)
+            await svc.remember(POOL, READER, TEXT.format(i), ("bench",))
+
+        kinds = {"remember": remember, "plain": plain, "ws": ws}
         per = max(1, args.coalesced)
         if args.coalesced:
             kinds = {
                 "remember": many("remember", svc.remember_many),
+                "plain": many("plain", svc.remember_many),
                 "ws": many("ws", svc.workspace_create_memory_many),
             }
         if args.only:
@@ -203,9 +215,11 @@ def main() -> None:
     p.add_argument("--callers", type=int, nargs="+", default=[2, 8])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--entries", type=int, default=10_000)
-    p.add_argument("--profile", choices=["remember", "ws"], default=None)
+    p.add_argument("--profile", choices=["remember", "plain", "ws"], default=None)
     p.add_argument("--top", type=int, default=40)
-    p.add_argument("--only", choices=["remember", "ws"], default=None, help="one kind only")
+    p.add_argument(
+        "--only", choices=["remember", "plain", "ws"], default=None, help="one kind only"
+    )
     p.add_argument(
         "--coalesced", type=int, default=0, help="requests per coalesced call (0: one by one)"
     )

@@ -144,6 +144,9 @@ class Hub:
         # and whether it is in step cannot change within a stretch.
         heard: set[Listener] = set()
         later: dict[Outlet, list[tuple[str, bytes]]] = {}
+        # The hub's position, shard `k`'s entry set per event: the other shards' heads move
+        # only while this pump waits (its pause below), so the list is made once per stretch.
+        positions = self._positions()
         for event in events:
             if isinstance(event.data, MemoryChanged):
                 self.pool_changed[event.data.pool] = event.seq
@@ -156,7 +159,8 @@ class Hub:
                     budget += 1
                     if sub.in_step:
                         if text is None:
-                            encoded = event_json(event, self._cursor_at(k, event.seq))
+                            positions[k] = Position(positions[k].epoch, event.seq)
+                            encoded = event_json(event, encode_cursor(positions))
                             text, frame = encoded.decode(), utf8_frame(encoded)
                         if again:
                             later.setdefault(sub.outlet, []).append((text, frame))
@@ -172,16 +176,16 @@ class Hub:
                 heads[k] = ShardHead(epoch=head.epoch, oldest=head.oldest, head=event.seq)
                 budget = 0
                 await asyncio.sleep(0)
+                positions = self._positions()
         sent += _write_together(later)
         if sent:
             EVENTS_DELIVERED.inc(sent)
 
-    def _cursor_at(self, k: int, seq: int) -> str:
-        """The hub's position while it dispatches event `seq` of shard `k`: every other shard at
-        what its pump handed out so far (a head moves only once its events are handed out)."""
-        positions = [Position(h.epoch, h.head) for h in self.heads if h is not None]
-        positions[k] = Position(positions[k].epoch, seq)
-        return encode_cursor(positions)
+    def _positions(self) -> list[Position]:
+        """Where each shard's pump stands: what it handed out so far (a head moves only once
+        its events are handed out). The hub's cursor while shard `k`'s pump dispatches event
+        `seq` is this with `k`'s entry at `seq`."""
+        return [Position(h.epoch, h.head) for h in self.heads if h is not None]
 
     def _audience(self, event: Event) -> list[Listener]:
         a = event.audience

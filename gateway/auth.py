@@ -345,7 +345,11 @@ class Auth:
         return principal
 
     async def user(self, conn: HTTPConnection) -> Principal:
-        principal = await self.caller(conn)
+        # The caller `TokenRequired` left in the scope, read here: `caller` would read it
+        # through two more coroutines, on every request of a user's route.
+        principal = conn.scope.get(_PRINCIPAL)
+        if principal is None:
+            principal = await self.caller_of(conn.scope)
         if principal.user is None:
             raise Forbidden("this route acts for a user; use a user token", code="user_only")
         return principal

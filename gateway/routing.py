@@ -20,6 +20,11 @@ only when no route matches in full: such routes are matched only then, in order,
 tries the routes that take its method first (a Remember's POST, listed after two GET routes
 its path may match, is matched once).
 
+The route a request's method and path led to is kept at hand (`CHOSEN` of them, paths up to
+`CHOSEN_PATH` characters): the same method and path lead to the same route whatever else the
+request holds, as long as every route matches by its path and method alone (no `Host` route),
+so the next such request only has that route's `matches` run, for its path parameters.
+
 `Endpoint` is a `Route` whose endpoint is called without Starlette's per-request wrapper (a
 function and a tracker of sent messages, made for each request, that answer the endpoint's
 errors with the app's handlers): the endpoint's errors go up to the app's `RouterErrors`
@@ -55,32 +60,49 @@ def path_key(path: str) -> str:
 
 
 Table = tuple[tuple[str, BaseRoute], ...]
+CHOSEN = 4096  # (method, path) → route pairs kept at hand; emptied when full
+CHOSEN_PATH = 256  # longer paths are not kept (an id is at most 128 characters)
 
 
 class PrefixRouter(Router):
     _table: Table = ()
     _by_key: dict[str, Table] = {}  # (replaced by `_prefixed`, never changed in place)
     _built_for: tuple[int, int] = (0, -1)
+    _chosen: dict[tuple[str, str], BaseRoute] | None = None  # None: nothing is kept
 
     def _prefixed(self, path: str) -> Table:
         """The routes, with their prefixes, that a request for `path` may match, in order."""
-        # Built again if the route list was replaced or grew (routes added after start-up).
         if self._built_for != (id(self.routes), len(self.routes)):
-            table = tuple((literal_prefix(r), r) for r in self.routes)
-            keys = {path_key(prefix) for prefix, _ in table}
-            self._by_key = {
-                k: tuple((p, r) for p, r in table if k.startswith(p) or p.startswith(k))
-                for k in keys
-            }
-            self._table = table
-            self._built_for = (id(self.routes), len(self.routes))
+            self._build()
         return self._by_key.get(path_key(path), self._table)
+
+    def _build(self) -> None:
+        # Built again if the route list was replaced or grew (routes added after start-up).
+        table = tuple((literal_prefix(r), r) for r in self.routes)
+        keys = {path_key(prefix) for prefix, _ in table}
+        self._by_key = {
+            k: tuple((p, r) for p, r in table if k.startswith(p) or p.startswith(k)) for k in keys
+        }
+        self._table = table
+        by_path = (Route, Endpoint, WebSocketRoute, Mount)  # match by path (and method) alone
+        self._chosen = {} if all(type(r) in by_path for _, r in table) else None
+        self._built_for = (id(self.routes), len(self.routes))
 
     def select(self, scope: Scope) -> tuple[BaseRoute, Scope, Match] | None:
         """The route Starlette's scan would hand the request to (a full match, else the first
         partial one), its child scope and the kind of match; None if no route matches."""
         path = get_route_path(scope)
         method = scope.get("method") if scope["type"] == "http" else None
+        chosen = self._chosen
+        if method is not None and chosen is not None:
+            if self._built_for == (id(self.routes), len(self.routes)):
+                route = chosen.get((method, path))
+                if route is not None:
+                    match, child_scope = route.matches(scope)
+                    if match is Match.FULL:  # (always: the same path and method)
+                        return route, child_scope, match
+            else:
+                self._build()
         other: list[BaseRoute] = []  # routes that do not take the method: a 405 at most
         for prefix, route in self._prefixed(path):
             if not path.startswith(prefix):
@@ -91,6 +113,7 @@ class PrefixRouter(Router):
                 continue
             match, child_scope = route.matches(scope)
             if match is Match.FULL:
+                self._keep(method, path, route)
                 return route, child_scope, match
             if match is Match.PARTIAL:
                 other.append(route)  # (not a Route's: one taking the method matches or not)
@@ -99,6 +122,22 @@ class PrefixRouter(Router):
             if match is not Match.NONE:
                 return route, child_scope, match
         return None
+
+    @property
+    def kept(self) -> int | None:
+        """How many (method, path) pairs have their route kept at hand; None where none are
+        kept (beside a `Host` route)."""
+        if self._built_for != (id(self.routes), len(self.routes)):
+            self._build()
+        return None if self._chosen is None else len(self._chosen)
+
+    def _keep(self, method: str | None, path: str, route: BaseRoute) -> None:
+        chosen = self._chosen
+        if method is None or chosen is None or len(path) > CHOSEN_PATH:
+            return
+        if len(chosen) >= CHOSEN:
+            chosen.clear()
+        chosen[(method, path)] = route
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":

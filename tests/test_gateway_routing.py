@@ -132,3 +132,65 @@ def test_it_tries_fewer_routes_for_remember(path: str):
     slow = min(timed(lambda s: _starlette_choice(plain.routes, s)) for _ in range(3))
     assert app.router.select(dict(scope))[0] is _starlette_choice(plain.routes, dict(scope))[0]
     assert fast < slow, (fast, slow)
+
+
+def test_a_kept_choice_is_the_scans_on_every_later_request():
+    """Every request again, now through the routes kept at hand: the same choices, and the
+    same child scopes (each request's own path parameters)."""
+    app = _app()
+    router = app.router
+    routes = list(app.routes)
+    scopes = [_scope("http", p, m) for p in _paths(app) for m in METHODS]
+    scopes += [_scope("http", "/v1/bots/other/memory", "POST")]
+    for _ in range(2):
+        for scope in scopes:
+            want = _starlette_choice(routes, dict(scope))
+            got = router.select(dict(scope))
+            assert (got is None) == (want is None), scope
+            if want is not None:
+                assert got[0] is want[0] and got[1] == want[1] and got[2] is want[2], scope
+    assert router.kept  # (the second pass went through them)
+    given = dict(_scope("http", "/v1/bots/b9/memory", "POST"), path_params={"outer": "1"})
+    assert router.select(given)[1]["path_params"] == {"outer": "1", "bot": "b9"}
+
+
+async def _one(request):
+    return None
+
+
+async def _two(request):
+    return None
+
+
+def test_kept_choices_go_with_the_routes_they_were_made_for():
+    first, second = Route("/a/{x}", _one), Route("/a/{x}", _two)
+    router = PrefixRouter([first])
+    scope = _scope("http", "/a/1")
+    assert router.select(dict(scope))[0] is first
+    assert router.select(dict(scope))[0] is first
+    router.routes = [second, first]  # replaced
+    assert router.select(dict(scope))[0] is second
+    router.routes.insert(0, Route("/a/{x}", _one, methods=["POST"]))  # grew
+    assert router.select(dict(scope))[0] is second
+    assert router.select(dict(_scope("http", "/a/1", "POST")))[0] is router.routes[0]
+
+
+def test_nothing_is_kept_beside_a_host_route_or_for_a_long_path():
+    from starlette.routing import Host
+
+    router = PrefixRouter([Host("example.com", Router([Route("/a", _one)])), Route("/a", _two)])
+    assert router.select(dict(_scope("http", "/a")))[0] is router.routes[1]
+    assert router.kept is None  # a Host route matches by a header: choices depend on it
+    plain = PrefixRouter([Route("/a/{x}", _one)])
+    assert plain.select(dict(_scope("http", "/a/" + "x" * 300))) is not None
+    assert plain.kept == 0
+    assert plain.select(dict(_scope("http", "/a/b"))) is not None
+    assert plain.kept == 1
+
+
+def test_the_kept_choices_start_again_when_full(monkeypatch):
+    monkeypatch.setattr("gateway.routing.CHOSEN", 2)
+    router = PrefixRouter([Route("/a/{x}", _one)])
+    for n, kept in ((1, 1), (2, 2), (3, 1)):
+        assert router.select(dict(_scope("http", f"/a/{n}")))[1]["path_params"] == {"x": str(n)}
+        assert router.kept == kept

@@ -155,8 +155,9 @@ class Hub:
             for listener in self._audience(event):
                 again = listener in heard
                 heard.add(listener)
-                for sub in self._members[listener]:
-                    budget += 1
+                members = self._members[listener]
+                budget += len(members)
+                for sub in members:
                     if sub.in_step:
                         if text is None:
                             positions[k] = Position(positions[k].epoch, event.seq)

@@ -5,7 +5,8 @@ router), one request after another.
 
     .venv/bin/python -m benchmarks.gateway_cpu [--requests 5000] [--rounds 3] [--profile]
         [--read | --write [--connections 8] | --fake-write [--only NAME]
-         | --events [--users 50] [--clients-per-user 20] [--batch 16]]
+         | --events [--users 50] [--clients-per-user 20] [--batch 16]
+         | --published [--connections 8] [--users 50] [--clients-per-user 20]]
 
 Prints the CPU microseconds per request of each round. On a busy machine count instructions
 instead: run it under `valgrind --tool=callgrind` with `--rounds 1` at two `--requests` and
@@ -37,6 +38,17 @@ pump by a shard in this process, in batches of `--batch` (as write replies bring
 the audience, the frame's encoding, and the writes of its deliveries (the writes themselves
 counted as a bare `transport.write` would be: a call that keeps the length). Countable under
 callgrind as the requests are.
+
+`--published`: the gateway's whole work per published event, without Ray or sockets: POST
+Remember over `--connections` connections at once, each by one of `--users` users in turn,
+through the shard proxy's own coalescer and event follower (actors/runtime/shard_proxy.py) to a
+stand-in actor in this process that answers each coalesced call after two turns of the loop
+(so that requests queue for the next call, as while one is in flight), its reply bringing one
+`memory.changed` per Remember for its writer, as the shard's followed reply does; the hub's pump
+takes them from the follower and writes each to the writer's `--clients-per-user` subscribers
+(sockets as in `--events`). Per request: the POST, its share of the coalesced call and of the
+follower's merge, and its event's fan-out (the stand-in's own packing, a few msgspec calls per
+call, is counted too). Countable under callgrind as the requests are.
 """
 
 from __future__ import annotations
@@ -371,6 +383,174 @@ class _Socket:
         return True
 
 
+class _CountingSocket(_Socket):
+    """A `_Socket` that also counts the event frames it takes (a write may carry several)."""
+
+    __slots__ = ("frames",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames = 0
+
+    def write(self, frame: bytes) -> bool:
+        self.written += len(frame)
+        self.frames += frame.count(b'"type":"memory.changed"')
+        return True
+
+
+def _publishing_shard() -> Any:
+    """`_PublishingShard` (made here: the shard proxy is imported only for `--published`)."""
+    import msgspec
+
+    from actors.contracts import COALESCED, FOLLOWING_CALL, EventBatch, Followed, RememberCall
+    from actors.runtime.shard_proxy import RayShard
+    from engine.events import Audience, Event, MemoryChanged, ShardHead
+
+    packer = msgspec.msgpack.Encoder()
+    calls = msgspec.msgpack.Decoder(RememberCall)
+
+    class _PublishingShard(RayShard):
+        """The shard proxy over a stand-in actor: each coalesced Remember call is answered after
+        two turns of the loop with its entries and, as a followed reply does, the events
+        published after the caller's `seen` (one `memory.changed` per Remember, heard by its
+        writer). Polls wait (every event comes with a reply)."""
+
+        def __init__(self) -> None:
+            super().__init__("bench", "bench", handle=object())
+            self.log: list[Any] = []
+            self.sizes: list[int] = []
+
+        async def event_head(self) -> Any:
+            return ShardHead(epoch="e0", oldest=1, head=len(self.log))
+
+        async def _packed(self, method: str, call: bytes) -> bytes:
+            if method != "remember_many_followed":
+                raise AssertionError(f"{method}: every write follows the shard's events here")
+            asked = FOLLOWING_CALL.decode(call)
+            requests = COALESCED.decode(asked.call)
+            self.sizes.append(len(requests))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            for request in requests:
+                seq = len(self.log) + 1
+                user = calls.decode(request).reader.user
+                data = MemoryChanged(
+                    pool="bot:b1", bot="b1", entry=f"m{seq}", version=seq, change="created"
+                )
+                audience = Audience(org="o1", users=(user,))
+                self.log.append(
+                    Event(seq=seq, at=1_700_000_000_000 + seq, data=data, audience=audience)
+                )
+            head = ShardHead(epoch="e0", oldest=1, head=len(self.log))
+            handed = self.log[asked.seen : asked.seen + 1000]  # (seq n is the nth event)
+            reply = Followed(
+                replies=msgspec.Raw(packer.encode([_Shard.created] * len(requests))),
+                events=EventBatch(head=head, events=handed),
+                upto=handed[-1].seq if handed else head.head,
+            )
+            return packer.encode(reply)
+
+        async def _poll(self, since: int, limit: int, wait: float, follower: str) -> Any:
+            await asyncio.sleep(3600)  # (cancelled when the follower restarts or stops)
+            raise AssertionError("a poll answered")
+
+    return _PublishingShard()
+
+
+async def _published(args: argparse.Namespace, prof: cProfile.Profile | None) -> float:
+    """CPU seconds per POST Remember through the coalescer, the follower and the hub (see
+    `--published`)."""
+    from engine.directory import Bot, Principal, User
+    from engine.events import Listener
+    from gateway.subscriber import Outlet
+    from storage.directory_store import hash_token
+
+    users = [f"u{k}" for k in range(args.users)]
+    bot = Bot(id="b1", name="bot", org="o1", owner=users[0], grants={u: "read" for u in users[1:]})  # type: ignore[misc]
+    principals = {
+        hash_token(f"token-{u}"): Principal(
+            user=User(id=u, name=u, orgs=("o1",)), bots=frozenset({"b1"})
+        )
+        for u in users
+    }
+
+    class Directory(_Directory):
+        async def authenticate_at(self, key: str) -> tuple[int, Any]:
+            return 1, principals.get(key)
+
+    shard = _publishing_shard()
+    engine = types.SimpleNamespace(
+        shard_ports=[shard],
+        node_hub=None,
+        directory_port=Directory(None, bot),
+        shard_port=lambda account: shard,
+        shard_index=lambda account: 0,
+    )
+    app = create_app(engine, "bench-admin-token")  # type: ignore[arg-type]
+    hub = app.state.hub
+    sockets = []
+
+    async def unused(message: dict) -> None:
+        raise AssertionError("every frame goes to the socket as bytes")
+
+    for user in users:
+        listener = Listener(user=user, orgs=frozenset({"o1"}), bots=frozenset({"b1"}))
+        for _ in range(args.clients_per_user):
+            socket = _CountingSocket()
+            sub, _ = await hub.subscribe(listener, None, Outlet(unused, writer=socket))  # type: ignore[arg-type]
+            await hub.catch_up(sub)
+            sockets.append(socket)
+    body = (
+        b'{"command":{"_tag":"Remember","content":"the customer prefers short answers",'
+        b'"tags":["bench"]}}'
+    )
+    share = max(1, args.requests // args.connections)
+
+    def remember(n: int) -> bytes:
+        # Requests in the order they go (the ith of each connection in turn), users in turn.
+        user = users[(n % share * args.connections + n // share) % len(users)]
+        return (
+            b"POST /v1/bots/b1/memory HTTP/1.1\r\nhost: b\r\ncontent-type: application/json\r\n"
+            b"authorization: Bearer token-%s\r\ncontent-length: %d\r\n\r\n"
+            % (user.encode(), len(body))
+        ) + body
+
+    per, _ = await serve(
+        app, args.requests, prof, remember, warmup=20, connections=args.connections, expect=201
+    )
+    for _ in range(100):  # the last reply's events: handed out a few turns later
+        if hub.heads[0].head == len(shard.log):
+            break
+        await asyncio.sleep(0)
+    await hub.stop()
+    if sum(s.frames for s in sockets) != len(shard.log) * args.clients_per_user:
+        raise RuntimeError("an event did not reach all its clients")
+    print(
+        f"(coalesced calls: {len(shard.sizes)}, {len(shard.log) / len(shard.sizes):.1f} "
+        f"Remembers each)",
+        flush=True,
+    )
+    return per
+
+
+def published_rounds(args: argparse.Namespace) -> None:
+    """`--published`: the gateway's CPU per published event (`--profile`: one more round)."""
+    tune_gc()
+    for _ in range(args.rounds):
+        per = asyncio.run(_published(args, None))
+        print(
+            f"POST Remember, its event to {args.clients_per_user} clients: "
+            f"{per * 1e6:.1f} us of CPU per request",
+            flush=True,
+        )
+    if args.profile:
+        prof = cProfile.Profile()
+        asyncio.run(_published(args, prof))
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
+        print(out.getvalue())
+
+
 class _EventLog:
     """One shard's event log for the hub's pump: the batches, then nothing (the pump waits)."""
 
@@ -470,12 +650,18 @@ def main() -> None:
     p.add_argument("--only", help="--fake-write: only the requests whose name has this")
     p.add_argument("--fake-write", action="store_true", help="POST Remember, no actor (no Ray)")
     p.add_argument("--events", action="store_true", help="the hub's work per event (no server)")
+    p.add_argument(
+        "--published", action="store_true", help="POST Remember to its event's fan-out (no Ray)"
+    )
     p.add_argument("--users", type=int, default=50, help="--events: users")
     p.add_argument("--clients-per-user", type=int, default=20, help="--events: clients per user")
     p.add_argument("--batch", type=int, default=16, help="--events: events per pump batch")
     args = p.parse_args()
     if args.events:
         event_rounds(args)
+        return
+    if args.published:
+        published_rounds(args)
         return
     if args.fake_write:
         fake_write_rounds(args)

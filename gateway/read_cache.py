@@ -72,9 +72,11 @@ class ReadCache:
 
     def forget_pool(self, pool: str) -> None:
         """Called before and after every write through this gateway."""
-        self._generation[pool] = self.generation(pool) + 1
-        for key in list(self._by_pool.get(pool, ())):
-            self._drop(key)
+        self._generation[pool] = self._generation.get(pool, 0) + 1
+        keys = self._by_pool.get(pool)
+        if keys:
+            for key in list(keys):
+                self._drop(key)
 
     def clear(self) -> None:
         self._pages.clear()

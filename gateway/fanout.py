@@ -190,6 +190,11 @@ class Hub:
 
     def _audience(self, event: Event) -> list[Listener]:
         a = event.audience
+        if len(a.users) == 1 and not a.channels and a.bot is None:
+            # One person's news (most of a memory's events): their groups as they are.
+            return [
+                listener for listener in self._by_user.get(a.users[0], ()) if admits(a, listener)
+            ]
         named: set[Listener] = set()
         for user in a.users:
             named |= self._by_user.get(user, set())

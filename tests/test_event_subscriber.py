@@ -550,3 +550,44 @@ async def test_a_big_batch_never_holds_the_loop_for_more_than_a_few_hundred_fram
     assert sum(held) == 2 * events  # each event to its user's 2 clients
     # (the first turn may come after the pump's first two stretches: it was woken first)
     assert YIELD_EVERY <= 300 and len(held) >= 6 and max(held[1:]) <= YIELD_EVERY + 2
+
+
+@pytest.mark.anyio
+async def test_one_persons_event_reaches_exactly_their_clients_in_its_org():
+    """An event naming one user (most of a memory's) is heard by that user's clients whose
+    orgs admit it, and no one else's; one naming a channel too still reaches its members."""
+    from types import SimpleNamespace
+
+    from gateway.fanout import Hub
+
+    shard = FakeShard(0)
+    hub = Hub(SimpleNamespace(shard_ports=[shard]))
+    sockets = {}
+    for name, user, orgs, channels in (
+        ("u1 in o1", "u1", {"o1"}, set()),
+        ("u1 in o1 again", "u1", {"o1"}, set()),
+        ("u1 in o2", "u1", {"o2"}, set()),
+        ("u2 in o1, channel c", "u2", {"o1"}, {"c"}),
+    ):
+        listener = Listener(user=user, orgs=frozenset(orgs), channels=frozenset(channels))
+        socket = sockets[name] = Socket()
+        sub, _ = await hub.subscribe(listener, None, Outlet(socket.send))
+        await hub.catch_up(sub)
+    data = MemoryChanged(pool="bot:b", entry="m1", version=1, change="created", bot="b")
+    shard.log.append(Event(seq=1, at=1, data=data, audience=Audience(org="o1", users=("u1",))))
+    data = MemoryChanged(pool="bot:b", entry="m2", version=2, change="created", bot="b")
+    both = Audience(org="o1", users=("u1",), channels=("c",))
+    shard.log.append(Event(seq=2, at=2, data=data, audience=both))
+    shard.grew.set()
+    await _dispatched(hub, shard)
+    await hub.stop()
+    heard = {
+        name: [msgspec.json.decode(t)["data"]["entry"] for t in socket.texts]
+        for name, socket in sockets.items()
+    }
+    assert heard == {
+        "u1 in o1": ["m1", "m2"],
+        "u1 in o1 again": ["m1", "m2"],
+        "u1 in o2": [],
+        "u2 in o1, channel c": ["m2"],
+    }

@@ -165,7 +165,10 @@ class RequestLog:
             seconds = time.perf_counter() - started
             route, method, answered = route_of(scope), scope["method"], status or 500
             HTTP.record(method, route, answered, seconds)
-            access_log.info("%s %s %d %.1fms rid=%s", method, route, answered, seconds * 1000, rid)
+            if access_log.isEnabledFor(logging.INFO):  # (its arguments only for a line)
+                access_log.info(
+                    "%s %s %d %.1fms rid=%s", method, route, answered, seconds * 1000, rid
+                )
 
         async def send_with_id(message: dict) -> None:
             nonlocal status

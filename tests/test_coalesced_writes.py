@@ -639,3 +639,28 @@ def test_a_second_call_waits_until_as_many_requests_wait_as_the_first_carries():
     assert (a, b) == (b"a", b"b")
     assert burst == [f"x{i}".encode()[::-1] for i in range(3)]
     assert late == [f"y{i}".encode()[::-1] for i in range(3)]
+
+
+def test_each_event_loop_has_its_own_coalescers_whichever_asked_last():
+    """A shard proxy's writes are per event loop (a coalescer's futures belong to one), also
+    when loops take turns and when the last loop that asked is gone."""
+    from actors.runtime.shard_proxy import RayShard
+
+    proxy = RayShard("shard", "ns", handle=object())
+
+    async def mine():
+        return proxy.writes()
+
+    loop_a, loop_b = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        first_a = loop_a.run_until_complete(mine())
+        first_b = loop_b.run_until_complete(mine())
+        assert first_a is not first_b
+        assert loop_a.run_until_complete(mine()) is first_a
+        assert loop_a.run_until_complete(mine()) is first_a
+        assert loop_b.run_until_complete(mine()) is first_b
+    finally:
+        loop_a.close()
+        loop_b.close()
+    del loop_a, loop_b
+    assert asyncio.run(mine()) not in (first_a, first_b)  # a new loop: writes of its own

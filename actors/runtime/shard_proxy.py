@@ -66,10 +66,16 @@ class RayShard(NamedActor, ShardPort):
         self._writes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Writes] = (
             weakref.WeakKeyDictionary()
         )
+        # The last loop asked for, weakly, and its writes: one loop asks for them on every
+        # write and a weak dictionary's look-up is a call and a new weak reference each time.
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], _Writes] | None = None
 
     def writes(self) -> _Writes:
         """This loop's coalescers (their `calls` and `requests` say how well they coalesce)."""
         loop = asyncio.get_running_loop()
+        last = self._last
+        if last is not None and last[0]() is loop:
+            return last[1]
         found = self._writes.get(loop)
         if found is None:
             found = _Writes(
@@ -78,6 +84,7 @@ class RayShard(NamedActor, ShardPort):
                 Follower(self._poll),
             )
             self._writes[loop] = found
+        self._last = (weakref.ref(loop), found)
         return found
 
     def handed_events(self) -> int:

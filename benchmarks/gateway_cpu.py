@@ -1,7 +1,7 @@
 """CPU per HTTP request in the gateway's own code, without Ray or sockets: uvicorn's HTTP
-protocol (httptools) over a transport that keeps what is written, handing `GET /healthz` to the
-gateway's app with its whole middleware stack (request log, errors, token check, body limits,
-router), one request after another.
+protocol (httptools, as the gateway serves it: gateway/http_protocol.py) over a transport that
+keeps what is written, handing `GET /healthz` to the gateway's app with its whole middleware
+stack (request log, errors, token check, body limits, router), one request after another.
 
     .venv/bin/python -m benchmarks.gateway_cpu [--requests 5000] [--rounds 3] [--profile]
         [--read | --write [--connections 8] | --fake-write [--only NAME]
@@ -66,10 +66,10 @@ from itertools import count
 from typing import Any
 
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.app import create_app
+from gateway.http_protocol import KeepAliveHttpProtocol
 from gateway.server import proxy_options, tune_gc
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nhost: bench\r\n\r\n"
@@ -109,8 +109,8 @@ class Kept(asyncio.Transport):
         pass
 
 
-class Answered(HttpToolsProtocol):
-    """uvicorn's protocol, telling when it has answered a request."""
+class Answered(KeepAliveHttpProtocol):
+    """The gateway's HTTP protocol, telling when it has answered a request."""
 
     answered: asyncio.Future[None] | None = None
 

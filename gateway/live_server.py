@@ -28,10 +28,10 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self._sock = sock
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
-        from gateway.server import UVICORN_WS, proxy_options
+        from gateway.server import UVICORN_HTTP, UVICORN_WS, proxy_options
 
         options = {"log_level": "warning", "lifespan": "auto", "timeout_graceful_shutdown": 1}
-        options |= UVICORN_WS | proxy_options()
+        options |= UVICORN_HTTP | UVICORN_WS | proxy_options()
         self.server = uvicorn.Server(uvicorn.Config(app, **(options | config)))
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()

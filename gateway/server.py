@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import InvalidInput, Unavailable
+from gateway.http_protocol import KeepAliveHttpProtocol
 from gateway.nodes import MAX_FRAME as NODE_MAX_FRAME
 from gateway.socket_frames import FramingProtocol
 
@@ -36,6 +37,11 @@ UVICORN_WS = {
     # up to this size before a route can refuse it, so its own default (16 MiB) is not kept.
     "ws_max_size": NODE_MAX_FRAME,
 }
+
+
+# How uvicorn serves HTTP: its httptools protocol with one keep-alive timer per connection
+# instead of one per request (gateway/http_protocol.py).
+UVICORN_HTTP = {"http": KeepAliveHttpProtocol}
 
 
 def proxy_options() -> dict[str, bool]:
@@ -290,7 +296,7 @@ def serve(settings: ServeSettings, *, log_level: str = "info") -> None:
     try:
         # The access log is gateway/metrics.py's (route templates and request ids), not
         # uvicorn's.
-        options = UVICORN_WS | proxy_options()
+        options = UVICORN_HTTP | UVICORN_WS | proxy_options()
         config = uvicorn.Config(app, log_level=log_level, access_log=False, **options)
         uvicorn.Server(config).run(sockets=[sock])
     finally:

@@ -58,7 +58,7 @@ class FrameWriter:
         transport = p.transport
         if p.disconnected or p.close_sent or p.conn.state is not _OPEN or transport.is_closing():
             return None
-        if not p.writable.is_set():
+        if p.frames_paused:
             return False
         transport.write(frame)
         return True
@@ -76,6 +76,18 @@ class FrameWriter:
 
 class FramingProtocol(WebSocketsSansIOProtocol):
     """uvicorn's websockets-sansio protocol offering the `openbot.ws.frames` extension."""
+
+    # The transport asked to stop writing (uvicorn's `writable` event cleared): as a plain
+    # attribute, which the writer reads for every frame without a call.
+    frames_paused = False
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.frames_paused = True
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.frames_paused = False
 
     async def run_asgi(self) -> None:
         # Frames as they are: only with nothing negotiated to apply to them, and only while

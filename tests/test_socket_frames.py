@@ -148,3 +148,23 @@ async def test_the_writer_stops_at_a_closed_connection(room):
         raise AssertionError("the writer kept writing to a closed connection")
     assert room.call(lambda: outlet.deliver("late")) is False
     assert room.call(lambda: (outlet.ended.is_set(), outlet.code)) == (True, None)
+
+
+def test_the_writer_sees_a_paused_transport_as_uvicorns_send_does():
+    """`frames_paused` follows the transport's pause and resume as uvicorn's `writable` does:
+    the writer declines (False) exactly while uvicorn's own send would wait."""
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    from gateway.server import UVICORN_WS
+    from gateway.socket_frames import FramingProtocol
+
+    async def run() -> None:
+        config = Config(Starlette(), **UVICORN_WS)
+        config.load()
+        protocol = FramingProtocol(config=config, server_state=ServerState(), app_state={})
+        for step in ("pause_writing", "resume_writing", "pause_writing", "resume_writing"):
+            getattr(protocol, step)()
+            assert protocol.frames_paused is (not protocol.writable.is_set()), step
+
+    asyncio.run(run())

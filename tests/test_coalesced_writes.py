@@ -269,7 +269,12 @@ def test_workspace_creations_in_one_call_each_get_their_own_answer(tmp_path: Pat
             b"\x93junk",
         ]
         replies = REPLIES.decode(await svc.workspace_create_memory_many(_enc.encode(calls)))
-        again = REPLIES.decode(await svc.workspace_create_memory_many(_enc.encode(calls[:2])))
+        # Answered by the first call: replayed, or refused for another body under the id.
+        again = REPLIES.decode(
+            await svc.workspace_create_memory_many(
+                _enc.encode([*calls[:2], create("changed", "w1"), create("fact 99", "w99")])
+            )
+        )
         await svc.close()
         return replies, again
 
@@ -286,7 +291,9 @@ def test_workspace_creations_in_one_call_each_get_their_own_answer(tmp_path: Pat
         "InvalidInput",
         "InvalidInput",
     ]
-    assert [msgspec.json.decode(r) for r in again] == views[:2]
+    assert [msgspec.json.decode(r) for r in again[:2]] == views[:2]
+    assert isinstance(again[2], CallError) and again[2].code == "request_id_reused"
+    assert msgspec.json.decode(again[3])["content"] == "fact 99"
 
 
 def test_each_creation_of_a_call_is_checked_for_its_own_caller_and_pool(tmp_path: Path):

@@ -53,6 +53,36 @@ def test_migrations_run_once_and_are_recorded(tmp_path: Path) -> None:
     db.close()
 
 
+def test_migration_14_keeps_every_receipt_and_stores_answers_uncompressed(
+    tmp_path: Path,
+) -> None:
+    """Migration 14 makes the receipts table again: every row as it was, its sealed answers
+    stored without compression (and so are answers written after it)."""
+    from storage.shard_schema import MIGRATIONS
+
+    path = tmp_path / "r.duckdb"
+    db = Database(path, MIGRATIONS[:13])
+    before = [(f"ws\x00u\x00r{i}", "ws", f"r{i}", f"fp{i}", os.urandom(600), i) for i in range(50)]
+    db.run_sync(
+        lambda con: con.executemany("INSERT INTO receipts VALUES (?, ?, ?, ?, ?, ?)", before)
+    )
+    db.close()
+    db = Database(path, MIGRATIONS)
+    assert sorted(db.query("SELECT * FROM receipts")) == sorted(before)
+    after = [(f"ws\x00u\x00n{i}", "ws", f"n{i}", "fp", os.urandom(600), i) for i in range(3000)]
+    db.run_sync(
+        lambda con: con.executemany("INSERT INTO receipts VALUES (?, ?, ?, ?, ?, ?)", after)
+    )
+    db.query("CHECKPOINT")
+    kinds = db.query(
+        "SELECT DISTINCT compression FROM pragma_storage_info('receipts') "
+        "WHERE column_name = 'response' AND segment_type = 'BLOB'"
+    )
+    assert kinds == [("Uncompressed",)]
+    assert db.query("SELECT count(*) FROM receipts") == [(3050,)]
+    db.close()
+
+
 def test_failed_migration_is_rolled_back_and_reported(tmp_path: Path) -> None:
     path = tmp_path / "b.duckdb"
     with pytest.raises(StorageError, match="migration 1 failed"):

@@ -6,6 +6,7 @@ record's context row goes with them, pending or not."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 import re
 import unicodedata
 from pathlib import Path
@@ -236,6 +237,17 @@ def test_normalize_and_so_every_stored_fingerprint_are_unchanged_by_its_fast_pat
     assert content_fingerprint(text, b"k") == content_fingerprint(
         _normalize_as_first_written(text), b"k"
     )
+
+
+@pytest.mark.parametrize("key_size", [0, 1, 32, 64, 65, 200])
+def test_a_fingerprint_is_hmac_sha256_of_the_normalized_text(key_size: int):
+    """Every stored fingerprint stays what `hmac` makes, whatever the key's length (longer
+    than SHA-256's block: hashed first)."""
+    key = bytes(range(key_size % 256)) * (key_size // 256) + bytes(range(key_size % 256))
+    for text in ("", "Hello,  World!", "x" * 1000, "\u00dcn\u00efcode \uff21\uff22"):
+        want = hmac.new(key, normalize(text).encode(), "sha256").hexdigest()
+        assert content_fingerprint(text, key) == f"fp1:{want}"
+        assert content_fingerprint(text, key) == f"fp1:{want}"  # (memoised key)
 
 
 def test_a_bug_while_indexing_a_calls_creations_fails_them_all_and_stores_none(

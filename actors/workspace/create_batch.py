@@ -100,7 +100,8 @@ async def _create_in_pool(
         mine: dict[str, _Request] = {}  # requestIds first answered by this call
         for request in requests:
             try:
-                await _decide(ws, pool, request, batch, mine)
+                if not _decide_now(ws, pool, request, batch, mine):
+                    await _decide(ws, pool, request, batch, mine)
             except Exception as e:
                 refused.append((request, failed(e)))
                 if not isinstance(e, OpenBotError):
@@ -137,9 +138,11 @@ async def _create_in_pool(
     return [*refused, *done]
 
 
-async def _decide(
+def _decide_now(
     ws: Workspace, pool: WorkspacePool, request: _Request, batch: Batch, mine: dict[str, _Request]
-) -> None:
+) -> bool:
+    """Decide a request that needs no wait: asked before in this call, or under a requestId
+    no answer is queued or stored for (most). False: `_decide` it."""
     first = mine.get(request.key)
     if first is not None:  # asked twice in this call
         if first.print_ != request.print_:
@@ -148,11 +151,27 @@ async def _decide(
                 code="request_id_reused",
             )
         request.answer, request.own = first.answer, True
-        return
+        return True
+    if not ws.receipts.unseen(request.key):
+        return False
+    _create(ws, pool, request, batch, mine)
+    return True
+
+
+async def _decide(
+    ws: Workspace, pool: WorkspacePool, request: _Request, batch: Batch, mine: dict[str, _Request]
+) -> None:
+    """A request whose requestId may have an answer: replayed, else created."""
     raw = await ws.receipts.replay(request.key, request.print_, pool.keyed)
     if raw is not None:  # answered by an earlier call, whose commit `replay` waited for
         request.answer = raw
         return
+    _create(ws, pool, request, batch, mine)
+
+
+def _create(
+    ws: Workspace, pool: WorkspacePool, request: _Request, batch: Batch, mine: dict[str, _Request]
+) -> None:
     edit, answer = ws.create_edit(pool, request.access, request.body)
     ws.change_batch(pool, edit, request.body.content, "created", new=True, into=batch)
     if not batch.on_failure:

@@ -49,6 +49,12 @@ class WorkspaceReceipts:
         nested `request`s would take them, in one context."""
         return _Held(self._request_locks, sorted(set(keys)))
 
+    def unseen(self, key: str) -> bool:
+        """Whether no answer is queued or stored for this key, known without a read (what
+        `replay` returns None for at once: the caller may skip it)."""
+        known = self._known_receipts
+        return known is not None and key not in known  # (queued keys are added to it)
+
     async def replay(self, key: str, print_: str, keyed: StoredPool) -> bytes | None:
         """The first answer to this request, or None when it is new (call under `request`)."""
         hit = self._inflight.get(key)

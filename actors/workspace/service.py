@@ -55,6 +55,9 @@ _entry_view_dec = msgspec.json.Decoder(WorkspaceEntryView)
 _decisions_dec = msgspec.json.Decoder(list[sm.Decision])
 
 
+RECORD_TAGS_KEPT = 4_096  # (account, org) pairs whose bot record tags are kept
+
+
 def new_memory_id() -> str:
     return "mem_" + random_bytes(12).hex()
 
@@ -82,6 +85,7 @@ class Workspace:
         self.store = pools.store
         self.new_id: Callable[[], str] = new_id
         self.records = memory.records = BotRecords(self)  # the bot memory routes reach records
+        self._tags: dict[tuple[str, str], tuple[str, ...]] = {}  # (account, org) -> tags
 
     async def purge_learned(self, bot: str, chat: str) -> int:
         """Delete the user and project facts of the pools here that bot `bot` learned from
@@ -157,7 +161,9 @@ class Workspace:
             org = self.rules.bot_org(pool, access)
             if pool.bot_org is None or org == NOBODY.org:
                 raise NotFound("no such bot", code="bot_not_found")
-            tags = bm.record_tags(access.account, org)
+            tags = self._tags.get((access.account, org))
+            if tags is None:
+                tags = self._record_tags(access.account, org)
         edit = sm.user_create(
             entry_id=entry_id,
             pool=pool.id,
@@ -173,6 +179,13 @@ class Workspace:
             position=body.position,
         )
         return edit, sm.view(edit.entry, body.content)
+
+    def _record_tags(self, account: str, org: str) -> tuple[str, ...]:
+        """`bm.record_tags`, kept: a person writes many records with the same tags."""
+        if len(self._tags) >= RECORD_TAGS_KEPT:
+            self._tags.clear()
+        tags = self._tags[(account, org)] = bm.record_tags(account, org)
+        return tags
 
     async def change_memory(
         self, access: WorkspaceAccess, body: WorkspaceMemoryChange | WorkspaceForget

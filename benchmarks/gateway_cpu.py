@@ -176,6 +176,15 @@ async def serve(
     return cpu / requests, whole / requests
 
 
+def _print_profile(run: Any, top: int) -> None:
+    """Run `run(profiler)`'s coroutine profiled and print its `top` functions by own time."""
+    prof = cProfile.Profile()
+    asyncio.run(run(prof))
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    print(out.getvalue())
+
+
 def engine_rounds(args: argparse.Namespace) -> None:
     """`--read` and `--write`: requests against /healthz, alternating, on the server's loop
     thread, over a real engine."""
@@ -362,12 +371,10 @@ def fake_write_rounds(args: argparse.Namespace) -> None:
             per, _ = asyncio.run(run)
             print(f"{name}: {per * 1e6:.1f} us of CPU per request", flush=True)
     if args.profile:
-        prof = cProfile.Profile()
         request = next(iter(requests.values()))[0]
-        asyncio.run(serve(app, args.requests, prof, request, warmup=20, expect=201))
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
-        print(out.getvalue())
+        _print_profile(
+            lambda prof: serve(app, args.requests, prof, request, warmup=20, expect=201), args.top
+        )
 
 
 class _Socket:
@@ -396,6 +403,26 @@ class _CountingSocket(_Socket):
         self.written += len(frame)
         self.frames += frame.count(b'"type":"memory.changed"')
         return True
+
+
+async def _subscribed(hub: Any, users: list[str], per_user: int, make: Any) -> list[Any]:
+    """`per_user` subscribers of each user on `hub`, each writing to a `make()` socket and caught
+    up; their sockets."""
+    from engine.events import Listener
+    from gateway.subscriber import Outlet
+
+    async def unused(message: dict) -> None:
+        raise AssertionError("every frame goes to the socket as bytes")
+
+    sockets = []
+    for user in users:
+        listener = Listener(user=user, orgs=frozenset({"o1"}), bots=frozenset({"b1"}))
+        for _ in range(per_user):
+            socket = make()
+            sub, _ = await hub.subscribe(listener, None, Outlet(unused, writer=socket))  # type: ignore[arg-type]
+            await hub.catch_up(sub)
+            sockets.append(socket)
+    return sockets
 
 
 def _publishing_shard() -> Any:
@@ -461,8 +488,6 @@ async def _published(args: argparse.Namespace, prof: cProfile.Profile | None) ->
     """CPU seconds per POST Remember through the coalescer, the follower and the hub (see
     `--published`)."""
     from engine.directory import Bot, Principal, User
-    from engine.events import Listener
-    from gateway.subscriber import Outlet
     from storage.directory_store import hash_token
 
     users = [f"u{k}" for k in range(args.users)]
@@ -488,18 +513,7 @@ async def _published(args: argparse.Namespace, prof: cProfile.Profile | None) ->
     )
     app = create_app(engine, "bench-admin-token")  # type: ignore[arg-type]
     hub = app.state.hub
-    sockets = []
-
-    async def unused(message: dict) -> None:
-        raise AssertionError("every frame goes to the socket as bytes")
-
-    for user in users:
-        listener = Listener(user=user, orgs=frozenset({"o1"}), bots=frozenset({"b1"}))
-        for _ in range(args.clients_per_user):
-            socket = _CountingSocket()
-            sub, _ = await hub.subscribe(listener, None, Outlet(unused, writer=socket))  # type: ignore[arg-type]
-            await hub.catch_up(sub)
-            sockets.append(socket)
+    sockets = await _subscribed(hub, users, args.clients_per_user, _CountingSocket)
     body = (
         b'{"command":{"_tag":"Remember","content":"the customer prefers short answers",'
         b'"tags":["bench"]}}'
@@ -544,11 +558,7 @@ def published_rounds(args: argparse.Namespace) -> None:
             flush=True,
         )
     if args.profile:
-        prof = cProfile.Profile()
-        asyncio.run(_published(args, prof))
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
-        print(out.getvalue())
+        _print_profile(lambda prof: _published(args, prof), args.top)
 
 
 class _EventLog:
@@ -578,9 +588,8 @@ class _EventLog:
 
 async def _hub_events(args: argparse.Namespace, prof: cProfile.Profile | None) -> float:
     """CPU seconds per event for `--requests` events through a hub's pump (see `--events`)."""
-    from engine.events import Audience, Event, Listener, MemoryChanged
+    from engine.events import Audience, Event, MemoryChanged
     from gateway.fanout import Hub
-    from gateway.subscriber import Outlet
 
     users = [f"u{k}" for k in range(args.users)]
     events = [
@@ -596,18 +605,7 @@ async def _hub_events(args: argparse.Namespace, prof: cProfile.Profile | None) -
     log = _EventLog(batches)
     log.done = asyncio.get_running_loop().create_future()
     hub = Hub(types.SimpleNamespace(shard_ports=[log]))  # type: ignore[arg-type]
-    sockets = []
-
-    async def unused(message: dict) -> None:
-        raise AssertionError("every frame goes to the socket as bytes")
-
-    for user in users:
-        listener = Listener(user=user, orgs=frozenset({"o1"}), bots=frozenset({"b1"}))
-        for _ in range(args.clients_per_user):
-            socket = _Socket()
-            sub, _ = await hub.subscribe(listener, None, Outlet(unused, writer=socket))  # type: ignore[arg-type]
-            await hub.catch_up(sub)
-            sockets.append(socket)
+    sockets = await _subscribed(hub, users, args.clients_per_user, _Socket)
     cpu0 = time.process_time()
     if prof is not None:
         prof.enable()
@@ -629,11 +627,7 @@ def event_rounds(args: argparse.Namespace) -> None:
         per = asyncio.run(_hub_events(args, None))
         print(f"event to {args.clients_per_user} clients: {per * 1e6:.1f} us of CPU per event")
     if args.profile:
-        prof = cProfile.Profile()
-        asyncio.run(_hub_events(args, prof))
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
-        print(out.getvalue())
+        _print_profile(lambda prof: _hub_events(args, prof), args.top)
 
 
 def main() -> None:
@@ -676,11 +670,7 @@ def main() -> None:
         per, _ = asyncio.run(serve(app, args.requests, None))
         print(f"GET /healthz: {per * 1e6:.1f} us of CPU per request", flush=True)
     if args.profile:
-        prof = cProfile.Profile()
-        asyncio.run(serve(app, args.requests, prof))
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
-        print(out.getvalue())
+        _print_profile(lambda prof: serve(app, args.requests, prof), args.top)
 
 
 if __name__ == "__main__":

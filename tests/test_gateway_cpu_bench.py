@@ -11,6 +11,15 @@ import re
 from benchmarks.gateway_cpu import event_rounds, published_rounds
 
 
+def _run(rounds, args: argparse.Namespace) -> None:
+    thresholds = gc.get_threshold()
+    try:
+        rounds(args)  # raises when a client missed a frame (or a POST failed)
+    finally:  # (it tunes the collector as a server does: not for the rest of the tests)
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+
+
 def test_the_event_harness_delivers_to_every_client(capsys):
     args = argparse.Namespace(
         events=True,
@@ -22,12 +31,7 @@ def test_the_event_harness_delivers_to_every_client(capsys):
         profile=False,
         top=5,
     )
-    thresholds = gc.get_threshold()
-    try:
-        event_rounds(args)  # raises when a client got no frame
-    finally:  # (it tunes the collector as a server does: not for the rest of the tests)
-        gc.unfreeze()
-        gc.set_threshold(*thresholds)
+    _run(event_rounds, args)
     assert "us of CPU per event" in capsys.readouterr().out
 
 
@@ -44,12 +48,7 @@ def test_the_published_harness_brings_every_event_to_its_clients(capsys):
         profile=False,
         top=5,
     )
-    thresholds = gc.get_threshold()
-    try:
-        published_rounds(args)  # raises when an event missed a client or a POST failed
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*thresholds)
+    _run(published_rounds, args)
     out = capsys.readouterr().out
     assert "us of CPU per request" in out
     calls = int(re.search(r"coalesced calls: (\d+),", out).group(1))  # type: ignore[union-attr]

@@ -18,6 +18,7 @@ membership is checked here, where the project is. A pool the caller may not read
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -55,7 +56,8 @@ _entry_view_dec = msgspec.json.Decoder(WorkspaceEntryView)
 _decisions_dec = msgspec.json.Decoder(list[sm.Decision])
 
 
-RECORD_TAGS_KEPT = 4_096  # (account, org) pairs whose bot record tags are kept
+# A person writes many records with the same tags: kept for up to this many (account, org).
+_record_tags = functools.lru_cache(maxsize=4_096)(bm.record_tags)
 
 
 def new_memory_id() -> str:
@@ -85,7 +87,6 @@ class Workspace:
         self.store = pools.store
         self.new_id: Callable[[], str] = new_id
         self.records = memory.records = BotRecords(self)  # the bot memory routes reach records
-        self._tags: dict[tuple[str, str], tuple[str, ...]] = {}  # (account, org) -> tags
 
     async def purge_learned(self, bot: str, chat: str) -> int:
         """Delete the user and project facts of the pools here that bot `bot` learned from
@@ -161,9 +162,7 @@ class Workspace:
             org = self.rules.bot_org(pool, access)
             if pool.bot_org is None or org == NOBODY.org:
                 raise NotFound("no such bot", code="bot_not_found")
-            tags = self._tags.get((access.account, org))
-            if tags is None:
-                tags = self._record_tags(access.account, org)
+            tags = _record_tags(access.account, org)
         edit = sm.user_create(
             entry_id=entry_id,
             pool=pool.id,
@@ -179,13 +178,6 @@ class Workspace:
             position=body.position,
         )
         return edit, sm.view(edit.entry, body.content)
-
-    def _record_tags(self, account: str, org: str) -> tuple[str, ...]:
-        """`bm.record_tags`, kept: a person writes many records with the same tags."""
-        if len(self._tags) >= RECORD_TAGS_KEPT:
-            self._tags.clear()
-        tags = self._tags[(account, org)] = bm.record_tags(account, org)
-        return tags
 
     async def change_memory(
         self, access: WorkspaceAccess, body: WorkspaceMemoryChange | WorkspaceForget

@@ -9,15 +9,13 @@ must be used for a pool's records and barriers.
 
 from __future__ import annotations
 
-import hashlib
+import hmac
 import unicodedata
 
 _KEYS_MAX = 4_096
-_BLOCK = 64  # SHA-256's block size, as HMAC pads the key to it
-# key → its HMAC's inner and outer hashes, each already fed its padded key: copying them skips
-# setting the key up again, which on every write cost more than hashing the text. (What
-# `hmac.HMAC` computes, without its Python-level wrapper around each step.)
-_keyed: dict[bytes, tuple[hashlib._Hash, hashlib._Hash]] = {}
+# key → an HMAC already keyed: copying it skips setting the key up again, which on every write
+# cost more than hashing the text.
+_keyed: dict[bytes, hmac.HMAC] = {}
 
 
 def normalize(text: str) -> str:
@@ -54,20 +52,9 @@ def content_fingerprint(text: str, key: bytes = b"") -> str:
     """A fingerprint of `normalize(text)`: HMAC-SHA256 under `key`."""
     keyed = _keyed.get(key)
     if keyed is None:
-        keyed = _pads(key)
-    inner = keyed[0].copy()
-    inner.update(normalize(text).encode())
-    outer = keyed[1].copy()
-    outer.update(inner.digest())
-    return "fp1:" + outer.hexdigest()
-
-
-def _pads(key: bytes) -> tuple[hashlib._Hash, hashlib._Hash]:
-    """HMAC-SHA256's inner and outer hashes keyed with `key` (RFC 2104), memoised."""
-    if len(_keyed) >= _KEYS_MAX:
-        _keyed.clear()
-    padded = (hashlib.sha256(key).digest() if len(key) > _BLOCK else key).ljust(_BLOCK, b"\0")
-    inner = hashlib.sha256(bytes(b ^ 0x36 for b in padded))
-    outer = hashlib.sha256(bytes(b ^ 0x5C for b in padded))
-    _keyed[key] = (inner, outer)
-    return inner, outer
+        if len(_keyed) >= _KEYS_MAX:
+            _keyed.clear()
+        keyed = _keyed[key] = hmac.new(key, digestmod="sha256")
+    mac = keyed.copy()
+    mac.update(normalize(text).encode())
+    return f"fp1:{mac.hexdigest()}"
